@@ -1,0 +1,116 @@
+//! Who a peer is: boot id, process identity and engine epoch. These detect
+//! stale peers (a restarted process on the same endpoint); they are not
+//! authentication.
+
+use once_cell::sync::Lazy;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A process: pid plus its start time (clock ticks since boot), so that a
+/// reused pid is told apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProcessIdentity {
+    /// Process id.
+    pub pid: u32,
+    /// Start time in clock ticks since boot (field 22 of /proc/PID/stat).
+    pub start_time: u64,
+}
+
+/// Everything a Describe says about who sent it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Identity {
+    /// The kernel's boot id (16 bytes).
+    pub boot_id: [u8; 16],
+    /// The process.
+    pub process: ProcessIdentity,
+    /// A value fresh for every engine instance.
+    pub engine_epoch: u64,
+}
+
+fn read_boot_id() -> [u8; 16] {
+    let mut out = [0u8; 16];
+    if let Ok(s) = std::fs::read_to_string("/proc/sys/kernel/random/boot_id") {
+        let hex: Vec<u8> = s.bytes().filter(|b| b.is_ascii_hexdigit()).collect();
+        if hex.len() == 32 {
+            for (i, o) in out.iter_mut().enumerate() {
+                let pair = std::str::from_utf8(&hex[2 * i..2 * i + 2]).unwrap_or("00");
+                *o = u8::from_str_radix(pair, 16).unwrap_or(0);
+            }
+        }
+    }
+    out
+}
+
+/// Start time of process `pid` from /proc (0 if unreadable).
+pub fn process_start_time(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // The command name (field 2) may contain spaces; fields resume after ')'.
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return 0;
+    };
+    // rest starts with " S ppid ...": field 3 is index 0 here, field 22 is index 19.
+    rest.split_whitespace()
+        .nth(19)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+static BOOT_ID: Lazy<[u8; 16]> = Lazy::new(read_boot_id);
+static EPOCH_COUNTER: AtomicU64 = AtomicU64::new(1);
+
+/// This host's boot id.
+pub fn boot_id() -> [u8; 16] {
+    *BOOT_ID
+}
+
+/// This process.
+pub fn this_process() -> ProcessIdentity {
+    let pid = std::process::id();
+    ProcessIdentity {
+        pid,
+        start_time: process_start_time(pid),
+    }
+}
+
+impl Identity {
+    /// A fresh identity for a new engine of this process.
+    pub fn fresh() -> Identity {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let n = EPOCH_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let process = this_process();
+        // Mix time, pid and a counter so restarted engines never reuse an epoch.
+        let mut epoch = now ^ ((process.pid as u64) << 32) ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        if epoch == 0 {
+            epoch = 1;
+        }
+        Identity {
+            boot_id: boot_id(),
+            process,
+            engine_epoch: epoch,
+        }
+    }
+
+    /// Whether `other` runs on the same boot of the same host.
+    pub fn same_boot(&self, other: &Identity) -> bool {
+        self.boot_id == other.boot_id && self.boot_id != [0u8; 16]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities_are_fresh_and_local() {
+        let a = Identity::fresh();
+        let b = Identity::fresh();
+        assert_ne!(a.engine_epoch, b.engine_epoch);
+        assert!(a.same_boot(&b));
+        assert_eq!(a.process.pid, std::process::id());
+        assert!(a.process.start_time > 0);
+    }
+}

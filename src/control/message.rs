@@ -1,0 +1,354 @@
+//! Message bodies. Control messages are decoded whole; data messages
+//! (READ/WRITE) have a fixed part decoded here and a payload streamed
+//! straight to or from registered memory by the transport.
+
+use super::identity::{Identity, ProcessIdentity};
+use crate::error::{Error, Result, Status};
+use crate::memory::{Access, MemoryKind};
+
+/// Bytes of the fixed part of Read/WriteRequest.
+pub const DATA_REQUEST_LEN: usize = 32;
+/// Bytes of the fixed part of Read/WriteResponse.
+pub const DATA_RESPONSE_LEN: usize = 16;
+/// Longest failure text carried in a response.
+pub const MAX_REASON: usize = 1024;
+/// Most regions one Describe may publish.
+pub const MAX_REGIONS: usize = 16_384;
+
+/// A published region as the peer describes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionInfo {
+    /// The peer's region id.
+    pub id: u64,
+    /// Registration epoch.
+    pub epoch: u64,
+    /// First byte (peer address space).
+    pub addr: u64,
+    /// Length.
+    pub len: u64,
+    /// What we may do.
+    pub access: Access,
+    /// Kind of memory.
+    pub kind: MemoryKind,
+}
+
+impl RegionInfo {
+    /// Whether `[addr, addr+len)` lies inside.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr && addr.checked_add(len).is_some_and(|e| e <= self.addr + self.len)
+    }
+}
+
+/// The Describe message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Describe {
+    /// Who sent it.
+    pub identity: Identity,
+    /// Transport capability bits (`TransportKind::capability_bit`).
+    pub capabilities: u32,
+    /// MNNVL fabric domain (all zero: none).
+    pub fabric_domain: [u8; 16],
+    /// The sender's listening endpoint.
+    pub endpoint: String,
+    /// Published regions.
+    pub regions: Vec<RegionInfo>,
+}
+
+/// Little-endian body writer.
+#[derive(Default)]
+pub struct Writer(pub Vec<u8>);
+
+impl Writer {
+    /// Appends a u16.
+    pub fn u16(&mut self, v: u16) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// Appends a u32.
+    pub fn u32(&mut self, v: u32) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// Appends a u64.
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.extend_from_slice(&v.to_le_bytes());
+        self
+    }
+    /// Appends raw bytes.
+    pub fn bytes(&mut self, b: &[u8]) -> &mut Self {
+        self.0.extend_from_slice(b);
+        self
+    }
+    /// Appends a u16-length-prefixed string.
+    pub fn str16(&mut self, s: &str) -> &mut Self {
+        let b = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
+        self.u16(b.len() as u16).bytes(b)
+    }
+}
+
+/// Little-endian body reader; running out of bytes is a protocol error.
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    what: &'static str,
+}
+
+impl<'a> Reader<'a> {
+    /// Reads `buf`, naming `what` in errors.
+    pub fn new(buf: &'a [u8], what: &'static str) -> Reader<'a> {
+        Reader { buf, pos: 0, what }
+    }
+    fn take(&mut self, n: usize) -> Result<&'a [u8]> {
+        if self.buf.len() - self.pos < n {
+            return Err(Error::Protocol(format!(
+                "{} body truncated: needed {} more bytes at offset {}",
+                self.what, n, self.pos
+            )));
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    /// Reads a u16.
+    pub fn u16(&mut self) -> Result<u16> {
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
+    }
+    /// Reads a u32.
+    pub fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
+    }
+    /// Reads a u64.
+    pub fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
+    }
+    /// Reads `N` raw bytes.
+    pub fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        Ok(self.take(N)?.try_into().expect("N bytes"))
+    }
+    /// Reads a u16-length-prefixed UTF-8 string.
+    pub fn str16(&mut self) -> Result<String> {
+        let n = self.u16()? as usize;
+        let b = self.take(n)?;
+        String::from_utf8(b.to_vec()).map_err(|_| Error::Protocol(format!("{}: string is not UTF-8", self.what)))
+    }
+    /// The unread rest.
+    pub fn rest(&mut self) -> &'a [u8] {
+        let s = &self.buf[self.pos..];
+        self.pos = self.buf.len();
+        s
+    }
+    /// Fails unless every byte was consumed.
+    pub fn finish(&self) -> Result<()> {
+        if self.pos != self.buf.len() {
+            return Err(Error::Protocol(format!(
+                "{} body has {} trailing bytes",
+                self.what,
+                self.buf.len() - self.pos
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Describe {
+    /// Encodes the body.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        w.bytes(&self.identity.boot_id)
+            .u32(self.identity.process.pid)
+            .u64(self.identity.process.start_time)
+            .u64(self.identity.engine_epoch)
+            .u32(self.capabilities)
+            .bytes(&self.fabric_domain)
+            .str16(&self.endpoint)
+            .u32(self.regions.len() as u32);
+        for r in &self.regions {
+            w.u64(r.id).u64(r.epoch).u64(r.addr).u64(r.len).u32(r.access.bits()).u32(r.kind.code());
+        }
+        w.0
+    }
+
+    /// Decodes and validates the body.
+    pub fn decode(body: &[u8]) -> Result<Describe> {
+        let mut r = Reader::new(body, "Describe");
+        let boot_id = r.array::<16>()?;
+        let pid = r.u32()?;
+        let start_time = r.u64()?;
+        let engine_epoch = r.u64()?;
+        let capabilities = r.u32()?;
+        let fabric_domain = r.array::<16>()?;
+        let endpoint = r.str16()?;
+        let n = r.u32()? as usize;
+        if n > MAX_REGIONS {
+            return Err(Error::Protocol(format!("Describe publishes {n} regions (limit {MAX_REGIONS})")));
+        }
+        let mut regions = Vec::with_capacity(n);
+        for _ in 0..n {
+            let id = r.u64()?;
+            let epoch = r.u64()?;
+            let addr = r.u64()?;
+            let len = r.u64()?;
+            let access = Access::from_bits(r.u32()?)
+                .ok_or_else(|| Error::Protocol("Describe region has unknown access bits".into()))?;
+            let kind = MemoryKind::from_code(r.u32()?)
+                .ok_or_else(|| Error::Protocol("Describe region has unknown memory kind".into()))?;
+            if id == 0 || len == 0 || addr.checked_add(len).is_none() {
+                return Err(Error::Protocol(format!(
+                    "Describe region id {id} at 0x{addr:x}+{len} is malformed"
+                )));
+            }
+            regions.push(RegionInfo { id, epoch, addr, len, access, kind });
+        }
+        r.finish()?;
+        if engine_epoch == 0 {
+            return Err(Error::Protocol("Describe carries engine epoch 0".into()));
+        }
+        Ok(Describe {
+            identity: Identity {
+                boot_id,
+                process: ProcessIdentity { pid, start_time },
+                engine_epoch,
+            },
+            capabilities,
+            fabric_domain,
+            endpoint,
+            regions,
+        })
+    }
+}
+
+/// Fixed part of a READ or WRITE request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataRequest {
+    /// Requester-chosen tag, echoed in the response.
+    pub tag: u64,
+    /// Epoch of the region the requester believes holds `addr`.
+    pub region_epoch: u64,
+    /// Absolute address in the source's address space.
+    pub addr: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+impl DataRequest {
+    /// Encodes the fixed part.
+    pub fn encode(&self) -> [u8; DATA_REQUEST_LEN] {
+        let mut b = [0u8; DATA_REQUEST_LEN];
+        b[0..8].copy_from_slice(&self.tag.to_le_bytes());
+        b[8..16].copy_from_slice(&self.region_epoch.to_le_bytes());
+        b[16..24].copy_from_slice(&self.addr.to_le_bytes());
+        b[24..32].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+    /// Decodes the fixed part.
+    pub fn decode(b: &[u8; DATA_REQUEST_LEN]) -> Result<DataRequest> {
+        let mut r = Reader::new(b, "data request");
+        let d = DataRequest {
+            tag: r.u64()?,
+            region_epoch: r.u64()?,
+            addr: r.u64()?,
+            len: r.u64()?,
+        };
+        if d.len == 0 || d.len > super::frame::MAX_PAYLOAD {
+            return Err(Error::Protocol(format!("data request length {} is invalid", d.len)));
+        }
+        Ok(d)
+    }
+}
+
+/// Fixed part of a READ or WRITE response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DataResponse {
+    /// The request's tag.
+    pub tag: u64,
+    /// Outcome.
+    pub status: Status,
+}
+
+impl DataResponse {
+    /// Encodes the fixed part.
+    pub fn encode(&self) -> [u8; DATA_RESPONSE_LEN] {
+        let mut b = [0u8; DATA_RESPONSE_LEN];
+        b[0..8].copy_from_slice(&self.tag.to_le_bytes());
+        b[8..12].copy_from_slice(&(self.status as u32).to_le_bytes());
+        b
+    }
+    /// Decodes the fixed part.
+    pub fn decode(b: &[u8; DATA_RESPONSE_LEN]) -> Result<DataResponse> {
+        let tag = u64::from_le_bytes(b[0..8].try_into().expect("8"));
+        let raw = u32::from_le_bytes(b[8..12].try_into().expect("4"));
+        let status = Status::from_u32(raw)
+            .filter(|s| *s != Status::Pending)
+            .ok_or_else(|| Error::Protocol(format!("response carries unknown status {raw}")))?;
+        if b[12..16] != [0, 0, 0, 0] {
+            return Err(Error::Protocol("response reserved field is not 0".into()));
+        }
+        Ok(DataResponse { tag, status })
+    }
+}
+
+/// Encodes an Error message body.
+pub fn encode_error(status: Status, text: &str) -> Vec<u8> {
+    let mut w = Writer::default();
+    w.u32(status as u32).str16(&text[..text.len().min(MAX_REASON)]);
+    w.0
+}
+
+/// Decodes an Error message body.
+pub fn decode_error(body: &[u8]) -> Result<(Status, String)> {
+    let mut r = Reader::new(body, "Error");
+    let raw = r.u32()?;
+    let text = r.str16()?;
+    r.finish()?;
+    Ok((Status::from_u32(raw).unwrap_or(Status::ProtocolError), text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Describe {
+        Describe {
+            identity: Identity::fresh(),
+            capabilities: 3,
+            fabric_domain: [0; 16],
+            endpoint: "127.0.0.1:5".into(),
+            regions: vec![RegionInfo {
+                id: 1,
+                epoch: 1,
+                addr: 0x1000,
+                len: 10,
+                access: Access::READ_WRITE,
+                kind: MemoryKind::SharedHost,
+            }],
+        }
+    }
+
+    #[test]
+    fn describe_round_trip_and_truncation() {
+        let d = sample();
+        let b = d.encode();
+        assert_eq!(Describe::decode(&b).unwrap(), d);
+        for cut in 0..b.len() {
+            assert!(matches!(Describe::decode(&b[..cut]), Err(Error::Protocol(_))), "cut {cut}");
+        }
+        let mut long = b.clone();
+        long.push(0);
+        assert!(matches!(Describe::decode(&long), Err(Error::Protocol(m)) if m.contains("trailing")));
+    }
+
+    #[test]
+    fn data_messages_round_trip() {
+        let q = DataRequest { tag: 9, region_epoch: 2, addr: 3, len: 4 };
+        assert_eq!(DataRequest::decode(&q.encode()).unwrap(), q);
+        let z = DataRequest { len: 0, ..q };
+        assert!(DataRequest::decode(&z.encode()).is_err());
+        let p = DataResponse { tag: 7, status: Status::OutOfRange };
+        assert_eq!(DataResponse::decode(&p.encode()).unwrap(), p);
+        let mut bad = p.encode();
+        bad[8] = 200;
+        assert!(DataResponse::decode(&bad).is_err());
+        let e = encode_error(Status::ProtocolError, "bad");
+        assert_eq!(decode_error(&e).unwrap(), (Status::ProtocolError, "bad".to_string()));
+    }
+}

@@ -1,0 +1,10 @@
+//! The control socket: framing, versioned messages and identities.
+
+pub mod frame;
+pub mod identity;
+pub mod io;
+pub mod message;
+
+pub use frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN, PROTOCOL_VERSION};
+pub use identity::{Identity, ProcessIdentity};
+pub use message::{Describe, RegionInfo};

@@ -1,0 +1,80 @@
+//! `Batch`: the handle of one submission.
+
+use crate::error::{Error, Result, Status};
+use crate::transfer::{BatchShared, RequestResult};
+use crate::transport::Transport;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Options of one submission (defaults: `Transport::Auto`, engine timeout).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SubmitOptions {
+    /// Which transport carries the requests.
+    pub transport: Transport,
+    /// Deadline for the whole submission (`None`: `default_timeout_ms`).
+    pub timeout: Option<Duration>,
+}
+
+/// A submitted set of requests and their outcomes. Dropping a pending batch
+/// detaches it; its requests still run to their outcome.
+pub struct Batch {
+    shared: Arc<BatchShared>,
+}
+
+impl Batch {
+    pub(crate) fn new(shared: Arc<BatchShared>) -> Batch {
+        Batch { shared }
+    }
+
+    /// Number of requests.
+    pub fn len(&self) -> usize {
+        self.shared.len()
+    }
+
+    /// Whether the batch has no request (never: empty submissions are refused).
+    pub fn is_empty(&self) -> bool {
+        self.shared.is_empty()
+    }
+
+    /// `Ok`, `Pending` or `TransferFailed`, without waiting.
+    pub fn poll(&self) -> Status {
+        self.shared.poll()
+    }
+
+    /// Waits until every request ended or `timeout` passed. `Ok(())` when all
+    /// succeeded; `TransferFailed` naming the first failure; `TimedOut` if
+    /// requests are still pending (the batch stays valid).
+    pub fn wait(&self, timeout: Duration) -> Result<()> {
+        match self.shared.wait(timeout) {
+            Status::Ok => Ok(()),
+            Status::Pending => Err(Error::TimedOut(format!(
+                "requests still pending after waiting {timeout:?}"
+            ))),
+            _ => Err(self.failure()),
+        }
+    }
+
+    /// The error summarising a failed batch.
+    pub fn failure(&self) -> Error {
+        match self.shared.first_error() {
+            Some((i, e)) => Error::TransferFailed(format!("request {i} failed with {}: {}", e.status(), e.message())),
+            None => Error::TransferFailed("a request failed".into()),
+        }
+    }
+
+    /// Per-request outcomes in input order.
+    pub fn results(&self) -> Vec<RequestResult> {
+        self.shared.results()
+    }
+
+    /// The failure of request `i`, if it failed.
+    pub fn error(&self, i: usize) -> Option<Error> {
+        self.shared.error(i)
+    }
+
+    /// Requests not yet started end `Cancelled` with remote effect None;
+    /// started ones run to their outcome.
+    pub fn cancel(&self) {
+        self.shared.cancel()
+    }
+}

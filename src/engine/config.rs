@@ -1,0 +1,468 @@
+//! `EngineConfig`: every knob of an engine, parsed from and written to JSON.
+//!
+//! Parsing is strict: an unknown key, a value of the wrong type or a value
+//! outside its range is rejected with [`Error::InvalidConfig`] naming the key.
+//! The keys are documented in `docs/config.md`.
+
+use crate::error::{Error, Result};
+use crate::transport::TransportKind;
+use serde_json::{Map, Value};
+use std::net::SocketAddr;
+
+/// 1 KiB.
+pub const KIB: u64 = 1024;
+/// 1 MiB.
+pub const MIB: u64 = 1024 * KIB;
+/// 1 GiB.
+pub const GIB: u64 = 1024 * MIB;
+
+/// How MNNVL exports name their memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MnnvlHandleType {
+    /// A 64-byte CUDA fabric handle (`CU_MEM_HANDLE_TYPE_FABRIC`).
+    Fabric,
+    /// A POSIX file descriptor passed between processes of one host.
+    PosixFd,
+}
+
+impl MnnvlHandleType {
+    fn as_str(self) -> &'static str {
+        match self {
+            MnnvlHandleType::Fabric => "fabric",
+            MnnvlHandleType::PosixFd => "posix_fd",
+        }
+    }
+}
+
+/// Multi-node NVLink (MNNVL) and EGM settings. `None` in
+/// [`EngineConfig::mnnvl`] disables MNNVL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MnnvlConfig {
+    /// Handle type of exports (default [`MnnvlHandleType::Fabric`]).
+    pub handle_type: MnnvlHandleType,
+    /// `None`: peers must share this boot. Otherwise a nonzero 16-byte
+    /// domain shared by the peers of one NVLink partition.
+    pub fabric_domain: Option<[u8; 16]>,
+    /// Register ordinary local host backing with CUDA (default true).
+    pub host_register: bool,
+    /// Enable HOST_NUMA (EGM) allocation and remote host grants (default false).
+    pub egm: bool,
+    /// Threshold in units of 128 KiB (default 1024). MNNVL always uses the
+    /// asynchronous stream path; the value is kept for configuration parity.
+    pub async_memcpy_threshold: u32,
+}
+
+impl Default for MnnvlConfig {
+    fn default() -> Self {
+        MnnvlConfig {
+            handle_type: MnnvlHandleType::Fabric,
+            fabric_domain: None,
+            host_register: true,
+            egm: false,
+            async_memcpy_threshold: 1024,
+        }
+    }
+}
+
+/// Configuration of one [`crate::Engine`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineConfig {
+    /// Address the control socket listens on (`127.0.0.1:0`: loopback, port
+    /// from the OS).
+    pub listen: String,
+    /// Enable the legacy NVLink (CUDA IPC) transport.
+    pub nvlink: bool,
+    /// Enable MNNVL; mutually exclusive with `nvlink: true`.
+    pub mnnvl: Option<MnnvlConfig>,
+    /// Bytes that may be in flight (requester side), and the bound of the
+    /// mapping budget for IPC exports and imports.
+    pub max_inflight_bytes: u64,
+    /// Largest single transfer unit; larger requests are split.
+    pub max_transfer_bytes: u64,
+    /// NVLink relocation cache entries (0 = close imports at group end).
+    pub nvlink_cache_entries: u32,
+    /// CUDA stream pool slots across all contexts.
+    pub nvlink_stream_count: u32,
+    /// Single NVLink copies strictly below this many KiB use the synchronous
+    /// fast path (0 disables it).
+    pub nvlink_async_memcpy_threshold_kb: u64,
+    /// Transport candidates for `Transport::Auto`, best first.
+    pub transport_policy: Vec<TransportKind>,
+    /// Deadline for submissions, connects and closes given 0.
+    pub default_timeout_ms: u32,
+    /// Deadline for a new incoming connection to complete its handshake.
+    pub handshake_timeout_ms: u32,
+    /// Most incoming control connections served at once.
+    pub max_incoming_connections: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            listen: "127.0.0.1:0".to_string(),
+            nvlink: false,
+            mnnvl: None,
+            max_inflight_bytes: GIB,
+            max_transfer_bytes: 64 * MIB,
+            nvlink_cache_entries: 0,
+            nvlink_stream_count: 8,
+            nvlink_async_memcpy_threshold_kb: 2048,
+            transport_policy: TransportKind::DEFAULT_POLICY.to_vec(),
+            default_timeout_ms: 30_000,
+            handshake_timeout_ms: 5_000,
+            max_incoming_connections: 256,
+        }
+    }
+}
+
+fn bad(key: &str, what: impl std::fmt::Display) -> Error {
+    Error::InvalidConfig(format!("key `{key}`: {what}"))
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn get_bool(key: &str, v: &Value) -> Result<bool> {
+    v.as_bool()
+        .ok_or_else(|| bad(key, format!("expected a boolean, got {}", type_name(v))))
+}
+
+fn get_u64(key: &str, v: &Value, min: u64, max: u64) -> Result<u64> {
+    let n = v.as_u64().ok_or_else(|| {
+        bad(
+            key,
+            format!(
+                "expected an unsigned integer, got {}",
+                if v.is_number() {
+                    "a negative or fractional number"
+                } else {
+                    type_name(v)
+                }
+            ),
+        )
+    })?;
+    if n < min || n > max {
+        return Err(bad(key, format!("{n} is outside the range {min}..={max}")));
+    }
+    Ok(n)
+}
+
+fn get_u32(key: &str, v: &Value, min: u32, max: u32) -> Result<u32> {
+    Ok(get_u64(key, v, min as u64, max as u64)? as u32)
+}
+
+fn get_str<'a>(key: &str, v: &'a Value) -> Result<&'a str> {
+    v.as_str()
+        .ok_or_else(|| bad(key, format!("expected a string, got {}", type_name(v))))
+}
+
+/// Parses a 16-byte fabric domain written as 32 hexadecimal digits.
+pub fn parse_fabric_domain(s: &str) -> std::result::Result<[u8; 16], String> {
+    let s = s.trim();
+    if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!(
+            "expected 32 hexadecimal digits (16 bytes), got {:?}",
+            s
+        ));
+    }
+    let mut out = [0u8; 16];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+    }
+    if out == [0u8; 16] {
+        return Err("the all-zero domain is reserved; use null for this boot only".into());
+    }
+    Ok(out)
+}
+
+fn hex16(d: &[u8; 16]) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl MnnvlConfig {
+    fn from_object(obj: &Map<String, Value>) -> Result<MnnvlConfig> {
+        let mut c = MnnvlConfig::default();
+        for (k, v) in obj {
+            let key = format!("mnnvl.{k}");
+            match k.as_str() {
+                "handle_type" => {
+                    c.handle_type = match get_str(&key, v)? {
+                        "fabric" => MnnvlHandleType::Fabric,
+                        "posix_fd" => MnnvlHandleType::PosixFd,
+                        other => {
+                            return Err(bad(
+                                &key,
+                                format!("unknown handle type {other:?} (expected \"fabric\" or \"posix_fd\")"),
+                            ))
+                        }
+                    }
+                }
+                "fabric_domain" => {
+                    c.fabric_domain = match v {
+                        Value::Null => None,
+                        _ => Some(parse_fabric_domain(get_str(&key, v)?).map_err(|e| bad(&key, e))?),
+                    }
+                }
+                "host_register" => c.host_register = get_bool(&key, v)?,
+                "egm" => c.egm = get_bool(&key, v)?,
+                "async_memcpy_threshold" => c.async_memcpy_threshold = get_u32(&key, v, 0, 65_536)?,
+                _ => return Err(bad(&key, "unknown key")),
+            }
+        }
+        Ok(c)
+    }
+
+    fn to_value(&self) -> Value {
+        serde_json::json!({
+            "handle_type": self.handle_type.as_str(),
+            "fabric_domain": self.fabric_domain.as_ref().map(hex16),
+            "host_register": self.host_register,
+            "egm": self.egm,
+            "async_memcpy_threshold": self.async_memcpy_threshold,
+        })
+    }
+}
+
+impl EngineConfig {
+    /// Parses a JSON object; `""` (or only whitespace) gives the defaults.
+    pub fn from_json(text: &str) -> Result<EngineConfig> {
+        if text.trim().is_empty() {
+            return Ok(EngineConfig::default());
+        }
+        let v: Value = serde_json::from_str(text)
+            .map_err(|e| Error::InvalidConfig(format!("not valid JSON: {e}")))?;
+        let obj = v.as_object().ok_or_else(|| {
+            Error::InvalidConfig(format!("expected a JSON object, got {}", type_name(&v)))
+        })?;
+        let mut c = EngineConfig::default();
+        for (k, v) in obj {
+            match k.as_str() {
+                "listen" => c.listen = get_str(k, v)?.to_string(),
+                "nvlink" => c.nvlink = get_bool(k, v)?,
+                "mnnvl" => {
+                    c.mnnvl = match v {
+                        Value::Null => None,
+                        Value::Object(o) => Some(MnnvlConfig::from_object(o)?),
+                        _ => {
+                            return Err(bad(
+                                k,
+                                format!("expected an object or null, got {}", type_name(v)),
+                            ))
+                        }
+                    }
+                }
+                "max_inflight_bytes" => c.max_inflight_bytes = get_u64(k, v, MIB, 1 << 40)?,
+                "max_transfer_bytes" => c.max_transfer_bytes = get_u64(k, v, 4 * KIB, 1 << 40)?,
+                "nvlink_cache_entries" => c.nvlink_cache_entries = get_u32(k, v, 0, 4096)?,
+                "nvlink_stream_count" => c.nvlink_stream_count = get_u32(k, v, 1, 4096)?,
+                "nvlink_async_memcpy_threshold_kb" => {
+                    c.nvlink_async_memcpy_threshold_kb = get_u64(k, v, 0, MIB)?
+                }
+                "transport_policy" => c.transport_policy = parse_policy(k, v)?,
+                "default_timeout_ms" => c.default_timeout_ms = get_u32(k, v, 1, 86_400_000)?,
+                "handshake_timeout_ms" => c.handshake_timeout_ms = get_u32(k, v, 1, 600_000)?,
+                "max_incoming_connections" => {
+                    c.max_incoming_connections = get_u32(k, v, 1, 65_536)?
+                }
+                _ => return Err(bad(k, "unknown key")),
+            }
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks the relations between keys (each key's own range is checked
+    /// while parsing; this also guards configs built in Rust).
+    pub fn validate(&self) -> Result<()> {
+        self.listen
+            .parse::<SocketAddr>()
+            .map_err(|_| bad("listen", format!("{:?} is not an IP:port socket address", self.listen)))?;
+        if self.nvlink && self.mnnvl.is_some() {
+            return Err(bad(
+                "mnnvl",
+                "MNNVL and legacy `nvlink: true` are mutually exclusive; enable one",
+            ));
+        }
+        let ranges: [(&str, u64, u64, u64); 6] = [
+            ("max_inflight_bytes", self.max_inflight_bytes, MIB, 1 << 40),
+            ("max_transfer_bytes", self.max_transfer_bytes, 4 * KIB, 1 << 40),
+            ("nvlink_cache_entries", self.nvlink_cache_entries as u64, 0, 4096),
+            ("nvlink_stream_count", self.nvlink_stream_count as u64, 1, 4096),
+            ("default_timeout_ms", self.default_timeout_ms as u64, 1, 86_400_000),
+            ("handshake_timeout_ms", self.handshake_timeout_ms as u64, 1, 600_000),
+        ];
+        for (key, v, min, max) in ranges {
+            if v < min || v > max {
+                return Err(bad(key, format!("{v} is outside the range {min}..={max}")));
+            }
+        }
+        if self.max_transfer_bytes > self.max_inflight_bytes {
+            return Err(bad(
+                "max_transfer_bytes",
+                format!(
+                    "{} exceeds max_inflight_bytes ({})",
+                    self.max_transfer_bytes, self.max_inflight_bytes
+                ),
+            ));
+        }
+        if self.transport_policy.is_empty() {
+            return Err(bad("transport_policy", "must name at least one transport"));
+        }
+        if self.max_incoming_connections == 0 {
+            return Err(bad("max_incoming_connections", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    /// The config as a JSON value (every key, defaults included).
+    pub fn to_value(&self) -> Value {
+        serde_json::json!({
+            "listen": self.listen,
+            "nvlink": self.nvlink,
+            "mnnvl": self.mnnvl.as_ref().map(MnnvlConfig::to_value),
+            "max_inflight_bytes": self.max_inflight_bytes,
+            "max_transfer_bytes": self.max_transfer_bytes,
+            "nvlink_cache_entries": self.nvlink_cache_entries,
+            "nvlink_stream_count": self.nvlink_stream_count,
+            "nvlink_async_memcpy_threshold_kb": self.nvlink_async_memcpy_threshold_kb,
+            "transport_policy": self.transport_policy.iter().map(|t| t.name()).collect::<Vec<_>>(),
+            "default_timeout_ms": self.default_timeout_ms,
+            "handshake_timeout_ms": self.handshake_timeout_ms,
+            "max_incoming_connections": self.max_incoming_connections,
+        })
+    }
+
+    /// The config as JSON text; [`EngineConfig::from_json`] reads it back.
+    pub fn to_json(&self) -> String {
+        self.to_value().to_string()
+    }
+}
+
+fn parse_policy(key: &str, v: &Value) -> Result<Vec<TransportKind>> {
+    let arr = v
+        .as_array()
+        .ok_or_else(|| bad(key, format!("expected an array of transport names, got {}", type_name(v))))?;
+    let mut out = Vec::new();
+    for item in arr {
+        let name = get_str(key, item)?;
+        let t = TransportKind::from_name(name).ok_or_else(|| {
+            bad(key, format!("unknown transport {name:?} (expected mnnvl, nvlink, shm or tcp)"))
+        })?;
+        if out.contains(&t) {
+            return Err(bad(key, format!("transport {name:?} is listed twice")));
+        }
+        out.push(t);
+    }
+    if out.is_empty() {
+        return Err(bad(key, "must name at least one transport"));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(text: &str) -> String {
+        match EngineConfig::from_json(text) {
+            Err(Error::InvalidConfig(m)) => m,
+            other => panic!("expected InvalidConfig for {text}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn empty_and_braces_give_defaults() {
+        assert_eq!(EngineConfig::from_json("").unwrap(), EngineConfig::default());
+        assert_eq!(EngineConfig::from_json(" {} ").unwrap(), EngineConfig::default());
+    }
+
+    #[test]
+    fn round_trips_through_json() {
+        let mut c = EngineConfig::default();
+        c.mnnvl = Some(MnnvlConfig {
+            handle_type: MnnvlHandleType::PosixFd,
+            fabric_domain: Some([7u8; 16]),
+            host_register: false,
+            egm: true,
+            async_memcpy_threshold: 3,
+        });
+        c.max_transfer_bytes = 8 * MIB;
+        c.transport_policy = vec![TransportKind::Tcp, TransportKind::Shm];
+        assert_eq!(EngineConfig::from_json(&c.to_json()).unwrap(), c);
+        let d = EngineConfig::default();
+        assert_eq!(EngineConfig::from_json(&d.to_json()).unwrap(), d);
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        assert!(err(r#"{"max_inflite_bytes": 5}"#).contains("`max_inflite_bytes`"));
+        assert!(err(r#"{"mnnvl": {"egmm": true}}"#).contains("`mnnvl.egmm`"));
+    }
+
+    #[test]
+    fn wrong_types_are_named() {
+        assert!(err(r#"{"nvlink": 1}"#).contains("`nvlink`: expected a boolean"));
+        assert!(err(r#"{"max_inflight_bytes": "1"}"#).contains("`max_inflight_bytes`"));
+        assert!(err(r#"{"nvlink_stream_count": -1}"#).contains("negative"));
+        assert!(err(r#"{"mnnvl": 5}"#).contains("`mnnvl`: expected an object or null"));
+        assert!(err(r#"[1]"#).contains("expected a JSON object"));
+        assert!(err(r#"{"#).contains("not valid JSON"));
+    }
+
+    #[test]
+    fn ranges_are_enforced() {
+        assert!(err(r#"{"nvlink_cache_entries": 4097}"#).contains("0..=4096"));
+        assert!(EngineConfig::from_json(r#"{"nvlink_cache_entries": 4096}"#).is_ok());
+        assert!(err(r#"{"nvlink_stream_count": 0}"#).contains("1..=4096"));
+        assert!(err(r#"{"default_timeout_ms": 0}"#).contains("`default_timeout_ms`"));
+        assert!(err(r#"{"max_inflight_bytes": 1024}"#).contains("`max_inflight_bytes`"));
+        assert!(err(r#"{"max_inflight_bytes": 2097152, "max_transfer_bytes": 4194304}"#)
+            .contains("exceeds max_inflight_bytes"));
+        assert!(err(r#"{"mnnvl": {"async_memcpy_threshold": 70000}}"#)
+            .contains("`mnnvl.async_memcpy_threshold`"));
+    }
+
+    #[test]
+    fn nvlink_and_mnnvl_are_exclusive() {
+        assert!(err(r#"{"nvlink": true, "mnnvl": {}}"#).contains("mutually exclusive"));
+        let c = EngineConfig::from_json(r#"{"nvlink": true, "mnnvl": null}"#).unwrap();
+        assert!(c.nvlink && c.mnnvl.is_none());
+        let c = EngineConfig::from_json(r#"{"mnnvl": {}}"#).unwrap();
+        assert_eq!(c.mnnvl, Some(MnnvlConfig::default()));
+    }
+
+    #[test]
+    fn fabric_domain_parsing() {
+        let c = EngineConfig::from_json(
+            r#"{"mnnvl": {"fabric_domain": "000102030405060708090a0b0c0d0e0f"}}"#,
+        )
+        .unwrap();
+        let d = c.mnnvl.unwrap().fabric_domain.unwrap();
+        assert_eq!(d[0], 0);
+        assert_eq!(d[15], 15);
+        assert!(err(r#"{"mnnvl": {"fabric_domain": "00"}}"#).contains("32 hexadecimal"));
+        assert!(err(r#"{"mnnvl": {"fabric_domain": "00000000000000000000000000000000"}}"#)
+            .contains("all-zero"));
+        assert!(err(r#"{"mnnvl": {"fabric_domain": "zz0102030405060708090a0b0c0d0e0f"}}"#)
+            .contains("32 hexadecimal"));
+        assert!(err(r#"{"mnnvl": {"handle_type": "dmabuf"}}"#).contains("unknown handle type"));
+    }
+
+    #[test]
+    fn policy_and_listen() {
+        assert!(err(r#"{"transport_policy": []}"#).contains("at least one"));
+        assert!(err(r#"{"transport_policy": ["tcp", "tcp"]}"#).contains("twice"));
+        assert!(err(r#"{"transport_policy": ["rdma"]}"#).contains("unknown transport"));
+        assert!(err(r#"{"listen": "localhost"}"#).contains("`listen`"));
+        let c = EngineConfig::from_json(r#"{"transport_policy": ["shm", "tcp"]}"#).unwrap();
+        assert_eq!(c.transport_policy, vec![TransportKind::Shm, TransportKind::Tcp]);
+    }
+}

@@ -1,0 +1,44 @@
+//! OrbiTE: a transfer engine that moves bytes between cooperating processes.
+//!
+//! A requester READs from or WRITEs into memory that a source process
+//! registered, by absolute registered address, in batches, with an exact
+//! account of every request. The same engine is shipped as `liborbite.so`
+//! with the C ABI in `include/orbite.h` (see `src/ffi`).
+//!
+//! ```no_run
+//! use orbite::{Engine, EngineConfig, Access, Request, Op, SubmitOptions};
+//! let source = Engine::new(EngineConfig::default())?;
+//! let mut remote = vec![7u8; 4096];
+//! source.register_memory(remote.as_mut_ptr() as u64, 4096, Access::READ)?;
+//!
+//! let requester = Engine::new(EngineConfig::default())?;
+//! let mut local = vec![0u8; 4096];
+//! requester.register_memory(local.as_mut_ptr() as u64, 4096, Access::NONE)?;
+//! let peer = requester.connect(&source.endpoint(), None)?;
+//! let batch = requester.submit(peer, &[Request {
+//!     op: Op::Read, local_addr: local.as_ptr() as u64,
+//!     remote_addr: remote.as_ptr() as u64, len: 4096 }], SubmitOptions::default())?;
+//! batch.wait(std::time::Duration::from_secs(10))?;
+//! # Ok::<(), orbite::Error>(())
+//! ```
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+pub mod control;
+pub mod engine;
+pub mod error;
+pub mod ffi;
+pub mod memory;
+pub mod stats;
+pub mod sync_util;
+pub mod transfer;
+pub mod transport;
+
+pub use engine::{Batch, Engine, EngineConfig, EngineStats, MnnvlConfig, MnnvlHandleType, SubmitOptions};
+pub use error::{Error, Result, Status};
+pub use memory::{Access, Allocation, MemoryKind};
+pub use transfer::{Op, RemoteEffect, Request, RequestResult};
+pub use transport::{Transport, TransportKind};
+
+/// Library version, `MAJOR.MINOR.PATCH`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

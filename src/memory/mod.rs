@@ -1,0 +1,8 @@
+//! Memory: registered regions (bounds, access, epoch), the allocations the
+//! library owns, and leases that keep a region alive while a copy uses it.
+
+pub mod owners;
+pub mod region;
+
+pub use owners::{Allocation, MemoryKind};
+pub use region::{Access, Region, RegionLease, RegionTable};

@@ -1,0 +1,303 @@
+//! Allocations the library made itself, recorded process-wide so that a
+//! registration on any engine recognises their kind, and so that freeing one
+//! that is still registered or exported is refused.
+
+use crate::error::{Error, Result};
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+/// Physical rounding of shareable allocations (2 MiB).
+pub const SHARED_ROUNDING: u64 = 2 * 1024 * 1024;
+
+/// The kind of memory behind a registration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemoryKind {
+    /// Ordinary process memory (malloc, stack, mmap): TCP only.
+    Host,
+    /// Library-allocated memfd host memory: exportable over SHM.
+    SharedHost,
+    /// CUDA device memory (not exportable).
+    Cuda,
+    /// CUDA device memory allocated for IPC export.
+    CudaIpc,
+    /// CUDA pinned host memory.
+    PinnedHost,
+    /// CUDA VMM memory exportable across an NVLink fabric.
+    Mnnvl,
+    /// CUDA VMM host (NUMA) memory exportable across an NVLink fabric.
+    Egm,
+}
+
+impl MemoryKind {
+    /// Name used in JSON (`peer_regions_json`).
+    pub fn name(self) -> &'static str {
+        match self {
+            MemoryKind::Host => "host",
+            MemoryKind::SharedHost => "shared_host",
+            MemoryKind::Cuda => "cuda",
+            MemoryKind::CudaIpc => "cuda_ipc",
+            MemoryKind::PinnedHost => "pinned_host",
+            MemoryKind::Mnnvl => "mnnvl",
+            MemoryKind::Egm => "egm",
+        }
+    }
+
+    /// Wire code.
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// From a wire code.
+    pub fn from_code(c: u32) -> Option<MemoryKind> {
+        [
+            MemoryKind::Host,
+            MemoryKind::SharedHost,
+            MemoryKind::Cuda,
+            MemoryKind::CudaIpc,
+            MemoryKind::PinnedHost,
+            MemoryKind::Mnnvl,
+            MemoryKind::Egm,
+        ]
+        .get(c as usize)
+        .copied()
+    }
+
+    /// Whether the CPU can read and write it directly (the TCP transport
+    /// copies through the CPU).
+    pub fn cpu_accessible(self) -> bool {
+        matches!(self, MemoryKind::Host | MemoryKind::SharedHost | MemoryKind::PinnedHost | MemoryKind::Egm)
+    }
+}
+
+/// The backing of an owned allocation.
+#[derive(Debug)]
+enum Backing {
+    /// memfd mapped shared; the fd can be passed to peers.
+    Memfd { fd: OwnedFd },
+}
+
+#[derive(Debug)]
+struct Owned {
+    kind: MemoryKind,
+    addr: u64,
+    len: u64,
+    physical: u64,
+    backing: Backing,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    registered: u64,
+    exported: u64,
+}
+
+struct Entry {
+    owned: Arc<Owned>,
+    counts: Counts,
+}
+
+static OWNERS: Mutex<BTreeMap<u64, Entry>> = Mutex::new(BTreeMap::new());
+
+/// An allocation made by the library. Free it with [`Allocation::free`];
+/// dropping it without freeing leaks the memory on purpose (it may still be
+/// registered or mapped by a peer).
+#[derive(Debug)]
+pub struct Allocation {
+    owned: Arc<Owned>,
+}
+
+impl Allocation {
+    /// Start address.
+    pub fn addr(&self) -> u64 {
+        self.owned.addr
+    }
+    /// Logical length (as requested).
+    pub fn len(&self) -> u64 {
+        self.owned.len
+    }
+    /// Whether the logical length is zero (never: zero-length allocations are refused).
+    pub fn is_empty(&self) -> bool {
+        self.owned.len == 0
+    }
+    /// Physical extent (rounded).
+    pub fn physical_len(&self) -> u64 {
+        self.owned.physical
+    }
+    /// Kind of memory.
+    pub fn kind(&self) -> MemoryKind {
+        self.owned.kind
+    }
+    /// The memfd behind a shared host allocation.
+    pub fn memfd(&self) -> Option<i32> {
+        match &self.owned.backing {
+            Backing::Memfd { fd } => Some(fd.as_raw_fd()),
+        }
+    }
+
+    /// Frees the allocation. `Unavailable` while any engine has it
+    /// registered or a peer has it exported; the allocation is then kept.
+    pub fn free(self) -> std::result::Result<(), (Allocation, Error)> {
+        let mut map = OWNERS.lock();
+        let Some(e) = map.get(&self.owned.addr) else {
+            return Err((self, Error::NotFound("allocation is not known".into())));
+        };
+        if e.counts.registered > 0 || e.counts.exported > 0 {
+            let msg = format!(
+                "allocation at 0x{:x} is still registered {} time(s) and exported {} time(s); unregister it first",
+                self.owned.addr, e.counts.registered, e.counts.exported
+            );
+            return Err((self, Error::Unavailable(msg)));
+        }
+        map.remove(&self.owned.addr);
+        drop(map);
+        match &self.owned.backing {
+            Backing::Memfd { .. } => {
+                // SAFETY: addr/physical describe the mapping created in
+                // `allocate_shared_host`; the entry is gone from the owner
+                // table, no engine has it registered, so nothing uses it.
+                unsafe { libc::munmap(self.owned.addr as *mut libc::c_void, self.owned.physical as usize) };
+            }
+        }
+        Ok(())
+    }
+}
+
+fn round_up(v: u64, to: u64) -> Option<u64> {
+    v.checked_add(to - 1).map(|x| x / to * to)
+}
+
+/// Allocates zeroed host memory backed by a memfd, physically rounded up to
+/// 2 MiB, shareable with peers on the same host (SHM transport).
+pub fn allocate_shared_host(len: u64) -> Result<Allocation> {
+    if len == 0 {
+        return Err(Error::InvalidArgument("length is 0".into()));
+    }
+    let physical = round_up(len, SHARED_ROUNDING)
+        .filter(|p| *p <= isize::MAX as u64)
+        .ok_or_else(|| Error::InvalidArgument(format!("length {len} is too large")))?;
+    let name = b"orbite-shm\0";
+    // SAFETY: name is NUL-terminated; memfd_create has no other inputs.
+    let raw = unsafe { libc::memfd_create(name.as_ptr().cast(), libc::MFD_CLOEXEC) };
+    if raw < 0 {
+        return Err(Error::io("memfd_create", &std::io::Error::last_os_error()));
+    }
+    // SAFETY: raw is a fresh fd we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: fd is valid; physical fits in off_t (checked above).
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), physical as libc::off_t) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(Error::ResourceExhausted(format!("cannot size shared memory to {physical} bytes: {e}")));
+    }
+    // SAFETY: mapping a valid fd of `physical` bytes; the result is checked.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            physical as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        let e = std::io::Error::last_os_error();
+        return Err(Error::ResourceExhausted(format!("cannot map {physical} bytes of shared memory: {e}")));
+    }
+    let owned = Arc::new(Owned {
+        kind: MemoryKind::SharedHost,
+        addr: p as u64,
+        len,
+        physical,
+        backing: Backing::Memfd { fd },
+    });
+    OWNERS.lock().insert(
+        owned.addr,
+        Entry {
+            owned: owned.clone(),
+            counts: Counts::default(),
+        },
+    );
+    Ok(Allocation { owned })
+}
+
+/// Kind of the memory at `[addr, addr+len)`: the owning allocation's kind, or
+/// `Host` for memory the library did not allocate. A range that starts in an
+/// owned allocation but crosses its logical end is `InvalidArgument`.
+pub fn kind_of(addr: u64, len: u64) -> Result<MemoryKind> {
+    let map = OWNERS.lock();
+    if let Some((_, e)) = map.range(..=addr).next_back() {
+        let o = &e.owned;
+        if addr < o.addr + o.physical {
+            if addr + len > o.addr + o.len {
+                return Err(Error::InvalidArgument(format!(
+                    "range 0x{addr:x}+{len} crosses the end of the library allocation 0x{:x}+{}",
+                    o.addr, o.len
+                )));
+            }
+            return Ok(o.kind);
+        }
+    }
+    if let Some((_, e)) = map.range(addr..addr.saturating_add(len)).next() {
+        return Err(Error::InvalidArgument(format!(
+            "range 0x{addr:x}+{len} covers part of the library allocation at 0x{:x}; register inside it",
+            e.owned.addr
+        )));
+    }
+    Ok(MemoryKind::Host)
+}
+
+/// The owned allocation holding `addr`: (base, physical length, memfd).
+pub fn owner_of(addr: u64) -> Option<(u64, u64, u64, i32)> {
+    let map = OWNERS.lock();
+    let (_, e) = map.range(..=addr).next_back()?;
+    let o = &e.owned;
+    (addr < o.addr + o.len).then(|| {
+        let fd = match &o.backing {
+            Backing::Memfd { fd } => fd.as_raw_fd(),
+        };
+        (o.addr, o.len, o.physical, fd)
+    })
+}
+
+/// Adjusts the registration count of the owned allocation holding `addr`
+/// (no-op for plain host memory).
+pub(crate) fn note_registered(addr: u64, _len: u64, delta: i64) {
+    let mut map = OWNERS.lock();
+    if let Some((_, e)) = map.range_mut(..=addr).next_back() {
+        if addr < e.owned.addr + e.owned.physical {
+            e.counts.registered = e.counts.registered.saturating_add_signed(delta);
+        }
+    }
+}
+
+/// Adjusts the export count of the owned allocation at `base`.
+pub(crate) fn note_exported(base: u64, delta: i64) {
+    if let Some(e) = OWNERS.lock().get_mut(&base) {
+        e.counts.exported = e.counts.exported.saturating_add_signed(delta);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_host_is_rounded_zeroed_and_recognised() {
+        let a = allocate_shared_host(17).unwrap();
+        assert_eq!(a.len(), 17);
+        assert_eq!(a.physical_len(), SHARED_ROUNDING);
+        // SAFETY: the allocation maps `physical_len` bytes.
+        let s = unsafe { std::slice::from_raw_parts(a.addr() as *const u8, a.physical_len() as usize) };
+        assert!(s.iter().all(|b| *b == 0));
+        assert_eq!(kind_of(a.addr(), 17).unwrap(), MemoryKind::SharedHost);
+        assert!(kind_of(a.addr(), 18).is_err());
+        assert!(matches!(allocate_shared_host(0), Err(Error::InvalidArgument(_))));
+        note_registered(a.addr(), 1, 1);
+        let (a, e) = a.free().unwrap_err();
+        assert!(matches!(e, Error::Unavailable(_)));
+        note_registered(a.addr(), 1, -1);
+        a.free().unwrap();
+    }
+}

@@ -1,0 +1,330 @@
+//! Registered regions and their table.
+
+use super::owners::{self, MemoryKind};
+use crate::error::{Error, Result};
+use parking_lot::{Condvar, Mutex, RwLock};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What remote peers may do to a region (bit flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Access(u32);
+
+impl Access {
+    /// Remote peers may READ the region.
+    pub const READ: Access = Access(1);
+    /// Remote peers may WRITE the region.
+    pub const WRITE: Access = Access(2);
+    /// Both.
+    pub const READ_WRITE: Access = Access(3);
+    /// Neither (local-only region).
+    pub const NONE: Access = Access(0);
+
+    /// From raw bits; unknown bits are rejected.
+    pub fn from_bits(bits: u32) -> Option<Access> {
+        (bits & !3 == 0).then_some(Access(bits))
+    }
+    /// Raw bits.
+    pub fn bits(self) -> u32 {
+        self.0
+    }
+    /// Whether remote READ is allowed.
+    pub fn can_read(self) -> bool {
+        self.0 & 1 != 0
+    }
+    /// Whether remote WRITE is allowed.
+    pub fn can_write(self) -> bool {
+        self.0 & 2 != 0
+    }
+    /// Names for JSON (`["read","write"]`).
+    pub fn names(self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.can_read() {
+            v.push("read");
+        }
+        if self.can_write() {
+            v.push("write");
+        }
+        v
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, o: Access) -> Access {
+        Access(self.0 | o.0)
+    }
+}
+
+/// One registration: a range of memory with access flags and an epoch.
+#[derive(Debug)]
+pub struct Region {
+    /// Engine-local id (nonzero).
+    pub id: u64,
+    /// Registration epoch: a re-registration of the same range gets a new one.
+    pub epoch: u64,
+    /// First byte.
+    pub addr: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// Remote access flags.
+    pub access: Access,
+    /// Kind of the memory behind it.
+    pub kind: MemoryKind,
+    active: AtomicU64,
+    closing: AtomicBool,
+}
+
+impl Region {
+    /// One past the last byte.
+    pub fn end(&self) -> u64 {
+        self.addr + self.len
+    }
+
+    /// Whether `[addr, addr+len)` lies inside the region.
+    pub fn contains(&self, addr: u64, len: u64) -> bool {
+        addr >= self.addr && addr.checked_add(len).is_some_and(|e| e <= self.end())
+    }
+
+    /// Copies using this region right now.
+    pub fn active(&self) -> u64 {
+        self.active.load(Ordering::Acquire)
+    }
+}
+
+/// Keeps a region registered while a copy touches it.
+pub struct RegionLease {
+    region: Arc<Region>,
+    table: Arc<TableShared>,
+}
+
+impl RegionLease {
+    /// The leased region.
+    pub fn region(&self) -> &Arc<Region> {
+        &self.region
+    }
+}
+
+impl Drop for RegionLease {
+    fn drop(&mut self) {
+        if self.region.active.fetch_sub(1, Ordering::AcqRel) == 1
+            && self.region.closing.load(Ordering::Acquire)
+        {
+            let _g = self.table.wake_lock.lock();
+            self.table.drained.notify_all();
+        }
+    }
+}
+
+struct TableShared {
+    wake_lock: Mutex<()>,
+    drained: Condvar,
+}
+
+/// The regions one engine registered, ordered by address.
+pub struct RegionTable {
+    by_addr: RwLock<BTreeMap<u64, Arc<Region>>>,
+    shared: Arc<TableShared>,
+    next_id: AtomicU64,
+    /// Serialises unregister/register so that close waits are coherent.
+    change: Mutex<()>,
+}
+
+impl Default for RegionTable {
+    fn default() -> Self {
+        RegionTable {
+            by_addr: RwLock::new(BTreeMap::new()),
+            shared: Arc::new(TableShared {
+                wake_lock: Mutex::new(()),
+                drained: Condvar::new(),
+            }),
+            next_id: AtomicU64::new(1),
+            change: Mutex::new(()),
+        }
+    }
+}
+
+impl RegionTable {
+    /// Registers `[addr, addr+len)`. Overlap with an existing region is
+    /// `InvalidArgument`. The kind is recognised from the library's own
+    /// allocations; other memory is plain host memory.
+    pub fn register(&self, addr: u64, len: u64, access: Access) -> Result<Arc<Region>> {
+        if addr == 0 {
+            return Err(Error::InvalidArgument("addr is NULL".into()));
+        }
+        if len == 0 {
+            return Err(Error::InvalidArgument("length is 0".into()));
+        }
+        let end = addr.checked_add(len).ok_or_else(|| {
+            Error::InvalidArgument(format!("range 0x{addr:x}+{len} wraps the address space"))
+        })?;
+        let kind = owners::kind_of(addr, len)?;
+        let _c = self.change.lock();
+        let mut map = self.by_addr.write();
+        if let Some((_, r)) = map.range(..end).next_back() {
+            if r.end() > addr {
+                return Err(Error::InvalidArgument(format!(
+                    "range 0x{addr:x}+{len} overlaps region {} (0x{:x}+{})",
+                    r.id, r.addr, r.len
+                )));
+            }
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let region = Arc::new(Region {
+            id,
+            epoch: id,
+            addr,
+            len,
+            access,
+            kind,
+            active: AtomicU64::new(0),
+            closing: AtomicBool::new(false),
+        });
+        owners::note_registered(addr, len, 1);
+        map.insert(addr, region.clone());
+        Ok(region)
+    }
+
+    /// Unregisters region `id`, waiting up to `timeout` for copies using it.
+    /// On timeout the region stays registered and usable, and the call
+    /// returns `TimedOut`.
+    pub fn unregister(&self, id: u64, timeout: Duration) -> Result<()> {
+        let _c = self.change.lock();
+        let region = self
+            .by_addr
+            .read()
+            .values()
+            .find(|r| r.id == id)
+            .cloned()
+            .ok_or_else(|| Error::NotFound(format!("no region with id {id} is registered")))?;
+        region.closing.store(true, Ordering::Release);
+        let deadline = Instant::now() + timeout;
+        let mut g = self.shared.wake_lock.lock();
+        while region.active() > 0 {
+            if self.shared.drained.wait_until(&mut g, deadline).timed_out() && region.active() > 0 {
+                region.closing.store(false, Ordering::Release);
+                return Err(Error::TimedOut(format!(
+                    "region {id} is still used by {} in-flight copies; it stays registered",
+                    region.active()
+                )));
+            }
+        }
+        drop(g);
+        self.by_addr.write().remove(&region.addr);
+        owners::note_registered(region.addr, region.len, -1);
+        Ok(())
+    }
+
+    /// Finds the region holding `[addr, addr+len)` and leases it.
+    /// Errors: `NotFound` (no region at addr), `OutOfRange` (crosses the
+    /// end), `Unavailable` (being unregistered).
+    pub fn lease(&self, addr: u64, len: u64) -> Result<RegionLease> {
+        let map = self.by_addr.read();
+        let r = map
+            .range(..=addr)
+            .next_back()
+            .map(|(_, r)| r)
+            .filter(|r| addr < r.end())
+            .ok_or_else(|| Error::NotFound(format!("address 0x{addr:x} is in no registered region")))?;
+        if !r.contains(addr, len) {
+            return Err(Error::OutOfRange(format!(
+                "range 0x{addr:x}+{len} crosses the end of region {} (0x{:x}+{})",
+                r.id, r.addr, r.len
+            )));
+        }
+        r.active.fetch_add(1, Ordering::AcqRel);
+        if r.closing.load(Ordering::Acquire) {
+            let lease = RegionLease {
+                region: r.clone(),
+                table: self.shared.clone(),
+            };
+            drop(lease);
+            return Err(Error::Unavailable(format!(
+                "region {} is being unregistered",
+                r.id
+            )));
+        }
+        Ok(RegionLease {
+            region: r.clone(),
+            table: self.shared.clone(),
+        })
+    }
+
+    /// A snapshot of every region.
+    pub fn snapshot(&self) -> Vec<Arc<Region>> {
+        self.by_addr.read().values().cloned().collect()
+    }
+
+    /// Number of regions.
+    pub fn len(&self) -> usize {
+        self.by_addr.read().len()
+    }
+
+    /// Whether no region is registered.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Unregisters everything without waiting (engine teardown, after every
+    /// copy thread has stopped).
+    pub fn clear(&self) {
+        let mut map = self.by_addr.write();
+        for r in map.values() {
+            owners::note_registered(r.addr, r.len, -1);
+        }
+        map.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlap_bounds_and_lookup() {
+        let t = RegionTable::default();
+        let a = t.register(0x10000, 0x1000, Access::READ).unwrap();
+        assert!(matches!(t.register(0x10fff, 1, Access::READ), Err(Error::InvalidArgument(_))));
+        assert!(matches!(t.register(0xf000, 0x1001, Access::READ), Err(Error::InvalidArgument(_))));
+        let b = t.register(0x11000, 0x10, Access::WRITE).unwrap();
+        assert_ne!(a.epoch, b.epoch);
+        assert_eq!(t.lease(0x10000, 0x1000).unwrap().region().id, a.id);
+        assert!(matches!(t.lease(0x10fff, 2), Err(Error::OutOfRange(_))));
+        assert!(matches!(t.lease(0x12000, 1), Err(Error::NotFound(_))));
+        assert!(matches!(t.lease(0x1, 1), Err(Error::NotFound(_))));
+        assert!(matches!(t.register(0, 1, Access::READ), Err(Error::InvalidArgument(_))));
+        assert!(matches!(t.register(1, 0, Access::READ), Err(Error::InvalidArgument(_))));
+        assert!(matches!(t.register(u64::MAX, 2, Access::READ), Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn unregister_waits_for_leases_then_times_out() {
+        let t = Arc::new(RegionTable::default());
+        let r = t.register(0x20000, 64, Access::READ).unwrap();
+        let lease = t.lease(0x20000, 64).unwrap();
+        let e = t.unregister(r.id, Duration::from_millis(20)).unwrap_err();
+        assert!(matches!(e, Error::TimedOut(_)), "{e:?}");
+        // still registered and usable
+        let l2 = t.lease(0x20000, 1).unwrap();
+        drop(l2);
+        let t2 = t.clone();
+        let h = std::thread::spawn(move || t2.unregister(r.id, Duration::from_secs(30)));
+        // while closing, new leases are refused (poll until closing is visible)
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match t.lease(0x20000, 1) {
+                Err(Error::Unavailable(_)) => break,
+                Ok(l) => drop(l),
+                Err(e) => panic!("{e:?}"),
+            }
+            assert!(Instant::now() < deadline);
+            std::thread::yield_now();
+        }
+        drop(lease);
+        h.join().unwrap().unwrap();
+        assert!(t.is_empty());
+        assert!(matches!(t.unregister(r.id, Duration::ZERO), Err(Error::NotFound(_))));
+    }
+}

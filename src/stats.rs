@@ -1,0 +1,84 @@
+//! Engine counters, updated lock-free on the hot path.
+
+use crate::transport::TransportKind;
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+#[derive(Default)]
+struct PerTransport {
+    requests_completed: AtomicU64,
+    requests_failed: AtomicU64,
+    bytes_completed: AtomicU64,
+    bytes_failed: AtomicU64,
+    served_requests: AtomicU64,
+    served_bytes: AtomicU64,
+    served_failed: AtomicU64,
+}
+
+/// Live counters of one engine.
+#[derive(Default)]
+pub struct Stats {
+    per: [PerTransport; 4],
+    /// Protocol errors seen on any connection.
+    pub protocol_errors: AtomicU64,
+    /// Incoming connections refused at the connection limit.
+    pub connections_refused: AtomicU64,
+}
+
+/// Counters of one transport, as reported.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct TransportStats {
+    /// Requests this engine submitted that completed.
+    pub requests_completed: u64,
+    /// Requests this engine submitted that failed.
+    pub requests_failed: u64,
+    /// Bytes of completed requests.
+    pub bytes_completed: u64,
+    /// Bytes of failed requests.
+    pub bytes_failed: u64,
+    /// Requests peers made of this engine that it served.
+    pub served_requests: u64,
+    /// Bytes served to peers.
+    pub served_bytes: u64,
+    /// Requests from peers that this engine refused or failed.
+    pub served_failed: u64,
+}
+
+impl Stats {
+    /// Records a finished request of this engine.
+    pub fn record_request(&self, t: TransportKind, ok: bool, bytes: u64) {
+        let p = &self.per[t.index()];
+        if ok {
+            p.requests_completed.fetch_add(1, Ordering::Relaxed);
+            p.bytes_completed.fetch_add(bytes, Ordering::Relaxed);
+        } else {
+            p.requests_failed.fetch_add(1, Ordering::Relaxed);
+            p.bytes_failed.fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Records a request served to a peer.
+    pub fn record_served(&self, t: TransportKind, ok: bool, bytes: u64) {
+        let p = &self.per[t.index()];
+        if ok {
+            p.served_requests.fetch_add(1, Ordering::Relaxed);
+            p.served_bytes.fetch_add(bytes, Ordering::Relaxed);
+        } else {
+            p.served_failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Snapshot of one transport.
+    pub fn transport(&self, t: TransportKind) -> TransportStats {
+        let p = &self.per[t.index()];
+        TransportStats {
+            requests_completed: p.requests_completed.load(Ordering::Relaxed),
+            requests_failed: p.requests_failed.load(Ordering::Relaxed),
+            bytes_completed: p.bytes_completed.load(Ordering::Relaxed),
+            bytes_failed: p.bytes_failed.load(Ordering::Relaxed),
+            served_requests: p.served_requests.load(Ordering::Relaxed),
+            served_bytes: p.served_bytes.load(Ordering::Relaxed),
+            served_failed: p.served_failed.load(Ordering::Relaxed),
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! Small synchronisation pieces: a byte budget (admission) and a gate that
+//! counts work inside it and can be closed and drained.
+
+use crate::error::{Error, Result};
+use parking_lot::{Condvar, Mutex};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A byte budget: `acquire` waits until enough bytes are free.
+pub struct Budget {
+    limit: u64,
+    used: Mutex<u64>,
+    cv: Condvar,
+}
+
+/// Bytes held from a [`Budget`]; released on drop.
+pub struct Permit {
+    budget: Arc<Budget>,
+    bytes: u64,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        let mut u = self.budget.used.lock();
+        *u -= self.bytes;
+        drop(u);
+        self.budget.cv.notify_all();
+    }
+}
+
+impl Budget {
+    /// A budget of `limit` bytes.
+    pub fn new(limit: u64) -> Arc<Budget> {
+        Arc::new(Budget { limit, used: Mutex::new(0), cv: Condvar::new() })
+    }
+
+    /// Bytes held now.
+    pub fn used(&self) -> u64 {
+        *self.used.lock()
+    }
+
+    /// The limit.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Takes `bytes` without waiting, if free.
+    pub fn try_acquire(self: &Arc<Self>, bytes: u64) -> Option<Permit> {
+        let mut u = self.used.lock();
+        (*u + bytes <= self.limit).then(|| {
+            *u += bytes;
+            Permit { budget: self.clone(), bytes }
+        })
+    }
+
+    /// Takes `bytes`, waiting until `deadline`. More than the limit is refused.
+    pub fn acquire(self: &Arc<Self>, bytes: u64, deadline: Instant, what: &str) -> Result<Permit> {
+        if bytes > self.limit {
+            return Err(Error::ResourceExhausted(format!(
+                "{what}: {bytes} bytes exceed the budget of {} bytes",
+                self.limit
+            )));
+        }
+        let mut u = self.used.lock();
+        while *u + bytes > self.limit {
+            if self.cv.wait_until(&mut u, deadline).timed_out() && *u + bytes > self.limit {
+                return Err(Error::TimedOut(format!(
+                    "{what}: no admission for {bytes} bytes before the deadline ({} of {} bytes in flight)",
+                    *u, self.limit
+                )));
+            }
+        }
+        *u += bytes;
+        Ok(Permit { budget: self.clone(), bytes })
+    }
+}
+
+/// A gate: work enters while it is open; closing waits for work inside.
+pub struct Gate {
+    state: Mutex<(bool, u64)>,
+    cv: Condvar,
+    name: &'static str,
+}
+
+/// One unit of work inside a [`Gate`].
+pub struct GateGuard {
+    gate: Arc<Gate>,
+}
+
+impl Drop for GateGuard {
+    fn drop(&mut self) {
+        let mut s = self.gate.state.lock();
+        s.1 -= 1;
+        if s.1 == 0 {
+            self.gate.cv.notify_all();
+        }
+    }
+}
+
+impl Gate {
+    /// An open gate named for messages.
+    pub fn new(name: &'static str) -> Arc<Gate> {
+        Arc::new(Gate { state: Mutex::new((true, 0)), cv: Condvar::new(), name })
+    }
+
+    /// Enters if open.
+    pub fn enter(self: &Arc<Self>) -> Result<GateGuard> {
+        let mut s = self.state.lock();
+        if !s.0 {
+            return Err(Error::Unavailable(format!("the {} is closed", self.name)));
+        }
+        s.1 += 1;
+        Ok(GateGuard { gate: self.clone() })
+    }
+
+    /// Whether the gate is open.
+    pub fn is_open(&self) -> bool {
+        self.state.lock().0
+    }
+
+    /// Work inside now.
+    pub fn active(&self) -> u64 {
+        self.state.lock().1
+    }
+
+    /// Closes the gate and waits until `deadline` for the work inside;
+    /// returns how many units are still inside (0 = drained).
+    pub fn close_and_wait(&self, deadline: Instant) -> u64 {
+        let mut s = self.state.lock();
+        s.0 = false;
+        while s.1 > 0 {
+            if self.cv.wait_until(&mut s, deadline).timed_out() {
+                break;
+            }
+        }
+        s.1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn budget_waits_and_refuses() {
+        let b = Budget::new(10);
+        let p = b.acquire(8, Instant::now(), "t").unwrap();
+        assert!(b.try_acquire(3).is_none());
+        let e = b.acquire(3, Instant::now() + Duration::from_millis(5), "t");
+        assert!(matches!(e, Err(Error::TimedOut(_))));
+        assert!(matches!(b.acquire(11, Instant::now(), "t"), Err(Error::ResourceExhausted(_))));
+        drop(p);
+        assert_eq!(b.used(), 0);
+        let _q = b.try_acquire(10).unwrap();
+    }
+
+    #[test]
+    fn gate_drains() {
+        let g = Gate::new("test gate");
+        let a = g.enter().unwrap();
+        assert_eq!(g.close_and_wait(Instant::now() + Duration::from_millis(5)), 1);
+        assert!(g.enter().is_err());
+        drop(a);
+        assert_eq!(g.close_and_wait(Instant::now()), 0);
+    }
+}

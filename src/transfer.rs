@@ -1,0 +1,297 @@
+//! Requests, outcomes and the shared completion record behind a `Batch`.
+//! Transports complete chunks here; the engine hands `Batch` to callers.
+
+use crate::error::{Error, Status};
+use crate::stats::Stats;
+use crate::transport::TransportKind;
+use parking_lot::{Condvar, Mutex};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Direction of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Remote -> local.
+    Read,
+    /// Local -> remote.
+    Write,
+}
+
+/// One transfer: absolute addresses in registered regions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Request {
+    /// Direction.
+    pub op: Op,
+    /// Address inside a region registered on this engine.
+    pub local_addr: u64,
+    /// Absolute address inside a region the peer registered.
+    pub remote_addr: u64,
+    /// Bytes (0 is invalid).
+    pub len: u64,
+}
+
+/// What a request did to the remote memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum RemoteEffect {
+    /// Nothing changed remotely (every READ, and a WRITE that never reached the peer).
+    None = 0,
+    /// The WRITE was applied in full.
+    Applied = 1,
+    /// The WRITE may have changed any part of the remote range.
+    Unknown = 2,
+}
+
+/// Per-request outcome.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestResult {
+    /// `Ok`, `Pending` or the failure.
+    pub status: Status,
+    /// Remote effect (`Unknown` only for WRITE).
+    pub remote_effect: RemoteEffect,
+}
+
+/// Outcome of one chunk (a request may be split into several).
+#[derive(Debug, Clone)]
+pub struct ChunkOutcome {
+    /// `Ok` or the failure.
+    pub result: Result<(), Error>,
+    /// What the chunk did remotely.
+    pub effect: RemoteEffect,
+}
+
+impl ChunkOutcome {
+    /// Success.
+    pub fn ok(op: Op) -> ChunkOutcome {
+        ChunkOutcome {
+            result: Ok(()),
+            effect: if op == Op::Write { RemoteEffect::Applied } else { RemoteEffect::None },
+        }
+    }
+    /// Failure with an effect.
+    pub fn failed(e: Error, effect: RemoteEffect) -> ChunkOutcome {
+        ChunkOutcome { result: Err(e), effect }
+    }
+}
+
+struct ReqState {
+    op: Op,
+    len: u64,
+    transport: TransportKind,
+    chunks_left: u32,
+    started: bool,
+    error: Option<Error>,
+    any_applied: bool,
+    any_unknown: bool,
+    done: bool,
+}
+
+struct State {
+    reqs: Vec<ReqState>,
+    pending: usize,
+    failed: usize,
+    cancelled: bool,
+}
+
+/// The completion record of one submission.
+pub struct BatchShared {
+    state: Mutex<State>,
+    cv: Condvar,
+    stats: Arc<Stats>,
+    /// The submission deadline.
+    pub deadline: Instant,
+}
+
+impl BatchShared {
+    /// A record for `requests`, all pending on TCP until routed.
+    pub fn new(requests: &[Request], stats: Arc<Stats>, deadline: Instant) -> Arc<BatchShared> {
+        let reqs = requests
+            .iter()
+            .map(|r| ReqState {
+                op: r.op,
+                len: r.len,
+                transport: TransportKind::Tcp,
+                chunks_left: 0,
+                started: false,
+                error: None,
+                any_applied: false,
+                any_unknown: false,
+                done: false,
+            })
+            .collect();
+        Arc::new(BatchShared {
+            state: Mutex::new(State {
+                reqs,
+                pending: requests.len(),
+                failed: 0,
+                cancelled: false,
+            }),
+            cv: Condvar::new(),
+            stats,
+            deadline,
+        })
+    }
+
+    /// Number of requests.
+    pub fn len(&self) -> usize {
+        self.state.lock().reqs.len()
+    }
+
+    /// Whether the batch holds no request.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Declares that request `i` will complete through `chunks` chunks on `transport`.
+    pub fn plan(&self, i: usize, chunks: u32, transport: TransportKind) {
+        let mut s = self.state.lock();
+        s.reqs[i].chunks_left = chunks;
+        s.reqs[i].transport = transport;
+    }
+
+    /// Marks request `i` as started unless the batch was cancelled first;
+    /// returns false if the request must end `Cancelled` instead.
+    pub fn start(&self, i: usize) -> bool {
+        let mut s = self.state.lock();
+        if s.reqs[i].started {
+            return true;
+        }
+        if s.cancelled {
+            return false;
+        }
+        s.reqs[i].started = true;
+        true
+    }
+
+    /// Records one chunk's outcome for request `i`.
+    pub fn complete_chunk(&self, i: usize, out: ChunkOutcome) {
+        let mut s = self.state.lock();
+        let r = &mut s.reqs[i];
+        if r.done {
+            return;
+        }
+        match out.effect {
+            RemoteEffect::Applied => r.any_applied = true,
+            RemoteEffect::Unknown => r.any_unknown = true,
+            RemoteEffect::None => {}
+        }
+        if let Err(e) = out.result {
+            if r.error.is_none() {
+                r.error = Some(e);
+            }
+        }
+        r.chunks_left = r.chunks_left.saturating_sub(1);
+        if r.chunks_left == 0 {
+            self.finish_locked(&mut s, i);
+        }
+    }
+
+    /// Fails request `i` as a whole (its remaining chunks will not run).
+    pub fn fail_request(&self, i: usize, e: Error, effect: RemoteEffect) {
+        let mut s = self.state.lock();
+        let r = &mut s.reqs[i];
+        if r.done {
+            return;
+        }
+        if effect == RemoteEffect::Unknown {
+            r.any_unknown = true;
+        }
+        if r.error.is_none() {
+            r.error = Some(e);
+        }
+        r.chunks_left = 0;
+        self.finish_locked(&mut s, i);
+    }
+
+    fn finish_locked(&self, s: &mut State, i: usize) {
+        let r = &mut s.reqs[i];
+        r.done = true;
+        let ok = r.error.is_none();
+        self.stats.record_request(r.transport, ok, r.len);
+        s.pending -= 1;
+        if !ok {
+            s.failed += 1;
+        }
+        if s.pending == 0 {
+            self.cv.notify_all();
+        }
+    }
+
+    /// `Ok`, `Pending` or `TransferFailed`.
+    pub fn poll(&self) -> Status {
+        let s = self.state.lock();
+        if s.pending > 0 {
+            Status::Pending
+        } else if s.failed > 0 {
+            Status::TransferFailed
+        } else {
+            Status::Ok
+        }
+    }
+
+    /// Waits up to `timeout` for every request to end.
+    pub fn wait(&self, timeout: Duration) -> Status {
+        let deadline = Instant::now().checked_add(timeout);
+        let mut s = self.state.lock();
+        while s.pending > 0 {
+            match deadline {
+                Some(d) => {
+                    if self.cv.wait_until(&mut s, d).timed_out() && s.pending > 0 {
+                        return Status::Pending;
+                    }
+                }
+                None => self.cv.wait(&mut s),
+            }
+        }
+        if s.failed > 0 {
+            Status::TransferFailed
+        } else {
+            Status::Ok
+        }
+    }
+
+    /// Per-request outcomes, in input order.
+    pub fn results(&self) -> Vec<RequestResult> {
+        let s = self.state.lock();
+        s.reqs.iter().map(result_of).collect()
+    }
+
+    /// The failure of request `i`, if it failed.
+    pub fn error(&self, i: usize) -> Option<Error> {
+        self.state.lock().reqs.get(i).and_then(|r| r.error.clone())
+    }
+
+    /// The first failure, by input order.
+    pub fn first_error(&self) -> Option<(usize, Error)> {
+        let s = self.state.lock();
+        s.reqs
+            .iter()
+            .enumerate()
+            .find_map(|(i, r)| r.error.clone().map(|e| (i, e)))
+    }
+
+    /// Cancels requests that have not started.
+    pub fn cancel(&self) {
+        self.state.lock().cancelled = true;
+    }
+}
+
+fn result_of(r: &ReqState) -> RequestResult {
+    if !r.done {
+        return RequestResult { status: Status::Pending, remote_effect: RemoteEffect::None };
+    }
+    match &r.error {
+        None => RequestResult {
+            status: Status::Ok,
+            remote_effect: if r.op == Op::Write { RemoteEffect::Applied } else { RemoteEffect::None },
+        },
+        Some(e) => RequestResult {
+            status: e.status(),
+            remote_effect: if r.op == Op::Write && (r.any_unknown || r.any_applied) {
+                RemoteEffect::Unknown
+            } else {
+                RemoteEffect::None
+            },
+        },
+    }
+}

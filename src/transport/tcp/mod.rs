@@ -1,0 +1,13 @@
+//! The TCP transport: payload carried over the control connection.
+//!
+//! The requester side ([`requester::TcpConnection`]) runs a sender thread
+//! that writes queued chunks and a reader thread that reads responses
+//! straight into local registered memory. The source side
+//! ([`source::serve`]) validates every request against its regions and
+//! streams payload straight from or into them.
+
+pub mod requester;
+pub mod source;
+
+pub use requester::{Chunk, TcpConnection};
+pub use source::{serve, SourceContext};

@@ -1,0 +1,510 @@
+//! Requester side of a TCP peer connection.
+
+use crate::control::frame::{FrameHeader, MsgKind};
+use crate::control::io::{self, HeaderRead, TICK};
+use crate::control::message::{self, DataRequest, DataResponse, Describe, DATA_RESPONSE_LEN, MAX_REASON};
+use crate::error::{Error, Result, Status};
+use crate::memory::RegionLease;
+use crate::sync_util::{GateGuard, Permit};
+use crate::transfer::{BatchShared, ChunkOutcome, Op, RemoteEffect};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// One unit of transfer on the wire (a request, or a piece of a split one).
+pub struct Chunk {
+    /// Completion record.
+    pub batch: Arc<BatchShared>,
+    /// Request index in the batch.
+    pub index: usize,
+    /// Direction.
+    pub op: Op,
+    /// Local address.
+    pub local_addr: u64,
+    /// Remote address.
+    pub remote_addr: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Remote region epoch the requester knows.
+    pub region_epoch: u64,
+    /// Submission deadline.
+    pub deadline: Instant,
+    /// Keeps the local region registered.
+    pub lease: Arc<RegionLease>,
+    /// Admission bytes.
+    pub permit: Option<Permit>,
+    /// Keeps the requester gate open until completion.
+    pub guard: Option<GateGuard>,
+}
+
+impl Chunk {
+    fn finish(self, out: ChunkOutcome) {
+        self.batch.complete_chunk(self.index, out);
+    }
+    fn fail(self, e: Error, effect: RemoteEffect) {
+        self.finish(ChunkOutcome::failed(e, effect));
+    }
+}
+
+struct Entry {
+    chunk: Chunk,
+    /// The sender is writing this WRITE's payload from local memory.
+    sending: bool,
+}
+
+#[derive(Default)]
+struct Pending {
+    map: HashMap<u64, Entry>,
+    /// The reader has failed every entry; later completions go direct.
+    drained: bool,
+}
+
+struct DescribeState {
+    current: Describe,
+    generation: u64,
+}
+
+/// A requester's connection to one peer.
+pub struct TcpConnection {
+    writer: Mutex<TcpStream>,
+    control: TcpStream,
+    queue: Mutex<(VecDeque<Chunk>, bool)>,
+    queue_cv: Condvar,
+    pending: Mutex<Pending>,
+    next_tag: AtomicU64,
+    dead: Mutex<Option<Error>>,
+    describe: Mutex<DescribeState>,
+    describe_cv: Condvar,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Peer label for messages.
+    pub label: String,
+}
+
+impl TcpConnection {
+    /// Wraps a connected, handshaken stream and starts its threads.
+    pub fn start(stream: TcpStream, peer: Describe, label: String) -> Result<Arc<TcpConnection>> {
+        let e = |what: &str, err: std::io::Error| Error::io(what, &err);
+        stream.set_read_timeout(Some(TICK)).map_err(|x| e("set_read_timeout", x))?;
+        stream.set_write_timeout(Some(TICK)).map_err(|x| e("set_write_timeout", x))?;
+        let writer = stream.try_clone().map_err(|x| e("clone socket", x))?;
+        let reader = stream.try_clone().map_err(|x| e("clone socket", x))?;
+        let conn = Arc::new(TcpConnection {
+            writer: Mutex::new(writer),
+            control: stream,
+            queue: Mutex::new((VecDeque::new(), false)),
+            queue_cv: Condvar::new(),
+            pending: Mutex::new(Pending::default()),
+            next_tag: AtomicU64::new(1),
+            dead: Mutex::new(None),
+            describe: Mutex::new(DescribeState { current: peer, generation: 0 }),
+            describe_cv: Condvar::new(),
+            threads: Mutex::new(Vec::new()),
+            label,
+        });
+        let c1 = conn.clone();
+        let sender = std::thread::Builder::new()
+            .name("orbite-tcp-send".into())
+            .spawn(move || c1.send_loop())
+            .map_err(|x| e("spawn sender thread", x))?;
+        let c2 = conn.clone();
+        let recv = std::thread::Builder::new()
+            .name("orbite-tcp-recv".into())
+            .spawn(move || c2.recv_loop(reader))
+            .map_err(|x| e("spawn reader thread", x))?;
+        conn.threads.lock().extend([sender, recv]);
+        Ok(conn)
+    }
+
+    /// The error that killed the connection, if it is dead.
+    pub fn dead_reason(&self) -> Option<Error> {
+        self.dead.lock().clone()
+    }
+
+    /// The peer's latest Describe.
+    pub fn describe(&self) -> Describe {
+        self.describe.lock().current.clone()
+    }
+
+    /// Asks the peer for a fresh Describe and waits for it until `deadline`.
+    pub fn refresh_describe(&self, deadline: Instant) -> Result<Describe> {
+        let gen = self.describe.lock().generation;
+        {
+            let mut w = self.writer.lock();
+            let mut tick = || self.check_alive();
+            io::write_frame(&mut *w, MsgKind::DescribeRequest, &[], &mut tick)?;
+        }
+        let mut d = self.describe.lock();
+        while d.generation == gen {
+            if let Some(e) = self.dead_reason() {
+                return Err(e);
+            }
+            if self.describe_cv.wait_until(&mut d, deadline).timed_out() && d.generation == gen {
+                return Err(Error::TimedOut(format!("{} did not answer a Describe request", self.label)));
+            }
+        }
+        Ok(d.current.clone())
+    }
+
+    fn check_alive(&self) -> Result<()> {
+        match self.dead_reason() {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Queues chunks for sending. Fails them at once if the connection is dead.
+    pub fn enqueue(&self, chunks: Vec<Chunk>) {
+        if chunks.is_empty() {
+            return;
+        }
+        let mut q = self.queue.lock();
+        if q.1 {
+            drop(q);
+            let e = self
+                .dead_reason()
+                .unwrap_or_else(|| Error::Unavailable(format!("connection to {} is closed", self.label)));
+            for c in chunks {
+                c.fail(e.clone(), RemoteEffect::None);
+            }
+            return;
+        }
+        q.0.extend(chunks);
+        drop(q);
+        self.queue_cv.notify_one();
+    }
+
+    /// Chunks queued or awaiting a response.
+    pub fn outstanding(&self) -> usize {
+        self.queue.lock().0.len() + self.pending.lock().map.len()
+    }
+
+    /// Kills the connection with `e` (idempotent): in-flight chunks fail.
+    pub fn kill(&self, e: Error) {
+        {
+            let mut d = self.dead.lock();
+            if d.is_none() {
+                *d = Some(e);
+            }
+        }
+        let _ = self.control.shutdown(Shutdown::Both);
+        self.queue.lock().1 = true;
+        self.queue_cv.notify_all();
+        self.describe_cv.notify_all();
+    }
+
+    /// Orderly close: Goodbye, then kill, then join the threads.
+    pub fn close(&self) {
+        if self.dead_reason().is_none() {
+            let mut w = self.writer.lock();
+            let mut tick = || Err(Error::TimedOut("goodbye".into()));
+            let _ = io::write_frame(&mut *w, MsgKind::Goodbye, &[], &mut tick);
+        }
+        self.kill(Error::Unavailable(format!("connection to {} was closed by this engine", self.label)));
+        let threads: Vec<_> = self.threads.lock().drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+
+    fn send_loop(self: Arc<Self>) {
+        let mut reqbuf: Vec<u8> = Vec::with_capacity(64 * 1024);
+        loop {
+            let batch: Vec<Chunk> = {
+                let mut q = self.queue.lock();
+                while q.0.is_empty() && !q.1 {
+                    self.queue_cv.wait(&mut q);
+                }
+                if q.0.is_empty() {
+                    return;
+                }
+                let n = q.0.len().min(256);
+                q.0.drain(..n).collect()
+            };
+            for chunk in batch {
+                if let Err(e) = self.send_one(chunk, &mut reqbuf) {
+                    self.kill(e);
+                }
+            }
+            if let Err(e) = self.flush(&mut reqbuf) {
+                self.kill(e);
+            }
+        }
+    }
+
+    fn flush(&self, buf: &mut Vec<u8>) -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let mut w = self.writer.lock();
+        let mut written = 0;
+        let mut tick = || self.check_alive();
+        let r = io::write_all_parts(&mut *w, &[buf], &mut tick, &mut written);
+        buf.clear();
+        r
+    }
+
+    fn send_one(&self, chunk: Chunk, buf: &mut Vec<u8>) -> Result<()> {
+        if let Some(e) = self.dead_reason() {
+            chunk.fail(e, RemoteEffect::None);
+            return Ok(());
+        }
+        if Instant::now() >= chunk.deadline {
+            let msg = format!("deadline passed before the request was sent to {}", self.label);
+            chunk.fail(Error::TimedOut(msg), RemoteEffect::None);
+            return Ok(());
+        }
+        if !chunk.batch.start(chunk.index) {
+            chunk.fail(Error::Cancelled("cancelled before it started".into()), RemoteEffect::None);
+            return Ok(());
+        }
+        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        let req = DataRequest { tag, region_epoch: chunk.region_epoch, addr: chunk.remote_addr, len: chunk.len };
+        let op = chunk.op;
+        let (local, len, deadline) = (chunk.local_addr, chunk.len, chunk.deadline);
+        {
+            let mut p = self.pending.lock();
+            if p.drained {
+                drop(p);
+                let e = self
+                    .dead_reason()
+                    .unwrap_or_else(|| Error::Unavailable(format!("connection to {} lost", self.label)));
+                chunk.fail(e, RemoteEffect::None);
+                return Ok(());
+            }
+            p.map.insert(tag, Entry { chunk, sending: op == Op::Write });
+        }
+        match op {
+            Op::Read => {
+                buf.extend_from_slice(&FrameHeader::encode(MsgKind::ReadRequest, 32));
+                buf.extend_from_slice(&req.encode());
+                if buf.len() >= 32 * 1024 {
+                    self.flush(buf)?;
+                }
+                Ok(())
+            }
+            Op::Write => {
+                self.flush(buf)?;
+                let h = FrameHeader::encode(MsgKind::WriteRequest, (32 + len) as u32);
+                let fixed = req.encode();
+                // SAFETY: the chunk holds a lease on the local region that
+                // contains [local, local+len), so the memory stays
+                // registered (and mapped) while we read it here.
+                let payload = unsafe { std::slice::from_raw_parts(local as *const u8, len as usize) };
+                let mut written = 0u64;
+                let r = {
+                    let mut w = self.writer.lock();
+                    let mut tick = || {
+                        self.check_alive()?;
+                        if Instant::now() >= deadline {
+                            return Err(Error::TimedOut(format!(
+                                "deadline passed while sending a WRITE to {}",
+                                self.label
+                            )));
+                        }
+                        Ok(())
+                    };
+                    io::write_all_parts(&mut *w, &[&h, &fixed, payload], &mut tick, &mut written)
+                };
+                let mut p = self.pending.lock();
+                match r {
+                    Ok(()) => {
+                        if p.drained {
+                            if let Some(ent) = p.map.remove(&tag) {
+                                drop(p);
+                                let e = self.dead_reason().unwrap_or_else(|| {
+                                    Error::Unavailable(format!("connection to {} lost", self.label))
+                                });
+                                ent.chunk.fail(e, RemoteEffect::Unknown);
+                            }
+                        } else if let Some(ent) = p.map.get_mut(&tag) {
+                            ent.sending = false;
+                        }
+                        Ok(())
+                    }
+                    Err(e) => {
+                        if let Some(ent) = p.map.remove(&tag) {
+                            drop(p);
+                            let effect = if written == 0 { RemoteEffect::None } else { RemoteEffect::Unknown };
+                            ent.chunk.fail(e.clone(), effect);
+                        }
+                        Err(e)
+                    }
+                }
+            }
+        }
+    }
+
+    fn recv_loop(self: Arc<Self>, mut s: TcpStream) {
+        let err = match self.recv_frames(&mut s) {
+            Ok(()) => Error::Unavailable(format!("{} closed the connection", self.label)),
+            Err(e) => e,
+        };
+        if matches!(err, Error::Protocol(_)) {
+            let mut w = self.writer.lock();
+            let mut tick = || Err(Error::TimedOut("error frame".into()));
+            let _ = io::write_frame(&mut *w, MsgKind::Error, &message::encode_error(Status::ProtocolError, err.message()), &mut tick);
+        }
+        self.kill(err.clone());
+        let reason = self.dead_reason().unwrap_or(err);
+        let now = Instant::now();
+        let entries: Vec<Entry> = {
+            let mut p = self.pending.lock();
+            p.drained = true;
+            let tags: Vec<u64> = p.map.iter().filter(|(_, e)| !e.sending).map(|(t, _)| *t).collect();
+            tags.into_iter().filter_map(|t| p.map.remove(&t)).collect()
+        };
+        for ent in entries {
+            let c = ent.chunk;
+            let e = if now >= c.deadline && !matches!(reason, Error::Protocol(_)) {
+                Error::TimedOut(format!("no answer from {} before the deadline; connection closed", self.label))
+            } else {
+                reason.clone()
+            };
+            let effect = if c.op == Op::Write { RemoteEffect::Unknown } else { RemoteEffect::None };
+            c.fail(e, effect);
+        }
+        // Chunks still queued are failed by the sender, which sees the kill.
+    }
+
+    fn expired(&self) -> Result<()> {
+        self.check_alive()?;
+        let now = Instant::now();
+        let p = self.pending.lock();
+        if let Some(e) = p.map.values().find(|e| !e.sending && now >= e.chunk.deadline) {
+            return Err(Error::TimedOut(format!(
+                "request to {} passed its deadline without an answer (0x{:x}+{})",
+                self.label, e.chunk.remote_addr, e.chunk.len
+            )));
+        }
+        Ok(())
+    }
+
+    fn recv_frames(&self, s: &mut TcpStream) -> Result<()> {
+        loop {
+            let h = match io::read_header(s, &mut || self.expired())? {
+                HeaderRead::Eof => return Ok(()),
+                HeaderRead::Frame(h) => h,
+            };
+            match h.kind {
+                MsgKind::ReadResponse | MsgKind::WriteResponse => self.on_response(s, h)?,
+                MsgKind::Describe => {
+                    let body = io::read_body(s, h.body_len, &mut || self.expired())?;
+                    let d = Describe::decode(&body)?;
+                    let mut st = self.describe.lock();
+                    if d.identity.engine_epoch != st.current.identity.engine_epoch {
+                        return Err(Error::Protocol("peer changed its engine epoch mid-connection".into()));
+                    }
+                    st.current = d;
+                    st.generation += 1;
+                    self.describe_cv.notify_all();
+                }
+                MsgKind::Error => {
+                    let body = io::read_body(s, h.body_len, &mut || self.expired())?;
+                    let (st, text) = message::decode_error(&body)?;
+                    return Err(Error::from_status(
+                        if st == Status::Ok { Status::Unavailable } else { st },
+                        format!("{} closed the connection: {text}", self.label),
+                    ));
+                }
+                MsgKind::Goodbye => {
+                    if h.body_len != 0 {
+                        return Err(Error::Protocol("Goodbye with a body".into()));
+                    }
+                    return Ok(());
+                }
+                other => {
+                    return Err(Error::Protocol(format!("unexpected {other:?} from the source side")));
+                }
+            }
+        }
+    }
+
+    fn on_response(&self, s: &mut TcpStream, h: FrameHeader) -> Result<()> {
+        let body_len = h.body_len as u64;
+        if body_len < DATA_RESPONSE_LEN as u64 {
+            return Err(Error::Protocol(format!("{:?} of {body_len} bytes is too short", h.kind)));
+        }
+        let mut fixed = [0u8; DATA_RESPONSE_LEN];
+        io::read_full(s, &mut fixed, &mut || self.expired(), false)?;
+        let resp = DataResponse::decode(&fixed)?;
+        let rest = body_len - DATA_RESPONSE_LEN as u64;
+        let want = if h.kind == MsgKind::ReadResponse { Op::Read } else { Op::Write };
+        let ent = {
+            let mut p = self.pending.lock();
+            match p.map.get(&resp.tag) {
+                Some(e) if e.chunk.op == want => {}
+                Some(_) => {
+                    return Err(Error::Protocol(format!("{:?} for tag {} of the other direction", h.kind, resp.tag)))
+                }
+                None => return Err(Error::Protocol(format!("{:?} for unknown tag {}", h.kind, resp.tag))),
+            }
+            p.map.remove(&resp.tag).expect("present")
+        };
+        let c = ent.chunk;
+        if resp.status != Status::Ok {
+            if rest > MAX_REASON as u64 + 2 {
+                let e = Error::Protocol(format!("failure text of {rest} bytes is too long"));
+                c.fail(e.clone(), RemoteEffect::None);
+                return Err(e);
+            }
+            let mut text = vec![0u8; rest as usize];
+            if let Err(e) = io::read_full(s, &mut text, &mut || self.expired(), false) {
+                c.fail(e.clone(), RemoteEffect::None);
+                return Err(e);
+            }
+            let msg = String::from_utf8_lossy(&text).into_owned();
+            c.fail(Error::from_status(resp.status, format!("{}: {msg}", self.label)), RemoteEffect::None);
+            return Ok(());
+        }
+        match want {
+            Op::Write => {
+                if rest != 0 {
+                    let e = Error::Protocol("WRITE success carries a body".into());
+                    c.fail(e.clone(), RemoteEffect::Unknown);
+                    return Err(e);
+                }
+                c.finish(ChunkOutcome::ok(Op::Write));
+                Ok(())
+            }
+            Op::Read => {
+                if rest != c.len {
+                    let e = Error::Protocol(format!("READ answer carries {rest} bytes, asked for {}", c.len));
+                    c.fail(e.clone(), RemoteEffect::None);
+                    return Err(e);
+                }
+                // SAFETY: the chunk's lease keeps [local_addr, +len) inside a
+                // registered local region; only this thread writes it, and
+                // the chunk completes only after this read ends.
+                let dst = unsafe { std::slice::from_raw_parts_mut(c.local_addr as *mut u8, c.len as usize) };
+                let deadline = c.deadline;
+                let mut tick = || {
+                    self.check_alive()?;
+                    if Instant::now() >= deadline {
+                        return Err(Error::TimedOut(format!("READ from {} passed its deadline mid-payload", self.label)));
+                    }
+                    Ok(())
+                };
+                match io::read_full(s, dst, &mut tick, false) {
+                    Ok(_) => {
+                        c.finish(ChunkOutcome::ok(Op::Read));
+                        Ok(())
+                    }
+                    Err(e) => {
+                        c.fail(e.clone(), RemoteEffect::None);
+                        Err(e)
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for TcpConnection {
+    fn drop(&mut self) {
+        let _ = self.control.shutdown(Shutdown::Both);
+    }
+}

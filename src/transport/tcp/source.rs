@@ -1,0 +1,212 @@
+//! Source side: serves one incoming control connection.
+
+use crate::control::frame::{FrameHeader, MsgKind};
+use crate::control::io::{self, HeaderRead, TICK};
+use crate::control::message::{self, DataRequest, DataResponse, Describe, DATA_REQUEST_LEN};
+use crate::error::{Error, Result, Status};
+use crate::memory::{RegionLease, RegionTable};
+use crate::stats::Stats;
+use crate::sync_util::{Gate, GateGuard};
+use crate::transport::TransportKind;
+use std::net::{Shutdown, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What the source side needs from its engine.
+pub struct SourceContext {
+    /// The engine's regions.
+    pub regions: Arc<RegionTable>,
+    /// Counters.
+    pub stats: Arc<Stats>,
+    /// Serving stops (requests answered Unavailable) once this is closed.
+    pub gate: Arc<Gate>,
+    /// Set when the engine shuts down: serving threads exit.
+    pub stopping: Arc<AtomicBool>,
+    /// Builds this engine's current Describe.
+    pub describe: Arc<dyn Fn() -> Describe + Send + Sync>,
+    /// Handshake deadline for new connections.
+    pub handshake_timeout: Duration,
+}
+
+impl SourceContext {
+    fn tick(&self) -> Result<()> {
+        if self.stopping.load(Ordering::Acquire) {
+            return Err(Error::Unavailable("engine is shutting down".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Serves `stream` until the peer leaves, the engine stops or the peer
+/// breaks the protocol (then an Error frame is sent and the connection closed).
+pub fn serve(ctx: Arc<SourceContext>, mut stream: TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let _ = stream.set_read_timeout(Some(TICK));
+    let _ = stream.set_write_timeout(Some(TICK));
+    let r = serve_inner(&ctx, &mut stream);
+    if let Err(e) = r {
+        if matches!(e, Error::Protocol(_)) {
+            ctx.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            let deadline = Instant::now() + Duration::from_secs(1);
+            let mut tick = || {
+                if Instant::now() >= deadline {
+                    return Err(Error::TimedOut("error frame".into()));
+                }
+                Ok(())
+            };
+            let body = message::encode_error(Status::ProtocolError, e.message());
+            let _ = io::write_frame(&mut stream, MsgKind::Error, &body, &mut tick);
+        }
+    }
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+fn serve_inner(ctx: &SourceContext, s: &mut TcpStream) -> Result<()> {
+    // Handshake: the requester speaks first with its Describe.
+    let hs_deadline = Instant::now() + ctx.handshake_timeout;
+    let mut hs_tick = || {
+        ctx.tick()?;
+        if Instant::now() >= hs_deadline {
+            return Err(Error::Protocol("no Describe within the handshake timeout".into()));
+        }
+        Ok(())
+    };
+    let h = match io::read_header(s, &mut hs_tick)? {
+        HeaderRead::Eof => return Ok(()),
+        HeaderRead::Frame(h) => h,
+    };
+    if h.kind != MsgKind::Describe {
+        return Err(Error::Protocol(format!("expected Describe first, got {:?}", h.kind)));
+    }
+    let body = io::read_body(s, h.body_len, &mut hs_tick)?;
+    let _peer = Describe::decode(&body)?;
+    let mine = (ctx.describe)().encode();
+    io::write_frame(s, MsgKind::Describe, &mine, &mut || ctx.tick())?;
+
+    loop {
+        let h = match io::read_header(s, &mut || ctx.tick())? {
+            HeaderRead::Eof => return Ok(()),
+            HeaderRead::Frame(h) => h,
+        };
+        match h.kind {
+            MsgKind::ReadRequest => {
+                if h.body_len as usize != DATA_REQUEST_LEN {
+                    return Err(Error::Protocol(format!("ReadRequest body of {} bytes", h.body_len)));
+                }
+                let req = read_request(ctx, s)?;
+                serve_read(ctx, s, req)?;
+            }
+            MsgKind::WriteRequest => {
+                let req = read_request(ctx, s)?;
+                if h.body_len as u64 != DATA_REQUEST_LEN as u64 + req.len {
+                    return Err(Error::Protocol(format!(
+                        "WriteRequest body of {} bytes does not match its length {}",
+                        h.body_len, req.len
+                    )));
+                }
+                serve_write(ctx, s, req)?;
+            }
+            MsgKind::DescribeRequest => {
+                if h.body_len != 0 {
+                    return Err(Error::Protocol("DescribeRequest with a body".into()));
+                }
+                let mine = (ctx.describe)().encode();
+                io::write_frame(s, MsgKind::Describe, &mine, &mut || ctx.tick())?;
+            }
+            MsgKind::Goodbye => return Ok(()),
+            MsgKind::Error => {
+                let body = io::read_body(s, h.body_len, &mut || ctx.tick())?;
+                let _ = message::decode_error(&body)?;
+                return Ok(());
+            }
+            other => return Err(Error::Protocol(format!("unexpected {other:?} from the requester side"))),
+        }
+    }
+}
+
+fn read_request(ctx: &SourceContext, s: &mut TcpStream) -> Result<DataRequest> {
+    let mut fixed = [0u8; DATA_REQUEST_LEN];
+    io::read_full(s, &mut fixed, &mut || ctx.tick(), false)?;
+    DataRequest::decode(&fixed)
+}
+
+/// Validates a request against the regions: existence, bounds, epoch,
+/// permission and memory kind. Returns the lease that keeps the region
+/// registered during the copy, and the gate guard for close_source.
+fn validate(ctx: &SourceContext, req: &DataRequest, write: bool) -> Result<(RegionLease, GateGuard)> {
+    let guard = ctx
+        .gate
+        .enter()
+        .map_err(|_| Error::Unavailable("the source is closing and serves no new requests".into()))?;
+    let lease = ctx.regions.lease(req.addr, req.len)?;
+    let r = lease.region();
+    if r.epoch != req.region_epoch {
+        return Err(Error::StalePeer(format!(
+            "region at 0x{:x} was re-registered (epoch {}, the request names epoch {}); refresh the peer's regions",
+            r.addr, r.epoch, req.region_epoch
+        )));
+    }
+    if write && !r.access.can_write() {
+        return Err(Error::PermissionDenied(format!("region {} (0x{:x}+{}) does not allow remote WRITE", r.id, r.addr, r.len)));
+    }
+    if !write && !r.access.can_read() {
+        return Err(Error::PermissionDenied(format!("region {} (0x{:x}+{}) does not allow remote READ", r.id, r.addr, r.len)));
+    }
+    if !r.kind.cpu_accessible() {
+        return Err(Error::NotSupported(format!(
+            "region {} holds {} memory, which the TCP transport cannot copy",
+            r.id,
+            r.kind.name()
+        )));
+    }
+    Ok((lease, guard))
+}
+
+fn respond_failure(ctx: &SourceContext, s: &mut TcpStream, kind: MsgKind, tag: u64, e: &Error) -> Result<()> {
+    ctx.stats.record_served(TransportKind::Tcp, false, 0);
+    let text = e.message();
+    let text = &text.as_bytes()[..text.len().min(message::MAX_REASON)];
+    let fixed = DataResponse { tag, status: e.status() }.encode();
+    let h = FrameHeader::encode(kind, (fixed.len() + text.len()) as u32);
+    let mut w = 0;
+    io::write_all_parts(s, &[&h, &fixed, text], &mut || ctx.tick(), &mut w)
+}
+
+fn serve_read(ctx: &SourceContext, s: &mut TcpStream, req: DataRequest) -> Result<()> {
+    let (lease, _guard) = match validate(ctx, &req, false) {
+        Ok(v) => v,
+        Err(e) => return respond_failure(ctx, s, MsgKind::ReadResponse, req.tag, &e),
+    };
+    let fixed = DataResponse { tag: req.tag, status: Status::Ok }.encode();
+    let h = FrameHeader::encode(MsgKind::ReadResponse, (fixed.len() as u64 + req.len) as u32);
+    // SAFETY: `lease` keeps the region containing [addr, addr+len) registered
+    // for the duration of this write; the range was bounds-checked.
+    let payload = unsafe { std::slice::from_raw_parts(req.addr as *const u8, req.len as usize) };
+    let mut w = 0;
+    io::write_all_parts(s, &[&h, &fixed, payload], &mut || ctx.tick(), &mut w)?;
+    drop(lease);
+    ctx.stats.record_served(TransportKind::Tcp, true, req.len);
+    Ok(())
+}
+
+fn serve_write(ctx: &SourceContext, s: &mut TcpStream, req: DataRequest) -> Result<()> {
+    match validate(ctx, &req, true) {
+        Ok((lease, _guard)) => {
+            // SAFETY: `lease` keeps [addr, addr+len) inside a registered region
+            // that allows remote WRITE; this thread is its only writer here.
+            let dst = unsafe { std::slice::from_raw_parts_mut(req.addr as *mut u8, req.len as usize) };
+            io::read_full(s, dst, &mut || ctx.tick(), false)?;
+            drop(lease);
+            ctx.stats.record_served(TransportKind::Tcp, true, req.len);
+            let fixed = DataResponse { tag: req.tag, status: Status::Ok }.encode();
+            let h = FrameHeader::encode(MsgKind::WriteResponse, fixed.len() as u32);
+            let mut w = 0;
+            io::write_all_parts(s, &[&h, &fixed], &mut || ctx.tick(), &mut w)
+        }
+        Err(e) => {
+            io::discard(s, req.len, &mut || ctx.tick())?;
+            respond_failure(ctx, s, MsgKind::WriteResponse, req.tag, &e)
+        }
+    }
+}
