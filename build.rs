@@ -1,1 +1,38 @@
-fn main(){}
+//! Generates `orbite.h` with cbindgen into OUT_DIR (and, when
+//! ORBITE_WRITE_HEADER=1, into include/orbite.h), and sets the SONAME.
+
+use std::path::PathBuf;
+
+/// Must equal `ORBITE_ABI_VERSION` in src/ffi/types.rs (a test checks it).
+const ABI_VERSION: u32 = 1;
+
+fn main() {
+    let crate_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("manifest dir"));
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("out dir"));
+    println!("cargo:rerun-if-changed=src/ffi");
+    println!("cargo:rerun-if-changed=cbindgen.toml");
+    println!("cargo:rerun-if-env-changed=ORBITE_WRITE_HEADER");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,liborbite.so.{ABI_VERSION}");
+
+    let mut config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("read cbindgen.toml");
+    let version = std::env::var("CARGO_PKG_VERSION").expect("version");
+    config.after_includes = config.after_includes.map(|s| s.replace("@VERSION@", &version));
+    let header = out_dir.join("orbite.h");
+    match cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(crate_dir.join("src/ffi/types.rs"))
+        .with_src(crate_dir.join("src/ffi/engine.rs"))
+        .with_src(crate_dir.join("src/ffi/memory.rs"))
+        .with_src(crate_dir.join("src/ffi/cuda.rs"))
+        .with_src(crate_dir.join("src/ffi/transfer.rs"))
+        .generate()
+    {
+        Ok(b) => {
+            b.write_to_file(&header);
+            if std::env::var("ORBITE_WRITE_HEADER").as_deref() == Ok("1") {
+                b.write_to_file(crate_dir.join("include/orbite.h"));
+            }
+        }
+        Err(e) => panic!("cbindgen failed to generate orbite.h: {e}"),
+    }
+}

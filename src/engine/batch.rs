@@ -26,6 +26,16 @@ impl Batch {
         Batch { shared }
     }
 
+    /// The shared completion record (C handles hold it directly).
+    pub(crate) fn shared(&self) -> Arc<BatchShared> {
+        self.shared.clone()
+    }
+
+    /// A handle over an existing completion record.
+    pub(crate) fn from_shared(shared: Arc<BatchShared>) -> Batch {
+        Batch { shared }
+    }
+
     /// Number of requests.
     pub fn len(&self) -> usize {
         self.shared.len()

@@ -374,6 +374,24 @@ impl Engine {
         }
     }
 
+    /// Hands a GPU producer stream over for `region`: transfers of the region
+    /// start after the work queued on the stream so far.
+    pub fn record_producer_stream(&self, region: u64, cu_stream: u64) -> Result<()> {
+        self.check_open()?;
+        if !self.inner.regions.snapshot().iter().any(|r| r.id == region) {
+            return Err(Error::NotFound(format!("no region with id {region} is registered")));
+        }
+        crate::cuda_support::record_producer_stream(region, cu_stream)
+    }
+
+    /// Closes cached NVLink imports through their receipts while admission
+    /// stays open. With no NVLink transport there is nothing cached and this
+    /// succeeds at once.
+    pub fn flush_nvlink_cache(&self, _timeout: Option<Duration>) -> Result<()> {
+        self.check_open()?;
+        Ok(())
+    }
+
     /// Stops new submissions, waits for accepted ones (up to `timeout`) and
     /// closes outgoing connections.
     pub fn close_requester(&self, timeout: Option<Duration>) -> Result<()> {

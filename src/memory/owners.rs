@@ -139,16 +139,27 @@ impl Allocation {
     /// Frees the allocation. `Unavailable` while any engine has it
     /// registered or a peer has it exported; the allocation is then kept.
     pub fn free(self) -> std::result::Result<(), (Allocation, Error)> {
+        match self.release() {
+            Ok(()) => Ok(()),
+            Err(e) => Err((self, e)),
+        }
+    }
+
+    /// Frees the memory in place (the C ABI keeps its handle valid when this
+    /// fails). After `Ok`, the allocation must not be used again.
+    pub fn release(&self) -> Result<()> {
         let mut map = OWNERS.lock();
         let Some(e) = map.get(&self.owned.addr) else {
-            return Err((self, Error::NotFound("allocation is not known".into())));
+            return Err(Error::InvalidArgument("allocation was already freed".into()));
         };
+        if !Arc::ptr_eq(&e.owned, &self.owned) {
+            return Err(Error::InvalidArgument("allocation was already freed".into()));
+        }
         if e.counts.registered > 0 || e.counts.exported > 0 {
-            let msg = format!(
+            return Err(Error::Unavailable(format!(
                 "allocation at 0x{:x} is still registered {} time(s) and exported {} time(s); unregister it first",
                 self.owned.addr, e.counts.registered, e.counts.exported
-            );
-            return Err((self, Error::Unavailable(msg)));
+            )));
         }
         map.remove(&self.owned.addr);
         drop(map);
@@ -156,7 +167,7 @@ impl Allocation {
             Backing::Memfd { .. } => {
                 // SAFETY: addr/physical describe the mapping created in
                 // `allocate_shared_host`; the entry is gone from the owner
-                // table, no engine has it registered, so nothing uses it.
+                // table and no engine has it registered, so nothing uses it.
                 unsafe { libc::munmap(self.owned.addr as *mut libc::c_void, self.owned.physical as usize) };
             }
         }
@@ -269,13 +280,6 @@ pub(crate) fn note_registered(addr: u64, _len: u64, delta: i64) {
         if addr < e.owned.addr + e.owned.physical {
             e.counts.registered = e.counts.registered.saturating_add_signed(delta);
         }
-    }
-}
-
-/// Adjusts the export count of the owned allocation at `base`.
-pub(crate) fn note_exported(base: u64, delta: i64) {
-    if let Some(e) = OWNERS.lock().get_mut(&base) {
-        e.counts.exported = e.counts.exported.saturating_add_signed(delta);
     }
 }
 

@@ -1,0 +1,264 @@
+/* API conventions and bad arguments: every NULL, every unknown enum value,
+ * every too-small buffer. Nothing may crash; each call returns the contract's
+ * status, leaves out-parameters alone and names the cause. */
+#include "check.h"
+
+#define SENTINEL_PTR ((void *)0x5a5a)
+
+static void text_out_rules(const orbite_engine *e) {
+  char buf[256];
+  size_t len = 12345;
+  CHECK_STATUS(orbite_engine_endpoint(NULL, buf, sizeof buf, &len), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_ERROR_MENTIONS("engine");
+  CHECK(len == 12345);
+  CHECK_STATUS(orbite_engine_endpoint(e, buf, sizeof buf, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_ERROR_MENTIONS("out_len");
+  /* Size query: NULL buffer with cap 0 tells the length needed. */
+  CHECK_STATUS(orbite_engine_endpoint(e, NULL, 0, &len), ORBITE_STATUS_BUFFER_TOO_SMALL);
+  size_t need = len;
+  CHECK(need > 8 && need < sizeof buf);
+  /* cap == len (no room for the NUL) is too small; len+1 fits exactly. */
+  memset(buf, 'x', sizeof buf);
+  CHECK_STATUS(orbite_engine_endpoint(e, buf, need, &len), ORBITE_STATUS_BUFFER_TOO_SMALL);
+  CHECK(len == need);
+  CHECK(buf[0] == 'x'); /* nothing written on failure */
+  CHECK_STATUS(orbite_engine_endpoint(e, buf, need + 1, &len), ORBITE_STATUS_OK);
+  CHECK(len == need && buf[need] == '\0' && strlen(buf) == need);
+  CHECK(strncmp(buf, "127.0.0.1:", 10) == 0);
+  CHECK_STATUS(orbite_engine_endpoint(e, NULL, 100, &len), ORBITE_STATUS_NULL_ARGUMENT);
+
+  CHECK_STATUS(orbite_engine_stats_json(NULL, buf, sizeof buf, &len), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_engine_stats_json(e, buf, 2, &len), ORBITE_STATUS_BUFFER_TOO_SMALL);
+  CHECK(len > 2);
+  char big[8192];
+  CHECK_STATUS(orbite_engine_stats_json(e, big, sizeof big, &len), ORBITE_STATUS_OK);
+  CHECK(big[0] == '{' && strstr(big, "\"transports\"") != NULL && strstr(big, "\"inflight_bytes\"") != NULL);
+
+  CHECK_STATUS(orbite_cuda_retained_resources_json(big, sizeof big, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_cuda_retained_resources_json(big, 1, &len), ORBITE_STATUS_BUFFER_TOO_SMALL);
+  CHECK_STATUS(orbite_cuda_retained_resources_json(big, sizeof big, &len), ORBITE_STATUS_OK);
+  CHECK(strstr(big, "cuda_available") != NULL);
+}
+
+static void registration(orbite_engine *e, uint8_t *mem, size_t n) {
+  uint64_t region = 777;
+  CHECK_STATUS(orbite_register_memory(NULL, mem, n, ORBITE_ACCESS_READ, &region), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_register_memory(e, NULL, n, ORBITE_ACCESS_READ, &region), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_ERROR_MENTIONS("addr");
+  CHECK_STATUS(orbite_register_memory(e, mem, n, ORBITE_ACCESS_READ, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_register_memory(e, mem, 0, ORBITE_ACCESS_READ, &region), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("length");
+  CHECK_STATUS(orbite_register_memory(e, mem, n, 4, &region), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("access");
+  CHECK_STATUS(orbite_register_memory(e, mem, n, 0xffffffffu, &region), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK(region == 777);
+  CHECK_STATUS(orbite_register_memory(e, mem, n, ORBITE_ACCESS_READ | ORBITE_ACCESS_WRITE, &region), ORBITE_STATUS_OK);
+  CHECK(region != 0 && region != 777);
+  uint64_t other = 5;
+  CHECK_STATUS(orbite_register_memory(e, mem + n / 2, n, ORBITE_ACCESS_READ, &other), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("overlaps");
+  CHECK(other == 5);
+
+  CHECK_STATUS(orbite_unregister_memory(NULL, region, 0), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_unregister_memory(e, 0, 0), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_STATUS(orbite_unregister_memory(e, 424242, 0), ORBITE_STATUS_NOT_FOUND);
+  CHECK_STATUS(orbite_record_producer_stream(NULL, region, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_record_producer_stream(e, 0, NULL), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_STATUS(orbite_record_producer_stream(e, 424242, NULL), ORBITE_STATUS_NOT_FOUND);
+  CHECK_STATUS(orbite_unregister_memory(e, region, 1000), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_unregister_memory(e, region, 1000), ORBITE_STATUS_NOT_FOUND);
+}
+
+static void allocations(orbite_engine *e) {
+  orbite_allocation *a = (orbite_allocation *)SENTINEL_PTR;
+  CHECK_STATUS(orbite_host_allocate_shared(4096, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_host_allocate_shared(0, &a), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK(a == (orbite_allocation *)SENTINEL_PTR);
+  CHECK_STATUS(orbite_host_allocate_shared(12345, &a), ORBITE_STATUS_OK);
+  uint8_t *p = (uint8_t *)orbite_allocation_addr(a);
+  CHECK(p != NULL);
+  CHECK(orbite_allocation_length(a) == 12345);
+  size_t zeros = 0;
+  for (size_t i = 0; i < 12345; i++) zeros += p[i] == 0;
+  CHECK(zeros == 12345);
+  CHECK(orbite_allocation_addr(NULL) == NULL);
+  CHECK(orbite_allocation_length(NULL) == 0);
+  uint64_t region = 0;
+  CHECK_STATUS(orbite_register_memory(e, p, 12345, ORBITE_ACCESS_READ, &region), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_allocation_free(a), ORBITE_STATUS_UNAVAILABLE); /* still registered */
+  CHECK_ERROR_MENTIONS("registered");
+  CHECK(orbite_allocation_length(a) == 12345); /* handle still valid */
+  CHECK_STATUS(orbite_unregister_memory(e, region, 0), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_allocation_free(a), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_allocation_free(NULL), ORBITE_STATUS_OK);
+  a = (orbite_allocation *)SENTINEL_PTR;
+
+  /* CUDA, MNNVL and EGM: argument checks first, then UNAVAILABLE without CUDA. */
+  CHECK_STATUS(orbite_cuda_allocate(0, 4096, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_cuda_allocate(0, 0, &a), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_STATUS(orbite_cuda_allocate_ipc(0, 4096, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_cuda_allocate_ipc(0, 0, &a), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_STATUS(orbite_cuda_allocate_pinned_host(4096, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_cuda_allocate_pinned_host(0, &a), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_STATUS(orbite_allocate_mnnvl(0, 4096, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_allocate_mnnvl(0, 0, &a), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_STATUS(orbite_allocate_egm(0, 4096, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_allocate_egm(0, 0, &a), ORBITE_STATUS_INVALID_ARGUMENT);
+  orbite_status s = orbite_cuda_allocate(0, 4096, &a);
+  if (s == ORBITE_STATUS_OK) {
+    printf("CUDA present: skipping the no-CUDA status checks\n");
+    CHECK_STATUS(orbite_allocation_free(a), ORBITE_STATUS_OK);
+  } else {
+    CHECK(s == ORBITE_STATUS_UNAVAILABLE);
+    CHECK_ERROR_MENTIONS("CUDA");
+    CHECK(a == (orbite_allocation *)SENTINEL_PTR);
+    CHECK_STATUS(orbite_cuda_allocate_ipc(0, 4096, &a), ORBITE_STATUS_UNAVAILABLE);
+    CHECK_STATUS(orbite_cuda_allocate_pinned_host(4096, &a), ORBITE_STATUS_UNAVAILABLE);
+    CHECK_STATUS(orbite_allocate_mnnvl(0, 4096, &a), ORBITE_STATUS_UNAVAILABLE);
+    CHECK_STATUS(orbite_allocate_egm(0, 4096, &a), ORBITE_STATUS_UNAVAILABLE);
+    CHECK(a == (orbite_allocation *)SENTINEL_PTR);
+  }
+}
+
+static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
+  char ep[128];
+  size_t len = 0;
+  CHECK_STATUS(orbite_engine_endpoint(src, ep, sizeof ep, &len), ORBITE_STATUS_OK);
+  uint64_t peer = 99;
+  CHECK_STATUS(orbite_connect(NULL, ep, 0, &peer), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_connect(req, NULL, 0, &peer), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_connect(req, ep, 0, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_connect(req, "not an endpoint", 0, &peer), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("not an endpoint");
+  CHECK_STATUS(orbite_connect(req, "127.0.0.1:0", 0, &peer), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK(peer == 99);
+  CHECK_STATUS(orbite_connect(req, ep, 5000, &peer), ORBITE_STATUS_OK);
+  CHECK(peer != 0 && peer != 99);
+
+  static uint8_t remote[4096], local[4096];
+  uint64_t rr = 0, lr = 0;
+  CHECK_STATUS(orbite_register_memory(src, remote, sizeof remote, ORBITE_ACCESS_READ, &rr), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_register_memory(req, local, sizeof local, 0, &lr), ORBITE_STATUS_OK);
+
+  char rj[4096];
+  CHECK_STATUS(orbite_peer_regions_json(NULL, peer, rj, sizeof rj, &len), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_peer_regions_json(req, 31337, rj, sizeof rj, &len), ORBITE_STATUS_NOT_FOUND);
+  CHECK_STATUS(orbite_peer_regions_json(req, peer, rj, sizeof rj, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_peer_regions_json(req, peer, rj, 3, &len), ORBITE_STATUS_BUFFER_TOO_SMALL);
+  CHECK_STATUS(orbite_peer_regions_json(req, peer, rj, sizeof rj, &len), ORBITE_STATUS_OK);
+  CHECK(strstr(rj, "\"kind\":\"host\"") != NULL && strstr(rj, "\"access\":[\"read\"]") != NULL);
+
+  orbite_request r = {ORBITE_OP_READ, (uint64_t)(uintptr_t)local, (uint64_t)(uintptr_t)remote, 4096};
+  orbite_batch *b = (orbite_batch *)SENTINEL_PTR;
+  CHECK_STATUS(orbite_submit(NULL, peer, &r, 1, NULL, &b), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_submit(req, peer, NULL, 1, NULL, &b), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_submit(req, peer, &r, 1, NULL, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_submit(req, peer, &r, 0, NULL, &b), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_STATUS(orbite_submit(req, 31337, &r, 1, NULL, &b), ORBITE_STATUS_NOT_FOUND);
+  CHECK_STATUS(orbite_submit(req, 0, &r, 1, NULL, &b), ORBITE_STATUS_NOT_FOUND);
+  orbite_request bad = r;
+  bad.opcode = 0;
+  CHECK_STATUS(orbite_submit(req, peer, &bad, 1, NULL, &b), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("opcode");
+  bad.opcode = 3;
+  CHECK_STATUS(orbite_submit(req, peer, &bad, 1, NULL, &b), ORBITE_STATUS_INVALID_ARGUMENT);
+  bad = r;
+  bad.length = 0;
+  CHECK_STATUS(orbite_submit(req, peer, &bad, 1, NULL, &b), ORBITE_STATUS_INVALID_ARGUMENT);
+  bad = r;
+  bad.local_addr += 1; /* crosses the end of the local region */
+  CHECK_STATUS(orbite_submit(req, peer, &bad, 1, NULL, &b), ORBITE_STATUS_OUT_OF_RANGE);
+  bad.local_addr = 16; /* in no region */
+  CHECK_STATUS(orbite_submit(req, peer, &bad, 1, NULL, &b), ORBITE_STATUS_NOT_FOUND);
+  orbite_submit_options o = {99, 0};
+  CHECK_STATUS(orbite_submit(req, peer, &r, 1, &o, &b), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("transport");
+  CHECK(b == (orbite_batch *)SENTINEL_PTR);
+
+  /* A good submission, and the batch calls' bad arguments. */
+  memset(remote, 0xab, sizeof remote);
+  o.transport = ORBITE_TRANSPORT_TCP;
+  o.timeout_ms = 30000;
+  CHECK_STATUS(orbite_submit(req, peer, &r, 1, &o, &b), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_batch_wait(b, 30000), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_batch_poll(b), ORBITE_STATUS_OK);
+  CHECK(local[0] == 0xab && local[4095] == 0xab);
+  orbite_request_result res[2];
+  CHECK_STATUS(orbite_batch_results(b, res, 2), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_STATUS(orbite_batch_results(b, NULL, 1), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_batch_results(NULL, res, 1), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_batch_results(b, res, 1), ORBITE_STATUS_OK);
+  CHECK(res[0].status == ORBITE_STATUS_OK && res[0].remote_effect == ORBITE_REMOTE_EFFECT_NONE);
+  CHECK_STATUS(orbite_batch_poll(NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_batch_wait(NULL, 0), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_batch_cancel(NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_batch_cancel(b), ORBITE_STATUS_OK); /* already done: no effect */
+  CHECK_STATUS(orbite_batch_results(b, res, 1), ORBITE_STATUS_OK);
+  CHECK(res[0].status == ORBITE_STATUS_OK);
+  orbite_batch_free(b);
+  orbite_batch_free(NULL);
+
+  /* A WRITE into a read-only remote region fails per request. */
+  orbite_request w = {ORBITE_OP_WRITE, (uint64_t)(uintptr_t)local, (uint64_t)(uintptr_t)remote, 16};
+  CHECK_STATUS(orbite_submit(req, peer, &w, 1, NULL, &b), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_batch_wait(b, 30000), ORBITE_STATUS_TRANSFER_FAILED);
+  CHECK_ERROR_MENTIONS("WRITE");
+  CHECK_STATUS(orbite_batch_results(b, res, 1), ORBITE_STATUS_OK);
+  CHECK(res[0].status == ORBITE_STATUS_PERMISSION_DENIED);
+  CHECK(res[0].remote_effect == ORBITE_REMOTE_EFFECT_NONE);
+  orbite_batch_free(b);
+
+  CHECK_STATUS(orbite_disconnect(NULL, peer, 0), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_disconnect(req, 31337, 0), ORBITE_STATUS_NOT_FOUND);
+  CHECK_STATUS(orbite_disconnect(req, peer, 5000), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_submit(req, peer, &r, 1, NULL, &b), ORBITE_STATUS_NOT_FOUND);
+  CHECK_STATUS(orbite_unregister_memory(src, rr, 0), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_unregister_memory(req, lr, 0), ORBITE_STATUS_OK);
+}
+
+static void nobody_listens(orbite_engine *req) {
+  orbite_engine *gone = NULL;
+  CHECK_STATUS(orbite_engine_new(NULL, &gone), ORBITE_STATUS_OK);
+  char ep[128];
+  size_t len = 0;
+  CHECK_STATUS(orbite_engine_endpoint(gone, ep, sizeof ep, &len), ORBITE_STATUS_OK);
+  orbite_engine_free(gone);
+  uint64_t peer = 42;
+  orbite_status s = orbite_connect(req, ep, 2000, &peer);
+  CHECK(s == ORBITE_STATUS_UNAVAILABLE || s == ORBITE_STATUS_TIMED_OUT);
+  CHECK(peer == 42);
+}
+
+int main(void) {
+  orbite_engine *e = (orbite_engine *)SENTINEL_PTR;
+  CHECK_STATUS(orbite_engine_new(NULL, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_ERROR_MENTIONS("out_engine");
+  CHECK_STATUS(orbite_engine_new("{}", &e), ORBITE_STATUS_OK);
+  orbite_engine *src = NULL;
+  CHECK_STATUS(orbite_engine_new("", &src), ORBITE_STATUS_OK);
+
+  text_out_rules(e);
+  static uint8_t mem[8192];
+  registration(e, mem, sizeof mem);
+  allocations(e);
+  peers_and_submit(src, e);
+  nobody_listens(e);
+
+  CHECK_STATUS(orbite_flush_nvlink_cache(NULL, 0), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_flush_nvlink_cache(e, 0), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_close_requester(NULL, 0), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_close_source(NULL, 0), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_close(NULL, 0), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_close(e, 5000), ORBITE_STATUS_OK);
+  /* After close: calls fail cleanly. */
+  uint64_t region = 3;
+  CHECK_STATUS(orbite_register_memory(e, mem, 16, ORBITE_ACCESS_READ, &region), ORBITE_STATUS_UNAVAILABLE);
+  CHECK_ERROR_MENTIONS("closed");
+  orbite_request r = {ORBITE_OP_READ, (uint64_t)(uintptr_t)mem, 1, 1};
+  orbite_batch *b = NULL;
+  CHECK_STATUS(orbite_submit(e, 1, &r, 1, NULL, &b), ORBITE_STATUS_UNAVAILABLE);
+  orbite_engine_free(e);
+  orbite_engine_free(src);
+  orbite_engine_free(NULL);
+  return check_report("test_api");
+}

@@ -1,0 +1,275 @@
+//! Engine lifecycle, peers, registration and closing.
+
+use super::boundary::*;
+use super::types::*;
+use crate::engine::Engine;
+use crate::error::Error;
+use crate::memory::Access;
+use std::ffi::{c_char, c_void, CStr};
+
+/// The ABI version (== ORBITE_ABI_VERSION of the header compiled against).
+#[no_mangle]
+pub extern "C" fn orbite_abi_version() -> u32 {
+    ORBITE_ABI_VERSION
+}
+
+/// The library version, "MAJOR.MINOR.PATCH" (static storage).
+#[no_mangle]
+pub extern "C" fn orbite_version() -> *const c_char {
+    concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+const STATUS_NAMES: [&CStr; 21] = [
+    c"ORBITE_STATUS_OK",
+    c"ORBITE_STATUS_PENDING",
+    c"ORBITE_STATUS_NULL_ARGUMENT",
+    c"ORBITE_STATUS_INVALID_ARGUMENT",
+    c"ORBITE_STATUS_INVALID_CONFIG",
+    c"ORBITE_STATUS_NOT_FOUND",
+    c"ORBITE_STATUS_OUT_OF_RANGE",
+    c"ORBITE_STATUS_PERMISSION_DENIED",
+    c"ORBITE_STATUS_UNAVAILABLE",
+    c"ORBITE_STATUS_RESOURCE_EXHAUSTED",
+    c"ORBITE_STATUS_TIMED_OUT",
+    c"ORBITE_STATUS_STALE_PEER",
+    c"ORBITE_STATUS_UNQUIESCED",
+    c"ORBITE_STATUS_TRANSFER_FAILED",
+    c"ORBITE_STATUS_PROTOCOL_ERROR",
+    c"ORBITE_STATUS_NOT_SUPPORTED",
+    c"ORBITE_STATUS_CUDA_ERROR",
+    c"ORBITE_STATUS_IO_ERROR",
+    c"ORBITE_STATUS_BUFFER_TOO_SMALL",
+    c"ORBITE_STATUS_CANCELLED",
+    c"ORBITE_STATUS_PANIC",
+];
+
+/// The constant's name for a status ("ORBITE_STATUS_OK", ...); unknown values
+/// give "ORBITE_STATUS_UNKNOWN". Static storage.
+#[no_mangle]
+pub extern "C" fn orbite_status_name(status: u32) -> *const c_char {
+    STATUS_NAMES
+        .get(status as usize)
+        .copied()
+        .unwrap_or(c"ORBITE_STATUS_UNKNOWN")
+        .as_ptr()
+}
+
+/// The message of the last failing call on this thread ("" if none). Valid
+/// until the next failing call on this thread.
+#[no_mangle]
+pub extern "C" fn orbite_last_error() -> *const c_char {
+    last_error_ptr()
+}
+
+/// Creates an engine. config_json NULL or "" = all defaults; unknown keys,
+/// wrong types and out-of-range values give ORBITE_STATUS_INVALID_CONFIG
+/// naming the key.
+#[no_mangle]
+pub extern "C" fn orbite_engine_new(config_json: *const c_char, out_engine: *mut *mut orbite_engine) -> orbite_status {
+    guard(|| {
+        need_mut(out_engine, "out_engine")?;
+        let text = if config_json.is_null() { "" } else { need_str(config_json, "config_json")? };
+        let engine = Engine::from_json(text)?;
+        put(out_engine, Box::into_raw(Box::new(orbite_engine { engine })));
+        Ok(())
+    })
+}
+
+/// Writes the engine's endpoint ("IP:port") for peers to connect to.
+#[no_mangle]
+pub extern "C" fn orbite_engine_endpoint(
+    engine: *const orbite_engine,
+    buf: *mut c_char,
+    cap: usize,
+    out_len: *mut usize,
+) -> orbite_status {
+    guard(|| {
+        let e = need(engine, "engine")?;
+        write_text(&e.engine.endpoint(), buf, cap, out_len)
+    })
+}
+
+/// Writes the engine's counters as a JSON object.
+#[no_mangle]
+pub extern "C" fn orbite_engine_stats_json(
+    engine: *const orbite_engine,
+    buf: *mut c_char,
+    cap: usize,
+    out_len: *mut usize,
+) -> orbite_status {
+    guard(|| {
+        let e = need(engine, "engine")?;
+        write_text(&e.engine.stats().to_json(), buf, cap, out_len)
+    })
+}
+
+/// Frees an engine: stops its threads and closes its connections without
+/// waiting for peers. Does not prove remote closure. NULL is a no-op.
+#[no_mangle]
+pub extern "C" fn orbite_engine_free(engine: *mut orbite_engine) {
+    guard_value((), || {
+        if !engine.is_null() {
+            // SAFETY: a non-NULL engine came from orbite_engine_new and is
+            // freed once by the caller.
+            drop(unsafe { Box::from_raw(engine) });
+        }
+    })
+}
+
+/// Registers [addr, addr+length) with remote access flags
+/// (ORBITE_ACCESS_READ | ORBITE_ACCESS_WRITE, or 0 for local-only use).
+#[no_mangle]
+pub extern "C" fn orbite_register_memory(
+    engine: *mut orbite_engine,
+    addr: *mut c_void,
+    length: usize,
+    access: u32,
+    out_region: *mut u64,
+) -> orbite_status {
+    guard(|| {
+        let e = need(engine, "engine")?;
+        need_mut(out_region, "out_region")?;
+        if addr.is_null() {
+            return Err(Error::NullArgument("addr is NULL".into()));
+        }
+        let access = Access::from_bits(access).ok_or_else(|| {
+            Error::InvalidArgument(format!("access 0x{access:x} has unknown bits (use ORBITE_ACCESS_READ | ORBITE_ACCESS_WRITE)"))
+        })?;
+        let id = e.engine.register_memory(addr as u64, length as u64, access)?;
+        put(out_region, id);
+        Ok(())
+    })
+}
+
+/// Unregisters a region, waiting up to timeout_ms (0 = default) for copies
+/// that use it; TIMED_OUT leaves it registered.
+#[no_mangle]
+pub extern "C" fn orbite_unregister_memory(engine: *mut orbite_engine, region: u64, timeout_ms: u32) -> orbite_status {
+    guard(|| {
+        let e = need(engine, "engine")?;
+        if region == 0 {
+            return Err(Error::InvalidArgument("region id 0 is never valid".into()));
+        }
+        e.engine.unregister_memory(region, timeout_opt(timeout_ms))
+    })
+}
+
+/// Hands a GPU producer stream to the engine for a CUDA region.
+#[no_mangle]
+pub extern "C" fn orbite_record_producer_stream(engine: *mut orbite_engine, region: u64, cu_stream: *mut c_void) -> orbite_status {
+    guard(|| {
+        let e = need(engine, "engine")?;
+        if region == 0 {
+            return Err(Error::InvalidArgument("region id 0 is never valid".into()));
+        }
+        e.engine.record_producer_stream(region, cu_stream as u64)
+    })
+}
+
+/// Connects to a peer's endpoint; writes the peer id.
+#[no_mangle]
+pub extern "C" fn orbite_connect(
+    engine: *mut orbite_engine,
+    endpoint: *const c_char,
+    timeout_ms: u32,
+    out_peer: *mut u64,
+) -> orbite_status {
+    guard(|| {
+        let e = need(engine, "engine")?;
+        need_mut(out_peer, "out_peer")?;
+        let ep = need_str(endpoint, "endpoint")?;
+        let id = e.engine.connect(ep, timeout_opt(timeout_ms))?;
+        put(out_peer, id);
+        Ok(())
+    })
+}
+
+/// Writes the regions the peer publishes, as a JSON array.
+#[no_mangle]
+pub extern "C" fn orbite_peer_regions_json(
+    engine: *mut orbite_engine,
+    peer: u64,
+    buf: *mut c_char,
+    cap: usize,
+    out_len: *mut usize,
+) -> orbite_status {
+    guard(|| {
+        let e = need(engine, "engine")?;
+        need_mut(out_len, "out_len")?;
+        let regions = e.engine.peer_regions(peer, None)?;
+        let arr: Vec<serde_json::Value> = regions
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "id": r.id, "epoch": r.epoch, "addr": r.addr, "length": r.len,
+                    "access": r.access.names(), "kind": r.kind.name(),
+                })
+            })
+            .collect();
+        write_text(&serde_json::Value::Array(arr).to_string(), buf, cap, out_len)
+    })
+}
+
+/// Disconnects a peer after its outstanding requests end (up to timeout_ms).
+#[no_mangle]
+pub extern "C" fn orbite_disconnect(engine: *mut orbite_engine, peer: u64, timeout_ms: u32) -> orbite_status {
+    guard(|| need(engine, "engine")?.engine.disconnect(peer, timeout_opt(timeout_ms)))
+}
+
+/// Closes cached NVLink imports through their receipts; admission stays open.
+#[no_mangle]
+pub extern "C" fn orbite_flush_nvlink_cache(engine: *mut orbite_engine, timeout_ms: u32) -> orbite_status {
+    guard(|| need(engine, "engine")?.engine.flush_nvlink_cache(timeout_opt(timeout_ms)))
+}
+
+/// Fences new submissions, waits for accepted ones, closes outgoing connections.
+#[no_mangle]
+pub extern "C" fn orbite_close_requester(engine: *mut orbite_engine, timeout_ms: u32) -> orbite_status {
+    guard(|| need(engine, "engine")?.engine.close_requester(timeout_opt(timeout_ms)))
+}
+
+/// Stops serving new requests and waits for those being served.
+#[no_mangle]
+pub extern "C" fn orbite_close_source(engine: *mut orbite_engine, timeout_ms: u32) -> orbite_status {
+    guard(|| need(engine, "engine")?.engine.close_source(timeout_opt(timeout_ms)))
+}
+
+/// Closes the requester side, then the source side, then the engine.
+#[no_mangle]
+pub extern "C" fn orbite_close(engine: *mut orbite_engine, timeout_ms: u32) -> orbite_status {
+    guard(|| need(engine, "engine")?.engine.close(timeout_opt(timeout_ms)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Status;
+
+    #[test]
+    fn status_names_match_the_rust_table() {
+        for s in Status::ALL {
+            // SAFETY: orbite_status_name returns a static NUL-terminated string.
+            let n = unsafe { CStr::from_ptr(orbite_status_name(s as u32)) };
+            assert_eq!(n.to_str().unwrap(), s.c_name());
+        }
+        // SAFETY: as above.
+        let u = unsafe { CStr::from_ptr(orbite_status_name(99)) };
+        assert_eq!(u.to_str().unwrap(), "ORBITE_STATUS_UNKNOWN");
+    }
+
+    #[test]
+    fn status_constants_match_status_values() {
+        let consts = [
+            ORBITE_STATUS_OK, ORBITE_STATUS_PENDING, ORBITE_STATUS_NULL_ARGUMENT, ORBITE_STATUS_INVALID_ARGUMENT,
+            ORBITE_STATUS_INVALID_CONFIG, ORBITE_STATUS_NOT_FOUND, ORBITE_STATUS_OUT_OF_RANGE,
+            ORBITE_STATUS_PERMISSION_DENIED, ORBITE_STATUS_UNAVAILABLE, ORBITE_STATUS_RESOURCE_EXHAUSTED,
+            ORBITE_STATUS_TIMED_OUT, ORBITE_STATUS_STALE_PEER, ORBITE_STATUS_UNQUIESCED,
+            ORBITE_STATUS_TRANSFER_FAILED, ORBITE_STATUS_PROTOCOL_ERROR, ORBITE_STATUS_NOT_SUPPORTED,
+            ORBITE_STATUS_CUDA_ERROR, ORBITE_STATUS_IO_ERROR, ORBITE_STATUS_BUFFER_TOO_SMALL,
+            ORBITE_STATUS_CANCELLED, ORBITE_STATUS_PANIC,
+        ];
+        for (c, s) in consts.iter().zip(Status::ALL) {
+            assert_eq!(*c, s as u32, "{}", s.c_name());
+        }
+    }
+}

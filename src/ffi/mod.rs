@@ -1,0 +1,19 @@
+//! The C ABI of liborbite (`include/orbite.h`, contract in `C-API.md`).
+//!
+//! Conventions, for every function here: literal `extern "C" fn`
+//! signatures; the panic boundary (`catch_unwind`) inside each body; a
+//! status return; out-parameters written only on `ORBITE_STATUS_OK`; NULL
+//! checks; enum inputs validated; `*_free(NULL)` a no-op. No engine logic
+//! lives in this module.
+
+#![allow(non_camel_case_types)]
+#![allow(clippy::missing_safety_doc)]
+
+pub mod boundary;
+pub mod cuda;
+pub mod engine;
+pub mod memory;
+pub mod transfer;
+pub mod types;
+
+pub use types::*;

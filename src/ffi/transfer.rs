@@ -1,0 +1,143 @@
+//! Submissions and batches.
+
+use super::boundary::*;
+use super::types::*;
+use crate::engine::SubmitOptions;
+use crate::error::{Error, Status};
+use crate::transfer::{Op, Request};
+use crate::transport::{Transport, TransportKind};
+use std::time::Duration;
+
+fn transport_from(v: u32) -> Option<Transport> {
+    Some(match v {
+        ORBITE_TRANSPORT_AUTO => Transport::Auto,
+        ORBITE_TRANSPORT_TCP => Transport::Only(TransportKind::Tcp),
+        ORBITE_TRANSPORT_SHM => Transport::Only(TransportKind::Shm),
+        ORBITE_TRANSPORT_NVLINK => Transport::Only(TransportKind::Nvlink),
+        ORBITE_TRANSPORT_MNNVL => Transport::Only(TransportKind::Mnnvl),
+        _ => return None,
+    })
+}
+
+/// Submits `count` requests to `peer`. Local checks fail the call; remote
+/// outcomes are per request. opts may be NULL (defaults). Returns once the
+/// requests are admitted; data moves asynchronously.
+#[no_mangle]
+pub extern "C" fn orbite_submit(
+    engine: *mut orbite_engine,
+    peer: u64,
+    requests: *const orbite_request,
+    count: usize,
+    opts: *const orbite_submit_options,
+    out_batch: *mut *mut orbite_batch,
+) -> orbite_status {
+    guard(|| {
+        let e = need(engine, "engine")?;
+        need_mut(out_batch, "out_batch")?;
+        if requests.is_null() {
+            return Err(Error::NullArgument("requests is NULL".into()));
+        }
+        if count == 0 {
+            return Err(Error::InvalidArgument("count is 0".into()));
+        }
+        // SAFETY: non-NULL and the caller promises `count` elements.
+        let raw = unsafe { std::slice::from_raw_parts(requests, count) };
+        let mut reqs = Vec::with_capacity(count);
+        for (i, r) in raw.iter().enumerate() {
+            let op = match r.opcode {
+                ORBITE_OP_READ => Op::Read,
+                ORBITE_OP_WRITE => Op::Write,
+                x => {
+                    return Err(Error::InvalidArgument(format!(
+                        "requests[{i}].opcode is {x} (use ORBITE_OP_READ or ORBITE_OP_WRITE)"
+                    )))
+                }
+            };
+            reqs.push(Request { op, local_addr: r.local_addr, remote_addr: r.remote_addr, len: r.length });
+        }
+        let mut o = SubmitOptions::default();
+        if !opts.is_null() {
+            let raw = need(opts, "opts")?;
+            o.transport = transport_from(raw.transport).ok_or_else(|| {
+                Error::InvalidArgument(format!("opts->transport is {} (use an ORBITE_TRANSPORT_* value)", raw.transport))
+            })?;
+            o.timeout = timeout_opt(raw.timeout_ms);
+        }
+        let batch = e.engine.submit(peer, &reqs, o)?;
+        put(out_batch, Box::into_raw(Box::new(orbite_batch { shared: batch.shared() })));
+        Ok(())
+    })
+}
+
+/// OK, PENDING or TRANSFER_FAILED, without waiting.
+#[no_mangle]
+pub extern "C" fn orbite_batch_poll(batch: *mut orbite_batch) -> orbite_status {
+    guard_status(|| {
+        let b = need(batch, "batch")?;
+        let s = b.shared.poll();
+        if s == Status::TransferFailed {
+            return Err(crate::engine::Batch::from_shared(b.shared.clone()).failure());
+        }
+        Ok(s)
+    })
+}
+
+/// Waits up to timeout_ms: OK, TRANSFER_FAILED, or TIMED_OUT (still pending).
+#[no_mangle]
+pub extern "C" fn orbite_batch_wait(batch: *mut orbite_batch, timeout_ms: u32) -> orbite_status {
+    guard(|| {
+        let b = need(batch, "batch")?;
+        crate::engine::Batch::from_shared(b.shared.clone()).wait(Duration::from_millis(timeout_ms as u64))
+    })
+}
+
+/// Copies the per-request outcomes; count must equal the request count.
+#[no_mangle]
+pub extern "C" fn orbite_batch_results(
+    batch: *const orbite_batch,
+    out: *mut orbite_request_result,
+    count: usize,
+) -> orbite_status {
+    guard(|| {
+        let b = need(batch, "batch")?;
+        if out.is_null() {
+            return Err(Error::NullArgument("out is NULL".into()));
+        }
+        let results = b.shared.results();
+        if count != results.len() {
+            return Err(Error::InvalidArgument(format!(
+                "count is {count} but the batch holds {} requests",
+                results.len()
+            )));
+        }
+        for (i, r) in results.iter().enumerate() {
+            // SAFETY: out is non-NULL with `count` elements per the contract.
+            unsafe {
+                out.add(i).write(orbite_request_result { status: r.status as u32, remote_effect: r.remote_effect as u32 })
+            };
+        }
+        Ok(())
+    })
+}
+
+/// Requests not yet started end CANCELLED (remote effect NONE); started ones
+/// run to their outcome.
+#[no_mangle]
+pub extern "C" fn orbite_batch_cancel(batch: *mut orbite_batch) -> orbite_status {
+    guard(|| {
+        need(batch, "batch")?.shared.cancel();
+        Ok(())
+    })
+}
+
+/// Frees a batch handle; a pending batch is detached, never cancelled
+/// mid-copy. NULL is a no-op.
+#[no_mangle]
+pub extern "C" fn orbite_batch_free(batch: *mut orbite_batch) {
+    guard_value((), || {
+        if !batch.is_null() {
+            // SAFETY: a non-NULL batch came from orbite_submit and is freed once.
+            drop(unsafe { Box::from_raw(batch) });
+        }
+    })
+}
