@@ -35,7 +35,9 @@ pub mod sync_util;
 pub mod transfer;
 pub mod transport;
 
-pub use engine::{Batch, Engine, EngineConfig, EngineStats, MnnvlConfig, MnnvlHandleType, SubmitOptions};
+pub use engine::{
+    Batch, Engine, EngineConfig, EngineStats, MnnvlConfig, MnnvlHandleType, SubmitOptions,
+};
 pub use error::{Error, Result, Status};
 pub use memory::{Access, Allocation, MemoryKind};
 pub use transfer::{Op, RemoteEffect, Request, RequestResult};

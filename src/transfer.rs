@@ -65,12 +65,19 @@ impl ChunkOutcome {
     pub fn ok(op: Op) -> ChunkOutcome {
         ChunkOutcome {
             result: Ok(()),
-            effect: if op == Op::Write { RemoteEffect::Applied } else { RemoteEffect::None },
+            effect: if op == Op::Write {
+                RemoteEffect::Applied
+            } else {
+                RemoteEffect::None
+            },
         }
     }
     /// Failure with an effect.
     pub fn failed(e: Error, effect: RemoteEffect) -> ChunkOutcome {
-        ChunkOutcome { result: Err(e), effect }
+        ChunkOutcome {
+            result: Err(e),
+            effect,
+        }
     }
 }
 
@@ -278,12 +285,19 @@ impl BatchShared {
 
 fn result_of(r: &ReqState) -> RequestResult {
     if !r.done {
-        return RequestResult { status: Status::Pending, remote_effect: RemoteEffect::None };
+        return RequestResult {
+            status: Status::Pending,
+            remote_effect: RemoteEffect::None,
+        };
     }
     match &r.error {
         None => RequestResult {
             status: Status::Ok,
-            remote_effect: if r.op == Op::Write { RemoteEffect::Applied } else { RemoteEffect::None },
+            remote_effect: if r.op == Op::Write {
+                RemoteEffect::Applied
+            } else {
+                RemoteEffect::None
+            },
         },
         Some(e) => RequestResult {
             status: e.status(),

@@ -32,7 +32,11 @@ pub fn read_full(s: &mut impl Read, buf: &mut [u8], tick: Tick<'_>, eof_ok: bool
     while done < buf.len() {
         match s.read(&mut buf[done..]) {
             Ok(0) if done == 0 && eof_ok => return Ok(false),
-            Ok(0) => return Err(Error::Unavailable("peer closed the connection mid-frame".into())),
+            Ok(0) => {
+                return Err(Error::Unavailable(
+                    "peer closed the connection mid-frame".into(),
+                ))
+            }
             Ok(n) => done += n,
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => tick()?,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}

@@ -67,7 +67,11 @@ impl Batch {
     /// The error summarising a failed batch.
     pub fn failure(&self) -> Error {
         match self.shared.first_error() {
-            Some((i, e)) => Error::TransferFailed(format!("request {i} failed with {}: {}", e.status(), e.message())),
+            Some((i, e)) => Error::TransferFailed(format!(
+                "request {i} failed with {}: {}",
+                e.status(),
+                e.message()
+            )),
             None => Error::TransferFailed("a request failed".into()),
         }
     }

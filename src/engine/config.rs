@@ -193,22 +193,22 @@ impl MnnvlConfig {
         for (k, v) in obj {
             let key = format!("mnnvl.{k}");
             match k.as_str() {
-                "handle_type" => {
-                    c.handle_type = match get_str(&key, v)? {
-                        "fabric" => MnnvlHandleType::Fabric,
-                        "posix_fd" => MnnvlHandleType::PosixFd,
-                        other => {
-                            return Err(bad(
-                                &key,
-                                format!("unknown handle type {other:?} (expected \"fabric\" or \"posix_fd\")"),
-                            ))
-                        }
-                    }
-                }
+                "handle_type" => c.handle_type = match get_str(&key, v)? {
+                    "fabric" => MnnvlHandleType::Fabric,
+                    "posix_fd" => MnnvlHandleType::PosixFd,
+                    other => return Err(bad(
+                        &key,
+                        format!(
+                            "unknown handle type {other:?} (expected \"fabric\" or \"posix_fd\")"
+                        ),
+                    )),
+                },
                 "fabric_domain" => {
                     c.fabric_domain = match v {
                         Value::Null => None,
-                        _ => Some(parse_fabric_domain(get_str(&key, v)?).map_err(|e| bad(&key, e))?),
+                        _ => {
+                            Some(parse_fabric_domain(get_str(&key, v)?).map_err(|e| bad(&key, e))?)
+                        }
                     }
                 }
                 "host_register" => c.host_register = get_bool(&key, v)?,
@@ -282,9 +282,12 @@ impl EngineConfig {
     /// Checks the relations between keys (each key's own range is checked
     /// while parsing; this also guards configs built in Rust).
     pub fn validate(&self) -> Result<()> {
-        self.listen
-            .parse::<SocketAddr>()
-            .map_err(|_| bad("listen", format!("{:?} is not an IP:port socket address", self.listen)))?;
+        self.listen.parse::<SocketAddr>().map_err(|_| {
+            bad(
+                "listen",
+                format!("{:?} is not an IP:port socket address", self.listen),
+            )
+        })?;
         if self.nvlink && self.mnnvl.is_some() {
             return Err(bad(
                 "mnnvl",
@@ -293,11 +296,36 @@ impl EngineConfig {
         }
         let ranges: [(&str, u64, u64, u64); 6] = [
             ("max_inflight_bytes", self.max_inflight_bytes, MIB, 1 << 40),
-            ("max_transfer_bytes", self.max_transfer_bytes, 4 * KIB, 1 << 40),
-            ("nvlink_cache_entries", self.nvlink_cache_entries as u64, 0, 4096),
-            ("nvlink_stream_count", self.nvlink_stream_count as u64, 1, 4096),
-            ("default_timeout_ms", self.default_timeout_ms as u64, 1, 86_400_000),
-            ("handshake_timeout_ms", self.handshake_timeout_ms as u64, 1, 600_000),
+            (
+                "max_transfer_bytes",
+                self.max_transfer_bytes,
+                4 * KIB,
+                1 << 40,
+            ),
+            (
+                "nvlink_cache_entries",
+                self.nvlink_cache_entries as u64,
+                0,
+                4096,
+            ),
+            (
+                "nvlink_stream_count",
+                self.nvlink_stream_count as u64,
+                1,
+                4096,
+            ),
+            (
+                "default_timeout_ms",
+                self.default_timeout_ms as u64,
+                1,
+                86_400_000,
+            ),
+            (
+                "handshake_timeout_ms",
+                self.handshake_timeout_ms as u64,
+                1,
+                600_000,
+            ),
         ];
         for (key, v, min, max) in ranges {
             if v < min || v > max {
@@ -347,14 +375,20 @@ impl EngineConfig {
 }
 
 fn parse_policy(key: &str, v: &Value) -> Result<Vec<TransportKind>> {
-    let arr = v
-        .as_array()
-        .ok_or_else(|| bad(key, format!("expected an array of transport names, got {}", type_name(v))))?;
+    let arr = v.as_array().ok_or_else(|| {
+        bad(
+            key,
+            format!("expected an array of transport names, got {}", type_name(v)),
+        )
+    })?;
     let mut out = Vec::new();
     for item in arr {
         let name = get_str(key, item)?;
         let t = TransportKind::from_name(name).ok_or_else(|| {
-            bad(key, format!("unknown transport {name:?} (expected mnnvl, nvlink, shm or tcp)"))
+            bad(
+                key,
+                format!("unknown transport {name:?} (expected mnnvl, nvlink, shm or tcp)"),
+            )
         })?;
         if out.contains(&t) {
             return Err(bad(key, format!("transport {name:?} is listed twice")));
@@ -380,22 +414,30 @@ mod tests {
 
     #[test]
     fn empty_and_braces_give_defaults() {
-        assert_eq!(EngineConfig::from_json("").unwrap(), EngineConfig::default());
-        assert_eq!(EngineConfig::from_json(" {} ").unwrap(), EngineConfig::default());
+        assert_eq!(
+            EngineConfig::from_json("").unwrap(),
+            EngineConfig::default()
+        );
+        assert_eq!(
+            EngineConfig::from_json(" {} ").unwrap(),
+            EngineConfig::default()
+        );
     }
 
     #[test]
     fn round_trips_through_json() {
-        let mut c = EngineConfig::default();
-        c.mnnvl = Some(MnnvlConfig {
-            handle_type: MnnvlHandleType::PosixFd,
-            fabric_domain: Some([7u8; 16]),
-            host_register: false,
-            egm: true,
-            async_memcpy_threshold: 3,
-        });
-        c.max_transfer_bytes = 8 * MIB;
-        c.transport_policy = vec![TransportKind::Tcp, TransportKind::Shm];
+        let c = EngineConfig {
+            mnnvl: Some(MnnvlConfig {
+                handle_type: MnnvlHandleType::PosixFd,
+                fabric_domain: Some([7u8; 16]),
+                host_register: false,
+                egm: true,
+                async_memcpy_threshold: 3,
+            }),
+            max_transfer_bytes: 8 * MIB,
+            transport_policy: vec![TransportKind::Tcp, TransportKind::Shm],
+            ..EngineConfig::default()
+        };
         assert_eq!(EngineConfig::from_json(&c.to_json()).unwrap(), c);
         let d = EngineConfig::default();
         assert_eq!(EngineConfig::from_json(&d.to_json()).unwrap(), d);
@@ -424,8 +466,10 @@ mod tests {
         assert!(err(r#"{"nvlink_stream_count": 0}"#).contains("1..=4096"));
         assert!(err(r#"{"default_timeout_ms": 0}"#).contains("`default_timeout_ms`"));
         assert!(err(r#"{"max_inflight_bytes": 1024}"#).contains("`max_inflight_bytes`"));
-        assert!(err(r#"{"max_inflight_bytes": 2097152, "max_transfer_bytes": 4194304}"#)
-            .contains("exceeds max_inflight_bytes"));
+        assert!(
+            err(r#"{"max_inflight_bytes": 2097152, "max_transfer_bytes": 4194304}"#)
+                .contains("exceeds max_inflight_bytes")
+        );
         assert!(err(r#"{"mnnvl": {"async_memcpy_threshold": 70000}}"#)
             .contains("`mnnvl.async_memcpy_threshold`"));
     }
@@ -449,10 +493,14 @@ mod tests {
         assert_eq!(d[0], 0);
         assert_eq!(d[15], 15);
         assert!(err(r#"{"mnnvl": {"fabric_domain": "00"}}"#).contains("32 hexadecimal"));
-        assert!(err(r#"{"mnnvl": {"fabric_domain": "00000000000000000000000000000000"}}"#)
-            .contains("all-zero"));
-        assert!(err(r#"{"mnnvl": {"fabric_domain": "zz0102030405060708090a0b0c0d0e0f"}}"#)
-            .contains("32 hexadecimal"));
+        assert!(
+            err(r#"{"mnnvl": {"fabric_domain": "00000000000000000000000000000000"}}"#)
+                .contains("all-zero")
+        );
+        assert!(
+            err(r#"{"mnnvl": {"fabric_domain": "zz0102030405060708090a0b0c0d0e0f"}}"#)
+                .contains("32 hexadecimal")
+        );
         assert!(err(r#"{"mnnvl": {"handle_type": "dmabuf"}}"#).contains("unknown handle type"));
     }
 
@@ -463,6 +511,9 @@ mod tests {
         assert!(err(r#"{"transport_policy": ["rdma"]}"#).contains("unknown transport"));
         assert!(err(r#"{"listen": "localhost"}"#).contains("`listen`"));
         let c = EngineConfig::from_json(r#"{"transport_policy": ["shm", "tcp"]}"#).unwrap();
-        assert_eq!(c.transport_policy, vec![TransportKind::Shm, TransportKind::Tcp]);
+        assert_eq!(
+            c.transport_policy,
+            vec![TransportKind::Shm, TransportKind::Tcp]
+        );
     }
 }

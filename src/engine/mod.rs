@@ -75,11 +75,16 @@ impl Engine {
     pub fn new(config: EngineConfig) -> Result<Engine> {
         config.validate()?;
         let addr: SocketAddr = config.listen.parse().map_err(|_| {
-            Error::InvalidConfig(format!("key `listen`: {:?} is not an IP:port address", config.listen))
+            Error::InvalidConfig(format!(
+                "key `listen`: {:?} is not an IP:port address",
+                config.listen
+            ))
         })?;
         let listener = TcpListener::bind(addr)
             .map_err(|e| Error::Unavailable(format!("cannot listen on {addr}: {e}")))?;
-        let endpoint = listener.local_addr().map_err(|e| Error::io("local_addr", &e))?;
+        let endpoint = listener
+            .local_addr()
+            .map_err(|e| Error::io("local_addr", &e))?;
         let inner = Arc::new(Inner {
             identity: Identity::fresh(),
             regions: Arc::new(RegionTable::default()),
@@ -128,7 +133,9 @@ impl Engine {
     }
 
     fn timeout(&self, t: Option<Duration>) -> Duration {
-        t.unwrap_or(Duration::from_millis(self.inner.config.default_timeout_ms as u64))
+        t.unwrap_or(Duration::from_millis(
+            self.inner.config.default_timeout_ms as u64,
+        ))
     }
 
     fn check_open(&self) -> Result<()> {
@@ -152,7 +159,12 @@ impl Engine {
 
     /// The regions this engine has registered.
     pub fn regions(&self) -> Vec<RegionInfo> {
-        self.inner.regions.snapshot().iter().map(|r| region_info(r)).collect()
+        self.inner
+            .regions
+            .snapshot()
+            .iter()
+            .map(|r| region_info(r))
+            .collect()
     }
 
     /// Connects to the engine at `endpoint` (`IP:port` or `localhost:port`).
@@ -166,23 +178,36 @@ impl Engine {
         let timeout = self.timeout(timeout);
         let deadline = Instant::now() + timeout;
         let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| match e.kind() {
-            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
-                Error::TimedOut(format!("connecting to {endpoint}: no answer within {timeout:?}"))
-            }
+            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => Error::TimedOut(
+                format!("connecting to {endpoint}: no answer within {timeout:?}"),
+            ),
             _ => Error::Unavailable(format!("cannot connect to {endpoint}: {e}")),
         })?;
         let _ = s.set_nodelay(true);
-        s.set_read_timeout(Some(io::TICK)).map_err(|e| Error::io("set_read_timeout", &e))?;
-        s.set_write_timeout(Some(io::TICK)).map_err(|e| Error::io("set_write_timeout", &e))?;
+        s.set_read_timeout(Some(io::TICK))
+            .map_err(|e| Error::io("set_read_timeout", &e))?;
+        s.set_write_timeout(Some(io::TICK))
+            .map_err(|e| Error::io("set_write_timeout", &e))?;
         let mut tick = || {
             if Instant::now() >= deadline {
-                return Err(Error::TimedOut(format!("{endpoint} did not complete the handshake in time")));
+                return Err(Error::TimedOut(format!(
+                    "{endpoint} did not complete the handshake in time"
+                )));
             }
             Ok(())
         };
-        io::write_frame(&mut s, MsgKind::Describe, &self.inner.describe().encode(), &mut tick)?;
+        io::write_frame(
+            &mut s,
+            MsgKind::Describe,
+            &self.inner.describe().encode(),
+            &mut tick,
+        )?;
         let h = match io::read_header(&mut s, &mut tick)? {
-            HeaderRead::Eof => return Err(Error::Unavailable(format!("{endpoint} closed the connection during the handshake"))),
+            HeaderRead::Eof => {
+                return Err(Error::Unavailable(format!(
+                    "{endpoint} closed the connection during the handshake"
+                )))
+            }
             HeaderRead::Frame(h) => h,
         };
         let body = io::read_body(&mut s, h.body_len, &mut tick)?;
@@ -190,14 +215,27 @@ impl Engine {
             MsgKind::Describe => Describe::decode(&body)?,
             MsgKind::Error => {
                 let (st, text) = message::decode_error(&body)?;
-                return Err(Error::from_status(st, format!("{endpoint} refused the connection: {text}")));
+                return Err(Error::from_status(
+                    st,
+                    format!("{endpoint} refused the connection: {text}"),
+                ));
             }
-            other => return Err(Error::Protocol(format!("{endpoint} answered the handshake with {other:?}"))),
+            other => {
+                return Err(Error::Protocol(format!(
+                    "{endpoint} answered the handshake with {other:?}"
+                )))
+            }
         };
         let id = self.inner.next_peer.fetch_add(1, Ordering::Relaxed);
         let label = format!("peer {id} ({endpoint})");
         let conn = TcpConnection::start(s, peer, label)?;
-        self.inner.peers.write().insert(id, Arc::new(Peer { endpoint: endpoint.to_string(), conn }));
+        self.inner.peers.write().insert(
+            id,
+            Arc::new(Peer {
+                endpoint: endpoint.to_string(),
+                conn,
+            }),
+        );
         Ok(id)
     }
 
@@ -216,7 +254,9 @@ impl Engine {
         if let Some(e) = p.conn.dead_reason() {
             return Err(e);
         }
-        Ok(p.conn.refresh_describe(Instant::now() + self.timeout(timeout))?.regions)
+        Ok(p.conn
+            .refresh_describe(Instant::now() + self.timeout(timeout))?
+            .regions)
     }
 
     /// The endpoint peer `id` was connected with.
@@ -248,11 +288,16 @@ impl Engine {
     pub fn submit(&self, peer: u64, requests: &[Request], opts: SubmitOptions) -> Result<Batch> {
         self.check_open()?;
         if requests.is_empty() {
-            return Err(Error::InvalidArgument("a submission needs at least one request".into()));
+            return Err(Error::InvalidArgument(
+                "a submission needs at least one request".into(),
+            ));
         }
         let p = self.peer(peer)?;
         if let Some(e) = p.conn.dead_reason() {
-            return Err(Error::Unavailable(format!("peer {peer} is gone: {}", e.message())));
+            return Err(Error::Unavailable(format!(
+                "peer {peer} is gone: {}",
+                e.message()
+            )));
         }
         let kind = self.select_transport(peer, opts.transport)?;
         let timeout = self.timeout(opts.timeout);
@@ -317,7 +362,11 @@ impl Engine {
                         match self.inner.budget.acquire(len, deadline, "submission") {
                             Ok(p) => p,
                             Err(e) => {
-                                let effect = if c > 0 && r.op == Op::Write { RemoteEffect::Unknown } else { RemoteEffect::None };
+                                let effect = if c > 0 && r.op == Op::Write {
+                                    RemoteEffect::Unknown
+                                } else {
+                                    RemoteEffect::None
+                                };
                                 batch.fail_request(i, e.clone(), effect);
                                 admission_failed = Some(e);
                                 break;
@@ -379,7 +428,9 @@ impl Engine {
     pub fn record_producer_stream(&self, region: u64, cu_stream: u64) -> Result<()> {
         self.check_open()?;
         if !self.inner.regions.snapshot().iter().any(|r| r.id == region) {
-            return Err(Error::NotFound(format!("no region with id {region} is registered")));
+            return Err(Error::NotFound(format!(
+                "no region with id {region} is registered"
+            )));
         }
         crate::cuda_support::record_producer_stream(region, cu_stream)
     }
@@ -415,7 +466,9 @@ impl Engine {
         let deadline = Instant::now() + self.timeout(timeout);
         let left = self.inner.source_gate.close_and_wait(deadline);
         if left > 0 {
-            return Err(Error::TimedOut(format!("{left} incoming requests are still being served")));
+            return Err(Error::TimedOut(format!(
+                "{left} incoming requests are still being served"
+            )));
         }
         self.inner.stop_incoming();
         Ok(())
@@ -438,7 +491,10 @@ impl Engine {
             &self.inner.stats,
             self.inner.budget.used(),
             peers.len(),
-            peers.values().filter(|p| p.conn.dead_reason().is_none()).count(),
+            peers
+                .values()
+                .filter(|p| p.conn.dead_reason().is_none())
+                .count(),
             self.inner.incoming.lock().len(),
             self.inner.regions.len(),
         )
@@ -446,11 +502,21 @@ impl Engine {
 }
 
 fn find_region(d: &Describe, addr: u64) -> Option<RegionInfo> {
-    d.regions.iter().copied().find(|r| addr >= r.addr && addr < r.addr + r.len)
+    d.regions
+        .iter()
+        .copied()
+        .find(|r| addr >= r.addr && addr < r.addr + r.len)
 }
 
 fn region_info(r: &Region) -> RegionInfo {
-    RegionInfo { id: r.id, epoch: r.epoch, addr: r.addr, len: r.len, access: r.access, kind: r.kind }
+    RegionInfo {
+        id: r.id,
+        epoch: r.epoch,
+        addr: r.addr,
+        len: r.len,
+        access: r.access,
+        kind: r.kind,
+    }
 }
 
 impl Inner {
@@ -460,7 +526,12 @@ impl Inner {
             capabilities: capabilities(),
             fabric_domain: [0; 16],
             endpoint: self.endpoint.to_string(),
-            regions: self.regions.snapshot().iter().map(|r| region_info(r)).collect(),
+            regions: self
+                .regions
+                .snapshot()
+                .iter()
+                .map(|r| region_info(r))
+                .collect(),
         }
     }
 
@@ -534,7 +605,11 @@ fn accept_loop(inner: Arc<Inner>) {
         // Reap finished connections so the limit counts live ones only.
         {
             let mut inc = inner.incoming.lock();
-            let done: Vec<u64> = inc.iter().filter(|(_, v)| v.thread.as_ref().is_some_and(|t| t.is_finished())).map(|(k, _)| *k).collect();
+            let done: Vec<u64> = inc
+                .iter()
+                .filter(|(_, v)| v.thread.as_ref().is_some_and(|t| t.is_finished()))
+                .map(|(k, _)| *k)
+                .collect();
             for k in done {
                 if let Some(mut v) = inc.remove(&k) {
                     if let Some(t) = v.thread.take() {
@@ -542,29 +617,55 @@ fn accept_loop(inner: Arc<Inner>) {
                     }
                 }
             }
-            if inc.len() >= inner.config.max_incoming_connections as usize || !inner.source_gate.is_open() {
+            if inc.len() >= inner.config.max_incoming_connections as usize
+                || !inner.source_gate.is_open()
+            {
                 drop(inc);
-                inner.stats.connections_refused.fetch_add(1, Ordering::Relaxed);
+                inner
+                    .stats
+                    .connections_refused
+                    .fetch_add(1, Ordering::Relaxed);
                 let mut s = stream;
                 let _ = s.set_write_timeout(Some(io::TICK));
                 let why = if inner.source_gate.is_open() {
-                    (Status::ResourceExhausted, format!("connection limit of {} reached", inner.config.max_incoming_connections))
+                    (
+                        Status::ResourceExhausted,
+                        format!(
+                            "connection limit of {} reached",
+                            inner.config.max_incoming_connections
+                        ),
+                    )
                 } else {
                     (Status::Unavailable, "the source side is closed".to_string())
                 };
                 let mut tick = || Err(Error::TimedOut("refusal".into()));
-                let _ = io::write_frame(&mut s, MsgKind::Error, &message::encode_error(why.0, &why.1), &mut tick);
+                let _ = io::write_frame(
+                    &mut s,
+                    MsgKind::Error,
+                    &message::encode_error(why.0, &why.1),
+                    &mut tick,
+                );
                 let _ = s.shutdown(Shutdown::Both);
                 continue;
             }
         }
-        let Ok(clone) = stream.try_clone() else { continue };
+        let Ok(clone) = stream.try_clone() else {
+            continue;
+        };
         let id = inner.next_incoming.fetch_add(1, Ordering::Relaxed);
         let c = ctx.clone();
-        let t = std::thread::Builder::new().name("orbite-serve".into()).spawn(move || tcp::serve(c, stream));
+        let t = std::thread::Builder::new()
+            .name("orbite-serve".into())
+            .spawn(move || tcp::serve(c, stream));
         match t {
             Ok(t) => {
-                inner.incoming.lock().insert(id, Incoming { stream: clone, thread: Some(t) });
+                inner.incoming.lock().insert(
+                    id,
+                    Incoming {
+                        stream: clone,
+                        thread: Some(t),
+                    },
+                );
             }
             Err(_) => {
                 let _ = clone.shutdown(Shutdown::Both);

@@ -38,12 +38,24 @@ impl EngineStats {
         incoming_connections: usize,
         regions: usize,
     ) -> EngineStats {
-        let transports = TransportKind::ALL.iter().map(|t| (t.name().to_string(), s.transport(*t))).collect();
+        let transports = TransportKind::ALL
+            .iter()
+            .map(|t| (t.name().to_string(), s.transport(*t)))
+            .collect();
         let mut avail = BTreeMap::new();
         avail.insert("tcp".to_string(), "available".to_string());
-        avail.insert("shm".to_string(), "not available: not built in this release".to_string());
-        avail.insert("nvlink".to_string(), "not available: built without CUDA support".to_string());
-        avail.insert("mnnvl".to_string(), "not available: built without CUDA support".to_string());
+        avail.insert(
+            "shm".to_string(),
+            "not available: not built in this release".to_string(),
+        );
+        avail.insert(
+            "nvlink".to_string(),
+            "not available: built without CUDA support".to_string(),
+        );
+        avail.insert(
+            "mnnvl".to_string(),
+            "not available: built without CUDA support".to_string(),
+        );
         EngineStats {
             transports,
             inflight_bytes,

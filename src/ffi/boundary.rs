@@ -40,7 +40,10 @@ pub fn guard(f: impl FnOnce() -> Result<()>) -> orbite_status {
         Ok(Ok(())) => ORBITE_STATUS_OK,
         Ok(Err(e)) => fail(e),
         Err(p) => {
-            set_last_error(&format!("internal panic (a bug in liborbite): {}", panic_text(&*p)));
+            set_last_error(&format!(
+                "internal panic (a bug in liborbite): {}",
+                panic_text(&*p)
+            ));
             ORBITE_STATUS_PANIC
         }
     }
@@ -53,7 +56,10 @@ pub fn guard_status(f: impl FnOnce() -> Result<Status>) -> orbite_status {
         Ok(Ok(s)) => s as u32,
         Ok(Err(e)) => fail(e),
         Err(p) => {
-            set_last_error(&format!("internal panic (a bug in liborbite): {}", panic_text(&*p)));
+            set_last_error(&format!(
+                "internal panic (a bug in liborbite): {}",
+                panic_text(&*p)
+            ));
             ORBITE_STATUS_PANIC
         }
     }
@@ -107,7 +113,10 @@ pub fn write_text(text: &str, buf: *mut c_char, cap: usize, out_len: *mut usize)
     let n = text.len();
     if cap < n + 1 {
         *out_len = n;
-        return Err(Error::BufferTooSmall(format!("needs {} bytes including the NUL, cap is {cap}", n + 1)));
+        return Err(Error::BufferTooSmall(format!(
+            "needs {} bytes including the NUL, cap is {cap}",
+            n + 1
+        )));
     }
     if buf.is_null() {
         return Err(Error::NullArgument("buf is NULL".into()));

@@ -9,61 +9,99 @@ use std::ffi::c_char;
 
 /// Allocates CUDA device memory on `device` (not exportable).
 #[no_mangle]
-pub extern "C" fn orbite_cuda_allocate(device: i32, length: usize, out_alloc: *mut *mut orbite_allocation) -> orbite_status {
+pub extern "C" fn orbite_cuda_allocate(
+    device: i32,
+    length: usize,
+    out_alloc: *mut *mut orbite_allocation,
+) -> orbite_status {
     guard(|| {
         need_out_alloc(out_alloc, length)?;
         let alloc = cuda_support::allocate_device(device, length as u64, false)?;
-        put(out_alloc, Box::into_raw(Box::new(orbite_allocation { alloc })));
+        put(
+            out_alloc,
+            Box::into_raw(Box::new(orbite_allocation { alloc })),
+        );
         Ok(())
     })
 }
 
 /// Allocates CUDA device memory for IPC export (2 MiB physical rounding, zeroed).
 #[no_mangle]
-pub extern "C" fn orbite_cuda_allocate_ipc(device: i32, length: usize, out_alloc: *mut *mut orbite_allocation) -> orbite_status {
+pub extern "C" fn orbite_cuda_allocate_ipc(
+    device: i32,
+    length: usize,
+    out_alloc: *mut *mut orbite_allocation,
+) -> orbite_status {
     guard(|| {
         need_out_alloc(out_alloc, length)?;
         let alloc = cuda_support::allocate_device(device, length as u64, true)?;
-        put(out_alloc, Box::into_raw(Box::new(orbite_allocation { alloc })));
+        put(
+            out_alloc,
+            Box::into_raw(Box::new(orbite_allocation { alloc })),
+        );
         Ok(())
     })
 }
 
 /// Allocates pinned (page-locked) host memory through CUDA.
 #[no_mangle]
-pub extern "C" fn orbite_cuda_allocate_pinned_host(length: usize, out_alloc: *mut *mut orbite_allocation) -> orbite_status {
+pub extern "C" fn orbite_cuda_allocate_pinned_host(
+    length: usize,
+    out_alloc: *mut *mut orbite_allocation,
+) -> orbite_status {
     guard(|| {
         need_out_alloc(out_alloc, length)?;
         let alloc = cuda_support::allocate_pinned_host(length as u64)?;
-        put(out_alloc, Box::into_raw(Box::new(orbite_allocation { alloc })));
+        put(
+            out_alloc,
+            Box::into_raw(Box::new(orbite_allocation { alloc })),
+        );
         Ok(())
     })
 }
 
 /// Allocates fabric-exportable GPU memory (MNNVL).
 #[no_mangle]
-pub extern "C" fn orbite_allocate_mnnvl(device: i32, length: usize, out_alloc: *mut *mut orbite_allocation) -> orbite_status {
+pub extern "C" fn orbite_allocate_mnnvl(
+    device: i32,
+    length: usize,
+    out_alloc: *mut *mut orbite_allocation,
+) -> orbite_status {
     guard(|| {
         need_out_alloc(out_alloc, length)?;
         let alloc = cuda_support::allocate_mnnvl(device, length as u64)?;
-        put(out_alloc, Box::into_raw(Box::new(orbite_allocation { alloc })));
+        put(
+            out_alloc,
+            Box::into_raw(Box::new(orbite_allocation { alloc })),
+        );
         Ok(())
     })
 }
 
 /// Allocates fabric-exportable host memory on a NUMA node (EGM).
 #[no_mangle]
-pub extern "C" fn orbite_allocate_egm(numa_node: i32, length: usize, out_alloc: *mut *mut orbite_allocation) -> orbite_status {
+pub extern "C" fn orbite_allocate_egm(
+    numa_node: i32,
+    length: usize,
+    out_alloc: *mut *mut orbite_allocation,
+) -> orbite_status {
     guard(|| {
         need_out_alloc(out_alloc, length)?;
         let alloc = cuda_support::allocate_egm(numa_node, length as u64)?;
-        put(out_alloc, Box::into_raw(Box::new(orbite_allocation { alloc })));
+        put(
+            out_alloc,
+            Box::into_raw(Box::new(orbite_allocation { alloc })),
+        );
         Ok(())
     })
 }
 
 /// Writes the CUDA resources retained after unconfirmed cleanup, as JSON.
 #[no_mangle]
-pub extern "C" fn orbite_cuda_retained_resources_json(buf: *mut c_char, cap: usize, out_len: *mut usize) -> orbite_status {
+pub extern "C" fn orbite_cuda_retained_resources_json(
+    buf: *mut c_char,
+    cap: usize,
+    out_len: *mut usize,
+) -> orbite_status {
     guard(|| write_text(&cuda_support::retained_resources_json(), buf, cap, out_len))
 }

@@ -65,12 +65,22 @@ pub extern "C" fn orbite_last_error() -> *const c_char {
 /// wrong types and out-of-range values give ORBITE_STATUS_INVALID_CONFIG
 /// naming the key.
 #[no_mangle]
-pub extern "C" fn orbite_engine_new(config_json: *const c_char, out_engine: *mut *mut orbite_engine) -> orbite_status {
+pub extern "C" fn orbite_engine_new(
+    config_json: *const c_char,
+    out_engine: *mut *mut orbite_engine,
+) -> orbite_status {
     guard(|| {
         need_mut(out_engine, "out_engine")?;
-        let text = if config_json.is_null() { "" } else { need_str(config_json, "config_json")? };
+        let text = if config_json.is_null() {
+            ""
+        } else {
+            need_str(config_json, "config_json")?
+        };
         let engine = Engine::from_json(text)?;
-        put(out_engine, Box::into_raw(Box::new(orbite_engine { engine })));
+        put(
+            out_engine,
+            Box::into_raw(Box::new(orbite_engine { engine })),
+        );
         Ok(())
     })
 }
@@ -135,7 +145,9 @@ pub extern "C" fn orbite_register_memory(
         let access = Access::from_bits(access).ok_or_else(|| {
             Error::InvalidArgument(format!("access 0x{access:x} has unknown bits (use ORBITE_ACCESS_READ | ORBITE_ACCESS_WRITE)"))
         })?;
-        let id = e.engine.register_memory(addr as u64, length as u64, access)?;
+        let id = e
+            .engine
+            .register_memory(addr as u64, length as u64, access)?;
         put(out_region, id);
         Ok(())
     })
@@ -144,7 +156,11 @@ pub extern "C" fn orbite_register_memory(
 /// Unregisters a region, waiting up to timeout_ms (0 = default) for copies
 /// that use it; TIMED_OUT leaves it registered.
 #[no_mangle]
-pub extern "C" fn orbite_unregister_memory(engine: *mut orbite_engine, region: u64, timeout_ms: u32) -> orbite_status {
+pub extern "C" fn orbite_unregister_memory(
+    engine: *mut orbite_engine,
+    region: u64,
+    timeout_ms: u32,
+) -> orbite_status {
     guard(|| {
         let e = need(engine, "engine")?;
         if region == 0 {
@@ -156,7 +172,11 @@ pub extern "C" fn orbite_unregister_memory(engine: *mut orbite_engine, region: u
 
 /// Hands a GPU producer stream to the engine for a CUDA region.
 #[no_mangle]
-pub extern "C" fn orbite_record_producer_stream(engine: *mut orbite_engine, region: u64, cu_stream: *mut c_void) -> orbite_status {
+pub extern "C" fn orbite_record_producer_stream(
+    engine: *mut orbite_engine,
+    region: u64,
+    cu_stream: *mut c_void,
+) -> orbite_status {
     guard(|| {
         let e = need(engine, "engine")?;
         if region == 0 {
@@ -206,38 +226,76 @@ pub extern "C" fn orbite_peer_regions_json(
                 })
             })
             .collect();
-        write_text(&serde_json::Value::Array(arr).to_string(), buf, cap, out_len)
+        write_text(
+            &serde_json::Value::Array(arr).to_string(),
+            buf,
+            cap,
+            out_len,
+        )
     })
 }
 
 /// Disconnects a peer after its outstanding requests end (up to timeout_ms).
 #[no_mangle]
-pub extern "C" fn orbite_disconnect(engine: *mut orbite_engine, peer: u64, timeout_ms: u32) -> orbite_status {
-    guard(|| need(engine, "engine")?.engine.disconnect(peer, timeout_opt(timeout_ms)))
+pub extern "C" fn orbite_disconnect(
+    engine: *mut orbite_engine,
+    peer: u64,
+    timeout_ms: u32,
+) -> orbite_status {
+    guard(|| {
+        need(engine, "engine")?
+            .engine
+            .disconnect(peer, timeout_opt(timeout_ms))
+    })
 }
 
 /// Closes cached NVLink imports through their receipts; admission stays open.
 #[no_mangle]
-pub extern "C" fn orbite_flush_nvlink_cache(engine: *mut orbite_engine, timeout_ms: u32) -> orbite_status {
-    guard(|| need(engine, "engine")?.engine.flush_nvlink_cache(timeout_opt(timeout_ms)))
+pub extern "C" fn orbite_flush_nvlink_cache(
+    engine: *mut orbite_engine,
+    timeout_ms: u32,
+) -> orbite_status {
+    guard(|| {
+        need(engine, "engine")?
+            .engine
+            .flush_nvlink_cache(timeout_opt(timeout_ms))
+    })
 }
 
 /// Fences new submissions, waits for accepted ones, closes outgoing connections.
 #[no_mangle]
-pub extern "C" fn orbite_close_requester(engine: *mut orbite_engine, timeout_ms: u32) -> orbite_status {
-    guard(|| need(engine, "engine")?.engine.close_requester(timeout_opt(timeout_ms)))
+pub extern "C" fn orbite_close_requester(
+    engine: *mut orbite_engine,
+    timeout_ms: u32,
+) -> orbite_status {
+    guard(|| {
+        need(engine, "engine")?
+            .engine
+            .close_requester(timeout_opt(timeout_ms))
+    })
 }
 
 /// Stops serving new requests and waits for those being served.
 #[no_mangle]
-pub extern "C" fn orbite_close_source(engine: *mut orbite_engine, timeout_ms: u32) -> orbite_status {
-    guard(|| need(engine, "engine")?.engine.close_source(timeout_opt(timeout_ms)))
+pub extern "C" fn orbite_close_source(
+    engine: *mut orbite_engine,
+    timeout_ms: u32,
+) -> orbite_status {
+    guard(|| {
+        need(engine, "engine")?
+            .engine
+            .close_source(timeout_opt(timeout_ms))
+    })
 }
 
 /// Closes the requester side, then the source side, then the engine.
 #[no_mangle]
 pub extern "C" fn orbite_close(engine: *mut orbite_engine, timeout_ms: u32) -> orbite_status {
-    guard(|| need(engine, "engine")?.engine.close(timeout_opt(timeout_ms)))
+    guard(|| {
+        need(engine, "engine")?
+            .engine
+            .close(timeout_opt(timeout_ms))
+    })
 }
 
 #[cfg(test)]
@@ -260,13 +318,27 @@ mod tests {
     #[test]
     fn status_constants_match_status_values() {
         let consts = [
-            ORBITE_STATUS_OK, ORBITE_STATUS_PENDING, ORBITE_STATUS_NULL_ARGUMENT, ORBITE_STATUS_INVALID_ARGUMENT,
-            ORBITE_STATUS_INVALID_CONFIG, ORBITE_STATUS_NOT_FOUND, ORBITE_STATUS_OUT_OF_RANGE,
-            ORBITE_STATUS_PERMISSION_DENIED, ORBITE_STATUS_UNAVAILABLE, ORBITE_STATUS_RESOURCE_EXHAUSTED,
-            ORBITE_STATUS_TIMED_OUT, ORBITE_STATUS_STALE_PEER, ORBITE_STATUS_UNQUIESCED,
-            ORBITE_STATUS_TRANSFER_FAILED, ORBITE_STATUS_PROTOCOL_ERROR, ORBITE_STATUS_NOT_SUPPORTED,
-            ORBITE_STATUS_CUDA_ERROR, ORBITE_STATUS_IO_ERROR, ORBITE_STATUS_BUFFER_TOO_SMALL,
-            ORBITE_STATUS_CANCELLED, ORBITE_STATUS_PANIC,
+            ORBITE_STATUS_OK,
+            ORBITE_STATUS_PENDING,
+            ORBITE_STATUS_NULL_ARGUMENT,
+            ORBITE_STATUS_INVALID_ARGUMENT,
+            ORBITE_STATUS_INVALID_CONFIG,
+            ORBITE_STATUS_NOT_FOUND,
+            ORBITE_STATUS_OUT_OF_RANGE,
+            ORBITE_STATUS_PERMISSION_DENIED,
+            ORBITE_STATUS_UNAVAILABLE,
+            ORBITE_STATUS_RESOURCE_EXHAUSTED,
+            ORBITE_STATUS_TIMED_OUT,
+            ORBITE_STATUS_STALE_PEER,
+            ORBITE_STATUS_UNQUIESCED,
+            ORBITE_STATUS_TRANSFER_FAILED,
+            ORBITE_STATUS_PROTOCOL_ERROR,
+            ORBITE_STATUS_NOT_SUPPORTED,
+            ORBITE_STATUS_CUDA_ERROR,
+            ORBITE_STATUS_IO_ERROR,
+            ORBITE_STATUS_BUFFER_TOO_SMALL,
+            ORBITE_STATUS_CANCELLED,
+            ORBITE_STATUS_PANIC,
         ];
         for (c, s) in consts.iter().zip(Status::ALL) {
             assert_eq!(*c, s as u32, "{}", s.c_name());

@@ -67,7 +67,10 @@ impl MemoryKind {
     /// Whether the CPU can read and write it directly (the TCP transport
     /// copies through the CPU).
     pub fn cpu_accessible(self) -> bool {
-        matches!(self, MemoryKind::Host | MemoryKind::SharedHost | MemoryKind::PinnedHost | MemoryKind::Egm)
+        matches!(
+            self,
+            MemoryKind::Host | MemoryKind::SharedHost | MemoryKind::PinnedHost | MemoryKind::Egm
+        )
     }
 }
 
@@ -150,10 +153,14 @@ impl Allocation {
     pub fn release(&self) -> Result<()> {
         let mut map = OWNERS.lock();
         let Some(e) = map.get(&self.owned.addr) else {
-            return Err(Error::InvalidArgument("allocation was already freed".into()));
+            return Err(Error::InvalidArgument(
+                "allocation was already freed".into(),
+            ));
         };
         if !Arc::ptr_eq(&e.owned, &self.owned) {
-            return Err(Error::InvalidArgument("allocation was already freed".into()));
+            return Err(Error::InvalidArgument(
+                "allocation was already freed".into(),
+            ));
         }
         if e.counts.registered > 0 || e.counts.exported > 0 {
             return Err(Error::Unavailable(format!(
@@ -168,7 +175,12 @@ impl Allocation {
                 // SAFETY: addr/physical describe the mapping created in
                 // `allocate_shared_host`; the entry is gone from the owner
                 // table and no engine has it registered, so nothing uses it.
-                unsafe { libc::munmap(self.owned.addr as *mut libc::c_void, self.owned.physical as usize) };
+                unsafe {
+                    libc::munmap(
+                        self.owned.addr as *mut libc::c_void,
+                        self.owned.physical as usize,
+                    )
+                };
             }
         }
         Ok(())
@@ -199,7 +211,9 @@ pub fn allocate_shared_host(len: u64) -> Result<Allocation> {
     // SAFETY: fd is valid; physical fits in off_t (checked above).
     if unsafe { libc::ftruncate(fd.as_raw_fd(), physical as libc::off_t) } != 0 {
         let e = std::io::Error::last_os_error();
-        return Err(Error::ResourceExhausted(format!("cannot size shared memory to {physical} bytes: {e}")));
+        return Err(Error::ResourceExhausted(format!(
+            "cannot size shared memory to {physical} bytes: {e}"
+        )));
     }
     // SAFETY: mapping a valid fd of `physical` bytes; the result is checked.
     let p = unsafe {
@@ -214,7 +228,9 @@ pub fn allocate_shared_host(len: u64) -> Result<Allocation> {
     };
     if p == libc::MAP_FAILED {
         let e = std::io::Error::last_os_error();
-        return Err(Error::ResourceExhausted(format!("cannot map {physical} bytes of shared memory: {e}")));
+        return Err(Error::ResourceExhausted(format!(
+            "cannot map {physical} bytes of shared memory: {e}"
+        )));
     }
     let owned = Arc::new(Owned {
         kind: MemoryKind::SharedHost,
@@ -293,11 +309,15 @@ mod tests {
         assert_eq!(a.len(), 17);
         assert_eq!(a.physical_len(), SHARED_ROUNDING);
         // SAFETY: the allocation maps `physical_len` bytes.
-        let s = unsafe { std::slice::from_raw_parts(a.addr() as *const u8, a.physical_len() as usize) };
+        let s =
+            unsafe { std::slice::from_raw_parts(a.addr() as *const u8, a.physical_len() as usize) };
         assert!(s.iter().all(|b| *b == 0));
         assert_eq!(kind_of(a.addr(), 17).unwrap(), MemoryKind::SharedHost);
         assert!(kind_of(a.addr(), 18).is_err());
-        assert!(matches!(allocate_shared_host(0), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            allocate_shared_host(0),
+            Err(Error::InvalidArgument(_))
+        ));
         note_registered(a.addr(), 1, 1);
         let (a, e) = a.free().unwrap_err();
         assert!(matches!(e, Error::Unavailable(_)));

@@ -227,7 +227,9 @@ impl RegionTable {
             .next_back()
             .map(|(_, r)| r)
             .filter(|r| addr < r.end())
-            .ok_or_else(|| Error::NotFound(format!("address 0x{addr:x} is in no registered region")))?;
+            .ok_or_else(|| {
+                Error::NotFound(format!("address 0x{addr:x} is in no registered region"))
+            })?;
         if !r.contains(addr, len) {
             return Err(Error::OutOfRange(format!(
                 "range 0x{addr:x}+{len} crosses the end of region {} (0x{:x}+{})",
@@ -286,17 +288,32 @@ mod tests {
     fn overlap_bounds_and_lookup() {
         let t = RegionTable::default();
         let a = t.register(0x10000, 0x1000, Access::READ).unwrap();
-        assert!(matches!(t.register(0x10fff, 1, Access::READ), Err(Error::InvalidArgument(_))));
-        assert!(matches!(t.register(0xf000, 0x1001, Access::READ), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            t.register(0x10fff, 1, Access::READ),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            t.register(0xf000, 0x1001, Access::READ),
+            Err(Error::InvalidArgument(_))
+        ));
         let b = t.register(0x11000, 0x10, Access::WRITE).unwrap();
         assert_ne!(a.epoch, b.epoch);
         assert_eq!(t.lease(0x10000, 0x1000).unwrap().region().id, a.id);
         assert!(matches!(t.lease(0x10fff, 2), Err(Error::OutOfRange(_))));
         assert!(matches!(t.lease(0x12000, 1), Err(Error::NotFound(_))));
         assert!(matches!(t.lease(0x1, 1), Err(Error::NotFound(_))));
-        assert!(matches!(t.register(0, 1, Access::READ), Err(Error::InvalidArgument(_))));
-        assert!(matches!(t.register(1, 0, Access::READ), Err(Error::InvalidArgument(_))));
-        assert!(matches!(t.register(u64::MAX, 2, Access::READ), Err(Error::InvalidArgument(_))));
+        assert!(matches!(
+            t.register(0, 1, Access::READ),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            t.register(1, 0, Access::READ),
+            Err(Error::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            t.register(u64::MAX, 2, Access::READ),
+            Err(Error::InvalidArgument(_))
+        ));
     }
 
     #[test]
@@ -310,7 +327,8 @@ mod tests {
         let l2 = t.lease(0x20000, 1).unwrap();
         drop(l2);
         let t2 = t.clone();
-        let h = std::thread::spawn(move || t2.unregister(r.id, Duration::from_secs(30)));
+        let id = r.id;
+        let h = std::thread::spawn(move || t2.unregister(id, Duration::from_secs(30)));
         // while closing, new leases are refused (poll until closing is visible)
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
@@ -325,6 +343,9 @@ mod tests {
         drop(lease);
         h.join().unwrap().unwrap();
         assert!(t.is_empty());
-        assert!(matches!(t.unregister(r.id, Duration::ZERO), Err(Error::NotFound(_))));
+        assert!(matches!(
+            t.unregister(r.id, Duration::ZERO),
+            Err(Error::NotFound(_))
+        ));
     }
 }

@@ -1,0 +1,29 @@
+#!/bin/sh
+# Installs the build tree into a fresh prefix, then builds and runs an
+# independent consumer with find_package(orbite) and with pkg-config.
+set -eu
+build="$1"; src="$2"; work="$3"
+rm -rf "$work"; mkdir -p "$work"
+prefix="$work/prefix"
+cmake --install "$build" --prefix "$prefix" >/dev/null
+test -L "$prefix/lib/liborbite.so"
+test -f "$prefix/lib/liborbite.so.1"
+test -f "$prefix/lib/liborbite.a"
+test -f "$prefix/include/orbite.h"
+test -f "$prefix/lib/cmake/orbite/orbiteConfig.cmake"
+test -f "$prefix/lib/cmake/orbite/orbiteConfigVersion.cmake"
+test -f "$prefix/lib/pkgconfig/orbite.pc"
+# Relocatable: move the whole prefix, then consume it from the new place.
+mv "$prefix" "$work/moved"; prefix="$work/moved"
+cmake -S "$src/c_tests/consumer" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$work/cmake-build" >/dev/null
+"$work/cmake-build/consumer_shared"
+"$work/cmake-build/consumer_static"
+export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
+cc -Wall -Wextra -Werror -o "$work/pc_shared" "$src/c_tests/consumer/consumer.c" \
+   $(pkg-config --cflags --libs orbite) -Wl,-rpath,"$prefix/lib"
+"$work/pc_shared"
+cc -Wall -Wextra -Werror -o "$work/pc_static" "$src/c_tests/consumer/consumer.c" \
+   $(pkg-config --cflags orbite) "$prefix/lib/liborbite.a" $(pkg-config --libs-only-l --static orbite | sed 's/-lorbite//')
+"$work/pc_static"
+echo "installed-package consumers: ok"

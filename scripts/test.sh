@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Every test: the cargo tests, then the C tests (and examples, and the
+# installed-package consumers) under ctest. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/ensure-tools.sh
+unset CUDARC_CUDA_VERSION
+jobs="$(nproc)"
+echo "== cargo test (release) =="
+cargo test --release --locked
+echo "== C tests (ctest) =="
+cmake -S . -B build -DORBITE_CARGO_TARGET_DIR="$PWD/target" >/dev/null
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"

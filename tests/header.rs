@@ -1,0 +1,74 @@
+//! The committed header must equal what build.rs generates, and the ABI
+//! version must agree between the header, the library and the SONAME.
+
+const GENERATED: &str = include_str!(concat!(env!("OUT_DIR"), "/orbite.h"));
+const COMMITTED: &str = include_str!("../include/orbite.h");
+
+#[test]
+fn committed_header_is_fresh() {
+    assert!(
+        GENERATED == COMMITTED,
+        "include/orbite.h is stale: refresh it with `ORBITE_WRITE_HEADER=1 cargo build` and commit it"
+    );
+}
+
+#[test]
+fn abi_version_agrees_everywhere() {
+    let v = orbite::ffi::ORBITE_ABI_VERSION;
+    assert_eq!(orbite::ffi::engine::orbite_abi_version(), v);
+    assert!(COMMITTED.contains(&format!("#define ORBITE_ABI_VERSION {v}\n")));
+    let build_rs = include_str!("../build.rs");
+    assert!(
+        build_rs.contains(&format!("const ABI_VERSION: u32 = {v};")),
+        "build.rs sets the SONAME from ABI_VERSION"
+    );
+    let cmake = include_str!("../CMakeLists.txt");
+    assert!(
+        cmake.contains(&format!("set(ORBITE_ABI_VERSION {v})")),
+        "CMakeLists.txt names liborbite.so.{v}"
+    );
+}
+
+#[test]
+fn header_declares_every_contract_function() {
+    for f in [
+        "orbite_abi_version",
+        "orbite_version",
+        "orbite_status_name",
+        "orbite_last_error",
+        "orbite_engine_new",
+        "orbite_engine_endpoint",
+        "orbite_engine_stats_json",
+        "orbite_engine_free",
+        "orbite_host_allocate_shared",
+        "orbite_cuda_allocate",
+        "orbite_cuda_allocate_ipc",
+        "orbite_cuda_allocate_pinned_host",
+        "orbite_allocate_mnnvl",
+        "orbite_allocate_egm",
+        "orbite_allocation_addr",
+        "orbite_allocation_length",
+        "orbite_allocation_free",
+        "orbite_register_memory",
+        "orbite_unregister_memory",
+        "orbite_record_producer_stream",
+        "orbite_connect",
+        "orbite_peer_regions_json",
+        "orbite_disconnect",
+        "orbite_submit",
+        "orbite_batch_poll",
+        "orbite_batch_wait",
+        "orbite_batch_results",
+        "orbite_batch_cancel",
+        "orbite_batch_free",
+        "orbite_flush_nvlink_cache",
+        "orbite_close_requester",
+        "orbite_close_source",
+        "orbite_close",
+        "orbite_cuda_retained_resources_json",
+    ] {
+        let declared =
+            COMMITTED.contains(&format!(" {f}(")) || COMMITTED.contains(&format!("*{f}("));
+        assert!(declared, "orbite.h lacks {f}");
+    }
+}
