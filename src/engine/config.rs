@@ -193,16 +193,20 @@ impl MnnvlConfig {
         for (k, v) in obj {
             let key = format!("mnnvl.{k}");
             match k.as_str() {
-                "handle_type" => c.handle_type = match get_str(&key, v)? {
-                    "fabric" => MnnvlHandleType::Fabric,
-                    "posix_fd" => MnnvlHandleType::PosixFd,
-                    other => return Err(bad(
-                        &key,
-                        format!(
+                "handle_type" => {
+                    c.handle_type = match get_str(&key, v)? {
+                        "fabric" => MnnvlHandleType::Fabric,
+                        "posix_fd" => MnnvlHandleType::PosixFd,
+                        other => {
+                            return Err(bad(
+                                &key,
+                                format!(
                             "unknown handle type {other:?} (expected \"fabric\" or \"posix_fd\")"
                         ),
-                    )),
-                },
+                            ))
+                        }
+                    }
+                }
                 "fabric_domain" => {
                     c.fabric_domain = match v {
                         Value::Null => None,

@@ -1,0 +1,114 @@
+//! Helpers for multi-process tests: a real `orbite-peer` source process.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Duration;
+
+/// Generous deadline for anything that must finish (2-core CI machines).
+pub const LONG: Duration = Duration::from_secs(120);
+
+/// The byte at offset `i` of pattern `seed` (same as orbite-peer).
+pub fn pattern(seed: u64, i: u64) -> u8 {
+    (i.wrapping_mul(131)
+        .wrapping_add(seed.wrapping_mul(7))
+        .wrapping_add(i >> 12)) as u8
+}
+
+/// `len` bytes of pattern `seed`.
+pub fn pattern_vec(seed: u64, len: usize) -> Vec<u8> {
+    (0..len as u64).map(|i| pattern(seed, i)).collect()
+}
+
+/// A running orbite-peer source process.
+pub struct PeerProc {
+    pub child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    pub endpoint: String,
+    pub addr: u64,
+    pub len: u64,
+    pub pid: u32,
+    pub extra_addr: u64,
+    pub extra_len: u64,
+}
+
+impl PeerProc {
+    /// Starts `orbite-peer` with `args` and reads its description line.
+    pub fn spawn(args: &[&str]) -> PeerProc {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_orbite-peer"))
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn orbite-peer");
+        let stdin = child.stdin.take().expect("stdin");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("read peer description");
+        let v: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad peer line {line:?}: {e}"));
+        PeerProc {
+            endpoint: v["endpoint"].as_str().expect("endpoint").to_string(),
+            addr: v["addr"].as_u64().expect("addr"),
+            len: v["len"].as_u64().expect("len"),
+            pid: v["pid"].as_u64().expect("pid") as u32,
+            extra_addr: v["extra_addr"].as_u64().unwrap_or(0),
+            extra_len: v["extra_len"].as_u64().unwrap_or(0),
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    /// Sends a command line and returns the reply line.
+    pub fn cmd(&mut self, c: &str) -> String {
+        writeln!(self.stdin, "{c}").expect("write command");
+        self.stdin.flush().expect("flush");
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).expect("read reply");
+        line.trim().to_string()
+    }
+
+    /// Sends a signal to the process.
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid; no memory is touched.
+        let r = unsafe { libc::kill(self.pid as i32, sig) };
+        assert_eq!(r, 0, "kill({}, {sig})", self.pid);
+    }
+
+    /// Stops the process (SIGSTOP) and waits until every thread of it has
+    /// stopped (waitpid with WUNTRACED reports the completed group stop).
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+        let mut status = 0;
+        // SAFETY: waitpid on our own child; status is a valid out-pointer.
+        let r = unsafe { libc::waitpid(self.pid as i32, &mut status, libc::WUNTRACED) };
+        assert_eq!(r, self.pid as i32, "waitpid(WUNTRACED)");
+        assert!(
+            libc::WIFSTOPPED(status),
+            "child did not stop: status {status}"
+        );
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(mut self) {
+        self.signal(libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+
+    /// Orderly close and reap; asserts a clean exit.
+    pub fn close(mut self) {
+        assert_eq!(self.cmd("close"), "closed");
+        let st = self.child.wait().expect("wait");
+        assert!(st.success(), "peer exited with {st}");
+    }
+}
+
+impl Drop for PeerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,93 @@
+//! A connection that breaks the protocol is closed with an Error frame;
+//! the engine keeps serving well-behaved peers.
+
+use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
+use orbite::control::message;
+use orbite::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+/// Sends `bytes`, then reads until EOF; returns the Error frame's text if
+/// the engine sent one.
+fn hostile(endpoint: &str, bytes: &[u8]) -> Option<(Status, String)> {
+    let mut s = TcpStream::connect(endpoint).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(bytes).unwrap();
+    let mut all = Vec::new();
+    let _ = s.read_to_end(&mut all);
+    if all.len() < FRAME_HEADER_LEN {
+        return None;
+    }
+    let h = FrameHeader::decode(all[..FRAME_HEADER_LEN].try_into().unwrap()).ok()?;
+    if h.kind != MsgKind::Error {
+        return None;
+    }
+    message::decode_error(&all[FRAME_HEADER_LEN..FRAME_HEADER_LEN + h.body_len as usize]).ok()
+}
+
+#[test]
+fn malformed_frames_close_only_their_connection() {
+    let src = Engine::new(EngineConfig::default()).unwrap();
+    let mut remote = vec![5u8; 4096];
+    src.register_memory(remote.as_mut_ptr() as u64, 4096, Access::READ)
+        .unwrap();
+    let req = Engine::new(EngineConfig::default()).unwrap();
+    let mut local = vec![0u8; 4096];
+    req.register_memory(local.as_mut_ptr() as u64, 4096, Access::NONE)
+        .unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    let ep = src.endpoint();
+
+    let mut bad_magic = FrameHeader::encode(MsgKind::Describe, 0).to_vec();
+    bad_magic[0] ^= 0xff;
+    let (st, text) = hostile(&ep, &bad_magic).expect("error frame");
+    assert_eq!(st, Status::ProtocolError);
+    assert!(text.contains("magic"), "{text}");
+
+    let mut bad_version = FrameHeader::encode(MsgKind::Describe, 0).to_vec();
+    bad_version[4] = 77;
+    assert!(hostile(&ep, &bad_version).unwrap().1.contains("version"));
+
+    let mut unknown = FrameHeader::encode(MsgKind::Describe, 0).to_vec();
+    unknown[6] = 200;
+    assert!(hostile(&ep, &unknown)
+        .unwrap()
+        .1
+        .contains("unknown message type"));
+
+    let oversized = FrameHeader::encode(MsgKind::Describe, u32::MAX);
+    assert!(hostile(&ep, &oversized).unwrap().1.contains("exceeds"));
+
+    // A valid frame out of order: a READ before the handshake.
+    let mut early = FrameHeader::encode(MsgKind::ReadRequest, 32).to_vec();
+    early.extend_from_slice(&[0u8; 32]);
+    assert!(hostile(&ep, &early)
+        .unwrap()
+        .1
+        .contains("expected Describe first"));
+
+    // A truncated Describe body.
+    let mut trunc = FrameHeader::encode(MsgKind::Describe, 10).to_vec();
+    trunc.extend_from_slice(&[0u8; 10]);
+    assert!(hostile(&ep, &trunc).unwrap().1.contains("truncated"));
+
+    // The well-behaved peer is unaffected throughout.
+    let b = req
+        .submit(
+            peer,
+            &[Request {
+                op: Op::Read,
+                local_addr: local.as_ptr() as u64,
+                remote_addr: remote.as_ptr() as u64,
+                len: 4096,
+            }],
+            SubmitOptions::default(),
+        )
+        .unwrap();
+    b.wait(Duration::from_secs(60)).unwrap();
+    assert!(local.iter().all(|b| *b == 5));
+    assert!(src.stats().protocol_errors >= 6);
+    req.close(None).unwrap();
+    src.close(None).unwrap();
+}

@@ -1,0 +1,435 @@
+//! Engine core over TCP between real processes on loopback: round trips
+//! verified byte for byte, every rejection, concurrency, and killed peers.
+
+mod common;
+
+use common::*;
+use orbite::*;
+use std::time::{Duration, Instant};
+
+fn engine(json: &str) -> Engine {
+    Engine::from_json(json).expect("engine")
+}
+
+fn local_buf(e: &Engine, len: usize) -> (Vec<u8>, u64) {
+    let mut v = vec![0u8; len];
+    let id = e
+        .register_memory(v.as_mut_ptr() as u64, len as u64, Access::NONE)
+        .unwrap();
+    (v, id)
+}
+
+fn req(op: Op, local: &[u8], loff: usize, remote: u64, len: u64) -> Request {
+    Request {
+        op,
+        local_addr: local.as_ptr() as u64 + loff as u64,
+        remote_addr: remote,
+        len,
+    }
+}
+
+fn run(e: &Engine, peer: u64, reqs: &[Request]) -> Batch {
+    let b = e.submit(peer, reqs, SubmitOptions::default()).unwrap();
+    let _ = b.wait(LONG);
+    assert_ne!(b.poll(), Status::Pending);
+    b
+}
+
+#[test]
+fn round_trips_byte_for_byte() {
+    let mut src = PeerProc::spawn(&["--size", &(64u64 << 20).to_string(), "--seed", "3"]);
+    let e = engine(r#"{"max_transfer_bytes": 4194304}"#);
+    let (mut local, _) = local_buf(&e, 64 << 20);
+    let peer = e.connect(&src.endpoint, None).unwrap();
+
+    // 1 byte.
+    let b = run(&e, peer, &[req(Op::Read, &local, 5, src.addr + 77, 1)]);
+    assert_eq!(b.results()[0].status, Status::Ok);
+    assert_eq!(local[5], pattern(3, 77));
+    assert_eq!((local[4], local[6]), (0, 0));
+
+    // 4097 bytes at odd offsets, both directions.
+    let b = run(
+        &e,
+        peer,
+        &[req(Op::Read, &local, 1001, src.addr + 4093, 4097)],
+    );
+    assert_eq!(b.results()[0].status, Status::Ok);
+    assert!((0..4097).all(|i| local[1001 + i] == pattern(3, 4093 + i as u64)));
+    let w = pattern_vec(11, 4097);
+    local[3..3 + 4097].copy_from_slice(&w);
+    let b = run(
+        &e,
+        peer,
+        &[req(Op::Write, &local, 3, src.addr + 12345, 4097)],
+    );
+    assert_eq!(
+        b.results()[0],
+        RequestResult {
+            status: Status::Ok,
+            remote_effect: RemoteEffect::Applied
+        }
+    );
+    assert_eq!(src.cmd("verify 11 12345 4097"), "ok");
+
+    // 64 MiB in 1 MiB blocks (READ), verified in full.
+    src.cmd("fill 5");
+    let reqs: Vec<_> = (0..64u64)
+        .map(|i| {
+            req(
+                Op::Read,
+                &local,
+                (i << 20) as usize,
+                src.addr + (i << 20),
+                1 << 20,
+            )
+        })
+        .collect();
+    let b = run(&e, peer, &reqs);
+    assert!(b.results().iter().all(|r| r.status == Status::Ok));
+    let bad = (0..local.len())
+        .filter(|&i| local[i] != pattern(5, i as u64))
+        .count();
+    assert_eq!(bad, 0);
+
+    // 64 MiB in 1 MiB blocks (WRITE), verified by the source.
+    for (i, b) in local.iter_mut().enumerate() {
+        *b = pattern(9, i as u64);
+    }
+    let reqs: Vec<_> = (0..64u64)
+        .map(|i| {
+            req(
+                Op::Write,
+                &local,
+                (i << 20) as usize,
+                src.addr + (i << 20),
+                1 << 20,
+            )
+        })
+        .collect();
+    let b = run(&e, peer, &reqs);
+    assert!(b
+        .results()
+        .iter()
+        .all(|r| r.status == Status::Ok && r.remote_effect == RemoteEffect::Applied));
+    assert_eq!(src.cmd(&format!("verify 9 0 {}", 64 << 20)), "ok");
+
+    // 1000 small requests in one batch, scattered, results in order.
+    src.cmd("fill 21");
+    local.iter_mut().for_each(|b| *b = 0);
+    let reqs: Vec<_> = (0..1000u64)
+        .map(|i| {
+            req(
+                Op::Read,
+                &local,
+                (i * 97) as usize,
+                src.addr + i * 4099 + 1,
+                33 + (i % 50),
+            )
+        })
+        .collect();
+    let b = run(&e, peer, &reqs);
+    let results = b.results();
+    assert_eq!(results.len(), 1000);
+    assert!(results.iter().all(|r| r.status == Status::Ok));
+    // Later requests overwrite earlier ones where the local ranges overlap,
+    // so check the bytes of the non-overlapped tail of each request.
+    for i in 0..1000u64 {
+        let len = 33 + (i % 50);
+        let start = if i < 999 { 97 } else { 0 };
+        for j in start.min(len)..len {
+            assert_eq!(
+                local[(i * 97 + j) as usize],
+                pattern(21, i * 4099 + 1 + j),
+                "request {i} byte {j}"
+            );
+        }
+    }
+    let st = e.stats();
+    assert_eq!(st.transports["tcp"].requests_failed, 0);
+    assert_eq!(st.inflight_bytes, 0);
+    e.close(Some(LONG)).unwrap();
+    src.close();
+}
+
+#[test]
+fn every_rejection_is_typed() {
+    let mut src = PeerProc::spawn(&["--size", "65536", "--access", "r", "--extra", "4096"]);
+    let e = engine("");
+    let (local, lid) = local_buf(&e, 65536);
+    let peer = e.connect(&src.endpoint, None).unwrap();
+
+    // Unknown peer, zero length, local address outside any region: the submit fails.
+    let good = req(Op::Read, &local, 0, src.addr, 16);
+    assert!(matches!(
+        e.submit(9999, &[good], SubmitOptions::default()),
+        Err(Error::NotFound(_))
+    ));
+    let zero = Request { len: 0, ..good };
+    assert!(matches!(
+        e.submit(peer, &[zero], SubmitOptions::default()),
+        Err(Error::InvalidArgument(_))
+    ));
+    let nowhere = Request {
+        local_addr: 64,
+        ..good
+    };
+    assert!(matches!(
+        e.submit(peer, &[nowhere], SubmitOptions::default()),
+        Err(Error::NotFound(_))
+    ));
+    let local_cross = Request {
+        local_addr: local.as_ptr() as u64 + 65530,
+        ..good
+    };
+    assert!(matches!(
+        e.submit(peer, &[local_cross], SubmitOptions::default()),
+        Err(Error::OutOfRange(_))
+    ));
+
+    // Remote outcomes, per request, in order.
+    let reqs = [
+        req(Op::Read, &local, 0, 4096, 16), // outside any region
+        req(Op::Read, &local, 0, src.addr + 65536 - 8, 16), // crosses the region's end
+        req(Op::Read, &local, 0, src.extra_addr, 16), // write-only region
+        req(Op::Write, &local, 0, src.addr, 16), // read-only region
+        req(Op::Read, &local, 100, src.addr + 1, 10), // fine
+    ];
+    let b = run(&e, peer, &reqs);
+    let r = b.results();
+    assert_eq!(
+        r[0],
+        RequestResult {
+            status: Status::NotFound,
+            remote_effect: RemoteEffect::None
+        }
+    );
+    assert_eq!(r[1].status, Status::OutOfRange);
+    assert_eq!(r[2].status, Status::PermissionDenied);
+    assert_eq!(
+        r[3],
+        RequestResult {
+            status: Status::PermissionDenied,
+            remote_effect: RemoteEffect::None
+        }
+    );
+    assert_eq!(r[4].status, Status::Ok);
+    assert!(matches!(b.wait(LONG), Err(Error::TransferFailed(m)) if m.contains("request 0")));
+    assert!(b
+        .error(2)
+        .unwrap()
+        .message()
+        .contains("does not allow remote READ"));
+
+    // Stale epoch after re-registration: the request names the old epoch.
+    assert_eq!(src.cmd("reregister"), "ok");
+    let b = run(&e, peer, &[good]);
+    assert_eq!(b.results()[0].status, Status::StalePeer);
+    assert!(b.error(0).unwrap().message().contains("re-registered"));
+    // After refreshing the peer's regions, the same request succeeds.
+    let regions = e.peer_regions(peer, None).unwrap();
+    assert!(regions.iter().any(|r| r.addr == src.addr));
+    let b = run(&e, peer, &[good]);
+    assert_eq!(b.results()[0].status, Status::Ok);
+
+    // Submit after close.
+    e.close(Some(LONG)).unwrap();
+    assert!(matches!(
+        e.submit(peer, &[good], SubmitOptions::default()),
+        Err(Error::Unavailable(_))
+    ));
+    assert!(matches!(
+        e.unregister_memory(lid, None),
+        Err(Error::NotFound(_))
+    ));
+    src.close();
+}
+
+#[test]
+fn threads_and_two_requesters_share_a_source() {
+    let mut src = PeerProc::spawn(&["--size", &(8u64 << 20).to_string(), "--seed", "4"]);
+    let e1 = engine("");
+    let e2 = engine("");
+    let p1 = e1.connect(&src.endpoint, None).unwrap();
+    let p2 = e2.connect(&src.endpoint, None).unwrap();
+    let (addr, len) = (src.addr, src.len);
+    std::thread::scope(|s| {
+        for (t, (e, p)) in [(&e1, p1), (&e1, p1), (&e1, p1), (&e2, p2), (&e2, p2)]
+            .into_iter()
+            .enumerate()
+        {
+            s.spawn(move || {
+                let mut local = vec![0u8; 1 << 20];
+                e.register_memory(local.as_mut_ptr() as u64, local.len() as u64, Access::NONE)
+                    .unwrap();
+                for round in 0..20u64 {
+                    let off = ((t as u64 * 7 + round * 13) % 7) << 20;
+                    let n = 1 + (round * 65537 + t as u64 * 4099) % (1 << 20);
+                    let b = e
+                        .submit(
+                            p,
+                            &[Request {
+                                op: Op::Read,
+                                local_addr: local.as_ptr() as u64,
+                                remote_addr: addr + off,
+                                len: n,
+                            }],
+                            SubmitOptions::default(),
+                        )
+                        .unwrap();
+                    b.wait(LONG).unwrap();
+                    assert!(
+                        (0..n as usize).all(|i| local[i] == pattern(4, off + i as u64)),
+                        "thread {t} round {round}"
+                    );
+                }
+                assert!(len >= 8 << 20);
+            });
+        }
+    });
+    assert_eq!(e1.stats().transports["tcp"].requests_completed, 60);
+    assert_eq!(e2.stats().transports["tcp"].requests_completed, 40);
+    let served: serde_json::Value = serde_json::from_str(&src.cmd("stats")).unwrap();
+    assert_eq!(served["transports"]["tcp"]["served_requests"], 100);
+    e1.close(Some(LONG)).unwrap();
+    e2.close(Some(LONG)).unwrap();
+    src.close();
+}
+
+#[test]
+fn peer_killed_before_and_during_transfers() {
+    let e = engine(r#"{"default_timeout_ms": 60000}"#);
+    let (local, _) = local_buf(&e, 32 << 20);
+    let keeper = PeerProc::spawn(&["--size", "4096", "--seed", "8"]);
+    let kp = e.connect(&keeper.endpoint, None).unwrap();
+
+    // Killed before: the next submission is refused or fails, within the deadline.
+    let a = PeerProc::spawn(&["--size", "4096"]);
+    let pa = e.connect(&a.endpoint, None).unwrap();
+    let aaddr = a.addr;
+    a.kill();
+    let t0 = Instant::now();
+    let r = req(Op::Read, &local, 0, aaddr, 16);
+    match e.submit(
+        pa,
+        &[r],
+        SubmitOptions {
+            timeout: Some(Duration::from_secs(30)),
+            ..Default::default()
+        },
+    ) {
+        Err(err) => assert_eq!(err.status(), Status::Unavailable),
+        Ok(b) => {
+            assert!(b.wait(LONG).is_err());
+            assert_eq!(b.results()[0].remote_effect, RemoteEffect::None);
+        }
+    }
+    assert!(t0.elapsed() < Duration::from_secs(40));
+
+    // Killed during: freeze the source (SIGSTOP) so requests are in flight
+    // and unanswered, then SIGKILL it. Every request ends within the
+    // deadline; WRITEs that were sent report remote effect Unknown.
+    let b = PeerProc::spawn(&["--size", &(32u64 << 20).to_string()]);
+    let pb = e.connect(&b.endpoint, None).unwrap();
+    b.freeze();
+    let mut reqs: Vec<Request> = (0..8u64)
+        .map(|i| {
+            req(
+                Op::Write,
+                &local,
+                (i << 20) as usize,
+                b.addr + (i << 20),
+                1 << 20,
+            )
+        })
+        .collect();
+    reqs.push(req(Op::Read, &local, 16 << 20, b.addr, 1 << 20));
+    let batch = e
+        .submit(
+            pb,
+            &reqs,
+            SubmitOptions {
+                timeout: Some(Duration::from_secs(60)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(batch.poll(), Status::Pending);
+    let t0 = Instant::now();
+    b.kill();
+    assert!(batch.wait(LONG).is_err());
+    assert!(t0.elapsed() < Duration::from_secs(60));
+    let res = batch.results();
+    assert!(
+        res.iter()
+            .all(|r| r.status != Status::Ok && r.status != Status::Pending),
+        "{res:?}"
+    );
+    assert!(res[..8]
+        .iter()
+        .all(|r| matches!(r.remote_effect, RemoteEffect::Unknown | RemoteEffect::None)));
+    assert!(
+        res[..8]
+            .iter()
+            .any(|r| r.remote_effect == RemoteEffect::Unknown),
+        "a sent WRITE must be Unknown: {res:?}"
+    );
+    assert_eq!(res[8].remote_effect, RemoteEffect::None);
+
+    // The engine keeps serving the other peer.
+    let ok = run(&e, kp, &[req(Op::Read, &local, 0, keeper.addr, 4096)]);
+    assert_eq!(ok.results()[0].status, Status::Ok);
+    assert!((0..4096).all(|i| local[i] == pattern(8, i as u64)));
+    let st = e.stats();
+    assert_eq!(st.inflight_bytes, 0);
+    assert_eq!(st.peers_alive, 1);
+    e.close(Some(LONG)).unwrap();
+    keeper.close();
+}
+
+#[test]
+fn silent_peer_times_out_within_the_deadline() {
+    let e = engine("");
+    let (local, _) = local_buf(&e, 1 << 20);
+    let src = PeerProc::spawn(&["--size", &(1u64 << 20).to_string()]);
+    let p = e.connect(&src.endpoint, None).unwrap();
+    src.freeze();
+    let t0 = Instant::now();
+    let b = e
+        .submit(
+            p,
+            &[
+                req(Op::Write, &local, 0, src.addr, 4096),
+                req(Op::Read, &local, 8192, src.addr, 4096),
+            ],
+            SubmitOptions {
+                timeout: Some(Duration::from_millis(1500)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert!(b.wait(LONG).is_err());
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_secs(30),
+        "{took:?}"
+    );
+    let r = b.results();
+    assert_eq!(
+        r[0],
+        RequestResult {
+            status: Status::TimedOut,
+            remote_effect: RemoteEffect::Unknown
+        }
+    );
+    assert_eq!(
+        r[1],
+        RequestResult {
+            status: Status::TimedOut,
+            remote_effect: RemoteEffect::None
+        }
+    );
+    src.signal(libc::SIGCONT);
+    src.kill();
+    e.close(Some(LONG)).unwrap();
+}
