@@ -13,6 +13,7 @@ struct PerTransport {
     served_requests: AtomicU64,
     served_bytes: AtomicU64,
     served_failed: AtomicU64,
+    wire_bytes_sent: AtomicU64,
 }
 
 /// Live counters of one engine.
@@ -42,6 +43,9 @@ pub struct TransportStats {
     pub served_bytes: u64,
     /// Requests from peers that this engine refused or failed.
     pub served_failed: u64,
+    /// Bytes this engine's requester side wrote to peers' sockets (frames
+    /// and WRITE payload).
+    pub wire_bytes_sent: u64,
 }
 
 impl Stats {
@@ -68,6 +72,13 @@ impl Stats {
         }
     }
 
+    /// Records bytes written to a peer's socket by the requester side.
+    pub fn record_wire_sent(&self, t: TransportKind, bytes: u64) {
+        self.per[t.index()]
+            .wire_bytes_sent
+            .fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// Snapshot of one transport.
     pub fn transport(&self, t: TransportKind) -> TransportStats {
         let p = &self.per[t.index()];
@@ -79,6 +90,7 @@ impl Stats {
             served_requests: p.served_requests.load(Ordering::Relaxed),
             served_bytes: p.served_bytes.load(Ordering::Relaxed),
             served_failed: p.served_failed.load(Ordering::Relaxed),
+            wire_bytes_sent: p.wire_bytes_sent.load(Ordering::Relaxed),
         }
     }
 }

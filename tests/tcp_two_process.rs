@@ -355,6 +355,13 @@ fn peer_killed_before_and_during_transfers() {
         )
         .unwrap();
     assert_eq!(batch.poll(), Status::Pending);
+    // Wait until the first WRITE's bytes are on the wire (the frozen source
+    // cannot answer, so the batch stays pending).
+    let before = Instant::now();
+    while e.stats().transports["tcp"].wire_bytes_sent < (1 << 20) {
+        assert!(before.elapsed() < LONG, "nothing was sent");
+        std::thread::sleep(Duration::from_millis(1));
+    }
     let t0 = Instant::now();
     b.kill();
     assert!(batch.wait(LONG).is_err());

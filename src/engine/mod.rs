@@ -228,7 +228,7 @@ impl Engine {
         };
         let id = self.inner.next_peer.fetch_add(1, Ordering::Relaxed);
         let label = format!("peer {id} ({endpoint})");
-        let conn = TcpConnection::start(s, peer, label)?;
+        let conn = TcpConnection::start(s, peer, label, self.inner.stats.clone())?;
         self.inner.peers.write().insert(
             id,
             Arc::new(Peer {

@@ -7,8 +7,10 @@ use crate::control::message::{
 };
 use crate::error::{Error, Result, Status};
 use crate::memory::RegionLease;
+use crate::stats::Stats;
 use crate::sync_util::{GateGuard, Permit};
 use crate::transfer::{BatchShared, ChunkOutcome, Op, RemoteEffect};
+use crate::transport::TransportKind;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::net::{Shutdown, TcpStream};
@@ -44,8 +46,22 @@ pub struct Chunk {
 }
 
 impl Chunk {
+    /// Releases what the chunk holds (admission bytes, region lease, gate),
+    /// then records its outcome: a waiter woken by the batch sees every
+    /// resource of the chunk already released.
     fn finish(self, out: ChunkOutcome) {
-        self.batch.complete_chunk(self.index, out);
+        let Chunk {
+            batch,
+            index,
+            lease,
+            permit,
+            guard,
+            ..
+        } = self;
+        drop(permit);
+        drop(lease);
+        drop(guard);
+        batch.complete_chunk(index, out);
     }
     fn fail(self, e: Error, effect: RemoteEffect) {
         self.finish(ChunkOutcome::failed(e, effect));
@@ -82,13 +98,19 @@ pub struct TcpConnection {
     describe: Mutex<DescribeState>,
     describe_cv: Condvar,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    stats: Arc<Stats>,
     /// Peer label for messages.
     pub label: String,
 }
 
 impl TcpConnection {
     /// Wraps a connected, handshaken stream and starts its threads.
-    pub fn start(stream: TcpStream, peer: Describe, label: String) -> Result<Arc<TcpConnection>> {
+    pub fn start(
+        stream: TcpStream,
+        peer: Describe,
+        label: String,
+        stats: Arc<Stats>,
+    ) -> Result<Arc<TcpConnection>> {
         let e = |what: &str, err: std::io::Error| Error::io(what, &err);
         stream
             .set_read_timeout(Some(TICK))
@@ -112,6 +134,7 @@ impl TcpConnection {
             }),
             describe_cv: Condvar::new(),
             threads: Mutex::new(Vec::new()),
+            stats,
             label,
         });
         let c1 = conn.clone();
@@ -258,6 +281,7 @@ impl TcpConnection {
         let mut written = 0;
         let mut tick = || self.check_alive();
         let r = io::write_all_parts(&mut *w, &[buf], &mut tick, &mut written);
+        self.stats.record_wire_sent(TransportKind::Tcp, written);
         buf.clear();
         r
     }
@@ -342,6 +366,7 @@ impl TcpConnection {
                     };
                     io::write_all_parts(&mut *w, &[&h, &fixed, payload], &mut tick, &mut written)
                 };
+                self.stats.record_wire_sent(TransportKind::Tcp, written);
                 let mut p = self.pending.lock();
                 match r {
                     Ok(()) => {
