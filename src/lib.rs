@@ -39,6 +39,7 @@ pub use engine::{
     Batch, Engine, EngineConfig, EngineStats, MnnvlConfig, MnnvlHandleType, SubmitOptions,
 };
 pub use error::{Error, Result, Status};
+pub use memory::owners::allocate_shared_host;
 pub use memory::{Access, Allocation, MemoryKind};
 pub use transfer::{Op, RemoteEffect, Request, RequestResult};
 pub use transport::{Transport, TransportKind};

@@ -35,6 +35,30 @@ pub enum MsgKind {
     Error = 7,
     /// Orderly close of the connection.
     Goodbye = 8,
+    /// IPC channel: requester identity.
+    IpcHello = 16,
+    /// IPC channel: source identity.
+    IpcWelcome = 17,
+    /// IPC: ask the source to export the allocation behind a range.
+    ExportRequest = 18,
+    /// IPC: validated and retained; no handle yet.
+    ExportOffer = 19,
+    /// IPC: refused (status + text), before any grant.
+    ExportReject = 20,
+    /// IPC: the requester accepts (or declines) an offer.
+    ExportAnswer = 21,
+    /// IPC: the handle itself (an fd travels with this frame).
+    ExportHandle = 22,
+    /// IPC: revalidate a cached export for a new submission.
+    Revalidate = 23,
+    /// IPC: the revalidation passed.
+    RevalidateOk = 24,
+    /// IPC: operation-complete receipt for one subbatch.
+    OpComplete = 25,
+    /// IPC: close receipt: the import is unmapped.
+    CloseReceipt = 26,
+    /// IPC: acknowledgement of a receipt.
+    Ack = 27,
 }
 
 impl MsgKind {
@@ -49,6 +73,18 @@ impl MsgKind {
             6 => MsgKind::WriteResponse,
             7 => MsgKind::Error,
             8 => MsgKind::Goodbye,
+            16 => MsgKind::IpcHello,
+            17 => MsgKind::IpcWelcome,
+            18 => MsgKind::ExportRequest,
+            19 => MsgKind::ExportOffer,
+            20 => MsgKind::ExportReject,
+            21 => MsgKind::ExportAnswer,
+            22 => MsgKind::ExportHandle,
+            23 => MsgKind::Revalidate,
+            24 => MsgKind::RevalidateOk,
+            25 => MsgKind::OpComplete,
+            26 => MsgKind::CloseReceipt,
+            27 => MsgKind::Ack,
             _ => return None,
         })
     }

@@ -53,6 +53,8 @@ pub struct Describe {
     pub fabric_domain: [u8; 16],
     /// The sender's listening endpoint.
     pub endpoint: String,
+    /// Name of the sender's IPC channel (abstract Unix socket), empty if none.
+    pub ipc_name: String,
     /// Published regions.
     pub regions: Vec<RegionInfo>,
 }
@@ -171,6 +173,7 @@ impl Describe {
             .u32(self.capabilities)
             .bytes(&self.fabric_domain)
             .str16(&self.endpoint)
+            .str16(&self.ipc_name)
             .u32(self.regions.len() as u32);
         for r in &self.regions {
             w.u64(r.id)
@@ -193,6 +196,7 @@ impl Describe {
         let capabilities = r.u32()?;
         let fabric_domain = r.array::<16>()?;
         let endpoint = r.str16()?;
+        let ipc_name = r.str16()?;
         let n = r.u32()? as usize;
         if n > MAX_REGIONS {
             return Err(Error::Protocol(format!(
@@ -236,6 +240,7 @@ impl Describe {
             capabilities,
             fabric_domain,
             endpoint,
+            ipc_name,
             regions,
         })
     }
@@ -341,6 +346,7 @@ mod tests {
             capabilities: 3,
             fabric_domain: [0; 16],
             endpoint: "127.0.0.1:5".into(),
+            ipc_name: "orbite-1".into(),
             regions: vec![RegionInfo {
                 id: 1,
                 epoch: 1,

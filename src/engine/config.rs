@@ -81,6 +81,8 @@ pub struct EngineConfig {
     pub max_transfer_bytes: u64,
     /// NVLink relocation cache entries (0 = close imports at group end).
     pub nvlink_cache_entries: u32,
+    /// SHM relocation cache entries (0 = close imports at group end).
+    pub shm_cache_entries: u32,
     /// CUDA stream pool slots across all contexts.
     pub nvlink_stream_count: u32,
     /// Single NVLink copies strictly below this many KiB use the synchronous
@@ -105,6 +107,7 @@ impl Default for EngineConfig {
             max_inflight_bytes: GIB,
             max_transfer_bytes: 64 * MIB,
             nvlink_cache_entries: 0,
+            shm_cache_entries: 0,
             nvlink_stream_count: 8,
             nvlink_async_memcpy_threshold_kb: 2048,
             transport_policy: TransportKind::DEFAULT_POLICY.to_vec(),
@@ -266,6 +269,7 @@ impl EngineConfig {
                 "max_inflight_bytes" => c.max_inflight_bytes = get_u64(k, v, MIB, 1 << 40)?,
                 "max_transfer_bytes" => c.max_transfer_bytes = get_u64(k, v, 4 * KIB, 1 << 40)?,
                 "nvlink_cache_entries" => c.nvlink_cache_entries = get_u32(k, v, 0, 4096)?,
+                "shm_cache_entries" => c.shm_cache_entries = get_u32(k, v, 0, 4096)?,
                 "nvlink_stream_count" => c.nvlink_stream_count = get_u32(k, v, 1, 4096)?,
                 "nvlink_async_memcpy_threshold_kb" => {
                     c.nvlink_async_memcpy_threshold_kb = get_u64(k, v, 0, MIB)?
@@ -298,7 +302,8 @@ impl EngineConfig {
                 "MNNVL and legacy `nvlink: true` are mutually exclusive; enable one",
             ));
         }
-        let ranges: [(&str, u64, u64, u64); 6] = [
+        let ranges: [(&str, u64, u64, u64); 7] = [
+            ("shm_cache_entries", self.shm_cache_entries as u64, 0, 4096),
             ("max_inflight_bytes", self.max_inflight_bytes, MIB, 1 << 40),
             (
                 "max_transfer_bytes",
@@ -363,6 +368,7 @@ impl EngineConfig {
             "max_inflight_bytes": self.max_inflight_bytes,
             "max_transfer_bytes": self.max_transfer_bytes,
             "nvlink_cache_entries": self.nvlink_cache_entries,
+            "shm_cache_entries": self.shm_cache_entries,
             "nvlink_stream_count": self.nvlink_stream_count,
             "nvlink_async_memcpy_threshold_kb": self.nvlink_async_memcpy_threshold_kb,
             "transport_policy": self.transport_policy.iter().map(|t| t.name()).collect::<Vec<_>>(),
@@ -468,6 +474,7 @@ mod tests {
         assert!(err(r#"{"nvlink_cache_entries": 4097}"#).contains("0..=4096"));
         assert!(EngineConfig::from_json(r#"{"nvlink_cache_entries": 4096}"#).is_ok());
         assert!(err(r#"{"nvlink_stream_count": 0}"#).contains("1..=4096"));
+        assert!(err(r#"{"shm_cache_entries": 5000}"#).contains("`shm_cache_entries`"));
         assert!(err(r#"{"default_timeout_ms": 0}"#).contains("`default_timeout_ms`"));
         assert!(err(r#"{"max_inflight_bytes": 1024}"#).contains("`max_inflight_bytes`"));
         assert!(

@@ -1,9 +1,12 @@
-//! The Rust API: [`Engine`], its lifecycle, peers, submissions and closes.
+//! The Rust API: [`Engine`], its lifecycle, peers and closes. Submissions
+//! and transport selection live in `submit.rs`, the listeners in `accept.rs`.
 
+mod accept;
 pub mod batch;
 pub mod config;
 pub mod endpoint;
 pub mod stats;
+mod submit;
 
 pub use batch::{Batch, SubmitOptions};
 pub use config::{EngineConfig, MnnvlConfig, MnnvlHandleType};
@@ -13,31 +16,35 @@ use crate::control::frame::MsgKind;
 use crate::control::io::{self, HeaderRead};
 use crate::control::message::{self, Describe, RegionInfo};
 use crate::control::Identity;
-use crate::error::{Error, Result, Status};
-use crate::memory::{Access, Region, RegionTable};
+use crate::error::{Error, Result};
+use crate::memory::{Access, MemoryKind, Region, RegionTable};
 use crate::stats::Stats;
 use crate::sync_util::{Budget, Gate};
-use crate::transfer::{BatchShared, Op, RemoteEffect, Request};
-use crate::transport::tcp::{self, Chunk, SourceContext, TcpConnection};
-use crate::transport::{Transport, TransportKind};
+use crate::transport::ipc::export::ExportTable;
+use crate::transport::ipc::faults::{Faults, FaultyBackend};
+use crate::transport::ipc::link::IpcLink;
+use crate::transport::ipc::requester::IpcRequester;
+use crate::transport::ipc::source::IpcSourceContext;
+use crate::transport::shm::ShmBackend;
+use crate::transport::tcp::{SourceContext, TcpConnection};
+use crate::transport::TransportKind;
+use accept::Incoming;
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// A connected peer.
-struct Peer {
+pub(crate) struct Peer {
     endpoint: String,
     conn: Arc<TcpConnection>,
-}
-
-struct Incoming {
-    stream: TcpStream,
-    thread: Option<JoinHandle<()>>,
+    /// The IPC link for SHM, or why SHM cannot be used with this peer.
+    shm: std::result::Result<Arc<IpcLink>, String>,
 }
 
 pub(crate) struct Inner {
@@ -46,32 +53,34 @@ pub(crate) struct Inner {
     regions: Arc<RegionTable>,
     stats: Arc<Stats>,
     budget: Arc<Budget>,
+    mapping_budget: Arc<Budget>,
     requester_gate: Arc<Gate>,
     source_gate: Arc<Gate>,
     stopping: Arc<AtomicBool>,
     closed: AtomicBool,
     endpoint: SocketAddr,
     listener: TcpListener,
-    accept_thread: Mutex<Option<JoinHandle<()>>>,
+    ipc_listener: Option<UnixListener>,
+    ipc_name: std::result::Result<String, String>,
+    accept_threads: Mutex<Vec<JoinHandle<()>>>,
     incoming: Mutex<HashMap<u64, Incoming>>,
     next_incoming: AtomicU64,
     peers: RwLock<HashMap<u64, Arc<Peer>>>,
     next_peer: AtomicU64,
+    faults: Arc<Faults>,
+    shm_exports: Arc<ExportTable>,
+    shm_requester: IpcRequester,
 }
 
 /// A transfer engine: registers memory, serves it to peers and moves bytes
-/// to and from theirs. Cheap to share across threads (`&Engine` is enough).
+/// to and from theirs. Share it across threads by reference.
 pub struct Engine {
     inner: Arc<Inner>,
 }
 
-/// Capability bits this build advertises.
-fn capabilities() -> u32 {
-    TransportKind::Tcp.capability_bit()
-}
-
 impl Engine {
-    /// Starts an engine: binds the control socket and starts serving.
+    /// Starts an engine: binds the control socket (and the IPC channel) and
+    /// starts serving.
     pub fn new(config: EngineConfig) -> Result<Engine> {
         config.validate()?;
         let addr: SocketAddr = config.listen.parse().map_err(|_| {
@@ -85,30 +94,101 @@ impl Engine {
         let endpoint = listener
             .local_addr()
             .map_err(|e| Error::io("local_addr", &e))?;
+        let identity = Identity::fresh();
+        let name = format!(
+            "orbite-{}-{:016x}",
+            identity.process.pid, identity.engine_epoch
+        );
+        let (ipc_listener, ipc_name) = match crate::transport::ipc::channel::listen(&name) {
+            Ok(l) => (Some(l), Ok(name)),
+            Err(e) => (None, Err(e.to_string())),
+        };
+        let regions = Arc::new(RegionTable::default());
+        let stats = Arc::new(Stats::default());
+        let mapping_budget = Budget::new(config.max_inflight_bytes);
+        let source_gate = Gate::new("source side");
+        let faults = Arc::new(Faults::default());
+        let shm: Arc<dyn crate::transport::ipc::backend::IpcBackend> =
+            Arc::new(FaultyBackend::new(Arc::new(ShmBackend), faults.clone()));
+        let shm_exports = Arc::new(ExportTable::new(
+            shm.clone(),
+            MemoryKind::SharedHost,
+            regions.clone(),
+            mapping_budget.clone(),
+            stats.clone(),
+            source_gate.clone(),
+        ));
+        let shm_requester = IpcRequester::new(
+            shm,
+            mapping_budget.clone(),
+            config.shm_cache_entries as usize,
+            faults.clone(),
+        );
         let inner = Arc::new(Inner {
-            identity: Identity::fresh(),
-            regions: Arc::new(RegionTable::default()),
-            stats: Arc::new(Stats::default()),
+            identity,
+            regions,
+            stats,
             budget: Budget::new(config.max_inflight_bytes),
+            mapping_budget,
             requester_gate: Gate::new("requester side"),
-            source_gate: Gate::new("source side"),
+            source_gate,
             stopping: Arc::new(AtomicBool::new(false)),
             closed: AtomicBool::new(false),
             endpoint,
             listener,
-            accept_thread: Mutex::new(None),
+            ipc_listener,
+            ipc_name,
+            accept_threads: Mutex::new(Vec::new()),
             incoming: Mutex::new(HashMap::new()),
             next_incoming: AtomicU64::new(1),
             peers: RwLock::new(HashMap::new()),
             next_peer: AtomicU64::new(1),
+            faults,
+            shm_exports,
+            shm_requester,
             config,
         });
-        let i2 = inner.clone();
-        let t = std::thread::Builder::new()
-            .name("orbite-accept".into())
-            .spawn(move || accept_loop(i2))
-            .map_err(|e| Error::io("spawn accept thread", &e))?;
-        *inner.accept_thread.lock() = Some(t);
+        let tcp_ctx = Arc::new(SourceContext {
+            regions: inner.regions.clone(),
+            stats: inner.stats.clone(),
+            gate: inner.source_gate.clone(),
+            stopping: inner.stopping.clone(),
+            describe: {
+                let weak = Arc::downgrade(&inner);
+                Arc::new(move || {
+                    weak.upgrade()
+                        .map(|i| i.describe())
+                        .unwrap_or_else(empty_describe)
+                })
+            },
+            handshake_timeout: Duration::from_millis(inner.config.handshake_timeout_ms as u64),
+        });
+        let ipc_ctx = Arc::new(IpcSourceContext {
+            table: inner.shm_exports.clone(),
+            identity: inner.identity,
+            stopping: inner.stopping.clone(),
+            handshake_timeout: Duration::from_millis(inner.config.handshake_timeout_ms as u64),
+        });
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(f)
+                .map_err(|e| Error::io("spawn accept thread", &e))
+        };
+        let i1 = inner.clone();
+        let t1 = spawn(
+            "orbite-accept",
+            Box::new(move || accept::tcp_accept_loop(i1, tcp_ctx)),
+        )?;
+        inner.accept_threads.lock().push(t1);
+        if inner.ipc_listener.is_some() {
+            let i2 = inner.clone();
+            let t2 = spawn(
+                "orbite-ipc-accept",
+                Box::new(move || accept::ipc_accept_loop(i2, ipc_ctx)),
+            )?;
+            inner.accept_threads.lock().push(t2);
+        }
         Ok(Engine { inner })
     }
 
@@ -132,6 +212,12 @@ impl Engine {
         self.inner.identity
     }
 
+    /// Fault-injection switches for the IPC transports (tests and
+    /// qualification). Inert unless a counter is set.
+    pub fn faults(&self) -> &Faults {
+        &self.inner.faults
+    }
+
     fn timeout(&self, t: Option<Duration>) -> Duration {
         t.unwrap_or(Duration::from_millis(
             self.inner.config.default_timeout_ms as u64,
@@ -152,7 +238,7 @@ impl Engine {
     }
 
     /// Unregisters a region, waiting up to `timeout` (None: engine default)
-    /// for copies that use it.
+    /// for copies and exports that use it.
     pub fn unregister_memory(&self, region: u64, timeout: Option<Duration>) -> Result<()> {
         self.inner.regions.unregister(region, self.timeout(timeout))
     }
@@ -228,12 +314,14 @@ impl Engine {
         };
         let id = self.inner.next_peer.fetch_add(1, Ordering::Relaxed);
         let label = format!("peer {id} ({endpoint})");
+        let shm = self.inner.shm_link(&peer, endpoint, &label);
         let conn = TcpConnection::start(s, peer, label, self.inner.stats.clone())?;
         self.inner.peers.write().insert(
             id,
             Arc::new(Peer {
                 endpoint: endpoint.to_string(),
                 conn,
+                shm,
             }),
         );
         Ok(id)
@@ -268,159 +356,18 @@ impl Engine {
     pub fn disconnect(&self, id: u64, timeout: Option<Duration>) -> Result<()> {
         let p = self.peer(id)?;
         let deadline = Instant::now() + self.timeout(timeout);
-        while p.conn.outstanding() > 0 && p.conn.dead_reason().is_none() {
-            if Instant::now() >= deadline {
-                return Err(Error::TimedOut(format!(
-                    "peer {id} still has {} requests in flight",
-                    p.conn.outstanding()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(2));
+        if !p.conn.drain(deadline) {
+            return Err(Error::TimedOut(format!(
+                "peer {id} still has {} requests in flight",
+                p.conn.outstanding()
+            )));
         }
         self.inner.peers.write().remove(&id);
         p.conn.close();
+        if let Ok(l) = &p.shm {
+            l.close();
+        }
         Ok(())
-    }
-
-    /// Submits requests to peer `peer`. Local checks (region, bounds, length)
-    /// fail the whole call; remote outcomes are per request in the [`Batch`].
-    /// Returns once every request is admitted (within the deadline).
-    pub fn submit(&self, peer: u64, requests: &[Request], opts: SubmitOptions) -> Result<Batch> {
-        self.check_open()?;
-        if requests.is_empty() {
-            return Err(Error::InvalidArgument(
-                "a submission needs at least one request".into(),
-            ));
-        }
-        let p = self.peer(peer)?;
-        if let Some(e) = p.conn.dead_reason() {
-            return Err(Error::Unavailable(format!(
-                "peer {peer} is gone: {}",
-                e.message()
-            )));
-        }
-        let kind = self.select_transport(peer, opts.transport)?;
-        let timeout = self.timeout(opts.timeout);
-        let deadline = Instant::now() + timeout;
-        // Local checks first: nothing is sent unless every request passes.
-        let mut leases = Vec::with_capacity(requests.len());
-        for (i, r) in requests.iter().enumerate() {
-            if r.len == 0 {
-                return Err(Error::InvalidArgument(format!("request {i}: length is 0")));
-            }
-            let lease = self.inner.regions.lease(r.local_addr, r.len).map_err(|e| {
-                Error::from_status(e.status(), format!("request {i}: local {}", e.message()))
-            })?;
-            if !lease.region().kind.cpu_accessible() {
-                return Err(Error::NotSupported(format!(
-                    "request {i}: local region holds {} memory, which TCP cannot copy",
-                    lease.region().kind.name()
-                )));
-            }
-            leases.push(Arc::new(lease));
-        }
-        let gate = &self.inner.requester_gate;
-        if !gate.is_open() {
-            return Err(Error::Unavailable("the requester side is closed".into()));
-        }
-        let batch = BatchShared::new(requests, self.inner.stats.clone(), deadline);
-        let mut view = p.conn.describe();
-        let mut refreshed = false;
-        let max_chunk = self.inner.config.max_transfer_bytes;
-        let mut staged: Vec<Chunk> = Vec::new();
-        let mut admission_failed: Option<Error> = None;
-        for (i, (r, lease)) in requests.iter().zip(leases).enumerate() {
-            if let Some(e) = &admission_failed {
-                batch.fail_request(i, e.clone(), RemoteEffect::None);
-                continue;
-            }
-            let mut region = find_region(&view, r.remote_addr);
-            if region.is_none() && !refreshed {
-                refreshed = true;
-                if let Ok(d) = p.conn.refresh_describe(deadline) {
-                    view = d;
-                }
-                region = find_region(&view, r.remote_addr);
-            }
-            let Some(region) = region else {
-                let e = Error::NotFound(format!(
-                    "request {i}: remote address 0x{:x} is in no region peer {peer} publishes",
-                    r.remote_addr
-                ));
-                batch.fail_request(i, e, RemoteEffect::None);
-                continue;
-            };
-            let n_chunks = r.len.div_ceil(max_chunk);
-            batch.plan(i, n_chunks as u32, kind);
-            for c in 0..n_chunks {
-                let off = c * max_chunk;
-                let len = (r.len - off).min(max_chunk);
-                let permit = match self.inner.budget.try_acquire(len) {
-                    Some(p) => p,
-                    None => {
-                        p.conn.enqueue(std::mem::take(&mut staged));
-                        match self.inner.budget.acquire(len, deadline, "submission") {
-                            Ok(p) => p,
-                            Err(e) => {
-                                let effect = if c > 0 && r.op == Op::Write {
-                                    RemoteEffect::Unknown
-                                } else {
-                                    RemoteEffect::None
-                                };
-                                batch.fail_request(i, e.clone(), effect);
-                                admission_failed = Some(e);
-                                break;
-                            }
-                        }
-                    }
-                };
-                let guard = match gate.enter() {
-                    Ok(g) => g,
-                    Err(e) => {
-                        batch.fail_request(i, e.clone(), RemoteEffect::None);
-                        admission_failed = Some(e);
-                        break;
-                    }
-                };
-                staged.push(Chunk {
-                    batch: batch.clone(),
-                    index: i,
-                    op: r.op,
-                    local_addr: r.local_addr + off,
-                    remote_addr: r.remote_addr + off,
-                    len,
-                    region_epoch: region.epoch,
-                    deadline,
-                    lease: lease.clone(),
-                    permit: Some(permit),
-                    guard: Some(guard),
-                });
-            }
-        }
-        p.conn.enqueue(staged);
-        Ok(Batch::new(batch))
-    }
-
-    fn select_transport(&self, peer: u64, t: Transport) -> Result<TransportKind> {
-        match t {
-            Transport::Only(TransportKind::Tcp) => Ok(TransportKind::Tcp),
-            Transport::Only(k) => Err(Error::Unavailable(format!(
-                "transport {} is not available to peer {peer} in this build",
-                k.name()
-            ))),
-            Transport::Auto => self
-                .inner
-                .config
-                .transport_policy
-                .iter()
-                .copied()
-                .find(|k| *k == TransportKind::Tcp)
-                .ok_or_else(|| {
-                    Error::Unavailable(format!(
-                        "no transport in transport_policy is available to peer {peer} (this build offers tcp)"
-                    ))
-                }),
-        }
     }
 
     /// Hands a GPU producer stream over for `region`: transfers of the region
@@ -435,16 +382,28 @@ impl Engine {
         crate::cuda_support::record_producer_stream(region, cu_stream)
     }
 
-    /// Closes cached NVLink imports through their receipts while admission
-    /// stays open. With no NVLink transport there is nothing cached and this
-    /// succeeds at once.
-    pub fn flush_nvlink_cache(&self, _timeout: Option<Duration>) -> Result<()> {
+    /// Closes the cached imports of the cooperative IPC transports (the
+    /// NVLink relocation cache and its SHM counterpart) through their
+    /// receipts, while admission stays open so that concurrent submissions
+    /// can refill the cache. `Unquiesced` if some could not be confirmed.
+    pub fn flush_nvlink_cache(&self, timeout: Option<Duration>) -> Result<()> {
         self.check_open()?;
+        let left = self
+            .inner
+            .shm_requester
+            .flush(Instant::now() + self.timeout(timeout));
+        if left > 0 {
+            return Err(Error::Unquiesced(format!(
+                "{left} cached imports could not be closed with confirmation; they stay retained (see stats)"
+            )));
+        }
         Ok(())
     }
 
-    /// Stops new submissions, waits for accepted ones (up to `timeout`) and
-    /// closes outgoing connections.
+    /// Fences new submissions, waits for accepted ones (up to `timeout`),
+    /// closes cached imports through their receipts, then closes outgoing
+    /// connections. `TimedOut` leaves the side fenced; `Unquiesced` means
+    /// imports stay retained.
     pub fn close_requester(&self, timeout: Option<Duration>) -> Result<()> {
         let deadline = Instant::now() + self.timeout(timeout);
         let left = self.inner.requester_gate.close_and_wait(deadline);
@@ -453,15 +412,26 @@ impl Engine {
                 "{left} requests are still in flight; the requester side stays fenced, call again"
             )));
         }
+        let unclosed = self.inner.shm_requester.flush(deadline);
         let peers: Vec<_> = self.inner.peers.write().drain().map(|(_, p)| p).collect();
         for p in peers {
             p.conn.close();
+            if let Ok(l) = &p.shm {
+                l.close();
+            }
+        }
+        if unclosed > 0 {
+            return Err(Error::Unquiesced(format!(
+                "{unclosed} imports could not be closed with confirmation; they stay retained (see stats)"
+            )));
         }
         Ok(())
     }
 
-    /// Stops serving new requests and waits (up to `timeout`) for the
-    /// requests being served, then closes incoming connections.
+    /// Stops serving new requests and exports, waits (up to `timeout`) for
+    /// the requests being served and for every export's close receipt, then
+    /// closes incoming connections. An export whose close is unconfirmed
+    /// keeps its allocation retained and gives `Unquiesced`.
     pub fn close_source(&self, timeout: Option<Duration>) -> Result<()> {
         let deadline = Instant::now() + self.timeout(timeout);
         let left = self.inner.source_gate.close_and_wait(deadline);
@@ -470,11 +440,19 @@ impl Engine {
                 "{left} incoming requests are still being served"
             )));
         }
+        let exports = self.inner.shm_exports.wait_empty(deadline);
+        if exports > 0 {
+            return Err(Error::Unquiesced(format!(
+                "{exports} exports have no close receipt; their allocations stay retained (see stats)"
+            )));
+        }
         self.inner.stop_incoming();
         Ok(())
     }
 
-    /// Closes the requester side, then the source side, then the engine.
+    /// Releases outgoing imports (requester side) before waiting for
+    /// incoming exports (source side), so two peers can close together;
+    /// then stops the engine.
     pub fn close(&self, timeout: Option<Duration>) -> Result<()> {
         let deadline = Instant::now() + self.timeout(timeout);
         let left = || deadline.saturating_duration_since(Instant::now());
@@ -486,26 +464,59 @@ impl Engine {
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> EngineStats {
-        let peers = self.inner.peers.read();
+        let i = &self.inner;
+        let peers = i.peers.read();
+        let mut avail = std::collections::BTreeMap::new();
+        avail.insert("tcp".to_string(), "available".to_string());
+        avail.insert(
+            "shm".to_string(),
+            match &i.ipc_name {
+                Ok(_) => "available".to_string(),
+                Err(e) => format!("not available: {e}"),
+            },
+        );
+        let no_cuda = crate::cuda_support::unavailable_reason().unwrap_or_default();
+        avail.insert("nvlink".to_string(), format!("not available: {no_cuda}"));
+        avail.insert("mnnvl".to_string(), format!("not available: {no_cuda}"));
         EngineStats::collect(
-            &self.inner.stats,
-            self.inner.budget.used(),
-            peers.len(),
-            peers
-                .values()
-                .filter(|p| p.conn.dead_reason().is_none())
-                .count(),
-            self.inner.incoming.lock().len(),
-            self.inner.regions.len(),
+            &i.stats,
+            stats::Live {
+                inflight_bytes: i.budget.used(),
+                mapping_bytes: i.mapping_budget.used(),
+                peers: peers.len(),
+                peers_alive: peers
+                    .values()
+                    .filter(|p| p.conn.dead_reason().is_none())
+                    .count(),
+                incoming_connections: i.incoming.lock().len(),
+                regions: i.regions.len(),
+                shm_exports: i.shm_exports.counts(),
+                shm_imports: i.shm_requester.counts(),
+                transports_available: avail,
+            },
         )
+    }
+
+    /// Retained IPC resources (exports without a close receipt), as JSON.
+    pub fn retained_resources(&self) -> serde_json::Value {
+        serde_json::json!({
+            "shm_retained_exports": self.inner.shm_exports.retained(),
+            "shm_imports": {
+                "retained": self.inner.shm_requester.counts().retained,
+            },
+        })
     }
 }
 
-fn find_region(d: &Describe, addr: u64) -> Option<RegionInfo> {
-    d.regions
-        .iter()
-        .copied()
-        .find(|r| addr >= r.addr && addr < r.addr + r.len)
+fn empty_describe() -> Describe {
+    Describe {
+        identity: Identity::fresh(),
+        capabilities: 0,
+        fabric_domain: [0; 16],
+        endpoint: String::new(),
+        ipc_name: String::new(),
+        regions: Vec::new(),
+    }
 }
 
 fn region_info(r: &Region) -> RegionInfo {
@@ -520,12 +531,21 @@ fn region_info(r: &Region) -> RegionInfo {
 }
 
 impl Inner {
+    fn capabilities(&self) -> u32 {
+        let mut c = TransportKind::Tcp.capability_bit();
+        if self.ipc_name.is_ok() {
+            c |= TransportKind::Shm.capability_bit();
+        }
+        c
+    }
+
     fn describe(&self) -> Describe {
         Describe {
             identity: self.identity,
-            capabilities: capabilities(),
+            capabilities: self.capabilities(),
             fabric_domain: [0; 16],
             endpoint: self.endpoint.to_string(),
+            ipc_name: self.ipc_name.clone().unwrap_or_default(),
             regions: self
                 .regions
                 .snapshot()
@@ -535,13 +555,39 @@ impl Inner {
         }
     }
 
+    /// The SHM link to a peer, or why SHM cannot be used with it.
+    fn shm_link(
+        &self,
+        peer: &Describe,
+        endpoint: &str,
+        label: &str,
+    ) -> std::result::Result<Arc<IpcLink>, String> {
+        if let Err(e) = &self.ipc_name {
+            return Err(format!("this engine has no IPC channel: {e}"));
+        }
+        if peer.capabilities & TransportKind::Shm.capability_bit() == 0 || peer.ipc_name.is_empty()
+        {
+            return Err(format!("{label} does not offer SHM"));
+        }
+        if !self.identity.same_boot(&peer.identity) {
+            return Err(format!(
+                "{label} runs on another host or boot; SHM needs the same boot"
+            ));
+        }
+        Ok(Arc::new(IpcLink::new(
+            peer.ipc_name.clone(),
+            peer.identity,
+            endpoint.to_string(),
+            label.to_string(),
+            self.identity,
+            self.faults.clone(),
+        )))
+    }
+
     fn stop_incoming(&self) {
         let all: Vec<Incoming> = self.incoming.lock().drain().map(|(_, v)| v).collect();
         for mut inc in all {
-            let _ = inc.stream.shutdown(Shutdown::Both);
-            if let Some(t) = inc.thread.take() {
-                let _ = t.join();
-            }
+            inc.stop();
         }
     }
 
@@ -550,127 +596,26 @@ impl Inner {
             return;
         }
         self.stopping.store(true, Ordering::Release);
-        // SAFETY: the listener fd is owned by `self.listener` and still open;
-        // shutdown wakes a thread blocked in accept on it.
+        // SAFETY: the listener fds are owned by `self` and still open;
+        // shutdown wakes the threads blocked in accept on them.
         unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
-        if let Some(t) = self.accept_thread.lock().take() {
+        if let Some(l) = &self.ipc_listener {
+            // SAFETY: as above.
+            unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+        }
+        let threads: Vec<_> = self.accept_threads.lock().drain(..).collect();
+        for t in threads {
             let _ = t.join();
         }
         let peers: Vec<_> = self.peers.write().drain().map(|(_, p)| p).collect();
         for p in peers {
             p.conn.close();
+            if let Ok(l) = &p.shm {
+                l.close();
+            }
         }
         self.stop_incoming();
         self.regions.clear();
-    }
-}
-
-fn accept_loop(inner: Arc<Inner>) {
-    let ctx = Arc::new(SourceContext {
-        regions: inner.regions.clone(),
-        stats: inner.stats.clone(),
-        gate: inner.source_gate.clone(),
-        stopping: inner.stopping.clone(),
-        describe: {
-            let weak = Arc::downgrade(&inner);
-            Arc::new(move || match weak.upgrade() {
-                Some(i) => i.describe(),
-                None => Describe {
-                    identity: Identity::fresh(),
-                    capabilities: 0,
-                    fabric_domain: [0; 16],
-                    endpoint: String::new(),
-                    regions: Vec::new(),
-                },
-            })
-        },
-        handshake_timeout: Duration::from_millis(inner.config.handshake_timeout_ms as u64),
-    });
-    loop {
-        let (stream, _) = match inner.listener.accept() {
-            Ok(v) => v,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => {
-                if inner.stopping.load(Ordering::Acquire) {
-                    return;
-                }
-                // Transient (e.g. EMFILE): back off briefly rather than spin.
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        if inner.stopping.load(Ordering::Acquire) {
-            return;
-        }
-        // Reap finished connections so the limit counts live ones only.
-        {
-            let mut inc = inner.incoming.lock();
-            let done: Vec<u64> = inc
-                .iter()
-                .filter(|(_, v)| v.thread.as_ref().is_some_and(|t| t.is_finished()))
-                .map(|(k, _)| *k)
-                .collect();
-            for k in done {
-                if let Some(mut v) = inc.remove(&k) {
-                    if let Some(t) = v.thread.take() {
-                        let _ = t.join();
-                    }
-                }
-            }
-            if inc.len() >= inner.config.max_incoming_connections as usize
-                || !inner.source_gate.is_open()
-            {
-                drop(inc);
-                inner
-                    .stats
-                    .connections_refused
-                    .fetch_add(1, Ordering::Relaxed);
-                let mut s = stream;
-                let _ = s.set_write_timeout(Some(io::TICK));
-                let why = if inner.source_gate.is_open() {
-                    (
-                        Status::ResourceExhausted,
-                        format!(
-                            "connection limit of {} reached",
-                            inner.config.max_incoming_connections
-                        ),
-                    )
-                } else {
-                    (Status::Unavailable, "the source side is closed".to_string())
-                };
-                let mut tick = || Err(Error::TimedOut("refusal".into()));
-                let _ = io::write_frame(
-                    &mut s,
-                    MsgKind::Error,
-                    &message::encode_error(why.0, &why.1),
-                    &mut tick,
-                );
-                let _ = s.shutdown(Shutdown::Both);
-                continue;
-            }
-        }
-        let Ok(clone) = stream.try_clone() else {
-            continue;
-        };
-        let id = inner.next_incoming.fetch_add(1, Ordering::Relaxed);
-        let c = ctx.clone();
-        let t = std::thread::Builder::new()
-            .name("orbite-serve".into())
-            .spawn(move || tcp::serve(c, stream));
-        match t {
-            Ok(t) => {
-                inner.incoming.lock().insert(
-                    id,
-                    Incoming {
-                        stream: clone,
-                        thread: Some(t),
-                    },
-                );
-            }
-            Err(_) => {
-                let _ = clone.shutdown(Shutdown::Both);
-            }
-        }
     }
 }
 

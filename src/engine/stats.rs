@@ -1,10 +1,27 @@
 //! `EngineStats`: a serialisable snapshot of an engine's counters.
 
 use crate::stats::{Stats, TransportStats};
+use crate::transport::ipc::export::ExportCounts;
+use crate::transport::ipc::requester::ImportCounts;
 use crate::transport::TransportKind;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
+
+/// What an IPC transport holds right now.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct IpcStats {
+    /// Exports offered or exposed to live requesters (source side).
+    pub exports_open: u64,
+    /// Exports without a close receipt after their channel was lost.
+    pub exports_retained: u64,
+    /// Imports kept in the relocation cache (requester side).
+    pub imports_cached: u64,
+    /// Imports kept after an unconfirmed close or receipt.
+    pub imports_retained: u64,
+    /// Physical bytes charged against the mapping budget by exports and imports.
+    pub mapping_bytes_charged: u64,
+}
 
 /// A snapshot of one engine's counters.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
@@ -17,7 +34,7 @@ pub struct EngineStats {
     pub peers: usize,
     /// Outgoing peers whose connection is alive.
     pub peers_alive: usize,
-    /// Incoming connections being served.
+    /// Incoming connections being served (control and IPC).
     pub incoming_connections: usize,
     /// Regions registered.
     pub regions: usize,
@@ -25,47 +42,53 @@ pub struct EngineStats {
     pub protocol_errors: u64,
     /// Incoming connections refused at the limit.
     pub connections_refused: u64,
-    /// Transports this engine advertises, and why others are absent.
+    /// What the cooperative IPC transports hold (`shm`).
+    pub ipc: BTreeMap<String, IpcStats>,
+    /// Transports this engine offers, and why others are absent.
+    pub transports_available: BTreeMap<String, String>,
+}
+
+/// Live values the engine gathers for a snapshot.
+pub(crate) struct Live {
+    pub inflight_bytes: u64,
+    pub mapping_bytes: u64,
+    pub peers: usize,
+    pub peers_alive: usize,
+    pub incoming_connections: usize,
+    pub regions: usize,
+    pub shm_exports: ExportCounts,
+    pub shm_imports: ImportCounts,
     pub transports_available: BTreeMap<String, String>,
 }
 
 impl EngineStats {
-    pub(crate) fn collect(
-        s: &Stats,
-        inflight_bytes: u64,
-        peers: usize,
-        peers_alive: usize,
-        incoming_connections: usize,
-        regions: usize,
-    ) -> EngineStats {
+    pub(crate) fn collect(s: &Stats, live: Live) -> EngineStats {
         let transports = TransportKind::ALL
             .iter()
             .map(|t| (t.name().to_string(), s.transport(*t)))
             .collect();
-        let mut avail = BTreeMap::new();
-        avail.insert("tcp".to_string(), "available".to_string());
-        avail.insert(
+        let mut ipc = BTreeMap::new();
+        ipc.insert(
             "shm".to_string(),
-            "not available: not built in this release".to_string(),
-        );
-        avail.insert(
-            "nvlink".to_string(),
-            "not available: built without CUDA support".to_string(),
-        );
-        avail.insert(
-            "mnnvl".to_string(),
-            "not available: built without CUDA support".to_string(),
+            IpcStats {
+                exports_open: live.shm_exports.open,
+                exports_retained: live.shm_exports.retained,
+                imports_cached: live.shm_imports.cached,
+                imports_retained: live.shm_imports.retained,
+                mapping_bytes_charged: live.mapping_bytes,
+            },
         );
         EngineStats {
             transports,
-            inflight_bytes,
-            peers,
-            peers_alive,
-            incoming_connections,
-            regions,
+            inflight_bytes: live.inflight_bytes,
+            peers: live.peers,
+            peers_alive: live.peers_alive,
+            incoming_connections: live.incoming_connections,
+            regions: live.regions,
             protocol_errors: s.protocol_errors.load(Ordering::Relaxed),
             connections_refused: s.connections_refused.load(Ordering::Relaxed),
-            transports_available: avail,
+            ipc,
+            transports_available: live.transports_available,
         }
     }
 

@@ -94,6 +94,8 @@ struct Owned {
 struct Counts {
     registered: u64,
     exported: u64,
+    /// An export holds the whole allocation exclusively.
+    loaned: bool,
 }
 
 struct Entry {
@@ -102,6 +104,7 @@ struct Entry {
 }
 
 static OWNERS: Mutex<BTreeMap<u64, Entry>> = Mutex::new(BTreeMap::new());
+static LOAN_RETURNED: parking_lot::Condvar = parking_lot::Condvar::new();
 
 /// An allocation made by the library. Free it with [`Allocation::free`];
 /// dropping it without freeing leaks the memory on purpose (it may still be
@@ -297,6 +300,58 @@ pub(crate) fn note_registered(addr: u64, _len: u64, delta: i64) {
             e.counts.registered = e.counts.registered.saturating_add_signed(delta);
         }
     }
+}
+
+/// An exclusive borrow of a whole owned allocation (held by an export until
+/// its close receipt). Dropping it returns the allocation.
+#[derive(Debug)]
+pub struct Loan {
+    base: u64,
+}
+
+impl Drop for Loan {
+    fn drop(&mut self) {
+        let mut map = OWNERS.lock();
+        if let Some(e) = map.get_mut(&self.base) {
+            e.counts.loaned = false;
+            e.counts.exported = e.counts.exported.saturating_sub(1);
+        }
+        drop(map);
+        LOAN_RETURNED.notify_all();
+    }
+}
+
+/// Takes the exclusive loan of the allocation at `base`, waiting until
+/// `deadline` while another export holds it.
+pub fn loan(base: u64, deadline: std::time::Instant) -> Result<Loan> {
+    let mut map = OWNERS.lock();
+    loop {
+        let e = map
+            .get_mut(&base)
+            .ok_or_else(|| Error::NotFound(format!("no library allocation at 0x{base:x}")))?;
+        if !e.counts.loaned {
+            e.counts.loaned = true;
+            e.counts.exported += 1;
+            return Ok(Loan { base });
+        }
+        if LOAN_RETURNED.wait_until(&mut map, deadline).timed_out() {
+            let still = map.get(&base).is_some_and(|e| e.counts.loaned);
+            if still {
+                return Err(Error::Unavailable(format!(
+                    "allocation 0x{base:x} is exported to another requester until its close receipt"
+                )));
+            }
+        }
+    }
+}
+
+/// Whether `[addr, addr+len)` lies in an owned allocation that an export
+/// holds exclusively right now.
+pub fn is_loaned(addr: u64) -> bool {
+    let map = OWNERS.lock();
+    map.range(..=addr)
+        .next_back()
+        .is_some_and(|(_, e)| addr < e.owned.addr + e.owned.physical && e.counts.loaned)
 }
 
 #[cfg(test)]

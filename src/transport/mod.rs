@@ -1,5 +1,7 @@
 //! Payload transports. `tcp` carries bytes over the control socket.
 
+pub mod ipc;
+pub mod shm;
 pub mod tcp;
 
 /// A payload transport.

@@ -8,7 +8,7 @@ use crate::control::message::{
 use crate::error::{Error, Result, Status};
 use crate::memory::RegionLease;
 use crate::stats::Stats;
-use crate::sync_util::{GateGuard, Permit};
+use crate::sync_util::{Gate, GateGuard, Permit};
 use crate::transfer::{BatchShared, ChunkOutcome, Op, RemoteEffect};
 use crate::transport::TransportKind;
 use parking_lot::{Condvar, Mutex};
@@ -43,6 +43,8 @@ pub struct Chunk {
     pub permit: Option<Permit>,
     /// Keeps the requester gate open until completion.
     pub guard: Option<GateGuard>,
+    /// Keeps this connection's gate open until completion (disconnect waits).
+    pub peer_guard: Option<GateGuard>,
 }
 
 impl Chunk {
@@ -99,6 +101,7 @@ pub struct TcpConnection {
     describe_cv: Condvar,
     threads: Mutex<Vec<JoinHandle<()>>>,
     stats: Arc<Stats>,
+    gate: Arc<Gate>,
     /// Peer label for messages.
     pub label: String,
 }
@@ -135,6 +138,7 @@ impl TcpConnection {
             describe_cv: Condvar::new(),
             threads: Mutex::new(Vec::new()),
             stats,
+            gate: Gate::new("connection"),
             label,
         });
         let c1 = conn.clone();
@@ -210,6 +214,17 @@ impl TcpConnection {
         q.0.extend(chunks);
         drop(q);
         self.queue_cv.notify_one();
+    }
+
+    /// The gate every chunk of this connection holds until it completes.
+    pub fn gate(&self) -> &Arc<Gate> {
+        &self.gate
+    }
+
+    /// Fences new chunks and waits until every chunk completed or
+    /// `deadline`; true when drained.
+    pub fn drain(&self, deadline: Instant) -> bool {
+        self.gate.close_and_wait(deadline) == 0
     }
 
     /// Chunks queued or awaiting a response.

@@ -174,6 +174,13 @@ fn validate(
             r.id, r.addr, r.len
         )));
     }
+    if r.kind == crate::memory::MemoryKind::SharedHost && crate::memory::owners::is_loaned(req.addr)
+    {
+        return Err(Error::Unavailable(format!(
+            "region {} lies in a shared allocation exported exclusively to an IPC requester until its close receipt",
+            r.id
+        )));
+    }
     if !r.kind.cpu_accessible() {
         return Err(Error::NotSupported(format!(
             "region {} holds {} memory, which the TCP transport cannot copy",

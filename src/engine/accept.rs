@@ -1,0 +1,188 @@
+//! The two listeners of an engine: the TCP control socket and the IPC
+//! channel (abstract Unix socket). Each accepted connection gets a serving
+//! thread; finished ones are reaped so limits count live connections.
+
+use super::Inner;
+use crate::control::frame::MsgKind;
+use crate::control::io;
+use crate::control::message;
+use crate::error::{Error, Status};
+use crate::transport::ipc::source::IpcSourceContext;
+use crate::transport::tcp::{self, SourceContext};
+use std::collections::HashMap;
+use std::net::{Shutdown, TcpStream};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// A served connection: a handle to shut it down and its thread.
+pub(crate) enum ConnHandle {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+pub(crate) struct Incoming {
+    pub(crate) conn: ConnHandle,
+    pub(crate) thread: Option<JoinHandle<()>>,
+}
+
+impl Incoming {
+    pub(crate) fn stop(&mut self) {
+        match &self.conn {
+            ConnHandle::Tcp(s) => {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            ConnHandle::Unix(s) => {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn reap(inc: &mut HashMap<u64, Incoming>) {
+    let done: Vec<u64> = inc
+        .iter()
+        .filter(|(_, v)| v.thread.as_ref().is_some_and(|t| t.is_finished()))
+        .map(|(k, _)| *k)
+        .collect();
+    for k in done {
+        if let Some(mut v) = inc.remove(&k) {
+            if let Some(t) = v.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// Accepts TCP control connections until the engine stops.
+pub(crate) fn tcp_accept_loop(inner: Arc<Inner>, ctx: Arc<SourceContext>) {
+    loop {
+        let (stream, _) = match inner.listener.accept() {
+            Ok(v) => v,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => {
+                if inner.stopping.load(Ordering::Acquire) {
+                    return;
+                }
+                // Transient (e.g. EMFILE): back off briefly rather than spin.
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        if inner.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        let mut inc = inner.incoming.lock();
+        reap(&mut inc);
+        let limit = inner.config.max_incoming_connections as usize;
+        if inc.len() >= limit || !inner.source_gate.is_open() {
+            drop(inc);
+            inner
+                .stats
+                .connections_refused
+                .fetch_add(1, Ordering::Relaxed);
+            let why = if inner.source_gate.is_open() {
+                (
+                    Status::ResourceExhausted,
+                    format!("connection limit of {limit} reached"),
+                )
+            } else {
+                (Status::Unavailable, "the source side is closed".to_string())
+            };
+            let mut s = stream;
+            let _ = s.set_write_timeout(Some(io::TICK));
+            let mut tick = || Err(Error::TimedOut("refusal".into()));
+            let _ = io::write_frame(
+                &mut s,
+                MsgKind::Error,
+                &message::encode_error(why.0, &why.1),
+                &mut tick,
+            );
+            let _ = s.shutdown(Shutdown::Both);
+            continue;
+        }
+        let Ok(handle) = stream.try_clone() else {
+            continue;
+        };
+        let id = inner.next_incoming.fetch_add(1, Ordering::Relaxed);
+        let c = ctx.clone();
+        let t = std::thread::Builder::new()
+            .name("orbite-serve".into())
+            .spawn(move || tcp::serve(c, stream));
+        match t {
+            Ok(t) => {
+                inc.insert(
+                    id,
+                    Incoming {
+                        conn: ConnHandle::Tcp(handle),
+                        thread: Some(t),
+                    },
+                );
+            }
+            Err(_) => {
+                let _ = handle.shutdown(Shutdown::Both);
+            }
+        }
+    }
+}
+
+/// Accepts IPC channel connections until the engine stops.
+pub(crate) fn ipc_accept_loop(inner: Arc<Inner>, ctx: Arc<IpcSourceContext>) {
+    let Some(listener) = inner.ipc_listener.as_ref() else {
+        return;
+    };
+    loop {
+        let stream = match listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => {
+                if inner.stopping.load(Ordering::Acquire) {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        if inner.stopping.load(Ordering::Acquire) {
+            return;
+        }
+        let mut inc = inner.incoming.lock();
+        reap(&mut inc);
+        if inc.len() >= inner.config.max_incoming_connections as usize {
+            drop(inc);
+            inner
+                .stats
+                .connections_refused
+                .fetch_add(1, Ordering::Relaxed);
+            let _ = stream.shutdown(Shutdown::Both);
+            continue;
+        }
+        let Ok(handle) = stream.try_clone() else {
+            continue;
+        };
+        let id = inner.next_incoming.fetch_add(1, Ordering::Relaxed);
+        let c = ctx.clone();
+        let t = std::thread::Builder::new()
+            .name("orbite-ipc-serve".into())
+            .spawn(move || crate::transport::ipc::source::serve(c, stream, id));
+        match t {
+            Ok(t) => {
+                inc.insert(
+                    id,
+                    Incoming {
+                        conn: ConnHandle::Unix(handle),
+                        thread: Some(t),
+                    },
+                );
+            }
+            Err(_) => {
+                let _ = handle.shutdown(Shutdown::Both);
+            }
+        }
+    }
+}

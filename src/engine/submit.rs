@@ -1,0 +1,364 @@
+//! Submissions: local checks, transport selection, and handing requests to
+//! the chosen transport. A submission runs on one transport: the IPC
+//! transports execute their subbatches on the caller (setup, copies and
+//! receipts, in order); TCP queues chunks for the peer's sender thread.
+
+use super::{Batch, Engine, Peer, SubmitOptions};
+use crate::control::message::{Describe, RegionInfo};
+use crate::error::{Error, Result, Status};
+use crate::memory::{owners, MemoryKind, RegionLease};
+use crate::transfer::{BatchShared, ChunkOutcome, Op, RemoteEffect, Request};
+use crate::transport::ipc::requester::GroupError;
+use crate::transport::tcp::Chunk;
+use crate::transport::{Transport, TransportKind};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// A request after local checks: its index, the request, its local lease
+/// and the remote region it names (None: not published by the peer).
+struct Checked {
+    index: usize,
+    req: Request,
+    lease: Arc<RegionLease>,
+    region: Option<RegionInfo>,
+}
+
+fn find_region(d: &Describe, addr: u64) -> Option<RegionInfo> {
+    d.regions
+        .iter()
+        .copied()
+        .find(|r| addr >= r.addr && addr < r.addr + r.len)
+}
+
+/// Errors after which an unposted IPC request may try the next transport.
+fn may_fall_through(e: &Error) -> bool {
+    matches!(
+        e.status(),
+        Status::Unavailable | Status::ResourceExhausted | Status::NotSupported
+    )
+}
+
+impl Engine {
+    /// Submits requests to peer `peer`. Local checks (region, bounds,
+    /// length) fail the whole call; remote outcomes are per request in the
+    /// [`Batch`]. Returns once every request is admitted (within the
+    /// deadline); the IPC transports also do their copies here.
+    pub fn submit(&self, peer: u64, requests: &[Request], opts: SubmitOptions) -> Result<Batch> {
+        self.check_open()?;
+        if requests.is_empty() {
+            return Err(Error::InvalidArgument(
+                "a submission needs at least one request".into(),
+            ));
+        }
+        let p = self.peer(peer)?;
+        if let Some(e) = p.conn.dead_reason() {
+            return Err(Error::Unavailable(format!(
+                "peer {peer} is gone: {}",
+                e.message()
+            )));
+        }
+        let deadline = Instant::now() + self.timeout(opts.timeout);
+        let mut checked = self.check_local(requests)?;
+        if !self.inner.requester_gate.is_open() {
+            return Err(Error::Unavailable("the requester side is closed".into()));
+        }
+        // Resolve remote regions (one refresh of the peer's table if needed).
+        let mut view = p.conn.describe();
+        if checked
+            .iter()
+            .any(|c| find_region(&view, c.req.remote_addr).is_none())
+        {
+            if let Ok(d) = p.conn.refresh_describe(deadline) {
+                view = d;
+            }
+        }
+        for c in &mut checked {
+            c.region = find_region(&view, c.req.remote_addr);
+        }
+        let kind = self.select(peer, &p, opts.transport, &checked)?;
+        let batch = BatchShared::new(requests, self.inner.stats.clone(), deadline);
+        // Requests naming no published region fail here, per request.
+        let mut live = Vec::with_capacity(checked.len());
+        for c in checked {
+            if c.region.is_none() {
+                batch.plan(c.index, 1, kind);
+                let e = Error::NotFound(format!(
+                    "request {}: remote address 0x{:x} is in no region peer {peer} publishes",
+                    c.index, c.req.remote_addr
+                ));
+                batch.fail_request(c.index, e, RemoteEffect::None);
+            } else {
+                live.push(c);
+            }
+        }
+        match kind {
+            TransportKind::Shm => {
+                let rest = self.run_shm(
+                    &p,
+                    &batch,
+                    live,
+                    deadline,
+                    opts.transport == Transport::Auto,
+                );
+                if !rest.is_empty() {
+                    self.enqueue_tcp(&p, &batch, rest, deadline);
+                }
+            }
+            _ => self.enqueue_tcp(&p, &batch, live, deadline),
+        }
+        Ok(Batch::new(batch))
+    }
+
+    fn check_local(&self, requests: &[Request]) -> Result<Vec<Checked>> {
+        let mut out = Vec::with_capacity(requests.len());
+        for (i, r) in requests.iter().enumerate() {
+            if r.len == 0 {
+                return Err(Error::InvalidArgument(format!("request {i}: length is 0")));
+            }
+            let lease = self.inner.regions.lease(r.local_addr, r.len).map_err(|e| {
+                Error::from_status(e.status(), format!("request {i}: local {}", e.message()))
+            })?;
+            let k = lease.region().kind;
+            if !k.cpu_accessible() {
+                return Err(Error::NotSupported(format!(
+                    "request {i}: local region holds {} memory, which no available transport can copy",
+                    k.name()
+                )));
+            }
+            if k == MemoryKind::SharedHost && owners::is_loaned(r.local_addr) {
+                return Err(Error::Unavailable(format!(
+                    "request {i}: the local shared allocation is exported exclusively until its close receipt"
+                )));
+            }
+            out.push(Checked {
+                index: i,
+                req: *r,
+                lease: Arc::new(lease),
+                region: None,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The transport for the whole submission.
+    fn select(&self, peer: u64, p: &Peer, t: Transport, reqs: &[Checked]) -> Result<TransportKind> {
+        let shm_ok = |c: &Checked| c.region.is_none_or(|r| r.kind == MemoryKind::SharedHost);
+        let why_not = |k: TransportKind| -> Option<String> {
+            match k {
+                TransportKind::Tcp => None,
+                TransportKind::Shm => p.shm.as_ref().err().cloned(),
+                TransportKind::Nvlink | TransportKind::Mnnvl => Some(
+                    crate::cuda_support::unavailable_reason()
+                        .unwrap_or_else(|| "no CUDA device".into()),
+                ),
+            }
+        };
+        match t {
+            Transport::Only(k) => {
+                if let Some(why) = why_not(k) {
+                    return Err(Error::Unavailable(format!(
+                        "transport {} is not available to peer {peer}: {why}",
+                        k.name()
+                    )));
+                }
+                if k == TransportKind::Shm {
+                    if let Some(c) = reqs.iter().find(|c| !shm_ok(c)) {
+                        return Err(Error::NotSupported(format!(
+                            "request {}: the remote region holds {} memory; SHM carries only memory from orbite_host_allocate_shared",
+                            c.index,
+                            c.region.map(|r| r.kind.name()).unwrap_or("unknown")
+                        )));
+                    }
+                }
+                Ok(k)
+            }
+            Transport::Auto => {
+                for k in &self.inner.config.transport_policy {
+                    let fits = match k {
+                        TransportKind::Tcp => true,
+                        TransportKind::Shm => {
+                            reqs.iter().all(shm_ok) && reqs.iter().any(|c| c.region.is_some())
+                        }
+                        _ => false,
+                    };
+                    if fits && why_not(*k).is_none() {
+                        return Ok(*k);
+                    }
+                }
+                Err(Error::Unavailable(format!(
+                    "no transport in transport_policy can carry this submission to peer {peer}"
+                )))
+            }
+        }
+    }
+
+    /// Runs the SHM subbatches in order. Returns the requests that fell
+    /// through to the next transport (all remaining ones, in order).
+    fn run_shm(
+        &self,
+        p: &Peer,
+        batch: &Arc<BatchShared>,
+        live: Vec<Checked>,
+        deadline: Instant,
+        auto: bool,
+    ) -> Vec<Checked> {
+        let link = match &p.shm {
+            Ok(l) => l.clone(),
+            Err(_) => return live,
+        };
+        for c in &live {
+            batch.plan(c.index, 1, TransportKind::Shm);
+        }
+        // Subbatches: consecutive requests naming the same remote region,
+        // while the envelope stays within max_transfer_bytes.
+        let max_env = self.inner.config.max_transfer_bytes;
+        let mut groups: VecDeque<(Vec<Checked>, bool)> = VecDeque::new();
+        for c in live {
+            let region = c.region.expect("resolved");
+            if let Some((g, _)) = groups.back_mut() {
+                let same = g[0].region.map(|r| r.id) == Some(region.id);
+                let lo = g
+                    .iter()
+                    .map(|x| x.req.remote_addr)
+                    .min()
+                    .unwrap_or(0)
+                    .min(c.req.remote_addr);
+                let hi = g
+                    .iter()
+                    .map(|x| x.req.remote_addr + x.req.len)
+                    .max()
+                    .unwrap_or(0)
+                    .max(c.req.remote_addr + c.req.len);
+                if same && hi - lo <= max_env {
+                    g.push(c);
+                    continue;
+                }
+            }
+            groups.push_back((vec![c], false));
+        }
+        let tcp_fallback = auto
+            && self
+                .inner
+                .config
+                .transport_policy
+                .contains(&TransportKind::Tcp);
+        while let Some((g, retried)) = groups.pop_front() {
+            let region = g[0].region.expect("resolved");
+            let items: Vec<(usize, Request)> = g.iter().map(|c| (c.index, c.req)).collect();
+            match self
+                .inner
+                .shm_requester
+                .run_group(&link, &region, &items, deadline)
+            {
+                Ok(outcomes) => {
+                    for (c, o) in g.iter().zip(outcomes) {
+                        batch.complete_chunk(c.index, o);
+                    }
+                }
+                Err(GroupError::NotPosted(e)) => {
+                    if e.status() == Status::ResourceExhausted && !retried {
+                        // One retry, as a single request; the rest of the
+                        // group becomes a new group after it.
+                        let mut it = g.into_iter();
+                        let first = it.next().expect("non-empty group");
+                        let rest: Vec<Checked> = it.collect();
+                        if !rest.is_empty() {
+                            groups.push_front((rest, false));
+                        }
+                        groups.push_front((vec![first], true));
+                        continue;
+                    }
+                    if tcp_fallback && may_fall_through(&e) {
+                        let mut rest = g;
+                        rest.extend(groups.into_iter().flat_map(|(g, _)| g));
+                        for c in &rest {
+                            batch.plan(c.index, 1, TransportKind::Tcp);
+                        }
+                        return rest;
+                    }
+                    for c in g {
+                        batch.complete_chunk(
+                            c.index,
+                            ChunkOutcome::failed(e.clone(), RemoteEffect::None),
+                        );
+                    }
+                }
+            }
+        }
+        Vec::new()
+    }
+
+    /// Splits requests into chunks, admits them and queues them on the
+    /// peer's TCP connection.
+    fn enqueue_tcp(
+        &self,
+        p: &Peer,
+        batch: &Arc<BatchShared>,
+        live: Vec<Checked>,
+        deadline: Instant,
+    ) {
+        let max_chunk = self.inner.config.max_transfer_bytes;
+        let gate = &self.inner.requester_gate;
+        let mut staged: Vec<Chunk> = Vec::new();
+        let mut failed: Option<Error> = None;
+        for c in live {
+            let (i, r) = (c.index, c.req);
+            if let Some(e) = &failed {
+                batch.plan(i, 1, TransportKind::Tcp);
+                batch.fail_request(i, e.clone(), RemoteEffect::None);
+                continue;
+            }
+            let region = c.region.expect("resolved");
+            let n_chunks = r.len.div_ceil(max_chunk);
+            batch.plan(i, n_chunks as u32, TransportKind::Tcp);
+            for k in 0..n_chunks {
+                let off = k * max_chunk;
+                let len = (r.len - off).min(max_chunk);
+                let permit = match self.inner.budget.try_acquire(len) {
+                    Some(x) => x,
+                    None => {
+                        p.conn.enqueue(std::mem::take(&mut staged));
+                        match self.inner.budget.acquire(len, deadline, "submission") {
+                            Ok(x) => x,
+                            Err(e) => {
+                                let effect = if k > 0 && r.op == Op::Write {
+                                    RemoteEffect::Unknown
+                                } else {
+                                    RemoteEffect::None
+                                };
+                                batch.fail_request(i, e.clone(), effect);
+                                failed = Some(e);
+                                break;
+                            }
+                        }
+                    }
+                };
+                let guards = gate.enter().and_then(|g| Ok((g, p.conn.gate().enter()?)));
+                let (guard, peer_guard) = match guards {
+                    Ok(g) => g,
+                    Err(e) => {
+                        batch.fail_request(i, e.clone(), RemoteEffect::None);
+                        failed = Some(e);
+                        break;
+                    }
+                };
+                staged.push(Chunk {
+                    batch: batch.clone(),
+                    index: i,
+                    op: r.op,
+                    local_addr: r.local_addr + off,
+                    remote_addr: r.remote_addr + off,
+                    len,
+                    region_epoch: region.epoch,
+                    deadline,
+                    lease: c.lease.clone(),
+                    permit: Some(permit),
+                    guard: Some(guard),
+                    peer_guard: Some(peer_guard),
+                });
+            }
+        }
+        p.conn.enqueue(staged);
+    }
+}

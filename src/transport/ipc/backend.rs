@@ -1,0 +1,72 @@
+//! The backend seam of the IPC protocol: how one kind of memory is exported,
+//! imported, copied, waited for and closed. The protocol (grants, receipts,
+//! loans, charges, caches) is written once against this; SHM plugs in host
+//! memfd memory, the CUDA backends plug in driver calls.
+
+use crate::error::Result;
+use crate::transport::TransportKind;
+use std::os::fd::{OwnedFd, RawFd};
+
+/// A handle as exported: opaque bytes (e.g. a CUDA IPC or fabric handle)
+/// and/or a file descriptor passed with `SCM_RIGHTS`.
+pub struct ExportedHandle {
+    /// Opaque handle bytes (empty for SHM).
+    pub bytes: Vec<u8>,
+    /// Descriptor to pass (borrowed; the backend keeps it open).
+    pub fd: Option<RawFd>,
+}
+
+/// A handle as received by the requester.
+pub struct ReceivedHandle {
+    /// Opaque handle bytes.
+    pub bytes: Vec<u8>,
+    /// Descriptor received with the handle, if any.
+    pub fd: Option<OwnedFd>,
+}
+
+/// One copy between a local address and an address inside an imported
+/// mapping (both in this process's address space).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CopyOp {
+    /// Destination.
+    pub dst: u64,
+    /// Source.
+    pub src: u64,
+    /// Bytes.
+    pub len: u64,
+}
+
+/// How the copies of a subbatch may run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyPlan {
+    /// No destination overlaps another and no source overlaps a
+    /// destination: any order, or one native batch.
+    Independent,
+    /// Dependent or overlapping: strictly in input order.
+    Ordered,
+}
+
+/// An imported mapping of a whole remote allocation.
+pub trait Mapping: Send + Sync {
+    /// Local address of the allocation's first byte.
+    fn base(&self) -> u64;
+    /// Bytes mapped (the physical extent).
+    fn mapped_len(&self) -> u64;
+    /// Enqueues (or performs) the copies.
+    fn copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<()>;
+    /// Waits until every copy enqueued so far is complete.
+    fn wait(&self) -> Result<()>;
+    /// The native close (unmap). On failure the mapping must be considered
+    /// still live: the caller retains it and never closes it twice.
+    fn close(&self) -> Result<()>;
+}
+
+/// One kind of exportable memory.
+pub trait IpcBackend: Send + Sync {
+    /// The transport this backend carries.
+    fn transport(&self) -> TransportKind;
+    /// Source side: the handle naming the owned allocation at `base`.
+    fn export(&self, base: u64) -> Result<ExportedHandle>;
+    /// Requester side: maps a received handle of `physical` bytes.
+    fn import(&self, handle: ReceivedHandle, physical: u64) -> Result<Box<dyn Mapping>>;
+}

@@ -1,0 +1,318 @@
+//! The IPC channel: a Unix stream socket between a requester and a source on
+//! one host. It carries the IPC protocol frames, and file descriptors (the
+//! SHM handle) with `SCM_RIGHTS`. The source listens on an abstract socket
+//! name advertised in its Describe; the kernel tells it who connected
+//! (`SO_PEERCRED`), which is how the requester's process identity is checked.
+
+use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
+use crate::control::io::{self, Tick, TICK};
+use crate::error::{Error, Result};
+use std::io::ErrorKind;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::time::Instant;
+
+/// One received frame.
+pub struct Frame {
+    /// Kind.
+    pub kind: MsgKind,
+    /// Body.
+    pub body: Vec<u8>,
+    /// A file descriptor that arrived with the frame.
+    pub fd: Option<OwnedFd>,
+}
+
+/// A connected IPC channel.
+pub struct Channel {
+    stream: UnixStream,
+}
+
+/// Binds the abstract socket `name`.
+pub fn listen(name: &str) -> Result<UnixListener> {
+    let addr = SocketAddr::from_abstract_name(name.as_bytes())
+        .map_err(|e| Error::io("abstract socket name", &e))?;
+    UnixListener::bind_addr(&addr)
+        .map_err(|e| Error::Unavailable(format!("cannot listen on IPC socket @{name}: {e}")))
+}
+
+impl Channel {
+    /// Wraps an accepted stream.
+    pub fn from_stream(stream: UnixStream) -> Result<Channel> {
+        stream
+            .set_read_timeout(Some(TICK))
+            .map_err(|e| Error::io("set_read_timeout", &e))?;
+        stream
+            .set_write_timeout(Some(TICK))
+            .map_err(|e| Error::io("set_write_timeout", &e))?;
+        Ok(Channel { stream })
+    }
+
+    /// Connects to the abstract socket `name`.
+    pub fn connect(name: &str) -> Result<Channel> {
+        let addr = SocketAddr::from_abstract_name(name.as_bytes())
+            .map_err(|e| Error::io("abstract socket name", &e))?;
+        let s = UnixStream::connect_addr(&addr).map_err(|e| match e.kind() {
+            ErrorKind::ConnectionRefused | ErrorKind::NotFound => Error::StalePeer(format!(
+                "no IPC channel @{name}: the source process is gone or was restarted"
+            )),
+            _ => Error::Unavailable(format!("cannot connect to IPC channel @{name}: {e}")),
+        })?;
+        Channel::from_stream(s)
+    }
+
+    /// The pid of the process at the other end (kernel-verified).
+    pub fn peer_pid(&self) -> Result<u32> {
+        let mut cred = libc::ucred {
+            pid: 0,
+            uid: 0,
+            gid: 0,
+        };
+        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `cred`.
+        let r = unsafe {
+            libc::getsockopt(
+                self.stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERCRED,
+                (&mut cred as *mut libc::ucred).cast(),
+                &mut len,
+            )
+        };
+        if r != 0 {
+            return Err(Error::io("SO_PEERCRED", &std::io::Error::last_os_error()));
+        }
+        Ok(cred.pid as u32)
+    }
+
+    /// Shuts the channel down (wakes a blocked reader).
+    pub fn shutdown(&self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Sends a frame, with `fd` attached if given.
+    pub fn send(
+        &mut self,
+        kind: MsgKind,
+        body: &[u8],
+        fd: Option<RawFd>,
+        tick: Tick<'_>,
+    ) -> Result<()> {
+        let h = FrameHeader::encode(kind, body.len() as u32);
+        match fd {
+            None => io::write_frame(&mut self.stream, kind, body, tick),
+            Some(fd) => {
+                let mut msg = h.to_vec();
+                msg.extend_from_slice(body);
+                self.send_with_fd(&msg, fd, tick)
+            }
+        }
+    }
+
+    fn send_with_fd(&mut self, msg: &[u8], fd: RawFd, tick: Tick<'_>) -> Result<()> {
+        // The fd rides on the first byte of the message; the rest may follow.
+        let sent;
+        loop {
+            let mut iov = libc::iovec {
+                iov_base: msg.as_ptr() as *mut libc::c_void,
+                iov_len: msg.len(),
+            };
+            // SAFETY: CMSG_SPACE is a pure size computation.
+            let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+            let mut cbuf = vec![0u8; space];
+            // SAFETY: an all-zero msghdr is valid; the fields are set below.
+            let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+            mh.msg_iov = &mut iov;
+            mh.msg_iovlen = 1;
+            mh.msg_control = cbuf.as_mut_ptr().cast();
+            mh.msg_controllen = space as _;
+            // SAFETY: mh points at cbuf with room for one cmsg carrying one fd.
+            unsafe {
+                let c = libc::CMSG_FIRSTHDR(&mh);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+            }
+            // SAFETY: mh describes valid buffers for the duration of the call.
+            let n = unsafe { libc::sendmsg(self.stream.as_raw_fd(), &mh, libc::MSG_NOSIGNAL) };
+            if n >= 0 {
+                sent = n as usize;
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            match e.kind() {
+                ErrorKind::WouldBlock | ErrorKind::TimedOut => tick()?,
+                ErrorKind::Interrupted => {}
+                _ => return Err(Error::Unavailable(format!("IPC channel lost: {e}"))),
+            }
+        }
+        let mut w = 0;
+        io::write_all_parts(&mut self.stream, &[&msg[sent..]], tick, &mut w)
+    }
+
+    /// Receives one frame (and an fd if one came with it).
+    pub fn recv(&mut self, tick: Tick<'_>) -> Result<Frame> {
+        let mut h = [0u8; FRAME_HEADER_LEN];
+        let mut got = 0usize;
+        let mut fd: Option<OwnedFd> = None;
+        while got < FRAME_HEADER_LEN {
+            // SAFETY: CMSG_SPACE is a pure size computation.
+            let space =
+                unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32 * 4) } as usize;
+            let mut cbuf = vec![0u8; space];
+            let mut iov = libc::iovec {
+                iov_base: h[got..].as_mut_ptr().cast(),
+                iov_len: FRAME_HEADER_LEN - got,
+            };
+            // SAFETY: an all-zero msghdr is valid; the fields are set below.
+            let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+            mh.msg_iov = &mut iov;
+            mh.msg_iovlen = 1;
+            mh.msg_control = cbuf.as_mut_ptr().cast();
+            mh.msg_controllen = space as _;
+            // SAFETY: mh describes valid buffers for the duration of the call.
+            let n =
+                unsafe { libc::recvmsg(self.stream.as_raw_fd(), &mut mh, libc::MSG_CMSG_CLOEXEC) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                match e.kind() {
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut => {
+                        tick()?;
+                        continue;
+                    }
+                    ErrorKind::Interrupted => continue,
+                    _ => return Err(Error::Unavailable(format!("IPC channel lost: {e}"))),
+                }
+            }
+            if n == 0 {
+                return Err(Error::Unavailable(
+                    "the IPC channel was closed by the peer".into(),
+                ));
+            }
+            // Collect every fd that came along; keep the first, close others.
+            // SAFETY: iterating the control buffer the kernel filled in.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&mh);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                        let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                        let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
+                            / std::mem::size_of::<RawFd>();
+                        for k in 0..count {
+                            let raw = std::ptr::read_unaligned(data.add(k));
+                            let owned = OwnedFd::from_raw_fd(raw);
+                            if fd.is_none() {
+                                fd = Some(owned);
+                            }
+                        }
+                    }
+                    c = libc::CMSG_NXTHDR(&mh, c);
+                }
+            }
+            got += n as usize;
+        }
+        let header = FrameHeader::decode(&h)?;
+        if header.body_len > crate::control::frame::MAX_CONTROL_BODY {
+            return Err(Error::Protocol(format!(
+                "IPC frame of {} bytes is too large",
+                header.body_len
+            )));
+        }
+        let body = io::read_body(&mut self.stream, header.body_len, tick)?;
+        if fd.is_some() && header.kind != MsgKind::ExportHandle {
+            return Err(Error::Protocol(format!(
+                "a file descriptor arrived with {:?}",
+                header.kind
+            )));
+        }
+        Ok(Frame {
+            kind: header.kind,
+            body,
+            fd,
+        })
+    }
+
+    /// Sends a request and receives its answer, within `deadline`.
+    pub fn call(
+        &mut self,
+        kind: MsgKind,
+        body: &[u8],
+        deadline: Instant,
+        what: &str,
+    ) -> Result<Frame> {
+        let mut tick = || deadline_tick(deadline, what);
+        self.send(kind, body, None, &mut tick)?;
+        self.recv(&mut tick)
+    }
+}
+
+/// A tick that fails once `deadline` has passed.
+pub fn deadline_tick(deadline: Instant, what: &str) -> Result<()> {
+    if Instant::now() >= deadline {
+        return Err(Error::TimedOut(format!(
+            "{what}: no answer before the deadline"
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn frames_and_fds_cross_the_channel() {
+        let name = format!("orbite-test-{}-{}", std::process::id(), line!());
+        let l = listen(&name).unwrap();
+        let t = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut c = Channel::from_stream(s).unwrap();
+            assert_eq!(c.peer_pid().unwrap(), std::process::id());
+            let f = c.recv(&mut io::no_abort).unwrap();
+            assert_eq!(f.kind, MsgKind::ExportAnswer);
+            assert_eq!(f.body, b"hi");
+            let a = crate::memory::owners::allocate_shared_host(100).unwrap();
+            // SAFETY: the allocation maps at least 100 bytes.
+            unsafe { *(a.addr() as *mut u8) = 42 };
+            c.send(MsgKind::ExportHandle, b"fd!", a.memfd(), &mut io::no_abort)
+                .unwrap();
+            // Keep the allocation until the peer has mapped it.
+            let f = c.recv(&mut io::no_abort).unwrap();
+            assert_eq!(f.kind, MsgKind::CloseReceipt);
+            a.free().unwrap();
+        });
+        let mut c = Channel::connect(&name).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let f = c
+            .call(MsgKind::ExportAnswer, b"hi", deadline, "test")
+            .unwrap();
+        assert_eq!(f.kind, MsgKind::ExportHandle);
+        assert_eq!(f.body, b"fd!");
+        let fd = f.fd.expect("an fd");
+        // SAFETY: mapping the received memfd read-only, 4096 bytes.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: p maps 4096 readable bytes.
+        assert_eq!(unsafe { *(p as *const u8) }, 42);
+        // SAFETY: unmapping what we mapped.
+        unsafe { libc::munmap(p, 4096) };
+        c.send(MsgKind::CloseReceipt, b"", None, &mut io::no_abort)
+            .unwrap();
+        t.join().unwrap();
+        assert!(matches!(
+            Channel::connect("orbite-no-such-socket-xyz"),
+            Err(Error::StalePeer(_))
+        ));
+    }
+}

@@ -1,0 +1,444 @@
+//! Source side of the IPC protocol: the table of exports. An export is
+//! created only after validation (epoch, bounds, permission, memory kind,
+//! requester identity), holds the region's registration, the whole
+//! allocation's exclusive loan and its physical-extent charge, and is
+//! released only by a close receipt (or proof that the importing process
+//! has exited). The handle itself is exposed only after the requester
+//! answers the offer.
+
+use super::backend::IpcBackend;
+use super::messages::{ExportOffer, ExportRef, ExportRequest, Revalidate, OP_READ, OP_WRITE};
+use crate::control::identity::{process_start_time, ProcessIdentity};
+use crate::error::{Error, Result};
+use crate::memory::owners::{self, Loan};
+use crate::memory::{MemoryKind, RegionLease, RegionTable};
+use crate::stats::Stats;
+use crate::sync_util::{Budget, Gate, Permit};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Where an export stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportState {
+    /// Validated and retained; the handle is not exposed yet.
+    Offered,
+    /// The handle was sent; the requester may hold a mapping.
+    Exposed,
+    /// The requester's channel was lost without a close receipt: nothing
+    /// proves the import was closed, so everything stays retained.
+    Retained,
+}
+
+struct Export {
+    token: u64,
+    conn: u64,
+    base: u64,
+    logical: u64,
+    region_epoch: u64,
+    ops: u32,
+    state: ExportState,
+    requester: ProcessIdentity,
+    _lease: RegionLease,
+    _charge: Permit,
+    _loan: Loan,
+}
+
+#[derive(Default)]
+struct Table {
+    exports: HashMap<u64, Export>,
+    /// (id, token) of recently closed exports, so that a receipt retried
+    /// after a lost ACK is acknowledged again instead of refused.
+    recently_closed: VecDeque<(u64, u64)>,
+}
+
+/// Snapshot counts for stats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ExportCounts {
+    /// Exports offered or exposed on a live channel.
+    pub open: u64,
+    /// Exports retained after a lost channel.
+    pub retained: u64,
+    /// Physical bytes charged by exports.
+    pub charged_bytes: u64,
+}
+
+/// Every export of one engine for one backend.
+pub struct ExportTable {
+    backend: Arc<dyn IpcBackend>,
+    regions: Arc<RegionTable>,
+    budget: Arc<Budget>,
+    stats: Arc<Stats>,
+    gate: Arc<Gate>,
+    table: Mutex<Table>,
+    changed: Condvar,
+    next_id: AtomicU64,
+    kind: MemoryKind,
+}
+
+fn fresh_token() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most 8 bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 8, 0) };
+    let t = if n == 8 {
+        u64::from_le_bytes(b)
+    } else {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(7);
+        now.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    };
+    t.max(1)
+}
+
+/// Whether the process is provably gone (no such pid, or the pid was reused).
+pub fn process_exited(p: &ProcessIdentity) -> bool {
+    process_start_time(p.pid) != p.start_time
+}
+
+impl ExportTable {
+    /// A table exporting `kind` memory through `backend`.
+    pub fn new(
+        backend: Arc<dyn IpcBackend>,
+        kind: MemoryKind,
+        regions: Arc<RegionTable>,
+        budget: Arc<Budget>,
+        stats: Arc<Stats>,
+        gate: Arc<Gate>,
+    ) -> ExportTable {
+        ExportTable {
+            backend,
+            regions,
+            budget,
+            stats,
+            gate,
+            table: Mutex::new(Table::default()),
+            changed: Condvar::new(),
+            next_id: AtomicU64::new(1),
+            kind,
+        }
+    }
+
+    fn check_ops(r: &crate::memory::Region, ops: u32) -> Result<()> {
+        if ops & OP_READ != 0 && !r.access.can_read() {
+            return Err(Error::PermissionDenied(format!(
+                "region {} (0x{:x}+{}) does not allow remote READ",
+                r.id, r.addr, r.len
+            )));
+        }
+        if ops & OP_WRITE != 0 && !r.access.can_write() {
+            return Err(Error::PermissionDenied(format!(
+                "region {} (0x{:x}+{}) does not allow remote WRITE",
+                r.id, r.addr, r.len
+            )));
+        }
+        Ok(())
+    }
+
+    fn validate(&self, region_epoch: u64, addr: u64, len: u64, ops: u32) -> Result<RegionLease> {
+        if !self.gate.is_open() {
+            return Err(Error::Unavailable(
+                "the source is closing and grants no new exports".into(),
+            ));
+        }
+        let lease = self.regions.lease(addr, len)?;
+        let r = lease.region();
+        if r.epoch != region_epoch {
+            return Err(Error::StalePeer(format!(
+                "region at 0x{:x} was re-registered (epoch {}, the request names epoch {})",
+                r.addr, r.epoch, region_epoch
+            )));
+        }
+        Self::check_ops(r, ops)?;
+        if r.kind != self.kind {
+            return Err(Error::NotSupported(format!(
+                "region {} holds {} memory; {} exports only {} memory",
+                r.id,
+                r.kind.name(),
+                self.backend.transport().name(),
+                self.kind.name()
+            )));
+        }
+        Ok(lease)
+    }
+
+    /// Validates an export request and retains the allocation (loan +
+    /// charge + registration). Returns the offer (no handle yet).
+    pub fn offer(
+        &self,
+        conn: u64,
+        requester: ProcessIdentity,
+        req: &ExportRequest,
+    ) -> Result<ExportOffer> {
+        let lease = self.validate(req.region_epoch, req.addr, req.len, req.ops)?;
+        let (base, logical, physical, _) = owners::owner_of(req.addr).ok_or_else(|| {
+            Error::NotSupported(format!("0x{:x} is not in a library allocation", req.addr))
+        })?;
+        if req.addr + req.len > base + logical {
+            return Err(Error::OutOfRange(format!(
+                "range 0x{:x}+{} leaves its allocation",
+                req.addr, req.len
+            )));
+        }
+        let charge = self.budget.try_acquire(physical).ok_or_else(|| {
+            Error::ResourceExhausted(format!(
+                "mapping budget: exporting {physical} physical bytes would exceed {} ({} in use)",
+                self.budget.limit(),
+                self.budget.used()
+            ))
+        })?;
+        let wait = Duration::from_millis(req.wait_ms.min(600_000) as u64);
+        let loan = owners::loan(base, Instant::now() + wait)?;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let token = fresh_token();
+        let offer = ExportOffer {
+            tag: req.tag,
+            export_id: id,
+            token,
+            base,
+            physical,
+            grant_addr: req.addr,
+            grant_len: req.len,
+            region_epoch: req.region_epoch,
+            ops: req.ops,
+        };
+        self.table.lock().exports.insert(
+            id,
+            Export {
+                token,
+                conn,
+                base,
+                logical,
+                region_epoch: req.region_epoch,
+                ops: req.ops,
+                state: ExportState::Offered,
+                requester,
+                _lease: lease,
+                _charge: charge,
+                _loan: loan,
+            },
+        );
+        Ok(offer)
+    }
+
+    fn with_export<T>(
+        &self,
+        conn: u64,
+        r: &ExportRef,
+        f: impl FnOnce(&mut Export) -> Result<T>,
+    ) -> Result<T> {
+        let mut t = self.table.lock();
+        match t.exports.get_mut(&r.export_id) {
+            Some(e) if e.token == r.token && e.conn == conn => f(e),
+            _ => Err(Error::NotFound(format!(
+                "no export {} with that token on this channel",
+                r.export_id
+            ))),
+        }
+    }
+
+    /// The requester's answer. Accept: the handle to send. Decline: the
+    /// export is released.
+    pub fn answer(
+        &self,
+        conn: u64,
+        r: &ExportRef,
+    ) -> Result<Option<super::backend::ExportedHandle>> {
+        if r.value == 0 {
+            self.release(conn, r)?;
+            return Ok(None);
+        }
+        let base = self.with_export(conn, r, |e| {
+            if e.state != ExportState::Offered {
+                return Err(Error::Protocol(format!(
+                    "export {} was already answered",
+                    r.export_id
+                )));
+            }
+            e.state = ExportState::Exposed;
+            Ok(e.base)
+        })?;
+        Ok(Some(self.backend.export(base)?))
+    }
+
+    /// Revalidates a cached export for a new subbatch: every submission is
+    /// checked again (admission, epoch, registration, range, permission).
+    pub fn revalidate(&self, conn: u64, v: &Revalidate) -> Result<()> {
+        let r = ExportRef {
+            export_id: v.export_id,
+            token: v.token,
+            value: 0,
+            extra: 0,
+        };
+        let (base, logical, epoch, ops) = self.with_export(conn, &r, |e| {
+            if e.state != ExportState::Exposed {
+                return Err(Error::Protocol(format!(
+                    "export {} is not exposed",
+                    v.export_id
+                )));
+            }
+            Ok((e.base, e.logical, e.region_epoch, e.ops))
+        })?;
+        if v.region_epoch != epoch {
+            return Err(Error::StalePeer(format!(
+                "export {} was granted for another region epoch",
+                v.export_id
+            )));
+        }
+        if v.addr < base || v.addr + v.len > base + logical || v.ops & !ops != 0 {
+            return Err(Error::OutOfRange(format!(
+                "0x{:x}+{} (ops {}) is outside export {} (0x{base:x}+{logical}, ops {ops})",
+                v.addr, v.len, v.ops, v.export_id
+            )));
+        }
+        let _lease = self.validate(v.region_epoch, v.addr, v.len, v.ops)?;
+        Ok(())
+    }
+
+    /// Operation-complete receipt: counts the subbatch as served.
+    pub fn op_complete(&self, conn: u64, r: &ExportRef) -> Result<()> {
+        self.with_export(conn, r, |e| {
+            if e.state != ExportState::Exposed {
+                return Err(Error::Protocol(format!(
+                    "operation receipt for unexposed export {}",
+                    r.export_id
+                )));
+            }
+            Ok(())
+        })?;
+        for _ in 0..r.extra {
+            self.stats.record_served(self.backend.transport(), true, 0);
+        }
+        self.stats
+            .record_served_bytes(self.backend.transport(), r.value);
+        Ok(())
+    }
+
+    /// Close receipt: the importer unmapped; release loan, charge and
+    /// registration. A repeated receipt (after a lost ACK) is acknowledged.
+    pub fn close_receipt(&self, conn: u64, r: &ExportRef) -> Result<()> {
+        {
+            let t = self.table.lock();
+            if t.recently_closed.contains(&(r.export_id, r.token)) {
+                return Ok(());
+            }
+        }
+        self.release(conn, r)
+    }
+
+    fn release(&self, conn: u64, r: &ExportRef) -> Result<()> {
+        let mut t = self.table.lock();
+        match t.exports.get(&r.export_id) {
+            Some(e) if e.token == r.token && e.conn == conn => {}
+            _ => {
+                return Err(Error::NotFound(format!(
+                    "no export {} with that token on this channel",
+                    r.export_id
+                )))
+            }
+        }
+        let e = t.exports.remove(&r.export_id).expect("present");
+        t.recently_closed.push_back((r.export_id, r.token));
+        if t.recently_closed.len() > 4096 {
+            t.recently_closed.pop_front();
+        }
+        drop(t);
+        drop(e);
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// The channel `conn` was lost. Offers (never exposed) are released;
+    /// exposed exports stay retained unless the importer provably exited.
+    pub fn connection_lost(&self, conn: u64) {
+        let mut t = self.table.lock();
+        let ids: Vec<u64> = t
+            .exports
+            .iter()
+            .filter(|(_, e)| e.conn == conn)
+            .map(|(k, _)| *k)
+            .collect();
+        let mut released = Vec::new();
+        for id in ids {
+            let e = t.exports.get_mut(&id).expect("present");
+            if e.state == ExportState::Offered || process_exited(&e.requester) {
+                released.push(t.exports.remove(&id).expect("present"));
+            } else {
+                e.state = ExportState::Retained;
+            }
+        }
+        drop(t);
+        drop(released);
+        self.changed.notify_all();
+    }
+
+    /// Releases retained exports whose importing process has exited (its
+    /// mappings went with it). Returns how many were released.
+    pub fn reclaim_exited(&self) -> usize {
+        let mut t = self.table.lock();
+        let ids: Vec<u64> = t
+            .exports
+            .iter()
+            .filter(|(_, e)| e.state == ExportState::Retained && process_exited(&e.requester))
+            .map(|(k, _)| *k)
+            .collect();
+        let gone: Vec<Export> = ids.iter().filter_map(|id| t.exports.remove(id)).collect();
+        drop(t);
+        let n = gone.len();
+        drop(gone);
+        if n > 0 {
+            self.changed.notify_all();
+        }
+        n
+    }
+
+    /// Waits until no export is left or `deadline`; returns how many remain.
+    pub fn wait_empty(&self, deadline: Instant) -> usize {
+        self.reclaim_exited();
+        let mut t = self.table.lock();
+        while !t.exports.is_empty() {
+            let step = (Instant::now() + Duration::from_millis(100)).min(deadline);
+            let timed_out = self.changed.wait_until(&mut t, step).timed_out();
+            if timed_out && Instant::now() >= deadline {
+                break;
+            }
+            if timed_out {
+                drop(t);
+                self.reclaim_exited();
+                t = self.table.lock();
+            }
+        }
+        t.exports.len()
+    }
+
+    /// Counts for stats.
+    pub fn counts(&self) -> ExportCounts {
+        let t = self.table.lock();
+        let mut c = ExportCounts::default();
+        for e in t.exports.values() {
+            if e.state == ExportState::Retained {
+                c.retained += 1;
+            } else {
+                c.open += 1;
+            }
+            c.charged_bytes += owners::owner_of(e.base).map(|o| o.2).unwrap_or(0);
+        }
+        c
+    }
+
+    /// Retained exports, for `retained_resources`.
+    pub fn retained(&self) -> Vec<serde_json::Value> {
+        let t = self.table.lock();
+        t.exports
+            .iter()
+            .filter(|(_, e)| e.state == ExportState::Retained)
+            .map(|(id, e)| {
+                serde_json::json!({"export_id": id, "base": e.base, "requester_pid": e.requester.pid,
+                    "transport": self.backend.transport().name()})
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,97 @@
+//! Fault injection for the IPC protocol: a wrapper backend that fails the
+//! next N native closes, completions or copies on demand, and a switch that
+//! drops the next N receipt acknowledgements. Inert (one atomic load per
+//! operation) until armed; tests arm it through `Engine::faults()`.
+
+use super::backend::{CopyOp, CopyPlan, ExportedHandle, IpcBackend, Mapping, ReceivedHandle};
+use crate::error::{Error, Result};
+use crate::transport::TransportKind;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+/// Counters of faults to inject ("fail the next N").
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// Native close (unmap) fails.
+    pub fail_close: AtomicU32,
+    /// Completion wait fails.
+    pub fail_completion: AtomicU32,
+    /// A copy fails.
+    pub fail_copy: AtomicU32,
+    /// A receipt's acknowledgement is lost on the way back.
+    pub lose_ack: AtomicU32,
+}
+
+impl Faults {
+    /// Takes one fault from `counter` if armed.
+    pub fn take(counter: &AtomicU32) -> bool {
+        counter
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            .is_ok()
+    }
+}
+
+/// Wraps a backend and injects the armed faults.
+pub struct FaultyBackend {
+    inner: Arc<dyn IpcBackend>,
+    faults: Arc<Faults>,
+}
+
+impl FaultyBackend {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<dyn IpcBackend>, faults: Arc<Faults>) -> FaultyBackend {
+        FaultyBackend { inner, faults }
+    }
+}
+
+struct FaultyMapping {
+    inner: Box<dyn Mapping>,
+    faults: Arc<Faults>,
+}
+
+impl IpcBackend for FaultyBackend {
+    fn transport(&self) -> TransportKind {
+        self.inner.transport()
+    }
+    fn export(&self, base: u64) -> Result<ExportedHandle> {
+        self.inner.export(base)
+    }
+    fn import(&self, handle: ReceivedHandle, physical: u64) -> Result<Box<dyn Mapping>> {
+        let inner = self.inner.import(handle, physical)?;
+        Ok(Box::new(FaultyMapping {
+            inner,
+            faults: self.faults.clone(),
+        }))
+    }
+}
+
+impl Mapping for FaultyMapping {
+    fn base(&self) -> u64 {
+        self.inner.base()
+    }
+    fn mapped_len(&self) -> u64 {
+        self.inner.mapped_len()
+    }
+    fn copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<()> {
+        if Faults::take(&self.faults.fail_copy) {
+            return Err(Error::TransferFailed("injected fault: copy failed".into()));
+        }
+        self.inner.copy(ops, plan)
+    }
+    fn wait(&self) -> Result<()> {
+        if Faults::take(&self.faults.fail_completion) {
+            return Err(Error::Unquiesced(
+                "injected fault: completion could not be confirmed".into(),
+            ));
+        }
+        self.inner.wait()
+    }
+    fn close(&self) -> Result<()> {
+        if Faults::take(&self.faults.fail_close) {
+            return Err(Error::Unquiesced(
+                "injected fault: native close failed".into(),
+            ));
+        }
+        self.inner.close()
+    }
+}

@@ -1,0 +1,18 @@
+//! The cooperative IPC protocol, written once for every kind of exportable
+//! memory: export grants after validation, an offer before the handle,
+//! whole-allocation loans, physical-extent charges, subbatches with ordered
+//! or batched copies, operation-complete and close receipts with ACKs, the
+//! relocation cache, and retention when cleanup cannot be confirmed.
+//! Backends (`backend::IpcBackend`) supply export, import, copy, wait and
+//! close for their memory: `shm` for host memfd memory, the CUDA backends
+//! for device memory.
+
+pub mod backend;
+pub mod channel;
+pub mod export;
+pub mod faults;
+pub mod link;
+pub mod messages;
+pub mod plan;
+pub mod requester;
+pub mod source;

@@ -1,0 +1,202 @@
+//! Source side: serves one requester's IPC channel.
+
+use super::channel::{deadline_tick, Channel};
+use super::export::ExportTable;
+use super::messages::{self, ExportRef, ExportRequest, Hello, Revalidate, Welcome};
+use crate::control::frame::MsgKind;
+use crate::control::identity::process_start_time;
+use crate::control::Identity;
+use crate::error::{Error, Result};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What the IPC serving side needs.
+pub struct IpcSourceContext {
+    /// The exports.
+    pub table: Arc<ExportTable>,
+    /// This engine's identity.
+    pub identity: Identity,
+    /// Set when the engine stops.
+    pub stopping: Arc<AtomicBool>,
+    /// Handshake deadline.
+    pub handshake_timeout: Duration,
+}
+
+/// Serves one accepted IPC connection until it closes.
+pub fn serve(ctx: Arc<IpcSourceContext>, stream: UnixStream, conn: u64) {
+    let Ok(mut ch) = Channel::from_stream(stream) else {
+        return;
+    };
+    let r = serve_inner(&ctx, &mut ch, conn);
+    if let Err(Error::Protocol(m)) = &r {
+        let mut tick = || deadline_tick(Instant::now() + Duration::from_secs(1), "error");
+        let body = messages::encode_reject(0, crate::error::Status::ProtocolError, m);
+        let _ = ch.send(MsgKind::ExportReject, &body, None, &mut tick);
+    }
+    ch.shutdown();
+    ctx.table.connection_lost(conn);
+}
+
+fn serve_inner(ctx: &IpcSourceContext, ch: &mut Channel, conn: u64) -> Result<()> {
+    let stop = || {
+        if ctx.stopping.load(Ordering::Acquire) {
+            return Err(Error::Unavailable("engine is shutting down".into()));
+        }
+        Ok(())
+    };
+    // Handshake: check the requester's claimed identity against the kernel.
+    let hs_deadline = Instant::now() + ctx.handshake_timeout;
+    let mut hs_tick = || {
+        stop()?;
+        if Instant::now() >= hs_deadline {
+            return Err(Error::Protocol(
+                "no IpcHello within the handshake timeout".into(),
+            ));
+        }
+        Ok(())
+    };
+    let f = ch.recv(&mut hs_tick)?;
+    if f.kind != MsgKind::IpcHello {
+        return Err(Error::Protocol(format!(
+            "expected IpcHello first, got {:?}",
+            f.kind
+        )));
+    }
+    let hello = Hello::decode(&f.body)?;
+    let requester = hello.identity;
+    let refuse = |ch: &mut Channel, e: Error| -> Result<()> {
+        let body = messages::encode_reject(0, e.status(), e.message());
+        ch.send(MsgKind::ExportReject, &body, None, &mut || stop())?;
+        Ok(())
+    };
+    let pid = ch.peer_pid()?;
+    if pid != requester.process.pid || process_start_time(pid) != requester.process.start_time {
+        return refuse(
+            ch,
+            Error::StalePeer(format!(
+                "requester claims pid {} (start {}), the kernel says pid {pid}",
+                requester.process.pid, requester.process.start_time
+            )),
+        );
+    }
+    if !ctx.identity.same_boot(&requester) {
+        return refuse(
+            ch,
+            Error::StalePeer("requester runs on another boot; SHM needs the same host".into()),
+        );
+    }
+    if hello.expected_source_epoch != ctx.identity.engine_epoch {
+        return refuse(
+            ch,
+            Error::StalePeer(format!(
+                "requester expects source epoch {:x}, this engine is {:x} (restarted?)",
+                hello.expected_source_epoch, ctx.identity.engine_epoch
+            )),
+        );
+    }
+    ch.send(
+        MsgKind::IpcWelcome,
+        &Welcome {
+            identity: ctx.identity,
+        }
+        .encode(),
+        None,
+        &mut || stop(),
+    )?;
+
+    loop {
+        let f = match ch.recv(&mut || stop()) {
+            Ok(f) => f,
+            Err(Error::Unavailable(_)) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        match f.kind {
+            MsgKind::ExportRequest => {
+                let req = ExportRequest::decode(&f.body)?;
+                match ctx.table.offer(conn, requester.process, &req) {
+                    Ok(offer) => {
+                        ch.send(MsgKind::ExportOffer, &offer.encode(), None, &mut || stop())?
+                    }
+                    Err(e) => {
+                        let body = messages::encode_reject(req.tag, e.status(), e.message());
+                        ch.send(MsgKind::ExportReject, &body, None, &mut || stop())?
+                    }
+                }
+            }
+            MsgKind::ExportAnswer => {
+                let r = ExportRef::decode(&f.body, "ExportAnswer")?;
+                match ctx.table.answer(conn, &r) {
+                    Ok(Some(h)) => {
+                        let mut body = ExportRef {
+                            value: 0,
+                            extra: 0,
+                            ..r
+                        }
+                        .encode();
+                        body.extend_from_slice(&h.bytes);
+                        ch.send(MsgKind::ExportHandle, &body, h.fd, &mut || stop())?
+                    }
+                    Ok(None) => ch.send(
+                        MsgKind::Ack,
+                        &ExportRef {
+                            value: 0,
+                            extra: MsgKind::ExportAnswer as u32,
+                            ..r
+                        }
+                        .encode(),
+                        None,
+                        &mut || stop(),
+                    )?,
+                    Err(e) => {
+                        let body = messages::encode_reject(r.export_id, e.status(), e.message());
+                        ch.send(MsgKind::ExportReject, &body, None, &mut || stop())?
+                    }
+                }
+            }
+            MsgKind::Revalidate => {
+                let v = Revalidate::decode(&f.body)?;
+                match ctx.table.revalidate(conn, &v) {
+                    Ok(()) => ch.send(
+                        MsgKind::RevalidateOk,
+                        &v.tag.to_le_bytes(),
+                        None,
+                        &mut || stop(),
+                    )?,
+                    Err(e) => {
+                        let body = messages::encode_reject(v.tag, e.status(), e.message());
+                        ch.send(MsgKind::ExportReject, &body, None, &mut || stop())?
+                    }
+                }
+            }
+            MsgKind::OpComplete | MsgKind::CloseReceipt => {
+                let r = ExportRef::decode(&f.body, "receipt")?;
+                let res = if f.kind == MsgKind::OpComplete {
+                    ctx.table.op_complete(conn, &r)
+                } else {
+                    ctx.table.close_receipt(conn, &r)
+                };
+                match res {
+                    Ok(()) => {
+                        let ack = ExportRef {
+                            value: 0,
+                            extra: f.kind as u32,
+                            ..r
+                        };
+                        ch.send(MsgKind::Ack, &ack.encode(), None, &mut || stop())?
+                    }
+                    Err(e) => {
+                        let body = messages::encode_reject(r.export_id, e.status(), e.message());
+                        ch.send(MsgKind::ExportReject, &body, None, &mut || stop())?
+                    }
+                }
+            }
+            other => {
+                return Err(Error::Protocol(format!(
+                    "unexpected {other:?} on the IPC channel"
+                )))
+            }
+        }
+    }
+}
