@@ -14,12 +14,9 @@ fn main() {
     println!("cargo:rerun-if-env-changed=ORBITE_WRITE_HEADER");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,liborbite.so.{ABI_VERSION}");
 
-    let mut config =
-        cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("read cbindgen.toml");
+    let mut config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("read cbindgen.toml");
     let version = std::env::var("CARGO_PKG_VERSION").expect("version");
-    config.after_includes = config
-        .after_includes
-        .map(|s| s.replace("@VERSION@", &version));
+    config.after_includes = config.after_includes.map(|s| s.replace("@VERSION@", &version));
     let header = out_dir.join("orbite.h");
     match cbindgen::Builder::new()
         .with_config(config)

@@ -19,11 +19,7 @@ pub fn unavailable_reason() -> Option<String> {
 
 /// CUDA device memory (`ipc`: exportable, 2 MiB rounded and zeroed).
 pub fn allocate_device(device: i32, _len: u64, ipc: bool) -> Result<Allocation> {
-    let what = if ipc {
-        "cuda_allocate_ipc"
-    } else {
-        "cuda_allocate"
-    };
+    let what = if ipc { "cuda_allocate_ipc" } else { "cuda_allocate" };
     Err(unavailable(&format!("{what}(device {device})")))
 }
 

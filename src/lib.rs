@@ -35,9 +35,7 @@ pub mod sync_util;
 pub mod transfer;
 pub mod transport;
 
-pub use engine::{
-    Batch, Engine, EngineConfig, EngineStats, MnnvlConfig, MnnvlHandleType, SubmitOptions,
-};
+pub use engine::{Batch, Engine, EngineConfig, EngineStats, MnnvlConfig, MnnvlHandleType, SubmitOptions};
 pub use error::{Error, Result, Status};
 pub use memory::owners::allocate_shared_host;
 pub use memory::{Access, Allocation, MemoryKind};

@@ -74,16 +74,12 @@ impl Stats {
 
     /// Adds bytes served to a peer (receipts that report bytes separately).
     pub fn record_served_bytes(&self, t: TransportKind, bytes: u64) {
-        self.per[t.index()]
-            .served_bytes
-            .fetch_add(bytes, Ordering::Relaxed);
+        self.per[t.index()].served_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Records bytes written to a peer's socket by the requester side.
     pub fn record_wire_sent(&self, t: TransportKind, bytes: u64) {
-        self.per[t.index()]
-            .wire_bytes_sent
-            .fetch_add(bytes, Ordering::Relaxed);
+        self.per[t.index()].wire_bytes_sent.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Snapshot of one transport.

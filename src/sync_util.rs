@@ -31,11 +31,7 @@ impl Drop for Permit {
 impl Budget {
     /// A budget of `limit` bytes.
     pub fn new(limit: u64) -> Arc<Budget> {
-        Arc::new(Budget {
-            limit,
-            used: Mutex::new(0),
-            cv: Condvar::new(),
-        })
+        Arc::new(Budget { limit, used: Mutex::new(0), cv: Condvar::new() })
     }
 
     /// Bytes held now.
@@ -53,10 +49,7 @@ impl Budget {
         let mut u = self.used.lock();
         (*u + bytes <= self.limit).then(|| {
             *u += bytes;
-            Permit {
-                budget: self.clone(),
-                bytes,
-            }
+            Permit { budget: self.clone(), bytes }
         })
     }
 
@@ -78,10 +71,7 @@ impl Budget {
             }
         }
         *u += bytes;
-        Ok(Permit {
-            budget: self.clone(),
-            bytes,
-        })
+        Ok(Permit { budget: self.clone(), bytes })
     }
 }
 
@@ -110,11 +100,7 @@ impl Drop for GateGuard {
 impl Gate {
     /// An open gate named for messages.
     pub fn new(name: &'static str) -> Arc<Gate> {
-        Arc::new(Gate {
-            state: Mutex::new((true, 0)),
-            cv: Condvar::new(),
-            name,
-        })
+        Arc::new(Gate { state: Mutex::new((true, 0)), cv: Condvar::new(), name })
     }
 
     /// Enters if open.
@@ -163,10 +149,7 @@ mod tests {
         assert!(b.try_acquire(3).is_none());
         let e = b.acquire(3, Instant::now() + Duration::from_millis(5), "t");
         assert!(matches!(e, Err(Error::TimedOut(_))));
-        assert!(matches!(
-            b.acquire(11, Instant::now(), "t"),
-            Err(Error::ResourceExhausted(_))
-        ));
+        assert!(matches!(b.acquire(11, Instant::now(), "t"), Err(Error::ResourceExhausted(_))));
         drop(p);
         assert_eq!(b.used(), 0);
         let _q = b.try_acquire(10).unwrap();
@@ -176,10 +159,7 @@ mod tests {
     fn gate_drains() {
         let g = Gate::new("test gate");
         let a = g.enter().unwrap();
-        assert_eq!(
-            g.close_and_wait(Instant::now() + Duration::from_millis(5)),
-            1
-        );
+        assert_eq!(g.close_and_wait(Instant::now() + Duration::from_millis(5)), 1);
         assert!(g.enter().is_err());
         drop(a);
         assert_eq!(g.close_and_wait(Instant::now()), 0);

@@ -65,19 +65,12 @@ impl ChunkOutcome {
     pub fn ok(op: Op) -> ChunkOutcome {
         ChunkOutcome {
             result: Ok(()),
-            effect: if op == Op::Write {
-                RemoteEffect::Applied
-            } else {
-                RemoteEffect::None
-            },
+            effect: if op == Op::Write { RemoteEffect::Applied } else { RemoteEffect::None },
         }
     }
     /// Failure with an effect.
     pub fn failed(e: Error, effect: RemoteEffect) -> ChunkOutcome {
-        ChunkOutcome {
-            result: Err(e),
-            effect,
-        }
+        ChunkOutcome { result: Err(e), effect }
     }
 }
 
@@ -127,12 +120,7 @@ impl BatchShared {
             })
             .collect();
         Arc::new(BatchShared {
-            state: Mutex::new(State {
-                reqs,
-                pending: requests.len(),
-                failed: 0,
-                cancelled: false,
-            }),
+            state: Mutex::new(State { reqs, pending: requests.len(), failed: 0, cancelled: false }),
             cv: Condvar::new(),
             stats,
             deadline,
@@ -271,10 +259,7 @@ impl BatchShared {
     /// The first failure, by input order.
     pub fn first_error(&self) -> Option<(usize, Error)> {
         let s = self.state.lock();
-        s.reqs
-            .iter()
-            .enumerate()
-            .find_map(|(i, r)| r.error.clone().map(|e| (i, e)))
+        s.reqs.iter().enumerate().find_map(|(i, r)| r.error.clone().map(|e| (i, e)))
     }
 
     /// Cancels requests that have not started.
@@ -285,19 +270,12 @@ impl BatchShared {
 
 fn result_of(r: &ReqState) -> RequestResult {
     if !r.done {
-        return RequestResult {
-            status: Status::Pending,
-            remote_effect: RemoteEffect::None,
-        };
+        return RequestResult { status: Status::Pending, remote_effect: RemoteEffect::None };
     }
     match &r.error {
         None => RequestResult {
             status: Status::Ok,
-            remote_effect: if r.op == Op::Write {
-                RemoteEffect::Applied
-            } else {
-                RemoteEffect::None
-            },
+            remote_effect: if r.op == Op::Write { RemoteEffect::Applied } else { RemoteEffect::None },
         },
         Some(e) => RequestResult {
             status: e.status(),

@@ -18,15 +18,9 @@ fn abi_version_agrees_everywhere() {
     assert_eq!(orbite::ffi::engine::orbite_abi_version(), v);
     assert!(COMMITTED.contains(&format!("#define ORBITE_ABI_VERSION {v}\n")));
     let build_rs = include_str!("../build.rs");
-    assert!(
-        build_rs.contains(&format!("const ABI_VERSION: u32 = {v};")),
-        "build.rs sets the SONAME from ABI_VERSION"
-    );
+    assert!(build_rs.contains(&format!("const ABI_VERSION: u32 = {v};")), "build.rs sets the SONAME from ABI_VERSION");
     let cmake = include_str!("../CMakeLists.txt");
-    assert!(
-        cmake.contains(&format!("set(ORBITE_ABI_VERSION {v})")),
-        "CMakeLists.txt names liborbite.so.{v}"
-    );
+    assert!(cmake.contains(&format!("set(ORBITE_ABI_VERSION {v})")), "CMakeLists.txt names liborbite.so.{v}");
 }
 
 #[test]
@@ -67,8 +61,7 @@ fn header_declares_every_contract_function() {
         "orbite_close",
         "orbite_cuda_retained_resources_json",
     ] {
-        let declared =
-            COMMITTED.contains(&format!(" {f}(")) || COMMITTED.contains(&format!("*{f}("));
+        let declared = COMMITTED.contains(&format!(" {f}(")) || COMMITTED.contains(&format!("*{f}("));
         assert!(declared, "orbite.h lacks {f}");
     }
 }

@@ -30,12 +30,10 @@ fn hostile(endpoint: &str, bytes: &[u8]) -> Option<(Status, String)> {
 fn malformed_frames_close_only_their_connection() {
     let src = Engine::new(EngineConfig::default()).unwrap();
     let mut remote = vec![5u8; 4096];
-    src.register_memory(remote.as_mut_ptr() as u64, 4096, Access::READ)
-        .unwrap();
+    src.register_memory(remote.as_mut_ptr() as u64, 4096, Access::READ).unwrap();
     let req = Engine::new(EngineConfig::default()).unwrap();
     let mut local = vec![0u8; 4096];
-    req.register_memory(local.as_mut_ptr() as u64, 4096, Access::NONE)
-        .unwrap();
+    req.register_memory(local.as_mut_ptr() as u64, 4096, Access::NONE).unwrap();
     let peer = req.connect(&src.endpoint(), None).unwrap();
     let ep = src.endpoint();
 
@@ -51,10 +49,7 @@ fn malformed_frames_close_only_their_connection() {
 
     let mut unknown = FrameHeader::encode(MsgKind::Describe, 0).to_vec();
     unknown[6] = 200;
-    assert!(hostile(&ep, &unknown)
-        .unwrap()
-        .1
-        .contains("unknown message type"));
+    assert!(hostile(&ep, &unknown).unwrap().1.contains("unknown message type"));
 
     let oversized = FrameHeader::encode(MsgKind::Describe, u32::MAX);
     assert!(hostile(&ep, &oversized).unwrap().1.contains("exceeds"));
@@ -62,10 +57,7 @@ fn malformed_frames_close_only_their_connection() {
     // A valid frame out of order: a READ before the handshake.
     let mut early = FrameHeader::encode(MsgKind::ReadRequest, 32).to_vec();
     early.extend_from_slice(&[0u8; 32]);
-    assert!(hostile(&ep, &early)
-        .unwrap()
-        .1
-        .contains("expected Describe first"));
+    assert!(hostile(&ep, &early).unwrap().1.contains("expected Describe first"));
 
     // A truncated Describe body.
     let mut trunc = FrameHeader::encode(MsgKind::Describe, 10).to_vec();

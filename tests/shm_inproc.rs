@@ -15,26 +15,15 @@ fn shm_read_write_in_process() {
     for (i, b) in remote.iter_mut().enumerate() {
         *b = (i % 251) as u8;
     }
-    let rid = src
-        .register_memory(a.addr(), 3 << 20, Access::READ_WRITE)
-        .unwrap();
+    let rid = src.register_memory(a.addr(), 3 << 20, Access::READ_WRITE).unwrap();
     let mut local = vec![0u8; 1 << 20];
-    req.register_memory(local.as_mut_ptr() as u64, local.len() as u64, Access::NONE)
-        .unwrap();
+    req.register_memory(local.as_mut_ptr() as u64, local.len() as u64, Access::NONE).unwrap();
     let peer = req.connect(&src.endpoint(), None).unwrap();
-    let opts = SubmitOptions {
-        transport: Transport::Only(TransportKind::Shm),
-        timeout: None,
-    };
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: None };
     let b = req
         .submit(
             peer,
-            &[Request {
-                op: Op::Read,
-                local_addr: local.as_ptr() as u64,
-                remote_addr: a.addr() + 7,
-                len: 1 << 20,
-            }],
+            &[Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: a.addr() + 7, len: 1 << 20 }],
             opts,
         )
         .unwrap();
@@ -57,12 +46,7 @@ fn shm_read_write_in_process() {
     assert_eq!(b.results()[0].remote_effect, RemoteEffect::Applied);
     assert!(remote[2 << 20..(2 << 20) + 4096].iter().all(|b| *b == 0xEE));
     let st = req.stats();
-    assert_eq!(
-        st.transports["shm"].requests_completed,
-        2,
-        "{}",
-        st.to_json()
-    );
+    assert_eq!(st.transports["shm"].requests_completed, 2, "{}", st.to_json());
     assert_eq!(st.transports["tcp"].requests_completed, 0);
     assert_eq!(st.ipc["shm"].mapping_bytes_charged, 0);
     let ss = src.stats();

@@ -6,9 +6,7 @@ use std::time::Duration;
 const T: Duration = Duration::from_secs(60);
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
 #[test]
@@ -17,14 +15,8 @@ fn read_and_write_round_trip_in_process() {
     let req = Engine::new(EngineConfig::default()).unwrap();
     let mut remote = pattern(1 << 20, 3);
     let mut local = vec![0u8; 1 << 20];
-    src.register_memory(
-        remote.as_mut_ptr() as u64,
-        remote.len() as u64,
-        Access::READ_WRITE,
-    )
-    .unwrap();
-    req.register_memory(local.as_mut_ptr() as u64, local.len() as u64, Access::NONE)
-        .unwrap();
+    src.register_memory(remote.as_mut_ptr() as u64, remote.len() as u64, Access::READ_WRITE).unwrap();
+    req.register_memory(local.as_mut_ptr() as u64, local.len() as u64, Access::NONE).unwrap();
     let peer = req.connect(&src.endpoint(), None).unwrap();
     let b = req
         .submit(
@@ -55,13 +47,7 @@ fn read_and_write_round_trip_in_process() {
         )
         .unwrap();
     b.wait(T).unwrap();
-    assert_eq!(
-        b.results()[0],
-        RequestResult {
-            status: Status::Ok,
-            remote_effect: RemoteEffect::Applied
-        }
-    );
+    assert_eq!(b.results()[0], RequestResult { status: Status::Ok, remote_effect: RemoteEffect::Applied });
     assert_eq!(&remote[5..5 + 4097], &w[..]);
     req.close(Some(T)).unwrap();
     src.close(Some(T)).unwrap();

@@ -13,19 +13,12 @@ fn engine(json: &str) -> Engine {
 
 fn local_buf(e: &Engine, len: usize) -> (Vec<u8>, u64) {
     let mut v = vec![0u8; len];
-    let id = e
-        .register_memory(v.as_mut_ptr() as u64, len as u64, Access::NONE)
-        .unwrap();
+    let id = e.register_memory(v.as_mut_ptr() as u64, len as u64, Access::NONE).unwrap();
     (v, id)
 }
 
 fn req(op: Op, local: &[u8], loff: usize, remote: u64, len: u64) -> Request {
-    Request {
-        op,
-        local_addr: local.as_ptr() as u64 + loff as u64,
-        remote_addr: remote,
-        len,
-    }
+    Request { op, local_addr: local.as_ptr() as u64 + loff as u64, remote_addr: remote, len }
 }
 
 fn run(e: &Engine, peer: u64, reqs: &[Request]) -> Batch {
@@ -49,84 +42,39 @@ fn round_trips_byte_for_byte() {
     assert_eq!((local[4], local[6]), (0, 0));
 
     // 4097 bytes at odd offsets, both directions.
-    let b = run(
-        &e,
-        peer,
-        &[req(Op::Read, &local, 1001, src.addr + 4093, 4097)],
-    );
+    let b = run(&e, peer, &[req(Op::Read, &local, 1001, src.addr + 4093, 4097)]);
     assert_eq!(b.results()[0].status, Status::Ok);
     assert!((0..4097).all(|i| local[1001 + i] == pattern(3, 4093 + i as u64)));
     let w = pattern_vec(11, 4097);
     local[3..3 + 4097].copy_from_slice(&w);
-    let b = run(
-        &e,
-        peer,
-        &[req(Op::Write, &local, 3, src.addr + 12345, 4097)],
-    );
-    assert_eq!(
-        b.results()[0],
-        RequestResult {
-            status: Status::Ok,
-            remote_effect: RemoteEffect::Applied
-        }
-    );
+    let b = run(&e, peer, &[req(Op::Write, &local, 3, src.addr + 12345, 4097)]);
+    assert_eq!(b.results()[0], RequestResult { status: Status::Ok, remote_effect: RemoteEffect::Applied });
     assert_eq!(src.cmd("verify 11 12345 4097"), "ok");
 
     // 64 MiB in 1 MiB blocks (READ), verified in full.
     src.cmd("fill 5");
-    let reqs: Vec<_> = (0..64u64)
-        .map(|i| {
-            req(
-                Op::Read,
-                &local,
-                (i << 20) as usize,
-                src.addr + (i << 20),
-                1 << 20,
-            )
-        })
-        .collect();
+    let reqs: Vec<_> =
+        (0..64u64).map(|i| req(Op::Read, &local, (i << 20) as usize, src.addr + (i << 20), 1 << 20)).collect();
     let b = run(&e, peer, &reqs);
     assert!(b.results().iter().all(|r| r.status == Status::Ok));
-    let bad = (0..local.len())
-        .filter(|&i| local[i] != pattern(5, i as u64))
-        .count();
+    let bad = (0..local.len()).filter(|&i| local[i] != pattern(5, i as u64)).count();
     assert_eq!(bad, 0);
 
     // 64 MiB in 1 MiB blocks (WRITE), verified by the source.
     for (i, b) in local.iter_mut().enumerate() {
         *b = pattern(9, i as u64);
     }
-    let reqs: Vec<_> = (0..64u64)
-        .map(|i| {
-            req(
-                Op::Write,
-                &local,
-                (i << 20) as usize,
-                src.addr + (i << 20),
-                1 << 20,
-            )
-        })
-        .collect();
+    let reqs: Vec<_> =
+        (0..64u64).map(|i| req(Op::Write, &local, (i << 20) as usize, src.addr + (i << 20), 1 << 20)).collect();
     let b = run(&e, peer, &reqs);
-    assert!(b
-        .results()
-        .iter()
-        .all(|r| r.status == Status::Ok && r.remote_effect == RemoteEffect::Applied));
+    assert!(b.results().iter().all(|r| r.status == Status::Ok && r.remote_effect == RemoteEffect::Applied));
     assert_eq!(src.cmd(&format!("verify 9 0 {}", 64 << 20)), "ok");
 
     // 1000 small requests in one batch, scattered, results in order.
     src.cmd("fill 21");
     local.iter_mut().for_each(|b| *b = 0);
     let reqs: Vec<_> = (0..1000u64)
-        .map(|i| {
-            req(
-                Op::Read,
-                &local,
-                (i * 97) as usize,
-                src.addr + i * 4099 + 1,
-                33 + (i % 50),
-            )
-        })
+        .map(|i| req(Op::Read, &local, (i * 97) as usize, src.addr + i * 4099 + 1, 33 + (i % 50)))
         .collect();
     let b = run(&e, peer, &reqs);
     let results = b.results();
@@ -138,11 +86,7 @@ fn round_trips_byte_for_byte() {
         let len = 33 + (i % 50);
         let start = if i < 999 { 97 } else { 0 };
         for j in start.min(len)..len {
-            assert_eq!(
-                local[(i * 97 + j) as usize],
-                pattern(21, i * 4099 + 1 + j),
-                "request {i} byte {j}"
-            );
+            assert_eq!(local[(i * 97 + j) as usize], pattern(21, i * 4099 + 1 + j), "request {i} byte {j}");
         }
     }
     let st = e.stats();
@@ -161,65 +105,31 @@ fn every_rejection_is_typed() {
 
     // Unknown peer, zero length, local address outside any region: the submit fails.
     let good = req(Op::Read, &local, 0, src.addr, 16);
-    assert!(matches!(
-        e.submit(9999, &[good], SubmitOptions::default()),
-        Err(Error::NotFound(_))
-    ));
+    assert!(matches!(e.submit(9999, &[good], SubmitOptions::default()), Err(Error::NotFound(_))));
     let zero = Request { len: 0, ..good };
-    assert!(matches!(
-        e.submit(peer, &[zero], SubmitOptions::default()),
-        Err(Error::InvalidArgument(_))
-    ));
-    let nowhere = Request {
-        local_addr: 64,
-        ..good
-    };
-    assert!(matches!(
-        e.submit(peer, &[nowhere], SubmitOptions::default()),
-        Err(Error::NotFound(_))
-    ));
-    let local_cross = Request {
-        local_addr: local.as_ptr() as u64 + 65530,
-        ..good
-    };
-    assert!(matches!(
-        e.submit(peer, &[local_cross], SubmitOptions::default()),
-        Err(Error::OutOfRange(_))
-    ));
+    assert!(matches!(e.submit(peer, &[zero], SubmitOptions::default()), Err(Error::InvalidArgument(_))));
+    let nowhere = Request { local_addr: 64, ..good };
+    assert!(matches!(e.submit(peer, &[nowhere], SubmitOptions::default()), Err(Error::NotFound(_))));
+    let local_cross = Request { local_addr: local.as_ptr() as u64 + 65530, ..good };
+    assert!(matches!(e.submit(peer, &[local_cross], SubmitOptions::default()), Err(Error::OutOfRange(_))));
 
     // Remote outcomes, per request, in order.
     let reqs = [
-        req(Op::Read, &local, 0, 4096, 16), // outside any region
+        req(Op::Read, &local, 0, 4096, 16),                 // outside any region
         req(Op::Read, &local, 0, src.addr + 65536 - 8, 16), // crosses the region's end
-        req(Op::Read, &local, 0, src.extra_addr, 16), // write-only region
-        req(Op::Write, &local, 0, src.addr, 16), // read-only region
-        req(Op::Read, &local, 100, src.addr + 1, 10), // fine
+        req(Op::Read, &local, 0, src.extra_addr, 16),       // write-only region
+        req(Op::Write, &local, 0, src.addr, 16),            // read-only region
+        req(Op::Read, &local, 100, src.addr + 1, 10),       // fine
     ];
     let b = run(&e, peer, &reqs);
     let r = b.results();
-    assert_eq!(
-        r[0],
-        RequestResult {
-            status: Status::NotFound,
-            remote_effect: RemoteEffect::None
-        }
-    );
+    assert_eq!(r[0], RequestResult { status: Status::NotFound, remote_effect: RemoteEffect::None });
     assert_eq!(r[1].status, Status::OutOfRange);
     assert_eq!(r[2].status, Status::PermissionDenied);
-    assert_eq!(
-        r[3],
-        RequestResult {
-            status: Status::PermissionDenied,
-            remote_effect: RemoteEffect::None
-        }
-    );
+    assert_eq!(r[3], RequestResult { status: Status::PermissionDenied, remote_effect: RemoteEffect::None });
     assert_eq!(r[4].status, Status::Ok);
     assert!(matches!(b.wait(LONG), Err(Error::TransferFailed(m)) if m.contains("request 0")));
-    assert!(b
-        .error(2)
-        .unwrap()
-        .message()
-        .contains("does not allow remote READ"));
+    assert!(b.error(2).unwrap().message().contains("does not allow remote READ"));
 
     // Stale epoch after re-registration: the request names the old epoch.
     assert_eq!(src.cmd("reregister"), "ok");
@@ -234,14 +144,8 @@ fn every_rejection_is_typed() {
 
     // Submit after close.
     e.close(Some(LONG)).unwrap();
-    assert!(matches!(
-        e.submit(peer, &[good], SubmitOptions::default()),
-        Err(Error::Unavailable(_))
-    ));
-    assert!(matches!(
-        e.unregister_memory(lid, None),
-        Err(Error::NotFound(_))
-    ));
+    assert!(matches!(e.submit(peer, &[good], SubmitOptions::default()), Err(Error::Unavailable(_))));
+    assert!(matches!(e.unregister_memory(lid, None), Err(Error::NotFound(_))));
     src.close();
 }
 
@@ -254,14 +158,10 @@ fn threads_and_two_requesters_share_a_source() {
     let p2 = e2.connect(&src.endpoint, None).unwrap();
     let (addr, len) = (src.addr, src.len);
     std::thread::scope(|s| {
-        for (t, (e, p)) in [(&e1, p1), (&e1, p1), (&e1, p1), (&e2, p2), (&e2, p2)]
-            .into_iter()
-            .enumerate()
-        {
+        for (t, (e, p)) in [(&e1, p1), (&e1, p1), (&e1, p1), (&e2, p2), (&e2, p2)].into_iter().enumerate() {
             s.spawn(move || {
                 let mut local = vec![0u8; 1 << 20];
-                e.register_memory(local.as_mut_ptr() as u64, local.len() as u64, Access::NONE)
-                    .unwrap();
+                e.register_memory(local.as_mut_ptr() as u64, local.len() as u64, Access::NONE).unwrap();
                 for round in 0..20u64 {
                     let off = ((t as u64 * 7 + round * 13) % 7) << 20;
                     let n = 1 + (round * 65537 + t as u64 * 4099) % (1 << 20);
@@ -310,14 +210,7 @@ fn peer_killed_before_and_during_transfers() {
     a.kill();
     let t0 = Instant::now();
     let r = req(Op::Read, &local, 0, aaddr, 16);
-    match e.submit(
-        pa,
-        &[r],
-        SubmitOptions {
-            timeout: Some(Duration::from_secs(30)),
-            ..Default::default()
-        },
-    ) {
+    match e.submit(pa, &[r], SubmitOptions { timeout: Some(Duration::from_secs(30)), ..Default::default() }) {
         Err(err) => assert_eq!(err.status(), Status::Unavailable),
         Ok(b) => {
             assert!(b.wait(LONG).is_err());
@@ -332,28 +225,11 @@ fn peer_killed_before_and_during_transfers() {
     let b = PeerProc::spawn(&["--size", &(32u64 << 20).to_string()]);
     let pb = e.connect(&b.endpoint, None).unwrap();
     b.freeze();
-    let mut reqs: Vec<Request> = (0..8u64)
-        .map(|i| {
-            req(
-                Op::Write,
-                &local,
-                (i << 20) as usize,
-                b.addr + (i << 20),
-                1 << 20,
-            )
-        })
-        .collect();
+    let mut reqs: Vec<Request> =
+        (0..8u64).map(|i| req(Op::Write, &local, (i << 20) as usize, b.addr + (i << 20), 1 << 20)).collect();
     reqs.push(req(Op::Read, &local, 16 << 20, b.addr, 1 << 20));
-    let batch = e
-        .submit(
-            pb,
-            &reqs,
-            SubmitOptions {
-                timeout: Some(Duration::from_secs(60)),
-                ..Default::default()
-            },
-        )
-        .unwrap();
+    let batch =
+        e.submit(pb, &reqs, SubmitOptions { timeout: Some(Duration::from_secs(60)), ..Default::default() }).unwrap();
     assert_eq!(batch.poll(), Status::Pending);
     // Wait until the first WRITE's bytes are on the wire (the frozen source
     // cannot answer, so the batch stays pending).
@@ -367,20 +243,9 @@ fn peer_killed_before_and_during_transfers() {
     assert!(batch.wait(LONG).is_err());
     assert!(t0.elapsed() < Duration::from_secs(60));
     let res = batch.results();
-    assert!(
-        res.iter()
-            .all(|r| r.status != Status::Ok && r.status != Status::Pending),
-        "{res:?}"
-    );
-    assert!(res[..8]
-        .iter()
-        .all(|r| matches!(r.remote_effect, RemoteEffect::Unknown | RemoteEffect::None)));
-    assert!(
-        res[..8]
-            .iter()
-            .any(|r| r.remote_effect == RemoteEffect::Unknown),
-        "a sent WRITE must be Unknown: {res:?}"
-    );
+    assert!(res.iter().all(|r| r.status != Status::Ok && r.status != Status::Pending), "{res:?}");
+    assert!(res[..8].iter().all(|r| matches!(r.remote_effect, RemoteEffect::Unknown | RemoteEffect::None)));
+    assert!(res[..8].iter().any(|r| r.remote_effect == RemoteEffect::Unknown), "a sent WRITE must be Unknown: {res:?}");
     assert_eq!(res[8].remote_effect, RemoteEffect::None);
 
     // The engine keeps serving the other peer.
@@ -405,37 +270,16 @@ fn silent_peer_times_out_within_the_deadline() {
     let b = e
         .submit(
             p,
-            &[
-                req(Op::Write, &local, 0, src.addr, 4096),
-                req(Op::Read, &local, 8192, src.addr, 4096),
-            ],
-            SubmitOptions {
-                timeout: Some(Duration::from_millis(1500)),
-                ..Default::default()
-            },
+            &[req(Op::Write, &local, 0, src.addr, 4096), req(Op::Read, &local, 8192, src.addr, 4096)],
+            SubmitOptions { timeout: Some(Duration::from_millis(1500)), ..Default::default() },
         )
         .unwrap();
     assert!(b.wait(LONG).is_err());
     let took = t0.elapsed();
-    assert!(
-        took >= Duration::from_millis(1500) && took < Duration::from_secs(30),
-        "{took:?}"
-    );
+    assert!(took >= Duration::from_millis(1500) && took < Duration::from_secs(30), "{took:?}");
     let r = b.results();
-    assert_eq!(
-        r[0],
-        RequestResult {
-            status: Status::TimedOut,
-            remote_effect: RemoteEffect::Unknown
-        }
-    );
-    assert_eq!(
-        r[1],
-        RequestResult {
-            status: Status::TimedOut,
-            remote_effect: RemoteEffect::None
-        }
-    );
+    assert_eq!(r[0], RequestResult { status: Status::TimedOut, remote_effect: RemoteEffect::Unknown });
+    assert_eq!(r[1], RequestResult { status: Status::TimedOut, remote_effect: RemoteEffect::None });
     src.signal(libc::SIGCONT);
     src.kill();
     e.close(Some(LONG)).unwrap();

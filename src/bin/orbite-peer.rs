@@ -1,34 +1,40 @@
-//! `orbite-peer`: a stand-alone source process. It registers a buffer filled
-//! with a deterministic pattern, prints one JSON line describing itself, then
-//! obeys commands on stdin, one per line. The multi-process tests drive it;
-//! it is also handy to poke at an engine by hand.
+//! `orbite-peer`: a stand-alone peer process for tests and manual poking.
+//!
+//! Source mode (default): registers one or more buffers filled with a
+//! deterministic pattern, prints one JSON line describing itself, then obeys
+//! commands on stdin, one per line.
 //!
 //! ```text
-//! orbite-peer [--size BYTES] [--access rw|r|w|none] [--seed N] [--config JSON] [--extra BYTES]
-//! -> {"endpoint":"127.0.0.1:PORT","addr":A,"len":N,"pid":P,"extra_addr":X,"extra_len":M}
+//! orbite-peer [--size BYTES] [--allocs N] [--shared] [--access rw|r|w|none]
+//!             [--seed N] [--config JSON] [--extra BYTES]
+//! -> {"endpoint":"IP:PORT","addr":A,"addrs":[A,...],"len":N,"pid":P,"extra_addr":X,"extra_len":M}
 //! commands:
-//!   verify SEED OFF LEN   the range [OFF, OFF+LEN) holds pattern SEED -> "ok" | "bad AT"
-//!   fill SEED             refill the buffer with pattern SEED -> "ok"
-//!   reregister            unregister and register again (new epoch) -> "ok"
+//!   verify SEED OFF LEN   buffer 0's [OFF, OFF+LEN) holds pattern SEED -> "ok" | "bad AT"
+//!   verifyn I SEED OFF LEN  the same for buffer I
+//!   fill SEED             refill buffer 0 with pattern SEED -> "ok"
+//!   reregister            unregister buffer 0 and register it again (new epoch) -> "ok"
+//!   close_source MS       close the source side -> "ok" | "err STATUS message"
 //!   stats                 -> the engine's stats JSON
+//!   retained              -> the engine's retained resources JSON
 //!   close                 close the engine (10 s) -> "closed" and exit 0
 //!   exit                  exit at once (no close)
 //! ```
+//!
+//! Requester mode: `orbite-peer --connect ENDPOINT --read ADDR:LEN [--config JSON]`
+//! connects, READs the range (transport auto), prints `ok FNV64` and obeys
+//! `read` (again), `flush`, `stats` and `exit` (exit at once, no close).
 
-use orbite::{Access, Engine, EngineConfig};
+use orbite::{allocate_shared_host, Access, Allocation, Engine, EngineConfig, Op, Request, SubmitOptions};
 use std::io::{BufRead, Write};
+use std::time::Duration;
 
 /// The byte at offset `i` of pattern `seed`.
 fn pattern(seed: u64, i: u64) -> u8 {
-    (i.wrapping_mul(131)
-        .wrapping_add(seed.wrapping_mul(7))
-        .wrapping_add(i >> 12)) as u8
+    (i.wrapping_mul(131).wrapping_add(seed.wrapping_mul(7)).wrapping_add(i >> 12)) as u8
 }
 
-fn fill(buf: &mut [u8], seed: u64) {
-    for (i, b) in buf.iter_mut().enumerate() {
-        *b = pattern(seed, i as u64);
-    }
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100_0000_01b3))
 }
 
 fn parse_access(s: &str) -> Access {
@@ -37,125 +43,206 @@ fn parse_access(s: &str) -> Access {
         "r" => Access::READ,
         "w" => Access::WRITE,
         "none" => Access::NONE,
-        other => {
-            eprintln!("unknown access {other:?} (rw, r, w or none)");
-            std::process::exit(2)
-        }
+        other => die(&format!("unknown access {other:?} (rw, r, w or none)")),
     }
 }
 
-fn main() {
-    let mut size: usize = 16 << 20;
-    let mut extra: usize = 0;
-    let mut access = Access::READ_WRITE;
-    let mut seed: u64 = 1;
-    let mut config = String::new();
+fn die(msg: &str) -> ! {
+    eprintln!("orbite-peer: {msg}");
+    std::process::exit(2)
+}
+
+/// Memory the peer owns: plain heap or a library shared allocation.
+enum Buf {
+    Heap(Vec<u8>),
+    Shared(Allocation),
+}
+
+impl Buf {
+    fn new(len: usize, shared: bool) -> Buf {
+        if shared {
+            Buf::Shared(allocate_shared_host(len as u64).unwrap_or_else(|e| die(&e.to_string())))
+        } else {
+            Buf::Heap(vec![0u8; len])
+        }
+    }
+    fn slice(&mut self) -> &mut [u8] {
+        match self {
+            Buf::Heap(v) => v,
+            // SAFETY: a shared allocation maps at least `len()` bytes and
+            // lives as long as `self`.
+            Buf::Shared(a) => unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u8, a.len() as usize) },
+        }
+    }
+    fn addr(&mut self) -> u64 {
+        self.slice().as_mut_ptr() as u64
+    }
+}
+
+struct Args {
+    size: usize,
+    allocs: usize,
+    shared: bool,
+    extra: usize,
+    access: Access,
+    seed: u64,
+    config: String,
+    connect: Option<String>,
+    read: Option<(u64, u64)>,
+}
+
+fn parse_args() -> Args {
+    let mut a = Args {
+        size: 16 << 20,
+        allocs: 1,
+        shared: false,
+        extra: 0,
+        access: Access::READ_WRITE,
+        seed: 1,
+        config: String::new(),
+        connect: None,
+        read: None,
+    };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
-    while let Some(a) = it.next() {
-        let mut val = || {
-            it.next().cloned().unwrap_or_else(|| {
-                eprintln!("{a} needs a value");
-                std::process::exit(2)
-            })
-        };
-        match a.as_str() {
-            "--size" => size = val().parse().expect("--size BYTES"),
-            "--extra" => extra = val().parse().expect("--extra BYTES"),
-            "--access" => access = parse_access(&val()),
-            "--seed" => seed = val().parse().expect("--seed N"),
-            "--config" => config = val(),
+    while let Some(k) = it.next() {
+        let mut val = || it.next().cloned().unwrap_or_else(|| die(&format!("{k} needs a value")));
+        match k.as_str() {
+            "--size" => a.size = val().parse().unwrap_or_else(|_| die("--size BYTES")),
+            "--allocs" => a.allocs = val().parse().unwrap_or_else(|_| die("--allocs N")),
+            "--extra" => a.extra = val().parse().unwrap_or_else(|_| die("--extra BYTES")),
+            "--shared" => a.shared = true,
+            "--access" => a.access = parse_access(&val()),
+            "--seed" => a.seed = val().parse().unwrap_or_else(|_| die("--seed N")),
+            "--config" => a.config = val(),
+            "--connect" => a.connect = Some(val()),
+            "--read" => {
+                let v = val();
+                let (x, y) = v.split_once(':').unwrap_or_else(|| die("--read ADDR:LEN"));
+                a.read = Some((x.parse().unwrap_or_else(|_| die("ADDR")), y.parse().unwrap_or_else(|_| die("LEN"))));
+            }
             "-h" | "--help" => {
-                println!("usage: orbite-peer [--size BYTES] [--access rw|r|w|none] [--seed N] [--config JSON] [--extra BYTES]");
-                return;
+                println!("see the module documentation in src/bin/orbite-peer.rs");
+                std::process::exit(0)
             }
-            other => {
-                eprintln!("unknown argument {other:?}");
-                std::process::exit(2)
-            }
+            other => die(&format!("unknown argument {other:?}")),
         }
     }
-    let engine = match EngineConfig::from_json(&config).and_then(Engine::new) {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("orbite-peer: {e}");
-            std::process::exit(1)
+    a
+}
+
+fn reply(line: &str) {
+    println!("{line}");
+    std::io::stdout().flush().ok();
+}
+
+fn requester(a: &Args, engine: &Engine) -> ! {
+    let endpoint = a.connect.clone().expect("connect");
+    let (addr, len) = a.read.unwrap_or_else(|| die("requester mode needs --read ADDR:LEN"));
+    let mut local = vec![0u8; len as usize];
+    engine.register_memory(local.as_mut_ptr() as u64, len, Access::NONE).unwrap_or_else(|e| die(&e.to_string()));
+    let peer = engine.connect(&endpoint, None).unwrap_or_else(|e| die(&e.to_string()));
+    let read = |local: &mut Vec<u8>| -> String {
+        let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: addr, len };
+        match engine.submit(peer, &[r], SubmitOptions::default()).and_then(|b| b.wait(Duration::from_secs(60))) {
+            Ok(()) => format!("ok {}", fnv(local)),
+            Err(e) => format!("err {} {}", e.status(), e.message()),
         }
     };
-    let mut buf = vec![0u8; size.max(1)];
-    fill(&mut buf, seed);
-    let addr = buf.as_mut_ptr() as u64;
-    let mut region = engine
-        .register_memory(addr, size as u64, access)
-        .expect("register buffer");
-    // An optional second region with the opposite access, for permission tests.
-    let mut extra_buf = vec![0u8; extra.max(1)];
-    if extra > 0 {
-        let other = if access.can_read() {
-            Access::WRITE
-        } else {
-            Access::READ
-        };
-        engine
-            .register_memory(extra_buf.as_mut_ptr() as u64, extra as u64, other)
-            .expect("register extra buffer");
-    }
-    println!(
-        "{}",
-        serde_json::json!({
-            "endpoint": engine.endpoint(), "addr": addr, "len": size, "pid": std::process::id(),
-            "extra_addr": extra_buf.as_ptr() as u64, "extra_len": extra,
-        })
-    );
-    std::io::stdout().flush().ok();
-    let stdin = std::io::stdin();
-    for line in stdin.lock().lines() {
+    reply(&read(&mut local));
+    for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let reply = match words.as_slice() {
-            ["verify", s, off, len] => {
-                let (s, off, len): (u64, usize, usize) = (
-                    s.parse().unwrap_or(0),
-                    off.parse().unwrap_or(0),
-                    len.parse().unwrap_or(0),
-                );
-                match (off..off + len)
-                    .find(|&i| i >= buf.len() || buf[i] != pattern(s, (i - off) as u64))
-                {
-                    None => "ok".to_string(),
-                    Some(at) => format!("bad {at}"),
+        match line.trim() {
+            "read" => reply(&read(&mut local)),
+            "flush" => reply(&match engine.flush_nvlink_cache(None) {
+                Ok(()) => "ok".to_string(),
+                Err(e) => format!("err {} {}", e.status(), e.message()),
+            }),
+            "stats" => reply(&engine.stats().to_json()),
+            "exit" => std::process::exit(0),
+            other => reply(&format!("unknown command {other:?}")),
+        }
+    }
+    std::process::exit(0)
+}
+
+fn main() {
+    let a = parse_args();
+    let engine = EngineConfig::from_json(&a.config).and_then(Engine::new).unwrap_or_else(|e| die(&e.to_string()));
+    if a.connect.is_some() {
+        requester(&a, &engine);
+    }
+    let mut bufs: Vec<Buf> = (0..a.allocs.max(1)).map(|_| Buf::new(a.size.max(1), a.shared)).collect();
+    let mut ids = Vec::new();
+    for (n, b) in bufs.iter_mut().enumerate() {
+        for (i, x) in b.slice().iter_mut().enumerate() {
+            *x = pattern(a.seed + n as u64, i as u64);
+        }
+        let addr = b.addr();
+        ids.push(engine.register_memory(addr, a.size as u64, a.access).unwrap_or_else(|e| die(&e.to_string())));
+    }
+    // An optional region with the opposite access, for permission tests.
+    let mut extra = vec![0u8; a.extra.max(1)];
+    if a.extra > 0 {
+        let other = if a.access.can_read() { Access::WRITE } else { Access::READ };
+        engine
+            .register_memory(extra.as_mut_ptr() as u64, a.extra as u64, other)
+            .unwrap_or_else(|e| die(&e.to_string()));
+    }
+    let addrs: Vec<u64> = bufs.iter_mut().map(|b| b.addr()).collect();
+    reply(
+        &serde_json::json!({
+            "endpoint": engine.endpoint(), "addr": addrs[0], "addrs": addrs, "len": a.size,
+            "pid": std::process::id(), "extra_addr": extra.as_ptr() as u64, "extra_len": a.extra,
+        })
+        .to_string(),
+    );
+    let verify = |b: &mut Buf, s: u64, off: usize, len: usize| -> String {
+        let buf = b.slice();
+        match (off..off + len).find(|&i| i >= buf.len() || buf[i] != pattern(s, (i - off) as u64)) {
+            None => "ok".to_string(),
+            Some(at) => format!("bad {at}"),
+        }
+    };
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let w: Vec<&str> = line.split_whitespace().collect();
+        let num = |i: usize| -> u64 { w.get(i).and_then(|x| x.parse().ok()).unwrap_or(0) };
+        let out = match w.first().copied().unwrap_or("") {
+            "verify" => verify(&mut bufs[0], num(1), num(2) as usize, num(3) as usize),
+            "verifyn" => match bufs.get_mut(num(1) as usize) {
+                Some(b) => verify(b, num(2), num(3) as usize, num(4) as usize),
+                None => "bad index".into(),
+            },
+            "fill" => {
+                for (i, x) in bufs[0].slice().iter_mut().enumerate() {
+                    *x = pattern(num(1), i as u64);
                 }
-            }
-            ["fill", s] => {
-                fill(&mut buf, s.parse().unwrap_or(0));
                 "ok".into()
             }
-            ["reregister"] => {
-                engine.unregister_memory(region, None).expect("unregister");
-                region = engine
-                    .register_memory(addr, size as u64, access)
-                    .expect("register again");
+            "reregister" => {
+                engine.unregister_memory(ids[0], None).unwrap_or_else(|e| die(&e.to_string()));
+                ids[0] =
+                    engine.register_memory(addrs[0], a.size as u64, a.access).unwrap_or_else(|e| die(&e.to_string()));
                 "ok".into()
             }
-            ["stats"] => engine.stats().to_json(),
-            ["close"] => {
-                let r = engine.close(Some(std::time::Duration::from_secs(10)));
-                println!(
-                    "{}",
-                    if r.is_ok() {
-                        "closed".to_string()
-                    } else {
-                        format!("close failed: {r:?}")
-                    }
-                );
-                std::io::stdout().flush().ok();
+            "close_source" => match engine.close_source(Some(Duration::from_millis(num(1)))) {
+                Ok(()) => "ok".into(),
+                Err(e) => format!("err {} {}", e.status(), e.message()),
+            },
+            "stats" => engine.stats().to_json(),
+            "retained" => engine.retained_resources().to_string(),
+            "close" => {
+                let r = engine.close(Some(Duration::from_secs(10)));
+                reply(&match &r {
+                    Ok(()) => "closed".to_string(),
+                    Err(e) => format!("close failed: {e}"),
+                });
                 std::process::exit(if r.is_ok() { 0 } else { 1 });
             }
-            ["exit"] => std::process::exit(0),
+            "exit" => std::process::exit(0),
             _ => format!("unknown command {line:?}"),
         };
-        println!("{reply}");
-        std::io::stdout().flush().ok();
+        reply(&out);
     }
-    drop(extra_buf);
 }

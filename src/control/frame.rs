@@ -122,9 +122,7 @@ impl FrameHeader {
     pub fn decode(h: &[u8; FRAME_HEADER_LEN]) -> Result<FrameHeader> {
         let magic = u32::from_le_bytes([h[0], h[1], h[2], h[3]]);
         if magic != MAGIC {
-            return Err(Error::Protocol(format!(
-                "bad frame magic 0x{magic:08x} (not an OrbiTE peer?)"
-            )));
+            return Err(Error::Protocol(format!("bad frame magic 0x{magic:08x} (not an OrbiTE peer?)")));
         }
         let version = u16::from_le_bytes([h[4], h[5]]);
         if version != PROTOCOL_VERSION {
@@ -133,14 +131,12 @@ impl FrameHeader {
             )));
         }
         let raw_kind = u16::from_le_bytes([h[6], h[7]]);
-        let kind = MsgKind::from_u16(raw_kind)
-            .ok_or_else(|| Error::Protocol(format!("unknown message type {raw_kind}")))?;
+        let kind =
+            MsgKind::from_u16(raw_kind).ok_or_else(|| Error::Protocol(format!("unknown message type {raw_kind}")))?;
         let body_len = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
         let reserved = u32::from_le_bytes([h[12], h[13], h[14], h[15]]);
         if reserved != 0 {
-            return Err(Error::Protocol(format!(
-                "reserved header field is 0x{reserved:x}, must be 0"
-            )));
+            return Err(Error::Protocol(format!("reserved header field is 0x{reserved:x}, must be 0")));
         }
         if body_len as u64 > kind.max_body() {
             return Err(Error::Protocol(format!(
@@ -159,36 +155,20 @@ mod tests {
     #[test]
     fn header_round_trip_and_rejections() {
         let h = FrameHeader::encode(MsgKind::ReadRequest, 40);
-        assert_eq!(
-            FrameHeader::decode(&h).unwrap(),
-            FrameHeader {
-                kind: MsgKind::ReadRequest,
-                body_len: 40
-            }
-        );
+        assert_eq!(FrameHeader::decode(&h).unwrap(), FrameHeader { kind: MsgKind::ReadRequest, body_len: 40 });
         let mut bad = h;
         bad[0] = 0;
-        assert!(
-            matches!(FrameHeader::decode(&bad), Err(Error::Protocol(m)) if m.contains("magic"))
-        );
+        assert!(matches!(FrameHeader::decode(&bad), Err(Error::Protocol(m)) if m.contains("magic")));
         let mut bad = h;
         bad[4] = 9;
-        assert!(
-            matches!(FrameHeader::decode(&bad), Err(Error::Protocol(m)) if m.contains("version"))
-        );
+        assert!(matches!(FrameHeader::decode(&bad), Err(Error::Protocol(m)) if m.contains("version")));
         let mut bad = h;
         bad[6] = 99;
-        assert!(
-            matches!(FrameHeader::decode(&bad), Err(Error::Protocol(m)) if m.contains("unknown message type"))
-        );
+        assert!(matches!(FrameHeader::decode(&bad), Err(Error::Protocol(m)) if m.contains("unknown message type")));
         let big = FrameHeader::encode(MsgKind::Describe, MAX_CONTROL_BODY + 1);
-        assert!(
-            matches!(FrameHeader::decode(&big), Err(Error::Protocol(m)) if m.contains("exceeds"))
-        );
+        assert!(matches!(FrameHeader::decode(&big), Err(Error::Protocol(m)) if m.contains("exceeds")));
         let mut bad = h;
         bad[12] = 1;
-        assert!(
-            matches!(FrameHeader::decode(&bad), Err(Error::Protocol(m)) if m.contains("reserved"))
-        );
+        assert!(matches!(FrameHeader::decode(&bad), Err(Error::Protocol(m)) if m.contains("reserved")));
     }
 }

@@ -50,10 +50,7 @@ pub fn process_start_time(pid: u32) -> u64 {
         return 0;
     };
     // rest starts with " S ppid ...": field 3 is index 0 here, field 22 is index 19.
-    rest.split_whitespace()
-        .nth(19)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0)
+    rest.split_whitespace().nth(19).and_then(|s| s.parse().ok()).unwrap_or(0)
 }
 
 static BOOT_ID: Lazy<[u8; 16]> = Lazy::new(read_boot_id);
@@ -67,10 +64,7 @@ pub fn boot_id() -> [u8; 16] {
 /// This process.
 pub fn this_process() -> ProcessIdentity {
     let pid = std::process::id();
-    ProcessIdentity {
-        pid,
-        start_time: process_start_time(pid),
-    }
+    ProcessIdentity { pid, start_time: process_start_time(pid) }
 }
 
 impl Identity {
@@ -87,11 +81,7 @@ impl Identity {
         if epoch == 0 {
             epoch = 1;
         }
-        Identity {
-            boot_id: boot_id(),
-            process,
-            engine_epoch: epoch,
-        }
+        Identity { boot_id: boot_id(), process, engine_epoch: epoch }
     }
 
     /// Whether `other` runs on the same boot of the same host.

@@ -32,11 +32,7 @@ pub fn read_full(s: &mut impl Read, buf: &mut [u8], tick: Tick<'_>, eof_ok: bool
     while done < buf.len() {
         match s.read(&mut buf[done..]) {
             Ok(0) if done == 0 && eof_ok => return Ok(false),
-            Ok(0) => {
-                return Err(Error::Unavailable(
-                    "peer closed the connection mid-frame".into(),
-                ))
-            }
+            Ok(0) => return Err(Error::Unavailable("peer closed the connection mid-frame".into())),
             Ok(n) => done += n,
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => tick()?,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
@@ -75,12 +71,7 @@ pub fn discard(s: &mut impl Read, mut len: u64, tick: Tick<'_>) -> Result<()> {
 
 /// Writes every byte of every slice; returns bytes written so far in the
 /// error case through `written`.
-pub fn write_all_parts(
-    s: &mut impl Write,
-    parts: &[&[u8]],
-    tick: Tick<'_>,
-    written: &mut u64,
-) -> Result<()> {
+pub fn write_all_parts(s: &mut impl Write, parts: &[&[u8]], tick: Tick<'_>, written: &mut u64) -> Result<()> {
     let mut idx = 0;
     let mut off = 0;
     while idx < parts.len() {

@@ -35,10 +35,7 @@ pub struct RegionInfo {
 impl RegionInfo {
     /// Whether `[addr, addr+len)` lies inside.
     pub fn contains(&self, addr: u64, len: u64) -> bool {
-        addr >= self.addr
-            && addr
-                .checked_add(len)
-                .is_some_and(|e| e <= self.addr + self.len)
+        addr >= self.addr && addr.checked_add(len).is_some_and(|e| e <= self.addr + self.len)
     }
 }
 
@@ -116,21 +113,15 @@ impl<'a> Reader<'a> {
     }
     /// Reads a u16.
     pub fn u16(&mut self) -> Result<u16> {
-        Ok(u16::from_le_bytes(
-            self.take(2)?.try_into().expect("2 bytes"),
-        ))
+        Ok(u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")))
     }
     /// Reads a u32.
     pub fn u32(&mut self) -> Result<u32> {
-        Ok(u32::from_le_bytes(
-            self.take(4)?.try_into().expect("4 bytes"),
-        ))
+        Ok(u32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes")))
     }
     /// Reads a u64.
     pub fn u64(&mut self) -> Result<u64> {
-        Ok(u64::from_le_bytes(
-            self.take(8)?.try_into().expect("8 bytes"),
-        ))
+        Ok(u64::from_le_bytes(self.take(8)?.try_into().expect("8 bytes")))
     }
     /// Reads `N` raw bytes.
     pub fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
@@ -140,8 +131,7 @@ impl<'a> Reader<'a> {
     pub fn str16(&mut self) -> Result<String> {
         let n = self.u16()? as usize;
         let b = self.take(n)?;
-        String::from_utf8(b.to_vec())
-            .map_err(|_| Error::Protocol(format!("{}: string is not UTF-8", self.what)))
+        String::from_utf8(b.to_vec()).map_err(|_| Error::Protocol(format!("{}: string is not UTF-8", self.what)))
     }
     /// The unread rest.
     pub fn rest(&mut self) -> &'a [u8] {
@@ -176,12 +166,7 @@ impl Describe {
             .str16(&self.ipc_name)
             .u32(self.regions.len() as u32);
         for r in &self.regions {
-            w.u64(r.id)
-                .u64(r.epoch)
-                .u64(r.addr)
-                .u64(r.len)
-                .u32(r.access.bits())
-                .u32(r.kind.code());
+            w.u64(r.id).u64(r.epoch).u64(r.addr).u64(r.len).u32(r.access.bits()).u32(r.kind.code());
         }
         w.0
     }
@@ -199,9 +184,7 @@ impl Describe {
         let ipc_name = r.str16()?;
         let n = r.u32()? as usize;
         if n > MAX_REGIONS {
-            return Err(Error::Protocol(format!(
-                "Describe publishes {n} regions (limit {MAX_REGIONS})"
-            )));
+            return Err(Error::Protocol(format!("Describe publishes {n} regions (limit {MAX_REGIONS})")));
         }
         let mut regions = Vec::with_capacity(n);
         for _ in 0..n {
@@ -214,29 +197,16 @@ impl Describe {
             let kind = MemoryKind::from_code(r.u32()?)
                 .ok_or_else(|| Error::Protocol("Describe region has unknown memory kind".into()))?;
             if id == 0 || len == 0 || addr.checked_add(len).is_none() {
-                return Err(Error::Protocol(format!(
-                    "Describe region id {id} at 0x{addr:x}+{len} is malformed"
-                )));
+                return Err(Error::Protocol(format!("Describe region id {id} at 0x{addr:x}+{len} is malformed")));
             }
-            regions.push(RegionInfo {
-                id,
-                epoch,
-                addr,
-                len,
-                access,
-                kind,
-            });
+            regions.push(RegionInfo { id, epoch, addr, len, access, kind });
         }
         r.finish()?;
         if engine_epoch == 0 {
             return Err(Error::Protocol("Describe carries engine epoch 0".into()));
         }
         Ok(Describe {
-            identity: Identity {
-                boot_id,
-                process: ProcessIdentity { pid, start_time },
-                engine_epoch,
-            },
+            identity: Identity { boot_id, process: ProcessIdentity { pid, start_time }, engine_epoch },
             capabilities,
             fabric_domain,
             endpoint,
@@ -272,17 +242,9 @@ impl DataRequest {
     /// Decodes the fixed part.
     pub fn decode(b: &[u8; DATA_REQUEST_LEN]) -> Result<DataRequest> {
         let mut r = Reader::new(b, "data request");
-        let d = DataRequest {
-            tag: r.u64()?,
-            region_epoch: r.u64()?,
-            addr: r.u64()?,
-            len: r.u64()?,
-        };
+        let d = DataRequest { tag: r.u64()?, region_epoch: r.u64()?, addr: r.u64()?, len: r.u64()? };
         if d.len == 0 || d.len > super::frame::MAX_PAYLOAD {
-            return Err(Error::Protocol(format!(
-                "data request length {} is invalid",
-                d.len
-            )));
+            return Err(Error::Protocol(format!("data request length {} is invalid", d.len)));
         }
         Ok(d)
     }
@@ -322,8 +284,7 @@ impl DataResponse {
 /// Encodes an Error message body.
 pub fn encode_error(status: Status, text: &str) -> Vec<u8> {
     let mut w = Writer::default();
-    w.u32(status as u32)
-        .str16(&text[..text.len().min(MAX_REASON)]);
+    w.u32(status as u32).str16(&text[..text.len().min(MAX_REASON)]);
     w.0
 }
 
@@ -364,41 +325,25 @@ mod tests {
         let b = d.encode();
         assert_eq!(Describe::decode(&b).unwrap(), d);
         for cut in 0..b.len() {
-            assert!(
-                matches!(Describe::decode(&b[..cut]), Err(Error::Protocol(_))),
-                "cut {cut}"
-            );
+            assert!(matches!(Describe::decode(&b[..cut]), Err(Error::Protocol(_))), "cut {cut}");
         }
         let mut long = b.clone();
         long.push(0);
-        assert!(
-            matches!(Describe::decode(&long), Err(Error::Protocol(m)) if m.contains("trailing"))
-        );
+        assert!(matches!(Describe::decode(&long), Err(Error::Protocol(m)) if m.contains("trailing")));
     }
 
     #[test]
     fn data_messages_round_trip() {
-        let q = DataRequest {
-            tag: 9,
-            region_epoch: 2,
-            addr: 3,
-            len: 4,
-        };
+        let q = DataRequest { tag: 9, region_epoch: 2, addr: 3, len: 4 };
         assert_eq!(DataRequest::decode(&q.encode()).unwrap(), q);
         let z = DataRequest { len: 0, ..q };
         assert!(DataRequest::decode(&z.encode()).is_err());
-        let p = DataResponse {
-            tag: 7,
-            status: Status::OutOfRange,
-        };
+        let p = DataResponse { tag: 7, status: Status::OutOfRange };
         assert_eq!(DataResponse::decode(&p.encode()).unwrap(), p);
         let mut bad = p.encode();
         bad[8] = 200;
         assert!(DataResponse::decode(&bad).is_err());
         let e = encode_error(Status::ProtocolError, "bad");
-        assert_eq!(
-            decode_error(&e).unwrap(),
-            (Status::ProtocolError, "bad".to_string())
-        );
+        assert_eq!(decode_error(&e).unwrap(), (Status::ProtocolError, "bad".to_string()));
     }
 }

@@ -45,11 +45,8 @@ impl Incoming {
 }
 
 fn reap(inc: &mut HashMap<u64, Incoming>) {
-    let done: Vec<u64> = inc
-        .iter()
-        .filter(|(_, v)| v.thread.as_ref().is_some_and(|t| t.is_finished()))
-        .map(|(k, _)| *k)
-        .collect();
+    let done: Vec<u64> =
+        inc.iter().filter(|(_, v)| v.thread.as_ref().is_some_and(|t| t.is_finished())).map(|(k, _)| *k).collect();
     for k in done {
         if let Some(mut v) = inc.remove(&k) {
             if let Some(t) = v.thread.take() {
@@ -82,27 +79,16 @@ pub(crate) fn tcp_accept_loop(inner: Arc<Inner>, ctx: Arc<SourceContext>) {
         let limit = inner.config.max_incoming_connections as usize;
         if inc.len() >= limit || !inner.source_gate.is_open() {
             drop(inc);
-            inner
-                .stats
-                .connections_refused
-                .fetch_add(1, Ordering::Relaxed);
+            inner.stats.connections_refused.fetch_add(1, Ordering::Relaxed);
             let why = if inner.source_gate.is_open() {
-                (
-                    Status::ResourceExhausted,
-                    format!("connection limit of {limit} reached"),
-                )
+                (Status::ResourceExhausted, format!("connection limit of {limit} reached"))
             } else {
                 (Status::Unavailable, "the source side is closed".to_string())
             };
             let mut s = stream;
             let _ = s.set_write_timeout(Some(io::TICK));
             let mut tick = || Err(Error::TimedOut("refusal".into()));
-            let _ = io::write_frame(
-                &mut s,
-                MsgKind::Error,
-                &message::encode_error(why.0, &why.1),
-                &mut tick,
-            );
+            let _ = io::write_frame(&mut s, MsgKind::Error, &message::encode_error(why.0, &why.1), &mut tick);
             let _ = s.shutdown(Shutdown::Both);
             continue;
         }
@@ -111,18 +97,10 @@ pub(crate) fn tcp_accept_loop(inner: Arc<Inner>, ctx: Arc<SourceContext>) {
         };
         let id = inner.next_incoming.fetch_add(1, Ordering::Relaxed);
         let c = ctx.clone();
-        let t = std::thread::Builder::new()
-            .name("orbite-serve".into())
-            .spawn(move || tcp::serve(c, stream));
+        let t = std::thread::Builder::new().name("orbite-serve".into()).spawn(move || tcp::serve(c, stream));
         match t {
             Ok(t) => {
-                inc.insert(
-                    id,
-                    Incoming {
-                        conn: ConnHandle::Tcp(handle),
-                        thread: Some(t),
-                    },
-                );
+                inc.insert(id, Incoming { conn: ConnHandle::Tcp(handle), thread: Some(t) });
             }
             Err(_) => {
                 let _ = handle.shutdown(Shutdown::Both);
@@ -155,10 +133,7 @@ pub(crate) fn ipc_accept_loop(inner: Arc<Inner>, ctx: Arc<IpcSourceContext>) {
         reap(&mut inc);
         if inc.len() >= inner.config.max_incoming_connections as usize {
             drop(inc);
-            inner
-                .stats
-                .connections_refused
-                .fetch_add(1, Ordering::Relaxed);
+            inner.stats.connections_refused.fetch_add(1, Ordering::Relaxed);
             let _ = stream.shutdown(Shutdown::Both);
             continue;
         }
@@ -172,13 +147,7 @@ pub(crate) fn ipc_accept_loop(inner: Arc<Inner>, ctx: Arc<IpcSourceContext>) {
             .spawn(move || crate::transport::ipc::source::serve(c, stream, id));
         match t {
             Ok(t) => {
-                inc.insert(
-                    id,
-                    Incoming {
-                        conn: ConnHandle::Unix(handle),
-                        thread: Some(t),
-                    },
-                );
+                inc.insert(id, Incoming { conn: ConnHandle::Unix(handle), thread: Some(t) });
             }
             Err(_) => {
                 let _ = handle.shutdown(Shutdown::Both);

@@ -57,9 +57,7 @@ impl Batch {
     pub fn wait(&self, timeout: Duration) -> Result<()> {
         match self.shared.wait(timeout) {
             Status::Ok => Ok(()),
-            Status::Pending => Err(Error::TimedOut(format!(
-                "requests still pending after waiting {timeout:?}"
-            ))),
+            Status::Pending => Err(Error::TimedOut(format!("requests still pending after waiting {timeout:?}"))),
             _ => Err(self.failure()),
         }
     }
@@ -67,11 +65,7 @@ impl Batch {
     /// The error summarising a failed batch.
     pub fn failure(&self) -> Error {
         match self.shared.first_error() {
-            Some((i, e)) => Error::TransferFailed(format!(
-                "request {i} failed with {}: {}",
-                e.status(),
-                e.message()
-            )),
+            Some((i, e)) => Error::TransferFailed(format!("request {i} failed with {}: {}", e.status(), e.message())),
             None => Error::TransferFailed("a request failed".into()),
         }
     }

@@ -134,8 +134,7 @@ fn type_name(v: &Value) -> &'static str {
 }
 
 fn get_bool(key: &str, v: &Value) -> Result<bool> {
-    v.as_bool()
-        .ok_or_else(|| bad(key, format!("expected a boolean, got {}", type_name(v))))
+    v.as_bool().ok_or_else(|| bad(key, format!("expected a boolean, got {}", type_name(v))))
 }
 
 fn get_u64(key: &str, v: &Value, min: u64, max: u64) -> Result<u64> {
@@ -144,11 +143,7 @@ fn get_u64(key: &str, v: &Value, min: u64, max: u64) -> Result<u64> {
             key,
             format!(
                 "expected an unsigned integer, got {}",
-                if v.is_number() {
-                    "a negative or fractional number"
-                } else {
-                    type_name(v)
-                }
+                if v.is_number() { "a negative or fractional number" } else { type_name(v) }
             ),
         )
     })?;
@@ -163,18 +158,14 @@ fn get_u32(key: &str, v: &Value, min: u32, max: u32) -> Result<u32> {
 }
 
 fn get_str<'a>(key: &str, v: &'a Value) -> Result<&'a str> {
-    v.as_str()
-        .ok_or_else(|| bad(key, format!("expected a string, got {}", type_name(v))))
+    v.as_str().ok_or_else(|| bad(key, format!("expected a string, got {}", type_name(v))))
 }
 
 /// Parses a 16-byte fabric domain written as 32 hexadecimal digits.
 pub fn parse_fabric_domain(s: &str) -> std::result::Result<[u8; 16], String> {
     let s = s.trim();
     if s.len() != 32 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(format!(
-            "expected 32 hexadecimal digits (16 bytes), got {:?}",
-            s
-        ));
+        return Err(format!("expected 32 hexadecimal digits (16 bytes), got {:?}", s));
     }
     let mut out = [0u8; 16];
     for (i, byte) in out.iter_mut().enumerate() {
@@ -203,9 +194,7 @@ impl MnnvlConfig {
                         other => {
                             return Err(bad(
                                 &key,
-                                format!(
-                            "unknown handle type {other:?} (expected \"fabric\" or \"posix_fd\")"
-                        ),
+                                format!("unknown handle type {other:?} (expected \"fabric\" or \"posix_fd\")"),
                             ))
                         }
                     }
@@ -213,9 +202,7 @@ impl MnnvlConfig {
                 "fabric_domain" => {
                     c.fabric_domain = match v {
                         Value::Null => None,
-                        _ => {
-                            Some(parse_fabric_domain(get_str(&key, v)?).map_err(|e| bad(&key, e))?)
-                        }
+                        _ => Some(parse_fabric_domain(get_str(&key, v)?).map_err(|e| bad(&key, e))?),
                     }
                 }
                 "host_register" => c.host_register = get_bool(&key, v)?,
@@ -244,11 +231,10 @@ impl EngineConfig {
         if text.trim().is_empty() {
             return Ok(EngineConfig::default());
         }
-        let v: Value = serde_json::from_str(text)
-            .map_err(|e| Error::InvalidConfig(format!("not valid JSON: {e}")))?;
-        let obj = v.as_object().ok_or_else(|| {
-            Error::InvalidConfig(format!("expected a JSON object, got {}", type_name(&v)))
-        })?;
+        let v: Value = serde_json::from_str(text).map_err(|e| Error::InvalidConfig(format!("not valid JSON: {e}")))?;
+        let obj = v
+            .as_object()
+            .ok_or_else(|| Error::InvalidConfig(format!("expected a JSON object, got {}", type_name(&v))))?;
         let mut c = EngineConfig::default();
         for (k, v) in obj {
             match k.as_str() {
@@ -258,12 +244,7 @@ impl EngineConfig {
                     c.mnnvl = match v {
                         Value::Null => None,
                         Value::Object(o) => Some(MnnvlConfig::from_object(o)?),
-                        _ => {
-                            return Err(bad(
-                                k,
-                                format!("expected an object or null, got {}", type_name(v)),
-                            ))
-                        }
+                        _ => return Err(bad(k, format!("expected an object or null, got {}", type_name(v)))),
                     }
                 }
                 "max_inflight_bytes" => c.max_inflight_bytes = get_u64(k, v, MIB, 1 << 40)?,
@@ -271,15 +252,11 @@ impl EngineConfig {
                 "nvlink_cache_entries" => c.nvlink_cache_entries = get_u32(k, v, 0, 4096)?,
                 "shm_cache_entries" => c.shm_cache_entries = get_u32(k, v, 0, 4096)?,
                 "nvlink_stream_count" => c.nvlink_stream_count = get_u32(k, v, 1, 4096)?,
-                "nvlink_async_memcpy_threshold_kb" => {
-                    c.nvlink_async_memcpy_threshold_kb = get_u64(k, v, 0, MIB)?
-                }
+                "nvlink_async_memcpy_threshold_kb" => c.nvlink_async_memcpy_threshold_kb = get_u64(k, v, 0, MIB)?,
                 "transport_policy" => c.transport_policy = parse_policy(k, v)?,
                 "default_timeout_ms" => c.default_timeout_ms = get_u32(k, v, 1, 86_400_000)?,
                 "handshake_timeout_ms" => c.handshake_timeout_ms = get_u32(k, v, 1, 600_000)?,
-                "max_incoming_connections" => {
-                    c.max_incoming_connections = get_u32(k, v, 1, 65_536)?
-                }
+                "max_incoming_connections" => c.max_incoming_connections = get_u32(k, v, 1, 65_536)?,
                 _ => return Err(bad(k, "unknown key")),
             }
         }
@@ -290,51 +267,20 @@ impl EngineConfig {
     /// Checks the relations between keys (each key's own range is checked
     /// while parsing; this also guards configs built in Rust).
     pub fn validate(&self) -> Result<()> {
-        self.listen.parse::<SocketAddr>().map_err(|_| {
-            bad(
-                "listen",
-                format!("{:?} is not an IP:port socket address", self.listen),
-            )
-        })?;
+        self.listen
+            .parse::<SocketAddr>()
+            .map_err(|_| bad("listen", format!("{:?} is not an IP:port socket address", self.listen)))?;
         if self.nvlink && self.mnnvl.is_some() {
-            return Err(bad(
-                "mnnvl",
-                "MNNVL and legacy `nvlink: true` are mutually exclusive; enable one",
-            ));
+            return Err(bad("mnnvl", "MNNVL and legacy `nvlink: true` are mutually exclusive; enable one"));
         }
         let ranges: [(&str, u64, u64, u64); 7] = [
             ("shm_cache_entries", self.shm_cache_entries as u64, 0, 4096),
             ("max_inflight_bytes", self.max_inflight_bytes, MIB, 1 << 40),
-            (
-                "max_transfer_bytes",
-                self.max_transfer_bytes,
-                4 * KIB,
-                1 << 40,
-            ),
-            (
-                "nvlink_cache_entries",
-                self.nvlink_cache_entries as u64,
-                0,
-                4096,
-            ),
-            (
-                "nvlink_stream_count",
-                self.nvlink_stream_count as u64,
-                1,
-                4096,
-            ),
-            (
-                "default_timeout_ms",
-                self.default_timeout_ms as u64,
-                1,
-                86_400_000,
-            ),
-            (
-                "handshake_timeout_ms",
-                self.handshake_timeout_ms as u64,
-                1,
-                600_000,
-            ),
+            ("max_transfer_bytes", self.max_transfer_bytes, 4 * KIB, 1 << 40),
+            ("nvlink_cache_entries", self.nvlink_cache_entries as u64, 0, 4096),
+            ("nvlink_stream_count", self.nvlink_stream_count as u64, 1, 4096),
+            ("default_timeout_ms", self.default_timeout_ms as u64, 1, 86_400_000),
+            ("handshake_timeout_ms", self.handshake_timeout_ms as u64, 1, 600_000),
         ];
         for (key, v, min, max) in ranges {
             if v < min || v > max {
@@ -344,10 +290,7 @@ impl EngineConfig {
         if self.max_transfer_bytes > self.max_inflight_bytes {
             return Err(bad(
                 "max_transfer_bytes",
-                format!(
-                    "{} exceeds max_inflight_bytes ({})",
-                    self.max_transfer_bytes, self.max_inflight_bytes
-                ),
+                format!("{} exceeds max_inflight_bytes ({})", self.max_transfer_bytes, self.max_inflight_bytes),
             ));
         }
         if self.transport_policy.is_empty() {
@@ -385,21 +328,13 @@ impl EngineConfig {
 }
 
 fn parse_policy(key: &str, v: &Value) -> Result<Vec<TransportKind>> {
-    let arr = v.as_array().ok_or_else(|| {
-        bad(
-            key,
-            format!("expected an array of transport names, got {}", type_name(v)),
-        )
-    })?;
+    let arr =
+        v.as_array().ok_or_else(|| bad(key, format!("expected an array of transport names, got {}", type_name(v))))?;
     let mut out = Vec::new();
     for item in arr {
         let name = get_str(key, item)?;
-        let t = TransportKind::from_name(name).ok_or_else(|| {
-            bad(
-                key,
-                format!("unknown transport {name:?} (expected mnnvl, nvlink, shm or tcp)"),
-            )
-        })?;
+        let t = TransportKind::from_name(name)
+            .ok_or_else(|| bad(key, format!("unknown transport {name:?} (expected mnnvl, nvlink, shm or tcp)")))?;
         if out.contains(&t) {
             return Err(bad(key, format!("transport {name:?} is listed twice")));
         }
@@ -424,14 +359,8 @@ mod tests {
 
     #[test]
     fn empty_and_braces_give_defaults() {
-        assert_eq!(
-            EngineConfig::from_json("").unwrap(),
-            EngineConfig::default()
-        );
-        assert_eq!(
-            EngineConfig::from_json(" {} ").unwrap(),
-            EngineConfig::default()
-        );
+        assert_eq!(EngineConfig::from_json("").unwrap(), EngineConfig::default());
+        assert_eq!(EngineConfig::from_json(" {} ").unwrap(), EngineConfig::default());
     }
 
     #[test]
@@ -477,12 +406,9 @@ mod tests {
         assert!(err(r#"{"shm_cache_entries": 5000}"#).contains("`shm_cache_entries`"));
         assert!(err(r#"{"default_timeout_ms": 0}"#).contains("`default_timeout_ms`"));
         assert!(err(r#"{"max_inflight_bytes": 1024}"#).contains("`max_inflight_bytes`"));
-        assert!(
-            err(r#"{"max_inflight_bytes": 2097152, "max_transfer_bytes": 4194304}"#)
-                .contains("exceeds max_inflight_bytes")
-        );
-        assert!(err(r#"{"mnnvl": {"async_memcpy_threshold": 70000}}"#)
-            .contains("`mnnvl.async_memcpy_threshold`"));
+        assert!(err(r#"{"max_inflight_bytes": 2097152, "max_transfer_bytes": 4194304}"#)
+            .contains("exceeds max_inflight_bytes"));
+        assert!(err(r#"{"mnnvl": {"async_memcpy_threshold": 70000}}"#).contains("`mnnvl.async_memcpy_threshold`"));
     }
 
     #[test]
@@ -496,22 +422,13 @@ mod tests {
 
     #[test]
     fn fabric_domain_parsing() {
-        let c = EngineConfig::from_json(
-            r#"{"mnnvl": {"fabric_domain": "000102030405060708090a0b0c0d0e0f"}}"#,
-        )
-        .unwrap();
+        let c = EngineConfig::from_json(r#"{"mnnvl": {"fabric_domain": "000102030405060708090a0b0c0d0e0f"}}"#).unwrap();
         let d = c.mnnvl.unwrap().fabric_domain.unwrap();
         assert_eq!(d[0], 0);
         assert_eq!(d[15], 15);
         assert!(err(r#"{"mnnvl": {"fabric_domain": "00"}}"#).contains("32 hexadecimal"));
-        assert!(
-            err(r#"{"mnnvl": {"fabric_domain": "00000000000000000000000000000000"}}"#)
-                .contains("all-zero")
-        );
-        assert!(
-            err(r#"{"mnnvl": {"fabric_domain": "zz0102030405060708090a0b0c0d0e0f"}}"#)
-                .contains("32 hexadecimal")
-        );
+        assert!(err(r#"{"mnnvl": {"fabric_domain": "00000000000000000000000000000000"}}"#).contains("all-zero"));
+        assert!(err(r#"{"mnnvl": {"fabric_domain": "zz0102030405060708090a0b0c0d0e0f"}}"#).contains("32 hexadecimal"));
         assert!(err(r#"{"mnnvl": {"handle_type": "dmabuf"}}"#).contains("unknown handle type"));
     }
 
@@ -522,9 +439,6 @@ mod tests {
         assert!(err(r#"{"transport_policy": ["rdma"]}"#).contains("unknown transport"));
         assert!(err(r#"{"listen": "localhost"}"#).contains("`listen`"));
         let c = EngineConfig::from_json(r#"{"transport_policy": ["shm", "tcp"]}"#).unwrap();
-        assert_eq!(
-            c.transport_policy,
-            vec![TransportKind::Shm, TransportKind::Tcp]
-        );
+        assert_eq!(c.transport_policy, vec![TransportKind::Shm, TransportKind::Tcp]);
     }
 }

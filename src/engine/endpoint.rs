@@ -33,15 +33,7 @@ mod tests {
         assert_eq!(parse("127.0.0.1:80").unwrap().port(), 80);
         assert_eq!(parse("localhost:81").unwrap().port(), 81);
         assert_eq!(parse("[::1]:82").unwrap().port(), 82);
-        for b in [
-            "",
-            "x",
-            "127.0.0.1",
-            "127.0.0.1:0",
-            "host:1",
-            "1.2.3.4:99999",
-            "localhost:",
-        ] {
+        for b in ["", "x", "127.0.0.1", "127.0.0.1:0", "host:1", "1.2.3.4:99999", "localhost:"] {
             assert!(matches!(parse(b), Err(Error::InvalidArgument(_))), "{b}");
         }
     }

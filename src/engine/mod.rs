@@ -84,21 +84,13 @@ impl Engine {
     pub fn new(config: EngineConfig) -> Result<Engine> {
         config.validate()?;
         let addr: SocketAddr = config.listen.parse().map_err(|_| {
-            Error::InvalidConfig(format!(
-                "key `listen`: {:?} is not an IP:port address",
-                config.listen
-            ))
+            Error::InvalidConfig(format!("key `listen`: {:?} is not an IP:port address", config.listen))
         })?;
-        let listener = TcpListener::bind(addr)
-            .map_err(|e| Error::Unavailable(format!("cannot listen on {addr}: {e}")))?;
-        let endpoint = listener
-            .local_addr()
-            .map_err(|e| Error::io("local_addr", &e))?;
+        let listener =
+            TcpListener::bind(addr).map_err(|e| Error::Unavailable(format!("cannot listen on {addr}: {e}")))?;
+        let endpoint = listener.local_addr().map_err(|e| Error::io("local_addr", &e))?;
         let identity = Identity::fresh();
-        let name = format!(
-            "orbite-{}-{:016x}",
-            identity.process.pid, identity.engine_epoch
-        );
+        let name = format!("orbite-{}-{:016x}", identity.process.pid, identity.engine_epoch);
         let (ipc_listener, ipc_name) = match crate::transport::ipc::channel::listen(&name) {
             Ok(l) => (Some(l), Ok(name)),
             Err(e) => (None, Err(e.to_string())),
@@ -118,12 +110,8 @@ impl Engine {
             stats.clone(),
             source_gate.clone(),
         ));
-        let shm_requester = IpcRequester::new(
-            shm,
-            mapping_budget.clone(),
-            config.shm_cache_entries as usize,
-            faults.clone(),
-        );
+        let shm_requester =
+            IpcRequester::new(shm, mapping_budget.clone(), config.shm_cache_entries as usize, faults.clone());
         let inner = Arc::new(Inner {
             identity,
             regions,
@@ -155,11 +143,7 @@ impl Engine {
             stopping: inner.stopping.clone(),
             describe: {
                 let weak = Arc::downgrade(&inner);
-                Arc::new(move || {
-                    weak.upgrade()
-                        .map(|i| i.describe())
-                        .unwrap_or_else(empty_describe)
-                })
+                Arc::new(move || weak.upgrade().map(|i| i.describe()).unwrap_or_else(empty_describe))
             },
             handshake_timeout: Duration::from_millis(inner.config.handshake_timeout_ms as u64),
         });
@@ -170,23 +154,14 @@ impl Engine {
             handshake_timeout: Duration::from_millis(inner.config.handshake_timeout_ms as u64),
         });
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
-            std::thread::Builder::new()
-                .name(name.into())
-                .spawn(f)
-                .map_err(|e| Error::io("spawn accept thread", &e))
+            std::thread::Builder::new().name(name.into()).spawn(f).map_err(|e| Error::io("spawn accept thread", &e))
         };
         let i1 = inner.clone();
-        let t1 = spawn(
-            "orbite-accept",
-            Box::new(move || accept::tcp_accept_loop(i1, tcp_ctx)),
-        )?;
+        let t1 = spawn("orbite-accept", Box::new(move || accept::tcp_accept_loop(i1, tcp_ctx)))?;
         inner.accept_threads.lock().push(t1);
         if inner.ipc_listener.is_some() {
             let i2 = inner.clone();
-            let t2 = spawn(
-                "orbite-ipc-accept",
-                Box::new(move || accept::ipc_accept_loop(i2, ipc_ctx)),
-            )?;
+            let t2 = spawn("orbite-ipc-accept", Box::new(move || accept::ipc_accept_loop(i2, ipc_ctx)))?;
             inner.accept_threads.lock().push(t2);
         }
         Ok(Engine { inner })
@@ -219,9 +194,7 @@ impl Engine {
     }
 
     fn timeout(&self, t: Option<Duration>) -> Duration {
-        t.unwrap_or(Duration::from_millis(
-            self.inner.config.default_timeout_ms as u64,
-        ))
+        t.unwrap_or(Duration::from_millis(self.inner.config.default_timeout_ms as u64))
     }
 
     fn check_open(&self) -> Result<()> {
@@ -245,12 +218,7 @@ impl Engine {
 
     /// The regions this engine has registered.
     pub fn regions(&self) -> Vec<RegionInfo> {
-        self.inner
-            .regions
-            .snapshot()
-            .iter()
-            .map(|r| region_info(r))
-            .collect()
+        self.inner.regions.snapshot().iter().map(|r| region_info(r)).collect()
     }
 
     /// Connects to the engine at `endpoint` (`IP:port` or `localhost:port`).
@@ -264,35 +232,24 @@ impl Engine {
         let timeout = self.timeout(timeout);
         let deadline = Instant::now() + timeout;
         let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| match e.kind() {
-            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => Error::TimedOut(
-                format!("connecting to {endpoint}: no answer within {timeout:?}"),
-            ),
+            std::io::ErrorKind::TimedOut | std::io::ErrorKind::WouldBlock => {
+                Error::TimedOut(format!("connecting to {endpoint}: no answer within {timeout:?}"))
+            }
             _ => Error::Unavailable(format!("cannot connect to {endpoint}: {e}")),
         })?;
         let _ = s.set_nodelay(true);
-        s.set_read_timeout(Some(io::TICK))
-            .map_err(|e| Error::io("set_read_timeout", &e))?;
-        s.set_write_timeout(Some(io::TICK))
-            .map_err(|e| Error::io("set_write_timeout", &e))?;
+        s.set_read_timeout(Some(io::TICK)).map_err(|e| Error::io("set_read_timeout", &e))?;
+        s.set_write_timeout(Some(io::TICK)).map_err(|e| Error::io("set_write_timeout", &e))?;
         let mut tick = || {
             if Instant::now() >= deadline {
-                return Err(Error::TimedOut(format!(
-                    "{endpoint} did not complete the handshake in time"
-                )));
+                return Err(Error::TimedOut(format!("{endpoint} did not complete the handshake in time")));
             }
             Ok(())
         };
-        io::write_frame(
-            &mut s,
-            MsgKind::Describe,
-            &self.inner.describe().encode(),
-            &mut tick,
-        )?;
+        io::write_frame(&mut s, MsgKind::Describe, &self.inner.describe().encode(), &mut tick)?;
         let h = match io::read_header(&mut s, &mut tick)? {
             HeaderRead::Eof => {
-                return Err(Error::Unavailable(format!(
-                    "{endpoint} closed the connection during the handshake"
-                )))
+                return Err(Error::Unavailable(format!("{endpoint} closed the connection during the handshake")))
             }
             HeaderRead::Frame(h) => h,
         };
@@ -301,39 +258,20 @@ impl Engine {
             MsgKind::Describe => Describe::decode(&body)?,
             MsgKind::Error => {
                 let (st, text) = message::decode_error(&body)?;
-                return Err(Error::from_status(
-                    st,
-                    format!("{endpoint} refused the connection: {text}"),
-                ));
+                return Err(Error::from_status(st, format!("{endpoint} refused the connection: {text}")));
             }
-            other => {
-                return Err(Error::Protocol(format!(
-                    "{endpoint} answered the handshake with {other:?}"
-                )))
-            }
+            other => return Err(Error::Protocol(format!("{endpoint} answered the handshake with {other:?}"))),
         };
         let id = self.inner.next_peer.fetch_add(1, Ordering::Relaxed);
         let label = format!("peer {id} ({endpoint})");
         let shm = self.inner.shm_link(&peer, endpoint, &label);
         let conn = TcpConnection::start(s, peer, label, self.inner.stats.clone())?;
-        self.inner.peers.write().insert(
-            id,
-            Arc::new(Peer {
-                endpoint: endpoint.to_string(),
-                conn,
-                shm,
-            }),
-        );
+        self.inner.peers.write().insert(id, Arc::new(Peer { endpoint: endpoint.to_string(), conn, shm }));
         Ok(id)
     }
 
     fn peer(&self, id: u64) -> Result<Arc<Peer>> {
-        self.inner
-            .peers
-            .read()
-            .get(&id)
-            .cloned()
-            .ok_or_else(|| Error::NotFound(format!("no peer with id {id}")))
+        self.inner.peers.read().get(&id).cloned().ok_or_else(|| Error::NotFound(format!("no peer with id {id}")))
     }
 
     /// The regions peer `id` publishes (asks the peer for a fresh list).
@@ -342,9 +280,7 @@ impl Engine {
         if let Some(e) = p.conn.dead_reason() {
             return Err(e);
         }
-        Ok(p.conn
-            .refresh_describe(Instant::now() + self.timeout(timeout))?
-            .regions)
+        Ok(p.conn.refresh_describe(Instant::now() + self.timeout(timeout))?.regions)
     }
 
     /// The endpoint peer `id` was connected with.
@@ -357,10 +293,7 @@ impl Engine {
         let p = self.peer(id)?;
         let deadline = Instant::now() + self.timeout(timeout);
         if !p.conn.drain(deadline) {
-            return Err(Error::TimedOut(format!(
-                "peer {id} still has {} requests in flight",
-                p.conn.outstanding()
-            )));
+            return Err(Error::TimedOut(format!("peer {id} still has {} requests in flight", p.conn.outstanding())));
         }
         self.inner.peers.write().remove(&id);
         p.conn.close();
@@ -375,9 +308,7 @@ impl Engine {
     pub fn record_producer_stream(&self, region: u64, cu_stream: u64) -> Result<()> {
         self.check_open()?;
         if !self.inner.regions.snapshot().iter().any(|r| r.id == region) {
-            return Err(Error::NotFound(format!(
-                "no region with id {region} is registered"
-            )));
+            return Err(Error::NotFound(format!("no region with id {region} is registered")));
         }
         crate::cuda_support::record_producer_stream(region, cu_stream)
     }
@@ -388,10 +319,7 @@ impl Engine {
     /// can refill the cache. `Unquiesced` if some could not be confirmed.
     pub fn flush_nvlink_cache(&self, timeout: Option<Duration>) -> Result<()> {
         self.check_open()?;
-        let left = self
-            .inner
-            .shm_requester
-            .flush(Instant::now() + self.timeout(timeout));
+        let left = self.inner.shm_requester.flush(Instant::now() + self.timeout(timeout));
         if left > 0 {
             return Err(Error::Unquiesced(format!(
                 "{left} cached imports could not be closed with confirmation; they stay retained (see stats)"
@@ -436,9 +364,7 @@ impl Engine {
         let deadline = Instant::now() + self.timeout(timeout);
         let left = self.inner.source_gate.close_and_wait(deadline);
         if left > 0 {
-            return Err(Error::TimedOut(format!(
-                "{left} incoming requests are still being served"
-            )));
+            return Err(Error::TimedOut(format!("{left} incoming requests are still being served")));
         }
         let exports = self.inner.shm_exports.wait_empty(deadline);
         if exports > 0 {
@@ -484,10 +410,7 @@ impl Engine {
                 inflight_bytes: i.budget.used(),
                 mapping_bytes: i.mapping_budget.used(),
                 peers: peers.len(),
-                peers_alive: peers
-                    .values()
-                    .filter(|p| p.conn.dead_reason().is_none())
-                    .count(),
+                peers_alive: peers.values().filter(|p| p.conn.dead_reason().is_none()).count(),
                 incoming_connections: i.incoming.lock().len(),
                 regions: i.regions.len(),
                 shm_exports: i.shm_exports.counts(),
@@ -503,6 +426,7 @@ impl Engine {
             "shm_retained_exports": self.inner.shm_exports.retained(),
             "shm_imports": {
                 "retained": self.inner.shm_requester.counts().retained,
+                "cached_regions": self.inner.shm_requester.cached_regions(),
             },
         })
     }
@@ -520,14 +444,7 @@ fn empty_describe() -> Describe {
 }
 
 fn region_info(r: &Region) -> RegionInfo {
-    RegionInfo {
-        id: r.id,
-        epoch: r.epoch,
-        addr: r.addr,
-        len: r.len,
-        access: r.access,
-        kind: r.kind,
-    }
+    RegionInfo { id: r.id, epoch: r.epoch, addr: r.addr, len: r.len, access: r.access, kind: r.kind }
 }
 
 impl Inner {
@@ -546,33 +463,20 @@ impl Inner {
             fabric_domain: [0; 16],
             endpoint: self.endpoint.to_string(),
             ipc_name: self.ipc_name.clone().unwrap_or_default(),
-            regions: self
-                .regions
-                .snapshot()
-                .iter()
-                .map(|r| region_info(r))
-                .collect(),
+            regions: self.regions.snapshot().iter().map(|r| region_info(r)).collect(),
         }
     }
 
     /// The SHM link to a peer, or why SHM cannot be used with it.
-    fn shm_link(
-        &self,
-        peer: &Describe,
-        endpoint: &str,
-        label: &str,
-    ) -> std::result::Result<Arc<IpcLink>, String> {
+    fn shm_link(&self, peer: &Describe, endpoint: &str, label: &str) -> std::result::Result<Arc<IpcLink>, String> {
         if let Err(e) = &self.ipc_name {
             return Err(format!("this engine has no IPC channel: {e}"));
         }
-        if peer.capabilities & TransportKind::Shm.capability_bit() == 0 || peer.ipc_name.is_empty()
-        {
+        if peer.capabilities & TransportKind::Shm.capability_bit() == 0 || peer.ipc_name.is_empty() {
             return Err(format!("{label} does not offer SHM"));
         }
         if !self.identity.same_boot(&peer.identity) {
-            return Err(format!(
-                "{label} runs on another host or boot; SHM needs the same boot"
-            ));
+            return Err(format!("{label} runs on another host or boot; SHM needs the same boot"));
         }
         Ok(Arc::new(IpcLink::new(
             peer.ipc_name.clone(),

@@ -15,6 +15,10 @@ pub struct IpcStats {
     pub exports_open: u64,
     /// Exports without a close receipt after their channel was lost.
     pub exports_retained: u64,
+    /// Imports opened since the engine started (requester side).
+    pub imports_opened: u64,
+    /// Imports closed with confirmation since the engine started.
+    pub imports_closed: u64,
     /// Imports kept in the relocation cache (requester side).
     pub imports_cached: u64,
     /// Imports kept after an unconfirmed close or receipt.
@@ -63,16 +67,15 @@ pub(crate) struct Live {
 
 impl EngineStats {
     pub(crate) fn collect(s: &Stats, live: Live) -> EngineStats {
-        let transports = TransportKind::ALL
-            .iter()
-            .map(|t| (t.name().to_string(), s.transport(*t)))
-            .collect();
+        let transports = TransportKind::ALL.iter().map(|t| (t.name().to_string(), s.transport(*t))).collect();
         let mut ipc = BTreeMap::new();
         ipc.insert(
             "shm".to_string(),
             IpcStats {
                 exports_open: live.shm_exports.open,
                 exports_retained: live.shm_exports.retained,
+                imports_opened: live.shm_imports.opened,
+                imports_closed: live.shm_imports.closed,
                 imports_cached: live.shm_imports.cached,
                 imports_retained: live.shm_imports.retained,
                 mapping_bytes_charged: live.mapping_bytes,

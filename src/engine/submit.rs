@@ -25,18 +25,12 @@ struct Checked {
 }
 
 fn find_region(d: &Describe, addr: u64) -> Option<RegionInfo> {
-    d.regions
-        .iter()
-        .copied()
-        .find(|r| addr >= r.addr && addr < r.addr + r.len)
+    d.regions.iter().copied().find(|r| addr >= r.addr && addr < r.addr + r.len)
 }
 
 /// Errors after which an unposted IPC request may try the next transport.
 fn may_fall_through(e: &Error) -> bool {
-    matches!(
-        e.status(),
-        Status::Unavailable | Status::ResourceExhausted | Status::NotSupported
-    )
+    matches!(e.status(), Status::Unavailable | Status::ResourceExhausted | Status::NotSupported)
 }
 
 impl Engine {
@@ -47,16 +41,11 @@ impl Engine {
     pub fn submit(&self, peer: u64, requests: &[Request], opts: SubmitOptions) -> Result<Batch> {
         self.check_open()?;
         if requests.is_empty() {
-            return Err(Error::InvalidArgument(
-                "a submission needs at least one request".into(),
-            ));
+            return Err(Error::InvalidArgument("a submission needs at least one request".into()));
         }
         let p = self.peer(peer)?;
         if let Some(e) = p.conn.dead_reason() {
-            return Err(Error::Unavailable(format!(
-                "peer {peer} is gone: {}",
-                e.message()
-            )));
+            return Err(Error::Unavailable(format!("peer {peer} is gone: {}", e.message())));
         }
         let deadline = Instant::now() + self.timeout(opts.timeout);
         let mut checked = self.check_local(requests)?;
@@ -65,10 +54,7 @@ impl Engine {
         }
         // Resolve remote regions (one refresh of the peer's table if needed).
         let mut view = p.conn.describe();
-        if checked
-            .iter()
-            .any(|c| find_region(&view, c.req.remote_addr).is_none())
-        {
+        if checked.iter().any(|c| find_region(&view, c.req.remote_addr).is_none()) {
             if let Ok(d) = p.conn.refresh_describe(deadline) {
                 view = d;
             }
@@ -94,13 +80,7 @@ impl Engine {
         }
         match kind {
             TransportKind::Shm => {
-                let rest = self.run_shm(
-                    &p,
-                    &batch,
-                    live,
-                    deadline,
-                    opts.transport == Transport::Auto,
-                );
+                let rest = self.run_shm(&p, &batch, live, deadline, opts.transport == Transport::Auto);
                 if !rest.is_empty() {
                     self.enqueue_tcp(&p, &batch, rest, deadline);
                 }
@@ -116,9 +96,11 @@ impl Engine {
             if r.len == 0 {
                 return Err(Error::InvalidArgument(format!("request {i}: length is 0")));
             }
-            let lease = self.inner.regions.lease(r.local_addr, r.len).map_err(|e| {
-                Error::from_status(e.status(), format!("request {i}: local {}", e.message()))
-            })?;
+            let lease = self
+                .inner
+                .regions
+                .lease(r.local_addr, r.len)
+                .map_err(|e| Error::from_status(e.status(), format!("request {i}: local {}", e.message())))?;
             let k = lease.region().kind;
             if !k.cpu_accessible() {
                 return Err(Error::NotSupported(format!(
@@ -131,12 +113,7 @@ impl Engine {
                     "request {i}: the local shared allocation is exported exclusively until its close receipt"
                 )));
             }
-            out.push(Checked {
-                index: i,
-                req: *r,
-                lease: Arc::new(lease),
-                region: None,
-            });
+            out.push(Checked { index: i, req: *r, lease: Arc::new(lease), region: None });
         }
         Ok(out)
     }
@@ -148,10 +125,9 @@ impl Engine {
             match k {
                 TransportKind::Tcp => None,
                 TransportKind::Shm => p.shm.as_ref().err().cloned(),
-                TransportKind::Nvlink | TransportKind::Mnnvl => Some(
-                    crate::cuda_support::unavailable_reason()
-                        .unwrap_or_else(|| "no CUDA device".into()),
-                ),
+                TransportKind::Nvlink | TransportKind::Mnnvl => {
+                    Some(crate::cuda_support::unavailable_reason().unwrap_or_else(|| "no CUDA device".into()))
+                }
             }
         };
         match t {
@@ -177,9 +153,7 @@ impl Engine {
                 for k in &self.inner.config.transport_policy {
                     let fits = match k {
                         TransportKind::Tcp => true,
-                        TransportKind::Shm => {
-                            reqs.iter().all(shm_ok) && reqs.iter().any(|c| c.region.is_some())
-                        }
+                        TransportKind::Shm => reqs.iter().all(shm_ok) && reqs.iter().any(|c| c.region.is_some()),
                         _ => false,
                     };
                     if fits && why_not(*k).is_none() {
@@ -218,12 +192,7 @@ impl Engine {
             let region = c.region.expect("resolved");
             if let Some((g, _)) = groups.back_mut() {
                 let same = g[0].region.map(|r| r.id) == Some(region.id);
-                let lo = g
-                    .iter()
-                    .map(|x| x.req.remote_addr)
-                    .min()
-                    .unwrap_or(0)
-                    .min(c.req.remote_addr);
+                let lo = g.iter().map(|x| x.req.remote_addr).min().unwrap_or(0).min(c.req.remote_addr);
                 let hi = g
                     .iter()
                     .map(|x| x.req.remote_addr + x.req.len)
@@ -237,20 +206,11 @@ impl Engine {
             }
             groups.push_back((vec![c], false));
         }
-        let tcp_fallback = auto
-            && self
-                .inner
-                .config
-                .transport_policy
-                .contains(&TransportKind::Tcp);
+        let tcp_fallback = auto && self.inner.config.transport_policy.contains(&TransportKind::Tcp);
         while let Some((g, retried)) = groups.pop_front() {
             let region = g[0].region.expect("resolved");
             let items: Vec<(usize, Request)> = g.iter().map(|c| (c.index, c.req)).collect();
-            match self
-                .inner
-                .shm_requester
-                .run_group(&link, &region, &items, deadline)
-            {
+            match self.inner.shm_requester.run_group(&link, &region, &items, deadline) {
                 Ok(outcomes) => {
                     for (c, o) in g.iter().zip(outcomes) {
                         batch.complete_chunk(c.index, o);
@@ -278,10 +238,7 @@ impl Engine {
                         return rest;
                     }
                     for c in g {
-                        batch.complete_chunk(
-                            c.index,
-                            ChunkOutcome::failed(e.clone(), RemoteEffect::None),
-                        );
+                        batch.complete_chunk(c.index, ChunkOutcome::failed(e.clone(), RemoteEffect::None));
                     }
                 }
             }
@@ -291,13 +248,7 @@ impl Engine {
 
     /// Splits requests into chunks, admits them and queues them on the
     /// peer's TCP connection.
-    fn enqueue_tcp(
-        &self,
-        p: &Peer,
-        batch: &Arc<BatchShared>,
-        live: Vec<Checked>,
-        deadline: Instant,
-    ) {
+    fn enqueue_tcp(&self, p: &Peer, batch: &Arc<BatchShared>, live: Vec<Checked>, deadline: Instant) {
         let max_chunk = self.inner.config.max_transfer_bytes;
         let gate = &self.inner.requester_gate;
         let mut staged: Vec<Chunk> = Vec::new();
@@ -322,11 +273,8 @@ impl Engine {
                         match self.inner.budget.acquire(len, deadline, "submission") {
                             Ok(x) => x,
                             Err(e) => {
-                                let effect = if k > 0 && r.op == Op::Write {
-                                    RemoteEffect::Unknown
-                                } else {
-                                    RemoteEffect::None
-                                };
+                                let effect =
+                                    if k > 0 && r.op == Op::Write { RemoteEffect::Unknown } else { RemoteEffect::None };
                                 batch.fail_request(i, e.clone(), effect);
                                 failed = Some(e);
                                 break;

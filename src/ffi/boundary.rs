@@ -40,10 +40,7 @@ pub fn guard(f: impl FnOnce() -> Result<()>) -> orbite_status {
         Ok(Ok(())) => ORBITE_STATUS_OK,
         Ok(Err(e)) => fail(e),
         Err(p) => {
-            set_last_error(&format!(
-                "internal panic (a bug in liborbite): {}",
-                panic_text(&*p)
-            ));
+            set_last_error(&format!("internal panic (a bug in liborbite): {}", panic_text(&*p)));
             ORBITE_STATUS_PANIC
         }
     }
@@ -56,10 +53,7 @@ pub fn guard_status(f: impl FnOnce() -> Result<Status>) -> orbite_status {
         Ok(Ok(s)) => s as u32,
         Ok(Err(e)) => fail(e),
         Err(p) => {
-            set_last_error(&format!(
-                "internal panic (a bug in liborbite): {}",
-                panic_text(&*p)
-            ));
+            set_last_error(&format!("internal panic (a bug in liborbite): {}", panic_text(&*p)));
             ORBITE_STATUS_PANIC
         }
     }
@@ -95,9 +89,7 @@ pub fn need_str<'a>(p: *const c_char, name: &str) -> Result<&'a str> {
         return Err(Error::NullArgument(format!("{name} is NULL")));
     }
     // SAFETY: non-NULL and NUL-terminated per the C contract.
-    unsafe { CStr::from_ptr(p) }
-        .to_str()
-        .map_err(|_| Error::InvalidArgument(format!("{name} is not valid UTF-8")))
+    unsafe { CStr::from_ptr(p) }.to_str().map_err(|_| Error::InvalidArgument(format!("{name} is not valid UTF-8")))
 }
 
 /// Milliseconds, 0 = engine default.
@@ -113,10 +105,7 @@ pub fn write_text(text: &str, buf: *mut c_char, cap: usize, out_len: *mut usize)
     let n = text.len();
     if cap < n + 1 {
         *out_len = n;
-        return Err(Error::BufferTooSmall(format!(
-            "needs {} bytes including the NUL, cap is {cap}",
-            n + 1
-        )));
+        return Err(Error::BufferTooSmall(format!("needs {} bytes including the NUL, cap is {cap}", n + 1)));
     }
     if buf.is_null() {
         return Err(Error::NullArgument("buf is NULL".into()));

@@ -17,10 +17,7 @@ pub extern "C" fn orbite_cuda_allocate(
     guard(|| {
         need_out_alloc(out_alloc, length)?;
         let alloc = cuda_support::allocate_device(device, length as u64, false)?;
-        put(
-            out_alloc,
-            Box::into_raw(Box::new(orbite_allocation { alloc })),
-        );
+        put(out_alloc, Box::into_raw(Box::new(orbite_allocation { alloc })));
         Ok(())
     })
 }
@@ -35,10 +32,7 @@ pub extern "C" fn orbite_cuda_allocate_ipc(
     guard(|| {
         need_out_alloc(out_alloc, length)?;
         let alloc = cuda_support::allocate_device(device, length as u64, true)?;
-        put(
-            out_alloc,
-            Box::into_raw(Box::new(orbite_allocation { alloc })),
-        );
+        put(out_alloc, Box::into_raw(Box::new(orbite_allocation { alloc })));
         Ok(())
     })
 }
@@ -52,10 +46,7 @@ pub extern "C" fn orbite_cuda_allocate_pinned_host(
     guard(|| {
         need_out_alloc(out_alloc, length)?;
         let alloc = cuda_support::allocate_pinned_host(length as u64)?;
-        put(
-            out_alloc,
-            Box::into_raw(Box::new(orbite_allocation { alloc })),
-        );
+        put(out_alloc, Box::into_raw(Box::new(orbite_allocation { alloc })));
         Ok(())
     })
 }
@@ -70,10 +61,7 @@ pub extern "C" fn orbite_allocate_mnnvl(
     guard(|| {
         need_out_alloc(out_alloc, length)?;
         let alloc = cuda_support::allocate_mnnvl(device, length as u64)?;
-        put(
-            out_alloc,
-            Box::into_raw(Box::new(orbite_allocation { alloc })),
-        );
+        put(out_alloc, Box::into_raw(Box::new(orbite_allocation { alloc })));
         Ok(())
     })
 }
@@ -88,10 +76,7 @@ pub extern "C" fn orbite_allocate_egm(
     guard(|| {
         need_out_alloc(out_alloc, length)?;
         let alloc = cuda_support::allocate_egm(numa_node, length as u64)?;
-        put(
-            out_alloc,
-            Box::into_raw(Box::new(orbite_allocation { alloc })),
-        );
+        put(out_alloc, Box::into_raw(Box::new(orbite_allocation { alloc })));
         Ok(())
     })
 }

@@ -47,11 +47,7 @@ const STATUS_NAMES: [&CStr; 21] = [
 /// give "ORBITE_STATUS_UNKNOWN". Static storage.
 #[no_mangle]
 pub extern "C" fn orbite_status_name(status: u32) -> *const c_char {
-    STATUS_NAMES
-        .get(status as usize)
-        .copied()
-        .unwrap_or(c"ORBITE_STATUS_UNKNOWN")
-        .as_ptr()
+    STATUS_NAMES.get(status as usize).copied().unwrap_or(c"ORBITE_STATUS_UNKNOWN").as_ptr()
 }
 
 /// The message of the last failing call on this thread ("" if none). Valid
@@ -65,22 +61,12 @@ pub extern "C" fn orbite_last_error() -> *const c_char {
 /// wrong types and out-of-range values give ORBITE_STATUS_INVALID_CONFIG
 /// naming the key.
 #[no_mangle]
-pub extern "C" fn orbite_engine_new(
-    config_json: *const c_char,
-    out_engine: *mut *mut orbite_engine,
-) -> orbite_status {
+pub extern "C" fn orbite_engine_new(config_json: *const c_char, out_engine: *mut *mut orbite_engine) -> orbite_status {
     guard(|| {
         need_mut(out_engine, "out_engine")?;
-        let text = if config_json.is_null() {
-            ""
-        } else {
-            need_str(config_json, "config_json")?
-        };
+        let text = if config_json.is_null() { "" } else { need_str(config_json, "config_json")? };
         let engine = Engine::from_json(text)?;
-        put(
-            out_engine,
-            Box::into_raw(Box::new(orbite_engine { engine })),
-        );
+        put(out_engine, Box::into_raw(Box::new(orbite_engine { engine })));
         Ok(())
     })
 }
@@ -143,11 +129,11 @@ pub extern "C" fn orbite_register_memory(
             return Err(Error::NullArgument("addr is NULL".into()));
         }
         let access = Access::from_bits(access).ok_or_else(|| {
-            Error::InvalidArgument(format!("access 0x{access:x} has unknown bits (use ORBITE_ACCESS_READ | ORBITE_ACCESS_WRITE)"))
+            Error::InvalidArgument(format!(
+                "access 0x{access:x} has unknown bits (use ORBITE_ACCESS_READ | ORBITE_ACCESS_WRITE)"
+            ))
         })?;
-        let id = e
-            .engine
-            .register_memory(addr as u64, length as u64, access)?;
+        let id = e.engine.register_memory(addr as u64, length as u64, access)?;
         put(out_region, id);
         Ok(())
     })
@@ -156,11 +142,7 @@ pub extern "C" fn orbite_register_memory(
 /// Unregisters a region, waiting up to timeout_ms (0 = default) for copies
 /// that use it; TIMED_OUT leaves it registered.
 #[no_mangle]
-pub extern "C" fn orbite_unregister_memory(
-    engine: *mut orbite_engine,
-    region: u64,
-    timeout_ms: u32,
-) -> orbite_status {
+pub extern "C" fn orbite_unregister_memory(engine: *mut orbite_engine, region: u64, timeout_ms: u32) -> orbite_status {
     guard(|| {
         let e = need(engine, "engine")?;
         if region == 0 {
@@ -226,76 +208,38 @@ pub extern "C" fn orbite_peer_regions_json(
                 })
             })
             .collect();
-        write_text(
-            &serde_json::Value::Array(arr).to_string(),
-            buf,
-            cap,
-            out_len,
-        )
+        write_text(&serde_json::Value::Array(arr).to_string(), buf, cap, out_len)
     })
 }
 
 /// Disconnects a peer after its outstanding requests end (up to timeout_ms).
 #[no_mangle]
-pub extern "C" fn orbite_disconnect(
-    engine: *mut orbite_engine,
-    peer: u64,
-    timeout_ms: u32,
-) -> orbite_status {
-    guard(|| {
-        need(engine, "engine")?
-            .engine
-            .disconnect(peer, timeout_opt(timeout_ms))
-    })
+pub extern "C" fn orbite_disconnect(engine: *mut orbite_engine, peer: u64, timeout_ms: u32) -> orbite_status {
+    guard(|| need(engine, "engine")?.engine.disconnect(peer, timeout_opt(timeout_ms)))
 }
 
 /// Closes cached NVLink imports through their receipts; admission stays open.
 #[no_mangle]
-pub extern "C" fn orbite_flush_nvlink_cache(
-    engine: *mut orbite_engine,
-    timeout_ms: u32,
-) -> orbite_status {
-    guard(|| {
-        need(engine, "engine")?
-            .engine
-            .flush_nvlink_cache(timeout_opt(timeout_ms))
-    })
+pub extern "C" fn orbite_flush_nvlink_cache(engine: *mut orbite_engine, timeout_ms: u32) -> orbite_status {
+    guard(|| need(engine, "engine")?.engine.flush_nvlink_cache(timeout_opt(timeout_ms)))
 }
 
 /// Fences new submissions, waits for accepted ones, closes outgoing connections.
 #[no_mangle]
-pub extern "C" fn orbite_close_requester(
-    engine: *mut orbite_engine,
-    timeout_ms: u32,
-) -> orbite_status {
-    guard(|| {
-        need(engine, "engine")?
-            .engine
-            .close_requester(timeout_opt(timeout_ms))
-    })
+pub extern "C" fn orbite_close_requester(engine: *mut orbite_engine, timeout_ms: u32) -> orbite_status {
+    guard(|| need(engine, "engine")?.engine.close_requester(timeout_opt(timeout_ms)))
 }
 
 /// Stops serving new requests and waits for those being served.
 #[no_mangle]
-pub extern "C" fn orbite_close_source(
-    engine: *mut orbite_engine,
-    timeout_ms: u32,
-) -> orbite_status {
-    guard(|| {
-        need(engine, "engine")?
-            .engine
-            .close_source(timeout_opt(timeout_ms))
-    })
+pub extern "C" fn orbite_close_source(engine: *mut orbite_engine, timeout_ms: u32) -> orbite_status {
+    guard(|| need(engine, "engine")?.engine.close_source(timeout_opt(timeout_ms)))
 }
 
 /// Closes the requester side, then the source side, then the engine.
 #[no_mangle]
 pub extern "C" fn orbite_close(engine: *mut orbite_engine, timeout_ms: u32) -> orbite_status {
-    guard(|| {
-        need(engine, "engine")?
-            .engine
-            .close(timeout_opt(timeout_ms))
-    })
+    guard(|| need(engine, "engine")?.engine.close(timeout_opt(timeout_ms)))
 }
 
 #[cfg(test)]

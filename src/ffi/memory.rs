@@ -9,17 +9,11 @@ use std::ffi::c_void;
 /// Allocates zeroed shared host memory (memfd, physically rounded to 2 MiB)
 /// that can be exported to peers on the same host.
 #[no_mangle]
-pub extern "C" fn orbite_host_allocate_shared(
-    length: usize,
-    out_alloc: *mut *mut orbite_allocation,
-) -> orbite_status {
+pub extern "C" fn orbite_host_allocate_shared(length: usize, out_alloc: *mut *mut orbite_allocation) -> orbite_status {
     guard(|| {
         need_mut(out_alloc, "out_alloc")?;
         let alloc = owners::allocate_shared_host(length as u64)?;
-        put(
-            out_alloc,
-            Box::into_raw(Box::new(orbite_allocation { alloc })),
-        );
+        put(out_alloc, Box::into_raw(Box::new(orbite_allocation { alloc })));
         Ok(())
     })
 }
@@ -65,10 +59,7 @@ pub extern "C" fn orbite_allocation_free(alloc: *mut orbite_allocation) -> orbit
     })
 }
 
-pub(crate) fn need_out_alloc(
-    out: *mut *mut orbite_allocation,
-    length: usize,
-) -> crate::error::Result<()> {
+pub(crate) fn need_out_alloc(out: *mut *mut orbite_allocation, length: usize) -> crate::error::Result<()> {
     need_mut(out, "out_alloc")?;
     if length == 0 {
         return Err(Error::InvalidArgument("length is 0".into()));

@@ -53,12 +53,7 @@ pub extern "C" fn orbite_submit(
                     )))
                 }
             };
-            reqs.push(Request {
-                op,
-                local_addr: r.local_addr,
-                remote_addr: r.remote_addr,
-                len: r.length,
-            });
+            reqs.push(Request { op, local_addr: r.local_addr, remote_addr: r.remote_addr, len: r.length });
         }
         let mut o = SubmitOptions::default();
         if !opts.is_null() {
@@ -72,12 +67,7 @@ pub extern "C" fn orbite_submit(
             o.timeout = timeout_opt(raw.timeout_ms);
         }
         let batch = e.engine.submit(peer, &reqs, o)?;
-        put(
-            out_batch,
-            Box::into_raw(Box::new(orbite_batch {
-                shared: batch.shared(),
-            })),
-        );
+        put(out_batch, Box::into_raw(Box::new(orbite_batch { shared: batch.shared() })));
         Ok(())
     })
 }
@@ -100,8 +90,7 @@ pub extern "C" fn orbite_batch_poll(batch: *mut orbite_batch) -> orbite_status {
 pub extern "C" fn orbite_batch_wait(batch: *mut orbite_batch, timeout_ms: u32) -> orbite_status {
     guard(|| {
         let b = need(batch, "batch")?;
-        crate::engine::Batch::from_shared(b.shared.clone())
-            .wait(Duration::from_millis(timeout_ms as u64))
+        crate::engine::Batch::from_shared(b.shared.clone()).wait(Duration::from_millis(timeout_ms as u64))
     })
 }
 
@@ -127,10 +116,8 @@ pub extern "C" fn orbite_batch_results(
         for (i, r) in results.iter().enumerate() {
             // SAFETY: out is non-NULL with `count` elements per the contract.
             unsafe {
-                out.add(i).write(orbite_request_result {
-                    status: r.status as u32,
-                    remote_effect: r.remote_effect as u32,
-                })
+                out.add(i)
+                    .write(orbite_request_result { status: r.status as u32, remote_effect: r.remote_effect as u32 })
             };
         }
         Ok(())

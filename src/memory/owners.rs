@@ -67,10 +67,7 @@ impl MemoryKind {
     /// Whether the CPU can read and write it directly (the TCP transport
     /// copies through the CPU).
     pub fn cpu_accessible(self) -> bool {
-        matches!(
-            self,
-            MemoryKind::Host | MemoryKind::SharedHost | MemoryKind::PinnedHost | MemoryKind::Egm
-        )
+        matches!(self, MemoryKind::Host | MemoryKind::SharedHost | MemoryKind::PinnedHost | MemoryKind::Egm)
     }
 }
 
@@ -156,14 +153,10 @@ impl Allocation {
     pub fn release(&self) -> Result<()> {
         let mut map = OWNERS.lock();
         let Some(e) = map.get(&self.owned.addr) else {
-            return Err(Error::InvalidArgument(
-                "allocation was already freed".into(),
-            ));
+            return Err(Error::InvalidArgument("allocation was already freed".into()));
         };
         if !Arc::ptr_eq(&e.owned, &self.owned) {
-            return Err(Error::InvalidArgument(
-                "allocation was already freed".into(),
-            ));
+            return Err(Error::InvalidArgument("allocation was already freed".into()));
         }
         if e.counts.registered > 0 || e.counts.exported > 0 {
             return Err(Error::Unavailable(format!(
@@ -178,12 +171,7 @@ impl Allocation {
                 // SAFETY: addr/physical describe the mapping created in
                 // `allocate_shared_host`; the entry is gone from the owner
                 // table and no engine has it registered, so nothing uses it.
-                unsafe {
-                    libc::munmap(
-                        self.owned.addr as *mut libc::c_void,
-                        self.owned.physical as usize,
-                    )
-                };
+                unsafe { libc::munmap(self.owned.addr as *mut libc::c_void, self.owned.physical as usize) };
             }
         }
         Ok(())
@@ -214,9 +202,7 @@ pub fn allocate_shared_host(len: u64) -> Result<Allocation> {
     // SAFETY: fd is valid; physical fits in off_t (checked above).
     if unsafe { libc::ftruncate(fd.as_raw_fd(), physical as libc::off_t) } != 0 {
         let e = std::io::Error::last_os_error();
-        return Err(Error::ResourceExhausted(format!(
-            "cannot size shared memory to {physical} bytes: {e}"
-        )));
+        return Err(Error::ResourceExhausted(format!("cannot size shared memory to {physical} bytes: {e}")));
     }
     // SAFETY: mapping a valid fd of `physical` bytes; the result is checked.
     let p = unsafe {
@@ -231,24 +217,11 @@ pub fn allocate_shared_host(len: u64) -> Result<Allocation> {
     };
     if p == libc::MAP_FAILED {
         let e = std::io::Error::last_os_error();
-        return Err(Error::ResourceExhausted(format!(
-            "cannot map {physical} bytes of shared memory: {e}"
-        )));
+        return Err(Error::ResourceExhausted(format!("cannot map {physical} bytes of shared memory: {e}")));
     }
-    let owned = Arc::new(Owned {
-        kind: MemoryKind::SharedHost,
-        addr: p as u64,
-        len,
-        physical,
-        backing: Backing::Memfd { fd },
-    });
-    OWNERS.lock().insert(
-        owned.addr,
-        Entry {
-            owned: owned.clone(),
-            counts: Counts::default(),
-        },
-    );
+    let owned =
+        Arc::new(Owned { kind: MemoryKind::SharedHost, addr: p as u64, len, physical, backing: Backing::Memfd { fd } });
+    OWNERS.lock().insert(owned.addr, Entry { owned: owned.clone(), counts: Counts::default() });
     Ok(Allocation { owned })
 }
 
@@ -326,9 +299,7 @@ impl Drop for Loan {
 pub fn loan(base: u64, deadline: std::time::Instant) -> Result<Loan> {
     let mut map = OWNERS.lock();
     loop {
-        let e = map
-            .get_mut(&base)
-            .ok_or_else(|| Error::NotFound(format!("no library allocation at 0x{base:x}")))?;
+        let e = map.get_mut(&base).ok_or_else(|| Error::NotFound(format!("no library allocation at 0x{base:x}")))?;
         if !e.counts.loaned {
             e.counts.loaned = true;
             e.counts.exported += 1;
@@ -349,9 +320,7 @@ pub fn loan(base: u64, deadline: std::time::Instant) -> Result<Loan> {
 /// holds exclusively right now.
 pub fn is_loaned(addr: u64) -> bool {
     let map = OWNERS.lock();
-    map.range(..=addr)
-        .next_back()
-        .is_some_and(|(_, e)| addr < e.owned.addr + e.owned.physical && e.counts.loaned)
+    map.range(..=addr).next_back().is_some_and(|(_, e)| addr < e.owned.addr + e.owned.physical && e.counts.loaned)
 }
 
 #[cfg(test)]
@@ -364,15 +333,11 @@ mod tests {
         assert_eq!(a.len(), 17);
         assert_eq!(a.physical_len(), SHARED_ROUNDING);
         // SAFETY: the allocation maps `physical_len` bytes.
-        let s =
-            unsafe { std::slice::from_raw_parts(a.addr() as *const u8, a.physical_len() as usize) };
+        let s = unsafe { std::slice::from_raw_parts(a.addr() as *const u8, a.physical_len() as usize) };
         assert!(s.iter().all(|b| *b == 0));
         assert_eq!(kind_of(a.addr(), 17).unwrap(), MemoryKind::SharedHost);
         assert!(kind_of(a.addr(), 18).is_err());
-        assert!(matches!(
-            allocate_shared_host(0),
-            Err(Error::InvalidArgument(_))
-        ));
+        assert!(matches!(allocate_shared_host(0), Err(Error::InvalidArgument(_))));
         note_registered(a.addr(), 1, 1);
         let (a, e) = a.free().unwrap_err();
         assert!(matches!(e, Error::Unavailable(_)));

@@ -109,9 +109,7 @@ impl RegionLease {
 
 impl Drop for RegionLease {
     fn drop(&mut self) {
-        if self.region.active.fetch_sub(1, Ordering::AcqRel) == 1
-            && self.region.closing.load(Ordering::Acquire)
-        {
+        if self.region.active.fetch_sub(1, Ordering::AcqRel) == 1 && self.region.closing.load(Ordering::Acquire) {
             let _g = self.table.wake_lock.lock();
             self.table.drained.notify_all();
         }
@@ -136,10 +134,7 @@ impl Default for RegionTable {
     fn default() -> Self {
         RegionTable {
             by_addr: RwLock::new(BTreeMap::new()),
-            shared: Arc::new(TableShared {
-                wake_lock: Mutex::new(()),
-                drained: Condvar::new(),
-            }),
+            shared: Arc::new(TableShared { wake_lock: Mutex::new(()), drained: Condvar::new() }),
             next_id: AtomicU64::new(1),
             change: Mutex::new(()),
         }
@@ -157,9 +152,9 @@ impl RegionTable {
         if len == 0 {
             return Err(Error::InvalidArgument("length is 0".into()));
         }
-        let end = addr.checked_add(len).ok_or_else(|| {
-            Error::InvalidArgument(format!("range 0x{addr:x}+{len} wraps the address space"))
-        })?;
+        let end = addr
+            .checked_add(len)
+            .ok_or_else(|| Error::InvalidArgument(format!("range 0x{addr:x}+{len} wraps the address space")))?;
         let kind = owners::kind_of(addr, len)?;
         let _c = self.change.lock();
         let mut map = self.by_addr.write();
@@ -227,9 +222,7 @@ impl RegionTable {
             .next_back()
             .map(|(_, r)| r)
             .filter(|r| addr < r.end())
-            .ok_or_else(|| {
-                Error::NotFound(format!("address 0x{addr:x} is in no registered region"))
-            })?;
+            .ok_or_else(|| Error::NotFound(format!("address 0x{addr:x} is in no registered region")))?;
         if !r.contains(addr, len) {
             return Err(Error::OutOfRange(format!(
                 "range 0x{addr:x}+{len} crosses the end of region {} (0x{:x}+{})",
@@ -238,20 +231,11 @@ impl RegionTable {
         }
         r.active.fetch_add(1, Ordering::AcqRel);
         if r.closing.load(Ordering::Acquire) {
-            let lease = RegionLease {
-                region: r.clone(),
-                table: self.shared.clone(),
-            };
+            let lease = RegionLease { region: r.clone(), table: self.shared.clone() };
             drop(lease);
-            return Err(Error::Unavailable(format!(
-                "region {} is being unregistered",
-                r.id
-            )));
+            return Err(Error::Unavailable(format!("region {} is being unregistered", r.id)));
         }
-        Ok(RegionLease {
-            region: r.clone(),
-            table: self.shared.clone(),
-        })
+        Ok(RegionLease { region: r.clone(), table: self.shared.clone() })
     }
 
     /// A snapshot of every region.
@@ -288,32 +272,17 @@ mod tests {
     fn overlap_bounds_and_lookup() {
         let t = RegionTable::default();
         let a = t.register(0x10000, 0x1000, Access::READ).unwrap();
-        assert!(matches!(
-            t.register(0x10fff, 1, Access::READ),
-            Err(Error::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            t.register(0xf000, 0x1001, Access::READ),
-            Err(Error::InvalidArgument(_))
-        ));
+        assert!(matches!(t.register(0x10fff, 1, Access::READ), Err(Error::InvalidArgument(_))));
+        assert!(matches!(t.register(0xf000, 0x1001, Access::READ), Err(Error::InvalidArgument(_))));
         let b = t.register(0x11000, 0x10, Access::WRITE).unwrap();
         assert_ne!(a.epoch, b.epoch);
         assert_eq!(t.lease(0x10000, 0x1000).unwrap().region().id, a.id);
         assert!(matches!(t.lease(0x10fff, 2), Err(Error::OutOfRange(_))));
         assert!(matches!(t.lease(0x12000, 1), Err(Error::NotFound(_))));
         assert!(matches!(t.lease(0x1, 1), Err(Error::NotFound(_))));
-        assert!(matches!(
-            t.register(0, 1, Access::READ),
-            Err(Error::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            t.register(1, 0, Access::READ),
-            Err(Error::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            t.register(u64::MAX, 2, Access::READ),
-            Err(Error::InvalidArgument(_))
-        ));
+        assert!(matches!(t.register(0, 1, Access::READ), Err(Error::InvalidArgument(_))));
+        assert!(matches!(t.register(1, 0, Access::READ), Err(Error::InvalidArgument(_))));
+        assert!(matches!(t.register(u64::MAX, 2, Access::READ), Err(Error::InvalidArgument(_))));
     }
 
     #[test]
@@ -343,9 +312,6 @@ mod tests {
         drop(lease);
         h.join().unwrap().unwrap();
         assert!(t.is_empty());
-        assert!(matches!(
-            t.unregister(r.id, Duration::ZERO),
-            Err(Error::NotFound(_))
-        ));
+        assert!(matches!(t.unregister(r.id, Duration::ZERO), Err(Error::NotFound(_))));
     }
 }

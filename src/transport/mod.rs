@@ -19,20 +19,12 @@ pub enum TransportKind {
 
 impl TransportKind {
     /// Best-first default policy.
-    pub const DEFAULT_POLICY: [TransportKind; 4] = [
-        TransportKind::Mnnvl,
-        TransportKind::Nvlink,
-        TransportKind::Shm,
-        TransportKind::Tcp,
-    ];
+    pub const DEFAULT_POLICY: [TransportKind; 4] =
+        [TransportKind::Mnnvl, TransportKind::Nvlink, TransportKind::Shm, TransportKind::Tcp];
 
     /// Every transport, in stats order.
-    pub const ALL: [TransportKind; 4] = [
-        TransportKind::Tcp,
-        TransportKind::Shm,
-        TransportKind::Nvlink,
-        TransportKind::Mnnvl,
-    ];
+    pub const ALL: [TransportKind; 4] =
+        [TransportKind::Tcp, TransportKind::Shm, TransportKind::Nvlink, TransportKind::Mnnvl];
 
     /// The name used in config and stats.
     pub fn name(self) -> &'static str {

@@ -10,9 +10,7 @@ pub const LONG: Duration = Duration::from_secs(120);
 
 /// The byte at offset `i` of pattern `seed` (same as orbite-peer).
 pub fn pattern(seed: u64, i: u64) -> u8 {
-    (i.wrapping_mul(131)
-        .wrapping_add(seed.wrapping_mul(7))
-        .wrapping_add(i >> 12)) as u8
+    (i.wrapping_mul(131).wrapping_add(seed.wrapping_mul(7)).wrapping_add(i >> 12)) as u8
 }
 
 /// `len` bytes of pattern `seed`.
@@ -31,6 +29,7 @@ pub struct PeerProc {
     pub pid: u32,
     pub extra_addr: u64,
     pub extra_len: u64,
+    pub addrs: Vec<u64>,
 }
 
 impl PeerProc {
@@ -56,6 +55,7 @@ impl PeerProc {
             pid: v["pid"].as_u64().expect("pid") as u32,
             extra_addr: v["extra_addr"].as_u64().unwrap_or(0),
             extra_len: v["extra_len"].as_u64().unwrap_or(0),
+            addrs: v["addrs"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default(),
             child,
             stdin,
             stdout,
@@ -69,6 +69,11 @@ impl PeerProc {
         let mut line = String::new();
         self.stdout.read_line(&mut line).expect("read reply");
         line.trim().to_string()
+    }
+
+    /// The peer's stats, parsed.
+    pub fn stats(&mut self) -> serde_json::Value {
+        serde_json::from_str(&self.cmd("stats")).expect("stats JSON")
     }
 
     /// Sends a signal to the process.
@@ -86,10 +91,7 @@ impl PeerProc {
         // SAFETY: waitpid on our own child; status is a valid out-pointer.
         let r = unsafe { libc::waitpid(self.pid as i32, &mut status, libc::WUNTRACED) };
         assert_eq!(r, self.pid as i32, "waitpid(WUNTRACED)");
-        assert!(
-            libc::WIFSTOPPED(status),
-            "child did not stop: status {status}"
-        );
+        assert!(libc::WIFSTOPPED(status), "child did not stop: status {status}");
     }
 
     /// SIGKILL and reap.

@@ -30,32 +30,26 @@ pub struct Channel {
 
 /// Binds the abstract socket `name`.
 pub fn listen(name: &str) -> Result<UnixListener> {
-    let addr = SocketAddr::from_abstract_name(name.as_bytes())
-        .map_err(|e| Error::io("abstract socket name", &e))?;
-    UnixListener::bind_addr(&addr)
-        .map_err(|e| Error::Unavailable(format!("cannot listen on IPC socket @{name}: {e}")))
+    let addr = SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| Error::io("abstract socket name", &e))?;
+    UnixListener::bind_addr(&addr).map_err(|e| Error::Unavailable(format!("cannot listen on IPC socket @{name}: {e}")))
 }
 
 impl Channel {
     /// Wraps an accepted stream.
     pub fn from_stream(stream: UnixStream) -> Result<Channel> {
-        stream
-            .set_read_timeout(Some(TICK))
-            .map_err(|e| Error::io("set_read_timeout", &e))?;
-        stream
-            .set_write_timeout(Some(TICK))
-            .map_err(|e| Error::io("set_write_timeout", &e))?;
+        stream.set_read_timeout(Some(TICK)).map_err(|e| Error::io("set_read_timeout", &e))?;
+        stream.set_write_timeout(Some(TICK)).map_err(|e| Error::io("set_write_timeout", &e))?;
         Ok(Channel { stream })
     }
 
     /// Connects to the abstract socket `name`.
     pub fn connect(name: &str) -> Result<Channel> {
-        let addr = SocketAddr::from_abstract_name(name.as_bytes())
-            .map_err(|e| Error::io("abstract socket name", &e))?;
+        let addr =
+            SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| Error::io("abstract socket name", &e))?;
         let s = UnixStream::connect_addr(&addr).map_err(|e| match e.kind() {
-            ErrorKind::ConnectionRefused | ErrorKind::NotFound => Error::StalePeer(format!(
-                "no IPC channel @{name}: the source process is gone or was restarted"
-            )),
+            ErrorKind::ConnectionRefused | ErrorKind::NotFound => {
+                Error::StalePeer(format!("no IPC channel @{name}: the source process is gone or was restarted"))
+            }
             _ => Error::Unavailable(format!("cannot connect to IPC channel @{name}: {e}")),
         })?;
         Channel::from_stream(s)
@@ -63,11 +57,7 @@ impl Channel {
 
     /// The pid of the process at the other end (kernel-verified).
     pub fn peer_pid(&self) -> Result<u32> {
-        let mut cred = libc::ucred {
-            pid: 0,
-            uid: 0,
-            gid: 0,
-        };
+        let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
         let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
         // SAFETY: getsockopt writes at most `len` bytes into `cred`.
         let r = unsafe {
@@ -91,13 +81,7 @@ impl Channel {
     }
 
     /// Sends a frame, with `fd` attached if given.
-    pub fn send(
-        &mut self,
-        kind: MsgKind,
-        body: &[u8],
-        fd: Option<RawFd>,
-        tick: Tick<'_>,
-    ) -> Result<()> {
+    pub fn send(&mut self, kind: MsgKind, body: &[u8], fd: Option<RawFd>, tick: Tick<'_>) -> Result<()> {
         let h = FrameHeader::encode(kind, body.len() as u32);
         match fd {
             None => io::write_frame(&mut self.stream, kind, body, tick),
@@ -113,10 +97,7 @@ impl Channel {
         // The fd rides on the first byte of the message; the rest may follow.
         let sent;
         loop {
-            let mut iov = libc::iovec {
-                iov_base: msg.as_ptr() as *mut libc::c_void,
-                iov_len: msg.len(),
-            };
+            let mut iov = libc::iovec { iov_base: msg.as_ptr() as *mut libc::c_void, iov_len: msg.len() };
             // SAFETY: CMSG_SPACE is a pure size computation.
             let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
             let mut cbuf = vec![0u8; space];
@@ -158,13 +139,9 @@ impl Channel {
         let mut fd: Option<OwnedFd> = None;
         while got < FRAME_HEADER_LEN {
             // SAFETY: CMSG_SPACE is a pure size computation.
-            let space =
-                unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32 * 4) } as usize;
+            let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32 * 4) } as usize;
             let mut cbuf = vec![0u8; space];
-            let mut iov = libc::iovec {
-                iov_base: h[got..].as_mut_ptr().cast(),
-                iov_len: FRAME_HEADER_LEN - got,
-            };
+            let mut iov = libc::iovec { iov_base: h[got..].as_mut_ptr().cast(), iov_len: FRAME_HEADER_LEN - got };
             // SAFETY: an all-zero msghdr is valid; the fields are set below.
             let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
             mh.msg_iov = &mut iov;
@@ -172,8 +149,7 @@ impl Channel {
             mh.msg_control = cbuf.as_mut_ptr().cast();
             mh.msg_controllen = space as _;
             // SAFETY: mh describes valid buffers for the duration of the call.
-            let n =
-                unsafe { libc::recvmsg(self.stream.as_raw_fd(), &mut mh, libc::MSG_CMSG_CLOEXEC) };
+            let n = unsafe { libc::recvmsg(self.stream.as_raw_fd(), &mut mh, libc::MSG_CMSG_CLOEXEC) };
             if n < 0 {
                 let e = std::io::Error::last_os_error();
                 match e.kind() {
@@ -186,9 +162,7 @@ impl Channel {
                 }
             }
             if n == 0 {
-                return Err(Error::Unavailable(
-                    "the IPC channel was closed by the peer".into(),
-                ));
+                return Err(Error::Unavailable("the IPC channel was closed by the peer".into()));
             }
             // Collect every fd that came along; keep the first, close others.
             // SAFETY: iterating the control buffer the kernel filled in.
@@ -197,8 +171,8 @@ impl Channel {
                 while !c.is_null() {
                     if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
                         let data = libc::CMSG_DATA(c).cast::<RawFd>();
-                        let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
-                            / std::mem::size_of::<RawFd>();
+                        let count =
+                            ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
                         for k in 0..count {
                             let raw = std::ptr::read_unaligned(data.add(k));
                             let owned = OwnedFd::from_raw_fd(raw);
@@ -214,33 +188,17 @@ impl Channel {
         }
         let header = FrameHeader::decode(&h)?;
         if header.body_len > crate::control::frame::MAX_CONTROL_BODY {
-            return Err(Error::Protocol(format!(
-                "IPC frame of {} bytes is too large",
-                header.body_len
-            )));
+            return Err(Error::Protocol(format!("IPC frame of {} bytes is too large", header.body_len)));
         }
         let body = io::read_body(&mut self.stream, header.body_len, tick)?;
         if fd.is_some() && header.kind != MsgKind::ExportHandle {
-            return Err(Error::Protocol(format!(
-                "a file descriptor arrived with {:?}",
-                header.kind
-            )));
+            return Err(Error::Protocol(format!("a file descriptor arrived with {:?}", header.kind)));
         }
-        Ok(Frame {
-            kind: header.kind,
-            body,
-            fd,
-        })
+        Ok(Frame { kind: header.kind, body, fd })
     }
 
     /// Sends a request and receives its answer, within `deadline`.
-    pub fn call(
-        &mut self,
-        kind: MsgKind,
-        body: &[u8],
-        deadline: Instant,
-        what: &str,
-    ) -> Result<Frame> {
+    pub fn call(&mut self, kind: MsgKind, body: &[u8], deadline: Instant, what: &str) -> Result<Frame> {
         let mut tick = || deadline_tick(deadline, what);
         self.send(kind, body, None, &mut tick)?;
         self.recv(&mut tick)
@@ -250,9 +208,7 @@ impl Channel {
 /// A tick that fails once `deadline` has passed.
 pub fn deadline_tick(deadline: Instant, what: &str) -> Result<()> {
     if Instant::now() >= deadline {
-        return Err(Error::TimedOut(format!(
-            "{what}: no answer before the deadline"
-        )));
+        return Err(Error::TimedOut(format!("{what}: no answer before the deadline")));
     }
     Ok(())
 }
@@ -276,8 +232,7 @@ mod tests {
             let a = crate::memory::owners::allocate_shared_host(100).unwrap();
             // SAFETY: the allocation maps at least 100 bytes.
             unsafe { *(a.addr() as *mut u8) = 42 };
-            c.send(MsgKind::ExportHandle, b"fd!", a.memfd(), &mut io::no_abort)
-                .unwrap();
+            c.send(MsgKind::ExportHandle, b"fd!", a.memfd(), &mut io::no_abort).unwrap();
             // Keep the allocation until the peer has mapped it.
             let f = c.recv(&mut io::no_abort).unwrap();
             assert_eq!(f.kind, MsgKind::CloseReceipt);
@@ -285,34 +240,19 @@ mod tests {
         });
         let mut c = Channel::connect(&name).unwrap();
         let deadline = Instant::now() + Duration::from_secs(60);
-        let f = c
-            .call(MsgKind::ExportAnswer, b"hi", deadline, "test")
-            .unwrap();
+        let f = c.call(MsgKind::ExportAnswer, b"hi", deadline, "test").unwrap();
         assert_eq!(f.kind, MsgKind::ExportHandle);
         assert_eq!(f.body, b"fd!");
         let fd = f.fd.expect("an fd");
         // SAFETY: mapping the received memfd read-only, 4096 bytes.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), 4096, libc::PROT_READ, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
         assert_ne!(p, libc::MAP_FAILED);
         // SAFETY: p maps 4096 readable bytes.
         assert_eq!(unsafe { *(p as *const u8) }, 42);
         // SAFETY: unmapping what we mapped.
         unsafe { libc::munmap(p, 4096) };
-        c.send(MsgKind::CloseReceipt, b"", None, &mut io::no_abort)
-            .unwrap();
+        c.send(MsgKind::CloseReceipt, b"", None, &mut io::no_abort).unwrap();
         t.join().unwrap();
-        assert!(matches!(
-            Channel::connect("orbite-no-such-socket-xyz"),
-            Err(Error::StalePeer(_))
-        ));
+        assert!(matches!(Channel::connect("orbite-no-such-socket-xyz"), Err(Error::StalePeer(_))));
     }
 }

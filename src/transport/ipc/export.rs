@@ -140,9 +140,7 @@ impl ExportTable {
 
     fn validate(&self, region_epoch: u64, addr: u64, len: u64, ops: u32) -> Result<RegionLease> {
         if !self.gate.is_open() {
-            return Err(Error::Unavailable(
-                "the source is closing and grants no new exports".into(),
-            ));
+            return Err(Error::Unavailable("the source is closing and grants no new exports".into()));
         }
         let lease = self.regions.lease(addr, len)?;
         let r = lease.region();
@@ -167,21 +165,12 @@ impl ExportTable {
 
     /// Validates an export request and retains the allocation (loan +
     /// charge + registration). Returns the offer (no handle yet).
-    pub fn offer(
-        &self,
-        conn: u64,
-        requester: ProcessIdentity,
-        req: &ExportRequest,
-    ) -> Result<ExportOffer> {
+    pub fn offer(&self, conn: u64, requester: ProcessIdentity, req: &ExportRequest) -> Result<ExportOffer> {
         let lease = self.validate(req.region_epoch, req.addr, req.len, req.ops)?;
-        let (base, logical, physical, _) = owners::owner_of(req.addr).ok_or_else(|| {
-            Error::NotSupported(format!("0x{:x} is not in a library allocation", req.addr))
-        })?;
+        let (base, logical, physical, _) = owners::owner_of(req.addr)
+            .ok_or_else(|| Error::NotSupported(format!("0x{:x} is not in a library allocation", req.addr)))?;
         if req.addr + req.len > base + logical {
-            return Err(Error::OutOfRange(format!(
-                "range 0x{:x}+{} leaves its allocation",
-                req.addr, req.len
-            )));
+            return Err(Error::OutOfRange(format!("range 0x{:x}+{} leaves its allocation", req.addr, req.len)));
         }
         let charge = self.budget.try_acquire(physical).ok_or_else(|| {
             Error::ResourceExhausted(format!(
@@ -224,39 +213,24 @@ impl ExportTable {
         Ok(offer)
     }
 
-    fn with_export<T>(
-        &self,
-        conn: u64,
-        r: &ExportRef,
-        f: impl FnOnce(&mut Export) -> Result<T>,
-    ) -> Result<T> {
+    fn with_export<T>(&self, conn: u64, r: &ExportRef, f: impl FnOnce(&mut Export) -> Result<T>) -> Result<T> {
         let mut t = self.table.lock();
         match t.exports.get_mut(&r.export_id) {
             Some(e) if e.token == r.token && e.conn == conn => f(e),
-            _ => Err(Error::NotFound(format!(
-                "no export {} with that token on this channel",
-                r.export_id
-            ))),
+            _ => Err(Error::NotFound(format!("no export {} with that token on this channel", r.export_id))),
         }
     }
 
     /// The requester's answer. Accept: the handle to send. Decline: the
     /// export is released.
-    pub fn answer(
-        &self,
-        conn: u64,
-        r: &ExportRef,
-    ) -> Result<Option<super::backend::ExportedHandle>> {
+    pub fn answer(&self, conn: u64, r: &ExportRef) -> Result<Option<super::backend::ExportedHandle>> {
         if r.value == 0 {
             self.release(conn, r)?;
             return Ok(None);
         }
         let base = self.with_export(conn, r, |e| {
             if e.state != ExportState::Offered {
-                return Err(Error::Protocol(format!(
-                    "export {} was already answered",
-                    r.export_id
-                )));
+                return Err(Error::Protocol(format!("export {} was already answered", r.export_id)));
             }
             e.state = ExportState::Exposed;
             Ok(e.base)
@@ -267,26 +241,15 @@ impl ExportTable {
     /// Revalidates a cached export for a new subbatch: every submission is
     /// checked again (admission, epoch, registration, range, permission).
     pub fn revalidate(&self, conn: u64, v: &Revalidate) -> Result<()> {
-        let r = ExportRef {
-            export_id: v.export_id,
-            token: v.token,
-            value: 0,
-            extra: 0,
-        };
+        let r = ExportRef { export_id: v.export_id, token: v.token, value: 0, extra: 0 };
         let (base, logical, epoch, ops) = self.with_export(conn, &r, |e| {
             if e.state != ExportState::Exposed {
-                return Err(Error::Protocol(format!(
-                    "export {} is not exposed",
-                    v.export_id
-                )));
+                return Err(Error::Protocol(format!("export {} is not exposed", v.export_id)));
             }
             Ok((e.base, e.logical, e.region_epoch, e.ops))
         })?;
         if v.region_epoch != epoch {
-            return Err(Error::StalePeer(format!(
-                "export {} was granted for another region epoch",
-                v.export_id
-            )));
+            return Err(Error::StalePeer(format!("export {} was granted for another region epoch", v.export_id)));
         }
         if v.addr < base || v.addr + v.len > base + logical || v.ops & !ops != 0 {
             return Err(Error::OutOfRange(format!(
@@ -302,18 +265,14 @@ impl ExportTable {
     pub fn op_complete(&self, conn: u64, r: &ExportRef) -> Result<()> {
         self.with_export(conn, r, |e| {
             if e.state != ExportState::Exposed {
-                return Err(Error::Protocol(format!(
-                    "operation receipt for unexposed export {}",
-                    r.export_id
-                )));
+                return Err(Error::Protocol(format!("operation receipt for unexposed export {}", r.export_id)));
             }
             Ok(())
         })?;
         for _ in 0..r.extra {
             self.stats.record_served(self.backend.transport(), true, 0);
         }
-        self.stats
-            .record_served_bytes(self.backend.transport(), r.value);
+        self.stats.record_served_bytes(self.backend.transport(), r.value);
         Ok(())
     }
 
@@ -333,12 +292,7 @@ impl ExportTable {
         let mut t = self.table.lock();
         match t.exports.get(&r.export_id) {
             Some(e) if e.token == r.token && e.conn == conn => {}
-            _ => {
-                return Err(Error::NotFound(format!(
-                    "no export {} with that token on this channel",
-                    r.export_id
-                )))
-            }
+            _ => return Err(Error::NotFound(format!("no export {} with that token on this channel", r.export_id))),
         }
         let e = t.exports.remove(&r.export_id).expect("present");
         t.recently_closed.push_back((r.export_id, r.token));
@@ -355,12 +309,7 @@ impl ExportTable {
     /// exposed exports stay retained unless the importer provably exited.
     pub fn connection_lost(&self, conn: u64) {
         let mut t = self.table.lock();
-        let ids: Vec<u64> = t
-            .exports
-            .iter()
-            .filter(|(_, e)| e.conn == conn)
-            .map(|(k, _)| *k)
-            .collect();
+        let ids: Vec<u64> = t.exports.iter().filter(|(_, e)| e.conn == conn).map(|(k, _)| *k).collect();
         let mut released = Vec::new();
         for id in ids {
             let e = t.exports.get_mut(&id).expect("present");

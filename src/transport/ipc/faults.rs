@@ -25,9 +25,7 @@ pub struct Faults {
 impl Faults {
     /// Takes one fault from `counter` if armed.
     pub fn take(counter: &AtomicU32) -> bool {
-        counter
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
-            .is_ok()
+        counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
     }
 }
 
@@ -58,10 +56,7 @@ impl IpcBackend for FaultyBackend {
     }
     fn import(&self, handle: ReceivedHandle, physical: u64) -> Result<Box<dyn Mapping>> {
         let inner = self.inner.import(handle, physical)?;
-        Ok(Box::new(FaultyMapping {
-            inner,
-            faults: self.faults.clone(),
-        }))
+        Ok(Box::new(FaultyMapping { inner, faults: self.faults.clone() }))
     }
 }
 
@@ -80,17 +75,13 @@ impl Mapping for FaultyMapping {
     }
     fn wait(&self) -> Result<()> {
         if Faults::take(&self.faults.fail_completion) {
-            return Err(Error::Unquiesced(
-                "injected fault: completion could not be confirmed".into(),
-            ));
+            return Err(Error::Unquiesced("injected fault: completion could not be confirmed".into()));
         }
         self.inner.wait()
     }
     fn close(&self) -> Result<()> {
         if Faults::take(&self.faults.fail_close) {
-            return Err(Error::Unquiesced(
-                "injected fault: native close failed".into(),
-            ));
+            return Err(Error::Unquiesced("injected fault: native close failed".into()));
         }
         self.inner.close()
     }

@@ -73,16 +73,8 @@ impl IpcLink {
 
     fn connect(&self, deadline: Instant) -> Result<Channel> {
         let mut c = Channel::connect(&self.name)?;
-        let hello = Hello {
-            identity: self.local,
-            expected_source_epoch: self.source.engine_epoch,
-        };
-        let f = c.call(
-            MsgKind::IpcHello,
-            &hello.encode(),
-            deadline,
-            "IPC handshake",
-        )?;
+        let hello = Hello { identity: self.local, expected_source_epoch: self.source.engine_epoch };
+        let f = c.call(MsgKind::IpcHello, &hello.encode(), deadline, "IPC handshake")?;
         match f.kind {
             MsgKind::IpcWelcome => {
                 let w = Welcome::decode(&f.body)?;
@@ -95,9 +87,7 @@ impl IpcLink {
                 Ok(c)
             }
             MsgKind::ExportReject => Err(super::messages::decode_reject(&f.body)?.1),
-            other => Err(Error::Protocol(format!(
-                "IPC handshake answered with {other:?}"
-            ))),
+            other => Err(Error::Protocol(format!("IPC handshake answered with {other:?}"))),
         }
     }
 
@@ -149,10 +139,7 @@ impl IpcLink {
                         return Err(Error::Protocol(format!("ACK for another receipt ({a:?})")));
                     }
                     if Faults::take(&self.faults.lose_ack) {
-                        last = Some(Error::Unavailable(format!(
-                            "{}: receipt acknowledgement lost",
-                            self.label
-                        )));
+                        last = Some(Error::Unavailable(format!("{}: receipt acknowledgement lost", self.label)));
                         continue;
                     }
                     return Ok(());
@@ -170,9 +157,6 @@ impl IpcLink {
         if let ChanState::Up(c) = &*st {
             c.shutdown();
         }
-        *st = ChanState::Dead(Error::Unavailable(format!(
-            "{}: IPC link closed by this engine",
-            self.label
-        )));
+        *st = ChanState::Dead(Error::Unavailable(format!("{}: IPC link closed by this engine", self.label)));
     }
 }

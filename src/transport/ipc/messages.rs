@@ -26,19 +26,13 @@ pub struct Welcome {
 }
 
 fn put_identity(w: &mut Writer, i: &Identity) {
-    w.bytes(&i.boot_id)
-        .u32(i.process.pid)
-        .u64(i.process.start_time)
-        .u64(i.engine_epoch);
+    w.bytes(&i.boot_id).u32(i.process.pid).u64(i.process.start_time).u64(i.engine_epoch);
 }
 
 fn get_identity(r: &mut Reader<'_>) -> Result<Identity> {
     Ok(Identity {
         boot_id: r.array::<16>()?,
-        process: ProcessIdentity {
-            pid: r.u32()?,
-            start_time: r.u64()?,
-        },
+        process: ProcessIdentity { pid: r.u32()?, start_time: r.u64()? },
         engine_epoch: r.u64()?,
     })
 }
@@ -54,10 +48,7 @@ impl Hello {
     /// Decodes.
     pub fn decode(b: &[u8]) -> Result<Hello> {
         let mut r = Reader::new(b, "IpcHello");
-        let h = Hello {
-            identity: get_identity(&mut r)?,
-            expected_source_epoch: r.u64()?,
-        };
+        let h = Hello { identity: get_identity(&mut r)?, expected_source_epoch: r.u64()? };
         r.finish()?;
         Ok(h)
     }
@@ -73,9 +64,7 @@ impl Welcome {
     /// Decodes.
     pub fn decode(b: &[u8]) -> Result<Welcome> {
         let mut r = Reader::new(b, "IpcWelcome");
-        let h = Welcome {
-            identity: get_identity(&mut r)?,
-        };
+        let h = Welcome { identity: get_identity(&mut r)? };
         r.finish()?;
         Ok(h)
     }
@@ -103,12 +92,7 @@ impl ExportRequest {
     /// Encodes.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
-        w.u64(self.tag)
-            .u64(self.region_epoch)
-            .u64(self.addr)
-            .u64(self.len)
-            .u32(self.ops)
-            .u32(self.wait_ms);
+        w.u64(self.tag).u64(self.region_epoch).u64(self.addr).u64(self.len).u32(self.ops).u32(self.wait_ms);
         w.0
     }
     /// Decodes and checks.
@@ -191,9 +175,7 @@ impl ExportOffer {
 /// A refusal: tag (or export id) + status + text.
 pub fn encode_reject(tag: u64, status: Status, text: &str) -> Vec<u8> {
     let mut w = Writer::default();
-    w.u64(tag)
-        .u32(status as u32)
-        .str16(&text[..text.len().min(1024)]);
+    w.u64(tag).u32(status as u32).str16(&text[..text.len().min(1024)]);
     w.0
 }
 
@@ -227,21 +209,13 @@ impl ExportRef {
     /// Encodes.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
-        w.u64(self.export_id)
-            .u64(self.token)
-            .u64(self.value)
-            .u32(self.extra);
+        w.u64(self.export_id).u64(self.token).u64(self.value).u32(self.extra);
         w.0
     }
     /// Decodes.
     pub fn decode(b: &[u8], what: &'static str) -> Result<ExportRef> {
         let mut r = Reader::new(b, what);
-        let x = ExportRef {
-            export_id: r.u64()?,
-            token: r.u64()?,
-            value: r.u64()?,
-            extra: r.u32()?,
-        };
+        let x = ExportRef { export_id: r.u64()?, token: r.u64()?, value: r.u64()?, extra: r.u32()? };
         r.finish()?;
         Ok(x)
     }
@@ -305,19 +279,9 @@ mod tests {
 
     #[test]
     fn messages_round_trip_and_reject_garbage() {
-        let h = Hello {
-            identity: Identity::fresh(),
-            expected_source_epoch: 5,
-        };
+        let h = Hello { identity: Identity::fresh(), expected_source_epoch: 5 };
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
-        let q = ExportRequest {
-            tag: 1,
-            region_epoch: 2,
-            addr: 3,
-            len: 4,
-            ops: 3,
-            wait_ms: 9,
-        };
+        let q = ExportRequest { tag: 1, region_epoch: 2, addr: 3, len: 4, ops: 3, wait_ms: 9 };
         assert_eq!(ExportRequest::decode(&q.encode()).unwrap(), q);
         assert!(ExportRequest::decode(&ExportRequest { ops: 4, ..q }.encode()).is_err());
         assert!(ExportRequest::decode(&ExportRequest { len: 0, ..q }.encode()).is_err());
@@ -333,28 +297,12 @@ mod tests {
             ops: 1,
         };
         assert_eq!(ExportOffer::decode(&o.encode()).unwrap(), o);
-        let e = ExportRef {
-            export_id: 1,
-            token: 2,
-            value: 3,
-            extra: 4,
-        };
+        let e = ExportRef { export_id: 1, token: 2, value: 3, extra: 4 };
         assert_eq!(ExportRef::decode(&e.encode(), "x").unwrap(), e);
-        let v = Revalidate {
-            tag: 1,
-            export_id: 2,
-            token: 3,
-            region_epoch: 4,
-            addr: 5,
-            len: 6,
-            ops: 2,
-        };
+        let v = Revalidate { tag: 1, export_id: 2, token: 3, region_epoch: 4, addr: 5, len: 6, ops: 2 };
         assert_eq!(Revalidate::decode(&v.encode()).unwrap(), v);
         let (t, err) = decode_reject(&encode_reject(9, Status::ResourceExhausted, "full")).unwrap();
-        assert_eq!(
-            (t, err.status(), err.message()),
-            (9, Status::ResourceExhausted, "full")
-        );
+        assert_eq!((t, err.status(), err.message()), (9, Status::ResourceExhausted, "full"));
         assert!(decode_reject(&encode_reject(9, Status::Ok, "x")).is_err());
         for cut in [0, 3, 10] {
             assert!(ExportOffer::decode(&o.encode()[..cut]).is_err());

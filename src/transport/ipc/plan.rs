@@ -3,10 +3,10 @@
 use super::backend::{CopyOp, CopyPlan};
 
 /// Decides whether `ops` are independent (no destination overlaps another
-/// destination, no source overlaps a destination) with an O(n log n) sort of
+/// destination, no source overlaps a destination, its own included) with an O(n log n) sort of
 /// the address intervals; otherwise they must run in order.
 pub fn classify(ops: &[CopyOp]) -> CopyPlan {
-    if ops.len() < 2 {
+    if ops.is_empty() {
         return CopyPlan::Independent;
     }
     let mut dst: Vec<(u64, u64)> = ops.iter().map(|o| (o.dst, o.dst + o.len)).collect();
@@ -40,29 +40,14 @@ mod tests {
     fn independent_and_dependent_sets() {
         assert_eq!(classify(&[]), CopyPlan::Independent);
         assert_eq!(classify(&[op(0, 100, 10)]), CopyPlan::Independent);
-        assert_eq!(
-            classify(&[op(0, 100, 10), op(10, 200, 10)]),
-            CopyPlan::Independent
-        );
+        assert_eq!(classify(&[op(0, 100, 10), op(10, 200, 10)]), CopyPlan::Independent);
         // Overlapping destinations.
-        assert_eq!(
-            classify(&[op(0, 100, 10), op(9, 200, 10)]),
-            CopyPlan::Ordered
-        );
-        assert_eq!(
-            classify(&[op(50, 100, 10), op(0, 200, 100)]),
-            CopyPlan::Ordered
-        );
+        assert_eq!(classify(&[op(0, 100, 10), op(9, 200, 10)]), CopyPlan::Ordered);
+        assert_eq!(classify(&[op(50, 100, 10), op(0, 200, 100)]), CopyPlan::Ordered);
         // A source reads what another copy writes.
-        assert_eq!(
-            classify(&[op(0, 100, 10), op(300, 5, 10)]),
-            CopyPlan::Ordered
-        );
+        assert_eq!(classify(&[op(0, 100, 10), op(300, 5, 10)]), CopyPlan::Ordered);
         // Touching but not overlapping.
-        assert_eq!(
-            classify(&[op(0, 10, 10), op(20, 30, 5)]),
-            CopyPlan::Independent
-        );
+        assert_eq!(classify(&[op(0, 10, 10), op(20, 30, 5)]), CopyPlan::Independent);
     }
 
     #[test]
@@ -76,9 +61,7 @@ mod tests {
         };
         for _ in 0..2000 {
             let n = 1 + rnd(6) as usize;
-            let ops: Vec<CopyOp> = (0..n)
-                .map(|_| op(rnd(200), rnd(200), 1 + rnd(20)))
-                .collect();
+            let ops: Vec<CopyOp> = (0..n).map(|_| op(rnd(200), rnd(200), 1 + rnd(20))).collect();
             let ov = |a: (u64, u64), b: (u64, u64)| a.0 < b.1 && b.0 < a.1;
             let mut dep = false;
             for i in 0..n {
@@ -91,11 +74,7 @@ mod tests {
                     }
                 }
             }
-            let want = if dep {
-                CopyPlan::Ordered
-            } else {
-                CopyPlan::Independent
-            };
+            let want = if dep { CopyPlan::Ordered } else { CopyPlan::Independent };
             assert_eq!(classify(&ops), want, "{ops:?}");
         }
     }

@@ -13,6 +13,7 @@ use crate::sync_util::{Budget, Permit};
 use crate::transfer::{ChunkOutcome, Op, RemoteEffect, Request};
 use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -26,12 +27,7 @@ pub struct Import {
 
 impl Import {
     fn export_ref(&self, value: u64, extra: u32) -> ExportRef {
-        ExportRef {
-            export_id: self.offer.export_id,
-            token: self.offer.token,
-            value,
-            extra,
-        }
+        ExportRef { export_id: self.offer.export_id, token: self.offer.token, value, extra }
     }
 }
 
@@ -79,6 +75,10 @@ pub enum GroupError {
 /// Counts for stats.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ImportCounts {
+    /// Imports opened since the engine started.
+    pub opened: u64,
+    /// Imports closed with confirmation (native close + acknowledged receipt).
+    pub closed: u64,
     /// Cached imports ready for reuse or in use.
     pub cached: u64,
     /// Imports kept after an unconfirmed close or receipt.
@@ -95,23 +95,19 @@ pub struct IpcRequester {
     cache: Mutex<Cache>,
     cache_cv: Condvar,
     retained: Mutex<Vec<Retained>>,
+    opened: AtomicU64,
+    closed: AtomicU64,
     /// Fault injection switches (inert unless armed).
     pub faults: Arc<Faults>,
 }
 
 fn ops_of(items: &[(usize, Request)]) -> u32 {
-    items.iter().fold(0, |acc, (_, r)| {
-        acc | if r.op == Op::Read { OP_READ } else { OP_WRITE }
-    })
+    items.iter().fold(0, |acc, (_, r)| acc | if r.op == Op::Read { OP_READ } else { OP_WRITE })
 }
 
 fn envelope(items: &[(usize, Request)]) -> (u64, u64) {
     let start = items.iter().map(|(_, r)| r.remote_addr).min().unwrap_or(0);
-    let end = items
-        .iter()
-        .map(|(_, r)| r.remote_addr + r.len)
-        .max()
-        .unwrap_or(0);
+    let end = items.iter().map(|(_, r)| r.remote_addr + r.len).max().unwrap_or(0);
     (start, end - start)
 }
 
@@ -130,6 +126,8 @@ impl IpcRequester {
             cache: Mutex::new(Cache::default()),
             cache_cv: Condvar::new(),
             retained: Mutex::new(Vec::new()),
+            opened: AtomicU64::new(0),
+            closed: AtomicU64::new(0),
             faults,
         }
     }
@@ -145,40 +143,19 @@ impl IpcRequester {
         deadline: Instant,
     ) -> Result<Import> {
         let tag = link.tag();
-        let wait_ms = deadline
-            .saturating_duration_since(Instant::now())
-            .as_millis()
-            .min(u32::MAX as u128) as u32;
-        let req = ExportRequest {
-            tag,
-            region_epoch: region.epoch,
-            addr: env.0,
-            len: env.1,
-            ops,
-            wait_ms,
-        };
-        let f = link.call(
-            MsgKind::ExportRequest,
-            &req.encode(),
-            deadline,
-            "export request",
-        )?;
+        let wait_ms = deadline.saturating_duration_since(Instant::now()).as_millis().min(u32::MAX as u128) as u32;
+        let req = ExportRequest { tag, region_epoch: region.epoch, addr: env.0, len: env.1, ops, wait_ms };
+        let f = link.call(MsgKind::ExportRequest, &req.encode(), deadline, "export request")?;
         let offer = match f.kind {
             MsgKind::ExportOffer => ExportOffer::decode(&f.body)?,
             MsgKind::ExportReject => {
                 let (t, e) = super::messages::decode_reject(&f.body)?;
                 if t != tag {
-                    return Err(Error::Protocol(format!(
-                        "reject for tag {t}, expected {tag}"
-                    )));
+                    return Err(Error::Protocol(format!("reject for tag {t}, expected {tag}")));
                 }
                 return Err(e);
             }
-            other => {
-                return Err(Error::Protocol(format!(
-                    "export request answered with {other:?}"
-                )))
-            }
+            other => return Err(Error::Protocol(format!("export request answered with {other:?}"))),
         };
         // Validate the grant: operation, range, epochs, fresh token.
         let grant_end = offer.grant_addr.checked_add(offer.grant_len);
@@ -190,38 +167,16 @@ impl IpcRequester {
             && grant_end.is_some_and(|e| e >= env.0 + env.1 && e <= offer.base + offer.physical)
             && offer.base <= offer.grant_addr;
         if !valid {
-            let decline = ExportRef {
-                export_id: offer.export_id,
-                token: offer.token,
-                value: 0,
-                extra: 0,
-            };
-            let _ = link.call(
-                MsgKind::ExportAnswer,
-                &decline.encode(),
-                deadline,
-                "decline",
-            );
-            return Err(Error::Protocol(format!(
-                "{}: the offer does not match the request ({offer:?})",
-                link.label
-            )));
+            let decline = ExportRef { export_id: offer.export_id, token: offer.token, value: 0, extra: 0 };
+            let _ = link.call(MsgKind::ExportAnswer, &decline.encode(), deadline, "decline");
+            return Err(Error::Protocol(format!("{}: the offer does not match the request ({offer:?})", link.label)));
         }
-        let answer = |accept: bool| ExportRef {
-            export_id: offer.export_id,
-            token: offer.token,
-            value: accept as u64,
-            extra: 0,
-        };
+        let answer =
+            |accept: bool| ExportRef { export_id: offer.export_id, token: offer.token, value: accept as u64, extra: 0 };
         let charge = match self.budget.try_acquire(offer.physical) {
             Some(c) => c,
             None => {
-                link.call(
-                    MsgKind::ExportAnswer,
-                    &answer(false).encode(),
-                    deadline,
-                    "decline",
-                )?;
+                link.call(MsgKind::ExportAnswer, &answer(false).encode(), deadline, "decline")?;
                 return Err(Error::ResourceExhausted(format!(
                     "mapping budget: importing {} physical bytes would exceed {} ({} in use)",
                     offer.physical,
@@ -230,20 +185,11 @@ impl IpcRequester {
                 )));
             }
         };
-        let f = link.call(
-            MsgKind::ExportAnswer,
-            &answer(true).encode(),
-            deadline,
-            "export answer",
-        )?;
+        let f = link.call(MsgKind::ExportAnswer, &answer(true).encode(), deadline, "export answer")?;
         let (body, fd) = match f.kind {
             MsgKind::ExportHandle => (f.body, f.fd),
             MsgKind::ExportReject => return Err(super::messages::decode_reject(&f.body)?.1),
-            other => {
-                return Err(Error::Protocol(format!(
-                    "export answer answered with {other:?}"
-                )))
-            }
+            other => return Err(Error::Protocol(format!("export answer answered with {other:?}"))),
         };
         if body.len() < 28 {
             return Err(Error::Protocol("ExportHandle body too short".into()));
@@ -252,17 +198,12 @@ impl IpcRequester {
         if r.export_id != offer.export_id || r.token != offer.token {
             return Err(Error::Protocol("ExportHandle names another export".into()));
         }
-        let handle = ReceivedHandle {
-            bytes: body[28..].to_vec(),
-            fd,
-        };
+        let handle = ReceivedHandle { bytes: body[28..].to_vec(), fd };
         match self.backend.import(handle, offer.physical) {
-            Ok(mapping) => Ok(Import {
-                link: link.clone(),
-                offer,
-                mapping,
-                _charge: charge,
-            }),
+            Ok(mapping) => {
+                self.opened.fetch_add(1, Ordering::Relaxed);
+                Ok(Import { link: link.clone(), offer, mapping, _charge: charge })
+            }
             Err(e) => {
                 // Nothing was mapped: tell the source it may release.
                 let _ = link.receipt(MsgKind::CloseReceipt, &answer(false), deadline);
@@ -283,9 +224,9 @@ impl IpcRequester {
         if !native_closed {
             imp.mapping.close().map_err(|e| (e, false))?;
         }
-        imp.link
-            .receipt(MsgKind::CloseReceipt, &imp.export_ref(0, 0), deadline)
-            .map_err(|e| (e, true))
+        imp.link.receipt(MsgKind::CloseReceipt, &imp.export_ref(0, 0), deadline).map_err(|e| (e, true))?;
+        self.closed.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Runs one subbatch: consecutive requests naming one remote region.
@@ -303,43 +244,31 @@ impl IpcRequester {
         let env = envelope(items);
         let ops = ops_of(items);
         if self.capacity == 0 {
-            let imp = Arc::new(
-                self.open(link, region, env, ops, deadline)
-                    .map_err(GroupError::NotPosted)?,
-            );
+            let imp = Arc::new(self.open(link, region, env, ops, deadline).map_err(GroupError::NotPosted)?);
             let (mut out, uncertain) = self.copy_all(&imp, items);
             if uncertain {
                 // Completion unknown: keep the mapping, its charge and the
                 // source's export; no receipt.
-                self.retained.lock().push(Retained {
-                    _import: imp,
-                    native_closed: false,
-                });
+                self.retained.lock().push(Retained { _import: imp, native_closed: false });
                 return Ok(out);
             }
             // Posted copies (even failed ones) end with the import closed.
             match self.close_import(&imp, false, deadline) {
                 Ok(()) => {}
                 Err((e, native_closed)) => {
-                    self.retained.lock().push(Retained {
-                        _import: imp.clone(),
-                        native_closed,
-                    });
+                    self.retained.lock().push(Retained { _import: imp.clone(), native_closed });
                     fail_all(&mut out, items, &e);
                 }
             }
             return Ok(out);
         }
-        let key: Key = (
-            link.endpoint.clone(),
-            link.source.engine_epoch,
-            region.id,
-            region.epoch,
-            0,
-        );
-        let (imp, fresh) = self
-            .acquire(&key, link, region, env, ops, deadline)
-            .map_err(GroupError::NotPosted)?;
+        let key: Key = (link.endpoint.clone(), link.source.engine_epoch, region.id, region.epoch, 0);
+        // A cached export serves later submissions too: ask for every
+        // operation the region allows (each submission is revalidated).
+        let region_ops = (if region.access.can_read() { OP_READ } else { 0 })
+            | (if region.access.can_write() { OP_WRITE } else { 0 });
+        let cache_ops = if ops & !region_ops == 0 { region_ops } else { ops };
+        let (imp, fresh) = self.acquire(&key, link, region, env, cache_ops, deadline).map_err(GroupError::NotPosted)?;
         if !fresh {
             let v = Revalidate {
                 tag: link.tag(),
@@ -350,15 +279,11 @@ impl IpcRequester {
                 len: env.1,
                 ops,
             };
-            let res = link
-                .call(MsgKind::Revalidate, &v.encode(), deadline, "revalidate")
-                .and_then(|f| match f.kind {
-                    MsgKind::RevalidateOk => Ok(()),
-                    MsgKind::ExportReject => Err(super::messages::decode_reject(&f.body)?.1),
-                    other => Err(Error::Protocol(format!(
-                        "revalidate answered with {other:?}"
-                    ))),
-                });
+            let res = link.call(MsgKind::Revalidate, &v.encode(), deadline, "revalidate").and_then(|f| match f.kind {
+                MsgKind::RevalidateOk => Ok(()),
+                MsgKind::ExportReject => Err(super::messages::decode_reject(&f.body)?.1),
+                other => Err(Error::Protocol(format!("revalidate answered with {other:?}"))),
+            });
             if let Err(e) = res {
                 self.release(&key);
                 return Err(GroupError::NotPosted(e));
@@ -369,10 +294,7 @@ impl IpcRequester {
             let mut c = self.cache.lock();
             if let Some(s) = c.slots.get_mut(&key) {
                 s.users = s.users.saturating_sub(1);
-                s.state = SlotState::Retained {
-                    import: imp,
-                    native_closed: false,
-                };
+                s.state = SlotState::Retained { import: imp, native_closed: false };
             }
             drop(c);
             self.cache_cv.notify_all();
@@ -380,11 +302,7 @@ impl IpcRequester {
         }
         let bytes: u64 = items.iter().map(|(_, r)| r.len).sum();
         if out.iter().all(|o| o.result.is_ok()) {
-            if let Err(e) = link.receipt(
-                MsgKind::OpComplete,
-                &imp.export_ref(bytes, items.len() as u32),
-                deadline,
-            ) {
+            if let Err(e) = link.receipt(MsgKind::OpComplete, &imp.export_ref(bytes, items.len() as u32), deadline) {
                 fail_all(&mut out, items, &e);
             }
         }
@@ -403,24 +321,15 @@ impl IpcRequester {
             .map(|(_, r)| {
                 let remote = base + (r.remote_addr - imp.offer.base);
                 match r.op {
-                    Op::Read => CopyOp {
-                        dst: r.local_addr,
-                        src: remote,
-                        len: r.len,
-                    },
-                    Op::Write => CopyOp {
-                        dst: remote,
-                        src: r.local_addr,
-                        len: r.len,
-                    },
+                    Op::Read => CopyOp { dst: r.local_addr, src: remote, len: r.len },
+                    Op::Write => CopyOp { dst: remote, src: r.local_addr, len: r.len },
                 }
             })
             .collect();
         let plan = classify(&ops);
         let copied = imp.mapping.copy(&ops, plan);
         let drained = imp.mapping.wait();
-        let mut out: Vec<ChunkOutcome> =
-            items.iter().map(|(_, r)| ChunkOutcome::ok(r.op)).collect();
+        let mut out: Vec<ChunkOutcome> = items.iter().map(|(_, r)| ChunkOutcome::ok(r.op)).collect();
         let uncertain = drained.is_err();
         if let Err(e) = drained.and(copied) {
             fail_all(&mut out, items, &e);
@@ -451,9 +360,9 @@ impl IpcRequester {
                     }
                     SlotState::Retained { .. } => {
                         return Err(Error::Unavailable(format!(
-                            "{}: the cached import of region {} is retained after an unconfirmed close; flush the cache",
-                            link.label, region.id
-                        )))
+                        "{}: the cached import of region {} is retained after an unconfirmed close; flush the cache",
+                        link.label, region.id
+                    )))
                     }
                     SlotState::Constructing | SlotState::Closing => {
                         if self.cache_cv.wait_until(&mut c, deadline).timed_out() {
@@ -477,8 +386,7 @@ impl IpcRequester {
                     )));
                 };
                 let slot = c.slots.get_mut(&vk).expect("victim");
-                let SlotState::Ready(imp) = std::mem::replace(&mut slot.state, SlotState::Closing)
-                else {
+                let SlotState::Ready(imp) = std::mem::replace(&mut slot.state, SlotState::Closing) else {
                     unreachable!("victim is ready")
                 };
                 drop(c);
@@ -490,24 +398,14 @@ impl IpcRequester {
                     }
                     Err((_, native_closed)) => {
                         if let Some(s) = c.slots.get_mut(&vk) {
-                            s.state = SlotState::Retained {
-                                import: imp,
-                                native_closed,
-                            };
+                            s.state = SlotState::Retained { import: imp, native_closed };
                         }
                     }
                 }
                 self.cache_cv.notify_all();
                 continue;
             }
-            c.slots.insert(
-                key.clone(),
-                Slot {
-                    state: SlotState::Constructing,
-                    users: 0,
-                    last_used: now,
-                },
-            );
+            c.slots.insert(key.clone(), Slot { state: SlotState::Constructing, users: 0, last_used: now });
             drop(c);
             let r = self.open(link, region, env, ops, deadline);
             let mut c = self.cache.lock();
@@ -553,28 +451,19 @@ impl IpcRequester {
                 };
                 match &s.state {
                     SlotState::Ready(_) if s.users == 0 => {
-                        let SlotState::Ready(imp) =
-                            std::mem::replace(&mut s.state, SlotState::Closing)
-                        else {
+                        let SlotState::Ready(imp) = std::mem::replace(&mut s.state, SlotState::Closing) else {
                             unreachable!()
                         };
                         break Some((imp, false));
                     }
-                    SlotState::Retained {
-                        native_closed: true,
-                        ..
-                    } => {
-                        let SlotState::Retained { import, .. } =
-                            std::mem::replace(&mut s.state, SlotState::Closing)
+                    SlotState::Retained { native_closed: true, .. } => {
+                        let SlotState::Retained { import, .. } = std::mem::replace(&mut s.state, SlotState::Closing)
                         else {
                             unreachable!()
                         };
                         break Some((import, true));
                     }
-                    SlotState::Retained {
-                        native_closed: false,
-                        ..
-                    } => {
+                    SlotState::Retained { native_closed: false, .. } => {
                         left += 1;
                         break None;
                     }
@@ -597,10 +486,7 @@ impl IpcRequester {
                     Err((_, nc)) => {
                         left += 1;
                         if let Some(s) = c.slots.get_mut(&k) {
-                            s.state = SlotState::Retained {
-                                import: imp,
-                                native_closed: nc,
-                            };
+                            s.state = SlotState::Retained { import: imp, native_closed: nc };
                         }
                     }
                 }
@@ -613,11 +499,8 @@ impl IpcRequester {
         for ent in r.drain(..) {
             if ent.native_closed {
                 let imp = &ent._import;
-                if imp
-                    .link
-                    .receipt(MsgKind::CloseReceipt, &imp.export_ref(0, 0), deadline)
-                    .is_ok()
-                {
+                if imp.link.receipt(MsgKind::CloseReceipt, &imp.export_ref(0, 0), deadline).is_ok() {
+                    self.closed.fetch_add(1, Ordering::Relaxed);
                     continue;
                 }
             }
@@ -631,7 +514,11 @@ impl IpcRequester {
     /// Counts for stats.
     pub fn counts(&self) -> ImportCounts {
         let c = self.cache.lock();
-        let mut n = ImportCounts::default();
+        let mut n = ImportCounts {
+            opened: self.opened.load(Ordering::Relaxed),
+            closed: self.closed.load(Ordering::Relaxed),
+            ..ImportCounts::default()
+        };
         for s in c.slots.values() {
             match &s.state {
                 SlotState::Ready(i) => {
@@ -653,13 +540,24 @@ impl IpcRequester {
     }
 }
 
+impl IpcRequester {
+    /// Remote region ids with a cached import, least recently used first.
+    pub fn cached_regions(&self) -> Vec<u64> {
+        let c = self.cache.lock();
+        let mut v: Vec<(u64, u64)> = c
+            .slots
+            .iter()
+            .filter(|(_, s)| matches!(s.state, SlotState::Ready(_)))
+            .map(|(k, s)| (s.last_used, k.2))
+            .collect();
+        v.sort_unstable();
+        v.into_iter().map(|(_, r)| r).collect()
+    }
+}
+
 fn fail_all(out: &mut [ChunkOutcome], items: &[(usize, Request)], e: &Error) {
     for (o, (_, r)) in out.iter_mut().zip(items) {
-        let effect = if r.op == Op::Write {
-            RemoteEffect::Unknown
-        } else {
-            RemoteEffect::None
-        };
+        let effect = if r.op == Op::Write { RemoteEffect::Unknown } else { RemoteEffect::None };
         *o = ChunkOutcome::failed(e.clone(), effect);
     }
 }

@@ -51,18 +51,13 @@ fn serve_inner(ctx: &IpcSourceContext, ch: &mut Channel, conn: u64) -> Result<()
     let mut hs_tick = || {
         stop()?;
         if Instant::now() >= hs_deadline {
-            return Err(Error::Protocol(
-                "no IpcHello within the handshake timeout".into(),
-            ));
+            return Err(Error::Protocol("no IpcHello within the handshake timeout".into()));
         }
         Ok(())
     };
     let f = ch.recv(&mut hs_tick)?;
     if f.kind != MsgKind::IpcHello {
-        return Err(Error::Protocol(format!(
-            "expected IpcHello first, got {:?}",
-            f.kind
-        )));
+        return Err(Error::Protocol(format!("expected IpcHello first, got {:?}", f.kind)));
     }
     let hello = Hello::decode(&f.body)?;
     let requester = hello.identity;
@@ -82,10 +77,7 @@ fn serve_inner(ctx: &IpcSourceContext, ch: &mut Channel, conn: u64) -> Result<()
         );
     }
     if !ctx.identity.same_boot(&requester) {
-        return refuse(
-            ch,
-            Error::StalePeer("requester runs on another boot; SHM needs the same host".into()),
-        );
+        return refuse(ch, Error::StalePeer("requester runs on another boot; SHM needs the same host".into()));
     }
     if hello.expected_source_epoch != ctx.identity.engine_epoch {
         return refuse(
@@ -96,15 +88,7 @@ fn serve_inner(ctx: &IpcSourceContext, ch: &mut Channel, conn: u64) -> Result<()
             )),
         );
     }
-    ch.send(
-        MsgKind::IpcWelcome,
-        &Welcome {
-            identity: ctx.identity,
-        }
-        .encode(),
-        None,
-        &mut || stop(),
-    )?;
+    ch.send(MsgKind::IpcWelcome, &Welcome { identity: ctx.identity }.encode(), None, &mut || stop())?;
 
     loop {
         let f = match ch.recv(&mut || stop()) {
@@ -116,9 +100,7 @@ fn serve_inner(ctx: &IpcSourceContext, ch: &mut Channel, conn: u64) -> Result<()
             MsgKind::ExportRequest => {
                 let req = ExportRequest::decode(&f.body)?;
                 match ctx.table.offer(conn, requester.process, &req) {
-                    Ok(offer) => {
-                        ch.send(MsgKind::ExportOffer, &offer.encode(), None, &mut || stop())?
-                    }
+                    Ok(offer) => ch.send(MsgKind::ExportOffer, &offer.encode(), None, &mut || stop())?,
                     Err(e) => {
                         let body = messages::encode_reject(req.tag, e.status(), e.message());
                         ch.send(MsgKind::ExportReject, &body, None, &mut || stop())?
@@ -129,23 +111,13 @@ fn serve_inner(ctx: &IpcSourceContext, ch: &mut Channel, conn: u64) -> Result<()
                 let r = ExportRef::decode(&f.body, "ExportAnswer")?;
                 match ctx.table.answer(conn, &r) {
                     Ok(Some(h)) => {
-                        let mut body = ExportRef {
-                            value: 0,
-                            extra: 0,
-                            ..r
-                        }
-                        .encode();
+                        let mut body = ExportRef { value: 0, extra: 0, ..r }.encode();
                         body.extend_from_slice(&h.bytes);
                         ch.send(MsgKind::ExportHandle, &body, h.fd, &mut || stop())?
                     }
                     Ok(None) => ch.send(
                         MsgKind::Ack,
-                        &ExportRef {
-                            value: 0,
-                            extra: MsgKind::ExportAnswer as u32,
-                            ..r
-                        }
-                        .encode(),
+                        &ExportRef { value: 0, extra: MsgKind::ExportAnswer as u32, ..r }.encode(),
                         None,
                         &mut || stop(),
                     )?,
@@ -158,12 +130,7 @@ fn serve_inner(ctx: &IpcSourceContext, ch: &mut Channel, conn: u64) -> Result<()
             MsgKind::Revalidate => {
                 let v = Revalidate::decode(&f.body)?;
                 match ctx.table.revalidate(conn, &v) {
-                    Ok(()) => ch.send(
-                        MsgKind::RevalidateOk,
-                        &v.tag.to_le_bytes(),
-                        None,
-                        &mut || stop(),
-                    )?,
+                    Ok(()) => ch.send(MsgKind::RevalidateOk, &v.tag.to_le_bytes(), None, &mut || stop())?,
                     Err(e) => {
                         let body = messages::encode_reject(v.tag, e.status(), e.message());
                         ch.send(MsgKind::ExportReject, &body, None, &mut || stop())?
@@ -179,11 +146,7 @@ fn serve_inner(ctx: &IpcSourceContext, ch: &mut Channel, conn: u64) -> Result<()
                 };
                 match res {
                     Ok(()) => {
-                        let ack = ExportRef {
-                            value: 0,
-                            extra: f.kind as u32,
-                            ..r
-                        };
+                        let ack = ExportRef { value: 0, extra: f.kind as u32, ..r };
                         ch.send(MsgKind::Ack, &ack.encode(), None, &mut || stop())?
                     }
                     Err(e) => {
@@ -192,11 +155,7 @@ fn serve_inner(ctx: &IpcSourceContext, ch: &mut Channel, conn: u64) -> Result<()
                     }
                 }
             }
-            other => {
-                return Err(Error::Protocol(format!(
-                    "unexpected {other:?} on the IPC channel"
-                )))
-            }
+            other => return Err(Error::Protocol(format!("unexpected {other:?} on the IPC channel"))),
         }
     }
 }

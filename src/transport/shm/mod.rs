@@ -4,9 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::memory::owners;
-use crate::transport::ipc::backend::{
-    CopyOp, CopyPlan, ExportedHandle, IpcBackend, Mapping, ReceivedHandle,
-};
+use crate::transport::ipc::backend::{CopyOp, CopyPlan, ExportedHandle, IpcBackend, Mapping, ReceivedHandle};
 use crate::transport::TransportKind;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,25 +29,18 @@ impl IpcBackend for ShmBackend {
             .filter(|o| o.0 == base)
             .ok_or_else(|| Error::NotFound(format!("no shared allocation starts at 0x{base:x}")))?;
         debug_assert_eq!(b, base);
-        Ok(ExportedHandle {
-            bytes: Vec::new(),
-            fd: Some(fd),
-        })
+        Ok(ExportedHandle { bytes: Vec::new(), fd: Some(fd) })
     }
 
     fn import(&self, handle: ReceivedHandle, physical: u64) -> Result<Box<dyn Mapping>> {
-        let fd = handle.fd.ok_or_else(|| {
-            Error::Protocol("an SHM handle arrived without its file descriptor".into())
-        })?;
+        let fd =
+            handle.fd.ok_or_else(|| Error::Protocol("an SHM handle arrived without its file descriptor".into()))?;
         // The fd must be a regular (memfd) file at least `physical` long.
         // SAFETY: fstat on an fd we own into a zeroed stat buffer.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
         if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-            return Err(Error::io(
-                "fstat on the received SHM handle",
-                &std::io::Error::last_os_error(),
-            ));
+            return Err(Error::io("fstat on the received SHM handle", &std::io::Error::last_os_error()));
         }
         if (st.st_mode & libc::S_IFMT) != libc::S_IFREG || (st.st_size as u64) < physical {
             return Err(Error::Protocol(format!(
@@ -71,15 +62,9 @@ impl IpcBackend for ShmBackend {
         };
         if p == libc::MAP_FAILED {
             let e = std::io::Error::last_os_error();
-            return Err(Error::ResourceExhausted(format!(
-                "cannot map the SHM export ({physical} bytes): {e}"
-            )));
+            return Err(Error::ResourceExhausted(format!("cannot map the SHM export ({physical} bytes): {e}")));
         }
-        Ok(Box::new(ShmMapping {
-            base: p as u64,
-            len: physical,
-            mapped: AtomicBool::new(true),
-        }))
+        Ok(Box::new(ShmMapping { base: p as u64, len: physical, mapped: AtomicBool::new(true) }))
     }
 }
 
@@ -112,9 +97,7 @@ impl Mapping for ShmMapping {
         if unsafe { libc::munmap(self.base as *mut libc::c_void, self.len as usize) } != 0 {
             let e = std::io::Error::last_os_error();
             self.mapped.store(true, Ordering::Release);
-            return Err(Error::Unquiesced(format!(
-                "munmap of the SHM import failed: {e}"
-            )));
+            return Err(Error::Unquiesced(format!("munmap of the SHM import failed: {e}")));
         }
         Ok(())
     }

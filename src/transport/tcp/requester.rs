@@ -2,9 +2,7 @@
 
 use crate::control::frame::{FrameHeader, MsgKind};
 use crate::control::io::{self, HeaderRead, TICK};
-use crate::control::message::{
-    self, DataRequest, DataResponse, Describe, DATA_RESPONSE_LEN, MAX_REASON,
-};
+use crate::control::message::{self, DataRequest, DataResponse, Describe, DATA_RESPONSE_LEN, MAX_REASON};
 use crate::error::{Error, Result, Status};
 use crate::memory::RegionLease;
 use crate::stats::Stats;
@@ -52,14 +50,7 @@ impl Chunk {
     /// then records its outcome: a waiter woken by the batch sees every
     /// resource of the chunk already released.
     fn finish(self, out: ChunkOutcome) {
-        let Chunk {
-            batch,
-            index,
-            lease,
-            permit,
-            guard,
-            ..
-        } = self;
+        let Chunk { batch, index, lease, permit, guard, .. } = self;
         drop(permit);
         drop(lease);
         drop(guard);
@@ -108,19 +99,10 @@ pub struct TcpConnection {
 
 impl TcpConnection {
     /// Wraps a connected, handshaken stream and starts its threads.
-    pub fn start(
-        stream: TcpStream,
-        peer: Describe,
-        label: String,
-        stats: Arc<Stats>,
-    ) -> Result<Arc<TcpConnection>> {
+    pub fn start(stream: TcpStream, peer: Describe, label: String, stats: Arc<Stats>) -> Result<Arc<TcpConnection>> {
         let e = |what: &str, err: std::io::Error| Error::io(what, &err);
-        stream
-            .set_read_timeout(Some(TICK))
-            .map_err(|x| e("set_read_timeout", x))?;
-        stream
-            .set_write_timeout(Some(TICK))
-            .map_err(|x| e("set_write_timeout", x))?;
+        stream.set_read_timeout(Some(TICK)).map_err(|x| e("set_read_timeout", x))?;
+        stream.set_write_timeout(Some(TICK)).map_err(|x| e("set_write_timeout", x))?;
         let writer = stream.try_clone().map_err(|x| e("clone socket", x))?;
         let reader = stream.try_clone().map_err(|x| e("clone socket", x))?;
         let conn = Arc::new(TcpConnection {
@@ -131,10 +113,7 @@ impl TcpConnection {
             pending: Mutex::new(Pending::default()),
             next_tag: AtomicU64::new(1),
             dead: Mutex::new(None),
-            describe: Mutex::new(DescribeState {
-                current: peer,
-                generation: 0,
-            }),
+            describe: Mutex::new(DescribeState { current: peer, generation: 0 }),
             describe_cv: Condvar::new(),
             threads: Mutex::new(Vec::new()),
             stats,
@@ -179,10 +158,7 @@ impl TcpConnection {
                 return Err(e);
             }
             if self.describe_cv.wait_until(&mut d, deadline).timed_out() && d.generation == gen {
-                return Err(Error::TimedOut(format!(
-                    "{} did not answer a Describe request",
-                    self.label
-                )));
+                return Err(Error::TimedOut(format!("{} did not answer a Describe request", self.label)));
             }
         }
         Ok(d.current.clone())
@@ -203,9 +179,9 @@ impl TcpConnection {
         let mut q = self.queue.lock();
         if q.1 {
             drop(q);
-            let e = self.dead_reason().unwrap_or_else(|| {
-                Error::Unavailable(format!("connection to {} is closed", self.label))
-            });
+            let e = self
+                .dead_reason()
+                .unwrap_or_else(|| Error::Unavailable(format!("connection to {} is closed", self.label)));
             for c in chunks {
                 c.fail(e.clone(), RemoteEffect::None);
             }
@@ -253,10 +229,7 @@ impl TcpConnection {
             let mut tick = || Err(Error::TimedOut("goodbye".into()));
             let _ = io::write_frame(&mut *w, MsgKind::Goodbye, &[], &mut tick);
         }
-        self.kill(Error::Unavailable(format!(
-            "connection to {} was closed by this engine",
-            self.label
-        )));
+        self.kill(Error::Unavailable(format!("connection to {} was closed by this engine", self.label)));
         let threads: Vec<_> = self.threads.lock().drain(..).collect();
         for t in threads {
             let _ = t.join();
@@ -307,46 +280,29 @@ impl TcpConnection {
             return Ok(());
         }
         if Instant::now() >= chunk.deadline {
-            let msg = format!(
-                "deadline passed before the request was sent to {}",
-                self.label
-            );
+            let msg = format!("deadline passed before the request was sent to {}", self.label);
             chunk.fail(Error::TimedOut(msg), RemoteEffect::None);
             return Ok(());
         }
         if !chunk.batch.start(chunk.index) {
-            chunk.fail(
-                Error::Cancelled("cancelled before it started".into()),
-                RemoteEffect::None,
-            );
+            chunk.fail(Error::Cancelled("cancelled before it started".into()), RemoteEffect::None);
             return Ok(());
         }
         let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
-        let req = DataRequest {
-            tag,
-            region_epoch: chunk.region_epoch,
-            addr: chunk.remote_addr,
-            len: chunk.len,
-        };
+        let req = DataRequest { tag, region_epoch: chunk.region_epoch, addr: chunk.remote_addr, len: chunk.len };
         let op = chunk.op;
         let (local, len, deadline) = (chunk.local_addr, chunk.len, chunk.deadline);
         {
             let mut p = self.pending.lock();
             if p.drained {
                 drop(p);
-                let e = self.dead_reason().unwrap_or_else(|| {
-                    Error::Unavailable(format!("connection to {} lost", self.label))
-                });
+                let e = self
+                    .dead_reason()
+                    .unwrap_or_else(|| Error::Unavailable(format!("connection to {} lost", self.label)));
                 chunk.fail(e, RemoteEffect::None);
                 return Ok(());
             }
-            p.map.insert(
-                tag,
-                Entry {
-                    chunk,
-                    sending: op == Op::Write,
-                },
-            );
+            p.map.insert(tag, Entry { chunk, sending: op == Op::Write });
         }
         match op {
             Op::Read => {
@@ -364,8 +320,7 @@ impl TcpConnection {
                 // SAFETY: the chunk holds a lease on the local region that
                 // contains [local, local+len), so the memory stays
                 // registered (and mapped) while we read it here.
-                let payload =
-                    unsafe { std::slice::from_raw_parts(local as *const u8, len as usize) };
+                let payload = unsafe { std::slice::from_raw_parts(local as *const u8, len as usize) };
                 let mut written = 0u64;
                 let r = {
                     let mut w = self.writer.lock();
@@ -401,11 +356,7 @@ impl TcpConnection {
                     Err(e) => {
                         if let Some(ent) = p.map.remove(&tag) {
                             drop(p);
-                            let effect = if written == 0 {
-                                RemoteEffect::None
-                            } else {
-                                RemoteEffect::Unknown
-                            };
+                            let effect = if written == 0 { RemoteEffect::None } else { RemoteEffect::Unknown };
                             ent.chunk.fail(e.clone(), effect);
                         }
                         Err(e)
@@ -436,29 +387,17 @@ impl TcpConnection {
         let entries: Vec<Entry> = {
             let mut p = self.pending.lock();
             p.drained = true;
-            let tags: Vec<u64> = p
-                .map
-                .iter()
-                .filter(|(_, e)| !e.sending)
-                .map(|(t, _)| *t)
-                .collect();
+            let tags: Vec<u64> = p.map.iter().filter(|(_, e)| !e.sending).map(|(t, _)| *t).collect();
             tags.into_iter().filter_map(|t| p.map.remove(&t)).collect()
         };
         for ent in entries {
             let c = ent.chunk;
             let e = if now >= c.deadline && !matches!(reason, Error::Protocol(_)) {
-                Error::TimedOut(format!(
-                    "no answer from {} before the deadline; connection closed",
-                    self.label
-                ))
+                Error::TimedOut(format!("no answer from {} before the deadline; connection closed", self.label))
             } else {
                 reason.clone()
             };
-            let effect = if c.op == Op::Write {
-                RemoteEffect::Unknown
-            } else {
-                RemoteEffect::None
-            };
+            let effect = if c.op == Op::Write { RemoteEffect::Unknown } else { RemoteEffect::None };
             c.fail(e, effect);
         }
         // Chunks still queued are failed by the sender, which sees the kill.
@@ -468,11 +407,7 @@ impl TcpConnection {
         self.check_alive()?;
         let now = Instant::now();
         let p = self.pending.lock();
-        if let Some(e) = p
-            .map
-            .values()
-            .find(|e| !e.sending && now >= e.chunk.deadline)
-        {
+        if let Some(e) = p.map.values().find(|e| !e.sending && now >= e.chunk.deadline) {
             return Err(Error::TimedOut(format!(
                 "request to {} passed its deadline without an answer (0x{:x}+{})",
                 self.label, e.chunk.remote_addr, e.chunk.len
@@ -494,9 +429,7 @@ impl TcpConnection {
                     let d = Describe::decode(&body)?;
                     let mut st = self.describe.lock();
                     if d.identity.engine_epoch != st.current.identity.engine_epoch {
-                        return Err(Error::Protocol(
-                            "peer changed its engine epoch mid-connection".into(),
-                        ));
+                        return Err(Error::Protocol("peer changed its engine epoch mid-connection".into()));
                     }
                     st.current = d;
                     st.generation += 1;
@@ -506,11 +439,7 @@ impl TcpConnection {
                     let body = io::read_body(s, h.body_len, &mut || self.expired())?;
                     let (st, text) = message::decode_error(&body)?;
                     return Err(Error::from_status(
-                        if st == Status::Ok {
-                            Status::Unavailable
-                        } else {
-                            st
-                        },
+                        if st == Status::Ok { Status::Unavailable } else { st },
                         format!("{} closed the connection: {text}", self.label),
                     ));
                 }
@@ -521,9 +450,7 @@ impl TcpConnection {
                     return Ok(());
                 }
                 other => {
-                    return Err(Error::Protocol(format!(
-                        "unexpected {other:?} from the source side"
-                    )));
+                    return Err(Error::Protocol(format!("unexpected {other:?} from the source side")));
                 }
             }
         }
@@ -532,36 +459,21 @@ impl TcpConnection {
     fn on_response(&self, s: &mut TcpStream, h: FrameHeader) -> Result<()> {
         let body_len = h.body_len as u64;
         if body_len < DATA_RESPONSE_LEN as u64 {
-            return Err(Error::Protocol(format!(
-                "{:?} of {body_len} bytes is too short",
-                h.kind
-            )));
+            return Err(Error::Protocol(format!("{:?} of {body_len} bytes is too short", h.kind)));
         }
         let mut fixed = [0u8; DATA_RESPONSE_LEN];
         io::read_full(s, &mut fixed, &mut || self.expired(), false)?;
         let resp = DataResponse::decode(&fixed)?;
         let rest = body_len - DATA_RESPONSE_LEN as u64;
-        let want = if h.kind == MsgKind::ReadResponse {
-            Op::Read
-        } else {
-            Op::Write
-        };
+        let want = if h.kind == MsgKind::ReadResponse { Op::Read } else { Op::Write };
         let ent = {
             let mut p = self.pending.lock();
             match p.map.get(&resp.tag) {
                 Some(e) if e.chunk.op == want => {}
                 Some(_) => {
-                    return Err(Error::Protocol(format!(
-                        "{:?} for tag {} of the other direction",
-                        h.kind, resp.tag
-                    )))
+                    return Err(Error::Protocol(format!("{:?} for tag {} of the other direction", h.kind, resp.tag)))
                 }
-                None => {
-                    return Err(Error::Protocol(format!(
-                        "{:?} for unknown tag {}",
-                        h.kind, resp.tag
-                    )))
-                }
+                None => return Err(Error::Protocol(format!("{:?} for unknown tag {}", h.kind, resp.tag))),
             }
             p.map.remove(&resp.tag).expect("present")
         };
@@ -578,10 +490,7 @@ impl TcpConnection {
                 return Err(e);
             }
             let msg = String::from_utf8_lossy(&text).into_owned();
-            c.fail(
-                Error::from_status(resp.status, format!("{}: {msg}", self.label)),
-                RemoteEffect::None,
-            );
+            c.fail(Error::from_status(resp.status, format!("{}: {msg}", self.label)), RemoteEffect::None);
             return Ok(());
         }
         match want {
@@ -596,19 +505,14 @@ impl TcpConnection {
             }
             Op::Read => {
                 if rest != c.len {
-                    let e = Error::Protocol(format!(
-                        "READ answer carries {rest} bytes, asked for {}",
-                        c.len
-                    ));
+                    let e = Error::Protocol(format!("READ answer carries {rest} bytes, asked for {}", c.len));
                     c.fail(e.clone(), RemoteEffect::None);
                     return Err(e);
                 }
                 // SAFETY: the chunk's lease keeps [local_addr, +len) inside a
                 // registered local region; only this thread writes it, and
                 // the chunk completes only after this read ends.
-                let dst = unsafe {
-                    std::slice::from_raw_parts_mut(c.local_addr as *mut u8, c.len as usize)
-                };
+                let dst = unsafe { std::slice::from_raw_parts_mut(c.local_addr as *mut u8, c.len as usize) };
                 let deadline = c.deadline;
                 let mut tick = || {
                     self.check_alive()?;

@@ -68,9 +68,7 @@ fn serve_inner(ctx: &SourceContext, s: &mut TcpStream) -> Result<()> {
     let mut hs_tick = || {
         ctx.tick()?;
         if Instant::now() >= hs_deadline {
-            return Err(Error::Protocol(
-                "no Describe within the handshake timeout".into(),
-            ));
+            return Err(Error::Protocol("no Describe within the handshake timeout".into()));
         }
         Ok(())
     };
@@ -79,10 +77,7 @@ fn serve_inner(ctx: &SourceContext, s: &mut TcpStream) -> Result<()> {
         HeaderRead::Frame(h) => h,
     };
     if h.kind != MsgKind::Describe {
-        return Err(Error::Protocol(format!(
-            "expected Describe first, got {:?}",
-            h.kind
-        )));
+        return Err(Error::Protocol(format!("expected Describe first, got {:?}", h.kind)));
     }
     let body = io::read_body(s, h.body_len, &mut hs_tick)?;
     let _peer = Describe::decode(&body)?;
@@ -97,10 +92,7 @@ fn serve_inner(ctx: &SourceContext, s: &mut TcpStream) -> Result<()> {
         match h.kind {
             MsgKind::ReadRequest => {
                 if h.body_len as usize != DATA_REQUEST_LEN {
-                    return Err(Error::Protocol(format!(
-                        "ReadRequest body of {} bytes",
-                        h.body_len
-                    )));
+                    return Err(Error::Protocol(format!("ReadRequest body of {} bytes", h.body_len)));
                 }
                 let req = read_request(ctx, s)?;
                 serve_read(ctx, s, req)?;
@@ -128,11 +120,7 @@ fn serve_inner(ctx: &SourceContext, s: &mut TcpStream) -> Result<()> {
                 let _ = message::decode_error(&body)?;
                 return Ok(());
             }
-            other => {
-                return Err(Error::Protocol(format!(
-                    "unexpected {other:?} from the requester side"
-                )))
-            }
+            other => return Err(Error::Protocol(format!("unexpected {other:?} from the requester side"))),
         }
     }
 }
@@ -146,14 +134,9 @@ fn read_request(ctx: &SourceContext, s: &mut TcpStream) -> Result<DataRequest> {
 /// Validates a request against the regions: existence, bounds, epoch,
 /// permission and memory kind. Returns the lease that keeps the region
 /// registered during the copy, and the gate guard for close_source.
-fn validate(
-    ctx: &SourceContext,
-    req: &DataRequest,
-    write: bool,
-) -> Result<(RegionLease, GateGuard)> {
-    let guard = ctx.gate.enter().map_err(|_| {
-        Error::Unavailable("the source is closing and serves no new requests".into())
-    })?;
+fn validate(ctx: &SourceContext, req: &DataRequest, write: bool) -> Result<(RegionLease, GateGuard)> {
+    let guard =
+        ctx.gate.enter().map_err(|_| Error::Unavailable("the source is closing and serves no new requests".into()))?;
     let lease = ctx.regions.lease(req.addr, req.len)?;
     let r = lease.region();
     if r.epoch != req.region_epoch {
@@ -174,8 +157,7 @@ fn validate(
             r.id, r.addr, r.len
         )));
     }
-    if r.kind == crate::memory::MemoryKind::SharedHost && crate::memory::owners::is_loaned(req.addr)
-    {
+    if r.kind == crate::memory::MemoryKind::SharedHost && crate::memory::owners::is_loaned(req.addr) {
         return Err(Error::Unavailable(format!(
             "region {} lies in a shared allocation exported exclusively to an IPC requester until its close receipt",
             r.id
@@ -191,21 +173,11 @@ fn validate(
     Ok((lease, guard))
 }
 
-fn respond_failure(
-    ctx: &SourceContext,
-    s: &mut TcpStream,
-    kind: MsgKind,
-    tag: u64,
-    e: &Error,
-) -> Result<()> {
+fn respond_failure(ctx: &SourceContext, s: &mut TcpStream, kind: MsgKind, tag: u64, e: &Error) -> Result<()> {
     ctx.stats.record_served(TransportKind::Tcp, false, 0);
     let text = e.message();
     let text = &text.as_bytes()[..text.len().min(message::MAX_REASON)];
-    let fixed = DataResponse {
-        tag,
-        status: e.status(),
-    }
-    .encode();
+    let fixed = DataResponse { tag, status: e.status() }.encode();
     let h = FrameHeader::encode(kind, (fixed.len() + text.len()) as u32);
     let mut w = 0;
     io::write_all_parts(s, &[&h, &fixed, text], &mut || ctx.tick(), &mut w)
@@ -216,11 +188,7 @@ fn serve_read(ctx: &SourceContext, s: &mut TcpStream, req: DataRequest) -> Resul
         Ok(v) => v,
         Err(e) => return respond_failure(ctx, s, MsgKind::ReadResponse, req.tag, &e),
     };
-    let fixed = DataResponse {
-        tag: req.tag,
-        status: Status::Ok,
-    }
-    .encode();
+    let fixed = DataResponse { tag: req.tag, status: Status::Ok }.encode();
     let h = FrameHeader::encode(MsgKind::ReadResponse, (fixed.len() as u64 + req.len) as u32);
     // SAFETY: `lease` keeps the region containing [addr, addr+len) registered
     // for the duration of this write; the range was bounds-checked.
@@ -237,16 +205,11 @@ fn serve_write(ctx: &SourceContext, s: &mut TcpStream, req: DataRequest) -> Resu
         Ok((lease, _guard)) => {
             // SAFETY: `lease` keeps [addr, addr+len) inside a registered region
             // that allows remote WRITE; this thread is its only writer here.
-            let dst =
-                unsafe { std::slice::from_raw_parts_mut(req.addr as *mut u8, req.len as usize) };
+            let dst = unsafe { std::slice::from_raw_parts_mut(req.addr as *mut u8, req.len as usize) };
             io::read_full(s, dst, &mut || ctx.tick(), false)?;
             drop(lease);
             ctx.stats.record_served(TransportKind::Tcp, true, req.len);
-            let fixed = DataResponse {
-                tag: req.tag,
-                status: Status::Ok,
-            }
-            .encode();
+            let fixed = DataResponse { tag: req.tag, status: Status::Ok }.encode();
             let h = FrameHeader::encode(MsgKind::WriteResponse, fixed.len() as u32);
             let mut w = 0;
             io::write_all_parts(s, &[&h, &fixed], &mut || ctx.tick(), &mut w)

@@ -1,0 +1,488 @@
+//! The cooperative IPC protocol over SHM between real processes: the seed's
+//! qualification shapes, the relocation cache, closes, killed processes,
+//! stale identities and injected faults.
+
+mod common;
+
+use common::*;
+use orbite::*;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+fn engine(json: &str) -> Engine {
+    Engine::from_json(json).expect("engine")
+}
+
+fn shm() -> SubmitOptions {
+    SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(LONG) }
+}
+
+fn local(e: &Engine, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    e.register_memory(v.as_mut_ptr() as u64, len as u64, Access::NONE).unwrap();
+    v
+}
+
+fn rd(local: &[u8], loff: usize, remote: u64, len: u64) -> Request {
+    Request { op: Op::Read, local_addr: local.as_ptr() as u64 + loff as u64, remote_addr: remote, len }
+}
+
+fn wr(local: &[u8], loff: usize, remote: u64, len: u64) -> Request {
+    Request { op: Op::Write, local_addr: local.as_ptr() as u64 + loff as u64, remote_addr: remote, len }
+}
+
+fn go(e: &Engine, peer: u64, reqs: &[Request], opts: SubmitOptions) -> Vec<RequestResult> {
+    let b = e.submit(peer, reqs, opts).unwrap();
+    let _ = b.wait(LONG);
+    assert_ne!(b.poll(), Status::Pending);
+    b.results()
+}
+
+fn all_ok(r: &[RequestResult]) -> bool {
+    r.iter().all(|x| x.status == Status::Ok)
+}
+
+fn src_ipc(src: &mut PeerProc, key: &str) -> u64 {
+    src.stats()["ipc"]["shm"][key].as_u64().unwrap()
+}
+
+fn region_id(e: &Engine, peer: u64, addr: u64) -> u64 {
+    e.peer_regions(peer, None).unwrap().iter().find(|r| r.addr == addr).expect("region").id
+}
+
+#[test]
+fn healthy_read_write_and_selection() {
+    let mut src = PeerProc::spawn(&["--shared", "--size", &(4 * MIB).to_string(), "--seed", "2"]);
+    let e = engine("");
+    let mut l = local(&e, 4 * MIB as usize);
+    let p = e.connect(&src.endpoint, None).unwrap();
+    assert!(all_ok(&go(&e, p, &[rd(&l, 0, src.addr, 4 * MIB)], shm())));
+    assert!((0..4 * MIB as usize).all(|i| l[i] == pattern(2, i as u64)));
+    for (i, b) in l.iter_mut().enumerate().take(MIB as usize) {
+        *b = pattern(6, i as u64);
+    }
+    // Auto picks SHM for shared memory (policy: mnnvl, nvlink, shm, tcp).
+    let r = go(&e, p, &[wr(&l, 0, src.addr + 5, MIB)], SubmitOptions::default());
+    assert_eq!(r[0], RequestResult { status: Status::Ok, remote_effect: RemoteEffect::Applied });
+    assert_eq!(src.cmd(&format!("verify 6 5 {MIB}")), "ok");
+    let st = e.stats();
+    assert_eq!(st.transports["shm"].requests_completed, 2);
+    assert_eq!(st.transports["shm"].bytes_completed, 5 * MIB, "byte accounting counts requested bytes only");
+    assert_eq!(st.transports["tcp"].requests_completed, 0);
+    assert_eq!((st.ipc["shm"].imports_opened, st.ipc["shm"].imports_closed), (2, 2));
+    assert_eq!(st.ipc["shm"].mapping_bytes_charged, 0);
+    assert_eq!(src_ipc(&mut src, "exports_open"), 0);
+
+    // Plain heap memory is never exported: Auto goes over TCP, SHM is refused.
+    let heap = PeerProc::spawn(&["--size", "65536", "--seed", "4"]);
+    let hp = e.connect(&heap.endpoint, None).unwrap();
+    assert!(all_ok(&go(&e, hp, &[rd(&l, 0, heap.addr, 65536)], SubmitOptions::default())));
+    assert!((0..65536).all(|i| l[i] == pattern(4, i as u64)));
+    assert_eq!(e.stats().transports["tcp"].requests_completed, 1);
+    let err = e.submit(hp, &[rd(&l, 0, heap.addr, 16)], shm()).err().unwrap();
+    assert_eq!(err.status(), Status::NotSupported, "{err}");
+    e.close(Some(LONG)).unwrap();
+    src.close();
+    heap.close();
+}
+
+#[test]
+fn three_out_of_order_slices_over_two_allocations() {
+    let src = PeerProc::spawn(&["--shared", "--allocs", "2", "--size", &(2 * MIB).to_string(), "--seed", "1"]);
+    let (a, b) = (src.addrs[0], src.addrs[1]);
+    let e = engine("");
+    let mut l = local(&e, 3 * 8192);
+    let p = e.connect(&src.endpoint, None).unwrap();
+    let r = go(&e, p, &[rd(&l, 0, a + 8192, 8192), rd(&l, 8192, a, 8192), rd(&l, 16384, b + 4096, 8192)], shm());
+    assert!(all_ok(&r));
+    assert!((0..8192).all(|i| l[i] == pattern(1, 8192 + i as u64)));
+    assert!((0..8192).all(|i| l[8192 + i] == pattern(1, i as u64)));
+    assert!((0..8192).all(|i| l[16384 + i] == pattern(2, 4096 + i as u64)));
+    // Two subbatches: the two slices of A share one import.
+    assert_eq!(e.stats().ipc["shm"].imports_opened, 2);
+    // WRITE the same three slices back in another order, then verify remotely.
+    for (i, x) in l.iter_mut().enumerate() {
+        *x = pattern(9, i as u64);
+    }
+    let r = go(&e, p, &[wr(&l, 16384, b, 8192), wr(&l, 0, a + 4 * 8192, 8192), wr(&l, 8192, a + 8192, 8192)], shm());
+    assert!(r.iter().all(|x| *x == RequestResult { status: Status::Ok, remote_effect: RemoteEffect::Applied }));
+    // Read the three slices back over TCP (an independent path) and compare.
+    let back = local(&e, 3 * 8192);
+    let tcp = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(LONG) };
+    let r =
+        go(&e, p, &[rd(&back, 0, b, 8192), rd(&back, 8192, a + 4 * 8192, 8192), rd(&back, 16384, a + 8192, 8192)], tcp);
+    assert!(all_ok(&r));
+    assert_eq!(&back[0..8192], &l[16384..24576]);
+    assert_eq!(&back[8192..16384], &l[0..8192]);
+    assert_eq!(&back[16384..24576], &l[8192..16384]);
+    e.close(Some(LONG)).unwrap();
+    src.close();
+}
+
+#[test]
+fn overlapping_destinations_run_in_order() {
+    let src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string(), "--seed", "3"]);
+    let e = engine("");
+    let mut l = local(&e, 4096);
+    for (i, x) in l.iter_mut().enumerate().skip(200).take(100) {
+        *x = (i as u8) ^ 0x5a;
+    }
+    let p = e.connect(&src.endpoint, None).unwrap();
+    let a = src.addr;
+    let reqs = [
+        rd(&l, 0, a, 100),          // local [0,100)
+        rd(&l, 50, a + 1000, 100),  // overlaps the first destination: must land after it
+        wr(&l, 200, a + 5000, 100), // writes remote [5000,5100)
+        rd(&l, 400, a + 5000, 100), // reads what the WRITE wrote: ordered after it
+    ];
+    let r = go(&e, p, &reqs, shm());
+    assert!(all_ok(&r));
+    assert!((0..50).all(|i| l[i] == pattern(3, i as u64)));
+    assert!((0..100).all(|i| l[50 + i] == pattern(3, 1000 + i as u64)));
+    assert!((0..100).all(|i| l[400 + i] == ((200 + i) as u8) ^ 0x5a));
+    assert_eq!(e.stats().ipc["shm"].imports_opened, 1);
+    e.close(Some(LONG)).unwrap();
+    src.close();
+}
+
+#[test]
+fn cache_four_concurrent_reads_and_a_write_through_one_import() {
+    let mut src = PeerProc::spawn(&["--shared", "--size", &(4 * MIB).to_string(), "--seed", "5"]);
+    let e = engine(r#"{"shm_cache_entries": 4}"#);
+    let p = e.connect(&src.endpoint, None).unwrap();
+    let a = src.addr;
+    std::thread::scope(|s| {
+        for t in 0..5u64 {
+            let e = &e;
+            s.spawn(move || {
+                let mut l = local(e, MIB as usize);
+                if t < 4 {
+                    let r = go(e, p, &[rd(&l, 0, a + t * MIB / 2, MIB / 2)], shm());
+                    assert!(all_ok(&r), "{r:?}");
+                    assert!((0..(MIB / 2) as usize).all(|i| l[i] == pattern(5, t * MIB / 2 + i as u64)));
+                } else {
+                    for (i, x) in l.iter_mut().enumerate() {
+                        *x = pattern(8, i as u64);
+                    }
+                    let r = go(e, p, &[wr(&l, 0, a + 3 * MIB, MIB)], shm());
+                    assert_eq!(r[0].remote_effect, RemoteEffect::Applied, "{r:?} {:?}", e.stats().ipc);
+                }
+            });
+        }
+    });
+    let st = e.stats().ipc["shm"].clone();
+    assert_eq!((st.imports_opened, st.imports_cached, st.imports_closed), (1, 1, 0), "{st:?}");
+    assert_eq!(src_ipc(&mut src, "exports_open"), 1, "the export stays for the cache lifetime");
+    assert_eq!(src.cmd(&format!("verify 8 {} {MIB}", 3 * MIB)), "ok");
+    e.flush_nvlink_cache(Some(LONG)).unwrap();
+    let st = e.stats().ipc["shm"].clone();
+    assert_eq!((st.imports_opened, st.imports_cached, st.imports_closed), (1, 0, 1));
+    assert_eq!(st.mapping_bytes_charged, 0);
+    assert_eq!(src_ipc(&mut src, "exports_open"), 0);
+    let served = src.stats()["transports"]["shm"]["served_requests"].as_u64().unwrap();
+    assert_eq!(served, 5);
+    e.close(Some(LONG)).unwrap();
+    src.close();
+}
+
+#[test]
+fn lru_with_one_and_two_entries() {
+    let src = PeerProc::spawn(&["--shared", "--allocs", "3", "--size", &(2 * MIB).to_string()]);
+    let (a, b, c) = (src.addrs[0], src.addrs[1], src.addrs[2]);
+
+    let e1 = engine(r#"{"shm_cache_entries": 1}"#);
+    let l1 = local(&e1, 4096);
+    let p1 = e1.connect(&src.endpoint, None).unwrap();
+    let (ra, rb) = (region_id(&e1, p1, a), region_id(&e1, p1, b));
+    assert!(all_ok(&go(&e1, p1, &[rd(&l1, 0, a, 4096)], shm())));
+    assert!(all_ok(&go(&e1, p1, &[rd(&l1, 0, b, 4096)], shm())));
+    let st = e1.stats().ipc["shm"].clone();
+    assert_eq!((st.imports_opened, st.imports_closed, st.imports_cached), (2, 1, 1));
+    assert_eq!(e1.retained_resources()["shm_imports"]["cached_regions"], serde_json::json!([rb]));
+    let _ = ra;
+
+    let e2 = engine(r#"{"shm_cache_entries": 2}"#);
+    let l2 = local(&e2, 4096);
+    let p2 = e2.connect(&src.endpoint, None).unwrap();
+    let (ra, rc) = (region_id(&e2, p2, a), region_id(&e2, p2, c));
+    // e1 still holds B: e2 uses A, then C... but first free B from e1.
+    e1.flush_nvlink_cache(Some(LONG)).unwrap();
+    for addr in [a, b, a, c] {
+        assert!(all_ok(&go(&e2, p2, &[rd(&l2, 0, addr, 4096)], shm())));
+    }
+    // B was the least recently used idle entry when C arrived.
+    let st = e2.stats().ipc["shm"].clone();
+    assert_eq!((st.imports_opened, st.imports_closed, st.imports_cached), (3, 1, 2));
+    assert_eq!(e2.retained_resources()["shm_imports"]["cached_regions"], serde_json::json!([ra, rc]));
+    e1.close(Some(LONG)).unwrap();
+    e2.close(Some(LONG)).unwrap();
+    assert_eq!(e2.stats().ipc["shm"].imports_closed, 3);
+    src.close();
+}
+
+#[test]
+fn flush_under_concurrent_submissions() {
+    let src = PeerProc::spawn(&["--shared", "--allocs", "2", "--size", &(2 * MIB).to_string(), "--seed", "7"]);
+    let e = engine(r#"{"shm_cache_entries": 2}"#);
+    let p = e.connect(&src.endpoint, None).unwrap();
+    let addrs = src.addrs.clone();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let mut hs = Vec::new();
+        for t in 0..3usize {
+            let (e, addrs, stop) = (&e, &addrs, &stop);
+            hs.push(s.spawn(move || {
+                let l = local(e, 65536);
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) || n < 20 {
+                    let which = (t + n as usize) % 2;
+                    let off = (n * 4096) % MIB;
+                    let r = go(e, p, &[rd(&l, 0, addrs[which] + off, 65536)], shm());
+                    assert!(all_ok(&r), "{r:?}");
+                    assert!((0..65536).all(|i| l[i] == pattern(7 + which as u64, off + i as u64)));
+                    n += 1;
+                }
+                n
+            }));
+        }
+        for _ in 0..10 {
+            e.flush_nvlink_cache(Some(LONG)).unwrap();
+        }
+        stop.store(true, Ordering::Relaxed);
+        let total: u64 = hs.into_iter().map(|h| h.join().unwrap()).sum();
+        assert!(total >= 60);
+    });
+    e.flush_nvlink_cache(Some(LONG)).unwrap();
+    let st = e.stats().ipc["shm"].clone();
+    assert_eq!(st.imports_cached, 0);
+    assert_eq!(st.imports_opened, st.imports_closed);
+    assert_eq!(e.stats().transports["shm"].requests_failed, 0);
+    e.close(Some(LONG)).unwrap();
+    src.close();
+}
+
+#[test]
+fn source_close_with_an_open_import_is_unquiesced() {
+    let mut src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string()]);
+    let e = engine(r#"{"shm_cache_entries": 1}"#);
+    let l = local(&e, 4096);
+    let p = e.connect(&src.endpoint, None).unwrap();
+    assert!(all_ok(&go(&e, p, &[rd(&l, 0, src.addr, 4096)], shm())));
+    let r = src.cmd("close_source 300");
+    assert!(r.starts_with("err ORBITE_STATUS_UNQUIESCED"), "{r}");
+    assert_eq!(src_ipc(&mut src, "exports_open"), 1, "the export stays retained");
+    // The source no longer grants: a new group is refused, nothing is posted.
+    let r = go(&e, p, &[rd(&l, 0, src.addr, 16)], shm());
+    assert_eq!(r[0].status, Status::Unavailable);
+    e.flush_nvlink_cache(Some(LONG)).unwrap();
+    assert_eq!(src.cmd("close_source 10000"), "ok");
+    assert_eq!(src_ipc(&mut src, "exports_open"), 0);
+    e.close(Some(LONG)).unwrap();
+    src.close();
+}
+
+#[test]
+fn requester_exit_with_a_live_import() {
+    let src = engine("");
+    let a = allocate_shared_host(2 * MIB).unwrap();
+    let rid = src.register_memory(a.addr(), 2 * MIB, Access::READ).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_orbite-peer"))
+        .args([
+            "--connect",
+            &src.endpoint(),
+            "--read",
+            &format!("{}:4096", a.addr()),
+            "--config",
+            r#"{"shm_cache_entries": 1}"#,
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::{BufRead, Write};
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(line.starts_with("ok "), "{line}");
+    assert_eq!(src.stats().ipc["shm"].exports_open, 1);
+    // The requester exits without closing; until it is reaped it is a zombie,
+    // so nothing proves its mapping is gone: the export is retained.
+    writeln!(child.stdin.as_mut().unwrap(), "exit").unwrap();
+    let t0 = Instant::now();
+    while src.stats().ipc["shm"].exports_retained != 1 {
+        assert!(t0.elapsed() < LONG, "export never became retained");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert!(a.release().is_err(), "a retained export keeps its allocation");
+    child.wait().unwrap();
+    // Reaped: the process provably exited, so close_source reclaims.
+    src.close_source(Some(LONG)).unwrap();
+    let st = src.stats().ipc["shm"].clone();
+    assert_eq!((st.exports_open, st.exports_retained, st.mapping_bytes_charged), (0, 0, 0));
+    src.unregister_memory(rid, None).unwrap_or(());
+    drop(src);
+    a.free().unwrap();
+}
+
+#[test]
+fn exporter_killed_with_a_live_import() {
+    let src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string()]);
+    let e = engine(r#"{"shm_cache_entries": 1}"#);
+    let l = local(&e, 4096);
+    let p = e.connect(&src.endpoint, None).unwrap();
+    assert!(all_ok(&go(&e, p, &[rd(&l, 0, src.addr, 4096)], shm())));
+    let addr = src.addr;
+    src.kill();
+    let t0 = Instant::now();
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(Duration::from_secs(20)) };
+    match e.submit(p, &[rd(&l, 0, addr, 16)], opts) {
+        Err(err) => assert!(matches!(err.status(), Status::Unavailable | Status::StalePeer), "{err}"),
+        Ok(b) => {
+            assert!(b.wait(LONG).is_err());
+            assert_eq!(b.results()[0].remote_effect, RemoteEffect::None);
+        }
+    }
+    // The cached import cannot be closed with confirmation: it is retained.
+    let r = e.flush_nvlink_cache(Some(Duration::from_secs(20)));
+    assert_eq!(r.unwrap_err().status(), Status::Unquiesced);
+    assert!(t0.elapsed() < Duration::from_secs(60), "never hangs");
+    assert_eq!(e.stats().ipc["shm"].imports_retained, 1);
+    assert_eq!(e.close(Some(Duration::from_secs(20))).unwrap_err().status(), Status::Unquiesced);
+}
+
+#[test]
+fn restarted_source_on_the_same_endpoint_is_stale() {
+    let src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string(), "--seed", "1"]);
+    let endpoint = src.endpoint.clone();
+    let e = engine(r#"{"shm_cache_entries": 2}"#);
+    let l = local(&e, 4096);
+    let p = e.connect(&endpoint, None).unwrap();
+    assert!(all_ok(&go(&e, p, &[rd(&l, 0, src.addr, 4096)], shm())));
+    src.kill();
+    let cfg = format!(r#"{{"listen": "{endpoint}"}}"#);
+    let mut again = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string(), "--seed", "2", "--config", &cfg]);
+    assert_eq!(again.endpoint, endpoint);
+    // The old peer is gone: refused, not silently served by the new process.
+    let err = e.submit(p, &[rd(&l, 0, again.addr, 16)], shm()).err().expect("stale peer refused");
+    assert!(matches!(err.status(), Status::Unavailable | Status::StalePeer), "{err}");
+    // A new connection sees the new identity and gets a new import.
+    let p2 = e.connect(&endpoint, None).unwrap();
+    assert!(all_ok(&go(&e, p2, &[rd(&l, 0, again.addr, 4096)], shm())));
+    assert!((0..4096).all(|i| l[i] == pattern(2, i as u64)));
+    assert_eq!(e.stats().ipc["shm"].imports_opened, 2);
+    assert_eq!(src_ipc(&mut again, "exports_open"), 1);
+    // Closing: the new import closes with its receipt; the old one (its
+    // exporter is gone) cannot be confirmed and stays retained.
+    assert_eq!(e.close(Some(LONG)).unwrap_err().status(), Status::Unquiesced);
+    assert_eq!(e.stats().ipc["shm"].imports_retained, 1);
+    assert_eq!(src_ipc(&mut again, "exports_open"), 0);
+    drop(e);
+    again.close();
+}
+
+#[test]
+fn injected_faults_failed_close_lost_ack_failed_completion() {
+    let mut src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string(), "--seed", "1"]);
+    let e = engine("");
+    let l = local(&e, 65536);
+    let p = e.connect(&src.endpoint, None).unwrap();
+    let a = src.addr;
+
+    // Failed native close: the group fails Unquiesced, WRITE effect Unknown,
+    // the import stays retained and the source keeps its export.
+    e.faults().fail_close.store(1, Ordering::SeqCst);
+    let r = go(&e, p, &[wr(&l, 0, a, 4096), rd(&l, 8192, a + 8192, 16)], shm());
+    assert_eq!(r[0], RequestResult { status: Status::Unquiesced, remote_effect: RemoteEffect::Unknown });
+    assert_eq!(r[1], RequestResult { status: Status::Unquiesced, remote_effect: RemoteEffect::None });
+    assert_eq!(e.stats().ipc["shm"].imports_retained, 1);
+    assert_eq!(src_ipc(&mut src, "exports_open"), 1);
+    // The allocation stays loaned to that export: other groups are refused.
+    let r = go(&e, p, &[rd(&l, 0, a, 16)], SubmitOptions { timeout: Some(Duration::from_millis(300)), ..shm() });
+    assert_eq!(r[0].status, Status::Unavailable);
+    e.close(Some(Duration::from_secs(5))).unwrap_err();
+    drop(e);
+    src.kill();
+
+    let mut src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string(), "--seed", "1"]);
+    let e = engine("");
+    let l = local(&e, 65536);
+    let p = e.connect(&src.endpoint, None).unwrap();
+    let a = src.addr;
+    // One lost ACK: the receipt alone is retried, the request completes.
+    e.faults().lose_ack.store(1, Ordering::SeqCst);
+    let r = go(&e, p, &[rd(&l, 0, a, 4096)], shm());
+    assert!(all_ok(&r));
+    assert_eq!(e.stats().ipc["shm"].imports_closed, 1);
+    // Two lost ACKs: the request fails (WRITE effect Unknown), the native
+    // close is never repeated, and a later flush retries only the receipt.
+    e.faults().lose_ack.store(2, Ordering::SeqCst);
+    let r = go(&e, p, &[wr(&l, 0, a, 4096)], shm());
+    assert_eq!(r[0].remote_effect, RemoteEffect::Unknown);
+    assert_ne!(r[0].status, Status::Ok);
+    assert_eq!(e.stats().ipc["shm"].imports_retained, 1);
+    e.flush_nvlink_cache(Some(LONG)).unwrap();
+    let st = e.stats().ipc["shm"].clone();
+    assert_eq!((st.imports_retained, st.imports_closed), (0, 2));
+    assert_eq!(src_ipc(&mut src, "exports_open"), 0);
+    // Failed completion: Unquiesced, retained, no receipt.
+    e.faults().fail_completion.store(1, Ordering::SeqCst);
+    let r = go(&e, p, &[rd(&l, 0, a, 4096)], shm());
+    assert_eq!(r[0].status, Status::Unquiesced);
+    assert_eq!(e.stats().ipc["shm"].imports_retained, 1);
+    assert_eq!(src_ipc(&mut src, "exports_open"), 1);
+    drop(e);
+    src.kill();
+}
+
+#[test]
+fn resource_exhausted_retries_once_then_falls_through() {
+    let cfg = r#"{"max_inflight_bytes": 2097152, "max_transfer_bytes": 1048576}"#;
+    let src = PeerProc::spawn(&[
+        "--shared",
+        "--allocs",
+        "2",
+        "--size",
+        &(2 * MIB).to_string(),
+        "--seed",
+        "1",
+        "--config",
+        cfg,
+    ]);
+    let (a, b) = (src.addrs[0], src.addrs[1]);
+    // X keeps A exported: the source's mapping budget (2 MiB) is now full.
+    let x = engine(r#"{"shm_cache_entries": 1}"#);
+    let lx = local(&x, 4096);
+    let px = x.connect(&src.endpoint, None).unwrap();
+    assert!(all_ok(&go(&x, px, &[rd(&lx, 0, a, 4096)], shm())));
+
+    let y = engine("");
+    let ly = local(&y, 8192);
+    let py = y.connect(&src.endpoint, None).unwrap();
+    // SHM only: explicit ResourceExhausted before any grant, one retry each, then final.
+    let r = go(&y, py, &[rd(&ly, 0, b, 4096), rd(&ly, 4096, b + 4096, 4096)], shm());
+    assert!(
+        r.iter().all(|x| *x == RequestResult { status: Status::ResourceExhausted, remote_effect: RemoteEffect::None }),
+        "{r:?}"
+    );
+    assert_eq!(y.stats().ipc["shm"].imports_opened, 0);
+    // Auto: the unposted rejection falls through to TCP.
+    let r = go(&y, py, &[rd(&ly, 0, b, 4096), rd(&ly, 4096, b + 4096, 4096)], SubmitOptions::default());
+    assert!(all_ok(&r), "{r:?}");
+    assert!((0..8192).all(|i| ly[i] == pattern(2, i as u64)));
+    assert_eq!(y.stats().transports["tcp"].requests_completed, 2);
+    // A is lent exclusively to X's export: TCP access to it waits its turn.
+    let r = go(
+        &y,
+        py,
+        &[rd(&ly, 0, a, 16)],
+        SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(LONG) },
+    );
+    assert_eq!(r[0].status, Status::Unavailable);
+    x.close(Some(LONG)).unwrap();
+    let r = go(&y, py, &[rd(&ly, 0, a, 16)], SubmitOptions::default());
+    assert!(all_ok(&r));
+    y.close(Some(LONG)).unwrap();
+    src.close();
+}
