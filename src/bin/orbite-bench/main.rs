@@ -1,0 +1,553 @@
+//! `orbite-bench`: measures OrbiTE transports and, in the same run, the
+//! baselines a reader needs to judge the figures (single-thread memcpy over
+//! the same working set for SHM; a plain TCP socket stream between two
+//! processes on loopback for TCP).
+//!
+//! With no arguments it starts its own target process on loopback and
+//! measures every transport available on this machine. `--mode target` and
+//! `--mode initiator --endpoint IP:PORT` run the two sides on different
+//! hosts. `--help` lists every option.
+
+mod plot;
+
+use orbite::{allocate_shared_host, Access, Engine, Op, Request, SubmitOptions, Transport, TransportKind};
+use std::io::{BufRead, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const HELP: &str = "orbite-bench: throughput and latency of OrbiTE transports, with baselines
+
+usage: orbite-bench [options]
+  --mode auto|target|initiator   auto (default): start a target on loopback and measure;
+                                 target: serve a buffer and print its endpoint;
+                                 initiator: measure against --endpoint
+  --endpoint IP:PORT             the target (initiator mode)
+  --listen IP:PORT               where a target listens (default 127.0.0.1:0)
+  --transport LIST               tcp, shm, nvlink, mnnvl, auto (repeatable or comma list;
+                                 default: every transport available here)
+  --op LIST                      read, write (default both)
+  --block-size LIST              sizes with B/KiB/MiB/GiB suffixes (default 4KiB,64KiB,1MiB,8MiB)
+  --batch-size N                 requests per submission (default 16)
+  --threads N                    submitting threads (default 1)
+  --duration SECONDS             time per point (default 3)
+  --buffer-size SIZE             working set on each side, blocks rotate over it (default 1GiB)
+  --json FILE                    one JSON object per point, one per line
+  --plot FILE.svg                throughput against block size, baselines dashed
+  --no-baseline                  skip the baselines
+";
+
+/// One measured point.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Point {
+    pub transport: String,
+    pub op: String,
+    pub block_size: u64,
+    pub batch_size: usize,
+    pub threads: usize,
+    pub bytes: u64,
+    pub seconds: f64,
+    pub gbps: f64,
+    pub ops_per_sec: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub baseline: String,
+    pub baseline_gbps: f64,
+    pub ratio_to_baseline: f64,
+    pub requests_failed: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Opts {
+    mode: String,
+    endpoint: Option<String>,
+    listen: String,
+    transports: Vec<String>,
+    ops: Vec<Op>,
+    block_sizes: Vec<u64>,
+    batch: usize,
+    threads: usize,
+    duration: f64,
+    buffer_size: u64,
+    json: Option<String>,
+    plot: Option<String>,
+    baselines: bool,
+    // internal: the socket-baseline child and the spawned target
+    connect: Option<String>,
+    until_stdin_closes: bool,
+}
+
+fn die(msg: &str) -> ! {
+    eprintln!("orbite-bench: {msg}");
+    std::process::exit(2)
+}
+
+fn parse_size(s: &str) -> u64 {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let (num, mul) = [
+        ("gib", 1u64 << 30),
+        ("mib", 1 << 20),
+        ("kib", 1 << 10),
+        ("g", 1 << 30),
+        ("m", 1 << 20),
+        ("k", 1 << 10),
+        ("b", 1),
+    ]
+    .iter()
+    .find(|(suf, _)| lower.ends_with(suf))
+    .map(|(suf, m)| (&t[..t.len() - suf.len()], *m))
+    .unwrap_or((t, 1));
+    let n: u64 = num.trim().parse().unwrap_or_else(|_| die(&format!("bad size {s:?} (e.g. 4KiB, 1MiB)")));
+    if n == 0 {
+        die(&format!("size {s:?} is zero"));
+    }
+    n * mul
+}
+
+fn list(v: &str) -> Vec<String> {
+    v.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect()
+}
+
+fn parse_opts() -> Opts {
+    let mut o = Opts {
+        mode: "auto".into(),
+        endpoint: None,
+        listen: "127.0.0.1:0".into(),
+        transports: Vec::new(),
+        ops: Vec::new(),
+        block_sizes: Vec::new(),
+        batch: 16,
+        threads: 1,
+        duration: 3.0,
+        buffer_size: 1 << 30,
+        json: None,
+        plot: None,
+        baselines: true,
+        connect: None,
+        until_stdin_closes: false,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(k) = it.next() {
+        let mut val = || it.next().cloned().unwrap_or_else(|| die(&format!("{k} needs a value")));
+        match k.as_str() {
+            "--mode" => o.mode = val(),
+            "--endpoint" => o.endpoint = Some(val()),
+            "--listen" => o.listen = val(),
+            "--transport" => o.transports.extend(list(&val())),
+            "--op" => {
+                for x in list(&val()) {
+                    o.ops.push(match x.as_str() {
+                        "read" => Op::Read,
+                        "write" => Op::Write,
+                        _ => die(&format!("unknown op {x:?} (read, write)")),
+                    })
+                }
+            }
+            "--block-size" => o.block_sizes.extend(list(&val()).iter().map(|s| parse_size(s))),
+            "--batch-size" => o.batch = val().parse().unwrap_or_else(|_| die("--batch-size N")),
+            "--threads" => o.threads = val().parse().unwrap_or_else(|_| die("--threads N")),
+            "--duration" => o.duration = val().parse().unwrap_or_else(|_| die("--duration SECONDS")),
+            "--buffer-size" => o.buffer_size = parse_size(&val()),
+            "--json" => o.json = Some(val()),
+            "--plot" => o.plot = Some(val()),
+            "--no-baseline" => o.baselines = false,
+            "--connect" => o.connect = Some(val()),
+            "--until-stdin-closes" => o.until_stdin_closes = true,
+            "-h" | "--help" => {
+                print!("{HELP}");
+                std::process::exit(0)
+            }
+            other => die(&format!("unknown option {other:?} (see --help)")),
+        }
+    }
+    for t in &o.transports {
+        if !["tcp", "shm", "nvlink", "mnnvl", "auto"].contains(&t.as_str()) {
+            die(&format!("unknown transport {t:?} (tcp, shm, nvlink, mnnvl, auto)"));
+        }
+    }
+    if o.ops.is_empty() {
+        o.ops = vec![Op::Read, Op::Write];
+    }
+    if o.block_sizes.is_empty() {
+        o.block_sizes = vec![4 << 10, 64 << 10, 1 << 20, 8 << 20];
+    }
+    if o.batch == 0 || o.threads == 0 || o.duration <= 0.0 {
+        die("--batch-size, --threads and --duration must be positive");
+    }
+    o
+}
+
+/// Fills (and so faults in) a buffer.
+fn touch(p: *mut u8, len: usize) {
+    // SAFETY: callers pass memory they own of at least `len` bytes.
+    let s = unsafe { std::slice::from_raw_parts_mut(p, len) };
+    for (i, b) in s.iter_mut().enumerate().step_by(4096) {
+        *b = i as u8;
+    }
+}
+
+fn run_target(o: &Opts) {
+    let engine = Engine::from_json(&format!(r#"{{"listen": "{}"}}"#, o.listen)).unwrap_or_else(|e| die(&e.to_string()));
+    let alloc = allocate_shared_host(o.buffer_size).unwrap_or_else(|e| die(&e.to_string()));
+    touch(alloc.addr() as *mut u8, o.buffer_size as usize);
+    engine.register_memory(alloc.addr(), o.buffer_size, Access::READ_WRITE).unwrap_or_else(|e| die(&e.to_string()));
+    println!("{}", serde_json::json!({"endpoint": engine.endpoint(), "addr": alloc.addr(), "len": o.buffer_size}));
+    std::io::stdout().flush().ok();
+    if o.until_stdin_closes {
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+    } else {
+        eprintln!("orbite-bench target: serving {} bytes at {}; Ctrl-C to stop", o.buffer_size, engine.endpoint());
+        loop {
+            std::thread::park();
+        }
+    }
+    let _ = engine.close(Some(Duration::from_secs(10)));
+}
+
+/// The socket-baseline child: connects and streams blocks until `duration`.
+fn run_socket_source(o: &Opts) {
+    let addr = o.connect.clone().unwrap_or_else(|| die("--connect"));
+    let bs = o.block_sizes[0] as usize;
+    let mut buf = vec![0u8; o.buffer_size as usize];
+    touch(buf.as_mut_ptr(), buf.len());
+    let mut s = TcpStream::connect(&addr).unwrap_or_else(|e| die(&e.to_string()));
+    let _ = s.set_nodelay(true);
+    let end = Instant::now() + Duration::from_secs_f64(o.duration);
+    let n = (buf.len() / bs).max(1);
+    let mut k = 0usize;
+    while Instant::now() < end {
+        let off = (k % n) * bs;
+        if s.write_all(&buf[off..off + bs.min(buf.len())]).is_err() {
+            break;
+        }
+        k += 1;
+    }
+}
+
+fn socket_baseline(o: &Opts, bs: u64) -> f64 {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| die(&e.to_string()));
+    let addr = l.local_addr().expect("addr").to_string();
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut child = Command::new(exe)
+        .args(["--mode", "socket-source", "--connect", &addr, "--block-size", &bs.to_string()])
+        .args(["--buffer-size", &o.buffer_size.to_string(), "--duration", &o.duration.to_string()])
+        .spawn()
+        .unwrap_or_else(|e| die(&format!("spawn baseline: {e}")));
+    let (mut s, _) = l.accept().unwrap_or_else(|e| die(&e.to_string()));
+    let mut buf = vec![0u8; o.buffer_size as usize];
+    touch(buf.as_mut_ptr(), buf.len());
+    let n = (buf.len() as u64 / bs).max(1) as usize;
+    let mut total = 0u64;
+    let mut k = 0usize;
+    let t0 = Instant::now();
+    loop {
+        let off = (k % n) * bs as usize;
+        let end = (off + bs as usize).min(buf.len());
+        match s.read(&mut buf[off..end]) {
+            Ok(0) | Err(_) => break,
+            Ok(m) => {
+                total += m as u64;
+                if m == end - off {
+                    k += 1;
+                }
+            }
+        }
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let _ = child.wait();
+    total as f64 / secs / 1e9
+}
+
+fn memcpy_baseline(o: &Opts, bs: u64) -> f64 {
+    let len = o.buffer_size as usize;
+    let mut src = vec![0u8; len];
+    let mut dst = vec![0u8; len];
+    touch(src.as_mut_ptr(), len);
+    touch(dst.as_mut_ptr(), len);
+    let bs = (bs as usize).min(len);
+    let n = len / bs;
+    let mut bytes = 0u64;
+    let mut k = 0usize;
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs_f64(o.duration);
+    while Instant::now() < end {
+        for _ in 0..16 {
+            let so = (k % n) * bs;
+            let doff = ((k * 7 + 3) % n) * bs;
+            dst[doff..doff + bs].copy_from_slice(&src[so..so + bs]);
+            k += 1;
+            bytes += bs as u64;
+        }
+    }
+    std::hint::black_box(&dst);
+    bytes as f64 / t0.elapsed().as_secs_f64() / 1e9
+}
+
+struct Target {
+    child: Option<std::process::Child>,
+    endpoint: String,
+}
+
+fn spawn_target(o: &Opts) -> Target {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut child = Command::new(exe)
+        .args(["--mode", "target", "--until-stdin-closes", "--buffer-size", &o.buffer_size.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| die(&format!("spawn target: {e}")));
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("target line");
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| die(&format!("target said {line:?}")));
+    Target { endpoint: v["endpoint"].as_str().expect("endpoint").to_string(), child: Some(child) }
+}
+
+fn transport_of(name: &str) -> Transport {
+    match name {
+        "tcp" => Transport::Only(TransportKind::Tcp),
+        "shm" => Transport::Only(TransportKind::Shm),
+        "nvlink" => Transport::Only(TransportKind::Nvlink),
+        "mnnvl" => Transport::Only(TransportKind::Mnnvl),
+        _ => Transport::Auto,
+    }
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[i]
+}
+
+struct Ctx<'a> {
+    engine: &'a Engine,
+    peer: u64,
+    remote: u64,
+    remote_len: u64,
+    local: u64,
+    o: &'a Opts,
+}
+
+/// Runs one point: `threads` threads submit batches for `duration`.
+fn measure(c: &Ctx<'_>, transport: &str, op: Op, bs: u64) -> (u64, f64, Vec<f64>, u64) {
+    let opts = SubmitOptions { transport: transport_of(transport), timeout: Some(Duration::from_secs(60)) };
+    let per_thread = (c.o.buffer_size / c.o.threads as u64 / bs).max(1);
+    let remote_blocks = (c.remote_len / bs).max(1);
+    let end = Instant::now() + Duration::from_secs_f64(c.o.duration);
+    let results: Vec<(u64, Vec<f64>, u64)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..c.o.threads)
+            .map(|t| {
+                s.spawn(move || {
+                    let local_base = c.local + t as u64 * per_thread * bs;
+                    let mut k = t as u64 * 7919;
+                    let (mut done, mut failed) = (0u64, 0u64);
+                    let mut lat = Vec::new();
+                    let mut reqs = Vec::with_capacity(c.o.batch);
+                    let mut warm = true;
+                    while warm || Instant::now() < end {
+                        reqs.clear();
+                        for _ in 0..c.o.batch {
+                            reqs.push(Request {
+                                op,
+                                local_addr: local_base + (k % per_thread) * bs,
+                                remote_addr: c.remote + (k % remote_blocks) * bs,
+                                len: bs,
+                            });
+                            k += 1;
+                        }
+                        let t0 = Instant::now();
+                        let r = c.engine.submit(c.peer, &reqs, opts).and_then(|b| {
+                            let w = b.wait(Duration::from_secs(60));
+                            let ok = b.results().iter().filter(|x| x.status == orbite::Status::Ok).count() as u64;
+                            w.map(|_| ok).or(Ok(ok))
+                        });
+                        let dt = t0.elapsed().as_secs_f64() * 1e6;
+                        let ok = r.unwrap_or(0);
+                        if !warm {
+                            done += ok;
+                            failed += c.o.batch as u64 - ok;
+                            lat.push(dt);
+                        }
+                        warm = false;
+                    }
+                    (done, lat, failed)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("bench thread")).collect()
+    });
+    let secs = c.o.duration;
+    let mut lat: Vec<f64> = results.iter().flat_map(|r| r.1.iter().copied()).collect();
+    lat.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    let done: u64 = results.iter().map(|r| r.0).sum();
+    let failed: u64 = results.iter().map(|r| r.2).sum();
+    (done, secs, lat, failed)
+}
+
+fn fmt_size(b: u64) -> String {
+    if b >= 1 << 20 && b % (1 << 20) == 0 {
+        format!("{}MiB", b >> 20)
+    } else if b >= 1 << 10 && b % (1 << 10) == 0 {
+        format!("{}KiB", b >> 10)
+    } else {
+        format!("{b}B")
+    }
+}
+
+fn run_initiator(o: &Opts, endpoint: &str) -> Vec<Point> {
+    let max_inflight = (o.batch as u64 * o.threads as u64 * o.block_sizes.iter().max().copied().unwrap_or(1 << 20))
+        .max(1 << 30)
+        .next_power_of_two()
+        .min(1 << 40);
+    let cfg =
+        format!(r#"{{"shm_cache_entries": 64, "max_inflight_bytes": {max_inflight}, "max_transfer_bytes": 67108864}}"#);
+    let engine = Engine::from_json(&cfg).unwrap_or_else(|e| die(&e.to_string()));
+    let peer = engine.connect(endpoint, None).unwrap_or_else(|e| die(&format!("connect {endpoint}: {e}")));
+    let regions = engine.peer_regions(peer, None).unwrap_or_else(|e| die(&e.to_string()));
+    let region = regions.iter().max_by_key(|r| r.len).copied().unwrap_or_else(|| die("the target publishes no region"));
+    let local = allocate_shared_host(o.buffer_size).unwrap_or_else(|e| die(&e.to_string()));
+    touch(local.addr() as *mut u8, o.buffer_size as usize);
+    engine.register_memory(local.addr(), o.buffer_size, Access::NONE).unwrap_or_else(|e| die(&e.to_string()));
+    let c = Ctx { engine: &engine, peer, remote: region.addr, remote_len: region.len, local: local.addr(), o };
+
+    // Which transports work here: probe each with one small request.
+    let wanted: Vec<String> = if o.transports.is_empty() {
+        vec!["tcp".into(), "shm".into(), "nvlink".into(), "mnnvl".into()]
+    } else {
+        o.transports.clone()
+    };
+    let mut transports = Vec::new();
+    for t in wanted {
+        let r = Request { op: Op::Read, local_addr: local.addr(), remote_addr: region.addr, len: 64 };
+        let opts = SubmitOptions { transport: transport_of(&t), timeout: Some(Duration::from_secs(30)) };
+        match engine.submit(peer, &[r], opts).and_then(|b| b.wait(Duration::from_secs(30))) {
+            Ok(()) => transports.push(t),
+            Err(e) => eprintln!("skipping {t}: {e}"),
+        }
+        // A cached SHM export lends the target buffer exclusively: release it.
+        let _ = engine.flush_nvlink_cache(None);
+    }
+    let mut mem_base = std::collections::HashMap::new();
+    let mut sock_base = std::collections::HashMap::new();
+    let total = transports.len() * o.ops.len() * o.block_sizes.len();
+    let mut points = Vec::new();
+    let mut n = 0;
+    for t in &transports {
+        for &op in &o.ops {
+            for &bs in &o.block_sizes {
+                n += 1;
+                let left = (total - n + 1) as f64 * o.duration;
+                eprint!("\r[{n}/{total}] {t} {} {}: about {left:.0}s left          ", op_name(op), fmt_size(bs));
+                let _ = std::io::stderr().flush();
+                let (done, secs, lat, failed) = measure(&c, t, op, bs);
+                let _ = engine.flush_nvlink_cache(None);
+                let (baseline, base) = if !o.baselines {
+                    ("none".to_string(), 0.0)
+                } else if t == "tcp" {
+                    ("tcp_socket".to_string(), *sock_base.entry(bs).or_insert_with(|| socket_baseline(o, bs)))
+                } else {
+                    ("memcpy".to_string(), *mem_base.entry(bs).or_insert_with(|| memcpy_baseline(o, bs)))
+                };
+                let bytes = done * bs;
+                let gbps = bytes as f64 / secs / 1e9;
+                points.push(Point {
+                    transport: t.clone(),
+                    op: op_name(op).into(),
+                    block_size: bs,
+                    batch_size: o.batch,
+                    threads: o.threads,
+                    bytes,
+                    seconds: secs,
+                    gbps,
+                    ops_per_sec: done as f64 / secs,
+                    p50_us: percentile(&lat, 0.5),
+                    p99_us: percentile(&lat, 0.99),
+                    baseline,
+                    baseline_gbps: base,
+                    ratio_to_baseline: if base > 0.0 { gbps / base } else { 0.0 },
+                    requests_failed: failed,
+                });
+            }
+        }
+    }
+    eprintln!();
+    let _ = engine.close(Some(Duration::from_secs(30)));
+    points
+}
+
+fn op_name(op: Op) -> &'static str {
+    match op {
+        Op::Read => "read",
+        Op::Write => "write",
+    }
+}
+
+fn print_table(points: &[Point]) {
+    println!(
+        "{:<8} {:<6} {:>8} {:>5} {:>4} {:>9} {:>12} {:>10} {:>10} {:>11} {:>9} {:>6}",
+        "transp", "op", "block", "batch", "thr", "GB/s", "req/s", "p50 us", "p99 us", "baseline", "base GB/s", "ratio"
+    );
+    for p in points {
+        println!(
+            "{:<8} {:<6} {:>8} {:>5} {:>4} {:>9.3} {:>12.0} {:>10.1} {:>10.1} {:>11} {:>9.3} {:>6.2}{}",
+            p.transport,
+            p.op,
+            fmt_size(p.block_size),
+            p.batch_size,
+            p.threads,
+            p.gbps,
+            p.ops_per_sec,
+            p.p50_us,
+            p.p99_us,
+            p.baseline,
+            p.baseline_gbps,
+            p.ratio_to_baseline,
+            if p.requests_failed > 0 { format!("  ({} failed)", p.requests_failed) } else { String::new() }
+        );
+    }
+}
+
+fn main() {
+    let o = parse_opts();
+    match o.mode.as_str() {
+        "target" => run_target(&o),
+        "socket-source" => run_socket_source(&o),
+        "initiator" | "auto" => {
+            let mut target = None;
+            let endpoint = if o.mode == "initiator" {
+                o.endpoint.clone().unwrap_or_else(|| die("--mode initiator needs --endpoint IP:PORT"))
+            } else {
+                let t = spawn_target(&o);
+                let ep = t.endpoint.clone();
+                target = Some(t);
+                ep
+            };
+            let points = run_initiator(&o, &endpoint);
+            if let Some(mut t) = target {
+                if let Some(mut ch) = t.child.take() {
+                    drop(ch.stdin.take());
+                    let _ = ch.wait();
+                }
+            }
+            print_table(&points);
+            if let Some(path) = &o.json {
+                let mut f = std::fs::File::create(path).unwrap_or_else(|e| die(&format!("{path}: {e}")));
+                for p in &points {
+                    writeln!(f, "{}", serde_json::to_string(p).expect("json")).expect("write json");
+                }
+            }
+            if let Some(path) = &o.plot {
+                let title = format!("OrbiTE throughput (batch {}, {} thread(s))", o.batch, o.threads);
+                std::fs::write(path, plot::svg(&points, &title)).unwrap_or_else(|e| die(&format!("{path}: {e}")));
+            }
+            if points.iter().any(|p| p.requests_failed > 0) {
+                std::process::exit(1);
+            }
+        }
+        other => die(&format!("unknown mode {other:?} (auto, target, initiator)")),
+    }
+}

@@ -1,0 +1,62 @@
+//! orbite-bench runs end to end (tiny sizes, short points) and writes the
+//! promised JSON keys and an SVG plot. No timing is asserted here.
+
+use std::process::Command;
+
+#[test]
+fn bench_runs_and_writes_json_and_plot() {
+    let dir = std::env::temp_dir().join(format!("orbite-bench-smoke-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("points.json");
+    let svg = dir.join("plot.svg");
+    let out = Command::new(env!("CARGO_BIN_EXE_orbite-bench"))
+        .args(["--duration", "0.2", "--buffer-size", "4MiB", "--block-size", "4KiB,64KiB", "--batch-size", "4"])
+        .args(["--transport", "tcp,shm", "--json", json.to_str().unwrap(), "--plot", svg.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("tcp") && table.contains("shm") && table.contains("memcpy") && table.contains("tcp_socket"),
+        "{table}"
+    );
+    let text = std::fs::read_to_string(&json).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2 * 2 * 2, "transports x ops x block sizes");
+    for l in lines {
+        let v: serde_json::Value = serde_json::from_str(l).unwrap();
+        for k in [
+            "transport",
+            "op",
+            "block_size",
+            "batch_size",
+            "threads",
+            "bytes",
+            "seconds",
+            "gbps",
+            "ops_per_sec",
+            "p50_us",
+            "p99_us",
+            "baseline",
+            "baseline_gbps",
+            "ratio_to_baseline",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k} in {l}");
+        }
+        assert!(v["bytes"].as_u64().unwrap() > 0, "{l}");
+        assert_eq!(v["requests_failed"], 0, "{l}");
+    }
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(plot.starts_with("<svg") && plot.contains("stroke-dasharray") && plot.contains("block size"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bench_rejects_bad_options() {
+    let out = Command::new(env!("CARGO_BIN_EXE_orbite-bench")).args(["--block-size", "12XB"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bad size"));
+    let out =
+        Command::new(env!("CARGO_BIN_EXE_orbite-bench")).args(["--transport", "carrier-pigeon"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
