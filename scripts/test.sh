@@ -8,6 +8,8 @@ unset CUDARC_CUDA_VERSION
 jobs="$(nproc)"
 echo "== cargo test (release) =="
 cargo test --release --locked
+echo "== cargo test (release, cuda feature: driver probing without a GPU) =="
+cargo test --release --locked --features cuda --test cuda_driver
 echo "== C tests (ctest) =="
 cmake -S . -B build -DORBITE_CARGO_TARGET_DIR="$PWD/target" >/dev/null
 cmake --build build -j"$jobs"

@@ -25,6 +25,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod control;
+pub mod cuda;
 pub mod cuda_support;
 pub mod engine;
 pub mod error;

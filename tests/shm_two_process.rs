@@ -200,7 +200,7 @@ fn lru_with_one_and_two_entries() {
     assert!(all_ok(&go(&e1, p1, &[rd(&l1, 0, b, 4096)], shm())));
     let st = e1.stats().ipc["shm"].clone();
     assert_eq!((st.imports_opened, st.imports_closed, st.imports_cached), (2, 1, 1));
-    assert_eq!(e1.retained_resources()["shm_imports"]["cached_regions"], serde_json::json!([rb]));
+    assert_eq!(e1.retained_resources()["shm"]["cached_regions"], serde_json::json!([rb]));
     let _ = ra;
 
     let e2 = engine(r#"{"shm_cache_entries": 2}"#);
@@ -215,7 +215,7 @@ fn lru_with_one_and_two_entries() {
     // B was the least recently used idle entry when C arrived.
     let st = e2.stats().ipc["shm"].clone();
     assert_eq!((st.imports_opened, st.imports_closed, st.imports_cached), (3, 1, 2));
-    assert_eq!(e2.retained_resources()["shm_imports"]["cached_regions"], serde_json::json!([ra, rc]));
+    assert_eq!(e2.retained_resources()["shm"]["cached_regions"], serde_json::json!([ra, rc]));
     e1.close(Some(LONG)).unwrap();
     e2.close(Some(LONG)).unwrap();
     assert_eq!(e2.stats().ipc["shm"].imports_closed, 3);

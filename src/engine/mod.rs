@@ -5,6 +5,7 @@ mod accept;
 pub mod batch;
 pub mod config;
 pub mod endpoint;
+mod ipc;
 pub mod stats;
 mod submit;
 
@@ -17,15 +18,12 @@ use crate::control::io::{self, HeaderRead};
 use crate::control::message::{self, Describe, RegionInfo};
 use crate::control::Identity;
 use crate::error::{Error, Result};
-use crate::memory::{Access, MemoryKind, Region, RegionTable};
+use crate::memory::{Access, Region, RegionTable};
 use crate::stats::Stats;
 use crate::sync_util::{Budget, Gate};
-use crate::transport::ipc::export::ExportTable;
-use crate::transport::ipc::faults::{Faults, FaultyBackend};
+use crate::transport::ipc::faults::Faults;
 use crate::transport::ipc::link::IpcLink;
-use crate::transport::ipc::requester::IpcRequester;
 use crate::transport::ipc::source::IpcSourceContext;
-use crate::transport::shm::ShmBackend;
 use crate::transport::tcp::{SourceContext, TcpConnection};
 use crate::transport::TransportKind;
 use accept::Incoming;
@@ -43,8 +41,8 @@ use std::time::{Duration, Instant};
 pub(crate) struct Peer {
     endpoint: String,
     conn: Arc<TcpConnection>,
-    /// The IPC link for SHM, or why SHM cannot be used with this peer.
-    shm: std::result::Result<Arc<IpcLink>, String>,
+    /// One IPC link per IPC transport, or why it cannot be used with this peer.
+    links: Vec<(TransportKind, std::result::Result<Arc<IpcLink>, String>)>,
 }
 
 pub(crate) struct Inner {
@@ -68,8 +66,8 @@ pub(crate) struct Inner {
     peers: RwLock<HashMap<u64, Arc<Peer>>>,
     next_peer: AtomicU64,
     faults: Arc<Faults>,
-    shm_exports: Arc<ExportTable>,
-    shm_requester: IpcRequester,
+    ipc: Vec<ipc::IpcTransport>,
+    ipc_unavailable: Vec<(TransportKind, String)>,
 }
 
 /// A transfer engine: registers memory, serves it to peers and moves bytes
@@ -100,18 +98,32 @@ impl Engine {
         let mapping_budget = Budget::new(config.max_inflight_bytes);
         let source_gate = Gate::new("source side");
         let faults = Arc::new(Faults::default());
-        let shm: Arc<dyn crate::transport::ipc::backend::IpcBackend> =
-            Arc::new(FaultyBackend::new(Arc::new(ShmBackend), faults.clone()));
-        let shm_exports = Arc::new(ExportTable::new(
-            shm.clone(),
-            MemoryKind::SharedHost,
-            regions.clone(),
-            mapping_budget.clone(),
-            stats.clone(),
-            source_gate.clone(),
+        let parts = ipc::IpcParts {
+            config: &config,
+            regions: &regions,
+            stats: &stats,
+            mapping_budget: &mapping_budget,
+            source_gate: &source_gate,
+            faults: &faults,
+        };
+        let mut ipc_transports = Vec::new();
+        let mut ipc_unavailable = Vec::new();
+        match &ipc_name {
+            Ok(_) => ipc_transports.push(parts.shm()),
+            Err(e) => ipc_unavailable.push((TransportKind::Shm, format!("no IPC channel: {e}"))),
+        }
+        match parts.nvlink() {
+            Ok(t) if ipc_name.is_ok() => ipc_transports.push(t),
+            Ok(_) => ipc_unavailable.push((TransportKind::Nvlink, "no IPC channel".into())),
+            Err(e) => ipc_unavailable.push((TransportKind::Nvlink, e)),
+        }
+        ipc_unavailable.push((
+            TransportKind::Mnnvl,
+            match crate::cuda_support::unavailable_reason() {
+                Some(r) => r,
+                None => "MNNVL fabric transport is not implemented in this release".into(),
+            },
         ));
-        let shm_requester =
-            IpcRequester::new(shm, mapping_budget.clone(), config.shm_cache_entries as usize, faults.clone());
         let inner = Arc::new(Inner {
             identity,
             regions,
@@ -132,8 +144,8 @@ impl Engine {
             peers: RwLock::new(HashMap::new()),
             next_peer: AtomicU64::new(1),
             faults,
-            shm_exports,
-            shm_requester,
+            ipc: ipc_transports,
+            ipc_unavailable,
             config,
         });
         let tcp_ctx = Arc::new(SourceContext {
@@ -148,7 +160,7 @@ impl Engine {
             handshake_timeout: Duration::from_millis(inner.config.handshake_timeout_ms as u64),
         });
         let ipc_ctx = Arc::new(IpcSourceContext {
-            table: inner.shm_exports.clone(),
+            tables: inner.ipc.iter().map(|t| (t.kind, t.exports.clone())).collect(),
             identity: inner.identity,
             stopping: inner.stopping.clone(),
             handshake_timeout: Duration::from_millis(inner.config.handshake_timeout_ms as u64),
@@ -264,9 +276,9 @@ impl Engine {
         };
         let id = self.inner.next_peer.fetch_add(1, Ordering::Relaxed);
         let label = format!("peer {id} ({endpoint})");
-        let shm = self.inner.shm_link(&peer, endpoint, &label);
+        let links = self.inner.ipc_links(&peer, endpoint, &label);
         let conn = TcpConnection::start(s, peer, label, self.inner.stats.clone())?;
-        self.inner.peers.write().insert(id, Arc::new(Peer { endpoint: endpoint.to_string(), conn, shm }));
+        self.inner.peers.write().insert(id, Arc::new(Peer { endpoint: endpoint.to_string(), conn, links }));
         Ok(id)
     }
 
@@ -297,9 +309,7 @@ impl Engine {
         }
         self.inner.peers.write().remove(&id);
         p.conn.close();
-        if let Ok(l) = &p.shm {
-            l.close();
-        }
+        p.close_links();
         Ok(())
     }
 
@@ -307,10 +317,15 @@ impl Engine {
     /// start after the work queued on the stream so far.
     pub fn record_producer_stream(&self, region: u64, cu_stream: u64) -> Result<()> {
         self.check_open()?;
-        if !self.inner.regions.snapshot().iter().any(|r| r.id == region) {
-            return Err(Error::NotFound(format!("no region with id {region} is registered")));
-        }
-        crate::cuda_support::record_producer_stream(region, cu_stream)
+        let addr = self
+            .inner
+            .regions
+            .snapshot()
+            .iter()
+            .find(|r| r.id == region)
+            .map(|r| r.addr)
+            .ok_or_else(|| Error::NotFound(format!("no region with id {region} is registered")))?;
+        crate::cuda_support::record_producer_stream(addr, cu_stream)
     }
 
     /// Closes the cached imports of the cooperative IPC transports (the
@@ -319,7 +334,8 @@ impl Engine {
     /// can refill the cache. `Unquiesced` if some could not be confirmed.
     pub fn flush_nvlink_cache(&self, timeout: Option<Duration>) -> Result<()> {
         self.check_open()?;
-        let left = self.inner.shm_requester.flush(Instant::now() + self.timeout(timeout));
+        let deadline = Instant::now() + self.timeout(timeout);
+        let left: usize = self.inner.ipc.iter().map(|t| t.requester.flush(deadline)).sum();
         if left > 0 {
             return Err(Error::Unquiesced(format!(
                 "{left} cached imports could not be closed with confirmation; they stay retained (see stats)"
@@ -340,13 +356,11 @@ impl Engine {
                 "{left} requests are still in flight; the requester side stays fenced, call again"
             )));
         }
-        let unclosed = self.inner.shm_requester.flush(deadline);
+        let unclosed: usize = self.inner.ipc.iter().map(|t| t.requester.flush(deadline)).sum();
         let peers: Vec<_> = self.inner.peers.write().drain().map(|(_, p)| p).collect();
         for p in peers {
             p.conn.close();
-            if let Ok(l) = &p.shm {
-                l.close();
-            }
+            p.close_links();
         }
         if unclosed > 0 {
             return Err(Error::Unquiesced(format!(
@@ -366,7 +380,7 @@ impl Engine {
         if left > 0 {
             return Err(Error::TimedOut(format!("{left} incoming requests are still being served")));
         }
-        let exports = self.inner.shm_exports.wait_empty(deadline);
+        let exports: usize = self.inner.ipc.iter().map(|t| t.exports.wait_empty(deadline)).sum();
         if exports > 0 {
             return Err(Error::Unquiesced(format!(
                 "{exports} exports have no close receipt; their allocations stay retained (see stats)"
@@ -394,16 +408,12 @@ impl Engine {
         let peers = i.peers.read();
         let mut avail = std::collections::BTreeMap::new();
         avail.insert("tcp".to_string(), "available".to_string());
-        avail.insert(
-            "shm".to_string(),
-            match &i.ipc_name {
-                Ok(_) => "available".to_string(),
-                Err(e) => format!("not available: {e}"),
-            },
-        );
-        let no_cuda = crate::cuda_support::unavailable_reason().unwrap_or_default();
-        avail.insert("nvlink".to_string(), format!("not available: {no_cuda}"));
-        avail.insert("mnnvl".to_string(), format!("not available: {no_cuda}"));
+        for t in &i.ipc {
+            avail.insert(t.kind.name().to_string(), "available".to_string());
+        }
+        for (k, why) in &i.ipc_unavailable {
+            avail.insert(k.name().to_string(), format!("not available: {why}"));
+        }
         EngineStats::collect(
             &i.stats,
             stats::Live {
@@ -413,22 +423,32 @@ impl Engine {
                 peers_alive: peers.values().filter(|p| p.conn.dead_reason().is_none()).count(),
                 incoming_connections: i.incoming.lock().len(),
                 regions: i.regions.len(),
-                shm_exports: i.shm_exports.counts(),
-                shm_imports: i.shm_requester.counts(),
+                ipc: i
+                    .ipc
+                    .iter()
+                    .map(|t| (t.kind.name().to_string(), t.exports.counts(), t.requester.counts()))
+                    .collect(),
+                nvlink_pool: i.ipc.iter().find_map(|t| t.pool.as_ref().map(|f| f())),
                 transports_available: avail,
             },
         )
     }
 
-    /// Retained IPC resources (exports without a close receipt), as JSON.
+    /// Retained IPC resources (exports without a close receipt, imports
+    /// kept after an unconfirmed close), per IPC transport, as JSON.
     pub fn retained_resources(&self) -> serde_json::Value {
-        serde_json::json!({
-            "shm_retained_exports": self.inner.shm_exports.retained(),
-            "shm_imports": {
-                "retained": self.inner.shm_requester.counts().retained,
-                "cached_regions": self.inner.shm_requester.cached_regions(),
-            },
-        })
+        let mut v = serde_json::Map::new();
+        for t in &self.inner.ipc {
+            v.insert(
+                t.kind.name().to_string(),
+                serde_json::json!({
+                    "retained_exports": t.exports.retained(),
+                    "retained_imports": t.requester.counts().retained,
+                    "cached_regions": t.requester.cached_regions(),
+                }),
+            );
+        }
+        serde_json::Value::Object(v)
     }
 }
 
@@ -449,11 +469,7 @@ fn region_info(r: &Region) -> RegionInfo {
 
 impl Inner {
     fn capabilities(&self) -> u32 {
-        let mut c = TransportKind::Tcp.capability_bit();
-        if self.ipc_name.is_ok() {
-            c |= TransportKind::Shm.capability_bit();
-        }
-        c
+        self.ipc.iter().fold(TransportKind::Tcp.capability_bit(), |c, t| c | t.kind.capability_bit())
     }
 
     fn describe(&self) -> Describe {
@@ -467,25 +483,42 @@ impl Inner {
         }
     }
 
-    /// The SHM link to a peer, or why SHM cannot be used with it.
-    fn shm_link(&self, peer: &Describe, endpoint: &str, label: &str) -> std::result::Result<Arc<IpcLink>, String> {
-        if let Err(e) = &self.ipc_name {
-            return Err(format!("this engine has no IPC channel: {e}"));
+    /// One IPC link per IPC transport this engine offers, or why the peer
+    /// cannot be reached with it.
+    fn ipc_links(
+        &self,
+        peer: &Describe,
+        endpoint: &str,
+        label: &str,
+    ) -> Vec<(TransportKind, std::result::Result<Arc<IpcLink>, String>)> {
+        let mut out: Vec<(TransportKind, std::result::Result<Arc<IpcLink>, String>)> = Vec::new();
+        for t in &self.ipc {
+            let k = t.kind;
+            let link = if peer.capabilities & k.capability_bit() == 0 || peer.ipc_name.is_empty() {
+                Err(format!("{label} does not offer {}", k.name()))
+            } else if !ipc::same_boot(&self.identity, &peer.identity) {
+                Err(format!("{label} runs on another host or boot; {} needs the same boot", k.name()))
+            } else {
+                Ok(Arc::new(IpcLink::new(
+                    k,
+                    peer.ipc_name.clone(),
+                    peer.identity,
+                    endpoint.to_string(),
+                    label.to_string(),
+                    self.identity,
+                    self.faults.clone(),
+                )))
+            };
+            out.push((k, link));
         }
-        if peer.capabilities & TransportKind::Shm.capability_bit() == 0 || peer.ipc_name.is_empty() {
-            return Err(format!("{label} does not offer SHM"));
+        for (k, why) in &self.ipc_unavailable {
+            out.push((*k, Err(format!("this engine: {why}"))));
         }
-        if !self.identity.same_boot(&peer.identity) {
-            return Err(format!("{label} runs on another host or boot; SHM needs the same boot"));
-        }
-        Ok(Arc::new(IpcLink::new(
-            peer.ipc_name.clone(),
-            peer.identity,
-            endpoint.to_string(),
-            label.to_string(),
-            self.identity,
-            self.faults.clone(),
-        )))
+        out
+    }
+
+    fn ipc_transport(&self, kind: TransportKind) -> Option<&ipc::IpcTransport> {
+        self.ipc.iter().find(|t| t.kind == kind)
     }
 
     fn stop_incoming(&self) {
@@ -514,12 +547,28 @@ impl Inner {
         let peers: Vec<_> = self.peers.write().drain().map(|(_, p)| p).collect();
         for p in peers {
             p.conn.close();
-            if let Ok(l) = &p.shm {
-                l.close();
-            }
+            p.close_links();
         }
         self.stop_incoming();
         self.regions.clear();
+    }
+}
+
+impl Peer {
+    fn link(&self, kind: TransportKind) -> std::result::Result<Arc<IpcLink>, String> {
+        self.links
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map(|(_, l)| l.clone())
+            .unwrap_or_else(|| Err(format!("{} is not an IPC transport", kind.name())))
+    }
+
+    fn close_links(&self) {
+        for (_, l) in &self.links {
+            if let Ok(l) = l {
+                l.close();
+            }
+        }
     }
 }
 

@@ -27,6 +27,23 @@ pub struct IpcStats {
     pub mapping_bytes_charged: u64,
 }
 
+/// `EngineStats.nvlink`: the CUDA stream pool and completion progress.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct NvlinkStats {
+    /// Stream-pool slots in existence, across contexts.
+    pub stream_slots: u64,
+    /// Slots lent to copy groups now.
+    pub active_streams: u64,
+    /// Quarantined slots (retained after uncertain DMA or cleanup).
+    pub retained_streams: u64,
+    /// Copy groups waiting for their completion event. Groups complete on
+    /// the submitting thread in this release, so this is 0 between calls.
+    pub pending_groups: u64,
+    /// Completion progress workers running (none in this release: the
+    /// caller waits for the trailing event).
+    pub progress_workers: u64,
+}
+
 /// A snapshot of one engine's counters.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 pub struct EngineStats {
@@ -46,8 +63,10 @@ pub struct EngineStats {
     pub protocol_errors: u64,
     /// Incoming connections refused at the limit.
     pub connections_refused: u64,
-    /// What the cooperative IPC transports hold (`shm`).
+    /// What the cooperative IPC transports hold (`shm`, `nvlink`).
     pub ipc: BTreeMap<String, IpcStats>,
+    /// The NVLink stream pool (all zero where NVLink is not running).
+    pub nvlink: NvlinkStats,
     /// Transports this engine offers, and why others are absent.
     pub transports_available: BTreeMap<String, String>,
 }
@@ -60,8 +79,8 @@ pub(crate) struct Live {
     pub peers_alive: usize,
     pub incoming_connections: usize,
     pub regions: usize,
-    pub shm_exports: ExportCounts,
-    pub shm_imports: ImportCounts,
+    pub ipc: Vec<(String, ExportCounts, ImportCounts)>,
+    pub nvlink_pool: Option<crate::cuda::stream_pool::PoolCounts>,
     pub transports_available: BTreeMap<String, String>,
 }
 
@@ -69,18 +88,31 @@ impl EngineStats {
     pub(crate) fn collect(s: &Stats, live: Live) -> EngineStats {
         let transports = TransportKind::ALL.iter().map(|t| (t.name().to_string(), s.transport(*t))).collect();
         let mut ipc = BTreeMap::new();
-        ipc.insert(
-            "shm".to_string(),
-            IpcStats {
-                exports_open: live.shm_exports.open,
-                exports_retained: live.shm_exports.retained,
-                imports_opened: live.shm_imports.opened,
-                imports_closed: live.shm_imports.closed,
-                imports_cached: live.shm_imports.cached,
-                imports_retained: live.shm_imports.retained,
-                mapping_bytes_charged: live.mapping_bytes,
-            },
-        );
+        for (name, e, m) in &live.ipc {
+            ipc.insert(
+                name.clone(),
+                IpcStats {
+                    exports_open: e.open,
+                    exports_retained: e.retained,
+                    imports_opened: m.opened,
+                    imports_closed: m.closed,
+                    imports_cached: m.cached,
+                    imports_retained: m.retained,
+                    mapping_bytes_charged: e.charged_bytes + m.charged_bytes,
+                },
+            );
+        }
+        let nvlink = live
+            .nvlink_pool
+            .map(|p| NvlinkStats {
+                stream_slots: p.stream_slots,
+                active_streams: p.active_streams,
+                retained_streams: p.retained_streams,
+                pending_groups: 0,
+                progress_workers: 0,
+            })
+            .unwrap_or_default();
+        let _ = live.mapping_bytes;
         EngineStats {
             transports,
             inflight_bytes: live.inflight_bytes,
@@ -91,6 +123,7 @@ impl EngineStats {
             protocol_errors: s.protocol_errors.load(Ordering::Relaxed),
             connections_refused: s.connections_refused.load(Ordering::Relaxed),
             ipc,
+            nvlink,
             transports_available: live.transports_available,
         }
     }

@@ -79,13 +79,13 @@ impl Engine {
             }
         }
         match kind {
-            TransportKind::Shm => {
-                let rest = self.run_shm(&p, &batch, live, deadline, opts.transport == Transport::Auto);
+            TransportKind::Tcp => self.enqueue_tcp(&p, &batch, live, deadline),
+            ipc_kind => {
+                let rest = self.run_ipc(ipc_kind, &p, &batch, live, deadline, opts.transport == Transport::Auto);
                 if !rest.is_empty() {
                     self.enqueue_tcp(&p, &batch, rest, deadline);
                 }
             }
-            _ => self.enqueue_tcp(&p, &batch, live, deadline),
         }
         Ok(Batch::new(batch))
     }
@@ -102,12 +102,6 @@ impl Engine {
                 .lease(r.local_addr, r.len)
                 .map_err(|e| Error::from_status(e.status(), format!("request {i}: local {}", e.message())))?;
             let k = lease.region().kind;
-            if !k.cpu_accessible() {
-                return Err(Error::NotSupported(format!(
-                    "request {i}: local region holds {} memory, which no available transport can copy",
-                    k.name()
-                )));
-            }
             if k == MemoryKind::SharedHost && owners::is_loaned(r.local_addr) {
                 return Err(Error::Unavailable(format!(
                     "request {i}: the local shared allocation is exported exclusively until its close receipt"
@@ -120,14 +114,17 @@ impl Engine {
 
     /// The transport for the whole submission.
     fn select(&self, peer: u64, p: &Peer, t: Transport, reqs: &[Checked]) -> Result<TransportKind> {
-        let shm_ok = |c: &Checked| c.region.is_none_or(|r| r.kind == MemoryKind::SharedHost);
+        let fits = |k: TransportKind, c: &Checked| {
+            let local = c.lease.region().kind;
+            match c.region {
+                Some(r) => super::ipc::kinds_allow(k, local, r.kind),
+                None => k != TransportKind::Tcp || local.cpu_accessible(),
+            }
+        };
         let why_not = |k: TransportKind| -> Option<String> {
             match k {
                 TransportKind::Tcp => None,
-                TransportKind::Shm => p.shm.as_ref().err().cloned(),
-                TransportKind::Nvlink | TransportKind::Mnnvl => {
-                    Some(crate::cuda_support::unavailable_reason().unwrap_or_else(|| "no CUDA device".into()))
-                }
+                _ => p.link(k).err(),
             }
         };
         match t {
@@ -138,51 +135,56 @@ impl Engine {
                         k.name()
                     )));
                 }
-                if k == TransportKind::Shm {
-                    if let Some(c) = reqs.iter().find(|c| !shm_ok(c)) {
-                        return Err(Error::NotSupported(format!(
-                            "request {}: the remote region holds {} memory; SHM carries only memory from orbite_host_allocate_shared",
-                            c.index,
-                            c.region.map(|r| r.kind.name()).unwrap_or("unknown")
-                        )));
-                    }
+                if let Some(c) = reqs.iter().find(|c| !fits(k, c)) {
+                    return Err(Error::NotSupported(format!(
+                        "request {}: {} cannot move {} memory to or from the peer's {} memory",
+                        c.index,
+                        k.name(),
+                        c.lease.region().kind.name(),
+                        c.region.map(|r| r.kind.name()).unwrap_or("unknown")
+                    )));
                 }
                 Ok(k)
             }
             Transport::Auto => {
                 for k in &self.inner.config.transport_policy {
-                    let fits = match k {
-                        TransportKind::Tcp => true,
-                        TransportKind::Shm => reqs.iter().all(shm_ok) && reqs.iter().any(|c| c.region.is_some()),
-                        _ => false,
-                    };
-                    if fits && why_not(*k).is_none() {
+                    let all_fit = reqs.iter().all(|c| fits(*k, c));
+                    let any_known = *k == TransportKind::Tcp || reqs.iter().any(|c| c.region.is_some());
+                    if all_fit && any_known && why_not(*k).is_none() {
                         return Ok(*k);
                     }
                 }
                 Err(Error::Unavailable(format!(
-                    "no transport in transport_policy can carry this submission to peer {peer}"
+                    "no transport in transport_policy can carry this submission to peer {peer} (memory kinds: {})",
+                    reqs.iter()
+                        .map(|c| format!(
+                            "{} -> {}",
+                            c.lease.region().kind.name(),
+                            c.region.map(|r| r.kind.name()).unwrap_or("unknown")
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )))
             }
         }
     }
 
-    /// Runs the SHM subbatches in order. Returns the requests that fell
-    /// through to the next transport (all remaining ones, in order).
-    fn run_shm(
+    /// Runs the subbatches of an IPC transport in order. Returns the
+    /// requests that fell through to TCP (all remaining ones, in order).
+    fn run_ipc(
         &self,
+        kind: TransportKind,
         p: &Peer,
         batch: &Arc<BatchShared>,
         live: Vec<Checked>,
         deadline: Instant,
         auto: bool,
     ) -> Vec<Checked> {
-        let link = match &p.shm {
-            Ok(l) => l.clone(),
-            Err(_) => return live,
+        let (Ok(link), Some(transport)) = (p.link(kind), self.inner.ipc_transport(kind)) else {
+            return live;
         };
         for c in &live {
-            batch.plan(c.index, 1, TransportKind::Shm);
+            batch.plan(c.index, 1, kind);
         }
         // Subbatches: consecutive requests naming the same remote region,
         // while the envelope stays within max_transfer_bytes.
@@ -206,11 +208,15 @@ impl Engine {
             }
             groups.push_back((vec![c], false));
         }
-        let tcp_fallback = auto && self.inner.config.transport_policy.contains(&TransportKind::Tcp);
+        let tcp_fallback = auto
+            && self.inner.config.transport_policy.contains(&TransportKind::Tcp)
+            && groups.iter().flat_map(|(g, _)| g).all(|c| {
+                super::ipc::kinds_allow(TransportKind::Tcp, c.lease.region().kind, c.region.expect("resolved").kind)
+            });
         while let Some((g, retried)) = groups.pop_front() {
             let region = g[0].region.expect("resolved");
             let items: Vec<(usize, Request)> = g.iter().map(|c| (c.index, c.req)).collect();
-            match self.inner.shm_requester.run_group(&link, &region, &items, deadline) {
+            match transport.requester.run_group(&link, &region, &items, deadline) {
                 Ok(outcomes) => {
                     for (c, o) in g.iter().zip(outcomes) {
                         batch.complete_chunk(c.index, o);

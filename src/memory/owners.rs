@@ -73,9 +73,36 @@ impl MemoryKind {
 
 /// The backing of an owned allocation.
 #[derive(Debug)]
-enum Backing {
+pub enum Backing {
     /// memfd mapped shared; the fd can be passed to peers.
-    Memfd { fd: OwnedFd },
+    Memfd {
+        /// The memory file.
+        fd: OwnedFd,
+    },
+    /// CUDA device memory (`cuMemAlloc`) on a device.
+    CudaDevice {
+        /// Device ordinal.
+        device: i32,
+    },
+    /// CUDA pinned host memory (`cuMemHostAlloc`).
+    PinnedHost,
+}
+
+/// What the owner table knows about the allocation holding an address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OwnerInfo {
+    /// First byte.
+    pub base: u64,
+    /// Logical length.
+    pub len: u64,
+    /// Physical extent.
+    pub physical: u64,
+    /// Kind.
+    pub kind: MemoryKind,
+    /// The memory file of a shared host allocation.
+    pub fd: Option<i32>,
+    /// The device of CUDA device memory.
+    pub device: Option<i32>,
 }
 
 #[derive(Debug)]
@@ -136,6 +163,7 @@ impl Allocation {
     pub fn memfd(&self) -> Option<i32> {
         match &self.owned.backing {
             Backing::Memfd { fd } => Some(fd.as_raw_fd()),
+            _ => None,
         }
     }
 
@@ -164,16 +192,18 @@ impl Allocation {
                 self.owned.addr, e.counts.registered, e.counts.exported
             )));
         }
-        map.remove(&self.owned.addr);
-        drop(map);
+        // Native release first: a failure keeps the allocation (and its entry).
         match &self.owned.backing {
             Backing::Memfd { .. } => {
                 // SAFETY: addr/physical describe the mapping created in
-                // `allocate_shared_host`; the entry is gone from the owner
-                // table and no engine has it registered, so nothing uses it.
+                // `allocate_shared_host`; no engine has it registered and no
+                // export holds it, so nothing uses it.
                 unsafe { libc::munmap(self.owned.addr as *mut libc::c_void, self.owned.physical as usize) };
             }
+            Backing::CudaDevice { device } => crate::cuda_support::free_device(*device, self.owned.addr)?,
+            Backing::PinnedHost => crate::cuda_support::free_pinned_host(self.owned.addr)?,
         }
+        map.remove(&self.owned.addr);
         Ok(())
     }
 }
@@ -251,17 +281,33 @@ pub fn kind_of(addr: u64, len: u64) -> Result<MemoryKind> {
     Ok(MemoryKind::Host)
 }
 
-/// The owned allocation holding `addr`: (base, physical length, memfd).
-pub fn owner_of(addr: u64) -> Option<(u64, u64, u64, i32)> {
+/// The owned allocation holding `addr` (inside its logical length).
+pub fn owner_of(addr: u64) -> Option<OwnerInfo> {
     let map = OWNERS.lock();
     let (_, e) = map.range(..=addr).next_back()?;
     let o = &e.owned;
-    (addr < o.addr + o.len).then(|| {
-        let fd = match &o.backing {
-            Backing::Memfd { fd } => fd.as_raw_fd(),
-        };
-        (o.addr, o.len, o.physical, fd)
+    (addr < o.addr + o.len).then(|| OwnerInfo {
+        base: o.addr,
+        len: o.len,
+        physical: o.physical,
+        kind: o.kind,
+        fd: match &o.backing {
+            Backing::Memfd { fd } => Some(fd.as_raw_fd()),
+            _ => None,
+        },
+        device: match &o.backing {
+            Backing::CudaDevice { device } => Some(*device),
+            _ => None,
+        },
     })
+}
+
+/// Records memory the library allocated through another layer (CUDA) so
+/// that registration recognises it and frees are checked.
+pub fn adopt(kind: MemoryKind, addr: u64, len: u64, physical: u64, backing: Backing) -> Allocation {
+    let owned = Arc::new(Owned { kind, addr, len, physical, backing });
+    OWNERS.lock().insert(addr, Entry { owned: owned.clone(), counts: Counts::default() });
+    Allocation { owned }
 }
 
 /// Adjusts the registration count of the owned allocation holding `addr`

@@ -167,8 +167,9 @@ impl ExportTable {
     /// charge + registration). Returns the offer (no handle yet).
     pub fn offer(&self, conn: u64, requester: ProcessIdentity, req: &ExportRequest) -> Result<ExportOffer> {
         let lease = self.validate(req.region_epoch, req.addr, req.len, req.ops)?;
-        let (base, logical, physical, _) = owners::owner_of(req.addr)
+        let o = owners::owner_of(req.addr)
             .ok_or_else(|| Error::NotSupported(format!("0x{:x} is not in a library allocation", req.addr)))?;
+        let (base, logical, physical) = (o.base, o.len, o.physical);
         if req.addr + req.len > base + logical {
             return Err(Error::OutOfRange(format!("range 0x{:x}+{} leaves its allocation", req.addr, req.len)));
         }
@@ -373,7 +374,7 @@ impl ExportTable {
             } else {
                 c.open += 1;
             }
-            c.charged_bytes += owners::owner_of(e.base).map(|o| o.2).unwrap_or(0);
+            c.charged_bytes += owners::owner_of(e.base).map(|o| o.physical).unwrap_or(0);
         }
         c
     }

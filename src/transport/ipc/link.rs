@@ -24,6 +24,8 @@ pub struct IpcLink {
     pub endpoint: String,
     /// Peer label for messages.
     pub label: String,
+    /// The IPC transport this link carries.
+    pub transport: crate::transport::TransportKind,
     local: Identity,
     chan: Mutex<ChanState>,
     next_tag: AtomicU64,
@@ -39,6 +41,7 @@ enum ChanState {
 impl IpcLink {
     /// A link (not connected yet).
     pub fn new(
+        transport: crate::transport::TransportKind,
         name: String,
         source: Identity,
         endpoint: String,
@@ -51,6 +54,7 @@ impl IpcLink {
             source,
             endpoint,
             label,
+            transport,
             local,
             chan: Mutex::new(ChanState::NotConnected),
             next_tag: AtomicU64::new(1),
@@ -73,7 +77,11 @@ impl IpcLink {
 
     fn connect(&self, deadline: Instant) -> Result<Channel> {
         let mut c = Channel::connect(&self.name)?;
-        let hello = Hello { identity: self.local, expected_source_epoch: self.source.engine_epoch };
+        let hello = Hello {
+            identity: self.local,
+            expected_source_epoch: self.source.engine_epoch,
+            transport: self.transport as u32,
+        };
         let f = c.call(MsgKind::IpcHello, &hello.encode(), deadline, "IPC handshake")?;
         match f.kind {
             MsgKind::IpcWelcome => {

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 /// What the IPC serving side needs.
 pub struct IpcSourceContext {
-    /// The exports.
-    pub table: Arc<ExportTable>,
+    /// The exports of each IPC transport this engine offers.
+    pub tables: Vec<(crate::transport::TransportKind, Arc<ExportTable>)>,
     /// This engine's identity.
     pub identity: Identity,
     /// Set when the engine stops.
@@ -29,17 +29,25 @@ pub fn serve(ctx: Arc<IpcSourceContext>, stream: UnixStream, conn: u64) {
     let Ok(mut ch) = Channel::from_stream(stream) else {
         return;
     };
-    let r = serve_inner(&ctx, &mut ch, conn);
+    let mut table = None;
+    let r = serve_inner(&ctx, &mut ch, conn, &mut table);
     if let Err(Error::Protocol(m)) = &r {
         let mut tick = || deadline_tick(Instant::now() + Duration::from_secs(1), "error");
         let body = messages::encode_reject(0, crate::error::Status::ProtocolError, m);
         let _ = ch.send(MsgKind::ExportReject, &body, None, &mut tick);
     }
     ch.shutdown();
-    ctx.table.connection_lost(conn);
+    if let Some(t) = table {
+        t.connection_lost(conn);
+    }
 }
 
-fn serve_inner(ctx: &IpcSourceContext, ch: &mut Channel, conn: u64) -> Result<()> {
+fn serve_inner(
+    ctx: &IpcSourceContext,
+    ch: &mut Channel,
+    conn: u64,
+    chosen: &mut Option<Arc<ExportTable>>,
+) -> Result<()> {
     let stop = || {
         if ctx.stopping.load(Ordering::Acquire) {
             return Err(Error::Unavailable("engine is shutting down".into()));
@@ -88,6 +96,13 @@ fn serve_inner(ctx: &IpcSourceContext, ch: &mut Channel, conn: u64) -> Result<()
             )),
         );
     }
+    let Some(table) = ctx.tables.iter().find(|(k, _)| *k as u32 == hello.transport).map(|(_, t)| t.clone()) else {
+        return refuse(
+            ch,
+            Error::NotSupported(format!("this engine offers no IPC transport with code {}", hello.transport)),
+        );
+    };
+    *chosen = Some(table.clone());
     ch.send(MsgKind::IpcWelcome, &Welcome { identity: ctx.identity }.encode(), None, &mut || stop())?;
 
     loop {
@@ -99,7 +114,7 @@ fn serve_inner(ctx: &IpcSourceContext, ch: &mut Channel, conn: u64) -> Result<()
         match f.kind {
             MsgKind::ExportRequest => {
                 let req = ExportRequest::decode(&f.body)?;
-                match ctx.table.offer(conn, requester.process, &req) {
+                match table.offer(conn, requester.process, &req) {
                     Ok(offer) => ch.send(MsgKind::ExportOffer, &offer.encode(), None, &mut || stop())?,
                     Err(e) => {
                         let body = messages::encode_reject(req.tag, e.status(), e.message());
@@ -109,7 +124,7 @@ fn serve_inner(ctx: &IpcSourceContext, ch: &mut Channel, conn: u64) -> Result<()
             }
             MsgKind::ExportAnswer => {
                 let r = ExportRef::decode(&f.body, "ExportAnswer")?;
-                match ctx.table.answer(conn, &r) {
+                match table.answer(conn, &r) {
                     Ok(Some(h)) => {
                         let mut body = ExportRef { value: 0, extra: 0, ..r }.encode();
                         body.extend_from_slice(&h.bytes);
@@ -129,7 +144,7 @@ fn serve_inner(ctx: &IpcSourceContext, ch: &mut Channel, conn: u64) -> Result<()
             }
             MsgKind::Revalidate => {
                 let v = Revalidate::decode(&f.body)?;
-                match ctx.table.revalidate(conn, &v) {
+                match table.revalidate(conn, &v) {
                     Ok(()) => ch.send(MsgKind::RevalidateOk, &v.tag.to_le_bytes(), None, &mut || stop())?,
                     Err(e) => {
                         let body = messages::encode_reject(v.tag, e.status(), e.message());
@@ -140,9 +155,9 @@ fn serve_inner(ctx: &IpcSourceContext, ch: &mut Channel, conn: u64) -> Result<()
             MsgKind::OpComplete | MsgKind::CloseReceipt => {
                 let r = ExportRef::decode(&f.body, "receipt")?;
                 let res = if f.kind == MsgKind::OpComplete {
-                    ctx.table.op_complete(conn, &r)
+                    table.op_complete(conn, &r)
                 } else {
-                    ctx.table.close_receipt(conn, &r)
+                    table.close_receipt(conn, &r)
                 };
                 match res {
                     Ok(()) => {

@@ -25,10 +25,10 @@ impl IpcBackend for ShmBackend {
     }
 
     fn export(&self, base: u64) -> Result<ExportedHandle> {
-        let (b, _, _, fd) = owners::owner_of(base)
-            .filter(|o| o.0 == base)
+        let fd = owners::owner_of(base)
+            .filter(|o| o.base == base)
+            .and_then(|o| o.fd)
             .ok_or_else(|| Error::NotFound(format!("no shared allocation starts at 0x{base:x}")))?;
-        debug_assert_eq!(b, base);
         Ok(ExportedHandle { bytes: Vec::new(), fd: Some(fd) })
     }
 

@@ -1,0 +1,344 @@
+//! `CUDAStreamPool`: the shared pool of (stream, event) slots that lends each
+//! asynchronous copy group an exclusive handle matched to its native
+//! context. `nvlink_stream_count` bounds the slots across all contexts; at
+//! capacity an idle slot of another context is replaced; otherwise callers
+//! wait until their deadline. Native calls (create, destroy) run outside the
+//! pool mutex. A slot whose DMA, restoration or cleanup is uncertain is
+//! quarantined (never destroyed again, never lent); a fully quarantined pool
+//! answers `ResourceExhausted`.
+//!
+//! The pool is generic over [`StreamFactory`] so its logic is tested on CPU;
+//! the CUDA build plugs in the driver.
+
+use crate::error::{Error, Result};
+use parking_lot::{Condvar, Mutex};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Creates and destroys the native (stream, event) pair of a slot.
+pub trait StreamFactory: Send + Sync {
+    /// The native pair.
+    type Handle: Send;
+    /// Creates a pair in context `ctx` (called outside the pool mutex).
+    fn create(&self, ctx: u64) -> Result<Self::Handle>;
+    /// Destroys a pair (called outside the pool mutex).
+    fn destroy(&self, ctx: u64, h: Self::Handle) -> Result<()>;
+}
+
+enum SlotState<H> {
+    /// Being created or replaced by some caller.
+    Busy,
+    /// Free for its context.
+    Idle(H),
+    /// Lent out.
+    Active,
+    /// Uncertain: kept, never lent or destroyed again.
+    Quarantined,
+}
+
+struct Slot<H> {
+    ctx: u64,
+    state: SlotState<H>,
+}
+
+/// Counts for `EngineStats.nvlink`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PoolCounts {
+    /// Slots in existence (any state).
+    pub stream_slots: u64,
+    /// Slots lent out.
+    pub active_streams: u64,
+    /// Quarantined slots (retained).
+    pub retained_streams: u64,
+}
+
+/// The pool.
+pub struct StreamPool<F: StreamFactory> {
+    factory: F,
+    capacity: usize,
+    slots: Mutex<Vec<Slot<F::Handle>>>,
+    freed: Condvar,
+}
+
+/// An exclusive loan of one slot; give it back with [`StreamPool::release`].
+pub struct StreamLease<H> {
+    index: usize,
+    /// The context the slot belongs to.
+    pub ctx: u64,
+    /// The native pair.
+    pub handle: Option<H>,
+}
+
+impl<F: StreamFactory> StreamPool<F> {
+    /// A pool of at most `capacity` slots.
+    pub fn new(factory: F, capacity: usize) -> Arc<StreamPool<F>> {
+        Arc::new(StreamPool {
+            factory,
+            capacity: capacity.max(1),
+            slots: Mutex::new(Vec::new()),
+            freed: Condvar::new(),
+        })
+    }
+
+    /// Lends a slot of context `ctx`, creating or replacing one if needed,
+    /// waiting until `deadline` when every slot is busy.
+    pub fn lease(&self, ctx: u64, deadline: Instant) -> Result<StreamLease<F::Handle>> {
+        let mut slots = self.slots.lock();
+        loop {
+            // 1. An idle slot of this context.
+            if let Some(i) = slots.iter().position(|s| s.ctx == ctx && matches!(s.state, SlotState::Idle(_))) {
+                let SlotState::Idle(h) = std::mem::replace(&mut slots[i].state, SlotState::Active) else {
+                    unreachable!("idle")
+                };
+                return Ok(StreamLease { index: i, ctx, handle: Some(h) });
+            }
+            // 2. Room for a new slot: reuse a vacated index or grow.
+            let vacant = slots.iter().position(|s| matches!(s.state, SlotState::Busy) && s.ctx == u64::MAX);
+            if vacant.is_some() || slots.len() < self.capacity {
+                let i = match vacant {
+                    Some(i) => {
+                        slots[i] = Slot { ctx, state: SlotState::Busy };
+                        i
+                    }
+                    None => {
+                        slots.push(Slot { ctx, state: SlotState::Busy });
+                        slots.len() - 1
+                    }
+                };
+                drop(slots);
+                let made = self.factory.create(ctx);
+                let mut s = self.slots.lock();
+                return match made {
+                    Ok(h) => {
+                        s[i].state = SlotState::Active;
+                        Ok(StreamLease { index: i, ctx, handle: Some(h) })
+                    }
+                    Err(e) => {
+                        s[i] = Slot { ctx: u64::MAX, state: SlotState::Busy };
+                        drop(s);
+                        self.freed.notify_all();
+                        Err(e)
+                    }
+                };
+            }
+            // 3. At capacity: replace an idle slot of another context.
+            if let Some(i) = slots.iter().position(|s| s.ctx != ctx && matches!(s.state, SlotState::Idle(_))) {
+                let old_ctx = slots[i].ctx;
+                let SlotState::Idle(old) = std::mem::replace(&mut slots[i].state, SlotState::Busy) else {
+                    unreachable!("idle")
+                };
+                drop(slots);
+                let destroyed = self.factory.destroy(old_ctx, old);
+                let mut s = self.slots.lock();
+                if destroyed.is_err() {
+                    // Cleanup uncertain: quarantine, never retry the destroy.
+                    s[i].state = SlotState::Quarantined;
+                    slots = s;
+                    continue;
+                }
+                s[i] = Slot { ctx, state: SlotState::Busy };
+                drop(s);
+                let made = self.factory.create(ctx);
+                let mut s = self.slots.lock();
+                return match made {
+                    Ok(h) => {
+                        s[i].state = SlotState::Active;
+                        Ok(StreamLease { index: i, ctx, handle: Some(h) })
+                    }
+                    Err(e) => {
+                        s[i] = Slot { ctx: u64::MAX, state: SlotState::Busy };
+                        drop(s);
+                        self.freed.notify_all();
+                        Err(e)
+                    }
+                };
+            }
+            // 4. Nothing will ever free up.
+            if slots.len() >= self.capacity && slots.iter().all(|s| matches!(s.state, SlotState::Quarantined)) {
+                return Err(Error::ResourceExhausted(format!(
+                    "every one of the {} stream-pool slots is quarantined after uncertain DMA or cleanup",
+                    self.capacity
+                )));
+            }
+            // 5. Wait for a release.
+            if self.freed.wait_until(&mut slots, deadline).timed_out() {
+                return Err(Error::TimedOut(format!(
+                    "no stream-pool slot became free before the deadline ({} slots)",
+                    self.capacity
+                )));
+            }
+        }
+    }
+
+    /// Returns a slot: `certain` = its work is known complete and its context
+    /// restored; otherwise the slot is quarantined.
+    pub fn release(&self, mut lease: StreamLease<F::Handle>, certain: bool) {
+        let mut slots = self.slots.lock();
+        slots[lease.index].state = match (certain, lease.handle.take()) {
+            (true, Some(h)) => SlotState::Idle(h),
+            _ => SlotState::Quarantined,
+        };
+        drop(slots);
+        self.freed.notify_all();
+    }
+
+    /// Counts for stats.
+    pub fn counts(&self) -> PoolCounts {
+        let slots = self.slots.lock();
+        let mut c = PoolCounts::default();
+        for s in slots.iter() {
+            match s.state {
+                SlotState::Busy if s.ctx == u64::MAX => continue,
+                SlotState::Active | SlotState::Busy => c.active_streams += 1,
+                SlotState::Quarantined => c.retained_streams += 1,
+                SlotState::Idle(_) => {}
+            }
+            c.stream_slots += 1;
+        }
+        c
+    }
+
+    /// Destroys every idle slot (engine teardown); returns how many slots
+    /// remain (active or quarantined).
+    pub fn drain_idle(&self) -> usize {
+        let idle: Vec<(u64, F::Handle)> = {
+            let mut slots = self.slots.lock();
+            let mut out = Vec::new();
+            for s in slots.iter_mut() {
+                if matches!(s.state, SlotState::Idle(_)) {
+                    let SlotState::Idle(h) = std::mem::replace(&mut s.state, SlotState::Busy) else { unreachable!() };
+                    out.push((s.ctx, h));
+                    s.ctx = u64::MAX;
+                }
+            }
+            out
+        };
+        let mut failed = 0;
+        for (ctx, h) in idle {
+            if self.factory.destroy(ctx, h).is_err() {
+                failed += 1;
+            }
+        }
+        let c = self.counts();
+        (c.active_streams + c.retained_streams) as usize + failed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+    use std::time::Duration;
+
+    #[derive(Default)]
+    struct Fake {
+        next: AtomicU64,
+        created: AtomicU32,
+        destroyed: AtomicU32,
+        fail_destroy: AtomicU32,
+        fail_create: AtomicU32,
+    }
+
+    impl StreamFactory for Fake {
+        type Handle = u64;
+        fn create(&self, ctx: u64) -> Result<u64> {
+            if crate::transport::ipc::faults::Faults::take(&self.fail_create) {
+                return Err(Error::Cuda("injected create failure".into()));
+            }
+            self.created.fetch_add(1, Ordering::SeqCst);
+            Ok(ctx * 1000 + self.next.fetch_add(1, Ordering::SeqCst))
+        }
+        fn destroy(&self, _ctx: u64, _h: u64) -> Result<()> {
+            if crate::transport::ipc::faults::Faults::take(&self.fail_destroy) {
+                return Err(Error::Cuda("injected destroy failure".into()));
+            }
+            self.destroyed.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_millis(30)
+    }
+
+    #[test]
+    fn reuses_idle_slots_of_the_same_context() {
+        let p = StreamPool::new(Fake::default(), 2);
+        let a = p.lease(1, soon()).unwrap();
+        let h = a.handle.unwrap();
+        p.release(a, true);
+        let b = p.lease(1, soon()).unwrap();
+        assert_eq!(b.handle, Some(h));
+        assert_eq!(p.factory.created.load(Ordering::SeqCst), 1);
+        assert_eq!(p.counts(), PoolCounts { stream_slots: 1, active_streams: 1, retained_streams: 0 });
+        p.release(b, true);
+    }
+
+    #[test]
+    fn bounded_across_contexts_replaces_idle_other_context_else_waits() {
+        let p = StreamPool::new(Fake::default(), 2);
+        let a = p.lease(1, soon()).unwrap();
+        let b = p.lease(2, soon()).unwrap();
+        // Full and nothing idle: waits until the deadline.
+        assert!(matches!(p.lease(3, soon()), Err(Error::TimedOut(_))));
+        p.release(b, true);
+        // Context 3 replaces context 2's idle slot.
+        let c = p.lease(3, soon()).unwrap();
+        assert_eq!(c.ctx, 3);
+        assert_eq!(p.factory.destroyed.load(Ordering::SeqCst), 1);
+        assert_eq!(p.counts().stream_slots, 2);
+        p.release(a, true);
+        p.release(c, true);
+    }
+
+    #[test]
+    fn a_waiter_gets_a_released_slot() {
+        let p = StreamPool::new(Fake::default(), 1);
+        let a = p.lease(1, soon()).unwrap();
+        std::thread::scope(|s| {
+            let h = s.spawn(|| p.lease(1, Instant::now() + Duration::from_secs(60)).map(|l| l.ctx));
+            // Release only after the waiter is registered on the pool; the
+            // waiter gets the slot either way (idle slot of its context).
+            p.release(a, true);
+            assert_eq!(h.join().unwrap().unwrap(), 1);
+        });
+    }
+
+    #[test]
+    fn uncertain_slots_are_quarantined_and_a_full_quarantine_is_exhausted() {
+        let p = StreamPool::new(Fake::default(), 2);
+        let a = p.lease(1, soon()).unwrap();
+        let b = p.lease(1, soon()).unwrap();
+        p.release(a, false);
+        assert_eq!(p.counts(), PoolCounts { stream_slots: 2, active_streams: 1, retained_streams: 1 });
+        p.release(b, false);
+        assert!(matches!(p.lease(1, soon()), Err(Error::ResourceExhausted(_))));
+        assert!(matches!(p.lease(7, soon()), Err(Error::ResourceExhausted(_))));
+        // Quarantined slots are never destroyed.
+        assert_eq!(p.factory.destroyed.load(Ordering::SeqCst), 0);
+        assert_eq!(p.drain_idle(), 2);
+    }
+
+    #[test]
+    fn failed_destroy_during_replacement_quarantines_without_retry() {
+        let p = StreamPool::new(Fake::default(), 1);
+        let a = p.lease(1, soon()).unwrap();
+        p.release(a, true);
+        p.factory.fail_destroy.store(1, Ordering::SeqCst);
+        assert!(matches!(p.lease(2, soon()), Err(Error::ResourceExhausted(_))));
+        assert_eq!(p.counts().retained_streams, 1);
+        assert_eq!(p.factory.destroyed.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn failed_create_frees_its_place() {
+        let p = StreamPool::new(Fake::default(), 1);
+        p.factory.fail_create.store(1, Ordering::SeqCst);
+        assert!(matches!(p.lease(1, soon()), Err(Error::Cuda(_))));
+        assert_eq!(p.counts().stream_slots, 0);
+        let a = p.lease(1, soon()).unwrap();
+        p.release(a, true);
+        assert_eq!(p.drain_idle(), 0);
+        assert_eq!(p.factory.destroyed.load(Ordering::SeqCst), 1);
+    }
+}

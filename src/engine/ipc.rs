@@ -1,0 +1,124 @@
+//! The engine's cooperative IPC transports (SHM always; NVLink when enabled
+//! and a CUDA driver is present): each pairs a source-side export table with
+//! a requester-side importer over one backend.
+
+use super::EngineConfig;
+use crate::control::Identity;
+use crate::error::Result;
+use crate::memory::{MemoryKind, RegionTable};
+use crate::stats::Stats;
+use crate::sync_util::{Budget, Gate};
+use crate::transport::ipc::backend::IpcBackend;
+use crate::transport::ipc::export::ExportTable;
+use crate::transport::ipc::faults::{Faults, FaultyBackend};
+use crate::transport::ipc::requester::IpcRequester;
+use crate::transport::TransportKind;
+use std::sync::Arc;
+
+/// One IPC transport of an engine.
+pub(crate) struct IpcTransport {
+    pub(crate) kind: TransportKind,
+    pub(crate) exports: Arc<ExportTable>,
+    pub(crate) requester: IpcRequester,
+    /// Stream-pool counts (NVLink).
+    pub(crate) pool: Option<Box<dyn Fn() -> crate::cuda::stream_pool::PoolCounts + Send + Sync>>,
+}
+
+/// Shared pieces every IPC transport of one engine uses.
+pub(crate) struct IpcParts<'a> {
+    pub(crate) config: &'a EngineConfig,
+    pub(crate) regions: &'a Arc<RegionTable>,
+    pub(crate) stats: &'a Arc<Stats>,
+    pub(crate) mapping_budget: &'a Arc<Budget>,
+    pub(crate) source_gate: &'a Arc<Gate>,
+    pub(crate) faults: &'a Arc<Faults>,
+}
+
+impl IpcParts<'_> {
+    fn transport(
+        &self,
+        kind: TransportKind,
+        memory: MemoryKind,
+        backend: Arc<dyn IpcBackend>,
+        cache: usize,
+    ) -> IpcTransport {
+        let backend: Arc<dyn IpcBackend> = Arc::new(FaultyBackend::new(backend, self.faults.clone()));
+        IpcTransport {
+            kind,
+            exports: Arc::new(ExportTable::new(
+                backend.clone(),
+                memory,
+                self.regions.clone(),
+                self.mapping_budget.clone(),
+                self.stats.clone(),
+                self.source_gate.clone(),
+            )),
+            requester: IpcRequester::new(backend, self.mapping_budget.clone(), cache, self.faults.clone()),
+            pool: None,
+        }
+    }
+
+    /// The SHM transport.
+    pub(crate) fn shm(&self) -> IpcTransport {
+        self.transport(
+            TransportKind::Shm,
+            MemoryKind::SharedHost,
+            Arc::new(crate::transport::shm::ShmBackend),
+            self.config.shm_cache_entries as usize,
+        )
+    }
+
+    /// The NVLink transport, or why it cannot be offered.
+    pub(crate) fn nvlink(&self) -> std::result::Result<IpcTransport, String> {
+        if !self.config.nvlink {
+            return Err("not enabled (config `nvlink: false`)".into());
+        }
+        nvlink_backend(self.config).map_err(|e| e.message().to_string()).map(|(backend, pool)| {
+            let mut t = self.transport(
+                TransportKind::Nvlink,
+                MemoryKind::CudaIpc,
+                backend,
+                self.config.nvlink_cache_entries as usize,
+            );
+            t.pool = Some(pool);
+            t
+        })
+    }
+}
+
+type PoolFn = Box<dyn Fn() -> crate::cuda::stream_pool::PoolCounts + Send + Sync>;
+
+#[cfg(feature = "cuda")]
+fn nvlink_backend(config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, PoolFn)> {
+    let b = crate::cuda::nvlink::NvlinkBackend::new(
+        config.nvlink_stream_count as usize,
+        config.nvlink_async_memcpy_threshold_kb,
+    )?;
+    let pool = b.pool().clone();
+    Ok((Arc::new(b), Box::new(move || pool.counts())))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn nvlink_backend(_config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, PoolFn)> {
+    Err(crate::error::Error::Unavailable(crate::cuda_support::unavailable_reason().unwrap_or_default()))
+}
+
+/// Whether a request may use `kind`, given the local and remote memory kinds.
+pub(crate) fn kinds_allow(kind: TransportKind, local: MemoryKind, remote: MemoryKind) -> bool {
+    match kind {
+        TransportKind::Tcp => local.cpu_accessible() && remote.cpu_accessible(),
+        TransportKind::Shm => local.cpu_accessible() && remote == MemoryKind::SharedHost,
+        // Local pinned host or device memory only: pageable host memory is
+        // never registered or staged implicitly.
+        TransportKind::Nvlink => {
+            matches!(local, MemoryKind::Cuda | MemoryKind::CudaIpc | MemoryKind::PinnedHost)
+                && remote == MemoryKind::CudaIpc
+        }
+        TransportKind::Mnnvl => false,
+    }
+}
+
+/// Identity check placeholder kept with the transports: IPC needs the same boot.
+pub(crate) fn same_boot(a: &Identity, b: &Identity) -> bool {
+    a.same_boot(b)
+}

@@ -1,0 +1,154 @@
+//! The CUDA layer without a GPU: no driver at all, a driver that reports no
+//! device, and a driver missing a symbol. Built only with `--features cuda`.
+//! The fake drivers are tiny C libraries compiled here; each case runs in a
+//! child process because the driver is probed once per process.
+#![cfg(feature = "cuda")]
+
+use orbite::*;
+use std::path::PathBuf;
+use std::process::Command;
+
+const SYMBOLS: &[&str] = &[
+    "cuDriverGetVersion",
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDevicePrimaryCtxRetain",
+    "cuCtxSetCurrent",
+    "cuCtxGetCurrent",
+    "cuCtxSynchronize",
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemsetD8_v2",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuIpcGetMemHandle",
+    "cuIpcOpenMemHandle_v2",
+    "cuIpcCloseMemHandle",
+    "cuStreamCreate",
+    "cuStreamDestroy_v2",
+    "cuStreamSynchronize",
+    "cuStreamWaitEvent",
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventSynchronize",
+    "cuMemcpyAsync",
+    "cuMemcpy",
+];
+
+/// Builds a fake libcuda.so.1 whose cuInit returns `init_result`, omitting `skip`.
+fn fake_driver(name: &str, init_result: i32, skip: Option<&str>) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("orbite-fake-cuda-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut c = format!("int cuInit(unsigned flags) {{ (void)flags; return {init_result}; }}\n");
+    for s in SYMBOLS.iter().filter(|s| Some(**s) != skip) {
+        // Never called: cuInit fails first. Present so the probe finds them.
+        c.push_str(&format!("int {s}(void) {{ return 999; }}\n"));
+    }
+    let src = dir.join("fake.c");
+    std::fs::write(&src, c).unwrap();
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-o"])
+        .arg(dir.join("libcuda.so.1"))
+        .arg(&src)
+        .output()
+        .expect("a C compiler (cc)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    dir
+}
+
+fn run_child(case: &str, libdir: Option<&PathBuf>) {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", "child_case", "--nocapture", "--test-threads", "1"]).env("ORBITE_CUDA_CASE", case);
+    match libdir {
+        Some(d) => cmd.env("LD_LIBRARY_PATH", d),
+        None => cmd.env_remove("LD_LIBRARY_PATH"),
+    };
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("child case passed"),
+        "case {case}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs in a child process; does nothing when run directly.
+#[test]
+fn child_case() {
+    let Ok(case) = std::env::var("ORBITE_CUDA_CASE") else { return };
+    let (status, needle) = match case.as_str() {
+        "absent" => (Status::Unavailable, "libcuda.so was not found"),
+        "no-device" => (Status::Unavailable, "reports no device"),
+        "missing-symbol" => (Status::NotSupported, "does not export cuIpcOpenMemHandle_v2"),
+        other => panic!("unknown case {other}"),
+    };
+    let check = |e: Error| {
+        assert_eq!(e.status(), status, "{e}");
+        assert!(e.message().contains(needle), "{e}");
+    };
+    check(cuda_support::allocate_device(0, 4096, true).err().unwrap());
+    check(cuda_support::allocate_device(0, 4096, false).err().unwrap());
+    check(cuda_support::allocate_pinned_host(4096).err().unwrap());
+    check(cuda_support::allocate_mnnvl(0, 4096).err().unwrap());
+    check(cuda_support::allocate_egm(0, 4096).err().unwrap());
+    // An engine asking for NVLink still starts; NVLink is not advertised and
+    // the stats say why; SHM and TCP keep working.
+    let src = Engine::from_json(r#"{"nvlink": true}"#).unwrap();
+    let req = Engine::from_json(r#"{"nvlink": true}"#).unwrap();
+    let why = &src.stats().transports_available["nvlink"];
+    assert!(why.starts_with("not available") && why.contains(needle), "{why}");
+    let a = allocate_shared_host(4096).unwrap();
+    src.register_memory(a.addr(), 4096, Access::READ).unwrap();
+    let mut local = vec![0u8; 4096];
+    req.register_memory(local.as_mut_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: a.addr(), len: 4096 };
+    let e = req
+        .submit(peer, &[r], SubmitOptions { transport: Transport::Only(TransportKind::Nvlink), timeout: None })
+        .err()
+        .unwrap();
+    assert_eq!(e.status(), Status::Unavailable, "{e}");
+    let b = req.submit(peer, &[r], SubmitOptions::default()).unwrap();
+    b.wait(std::time::Duration::from_secs(60)).unwrap();
+    assert_eq!(req.stats().transports["shm"].requests_completed, 1);
+    let json = cuda_support::retained_resources_json();
+    assert!(json.contains("\"cuda_available\":false"), "{json}");
+    req.close(None).unwrap();
+    src.close(None).unwrap();
+    a.free().unwrap();
+    println!("child case passed");
+}
+
+#[test]
+fn no_driver_on_the_loader_path() {
+    run_child("absent", None);
+}
+
+#[test]
+fn driver_present_without_a_device() {
+    // CUDA_ERROR_NO_DEVICE = 100
+    let dir = fake_driver("nodev", 100, None);
+    run_child("no-device", Some(&dir));
+}
+
+#[test]
+fn driver_missing_a_required_symbol() {
+    let dir = fake_driver("nosym", 0, Some("cuIpcOpenMemHandle_v2"));
+    run_child("missing-symbol", Some(&dir));
+}
+
+#[test]
+fn qualification_script_reports_a_machine_without_cuda() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new("python3")
+        .arg(format!("{root}/tests/hardware/qualify.py"))
+        .args(["--binary", env!("CARGO_BIN_EXE_orbite-gpu-qual"), "--out"])
+        .arg(std::env::temp_dir().join(format!("orbite-qualify-{}", std::process::id())))
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .expect("python3");
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no usable CUDA"));
+}

@@ -1,0 +1,176 @@
+#!/usr/bin/env python3
+"""GPU qualification of OrbiTE's NVLink (CUDA IPC) transport.
+
+Runs two processes on one GPU (device 0 for both is fine) and covers the
+seed's modes for each local memory kind (device, pinned host, mixed):
+
+  healthy         READ the whole export and WRITE half of it back; bytes checked
+  batch           three out-of-order slices over two allocations
+  cache           four concurrent READs and a WRITE through one cached import,
+                  then one final close (imports opened == closed == 1)
+  source-close    close_source with an open import -> UNQUIESCED, export kept;
+                  after the requester flushes, close_source -> OK
+  requester-exit  the requester exits with a live import; once it is reaped,
+                  close_source reclaims the export -> OK
+  stale           the source restarts on the same endpoint; the old peer is
+                  refused, a new connection is served by the new identity
+  bandwidth       IPC READ/WRITE GB/s against a plain device-to-device copy
+
+Usage:
+  python3 tests/hardware/qualify.py [--binary PATH] [--memory device,host,mixed]
+                                    [--size BYTES] [--out DIR]
+
+--binary is a prebuilt `orbite-gpu-qual` (cargo build --release --features cuda
+--bin orbite-gpu-qual); without it the script builds one with cargo. It prints
+a table last. Exit status: 0 all passed, 1 a mode failed (a wrong byte
+included), 2 no usable CUDA on this machine.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+TIMEOUT = 120
+
+
+class Proc:
+    """A helper process speaking one line per message."""
+
+    def __init__(self, argv, log):
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=log, text=True, bufsize=1)
+
+    def line(self):
+        deadline = time.time() + TIMEOUT
+        while time.time() < deadline:
+            l = self.p.stdout.readline()
+            if l:
+                return l.strip()
+            if self.p.poll() is not None:
+                return ""
+        return ""
+
+    def send(self, text):
+        self.p.stdin.write(text + "\n")
+        self.p.stdin.flush()
+
+    def cmd(self, text):
+        self.send(text)
+        return self.line()
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait()
+
+
+def find_binary(args):
+    if args.binary:
+        return args.binary
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    subprocess.check_call(["cargo", "build", "--release", "--features", "cuda", "--bin", "orbite-gpu-qual"], cwd=root)
+    return os.path.join(root, "target", "release", "orbite-gpu-qual")
+
+
+def start_source(binary, log, allocs=1, size=8 << 20, seed=1, listen=None):
+    argv = [binary, "source", "--allocs", str(allocs), "--size", str(size), "--seed", str(seed)]
+    if listen:
+        argv += ["--config", json.dumps({"nvlink": True, "listen": listen})]
+    src = Proc(argv, log)
+    first = src.line()
+    if first.startswith("FAIL"):
+        src.stop()
+        raise RuntimeError(first)
+    return src, json.loads(first)
+
+
+def requester(binary, log, info, mode, memory, size, seed=1):
+    argv = [binary, "requester", "--endpoint", info["endpoint"], "--mode", mode, "--memory", memory,
+            "--remote", ",".join(str(a) for a in info["addrs"]), "--len", str(size), "--seed", str(seed)]
+    return Proc(argv, log)
+
+
+def run_mode(binary, log, mode, memory, size):
+    """Returns (ok, detail, extra)."""
+    allocs = 2 if mode == "batch" else 1
+    src, info = start_source(binary, log, allocs=allocs, size=size)
+    req = requester(binary, log, info, mode, memory, size)
+    lines, extra = [], ""
+    try:
+        while True:
+            l = req.line()
+            if not l:
+                break
+            lines.append(l)
+            if l.startswith("BANDWIDTH"):
+                extra = l[len("BANDWIDTH "):]
+            if l.startswith("FAIL"):
+                return False, l, extra
+            if l.startswith("WAIT source-close"):
+                r = src.cmd("close_source 500")
+                if not r.startswith("err ORBITE_STATUS_UNQUIESCED"):
+                    return False, "close_source with an open import answered: " + r, extra
+                st = json.loads(src.cmd("stats"))
+                if st["ipc"]["nvlink"]["exports_open"] != 1:
+                    return False, "the export was not retained: %s" % st["ipc"], extra
+                req.send("continue")
+            elif l.startswith("WAIT requester-exit"):
+                req.send("exit")
+                req.p.wait(timeout=TIMEOUT)
+                r = src.cmd("close_source 30000")
+                if r != "ok":
+                    return False, "close_source after the requester exited: " + r, extra
+                return True, "export reclaimed after the requester exited", extra
+            elif l.startswith("WAIT stale"):
+                endpoint = info["endpoint"]
+                src.stop()
+                src, info2 = start_source(binary, log, size=size, seed=11, listen=endpoint)
+                req.send("continue %d" % info2["addrs"][0])
+        req.p.wait(timeout=TIMEOUT)
+        passed = [l for l in lines if l.startswith("PASS")]
+        if req.p.returncode != 0 or not passed:
+            return False, "requester exited %s: %s" % (req.p.returncode, lines[-3:]), extra
+        return True, passed[-1][len("PASS " + mode):].strip(), extra
+    finally:
+        req.stop()
+        src.stop()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--binary")
+    ap.add_argument("--memory", default="device,host,mixed")
+    ap.add_argument("--size", type=int, default=8 << 20)
+    ap.add_argument("--out", default="/tmp/orbite-qualify")
+    ap.add_argument("--modes", default="healthy,batch,cache,source-close,requester-exit,stale,bandwidth")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    binary = find_binary(args)
+    log = open(os.path.join(args.out, "helpers.log"), "w")
+    rows, failed = [], False
+    for memory in args.memory.split(","):
+        for mode in args.modes.split(","):
+            if mode == "bandwidth" and memory != "device":
+                continue
+            try:
+                ok, detail, extra = run_mode(binary, log, mode, memory, args.size)
+            except RuntimeError as e:
+                if "no usable CUDA" in str(e):
+                    print("qualify: no usable CUDA here: %s" % e)
+                    return 2
+                ok, detail, extra = False, str(e), ""
+            failed |= not ok
+            rows.append((memory, mode, "PASS" if ok else "FAIL", (detail + " " + extra).strip()))
+            print("%-7s %-15s %s" % (memory, mode, "PASS" if ok else "FAIL: " + detail), flush=True)
+    print()
+    print("%-7s | %-15s | %-6s | %s" % ("memory", "mode", "result", "detail"))
+    print("-" * 100)
+    for r in rows:
+        print("%-7s | %-15s | %-6s | %s" % r)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
