@@ -14,6 +14,8 @@
 #include <map>
 #include <memory>
 #include <stdexcept>
+#include <thread>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -186,9 +188,9 @@ int main() {
     size_t done = 0;
     for (size_t t = 0; t < tasks.size(); t++) {
       TaskStatus st;
-      do {
-        st = requester.getTransferStatus(sb, t);
-      } while (st.state == TaskState::kPending);
+      // Poll as a TENT-style engine does, yielding the CPU between polls.
+      while ((st = requester.getTransferStatus(sb, t)).state == TaskState::kPending)
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
       done += st.state == TaskState::kCompleted;
     }
     requester.freeSubBatch(sb);

@@ -4,7 +4,8 @@
 
 use super::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
 use crate::error::{Error, Result};
-use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::io::{ErrorKind, IoSlice, Read};
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 /// Socket timeout between ticks.
@@ -51,6 +52,33 @@ pub fn read_header(s: &mut impl Read, tick: Tick<'_>) -> Result<HeaderRead> {
     Ok(HeaderRead::Frame(FrameHeader::decode(&h)?))
 }
 
+/// Reads a frame header from a peer that is not trusted to keep pace: the
+/// wait for the first byte is unbounded (an idle connection is fine), but
+/// once a frame has started its 16 header bytes must arrive within
+/// `frame_timeout` (a slow-loris is cut off with a protocol error).
+pub fn read_header_bounded(
+    s: &mut impl Read,
+    tick: Tick<'_>,
+    frame_timeout: std::time::Duration,
+) -> Result<HeaderRead> {
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    if !read_full(s, &mut h[..1], tick, true)? {
+        return Ok(HeaderRead::Eof);
+    }
+    let deadline = std::time::Instant::now() + frame_timeout;
+    let mut bounded = || {
+        tick()?;
+        if std::time::Instant::now() >= deadline {
+            return Err(Error::Protocol(format!(
+                "frame header not completed within {frame_timeout:?} (peer too slow)"
+            )));
+        }
+        Ok(())
+    };
+    read_full(s, &mut h[1..], &mut bounded, false)?;
+    Ok(HeaderRead::Frame(FrameHeader::decode(&h)?))
+}
+
 /// Reads a whole (control) body.
 pub fn read_body(s: &mut impl Read, len: u32, tick: Tick<'_>) -> Result<Vec<u8>> {
     let mut b = vec![0u8; len as usize];
@@ -58,20 +86,27 @@ pub fn read_body(s: &mut impl Read, len: u32, tick: Tick<'_>) -> Result<Vec<u8>>
     Ok(b)
 }
 
-/// Reads and discards `len` bytes.
-pub fn discard(s: &mut impl Read, mut len: u64, tick: Tick<'_>) -> Result<()> {
-    let mut scratch = vec![0u8; 64 * 1024];
-    while len > 0 {
-        let n = len.min(scratch.len() as u64) as usize;
-        read_full(s, &mut scratch[..n], tick, false)?;
-        len -= n as u64;
+/// `sendmsg` with `MSG_NOSIGNAL`: a peer that went away gives `EPIPE`, never
+/// a SIGPIPE that would kill a host process which did not ignore it (C
+/// programs linking liborbite do not).
+fn send_vectored(s: &impl AsRawFd, slices: &[IoSlice<'_>]) -> std::io::Result<usize> {
+    // SAFETY: an all-zero msghdr is valid; iov points at `slices`, whose
+    // IoSlice layout is the platform's iovec; nothing outlives the call.
+    let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+    mh.msg_iov = slices.as_ptr() as *mut libc::iovec;
+    mh.msg_iovlen = slices.len().min(1024) as _;
+    // SAFETY: mh describes valid buffers for the duration of the call.
+    let n = unsafe { libc::sendmsg(s.as_raw_fd(), &mh, libc::MSG_NOSIGNAL) };
+    if n < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
     }
-    Ok(())
 }
 
-/// Writes every byte of every slice; returns bytes written so far in the
-/// error case through `written`.
-pub fn write_all_parts(s: &mut impl Write, parts: &[&[u8]], tick: Tick<'_>, written: &mut u64) -> Result<()> {
+/// Writes every byte of every slice to a socket; counts bytes written so
+/// far in `written` (also when it fails).
+pub fn write_all_parts(s: &mut impl AsRawFd, parts: &[&[u8]], tick: Tick<'_>, written: &mut u64) -> Result<()> {
     let mut idx = 0;
     let mut off = 0;
     while idx < parts.len() {
@@ -85,7 +120,7 @@ pub fn write_all_parts(s: &mut impl Write, parts: &[&[u8]], tick: Tick<'_>, writ
         for p in &parts[idx + 1..] {
             slices.push(IoSlice::new(p));
         }
-        match s.write_vectored(&slices) {
+        match send_vectored(s, &slices) {
             Ok(0) => return Err(Error::Unavailable("connection closed while sending".into())),
             Ok(mut n) => {
                 *written += n as u64;
@@ -110,7 +145,7 @@ pub fn write_all_parts(s: &mut impl Write, parts: &[&[u8]], tick: Tick<'_>, writ
 }
 
 /// Writes one control frame.
-pub fn write_frame(s: &mut impl Write, kind: MsgKind, body: &[u8], tick: Tick<'_>) -> Result<()> {
+pub fn write_frame(s: &mut impl AsRawFd, kind: MsgKind, body: &[u8], tick: Tick<'_>) -> Result<()> {
     let h = FrameHeader::encode(kind, body.len() as u32);
     let mut w = 0;
     write_all_parts(s, &[&h, body], tick, &mut w)

@@ -29,6 +29,11 @@ pub(crate) struct Incoming {
 }
 
 impl Incoming {
+    /// Whether its serving thread is still running.
+    pub(crate) fn is_live(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
     pub(crate) fn stop(&mut self) {
         match &self.conn {
             ConnHandle::Tcp(s) => {

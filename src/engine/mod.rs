@@ -421,7 +421,7 @@ impl Engine {
                 mapping_bytes: i.mapping_budget.used(),
                 peers: peers.len(),
                 peers_alive: peers.values().filter(|p| p.conn.dead_reason().is_none()).count(),
-                incoming_connections: i.incoming.lock().len(),
+                incoming_connections: i.incoming.lock().values().filter(|c| c.is_live()).count(),
                 regions: i.regions.len(),
                 ipc: i
                     .ipc

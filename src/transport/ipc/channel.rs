@@ -134,6 +134,22 @@ impl Channel {
 
     /// Receives one frame (and an fd if one came with it).
     pub fn recv(&mut self, tick: Tick<'_>) -> Result<Frame> {
+        self.recv_bounded(tick, None)
+    }
+
+    /// Like [`Channel::recv`], but once a frame has started it must be
+    /// complete within `frame_timeout` (a slow peer is a protocol error).
+    pub fn recv_bounded(&mut self, tick: Tick<'_>, frame_timeout: Option<std::time::Duration>) -> Result<Frame> {
+        let started: std::cell::Cell<Option<Instant>> = std::cell::Cell::new(None);
+        let mut tick = || {
+            tick()?;
+            if let (Some(t0), Some(limit)) = (started.get(), frame_timeout) {
+                if t0.elapsed() >= limit {
+                    return Err(Error::Protocol(format!("IPC frame not completed within {limit:?} (peer too slow)")));
+                }
+            }
+            Ok(())
+        };
         let mut h = [0u8; FRAME_HEADER_LEN];
         let mut got = 0usize;
         let mut fd: Option<OwnedFd> = None;
@@ -185,12 +201,15 @@ impl Channel {
                 }
             }
             got += n as usize;
+            if started.get().is_none() {
+                started.set(Some(Instant::now()));
+            }
         }
         let header = FrameHeader::decode(&h)?;
         if header.body_len > crate::control::frame::MAX_CONTROL_BODY {
             return Err(Error::Protocol(format!("IPC frame of {} bytes is too large", header.body_len)));
         }
-        let body = io::read_body(&mut self.stream, header.body_len, tick)?;
+        let body = io::read_body(&mut self.stream, header.body_len, &mut tick)?;
         if fd.is_some() && header.kind != MsgKind::ExportHandle {
             return Err(Error::Protocol(format!("a file descriptor arrived with {:?}", header.kind)));
         }

@@ -106,7 +106,7 @@ fn serve_inner(
     ch.send(MsgKind::IpcWelcome, &Welcome { identity: ctx.identity }.encode(), None, &mut || stop())?;
 
     loop {
-        let f = match ch.recv(&mut || stop()) {
+        let f = match ch.recv_bounded(&mut || stop(), Some(ctx.handshake_timeout)) {
             Ok(f) => f,
             Err(Error::Unavailable(_)) => return Ok(()),
             Err(e) => return Err(e),

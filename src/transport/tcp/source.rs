@@ -84,8 +84,9 @@ fn serve_inner(ctx: &SourceContext, s: &mut TcpStream) -> Result<()> {
     let mine = (ctx.describe)().encode();
     io::write_frame(s, MsgKind::Describe, &mine, &mut || ctx.tick())?;
 
+    let frame_timeout = ctx.handshake_timeout;
     loop {
-        let h = match io::read_header(s, &mut || ctx.tick())? {
+        let h = match io::read_header_bounded(s, &mut || ctx.tick(), frame_timeout)? {
             HeaderRead::Eof => return Ok(()),
             HeaderRead::Frame(h) => h,
         };
@@ -116,7 +117,8 @@ fn serve_inner(ctx: &SourceContext, s: &mut TcpStream) -> Result<()> {
             }
             MsgKind::Goodbye => return Ok(()),
             MsgKind::Error => {
-                let body = io::read_body(s, h.body_len, &mut || ctx.tick())?;
+                let mut tick = bounded(ctx, Instant::now() + frame_timeout, "Error frame");
+                let body = io::read_body(s, h.body_len, &mut tick)?;
                 let _ = message::decode_error(&body)?;
                 return Ok(());
             }
@@ -125,10 +127,37 @@ fn serve_inner(ctx: &SourceContext, s: &mut TcpStream) -> Result<()> {
     }
 }
 
+/// A tick that also fails once `deadline` passed (a peer too slow to
+/// finish what it started is a protocol violation).
+fn bounded<'a>(ctx: &'a SourceContext, deadline: Instant, what: &'a str) -> impl FnMut() -> Result<()> + 'a {
+    move || {
+        ctx.tick()?;
+        if Instant::now() >= deadline {
+            return Err(Error::Protocol(format!("{what} not completed in time (peer too slow)")));
+        }
+        Ok(())
+    }
+}
+
 fn read_request(ctx: &SourceContext, s: &mut TcpStream) -> Result<DataRequest> {
     let mut fixed = [0u8; DATA_REQUEST_LEN];
-    io::read_full(s, &mut fixed, &mut || ctx.tick(), false)?;
+    let mut tick = bounded(ctx, Instant::now() + ctx.handshake_timeout, "request header");
+    io::read_full(s, &mut fixed, &mut tick, false)?;
     DataRequest::decode(&fixed)
+}
+
+/// Reads `buf` from a peer that must keep making progress: no byte for
+/// `stall` is a protocol error.
+fn read_progressing(ctx: &SourceContext, s: &mut TcpStream, buf: &mut [u8]) -> Result<()> {
+    let stall = ctx.handshake_timeout;
+    let mut done = 0;
+    while done < buf.len() {
+        let step = (buf.len() - done).min(1 << 20);
+        let mut tick = bounded(ctx, Instant::now() + stall, "payload (no progress)");
+        io::read_full(s, &mut buf[done..done + step], &mut tick, false)?;
+        done += step;
+    }
+    Ok(())
 }
 
 /// Validates a request against the regions: existence, bounds, epoch,
@@ -193,8 +222,19 @@ fn serve_read(ctx: &SourceContext, s: &mut TcpStream, req: DataRequest) -> Resul
     // SAFETY: `lease` keeps the region containing [addr, addr+len) registered
     // for the duration of this write; the range was bounds-checked.
     let payload = unsafe { std::slice::from_raw_parts(req.addr as *const u8, req.len as usize) };
+    // A requester that stops reading must not pin this thread forever: each
+    // MiB must leave within the stall limit.
     let mut w = 0;
-    io::write_all_parts(s, &[&h, &fixed, payload], &mut || ctx.tick(), &mut w)?;
+    let mut tick = bounded(ctx, Instant::now() + ctx.handshake_timeout, "response (peer not reading)");
+    let first = payload.len().min(1 << 20);
+    io::write_all_parts(s, &[&h, &fixed, &payload[..first]], &mut tick, &mut w)?;
+    let mut done = first;
+    while done < payload.len() {
+        let n = (payload.len() - done).min(1 << 20);
+        let mut tick = bounded(ctx, Instant::now() + ctx.handshake_timeout, "response (peer not reading)");
+        io::write_all_parts(s, &[&payload[done..done + n]], &mut tick, &mut w)?;
+        done += n;
+    }
     drop(lease);
     ctx.stats.record_served(TransportKind::Tcp, true, req.len);
     Ok(())
@@ -206,7 +246,7 @@ fn serve_write(ctx: &SourceContext, s: &mut TcpStream, req: DataRequest) -> Resu
             // SAFETY: `lease` keeps [addr, addr+len) inside a registered region
             // that allows remote WRITE; this thread is its only writer here.
             let dst = unsafe { std::slice::from_raw_parts_mut(req.addr as *mut u8, req.len as usize) };
-            io::read_full(s, dst, &mut || ctx.tick(), false)?;
+            read_progressing(ctx, s, dst)?;
             drop(lease);
             ctx.stats.record_served(TransportKind::Tcp, true, req.len);
             let fixed = DataResponse { tag: req.tag, status: Status::Ok }.encode();
@@ -215,7 +255,14 @@ fn serve_write(ctx: &SourceContext, s: &mut TcpStream, req: DataRequest) -> Resu
             io::write_all_parts(s, &[&h, &fixed], &mut || ctx.tick(), &mut w)
         }
         Err(e) => {
-            io::discard(s, req.len, &mut || ctx.tick())?;
+            // Drain the refused payload, still requiring progress.
+            let mut scratch = vec![0u8; (req.len as usize).min(1 << 16)];
+            let mut left = req.len as usize;
+            while left > 0 {
+                let n = left.min(scratch.len());
+                read_progressing(ctx, s, &mut scratch[..n])?;
+                left -= n;
+            }
             respond_failure(ctx, s, MsgKind::WriteResponse, req.tag, &e)
         }
     }
