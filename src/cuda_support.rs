@@ -36,6 +36,15 @@ mod imp {
     pub(super) fn driver_json() -> serde_json::Value {
         serde_json::json!({"cuda_available": false, "reason": NO_CUDA})
     }
+    pub(super) fn allocate_mnnvl(_: i32, _: u64) -> Result<Allocation> {
+        Err(Error::Unavailable(NO_CUDA.into()))
+    }
+    pub(super) fn allocate_egm(_: i32, _: u64) -> Result<Allocation> {
+        Err(Error::Unavailable(NO_CUDA.into()))
+    }
+    pub(super) fn free_vmm(_: u64) -> Result<()> {
+        Err(Error::Unavailable(NO_CUDA.into()))
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -62,6 +71,16 @@ mod imp {
     }
     pub(super) fn free_pinned_host(addr: u64) -> Result<()> {
         memory::free_pinned_host(addr)
+    }
+    pub(super) fn allocate_mnnvl(device: i32, len: u64) -> Result<Allocation> {
+        crate::cuda::mnnvl::allocate_mnnvl(device, len)
+    }
+    pub(super) fn allocate_egm(numa_node: i32, len: u64) -> Result<Allocation> {
+        driver::driver()?;
+        crate::cuda::mnnvl::allocate_egm(numa_node, len)
+    }
+    pub(super) fn free_vmm(addr: u64) -> Result<()> {
+        crate::cuda::mnnvl::free(addr)
     }
     pub(super) fn driver_json() -> serde_json::Value {
         match driver::driver() {
@@ -94,21 +113,21 @@ pub fn allocate_pinned_host(len: u64) -> Result<Allocation> {
     with_what("cuda_allocate_pinned_host", imp::allocate_pinned_host(len))
 }
 
-/// MNNVL device memory. Fabric-handle allocation is not part of this
-/// release: without CUDA the answer is `Unavailable`, with it `NotSupported`.
-pub fn allocate_mnnvl(device: i32, _len: u64) -> Result<Allocation> {
-    with_what(&format!("allocate_mnnvl(device {device})"), imp::ready())?;
-    Err(Error::NotSupported(format!(
-        "allocate_mnnvl(device {device}): MNNVL fabric allocations are not implemented in this release"
-    )))
+/// MNNVL device memory: a fabric-exportable VMM allocation on `device`,
+/// rounded to the driver's granularity. A typed error when CUDA cannot
+/// supply it; never a silent fallback to ordinary device memory.
+pub fn allocate_mnnvl(device: i32, len: u64) -> Result<Allocation> {
+    with_what(&format!("allocate_mnnvl(device {device})"), imp::allocate_mnnvl(device, len))
 }
 
-/// EGM host memory on a NUMA node (see [`allocate_mnnvl`]).
-pub fn allocate_egm(numa_node: i32, _len: u64) -> Result<Allocation> {
-    with_what(&format!("allocate_egm(numa node {numa_node})"), imp::ready())?;
-    Err(Error::NotSupported(format!(
-        "allocate_egm(numa node {numa_node}): EGM allocations are not implemented in this release"
-    )))
+/// EGM host memory on a NUMA node, exportable across the fabric.
+pub fn allocate_egm(numa_node: i32, len: u64) -> Result<Allocation> {
+    with_what(&format!("allocate_egm(numa node {numa_node})"), imp::allocate_egm(numa_node, len))
+}
+
+/// The checked release of MNNVL/EGM memory (unmap, release, free the range).
+pub fn free_vmm(addr: u64) -> Result<()> {
+    imp::free_vmm(addr)
 }
 
 /// Producer-stream hand-off for the allocation holding `addr`.

@@ -39,10 +39,15 @@ const SYMBOLS: &[&str] = &[
 
 /// Builds a fake libcuda.so.1 whose cuInit returns `init_result`, omitting `skip`.
 fn fake_driver(name: &str, init_result: i32, skip: Option<&str>) -> PathBuf {
+    fake_driver_with(name, init_result, skip, "")
+}
+
+/// The same, with extra C definitions that replace the stubs they name.
+fn fake_driver_with(name: &str, init_result: i32, skip: Option<&str>, extra: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("orbite-fake-cuda-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let mut c = format!("int cuInit(unsigned flags) {{ (void)flags; return {init_result}; }}\n");
-    for s in SYMBOLS.iter().filter(|s| Some(**s) != skip) {
+    let mut c = format!("int cuInit(unsigned flags) {{ (void)flags; return {init_result}; }}\n{extra}\n");
+    for s in SYMBOLS.iter().filter(|s| Some(**s) != skip && !extra.contains(&format!(" {s}("))) {
         // Never called: cuInit fails first. Present so the probe finds them.
         c.push_str(&format!("int {s}(void) {{ return 999; }}\n"));
     }
@@ -74,10 +79,41 @@ fn run_child(case: &str, libdir: Option<&PathBuf>) {
     );
 }
 
+/// A driver from before fabric handles (12000, one device): MNNVL is
+/// refused with the reason, engines asking for it start, selection skips it.
+fn no_fabric_case() {
+    let e = cuda_support::allocate_mnnvl(0, 4096).err().unwrap();
+    assert_eq!(e.status(), Status::NotSupported, "{e}");
+    assert!(e.message().contains("fabric-handle VMM symbols"), "{e}");
+    let e = cuda_support::allocate_egm(0, 4096).err().unwrap();
+    assert_eq!(e.status(), Status::NotSupported, "{e}");
+    let src = Engine::from_json(r#"{"mnnvl": {"egm": true}}"#).unwrap();
+    let req = Engine::from_json(r#"{"mnnvl": {}}"#).unwrap();
+    let why = &src.stats().transports_available["mnnvl"];
+    assert!(why.contains("fabric-handle VMM symbols"), "{why}");
+    let a = allocate_shared_host(4096).unwrap();
+    src.register_memory(a.addr(), 4096, Access::READ).unwrap();
+    let mut local = vec![0u8; 4096];
+    req.register_memory(local.as_mut_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: a.addr(), len: 4096 };
+    let only = SubmitOptions { transport: Transport::Only(TransportKind::Mnnvl), timeout: None };
+    assert_eq!(req.submit(peer, &[r], only).err().unwrap().status(), Status::Unavailable);
+    req.submit(peer, &[r], SubmitOptions::default()).unwrap().wait(std::time::Duration::from_secs(60)).unwrap();
+    assert_eq!(req.stats().transports["shm"].requests_completed, 1, "policy skipped mnnvl and nvlink");
+    req.close(None).unwrap();
+    src.close(None).unwrap();
+    a.free().unwrap();
+    println!("child case passed");
+}
+
 /// Runs in a child process; does nothing when run directly.
 #[test]
 fn child_case() {
     let Ok(case) = std::env::var("ORBITE_CUDA_CASE") else { return };
+    if case == "no-fabric" {
+        return no_fabric_case();
+    }
     let (status, needle) = match case.as_str() {
         "absent" => (Status::Unavailable, "libcuda.so was not found"),
         "no-device" => (Status::Unavailable, "reports no device"),
@@ -137,6 +173,14 @@ fn driver_present_without_a_device() {
 fn driver_missing_a_required_symbol() {
     let dir = fake_driver("nosym", 0, Some("cuIpcOpenMemHandle_v2"));
     run_child("missing-symbol", Some(&dir));
+}
+
+#[test]
+fn driver_without_fabric_handles() {
+    let extra = "int cuDriverGetVersion(int *v) { *v = 12000; return 0; }\n\
+                 int cuDeviceGetCount(int *c) { *c = 1; return 0; }";
+    let dir = fake_driver_with("nofabric", 0, None, extra);
+    run_child("no-fabric", Some(&dir));
 }
 
 #[test]

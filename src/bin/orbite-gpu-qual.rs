@@ -43,10 +43,16 @@ fn source(args: &[String]) {
     let size: u64 = arg(args, "--size").and_then(|v| v.parse().ok()).unwrap_or(8 << 20);
     let seed: u64 = arg(args, "--seed").and_then(|v| v.parse().ok()).unwrap_or(1);
     let cfg = arg(args, "--config").unwrap_or_else(|| r#"{"nvlink": true}"#.into());
+    let mnnvl = arg(args, "--kind").as_deref() == Some("mnnvl");
     let e = Engine::from_json(&cfg).unwrap_or_else(|e| die(&e.to_string()));
     let bufs: Vec<Allocation> = (0..allocs)
         .map(|n| {
-            let a = cuda_support::allocate_device(0, size, true).unwrap_or_else(|e| die(&e.to_string()));
+            let a = if mnnvl {
+                cuda_support::allocate_mnnvl(0, size)
+            } else {
+                cuda_support::allocate_device(0, size, true)
+            }
+            .unwrap_or_else(|e| die(&e.to_string()));
             fill(&a, seed + n as u64);
             e.register_memory(a.addr(), size, Access::READ_WRITE).unwrap_or_else(|e| die(&e.to_string()));
             a
@@ -96,8 +102,12 @@ struct Req {
     local: Vec<Allocation>,
 }
 
+static TRANSPORT: std::sync::OnceLock<TransportKind> = std::sync::OnceLock::new();
+
+/// The transport under qualification (`--transport nvlink|mnnvl`).
 fn nv() -> SubmitOptions {
-    SubmitOptions { transport: Transport::Only(TransportKind::Nvlink), timeout: Some(Duration::from_secs(60)) }
+    let t = *TRANSPORT.get().unwrap_or(&TransportKind::Nvlink);
+    SubmitOptions { transport: Transport::Only(t), timeout: Some(Duration::from_secs(60)) }
 }
 
 impl Req {
@@ -165,8 +175,17 @@ fn requester(args: &[String]) {
     let mode = arg(args, "--mode").unwrap_or_else(|| die("--mode"));
     let seed: u64 = arg(args, "--seed").and_then(|v| v.parse().ok()).unwrap_or(1);
     let cache = matches!(mode.as_str(), "cache" | "source-close" | "requester-exit" | "stale");
-    let cfg = if cache { r#"{"nvlink": true, "nvlink_cache_entries": 4}"# } else { r#"{"nvlink": true}"# };
-    let r = Req::new(args, cfg);
+    let transport = arg(args, "--transport").unwrap_or_else(|| "nvlink".into());
+    let entries = if cache { 4 } else { 0 };
+    let cfg = if transport == "mnnvl" {
+        let handle = arg(args, "--handle").unwrap_or_else(|| "posix_fd".into());
+        let _ = TRANSPORT.set(TransportKind::Mnnvl);
+        format!(r#"{{"mnnvl": {{"handle_type": "{handle}"}}, "nvlink_cache_entries": {entries}}}"#)
+    } else {
+        format!(r#"{{"nvlink": true, "nvlink_cache_entries": {entries}}}"#)
+    };
+    let r = Req::new(args, &cfg);
+    let stat_key = if transport == "mnnvl" { "mnnvl" } else { "nvlink" };
     let (a, len) = (r.remote[0], r.len);
     let l0 = r.local[0].addr();
     match mode.as_str() {
@@ -194,7 +213,7 @@ fn requester(args: &[String]) {
                 r.check_local(0, s, s, seed, 0)?;
                 r.check_local(0, 2 * s, s, seed + 1, s)?;
                 let st = r.e.stats();
-                Ok(format!("3 slices, {} imports", st.ipc["nvlink"].imports_opened))
+                Ok(format!("3 slices, {} imports", st.ipc[stat_key].imports_opened))
             })(),
         ),
         "cache" => result(
@@ -219,7 +238,7 @@ fn requester(args: &[String]) {
                     r.check_local(0, t * s, s, seed, t * s)?;
                 }
                 r.e.flush_nvlink_cache(None).map_err(|x| x.to_string())?;
-                let st = &r.e.stats().ipc["nvlink"];
+                let st = &r.e.stats().ipc[stat_key];
                 if (st.imports_opened, st.imports_closed) != (1, 1) {
                     return Err(format!("wanted one import and one close, got {st:?}"));
                 }

@@ -6,10 +6,13 @@
 
 pub mod copy_batch;
 pub mod stream_pool;
+pub mod vmm;
 
 #[cfg(feature = "cuda")]
 pub mod driver;
 #[cfg(feature = "cuda")]
 pub mod memory;
+#[cfg(feature = "cuda")]
+pub mod mnnvl;
 #[cfg(feature = "cuda")]
 pub mod nvlink;

@@ -105,7 +105,7 @@ impl IpcBackend for NvlinkBackend {
         // SAFETY: base is the start of a cuMemAlloc allocation in this context.
         check(unsafe { sys::cuIpcGetMemHandle(&mut h, base) }, "cuIpcGetMemHandle")?;
         g.restore()?;
-        Ok(ExportedHandle { bytes: h.reserved.iter().map(|c| *c as u8).collect(), fd: None })
+        Ok(ExportedHandle { bytes: h.reserved.iter().map(|c| *c as u8).collect(), fd: None, owned_fd: None })
     }
 
     fn import(&self, handle: ReceivedHandle, physical: u64) -> Result<Box<dyn Mapping>> {
@@ -127,17 +127,42 @@ impl IpcBackend for NvlinkBackend {
         let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
         check(unsafe { sys::cuIpcOpenMemHandle_v2(&mut p, h, flags) }, "cuIpcOpenMemHandle")?;
         g.restore()?;
-        Ok(Box::new(NvlinkMapping {
-            base: p,
-            len: physical,
-            ctx,
-            pool: self.pool.clone(),
-            threshold: self.threshold,
-            pending: Mutex::new(None),
-            uncertain: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
-        }))
+        Ok(mapping(p, physical, ctx, self.pool.clone(), self.threshold, Closer::Ipc))
     }
+}
+
+/// How an import is closed natively.
+pub(crate) enum Closer {
+    /// `cuIpcCloseMemHandle`.
+    Ipc,
+    /// A VMM import: unmap, release the imported handle, free the range.
+    Vmm {
+        /// The imported handle.
+        handle: u64,
+    },
+}
+
+/// An import mapping copied through with leased streams (NVLink and MNNVL).
+/// `threshold` 0 disables the synchronous single-copy path (MNNVL).
+pub(crate) fn mapping(
+    base: u64,
+    len: u64,
+    ctx: usize,
+    pool: Arc<StreamPool<CudaStreams>>,
+    threshold: u64,
+    closer: Closer,
+) -> Box<dyn Mapping> {
+    Box::new(NvlinkMapping {
+        base,
+        len,
+        ctx,
+        pool,
+        threshold,
+        pending: Mutex::new(None),
+        uncertain: AtomicBool::new(false),
+        closed: AtomicBool::new(false),
+        closer,
+    })
 }
 
 struct NvlinkMapping {
@@ -149,6 +174,7 @@ struct NvlinkMapping {
     pending: Mutex<Option<StreamLease<StreamPair>>>,
     uncertain: AtomicBool,
     closed: AtomicBool,
+    closer: Closer,
 }
 
 impl NvlinkMapping {
@@ -277,10 +303,14 @@ impl Mapping for NvlinkMapping {
             return Ok(());
         }
         let g = ContextGuard::bind(self.ctx)?;
-        // SAFETY: base came from cuIpcOpenMemHandle in this context; every
-        // copy through it completed (wait succeeded).
-        if let Err(e) = check(unsafe { sys::cuIpcCloseMemHandle(self.base) }, "cuIpcCloseMemHandle") {
-            self.closed.store(false, Ordering::Release);
+        let r = match self.closer {
+            // SAFETY: base came from cuIpcOpenMemHandle in this context; every
+            // copy through it completed (wait succeeded).
+            Closer::Ipc => check(unsafe { sys::cuIpcCloseMemHandle(self.base) }, "cuIpcCloseMemHandle"),
+            Closer::Vmm { handle } => super::mnnvl::close_import(self.base, self.len, handle),
+        };
+        if let Err(e) = r {
+            // A failed close is never retried (the state may be partial).
             return Err(Error::Unquiesced(e.to_string()));
         }
         g.restore().map_err(|e| Error::Unquiesced(e.to_string()))

@@ -38,7 +38,7 @@ impl IpcParts<'_> {
     fn transport(
         &self,
         kind: TransportKind,
-        memory: MemoryKind,
+        memory: Vec<MemoryKind>,
         backend: Arc<dyn IpcBackend>,
         cache: usize,
     ) -> IpcTransport {
@@ -62,7 +62,7 @@ impl IpcParts<'_> {
     pub(crate) fn shm(&self) -> IpcTransport {
         self.transport(
             TransportKind::Shm,
-            MemoryKind::SharedHost,
+            vec![MemoryKind::SharedHost],
             Arc::new(crate::transport::shm::ShmBackend),
             self.config.shm_cache_entries as usize,
         )
@@ -76,7 +76,7 @@ impl IpcParts<'_> {
         nvlink_backend(self.config).map_err(|e| e.message().to_string()).map(|(backend, pool)| {
             let mut t = self.transport(
                 TransportKind::Nvlink,
-                MemoryKind::CudaIpc,
+                vec![MemoryKind::CudaIpc],
                 backend,
                 self.config.nvlink_cache_entries as usize,
             );
@@ -84,6 +84,41 @@ impl IpcParts<'_> {
             t
         })
     }
+}
+
+impl IpcParts<'_> {
+    /// The MNNVL transport, or why it cannot be offered. Fabric symbols are
+    /// resolved only here, when MNNVL is requested.
+    pub(crate) fn mnnvl(&self) -> std::result::Result<IpcTransport, String> {
+        let Some(m) = &self.config.mnnvl else {
+            return Err("not enabled (config `mnnvl: null`)".into());
+        };
+        let mut kinds = vec![MemoryKind::Mnnvl];
+        if m.egm {
+            kinds.push(MemoryKind::Egm);
+        }
+        mnnvl_backend(self.config).map_err(|e| e.message().to_string()).map(|(backend, pool)| {
+            let mut t = self.transport(TransportKind::Mnnvl, kinds, backend, self.config.nvlink_cache_entries as usize);
+            t.pool = Some(pool);
+            t
+        })
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn mnnvl_backend(config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, PoolFn)> {
+    crate::cuda::driver::driver()?;
+    let pool = crate::cuda::stream_pool::StreamPool::new(
+        crate::cuda::nvlink::CudaStreams,
+        config.nvlink_stream_count as usize,
+    );
+    let b = crate::cuda::mnnvl::MnnvlBackend::new(config.mnnvl.clone().unwrap_or_default(), pool.clone())?;
+    Ok((Arc::new(b), Box::new(move || pool.counts())))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn mnnvl_backend(_config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, PoolFn)> {
+    Err(crate::error::Error::Unavailable(crate::cuda_support::unavailable_reason().unwrap_or_default()))
 }
 
 type PoolFn = Box<dyn Fn() -> crate::cuda::stream_pool::PoolCounts + Send + Sync>;
@@ -114,11 +149,21 @@ pub(crate) fn kinds_allow(kind: TransportKind, local: MemoryKind, remote: Memory
             matches!(local, MemoryKind::Cuda | MemoryKind::CudaIpc | MemoryKind::PinnedHost)
                 && remote == MemoryKind::CudaIpc
         }
-        TransportKind::Mnnvl => false,
+        // Remote device (MNNVL) or host (EGM) fabric memory; EGM also needs
+        // both peers' opt-in, checked at selection.
+        TransportKind::Mnnvl => {
+            matches!(
+                local,
+                MemoryKind::Cuda | MemoryKind::CudaIpc | MemoryKind::PinnedHost | MemoryKind::Mnnvl | MemoryKind::Egm
+            ) && matches!(remote, MemoryKind::Mnnvl | MemoryKind::Egm)
+        }
     }
 }
 
-/// Identity check placeholder kept with the transports: IPC needs the same boot.
+/// Describe capability bit: this engine opted in to EGM remote host grants.
+pub(crate) const EGM_CAPABILITY: u32 = 1 << 8;
+
+/// IPC peers must share a boot (the IPC channel is a Unix socket).
 pub(crate) fn same_boot(a: &Identity, b: &Identity) -> bool {
     a.same_boot(b)
 }

@@ -117,13 +117,11 @@ impl Engine {
             Ok(_) => ipc_unavailable.push((TransportKind::Nvlink, "no IPC channel".into())),
             Err(e) => ipc_unavailable.push((TransportKind::Nvlink, e)),
         }
-        ipc_unavailable.push((
-            TransportKind::Mnnvl,
-            match crate::cuda_support::unavailable_reason() {
-                Some(r) => r,
-                None => "MNNVL fabric transport is not implemented in this release".into(),
-            },
-        ));
+        match parts.mnnvl() {
+            Ok(t) if ipc_name.is_ok() => ipc_transports.push(t),
+            Ok(_) => ipc_unavailable.push((TransportKind::Mnnvl, "no IPC channel".into())),
+            Err(e) => ipc_unavailable.push((TransportKind::Mnnvl, e)),
+        }
         let inner = Arc::new(Inner {
             identity,
             regions,
@@ -469,14 +467,22 @@ fn region_info(r: &Region) -> RegionInfo {
 
 impl Inner {
     fn capabilities(&self) -> u32 {
-        self.ipc.iter().fold(TransportKind::Tcp.capability_bit(), |c, t| c | t.kind.capability_bit())
+        let mut c = self.ipc.iter().fold(TransportKind::Tcp.capability_bit(), |c, t| c | t.kind.capability_bit());
+        if self.config.mnnvl.as_ref().is_some_and(|m| m.egm) {
+            c |= ipc::EGM_CAPABILITY;
+        }
+        c
+    }
+
+    fn fabric_domain(&self) -> [u8; 16] {
+        self.config.mnnvl.as_ref().and_then(|m| m.fabric_domain).unwrap_or([0; 16])
     }
 
     fn describe(&self) -> Describe {
         Describe {
             identity: self.identity,
             capabilities: self.capabilities(),
-            fabric_domain: [0; 16],
+            fabric_domain: self.fabric_domain(),
             endpoint: self.endpoint.to_string(),
             ipc_name: self.ipc_name.clone().unwrap_or_default(),
             regions: self.regions.snapshot().iter().map(|r| region_info(r)).collect(),
@@ -496,6 +502,8 @@ impl Inner {
             let k = t.kind;
             let link = if peer.capabilities & k.capability_bit() == 0 || peer.ipc_name.is_empty() {
                 Err(format!("{label} does not offer {}", k.name()))
+            } else if k == TransportKind::Mnnvl && peer.fabric_domain != self.fabric_domain() {
+                Err(format!("{label} advertises another fabric domain"))
             } else if !ipc::same_boot(&self.identity, &peer.identity) {
                 Err(format!("{label} runs on another host or boot; {} needs the same boot", k.name()))
             } else {

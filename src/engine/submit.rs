@@ -114,9 +114,13 @@ impl Engine {
 
     /// The transport for the whole submission.
     fn select(&self, peer: u64, p: &Peer, t: Transport, reqs: &[Checked]) -> Result<TransportKind> {
+        let egm_both = self.inner.capabilities() & super::ipc::EGM_CAPABILITY != 0
+            && p.conn.describe().capabilities & super::ipc::EGM_CAPABILITY != 0;
         let fits = |k: TransportKind, c: &Checked| {
             let local = c.lease.region().kind;
             match c.region {
+                // A remote host range needs an EGM export and both peers' opt-in.
+                Some(r) if r.kind == MemoryKind::Egm && k == TransportKind::Mnnvl && !egm_both => false,
                 Some(r) => super::ipc::kinds_allow(k, local, r.kind),
                 None => k != TransportKind::Tcp || local.cpu_accessible(),
             }

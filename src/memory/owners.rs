@@ -86,6 +86,8 @@ pub enum Backing {
     },
     /// CUDA pinned host memory (`cuMemHostAlloc`).
     PinnedHost,
+    /// CUDA VMM memory (MNNVL, EGM) kept in the CUDA layer's table.
+    Vmm,
 }
 
 /// What the owner table knows about the allocation holding an address.
@@ -202,6 +204,7 @@ impl Allocation {
             }
             Backing::CudaDevice { device } => crate::cuda_support::free_device(*device, self.owned.addr)?,
             Backing::PinnedHost => crate::cuda_support::free_pinned_host(self.owned.addr)?,
+            Backing::Vmm => crate::cuda_support::free_vmm(self.owned.addr)?,
         }
         map.remove(&self.owned.addr);
         Ok(())

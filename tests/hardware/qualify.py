@@ -16,6 +16,10 @@ seed's modes for each local memory kind (device, pinned host, mixed):
                   refused, a new connection is served by the new identity
   bandwidth       IPC READ/WRITE GB/s against a plain device-to-device copy
 
+and, for MNNVL (fabric-handle VMM memory from allocate_mnnvl), the healthy,
+batch, cache and bandwidth modes with POSIX-fd handles on one GPU, and with
+fabric handles where the driver and an IMEX channel allow (else SKIP).
+
 Usage:
   python3 tests/hardware/qualify.py [--binary PATH] [--memory device,host,mixed]
                                     [--size BYTES] [--out DIR]
@@ -74,10 +78,20 @@ def find_binary(args):
     return os.path.join(root, "target", "release", "orbite-gpu-qual")
 
 
-def start_source(binary, log, allocs=1, size=8 << 20, seed=1, listen=None):
+def transport_config(transport):
+    if transport == "nvlink":
+        return {"nvlink": True}
+    return {"mnnvl": {"handle_type": transport.split("-", 1)[1]}}
+
+
+def start_source(binary, log, allocs=1, size=8 << 20, seed=1, listen=None, transport="nvlink"):
     argv = [binary, "source", "--allocs", str(allocs), "--size", str(size), "--seed", str(seed)]
+    cfg = transport_config(transport)
     if listen:
-        argv += ["--config", json.dumps({"nvlink": True, "listen": listen})]
+        cfg["listen"] = listen
+    argv += ["--config", json.dumps(cfg)]
+    if transport != "nvlink":
+        argv += ["--kind", "mnnvl"]
     src = Proc(argv, log)
     first = src.line()
     if first.startswith("FAIL"):
@@ -86,17 +100,19 @@ def start_source(binary, log, allocs=1, size=8 << 20, seed=1, listen=None):
     return src, json.loads(first)
 
 
-def requester(binary, log, info, mode, memory, size, seed=1):
+def requester(binary, log, info, mode, memory, size, seed=1, transport="nvlink"):
     argv = [binary, "requester", "--endpoint", info["endpoint"], "--mode", mode, "--memory", memory,
             "--remote", ",".join(str(a) for a in info["addrs"]), "--len", str(size), "--seed", str(seed)]
+    if transport != "nvlink":
+        argv += ["--transport", "mnnvl", "--handle", transport.split("-", 1)[1]]
     return Proc(argv, log)
 
 
-def run_mode(binary, log, mode, memory, size):
+def run_mode(binary, log, mode, memory, size, transport="nvlink"):
     """Returns (ok, detail, extra)."""
     allocs = 2 if mode == "batch" else 1
-    src, info = start_source(binary, log, allocs=allocs, size=size)
-    req = requester(binary, log, info, mode, memory, size)
+    src, info = start_source(binary, log, allocs=allocs, size=size, transport=transport)
+    req = requester(binary, log, info, mode, memory, size, transport=transport)
     lines, extra = [], ""
     try:
         while True:
@@ -113,7 +129,7 @@ def run_mode(binary, log, mode, memory, size):
                 if not r.startswith("err ORBITE_STATUS_UNQUIESCED"):
                     return False, "close_source with an open import answered: " + r, extra
                 st = json.loads(src.cmd("stats"))
-                if st["ipc"]["nvlink"]["exports_open"] != 1:
+                if st["ipc"][transport.split("-")[0]]["exports_open"] != 1:
                     return False, "the export was not retained: %s" % st["ipc"], extra
                 req.send("continue")
             elif l.startswith("WAIT requester-exit"):
@@ -126,7 +142,7 @@ def run_mode(binary, log, mode, memory, size):
             elif l.startswith("WAIT stale"):
                 endpoint = info["endpoint"]
                 src.stop()
-                src, info2 = start_source(binary, log, size=size, seed=11, listen=endpoint)
+                src, info2 = start_source(binary, log, size=size, seed=11, listen=endpoint, transport=transport)
                 req.send("continue %d" % info2["addrs"][0])
         req.p.wait(timeout=TIMEOUT)
         passed = [l for l in lines if l.startswith("PASS")]
@@ -145,30 +161,38 @@ def main():
     ap.add_argument("--size", type=int, default=8 << 20)
     ap.add_argument("--out", default="/tmp/orbite-qualify")
     ap.add_argument("--modes", default="healthy,batch,cache,source-close,requester-exit,stale,bandwidth")
+    ap.add_argument("--mnnvl", default="posix_fd,fabric", help="MNNVL handle types to qualify ('' to skip)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     binary = find_binary(args)
     log = open(os.path.join(args.out, "helpers.log"), "w")
     rows, failed = [], False
-    for memory in args.memory.split(","):
-        for mode in args.modes.split(","):
-            if mode == "bandwidth" and memory != "device":
-                continue
-            try:
-                ok, detail, extra = run_mode(binary, log, mode, memory, args.size)
-            except RuntimeError as e:
-                if "no usable CUDA" in str(e):
-                    print("qualify: no usable CUDA here: %s" % e)
-                    return 2
-                ok, detail, extra = False, str(e), ""
-            failed |= not ok
-            rows.append((memory, mode, "PASS" if ok else "FAIL", (detail + " " + extra).strip()))
-            print("%-7s %-15s %s" % (memory, mode, "PASS" if ok else "FAIL: " + detail), flush=True)
+    plan = [("nvlink", m, mode) for m in args.memory.split(",") for mode in args.modes.split(",")]
+    for t in args.mnnvl.split(","):
+        if t:
+            plan += [("mnnvl-" + t, "device", mode) for mode in ("healthy", "batch", "cache", "bandwidth")]
+    for transport, memory, mode in plan:
+        if mode == "bandwidth" and memory != "device":
+            continue
+        try:
+            ok, detail, extra = run_mode(binary, log, mode, memory, args.size, transport)
+            result = "PASS" if ok else "FAIL"
+        except RuntimeError as e:
+            if "no usable CUDA" in str(e):
+                print("qualify: no usable CUDA here: %s" % e)
+                return 2
+            if transport == "mnnvl-fabric" and "NOT_SUPPORTED" in str(e).upper().replace(" ", "_"):
+                ok, detail, extra, result = True, str(e), "", "SKIP"
+            else:
+                ok, detail, extra, result = False, str(e), "", "FAIL"
+        failed |= not ok
+        rows.append((transport, memory, mode, result, (detail + " " + extra).strip()))
+        print("%-13s %-7s %-15s %s" % (transport, memory, mode, result if ok else "FAIL: " + detail), flush=True)
     print()
-    print("%-7s | %-15s | %-6s | %s" % ("memory", "mode", "result", "detail"))
-    print("-" * 100)
+    print("%-13s | %-7s | %-15s | %-6s | %s" % ("transport", "memory", "mode", "result", "detail"))
+    print("-" * 110)
     for r in rows:
-        print("%-7s | %-15s | %-6s | %s" % r)
+        print("%-13s | %-7s | %-15s | %-6s | %s" % r)
     return 1 if failed else 0
 
 

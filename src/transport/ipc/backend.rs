@@ -14,6 +14,8 @@ pub struct ExportedHandle {
     pub bytes: Vec<u8>,
     /// Descriptor to pass (borrowed; the backend keeps it open).
     pub fd: Option<RawFd>,
+    /// A descriptor made for this export alone, closed once sent.
+    pub owned_fd: Option<OwnedFd>,
 }
 
 /// A handle as received by the requester.
@@ -67,6 +69,9 @@ pub trait IpcBackend: Send + Sync {
     fn transport(&self) -> TransportKind;
     /// Source side: the handle naming the owned allocation at `base`.
     fn export(&self, base: u64) -> Result<ExportedHandle>;
+    /// Source side: an export of `base` ended (its close receipt arrived or
+    /// its importer provably exited). Backends that count exports use it.
+    fn unexport(&self, _base: u64) {}
     /// Requester side: maps a received handle of `physical` bytes.
     fn import(&self, handle: ReceivedHandle, physical: u64) -> Result<Box<dyn Mapping>>;
 }

@@ -33,6 +33,8 @@ pub enum ExportState {
 }
 
 struct Export {
+    /// Calls the backend's `unexport` when an exposed export ends.
+    backend: Arc<dyn IpcBackend>,
     token: u64,
     conn: u64,
     base: u64,
@@ -75,7 +77,7 @@ pub struct ExportTable {
     table: Mutex<Table>,
     changed: Condvar,
     next_id: AtomicU64,
-    kind: MemoryKind,
+    kinds: Vec<MemoryKind>,
 }
 
 fn fresh_token() -> u64 {
@@ -99,11 +101,19 @@ pub fn process_exited(p: &ProcessIdentity) -> bool {
     process_start_time(p.pid) != p.start_time
 }
 
+impl Drop for Export {
+    fn drop(&mut self) {
+        if self.state != ExportState::Offered {
+            self.backend.unexport(self.base);
+        }
+    }
+}
+
 impl ExportTable {
     /// A table exporting `kind` memory through `backend`.
     pub fn new(
         backend: Arc<dyn IpcBackend>,
-        kind: MemoryKind,
+        kinds: Vec<MemoryKind>,
         regions: Arc<RegionTable>,
         budget: Arc<Budget>,
         stats: Arc<Stats>,
@@ -118,7 +128,7 @@ impl ExportTable {
             table: Mutex::new(Table::default()),
             changed: Condvar::new(),
             next_id: AtomicU64::new(1),
-            kind,
+            kinds,
         }
     }
 
@@ -151,13 +161,13 @@ impl ExportTable {
             )));
         }
         Self::check_ops(r, ops)?;
-        if r.kind != self.kind {
+        if !self.kinds.contains(&r.kind) {
             return Err(Error::NotSupported(format!(
                 "region {} holds {} memory; {} exports only {} memory",
                 r.id,
                 r.kind.name(),
                 self.backend.transport().name(),
-                self.kind.name()
+                self.kinds.iter().map(|k| k.name()).collect::<Vec<_>>().join(" or ")
             )));
         }
         Ok(lease)
@@ -198,6 +208,7 @@ impl ExportTable {
         self.table.lock().exports.insert(
             id,
             Export {
+                backend: self.backend.clone(),
                 token,
                 conn,
                 base,
@@ -229,14 +240,17 @@ impl ExportTable {
             self.release(conn, r)?;
             return Ok(None);
         }
-        let base = self.with_export(conn, r, |e| {
+        // The handle is made under the table lock so that a concurrent close
+        // of the channel cannot overtake it; only a made handle counts as
+        // exposed (and is later unexported).
+        self.with_export(conn, r, |e| {
             if e.state != ExportState::Offered {
                 return Err(Error::Protocol(format!("export {} was already answered", r.export_id)));
             }
+            let h = self.backend.export(e.base)?;
             e.state = ExportState::Exposed;
-            Ok(e.base)
-        })?;
-        Ok(Some(self.backend.export(base)?))
+            Ok(Some(h))
+        })
     }
 
     /// Revalidates a cached export for a new subbatch: every submission is

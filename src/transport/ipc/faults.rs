@@ -54,6 +54,9 @@ impl IpcBackend for FaultyBackend {
     fn export(&self, base: u64) -> Result<ExportedHandle> {
         self.inner.export(base)
     }
+    fn unexport(&self, base: u64) {
+        self.inner.unexport(base)
+    }
     fn import(&self, handle: ReceivedHandle, physical: u64) -> Result<Box<dyn Mapping>> {
         let inner = self.inner.import(handle, physical)?;
         Ok(Box::new(FaultyMapping { inner, faults: self.faults.clone() }))

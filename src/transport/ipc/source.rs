@@ -128,7 +128,8 @@ fn serve_inner(
                     Ok(Some(h)) => {
                         let mut body = ExportRef { value: 0, extra: 0, ..r }.encode();
                         body.extend_from_slice(&h.bytes);
-                        ch.send(MsgKind::ExportHandle, &body, h.fd, &mut || stop())?
+                        let fd = h.fd.or(h.owned_fd.as_ref().map(std::os::fd::AsRawFd::as_raw_fd));
+                        ch.send(MsgKind::ExportHandle, &body, fd, &mut || stop())?
                     }
                     Ok(None) => ch.send(
                         MsgKind::Ack,

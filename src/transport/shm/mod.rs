@@ -29,7 +29,7 @@ impl IpcBackend for ShmBackend {
             .filter(|o| o.base == base)
             .and_then(|o| o.fd)
             .ok_or_else(|| Error::NotFound(format!("no shared allocation starts at 0x{base:x}")))?;
-        Ok(ExportedHandle { bytes: Vec::new(), fd: Some(fd) })
+        Ok(ExportedHandle { bytes: Vec::new(), fd: Some(fd), owned_fd: None })
     }
 
     fn import(&self, handle: ReceivedHandle, physical: u64) -> Result<Box<dyn Mapping>> {

@@ -1,0 +1,413 @@
+//! MNNVL and EGM on the CUDA driver: fabric-handle (or POSIX-fd) VMM
+//! allocations, their checked release, and the MNNVL backend of the IPC
+//! protocol. Fabric symbols are resolved only when MNNVL is requested.
+
+use super::driver::{check, driver, primary_context, ContextGuard};
+use super::nvlink::{mapping, Closer, CudaStreams};
+use super::stream_pool::StreamPool;
+use super::vmm::{HandleBody, VmmAllocation, VmmOps, WireHandle, FABRIC_HANDLE_BYTES};
+use crate::engine::{MnnvlConfig, MnnvlHandleType};
+use crate::error::{Error, Result};
+use crate::memory::owners::{self, Allocation, Backing};
+use crate::memory::MemoryKind;
+use crate::transport::ipc::backend::{ExportedHandle, IpcBackend, Mapping, ReceivedHandle};
+use crate::transport::TransportKind;
+use cudarc::driver::sys;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+/// Where physical memory lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// GPU memory of a device.
+    Device(i32),
+    /// Host memory of a NUMA node (EGM).
+    HostNuma(i32),
+}
+
+const FABRIC: sys::CUmemAllocationHandleType = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;
+const POSIX_FD: sys::CUmemAllocationHandleType =
+    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+
+fn fabric_ready() -> Result<()> {
+    if !driver()?.fabric_symbols {
+        return Err(Error::NotSupported(
+            "the CUDA driver lacks the fabric-handle VMM symbols (driver API 12030+ needed)".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn location(p: Placement) -> sys::CUmemLocation {
+    // SAFETY: an all-zero location is valid storage; both fields are set.
+    let mut l: sys::CUmemLocation = unsafe { std::mem::zeroed() };
+    match p {
+        Placement::Device(d) => {
+            l.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+            l.id = d;
+        }
+        Placement::HostNuma(n) => {
+            l.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA;
+            l.id = n;
+        }
+    }
+    l
+}
+
+fn prop(p: Placement, handles: sys::CUmemAllocationHandleType) -> sys::CUmemAllocationProp {
+    // SAFETY: an all-zero property block is valid; the fields that matter are set.
+    let mut pr: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    pr.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    pr.requestedHandleTypes = handles;
+    pr.location = location(p);
+    pr
+}
+
+/// The driver's VMM operations for one placement and handle-type set.
+pub struct CudaVmm {
+    placement: Placement,
+    handles: sys::CUmemAllocationHandleType,
+    ctx: usize,
+}
+
+impl CudaVmm {
+    fn bind(&self) -> Result<ContextGuard> {
+        ContextGuard::bind(self.ctx)
+    }
+
+    /// The reported allocation granularity.
+    pub fn granularity(&self) -> Result<u64> {
+        let _g = self.bind()?;
+        let pr = prop(self.placement, self.handles);
+        let mut g = 0usize;
+        let opt = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
+        // SAFETY: writes one size_t; pr is a valid property block.
+        check(unsafe { sys::cuMemGetAllocationGranularity(&mut g, &pr, opt) }, "cuMemGetAllocationGranularity")?;
+        Ok(g as u64)
+    }
+}
+
+impl VmmOps for CudaVmm {
+    fn create(&self, size: u64) -> Result<u64> {
+        let _g = self.bind()?;
+        let pr = prop(self.placement, self.handles);
+        let mut h: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: writes one handle; pr is valid.
+        let r = unsafe { sys::cuMemCreate(&mut h, size as usize, &pr, 0) };
+        if matches!(r, sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) {
+            return Err(Error::ResourceExhausted(format!("CUDA cannot supply {size} bytes at {:?}", self.placement)));
+        }
+        check(r, "cuMemCreate")?;
+        Ok(h)
+    }
+    fn reserve(&self, size: u64) -> Result<u64> {
+        let _g = self.bind()?;
+        let mut va: sys::CUdeviceptr = 0;
+        // SAFETY: writes one address.
+        check(unsafe { sys::cuMemAddressReserve(&mut va, size as usize, 0, 0, 0) }, "cuMemAddressReserve")?;
+        Ok(va)
+    }
+    fn map(&self, va: u64, size: u64, handle: u64) -> Result<()> {
+        let _g = self.bind()?;
+        // SAFETY: va is a reserved range of `size`; handle is a live allocation.
+        check(unsafe { sys::cuMemMap(va, size as usize, 0, handle, 0) }, "cuMemMap")
+    }
+    fn set_access(&self, va: u64, size: u64) -> Result<()> {
+        let _g = self.bind()?;
+        // Every visible local GPU (peer ordinals never enter here), plus the
+        // CPU of the NUMA node for EGM.
+        let mut descs: Vec<sys::CUmemAccessDesc> = (0..driver()?.devices)
+            .map(|d| sys::CUmemAccessDesc {
+                location: location(Placement::Device(d)),
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            })
+            .collect();
+        if let Placement::HostNuma(n) = self.placement {
+            descs.push(sys::CUmemAccessDesc {
+                location: location(Placement::HostNuma(n)),
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            });
+        }
+        // SAFETY: descs holds descs.len() valid entries.
+        check(unsafe { sys::cuMemSetAccess(va, size as usize, descs.as_ptr(), descs.len()) }, "cuMemSetAccess")
+    }
+    fn unmap(&self, va: u64, size: u64) -> Result<()> {
+        let _g = self.bind()?;
+        // SAFETY: va was mapped with this size.
+        check(unsafe { sys::cuMemUnmap(va, size as usize) }, "cuMemUnmap")
+    }
+    fn release(&self, handle: u64) -> Result<()> {
+        let _g = self.bind()?;
+        // SAFETY: our handle, unmapped.
+        check(unsafe { sys::cuMemRelease(handle) }, "cuMemRelease")
+    }
+    fn address_free(&self, va: u64, size: u64) -> Result<()> {
+        let _g = self.bind()?;
+        // SAFETY: our reserved range, unmapped.
+        check(unsafe { sys::cuMemAddressFree(va, size as usize) }, "cuMemAddressFree")
+    }
+}
+
+struct Entry {
+    alloc: VmmAllocation,
+    ops: CudaVmm,
+}
+
+static VMM: Mutex<Option<HashMap<u64, Entry>>> = Mutex::new(None);
+static FABRIC_WORKS: Mutex<Option<HashMap<i32, bool>>> = Mutex::new(None);
+
+/// Whether a real (small) fabric export works on `device`: the attribute can
+/// say yes while no IMEX channel exists, so the probe exports for real.
+pub fn fabric_export_works(device: i32) -> Result<bool> {
+    if let Some(v) = FABRIC_WORKS.lock().get_or_insert_with(HashMap::new).get(&device) {
+        return Ok(*v);
+    }
+    let ctx = primary_context(device)?;
+    let ops = CudaVmm { placement: Placement::Device(device), handles: FABRIC, ctx };
+    let works = (|| -> Result<()> {
+        let g = ops.granularity()?;
+        let h = ops.create(g)?;
+        let _c = ContextGuard::bind(ctx)?;
+        let mut fh = sys::CUmemFabricHandle { data: [0; FABRIC_HANDLE_BYTES] };
+        // SAFETY: exports our fresh handle into a 64-byte buffer.
+        let r = check(
+            unsafe { sys::cuMemExportToShareableHandle((&mut fh as *mut sys::CUmemFabricHandle).cast(), h, FABRIC, 0) },
+            "fabric export probe",
+        );
+        let _ = ops.release(h);
+        r
+    })()
+    .is_ok();
+    FABRIC_WORKS.lock().get_or_insert_with(HashMap::new).insert(device, works);
+    Ok(works)
+}
+
+fn adopt(kind: MemoryKind, len: u64, alloc: VmmAllocation, ops: CudaVmm) -> Allocation {
+    let (va, physical) = (alloc.va, alloc.physical);
+    VMM.lock().get_or_insert_with(HashMap::new).insert(va, Entry { alloc, ops });
+    owners::adopt(kind, va, len, physical, Backing::Vmm)
+}
+
+fn allocate(kind: MemoryKind, placement: Placement, ctx_device: i32, len: u64) -> Result<Allocation> {
+    fabric_ready()?;
+    let ctx = primary_context(ctx_device)?;
+    // Fabric when a real export works here; POSIX fds (same host) otherwise.
+    // Never a silent fallback to ordinary device memory.
+    let handles = if fabric_export_works(ctx_device)? {
+        sys::CUmemAllocationHandleType_enum(FABRIC.0 | POSIX_FD.0)
+    } else {
+        POSIX_FD
+    };
+    let ops = CudaVmm { placement, handles, ctx };
+    let g = ops.granularity()?;
+    let alloc = VmmAllocation::allocate(&ops, len, g)?;
+    Ok(adopt(kind, len, alloc, ops))
+}
+
+/// GPU memory on `device`, exportable across the NVLink fabric.
+pub fn allocate_mnnvl(device: i32, len: u64) -> Result<Allocation> {
+    super::driver::check_device(device)?;
+    allocate(MemoryKind::Mnnvl, Placement::Device(device), device, len)
+}
+
+/// Host memory of NUMA node `numa_node` (EGM), exportable across the fabric.
+pub fn allocate_egm(numa_node: i32, len: u64) -> Result<Allocation> {
+    if numa_node < 0 {
+        return Err(Error::InvalidArgument(format!("NUMA node {numa_node} does not exist")));
+    }
+    allocate(MemoryKind::Egm, Placement::HostNuma(numa_node), 0, len)
+}
+
+/// Adopts existing VMM storage `[va, va+size)` mapped from `handle`.
+///
+/// # Safety
+/// The caller owns the whole allocation, its padding is initialized, the
+/// mapping is exactly `[va, va+size)`, and the caller consents to sharing it
+/// with peers. The external owner keeps the final unmap: freeing the
+/// returned allocation only forgets it.
+pub unsafe fn wrap(kind: MemoryKind, placement: Placement, va: u64, size: u64, handle: u64) -> Result<Allocation> {
+    fabric_ready()?;
+    let device = match placement {
+        Placement::Device(d) => d,
+        Placement::HostNuma(_) => 0,
+    };
+    let ctx = primary_context(device)?;
+    let ops = CudaVmm { placement, handles: POSIX_FD, ctx };
+    let g = ops.granularity()?;
+    if size == 0 || size % g != 0 || va % g != 0 {
+        return Err(Error::InvalidArgument(format!("0x{va:x}+{size} is not aligned to the granularity {g}")));
+    }
+    let _c = ContextGuard::bind(ctx)?;
+    let (mut base, mut len) = (0u64, 0usize);
+    // SAFETY: queries the driver about an address; writes two values.
+    let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut len, va) };
+    if r == sys::CUresult::CUDA_SUCCESS && (base != va || len as u64 != size) {
+        return Err(Error::InvalidArgument(format!(
+            "0x{va:x}+{size} is not a whole mapping (the driver reports 0x{base:x}+{len})"
+        )));
+    }
+    let alloc =
+        VmmAllocation { va, physical: size, handle, state: super::vmm::VmmState::Mapped, exports: 0, owned: false };
+    Ok(adopt(kind, size, alloc, ops))
+}
+
+/// The checked local release of an MNNVL/EGM allocation (unmap, release,
+/// free the range); `Unquiesced` keeps it. Wrapped storage is only forgotten.
+pub fn free(va: u64) -> Result<()> {
+    let mut m = VMM.lock();
+    let map = m.get_or_insert_with(HashMap::new);
+    let e = map.get_mut(&va).ok_or_else(|| Error::NotFound(format!("no VMM allocation at 0x{va:x}")))?;
+    if e.alloc.owned {
+        e.alloc.free(&e.ops)?;
+    } else if e.alloc.exports > 0 {
+        return Err(Error::Unavailable(format!("{} exports are outstanding", e.alloc.exports)));
+    }
+    map.remove(&va);
+    Ok(())
+}
+
+/// Native close of an MNNVL import: unmap, release, free the range.
+pub(crate) fn close_import(va: u64, size: u64, handle: u64) -> Result<()> {
+    // SAFETY: the import's own mapping, handle and range.
+    check(unsafe { sys::cuMemUnmap(va, size as usize) }, "cuMemUnmap (import)")?;
+    // SAFETY: as above.
+    check(unsafe { sys::cuMemRelease(handle) }, "cuMemRelease (import)")?;
+    // SAFETY: as above.
+    check(unsafe { sys::cuMemAddressFree(va, size as usize) }, "cuMemAddressFree (import)")
+}
+
+/// The MNNVL backend.
+pub struct MnnvlBackend {
+    config: MnnvlConfig,
+    pool: Arc<StreamPool<CudaStreams>>,
+}
+
+impl MnnvlBackend {
+    /// Resolves the fabric symbols (only here, when MNNVL is requested).
+    pub fn new(config: MnnvlConfig, pool: Arc<StreamPool<CudaStreams>>) -> Result<MnnvlBackend> {
+        fabric_ready()?;
+        Ok(MnnvlBackend { config, pool })
+    }
+}
+
+impl IpcBackend for MnnvlBackend {
+    fn transport(&self) -> TransportKind {
+        TransportKind::Mnnvl
+    }
+
+    fn export(&self, base: u64) -> Result<ExportedHandle> {
+        let mut m = VMM.lock();
+        let e = m
+            .get_or_insert_with(HashMap::new)
+            .get_mut(&base)
+            .ok_or_else(|| Error::NotSupported(format!("0x{base:x} is not an MNNVL/EGM allocation")))?;
+        let _c = ContextGuard::bind(e.ops.ctx)?;
+        let granularity = e.ops.granularity()?;
+        let (body, owned_fd) = match self.config.handle_type {
+            MnnvlHandleType::Fabric => {
+                if e.ops.handles.0 & FABRIC.0 == 0 {
+                    return Err(Error::NotSupported(
+                        "fabric handles do not work on this machine (no IMEX channel?); configure handle_type posix_fd for same-host peers"
+                            .into(),
+                    ));
+                }
+                let mut fh = sys::CUmemFabricHandle { data: [0; FABRIC_HANDLE_BYTES] };
+                // SAFETY: exports the allocation's handle into 64 bytes.
+                check(
+                    unsafe {
+                        sys::cuMemExportToShareableHandle(
+                            (&mut fh as *mut sys::CUmemFabricHandle).cast(),
+                            e.alloc.handle,
+                            FABRIC,
+                            0,
+                        )
+                    },
+                    "cuMemExportToShareableHandle (fabric)",
+                )?;
+                (HandleBody::Fabric(fh.data), None)
+            }
+            MnnvlHandleType::PosixFd => {
+                let mut fd: libc::c_int = -1;
+                // SAFETY: exports into one int fd that we then own.
+                check(
+                    unsafe {
+                        sys::cuMemExportToShareableHandle(
+                            (&mut fd as *mut libc::c_int).cast(),
+                            e.alloc.handle,
+                            POSIX_FD,
+                            0,
+                        )
+                    },
+                    "cuMemExportToShareableHandle (posix fd)",
+                )?;
+                // SAFETY: a fresh fd from the driver, owned here.
+                (HandleBody::PosixFd { pid: std::process::id() }, Some(unsafe { OwnedFd::from_raw_fd(fd) }))
+            }
+        };
+        e.alloc.add_export()?;
+        let w = WireHandle { physical: e.alloc.physical, granularity, body };
+        Ok(ExportedHandle { bytes: w.encode(), fd: None, owned_fd })
+    }
+
+    fn unexport(&self, base: u64) {
+        if let Some(e) = VMM.lock().get_or_insert_with(HashMap::new).get_mut(&base) {
+            let _ = e.alloc.retire_export();
+        }
+    }
+
+    fn import(&self, handle: ReceivedHandle, physical: u64) -> Result<Box<dyn Mapping>> {
+        let w = WireHandle::decode(&handle.bytes)?;
+        if w.physical != physical {
+            return Err(Error::Protocol(format!("MNNVL handle says {} bytes, the grant {physical}", w.physical)));
+        }
+        let ctx = primary_context(0)?;
+        let g = ContextGuard::bind(ctx)?;
+        let mut h: sys::CUmemGenericAllocationHandle = 0;
+        match &w.body {
+            HandleBody::Fabric(data) => {
+                let mut fh = sys::CUmemFabricHandle { data: *data };
+                // SAFETY: imports from a 64-byte fabric handle; the driver checks reachability.
+                check(
+                    unsafe {
+                        sys::cuMemImportFromShareableHandle(
+                            &mut h,
+                            (&mut fh as *mut sys::CUmemFabricHandle).cast(),
+                            FABRIC,
+                        )
+                    },
+                    "cuMemImportFromShareableHandle (fabric)",
+                )?;
+            }
+            HandleBody::PosixFd { .. } => {
+                let fd = handle
+                    .fd
+                    .ok_or_else(|| Error::Protocol("a POSIX-fd MNNVL handle arrived without its fd".into()))?;
+                // SAFETY: the driver takes the fd value as the OS handle.
+                check(
+                    unsafe { sys::cuMemImportFromShareableHandle(&mut h, fd.as_raw_fd() as usize as *mut _, POSIX_FD) },
+                    "cuMemImportFromShareableHandle (posix fd)",
+                )?;
+            }
+        }
+        // Map on the visible local GPUs only.
+        let ops = CudaVmm { placement: Placement::Device(0), handles: POSIX_FD, ctx };
+        let va = match ops.reserve(w.physical) {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = ops.release(h);
+                return Err(e);
+            }
+        };
+        if let Err(e) = ops.map(va, w.physical, h).and_then(|_| ops.set_access(va, w.physical)) {
+            let _ = ops.unmap(va, w.physical);
+            let _ = ops.release(h);
+            let _ = ops.address_free(va, w.physical);
+            return Err(e);
+        }
+        g.restore()?;
+        // MNNVL always uses the asynchronous stream and completion event.
+        Ok(mapping(va, w.physical, ctx, self.pool.clone(), 0, Closer::Vmm { handle: h }))
+    }
+}

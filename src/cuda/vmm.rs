@@ -1,0 +1,372 @@
+//! The VMM (fabric-handle) allocation model behind MNNVL and EGM, written
+//! against [`VmmOps`] so that its state machine is tested on CPU; the CUDA
+//! build implements `VmmOps` with `cuMemCreate` and friends.
+//!
+//! An allocation is created, its address range reserved, mapped and
+//! access-granted; it is freed in the checked order unmap -> release ->
+//! free the address range. A failed step answers `Unquiesced` and keeps the
+//! allocation in the state it reached (owners and charges stay); a later
+//! free continues from there and never repeats a step that succeeded. While
+//! exports are outstanding the allocation cannot be freed.
+
+use crate::error::{Error, Result};
+
+/// Size of a CUDA fabric handle (`CUmemFabricHandle`).
+pub const FABRIC_HANDLE_BYTES: usize = 64;
+
+/// How an MNNVL export names its memory on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HandleBody {
+    /// A 64-byte fabric handle (any host of the NVLink partition).
+    Fabric([u8; FABRIC_HANDLE_BYTES]),
+    /// A POSIX fd passed with `SCM_RIGHTS` (same host); the exporter's pid
+    /// is carried for the importer's check.
+    PosixFd {
+        /// Exporter process id.
+        pid: u32,
+    },
+}
+
+/// The MNNVL handle as it travels in `ExportHandle`: kind, physical size,
+/// granularity, the handle body and a checksum that catches corruption.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WireHandle {
+    /// Physical size of the allocation (a multiple of `granularity`).
+    pub physical: u64,
+    /// Allocation granularity the exporter used.
+    pub granularity: u64,
+    /// The handle.
+    pub body: HandleBody,
+}
+
+const MAGIC: &[u8; 4] = b"MNVL";
+const WIRE_LEN: usize = 4 + 1 + 8 + 8 + FABRIC_HANDLE_BYTES + 8;
+
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
+impl WireHandle {
+    /// Encodes to the fixed wire form.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(WIRE_LEN);
+        v.extend_from_slice(MAGIC);
+        let mut payload = [0u8; FABRIC_HANDLE_BYTES];
+        let kind = match &self.body {
+            HandleBody::Fabric(h) => {
+                payload = *h;
+                1u8
+            }
+            HandleBody::PosixFd { pid } => {
+                payload[..4].copy_from_slice(&pid.to_le_bytes());
+                2u8
+            }
+        };
+        v.push(kind);
+        v.extend_from_slice(&self.physical.to_le_bytes());
+        v.extend_from_slice(&self.granularity.to_le_bytes());
+        v.extend_from_slice(&payload);
+        let sum = fnv(&v);
+        v.extend_from_slice(&sum.to_le_bytes());
+        v
+    }
+
+    /// Decodes and checks: exact length, magic, kind, checksum, a nonzero
+    /// fabric handle, sizes consistent with the granularity.
+    pub fn decode(b: &[u8]) -> Result<WireHandle> {
+        if b.len() != WIRE_LEN {
+            return Err(Error::Protocol(format!("an MNNVL handle has {WIRE_LEN} bytes, got {}", b.len())));
+        }
+        if &b[..4] != MAGIC {
+            return Err(Error::Protocol("not an MNNVL handle (bad magic)".into()));
+        }
+        let sum = u64::from_le_bytes(b[WIRE_LEN - 8..].try_into().expect("8"));
+        if fnv(&b[..WIRE_LEN - 8]) != sum {
+            return Err(Error::Protocol("MNNVL handle corrupted (checksum mismatch)".into()));
+        }
+        let physical = u64::from_le_bytes(b[5..13].try_into().expect("8"));
+        let granularity = u64::from_le_bytes(b[13..21].try_into().expect("8"));
+        let mut payload = [0u8; FABRIC_HANDLE_BYTES];
+        payload.copy_from_slice(&b[21..21 + FABRIC_HANDLE_BYTES]);
+        let body = match b[4] {
+            1 if payload != [0u8; FABRIC_HANDLE_BYTES] => HandleBody::Fabric(payload),
+            1 => return Err(Error::Protocol("MNNVL fabric handle is all zero".into())),
+            2 => HandleBody::PosixFd { pid: u32::from_le_bytes(payload[..4].try_into().expect("4")) },
+            k => return Err(Error::Protocol(format!("unknown MNNVL handle kind {k}"))),
+        };
+        if granularity == 0 || !granularity.is_power_of_two() || physical == 0 || physical % granularity != 0 {
+            return Err(Error::Protocol(format!(
+                "MNNVL handle sizes are inconsistent (physical {physical}, granularity {granularity})"
+            )));
+        }
+        Ok(WireHandle { physical, granularity, body })
+    }
+}
+
+/// Rounds `len` up to the driver's granularity.
+pub fn round_to_granularity(len: u64, granularity: u64) -> Result<u64> {
+    if granularity == 0 || !granularity.is_power_of_two() {
+        return Err(Error::Cuda(format!("the driver reported granularity {granularity}")));
+    }
+    if len == 0 {
+        return Err(Error::InvalidArgument("length is 0".into()));
+    }
+    len.checked_add(granularity - 1)
+        .map(|x| x & !(granularity - 1))
+        .ok_or_else(|| Error::InvalidArgument(format!("length {len} is too large")))
+}
+
+/// The driver operations of a VMM allocation.
+pub trait VmmOps: Send + Sync {
+    /// Creates physical memory of `size` bytes; returns its handle.
+    fn create(&self, size: u64) -> Result<u64>;
+    /// Reserves an address range of `size` bytes.
+    fn reserve(&self, size: u64) -> Result<u64>;
+    /// Maps `handle` at `va`.
+    fn map(&self, va: u64, size: u64, handle: u64) -> Result<()>;
+    /// Grants read/write access to the visible local GPUs.
+    fn set_access(&self, va: u64, size: u64) -> Result<()>;
+    /// Unmaps `va`.
+    fn unmap(&self, va: u64, size: u64) -> Result<()>;
+    /// Releases the physical handle.
+    fn release(&self, handle: u64) -> Result<()>;
+    /// Frees the address range.
+    fn address_free(&self, va: u64, size: u64) -> Result<()>;
+}
+
+/// Where a VMM allocation stands on its way down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VmmState {
+    /// Mapped and usable.
+    Mapped,
+    /// Unmapped; the handle and the range are still held.
+    Unmapped,
+    /// Handle released; the range is still reserved.
+    Released,
+    /// Everything returned.
+    Freed,
+}
+
+/// One VMM allocation and its lifecycle.
+#[derive(Debug)]
+pub struct VmmAllocation {
+    /// Mapped address.
+    pub va: u64,
+    /// Physical size (rounded).
+    pub physical: u64,
+    /// Driver handle.
+    pub handle: u64,
+    /// Lifecycle state.
+    pub state: VmmState,
+    /// Outstanding exports.
+    pub exports: u32,
+    /// Whether the library owns it (false for `wrap_*`: the external owner
+    /// keeps final unmap).
+    pub owned: bool,
+}
+
+impl VmmAllocation {
+    /// create -> reserve -> map -> set access, undoing what succeeded on failure.
+    pub fn allocate(ops: &dyn VmmOps, len: u64, granularity: u64) -> Result<VmmAllocation> {
+        let physical = round_to_granularity(len, granularity)?;
+        let handle = ops.create(physical)?;
+        let va = match ops.reserve(physical) {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = ops.release(handle);
+                return Err(e);
+            }
+        };
+        if let Err(e) = ops.map(va, physical, handle) {
+            let _ = ops.release(handle);
+            let _ = ops.address_free(va, physical);
+            return Err(e);
+        }
+        if let Err(e) = ops.set_access(va, physical) {
+            let _ = ops.unmap(va, physical);
+            let _ = ops.release(handle);
+            let _ = ops.address_free(va, physical);
+            return Err(e);
+        }
+        Ok(VmmAllocation { va, physical, handle, state: VmmState::Mapped, exports: 0, owned: true })
+    }
+
+    /// Counts an export (refused once the allocation is on its way down).
+    pub fn add_export(&mut self) -> Result<()> {
+        if self.state != VmmState::Mapped {
+            return Err(Error::Unavailable("the allocation is being freed".into()));
+        }
+        self.exports += 1;
+        Ok(())
+    }
+
+    /// Retires an export; an extra retire is a bug reported as such.
+    pub fn retire_export(&mut self) -> Result<()> {
+        if self.exports == 0 {
+            return Err(Error::Unquiesced("export count underflow: retire without an export".into()));
+        }
+        self.exports -= 1;
+        Ok(())
+    }
+
+    /// The checked local release: unmap -> release -> free the range. A
+    /// failed step answers `Unquiesced` and keeps the state reached; a later
+    /// call continues from there. Refused while exports are outstanding.
+    pub fn free(&mut self, ops: &dyn VmmOps) -> Result<()> {
+        if self.exports > 0 {
+            return Err(Error::Unavailable(format!("{} exports of this allocation are outstanding", self.exports)));
+        }
+        let step = |r: Result<()>, what: &str| {
+            r.map_err(|e| Error::Unquiesced(format!("{what} failed ({}); the allocation stays retained", e.message())))
+        };
+        if self.state == VmmState::Mapped {
+            step(ops.unmap(self.va, self.physical), "unmap")?;
+            self.state = VmmState::Unmapped;
+        }
+        if self.state == VmmState::Unmapped {
+            step(ops.release(self.handle), "release")?;
+            self.state = VmmState::Released;
+        }
+        if self.state == VmmState::Released {
+            step(ops.address_free(self.va, self.physical), "address-range free")?;
+            self.state = VmmState::Freed;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::ipc::faults::Faults;
+    use parking_lot::Mutex;
+    use std::sync::atomic::AtomicU32;
+
+    #[derive(Default)]
+    struct Fake {
+        log: Mutex<Vec<String>>,
+        fail_unmap: AtomicU32,
+        fail_release: AtomicU32,
+        fail_free: AtomicU32,
+        fail_map: AtomicU32,
+    }
+
+    impl Fake {
+        fn op(&self, what: &str, fail: &AtomicU32) -> Result<()> {
+            if Faults::take(fail) {
+                self.log.lock().push(format!("{what}!"));
+                return Err(Error::Cuda(format!("injected {what} failure")));
+            }
+            self.log.lock().push(what.to_string());
+            Ok(())
+        }
+        fn log(&self) -> Vec<String> {
+            std::mem::take(&mut *self.log.lock())
+        }
+    }
+
+    impl VmmOps for Fake {
+        fn create(&self, _: u64) -> Result<u64> {
+            self.log.lock().push("create".into());
+            Ok(7)
+        }
+        fn reserve(&self, _: u64) -> Result<u64> {
+            self.log.lock().push("reserve".into());
+            Ok(0x1000_0000)
+        }
+        fn map(&self, _: u64, _: u64, _: u64) -> Result<()> {
+            self.op("map", &self.fail_map)
+        }
+        fn set_access(&self, _: u64, _: u64) -> Result<()> {
+            self.log.lock().push("access".into());
+            Ok(())
+        }
+        fn unmap(&self, _: u64, _: u64) -> Result<()> {
+            self.op("unmap", &self.fail_unmap)
+        }
+        fn release(&self, _: u64) -> Result<()> {
+            self.op("release", &self.fail_release)
+        }
+        fn address_free(&self, _: u64, _: u64) -> Result<()> {
+            self.op("free", &self.fail_free)
+        }
+    }
+
+    #[test]
+    fn wire_form_round_trips_and_rejects_corruption() {
+        let mut fh = [0u8; 64];
+        fh[0] = 9;
+        fh[63] = 1;
+        for body in [HandleBody::Fabric(fh), HandleBody::PosixFd { pid: 4242 }] {
+            let w = WireHandle { physical: 4 << 20, granularity: 2 << 20, body };
+            let b = w.encode();
+            assert_eq!(WireHandle::decode(&b).unwrap(), w);
+            assert!(WireHandle::decode(&b[..b.len() - 1]).unwrap_err().message().contains("bytes"));
+            let mut longer = b.clone();
+            longer.push(0);
+            assert!(WireHandle::decode(&longer).is_err());
+            for i in 0..b.len() {
+                let mut c = b.clone();
+                c[i] ^= 0x40;
+                assert!(WireHandle::decode(&c).is_err(), "flip at {i} accepted");
+            }
+        }
+        let zero = WireHandle { physical: 2 << 20, granularity: 2 << 20, body: HandleBody::Fabric([0; 64]) };
+        assert!(WireHandle::decode(&zero.encode()).unwrap_err().message().contains("all zero"));
+        let odd = WireHandle { physical: 3 << 20, granularity: 2 << 20, body: HandleBody::PosixFd { pid: 1 } };
+        assert!(WireHandle::decode(&odd.encode()).unwrap_err().message().contains("inconsistent"));
+    }
+
+    #[test]
+    fn granularity_rounding() {
+        assert_eq!(round_to_granularity(1, 2 << 20).unwrap(), 2 << 20);
+        assert_eq!(round_to_granularity(2 << 20, 2 << 20).unwrap(), 2 << 20);
+        assert_eq!(round_to_granularity((2 << 20) + 1, 2 << 20).unwrap(), 4 << 20);
+        assert!(round_to_granularity(0, 4096).is_err());
+        assert!(round_to_granularity(10, 0).is_err());
+        assert!(round_to_granularity(10, 3000).is_err());
+        assert!(round_to_granularity(u64::MAX, 4096).is_err());
+    }
+
+    #[test]
+    fn allocation_and_free_order() {
+        let f = Fake::default();
+        let mut a = VmmAllocation::allocate(&f, 17, 2 << 20).unwrap();
+        assert_eq!(a.physical, 2 << 20);
+        assert_eq!(f.log(), ["create", "reserve", "map", "access"]);
+        a.free(&f).unwrap();
+        assert_eq!(f.log(), ["unmap", "release", "free"]);
+        assert_eq!(a.state, VmmState::Freed);
+        // A failed map undoes what succeeded.
+        f.fail_map.store(1, std::sync::atomic::Ordering::SeqCst);
+        assert!(VmmAllocation::allocate(&f, 17, 2 << 20).is_err());
+        assert_eq!(f.log(), ["create", "reserve", "map!", "release", "free"]);
+    }
+
+    #[test]
+    fn exports_block_free_and_a_failed_step_is_unquiesced_then_resumes() {
+        let f = Fake::default();
+        let mut a = VmmAllocation::allocate(&f, 4096, 4096).unwrap();
+        f.log();
+        a.add_export().unwrap();
+        a.add_export().unwrap();
+        assert_eq!(a.free(&f).unwrap_err().status(), crate::error::Status::Unavailable);
+        a.retire_export().unwrap();
+        a.retire_export().unwrap();
+        assert_eq!(a.retire_export().unwrap_err().status(), crate::error::Status::Unquiesced);
+        f.fail_release.store(1, std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(a.free(&f).unwrap_err().status(), crate::error::Status::Unquiesced);
+        assert_eq!(a.state, VmmState::Unmapped);
+        assert!(a.add_export().is_err(), "no new export on the way down");
+        // The retry continues with release: the unmap is never repeated.
+        a.free(&f).unwrap();
+        assert_eq!(f.log(), ["unmap", "release!", "release", "free"]);
+        f.fail_free.store(1, std::sync::atomic::Ordering::SeqCst);
+        let mut b = VmmAllocation::allocate(&f, 4096, 4096).unwrap();
+        f.log();
+        assert!(b.free(&f).is_err());
+        assert_eq!(b.state, VmmState::Released);
+        b.free(&f).unwrap();
+        assert_eq!(f.log(), ["unmap", "release", "free!", "free"]);
+    }
+}
