@@ -21,7 +21,8 @@ fn a_connection_flood_is_refused_at_the_limit_with_bounded_threads_and_memory() 
     let t0 = Instant::now();
     loop {
         let st = g.src.stats();
-        if st.connections_refused as usize + st.incoming_connections >= 200 + 1 {
+        // 200 flood connections plus the good peer.
+        if st.connections_refused as usize + st.incoming_connections > 200 {
             assert_eq!(st.connections_refused, 200 - 15, "{st:?}");
             assert_eq!(st.incoming_connections, 16);
             break;
