@@ -26,6 +26,7 @@
 
 pub mod control;
 pub mod cuda;
+pub mod cuda_api;
 pub mod cuda_support;
 pub mod engine;
 pub mod error;

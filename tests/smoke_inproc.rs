@@ -52,3 +52,27 @@ fn read_and_write_round_trip_in_process() {
     req.close(Some(T)).unwrap();
     src.close(Some(T)).unwrap();
 }
+
+#[test]
+fn cuda_registration_helpers_check_memory_kinds() {
+    let e = Engine::new(EngineConfig::default()).unwrap();
+    let a = allocate_shared_host(4096).unwrap();
+    let err = e.register_cuda_memory_batch(&[(&a, Access::READ)]).unwrap_err();
+    assert_eq!(err.status(), Status::InvalidArgument);
+    assert!(err.message().contains("not CUDA memory"), "{err}");
+    let err = e.register_host_memory(&a, Access::READ).unwrap_err();
+    assert!(err.message().contains("allocate_pinned_host"), "{err}");
+    assert!(e.regions().is_empty(), "nothing registered on failure");
+    // Without CUDA (or a driver) the CUDA allocations say why.
+    for r in [
+        orbite::cuda_api::CudaMemory::allocate(0, 16),
+        orbite::cuda_api::CudaMemory::allocate_ipc(0, 16),
+        orbite::cuda_api::allocate_pinned_host(16),
+        orbite::cuda_api::allocate_mnnvl(0, 16),
+        orbite::cuda_api::allocate_egm(0, 16),
+    ] {
+        let err = r.err().expect("no CUDA device here");
+        assert!(matches!(err.status(), Status::Unavailable | Status::NotSupported), "{err}");
+    }
+    a.free().unwrap();
+}

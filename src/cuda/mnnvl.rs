@@ -298,6 +298,8 @@ impl IpcBackend for MnnvlBackend {
     }
 
     fn export(&self, base: u64) -> Result<ExportedHandle> {
+        // The source consumes producer readiness before exposing the backing.
+        super::memory::consume_producer(base)?;
         let mut m = VMM.lock();
         let e = m
             .get_or_insert_with(HashMap::new)

@@ -502,6 +502,8 @@ impl Inner {
             let k = t.kind;
             let link = if peer.capabilities & k.capability_bit() == 0 || peer.ipc_name.is_empty() {
                 Err(format!("{label} does not offer {}", k.name()))
+            } else if k != TransportKind::Shm && peer.identity.process == self.identity.process {
+                Err(format!("{label} is in this process; {} needs two cooperating processes", k.name()))
             } else if k == TransportKind::Mnnvl && peer.fabric_domain != self.fabric_domain() {
                 Err(format!("{label} advertises another fabric domain"))
             } else if !ipc::same_boot(&self.identity, &peer.identity) {
