@@ -71,7 +71,7 @@ fn cuda_registration_helpers_check_memory_kinds() {
         orbite::cuda_api::allocate_mnnvl(0, 16),
         orbite::cuda_api::allocate_egm(0, 16),
     ] {
-        let err = r.err().expect("no CUDA device here");
+        let err = r.expect_err("no CUDA device here");
         assert!(matches!(err.status(), Status::Unavailable | Status::NotSupported), "{err}");
     }
     a.free().unwrap();
