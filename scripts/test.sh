@@ -8,6 +8,8 @@ unset CUDARC_CUDA_VERSION
 jobs="$(nproc)"
 echo "== cargo test (release) =="
 cargo test --release --locked
+echo "== concurrency models (shuttle) =="
+cargo test --release --locked --features model-check --test models
 echo "== cargo test (release, cuda feature: driver probing without a GPU) =="
 cargo test --release --locked --features cuda --test cuda_driver
 echo "== C tests (ctest) =="

@@ -33,6 +33,7 @@ pub mod error;
 pub mod ffi;
 pub mod memory;
 pub mod stats;
+pub mod sync;
 pub mod sync_util;
 pub mod transfer;
 pub mod transport;

@@ -11,7 +11,7 @@
 //! the CUDA build plugs in the driver.
 
 use crate::error::{Error, Result};
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -1,0 +1,80 @@
+//! The synchronisation primitives of the model-checked structures (the
+//! CUDA stream pool): parking_lot in every real build; shuttle's, behind a
+//! parking_lot-shaped API, when the `model-check` feature builds the
+//! concurrency models (`tests/models.rs`).
+
+#[cfg(not(feature = "model-check"))]
+pub use parking_lot::{Condvar, Mutex, MutexGuard};
+
+#[cfg(feature = "model-check")]
+pub use model::{Condvar, Mutex, MutexGuard};
+
+#[cfg(feature = "model-check")]
+mod model {
+    use std::ops::{Deref, DerefMut};
+    use std::time::Instant;
+
+    /// A mutex with parking_lot's `lock()` (no poisoning).
+    #[derive(Debug, Default)]
+    pub struct Mutex<T>(shuttle::sync::Mutex<T>);
+
+    /// Its guard; the inner guard is lent to `Condvar::wait_until`.
+    pub struct MutexGuard<'a, T>(Option<shuttle::sync::MutexGuard<'a, T>>);
+
+    impl<T> Mutex<T> {
+        /// A mutex holding `v`.
+        pub fn new(v: T) -> Mutex<T> {
+            Mutex(shuttle::sync::Mutex::new(v))
+        }
+        /// Locks it.
+        pub fn lock(&self) -> MutexGuard<'_, T> {
+            MutexGuard(Some(self.0.lock().unwrap_or_else(|e| e.into_inner())))
+        }
+    }
+
+    impl<T> Deref for MutexGuard<'_, T> {
+        type Target = T;
+        fn deref(&self) -> &T {
+            self.0.as_ref().expect("guard held")
+        }
+    }
+
+    impl<T> DerefMut for MutexGuard<'_, T> {
+        fn deref_mut(&mut self) -> &mut T {
+            self.0.as_mut().expect("guard held")
+        }
+    }
+
+    /// The outcome of a timed wait.
+    pub struct WaitResult(bool);
+
+    impl WaitResult {
+        /// Whether the wait timed out (never, under shuttle: time does not
+        /// pass in a model, so a lost wakeup shows up as a deadlock).
+        pub fn timed_out(&self) -> bool {
+            self.0
+        }
+    }
+
+    /// A condition variable with parking_lot's `wait_until(&mut guard, ..)`.
+    #[derive(Debug, Default)]
+    pub struct Condvar(shuttle::sync::Condvar);
+
+    impl Condvar {
+        /// A condition variable.
+        pub fn new() -> Condvar {
+            Condvar(shuttle::sync::Condvar::new())
+        }
+        /// Waits for a notification (the deadline is not modelled).
+        pub fn wait_until<T>(&self, g: &mut MutexGuard<'_, T>, _deadline: Instant) -> WaitResult {
+            let inner = g.0.take().expect("guard held");
+            let inner = self.0.wait(inner).unwrap_or_else(|e| e.into_inner());
+            g.0 = Some(inner);
+            WaitResult(false)
+        }
+        /// Wakes every waiter.
+        pub fn notify_all(&self) {
+            self.0.notify_all();
+        }
+    }
+}
