@@ -1,9 +1,12 @@
 /* transfer_demo: two processes move data with liborbite over loopback.
  *
- * The child process is the *source*: it registers a buffer and publishes its
- * endpoint. The parent is the *requester*: it connects, READs the source's
- * buffer, WRITEs into it, checks every byte and prints what moved and how
- * fast. Copy from here: every call below is the whole pattern.
+ * The child process is the *source*: it registers two buffers and publishes
+ * its endpoint: plain heap memory (which travels over TCP) and memory from
+ * orbite_host_allocate_shared (which a peer on the same host reaches over
+ * SHM, shared memory). The parent is the *requester*: it connects, READs
+ * each buffer, WRITEs into it, checks every byte and prints what moved, over
+ * which transport and how fast. Copy from here: every call below is the
+ * whole pattern.
  *
  * Usage: transfer_demo [MiB]   (default 64)
  */
@@ -39,33 +42,42 @@ static uint8_t inverted(size_t i) { return (uint8_t)(255u - pattern(i)); }
 
 /* The source: register a buffer, tell the parent where it is, serve until told to stop. */
 static int run_source(size_t bytes, int to_parent, int from_parent) {
-  uint8_t *buf = malloc(bytes);
-  for (size_t i = 0; i < bytes; i++) buf[i] = pattern(i);
+  /* Heap memory: any peer can reach it over TCP. */
+  uint8_t *heap = malloc(bytes);
+  /* Library shared memory: a peer on this host reaches it over SHM. */
+  orbite_allocation *alloc = NULL;
+  TRY(orbite_host_allocate_shared(bytes, &alloc));
+  uint8_t *shared = orbite_allocation_addr(alloc);
+  for (size_t i = 0; i < bytes; i++) heap[i] = shared[i] = pattern(i);
 
   orbite_engine *engine = NULL;
   TRY(orbite_engine_new(NULL, &engine)); /* defaults: listen on 127.0.0.1, port from the OS */
-  uint64_t region = 0;
-  TRY(orbite_register_memory(engine, buf, bytes, ORBITE_ACCESS_READ | ORBITE_ACCESS_WRITE, &region));
+  uint64_t r1 = 0, r2 = 0;
+  TRY(orbite_register_memory(engine, heap, bytes, ORBITE_ACCESS_READ | ORBITE_ACCESS_WRITE, &r1));
+  TRY(orbite_register_memory(engine, shared, bytes, ORBITE_ACCESS_READ | ORBITE_ACCESS_WRITE, &r2));
 
   char endpoint[128];
   size_t len = 0;
   TRY(orbite_engine_endpoint(engine, endpoint, sizeof endpoint, &len));
-  dprintf(to_parent, "%s %llu\n", endpoint, (unsigned long long)(uintptr_t)buf);
+  dprintf(to_parent, "%s %llu %llu\n", endpoint, (unsigned long long)(uintptr_t)heap,
+          (unsigned long long)(uintptr_t)shared);
 
   char c;
   if (read(from_parent, &c, 1) != 1) c = 0; /* the parent says when it is done */
   size_t wrong = 0;
-  for (size_t i = 0; i < bytes; i++) wrong += buf[i] != inverted(i);
+  for (size_t i = 0; i < bytes; i++) wrong += (heap[i] != inverted(i)) + (shared[i] != inverted(i));
   dprintf(to_parent, "%zu\n", wrong);
 
-  TRY(orbite_close(engine, 10000)); /* waits for requests being served */
+  TRY(orbite_close(engine, 10000)); /* waits for requests being served and exports */
   orbite_engine_free(engine);
-  free(buf);
+  TRY(orbite_allocation_free(alloc)); /* unregistered by close: now it can go */
+  free(heap);
   return 0;
 }
 
-/* Submit one request per MiB and wait; returns seconds taken. */
-static double move(orbite_engine *e, uint64_t peer, uint32_t op, uint8_t *local, uint64_t remote, size_t bytes) {
+/* Submit one request per MiB over `transport` and wait; returns seconds taken. */
+static double move(orbite_engine *e, uint64_t peer, uint32_t transport, uint32_t op, uint8_t *local, uint64_t remote,
+                   size_t bytes) {
   size_t n = bytes / BLOCK;
   orbite_request *reqs = calloc(n, sizeof *reqs);
   for (size_t i = 0; i < n; i++) {
@@ -74,7 +86,7 @@ static double move(orbite_engine *e, uint64_t peer, uint32_t op, uint8_t *local,
     reqs[i].remote_addr = remote + i * BLOCK;
     reqs[i].length = BLOCK;
   }
-  orbite_submit_options opts = {ORBITE_TRANSPORT_AUTO, 60000};
+  orbite_submit_options opts = {transport, 60000}; /* ORBITE_TRANSPORT_AUTO would pick the best */
   orbite_batch *batch = NULL;
   double t0 = now_s();
   TRY(orbite_submit(e, peer, reqs, n, &opts, &batch)); /* returns once admitted */
@@ -110,11 +122,13 @@ int main(int argc, char **argv) {
   close(down[0]);
   FILE *from_child = fdopen(up[0], "r");
   char endpoint[128];
-  unsigned long long remote = 0;
-  if (fscanf(from_child, "%127s %llu", endpoint, &remote) != 2) return 1;
+  unsigned long long remote_heap = 0, remote_shared = 0;
+  if (fscanf(from_child, "%127s %llu %llu", endpoint, &remote_heap, &remote_shared) != 3) return 1;
 
+  /* A small SHM relocation cache keeps the source's memory mapped between
+     submissions (each one is still validated by the source). */
   orbite_engine *engine = NULL;
-  TRY(orbite_engine_new(NULL, &engine));
+  TRY(orbite_engine_new("{\"shm_cache_entries\": 4}", &engine));
   uint8_t *local = malloc(bytes);
   memset(local, 0, bytes);
   uint64_t region = 0;
@@ -123,17 +137,27 @@ int main(int argc, char **argv) {
   TRY(orbite_connect(engine, endpoint, 10000, &peer));
   printf("requester pid %d connected to source pid %d at %s\n", (int)getpid(), (int)pid, endpoint);
 
-  double t_read = move(engine, peer, ORBITE_OP_READ, local, remote, bytes);
   size_t wrong = 0;
-  for (size_t i = 0; i < bytes; i++) wrong += local[i] != pattern(i);
-  printf("READ  %zu MiB in %zu requests: %.3f s, %.2f GB/s, %zu wrong bytes\n", mib, mib, t_read,
-         (double)bytes / t_read / 1e9, wrong);
+  struct {
+    const char *name;
+    uint32_t transport;
+    uint64_t remote;
+  } runs[2] = {{"TCP", ORBITE_TRANSPORT_TCP, remote_heap}, {"SHM", ORBITE_TRANSPORT_SHM, remote_shared}};
+  for (int k = 0; k < 2; k++) {
+    memset(local, 0, bytes);
+    double t_read = move(engine, peer, runs[k].transport, ORBITE_OP_READ, local, runs[k].remote, bytes);
+    size_t bad = 0;
+    for (size_t i = 0; i < bytes; i++) bad += local[i] != pattern(i);
+    wrong += bad;
+    printf("%s READ  %zu MiB in %zu requests: %.3f s, %.2f GB/s, %zu wrong bytes\n", runs[k].name, mib, mib, t_read,
+           (double)bytes / t_read / 1e9, bad);
+    for (size_t i = 0; i < bytes; i++) local[i] = inverted(i);
+    double t_write = move(engine, peer, runs[k].transport, ORBITE_OP_WRITE, local, runs[k].remote, bytes);
+    printf("%s WRITE %zu MiB in %zu requests: %.3f s, %.2f GB/s\n", runs[k].name, mib, mib, t_write,
+           (double)bytes / t_write / 1e9);
+  }
 
-  for (size_t i = 0; i < bytes; i++) local[i] = inverted(i);
-  double t_write = move(engine, peer, ORBITE_OP_WRITE, local, remote, bytes);
-  printf("WRITE %zu MiB in %zu requests: %.3f s, %.2f GB/s\n", mib, mib, t_write, (double)bytes / t_write / 1e9);
-
-  char stats[4096];
+  char stats[8192];
   size_t len = 0;
   TRY(orbite_engine_stats_json(engine, stats, sizeof stats, &len));
   printf("requester stats: %s\n", stats);
