@@ -8,34 +8,8 @@ use orbite::*;
 use std::path::PathBuf;
 use std::process::Command;
 
-const SYMBOLS: &[&str] = &[
-    "cuDriverGetVersion",
-    "cuDeviceGetCount",
-    "cuDeviceGet",
-    "cuDevicePrimaryCtxRetain",
-    "cuCtxSetCurrent",
-    "cuCtxGetCurrent",
-    "cuCtxSynchronize",
-    "cuMemAlloc_v2",
-    "cuMemFree_v2",
-    "cuMemsetD8_v2",
-    "cuMemHostAlloc",
-    "cuMemFreeHost",
-    "cuIpcGetMemHandle",
-    "cuIpcOpenMemHandle_v2",
-    "cuIpcCloseMemHandle",
-    "cuStreamCreate",
-    "cuStreamDestroy_v2",
-    "cuStreamSynchronize",
-    "cuStreamWaitEvent",
-    "cuEventCreate",
-    "cuEventDestroy_v2",
-    "cuEventRecord",
-    "cuEventQuery",
-    "cuEventSynchronize",
-    "cuMemcpyAsync",
-    "cuMemcpy",
-];
+/// Every symbol the driver probe requires (cuInit is defined separately).
+const SYMBOLS: &[&str] = orbite::cuda::driver::REQUIRED;
 
 /// Builds a fake libcuda.so.1 whose cuInit returns `init_result`, omitting `skip`.
 fn fake_driver(name: &str, init_result: i32, skip: Option<&str>) -> PathBuf {
@@ -47,7 +21,7 @@ fn fake_driver_with(name: &str, init_result: i32, skip: Option<&str>, extra: &st
     let dir = std::env::temp_dir().join(format!("orbite-fake-cuda-{}-{name}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let mut c = format!("int cuInit(unsigned flags) {{ (void)flags; return {init_result}; }}\n{extra}\n");
-    for s in SYMBOLS.iter().filter(|s| Some(**s) != skip && !extra.contains(&format!(" {s}("))) {
+    for s in SYMBOLS.iter().filter(|s| **s != "cuInit" && Some(**s) != skip && !extra.contains(&format!(" {s}("))) {
         // Never called: cuInit fails first. Present so the probe finds them.
         c.push_str(&format!("int {s}(void) {{ return 999; }}\n"));
     }

@@ -53,6 +53,18 @@ struct Report {
     shm_requests: u64,
 }
 
+impl Report {
+    fn add(&mut self, r: &Report) {
+        self.submitted += r.submitted;
+        self.completed += r.completed;
+        self.failed += r.failed;
+        self.bytes_verified += r.bytes_verified;
+        self.mismatches += r.mismatches;
+        self.tcp_requests += r.tcp_requests;
+        self.shm_requests += r.shm_requests;
+    }
+}
+
 fn requester(args: &[String]) {
     let endpoint: String = arg(args, "--endpoint", String::new());
     let index: u64 = arg(args, "--index", 0);
@@ -159,14 +171,8 @@ fn requester(args: &[String]) {
         hs.into_iter().map(|h| h.join().unwrap_or_else(|_| fail("thread panicked"))).collect()
     });
     let mut total = Report::default();
-    for r in reports {
-        total.submitted += r.submitted;
-        total.completed += r.completed;
-        total.failed += r.failed;
-        total.bytes_verified += r.bytes_verified;
-        total.mismatches += r.mismatches;
-        total.tcp_requests += r.tcp_requests;
-        total.shm_requests += r.shm_requests;
+    for r in &reports {
+        total.add(r);
     }
     let st = e.stats();
     let done: u64 = st.transports.values().map(|t| t.requests_completed + t.requests_failed).sum();
@@ -222,15 +228,7 @@ fn main() {
         BufReader::new(c.stdout.take().unwrap()).read_line(&mut line).ok();
         let st = c.wait().unwrap();
         match serde_json::from_str::<Report>(&line) {
-            Ok(r) if st.success() => {
-                total.submitted += r.submitted;
-                total.completed += r.completed;
-                total.failed += r.failed;
-                total.bytes_verified += r.bytes_verified;
-                total.mismatches += r.mismatches;
-                total.tcp_requests += r.tcp_requests;
-                total.shm_requests += r.shm_requests;
-            }
+            Ok(r) if st.success() => total.add(&r),
             _ => bad += 1,
         }
     }

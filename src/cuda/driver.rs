@@ -22,7 +22,7 @@ pub struct Driver {
 }
 
 /// Symbols the NVLink transport calls; all must exist.
-const REQUIRED: &[&str] = &[
+pub const REQUIRED: &[&str] = &[
     "cuInit",
     "cuDriverGetVersion",
     "cuDeviceGetCount",

@@ -106,20 +106,7 @@ impl<F: StreamFactory> StreamPool<F> {
                     }
                 };
                 drop(slots);
-                let made = self.factory.create(ctx);
-                let mut s = self.slots.lock();
-                return match made {
-                    Ok(h) => {
-                        s[i].state = SlotState::Active;
-                        Ok(StreamLease { index: i, ctx, handle: Some(h) })
-                    }
-                    Err(e) => {
-                        s[i] = Slot { ctx: u64::MAX, state: SlotState::Busy };
-                        drop(s);
-                        self.freed.notify_all();
-                        Err(e)
-                    }
-                };
+                return self.create_in(i, ctx);
             }
             // 3. At capacity: replace an idle slot of another context.
             if let Some(i) = slots.iter().position(|s| s.ctx != ctx && matches!(s.state, SlotState::Idle(_))) {
@@ -138,20 +125,7 @@ impl<F: StreamFactory> StreamPool<F> {
                 }
                 s[i] = Slot { ctx, state: SlotState::Busy };
                 drop(s);
-                let made = self.factory.create(ctx);
-                let mut s = self.slots.lock();
-                return match made {
-                    Ok(h) => {
-                        s[i].state = SlotState::Active;
-                        Ok(StreamLease { index: i, ctx, handle: Some(h) })
-                    }
-                    Err(e) => {
-                        s[i] = Slot { ctx: u64::MAX, state: SlotState::Busy };
-                        drop(s);
-                        self.freed.notify_all();
-                        Err(e)
-                    }
-                };
+                return self.create_in(i, ctx);
             }
             // 4. Nothing will ever free up.
             if slots.len() >= self.capacity && slots.iter().all(|s| matches!(s.state, SlotState::Quarantined)) {
@@ -166,6 +140,25 @@ impl<F: StreamFactory> StreamPool<F> {
                     "no stream-pool slot became free before the deadline ({} slots)",
                     self.capacity
                 )));
+            }
+        }
+    }
+
+    /// Creates the native pair of slot `i` (reserved `Busy` for `ctx` by the
+    /// caller) outside the mutex; on failure the place is vacated.
+    fn create_in(&self, i: usize, ctx: u64) -> Result<StreamLease<F::Handle>> {
+        let made = self.factory.create(ctx);
+        let mut s = self.slots.lock();
+        match made {
+            Ok(h) => {
+                s[i].state = SlotState::Active;
+                Ok(StreamLease { index: i, ctx, handle: Some(h) })
+            }
+            Err(e) => {
+                s[i] = Slot { ctx: u64::MAX, state: SlotState::Busy };
+                drop(s);
+                self.freed.notify_all();
+                Err(e)
             }
         }
     }

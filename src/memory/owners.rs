@@ -215,6 +215,27 @@ fn round_up(v: u64, to: u64) -> Option<u64> {
     v.checked_add(to - 1).map(|x| x / to * to)
 }
 
+/// Maps `len` bytes of a memory file read/write and shared (the owner's
+/// allocation, or an SHM import of it). The fd may be closed afterwards.
+pub fn map_shared(fd: &impl AsRawFd, len: u64, what: &str) -> Result<u64> {
+    // SAFETY: mapping `len` bytes of an open file; the result is checked.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len as usize,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        let e = std::io::Error::last_os_error();
+        return Err(Error::ResourceExhausted(format!("cannot map {len} bytes of {what}: {e}")));
+    }
+    Ok(p as u64)
+}
+
 /// Allocates zeroed host memory backed by a memfd, physically rounded up to
 /// 2 MiB, shareable with peers on the same host (SHM transport).
 pub fn allocate_shared_host(len: u64) -> Result<Allocation> {
@@ -237,23 +258,9 @@ pub fn allocate_shared_host(len: u64) -> Result<Allocation> {
         let e = std::io::Error::last_os_error();
         return Err(Error::ResourceExhausted(format!("cannot size shared memory to {physical} bytes: {e}")));
     }
-    // SAFETY: mapping a valid fd of `physical` bytes; the result is checked.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            physical as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        let e = std::io::Error::last_os_error();
-        return Err(Error::ResourceExhausted(format!("cannot map {physical} bytes of shared memory: {e}")));
-    }
+    let p = map_shared(&fd, physical, "shared memory")?;
     let owned =
-        Arc::new(Owned { kind: MemoryKind::SharedHost, addr: p as u64, len, physical, backing: Backing::Memfd { fd } });
+        Arc::new(Owned { kind: MemoryKind::SharedHost, addr: p, len, physical, backing: Backing::Memfd { fd } });
     OWNERS.lock().insert(owned.addr, Entry { owned: owned.clone(), counts: Counts::default() });
     Ok(Allocation { owned })
 }

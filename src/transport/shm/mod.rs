@@ -48,23 +48,8 @@ impl IpcBackend for ShmBackend {
                 st.st_size
             )));
         }
-        // SAFETY: mapping `physical` bytes of a regular file we hold open;
-        // the result is checked. The fd may be closed after mmap.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                physical as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd.as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            let e = std::io::Error::last_os_error();
-            return Err(Error::ResourceExhausted(format!("cannot map the SHM export ({physical} bytes): {e}")));
-        }
-        Ok(Box::new(ShmMapping { base: p as u64, len: physical, mapped: AtomicBool::new(true) }))
+        let p = owners::map_shared(&fd, physical, "the SHM export")?;
+        Ok(Box::new(ShmMapping { base: p, len: physical, mapped: AtomicBool::new(true) }))
     }
 }
 
