@@ -486,3 +486,51 @@ fn resource_exhausted_retries_once_then_falls_through() {
     y.close(Some(LONG)).unwrap();
     src.close();
 }
+
+#[test]
+fn full_cache_without_an_idle_entry_is_exhausted_and_uncertain_entries_stay() {
+    let src = PeerProc::spawn(&["--shared", "--allocs", "2", "--size", &(2 * MIB).to_string(), "--seed", "1"]);
+    let (a, b) = (src.addrs[0], src.addrs[1]);
+    let e = engine(r#"{"shm_cache_entries": 1}"#);
+    let l = local(&e, 4096);
+    let p = e.connect(&src.endpoint, None).unwrap();
+    // An unconfirmed completion leaves A's entry uncertain: retained, never evicted.
+    e.faults().fail_completion.store(1, Ordering::SeqCst);
+    assert_eq!(go(&e, p, &[rd(&l, 0, a, 4096)], shm())[0].status, Status::Unquiesced);
+    assert_eq!(e.stats().ipc["shm"].imports_retained, 1);
+    // A new key finds the only slot taken and nothing idle to reclaim.
+    let r = go(&e, p, &[rd(&l, 0, b, 4096)], shm());
+    assert_eq!(r[0], RequestResult { status: Status::ResourceExhausted, remote_effect: RemoteEffect::None });
+    assert!(e.stats().ipc["shm"].imports_retained == 1 && e.stats().ipc["shm"].imports_opened == 1);
+    // With Auto the unposted rejection falls through to TCP.
+    assert!(all_ok(&go(&e, p, &[rd(&l, 0, b, 4096)], SubmitOptions::default())));
+    assert!((0..4096).all(|i| l[i] == pattern(2, i as u64)));
+    drop(e);
+    src.kill();
+}
+
+#[test]
+fn two_peers_importing_from_each_other_close_together() {
+    let cfg = r#"{"shm_cache_entries": 2}"#;
+    let (x, y) = (engine(cfg), engine(cfg));
+    let (ax, ay) = (allocate_shared_host(MIB).unwrap(), allocate_shared_host(MIB).unwrap());
+    x.register_memory(ax.addr(), MIB, Access::READ).unwrap();
+    y.register_memory(ay.addr(), MIB, Access::READ).unwrap();
+    let (lx, ly) = (local(&x, 4096), local(&y, 4096));
+    let px = x.connect(&y.endpoint(), None).unwrap();
+    let py = y.connect(&x.endpoint(), None).unwrap();
+    assert!(all_ok(&go(&x, px, &[rd(&lx, 0, ay.addr(), 4096)], shm())));
+    assert!(all_ok(&go(&y, py, &[rd(&ly, 0, ax.addr(), 4096)], shm())));
+    assert_eq!((x.stats().ipc["shm"].imports_cached, y.stats().ipc["shm"].imports_cached), (1, 1));
+    // Each close releases its own import before waiting for the export the
+    // other holds, so closing both at once finishes.
+    std::thread::scope(|s| {
+        let hx = s.spawn(|| x.close(Some(LONG)));
+        let hy = s.spawn(|| y.close(Some(LONG)));
+        hx.join().unwrap().unwrap();
+        hy.join().unwrap().unwrap();
+    });
+    drop((x, y));
+    ax.free().unwrap();
+    ay.free().unwrap();
+}
