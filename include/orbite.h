@@ -253,7 +253,10 @@ orbite_status orbite_allocate_mnnvl(int32_t device, size_t length, struct orbite
 // Allocates fabric-exportable host memory on a NUMA node (EGM).
 orbite_status orbite_allocate_egm(int32_t numa_node, size_t length, struct orbite_allocation **out_alloc);
 
-// Writes the CUDA resources retained after unconfirmed cleanup, as JSON.
+// Writes, as JSON, the CUDA driver as probed (`cuda_available`, and the
+// reason when it is not) and what every live engine of the process retains
+// after unconfirmed cleanups (`engines`: exports without a close receipt,
+// imports whose close was not confirmed, quarantined streams).
 orbite_status orbite_cuda_retained_resources_json(char *buf, size_t cap, size_t *out_len);
 
 // Submits `count` requests to `peer`. Local checks fail the call; remote

@@ -150,11 +150,10 @@ pub fn driver_json() -> serde_json::Value {
     imp::driver_json()
 }
 
-/// Retained CUDA resources, as JSON.
+/// Retained resources of every live engine of the process (by endpoint),
+/// with the CUDA driver as probed, as JSON.
 pub fn retained_resources_json() -> String {
     let mut v = driver_json();
-    v["retained_exports"] = serde_json::json!([]);
-    v["retained_imports"] = serde_json::json!([]);
-    v["quarantined_streams"] = serde_json::json!(0);
+    v["engines"] = crate::engine::retained_resources_all();
     v.to_string()
 }

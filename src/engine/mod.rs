@@ -70,6 +70,28 @@ pub(crate) struct Inner {
     ipc_unavailable: Vec<(TransportKind, String)>,
 }
 
+/// Every live engine of the process, for process-wide reports.
+static ENGINES: Mutex<Vec<std::sync::Weak<Inner>>> = Mutex::new(Vec::new());
+
+/// What every live engine of this process retains after unconfirmed
+/// cleanups (exports without a close receipt, imports whose close was not
+/// confirmed, quarantined CUDA streams), by engine endpoint.
+pub fn retained_resources_all() -> serde_json::Value {
+    let engines: Vec<Arc<Inner>> = {
+        let mut v = ENGINES.lock();
+        v.retain(|w| w.strong_count() > 0);
+        v.iter().filter_map(|w| w.upgrade()).collect()
+    };
+    let mut out = serde_json::Map::new();
+    for i in engines {
+        if i.closed.load(Ordering::Acquire) {
+            continue;
+        }
+        out.insert(i.endpoint.to_string(), i.retained_detail());
+    }
+    serde_json::Value::Object(out)
+}
+
 /// A transfer engine: registers memory, serves it to peers and moves bytes
 /// to and from theirs. Share it across threads by reference.
 pub struct Engine {
@@ -174,6 +196,7 @@ impl Engine {
             let t2 = spawn("orbite-ipc-accept", Box::new(move || accept::ipc_accept_loop(i2, ipc_ctx)))?;
             inner.accept_threads.lock().push(t2);
         }
+        ENGINES.lock().push(Arc::downgrade(&inner));
         Ok(Engine { inner })
     }
 
@@ -435,18 +458,7 @@ impl Engine {
     /// Retained IPC resources (exports without a close receipt, imports
     /// kept after an unconfirmed close), per IPC transport, as JSON.
     pub fn retained_resources(&self) -> serde_json::Value {
-        let mut v = serde_json::Map::new();
-        for t in &self.inner.ipc {
-            v.insert(
-                t.kind.name().to_string(),
-                serde_json::json!({
-                    "retained_exports": t.exports.retained(),
-                    "retained_imports": t.requester.counts().retained,
-                    "cached_regions": t.requester.cached_regions(),
-                }),
-            );
-        }
-        serde_json::Value::Object(v)
+        self.inner.retained_detail()
     }
 }
 
@@ -466,6 +478,22 @@ fn region_info(r: &Region) -> RegionInfo {
 }
 
 impl Inner {
+    fn retained_detail(&self) -> serde_json::Value {
+        let mut v = serde_json::Map::new();
+        for t in &self.ipc {
+            let mut entry = serde_json::json!({
+                "retained_exports": t.exports.retained(),
+                "retained_imports": t.requester.counts().retained,
+                "cached_regions": t.requester.cached_regions(),
+            });
+            if let Some(pool) = &t.pool {
+                entry["quarantined_streams"] = serde_json::json!(pool().retained_streams);
+            }
+            v.insert(t.kind.name().to_string(), entry);
+        }
+        serde_json::Value::Object(v)
+    }
+
     fn capabilities(&self) -> u32 {
         let mut c = self.ipc.iter().fold(TransportKind::Tcp.capability_bit(), |c, t| c | t.kind.capability_bit());
         if self.config.mnnvl.as_ref().is_some_and(|m| m.egm) {

@@ -81,7 +81,10 @@ pub extern "C" fn orbite_allocate_egm(
     })
 }
 
-/// Writes the CUDA resources retained after unconfirmed cleanup, as JSON.
+/// Writes, as JSON, the CUDA driver as probed (`cuda_available`, and the
+/// reason when it is not) and what every live engine of the process retains
+/// after unconfirmed cleanups (`engines`: exports without a close receipt,
+/// imports whose close was not confirmed, quarantined streams).
 #[no_mangle]
 pub extern "C" fn orbite_cuda_retained_resources_json(
     buf: *mut c_char,
