@@ -313,7 +313,7 @@ impl Engine {
         if let Some(e) = p.conn.dead_reason() {
             return Err(e);
         }
-        Ok(p.conn.refresh_describe(Instant::now() + self.timeout(timeout))?.regions)
+        Ok(p.conn.refresh_describe(Instant::now() + self.timeout(timeout))?.regions.clone())
     }
 
     /// The endpoint peer `id` was connected with.

@@ -75,7 +75,7 @@ struct Pending {
 }
 
 struct DescribeState {
-    current: Describe,
+    current: Arc<Describe>,
     generation: u64,
 }
 
@@ -113,7 +113,7 @@ impl TcpConnection {
             pending: Mutex::new(Pending::default()),
             next_tag: AtomicU64::new(1),
             dead: Mutex::new(None),
-            describe: Mutex::new(DescribeState { current: peer, generation: 0 }),
+            describe: Mutex::new(DescribeState { current: Arc::new(peer), generation: 0 }),
             describe_cv: Condvar::new(),
             threads: Mutex::new(Vec::new()),
             stats,
@@ -140,12 +140,12 @@ impl TcpConnection {
     }
 
     /// The peer's latest Describe.
-    pub fn describe(&self) -> Describe {
+    pub fn describe(&self) -> Arc<Describe> {
         self.describe.lock().current.clone()
     }
 
     /// Asks the peer for a fresh Describe and waits for it until `deadline`.
-    pub fn refresh_describe(&self, deadline: Instant) -> Result<Describe> {
+    pub fn refresh_describe(&self, deadline: Instant) -> Result<Arc<Describe>> {
         let gen = self.describe.lock().generation;
         {
             let mut w = self.writer.lock();
@@ -431,7 +431,7 @@ impl TcpConnection {
                     if d.identity.engine_epoch != st.current.identity.engine_epoch {
                         return Err(Error::Protocol("peer changed its engine epoch mid-connection".into()));
                     }
-                    st.current = d;
+                    st.current = Arc::new(d);
                     st.generation += 1;
                     self.describe_cv.notify_all();
                 }
