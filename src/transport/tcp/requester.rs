@@ -11,6 +11,7 @@ use crate::transfer::{BatchShared, ChunkOutcome, Op, RemoteEffect};
 use crate::transport::TransportKind;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
+use std::io::BufReader;
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -366,7 +367,10 @@ impl TcpConnection {
         }
     }
 
-    fn recv_loop(self: Arc<Self>, mut s: TcpStream) {
+    fn recv_loop(self: Arc<Self>, s: TcpStream) {
+        // Buffered: one recv serves many small answers; READ payloads larger
+        // than the buffer bypass it into registered memory.
+        let mut s = BufReader::with_capacity(64 * 1024, s);
         let err = match self.recv_frames(&mut s) {
             Ok(()) => Error::Unavailable(format!("{} closed the connection", self.label)),
             Err(e) => e,
@@ -416,7 +420,7 @@ impl TcpConnection {
         Ok(())
     }
 
-    fn recv_frames(&self, s: &mut TcpStream) -> Result<()> {
+    fn recv_frames(&self, s: &mut BufReader<TcpStream>) -> Result<()> {
         loop {
             let h = match io::read_header(s, &mut || self.expired())? {
                 HeaderRead::Eof => return Ok(()),
@@ -456,7 +460,7 @@ impl TcpConnection {
         }
     }
 
-    fn on_response(&self, s: &mut TcpStream, h: FrameHeader) -> Result<()> {
+    fn on_response(&self, s: &mut BufReader<TcpStream>, h: FrameHeader) -> Result<()> {
         let body_len = h.body_len as u64;
         if body_len < DATA_RESPONSE_LEN as u64 {
             return Err(Error::Protocol(format!("{:?} of {body_len} bytes is too short", h.kind)));

@@ -8,6 +8,7 @@ use crate::memory::{RegionLease, RegionTable};
 use crate::stats::Stats;
 use crate::sync_util::{Gate, GateGuard};
 use crate::transport::TransportKind;
+use std::io::{BufReader, Read};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -44,7 +45,12 @@ pub fn serve(ctx: Arc<SourceContext>, mut stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(TICK));
     let _ = stream.set_write_timeout(Some(TICK));
-    let r = serve_inner(&ctx, &mut stream);
+    // Reads go through a buffer (one recv serves many small frames); large
+    // payload reads bypass it and land straight in registered memory.
+    let r = match stream.try_clone() {
+        Ok(rs) => serve_inner(&ctx, &mut BufReader::with_capacity(64 * 1024, rs), &mut stream),
+        Err(e) => Err(Error::io("clone socket", &e)),
+    };
     if let Err(e) = r {
         if matches!(e, Error::Protocol(_)) {
             ctx.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
@@ -62,7 +68,7 @@ pub fn serve(ctx: Arc<SourceContext>, mut stream: TcpStream) {
     let _ = stream.shutdown(Shutdown::Both);
 }
 
-fn serve_inner(ctx: &SourceContext, s: &mut TcpStream) -> Result<()> {
+fn serve_inner(ctx: &SourceContext, r: &mut BufReader<TcpStream>, w: &mut TcpStream) -> Result<()> {
     // Handshake: the requester speaks first with its Describe.
     let hs_deadline = Instant::now() + ctx.handshake_timeout;
     let mut hs_tick = || {
@@ -72,21 +78,21 @@ fn serve_inner(ctx: &SourceContext, s: &mut TcpStream) -> Result<()> {
         }
         Ok(())
     };
-    let h = match io::read_header(s, &mut hs_tick)? {
+    let h = match io::read_header(r, &mut hs_tick)? {
         HeaderRead::Eof => return Ok(()),
         HeaderRead::Frame(h) => h,
     };
     if h.kind != MsgKind::Describe {
         return Err(Error::Protocol(format!("expected Describe first, got {:?}", h.kind)));
     }
-    let body = io::read_body(s, h.body_len, &mut hs_tick)?;
+    let body = io::read_body(r, h.body_len, &mut hs_tick)?;
     let _peer = Describe::decode(&body)?;
     let mine = (ctx.describe)().encode();
-    io::write_frame(s, MsgKind::Describe, &mine, &mut || ctx.tick())?;
+    io::write_frame(w, MsgKind::Describe, &mine, &mut || ctx.tick())?;
 
     let frame_timeout = ctx.handshake_timeout;
     loop {
-        let h = match io::read_header_bounded(s, &mut || ctx.tick(), frame_timeout)? {
+        let h = match io::read_header_bounded(r, &mut || ctx.tick(), frame_timeout)? {
             HeaderRead::Eof => return Ok(()),
             HeaderRead::Frame(h) => h,
         };
@@ -95,30 +101,30 @@ fn serve_inner(ctx: &SourceContext, s: &mut TcpStream) -> Result<()> {
                 if h.body_len as usize != DATA_REQUEST_LEN {
                     return Err(Error::Protocol(format!("ReadRequest body of {} bytes", h.body_len)));
                 }
-                let req = read_request(ctx, s)?;
-                serve_read(ctx, s, req)?;
+                let req = read_request(ctx, r)?;
+                serve_read(ctx, w, req)?;
             }
             MsgKind::WriteRequest => {
-                let req = read_request(ctx, s)?;
+                let req = read_request(ctx, r)?;
                 if h.body_len as u64 != DATA_REQUEST_LEN as u64 + req.len {
                     return Err(Error::Protocol(format!(
                         "WriteRequest body of {} bytes does not match its length {}",
                         h.body_len, req.len
                     )));
                 }
-                serve_write(ctx, s, req)?;
+                serve_write(ctx, r, w, req)?;
             }
             MsgKind::DescribeRequest => {
                 if h.body_len != 0 {
                     return Err(Error::Protocol("DescribeRequest with a body".into()));
                 }
                 let mine = (ctx.describe)().encode();
-                io::write_frame(s, MsgKind::Describe, &mine, &mut || ctx.tick())?;
+                io::write_frame(w, MsgKind::Describe, &mine, &mut || ctx.tick())?;
             }
             MsgKind::Goodbye => return Ok(()),
             MsgKind::Error => {
                 let mut tick = bounded(ctx, Instant::now() + frame_timeout, "Error frame");
-                let body = io::read_body(s, h.body_len, &mut tick)?;
+                let body = io::read_body(r, h.body_len, &mut tick)?;
                 let _ = message::decode_error(&body)?;
                 return Ok(());
             }
@@ -139,7 +145,7 @@ fn bounded<'a>(ctx: &'a SourceContext, deadline: Instant, what: &'a str) -> impl
     }
 }
 
-fn read_request(ctx: &SourceContext, s: &mut TcpStream) -> Result<DataRequest> {
+fn read_request(ctx: &SourceContext, s: &mut impl Read) -> Result<DataRequest> {
     let mut fixed = [0u8; DATA_REQUEST_LEN];
     let mut tick = bounded(ctx, Instant::now() + ctx.handshake_timeout, "request header");
     io::read_full(s, &mut fixed, &mut tick, false)?;
@@ -148,7 +154,7 @@ fn read_request(ctx: &SourceContext, s: &mut TcpStream) -> Result<DataRequest> {
 
 /// Reads `buf` from a peer that must keep making progress: no byte for
 /// `stall` is a protocol error.
-fn read_progressing(ctx: &SourceContext, s: &mut TcpStream, buf: &mut [u8]) -> Result<()> {
+fn read_progressing(ctx: &SourceContext, s: &mut impl Read, buf: &mut [u8]) -> Result<()> {
     let stall = ctx.handshake_timeout;
     let mut done = 0;
     while done < buf.len() {
@@ -240,19 +246,19 @@ fn serve_read(ctx: &SourceContext, s: &mut TcpStream, req: DataRequest) -> Resul
     Ok(())
 }
 
-fn serve_write(ctx: &SourceContext, s: &mut TcpStream, req: DataRequest) -> Result<()> {
+fn serve_write(ctx: &SourceContext, r: &mut impl Read, w: &mut TcpStream, req: DataRequest) -> Result<()> {
     match validate(ctx, &req, true) {
         Ok((lease, _guard)) => {
             // SAFETY: `lease` keeps [addr, addr+len) inside a registered region
             // that allows remote WRITE; this thread is its only writer here.
             let dst = unsafe { std::slice::from_raw_parts_mut(req.addr as *mut u8, req.len as usize) };
-            read_progressing(ctx, s, dst)?;
+            read_progressing(ctx, r, dst)?;
             drop(lease);
             ctx.stats.record_served(TransportKind::Tcp, true, req.len);
             let fixed = DataResponse { tag: req.tag, status: Status::Ok }.encode();
             let h = FrameHeader::encode(MsgKind::WriteResponse, fixed.len() as u32);
-            let mut w = 0;
-            io::write_all_parts(s, &[&h, &fixed], &mut || ctx.tick(), &mut w)
+            let mut written = 0;
+            io::write_all_parts(w, &[&h, &fixed], &mut || ctx.tick(), &mut written)
         }
         Err(e) => {
             // Drain the refused payload, still requiring progress.
@@ -260,10 +266,10 @@ fn serve_write(ctx: &SourceContext, s: &mut TcpStream, req: DataRequest) -> Resu
             let mut left = req.len as usize;
             while left > 0 {
                 let n = left.min(scratch.len());
-                read_progressing(ctx, s, &mut scratch[..n])?;
+                read_progressing(ctx, r, &mut scratch[..n])?;
                 left -= n;
             }
-            respond_failure(ctx, s, MsgKind::WriteResponse, req.tag, &e)
+            respond_failure(ctx, w, MsgKind::WriteResponse, req.tag, &e)
         }
     }
 }
