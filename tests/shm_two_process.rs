@@ -537,3 +537,41 @@ fn two_peers_importing_from_each_other_close_together() {
     ax.free().unwrap();
     ay.free().unwrap();
 }
+
+#[test]
+fn a_pending_completion_moves_to_the_lazy_progress_worker() {
+    let src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string(), "--seed", "3"]);
+    let e = engine("");
+    let l = local(&e, 4096);
+    let p = e.connect(&src.endpoint, None).unwrap();
+    assert_eq!(e.stats().ipc["shm"].progress_workers, 0, "the worker starts lazily");
+    // Never ready: submit returns with the group on the worker; at the
+    // deadline it ends Unquiesced and the import stays retained.
+    e.faults().pending_polls.store(u32::MAX, Ordering::SeqCst);
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(Duration::from_secs(3)) };
+    let b = e.submit(p, &[rd(&l, 0, src.addr, 4096)], opts).unwrap();
+    assert_eq!(b.poll(), Status::Pending);
+    let st = e.stats().ipc["shm"].clone();
+    assert_eq!((st.pending_groups, st.progress_workers), (1, 1));
+    assert!(b.wait(LONG).is_err());
+    assert_eq!(b.results()[0], RequestResult { status: Status::Unquiesced, remote_effect: RemoteEffect::None });
+    assert_eq!(e.stats().ipc["shm"].imports_retained, 1);
+    assert_eq!(e.stats().ipc["shm"].pending_groups, 0);
+    drop(e);
+    drop(src);
+
+    // Ready after a few polls: the worker finishes the group (close and
+    // receipt) and completes the batch.
+    let src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string(), "--seed", "3"]);
+    let e = engine("");
+    let l = local(&e, 4096);
+    let p = e.connect(&src.endpoint, None).unwrap();
+    e.faults().pending_polls.store(5, Ordering::SeqCst);
+    let b = e.submit(p, &[rd(&l, 0, src.addr, 4096)], shm()).unwrap();
+    b.wait(LONG).unwrap();
+    assert!((0..4096).all(|i| l[i] == pattern(3, i as u64)));
+    let st = e.stats().ipc["shm"].clone();
+    assert_eq!((st.imports_opened, st.imports_closed, st.pending_groups, st.progress_workers), (1, 1, 0, 1));
+    e.close(Some(LONG)).unwrap();
+    src.close();
+}

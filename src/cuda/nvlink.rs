@@ -298,6 +298,34 @@ impl Mapping for NvlinkMapping {
         }
         Ok(())
     }
+    fn query(&self) -> Result<bool> {
+        if self.uncertain.load(Ordering::Acquire) {
+            return Err(Error::Unquiesced("an earlier drain or context restoration failed".into()));
+        }
+        let mut pending = self.pending.lock();
+        let Some(lease) = pending.as_ref() else { return Ok(true) };
+        let event = lease.handle.as_ref().expect("leased pair").event as sys::CUevent;
+        let g = ContextGuard::bind(self.ctx)?;
+        // SAFETY: our event in this context; a query never blocks.
+        let q = unsafe { sys::cuEventQuery(event) };
+        let restored = g.restore();
+        match (q, restored) {
+            (sys::CUresult::CUDA_ERROR_NOT_READY, Ok(())) => Ok(false),
+            (sys::CUresult::CUDA_SUCCESS, Ok(())) => {
+                self.pool.release(pending.take().expect("lease"), true);
+                Ok(true)
+            }
+            (other, r) => {
+                // A failed query or restoration: the slot is uncertain.
+                self.pool.release(pending.take().expect("lease"), false);
+                self.uncertain.store(true, Ordering::Release);
+                Err(Error::Unquiesced(format!(
+                    "copy completion could not be confirmed: {other:?}{}",
+                    r.err().map(|e| format!(", {e}")).unwrap_or_default()
+                )))
+            }
+        }
+    }
     fn close(&self) -> Result<()> {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());

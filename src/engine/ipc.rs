@@ -19,7 +19,7 @@ use std::sync::Arc;
 pub(crate) struct IpcTransport {
     pub(crate) kind: TransportKind,
     pub(crate) exports: Arc<ExportTable>,
-    pub(crate) requester: IpcRequester,
+    pub(crate) requester: Arc<IpcRequester>,
     /// Stream-pool counts (NVLink).
     pub(crate) pool: Option<Box<dyn Fn() -> crate::cuda::stream_pool::PoolCounts + Send + Sync>>,
 }
@@ -53,7 +53,7 @@ impl IpcParts<'_> {
                 self.stats.clone(),
                 self.source_gate.clone(),
             )),
-            requester: IpcRequester::new(backend, self.mapping_budget.clone(), cache, self.faults.clone()),
+            requester: Arc::new(IpcRequester::new(backend, self.mapping_budget.clone(), cache, self.faults.clone())),
             pool: None,
         }
     }

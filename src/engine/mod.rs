@@ -447,9 +447,16 @@ impl Engine {
                 ipc: i
                     .ipc
                     .iter()
-                    .map(|t| (t.kind.name().to_string(), t.exports.counts(), t.requester.counts()))
+                    .map(|t| {
+                        (
+                            t.kind.name().to_string(),
+                            t.exports.counts(),
+                            t.requester.counts(),
+                            t.requester.progress_counts(),
+                        )
+                    })
                     .collect(),
-                nvlink_pool: i.ipc.iter().find_map(|t| t.pool.as_ref().map(|f| f())),
+                nvlink_pool: i.ipc.iter().find_map(|t| t.pool.as_ref().map(|f| (f(), t.requester.progress_counts()))),
                 transports_available: avail,
             },
         )
@@ -588,6 +595,9 @@ impl Inner {
             p.close_links();
         }
         self.stop_incoming();
+        for t in &self.ipc {
+            t.requester.stop_progress();
+        }
         self.regions.clear();
     }
 }

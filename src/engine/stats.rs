@@ -25,6 +25,10 @@ pub struct IpcStats {
     pub imports_retained: u64,
     /// Physical bytes charged against the mapping budget by exports and imports.
     pub mapping_bytes_charged: u64,
+    /// Groups whose completion the progress worker is waiting for.
+    pub pending_groups: u64,
+    /// Progress workers running (0 or 1; started on first use).
+    pub progress_workers: u64,
 }
 
 /// `EngineStats.nvlink`: the CUDA stream pool and completion progress.
@@ -36,11 +40,9 @@ pub struct NvlinkStats {
     pub active_streams: u64,
     /// Quarantined slots (retained after uncertain DMA or cleanup).
     pub retained_streams: u64,
-    /// Copy groups waiting for their completion event. Groups complete on
-    /// the submitting thread in this release, so this is 0 between calls.
+    /// Copy groups waiting for their trailing event on the progress worker.
     pub pending_groups: u64,
-    /// Completion progress workers running (none in this release: the
-    /// caller waits for the trailing event).
+    /// Completion progress workers running (one per transport, lazily).
     pub progress_workers: u64,
 }
 
@@ -79,8 +81,8 @@ pub(crate) struct Live {
     pub peers_alive: usize,
     pub incoming_connections: usize,
     pub regions: usize,
-    pub ipc: Vec<(String, ExportCounts, ImportCounts)>,
-    pub nvlink_pool: Option<crate::cuda::stream_pool::PoolCounts>,
+    pub ipc: Vec<(String, ExportCounts, ImportCounts, (u64, u64))>,
+    pub nvlink_pool: Option<(crate::cuda::stream_pool::PoolCounts, (u64, u64))>,
     pub transports_available: BTreeMap<String, String>,
 }
 
@@ -88,7 +90,7 @@ impl EngineStats {
     pub(crate) fn collect(s: &Stats, live: Live) -> EngineStats {
         let transports = TransportKind::ALL.iter().map(|t| (t.name().to_string(), s.transport(*t))).collect();
         let mut ipc = BTreeMap::new();
-        for (name, e, m) in &live.ipc {
+        for (name, e, m, (pending, workers)) in &live.ipc {
             ipc.insert(
                 name.clone(),
                 IpcStats {
@@ -99,17 +101,19 @@ impl EngineStats {
                     imports_cached: m.cached,
                     imports_retained: m.retained,
                     mapping_bytes_charged: e.charged_bytes + m.charged_bytes,
+                    pending_groups: *pending,
+                    progress_workers: *workers,
                 },
             );
         }
         let nvlink = live
             .nvlink_pool
-            .map(|p| NvlinkStats {
+            .map(|(p, (pending, workers))| NvlinkStats {
                 stream_slots: p.stream_slots,
                 active_streams: p.active_streams,
                 retained_streams: p.retained_streams,
-                pending_groups: 0,
-                progress_workers: 0,
+                pending_groups: pending,
+                progress_workers: workers,
             })
             .unwrap_or_default();
         let _ = live.mapping_bytes;

@@ -8,7 +8,7 @@ use crate::control::message::{Describe, RegionInfo};
 use crate::error::{Error, Result, Status};
 use crate::memory::{owners, MemoryKind, RegionLease};
 use crate::transfer::{BatchShared, ChunkOutcome, Op, RemoteEffect, Request};
-use crate::transport::ipc::requester::GroupError;
+use crate::transport::ipc::requester::{GroupError, GroupRun};
 use crate::transport::tcp::Chunk;
 use crate::transport::{Transport, TransportKind};
 use std::collections::VecDeque;
@@ -220,12 +220,16 @@ impl Engine {
         while let Some((g, retried)) = groups.pop_front() {
             let region = g[0].region.expect("resolved");
             let items: Vec<(usize, Request)> = g.iter().map(|c| (c.index, c.req)).collect();
-            match transport.requester.run_group(&link, &region, &items, deadline) {
-                Ok(outcomes) => {
+            // The last group may complete on the progress worker; earlier
+            // ones finish here so that subbatches stay in order.
+            let defer = if groups.is_empty() { self.deferred_completion(batch, &g) } else { None };
+            match transport.requester.run_group(&link, &region, &items, deadline, defer) {
+                Ok(GroupRun::Done(outcomes)) => {
                     for (c, o) in g.iter().zip(outcomes) {
                         batch.complete_chunk(c.index, o);
                     }
                 }
+                Ok(GroupRun::Deferred) => {}
                 Err(GroupError::NotPosted(e)) => {
                     if e.status() == Status::ResourceExhausted && !retried {
                         // One retry, as a single request; the rest of the
@@ -254,6 +258,27 @@ impl Engine {
             }
         }
         Vec::new()
+    }
+
+    /// The completion of a group finished by the progress worker: records
+    /// the outcomes, and until then keeps the local regions leased and the
+    /// requester side open (close_requester waits for it).
+    fn deferred_completion(
+        &self,
+        batch: &Arc<BatchShared>,
+        g: &[Checked],
+    ) -> Option<crate::transport::ipc::requester::OnDone> {
+        let guard = self.inner.requester_gate.enter().ok()?;
+        let batch = batch.clone();
+        let held: Vec<(usize, Arc<RegionLease>)> = g.iter().map(|c| (c.index, c.lease.clone())).collect();
+        Some(Box::new(move |outcomes: Vec<ChunkOutcome>| {
+            let indices: Vec<usize> = held.iter().map(|(i, _)| *i).collect();
+            drop(held);
+            drop(guard);
+            for (i, o) in indices.into_iter().zip(outcomes) {
+                batch.complete_chunk(i, o);
+            }
+        }))
     }
 
     /// Splits requests into chunks, admits them and queues them on the

@@ -58,6 +58,11 @@ pub trait Mapping: Send + Sync {
     fn copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<()>;
     /// Waits until every copy enqueued so far is complete.
     fn wait(&self) -> Result<()>;
+    /// Asks once, without waiting, whether every copy enqueued so far is
+    /// complete (`Ok(false)`: not yet). CPU copies are complete at once.
+    fn query(&self) -> Result<bool> {
+        self.wait().map(|_| true)
+    }
     /// The native close (unmap). On failure the mapping must be considered
     /// still live: the caller retains it and never closes it twice.
     fn close(&self) -> Result<()>;

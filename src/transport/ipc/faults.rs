@@ -20,6 +20,8 @@ pub struct Faults {
     pub fail_copy: AtomicU32,
     /// A receipt's acknowledgement is lost on the way back.
     pub lose_ack: AtomicU32,
+    /// Completion queries answer "not ready yet" this many more times.
+    pub pending_polls: AtomicU32,
 }
 
 impl Faults {
@@ -81,6 +83,15 @@ impl Mapping for FaultyMapping {
             return Err(Error::Unquiesced("injected fault: completion could not be confirmed".into()));
         }
         self.inner.wait()
+    }
+    fn query(&self) -> Result<bool> {
+        if Faults::take(&self.faults.pending_polls) {
+            return Ok(false);
+        }
+        if Faults::take(&self.faults.fail_completion) {
+            return Err(Error::Unquiesced("injected fault: completion could not be confirmed".into()));
+        }
+        self.inner.query()
     }
     fn close(&self) -> Result<()> {
         if Faults::take(&self.faults.fail_close) {

@@ -65,6 +65,39 @@ struct Retained {
     native_closed: bool,
 }
 
+/// Called with a deferred group's outcomes once its completion is known.
+pub type OnDone = Box<dyn FnOnce(Vec<ChunkOutcome>) + Send>;
+
+/// How a subbatch ended on the caller.
+pub enum GroupRun {
+    /// Finished: one outcome per item.
+    Done(Vec<ChunkOutcome>),
+    /// Completion pending: the progress worker will call the `OnDone`.
+    Deferred,
+}
+
+/// A group whose copies are posted.
+struct Posted {
+    imp: Arc<Import>,
+    key: Option<Key>,
+    items: Vec<(usize, Request)>,
+    copied: Result<()>,
+    deadline: Instant,
+}
+
+/// A posted group waiting on the progress worker.
+struct Deferred {
+    posted: Posted,
+    done: OnDone,
+}
+
+#[derive(Default)]
+struct Progress {
+    queue: Vec<Deferred>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    stopped: bool,
+}
+
 /// Why a subbatch did not run.
 pub enum GroupError {
     /// Rejected before any copy was posted: nothing happened remotely, and
@@ -97,6 +130,8 @@ pub struct IpcRequester {
     retained: Mutex<Vec<Retained>>,
     opened: AtomicU64,
     closed: AtomicU64,
+    progress: Mutex<Progress>,
+    progress_cv: Condvar,
     /// Fault injection switches (inert unless armed).
     pub faults: Arc<Faults>,
 }
@@ -128,6 +163,8 @@ impl IpcRequester {
             retained: Mutex::new(Vec::new()),
             opened: AtomicU64::new(0),
             closed: AtomicU64::new(0),
+            progress: Mutex::new(Progress::default()),
+            progress_cv: Condvar::new(),
             faults,
         }
     }
@@ -230,91 +267,87 @@ impl IpcRequester {
     }
 
     /// Runs one subbatch: consecutive requests naming one remote region.
-    /// Returns one outcome per item, or `NotPosted` if it never started.
+    /// Setup, mapping and copies run on the caller; the trailing completion
+    /// is queried once. A ready group finishes here (close or receipt);
+    /// otherwise, when `defer` is given, the group moves to this transport's
+    /// lazy progress worker, which finishes it and calls `defer` with the
+    /// outcomes; without `defer` the caller waits. `NotPosted`: rejected
+    /// before anything was posted.
     pub fn run_group(
-        &self,
+        self: &Arc<Self>,
         link: &Arc<IpcLink>,
         region: &RegionInfo,
         items: &[(usize, Request)],
         deadline: Instant,
-    ) -> std::result::Result<Vec<ChunkOutcome>, GroupError> {
+        defer: Option<OnDone>,
+    ) -> std::result::Result<GroupRun, GroupError> {
         if let Some(e) = link.dead_reason() {
             return Err(GroupError::NotPosted(e));
         }
         let env = envelope(items);
         let ops = ops_of(items);
-        if self.capacity == 0 {
-            let imp = Arc::new(self.open(link, region, env, ops, deadline).map_err(GroupError::NotPosted)?);
-            let (mut out, uncertain) = self.copy_all(&imp, items);
-            if uncertain {
-                // Completion unknown: keep the mapping, its charge and the
-                // source's export; no receipt.
-                self.retained.lock().push(Retained { _import: imp, native_closed: false });
-                return Ok(out);
-            }
-            // Posted copies (even failed ones) end with the import closed.
-            match self.close_import(&imp, false, deadline) {
-                Ok(()) => {}
-                Err((e, native_closed)) => {
-                    self.retained.lock().push(Retained { _import: imp.clone(), native_closed });
-                    fail_all(&mut out, items, &e);
+        let (imp, key) = if self.capacity == 0 {
+            (Arc::new(self.open(link, region, env, ops, deadline).map_err(GroupError::NotPosted)?), None)
+        } else {
+            let key: Key = (link.endpoint.clone(), link.source.engine_epoch, region.id, region.epoch, 0);
+            // A cached export serves later submissions too: ask for every
+            // operation the region allows (each submission is revalidated).
+            let region_ops = (if region.access.can_read() { OP_READ } else { 0 })
+                | (if region.access.can_write() { OP_WRITE } else { 0 });
+            let cache_ops = if ops & !region_ops == 0 { region_ops } else { ops };
+            let (imp, fresh) =
+                self.acquire(&key, link, region, env, cache_ops, deadline).map_err(GroupError::NotPosted)?;
+            if !fresh {
+                if let Err(e) = self.revalidate(link, &imp, region, env, ops, deadline) {
+                    self.release(&key);
+                    return Err(GroupError::NotPosted(e));
                 }
             }
-            return Ok(out);
-        }
-        let key: Key = (link.endpoint.clone(), link.source.engine_epoch, region.id, region.epoch, 0);
-        // A cached export serves later submissions too: ask for every
-        // operation the region allows (each submission is revalidated).
-        let region_ops = (if region.access.can_read() { OP_READ } else { 0 })
-            | (if region.access.can_write() { OP_WRITE } else { 0 });
-        let cache_ops = if ops & !region_ops == 0 { region_ops } else { ops };
-        let (imp, fresh) = self.acquire(&key, link, region, env, cache_ops, deadline).map_err(GroupError::NotPosted)?;
-        if !fresh {
-            let v = Revalidate {
-                tag: link.tag(),
-                export_id: imp.offer.export_id,
-                token: imp.offer.token,
-                region_epoch: region.epoch,
-                addr: env.0,
-                len: env.1,
-                ops,
-            };
-            let res = link.call(MsgKind::Revalidate, &v.encode(), deadline, "revalidate").and_then(|f| match f.kind {
-                MsgKind::RevalidateOk => Ok(()),
-                MsgKind::ExportReject => Err(super::messages::decode_reject(&f.body)?.1),
-                other => Err(Error::Protocol(format!("revalidate answered with {other:?}"))),
-            });
-            if let Err(e) = res {
-                self.release(&key);
-                return Err(GroupError::NotPosted(e));
+            (imp, Some(key))
+        };
+        let posted = self.post(imp, key, items, deadline);
+        match (posted.imp.mapping.query(), defer) {
+            (Ok(true), _) => Ok(GroupRun::Done(self.finish(posted, Ok(())))),
+            (Err(e), _) => Ok(GroupRun::Done(self.finish(posted, Err(e)))),
+            (Ok(false), None) => {
+                let drained = posted.imp.mapping.wait();
+                Ok(GroupRun::Done(self.finish(posted, drained)))
+            }
+            (Ok(false), Some(done)) => {
+                self.defer(Deferred { posted, done });
+                Ok(GroupRun::Deferred)
             }
         }
-        let (mut out, uncertain) = self.copy_all(&imp, items);
-        if uncertain {
-            let mut c = self.cache.lock();
-            if let Some(s) = c.slots.get_mut(&key) {
-                s.users = s.users.saturating_sub(1);
-                s.state = SlotState::Retained { import: imp, native_closed: false };
-            }
-            drop(c);
-            self.cache_cv.notify_all();
-            return Ok(out);
-        }
-        let bytes: u64 = items.iter().map(|(_, r)| r.len).sum();
-        if out.iter().all(|o| o.result.is_ok()) {
-            if let Err(e) = link.receipt(MsgKind::OpComplete, &imp.export_ref(bytes, items.len() as u32), deadline) {
-                fail_all(&mut out, items, &e);
-            }
-        }
-        self.release(&key);
-        Ok(out)
     }
 
-    /// Copies every item through the import and drains the completion. On
-    /// a copy failure every item of the group is affected (and the drain
-    /// still runs); `uncertain` is true when completion could not be
-    /// confirmed, so the import must be retained, not closed.
-    fn copy_all(&self, imp: &Import, items: &[(usize, Request)]) -> (Vec<ChunkOutcome>, bool) {
+    fn revalidate(
+        &self,
+        link: &Arc<IpcLink>,
+        imp: &Import,
+        region: &RegionInfo,
+        env: (u64, u64),
+        ops: u32,
+        deadline: Instant,
+    ) -> Result<()> {
+        let v = Revalidate {
+            tag: link.tag(),
+            export_id: imp.offer.export_id,
+            token: imp.offer.token,
+            region_epoch: region.epoch,
+            addr: env.0,
+            len: env.1,
+            ops,
+        };
+        let f = link.call(MsgKind::Revalidate, &v.encode(), deadline, "revalidate")?;
+        match f.kind {
+            MsgKind::RevalidateOk => Ok(()),
+            MsgKind::ExportReject => Err(super::messages::decode_reject(&f.body)?.1),
+            other => Err(Error::Protocol(format!("revalidate answered with {other:?}"))),
+        }
+    }
+
+    /// Enqueues (or performs) every copy of the group through the import.
+    fn post(&self, imp: Arc<Import>, key: Option<Key>, items: &[(usize, Request)], deadline: Instant) -> Posted {
         let base = imp.mapping.base();
         let ops: Vec<CopyOp> = items
             .iter()
@@ -326,15 +359,138 @@ impl IpcRequester {
                 }
             })
             .collect();
-        let plan = classify(&ops);
-        let copied = imp.mapping.copy(&ops, plan);
-        let drained = imp.mapping.wait();
+        let copied = imp.mapping.copy(&ops, classify(&ops));
+        Posted { imp, key, items: items.to_vec(), copied, deadline }
+    }
+
+    /// Ends a posted group once its completion is known (`drained`). On a
+    /// copy failure every item of the group is affected. An unconfirmed
+    /// completion keeps the import, its charge and the source's export
+    /// (no close, no receipt). Otherwise the import is closed with its
+    /// receipt (no cache), or an operation-complete receipt is sent (cache).
+    fn finish(&self, p: Posted, drained: Result<()>) -> Vec<ChunkOutcome> {
+        let Posted { imp, key, items, copied, deadline } = p;
         let mut out: Vec<ChunkOutcome> = items.iter().map(|(_, r)| ChunkOutcome::ok(r.op)).collect();
         let uncertain = drained.is_err();
         if let Err(e) = drained.and(copied) {
-            fail_all(&mut out, items, &e);
+            fail_all(&mut out, &items, &e);
         }
-        (out, uncertain)
+        match key {
+            None if uncertain => self.retained.lock().push(Retained { _import: imp, native_closed: false }),
+            None => {
+                // Posted copies (even failed ones) end with the import closed.
+                if let Err((e, native_closed)) = self.close_import(&imp, false, deadline) {
+                    self.retained.lock().push(Retained { _import: imp.clone(), native_closed });
+                    fail_all(&mut out, &items, &e);
+                }
+            }
+            Some(key) if uncertain => {
+                let mut c = self.cache.lock();
+                if let Some(s) = c.slots.get_mut(&key) {
+                    s.users = s.users.saturating_sub(1);
+                    s.state = SlotState::Retained { import: imp, native_closed: false };
+                }
+                drop(c);
+                self.cache_cv.notify_all();
+            }
+            Some(key) => {
+                let bytes: u64 = items.iter().map(|(_, r)| r.len).sum();
+                if out.iter().all(|o| o.result.is_ok()) {
+                    let r = imp.export_ref(bytes, items.len() as u32);
+                    if let Err(e) = imp.link.receipt(MsgKind::OpComplete, &r, deadline) {
+                        fail_all(&mut out, &items, &e);
+                    }
+                }
+                self.release(&key);
+            }
+        }
+        out
+    }
+
+    /// Hands a group whose completion is pending to the lazy progress
+    /// worker (started on first use).
+    fn defer(self: &Arc<Self>, d: Deferred) {
+        let mut p = self.progress.lock();
+        if p.stopped {
+            drop(p);
+            let out =
+                self.finish(d.posted, Err(Error::Unquiesced("the engine closed with the completion pending".into())));
+            (d.done)(out);
+            return;
+        }
+        p.queue.push(d);
+        if p.worker.is_none() {
+            let me = self.clone();
+            p.worker =
+                std::thread::Builder::new().name("orbite-ipc-progress".into()).spawn(move || me.progress_loop()).ok();
+        }
+        drop(p);
+        self.progress_cv.notify_all();
+    }
+
+    /// The lazy worker: polls pending groups' completions (one query each
+    /// per round, a short pause between rounds) and finishes them; a
+    /// deadline passed with the completion pending is `Unquiesced`.
+    fn progress_loop(self: Arc<Self>) {
+        loop {
+            let batch: Vec<Deferred> = {
+                let mut p = self.progress.lock();
+                while p.queue.is_empty() && !p.stopped {
+                    self.progress_cv.wait(&mut p);
+                }
+                if p.queue.is_empty() {
+                    return;
+                }
+                std::mem::take(&mut p.queue)
+            };
+            let stopping = self.progress.lock().stopped;
+            let mut still = Vec::new();
+            for d in batch {
+                let verdict = match d.posted.imp.mapping.query() {
+                    Ok(true) => Some(Ok(())),
+                    Err(e) => Some(Err(e)),
+                    Ok(false) if stopping || Instant::now() >= d.posted.deadline => {
+                        Some(Err(Error::Unquiesced("the deadline passed with the completion event pending".into())))
+                    }
+                    Ok(false) => None,
+                };
+                match verdict {
+                    Some(r) => {
+                        let Deferred { posted, done } = d;
+                        done(self.finish(posted, r));
+                    }
+                    None => still.push(d),
+                }
+            }
+            if !still.is_empty() {
+                let mut p = self.progress.lock();
+                still.append(&mut p.queue);
+                p.queue = still;
+                drop(p);
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        }
+    }
+
+    /// Stops the progress worker; groups still pending end `Unquiesced`
+    /// with their imports retained.
+    pub fn stop_progress(&self) {
+        let worker = {
+            let mut p = self.progress.lock();
+            p.stopped = true;
+            p.worker.take()
+        };
+        self.progress_cv.notify_all();
+        if let Some(w) = worker {
+            let _ = w.join();
+        }
+    }
+
+    /// Groups waiting for their completion on the worker, and whether the
+    /// worker runs.
+    pub fn progress_counts(&self) -> (u64, u64) {
+        let p = self.progress.lock();
+        (p.queue.len() as u64, p.worker.as_ref().is_some_and(|w| !w.is_finished()) as u64)
     }
 
     fn acquire(
