@@ -1,5 +1,5 @@
 //! The synchronisation primitives of the model-checked structures (the
-//! CUDA stream pool): parking_lot in every real build; shuttle's, behind a
+//! CUDA stream pool, the relocation cache): parking_lot in every real build; shuttle's, behind a
 //! parking_lot-shaped API, when the `model-check` feature builds the
 //! concurrency models (`tests/models.rs`).
 

@@ -79,3 +79,112 @@ fn stream_pool_random_interleavings() {
 fn stream_pool_pct_interleavings() {
     shuttle::check_pct(pool_model, 1000, 3);
 }
+
+mod cache_model {
+    use orbite::transport::ipc::cache::RelocationCache;
+    use orbite::{Error, Status};
+    use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    /// A cached import as the model observes it.
+    struct Val {
+        users: AtomicU32,
+        native_closed: AtomicBool,
+        receipt_done: AtomicBool,
+    }
+
+    struct World {
+        cache: RelocationCache<u8, Val>,
+        opened: AtomicU64,
+        lose_next_ack: AtomicBool,
+    }
+
+    impl World {
+        fn close(&self, v: &Val, already_native_closed: bool) -> std::result::Result<(), (Error, bool)> {
+            assert_eq!(v.users.load(Ordering::SeqCst), 0, "closed while in use");
+            if already_native_closed {
+                assert!(v.native_closed.load(Ordering::SeqCst), "receipt-only retry without a native close");
+            } else {
+                assert!(!v.native_closed.swap(true, Ordering::SeqCst), "native close repeated");
+            }
+            if self.lose_next_ack.swap(false, Ordering::SeqCst) {
+                return Err((Error::Unavailable("lost ACK".into()), true));
+            }
+            assert!(!v.receipt_done.swap(true, Ordering::SeqCst), "receipt acknowledged twice");
+            Ok(())
+        }
+
+        fn use_key(&self, k: u8) {
+            let far = Instant::now() + Duration::from_secs(3600);
+            let close = |v: &Val, nc: bool| self.close(v, nc);
+            let open = || {
+                self.opened.fetch_add(1, Ordering::SeqCst);
+                Ok(Val {
+                    users: AtomicU32::new(0),
+                    native_closed: AtomicBool::new(false),
+                    receipt_done: AtomicBool::new(false),
+                })
+            };
+            match self.cache.acquire(&k, far, "model", open, &close) {
+                Ok((v, _)) => {
+                    assert!(!v.native_closed.load(Ordering::SeqCst), "handed out a closed import");
+                    v.users.fetch_add(1, Ordering::SeqCst);
+                    assert!(self.cache.entries().len() <= 2, "capacity exceeded");
+                    shuttle::thread::yield_now();
+                    v.users.fetch_sub(1, Ordering::SeqCst);
+                    self.cache.release(&k);
+                }
+                // Full with nothing idle, or a retained entry for this key.
+                Err(e) => assert!(matches!(e.status(), Status::ResourceExhausted | Status::Unavailable), "{e}"),
+            }
+        }
+    }
+
+    pub fn model() {
+        let w = Arc::new(World {
+            cache: RelocationCache::new(2),
+            opened: AtomicU64::new(0),
+            lose_next_ack: AtomicBool::new(true),
+        });
+        let users: Vec<_> = [[0u8, 1, 2, 0], [2u8, 1, 0, 2]]
+            .into_iter()
+            .map(|keys| {
+                let w = w.clone();
+                shuttle::thread::spawn(move || {
+                    for k in keys {
+                        w.use_key(k);
+                    }
+                })
+            })
+            .collect();
+        let flusher = {
+            let w = w.clone();
+            shuttle::thread::spawn(move || {
+                let far = Instant::now() + Duration::from_secs(3600);
+                let close = |v: &Val, nc: bool| w.close(v, nc);
+                w.cache.flush(far, &close);
+            })
+        };
+        for h in users {
+            h.join().unwrap();
+        }
+        flusher.join().unwrap();
+        // A final flush retries owed receipts and empties the cache.
+        let far = Instant::now() + Duration::from_secs(3600);
+        let close = |v: &Val, nc: bool| w.close(v, nc);
+        assert_eq!(w.cache.flush(far, &close), 0);
+        assert!(w.cache.entries().is_empty());
+        assert!(w.opened.load(Ordering::SeqCst) >= 2);
+    }
+}
+
+#[test]
+fn relocation_cache_random_interleavings() {
+    shuttle::check_random(cache_model::model, 3000);
+}
+
+#[test]
+fn relocation_cache_pct_interleavings() {
+    shuttle::check_pct(cache_model::model, 1000, 3);
+}

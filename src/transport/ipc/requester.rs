@@ -2,6 +2,7 @@
 //! answer, handle), the relocation cache, subbatch copies and receipts.
 
 use super::backend::{CopyOp, IpcBackend, Mapping, ReceivedHandle};
+use super::cache::{EntryState, RelocationCache};
 use super::faults::Faults;
 use super::link::IpcLink;
 use super::messages::{ExportOffer, ExportRef, ExportRequest, Revalidate, OP_READ, OP_WRITE};
@@ -12,7 +13,6 @@ use crate::error::{Error, Result};
 use crate::sync_util::{Budget, Permit};
 use crate::transfer::{ChunkOutcome, Op, RemoteEffect, Request};
 use parking_lot::{Condvar, Mutex};
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,30 +34,6 @@ impl Import {
 /// Relocation cache key: source endpoint, source epoch, region id and
 /// epoch, local context (one host context for CPU memory).
 type Key = (String, u64, u64, u64, u64);
-
-enum SlotState {
-    Constructing,
-    Ready(Arc<Import>),
-    Closing,
-    /// Native close or its receipt was not confirmed: kept, never evicted.
-    /// `native_closed` says whether only the receipt is owed.
-    Retained {
-        import: Arc<Import>,
-        native_closed: bool,
-    },
-}
-
-struct Slot {
-    state: SlotState,
-    users: u32,
-    last_used: u64,
-}
-
-#[derive(Default)]
-struct Cache {
-    slots: HashMap<Key, Slot>,
-    clock: u64,
-}
 
 /// Imports that could not be closed with certainty (cache disabled).
 struct Retained {
@@ -125,8 +101,7 @@ pub struct IpcRequester {
     backend: Arc<dyn IpcBackend>,
     budget: Arc<Budget>,
     capacity: usize,
-    cache: Mutex<Cache>,
-    cache_cv: Condvar,
+    cache: RelocationCache<Key, Import>,
     retained: Mutex<Vec<Retained>>,
     opened: AtomicU64,
     closed: AtomicU64,
@@ -158,8 +133,7 @@ impl IpcRequester {
             backend,
             budget,
             capacity,
-            cache: Mutex::new(Cache::default()),
-            cache_cv: Condvar::new(),
+            cache: RelocationCache::new(capacity),
             retained: Mutex::new(Vec::new()),
             opened: AtomicU64::new(0),
             closed: AtomicU64::new(0),
@@ -384,15 +358,7 @@ impl IpcRequester {
                     fail_all(&mut out, &items, &e);
                 }
             }
-            Some(key) if uncertain => {
-                let mut c = self.cache.lock();
-                if let Some(s) = c.slots.get_mut(&key) {
-                    s.users = s.users.saturating_sub(1);
-                    s.state = SlotState::Retained { import: imp, native_closed: false };
-                }
-                drop(c);
-                self.cache_cv.notify_all();
-            }
+            Some(key) if uncertain => self.cache.mark_uncertain(&key, imp),
             Some(key) => {
                 let bytes: u64 = items.iter().map(|(_, r)| r.len).sum();
                 if out.iter().all(|o| o.result.is_ok()) {
@@ -502,94 +468,13 @@ impl IpcRequester {
         ops: u32,
         deadline: Instant,
     ) -> Result<(Arc<Import>, bool)> {
-        let mut c = self.cache.lock();
-        loop {
-            c.clock += 1;
-            let now = c.clock;
-            if let Some(slot) = c.slots.get_mut(key) {
-                match &slot.state {
-                    SlotState::Ready(imp) => {
-                        let imp = imp.clone();
-                        slot.users += 1;
-                        slot.last_used = now;
-                        return Ok((imp, false));
-                    }
-                    SlotState::Retained { .. } => {
-                        return Err(Error::Unavailable(format!(
-                        "{}: the cached import of region {} is retained after an unconfirmed close; flush the cache",
-                        link.label, region.id
-                    )))
-                    }
-                    SlotState::Constructing | SlotState::Closing => {
-                        if self.cache_cv.wait_until(&mut c, deadline).timed_out() {
-                            return Err(Error::TimedOut(format!("{}: cached import still being set up", link.label)));
-                        }
-                        continue;
-                    }
-                }
-            }
-            if c.slots.len() >= self.capacity {
-                let victim = c
-                    .slots
-                    .iter()
-                    .filter(|(_, s)| s.users == 0 && matches!(s.state, SlotState::Ready(_)))
-                    .min_by_key(|(_, s)| s.last_used)
-                    .map(|(k, _)| k.clone());
-                let Some(vk) = victim else {
-                    return Err(Error::ResourceExhausted(format!(
-                        "relocation cache full: {} entries, none idle",
-                        self.capacity
-                    )));
-                };
-                let slot = c.slots.get_mut(&vk).expect("victim");
-                let SlotState::Ready(imp) = std::mem::replace(&mut slot.state, SlotState::Closing) else {
-                    unreachable!("victim is ready")
-                };
-                drop(c);
-                let r = self.close_import(&imp, false, deadline);
-                c = self.cache.lock();
-                match r {
-                    Ok(()) => {
-                        c.slots.remove(&vk);
-                    }
-                    Err((_, native_closed)) => {
-                        if let Some(s) = c.slots.get_mut(&vk) {
-                            s.state = SlotState::Retained { import: imp, native_closed };
-                        }
-                    }
-                }
-                self.cache_cv.notify_all();
-                continue;
-            }
-            c.slots.insert(key.clone(), Slot { state: SlotState::Constructing, users: 0, last_used: now });
-            drop(c);
-            let r = self.open(link, region, env, ops, deadline);
-            let mut c = self.cache.lock();
-            let out = match r {
-                Ok(imp) => {
-                    let imp = Arc::new(imp);
-                    let s = c.slots.get_mut(key).expect("constructing slot");
-                    s.state = SlotState::Ready(imp.clone());
-                    s.users = 1;
-                    Ok((imp, true))
-                }
-                Err(e) => {
-                    c.slots.remove(key);
-                    Err(e)
-                }
-            };
-            self.cache_cv.notify_all();
-            return out;
-        }
+        let label = format!("{} region {}", link.label, region.id);
+        let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
+        self.cache.acquire(key, deadline, &label, || self.open(link, region, env, ops, deadline), &close)
     }
 
     fn release(&self, key: &Key) {
-        let mut c = self.cache.lock();
-        if let Some(s) = c.slots.get_mut(key) {
-            s.users = s.users.saturating_sub(1);
-        }
-        drop(c);
-        self.cache_cv.notify_all();
+        self.cache.release(key)
     }
 
     /// Closes every cached import (waiting for users up to `deadline`)
@@ -597,58 +482,8 @@ impl IpcRequester {
     /// Retained entries owing only a receipt get their receipt-only retry.
     /// Returns how many entries could not be closed.
     pub fn flush(&self, deadline: Instant) -> usize {
-        let keys: Vec<Key> = self.cache.lock().slots.keys().cloned().collect();
-        let mut left = 0;
-        for k in keys {
-            let mut c = self.cache.lock();
-            let taken = loop {
-                let Some(s) = c.slots.get_mut(&k) else {
-                    break None;
-                };
-                match &s.state {
-                    SlotState::Ready(_) if s.users == 0 => {
-                        let SlotState::Ready(imp) = std::mem::replace(&mut s.state, SlotState::Closing) else {
-                            unreachable!()
-                        };
-                        break Some((imp, false));
-                    }
-                    SlotState::Retained { native_closed: true, .. } => {
-                        let SlotState::Retained { import, .. } = std::mem::replace(&mut s.state, SlotState::Closing)
-                        else {
-                            unreachable!()
-                        };
-                        break Some((import, true));
-                    }
-                    SlotState::Retained { native_closed: false, .. } => {
-                        left += 1;
-                        break None;
-                    }
-                    _ => {
-                        if self.cache_cv.wait_until(&mut c, deadline).timed_out() {
-                            left += 1;
-                            break None;
-                        }
-                    }
-                }
-            };
-            drop(c);
-            if let Some((imp, native_closed)) = taken {
-                let r = self.close_import(&imp, native_closed, deadline);
-                let mut c = self.cache.lock();
-                match r {
-                    Ok(()) => {
-                        c.slots.remove(&k);
-                    }
-                    Err((_, nc)) => {
-                        left += 1;
-                        if let Some(s) = c.slots.get_mut(&k) {
-                            s.state = SlotState::Retained { import: imp, native_closed: nc };
-                        }
-                    }
-                }
-                self.cache_cv.notify_all();
-            }
-        }
+        let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
+        let mut left = self.cache.flush(deadline, &close);
         // Uncached imports that owe only their receipt get one more try.
         let mut r = self.retained.lock();
         let mut kept = Vec::new();
@@ -669,21 +504,20 @@ impl IpcRequester {
 
     /// Counts for stats.
     pub fn counts(&self) -> ImportCounts {
-        let c = self.cache.lock();
         let mut n = ImportCounts {
             opened: self.opened.load(Ordering::Relaxed),
             closed: self.closed.load(Ordering::Relaxed),
             ..ImportCounts::default()
         };
-        for s in c.slots.values() {
-            match &s.state {
-                SlotState::Ready(i) => {
+        for (_, _, st, v) in self.cache.entries() {
+            match (st, v) {
+                (EntryState::Ready, Some(i)) => {
                     n.cached += 1;
                     n.charged_bytes += i.offer.physical;
                 }
-                SlotState::Retained { import, .. } => {
+                (EntryState::Retained, Some(i)) => {
                     n.retained += 1;
-                    n.charged_bytes += import.offer.physical;
+                    n.charged_bytes += i.offer.physical;
                 }
                 _ => {}
             }
@@ -699,12 +533,12 @@ impl IpcRequester {
 impl IpcRequester {
     /// Remote region ids with a cached import, least recently used first.
     pub fn cached_regions(&self) -> Vec<u64> {
-        let c = self.cache.lock();
-        let mut v: Vec<(u64, u64)> = c
-            .slots
-            .iter()
-            .filter(|(_, s)| matches!(s.state, SlotState::Ready(_)))
-            .map(|(k, s)| (s.last_used, k.2))
+        let mut v: Vec<(u64, u64)> = self
+            .cache
+            .entries()
+            .into_iter()
+            .filter(|e| e.2 == EntryState::Ready)
+            .map(|(k, last, _, _)| (last, k.2))
             .collect();
         v.sort_unstable();
         v.into_iter().map(|(_, r)| r).collect()
