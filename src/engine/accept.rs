@@ -61,24 +61,39 @@ fn reap(inc: &mut HashMap<u64, Incoming>) {
     }
 }
 
+/// Waits for the next connection; `None` once the engine stops.
+/// Transient failures (e.g. EMFILE) back off briefly instead of spinning.
+fn next_conn<S>(inner: &Inner, accept: impl Fn() -> std::io::Result<S>) -> Option<S> {
+    loop {
+        match accept() {
+            Ok(s) => return (!inner.stopping.load(Ordering::Acquire)).then_some(s),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) if inner.stopping.load(Ordering::Acquire) => return None,
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// Serves an admitted connection on its own thread and records it.
+fn serve_in_thread(
+    inner: &Inner,
+    inc: &mut HashMap<u64, Incoming>,
+    conn: ConnHandle,
+    name: &str,
+    serve: impl FnOnce(u64) + Send + 'static,
+) {
+    let id = inner.next_incoming.fetch_add(1, Ordering::Relaxed);
+    match std::thread::Builder::new().name(name.into()).spawn(move || serve(id)) {
+        Ok(t) => {
+            inc.insert(id, Incoming { conn, thread: Some(t) });
+        }
+        Err(_) => Incoming { conn, thread: None }.stop(),
+    }
+}
+
 /// Accepts TCP control connections until the engine stops.
 pub(crate) fn tcp_accept_loop(inner: Arc<Inner>, ctx: Arc<SourceContext>) {
-    loop {
-        let (stream, _) = match inner.listener.accept() {
-            Ok(v) => v,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => {
-                if inner.stopping.load(Ordering::Acquire) {
-                    return;
-                }
-                // Transient (e.g. EMFILE): back off briefly rather than spin.
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        if inner.stopping.load(Ordering::Acquire) {
-            return;
-        }
+    while let Some(stream) = next_conn(&inner, || inner.listener.accept().map(|(s, _)| s)) {
         let mut inc = inner.incoming.lock();
         reap(&mut inc);
         let limit = inner.config.max_incoming_connections as usize;
@@ -97,43 +112,16 @@ pub(crate) fn tcp_accept_loop(inner: Arc<Inner>, ctx: Arc<SourceContext>) {
             let _ = s.shutdown(Shutdown::Both);
             continue;
         }
-        let Ok(handle) = stream.try_clone() else {
-            continue;
-        };
-        let id = inner.next_incoming.fetch_add(1, Ordering::Relaxed);
+        let Ok(handle) = stream.try_clone() else { continue };
         let c = ctx.clone();
-        let t = std::thread::Builder::new().name("orbite-serve".into()).spawn(move || tcp::serve(c, stream));
-        match t {
-            Ok(t) => {
-                inc.insert(id, Incoming { conn: ConnHandle::Tcp(handle), thread: Some(t) });
-            }
-            Err(_) => {
-                let _ = handle.shutdown(Shutdown::Both);
-            }
-        }
+        serve_in_thread(&inner, &mut inc, ConnHandle::Tcp(handle), "orbite-serve", move |_| tcp::serve(c, stream));
     }
 }
 
 /// Accepts IPC channel connections until the engine stops.
 pub(crate) fn ipc_accept_loop(inner: Arc<Inner>, ctx: Arc<IpcSourceContext>) {
-    let Some(listener) = inner.ipc_listener.as_ref() else {
-        return;
-    };
-    loop {
-        let stream = match listener.accept() {
-            Ok((s, _)) => s,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => {
-                if inner.stopping.load(Ordering::Acquire) {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        if inner.stopping.load(Ordering::Acquire) {
-            return;
-        }
+    let Some(listener) = inner.ipc_listener.as_ref() else { return };
+    while let Some(stream) = next_conn(&inner, || listener.accept().map(|(s, _)| s)) {
         let mut inc = inner.incoming.lock();
         reap(&mut inc);
         if inc.len() >= inner.config.max_incoming_connections as usize {
@@ -142,21 +130,10 @@ pub(crate) fn ipc_accept_loop(inner: Arc<Inner>, ctx: Arc<IpcSourceContext>) {
             let _ = stream.shutdown(Shutdown::Both);
             continue;
         }
-        let Ok(handle) = stream.try_clone() else {
-            continue;
-        };
-        let id = inner.next_incoming.fetch_add(1, Ordering::Relaxed);
+        let Ok(handle) = stream.try_clone() else { continue };
         let c = ctx.clone();
-        let t = std::thread::Builder::new()
-            .name("orbite-ipc-serve".into())
-            .spawn(move || crate::transport::ipc::source::serve(c, stream, id));
-        match t {
-            Ok(t) => {
-                inc.insert(id, Incoming { conn: ConnHandle::Unix(handle), thread: Some(t) });
-            }
-            Err(_) => {
-                let _ = handle.shutdown(Shutdown::Both);
-            }
-        }
+        serve_in_thread(&inner, &mut inc, ConnHandle::Unix(handle), "orbite-ipc-serve", move |id| {
+            crate::transport::ipc::source::serve(c, stream, id)
+        });
     }
 }

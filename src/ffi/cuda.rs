@@ -2,7 +2,7 @@
 //! they return ORBITE_STATUS_UNAVAILABLE with the reason.
 
 use super::boundary::*;
-use super::memory::need_out_alloc;
+use super::memory::allocate_into;
 use super::types::*;
 use crate::cuda_support;
 use std::ffi::c_char;
@@ -14,12 +14,7 @@ pub extern "C" fn orbite_cuda_allocate(
     length: usize,
     out_alloc: *mut *mut orbite_allocation,
 ) -> orbite_status {
-    guard(|| {
-        need_out_alloc(out_alloc, length)?;
-        let alloc = cuda_support::allocate_device(device, length as u64, false)?;
-        put(out_alloc, Box::into_raw(Box::new(orbite_allocation { alloc })));
-        Ok(())
-    })
+    guard(|| allocate_into(out_alloc, length, |len| cuda_support::allocate_device(device, len, false)))
 }
 
 /// Allocates CUDA device memory for IPC export (2 MiB physical rounding, zeroed).
@@ -29,12 +24,7 @@ pub extern "C" fn orbite_cuda_allocate_ipc(
     length: usize,
     out_alloc: *mut *mut orbite_allocation,
 ) -> orbite_status {
-    guard(|| {
-        need_out_alloc(out_alloc, length)?;
-        let alloc = cuda_support::allocate_device(device, length as u64, true)?;
-        put(out_alloc, Box::into_raw(Box::new(orbite_allocation { alloc })));
-        Ok(())
-    })
+    guard(|| allocate_into(out_alloc, length, |len| cuda_support::allocate_device(device, len, true)))
 }
 
 /// Allocates pinned (page-locked) host memory through CUDA.
@@ -43,12 +33,7 @@ pub extern "C" fn orbite_cuda_allocate_pinned_host(
     length: usize,
     out_alloc: *mut *mut orbite_allocation,
 ) -> orbite_status {
-    guard(|| {
-        need_out_alloc(out_alloc, length)?;
-        let alloc = cuda_support::allocate_pinned_host(length as u64)?;
-        put(out_alloc, Box::into_raw(Box::new(orbite_allocation { alloc })));
-        Ok(())
-    })
+    guard(|| allocate_into(out_alloc, length, cuda_support::allocate_pinned_host))
 }
 
 /// Allocates fabric-exportable GPU memory (MNNVL).
@@ -58,12 +43,7 @@ pub extern "C" fn orbite_allocate_mnnvl(
     length: usize,
     out_alloc: *mut *mut orbite_allocation,
 ) -> orbite_status {
-    guard(|| {
-        need_out_alloc(out_alloc, length)?;
-        let alloc = cuda_support::allocate_mnnvl(device, length as u64)?;
-        put(out_alloc, Box::into_raw(Box::new(orbite_allocation { alloc })));
-        Ok(())
-    })
+    guard(|| allocate_into(out_alloc, length, |len| cuda_support::allocate_mnnvl(device, len)))
 }
 
 /// Allocates fabric-exportable host memory on a NUMA node (EGM).
@@ -73,12 +53,7 @@ pub extern "C" fn orbite_allocate_egm(
     length: usize,
     out_alloc: *mut *mut orbite_allocation,
 ) -> orbite_status {
-    guard(|| {
-        need_out_alloc(out_alloc, length)?;
-        let alloc = cuda_support::allocate_egm(numa_node, length as u64)?;
-        put(out_alloc, Box::into_raw(Box::new(orbite_allocation { alloc })));
-        Ok(())
-    })
+    guard(|| allocate_into(out_alloc, length, |len| cuda_support::allocate_egm(numa_node, len)))
 }
 
 /// Writes, as JSON, the CUDA driver as probed (`cuda_available`, and the

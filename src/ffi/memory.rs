@@ -10,12 +10,7 @@ use std::ffi::c_void;
 /// that can be exported to peers on the same host.
 #[no_mangle]
 pub extern "C" fn orbite_host_allocate_shared(length: usize, out_alloc: *mut *mut orbite_allocation) -> orbite_status {
-    guard(|| {
-        need_mut(out_alloc, "out_alloc")?;
-        let alloc = owners::allocate_shared_host(length as u64)?;
-        put(out_alloc, Box::into_raw(Box::new(orbite_allocation { alloc })));
-        Ok(())
-    })
+    guard(|| allocate_into(out_alloc, length, owners::allocate_shared_host))
 }
 
 /// Start address of an allocation; NULL for NULL.
@@ -59,10 +54,18 @@ pub extern "C" fn orbite_allocation_free(alloc: *mut orbite_allocation) -> orbit
     })
 }
 
-pub(crate) fn need_out_alloc(out: *mut *mut orbite_allocation, length: usize) -> crate::error::Result<()> {
+/// The body of every allocating entry point: checks `out` and `length`,
+/// allocates with `f`, and writes the handle only on success.
+pub(crate) fn allocate_into(
+    out: *mut *mut orbite_allocation,
+    length: usize,
+    f: impl FnOnce(u64) -> crate::error::Result<crate::memory::Allocation>,
+) -> crate::error::Result<()> {
     need_mut(out, "out_alloc")?;
     if length == 0 {
         return Err(Error::InvalidArgument("length is 0".into()));
     }
+    let alloc = f(length as u64)?;
+    put(out, Box::into_raw(Box::new(orbite_allocation { alloc })));
     Ok(())
 }
