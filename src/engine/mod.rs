@@ -196,7 +196,11 @@ impl Engine {
             let t2 = spawn("orbite-ipc-accept", Box::new(move || accept::ipc_accept_loop(i2, ipc_ctx)))?;
             inner.accept_threads.lock().push(t2);
         }
-        ENGINES.lock().push(Arc::downgrade(&inner));
+        {
+            let mut all = ENGINES.lock();
+            all.retain(|w| w.strong_count() > 0);
+            all.push(Arc::downgrade(&inner));
+        }
         Ok(Engine { inner })
     }
 
