@@ -114,24 +114,19 @@ fn requester(args: &[String]) {
                             // A READ that silently did nothing must not pass on stale bytes.
                             back[off as usize..(off + len) as usize].fill(!pattern(seed, off));
                         }
-                        let writes: Vec<Request> = blocks
-                            .iter()
-                            .map(|&(off, len)| Request {
-                                op: Op::Write,
-                                local_addr: out.as_ptr() as u64 + off,
-                                remote_addr: base + mine + off,
-                                len,
-                            })
-                            .collect();
-                        let reads: Vec<Request> = blocks
-                            .iter()
-                            .map(|&(off, len)| Request {
-                                op: Op::Read,
-                                local_addr: back.as_ptr() as u64 + off,
-                                remote_addr: base + mine + off,
-                                len,
-                            })
-                            .collect();
+                        let batch = |op: Op, local: u64| -> Vec<Request> {
+                            blocks
+                                .iter()
+                                .map(|&(off, len)| Request {
+                                    op,
+                                    local_addr: local + off,
+                                    remote_addr: base + mine + off,
+                                    len,
+                                })
+                                .collect()
+                        };
+                        let writes = batch(Op::Write, out.as_ptr() as u64);
+                        let reads = batch(Op::Read, back.as_ptr() as u64);
                         for reqs in [&writes, &reads] {
                             rep.submitted += reqs.len() as u64;
                             match e.submit(peer, reqs, opts) {
