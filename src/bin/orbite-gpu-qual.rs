@@ -45,6 +45,9 @@ fn source(args: &[String]) {
     let cfg = arg(args, "--config").unwrap_or_else(|| r#"{"nvlink": true}"#.into());
     let mnnvl = arg(args, "--kind").as_deref() == Some("mnnvl");
     let e = Engine::from_json(&cfg).unwrap_or_else(|e| die(&e.to_string()));
+    if mnnvl && cfg.contains("\"fabric\"") && !orbite::cuda::mnnvl::fabric_export_works(0).unwrap_or(false) {
+        die("fabric handles are not supported here: a real fabric export fails (no IMEX channel?)");
+    }
     let bufs: Vec<Allocation> = (0..allocs)
         .map(|n| {
             let a = if mnnvl {

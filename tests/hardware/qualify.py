@@ -170,7 +170,8 @@ def main():
     plan = [("nvlink", m, mode) for m in args.memory.split(",") for mode in args.modes.split(",")]
     for t in args.mnnvl.split(","):
         if t:
-            plan += [("mnnvl-" + t, "device", mode) for mode in ("healthy", "batch", "cache", "bandwidth")]
+            plan += [("mnnvl-" + t, "device", mode) for mode in ("healthy", "batch", "cache", "bandwidth")
+                     if mode in args.modes.split(",")]
     for transport, memory, mode in plan:
         if mode == "bandwidth" and memory != "device":
             continue

@@ -242,15 +242,21 @@ impl ExportTable {
         }
         // The handle is made under the table lock so that a concurrent close
         // of the channel cannot overtake it; only a made handle counts as
-        // exposed (and is later unexported).
-        self.with_export(conn, r, |e| {
+        // exposed (and is later unexported). A handle that cannot be made
+        // ends the export: nothing was exposed, so loan and charge go back.
+        let mut export_failed = false;
+        let made = self.with_export(conn, r, |e| {
             if e.state != ExportState::Offered {
                 return Err(Error::Protocol(format!("export {} was already answered", r.export_id)));
             }
-            let h = self.backend.export(e.base)?;
+            let h = self.backend.export(e.base).inspect_err(|_| export_failed = true)?;
             e.state = ExportState::Exposed;
             Ok(Some(h))
-        })
+        });
+        if export_failed {
+            let _ = self.release(conn, r);
+        }
+        made
     }
 
     /// Revalidates a cached export for a new subbatch: every submission is

@@ -1,0 +1,1568 @@
+/*
+ * fakecuda: a CPU stand-in for the subset of the CUDA driver API that
+ * OrbiTE calls, built by the tests as `libcuda.so.1` and put on the loader
+ * path of test processes. It is never installed and never linked into
+ * liborbite; the code under test loads it exactly as it loads the real
+ * driver (dlopen through cudarc), so the real NVLink and MNNVL transports
+ * run end to end across real processes without a GPU.
+ *
+ * Model
+ * - "Device memory" is memfd-backed host memory. Its device address is a
+ *   PROT_NONE reservation (touching it from the CPU faults, as a GPU
+ *   pointer would); the driver copies through a private shadow mapping.
+ *   Pinned and registered host memory is ordinary CPU-accessible memory.
+ * - Legacy IPC handles name the exporter's pid, the memfd's fd number and a
+ *   per-process token; the importer opens /proc/PID/fd/N and checks the
+ *   memfd's name before mapping it. Opening in the exporting process fails
+ *   as the driver does; reopening in one process is reference counted.
+ * - VMM: cuMemCreate makes a memfd per allocation; reservations are
+ *   PROT_NONE ranges; cuMemMap maps a shadow (and, for HOST_NUMA (EGM)
+ *   memory, the CPU view at the address); cuMemSetAccess grants devices;
+ *   a copy through a mapping needs access for the stream's device. POSIX fd
+ *   and 64-byte fabric handles are exported and imported.
+ * - Streams run their work on a worker thread each, so copies are truly
+ *   asynchronous: an event query can say NOT_READY and ordering bugs show.
+ *   A device-to-device cuMemcpy returns before the copy completes (as the
+ *   driver may); cuMemcpyBatchAsync_v2 performs its copies last to first
+ *   (a batch promises no order between its copies).
+ * - Arguments are validated the way the driver does: unknown handles,
+ *   wrong contexts, out-of-range or unmapped copies return errors.
+ *
+ * Environment (read once, at the first call)
+ *   FAKECUDA_DEVICES=N            visible devices (default 1)
+ *   FAKECUDA_DRIVER_VERSION=V     cuDriverGetVersion (default 13000)
+ *   FAKECUDA_NO_FABRIC=create|export  fabric handles fail with
+ *                                 NOT_PERMITTED at cuMemCreate or export
+ *                                 (no IMEX channel)
+ *   FAKECUDA_COPY_DELAY_US=U      each asynchronous copy waits U us first
+ *   FAKECUDA_FAIL=name:N:code[,..] the Nth call (1-based) of `name` returns
+ *                                 `code`; `name:N+:code` every call from N
+ *   FAKECUDA_TRACE=path           at exit, appends "pid name calls" lines
+ *                                 for every function called
+ * Compile with -DFAKECUDA_OMIT_BATCH to leave cuMemcpyBatchAsync_v2 out.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct fc_ctx *CUcontext;
+typedef struct fc_stream *CUstream;
+typedef struct fc_event *CUevent;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_ALREADY_MAPPED = 208,
+    CUDA_ERROR_NOT_MAPPED = 211,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+    CUDA_ERROR_NOT_PERMITTED = 800,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_UNKNOWN = 999,
+};
+
+typedef struct { char reserved[64]; } CUipcMemHandle;
+typedef struct { int type; int id; } CUmemLocation;
+typedef struct {
+    int type;
+    int requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    unsigned char allocFlags[8];
+} CUmemAllocationProp;
+typedef struct { CUmemLocation location; int flags; } CUmemAccessDesc;
+typedef struct { int srcAccessOrder; CUmemLocation srcLocHint; CUmemLocation dstLocHint; unsigned int flags; } CUmemcpyAttributes;
+
+#define LOC_DEVICE 1
+#define LOC_HOST 2
+#define LOC_HOST_NUMA 3
+#define HANDLE_POSIX_FD 1
+#define HANDLE_FABRIC 8
+#define GRANULARITY (2ull << 20)
+#define IPC_MAGIC 0x50494346u    /* "FCIP" */
+#define FABRIC_MAGIC 0x42464346u /* "FCFB" */
+
+/* ------------------------------------------------------------------ */
+/* Calls, fault injection and the trace                               */
+
+#define FC_FUNCS(X)                                                                                  \
+    X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetAttribute)      \
+    X(cuDeviceGetName) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) X(cuCtxSetCurrent) \
+    X(cuCtxGetCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice)                \
+    X(cuCtxSynchronize) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemsetD8_v2) X(cuMemHostAlloc)          \
+    X(cuMemFreeHost) X(cuMemHostRegister_v2) X(cuMemHostUnregister) X(cuPointerGetAttribute)         \
+    X(cuMemGetAddressRange_v2) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle)  \
+    X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemAddressReserve)                 \
+    X(cuMemAddressFree) X(cuMemSetAccess) X(cuMemGetAllocationGranularity)                          \
+    X(cuMemGetAllocationPropertiesFromHandle) X(cuMemExportToShareableHandle)                       \
+    X(cuMemImportFromShareableHandle) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize) \
+    X(cuStreamQuery) X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord)    \
+    X(cuEventQuery) X(cuEventSynchronize) X(cuMemcpy) X(cuMemcpyAsync) X(cuMemcpyDtoD_v2)            \
+    X(cuMemcpyDtoH_v2) X(cuMemcpyHtoD_v2) X(cuMemcpyDtoDAsync_v2) X(cuMemcpyDtoHAsync_v2)            \
+    X(cuMemcpyHtoDAsync_v2) X(cuMemcpyBatchAsync_v2)
+
+#define FC_ENUM(n) F_##n,
+enum { FC_FUNCS(FC_ENUM) F_COUNT };
+#define FC_NAME(n) #n,
+static const char *const fc_names[] = {FC_FUNCS(FC_NAME)};
+
+struct rule {
+    int func;
+    unsigned long nth;
+    int from_on;
+    CUresult code;
+};
+static struct rule rules[32];
+static int nrules;
+static unsigned long calls[F_COUNT];
+static int n_devices = 1, driver_version = 13000, no_fabric; /* 1 create, 2 export */
+static unsigned copy_delay_us;
+static char trace_path[512];
+static pthread_once_t env_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t calls_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t token;
+
+static void write_trace(void) {
+    FILE *f = fopen(trace_path, "a");
+    if (!f) return;
+    for (int i = 0; i < F_COUNT; i++)
+        if (calls[i]) fprintf(f, "%d %s %lu\n", (int)getpid(), fc_names[i], calls[i]);
+    fclose(f);
+}
+
+static void parse_env(void) {
+    const char *v;
+    if ((v = getenv("FAKECUDA_DEVICES"))) n_devices = atoi(v);
+    if ((v = getenv("FAKECUDA_DRIVER_VERSION"))) driver_version = atoi(v);
+    if ((v = getenv("FAKECUDA_COPY_DELAY_US"))) copy_delay_us = (unsigned)atoi(v);
+    if ((v = getenv("FAKECUDA_NO_FABRIC"))) no_fabric = strcmp(v, "export") == 0 ? 2 : 1;
+    if ((v = getenv("FAKECUDA_TRACE")) && strlen(v) < sizeof trace_path) {
+        strcpy(trace_path, v);
+        atexit(write_trace);
+    }
+    if ((v = getenv("FAKECUDA_FAIL"))) {
+        char *s = strdup(v), *save = NULL;
+        for (char *item = strtok_r(s, ",", &save); item && nrules < 32; item = strtok_r(NULL, ",", &save)) {
+            char name[96];
+            unsigned long nth;
+            char plus[2] = {0};
+            int code, f = -1;
+            if (sscanf(item, "%95[^:]:%lu%1[+]:%d", name, &nth, plus, &code) != 4 &&
+                (plus[0] = 0, sscanf(item, "%95[^:]:%lu:%d", name, &nth, &code) != 3)) {
+                fprintf(stderr, "fakecuda: FAKECUDA_FAIL item '%s' is not name:N:code or name:N+:code\n", item);
+                abort();
+            }
+            for (int i = 0; i < F_COUNT; i++)
+                if (strcmp(fc_names[i], name) == 0) f = i;
+            if (f < 0) {
+                fprintf(stderr, "fakecuda: FAKECUDA_FAIL names an unknown function '%s'\n", name);
+                abort();
+            }
+            rules[nrules++] = (struct rule){f, nth, plus[0] == '+', code};
+        }
+        free(s);
+    }
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || read(fd, &token, sizeof token) != sizeof token) token = (uint64_t)getpid() * 2654435761u ^ (uint64_t)time(NULL);
+    if (fd >= 0) close(fd);
+}
+
+/* Counts the call and returns the injected result, or CUDA_SUCCESS. */
+static CUresult enter(int func) {
+    pthread_once(&env_once, parse_env);
+    pthread_mutex_lock(&calls_mu);
+    unsigned long n = ++calls[func];
+    CUresult r = CUDA_SUCCESS;
+    for (int i = 0; i < nrules; i++)
+        if (rules[i].func == func && (n == rules[i].nth || (rules[i].from_on && n >= rules[i].nth))) r = rules[i].code;
+    pthread_mutex_unlock(&calls_mu);
+    return r;
+}
+
+#define ENTER(name)                                \
+    do {                                           \
+        CUresult inj_ = enter(F_##name);           \
+        if (inj_ != CUDA_SUCCESS) return inj_;     \
+    } while (0)
+
+static int initialized;
+#define NEED_INIT()                                              \
+    do {                                                         \
+        if (!__atomic_load_n(&initialized, __ATOMIC_ACQUIRE))    \
+            return CUDA_ERROR_NOT_INITIALIZED;                   \
+    } while (0)
+
+/* ------------------------------------------------------------------ */
+/* Global state                                                        */
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t progress = PTHREAD_COND_INITIALIZER; /* any stream advanced */
+
+struct fc_stream;
+struct fc_ctx {
+    uint32_t magic;
+    int device;
+    int retained;
+    struct fc_stream *legacy;
+};
+#define CTX_MAGIC 0xc7c7c7c7u
+#define MAX_DEVICES 8
+static struct fc_ctx contexts[MAX_DEVICES];
+static __thread struct fc_ctx *ctx_stack[16];
+static __thread int ctx_depth; /* ctx_stack[ctx_depth-1] is current; 0 = none */
+
+static struct fc_ctx *current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
+
+static int valid_ctx(struct fc_ctx *c) {
+    return c >= contexts && c < contexts + MAX_DEVICES && c->magic == CTX_MAGIC;
+}
+
+/* Memory ranges the driver knows. */
+enum kind { K_DEVICE, K_HOST, K_REGISTERED, K_IPC_IMPORT, K_RESERVED };
+struct piece; /* a VMM mapping inside a reservation */
+struct range {
+    enum kind kind;
+    uint64_t va;
+    size_t len;
+    char *shadow; /* where the driver reads/writes; NULL for K_RESERVED */
+    int fd;       /* memfd of K_DEVICE / K_IPC_IMPORT */
+    int device;
+    uint64_t id;  /* K_DEVICE allocation id; K_IPC_IMPORT exporter's id */
+    uint64_t peer_token;
+    int refs;     /* K_IPC_IMPORT open count */
+    struct piece *pieces;
+    struct range *next;
+};
+struct vmm {
+    uint32_t magic;
+    int fd;
+    size_t size;
+    int handle_types;
+    CUmemLocation loc;
+    int released;
+    int maps;
+    uint64_t id;
+    struct vmm *next;
+};
+#define VMM_MAGIC 0x564d4d31u
+struct piece {
+    uint64_t va;
+    size_t len;
+    char *shadow;
+    struct vmm *h;
+    unsigned access; /* bit d: device d may read/write */
+    struct piece *next;
+};
+static struct range *ranges;
+static struct vmm *vmms;
+static uint64_t next_id = 1;
+
+static struct range *range_of(uint64_t addr) {
+    for (struct range *r = ranges; r; r = r->next)
+        if (addr >= r->va && addr - r->va < r->len) return r;
+    return NULL;
+}
+
+static struct vmm *valid_vmm(CUmemGenericAllocationHandle h) {
+    for (struct vmm *v = vmms; v; v = v->next)
+        if ((uint64_t)(uintptr_t)v == h && v->magic == VMM_MAGIC) return v;
+    return NULL;
+}
+
+static void drop_vmm_if_unused(struct vmm *v) {
+    if (!v->released || v->maps) return;
+    for (struct vmm **p = &vmms; *p; p = &(*p)->next)
+        if (*p == v) {
+            *p = v->next;
+            break;
+        }
+    close(v->fd);
+    v->magic = 0;
+    free(v);
+}
+
+static int memfd_for(size_t len, uint64_t id) {
+    char name[64];
+    snprintf(name, sizeof name, "fakecuda-%016llx-%llu", (unsigned long long)token, (unsigned long long)id);
+    int fd = (int)syscall(SYS_memfd_create, name, 1u /* MFD_CLOEXEC */);
+    if (fd < 0) return -1;
+    if (ftruncate(fd, (off_t)len) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* A PROT_NONE reservation of `len` bytes aligned to the granularity. */
+static char *reserve(size_t len) {
+    size_t span = len + GRANULARITY;
+    char *p = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    uintptr_t a = ((uintptr_t)p + GRANULARITY - 1) & ~(uintptr_t)(GRANULARITY - 1);
+    if (a > (uintptr_t)p) munmap(p, a - (uintptr_t)p);
+    size_t tail = (uintptr_t)p + span - (a + len);
+    if (tail) munmap((char *)(a + len), tail);
+    return (char *)a;
+}
+
+static size_t round_up(size_t n, size_t g) { return (n + g - 1) / g * g; }
+
+/* Whether [p, p+n) is mapped host memory (for pointers the driver does not know). */
+static int host_mapped(uint64_t p, size_t n) {
+    long pg = sysconf(_SC_PAGESIZE);
+    uint64_t start = p & ~(uint64_t)(pg - 1);
+    size_t span = (size_t)(p + n - start);
+    unsigned char vec[256];
+    for (size_t off = 0; off < span; off += 256 * (size_t)pg) {
+        size_t chunk = span - off < 256 * (size_t)pg ? span - off : 256 * (size_t)pg;
+        if (mincore((void *)(uintptr_t)(start + off), chunk, vec) != 0) return 0;
+    }
+    return 1;
+}
+
+/* Where the driver touches [addr, addr+n) for a copy run by `dev`;
+ * *device_side says whether it is device memory. Caller holds mu. */
+static CUresult resolve(uint64_t addr, size_t n, int dev, char **out, int *device_side) {
+    struct range *r = range_of(addr);
+    if (!r) {
+        if (n && !host_mapped(addr, n)) return CUDA_ERROR_INVALID_VALUE;
+        *out = (char *)(uintptr_t)addr;
+        *device_side = 0;
+        return CUDA_SUCCESS;
+    }
+    if (n > r->len - (addr - r->va)) return CUDA_ERROR_INVALID_VALUE;
+    if (r->kind != K_RESERVED) {
+        *out = r->shadow + (addr - r->va);
+        *device_side = r->kind == K_DEVICE || r->kind == K_IPC_IMPORT;
+        return CUDA_SUCCESS;
+    }
+    for (struct piece *p = r->pieces; p; p = p->next)
+        if (addr >= p->va && addr - p->va < p->len) {
+            if (n > p->len - (addr - p->va)) return CUDA_ERROR_INVALID_VALUE; /* spans mappings */
+            if (!(p->access & (1u << dev))) return CUDA_ERROR_ILLEGAL_ADDRESS; /* no cuMemSetAccess */
+            *out = p->shadow + (addr - p->va);
+            *device_side = p->h->loc.type == LOC_DEVICE;
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_ILLEGAL_ADDRESS; /* reserved but unmapped */
+}
+
+/* ------------------------------------------------------------------ */
+/* Streams and events                                                  */
+
+enum op_kind { OP_COPY, OP_SET, OP_RECORD, OP_WAIT };
+struct op {
+    enum op_kind kind;
+    char *dst, *src;
+    size_t n;
+    unsigned char value;
+    struct fc_event *ev;
+    uint64_t gen;
+    struct op *next;
+};
+struct fc_stream {
+    uint32_t magic;
+    struct fc_ctx *ctx;
+    struct op *head, *tail;
+    uint64_t enqueued, done;
+    int destroyed;
+    pthread_cond_t work;
+    struct fc_stream *next;
+};
+#define STREAM_MAGIC 0x5354524du
+struct fc_event {
+    uint32_t magic;
+    struct fc_ctx *ctx;
+    uint64_t recorded, completed;
+    struct fc_event *next;
+};
+#define EVENT_MAGIC 0x45564e54u
+static struct fc_stream *streams;
+static struct fc_event *events;
+
+static int valid_stream(struct fc_stream *s) {
+    for (struct fc_stream *x = streams; x; x = x->next)
+        if (x == s && s->magic == STREAM_MAGIC && !s->destroyed) return 1;
+    return 0;
+}
+
+static int valid_event(struct fc_event *e) {
+    for (struct fc_event *x = events; x; x = x->next)
+        if (x == e && e->magic == EVENT_MAGIC) return 1;
+    return 0;
+}
+
+static void *worker(void *arg) {
+    struct fc_stream *s = arg;
+    pthread_mutex_lock(&mu);
+    for (;;) {
+        while (!s->head && !s->destroyed) pthread_cond_wait(&s->work, &mu);
+        if (!s->head) break; /* destroyed and drained */
+        struct op *o = s->head;
+        if (o->kind == OP_WAIT) {
+            while (o->ev->completed < o->gen) pthread_cond_wait(&progress, &mu);
+        } else if (o->kind == OP_COPY || o->kind == OP_SET) {
+            pthread_mutex_unlock(&mu);
+            if (copy_delay_us) usleep(copy_delay_us);
+            if (o->kind == OP_COPY)
+                memmove(o->dst, o->src, o->n);
+            else
+                memset(o->dst, o->value, o->n);
+            pthread_mutex_lock(&mu);
+        } else if (o->kind == OP_RECORD) {
+            if (o->ev->completed < o->gen) o->ev->completed = o->gen;
+        }
+        s->head = o->next;
+        if (!s->head) s->tail = NULL;
+        s->done++;
+        free(o);
+        pthread_cond_broadcast(&progress);
+    }
+    /* The stream stays in the list, marked destroyed: handles are never reused. */
+    pthread_mutex_unlock(&mu);
+    return NULL;
+}
+
+/* Caller holds mu. */
+static struct fc_stream *new_stream(struct fc_ctx *c) {
+    struct fc_stream *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    s->magic = STREAM_MAGIC;
+    s->ctx = c;
+    pthread_cond_init(&s->work, NULL);
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &at, worker, s) != 0) {
+        pthread_attr_destroy(&at);
+        free(s);
+        return NULL;
+    }
+    pthread_attr_destroy(&at);
+    s->next = streams;
+    streams = s;
+    return s;
+}
+
+/* Caller holds mu. */
+static void push(struct fc_stream *s, struct op *o) {
+    o->next = NULL;
+    if (s->tail)
+        s->tail->next = o;
+    else
+        s->head = o;
+    s->tail = o;
+    s->enqueued++;
+    pthread_cond_signal(&s->work);
+}
+
+/* Caller holds mu: waits until `s` has done everything enqueued so far. */
+static void drain(struct fc_stream *s) {
+    uint64_t target = s->enqueued;
+    while (s->done < target) pthread_cond_wait(&progress, &mu);
+}
+
+/* The stream work goes to: NULL means the current context's legacy stream.
+ * Caller holds mu. */
+static CUresult pick_stream(CUstream h, struct fc_stream **out) {
+    struct fc_ctx *c = current();
+    if (!h) {
+        if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+        if (!c->legacy && !(c->legacy = new_stream(c))) return CUDA_ERROR_OUT_OF_MEMORY;
+        *out = c->legacy;
+        return CUDA_SUCCESS;
+    }
+    if (!valid_stream(h)) return CUDA_ERROR_INVALID_HANDLE;
+    if (h->ctx != c) return CUDA_ERROR_INVALID_CONTEXT; /* a stream of another context */
+    *out = h;
+    return CUDA_SUCCESS;
+}
+
+/* Validates and enqueues one copy; *host_side says whether host memory is
+ * involved (the synchronous cuMemcpy then waits). Caller holds mu. */
+static CUresult enqueue_copy(struct fc_stream *s, CUdeviceptr dst, CUdeviceptr src, size_t n, int *host_side) {
+    char *d, *sp;
+    int dd, sd;
+    CUresult r;
+    if ((r = resolve(dst, n, s->ctx->device, &d, &dd)) || (r = resolve(src, n, s->ctx->device, &sp, &sd))) return r;
+    if (host_side) *host_side = !dd || !sd;
+    if (!n) return CUDA_SUCCESS;
+    struct op *o = calloc(1, sizeof *o);
+    if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
+    o->kind = OP_COPY;
+    o->dst = d;
+    o->src = sp;
+    o->n = n;
+    push(s, o);
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* Initialization, devices, contexts                                   */
+
+EXPORT CUresult cuInit(unsigned int flags) {
+    ENTER(cuInit);
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (n_devices <= 0) return CUDA_ERROR_NO_DEVICE;
+    if (n_devices > MAX_DEVICES) n_devices = MAX_DEVICES;
+    pthread_mutex_lock(&mu);
+    for (int d = 0; d < n_devices; d++)
+        if (contexts[d].magic != CTX_MAGIC) contexts[d] = (struct fc_ctx){CTX_MAGIC, d, 0, NULL};
+    pthread_mutex_unlock(&mu);
+    __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDriverGetVersion(int *v) {
+    ENTER(cuDriverGetVersion);
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    *v = driver_version;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetCount(int *count) {
+    ENTER(cuDeviceGetCount);
+    NEED_INIT();
+    if (!count) return CUDA_ERROR_INVALID_VALUE;
+    *count = n_devices;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
+    ENTER(cuDeviceGet);
+    NEED_INIT();
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    if (ordinal < 0 || ordinal >= n_devices) return CUDA_ERROR_INVALID_DEVICE;
+    *dev = ordinal;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev) {
+    ENTER(cuDeviceGetAttribute);
+    NEED_INIT();
+    if (!pi) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= n_devices) return CUDA_ERROR_INVALID_DEVICE;
+    switch (attrib) {
+    case 41: *pi = 1; break;                        /* UNIFIED_ADDRESSING */
+    case 75: *pi = 9; break;                        /* COMPUTE_CAPABILITY_MAJOR */
+    case 76: *pi = 0; break;                        /* COMPUTE_CAPABILITY_MINOR */
+    case 102: *pi = 1; break;                       /* VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
+    case 103: *pi = 1; break;                       /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
+    case 128: *pi = no_fabric ? 0 : 1; break;       /* HANDLE_TYPE_FABRIC_SUPPORTED */
+    case 134: *pi = dev; break;                     /* HOST_NUMA_ID: device d sits on node d */
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+    ENTER(cuDeviceGetName);
+    NEED_INIT();
+    if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= n_devices) return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "fakecuda device %d", dev);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    ENTER(cuDevicePrimaryCtxRetain);
+    NEED_INIT();
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= n_devices) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    contexts[dev].retained++;
+    pthread_mutex_unlock(&mu);
+    *pctx = &contexts[dev];
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    ENTER(cuDevicePrimaryCtxRelease_v2);
+    NEED_INIT();
+    if (dev < 0 || dev >= n_devices) return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&mu);
+    CUresult r = contexts[dev].retained > 0 ? (contexts[dev].retained--, CUDA_SUCCESS) : CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
+    ENTER(cuCtxSetCurrent);
+    NEED_INIT();
+    if (c && (!valid_ctx(c) || !c->retained)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!c) {
+        if (ctx_depth) ctx_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (ctx_depth)
+        ctx_stack[ctx_depth - 1] = c;
+    else
+        ctx_stack[ctx_depth++] = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetCurrent(CUcontext *pc) {
+    ENTER(cuCtxGetCurrent);
+    NEED_INIT();
+    if (!pc) return CUDA_ERROR_INVALID_VALUE;
+    *pc = current();
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext c) {
+    ENTER(cuCtxPushCurrent_v2);
+    NEED_INIT();
+    if (!valid_ctx(c) || !c->retained) return CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx_depth == 16) return CUDA_ERROR_INVALID_VALUE;
+    ctx_stack[ctx_depth++] = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pc) {
+    ENTER(cuCtxPopCurrent_v2);
+    NEED_INIT();
+    if (!ctx_depth) return CUDA_ERROR_INVALID_CONTEXT;
+    struct fc_ctx *c = ctx_stack[--ctx_depth];
+    if (pc) *pc = c;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxGetDevice(CUdevice *dev) {
+    ENTER(cuCtxGetDevice);
+    NEED_INIT();
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    if (!current()) return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = current()->device;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuCtxSynchronize(void) {
+    ENTER(cuCtxSynchronize);
+    NEED_INIT();
+    struct fc_ctx *c = current();
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&mu);
+    for (struct fc_stream *s = streams; s; s = s->next)
+        if (s->ctx == c) drain(s);
+    pthread_mutex_unlock(&mu);
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* Device, pinned and registered memory                                */
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
+    ENTER(cuMemAlloc_v2);
+    NEED_INIT();
+    if (!dptr || !size) return CUDA_ERROR_INVALID_VALUE;
+    struct fc_ctx *c = current();
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    size_t len = round_up(size, GRANULARITY);
+    pthread_mutex_lock(&mu);
+    uint64_t id = next_id++;
+    pthread_mutex_unlock(&mu);
+    int fd = memfd_for(len, id);
+    if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    char *va = reserve(len);
+    char *shadow = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    struct range *r = calloc(1, sizeof *r);
+    if (!va || shadow == MAP_FAILED || !r) {
+        if (va) munmap(va, len);
+        if (shadow != MAP_FAILED) munmap(shadow, len);
+        free(r);
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *r = (struct range){K_DEVICE, (uint64_t)(uintptr_t)va, size, shadow, fd, c->device, id, token, 0, NULL, NULL};
+    pthread_mutex_lock(&mu);
+    r->next = ranges;
+    ranges = r;
+    pthread_mutex_unlock(&mu);
+    *dptr = r->va;
+    return CUDA_SUCCESS;
+}
+
+/* Unlinks and returns the range starting exactly at `va` of `kind`. Caller holds mu. */
+static struct range *unlink_range(uint64_t va, enum kind kind) {
+    for (struct range **p = &ranges; *p; p = &(*p)->next)
+        if ((*p)->va == va && (*p)->kind == kind) {
+            struct range *r = *p;
+            *p = r->next;
+            return r;
+        }
+    return NULL;
+}
+
+EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    ENTER(cuMemFree_v2);
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    struct range *r = unlink_range(dptr, K_DEVICE);
+    pthread_mutex_unlock(&mu);
+    if (!r) return CUDA_ERROR_INVALID_VALUE;
+    size_t len = round_up(r->len, GRANULARITY);
+    munmap((void *)(uintptr_t)r->va, len);
+    munmap(r->shadow, len);
+    close(r->fd);
+    free(r);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dptr, unsigned char value, size_t n) {
+    ENTER(cuMemsetD8_v2);
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    struct fc_stream *s;
+    char *d;
+    int dev_side;
+    CUresult r = pick_stream(NULL, &s);
+    if (!r) r = resolve(dptr, n, s->ctx->device, &d, &dev_side);
+    if (!r && n) {
+        struct op *o = calloc(1, sizeof *o);
+        if (!o) {
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            *o = (struct op){.kind = OP_SET, .dst = d, .n = n, .value = value};
+            push(s, o); /* asynchronous, like the driver's memset of device memory */
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+static CUresult add_host_range(enum kind kind, void *p, size_t len) {
+    struct range *r = calloc(1, sizeof *r);
+    if (!r) return CUDA_ERROR_OUT_OF_MEMORY;
+    *r = (struct range){kind, (uint64_t)(uintptr_t)p, len, p, -1, 0, 0, 0, 0, NULL, NULL};
+    pthread_mutex_lock(&mu);
+    CUresult res = CUDA_SUCCESS;
+    for (struct range *x = ranges; x; x = x->next)
+        if (x->va < r->va + len && r->va < x->va + x->len) res = CUDA_ERROR_INVALID_VALUE; /* already known */
+    if (res == CUDA_SUCCESS) {
+        r->next = ranges;
+        ranges = r;
+    } else {
+        free(r);
+    }
+    pthread_mutex_unlock(&mu);
+    return res;
+}
+
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
+    ENTER(cuMemHostAlloc);
+    NEED_INIT();
+    (void)flags;
+    if (!pp || !size) return CUDA_ERROR_INVALID_VALUE;
+    if (!current()) return CUDA_ERROR_INVALID_CONTEXT;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = add_host_range(K_HOST, p, size);
+    if (r) {
+        munmap(p, size);
+        return r;
+    }
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemFreeHost(void *p) {
+    ENTER(cuMemFreeHost);
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    struct range *r = unlink_range((uint64_t)(uintptr_t)p, K_HOST);
+    pthread_mutex_unlock(&mu);
+    if (!r) return CUDA_ERROR_INVALID_VALUE;
+    munmap(p, r->len);
+    free(r);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags) {
+    ENTER(cuMemHostRegister_v2);
+    NEED_INIT();
+    (void)flags;
+    if (!p || !size || !host_mapped((uint64_t)(uintptr_t)p, size)) return CUDA_ERROR_INVALID_VALUE;
+    if (!current()) return CUDA_ERROR_INVALID_CONTEXT;
+    CUresult r = add_host_range(K_REGISTERED, p, size);
+    return r == CUDA_ERROR_INVALID_VALUE ? 712 /* CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED */ : r;
+}
+
+EXPORT CUresult cuMemHostUnregister(void *p) {
+    ENTER(cuMemHostUnregister);
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    struct range *r = unlink_range((uint64_t)(uintptr_t)p, K_REGISTERED);
+    pthread_mutex_unlock(&mu);
+    if (!r) return 713; /* CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED */
+    free(r);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
+    ENTER(cuPointerGetAttribute);
+    NEED_INIT();
+    if (!data) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    struct range *r = range_of(ptr);
+    CUresult res = CUDA_SUCCESS;
+    if (!r) {
+        res = CUDA_ERROR_INVALID_VALUE; /* not memory the driver knows */
+    } else if (attribute == 2) {        /* MEMORY_TYPE: 1 host, 2 device */
+        int dev = r->kind == K_DEVICE || r->kind == K_IPC_IMPORT || r->kind == K_RESERVED;
+        *(unsigned int *)data = dev ? 2 : 1;
+    } else if (attribute == 9) { /* DEVICE_ORDINAL */
+        *(int *)data = r->device;
+    } else if (attribute == 11) { /* RANGE_START_ADDR */
+        *(CUdeviceptr *)data = r->va;
+    } else if (attribute == 12) { /* RANGE_SIZE */
+        *(size_t *)data = r->len;
+    } else {
+        res = CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_unlock(&mu);
+    return res;
+}
+
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr) {
+    ENTER(cuMemGetAddressRange_v2);
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    struct range *r = range_of(dptr);
+    CUresult res = CUDA_ERROR_NOT_FOUND;
+    uint64_t base = 0;
+    size_t size = 0;
+    if (r && r->kind != K_RESERVED && r->kind != K_REGISTERED) {
+        base = r->va;
+        size = r->len;
+        res = CUDA_SUCCESS;
+    } else if (r && r->kind == K_RESERVED) {
+        for (struct piece *p = r->pieces; p; p = p->next)
+            if (dptr >= p->va && dptr - p->va < p->len) {
+                base = p->va;
+                size = p->len;
+                res = CUDA_SUCCESS;
+            }
+    }
+    pthread_mutex_unlock(&mu);
+    if (res) return res;
+    if (pbase) *pbase = base;
+    if (psize) *psize = size;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* Legacy IPC                                                          */
+
+struct ipc_wire {
+    uint32_t magic;
+    uint32_t pid;
+    int32_t fd;
+    uint32_t device;
+    uint64_t size;
+    uint64_t id;
+    uint64_t token;
+    uint64_t check;
+    char pad[16];
+};
+_Static_assert(sizeof(struct ipc_wire) == 64, "an IPC handle has 64 bytes");
+
+static uint64_t checksum(const void *p, size_t n) {
+    const unsigned char *b = p;
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr) {
+    ENTER(cuIpcGetMemHandle);
+    NEED_INIT();
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    struct range *r = range_of(dptr);
+    CUresult res = CUDA_SUCCESS;
+    struct ipc_wire w = {0};
+    if (!r || r->kind != K_DEVICE) {
+        res = CUDA_ERROR_INVALID_VALUE; /* only cuMemAlloc memory of this process */
+    } else {
+        w = (struct ipc_wire){IPC_MAGIC, (uint32_t)getpid(), r->fd, (uint32_t)r->device, r->len, r->id, token, 0, {0}};
+        w.check = checksum(&w, offsetof(struct ipc_wire, check));
+    }
+    pthread_mutex_unlock(&mu);
+    if (res) return res;
+    memcpy(handle->reserved, &w, sizeof w);
+    return CUDA_SUCCESS;
+}
+
+/* Opens the memfd `fd` of process `pid` and checks it is the allocation
+ * (`peer_token`, `id`) of at least `size` bytes. */
+static int open_peer_memfd(uint32_t pid, int fd, uint64_t peer_token, uint64_t id, uint64_t size) {
+    char path[64], link[128], want[96];
+    snprintf(path, sizeof path, "/proc/%u/fd/%d", pid, fd);
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (n <= 0) return -1;
+    link[n] = 0;
+    snprintf(want, sizeof want, "/memfd:fakecuda-%016llx-%llu ", (unsigned long long)peer_token, (unsigned long long)id);
+    if (strncmp(link, want, strlen(want)) != 0) return -1; /* a different file now */
+    int f = open(path, O_RDWR | O_CLOEXEC);
+    struct stat st;
+    if (f >= 0 && (fstat(f, &st) != 0 || (uint64_t)st.st_size < size)) {
+        close(f);
+        return -1;
+    }
+    return f;
+}
+
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags) {
+    ENTER(cuIpcOpenMemHandle_v2);
+    NEED_INIT();
+    if (!pdptr || flags > 1) return CUDA_ERROR_INVALID_VALUE;
+    struct fc_ctx *c = current();
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    struct ipc_wire w;
+    memcpy(&w, handle.reserved, sizeof w);
+    if (w.magic != IPC_MAGIC || w.check != checksum(&w, offsetof(struct ipc_wire, check))) return CUDA_ERROR_INVALID_VALUE;
+    if (w.token == token) return CUDA_ERROR_INVALID_CONTEXT; /* opened in the exporting process */
+    pthread_mutex_lock(&mu);
+    for (struct range *r = ranges; r; r = r->next)
+        if (r->kind == K_IPC_IMPORT && r->peer_token == w.token && r->id == w.id) {
+            r->refs++;
+            *pdptr = r->va;
+            pthread_mutex_unlock(&mu);
+            return CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&mu);
+    int fd = open_peer_memfd(w.pid, w.fd, w.token, w.id, w.size);
+    if (fd < 0) return CUDA_ERROR_INVALID_VALUE; /* the exporter or its allocation is gone */
+    size_t len = round_up(w.size, GRANULARITY);
+    char *va = reserve(len);
+    char *shadow = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    struct range *r = calloc(1, sizeof *r);
+    if (!va || shadow == MAP_FAILED || !r) {
+        if (va) munmap(va, len);
+        if (shadow != MAP_FAILED) munmap(shadow, len);
+        free(r);
+        return 205; /* CUDA_ERROR_MAP_FAILED */
+    }
+    *r = (struct range){K_IPC_IMPORT, (uint64_t)(uintptr_t)va, w.size, shadow, -1, c->device, w.id, w.token, 1, NULL, NULL};
+    pthread_mutex_lock(&mu);
+    r->next = ranges;
+    ranges = r;
+    pthread_mutex_unlock(&mu);
+    *pdptr = r->va;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
+    ENTER(cuIpcCloseMemHandle);
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    struct range *r = NULL;
+    for (struct range *x = ranges; x; x = x->next)
+        if (x->kind == K_IPC_IMPORT && x->va == dptr) r = x;
+    if (!r) {
+        pthread_mutex_unlock(&mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (--r->refs > 0) {
+        pthread_mutex_unlock(&mu);
+        return CUDA_SUCCESS;
+    }
+    unlink_range(dptr, K_IPC_IMPORT);
+    pthread_mutex_unlock(&mu);
+    size_t len = round_up(r->len, GRANULARITY);
+    munmap((void *)(uintptr_t)r->va, len);
+    munmap(r->shadow, len);
+    free(r);
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* Virtual memory management                                           */
+
+static CUresult check_prop(const CUmemAllocationProp *p) {
+    if (!p || p->type != 1 /* PINNED */) return CUDA_ERROR_INVALID_VALUE;
+    if (p->location.type == LOC_DEVICE) {
+        if (p->location.id < 0 || p->location.id >= n_devices) return CUDA_ERROR_INVALID_DEVICE;
+    } else if (p->location.type == LOC_HOST_NUMA) {
+        if (p->location.id < 0 || p->location.id >= n_devices) return CUDA_ERROR_INVALID_VALUE; /* one node per device */
+    } else {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (p->requestedHandleTypes & ~(HANDLE_POSIX_FD | HANDLE_FABRIC)) return CUDA_ERROR_NOT_SUPPORTED;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option) {
+    ENTER(cuMemGetAllocationGranularity);
+    NEED_INIT();
+    if (!g || (option != 0 && option != 1)) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_prop(prop);
+    if (r) return r;
+    *g = GRANULARITY;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                            unsigned long long flags) {
+    ENTER(cuMemCreate);
+    NEED_INIT();
+    if (!handle || !size || size % GRANULARITY || flags) return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = check_prop(prop);
+    if (r) return r;
+    if ((prop->requestedHandleTypes & HANDLE_FABRIC) && no_fabric == 1) return CUDA_ERROR_NOT_PERMITTED;
+    struct vmm *v = calloc(1, sizeof *v);
+    if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&mu);
+    v->id = next_id++;
+    pthread_mutex_unlock(&mu);
+    v->fd = memfd_for(size, v->id);
+    if (v->fd < 0) {
+        free(v);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    v->magic = VMM_MAGIC;
+    v->size = size;
+    v->handle_types = prop->requestedHandleTypes;
+    v->loc = prop->location;
+    pthread_mutex_lock(&mu);
+    v->next = vmms;
+    vmms = v;
+    pthread_mutex_unlock(&mu);
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    ENTER(cuMemRelease);
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    struct vmm *v = valid_vmm(handle);
+    CUresult r = v && !v->released ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (!r) {
+        v->released = 1;
+        drop_vmm_if_unused(v);
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle) {
+    ENTER(cuMemGetAllocationPropertiesFromHandle);
+    NEED_INIT();
+    if (!prop) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    struct vmm *v = valid_vmm(handle);
+    CUresult r = v && !v->released ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (!r) {
+        memset(prop, 0, sizeof *prop);
+        prop->type = 1;
+        prop->requestedHandleTypes = v->handle_types;
+        prop->location = v->loc;
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                    unsigned long long flags) {
+    ENTER(cuMemAddressReserve);
+    NEED_INIT();
+    (void)addr; /* a hint only */
+    if (!ptr || !size || size % GRANULARITY || flags || (alignment && (alignment & (alignment - 1))))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (alignment > GRANULARITY) return CUDA_ERROR_NOT_SUPPORTED;
+    char *va = reserve(size);
+    struct range *r = calloc(1, sizeof *r);
+    if (!va || !r) {
+        if (va) munmap(va, size);
+        free(r);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *r = (struct range){K_RESERVED, (uint64_t)(uintptr_t)va, size, NULL, -1, 0, 0, 0, 0, NULL, NULL};
+    pthread_mutex_lock(&mu);
+    r->next = ranges;
+    ranges = r;
+    pthread_mutex_unlock(&mu);
+    *ptr = r->va;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    ENTER(cuMemAddressFree);
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    struct range *r = range_of(ptr);
+    CUresult res = CUDA_SUCCESS;
+    if (!r || r->kind != K_RESERVED || r->va != ptr || r->len != size)
+        res = CUDA_ERROR_INVALID_VALUE;
+    else if (r->pieces)
+        res = CUDA_ERROR_INVALID_VALUE; /* still mapped */
+    else
+        unlink_range(ptr, K_RESERVED);
+    pthread_mutex_unlock(&mu);
+    if (res) return res;
+    munmap((void *)(uintptr_t)ptr, size);
+    free(r);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                         unsigned long long flags) {
+    ENTER(cuMemMap);
+    NEED_INIT();
+    if (!size || flags || size % GRANULARITY || offset % GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    struct range *r = range_of(ptr);
+    struct vmm *v = valid_vmm(handle);
+    CUresult res = CUDA_SUCCESS;
+    if (!r || r->kind != K_RESERVED || size > r->len - (ptr - r->va) || !v || v->released ||
+        offset + size > v->size) {
+        res = CUDA_ERROR_INVALID_VALUE;
+    } else {
+        for (struct piece *p = r->pieces; p; p = p->next)
+            if (p->va < ptr + size && ptr < p->va + p->len) res = CUDA_ERROR_ALREADY_MAPPED;
+    }
+    struct piece *p = NULL;
+    if (!res) {
+        p = calloc(1, sizeof *p);
+        char *shadow = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, v->fd, (off_t)offset);
+        if (!p || shadow == MAP_FAILED) {
+            free(p);
+            res = CUDA_ERROR_OUT_OF_MEMORY;
+        } else {
+            /* EGM (host NUMA) memory is also CPU-accessible at its address. */
+            if (v->loc.type == LOC_HOST_NUMA &&
+                mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, v->fd, (off_t)offset) ==
+                    MAP_FAILED) {
+                munmap(shadow, size);
+                free(p);
+                res = CUDA_ERROR_OUT_OF_MEMORY;
+            } else {
+                *p = (struct piece){ptr, size, shadow, v, 0, r->pieces};
+                r->pieces = p;
+                v->maps++;
+            }
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return res;
+}
+
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    ENTER(cuMemUnmap);
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    struct range *r = range_of(ptr);
+    CUresult res = CUDA_ERROR_INVALID_VALUE;
+    if (r && r->kind == K_RESERVED) {
+        for (struct piece **pp = &r->pieces; *pp; pp = &(*pp)->next) {
+            struct piece *p = *pp;
+            if (p->va == ptr && p->len == size) { /* whole mappings only */
+                *pp = p->next;
+                munmap(p->shadow, p->len);
+                mmap((void *)(uintptr_t)p->va, p->len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
+                     -1, 0);
+                p->h->maps--;
+                drop_vmm_if_unused(p->h);
+                free(p);
+                res = CUDA_SUCCESS;
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&mu);
+    return res;
+}
+
+EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    ENTER(cuMemSetAccess);
+    NEED_INIT();
+    if (!desc || !count || !size) return CUDA_ERROR_INVALID_VALUE;
+    unsigned grant = 0, revoke = 0;
+    for (size_t i = 0; i < count; i++) {
+        const CUmemAccessDesc *d = &desc[i];
+        if (d->flags != 0 && d->flags != 1 && d->flags != 3) return CUDA_ERROR_INVALID_VALUE;
+        if (d->location.type == LOC_DEVICE) {
+            if (d->location.id < 0 || d->location.id >= n_devices) return CUDA_ERROR_INVALID_DEVICE;
+            if (d->flags == 3)
+                grant |= 1u << d->location.id;
+            else
+                revoke |= 1u << d->location.id;
+        } else if (d->location.type != LOC_HOST_NUMA && d->location.type != LOC_HOST) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    pthread_mutex_lock(&mu);
+    struct range *r = range_of(ptr);
+    CUresult res = CUDA_SUCCESS;
+    if (!r || r->kind != K_RESERVED || size > r->len - (ptr - r->va)) res = CUDA_ERROR_INVALID_VALUE;
+    /* Every byte of the range must be mapped. */
+    for (uint64_t a = ptr; !res && a < ptr + size;) {
+        struct piece *hit = NULL;
+        for (struct piece *p = r->pieces; p; p = p->next)
+            if (a >= p->va && a - p->va < p->len) hit = p;
+        if (!hit)
+            res = CUDA_ERROR_INVALID_VALUE;
+        else
+            a = hit->va + hit->len;
+    }
+    for (struct piece *p = r && !res ? r->pieces : NULL; p; p = p->next)
+        if (p->va < ptr + size && ptr < p->va + p->len) p->access = (p->access | grant) & ~revoke;
+    pthread_mutex_unlock(&mu);
+    return res;
+}
+
+struct fabric_wire {
+    uint32_t magic;
+    uint32_t pid;
+    int32_t fd;
+    int32_t loc_type;
+    uint64_t size;
+    uint64_t id;
+    uint64_t token;
+    int32_t loc_id;
+    int32_t handle_types;
+    uint64_t check;
+    char pad[8];
+};
+_Static_assert(sizeof(struct fabric_wire) == 64, "a fabric handle has 64 bytes");
+
+EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle handle, int type,
+                                             unsigned long long flags) {
+    ENTER(cuMemExportToShareableHandle);
+    NEED_INIT();
+    if (!out || flags) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    struct vmm *v = valid_vmm(handle);
+    CUresult res = CUDA_SUCCESS;
+    if (!v || v->released)
+        res = CUDA_ERROR_INVALID_VALUE;
+    else if ((type != HANDLE_POSIX_FD && type != HANDLE_FABRIC) || !(v->handle_types & type))
+        res = CUDA_ERROR_INVALID_VALUE; /* not requested at cuMemCreate */
+    else if (type == HANDLE_FABRIC && no_fabric)
+        res = CUDA_ERROR_NOT_PERMITTED; /* no IMEX channel */
+    if (!res && type == HANDLE_POSIX_FD) {
+        int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0)
+            res = CUDA_ERROR_OUT_OF_MEMORY;
+        else
+            *(int *)out = fd;
+    } else if (!res) {
+        struct fabric_wire w = {FABRIC_MAGIC, (uint32_t)getpid(), v->fd, v->loc.type, v->size, v->id, token,
+                                v->loc.id,    v->handle_types,    0,     {0}};
+        w.check = checksum(&w, offsetof(struct fabric_wire, check));
+        memcpy(out, &w, sizeof w);
+    }
+    pthread_mutex_unlock(&mu);
+    return res;
+}
+
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle, int type) {
+    ENTER(cuMemImportFromShareableHandle);
+    NEED_INIT();
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+    int fd = -1;
+    CUmemLocation loc = {LOC_DEVICE, 0};
+    int types = type;
+    uint64_t id = 0;
+    if (type == HANDLE_POSIX_FD) {
+        fd = fcntl((int)(intptr_t)os_handle, F_DUPFD_CLOEXEC, 0);
+        if (fd < 0) return CUDA_ERROR_INVALID_VALUE;
+    } else if (type == HANDLE_FABRIC) {
+        if (!os_handle) return CUDA_ERROR_INVALID_VALUE;
+        if (no_fabric) return CUDA_ERROR_NOT_PERMITTED;
+        struct fabric_wire w;
+        memcpy(&w, os_handle, sizeof w);
+        if (w.magic != FABRIC_MAGIC || w.check != checksum(&w, offsetof(struct fabric_wire, check)))
+            return CUDA_ERROR_INVALID_VALUE;
+        fd = open_peer_memfd(w.pid, w.fd, w.token, w.id, w.size);
+        if (fd < 0) return CUDA_ERROR_INVALID_VALUE; /* the exporter released it or exited */
+        loc = (CUmemLocation){w.loc_type, w.loc_id};
+        types = w.handle_types;
+        id = w.id;
+    } else {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size <= 0 || (size_t)st.st_size % GRANULARITY) {
+        close(fd);
+        return CUDA_ERROR_INVALID_VALUE; /* not a driver allocation */
+    }
+    struct vmm *v = calloc(1, sizeof *v);
+    if (!v) {
+        close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *v = (struct vmm){VMM_MAGIC, fd, (size_t)st.st_size, types, loc, 0, 0, id, NULL};
+    pthread_mutex_lock(&mu);
+    v->next = vmms;
+    vmms = v;
+    pthread_mutex_unlock(&mu);
+    *handle = (CUmemGenericAllocationHandle)(uintptr_t)v;
+    return CUDA_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ */
+/* Streams, events, copies                                             */
+
+EXPORT CUresult cuStreamCreate(CUstream *ps, unsigned int flags) {
+    ENTER(cuStreamCreate);
+    NEED_INIT();
+    if (!ps || flags > 1) return CUDA_ERROR_INVALID_VALUE;
+    struct fc_ctx *c = current();
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&mu);
+    struct fc_stream *s = new_stream(c);
+    pthread_mutex_unlock(&mu);
+    if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
+    *ps = s;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+    ENTER(cuStreamDestroy_v2);
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    CUresult r = valid_stream(s) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    if (!r) {
+        s->destroyed = 1; /* queued work still completes */
+        pthread_cond_signal(&s->work);
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuStreamSynchronize(CUstream h) {
+    ENTER(cuStreamSynchronize);
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    struct fc_stream *s;
+    CUresult r = h ? (valid_stream(h) ? (s = h, CUDA_SUCCESS) : CUDA_ERROR_INVALID_HANDLE) : pick_stream(NULL, &s);
+    if (!r) drain(s);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuStreamQuery(CUstream h) {
+    ENTER(cuStreamQuery);
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    struct fc_stream *s;
+    CUresult r = h ? (valid_stream(h) ? (s = h, CUDA_SUCCESS) : CUDA_ERROR_INVALID_HANDLE) : pick_stream(NULL, &s);
+    if (!r && s->done < s->enqueued) r = CUDA_ERROR_NOT_READY;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuEventCreate(CUevent *pe, unsigned int flags) {
+    ENTER(cuEventCreate);
+    NEED_INIT();
+    if (!pe || flags > 0xf) return CUDA_ERROR_INVALID_VALUE;
+    struct fc_ctx *c = current();
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    struct fc_event *e = calloc(1, sizeof *e);
+    if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+    e->magic = EVENT_MAGIC;
+    e->ctx = c;
+    pthread_mutex_lock(&mu);
+    e->next = events;
+    events = e;
+    pthread_mutex_unlock(&mu);
+    *pe = e;
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuEventDestroy_v2(CUevent e) {
+    ENTER(cuEventDestroy_v2);
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    CUresult r = CUDA_ERROR_INVALID_HANDLE;
+    for (struct fc_event **p = &events; *p; p = &(*p)->next)
+        if (*p == e && e->magic == EVENT_MAGIC) {
+            *p = e->next;
+            /* Pending records or waits may still name it: its memory is kept. */
+            e->magic = 0;
+            r = CUDA_SUCCESS;
+            break;
+        }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuEventRecord(CUevent e, CUstream h) {
+    ENTER(cuEventRecord);
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    struct fc_stream *s = NULL;
+    CUresult r = valid_event(e) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    if (!r) r = h ? (valid_stream(h) ? (s = h, CUDA_SUCCESS) : CUDA_ERROR_INVALID_HANDLE) : pick_stream(NULL, &s);
+    if (!r && s->ctx != e->ctx) r = CUDA_ERROR_INVALID_HANDLE; /* event and stream of different contexts */
+    struct op *o = NULL;
+    if (!r && !(o = calloc(1, sizeof *o))) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (!r) {
+        o->kind = OP_RECORD;
+        o->ev = e;
+        o->gen = ++e->recorded;
+        push(s, o);
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuEventQuery(CUevent e) {
+    ENTER(cuEventQuery);
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    CUresult r = !valid_event(e) ? CUDA_ERROR_INVALID_HANDLE
+                 : e->completed < e->recorded ? CUDA_ERROR_NOT_READY
+                                              : CUDA_SUCCESS;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuEventSynchronize(CUevent e) {
+    ENTER(cuEventSynchronize);
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    CUresult r = valid_event(e) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    if (!r) {
+        uint64_t target = e->recorded;
+        while (e->completed < target) pthread_cond_wait(&progress, &mu);
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags) {
+    ENTER(cuStreamWaitEvent);
+    NEED_INIT();
+    if (flags) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    struct fc_stream *s = NULL;
+    CUresult r = valid_event(e) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    if (!r) r = h ? (valid_stream(h) ? (s = h, CUDA_SUCCESS) : CUDA_ERROR_INVALID_HANDLE) : pick_stream(NULL, &s);
+    struct op *o = NULL;
+    if (!r && !(o = calloc(1, sizeof *o))) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (!r) {
+        o->kind = OP_WAIT;
+        o->ev = e;
+        o->gen = e->recorded;
+        push(s, o);
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+static CUresult copy_async(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream h) {
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    struct fc_stream *s;
+    CUresult r = pick_stream(h, &s);
+    if (!r) r = enqueue_copy(s, dst, src, n, NULL);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* Synchronous copies: wait unless both sides are device memory (a
+ * device-to-device cuMemcpy may return before the copy is done). */
+static CUresult copy_sync(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    NEED_INIT();
+    pthread_mutex_lock(&mu);
+    struct fc_stream *s;
+    int host_side = 0;
+    CUresult r = pick_stream(NULL, &s);
+    if (!r) r = enqueue_copy(s, dst, src, n, &host_side);
+    if (!r && host_side) drain(s);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+EXPORT CUresult cuMemcpy(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    ENTER(cuMemcpy);
+    return copy_sync(dst, src, n);
+}
+EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    ENTER(cuMemcpyDtoD_v2);
+    return copy_sync(dst, src, n);
+}
+EXPORT CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+    ENTER(cuMemcpyDtoH_v2);
+    return copy_sync((CUdeviceptr)(uintptr_t)dst, src, n);
+}
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+    ENTER(cuMemcpyHtoD_v2);
+    return copy_sync(dst, (CUdeviceptr)(uintptr_t)src, n);
+}
+EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+    ENTER(cuMemcpyAsync);
+    return copy_async(dst, src, n, s);
+}
+EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+    ENTER(cuMemcpyDtoDAsync_v2);
+    return copy_async(dst, src, n, s);
+}
+EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, CUstream s) {
+    ENTER(cuMemcpyDtoHAsync_v2);
+    return copy_async((CUdeviceptr)(uintptr_t)dst, src, n, s);
+}
+EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, CUstream s) {
+    ENTER(cuMemcpyHtoDAsync_v2);
+    return copy_async(dst, (CUdeviceptr)(uintptr_t)src, n, s);
+}
+
+#ifndef FAKECUDA_OMIT_BATCH
+EXPORT CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
+                                      CUmemcpyAttributes *attrs, size_t *attrs_idxs, size_t num_attrs, CUstream h) {
+    ENTER(cuMemcpyBatchAsync_v2);
+    NEED_INIT();
+    if (!dsts || !srcs || !sizes || !count || !attrs || !attrs_idxs || !num_attrs || num_attrs > count ||
+        attrs_idxs[0] != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < num_attrs; i++) {
+        if (attrs[i].srcAccessOrder < 1 || attrs[i].srcAccessOrder > 3) return CUDA_ERROR_INVALID_VALUE;
+        if (i && attrs_idxs[i] <= attrs_idxs[i - 1]) return CUDA_ERROR_INVALID_VALUE;
+        if (attrs_idxs[i] >= count) return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!h) return CUDA_ERROR_INVALID_VALUE; /* not on the legacy stream */
+    pthread_mutex_lock(&mu);
+    struct fc_stream *s;
+    CUresult r = pick_stream(h, &s);
+    /* Validate every copy before enqueuing any. */
+    for (size_t i = 0; !r && i < count; i++) {
+        char *d, *sp;
+        int a, b;
+        if ((r = resolve(dsts[i], sizes[i], s->ctx->device, &d, &a)) == CUDA_SUCCESS)
+            r = resolve(srcs[i], sizes[i], s->ctx->device, &sp, &b);
+    }
+    /* No order is promised between the copies of a batch: run them last to first. */
+    for (size_t i = count; !r && i-- > 0;) r = enqueue_copy(s, dsts[i], srcs[i], sizes[i], NULL);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+#endif

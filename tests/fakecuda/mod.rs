@@ -1,0 +1,87 @@
+//! Builds the CPU stand-in for the CUDA driver (`tests/fakecuda/fakecuda.c`)
+//! as `libcuda.so.1` under the cargo target directory, once per variant and
+//! test binary (concurrent test binaries each write a temporary file and
+//! rename it into place). Test processes find it through `LD_LIBRARY_PATH`.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+
+/// Which library to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// Every symbol, including `cuMemcpyBatchAsync_v2`.
+    Full,
+    /// Built with `-DFAKECUDA_OMIT_BATCH`: no native batch copy symbol.
+    NoBatch,
+}
+
+fn source() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakecuda/fakecuda.c")
+}
+
+/// The directory holding `libcuda.so.1` of `variant` (built on first use).
+pub fn libdir(variant: Variant) -> PathBuf {
+    static BUILT: OnceLock<Mutex<Vec<(Variant, PathBuf)>>> = OnceLock::new();
+    let mut built = BUILT.get_or_init(|| Mutex::new(Vec::new())).lock().unwrap();
+    if let Some((_, d)) = built.iter().find(|(v, _)| *v == variant) {
+        return d.clone();
+    }
+    let name = match variant {
+        Variant::Full => "full",
+        Variant::NoBatch => "nobatch",
+    };
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fakecuda").join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = dir.join(format!("libcuda.so.1.{}.tmp", std::process::id()));
+    let mut cc = Command::new("cc");
+    cc.args(["-shared", "-fPIC", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-pthread", "-fvisibility=hidden"]);
+    if variant == Variant::NoBatch {
+        cc.arg("-DFAKECUDA_OMIT_BATCH");
+    }
+    let out = cc.arg("-o").arg(&tmp).arg(source()).output().expect("a C compiler (cc)");
+    assert!(out.status.success(), "building the CUDA stand-in: {}", String::from_utf8_lossy(&out.stderr));
+    std::fs::rename(&tmp, dir.join("libcuda.so.1")).unwrap();
+    built.push((variant, dir.clone()));
+    dir
+}
+
+/// `FAKECUDA_*` variables a test process should not inherit by accident.
+pub const ENV: &[&str] = &[
+    "FAKECUDA_DEVICES",
+    "FAKECUDA_DRIVER_VERSION",
+    "FAKECUDA_NO_FABRIC",
+    "FAKECUDA_COPY_DELAY_US",
+    "FAKECUDA_FAIL",
+    "FAKECUDA_TRACE",
+];
+
+/// A command with the stand-in first on the loader path and no inherited
+/// `FAKECUDA_*` settings.
+pub fn command(program: impl AsRef<std::ffi::OsStr>, variant: Variant) -> Command {
+    let mut c = Command::new(program);
+    c.env("LD_LIBRARY_PATH", libdir(variant));
+    for k in ENV {
+        c.env_remove(k);
+    }
+    c
+}
+
+/// Per-process call counts a `FAKECUDA_TRACE` file recorded:
+/// (pid, function, calls).
+pub fn read_trace(path: &Path) -> Vec<(u32, String, u64)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.parse().ok()?, w.next()?.to_string(), w.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Total calls of `func` in a trace.
+pub fn calls(trace: &[(u32, String, u64)], func: &str) -> u64 {
+    trace.iter().filter(|(_, f, _)| f == func).map(|(_, _, n)| n).sum()
+}
