@@ -10,8 +10,8 @@ echo "== cargo test (release) =="
 cargo test --release --locked
 echo "== concurrency models (shuttle) =="
 cargo test --release --locked --features model-check --test models
-echo "== cargo test (release, cuda feature: driver probing without a GPU) =="
-cargo test --release --locked --features cuda --test cuda_driver
+echo "== cargo test (release, cuda feature: driver probing, and NVLink/MNNVL through the CPU stand-in for the driver) =="
+cargo test --release --locked --features cuda --test cuda_driver --test fakecuda_qualification --test fakecuda_faults
 echo "== C tests (ctest) =="
 cmake -S . -B build -DORBITE_CARGO_TARGET_DIR="$PWD/target" >/dev/null
 cmake --build build -j"$jobs"

@@ -1,8 +1,8 @@
 //! `orbite-gpu-qual`: the GPU side of the hardware qualification
 //! (`tests/hardware/qualify.py` drives it). Built with `--features cuda`.
 //!
-//! Source role: `orbite-gpu-qual source [--allocs N] [--size BYTES] [--seed S] [--config JSON]`
-//! allocates `allocate_ipc` device memory, fills it with a pattern, registers
+//! Source role: `orbite-gpu-qual source [--allocs N] [--size BYTES] [--seed S] [--config JSON] [--kind ipc|mnnvl|egm]`
+//! allocates `allocate_ipc` device memory (or MNNVL / EGM memory), fills it with a pattern, registers
 //! it, prints one JSON line, then obeys stdin commands: `verify I SEED OFF LEN`,
 //! `close_source MS`, `stats`, `close`, `exit`.
 //!
@@ -43,17 +43,18 @@ fn source(args: &[String]) {
     let size: u64 = arg(args, "--size").and_then(|v| v.parse().ok()).unwrap_or(8 << 20);
     let seed: u64 = arg(args, "--seed").and_then(|v| v.parse().ok()).unwrap_or(1);
     let cfg = arg(args, "--config").unwrap_or_else(|| r#"{"nvlink": true}"#.into());
-    let mnnvl = arg(args, "--kind").as_deref() == Some("mnnvl");
+    let kind = arg(args, "--kind").unwrap_or_else(|| "ipc".into());
+    let mnnvl = kind == "mnnvl";
     let e = Engine::from_json(&cfg).unwrap_or_else(|e| die(&e.to_string()));
     if mnnvl && cfg.contains("\"fabric\"") && !orbite::cuda::mnnvl::fabric_export_works(0).unwrap_or(false) {
         die("fabric handles are not supported here: a real fabric export fails (no IMEX channel?)");
     }
     let bufs: Vec<Allocation> = (0..allocs)
         .map(|n| {
-            let a = if mnnvl {
-                cuda_support::allocate_mnnvl(0, size)
-            } else {
-                cuda_support::allocate_device(0, size, true)
+            let a = match kind.as_str() {
+                "mnnvl" => cuda_support::allocate_mnnvl(0, size),
+                "egm" => cuda_support::allocate_egm(0, size),
+                _ => cuda_support::allocate_device(0, size, true),
             }
             .unwrap_or_else(|e| die(&e.to_string()));
             fill(&a, seed + n as u64);

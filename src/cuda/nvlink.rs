@@ -326,6 +326,14 @@ impl Mapping for NvlinkMapping {
             }
         }
     }
+    fn abandon(&self) {
+        // The stream still has work into this mapping: it is quarantined,
+        // never reused, and counted as retained.
+        if let Some(lease) = self.pending.lock().take() {
+            self.pool.release(lease, false);
+        }
+        self.uncertain.store(true, Ordering::Release);
+    }
     fn close(&self) -> Result<()> {
         if self.closed.swap(true, Ordering::AcqRel) {
             return Ok(());

@@ -63,6 +63,10 @@ pub trait Mapping: Send + Sync {
     fn query(&self) -> Result<bool> {
         self.wait().map(|_| true)
     }
+    /// The completion will not be waited for (a deadline passed with it
+    /// pending): resources tied to the pending work (a leased stream) are
+    /// given up as uncertain. The mapping itself stays retained.
+    fn abandon(&self) {}
     /// The native close (unmap). On failure the mapping must be considered
     /// still live: the caller retains it and never closes it twice.
     fn close(&self) -> Result<()>;

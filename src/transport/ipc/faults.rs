@@ -93,6 +93,9 @@ impl Mapping for FaultyMapping {
         }
         self.inner.query()
     }
+    fn abandon(&self) {
+        self.inner.abandon()
+    }
     fn close(&self) -> Result<()> {
         if Faults::take(&self.faults.fail_close) {
             return Err(Error::Unquiesced("injected fault: native close failed".into()));

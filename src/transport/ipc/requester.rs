@@ -416,6 +416,7 @@ impl IpcRequester {
                     Ok(true) => Some(Ok(())),
                     Err(e) => Some(Err(e)),
                     Ok(false) if stopping || Instant::now() >= d.posted.deadline => {
+                        d.posted.imp.mapping.abandon();
                         Some(Err(Error::Unquiesced("the deadline passed with the completion event pending".into())))
                     }
                     Ok(false) => None,

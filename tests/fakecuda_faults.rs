@@ -1,0 +1,459 @@
+//! The seed's Unquiesced and retained-resource paths of the NVLink and
+//! MNNVL transports, driven through the CPU stand-in for the CUDA driver
+//! with injected driver failures. Each case runs as a child process (the
+//! requester, with the stand-in on its loader path and its own
+//! `FAKECUDA_FAIL`), which starts an `orbite-gpu-qual` source process and
+//! asserts the exact outcome: request statuses, remote effects, retained
+//! imports, exports and quarantined streams in the stats of both sides.
+#![cfg(feature = "cuda")]
+
+mod common;
+mod fakecuda;
+
+use common::pattern;
+use fakecuda::Variant;
+use orbite::cuda::memory::device_to_host;
+use orbite::*;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+const SIZE: u64 = 4 * MIB;
+
+/// An `orbite-gpu-qual` source process (inherits the stand-in).
+struct Source {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    endpoint: String,
+    addrs: Vec<u64>,
+}
+
+impl Source {
+    /// `kind`: ipc, mnnvl or egm; `fail`: the source's own FAKECUDA_FAIL.
+    fn start(config: &str, kind: &str, allocs: usize, fail: Option<&str>) -> Source {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_orbite-gpu-qual"));
+        for k in fakecuda::ENV {
+            c.env_remove(k);
+        }
+        if let Some(f) = fail {
+            c.env("FAKECUDA_FAIL", f);
+        }
+        let mut child = c
+            .args(["source", "--size", &SIZE.to_string(), "--allocs", &allocs.to_string(), "--seed", "1"])
+            .args(["--config", config, "--kind", kind])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("orbite-gpu-qual");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("source said {line:?}: {e}"));
+        Source {
+            endpoint: v["endpoint"].as_str().unwrap().to_string(),
+            addrs: v["addrs"].as_array().unwrap().iter().map(|a| a.as_u64().unwrap()).collect(),
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn cmd(&mut self, c: &str) -> String {
+        writeln!(self.stdin, "{c}").unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_string()
+    }
+
+    fn ipc(&mut self, transport: &str, key: &str) -> u64 {
+        let v: serde_json::Value = serde_json::from_str(&self.cmd("stats")).unwrap();
+        v["ipc"][transport][key].as_u64().unwrap_or_else(|| panic!("no ipc.{transport}.{key} in {v}"))
+    }
+}
+
+impl Drop for Source {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The requester side: an engine, two local device buffers, one peer.
+struct Req {
+    e: Engine,
+    peer: u64,
+    local: Vec<Allocation>,
+    transport: TransportKind,
+}
+
+impl Req {
+    fn new(config: &str, endpoint: &str, transport: TransportKind) -> Req {
+        let e = Engine::from_json(config).unwrap();
+        let local: Vec<Allocation> = (0..2)
+            .map(|_| {
+                let a = cuda_support::allocate_device(0, SIZE, false).unwrap();
+                e.register_memory(a.addr(), SIZE, Access::NONE).unwrap();
+                a
+            })
+            .collect();
+        let peer = e.connect(endpoint, None).unwrap();
+        Req { e, peer, local, transport }
+    }
+
+    fn l(&self, i: usize) -> u64 {
+        self.local[i].addr()
+    }
+
+    fn go_within(&self, reqs: &[Request], timeout: Duration) -> Vec<RequestResult> {
+        let opts = SubmitOptions { transport: Transport::Only(self.transport), timeout: Some(timeout) };
+        let b = self.e.submit(self.peer, reqs, opts).unwrap();
+        let _ = b.wait(Duration::from_secs(120));
+        b.results()
+    }
+
+    fn go(&self, reqs: &[Request]) -> Vec<RequestResult> {
+        self.go_within(reqs, Duration::from_secs(60))
+    }
+
+    fn ipc(&self) -> orbite::engine::stats::IpcStats {
+        self.e.stats().ipc[self.transport.name()].clone()
+    }
+
+    /// Local buffer `i` at `off` holds `len` bytes of the source pattern from `roff`.
+    fn holds(&self, i: usize, off: u64, len: u64, seed: u64, roff: u64) -> bool {
+        let mut host = vec![0u8; len as usize];
+        device_to_host(&mut host, self.l(i) + off).unwrap();
+        (0..len).all(|k| host[k as usize] == pattern(seed, roff + k))
+    }
+}
+
+fn rd(local: u64, remote: u64, len: u64) -> Request {
+    Request { op: Op::Read, local_addr: local, remote_addr: remote, len }
+}
+
+fn wr(local: u64, remote: u64, len: u64) -> Request {
+    Request { op: Op::Write, local_addr: local, remote_addr: remote, len }
+}
+
+fn res(status: Status, remote_effect: RemoteEffect) -> RequestResult {
+    RequestResult { status, remote_effect }
+}
+
+const NVLINK: &str = r#"{"nvlink": true}"#;
+const NVLINK_CACHED: &str = r#"{"nvlink": true, "nvlink_cache_entries": 4}"#;
+const MNNVL_FD: &str = r#"{"mnnvl": {"handle_type": "posix_fd"}}"#;
+
+fn nvlink_source(fail: Option<&str>) -> (Source, u64) {
+    let s = Source::start(NVLINK, "ipc", 1, fail);
+    let a = s.addrs[0];
+    (s, a)
+}
+
+/// A failed cuIpcCloseMemHandle: the group is Unquiesced (WRITE effect
+/// Unknown), the import stays retained and visible, the source keeps its
+/// export and the allocation stays loaned; closing the engine says so.
+fn close_fails() {
+    let (mut src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
+    let out = r.go(&[wr(r.l(0), a, MIB), rd(r.l(1), a + 2 * MIB, 16)]);
+    assert_eq!(out, vec![res(Status::Unquiesced, RemoteEffect::Unknown), res(Status::Unquiesced, RemoteEffect::None)]);
+    let st = r.ipc();
+    assert_eq!((st.imports_opened, st.imports_closed, st.imports_retained), (1, 0, 1), "{st:?}");
+    assert_eq!(src.ipc("nvlink", "exports_open"), 1);
+    let all: serde_json::Value = serde_json::from_str(&cuda_support::retained_resources_json()).unwrap();
+    assert_eq!(all["engines"][r.e.endpoint()]["nvlink"]["retained_imports"], 1, "{all}");
+    let later = r.go_within(&[rd(r.l(0), a, 16)], Duration::from_millis(300));
+    assert_eq!(later[0].status, Status::Unavailable, "the allocation stays loaned to the retained export");
+    assert_eq!(r.e.close(Some(Duration::from_secs(5))).unwrap_err().status(), Status::Unquiesced);
+}
+
+/// Every cuEventQuery fails: completion cannot be confirmed, so the group
+/// is Unquiesced, the import retained and the stream slot quarantined.
+fn query_fails() {
+    let (mut src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
+    let out = r.go(&[rd(r.l(0), a, SIZE), wr(r.l(1), a, MIB)]);
+    assert_eq!(out, vec![res(Status::Unquiesced, RemoteEffect::None), res(Status::Unquiesced, RemoteEffect::Unknown)]);
+    assert_eq!(r.ipc().imports_retained, 1);
+    assert_eq!(r.e.stats().nvlink.retained_streams, 1, "{:?}", r.e.stats().nvlink);
+    assert_eq!(src.ipc("nvlink", "exports_open"), 1);
+}
+
+/// A single small copy goes synchronously; a failed drain of the legacy
+/// stream after it leaves the outcome uncertain: Unquiesced, retained.
+fn drain_fails() {
+    let (mut src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
+    let out = r.go(&[rd(r.l(0), a, 4096)]);
+    assert_eq!(out, vec![res(Status::Unquiesced, RemoteEffect::None)]);
+    assert_eq!(r.ipc().imports_retained, 1);
+    assert_eq!(r.e.stats().nvlink.retained_streams, 0, "the sync path leases no stream");
+    assert_eq!(src.ipc("nvlink", "exports_open"), 1);
+}
+
+/// The native batch copy is refused at enqueue and the stream drains: every
+/// descriptor counts as attempted (WRITE effect Unknown), nothing is
+/// replayed, the import closes normally and the stream stays healthy; the
+/// same batch then succeeds.
+fn batch_enqueue_fails() {
+    let src = Source::start(NVLINK, "ipc", 2, None);
+    let (a, b) = (src.addrs[0], src.addrs[1]);
+    let mut src = src;
+    let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
+    let s = MIB;
+    let group = [rd(r.l(0), a + 2 * s, s), rd(r.l(0) + s, a, s), wr(r.l(1), a + 3 * s, s)];
+    let out = r.go(&group);
+    assert_eq!(
+        out,
+        vec![
+            res(Status::CudaError, RemoteEffect::None),
+            res(Status::CudaError, RemoteEffect::None),
+            res(Status::CudaError, RemoteEffect::Unknown)
+        ]
+    );
+    let st = r.ipc();
+    assert_eq!((st.imports_opened, st.imports_closed, st.imports_retained), (1, 1, 0), "{st:?}");
+    assert_eq!(r.e.stats().nvlink.retained_streams, 0);
+    assert_eq!(src.ipc("nvlink", "exports_open"), 0);
+    let out = r.go(&[rd(r.l(0), a + 2 * s, s), rd(r.l(0) + s, a, s), rd(r.l(1), b + s, s)]);
+    assert!(out.iter().all(|x| x.status == Status::Ok), "{out:?}");
+    assert!(r.holds(0, 0, s, 1, 2 * s) && r.holds(0, s, s, 1, 0) && r.holds(1, 0, s, 2, s));
+}
+
+/// An ordered enqueue fails and so does the drain after it: the stream slot
+/// is quarantined and the import retained.
+fn enqueue_and_drain_fail() {
+    let (mut src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
+    let out = r.go(&[rd(r.l(0), a, SIZE)]);
+    assert_eq!(out, vec![res(Status::Unquiesced, RemoteEffect::None)]);
+    assert_eq!(r.e.stats().nvlink.retained_streams, 1);
+    assert_eq!(r.ipc().imports_retained, 1);
+    assert_eq!(src.ipc("nvlink", "exports_open"), 1);
+}
+
+/// The import cannot be opened: the request fails with the driver's error,
+/// the source is told and releases the export; the next request works.
+fn open_fails() {
+    let (mut src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
+    let out = r.go(&[wr(r.l(0), a, 4096)]);
+    assert_eq!(out, vec![res(Status::CudaError, RemoteEffect::None)], "nothing was mapped: no remote effect");
+    let st = r.ipc();
+    assert_eq!((st.imports_opened, st.imports_retained), (0, 0), "{st:?}");
+    assert_eq!(src.ipc("nvlink", "exports_open"), 0);
+    assert_eq!(r.go(&[rd(r.l(0), a, SIZE)]), vec![res(Status::Ok, RemoteEffect::None)]);
+    assert!(r.holds(0, 0, SIZE, 1, 0));
+}
+
+/// The source's cuIpcGetMemHandle fails: the request gets the source's
+/// typed error and the offer's loan is released, so the next request is
+/// served (it used to stay loaned: Unavailable until the source closed).
+fn source_export_fails() {
+    let (mut src, a) = nvlink_source(Some("cuIpcGetMemHandle:1:999"));
+    let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
+    let out = r.go(&[rd(r.l(0), a, SIZE)]);
+    assert_eq!(out, vec![res(Status::CudaError, RemoteEffect::None)]);
+    assert_eq!(src.ipc("nvlink", "exports_open"), 0);
+    assert_eq!(r.go(&[rd(r.l(0), a, SIZE)]), vec![res(Status::Ok, RemoteEffect::None)]);
+    assert!(r.holds(0, 0, SIZE, 1, 0));
+}
+
+/// No stream can be created: the async copy is refused before anything is
+/// enqueued; the import closes normally and nothing is retained.
+fn stream_create_fails() {
+    let (mut src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
+    let out = r.go(&[rd(r.l(0), a, SIZE)]);
+    assert_eq!(out.len(), 1);
+    assert_ne!(out[0].status, Status::Ok);
+    assert_ne!(out[0].status, Status::Unquiesced, "{out:?}");
+    let st = r.ipc();
+    assert_eq!((st.imports_opened, st.imports_closed, st.imports_retained), (1, 1, 0), "{st:?}");
+    assert_eq!(src.ipc("nvlink", "exports_open"), 0);
+}
+
+/// MNNVL (POSIX-fd handles): a failed unmap while closing the import is
+/// Unquiesced and retained; the source keeps its export.
+fn mnnvl_unmap_fails() {
+    let mut src = Source::start(MNNVL_FD, "mnnvl", 1, None);
+    let a = src.addrs[0];
+    let r = Req::new(MNNVL_FD, &src.endpoint, TransportKind::Mnnvl);
+    let out = r.go(&[wr(r.l(0), a, MIB)]);
+    assert_eq!(out, vec![res(Status::Unquiesced, RemoteEffect::Unknown)]);
+    assert_eq!(r.ipc().imports_retained, 1);
+    assert_eq!(src.ipc("mnnvl", "exports_open"), 1);
+}
+
+/// MNNVL with healthy closes: a cached import serves READs and a WRITE,
+/// and the source's allocation cannot be freed while it is exported.
+fn mnnvl_cached_and_release_refused() {
+    let cfg = r#"{"mnnvl": {"handle_type": "posix_fd"}, "nvlink_cache_entries": 2}"#;
+    let mut src = Source::start(cfg, "mnnvl", 1, None);
+    let a = src.addrs[0];
+    let r = Req::new(cfg, &src.endpoint, TransportKind::Mnnvl);
+    assert_eq!(r.go(&[rd(r.l(0), a, SIZE)]), vec![res(Status::Ok, RemoteEffect::None)]);
+    assert!(r.holds(0, 0, SIZE, 1, 0));
+    // `verify 0 SEED OFF LEN`: the source's bytes at OFF are pattern SEED from 0.
+    // (The pattern repeats every MiB, so the WRITE lands 4 KiB off that.)
+    let off = MIB + 4096;
+    let check = format!("verify 0 1 {off} {MIB}");
+    assert!(src.cmd(&check).starts_with("bad "), "before the WRITE");
+    assert_eq!(r.go(&[wr(r.l(0), a + off, MIB)]), vec![res(Status::Ok, RemoteEffect::Applied)]);
+    assert_eq!(src.cmd(&check), "ok", "the WRITE put the first MiB of local[0] at {off}");
+    assert_eq!(src.ipc("mnnvl", "exports_open"), 1);
+    let st = r.ipc();
+    assert_eq!((st.imports_opened, st.imports_cached), (1, 1), "{st:?}");
+    r.e.flush_nvlink_cache(Some(Duration::from_secs(60))).unwrap();
+    assert_eq!(r.ipc().imports_closed, 1);
+    assert_eq!(src.ipc("mnnvl", "exports_open"), 0);
+}
+
+/// EGM: host-NUMA memory exported over MNNVL, read into device memory, when
+/// both peers opt in; a requester without the opt-in is refused.
+fn egm_needs_both_opt_ins() {
+    let cfg = r#"{"mnnvl": {"handle_type": "posix_fd", "egm": true}}"#;
+    let src = Source::start(cfg, "egm", 1, None);
+    let a = src.addrs[0];
+    let r = Req::new(cfg, &src.endpoint, TransportKind::Mnnvl);
+    assert_eq!(r.go(&[rd(r.l(0), a, SIZE)]), vec![res(Status::Ok, RemoteEffect::None)]);
+    assert!(r.holds(0, 0, SIZE, 1, 0));
+    let plain = Req::new(MNNVL_FD, &src.endpoint, TransportKind::Mnnvl);
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Mnnvl), timeout: None };
+    let e = plain.e.submit(plain.peer, &[rd(plain.l(0), a, 16)], opts).err().expect("refused without the opt-in");
+    assert!(matches!(e.status(), Status::NotSupported | Status::Unavailable), "{e}");
+}
+
+/// Copies slower than the one query: the group moves to the lazy progress
+/// worker, which completes it (bytes checked).
+fn lazy_progress() {
+    let (_src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK_CACHED, &_src.endpoint, TransportKind::Nvlink);
+    assert_eq!(r.go(&[rd(r.l(0), a, SIZE)]), vec![res(Status::Ok, RemoteEffect::None)]);
+    let st = r.ipc();
+    assert_eq!((st.progress_workers, st.pending_groups), (1, 0), "{st:?}");
+    assert!(r.holds(0, 0, SIZE, 1, 0));
+}
+
+/// The deadline passes while the copy's event is pending: Unquiesced,
+/// the import retained, the stream slot quarantined.
+fn deadline_with_a_pending_event() {
+    let (mut src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
+    let out = r.go_within(&[wr(r.l(0), a, SIZE)], Duration::from_millis(200));
+    assert_eq!(out, vec![res(Status::Unquiesced, RemoteEffect::Unknown)]);
+    assert_eq!(r.ipc().imports_retained, 1);
+    let nv = r.e.stats().nvlink;
+    assert_eq!((nv.retained_streams, nv.active_streams), (1, 0), "the busy stream is quarantined: {nv:?}");
+    assert_eq!(src.ipc("nvlink", "exports_open"), 1);
+}
+
+/// Runs in a child process; does nothing when run directly.
+#[test]
+fn child_case() {
+    let Ok(case) = std::env::var("ORBITE_FAKECUDA_CASE") else { return };
+    if let Some(why) = cuda_support::unavailable_reason() {
+        panic!("the stand-in did not load: {why}");
+    }
+    match case.as_str() {
+        "close-fails" => close_fails(),
+        "query-fails" => query_fails(),
+        "drain-fails" => drain_fails(),
+        "batch-enqueue-fails" => batch_enqueue_fails(),
+        "enqueue-and-drain-fail" => enqueue_and_drain_fail(),
+        "open-fails" => open_fails(),
+        "source-export-fails" => source_export_fails(),
+        "stream-create-fails" => stream_create_fails(),
+        "mnnvl-unmap-fails" => mnnvl_unmap_fails(),
+        "mnnvl-cached" => mnnvl_cached_and_release_refused(),
+        "egm" => egm_needs_both_opt_ins(),
+        "lazy-progress" => lazy_progress(),
+        "deadline-pending" => deadline_with_a_pending_event(),
+        other => panic!("unknown case {other}"),
+    }
+    println!("child case passed");
+}
+
+fn run(case: &str, env: &[(&str, &str)]) {
+    let mut c = fakecuda::command(std::env::current_exe().unwrap(), Variant::Full);
+    c.args(["--exact", "child_case", "--nocapture", "--test-threads", "1"]).env("ORBITE_FAKECUDA_CASE", case);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("child case passed"),
+        "case {case}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn failed_ipc_close_is_unquiesced_and_retained() {
+    run("close-fails", &[("FAKECUDA_FAIL", "cuIpcCloseMemHandle:1:999")]);
+}
+
+#[test]
+fn failed_event_query_quarantines_the_stream_and_retains_the_import() {
+    run("query-fails", &[("FAKECUDA_FAIL", "cuEventQuery:1+:700")]);
+}
+
+#[test]
+fn failed_drain_after_a_synchronous_copy_is_unquiesced() {
+    run("drain-fails", &[("FAKECUDA_FAIL", "cuCtxSynchronize:1:999")]);
+}
+
+#[test]
+fn failed_native_batch_enqueue_attempts_every_descriptor_and_replays_nothing() {
+    run("batch-enqueue-fails", &[("FAKECUDA_FAIL", "cuMemcpyBatchAsync_v2:1:1")]);
+}
+
+#[test]
+fn failed_enqueue_and_failed_drain_quarantine_the_stream() {
+    run("enqueue-and-drain-fail", &[("FAKECUDA_FAIL", "cuMemcpyAsync:1:999,cuStreamSynchronize:1:999")]);
+}
+
+#[test]
+fn failed_import_open_releases_the_export() {
+    run("open-fails", &[("FAKECUDA_FAIL", "cuIpcOpenMemHandle_v2:1:205")]);
+}
+
+#[test]
+fn failed_source_export_releases_the_offer() {
+    run("source-export-fails", &[]);
+}
+
+#[test]
+fn failed_stream_creation_refuses_the_copy_without_retention() {
+    run("stream-create-fails", &[("FAKECUDA_FAIL", "cuStreamCreate:1+:2")]);
+}
+
+#[test]
+fn failed_mnnvl_unmap_is_unquiesced_and_retained() {
+    run("mnnvl-unmap-fails", &[("FAKECUDA_FAIL", "cuMemUnmap:1:999")]);
+}
+
+#[test]
+fn mnnvl_cached_import_serves_reads_and_writes() {
+    run("mnnvl-cached", &[]);
+}
+
+#[test]
+fn egm_memory_is_served_only_with_both_opt_ins() {
+    run("egm", &[]);
+}
+
+#[test]
+fn slow_copies_complete_on_the_lazy_progress_worker() {
+    run("lazy-progress", &[("FAKECUDA_COPY_DELAY_US", "300000")]);
+}
+
+#[test]
+fn a_deadline_passing_with_the_event_pending_is_unquiesced() {
+    run("deadline-pending", &[("FAKECUDA_COPY_DELAY_US", "3000000")]);
+}
