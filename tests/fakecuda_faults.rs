@@ -87,21 +87,17 @@ struct Req {
     e: Engine,
     peer: u64,
     local: Vec<Allocation>,
+    regions: Vec<u64>,
     transport: TransportKind,
 }
 
 impl Req {
     fn new(config: &str, endpoint: &str, transport: TransportKind) -> Req {
         let e = Engine::from_json(config).unwrap();
-        let local: Vec<Allocation> = (0..2)
-            .map(|_| {
-                let a = cuda_support::allocate_device(0, SIZE, false).unwrap();
-                e.register_memory(a.addr(), SIZE, Access::NONE).unwrap();
-                a
-            })
-            .collect();
+        let local: Vec<Allocation> = (0..2).map(|_| cuda_support::allocate_device(0, SIZE, false).unwrap()).collect();
+        let regions = local.iter().map(|a| e.register_memory(a.addr(), SIZE, Access::NONE).unwrap()).collect();
         let peer = e.connect(endpoint, None).unwrap();
-        Req { e, peer, local, transport }
+        Req { e, peer, local, regions, transport }
     }
 
     fn l(&self, i: usize) -> u64 {
@@ -352,6 +348,69 @@ fn deadline_with_a_pending_event() {
     assert_eq!(src.ipc("nvlink", "exports_open"), 1);
 }
 
+/// NVLink and MNNVL need two processes: an engine in the same process is
+/// refused with the reason; pageable host memory is never used for NVLink.
+fn same_process_and_pageable_refused() {
+    let src = Engine::from_json(NVLINK).unwrap();
+    let a = cuda_support::allocate_device(0, SIZE, true).unwrap();
+    src.register_memory(a.addr(), SIZE, Access::READ).unwrap();
+    let r = Req::new(NVLINK, &src.endpoint(), TransportKind::Nvlink);
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Nvlink), timeout: None };
+    let e = r.e.submit(r.peer, &[rd(r.l(0), a.addr(), 16)], opts).err().expect("refused in one process");
+    assert_eq!(e.status(), Status::Unavailable, "{e}");
+    assert!(e.message().contains("is in this process"), "{e}");
+    let (mut src2, b) = nvlink_source(None);
+    let r2 = Req::new(NVLINK, &src2.endpoint, TransportKind::Nvlink);
+    let mut pageable = vec![0u8; 4096];
+    r2.e.register_memory(pageable.as_mut_ptr() as u64, 4096, Access::NONE).unwrap();
+    let e = r2.e.submit(r2.peer, &[rd(pageable.as_ptr() as u64, b, 16)], opts).err().expect("pageable refused");
+    assert_eq!(e.status(), Status::NotSupported, "{e}");
+    assert_eq!(src2.ipc("nvlink", "exports_open"), 0);
+}
+
+/// One 4 KiB READ over NVLink (below the threshold: synchronous copy and a
+/// drain) and one over MNNVL (always the stream and its event); the parent
+/// checks the driver calls in the trace.
+fn small_copies() {
+    let (nv_src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK, &nv_src.endpoint, TransportKind::Nvlink);
+    assert_eq!(r.go(&[rd(r.l(0), a, 4096)]), vec![res(Status::Ok, RemoteEffect::None)]);
+    let m_src = Source::start(MNNVL_FD, "mnnvl", 1, None);
+    let m = Req::new(MNNVL_FD, &m_src.endpoint, TransportKind::Mnnvl);
+    assert_eq!(m.go(&[rd(m.l(0), m_src.addrs[0], 4096)]), vec![res(Status::Ok, RemoteEffect::None)]);
+}
+
+/// A producer stream still writing the local buffer (ten slow copies, then
+/// the new bytes) is handed over with `record_producer_stream`: the WRITE
+/// waits for it and the source receives the new bytes, not the old ones
+/// (each copy takes 100 ms; the WRITE alone would be done long before).
+fn producer_stream_is_consumed() {
+    use cudarc::driver::sys::{self, CUresult};
+    use orbite::cuda::driver::{primary_context, ContextGuard};
+    let (mut src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
+    let fresh = common::pattern_vec(7, SIZE as usize);
+    let mut scratch = [0u8; 1];
+    let g = ContextGuard::bind(primary_context(0).unwrap()).unwrap();
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: a context is current; creates one non-blocking stream.
+    assert_eq!(unsafe { sys::cuStreamCreate(&mut stream, 1) }, CUresult::CUDA_SUCCESS);
+    for _ in 0..10 {
+        // SAFETY: host to host, one byte; both outlive the stream's work
+        // (the WRITE below waits for it).
+        let q = unsafe { sys::cuMemcpyAsync(scratch.as_mut_ptr() as u64, fresh.as_ptr() as u64, 1, stream) };
+        assert_eq!(q, CUresult::CUDA_SUCCESS);
+    }
+    // SAFETY: local buffer 0 holds SIZE bytes; `fresh` outlives the copy.
+    let q = unsafe { sys::cuMemcpyAsync(r.l(0), fresh.as_ptr() as u64, SIZE as usize, stream) };
+    assert_eq!(q, CUresult::CUDA_SUCCESS);
+    g.restore().unwrap();
+    r.e.record_producer_stream(r.regions[0], stream as u64).unwrap();
+    assert_eq!(r.go(&[wr(r.l(0), a, SIZE)]), vec![res(Status::Ok, RemoteEffect::Applied)]);
+    assert_eq!(src.cmd(&format!("verify 0 7 0 {SIZE}")), "ok");
+    assert_eq!(scratch[0], fresh[0]);
+}
+
 /// Runs in a child process; does nothing when run directly.
 #[test]
 fn child_case() {
@@ -373,6 +432,9 @@ fn child_case() {
         "egm" => egm_needs_both_opt_ins(),
         "lazy-progress" => lazy_progress(),
         "deadline-pending" => deadline_with_a_pending_event(),
+        "same-process" => same_process_and_pageable_refused(),
+        "small-copies" => small_copies(),
+        "producer" => producer_stream_is_consumed(),
         other => panic!("unknown case {other}"),
     }
     println!("child case passed");
@@ -456,4 +518,35 @@ fn slow_copies_complete_on_the_lazy_progress_worker() {
 #[test]
 fn a_deadline_passing_with_the_event_pending_is_unquiesced() {
     run("deadline-pending", &[("FAKECUDA_COPY_DELAY_US", "3000000")]);
+}
+
+#[test]
+fn nvlink_refuses_the_same_process_and_pageable_memory() {
+    run("same-process", &[]);
+}
+
+#[test]
+fn small_nvlink_copies_go_synchronously_and_mnnvl_copies_always_async() {
+    let trace = std::env::temp_dir().join(format!("orbite-fakecuda-small-{}", std::process::id()));
+    let _ = std::fs::remove_file(&trace);
+    run("small-copies", &[("FAKECUDA_TRACE", trace.to_str().unwrap())]);
+    let t = fakecuda::read_trace(&trace);
+    // Only the requester is traced (sources do not inherit FAKECUDA_*).
+    assert_eq!(t.iter().map(|(pid, _, _)| *pid).collect::<std::collections::BTreeSet<_>>().len(), 1, "{t:?}");
+    // NVLink: one cuMemcpy and the drain; MNNVL: one async copy on a leased
+    // stream with one trailing event, queried once (or more, lazily).
+    assert_eq!(fakecuda::calls(&t, "cuMemcpy"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuCtxSynchronize"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemcpyAsync"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 0, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuStreamCreate"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuEventRecord"), 1, "{t:?}");
+    assert!(fakecuda::calls(&t, "cuEventQuery") >= 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuIpcCloseMemHandle"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemUnmap"), 1, "{t:?}");
+}
+
+#[test]
+fn a_recorded_producer_stream_is_waited_for_before_the_copy() {
+    run("producer", &[("FAKECUDA_COPY_DELAY_US", "100000")]);
 }
