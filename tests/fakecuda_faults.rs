@@ -411,6 +411,154 @@ fn producer_stream_is_consumed() {
     assert_eq!(scratch[0], fresh[0]);
 }
 
+/// The caller's own VMM storage, created with the driver directly.
+struct CallerVmm {
+    va: u64,
+    size: u64,
+    handle: u64,
+}
+
+fn caller_vmm(handle_types: u32, size: u64) -> CallerVmm {
+    use cudarc::driver::sys::{self, CUresult};
+    use orbite::cuda::driver::{primary_context, ContextGuard};
+    let g = ContextGuard::bind(primary_context(0).unwrap()).unwrap();
+    // SAFETY: zeroed property block, the fields that matter set below.
+    let mut pr: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    pr.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    pr.requestedHandleTypes = sys::CUmemAllocationHandleType_enum(handle_types);
+    pr.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    pr.location.id = 0;
+    let (mut handle, mut va) = (0u64, 0u64);
+    // SAFETY: plain driver calls on out-parameters we own; the access
+    // descriptor names device 0 read/write.
+    unsafe {
+        assert_eq!(sys::cuMemCreate(&mut handle, size as usize, &pr, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(sys::cuMemAddressReserve(&mut va, size as usize, 0, 0, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(sys::cuMemMap(va, size as usize, 0, handle, 0), CUresult::CUDA_SUCCESS);
+        let d = sys::CUmemAccessDesc {
+            location: pr.location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        assert_eq!(sys::cuMemSetAccess(va, size as usize, &d, 1), CUresult::CUDA_SUCCESS);
+    }
+    g.restore().unwrap();
+    CallerVmm { va, size, handle }
+}
+
+/// `wrap_mnnvl` checks the handle's properties and the exact mapping, then
+/// serves the caller's storage over fabric handles to another process (the
+/// qualification binary's `healthy` mode as requester); freeing the wrapped
+/// allocation only forgets it: the caller's own unmap and release follow.
+fn wrapped_vmm_storage() {
+    use cudarc::driver::sys;
+    const FD: u32 = 1;
+    const FABRIC: u32 = 8;
+    let mine = caller_vmm(FD | FABRIC, SIZE);
+    orbite::cuda::memory::host_to_device(mine.va, &common::pattern_vec(1, SIZE as usize)).unwrap();
+    // Preconditions the driver can check.
+    let bad = |r: Result<Allocation>, needle: &str| {
+        let Err(e) = r else { panic!("{needle}: accepted") };
+        assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+        assert!(e.message().contains(needle), "{e}");
+    };
+    // SAFETY (all wraps below): the storage is ours, initialized, mapped
+    // exactly as named where the call is meant to succeed.
+    bad(unsafe { cuda_api::wrap_egm(0, mine.va, SIZE, mine.handle) }, "not at HostNuma(0)");
+    bad(unsafe { cuda_api::wrap_mnnvl(0, mine.va, SIZE, 0xdead) }, "live VMM allocation handle");
+    bad(unsafe { cuda_api::wrap_mnnvl(0, mine.va, SIZE / 2, mine.handle) }, "not a whole mapping");
+    let plain = caller_vmm(0, 2 * MIB);
+    bad(unsafe { cuda_api::wrap_mnnvl(0, plain.va, plain.size, plain.handle) }, "cannot be exported");
+    let wrapped = unsafe { cuda_api::wrap_mnnvl(0, mine.va, SIZE, mine.handle) }.unwrap();
+
+    let e = Engine::from_json(r#"{"mnnvl": {"handle_type": "fabric"}}"#).unwrap();
+    let region = e.register_memory(wrapped.addr(), SIZE, Access::READ_WRITE).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orbite-gpu-qual"))
+        .args(["requester", "--endpoint", &e.endpoint(), "--mode", "healthy", "--memory", "device"])
+        .args(["--remote", &mine.va.to_string(), "--len", &SIZE.to_string(), "--seed", "1"])
+        .args(["--transport", "mnnvl", "--handle", "fabric"])
+        .env_remove("FAKECUDA_FAIL")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("PASS healthy"), "{text}");
+    e.unregister_memory(region, None).unwrap();
+    e.close(None).unwrap();
+    wrapped.free().map_err(|(_, e)| e).unwrap();
+    // The caller's release, in order; the wrapped allocation did not do it.
+    // SAFETY: our mapping, handle and range, no longer used by anyone.
+    unsafe {
+        use sys::CUresult::CUDA_SUCCESS;
+        assert_eq!(sys::cuMemUnmap(mine.va, SIZE as usize), CUDA_SUCCESS);
+        assert_eq!(sys::cuMemRelease(mine.handle), CUDA_SUCCESS);
+        assert_eq!(sys::cuMemAddressFree(mine.va, SIZE as usize), CUDA_SUCCESS);
+    }
+}
+
+/// MNNVL with `host_register`: ordinary heap memory is pinned with CUDA at
+/// its first MNNVL use, once for two engines registering the same buffer,
+/// and unpinned when the last registration goes; with `host_register:
+/// false` the pointer goes to the driver unpinned. The parent counts the
+/// driver calls in the trace.
+fn host_register() {
+    let src = Source::start(MNNVL_FD, "mnnvl", 1, None);
+    let a = src.addrs[0];
+    let mut heap = vec![0u8; SIZE as usize];
+    let p = heap.as_mut_ptr() as u64;
+    let engines: Vec<(Engine, u64, u64)> = (0..2)
+        .map(|_| {
+            let e = Engine::from_json(MNNVL_FD).unwrap();
+            let region = e.register_memory(p, SIZE, Access::NONE).unwrap();
+            let peer = e.connect(&src.endpoint, None).unwrap();
+            (e, region, peer)
+        })
+        .collect();
+    let opts =
+        SubmitOptions { transport: Transport::Only(TransportKind::Mnnvl), timeout: Some(Duration::from_secs(60)) };
+    for (e, _, peer) in &engines {
+        heap.iter_mut().for_each(|b| *b = 0);
+        let b = e.submit(*peer, &[rd(p, a, SIZE)], opts).unwrap();
+        b.wait(Duration::from_secs(60)).unwrap();
+        assert!(heap.iter().enumerate().all(|(i, v)| *v == pattern(1, i as u64)), "READ into heap memory");
+    }
+    // WRITE from heap memory (shifted 4 KiB so that the source changes).
+    let (e0, _, peer0) = &engines[0];
+    let b = e0.submit(*peer0, &[wr(p, a + 4096, MIB)], opts).unwrap();
+    b.wait(Duration::from_secs(60)).unwrap();
+    let mut src = src;
+    assert_eq!(src.cmd(&format!("verify 0 1 4096 {MIB}")), "ok");
+    // One pin for both registrations: the buffer's pages (it need not be
+    // page-aligned, so one page more than its length may be pinned).
+    let (ranges, bytes) = orbite::cuda::host_pin::pinned();
+    assert_eq!(ranges, 1);
+    assert!((SIZE..=SIZE + 65536).contains(&bytes), "{bytes}");
+    engines[0].0.unregister_memory(engines[0].1, None).unwrap();
+    assert_eq!(orbite::cuda::host_pin::pinned(), (1, bytes), "still registered in the other engine");
+    engines[1].0.unregister_memory(engines[1].1, None).unwrap();
+    assert_eq!(orbite::cuda::host_pin::pinned(), (0, 0), "the last registration unpinned it");
+    // host_register false: no pin, the driver gets the pointer as it is.
+    let cfg = r#"{"mnnvl": {"handle_type": "posix_fd", "host_register": false}}"#;
+    let e = Engine::from_json(cfg).unwrap();
+    e.register_memory(p, SIZE, Access::NONE).unwrap();
+    let peer = e.connect(&src.endpoint, None).unwrap();
+    e.submit(peer, &[rd(p, a, 4096)], opts).unwrap().wait(Duration::from_secs(60)).unwrap();
+    assert_eq!(orbite::cuda::host_pin::pinned(), (0, 0));
+}
+
+/// The pin fails: nothing is posted, the request gets the driver's error
+/// and the source exports nothing.
+fn host_register_fails() {
+    let mut src = Source::start(MNNVL_FD, "mnnvl", 1, None);
+    let a = src.addrs[0];
+    let heap = vec![0u8; 4096];
+    let e = Engine::from_json(MNNVL_FD).unwrap();
+    e.register_memory(heap.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = e.connect(&src.endpoint, None).unwrap();
+    let b = e.submit(peer, &[rd(heap.as_ptr() as u64, a, 4096)], SubmitOptions::default()).unwrap();
+    let _ = b.wait(Duration::from_secs(60));
+    assert_eq!(b.results(), vec![res(Status::ResourceExhausted, RemoteEffect::None)]);
+    assert_eq!(src.ipc("mnnvl", "exports_open"), 0);
+}
+
 /// Runs in a child process; does nothing when run directly.
 #[test]
 fn child_case() {
@@ -435,6 +583,9 @@ fn child_case() {
         "same-process" => same_process_and_pageable_refused(),
         "small-copies" => small_copies(),
         "producer" => producer_stream_is_consumed(),
+        "wrap" => wrapped_vmm_storage(),
+        "host-register" => host_register(),
+        "host-register-fails" => host_register_fails(),
         other => panic!("unknown case {other}"),
     }
     println!("child case passed");
@@ -549,4 +700,24 @@ fn small_nvlink_copies_go_synchronously_and_mnnvl_copies_always_async() {
 #[test]
 fn a_recorded_producer_stream_is_waited_for_before_the_copy() {
     run("producer", &[("FAKECUDA_COPY_DELAY_US", "100000")]);
+}
+
+#[test]
+fn wrapped_vmm_storage_is_checked_then_served_over_fabric_handles() {
+    run("wrap", &[]);
+}
+
+#[test]
+fn mnnvl_pins_ordinary_host_memory_once_per_pages_until_the_last_registration() {
+    let trace = std::env::temp_dir().join(format!("orbite-fakecuda-pin-{}", std::process::id()));
+    let _ = std::fs::remove_file(&trace);
+    run("host-register", &[("FAKECUDA_TRACE", trace.to_str().unwrap())]);
+    let t = fakecuda::read_trace(&trace);
+    assert_eq!(fakecuda::calls(&t, "cuMemHostRegister_v2"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemHostUnregister"), 1, "{t:?}");
+}
+
+#[test]
+fn a_failed_host_pin_posts_nothing() {
+    run("host-register-fails", &[("FAKECUDA_FAIL", "cuMemHostRegister_v2:1:2")]);
 }

@@ -64,6 +64,8 @@ pub const FABRIC: &[&str] = &[
     "cuMemGetAllocationGranularity",
     "cuMemExportToShareableHandle",
     "cuMemImportFromShareableHandle",
+    "cuMemGetAllocationPropertiesFromHandle",
+    "cuMemGetAddressRange_v2",
 ];
 
 static DRIVER: OnceCell<std::result::Result<Driver, Error>> = OnceCell::new();

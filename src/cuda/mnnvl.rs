@@ -234,7 +234,8 @@ pub unsafe fn wrap(kind: MemoryKind, placement: Placement, va: u64, size: u64, h
         Placement::HostNuma(_) => 0,
     };
     let ctx = primary_context(device)?;
-    let ops = CudaVmm { placement, handles: POSIX_FD, ctx };
+    let handles = wrapped_handle_types(placement, handle)?;
+    let ops = CudaVmm { placement, handles, ctx };
     let g = ops.granularity()?;
     if size == 0 || size % g != 0 || va % g != 0 {
         return Err(Error::InvalidArgument(format!("0x{va:x}+{size} is not aligned to the granularity {g}")));
@@ -251,6 +252,37 @@ pub unsafe fn wrap(kind: MemoryKind, placement: Placement, va: u64, size: u64, h
     let alloc =
         VmmAllocation { va, physical: size, handle, state: super::vmm::VmmState::Mapped, exports: 0, owned: false };
     Ok(adopt(kind, size, alloc, ops))
+}
+
+/// The exportable handle types of a caller's VMM allocation, after checking
+/// its properties against the seed's preconditions: pinned, placed where the
+/// caller says, and created with POSIX-fd and/or fabric handle types.
+fn wrapped_handle_types(placement: Placement, handle: u64) -> Result<sys::CUmemAllocationHandleType> {
+    // SAFETY: an all-zero property block is valid storage for the driver.
+    let mut pr: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    // SAFETY: writes one property block; the driver validates the handle.
+    check(
+        unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&mut pr, handle) },
+        "cuMemGetAllocationPropertiesFromHandle (is this a live VMM allocation handle?)",
+    )
+    .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    if pr.type_ != sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED {
+        return Err(Error::InvalidArgument(format!("VMM handle 0x{handle:x} is not a pinned allocation")));
+    }
+    let want = location(placement);
+    if pr.location.type_ != want.type_ || pr.location.id != want.id {
+        return Err(Error::InvalidArgument(format!(
+            "VMM handle 0x{handle:x} lives at {:?} {}, not at {placement:?}",
+            pr.location.type_, pr.location.id
+        )));
+    }
+    let types = pr.requestedHandleTypes.0 & (FABRIC.0 | POSIX_FD.0);
+    if types == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "VMM handle 0x{handle:x} was created without POSIX-fd or fabric handle types: it cannot be exported"
+        )));
+    }
+    Ok(sys::CUmemAllocationHandleType_enum(types))
 }
 
 /// The checked local release of an MNNVL/EGM allocation (unmap, release,

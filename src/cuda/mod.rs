@@ -11,6 +11,8 @@ pub mod vmm;
 #[cfg(feature = "cuda")]
 pub mod driver;
 #[cfg(feature = "cuda")]
+pub mod host_pin;
+#[cfg(feature = "cuda")]
 pub mod memory;
 #[cfg(feature = "cuda")]
 pub mod mnnvl;

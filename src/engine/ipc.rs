@@ -5,7 +5,7 @@
 use super::EngineConfig;
 use crate::control::Identity;
 use crate::error::Result;
-use crate::memory::{MemoryKind, RegionTable};
+use crate::memory::{MemoryKind, Region, RegionTable};
 use crate::stats::Stats;
 use crate::sync_util::{Budget, Gate};
 use crate::transport::ipc::backend::IpcBackend;
@@ -150,14 +150,51 @@ pub(crate) fn kinds_allow(kind: TransportKind, local: MemoryKind, remote: Memory
                 && remote == MemoryKind::CudaIpc
         }
         // Remote device (MNNVL) or host (EGM) fabric memory; EGM also needs
-        // both peers' opt-in, checked at selection.
+        // both peers' opt-in, checked at selection. Ordinary local host
+        // memory is pinned first (`host_register`) or, with host_register
+        // false, handed to the driver as it is.
         TransportKind::Mnnvl => {
             matches!(
                 local,
-                MemoryKind::Cuda | MemoryKind::CudaIpc | MemoryKind::PinnedHost | MemoryKind::Mnnvl | MemoryKind::Egm
+                MemoryKind::Cuda
+                    | MemoryKind::CudaIpc
+                    | MemoryKind::PinnedHost
+                    | MemoryKind::Mnnvl
+                    | MemoryKind::Egm
+                    | MemoryKind::Host
+                    | MemoryKind::SharedHost
             ) && matches!(remote, MemoryKind::Mnnvl | MemoryKind::Egm)
         }
     }
+}
+
+/// Before anything is posted on `kind`: MNNVL with `host_register` pins the
+/// ordinary host memory of the local regions with CUDA, once per
+/// registration (the pin is held until the region is unregistered, and
+/// shared with other registrations of the same pages).
+#[cfg(feature = "cuda")]
+pub(crate) fn prepare_local<'a>(
+    kind: TransportKind,
+    config: &EngineConfig,
+    regions: impl Iterator<Item = &'a Arc<Region>>,
+) -> Result<()> {
+    if kind != TransportKind::Mnnvl || !config.mnnvl.as_ref().is_some_and(|m| m.host_register) {
+        return Ok(());
+    }
+    for r in regions.filter(|r| matches!(r.kind, MemoryKind::Host | MemoryKind::SharedHost)) {
+        r.hold_backing(|| Ok(Box::new(crate::cuda::host_pin::pin(r.addr, r.len)?)))?;
+    }
+    Ok(())
+}
+
+/// Without the `cuda` feature MNNVL is never selected: nothing to prepare.
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn prepare_local<'a>(
+    _kind: TransportKind,
+    _config: &EngineConfig,
+    _regions: impl Iterator<Item = &'a Arc<Region>>,
+) -> Result<()> {
+    Ok(())
 }
 
 /// Describe capability bit: this engine opted in to EGM remote host grants.

@@ -190,6 +190,24 @@ impl Engine {
         for c in &live {
             batch.plan(c.index, 1, kind);
         }
+        let tcp_fallback = auto
+            && self.inner.config.transport_policy.contains(&TransportKind::Tcp)
+            && live.iter().all(|c| {
+                super::ipc::kinds_allow(TransportKind::Tcp, c.lease.region().kind, c.region.expect("resolved").kind)
+            });
+        if let Err(e) = super::ipc::prepare_local(kind, &self.inner.config, live.iter().map(|c| c.lease.region())) {
+            // Nothing was posted: as an unposted rejection of the first group.
+            if tcp_fallback && may_fall_through(&e) {
+                for c in &live {
+                    batch.plan(c.index, 1, TransportKind::Tcp);
+                }
+                return live;
+            }
+            for c in live {
+                batch.complete_chunk(c.index, ChunkOutcome::failed(e.clone(), RemoteEffect::None));
+            }
+            return Vec::new();
+        }
         // Subbatches: consecutive requests naming the same remote region,
         // while the envelope stays within max_transfer_bytes.
         let max_env = self.inner.config.max_transfer_bytes;
@@ -212,11 +230,6 @@ impl Engine {
             }
             groups.push_back((vec![c], false));
         }
-        let tcp_fallback = auto
-            && self.inner.config.transport_policy.contains(&TransportKind::Tcp)
-            && groups.iter().flat_map(|(g, _)| g).all(|c| {
-                super::ipc::kinds_allow(TransportKind::Tcp, c.lease.region().kind, c.region.expect("resolved").kind)
-            });
         while let Some((g, retried)) = groups.pop_front() {
             let region = g[0].region.expect("resolved");
             let items: Vec<(usize, Request)> = g.iter().map(|c| (c.index, c.req)).collect();

@@ -75,9 +75,27 @@ pub struct Region {
     pub kind: MemoryKind,
     active: AtomicU64,
     closing: AtomicBool,
+    /// A transport's hold on the backing for this registration (MNNVL's
+    /// CUDA host pin), released when the region is unregistered.
+    backing_hold: Mutex<Option<Box<dyn std::any::Any + Send + Sync>>>,
 }
 
 impl Region {
+    /// Runs `make` once per registration to attach a hold on the backing
+    /// (kept until unregistration); later calls reuse it.
+    pub fn hold_backing(&self, make: impl FnOnce() -> Result<Box<dyn std::any::Any + Send + Sync>>) -> Result<()> {
+        let mut h = self.backing_hold.lock();
+        if h.is_none() {
+            *h = Some(make()?);
+        }
+        Ok(())
+    }
+
+    /// Whether a backing hold is attached.
+    pub fn holds_backing(&self) -> bool {
+        self.backing_hold.lock().is_some()
+    }
+
     /// One past the last byte.
     pub fn end(&self) -> u64 {
         self.addr + self.len
@@ -176,6 +194,7 @@ impl RegionTable {
             kind,
             active: AtomicU64::new(0),
             closing: AtomicBool::new(false),
+            backing_hold: Mutex::new(None),
         });
         owners::note_registered(addr, len, 1);
         map.insert(addr, region.clone());
@@ -209,6 +228,9 @@ impl RegionTable {
         drop(g);
         self.by_addr.write().remove(&region.addr);
         owners::note_registered(region.addr, region.len, -1);
+        // No copy uses it any more: the transport's hold goes now, not when
+        // the last stray reference to the region drops.
+        drop(region.backing_hold.lock().take());
         Ok(())
     }
 
