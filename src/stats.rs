@@ -24,6 +24,8 @@ pub struct Stats {
     pub protocol_errors: AtomicU64,
     /// Incoming connections refused at the connection limit.
     pub connections_refused: AtomicU64,
+    /// MNNVL channels accepted over TCP (fabric handles, fabric domain).
+    pub fabric_channels: AtomicU64,
 }
 
 /// Counters of one transport, as reported.

@@ -559,6 +559,56 @@ fn host_register_fails() {
     assert_eq!(src.ipc("mnnvl", "exports_open"), 0);
 }
 
+const DOMAIN_A: &str = "0123456789abcdef0123456789abcdef";
+
+fn fabric_config(domain: &str) -> String {
+    format!(r#"{{"mnnvl": {{"handle_type": "fabric", "fabric_domain": "{domain}"}}, "nvlink_cache_entries": 2}}"#)
+}
+
+/// MNNVL with fabric handles and one fabric domain: the IPC protocol runs
+/// over a TCP connection to the source's endpoint (what peers on other
+/// hosts of the NVLink partition use), with the domain and epochs checked
+/// instead of the kernel's process identity. READ and WRITE, a cached
+/// import, a flush with its receipts, and refusals of a foreign domain.
+fn fabric_channel() {
+    use orbite::control::frame::MsgKind;
+    use orbite::control::Identity;
+    use orbite::transport::ipc::channel::Channel;
+    use orbite::transport::ipc::messages::{decode_reject, Hello};
+    let mut src = Source::start(&fabric_config(DOMAIN_A), "mnnvl", 1, None);
+    let a = src.addrs[0];
+    let r = Req::new(&fabric_config(DOMAIN_A), &src.endpoint, TransportKind::Mnnvl);
+    assert_eq!(r.go(&[rd(r.l(0), a, SIZE)]), vec![res(Status::Ok, RemoteEffect::None)]);
+    assert!(r.holds(0, 0, SIZE, 1, 0));
+    let off = MIB + 4096;
+    assert_eq!(r.go(&[wr(r.l(0), a + off, MIB)]), vec![res(Status::Ok, RemoteEffect::Applied)]);
+    assert_eq!(src.cmd(&format!("verify 0 1 {off} {MIB}")), "ok");
+    let st: serde_json::Value = serde_json::from_str(&src.cmd("stats")).unwrap();
+    assert_eq!(st["fabric_channels_accepted"], 1, "{st}");
+    assert_eq!(st["ipc"]["mnnvl"]["exports_open"], 1, "cached");
+    r.e.flush_nvlink_cache(Some(Duration::from_secs(60))).unwrap();
+    assert_eq!(src.ipc("mnnvl", "exports_open"), 0, "the close receipt came over TCP");
+
+    // Another domain: no link at all, with the reason.
+    let other = Req::new(&fabric_config("fedcba9876543210fedcba9876543210"), &src.endpoint, TransportKind::Mnnvl);
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Mnnvl), timeout: None };
+    let e = other.e.submit(other.peer, &[rd(other.l(0), a, 16)], opts).err().expect("another domain");
+    assert_eq!(e.status(), Status::Unavailable, "{e}");
+    assert!(e.message().contains("another fabric domain"), "{e}");
+    // A hand-made fabric channel with a foreign domain is refused.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut ch = Channel::connect_tcp(&src.endpoint, deadline).unwrap();
+    let hello = Hello {
+        identity: Identity::fresh(),
+        expected_source_epoch: 0,
+        transport: TransportKind::Mnnvl as u32,
+        fabric_domain: [9; 16],
+    };
+    let f = ch.call(MsgKind::IpcHello, &hello.encode(), deadline, "hello").unwrap();
+    assert_eq!(f.kind, MsgKind::ExportReject);
+    assert_eq!(decode_reject(&f.body).unwrap().1.status(), Status::PermissionDenied);
+}
+
 /// Runs in a child process; does nothing when run directly.
 #[test]
 fn child_case() {
@@ -586,6 +636,7 @@ fn child_case() {
         "wrap" => wrapped_vmm_storage(),
         "host-register" => host_register(),
         "host-register-fails" => host_register_fails(),
+        "fabric-channel" => fabric_channel(),
         other => panic!("unknown case {other}"),
     }
     println!("child case passed");
@@ -720,4 +771,9 @@ fn mnnvl_pins_ordinary_host_memory_once_per_pages_until_the_last_registration() 
 #[test]
 fn a_failed_host_pin_posts_nothing() {
     run("host-register-fails", &[("FAKECUDA_FAIL", "cuMemHostRegister_v2:1:2")]);
+}
+
+#[test]
+fn fabric_handles_with_a_fabric_domain_run_the_protocol_over_tcp() {
+    run("fabric-channel", &[]);
 }

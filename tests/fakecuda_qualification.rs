@@ -50,7 +50,8 @@ fn every_qualification_mode_passes_on_the_stand_in() {
     assert_eq!(count(&rows, "nvlink", "PASS"), 19, "{out}");
     assert_eq!(count(&rows, "mnnvl-posix_fd", "PASS"), 4, "{out}");
     assert_eq!(count(&rows, "mnnvl-fabric", "PASS"), 4, "{out}");
-    assert_eq!(rows.len(), 27, "{out}");
+    assert_eq!(count(&rows, "mnnvl-fabric_domain", "PASS"), 4, "{out}");
+    assert_eq!(rows.len(), 31, "{out}");
     let batch = rows.iter().find(|r| r[0] == "nvlink" && r[2] == "batch").unwrap();
     assert_eq!(batch[4], "3 slices, 2 imports", "{out}");
 }
@@ -85,6 +86,7 @@ fn fabric_handles_without_an_imex_channel_are_skipped_and_posix_fd_still_passes(
         let (code, rows, out) = qualify(Variant::Full, &["--memory", "device", "--modes", "healthy"], &env);
         assert_eq!(code, 0, "{when}: {out}");
         assert_eq!(count(&rows, "mnnvl-fabric", "SKIP"), 1, "{when}: {out}");
+        assert_eq!(count(&rows, "mnnvl-fabric_domain", "SKIP"), 1, "{when}: {out}");
         assert_eq!(count(&rows, "mnnvl-posix_fd", "PASS"), 1, "{when}: {out}");
         assert!(rows.iter().any(|r| r[0] == "mnnvl-fabric" && r[4].contains("IMEX")), "{out}");
     }
@@ -95,5 +97,5 @@ fn two_visible_devices_are_granted_access_and_served() {
     let env = [("FAKECUDA_DEVICES", "2".to_string())];
     let (code, rows, out) = qualify(Variant::Full, &["--memory", "device,host", "--modes", "healthy,batch"], &env);
     assert_eq!(code, 0, "{out}");
-    assert_eq!(rows.len(), 4 + 4, "{out}");
+    assert_eq!(rows.len(), 4 + 6, "{out}");
 }

@@ -68,11 +68,27 @@ fn ipc_receipts_for_grants_that_never_existed_are_refused() {
     let d = Describe::decode(&io::read_body(&mut s, h.body_len, &mut || Ok(())).unwrap()).unwrap();
     let deadline = || Instant::now() + LONG;
 
+    // An IpcHello over TCP (a fabric channel) is refused by an engine that
+    // runs no MNNVL fabric domain, with the reason.
+    let mut tcp = Channel::connect_tcp(&g.src.endpoint(), deadline()).unwrap();
+    let hello = Hello {
+        identity: Identity::fresh(),
+        expected_source_epoch: d.identity.engine_epoch,
+        transport: orbite::TransportKind::Mnnvl as u32,
+        fabric_domain: [7; 16],
+    };
+    let f = tcp.call(MsgKind::IpcHello, &hello.encode(), deadline(), "hello").unwrap();
+    assert_eq!(f.kind, MsgKind::ExportReject);
+    let why = decode_reject(&f.body).unwrap().1;
+    assert_eq!(why.status(), Status::NotSupported, "{why}");
+    assert!(why.message().contains("fabric domain"), "{why}");
+
     // A Hello that lies about its pid is refused as stale.
     let mut liar = Channel::connect(&d.ipc_name).unwrap();
     let mut me = Identity::fresh();
     me.process.pid = 1;
-    let hello = Hello { identity: me, expected_source_epoch: d.identity.engine_epoch, transport: 1 };
+    let hello =
+        Hello { identity: me, expected_source_epoch: d.identity.engine_epoch, transport: 1, fabric_domain: [0; 16] };
     let f = liar.call(MsgKind::IpcHello, &hello.encode(), deadline(), "hello").unwrap();
     assert_eq!(f.kind, MsgKind::ExportReject);
     assert_eq!(decode_reject(&f.body).unwrap().1.status(), Status::StalePeer);
@@ -80,7 +96,12 @@ fn ipc_receipts_for_grants_that_never_existed_are_refused() {
     // An honest Hello is welcome; receipts for unknown exports are refused
     // with NOT_FOUND and the channel stays usable.
     let mut ch = Channel::connect(&d.ipc_name).unwrap();
-    let hello = Hello { identity: Identity::fresh(), expected_source_epoch: d.identity.engine_epoch, transport: 1 };
+    let hello = Hello {
+        identity: Identity::fresh(),
+        expected_source_epoch: d.identity.engine_epoch,
+        transport: 1,
+        fabric_domain: [0; 16],
+    };
     assert_eq!(ch.call(MsgKind::IpcHello, &hello.encode(), deadline(), "hello").unwrap().kind, MsgKind::IpcWelcome);
     let bogus = ExportRef { export_id: 12345, token: 999, value: 0, extra: 0 };
     for kind in [MsgKind::CloseReceipt, MsgKind::OpComplete, MsgKind::ExportAnswer] {

@@ -6,7 +6,8 @@
 //! it, prints one JSON line, then obeys stdin commands: `verify I SEED OFF LEN`,
 //! `close_source MS`, `stats`, `close`, `exit`.
 //!
-//! Requester role: `orbite-gpu-qual requester --endpoint EP --mode MODE --memory device|host|mixed [--seed S]`
+//! Requester role: `orbite-gpu-qual requester --endpoint EP --mode MODE --memory device|host|mixed [--seed S]
+//! [--transport nvlink|mnnvl] [--handle posix_fd|fabric] [--fabric-domain HEX]`
 //! runs one qualification mode against the source and prints `PASS ...` or
 //! `FAIL ...` lines (and `WAIT ...` lines where the orchestrator acts).
 
@@ -183,8 +184,9 @@ fn requester(args: &[String]) {
     let entries = if cache { 4 } else { 0 };
     let cfg = if transport == "mnnvl" {
         let handle = arg(args, "--handle").unwrap_or_else(|| "posix_fd".into());
+        let domain = arg(args, "--fabric-domain").map(|d| format!(r#", "fabric_domain": "{d}""#)).unwrap_or_default();
         let _ = TRANSPORT.set(TransportKind::Mnnvl);
-        format!(r#"{{"mnnvl": {{"handle_type": "{handle}"}}, "nvlink_cache_entries": {entries}}}"#)
+        format!(r#"{{"mnnvl": {{"handle_type": "{handle}"{domain}}}, "nvlink_cache_entries": {entries}}}"#)
     } else {
         format!(r#"{{"nvlink": true, "nvlink_cache_entries": {entries}}}"#)
     };

@@ -1,6 +1,13 @@
 //! The two listeners of an engine: the TCP control socket and the IPC
 //! channel (abstract Unix socket). Each accepted connection gets a serving
-//! thread; finished ones are reaped so limits count live connections.
+//! thread; finished ones are reaped so limits count live connections. A TCP
+//! connection that opens with an `IpcHello` is an MNNVL fabric channel and
+//! is served by the IPC source (which accepts it only for its fabric domain).
+
+use crate::control::frame::{FrameHeader, FRAME_HEADER_LEN};
+use crate::transport::ipc::channel::Channel;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
 
 use super::Inner;
 use crate::control::frame::MsgKind;
@@ -91,8 +98,32 @@ fn serve_in_thread(
     }
 }
 
-/// Accepts TCP control connections until the engine stops.
-pub(crate) fn tcp_accept_loop(inner: Arc<Inner>, ctx: Arc<SourceContext>) {
+/// Whether a TCP connection opens with an `IpcHello` (a fabric channel):
+/// peeks at the first frame header for up to `within`.
+fn opens_with_ipc_hello(stream: &TcpStream, within: Duration, stopping: &AtomicBool) -> bool {
+    let _ = stream.set_read_timeout(Some(io::TICK));
+    let deadline = Instant::now() + within;
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    loop {
+        match stream.peek(&mut h) {
+            Ok(n) if n >= FRAME_HEADER_LEN => {
+                return FrameHeader::decode(&h).is_ok_and(|f| f.kind == MsgKind::IpcHello);
+            }
+            Ok(0) => return false,
+            // A partial header: wait for the rest without spinning.
+            Ok(_) => std::thread::sleep(Duration::from_millis(1)),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+        if Instant::now() >= deadline || stopping.load(Ordering::Acquire) {
+            return false;
+        }
+    }
+}
+
+/// Accepts TCP control connections (and fabric channels) until the engine stops.
+pub(crate) fn tcp_accept_loop(inner: Arc<Inner>, ctx: Arc<SourceContext>, ipc: Arc<IpcSourceContext>) {
     while let Some(stream) = next_conn(&inner, || inner.listener.accept().map(|(s, _)| s)) {
         let mut inc = inner.incoming.lock();
         reap(&mut inc);
@@ -113,8 +144,16 @@ pub(crate) fn tcp_accept_loop(inner: Arc<Inner>, ctx: Arc<SourceContext>) {
             continue;
         }
         let Ok(handle) = stream.try_clone() else { continue };
-        let c = ctx.clone();
-        serve_in_thread(&inner, &mut inc, ConnHandle::Tcp(handle), "orbite-serve", move |_| tcp::serve(c, stream));
+        let (c, fabric) = (ctx.clone(), ipc.clone());
+        serve_in_thread(&inner, &mut inc, ConnHandle::Tcp(handle), "orbite-serve", move |id| {
+            if opens_with_ipc_hello(&stream, fabric.handshake_timeout, &fabric.stopping) {
+                if let Ok(ch) = Channel::from_tcp(stream) {
+                    crate::transport::ipc::source::serve(fabric, ch, id);
+                }
+                return;
+            }
+            tcp::serve(c, stream)
+        });
     }
 }
 
@@ -133,7 +172,9 @@ pub(crate) fn ipc_accept_loop(inner: Arc<Inner>, ctx: Arc<IpcSourceContext>) {
         let Ok(handle) = stream.try_clone() else { continue };
         let c = ctx.clone();
         serve_in_thread(&inner, &mut inc, ConnHandle::Unix(handle), "orbite-ipc-serve", move |id| {
-            crate::transport::ipc::source::serve(c, stream, id)
+            if let Ok(ch) = Channel::from_stream(stream) {
+                crate::transport::ipc::source::serve(c, ch, id)
+            }
         });
     }
 }

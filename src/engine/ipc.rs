@@ -200,6 +200,18 @@ pub(crate) fn prepare_local<'a>(
 /// Describe capability bit: this engine opted in to EGM remote host grants.
 pub(crate) const EGM_CAPABILITY: u32 = 1 << 8;
 
+/// Describe capability bit: this engine serves MNNVL with fabric handles
+/// over TCP channels for its (nonzero) fabric domain.
+pub(crate) const FABRIC_CHANNEL_CAPABILITY: u32 = 1 << 9;
+
+/// The fabric domain for which an engine runs MNNVL channels over TCP:
+/// MNNVL configured, fabric handles, a nonzero domain.
+pub(crate) fn fabric_channel_domain(config: &EngineConfig) -> Option<[u8; 16]> {
+    let m = config.mnnvl.as_ref()?;
+    let d = m.fabric_domain?;
+    (m.handle_type == super::MnnvlHandleType::Fabric && d != [0; 16]).then_some(d)
+}
+
 /// IPC peers must share a boot (the IPC channel is a Unix socket).
 pub(crate) fn same_boot(a: &Identity, b: &Identity) -> bool {
     a.same_boot(b)

@@ -22,7 +22,7 @@ use crate::memory::{Access, Region, RegionTable};
 use crate::stats::Stats;
 use crate::sync_util::{Budget, Gate};
 use crate::transport::ipc::faults::Faults;
-use crate::transport::ipc::link::IpcLink;
+use crate::transport::ipc::link::{IpcLink, Route};
 use crate::transport::ipc::source::IpcSourceContext;
 use crate::transport::tcp::{SourceContext, TcpConnection};
 use crate::transport::TransportKind;
@@ -182,6 +182,8 @@ impl Engine {
         let ipc_ctx = Arc::new(IpcSourceContext {
             tables: inner.ipc.iter().map(|t| (t.kind, t.exports.clone())).collect(),
             identity: inner.identity,
+            fabric_domain: ipc::fabric_channel_domain(&inner.config),
+            stats: inner.stats.clone(),
             stopping: inner.stopping.clone(),
             handshake_timeout: Duration::from_millis(inner.config.handshake_timeout_ms as u64),
         });
@@ -189,7 +191,8 @@ impl Engine {
             std::thread::Builder::new().name(name.into()).spawn(f).map_err(|e| Error::io("spawn accept thread", &e))
         };
         let i1 = inner.clone();
-        let t1 = spawn("orbite-accept", Box::new(move || accept::tcp_accept_loop(i1, tcp_ctx)))?;
+        let fabric_ctx = ipc_ctx.clone();
+        let t1 = spawn("orbite-accept", Box::new(move || accept::tcp_accept_loop(i1, tcp_ctx, fabric_ctx)))?;
         inner.accept_threads.lock().push(t1);
         if inner.ipc_listener.is_some() {
             let i2 = inner.clone();
@@ -510,6 +513,10 @@ impl Inner {
         if self.config.mnnvl.as_ref().is_some_and(|m| m.egm) {
             c |= ipc::EGM_CAPABILITY;
         }
+        if self.ipc.iter().any(|t| t.kind == TransportKind::Mnnvl) && ipc::fabric_channel_domain(&self.config).is_some()
+        {
+            c |= ipc::FABRIC_CHANNEL_CAPABILITY;
+        }
         c
     }
 
@@ -539,18 +546,39 @@ impl Inner {
         let mut out: Vec<(TransportKind, std::result::Result<Arc<IpcLink>, String>)> = Vec::new();
         for t in &self.ipc {
             let k = t.kind;
-            let link = if peer.capabilities & k.capability_bit() == 0 || peer.ipc_name.is_empty() {
+            // MNNVL with fabric handles and a shared nonzero fabric domain
+            // runs its channel over TCP (any host of the partition);
+            // everything else needs the same boot and the Unix channel.
+            let fabric = ipc::fabric_channel_domain(&self.config)
+                .filter(|d| k == TransportKind::Mnnvl && peer.fabric_domain == *d)
+                .filter(|_| peer.capabilities & ipc::FABRIC_CHANNEL_CAPABILITY != 0);
+            let same_process =
+                ipc::same_boot(&self.identity, &peer.identity) && peer.identity.process == self.identity.process;
+            let link = if peer.capabilities & k.capability_bit() == 0 || (peer.ipc_name.is_empty() && fabric.is_none())
+            {
                 Err(format!("{label} does not offer {}", k.name()))
-            } else if k != TransportKind::Shm && peer.identity.process == self.identity.process {
+            } else if k != TransportKind::Shm && same_process {
                 Err(format!("{label} is in this process; {} needs two cooperating processes", k.name()))
             } else if k == TransportKind::Mnnvl && peer.fabric_domain != self.fabric_domain() {
                 Err(format!("{label} advertises another fabric domain"))
-            } else if !ipc::same_boot(&self.identity, &peer.identity) {
-                Err(format!("{label} runs on another host or boot; {} needs the same boot", k.name()))
+            } else if fabric.is_none() && !ipc::same_boot(&self.identity, &peer.identity) {
+                Err(format!(
+                    "{label} runs on another host or boot; {} needs the same boot{}",
+                    k.name(),
+                    if k == TransportKind::Mnnvl {
+                        " unless both peers use fabric handles with one nonzero fabric_domain"
+                    } else {
+                        ""
+                    }
+                ))
             } else {
+                let route = match fabric {
+                    Some(d) => Route::Fabric(d),
+                    None => Route::Unix(peer.ipc_name.clone()),
+                };
                 Ok(Arc::new(IpcLink::new(
                     k,
-                    peer.ipc_name.clone(),
+                    route,
                     peer.identity,
                     endpoint.to_string(),
                     label.to_string(),

@@ -65,6 +65,9 @@ pub struct EngineStats {
     pub protocol_errors: u64,
     /// Incoming connections refused at the limit.
     pub connections_refused: u64,
+    /// MNNVL channels accepted over TCP for the fabric domain (peers on
+    /// any host of the NVLink partition).
+    pub fabric_channels_accepted: u64,
     /// What the cooperative IPC transports hold (`shm`, `nvlink`).
     pub ipc: BTreeMap<String, IpcStats>,
     /// The NVLink stream pool (all zero where NVLink is not running).
@@ -126,6 +129,7 @@ impl EngineStats {
             regions: live.regions,
             protocol_errors: s.protocol_errors.load(Ordering::Relaxed),
             connections_refused: s.connections_refused.load(Ordering::Relaxed),
+            fabric_channels_accepted: s.fabric_channels.load(Ordering::Relaxed),
             ipc,
             nvlink,
             transports_available: live.transports_available,

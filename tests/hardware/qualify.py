@@ -17,8 +17,10 @@ seed's modes for each local memory kind (device, pinned host, mixed):
   bandwidth       IPC READ/WRITE GB/s against a plain device-to-device copy
 
 and, for MNNVL (fabric-handle VMM memory from allocate_mnnvl), the healthy,
-batch, cache and bandwidth modes with POSIX-fd handles on one GPU, and with
-fabric handles where the driver and an IMEX channel allow (else SKIP).
+batch, cache and bandwidth modes with POSIX-fd handles on one GPU, with
+fabric handles where the driver and an IMEX channel allow (else SKIP), and
+with fabric handles and a fabric domain (the IPC protocol over TCP, as
+between hosts of one NVLink partition).
 
 Usage:
   python3 tests/hardware/qualify.py [--binary PATH] [--memory device,host,mixed]
@@ -78,10 +80,23 @@ def find_binary(args):
     return os.path.join(root, "target", "release", "orbite-gpu-qual")
 
 
+# The fabric domain of the `mnnvl-fabric_domain` rows (any nonzero value
+# shared by both sides): MNNVL then runs its channel over TCP, as it does
+# between hosts of one NVLink partition.
+FABRIC_DOMAIN = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
+
+
+def handle_of(transport):
+    return "fabric" if transport == "mnnvl-fabric_domain" else transport.split("-", 1)[1]
+
+
 def transport_config(transport):
     if transport == "nvlink":
         return {"nvlink": True}
-    return {"mnnvl": {"handle_type": transport.split("-", 1)[1]}}
+    cfg = {"mnnvl": {"handle_type": handle_of(transport)}}
+    if transport == "mnnvl-fabric_domain":
+        cfg["mnnvl"]["fabric_domain"] = FABRIC_DOMAIN
+    return cfg
 
 
 def start_source(binary, log, allocs=1, size=8 << 20, seed=1, listen=None, transport="nvlink"):
@@ -104,7 +119,9 @@ def requester(binary, log, info, mode, memory, size, seed=1, transport="nvlink")
     argv = [binary, "requester", "--endpoint", info["endpoint"], "--mode", mode, "--memory", memory,
             "--remote", ",".join(str(a) for a in info["addrs"]), "--len", str(size), "--seed", str(seed)]
     if transport != "nvlink":
-        argv += ["--transport", "mnnvl", "--handle", transport.split("-", 1)[1]]
+        argv += ["--transport", "mnnvl", "--handle", handle_of(transport)]
+    if transport == "mnnvl-fabric_domain":
+        argv += ["--fabric-domain", FABRIC_DOMAIN]
     return Proc(argv, log)
 
 
@@ -161,7 +178,9 @@ def main():
     ap.add_argument("--size", type=int, default=8 << 20)
     ap.add_argument("--out", default="/tmp/orbite-qualify")
     ap.add_argument("--modes", default="healthy,batch,cache,source-close,requester-exit,stale,bandwidth")
-    ap.add_argument("--mnnvl", default="posix_fd,fabric", help="MNNVL handle types to qualify ('' to skip)")
+    ap.add_argument("--mnnvl", default="posix_fd,fabric,fabric_domain",
+                    help="MNNVL variants to qualify: posix_fd, fabric, fabric_domain (fabric handles and a fabric "
+                         "domain: the channel runs over TCP) ('' to skip)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     binary = find_binary(args)
@@ -182,7 +201,7 @@ def main():
             if "no usable CUDA" in str(e):
                 print("qualify: no usable CUDA here: %s" % e)
                 return 2
-            if transport == "mnnvl-fabric" and "NOT_SUPPORTED" in str(e).upper().replace(" ", "_"):
+            if transport.startswith("mnnvl-fabric") and "NOT_SUPPORTED" in str(e).upper().replace(" ", "_"):
                 ok, detail, extra, result = True, str(e), "", "SKIP"
             else:
                 ok, detail, extra, result = False, str(e), "", "FAIL"

@@ -1,13 +1,19 @@
-//! The IPC channel: a Unix stream socket between a requester and a source on
-//! one host. It carries the IPC protocol frames, and file descriptors (the
-//! SHM handle) with `SCM_RIGHTS`. The source listens on an abstract socket
-//! name advertised in its Describe; the kernel tells it who connected
-//! (`SO_PEERCRED`), which is how the requester's process identity is checked.
+//! The IPC channel between a requester and a source. On one host it is a
+//! Unix stream socket: it carries the IPC protocol frames and file
+//! descriptors (the SHM and POSIX-fd handles) with `SCM_RIGHTS`; the source
+//! listens on an abstract socket name advertised in its Describe, and the
+//! kernel tells it who connected (`SO_PEERCRED`), which is how the
+//! requester's process identity is checked. For MNNVL with fabric handles
+//! and a fabric domain the same protocol runs over a TCP connection to the
+//! source's endpoint (peers on other hosts of the NVLink partition): no
+//! descriptor can cross it, and the source checks the fabric domain and
+//! epochs instead of the kernel's word.
 
 use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
 use crate::control::io::{self, Tick, TICK};
 use crate::error::{Error, Result};
-use std::io::ErrorKind;
+use std::io::{ErrorKind, Read, Write};
+use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
@@ -23,9 +29,45 @@ pub struct Frame {
     pub fd: Option<OwnedFd>,
 }
 
+/// The socket under a channel.
+enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Read for Stream {
+    fn read(&mut self, b: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(b),
+            Stream::Tcp(s) => s.read(b),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(b),
+            Stream::Tcp(s) => s.write(b),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl AsRawFd for Stream {
+    fn as_raw_fd(&self) -> RawFd {
+        match self {
+            Stream::Unix(s) => s.as_raw_fd(),
+            Stream::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+}
+
 /// A connected IPC channel.
 pub struct Channel {
-    stream: UnixStream,
+    stream: Stream,
 }
 
 /// Binds the abstract socket `name`.
@@ -35,11 +77,40 @@ pub fn listen(name: &str) -> Result<UnixListener> {
 }
 
 impl Channel {
-    /// Wraps an accepted stream.
+    /// Wraps an accepted Unix stream.
     pub fn from_stream(stream: UnixStream) -> Result<Channel> {
         stream.set_read_timeout(Some(TICK)).map_err(|e| Error::io("set_read_timeout", &e))?;
         stream.set_write_timeout(Some(TICK)).map_err(|e| Error::io("set_write_timeout", &e))?;
-        Ok(Channel { stream })
+        Ok(Channel { stream: Stream::Unix(stream) })
+    }
+
+    /// Wraps a TCP connection (a fabric channel).
+    pub fn from_tcp(stream: TcpStream) -> Result<Channel> {
+        let _ = stream.set_nodelay(true);
+        stream.set_read_timeout(Some(TICK)).map_err(|e| Error::io("set_read_timeout", &e))?;
+        stream.set_write_timeout(Some(TICK)).map_err(|e| Error::io("set_write_timeout", &e))?;
+        Ok(Channel { stream: Stream::Tcp(stream) })
+    }
+
+    /// Connects a fabric channel to the source's TCP endpoint.
+    pub fn connect_tcp(endpoint: &str, deadline: Instant) -> Result<Channel> {
+        let addr = crate::engine::endpoint::parse(endpoint)?;
+        let wait = deadline.saturating_duration_since(Instant::now()).max(std::time::Duration::from_millis(1));
+        let s = TcpStream::connect_timeout(&addr, wait).map_err(|e| match e.kind() {
+            ErrorKind::ConnectionRefused => {
+                Error::StalePeer(format!("no engine listens at {endpoint} any more (gone or restarted)"))
+            }
+            ErrorKind::TimedOut | ErrorKind::WouldBlock => {
+                Error::TimedOut(format!("fabric channel to {endpoint}: no answer within {wait:?}"))
+            }
+            _ => Error::Unavailable(format!("cannot open a fabric channel to {endpoint}: {e}")),
+        })?;
+        Channel::from_tcp(s)
+    }
+
+    /// Whether the channel runs over TCP (no descriptors, no kernel identity).
+    pub fn is_tcp(&self) -> bool {
+        matches!(self.stream, Stream::Tcp(_))
     }
 
     /// Connects to the abstract socket `name`.
@@ -57,6 +128,9 @@ impl Channel {
 
     /// The pid of the process at the other end (kernel-verified).
     pub fn peer_pid(&self) -> Result<u32> {
+        if self.is_tcp() {
+            return Err(Error::NotSupported("a TCP channel has no kernel-verified peer process".into()));
+        }
         let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
         let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
         // SAFETY: getsockopt writes at most `len` bytes into `cred`.
@@ -77,7 +151,10 @@ impl Channel {
 
     /// Shuts the channel down (wakes a blocked reader).
     pub fn shutdown(&self) {
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        let _ = match &self.stream {
+            Stream::Unix(s) => s.shutdown(std::net::Shutdown::Both),
+            Stream::Tcp(s) => s.shutdown(std::net::Shutdown::Both),
+        };
     }
 
     /// Sends a frame, with `fd` attached if given.
@@ -85,6 +162,9 @@ impl Channel {
         let h = FrameHeader::encode(kind, body.len() as u32);
         match fd {
             None => io::write_frame(&mut self.stream, kind, body, tick),
+            Some(_) if self.is_tcp() => Err(Error::NotSupported(format!(
+                "{kind:?} carries a file descriptor, which cannot cross a TCP (fabric) channel"
+            ))),
             Some(fd) => {
                 let mut msg = h.to_vec();
                 msg.extend_from_slice(body);
@@ -273,5 +353,31 @@ mod tests {
         c.send(MsgKind::CloseReceipt, b"", None, &mut io::no_abort).unwrap();
         t.join().unwrap();
         assert!(matches!(Channel::connect("orbite-no-such-socket-xyz"), Err(Error::StalePeer(_))));
+    }
+
+    #[test]
+    fn tcp_channels_carry_frames_but_no_descriptors() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ep = l.local_addr().unwrap().to_string();
+        let t = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut c = Channel::from_tcp(s).unwrap();
+            assert!(c.is_tcp());
+            assert_eq!(c.peer_pid().unwrap_err().status(), crate::error::Status::NotSupported);
+            let f = c.recv(&mut io::no_abort).unwrap();
+            assert_eq!((f.kind, f.body.as_slice(), f.fd.is_none()), (MsgKind::IpcHello, &b"hello"[..], true));
+            let a = crate::memory::owners::allocate_shared_host(100).unwrap();
+            let e = c.send(MsgKind::ExportHandle, b"fd", a.memfd(), &mut io::no_abort).unwrap_err();
+            assert_eq!(e.status(), crate::error::Status::NotSupported, "{e}");
+            c.send(MsgKind::IpcWelcome, b"welcome", None, &mut io::no_abort).unwrap();
+            a.free().unwrap();
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut c = Channel::connect_tcp(&ep, deadline).unwrap();
+        let f = c.call(MsgKind::IpcHello, b"hello", deadline, "test").unwrap();
+        assert_eq!((f.kind, f.body.as_slice()), (MsgKind::IpcWelcome, &b"welcome"[..]));
+        t.join().unwrap();
+        // Nobody listens there any more: the source is gone.
+        assert!(matches!(Channel::connect_tcp(&ep, deadline), Err(Error::StalePeer(_))));
     }
 }

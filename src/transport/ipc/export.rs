@@ -42,7 +42,9 @@ struct Export {
     region_epoch: u64,
     ops: u32,
     state: ExportState,
-    requester: ProcessIdentity,
+    /// The importing process when the kernel verified it (Unix channel);
+    /// `None` over a fabric channel: never presumed exited.
+    requester: Option<ProcessIdentity>,
     _lease: RegionLease,
     _charge: Permit,
     _loan: Loan,
@@ -175,7 +177,7 @@ impl ExportTable {
 
     /// Validates an export request and retains the allocation (loan +
     /// charge + registration). Returns the offer (no handle yet).
-    pub fn offer(&self, conn: u64, requester: ProcessIdentity, req: &ExportRequest) -> Result<ExportOffer> {
+    pub fn offer(&self, conn: u64, requester: Option<ProcessIdentity>, req: &ExportRequest) -> Result<ExportOffer> {
         let lease = self.validate(req.region_epoch, req.addr, req.len, req.ops)?;
         let o = owners::owner_of(req.addr)
             .ok_or_else(|| Error::NotSupported(format!("0x{:x} is not in a library allocation", req.addr)))?;
@@ -334,7 +336,7 @@ impl ExportTable {
         let mut released = Vec::new();
         for id in ids {
             let e = t.exports.get_mut(&id).expect("present");
-            if e.state == ExportState::Offered || process_exited(&e.requester) {
+            if e.state == ExportState::Offered || e.requester.as_ref().is_some_and(process_exited) {
                 released.push(t.exports.remove(&id).expect("present"));
             } else {
                 e.state = ExportState::Retained;
@@ -352,7 +354,7 @@ impl ExportTable {
         let ids: Vec<u64> = t
             .exports
             .iter()
-            .filter(|(_, e)| e.state == ExportState::Retained && process_exited(&e.requester))
+            .filter(|(_, e)| e.state == ExportState::Retained && e.requester.as_ref().is_some_and(process_exited))
             .map(|(k, _)| *k)
             .collect();
         let gone: Vec<Export> = ids.iter().filter_map(|id| t.exports.remove(id)).collect();
@@ -406,7 +408,7 @@ impl ExportTable {
             .iter()
             .filter(|(_, e)| e.state == ExportState::Retained)
             .map(|(id, e)| {
-                serde_json::json!({"export_id": id, "base": e.base, "requester_pid": e.requester.pid,
+                serde_json::json!({"export_id": id, "base": e.base, "requester_pid": e.requester.map(|r| r.pid),
                     "transport": self.backend.transport().name()})
             })
             .collect()

@@ -14,10 +14,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// How a link reaches its source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// The source's abstract Unix socket (same host).
+    Unix(String),
+    /// A TCP connection to the source's endpoint carrying the fabric domain
+    /// (MNNVL fabric handles; any host of the NVLink partition).
+    Fabric([u8; 16]),
+}
+
 /// Link to one source's IPC channel.
 pub struct IpcLink {
-    /// Abstract socket name of the source's channel.
-    pub name: String,
+    /// How the channel is reached.
+    pub route: Route,
     /// The source identity from its Describe.
     pub source: Identity,
     /// Source endpoint (cache key part).
@@ -42,7 +52,7 @@ impl IpcLink {
     /// A link (not connected yet).
     pub fn new(
         transport: crate::transport::TransportKind,
-        name: String,
+        route: Route,
         source: Identity,
         endpoint: String,
         label: String,
@@ -50,7 +60,7 @@ impl IpcLink {
         faults: Arc<Faults>,
     ) -> IpcLink {
         IpcLink {
-            name,
+            route,
             source,
             endpoint,
             label,
@@ -76,11 +86,15 @@ impl IpcLink {
     }
 
     fn connect(&self, deadline: Instant) -> Result<Channel> {
-        let mut c = Channel::connect(&self.name)?;
+        let (mut c, fabric_domain) = match &self.route {
+            Route::Unix(name) => (Channel::connect(name)?, [0; 16]),
+            Route::Fabric(domain) => (Channel::connect_tcp(&self.endpoint, deadline)?, *domain),
+        };
         let hello = Hello {
             identity: self.local,
             expected_source_epoch: self.source.engine_epoch,
             transport: self.transport as u32,
+            fabric_domain,
         };
         let f = c.call(MsgKind::IpcHello, &hello.encode(), deadline, "IPC handshake")?;
         match f.kind {

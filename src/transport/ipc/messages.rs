@@ -18,6 +18,9 @@ pub struct Hello {
     pub expected_source_epoch: u64,
     /// Which IPC transport this channel carries (`TransportKind` code).
     pub transport: u32,
+    /// The requester's MNNVL fabric domain (zero: none). A channel over TCP
+    /// is accepted only for the source's own nonzero domain.
+    pub fabric_domain: [u8; 16],
 }
 
 /// Source -> requester.
@@ -44,13 +47,18 @@ impl Hello {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();
         put_identity(&mut w, &self.identity);
-        w.u64(self.expected_source_epoch).u32(self.transport);
+        w.u64(self.expected_source_epoch).u32(self.transport).bytes(&self.fabric_domain);
         w.0
     }
     /// Decodes.
     pub fn decode(b: &[u8]) -> Result<Hello> {
         let mut r = Reader::new(b, "IpcHello");
-        let h = Hello { identity: get_identity(&mut r)?, expected_source_epoch: r.u64()?, transport: r.u32()? };
+        let h = Hello {
+            identity: get_identity(&mut r)?,
+            expected_source_epoch: r.u64()?,
+            transport: r.u32()?,
+            fabric_domain: r.array::<16>()?,
+        };
         r.finish()?;
         Ok(h)
     }
@@ -281,7 +289,7 @@ mod tests {
 
     #[test]
     fn messages_round_trip_and_reject_garbage() {
-        let h = Hello { identity: Identity::fresh(), expected_source_epoch: 5, transport: 1 };
+        let h = Hello { identity: Identity::fresh(), expected_source_epoch: 5, transport: 1, fabric_domain: [7; 16] };
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
         let q = ExportRequest { tag: 1, region_epoch: 2, addr: 3, len: 4, ops: 3, wait_ms: 9 };
         assert_eq!(ExportRequest::decode(&q.encode()).unwrap(), q);

@@ -7,7 +7,6 @@ use crate::control::frame::MsgKind;
 use crate::control::identity::process_start_time;
 use crate::control::Identity;
 use crate::error::{Error, Result};
-use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,17 +17,19 @@ pub struct IpcSourceContext {
     pub tables: Vec<(crate::transport::TransportKind, Arc<ExportTable>)>,
     /// This engine's identity.
     pub identity: Identity,
+    /// The fabric domain for which MNNVL channels are accepted over TCP.
+    pub fabric_domain: Option<[u8; 16]>,
+    /// Counters (fabric channels accepted).
+    pub stats: Arc<crate::stats::Stats>,
     /// Set when the engine stops.
     pub stopping: Arc<AtomicBool>,
     /// Handshake deadline.
     pub handshake_timeout: Duration,
 }
 
-/// Serves one accepted IPC connection until it closes.
-pub fn serve(ctx: Arc<IpcSourceContext>, stream: UnixStream, conn: u64) {
-    let Ok(mut ch) = Channel::from_stream(stream) else {
-        return;
-    };
+/// Serves one accepted IPC connection (a Unix channel, or a TCP fabric
+/// channel) until it closes.
+pub fn serve(ctx: Arc<IpcSourceContext>, mut ch: Channel, conn: u64) {
     let mut table = None;
     let r = serve_inner(&ctx, &mut ch, conn, &mut table);
     if let Err(Error::Protocol(m)) = &r {
@@ -74,18 +75,41 @@ fn serve_inner(
         ch.send(MsgKind::ExportReject, &body, None, &mut || stop())?;
         Ok(())
     };
-    let pid = ch.peer_pid()?;
-    if pid != requester.process.pid || process_start_time(pid) != requester.process.start_time {
-        return refuse(
-            ch,
-            Error::StalePeer(format!(
-                "requester claims pid {} (start {}), the kernel says pid {pid}",
-                requester.process.pid, requester.process.start_time
-            )),
-        );
-    }
-    if !ctx.identity.same_boot(&requester) {
-        return refuse(ch, Error::StalePeer("requester runs on another boot; SHM needs the same host".into()));
+    if ch.is_tcp() {
+        // A fabric channel: no kernel identity; only MNNVL with fabric
+        // handles, and only for this engine's own nonzero fabric domain.
+        let mnnvl = crate::transport::TransportKind::Mnnvl as u32;
+        match ctx.fabric_domain {
+            Some(d) if hello.transport == mnnvl && hello.fabric_domain == d => {
+                ctx.stats.fabric_channels.fetch_add(1, Ordering::Relaxed);
+            }
+            Some(_) if hello.transport == mnnvl => {
+                return refuse(ch, Error::PermissionDenied("the requester's fabric domain is not this engine's".into()))
+            }
+            _ => {
+                return refuse(
+                    ch,
+                    Error::NotSupported(
+                        "this engine accepts IPC over TCP only for MNNVL with fabric handles and a fabric domain"
+                            .into(),
+                    ),
+                )
+            }
+        }
+    } else {
+        let pid = ch.peer_pid()?;
+        if pid != requester.process.pid || process_start_time(pid) != requester.process.start_time {
+            return refuse(
+                ch,
+                Error::StalePeer(format!(
+                    "requester claims pid {} (start {}), the kernel says pid {pid}",
+                    requester.process.pid, requester.process.start_time
+                )),
+            );
+        }
+        if !ctx.identity.same_boot(&requester) {
+            return refuse(ch, Error::StalePeer("requester runs on another boot; SHM needs the same host".into()));
+        }
     }
     if hello.expected_source_epoch != ctx.identity.engine_epoch {
         return refuse(
@@ -114,7 +138,9 @@ fn serve_inner(
         match f.kind {
             MsgKind::ExportRequest => {
                 let req = ExportRequest::decode(&f.body)?;
-                match table.offer(conn, requester.process, &req) {
+                // Only a kernel-verified requester can later be proven gone.
+                let verified = (!ch.is_tcp()).then_some(requester.process);
+                match table.offer(conn, verified, &req) {
                     Ok(offer) => ch.send(MsgKind::ExportOffer, &offer.encode(), None, &mut || stop())?,
                     Err(e) => {
                         let body = messages::encode_reject(req.tag, e.status(), e.message());
