@@ -609,6 +609,41 @@ fn fabric_channel() {
     assert_eq!(decode_reject(&f.body).unwrap().1.status(), Status::PermissionDenied);
 }
 
+/// Local EGM memory is copied on the GPU attached to its NUMA node (the
+/// stand-in attaches node d to device d; the parent counts the copies per
+/// device); mixed nodes in one group and a node without a GPU are refused.
+fn egm_placement() {
+    let src = Source::start(MNNVL_FD, "mnnvl", 1, None);
+    let a = src.addrs[0];
+    let e = Engine::from_json(MNNVL_FD).unwrap();
+    let egm: Vec<Allocation> = [1, 0].iter().map(|n| cuda_support::allocate_egm(*n, SIZE).unwrap()).collect();
+    for m in &egm {
+        e.register_memory(m.addr(), SIZE, Access::NONE).unwrap();
+    }
+    let peer = e.connect(&src.endpoint, None).unwrap();
+    let opts =
+        SubmitOptions { transport: Transport::Only(TransportKind::Mnnvl), timeout: Some(Duration::from_secs(60)) };
+    for m in &egm {
+        let b = e.submit(peer, &[rd(m.addr(), a, SIZE)], opts).unwrap();
+        b.wait(Duration::from_secs(60)).unwrap();
+        // The local EGM mapping is CPU-accessible.
+        // SAFETY: the allocation maps SIZE bytes readable by the CPU.
+        let bytes = unsafe { std::slice::from_raw_parts(m.addr() as *const u8, SIZE as usize) };
+        assert!(bytes.iter().enumerate().all(|(i, v)| *v == pattern(1, i as u64)));
+    }
+    let mixed = [rd(egm[0].addr(), a, 4096), rd(egm[1].addr(), a + 8192, 4096)];
+    let b = e.submit(peer, &mixed, opts).unwrap();
+    let _ = b.wait(Duration::from_secs(60));
+    assert!(b.results().iter().all(|r| r.status == Status::NotSupported), "{:?}", b.results());
+    assert_eq!(e.stats().ipc["mnnvl"].imports_retained, 0);
+    // Node 5 has no GPU here: that owner cannot be selected.
+    let far = cuda_support::allocate_egm(5, SIZE).unwrap();
+    e.register_memory(far.addr(), SIZE, Access::NONE).unwrap();
+    let err = e.submit(peer, &[rd(far.addr(), a, 16)], opts).err().expect("no GPU at node 5");
+    assert_eq!(err.status(), Status::NotSupported, "{err}");
+    assert!(err.message().contains("NUMA node"), "{err}");
+}
+
 /// Runs in a child process; does nothing when run directly.
 #[test]
 fn child_case() {
@@ -637,6 +672,7 @@ fn child_case() {
         "host-register" => host_register(),
         "host-register-fails" => host_register_fails(),
         "fabric-channel" => fabric_channel(),
+        "egm-placement" => egm_placement(),
         other => panic!("unknown case {other}"),
     }
     println!("child case passed");
@@ -776,4 +812,16 @@ fn a_failed_host_pin_posts_nothing() {
 #[test]
 fn fabric_handles_with_a_fabric_domain_run_the_protocol_over_tcp() {
     run("fabric-channel", &[]);
+}
+
+#[test]
+fn local_egm_memory_is_copied_on_the_gpu_of_its_numa_node() {
+    let trace = std::env::temp_dir().join(format!("orbite-fakecuda-egm-{}", std::process::id()));
+    let _ = std::fs::remove_file(&trace);
+    run("egm-placement", &[("FAKECUDA_DEVICES", "2"), ("FAKECUDA_TRACE", trace.to_str().unwrap())]);
+    let t = fakecuda::read_trace(&trace);
+    // One 4 MiB READ into node 1's memory on device 1, one into node 0's on
+    // device 0 (the mixed group was refused before any copy).
+    assert_eq!(fakecuda::calls(&t, "copies@device1"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "copies@device0"), 1, "{t:?}");
 }

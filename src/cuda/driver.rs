@@ -66,6 +66,7 @@ pub const FABRIC: &[&str] = &[
     "cuMemImportFromShareableHandle",
     "cuMemGetAllocationPropertiesFromHandle",
     "cuMemGetAddressRange_v2",
+    "cuDeviceGetAttribute",
 ];
 
 static DRIVER: OnceCell<std::result::Result<Driver, Error>> = OnceCell::new();

@@ -285,6 +285,47 @@ fn wrapped_handle_types(placement: Placement, handle: u64) -> Result<sys::CUmemA
     Ok(sys::CUmemAllocationHandleType_enum(types))
 }
 
+/// The NUMA node of the EGM allocation holding `addr` (`None`: not EGM).
+pub fn egm_node(addr: u64) -> Option<i32> {
+    let o = owners::owner_of(addr).filter(|o| o.kind == MemoryKind::Egm)?;
+    match VMM.lock().as_ref()?.get(&o.base)?.ops.placement {
+        Placement::HostNuma(n) => Some(n),
+        Placement::Device(_) => None,
+    }
+}
+
+static NODE_DEVICES: Mutex<Option<HashMap<i32, Option<i32>>>> = Mutex::new(None);
+
+/// The visible GPU attached to host NUMA node `node`
+/// (`CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID`): EGM memory there is copied on that
+/// GPU. An unknown or incompatible placement is `NotSupported`.
+pub fn device_for_node(node: i32) -> Result<i32> {
+    if let Some(found) = NODE_DEVICES.lock().get_or_insert_with(HashMap::new).get(&node) {
+        return found.ok_or_else(|| no_gpu_at(node));
+    }
+    let devices = driver()?.devices;
+    let found = (0..devices).find(|&d| {
+        let mut dev = 0;
+        let mut numa = -1;
+        // SAFETY: the driver was probed; both calls write one int.
+        unsafe {
+            sys::cuDeviceGet(&mut dev, d) == sys::CUresult::CUDA_SUCCESS
+                && sys::cuDeviceGetAttribute(&mut numa, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev)
+                    == sys::CUresult::CUDA_SUCCESS
+        }
+        .then_some(numa)
+            == Some(node)
+    });
+    NODE_DEVICES.lock().get_or_insert_with(HashMap::new).insert(node, found);
+    found.ok_or_else(|| no_gpu_at(node))
+}
+
+fn no_gpu_at(node: i32) -> Error {
+    Error::NotSupported(format!(
+        "no visible GPU is attached to NUMA node {node}: EGM memory there cannot be copied over MNNVL"
+    ))
+}
+
 /// The checked local release of an MNNVL/EGM allocation (unmap, release,
 /// free the range); `Unquiesced` keeps it. Wrapped storage is only forgotten.
 pub fn free(va: u64) -> Result<()> {
@@ -441,7 +482,8 @@ impl IpcBackend for MnnvlBackend {
             return Err(e);
         }
         g.restore()?;
-        // MNNVL always uses the asynchronous stream and completion event.
+        // MNNVL always uses the asynchronous stream and completion event,
+        // on the GPU attached to a local EGM owner's NUMA node.
         Ok(mapping(va, w.physical, ctx, self.pool.clone(), 0, Closer::Vmm { handle: h }))
     }
 }

@@ -171,13 +171,38 @@ struct NvlinkMapping {
     ctx: usize,
     pool: Arc<StreamPool<CudaStreams>>,
     threshold: u64,
-    pending: Mutex<Option<StreamLease<StreamPair>>>,
+    /// The leased stream of the copies in flight, and the context it runs in.
+    pending: Mutex<Option<(StreamLease<StreamPair>, usize)>>,
     uncertain: AtomicBool,
     closed: AtomicBool,
     closer: Closer,
 }
 
 impl NvlinkMapping {
+    /// The context the copies of `ops` run in: the mapping's, unless the
+    /// local side is EGM memory (MNNVL), which is copied on the GPU attached
+    /// to its NUMA node; one group must agree on that GPU.
+    fn copy_ctx(&self, ops: &[CopyOp]) -> Result<usize> {
+        let Closer::Vmm { .. } = self.closer else { return Ok(self.ctx) };
+        let inside = |a: u64| a >= self.base && a < self.base + self.len;
+        let mut chosen: Option<i32> = None;
+        for o in ops {
+            let local = if inside(o.dst) { o.src } else { o.dst };
+            let Some(node) = super::mnnvl::egm_node(local) else { continue };
+            let d = super::mnnvl::device_for_node(node)?;
+            if chosen.is_some_and(|c| c != d) {
+                return Err(Error::NotSupported(
+                    "one group's local EGM memory sits on NUMA nodes of different GPUs; submit them separately".into(),
+                ));
+            }
+            chosen = Some(d);
+        }
+        match chosen {
+            Some(d) => primary_context(d),
+            None => Ok(self.ctx),
+        }
+    }
+
     fn sync_copy(&self, o: &CopyOp) -> Result<()> {
         let g = ContextGuard::bind(self.ctx)?;
         // SAFETY: both ranges were checked against the grant and the local
@@ -195,10 +220,11 @@ impl NvlinkMapping {
 
     fn async_copy(&self, ops: &[CopyOp]) -> Result<()> {
         let batch_v2 = driver()?.batch_v2;
-        let lease = self.pool.lease(self.ctx as u64, Instant::now() + Duration::from_secs(60))?;
+        let ctx = self.copy_ctx(ops)?;
+        let lease = self.pool.lease(ctx as u64, Instant::now() + Duration::from_secs(60))?;
         let pair = lease.handle.as_ref().expect("leased pair");
         let (stream, event) = (pair.stream as sys::CUstream, pair.event as sys::CUevent);
-        let g = ContextGuard::bind(self.ctx)?;
+        let g = ContextGuard::bind(ctx)?;
         let mut b = CopyBatch::build(ops);
         let enq = match b.submission(batch_v2) {
             Submission::Native => {
@@ -246,7 +272,7 @@ impl NvlinkMapping {
             return Err(e);
         }
         g.restore().inspect_err(|_| self.uncertain.store(true, Ordering::Release))?;
-        *self.pending.lock() = Some(lease);
+        *self.pending.lock() = Some((lease, ctx));
         Ok(())
     }
 }
@@ -272,9 +298,9 @@ impl Mapping for NvlinkMapping {
         if self.uncertain.load(Ordering::Acquire) {
             return Err(Error::Unquiesced("an earlier drain or context restoration failed".into()));
         }
-        let Some(lease) = self.pending.lock().take() else { return Ok(()) };
+        let Some((lease, ctx)) = self.pending.lock().take() else { return Ok(()) };
         let event = lease.handle.as_ref().expect("leased pair").event as sys::CUevent;
-        let g = ContextGuard::bind(self.ctx)?;
+        let g = ContextGuard::bind(ctx)?;
         // Query once: a ready group completes without waiting.
         // SAFETY: our event in this context.
         let q = unsafe { sys::cuEventQuery(event) };
@@ -303,21 +329,21 @@ impl Mapping for NvlinkMapping {
             return Err(Error::Unquiesced("an earlier drain or context restoration failed".into()));
         }
         let mut pending = self.pending.lock();
-        let Some(lease) = pending.as_ref() else { return Ok(true) };
+        let Some((lease, ctx)) = pending.as_ref() else { return Ok(true) };
         let event = lease.handle.as_ref().expect("leased pair").event as sys::CUevent;
-        let g = ContextGuard::bind(self.ctx)?;
+        let g = ContextGuard::bind(*ctx)?;
         // SAFETY: our event in this context; a query never blocks.
         let q = unsafe { sys::cuEventQuery(event) };
         let restored = g.restore();
         match (q, restored) {
             (sys::CUresult::CUDA_ERROR_NOT_READY, Ok(())) => Ok(false),
             (sys::CUresult::CUDA_SUCCESS, Ok(())) => {
-                self.pool.release(pending.take().expect("lease"), true);
+                self.pool.release(pending.take().expect("lease").0, true);
                 Ok(true)
             }
             (other, r) => {
                 // A failed query or restoration: the slot is uncertain.
-                self.pool.release(pending.take().expect("lease"), false);
+                self.pool.release(pending.take().expect("lease").0, false);
                 self.uncertain.store(true, Ordering::Release);
                 Err(Error::Unquiesced(format!(
                     "copy completion could not be confirmed: {other:?}{}",
@@ -329,7 +355,7 @@ impl Mapping for NvlinkMapping {
     fn abandon(&self) {
         // The stream still has work into this mapping: it is quarantined,
         // never reused, and counted as retained.
-        if let Some(lease) = self.pending.lock().take() {
+        if let Some((lease, _)) = self.pending.lock().take() {
             self.pool.release(lease, false);
         }
         self.uncertain.store(true, Ordering::Release);

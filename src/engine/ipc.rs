@@ -168,6 +168,23 @@ pub(crate) fn kinds_allow(kind: TransportKind, local: MemoryKind, remote: Memory
     }
 }
 
+/// Whether the local memory at `addr` can be the local side of a `kind`
+/// copy: a local EGM owner needs a visible GPU attached to its NUMA node
+/// (an unknown or incompatible placement cannot select that owner).
+#[cfg(feature = "cuda")]
+pub(crate) fn local_placement_ok(kind: TransportKind, local: MemoryKind, addr: u64) -> bool {
+    if kind != TransportKind::Mnnvl || local != MemoryKind::Egm {
+        return true;
+    }
+    crate::cuda::mnnvl::egm_node(addr).is_none_or(|n| crate::cuda::mnnvl::device_for_node(n).is_ok())
+}
+
+/// Without the `cuda` feature there is no EGM memory to place.
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn local_placement_ok(_kind: TransportKind, _local: MemoryKind, _addr: u64) -> bool {
+    true
+}
+
 /// Before anything is posted on `kind`: MNNVL with `host_register` pins the
 /// ordinary host memory of the local regions with CUDA, once per
 /// registration (the pin is held until the region is unregistered, and

@@ -121,7 +121,10 @@ impl Engine {
             match c.region {
                 // A remote host range needs an EGM export and both peers' opt-in.
                 Some(r) if r.kind == MemoryKind::Egm && k == TransportKind::Mnnvl && !egm_both => false,
-                Some(r) => super::ipc::kinds_allow(k, local, r.kind),
+                Some(r) => {
+                    super::ipc::kinds_allow(k, local, r.kind)
+                        && super::ipc::local_placement_ok(k, local, c.req.local_addr)
+                }
                 None => k != TransportKind::Tcp || local.cpu_accessible(),
             }
         };
@@ -140,11 +143,17 @@ impl Engine {
                     )));
                 }
                 if let Some(c) = reqs.iter().find(|c| !fits(k, c)) {
+                    let local = c.lease.region().kind;
+                    let placement = if super::ipc::local_placement_ok(k, local, c.req.local_addr) {
+                        ""
+                    } else {
+                        " (no visible GPU is attached to the local EGM memory's NUMA node)"
+                    };
                     return Err(Error::NotSupported(format!(
-                        "request {}: {} cannot move {} memory to or from the peer's {} memory",
+                        "request {}: {} cannot move {} memory to or from the peer's {} memory{placement}",
                         c.index,
                         k.name(),
-                        c.lease.region().kind.name(),
+                        local.name(),
                         c.region.map(|r| r.kind.name()).unwrap_or("unknown")
                     )));
                 }

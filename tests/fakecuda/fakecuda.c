@@ -146,11 +146,17 @@ static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t calls_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t token;
 
+#define MAX_DEVICES 8
+/* Copies enqueued by streams of each device's context. */
+static unsigned long copies_on[MAX_DEVICES];
+
 static void write_trace(void) {
     FILE *f = fopen(trace_path, "a");
     if (!f) return;
     for (int i = 0; i < F_COUNT; i++)
         if (calls[i]) fprintf(f, "%d %s %lu\n", (int)getpid(), fc_names[i], calls[i]);
+    for (int d = 0; d < MAX_DEVICES; d++)
+        if (copies_on[d]) fprintf(f, "%d copies@device%d %lu\n", (int)getpid(), d, copies_on[d]);
     fclose(f);
 }
 
@@ -230,7 +236,6 @@ struct fc_ctx {
     struct fc_stream *legacy;
 };
 #define CTX_MAGIC 0xc7c7c7c7u
-#define MAX_DEVICES 8
 static struct fc_ctx contexts[MAX_DEVICES];
 static __thread struct fc_ctx *ctx_stack[16];
 static __thread int ctx_depth; /* ctx_stack[ctx_depth-1] is current; 0 = none */
@@ -519,6 +524,7 @@ static CUresult enqueue_copy(struct fc_stream *s, CUdeviceptr dst, CUdeviceptr s
     o->src = sp;
     o->n = n;
     push(s, o);
+    copies_on[s->ctx->device]++;
     return CUDA_SUCCESS;
 }
 
@@ -1010,7 +1016,8 @@ static CUresult check_prop(const CUmemAllocationProp *p) {
     if (p->location.type == LOC_DEVICE) {
         if (p->location.id < 0 || p->location.id >= n_devices) return CUDA_ERROR_INVALID_DEVICE;
     } else if (p->location.type == LOC_HOST_NUMA) {
-        if (p->location.id < 0 || p->location.id >= n_devices) return CUDA_ERROR_INVALID_VALUE; /* one node per device */
+        /* Nodes 0..7 exist; node d is attached to device d (when visible). */
+        if (p->location.id < 0 || p->location.id >= MAX_DEVICES) return CUDA_ERROR_INVALID_VALUE;
     } else {
         return CUDA_ERROR_INVALID_VALUE;
     }
