@@ -644,6 +644,54 @@ fn egm_placement() {
     assert!(err.message().contains("NUMA node"), "{err}");
 }
 
+/// A group copying into local pinned host memory holds the whole pinned
+/// allocation; when its completion is uncertain (every event query fails)
+/// the allocation stays fenced: later GPU groups wait within their deadline
+/// and are refused, CPU (TCP) access is refused at once, and it cannot be
+/// freed. Another pinned allocation is unaffected by the fence.
+fn pinned_fence() {
+    let (_src, a) = nvlink_source(None);
+    let e = Engine::from_json(NVLINK).unwrap();
+    let pinned = cuda_support::allocate_pinned_host(SIZE).unwrap();
+    e.register_memory(pinned.addr(), SIZE, Access::NONE).unwrap();
+    let peer = e.connect(&_src.endpoint, None).unwrap();
+    let nv = |t: u64| SubmitOptions {
+        transport: Transport::Only(TransportKind::Nvlink),
+        timeout: Some(Duration::from_millis(t)),
+    };
+    let run = |reqs: &[Request], o: SubmitOptions| {
+        let b = e.submit(peer, reqs, o).unwrap();
+        let _ = b.wait(Duration::from_secs(120));
+        b.results()
+    };
+    assert_eq!(run(&[rd(pinned.addr(), a, SIZE)], nv(60_000)), vec![res(Status::Unquiesced, RemoteEffect::None)]);
+    assert_eq!(e.stats().ipc["nvlink"].local_owners_fenced, 1);
+    let all: serde_json::Value = serde_json::from_str(&cuda_support::retained_resources_json()).unwrap();
+    assert_eq!(all["engines"][e.endpoint()]["nvlink"]["fenced_local_owners"], 1, "{all}");
+    // Another GPU group waits for the fence within its deadline, then fails.
+    let later = run(&[rd(pinned.addr() + 4096, a, 4096)], nv(300));
+    assert_eq!(later[0].status, Status::Unavailable, "{later:?}");
+    // CPU access (TCP from a host region of another engine) is refused at once.
+    let host_src = Engine::from_json("{}").unwrap();
+    let mut heap = vec![5u8; 4096];
+    host_src.register_memory(heap.as_mut_ptr() as u64, 4096, Access::READ).unwrap();
+    let tcp_peer = e.connect(&host_src.endpoint(), None).unwrap();
+    let tcp = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: None };
+    let b = e.submit(tcp_peer, &[rd(pinned.addr(), heap.as_ptr() as u64, 4096)], tcp).unwrap();
+    let _ = b.wait(Duration::from_secs(60));
+    assert_eq!(b.results()[0].status, Status::Unavailable);
+    // The fenced allocation cannot be freed.
+    let (_kept, err) = pinned.free().expect_err("fenced allocations are not freed");
+    assert_eq!(err.status(), Status::Unavailable, "{err}");
+    // An unfenced pinned allocation still serves TCP.
+    let other = cuda_support::allocate_pinned_host(4096).unwrap();
+    e.register_memory(other.addr(), 4096, Access::NONE).unwrap();
+    let b = e.submit(tcp_peer, &[rd(other.addr(), heap.as_ptr() as u64, 4096)], tcp).unwrap();
+    b.wait(Duration::from_secs(60)).unwrap();
+    // SAFETY: pinned host memory of 4096 bytes, CPU-accessible.
+    assert_eq!(unsafe { *(other.addr() as *const u8) }, 5);
+}
+
 /// Runs in a child process; does nothing when run directly.
 #[test]
 fn child_case() {
@@ -673,6 +721,7 @@ fn child_case() {
         "host-register-fails" => host_register_fails(),
         "fabric-channel" => fabric_channel(),
         "egm-placement" => egm_placement(),
+        "pinned-fence" => pinned_fence(),
         other => panic!("unknown case {other}"),
     }
     println!("child case passed");
@@ -824,4 +873,9 @@ fn local_egm_memory_is_copied_on_the_gpu_of_its_numa_node() {
     // device 0 (the mixed group was refused before any copy).
     assert_eq!(fakecuda::calls(&t, "copies@device1"), 1, "{t:?}");
     assert_eq!(fakecuda::calls(&t, "copies@device0"), 1, "{t:?}");
+}
+
+#[test]
+fn an_uncertain_group_fences_its_local_pinned_allocation() {
+    run("pinned-fence", &[("FAKECUDA_FAIL", "cuEventQuery:1+:700")]);
 }

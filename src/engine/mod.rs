@@ -498,6 +498,7 @@ impl Inner {
             let mut entry = serde_json::json!({
                 "retained_exports": t.exports.retained(),
                 "retained_imports": t.requester.counts().retained,
+                "fenced_local_owners": t.requester.counts().fenced_local,
                 "cached_regions": t.requester.cached_regions(),
             });
             if let Some(pool) = &t.pool {

@@ -23,6 +23,9 @@ pub struct IpcStats {
     pub imports_cached: u64,
     /// Imports kept after an unconfirmed close or receipt.
     pub imports_retained: u64,
+    /// Local pinned host allocations fenced after an uncertain completion
+    /// (no further use, no free: a copy may still touch them).
+    pub local_owners_fenced: u64,
     /// Physical bytes charged against the mapping budget by exports and imports.
     pub mapping_bytes_charged: u64,
     /// Groups whose completion the progress worker is waiting for.
@@ -103,6 +106,7 @@ impl EngineStats {
                     imports_closed: m.closed,
                     imports_cached: m.cached,
                     imports_retained: m.retained,
+                    local_owners_fenced: m.fenced_local,
                     mapping_bytes_charged: e.charged_bytes + m.charged_bytes,
                     pending_groups: *pending,
                     progress_workers: *workers,

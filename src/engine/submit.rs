@@ -318,6 +318,17 @@ impl Engine {
                 continue;
             }
             let region = c.region.expect("resolved");
+            if c.lease.region().kind == MemoryKind::PinnedHost && owners::is_loaned(r.local_addr) {
+                // A GPU group holds (or fenced) the whole local pinned
+                // allocation: no CPU access meanwhile.
+                batch.plan(i, 1, TransportKind::Tcp);
+                let e = Error::Unavailable(format!(
+                    "request {i}: the local pinned allocation is held by an NVLink/MNNVL group (or fenced after an \
+                     uncertain completion)"
+                ));
+                batch.fail_request(i, e, RemoteEffect::None);
+                continue;
+            }
             let n_chunks = r.len.div_ceil(max_chunk);
             batch.plan(i, n_chunks as u32, TransportKind::Tcp);
             for k in 0..n_chunks {

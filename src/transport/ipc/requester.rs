@@ -10,6 +10,8 @@ use super::plan::classify;
 use crate::control::frame::MsgKind;
 use crate::control::message::RegionInfo;
 use crate::error::{Error, Result};
+use crate::memory::owners;
+use crate::memory::MemoryKind;
 use crate::sync_util::{Budget, Permit};
 use crate::transfer::{ChunkOutcome, Op, RemoteEffect, Request};
 use parking_lot::{Condvar, Mutex};
@@ -59,6 +61,8 @@ struct Posted {
     items: Vec<(usize, Request)>,
     copied: Result<()>,
     deadline: Instant,
+    /// Exclusive loans of the group's local pinned host allocations.
+    fences: Vec<owners::Loan>,
 }
 
 /// A posted group waiting on the progress worker.
@@ -94,6 +98,8 @@ pub struct ImportCounts {
     pub retained: u64,
     /// Physical bytes charged by imports.
     pub charged_bytes: u64,
+    /// Local pinned host allocations fenced after an uncertain completion.
+    pub fenced_local: u64,
 }
 
 /// The requester side of one IPC transport.
@@ -103,6 +109,9 @@ pub struct IpcRequester {
     capacity: usize,
     cache: RelocationCache<Key, Import>,
     retained: Mutex<Vec<Retained>>,
+    /// Loans of local pinned allocations whose group ended uncertain: the
+    /// whole owner stays fenced (no new use, no free) for good.
+    fenced: Mutex<Vec<owners::Loan>>,
     opened: AtomicU64,
     closed: AtomicU64,
     progress: Mutex<Progress>,
@@ -135,6 +144,7 @@ impl IpcRequester {
             capacity,
             cache: RelocationCache::new(capacity),
             retained: Mutex::new(Vec::new()),
+            fenced: Mutex::new(Vec::new()),
             opened: AtomicU64::new(0),
             closed: AtomicU64::new(0),
             progress: Mutex::new(Progress::default()),
@@ -258,6 +268,7 @@ impl IpcRequester {
         if let Some(e) = link.dead_reason() {
             return Err(GroupError::NotPosted(e));
         }
+        let fences = fence_local_pinned(items, deadline).map_err(GroupError::NotPosted)?;
         let env = envelope(items);
         let ops = ops_of(items);
         let (imp, key) = if self.capacity == 0 {
@@ -279,7 +290,7 @@ impl IpcRequester {
             }
             (imp, Some(key))
         };
-        let posted = self.post(imp, key, items, deadline);
+        let posted = self.post(imp, key, items, deadline, fences);
         match (posted.imp.mapping.query(), defer) {
             (Ok(true), _) => Ok(GroupRun::Done(self.finish(posted, Ok(())))),
             (Err(e), _) => Ok(GroupRun::Done(self.finish(posted, Err(e)))),
@@ -321,7 +332,14 @@ impl IpcRequester {
     }
 
     /// Enqueues (or performs) every copy of the group through the import.
-    fn post(&self, imp: Arc<Import>, key: Option<Key>, items: &[(usize, Request)], deadline: Instant) -> Posted {
+    fn post(
+        &self,
+        imp: Arc<Import>,
+        key: Option<Key>,
+        items: &[(usize, Request)],
+        deadline: Instant,
+        fences: Vec<owners::Loan>,
+    ) -> Posted {
         let base = imp.mapping.base();
         let ops: Vec<CopyOp> = items
             .iter()
@@ -334,7 +352,7 @@ impl IpcRequester {
             })
             .collect();
         let copied = imp.mapping.copy(&ops, classify(&ops));
-        Posted { imp, key, items: items.to_vec(), copied, deadline }
+        Posted { imp, key, items: items.to_vec(), copied, deadline, fences }
     }
 
     /// Ends a posted group once its completion is known (`drained`). On a
@@ -343,9 +361,16 @@ impl IpcRequester {
     /// (no close, no receipt). Otherwise the import is closed with its
     /// receipt (no cache), or an operation-complete receipt is sent (cache).
     fn finish(&self, p: Posted, drained: Result<()>) -> Vec<ChunkOutcome> {
-        let Posted { imp, key, items, copied, deadline } = p;
+        let Posted { imp, key, items, copied, deadline, fences } = p;
         let mut out: Vec<ChunkOutcome> = items.iter().map(|(_, r)| ChunkOutcome::ok(r.op)).collect();
         let uncertain = drained.is_err();
+        if uncertain {
+            // The copies may still touch the local pinned owners: they stay
+            // loaned (fenced) with the retained import.
+            self.fenced.lock().extend(fences);
+        } else {
+            drop(fences);
+        }
         if let Err(e) = drained.and(copied) {
             fail_all(&mut out, &items, &e);
         }
@@ -527,6 +552,7 @@ impl IpcRequester {
             n.retained += 1;
             n.charged_bytes += r._import.offer.physical;
         }
+        n.fenced_local = self.fenced.lock().len() as u64;
         n
     }
 }
@@ -544,6 +570,28 @@ impl IpcRequester {
         v.sort_unstable();
         v.into_iter().map(|(_, r)| r).collect()
     }
+}
+
+/// Takes the exclusive loan of every local pinned host allocation the group
+/// copies to or from (in address order, so groups never wait on each other
+/// in a cycle), waiting within the deadline while another group holds one.
+fn fence_local_pinned(items: &[(usize, Request)], deadline: Instant) -> Result<Vec<owners::Loan>> {
+    let mut bases: Vec<u64> = items
+        .iter()
+        .filter_map(|(_, r)| owners::owner_of(r.local_addr))
+        .filter(|o| o.kind == MemoryKind::PinnedHost)
+        .map(|o| o.base)
+        .collect();
+    bases.sort_unstable();
+    bases.dedup();
+    bases
+        .into_iter()
+        .map(|b| {
+            owners::loan(b, deadline).map_err(|e| {
+                Error::Unavailable(format!("local pinned allocation 0x{b:x} is held by another group: {}", e.message()))
+            })
+        })
+        .collect()
 }
 
 fn fail_all(out: &mut [ChunkOutcome], items: &[(usize, Request)], e: &Error) {
