@@ -692,6 +692,42 @@ fn pinned_fence() {
     assert_eq!(unsafe { *(other.addr() as *const u8) }, 5);
 }
 
+/// A clean life cycle returns the driver to its baseline: NVLink and MNNVL
+/// transfers through cached imports, a flush, the engine closed and
+/// dropped, the local buffers unregistered and freed. The parent checks the
+/// stand-in's live-resource counts at exit and the open/close pairing.
+fn clean_baseline() {
+    let (mut nv_src, a) = {
+        let s = Source::start(NVLINK_CACHED, "ipc", 1, None);
+        let a = s.addrs[0];
+        (s, a)
+    };
+    let cached_mnnvl = r#"{"mnnvl": {"handle_type": "posix_fd"}, "nvlink_cache_entries": 2}"#;
+    let mut m_src = Source::start(cached_mnnvl, "mnnvl", 1, None);
+    let b = m_src.addrs[0];
+    for (cfg, ep, t, remote) in [
+        (NVLINK_CACHED, nv_src.endpoint.clone(), TransportKind::Nvlink, a),
+        (cached_mnnvl, m_src.endpoint.clone(), TransportKind::Mnnvl, b),
+    ] {
+        let r = Req::new(cfg, &ep, t);
+        assert_eq!(r.go(&[rd(r.l(0), remote, SIZE)]), vec![res(Status::Ok, RemoteEffect::None)]);
+        assert_eq!(r.go(&[wr(r.l(1), remote, MIB)]), vec![res(Status::Ok, RemoteEffect::Applied)]);
+        assert_eq!(r.go(&[rd(r.l(0), remote, 4096), rd(r.l(0) + MIB, remote + MIB, MIB)]).len(), 2);
+        r.e.flush_nvlink_cache(Some(Duration::from_secs(60))).unwrap();
+        r.e.close(Some(Duration::from_secs(60))).unwrap();
+        let Req { e, local, regions, .. } = r;
+        for id in regions {
+            let _ = e.unregister_memory(id, None);
+        }
+        drop(e);
+        for l in local {
+            l.free().map_err(|(_, e)| e).unwrap();
+        }
+    }
+    assert_eq!(nv_src.ipc("nvlink", "exports_open"), 0);
+    assert_eq!(m_src.ipc("mnnvl", "exports_open"), 0);
+}
+
 /// Runs in a child process; does nothing when run directly.
 #[test]
 fn child_case() {
@@ -722,6 +758,7 @@ fn child_case() {
         "fabric-channel" => fabric_channel(),
         "egm-placement" => egm_placement(),
         "pinned-fence" => pinned_fence(),
+        "baseline" => clean_baseline(),
         other => panic!("unknown case {other}"),
     }
     println!("child case passed");
@@ -878,4 +915,25 @@ fn local_egm_memory_is_copied_on_the_gpu_of_its_numa_node() {
 #[test]
 fn an_uncertain_group_fences_its_local_pinned_allocation() {
     run("pinned-fence", &[("FAKECUDA_FAIL", "cuEventQuery:1+:700")]);
+}
+
+#[test]
+fn a_clean_life_cycle_returns_the_driver_to_its_baseline() {
+    let trace = std::env::temp_dir().join(format!("orbite-fakecuda-baseline-{}", std::process::id()));
+    let _ = std::fs::remove_file(&trace);
+    run("baseline", &[("FAKECUDA_TRACE", trace.to_str().unwrap())]);
+    let t = fakecuda::read_trace(&trace);
+    for what in ["device_allocs", "pinned_host", "host_registrations", "ipc_imports", "vmm_handles", "reservations"] {
+        assert_eq!(fakecuda::calls(&t, &format!("live:{what}")), 0, "{what} left behind: {t:?}");
+    }
+    assert_eq!(fakecuda::calls(&t, "live:streams"), 0, "streams left behind: {t:?}");
+    // Every import opened was closed, every VMM import released, once.
+    assert_eq!(fakecuda::calls(&t, "cuIpcOpenMemHandle_v2"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuIpcCloseMemHandle"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemImportFromShareableHandle"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemRelease"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemUnmap"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemAddressFree"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuStreamCreate"), fakecuda::calls(&t, "cuStreamDestroy_v2"), "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuEventCreate"), fakecuda::calls(&t, "cuEventDestroy_v2"), "{t:?}");
 }

@@ -109,6 +109,10 @@ struct Req {
 
 static TRANSPORT: std::sync::OnceLock<TransportKind> = std::sync::OnceLock::new();
 
+/// Guard bytes around copied ranges, and their value.
+const G: u64 = 4096;
+const GUARD: u8 = 0xa5;
+
 /// The transport under qualification (`--transport nvlink|mnnvl`).
 fn nv() -> SubmitOptions {
     let t = *TRANSPORT.get().unwrap_or(&TransportKind::Nvlink);
@@ -144,6 +148,19 @@ impl Req {
     fn run(&self, reqs: &[Request]) -> Result<(), String> {
         let b = self.e.submit(self.peer, reqs, nv()).map_err(|x| x.to_string())?;
         b.wait(Duration::from_secs(60)).map_err(|x| format!("{x}: {:?}", b.results()))
+    }
+
+    fn fill_local(&self, i: usize, value: u8) -> Result<(), String> {
+        host_to_device(self.local[i].addr(), &vec![value; self.len as usize]).map_err(|x| x.to_string())
+    }
+
+    fn check_guard(&self, i: usize, off: u64, len: u64) -> Result<(), String> {
+        let mut host = vec![0u8; len as usize];
+        device_to_host(&mut host, self.local[i].addr() + off).map_err(|x| x.to_string())?;
+        match host.iter().position(|b| *b != GUARD) {
+            None => Ok(()),
+            Some(at) => Err(format!("guard byte {} of local buffer {i} was overwritten", off + at as u64)),
+        }
     }
 
     fn check_local(&self, i: usize, off: u64, len: u64, seed: u64, roff: u64) -> Result<(), String> {
@@ -198,15 +215,24 @@ fn requester(args: &[String]) {
         "healthy" => result(
             &mode,
             (|| {
+                // A guarded READ: the bytes around the copied range keep
+                // their guard value.
+                r.fill_local(0, GUARD)?;
+                r.run(&[rd(l0 + G, a + G, len - 2 * G)])?;
+                r.check_local(0, G, len - 2 * G, seed, G)?;
+                r.check_guard(0, 0, G)?;
+                r.check_guard(0, len - G, G)?;
                 r.run(&[rd(l0, a, len)])?;
                 r.check_local(0, 0, len, seed, 0)?;
                 // WRITE local[0] (now the source pattern) shifted into the
-                // second half, then read it back through the other buffer.
-                let w = Request { op: Op::Write, local_addr: l0, remote_addr: a + len / 2, len: len / 2 };
+                // second half, stopping G bytes short of the end, then read
+                // the half back: the written bytes, then the untouched tail.
+                let w = Request { op: Op::Write, local_addr: l0, remote_addr: a + len / 2, len: len / 2 - G };
                 r.run(&[w])?;
                 r.run(&[rd(r.local[1].addr(), a + len / 2, len / 2)])?;
-                r.check_local(1, 0, len / 2, seed, 0)?;
-                Ok(format!("{len} bytes read and written"))
+                r.check_local(1, 0, len / 2 - G, seed, 0)?;
+                r.check_local(1, len / 2 - G, G, seed, len - G)?;
+                Ok(format!("{len} bytes read and written, guard bytes intact"))
             })(),
         ),
         "batch" => result(

@@ -69,6 +69,26 @@ pub struct StreamLease<H> {
     pub handle: Option<H>,
 }
 
+impl<F: StreamFactory> Drop for StreamPool<F> {
+    /// Destroys the idle pairs. Nothing is lent out then (a mapping with a
+    /// lease holds the pool); quarantined slots keep no handle and are left
+    /// alone (their work or cleanup is uncertain).
+    fn drop(&mut self) {
+        let idle: Vec<(u64, F::Handle)> = self
+            .slots
+            .lock()
+            .drain(..)
+            .filter_map(|s| match s.state {
+                SlotState::Idle(h) => Some((s.ctx, h)),
+                _ => None,
+            })
+            .collect();
+        for (ctx, h) in idle {
+            let _ = self.factory.destroy(ctx, h);
+        }
+    }
+}
+
 impl<F: StreamFactory> StreamPool<F> {
     /// A pool of at most `capacity` slots.
     pub fn new(factory: F, capacity: usize) -> Arc<StreamPool<F>> {
@@ -252,6 +272,31 @@ mod tests {
 
     fn soon() -> Instant {
         Instant::now() + Duration::from_millis(30)
+    }
+
+    struct Counting(Arc<AtomicU32>);
+
+    impl StreamFactory for Counting {
+        type Handle = u64;
+        fn create(&self, ctx: u64) -> Result<u64> {
+            Ok(ctx)
+        }
+        fn destroy(&self, _ctx: u64, _h: u64) -> Result<()> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn dropping_the_pool_destroys_idle_pairs_only() {
+        let destroyed = Arc::new(AtomicU32::new(0));
+        let p = StreamPool::new(Counting(destroyed.clone()), 3);
+        let a = p.lease(1, soon()).unwrap();
+        let b = p.lease(2, soon()).unwrap();
+        p.release(a, true);
+        p.release(b, false);
+        drop(p);
+        assert_eq!(destroyed.load(Ordering::SeqCst), 1, "the idle pair, not the quarantined one");
     }
 
     #[test]

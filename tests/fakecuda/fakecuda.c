@@ -150,6 +150,8 @@ static uint64_t token;
 /* Copies enqueued by streams of each device's context. */
 static unsigned long copies_on[MAX_DEVICES];
 
+static int count_live(unsigned long live[7]);
+
 static void write_trace(void) {
     FILE *f = fopen(trace_path, "a");
     if (!f) return;
@@ -157,6 +159,12 @@ static void write_trace(void) {
         if (calls[i]) fprintf(f, "%d %s %lu\n", (int)getpid(), fc_names[i], calls[i]);
     for (int d = 0; d < MAX_DEVICES; d++)
         if (copies_on[d]) fprintf(f, "%d copies@device%d %lu\n", (int)getpid(), d, copies_on[d]);
+    /* What is still allocated at exit (the baseline a clean run returns to). */
+    static const char *const what[7] = {"device_allocs", "pinned_host", "host_registrations", "ipc_imports",
+                                        "vmm_handles",   "reservations", "streams"};
+    unsigned long live[7];
+    if (count_live(live))
+        for (int i = 0; i < 7; i++) fprintf(f, "%d live:%s %lu\n", (int)getpid(), what[i], live[i]);
     fclose(f);
 }
 
@@ -526,6 +534,31 @@ static CUresult enqueue_copy(struct fc_stream *s, CUdeviceptr dst, CUdeviceptr s
     push(s, o);
     copies_on[s->ctx->device]++;
     return CUDA_SUCCESS;
+}
+
+/* Live resources: device allocations, pinned host, host registrations, IPC
+ * imports, VMM handles, reservations, streams not destroyed (legacy streams
+ * excluded). */
+static int count_live(unsigned long live[7]) {
+    memset(live, 0, 7 * sizeof live[0]);
+    /* At exit another thread may be inside the driver: never block on it. */
+    int locked = 0;
+    for (int i = 0; i < 100 && !(locked = pthread_mutex_trylock(&mu) == 0); i++) usleep(1000);
+    if (!locked) return 0;
+    for (struct range *r = ranges; r; r = r->next) {
+        switch (r->kind) {
+        case K_DEVICE: live[0]++; break;
+        case K_HOST: live[1]++; break;
+        case K_REGISTERED: live[2]++; break;
+        case K_IPC_IMPORT: live[3]++; break;
+        case K_RESERVED: live[5]++; break;
+        }
+    }
+    for (struct vmm *v = vmms; v; v = v->next) live[4]++;
+    for (struct fc_stream *s = streams; s; s = s->next)
+        if (!s->destroyed && s != s->ctx->legacy) live[6]++;
+    pthread_mutex_unlock(&mu);
+    return 1;
 }
 
 /* ------------------------------------------------------------------ */
