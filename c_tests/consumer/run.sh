@@ -26,4 +26,16 @@ cc -Wall -Wextra -Werror -o "$work/pc_shared" "$src/c_tests/consumer/consumer.c"
 cc -Wall -Wextra -Werror -o "$work/pc_static" "$src/c_tests/consumer/consumer.c" \
    $(pkg-config --cflags orbite) "$prefix/lib/liborbite.a" $(pkg-config --libs-only-l --static orbite | sed 's/-lorbite//')
 "$work/pc_static"
+# The CUDA side of the C ABI from the installed package, with the driver
+# loaded at run time: here the CPU stand-in for the driver (built by the
+# tests, never installed; on a GPU machine the real libcuda.so.1 serves).
+cc -Wall -Wextra -Werror -o "$work/pc_nvlink" "$src/c_tests/consumer/consumer_nvlink.c" \
+   $(pkg-config --cflags --libs orbite) -ldl -Wl,-rpath,"$prefix/lib"
+mkdir -p "$work/fakecuda"
+cc -shared -fPIC -O2 -pthread -fvisibility=hidden -o "$work/fakecuda/libcuda.so.1" "$src/tests/fakecuda/fakecuda.c"
+rc=0
+LD_LIBRARY_PATH="$work/fakecuda" "$work/pc_nvlink" || rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ]; then
+  echo "consumer_nvlink failed with $rc"; exit 1
+fi
 echo "installed-package consumers: ok"
