@@ -516,6 +516,16 @@ static CUresult pick_stream(CUstream h, struct fc_stream **out) {
     return CUDA_SUCCESS;
 }
 
+/* A stream handle as the synchronisation calls take it: a live stream of
+ * any context, or NULL for the current context's legacy stream. Caller
+ * holds mu. */
+static CUresult stream_or_legacy(CUstream h, struct fc_stream **out) {
+    if (!h) return pick_stream(NULL, out);
+    if (!valid_stream(h)) return CUDA_ERROR_INVALID_HANDLE;
+    *out = h;
+    return CUDA_SUCCESS;
+}
+
 /* Validates and enqueues one copy; *host_side says whether host memory is
  * involved (the synchronous cuMemcpy then waits). Caller holds mu. */
 static CUresult enqueue_copy(struct fc_stream *s, CUdeviceptr dst, CUdeviceptr src, size_t n, int *host_side) {
@@ -1403,7 +1413,7 @@ EXPORT CUresult cuStreamSynchronize(CUstream h) {
     NEED_INIT();
     pthread_mutex_lock(&mu);
     struct fc_stream *s;
-    CUresult r = h ? (valid_stream(h) ? (s = h, CUDA_SUCCESS) : CUDA_ERROR_INVALID_HANDLE) : pick_stream(NULL, &s);
+    CUresult r = stream_or_legacy(h, &s);
     if (!r) drain(s);
     pthread_mutex_unlock(&mu);
     return r;
@@ -1414,7 +1424,7 @@ EXPORT CUresult cuStreamQuery(CUstream h) {
     NEED_INIT();
     pthread_mutex_lock(&mu);
     struct fc_stream *s;
-    CUresult r = h ? (valid_stream(h) ? (s = h, CUDA_SUCCESS) : CUDA_ERROR_INVALID_HANDLE) : pick_stream(NULL, &s);
+    CUresult r = stream_or_legacy(h, &s);
     if (!r && s->done < s->enqueued) r = CUDA_ERROR_NOT_READY;
     pthread_mutex_unlock(&mu);
     return r;
@@ -1461,7 +1471,7 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream h) {
     pthread_mutex_lock(&mu);
     struct fc_stream *s = NULL;
     CUresult r = valid_event(e) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
-    if (!r) r = h ? (valid_stream(h) ? (s = h, CUDA_SUCCESS) : CUDA_ERROR_INVALID_HANDLE) : pick_stream(NULL, &s);
+    if (!r) r = stream_or_legacy(h, &s);
     if (!r && s->ctx != e->ctx) r = CUDA_ERROR_INVALID_HANDLE; /* event and stream of different contexts */
     struct op *o = NULL;
     if (!r && !(o = calloc(1, sizeof *o))) r = CUDA_ERROR_OUT_OF_MEMORY;
@@ -1506,7 +1516,7 @@ EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags) {
     pthread_mutex_lock(&mu);
     struct fc_stream *s = NULL;
     CUresult r = valid_event(e) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
-    if (!r) r = h ? (valid_stream(h) ? (s = h, CUDA_SUCCESS) : CUDA_ERROR_INVALID_HANDLE) : pick_stream(NULL, &s);
+    if (!r) r = stream_or_legacy(h, &s);
     struct op *o = NULL;
     if (!r && !(o = calloc(1, sizeof *o))) r = CUDA_ERROR_OUT_OF_MEMORY;
     if (!r) {
