@@ -56,3 +56,32 @@ fn shm_read_write_in_process() {
     src.close(Some(T)).unwrap();
     a.free().unwrap();
 }
+
+/// A source closing while its requester flushes a cached import: the source
+/// waits for the close receipt and only then tears its channels down, so the
+/// receipt's ACK always reaches the requester (the release used to come
+/// first, and a close racing it could cut the channel before the ACK).
+#[test]
+fn source_close_racing_the_requesters_flush_loses_no_ack() {
+    let cfg = r#"{"shm_cache_entries": 2}"#;
+    for round in 0..40 {
+        let src = Engine::from_json("{}").unwrap();
+        let req = Engine::from_json(cfg).unwrap();
+        let a = allocate_shared_host(4096).unwrap();
+        src.register_memory(a.addr(), 4096, Access::READ).unwrap();
+        let local = vec![0u8; 4096];
+        req.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+        let peer = req.connect(&src.endpoint(), None).unwrap();
+        let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: a.addr(), len: 4096 };
+        let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: None };
+        req.submit(peer, &[r], opts).unwrap().wait(T).unwrap();
+        assert_eq!(req.stats().ipc["shm"].imports_cached, 1);
+        std::thread::scope(|s| {
+            let closing = s.spawn(|| src.close(Some(T)));
+            req.close(Some(T)).unwrap_or_else(|e| panic!("round {round}: requester close: {e}"));
+            closing.join().unwrap().unwrap_or_else(|e| panic!("round {round}: source close: {e}"));
+        });
+        drop(src);
+        a.free().unwrap();
+    }
+}

@@ -299,6 +299,21 @@ impl ExportTable {
         Ok(())
     }
 
+    /// Whether a close receipt names an export of this channel, or one
+    /// closed recently (a repeated receipt after a lost ACK); releases
+    /// nothing. The source acknowledges before it releases, so that its own
+    /// close, woken by the release, cannot cut the channel before the ACK.
+    pub fn check_close_receipt(&self, conn: u64, r: &ExportRef) -> Result<()> {
+        let t = self.table.lock();
+        if t.recently_closed.contains(&(r.export_id, r.token)) {
+            return Ok(());
+        }
+        match t.exports.get(&r.export_id) {
+            Some(e) if e.token == r.token && e.conn == conn => Ok(()),
+            _ => Err(Error::NotFound(format!("no export {} with that token on this channel", r.export_id))),
+        }
+    }
+
     /// Close receipt: the importer unmapped; release loan, charge and
     /// registration. A repeated receipt (after a lost ACK) is acknowledged.
     pub fn close_receipt(&self, conn: u64, r: &ExportRef) -> Result<()> {
