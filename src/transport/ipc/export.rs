@@ -56,6 +56,21 @@ struct Table {
     /// (id, token) of recently closed exports, so that a receipt retried
     /// after a lost ACK is acknowledged again instead of refused.
     recently_closed: VecDeque<(u64, u64)>,
+    /// Releases whose acknowledgement is still being sent: the source's
+    /// close waits for them too, so it cannot cut a channel before the ACK.
+    acks_pending: usize,
+}
+
+/// Held while a release is acknowledged; see [`ExportTable::ack_guard`].
+pub struct AckGuard<'a> {
+    table: &'a ExportTable,
+}
+
+impl Drop for AckGuard<'_> {
+    fn drop(&mut self) {
+        self.table.table.lock().acks_pending -= 1;
+        self.table.changed.notify_all();
+    }
 }
 
 /// Snapshot counts for stats.
@@ -299,19 +314,14 @@ impl ExportTable {
         Ok(())
     }
 
-    /// Whether a close receipt names an export of this channel, or one
-    /// closed recently (a repeated receipt after a lost ACK); releases
-    /// nothing. The source acknowledges before it releases, so that its own
-    /// close, woken by the release, cannot cut the channel before the ACK.
-    pub fn check_close_receipt(&self, conn: u64, r: &ExportRef) -> Result<()> {
-        let t = self.table.lock();
-        if t.recently_closed.contains(&(r.export_id, r.token)) {
-            return Ok(());
-        }
-        match t.exports.get(&r.export_id) {
-            Some(e) if e.token == r.token && e.conn == conn => Ok(()),
-            _ => Err(Error::NotFound(format!("no export {} with that token on this channel", r.export_id))),
-        }
+    /// Marks an acknowledgement in progress until the guard drops: take it
+    /// before a release that will be acknowledged, drop it once the ACK is
+    /// sent. `wait_empty` (the source's close) waits for it, so the release
+    /// is visible when the requester hears the ACK, and the close cannot
+    /// shut the channel before the ACK leaves.
+    pub fn ack_guard(&self) -> AckGuard<'_> {
+        self.table.lock().acks_pending += 1;
+        AckGuard { table: self }
     }
 
     /// Close receipt: the importer unmapped; release loan, charge and
@@ -386,7 +396,7 @@ impl ExportTable {
     pub fn wait_empty(&self, deadline: Instant) -> usize {
         self.reclaim_exited();
         let mut t = self.table.lock();
-        while !t.exports.is_empty() {
+        while !t.exports.is_empty() || t.acks_pending > 0 {
             let step = (Instant::now() + Duration::from_millis(100)).min(deadline);
             let timed_out = self.changed.wait_until(&mut t, step).timed_out();
             if timed_out && Instant::now() >= deadline {

@@ -150,22 +150,9 @@ fn serve_inner(
             }
             MsgKind::ExportAnswer => {
                 let r = ExportRef::decode(&f.body, "ExportAnswer")?;
-                // A decline releases the offer: acknowledge first, as for a
-                // close receipt, so a close woken by the release cannot cut
-                // the channel before the ACK.
-                let checked = if r.value == 0 { table.check_close_receipt(conn, &r) } else { Ok(()) };
-                let answered = match checked {
-                    Ok(()) if r.value == 0 => {
-                        let ack = ExportRef { value: 0, extra: MsgKind::ExportAnswer as u32, ..r };
-                        let sent = ch.send(MsgKind::Ack, &ack.encode(), None, &mut || stop());
-                        let _ = table.answer(conn, &r);
-                        sent?;
-                        continue;
-                    }
-                    Ok(()) => table.answer(conn, &r),
-                    Err(e) => Err(e),
-                };
-                match answered {
+                // A decline releases the offer: the close waits for its ACK.
+                let _acking = table.ack_guard();
+                match table.answer(conn, &r) {
                     Ok(Some(h)) => {
                         let mut body = ExportRef { value: 0, extra: 0, ..r }.encode();
                         body.extend_from_slice(&h.bytes);
@@ -196,22 +183,18 @@ fn serve_inner(
             }
             MsgKind::OpComplete | MsgKind::CloseReceipt => {
                 let r = ExportRef::decode(&f.body, "receipt")?;
+                // The release is visible before the ACK leaves, and the
+                // source's close (woken by the release) waits for the ACK.
+                let _acking = table.ack_guard();
                 let res = if f.kind == MsgKind::OpComplete {
                     table.op_complete(conn, &r)
                 } else {
-                    table.check_close_receipt(conn, &r)
+                    table.close_receipt(conn, &r)
                 };
                 match res {
                     Ok(()) => {
                         let ack = ExportRef { value: 0, extra: f.kind as u32, ..r };
-                        let sent = ch.send(MsgKind::Ack, &ack.encode(), None, &mut || stop());
-                        if f.kind == MsgKind::CloseReceipt {
-                            // The importer closed natively either way: release
-                            // now that the ACK is on its way (a lost one is
-                            // retried as a receipt and acknowledged again).
-                            let _ = table.close_receipt(conn, &r);
-                        }
-                        sent?
+                        ch.send(MsgKind::Ack, &ack.encode(), None, &mut || stop())?
                     }
                     Err(e) => {
                         let body = messages::encode_reject(r.export_id, e.status(), e.message());
