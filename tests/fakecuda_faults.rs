@@ -779,6 +779,16 @@ fn run(case: &str, env: &[(&str, &str)]) {
     );
 }
 
+/// Runs a case with `FAKECUDA_TRACE` set and returns the trace it left.
+fn run_traced(case: &str, env: &[(&str, &str)]) -> Vec<(u32, String, u64)> {
+    let trace = std::env::temp_dir().join(format!("orbite-fakecuda-{case}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&trace);
+    let mut all = env.to_vec();
+    all.push(("FAKECUDA_TRACE", trace.to_str().unwrap()));
+    run(case, &all);
+    fakecuda::read_trace(&trace)
+}
+
 #[test]
 fn failed_ipc_close_is_unquiesced_and_retained() {
     run("close-fails", &[("FAKECUDA_FAIL", "cuIpcCloseMemHandle:1:999")]);
@@ -851,10 +861,7 @@ fn nvlink_refuses_the_same_process_and_pageable_memory() {
 
 #[test]
 fn small_nvlink_copies_go_synchronously_and_mnnvl_copies_always_async() {
-    let trace = std::env::temp_dir().join(format!("orbite-fakecuda-small-{}", std::process::id()));
-    let _ = std::fs::remove_file(&trace);
-    run("small-copies", &[("FAKECUDA_TRACE", trace.to_str().unwrap())]);
-    let t = fakecuda::read_trace(&trace);
+    let t = run_traced("small-copies", &[]);
     // Only the requester is traced (sources do not inherit FAKECUDA_*).
     assert_eq!(t.iter().map(|(pid, _, _)| *pid).collect::<std::collections::BTreeSet<_>>().len(), 1, "{t:?}");
     // NVLink: one cuMemcpy and the drain; MNNVL: one async copy on a leased
@@ -882,10 +889,7 @@ fn wrapped_vmm_storage_is_checked_then_served_over_fabric_handles() {
 
 #[test]
 fn mnnvl_pins_ordinary_host_memory_once_per_pages_until_the_last_registration() {
-    let trace = std::env::temp_dir().join(format!("orbite-fakecuda-pin-{}", std::process::id()));
-    let _ = std::fs::remove_file(&trace);
-    run("host-register", &[("FAKECUDA_TRACE", trace.to_str().unwrap())]);
-    let t = fakecuda::read_trace(&trace);
+    let t = run_traced("host-register", &[]);
     assert_eq!(fakecuda::calls(&t, "cuMemHostRegister_v2"), 1, "{t:?}");
     assert_eq!(fakecuda::calls(&t, "cuMemHostUnregister"), 1, "{t:?}");
 }
@@ -902,10 +906,7 @@ fn fabric_handles_with_a_fabric_domain_run_the_protocol_over_tcp() {
 
 #[test]
 fn local_egm_memory_is_copied_on_the_gpu_of_its_numa_node() {
-    let trace = std::env::temp_dir().join(format!("orbite-fakecuda-egm-{}", std::process::id()));
-    let _ = std::fs::remove_file(&trace);
-    run("egm-placement", &[("FAKECUDA_DEVICES", "2"), ("FAKECUDA_TRACE", trace.to_str().unwrap())]);
-    let t = fakecuda::read_trace(&trace);
+    let t = run_traced("egm-placement", &[("FAKECUDA_DEVICES", "2")]);
     // One 4 MiB READ into node 1's memory on device 1, one into node 0's on
     // device 0 (the mixed group was refused before any copy).
     assert_eq!(fakecuda::calls(&t, "copies@device1"), 1, "{t:?}");
@@ -919,10 +920,7 @@ fn an_uncertain_group_fences_its_local_pinned_allocation() {
 
 #[test]
 fn a_clean_life_cycle_returns_the_driver_to_its_baseline() {
-    let trace = std::env::temp_dir().join(format!("orbite-fakecuda-baseline-{}", std::process::id()));
-    let _ = std::fs::remove_file(&trace);
-    run("baseline", &[("FAKECUDA_TRACE", trace.to_str().unwrap())]);
-    let t = fakecuda::read_trace(&trace);
+    let t = run_traced("baseline", &[]);
     for what in ["device_allocs", "pinned_host", "host_registrations", "ipc_imports", "vmm_handles", "reservations"] {
         assert_eq!(fakecuda::calls(&t, &format!("live:{what}")), 0, "{what} left behind: {t:?}");
     }
