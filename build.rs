@@ -6,17 +6,31 @@ use std::path::PathBuf;
 /// Must equal `ORBITE_ABI_VERSION` in src/ffi/types.rs (a test checks it).
 const ABI_VERSION: u32 = 1;
 
+/// Reads the status table (`src/status_table.rs`) as (value, C name, doc).
+macro_rules! status_table {
+    ($( $name:ident = $value:literal, $cname:literal, $doc:literal $(, $err:ident($what:literal))? ; )*) => {
+        [$( ($value, $cname, $doc) ),*]
+    };
+}
+
+/// The `ORBITE_STATUS_*` constants of the header, from the status table.
+fn status_constants() -> String {
+    let rows: &[(u32, &str, &str)] = &include!("src/status_table.rs");
+    rows.iter().map(|(v, name, doc)| format!("\n// {doc}\n#define ORBITE_STATUS_{name} {v}\n")).collect()
+}
+
 fn main() {
     let crate_dir = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("manifest dir"));
     let out_dir = PathBuf::from(std::env::var("OUT_DIR").expect("out dir"));
     println!("cargo:rerun-if-changed=src/ffi");
     println!("cargo:rerun-if-changed=cbindgen.toml");
+    println!("cargo:rerun-if-changed=src/status_table.rs");
     println!("cargo:rerun-if-env-changed=ORBITE_WRITE_HEADER");
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,liborbite.so.{ABI_VERSION}");
 
     let mut config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("read cbindgen.toml");
     let version = std::env::var("CARGO_PKG_VERSION").expect("version");
-    config.after_includes = config.after_includes.map(|s| s.replace("@VERSION@", &version));
+    config.after_includes = config.after_includes.map(|s| s.replace("@VERSION@", &version) + &status_constants());
     let header = out_dir.join("orbite.h");
     match cbindgen::Builder::new()
         .with_config(config)

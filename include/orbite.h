@@ -15,87 +15,6 @@
 #include <stdint.h>
 #define ORBITE_VERSION_STRING "0.1.0"
 
-
-// ABI version of liborbite; equals `orbite_abi_version()` and the SONAME
-// suffix (`liborbite.so.1`). Bumped on any incompatible change.
-#define ORBITE_ABI_VERSION 1
-
-// READ: copy from the remote region into local memory.
-#define ORBITE_OP_READ 1
-
-// WRITE: copy local memory into the remote region.
-#define ORBITE_OP_WRITE 2
-
-// Remote peers may READ the region.
-#define ORBITE_ACCESS_READ 1
-
-// Remote peers may WRITE the region.
-#define ORBITE_ACCESS_WRITE 2
-
-// Let transport_policy choose.
-#define ORBITE_TRANSPORT_AUTO 0
-
-// Payload over the TCP control connection.
-#define ORBITE_TRANSPORT_TCP 1
-
-// Shared host memory (same host).
-#define ORBITE_TRANSPORT_SHM 2
-
-// CUDA IPC over NVLink (same host).
-#define ORBITE_TRANSPORT_NVLINK 3
-
-// CUDA fabric handles across an NVLink fabric.
-#define ORBITE_TRANSPORT_MNNVL 4
-
-// Nothing changed remotely.
-#define ORBITE_REMOTE_EFFECT_NONE 0
-
-// The WRITE was applied in full.
-#define ORBITE_REMOTE_EFFECT_APPLIED 1
-
-// The WRITE may have changed any part of the remote range.
-#define ORBITE_REMOTE_EFFECT_UNKNOWN 2
-
-// Memory allocated by the library (opaque).
-typedef struct orbite_allocation orbite_allocation;
-
-// A submitted batch (opaque). Use from one thread at a time.
-typedef struct orbite_batch orbite_batch;
-
-// An engine (opaque).
-typedef struct orbite_engine orbite_engine;
-
-// A status code (`ORBITE_STATUS_*`).
-typedef uint32_t orbite_status;
-
-// One transfer request.
-typedef struct orbite_request {
-  // ORBITE_OP_READ or ORBITE_OP_WRITE.
-  uint32_t opcode;
-  // Inside a region registered on this engine.
-  uint64_t local_addr;
-  // Absolute address inside a region the peer registered.
-  uint64_t remote_addr;
-  // Bytes; 0 is invalid.
-  uint64_t length;
-} orbite_request;
-
-// Options of a submission; all-zero means defaults.
-typedef struct orbite_submit_options {
-  // ORBITE_TRANSPORT_*; AUTO lets the policy choose.
-  uint32_t transport;
-  // 0 = the engine's default_timeout_ms.
-  uint32_t timeout_ms;
-} orbite_submit_options;
-
-// Outcome of one request.
-typedef struct orbite_request_result {
-  // An orbite_status: OK, PENDING or the failure.
-  uint32_t status;
-  // ORBITE_REMOTE_EFFECT_*; UNKNOWN only for WRITE.
-  uint32_t remote_effect;
-} orbite_request_result;
-
 // Success.
 #define ORBITE_STATUS_OK 0
 
@@ -158,6 +77,87 @@ typedef struct orbite_request_result {
 
 // A panic was caught inside the library (a bug; please report it).
 #define ORBITE_STATUS_PANIC 20
+
+
+// ABI version of liborbite; equals `orbite_abi_version()` and the SONAME
+// suffix (`liborbite.so.1`). Bumped on any incompatible change.
+#define ORBITE_ABI_VERSION 1
+
+// READ: copy from the remote region into local memory.
+#define ORBITE_OP_READ 1
+
+// WRITE: copy local memory into the remote region.
+#define ORBITE_OP_WRITE 2
+
+// Remote peers may READ the region.
+#define ORBITE_ACCESS_READ 1
+
+// Remote peers may WRITE the region.
+#define ORBITE_ACCESS_WRITE 2
+
+// Let transport_policy choose.
+#define ORBITE_TRANSPORT_AUTO 0
+
+// Payload over the TCP control connection.
+#define ORBITE_TRANSPORT_TCP 1
+
+// Shared host memory (same host).
+#define ORBITE_TRANSPORT_SHM 2
+
+// CUDA IPC over NVLink (same host).
+#define ORBITE_TRANSPORT_NVLINK 3
+
+// CUDA fabric handles across an NVLink fabric.
+#define ORBITE_TRANSPORT_MNNVL 4
+
+// Nothing changed remotely.
+#define ORBITE_REMOTE_EFFECT_NONE 0
+
+// The WRITE was applied in full.
+#define ORBITE_REMOTE_EFFECT_APPLIED 1
+
+// The WRITE may have changed any part of the remote range.
+#define ORBITE_REMOTE_EFFECT_UNKNOWN 2
+
+// Memory allocated by the library (opaque).
+typedef struct orbite_allocation orbite_allocation;
+
+// A submitted batch (opaque). Use from one thread at a time.
+typedef struct orbite_batch orbite_batch;
+
+// An engine (opaque).
+typedef struct orbite_engine orbite_engine;
+
+// A status code (`ORBITE_STATUS_*`, from `src/status_table.rs`).
+typedef uint32_t orbite_status;
+
+// One transfer request.
+typedef struct orbite_request {
+  // ORBITE_OP_READ or ORBITE_OP_WRITE.
+  uint32_t opcode;
+  // Inside a region registered on this engine.
+  uint64_t local_addr;
+  // Absolute address inside a region the peer registered.
+  uint64_t remote_addr;
+  // Bytes; 0 is invalid.
+  uint64_t length;
+} orbite_request;
+
+// Options of a submission; all-zero means defaults.
+typedef struct orbite_submit_options {
+  // ORBITE_TRANSPORT_*; AUTO lets the policy choose.
+  uint32_t transport;
+  // 0 = the engine's default_timeout_ms.
+  uint32_t timeout_ms;
+} orbite_submit_options;
+
+// Outcome of one request.
+typedef struct orbite_request_result {
+  // An orbite_status: OK, PENDING or the failure.
+  uint32_t status;
+  // ORBITE_REMOTE_EFFECT_*; UNKNOWN only for WRITE.
+  uint32_t remote_effect;
+} orbite_request_result;
 
 #ifdef __cplusplus
 extern "C" {

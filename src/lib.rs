@@ -24,26 +24,34 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+// Layers, from the ground up (a file imports only layers below it;
+// `tests/layers.rs` checks it, docs/architecture.md draws it):
+// ground (error, kinds, sync, counters, transfer) < cuda < memory < control
+// < transport < engine < ffi.
 pub mod control;
+pub mod counters;
 pub mod cuda;
-pub mod cuda_api;
-pub mod cuda_support;
 pub mod engine;
 pub mod error;
 pub mod ffi;
+pub mod kinds;
 pub mod memory;
-pub mod stats;
 pub mod sync;
-pub mod sync_util;
 pub mod transfer;
 pub mod transport;
 
-pub use engine::{Batch, Engine, EngineConfig, EngineStats, MnnvlConfig, MnnvlHandleType, SubmitOptions};
+pub use control::message::RegionInfo;
+pub use engine::registry::retained_resources_json;
+pub use engine::stats::EngineStats;
+pub use engine::{Batch, Engine, EngineConfig, MnnvlConfig, MnnvlHandleType, SubmitOptions};
 pub use error::{Error, Result, Status};
+pub use kinds::{Transport, TransportKind};
+pub use memory::cuda::{allocate_egm, allocate_mnnvl, allocate_pinned_host, free_egm, free_mnnvl, CudaMemory};
+#[cfg(feature = "cuda")]
+pub use memory::cuda::{wrap_egm, wrap_mnnvl};
 pub use memory::owners::allocate_shared_host;
 pub use memory::{Access, Allocation, MemoryKind};
 pub use transfer::{Op, RemoteEffect, Request, RequestResult};
-pub use transport::{Transport, TransportKind};
 
 /// Library version, `MAJOR.MINOR.PATCH`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,9 +1,9 @@
 //! Requests, outcomes and the shared completion record behind a `Batch`.
 //! Transports complete chunks here; the engine hands `Batch` to callers.
 
+use crate::counters::Counters;
 use crate::error::{Error, Status};
-use crate::stats::Stats;
-use crate::transport::TransportKind;
+use crate::kinds::TransportKind;
 use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -97,14 +97,14 @@ struct State {
 pub struct BatchShared {
     state: Mutex<State>,
     cv: Condvar,
-    stats: Arc<Stats>,
+    stats: Arc<Counters>,
     /// The submission deadline.
     pub deadline: Instant,
 }
 
 impl BatchShared {
     /// A record for `requests`, all pending on TCP until routed.
-    pub fn new(requests: &[Request], stats: Arc<Stats>, deadline: Instant) -> Arc<BatchShared> {
+    pub fn new(requests: &[Request], stats: Arc<Counters>, deadline: Instant) -> Arc<BatchShared> {
         let reqs = requests
             .iter()
             .map(|r| ReqState {

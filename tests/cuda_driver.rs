@@ -56,10 +56,10 @@ fn run_child(case: &str, libdir: Option<&PathBuf>) {
 /// A driver from before fabric handles (12000, one device): MNNVL is
 /// refused with the reason, engines asking for it start, selection skips it.
 fn no_fabric_case() {
-    let e = cuda_support::allocate_mnnvl(0, 4096).err().unwrap();
+    let e = allocate_mnnvl(0, 4096).err().unwrap();
     assert_eq!(e.status(), Status::NotSupported, "{e}");
     assert!(e.message().contains("fabric-handle VMM symbols"), "{e}");
-    let e = cuda_support::allocate_egm(0, 4096).err().unwrap();
+    let e = allocate_egm(0, 4096).err().unwrap();
     assert_eq!(e.status(), Status::NotSupported, "{e}");
     let src = Engine::from_json(r#"{"mnnvl": {"egm": true}}"#).unwrap();
     let req = Engine::from_json(r#"{"mnnvl": {}}"#).unwrap();
@@ -98,11 +98,11 @@ fn child_case() {
         assert_eq!(e.status(), status, "{e}");
         assert!(e.message().contains(needle), "{e}");
     };
-    check(cuda_support::allocate_device(0, 4096, true).err().unwrap());
-    check(cuda_support::allocate_device(0, 4096, false).err().unwrap());
-    check(cuda_support::allocate_pinned_host(4096).err().unwrap());
-    check(cuda_support::allocate_mnnvl(0, 4096).err().unwrap());
-    check(cuda_support::allocate_egm(0, 4096).err().unwrap());
+    check(CudaMemory::allocate_ipc(0, 4096).err().unwrap());
+    check(CudaMemory::allocate(0, 4096).err().unwrap());
+    check(allocate_pinned_host(4096).err().unwrap());
+    check(allocate_mnnvl(0, 4096).err().unwrap());
+    check(allocate_egm(0, 4096).err().unwrap());
     // An engine asking for NVLink still starts; NVLink is not advertised and
     // the stats say why; SHM and TCP keep working.
     let src = Engine::from_json(r#"{"nvlink": true}"#).unwrap();
@@ -123,7 +123,7 @@ fn child_case() {
     let b = req.submit(peer, &[r], SubmitOptions::default()).unwrap();
     b.wait(std::time::Duration::from_secs(60)).unwrap();
     assert_eq!(req.stats().transports["shm"].requests_completed, 1);
-    let json = cuda_support::retained_resources_json();
+    let json = retained_resources_json();
     assert!(json.contains("\"cuda_available\":false"), "{json}");
     req.close(None).unwrap();
     src.close(None).unwrap();

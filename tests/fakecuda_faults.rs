@@ -94,7 +94,7 @@ struct Req {
 impl Req {
     fn new(config: &str, endpoint: &str, transport: TransportKind) -> Req {
         let e = Engine::from_json(config).unwrap();
-        let local: Vec<Allocation> = (0..2).map(|_| cuda_support::allocate_device(0, SIZE, false).unwrap()).collect();
+        let local: Vec<Allocation> = (0..2).map(|_| CudaMemory::allocate(0, SIZE).unwrap()).collect();
         let regions = local.iter().map(|a| e.register_memory(a.addr(), SIZE, Access::NONE).unwrap()).collect();
         let peer = e.connect(endpoint, None).unwrap();
         Req { e, peer, local, regions, transport }
@@ -160,7 +160,7 @@ fn close_fails() {
     let st = r.ipc();
     assert_eq!((st.imports_opened, st.imports_closed, st.imports_retained), (1, 0, 1), "{st:?}");
     assert_eq!(src.ipc("nvlink", "exports_open"), 1);
-    let all: serde_json::Value = serde_json::from_str(&cuda_support::retained_resources_json()).unwrap();
+    let all: serde_json::Value = serde_json::from_str(&retained_resources_json()).unwrap();
     assert_eq!(all["engines"][r.e.endpoint()]["nvlink"]["retained_imports"], 1, "{all}");
     let later = r.go_within(&[rd(r.l(0), a, 16)], Duration::from_millis(300));
     assert_eq!(later[0].status, Status::Unavailable, "the allocation stays loaned to the retained export");
@@ -352,7 +352,7 @@ fn deadline_with_a_pending_event() {
 /// refused with the reason; pageable host memory is never used for NVLink.
 fn same_process_and_pageable_refused() {
     let src = Engine::from_json(NVLINK).unwrap();
-    let a = cuda_support::allocate_device(0, SIZE, true).unwrap();
+    let a = CudaMemory::allocate_ipc(0, SIZE).unwrap();
     src.register_memory(a.addr(), SIZE, Access::READ).unwrap();
     let r = Req::new(NVLINK, &src.endpoint(), TransportKind::Nvlink);
     let opts = SubmitOptions { transport: Transport::Only(TransportKind::Nvlink), timeout: None };
@@ -463,12 +463,12 @@ fn wrapped_vmm_storage() {
     };
     // SAFETY (all wraps below): the storage is ours, initialized, mapped
     // exactly as named where the call is meant to succeed.
-    bad(unsafe { cuda_api::wrap_egm(0, mine.va, SIZE, mine.handle) }, "not at HostNuma(0)");
-    bad(unsafe { cuda_api::wrap_mnnvl(0, mine.va, SIZE, 0xdead) }, "live VMM allocation handle");
-    bad(unsafe { cuda_api::wrap_mnnvl(0, mine.va, SIZE / 2, mine.handle) }, "not a whole mapping");
+    bad(unsafe { orbite::wrap_egm(0, mine.va, SIZE, mine.handle) }, "not at HostNuma(0)");
+    bad(unsafe { orbite::wrap_mnnvl(0, mine.va, SIZE, 0xdead) }, "live VMM allocation handle");
+    bad(unsafe { orbite::wrap_mnnvl(0, mine.va, SIZE / 2, mine.handle) }, "not a whole mapping");
     let plain = caller_vmm(0, 2 * MIB);
-    bad(unsafe { cuda_api::wrap_mnnvl(0, plain.va, plain.size, plain.handle) }, "cannot be exported");
-    let wrapped = unsafe { cuda_api::wrap_mnnvl(0, mine.va, SIZE, mine.handle) }.unwrap();
+    bad(unsafe { orbite::wrap_mnnvl(0, plain.va, plain.size, plain.handle) }, "cannot be exported");
+    let wrapped = unsafe { orbite::wrap_mnnvl(0, mine.va, SIZE, mine.handle) }.unwrap();
 
     let e = Engine::from_json(r#"{"mnnvl": {"handle_type": "fabric"}}"#).unwrap();
     let region = e.register_memory(wrapped.addr(), SIZE, Access::READ_WRITE).unwrap();
@@ -616,7 +616,7 @@ fn egm_placement() {
     let src = Source::start(MNNVL_FD, "mnnvl", 1, None);
     let a = src.addrs[0];
     let e = Engine::from_json(MNNVL_FD).unwrap();
-    let egm: Vec<Allocation> = [1, 0].iter().map(|n| cuda_support::allocate_egm(*n, SIZE).unwrap()).collect();
+    let egm: Vec<Allocation> = [1, 0].iter().map(|n| allocate_egm(*n, SIZE).unwrap()).collect();
     for m in &egm {
         e.register_memory(m.addr(), SIZE, Access::NONE).unwrap();
     }
@@ -637,7 +637,7 @@ fn egm_placement() {
     assert!(b.results().iter().all(|r| r.status == Status::NotSupported), "{:?}", b.results());
     assert_eq!(e.stats().ipc["mnnvl"].imports_retained, 0);
     // Node 5 has no GPU here: that owner cannot be selected.
-    let far = cuda_support::allocate_egm(5, SIZE).unwrap();
+    let far = allocate_egm(5, SIZE).unwrap();
     e.register_memory(far.addr(), SIZE, Access::NONE).unwrap();
     let err = e.submit(peer, &[rd(far.addr(), a, 16)], opts).err().expect("no GPU at node 5");
     assert_eq!(err.status(), Status::NotSupported, "{err}");
@@ -652,7 +652,7 @@ fn egm_placement() {
 fn pinned_fence() {
     let (_src, a) = nvlink_source(None);
     let e = Engine::from_json(NVLINK).unwrap();
-    let pinned = cuda_support::allocate_pinned_host(SIZE).unwrap();
+    let pinned = allocate_pinned_host(SIZE).unwrap();
     e.register_memory(pinned.addr(), SIZE, Access::NONE).unwrap();
     let peer = e.connect(&_src.endpoint, None).unwrap();
     let nv = |t: u64| SubmitOptions {
@@ -666,7 +666,7 @@ fn pinned_fence() {
     };
     assert_eq!(run(&[rd(pinned.addr(), a, SIZE)], nv(60_000)), vec![res(Status::Unquiesced, RemoteEffect::None)]);
     assert_eq!(e.stats().ipc["nvlink"].local_owners_fenced, 1);
-    let all: serde_json::Value = serde_json::from_str(&cuda_support::retained_resources_json()).unwrap();
+    let all: serde_json::Value = serde_json::from_str(&retained_resources_json()).unwrap();
     assert_eq!(all["engines"][e.endpoint()]["nvlink"]["fenced_local_owners"], 1, "{all}");
     // Another GPU group waits for the fence within its deadline, then fails.
     let later = run(&[rd(pinned.addr() + 4096, a, 4096)], nv(300));
@@ -684,7 +684,7 @@ fn pinned_fence() {
     let (_kept, err) = pinned.free().expect_err("fenced allocations are not freed");
     assert_eq!(err.status(), Status::Unavailable, "{err}");
     // An unfenced pinned allocation still serves TCP.
-    let other = cuda_support::allocate_pinned_host(4096).unwrap();
+    let other = allocate_pinned_host(4096).unwrap();
     e.register_memory(other.addr(), 4096, Access::NONE).unwrap();
     let b = e.submit(tcp_peer, &[rd(other.addr(), heap.as_ptr() as u64, 4096)], tcp).unwrap();
     b.wait(Duration::from_secs(60)).unwrap();
@@ -732,7 +732,7 @@ fn clean_baseline() {
 #[test]
 fn child_case() {
     let Ok(case) = std::env::var("ORBITE_FAKECUDA_CASE") else { return };
-    if let Some(why) = cuda_support::unavailable_reason() {
+    if let Some(why) = orbite::cuda::unavailable_reason() {
         panic!("the stand-in did not load: {why}");
     }
     match case.as_str() {

@@ -24,6 +24,14 @@ fn abi_version_agrees_everywhere() {
 }
 
 #[test]
+fn header_defines_every_status_with_its_value() {
+    for s in orbite::Status::ALL {
+        let line = format!("#define {} {}\n", s.c_name(), s as u32);
+        assert!(COMMITTED.contains(&line), "orbite.h lacks {line:?}");
+    }
+}
+
+#[test]
 fn header_declares_every_contract_function() {
     for f in [
         "orbite_abi_version",

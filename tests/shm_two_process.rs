@@ -399,7 +399,7 @@ fn injected_faults_failed_close_lost_ack_failed_completion() {
     assert_eq!(e.stats().ipc["shm"].imports_retained, 1);
     assert_eq!(src_ipc(&mut src, "exports_open"), 1);
     // The process-wide report (orbite_cuda_retained_resources_json) shows it.
-    let all: serde_json::Value = serde_json::from_str(&cuda_support::retained_resources_json()).unwrap();
+    let all: serde_json::Value = serde_json::from_str(&retained_resources_json()).unwrap();
     assert_eq!(all["engines"][e.endpoint()]["shm"]["retained_imports"], 1, "{all}");
     // The allocation stays loaned to that export: other groups are refused.
     let r = go(&e, p, &[rd(&l, 0, a, 16)], SubmitOptions { timeout: Some(Duration::from_millis(300)), ..shm() });

@@ -65,11 +65,11 @@ fn cuda_registration_helpers_check_memory_kinds() {
     assert!(e.regions().is_empty(), "nothing registered on failure");
     // Without CUDA (or a driver) the CUDA allocations say why.
     for r in [
-        orbite::cuda_api::CudaMemory::allocate(0, 16),
-        orbite::cuda_api::CudaMemory::allocate_ipc(0, 16),
-        orbite::cuda_api::allocate_pinned_host(16),
-        orbite::cuda_api::allocate_mnnvl(0, 16),
-        orbite::cuda_api::allocate_egm(0, 16),
+        orbite::CudaMemory::allocate(0, 16),
+        orbite::CudaMemory::allocate_ipc(0, 16),
+        orbite::allocate_pinned_host(16),
+        orbite::allocate_mnnvl(0, 16),
+        orbite::allocate_egm(0, 16),
     ] {
         let err = r.expect_err("no CUDA device here");
         assert!(matches!(err.status(), Status::Unavailable | Status::NotSupported), "{err}");

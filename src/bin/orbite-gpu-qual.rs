@@ -12,7 +12,10 @@
 //! `FAIL ...` lines (and `WAIT ...` lines where the orchestrator acts).
 
 use orbite::cuda::memory::{device_copy_gbps, device_to_host, host_to_device};
-use orbite::{cuda_support, Access, Allocation, Engine, Op, Request, SubmitOptions, Transport, TransportKind};
+use orbite::{
+    allocate_egm, allocate_mnnvl, allocate_pinned_host, Access, Allocation, CudaMemory, Engine, Op, Request,
+    SubmitOptions, Transport, TransportKind,
+};
 use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
 
@@ -47,15 +50,15 @@ fn source(args: &[String]) {
     let kind = arg(args, "--kind").unwrap_or_else(|| "ipc".into());
     let mnnvl = kind == "mnnvl";
     let e = Engine::from_json(&cfg).unwrap_or_else(|e| die(&e.to_string()));
-    if mnnvl && cfg.contains("\"fabric\"") && !orbite::cuda::mnnvl::fabric_export_works(0).unwrap_or(false) {
+    if mnnvl && cfg.contains("\"fabric\"") && !orbite::cuda::fabric::fabric_export_works(0).unwrap_or(false) {
         die("fabric handles are not supported here: a real fabric export fails (no IMEX channel?)");
     }
     let bufs: Vec<Allocation> = (0..allocs)
         .map(|n| {
             let a = match kind.as_str() {
-                "mnnvl" => cuda_support::allocate_mnnvl(0, size),
-                "egm" => cuda_support::allocate_egm(0, size),
-                _ => cuda_support::allocate_device(0, size, true),
+                "mnnvl" => allocate_mnnvl(0, size),
+                "egm" => allocate_egm(0, size),
+                _ => CudaMemory::allocate_ipc(0, size),
             }
             .unwrap_or_else(|e| die(&e.to_string()));
             fill(&a, seed + n as u64);
@@ -131,12 +134,8 @@ impl Req {
         let local: Vec<Allocation> = (0..2)
             .map(|i| {
                 let host = memory == "host" || (memory == "mixed" && i == 1);
-                let a = if host {
-                    cuda_support::allocate_pinned_host(len)
-                } else {
-                    cuda_support::allocate_device(0, len, false)
-                }
-                .unwrap_or_else(|e| die(&e.to_string()));
+                let a = if host { allocate_pinned_host(len) } else { CudaMemory::allocate(0, len) }
+                    .unwrap_or_else(|e| die(&e.to_string()));
                 e.register_memory(a.addr(), len, Access::NONE).unwrap_or_else(|e| die(&e.to_string()));
                 a
             })
@@ -338,7 +337,7 @@ fn requester(args: &[String]) {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if let Some(why) = cuda_support::unavailable_reason() {
+    if let Some(why) = orbite::cuda::unavailable_reason() {
         die(&format!("no usable CUDA: {why}"));
     }
     match args.first().map(String::as_str) {

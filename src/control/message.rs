@@ -4,7 +4,7 @@
 
 use super::identity::{Identity, ProcessIdentity};
 use crate::error::{Error, Result, Status};
-use crate::memory::{Access, MemoryKind};
+use crate::memory::{Access, MemoryKind, Region};
 
 /// Bytes of the fixed part of Read/WriteRequest.
 pub const DATA_REQUEST_LEN: usize = 32;
@@ -33,9 +33,28 @@ pub struct RegionInfo {
 }
 
 impl RegionInfo {
+    /// The descriptor this engine publishes for one of its registrations.
+    pub fn of(r: &Region) -> RegionInfo {
+        RegionInfo { id: r.id, epoch: r.epoch, addr: r.addr, len: r.len, access: r.access, kind: r.kind }
+    }
+
     /// Whether `[addr, addr+len)` lies inside.
     pub fn contains(&self, addr: u64, len: u64) -> bool {
         addr >= self.addr && addr.checked_add(len).is_some_and(|e| e <= self.addr + self.len)
+    }
+
+    /// The descriptor as JSON (`orbite_peer_regions_json`): `id`, `epoch`,
+    /// `addr`, `length`, `access` (array of "read"/"write") and `kind`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.id, "epoch": self.epoch, "addr": self.addr, "length": self.len,
+            "access": self.access.names(), "kind": self.kind.name(),
+        })
+    }
+
+    /// Descriptors as a JSON array.
+    pub fn list_json(regions: &[RegionInfo]) -> String {
+        serde_json::Value::Array(regions.iter().map(RegionInfo::to_json).collect()).to_string()
     }
 }
 

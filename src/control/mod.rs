@@ -1,5 +1,7 @@
-//! The control socket: framing, versioned messages and identities.
+//! The control socket: framing, versioned messages (with the region
+//! descriptors peers publish), identities and endpoint strings.
 
+pub mod endpoint;
 pub mod frame;
 pub mod identity;
 pub mod io;

@@ -1,36 +1,28 @@
-//! CUDA allocations the library owns (`CudaMemory::allocate`,
-//! `allocate_ipc`, pinned host) and the producer-stream hand-off.
+//! Raw driver memory: device and pinned host allocations, legacy CUDA IPC
+//! handles, events recorded on a caller's stream, and copies on the legacy
+//! stream. Addresses are plain integers; `memory::cuda` owns what they mean.
 
-use super::driver::{check, check_device, primary_context, ContextGuard};
+use super::driver::{check, check_device, driver, primary_context, ContextGuard, Ctx};
 use crate::error::{Error, Result};
-use crate::memory::owners::{self, Allocation, Backing};
-use crate::memory::MemoryKind;
 use cudarc::driver::sys;
-use parking_lot::Mutex;
-use std::collections::HashMap;
 
-/// IPC allocations are rounded up to this physical size and zeroed.
-pub const IPC_ROUNDING: u64 = 2 * 1024 * 1024;
+/// Size of a CUDA IPC memory handle.
+pub const IPC_HANDLE_BYTES: usize = 64;
 
-/// CUDA device memory on `device`; `ipc`: exportable, rounded up to 2 MiB
-/// physically and zeroed (the logical length stays as requested).
-pub fn allocate_device(device: i32, len: u64, ipc: bool) -> Result<Allocation> {
+/// `bytes` of device memory on `device` (`cuMemAlloc`), zeroed when asked.
+pub fn alloc_device(device: i32, bytes: u64, zeroed: bool) -> Result<u64> {
     check_device(device)?;
-    let physical =
-        if ipc { len.checked_add(IPC_ROUNDING - 1).map(|x| x / IPC_ROUNDING * IPC_ROUNDING) } else { Some(len) }
-            .ok_or_else(|| Error::InvalidArgument(format!("length {len} is too large")))?;
-    let ctx = primary_context(device)?;
-    let g = ContextGuard::bind(ctx)?;
+    let g = ContextGuard::bind(primary_context(device)?)?;
     let mut p: sys::CUdeviceptr = 0;
     // SAFETY: a context is current; writes one device pointer.
-    let r = unsafe { sys::cuMemAlloc_v2(&mut p, physical as usize) };
+    let r = unsafe { sys::cuMemAlloc_v2(&mut p, bytes as usize) };
     if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        return Err(Error::ResourceExhausted(format!("CUDA device {device} cannot supply {physical} bytes")));
+        return Err(Error::ResourceExhausted(format!("CUDA device {device} cannot supply {bytes} bytes")));
     }
     check(r, "cuMemAlloc")?;
-    if ipc {
-        // SAFETY: p is a fresh allocation of `physical` bytes in this context.
-        let z = check(unsafe { sys::cuMemsetD8_v2(p, 0, physical as usize) }, "cuMemsetD8")
+    if zeroed {
+        // SAFETY: p is a fresh allocation of `bytes` bytes in this context.
+        let z = check(unsafe { sys::cuMemsetD8_v2(p, 0, bytes as usize) }, "cuMemsetD8")
             // SAFETY: waits for the memset in this context.
             .and_then(|_| check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize"));
         if let Err(e) = z {
@@ -40,111 +32,169 @@ pub fn allocate_device(device: i32, len: u64, ipc: bool) -> Result<Allocation> {
         }
     }
     g.restore()?;
-    let kind = if ipc { MemoryKind::CudaIpc } else { MemoryKind::Cuda };
-    Ok(owners::adopt(kind, p, len, physical, Backing::CudaDevice { device }))
+    Ok(p)
 }
 
-/// Pinned (page-locked) host memory, zeroed, usable by every context.
-pub fn allocate_pinned_host(len: u64) -> Result<Allocation> {
-    let ctx = primary_context(0)?;
-    let g = ContextGuard::bind(ctx)?;
-    let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
-    // SAFETY: a context is current; writes one host pointer.
-    let r = unsafe { sys::cuMemHostAlloc(&mut p, len as usize, sys::CU_MEMHOSTALLOC_PORTABLE) };
-    if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-        return Err(Error::ResourceExhausted(format!("cannot pin {len} bytes of host memory")));
-    }
-    check(r, "cuMemHostAlloc")?;
-    // SAFETY: p points to `len` fresh host bytes.
-    unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, len as usize) };
-    g.restore()?;
-    Ok(owners::adopt(MemoryKind::PinnedHost, p as u64, len, len, Backing::PinnedHost))
-}
-
-/// Frees device memory in its device's primary context.
+/// Frees device memory in its device's primary context; a failure is
+/// `Unquiesced` (the memory may still be in use).
 pub fn free_device(device: i32, addr: u64) -> Result<()> {
     let g = ContextGuard::bind(primary_context(device)?)?;
-    // SAFETY: addr came from cuMemAlloc in this context and nothing uses it
-    // (the owner table checked registrations and exports).
+    // SAFETY: addr came from cuMemAlloc in this context and the caller
+    // proved that nothing uses it.
     check(unsafe { sys::cuMemFree_v2(addr) }, "cuMemFree").map_err(|e| Error::Unquiesced(e.to_string()))?;
     g.restore()
 }
 
-/// Frees pinned host memory.
+/// `bytes` of pinned (page-locked) host memory, zeroed, usable by every
+/// context (`cuMemHostAlloc`, portable).
+pub fn alloc_pinned_host(bytes: u64) -> Result<u64> {
+    driver()?;
+    let g = ContextGuard::bind(primary_context(0)?)?;
+    let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
+    // SAFETY: a context is current; writes one host pointer.
+    let r = unsafe { sys::cuMemHostAlloc(&mut p, bytes as usize, sys::CU_MEMHOSTALLOC_PORTABLE) };
+    if r == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        return Err(Error::ResourceExhausted(format!("cannot pin {bytes} bytes of host memory")));
+    }
+    check(r, "cuMemHostAlloc")?;
+    // SAFETY: p points to `bytes` fresh host bytes.
+    unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, bytes as usize) };
+    g.restore()?;
+    Ok(p as u64)
+}
+
+/// Frees pinned host memory; a failure is `Unquiesced`.
 pub fn free_pinned_host(addr: u64) -> Result<()> {
     let g = ContextGuard::bind(primary_context(0)?)?;
-    // SAFETY: addr came from cuMemHostAlloc and nothing uses it.
+    // SAFETY: addr came from cuMemHostAlloc and the caller proved that
+    // nothing uses it.
     check(unsafe { sys::cuMemFreeHost(addr as *mut std::ffi::c_void) }, "cuMemFreeHost")
         .map_err(|e| Error::Unquiesced(e.to_string()))?;
     g.restore()
 }
 
-/// Events recorded on producer streams, by allocation base.
-static PRODUCERS: Mutex<Option<HashMap<u64, (usize, usize)>>> = Mutex::new(None);
-
-/// Records an event on `stream` for the allocation holding `addr`: the next
-/// transfer touching it waits for the work queued so far.
-pub fn record_producer_stream(addr: u64, stream: u64) -> Result<()> {
-    let o = owners::owner_of(addr)
-        .ok_or_else(|| Error::InvalidArgument(format!("0x{addr:x} is not CUDA memory this library allocated")))?;
-    let device = match (o.kind, o.device) {
-        (MemoryKind::Cuda | MemoryKind::CudaIpc, Some(d)) => d,
-        (MemoryKind::PinnedHost, _) => 0,
-        _ => return Err(Error::InvalidArgument(format!("region at 0x{addr:x} is not CUDA or pinned memory"))),
-    };
-    let ctx = primary_context(device)?;
-    let g = ContextGuard::bind(ctx)?;
-    let mut ev: sys::CUevent = std::ptr::null_mut();
-    // SAFETY: context current; creates one event.
-    check(unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }, "cuEventCreate")?;
-    // SAFETY: ev is ours; the stream handle is the caller's, in this context.
-    if let Err(e) = check(unsafe { sys::cuEventRecord(ev, stream as sys::CUstream) }, "cuEventRecord") {
-        // SAFETY: destroying the event created above.
-        unsafe { sys::cuEventDestroy_v2(ev) };
-        return Err(e);
-    }
-    g.restore()?;
-    let old = PRODUCERS.lock().get_or_insert_with(HashMap::new).insert(o.base, (ctx, ev as usize));
-    if let Some((c, e)) = old {
-        let _g = ContextGuard::bind(c)?;
-        // SAFETY: a superseded event of ours.
-        unsafe { sys::cuEventDestroy_v2(e as sys::CUevent) };
-    }
-    Ok(())
+/// An event recorded on a stream of the caller's (a producer hand-off);
+/// destroyed, in its context, when dropped.
+pub struct Event {
+    ctx: Ctx,
+    event: usize,
 }
 
-/// Waits for the producer event recorded for the allocation holding
-/// `addr`, if any (consumers call this before granting or copying).
-pub fn consume_producer(addr: u64) -> Result<()> {
-    let Some(o) = owners::owner_of(addr) else { return Ok(()) };
-    let Some((ctx, ev)) = PRODUCERS.lock().as_mut().and_then(|m| m.remove(&o.base)) else { return Ok(()) };
-    let g = ContextGuard::bind(ctx)?;
-    // SAFETY: our event, recorded on the producer's stream.
-    let r = check(unsafe { sys::cuEventSynchronize(ev as sys::CUevent) }, "waiting for the producer stream");
-    // SAFETY: done with the event.
-    unsafe { sys::cuEventDestroy_v2(ev as sys::CUevent) };
-    g.restore()?;
-    r
+impl Event {
+    /// Records an event on `stream` (a `CUstream` of `device`'s primary
+    /// context): it completes once the work queued so far has.
+    pub fn record(device: i32, stream: u64) -> Result<Event> {
+        let ctx = primary_context(device)?;
+        let g = ContextGuard::bind(ctx)?;
+        let mut ev: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: context current; creates one event.
+        check(
+            unsafe { sys::cuEventCreate(&mut ev, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) },
+            "cuEventCreate",
+        )?;
+        let event = Event { ctx, event: ev as usize };
+        // SAFETY: ev is ours; the stream handle is the caller's, in this context.
+        check(unsafe { sys::cuEventRecord(ev, stream as sys::CUstream) }, "cuEventRecord")?;
+        g.restore()?;
+        Ok(event)
+    }
+
+    /// Waits until the event completed.
+    pub fn synchronize(&self) -> Result<()> {
+        let g = ContextGuard::bind(self.ctx)?;
+        // SAFETY: our event, in its context.
+        let r =
+            check(unsafe { sys::cuEventSynchronize(self.event as sys::CUevent) }, "waiting for the producer stream");
+        g.restore()?;
+        r
+    }
 }
 
-/// Copies host bytes into device (or pinned) memory, synchronously.
+impl Drop for Event {
+    fn drop(&mut self) {
+        if let Ok(_g) = ContextGuard::bind(self.ctx) {
+            // SAFETY: our event; nothing waits on it any more.
+            unsafe { sys::cuEventDestroy_v2(self.event as sys::CUevent) };
+        }
+    }
+}
+
+/// The IPC handle of the `cuMemAlloc` allocation starting at `base` on `device`.
+pub fn ipc_handle(device: i32, base: u64) -> Result<[u8; IPC_HANDLE_BYTES]> {
+    let g = ContextGuard::bind(primary_context(device)?)?;
+    // SAFETY: an all-zero handle is valid storage for the driver to fill.
+    let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
+    // SAFETY: base is the start of a cuMemAlloc allocation in this context.
+    check(unsafe { sys::cuIpcGetMemHandle(&mut h, base) }, "cuIpcGetMemHandle")?;
+    g.restore()?;
+    let mut out = [0u8; IPC_HANDLE_BYTES];
+    for (o, c) in out.iter_mut().zip(h.reserved.iter()) {
+        *o = *c as u8;
+    }
+    Ok(out)
+}
+
+/// Opens a peer's IPC handle in context `ctx` (peer access enabled lazily);
+/// returns the local address of the peer's allocation.
+pub fn ipc_open(ctx: Ctx, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<u64> {
+    // SAFETY: zeroed storage, filled below.
+    let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
+    for (d, s) in h.reserved.iter_mut().zip(handle) {
+        *d = *s as _;
+    }
+    let g = ContextGuard::bind(ctx)?;
+    let mut p: sys::CUdeviceptr = 0;
+    let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
+    // SAFETY: context bound; opens the peer's allocation.
+    check(unsafe { sys::cuIpcOpenMemHandle_v2(&mut p, h, flags) }, "cuIpcOpenMemHandle")?;
+    g.restore()?;
+    Ok(p)
+}
+
+/// Closes an import opened by [`ipc_open`]; the caller has bound its context.
+///
+/// # Safety
+/// `ptr` came from `ipc_open` in the current context and every copy through
+/// it has completed.
+pub unsafe fn ipc_close(ptr: u64) -> Result<()> {
+    // SAFETY: per the function's contract.
+    check(unsafe { sys::cuIpcCloseMemHandle(ptr) }, "cuIpcCloseMemHandle")
+}
+
+/// One copy on the legacy stream of the current context (`cuMemCpy`;
+/// unified addressing resolves host, pinned or device pointers). A
+/// device-to-device copy may return before its DMA completes: follow it with
+/// [`synchronize_context`].
+///
+/// # Safety
+/// `[src, src+len)` and `[dst, dst+len)` must be memory the current context
+/// may read and write for the whole copy.
+pub unsafe fn copy(dst: u64, src: u64, len: u64) -> Result<()> {
+    // SAFETY: per the function's contract.
+    check(unsafe { sys::cuMemcpy(dst, src, len as usize) }, "cuMemcpy")
+}
+
+/// Waits for everything queued in the current context.
+pub fn synchronize_context() -> Result<()> {
+    // SAFETY: drains the current context; no pointer is involved.
+    check(unsafe { sys::cuCtxSynchronize() }, "draining the legacy stream")
+}
+
+/// Copies host bytes into device (or pinned) memory on device 0, synchronously.
 pub fn host_to_device(dst: u64, src: &[u8]) -> Result<()> {
     let g = ContextGuard::bind(primary_context(0)?)?;
-    // SAFETY: the caller names `src.len()` bytes of memory it owns at dst;
-    // unified addressing resolves device or pinned pointers.
-    check(unsafe { sys::cuMemcpy(dst, src.as_ptr() as u64, src.len()) }, "cuMemcpy (to device)")?;
-    // SAFETY: drains the context so the copy is complete on return.
-    check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")?;
+    // SAFETY: the caller names `src.len()` bytes of memory it owns at dst.
+    unsafe { copy(dst, src.as_ptr() as u64, src.len() as u64) }?;
+    synchronize_context()?;
     g.restore()
 }
 
-/// Copies device (or pinned) bytes to host memory, synchronously.
+/// Copies device (or pinned) bytes to host memory on device 0, synchronously.
 pub fn device_to_host(dst: &mut [u8], src: u64) -> Result<()> {
     let g = ContextGuard::bind(primary_context(0)?)?;
     // SAFETY: as in host_to_device, in the other direction.
-    check(unsafe { sys::cuMemcpy(dst.as_mut_ptr() as u64, src, dst.len()) }, "cuMemcpy (from device)")?;
-    // SAFETY: drains the context.
-    check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")?;
+    unsafe { copy(dst.as_mut_ptr() as u64, src, dst.len() as u64) }?;
+    synchronize_context()?;
     g.restore()
 }
 
@@ -152,23 +202,30 @@ pub fn device_to_host(dst: &mut [u8], src: u64) -> Result<()> {
 /// `reps` times; returns GB/s (bytes copied per second, 1e9). The baseline
 /// the qualification compares IPC bandwidth with.
 pub fn device_copy_gbps(len: u64, reps: u32) -> Result<f64> {
-    let a = allocate_device(0, len, false)?;
-    let b = allocate_device(0, len, false)?;
-    let g = ContextGuard::bind(primary_context(0)?)?;
-    // SAFETY: both allocations hold `len` bytes; copies are drained below.
-    check(unsafe { sys::cuMemcpy(b.addr(), a.addr(), len as usize) }, "warm-up copy")?;
-    // SAFETY: drains the context.
-    check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")?;
-    let t0 = std::time::Instant::now();
-    for _ in 0..reps {
-        // SAFETY: as above.
-        check(unsafe { sys::cuMemcpyAsync(b.addr(), a.addr(), len as usize, std::ptr::null_mut()) }, "cuMemcpyAsync")?;
-    }
-    // SAFETY: drains the context.
-    check(unsafe { sys::cuCtxSynchronize() }, "cuCtxSynchronize")?;
-    let secs = t0.elapsed().as_secs_f64();
-    g.restore()?;
-    let _ = a.free();
-    let _ = b.free();
-    Ok(len as f64 * reps as f64 / secs / 1e9)
+    let a = alloc_device(0, len, false)?;
+    let b = match alloc_device(0, len, false) {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = free_device(0, a);
+            return Err(e);
+        }
+    };
+    let timed = (|| {
+        let g = ContextGuard::bind(primary_context(0)?)?;
+        // SAFETY: both allocations hold `len` bytes; copies are drained below.
+        unsafe { copy(b, a, len) }?;
+        synchronize_context()?;
+        let t0 = std::time::Instant::now();
+        for _ in 0..reps {
+            // SAFETY: as above, on the legacy stream.
+            check(unsafe { sys::cuMemcpyAsync(b, a, len as usize, std::ptr::null_mut()) }, "cuMemcpyAsync")?;
+        }
+        synchronize_context()?;
+        let secs = t0.elapsed().as_secs_f64();
+        g.restore()?;
+        Ok(len as f64 * reps as f64 / secs / 1e9)
+    })();
+    let _ = free_device(0, a);
+    let _ = free_device(0, b);
+    timed
 }

@@ -1,4 +1,4 @@
-//! `CUDAStreamPool`: the shared pool of (stream, event) slots that lends each
+//! `StreamPool`: the shared pool of (stream, event) slots that lends each
 //! asynchronous copy group an exclusive handle matched to its native
 //! context. `nvlink_stream_count` bounds the slots across all contexts; at
 //! capacity an idle slot of another context is replaced; otherwise callers
@@ -243,6 +243,11 @@ mod tests {
     use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
     use std::time::Duration;
 
+    /// Takes one armed failure from `counter`.
+    fn take(counter: &AtomicU32) -> bool {
+        counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
+    }
+
     #[derive(Default)]
     struct Fake {
         next: AtomicU64,
@@ -255,14 +260,14 @@ mod tests {
     impl StreamFactory for Fake {
         type Handle = u64;
         fn create(&self, ctx: u64) -> Result<u64> {
-            if crate::transport::ipc::faults::Faults::take(&self.fail_create) {
+            if take(&self.fail_create) {
                 return Err(Error::Cuda("injected create failure".into()));
             }
             self.created.fetch_add(1, Ordering::SeqCst);
             Ok(ctx * 1000 + self.next.fetch_add(1, Ordering::SeqCst))
         }
         fn destroy(&self, _ctx: u64, _h: u64) -> Result<()> {
-            if crate::transport::ipc::faults::Faults::take(&self.fail_destroy) {
+            if take(&self.fail_destroy) {
                 return Err(Error::Cuda("injected destroy failure".into()));
             }
             self.destroyed.fetch_add(1, Ordering::SeqCst);

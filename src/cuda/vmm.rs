@@ -1,6 +1,6 @@
 //! The VMM (fabric-handle) allocation model behind MNNVL and EGM, written
 //! against [`VmmOps`] so that its state machine is tested on CPU; the CUDA
-//! build implements `VmmOps` with `cuMemCreate` and friends.
+//! build implements `VmmOps` with `cuMemCreate` and friends (`fabric.rs`).
 //!
 //! An allocation is created, its address range reserved, mapped and
 //! access-granted; it is freed in the checked order unmap -> release ->
@@ -13,95 +13,6 @@ use crate::error::{Error, Result};
 
 /// Size of a CUDA fabric handle (`CUmemFabricHandle`).
 pub const FABRIC_HANDLE_BYTES: usize = 64;
-
-/// How an MNNVL export names its memory on the wire.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum HandleBody {
-    /// A 64-byte fabric handle (any host of the NVLink partition).
-    Fabric([u8; FABRIC_HANDLE_BYTES]),
-    /// A POSIX fd passed with `SCM_RIGHTS` (same host); the exporter's pid
-    /// is carried for the importer's check.
-    PosixFd {
-        /// Exporter process id.
-        pid: u32,
-    },
-}
-
-/// The MNNVL handle as it travels in `ExportHandle`: kind, physical size,
-/// granularity, the handle body and a checksum that catches corruption.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WireHandle {
-    /// Physical size of the allocation (a multiple of `granularity`).
-    pub physical: u64,
-    /// Allocation granularity the exporter used.
-    pub granularity: u64,
-    /// The handle.
-    pub body: HandleBody,
-}
-
-const MAGIC: &[u8; 4] = b"MNVL";
-const WIRE_LEN: usize = 4 + 1 + 8 + 8 + FABRIC_HANDLE_BYTES + 8;
-
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100_0000_01b3))
-}
-
-impl WireHandle {
-    /// Encodes to the fixed wire form.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(WIRE_LEN);
-        v.extend_from_slice(MAGIC);
-        let mut payload = [0u8; FABRIC_HANDLE_BYTES];
-        let kind = match &self.body {
-            HandleBody::Fabric(h) => {
-                payload = *h;
-                1u8
-            }
-            HandleBody::PosixFd { pid } => {
-                payload[..4].copy_from_slice(&pid.to_le_bytes());
-                2u8
-            }
-        };
-        v.push(kind);
-        v.extend_from_slice(&self.physical.to_le_bytes());
-        v.extend_from_slice(&self.granularity.to_le_bytes());
-        v.extend_from_slice(&payload);
-        let sum = fnv(&v);
-        v.extend_from_slice(&sum.to_le_bytes());
-        v
-    }
-
-    /// Decodes and checks: exact length, magic, kind, checksum, a nonzero
-    /// fabric handle, sizes consistent with the granularity.
-    pub fn decode(b: &[u8]) -> Result<WireHandle> {
-        if b.len() != WIRE_LEN {
-            return Err(Error::Protocol(format!("an MNNVL handle has {WIRE_LEN} bytes, got {}", b.len())));
-        }
-        if &b[..4] != MAGIC {
-            return Err(Error::Protocol("not an MNNVL handle (bad magic)".into()));
-        }
-        let sum = u64::from_le_bytes(b[WIRE_LEN - 8..].try_into().expect("8"));
-        if fnv(&b[..WIRE_LEN - 8]) != sum {
-            return Err(Error::Protocol("MNNVL handle corrupted (checksum mismatch)".into()));
-        }
-        let physical = u64::from_le_bytes(b[5..13].try_into().expect("8"));
-        let granularity = u64::from_le_bytes(b[13..21].try_into().expect("8"));
-        let mut payload = [0u8; FABRIC_HANDLE_BYTES];
-        payload.copy_from_slice(&b[21..21 + FABRIC_HANDLE_BYTES]);
-        let body = match b[4] {
-            1 if payload != [0u8; FABRIC_HANDLE_BYTES] => HandleBody::Fabric(payload),
-            1 => return Err(Error::Protocol("MNNVL fabric handle is all zero".into())),
-            2 => HandleBody::PosixFd { pid: u32::from_le_bytes(payload[..4].try_into().expect("4")) },
-            k => return Err(Error::Protocol(format!("unknown MNNVL handle kind {k}"))),
-        };
-        if granularity == 0 || !granularity.is_power_of_two() || physical == 0 || physical % granularity != 0 {
-            return Err(Error::Protocol(format!(
-                "MNNVL handle sizes are inconsistent (physical {physical}, granularity {granularity})"
-            )));
-        }
-        Ok(WireHandle { physical, granularity, body })
-    }
-}
 
 /// Rounds `len` up to the driver's granularity.
 pub fn round_to_granularity(len: u64, granularity: u64) -> Result<u64> {
@@ -238,9 +149,13 @@ impl VmmAllocation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::ipc::faults::Faults;
     use parking_lot::Mutex;
-    use std::sync::atomic::AtomicU32;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    /// Takes one armed failure from `counter`.
+    fn take(counter: &AtomicU32) -> bool {
+        counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
+    }
 
     #[derive(Default)]
     struct Fake {
@@ -253,7 +168,7 @@ mod tests {
 
     impl Fake {
         fn op(&self, what: &str, fail: &AtomicU32) -> Result<()> {
-            if Faults::take(fail) {
+            if take(fail) {
                 self.log.lock().push(format!("{what}!"));
                 return Err(Error::Cuda(format!("injected {what} failure")));
             }
@@ -290,31 +205,6 @@ mod tests {
         fn address_free(&self, _: u64, _: u64) -> Result<()> {
             self.op("free", &self.fail_free)
         }
-    }
-
-    #[test]
-    fn wire_form_round_trips_and_rejects_corruption() {
-        let mut fh = [0u8; 64];
-        fh[0] = 9;
-        fh[63] = 1;
-        for body in [HandleBody::Fabric(fh), HandleBody::PosixFd { pid: 4242 }] {
-            let w = WireHandle { physical: 4 << 20, granularity: 2 << 20, body };
-            let b = w.encode();
-            assert_eq!(WireHandle::decode(&b).unwrap(), w);
-            assert!(WireHandle::decode(&b[..b.len() - 1]).unwrap_err().message().contains("bytes"));
-            let mut longer = b.clone();
-            longer.push(0);
-            assert!(WireHandle::decode(&longer).is_err());
-            for i in 0..b.len() {
-                let mut c = b.clone();
-                c[i] ^= 0x40;
-                assert!(WireHandle::decode(&c).is_err(), "flip at {i} accepted");
-            }
-        }
-        let zero = WireHandle { physical: 2 << 20, granularity: 2 << 20, body: HandleBody::Fabric([0; 64]) };
-        assert!(WireHandle::decode(&zero.encode()).unwrap_err().message().contains("all zero"));
-        let odd = WireHandle { physical: 3 << 20, granularity: 2 << 20, body: HandleBody::PosixFd { pid: 1 } };
-        assert!(WireHandle::decode(&odd.encode()).unwrap_err().message().contains("inconsistent"));
     }
 
     #[test]

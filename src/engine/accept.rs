@@ -4,44 +4,131 @@
 //! connection that opens with an `IpcHello` is an MNNVL fabric channel and
 //! is served by the IPC source (which accepts it only for its fabric domain).
 
-use crate::control::frame::{FrameHeader, FRAME_HEADER_LEN};
-use crate::transport::ipc::channel::Channel;
-use std::sync::atomic::AtomicBool;
-use std::time::Instant;
-
-use super::Inner;
-use crate::control::frame::MsgKind;
+use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
 use crate::control::io;
 use crate::control::message;
-use crate::error::{Error, Status};
+use crate::counters::Counters;
+use crate::error::{Error, Result, Status};
+use crate::sync::admission::Gate;
+use crate::transport::ipc::channel::Channel;
 use crate::transport::ipc::source::IpcSourceContext;
 use crate::transport::tcp::{self, SourceContext};
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::net::{Shutdown, TcpStream};
-use std::os::unix::net::UnixStream;
-use std::sync::atomic::Ordering;
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// A served connection: a handle to shut it down and its thread.
-pub(crate) enum ConnHandle {
+/// An engine's listeners, the connections they accepted and their threads.
+pub(crate) struct Listeners {
+    tcp: TcpListener,
+    ipc: Option<UnixListener>,
+    incoming: Mutex<HashMap<u64, Incoming>>,
+    next_incoming: AtomicU64,
+    accept_threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Most incoming connections served at once.
+    limit: usize,
+    /// Set when the engine stops.
+    stopping: Arc<AtomicBool>,
+    /// Closed by `close_source`: new control connections are refused.
+    source_gate: Arc<Gate>,
+    counters: Arc<Counters>,
+}
+
+impl Listeners {
+    /// Listeners over bound sockets (nothing accepted until [`Listeners::start`]).
+    pub(crate) fn new(
+        tcp: TcpListener,
+        ipc: Option<UnixListener>,
+        limit: usize,
+        stopping: Arc<AtomicBool>,
+        source_gate: Arc<Gate>,
+        counters: Arc<Counters>,
+    ) -> Arc<Listeners> {
+        Arc::new(Listeners {
+            tcp,
+            ipc,
+            incoming: Mutex::new(HashMap::new()),
+            next_incoming: AtomicU64::new(1),
+            accept_threads: Mutex::new(Vec::new()),
+            limit,
+            stopping,
+            source_gate,
+            counters,
+        })
+    }
+
+    /// Starts the accept threads: control connections (and fabric channels)
+    /// are served with `tcp`, IPC channels with `ipc`.
+    pub(crate) fn start(self: &Arc<Self>, tcp: Arc<SourceContext>, ipc: Arc<IpcSourceContext>) -> Result<()> {
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new().name(name.into()).spawn(f).map_err(|e| Error::io("spawn accept thread", &e))
+        };
+        let me = self.clone();
+        let fabric = ipc.clone();
+        let t1 = spawn("orbite-accept", Box::new(move || me.tcp_accept_loop(tcp, fabric)))?;
+        self.accept_threads.lock().push(t1);
+        if self.ipc.is_some() {
+            let me = self.clone();
+            let t2 = spawn("orbite-ipc-accept", Box::new(move || me.ipc_accept_loop(ipc)))?;
+            self.accept_threads.lock().push(t2);
+        }
+        Ok(())
+    }
+
+    /// Incoming connections being served now.
+    pub(crate) fn live(&self) -> usize {
+        self.incoming.lock().values().filter(|c| c.is_live()).count()
+    }
+
+    /// Shuts every incoming connection down and waits for its thread.
+    pub(crate) fn stop_incoming(&self) {
+        let all: Vec<Incoming> = self.incoming.lock().drain().map(|(_, v)| v).collect();
+        for mut inc in all {
+            inc.stop();
+        }
+    }
+
+    /// Wakes the accept threads (the engine's `stopping` is set) and waits
+    /// for them to end.
+    pub(crate) fn stop_accepting(&self) {
+        // SAFETY: the listener fds are owned by `self` and still open;
+        // shutdown wakes the threads blocked in accept on them.
+        unsafe { libc::shutdown(self.tcp.as_raw_fd(), libc::SHUT_RDWR) };
+        if let Some(l) = &self.ipc {
+            // SAFETY: as above.
+            unsafe { libc::shutdown(l.as_raw_fd(), libc::SHUT_RDWR) };
+        }
+        let threads: Vec<_> = self.accept_threads.lock().drain(..).collect();
+        for t in threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The socket of a served connection, kept to shut it down.
+enum ConnHandle {
     Tcp(TcpStream),
     Unix(UnixStream),
 }
 
-pub(crate) struct Incoming {
-    pub(crate) conn: ConnHandle,
-    pub(crate) thread: Option<JoinHandle<()>>,
+/// A served connection: its socket and its serving thread.
+struct Incoming {
+    conn: ConnHandle,
+    thread: Option<JoinHandle<()>>,
 }
 
 impl Incoming {
     /// Whether its serving thread is still running.
-    pub(crate) fn is_live(&self) -> bool {
+    fn is_live(&self) -> bool {
         self.thread.as_ref().is_some_and(|t| !t.is_finished())
     }
 
-    pub(crate) fn stop(&mut self) {
+    fn stop(&mut self) {
         match &self.conn {
             ConnHandle::Tcp(s) => {
                 let _ = s.shutdown(Shutdown::Both);
@@ -65,36 +152,6 @@ fn reap(inc: &mut HashMap<u64, Incoming>) {
                 let _ = t.join();
             }
         }
-    }
-}
-
-/// Waits for the next connection; `None` once the engine stops.
-/// Transient failures (e.g. EMFILE) back off briefly instead of spinning.
-fn next_conn<S>(inner: &Inner, accept: impl Fn() -> std::io::Result<S>) -> Option<S> {
-    loop {
-        match accept() {
-            Ok(s) => return (!inner.stopping.load(Ordering::Acquire)).then_some(s),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) if inner.stopping.load(Ordering::Acquire) => return None,
-            Err(_) => std::thread::sleep(Duration::from_millis(10)),
-        }
-    }
-}
-
-/// Serves an admitted connection on its own thread and records it.
-fn serve_in_thread(
-    inner: &Inner,
-    inc: &mut HashMap<u64, Incoming>,
-    conn: ConnHandle,
-    name: &str,
-    serve: impl FnOnce(u64) + Send + 'static,
-) {
-    let id = inner.next_incoming.fetch_add(1, Ordering::Relaxed);
-    match std::thread::Builder::new().name(name.into()).spawn(move || serve(id)) {
-        Ok(t) => {
-            inc.insert(id, Incoming { conn, thread: Some(t) });
-        }
-        Err(_) => Incoming { conn, thread: None }.stop(),
     }
 }
 
@@ -122,59 +179,91 @@ fn opens_with_ipc_hello(stream: &TcpStream, within: Duration, stopping: &AtomicB
     }
 }
 
-/// Accepts TCP control connections (and fabric channels) until the engine stops.
-pub(crate) fn tcp_accept_loop(inner: Arc<Inner>, ctx: Arc<SourceContext>, ipc: Arc<IpcSourceContext>) {
-    while let Some(stream) = next_conn(&inner, || inner.listener.accept().map(|(s, _)| s)) {
-        let mut inc = inner.incoming.lock();
-        reap(&mut inc);
-        let limit = inner.config.max_incoming_connections as usize;
-        if inc.len() >= limit || !inner.source_gate.is_open() {
-            drop(inc);
-            inner.stats.connections_refused.fetch_add(1, Ordering::Relaxed);
-            let why = if inner.source_gate.is_open() {
-                (Status::ResourceExhausted, format!("connection limit of {limit} reached"))
-            } else {
-                (Status::Unavailable, "the source side is closed".to_string())
-            };
-            let mut s = stream;
-            let _ = s.set_write_timeout(Some(io::TICK));
-            let mut tick = || Err(Error::TimedOut("refusal".into()));
-            let _ = io::write_frame(&mut s, MsgKind::Error, &message::encode_error(why.0, &why.1), &mut tick);
-            let _ = s.shutdown(Shutdown::Both);
-            continue;
-        }
-        let Ok(handle) = stream.try_clone() else { continue };
-        let (c, fabric) = (ctx.clone(), ipc.clone());
-        serve_in_thread(&inner, &mut inc, ConnHandle::Tcp(handle), "orbite-serve", move |id| {
-            if opens_with_ipc_hello(&stream, fabric.handshake_timeout, &fabric.stopping) {
-                if let Ok(ch) = Channel::from_tcp(stream) {
-                    crate::transport::ipc::source::serve(fabric, ch, id);
-                }
-                return;
+impl Listeners {
+    /// Waits for the next connection; `None` once the engine stops.
+    /// Transient failures (e.g. EMFILE) back off briefly instead of spinning.
+    fn next_conn<S>(&self, accept: impl Fn() -> std::io::Result<S>) -> Option<S> {
+        loop {
+            match accept() {
+                Ok(s) => return (!self.stopping.load(Ordering::Acquire)).then_some(s),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) if self.stopping.load(Ordering::Acquire) => return None,
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
             }
-            tcp::serve(c, stream)
-        });
+        }
     }
-}
 
-/// Accepts IPC channel connections until the engine stops.
-pub(crate) fn ipc_accept_loop(inner: Arc<Inner>, ctx: Arc<IpcSourceContext>) {
-    let Some(listener) = inner.ipc_listener.as_ref() else { return };
-    while let Some(stream) = next_conn(&inner, || listener.accept().map(|(s, _)| s)) {
-        let mut inc = inner.incoming.lock();
-        reap(&mut inc);
-        if inc.len() >= inner.config.max_incoming_connections as usize {
-            drop(inc);
-            inner.stats.connections_refused.fetch_add(1, Ordering::Relaxed);
-            let _ = stream.shutdown(Shutdown::Both);
-            continue;
-        }
-        let Ok(handle) = stream.try_clone() else { continue };
-        let c = ctx.clone();
-        serve_in_thread(&inner, &mut inc, ConnHandle::Unix(handle), "orbite-ipc-serve", move |id| {
-            if let Ok(ch) = Channel::from_stream(stream) {
-                crate::transport::ipc::source::serve(c, ch, id)
+    /// Serves an admitted connection on its own thread and records it.
+    fn serve_in_thread(
+        &self,
+        inc: &mut HashMap<u64, Incoming>,
+        conn: ConnHandle,
+        name: &str,
+        serve: impl FnOnce(u64) + Send + 'static,
+    ) {
+        let id = self.next_incoming.fetch_add(1, Ordering::Relaxed);
+        match std::thread::Builder::new().name(name.into()).spawn(move || serve(id)) {
+            Ok(t) => {
+                inc.insert(id, Incoming { conn, thread: Some(t) });
             }
-        });
+            Err(_) => Incoming { conn, thread: None }.stop(),
+        }
+    }
+
+    /// Accepts TCP control connections (and fabric channels) until the engine stops.
+    fn tcp_accept_loop(&self, ctx: Arc<SourceContext>, ipc: Arc<IpcSourceContext>) {
+        while let Some(stream) = self.next_conn(|| self.tcp.accept().map(|(s, _)| s)) {
+            let mut inc = self.incoming.lock();
+            reap(&mut inc);
+            let limit = self.limit;
+            if inc.len() >= limit || !self.source_gate.is_open() {
+                drop(inc);
+                self.counters.connections_refused.fetch_add(1, Ordering::Relaxed);
+                let why = if self.source_gate.is_open() {
+                    (Status::ResourceExhausted, format!("connection limit of {limit} reached"))
+                } else {
+                    (Status::Unavailable, "the source side is closed".to_string())
+                };
+                let mut s = stream;
+                let _ = s.set_write_timeout(Some(io::TICK));
+                let mut tick = || Err(Error::TimedOut("refusal".into()));
+                let _ = io::write_frame(&mut s, MsgKind::Error, &message::encode_error(why.0, &why.1), &mut tick);
+                let _ = s.shutdown(Shutdown::Both);
+                continue;
+            }
+            let Ok(handle) = stream.try_clone() else { continue };
+            let (c, fabric) = (ctx.clone(), ipc.clone());
+            self.serve_in_thread(&mut inc, ConnHandle::Tcp(handle), "orbite-serve", move |id| {
+                if opens_with_ipc_hello(&stream, fabric.handshake_timeout, &fabric.stopping) {
+                    if let Ok(ch) = Channel::from_tcp(stream) {
+                        crate::transport::ipc::source::serve(fabric, ch, id);
+                    }
+                    return;
+                }
+                tcp::serve(c, stream)
+            });
+        }
+    }
+
+    /// Accepts IPC channel connections until the engine stops.
+    fn ipc_accept_loop(&self, ctx: Arc<IpcSourceContext>) {
+        let Some(listener) = self.ipc.as_ref() else { return };
+        while let Some(stream) = self.next_conn(|| listener.accept().map(|(s, _)| s)) {
+            let mut inc = self.incoming.lock();
+            reap(&mut inc);
+            if inc.len() >= self.limit {
+                drop(inc);
+                self.counters.connections_refused.fetch_add(1, Ordering::Relaxed);
+                let _ = stream.shutdown(Shutdown::Both);
+                continue;
+            }
+            let Ok(handle) = stream.try_clone() else { continue };
+            let c = ctx.clone();
+            self.serve_in_thread(&mut inc, ConnHandle::Unix(handle), "orbite-ipc-serve", move |id| {
+                if let Ok(ch) = Channel::from_stream(stream) {
+                    crate::transport::ipc::source::serve(c, ch, id)
+                }
+            });
+        }
     }
 }

@@ -1,8 +1,8 @@
 //! `Batch`: the handle of one submission.
 
 use crate::error::{Error, Result, Status};
+use crate::kinds::Transport;
 use crate::transfer::{BatchShared, RequestResult};
-use crate::transport::Transport;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,16 +23,6 @@ pub struct Batch {
 
 impl Batch {
     pub(crate) fn new(shared: Arc<BatchShared>) -> Batch {
-        Batch { shared }
-    }
-
-    /// The shared completion record (C handles hold it directly).
-    pub(crate) fn shared(&self) -> Arc<BatchShared> {
-        self.shared.clone()
-    }
-
-    /// A handle over an existing completion record.
-    pub(crate) fn from_shared(shared: Arc<BatchShared>) -> Batch {
         Batch { shared }
     }
 

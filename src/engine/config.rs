@@ -5,7 +5,8 @@
 //! The keys are documented in `docs/config.md`.
 
 use crate::error::{Error, Result};
-use crate::transport::TransportKind;
+use crate::kinds::TransportKind;
+pub use crate::transport::mnnvl::MnnvlHandleType;
 use serde_json::{Map, Value};
 use std::net::SocketAddr;
 
@@ -15,24 +16,6 @@ pub const KIB: u64 = 1024;
 pub const MIB: u64 = 1024 * KIB;
 /// 1 GiB.
 pub const GIB: u64 = 1024 * MIB;
-
-/// How MNNVL exports name their memory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MnnvlHandleType {
-    /// A 64-byte CUDA fabric handle (`CU_MEM_HANDLE_TYPE_FABRIC`).
-    Fabric,
-    /// A POSIX file descriptor passed between processes of one host.
-    PosixFd,
-}
-
-impl MnnvlHandleType {
-    fn as_str(self) -> &'static str {
-        match self {
-            MnnvlHandleType::Fabric => "fabric",
-            MnnvlHandleType::PosixFd => "posix_fd",
-        }
-    }
-}
 
 /// Multi-node NVLink (MNNVL) and EGM settings. `None` in
 /// [`EngineConfig::mnnvl`] disables MNNVL.
@@ -47,20 +30,11 @@ pub struct MnnvlConfig {
     pub host_register: bool,
     /// Enable HOST_NUMA (EGM) allocation and remote host grants (default false).
     pub egm: bool,
-    /// Threshold in units of 128 KiB (default 1024). MNNVL always uses the
-    /// asynchronous stream path; the value is kept for configuration parity.
-    pub async_memcpy_threshold: u32,
 }
 
 impl Default for MnnvlConfig {
     fn default() -> Self {
-        MnnvlConfig {
-            handle_type: MnnvlHandleType::Fabric,
-            fabric_domain: None,
-            host_register: true,
-            egm: false,
-            async_memcpy_threshold: 1024,
-        }
+        MnnvlConfig { handle_type: MnnvlHandleType::Fabric, fabric_domain: None, host_register: true, egm: false }
     }
 }
 
@@ -207,7 +181,12 @@ impl MnnvlConfig {
                 }
                 "host_register" => c.host_register = get_bool(&key, v)?,
                 "egm" => c.egm = get_bool(&key, v)?,
-                "async_memcpy_threshold" => c.async_memcpy_threshold = get_u32(&key, v, 0, 65_536)?,
+                // Accepted and range-checked for parity with the seed's
+                // configuration; it configures nothing: MNNVL copies always
+                // take the asynchronous stream path (docs/config.md).
+                "async_memcpy_threshold" => {
+                    get_u32(&key, v, 0, 65_536)?;
+                }
                 _ => return Err(bad(&key, "unknown key")),
             }
         }
@@ -220,7 +199,6 @@ impl MnnvlConfig {
             "fabric_domain": self.fabric_domain.as_ref().map(hex16),
             "host_register": self.host_register,
             "egm": self.egm,
-            "async_memcpy_threshold": self.async_memcpy_threshold,
         })
     }
 }
@@ -371,7 +349,6 @@ mod tests {
                 fabric_domain: Some([7u8; 16]),
                 host_register: false,
                 egm: true,
-                async_memcpy_threshold: 3,
             }),
             max_transfer_bytes: 8 * MIB,
             transport_policy: vec![TransportKind::Tcp, TransportKind::Shm],

@@ -2,17 +2,17 @@
 //! and a CUDA driver is present): each pairs a source-side export table with
 //! a requester-side importer over one backend.
 
-use super::EngineConfig;
+use super::config::{EngineConfig, MnnvlHandleType};
 use crate::control::Identity;
+use crate::counters::Counters;
 use crate::error::Result;
+use crate::kinds::TransportKind;
 use crate::memory::{MemoryKind, Region, RegionTable};
-use crate::stats::Stats;
-use crate::sync_util::{Budget, Gate};
+use crate::sync::admission::{Budget, Gate};
 use crate::transport::ipc::backend::IpcBackend;
 use crate::transport::ipc::export::ExportTable;
 use crate::transport::ipc::faults::{Faults, FaultyBackend};
 use crate::transport::ipc::requester::IpcRequester;
-use crate::transport::TransportKind;
 use std::sync::Arc;
 
 /// One IPC transport of an engine.
@@ -28,7 +28,7 @@ pub(crate) struct IpcTransport {
 pub(crate) struct IpcParts<'a> {
     pub(crate) config: &'a EngineConfig,
     pub(crate) regions: &'a Arc<RegionTable>,
-    pub(crate) stats: &'a Arc<Stats>,
+    pub(crate) stats: &'a Arc<Counters>,
     pub(crate) mapping_budget: &'a Arc<Budget>,
     pub(crate) source_gate: &'a Arc<Gate>,
     pub(crate) faults: &'a Arc<Faults>,
@@ -107,25 +107,19 @@ impl IpcParts<'_> {
 
 #[cfg(feature = "cuda")]
 fn mnnvl_backend(config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, PoolFn)> {
-    crate::cuda::driver::driver()?;
+    crate::cuda::ready()?;
     let pool = crate::cuda::stream_pool::StreamPool::new(
-        crate::cuda::nvlink::CudaStreams,
+        crate::cuda::streams::CudaStreams,
         config.nvlink_stream_count as usize,
     );
-    let b = crate::cuda::mnnvl::MnnvlBackend::new(config.mnnvl.clone().unwrap_or_default(), pool.clone())?;
+    let handle_type = config.mnnvl.as_ref().map_or(MnnvlHandleType::Fabric, |m| m.handle_type);
+    let b = crate::transport::mnnvl::MnnvlBackend::new(handle_type, pool.clone())?;
     Ok((Arc::new(b), Box::new(move || pool.counts())))
 }
 
-#[cfg(not(feature = "cuda"))]
-fn mnnvl_backend(_config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, PoolFn)> {
-    Err(crate::error::Error::Unavailable(crate::cuda_support::unavailable_reason().unwrap_or_default()))
-}
-
-type PoolFn = Box<dyn Fn() -> crate::cuda::stream_pool::PoolCounts + Send + Sync>;
-
 #[cfg(feature = "cuda")]
 fn nvlink_backend(config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, PoolFn)> {
-    let b = crate::cuda::nvlink::NvlinkBackend::new(
+    let b = crate::transport::nvlink::NvlinkBackend::new(
         config.nvlink_stream_count as usize,
         config.nvlink_async_memcpy_threshold_kb,
     )?;
@@ -133,10 +127,18 @@ fn nvlink_backend(config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, PoolFn)
     Ok((Arc::new(b), Box::new(move || pool.counts())))
 }
 
+/// Without the `cuda` feature neither CUDA backend exists: the reason.
 #[cfg(not(feature = "cuda"))]
 fn nvlink_backend(_config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, PoolFn)> {
-    Err(crate::error::Error::Unavailable(crate::cuda_support::unavailable_reason().unwrap_or_default()))
+    Err(crate::error::Error::Unavailable(crate::cuda::NO_CUDA.into()))
 }
+
+#[cfg(not(feature = "cuda"))]
+fn mnnvl_backend(config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, PoolFn)> {
+    nvlink_backend(config)
+}
+
+type PoolFn = Box<dyn Fn() -> crate::cuda::stream_pool::PoolCounts + Send + Sync>;
 
 /// Whether a request may use `kind`, given the local and remote memory kinds.
 pub(crate) fn kinds_allow(kind: TransportKind, local: MemoryKind, remote: MemoryKind) -> bool {
@@ -176,7 +178,7 @@ pub(crate) fn local_placement_ok(kind: TransportKind, local: MemoryKind, addr: u
     if kind != TransportKind::Mnnvl || local != MemoryKind::Egm {
         return true;
     }
-    crate::cuda::mnnvl::egm_node(addr).is_none_or(|n| crate::cuda::mnnvl::device_for_node(n).is_ok())
+    crate::cuda::fabric::egm_node(addr).is_none_or(|n| crate::cuda::fabric::device_for_node(n).is_ok())
 }
 
 /// Without the `cuda` feature there is no EGM memory to place.
@@ -226,10 +228,32 @@ pub(crate) const FABRIC_CHANNEL_CAPABILITY: u32 = 1 << 9;
 pub(crate) fn fabric_channel_domain(config: &EngineConfig) -> Option<[u8; 16]> {
     let m = config.mnnvl.as_ref()?;
     let d = m.fabric_domain?;
-    (m.handle_type == super::MnnvlHandleType::Fabric && d != [0; 16]).then_some(d)
+    (m.handle_type == MnnvlHandleType::Fabric && d != [0; 16]).then_some(d)
 }
 
 /// IPC peers must share a boot (the IPC channel is a Unix socket).
 pub(crate) fn same_boot(a: &Identity, b: &Identity) -> bool {
     a.same_boot(b)
+}
+
+/// What the IPC transports retain after unconfirmed cleanups (exports
+/// without a close receipt, imports kept after an unconfirmed close, fenced
+/// local owners, quarantined streams) and the regions with a cached import,
+/// per transport, as JSON.
+pub(crate) fn retained_detail(ipc: &[IpcTransport]) -> serde_json::Value {
+    let mut v = serde_json::Map::new();
+    for t in ipc {
+        let counts = t.requester.counts();
+        let mut entry = serde_json::json!({
+            "retained_exports": t.exports.retained(),
+            "retained_imports": counts.retained,
+            "fenced_local_owners": counts.fenced_local,
+            "cached_regions": t.requester.cached_regions(),
+        });
+        if let Some(pool) = &t.pool {
+            entry["quarantined_streams"] = serde_json::json!(pool().retained_streams);
+        }
+        v.insert(t.kind.name().to_string(), entry);
+    }
+    serde_json::Value::Object(v)
 }

@@ -1,9 +1,10 @@
 //! `EngineStats`: a serialisable snapshot of an engine's counters.
 
-use crate::stats::{Stats, TransportStats};
+use super::Engine;
+use crate::counters::{Counters, TransportStats};
+use crate::kinds::TransportKind;
 use crate::transport::ipc::export::ExportCounts;
 use crate::transport::ipc::requester::ImportCounts;
-use crate::transport::TransportKind;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -82,7 +83,6 @@ pub struct EngineStats {
 /// Live values the engine gathers for a snapshot.
 pub(crate) struct Live {
     pub inflight_bytes: u64,
-    pub mapping_bytes: u64,
     pub peers: usize,
     pub peers_alive: usize,
     pub incoming_connections: usize,
@@ -93,7 +93,7 @@ pub(crate) struct Live {
 }
 
 impl EngineStats {
-    pub(crate) fn collect(s: &Stats, live: Live) -> EngineStats {
+    pub(crate) fn collect(s: &Counters, live: Live) -> EngineStats {
         let transports = TransportKind::ALL.iter().map(|t| (t.name().to_string(), s.transport(*t))).collect();
         let mut ipc = BTreeMap::new();
         for (name, e, m, (pending, workers)) in &live.ipc {
@@ -123,7 +123,6 @@ impl EngineStats {
                 progress_workers: workers,
             })
             .unwrap_or_default();
-        let _ = live.mapping_bytes;
         EngineStats {
             transports,
             inflight_bytes: live.inflight_bytes,
@@ -143,5 +142,45 @@ impl EngineStats {
     /// JSON text of the snapshot.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|_| "{}".into())
+    }
+}
+
+impl Engine {
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> EngineStats {
+        let i = &self.inner;
+        let peers = i.peers.read();
+        let mut avail = std::collections::BTreeMap::new();
+        avail.insert("tcp".to_string(), "available".to_string());
+        for t in &i.ipc {
+            avail.insert(t.kind.name().to_string(), "available".to_string());
+        }
+        for (k, why) in &i.ipc_unavailable {
+            avail.insert(k.name().to_string(), format!("not available: {why}"));
+        }
+        EngineStats::collect(
+            &i.stats,
+            Live {
+                inflight_bytes: i.budget.used(),
+                peers: peers.len(),
+                peers_alive: peers.values().filter(|p| p.conn.dead_reason().is_none()).count(),
+                incoming_connections: i.listeners.live(),
+                regions: i.regions.len(),
+                ipc: i
+                    .ipc
+                    .iter()
+                    .map(|t| {
+                        (
+                            t.kind.name().to_string(),
+                            t.exports.counts(),
+                            t.requester.counts(),
+                            t.requester.progress_counts(),
+                        )
+                    })
+                    .collect(),
+                nvlink_pool: i.ipc.iter().find_map(|t| t.pool.as_ref().map(|f| (f(), t.requester.progress_counts()))),
+                transports_available: avail,
+            },
+        )
     }
 }

@@ -3,14 +3,16 @@
 //! transports execute their subbatches on the caller (setup, copies and
 //! receipts, in order); TCP queues chunks for the peer's sender thread.
 
-use super::{Batch, Engine, Peer, SubmitOptions};
+use super::batch::{Batch, SubmitOptions};
+use super::peer::Peer;
+use super::Engine;
 use crate::control::message::{Describe, RegionInfo};
 use crate::error::{Error, Result, Status};
+use crate::kinds::{Transport, TransportKind};
 use crate::memory::{owners, MemoryKind, RegionLease};
 use crate::transfer::{BatchShared, ChunkOutcome, Op, RemoteEffect, Request};
 use crate::transport::ipc::requester::{GroupError, GroupRun};
 use crate::transport::tcp::Chunk;
-use crate::transport::{Transport, TransportKind};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;

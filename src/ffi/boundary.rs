@@ -1,7 +1,7 @@
 //! The panic boundary, the thread-local last error and argument helpers.
 
 use super::types::*;
-use crate::error::{Error, Result, Status};
+use crate::{Error, Result, Status};
 use std::cell::RefCell;
 use std::ffi::{c_char, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -12,14 +12,14 @@ thread_local! {
 }
 
 /// Records `msg` as this thread's last error.
-pub fn set_last_error(msg: &str) {
+pub(crate) fn set_last_error(msg: &str) {
     let c = CString::new(msg.replace('\0', " ")).unwrap_or_default();
     LAST_ERROR.with(|l| *l.borrow_mut() = c);
 }
 
 /// Pointer to this thread's last error text (valid until the next failing
 /// call on this thread).
-pub fn last_error_ptr() -> *const c_char {
+pub(crate) fn last_error_ptr() -> *const c_char {
     LAST_ERROR.with(|l| l.borrow().as_ptr())
 }
 
@@ -35,33 +35,33 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
 
 /// Runs `f` inside the panic boundary and maps its outcome to a status,
 /// recording failures as the last error.
-pub fn guard(f: impl FnOnce() -> Result<()>) -> orbite_status {
+pub(crate) fn guard(f: impl FnOnce() -> Result<()>) -> orbite_status {
     match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => ORBITE_STATUS_OK,
+        Ok(Ok(())) => Status::Ok as u32,
         Ok(Err(e)) => fail(e),
         Err(p) => {
             set_last_error(&format!("internal panic (a bug in liborbite): {}", panic_text(&*p)));
-            ORBITE_STATUS_PANIC
+            Status::Panic as u32
         }
     }
 }
 
 /// Like [`guard`] for calls whose status is computed (poll/wait): `f`
 /// returns the status directly, and failures still set the last error.
-pub fn guard_status(f: impl FnOnce() -> Result<Status>) -> orbite_status {
+pub(crate) fn guard_status(f: impl FnOnce() -> Result<Status>) -> orbite_status {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(s)) => s as u32,
         Ok(Err(e)) => fail(e),
         Err(p) => {
             set_last_error(&format!("internal panic (a bug in liborbite): {}", panic_text(&*p)));
-            ORBITE_STATUS_PANIC
+            Status::Panic as u32
         }
     }
 }
 
 /// Runs `f` (which returns a plain value) inside the panic boundary; a panic
 /// gives `fallback`.
-pub fn guard_value<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+pub(crate) fn guard_value<T>(fallback: T, f: impl FnOnce() -> T) -> T {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(fallback)
 }
 
@@ -71,20 +71,20 @@ fn fail(e: Error) -> orbite_status {
 }
 
 /// A required pointer argument.
-pub fn need<'a, T>(p: *const T, name: &str) -> Result<&'a T> {
+pub(crate) fn need<'a, T>(p: *const T, name: &str) -> Result<&'a T> {
     // SAFETY: the caller passes a pointer from C; NULL is checked here and a
     // non-NULL pointer must point to a valid T per the C contract.
     unsafe { p.as_ref() }.ok_or_else(|| Error::NullArgument(format!("{name} is NULL")))
 }
 
 /// A required mutable pointer argument.
-pub fn need_mut<'a, T>(p: *mut T, name: &str) -> Result<&'a mut T> {
+pub(crate) fn need_mut<'a, T>(p: *mut T, name: &str) -> Result<&'a mut T> {
     // SAFETY: as in `need`; the C contract gives exclusive use of *p for the call.
     unsafe { p.as_mut() }.ok_or_else(|| Error::NullArgument(format!("{name} is NULL")))
 }
 
 /// A required NUL-terminated UTF-8 string.
-pub fn need_str<'a>(p: *const c_char, name: &str) -> Result<&'a str> {
+pub(crate) fn need_str<'a>(p: *const c_char, name: &str) -> Result<&'a str> {
     if p.is_null() {
         return Err(Error::NullArgument(format!("{name} is NULL")));
     }
@@ -93,14 +93,14 @@ pub fn need_str<'a>(p: *const c_char, name: &str) -> Result<&'a str> {
 }
 
 /// Milliseconds, 0 = engine default.
-pub fn timeout_opt(ms: u32) -> Option<Duration> {
+pub(crate) fn timeout_opt(ms: u32) -> Option<Duration> {
     (ms != 0).then(|| Duration::from_millis(ms as u64))
 }
 
 /// Writes `text` to a caller buffer following the text out-parameter rule:
 /// on OK the NUL-terminated text and its length; on BUFFER_TOO_SMALL only
 /// the length needed.
-pub fn write_text(text: &str, buf: *mut c_char, cap: usize, out_len: *mut usize) -> Result<()> {
+pub(crate) fn write_text(text: &str, buf: *mut c_char, cap: usize, out_len: *mut usize) -> Result<()> {
     let out_len = need_mut(out_len, "out_len")?;
     let n = text.len();
     if cap < n + 1 {
@@ -118,10 +118,4 @@ pub fn write_text(text: &str, buf: *mut c_char, cap: usize, out_len: *mut usize)
     }
     *out_len = n;
     Ok(())
-}
-
-/// Writes an out-pointer (after success).
-pub fn put<T>(out: *mut T, v: T) {
-    // SAFETY: callers check `out` for NULL before doing any work.
-    unsafe { out.write(v) };
 }

@@ -4,7 +4,7 @@
 use super::boundary::*;
 use super::memory::allocate_into;
 use super::types::*;
-use crate::cuda_support;
+use crate::{allocate_egm, allocate_mnnvl, allocate_pinned_host, retained_resources_json, CudaMemory};
 use std::ffi::c_char;
 
 /// Allocates CUDA device memory on `device` (not exportable).
@@ -14,7 +14,7 @@ pub extern "C" fn orbite_cuda_allocate(
     length: usize,
     out_alloc: *mut *mut orbite_allocation,
 ) -> orbite_status {
-    guard(|| allocate_into(out_alloc, length, |len| cuda_support::allocate_device(device, len, false)))
+    guard(|| allocate_into(out_alloc, length, |len| CudaMemory::allocate(device, len)))
 }
 
 /// Allocates CUDA device memory for IPC export (2 MiB physical rounding, zeroed).
@@ -24,7 +24,7 @@ pub extern "C" fn orbite_cuda_allocate_ipc(
     length: usize,
     out_alloc: *mut *mut orbite_allocation,
 ) -> orbite_status {
-    guard(|| allocate_into(out_alloc, length, |len| cuda_support::allocate_device(device, len, true)))
+    guard(|| allocate_into(out_alloc, length, |len| CudaMemory::allocate_ipc(device, len)))
 }
 
 /// Allocates pinned (page-locked) host memory through CUDA.
@@ -33,7 +33,7 @@ pub extern "C" fn orbite_cuda_allocate_pinned_host(
     length: usize,
     out_alloc: *mut *mut orbite_allocation,
 ) -> orbite_status {
-    guard(|| allocate_into(out_alloc, length, cuda_support::allocate_pinned_host))
+    guard(|| allocate_into(out_alloc, length, allocate_pinned_host))
 }
 
 /// Allocates fabric-exportable GPU memory (MNNVL).
@@ -43,7 +43,7 @@ pub extern "C" fn orbite_allocate_mnnvl(
     length: usize,
     out_alloc: *mut *mut orbite_allocation,
 ) -> orbite_status {
-    guard(|| allocate_into(out_alloc, length, |len| cuda_support::allocate_mnnvl(device, len)))
+    guard(|| allocate_into(out_alloc, length, |len| allocate_mnnvl(device, len)))
 }
 
 /// Allocates fabric-exportable host memory on a NUMA node (EGM).
@@ -53,7 +53,7 @@ pub extern "C" fn orbite_allocate_egm(
     length: usize,
     out_alloc: *mut *mut orbite_allocation,
 ) -> orbite_status {
-    guard(|| allocate_into(out_alloc, length, |len| cuda_support::allocate_egm(numa_node, len)))
+    guard(|| allocate_into(out_alloc, length, |len| allocate_egm(numa_node, len)))
 }
 
 /// Writes, as JSON, the CUDA driver as probed (`cuda_available`, and the
@@ -66,5 +66,5 @@ pub extern "C" fn orbite_cuda_retained_resources_json(
     cap: usize,
     out_len: *mut usize,
 ) -> orbite_status {
-    guard(|| write_text(&cuda_support::retained_resources_json(), buf, cap, out_len))
+    guard(|| write_text(&retained_resources_json(), buf, cap, out_len))
 }

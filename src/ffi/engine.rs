@@ -2,10 +2,8 @@
 
 use super::boundary::*;
 use super::types::*;
-use crate::engine::Engine;
-use crate::error::Error;
-use crate::memory::Access;
-use std::ffi::{c_char, c_void, CStr};
+use crate::{Access, Engine, Error, RegionInfo, Status};
+use std::ffi::{c_char, c_void};
 
 /// The ABI version (== ORBITE_ABI_VERSION of the header compiled against).
 #[no_mangle]
@@ -19,35 +17,11 @@ pub extern "C" fn orbite_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
 }
 
-const STATUS_NAMES: [&CStr; 21] = [
-    c"ORBITE_STATUS_OK",
-    c"ORBITE_STATUS_PENDING",
-    c"ORBITE_STATUS_NULL_ARGUMENT",
-    c"ORBITE_STATUS_INVALID_ARGUMENT",
-    c"ORBITE_STATUS_INVALID_CONFIG",
-    c"ORBITE_STATUS_NOT_FOUND",
-    c"ORBITE_STATUS_OUT_OF_RANGE",
-    c"ORBITE_STATUS_PERMISSION_DENIED",
-    c"ORBITE_STATUS_UNAVAILABLE",
-    c"ORBITE_STATUS_RESOURCE_EXHAUSTED",
-    c"ORBITE_STATUS_TIMED_OUT",
-    c"ORBITE_STATUS_STALE_PEER",
-    c"ORBITE_STATUS_UNQUIESCED",
-    c"ORBITE_STATUS_TRANSFER_FAILED",
-    c"ORBITE_STATUS_PROTOCOL_ERROR",
-    c"ORBITE_STATUS_NOT_SUPPORTED",
-    c"ORBITE_STATUS_CUDA_ERROR",
-    c"ORBITE_STATUS_IO_ERROR",
-    c"ORBITE_STATUS_BUFFER_TOO_SMALL",
-    c"ORBITE_STATUS_CANCELLED",
-    c"ORBITE_STATUS_PANIC",
-];
-
 /// The constant's name for a status ("ORBITE_STATUS_OK", ...); unknown values
 /// give "ORBITE_STATUS_UNKNOWN". Static storage.
 #[no_mangle]
 pub extern "C" fn orbite_status_name(status: u32) -> *const c_char {
-    STATUS_NAMES.get(status as usize).copied().unwrap_or(c"ORBITE_STATUS_UNKNOWN").as_ptr()
+    Status::from_u32(status).map_or(c"ORBITE_STATUS_UNKNOWN", Status::c_name_cstr).as_ptr()
 }
 
 /// The message of the last failing call on this thread ("" if none). Valid
@@ -63,10 +37,10 @@ pub extern "C" fn orbite_last_error() -> *const c_char {
 #[no_mangle]
 pub extern "C" fn orbite_engine_new(config_json: *const c_char, out_engine: *mut *mut orbite_engine) -> orbite_status {
     guard(|| {
-        need_mut(out_engine, "out_engine")?;
+        let out = need_mut(out_engine, "out_engine")?;
         let text = if config_json.is_null() { "" } else { need_str(config_json, "config_json")? };
         let engine = Engine::from_json(text)?;
-        put(out_engine, Box::into_raw(Box::new(orbite_engine { engine })));
+        *out = Box::into_raw(Box::new(orbite_engine { engine }));
         Ok(())
     })
 }
@@ -124,7 +98,7 @@ pub extern "C" fn orbite_register_memory(
 ) -> orbite_status {
     guard(|| {
         let e = need(engine, "engine")?;
-        need_mut(out_region, "out_region")?;
+        let out = need_mut(out_region, "out_region")?;
         if addr.is_null() {
             return Err(Error::NullArgument("addr is NULL".into()));
         }
@@ -134,7 +108,7 @@ pub extern "C" fn orbite_register_memory(
             ))
         })?;
         let id = e.engine.register_memory(addr as u64, length as u64, access)?;
-        put(out_region, id);
+        *out = id;
         Ok(())
     })
 }
@@ -178,10 +152,10 @@ pub extern "C" fn orbite_connect(
 ) -> orbite_status {
     guard(|| {
         let e = need(engine, "engine")?;
-        need_mut(out_peer, "out_peer")?;
+        let out = need_mut(out_peer, "out_peer")?;
         let ep = need_str(endpoint, "endpoint")?;
         let id = e.engine.connect(ep, timeout_opt(timeout_ms))?;
-        put(out_peer, id);
+        *out = id;
         Ok(())
     })
 }
@@ -199,16 +173,7 @@ pub extern "C" fn orbite_peer_regions_json(
         let e = need(engine, "engine")?;
         need_mut(out_len, "out_len")?;
         let regions = e.engine.peer_regions(peer, None)?;
-        let arr: Vec<serde_json::Value> = regions
-            .iter()
-            .map(|r| {
-                serde_json::json!({
-                    "id": r.id, "epoch": r.epoch, "addr": r.addr, "length": r.len,
-                    "access": r.access.names(), "kind": r.kind.name(),
-                })
-            })
-            .collect();
-        write_text(&serde_json::Value::Array(arr).to_string(), buf, cap, out_len)
+        write_text(&RegionInfo::list_json(&regions), buf, cap, out_len)
     })
 }
 
@@ -245,7 +210,7 @@ pub extern "C" fn orbite_close(engine: *mut orbite_engine, timeout_ms: u32) -> o
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Status;
+    use std::ffi::CStr;
 
     #[test]
     fn status_names_match_the_rust_table() {
@@ -257,35 +222,5 @@ mod tests {
         // SAFETY: as above.
         let u = unsafe { CStr::from_ptr(orbite_status_name(99)) };
         assert_eq!(u.to_str().unwrap(), "ORBITE_STATUS_UNKNOWN");
-    }
-
-    #[test]
-    fn status_constants_match_status_values() {
-        let consts = [
-            ORBITE_STATUS_OK,
-            ORBITE_STATUS_PENDING,
-            ORBITE_STATUS_NULL_ARGUMENT,
-            ORBITE_STATUS_INVALID_ARGUMENT,
-            ORBITE_STATUS_INVALID_CONFIG,
-            ORBITE_STATUS_NOT_FOUND,
-            ORBITE_STATUS_OUT_OF_RANGE,
-            ORBITE_STATUS_PERMISSION_DENIED,
-            ORBITE_STATUS_UNAVAILABLE,
-            ORBITE_STATUS_RESOURCE_EXHAUSTED,
-            ORBITE_STATUS_TIMED_OUT,
-            ORBITE_STATUS_STALE_PEER,
-            ORBITE_STATUS_UNQUIESCED,
-            ORBITE_STATUS_TRANSFER_FAILED,
-            ORBITE_STATUS_PROTOCOL_ERROR,
-            ORBITE_STATUS_NOT_SUPPORTED,
-            ORBITE_STATUS_CUDA_ERROR,
-            ORBITE_STATUS_IO_ERROR,
-            ORBITE_STATUS_BUFFER_TOO_SMALL,
-            ORBITE_STATUS_CANCELLED,
-            ORBITE_STATUS_PANIC,
-        ];
-        for (c, s) in consts.iter().zip(Status::ALL) {
-            assert_eq!(*c, s as u32, "{}", s.c_name());
-        }
     }
 }

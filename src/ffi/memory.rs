@@ -2,15 +2,14 @@
 
 use super::boundary::*;
 use super::types::*;
-use crate::error::Error;
-use crate::memory::owners;
+use crate::{allocate_shared_host, Allocation, Error, Result};
 use std::ffi::c_void;
 
 /// Allocates zeroed shared host memory (memfd, physically rounded to 2 MiB)
 /// that can be exported to peers on the same host.
 #[no_mangle]
 pub extern "C" fn orbite_host_allocate_shared(length: usize, out_alloc: *mut *mut orbite_allocation) -> orbite_status {
-    guard(|| allocate_into(out_alloc, length, owners::allocate_shared_host))
+    guard(|| allocate_into(out_alloc, length, allocate_shared_host))
 }
 
 /// Start address of an allocation; NULL for NULL.
@@ -59,13 +58,13 @@ pub extern "C" fn orbite_allocation_free(alloc: *mut orbite_allocation) -> orbit
 pub(crate) fn allocate_into(
     out: *mut *mut orbite_allocation,
     length: usize,
-    f: impl FnOnce(u64) -> crate::error::Result<crate::memory::Allocation>,
-) -> crate::error::Result<()> {
-    need_mut(out, "out_alloc")?;
+    f: impl FnOnce(u64) -> Result<Allocation>,
+) -> Result<()> {
+    let out = need_mut(out, "out_alloc")?;
     if length == 0 {
         return Err(Error::InvalidArgument("length is 0".into()));
     }
     let alloc = f(length as u64)?;
-    put(out, Box::into_raw(Box::new(orbite_allocation { alloc })));
+    *out = Box::into_raw(Box::new(orbite_allocation { alloc }));
     Ok(())
 }

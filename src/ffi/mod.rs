@@ -13,7 +13,7 @@
 // safe `extern "C" fn`s that check for NULL and document the rest.
 #![allow(clippy::not_unsafe_ptr_arg_deref)]
 
-pub mod boundary;
+pub(crate) mod boundary;
 pub mod cuda;
 pub mod engine;
 pub mod memory;

@@ -2,10 +2,7 @@
 
 use super::boundary::*;
 use super::types::*;
-use crate::engine::SubmitOptions;
-use crate::error::{Error, Status};
-use crate::transfer::{Op, Request};
-use crate::transport::{Transport, TransportKind};
+use crate::{Error, Op, Request, Status, SubmitOptions, Transport, TransportKind};
 use std::time::Duration;
 
 fn transport_from(v: u32) -> Option<Transport> {
@@ -33,7 +30,7 @@ pub extern "C" fn orbite_submit(
 ) -> orbite_status {
     guard(|| {
         let e = need(engine, "engine")?;
-        need_mut(out_batch, "out_batch")?;
+        let out_batch = need_mut(out_batch, "out_batch")?;
         if requests.is_null() {
             return Err(Error::NullArgument("requests is NULL".into()));
         }
@@ -67,7 +64,7 @@ pub extern "C" fn orbite_submit(
             o.timeout = timeout_opt(raw.timeout_ms);
         }
         let batch = e.engine.submit(peer, &reqs, o)?;
-        put(out_batch, Box::into_raw(Box::new(orbite_batch { shared: batch.shared() })));
+        *out_batch = Box::into_raw(Box::new(orbite_batch { batch }));
         Ok(())
     })
 }
@@ -77,9 +74,9 @@ pub extern "C" fn orbite_submit(
 pub extern "C" fn orbite_batch_poll(batch: *mut orbite_batch) -> orbite_status {
     guard_status(|| {
         let b = need(batch, "batch")?;
-        let s = b.shared.poll();
+        let s = b.batch.poll();
         if s == Status::TransferFailed {
-            return Err(crate::engine::Batch::from_shared(b.shared.clone()).failure());
+            return Err(b.batch.failure());
         }
         Ok(s)
     })
@@ -90,7 +87,7 @@ pub extern "C" fn orbite_batch_poll(batch: *mut orbite_batch) -> orbite_status {
 pub extern "C" fn orbite_batch_wait(batch: *mut orbite_batch, timeout_ms: u32) -> orbite_status {
     guard(|| {
         let b = need(batch, "batch")?;
-        crate::engine::Batch::from_shared(b.shared.clone()).wait(Duration::from_millis(timeout_ms as u64))
+        b.batch.wait(Duration::from_millis(timeout_ms as u64))
     })
 }
 
@@ -106,7 +103,7 @@ pub extern "C" fn orbite_batch_results(
         if out.is_null() {
             return Err(Error::NullArgument("out is NULL".into()));
         }
-        let results = b.shared.results();
+        let results = b.batch.results();
         if count != results.len() {
             return Err(Error::InvalidArgument(format!(
                 "count is {count} but the batch holds {} requests",
@@ -129,7 +126,7 @@ pub extern "C" fn orbite_batch_results(
 #[no_mangle]
 pub extern "C" fn orbite_batch_cancel(batch: *mut orbite_batch) -> orbite_status {
     guard(|| {
-        need(batch, "batch")?.shared.cancel();
+        need(batch, "batch")?.batch.cancel();
         Ok(())
     })
 }

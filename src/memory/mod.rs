@@ -1,6 +1,9 @@
 //! Memory: registered regions (bounds, access, epoch), the allocations the
-//! library owns, and leases that keep a region alive while a copy uses it.
+//! library owns (shared host memory here, CUDA memory through `cuda`), the
+//! loans exports take of them, and leases that keep a region alive while a
+//! copy uses it.
 
+pub mod cuda;
 pub mod owners;
 pub mod region;
 

@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
 
-/// Physical rounding of shareable allocations (2 MiB).
+/// Physical rounding of shareable allocations (shared host memory and CUDA
+/// IPC memory): 2 MiB.
 pub const SHARED_ROUNDING: u64 = 2 * 1024 * 1024;
 
 /// The kind of memory behind a registration.
@@ -71,23 +72,34 @@ impl MemoryKind {
     }
 }
 
+/// Releases native memory (the allocation's address is the argument); a
+/// failure keeps the allocation.
+pub type Release = Box<dyn Fn(u64) -> Result<()> + Send + Sync>;
+
 /// The backing of an owned allocation.
-#[derive(Debug)]
 pub enum Backing {
     /// memfd mapped shared; the fd can be passed to peers.
     Memfd {
         /// The memory file.
         fd: OwnedFd,
     },
-    /// CUDA device memory (`cuMemAlloc`) on a device.
-    CudaDevice {
-        /// Device ordinal.
-        device: i32,
+    /// Memory another layer made (CUDA device, pinned host or VMM memory),
+    /// released through the hook it was adopted with.
+    Native {
+        /// The device it lives on, when it is device memory.
+        device: Option<i32>,
+        /// Frees it.
+        release: Release,
     },
-    /// CUDA pinned host memory (`cuMemHostAlloc`).
-    PinnedHost,
-    /// CUDA VMM memory (MNNVL, EGM) kept in the CUDA layer's table.
-    Vmm,
+}
+
+impl std::fmt::Debug for Backing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Backing::Memfd { fd } => f.debug_struct("Memfd").field("fd", fd).finish(),
+            Backing::Native { device, .. } => f.debug_struct("Native").field("device", device).finish(),
+        }
+    }
 }
 
 /// What the owner table knows about the allocation holding an address.
@@ -202,17 +214,20 @@ impl Allocation {
                 // export holds it, so nothing uses it.
                 unsafe { libc::munmap(self.owned.addr as *mut libc::c_void, self.owned.physical as usize) };
             }
-            Backing::CudaDevice { device } => crate::cuda_support::free_device(*device, self.owned.addr)?,
-            Backing::PinnedHost => crate::cuda_support::free_pinned_host(self.owned.addr)?,
-            Backing::Vmm => crate::cuda_support::free_vmm(self.owned.addr)?,
+            Backing::Native { release, .. } => release(self.owned.addr)?,
         }
         map.remove(&self.owned.addr);
         Ok(())
     }
 }
 
-fn round_up(v: u64, to: u64) -> Option<u64> {
-    v.checked_add(to - 1).map(|x| x / to * to)
+/// `len` rounded up to [`SHARED_ROUNDING`] (and small enough to map), or
+/// `InvalidArgument`.
+pub fn shared_physical(len: u64) -> Result<u64> {
+    len.checked_add(SHARED_ROUNDING - 1)
+        .map(|x| x / SHARED_ROUNDING * SHARED_ROUNDING)
+        .filter(|p| *p <= isize::MAX as u64)
+        .ok_or_else(|| Error::InvalidArgument(format!("length {len} is too large")))
 }
 
 /// Maps `len` bytes of a memory file read/write and shared (the owner's
@@ -242,9 +257,7 @@ pub fn allocate_shared_host(len: u64) -> Result<Allocation> {
     if len == 0 {
         return Err(Error::InvalidArgument("length is 0".into()));
     }
-    let physical = round_up(len, SHARED_ROUNDING)
-        .filter(|p| *p <= isize::MAX as u64)
-        .ok_or_else(|| Error::InvalidArgument(format!("length {len} is too large")))?;
+    let physical = shared_physical(len)?;
     let name = b"orbite-shm\0";
     // SAFETY: name is NUL-terminated; memfd_create has no other inputs.
     let raw = unsafe { libc::memfd_create(name.as_ptr().cast(), libc::MFD_CLOEXEC) };
@@ -306,14 +319,15 @@ pub fn owner_of(addr: u64) -> Option<OwnerInfo> {
             _ => None,
         },
         device: match &o.backing {
-            Backing::CudaDevice { device } => Some(*device),
-            _ => None,
+            Backing::Native { device, .. } => *device,
+            Backing::Memfd { .. } => None,
         },
     })
 }
 
-/// Records memory the library allocated through another layer (CUDA) so
-/// that registration recognises it and frees are checked.
+/// Records memory the library allocated (or adopted) through another layer
+/// (CUDA) so that registration recognises it and frees are checked; the
+/// backing says how to release it.
 pub fn adopt(kind: MemoryKind, addr: u64, len: u64, physical: u64, backing: Backing) -> Allocation {
     let owned = Arc::new(Owned { kind, addr, len, physical, backing });
     OWNERS.lock().insert(addr, Entry { owned: owned.clone(), counts: Counts::default() });
@@ -322,7 +336,7 @@ pub fn adopt(kind: MemoryKind, addr: u64, len: u64, physical: u64, backing: Back
 
 /// Adjusts the registration count of the owned allocation holding `addr`
 /// (no-op for plain host memory).
-pub(crate) fn note_registered(addr: u64, _len: u64, delta: i64) {
+pub(crate) fn note_registered(addr: u64, delta: i64) {
     let mut map = OWNERS.lock();
     if let Some((_, e)) = map.range_mut(..=addr).next_back() {
         if addr < e.owned.addr + e.owned.physical {
@@ -394,10 +408,10 @@ mod tests {
         assert_eq!(kind_of(a.addr(), 17).unwrap(), MemoryKind::SharedHost);
         assert!(kind_of(a.addr(), 18).is_err());
         assert!(matches!(allocate_shared_host(0), Err(Error::InvalidArgument(_))));
-        note_registered(a.addr(), 1, 1);
+        note_registered(a.addr(), 1);
         let (a, e) = a.free().unwrap_err();
         assert!(matches!(e, Error::Unavailable(_)));
-        note_registered(a.addr(), 1, -1);
+        note_registered(a.addr(), -1);
         a.free().unwrap();
     }
 }

@@ -196,7 +196,7 @@ impl RegionTable {
             closing: AtomicBool::new(false),
             backing_hold: Mutex::new(None),
         });
-        owners::note_registered(addr, len, 1);
+        owners::note_registered(addr, 1);
         map.insert(addr, region.clone());
         Ok(region)
     }
@@ -227,7 +227,7 @@ impl RegionTable {
         }
         drop(g);
         self.by_addr.write().remove(&region.addr);
-        owners::note_registered(region.addr, region.len, -1);
+        owners::note_registered(region.addr, -1);
         // No copy uses it any more: the transport's hold goes now, not when
         // the last stray reference to the region drops.
         drop(region.backing_hold.lock().take());
@@ -280,7 +280,7 @@ impl RegionTable {
     pub fn clear(&self) {
         let mut map = self.by_addr.write();
         for r in map.values() {
-            owners::note_registered(r.addr, r.len, -1);
+            owners::note_registered(r.addr, -1);
         }
         map.clear();
     }

@@ -4,7 +4,7 @@
 //! memfd memory, the CUDA backends plug in driver calls.
 
 use crate::error::Result;
-use crate::transport::TransportKind;
+use crate::kinds::TransportKind;
 use std::os::fd::{OwnedFd, RawFd};
 
 /// A handle as exported: opaque bytes (e.g. a CUDA IPC or fabric handle)
@@ -52,8 +52,6 @@ pub enum CopyPlan {
 pub trait Mapping: Send + Sync {
     /// Local address of the allocation's first byte.
     fn base(&self) -> u64;
-    /// Bytes mapped (the physical extent).
-    fn mapped_len(&self) -> u64;
     /// Enqueues (or performs) the copies.
     fn copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<()>;
     /// Waits until every copy enqueued so far is complete.

@@ -94,7 +94,7 @@ impl Channel {
 
     /// Connects a fabric channel to the source's TCP endpoint.
     pub fn connect_tcp(endpoint: &str, deadline: Instant) -> Result<Channel> {
-        let addr = crate::engine::endpoint::parse(endpoint)?;
+        let addr = crate::control::endpoint::parse(endpoint)?;
         let wait = deadline.saturating_duration_since(Instant::now()).max(std::time::Duration::from_millis(1));
         let s = TcpStream::connect_timeout(&addr, wait).map_err(|e| match e.kind() {
             ErrorKind::ConnectionRefused => {

@@ -9,11 +9,11 @@
 use super::backend::IpcBackend;
 use super::messages::{ExportOffer, ExportRef, ExportRequest, Revalidate, OP_READ, OP_WRITE};
 use crate::control::identity::{process_start_time, ProcessIdentity};
+use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::memory::owners::{self, Loan};
 use crate::memory::{MemoryKind, RegionLease, RegionTable};
-use crate::stats::Stats;
-use crate::sync_util::{Budget, Gate, Permit};
+use crate::sync::admission::{Budget, Gate, Permit};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -89,7 +89,7 @@ pub struct ExportTable {
     backend: Arc<dyn IpcBackend>,
     regions: Arc<RegionTable>,
     budget: Arc<Budget>,
-    stats: Arc<Stats>,
+    stats: Arc<Counters>,
     gate: Arc<Gate>,
     table: Mutex<Table>,
     changed: Condvar,
@@ -133,7 +133,7 @@ impl ExportTable {
         kinds: Vec<MemoryKind>,
         regions: Arc<RegionTable>,
         budget: Arc<Budget>,
-        stats: Arc<Stats>,
+        stats: Arc<Counters>,
         gate: Arc<Gate>,
     ) -> ExportTable {
         ExportTable {

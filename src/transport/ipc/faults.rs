@@ -5,7 +5,7 @@
 
 use super::backend::{CopyOp, CopyPlan, ExportedHandle, IpcBackend, Mapping, ReceivedHandle};
 use crate::error::{Error, Result};
-use crate::transport::TransportKind;
+use crate::kinds::TransportKind;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
@@ -68,9 +68,6 @@ impl IpcBackend for FaultyBackend {
 impl Mapping for FaultyMapping {
     fn base(&self) -> u64 {
         self.inner.base()
-    }
-    fn mapped_len(&self) -> u64 {
-        self.inner.mapped_len()
     }
     fn copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<()> {
         if Faults::take(&self.faults.fail_copy) {

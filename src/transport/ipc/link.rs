@@ -35,7 +35,7 @@ pub struct IpcLink {
     /// Peer label for messages.
     pub label: String,
     /// The IPC transport this link carries.
-    pub transport: crate::transport::TransportKind,
+    pub transport: crate::kinds::TransportKind,
     local: Identity,
     chan: Mutex<ChanState>,
     next_tag: AtomicU64,
@@ -51,7 +51,7 @@ enum ChanState {
 impl IpcLink {
     /// A link (not connected yet).
     pub fn new(
-        transport: crate::transport::TransportKind,
+        transport: crate::kinds::TransportKind,
         route: Route,
         source: Identity,
         endpoint: String,

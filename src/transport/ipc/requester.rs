@@ -12,7 +12,7 @@ use crate::control::message::RegionInfo;
 use crate::error::{Error, Result};
 use crate::memory::owners;
 use crate::memory::MemoryKind;
-use crate::sync_util::{Budget, Permit};
+use crate::sync::admission::{Budget, Permit};
 use crate::transfer::{ChunkOutcome, Op, RemoteEffect, Request};
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -14,13 +14,13 @@ use std::time::{Duration, Instant};
 /// What the IPC serving side needs.
 pub struct IpcSourceContext {
     /// The exports of each IPC transport this engine offers.
-    pub tables: Vec<(crate::transport::TransportKind, Arc<ExportTable>)>,
+    pub tables: Vec<(crate::kinds::TransportKind, Arc<ExportTable>)>,
     /// This engine's identity.
     pub identity: Identity,
     /// The fabric domain for which MNNVL channels are accepted over TCP.
     pub fabric_domain: Option<[u8; 16]>,
     /// Counters (fabric channels accepted).
-    pub stats: Arc<crate::stats::Stats>,
+    pub stats: Arc<crate::counters::Counters>,
     /// Set when the engine stops.
     pub stopping: Arc<AtomicBool>,
     /// Handshake deadline.
@@ -78,7 +78,7 @@ fn serve_inner(
     if ch.is_tcp() {
         // A fabric channel: no kernel identity; only MNNVL with fabric
         // handles, and only for this engine's own nonzero fabric domain.
-        let mnnvl = crate::transport::TransportKind::Mnnvl as u32;
+        let mnnvl = crate::kinds::TransportKind::Mnnvl as u32;
         match ctx.fabric_domain {
             Some(d) if hello.transport == mnnvl && hello.fabric_domain == d => {
                 ctx.stats.fabric_channels.fetch_add(1, Ordering::Relaxed);

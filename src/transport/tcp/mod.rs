@@ -1,4 +1,5 @@
-//! The TCP transport: payload carried over the control connection.
+//! The TCP transport: payload carried over the control connection, after
+//! the handshake (`handshake`: both sides).
 //!
 //! The requester side ([`requester::TcpConnection`]) runs a sender thread
 //! that writes queued chunks and a reader thread that reads responses
@@ -6,6 +7,7 @@
 //! ([`source::serve`]) validates every request against its regions and
 //! streams payload straight from or into them.
 
+pub mod handshake;
 pub mod requester;
 pub mod source;
 

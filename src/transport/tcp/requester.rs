@@ -3,12 +3,12 @@
 use crate::control::frame::{FrameHeader, MsgKind};
 use crate::control::io::{self, HeaderRead, TICK};
 use crate::control::message::{self, DataRequest, DataResponse, Describe, DATA_RESPONSE_LEN, MAX_REASON};
+use crate::counters::Counters;
 use crate::error::{Error, Result, Status};
+use crate::kinds::TransportKind;
 use crate::memory::RegionLease;
-use crate::stats::Stats;
-use crate::sync_util::{Gate, GateGuard, Permit};
+use crate::sync::admission::{Gate, GateGuard, Permit};
 use crate::transfer::{BatchShared, ChunkOutcome, Op, RemoteEffect};
-use crate::transport::TransportKind;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::io::BufReader;
@@ -92,7 +92,7 @@ pub struct TcpConnection {
     describe: Mutex<DescribeState>,
     describe_cv: Condvar,
     threads: Mutex<Vec<JoinHandle<()>>>,
-    stats: Arc<Stats>,
+    stats: Arc<Counters>,
     gate: Arc<Gate>,
     /// Peer label for messages.
     pub label: String,
@@ -100,7 +100,7 @@ pub struct TcpConnection {
 
 impl TcpConnection {
     /// Wraps a connected, handshaken stream and starts its threads.
-    pub fn start(stream: TcpStream, peer: Describe, label: String, stats: Arc<Stats>) -> Result<Arc<TcpConnection>> {
+    pub fn start(stream: TcpStream, peer: Describe, label: String, stats: Arc<Counters>) -> Result<Arc<TcpConnection>> {
         let e = |what: &str, err: std::io::Error| Error::io(what, &err);
         stream.set_read_timeout(Some(TICK)).map_err(|x| e("set_read_timeout", x))?;
         stream.set_write_timeout(Some(TICK)).map_err(|x| e("set_write_timeout", x))?;

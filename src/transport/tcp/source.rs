@@ -3,11 +3,11 @@
 use crate::control::frame::{FrameHeader, MsgKind};
 use crate::control::io::{self, HeaderRead, TICK};
 use crate::control::message::{self, DataRequest, DataResponse, Describe, DATA_REQUEST_LEN};
+use crate::counters::Counters;
 use crate::error::{Error, Result, Status};
+use crate::kinds::TransportKind;
 use crate::memory::{RegionLease, RegionTable};
-use crate::stats::Stats;
-use crate::sync_util::{Gate, GateGuard};
-use crate::transport::TransportKind;
+use crate::sync::admission::{Gate, GateGuard};
 use std::io::{BufReader, Read};
 use std::net::{Shutdown, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,7 +19,7 @@ pub struct SourceContext {
     /// The engine's regions.
     pub regions: Arc<RegionTable>,
     /// Counters.
-    pub stats: Arc<Stats>,
+    pub stats: Arc<Counters>,
     /// Serving stops (requests answered Unavailable) once this is closed.
     pub gate: Arc<Gate>,
     /// Set when the engine shuts down: serving threads exit.
@@ -70,25 +70,9 @@ pub fn serve(ctx: Arc<SourceContext>, mut stream: TcpStream) {
 
 fn serve_inner(ctx: &SourceContext, r: &mut BufReader<TcpStream>, w: &mut TcpStream) -> Result<()> {
     // Handshake: the requester speaks first with its Describe.
-    let hs_deadline = Instant::now() + ctx.handshake_timeout;
-    let mut hs_tick = || {
-        ctx.tick()?;
-        if Instant::now() >= hs_deadline {
-            return Err(Error::Protocol("no Describe within the handshake timeout".into()));
-        }
-        Ok(())
-    };
-    let h = match io::read_header(r, &mut hs_tick)? {
-        HeaderRead::Eof => return Ok(()),
-        HeaderRead::Frame(h) => h,
-    };
-    if h.kind != MsgKind::Describe {
-        return Err(Error::Protocol(format!("expected Describe first, got {:?}", h.kind)));
+    if super::handshake::answer(r, w, ctx.handshake_timeout, &|| ctx.tick(), || (ctx.describe)())?.is_none() {
+        return Ok(());
     }
-    let body = io::read_body(r, h.body_len, &mut hs_tick)?;
-    let _peer = Describe::decode(&body)?;
-    let mine = (ctx.describe)().encode();
-    io::write_frame(w, MsgKind::Describe, &mine, &mut || ctx.tick())?;
 
     let frame_timeout = ctx.handshake_timeout;
     loop {

@@ -1,7 +1,10 @@
-//! The synchronisation primitives of the model-checked structures (the
-//! CUDA stream pool, the relocation cache): parking_lot in every real build; shuttle's, behind a
-//! parking_lot-shaped API, when the `model-check` feature builds the
-//! concurrency models (`tests/models.rs`).
+//! Synchronisation. This module is the lock shim of the model-checked
+//! structures (the CUDA stream pool, the relocation cache): parking_lot in
+//! every real build; shuttle's, behind a parking_lot-shaped API, when the
+//! `model-check` feature builds the concurrency models (`tests/models.rs`).
+//! [`admission`] holds the byte budgets and gates of the engine.
+
+pub mod admission;
 
 #[cfg(not(feature = "model-check"))]
 pub use parking_lot::{Condvar, Mutex, MutexGuard};

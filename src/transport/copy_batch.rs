@@ -1,10 +1,10 @@
 //! `CopyBatch`: the destination, source and length arrays of one copy group,
 //! and the decision between one native batch copy (`cuMemcpyBatchAsync_v2`,
 //! for at least two independent copies) and ordered enqueue (overlapping
-//! destinations, or a source that depends on a destination).
+//! destinations, or a source that depends on a destination). The plan is
+//! the one the IPC protocol computed for the group (`ipc::plan::classify`).
 
 use crate::transport::ipc::backend::{CopyOp, CopyPlan};
-use crate::transport::ipc::plan::classify;
 
 /// The arrays handed to the driver.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,7 +15,7 @@ pub struct CopyBatch {
     pub srcs: Vec<u64>,
     /// Lengths.
     pub sizes: Vec<usize>,
-    /// Independent or ordered (from an O(n log n) sort of the intervals).
+    /// Independent or ordered, as planned for the group.
     pub plan: CopyPlan,
 }
 
@@ -29,13 +29,14 @@ pub enum Submission {
 }
 
 impl CopyBatch {
-    /// Builds the arrays for `ops` (at most the admitted prefix is passed).
-    pub fn build(ops: &[CopyOp]) -> CopyBatch {
+    /// Builds the arrays for `ops` (at most the admitted prefix is passed)
+    /// under the group's `plan`.
+    pub fn build(ops: &[CopyOp], plan: CopyPlan) -> CopyBatch {
         CopyBatch {
             dsts: ops.iter().map(|o| o.dst).collect(),
             srcs: ops.iter().map(|o| o.src).collect(),
             sizes: ops.iter().map(|o| o.len as usize).collect(),
-            plan: classify(ops),
+            plan,
         }
     }
 
@@ -63,6 +64,11 @@ impl CopyBatch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::ipc::plan::classify;
+
+    fn build(ops: &[CopyOp]) -> CopyBatch {
+        CopyBatch::build(ops, classify(ops))
+    }
 
     fn op(dst: u64, src: u64, len: u64) -> CopyOp {
         CopyOp { dst, src, len }
@@ -70,14 +76,14 @@ mod tests {
 
     #[test]
     fn arrays_and_submission_choice() {
-        let b = CopyBatch::build(&[op(0, 1000, 10), op(100, 2000, 20)]);
+        let b = build(&[op(0, 1000, 10), op(100, 2000, 20)]);
         assert_eq!((b.dsts.clone(), b.srcs.clone(), b.sizes.clone()), (vec![0, 100], vec![1000, 2000], vec![10, 20]));
         assert_eq!(b.submission(true), Submission::Native);
         assert_eq!(b.submission(false), Submission::Ordered, "no v2 symbol: never the 12.8 signature");
-        assert_eq!(CopyBatch::build(&[op(0, 1000, 10)]).submission(true), Submission::Ordered);
-        let dep = CopyBatch::build(&[op(0, 1000, 10), op(5, 2000, 20)]);
+        assert_eq!(build(&[op(0, 1000, 10)]).submission(true), Submission::Ordered);
+        let dep = build(&[op(0, 1000, 10), op(5, 2000, 20)]);
         assert_eq!(dep.submission(true), Submission::Ordered);
-        let chain = CopyBatch::build(&[op(0, 1000, 10), op(3000, 0, 10)]);
+        let chain = build(&[op(0, 1000, 10), op(3000, 0, 10)]);
         assert_eq!(chain.submission(true), Submission::Ordered);
     }
 }

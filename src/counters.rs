@@ -1,6 +1,6 @@
 //! Engine counters, updated lock-free on the hot path.
 
-use crate::transport::TransportKind;
+use crate::kinds::TransportKind;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -18,7 +18,7 @@ struct PerTransport {
 
 /// Live counters of one engine.
 #[derive(Default)]
-pub struct Stats {
+pub struct Counters {
     per: [PerTransport; 4],
     /// Protocol errors seen on any connection.
     pub protocol_errors: AtomicU64,
@@ -50,7 +50,7 @@ pub struct TransportStats {
     pub wire_bytes_sent: u64,
 }
 
-impl Stats {
+impl Counters {
     /// Records a finished request of this engine.
     pub fn record_request(&self, t: TransportKind, ok: bool, bytes: u64) {
         let p = &self.per[t.index()];

@@ -3,9 +3,9 @@
 //! copies are CPU copies that are complete when `copy` returns.
 
 use crate::error::{Error, Result};
+use crate::kinds::TransportKind;
 use crate::memory::owners;
 use crate::transport::ipc::backend::{CopyOp, CopyPlan, ExportedHandle, IpcBackend, Mapping, ReceivedHandle};
-use crate::transport::TransportKind;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -57,11 +57,9 @@ impl Mapping for ShmMapping {
     fn base(&self) -> u64 {
         self.base
     }
-    fn mapped_len(&self) -> u64 {
-        self.len
-    }
     fn copy(&self, ops: &[CopyOp], _plan: CopyPlan) -> Result<()> {
-        // CPU copies in input order satisfy both plans; the caller checked
+        // CPU copies in input order satisfy both plans (an independent group
+        // may run in any order, input order included); the caller checked
         // every range against its registration and the grant.
         for o in ops {
             // SAFETY: src and dst lie in a leased local region and in this

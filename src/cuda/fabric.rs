@@ -1,0 +1,504 @@
+//! VMM memory on the driver: fabric-handle (or POSIX-fd) allocations on a
+//! GPU or a host NUMA node (EGM), the table of every such allocation of the
+//! process, their export and import as shareable handles, and EGM NUMA
+//! placement. Fabric symbols are resolved only when MNNVL is requested;
+//! the allocation life cycle is the CPU-tested model in [`super::vmm`].
+
+use super::driver::{check, check_device, driver, primary_context, ContextGuard, Ctx};
+use super::vmm::{VmmAllocation, VmmOps, VmmState, FABRIC_HANDLE_BYTES};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// Where physical memory lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// GPU memory of a device.
+    Device(i32),
+    /// Host memory of a NUMA node (EGM).
+    HostNuma(i32),
+}
+
+const FABRIC: sys::CUmemAllocationHandleType = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_FABRIC;
+const POSIX_FD: sys::CUmemAllocationHandleType =
+    sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+
+/// `Ok` when the driver has the fabric-handle VMM symbols (API 12030+).
+pub fn fabric_ready() -> Result<()> {
+    if !driver()?.fabric_symbols {
+        return Err(Error::NotSupported(
+            "the CUDA driver lacks the fabric-handle VMM symbols (driver API 12030+ needed)".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn location(p: Placement) -> sys::CUmemLocation {
+    // SAFETY: an all-zero location is valid storage; both fields are set.
+    let mut l: sys::CUmemLocation = unsafe { std::mem::zeroed() };
+    match p {
+        Placement::Device(d) => {
+            l.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+            l.id = d;
+        }
+        Placement::HostNuma(n) => {
+            l.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA;
+            l.id = n;
+        }
+    }
+    l
+}
+
+fn prop(p: Placement, handles: sys::CUmemAllocationHandleType) -> sys::CUmemAllocationProp {
+    // SAFETY: an all-zero property block is valid; the fields that matter are set.
+    let mut pr: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    pr.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    pr.requestedHandleTypes = handles;
+    pr.location = location(p);
+    pr
+}
+
+/// The driver's VMM operations for one placement and handle-type set.
+pub struct CudaVmm {
+    placement: Placement,
+    handles: sys::CUmemAllocationHandleType,
+    ctx: usize,
+}
+
+impl CudaVmm {
+    fn bind(&self) -> Result<ContextGuard> {
+        ContextGuard::bind(self.ctx)
+    }
+
+    /// The reported allocation granularity.
+    pub fn granularity(&self) -> Result<u64> {
+        let _g = self.bind()?;
+        let pr = prop(self.placement, self.handles);
+        let mut g = 0usize;
+        let opt = sys::CUmemAllocationGranularity_flags::CU_MEM_ALLOC_GRANULARITY_MINIMUM;
+        // SAFETY: writes one size_t; pr is a valid property block.
+        check(unsafe { sys::cuMemGetAllocationGranularity(&mut g, &pr, opt) }, "cuMemGetAllocationGranularity")?;
+        Ok(g as u64)
+    }
+}
+
+impl VmmOps for CudaVmm {
+    fn create(&self, size: u64) -> Result<u64> {
+        let _g = self.bind()?;
+        let pr = prop(self.placement, self.handles);
+        let mut h: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: writes one handle; pr is valid.
+        let r = unsafe { sys::cuMemCreate(&mut h, size as usize, &pr, 0) };
+        if matches!(r, sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY) {
+            return Err(Error::ResourceExhausted(format!("CUDA cannot supply {size} bytes at {:?}", self.placement)));
+        }
+        check(r, "cuMemCreate")?;
+        Ok(h)
+    }
+    fn reserve(&self, size: u64) -> Result<u64> {
+        let _g = self.bind()?;
+        let mut va: sys::CUdeviceptr = 0;
+        // SAFETY: writes one address.
+        check(unsafe { sys::cuMemAddressReserve(&mut va, size as usize, 0, 0, 0) }, "cuMemAddressReserve")?;
+        Ok(va)
+    }
+    fn map(&self, va: u64, size: u64, handle: u64) -> Result<()> {
+        let _g = self.bind()?;
+        // SAFETY: va is a reserved range of `size`; handle is a live allocation.
+        check(unsafe { sys::cuMemMap(va, size as usize, 0, handle, 0) }, "cuMemMap")
+    }
+    fn set_access(&self, va: u64, size: u64) -> Result<()> {
+        let _g = self.bind()?;
+        // Every visible local GPU (peer ordinals never enter here), plus the
+        // CPU of the NUMA node for EGM.
+        let mut descs: Vec<sys::CUmemAccessDesc> = (0..driver()?.devices)
+            .map(|d| sys::CUmemAccessDesc {
+                location: location(Placement::Device(d)),
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            })
+            .collect();
+        if let Placement::HostNuma(n) = self.placement {
+            descs.push(sys::CUmemAccessDesc {
+                location: location(Placement::HostNuma(n)),
+                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            });
+        }
+        // SAFETY: descs holds descs.len() valid entries.
+        check(unsafe { sys::cuMemSetAccess(va, size as usize, descs.as_ptr(), descs.len()) }, "cuMemSetAccess")
+    }
+    fn unmap(&self, va: u64, size: u64) -> Result<()> {
+        let _g = self.bind()?;
+        // SAFETY: va was mapped with this size.
+        check(unsafe { sys::cuMemUnmap(va, size as usize) }, "cuMemUnmap")
+    }
+    fn release(&self, handle: u64) -> Result<()> {
+        let _g = self.bind()?;
+        // SAFETY: our handle, unmapped.
+        check(unsafe { sys::cuMemRelease(handle) }, "cuMemRelease")
+    }
+    fn address_free(&self, va: u64, size: u64) -> Result<()> {
+        let _g = self.bind()?;
+        // SAFETY: our reserved range, unmapped.
+        check(unsafe { sys::cuMemAddressFree(va, size as usize) }, "cuMemAddressFree")
+    }
+}
+
+struct Entry {
+    alloc: VmmAllocation,
+    ops: CudaVmm,
+}
+
+/// Every VMM allocation of the process (made here or wrapped), by address.
+static VMM: Mutex<BTreeMap<u64, Entry>> = Mutex::new(BTreeMap::new());
+static FABRIC_WORKS: Mutex<Option<HashMap<i32, bool>>> = Mutex::new(None);
+
+/// Whether a real (small) fabric export works on `device`: the attribute can
+/// say yes while no IMEX channel exists, so the probe exports for real.
+pub fn fabric_export_works(device: i32) -> Result<bool> {
+    if let Some(v) = FABRIC_WORKS.lock().get_or_insert_with(HashMap::new).get(&device) {
+        return Ok(*v);
+    }
+    let ctx = primary_context(device)?;
+    let ops = CudaVmm { placement: Placement::Device(device), handles: FABRIC, ctx };
+    let works = (|| -> Result<()> {
+        let g = ops.granularity()?;
+        let h = ops.create(g)?;
+        let _c = ContextGuard::bind(ctx)?;
+        let mut fh = sys::CUmemFabricHandle { data: [0; FABRIC_HANDLE_BYTES] };
+        // SAFETY: exports our fresh handle into a 64-byte buffer.
+        let r = check(
+            unsafe { sys::cuMemExportToShareableHandle((&mut fh as *mut sys::CUmemFabricHandle).cast(), h, FABRIC, 0) },
+            "fabric export probe",
+        );
+        let _ = ops.release(h);
+        r
+    })()
+    .is_ok();
+    FABRIC_WORKS.lock().get_or_insert_with(HashMap::new).insert(device, works);
+    Ok(works)
+}
+
+/// The exportable handle types of a caller's VMM allocation, after checking
+/// its properties against the seed's preconditions: pinned, placed where the
+/// caller says, and created with POSIX-fd and/or fabric handle types.
+fn wrapped_handle_types(placement: Placement, handle: u64) -> Result<sys::CUmemAllocationHandleType> {
+    // SAFETY: an all-zero property block is valid storage for the driver.
+    let mut pr: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    // SAFETY: writes one property block; the driver validates the handle.
+    check(
+        unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&mut pr, handle) },
+        "cuMemGetAllocationPropertiesFromHandle (is this a live VMM allocation handle?)",
+    )
+    .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+    if pr.type_ != sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED {
+        return Err(Error::InvalidArgument(format!("VMM handle 0x{handle:x} is not a pinned allocation")));
+    }
+    let want = location(placement);
+    if pr.location.type_ != want.type_ || pr.location.id != want.id {
+        return Err(Error::InvalidArgument(format!(
+            "VMM handle 0x{handle:x} lives at {:?} {}, not at {placement:?}",
+            pr.location.type_, pr.location.id
+        )));
+    }
+    let types = pr.requestedHandleTypes.0 & (FABRIC.0 | POSIX_FD.0);
+    if types == 0 {
+        return Err(Error::InvalidArgument(format!(
+            "VMM handle 0x{handle:x} was created without POSIX-fd or fabric handle types: it cannot be exported"
+        )));
+    }
+    Ok(sys::CUmemAllocationHandleType_enum(types))
+}
+
+static NODE_DEVICES: Mutex<Option<HashMap<i32, Option<i32>>>> = Mutex::new(None);
+
+/// The visible GPU attached to host NUMA node `node`
+/// (`CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID`): EGM memory there is copied on that
+/// GPU. An unknown or incompatible placement is `NotSupported`.
+pub fn device_for_node(node: i32) -> Result<i32> {
+    if let Some(found) = NODE_DEVICES.lock().get_or_insert_with(HashMap::new).get(&node) {
+        return found.ok_or_else(|| no_gpu_at(node));
+    }
+    let devices = driver()?.devices;
+    let found = (0..devices).find(|&d| {
+        let mut dev = 0;
+        let mut numa = -1;
+        // SAFETY: the driver was probed; both calls write one int.
+        unsafe {
+            sys::cuDeviceGet(&mut dev, d) == sys::CUresult::CUDA_SUCCESS
+                && sys::cuDeviceGetAttribute(&mut numa, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID, dev)
+                    == sys::CUresult::CUDA_SUCCESS
+        }
+        .then_some(numa)
+            == Some(node)
+    });
+    NODE_DEVICES.lock().get_or_insert_with(HashMap::new).insert(node, found);
+    found.ok_or_else(|| no_gpu_at(node))
+}
+
+fn no_gpu_at(node: i32) -> Error {
+    Error::NotSupported(format!(
+        "no visible GPU is attached to NUMA node {node}: EGM memory there cannot be copied over MNNVL"
+    ))
+}
+
+/// Where new VMM memory goes: the GPU of a device, or host memory of a
+/// NUMA node (EGM). Fabric handles when a real export works on that GPU,
+/// POSIX fds (same host) otherwise; never ordinary device memory.
+/// Returns the mapped address and the physical (granularity-rounded) size.
+pub fn allocate(placement: Placement, len: u64) -> Result<(u64, u64)> {
+    let ctx_device = match placement {
+        Placement::Device(d) => {
+            check_device(d)?;
+            d
+        }
+        Placement::HostNuma(n) => {
+            driver()?;
+            if n < 0 {
+                return Err(Error::InvalidArgument(format!("NUMA node {n} does not exist")));
+            }
+            0
+        }
+    };
+    fabric_ready()?;
+    let ctx = primary_context(ctx_device)?;
+    let handles = if fabric_export_works(ctx_device)? {
+        sys::CUmemAllocationHandleType_enum(FABRIC.0 | POSIX_FD.0)
+    } else {
+        POSIX_FD
+    };
+    let ops = CudaVmm { placement, handles, ctx };
+    let g = ops.granularity()?;
+    let alloc = VmmAllocation::allocate(&ops, len, g)?;
+    let out = (alloc.va, alloc.physical);
+    VMM.lock().insert(alloc.va, Entry { alloc, ops });
+    Ok(out)
+}
+
+/// Records existing VMM storage `[va, va+size)` mapped from `handle` after
+/// checking it: a live pinned allocation placed where the caller says,
+/// exportable (POSIX-fd and/or fabric handle types), aligned to the
+/// granularity and mapped exactly there.
+///
+/// # Safety
+/// The caller owns the whole allocation, its padding is initialized, the
+/// mapping is exactly `[va, va+size)`, and the caller consents to sharing it
+/// with peers. The external owner keeps the final unmap: [`free`] only
+/// forgets it.
+pub unsafe fn wrap(placement: Placement, va: u64, size: u64, handle: u64) -> Result<()> {
+    fabric_ready()?;
+    let device = match placement {
+        Placement::Device(d) => d,
+        Placement::HostNuma(_) => 0,
+    };
+    let ctx = primary_context(device)?;
+    let handles = wrapped_handle_types(placement, handle)?;
+    let ops = CudaVmm { placement, handles, ctx };
+    let g = ops.granularity()?;
+    if size == 0 || size % g != 0 || va % g != 0 {
+        return Err(Error::InvalidArgument(format!("0x{va:x}+{size} is not aligned to the granularity {g}")));
+    }
+    let c = ContextGuard::bind(ctx)?;
+    let (mut base, mut len) = (0u64, 0usize);
+    // SAFETY: queries the driver about an address; writes two values.
+    let r = unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut len, va) };
+    c.restore()?;
+    if r == sys::CUresult::CUDA_SUCCESS && (base != va || len as u64 != size) {
+        return Err(Error::InvalidArgument(format!(
+            "0x{va:x}+{size} is not a whole mapping (the driver reports 0x{base:x}+{len})"
+        )));
+    }
+    let alloc = VmmAllocation { va, physical: size, handle, state: VmmState::Mapped, exports: 0, owned: false };
+    VMM.lock().insert(va, Entry { alloc, ops });
+    Ok(())
+}
+
+/// The checked local release of the VMM allocation at `va` (unmap, release,
+/// free the range); `Unquiesced` keeps it. Wrapped storage is only
+/// forgotten (refused while exports are outstanding).
+pub fn free(va: u64) -> Result<()> {
+    let mut map = VMM.lock();
+    let e = map.get_mut(&va).ok_or_else(|| Error::NotFound(format!("no VMM allocation at 0x{va:x}")))?;
+    if e.alloc.owned {
+        e.alloc.free(&e.ops)?;
+    } else if e.alloc.exports > 0 {
+        return Err(Error::Unavailable(format!("{} exports are outstanding", e.alloc.exports)));
+    }
+    map.remove(&va);
+    Ok(())
+}
+
+/// The NUMA node of the EGM allocation holding `addr` (`None`: not EGM).
+pub fn egm_node(addr: u64) -> Option<i32> {
+    let map = VMM.lock();
+    let (_, e) = map.range(..=addr).next_back()?;
+    if addr >= e.alloc.va + e.alloc.physical {
+        return None;
+    }
+    match e.ops.placement {
+        Placement::HostNuma(n) => Some(n),
+        Placement::Device(_) => None,
+    }
+}
+
+/// How an export names its memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HandleType {
+    /// A 64-byte fabric handle (`CU_MEM_HANDLE_TYPE_FABRIC`).
+    Fabric,
+    /// A POSIX file descriptor (same host).
+    PosixFd,
+}
+
+/// A shareable handle made for one export.
+pub enum Shareable {
+    /// A fabric handle.
+    Fabric([u8; FABRIC_HANDLE_BYTES]),
+    /// A file descriptor made for this export alone.
+    PosixFd(OwnedFd),
+}
+
+/// What an export of a VMM allocation hands out.
+pub struct Exported {
+    /// Physical size of the allocation.
+    pub physical: u64,
+    /// The granularity it was created with.
+    pub granularity: u64,
+    /// The handle.
+    pub handle: Shareable,
+}
+
+/// Exports the VMM allocation at `base` as a `ty` handle and counts the
+/// export (the allocation cannot be freed until [`retire_export`]).
+pub fn export(base: u64, ty: HandleType) -> Result<Exported> {
+    let mut map = VMM.lock();
+    let e =
+        map.get_mut(&base).ok_or_else(|| Error::NotSupported(format!("0x{base:x} is not an MNNVL/EGM allocation")))?;
+    let granularity = e.ops.granularity()?;
+    let c = e.ops.bind()?;
+    let handle = match ty {
+        HandleType::Fabric => {
+            if e.ops.handles.0 & FABRIC.0 == 0 {
+                return Err(Error::NotSupported(
+                    "fabric handles do not work on this machine (no IMEX channel?); configure handle_type posix_fd for same-host peers"
+                        .into(),
+                ));
+            }
+            let mut fh = sys::CUmemFabricHandle { data: [0; FABRIC_HANDLE_BYTES] };
+            // SAFETY: exports the allocation's handle into 64 bytes.
+            check(
+                unsafe {
+                    sys::cuMemExportToShareableHandle(
+                        (&mut fh as *mut sys::CUmemFabricHandle).cast(),
+                        e.alloc.handle,
+                        FABRIC,
+                        0,
+                    )
+                },
+                "cuMemExportToShareableHandle (fabric)",
+            )?;
+            Shareable::Fabric(fh.data)
+        }
+        HandleType::PosixFd => {
+            let mut fd: libc::c_int = -1;
+            // SAFETY: exports into one int fd that we then own.
+            check(
+                unsafe {
+                    sys::cuMemExportToShareableHandle((&mut fd as *mut libc::c_int).cast(), e.alloc.handle, POSIX_FD, 0)
+                },
+                "cuMemExportToShareableHandle (posix fd)",
+            )?;
+            // SAFETY: a fresh fd from the driver, owned here.
+            Shareable::PosixFd(unsafe { OwnedFd::from_raw_fd(fd) })
+        }
+    };
+    c.restore()?;
+    e.alloc.add_export()?;
+    Ok(Exported { physical: e.alloc.physical, granularity, handle })
+}
+
+/// An export of the allocation at `base` ended.
+pub fn retire_export(base: u64) {
+    if let Some(e) = VMM.lock().get_mut(&base) {
+        let _ = e.alloc.retire_export();
+    }
+}
+
+/// A peer's handle, as received.
+pub enum Received<'a> {
+    /// A fabric handle.
+    Fabric(&'a [u8; FABRIC_HANDLE_BYTES]),
+    /// A POSIX fd that came with the handle.
+    PosixFd(&'a OwnedFd),
+}
+
+/// A peer's VMM allocation mapped here, on the visible local GPUs.
+#[derive(Debug, Clone, Copy)]
+pub struct Imported {
+    /// Local address of the mapping.
+    pub va: u64,
+    /// Bytes mapped.
+    pub size: u64,
+    /// The imported allocation handle.
+    pub handle: u64,
+    /// The context it was mapped in (device 0's primary context).
+    pub ctx: Ctx,
+}
+
+/// Imports a peer's handle of `physical` bytes and maps it with access for
+/// every visible local GPU (peer ordinals never select a context).
+pub fn import(received: Received<'_>, physical: u64) -> Result<Imported> {
+    let ctx = primary_context(0)?;
+    let g = ContextGuard::bind(ctx)?;
+    let mut h: sys::CUmemGenericAllocationHandle = 0;
+    match received {
+        Received::Fabric(data) => {
+            let mut fh = sys::CUmemFabricHandle { data: *data };
+            // SAFETY: imports from a 64-byte fabric handle; the driver checks reachability.
+            check(
+                unsafe {
+                    sys::cuMemImportFromShareableHandle(&mut h, (&mut fh as *mut sys::CUmemFabricHandle).cast(), FABRIC)
+                },
+                "cuMemImportFromShareableHandle (fabric)",
+            )?;
+        }
+        Received::PosixFd(fd) => {
+            // SAFETY: the driver takes the fd value as the OS handle.
+            check(
+                unsafe { sys::cuMemImportFromShareableHandle(&mut h, fd.as_raw_fd() as usize as *mut _, POSIX_FD) },
+                "cuMemImportFromShareableHandle (posix fd)",
+            )?;
+        }
+    }
+    let ops = CudaVmm { placement: Placement::Device(0), handles: POSIX_FD, ctx };
+    let va = match ops.reserve(physical) {
+        Ok(v) => v,
+        Err(e) => {
+            let _ = ops.release(h);
+            return Err(e);
+        }
+    };
+    if let Err(e) = ops.map(va, physical, h).and_then(|_| ops.set_access(va, physical)) {
+        let _ = ops.unmap(va, physical);
+        let _ = ops.release(h);
+        let _ = ops.address_free(va, physical);
+        return Err(e);
+    }
+    g.restore()?;
+    Ok(Imported { va, size: physical, handle: h, ctx })
+}
+
+impl Imported {
+    /// The native close: unmap, release the imported handle, free the
+    /// range. The caller has bound the import's context; a failure leaves
+    /// the state partial (never retried).
+    pub fn close(&self) -> Result<()> {
+        // SAFETY: the import's own mapping, handle and range.
+        check(unsafe { sys::cuMemUnmap(self.va, self.size as usize) }, "cuMemUnmap (import)")?;
+        // SAFETY: as above.
+        check(unsafe { sys::cuMemRelease(self.handle) }, "cuMemRelease (import)")?;
+        // SAFETY: as above.
+        check(unsafe { sys::cuMemAddressFree(self.va, self.size as usize) }, "cuMemAddressFree (import)")
+    }
+}

@@ -1,0 +1,126 @@
+//! Peers: connecting (the handshake, then one IPC link per IPC transport
+//! the two engines share), the peer table, the regions a peer publishes,
+//! and disconnecting.
+
+use super::peer::Peer;
+use super::{ipc, Engine, Inner};
+use crate::control::endpoint;
+use crate::control::message::{Describe, RegionInfo};
+use crate::error::{Error, Result};
+use crate::kinds::TransportKind;
+use crate::transport::ipc::link::{IpcLink, Route};
+use crate::transport::tcp::{handshake, TcpConnection};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+impl Engine {
+    /// Connects to the engine at `endpoint` (`IP:port` or `localhost:port`).
+    /// Returns the peer id.
+    pub fn connect(&self, endpoint: &str, timeout: Option<Duration>) -> Result<u64> {
+        self.check_open()?;
+        endpoint::parse(endpoint)?;
+        if !self.inner.requester_gate.is_open() {
+            return Err(Error::Unavailable("the requester side is closed".into()));
+        }
+        let (s, peer) = handshake::connect(endpoint, self.timeout(timeout), &self.inner.describe())?;
+        let id = self.inner.next_peer.fetch_add(1, Ordering::Relaxed);
+        let label = format!("peer {id} ({endpoint})");
+        let links = self.inner.ipc_links(&peer, endpoint, &label);
+        let conn = TcpConnection::start(s, peer, label, self.inner.stats.clone())?;
+        self.inner.peers.write().insert(id, Arc::new(Peer { endpoint: endpoint.to_string(), conn, links }));
+        Ok(id)
+    }
+
+    pub(super) fn peer(&self, id: u64) -> Result<Arc<Peer>> {
+        self.inner.peers.read().get(&id).cloned().ok_or_else(|| Error::NotFound(format!("no peer with id {id}")))
+    }
+
+    /// The regions peer `id` publishes (asks the peer for a fresh list).
+    pub fn peer_regions(&self, id: u64, timeout: Option<Duration>) -> Result<Vec<RegionInfo>> {
+        let p = self.peer(id)?;
+        if let Some(e) = p.conn.dead_reason() {
+            return Err(e);
+        }
+        Ok(p.conn.refresh_describe(Instant::now() + self.timeout(timeout))?.regions.clone())
+    }
+
+    /// The endpoint peer `id` was connected with.
+    pub fn peer_endpoint(&self, id: u64) -> Result<String> {
+        Ok(self.peer(id)?.endpoint.clone())
+    }
+
+    /// Disconnects peer `id` after its outstanding requests end (up to `timeout`).
+    pub fn disconnect(&self, id: u64, timeout: Option<Duration>) -> Result<()> {
+        let p = self.peer(id)?;
+        let deadline = Instant::now() + self.timeout(timeout);
+        if !p.conn.drain(deadline) {
+            return Err(Error::TimedOut(format!("peer {id} still has {} requests in flight", p.conn.outstanding())));
+        }
+        self.inner.peers.write().remove(&id);
+        p.conn.close();
+        p.close_links();
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// One IPC link per IPC transport this engine offers, or why the peer
+    /// cannot be reached with it.
+    fn ipc_links(
+        &self,
+        peer: &Describe,
+        endpoint: &str,
+        label: &str,
+    ) -> Vec<(TransportKind, std::result::Result<Arc<IpcLink>, String>)> {
+        let mut out: Vec<(TransportKind, std::result::Result<Arc<IpcLink>, String>)> = Vec::new();
+        for t in &self.ipc {
+            let k = t.kind;
+            // MNNVL with fabric handles and a shared nonzero fabric domain
+            // runs its channel over TCP (any host of the partition);
+            // everything else needs the same boot and the Unix channel.
+            let fabric = ipc::fabric_channel_domain(&self.config)
+                .filter(|d| k == TransportKind::Mnnvl && peer.fabric_domain == *d)
+                .filter(|_| peer.capabilities & ipc::FABRIC_CHANNEL_CAPABILITY != 0);
+            let same_process =
+                ipc::same_boot(&self.identity, &peer.identity) && peer.identity.process == self.identity.process;
+            let link = if peer.capabilities & k.capability_bit() == 0 || (peer.ipc_name.is_empty() && fabric.is_none())
+            {
+                Err(format!("{label} does not offer {}", k.name()))
+            } else if k != TransportKind::Shm && same_process {
+                Err(format!("{label} is in this process; {} needs two cooperating processes", k.name()))
+            } else if k == TransportKind::Mnnvl && peer.fabric_domain != self.fabric_domain() {
+                Err(format!("{label} advertises another fabric domain"))
+            } else if fabric.is_none() && !ipc::same_boot(&self.identity, &peer.identity) {
+                Err(format!(
+                    "{label} runs on another host or boot; {} needs the same boot{}",
+                    k.name(),
+                    if k == TransportKind::Mnnvl {
+                        " unless both peers use fabric handles with one nonzero fabric_domain"
+                    } else {
+                        ""
+                    }
+                ))
+            } else {
+                let route = match fabric {
+                    Some(d) => Route::Fabric(d),
+                    None => Route::Unix(peer.ipc_name.clone()),
+                };
+                Ok(Arc::new(IpcLink::new(
+                    k,
+                    route,
+                    peer.identity,
+                    endpoint.to_string(),
+                    label.to_string(),
+                    self.identity,
+                    self.faults.clone(),
+                )))
+            };
+            out.push((k, link));
+        }
+        for (k, why) in &self.ipc_unavailable {
+            out.push((*k, Err(format!("this engine: {why}"))));
+        }
+        out
+    }
+}

@@ -1,0 +1,93 @@
+//! Registrations: registering and unregistering memory (plain host memory,
+//! library shared host memory, library CUDA allocations), the producer
+//! streams handed over for CUDA regions, and the regions this engine holds.
+
+use super::Engine;
+use crate::control::message::RegionInfo;
+use crate::error::{Error, Result};
+use crate::memory::{Access, Allocation, MemoryKind};
+use std::time::Duration;
+
+impl Engine {
+    /// Registers `[addr, addr+len)` with remote `access`. Returns the region id.
+    pub fn register_memory(&self, addr: u64, len: u64, access: Access) -> Result<u64> {
+        self.check_open()?;
+        Ok(self.inner.regions.register(addr, len, access)?.id)
+    }
+
+    /// Unregisters a region, waiting up to `timeout` (None: engine default)
+    /// for copies and exports that use it.
+    pub fn unregister_memory(&self, region: u64, timeout: Option<Duration>) -> Result<()> {
+        self.inner.regions.unregister(region, self.timeout(timeout))
+    }
+
+    /// The regions this engine has registered.
+    pub fn regions(&self) -> Vec<RegionInfo> {
+        self.inner.regions.snapshot().iter().map(|r| RegionInfo::of(r)).collect()
+    }
+
+    /// Hands a GPU producer stream over for `region`: transfers of the region
+    /// start after the work queued on the stream so far.
+    pub fn record_producer_stream(&self, region: u64, cu_stream: u64) -> Result<()> {
+        self.check_open()?;
+        let addr = self
+            .inner
+            .regions
+            .snapshot()
+            .iter()
+            .find(|r| r.id == region)
+            .map(|r| r.addr)
+            .ok_or_else(|| Error::NotFound(format!("no region with id {region} is registered")))?;
+        crate::memory::cuda::record_producer_stream(addr, cu_stream)
+    }
+
+    /// Registers several library CUDA allocations at once (whole logical
+    /// ranges). Either every one is registered or none is.
+    pub fn register_cuda_memory_batch(&self, allocs: &[(&Allocation, Access)]) -> Result<Vec<u64>> {
+        let mut done = Vec::with_capacity(allocs.len());
+        for (a, access) in allocs {
+            if !matches!(a.kind(), MemoryKind::Cuda | MemoryKind::CudaIpc | MemoryKind::Mnnvl | MemoryKind::Egm) {
+                let e = Error::InvalidArgument(format!(
+                    "allocation at 0x{:x} holds {} memory, not CUDA memory",
+                    a.addr(),
+                    a.kind().name()
+                ));
+                self.undo(&done);
+                return Err(e);
+            }
+            match self.register_memory(a.addr(), a.len(), *access) {
+                Ok(id) => done.push(id),
+                Err(e) => {
+                    self.undo(&done);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Registers library pinned host memory (the pinned-host counterpart of
+    /// `register_cuda_memory_batch`; pageable memory is refused).
+    pub fn register_host_memory(&self, a: &Allocation, access: Access) -> Result<u64> {
+        if a.kind() != MemoryKind::PinnedHost {
+            return Err(Error::InvalidArgument(format!(
+                "allocation at 0x{:x} holds {} memory; NVLink host directions need allocate_pinned_host memory",
+                a.addr(),
+                a.kind().name()
+            )));
+        }
+        self.register_memory(a.addr(), a.len(), access)
+    }
+
+    /// Hands a producer stream over for pinned host memory (the pinned-host
+    /// variant of `record_producer_stream`).
+    pub fn record_pinned_host_producer_stream(&self, region: u64, cu_stream: u64) -> Result<()> {
+        self.record_producer_stream(region, cu_stream)
+    }
+
+    fn undo(&self, ids: &[u64]) {
+        for id in ids {
+            let _ = self.unregister_memory(*id, None);
+        }
+    }
+}

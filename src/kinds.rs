@@ -1,0 +1,66 @@
+//! The transport vocabulary every layer shares: which transport carries a
+//! request ([`TransportKind`]) and what a submission asks for ([`Transport`]).
+
+/// A payload transport.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TransportKind {
+    /// Bytes over the TCP control connection (works anywhere).
+    Tcp,
+    /// Shared host memory (memfd) between processes of one host.
+    Shm,
+    /// CUDA IPC between processes of one host.
+    Nvlink,
+    /// CUDA fabric handles across an NVLink fabric.
+    Mnnvl,
+}
+
+impl TransportKind {
+    /// Best-first default policy.
+    pub const DEFAULT_POLICY: [TransportKind; 4] =
+        [TransportKind::Mnnvl, TransportKind::Nvlink, TransportKind::Shm, TransportKind::Tcp];
+
+    /// Every transport, in stats order.
+    pub const ALL: [TransportKind; 4] =
+        [TransportKind::Tcp, TransportKind::Shm, TransportKind::Nvlink, TransportKind::Mnnvl];
+
+    /// The name used in config and stats.
+    pub fn name(self) -> &'static str {
+        match self {
+            TransportKind::Tcp => "tcp",
+            TransportKind::Shm => "shm",
+            TransportKind::Nvlink => "nvlink",
+            TransportKind::Mnnvl => "mnnvl",
+        }
+    }
+
+    /// Parses a config/policy name.
+    pub fn from_name(s: &str) -> Option<TransportKind> {
+        match s {
+            "tcp" => Some(TransportKind::Tcp),
+            "shm" => Some(TransportKind::Shm),
+            "nvlink" => Some(TransportKind::Nvlink),
+            "mnnvl" => Some(TransportKind::Mnnvl),
+            _ => None,
+        }
+    }
+
+    /// Capability bit advertised in Describe.
+    pub fn capability_bit(self) -> u32 {
+        1 << (self as u32)
+    }
+
+    /// Index into per-transport stat arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The transport a submission asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Transport {
+    /// Let `transport_policy` choose.
+    #[default]
+    Auto,
+    /// A specific transport.
+    Only(TransportKind),
+}

@@ -1,0 +1,244 @@
+//! One CUDA import mapping, for NVLink (a CUDA IPC import) and MNNVL (a VMM
+//! import): copies run on a leased stream of the pool with one trailing
+//! event (a native batch for independent groups, ordered enqueue
+//! otherwise), or, for one copy below the threshold, synchronously on the
+//! legacy stream, which is drained before the import may be released.
+//! Completion is queried once and waited for or handed to the progress
+//! worker by the IPC protocol; an uncertain drain, query or context
+//! restoration quarantines the stream and keeps the mapping.
+
+use super::copy_batch::{CopyBatch, Submission};
+use super::ipc::backend::{CopyOp, CopyPlan, Mapping};
+use crate::cuda::driver::{driver, primary_context, ContextGuard, Ctx};
+use crate::cuda::fabric::{self, Imported};
+use crate::cuda::memory as raw;
+use crate::cuda::stream_pool::{StreamLease, StreamPool};
+use crate::cuda::streams::{CudaStreams, StreamPair};
+use crate::error::{Error, Result};
+use crate::memory::cuda::consume_producer;
+use parking_lot::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How an import is closed natively.
+pub enum Closer {
+    /// `cuIpcCloseMemHandle` (NVLink).
+    Ipc,
+    /// A VMM import (MNNVL): unmap, release the imported handle, free the range.
+    Vmm(Imported),
+}
+
+/// An import mapping copied through with leased streams.
+pub struct CudaMapping {
+    base: u64,
+    len: u64,
+    ctx: Ctx,
+    pool: Arc<StreamPool<CudaStreams>>,
+    /// Single copies strictly below this many bytes run synchronously (0:
+    /// never, as for MNNVL).
+    threshold: u64,
+    /// The leased stream of the copies in flight, and the context it runs in.
+    pending: Mutex<Option<(StreamLease<StreamPair>, Ctx)>>,
+    uncertain: AtomicBool,
+    closed: AtomicBool,
+    closer: Closer,
+}
+
+impl CudaMapping {
+    /// A mapping of `len` bytes at `base`, opened in context `ctx`.
+    pub fn new(
+        base: u64,
+        len: u64,
+        ctx: Ctx,
+        pool: Arc<StreamPool<CudaStreams>>,
+        threshold: u64,
+        closer: Closer,
+    ) -> CudaMapping {
+        CudaMapping {
+            base,
+            len,
+            ctx,
+            pool,
+            threshold,
+            pending: Mutex::new(None),
+            uncertain: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            closer,
+        }
+    }
+
+    fn mark_uncertain(&self) {
+        self.uncertain.store(true, Ordering::Release);
+    }
+
+    /// The context the copies of `ops` run in: the mapping's, unless the
+    /// local side is EGM memory (MNNVL), which is copied on the GPU attached
+    /// to its NUMA node; one group must agree on that GPU.
+    fn copy_ctx(&self, ops: &[CopyOp]) -> Result<Ctx> {
+        let Closer::Vmm(_) = self.closer else { return Ok(self.ctx) };
+        let inside = |a: u64| a >= self.base && a < self.base + self.len;
+        let mut chosen: Option<i32> = None;
+        for o in ops {
+            let local = if inside(o.dst) { o.src } else { o.dst };
+            let Some(node) = fabric::egm_node(local) else { continue };
+            let d = fabric::device_for_node(node)?;
+            if chosen.is_some_and(|c| c != d) {
+                return Err(Error::NotSupported(
+                    "one group's local EGM memory sits on NUMA nodes of different GPUs; submit them separately".into(),
+                ));
+            }
+            chosen = Some(d);
+        }
+        match chosen {
+            Some(d) => primary_context(d),
+            None => Ok(self.ctx),
+        }
+    }
+
+    fn sync_copy(&self, o: &CopyOp) -> Result<()> {
+        let g = ContextGuard::bind(self.ctx)?;
+        // SAFETY: both ranges were checked against the grant and the local
+        // registration (leased for the copy); the mapping is open.
+        unsafe { raw::copy(o.dst, o.src, o.len) }?;
+        // A device-to-device cuMemcpy may return before the DMA completes:
+        // drain before the import may be released.
+        if let Err(e) = raw::synchronize_context() {
+            self.mark_uncertain();
+            return Err(Error::Unquiesced(e.to_string()));
+        }
+        g.restore().inspect_err(|_| self.mark_uncertain())
+    }
+
+    fn async_copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<()> {
+        let batch_v2 = driver()?.batch_v2;
+        let ctx = self.copy_ctx(ops)?;
+        let lease = self.pool.lease(ctx as u64, Instant::now() + Duration::from_secs(60))?;
+        let pair = lease.handle.as_ref().expect("leased pair");
+        let g = ContextGuard::bind(ctx)?;
+        let mut b = CopyBatch::build(ops, plan);
+        let enq = match b.submission(batch_v2) {
+            // SAFETY: every range was checked as in sync_copy and stays
+            // leased until the group's completion is known.
+            Submission::Native => unsafe { pair.enqueue_batch(&mut b.dsts, &mut b.srcs, &mut b.sizes) },
+            Submission::Ordered => (0..b.len()).try_for_each(|i| {
+                // SAFETY: as above; enqueued in input order.
+                unsafe { pair.enqueue_copy(b.dsts[i], b.srcs[i], b.sizes[i]) }
+            }),
+        }
+        .and_then(|_| pair.record());
+        if let Err(e) = enq {
+            // No completed-prefix evidence: every passed descriptor counts as
+            // attempted; drain the stream and replay nothing.
+            let drained = pair.synchronize();
+            let restored = g.restore();
+            let certain = drained.is_ok() && restored.is_ok();
+            self.pool.release(lease, certain);
+            if !certain {
+                self.mark_uncertain();
+            }
+            return Err(e);
+        }
+        g.restore().inspect_err(|_| self.mark_uncertain())?;
+        *self.pending.lock() = Some((lease, ctx));
+        Ok(())
+    }
+
+    fn check_certain(&self) -> Result<()> {
+        if self.uncertain.load(Ordering::Acquire) {
+            return Err(Error::Unquiesced("an earlier drain or context restoration failed".into()));
+        }
+        Ok(())
+    }
+}
+
+impl Mapping for CudaMapping {
+    fn base(&self) -> u64 {
+        self.base
+    }
+
+    fn copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<()> {
+        for o in ops {
+            consume_producer(o.src)?;
+            consume_producer(o.dst)?;
+        }
+        if ops.len() == 1 && ops[0].len < self.threshold {
+            return self.sync_copy(&ops[0]);
+        }
+        self.async_copy(ops, plan)
+    }
+
+    fn wait(&self) -> Result<()> {
+        self.check_certain()?;
+        let Some((lease, ctx)) = self.pending.lock().take() else { return Ok(()) };
+        let pair = lease.handle.as_ref().expect("leased pair");
+        let g = ContextGuard::bind(ctx)?;
+        // Query once: a ready group completes without waiting.
+        let r = match pair.event_ready() {
+            Ok(true) => Ok(()),
+            Ok(false) => pair.event_wait(),
+            Err(e) => Err(e),
+        };
+        let restored = g.restore();
+        let certain = r.is_ok() && restored.is_ok();
+        self.pool.release(lease, certain);
+        if !certain {
+            self.mark_uncertain();
+            return Err(Error::Unquiesced(format!(
+                "copy completion could not be confirmed: {}",
+                r.err().or(restored.err()).map(|e| e.to_string()).unwrap_or_default()
+            )));
+        }
+        Ok(())
+    }
+
+    fn query(&self) -> Result<bool> {
+        self.check_certain()?;
+        let mut pending = self.pending.lock();
+        let Some((lease, ctx)) = pending.as_ref() else { return Ok(true) };
+        let g = ContextGuard::bind(*ctx)?;
+        let ready = lease.handle.as_ref().expect("leased pair").event_ready();
+        let restored = g.restore();
+        match (ready, restored) {
+            (Ok(false), Ok(())) => Ok(false),
+            (Ok(true), Ok(())) => {
+                self.pool.release(pending.take().expect("lease").0, true);
+                Ok(true)
+            }
+            (q, r) => {
+                // A failed query or restoration: the slot is uncertain.
+                self.pool.release(pending.take().expect("lease").0, false);
+                self.mark_uncertain();
+                let why: Vec<String> = [q.err(), r.err()].into_iter().flatten().map(|e| e.to_string()).collect();
+                Err(Error::Unquiesced(format!("copy completion could not be confirmed: {}", why.join(", "))))
+            }
+        }
+    }
+
+    fn abandon(&self) {
+        // The stream still has work into this mapping: it is quarantined,
+        // never reused, and counted as retained.
+        if let Some((lease, _)) = self.pending.lock().take() {
+            self.pool.release(lease, false);
+        }
+        self.mark_uncertain();
+    }
+
+    fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let g = ContextGuard::bind(self.ctx)?;
+        let r = match &self.closer {
+            // SAFETY: base came from ipc_open in this context; every copy
+            // through it completed (wait succeeded).
+            Closer::Ipc => unsafe { raw::ipc_close(self.base) },
+            Closer::Vmm(imported) => imported.close(),
+        };
+        if let Err(e) = r {
+            // A failed close is never retried (the state may be partial).
+            return Err(Error::Unquiesced(e.to_string()));
+        }
+        g.restore().map_err(|e| Error::Unquiesced(e.to_string()))
+    }
+}

@@ -1,0 +1,517 @@
+//! One floor per layer: every file of `src/` imports only its own layer or
+//! the layers below it, and no files import each other in a loop.
+//!
+//! The order, from the ground up (docs/architecture.md): `error`, `kinds`,
+//! `sync`, `counters`, `transfer` (the ground), `cuda` (the driver only),
+//! `memory`, `control`, `transport`, `engine`, `ffi`. An import is any path
+//! that names a module file: `crate::a::b`, `super::x`, `self::x`, or a
+//! child module declared in the file (`child::Item`), in `use` lines and in
+//! code alike (comments and strings are skipped; test modules count too). A
+//! path stops at the deepest module that has a file, so `crate::memory::X`
+//! names `memory/mod.rs` even when `X` is re-exported from a child: name the
+//! child. Names that `lib.rs` re-exports (`crate::Engine`) resolve to the
+//! module they come from. `src/bin` and `lib.rs` itself are not checked.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+/// The layers, lowest first.
+const LAYERS: &[&str] =
+    &["error", "kinds", "sync", "counters", "transfer", "cuda", "memory", "control", "transport", "engine", "ffi"];
+
+/// One token of cleaned source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Tok {
+    Ident(String),
+    Path, // `::`
+    Open,
+    Close,
+    Comma,
+    Star,
+    Other(char),
+}
+
+/// Source text with comments, string and char literals blanked out.
+fn clean(src: &str) -> String {
+    let b: Vec<char> = src.chars().collect();
+    let mut out = String::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        let next = b.get(i + 1).copied();
+        if c == '/' && next == Some('/') {
+            while i < b.len() && b[i] != '\n' {
+                i += 1;
+            }
+        } else if c == '/' && next == Some('*') {
+            let mut depth = 0;
+            while i < b.len() {
+                if b[i] == '/' && b.get(i + 1) == Some(&'*') {
+                    depth += 1;
+                    i += 2;
+                } else if b[i] == '*' && b.get(i + 1) == Some(&'/') {
+                    depth -= 1;
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    i += 1;
+                }
+            }
+            out.push(' ');
+        } else if c == 'r' && (next == Some('"') || (next == Some('#') && !prev_is_ident(&b, i))) {
+            // Raw string: r"..." or r#"..."#.
+            let mut j = i + 1;
+            let mut hashes = 0;
+            while b.get(j) == Some(&'#') {
+                hashes += 1;
+                j += 1;
+            }
+            if b.get(j) != Some(&'"') {
+                out.push(c);
+                i += 1;
+                continue;
+            }
+            j += 1;
+            'raw: while j < b.len() {
+                if b[j] == '"' && (0..hashes).all(|h| b.get(j + 1 + h) == Some(&'#')) {
+                    j += 1 + hashes;
+                    break 'raw;
+                }
+                j += 1;
+            }
+            out.push_str("\"\"");
+            i = j;
+        } else if c == '"' {
+            i += 1;
+            while i < b.len() && b[i] != '"' {
+                if b[i] == '\\' {
+                    i += 1;
+                }
+                i += 1;
+            }
+            i += 1;
+            out.push_str("\"\"");
+        } else if c == '\'' {
+            // A char literal ('x', '\n', '\''), or a lifetime ('a).
+            if next == Some('\\') {
+                i += 2;
+                while i < b.len() && b[i] != '\'' {
+                    i += 1;
+                }
+                i += 1;
+                out.push_str("' '");
+            } else if b.get(i + 2) == Some(&'\'') {
+                i += 3;
+                out.push_str("' '");
+            } else {
+                out.push(c);
+                i += 1;
+            }
+        } else {
+            out.push(c);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn prev_is_ident(b: &[char], i: usize) -> bool {
+    i > 0 && (b[i - 1].is_alphanumeric() || b[i - 1] == '_')
+}
+
+fn tokens(clean: &str) -> Vec<Tok> {
+    let b: Vec<char> = clean.chars().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        if c.is_alphabetic() || c == '_' {
+            let s = i;
+            while i < b.len() && (b[i].is_alphanumeric() || b[i] == '_') {
+                i += 1;
+            }
+            out.push(Tok::Ident(b[s..i].iter().collect()));
+            continue;
+        }
+        if c == ':' && b.get(i + 1) == Some(&':') {
+            out.push(Tok::Path);
+            i += 2;
+            continue;
+        }
+        match c {
+            '{' => out.push(Tok::Open),
+            '}' => out.push(Tok::Close),
+            ',' => out.push(Tok::Comma),
+            '*' => out.push(Tok::Star),
+            c if c.is_whitespace() => {}
+            c => out.push(Tok::Other(c)),
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Parses a use-tree (or an inline path) at `toks[*i]` under `prefix`,
+/// pushing every full path it names.
+fn use_tree(toks: &[Tok], i: &mut usize, prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+    match toks.get(*i) {
+        Some(Tok::Open) => {
+            *i += 1;
+            loop {
+                match toks.get(*i) {
+                    Some(Tok::Close) => {
+                        *i += 1;
+                        return;
+                    }
+                    Some(Tok::Comma) => *i += 1,
+                    None => return,
+                    _ => {
+                        let before = *i;
+                        use_tree(toks, i, prefix.clone(), out);
+                        if *i == before {
+                            *i += 1;
+                        }
+                    }
+                }
+            }
+        }
+        Some(Tok::Star) => {
+            *i += 1;
+            out.push(prefix);
+        }
+        Some(Tok::Ident(id)) => {
+            *i += 1;
+            let mut p = prefix;
+            if id != "self" {
+                p.push(id.clone());
+            }
+            if toks.get(*i) == Some(&Tok::Path) {
+                *i += 1;
+                use_tree(toks, i, p, out);
+            } else {
+                out.push(p);
+            }
+        }
+        _ => out.push(prefix),
+    }
+}
+
+/// A module file of `src/`.
+struct ModFile {
+    rel: String,
+    module: Vec<String>,
+    toks: Vec<Tok>,
+    /// Child modules declared with `mod name;` (files).
+    children: BTreeSet<String>,
+}
+
+fn module_of(rel: &Path) -> Vec<String> {
+    let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    let last = parts.pop().expect("a file name");
+    let stem = last.trim_end_matches(".rs").to_string();
+    if stem != "mod" && stem != "lib" {
+        parts.push(stem);
+    }
+    parts
+}
+
+fn declared_children(toks: &[Tok]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for w in toks.windows(3) {
+        if let [Tok::Ident(m), Tok::Ident(name), Tok::Other(';')] = w {
+            if m == "mod" {
+                out.insert(name.clone());
+            }
+        }
+    }
+    out
+}
+
+fn walk(dir: &Path, root: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir).expect("read src").map(|e| e.expect("entry").path()).collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            if p.file_name().is_some_and(|n| n == "bin") && dir == root {
+                continue;
+            }
+            walk(&p, root, out);
+        } else if p.extension().is_some_and(|e| e == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// What the check found: imports that go up a layer, and loops.
+#[derive(Debug, Default)]
+struct Findings {
+    upward: Vec<String>,
+    loops: Vec<Vec<String>>,
+    unplaced: Vec<String>,
+    edges: usize,
+}
+
+fn check(src: &Path) -> Findings {
+    let mut paths = Vec::new();
+    walk(src, src, &mut paths);
+    let mut files: Vec<ModFile> = Vec::new();
+    for p in &paths {
+        let rel = p.strip_prefix(src).expect("under src");
+        let text = std::fs::read_to_string(p).expect("read a source file");
+        let toks = tokens(&clean(&text));
+        let children = declared_children(&toks);
+        files.push(ModFile { rel: rel.to_string_lossy().into_owned(), module: module_of(rel), toks, children });
+    }
+    // Only files some parent declares are modules (an `include!`d table is not).
+    let declared: BTreeSet<Vec<String>> = files
+        .iter()
+        .flat_map(|f| {
+            f.children.iter().map(move |c| {
+                let mut m = f.module.clone();
+                m.push(c.clone());
+                m
+            })
+        })
+        .chain(std::iter::once(Vec::new()))
+        .collect();
+    files.retain(|f| declared.contains(&f.module));
+    let by_module: HashMap<Vec<String>, usize> = files.iter().enumerate().map(|(i, f)| (f.module.clone(), i)).collect();
+    let deepest = |path: &[String]| -> (usize, usize) {
+        (0..=path.len()).rev().find_map(|n| by_module.get(&path[..n]).map(|i| (*i, n))).expect("the root exists")
+    };
+    // Names lib.rs re-exports, and where they come from.
+    let root = by_module[&Vec::new()];
+    let mut reexports: HashMap<String, usize> = HashMap::new();
+    {
+        let t = &files[root].toks;
+        let mut i = 0;
+        while i + 1 < t.len() {
+            if t[i] == Tok::Ident("pub".into()) && t[i + 1] == Tok::Ident("use".into()) {
+                i += 2;
+                let mut found = Vec::new();
+                use_tree(t, &mut i, Vec::new(), &mut found);
+                for p in found {
+                    if let Some(name) = p.last() {
+                        reexports.insert(name.clone(), deepest(&p[..p.len() - 1]).0);
+                    }
+                }
+            } else {
+                i += 1;
+            }
+        }
+    }
+    let mut findings = Findings::default();
+    let mut graph: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
+    let layer = |m: &[String]| m.first().and_then(|s| LAYERS.iter().position(|l| l == s));
+    for (fi, f) in files.iter().enumerate() {
+        if fi == root {
+            continue;
+        }
+        if layer(&f.module).is_none() {
+            findings.unplaced.push(f.rel.clone());
+            continue;
+        }
+        // Inline modules (`mod tests { .. }`) change what `super` means.
+        let mut inline: Vec<(String, usize)> = Vec::new();
+        let mut depth = 0usize;
+        let t = &f.toks;
+        let mut i = 0;
+        while i < t.len() {
+            match &t[i] {
+                Tok::Open => {
+                    depth += 1;
+                    i += 1;
+                    continue;
+                }
+                Tok::Close => {
+                    if inline.last().is_some_and(|(_, d)| *d == depth) {
+                        inline.pop();
+                    }
+                    depth = depth.saturating_sub(1);
+                    i += 1;
+                    continue;
+                }
+                Tok::Ident(m) if m == "mod" => {
+                    if let (Some(Tok::Ident(name)), Some(Tok::Open)) = (t.get(i + 1), t.get(i + 2)) {
+                        inline.push((name.clone(), depth + 1));
+                    }
+                    i += 1;
+                    continue;
+                }
+                _ => {}
+            }
+            let starts_path = i == 0 || t[i - 1] != Tok::Path;
+            let here: Vec<String> = f.module.iter().cloned().chain(inline.iter().map(|(n, _)| n.clone())).collect();
+            // Where the path starts resolving, and its first segment's token.
+            let start: Option<(Vec<String>, usize)> = match (&t[i], t.get(i + 1)) {
+                (Tok::Ident(w), Some(Tok::Path)) if starts_path && w == "crate" => Some((Vec::new(), i + 2)),
+                (Tok::Ident(w), Some(Tok::Path)) if starts_path && w == "self" => Some((here.clone(), i + 2)),
+                (Tok::Ident(w), Some(Tok::Path)) if starts_path && w == "super" => {
+                    let mut b = here.clone();
+                    let mut j = i;
+                    while t.get(j) == Some(&Tok::Ident("super".into())) && t.get(j + 1) == Some(&Tok::Path) {
+                        b.pop();
+                        j += 2;
+                    }
+                    Some((b, j))
+                }
+                (Tok::Ident(w), Some(Tok::Path)) if starts_path && inline.is_empty() && f.children.contains(w) => {
+                    Some((here.clone(), i))
+                }
+                _ => None,
+            };
+            let Some((base, first)) = start else {
+                i += 1;
+                continue;
+            };
+            i = first;
+            let mut found = Vec::new();
+            use_tree(t, &mut i, base, &mut found);
+            for p in found {
+                let (mut target, n) = deepest(&p);
+                if target == root {
+                    match p.get(n).and_then(|name| reexports.get(name)) {
+                        Some(t) => target = *t,
+                        None => continue,
+                    }
+                }
+                if target == fi {
+                    continue;
+                }
+                graph.entry(fi).or_default().insert(target);
+                let (from, to) = (layer(&f.module), layer(&files[target].module));
+                if let (Some(a), Some(b)) = (from, to) {
+                    if b > a {
+                        findings.upward.push(format!(
+                            "src/{} ({}) imports src/{} ({}) through `{}`",
+                            f.rel,
+                            LAYERS[a],
+                            files[target].rel,
+                            LAYERS[b],
+                            p.join("::")
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    findings.edges = graph.values().map(|s| s.len()).sum();
+    findings.upward.sort();
+    findings.upward.dedup();
+    // Loops: strongly connected components of more than one file (Tarjan).
+    struct Tarjan<'a> {
+        g: &'a BTreeMap<usize, BTreeSet<usize>>,
+        index: HashMap<usize, usize>,
+        low: HashMap<usize, usize>,
+        stack: Vec<usize>,
+        on: BTreeSet<usize>,
+        next: usize,
+        out: Vec<Vec<usize>>,
+    }
+    impl Tarjan<'_> {
+        fn visit(&mut self, v: usize) {
+            self.index.insert(v, self.next);
+            self.low.insert(v, self.next);
+            self.next += 1;
+            self.stack.push(v);
+            self.on.insert(v);
+            for &w in self.g.get(&v).into_iter().flatten() {
+                if !self.index.contains_key(&w) {
+                    self.visit(w);
+                    let l = self.low[&v].min(self.low[&w]);
+                    self.low.insert(v, l);
+                } else if self.on.contains(&w) {
+                    let l = self.low[&v].min(self.index[&w]);
+                    self.low.insert(v, l);
+                }
+            }
+            if self.low[&v] == self.index[&v] {
+                let mut comp = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    self.on.remove(&w);
+                    comp.push(w);
+                    if w == v {
+                        break;
+                    }
+                }
+                if comp.len() > 1 {
+                    self.out.push(comp);
+                }
+            }
+        }
+    }
+    let mut tj = Tarjan {
+        g: &graph,
+        index: HashMap::new(),
+        low: HashMap::new(),
+        stack: Vec::new(),
+        on: BTreeSet::new(),
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in 0..files.len() {
+        if !tj.index.contains_key(&v) {
+            tj.visit(v);
+        }
+    }
+    for comp in tj.out {
+        let mut names: Vec<String> = comp.iter().map(|i| format!("src/{}", files[*i].rel)).collect();
+        names.sort();
+        findings.loops.push(names);
+    }
+    findings
+}
+
+#[test]
+fn every_file_imports_only_its_layer_or_below_and_nothing_loops() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let f = check(&src);
+    assert!(f.edges > 100, "the check saw only {} imports in src/: it is not reading the code", f.edges);
+    assert!(f.unplaced.is_empty(), "files outside every layer (add the module to LAYERS): {:?}", f.unplaced);
+    assert!(f.upward.is_empty(), "imports from a lower layer to a higher one:\n{}", f.upward.join("\n"));
+    assert!(f.loops.is_empty(), "files that import each other in a loop:\n{:#?}", f.loops);
+}
+
+/// The check itself finds what it must: an upward import through a
+/// grouped `use`, one in code, one through a root re-export, and a loop
+/// through a child module and `super`; test modules' `super::*` is no loop.
+#[test]
+fn the_check_finds_upward_imports_and_loops() {
+    let dir = std::env::temp_dir().join(format!("orbite-layers-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let write = |rel: &str, text: &str| {
+        let p = dir.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    };
+    write("lib.rs", "pub mod error;\npub mod cuda;\npub mod memory;\npub mod engine;\npub use engine::Engine;\n");
+    write(
+        "error.rs",
+        "// crate::engine::Engine in a comment is no import\npub struct E;\nconst S: &str = \"crate::engine\";\n",
+    );
+    write("cuda/mod.rs", "pub mod raw;\nuse crate::{error::E, engine::{self, Engine}};\n");
+    write(
+        "cuda/raw.rs",
+        "fn f() { let _ = crate::memory::owners::g(); }\n#[cfg(test)]\nmod tests {\n    use super::*;\n}\n",
+    );
+    write("memory/mod.rs", "pub mod owners;\nfn h() -> crate::Engine { todo() }\n");
+    write("memory/owners.rs", "pub fn g() {}\n");
+    write("engine/mod.rs", "mod a;\nmod b;\npub struct Engine;\nuse a::X;\n");
+    write("engine/a.rs", "pub struct X;\nuse super::b::Y;\n");
+    write("engine/b.rs", "pub struct Y;\nuse crate::engine::a::X;\n");
+    let f = check(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(
+        f.upward,
+        [
+            "src/cuda/mod.rs (cuda) imports src/engine/mod.rs (engine) through `engine::Engine`",
+            "src/cuda/mod.rs (cuda) imports src/engine/mod.rs (engine) through `engine`",
+            "src/cuda/raw.rs (cuda) imports src/memory/owners.rs (memory) through `memory::owners::g`",
+            "src/memory/mod.rs (memory) imports src/engine/mod.rs (engine) through `Engine`",
+        ]
+    );
+    assert_eq!(f.loops, [vec!["src/engine/a.rs".to_string(), "src/engine/b.rs".to_string()]]);
+    assert!(f.unplaced.is_empty());
+}
