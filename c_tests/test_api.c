@@ -135,6 +135,21 @@ static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   CHECK_STATUS(orbite_connect(req, ep, 5000, &peer), ORBITE_STATUS_OK);
   CHECK(peer != 0 && peer != 99);
 
+  /* Capability masks: TCP and SHM on both engines (default config, one host). */
+  uint32_t mask = 7;
+  CHECK_STATUS(orbite_engine_transports(NULL, &mask), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_engine_transports(req, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_peer_transports(NULL, peer, &mask), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_peer_transports(req, peer, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_peer_transports(req, 31337, &mask), ORBITE_STATUS_NOT_FOUND);
+  CHECK(mask == 7);
+  const uint32_t tcp_shm = (1u << ORBITE_TRANSPORT_TCP) | (1u << ORBITE_TRANSPORT_SHM);
+  CHECK_STATUS(orbite_engine_transports(req, &mask), ORBITE_STATUS_OK);
+  CHECK(mask == tcp_shm);
+  mask = 0;
+  CHECK_STATUS(orbite_peer_transports(req, peer, &mask), ORBITE_STATUS_OK);
+  CHECK(mask == tcp_shm);
+
   static uint8_t remote[4096], local[4096];
   uint64_t rr = 0, lr = 0;
   CHECK_STATUS(orbite_register_memory(src, remote, sizeof remote, ORBITE_ACCESS_READ, &rr), ORBITE_STATUS_OK);
@@ -189,6 +204,21 @@ static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   CHECK_STATUS(orbite_batch_results(NULL, res, 1), ORBITE_STATUS_NULL_ARGUMENT);
   CHECK_STATUS(orbite_batch_results(b, res, 1), ORBITE_STATUS_OK);
   CHECK(res[0].status == ORBITE_STATUS_OK && res[0].remote_effect == ORBITE_REMOTE_EFFECT_NONE);
+  orbite_request_result one = {77, 77};
+  CHECK_STATUS(orbite_batch_result(NULL, 0, &one), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_batch_result(b, 0, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_batch_result(b, 1, &one), ORBITE_STATUS_OUT_OF_RANGE);
+  CHECK_ERROR_MENTIONS("holds 1 requests");
+  CHECK(one.status == 77);
+  CHECK_STATUS(orbite_batch_result(b, 0, &one), ORBITE_STATUS_OK);
+  CHECK(one.status == ORBITE_STATUS_OK && one.remote_effect == ORBITE_REMOTE_EFFECT_NONE);
+  uint32_t carried = 99;
+  CHECK_STATUS(orbite_batch_transport(NULL, 0, &carried), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_batch_transport(b, 0, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_batch_transport(b, 1, &carried), ORBITE_STATUS_OUT_OF_RANGE);
+  CHECK(carried == 99);
+  CHECK_STATUS(orbite_batch_transport(b, 0, &carried), ORBITE_STATUS_OK);
+  CHECK(carried == ORBITE_TRANSPORT_TCP);
   CHECK_STATUS(orbite_batch_poll(NULL), ORBITE_STATUS_NULL_ARGUMENT);
   CHECK_STATUS(orbite_batch_wait(NULL, 0), ORBITE_STATUS_NULL_ARGUMENT);
   CHECK_STATUS(orbite_batch_cancel(NULL), ORBITE_STATUS_NULL_ARGUMENT);

@@ -188,6 +188,14 @@ orbite_status orbite_engine_endpoint(const struct orbite_engine *engine, char *b
 // Writes the engine's counters as a JSON object.
 orbite_status orbite_engine_stats_json(const struct orbite_engine *engine, char *buf, size_t cap, size_t *out_len);
 
+// Writes the transports this engine offers as a mask: bit
+// (1u << ORBITE_TRANSPORT_TCP) and so on.
+orbite_status orbite_engine_transports(const struct orbite_engine *engine, uint32_t *out_mask);
+
+// Writes the transports both this engine and the peer can use now, as a
+// mask (0 once the peer is gone); NOT_FOUND for an unknown peer.
+orbite_status orbite_peer_transports(struct orbite_engine *engine, uint64_t peer, uint32_t *out_mask);
+
 // Frees an engine: stops its threads and closes its connections without
 // waiting for peers. Does not prove remote closure. NULL is a no-op.
 void orbite_engine_free(struct orbite_engine *engine);
@@ -272,6 +280,14 @@ orbite_status orbite_batch_wait(struct orbite_batch *batch, uint32_t timeout_ms)
 
 // Copies the per-request outcomes; count must equal the request count.
 orbite_status orbite_batch_results(const struct orbite_batch *batch, struct orbite_request_result *out, size_t count);
+
+// Writes the outcome of request `index`; OUT_OF_RANGE past the request count.
+orbite_status orbite_batch_result(const struct orbite_batch *batch, size_t index, struct orbite_request_result *out);
+
+// Writes which transport carried request `index` (ORBITE_TRANSPORT_TCP,
+// SHM, NVLINK or MNNVL; ORBITE_TRANSPORT_AUTO while not yet decided);
+// OUT_OF_RANGE past the request count.
+orbite_status orbite_batch_transport(const struct orbite_batch *batch, size_t index, uint32_t *out_transport);
 
 // Requests not yet started end CANCELLED (remote effect NONE); started ones
 // run to their outcome.

@@ -44,6 +44,22 @@ impl TransportKind {
         }
     }
 
+    /// The C constant (`ORBITE_TRANSPORT_TCP` = 1 .. `ORBITE_TRANSPORT_MNNVL`
+    /// = 4; 0 is `ORBITE_TRANSPORT_AUTO`).
+    pub fn c_code(self) -> u32 {
+        self as u32 + 1
+    }
+
+    /// The transport of a C constant (`None` for AUTO and unknown values).
+    pub fn from_c_code(code: u32) -> Option<TransportKind> {
+        TransportKind::ALL.iter().copied().find(|k| k.c_code() == code)
+    }
+
+    /// The bit of this transport in a C capability mask (`1u << c_code`).
+    pub fn c_mask_bit(self) -> u32 {
+        1 << self.c_code()
+    }
+
     /// Capability bit advertised in Describe.
     pub fn capability_bit(self) -> u32 {
         1 << (self as u32)

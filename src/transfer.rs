@@ -77,7 +77,8 @@ impl ChunkOutcome {
 struct ReqState {
     op: Op,
     len: u64,
-    transport: TransportKind,
+    /// The transport carrying it; `None` until the submission routed it.
+    transport: Option<TransportKind>,
     chunks_left: u32,
     started: bool,
     error: Option<Error>,
@@ -103,14 +104,14 @@ pub struct BatchShared {
 }
 
 impl BatchShared {
-    /// A record for `requests`, all pending on TCP until routed.
+    /// A record for `requests`, all pending and not yet routed.
     pub fn new(requests: &[Request], stats: Arc<Counters>, deadline: Instant) -> Arc<BatchShared> {
         let reqs = requests
             .iter()
             .map(|r| ReqState {
                 op: r.op,
                 len: r.len,
-                transport: TransportKind::Tcp,
+                transport: None,
                 chunks_left: 0,
                 started: false,
                 error: None,
@@ -141,7 +142,7 @@ impl BatchShared {
     pub fn plan(&self, i: usize, chunks: u32, transport: TransportKind) {
         let mut s = self.state.lock();
         s.reqs[i].chunks_left = chunks;
-        s.reqs[i].transport = transport;
+        s.reqs[i].transport = Some(transport);
     }
 
     /// Marks request `i` as started unless the batch was cancelled first;
@@ -202,7 +203,8 @@ impl BatchShared {
         let r = &mut s.reqs[i];
         r.done = true;
         let ok = r.error.is_none();
-        self.stats.record_request(r.transport, ok, r.len);
+        // Every request is routed (planned) before it can end.
+        self.stats.record_request(r.transport.unwrap_or(TransportKind::Tcp), ok, r.len);
         s.pending -= 1;
         if !ok {
             s.failed += 1;
@@ -249,6 +251,17 @@ impl BatchShared {
     pub fn results(&self) -> Vec<RequestResult> {
         let s = self.state.lock();
         s.reqs.iter().map(result_of).collect()
+    }
+
+    /// The outcome of request `i` (`None`: no such request).
+    pub fn result(&self, i: usize) -> Option<RequestResult> {
+        self.state.lock().reqs.get(i).map(result_of)
+    }
+
+    /// The transport carrying request `i`: `Some(None)` while not yet
+    /// routed, `None` when there is no such request.
+    pub fn transport(&self, i: usize) -> Option<Option<TransportKind>> {
+        self.state.lock().reqs.get(i).map(|r| r.transport)
     }
 
     /// The failure of request `i`, if it failed.

@@ -76,3 +76,40 @@ fn cuda_registration_helpers_check_memory_kinds() {
     }
     a.free().unwrap();
 }
+
+/// Which transport carried each request, and the transports each side can
+/// use: a shared allocation goes over SHM under AUTO, heap memory over TCP.
+#[test]
+fn batches_say_which_transport_carried_each_request() {
+    let src = Engine::new(EngineConfig::default()).unwrap();
+    let req = Engine::new(EngineConfig::default()).unwrap();
+    assert_eq!(src.transports(), [TransportKind::Tcp, TransportKind::Shm]);
+    let shared = allocate_shared_host(8192).unwrap();
+    let mut heap = pattern(4096, 5);
+    src.register_memory(shared.addr(), 8192, Access::READ).unwrap();
+    src.register_memory(heap.as_mut_ptr() as u64, 4096, Access::READ).unwrap();
+    let mut local = vec![0u8; 8192];
+    req.register_memory(local.as_mut_ptr() as u64, 8192, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    assert_eq!(req.peer_transports(peer).unwrap(), [TransportKind::Tcp, TransportKind::Shm]);
+    assert_eq!(req.peer_transports(peer + 1).unwrap_err().status(), Status::NotFound);
+    let read = |remote: u64, at: usize| Request {
+        op: Op::Read,
+        local_addr: local.as_ptr() as u64 + at as u64,
+        remote_addr: remote,
+        len: 4096,
+    };
+    let b = req.submit(peer, &[read(shared.addr(), 0)], SubmitOptions::default()).unwrap();
+    b.wait(T).unwrap();
+    assert_eq!(b.transport(0).unwrap(), Some(TransportKind::Shm));
+    let b = req.submit(peer, &[read(heap.as_ptr() as u64, 4096)], SubmitOptions::default()).unwrap();
+    b.wait(T).unwrap();
+    assert_eq!(b.transport(0).unwrap(), Some(TransportKind::Tcp));
+    assert_eq!(b.result(0).unwrap(), RequestResult { status: Status::Ok, remote_effect: RemoteEffect::None });
+    assert_eq!(b.transport(1).unwrap_err().status(), Status::OutOfRange);
+    assert_eq!(b.result(1).unwrap_err().status(), Status::OutOfRange);
+    assert_eq!(&local[4096..], &heap[..]);
+    req.close(Some(T)).unwrap();
+    src.close(Some(T)).unwrap();
+    shared.free().unwrap();
+}

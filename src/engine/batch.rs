@@ -1,7 +1,7 @@
 //! `Batch`: the handle of one submission.
 
 use crate::error::{Error, Result, Status};
-use crate::kinds::Transport;
+use crate::kinds::{Transport, TransportKind};
 use crate::transfer::{BatchShared, RequestResult};
 use std::sync::Arc;
 use std::time::Duration;
@@ -63,6 +63,23 @@ impl Batch {
     /// Per-request outcomes in input order.
     pub fn results(&self) -> Vec<RequestResult> {
         self.shared.results()
+    }
+
+    /// The outcome of request `i`; `OutOfRange` when the batch has no
+    /// request `i`.
+    pub fn result(&self, i: usize) -> Result<RequestResult> {
+        self.shared.result(i).ok_or_else(|| self.out_of_range(i))
+    }
+
+    /// Which transport carried (or carries) request `i`: `Ok(None)` while
+    /// the submission has not routed it yet; `OutOfRange` when the batch
+    /// has no request `i`.
+    pub fn transport(&self, i: usize) -> Result<Option<TransportKind>> {
+        self.shared.transport(i).ok_or_else(|| self.out_of_range(i))
+    }
+
+    fn out_of_range(&self, i: usize) -> Error {
+        Error::OutOfRange(format!("request index {i}: the batch holds {} requests", self.len()))
     }
 
     /// The failure of request `i`, if it failed.

@@ -173,6 +173,13 @@ impl Engine {
         self.inner.endpoint.to_string()
     }
 
+    /// The transports this engine offers, in stats order (TCP always; the
+    /// IPC transports its config enables and this host supports).
+    pub fn transports(&self) -> Vec<TransportKind> {
+        let ipc: Vec<TransportKind> = self.inner.ipc.iter().map(|t| t.kind).collect();
+        TransportKind::ALL.into_iter().filter(|k| *k == TransportKind::Tcp || ipc.contains(k)).collect()
+    }
+
     /// This engine's identity (boot, process, epoch).
     pub fn identity(&self) -> Identity {
         self.inner.identity

@@ -50,6 +50,23 @@ impl Engine {
         Ok(self.peer(id)?.endpoint.clone())
     }
 
+    /// The transports this engine can use with peer `id` now, in stats
+    /// order: TCP while the connection lives, and each IPC transport both
+    /// engines offer whose link is usable (none once the peer is gone).
+    pub fn peer_transports(&self, id: u64) -> Result<Vec<TransportKind>> {
+        let p = self.peer(id)?;
+        if p.conn.dead_reason().is_some() {
+            return Ok(Vec::new());
+        }
+        let mut out = vec![TransportKind::Tcp];
+        for k in TransportKind::ALL {
+            if p.link(k).is_ok_and(|l| l.dead_reason().is_none()) {
+                out.push(k);
+            }
+        }
+        Ok(out)
+    }
+
     /// Disconnects peer `id` after its outstanding requests end (up to `timeout`).
     pub fn disconnect(&self, id: u64, timeout: Option<Duration>) -> Result<()> {
         let p = self.peer(id)?;

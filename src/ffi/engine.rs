@@ -2,7 +2,7 @@
 
 use super::boundary::*;
 use super::types::*;
-use crate::{Access, Engine, Error, RegionInfo, Status};
+use crate::{Access, Engine, Error, RegionInfo, Status, TransportKind};
 use std::ffi::{c_char, c_void};
 
 /// The ABI version (== ORBITE_ABI_VERSION of the header compiled against).
@@ -71,6 +71,34 @@ pub extern "C" fn orbite_engine_stats_json(
         let e = need(engine, "engine")?;
         write_text(&e.engine.stats().to_json(), buf, cap, out_len)
     })
+}
+
+/// Writes the transports this engine offers as a mask: bit
+/// (1u << ORBITE_TRANSPORT_TCP) and so on.
+#[no_mangle]
+pub extern "C" fn orbite_engine_transports(engine: *const orbite_engine, out_mask: *mut u32) -> orbite_status {
+    guard(|| {
+        let e = need(engine, "engine")?;
+        let out = need_mut(out_mask, "out_mask")?;
+        *out = transport_mask(&e.engine.transports());
+        Ok(())
+    })
+}
+
+/// Writes the transports both this engine and the peer can use now, as a
+/// mask (0 once the peer is gone); NOT_FOUND for an unknown peer.
+#[no_mangle]
+pub extern "C" fn orbite_peer_transports(engine: *mut orbite_engine, peer: u64, out_mask: *mut u32) -> orbite_status {
+    guard(|| {
+        let e = need(engine, "engine")?;
+        let out = need_mut(out_mask, "out_mask")?;
+        *out = transport_mask(&e.engine.peer_transports(peer)?);
+        Ok(())
+    })
+}
+
+fn transport_mask(kinds: &[TransportKind]) -> u32 {
+    kinds.iter().fold(0, |m, k| m | k.c_mask_bit())
 }
 
 /// Frees an engine: stops its threads and closes its connections without

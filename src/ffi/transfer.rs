@@ -2,18 +2,14 @@
 
 use super::boundary::*;
 use super::types::*;
-use crate::{Error, Op, Request, Status, SubmitOptions, Transport, TransportKind};
+use crate::{Error, Op, Request, RequestResult, Status, SubmitOptions, Transport, TransportKind};
 use std::time::Duration;
 
 fn transport_from(v: u32) -> Option<Transport> {
-    Some(match v {
-        ORBITE_TRANSPORT_AUTO => Transport::Auto,
-        ORBITE_TRANSPORT_TCP => Transport::Only(TransportKind::Tcp),
-        ORBITE_TRANSPORT_SHM => Transport::Only(TransportKind::Shm),
-        ORBITE_TRANSPORT_NVLINK => Transport::Only(TransportKind::Nvlink),
-        ORBITE_TRANSPORT_MNNVL => Transport::Only(TransportKind::Mnnvl),
-        _ => return None,
-    })
+    match v {
+        ORBITE_TRANSPORT_AUTO => Some(Transport::Auto),
+        v => TransportKind::from_c_code(v).map(Transport::Only),
+    }
 }
 
 /// Submits `count` requests to `peer`. Local checks fail the call; remote
@@ -112,13 +108,46 @@ pub extern "C" fn orbite_batch_results(
         }
         for (i, r) in results.iter().enumerate() {
             // SAFETY: out is non-NULL with `count` elements per the contract.
-            unsafe {
-                out.add(i)
-                    .write(orbite_request_result { status: r.status as u32, remote_effect: r.remote_effect as u32 })
-            };
+            unsafe { out.add(i).write(c_result(r)) };
         }
         Ok(())
     })
+}
+
+/// Writes the outcome of request `index`; OUT_OF_RANGE past the request count.
+#[no_mangle]
+pub extern "C" fn orbite_batch_result(
+    batch: *const orbite_batch,
+    index: usize,
+    out: *mut orbite_request_result,
+) -> orbite_status {
+    guard(|| {
+        let b = need(batch, "batch")?;
+        let out = need_mut(out, "out")?;
+        *out = c_result(&b.batch.result(index)?);
+        Ok(())
+    })
+}
+
+/// Writes which transport carried request `index` (ORBITE_TRANSPORT_TCP,
+/// SHM, NVLINK or MNNVL; ORBITE_TRANSPORT_AUTO while not yet decided);
+/// OUT_OF_RANGE past the request count.
+#[no_mangle]
+pub extern "C" fn orbite_batch_transport(
+    batch: *const orbite_batch,
+    index: usize,
+    out_transport: *mut u32,
+) -> orbite_status {
+    guard(|| {
+        let b = need(batch, "batch")?;
+        let out = need_mut(out_transport, "out_transport")?;
+        *out = b.batch.transport(index)?.map_or(ORBITE_TRANSPORT_AUTO, TransportKind::c_code);
+        Ok(())
+    })
+}
+
+fn c_result(r: &RequestResult) -> orbite_request_result {
+    orbite_request_result { status: r.status as u32, remote_effect: r.remote_effect as u32 }
 }
 
 /// Requests not yet started end CANCELLED (remote effect NONE); started ones
@@ -141,4 +170,25 @@ pub extern "C" fn orbite_batch_free(batch: *mut orbite_batch) {
             drop(unsafe { Box::from_raw(batch) });
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transport_constants_are_the_kinds_c_codes() {
+        let pairs = [
+            (ORBITE_TRANSPORT_TCP, TransportKind::Tcp),
+            (ORBITE_TRANSPORT_SHM, TransportKind::Shm),
+            (ORBITE_TRANSPORT_NVLINK, TransportKind::Nvlink),
+            (ORBITE_TRANSPORT_MNNVL, TransportKind::Mnnvl),
+        ];
+        for (c, k) in pairs {
+            assert_eq!(k.c_code(), c);
+            assert_eq!(transport_from(c), Some(Transport::Only(k)));
+        }
+        assert_eq!(transport_from(ORBITE_TRANSPORT_AUTO), Some(Transport::Auto));
+        assert_eq!(transport_from(5), None);
+    }
 }
