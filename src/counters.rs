@@ -26,6 +26,10 @@ pub struct Counters {
     pub connections_refused: AtomicU64,
     /// MNNVL channels accepted over TCP (fabric handles, fabric domain).
     pub fabric_channels: AtomicU64,
+    /// Incoming connections and channels that failed authentication.
+    pub auth_failures: AtomicU64,
+    /// IPC channels refused because their process's user may not connect.
+    pub ipc_uid_refusals: AtomicU64,
 }
 
 /// Counters of one transport, as reported.

@@ -1,7 +1,7 @@
 //! One floor per layer: every file of `src/` imports only its own layer or
 //! the layers below it, and no files import each other in a loop.
 //!
-//! The order, from the ground up (docs/architecture.md): `error`, `kinds`,
+//! The order, from the ground up (docs/architecture.md): `error`, `random`, `kinds`,
 //! `sync`, `counters`, `transfer` (the ground), `cuda` (the driver only),
 //! `memory`, `control`, `transport`, `engine`, `ffi`. An import is any path
 //! that names a module file: `crate::a::b`, `super::x`, `self::x`, or a
@@ -16,8 +16,20 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 /// The layers, lowest first.
-const LAYERS: &[&str] =
-    &["error", "kinds", "sync", "counters", "transfer", "cuda", "memory", "control", "transport", "engine", "ffi"];
+const LAYERS: &[&str] = &[
+    "error",
+    "random",
+    "kinds",
+    "sync",
+    "counters",
+    "transfer",
+    "cuda",
+    "memory",
+    "control",
+    "transport",
+    "engine",
+    "ffi",
+];
 
 /// One token of cleaned source.
 #[derive(Debug, Clone, PartialEq, Eq)]

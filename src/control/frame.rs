@@ -35,6 +35,14 @@ pub enum MsgKind {
     Error = 7,
     /// Orderly close of the connection.
     Goodbye = 8,
+    /// Authentication: the connector's nonce.
+    AuthChallenge = 9,
+    /// Authentication: the server's nonce and its proof of the key.
+    AuthResponse = 10,
+    /// Authentication: the connector's proof of the key.
+    AuthProof = 11,
+    /// Authentication passed.
+    AuthOk = 12,
     /// IPC channel: requester identity.
     IpcHello = 16,
     /// IPC channel: source identity.
@@ -73,6 +81,10 @@ impl MsgKind {
             6 => MsgKind::WriteResponse,
             7 => MsgKind::Error,
             8 => MsgKind::Goodbye,
+            9 => MsgKind::AuthChallenge,
+            10 => MsgKind::AuthResponse,
+            11 => MsgKind::AuthProof,
+            12 => MsgKind::AuthOk,
             16 => MsgKind::IpcHello,
             17 => MsgKind::IpcWelcome,
             18 => MsgKind::ExportRequest,

@@ -1,6 +1,7 @@
 //! The control socket: framing, versioned messages (with the region
 //! descriptors peers publish), identities and endpoint strings.
 
+pub mod auth;
 pub mod endpoint;
 pub mod frame;
 pub mod identity;

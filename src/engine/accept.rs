@@ -4,14 +4,17 @@
 //! connection that opens with an `IpcHello` is an MNNVL fabric channel and
 //! is served by the IPC source (which accepts it only for its fabric domain).
 
-use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
+use crate::control::auth::AuthKey;
+use crate::control::frame::MsgKind;
 use crate::control::io;
 use crate::control::message;
 use crate::counters::Counters;
+use crate::engine::config::EngineConfig;
 use crate::error::{Error, Result, Status};
 use crate::sync::admission::Gate;
-use crate::transport::ipc::channel::Channel;
+use crate::transport::ipc::channel::{Channel, Frame};
 use crate::transport::ipc::source::IpcSourceContext;
+use crate::transport::tcp::handshake;
 use crate::transport::tcp::{self, SourceContext};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -30,8 +33,14 @@ pub(crate) struct Listeners {
     incoming: Mutex<HashMap<u64, Incoming>>,
     next_incoming: AtomicU64,
     accept_threads: Mutex<Vec<JoinHandle<()>>>,
-    /// Most incoming connections served at once.
+    /// Most incoming control connections (and fabric channels) served at once.
     limit: usize,
+    /// Most incoming IPC channels (Unix) served at once.
+    ipc_limit: usize,
+    /// The shared key every incoming TCP connection must prove, if any.
+    auth: Option<AuthKey>,
+    /// Bound of an incoming connection's first frame and authentication.
+    handshake_timeout: Duration,
     /// Set when the engine stops.
     stopping: Arc<AtomicBool>,
     /// Closed by `close_source`: new control connections are refused.
@@ -44,7 +53,8 @@ impl Listeners {
     pub(crate) fn new(
         tcp: TcpListener,
         ipc: Option<UnixListener>,
-        limit: usize,
+        config: &EngineConfig,
+        auth: Option<AuthKey>,
         stopping: Arc<AtomicBool>,
         source_gate: Arc<Gate>,
         counters: Arc<Counters>,
@@ -55,7 +65,10 @@ impl Listeners {
             incoming: Mutex::new(HashMap::new()),
             next_incoming: AtomicU64::new(1),
             accept_threads: Mutex::new(Vec::new()),
-            limit,
+            limit: config.max_incoming_connections as usize,
+            ipc_limit: config.max_ipc_channels as usize,
+            auth,
+            handshake_timeout: Duration::from_millis(config.handshake_timeout_ms as u64),
             stopping,
             source_gate,
             counters,
@@ -143,6 +156,11 @@ impl Incoming {
     }
 }
 
+/// Served connections of one kind: IPC channels (Unix) or the rest.
+fn count(inc: &HashMap<u64, Incoming>, unix: bool) -> usize {
+    inc.values().filter(|c| matches!(c.conn, ConnHandle::Unix(_)) == unix).count()
+}
+
 fn reap(inc: &mut HashMap<u64, Incoming>) {
     let done: Vec<u64> =
         inc.iter().filter(|(_, v)| v.thread.as_ref().is_some_and(|t| t.is_finished())).map(|(k, _)| *k).collect();
@@ -151,30 +169,6 @@ fn reap(inc: &mut HashMap<u64, Incoming>) {
             if let Some(t) = v.thread.take() {
                 let _ = t.join();
             }
-        }
-    }
-}
-
-/// Whether a TCP connection opens with an `IpcHello` (a fabric channel):
-/// peeks at the first frame header for up to `within`.
-fn opens_with_ipc_hello(stream: &TcpStream, within: Duration, stopping: &AtomicBool) -> bool {
-    let _ = stream.set_read_timeout(Some(io::TICK));
-    let deadline = Instant::now() + within;
-    let mut h = [0u8; FRAME_HEADER_LEN];
-    loop {
-        match stream.peek(&mut h) {
-            Ok(n) if n >= FRAME_HEADER_LEN => {
-                return FrameHeader::decode(&h).is_ok_and(|f| f.kind == MsgKind::IpcHello);
-            }
-            Ok(0) => return false,
-            // A partial header: wait for the rest without spinning.
-            Ok(_) => std::thread::sleep(Duration::from_millis(1)),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(_) => return false,
-        }
-        if Instant::now() >= deadline || stopping.load(Ordering::Acquire) {
-            return false;
         }
     }
 }
@@ -216,7 +210,7 @@ impl Listeners {
             let mut inc = self.incoming.lock();
             reap(&mut inc);
             let limit = self.limit;
-            if inc.len() >= limit || !self.source_gate.is_open() {
+            if count(&inc, false) >= limit || !self.source_gate.is_open() {
                 drop(inc);
                 self.counters.connections_refused.fetch_add(1, Ordering::Relaxed);
                 let why = if self.source_gate.is_open() {
@@ -233,14 +227,45 @@ impl Listeners {
             }
             let Ok(handle) = stream.try_clone() else { continue };
             let (c, fabric) = (ctx.clone(), ipc.clone());
+            let (key, timeout, stopping, counters) =
+                (self.auth.clone(), self.handshake_timeout, self.stopping.clone(), self.counters.clone());
             self.serve_in_thread(&mut inc, ConnHandle::Tcp(handle), "orbite-serve", move |id| {
-                if opens_with_ipc_hello(&stream, fabric.handshake_timeout, &fabric.stopping) {
-                    if let Ok(ch) = Channel::from_tcp(stream) {
-                        crate::transport::ipc::source::serve(fabric, ch, id);
+                let mut stream = stream;
+                let _ = stream.set_nodelay(true);
+                let _ = stream.set_read_timeout(Some(io::TICK));
+                let _ = stream.set_write_timeout(Some(io::TICK));
+                let stop = || match stopping.load(Ordering::Acquire) {
+                    true => Err(Error::Unavailable("engine is shutting down".into())),
+                    false => Ok(()),
+                };
+                // The first frame (after the authentication, when a key is
+                // configured) says what the connection is.
+                match handshake::open(&mut stream, key.as_ref(), timeout, &stop, &counters.auth_failures) {
+                    Ok(Some(first)) if first.kind == MsgKind::IpcHello => {
+                        let deadline = Instant::now() + timeout;
+                        let mut tick = || {
+                            stop()?;
+                            if Instant::now() >= deadline {
+                                return Err(Error::Protocol("IpcHello not completed in time".into()));
+                            }
+                            Ok(())
+                        };
+                        let Ok(body) = io::read_body(&mut stream, first.body_len, &mut tick) else { return };
+                        if let Ok(ch) = Channel::from_tcp(stream) {
+                            let hello = Frame { kind: first.kind, body, fd: None };
+                            crate::transport::ipc::source::serve(fabric, ch, id, Some(hello));
+                        }
                     }
-                    return;
+                    Ok(Some(first)) => tcp::serve(c, stream, first),
+                    Ok(None) => {}
+                    Err(e) => {
+                        if e.status() == Status::ProtocolError {
+                            counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                            handshake::send_error(&mut stream, &e);
+                        }
+                        let _ = stream.shutdown(Shutdown::Both);
+                    }
                 }
-                tcp::serve(c, stream)
             });
         }
     }
@@ -251,7 +276,7 @@ impl Listeners {
         while let Some(stream) = self.next_conn(|| listener.accept().map(|(s, _)| s)) {
             let mut inc = self.incoming.lock();
             reap(&mut inc);
-            if inc.len() >= self.limit {
+            if count(&inc, true) >= self.ipc_limit {
                 drop(inc);
                 self.counters.connections_refused.fetch_add(1, Ordering::Relaxed);
                 let _ = stream.shutdown(Shutdown::Both);
@@ -261,7 +286,7 @@ impl Listeners {
             let c = ctx.clone();
             self.serve_in_thread(&mut inc, ConnHandle::Unix(handle), "orbite-ipc-serve", move |id| {
                 if let Ok(ch) = Channel::from_stream(stream) {
-                    crate::transport::ipc::source::serve(c, ch, id)
+                    crate::transport::ipc::source::serve(c, ch, id, None)
                 }
             });
         }

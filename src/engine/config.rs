@@ -70,6 +70,24 @@ pub struct EngineConfig {
     pub handshake_timeout_ms: u32,
     /// Most incoming control connections served at once.
     pub max_incoming_connections: u32,
+    /// Most incoming IPC channels served at once (counted apart from the
+    /// control connections).
+    pub max_ipc_channels: u32,
+    /// A file holding the shared secret (at least 32 bytes, readable by its
+    /// owner only) that every control connection and IPC channel must prove
+    /// knowledge of, both ways, before anything else. `None`: no
+    /// authentication (docs/security.md says what that allows).
+    pub auth_key_file: Option<String>,
+    /// Users besides this process's own whose processes may open an IPC
+    /// channel to this engine.
+    pub ipc_allowed_uids: Vec<u32>,
+    /// An export offer the requester does not answer within this many
+    /// milliseconds expires and releases its loan and charge.
+    pub offer_timeout_ms: u32,
+    /// A payload (READ answer or WRITE body) must move at least this many
+    /// KiB per second on average after the stall allowance, or the
+    /// connection ends; 0 keeps only the stall bound.
+    pub min_payload_rate_kib: u32,
 }
 
 impl Default for EngineConfig {
@@ -88,6 +106,11 @@ impl Default for EngineConfig {
             default_timeout_ms: 30_000,
             handshake_timeout_ms: 5_000,
             max_incoming_connections: 256,
+            max_ipc_channels: 256,
+            auth_key_file: None,
+            ipc_allowed_uids: Vec::new(),
+            offer_timeout_ms: 5_000,
+            min_payload_rate_kib: 1024,
         }
     }
 }
@@ -235,6 +258,16 @@ impl EngineConfig {
                 "default_timeout_ms" => c.default_timeout_ms = get_u32(k, v, 1, 86_400_000)?,
                 "handshake_timeout_ms" => c.handshake_timeout_ms = get_u32(k, v, 1, 600_000)?,
                 "max_incoming_connections" => c.max_incoming_connections = get_u32(k, v, 1, 65_536)?,
+                "max_ipc_channels" => c.max_ipc_channels = get_u32(k, v, 1, 65_536)?,
+                "auth_key_file" => {
+                    c.auth_key_file = match v {
+                        Value::Null => None,
+                        _ => Some(get_str(k, v)?.to_string()),
+                    }
+                }
+                "ipc_allowed_uids" => c.ipc_allowed_uids = parse_uids(k, v)?,
+                "offer_timeout_ms" => c.offer_timeout_ms = get_u32(k, v, 1, 600_000)?,
+                "min_payload_rate_kib" => c.min_payload_rate_kib = get_u32(k, v, 0, 1 << 24)?,
                 _ => return Err(bad(k, "unknown key")),
             }
         }
@@ -251,7 +284,7 @@ impl EngineConfig {
         if self.nvlink && self.mnnvl.is_some() {
             return Err(bad("mnnvl", "MNNVL and legacy `nvlink: true` are mutually exclusive; enable one"));
         }
-        let ranges: [(&str, u64, u64, u64); 7] = [
+        let ranges: [(&str, u64, u64, u64); 10] = [
             ("shm_cache_entries", self.shm_cache_entries as u64, 0, 4096),
             ("max_inflight_bytes", self.max_inflight_bytes, MIB, 1 << 40),
             ("max_transfer_bytes", self.max_transfer_bytes, 4 * KIB, 1 << 40),
@@ -259,6 +292,9 @@ impl EngineConfig {
             ("nvlink_stream_count", self.nvlink_stream_count as u64, 1, 4096),
             ("default_timeout_ms", self.default_timeout_ms as u64, 1, 86_400_000),
             ("handshake_timeout_ms", self.handshake_timeout_ms as u64, 1, 600_000),
+            ("max_incoming_connections", self.max_incoming_connections as u64, 1, 65_536),
+            ("max_ipc_channels", self.max_ipc_channels as u64, 1, 65_536),
+            ("offer_timeout_ms", self.offer_timeout_ms as u64, 1, 600_000),
         ];
         for (key, v, min, max) in ranges {
             if v < min || v > max {
@@ -274,8 +310,8 @@ impl EngineConfig {
         if self.transport_policy.is_empty() {
             return Err(bad("transport_policy", "must name at least one transport"));
         }
-        if self.max_incoming_connections == 0 {
-            return Err(bad("max_incoming_connections", "must be at least 1"));
+        if self.auth_key_file.as_deref() == Some("") {
+            return Err(bad("auth_key_file", "is empty (name a key file, or null for no authentication)"));
         }
         Ok(())
     }
@@ -296,6 +332,11 @@ impl EngineConfig {
             "default_timeout_ms": self.default_timeout_ms,
             "handshake_timeout_ms": self.handshake_timeout_ms,
             "max_incoming_connections": self.max_incoming_connections,
+            "max_ipc_channels": self.max_ipc_channels,
+            "auth_key_file": self.auth_key_file,
+            "ipc_allowed_uids": self.ipc_allowed_uids,
+            "offer_timeout_ms": self.offer_timeout_ms,
+            "min_payload_rate_kib": self.min_payload_rate_kib,
         })
     }
 
@@ -303,6 +344,11 @@ impl EngineConfig {
     pub fn to_json(&self) -> String {
         self.to_value().to_string()
     }
+}
+
+fn parse_uids(key: &str, v: &Value) -> Result<Vec<u32>> {
+    let arr = v.as_array().ok_or_else(|| bad(key, format!("expected an array of user ids, got {}", type_name(v))))?;
+    arr.iter().map(|u| get_u32(key, u, 0, u32::MAX - 1)).collect()
 }
 
 fn parse_policy(key: &str, v: &Value) -> Result<Vec<TransportKind>> {
@@ -352,6 +398,11 @@ mod tests {
             }),
             max_transfer_bytes: 8 * MIB,
             transport_policy: vec![TransportKind::Tcp, TransportKind::Shm],
+            auth_key_file: Some("/etc/orbite/key".into()),
+            ipc_allowed_uids: vec![0, 1000],
+            offer_timeout_ms: 250,
+            min_payload_rate_kib: 0,
+            max_ipc_channels: 3,
             ..EngineConfig::default()
         };
         assert_eq!(EngineConfig::from_json(&c.to_json()).unwrap(), c);
@@ -417,5 +468,17 @@ mod tests {
         assert!(err(r#"{"listen": "localhost"}"#).contains("`listen`"));
         let c = EngineConfig::from_json(r#"{"transport_policy": ["shm", "tcp"]}"#).unwrap();
         assert_eq!(c.transport_policy, vec![TransportKind::Shm, TransportKind::Tcp]);
+    }
+
+    #[test]
+    fn security_keys() {
+        assert!(err(r#"{"auth_key_file": 7}"#).contains("`auth_key_file`: expected a string"));
+        assert!(err(r#"{"auth_key_file": ""}"#).contains("`auth_key_file`: is empty"));
+        assert!(err(r#"{"ipc_allowed_uids": [1, -2]}"#).contains("`ipc_allowed_uids`"));
+        assert!(err(r#"{"ipc_allowed_uids": 5}"#).contains("expected an array of user ids"));
+        assert!(err(r#"{"offer_timeout_ms": 0}"#).contains("`offer_timeout_ms`"));
+        assert!(err(r#"{"max_ipc_channels": 0}"#).contains("`max_ipc_channels`"));
+        let c = EngineConfig::from_json(r#"{"auth_key_file": null, "ipc_allowed_uids": [33]}"#).unwrap();
+        assert_eq!((c.auth_key_file, c.ipc_allowed_uids), (None, vec![33]));
     }
 }

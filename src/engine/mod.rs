@@ -20,6 +20,7 @@ mod submit;
 pub use batch::{Batch, SubmitOptions};
 pub use config::{EngineConfig, MnnvlConfig, MnnvlHandleType};
 
+use crate::control::auth::AuthKey;
 use crate::control::message::{Describe, RegionInfo};
 use crate::control::Identity;
 use crate::counters::Counters;
@@ -55,6 +56,8 @@ pub(crate) struct Inner {
     peers: RwLock<HashMap<u64, Arc<Peer>>>,
     next_peer: AtomicU64,
     faults: Arc<Faults>,
+    /// The shared key of `auth_key_file`, if configured.
+    auth: Option<AuthKey>,
     ipc: Vec<ipc::IpcTransport>,
     ipc_unavailable: Vec<(TransportKind, String)>,
 }
@@ -70,6 +73,7 @@ impl Engine {
     /// starts serving.
     pub fn new(config: EngineConfig) -> Result<Engine> {
         config.validate()?;
+        let auth = config.auth_key_file.as_deref().map(AuthKey::load).transpose()?;
         let addr: SocketAddr = config.listen.parse().map_err(|_| {
             Error::InvalidConfig(format!("key `listen`: {:?} is not an IP:port address", config.listen))
         })?;
@@ -87,9 +91,15 @@ impl Engine {
         let stopping = Arc::new(AtomicBool::new(false));
         let mapping_budget = Budget::new(config.max_inflight_bytes);
         let source_gate = Gate::new("source side");
-        let limit = config.max_incoming_connections as usize;
-        let listeners =
-            Listeners::new(listener, ipc_listener, limit, stopping.clone(), source_gate.clone(), stats.clone());
+        let listeners = Listeners::new(
+            listener,
+            ipc_listener,
+            &config,
+            auth.clone(),
+            stopping.clone(),
+            source_gate.clone(),
+            stats.clone(),
+        );
         let faults = Arc::new(Faults::default());
         let parts = ipc::IpcParts {
             config: &config,
@@ -130,6 +140,7 @@ impl Engine {
             peers: RwLock::new(HashMap::new()),
             next_peer: AtomicU64::new(1),
             faults,
+            auth,
             ipc: ipc_transports,
             ipc_unavailable,
             config,
@@ -152,6 +163,8 @@ impl Engine {
             stats: inner.stats.clone(),
             stopping: inner.stopping.clone(),
             handshake_timeout: Duration::from_millis(inner.config.handshake_timeout_ms as u64),
+            auth: inner.auth.clone(),
+            allowed_uids: inner.config.ipc_allowed_uids.clone(),
         });
         inner.listeners.start(tcp_ctx, ipc_ctx)?;
         registry::add(Arc::downgrade(&inner) as std::sync::Weak<dyn registry::Reporting>);

@@ -8,7 +8,7 @@ use crate::control::endpoint;
 use crate::control::message::{Describe, RegionInfo};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
-use crate::transport::ipc::link::{IpcLink, Route};
+use crate::transport::ipc::link::{IpcLink, LocalEnd, Route};
 use crate::transport::tcp::{handshake, TcpConnection};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -23,7 +23,8 @@ impl Engine {
         if !self.inner.requester_gate.is_open() {
             return Err(Error::Unavailable("the requester side is closed".into()));
         }
-        let (s, peer) = handshake::connect(endpoint, self.timeout(timeout), &self.inner.describe())?;
+        let (s, peer) =
+            handshake::connect(endpoint, self.timeout(timeout), self.inner.auth.as_ref(), &self.inner.describe())?;
         let id = self.inner.next_peer.fetch_add(1, Ordering::Relaxed);
         let label = format!("peer {id} ({endpoint})");
         let links = self.inner.ipc_links(&peer, endpoint, &label);
@@ -129,8 +130,7 @@ impl Inner {
                     peer.identity,
                     endpoint.to_string(),
                     label.to_string(),
-                    self.identity,
-                    self.faults.clone(),
+                    LocalEnd { identity: self.identity, auth: self.auth.clone(), faults: self.faults.clone() },
                 )))
             };
             out.push((k, link));

@@ -72,6 +72,10 @@ pub struct EngineStats {
     /// MNNVL channels accepted over TCP for the fabric domain (peers on
     /// any host of the NVLink partition).
     pub fabric_channels_accepted: u64,
+    /// Incoming connections and IPC channels that failed authentication.
+    pub auth_failures: u64,
+    /// IPC channels refused because their process's user may not connect.
+    pub ipc_uid_refusals: u64,
     /// What the cooperative IPC transports hold (`shm`, `nvlink`).
     pub ipc: BTreeMap<String, IpcStats>,
     /// The NVLink stream pool (all zero where NVLink is not running).
@@ -133,6 +137,8 @@ impl EngineStats {
             protocol_errors: s.protocol_errors.load(Ordering::Relaxed),
             connections_refused: s.connections_refused.load(Ordering::Relaxed),
             fabric_channels_accepted: s.fabric_channels.load(Ordering::Relaxed),
+            auth_failures: s.auth_failures.load(Ordering::Relaxed),
+            ipc_uid_refusals: s.ipc_uid_refusals.load(Ordering::Relaxed),
             ipc,
             nvlink,
             transports_available: live.transports_available,

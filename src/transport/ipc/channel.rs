@@ -9,6 +9,7 @@
 //! descriptor can cross it, and the source checks the fabric domain and
 //! epochs instead of the kernel's word.
 
+use crate::control::auth::FrameIo;
 use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
 use crate::control::io::{self, Tick, TICK};
 use crate::error::{Error, Result};
@@ -126,8 +127,8 @@ impl Channel {
         Channel::from_stream(s)
     }
 
-    /// The pid of the process at the other end (kernel-verified).
-    pub fn peer_pid(&self) -> Result<u32> {
+    /// The pid and uid of the process at the other end (kernel-verified).
+    pub fn peer_cred(&self) -> Result<(u32, u32)> {
         if self.is_tcp() {
             return Err(Error::NotSupported("a TCP channel has no kernel-verified peer process".into()));
         }
@@ -146,7 +147,7 @@ impl Channel {
         if r != 0 {
             return Err(Error::io("SO_PEERCRED", &std::io::Error::last_os_error()));
         }
-        Ok(cred.pid as u32)
+        Ok((cred.pid as u32, cred.uid))
     }
 
     /// Shuts the channel down (wakes a blocked reader).
@@ -304,6 +305,36 @@ impl Channel {
     }
 }
 
+/// A channel within the deadline of its handshake, for the authentication
+/// exchange (`control::auth`).
+pub struct ChannelIo<'a> {
+    /// The channel.
+    pub ch: &'a mut Channel,
+    /// When the handshake must be over.
+    pub deadline: Instant,
+    /// Checked at every tick (the engine stopping).
+    pub stop: &'a dyn Fn() -> Result<()>,
+}
+
+impl ChannelIo<'_> {
+    fn tick(deadline: Instant, stop: &dyn Fn() -> Result<()>) -> Result<()> {
+        stop()?;
+        deadline_tick(deadline, "IPC handshake")
+    }
+}
+
+impl FrameIo for ChannelIo<'_> {
+    fn send_frame(&mut self, kind: MsgKind, body: &[u8]) -> Result<()> {
+        let (deadline, stop) = (self.deadline, self.stop);
+        self.ch.send(kind, body, None, &mut || ChannelIo::tick(deadline, stop))
+    }
+    fn recv_frame(&mut self) -> Result<(MsgKind, Vec<u8>)> {
+        let (deadline, stop) = (self.deadline, self.stop);
+        let f = self.ch.recv(&mut || ChannelIo::tick(deadline, stop))?;
+        Ok((f.kind, f.body))
+    }
+}
+
 /// A tick that fails once `deadline` has passed.
 pub fn deadline_tick(deadline: Instant, what: &str) -> Result<()> {
     if Instant::now() >= deadline {
@@ -324,7 +355,8 @@ mod tests {
         let t = std::thread::spawn(move || {
             let (s, _) = l.accept().unwrap();
             let mut c = Channel::from_stream(s).unwrap();
-            assert_eq!(c.peer_pid().unwrap(), std::process::id());
+            // SAFETY: geteuid has no memory effects.
+            assert_eq!(c.peer_cred().unwrap(), (std::process::id(), unsafe { libc::geteuid() }));
             let f = c.recv(&mut io::no_abort).unwrap();
             assert_eq!(f.kind, MsgKind::ExportAnswer);
             assert_eq!(f.body, b"hi");
@@ -363,7 +395,7 @@ mod tests {
             let (s, _) = l.accept().unwrap();
             let mut c = Channel::from_tcp(s).unwrap();
             assert!(c.is_tcp());
-            assert_eq!(c.peer_pid().unwrap_err().status(), crate::error::Status::NotSupported);
+            assert_eq!(c.peer_cred().unwrap_err().status(), crate::error::Status::NotSupported);
             let f = c.recv(&mut io::no_abort).unwrap();
             assert_eq!((f.kind, f.body.as_slice(), f.fd.is_none()), (MsgKind::IpcHello, &b"hello"[..], true));
             let a = crate::memory::owners::allocate_shared_host(100).unwrap();

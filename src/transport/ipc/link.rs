@@ -3,10 +3,12 @@
 //! fails or times out mid-call is dead: its answers can no longer be
 //! matched, so the link refuses further calls.
 
-use super::channel::{Channel, Frame};
+use super::channel::{Channel, ChannelIo, Frame};
 use super::faults::Faults;
 use super::messages::{ExportRef, Hello, Welcome};
+use crate::control::auth::{self, AuthKey};
 use crate::control::frame::MsgKind;
+use crate::control::message;
 use crate::control::Identity;
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
@@ -24,6 +26,18 @@ pub enum Route {
     Fabric([u8; 16]),
 }
 
+/// What this engine brings to each of its links: who it is, the shared key
+/// its channels prove, and its fault-injection switches.
+#[derive(Clone)]
+pub struct LocalEnd {
+    /// This engine's identity (sent in `IpcHello`).
+    pub identity: Identity,
+    /// The key of `auth_key_file`, if configured.
+    pub auth: Option<AuthKey>,
+    /// Fault injection (inert unless armed).
+    pub faults: Arc<Faults>,
+}
+
 /// Link to one source's IPC channel.
 pub struct IpcLink {
     /// How the channel is reached.
@@ -36,10 +50,9 @@ pub struct IpcLink {
     pub label: String,
     /// The IPC transport this link carries.
     pub transport: crate::kinds::TransportKind,
-    local: Identity,
+    local: LocalEnd,
     chan: Mutex<ChanState>,
     next_tag: AtomicU64,
-    faults: Arc<Faults>,
 }
 
 enum ChanState {
@@ -56,8 +69,7 @@ impl IpcLink {
         source: Identity,
         endpoint: String,
         label: String,
-        local: Identity,
-        faults: Arc<Faults>,
+        local: LocalEnd,
     ) -> IpcLink {
         IpcLink {
             route,
@@ -68,7 +80,6 @@ impl IpcLink {
             local,
             chan: Mutex::new(ChanState::NotConnected),
             next_tag: AtomicU64::new(1),
-            faults,
         }
     }
 
@@ -90,8 +101,12 @@ impl IpcLink {
             Route::Unix(name) => (Channel::connect(name)?, [0; 16]),
             Route::Fabric(domain) => (Channel::connect_tcp(&self.endpoint, deadline)?, *domain),
         };
+        if let Some(key) = &self.local.auth {
+            let mut io = ChannelIo { ch: &mut c, deadline, stop: &|| Ok(()) };
+            auth::connect(&mut io, key, &self.label)?;
+        }
         let hello = Hello {
-            identity: self.local,
+            identity: self.local.identity,
             expected_source_epoch: self.source.engine_epoch,
             transport: self.transport as u32,
             fabric_domain,
@@ -109,6 +124,10 @@ impl IpcLink {
                 Ok(c)
             }
             MsgKind::ExportReject => Err(super::messages::decode_reject(&f.body)?.1),
+            MsgKind::Error => {
+                let (st, text) = message::decode_error(&f.body)?;
+                Err(Error::from_status(st, format!("{}: the IPC channel was refused: {text}", self.label)))
+            }
             other => Err(Error::Protocol(format!("IPC handshake answered with {other:?}"))),
         }
     }
@@ -160,7 +179,7 @@ impl IpcLink {
                     if a.export_id != r.export_id || a.token != r.token || a.extra != kind as u32 {
                         return Err(Error::Protocol(format!("ACK for another receipt ({a:?})")));
                     }
-                    if Faults::take(&self.faults.lose_ack) {
+                    if Faults::take(&self.local.faults.lose_ack) {
                         last = Some(Error::Unavailable(format!("{}: receipt acknowledgement lost", self.label)));
                         continue;
                     }

@@ -1,10 +1,12 @@
 //! Source side: serves one requester's IPC channel.
 
-use super::channel::{deadline_tick, Channel};
+use super::channel::{deadline_tick, Channel, ChannelIo, Frame};
 use super::export::ExportTable;
 use super::messages::{self, ExportRef, ExportRequest, Hello, Revalidate, Welcome};
+use crate::control::auth::{self, AuthKey, FrameIo};
 use crate::control::frame::MsgKind;
 use crate::control::identity::process_start_time;
+use crate::control::message;
 use crate::control::Identity;
 use crate::error::{Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,17 +25,33 @@ pub struct IpcSourceContext {
     pub stats: Arc<crate::counters::Counters>,
     /// Set when the engine stops.
     pub stopping: Arc<AtomicBool>,
-    /// Handshake deadline.
+    /// Handshake deadline, and the stall bound of every answer.
     pub handshake_timeout: Duration,
+    /// The shared key an IPC channel must prove, if any (fabric channels
+    /// prove it on the TCP listener before they get here).
+    pub auth: Option<AuthKey>,
+    /// Users besides this process's own who may open a Unix channel.
+    pub allowed_uids: Vec<u32>,
 }
 
-/// Serves one accepted IPC connection (a Unix channel, or a TCP fabric
-/// channel) until it closes.
-pub fn serve(ctx: Arc<IpcSourceContext>, mut ch: Channel, conn: u64) {
+impl IpcSourceContext {
+    /// Whether processes of `uid` may open a Unix IPC channel here.
+    fn admits(&self, uid: u32) -> bool {
+        // SAFETY: geteuid has no memory effects.
+        uid == unsafe { libc::geteuid() } || self.allowed_uids.contains(&uid)
+    }
+}
+
+/// Serves one accepted IPC connection until it closes: a Unix channel
+/// (`hello: None`: its uid is checked and, with a key, it authenticates
+/// first), or a TCP fabric channel whose listener already authenticated it
+/// and read its `IpcHello`.
+pub fn serve(ctx: Arc<IpcSourceContext>, mut ch: Channel, conn: u64, hello: Option<Frame>) {
     let mut table = None;
-    let r = serve_inner(&ctx, &mut ch, conn, &mut table);
+    let r = serve_inner(&ctx, &mut ch, conn, &mut table, hello);
     if let Err(Error::Protocol(m)) = &r {
-        let mut tick = || deadline_tick(Instant::now() + Duration::from_secs(1), "error");
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let mut tick = || deadline_tick(deadline, "error");
         let body = messages::encode_reject(0, crate::error::Status::ProtocolError, m);
         let _ = ch.send(MsgKind::ExportReject, &body, None, &mut tick);
     }
@@ -48,6 +66,7 @@ fn serve_inner(
     ch: &mut Channel,
     conn: u64,
     chosen: &mut Option<Arc<ExportTable>>,
+    hello: Option<Frame>,
 ) -> Result<()> {
     let stop = || {
         if ctx.stopping.load(Ordering::Acquire) {
@@ -64,7 +83,36 @@ fn serve_inner(
         }
         Ok(())
     };
-    let f = ch.recv(&mut hs_tick)?;
+    let f = match hello {
+        Some(f) => f,
+        None => {
+            // A Unix channel: only this user's processes (and the allowed
+            // uids) may open one; others learn nothing more.
+            let (_, uid) = ch.peer_cred()?;
+            if !ctx.admits(uid) {
+                ctx.stats.ipc_uid_refusals.fetch_add(1, Ordering::Relaxed);
+                let e = Error::PermissionDenied(format!(
+                    "processes of user {uid} may not open an IPC channel to this engine (ipc_allowed_uids)"
+                ));
+                let deadline = Instant::now() + Duration::from_secs(1);
+                let body = message::encode_error(e.status(), e.message());
+                let _ = ch.send(MsgKind::Error, &body, None, &mut || deadline_tick(deadline, "refusal"));
+                return Ok(());
+            }
+            let f = ch.recv(&mut hs_tick)?;
+            if ctx.auth.is_none() && f.kind != MsgKind::AuthChallenge {
+                f
+            } else {
+                let mut io = ChannelIo { ch: &mut *ch, deadline: hs_deadline, stop: &stop };
+                if let Err(e) = auth::accept(&mut io, ctx.auth.as_ref(), (f.kind, &f.body)) {
+                    ctx.stats.auth_failures.fetch_add(1, Ordering::Relaxed);
+                    let _ = io.send_frame(MsgKind::Error, &auth::refusal(&e));
+                    return Ok(());
+                }
+                ch.recv(&mut hs_tick)?
+            }
+        }
+    };
     if f.kind != MsgKind::IpcHello {
         return Err(Error::Protocol(format!("expected IpcHello first, got {:?}", f.kind)));
     }
@@ -97,7 +145,7 @@ fn serve_inner(
             }
         }
     } else {
-        let pid = ch.peer_pid()?;
+        let (pid, _) = ch.peer_cred()?;
         if pid != requester.process.pid || process_start_time(pid) != requester.process.start_time {
             return refuse(
                 ch,

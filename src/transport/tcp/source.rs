@@ -39,40 +39,29 @@ impl SourceContext {
     }
 }
 
-/// Serves `stream` until the peer leaves, the engine stops or the peer
+/// Serves `stream`, whose first frame (after any authentication) has the
+/// header `first`, until the peer leaves, the engine stops or the peer
 /// breaks the protocol (then an Error frame is sent and the connection closed).
-pub fn serve(ctx: Arc<SourceContext>, mut stream: TcpStream) {
+pub fn serve(ctx: Arc<SourceContext>, mut stream: TcpStream, first: FrameHeader) {
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(TICK));
     let _ = stream.set_write_timeout(Some(TICK));
     // Reads go through a buffer (one recv serves many small frames); large
     // payload reads bypass it and land straight in registered memory.
     let r = match stream.try_clone() {
-        Ok(rs) => serve_inner(&ctx, &mut BufReader::with_capacity(64 * 1024, rs), &mut stream),
+        Ok(rs) => serve_inner(&ctx, first, &mut BufReader::with_capacity(64 * 1024, rs), &mut stream),
         Err(e) => Err(Error::io("clone socket", &e)),
     };
-    if let Err(e) = r {
-        if matches!(e, Error::Protocol(_)) {
-            ctx.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-            let deadline = Instant::now() + Duration::from_secs(1);
-            let mut tick = || {
-                if Instant::now() >= deadline {
-                    return Err(Error::TimedOut("error frame".into()));
-                }
-                Ok(())
-            };
-            let body = message::encode_error(Status::ProtocolError, e.message());
-            let _ = io::write_frame(&mut stream, MsgKind::Error, &body, &mut tick);
-        }
+    if let Err(e @ Error::Protocol(_)) = r {
+        ctx.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+        super::handshake::send_error(&mut stream, &e);
     }
     let _ = stream.shutdown(Shutdown::Both);
 }
 
-fn serve_inner(ctx: &SourceContext, r: &mut BufReader<TcpStream>, w: &mut TcpStream) -> Result<()> {
+fn serve_inner(ctx: &SourceContext, first: FrameHeader, r: &mut BufReader<TcpStream>, w: &mut TcpStream) -> Result<()> {
     // Handshake: the requester speaks first with its Describe.
-    if super::handshake::answer(r, w, ctx.handshake_timeout, &|| ctx.tick(), || (ctx.describe)())?.is_none() {
-        return Ok(());
-    }
+    super::handshake::answer(first, r, w, ctx.handshake_timeout, &|| ctx.tick(), || (ctx.describe)())?;
 
     let frame_timeout = ctx.handshake_timeout;
     loop {

@@ -1,0 +1,340 @@
+//! Mutual authentication with a shared key (config `auth_key_file`).
+//!
+//! Before anything else on a control connection or an IPC channel, the
+//! connecting side and the serving side each prove that they know the key,
+//! without sending it:
+//!
+//! 1. connector -> server `AuthChallenge { nonce_c }`
+//! 2. server -> connector `AuthResponse { nonce_s, HMAC(key, "server" | nonce_c | nonce_s) }`
+//! 3. connector -> server `AuthProof { HMAC(key, "client" | nonce_s | nonce_c) }`
+//! 4. server -> connector `AuthOk` (or an `Error` frame, then the server closes)
+//!
+//! Nonces are 32 fresh random bytes on each side, so a recorded exchange
+//! cannot be replayed; the labels keep a server's answer from serving as a
+//! client's proof. HMAC-SHA256 and its constant-time comparison come from
+//! the RustCrypto `hmac`/`sha2` crates. The key authenticates the peer at
+//! connection set-up only: nothing on the connection is encrypted or
+//! integrity-protected afterwards (docs/security.md).
+
+use super::frame::MsgKind;
+use super::{io, message};
+use crate::error::{Error, Result};
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use std::io::Read;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Bytes of a nonce.
+pub const NONCE_LEN: usize = 32;
+/// Bytes of an HMAC-SHA256 tag.
+pub const TAG_LEN: usize = 32;
+/// The shortest key accepted.
+pub const MIN_KEY_LEN: usize = 32;
+/// The longest key file read.
+pub const MAX_KEY_LEN: usize = 4096;
+
+const SERVER_LABEL: &[u8] = b"orbite-auth-v1 server";
+const CLIENT_LABEL: &[u8] = b"orbite-auth-v1 client";
+
+/// A shared secret, read from a key file.
+#[derive(Clone)]
+pub struct AuthKey(Arc<Vec<u8>>);
+
+impl std::fmt::Debug for AuthKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AuthKey(..)")
+    }
+}
+
+impl AuthKey {
+    /// Reads the key file at `path`: a regular file of `MIN_KEY_LEN` to
+    /// `MAX_KEY_LEN` bytes that neither group nor others may read or write.
+    /// Anything else is `InvalidConfig` naming `auth_key_file`.
+    pub fn load(path: &str) -> Result<AuthKey> {
+        use std::os::unix::fs::MetadataExt;
+        let bad = |what: String| Error::InvalidConfig(format!("key `auth_key_file`: {path}: {what}"));
+        let meta = std::fs::metadata(path).map_err(|e| bad(e.to_string()))?;
+        if !meta.is_file() {
+            return Err(bad("not a regular file".into()));
+        }
+        if meta.mode() & 0o077 != 0 {
+            return Err(bad(format!(
+                "mode {:o} lets group or others access the key; make it readable by its owner only (chmod 600)",
+                meta.mode() & 0o777
+            )));
+        }
+        let len = meta.len() as usize;
+        if !(MIN_KEY_LEN..=MAX_KEY_LEN).contains(&len) {
+            return Err(bad(format!("{len} bytes; a key has {MIN_KEY_LEN} to {MAX_KEY_LEN} bytes")));
+        }
+        let key = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+        if key.len() < MIN_KEY_LEN {
+            return Err(bad(format!("{} bytes; a key has at least {MIN_KEY_LEN}", key.len())));
+        }
+        Ok(AuthKey(Arc::new(key)))
+    }
+
+    /// A key from bytes (at least `MIN_KEY_LEN`).
+    pub fn from_bytes(key: &[u8]) -> Result<AuthKey> {
+        if key.len() < MIN_KEY_LEN {
+            return Err(Error::InvalidArgument(format!("a key has at least {MIN_KEY_LEN} bytes, got {}", key.len())));
+        }
+        Ok(AuthKey(Arc::new(key.to_vec())))
+    }
+
+    fn hmac(&self, label: &[u8], a: &[u8], b: &[u8]) -> Hmac<Sha256> {
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
+        m.update(label);
+        m.update(a);
+        m.update(b);
+        m
+    }
+
+    fn tag(&self, label: &[u8], a: &[u8], b: &[u8]) -> [u8; TAG_LEN] {
+        self.hmac(label, a, b).finalize().into_bytes().into()
+    }
+
+    /// Whether `tag` is the key's tag of (label, a, b), compared in constant time.
+    fn verify(&self, label: &[u8], a: &[u8], b: &[u8], tag: &[u8]) -> bool {
+        self.hmac(label, a, b).verify_slice(tag).is_ok()
+    }
+}
+
+/// The frames the exchange sends and receives, each bounded by the
+/// deadline of the handshake it belongs to.
+pub trait FrameIo {
+    /// Sends one frame.
+    fn send_frame(&mut self, kind: MsgKind, body: &[u8]) -> Result<()>;
+    /// Receives one frame (kind and body).
+    fn recv_frame(&mut self) -> Result<(MsgKind, Vec<u8>)>;
+}
+
+/// The longest body an authentication frame (or the first frame of a
+/// connection that should have authenticated) may announce.
+pub const MAX_AUTH_BODY: u32 = 1024;
+
+/// A control socket within the deadline of its handshake: each frame read
+/// or written must finish before `deadline`, and `stop` may end the wait.
+pub struct Bounded<'a, S> {
+    /// The socket.
+    pub stream: &'a mut S,
+    /// When the handshake must be over.
+    pub deadline: Instant,
+    /// Checked at every tick (the engine stopping).
+    pub stop: &'a dyn Fn() -> Result<()>,
+}
+
+fn handshake_tick<'a>(deadline: Instant, stop: &'a dyn Fn() -> Result<()>) -> impl FnMut() -> Result<()> + 'a {
+    move || {
+        stop()?;
+        if Instant::now() >= deadline {
+            return Err(Error::TimedOut("the peer did not complete the handshake in time".into()));
+        }
+        Ok(())
+    }
+}
+
+impl<S: Read + AsRawFd> FrameIo for Bounded<'_, S> {
+    fn send_frame(&mut self, kind: MsgKind, body: &[u8]) -> Result<()> {
+        let mut tick = handshake_tick(self.deadline, self.stop);
+        io::write_frame(&mut *self.stream, kind, body, &mut tick)
+    }
+    fn recv_frame(&mut self) -> Result<(MsgKind, Vec<u8>)> {
+        let mut tick = handshake_tick(self.deadline, self.stop);
+        let h = match io::read_header(&mut *self.stream, &mut tick)? {
+            io::HeaderRead::Frame(h) => h,
+            io::HeaderRead::Eof => {
+                return Err(Error::Unavailable("the peer closed the connection during the handshake".into()))
+            }
+        };
+        if h.body_len > MAX_AUTH_BODY {
+            return Err(Error::Protocol(format!("{:?} of {} bytes during authentication", h.kind, h.body_len)));
+        }
+        Ok((h.kind, io::read_body(&mut *self.stream, h.body_len, &mut tick)?))
+    }
+}
+
+fn nonce() -> Result<[u8; NONCE_LEN]> {
+    let mut n = [0u8; NONCE_LEN];
+    crate::random::fill(&mut n)?;
+    Ok(n)
+}
+
+fn exact<const N: usize>(body: &[u8], what: &str) -> Result<[u8; N]> {
+    body.try_into().map_err(|_| Error::Protocol(format!("{what} body has {} bytes, expected {N}", body.len())))
+}
+
+/// Decodes the `AuthResponse` body: the server's nonce, then its tag.
+pub fn decode_response(body: &[u8]) -> Result<([u8; NONCE_LEN], [u8; TAG_LEN])> {
+    let b: [u8; NONCE_LEN + TAG_LEN] = exact(body, "AuthResponse")?;
+    let mut n = [0u8; NONCE_LEN];
+    let mut t = [0u8; TAG_LEN];
+    n.copy_from_slice(&b[..NONCE_LEN]);
+    t.copy_from_slice(&b[NONCE_LEN..]);
+    Ok((n, t))
+}
+
+/// The connecting side: proves knowledge of `key` and checks that the
+/// server knows it too. `PermissionDenied` names which side failed.
+pub fn connect(io: &mut impl FrameIo, key: &AuthKey, peer: &str) -> Result<()> {
+    let mine = nonce()?;
+    io.send_frame(MsgKind::AuthChallenge, &mine)?;
+    let (kind, body) = io.recv_frame()?;
+    let (theirs, tag) = match kind {
+        MsgKind::AuthResponse => decode_response(&body)?,
+        MsgKind::Error => {
+            let (st, text) = message::decode_error(&body)?;
+            return Err(Error::from_status(st, format!("{peer} refused authentication: {text}")));
+        }
+        other => return Err(Error::Protocol(format!("{peer} answered an authentication challenge with {other:?}"))),
+    };
+    if !key.verify(SERVER_LABEL, &mine, &theirs, &tag) {
+        return Err(Error::PermissionDenied(format!("{peer} does not know this engine's auth key")));
+    }
+    io.send_frame(MsgKind::AuthProof, &key.tag(CLIENT_LABEL, &theirs, &mine))?;
+    let (kind, body) = io.recv_frame()?;
+    match kind {
+        MsgKind::AuthOk if body.is_empty() => Ok(()),
+        MsgKind::Error => {
+            let (st, text) = message::decode_error(&body)?;
+            Err(Error::from_status(st, format!("{peer} refused authentication: {text}")))
+        }
+        other => Err(Error::Protocol(format!("{peer} ended authentication with {other:?}"))),
+    }
+}
+
+/// The serving side, given the connection's first frame. With a key, the
+/// first frame must be an `AuthChallenge` and the connector must prove the
+/// key; without one, an `AuthChallenge` is refused (both sides must agree).
+/// On `Err` the caller counts the failure, then tells the peer with
+/// [`refusal`] and closes.
+pub fn accept(io: &mut impl FrameIo, key: Option<&AuthKey>, first: (MsgKind, &[u8])) -> Result<()> {
+    let (key, theirs) = match (key, first) {
+        (None, (MsgKind::AuthChallenge, _)) => {
+            return Err(Error::PermissionDenied(
+                "this engine has no auth_key_file; configure the same key on both engines, or none".into(),
+            ))
+        }
+        (None, _) => return Ok(()),
+        (Some(k), (MsgKind::AuthChallenge, body)) => (k, exact::<NONCE_LEN>(body, "AuthChallenge")?),
+        (Some(_), (kind, _)) => {
+            return Err(Error::PermissionDenied(format!(
+                "this engine requires authentication (auth_key_file) before {kind:?}; configure the same key"
+            )))
+        }
+    };
+    let mine = nonce()?;
+    let mut body = mine.to_vec();
+    body.extend_from_slice(&key.tag(SERVER_LABEL, &theirs, &mine));
+    io.send_frame(MsgKind::AuthResponse, &body)?;
+    let (kind, proof) = io.recv_frame()?;
+    if kind != MsgKind::AuthProof {
+        return Err(Error::Protocol(format!("expected AuthProof, got {kind:?}")));
+    }
+    if proof.len() != TAG_LEN || !key.verify(CLIENT_LABEL, &mine, &theirs, &proof) {
+        return Err(Error::PermissionDenied("the peer does not know this engine's auth key".into()));
+    }
+    io.send_frame(MsgKind::AuthOk, &[])
+}
+
+/// The `Error` frame body that tells a peer why it was refused.
+pub fn refusal(e: &Error) -> Vec<u8> {
+    message::encode_error(e.status(), e.message())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::Status;
+    use std::sync::mpsc::{channel, Receiver, Sender};
+
+    /// One end of an in-memory frame pipe.
+    struct Pipe(Sender<(MsgKind, Vec<u8>)>, Receiver<(MsgKind, Vec<u8>)>);
+
+    impl FrameIo for Pipe {
+        fn send_frame(&mut self, kind: MsgKind, body: &[u8]) -> Result<()> {
+            self.0.send((kind, body.to_vec())).map_err(|_| Error::Unavailable("closed".into()))
+        }
+        fn recv_frame(&mut self) -> Result<(MsgKind, Vec<u8>)> {
+            self.1.recv().map_err(|_| Error::Unavailable("closed".into()))
+        }
+    }
+
+    fn pipes() -> (Pipe, Pipe) {
+        let (a, b) = (channel(), channel());
+        (Pipe(a.0, b.1), Pipe(b.0, a.1))
+    }
+
+    fn run(client_key: Option<&[u8]>, server_key: Option<&[u8]>) -> (Result<()>, Result<()>) {
+        let (mut c, mut s) = pipes();
+        let server_key = server_key.map(|k| AuthKey::from_bytes(k).unwrap());
+        let t = std::thread::spawn(move || {
+            let (kind, body) = s.recv_frame()?;
+            accept(&mut s, server_key.as_ref(), (kind, &body))
+                .inspect_err(|e| drop(s.send_frame(MsgKind::Error, &refusal(e))))
+        });
+        let r = match client_key {
+            Some(k) => connect(&mut c, &AuthKey::from_bytes(k).unwrap(), "peer"),
+            None => c.send_frame(MsgKind::Describe, b"d"),
+        };
+        drop(c);
+        (r, t.join().unwrap())
+    }
+
+    #[test]
+    fn the_same_key_passes_both_ways_and_any_other_is_refused() {
+        let k = [7u8; 32];
+        let (c, s) = run(Some(&k), Some(&k));
+        assert!(c.is_ok() && s.is_ok(), "{c:?} {s:?}");
+        let mut other = k;
+        other[31] ^= 1;
+        let (c, s) = run(Some(&other), Some(&k));
+        assert_eq!(c.unwrap_err().status(), Status::PermissionDenied, "the client learns the server knows another key");
+        assert!(s.is_err());
+        let (c, s) = run(None, Some(&k));
+        assert!(c.is_ok(), "the Describe was sent");
+        assert!(s.unwrap_err().message().contains("requires authentication"));
+        let (c, s) = run(Some(&k), None);
+        assert!(c.unwrap_err().message().contains("no auth_key_file"));
+        assert_eq!(s.unwrap_err().status(), Status::PermissionDenied);
+        let (c, s) = run(None, None);
+        assert!(c.is_ok() && s.is_ok());
+    }
+
+    #[test]
+    fn a_server_that_replays_the_clients_nonce_is_refused() {
+        // A reflected challenge (the server echoing the client's own nonce
+        // with a tag under the client label) proves nothing.
+        let key = AuthKey::from_bytes(&[3u8; 40]).unwrap();
+        let (mut c, mut s) = pipes();
+        let k2 = key.clone();
+        let t = std::thread::spawn(move || {
+            let (_, n) = s.recv_frame().unwrap();
+            let mut body = n.clone();
+            body.extend_from_slice(&k2.tag(CLIENT_LABEL, &n, &n));
+            s.send_frame(MsgKind::AuthResponse, &body).unwrap();
+        });
+        assert_eq!(connect(&mut c, &key, "peer").unwrap_err().status(), Status::PermissionDenied);
+        t.join().unwrap();
+    }
+
+    #[test]
+    fn key_files_must_be_private_and_long_enough() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("orbite-auth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join("key");
+        std::fs::write(&p, [1u8; 32]).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let path = p.to_str().unwrap();
+        assert!(AuthKey::load(path).unwrap_err().message().contains("chmod 600"));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        AuthKey::load(path).unwrap();
+        std::fs::write(&p, [1u8; 31]).unwrap();
+        assert!(AuthKey::load(path).unwrap_err().message().contains("31 bytes"));
+        assert_eq!(AuthKey::load("/nonexistent/key").unwrap_err().status(), Status::InvalidConfig);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
