@@ -230,20 +230,19 @@ pub fn shared_physical(len: u64) -> Result<u64> {
         .ok_or_else(|| Error::InvalidArgument(format!("length {len} is too large")))
 }
 
-/// Maps `len` bytes of a memory file read/write and shared (the owner's
-/// allocation, or an SHM import of it). The fd may be closed afterwards.
-pub fn map_shared(fd: &impl AsRawFd, len: u64, what: &str) -> Result<u64> {
+/// The seals every library memory file carries (and every SHM import
+/// requires): its size is fixed for good, so nobody holding the fd, the
+/// owner included, can shrink or grow it and make a mapping fault. The
+/// library also adds `F_SEAL_SEAL`, so that no further seal can be added.
+pub const SIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
+
+/// Maps `len` bytes of a memory file shared, read/write or read-only (the
+/// owner's allocation, or an SHM import of it). The fd may be closed
+/// afterwards.
+pub fn map_shared(fd: &impl AsRawFd, len: u64, writable: bool, what: &str) -> Result<u64> {
+    let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
     // SAFETY: mapping `len` bytes of an open file; the result is checked.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len as usize,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), len as usize, prot, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
     if p == libc::MAP_FAILED {
         let e = std::io::Error::last_os_error();
         return Err(Error::ResourceExhausted(format!("cannot map {len} bytes of {what}: {e}")));
@@ -252,7 +251,9 @@ pub fn map_shared(fd: &impl AsRawFd, len: u64, what: &str) -> Result<u64> {
 }
 
 /// Allocates zeroed host memory backed by a memfd, physically rounded up to
-/// 2 MiB, shareable with peers on the same host (SHM transport).
+/// 2 MiB, shareable with peers on the same host (SHM transport). The memfd
+/// is sealed against shrinking and growing ([`SIZE_SEALS`]) and against
+/// further seals, so no holder of it can make a mapping fault.
 pub fn allocate_shared_host(len: u64) -> Result<Allocation> {
     if len == 0 {
         return Err(Error::InvalidArgument("length is 0".into()));
@@ -260,7 +261,7 @@ pub fn allocate_shared_host(len: u64) -> Result<Allocation> {
     let physical = shared_physical(len)?;
     let name = b"orbite-shm\0";
     // SAFETY: name is NUL-terminated; memfd_create has no other inputs.
-    let raw = unsafe { libc::memfd_create(name.as_ptr().cast(), libc::MFD_CLOEXEC) };
+    let raw = unsafe { libc::memfd_create(name.as_ptr().cast(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if raw < 0 {
         return Err(Error::io("memfd_create", &std::io::Error::last_os_error()));
     }
@@ -271,7 +272,11 @@ pub fn allocate_shared_host(len: u64) -> Result<Allocation> {
         let e = std::io::Error::last_os_error();
         return Err(Error::ResourceExhausted(format!("cannot size shared memory to {physical} bytes: {e}")));
     }
-    let p = map_shared(&fd, physical, "shared memory")?;
+    // SAFETY: fcntl on an fd we own; adds seals, no memory effects.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SIZE_SEALS | libc::F_SEAL_SEAL) } != 0 {
+        return Err(Error::io("sealing shared memory", &std::io::Error::last_os_error()));
+    }
+    let p = map_shared(&fd, physical, true, "shared memory")?;
     let owned =
         Arc::new(Owned { kind: MemoryKind::SharedHost, addr: p, len, physical, backing: Backing::Memfd { fd } });
     OWNERS.lock().insert(owned.addr, Entry { owned: owned.clone(), counts: Counts::default() });
@@ -412,6 +417,24 @@ mod tests {
         let (a, e) = a.free().unwrap_err();
         assert!(matches!(e, Error::Unavailable(_)));
         note_registered(a.addr(), -1);
+        a.free().unwrap();
+    }
+
+    #[test]
+    fn shared_memory_files_cannot_change_size_or_take_new_seals() {
+        let a = allocate_shared_host(4096).unwrap();
+        let fd = a.memfd().unwrap();
+        for size in [0, 4096, 4 << 20] {
+            // SAFETY: ftruncate on the allocation's own fd; it must fail.
+            assert_ne!(unsafe { libc::ftruncate(fd, size) }, 0, "resized to {size}");
+        }
+        // SAFETY: fcntl on the allocation's own fd; it must fail.
+        assert_ne!(unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_WRITE) }, 0);
+        // SAFETY: fstat into a zeroed buffer.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
+        assert_eq!(st.st_size as u64, SHARED_ROUNDING);
         a.free().unwrap();
     }
 }

@@ -151,7 +151,7 @@ mod backend {
             TransportKind::Mnnvl
         }
 
-        fn export(&self, base: u64) -> Result<ExportedHandle> {
+        fn export(&self, base: u64, _writable: bool) -> Result<ExportedHandle> {
             // The source consumes producer readiness before exposing the backing.
             consume_producer(base)?;
             let ty = match self.handle_type {
@@ -171,7 +171,7 @@ mod backend {
             fabric::retire_export(base)
         }
 
-        fn import(&self, handle: ReceivedHandle, physical: u64) -> Result<Box<dyn Mapping>> {
+        fn import(&self, handle: ReceivedHandle, physical: u64, _writable: bool) -> Result<Box<dyn Mapping>> {
             let w = WireHandle::decode(&handle.bytes)?;
             if w.physical != physical {
                 return Err(Error::Protocol(format!("MNNVL handle says {} bytes, the grant {physical}", w.physical)));

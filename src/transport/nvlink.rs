@@ -45,7 +45,7 @@ impl IpcBackend for NvlinkBackend {
         TransportKind::Nvlink
     }
 
-    fn export(&self, base: u64) -> Result<ExportedHandle> {
+    fn export(&self, base: u64, _writable: bool) -> Result<ExportedHandle> {
         let o = owners::owner_of(base)
             .filter(|o| o.base == base && o.kind == MemoryKind::CudaIpc)
             .ok_or_else(|| Error::NotSupported(format!("0x{base:x} is not an allocate_ipc allocation")))?;
@@ -54,7 +54,7 @@ impl IpcBackend for NvlinkBackend {
         Ok(ExportedHandle { bytes: h.to_vec(), fd: None, owned_fd: None })
     }
 
-    fn import(&self, handle: ReceivedHandle, physical: u64) -> Result<Box<dyn Mapping>> {
+    fn import(&self, handle: ReceivedHandle, physical: u64, _writable: bool) -> Result<Box<dyn Mapping>> {
         let h: &[u8; IPC_HANDLE_BYTES] = handle.bytes.as_slice().try_into().map_err(|_| {
             Error::Protocol(format!("a CUDA IPC handle has {IPC_HANDLE_BYTES} bytes, got {}", handle.bytes.len()))
         })?;

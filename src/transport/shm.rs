@@ -6,8 +6,21 @@ use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::memory::owners;
 use crate::transport::ipc::backend::{CopyOp, CopyPlan, ExportedHandle, IpcBackend, Mapping, ReceivedHandle};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
+
+/// A read-only descriptor of the same memory file (`/proc/self/fd/N`
+/// reopened `O_RDONLY`).
+fn reopen_read_only(fd: RawFd) -> Result<OwnedFd> {
+    let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL");
+    // SAFETY: open with a NUL-terminated path; the result is checked.
+    let ro = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if ro < 0 {
+        return Err(Error::io("reopening shared memory read-only", &std::io::Error::last_os_error()));
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(ro) })
+}
 
 /// The SHM backend.
 #[derive(Debug, Default)]
@@ -24,17 +37,36 @@ impl IpcBackend for ShmBackend {
         TransportKind::Shm
     }
 
-    fn export(&self, base: u64) -> Result<ExportedHandle> {
+    fn export(&self, base: u64, writable: bool) -> Result<ExportedHandle> {
         let fd = owners::owner_of(base)
             .filter(|o| o.base == base)
             .and_then(|o| o.fd)
             .ok_or_else(|| Error::NotFound(format!("no shared allocation starts at 0x{base:x}")))?;
-        Ok(ExportedHandle { bytes: Vec::new(), fd: Some(fd), owned_fd: None })
+        if writable {
+            return Ok(ExportedHandle { bytes: Vec::new(), fd: Some(fd), owned_fd: None });
+        }
+        // A READ grant passes a descriptor opened read-only: the importer
+        // can map the allocation but never write it.
+        Ok(ExportedHandle { bytes: Vec::new(), fd: None, owned_fd: Some(reopen_read_only(fd)?) })
     }
 
-    fn import(&self, handle: ReceivedHandle, physical: u64) -> Result<Box<dyn Mapping>> {
+    fn import(&self, handle: ReceivedHandle, physical: u64, writable: bool) -> Result<Box<dyn Mapping>> {
         let fd =
             handle.fd.ok_or_else(|| Error::Protocol("an SHM handle arrived without its file descriptor".into()))?;
+        // Only a memory file whose size nobody can change may be mapped: a
+        // source that shrank it would make this process fault.
+        // SAFETY: fcntl on an fd we own; reads its seals.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & owners::SIZE_SEALS != owners::SIZE_SEALS {
+            return Err(Error::Protocol(
+                "the received SHM handle is not sealed against shrinking and growing; refusing to map it".into(),
+            ));
+        }
+        // SAFETY: fcntl on an fd we own; reads its access mode.
+        let mode = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) } & libc::O_ACCMODE;
+        if writable && mode != libc::O_RDWR {
+            return Err(Error::Protocol("a WRITE grant arrived with a read-only SHM handle".into()));
+        }
         // The fd must be a regular (memfd) file at least `physical` long.
         // SAFETY: fstat on an fd we own into a zeroed stat buffer.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
@@ -48,7 +80,7 @@ impl IpcBackend for ShmBackend {
                 st.st_size
             )));
         }
-        let p = owners::map_shared(&fd, physical, "the SHM export")?;
+        let p = owners::map_shared(&fd, physical, writable, "the SHM export")?;
         Ok(Box::new(ShmMapping { base: p, len: physical, mapped: AtomicBool::new(true) }))
     }
 }
@@ -83,5 +115,60 @@ impl Mapping for ShmMapping {
             return Err(Error::Unquiesced(format!("munmap of the SHM import failed: {e}")));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::owners::allocate_shared_host;
+
+    fn received(fd: OwnedFd) -> ReceivedHandle {
+        ReceivedHandle { bytes: Vec::new(), fd: Some(fd) }
+    }
+
+    fn dup(fd: RawFd) -> OwnedFd {
+        // SAFETY: dup of an open fd; the copy is owned by the result.
+        unsafe { OwnedFd::from_raw_fd(libc::dup(fd)) }
+    }
+
+    #[test]
+    fn a_read_grant_passes_a_descriptor_that_cannot_write() {
+        let a = allocate_shared_host(4096).unwrap();
+        // SAFETY: the allocation maps 4096 bytes.
+        unsafe { *(a.addr() as *mut u8) = 42 };
+        let h = ShmBackend.export(a.addr(), false).unwrap();
+        let ro = h.owned_fd.expect("a descriptor made for this export");
+        assert!(h.fd.is_none());
+        // SAFETY: fcntl reads the access mode.
+        assert_eq!(unsafe { libc::fcntl(ro.as_raw_fd(), libc::F_GETFL) } & libc::O_ACCMODE, libc::O_RDONLY);
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        // SAFETY: an mmap that must fail (the descriptor is read-only).
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), 4096, rw, libc::MAP_SHARED, ro.as_raw_fd(), 0) };
+        assert_eq!(p, libc::MAP_FAILED, "a read-only descriptor mapped writable");
+        let physical = a.physical_len();
+        let e = ShmBackend.import(received(dup(ro.as_raw_fd())), physical, true).err().unwrap();
+        assert!(e.message().contains("read-only SHM handle"), "{e}");
+        let m = ShmBackend.import(received(ro), physical, false).unwrap();
+        // SAFETY: the import maps `physical` readable bytes.
+        assert_eq!(unsafe { *(m.base() as *const u8) }, 42);
+        m.close().unwrap();
+        let w = ShmBackend.export(a.addr(), true).unwrap();
+        assert_eq!(w.fd, a.memfd(), "a WRITE grant passes the allocation's own descriptor");
+        a.free().unwrap();
+    }
+
+    #[test]
+    fn an_unsealed_memory_file_is_never_mapped() {
+        // SAFETY: memfd_create with a NUL-terminated name.
+        let raw = unsafe { libc::memfd_create(c"hostile".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: a fresh fd we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: sizing our own memfd.
+        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), 1 << 21) }, 0);
+        let e = ShmBackend.import(received(fd), 1 << 21, true).err().unwrap();
+        assert_eq!(e.status(), crate::error::Status::ProtocolError);
+        assert!(e.message().contains("not sealed"), "{e}");
     }
 }

@@ -74,11 +74,14 @@ pub trait Mapping: Send + Sync {
 pub trait IpcBackend: Send + Sync {
     /// The transport this backend carries.
     fn transport(&self) -> TransportKind;
-    /// Source side: the handle naming the owned allocation at `base`.
-    fn export(&self, base: u64) -> Result<ExportedHandle>;
+    /// Source side: the handle naming the owned allocation at `base`; a
+    /// grant without WRITE asks for a read-only handle where the kind of
+    /// memory allows one (SHM); CUDA handles always map read-write.
+    fn export(&self, base: u64, writable: bool) -> Result<ExportedHandle>;
     /// Source side: an export of `base` ended (its close receipt arrived or
     /// its importer provably exited). Backends that count exports use it.
     fn unexport(&self, _base: u64) {}
-    /// Requester side: maps a received handle of `physical` bytes.
-    fn import(&self, handle: ReceivedHandle, physical: u64) -> Result<Box<dyn Mapping>>;
+    /// Requester side: maps a received handle of `physical` bytes,
+    /// read-write only when the grant allows WRITE.
+    fn import(&self, handle: ReceivedHandle, physical: u64, writable: bool) -> Result<Box<dyn Mapping>>;
 }

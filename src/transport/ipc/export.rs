@@ -266,7 +266,7 @@ impl ExportTable {
             if e.state != ExportState::Offered {
                 return Err(Error::Protocol(format!("export {} was already answered", r.export_id)));
             }
-            let h = self.backend.export(e.base).inspect_err(|_| export_failed = true)?;
+            let h = self.backend.export(e.base, e.ops & OP_WRITE != 0).inspect_err(|_| export_failed = true)?;
             e.state = ExportState::Exposed;
             Ok(Some(h))
         });

@@ -53,14 +53,14 @@ impl IpcBackend for FaultyBackend {
     fn transport(&self) -> TransportKind {
         self.inner.transport()
     }
-    fn export(&self, base: u64) -> Result<ExportedHandle> {
-        self.inner.export(base)
+    fn export(&self, base: u64, writable: bool) -> Result<ExportedHandle> {
+        self.inner.export(base, writable)
     }
     fn unexport(&self, base: u64) {
         self.inner.unexport(base)
     }
-    fn import(&self, handle: ReceivedHandle, physical: u64) -> Result<Box<dyn Mapping>> {
-        let inner = self.inner.import(handle, physical)?;
+    fn import(&self, handle: ReceivedHandle, physical: u64, writable: bool) -> Result<Box<dyn Mapping>> {
+        let inner = self.inner.import(handle, physical, writable)?;
         Ok(Box::new(FaultyMapping { inner, faults: self.faults.clone() }))
     }
 }

@@ -220,7 +220,7 @@ impl IpcRequester {
             return Err(Error::Protocol("ExportHandle names another export".into()));
         }
         let handle = ReceivedHandle { bytes: body[28..].to_vec(), fd };
-        match self.backend.import(handle, offer.physical) {
+        match self.backend.import(handle, offer.physical, offer.ops & OP_WRITE != 0) {
             Ok(mapping) => {
                 self.opened.fetch_add(1, Ordering::Relaxed);
                 Ok(Import { link: link.clone(), offer, mapping, _charge: charge })
