@@ -169,6 +169,10 @@ static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   CHECK_STATUS(orbite_submit(req, peer, NULL, 1, NULL, &b), ORBITE_STATUS_NULL_ARGUMENT);
   CHECK_STATUS(orbite_submit(req, peer, &r, 1, NULL, NULL), ORBITE_STATUS_NULL_ARGUMENT);
   CHECK_STATUS(orbite_submit(req, peer, &r, 0, NULL, &b), ORBITE_STATUS_INVALID_ARGUMENT);
+  /* Counts that could never be allocated are refused before anything is read. */
+  CHECK_STATUS(orbite_submit(req, peer, &r, SIZE_MAX, NULL, &b), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("at most");
+  CHECK_STATUS(orbite_submit(req, peer, &r, (size_t)1 << 40, NULL, &b), ORBITE_STATUS_INVALID_ARGUMENT);
   CHECK_STATUS(orbite_submit(req, 31337, &r, 1, NULL, &b), ORBITE_STATUS_NOT_FOUND);
   CHECK_STATUS(orbite_submit(req, 0, &r, 1, NULL, &b), ORBITE_STATUS_NOT_FOUND);
   orbite_request bad = r;

@@ -30,6 +30,8 @@ pub struct Counters {
     pub auth_failures: AtomicU64,
     /// IPC channels refused because their process's user may not connect.
     pub ipc_uid_refusals: AtomicU64,
+    /// Export offers released because the requester did not answer in time.
+    pub offers_expired: AtomicU64,
 }
 
 /// Counters of one transport, as reported.
@@ -78,9 +80,11 @@ impl Counters {
         }
     }
 
-    /// Adds bytes served to a peer (receipts that report bytes separately).
-    pub fn record_served_bytes(&self, t: TransportKind, bytes: u64) {
-        self.per[t.index()].served_bytes.fetch_add(bytes, Ordering::Relaxed);
+    /// Records `n` requests served to a peer, `bytes` in all (a receipt).
+    pub fn record_served_n(&self, t: TransportKind, n: u64, bytes: u64) {
+        let p = &self.per[t.index()];
+        p.served_requests.fetch_add(n, Ordering::Relaxed);
+        p.served_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Records bytes written to a peer's socket by the requester side.

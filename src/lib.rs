@@ -52,7 +52,7 @@ pub use memory::cuda::{allocate_egm, allocate_mnnvl, allocate_pinned_host, free_
 pub use memory::cuda::{wrap_egm, wrap_mnnvl};
 pub use memory::owners::allocate_shared_host;
 pub use memory::{Access, Allocation, MemoryKind};
-pub use transfer::{Op, RemoteEffect, Request, RequestResult};
+pub use transfer::{Op, RemoteEffect, Request, RequestResult, MAX_REQUESTS};
 
 /// Library version, `MAJOR.MINOR.PATCH`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -8,6 +8,10 @@ use parking_lot::{Condvar, Mutex};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The most requests one submission may carry (a larger count is
+/// `InvalidArgument` before anything is allocated).
+pub const MAX_REQUESTS: usize = 1 << 24;
+
 /// Direction of a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {

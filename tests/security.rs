@@ -3,10 +3,10 @@
 //! memory, local-only regions unpublished and unguessable epochs.
 
 use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
-use orbite::control::message;
+use orbite::control::message::{self, DataRequest};
 use orbite::control::Identity;
 use orbite::transport::ipc::channel::Channel;
-use orbite::transport::ipc::messages::Hello;
+use orbite::transport::ipc::messages::{decode_reject, ExportOffer, ExportRef, ExportRequest, Hello, OP_READ};
 use orbite::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -229,4 +229,218 @@ fn a_process_of_another_user_is_refused_an_ipc_channel() {
     req.close(Some(LONG)).unwrap();
     src.close(Some(LONG)).unwrap();
     a.free().unwrap();
+}
+
+/// A raw IPC client that opened an honest channel to `src`.
+fn raw_channel(src: &Engine) -> Channel {
+    let mut ch = Channel::connect(&channel_name(src)).unwrap();
+    let hello = Hello {
+        identity: Identity::fresh(),
+        expected_source_epoch: src.identity().engine_epoch,
+        transport: TransportKind::Shm as u32,
+        fabric_domain: [0; 16],
+    };
+    let f = ch.call(MsgKind::IpcHello, &hello.encode(), Instant::now() + LONG, "hello").unwrap();
+    assert_eq!(f.kind, MsgKind::IpcWelcome);
+    ch
+}
+
+/// Asks `src` to export the shared region `r` to the raw client; returns the offer.
+fn offer(ch: &mut Channel, r: &RegionInfo) -> ExportOffer {
+    let req = ExportRequest { tag: 1, region_epoch: r.epoch, addr: r.addr, len: 64, ops: OP_READ, wait_ms: 1000 };
+    let f = ch.call(MsgKind::ExportRequest, &req.encode(), Instant::now() + LONG, "export request").unwrap();
+    assert_eq!(f.kind, MsgKind::ExportOffer);
+    ExportOffer::decode(&f.body).unwrap()
+}
+
+/// An offer the requester never answers expires: its loan, charge and
+/// registration go back, and the region can be unregistered.
+#[test]
+fn an_unanswered_offer_expires_and_unregister_then_succeeds() {
+    let src = Engine::from_json(r#"{"offer_timeout_ms": 300}"#).unwrap();
+    let a = allocate_shared_host(4096).unwrap();
+    let id = src.register_memory(a.addr(), 4096, Access::READ).unwrap();
+    let r = src.regions()[0];
+    let mut ch = raw_channel(&src);
+    let o = offer(&mut ch, &r);
+    assert!(o.export_id > 0);
+    // The silent requester keeps its channel open meanwhile.
+    src.unregister_memory(id, Some(LONG)).unwrap();
+    assert_eq!(src.stats().offers_expired, 1);
+    assert_eq!(src.stats().ipc["shm"].exports_open, 0);
+    // A late answer finds no export.
+    let late = ExportRef { export_id: o.export_id, token: o.token, value: 1, extra: 0 };
+    let f = ch.call(MsgKind::ExportAnswer, &late.encode(), Instant::now() + LONG, "late").unwrap();
+    assert_eq!(decode_reject(&f.body).unwrap().1.status(), Status::NotFound);
+    drop(ch);
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
+}
+
+/// A receipt claiming four billion requests is refused at once (a protocol
+/// error that closes the channel) and sets no counter.
+#[test]
+fn a_receipt_cannot_claim_more_than_it_could_have_moved() {
+    let src = Engine::from_json("").unwrap();
+    let a = allocate_shared_host(4096).unwrap();
+    src.register_memory(a.addr(), 4096, Access::READ).unwrap();
+    let r = src.regions()[0];
+    let mut ch = raw_channel(&src);
+    let o = offer(&mut ch, &r);
+    let accept = ExportRef { export_id: o.export_id, token: o.token, value: 1, extra: 0 };
+    let f = ch.call(MsgKind::ExportAnswer, &accept.encode(), Instant::now() + LONG, "answer").unwrap();
+    assert_eq!(f.kind, MsgKind::ExportHandle);
+    let before = src.stats().transports["shm"].clone();
+    let huge = ExportRef { export_id: o.export_id, token: o.token, value: 1, extra: u32::MAX };
+    let f = ch.call(MsgKind::OpComplete, &huge.encode(), Instant::now() + LONG, "receipt").unwrap();
+    let why = decode_reject(&f.body).unwrap().1;
+    assert_eq!(why.status(), Status::ProtocolError, "{why}");
+    assert!(why.message().contains("within an envelope of 64 bytes"), "{why}");
+    assert_eq!(src.stats().transports["shm"], before, "no counter moved");
+    drop(ch);
+    // The channel is gone: the export it exposed stays retained (nothing
+    // proves the import closed) until this process is seen exiting, which
+    // never happens here; close_source says so.
+    assert_eq!(src.close_source(Some(std::time::Duration::from_millis(300))).unwrap_err().status(), Status::Unquiesced);
+}
+
+/// The Describe handshake of a raw TCP peer; returns the source's Describe.
+fn raw_handshake(ep: &str) -> (TcpStream, orbite::control::message::Describe) {
+    let mut s = TcpStream::connect(ep).unwrap();
+    s.write_all(&describe_bytes()).unwrap();
+    s.set_read_timeout(Some(LONG)).unwrap();
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    s.read_exact(&mut h).unwrap();
+    let h = FrameHeader::decode(&h).unwrap();
+    let mut body = vec![0u8; h.body_len as usize];
+    s.read_exact(&mut body).unwrap();
+    (s, orbite::control::message::Describe::decode(&body).unwrap())
+}
+
+/// A peer that pipelines WRITEs and never reads the answers is cut off
+/// within the stall bound: it pins neither a thread nor the source gate,
+/// and close_source returns OK within its timeout.
+#[test]
+fn a_peer_that_never_reads_its_answers_is_cut_off() {
+    let src = Engine::from_json(r#"{"handshake_timeout_ms": 500}"#).unwrap();
+    let mut remote = vec![0u8; 4096];
+    src.register_memory(remote.as_mut_ptr() as u64, 4096, Access::WRITE).unwrap();
+    let (mut s, d) = raw_handshake(&src.endpoint());
+    let r = d.regions[0];
+    let mut frame = FrameHeader::encode(MsgKind::WriteRequest, 32 + 4).to_vec();
+    frame.extend_from_slice(&DataRequest { tag: 1, region_epoch: r.epoch, addr: r.addr, len: 4 }.encode());
+    frame.extend_from_slice(b"abcd");
+    let many: Vec<u8> = frame.iter().copied().cycle().take(frame.len() * 4096).collect();
+    // Write until the source cuts the connection (the writes block once it
+    // stops reading, because it is blocked answering).
+    let writer = std::thread::spawn(move || {
+        let t0 = Instant::now();
+        while s.write_all(&many).is_ok() {
+            assert!(t0.elapsed() < LONG, "the source never cut the connection");
+        }
+        t0.elapsed()
+    });
+    let took = writer.join().unwrap();
+    assert!(took < LONG);
+    let t0 = Instant::now();
+    src.close_source(Some(std::time::Duration::from_secs(20))).unwrap();
+    assert!(t0.elapsed() < std::time::Duration::from_secs(20));
+    assert!(src.stats().protocol_errors >= 1);
+    assert_eq!(&remote[..4], b"abcd");
+}
+
+/// A WRITE payload that keeps trickling, each MiB within the stall bound but
+/// slower overall than the minimum rate, is cut off.
+#[test]
+fn a_trickling_payload_is_cut_off_at_the_minimum_rate() {
+    let cfg = r#"{"handshake_timeout_ms": 1500, "min_payload_rate_kib": 4096}"#;
+    let src = Engine::from_json(cfg).unwrap();
+    let mut remote = vec![0u8; 4 << 20];
+    src.register_memory(remote.as_mut_ptr() as u64, 4 << 20, Access::WRITE).unwrap();
+    let (mut s, d) = raw_handshake(&src.endpoint());
+    let r = d.regions[0];
+    let mut head = FrameHeader::encode(MsgKind::WriteRequest, 32 + (4 << 20)).to_vec();
+    head.extend_from_slice(&DataRequest { tag: 1, region_epoch: r.epoch, addr: r.addr, len: 4 << 20 }.encode());
+    s.write_all(&head).unwrap();
+    // 64 KiB every 60 ms: about 1 MiB/s, each MiB well inside the stall
+    // bound, the whole 4 MiB far slower than 4 MiB/s (the attack's pace).
+    let chunk = vec![1u8; 64 << 10];
+    let t0 = Instant::now();
+    let mut sent = 0usize;
+    while sent < (4 << 20) && s.write_all(&chunk).is_ok() {
+        sent += chunk.len();
+        std::thread::sleep(std::time::Duration::from_millis(60));
+    }
+    let text = hostile::error_text(&mut s).unwrap_or_default();
+    assert!(text.contains("min_payload_rate"), "{text:?} after {:?}, {sent} bytes", t0.elapsed());
+    assert!(sent < 4 << 20, "the whole payload got through");
+    let _ = &mut remote;
+}
+
+/// The 16 385th region with remote access is refused at registration;
+/// local-only regions are neither counted nor published; peers connected
+/// before keep working; epochs are random, not the region ids.
+#[test]
+fn published_regions_are_bounded_at_registration() {
+    let src = Engine::from_json("").unwrap();
+    let req = Engine::from_json("").unwrap();
+    let n = orbite::control::message::MAX_REGIONS;
+    let mut remote = vec![5u8; (n + 2) * 64];
+    let base = remote.as_mut_ptr() as u64;
+    let peer = req.connect(&src.endpoint(), Some(LONG)).unwrap();
+    let ids: Vec<u64> = (0..n as u64).map(|i| src.register_memory(base + i * 64, 64, Access::READ).unwrap()).collect();
+    let e = src.register_memory(base + n as u64 * 64, 64, Access::READ).unwrap_err();
+    assert_eq!(e.status(), Status::ResourceExhausted, "{e}");
+    assert!(e.message().contains("access 0"), "{e}");
+    let local_only = src.register_memory(base + n as u64 * 64, 64, Access::NONE).unwrap();
+    let published = req.peer_regions(peer, Some(LONG)).unwrap();
+    assert_eq!(published.len(), n);
+    assert!(published.iter().all(|r| r.id != local_only), "a local-only region was published");
+    assert!(published.iter().filter(|r| r.epoch == r.id).count() < 2, "epochs follow the ids");
+    let mut local = vec![0u8; 64];
+    req.register_memory(local.as_mut_ptr() as u64, 64, Access::NONE).unwrap();
+    let rd = |remote_addr| Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr, len: 64 };
+    req.submit(peer, &[rd(base + 5 * 64)], SubmitOptions::default()).unwrap().wait(LONG).unwrap();
+    assert_eq!(local, vec![5u8; 64]);
+    let b = req.submit(peer, &[rd(base + n as u64 * 64)], SubmitOptions::default()).unwrap();
+    assert_eq!(b.wait(LONG).unwrap_err().status(), Status::TransferFailed);
+    assert_eq!(b.results()[0].status, Status::NotFound, "the local-only region is not reachable");
+    src.unregister_memory(ids[0], None).unwrap();
+    src.register_memory(base + (n as u64 + 1) * 64, 64, Access::READ).unwrap();
+    req.close(Some(LONG)).unwrap();
+    src.close(Some(LONG)).unwrap();
+}
+
+/// A child forked from a process with a serving engine may free its copy
+/// of the engine: nothing the parent owns is touched, and the parent keeps
+/// serving.
+#[test]
+fn a_forked_childs_free_leaves_the_parent_serving() {
+    let src = Engine::from_json("").unwrap();
+    let mut remote = vec![8u8; 4096];
+    src.register_memory(remote.as_mut_ptr() as u64, 4096, Access::READ).unwrap();
+    // SAFETY: fork; the child only drops its copy of the engine (which must
+    // touch nothing) and exits.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let e = src.close(Some(std::time::Duration::from_millis(10))).err().map(|e| e.status());
+        drop(src);
+        // SAFETY: leaving the child without running the parent's destructors.
+        unsafe { libc::_exit(if e == Some(Status::Unavailable) { 0 } else { 1 }) };
+    }
+    let mut status = 0;
+    // SAFETY: waiting for our own child.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child's close was not refused");
+    let req = Engine::from_json("").unwrap();
+    let mut local = vec![0u8; 4096];
+    req.register_memory(local.as_mut_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), Some(LONG)).unwrap();
+    let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: remote.as_ptr() as u64, len: 4096 };
+    req.submit(peer, &[r], SubmitOptions::default()).unwrap().wait(LONG).unwrap();
+    assert_eq!(local, vec![8u8; 4096]);
+    req.close(Some(LONG)).unwrap();
+    src.close(Some(LONG)).unwrap();
+    let _ = &mut remote;
 }

@@ -8,8 +8,11 @@
 //! submitted, nothing in flight, nothing retained) and the source checks its
 //! own (no export open or retained, no request refused).
 //!
+//! Every engine authenticates with a shared key (a fresh private key file
+//! the source writes and removes), unless `--no-auth`.
+//!
 //! ```text
-//! orbite-soak [--processes N] [--threads M] [--duration SECONDS] [--size BYTES]
+//! orbite-soak [--processes N] [--threads M] [--duration SECONDS] [--size BYTES] [--no-auth]
 //! ```
 //! Exit status 0 when every byte verified and every count balanced.
 
@@ -20,6 +23,29 @@ use std::time::{Duration, Instant};
 
 fn arg<T: std::str::FromStr>(args: &[String], k: &str, d: T) -> T {
     args.iter().position(|a| a == k).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(d)
+}
+
+/// An engine config: `fields` (JSON members, may be empty) plus the key file.
+fn config(fields: &str, key: &str) -> String {
+    let auth = if key.is_empty() { String::new() } else { format!(r#""auth_key_file": {key:?}"#) };
+    let sep = if fields.is_empty() || auth.is_empty() { "" } else { ", " };
+    format!("{{{fields}{sep}{auth}}}")
+}
+
+/// A fresh private key file of 48 random bytes; returns its path.
+fn write_key() -> String {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut key = [0u8; 48];
+    orbite::random::fill(&mut key).unwrap_or_else(|x| fail(&x.to_string()));
+    let path = std::env::temp_dir().join(format!("orbite-soak-{}.key", std::process::id()));
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .unwrap_or_else(|x| fail(&format!("{}: {x}", path.display())));
+    std::io::Write::write_all(&mut f, &key).unwrap_or_else(|x| fail(&x.to_string()));
+    path.to_string_lossy().into_owned()
 }
 
 fn fail(m: &str) -> ! {
@@ -74,7 +100,8 @@ fn requester(args: &[String]) {
     let shared: u64 = arg(args, "--shared", 0);
     let heap: u64 = arg(args, "--heap", 0);
     let size: u64 = arg(args, "--size", 0);
-    let e = Engine::from_json(r#"{"shm_cache_entries": 2, "default_timeout_ms": 60000}"#)
+    let key: String = arg(args, "--auth-key-file", String::new());
+    let e = Engine::from_json(&config(r#""shm_cache_entries": 2, "default_timeout_ms": 60000"#, &key))
         .unwrap_or_else(|x| fail(&x.to_string()));
     let peer = e.connect(&endpoint, None).unwrap_or_else(|x| fail(&x.to_string()));
     let slice = size / (processes * threads);
@@ -132,10 +159,13 @@ fn requester(args: &[String]) {
                             match e.submit(peer, reqs, opts) {
                                 Ok(b) => {
                                     let _ = b.wait(Duration::from_secs(120));
-                                    for r in b.results() {
+                                    for (i, r) in b.results().iter().enumerate() {
                                         if r.status == Status::Ok {
                                             rep.completed += 1;
                                         } else {
+                                            if rep.failed == 0 {
+                                                eprintln!("orbite-soak: first failure: {:?}", b.error(i));
+                                            }
                                             rep.failed += 1;
                                         }
                                     }
@@ -197,7 +227,8 @@ fn main() {
     let duration: f64 = arg(&args, "--duration", 45.0);
     let size: u64 = arg(&args, "--size", 16 << 20);
     let size = size / (processes * threads * 8) * (processes * threads * 8);
-    let src = Engine::from_json("").unwrap_or_else(|x| fail(&x.to_string()));
+    let key = if args.iter().any(|a| a == "--no-auth") { String::new() } else { write_key() };
+    let src = Engine::from_json(&config("", &key)).unwrap_or_else(|x| fail(&x.to_string()));
     let shared = allocate_shared_host(size).unwrap_or_else(|x| fail(&x.to_string()));
     let mut heap = vec![0u8; size as usize];
     src.register_memory(shared.addr(), size, Access::READ_WRITE).unwrap();
@@ -211,6 +242,7 @@ fn main() {
                 .args(["--threads", &threads.to_string(), "--processes", &processes.to_string()])
                 .args(["--duration", &duration.to_string(), "--size", &size.to_string()])
                 .args(["--shared", &shared.addr().to_string(), "--heap", &(heap.as_ptr() as u64).to_string()])
+                .args(if key.is_empty() { vec![] } else { vec!["--auth-key-file", key.as_str()] })
                 .stdout(Stdio::piped())
                 .spawn()
                 .unwrap_or_else(|x| fail(&x.to_string()))
@@ -248,11 +280,17 @@ fn main() {
     if st.transports.values().any(|t| t.served_failed > 0) {
         problems.push("the source refused requests".to_string());
     }
+    if st.auth_failures > 0 {
+        problems.push(format!("{} connections failed authentication", st.auth_failures));
+    }
     if let Err(x) = src.close(Some(Duration::from_secs(60))) {
         problems.push(format!("source close: {x}"));
     }
     drop(heap);
     let _ = shared.free();
+    if !key.is_empty() {
+        let _ = std::fs::remove_file(&key);
+    }
     if problems.is_empty() {
         println!("soak: 1 passed, 0 failed");
     } else {

@@ -12,8 +12,9 @@ pub const DATA_REQUEST_LEN: usize = 32;
 pub const DATA_RESPONSE_LEN: usize = 16;
 /// Longest failure text carried in a response.
 pub const MAX_REASON: usize = 1024;
-/// Most regions one Describe may publish.
-pub const MAX_REGIONS: usize = 16_384;
+/// Most regions one Describe may publish (an engine refuses to register
+/// more published regions than this).
+pub const MAX_REGIONS: usize = crate::memory::region::MAX_PUBLISHED_REGIONS;
 
 /// A published region as the peer describes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -187,16 +187,28 @@ impl Listeners {
         }
     }
 
-    /// Serves an admitted connection on its own thread and records it.
+    /// Serves an admitted connection on its own thread and records it. When
+    /// the thread is done it removes its record, so that the last handle of
+    /// the socket closes at once (a peer still writing is reset, not left
+    /// blocked until the next accept reaps the record).
     fn serve_in_thread(
-        &self,
+        self: &Arc<Self>,
         inc: &mut HashMap<u64, Incoming>,
         conn: ConnHandle,
         name: &str,
         serve: impl FnOnce(u64) + Send + 'static,
     ) {
         let id = self.next_incoming.fetch_add(1, Ordering::Relaxed);
-        match std::thread::Builder::new().name(name.into()).spawn(move || serve(id)) {
+        let me = Arc::downgrade(self);
+        let run = move || {
+            serve(id);
+            // The record (inserted under the lock the spawner holds) goes;
+            // dropping it detaches this thread's handle.
+            if let Some(l) = me.upgrade() {
+                drop(l.incoming.lock().remove(&id));
+            }
+        };
+        match std::thread::Builder::new().name(name.into()).spawn(run) {
             Ok(t) => {
                 inc.insert(id, Incoming { conn, thread: Some(t) });
             }
@@ -205,7 +217,7 @@ impl Listeners {
     }
 
     /// Accepts TCP control connections (and fabric channels) until the engine stops.
-    fn tcp_accept_loop(&self, ctx: Arc<SourceContext>, ipc: Arc<IpcSourceContext>) {
+    fn tcp_accept_loop(self: Arc<Self>, ctx: Arc<SourceContext>, ipc: Arc<IpcSourceContext>) {
         while let Some(stream) = self.next_conn(|| self.tcp.accept().map(|(s, _)| s)) {
             let mut inc = self.incoming.lock();
             reap(&mut inc);
@@ -271,7 +283,7 @@ impl Listeners {
     }
 
     /// Accepts IPC channel connections until the engine stops.
-    fn ipc_accept_loop(&self, ctx: Arc<IpcSourceContext>) {
+    fn ipc_accept_loop(self: Arc<Self>, ctx: Arc<IpcSourceContext>) {
         let Some(listener) = self.ipc.as_ref() else { return };
         while let Some(stream) = self.next_conn(|| listener.accept().map(|(s, _)| s)) {
             let mut inc = self.incoming.lock();

@@ -52,6 +52,7 @@ impl IpcParts<'_> {
                 self.mapping_budget.clone(),
                 self.stats.clone(),
                 self.source_gate.clone(),
+                std::time::Duration::from_millis(self.config.offer_timeout_ms as u64),
             )),
             requester: Arc::new(IpcRequester::new(backend, self.mapping_budget.clone(), cache, self.faults.clone())),
             pool: None,

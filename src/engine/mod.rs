@@ -155,6 +155,7 @@ impl Engine {
                 Arc::new(move || weak.upgrade().map(|i| i.describe()).unwrap_or_else(empty_describe))
             },
             handshake_timeout: Duration::from_millis(inner.config.handshake_timeout_ms as u64),
+            min_payload_rate: inner.config.min_payload_rate_kib as u64 * 1024,
         });
         let ipc_ctx = Arc::new(IpcSourceContext {
             tables: inner.ipc.iter().map(|t| (t.kind, t.exports.clone())).collect(),
@@ -214,7 +215,21 @@ impl Engine {
         t.unwrap_or(Duration::from_millis(self.inner.config.default_timeout_ms as u64))
     }
 
+    /// `Unavailable` in a process forked from the one that started the
+    /// engine: the child's copy shares the parent's sockets and must not
+    /// use or close them.
+    pub(super) fn check_owner(&self) -> Result<()> {
+        let owner = self.inner.identity.process.pid;
+        if owner != std::process::id() {
+            return Err(Error::Unavailable(format!(
+                "this engine belongs to process {owner}; a forked child cannot use it (create its own engine)"
+            )));
+        }
+        Ok(())
+    }
+
     pub(super) fn check_open(&self) -> Result<()> {
+        self.check_owner()?;
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(Error::Unavailable("the engine is closed".into()));
         }
@@ -242,6 +257,7 @@ impl Engine {
     /// connections. `TimedOut` leaves the side fenced; `Unquiesced` means
     /// imports stay retained.
     pub fn close_requester(&self, timeout: Option<Duration>) -> Result<()> {
+        self.check_owner()?;
         let deadline = Instant::now() + self.timeout(timeout);
         let left = self.inner.requester_gate.close_and_wait(deadline);
         if left > 0 {
@@ -268,6 +284,7 @@ impl Engine {
     /// closes incoming connections. An export whose close is unconfirmed
     /// keeps its allocation retained and gives `Unquiesced`.
     pub fn close_source(&self, timeout: Option<Duration>) -> Result<()> {
+        self.check_owner()?;
         let deadline = Instant::now() + self.timeout(timeout);
         let left = self.inner.source_gate.close_and_wait(deadline);
         if left > 0 {
@@ -332,7 +349,14 @@ impl Inner {
             fabric_domain: self.fabric_domain(),
             endpoint: self.endpoint.to_string(),
             ipc_name: self.ipc_name.clone().unwrap_or_default(),
-            regions: self.regions.snapshot().iter().map(|r| RegionInfo::of(r)).collect(),
+            // Local-only regions (no remote access) are not published.
+            regions: self
+                .regions
+                .snapshot()
+                .iter()
+                .filter(|r| r.access != crate::memory::Access::NONE)
+                .map(|r| RegionInfo::of(r))
+                .collect(),
         }
     }
 
@@ -367,7 +391,14 @@ impl registry::Reporting for Inner {
 }
 
 impl Drop for Engine {
+    /// Stops the engine. In a process forked from its owner, nothing is
+    /// touched: the child's copy of the engine (its memory) is leaked, so
+    /// that the parent's sockets, threads and mappings stay the parent's.
     fn drop(&mut self) {
+        if self.check_owner().is_err() {
+            std::mem::forget(self.inner.clone());
+            return;
+        }
         self.inner.shutdown();
     }
 }

@@ -70,6 +70,7 @@ impl Engine {
 
     /// Disconnects peer `id` after its outstanding requests end (up to `timeout`).
     pub fn disconnect(&self, id: u64, timeout: Option<Duration>) -> Result<()> {
+        self.check_owner()?;
         let p = self.peer(id)?;
         let deadline = Instant::now() + self.timeout(timeout);
         if !p.conn.drain(deadline) {

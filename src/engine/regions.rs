@@ -18,6 +18,7 @@ impl Engine {
     /// Unregisters a region, waiting up to `timeout` (None: engine default)
     /// for copies and exports that use it.
     pub fn unregister_memory(&self, region: u64, timeout: Option<Duration>) -> Result<()> {
+        self.check_owner()?;
         self.inner.regions.unregister(region, self.timeout(timeout))
     }
 

@@ -76,6 +76,9 @@ pub struct EngineStats {
     pub auth_failures: u64,
     /// IPC channels refused because their process's user may not connect.
     pub ipc_uid_refusals: u64,
+    /// Export offers released because the requester did not answer within
+    /// `offer_timeout_ms`.
+    pub offers_expired: u64,
     /// What the cooperative IPC transports hold (`shm`, `nvlink`).
     pub ipc: BTreeMap<String, IpcStats>,
     /// The NVLink stream pool (all zero where NVLink is not running).
@@ -139,6 +142,7 @@ impl EngineStats {
             fabric_channels_accepted: s.fabric_channels.load(Ordering::Relaxed),
             auth_failures: s.auth_failures.load(Ordering::Relaxed),
             ipc_uid_refusals: s.ipc_uid_refusals.load(Ordering::Relaxed),
+            offers_expired: s.offers_expired.load(Ordering::Relaxed),
             ipc,
             nvlink,
             transports_available: live.transports_available,

@@ -10,7 +10,7 @@ use crate::control::message::{Describe, RegionInfo};
 use crate::error::{Error, Result, Status};
 use crate::kinds::{Transport, TransportKind};
 use crate::memory::{owners, MemoryKind, RegionLease};
-use crate::transfer::{BatchShared, ChunkOutcome, Op, RemoteEffect, Request};
+use crate::transfer::{BatchShared, ChunkOutcome, Op, RemoteEffect, Request, MAX_REQUESTS};
 use crate::transport::ipc::requester::{GroupError, GroupRun};
 use crate::transport::tcp::Chunk;
 use std::collections::VecDeque;
@@ -44,6 +44,12 @@ impl Engine {
         self.check_open()?;
         if requests.is_empty() {
             return Err(Error::InvalidArgument("a submission needs at least one request".into()));
+        }
+        if requests.len() > MAX_REQUESTS {
+            return Err(Error::InvalidArgument(format!(
+                "{} requests; one submission carries at most {MAX_REQUESTS}",
+                requests.len()
+            )));
         }
         let p = self.peer(peer)?;
         if let Some(e) = p.conn.dead_reason() {

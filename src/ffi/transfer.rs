@@ -2,7 +2,7 @@
 
 use super::boundary::*;
 use super::types::*;
-use crate::{Error, Op, Request, RequestResult, Status, SubmitOptions, Transport, TransportKind};
+use crate::{Error, Op, Request, RequestResult, Status, SubmitOptions, Transport, TransportKind, MAX_REQUESTS};
 use std::time::Duration;
 
 fn transport_from(v: u32) -> Option<Transport> {
@@ -32,6 +32,11 @@ pub extern "C" fn orbite_submit(
         }
         if count == 0 {
             return Err(Error::InvalidArgument("count is 0".into()));
+        }
+        if count > MAX_REQUESTS {
+            return Err(Error::InvalidArgument(format!(
+                "count is {count}; one submission carries at most {MAX_REQUESTS} requests"
+            )));
         }
         // SAFETY: non-NULL and the caller promises `count` elements.
         let raw = unsafe { std::slice::from_raw_parts(requests, count) };

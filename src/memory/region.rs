@@ -4,9 +4,14 @@ use super::owners::{self, MemoryKind};
 use crate::error::{Error, Result};
 use parking_lot::{Condvar, Mutex, RwLock};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// Most regions with remote access one engine may hold: all of them are
+/// published in its Describe, whose size this bounds. Local-only regions
+/// (no remote access) are not published and do not count.
+pub const MAX_PUBLISHED_REGIONS: usize = 16_384;
 
 /// What remote peers may do to a region (bit flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -146,6 +151,9 @@ pub struct RegionTable {
     next_id: AtomicU64,
     /// Serialises unregister/register so that close waits are coherent.
     change: Mutex<()>,
+    /// Registered regions that are published (remote access); changed
+    /// under `change`.
+    published: AtomicUsize,
 }
 
 impl Default for RegionTable {
@@ -155,14 +163,17 @@ impl Default for RegionTable {
             shared: Arc::new(TableShared { wake_lock: Mutex::new(()), drained: Condvar::new() }),
             next_id: AtomicU64::new(1),
             change: Mutex::new(()),
+            published: AtomicUsize::new(0),
         }
     }
 }
 
 impl RegionTable {
     /// Registers `[addr, addr+len)`. Overlap with an existing region is
-    /// `InvalidArgument`. The kind is recognised from the library's own
-    /// allocations; other memory is plain host memory.
+    /// `InvalidArgument`; a region with remote access beyond
+    /// [`MAX_PUBLISHED_REGIONS`] is `ResourceExhausted`. The kind is
+    /// recognised from the library's own allocations; other memory is plain
+    /// host memory. The epoch is a fresh random value.
     pub fn register(&self, addr: u64, len: u64, access: Access) -> Result<Arc<Region>> {
         if addr == 0 {
             return Err(Error::InvalidArgument("addr is NULL".into()));
@@ -175,6 +186,7 @@ impl RegionTable {
             .ok_or_else(|| Error::InvalidArgument(format!("range 0x{addr:x}+{len} wraps the address space")))?;
         let kind = owners::kind_of(addr, len)?;
         let _c = self.change.lock();
+        let published = self.published.load(Ordering::Acquire);
         let mut map = self.by_addr.write();
         if let Some((_, r)) = map.range(..end).next_back() {
             if r.end() > addr {
@@ -184,10 +196,17 @@ impl RegionTable {
                 )));
             }
         }
+        if access != Access::NONE && published >= MAX_PUBLISHED_REGIONS {
+            return Err(Error::ResourceExhausted(format!(
+                "{published} regions with remote access are registered, the most one engine publishes; \
+                 unregister one, or register local-only memory with access 0"
+            )));
+        }
+        let epoch = crate::random::nonzero_u64()?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let region = Arc::new(Region {
             id,
-            epoch: id,
+            epoch,
             addr,
             len,
             access,
@@ -198,6 +217,9 @@ impl RegionTable {
         });
         owners::note_registered(addr, 1);
         map.insert(addr, region.clone());
+        if access != Access::NONE {
+            self.published.fetch_add(1, Ordering::AcqRel);
+        }
         Ok(region)
     }
 
@@ -227,6 +249,9 @@ impl RegionTable {
         }
         drop(g);
         self.by_addr.write().remove(&region.addr);
+        if region.access != Access::NONE {
+            self.published.fetch_sub(1, Ordering::AcqRel);
+        }
         owners::note_registered(region.addr, -1);
         // No copy uses it any more: the transport's hold goes now, not when
         // the last stray reference to the region drops.
@@ -279,6 +304,7 @@ impl RegionTable {
     /// copy thread has stopped).
     pub fn clear(&self) {
         let mut map = self.by_addr.write();
+        self.published.store(0, Ordering::Release);
         for r in map.values() {
             owners::note_registered(r.addr, -1);
         }

@@ -42,6 +42,14 @@ struct Export {
     region_epoch: u64,
     ops: u32,
     state: ExportState,
+    /// When the offer was made (it expires unanswered after `offer_timeout`).
+    offered_at: Instant,
+    /// Subbatches validated (the grant, then each revalidation) that no
+    /// operation-complete receipt has counted yet; several may be in flight
+    /// when requester threads share a cached import.
+    receipts_due: u64,
+    /// The largest envelope validated for this export.
+    envelope_max: u64,
     /// The importing process when the kernel verified it (Unix channel);
     /// `None` over a fabric channel: never presumed exited.
     requester: Option<ProcessIdentity>,
@@ -95,6 +103,7 @@ pub struct ExportTable {
     changed: Condvar,
     next_id: AtomicU64,
     kinds: Vec<MemoryKind>,
+    offer_timeout: Duration,
 }
 
 fn fresh_token() -> u64 {
@@ -135,6 +144,7 @@ impl ExportTable {
         budget: Arc<Budget>,
         stats: Arc<Counters>,
         gate: Arc<Gate>,
+        offer_timeout: Duration,
     ) -> ExportTable {
         ExportTable {
             backend,
@@ -146,6 +156,7 @@ impl ExportTable {
             changed: Condvar::new(),
             next_id: AtomicU64::new(1),
             kinds,
+            offer_timeout,
         }
     }
 
@@ -233,6 +244,9 @@ impl ExportTable {
                 region_epoch: req.region_epoch,
                 ops: req.ops,
                 state: ExportState::Offered,
+                offered_at: Instant::now(),
+                receipts_due: 1,
+                envelope_max: req.len,
                 requester,
                 _lease: lease,
                 _charge: charge,
@@ -296,21 +310,42 @@ impl ExportTable {
             )));
         }
         let _lease = self.validate(v.region_epoch, v.addr, v.len, v.ops)?;
-        Ok(())
+        self.with_export(conn, &r, |e| {
+            e.receipts_due = e.receipts_due.saturating_add(1);
+            e.envelope_max = e.envelope_max.max(v.len);
+            Ok(())
+        })
     }
 
-    /// Operation-complete receipt: counts the subbatch as served.
+    /// Operation-complete receipt: counts the subbatch as served. A receipt
+    /// may claim only what a subbatch could have moved — `extra` requests
+    /// (1 ..= `MAX_REQUESTS`) of `value` bytes, each request at least one
+    /// byte and at most the largest validated envelope — or it is a
+    /// protocol error; and receipts are counted at most once per validated
+    /// subbatch (one repeated after a lost ACK is acknowledged again, not
+    /// counted again), so a peer cannot set the served counters.
     pub fn op_complete(&self, conn: u64, r: &ExportRef) -> Result<()> {
-        self.with_export(conn, r, |e| {
+        let counted = self.with_export(conn, r, |e| {
             if e.state != ExportState::Exposed {
                 return Err(Error::Protocol(format!("operation receipt for unexposed export {}", r.export_id)));
             }
-            Ok(())
+            let (n, bytes, envelope) = (r.extra as u64, r.value, e.envelope_max);
+            let bounded = n >= 1
+                && n <= crate::transfer::MAX_REQUESTS as u64
+                && bytes >= n
+                && n.checked_mul(envelope).is_some_and(|most| bytes <= most);
+            if !bounded {
+                return Err(Error::Protocol(format!(
+                    "operation receipt claims {n} requests of {bytes} bytes within an envelope of {envelope} bytes"
+                )));
+            }
+            let due = e.receipts_due > 0;
+            e.receipts_due = e.receipts_due.saturating_sub(1);
+            Ok(due)
         })?;
-        for _ in 0..r.extra {
-            self.stats.record_served(self.backend.transport(), true, 0);
+        if counted {
+            self.stats.record_served_n(self.backend.transport(), r.extra as u64, r.value);
         }
-        self.stats.record_served_bytes(self.backend.transport(), r.value);
         Ok(())
     }
 
@@ -351,6 +386,30 @@ impl ExportTable {
         drop(e);
         self.changed.notify_all();
         Ok(())
+    }
+
+    /// Releases the offers of channel `conn` that were not answered within
+    /// the offer timeout (their loan, charge and registration go back; a
+    /// late answer finds no export). Returns how many expired.
+    pub fn expire_offers(&self, conn: u64) -> usize {
+        let now = Instant::now();
+        let mut t = self.table.lock();
+        let ids: Vec<u64> = t
+            .exports
+            .iter()
+            .filter(|(_, e)| e.conn == conn && e.state == ExportState::Offered)
+            .filter(|(_, e)| now.duration_since(e.offered_at) >= self.offer_timeout)
+            .map(|(k, _)| *k)
+            .collect();
+        let gone: Vec<Export> = ids.iter().filter_map(|id| t.exports.remove(id)).collect();
+        drop(t);
+        let n = gone.len();
+        drop(gone);
+        if n > 0 {
+            self.stats.offers_expired.fetch_add(n as u64, Ordering::Relaxed);
+            self.changed.notify_all();
+        }
+        n
     }
 
     /// The channel `conn` was lost. Offers (never exposed) are released;

@@ -42,6 +42,21 @@ impl IpcSourceContext {
     }
 }
 
+/// The tick of one answer: the requester must read it within the stall
+/// bound, or the channel ends (it cannot pin this thread).
+fn answer_tick<'a>(stall: Duration, stop: &'a dyn Fn() -> Result<()>) -> impl FnMut() -> Result<()> + 'a {
+    let deadline = Instant::now() + stall;
+    move || {
+        stop()?;
+        if Instant::now() >= deadline {
+            return Err(Error::Protocol(
+                "answer not read within the stall bound (the requester is not reading)".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Serves one accepted IPC connection until it closes: a Unix channel
 /// (`hello: None`: its uid is checked and, with a key, it authenticates
 /// first), or a TCP fabric channel whose listener already authenticated it
@@ -73,6 +88,10 @@ fn serve_inner(
             return Err(Error::Unavailable("engine is shutting down".into()));
         }
         Ok(())
+    };
+    // Every answer must be read within the stall bound.
+    let send = |ch: &mut Channel, kind: MsgKind, body: &[u8], fd: Option<std::os::fd::RawFd>| {
+        ch.send(kind, body, fd, &mut answer_tick(ctx.handshake_timeout, &stop))
     };
     // Handshake: check the requester's claimed identity against the kernel.
     let hs_deadline = Instant::now() + ctx.handshake_timeout;
@@ -120,7 +139,7 @@ fn serve_inner(
     let requester = hello.identity;
     let refuse = |ch: &mut Channel, e: Error| -> Result<()> {
         let body = messages::encode_reject(0, e.status(), e.message());
-        ch.send(MsgKind::ExportReject, &body, None, &mut || stop())?;
+        send(ch, MsgKind::ExportReject, &body, None)?;
         Ok(())
     };
     if ch.is_tcp() {
@@ -175,10 +194,17 @@ fn serve_inner(
         );
     };
     *chosen = Some(table.clone());
-    ch.send(MsgKind::IpcWelcome, &Welcome { identity: ctx.identity }.encode(), None, &mut || stop())?;
+    send(ch, MsgKind::IpcWelcome, &Welcome { identity: ctx.identity }.encode(), None)?;
 
     loop {
-        let f = match ch.recv_bounded(&mut || stop(), Some(ctx.handshake_timeout)) {
+        // An idle channel may wait for its next request without end; while
+        // it waits, offers it never answered expire.
+        let mut idle = || {
+            stop()?;
+            table.expire_offers(conn);
+            Ok(())
+        };
+        let f = match ch.recv_bounded(&mut idle, Some(ctx.handshake_timeout)) {
             Ok(f) => f,
             Err(Error::Unavailable(_)) => return Ok(()),
             Err(e) => return Err(e),
@@ -189,10 +215,10 @@ fn serve_inner(
                 // Only a kernel-verified requester can later be proven gone.
                 let verified = (!ch.is_tcp()).then_some(requester.process);
                 match table.offer(conn, verified, &req) {
-                    Ok(offer) => ch.send(MsgKind::ExportOffer, &offer.encode(), None, &mut || stop())?,
+                    Ok(offer) => send(ch, MsgKind::ExportOffer, &offer.encode(), None)?,
                     Err(e) => {
                         let body = messages::encode_reject(req.tag, e.status(), e.message());
-                        ch.send(MsgKind::ExportReject, &body, None, &mut || stop())?
+                        send(ch, MsgKind::ExportReject, &body, None)?
                     }
                 }
             }
@@ -205,27 +231,27 @@ fn serve_inner(
                         let mut body = ExportRef { value: 0, extra: 0, ..r }.encode();
                         body.extend_from_slice(&h.bytes);
                         let fd = h.fd.or(h.owned_fd.as_ref().map(std::os::fd::AsRawFd::as_raw_fd));
-                        ch.send(MsgKind::ExportHandle, &body, fd, &mut || stop())?
+                        send(ch, MsgKind::ExportHandle, &body, fd)?
                     }
-                    Ok(None) => ch.send(
+                    Ok(None) => send(
+                        ch,
                         MsgKind::Ack,
                         &ExportRef { value: 0, extra: MsgKind::ExportAnswer as u32, ..r }.encode(),
                         None,
-                        &mut || stop(),
                     )?,
                     Err(e) => {
                         let body = messages::encode_reject(r.export_id, e.status(), e.message());
-                        ch.send(MsgKind::ExportReject, &body, None, &mut || stop())?
+                        send(ch, MsgKind::ExportReject, &body, None)?
                     }
                 }
             }
             MsgKind::Revalidate => {
                 let v = Revalidate::decode(&f.body)?;
                 match table.revalidate(conn, &v) {
-                    Ok(()) => ch.send(MsgKind::RevalidateOk, &v.tag.to_le_bytes(), None, &mut || stop())?,
+                    Ok(()) => send(ch, MsgKind::RevalidateOk, &v.tag.to_le_bytes(), None)?,
                     Err(e) => {
                         let body = messages::encode_reject(v.tag, e.status(), e.message());
-                        ch.send(MsgKind::ExportReject, &body, None, &mut || stop())?
+                        send(ch, MsgKind::ExportReject, &body, None)?
                     }
                 }
             }
@@ -242,11 +268,11 @@ fn serve_inner(
                 match res {
                     Ok(()) => {
                         let ack = ExportRef { value: 0, extra: f.kind as u32, ..r };
-                        ch.send(MsgKind::Ack, &ack.encode(), None, &mut || stop())?
+                        send(ch, MsgKind::Ack, &ack.encode(), None)?
                     }
                     Err(e) => {
                         let body = messages::encode_reject(r.export_id, e.status(), e.message());
-                        ch.send(MsgKind::ExportReject, &body, None, &mut || stop())?
+                        send(ch, MsgKind::ExportReject, &body, None)?
                     }
                 }
             }

@@ -26,8 +26,12 @@ pub struct SourceContext {
     pub stopping: Arc<AtomicBool>,
     /// Builds this engine's current Describe.
     pub describe: Arc<dyn Fn() -> Describe + Send + Sync>,
-    /// Handshake deadline for new connections.
+    /// Handshake deadline for new connections; also the stall bound: every
+    /// answer, and every MiB of payload, must move within it.
     pub handshake_timeout: Duration,
+    /// Payload must move at this many bytes per second on average beyond
+    /// the stall allowance (0: the stall bound alone).
+    pub min_payload_rate: u64,
 }
 
 impl SourceContext {
@@ -36,6 +40,22 @@ impl SourceContext {
             return Err(Error::Unavailable("engine is shutting down".into()));
         }
         Ok(())
+    }
+
+    /// The tick of one answer: a requester that does not read it within the
+    /// stall bound is cut off (it cannot pin this thread or the gate).
+    fn answer_tick(&self) -> impl FnMut() -> Result<()> + '_ {
+        bounded(self, Instant::now() + self.handshake_timeout, "answer (the peer is not reading)")
+    }
+
+    /// When `len` payload bytes starting now must have moved: the stall
+    /// allowance plus `len` at the minimum rate.
+    fn payload_deadline(&self, len: u64) -> Option<Instant> {
+        let rate = self.min_payload_rate;
+        (rate > 0).then(|| {
+            let secs = len as f64 / rate as f64;
+            Instant::now() + self.handshake_timeout + Duration::from_secs_f64(secs.min(1e9))
+        })
     }
 }
 
@@ -92,7 +112,7 @@ fn serve_inner(ctx: &SourceContext, first: FrameHeader, r: &mut BufReader<TcpStr
                     return Err(Error::Protocol("DescribeRequest with a body".into()));
                 }
                 let mine = (ctx.describe)().encode();
-                io::write_frame(w, MsgKind::Describe, &mine, &mut || ctx.tick())?;
+                io::write_frame(w, MsgKind::Describe, &mine, &mut ctx.answer_tick())?;
             }
             MsgKind::Goodbye => return Ok(()),
             MsgKind::Error => {
@@ -125,18 +145,43 @@ fn read_request(ctx: &SourceContext, s: &mut impl Read) -> Result<DataRequest> {
     DataRequest::decode(&fixed)
 }
 
-/// Reads `buf` from a peer that must keep making progress: no byte for
-/// `stall` is a protocol error.
+/// Reads `buf` from a peer that must keep making progress: no MiB within
+/// the stall bound, or less than the minimum rate overall, is a protocol
+/// error.
 fn read_progressing(ctx: &SourceContext, s: &mut impl Read, buf: &mut [u8]) -> Result<()> {
-    let stall = ctx.handshake_timeout;
+    let overall = ctx.payload_deadline(buf.len() as u64);
     let mut done = 0;
     while done < buf.len() {
         let step = (buf.len() - done).min(1 << 20);
-        let mut tick = bounded(ctx, Instant::now() + stall, "payload (no progress)");
+        let mut tick = payload_tick(ctx, overall, "payload");
         io::read_full(s, &mut buf[done..done + step], &mut tick, false)?;
         done += step;
     }
     Ok(())
+}
+
+/// The tick of one MiB of payload: within the stall bound, and within the
+/// payload's overall deadline (`None`: no minimum rate).
+fn payload_tick<'a>(
+    ctx: &'a SourceContext,
+    overall: Option<Instant>,
+    what: &'a str,
+) -> impl FnMut() -> Result<()> + 'a {
+    let stall = Instant::now() + ctx.handshake_timeout;
+    move || {
+        ctx.tick()?;
+        let now = Instant::now();
+        if now >= stall {
+            return Err(Error::Protocol(format!("{what} made no progress within the stall bound (peer too slow)")));
+        }
+        if overall.is_some_and(|d| now >= d) {
+            return Err(Error::Protocol(format!(
+                "{what} moved slower than min_payload_rate_kib ({} KiB/s; peer too slow)",
+                ctx.min_payload_rate / 1024
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// Validates a request against the regions: existence, bounds, epoch,
@@ -188,7 +233,7 @@ fn respond_failure(ctx: &SourceContext, s: &mut TcpStream, kind: MsgKind, tag: u
     let fixed = DataResponse { tag, status: e.status() }.encode();
     let h = FrameHeader::encode(kind, (fixed.len() + text.len()) as u32);
     let mut w = 0;
-    io::write_all_parts(s, &[&h, &fixed, text], &mut || ctx.tick(), &mut w)
+    io::write_all_parts(s, &[&h, &fixed, text], &mut ctx.answer_tick(), &mut w)
 }
 
 fn serve_read(ctx: &SourceContext, s: &mut TcpStream, req: DataRequest) -> Result<()> {
@@ -202,15 +247,16 @@ fn serve_read(ctx: &SourceContext, s: &mut TcpStream, req: DataRequest) -> Resul
     // for the duration of this write; the range was bounds-checked.
     let payload = unsafe { std::slice::from_raw_parts(req.addr as *const u8, req.len as usize) };
     // A requester that stops reading must not pin this thread forever: each
-    // MiB must leave within the stall limit.
+    // MiB must leave within the stall bound, and the whole at the minimum rate.
+    let overall = ctx.payload_deadline(req.len);
     let mut w = 0;
-    let mut tick = bounded(ctx, Instant::now() + ctx.handshake_timeout, "response (peer not reading)");
+    let mut tick = payload_tick(ctx, overall, "response (peer not reading)");
     let first = payload.len().min(1 << 20);
     io::write_all_parts(s, &[&h, &fixed, &payload[..first]], &mut tick, &mut w)?;
     let mut done = first;
     while done < payload.len() {
         let n = (payload.len() - done).min(1 << 20);
-        let mut tick = bounded(ctx, Instant::now() + ctx.handshake_timeout, "response (peer not reading)");
+        let mut tick = payload_tick(ctx, overall, "response (peer not reading)");
         io::write_all_parts(s, &[&payload[done..done + n]], &mut tick, &mut w)?;
         done += n;
     }
@@ -231,7 +277,7 @@ fn serve_write(ctx: &SourceContext, r: &mut impl Read, w: &mut TcpStream, req: D
             let fixed = DataResponse { tag: req.tag, status: Status::Ok }.encode();
             let h = FrameHeader::encode(MsgKind::WriteResponse, fixed.len() as u32);
             let mut written = 0;
-            io::write_all_parts(w, &[&h, &fixed], &mut || ctx.tick(), &mut written)
+            io::write_all_parts(w, &[&h, &fixed], &mut ctx.answer_tick(), &mut written)
         }
         Err(e) => {
             // Drain the refused payload, still requiring progress.
