@@ -131,6 +131,8 @@ static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   CHECK_STATUS(orbite_connect(req, "not an endpoint", 0, &peer), ORBITE_STATUS_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("not an endpoint");
   CHECK_STATUS(orbite_connect(req, "127.0.0.1:0", 0, &peer), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_STATUS(orbite_connect(req, "example.com:80", 0, &peer), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("localhost:port"); /* the forms it accepts, localhost included */
   CHECK(peer == 99);
   CHECK_STATUS(orbite_connect(req, ep, 5000, &peer), ORBITE_STATUS_OK);
   CHECK(peer != 0 && peer != 99);
@@ -188,6 +190,11 @@ static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   orbite_submit_options o = {99, 0};
   CHECK_STATUS(orbite_submit(req, peer, &r, 1, &o, &b), ORBITE_STATUS_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("transport");
+  /* Forcing SHM onto the peer's plain host memory is refused, saying why and what to do. */
+  orbite_submit_options shm = {ORBITE_TRANSPORT_SHM, 0};
+  CHECK_STATUS(orbite_submit(req, peer, &r, 1, &shm, &b), ORBITE_STATUS_NOT_SUPPORTED);
+  CHECK_ERROR_MENTIONS("shm moves only memory the peer allocated with orbite_host_allocate_shared");
+  CHECK_ERROR_MENTIONS("ORBITE_TRANSPORT_TCP");
   CHECK(b == (orbite_batch *)SENTINEL_PTR);
 
   /* A good submission, and the batch calls' bad arguments. */
