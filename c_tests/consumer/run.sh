@@ -27,6 +27,21 @@ cc -Wall -Wextra -Werror -o "$work/pc_shared" "$src/c_tests/consumer/consumer.c"
 cc -Wall -Wextra -Werror -o "$work/pc_static" "$src/c_tests/consumer/consumer.c" \
    $(pkg-config --cflags orbite) "$prefix/lib/liborbite.a" $(pkg-config --libs-only-l --static orbite | sed 's/-lorbite//')
 "$work/pc_static"
+# The C++ layer: the two-process KV-cache example (examples_cpp) built as an
+# independent project against the installed package, with orbite.hpp only:
+# no C call, no cast, no JSON text read by hand. Then run over TCP and SHM,
+# and with each side killed once.
+if grep -nE '\borbite_[a-z_]+\(|_cast<|\((u?int[0-9]+_t|uintptr_t|char|void) *\*? *\)|json' \
+     "$src"/examples_cpp/kv_*.cpp "$src"/examples_cpp/kv_pool.hpp; then
+  echo "the KV example must use orbite.hpp only (no C calls, casts or JSON reading)"; exit 1
+fi
+cmake -S "$src/examples_cpp" -B "$work/kv-build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
+cmake --build "$work/kv-build" >/dev/null
+for mode in tcp shm killed-prefill killed-decode; do
+  sh "$src/examples_cpp/run_kv.sh" "$work/kv-build/kv_prefill" "$work/kv-build/kv_decode" "$mode" >"$work/kv-$mode.log" 2>&1 \
+    || { cat "$work/kv-$mode.log"; exit 1; }
+  tail -n 1 "$work/kv-$mode.log"
+done
 # The CUDA side of the C ABI from the installed package, with the driver
 # loaded at run time: here the CPU stand-in for the driver (built by the
 # tests, never installed; on a GPU machine the real libcuda.so.1 serves).
