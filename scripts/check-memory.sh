@@ -14,6 +14,6 @@ cmake --build build-asan -j"$jobs"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs"
 echo "== C tests under valgrind memcheck =="
-cmake -S . -B build -DORBITE_CARGO_TARGET_DIR="$PWD/target" >/dev/null
-cmake --build build -j"$jobs"
-ctest --test-dir build -T memcheck -E 'install_consumer|example_kv_' --output-on-failure
+cmake -S . -B build-test -DORBITE_CARGO_TARGET_DIR="$PWD/target" >/dev/null
+cmake --build build-test -j"$jobs"
+ctest --test-dir build-test -T memcheck -E 'install_consumer|example_kv_' --output-on-failure
