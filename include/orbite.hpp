@@ -51,9 +51,13 @@
  *     (WRITE): keep it valid, and keep its Registrations, until the engine is
  *     freed. The requester side stays fenced (no new submissions).
  *   - UNQUIESCED from the requester half: SHM or CUDA imports of a peer's
- *     memory whose close could not be confirmed stay mapped in this process
- *     with their mapping-budget charge (stats().ipc[...].imports_retained);
- *     on the peer, the export stays open and its allocation cannot be freed.
+ *     memory whose close could not be confirmed stay with their
+ *     mapping-budget charge (stats().ipc[...].imports_retained), mapped
+ *     unless the unmap itself succeeded; on the peer, the export stays open
+ *     and its allocation cannot be freed. A cached SHM import of a peer
+ *     that died is such a case for good: it is unmapped, but its close
+ *     receipt can never be acknowledged, so it stays counted and charged
+ *     for the engine's life and every later close says UNQUIESCED.
  *   - TIMED_OUT from the source half: peers' requests are still being served
  *     from or into this engine's registered memory: keep that memory valid.
  *   - UNQUIESCED from the source half: exports without a close receipt; the
@@ -77,6 +81,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <limits>
 #include <map>
 #include <memory>
@@ -311,6 +316,12 @@ Result<std::string> text(const char *call, F &&f) {
   }
 }
 
+/// text() for a C function f(handle, buf, cap, &len).
+template <class H, class P>
+Result<std::string> text_of(const char *call, orbite_status (*f)(H *, char *, std::size_t, std::size_t *), P *handle) {
+  return text(call, [f, handle](char *buf, std::size_t cap, std::size_t *len) { return f(handle, buf, cap, len); });
+}
+
 /// Allocation handles the library refused to free (leaked on purpose).
 struct Retained {
   std::mutex lock;
@@ -518,8 +529,8 @@ class Parser {
     if (p_ == end_) fail("unexpected end of text");
     Value v;
     switch (*p_) {
-      case '{': return object(depth + 1);
-      case '[': return array(depth + 1);
+      case '{': return container(depth + 1, Value::Type::object);
+      case '[': return container(depth + 1, Value::Type::array);
       case '"':
         v.type_ = Value::Type::string;
         v.text_ = string();
@@ -542,44 +553,32 @@ class Parser {
     }
   }
 
-  Value object(int depth) {
+  /// An object or an array: members separated by commas up to the closing bracket.
+  Value container(int depth, Value::Type type) {
     if (depth > max_depth) fail("nested deeper than 64 levels");
-    ++p_;  // '{'
+    const bool object = type == Value::Type::object;
+    const char close = object ? '}' : ']';
+    ++p_;  // '{' or '['
     Value v;
-    v.type_ = Value::Type::object;
+    v.type_ = type;
     space();
-    if (eat('}')) return v;
+    if (eat(close)) return v;
     for (;;) {
       space();
-      if (p_ == end_ || *p_ != '"') fail("expected a key in double quotes");
-      std::string key = string();
-      for (const std::string &k : v.keys_)
-        if (k == key) fail("duplicate key `" + key + "`");
-      space();
-      if (!eat(':')) fail("expected `:` after a key");
-      space();
-      Value member = value(depth);
-      v.keys_.push_back(std::move(key));
-      v.items_.push_back(std::move(member));
-      space();
-      if (eat('}')) return v;
-      if (!eat(',')) fail("expected `,` or `}` in an object");
-    }
-  }
-
-  Value array(int depth) {
-    if (depth > max_depth) fail("nested deeper than 64 levels");
-    ++p_;  // '['
-    Value v;
-    v.type_ = Value::Type::array;
-    space();
-    if (eat(']')) return v;
-    for (;;) {
-      space();
+      if (object) {
+        if (p_ == end_ || *p_ != '"') fail("expected a key in double quotes");
+        std::string key = string();
+        for (const std::string &k : v.keys_)
+          if (k == key) fail("duplicate key `" + key + "`");
+        space();
+        if (!eat(':')) fail("expected `:` after a key");
+        space();
+        v.keys_.push_back(std::move(key));
+      }
       v.items_.push_back(value(depth));
       space();
-      if (eat(']')) return v;
-      if (!eat(',')) fail("expected `,` or `]` in an array");
+      if (eat(close)) return v;
+      if (!eat(',')) fail(object ? "expected `,` or `}` in an object" : "expected `,` or `]` in an array");
     }
   }
 
@@ -875,66 +874,70 @@ struct Stats {
   }
 };
 
+namespace detail {
+
+/// Sets each listed u64 member of `t` from the key of the same name in `obj`.
+template <class T>
+void u64_fields(T &t, const json::Value &obj, const std::string &where,
+                std::initializer_list<std::pair<const char *, std::uint64_t T::*>> fields) {
+  for (const auto &f : fields) t.*(f.second) = u64(obj, f.first, where);
+}
+
+/// Reads every member of the object at `key` with read(value, where).
+template <class T, class F>
+std::map<std::string, T> members(const json::Value &obj, const char *key, const std::string &where, F read) {
+  const json::Value &m = object(obj, key, where);
+  std::map<std::string, T> out;
+  for (std::size_t i = 0; i < m.keys().size(); ++i)
+    out[m.keys()[i]] = read(m.items()[i], where + "." + key + "." + m.keys()[i]);
+  return out;
+}
+
+}  // namespace detail
+
 /// Reads the stats JSON.
 inline Stats parse_stats(const std::string &text) {
-  using detail::u64;
+  using S = Stats;
+  using T = TransportStats;
+  using I = IpcStats;
+  using N = NvlinkStats;
   Stats s;
   s.document = json::parse(text);
   const json::Value &d = s.document;
-  const std::string w = "stats";
-  const json::Value &tr = detail::object(d, "transports", w);
-  for (std::size_t i = 0; i < tr.keys().size(); ++i) {
-    const json::Value &o = tr.items()[i];
-    std::string at = w + ".transports." + tr.keys()[i];
-    TransportStats t;
-    t.requests_completed = u64(o, "requests_completed", at);
-    t.requests_failed = u64(o, "requests_failed", at);
-    t.bytes_completed = u64(o, "bytes_completed", at);
-    t.bytes_failed = u64(o, "bytes_failed", at);
-    t.served_requests = u64(o, "served_requests", at);
-    t.served_bytes = u64(o, "served_bytes", at);
-    t.served_failed = u64(o, "served_failed", at);
-    t.wire_bytes_sent = u64(o, "wire_bytes_sent", at);
-    s.transports[tr.keys()[i]] = t;
-  }
-  s.inflight_bytes = u64(d, "inflight_bytes", w);
-  s.peers = u64(d, "peers", w);
-  s.peers_alive = u64(d, "peers_alive", w);
-  s.incoming_connections = u64(d, "incoming_connections", w);
-  s.regions = u64(d, "regions", w);
-  s.protocol_errors = u64(d, "protocol_errors", w);
-  s.connections_refused = u64(d, "connections_refused", w);
-  s.fabric_channels_accepted = u64(d, "fabric_channels_accepted", w);
-  const json::Value &ipc = detail::object(d, "ipc", w);
-  for (std::size_t i = 0; i < ipc.keys().size(); ++i) {
-    const json::Value &o = ipc.items()[i];
-    std::string at = w + ".ipc." + ipc.keys()[i];
-    IpcStats t;
-    t.exports_open = u64(o, "exports_open", at);
-    t.exports_retained = u64(o, "exports_retained", at);
-    t.imports_opened = u64(o, "imports_opened", at);
-    t.imports_closed = u64(o, "imports_closed", at);
-    t.imports_cached = u64(o, "imports_cached", at);
-    t.imports_retained = u64(o, "imports_retained", at);
-    t.local_owners_fenced = u64(o, "local_owners_fenced", at);
-    t.mapping_bytes_charged = u64(o, "mapping_bytes_charged", at);
-    t.pending_groups = u64(o, "pending_groups", at);
-    t.progress_workers = u64(o, "progress_workers", at);
-    s.ipc[ipc.keys()[i]] = t;
-  }
-  const json::Value &nv = detail::object(d, "nvlink", w);
-  s.nvlink.stream_slots = u64(nv, "stream_slots", w + ".nvlink");
-  s.nvlink.active_streams = u64(nv, "active_streams", w + ".nvlink");
-  s.nvlink.retained_streams = u64(nv, "retained_streams", w + ".nvlink");
-  s.nvlink.pending_groups = u64(nv, "pending_groups", w + ".nvlink");
-  s.nvlink.progress_workers = u64(nv, "progress_workers", w + ".nvlink");
-  const json::Value &av = detail::object(d, "transports_available", w);
-  for (std::size_t i = 0; i < av.keys().size(); ++i) {
-    const json::Value &v = av.items()[i];
-    if (!v.is_string())
-      detail::bad_json(w + ".transports_available." + av.keys()[i], std::string("expected a string, found ") + v.type_name());
-    s.transports_available[av.keys()[i]] = v.as_string();
-  }
+  s.transports = detail::members<T>(d, "transports", "stats", [](const json::Value &o, const std::string &at) {
+    T t;
+    detail::u64_fields(t, o, at,
+                       {{"requests_completed", &T::requests_completed}, {"requests_failed", &T::requests_failed},
+                        {"bytes_completed", &T::bytes_completed}, {"bytes_failed", &T::bytes_failed},
+                        {"served_requests", &T::served_requests}, {"served_bytes", &T::served_bytes},
+                        {"served_failed", &T::served_failed}, {"wire_bytes_sent", &T::wire_bytes_sent}});
+    return t;
+  });
+  detail::u64_fields(s, d, "stats",
+                     {{"inflight_bytes", &S::inflight_bytes}, {"peers", &S::peers}, {"peers_alive", &S::peers_alive},
+                      {"incoming_connections", &S::incoming_connections}, {"regions", &S::regions},
+                      {"protocol_errors", &S::protocol_errors}, {"connections_refused", &S::connections_refused},
+                      {"fabric_channels_accepted", &S::fabric_channels_accepted}});
+  s.ipc = detail::members<I>(d, "ipc", "stats", [](const json::Value &o, const std::string &at) {
+    I t;
+    detail::u64_fields(t, o, at,
+                       {{"exports_open", &I::exports_open}, {"exports_retained", &I::exports_retained},
+                        {"imports_opened", &I::imports_opened}, {"imports_closed", &I::imports_closed},
+                        {"imports_cached", &I::imports_cached}, {"imports_retained", &I::imports_retained},
+                        {"local_owners_fenced", &I::local_owners_fenced},
+                        {"mapping_bytes_charged", &I::mapping_bytes_charged},
+                        {"pending_groups", &I::pending_groups}, {"progress_workers", &I::progress_workers}});
+    return t;
+  });
+  detail::u64_fields(s.nvlink, detail::object(d, "nvlink", "stats"), "stats.nvlink",
+                     {{"stream_slots", &N::stream_slots}, {"active_streams", &N::active_streams},
+                      {"retained_streams", &N::retained_streams}, {"pending_groups", &N::pending_groups},
+                      {"progress_workers", &N::progress_workers}});
+  s.transports_available =
+      detail::members<std::string>(d, "transports_available", "stats", [](const json::Value &v, const std::string &at) {
+        if (!v.is_string()) detail::bad_json(at, std::string("expected a string, found ") + v.type_name());
+        return v.as_string();
+      });
   return s;
 }
 
@@ -1024,32 +1027,32 @@ class Allocation {
   /// only host memory a peer on this host can reach over SHM.
   static Allocation shared_host(std::size_t length) { return try_shared_host(length).value(); }
   static Result<Allocation> try_shared_host(std::size_t length) {
-    return make(orbite_host_allocate_shared, length, "orbite_host_allocate_shared");
+    return make("orbite_host_allocate_shared", orbite_host_allocate_shared, length);
   }
   /// Pinned host memory through CUDA (UNAVAILABLE without a CUDA driver).
   static Allocation cuda_pinned_host(std::size_t length) { return try_cuda_pinned_host(length).value(); }
   static Result<Allocation> try_cuda_pinned_host(std::size_t length) {
-    return make(orbite_cuda_allocate_pinned_host, length, "orbite_cuda_allocate_pinned_host");
+    return make("orbite_cuda_allocate_pinned_host", orbite_cuda_allocate_pinned_host, length);
   }
   /// CUDA device memory (not exportable).
   static Allocation cuda(std::int32_t device, std::size_t length) { return try_cuda(device, length).value(); }
   static Result<Allocation> try_cuda(std::int32_t device, std::size_t length) {
-    return make2(orbite_cuda_allocate, device, length, "orbite_cuda_allocate");
+    return make("orbite_cuda_allocate", orbite_cuda_allocate, device, length);
   }
   /// CUDA device memory exportable over NVLink (CUDA IPC).
   static Allocation cuda_ipc(std::int32_t device, std::size_t length) { return try_cuda_ipc(device, length).value(); }
   static Result<Allocation> try_cuda_ipc(std::int32_t device, std::size_t length) {
-    return make2(orbite_cuda_allocate_ipc, device, length, "orbite_cuda_allocate_ipc");
+    return make("orbite_cuda_allocate_ipc", orbite_cuda_allocate_ipc, device, length);
   }
   /// Fabric-exportable GPU memory (MNNVL).
   static Allocation mnnvl(std::int32_t device, std::size_t length) { return try_mnnvl(device, length).value(); }
   static Result<Allocation> try_mnnvl(std::int32_t device, std::size_t length) {
-    return make2(orbite_allocate_mnnvl, device, length, "orbite_allocate_mnnvl");
+    return make("orbite_allocate_mnnvl", orbite_allocate_mnnvl, device, length);
   }
   /// Fabric-exportable host memory of a NUMA node (EGM).
   static Allocation egm(std::int32_t numa_node, std::size_t length) { return try_egm(numa_node, length).value(); }
   static Result<Allocation> try_egm(std::int32_t numa_node, std::size_t length) {
-    return make2(orbite_allocate_egm, numa_node, length, "orbite_allocate_egm");
+    return make("orbite_allocate_egm", orbite_allocate_egm, numa_node, length);
   }
 
   void *data() const noexcept { return orbite_allocation_addr(a_); }
@@ -1075,17 +1078,11 @@ class Allocation {
   }
 
  private:
-  template <class F>
-  static Result<Allocation> make(F f, std::size_t length, const char *call) {
+  /// Calls the C allocator f(args..., &out) named `call`.
+  template <class F, class... A>
+  static Result<Allocation> make(const char *call, F f, A... args) {
     orbite_allocation *a = nullptr;
-    orbite_status s = f(length, &a);
-    if (s != ORBITE_STATUS_OK) return detail::failure(s, call);
-    return Allocation(a);
-  }
-  template <class F>
-  static Result<Allocation> make2(F f, std::int32_t where, std::size_t length, const char *call) {
-    orbite_allocation *a = nullptr;
-    orbite_status s = f(where, length, &a);
+    orbite_status s = f(args..., &a);
     if (s != ORBITE_STATUS_OK) return detail::failure(s, call);
     return Allocation(a);
   }
@@ -1387,9 +1384,7 @@ class Engine {
   /// "IP:port" for peers to connect to.
   std::string endpoint() const { return try_endpoint().value(); }
   Result<std::string> try_endpoint() const {
-    orbite_engine *e = get();
-    return detail::text("orbite_engine_endpoint",
-                        [e](char *buf, std::size_t cap, std::size_t *len) { return orbite_engine_endpoint(e, buf, cap, len); });
+    return detail::text_of("orbite_engine_endpoint", orbite_engine_endpoint, get());
   }
 
   /// A typed snapshot of the counters.
@@ -1397,9 +1392,7 @@ class Engine {
   Result<Stats> try_stats() const { return detail::read_json<Stats>(try_stats_json(), parse_stats); }
   std::string stats_json() const { return try_stats_json().value(); }
   Result<std::string> try_stats_json() const {
-    orbite_engine *e = get();
-    return detail::text("orbite_engine_stats_json",
-                        [e](char *buf, std::size_t cap, std::size_t *len) { return orbite_engine_stats_json(e, buf, cap, len); });
+    return detail::text_of("orbite_engine_stats_json", orbite_engine_stats_json, get());
   }
 
   /// The transports this engine offers.
