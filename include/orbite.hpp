@@ -43,9 +43,10 @@
  *     free_retained_allocations() tries again later, for example after the
  *     importing peer exited.
  *
- * What stays behind when a close does not finish (Engine::close and the two
- * halves it runs, close_requester then close_source; a non-OK close leaves the
- * engine running, and its last owner's orbite_engine_free still stops it):
+ * What stays behind when a close does not finish (Engine::close runs two
+ * halves, close_requester then close_source, and stops at the first that
+ * fails; a non-OK close leaves the engine running, and its last owner's
+ * orbite_engine_free still stops it):
  *   - TIMED_OUT from the requester half: requests this engine submitted are
  *     still in flight. Their local memory may still be written (READ) or read
  *     (WRITE): keep it valid, and keep its Registrations, until the engine is
