@@ -131,6 +131,8 @@ static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   CHECK_STATUS(orbite_connect(req, "not an endpoint", 0, &peer), ORBITE_STATUS_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("not an endpoint");
   CHECK_STATUS(orbite_connect(req, "127.0.0.1:0", 0, &peer), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_STATUS(orbite_connect(req, "example.com:80", 0, &peer), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("localhost:port"); /* the forms it accepts, localhost included */
   CHECK(peer == 99);
   CHECK_STATUS(orbite_connect(req, ep, 5000, &peer), ORBITE_STATUS_OK);
   CHECK(peer != 0 && peer != 99);
@@ -192,6 +194,11 @@ static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   orbite_submit_options o = {99, 0};
   CHECK_STATUS(orbite_submit(req, peer, &r, 1, &o, &b), ORBITE_STATUS_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("transport");
+  /* Forcing SHM onto the peer's plain host memory is refused, saying why and what to do. */
+  orbite_submit_options shm = {ORBITE_TRANSPORT_SHM, 0};
+  CHECK_STATUS(orbite_submit(req, peer, &r, 1, &shm, &b), ORBITE_STATUS_NOT_SUPPORTED);
+  CHECK_ERROR_MENTIONS("shm moves only memory the peer allocated with orbite_host_allocate_shared");
+  CHECK_ERROR_MENTIONS("ORBITE_TRANSPORT_TCP");
   CHECK(b == (orbite_batch *)SENTINEL_PTR);
 
   /* A good submission, and the batch calls' bad arguments. */
@@ -250,6 +257,56 @@ static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   CHECK_STATUS(orbite_unregister_memory(req, lr, 0), ORBITE_STATUS_OK);
 }
 
+/* A batch outlives its engine: freeing the engine ends every request of a
+   pending batch (completed, or UNAVAILABLE with remote effect NONE for a
+   READ; never left pending), and the batch stays readable until freed. */
+static void batch_outlives_engine(void) {
+  enum { N = 16, PIECE = 256 * 1024 };
+  static uint8_t remote[N * PIECE], local[N * PIECE];
+  memset(remote, 0x5a, sizeof remote);
+  orbite_engine *src = NULL, *req = NULL;
+  CHECK_STATUS(orbite_engine_new(NULL, &src), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_engine_new(NULL, &req), ORBITE_STATUS_OK);
+  uint64_t rr = 0, lr = 0, peer = 0;
+  CHECK_STATUS(orbite_register_memory(src, remote, sizeof remote, ORBITE_ACCESS_READ, &rr), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_register_memory(req, local, sizeof local, 0, &lr), ORBITE_STATUS_OK);
+  char ep[128];
+  size_t len = 0;
+  CHECK_STATUS(orbite_engine_endpoint(src, ep, sizeof ep, &len), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_connect(req, ep, 5000, &peer), ORBITE_STATUS_OK);
+  orbite_request r[N];
+  for (int i = 0; i < N; i++) {
+    orbite_request one = {ORBITE_OP_READ, (uint64_t)(uintptr_t)(local + i * PIECE),
+                          (uint64_t)(uintptr_t)(remote + i * PIECE), PIECE};
+    r[i] = one;
+  }
+  orbite_submit_options o = {ORBITE_TRANSPORT_TCP, 30000};
+  orbite_batch *done = NULL, *pending = NULL;
+  CHECK_STATUS(orbite_submit(req, peer, r, N, &o, &done), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_batch_wait(done, 30000), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_submit(req, peer, r, N, &o, &pending), ORBITE_STATUS_OK);
+  orbite_engine_free(req); /* closes the connection and joins its threads */
+
+  orbite_status s = orbite_batch_wait(pending, 30000);
+  CHECK(s == ORBITE_STATUS_OK || s == ORBITE_STATUS_TRANSFER_FAILED);
+  orbite_request_result res[N];
+  CHECK_STATUS(orbite_batch_results(pending, res, N), ORBITE_STATUS_OK);
+  for (int i = 0; i < N; i++) {
+    CHECK(res[i].status == ORBITE_STATUS_OK || res[i].status == ORBITE_STATUS_UNAVAILABLE);
+    CHECK(res[i].remote_effect == ORBITE_REMOTE_EFFECT_NONE);
+  }
+  CHECK_STATUS(orbite_batch_results(done, res, N), ORBITE_STATUS_OK);
+  CHECK(res[0].status == ORBITE_STATUS_OK && res[N - 1].status == ORBITE_STATUS_OK);
+  uint32_t carried = 0;
+  CHECK_STATUS(orbite_batch_transport(done, N - 1, &carried), ORBITE_STATUS_OK);
+  CHECK(carried == ORBITE_TRANSPORT_TCP);
+  CHECK_STATUS(orbite_batch_poll(done), ORBITE_STATUS_OK);
+  orbite_batch_free(done);
+  orbite_batch_free(pending);
+  CHECK_STATUS(orbite_close(src, 5000), ORBITE_STATUS_OK);
+  orbite_engine_free(src);
+}
+
 static void nobody_listens(orbite_engine *req) {
   orbite_engine *gone = NULL;
   CHECK_STATUS(orbite_engine_new(NULL, &gone), ORBITE_STATUS_OK);
@@ -277,6 +334,7 @@ int main(void) {
   allocations(e);
   peers_and_submit(src, e);
   nobody_listens(e);
+  batch_outlives_engine();
 
   CHECK_STATUS(orbite_flush_nvlink_cache(NULL, 0), ORBITE_STATUS_NULL_ARGUMENT);
   CHECK_STATUS(orbite_flush_nvlink_cache(e, 0), ORBITE_STATUS_OK);

@@ -220,7 +220,10 @@ orbite_status orbite_peer_regions_json(struct orbite_engine *engine, uint64_t pe
 // Disconnects a peer after its outstanding requests end (up to timeout_ms).
 orbite_status orbite_disconnect(struct orbite_engine *engine, uint64_t peer, uint32_t timeout_ms);
 
-// Closes cached NVLink imports through their receipts; admission stays open.
+// Closes this engine's cached imports of every IPC transport (SHM as well
+// as NVLink and MNNVL) through their receipts, so that the peers' exports
+// are released; admission stays open. The only way to release a cached SHM
+// import (shm_cache_entries) short of orbite_close_requester.
 orbite_status orbite_flush_nvlink_cache(struct orbite_engine *engine, uint32_t timeout_ms);
 
 // Fences new submissions, waits for accepted ones, closes outgoing connections.

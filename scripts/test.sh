@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Every test: the cargo tests, then the C tests (and examples, and the
-# installed-package consumers) under ctest. Exits non-zero on any failure.
+# installed-package consumers, and the docs test) under ctest, in its own
+# build directory build-test/ (the Rust build in target/). Exits non-zero on
+# any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-tools.sh
@@ -13,6 +15,6 @@ cargo test --release --locked --features model-check --test models
 echo "== cargo test (release, cuda feature: driver probing, and NVLink/MNNVL through the CPU stand-in for the driver) =="
 cargo test --release --locked --features cuda --test cuda_driver --test fakecuda_qualification --test fakecuda_faults
 echo "== C tests (ctest) =="
-cmake -S . -B build -DORBITE_CARGO_TARGET_DIR="$PWD/target" >/dev/null
-cmake --build build -j"$jobs"
-ctest --test-dir build --output-on-failure -j"$jobs"
+cmake -S . -B build-test -DORBITE_CARGO_TARGET_DIR="$PWD/target" >/dev/null
+cmake --build build-test -j"$jobs"
+ctest --test-dir build-test --output-on-failure -j"$jobs"

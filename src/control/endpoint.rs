@@ -7,7 +7,8 @@ use std::net::{Ipv4Addr, SocketAddr};
 pub fn parse(s: &str) -> Result<SocketAddr> {
     let bad = || {
         Error::InvalidArgument(format!(
-            "{s:?} is not an endpoint (expected IP:port as printed by orbite_engine_endpoint)"
+            "{s:?} is not an endpoint (expected IP:port, [IPv6]:port or localhost:port, as orbite_engine_endpoint \
+             prints it; host names other than localhost are not resolved)"
         ))
     };
     if let Ok(a) = s.parse::<SocketAddr>() {

@@ -211,7 +211,10 @@ pub extern "C" fn orbite_disconnect(engine: *mut orbite_engine, peer: u64, timeo
     guard(|| need(engine, "engine")?.engine.disconnect(peer, timeout_opt(timeout_ms)))
 }
 
-/// Closes cached NVLink imports through their receipts; admission stays open.
+/// Closes this engine's cached imports of every IPC transport (SHM as well
+/// as NVLink and MNNVL) through their receipts, so that the peers' exports
+/// are released; admission stays open. The only way to release a cached SHM
+/// import (shm_cache_entries) short of orbite_close_requester.
 #[no_mangle]
 pub extern "C" fn orbite_flush_nvlink_cache(engine: *mut orbite_engine, timeout_ms: u32) -> orbite_status {
     guard(|| need(engine, "engine")?.engine.flush_nvlink_cache(timeout_opt(timeout_ms)))

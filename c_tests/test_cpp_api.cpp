@@ -1,0 +1,330 @@
+// The C++ layer (orbite.hpp): ownership, errors, the text retry loop, the
+// JSON reader and the typed views, batches. Built with -Wall -Wextra -Werror
+// and run under ASan/UBSan and valgrind like the C tests.
+#include <orbite.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace std::chrono_literals;
+
+static int failures = 0;
+
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      failures++;                                                              \
+    }                                                                          \
+  } while (0)
+
+// `expr` must throw orbite::Error with status `want` whose message contains `needle`.
+#define CHECK_THROWS(expr, want, needle)                                                        \
+  do {                                                                                          \
+    bool thrown_ = false;                                                                       \
+    try {                                                                                       \
+      (void)(expr);                                                                             \
+    } catch (const orbite::Error &e_) {                                                         \
+      thrown_ = true;                                                                           \
+      if (e_.status() != (want) || std::string(e_.what()).find(needle) == std::string::npos) { \
+        std::fprintf(stderr, "%s:%d: %s threw \"%s\"\n", __FILE__, __LINE__, #expr, e_.what()); \
+        failures++;                                                                             \
+      }                                                                                         \
+    }                                                                                           \
+    if (!thrown_) {                                                                             \
+      std::fprintf(stderr, "%s:%d: %s did not throw\n", __FILE__, __LINE__, #expr);             \
+      failures++;                                                                               \
+    }                                                                                           \
+  } while (0)
+
+static bool rejects(const std::string &text, const std::string &needle) {
+  auto r = orbite::json::try_parse(text);
+  if (r.ok()) return false;
+  bool ok = r.status() == orbite::Status::invalid_argument && r.error().message.find(needle) != std::string::npos;
+  if (!ok) std::fprintf(stderr, "json %s: %s\n", text.c_str(), r.error().message.c_str());
+  return ok;
+}
+
+static void json_reader() {
+  namespace json = orbite::json;
+  json::Value v = json::parse(" {\"a\": [1, -2, 3.5e2, true, false, null], \"s\": \"x\\\"\\\\\\/\\b\\f\\n\\r\\t\", "
+                              "\"u\": \"\\u00e9\\u20ac\\ud83d\\ude00\", \"raw\": \"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\", "
+                              "\"big\": 18446744073709551615, \"neg\": -9223372036854775808, \"e\": {}} ");
+  CHECK(v.is_object() && v.keys().size() == 7 && v.keys()[0] == "a" && v.keys()[6] == "e");
+  const json::Value &a = v.at("a");
+  CHECK(a.size() == 6 && a[0].as_u64() == 1 && a[1].as_i64() == -2 && a[2].number_text() == "3.5e2");
+  CHECK(a[3].as_bool() && !a[4].as_bool() && a[5].is_null());
+  CHECK(v.at("s").as_string() == "x\"\\/\b\f\n\r\t");
+  CHECK(v.at("u").as_string() == "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80");
+  CHECK(v.at("raw").as_string() == v.at("u").as_string());
+  CHECK(v.at("big").as_u64() == UINT64_MAX);
+  CHECK(v.at("neg").as_i64() == INT64_MIN);
+  CHECK(v.at("e").is_object() && v.at("e").size() == 0);
+  CHECK(v.find("missing") == nullptr && a.find("a") == nullptr);
+  CHECK(json::parse("[]").size() == 0 && json::parse("0").as_u64() == 0 && json::parse("\"\"").as_string().empty());
+
+  // Type and range errors name what was expected.
+  CHECK_THROWS(a[1].as_u64(), orbite::Status::invalid_argument, "expected an unsigned integer, found a number (-2)");
+  CHECK_THROWS(a[2].as_i64(), orbite::Status::invalid_argument, "expected an integer");
+  CHECK_THROWS(json::parse("18446744073709551616").as_u64(), orbite::Status::invalid_argument, "fits 64 bits");
+  CHECK_THROWS(json::parse("9223372036854775808").as_i64(), orbite::Status::invalid_argument, "fits 64 bits");
+  CHECK(json::parse("-9223372036854775807").as_i64() == -9223372036854775807LL);
+  CHECK_THROWS(v.at("nope"), orbite::Status::invalid_argument, "missing key `nope`");
+  CHECK_THROWS(a[6], orbite::Status::invalid_argument, "index 6 is past the end of an array of 6");
+  CHECK_THROWS(v.at("s").as_bool(), orbite::Status::invalid_argument, "expected a boolean, found a string");
+
+  // Strict syntax.
+  CHECK(rejects("", "at byte 0: unexpected end of text"));
+  CHECK(rejects("[1,]", "at byte 3: unexpected character `]`"));
+  CHECK(rejects("{\"a\":1,}", "expected a key"));
+  CHECK(rejects("{\"a\":1 \"b\":2}", "expected `,` or `}`"));
+  CHECK(rejects("{\"a\":1,\"a\":2}", "duplicate key `a`"));
+  CHECK(rejects("01", "unexpected text after the value"));
+  CHECK(rejects("-", "expected a digit"));
+  CHECK(rejects("1.", "expected a digit after `.`"));
+  CHECK(rejects("1e", "expected a digit in the exponent"));
+  CHECK(rejects("+1", "unexpected character `+`"));
+  CHECK(rejects("tru", "expected `true`"));
+  CHECK(rejects("[1] x", "at byte 4: unexpected text after the value"));
+  CHECK(rejects("\"a\tb\"", "control character"));
+  CHECK(rejects("\"abc", "unterminated string"));
+  CHECK(rejects("\"\\x\"", "unknown escape"));
+  CHECK(rejects("\"\\u12\"", "four hex digits"));
+  CHECK(rejects("\"\\udc00\"", "lone low surrogate"));
+  CHECK(rejects("\"\\ud800x\"", "high surrogate without its low surrogate"));
+  CHECK(rejects("\"\\ud800\\u0041\"", "high surrogate without its low surrogate"));
+  CHECK(rejects("\"\xc0\xaf\"", "invalid UTF-8"));          // overlong
+  CHECK(rejects("\"\xed\xa0\x80\"", "invalid UTF-8"));      // encoded surrogate
+  CHECK(rejects("\"\xf4\x90\x80\x80\"", "invalid UTF-8"));  // past U+10FFFF
+  CHECK(rejects("\"\xe2\x82\"", "invalid UTF-8"));
+  CHECK(rejects("{'a':1}", "expected a key in double quotes"));
+  std::string deep(64, '[');
+  deep += std::string(64, ']');
+  CHECK(json::try_parse(deep).ok());
+  CHECK(rejects("[" + deep + "]", "nested deeper than 64 levels"));
+}
+
+static void typed_views() {
+  auto rs = orbite::parse_regions(
+      "[{\"id\":3,\"epoch\":9,\"addr\":4096,\"length\":8192,\"access\":[\"read\",\"write\"],\"kind\":\"shared_host\"},"
+      "{\"id\":4,\"epoch\":1,\"addr\":65536,\"length\":1,\"access\":[],\"kind\":\"quantum\",\"future\":true}]");
+  CHECK(rs.size() == 2);
+  CHECK(rs[0].id == 3 && rs[0].epoch == 9 && rs[0].addr == 4096 && rs[0].length == 8192 && rs[0].end() == 12288);
+  CHECK(rs[0].readable() && rs[0].writable() && rs[0].kind == orbite::MemoryKind::shared_host);
+  CHECK(rs[0].contains(4096, 8192) && rs[0].contains(12287, 1) && !rs[0].contains(12287, 2) && !rs[0].contains(0, 1));
+  CHECK(!rs[1].readable() && !rs[1].writable() && rs[1].kind == orbite::MemoryKind::unknown && rs[1].kind_name == "quantum");
+  CHECK_THROWS(orbite::parse_regions("{}"), orbite::Status::invalid_argument, "regions: expected an array, found an object");
+  CHECK_THROWS(orbite::parse_regions("[{\"id\":1,\"epoch\":1,\"addr\":1,\"access\":[],\"kind\":\"host\"}]"),
+               orbite::Status::invalid_argument, "regions[0]: missing key `length`");
+  CHECK_THROWS(orbite::parse_regions("[{\"id\":1,\"epoch\":1,\"addr\":-1,\"length\":1,\"access\":[],\"kind\":\"host\"}]"),
+               orbite::Status::invalid_argument, "regions[0]: key `addr`: expected an unsigned integer");
+  CHECK_THROWS(orbite::parse_regions("[{\"id\":1,\"epoch\":1,\"addr\":1,\"length\":1,\"access\":[\"exec\"],\"kind\":\"host\"}]"),
+               orbite::Status::invalid_argument, "regions[0]: key `access`: expected \"read\" or \"write\"");
+  CHECK_THROWS(orbite::parse_stats("{\"transports\":{}}"), orbite::Status::invalid_argument, "stats: missing key `inflight_bytes`");
+}
+
+static void errors_and_results() {
+  // A bad config: the exception carries the status, the call and the key.
+  CHECK_THROWS(orbite::Engine("{\"nvlink_stream_count\": 0}"), orbite::Status::invalid_config, "nvlink_stream_count");
+  auto bad = orbite::Engine::try_create("{\"no_such_key\": 1}");
+  CHECK(!bad && bad.status() == orbite::Status::invalid_config && bad.error().call == "orbite_engine_new");
+  CHECK(bad.error().message.find("no_such_key") != std::string::npos);
+  CHECK_THROWS(bad.value(), orbite::Status::invalid_config, "orbite_engine_new: ORBITE_STATUS_INVALID_CONFIG: ");
+
+  orbite::Result<void> fine;
+  CHECK(fine.ok() && fine.status() == orbite::Status::ok && fine.error().message.empty());
+  orbite::Result<int> seven(7);
+  CHECK(seven.ok() && *seven == 7 && seven.error().status == orbite::Status::ok);
+
+  // Each thread's failure carries its own message (orbite_last_error is per
+  // thread and read right after the failing call).
+  orbite::Engine e;
+  std::string other;
+  std::thread t([&] {
+    auto r = e.try_connect("not an endpoint");
+    other = r.error().message;
+  });
+  t.join();
+  auto mine = e.try_connect("127.0.0.1:0");
+  CHECK(other.find("\"not an endpoint\" is not an endpoint") != std::string::npos);
+  CHECK(mine.error().message.find("\"127.0.0.1:0\" is not an endpoint") != std::string::npos);
+  CHECK(mine.error().message.find("localhost:port") != std::string::npos);
+
+  // Moved-from handles fail cleanly with NULL_ARGUMENT.
+  orbite::Engine moved = std::move(e);
+  CHECK(!e && moved);
+  CHECK(e.try_endpoint().status() == orbite::Status::null_argument);
+  orbite::Batch empty;
+  CHECK(empty.poll() == orbite::Status::null_argument && empty.size() == 0);
+  CHECK(empty.try_result(0).status() == orbite::Status::null_argument);
+}
+
+static void memory_ownership() {
+  orbite::Engine e;
+  CHECK(orbite::retained_allocation_count() == 0);
+
+  // Borrowing: the memory stays the caller's.
+  std::vector<std::byte> buf(4096);
+  orbite::Registration r = e.register_memory(buf.data(), buf.size(), orbite::Access::read);
+  CHECK(r && r.id() != 0 && r.data() == buf.data() && r.size() == 4096 && !r.owns_memory());
+  CHECK(r.access() == orbite::Access::read);
+  CHECK_THROWS(e.register_memory(buf.data() + 100, 10, orbite::Access::read), orbite::Status::invalid_argument, "overlap");
+  orbite::Registration moved = std::move(r);
+  CHECK(!r && moved.id() != 0);
+  CHECK(moved.unregister(5000ms).ok() && !moved && moved.id() == 0);
+  CHECK(moved.unregister().ok());  // empty: nothing to do
+
+  // Co-owning: the registration keeps the allocation; freeing it follows.
+  orbite::Allocation a = orbite::Allocation::shared_host(100000);
+  CHECK(a && a.size() == 100000 && a.bytes() != nullptr);
+  void *where = a.data();
+  orbite::Registration owned = e.register_memory(std::move(a), orbite::Access::read_write);
+  CHECK(!a && owned.owns_memory() && owned.data() == where && owned.size() == 100000);
+  CHECK(owned.allocation()->data() == where);
+  owned = orbite::Registration();  // unregisters, then frees the allocation
+  CHECK(orbite::retained_allocation_count() == 0);
+
+  // The library refuses to free registered memory: free() says so and keeps it.
+  orbite::Allocation b = orbite::Allocation::shared_host(4096);
+  orbite::Registration borrowed = e.register_memory(b.data(), b.size(), orbite::Access::read);
+  auto refused = b.free();
+  CHECK(refused.status() == orbite::Status::unavailable && b);
+  CHECK(refused.error().message.find("still registered 1 time(s)") != std::string::npos);
+  // Destroyed while registered: leaked on purpose, listed, and freed later.
+  { orbite::Allocation gone = std::move(b); }
+  CHECK(orbite::retained_allocation_count() == 1);
+  CHECK(orbite::free_retained_allocations() == 1);
+  CHECK(borrowed.unregister().ok());
+  CHECK(orbite::free_retained_allocations() == 0 && orbite::retained_allocation_count() == 0);
+
+  // After close the engine holds no region: unregister says NOT_FOUND and
+  // empties the registration; the co-owned allocation can then be freed.
+  orbite::Registration last = e.register_memory(orbite::Allocation::shared_host(4096), orbite::Access::read);
+  std::weak_ptr<orbite::Allocation> watch = last.allocation();
+  CHECK(e.close(5000ms).ok());
+  auto nf = last.unregister();
+  CHECK(nf.status() == orbite::Status::not_found && !last && watch.expired());
+  CHECK(orbite::retained_allocation_count() == 0);
+  CHECK(e.try_register_memory(buf.data(), buf.size(), orbite::Access::read).status() == orbite::Status::unavailable);
+}
+
+static void transfers() {
+  orbite::Engine src("{\"shm_cache_entries\": 2}");
+  orbite::Engine req;
+  CHECK(src.transports().contains(orbite::Transport::tcp) && src.transports().contains(orbite::Transport::shm));
+  CHECK(!src.transports().contains(orbite::Transport::nvlink) && !src.transports().contains(orbite::Transport::automatic));
+
+  // Many regions: the regions JSON outgrows the first buffer (the retry loop).
+  std::vector<std::vector<std::byte>> small(40, std::vector<std::byte>(64));
+  std::vector<orbite::Registration> regs;
+  for (auto &s : small) regs.push_back(src.register_memory(s.data(), s.size(), orbite::Access::read));
+  const std::size_t n = 1 << 20;
+  std::vector<std::byte> heap(n);
+  for (std::size_t i = 0; i < n; i++) heap[i] = std::byte(i * 7 + 1);
+  orbite::Registration heap_reg = src.register_memory(heap.data(), n, orbite::Access::read);
+  orbite::Registration pool = src.register_memory(orbite::Allocation::shared_host(n), orbite::Access::read_write);
+  for (std::size_t i = 0; i < n; i++) pool.bytes()[i] = std::byte(i * 3 + 5);
+
+  std::vector<std::byte> local(n);
+  orbite::Registration local_reg = req.register_memory(local.data(), n, orbite::Access::none);
+  CHECK_THROWS(req.connect("example.com:1"), orbite::Status::invalid_argument, "localhost:port");
+  orbite::Peer peer = req.connect(src.endpoint(), 5000ms);
+  CHECK(peer.id() != 0 && peer.transports().mask() == src.transports().mask());
+
+  std::string text = peer.regions_json();
+  CHECK(text.size() > 512);
+  std::vector<orbite::Region> regions = peer.regions();
+  CHECK(regions.size() == 42);
+  const orbite::Region *heap_region = nullptr, *pool_region = nullptr;
+  for (const orbite::Region &r : regions) {
+    if (r.id == heap_reg.id()) heap_region = &r;
+    if (r.id == pool.id()) pool_region = &r;
+  }
+  CHECK(heap_region && heap_region->addr == heap_reg.address() && heap_region->length == n);
+  CHECK(heap_region && heap_region->kind == orbite::MemoryKind::host && heap_region->readable() && !heap_region->writable());
+  CHECK(pool_region && pool_region->kind == orbite::MemoryKind::shared_host && pool_region->writable());
+  if (!heap_region || !pool_region) return;
+
+  // READ the heap over TCP in 16 requests; each one's transport and outcome.
+  std::vector<orbite::Request> reads;
+  for (std::size_t k = 0; k < 16; k++)
+    reads.push_back(orbite::read_request(local.data() + k * (n / 16), heap_region->addr + k * (n / 16), n / 16));
+  orbite::Batch b = peer.submit(reads, {orbite::Transport::automatic, 30000ms});
+  CHECK(b.size() == 16);
+  CHECK(b.wait(30000ms) == orbite::Status::ok && b.poll() == orbite::Status::ok);
+  CHECK(std::memcmp(local.data(), heap.data(), n) == 0);
+  for (std::size_t k = 0; k < 16; k++) CHECK(b.transport(k) == orbite::Transport::tcp && b.result(k).ok());
+  auto all = b.results();
+  CHECK(all.size() == 16 && all[15].status == orbite::Status::ok && all[15].remote_effect == orbite::RemoteEffect::none);
+  CHECK_THROWS(b.result(16), orbite::Status::out_of_range, "the batch holds 16 requests");
+  CHECK(b.try_transport(16).status() == orbite::Status::out_of_range);
+
+  // Forcing SHM onto the heap region is refused with what to do.
+  auto refused = peer.try_submit({orbite::read_request(local.data(), heap_region->addr, 64)}, {orbite::Transport::shm, 0ms});
+  CHECK(refused.status() == orbite::Status::not_supported && refused.error().call == "orbite_submit");
+  CHECK(refused.error().message.find("orbite_host_allocate_shared") != std::string::npos);
+
+  // The pool over SHM: READ it, then WRITE half of it back.
+  orbite::Batch s = peer.submit({orbite::read_request(local.data(), pool_region->addr, n)}, {orbite::Transport::shm, 30000ms});
+  CHECK(s.wait(30000ms) == orbite::Status::ok && s.transport(0) == orbite::Transport::shm);
+  CHECK(std::memcmp(local.data(), pool.bytes(), n) == 0);
+  for (std::size_t i = 0; i < n / 2; i++) local[i] = std::byte(0xee);
+  orbite::Batch w = peer.submit({orbite::write_request(local.data(), pool_region->addr + n / 2, n / 2)},
+                                {orbite::Transport::shm, 30000ms});
+  CHECK(w.wait(30000ms) == orbite::Status::ok);
+  CHECK(w.result(0).remote_effect == orbite::RemoteEffect::applied);
+  CHECK(pool.bytes()[n / 2] == std::byte(0xee) && pool.bytes()[n - 1] == std::byte(0xee));
+  CHECK(pool.bytes()[n / 2 - 1] == std::byte((n / 2 - 1) * 3 + 5));
+
+  // Typed stats: exact counts per transport, the cache, availability.
+  orbite::Stats st = req.stats();
+  CHECK(st.transport(orbite::Transport::tcp).requests_completed == 16);
+  CHECK(st.transport(orbite::Transport::tcp).bytes_completed == n);
+  CHECK(st.transport(orbite::Transport::shm).requests_completed == 2);
+  CHECK(st.transport(orbite::Transport::shm).bytes_completed == n + n / 2);
+  CHECK(st.transport(orbite::Transport::mnnvl).requests_completed == 0);
+  CHECK(st.peers == 1 && st.peers_alive == 1 && st.regions == 1 && st.inflight_bytes == 0);
+  CHECK(st.transports_available.at("tcp") == "available" && st.transports_available.at("shm") == "available");
+  CHECK(st.document.at("peers").as_u64() == 1);
+  orbite::Stats served = src.stats();
+  CHECK(served.transport(orbite::Transport::tcp).served_requests == 16);
+  CHECK(served.regions == 42);
+  // src's cache is its own; req has none, so nothing stays imported or exported.
+  CHECK(st.ipc_of(orbite::Transport::shm).imports_cached == 0 && served.ipc_of(orbite::Transport::shm).exports_open == 0);
+  CHECK(req.flush_import_cache(5000ms).ok());
+
+  // A batch outlives its engine: free every owner of `req`, then read it.
+  orbite::Batch late = peer.submit(reads, {orbite::Transport::tcp, 30000ms});
+  {
+    orbite::Engine gone = std::move(req);
+    orbite::Peer p = std::move(peer);
+    orbite::Registration r = std::move(local_reg);
+  }  // orbite_engine_free ran here: the connection is closed and its threads joined
+  orbite::Status ended = late.wait(30000ms);
+  CHECK(ended == orbite::Status::ok || ended == orbite::Status::transfer_failed);
+  for (const orbite::RequestResult &r : late.results()) {
+    CHECK(r.status == orbite::Status::ok || r.status == orbite::Status::unavailable);
+    CHECK(r.remote_effect == orbite::RemoteEffect::none);
+  }
+  CHECK(late.transport(0) == orbite::Transport::tcp);
+  CHECK(src.close(10000ms).ok());
+}
+
+int main() {
+  CHECK(orbite::abi_matches() && orbite::version() == ORBITE_VERSION_STRING);
+  CHECK(std::string(orbite::status_name(orbite::Status::unquiesced)) == "ORBITE_STATUS_UNQUIESCED");
+  json_reader();
+  typed_views();
+  errors_and_results();
+  memory_ownership();
+  transfers();
+  if (failures) {
+    std::fprintf(stderr, "test_cpp_api: %d check(s) failed\n", failures);
+    return 1;
+  }
+  std::printf("test_cpp_api: all checks passed\n");
+  return 0;
+}
