@@ -858,6 +858,7 @@ struct Stats {
   std::map<std::string, TransportStats> transports;  ///< "tcp", "shm", "nvlink", "mnnvl"
   std::uint64_t inflight_bytes = 0, peers = 0, peers_alive = 0, incoming_connections = 0, regions = 0;
   std::uint64_t protocol_errors = 0, connections_refused = 0, fabric_channels_accepted = 0;
+  std::uint64_t auth_failures = 0, ipc_uid_refusals = 0, offers_expired = 0;
   std::map<std::string, IpcStats> ipc;  ///< per IPC transport running ("shm", "nvlink", "mnnvl")
   NvlinkStats nvlink;
   std::map<std::string, std::string> transports_available;  ///< "available" or "not available: why"
@@ -918,7 +919,9 @@ inline Stats parse_stats(const std::string &text) {
                      {{"inflight_bytes", &S::inflight_bytes}, {"peers", &S::peers}, {"peers_alive", &S::peers_alive},
                       {"incoming_connections", &S::incoming_connections}, {"regions", &S::regions},
                       {"protocol_errors", &S::protocol_errors}, {"connections_refused", &S::connections_refused},
-                      {"fabric_channels_accepted", &S::fabric_channels_accepted}});
+                      {"fabric_channels_accepted", &S::fabric_channels_accepted},
+                      {"auth_failures", &S::auth_failures}, {"ipc_uid_refusals", &S::ipc_uid_refusals},
+                      {"offers_expired", &S::offers_expired}});
   s.ipc = detail::members<I>(d, "ipc", "stats", [](const json::Value &o, const std::string &at) {
     I t;
     detail::u64_fields(t, o, at,
