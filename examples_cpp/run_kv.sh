@@ -99,7 +99,7 @@ case "$mode" in
     echo "$line" >&5
     expect 6 "round 1: READ 256 scattered blocks of 64 KiB over shm in *; bytes verified"
     expect 6 "recovered: round 1 ran again on *"
-    expect 6 "closed: ORBITE_STATUS_UNQUIESCED; imports retained: 1 (peers lost: 1)"
+    expect 6 "closed: ORBITE_STATUS_OK; imports retained: 0 (peers lost: 1)"
     finish "$d" kv_decode
     echo verify >&7
     expect 8 "verified: 1024 blocks, 64 written back by the decode, 0 wrong; close ORBITE_STATUS_OK; pool freed"

@@ -292,6 +292,14 @@ orbite_status orbite_batch_result(const struct orbite_batch *batch, size_t index
 // OUT_OF_RANGE past the request count.
 orbite_status orbite_batch_transport(const struct orbite_batch *batch, size_t index, uint32_t *out_transport);
 
+// Writes what the engine decided for this submission and why, one line
+// each: a fallback of ORBITE_TRANSPORT_AUTO to TCP with its reason (for
+// example a mapping budget too small for the peer's allocation), or
+// requests split into more groups than their layout needs. "" when
+// nothing was noted. Text out-parameter rules (BUFFER_TOO_SMALL sets
+// *out_len).
+orbite_status orbite_batch_notes(const struct orbite_batch *batch, char *buf, size_t cap, size_t *out_len);
+
 // Requests not yet started end CANCELLED (remote effect NONE); started ones
 // run to their outcome.
 orbite_status orbite_batch_cancel(struct orbite_batch *batch);

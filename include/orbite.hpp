@@ -55,10 +55,9 @@
  *     memory whose close could not be confirmed stay with their
  *     mapping-budget charge (stats().ipc[...].imports_retained), mapped
  *     unless the unmap itself succeeded; on the peer, the export stays open
- *     and its allocation cannot be freed. A cached SHM import of a peer
- *     that died is such a case for good: it is unmapped, but its close
- *     receipt can never be acknowledged, so it stays counted and charged
- *     for the engine's life and every later close says UNQUIESCED.
+ *     and its allocation cannot be freed. (An import of a peer whose process
+ *     exited is not such a case: it is unmapped and released by itself,
+ *     counted in imports_released_after_exit.)
  *   - TIMED_OUT from the source half: peers' requests are still being served
  *     from or into this engine's registered memory: keep that memory valid.
  *   - UNQUIESCED from the source half: exports without a close receipt; the
@@ -839,12 +838,14 @@ inline std::vector<Region> parse_regions(const std::string &text) {
 struct TransportStats {
   std::uint64_t requests_completed = 0, requests_failed = 0, bytes_completed = 0, bytes_failed = 0;
   std::uint64_t served_requests = 0, served_bytes = 0, served_failed = 0, wire_bytes_sent = 0;
+  std::uint64_t requests_fell_through = 0;
 };
 
 /// What an IPC transport holds (stats "ipc" values).
 struct IpcStats {
   std::uint64_t exports_open = 0, exports_retained = 0, imports_opened = 0, imports_closed = 0;
   std::uint64_t imports_cached = 0, imports_retained = 0, local_owners_fenced = 0, mapping_bytes_charged = 0;
+  std::uint64_t imports_released_after_exit = 0;
   std::uint64_t pending_groups = 0, progress_workers = 0;
 };
 
@@ -912,7 +913,8 @@ inline Stats parse_stats(const std::string &text) {
                        {{"requests_completed", &T::requests_completed}, {"requests_failed", &T::requests_failed},
                         {"bytes_completed", &T::bytes_completed}, {"bytes_failed", &T::bytes_failed},
                         {"served_requests", &T::served_requests}, {"served_bytes", &T::served_bytes},
-                        {"served_failed", &T::served_failed}, {"wire_bytes_sent", &T::wire_bytes_sent}});
+                        {"served_failed", &T::served_failed}, {"wire_bytes_sent", &T::wire_bytes_sent},
+                        {"requests_fell_through", &T::requests_fell_through}});
     return t;
   });
   detail::u64_fields(s, d, "stats",
@@ -928,6 +930,7 @@ inline Stats parse_stats(const std::string &text) {
                        {{"exports_open", &I::exports_open}, {"exports_retained", &I::exports_retained},
                         {"imports_opened", &I::imports_opened}, {"imports_closed", &I::imports_closed},
                         {"imports_cached", &I::imports_cached}, {"imports_retained", &I::imports_retained},
+                        {"imports_released_after_exit", &I::imports_released_after_exit},
                         {"local_owners_fenced", &I::local_owners_fenced},
                         {"mapping_bytes_charged", &I::mapping_bytes_charged},
                         {"pending_groups", &I::pending_groups}, {"progress_workers", &I::progress_workers}});

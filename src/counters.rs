@@ -14,6 +14,7 @@ struct PerTransport {
     served_bytes: AtomicU64,
     served_failed: AtomicU64,
     wire_bytes_sent: AtomicU64,
+    fell_through: AtomicU64,
 }
 
 /// Live counters of one engine.
@@ -54,6 +55,9 @@ pub struct TransportStats {
     /// Bytes this engine's requester side wrote to peers' sockets (frames
     /// and WRITE payload).
     pub wire_bytes_sent: u64,
+    /// Requests AUTO first routed here that moved to TCP before anything
+    /// was posted (the reason is in the batch's notes).
+    pub requests_fell_through: u64,
 }
 
 impl Counters {
@@ -92,6 +96,11 @@ impl Counters {
         self.per[t.index()].wire_bytes_sent.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// Records `n` requests that left transport `t` for TCP.
+    pub fn record_fell_through(&self, t: TransportKind, n: u64) {
+        self.per[t.index()].fell_through.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Snapshot of one transport.
     pub fn transport(&self, t: TransportKind) -> TransportStats {
         let p = &self.per[t.index()];
@@ -104,6 +113,7 @@ impl Counters {
             served_bytes: p.served_bytes.load(Ordering::Relaxed),
             served_failed: p.served_failed.load(Ordering::Relaxed),
             wire_bytes_sent: p.wire_bytes_sent.load(Ordering::Relaxed),
+            requests_fell_through: p.fell_through.load(Ordering::Relaxed),
         }
     }
 }

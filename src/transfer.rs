@@ -96,6 +96,9 @@ struct State {
     pending: usize,
     failed: usize,
     cancelled: bool,
+    /// What the engine decided for the submission and why (a fallback to
+    /// another transport, groups split by policy), in words.
+    notes: Vec<String>,
 }
 
 /// The completion record of one submission.
@@ -125,7 +128,7 @@ impl BatchShared {
             })
             .collect();
         Arc::new(BatchShared {
-            state: Mutex::new(State { reqs, pending: requests.len(), failed: 0, cancelled: false }),
+            state: Mutex::new(State { reqs, pending: requests.len(), failed: 0, cancelled: false, notes: Vec::new() }),
             cv: Condvar::new(),
             stats,
             deadline,
@@ -277,6 +280,16 @@ impl BatchShared {
     pub fn first_error(&self) -> Option<(usize, Error)> {
         let s = self.state.lock();
         s.reqs.iter().enumerate().find_map(|(i, r)| r.error.clone().map(|e| (i, e)))
+    }
+
+    /// Records a decision about the submission, in words.
+    pub fn note(&self, text: String) {
+        self.state.lock().notes.push(text);
+    }
+
+    /// The decisions recorded about the submission.
+    pub fn notes(&self) -> Vec<String> {
+        self.state.lock().notes.clone()
     }
 
     /// Cancels requests that have not started.

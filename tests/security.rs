@@ -444,3 +444,23 @@ fn a_forked_childs_free_leaves_the_parent_serving() {
     src.close(Some(LONG)).unwrap();
     let _ = &mut remote;
 }
+
+/// Idle IPC channels have their own limit: they cannot use up the control
+/// connections, and the channel past the limit is refused.
+#[test]
+fn idle_ipc_channels_do_not_take_control_connection_slots() {
+    let src = Engine::from_json(r#"{"max_incoming_connections": 2, "max_ipc_channels": 2}"#).unwrap();
+    let idle: Vec<Channel> = (0..2).map(|_| raw_channel(&src)).collect();
+    // The third channel is refused (closed) at once...
+    let mut third = Channel::connect(&channel_name(&src)).unwrap();
+    let deadline = Instant::now() + LONG;
+    let tick = &mut || orbite::transport::ipc::channel::deadline_tick(deadline, "refused channel");
+    assert!(third.recv(tick).is_err(), "the third IPC channel was served");
+    // ...while both control connection slots are still free.
+    let a = Engine::from_json("").unwrap();
+    let b = Engine::from_json("").unwrap();
+    a.connect(&src.endpoint(), Some(LONG)).unwrap();
+    b.connect(&src.endpoint(), Some(LONG)).unwrap();
+    assert!(src.stats().connections_refused >= 1);
+    drop(idle);
+}

@@ -264,25 +264,40 @@ fn flush_under_concurrent_submissions() {
 }
 
 #[test]
-fn source_close_with_an_open_import_is_unquiesced() {
-    let mut src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string()]);
-    let e = engine(r#"{"shm_cache_entries": 1}"#);
-    let l = local(&e, 4096);
-    let p = e.connect(&src.endpoint, None).unwrap();
-    assert!(all_ok(&go(&e, p, &[rd(&l, 0, src.addr, 4096)], shm())));
-    let r = src.cmd("close_source 300");
-    assert!(r.starts_with("err ORBITE_STATUS_UNQUIESCED"), "{r}");
-    assert_eq!(src_ipc(&mut src, "exports_open"), 1, "the export stays retained");
-    // The source no longer grants: a new group is refused, nothing is posted.
-    let r = go(&e, p, &[rd(&l, 0, src.addr, 16)], shm());
-    assert_eq!(r[0].status, Status::Unavailable);
-    e.flush_nvlink_cache(Some(LONG)).unwrap();
-    assert_eq!(src.cmd("close_source 10000"), "ok");
-    assert_eq!(src_ipc(&mut src, "exports_open"), 0);
-    e.close(Some(LONG)).unwrap();
-    src.close();
-}
+fn source_close_revokes_live_imports_and_waits_only_for_a_silent_requester() {
+    // The source is this process; the requester holding a cached import is
+    // an orbite-peer process.
+    let src = engine("");
+    let a = allocate_shared_host(2 * MIB).unwrap();
+    src.register_memory(a.addr(), 2 * MIB, Access::READ).unwrap();
+    let spec = format!("{}:4096", a.addr());
+    let cfg = r#"{"shm_cache_entries": 1}"#;
+    let mut req = PeerProc::spawn_requester(&src.endpoint(), &spec, cfg);
+    assert_eq!(src.stats().ipc["shm"].exports_open, 1, "the requester caches its import");
+    // A live requester gives its import back when asked: the close is OK.
+    src.close_source(Some(LONG)).unwrap();
+    assert_eq!(src.stats().ipc["shm"].exports_open, 0);
+    let st: serde_json::Value = serde_json::from_str(&req.cmd("stats")).unwrap();
+    assert_eq!(st["ipc"]["shm"]["imports_cached"], 0);
+    assert_eq!(st["ipc"]["shm"]["imports_closed"], 1);
+    req.kill();
+    src.close(Some(LONG)).unwrap();
 
+    // A silent (frozen) requester leaves the export retained and the close
+    // Unquiesced; once it resumes it gives the import back.
+    let src = engine("");
+    src.register_memory(a.addr(), 2 * MIB, Access::READ).unwrap();
+    let req = PeerProc::spawn_requester(&src.endpoint(), &spec, cfg);
+    req.signal(libc::SIGSTOP);
+    let e = src.close_source(Some(Duration::from_millis(500))).unwrap_err();
+    assert_eq!(e.status(), Status::Unquiesced, "{e}");
+    assert_eq!(src.stats().ipc["shm"].exports_open, 1, "the export stays retained");
+    req.signal(libc::SIGCONT);
+    src.close_source(Some(LONG)).unwrap();
+    req.kill();
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
+}
 #[test]
 fn requester_exit_with_a_live_import() {
     let src = engine("");
@@ -344,14 +359,15 @@ fn exporter_killed_with_a_live_import() {
             assert_eq!(b.results()[0].remote_effect, RemoteEffect::None);
         }
     }
-    // The cached import cannot be closed with confirmation: it is retained.
-    let r = e.flush_nvlink_cache(Some(Duration::from_secs(20)));
-    assert_eq!(r.unwrap_err().status(), Status::Unquiesced);
+    // The exporter provably exited: its export went with it, so the cached
+    // import is unmapped and released without a receipt.
+    e.flush_nvlink_cache(Some(Duration::from_secs(20))).unwrap();
     assert!(t0.elapsed() < Duration::from_secs(60), "never hangs");
-    assert_eq!(e.stats().ipc["shm"].imports_retained, 1);
-    assert_eq!(e.close(Some(Duration::from_secs(20))).unwrap_err().status(), Status::Unquiesced);
+    let st = e.stats().ipc["shm"].clone();
+    assert_eq!((st.imports_retained, st.imports_cached, st.imports_released_after_exit), (0, 0, 1));
+    assert_eq!(st.mapping_bytes_charged, 0);
+    e.close(Some(Duration::from_secs(20))).unwrap();
 }
-
 #[test]
 fn restarted_source_on_the_same_endpoint_is_stale() {
     let src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string(), "--seed", "1"]);
@@ -373,10 +389,11 @@ fn restarted_source_on_the_same_endpoint_is_stale() {
     assert!((0..4096).all(|i| l[i] == pattern(2, i as u64)));
     assert_eq!(e.stats().ipc["shm"].imports_opened, 2);
     assert_eq!(src_ipc(&mut again, "exports_open"), 1);
-    // Closing: the new import closes with its receipt; the old one (its
-    // exporter is gone) cannot be confirmed and stays retained.
-    assert_eq!(e.close(Some(LONG)).unwrap_err().status(), Status::Unquiesced);
-    assert_eq!(e.stats().ipc["shm"].imports_retained, 1);
+    // Closing: the new import closes with its receipt; the old one's
+    // exporter provably exited, so it is released without one.
+    e.close(Some(LONG)).unwrap();
+    let st = e.stats().ipc["shm"].clone();
+    assert_eq!((st.imports_retained, st.imports_released_after_exit, st.imports_closed), (0, 1, 1));
     assert_eq!(src_ipc(&mut again, "exports_open"), 0);
     drop(e);
     again.close();
@@ -491,27 +508,30 @@ fn resource_exhausted_retries_once_then_falls_through() {
 }
 
 #[test]
-fn full_cache_without_an_idle_entry_is_exhausted_and_uncertain_entries_stay() {
+fn uncertain_entries_stay_retained_outside_the_cache_bound() {
     let src = PeerProc::spawn(&["--shared", "--allocs", "2", "--size", &(2 * MIB).to_string(), "--seed", "1"]);
     let (a, b) = (src.addrs[0], src.addrs[1]);
     let e = engine(r#"{"shm_cache_entries": 1}"#);
     let l = local(&e, 4096);
     let p = e.connect(&src.endpoint, None).unwrap();
-    // An unconfirmed completion leaves A's entry uncertain: retained, never evicted.
+    // An unconfirmed completion leaves A's entry uncertain: retained, never
+    // evicted, never closed.
     e.faults().fail_completion.store(1, Ordering::SeqCst);
     assert_eq!(go(&e, p, &[rd(&l, 0, a, 4096)], shm())[0].status, Status::Unquiesced);
     assert_eq!(e.stats().ipc["shm"].imports_retained, 1);
-    // A new key finds the only slot taken and nothing idle to reclaim.
-    let r = go(&e, p, &[rd(&l, 0, b, 4096)], shm());
-    assert_eq!(r[0], RequestResult { status: Status::ResourceExhausted, remote_effect: RemoteEffect::None });
-    assert!(e.stats().ipc["shm"].imports_retained == 1 && e.stats().ipc["shm"].imports_opened == 1);
-    // With Auto the unposted rejection falls through to TCP.
-    assert!(all_ok(&go(&e, p, &[rd(&l, 0, b, 4096)], SubmitOptions::default())));
+    // It does not count against the cache's one slot: a new key is served.
+    assert!(all_ok(&go(&e, p, &[rd(&l, 0, b, 4096)], shm())));
     assert!((0..4096).all(|i| l[i] == pattern(2, i as u64)));
+    let st = e.stats().ipc["shm"].clone();
+    assert_eq!((st.imports_retained, st.imports_cached, st.imports_opened), (1, 1, 2));
+    // A itself stays unavailable, saying why.
+    let r = e.submit(p, &[rd(&l, 0, a, 16)], shm()).unwrap();
+    assert!(r.wait(LONG).is_err());
+    let why = r.error(0).unwrap();
+    assert!(why.message().contains("retained") && why.message().contains("injected fault"), "{why}");
     drop(e);
     src.kill();
 }
-
 #[test]
 fn two_peers_importing_from_each_other_close_together() {
     let cfg = r#"{"shm_cache_entries": 2}"#;

@@ -43,6 +43,9 @@ pub enum MsgKind {
     AuthProof = 11,
     /// Authentication passed.
     AuthOk = 12,
+    /// Source -> requester (control connection): the source is closing;
+    /// give back every import of its memory now.
+    Revoke = 13,
     /// IPC channel: requester identity.
     IpcHello = 16,
     /// IPC channel: source identity.
@@ -85,6 +88,7 @@ impl MsgKind {
             10 => MsgKind::AuthResponse,
             11 => MsgKind::AuthProof,
             12 => MsgKind::AuthOk,
+            13 => MsgKind::Revoke,
             16 => MsgKind::IpcHello,
             17 => MsgKind::IpcWelcome,
             18 => MsgKind::ExportRequest,

@@ -87,6 +87,13 @@ impl Batch {
         self.shared.error(i)
     }
 
+    /// What the engine decided for this submission and why, in words: a
+    /// fallback from the transport AUTO chose to TCP (with the reason), or
+    /// requests split into more groups than their layout needs.
+    pub fn notes(&self) -> Vec<String> {
+        self.shared.notes()
+    }
+
     /// Requests not yet started end `Cancelled` with remote effect None;
     /// started ones run to their outcome.
     pub fn cancel(&self) {

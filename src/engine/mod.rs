@@ -30,6 +30,7 @@ use crate::memory::RegionTable;
 use crate::sync::admission::{Budget, Gate};
 use crate::transport::ipc::faults::Faults;
 use crate::transport::ipc::source::IpcSourceContext;
+use crate::transport::tcp::source::Revoker;
 use crate::transport::tcp::SourceContext;
 use accept::Listeners;
 use parking_lot::RwLock;
@@ -58,6 +59,8 @@ pub(crate) struct Inner {
     faults: Arc<Faults>,
     /// The shared key of `auth_key_file`, if configured.
     auth: Option<AuthKey>,
+    /// The answer streams of the incoming control connections (`Revoke`).
+    revoker: Arc<Revoker>,
     ipc: Vec<ipc::IpcTransport>,
     ipc_unavailable: Vec<(TransportKind, String)>,
 }
@@ -141,6 +144,7 @@ impl Engine {
             next_peer: AtomicU64::new(1),
             faults,
             auth,
+            revoker: Arc::new(Revoker::default()),
             ipc: ipc_transports,
             ipc_unavailable,
             config,
@@ -156,6 +160,7 @@ impl Engine {
             },
             handshake_timeout: Duration::from_millis(inner.config.handshake_timeout_ms as u64),
             min_payload_rate: inner.config.min_payload_rate_kib as u64 * 1024,
+            revoker: inner.revoker.clone(),
         });
         let ipc_ctx = Arc::new(IpcSourceContext {
             tables: inner.ipc.iter().map(|t| (t.kind, t.exports.clone())).collect(),
@@ -243,11 +248,9 @@ impl Engine {
     pub fn flush_nvlink_cache(&self, timeout: Option<Duration>) -> Result<()> {
         self.check_open()?;
         let deadline = Instant::now() + self.timeout(timeout);
-        let left: usize = self.inner.ipc.iter().map(|t| t.requester.flush(deadline)).sum();
-        if left > 0 {
-            return Err(Error::Unquiesced(format!(
-                "{left} cached imports could not be closed with confirmation; they stay retained (see stats)"
-            )));
+        let left: Vec<String> = self.inner.ipc.iter().flat_map(|t| t.requester.flush(deadline)).collect();
+        if !left.is_empty() {
+            return Err(Error::Unquiesced(held_imports(&left)));
         }
         Ok(())
     }
@@ -265,16 +268,14 @@ impl Engine {
                 "{left} requests are still in flight; the requester side stays fenced, call again"
             )));
         }
-        let unclosed: usize = self.inner.ipc.iter().map(|t| t.requester.flush(deadline)).sum();
+        let unclosed: Vec<String> = self.inner.ipc.iter().flat_map(|t| t.requester.flush(deadline)).collect();
         let peers: Vec<_> = self.inner.peers.write().drain().map(|(_, p)| p).collect();
         for p in peers {
             p.conn.close();
             p.close_links();
         }
-        if unclosed > 0 {
-            return Err(Error::Unquiesced(format!(
-                "{unclosed} imports could not be closed with confirmation; they stay retained (see stats)"
-            )));
+        if !unclosed.is_empty() {
+            return Err(Error::Unquiesced(held_imports(&unclosed)));
         }
         Ok(())
     }
@@ -289,6 +290,13 @@ impl Engine {
         let left = self.inner.source_gate.close_and_wait(deadline);
         if left > 0 {
             return Err(Error::TimedOut(format!("{left} incoming requests are still being served")));
+        }
+        // Ask every requester to give its imports back now, rather than at
+        // its next flush; a requester that does not answer leaves its
+        // export retained and the close Unquiesced.
+        if self.inner.ipc.iter().any(|t| t.exports.counts().open + t.exports.counts().retained > 0) {
+            let bound = deadline.saturating_duration_since(Instant::now()).min(Duration::from_secs(1));
+            self.inner.revoker.revoke_all(bound);
         }
         let exports: usize = self.inner.ipc.iter().map(|t| t.exports.wait_empty(deadline)).sum();
         if exports > 0 {
@@ -311,6 +319,19 @@ impl Engine {
         self.inner.shutdown();
         Ok(())
     }
+}
+
+/// What a flush or close left behind, in words: how many imports, and for
+/// each which one and why (the first few).
+fn held_imports(left: &[String]) -> String {
+    let shown: Vec<&str> = left.iter().take(4).map(String::as_str).collect();
+    let more =
+        if left.len() > shown.len() { format!("; and {} more", left.len() - shown.len()) } else { String::new() };
+    format!(
+        "{} imports could not be closed with confirmation and stay retained (see stats and retained resources): {}{more}",
+        left.len(),
+        shown.join("; ")
+    )
 }
 
 /// The Describe a source thread answers with once its engine is gone.

@@ -9,6 +9,7 @@ use crate::control::message::{Describe, RegionInfo};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::transport::ipc::link::{IpcLink, LocalEnd, Route};
+use crate::transport::tcp::requester::RevokeHook;
 use crate::transport::tcp::{handshake, TcpConnection};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -28,7 +29,8 @@ impl Engine {
         let id = self.inner.next_peer.fetch_add(1, Ordering::Relaxed);
         let label = format!("peer {id} ({endpoint})");
         let links = self.inner.ipc_links(&peer, endpoint, &label);
-        let conn = TcpConnection::start(s, peer, label, self.inner.stats.clone())?;
+        let on_revoke = self.revoke_hook(&links);
+        let conn = TcpConnection::start(s, peer, label, self.inner.stats.clone(), on_revoke)?;
         self.inner.peers.write().insert(id, Arc::new(Peer { endpoint: endpoint.to_string(), conn, links }));
         Ok(id)
     }
@@ -49,6 +51,28 @@ impl Engine {
     /// The endpoint peer `id` was connected with.
     pub fn peer_endpoint(&self, id: u64) -> Result<String> {
         Ok(self.peer(id)?.endpoint.clone())
+    }
+
+    /// What a `Revoke` from the peer does: on a thread of its own (the
+    /// reader thread must not block), give back every import made through
+    /// the peer's IPC links, through their close receipts; the next
+    /// submission opens new ones or falls through.
+    fn revoke_hook(&self, links: &[(TransportKind, std::result::Result<Arc<IpcLink>, String>)]) -> RevokeHook {
+        let links: Vec<Arc<IpcLink>> = links.iter().filter_map(|(_, l)| l.as_ref().ok().cloned()).collect();
+        let engine = Arc::downgrade(&self.inner);
+        Box::new(move || {
+            let (engine, links) = (engine.clone(), links.clone());
+            let run = move || {
+                let Some(inner) = engine.upgrade() else { return };
+                let deadline = Instant::now() + Duration::from_millis(inner.config.default_timeout_ms as u64);
+                for link in &links {
+                    if let Some(t) = inner.ipc_transport(link.transport) {
+                        t.requester.flush_link(link, deadline);
+                    }
+                }
+            };
+            let _ = std::thread::Builder::new().name("orbite-revoke".into()).spawn(run);
+        })
     }
 
     /// The transports this engine can use with peer `id` now, in stats
@@ -131,7 +155,12 @@ impl Inner {
                     peer.identity,
                     endpoint.to_string(),
                     label.to_string(),
-                    LocalEnd { identity: self.identity, auth: self.auth.clone(), faults: self.faults.clone() },
+                    LocalEnd {
+                        identity: self.identity,
+                        auth: self.auth.clone(),
+                        faults: self.faults.clone(),
+                        reconnect_timeout: Duration::from_millis(self.config.handshake_timeout_ms as u64),
+                    },
                 )))
             };
             out.push((k, link));

@@ -22,8 +22,12 @@ pub struct IpcStats {
     pub imports_closed: u64,
     /// Imports kept in the relocation cache (requester side).
     pub imports_cached: u64,
-    /// Imports kept after an unconfirmed close or receipt.
+    /// Imports kept after an unconfirmed close or receipt (outside the
+    /// relocation cache's bound).
     pub imports_retained: u64,
+    /// Imports released without a receipt because their source provably
+    /// left (its process exited or its engine is gone), since the start.
+    pub imports_released_after_exit: u64,
     /// Local pinned host allocations fenced after an uncertain completion
     /// (no further use, no free: a copy may still touch them).
     pub local_owners_fenced: u64,
@@ -113,6 +117,7 @@ impl EngineStats {
                     imports_closed: m.closed,
                     imports_cached: m.cached,
                     imports_retained: m.retained,
+                    imports_released_after_exit: m.released_after_exit,
                     local_owners_fenced: m.fenced_local,
                     mapping_bytes_charged: e.charged_bytes + m.charged_bytes,
                     pending_groups: *pending,

@@ -244,10 +244,7 @@ impl Engine {
         if let Err(e) = super::ipc::prepare_local(kind, &self.inner.config, live.iter().map(|c| c.lease.region())) {
             // Nothing was posted: as an unposted rejection of the first group.
             if tcp_fallback && may_fall_through(&e) {
-                for c in &live {
-                    batch.plan(c.index, 1, TransportKind::Tcp);
-                }
-                return live;
+                return self.fall_through(kind, batch, live, &e);
             }
             for c in live {
                 batch.complete_chunk(c.index, ChunkOutcome::failed(e.clone(), RemoteEffect::None));
@@ -256,25 +253,35 @@ impl Engine {
         }
         // Subbatches: consecutive requests naming the same remote region,
         // while the envelope stays within max_transfer_bytes.
+        // Each group keeps its running envelope (lo, hi), so grouping is
+        // linear in the number of requests.
         let max_env = self.inner.config.max_transfer_bytes;
         let mut groups: VecDeque<(Vec<Checked>, bool)> = VecDeque::new();
+        let mut envelope = (0u64, 0u64);
+        let mut split_by_envelope = 0u64;
         for c in live {
             let region = c.region.expect("resolved");
+            let (start, end) = (c.req.remote_addr, c.req.remote_addr + c.req.len);
             if let Some((g, _)) = groups.back_mut() {
                 let same = g[0].region.map(|r| r.id) == Some(region.id);
-                let lo = g.iter().map(|x| x.req.remote_addr).min().unwrap_or(0).min(c.req.remote_addr);
-                let hi = g
-                    .iter()
-                    .map(|x| x.req.remote_addr + x.req.len)
-                    .max()
-                    .unwrap_or(0)
-                    .max(c.req.remote_addr + c.req.len);
+                let (lo, hi) = (envelope.0.min(start), envelope.1.max(end));
                 if same && hi - lo <= max_env {
                     g.push(c);
+                    envelope = (lo, hi);
                     continue;
                 }
+                split_by_envelope += same as u64;
             }
+            envelope = (start, end);
             groups.push_back((vec![c], false));
+        }
+        if split_by_envelope > 0 {
+            batch.note(format!(
+                "{}: {split_by_envelope} extra groups because requests of one remote region spread over more than \
+                 max_transfer_bytes ({max_env}); each group costs its own grant round trips — raise \
+                 max_transfer_bytes to the region's size for scattered blocks",
+                kind.name()
+            ));
         }
         while let Some((g, retried)) = groups.pop_front() {
             let region = g[0].region.expect("resolved");
@@ -290,6 +297,11 @@ impl Engine {
                 }
                 Ok(GroupRun::Deferred) => {}
                 Err(GroupError::NotPosted(e)) => {
+                    if link.source_left() {
+                        // The source process exited (or its engine is gone):
+                        // the peer is gone, as TCP would report it.
+                        p.conn.kill(e.clone());
+                    }
                     if e.status() == Status::ResourceExhausted && !retried {
                         // One retry, as a single request; the rest of the
                         // group becomes a new group after it.
@@ -305,10 +317,7 @@ impl Engine {
                     if tcp_fallback && may_fall_through(&e) {
                         let mut rest = g;
                         rest.extend(groups.into_iter().flat_map(|(g, _)| g));
-                        for c in &rest {
-                            batch.plan(c.index, 1, TransportKind::Tcp);
-                        }
-                        return rest;
+                        return self.fall_through(kind, batch, rest, &e);
                     }
                     for c in g {
                         batch.complete_chunk(c.index, ChunkOutcome::failed(e.clone(), RemoteEffect::None));
@@ -317,6 +326,17 @@ impl Engine {
             }
         }
         Vec::new()
+    }
+
+    /// Moves requests nothing was posted for from `kind` to TCP, saying so
+    /// on the batch and in the stats.
+    fn fall_through(&self, kind: TransportKind, batch: &BatchShared, rest: Vec<Checked>, e: &Error) -> Vec<Checked> {
+        for c in &rest {
+            batch.plan(c.index, 1, TransportKind::Tcp);
+        }
+        self.inner.stats.record_fell_through(kind, rest.len() as u64);
+        batch.note(format!("{} requests moved from {} to tcp: {e}", rest.len(), kind.name()));
+        rest
     }
 
     /// The completion of a group finished by the progress worker: records

@@ -3,6 +3,7 @@
 use super::boundary::*;
 use super::types::*;
 use crate::{Error, Op, Request, RequestResult, Status, SubmitOptions, Transport, TransportKind, MAX_REQUESTS};
+use std::ffi::c_char;
 use std::time::Duration;
 
 fn transport_from(v: u32) -> Option<Transport> {
@@ -148,6 +149,25 @@ pub extern "C" fn orbite_batch_transport(
         let out = need_mut(out_transport, "out_transport")?;
         *out = b.batch.transport(index)?.map_or(ORBITE_TRANSPORT_AUTO, TransportKind::c_code);
         Ok(())
+    })
+}
+
+/// Writes what the engine decided for this submission and why, one line
+/// each: a fallback of ORBITE_TRANSPORT_AUTO to TCP with its reason (for
+/// example a mapping budget too small for the peer's allocation), or
+/// requests split into more groups than their layout needs. "" when
+/// nothing was noted. Text out-parameter rules (BUFFER_TOO_SMALL sets
+/// *out_len).
+#[no_mangle]
+pub extern "C" fn orbite_batch_notes(
+    batch: *const orbite_batch,
+    buf: *mut c_char,
+    cap: usize,
+    out_len: *mut usize,
+) -> orbite_status {
+    guard(|| {
+        let b = need(batch, "batch")?;
+        write_text(&b.batch.notes().join("\n"), buf, cap, out_len)
     })
 }
 

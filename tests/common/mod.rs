@@ -62,6 +62,36 @@ impl PeerProc {
         }
     }
 
+    /// Starts `orbite-peer` as a requester of `endpoint` that READs `spec`
+    /// (`ADDR:LEN`) once with `config`; asserts the read succeeded.
+    pub fn spawn_requester(endpoint: &str, spec: &str, config: &str) -> PeerProc {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_orbite-peer"))
+            .args(["--connect", endpoint, "--read", spec, "--config", config])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn orbite-peer");
+        let stdin = child.stdin.take().expect("stdin");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("read the first result");
+        assert!(line.starts_with("ok "), "the requester's first read failed: {line:?}");
+        let pid = child.id();
+        PeerProc {
+            endpoint: endpoint.to_string(),
+            addr: 0,
+            len: 0,
+            pid,
+            extra_addr: 0,
+            extra_len: 0,
+            addrs: Vec::new(),
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
     /// Sends a command line and returns the reply line.
     pub fn cmd(&mut self, c: &str) -> String {
         writeln!(self.stdin, "{c}").expect("write command");

@@ -8,8 +8,8 @@ seed's modes for each local memory kind (device, pinned host, mixed):
   batch           three out-of-order slices over two allocations
   cache           four concurrent READs and a WRITE through one cached import,
                   then one final close (imports opened == closed == 1)
-  source-close    close_source with an open import -> UNQUIESCED, export kept;
-                  after the requester flushes, close_source -> OK
+  source-close    close_source with an open import of a live requester ->
+                  the source revokes it, the requester gives it back -> OK
   requester-exit  the requester exits with a live import; once it is reaped,
                   close_source reclaims the export -> OK
   stale           the source restarts on the same endpoint; the old peer is
@@ -142,12 +142,12 @@ def run_mode(binary, log, mode, memory, size, transport="nvlink"):
             if l.startswith("FAIL"):
                 return False, l, extra
             if l.startswith("WAIT source-close"):
-                r = src.cmd("close_source 500")
-                if not r.startswith("err ORBITE_STATUS_UNQUIESCED"):
-                    return False, "close_source with an open import answered: " + r, extra
+                r = src.cmd("close_source 30000")
+                if r != "ok":
+                    return False, "close_source with a live requester's import answered: " + r, extra
                 st = json.loads(src.cmd("stats"))
-                if st["ipc"][transport.split("-")[0]]["exports_open"] != 1:
-                    return False, "the export was not retained: %s" % st["ipc"], extra
+                if st["ipc"][transport.split("-")[0]]["exports_open"] != 0:
+                    return False, "the live requester did not give its import back: %s" % st["ipc"], extra
                 req.send("continue")
             elif l.startswith("WAIT requester-exit"):
                 req.send("exit")

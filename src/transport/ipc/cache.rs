@@ -3,12 +3,19 @@
 //!
 //! Concurrent first submissions for a key share one slot (the others wait
 //! while it is constructed). At capacity a new key reclaims the least
-//! recently used *idle* entry; active, constructing, closing and uncertain
-//! entries are never evicted, and a full cache with no idle entry answers
+//! recently used *idle* entry; active, constructing and closing entries are
+//! never evicted, and a full cache with no idle entry answers
 //! `ResourceExhausted`. An entry leaves the cache only when its native close
-//! and its receipt both succeeded; a failed one stays `Retained`, and one
-//! that owes only its receipt gets a receipt-only retry on the next flush,
-//! never a second native close.
+//! and its receipt both succeeded (or its close says the source is provably
+//! gone, so no receipt is owed); a failed one stays `Retained`, and one that
+//! owes only its receipt gets a receipt-only retry — when its key is asked
+//! for again, on `reclaim` and on flush — never a second native close.
+//!
+//! Retained entries are kept apart from the bound: the capacity counts live
+//! entries only, so entries that cannot be confirmed closed (a dead or
+//! frozen source) never block imports from other sources. An entry that is
+//! no longer current (its source left, or its channel was replaced) is
+//! closed instead of handed out.
 //!
 //! Generic over the cached value and its close so that the state machine is
 //! model-checked (`tests/models.rs`) through the `sync` shim.
@@ -24,14 +31,21 @@ use std::time::Instant;
 /// On failure: the error, and whether the native close had succeeded.
 pub type CloseFn<'a, V> = &'a dyn Fn(&V, bool) -> std::result::Result<(), (Error, bool)>;
 
+/// Whether a cached value may still be handed out (its source and channel
+/// are the ones it was opened with).
+pub type CurrentFn<'a, V> = &'a dyn Fn(&V) -> bool;
+
 enum SlotState<V> {
     Constructing,
     Ready(Arc<V>),
     Closing,
-    /// Close or receipt not confirmed: kept, never evicted.
+    /// A retained entry whose receipt is being retried (outside the bound).
+    Retrying,
+    /// Close or receipt not confirmed: kept, never evicted, outside the bound.
     Retained {
         value: Arc<V>,
         native_closed: bool,
+        why: String,
     },
 }
 
@@ -44,6 +58,13 @@ struct Slot<V> {
 struct State<K, V> {
     slots: HashMap<K, Slot<V>>,
     clock: u64,
+}
+
+impl<K, V> State<K, V> {
+    /// Entries counted against the capacity (everything but retained ones).
+    fn live(&self) -> usize {
+        self.slots.values().filter(|s| !matches!(s.state, SlotState::Retained { .. } | SlotState::Retrying)).count()
+    }
 }
 
 /// What an entry is doing, for stats.
@@ -64,15 +85,45 @@ pub struct RelocationCache<K, V> {
     cv: Condvar,
 }
 
+/// What one close attempt did to a slot.
+enum Closed {
+    Gone,
+    Kept,
+}
+
 impl<K: Clone + Eq + Hash, V> RelocationCache<K, V> {
-    /// A cache of `capacity` entries.
+    /// A cache of `capacity` live entries.
     pub fn new(capacity: usize) -> RelocationCache<K, V> {
         RelocationCache { capacity, state: Mutex::new(State { slots: HashMap::new(), clock: 0 }), cv: Condvar::new() }
     }
 
-    /// The value for `key` and whether it was just opened: shares a ready
-    /// entry, waits for one being constructed or closed, or opens a new one
-    /// (evicting the LRU idle entry at capacity). `label` names the peer and
+    /// Closes `v` (taken out of slot `k`, now `Closing`) outside the lock
+    /// and settles the slot: removed on success, retained otherwise.
+    fn close_slot(&self, k: &K, v: Arc<V>, native_closed: bool, close: CloseFn<'_, V>) -> (Closed, Option<Error>) {
+        let r = close(&v, native_closed);
+        let mut c = self.state.lock();
+        let out = match r {
+            Ok(()) => {
+                c.slots.remove(k);
+                (Closed::Gone, None)
+            }
+            Err((e, nc)) => {
+                if let Some(s) = c.slots.get_mut(k) {
+                    s.state = SlotState::Retained { value: v, native_closed: nc, why: e.message().to_string() };
+                }
+                (Closed::Kept, Some(e))
+            }
+        };
+        drop(c);
+        self.cv.notify_all();
+        out
+    }
+
+    /// The value for `key` and whether it was just opened: shares a current
+    /// ready entry, waits for one being constructed or closed, or opens a
+    /// new one (evicting the LRU idle entry at capacity). An entry that is
+    /// no longer `current` is closed first; a retained one owing only its
+    /// receipt gets one receipt-only retry. `label` names the peer and
     /// region in errors.
     pub fn acquire(
         &self,
@@ -81,33 +132,59 @@ impl<K: Clone + Eq + Hash, V> RelocationCache<K, V> {
         label: &str,
         open: impl FnOnce() -> Result<V>,
         close: CloseFn<'_, V>,
+        current: CurrentFn<'_, V>,
     ) -> Result<(Arc<V>, bool)> {
+        let mut retried = false;
         let mut c = self.state.lock();
         loop {
             c.clock += 1;
             let now = c.clock;
             if let Some(slot) = c.slots.get_mut(key) {
                 match &slot.state {
-                    SlotState::Ready(v) => {
+                    SlotState::Ready(v) if current(v) => {
                         let v = v.clone();
                         slot.users += 1;
                         slot.last_used = now;
                         return Ok((v, false));
                     }
-                    SlotState::Retained { .. } => {
-                        return Err(Error::Unavailable(format!(
-                            "{label}: the cached import is retained after an unconfirmed close; flush the cache"
-                        )))
+                    SlotState::Ready(_) if slot.users == 0 => {
+                        // Its source left or its channel was replaced: close
+                        // it (through the current channel) and open anew.
+                        let SlotState::Ready(v) = std::mem::replace(&mut slot.state, SlotState::Closing) else {
+                            unreachable!("ready")
+                        };
+                        drop(c);
+                        self.close_slot(key, v, false, close);
+                        c = self.state.lock();
+                        continue;
                     }
-                    SlotState::Constructing | SlotState::Closing => {
+                    SlotState::Retained { native_closed: true, .. } if !retried => {
+                        retried = true;
+                        let SlotState::Retained { value, .. } = std::mem::replace(&mut slot.state, SlotState::Retrying)
+                        else {
+                            unreachable!("retained")
+                        };
+                        drop(c);
+                        self.close_slot(key, value, true, close);
+                        c = self.state.lock();
+                        continue;
+                    }
+                    SlotState::Retained { native_closed, why, .. } => {
+                        let what = if *native_closed { "its close receipt" } else { "its native close or completion" };
+                        return Err(Error::Unavailable(format!(
+                            "{label}: the import is retained: {what} could not be confirmed ({why}); \
+                             each submission and flush retries the receipt"
+                        )));
+                    }
+                    SlotState::Ready(_) | SlotState::Constructing | SlotState::Closing | SlotState::Retrying => {
                         if self.cv.wait_until(&mut c, deadline).timed_out() {
-                            return Err(Error::TimedOut(format!("{label}: cached import still being set up")));
+                            return Err(Error::TimedOut(format!("{label}: cached import still being set up or used")));
                         }
                         continue;
                     }
                 }
             }
-            if c.slots.len() >= self.capacity {
+            if c.live() >= self.capacity {
                 let victim = c
                     .slots
                     .iter()
@@ -116,7 +193,7 @@ impl<K: Clone + Eq + Hash, V> RelocationCache<K, V> {
                     .map(|(k, _)| k.clone());
                 let Some(vk) = victim else {
                     return Err(Error::ResourceExhausted(format!(
-                        "relocation cache full: {} entries, none idle",
+                        "relocation cache full: {} live entries, none idle",
                         self.capacity
                     )));
                 };
@@ -125,19 +202,8 @@ impl<K: Clone + Eq + Hash, V> RelocationCache<K, V> {
                     unreachable!("victim is ready")
                 };
                 drop(c);
-                let r = close(&v, false);
+                self.close_slot(&vk, v, false, close);
                 c = self.state.lock();
-                match r {
-                    Ok(()) => {
-                        c.slots.remove(&vk);
-                    }
-                    Err((_, native_closed)) => {
-                        if let Some(s) = c.slots.get_mut(&vk) {
-                            s.state = SlotState::Retained { value: v, native_closed };
-                        }
-                    }
-                }
-                self.cv.notify_all();
                 continue;
             }
             c.slots.insert(key.clone(), Slot { state: SlotState::Constructing, users: 0, last_used: now });
@@ -174,28 +240,68 @@ impl<K: Clone + Eq + Hash, V> RelocationCache<K, V> {
     }
 
     /// A user's completion could not be confirmed: the entry is kept as
-    /// retained (no close, no receipt, never evicted).
-    pub fn mark_uncertain(&self, key: &K, value: Arc<V>) {
+    /// retained (no close, no receipt, never evicted, outside the bound).
+    pub fn mark_uncertain(&self, key: &K, value: Arc<V>, why: &str) {
         let mut c = self.state.lock();
         if let Some(s) = c.slots.get_mut(key) {
             s.users = s.users.saturating_sub(1);
-            s.state = SlotState::Retained { value, native_closed: false };
+            s.state = SlotState::Retained { value, native_closed: false, why: why.to_string() };
         }
         drop(c);
         self.cv.notify_all();
     }
 
+    /// Closes the idle entries that are no longer `current`, and retries the
+    /// receipt of retained entries that owe only their receipt (`all`:
+    /// every such retained entry; otherwise only those not `current`).
+    /// Returns how many entries left the cache.
+    pub fn reclaim(&self, close: CloseFn<'_, V>, current: CurrentFn<'_, V>, all: bool) -> usize {
+        let picked: Vec<(K, Arc<V>, bool)> = {
+            let mut c = self.state.lock();
+            let mut out = Vec::new();
+            for (k, s) in c.slots.iter_mut() {
+                let take = match &s.state {
+                    SlotState::Ready(v) => s.users == 0 && !current(v),
+                    SlotState::Retained { value, native_closed: true, .. } => all || !current(value),
+                    _ => false,
+                };
+                if take {
+                    let busy =
+                        if matches!(s.state, SlotState::Ready(_)) { SlotState::Closing } else { SlotState::Retrying };
+                    match std::mem::replace(&mut s.state, busy) {
+                        SlotState::Ready(v) => out.push((k.clone(), v, false)),
+                        SlotState::Retained { value, .. } => out.push((k.clone(), value, true)),
+                        _ => unreachable!("picked above"),
+                    }
+                }
+            }
+            out
+        };
+        picked
+            .into_iter()
+            .filter(|(k, v, nc)| matches!(self.close_slot(k, v.clone(), *nc, close).0, Closed::Gone))
+            .count()
+    }
+
     /// Closes every entry (waiting for its users until `deadline`); entries
     /// owing only a receipt get their receipt-only retry. New acquisitions
-    /// may refill the cache meanwhile. Returns how many entries stay.
-    pub fn flush(&self, deadline: Instant, close: CloseFn<'_, V>) -> usize {
+    /// may refill the cache meanwhile. Returns what stays: for each entry
+    /// that could not be closed, its key and why.
+    pub fn flush(&self, deadline: Instant, close: CloseFn<'_, V>) -> Vec<(K, String)> {
+        self.flush_where(deadline, close, &|_| true)
+    }
+
+    /// [`RelocationCache::flush`] for the entries whose value `pick` selects.
+    pub fn flush_where(&self, deadline: Instant, close: CloseFn<'_, V>, pick: &dyn Fn(&V) -> bool) -> Vec<(K, String)> {
         let keys: Vec<K> = self.state.lock().slots.keys().cloned().collect();
-        let mut left = 0;
+        let mut left = Vec::new();
         for k in keys {
             let mut c = self.state.lock();
             let taken = loop {
                 let Some(s) = c.slots.get_mut(&k) else { break None };
                 match &s.state {
+                    SlotState::Ready(v) if !pick(v) => break None,
+                    SlotState::Retained { value, .. } if !pick(value) => break None,
                     SlotState::Ready(_) if s.users == 0 => {
                         let SlotState::Ready(v) = std::mem::replace(&mut s.state, SlotState::Closing) else {
                             unreachable!()
@@ -203,19 +309,19 @@ impl<K: Clone + Eq + Hash, V> RelocationCache<K, V> {
                         break Some((v, false));
                     }
                     SlotState::Retained { native_closed: true, .. } => {
-                        let SlotState::Retained { value, .. } = std::mem::replace(&mut s.state, SlotState::Closing)
+                        let SlotState::Retained { value, .. } = std::mem::replace(&mut s.state, SlotState::Retrying)
                         else {
                             unreachable!()
                         };
                         break Some((value, true));
                     }
-                    SlotState::Retained { native_closed: false, .. } => {
-                        left += 1;
+                    SlotState::Retained { native_closed: false, why, .. } => {
+                        left.push((k.clone(), format!("its native close or completion was not confirmed ({why})")));
                         break None;
                     }
                     _ => {
                         if self.cv.wait_until(&mut c, deadline).timed_out() {
-                            left += 1;
+                            left.push((k.clone(), "still in use or being set up at the deadline".to_string()));
                             break None;
                         }
                     }
@@ -223,24 +329,17 @@ impl<K: Clone + Eq + Hash, V> RelocationCache<K, V> {
             };
             drop(c);
             if let Some((v, native_closed)) = taken {
-                let r = close(&v, native_closed);
-                let mut c = self.state.lock();
-                match r {
-                    Ok(()) => {
-                        c.slots.remove(&k);
-                    }
-                    Err((_, nc)) => {
-                        left += 1;
-                        if let Some(s) = c.slots.get_mut(&k) {
-                            s.state = SlotState::Retained { value: v, native_closed: nc };
-                        }
-                    }
+                if let (Closed::Kept, Some(e)) = self.close_slot(&k, v, native_closed, close) {
+                    left.push((k.clone(), format!("its close could not be confirmed ({})", e.message())));
                 }
-                drop(c);
-                self.cv.notify_all();
             }
         }
         left
+    }
+
+    /// Entries counted against the capacity now (retained ones are not).
+    pub fn live_entries(&self) -> usize {
+        self.state.lock().live()
     }
 
     /// Every entry: key, last use (a logical clock), state and value.

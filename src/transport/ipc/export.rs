@@ -8,7 +8,7 @@
 
 use super::backend::IpcBackend;
 use super::messages::{ExportOffer, ExportRef, ExportRequest, Revalidate, OP_READ, OP_WRITE};
-use crate::control::identity::{process_start_time, ProcessIdentity};
+use crate::control::identity::{process_start_time, Identity, ProcessIdentity};
 use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::memory::owners::{self, Loan};
@@ -52,7 +52,7 @@ struct Export {
     envelope_max: u64,
     /// The importing process when the kernel verified it (Unix channel);
     /// `None` over a fabric channel: never presumed exited.
-    requester: Option<ProcessIdentity>,
+    requester: Option<Identity>,
     _lease: RegionLease,
     _charge: Permit,
     _loan: Loan,
@@ -203,7 +203,7 @@ impl ExportTable {
 
     /// Validates an export request and retains the allocation (loan +
     /// charge + registration). Returns the offer (no handle yet).
-    pub fn offer(&self, conn: u64, requester: Option<ProcessIdentity>, req: &ExportRequest) -> Result<ExportOffer> {
+    pub fn offer(&self, conn: u64, requester: Option<Identity>, req: &ExportRequest) -> Result<ExportOffer> {
         let lease = self.validate(req.region_epoch, req.addr, req.len, req.ops)?;
         let o = owners::owner_of(req.addr)
             .ok_or_else(|| Error::NotSupported(format!("0x{:x} is not in a library allocation", req.addr)))?;
@@ -213,7 +213,8 @@ impl ExportTable {
         }
         let charge = self.budget.try_acquire(physical).ok_or_else(|| {
             Error::ResourceExhausted(format!(
-                "mapping budget: exporting {physical} physical bytes would exceed {} ({} in use)",
+                "the source's mapping budget (max_inflight_bytes = {}, {} in use) cannot hold an export of \
+                 {physical} physical bytes (the whole allocation); raise max_inflight_bytes on the source",
                 self.budget.limit(),
                 self.budget.used()
             ))
@@ -268,7 +269,7 @@ impl ExportTable {
     /// export is released.
     pub fn answer(&self, conn: u64, r: &ExportRef) -> Result<Option<super::backend::ExportedHandle>> {
         if r.value == 0 {
-            self.release(conn, r)?;
+            self.release(conn, None, r)?;
             return Ok(None);
         }
         // The handle is made under the table lock so that a concurrent close
@@ -285,7 +286,7 @@ impl ExportTable {
             Ok(Some(h))
         });
         if export_failed {
-            let _ = self.release(conn, r);
+            let _ = self.release(conn, None, r);
         }
         made
     }
@@ -361,20 +362,25 @@ impl ExportTable {
 
     /// Close receipt: the importer unmapped; release loan, charge and
     /// registration. A repeated receipt (after a lost ACK) is acknowledged.
-    pub fn close_receipt(&self, conn: u64, r: &ExportRef) -> Result<()> {
+    /// The receipt may come on a later channel of the same (kernel-verified)
+    /// requester engine, after the channel the export was granted on was
+    /// lost: that is how a requester whose source froze and resumed
+    /// releases what it held.
+    pub fn close_receipt(&self, conn: u64, requester: Option<Identity>, r: &ExportRef) -> Result<()> {
         {
             let t = self.table.lock();
             if t.recently_closed.contains(&(r.export_id, r.token)) {
                 return Ok(());
             }
         }
-        self.release(conn, r)
+        self.release(conn, requester, r)
     }
 
-    fn release(&self, conn: u64, r: &ExportRef) -> Result<()> {
+    fn release(&self, conn: u64, requester: Option<Identity>, r: &ExportRef) -> Result<()> {
         let mut t = self.table.lock();
+        let same_requester = |e: &Export| requester.is_some() && e.requester == requester;
         match t.exports.get(&r.export_id) {
-            Some(e) if e.token == r.token && e.conn == conn => {}
+            Some(e) if e.token == r.token && (e.conn == conn || same_requester(e)) => {}
             _ => return Err(Error::NotFound(format!("no export {} with that token on this channel", r.export_id))),
         }
         let e = t.exports.remove(&r.export_id).expect("present");
@@ -420,7 +426,7 @@ impl ExportTable {
         let mut released = Vec::new();
         for id in ids {
             let e = t.exports.get_mut(&id).expect("present");
-            if e.state == ExportState::Offered || e.requester.as_ref().is_some_and(process_exited) {
+            if e.state == ExportState::Offered || e.requester.as_ref().is_some_and(|r| process_exited(&r.process)) {
                 released.push(t.exports.remove(&id).expect("present"));
             } else {
                 e.state = ExportState::Retained;
@@ -438,7 +444,9 @@ impl ExportTable {
         let ids: Vec<u64> = t
             .exports
             .iter()
-            .filter(|(_, e)| e.state == ExportState::Retained && e.requester.as_ref().is_some_and(process_exited))
+            .filter(|(_, e)| {
+                e.state == ExportState::Retained && e.requester.as_ref().is_some_and(|r| process_exited(&r.process))
+            })
             .map(|(k, _)| *k)
             .collect();
         let gone: Vec<Export> = ids.iter().filter_map(|id| t.exports.remove(id)).collect();
@@ -492,7 +500,7 @@ impl ExportTable {
             .iter()
             .filter(|(_, e)| e.state == ExportState::Retained)
             .map(|(id, e)| {
-                serde_json::json!({"export_id": id, "base": e.base, "requester_pid": e.requester.map(|r| r.pid),
+                serde_json::json!({"export_id": id, "base": e.base, "requester_pid": e.requester.map(|r| r.process.pid),
                     "transport": self.backend.transport().name()})
             })
             .collect()

@@ -1,20 +1,27 @@
 //! The requester's IPC link to one source: the channel (connected lazily,
 //! with the identity handshake), and the receipt exchange. A channel that
-//! fails or times out mid-call is dead: its answers can no longer be
-//! matched, so the link refuses further calls.
+//! fails or times out mid-call cannot be used again (its answers could no
+//! longer be matched): when the source provably exited or was replaced the
+//! link is dead for good; otherwise (a frozen or briefly unreachable source)
+//! a background attempt opens a new channel — a new *generation* — while
+//! calls fail fast with `Unavailable` (so submissions fall through instead
+//! of blocking). Imports of an older generation are closed through the new
+//! channel, whose source accepts their close receipts from the same
+//! requester.
 
 use super::channel::{Channel, ChannelIo, Frame};
 use super::faults::Faults;
 use super::messages::{ExportRef, Hello, Welcome};
 use crate::control::auth::{self, AuthKey};
 use crate::control::frame::MsgKind;
+use crate::control::identity::process_start_time;
 use crate::control::message;
 use crate::control::Identity;
 use crate::error::{Error, Result};
 use parking_lot::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// How a link reaches its source.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,7 +34,8 @@ pub enum Route {
 }
 
 /// What this engine brings to each of its links: who it is, the shared key
-/// its channels prove, and its fault-injection switches.
+/// its channels prove, its fault-injection switches, and how long one
+/// (re)connection attempt may take.
 #[derive(Clone)]
 pub struct LocalEnd {
     /// This engine's identity (sent in `IpcHello`).
@@ -36,6 +44,8 @@ pub struct LocalEnd {
     pub auth: Option<AuthKey>,
     /// Fault injection (inert unless armed).
     pub faults: Arc<Faults>,
+    /// Bound of one background reconnection attempt (the handshake timeout).
+    pub reconnect_timeout: Duration,
 }
 
 /// Link to one source's IPC channel.
@@ -53,12 +63,24 @@ pub struct IpcLink {
     local: LocalEnd,
     chan: Mutex<ChanState>,
     next_tag: AtomicU64,
+    /// Channels opened so far (the current one's number).
+    generation: AtomicU64,
 }
 
 enum ChanState {
     NotConnected,
     Up(Channel),
-    Dead(Error),
+    /// The channel was lost while the source may still live; a background
+    /// attempt opens a new one. `why` says what happened.
+    Reconnecting {
+        why: Error,
+    },
+    /// For good: the source exited or its engine was replaced
+    /// (`source_left`), or this engine closed the link.
+    Dead {
+        err: Error,
+        source_left: bool,
+    },
 }
 
 impl IpcLink {
@@ -80,6 +102,7 @@ impl IpcLink {
             local,
             chan: Mutex::new(ChanState::NotConnected),
             next_tag: AtomicU64::new(1),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -88,12 +111,56 @@ impl IpcLink {
         self.next_tag.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Why the link is dead, if it is.
+    /// The current channel's generation (0 before the first connection).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Why the link cannot be used now: dead for good, or re-establishing
+    /// its channel.
     pub fn dead_reason(&self) -> Option<Error> {
         match &*self.chan.lock() {
-            ChanState::Dead(e) => Some(e.clone()),
+            ChanState::Dead { err, .. } => Some(err.clone()),
+            ChanState::Reconnecting { why } => Some(self.reconnecting(why)),
             _ => None,
         }
+    }
+
+    /// Whether the link is dead for good (not merely re-establishing).
+    pub fn is_dead(&self) -> bool {
+        matches!(&*self.chan.lock(), ChanState::Dead { .. })
+    }
+
+    /// Whether the source left for good — its process exited or its engine
+    /// is gone (no channel answers under its name): whatever it exported to
+    /// this engine went with it, so no receipt is owed.
+    pub fn source_left(&self) -> bool {
+        matches!(&*self.chan.lock(), ChanState::Dead { source_left: true, .. }) || self.source_gone()
+    }
+
+    /// Whether the source process provably exited: it ran on this boot (a
+    /// Unix channel) and its pid now belongs to no process, or to another
+    /// one. A fabric channel's source can never be proven gone.
+    pub fn source_gone(&self) -> bool {
+        matches!(self.route, Route::Unix(_))
+            && self.source.same_boot(&self.local.identity)
+            && process_start_time(self.source.process.pid) != self.source.process.start_time
+    }
+
+    fn reconnecting(&self, why: &Error) -> Error {
+        Error::Unavailable(format!("{}: the IPC channel is being re-established after: {}", self.label, why.message()))
+    }
+
+    /// Whether a failure leaves the link dead for good.
+    fn permanent(&self, e: &Error) -> bool {
+        e.status() == crate::error::Status::StalePeer || self.source_gone()
+    }
+
+    fn gone(&self) -> Error {
+        Error::Unavailable(format!(
+            "{}: the source process {} exited; its imports are released",
+            self.label, self.source.process.pid
+        ))
     }
 
     fn connect(&self, deadline: Instant) -> Result<Channel> {
@@ -133,43 +200,99 @@ impl IpcLink {
     }
 
     /// Sends one request and returns the answer, connecting first if
-    /// needed. Any channel failure kills the link.
-    pub fn call(&self, kind: MsgKind, body: &[u8], deadline: Instant, what: &str) -> Result<Frame> {
+    /// needed. A channel failure ends the channel: the link is dead for good
+    /// when the source provably left, otherwise a background attempt opens
+    /// a new channel and calls fail fast with `Unavailable` meanwhile.
+    pub fn call(self: &Arc<Self>, kind: MsgKind, body: &[u8], deadline: Instant, what: &str) -> Result<Frame> {
         let mut st = self.chan.lock();
         if let ChanState::NotConnected = *st {
             match self.connect(deadline) {
-                Ok(c) => *st = ChanState::Up(c),
+                Ok(c) => {
+                    *st = ChanState::Up(c);
+                    self.generation.fetch_add(1, Ordering::AcqRel);
+                }
                 Err(e) => {
-                    *st = ChanState::Dead(e.clone());
+                    self.lost(&mut st, e.clone());
                     return Err(e);
                 }
             }
         }
         let r = match &mut *st {
             ChanState::Up(c) => c.call(kind, body, deadline, what),
-            ChanState::Dead(e) => return Err(e.clone()),
+            ChanState::Dead { err, .. } => return Err(err.clone()),
+            ChanState::Reconnecting { why } => return Err(self.reconnecting(why)),
             ChanState::NotConnected => unreachable!("connected above"),
         };
-        match r {
-            Ok(f) => Ok(f),
-            Err(e) => {
-                let e = match e {
-                    Error::TimedOut(m) => Error::TimedOut(format!("{}: {m}", self.label)),
-                    Error::Unavailable(m) => Error::Unavailable(format!("{}: {m}", self.label)),
-                    other => other,
-                };
-                if let ChanState::Up(c) = &*st {
+        r.map_err(|e| {
+            let e = match e {
+                Error::TimedOut(m) => Error::TimedOut(format!("{}: {m}", self.label)),
+                Error::Unavailable(m) => Error::Unavailable(format!("{}: {m}", self.label)),
+                other => other,
+            };
+            if let ChanState::Up(c) = &*st {
+                c.shutdown();
+            }
+            let shown = if self.permanent(&e) && self.source_gone() { self.gone() } else { e };
+            self.lost(&mut st, shown.clone());
+            shown
+        })
+    }
+
+    /// The channel is gone: dead for good, or re-established in the
+    /// background.
+    fn lost(self: &Arc<Self>, st: &mut ChanState, e: Error) {
+        if self.permanent(&e) {
+            *st = ChanState::Dead { err: e, source_left: true };
+            return;
+        }
+        *st = ChanState::Reconnecting { why: e };
+        let me = self.clone();
+        let spawned = std::thread::Builder::new().name("orbite-ipc-reconnect".into()).spawn(move || me.reconnect());
+        if let Err(e) = spawned {
+            let err = Error::Unavailable(format!("{}: cannot start reconnecting: {e}", self.label));
+            *st = ChanState::Dead { err, source_left: false };
+        }
+    }
+
+    /// Opens a new channel while the link is re-establishing: attempts
+    /// bounded by the handshake timeout, backing off between them, until
+    /// one succeeds, the source provably left, or the link is closed.
+    fn reconnect(self: Arc<Self>) {
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let attempt = self.connect(Instant::now() + self.local.reconnect_timeout);
+            let mut st = self.chan.lock();
+            if !matches!(*st, ChanState::Reconnecting { .. }) {
+                // Closed meanwhile: the new channel is not wanted.
+                if let Ok(c) = attempt {
                     c.shutdown();
                 }
-                *st = ChanState::Dead(e.clone());
-                Err(e)
+                return;
             }
+            match attempt {
+                Ok(c) => {
+                    *st = ChanState::Up(c);
+                    self.generation.fetch_add(1, Ordering::AcqRel);
+                    return;
+                }
+                Err(e) if self.permanent(&e) => {
+                    let err = if self.source_gone() { self.gone() } else { e };
+                    *st = ChanState::Dead { err, source_left: true };
+                    return;
+                }
+                Err(e) => *st = ChanState::Reconnecting { why: e },
+            }
+            drop(st);
+            // Back-off between attempts of a background retry (not a wait
+            // for another thread).
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_secs(1));
         }
     }
 
     /// Sends a receipt (OpComplete or CloseReceipt) and waits for its ACK.
     /// A lost ACK permits one receipt-only retry; nothing else is retried.
-    pub fn receipt(&self, kind: MsgKind, r: &ExportRef, deadline: Instant) -> Result<()> {
+    pub fn receipt(self: &Arc<Self>, kind: MsgKind, r: &ExportRef, deadline: Instant) -> Result<()> {
         let mut last = None;
         for _attempt in 0..2 {
             let f = self.call(kind, &r.encode(), deadline, "receipt")?;
@@ -192,12 +315,14 @@ impl IpcLink {
         Err(last.unwrap_or_else(|| Error::Unavailable("receipt not acknowledged".into())))
     }
 
-    /// Closes the channel (requester close).
+    /// Closes the channel for good (requester close); a background
+    /// reconnection stops.
     pub fn close(&self) {
         let mut st = self.chan.lock();
         if let ChanState::Up(c) = &*st {
             c.shutdown();
         }
-        *st = ChanState::Dead(Error::Unavailable(format!("{}: IPC link closed by this engine", self.label)));
+        let err = Error::Unavailable(format!("{}: IPC link closed by this engine", self.label));
+        *st = ChanState::Dead { err, source_left: false };
     }
 }

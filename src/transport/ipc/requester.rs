@@ -22,6 +22,8 @@ use std::time::Instant;
 /// An open import: the mapping of a whole remote allocation and its charge.
 pub struct Import {
     link: Arc<IpcLink>,
+    /// The link's channel generation the export was granted on.
+    gen: u64,
     offer: ExportOffer,
     mapping: Box<dyn Mapping>,
     _charge: Permit,
@@ -31,6 +33,16 @@ impl Import {
     fn export_ref(&self, value: u64, extra: u32) -> ExportRef {
         ExportRef { export_id: self.offer.export_id, token: self.offer.token, value, extra }
     }
+
+    /// Whether it may still be used: its link lives and is on the channel
+    /// the export was granted on.
+    fn current(&self) -> bool {
+        !self.link.is_dead() && self.gen == self.link.generation()
+    }
+
+    fn describe(&self) -> String {
+        format!("{} export {} (0x{:x}+{})", self.link.label, self.offer.export_id, self.offer.base, self.offer.physical)
+    }
 }
 
 /// Relocation cache key: source endpoint, source epoch, region id and
@@ -39,7 +51,7 @@ type Key = (String, u64, u64, u64, u64);
 
 /// Imports that could not be closed with certainty (cache disabled).
 struct Retained {
-    _import: Arc<Import>,
+    import: Arc<Import>,
     native_closed: bool,
 }
 
@@ -100,6 +112,9 @@ pub struct ImportCounts {
     pub charged_bytes: u64,
     /// Local pinned host allocations fenced after an uncertain completion.
     pub fenced_local: u64,
+    /// Imports dropped without a receipt because their source provably
+    /// left (its process exited or its engine is gone).
+    pub released_after_exit: u64,
 }
 
 /// The requester side of one IPC transport.
@@ -114,6 +129,7 @@ pub struct IpcRequester {
     fenced: Mutex<Vec<owners::Loan>>,
     opened: AtomicU64,
     closed: AtomicU64,
+    released_after_exit: AtomicU64,
     progress: Mutex<Progress>,
     progress_cv: Condvar,
     /// Fault injection switches (inert unless armed).
@@ -147,6 +163,7 @@ impl IpcRequester {
             fenced: Mutex::new(Vec::new()),
             opened: AtomicU64::new(0),
             closed: AtomicU64::new(0),
+            released_after_exit: AtomicU64::new(0),
             progress: Mutex::new(Progress::default()),
             progress_cv: Condvar::new(),
             faults,
@@ -199,10 +216,11 @@ impl IpcRequester {
             None => {
                 link.call(MsgKind::ExportAnswer, &answer(false).encode(), deadline, "decline")?;
                 return Err(Error::ResourceExhausted(format!(
-                    "mapping budget: importing {} physical bytes would exceed {} ({} in use)",
-                    offer.physical,
+                    "this engine's mapping budget (max_inflight_bytes = {}, {} in use) cannot hold an import of \
+                     {} physical bytes (the whole remote allocation); raise max_inflight_bytes on the requester",
                     self.budget.limit(),
-                    self.budget.used()
+                    self.budget.used(),
+                    offer.physical
                 )));
             }
         };
@@ -223,7 +241,7 @@ impl IpcRequester {
         match self.backend.import(handle, offer.physical, offer.ops & OP_WRITE != 0) {
             Ok(mapping) => {
                 self.opened.fetch_add(1, Ordering::Relaxed);
-                Ok(Import { link: link.clone(), offer, mapping, _charge: charge })
+                Ok(Import { link: link.clone(), gen: link.generation(), offer, mapping, _charge: charge })
             }
             Err(e) => {
                 // Nothing was mapped: tell the source it may release.
@@ -235,7 +253,9 @@ impl IpcRequester {
 
     /// Native close, then the close receipt. Only both succeeding releases
     /// the import; a failed native close is never retried; a lost ACK is
-    /// retried once as a receipt only.
+    /// retried once as a receipt only. When the source provably left, no
+    /// receipt is owed (its export went with it): the import is released
+    /// after the native close and counted as released after exit.
     fn close_import(
         &self,
         imp: &Import,
@@ -245,9 +265,35 @@ impl IpcRequester {
         if !native_closed {
             imp.mapping.close().map_err(|e| (e, false))?;
         }
-        imp.link.receipt(MsgKind::CloseReceipt, &imp.export_ref(0, 0), deadline).map_err(|e| (e, true))?;
-        self.closed.fetch_add(1, Ordering::Relaxed);
+        let receipt = match imp.link.source_left() {
+            true => None,
+            false => Some(imp.link.receipt(MsgKind::CloseReceipt, &imp.export_ref(0, 0), deadline)),
+        };
+        match receipt {
+            Some(Ok(())) => {
+                self.closed.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            // The receipt's own failure may be how the link learned that the
+            // source left.
+            None => self.released(),
+            Some(Err(_)) if imp.link.source_left() => self.released(),
+            Some(Err(e)) => Err((e, true)),
+        }
+    }
+
+    fn released(&self) -> std::result::Result<(), (Error, bool)> {
+        self.released_after_exit.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Closes the cached imports that are no longer current (their source
+    /// left, or their channel was replaced) and retries the receipts owed
+    /// by retained ones of sources that left. Runs before a new import is
+    /// opened, so dead sources never keep the cache full.
+    fn reclaim(&self, deadline: Instant) -> usize {
+        let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
+        self.cache.reclaim(&close, &|imp: &Import| imp.current() && !imp.link.source_gone(), false)
     }
 
     /// Runs one subbatch: consecutive requests naming one remote region.
@@ -375,15 +421,18 @@ impl IpcRequester {
             fail_all(&mut out, &items, &e);
         }
         match key {
-            None if uncertain => self.retained.lock().push(Retained { _import: imp, native_closed: false }),
+            None if uncertain => self.retained.lock().push(Retained { import: imp, native_closed: false }),
             None => {
                 // Posted copies (even failed ones) end with the import closed.
                 if let Err((e, native_closed)) = self.close_import(&imp, false, deadline) {
-                    self.retained.lock().push(Retained { _import: imp.clone(), native_closed });
+                    self.retained.lock().push(Retained { import: imp.clone(), native_closed });
                     fail_all(&mut out, &items, &e);
                 }
             }
-            Some(key) if uncertain => self.cache.mark_uncertain(&key, imp),
+            Some(key) if uncertain => {
+                let why = out.iter().find_map(|o| o.result.as_ref().err()).map(|e| e.message().to_string());
+                self.cache.mark_uncertain(&key, imp, &why.unwrap_or_else(|| "completion not confirmed".into()))
+            }
             Some(key) => {
                 let bytes: u64 = items.iter().map(|(_, r)| r.len).sum();
                 if out.iter().all(|o| o.result.is_ok()) {
@@ -496,7 +545,11 @@ impl IpcRequester {
     ) -> Result<(Arc<Import>, bool)> {
         let label = format!("{} region {}", link.label, region.id);
         let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
-        self.cache.acquire(key, deadline, &label, || self.open(link, region, env, ops, deadline), &close)
+        let open = || {
+            self.reclaim(deadline);
+            self.open(link, region, env, ops, deadline)
+        };
+        self.cache.acquire(key, deadline, &label, open, &close, &Import::current)
     }
 
     fn release(&self, key: &Key) {
@@ -506,24 +559,50 @@ impl IpcRequester {
     /// Closes every cached import (waiting for users up to `deadline`)
     /// through the same receipts; new submissions may refill the cache.
     /// Retained entries owing only a receipt get their receipt-only retry.
-    /// Returns how many entries could not be closed.
-    pub fn flush(&self, deadline: Instant) -> usize {
+    /// Returns what stays, one line each: which import, and why.
+    pub fn flush(&self, deadline: Instant) -> Vec<String> {
+        self.flush_where(deadline, &|_| true)
+    }
+
+    /// Flushes the imports granted through `link` (the source asked for
+    /// them back: it is closing). Returns what stays, as `flush` does.
+    pub fn flush_link(&self, link: &Arc<IpcLink>, deadline: Instant) -> Vec<String> {
+        self.flush_where(deadline, &|imp| Arc::ptr_eq(&imp.link, link))
+    }
+
+    fn flush_where(&self, deadline: Instant, pick: &dyn Fn(&Import) -> bool) -> Vec<String> {
         let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
-        let mut left = self.cache.flush(deadline, &close);
+        let mut left: Vec<String> = self
+            .cache
+            .flush_where(deadline, &close, pick)
+            .into_iter()
+            .map(|(k, why)| format!("{} region {}: {why}", k.0, k.2))
+            .collect();
         // Uncached imports that owe only their receipt get one more try.
         let mut r = self.retained.lock();
         let mut kept = Vec::new();
         for ent in r.drain(..) {
-            if ent.native_closed {
-                let imp = &ent._import;
-                if imp.link.receipt(MsgKind::CloseReceipt, &imp.export_ref(0, 0), deadline).is_ok() {
-                    self.closed.fetch_add(1, Ordering::Relaxed);
-                    continue;
+            if !pick(&ent.import) {
+                kept.push(ent);
+                continue;
+            }
+            if !ent.native_closed {
+                left.push(format!("{}: its native close or completion was not confirmed", ent.import.describe()));
+                kept.push(ent);
+                continue;
+            }
+            match self.close_import(&ent.import, true, deadline) {
+                Ok(()) => {}
+                Err((e, _)) => {
+                    left.push(format!(
+                        "{}: its close receipt could not be confirmed ({})",
+                        ent.import.describe(),
+                        e.message()
+                    ));
+                    kept.push(ent);
                 }
             }
-            kept.push(ent);
         }
-        left += kept.len();
         *r = kept;
         left
     }
@@ -550,8 +629,9 @@ impl IpcRequester {
         }
         for r in self.retained.lock().iter() {
             n.retained += 1;
-            n.charged_bytes += r._import.offer.physical;
+            n.charged_bytes += r.import.offer.physical;
         }
+        n.released_after_exit = self.released_after_exit.load(Ordering::Relaxed);
         n.fenced_local = self.fenced.lock().len() as u64;
         n
     }

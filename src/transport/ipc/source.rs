@@ -213,7 +213,7 @@ fn serve_inner(
             MsgKind::ExportRequest => {
                 let req = ExportRequest::decode(&f.body)?;
                 // Only a kernel-verified requester can later be proven gone.
-                let verified = (!ch.is_tcp()).then_some(requester.process);
+                let verified = (!ch.is_tcp()).then_some(requester);
                 match table.offer(conn, verified, &req) {
                     Ok(offer) => send(ch, MsgKind::ExportOffer, &offer.encode(), None)?,
                     Err(e) => {
@@ -263,7 +263,7 @@ fn serve_inner(
                 let res = if f.kind == MsgKind::OpComplete {
                     table.op_complete(conn, &r)
                 } else {
-                    table.close_receipt(conn, &r)
+                    table.close_receipt(conn, (!ch.is_tcp()).then_some(requester), &r)
                 };
                 match res {
                     Ok(()) => {

@@ -94,13 +94,25 @@ pub struct TcpConnection {
     threads: Mutex<Vec<JoinHandle<()>>>,
     stats: Arc<Counters>,
     gate: Arc<Gate>,
+    /// Called (on the reader thread; it must not block) when the source
+    /// asks for its imports back (`Revoke`).
+    on_revoke: RevokeHook,
     /// Peer label for messages.
     pub label: String,
 }
 
+/// What a requester does when its source revokes its imports.
+pub type RevokeHook = Box<dyn Fn() + Send + Sync>;
+
 impl TcpConnection {
     /// Wraps a connected, handshaken stream and starts its threads.
-    pub fn start(stream: TcpStream, peer: Describe, label: String, stats: Arc<Counters>) -> Result<Arc<TcpConnection>> {
+    pub fn start(
+        stream: TcpStream,
+        peer: Describe,
+        label: String,
+        stats: Arc<Counters>,
+        on_revoke: RevokeHook,
+    ) -> Result<Arc<TcpConnection>> {
         let e = |what: &str, err: std::io::Error| Error::io(what, &err);
         stream.set_read_timeout(Some(TICK)).map_err(|x| e("set_read_timeout", x))?;
         stream.set_write_timeout(Some(TICK)).map_err(|x| e("set_write_timeout", x))?;
@@ -119,6 +131,7 @@ impl TcpConnection {
             threads: Mutex::new(Vec::new()),
             stats,
             gate: Gate::new("connection"),
+            on_revoke,
             label,
         });
         let c1 = conn.clone();
@@ -452,6 +465,12 @@ impl TcpConnection {
                         return Err(Error::Protocol("Goodbye with a body".into()));
                     }
                     return Ok(());
+                }
+                MsgKind::Revoke => {
+                    if h.body_len != 0 {
+                        return Err(Error::Protocol("Revoke with a body".into()));
+                    }
+                    (self.on_revoke)();
                 }
                 other => {
                     return Err(Error::Protocol(format!("unexpected {other:?} from the source side")));

@@ -8,9 +8,11 @@ use crate::error::{Error, Result, Status};
 use crate::kinds::TransportKind;
 use crate::memory::{RegionLease, RegionTable};
 use crate::sync::admission::{Gate, GateGuard};
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::io::{BufReader, Read};
 use std::net::{Shutdown, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,6 +34,58 @@ pub struct SourceContext {
     /// Payload must move at this many bytes per second on average beyond
     /// the stall allowance (0: the stall bound alone).
     pub min_payload_rate: u64,
+    /// The answer streams of the live connections (for `Revoke`).
+    pub revoker: Arc<Revoker>,
+}
+
+/// The answer streams of an engine's live control connections, so that a
+/// closing source can ask every requester, at once, to give back what it
+/// imported (`Revoke`), instead of waiting for receipts that would come
+/// only at the requester's next flush.
+#[derive(Default)]
+pub struct Revoker {
+    next: AtomicU64,
+    writers: Mutex<HashMap<u64, Arc<Mutex<TcpStream>>>>,
+}
+
+/// A connection's place in the [`Revoker`]; leaves it when dropped.
+pub struct Registered<'a> {
+    revoker: &'a Revoker,
+    id: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.revoker.writers.lock().remove(&self.id);
+    }
+}
+
+impl Revoker {
+    fn add(&self, w: Arc<Mutex<TcpStream>>) -> Registered<'_> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.writers.lock().insert(id, w);
+        Registered { revoker: self, id }
+    }
+
+    /// Sends `Revoke` on every live control connection, each within
+    /// `bound` (a connection busy answering past it is skipped: it will
+    /// learn from its next receipt's refusal). Returns how many were told.
+    pub fn revoke_all(&self, bound: Duration) -> usize {
+        let writers: Vec<Arc<Mutex<TcpStream>>> = self.writers.lock().values().cloned().collect();
+        let mut told = 0;
+        for w in writers {
+            let Some(mut s) = w.try_lock_for(bound) else { continue };
+            let deadline = Instant::now() + bound;
+            let mut tick = || match Instant::now() >= deadline {
+                true => Err(Error::TimedOut("revoke".into())),
+                false => Ok(()),
+            };
+            if io::write_frame(&mut *s, MsgKind::Revoke, &[], &mut tick).is_ok() {
+                told += 1;
+            }
+        }
+        told
+    }
 }
 
 impl SourceContext {
@@ -82,6 +136,11 @@ pub fn serve(ctx: Arc<SourceContext>, mut stream: TcpStream, first: FrameHeader)
 fn serve_inner(ctx: &SourceContext, first: FrameHeader, r: &mut BufReader<TcpStream>, w: &mut TcpStream) -> Result<()> {
     // Handshake: the requester speaks first with its Describe.
     super::handshake::answer(first, r, w, ctx.handshake_timeout, &|| ctx.tick(), || (ctx.describe)())?;
+    // From here answers go through a lock shared with the revoker, which a
+    // closing source uses to ask this requester for its imports back.
+    let w = Arc::new(Mutex::new(w.try_clone().map_err(|e| Error::io("clone socket", &e))?));
+    let _registered = ctx.revoker.add(w.clone());
+    let w = &*w;
 
     let frame_timeout = ctx.handshake_timeout;
     loop {
@@ -112,7 +171,7 @@ fn serve_inner(ctx: &SourceContext, first: FrameHeader, r: &mut BufReader<TcpStr
                     return Err(Error::Protocol("DescribeRequest with a body".into()));
                 }
                 let mine = (ctx.describe)().encode();
-                io::write_frame(w, MsgKind::Describe, &mine, &mut ctx.answer_tick())?;
+                io::write_frame(&mut *w.lock(), MsgKind::Describe, &mine, &mut ctx.answer_tick())?;
             }
             MsgKind::Goodbye => return Ok(()),
             MsgKind::Error => {
@@ -226,17 +285,17 @@ fn validate(ctx: &SourceContext, req: &DataRequest, write: bool) -> Result<(Regi
     Ok((lease, guard))
 }
 
-fn respond_failure(ctx: &SourceContext, s: &mut TcpStream, kind: MsgKind, tag: u64, e: &Error) -> Result<()> {
+fn respond_failure(ctx: &SourceContext, s: &Mutex<TcpStream>, kind: MsgKind, tag: u64, e: &Error) -> Result<()> {
     ctx.stats.record_served(TransportKind::Tcp, false, 0);
     let text = e.message();
     let text = &text.as_bytes()[..text.len().min(message::MAX_REASON)];
     let fixed = DataResponse { tag, status: e.status() }.encode();
     let h = FrameHeader::encode(kind, (fixed.len() + text.len()) as u32);
     let mut w = 0;
-    io::write_all_parts(s, &[&h, &fixed, text], &mut ctx.answer_tick(), &mut w)
+    io::write_all_parts(&mut *s.lock(), &[&h, &fixed, text], &mut ctx.answer_tick(), &mut w)
 }
 
-fn serve_read(ctx: &SourceContext, s: &mut TcpStream, req: DataRequest) -> Result<()> {
+fn serve_read(ctx: &SourceContext, s: &Mutex<TcpStream>, req: DataRequest) -> Result<()> {
     let (lease, _guard) = match validate(ctx, &req, false) {
         Ok(v) => v,
         Err(e) => return respond_failure(ctx, s, MsgKind::ReadResponse, req.tag, &e),
@@ -252,6 +311,7 @@ fn serve_read(ctx: &SourceContext, s: &mut TcpStream, req: DataRequest) -> Resul
     let mut w = 0;
     let mut tick = payload_tick(ctx, overall, "response (peer not reading)");
     let first = payload.len().min(1 << 20);
+    let s = &mut *s.lock();
     io::write_all_parts(s, &[&h, &fixed, &payload[..first]], &mut tick, &mut w)?;
     let mut done = first;
     while done < payload.len() {
@@ -265,7 +325,7 @@ fn serve_read(ctx: &SourceContext, s: &mut TcpStream, req: DataRequest) -> Resul
     Ok(())
 }
 
-fn serve_write(ctx: &SourceContext, r: &mut impl Read, w: &mut TcpStream, req: DataRequest) -> Result<()> {
+fn serve_write(ctx: &SourceContext, r: &mut impl Read, w: &Mutex<TcpStream>, req: DataRequest) -> Result<()> {
     match validate(ctx, &req, true) {
         Ok((lease, _guard)) => {
             // SAFETY: `lease` keeps [addr, addr+len) inside a registered region
@@ -277,7 +337,7 @@ fn serve_write(ctx: &SourceContext, r: &mut impl Read, w: &mut TcpStream, req: D
             let fixed = DataResponse { tag: req.tag, status: Status::Ok }.encode();
             let h = FrameHeader::encode(MsgKind::WriteResponse, fixed.len() as u32);
             let mut written = 0;
-            io::write_all_parts(w, &[&h, &fixed], &mut ctx.answer_tick(), &mut written)
+            io::write_all_parts(&mut *w.lock(), &[&h, &fixed], &mut ctx.answer_tick(), &mut written)
         }
         Err(e) => {
             // Drain the refused payload, still requiring progress.

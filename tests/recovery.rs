@@ -1,0 +1,223 @@
+//! Peers that die, freeze and come back: a long-lived requester with a
+//! relocation cache recovers by itself, a closing source gets its exports
+//! back at once, a dead source is reported as TCP reports it, and nothing
+//! is chosen or refused silently.
+
+mod common;
+
+use common::*;
+use orbite::*;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+fn shm() -> SubmitOptions {
+    SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(LONG) }
+}
+
+fn wr(local: &[u8], remote: u64, len: u64) -> Request {
+    Request { op: Op::Write, local_addr: local.as_ptr() as u64, remote_addr: remote, len }
+}
+
+fn rd(local: &[u8], remote: u64, len: u64) -> Request {
+    Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: remote, len }
+}
+
+/// A decode worker (this engine, a cache of 4) writes into ten prefill
+/// processes in turn, each killed after a WRITE or in the middle of the
+/// next one (its import cached either way); the eleventh is
+/// served over SHM, every dead prefill's import is released by itself, and
+/// the mapping budget holds only the live import.
+#[test]
+fn a_long_lived_requester_outlives_ten_crashed_sources() {
+    let e = Engine::from_json(r#"{"shm_cache_entries": 4}"#).unwrap();
+    let mut local = pattern_vec(3, (8 * MIB) as usize);
+    e.register_memory(local.as_mut_ptr() as u64, 8 * MIB, Access::NONE).unwrap();
+    for round in 0..10 {
+        let src = PeerProc::spawn(&["--shared", "--size", &(8 * MIB).to_string(), "--access", "rw"]);
+        let p = e.connect(&src.endpoint, Some(LONG)).unwrap();
+        let remote = src.addr;
+        // A WRITE that completed: its import stays cached.
+        e.submit(p, &[wr(&local, remote, 4096)], shm()).unwrap().wait(LONG).unwrap();
+        if round % 2 == 0 {
+            src.kill();
+        } else {
+            // Killed while an 8 MiB WRITE is under way: whatever the WRITE's
+            // outcome, nothing is left behind.
+            std::thread::scope(|s| {
+                let w = s.spawn(|| e.submit(p, &[wr(&local, remote, 8 * MIB)], shm()).map(|b| b.wait(LONG)));
+                src.kill();
+                let _ = w.join().unwrap();
+            });
+        }
+    }
+    let src = PeerProc::spawn(&["--shared", "--size", &(8 * MIB).to_string(), "--access", "rw"]);
+    let p = e.connect(&src.endpoint, Some(LONG)).unwrap();
+    let b = e.submit(p, &[wr(&local, src.addr, 4096)], SubmitOptions::default()).unwrap();
+    b.wait(LONG).unwrap();
+    assert_eq!(b.transport(0).unwrap(), Some(TransportKind::Shm), "notes: {:?}", b.notes());
+    let st = e.stats().ipc["shm"].clone();
+    assert_eq!(st.imports_released_after_exit, 10, "{st:?}");
+    assert_eq!((st.imports_retained, st.imports_cached), (0, 1), "{st:?}");
+    assert_eq!(st.mapping_bytes_charged, 8 * MIB, "only the live import is charged");
+    e.close(Some(LONG)).unwrap();
+    assert_eq!(e.stats().ipc["shm"].mapping_bytes_charged, 0);
+    drop(src);
+}
+
+/// A source frozen past a deadline and resumed: submissions meanwhile fail
+/// fast instead of blocking, and once it runs again the pair resumes over
+/// SHM by itself — the import granted on the lost channel is given back
+/// through the new one, and both engines close cleanly.
+#[test]
+fn a_frozen_source_that_resumes_is_served_again_over_shm() {
+    let e = Engine::from_json(r#"{"shm_cache_entries": 2}"#).unwrap();
+    let local = vec![0u8; 4096];
+    e.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let mut src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string(), "--seed", "4"]);
+    let p = e.connect(&src.endpoint, Some(LONG)).unwrap();
+    e.submit(p, &[rd(&local, src.addr, 4096)], shm()).unwrap().wait(LONG).unwrap();
+    src.freeze();
+    let short =
+        SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(Duration::from_millis(800)) };
+    let b = e.submit(p, &[rd(&local, src.addr, 4096)], short).unwrap();
+    assert!(b.wait(LONG).is_err());
+    assert_eq!(b.results()[0].status, Status::TimedOut, "{:?}", b.error(0));
+    // The channel is being re-established: a forced SHM submission fails at
+    // once, and AUTO moves to TCP (queued; the frozen peer answers later).
+    let t0 = Instant::now();
+    let b = e.submit(p, &[rd(&local, src.addr, 4096)], short).unwrap();
+    let forced = t0.elapsed();
+    assert!(b.wait(LONG).is_err());
+    let why = b.error(0).unwrap();
+    assert_eq!(why.status(), Status::Unavailable, "{why}");
+    assert!(why.message().contains("re-established"), "{why}");
+    assert!(forced < Duration::from_millis(800), "the submission blocked {forced:?} on a frozen peer");
+    assert_eq!(e.stats().peers_alive, 1, "a frozen peer is not a dead one");
+    src.signal(libc::SIGCONT);
+    // Resumed: within one deadline the pair is served over SHM again, with
+    // no flush from the user.
+    let deadline = Instant::now() + LONG;
+    loop {
+        // While the old import holds the allocation, TCP may be refused.
+        let b = e.submit(p, &[rd(&local, src.addr, 4096)], SubmitOptions::default()).unwrap();
+        if b.wait(LONG).is_ok() && b.transport(0).unwrap() == Some(TransportKind::Shm) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never back on SHM: {:?} {:?}", b.notes(), b.error(0));
+        // The background reconnection is in progress; ask again.
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!((0..4096).all(|i| local[i] == pattern(4, i as u64)));
+    e.close(Some(LONG)).unwrap();
+    let st = e.stats().ipc["shm"].clone();
+    assert_eq!((st.imports_retained, st.imports_opened, st.imports_closed), (0, 2, 2), "{st:?}");
+    assert_eq!(src.cmd("close_source 10000"), "ok", "the source got every import back");
+    src.close();
+}
+
+/// A source closing while two requesters hold cached imports asks for them
+/// back: both give them at once and every close is OK.
+#[test]
+fn a_closing_source_gets_cached_imports_back_at_once() {
+    let src = Engine::from_json("").unwrap();
+    let pools: Vec<Allocation> = (0..2).map(|_| allocate_shared_host(2 * MIB).unwrap()).collect();
+    for a in &pools {
+        src.register_memory(a.addr(), 2 * MIB, Access::READ).unwrap();
+    }
+    let cfg = r#"{"shm_cache_entries": 2}"#;
+    let mut reqs: Vec<PeerProc> =
+        pools.iter().map(|a| PeerProc::spawn_requester(&src.endpoint(), &format!("{}:4096", a.addr()), cfg)).collect();
+    assert_eq!(src.stats().ipc["shm"].exports_open, 2);
+    let t0 = Instant::now();
+    src.close(Some(LONG)).unwrap();
+    let took = t0.elapsed();
+    println!("source close with two cached importers: {took:?}");
+    assert!(took < Duration::from_secs(2), "the close waited {took:?}: the imports were not revoked");
+    for r in &mut reqs {
+        let st: serde_json::Value = serde_json::from_str(&r.cmd("stats")).unwrap();
+        assert_eq!(st["ipc"]["shm"]["imports_cached"], 0);
+        assert_eq!(st["ipc"]["shm"]["imports_retained"], 0);
+    }
+    drop(reqs);
+    for a in pools {
+        a.free().unwrap();
+    }
+}
+
+/// A dead source's IPC channel reports the peer gone, as TCP does.
+#[test]
+fn a_dead_shm_source_is_reported_like_a_dead_tcp_peer() {
+    let e = Engine::from_json(r#"{"shm_cache_entries": 1}"#).unwrap();
+    let local = vec![0u8; 4096];
+    e.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string()]);
+    let p = e.connect(&src.endpoint, Some(LONG)).unwrap();
+    let addr = src.addr;
+    e.submit(p, &[rd(&local, addr, 4096)], shm()).unwrap().wait(LONG).unwrap();
+    src.kill();
+    // Either the submission is refused (the peer is known gone) or its
+    // request fails: Unavailable, never a sticky timeout.
+    match e.submit(p, &[rd(&local, addr, 16)], shm()) {
+        Err(err) => assert_eq!(err.status(), Status::Unavailable, "{err}"),
+        Ok(b) => {
+            assert!(b.wait(LONG).is_err());
+            assert_eq!(b.results()[0].status, Status::Unavailable, "{:?}", b.error(0));
+        }
+    }
+    assert_eq!(e.stats().peers_alive, 0);
+    let again = e.submit(p, &[rd(&local, addr, 16)], shm()).err().expect("the peer is gone");
+    assert_eq!(again.status(), Status::Unavailable, "{again}");
+    e.disconnect(p, Some(LONG)).unwrap();
+    e.close(Some(LONG)).unwrap();
+}
+
+/// A pool larger than the default mapping budget: forcing SHM says which
+/// key to raise on which side; AUTO moves to TCP and says why, in the
+/// batch's notes and in the stats; with the key raised on both sides SHM
+/// serves it.
+#[test]
+fn sizing_that_rules_out_shm_is_said_not_silent() {
+    let src = Engine::from_json("").unwrap();
+    let pool = allocate_shared_host(2048 * MIB).unwrap();
+    src.register_memory(pool.addr(), 2048 * MIB, Access::READ).unwrap();
+    let req = Engine::from_json("").unwrap();
+    let local = vec![0u8; 4096];
+    req.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let p = req.connect(&src.endpoint(), Some(LONG)).unwrap();
+    let b = req.submit(p, &[rd(&local, pool.addr() + MIB, 4096)], shm()).unwrap();
+    assert!(b.wait(LONG).is_err());
+    let why = b.error(0).unwrap();
+    assert_eq!(why.status(), Status::ResourceExhausted);
+    assert!(why.message().contains("raise max_inflight_bytes on the source"), "{why}");
+    let b = req.submit(p, &[rd(&local, pool.addr() + MIB, 4096)], SubmitOptions::default()).unwrap();
+    b.wait(LONG).unwrap();
+    assert_eq!(b.transport(0).unwrap(), Some(TransportKind::Tcp));
+    let notes = b.notes().join("\n");
+    assert!(notes.contains("moved from shm to tcp") && notes.contains("max_inflight_bytes"), "{notes}");
+    assert_eq!(req.stats().transports["shm"].requests_fell_through, 1);
+    req.close(Some(LONG)).unwrap();
+    src.close(Some(LONG)).unwrap();
+
+    let big = r#"{"max_inflight_bytes": 4294967296}"#;
+    let src = Engine::from_json(big).unwrap();
+    src.register_memory(pool.addr(), 2048 * MIB, Access::READ).unwrap();
+    // Only the source raised it: the requester's side is named now.
+    let req = Engine::from_json("").unwrap();
+    req.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let p = req.connect(&src.endpoint(), Some(LONG)).unwrap();
+    let b = req.submit(p, &[rd(&local, pool.addr() + MIB, 4096)], shm()).unwrap();
+    assert!(b.wait(LONG).is_err());
+    assert!(b.error(0).unwrap().message().contains("raise max_inflight_bytes on the requester"));
+    req.close(Some(LONG)).unwrap();
+    let req = Engine::from_json(big).unwrap();
+    req.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let p = req.connect(&src.endpoint(), Some(LONG)).unwrap();
+    let b = req.submit(p, &[rd(&local, pool.addr() + MIB, 4096)], SubmitOptions::default()).unwrap();
+    b.wait(LONG).unwrap();
+    assert_eq!(b.transport(0).unwrap(), Some(TransportKind::Shm));
+    assert!(b.notes().is_empty(), "{:?}", b.notes());
+    req.close(Some(LONG)).unwrap();
+    src.close(Some(LONG)).unwrap();
+    pool.free().unwrap();
+}
