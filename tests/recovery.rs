@@ -185,6 +185,10 @@ fn sizing_that_rules_out_shm_is_said_not_silent() {
     let local = vec![0u8; 4096];
     req.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
     let p = req.connect(&src.endpoint(), Some(LONG)).unwrap();
+    // Both sides say it before any grant: at registration and at connect.
+    let noted = |e: &Engine, what: &str| e.stats().notes.iter().any(|n| n.contains(what));
+    assert!(noted(&src, "raise max_inflight_bytes on this engine"), "{:?}", src.stats().notes);
+    assert!(noted(&req, "larger than this engine's max_inflight_bytes"), "{:?}", req.stats().notes);
     let b = req.submit(p, &[rd(&local, pool.addr() + MIB, 4096)], shm()).unwrap();
     assert!(b.wait(LONG).is_err());
     let why = b.error(0).unwrap();

@@ -61,6 +61,9 @@ pub(crate) struct Inner {
     auth: Option<AuthKey>,
     /// The answer streams of the incoming control connections (`Revoke`).
     revoker: Arc<Revoker>,
+    /// What the engine found that will make a transport unusable or slow,
+    /// in words (a sizing that rules out SHM, ...); the latest few.
+    notes: parking_lot::Mutex<std::collections::VecDeque<String>>,
     ipc: Vec<ipc::IpcTransport>,
     ipc_unavailable: Vec<(TransportKind, String)>,
 }
@@ -145,6 +148,7 @@ impl Engine {
             faults,
             auth,
             revoker: Arc::new(Revoker::default()),
+            notes: parking_lot::Mutex::new(std::collections::VecDeque::new()),
             ipc: ipc_transports,
             ipc_unavailable,
             config,
@@ -378,6 +382,17 @@ impl Inner {
                 .filter(|r| r.access != crate::memory::Access::NONE)
                 .map(|r| RegionInfo::of(r))
                 .collect(),
+        }
+    }
+
+    /// Records a finding for the stats' `notes` (the latest 32 are kept).
+    pub(super) fn note(&self, text: String) {
+        let mut n = self.notes.lock();
+        if !n.contains(&text) {
+            if n.len() == 32 {
+                n.pop_front();
+            }
+            n.push_back(text);
         }
     }
 

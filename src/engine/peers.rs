@@ -8,6 +8,7 @@ use crate::control::endpoint;
 use crate::control::message::{Describe, RegionInfo};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
+use crate::memory::MemoryKind;
 use crate::transport::ipc::link::{IpcLink, LocalEnd, Route};
 use crate::transport::tcp::requester::RevokeHook;
 use crate::transport::tcp::{handshake, TcpConnection};
@@ -29,6 +30,18 @@ impl Engine {
         let id = self.inner.next_peer.fetch_add(1, Ordering::Relaxed);
         let label = format!("peer {id} ({endpoint})");
         let links = self.inner.ipc_links(&peer, endpoint, &label);
+        // A published region larger than this engine's mapping budget can
+        // never be imported: say so at connect, not at the first grant.
+        let budget = self.inner.config.max_inflight_bytes;
+        for r in peer.regions.iter().filter(|r| r.len > budget && r.kind != MemoryKind::Host) {
+            self.inner.note(format!(
+                "{label} region {} ({} bytes of {} memory) is larger than this engine's max_inflight_bytes \
+                 ({budget}): it can only be reached over TCP; raise max_inflight_bytes here (and on the source)",
+                r.id,
+                r.len,
+                r.kind.name()
+            ));
+        }
         let on_revoke = self.revoke_hook(&links);
         let conn = TcpConnection::start(s, peer, label, self.inner.stats.clone(), on_revoke)?;
         self.inner.peers.write().insert(id, Arc::new(Peer { endpoint: endpoint.to_string(), conn, links }));

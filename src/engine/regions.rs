@@ -12,7 +12,22 @@ impl Engine {
     /// Registers `[addr, addr+len)` with remote `access`. Returns the region id.
     pub fn register_memory(&self, addr: u64, len: u64, access: Access) -> Result<u64> {
         self.check_open()?;
-        Ok(self.inner.regions.register(addr, len, access)?.id)
+        let r = self.inner.regions.register(addr, len, access)?;
+        // An exportable allocation larger than the mapping budget can only
+        // ever be reached over TCP: say so now, not at the first grant.
+        let budget = self.inner.config.max_inflight_bytes;
+        if access != Access::NONE && r.kind != MemoryKind::Host && r.kind != MemoryKind::Cuda {
+            if let Some(o) = crate::memory::owners::owner_of(addr).filter(|o| o.physical > budget) {
+                self.inner.note(format!(
+                    "region {} lies in a {} allocation of {} bytes, more than max_inflight_bytes ({budget}): peers \
+                     can reach it over TCP only; raise max_inflight_bytes on this engine (and on the requesters)",
+                    r.id,
+                    r.kind.name(),
+                    o.physical
+                ));
+            }
+        }
+        Ok(r.id)
     }
 
     /// Unregisters a region, waiting up to `timeout` (None: engine default)

@@ -89,6 +89,10 @@ pub struct EngineStats {
     pub nvlink: NvlinkStats,
     /// Transports this engine offers, and why others are absent.
     pub transports_available: BTreeMap<String, String>,
+    /// Findings that make a transport unusable or slow for some memory (a
+    /// region larger than the mapping budget, ...), in words, with the key
+    /// to change; the latest 32.
+    pub notes: Vec<String>,
 }
 
 /// Live values the engine gathers for a snapshot.
@@ -101,6 +105,7 @@ pub(crate) struct Live {
     pub ipc: Vec<(String, ExportCounts, ImportCounts, (u64, u64))>,
     pub nvlink_pool: Option<(crate::cuda::stream_pool::PoolCounts, (u64, u64))>,
     pub transports_available: BTreeMap<String, String>,
+    pub notes: Vec<String>,
 }
 
 impl EngineStats {
@@ -151,6 +156,7 @@ impl EngineStats {
             ipc,
             nvlink,
             transports_available: live.transports_available,
+            notes: live.notes,
         }
     }
 
@@ -195,6 +201,7 @@ impl Engine {
                     .collect(),
                 nvlink_pool: i.ipc.iter().find_map(|t| t.pool.as_ref().map(|f| (f(), t.requester.progress_counts()))),
                 transports_available: avail,
+                notes: i.notes.lock().iter().cloned().collect(),
             },
         )
     }

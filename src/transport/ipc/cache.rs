@@ -358,3 +358,36 @@ impl<K: Clone + Eq + Hash, V> RelocationCache<K, V> {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_millis(50)
+    }
+
+    #[test]
+    fn a_full_cache_without_an_idle_entry_is_exhausted_but_retained_entries_do_not_count() {
+        let c: RelocationCache<u8, u8> = RelocationCache::new(1);
+        let close = |_: &u8, _: bool| -> std::result::Result<(), (Error, bool)> { Ok(()) };
+        let (one, fresh) = c.acquire(&1, soon(), "t", || Ok(1), &close, &|_| true).unwrap();
+        assert!(fresh);
+        // Key 1 is in use: key 2 finds nothing idle to evict.
+        let e = c.acquire(&2, soon(), "t", || Ok(2), &close, &|_| true).unwrap_err();
+        assert_eq!(e.status(), crate::error::Status::ResourceExhausted, "{e}");
+        // Its completion turns out uncertain: retained, outside the bound.
+        c.mark_uncertain(&1, one, "injected");
+        assert_eq!(c.live_entries(), 0);
+        let (two, fresh) = c.acquire(&2, soon(), "t", || Ok(2), &close, &|_| true).unwrap();
+        assert!(fresh && *two == 2);
+        // The retained key says why it cannot be used.
+        let e = c.acquire(&1, soon(), "key 1", || Ok(1), &close, &|_| true).unwrap_err();
+        assert!(e.message().contains("retained") && e.message().contains("injected"), "{e}");
+        c.release(&2);
+        // An entry that is no longer current is closed, not handed out.
+        let (again, fresh) = c.acquire(&2, soon(), "t", || Ok(3), &close, &|v| *v != 2).unwrap();
+        assert!(fresh && *again == 3);
+    }
+}
