@@ -110,6 +110,10 @@
 // CUDA fabric handles across an NVLink fabric.
 #define ORBITE_TRANSPORT_MNNVL 4
 
+// `orbite_cuda_adopt` flag: the caller consents that a peer importing the
+// adopted memory can reach the whole underlying allocation.
+#define ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION 1
+
 // Nothing changed remotely.
 #define ORBITE_REMOTE_EFFECT_NONE 0
 
@@ -263,6 +267,17 @@ orbite_status orbite_allocate_mnnvl(int32_t device, size_t length, struct orbite
 
 // Allocates fabric-exportable host memory on a NUMA node (EGM).
 orbite_status orbite_allocate_egm(int32_t numa_node, size_t length, struct orbite_allocation **out_alloc);
+
+// Adopts CUDA memory the caller's stack allocated (`cudaMalloc`/`cuMemAlloc`,
+// or CUDA VMM memory from `cuMemCreate`) so that the NVLink/MNNVL/EGM
+// transports can export it and copy with it. `flags` must contain
+// ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION (a peer that imports it can reach the
+// whole underlying allocation). `[ptr, ptr+length)` must lie in one
+// allocation; adoptions inside one allocation share one export. Managed and
+// host memory: INVALID_ARGUMENT. The memory stays the caller's:
+// orbite_allocation_free releases only the library's record (UNAVAILABLE
+// while registered or exported); free the memory after that.
+orbite_status orbite_cuda_adopt(void *ptr, size_t length, uint32_t flags, struct orbite_allocation **out_alloc);
 
 // Writes, as JSON, the CUDA driver as probed (`cuda_available`, and the
 // reason when it is not) and what every live engine of the process retains

@@ -47,7 +47,10 @@ pub use engine::stats::EngineStats;
 pub use engine::{Batch, Engine, EngineConfig, MnnvlConfig, MnnvlHandleType, SubmitOptions};
 pub use error::{Error, Result, Status};
 pub use kinds::{Transport, TransportKind};
-pub use memory::cuda::{allocate_egm, allocate_mnnvl, allocate_pinned_host, free_egm, free_mnnvl, CudaMemory};
+pub use memory::cuda::{
+    adopt as cuda_adopt, allocate_egm, allocate_mnnvl, allocate_pinned_host, free_egm, free_mnnvl, CudaMemory,
+    ADOPT_SHARE_WHOLE_ALLOCATION,
+};
 #[cfg(feature = "cuda")]
 pub use memory::cuda::{wrap_egm, wrap_mnnvl};
 pub use memory::owners::allocate_shared_host;

@@ -148,41 +148,48 @@ fn overlapping_destinations_run_in_order() {
 }
 
 #[test]
-fn cache_four_concurrent_reads_and_a_write_through_one_import() {
+fn cache_four_concurrent_reads_share_one_import_and_a_write_trades_it_for_a_writable_one() {
     let mut src = PeerProc::spawn(&["--shared", "--size", &(4 * MIB).to_string(), "--seed", "5"]);
     let e = engine(r#"{"shm_cache_entries": 4}"#);
     let p = e.connect(&src.endpoint, None).unwrap();
     let a = src.addr;
     std::thread::scope(|s| {
-        for t in 0..5u64 {
+        for t in 0..4u64 {
             let e = &e;
             s.spawn(move || {
-                let mut l = local(e, MIB as usize);
-                if t < 4 {
-                    let r = go(e, p, &[rd(&l, 0, a + t * MIB / 2, MIB / 2)], shm());
-                    assert!(all_ok(&r), "{r:?}");
-                    assert!((0..(MIB / 2) as usize).all(|i| l[i] == pattern(5, t * MIB / 2 + i as u64)));
-                } else {
-                    for (i, x) in l.iter_mut().enumerate() {
-                        *x = pattern(8, i as u64);
-                    }
-                    let r = go(e, p, &[wr(&l, 0, a + 3 * MIB, MIB)], shm());
-                    assert_eq!(r[0].remote_effect, RemoteEffect::Applied, "{r:?} {:?}", e.stats().ipc);
-                }
+                let l = local(e, MIB as usize);
+                let r = go(e, p, &[rd(&l, 0, a + t * MIB / 2, MIB / 2)], shm());
+                assert!(all_ok(&r), "{r:?}");
+                assert!((0..(MIB / 2) as usize).all(|i| l[i] == pattern(5, t * MIB / 2 + i as u64)));
             });
         }
     });
+    // One READ-only import served the four readers.
     let st = e.stats().ipc["shm"].clone();
     assert_eq!((st.imports_opened, st.imports_cached, st.imports_closed), (1, 1, 0), "{st:?}");
+    // A WRITE gives the READ-only import back (the source lends the
+    // allocation alone to a writer) and caches a writable one.
+    let mut w = local(&e, MIB as usize);
+    for (i, x) in w.iter_mut().enumerate() {
+        *x = pattern(8, i as u64);
+    }
+    let r = go(&e, p, &[wr(&w, 0, a + 3 * MIB, MIB)], shm());
+    assert_eq!(r[0].remote_effect, RemoteEffect::Applied, "{r:?} {:?}", e.stats().ipc);
+    // Later READs use the writable import: nothing new is opened.
+    let l = local(&e, 4096);
+    assert!(all_ok(&go(&e, p, &[rd(&l, 0, a + 3 * MIB, 4096)], shm())));
+    assert!((0..4096).all(|i| l[i] == pattern(8, i as u64)));
+    let st = e.stats().ipc["shm"].clone();
+    assert_eq!((st.imports_opened, st.imports_cached, st.imports_closed), (2, 1, 1), "{st:?}");
     assert_eq!(src_ipc(&mut src, "exports_open"), 1, "the export stays for the cache lifetime");
     assert_eq!(src.cmd(&format!("verify 8 {} {MIB}", 3 * MIB)), "ok");
     e.flush_nvlink_cache(Some(LONG)).unwrap();
     let st = e.stats().ipc["shm"].clone();
-    assert_eq!((st.imports_opened, st.imports_cached, st.imports_closed), (1, 0, 1));
+    assert_eq!((st.imports_opened, st.imports_cached, st.imports_closed), (2, 0, 2));
     assert_eq!(st.mapping_bytes_charged, 0);
     assert_eq!(src_ipc(&mut src, "exports_open"), 0);
     let served = src.stats()["transports"]["shm"]["served_requests"].as_u64().unwrap();
-    assert_eq!(served, 5);
+    assert_eq!(served, 6);
     e.close(Some(LONG)).unwrap();
     src.close();
 }
@@ -418,8 +425,11 @@ fn injected_faults_failed_close_lost_ack_failed_completion() {
     // The process-wide report (orbite_cuda_retained_resources_json) shows it.
     let all: serde_json::Value = serde_json::from_str(&retained_resources_json()).unwrap();
     assert_eq!(all["engines"][e.endpoint()]["shm"]["retained_imports"], 1, "{all}");
-    // The allocation stays loaned to that export: other groups are refused.
-    let r = go(&e, p, &[rd(&l, 0, a, 16)], SubmitOptions { timeout: Some(Duration::from_millis(300)), ..shm() });
+    // The allocation stays lent to that export: writes through the source's
+    // own side (TCP) are refused.
+    let tcp =
+        SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(Duration::from_millis(300)) };
+    let r = go(&e, p, &[wr(&l, 0, a, 16)], tcp);
     assert_eq!(r[0].status, Status::Unavailable);
     e.close(Some(Duration::from_secs(5))).unwrap_err();
     drop(e);
@@ -492,16 +502,14 @@ fn resource_exhausted_retries_once_then_falls_through() {
     assert!(all_ok(&r), "{r:?}");
     assert!((0..8192).all(|i| ly[i] == pattern(2, i as u64)));
     assert_eq!(y.stats().transports["tcp"].requests_completed, 2);
-    // A is lent exclusively to X's export: TCP access to it waits its turn.
-    let r = go(
-        &y,
-        py,
-        &[rd(&ly, 0, a, 16)],
-        SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(LONG) },
-    );
+    // A is lent to X's READ-only export: TCP may read it beside X, but a
+    // TCP WRITE waits its turn.
+    let tcp = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(LONG) };
+    assert!(all_ok(&go(&y, py, &[rd(&ly, 0, a, 16)], tcp)));
+    let r = go(&y, py, &[wr(&ly, 0, a, 16)], tcp);
     assert_eq!(r[0].status, Status::Unavailable);
     x.close(Some(LONG)).unwrap();
-    let r = go(&y, py, &[rd(&ly, 0, a, 16)], SubmitOptions::default());
+    let r = go(&y, py, &[wr(&ly, 0, a, 16)], SubmitOptions::default());
     assert!(all_ok(&r));
     y.close(Some(LONG)).unwrap();
     src.close();
@@ -592,6 +600,63 @@ fn a_pending_completion_moves_to_the_lazy_progress_worker() {
     assert!((0..4096).all(|i| l[i] == pattern(3, i as u64)));
     let st = e.stats().ipc["shm"].clone();
     assert_eq!((st.imports_opened, st.imports_closed, st.pending_groups, st.progress_workers), (1, 1, 0, 1));
+    e.close(Some(LONG)).unwrap();
+    src.close();
+}
+
+/// The serving shape of a prefill pool: four requester processes, each with
+/// a relocation cache, READ one source allocation at once (each keeps its
+/// READ-only import: four exports of one allocation), and nothing falls
+/// through to TCP. A WRITE into the allocation waits for those readers: it
+/// is refused when they keep their imports past its deadline, and lands in
+/// the same submission once they give them back.
+#[test]
+fn four_cached_reader_processes_share_one_allocation_and_a_writer_waits_for_them() {
+    let mut src = PeerProc::spawn(&["--shared", "--size", &(4 * MIB).to_string(), "--seed", "6"]);
+    let a = src.addr;
+    let cfg = r#"{"shm_cache_entries": 2}"#;
+    let mut readers: Vec<PeerProc> =
+        (0..4).map(|t| PeerProc::spawn_requester(&src.endpoint, &format!("{}:{MIB}", a + t * MIB), cfg)).collect();
+    assert_eq!(src_ipc(&mut src, "exports_open"), 4, "one allocation lent to four readers at once");
+    for (t, r) in readers.iter_mut().enumerate() {
+        let want = fnv(&(0..MIB).map(|i| pattern(6, t as u64 * MIB + i)).collect::<Vec<u8>>());
+        assert_eq!(r.cmd("read"), format!("ok {want}"), "reader {t} reads its MiB again through its cache");
+        let st = r.stats();
+        assert_eq!(st["ipc"]["shm"]["imports_opened"], 1, "{st}");
+        assert_eq!(st["ipc"]["shm"]["imports_cached"], 1, "{st}");
+        assert_eq!(st["transports"]["tcp"]["requests_completed"], 0, "{st}");
+    }
+    let e = engine("");
+    let mut l = local(&e, 4096);
+    l.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(9, i as u64));
+    let p = e.connect(&src.endpoint, None).unwrap();
+    let write = [wr(&l, 0, a + 3 * MIB, 4096)];
+    // The readers keep their imports past the writer's deadline.
+    let short = SubmitOptions { timeout: Some(Duration::from_millis(300)), ..shm() };
+    assert_eq!(
+        go(&e, p, &write, short),
+        vec![RequestResult { status: Status::Unavailable, remote_effect: RemoteEffect::None }]
+    );
+    assert_eq!(src.cmd("verify 6 0 4194304"), "ok", "nothing was written");
+    // A writer with time to spare waits at the source until they give back.
+    std::thread::scope(|s| {
+        let writer = s.spawn(|| go(&e, p, &write, SubmitOptions { timeout: Some(LONG), ..shm() }));
+        let deadline = Instant::now() + LONG;
+        while src_ipc(&mut src, "grants_waiting") != 1 {
+            assert!(Instant::now() < deadline, "the WRITE grant never waited");
+            std::thread::yield_now();
+        }
+        for r in &mut readers {
+            assert_eq!(r.cmd("flush"), "ok");
+        }
+        let r = writer.join().unwrap();
+        assert_eq!(r, vec![RequestResult { status: Status::Ok, remote_effect: RemoteEffect::Applied }]);
+    });
+    assert_eq!(src.cmd(&format!("verify 9 {} 4096", 3 * MIB)), "ok");
+    assert_eq!(src_ipc(&mut src, "exports_open"), 0);
+    for r in readers {
+        r.kill();
+    }
     e.close(Some(LONG)).unwrap();
     src.close();
 }

@@ -197,3 +197,44 @@ impl Drop for ContextGuard {
         }
     }
 }
+
+static UUIDS: OnceCell<Vec<Option<[u8; 16]>>> = OnceCell::new();
+
+/// The UUID of every visible device (`cuDeviceGetUuid_v2`), by ordinal; `None`
+/// where the driver cannot say. Ordinals differ between processes (each
+/// may see its own `CUDA_VISIBLE_DEVICES`); UUIDs do not.
+fn uuids() -> &'static [Option<[u8; 16]>] {
+    UUIDS.get_or_init(|| {
+        let Ok(d) = driver() else { return Vec::new() };
+        if !has_symbol("cuDeviceGetUuid_v2") {
+            return vec![None; d.devices as usize];
+        }
+        (0..d.devices)
+            .map(|i| {
+                let mut dev = 0;
+                // SAFETY: the driver was probed; writes one CUdevice.
+                if unsafe { sys::cuDeviceGet(&mut dev, i) } != sys::CUresult::CUDA_SUCCESS {
+                    return None;
+                }
+                // SAFETY: all-zero is a valid CUuuid to be written.
+                let mut u: sys::CUuuid = unsafe { std::mem::zeroed() };
+                // SAFETY: symbol probed above; writes 16 bytes.
+                let r = unsafe { sys::cuDeviceGetUuid_v2(&mut u, dev) };
+                (r == sys::CUresult::CUDA_SUCCESS).then(|| u.bytes.map(|b| b as u8))
+            })
+            .collect()
+    })
+}
+
+/// The UUID of visible device `device`, when the driver reports one.
+pub fn device_uuid(device: i32) -> Option<[u8; 16]> {
+    uuids().get(usize::try_from(device).ok()?).copied().flatten()
+}
+
+/// The ordinal under which this process sees the device with `uuid`.
+pub fn device_with_uuid(uuid: &[u8; 16]) -> Option<i32> {
+    if *uuid == [0; 16] {
+        return None;
+    }
+    uuids().iter().position(|u| u.as_ref() == Some(uuid)).map(|i| i as i32)
+}

@@ -442,14 +442,15 @@ pub struct Imported {
     pub size: u64,
     /// The imported allocation handle.
     pub handle: u64,
-    /// The context it was mapped in (device 0's primary context).
+    /// The context it was mapped in (`device`'s primary context).
     pub ctx: Ctx,
 }
 
-/// Imports a peer's handle of `physical` bytes and maps it with access for
-/// every visible local GPU (peer ordinals never select a context).
-pub fn import(received: Received<'_>, physical: u64) -> Result<Imported> {
-    let ctx = primary_context(0)?;
+/// Imports a peer's handle of `physical` bytes in `device`'s primary context
+/// and maps it with access for every visible local GPU (peer ordinals never
+/// select a context).
+pub fn import(received: Received<'_>, physical: u64, device: i32) -> Result<Imported> {
+    let ctx = primary_context(device)?;
     let g = ContextGuard::bind(ctx)?;
     let mut h: sys::CUmemGenericAllocationHandle = 0;
     match received {
@@ -471,7 +472,7 @@ pub fn import(received: Received<'_>, physical: u64) -> Result<Imported> {
             )?;
         }
     }
-    let ops = CudaVmm { placement: Placement::Device(0), handles: POSIX_FD, ctx };
+    let ops = CudaVmm { placement: Placement::Device(device), handles: POSIX_FD, ctx };
     let va = match ops.reserve(physical) {
         Ok(v) => v,
         Err(e) => {
@@ -500,5 +501,43 @@ impl Imported {
         check(unsafe { sys::cuMemRelease(self.handle) }, "cuMemRelease (import)")?;
         // SAFETY: as above.
         check(unsafe { sys::cuMemAddressFree(self.va, self.size as usize) }, "cuMemAddressFree (import)")
+    }
+}
+
+/// The VMM allocation handle behind a mapped address, as a new reference
+/// the caller must give back with [`release_handle`]; `None` when `addr`
+/// is not VMM memory (or the driver lacks `cuMemRetainAllocationHandle`).
+pub fn retained_handle(addr: u64) -> Result<Option<u64>> {
+    driver()?;
+    if !super::driver::has_symbol("cuMemRetainAllocationHandle") {
+        return Ok(None);
+    }
+    let mut h: sys::CUmemGenericAllocationHandle = 0;
+    // SAFETY: symbol present; writes one handle, or fails for memory that
+    // was not mapped through VMM.
+    let r = unsafe { sys::cuMemRetainAllocationHandle(&mut h, addr as *mut std::ffi::c_void) };
+    Ok((r == sys::CUresult::CUDA_SUCCESS).then_some(h))
+}
+
+/// Gives back a reference taken by [`retained_handle`].
+pub fn release_handle(handle: u64) -> Result<()> {
+    // SAFETY: a reference this process took; releasing it leaves the
+    // caller's mapping (which holds its own reference) intact.
+    check(unsafe { sys::cuMemRelease(handle) }, "cuMemRelease (retained handle)")
+}
+
+/// Where the VMM allocation behind `handle` lives.
+pub fn handle_placement(handle: u64) -> Result<Placement> {
+    // SAFETY: an all-zero property block is valid storage for the driver.
+    let mut pr: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    // SAFETY: writes one property block; the driver validates the handle.
+    check(
+        unsafe { sys::cuMemGetAllocationPropertiesFromHandle(&mut pr, handle) },
+        "cuMemGetAllocationPropertiesFromHandle",
+    )?;
+    match pr.location.type_ {
+        sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE => Ok(Placement::Device(pr.location.id)),
+        sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA => Ok(Placement::HostNuma(pr.location.id)),
+        other => Err(Error::NotSupported(format!("VMM memory placed at {other:?} cannot be exported over MNNVL"))),
     }
 }

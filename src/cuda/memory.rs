@@ -229,3 +229,57 @@ pub fn device_copy_gbps(len: u64, reps: u32) -> Result<f64> {
     let _ = free_device(0, b);
     timed
 }
+
+/// What the driver knows about an address it manages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PointerInfo {
+    /// Device memory (`CU_MEMORYTYPE_DEVICE`); otherwise host memory the
+    /// driver knows (pinned, registered, or host VMM).
+    pub device_memory: bool,
+    /// Managed (unified) memory.
+    pub managed: bool,
+    /// The device it belongs to.
+    pub device: i32,
+    /// Legacy CUDA IPC can export it (`cudaMalloc`/`cuMemAlloc` memory).
+    pub legacy_ipc: bool,
+}
+
+/// One pointer attribute, read into a zeroed 8-byte cell (the driver
+/// writes 1 to 8 bytes depending on the attribute); `None` when the driver
+/// does not know the address.
+fn pointer_attribute(addr: u64, attr: sys::CUpointer_attribute) -> Option<u64> {
+    let mut v = 0u64;
+    // SAFETY: the driver writes at most 8 bytes (every attribute read here
+    // is an int, a bool or a CUmemorytype) into v.
+    let r = unsafe { sys::cuPointerGetAttribute((&mut v as *mut u64).cast(), attr, addr) };
+    (r == sys::CUresult::CUDA_SUCCESS).then_some(v)
+}
+
+/// Asks the driver what `addr` is: `Ok(None)` for memory it does not
+/// manage (plain host memory). Needs no current context.
+pub fn pointer_info(addr: u64) -> Result<Option<PointerInfo>> {
+    driver()?;
+    if !super::driver::has_symbol("cuPointerGetAttribute") {
+        return Err(Error::NotSupported("the CUDA driver does not export cuPointerGetAttribute".into()));
+    }
+    use sys::CUpointer_attribute as A;
+    let Some(ty) = pointer_attribute(addr, A::CU_POINTER_ATTRIBUTE_MEMORY_TYPE) else { return Ok(None) };
+    let flag = |a: A| pointer_attribute(addr, a).is_some_and(|v| v & 0xffff_ffff != 0);
+    Ok(Some(PointerInfo {
+        device_memory: ty as u32 == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32,
+        managed: flag(A::CU_POINTER_ATTRIBUTE_IS_MANAGED),
+        device: pointer_attribute(addr, A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL).map_or(-1, |v| v as u32 as i32),
+        legacy_ipc: flag(A::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE),
+    }))
+}
+
+/// The whole allocation holding `addr` (`cuMemGetAddressRange`), asked in
+/// `device`'s primary context: `(base, size)`.
+pub fn allocation_range(device: i32, addr: u64) -> Result<(u64, u64)> {
+    let g = ContextGuard::bind(primary_context(device)?)?;
+    let (mut base, mut size) = (0u64, 0usize);
+    // SAFETY: a context is current; writes one address and one size.
+    let r = check(unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr) }, "cuMemGetAddressRange");
+    g.restore()?;
+    r.map(|_| (base, size as u64))
+}

@@ -13,6 +13,7 @@ use crate::transport::ipc::backend::IpcBackend;
 use crate::transport::ipc::export::ExportTable;
 use crate::transport::ipc::faults::{Faults, FaultyBackend};
 use crate::transport::ipc::requester::IpcRequester;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// One IPC transport of an engine.
@@ -20,8 +21,22 @@ pub(crate) struct IpcTransport {
     pub(crate) kind: TransportKind,
     pub(crate) exports: Arc<ExportTable>,
     pub(crate) requester: Arc<IpcRequester>,
-    /// Stream-pool counts (NVLink).
-    pub(crate) pool: Option<Box<dyn Fn() -> crate::cuda::stream_pool::PoolCounts + Send + Sync>>,
+    /// Stream-pool counts (CUDA transports).
+    pub(crate) pool: Option<PoolFn>,
+    /// Copies per device (CUDA transports).
+    pub(crate) copies: Option<CopiesFn>,
+}
+
+/// Reads a CUDA transport's stream-pool counts.
+type PoolFn = Box<dyn Fn() -> crate::cuda::stream_pool::PoolCounts + Send + Sync>;
+
+/// Reads a CUDA transport's copies per device: (copies, bytes) by ordinal.
+pub(crate) type CopiesFn = Box<dyn Fn() -> BTreeMap<i32, (u64, u64)> + Send + Sync>;
+
+/// What a CUDA backend adds to its transport: pool and per-device counts.
+struct CudaCounts {
+    pool: PoolFn,
+    copies: CopiesFn,
 }
 
 /// Shared pieces every IPC transport of one engine uses.
@@ -56,6 +71,7 @@ impl IpcParts<'_> {
             )),
             requester: Arc::new(IpcRequester::new(backend, self.mapping_budget.clone(), cache, self.faults.clone())),
             pool: None,
+            copies: None,
         }
     }
 
@@ -74,14 +90,14 @@ impl IpcParts<'_> {
         if !self.config.nvlink {
             return Err("not enabled (config `nvlink: false`)".into());
         }
-        nvlink_backend(self.config).map_err(|e| e.message().to_string()).map(|(backend, pool)| {
+        nvlink_backend(self.config).map_err(|e| e.message().to_string()).map(|(backend, counts)| {
             let mut t = self.transport(
                 TransportKind::Nvlink,
                 vec![MemoryKind::CudaIpc],
                 backend,
                 self.config.nvlink_cache_entries as usize,
             );
-            t.pool = Some(pool);
+            (t.pool, t.copies) = (Some(counts.pool), Some(counts.copies));
             t
         })
     }
@@ -98,16 +114,27 @@ impl IpcParts<'_> {
         if m.egm {
             kinds.push(MemoryKind::Egm);
         }
-        mnnvl_backend(self.config).map_err(|e| e.message().to_string()).map(|(backend, pool)| {
+        mnnvl_backend(self.config).map_err(|e| e.message().to_string()).map(|(backend, counts)| {
             let mut t = self.transport(TransportKind::Mnnvl, kinds, backend, self.config.nvlink_cache_entries as usize);
-            t.pool = Some(pool);
+            (t.pool, t.copies) = (Some(counts.pool), Some(counts.copies));
             t
         })
     }
 }
 
 #[cfg(feature = "cuda")]
-fn mnnvl_backend(config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, PoolFn)> {
+fn cuda_counts(
+    pool: Arc<crate::cuda::stream_pool::StreamPool<crate::cuda::streams::CudaStreams>>,
+    copies: Arc<crate::transport::cuda_mapping::DeviceCopies>,
+) -> CudaCounts {
+    CudaCounts {
+        pool: Box::new(move || pool.counts()),
+        copies: Box::new(move || copies.snapshot().into_iter().map(|(d, c)| (d, (c.copies, c.bytes))).collect()),
+    }
+}
+
+#[cfg(feature = "cuda")]
+fn mnnvl_backend(config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, CudaCounts)> {
     crate::cuda::ready()?;
     let pool = crate::cuda::stream_pool::StreamPool::new(
         crate::cuda::streams::CudaStreams,
@@ -115,31 +142,30 @@ fn mnnvl_backend(config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, PoolFn)>
     );
     let handle_type = config.mnnvl.as_ref().map_or(MnnvlHandleType::Fabric, |m| m.handle_type);
     let b = crate::transport::mnnvl::MnnvlBackend::new(handle_type, pool.clone())?;
-    Ok((Arc::new(b), Box::new(move || pool.counts())))
+    let counts = cuda_counts(pool, b.copies().clone());
+    Ok((Arc::new(b), counts))
 }
 
 #[cfg(feature = "cuda")]
-fn nvlink_backend(config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, PoolFn)> {
+fn nvlink_backend(config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, CudaCounts)> {
     let b = crate::transport::nvlink::NvlinkBackend::new(
         config.nvlink_stream_count as usize,
         config.nvlink_async_memcpy_threshold_kb,
     )?;
-    let pool = b.pool().clone();
-    Ok((Arc::new(b), Box::new(move || pool.counts())))
+    let counts = cuda_counts(b.pool().clone(), b.copies().clone());
+    Ok((Arc::new(b), counts))
 }
 
 /// Without the `cuda` feature neither CUDA backend exists: the reason.
 #[cfg(not(feature = "cuda"))]
-fn nvlink_backend(_config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, PoolFn)> {
+fn nvlink_backend(_config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, CudaCounts)> {
     Err(crate::error::Error::Unavailable(crate::cuda::NO_CUDA.into()))
 }
 
 #[cfg(not(feature = "cuda"))]
-fn mnnvl_backend(config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, PoolFn)> {
+fn mnnvl_backend(config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, CudaCounts)> {
     nvlink_backend(config)
 }
-
-type PoolFn = Box<dyn Fn() -> crate::cuda::stream_pool::PoolCounts + Send + Sync>;
 
 /// Whether a request may use `kind`, given the local and remote memory kinds.
 pub(crate) fn kinds_allow(kind: TransportKind, local: MemoryKind, remote: MemoryKind) -> bool {

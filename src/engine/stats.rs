@@ -33,10 +33,26 @@ pub struct IpcStats {
     pub local_owners_fenced: u64,
     /// Physical bytes charged against the mapping budget by exports and imports.
     pub mapping_bytes_charged: u64,
+    /// Export requests waiting now for the allocation's loan (source side):
+    /// a WRITE grant waits for the READ-only importers to give it back, a
+    /// READ grant for a writer.
+    pub grants_waiting: u64,
     /// Groups whose completion the progress worker is waiting for.
     pub pending_groups: u64,
     /// Progress workers running (0 or 1; started on first use).
     pub progress_workers: u64,
+    /// Copies posted per GPU (CUDA transports): which device's context ran
+    /// them, by ordinal (as this process sees the devices).
+    pub copies_by_device: BTreeMap<i32, DeviceCopyStats>,
+}
+
+/// What one GPU's context copied for a CUDA transport.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct DeviceCopyStats {
+    /// Copies posted.
+    pub copies: u64,
+    /// Their bytes.
+    pub bytes: u64,
 }
 
 /// `EngineStats.nvlink`: the CUDA stream pool and completion progress.
@@ -102,17 +118,27 @@ pub(crate) struct Live {
     pub peers_alive: usize,
     pub incoming_connections: usize,
     pub regions: usize,
-    pub ipc: Vec<(String, ExportCounts, ImportCounts, (u64, u64))>,
+    pub ipc: Vec<LiveIpc>,
     pub nvlink_pool: Option<(crate::cuda::stream_pool::PoolCounts, (u64, u64))>,
     pub transports_available: BTreeMap<String, String>,
     pub notes: Vec<String>,
+}
+
+/// What one IPC transport holds now.
+pub(crate) struct LiveIpc {
+    pub name: String,
+    pub exports: ExportCounts,
+    pub imports: ImportCounts,
+    /// (pending groups, progress workers).
+    pub progress: (u64, u64),
+    pub copies_by_device: BTreeMap<i32, DeviceCopyStats>,
 }
 
 impl EngineStats {
     pub(crate) fn collect(s: &Counters, live: Live) -> EngineStats {
         let transports = TransportKind::ALL.iter().map(|t| (t.name().to_string(), s.transport(*t))).collect();
         let mut ipc = BTreeMap::new();
-        for (name, e, m, (pending, workers)) in &live.ipc {
+        for LiveIpc { name, exports: e, imports: m, progress: (pending, workers), copies_by_device } in &live.ipc {
             ipc.insert(
                 name.clone(),
                 IpcStats {
@@ -125,8 +151,10 @@ impl EngineStats {
                     imports_released_after_exit: m.released_after_exit,
                     local_owners_fenced: m.fenced_local,
                     mapping_bytes_charged: e.charged_bytes + m.charged_bytes,
+                    grants_waiting: e.waiting,
                     pending_groups: *pending,
                     progress_workers: *workers,
+                    copies_by_device: copies_by_device.clone(),
                 },
             );
         }
@@ -190,13 +218,19 @@ impl Engine {
                 ipc: i
                     .ipc
                     .iter()
-                    .map(|t| {
-                        (
-                            t.kind.name().to_string(),
-                            t.exports.counts(),
-                            t.requester.counts(),
-                            t.requester.progress_counts(),
-                        )
+                    .map(|t| LiveIpc {
+                        name: t.kind.name().to_string(),
+                        exports: t.exports.counts(),
+                        imports: t.requester.counts(),
+                        progress: t.requester.progress_counts(),
+                        copies_by_device: t
+                            .copies
+                            .as_ref()
+                            .map(|f| f())
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|(d, (copies, bytes))| (d, DeviceCopyStats { copies, bytes }))
+                            .collect(),
                     })
                     .collect(),
                 nvlink_pool: i.ipc.iter().find_map(|t| t.pool.as_ref().map(|f| (f(), t.requester.progress_counts()))),

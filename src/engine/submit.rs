@@ -110,9 +110,15 @@ impl Engine {
                 .lease(r.local_addr, r.len)
                 .map_err(|e| Error::from_status(e.status(), format!("request {i}: local {}", e.message())))?;
             let k = lease.region().kind;
-            if k == MemoryKind::SharedHost && owners::is_loaned(r.local_addr) {
+            // A READ writes the local memory: it must not run under any
+            // importer's eyes; a WRITE only reads it, which READ exports allow.
+            if k == MemoryKind::SharedHost && owners::loan_blocks(r.local_addr, r.op == Op::Read) {
+                let held = match owners::loaned(r.local_addr) {
+                    Some(owners::LoanMode::Shared) => "exported for READ (importers may be reading it)",
+                    _ => "exported for WRITE",
+                };
                 return Err(Error::Unavailable(format!(
-                    "request {i}: the local shared allocation is exported exclusively until its close receipt"
+                    "request {i}: the local shared allocation is {held} until the importers' close receipts"
                 )));
             }
             out.push(Checked { index: i, req: *r, lease: Arc::new(lease), region: None });
@@ -263,7 +269,9 @@ impl Engine {
             let region = c.region.expect("resolved");
             let (start, end) = (c.req.remote_addr, c.req.remote_addr + c.req.len);
             if let Some((g, _)) = groups.back_mut() {
-                let same = g[0].region.map(|r| r.id) == Some(region.id);
+                // One remote region, and local memory copied by one GPU.
+                let same = g[0].region.map(|r| r.id) == Some(region.id)
+                    && g[0].lease.region().device == c.lease.region().device;
                 let (lo, hi) = (envelope.0.min(start), envelope.1.max(end));
                 if same && hi - lo <= max_env {
                     g.push(c);
@@ -289,7 +297,8 @@ impl Engine {
             // The last group may complete on the progress worker; earlier
             // ones finish here so that subbatches stay in order.
             let defer = if groups.is_empty() { self.deferred_completion(batch, &g) } else { None };
-            match transport.requester.run_group(&link, &region, &items, deadline, defer) {
+            let device = g[0].lease.region().device;
+            match transport.requester.run_group(&link, &region, &items, device, deadline, defer) {
                 Ok(GroupRun::Done(outcomes)) => {
                     for (c, o) in g.iter().zip(outcomes) {
                         batch.complete_chunk(c.index, o);
@@ -375,7 +384,7 @@ impl Engine {
                 continue;
             }
             let region = c.region.expect("resolved");
-            if c.lease.region().kind == MemoryKind::PinnedHost && owners::is_loaned(r.local_addr) {
+            if c.lease.region().kind == MemoryKind::PinnedHost && owners::loaned(r.local_addr).is_some() {
                 // A GPU group holds (or fenced) the whole local pinned
                 // allocation: no CPU access meanwhile.
                 batch.plan(i, 1, TransportKind::Tcp);

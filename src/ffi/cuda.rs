@@ -4,8 +4,8 @@
 use super::boundary::*;
 use super::memory::allocate_into;
 use super::types::*;
-use crate::{allocate_egm, allocate_mnnvl, allocate_pinned_host, retained_resources_json, CudaMemory};
-use std::ffi::c_char;
+use crate::{allocate_egm, allocate_mnnvl, allocate_pinned_host, cuda_adopt, retained_resources_json, CudaMemory};
+use std::ffi::{c_char, c_void};
 
 /// Allocates CUDA device memory on `device` (not exportable).
 #[no_mangle]
@@ -54,6 +54,25 @@ pub extern "C" fn orbite_allocate_egm(
     out_alloc: *mut *mut orbite_allocation,
 ) -> orbite_status {
     guard(|| allocate_into(out_alloc, length, |len| allocate_egm(numa_node, len)))
+}
+
+/// Adopts CUDA memory the caller's stack allocated (`cudaMalloc`/`cuMemAlloc`,
+/// or CUDA VMM memory from `cuMemCreate`) so that the NVLink/MNNVL/EGM
+/// transports can export it and copy with it. `flags` must contain
+/// ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION (a peer that imports it can reach the
+/// whole underlying allocation). `[ptr, ptr+length)` must lie in one
+/// allocation; adoptions inside one allocation share one export. Managed and
+/// host memory: INVALID_ARGUMENT. The memory stays the caller's:
+/// orbite_allocation_free releases only the library's record (UNAVAILABLE
+/// while registered or exported); free the memory after that.
+#[no_mangle]
+pub extern "C" fn orbite_cuda_adopt(
+    ptr: *mut c_void,
+    length: usize,
+    flags: u32,
+    out_alloc: *mut *mut orbite_allocation,
+) -> orbite_status {
+    guard(|| allocate_into(out_alloc, length, |len| cuda_adopt(ptr as u64, len, flags)))
 }
 
 /// Writes, as JSON, the CUDA driver as probed (`cuda_available`, and the

@@ -29,6 +29,9 @@ pub const ORBITE_TRANSPORT_SHM: u32 = 2;
 pub const ORBITE_TRANSPORT_NVLINK: u32 = 3;
 /// CUDA fabric handles across an NVLink fabric.
 pub const ORBITE_TRANSPORT_MNNVL: u32 = 4;
+/// `orbite_cuda_adopt` flag: the caller consents that a peer importing the
+/// adopted memory can reach the whole underlying allocation.
+pub const ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION: u32 = 1;
 
 /// Nothing changed remotely.
 pub const ORBITE_REMOTE_EFFECT_NONE: u32 = 0;

@@ -6,8 +6,13 @@
 //! `cuda` feature, or without a usable driver, each answers `Unavailable`
 //! (or `NotSupported`) with the reason, naming the entry point.
 
-use super::owners::Allocation;
-use crate::error::Result;
+use super::owners::{Allocation, MemoryKind};
+use crate::error::{Error, Result};
+
+/// `adopt` flag: the caller consents that a peer importing the adopted
+/// memory can reach the whole underlying allocation (the driver enforces
+/// no subrange).
+pub const ADOPT_SHARE_WHOLE_ALLOCATION: u32 = 1;
 
 /// CUDA device memory owned by the library.
 pub struct CudaMemory;
@@ -71,6 +76,54 @@ pub unsafe fn wrap_mnnvl(device: i32, va: u64, size: u64, handle: u64) -> Result
 pub unsafe fn wrap_egm(numa_node: i32, va: u64, size: u64, handle: u64) -> Result<Allocation> {
     // SAFETY: the caller upholds the preconditions documented above.
     unsafe { native::wrap(crate::cuda::fabric::Placement::HostNuma(numa_node), va, size, handle) }
+}
+
+/// Adopts CUDA memory the caller's stack allocated, so that the NVLink,
+/// MNNVL and EGM transports can export it and copy with it:
+/// `cudaMalloc`/`cuMemAlloc` memory (exported over NVLink with CUDA IPC) or
+/// CUDA VMM memory from `cuMemCreate` (exported over MNNVL, under the
+/// seed's `wrap_mnnvl`/`wrap_egm` rules: the whole mapping of one
+/// exportable pinned allocation). `[ptr, ptr+len)` must lie in one
+/// allocation, whose base and size the driver reports; `flags` must hold
+/// [`ADOPT_SHARE_WHOLE_ALLOCATION`]. Adoptions inside one allocation share
+/// one record of it (one export, one handle), as caching allocators hand
+/// out blocks of one segment. Managed and host memory are
+/// `InvalidArgument`. The memory stays the caller's: freeing the result
+/// forgets the library's record only (`Unavailable` while registered or
+/// exported), and the caller frees the memory after that.
+pub fn adopt(ptr: u64, len: u64, flags: u32) -> Result<Allocation> {
+    if flags & !ADOPT_SHARE_WHOLE_ALLOCATION != 0 {
+        return Err(Error::InvalidArgument(format!("unknown adopt flags 0x{flags:x}")));
+    }
+    if flags & ADOPT_SHARE_WHOLE_ALLOCATION == 0 {
+        return Err(Error::InvalidArgument(
+            "adopting needs ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION: a peer that imports the memory can reach the \
+             whole allocation holding it, and the caller must consent to that"
+                .into(),
+        ));
+    }
+    if ptr == 0 || len == 0 {
+        return Err(Error::InvalidArgument(format!("cannot adopt 0x{ptr:x}+{len}")));
+    }
+    native::adopt(ptr, len).map_err(|e| e.context(&format!("cuda_adopt(0x{ptr:x}+{len})")))
+}
+
+/// When `addr` is CUDA device or managed memory (which the library did not
+/// allocate or adopt, or the caller would not ask), what it is, in words;
+/// `None` for host memory, or when no CUDA driver is present.
+pub fn foreign_device_memory(addr: u64) -> Option<String> {
+    native::foreign(addr)
+}
+
+/// The GPU whose context copies local memory of `kind` at `addr`: the
+/// device of device memory, the GPU attached to the NUMA node of EGM
+/// memory; `None` for host memory.
+pub fn local_device(addr: u64, kind: MemoryKind) -> Option<i32> {
+    match kind {
+        MemoryKind::Cuda | MemoryKind::CudaIpc | MemoryKind::Mnnvl => super::owners::owner_of(addr)?.device,
+        MemoryKind::Egm => native::egm_device(addr),
+        MemoryKind::Host | MemoryKind::SharedHost | MemoryKind::PinnedHost => None,
+    }
 }
 
 /// Records an event on `stream` for the library CUDA (or pinned) allocation
@@ -144,6 +197,109 @@ mod native {
         Ok(vmm(kind, placement, size, va, size))
     }
 
+    /// Serialises adoptions, so that two adoptions inside one allocation
+    /// agree on who records it.
+    static ADOPTING: Mutex<()> = Mutex::new(());
+
+    pub(super) fn adopt(ptr: u64, len: u64) -> Result<Allocation> {
+        let _one = ADOPTING.lock();
+        let info = raw::pointer_info(ptr)?.ok_or_else(|| {
+            Error::InvalidArgument(
+                "not CUDA memory: plain host memory is registered directly (orbite_register_memory)".into(),
+            )
+        })?;
+        if info.managed {
+            return Err(Error::InvalidArgument(
+                "managed (unified) memory cannot be exported by CUDA IPC or VMM handles; allocate the pool with \
+                 cudaMalloc or cuMemCreate"
+                    .into(),
+            ));
+        }
+        if let Some(handle) = fabric::retained_handle(ptr)? {
+            let adopted = adopt_vmm(ptr, len, handle);
+            if adopted.as_ref().is_ok_and(|(_, spare)| *spare) || adopted.is_err() {
+                // The allocation was already recorded (it keeps the first
+                // reference), or nothing was recorded: give this one back.
+                let _ = fabric::release_handle(handle);
+            }
+            return adopted.map(|(a, _)| a);
+        }
+        if !info.device_memory {
+            return Err(Error::InvalidArgument(
+                "host memory the driver knows (pinned or registered): register it directly; only device and \
+                 VMM memory are adopted"
+                    .into(),
+            ));
+        }
+        if !info.legacy_ipc {
+            return Err(Error::NotSupported(format!(
+                "device memory on device {} that CUDA IPC cannot export (stream-ordered pool memory from \
+                 cudaMallocAsync?); allocate the pool with cudaMalloc, or with cuMemCreate and exportable handle types",
+                info.device
+            )));
+        }
+        let (base, size) = raw::allocation_range(info.device, ptr)?;
+        let foreign = owners::Foreign {
+            kind: MemoryKind::CudaIpc,
+            base,
+            size,
+            device: Some(info.device),
+            forget: Box::new(|_| Ok(())),
+        };
+        owners::adopt_range(foreign, ptr, len).map(|(a, _)| a)
+    }
+
+    /// Adopts VMM memory through its retained `handle`; `true` with the
+    /// result when the allocation was already recorded (the handle is spare).
+    fn adopt_vmm(ptr: u64, len: u64, handle: u64) -> Result<(Allocation, bool)> {
+        let placement = fabric::handle_placement(handle)?;
+        let (kind, device, ctx_device) = match placement {
+            Placement::Device(d) => (MemoryKind::Mnnvl, Some(d), d),
+            Placement::HostNuma(_) => (MemoryKind::Egm, None, 0),
+        };
+        let (base, size) = raw::allocation_range(ctx_device, ptr)?;
+        let known = owners::owner_of(base).is_some_and(|o| o.base == base);
+        if !known {
+            // SAFETY: the driver reports [base, base+size) as the mapping of
+            // one live pinned allocation (checked again inside); the caller
+            // consented to sharing it whole (the adopt flag), and keeps the
+            // final unmap: forgetting the record only releases our reference.
+            unsafe { fabric::wrap(placement, base, size, handle) }?;
+        }
+        let forget: owners::Release = Box::new(move |va| {
+            fabric::free(va)?;
+            fabric::release_handle(handle)
+        });
+        let f = owners::Foreign { kind, base, size, device, forget };
+        match owners::adopt_range(f, ptr, len) {
+            Ok((a, spare)) => Ok((a, spare.is_some())),
+            Err(e) => {
+                if !known {
+                    let _ = fabric::free(base);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) fn foreign(addr: u64) -> Option<String> {
+        // Only where a driver is installed: a host without CUDA never loads it.
+        // SAFETY: is_culib_present only tries to dlopen candidate names.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return None;
+        }
+        let info = raw::pointer_info(addr).ok()??;
+        match (info.managed, info.device_memory) {
+            (true, _) => Some("CUDA managed memory".into()),
+            (false, true) => Some(format!("CUDA device memory of device {}", info.device)),
+            (false, false) => None,
+        }
+    }
+
+    pub(super) fn egm_device(addr: u64) -> Option<i32> {
+        fabric::device_for_node(fabric::egm_node(addr)?).ok()
+    }
+
     /// Events recorded on producer streams, by allocation base.
     static PRODUCERS: Mutex<Option<HashMap<u64, Event>>> = Mutex::new(None);
 
@@ -191,5 +347,14 @@ mod native {
     }
     pub(super) fn record_producer(_: u64, _: u64) -> Result<()> {
         absent()
+    }
+    pub(super) fn adopt(_: u64, _: u64) -> Result<Allocation> {
+        absent()
+    }
+    pub(super) fn foreign(_: u64) -> Option<String> {
+        None
+    }
+    pub(super) fn egm_device(_: u64) -> Option<i32> {
+        None
     }
 }

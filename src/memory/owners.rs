@@ -132,40 +132,79 @@ struct Owned {
 struct Counts {
     registered: u64,
     exported: u64,
-    /// An export holds the whole allocation exclusively.
-    loaned: bool,
+    /// The loans held: who holds each, and how.
+    loans: Vec<(u64, LoanMode)>,
+}
+
+/// One adoption of a range inside memory the caller allocated: several may
+/// share the allocation's entry (and so its export).
+#[derive(Debug)]
+struct AdoptionRecord {
+    id: u64,
+    addr: u64,
+    len: u64,
+    /// Registrations counted against this adoption.
+    registered: u64,
 }
 
 struct Entry {
     owned: Arc<Owned>,
     counts: Counts,
+    /// Empty for memory the library allocated; the adoptions of the caller's
+    /// allocation otherwise (the entry leaves with the last one).
+    adoptions: Vec<AdoptionRecord>,
+}
+
+impl Entry {
+    fn new(owned: Arc<Owned>) -> Entry {
+        Entry { owned, counts: Counts::default(), adoptions: Vec::new() }
+    }
+
+    /// The adoption a registration at `addr` counts against.
+    fn adoption_at(&mut self, addr: u64) -> Option<&mut AdoptionRecord> {
+        self.adoptions.iter_mut().find(|a| addr >= a.addr && addr < a.addr + a.len)
+    }
 }
 
 static OWNERS: Mutex<BTreeMap<u64, Entry>> = Mutex::new(BTreeMap::new());
 static LOAN_RETURNED: parking_lot::Condvar = parking_lot::Condvar::new();
 
-/// An allocation made by the library. Free it with [`Allocation::free`];
-/// dropping it without freeing leaks the memory on purpose (it may still be
-/// registered or mapped by a peer).
+/// An allocation made by the library, or the record of an adoption of
+/// memory the caller allocated. Free it with [`Allocation::free`]; dropping
+/// it without freeing leaks the memory (or the record) on purpose (it may
+/// still be registered or mapped by a peer).
 #[derive(Debug)]
 pub struct Allocation {
     owned: Arc<Owned>,
+    /// `(id, addr, len)` of the adoption this record stands for.
+    adoption: Option<(u64, u64, u64)>,
 }
 
 impl Allocation {
-    /// Start address.
+    /// Start address (of the adopted range, for an adoption).
     pub fn addr(&self) -> u64 {
-        self.owned.addr
+        self.adoption.map_or(self.owned.addr, |a| a.1)
     }
-    /// Logical length (as requested).
+    /// Logical length (as requested, or as adopted).
     pub fn len(&self) -> u64 {
-        self.owned.len
+        self.adoption.map_or(self.owned.len, |a| a.2)
+    }
+    /// Whether this is the record of an adoption: the memory stays the
+    /// caller's, and freeing the record releases only the library's hold.
+    pub fn is_adoption(&self) -> bool {
+        self.adoption.is_some()
+    }
+    /// The whole underlying allocation `(base, size)`: for an adoption, the
+    /// caller's allocation that a peer importing it can reach.
+    pub fn underlying(&self) -> (u64, u64) {
+        (self.owned.addr, self.owned.physical)
     }
     /// Whether the logical length is zero (never: zero-length allocations are refused).
     pub fn is_empty(&self) -> bool {
         self.owned.len == 0
     }
-    /// Physical extent (rounded).
+    /// Physical extent (rounded; the whole underlying allocation for an
+    /// adoption).
     pub fn physical_len(&self) -> u64 {
         self.owned.physical
     }
@@ -200,6 +239,9 @@ impl Allocation {
         if !Arc::ptr_eq(&e.owned, &self.owned) {
             return Err(Error::InvalidArgument("allocation was already freed".into()));
         }
+        if let Some((id, addr, len)) = self.adoption {
+            return release_adoption(&mut map, self.owned.addr, id, addr, len);
+        }
         if e.counts.registered > 0 || e.counts.exported > 0 {
             return Err(Error::Unavailable(format!(
                 "allocation at 0x{:x} is still registered {} time(s) and exported {} time(s); unregister it first",
@@ -219,6 +261,107 @@ impl Allocation {
         map.remove(&self.owned.addr);
         Ok(())
     }
+}
+
+/// Forgets one adoption record of the entry at `base`; the entry (and its
+/// release hook, which forgets what the lower layer holds, never frees the
+/// caller's memory) goes with the last one.
+fn release_adoption(map: &mut BTreeMap<u64, Entry>, base: u64, id: u64, addr: u64, len: u64) -> Result<()> {
+    let e = map.get_mut(&base).expect("checked by the caller");
+    let Some(i) = e.adoptions.iter().position(|a| a.id == id) else {
+        return Err(Error::InvalidArgument("adoption was already freed".into()));
+    };
+    if e.counts.exported > 0 {
+        return Err(Error::Unavailable(format!(
+            "the allocation holding the adoption 0x{addr:x}+{len} is exported {} time(s); a peer may still map it \
+             (it is released by the importers' close receipts)",
+            e.counts.exported
+        )));
+    }
+    if e.adoptions[i].registered > 0 {
+        return Err(Error::Unavailable(format!(
+            "the adoption 0x{addr:x}+{len} is still registered {} time(s); unregister it first",
+            e.adoptions[i].registered
+        )));
+    }
+    if e.adoptions.len() == 1 {
+        if let Backing::Native { release, .. } = &e.owned.backing {
+            release(base)?;
+        }
+        map.remove(&base);
+    } else {
+        e.adoptions.remove(i);
+    }
+    Ok(())
+}
+
+static NEXT_ADOPTION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// What a lower layer found out about memory the caller allocated, to be
+/// adopted: the whole allocation and how the library lets go of it.
+pub struct Foreign {
+    /// The kind it is exported as.
+    pub kind: MemoryKind,
+    /// First byte of the whole allocation.
+    pub base: u64,
+    /// Its size.
+    pub size: u64,
+    /// The device of device memory.
+    pub device: Option<i32>,
+    /// Forgets what the lower layer holds for it (never frees the memory);
+    /// run when the last adoption inside it is freed.
+    pub forget: Release,
+}
+
+/// Records the adoption of `[addr, addr+len)` inside the caller's allocation
+/// `f`. Adoptions inside one allocation share one entry (so one export and
+/// one handle); the first one's `forget` is kept, and a later one's is
+/// returned unused with `false` so that the caller undoes what it took.
+/// An overlap with a library allocation, or with another adopted
+/// allocation that is not exactly this one, is `InvalidArgument`.
+pub fn adopt_range(f: Foreign, addr: u64, len: u64) -> Result<(Allocation, Option<Release>)> {
+    let end = f.base.checked_add(f.size).filter(|_| f.size > 0);
+    if end.is_none_or(|end| addr < f.base || addr.checked_add(len).is_none_or(|e| e > end) || len == 0) {
+        return Err(Error::InvalidArgument(format!(
+            "0x{addr:x}+{len} does not lie in its allocation 0x{:x}+{}",
+            f.base, f.size
+        )));
+    }
+    let mut map = OWNERS.lock();
+    let id = NEXT_ADOPTION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let record = AdoptionRecord { id, addr, len, registered: 0 };
+    if let Some(e) = map.get_mut(&f.base) {
+        let o = &e.owned;
+        if e.adoptions.is_empty() || o.physical != f.size || o.kind != f.kind {
+            return Err(Error::InvalidArgument(format!(
+                "0x{addr:x} lies in a library allocation (0x{:x}+{}, {}); register it directly",
+                o.addr,
+                o.len,
+                o.kind.name()
+            )));
+        }
+        e.adoptions.push(record);
+        let owned = o.clone();
+        return Ok((Allocation { owned, adoption: Some((id, addr, len)) }, Some(f.forget)));
+    }
+    let below = map.range(..f.base).next_back().filter(|(_, e)| e.owned.addr + e.owned.physical > f.base);
+    let inside = map.range(f.base..f.base + f.size).next();
+    if let Some((_, e)) = below.or(inside) {
+        return Err(Error::InvalidArgument(format!(
+            "the allocation 0x{:x}+{} overlaps the library's record of 0x{:x}+{} ({})",
+            f.base,
+            f.size,
+            e.owned.addr,
+            e.owned.physical,
+            e.owned.kind.name()
+        )));
+    }
+    let backing = Backing::Native { device: f.device, release: f.forget };
+    let owned = Arc::new(Owned { kind: f.kind, addr: f.base, len: f.size, physical: f.size, backing });
+    let mut entry = Entry::new(owned.clone());
+    entry.adoptions.push(record);
+    map.insert(f.base, entry);
+    Ok((Allocation { owned, adoption: Some((id, addr, len)) }, None))
 }
 
 /// `len` rounded up to [`SHARED_ROUNDING`] (and small enough to map), or
@@ -279,8 +422,8 @@ pub fn allocate_shared_host(len: u64) -> Result<Allocation> {
     let p = map_shared(&fd, physical, true, "shared memory")?;
     let owned =
         Arc::new(Owned { kind: MemoryKind::SharedHost, addr: p, len, physical, backing: Backing::Memfd { fd } });
-    OWNERS.lock().insert(owned.addr, Entry { owned: owned.clone(), counts: Counts::default() });
-    Ok(Allocation { owned })
+    OWNERS.lock().insert(owned.addr, Entry::new(owned.clone()));
+    Ok(Allocation { owned, adoption: None })
 }
 
 /// Kind of the memory at `[addr, addr+len)`: the owning allocation's kind, or
@@ -294,6 +437,14 @@ pub fn kind_of(addr: u64, len: u64) -> Result<MemoryKind> {
             if addr + len > o.addr + o.len {
                 return Err(Error::InvalidArgument(format!(
                     "range 0x{addr:x}+{len} crosses the end of the library allocation 0x{:x}+{}",
+                    o.addr, o.len
+                )));
+            }
+            let adopted = |a: &AdoptionRecord| addr >= a.addr && addr + len <= a.addr + a.len;
+            if !e.adoptions.is_empty() && !e.adoptions.iter().any(adopted) {
+                return Err(Error::InvalidArgument(format!(
+                    "range 0x{addr:x}+{len} lies in an adopted allocation (0x{:x}+{}) but in none of its adopted \
+                     ranges; adopt it first (orbite_cuda_adopt)",
                     o.addr, o.len
                 )));
             }
@@ -335,8 +486,8 @@ pub fn owner_of(addr: u64) -> Option<OwnerInfo> {
 /// backing says how to release it.
 pub fn adopt(kind: MemoryKind, addr: u64, len: u64, physical: u64, backing: Backing) -> Allocation {
     let owned = Arc::new(Owned { kind, addr, len, physical, backing });
-    OWNERS.lock().insert(addr, Entry { owned: owned.clone(), counts: Counts::default() });
-    Allocation { owned }
+    OWNERS.lock().insert(addr, Entry::new(owned.clone()));
+    Allocation { owned, adoption: None }
 }
 
 /// Adjusts the registration count of the owned allocation holding `addr`
@@ -346,22 +497,52 @@ pub(crate) fn note_registered(addr: u64, delta: i64) {
     if let Some((_, e)) = map.range_mut(..=addr).next_back() {
         if addr < e.owned.addr + e.owned.physical {
             e.counts.registered = e.counts.registered.saturating_add_signed(delta);
+            if let Some(a) = e.adoption_at(addr) {
+                a.registered = a.registered.saturating_add_signed(delta);
+            }
         }
     }
 }
 
-/// An exclusive borrow of a whole owned allocation (held by an export until
-/// its close receipt). Dropping it returns the allocation.
+/// How a loan holds a whole owned allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoanMode {
+    /// Beside any number of other shared loans (READ exports: importers
+    /// that only read it).
+    Shared,
+    /// Alone (a WRITE export, or a local GPU group's fence): no loan of
+    /// another holder at the same time.
+    Exclusive,
+}
+
+/// The holder of loans taken for this process's own copies (a local GPU
+/// group's fence); importers are named by their process.
+pub const LOCAL_HOLDER: u64 = 0;
+
+/// A borrow of a whole owned allocation (held by an export until its close
+/// receipt, or by a GPU group on its local pinned memory). Dropping it
+/// returns the allocation.
 #[derive(Debug)]
 pub struct Loan {
     base: u64,
+    holder: u64,
+    mode: LoanMode,
+}
+
+impl Loan {
+    /// How it holds the allocation.
+    pub fn mode(&self) -> LoanMode {
+        self.mode
+    }
 }
 
 impl Drop for Loan {
     fn drop(&mut self) {
         let mut map = OWNERS.lock();
         if let Some(e) = map.get_mut(&self.base) {
-            e.counts.loaned = false;
+            if let Some(i) = e.counts.loans.iter().position(|l| *l == (self.holder, self.mode)) {
+                e.counts.loans.swap_remove(i);
+            }
             e.counts.exported = e.counts.exported.saturating_sub(1);
         }
         drop(map);
@@ -369,33 +550,75 @@ impl Drop for Loan {
     }
 }
 
-/// Takes the exclusive loan of the allocation at `base`, waiting until
-/// `deadline` while another export holds it.
-pub fn loan(base: u64, deadline: std::time::Instant) -> Result<Loan> {
+/// Why `holder` cannot take a `mode` loan now: loans of other holders that
+/// conflict with it (an exclusive loan on either side). An importer never
+/// waits for its own loans: one importing process coordinates its own
+/// reads and writes, as it would over TCP. This process's own GPU groups
+/// ([`LOCAL_HOLDER`]) do wait for each other's exclusive loans (a fence
+/// after an uncertain completion holds off every later group).
+fn loan_conflict(c: &Counts, holder: u64, mode: LoanMode) -> Option<String> {
+    let others = c.loans.iter().filter(|(h, _)| *h != holder || holder == LOCAL_HOLDER);
+    let (mut readers, mut writer) = (0u64, false);
+    for (_, m) in others {
+        match m {
+            LoanMode::Shared => readers += 1,
+            LoanMode::Exclusive => writer = true,
+        }
+    }
+    match (writer, readers, mode) {
+        (true, _, _) => {
+            Some("exported for WRITE to another importer (or held by a GPU group) until its close receipt".into())
+        }
+        (false, n, LoanMode::Exclusive) if n > 0 => Some(format!(
+            "exported for READ to {n} other import(s) until their close receipts (cached imports give it back when \
+             their requesters flush or evict them)"
+        )),
+        _ => None,
+    }
+}
+
+/// Takes a loan of the allocation at `base` for `holder`, waiting until
+/// `deadline` while another holder's loan conflicts: shared loans exclude
+/// only an exclusive one; an exclusive loan waits for every other holder's.
+pub fn loan(base: u64, holder: u64, mode: LoanMode, deadline: std::time::Instant) -> Result<Loan> {
     let mut map = OWNERS.lock();
     loop {
         let e = map.get_mut(&base).ok_or_else(|| Error::NotFound(format!("no library allocation at 0x{base:x}")))?;
-        if !e.counts.loaned {
-            e.counts.loaned = true;
+        let Some(why) = loan_conflict(&e.counts, holder, mode) else {
+            e.counts.loans.push((holder, mode));
             e.counts.exported += 1;
-            return Ok(Loan { base });
-        }
+            return Ok(Loan { base, holder, mode });
+        };
         if LOAN_RETURNED.wait_until(&mut map, deadline).timed_out() {
-            let still = map.get(&base).is_some_and(|e| e.counts.loaned);
-            if still {
-                return Err(Error::Unavailable(format!(
-                    "allocation 0x{base:x} is exported to another requester until its close receipt"
-                )));
+            let still = map.get(&base).and_then(|e| loan_conflict(&e.counts, holder, mode));
+            if still.is_some() {
+                return Err(Error::Unavailable(format!("allocation 0x{base:x} is {why}")));
             }
         }
     }
 }
 
-/// Whether `[addr, addr+len)` lies in an owned allocation that an export
-/// holds exclusively right now.
-pub fn is_loaned(addr: u64) -> bool {
+/// The strongest loan held on the owned allocation holding `addr` right
+/// now, by anyone: `None` when there is none.
+pub fn loaned(addr: u64) -> Option<LoanMode> {
     let map = OWNERS.lock();
-    map.range(..=addr).next_back().is_some_and(|(_, e)| addr < e.owned.addr + e.owned.physical && e.counts.loaned)
+    let (_, e) = map.range(..=addr).next_back().filter(|(_, e)| addr < e.owned.addr + e.owned.physical)?;
+    let loans = &e.counts.loans;
+    match loans.iter().any(|(_, m)| *m == LoanMode::Exclusive) {
+        true => Some(LoanMode::Exclusive),
+        false => (!loans.is_empty()).then_some(LoanMode::Shared),
+    }
+}
+
+/// Whether a copy of this process that `writes` (or only reads) the owned
+/// allocation holding `addr` conflicts with its loans: a write conflicts
+/// with any loan, a read only with an exclusive one.
+pub fn loan_blocks(addr: u64, writes: bool) -> bool {
+    match loaned(addr) {
+        None => false,
+        Some(LoanMode::Shared) => writes,
+        Some(LoanMode::Exclusive) => true,
+    }
 }
 
 #[cfg(test)]

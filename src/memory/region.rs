@@ -78,6 +78,9 @@ pub struct Region {
     pub access: Access,
     /// Kind of the memory behind it.
     pub kind: MemoryKind,
+    /// The GPU whose context copies it: its device for device memory, the
+    /// GPU attached to its NUMA node for EGM memory; `None` for host memory.
+    pub device: Option<i32>,
     active: AtomicU64,
     closing: AtomicBool,
     /// A transport's hold on the backing for this registration (MNNVL's
@@ -185,6 +188,17 @@ impl RegionTable {
             .checked_add(len)
             .ok_or_else(|| Error::InvalidArgument(format!("range 0x{addr:x}+{len} wraps the address space")))?;
         let kind = owners::kind_of(addr, len)?;
+        if kind == MemoryKind::Host {
+            // Device memory the library neither allocated nor adopted is
+            // never taken for host memory (the TCP path would touch it).
+            if let Some(what) = super::cuda::foreign_device_memory(addr) {
+                return Err(Error::InvalidArgument(format!(
+                    "0x{addr:x} is {what} that this library did not allocate; adopt it first with \
+                     orbite_cuda_adopt (Rust: memory::cuda::adopt), then register it"
+                )));
+            }
+        }
+        let device = super::cuda::local_device(addr, kind);
         let _c = self.change.lock();
         let published = self.published.load(Ordering::Acquire);
         let mut map = self.by_addr.write();
@@ -211,6 +225,7 @@ impl RegionTable {
             len,
             access,
             kind,
+            device,
             active: AtomicU64::new(0),
             closing: AtomicBool::new(false),
             backing_hold: Mutex::new(None),

@@ -5,18 +5,21 @@
 //! legacy stream, which is drained before the import may be released.
 //! Completion is queried once and waited for or handed to the progress
 //! worker by the IPC protocol; an uncertain drain, query or context
-//! restoration quarantines the stream and keeps the mapping.
+//! restoration quarantines the stream and keeps the mapping. Every copy
+//! runs in the context the import was opened in: the GPU chosen for the
+//! group's local memory (the transports' rule), counted per device.
 
 use super::copy_batch::{CopyBatch, Submission};
 use super::ipc::backend::{CopyOp, CopyPlan, Mapping};
-use crate::cuda::driver::{driver, primary_context, ContextGuard, Ctx};
-use crate::cuda::fabric::{self, Imported};
+use crate::cuda::driver::{driver, ContextGuard, Ctx};
+use crate::cuda::fabric::Imported;
 use crate::cuda::memory as raw;
 use crate::cuda::stream_pool::{StreamLease, StreamPool};
 use crate::cuda::streams::{CudaStreams, StreamPair};
 use crate::error::{Error, Result};
 use crate::memory::cuda::consume_producer;
 use parking_lot::Mutex;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,11 +32,42 @@ pub enum Closer {
     Vmm(Imported),
 }
 
+/// Copies posted per device: which GPU's context ran them.
+#[derive(Debug, Default)]
+pub struct DeviceCopies {
+    by_device: Mutex<BTreeMap<i32, DeviceCopyCount>>,
+}
+
+/// What one device copied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceCopyCount {
+    /// Copies posted in the device's context.
+    pub copies: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+impl DeviceCopies {
+    fn record(&self, device: i32, ops: &[CopyOp]) {
+        let mut m = self.by_device.lock();
+        let c = m.entry(device).or_default();
+        c.copies += ops.len() as u64;
+        c.bytes += ops.iter().map(|o| o.len).sum::<u64>();
+    }
+
+    /// Counts by device ordinal.
+    pub fn snapshot(&self) -> BTreeMap<i32, DeviceCopyCount> {
+        self.by_device.lock().clone()
+    }
+}
+
 /// An import mapping copied through with leased streams.
 pub struct CudaMapping {
     base: u64,
-    len: u64,
+    /// The device whose primary context `ctx` is.
+    device: i32,
     ctx: Ctx,
+    copies: Arc<DeviceCopies>,
     pool: Arc<StreamPool<CudaStreams>>,
     /// Single copies strictly below this many bytes run synchronously (0:
     /// never, as for MNNVL).
@@ -46,19 +80,22 @@ pub struct CudaMapping {
 }
 
 impl CudaMapping {
-    /// A mapping of `len` bytes at `base`, opened in context `ctx`.
+    /// A mapping at `base`, opened in `device`'s primary context `ctx`; its
+    /// copies are counted in `copies`.
     pub fn new(
         base: u64,
-        len: u64,
+        device: i32,
         ctx: Ctx,
         pool: Arc<StreamPool<CudaStreams>>,
         threshold: u64,
         closer: Closer,
+        copies: Arc<DeviceCopies>,
     ) -> CudaMapping {
         CudaMapping {
             base,
-            len,
+            device,
             ctx,
+            copies,
             pool,
             threshold,
             pending: Mutex::new(None),
@@ -70,30 +107,6 @@ impl CudaMapping {
 
     fn mark_uncertain(&self) {
         self.uncertain.store(true, Ordering::Release);
-    }
-
-    /// The context the copies of `ops` run in: the mapping's, unless the
-    /// local side is EGM memory (MNNVL), which is copied on the GPU attached
-    /// to its NUMA node; one group must agree on that GPU.
-    fn copy_ctx(&self, ops: &[CopyOp]) -> Result<Ctx> {
-        let Closer::Vmm(_) = self.closer else { return Ok(self.ctx) };
-        let inside = |a: u64| a >= self.base && a < self.base + self.len;
-        let mut chosen: Option<i32> = None;
-        for o in ops {
-            let local = if inside(o.dst) { o.src } else { o.dst };
-            let Some(node) = fabric::egm_node(local) else { continue };
-            let d = fabric::device_for_node(node)?;
-            if chosen.is_some_and(|c| c != d) {
-                return Err(Error::NotSupported(
-                    "one group's local EGM memory sits on NUMA nodes of different GPUs; submit them separately".into(),
-                ));
-            }
-            chosen = Some(d);
-        }
-        match chosen {
-            Some(d) => primary_context(d),
-            None => Ok(self.ctx),
-        }
     }
 
     fn sync_copy(&self, o: &CopyOp) -> Result<()> {
@@ -112,7 +125,7 @@ impl CudaMapping {
 
     fn async_copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<()> {
         let batch_v2 = driver()?.batch_v2;
-        let ctx = self.copy_ctx(ops)?;
+        let ctx = self.ctx;
         let lease = self.pool.lease(ctx as u64, Instant::now() + Duration::from_secs(60))?;
         let pair = lease.handle.as_ref().expect("leased pair");
         let g = ContextGuard::bind(ctx)?;
@@ -163,9 +176,12 @@ impl Mapping for CudaMapping {
             consume_producer(o.dst)?;
         }
         if ops.len() == 1 && ops[0].len < self.threshold {
-            return self.sync_copy(&ops[0]);
+            self.sync_copy(&ops[0])?;
+        } else {
+            self.async_copy(ops, plan)?;
         }
-        self.async_copy(ops, plan)
+        self.copies.record(self.device, ops);
+        Ok(())
     }
 
     fn wait(&self) -> Result<()> {

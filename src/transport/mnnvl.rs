@@ -1,8 +1,11 @@
 //! MNNVL: how exports name their memory (the handle type), the wire form of
 //! an MNNVL handle, and the MNNVL backend of the IPC protocol (fabric or
-//! POSIX-fd VMM handles, imports mapped on the visible local GPUs and
-//! copied through a [`CudaMapping`](super::cuda_mapping::CudaMapping),
-//! always asynchronously).
+//! POSIX-fd VMM handles, imports mapped with access for the visible local
+//! GPUs, imported and copied in the context of the GPU of the group's local
+//! memory — its device, the GPU attached to a local EGM owner's NUMA node,
+//! or the first visible GPU for other host memory — through a
+//! [`CudaMapping`](super::cuda_mapping::CudaMapping), always
+//! asynchronously).
 
 use crate::cuda::vmm::FABRIC_HANDLE_BYTES;
 use crate::error::{Error, Result};
@@ -127,7 +130,7 @@ mod backend {
     use crate::error::{Error, Result};
     use crate::kinds::TransportKind;
     use crate::memory::cuda::consume_producer;
-    use crate::transport::cuda_mapping::{Closer, CudaMapping};
+    use crate::transport::cuda_mapping::{Closer, CudaMapping, DeviceCopies};
     use crate::transport::ipc::backend::{ExportedHandle, IpcBackend, Mapping, ReceivedHandle};
     use std::sync::Arc;
 
@@ -135,6 +138,7 @@ mod backend {
     pub struct MnnvlBackend {
         handle_type: MnnvlHandleType,
         pool: Arc<StreamPool<CudaStreams>>,
+        copies: Arc<DeviceCopies>,
     }
 
     impl MnnvlBackend {
@@ -142,7 +146,12 @@ mod backend {
         /// Resolves the fabric symbols (only here, when MNNVL is requested).
         pub fn new(handle_type: MnnvlHandleType, pool: Arc<StreamPool<CudaStreams>>) -> Result<MnnvlBackend> {
             fabric::fabric_ready()?;
-            Ok(MnnvlBackend { handle_type, pool })
+            Ok(MnnvlBackend { handle_type, pool, copies: Arc::new(DeviceCopies::default()) })
+        }
+
+        /// Copies per device (for stats).
+        pub fn copies(&self) -> &Arc<DeviceCopies> {
+            &self.copies
         }
     }
 
@@ -171,7 +180,13 @@ mod backend {
             fabric::retire_export(base)
         }
 
-        fn import(&self, handle: ReceivedHandle, physical: u64, _writable: bool) -> Result<Box<dyn Mapping>> {
+        fn import(
+            &self,
+            handle: ReceivedHandle,
+            physical: u64,
+            _writable: bool,
+            local_device: Option<i32>,
+        ) -> Result<Box<dyn Mapping>> {
             let w = WireHandle::decode(&handle.bytes)?;
             if w.physical != physical {
                 return Err(Error::Protocol(format!("MNNVL handle says {} bytes, the grant {physical}", w.physical)));
@@ -185,11 +200,11 @@ mod backend {
                         .ok_or_else(|| Error::Protocol("a POSIX-fd MNNVL handle arrived without its fd".into()))?,
                 ),
             };
-            let imported = fabric::import(received, w.physical)?;
-            // MNNVL always uses the asynchronous stream and completion event,
-            // on the GPU attached to a local EGM owner's NUMA node.
-            let (va, ctx) = (imported.va, imported.ctx);
-            Ok(Box::new(CudaMapping::new(va, w.physical, ctx, self.pool.clone(), 0, Closer::Vmm(imported))))
+            let device = local_device.unwrap_or(0);
+            let imported = fabric::import(received, w.physical, device)?;
+            // MNNVL always uses the asynchronous stream and completion event.
+            let (va, ctx, pool, copies) = (imported.va, imported.ctx, self.pool.clone(), self.copies.clone());
+            Ok(Box::new(CudaMapping::new(va, device, ctx, pool, 0, Closer::Vmm(imported), copies)))
         }
     }
 }

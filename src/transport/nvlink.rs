@@ -1,14 +1,21 @@
 //! The NVLink (CUDA IPC) backend of the IPC protocol: an export is the CUDA
-//! IPC handle of a whole `allocate_ipc` allocation; an import is opened in
-//! the requester's primary context and copied through as a
-//! [`CudaMapping`]: a leased stream with one trailing event (native batch
-//! copies for independent groups), or, for a single copy below
-//! `nvlink_async_memcpy_threshold_kb`, synchronously with the legacy stream
-//! drained before the import may be released.
+//! IPC handle of a whole exportable device allocation (`allocate_ipc`, or
+//! `cudaMalloc` memory the caller adopted) followed by the UUID of the GPU
+//! holding it; an import is opened in the primary context of the GPU that
+//! will copy it, and copied through as a [`CudaMapping`]: a leased stream
+//! with one trailing event (native batch copies for independent groups),
+//! or, for a single copy below `nvlink_async_memcpy_threshold_kb`,
+//! synchronously with the legacy stream drained before the import may be
+//! released.
+//!
+//! Which GPU copies: the local memory's own device; for local pinned host
+//! memory, the GPU that holds the remote allocation when this process sees
+//! it (matched by UUID, since ordinals differ between processes), else the
+//! first visible GPU.
 
-use super::cuda_mapping::{Closer, CudaMapping};
+use super::cuda_mapping::{Closer, CudaMapping, DeviceCopies};
 use super::ipc::backend::{ExportedHandle, IpcBackend, Mapping, ReceivedHandle};
-use crate::cuda::driver::{driver, primary_context};
+use crate::cuda::driver::{device_uuid, device_with_uuid, driver, primary_context};
 use crate::cuda::memory::{ipc_handle, ipc_open, IPC_HANDLE_BYTES};
 use crate::cuda::stream_pool::StreamPool;
 use crate::cuda::streams::CudaStreams;
@@ -18,12 +25,14 @@ use crate::memory::cuda::consume_producer;
 use crate::memory::{owners, MemoryKind};
 use std::sync::Arc;
 
+/// Bytes of an NVLink handle on the wire: the CUDA IPC handle, then the
+/// UUID of the exporting GPU (zero when the driver cannot say).
+pub const WIRE_HANDLE_BYTES: usize = IPC_HANDLE_BYTES + 16;
+
 /// The NVLink backend.
 pub struct NvlinkBackend {
     pool: Arc<StreamPool<CudaStreams>>,
-    /// The requester's device for imports (its first visible device);
-    /// peer ordinals never select it.
-    device: i32,
+    copies: Arc<DeviceCopies>,
     threshold: u64,
 }
 
@@ -31,13 +40,28 @@ impl NvlinkBackend {
     /// A backend with a pool of `streams` slots and the sync-copy threshold.
     pub fn new(streams: usize, threshold_kb: u64) -> Result<NvlinkBackend> {
         driver()?;
-        Ok(NvlinkBackend { pool: StreamPool::new(CudaStreams, streams), device: 0, threshold: threshold_kb * 1024 })
+        Ok(NvlinkBackend {
+            pool: StreamPool::new(CudaStreams, streams),
+            copies: Arc::new(DeviceCopies::default()),
+            threshold: threshold_kb * 1024,
+        })
     }
 
     /// The stream pool (for stats).
     pub fn pool(&self) -> &Arc<StreamPool<CudaStreams>> {
         &self.pool
     }
+
+    /// Copies per device (for stats).
+    pub fn copies(&self) -> &Arc<DeviceCopies> {
+        &self.copies
+    }
+}
+
+/// The GPU whose context imports and copies: the local memory's device, or
+/// for host memory the exporter's GPU when visible here, else device 0.
+fn copying_device(local_device: Option<i32>, exporter: &[u8; 16]) -> i32 {
+    local_device.or_else(|| device_with_uuid(exporter)).unwrap_or(0)
 }
 
 impl IpcBackend for NvlinkBackend {
@@ -46,20 +70,38 @@ impl IpcBackend for NvlinkBackend {
     }
 
     fn export(&self, base: u64, _writable: bool) -> Result<ExportedHandle> {
-        let o = owners::owner_of(base)
-            .filter(|o| o.base == base && o.kind == MemoryKind::CudaIpc)
-            .ok_or_else(|| Error::NotSupported(format!("0x{base:x} is not an allocate_ipc allocation")))?;
+        let o =
+            owners::owner_of(base).filter(|o| o.base == base && o.kind == MemoryKind::CudaIpc).ok_or_else(|| {
+                Error::NotSupported(format!(
+                    "0x{base:x} is not an allocate_ipc allocation or an adopted device allocation"
+                ))
+            })?;
         consume_producer(base)?;
-        let h = ipc_handle(o.device.unwrap_or(0), base)?;
-        Ok(ExportedHandle { bytes: h.to_vec(), fd: None, owned_fd: None })
+        let device = o.device.unwrap_or(0);
+        let mut bytes = ipc_handle(device, base)?.to_vec();
+        bytes.extend_from_slice(&device_uuid(device).unwrap_or([0; 16]));
+        Ok(ExportedHandle { bytes, fd: None, owned_fd: None })
     }
 
-    fn import(&self, handle: ReceivedHandle, physical: u64, _writable: bool) -> Result<Box<dyn Mapping>> {
-        let h: &[u8; IPC_HANDLE_BYTES] = handle.bytes.as_slice().try_into().map_err(|_| {
-            Error::Protocol(format!("a CUDA IPC handle has {IPC_HANDLE_BYTES} bytes, got {}", handle.bytes.len()))
-        })?;
-        let ctx = primary_context(self.device)?;
+    fn import(
+        &self,
+        handle: ReceivedHandle,
+        _physical: u64,
+        _writable: bool,
+        local_device: Option<i32>,
+    ) -> Result<Box<dyn Mapping>> {
+        if handle.bytes.len() != WIRE_HANDLE_BYTES {
+            return Err(Error::Protocol(format!(
+                "an NVLink handle has {WIRE_HANDLE_BYTES} bytes, got {}",
+                handle.bytes.len()
+            )));
+        }
+        let (h, uuid) = handle.bytes.split_at(IPC_HANDLE_BYTES);
+        let h: &[u8; IPC_HANDLE_BYTES] = h.try_into().expect("split at the handle size");
+        let device = copying_device(local_device, uuid.try_into().expect("16 bytes"));
+        let ctx = primary_context(device)?;
         let p = ipc_open(ctx, h)?;
-        Ok(Box::new(CudaMapping::new(p, physical, ctx, self.pool.clone(), self.threshold, Closer::Ipc)))
+        let copies = self.copies.clone();
+        Ok(Box::new(CudaMapping::new(p, device, ctx, self.pool.clone(), self.threshold, Closer::Ipc, copies)))
     }
 }

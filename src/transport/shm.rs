@@ -50,7 +50,13 @@ impl IpcBackend for ShmBackend {
         Ok(ExportedHandle { bytes: Vec::new(), fd: None, owned_fd: Some(reopen_read_only(fd)?) })
     }
 
-    fn import(&self, handle: ReceivedHandle, physical: u64, writable: bool) -> Result<Box<dyn Mapping>> {
+    fn import(
+        &self,
+        handle: ReceivedHandle,
+        physical: u64,
+        writable: bool,
+        _: Option<i32>,
+    ) -> Result<Box<dyn Mapping>> {
         let fd =
             handle.fd.ok_or_else(|| Error::Protocol("an SHM handle arrived without its file descriptor".into()))?;
         // Only a memory file whose size nobody can change may be mapped: a
@@ -147,9 +153,9 @@ mod tests {
         let p = unsafe { libc::mmap(std::ptr::null_mut(), 4096, rw, libc::MAP_SHARED, ro.as_raw_fd(), 0) };
         assert_eq!(p, libc::MAP_FAILED, "a read-only descriptor mapped writable");
         let physical = a.physical_len();
-        let e = ShmBackend.import(received(dup(ro.as_raw_fd())), physical, true).err().unwrap();
+        let e = ShmBackend.import(received(dup(ro.as_raw_fd())), physical, true, None).err().unwrap();
         assert!(e.message().contains("read-only SHM handle"), "{e}");
-        let m = ShmBackend.import(received(ro), physical, false).unwrap();
+        let m = ShmBackend.import(received(ro), physical, false, None).unwrap();
         // SAFETY: the import maps `physical` readable bytes.
         assert_eq!(unsafe { *(m.base() as *const u8) }, 42);
         m.close().unwrap();
@@ -167,7 +173,7 @@ mod tests {
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
         // SAFETY: sizing our own memfd.
         assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), 1 << 21) }, 0);
-        let e = ShmBackend.import(received(fd), 1 << 21, true).err().unwrap();
+        let e = ShmBackend.import(received(fd), 1 << 21, true, None).err().unwrap();
         assert_eq!(e.status(), crate::error::Status::ProtocolError);
         assert!(e.message().contains("not sealed"), "{e}");
     }

@@ -18,6 +18,11 @@ pub fn pattern_vec(seed: u64, len: usize) -> Vec<u8> {
     (0..len as u64).map(|i| pattern(seed, i)).collect()
 }
 
+/// FNV-1a of `bytes` (what orbite-peer's requester reports after a READ).
+pub fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ *b as u64).wrapping_mul(0x100_0000_01b3))
+}
+
 /// A running orbite-peer source process.
 pub struct PeerProc {
     pub child: Child,

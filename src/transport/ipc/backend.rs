@@ -82,6 +82,14 @@ pub trait IpcBackend: Send + Sync {
     /// its importer provably exited). Backends that count exports use it.
     fn unexport(&self, _base: u64) {}
     /// Requester side: maps a received handle of `physical` bytes,
-    /// read-write only when the grant allows WRITE.
-    fn import(&self, handle: ReceivedHandle, physical: u64, writable: bool) -> Result<Box<dyn Mapping>>;
+    /// read-write only when the grant allows WRITE, for copies with local
+    /// memory on `local_device` (`None`: host memory; the backend's rule
+    /// picks the GPU). CPU backends ignore the device.
+    fn import(
+        &self,
+        handle: ReceivedHandle,
+        physical: u64,
+        writable: bool,
+        local_device: Option<i32>,
+    ) -> Result<Box<dyn Mapping>>;
 }

@@ -229,6 +229,29 @@ impl<K: Clone + Eq + Hash, V> RelocationCache<K, V> {
         }
     }
 
+    /// Shares `key`'s entry when it is ready and current, without waiting
+    /// and without opening one.
+    pub fn try_share(&self, key: &K, current: CurrentFn<'_, V>) -> Option<Arc<V>> {
+        let mut c = self.state.lock();
+        c.clock += 1;
+        let now = c.clock;
+        let slot = c.slots.get_mut(key)?;
+        match &slot.state {
+            SlotState::Ready(v) if current(v) => {
+                let v = v.clone();
+                slot.users += 1;
+                slot.last_used = now;
+                Some(v)
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether `key` has an entry (in any state).
+    pub fn contains(&self, key: &K) -> bool {
+        self.state.lock().slots.contains_key(key)
+    }
+
     /// A user is done with `key`'s entry.
     pub fn release(&self, key: &K) {
         let mut c = self.state.lock();
@@ -288,11 +311,19 @@ impl<K: Clone + Eq + Hash, V> RelocationCache<K, V> {
     /// may refill the cache meanwhile. Returns what stays: for each entry
     /// that could not be closed, its key and why.
     pub fn flush(&self, deadline: Instant, close: CloseFn<'_, V>) -> Vec<(K, String)> {
-        self.flush_where(deadline, close, &|_| true)
+        self.flush_where(deadline, close, &|_| true, true)
     }
 
     /// [`RelocationCache::flush`] for the entries whose value `pick` selects.
-    pub fn flush_where(&self, deadline: Instant, close: CloseFn<'_, V>, pick: &dyn Fn(&V) -> bool) -> Vec<(K, String)> {
+    /// Entries in use, or with no value to judge yet (being set up or
+    /// closed), are waited for when `wait_busy`, skipped otherwise.
+    pub fn flush_where(
+        &self,
+        deadline: Instant,
+        close: CloseFn<'_, V>,
+        pick: &dyn Fn(&V) -> bool,
+        wait_busy: bool,
+    ) -> Vec<(K, String)> {
         let keys: Vec<K> = self.state.lock().slots.keys().cloned().collect();
         let mut left = Vec::new();
         for k in keys {
@@ -319,6 +350,7 @@ impl<K: Clone + Eq + Hash, V> RelocationCache<K, V> {
                         left.push((k.clone(), format!("its native close or completion was not confirmed ({why})")));
                         break None;
                     }
+                    _ if !wait_busy => break None,
                     _ => {
                         if self.cv.wait_until(&mut c, deadline).timed_out() {
                             left.push((k.clone(), "still in use or being set up at the deadline".to_string()));

@@ -1,7 +1,8 @@
 //! Source side of the IPC protocol: the table of exports. An export is
 //! created only after validation (epoch, bounds, permission, memory kind,
-//! requester identity), holds the region's registration, the whole
-//! allocation's exclusive loan and its physical-extent charge, and is
+//! requester identity), holds the region's registration, a loan of the
+//! whole allocation (shared by READ-only grants, exclusive for a grant with
+//! WRITE) and its physical-extent charge, and is
 //! released only by a close receipt (or proof that the importing process
 //! has exited). The handle itself is exposed only after the requester
 //! answers the offer.
@@ -90,6 +91,9 @@ pub struct ExportCounts {
     pub retained: u64,
     /// Physical bytes charged by exports.
     pub charged_bytes: u64,
+    /// Export requests waiting now for a conflicting loan to be returned
+    /// (a writer for readers, or readers for a writer).
+    pub waiting: u64,
 }
 
 /// Every export of one engine for one backend.
@@ -104,6 +108,8 @@ pub struct ExportTable {
     next_id: AtomicU64,
     kinds: Vec<MemoryKind>,
     offer_timeout: Duration,
+    /// Export requests waiting for a loan now.
+    waiting: AtomicU64,
 }
 
 fn fresh_token() -> u64 {
@@ -157,6 +163,7 @@ impl ExportTable {
             next_id: AtomicU64::new(1),
             kinds,
             offer_timeout,
+            waiting: AtomicU64::new(0),
         }
     }
 
@@ -220,7 +227,17 @@ impl ExportTable {
             ))
         })?;
         let wait = Duration::from_millis(req.wait_ms.min(600_000) as u64);
-        let loan = owners::loan(base, Instant::now() + wait)?;
+        // Importers that only read share the allocation; a writer has it
+        // alone, apart from the loans of its own process.
+        let mode = if req.ops & OP_WRITE != 0 { owners::LoanMode::Exclusive } else { owners::LoanMode::Shared };
+        let holder = match requester {
+            Some(id) => (id.process.start_time << 32) ^ id.process.pid as u64,
+            None => conn | 1 << 63,
+        };
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let loan = owners::loan(base, holder, mode, Instant::now() + wait);
+        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        let loan = loan?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let token = fresh_token();
         let offer = ExportOffer {
@@ -490,6 +507,7 @@ impl ExportTable {
             }
             c.charged_bytes += owners::owner_of(e.base).map(|o| o.physical).unwrap_or(0);
         }
+        c.waiting = self.waiting.load(Ordering::Relaxed);
         c
     }
 

@@ -59,8 +59,14 @@ impl IpcBackend for FaultyBackend {
     fn unexport(&self, base: u64) {
         self.inner.unexport(base)
     }
-    fn import(&self, handle: ReceivedHandle, physical: u64, writable: bool) -> Result<Box<dyn Mapping>> {
-        let inner = self.inner.import(handle, physical, writable)?;
+    fn import(
+        &self,
+        handle: ReceivedHandle,
+        physical: u64,
+        writable: bool,
+        local_device: Option<i32>,
+    ) -> Result<Box<dyn Mapping>> {
+        let inner = self.inner.import(handle, physical, writable, local_device)?;
         Ok(Box::new(FaultyMapping { inner, faults: self.faults.clone() }))
     }
 }

@@ -43,11 +43,24 @@ impl Import {
     fn describe(&self) -> String {
         format!("{} export {} (0x{:x}+{})", self.link.label, self.offer.export_id, self.offer.base, self.offer.physical)
     }
+
+    /// Whether the grant allows WRITE (the source holds the allocation
+    /// exclusively for it).
+    fn writable(&self) -> bool {
+        self.offer.ops & OP_WRITE != 0
+    }
+
+    /// Whether it maps the remote allocation holding `remote_addr`.
+    fn maps(&self, remote_addr: u64) -> bool {
+        remote_addr >= self.offer.base && remote_addr - self.offer.base < self.offer.physical
+    }
 }
 
 /// Relocation cache key: source endpoint, source epoch, region id and
-/// epoch, local context (one host context for CPU memory).
-type Key = (String, u64, u64, u64, u64);
+/// epoch, local context (0 for host memory, device + 1 for a device's
+/// context), and whether the grant allows WRITE (READ-only imports share
+/// the source allocation with other readers; a writable one holds it alone).
+type Key = (String, u64, u64, u64, u64, bool);
 
 /// Imports that could not be closed with certainty (cache disabled).
 struct Retained {
@@ -178,6 +191,7 @@ impl IpcRequester {
         region: &RegionInfo,
         env: (u64, u64),
         ops: u32,
+        local_device: Option<i32>,
         deadline: Instant,
     ) -> Result<Import> {
         let tag = link.tag();
@@ -238,7 +252,7 @@ impl IpcRequester {
             return Err(Error::Protocol("ExportHandle names another export".into()));
         }
         let handle = ReceivedHandle { bytes: body[28..].to_vec(), fd };
-        match self.backend.import(handle, offer.physical, offer.ops & OP_WRITE != 0) {
+        match self.backend.import(handle, offer.physical, offer.ops & OP_WRITE != 0, local_device) {
             Ok(mapping) => {
                 self.opened.fetch_add(1, Ordering::Relaxed);
                 Ok(Import { link: link.clone(), gen: link.generation(), offer, mapping, _charge: charge })
@@ -296,7 +310,8 @@ impl IpcRequester {
         self.cache.reclaim(&close, &|imp: &Import| imp.current() && !imp.link.source_gone(), false)
     }
 
-    /// Runs one subbatch: consecutive requests naming one remote region.
+    /// Runs one subbatch: consecutive requests naming one remote region,
+    /// whose local memory lives on `local_device` (`None`: host memory).
     /// Setup, mapping and copies run on the caller; the trailing completion
     /// is queried once. A ready group finishes here (close or receipt);
     /// otherwise, when `defer` is given, the group moves to this transport's
@@ -308,6 +323,7 @@ impl IpcRequester {
         link: &Arc<IpcLink>,
         region: &RegionInfo,
         items: &[(usize, Request)],
+        local_device: Option<i32>,
         deadline: Instant,
         defer: Option<OnDone>,
     ) -> std::result::Result<GroupRun, GroupError> {
@@ -318,16 +334,41 @@ impl IpcRequester {
         let env = envelope(items);
         let ops = ops_of(items);
         let (imp, key) = if self.capacity == 0 {
-            (Arc::new(self.open(link, region, env, ops, deadline).map_err(GroupError::NotPosted)?), None)
+            let opened = self.open(link, region, env, ops, local_device, deadline);
+            (Arc::new(opened.map_err(GroupError::NotPosted)?), None)
         } else {
-            let key: Key = (link.endpoint.clone(), link.source.engine_epoch, region.id, region.epoch, 0);
-            // A cached export serves later submissions too: ask for every
-            // operation the region allows (each submission is revalidated).
+            let writable = ops & OP_WRITE != 0;
+            let ctx = local_device.map_or(0, |d| d as u64 + 1);
+            let key_of =
+                |w: bool| -> Key { (link.endpoint.clone(), link.source.engine_epoch, region.id, region.epoch, ctx, w) };
+            // A writable cached export serves later READs and WRITEs alike:
+            // it asks for every operation the region allows. A READ-only
+            // one asks for READ alone, so that readers share the source's
+            // allocation. Each submission is revalidated.
             let region_ops = (if region.access.can_read() { OP_READ } else { 0 })
                 | (if region.access.can_write() { OP_WRITE } else { 0 });
-            let cache_ops = if ops & !region_ops == 0 { region_ops } else { ops };
-            let (imp, fresh) =
-                self.acquire(&key, link, region, env, cache_ops, deadline).map_err(GroupError::NotPosted)?;
+            let cache_ops = match writable {
+                true if ops & !region_ops == 0 => region_ops,
+                true => ops,
+                false => OP_READ,
+            };
+            let shared_writable = match writable {
+                false => self.cache.try_share(&key_of(true), &Import::current).map(|imp| (imp, key_of(true))),
+                true => None,
+            };
+            let (imp, fresh, key) = match shared_writable {
+                Some((imp, key)) => (imp, false, key),
+                None => {
+                    let key = key_of(writable);
+                    let (imp, fresh) = self
+                        .acquire(&key, link, region, env, cache_ops, local_device, deadline)
+                        .map_err(GroupError::NotPosted)?;
+                    if fresh && writable {
+                        self.give_back_read_only(link, region, deadline);
+                    }
+                    (imp, fresh, key)
+                }
+            };
             if !fresh {
                 if let Err(e) = self.revalidate(link, &imp, region, env, ops, deadline) {
                     self.release(&key);
@@ -534,6 +575,7 @@ impl IpcRequester {
         (p.queue.len() as u64, p.worker.as_ref().is_some_and(|w| !w.is_finished()) as u64)
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn acquire(
         &self,
         key: &Key,
@@ -541,15 +583,30 @@ impl IpcRequester {
         region: &RegionInfo,
         env: (u64, u64),
         ops: u32,
+        local_device: Option<i32>,
         deadline: Instant,
     ) -> Result<(Arc<Import>, bool)> {
         let label = format!("{} region {}", link.label, region.id);
         let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
         let open = || {
             self.reclaim(deadline);
-            self.open(link, region, env, ops, deadline)
+            self.open(link, region, env, ops, local_device, deadline)
         };
         self.cache.acquire(key, deadline, &label, open, &close, &Import::current)
+    }
+
+    /// A writable import of `region` was just opened: its idle READ-only
+    /// import is redundant (the writable one serves READs too) and gives
+    /// its mapping budget back. One in use stays until it is evicted.
+    fn give_back_read_only(&self, link: &Arc<IpcLink>, region: &RegionInfo, deadline: Instant) {
+        let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
+        let redundant = |imp: &Import| {
+            Arc::ptr_eq(&imp.link, link)
+                && !imp.writable()
+                && imp.offer.region_epoch == region.epoch
+                && imp.maps(region.addr)
+        };
+        self.cache.flush_where(deadline, &close, &redundant, false);
     }
 
     fn release(&self, key: &Key) {
@@ -574,7 +631,7 @@ impl IpcRequester {
         let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
         let mut left: Vec<String> = self
             .cache
-            .flush_where(deadline, &close, pick)
+            .flush_where(deadline, &close, pick, true)
             .into_iter()
             .map(|(k, why)| format!("{} region {}: {why}", k.0, k.2))
             .collect();
@@ -667,7 +724,7 @@ fn fence_local_pinned(items: &[(usize, Request)], deadline: Instant) -> Result<V
     bases
         .into_iter()
         .map(|b| {
-            owners::loan(b, deadline).map_err(|e| {
+            owners::loan(b, owners::LOCAL_HOLDER, owners::LoanMode::Exclusive, deadline).map_err(|e| {
                 Error::Unavailable(format!("local pinned allocation 0x{b:x} is held by another group: {}", e.message()))
             })
         })

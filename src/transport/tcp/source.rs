@@ -269,9 +269,10 @@ fn validate(ctx: &SourceContext, req: &DataRequest, write: bool) -> Result<(Regi
             r.id, r.addr, r.len
         )));
     }
-    if r.kind == crate::memory::MemoryKind::SharedHost && crate::memory::owners::is_loaned(req.addr) {
+    if r.kind == crate::memory::MemoryKind::SharedHost && crate::memory::owners::loan_blocks(req.addr, write) {
+        let held = if write { "exported to an IPC requester" } else { "exported for WRITE to an IPC requester" };
         return Err(Error::Unavailable(format!(
-            "region {} lies in a shared allocation exported exclusively to an IPC requester until its close receipt",
+            "region {} lies in a shared allocation {held} until its close receipt",
             r.id
         )));
     }
