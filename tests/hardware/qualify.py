@@ -202,17 +202,25 @@ def main():
                 print("qualify: no usable CUDA here: %s" % e)
                 return 2
             if transport.startswith("mnnvl-fabric") and "NOT_SUPPORTED" in str(e).upper().replace(" ", "_"):
-                ok, detail, extra, result = True, str(e), "", "SKIP"
+                detail, extra, result = str(e), "", "SKIP"
             else:
-                ok, detail, extra, result = False, str(e), "", "FAIL"
-        failed |= not ok
+                detail, extra, result = str(e), "", "FAIL"
+        failed |= result == "FAIL"
         rows.append((transport, memory, mode, result, (detail + " " + extra).strip()))
-        print("%-13s %-7s %-15s %s" % (transport, memory, mode, result if ok else "FAIL: " + detail), flush=True)
+        print("%-13s %-7s %-15s %s" % (transport, memory, mode, result if result == "PASS" else result + ": " + detail),
+              flush=True)
     print()
     print("%-13s | %-7s | %-15s | %-6s | %s" % ("transport", "memory", "mode", "result", "detail"))
     print("-" * 110)
     for r in rows:
         print("%-13s | %-7s | %-15s | %-6s | %s" % r)
+    # A SKIP is not a PASS: every requested mode needs at least one PASS row.
+    for mode in args.modes.split(","):
+        if mode and not any(r[2] == mode and r[3] == "PASS" for r in rows):
+            print("qualify: requested mode %s has no PASS row" % mode)
+            failed = True
+    counts = {k: sum(1 for r in rows if r[3] == k) for k in ("PASS", "FAIL", "SKIP")}
+    print("qualify: %d PASS, %d FAIL, %d SKIP" % (counts["PASS"], counts["FAIL"], counts["SKIP"]))
     return 1 if failed else 0
 
 
