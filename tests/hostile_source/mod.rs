@@ -76,12 +76,18 @@ impl Hostile {
     /// Starts a source publishing LEN bytes holding `fill(i)` at offset i.
     pub fn start(script: Script, fill: impl Fn(u64) -> u8) -> Hostile {
         // SAFETY: memfd_create with a static name; the fd is owned below.
-        let raw = unsafe { libc::memfd_create(c"orbite-hostile".as_ptr(), libc::MFD_CLOEXEC) };
+        let raw =
+            unsafe { libc::memfd_create(c"orbite-hostile".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
         assert!(raw >= 0, "memfd_create");
         // SAFETY: `raw` is a fresh descriptor nobody else owns.
         let memfd: std::os::fd::OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(raw) };
         // SAFETY: resizing our own memfd.
         assert_eq!(unsafe { libc::ftruncate(raw, LEN as i64) }, 0);
+        // Sealed against resizing, as the library's shared memory is (an
+        // importer may insist on it).
+        // SAFETY: fcntl on our own memfd.
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        assert_eq!(unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, seals) }, 0);
         // SAFETY: a fresh shared mapping of LEN bytes of our memfd, kept for
         // the process's life (the region must stay mapped while published).
         let p = unsafe {
