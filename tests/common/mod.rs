@@ -115,9 +115,11 @@ impl Drop for PeerProc {
     }
 }
 
-/// The Describe of the engine at `endpoint` (a control handshake with a
-/// fresh identity of this process).
+/// The Describe of the engine at `endpoint` (a control handshake, frame by
+/// frame, with a fresh identity of this process).
 pub fn describe_of(endpoint: &str) -> orbite::control::message::Describe {
+    use orbite::control::frame::MsgKind;
+    use orbite::control::io::{self, HeaderRead};
     use orbite::control::message::Describe;
     let mine = Describe {
         identity: orbite::control::Identity::fresh(),
@@ -127,7 +129,19 @@ pub fn describe_of(endpoint: &str) -> orbite::control::message::Describe {
         ipc_name: String::new(),
         regions: vec![],
     };
-    orbite::transport::tcp::handshake::connect(endpoint, LONG, &mine).expect("handshake").1
+    let mut s = std::net::TcpStream::connect(endpoint).expect("connect");
+    s.set_read_timeout(Some(io::TICK)).unwrap();
+    let deadline = std::time::Instant::now() + LONG;
+    let mut tick = || {
+        if std::time::Instant::now() >= deadline {
+            return Err(orbite::Error::TimedOut("handshake".into()));
+        }
+        Ok(())
+    };
+    io::write_frame(&mut s, MsgKind::Describe, &mine.encode(), &mut tick).expect("send Describe");
+    let HeaderRead::Frame(h) = io::read_header(&mut s, &mut tick).expect("answer") else { panic!("no answer") };
+    assert_eq!(h.kind, MsgKind::Describe);
+    Describe::decode(&io::read_body(&mut s, h.body_len, &mut tick).expect("body")).expect("Describe")
 }
 
 /// Opens the IPC channel of the engine at `endpoint` for `transport`, as

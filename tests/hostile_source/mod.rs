@@ -8,16 +8,15 @@
 #![allow(dead_code)]
 
 use orbite::control::frame::MsgKind;
+use orbite::control::io::{self, HeaderRead};
 use orbite::control::message::{Describe, RegionInfo};
 use orbite::control::Identity;
 use orbite::transport::ipc::channel::{self, Channel};
 use orbite::transport::ipc::messages::{encode_reject, ExportOffer, ExportRef, ExportRequest, Hello, Welcome};
-use orbite::transport::tcp::handshake;
 use orbite::{Access, MemoryKind, Status, TransportKind};
 use std::net::TcpListener;
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 /// The region's length (one 2 MiB physical extent).
 pub const LEN: u64 = 2 << 20;
@@ -123,15 +122,19 @@ impl Hostile {
         };
         let seen = Arc::new(Mutex::new(Vec::new()));
         let memfd = Arc::new(memfd);
-        // The control port: answer each handshake, then hold the connection.
+        // The control port: answer each handshake (frame by frame), then
+        // hold the connection.
         std::thread::spawn(move || {
             let mut held = Vec::new();
             for s in tcp.incoming() {
                 let Ok(mut s) = s else { break };
-                let mut w = s.try_clone().unwrap();
-                let d = describe.clone();
-                let stop = || -> orbite::Result<()> { Ok(()) };
-                if handshake::answer(&mut s, &mut w, Duration::from_secs(60), &stop, || d).is_ok() {
+                let mut tick = || -> orbite::Result<()> { Ok(()) };
+                s.set_read_timeout(Some(io::TICK)).unwrap();
+                let Ok(HeaderRead::Frame(h)) = io::read_header(&mut s, &mut tick) else { continue };
+                if h.kind != MsgKind::Describe || io::read_body(&mut s, h.body_len, &mut tick).is_err() {
+                    continue;
+                }
+                if io::write_frame(&mut s, MsgKind::Describe, &describe.encode(), &mut tick).is_ok() {
                     held.push(s);
                 }
             }
