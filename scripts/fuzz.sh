@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every cargo-fuzz target for a bounded number of iterations on stable
 # (no sanitizer: `-s none`), starting from the committed corpus (copied, so
-# the run does not modify the repository). Any crash fails the script.
+# the run does not modify the repository). Any crash, panic, timeout or
+# build failure fails the script, which then prints the end of the fuzzer's
+# output and the reproducer libFuzzer wrote (and how to replay it).
 #   scripts/fuzz.sh [RUNS]     (default 300000 per target)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +15,22 @@ for t in frame_header messages config ipc_messages auth; do
   mkdir -p "$work/$t"
   cp fuzz/corpus/$t/* "$work/$t/"
   echo "== fuzz $t ($runs runs) =="
-  cargo fuzz run -s none "$t" "$work/$t" -- -runs="$runs" -max_len=4096 2>&1 | grep -E "^#[0-9]+.*DONE|Done [0-9]+ runs|ERROR|panicked" || true
-  test "${PIPESTATUS[0]}" -eq 0
+  log="$work/$t.log"
+  rc=0
+  cargo fuzz run -s none "$t" "$work/$t" -- -runs="$runs" -max_len=4096 >"$log" 2>&1 || rc=$?
+  grep -E "^#[0-9]+.*DONE|Done [0-9]+ runs" "$log" || true
+  if [ "$rc" -ne 0 ]; then
+    echo "fuzz: target $t FAILED (exit status $rc); the end of its output:"
+    tail -n 60 "$log"
+    reproducer="$(sed -n 's/.*Test unit written to \([^ ]*\).*/\1/p' "$log" | tail -n 1)"
+    if [ -n "$reproducer" ]; then
+      case "$reproducer" in /*) ;; *) reproducer="$PWD/fuzz/${reproducer#./}" ;; esac
+      echo "fuzz: reproducer: $reproducer"
+      echo "fuzz: replay it with: cargo fuzz run -s none $t $reproducer"
+    else
+      echo "fuzz: no reproducer was written (a build failure or an error before fuzzing)"
+    fi
+    exit 1
+  fi
 done
 echo "fuzz: 5 targets x $runs runs: no crash"

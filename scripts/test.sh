@@ -12,8 +12,17 @@ echo "== cargo test (release) =="
 cargo test --release --locked
 echo "== concurrency models (shuttle) =="
 cargo test --release --locked --features model-check --test models
-echo "== cargo test (release, cuda feature: driver probing, and NVLink/MNNVL through the CPU stand-in for the driver) =="
-cargo test --release --locked --features cuda --test cuda_driver --test fakecuda_qualification --test fakecuda_faults
+echo "== cargo test (release, cuda feature: every unit test, including the cuda-gated ones) =="
+cargo test --release --locked --features cuda --lib
+# Every integration test compiled only with the cuda feature (driver probing,
+# and NVLink/MNNVL through the CPU stand-in for the driver), found by its
+# crate-level cfg so that a new one cannot be left out.
+cuda_tests=()
+for f in tests/*.rs; do
+  if grep -q '^#!\[cfg(feature = "cuda")\]' "$f"; then cuda_tests+=(--test "$(basename "$f" .rs)"); fi
+done
+echo "== cargo test (release, cuda feature: ${cuda_tests[*]}) =="
+cargo test --release --locked --features cuda "${cuda_tests[@]}"
 echo "== C tests (ctest) =="
 cmake -S . -B build-test -DORBITE_CARGO_TARGET_DIR="$PWD/target" >/dev/null
 cmake --build build-test -j"$jobs"

@@ -45,6 +45,13 @@ fn bench_runs_and_writes_json_and_plot() {
         }
         assert!(v["bytes"].as_u64().unwrap() > 0, "{l}");
         assert_eq!(v["requests_failed"], 0, "{l}");
+        assert_eq!(v["memory"], "shared_host", "{l}");
+        // GB/s come from the measured span (first measured submission to
+        // last completion), not from the nominal --duration.
+        let (bytes, secs, gbps) =
+            (v["bytes"].as_f64().unwrap(), v["seconds"].as_f64().unwrap(), v["gbps"].as_f64().unwrap());
+        assert!(secs > 0.0 && secs != 0.2, "{l}");
+        assert!((gbps - bytes / secs / 1e9).abs() <= 1e-9 * gbps.max(1.0), "{l}");
     }
     let plot = std::fs::read_to_string(&svg).unwrap();
     assert!(plot.starts_with("<svg") && plot.contains("stroke-dasharray") && plot.contains("block size"));
@@ -59,4 +66,20 @@ fn bench_rejects_bad_options() {
     let out =
         Command::new(env!("CARGO_BIN_EXE_orbite-bench")).args(["--transport", "carrier-pigeon"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// Without the cuda feature NVLink and MNNVL cannot be measured, and the
+/// tool says why instead of measuring something else.
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn nvlink_and_mnnvl_need_the_cuda_feature() {
+    let out = Command::new(env!("CARGO_BIN_EXE_orbite-bench"))
+        .args(["--transport", "nvlink,mnnvl", "--duration", "0.1", "--buffer-size", "1MiB"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("skipping nvlink: NVLink and MNNVL need orbite-bench built with the cuda feature"), "{err}");
+    assert!(err.contains("skipping mnnvl"), "{err}");
+    assert!(err.contains("no requested transport could be measured"), "{err}");
 }

@@ -1,70 +1,167 @@
 //! The GPU qualification (`tests/hardware/qualify.py` driving the unchanged
 //! `orbite-gpu-qual` binary) run against the CPU stand-in for the CUDA
 //! driver: the real NVLink and MNNVL transports across real processes, on
-//! every CI run. Only the driver library differs from a GPU machine.
+//! one device and on two (`--devices 0,1`), with the bandwidth threshold
+//! applied to the stand-in's own copy baseline, on every CI run. Only the
+//! driver library differs from a GPU machine. The runs are serialised (the
+//! bandwidth rows compare two measurements of this machine, which
+//! concurrent runs would disturb), and each is bounded: a hung run fails.
+//!
+//! The threshold here is 0.5x, not the GPU default of 0.8x: on the stand-in
+//! both the baseline and the transport's copies are CPU memmoves, and on a
+//! shared 2-core runner the transport's own threads (the lazy progress
+//! worker polling every 200 us, the source's receipts) take CPU from its
+//! copy thread; measured medians fall to 0.72-0.8x under load and reach
+//! 0.9-1.0x on an idle machine. A GPU's copies run on its DMA engines,
+//! which host threads do not slow, hence 0.8x there. That the threshold
+//! fails a row below it is checked with an unreachable one (50x).
 #![cfg(feature = "cuda")]
 
 mod fakecuda;
 
 use fakecuda::Variant;
+use serde_json::Value;
 use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Duration;
 
-const SIZE: &str = "4194304";
+/// The runs with bandwidth rows: 8 MiB exports, 32 whole-export requests
+/// per submission (256 MiB a rep), the median of 11 reps, PASS at 0.5x.
+const FULL: &[&str] = &["--size", "8388608", "--bw-batch", "32", "--bw-reps", "11", "--min-ratio", "0.5"];
+const MIN_RATIO: f64 = 0.5;
+const SMALL: &[&str] = &["--size", "4194304"];
+
+static SERIAL: Mutex<()> = Mutex::new(());
 
 fn out_dir(name: &str) -> PathBuf {
     std::env::temp_dir().join(format!("orbite-fakecuda-{}-{name}", std::process::id()))
 }
 
-/// Runs the qualification with `args`, extra environment `env`; returns
-/// (exit code, table rows as (transport, memory, mode, result, detail), stdout).
-fn qualify(variant: Variant, args: &[&str], env: &[(&str, String)]) -> (i32, Vec<Vec<String>>, String) {
-    let root = env!("CARGO_MANIFEST_DIR");
-    let mut c = fakecuda::command("python3", variant);
-    c.arg(format!("{root}/tests/hardware/qualify.py"))
-        .args(["--binary", env!("CARGO_BIN_EXE_orbite-gpu-qual"), "--size", SIZE, "--out"])
-        .arg(out_dir(args.join("_").replace(['/', ','], "-").as_str()))
-        .args(args);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    let out = c.output().expect("python3");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    let rows = stdout
-        .lines()
-        .filter(|l| l.contains(" | ") && !l.starts_with("transport"))
-        .map(|l| l.split(" | ").map(|c| c.trim().to_string()).collect())
-        .collect();
-    (out.status.code().unwrap_or(-1), rows, stdout)
+struct Qual {
+    code: i32,
+    report: Value,
+    stdout: String,
 }
 
-fn count(rows: &[Vec<String>], transport: &str, result: &str) -> usize {
-    rows.iter().filter(|r| r[0] == transport && r[3] == result).count()
+impl Qual {
+    fn rows(&self) -> &Vec<Value> {
+        self.report["rows"].as_array().expect("rows")
+    }
+
+    fn count(&self, transport: &str, result: &str) -> usize {
+        self.rows().iter().filter(|r| r["transport"] == transport && r["result"] == result).count()
+    }
+
+    fn row(&self, transport: &str, mode: &str) -> &Value {
+        self.rows()
+            .iter()
+            .find(|r| r["transport"] == transport && r["mode"] == mode)
+            .unwrap_or_else(|| panic!("no {transport} {mode} row: {}", self.stdout))
+    }
+}
+
+/// Runs the qualification with `args` and extra environment `env`, within
+/// ten minutes; returns its exit code, its JSON report and its output.
+fn qualify(name: &str, variant: Variant, args: &[&str], env: &[(&str, &str)]) -> Qual {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = env!("CARGO_MANIFEST_DIR");
+    let dir = out_dir(name);
+    let json = dir.join("report.json");
+    let _ = std::fs::remove_file(&json);
+    let mut c = fakecuda::command("python3", variant);
+    c.arg(format!("{root}/tests/hardware/qualify.py"))
+        .args(["--binary", env!("CARGO_BIN_EXE_orbite-gpu-qual"), "--json"])
+        .arg(&json)
+        .arg("--out")
+        .arg(&dir)
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped());
+    let child = c.spawn().expect("python3");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(child.wait_with_output()));
+    let out = match rx.recv_timeout(Duration::from_secs(600)) {
+        Ok(out) => out.expect("qualify.py"),
+        Err(_) => {
+            // SAFETY: kill(2) on our own child's pid; no memory is touched.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            panic!("qualify.py {args:?} did not finish within 10 minutes");
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let report = std::fs::read_to_string(&json)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_else(|| panic!("no JSON report: {stdout}"));
+    Qual { code: out.status.code().unwrap_or(-1), report, stdout }
+}
+
+/// Every bandwidth row reached MIN_RATIO of the stand-in's own copies, in
+/// both directions, with the figures printed.
+fn bandwidth_rows_meet_the_threshold(q: &Qual) -> usize {
+    let rows: Vec<&Value> = q.rows().iter().filter(|r| r["mode"] == "bandwidth").collect();
+    for r in &rows {
+        let d = r["detail"].as_str().unwrap();
+        for dir in ["read", "write"] {
+            let ratio: f64 = d
+                .split_whitespace()
+                .find_map(|kv| kv.strip_prefix(&format!("{dir}_ratio=")))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {dir}_ratio in {d}"));
+            assert!(ratio >= MIN_RATIO, "{r}");
+        }
+        assert!(d.contains("_base_gbps=") && d.contains("baseline="), "{r}");
+    }
+    rows.len()
+}
+
+/// The full plan on one device and on two: NVLink (7 modes x device/host/
+/// mixed, no bandwidth for mixed), MNNVL POSIX fd, fabric, fabric with a
+/// fabric domain and EGM (healthy, batch, cache, bandwidth each), and the
+/// topology row.
+fn every_mode(name: &str, devices: &str, env: &[(&str, &str)]) -> Qual {
+    let mut args = FULL.to_vec();
+    args.extend(["--devices", devices]);
+    let q = qualify(name, Variant::Full, &args, env);
+    assert_eq!(q.code, 0, "{}", q.stdout);
+    assert_eq!(q.count("nvlink", "PASS"), 20, "{}", q.stdout);
+    for t in ["mnnvl-posix_fd", "mnnvl-fabric", "mnnvl-fabric_domain", "mnnvl-egm"] {
+        assert_eq!(q.count(t, "PASS"), 4, "{t}: {}", q.stdout);
+    }
+    assert_eq!(q.count("devices", "PASS"), 1, "{}", q.stdout);
+    assert_eq!(q.rows().len(), 37, "{}", q.stdout);
+    assert_eq!(q.report["summary"], serde_json::json!({"PASS": 37, "FAIL": 0, "SKIP": 0}));
+    assert_eq!(q.row("nvlink", "batch")["detail"], "3 slices, 2 imports", "{}", q.stdout);
+    assert!(q.row("nvlink", "cache")["detail"].as_str().unwrap().contains("checked by the source"));
+    assert_eq!(bandwidth_rows_meet_the_threshold(&q), 6, "{}", q.stdout);
+    q
 }
 
 #[test]
 fn every_qualification_mode_passes_on_the_stand_in() {
-    let (code, rows, out) = qualify(Variant::Full, &[], &[]);
-    assert_eq!(code, 0, "{out}");
-    // NVLink: 6 modes x device/host/mixed + bandwidth on device; MNNVL:
-    // healthy, batch, cache, bandwidth for POSIX-fd and fabric handles.
-    assert_eq!(count(&rows, "nvlink", "PASS"), 19, "{out}");
-    assert_eq!(count(&rows, "mnnvl-posix_fd", "PASS"), 4, "{out}");
-    assert_eq!(count(&rows, "mnnvl-fabric", "PASS"), 4, "{out}");
-    assert_eq!(count(&rows, "mnnvl-fabric_domain", "PASS"), 4, "{out}");
-    assert_eq!(rows.len(), 31, "{out}");
-    let batch = rows.iter().find(|r| r[0] == "nvlink" && r[2] == "batch").unwrap();
-    assert_eq!(batch[4], "3 slices, 2 imports", "{out}");
+    let q = every_mode("one-device", "0,0", &[]);
+    assert!(q.row("devices", "topology")["detail"].as_str().unwrap().starts_with("one device"), "{}", q.stdout);
+}
+
+#[test]
+fn every_mode_passes_with_source_and_requester_on_two_devices() {
+    let q = every_mode("two-devices", "0,1", &[("FAKECUDA_DEVICES", "2")]);
+    let topo = q.row("devices", "topology")["detail"].as_str().unwrap().to_string();
+    assert!(topo.contains("0->1 peer 1 access 1") && topo.contains("1->0 peer 1 access 1"), "{topo}");
+    assert!(q.stdout.contains("baseline=\"device 0 <-> device 1\""), "{}", q.stdout);
 }
 
 #[test]
 fn the_ordered_fallback_serves_batches_when_the_driver_lacks_the_batch_symbol() {
     let trace = out_dir("nobatch-trace");
     let _ = std::fs::remove_file(&trace);
-    let args = ["--memory", "device,mixed", "--modes", "batch,cache", "--mnnvl", "posix_fd"];
-    let env = [("FAKECUDA_TRACE", trace.display().to_string())];
-    let (code, rows, out) = qualify(Variant::NoBatch, &args, &env);
-    assert_eq!(code, 0, "{out}");
-    assert_eq!(rows.len(), 6, "{out}");
+    let mut args = SMALL.to_vec();
+    args.extend(["--memory", "device,mixed", "--modes", "batch,cache", "--mnnvl", "posix_fd"]);
+    let t = trace.display().to_string();
+    let q = qualify("nobatch", Variant::NoBatch, &args, &[("FAKECUDA_TRACE", &t)]);
+    assert_eq!(q.code, 0, "{}", q.stdout);
+    assert_eq!(q.rows().len(), 6, "{}", q.stdout);
     let t = fakecuda::read_trace(&trace);
     assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 0);
     assert!(fakecuda::calls(&t, "cuMemcpyAsync") >= 3, "{t:?}");
@@ -73,29 +170,63 @@ fn the_ordered_fallback_serves_batches_when_the_driver_lacks_the_batch_symbol() 
     // the stand-in runs its copies last to first: the bytes still match).
     let trace = out_dir("batch-trace");
     let _ = std::fs::remove_file(&trace);
-    let env = [("FAKECUDA_TRACE", trace.display().to_string())];
-    let (code, _, out) = qualify(Variant::Full, &["--memory", "device", "--modes", "batch", "--mnnvl", ""], &env);
-    assert_eq!(code, 0, "{out}");
+    let mut args = SMALL.to_vec();
+    args.extend(["--memory", "device", "--modes", "batch", "--mnnvl", ""]);
+    let t = trace.display().to_string();
+    let q = qualify("batch", Variant::Full, &args, &[("FAKECUDA_TRACE", &t)]);
+    assert_eq!(q.code, 0, "{}", q.stdout);
     assert_eq!(fakecuda::calls(&fakecuda::read_trace(&trace), "cuMemcpyBatchAsync_v2"), 1);
 }
 
 #[test]
 fn fabric_handles_without_an_imex_channel_are_skipped_and_posix_fd_still_passes() {
     for when in ["create", "export"] {
-        let env = [("FAKECUDA_NO_FABRIC", when.to_string())];
-        let (code, rows, out) = qualify(Variant::Full, &["--memory", "device", "--modes", "healthy"], &env);
-        assert_eq!(code, 0, "{when}: {out}");
-        assert_eq!(count(&rows, "mnnvl-fabric", "SKIP"), 1, "{when}: {out}");
-        assert_eq!(count(&rows, "mnnvl-fabric_domain", "SKIP"), 1, "{when}: {out}");
-        assert_eq!(count(&rows, "mnnvl-posix_fd", "PASS"), 1, "{when}: {out}");
-        assert!(rows.iter().any(|r| r[0] == "mnnvl-fabric" && r[4].contains("IMEX")), "{out}");
+        let mut args = SMALL.to_vec();
+        args.extend(["--memory", "device", "--modes", "healthy"]);
+        let q = qualify(&format!("noimex-{when}"), Variant::Full, &args, &[("FAKECUDA_NO_FABRIC", when)]);
+        assert_eq!(q.code, 0, "{when}: {}", q.stdout);
+        assert_eq!(q.count("mnnvl-fabric", "SKIP"), 1, "{when}: {}", q.stdout);
+        assert_eq!(q.count("mnnvl-fabric_domain", "SKIP"), 1, "{when}: {}", q.stdout);
+        assert_eq!(q.count("mnnvl-posix_fd", "PASS"), 1, "{when}: {}", q.stdout);
+        assert_eq!(q.count("mnnvl-egm", "PASS"), 1, "{when}: {}", q.stdout);
+        assert!(q.row("mnnvl-fabric", "healthy")["detail"].as_str().unwrap().contains("IMEX"), "{}", q.stdout);
+        assert_eq!(q.report["summary"]["SKIP"], 2);
     }
 }
 
+/// The qualification's gates fail when they must: a mode with SKIP rows
+/// only, a bandwidth below the threshold, two devices without peer access,
+/// a hung helper (bounded by --timeout; the run ends, the row fails).
 #[test]
-fn two_visible_devices_are_granted_access_and_served() {
-    let env = [("FAKECUDA_DEVICES", "2".to_string())];
-    let (code, rows, out) = qualify(Variant::Full, &["--memory", "device,host", "--modes", "healthy,batch"], &env);
-    assert_eq!(code, 0, "{out}");
-    assert_eq!(rows.len(), 4 + 6, "{out}");
+fn the_qualification_gates_can_fail() {
+    let mut args = SMALL.to_vec();
+    args.extend(["--memory", "", "--mnnvl", "fabric", "--modes", "healthy"]);
+    let q = qualify("skip-only", Variant::Full, &args, &[("FAKECUDA_NO_FABRIC", "create")]);
+    assert_eq!(q.code, 1, "a SKIP is not a PASS: {}", q.stdout);
+    assert_eq!(q.report["modes_without_pass"], serde_json::json!(["healthy"]), "{}", q.stdout);
+    assert!(q.stdout.contains("requested mode healthy has no PASS row"), "{}", q.stdout);
+
+    let mut args = SMALL.to_vec();
+    args.extend(["--memory", "device", "--mnnvl", "", "--modes", "bandwidth", "--min-ratio", "50"]);
+    let q = qualify("threshold", Variant::Full, &args, &[]);
+    assert_eq!(q.code, 1, "{}", q.stdout);
+    let bw = q.row("nvlink", "bandwidth");
+    assert_eq!(bw["result"], "FAIL", "{}", q.stdout);
+    assert!(bw["detail"].as_str().unwrap().contains("below 50.00x the same-run baseline"), "{bw}");
+
+    let args = ["--devices", "0,1", "--modes", "topology"];
+    let q = qualify("no-peer", Variant::Full, &args, &[("FAKECUDA_DEVICES", "2"), ("FAKECUDA_NO_PEER", "1")]);
+    assert_eq!(q.code, 1, "{}", q.stdout);
+    assert_eq!(q.row("devices", "topology")["result"], "FAIL", "{}", q.stdout);
+    assert!(q.report["topology"]["pairs"][0]["can_access_peer"] == 0, "{}", q.report);
+
+    // Every copy takes 30 s: the source's first answer never comes within
+    // the 3 s timeout.
+    let mut args = SMALL.to_vec();
+    args.extend(["--memory", "device", "--mnnvl", "", "--modes", "healthy", "--timeout", "3"]);
+    let q = qualify("hung", Variant::Full, &args, &[("FAKECUDA_COPY_DELAY_US", "30000000")]);
+    assert_eq!(q.code, 1, "{}", q.stdout);
+    let row = q.row("nvlink", "healthy");
+    assert_eq!(row["result"], "FAIL", "{}", q.stdout);
+    assert!(row["detail"].as_str().unwrap().contains("timed out"), "{row}");
 }

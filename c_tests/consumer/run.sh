@@ -70,9 +70,20 @@ cc -Wall -Wextra -Werror -o "$work/pc_nvlink" "$src/c_tests/consumer/consumer_nv
    $(pkg-config --cflags --libs orbite) -ldl -Wl,-rpath,"$prefix/lib"
 mkdir -p "$work/fakecuda"
 cc -shared -fPIC -O2 -pthread -fvisibility=hidden -o "$work/fakecuda/libcuda.so.1" "$src/tests/fakecuda/fakecuda.c"
+# Exit 77 (skipped) passes only where this build was configured without
+# CUDA (-DORBITE_CUDA=OFF) and the program says liborbite has no CUDA; in a
+# CUDA build every other outcome than 0 fails.
+cuda="$(sed -n 's/^ORBITE_CUDA:BOOL=//p' "$build/CMakeCache.txt")"
 rc=0
-LD_LIBRARY_PATH="$work/fakecuda" "$work/pc_nvlink" || rc=$?
-if [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ]; then
+LD_LIBRARY_PATH="$work/fakecuda" "$work/pc_nvlink" >"$work/pc_nvlink.out" 2>&1 || rc=$?
+cat "$work/pc_nvlink.out"
+if [ "$rc" -eq 77 ]; then
+  if [ "$cuda" != "OFF" ] || ! grep -q "skipped: this build of liborbite has no CUDA support" "$work/pc_nvlink.out"; then
+    echo "consumer_nvlink skipped (77) in a build configured with ORBITE_CUDA=$cuda: a skip is not a pass here"
+    exit 1
+  fi
+  echo "consumer_nvlink: skipped, as it must in a build without CUDA"
+elif [ "$rc" -ne 0 ]; then
   echo "consumer_nvlink failed with $rc"; exit 1
 fi
 echo "installed-package consumers: ok"

@@ -1,17 +1,28 @@
 //! `orbite-gpu-qual`: the GPU side of the hardware qualification
 //! (`tests/hardware/qualify.py` drives it). Built with `--features cuda`.
 //!
-//! Source role: `orbite-gpu-qual source [--allocs N] [--size BYTES] [--seed S] [--config JSON] [--kind ipc|mnnvl|egm]`
-//! allocates `allocate_ipc` device memory (or MNNVL / EGM memory), fills it with a pattern, registers
-//! it, prints one JSON line, then obeys stdin commands: `verify I SEED OFF LEN`,
+//! Source role: `orbite-gpu-qual source [--allocs N] [--size BYTES] [--seed S] [--config JSON]
+//! [--kind ipc|mnnvl|egm] [--device D] [--numa N]`
+//! allocates `allocate_ipc` device memory on device D (or MNNVL memory on D, or EGM memory on NUMA
+//! node N), fills it with a pattern, registers it, prints one JSON line, then obeys stdin commands:
+//! `verify I SEED OFF LEN` (allocation I at OFF holds LEN bytes of pattern SEED from 0),
 //! `close_source MS`, `stats`, `close`, `exit`.
 //!
-//! Requester role: `orbite-gpu-qual requester --endpoint EP --mode MODE --memory device|host|mixed [--seed S]
-//! [--transport nvlink|mnnvl] [--handle posix_fd|fabric] [--fabric-domain HEX]`
-//! runs one qualification mode against the source and prints `PASS ...` or
-//! `FAIL ...` lines (and `WAIT ...` lines where the orchestrator acts).
+//! Requester role: `orbite-gpu-qual requester --endpoint EP --mode MODE --memory device|host|mixed
+//! [--seed S] [--device D] [--source-device A] [--source-memory device|host]
+//! [--transport nvlink|mnnvl] [--handle posix_fd|fabric] [--fabric-domain HEX] [--egm]
+//! [--bw-reps N] [--bw-batch N] [--remote-checks]`
+//! runs one qualification mode against the source and prints `PASS ...` or `FAIL ...` lines,
+//! `WAIT ...` lines where the orchestrator acts (it answers `continue ...`), and, with
+//! `--remote-checks`, `CHECK I SEED OFF LEN` lines that the orchestrator answers with the source's
+//! `verify` result (the bytes a WRITE left at the source).
+//!
+//! Topology: `orbite-gpu-qual topology --devices A,B` prints one JSON line: the visible devices
+//! and, for A != B, `cuDeviceCanAccessPeer` and the P2P attributes in both directions.
 
-use orbite::cuda::memory::{device_copy_gbps, device_to_host, host_to_device};
+use cudarc::driver::sys;
+use orbite::cuda::driver::{check, primary_context, ContextGuard};
+use orbite::cuda::memory::{self as raw, device_to_host, host_to_device};
 use orbite::{
     allocate_egm, allocate_mnnvl, allocate_pinned_host, Access, Allocation, CudaMemory, Engine, Op, Request,
     SubmitOptions, Transport, TransportKind,
@@ -21,6 +32,10 @@ use std::time::{Duration, Instant};
 
 fn pattern(seed: u64, i: u64) -> u8 {
     (i.wrapping_mul(131).wrapping_add(seed.wrapping_mul(7)).wrapping_add(i >> 12)) as u8
+}
+
+fn pattern_vec(seed: u64, len: u64) -> Vec<u8> {
+    (0..len).map(|i| pattern(seed, i)).collect()
 }
 
 fn die(m: &str) -> ! {
@@ -37,31 +52,34 @@ fn arg(args: &[String], k: &str) -> Option<String> {
     args.iter().position(|a| a == k).and_then(|i| args.get(i + 1).cloned())
 }
 
-fn fill(a: &Allocation, seed: u64) {
-    let bytes: Vec<u8> = (0..a.len()).map(|i| pattern(seed, i)).collect();
-    host_to_device(a.addr(), &bytes).unwrap_or_else(|e| die(&e.to_string()));
+fn num<T: std::str::FromStr>(args: &[String], k: &str, default: T) -> T {
+    arg(args, k).and_then(|v| v.parse().ok()).unwrap_or(default)
 }
 
 fn source(args: &[String]) {
-    let allocs: usize = arg(args, "--allocs").and_then(|v| v.parse().ok()).unwrap_or(1);
-    let size: u64 = arg(args, "--size").and_then(|v| v.parse().ok()).unwrap_or(8 << 20);
-    let seed: u64 = arg(args, "--seed").and_then(|v| v.parse().ok()).unwrap_or(1);
+    let allocs: usize = num(args, "--allocs", 1);
+    let size: u64 = num(args, "--size", 8 << 20);
+    let seed: u64 = num(args, "--seed", 1);
+    let device: i32 = num(args, "--device", 0);
+    let numa: i32 = num(args, "--numa", 0);
     let cfg = arg(args, "--config").unwrap_or_else(|| r#"{"nvlink": true}"#.into());
     let kind = arg(args, "--kind").unwrap_or_else(|| "ipc".into());
-    let mnnvl = kind == "mnnvl";
     let e = Engine::from_json(&cfg).unwrap_or_else(|e| die(&e.to_string()));
-    if mnnvl && cfg.contains("\"fabric\"") && !orbite::cuda::fabric::fabric_export_works(0).unwrap_or(false) {
+    if kind == "mnnvl"
+        && cfg.contains("\"fabric\"")
+        && !orbite::cuda::fabric::fabric_export_works(device).unwrap_or(false)
+    {
         die("fabric handles are not supported here: a real fabric export fails (no IMEX channel?)");
     }
     let bufs: Vec<Allocation> = (0..allocs)
         .map(|n| {
             let a = match kind.as_str() {
-                "mnnvl" => allocate_mnnvl(0, size),
-                "egm" => allocate_egm(0, size),
-                _ => CudaMemory::allocate_ipc(0, size),
+                "mnnvl" => allocate_mnnvl(device, size),
+                "egm" => allocate_egm(numa, size),
+                _ => CudaMemory::allocate_ipc(device, size),
             }
             .unwrap_or_else(|e| die(&e.to_string()));
-            fill(&a, seed + n as u64);
+            host_to_device(a.addr(), &pattern_vec(seed + n as u64, a.len())).unwrap_or_else(|e| die(&e.to_string()));
             e.register_memory(a.addr(), size, Access::READ_WRITE).unwrap_or_else(|e| die(&e.to_string()));
             a
         })
@@ -74,17 +92,19 @@ fn source(args: &[String]) {
         let w: Vec<&str> = line.split_whitespace().collect();
         let n = |i: usize| -> u64 { w.get(i).and_then(|x| x.parse().ok()).unwrap_or(0) };
         let out = match w.first().copied().unwrap_or("") {
-            "verify" => {
-                let b = &bufs[n(1) as usize];
-                let mut host = vec![0u8; n(4) as usize];
-                match device_to_host(&mut host, b.addr() + n(3)) {
-                    Ok(()) => match (0..host.len()).find(|&i| host[i] != pattern(n(2), i as u64)) {
-                        None => "ok".to_string(),
-                        Some(at) => format!("bad {at}"),
-                    },
-                    Err(e) => format!("err {e}"),
+            "verify" => match bufs.get(n(1) as usize) {
+                None => "bad allocation index".to_string(),
+                Some(b) => {
+                    let mut host = vec![0u8; n(4) as usize];
+                    match device_to_host(&mut host, b.addr() + n(3)) {
+                        Ok(()) => match (0..host.len()).find(|&i| host[i] != pattern(n(2), i as u64)) {
+                            None => "ok".to_string(),
+                            Some(at) => format!("bad {at}"),
+                        },
+                        Err(e) => format!("err {e}"),
+                    }
                 }
-            }
+            },
             "close_source" => match e.close_source(Some(Duration::from_millis(n(1)))) {
                 Ok(()) => "ok".into(),
                 Err(x) => format!("err {} {}", x.status(), x.message()),
@@ -102,12 +122,57 @@ fn source(args: &[String]) {
     }
 }
 
+/// `cuDeviceCanAccessPeer` and the P2P attributes from `a` to `b`.
+fn peer_json(a: i32, b: i32) -> Result<serde_json::Value, String> {
+    use sys::CUdevice_P2PAttribute_enum as P;
+    let dev = |o: i32| -> Result<sys::CUdevice, String> {
+        let mut d = 0;
+        // SAFETY: the driver was probed (main); writes one device handle.
+        check(unsafe { sys::cuDeviceGet(&mut d, o) }, "cuDeviceGet").map_err(|e| e.to_string())?;
+        Ok(d)
+    };
+    let (da, db) = (dev(a)?, dev(b)?);
+    let mut can = 0;
+    // SAFETY: writes one int.
+    check(unsafe { sys::cuDeviceCanAccessPeer(&mut can, da, db) }, "cuDeviceCanAccessPeer")
+        .map_err(|e| e.to_string())?;
+    let attr = |at: P| -> Result<i32, String> {
+        let mut v = 0;
+        // SAFETY: writes one int.
+        check(unsafe { sys::cuDeviceGetP2PAttribute(&mut v, at, da, db) }, "cuDeviceGetP2PAttribute")
+            .map_err(|e| e.to_string())?;
+        Ok(v)
+    };
+    Ok(serde_json::json!({
+        "from": a, "to": b, "can_access_peer": can,
+        "access_supported": attr(P::CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED)?,
+        "native_atomic_supported": attr(P::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED)?,
+        "performance_rank": attr(P::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK)?,
+    }))
+}
+
+fn topology(args: &[String]) {
+    let devices: Vec<i32> =
+        arg(args, "--devices").unwrap_or_else(|| "0,0".into()).split(',').filter_map(|x| x.parse().ok()).collect();
+    let visible = orbite::cuda::driver::driver().map(|d| d.devices).unwrap_or(0);
+    let [a, b] = devices[..] else { die("--devices A,B") };
+    if a < 0 || b < 0 || a >= visible || b >= visible {
+        die(&format!("devices {a},{b}: {visible} visible"));
+    }
+    let pairs = if a == b { Ok(vec![]) } else { peer_json(a, b).and_then(|x| Ok(vec![x, peer_json(b, a)?])) };
+    match pairs {
+        Ok(p) => say(&serde_json::json!({"visible": visible, "devices": [a, b], "pairs": p}).to_string()),
+        Err(e) => die(&e),
+    }
+}
+
 struct Req {
     e: Engine,
     peer: u64,
     remote: Vec<u64>,
     len: u64,
     local: Vec<Allocation>,
+    device: i32,
 }
 
 static TRANSPORT: std::sync::OnceLock<TransportKind> = std::sync::OnceLock::new();
@@ -123,25 +188,26 @@ fn nv() -> SubmitOptions {
 }
 
 impl Req {
-    /// Local buffer `i`: device, pinned host, or alternating for "mixed".
+    /// Local buffer `i`: device (on `--device`), pinned host, or alternating for "mixed".
     fn new(args: &[String], cfg: &str) -> Req {
         let ep = arg(args, "--endpoint").unwrap_or_else(|| die("--endpoint"));
         let remote: Vec<u64> =
             arg(args, "--remote").unwrap_or_default().split(',').filter_map(|x| x.parse().ok()).collect();
-        let len: u64 = arg(args, "--len").and_then(|v| v.parse().ok()).unwrap_or(8 << 20);
+        let len: u64 = num(args, "--len", 8 << 20);
+        let device: i32 = num(args, "--device", 0);
         let memory = arg(args, "--memory").unwrap_or_else(|| "device".into());
         let e = Engine::from_json(cfg).unwrap_or_else(|e| die(&e.to_string()));
         let local: Vec<Allocation> = (0..2)
             .map(|i| {
                 let host = memory == "host" || (memory == "mixed" && i == 1);
-                let a = if host { allocate_pinned_host(len) } else { CudaMemory::allocate(0, len) }
+                let a = if host { allocate_pinned_host(len) } else { CudaMemory::allocate(device, len) }
                     .unwrap_or_else(|e| die(&e.to_string()));
                 e.register_memory(a.addr(), len, Access::NONE).unwrap_or_else(|e| die(&e.to_string()));
                 a
             })
             .collect();
         let peer = e.connect(&ep, None).unwrap_or_else(|x| die(&x.to_string()));
-        Req { e, peer, remote, len, local }
+        Req { e, peer, remote, len, local, device }
     }
 
     fn run(&self, reqs: &[Request]) -> Result<(), String> {
@@ -172,6 +238,22 @@ impl Req {
     }
 }
 
+static REMOTE_CHECKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// With `--remote-checks` (qualify.py answers them), asks the orchestrator
+/// to have the source verify that its allocation `i` at `off` holds `len`
+/// bytes of pattern `seed`; without it (a helper run alone), nothing.
+fn check_remote(i: usize, seed: u64, off: u64, len: u64) -> Result<(), String> {
+    if !REMOTE_CHECKS.load(std::sync::atomic::Ordering::Relaxed) {
+        return Ok(());
+    }
+    say(&format!("CHECK {i} {seed} {off} {len}"));
+    match wait_continue().as_str() {
+        "ok" => Ok(()),
+        other => Err(format!("the source's allocation {i} at {off} does not hold the written bytes: {other}")),
+    }
+}
+
 fn rd(local: u64, remote: u64, len: u64) -> Request {
     Request { op: Op::Read, local_addr: local, remote_addr: remote, len }
 }
@@ -192,17 +274,124 @@ fn wait_continue() -> String {
     line.trim().to_string()
 }
 
+/// The same-run baseline of the bandwidth mode: plain copies between a
+/// buffer where the source's memory sits (device `src_device`, or pinned
+/// host memory) and the requester's local buffer, outside OrbiTE.
+struct Baseline {
+    other: u64,
+    other_host: bool,
+    other_device: i32,
+    local: u64,
+    ctx: orbite::cuda::driver::Ctx,
+    what: String,
+}
+
+impl Baseline {
+    fn new(r: &Req, src_device: i32, src_host: bool, local_host: bool) -> Result<Baseline, String> {
+        let other = if src_host { raw::alloc_pinned_host(r.len) } else { raw::alloc_device(src_device, r.len, false) }
+            .map_err(|e| e.to_string())?;
+        let ctx = primary_context(if local_host { src_device } else { r.device }).map_err(|e| e.to_string())?;
+        if !src_host && !local_host && src_device != r.device {
+            // Peer access as the IPC import has it (lazily enabled there).
+            let g = ContextGuard::bind(ctx).map_err(|e| e.to_string())?;
+            let peer = primary_context(src_device).map_err(|e| e.to_string())?;
+            // SAFETY: both contexts are retained primary contexts; no memory is touched.
+            let q = unsafe { sys::cuCtxEnablePeerAccess(peer as sys::CUcontext, 0) };
+            if q != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+                check(q, "cuCtxEnablePeerAccess").map_err(|e| e.to_string())?;
+            }
+            g.restore().map_err(|e| e.to_string())?;
+        }
+        let side = |host: bool, d: i32| if host { "pinned host".to_string() } else { format!("device {d}") };
+        let what = format!("{} <-> {}", side(src_host, src_device), side(local_host, r.device));
+        Ok(Baseline { other, other_host: src_host, other_device: src_device, local: r.local[0].addr(), ctx, what })
+    }
+
+    /// Seconds for `n` copies of `len` bytes in the direction of `op`.
+    fn time(&self, op: Op, n: u32, len: u64) -> Result<f64, String> {
+        let (dst, src) = if op == Op::Read { (self.local, self.other) } else { (self.other, self.local) };
+        let g = ContextGuard::bind(self.ctx).map_err(|e| e.to_string())?;
+        let t0 = Instant::now();
+        for _ in 0..n {
+            // SAFETY: both buffers hold `len` bytes and outlive the copies,
+            // which are drained below.
+            let q = unsafe { sys::cuMemcpyAsync(dst, src, len as usize, std::ptr::null_mut()) };
+            check(q, "cuMemcpyAsync (baseline)").map_err(|e| e.to_string())?;
+        }
+        raw::synchronize_context().map_err(|e| e.to_string())?;
+        let secs = t0.elapsed().as_secs_f64();
+        g.restore().map_err(|e| e.to_string())?;
+        Ok(secs)
+    }
+}
+
+impl Drop for Baseline {
+    fn drop(&mut self) {
+        let _ = if self.other_host {
+            raw::free_pinned_host(self.other)
+        } else {
+            raw::free_device(self.other_device, self.other)
+        };
+    }
+}
+
+/// The median of `v` (not empty).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// The bandwidth mode: for READ and WRITE, `batch` whole-buffer requests per
+/// submission through the (cached) import, against the same copies done
+/// plainly, the two interleaved rep by rep so that whatever else the
+/// machine does falls on both alike. The ratio is the median of the reps'
+/// ratios; GB/s are from the median times. Prints the figures; qualify.py
+/// applies the threshold.
+fn bandwidth(r: &Req, args: &[String], memory: &str) -> Result<String, String> {
+    let reps: u32 = num(args, "--bw-reps", 11);
+    let batch: u32 = num(args, "--bw-batch", 16);
+    let src_device: i32 = num(args, "--source-device", 0);
+    let src_host = arg(args, "--source-memory").as_deref() == Some("host");
+    let base = Baseline::new(r, src_device, src_host, memory == "host")?;
+    let (a, len, l0) = (r.remote[0], r.len, r.local[0].addr());
+    let mut line = Vec::new();
+    for op in [Op::Read, Op::Write] {
+        let reqs: Vec<Request> = (0..batch).map(|_| Request { op, local_addr: l0, remote_addr: a, len }).collect();
+        r.run(&reqs)?; // warm: opens (and caches) the import
+        base.time(op, batch, len)?;
+        let (mut ipc, mut plain, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..reps.max(1) {
+            let t0 = Instant::now();
+            r.run(&reqs)?;
+            let t = t0.elapsed().as_secs_f64();
+            let b = base.time(op, batch, len)?;
+            ipc.push(t);
+            plain.push(b);
+            ratio.push(b / t);
+        }
+        let bytes = len as f64 * batch as f64;
+        let (g, b) = (bytes / median(ipc) / 1e9, bytes / median(plain) / 1e9);
+        let name = if op == Op::Read { "read" } else { "write" };
+        line.push(format!("{name}_gbps={g:.3} {name}_base_gbps={b:.3} {name}_ratio={:.3}", median(ratio)));
+    }
+    say(&format!("BANDWIDTH {} baseline=\"{}\"", line.join(" "), base.what));
+    Ok(format!("{len} bytes x {batch} per submission, median of {reps}"))
+}
+
 fn requester(args: &[String]) {
     let mode = arg(args, "--mode").unwrap_or_else(|| die("--mode"));
-    let seed: u64 = arg(args, "--seed").and_then(|v| v.parse().ok()).unwrap_or(1);
-    let cache = matches!(mode.as_str(), "cache" | "source-close" | "requester-exit" | "stale");
+    let seed: u64 = num(args, "--seed", 1);
+    REMOTE_CHECKS.store(args.iter().any(|a| a == "--remote-checks"), std::sync::atomic::Ordering::Relaxed);
+    let cache = matches!(mode.as_str(), "cache" | "source-close" | "requester-exit" | "stale" | "bandwidth");
     let transport = arg(args, "--transport").unwrap_or_else(|| "nvlink".into());
+    let memory = arg(args, "--memory").unwrap_or_else(|| "device".into());
     let entries = if cache { 4 } else { 0 };
     let cfg = if transport == "mnnvl" {
         let handle = arg(args, "--handle").unwrap_or_else(|| "posix_fd".into());
         let domain = arg(args, "--fabric-domain").map(|d| format!(r#", "fabric_domain": "{d}""#)).unwrap_or_default();
+        let egm = if args.iter().any(|a| a == "--egm") { r#", "egm": true"# } else { "" };
         let _ = TRANSPORT.set(TransportKind::Mnnvl);
-        format!(r#"{{"mnnvl": {{"handle_type": "{handle}"{domain}}}, "nvlink_cache_entries": {entries}}}"#)
+        format!(r#"{{"mnnvl": {{"handle_type": "{handle}"{domain}{egm}}}, "nvlink_cache_entries": {entries}}}"#)
     } else {
         format!(r#"{{"nvlink": true, "nvlink_cache_entries": {entries}}}"#)
     };
@@ -224,10 +413,12 @@ fn requester(args: &[String]) {
                 r.run(&[rd(l0, a, len)])?;
                 r.check_local(0, 0, len, seed, 0)?;
                 // WRITE local[0] (now the source pattern) shifted into the
-                // second half, stopping G bytes short of the end, then read
-                // the half back: the written bytes, then the untouched tail.
+                // second half, stopping G bytes short of the end: the source
+                // checks the written bytes; then read the half back: the
+                // written bytes, then the untouched tail.
                 let w = Request { op: Op::Write, local_addr: l0, remote_addr: a + len / 2, len: len / 2 - G };
                 r.run(&[w])?;
+                check_remote(0, seed, len / 2, len / 2 - G)?;
                 r.run(&[rd(r.local[1].addr(), a + len / 2, len / 2)])?;
                 r.check_local(1, 0, len / 2 - G, seed, 0)?;
                 r.check_local(1, len / 2 - G, G, seed, len - G)?;
@@ -251,6 +442,8 @@ fn requester(args: &[String]) {
             &mode,
             (|| {
                 let s = len / 8;
+                // The WRITE's bytes: pattern 77, checked by the source below.
+                host_to_device(r.local[1].addr(), &pattern_vec(77, len)).map_err(|x| x.to_string())?;
                 std::thread::scope(|sc| -> Result<(), String> {
                     let hs: Vec<_> = (0..4u64)
                         .map(|t| {
@@ -268,25 +461,39 @@ fn requester(args: &[String]) {
                 for t in 0..4 {
                     r.check_local(0, t * s, s, seed, t * s)?;
                 }
+                check_remote(0, 77, 6 * s, s)?;
                 r.e.flush_nvlink_cache(None).map_err(|x| x.to_string())?;
+                // The READs share one READ-only import and the WRITE has a
+                // writable one (which READs after it use too): at most two
+                // imports, each closed once by the flush.
                 let st = &r.e.stats().ipc[stat_key];
-                if (st.imports_opened, st.imports_closed) != (1, 1) {
-                    return Err(format!("wanted one import and one close, got {st:?}"));
+                if st.imports_opened != st.imports_closed || !(1..=2).contains(&st.imports_opened) {
+                    return Err(format!("wanted one or two imports, each closed once, got {st:?}"));
                 }
-                Ok("4 READs + 1 WRITE through one import, one final close".into())
+                Ok(format!(
+                    "4 READs + 1 WRITE (bytes checked by the source) through {} cached import(s), closed once each",
+                    st.imports_opened
+                ))
             })(),
         ),
         "source-close" | "requester-exit" | "stale" => {
-            result(
-                &mode,
-                r.run(&[rd(l0, a, len)]).and_then(|_| r.check_local(0, 0, len, seed, 0)).map(|_| "cached".into()),
-            );
+            let cached = r.run(&[rd(l0, a, len)]).and_then(|_| r.check_local(0, 0, len, seed, 0));
+            if let Err(why) = cached {
+                result(&mode, Err(why));
+            }
             say(&format!("WAIT {mode}"));
             let cmd = wait_continue();
             match mode.as_str() {
                 "requester-exit" => std::process::exit(0),
                 "source-close" => {
-                    result(&mode, r.e.flush_nvlink_cache(None).map(|_| "flushed".into()).map_err(|x| x.to_string()))
+                    // The source closed with our import out: it revoked it,
+                    // and this live requester gave it back on its own.
+                    let st = &r.e.stats().ipc[stat_key];
+                    let verdict = match (st.imports_cached, st.imports_retained, st.imports_closed) {
+                        (0, 0, 1) => Ok("revoked by the closing source and given back".into()),
+                        _ => Err(format!("the revoked import was not given back: {st:?}")),
+                    };
+                    result(&mode, verdict);
                 }
                 _ => {
                     // The source was restarted on the same endpoint.
@@ -306,30 +513,7 @@ fn requester(args: &[String]) {
                 }
             }
         }
-        "bandwidth" => {
-            let reps = 20u32;
-            let mut out = Vec::new();
-            for op in [Op::Read, Op::Write] {
-                let t0 = Instant::now();
-                for _ in 0..reps {
-                    let q = Request { op, local_addr: l0, remote_addr: a, len };
-                    if let Err(x) = r.run(&[q]) {
-                        result(&mode, Err(x));
-                    }
-                }
-                out.push(len as f64 * reps as f64 / t0.elapsed().as_secs_f64() / 1e9);
-            }
-            let base = device_copy_gbps(len, reps).unwrap_or(0.0);
-            say(&format!(
-                "BANDWIDTH read_gbps={:.2} write_gbps={:.2} d2d_gbps={:.2} read_ratio={:.2} write_ratio={:.2}",
-                out[0],
-                out[1],
-                base,
-                out[0] / base.max(1e-9),
-                out[1] / base.max(1e-9)
-            ));
-            result(&mode, Ok(format!("{len} bytes x {reps}")));
-        }
+        "bandwidth" => result(&mode, bandwidth(&r, args, &memory)),
         other => die(&format!("unknown mode {other}")),
     }
     let _ = r.e.close(Some(Duration::from_secs(30)));
@@ -343,6 +527,7 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("source") => source(&args),
         Some("requester") => requester(&args),
-        _ => die("usage: orbite-gpu-qual source|requester ..."),
+        Some("topology") => topology(&args),
+        _ => die("usage: orbite-gpu-qual source|requester|topology ..."),
     }
 }

@@ -149,3 +149,86 @@ impl Drop for PeerProc {
         let _ = self.child.wait();
     }
 }
+
+/// The Describe of the engine at `endpoint` (a control handshake, frame by
+/// frame, with a fresh identity of this process).
+pub fn describe_of(endpoint: &str) -> orbite::control::message::Describe {
+    use orbite::control::frame::MsgKind;
+    use orbite::control::io::{self, HeaderRead};
+    use orbite::control::message::Describe;
+    let mine = Describe {
+        identity: orbite::control::Identity::fresh(),
+        capabilities: 1,
+        fabric_domain: [0; 16],
+        endpoint: "127.0.0.1:1".into(),
+        ipc_name: String::new(),
+        regions: vec![],
+    };
+    let mut s = std::net::TcpStream::connect(endpoint).expect("connect");
+    s.set_read_timeout(Some(io::TICK)).unwrap();
+    let deadline = std::time::Instant::now() + LONG;
+    let mut tick = || {
+        if std::time::Instant::now() >= deadline {
+            return Err(orbite::Error::TimedOut("handshake".into()));
+        }
+        Ok(())
+    };
+    io::write_frame(&mut s, MsgKind::Describe, &mine.encode(), &mut tick).expect("send Describe");
+    let HeaderRead::Frame(h) = io::read_header(&mut s, &mut tick).expect("answer") else { panic!("no answer") };
+    assert_eq!(h.kind, MsgKind::Describe);
+    Describe::decode(&io::read_body(&mut s, h.body_len, &mut tick).expect("body")).expect("Describe")
+}
+
+/// Opens the IPC channel of the engine at `endpoint` for `transport`, as
+/// this process (honest pid and boot) expecting `epoch` (None: the engine's
+/// own), and returns the channel and the first answer's kind and body.
+pub fn ipc_hello(
+    endpoint: &str,
+    transport: orbite::TransportKind,
+    identity: orbite::control::Identity,
+    epoch: Option<u64>,
+) -> (orbite::transport::ipc::channel::Channel, orbite::control::frame::MsgKind, Vec<u8>) {
+    use orbite::transport::ipc::{channel::Channel, messages::Hello};
+    let d = describe_of(endpoint);
+    let mut ch = Channel::connect(&d.ipc_name).expect("IPC channel");
+    let hello = Hello {
+        identity,
+        expected_source_epoch: epoch.unwrap_or(d.identity.engine_epoch),
+        transport: transport as u32,
+        fabric_domain: [0; 16],
+    };
+    let f =
+        ch.call(orbite::control::frame::MsgKind::IpcHello, &hello.encode(), std::time::Instant::now() + LONG, "hello");
+    let f = f.expect("an answer to the hello");
+    (ch, f.kind, f.body)
+}
+
+/// A hand-made export request for `[addr, addr+len)` (READ) to the engine
+/// at `endpoint` over `transport`'s IPC channel: the source's offer, or the
+/// status it refused with. An offer is declined again at once.
+pub fn ipc_export_request(
+    endpoint: &str,
+    transport: orbite::TransportKind,
+    addr: u64,
+    len: u64,
+) -> Result<orbite::transport::ipc::messages::ExportOffer, orbite::Status> {
+    use orbite::control::frame::MsgKind;
+    use orbite::transport::ipc::messages::{decode_reject, ExportOffer, ExportRef, ExportRequest, OP_READ};
+    let d = describe_of(endpoint);
+    let region = d.regions.iter().find(|r| r.contains(addr, len)).expect("a published region");
+    let (mut ch, kind, _) = ipc_hello(endpoint, transport, orbite::control::Identity::fresh(), None);
+    assert_eq!(kind, MsgKind::IpcWelcome);
+    let deadline = std::time::Instant::now() + LONG;
+    let req = ExportRequest { tag: 1, region_epoch: region.epoch, addr, len, ops: OP_READ, wait_ms: 1000 };
+    let f = ch.call(MsgKind::ExportRequest, &req.encode(), deadline, "export request").expect("an answer");
+    match f.kind {
+        MsgKind::ExportOffer => {
+            let o = ExportOffer::decode(&f.body).expect("offer");
+            let decline = ExportRef { export_id: o.export_id, token: o.token, value: 0, extra: 0 };
+            let _ = ch.call(MsgKind::ExportAnswer, &decline.encode(), deadline, "decline");
+            Ok(o)
+        }
+        MsgKind::ExportReject => Err(decode_reject(&f.body).expect("reject").1.status()),
+        other => panic!("export request answered with {other:?}"),
+    }
+}

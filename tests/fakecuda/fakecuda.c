@@ -15,11 +15,16 @@
  *   per-process token; the importer opens /proc/PID/fd/N and checks the
  *   memfd's name before mapping it. Opening in the exporting process fails
  *   as the driver does; reopening in one process is reference counted.
+ * - New device, VMM and pinned host allocations hold a garbage pattern
+ *   (0xdb), as the driver promises no zeroing: whoever needs zeros must
+ *   write them.
  * - VMM: cuMemCreate makes a memfd per allocation; reservations are
- *   PROT_NONE ranges; cuMemMap maps a shadow (and, for HOST_NUMA (EGM)
- *   memory, the CPU view at the address); cuMemSetAccess grants devices;
- *   a copy through a mapping needs access for the stream's device. POSIX fd
- *   and 64-byte fabric handles are exported and imported.
+ *   PROT_NONE ranges; cuMemMap maps a shadow only; cuMemSetAccess grants
+ *   devices (a copy through a mapping needs access for the stream's device)
+ *   and, with a HOST or HOST_NUMA descriptor, the CPU: only then is HOST_NUMA
+ *   (EGM) memory CPU-accessible at its address (a CPU grant on device memory
+ *   is INVALID_VALUE). POSIX fd and 64-byte fabric handles are exported and
+ *   imported.
  * - Streams run their work on a worker thread each, so copies are truly
  *   asynchronous: an event query can say NOT_READY and ordering bugs show.
  *   A device-to-device cuMemcpy returns before the copy completes (as the
@@ -27,6 +32,11 @@
  *   (a batch promises no order between its copies).
  * - Arguments are validated the way the driver does: unknown handles,
  *   wrong contexts, out-of-range or unmapped copies return errors.
+ * - Injected failures behave as the driver's: a sticky error (700
+ *   ILLEGAL_ADDRESS, 714-719) poisons the context that was current (every
+ *   later call in it, and on its streams and events, returns that error;
+ *   context switching and device queries still work); a failed
+ *   cuMemcpyBatchAsync_v2 has enqueued the first half of its descriptors.
  *
  * Environment (read once, at the first call)
  *   FAKECUDA_DEVICES=N            visible devices (default 1)
@@ -36,9 +46,14 @@
  *                                 (no IMEX channel)
  *   FAKECUDA_COPY_DELAY_US=U      each asynchronous copy waits U us first
  *   FAKECUDA_FAIL=name:N:code[,..] the Nth call (1-based) of `name` returns
- *                                 `code`; `name:N+:code` every call from N
+ *                                 `code`; `name:N+:code` every call from N;
+ *                                 `name@after:code` the first call of `name`
+ *                                 after the first call of `after`
+ *   FAKECUDA_NO_PEER=1            no peer access between distinct devices
+ *                                 (cuDeviceCanAccessPeer says 0)
  *   FAKECUDA_TRACE=path           at exit, appends "pid name calls" lines
- *                                 for every function called
+ *                                 for every function called, copies per
+ *                                 device and the live-resource report
  * Compile with -DFAKECUDA_OMIT_BATCH to leave cuMemcpyBatchAsync_v2 out.
  */
 #define _GNU_SOURCE
@@ -74,12 +89,14 @@ enum {
     CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_PEER_ACCESS_UNSUPPORTED = 217,
     CUDA_ERROR_ALREADY_MAPPED = 208,
     CUDA_ERROR_NOT_MAPPED = 211,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+    CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704,
     CUDA_ERROR_NOT_PERMITTED = 800,
     CUDA_ERROR_NOT_SUPPORTED = 801,
     CUDA_ERROR_UNKNOWN = 999,
@@ -103,6 +120,7 @@ typedef struct { int srcAccessOrder; CUmemLocation srcLocHint; CUmemLocation dst
 #define HANDLE_POSIX_FD 1
 #define HANDLE_FABRIC 8
 #define GRANULARITY (2ull << 20)
+#define GARBAGE 0xdb /* what new allocations hold */
 #define IPC_MAGIC 0x50494346u    /* "FCIP" */
 #define FABRIC_MAGIC 0x42464346u /* "FCFB" */
 
@@ -123,7 +141,8 @@ typedef struct { int srcAccessOrder; CUmemLocation srcLocHint; CUmemLocation dst
     X(cuStreamQuery) X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord)    \
     X(cuEventQuery) X(cuEventSynchronize) X(cuMemcpy) X(cuMemcpyAsync) X(cuMemcpyDtoD_v2)            \
     X(cuMemcpyDtoH_v2) X(cuMemcpyHtoD_v2) X(cuMemcpyDtoDAsync_v2) X(cuMemcpyDtoHAsync_v2)            \
-    X(cuMemcpyHtoDAsync_v2) X(cuMemcpyBatchAsync_v2)
+    X(cuMemcpyHtoDAsync_v2) X(cuMemcpyBatchAsync_v2) X(cuDeviceCanAccessPeer) X(cuDeviceGetP2PAttribute)    \
+    X(cuCtxEnablePeerAccess)
 
 #define FC_ENUM(n) F_##n,
 enum { FC_FUNCS(FC_ENUM) F_COUNT };
@@ -135,11 +154,14 @@ struct rule {
     unsigned long nth;
     int from_on;
     CUresult code;
+    int after; /* name@after:code: -1, or the call that arms the rule (it fires once, at the next call of func) */
+    int armed;
 };
 static struct rule rules[32];
 static int nrules;
 static unsigned long calls[F_COUNT];
 static int n_devices = 1, driver_version = 13000, no_fabric; /* 1 create, 2 export */
+static int no_peer;
 static unsigned copy_delay_us;
 static char trace_path[512];
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
@@ -150,8 +172,16 @@ static uint64_t token;
 /* Copies enqueued by streams of each device's context. */
 static unsigned long copies_on[MAX_DEVICES];
 
-static int count_live(unsigned long live[7]);
+/* What is still allocated at exit (the baseline a clean run returns to). */
+#define N_LIVE 8
+static const char *const live_names[N_LIVE] = {"device_allocs", "pinned_host",  "host_registrations",
+                                               "ipc_imports",   "vmm_handles",  "reservations",
+                                               "streams",       "events"};
+static int count_live(unsigned long live[N_LIVE]);
 
+/* The trace always carries the live-resource report: every live:NAME line,
+ * or, if the driver's lock could not be taken within 10 s, one
+ * "live:incomplete 1" line (never a silent omission). */
 static void write_trace(void) {
     FILE *f = fopen(trace_path, "a");
     if (!f) return;
@@ -159,12 +189,11 @@ static void write_trace(void) {
         if (calls[i]) fprintf(f, "%d %s %lu\n", (int)getpid(), fc_names[i], calls[i]);
     for (int d = 0; d < MAX_DEVICES; d++)
         if (copies_on[d]) fprintf(f, "%d copies@device%d %lu\n", (int)getpid(), d, copies_on[d]);
-    /* What is still allocated at exit (the baseline a clean run returns to). */
-    static const char *const what[7] = {"device_allocs", "pinned_host", "host_registrations", "ipc_imports",
-                                        "vmm_handles",   "reservations", "streams"};
-    unsigned long live[7];
+    unsigned long live[N_LIVE];
     if (count_live(live))
-        for (int i = 0; i < 7; i++) fprintf(f, "%d live:%s %lu\n", (int)getpid(), what[i], live[i]);
+        for (int i = 0; i < N_LIVE; i++) fprintf(f, "%d live:%s %lu\n", (int)getpid(), live_names[i], live[i]);
+    else
+        fprintf(f, "%d live:incomplete 1\n", (int)getpid());
     fclose(f);
 }
 
@@ -174,6 +203,7 @@ static void parse_env(void) {
     if ((v = getenv("FAKECUDA_DRIVER_VERSION"))) driver_version = atoi(v);
     if ((v = getenv("FAKECUDA_COPY_DELAY_US"))) copy_delay_us = (unsigned)atoi(v);
     if ((v = getenv("FAKECUDA_NO_FABRIC"))) no_fabric = strcmp(v, "export") == 0 ? 2 : 1;
+    if ((v = getenv("FAKECUDA_NO_PEER"))) no_peer = atoi(v) != 0;
     if ((v = getenv("FAKECUDA_TRACE")) && strlen(v) < sizeof trace_path) {
         strcpy(trace_path, v);
         atexit(write_trace);
@@ -181,22 +211,26 @@ static void parse_env(void) {
     if ((v = getenv("FAKECUDA_FAIL"))) {
         char *s = strdup(v), *save = NULL;
         for (char *item = strtok_r(s, ",", &save); item && nrules < 32; item = strtok_r(NULL, ",", &save)) {
-            char name[96];
-            unsigned long nth;
+            char name[96], after[96] = {0};
+            unsigned long nth = 0;
             char plus[2] = {0};
-            int code, f = -1;
-            if (sscanf(item, "%95[^:]:%lu%1[+]:%d", name, &nth, plus, &code) != 4 &&
+            int code, f = -1, a = -1;
+            if (sscanf(item, "%95[^:@]@%95[^:]:%d", name, after, &code) != 3 &&
+                (after[0] = 0, sscanf(item, "%95[^:]:%lu%1[+]:%d", name, &nth, plus, &code) != 4) &&
                 (plus[0] = 0, sscanf(item, "%95[^:]:%lu:%d", name, &nth, &code) != 3)) {
-                fprintf(stderr, "fakecuda: FAKECUDA_FAIL item '%s' is not name:N:code or name:N+:code\n", item);
+                fprintf(stderr, "fakecuda: FAKECUDA_FAIL item '%s' is not name:N:code, name:N+:code or name@after:code\n",
+                        item);
                 abort();
             }
-            for (int i = 0; i < F_COUNT; i++)
+            for (int i = 0; i < F_COUNT; i++) {
                 if (strcmp(fc_names[i], name) == 0) f = i;
-            if (f < 0) {
-                fprintf(stderr, "fakecuda: FAKECUDA_FAIL names an unknown function '%s'\n", name);
+                if (after[0] && strcmp(fc_names[i], after) == 0) a = i;
+            }
+            if (f < 0 || (after[0] && a < 0)) {
+                fprintf(stderr, "fakecuda: FAKECUDA_FAIL names an unknown function in '%s'\n", item);
                 abort();
             }
-            rules[nrules++] = (struct rule){f, nth, plus[0] == '+', code};
+            rules[nrules++] = (struct rule){f, nth, plus[0] == '+', code, a, 0};
         }
         free(s);
     }
@@ -205,16 +239,61 @@ static void parse_env(void) {
     if (fd >= 0) close(fd);
 }
 
-/* Counts the call and returns the injected result, or CUDA_SUCCESS. */
-static CUresult enter(int func) {
+/* Errors after which the driver refuses all later work in the context. */
+static int is_sticky(CUresult r) { return r == CUDA_ERROR_ILLEGAL_ADDRESS || (r >= 714 && r <= 719); }
+
+/* Calls a poisoned context does not refuse: device queries and context
+ * switching (a caller must still be able to restore its own context). */
+static int context_free(int func) {
+    switch (func) {
+    case F_cuInit: case F_cuDriverGetVersion: case F_cuDeviceGetCount: case F_cuDeviceGet:
+    case F_cuDeviceGetAttribute: case F_cuDeviceGetName: case F_cuDevicePrimaryCtxRetain:
+    case F_cuDevicePrimaryCtxRelease_v2: case F_cuCtxSetCurrent: case F_cuCtxGetCurrent:
+    case F_cuCtxPushCurrent_v2: case F_cuCtxPopCurrent_v2: case F_cuDeviceCanAccessPeer:
+    case F_cuDeviceGetP2PAttribute:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static CUresult current_poison(void);
+static void poison_current(CUresult code);
+
+/* Counts the call; returns the current context's sticky error, else the
+ * injected result (*injected = 1; a sticky one poisons the current
+ * context), else CUDA_SUCCESS. */
+static CUresult enter_rule(int func, int *injected) {
     pthread_once(&env_once, parse_env);
     pthread_mutex_lock(&calls_mu);
     unsigned long n = ++calls[func];
     CUresult r = CUDA_SUCCESS;
-    for (int i = 0; i < nrules; i++)
-        if (rules[i].func == func && (n == rules[i].nth || (rules[i].from_on && n >= rules[i].nth))) r = rules[i].code;
+    for (int i = 0; i < nrules; i++) {
+        struct rule *x = &rules[i];
+        if (x->after >= 0) {
+            if (x->func == func && x->armed == 1) {
+                x->armed = 2; /* fired: never again */
+                r = x->code;
+            }
+            if (x->after == func && x->armed == 0) x->armed = 1;
+        } else if (x->func == func && (n == x->nth || (x->from_on && n >= x->nth))) {
+            r = x->code;
+        }
+    }
     pthread_mutex_unlock(&calls_mu);
+    *injected = 0;
+    CUresult p = context_free(func) ? CUDA_SUCCESS : current_poison();
+    if (p) return p;
+    if (r) {
+        *injected = 1;
+        if (is_sticky(r)) poison_current(r);
+    }
     return r;
+}
+
+static CUresult enter(int func) {
+    int injected;
+    return enter_rule(func, &injected);
 }
 
 #define ENTER(name)                                \
@@ -242,6 +321,8 @@ struct fc_ctx {
     int device;
     int retained;
     struct fc_stream *legacy;
+    CUresult poisoned; /* a sticky error: every later call in the context fails with it */
+    unsigned peers;    /* bit d: peer access to device d's context enabled */
 };
 #define CTX_MAGIC 0xc7c7c7c7u
 static struct fc_ctx contexts[MAX_DEVICES];
@@ -249,6 +330,13 @@ static __thread struct fc_ctx *ctx_stack[16];
 static __thread int ctx_depth; /* ctx_stack[ctx_depth-1] is current; 0 = none */
 
 static struct fc_ctx *current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
+
+static CUresult poison_of(struct fc_ctx *c) { return c ? __atomic_load_n(&c->poisoned, __ATOMIC_ACQUIRE) : 0; }
+static CUresult current_poison(void) { return poison_of(current()); }
+static void poison_current(CUresult code) {
+    struct fc_ctx *c = current();
+    if (c) __atomic_store_n(&c->poisoned, code, __ATOMIC_RELEASE);
+}
 
 static int valid_ctx(struct fc_ctx *c) {
     return c >= contexts && c < contexts + MAX_DEVICES && c->magic == CTX_MAGIC;
@@ -285,9 +373,11 @@ struct vmm {
 struct piece {
     uint64_t va;
     size_t len;
+    size_t offset; /* into the allocation */
     char *shadow;
     struct vmm *h;
     unsigned access; /* bit d: device d may read/write */
+    int cpu;         /* CPU access granted (HOST / HOST_NUMA descriptor): 0, 1 read, 3 read/write */
     struct piece *next;
 };
 static struct range *ranges;
@@ -548,13 +638,15 @@ static CUresult enqueue_copy(struct fc_stream *s, CUdeviceptr dst, CUdeviceptr s
 
 /* Live resources: device allocations, pinned host, host registrations, IPC
  * imports, VMM handles, reservations, streams not destroyed (legacy streams
- * excluded). */
-static int count_live(unsigned long live[7]) {
-    memset(live, 0, 7 * sizeof live[0]);
-    /* At exit another thread may be inside the driver: never block on it. */
-    int locked = 0;
-    for (int i = 0; i < 100 && !(locked = pthread_mutex_trylock(&mu) == 0); i++) usleep(1000);
-    if (!locked) return 0;
+ * excluded), events not destroyed. 0 when the lock could not be taken. */
+static int count_live(unsigned long live[N_LIVE]) {
+    memset(live, 0, N_LIVE * sizeof live[0]);
+    /* At exit another thread may be inside the driver: wait for it, boundedly
+     * (no driver call holds the lock while blocking). */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 10;
+    if (pthread_mutex_timedlock(&mu, &until) != 0) return 0;
     for (struct range *r = ranges; r; r = r->next) {
         switch (r->kind) {
         case K_DEVICE: live[0]++; break;
@@ -567,6 +659,7 @@ static int count_live(unsigned long live[7]) {
     for (struct vmm *v = vmms; v; v = v->next) live[4]++;
     for (struct fc_stream *s = streams; s; s = s->next)
         if (!s->destroyed && s != s->ctx->legacy) live[6]++;
+    for (struct fc_event *e = events; e; e = e->next) live[7]++;
     pthread_mutex_unlock(&mu);
     return 1;
 }
@@ -581,7 +674,7 @@ EXPORT CUresult cuInit(unsigned int flags) {
     if (n_devices > MAX_DEVICES) n_devices = MAX_DEVICES;
     pthread_mutex_lock(&mu);
     for (int d = 0; d < n_devices; d++)
-        if (contexts[d].magic != CTX_MAGIC) contexts[d] = (struct fc_ctx){CTX_MAGIC, d, 0, NULL};
+        if (contexts[d].magic != CTX_MAGIC) contexts[d] = (struct fc_ctx){.magic = CTX_MAGIC, .device = d};
     pthread_mutex_unlock(&mu);
     __atomic_store_n(&initialized, 1, __ATOMIC_RELEASE);
     return CUDA_SUCCESS;
@@ -635,6 +728,32 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     if (dev < 0 || dev >= n_devices) return CUDA_ERROR_INVALID_DEVICE;
     snprintf(name, (size_t)len, "fakecuda device %d", dev);
+    return CUDA_SUCCESS;
+}
+
+static int peer_capable(CUdevice a, CUdevice b) { return a != b && !no_peer; }
+
+EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer) {
+    ENTER(cuDeviceCanAccessPeer);
+    NEED_INIT();
+    if (!can) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= n_devices || peer < 0 || peer >= n_devices) return CUDA_ERROR_INVALID_DEVICE;
+    *can = peer_capable(dev, peer);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuDeviceGetP2PAttribute(int *value, int attrib, CUdevice src, CUdevice dst) {
+    ENTER(cuDeviceGetP2PAttribute);
+    NEED_INIT();
+    if (!value) return CUDA_ERROR_INVALID_VALUE;
+    if (src < 0 || src >= n_devices || dst < 0 || dst >= n_devices || src == dst) return CUDA_ERROR_INVALID_DEVICE;
+    switch (attrib) {
+    case 1: *value = 0; break;                         /* PERFORMANCE_RANK */
+    case 2:                                            /* ACCESS_SUPPORTED */
+    case 3:                                            /* NATIVE_ATOMIC_SUPPORTED */
+    case 4: *value = peer_capable(src, dst); break;    /* CUDA_ARRAY_ACCESS_SUPPORTED */
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
     return CUDA_SUCCESS;
 }
 
@@ -710,6 +829,20 @@ EXPORT CUresult cuCtxGetDevice(CUdevice *dev) {
     return CUDA_SUCCESS;
 }
 
+EXPORT CUresult cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags) {
+    ENTER(cuCtxEnablePeerAccess);
+    NEED_INIT();
+    struct fc_ctx *c = current();
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    if (flags || !valid_ctx(peer) || !peer->retained || peer == c) return CUDA_ERROR_INVALID_VALUE;
+    if (!peer_capable(c->device, peer->device)) return CUDA_ERROR_PEER_ACCESS_UNSUPPORTED;
+    pthread_mutex_lock(&mu);
+    CUresult r = c->peers & (1u << peer->device) ? CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED : CUDA_SUCCESS;
+    c->peers |= 1u << peer->device;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
 EXPORT CUresult cuCtxSynchronize(void) {
     ENTER(cuCtxSynchronize);
     NEED_INIT();
@@ -747,6 +880,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
         close(fd);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    memset(shadow, GARBAGE, len); /* the driver does not zero device memory */
     *r = (struct range){K_DEVICE, (uint64_t)(uintptr_t)va, size, shadow, fd, c->device, id, token, 0, NULL, NULL};
     pthread_mutex_lock(&mu);
     r->next = ranges;
@@ -830,6 +964,7 @@ EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
     if (!current()) return CUDA_ERROR_INVALID_CONTEXT;
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    memset(p, GARBAGE, size); /* nor pinned host memory */
     CUresult r = add_host_range(K_HOST, p, size);
     if (r) {
         munmap(p, size);
@@ -1092,10 +1227,14 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
     v->id = next_id++;
     pthread_mutex_unlock(&mu);
     v->fd = memfd_for(size, v->id);
-    if (v->fd < 0) {
+    char *fill = v->fd < 0 ? MAP_FAILED : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, v->fd, 0);
+    if (fill == MAP_FAILED) {
+        if (v->fd >= 0) close(v->fd);
         free(v);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    memset(fill, GARBAGE, size); /* nor VMM memory */
+    munmap(fill, size);
     v->magic = VMM_MAGIC;
     v->size = size;
     v->handle_types = prop->requestedHandleTypes;
@@ -1206,18 +1345,10 @@ EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGener
             free(p);
             res = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
-            /* EGM (host NUMA) memory is also CPU-accessible at its address. */
-            if (v->loc.type == LOC_HOST_NUMA &&
-                mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, v->fd, (off_t)offset) ==
-                    MAP_FAILED) {
-                munmap(shadow, size);
-                free(p);
-                res = CUDA_ERROR_OUT_OF_MEMORY;
-            } else {
-                *p = (struct piece){ptr, size, shadow, v, 0, r->pieces};
-                r->pieces = p;
-                v->maps++;
-            }
+            /* No access for anyone yet, the CPU included: cuMemSetAccess grants it. */
+            *p = (struct piece){ptr, size, offset, shadow, v, 0, 0, r->pieces};
+            r->pieces = p;
+            v->maps++;
         }
     }
     pthread_mutex_unlock(&mu);
@@ -1255,6 +1386,7 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
     NEED_INIT();
     if (!desc || !count || !size) return CUDA_ERROR_INVALID_VALUE;
     unsigned grant = 0, revoke = 0;
+    int cpu = -1; /* no host descriptor: the CPU's access stays as it is */
     for (size_t i = 0; i < count; i++) {
         const CUmemAccessDesc *d = &desc[i];
         if (d->flags != 0 && d->flags != 1 && d->flags != 3) return CUDA_ERROR_INVALID_VALUE;
@@ -1264,7 +1396,11 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
                 grant |= 1u << d->location.id;
             else
                 revoke |= 1u << d->location.id;
-        } else if (d->location.type != LOC_HOST_NUMA && d->location.type != LOC_HOST) {
+        } else if (d->location.type == LOC_HOST_NUMA || d->location.type == LOC_HOST) {
+            if (d->location.type == LOC_HOST_NUMA && (d->location.id < 0 || d->location.id >= MAX_DEVICES))
+                return CUDA_ERROR_INVALID_VALUE; /* no such NUMA node */
+            cpu = d->flags;
+        } else {
             return CUDA_ERROR_INVALID_VALUE;
         }
     }
@@ -1282,8 +1418,22 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
         else
             a = hit->va + hit->len;
     }
-    for (struct piece *p = r && !res ? r->pieces : NULL; p; p = p->next)
-        if (p->va < ptr + size && ptr < p->va + p->len) p->access = (p->access | grant) & ~revoke;
+    /* The CPU can be granted host memory (EGM) only, not device memory. */
+    for (struct piece *p = r && !res && cpu >= 0 ? r->pieces : NULL; p; p = p->next)
+        if (p->va < ptr + size && ptr < p->va + p->len && p->h->loc.type != LOC_HOST_NUMA) res = CUDA_ERROR_INVALID_VALUE;
+    for (struct piece *p = r && !res ? r->pieces : NULL; p; p = p->next) {
+        if (!(p->va < ptr + size && ptr < p->va + p->len)) continue;
+        p->access = (p->access | grant) & ~revoke;
+        if (cpu >= 0 && cpu != p->cpu) {
+            int prot = cpu == 3 ? PROT_READ | PROT_WRITE : cpu == 1 ? PROT_READ : PROT_NONE;
+            if (mmap((void *)(uintptr_t)p->va, p->len, prot, MAP_SHARED | MAP_FIXED, p->h->fd, (off_t)p->offset) ==
+                MAP_FAILED) {
+                res = CUDA_ERROR_OUT_OF_MEMORY;
+                break;
+            }
+            p->cpu = cpu;
+        }
+    }
     pthread_mutex_unlock(&mu);
     return res;
 }
@@ -1414,6 +1564,7 @@ EXPORT CUresult cuStreamSynchronize(CUstream h) {
     pthread_mutex_lock(&mu);
     struct fc_stream *s;
     CUresult r = stream_or_legacy(h, &s);
+    if (!r) r = poison_of(s->ctx);
     if (!r) drain(s);
     pthread_mutex_unlock(&mu);
     return r;
@@ -1425,6 +1576,7 @@ EXPORT CUresult cuStreamQuery(CUstream h) {
     pthread_mutex_lock(&mu);
     struct fc_stream *s;
     CUresult r = stream_or_legacy(h, &s);
+    if (!r) r = poison_of(s->ctx);
     if (!r && s->done < s->enqueued) r = CUDA_ERROR_NOT_READY;
     pthread_mutex_unlock(&mu);
     return r;
@@ -1473,6 +1625,7 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream h) {
     CUresult r = valid_event(e) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
     if (!r) r = stream_or_legacy(h, &s);
     if (!r && s->ctx != e->ctx) r = CUDA_ERROR_INVALID_HANDLE; /* event and stream of different contexts */
+    if (!r) r = poison_of(s->ctx);
     struct op *o = NULL;
     if (!r && !(o = calloc(1, sizeof *o))) r = CUDA_ERROR_OUT_OF_MEMORY;
     if (!r) {
@@ -1489,7 +1642,8 @@ EXPORT CUresult cuEventQuery(CUevent e) {
     ENTER(cuEventQuery);
     NEED_INIT();
     pthread_mutex_lock(&mu);
-    CUresult r = !valid_event(e) ? CUDA_ERROR_INVALID_HANDLE
+    CUresult r = !valid_event(e)           ? CUDA_ERROR_INVALID_HANDLE
+                 : poison_of(e->ctx)           ? poison_of(e->ctx)
                  : e->completed < e->recorded ? CUDA_ERROR_NOT_READY
                                               : CUDA_SUCCESS;
     pthread_mutex_unlock(&mu);
@@ -1500,7 +1654,7 @@ EXPORT CUresult cuEventSynchronize(CUevent e) {
     ENTER(cuEventSynchronize);
     NEED_INIT();
     pthread_mutex_lock(&mu);
-    CUresult r = valid_event(e) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+    CUresult r = valid_event(e) ? poison_of(e->ctx) : CUDA_ERROR_INVALID_HANDLE;
     if (!r) {
         uint64_t target = e->recorded;
         while (e->completed < target) pthread_cond_wait(&progress, &mu);
@@ -1517,6 +1671,7 @@ EXPORT CUresult cuStreamWaitEvent(CUstream h, CUevent e, unsigned int flags) {
     struct fc_stream *s = NULL;
     CUresult r = valid_event(e) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
     if (!r) r = stream_or_legacy(h, &s);
+    if (!r) r = poison_of(s->ctx);
     struct op *o = NULL;
     if (!r && !(o = calloc(1, sizeof *o))) r = CUDA_ERROR_OUT_OF_MEMORY;
     if (!r) {
@@ -1589,7 +1744,12 @@ EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n,
 #ifndef FAKECUDA_OMIT_BATCH
 EXPORT CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
                                       CUmemcpyAttributes *attrs, size_t *attrs_idxs, size_t num_attrs, CUstream h) {
-    ENTER(cuMemcpyBatchAsync_v2);
+    /* An injected failure is not free of effects: the driver may have
+     * enqueued part of the batch before failing (here: the first half of
+     * valid descriptors, in input order). */
+    int injected;
+    CUresult inj = enter_rule(F_cuMemcpyBatchAsync_v2, &injected);
+    if (inj && !injected) return inj; /* a poisoned context: nothing enqueued */
     NEED_INIT();
     if (!dsts || !srcs || !sizes || !count || !attrs || !attrs_idxs || !num_attrs || num_attrs > count ||
         attrs_idxs[0] != 0)
@@ -1609,6 +1769,11 @@ EXPORT CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size
         int a, b;
         if ((r = resolve(dsts[i], sizes[i], s->ctx->device, &d, &a)) == CUDA_SUCCESS)
             r = resolve(srcs[i], sizes[i], s->ctx->device, &sp, &b);
+    }
+    if (inj) {
+        for (size_t i = 0; !r && i < count / 2; i++) r = enqueue_copy(s, dsts[i], srcs[i], sizes[i], NULL);
+        pthread_mutex_unlock(&mu);
+        return inj;
     }
     /* No order is promised between the copies of a batch: run them last to first. */
     for (size_t i = count; !r && i-- > 0;) r = enqueue_copy(s, dsts[i], srcs[i], sizes[i], NULL);

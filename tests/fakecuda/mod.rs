@@ -4,6 +4,7 @@
 //! rename it into place). Test processes find it through `LD_LIBRARY_PATH`.
 #![allow(dead_code)]
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
@@ -54,6 +55,7 @@ pub const ENV: &[&str] = &[
     "FAKECUDA_NO_FABRIC",
     "FAKECUDA_COPY_DELAY_US",
     "FAKECUDA_FAIL",
+    "FAKECUDA_NO_PEER",
     "FAKECUDA_TRACE",
 ];
 
@@ -84,4 +86,37 @@ pub fn read_trace(path: &Path) -> Vec<(u32, String, u64)> {
 /// Total calls of `func` in a trace.
 pub fn calls(trace: &[(u32, String, u64)], func: &str) -> u64 {
     trace.iter().filter(|(_, f, _)| f == func).map(|(_, _, n)| n).sum()
+}
+
+/// The resources the stand-in reports as still live at a process's exit.
+pub const LIVE: &[&str] = &[
+    "device_allocs",
+    "pinned_host",
+    "host_registrations",
+    "ipc_imports",
+    "vmm_handles",
+    "reservations",
+    "streams",
+    "events",
+];
+
+/// The live-resource report of every process in a trace: pid -> (resource
+/// -> count). A traced process without a complete report (a missing line,
+/// or the stand-in's `live:incomplete`) fails the caller: an absent report
+/// never reads as a clean one.
+pub fn live_reports(trace: &[(u32, String, u64)]) -> BTreeMap<u32, BTreeMap<String, u64>> {
+    let mut out: BTreeMap<u32, BTreeMap<String, u64>> = BTreeMap::new();
+    for (pid, f, n) in trace {
+        let entry = out.entry(*pid).or_default();
+        if let Some(what) = f.strip_prefix("live:") {
+            assert!(entry.insert(what.to_string(), *n).is_none(), "two live:{what} lines for pid {pid}: {trace:?}");
+        }
+    }
+    for (pid, r) in &out {
+        assert!(!r.contains_key("incomplete"), "pid {pid}: the stand-in could not take its report: {trace:?}");
+        for what in LIVE {
+            assert!(r.contains_key(*what), "pid {pid} left no live:{what} line: {trace:?}");
+        }
+    }
+    out
 }

@@ -1,70 +1,110 @@
 #!/usr/bin/env python3
-"""GPU qualification of OrbiTE's NVLink (CUDA IPC) transport.
+"""GPU qualification of OrbiTE's NVLink (CUDA IPC) and MNNVL transports.
 
-Runs two processes on one GPU (device 0 for both is fine) and covers the
-seed's modes for each local memory kind (device, pinned host, mixed):
+Runs a source and a requester process, the source's memory on device A and
+the requester's on device B (--devices A,B; 0,0 is two processes on one GPU),
+and covers the seed's modes for each local memory kind (device, pinned host,
+mixed):
 
+  topology        --devices A,B: cuDeviceCanAccessPeer and the P2P attributes
+                  (access, native atomics, performance rank) both ways; A == B
+                  passes trivially
   healthy         READ the whole export and WRITE half of it back; bytes checked
+                  locally and, for the WRITE, by the source
   batch           three out-of-order slices over two allocations
-  cache           four concurrent READs and a WRITE through one cached import,
-                  then one final close (imports opened == closed == 1)
+  cache           four concurrent READs (sharing a READ-only cached import)
+                  and a WRITE (a writable one; the WRITE's bytes checked by
+                  the source), then one close per import (1 or 2)
   source-close    close_source with an open import of a live requester ->
                   the source revokes it, the requester gives it back -> OK
   requester-exit  the requester exits with a live import; once it is reaped,
                   close_source reclaims the export -> OK
   stale           the source restarts on the same endpoint; the old peer is
                   refused, a new connection is served by the new identity
-  bandwidth       IPC READ/WRITE GB/s against a plain device-to-device copy
+  bandwidth       IPC READ/WRITE GB/s against plain copies of the same bytes
+                  in the same run (device A <-> device B; pinned host <->
+                  device where host memory is involved): PASS only at
+                  --min-ratio (0.8) or more in both directions
 
-and, for MNNVL (fabric-handle VMM memory from allocate_mnnvl), the healthy,
-batch, cache and bandwidth modes with POSIX-fd handles on one GPU, with
-fabric handles where the driver and an IMEX channel allow (else SKIP), and
-with fabric handles and a fabric domain (the IPC protocol over TCP, as
-between hosts of one NVLink partition).
+and, for MNNVL (VMM memory from allocate_mnnvl), the healthy, batch, cache
+and bandwidth modes with POSIX-fd handles, with fabric handles where the
+driver and an IMEX channel allow (else SKIP), with fabric handles and a
+fabric domain (the IPC protocol over TCP, as between hosts of one NVLink
+partition), and EGM (host NUMA memory from allocate_egm, both peers opted
+in; SKIP where the platform has none).
 
 Usage:
-  python3 tests/hardware/qualify.py [--binary PATH] [--memory device,host,mixed]
-                                    [--size BYTES] [--out DIR]
+  python3 tests/hardware/qualify.py [--binary PATH] [--devices A,B] [--memory device,host,mixed]
+                                    [--modes LIST] [--mnnvl LIST] [--size BYTES] [--timeout S]
+                                    [--min-ratio R] [--json FILE] [--out DIR]
 
 --binary is a prebuilt `orbite-gpu-qual` (cargo build --release --features cuda
---bin orbite-gpu-qual); without it the script builds one with cargo. It prints
-a table last. Exit status: 0 all passed, 1 a mode failed (a wrong byte
-included), 2 no usable CUDA on this machine.
+--bin orbite-gpu-qual); without it the script builds one with cargo. Every
+helper call is bounded by --timeout seconds: a helper that does not answer
+fails its row and is killed. A SKIP is not a PASS: a requested mode with no
+PASS row fails the run. It prints a line per row while it runs, then a table
+and a summary. Exit status: 0 every row PASS or SKIP and every requested mode
+passed somewhere, 1 otherwise, 2 no usable CUDA on this machine.
 """
 import argparse
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 
-TIMEOUT = 120
+MODES = "topology,healthy,batch,cache,source-close,requester-exit,stale,bandwidth"
+MNNVL_MODES = ("healthy", "batch", "cache", "bandwidth")
+
+
+class HelperTimeout(Exception):
+    pass
 
 
 class Proc:
-    """A helper process speaking one line per message."""
+    """A helper process speaking one line per message; every read is bounded."""
 
-    def __init__(self, argv, log):
+    def __init__(self, argv, log, timeout):
+        self.timeout = timeout
         self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                   stderr=log, text=True, bufsize=1)
+        self.lines = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self):
+        for l in self.p.stdout:
+            self.lines.put(l.strip())
+        self.lines.put(None)  # end of output
 
     def line(self):
-        deadline = time.time() + TIMEOUT
-        while time.time() < deadline:
-            l = self.p.stdout.readline()
-            if l:
-                return l.strip()
-            if self.p.poll() is not None:
-                return ""
-        return ""
+        """The next line; "" once the helper's output ended. Raises HelperTimeout."""
+        try:
+            l = self.lines.get(timeout=self.timeout)
+        except queue.Empty:
+            raise HelperTimeout("a helper gave no answer within %d s" % self.timeout)
+        if l is None:
+            self.lines.put(None)
+            return ""
+        return l
 
     def send(self, text):
-        self.p.stdin.write(text + "\n")
-        self.p.stdin.flush()
+        try:
+            self.p.stdin.write(text + "\n")
+            self.p.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass
 
     def cmd(self, text):
         self.send(text)
         return self.line()
+
+    def wait(self):
+        try:
+            return self.p.wait(timeout=self.timeout)
+        except subprocess.TimeoutExpired:
+            raise HelperTimeout("a helper did not exit within %d s" % self.timeout)
 
     def stop(self):
         if self.p.poll() is None:
@@ -87,7 +127,11 @@ FABRIC_DOMAIN = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
 
 
 def handle_of(transport):
-    return "fabric" if transport == "mnnvl-fabric_domain" else transport.split("-", 1)[1]
+    if transport == "mnnvl-fabric_domain":
+        return "fabric"
+    if transport == "mnnvl-egm":
+        return "posix_fd"
+    return transport.split("-", 1)[1]
 
 
 def transport_config(transport):
@@ -96,124 +140,221 @@ def transport_config(transport):
     cfg = {"mnnvl": {"handle_type": handle_of(transport)}}
     if transport == "mnnvl-fabric_domain":
         cfg["mnnvl"]["fabric_domain"] = FABRIC_DOMAIN
+    if transport == "mnnvl-egm":
+        cfg["mnnvl"]["egm"] = True
     return cfg
 
 
-def start_source(binary, log, allocs=1, size=8 << 20, seed=1, listen=None, transport="nvlink"):
-    argv = [binary, "source", "--allocs", str(allocs), "--size", str(size), "--seed", str(seed)]
-    cfg = transport_config(transport)
-    if listen:
-        cfg["listen"] = listen
-    argv += ["--config", json.dumps(cfg)]
-    if transport != "nvlink":
-        argv += ["--kind", "mnnvl"]
-    src = Proc(argv, log)
-    first = src.line()
-    if first.startswith("FAIL"):
-        src.stop()
-        raise RuntimeError(first)
-    return src, json.loads(first)
+class Run:
+    def __init__(self, args, binary, log):
+        self.args, self.binary, self.log = args, binary, log
+        self.src_dev, self.req_dev = args.device_pair
+
+    def start_source(self, transport, allocs=1, seed=1, listen=None):
+        argv = [self.binary, "source", "--allocs", str(allocs), "--size", str(self.args.size), "--seed", str(seed),
+                "--device", str(self.src_dev), "--numa", str(self.args.egm_node)]
+        cfg = transport_config(transport)
+        if listen:
+            cfg["listen"] = listen
+        argv += ["--config", json.dumps(cfg)]
+        if transport == "mnnvl-egm":
+            argv += ["--kind", "egm"]
+        elif transport != "nvlink":
+            argv += ["--kind", "mnnvl"]
+        src = Proc(argv, self.log, self.args.timeout)
+        try:
+            first = src.line()
+        except HelperTimeout:
+            src.stop()
+            raise
+        if not first.startswith("{"):
+            src.stop()
+            raise RuntimeError(first or "the source exited before describing itself")
+        return src, json.loads(first)
+
+    def requester(self, info, mode, memory, transport):
+        argv = [self.binary, "requester", "--endpoint", info["endpoint"], "--mode", mode, "--memory", memory,
+                "--remote", ",".join(str(a) for a in info["addrs"]), "--len", str(self.args.size), "--seed", "1",
+                "--device", str(self.req_dev), "--source-device", str(self.src_dev), "--remote-checks",
+                "--bw-reps", str(self.args.bw_reps), "--bw-batch", str(self.args.bw_batch)]
+        if transport != "nvlink":
+            argv += ["--transport", "mnnvl", "--handle", handle_of(transport)]
+        if transport == "mnnvl-fabric_domain":
+            argv += ["--fabric-domain", FABRIC_DOMAIN]
+        if transport == "mnnvl-egm":
+            argv += ["--egm", "--source-memory", "host"]
+        return Proc(argv, self.log, self.args.timeout)
+
+    def topology(self):
+        """Returns (ok, detail)."""
+        p = Proc([self.binary, "topology", "--devices", "%d,%d" % self.args.device_pair], self.log, self.args.timeout)
+        try:
+            l = p.line()
+            p.wait()
+        finally:
+            p.stop()
+        if not l.startswith("{"):
+            raise RuntimeError(l or "the topology helper said nothing")
+        t = json.loads(l)
+        if not t["pairs"]:
+            return True, "one device (%d), %d visible" % (self.src_dev, t["visible"]), t
+        bad = [q for q in t["pairs"] if q["can_access_peer"] != 1 or q["access_supported"] != 1]
+        detail = "; ".join("%d->%d peer %d access %d atomics %d rank %d" % (
+            q["from"], q["to"], q["can_access_peer"], q["access_supported"], q["native_atomic_supported"],
+            q["performance_rank"]) for q in t["pairs"])
+        return not bad, detail, t
+
+    def bandwidth_verdict(self, extra):
+        """PASS only when both ratios reach the threshold."""
+        kv = dict(x.split("=", 1) for x in extra.split() if "=" in x)
+        ratios = [float(kv.get("read_ratio", 0)), float(kv.get("write_ratio", 0))]
+        ok = all(r >= self.args.min_ratio for r in ratios)
+        why = "" if ok else "below %.2fx the same-run baseline: " % self.args.min_ratio
+        return ok, why
+
+    def mode(self, mode, memory, transport):
+        """Returns (result, detail, extra)."""
+        allocs = 2 if mode == "batch" else 1
+        src, info = self.start_source(transport, allocs=allocs)
+        req = self.requester(info, mode, memory, transport)
+        lines, extra = [], ""
+        key = transport.split("-")[0]
+        try:
+            while True:
+                l = req.line()
+                if not l:
+                    break
+                lines.append(l)
+                if l.startswith("BANDWIDTH"):
+                    extra = l[len("BANDWIDTH "):]
+                if l.startswith("FAIL"):
+                    return "FAIL", l, extra
+                if l.startswith("CHECK"):
+                    req.send(src.cmd("verify " + l[len("CHECK "):]))
+                elif l == "WAIT source-close":
+                    # The source revokes the live requester's import, which
+                    # gives it back: close_source succeeds.
+                    r = src.cmd("close_source 30000")
+                    if r != "ok":
+                        return "FAIL", "close_source with a live requester's import answered: " + r, extra
+                    st = json.loads(src.cmd("stats"))
+                    if st["ipc"][key]["exports_open"] != 0:
+                        return "FAIL", "the live requester did not give its import back: %s" % st["ipc"], extra
+                    req.send("continue")
+                elif l.startswith("WAIT requester-exit"):
+                    req.send("exit")
+                    req.wait()
+                    r = src.cmd("close_source 30000")
+                    if r != "ok":
+                        return "FAIL", "close_source after the requester exited: " + r, extra
+                    return "PASS", "export reclaimed after the requester exited", extra
+                elif l.startswith("WAIT stale"):
+                    endpoint = info["endpoint"]
+                    src.stop()
+                    src, info2 = self.start_source(transport, seed=11, listen=endpoint)
+                    req.send("continue %d" % info2["addrs"][0])
+            code = req.wait()
+            passed = [l for l in lines if l.startswith("PASS")]
+            if code != 0 or not passed:
+                return "FAIL", "requester exited %s: %s" % (code, lines[-3:]), extra
+            detail = passed[-1][len("PASS " + mode):].strip()
+            if mode == "bandwidth":
+                ok, why = self.bandwidth_verdict(extra)
+                if not ok:
+                    return "FAIL", why + detail, extra
+            return "PASS", detail, extra
+        finally:
+            req.stop()
+            src.stop()
 
 
-def requester(binary, log, info, mode, memory, size, seed=1, transport="nvlink"):
-    argv = [binary, "requester", "--endpoint", info["endpoint"], "--mode", mode, "--memory", memory,
-            "--remote", ",".join(str(a) for a in info["addrs"]), "--len", str(size), "--seed", str(seed)]
-    if transport != "nvlink":
-        argv += ["--transport", "mnnvl", "--handle", handle_of(transport)]
-    if transport == "mnnvl-fabric_domain":
-        argv += ["--fabric-domain", FABRIC_DOMAIN]
-    return Proc(argv, log)
-
-
-def run_mode(binary, log, mode, memory, size, transport="nvlink"):
-    """Returns (ok, detail, extra)."""
-    allocs = 2 if mode == "batch" else 1
-    src, info = start_source(binary, log, allocs=allocs, size=size, transport=transport)
-    req = requester(binary, log, info, mode, memory, size, transport=transport)
-    lines, extra = [], ""
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--binary")
+    ap.add_argument("--devices", default="0,0", help="A,B: the source's device and the requester's (default 0,0)")
+    ap.add_argument("--memory", default="device,host,mixed",
+                    help="the requester's memory for the NVLink rows ('' for no NVLink rows)")
+    ap.add_argument("--size", type=int, default=8 << 20)
+    ap.add_argument("--out", default="/tmp/orbite-qualify")
+    ap.add_argument("--modes", default=MODES)
+    ap.add_argument("--mnnvl", default="posix_fd,fabric,fabric_domain,egm",
+                    help="MNNVL variants to qualify: posix_fd, fabric, fabric_domain (fabric handles and a fabric "
+                         "domain: the channel runs over TCP), egm (host NUMA memory) ('' to skip)")
+    ap.add_argument("--egm-node", type=int, default=0, help="the NUMA node of the EGM source memory")
+    ap.add_argument("--timeout", type=int, default=120, help="seconds any helper may take to answer (default 120)")
+    ap.add_argument("--min-ratio", type=float, default=0.8,
+                    help="bandwidth PASS threshold against the same-run baseline (default 0.8)")
+    ap.add_argument("--bw-reps", type=int, default=11, help="bandwidth reps; the ratio is their median")
+    ap.add_argument("--bw-batch", type=int, default=16, help="whole-export requests per bandwidth submission")
+    ap.add_argument("--json", help="also write the report (rows, summary, topology) as JSON to this file")
+    args = ap.parse_args()
     try:
-        while True:
-            l = req.line()
-            if not l:
-                break
-            lines.append(l)
-            if l.startswith("BANDWIDTH"):
-                extra = l[len("BANDWIDTH "):]
-            if l.startswith("FAIL"):
-                return False, l, extra
-            if l.startswith("WAIT source-close"):
-                r = src.cmd("close_source 30000")
-                if r != "ok":
-                    return False, "close_source with a live requester's import answered: " + r, extra
-                st = json.loads(src.cmd("stats"))
-                if st["ipc"][transport.split("-")[0]]["exports_open"] != 0:
-                    return False, "the live requester did not give its import back: %s" % st["ipc"], extra
-                req.send("continue")
-            elif l.startswith("WAIT requester-exit"):
-                req.send("exit")
-                req.p.wait(timeout=TIMEOUT)
-                r = src.cmd("close_source 30000")
-                if r != "ok":
-                    return False, "close_source after the requester exited: " + r, extra
-                return True, "export reclaimed after the requester exited", extra
-            elif l.startswith("WAIT stale"):
-                endpoint = info["endpoint"]
-                src.stop()
-                src, info2 = start_source(binary, log, size=size, seed=11, listen=endpoint, transport=transport)
-                req.send("continue %d" % info2["addrs"][0])
-        req.p.wait(timeout=TIMEOUT)
-        passed = [l for l in lines if l.startswith("PASS")]
-        if req.p.returncode != 0 or not passed:
-            return False, "requester exited %s: %s" % (req.p.returncode, lines[-3:]), extra
-        return True, passed[-1][len("PASS " + mode):].strip(), extra
-    finally:
-        req.stop()
-        src.stop()
+        a, b = (int(x) for x in args.devices.split(","))
+    except ValueError:
+        ap.error("--devices A,B")
+    args.device_pair = (a, b)
+    return args
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--binary")
-    ap.add_argument("--memory", default="device,host,mixed")
-    ap.add_argument("--size", type=int, default=8 << 20)
-    ap.add_argument("--out", default="/tmp/orbite-qualify")
-    ap.add_argument("--modes", default="healthy,batch,cache,source-close,requester-exit,stale,bandwidth")
-    ap.add_argument("--mnnvl", default="posix_fd,fabric,fabric_domain",
-                    help="MNNVL variants to qualify: posix_fd, fabric, fabric_domain (fabric handles and a fabric "
-                         "domain: the channel runs over TCP) ('' to skip)")
-    args = ap.parse_args()
+    args = parse_args()
     os.makedirs(args.out, exist_ok=True)
     binary = find_binary(args)
     log = open(os.path.join(args.out, "helpers.log"), "w")
-    rows, failed = [], False
-    plan = [("nvlink", m, mode) for m in args.memory.split(",") for mode in args.modes.split(",")]
+    run = Run(args, binary, log)
+    modes = [m for m in args.modes.split(",") if m]
+    plan = []
+    if "topology" in modes:
+        plan.append(("devices", "-", "topology"))
+    plan += [("nvlink", m, mode) for m in args.memory.split(",") if m for mode in modes if mode != "topology"]
     for t in args.mnnvl.split(","):
         if t:
-            plan += [("mnnvl-" + t, "device", mode) for mode in ("healthy", "batch", "cache", "bandwidth")
-                     if mode in args.modes.split(",")]
+            plan += [("mnnvl-" + t, "device", mode) for mode in MNNVL_MODES if mode in modes]
+    rows, topo = [], None
+    started = time.time()
     for transport, memory, mode in plan:
-        if mode == "bandwidth" and memory != "device":
+        if mode == "bandwidth" and memory == "mixed":
             continue
+        extra = ""
         try:
-            ok, detail, extra = run_mode(binary, log, mode, memory, args.size, transport)
-            result = "PASS" if ok else "FAIL"
+            if mode == "topology":
+                ok, detail, topo = run.topology()
+                result = "PASS" if ok else "FAIL"
+            else:
+                result, detail, extra = run.mode(mode, memory, transport)
+        except HelperTimeout as e:
+            result, detail = "FAIL", "timed out: %s" % e
         except RuntimeError as e:
             if "no usable CUDA" in str(e):
                 print("qualify: no usable CUDA here: %s" % e)
                 return 2
-            if transport.startswith("mnnvl-fabric") and "NOT_SUPPORTED" in str(e).upper().replace(" ", "_"):
-                ok, detail, extra, result = True, str(e), "", "SKIP"
-            else:
-                ok, detail, extra, result = False, str(e), "", "FAIL"
-        failed |= not ok
-        rows.append((transport, memory, mode, result, (detail + " " + extra).strip()))
-        print("%-13s %-7s %-15s %s" % (transport, memory, mode, result if ok else "FAIL: " + detail), flush=True)
+            unsupported = "NOT_SUPPORTED" in str(e).upper().replace(" ", "_")
+            skippable = transport.startswith("mnnvl-fabric") or transport == "mnnvl-egm"
+            result, detail = ("SKIP" if unsupported and skippable else "FAIL"), str(e)
+        rows.append({"transport": transport, "memory": memory, "mode": mode, "result": result,
+                     "detail": (detail + " " + extra).strip()})
+        print("%-19s %-7s %-15s %s" % (transport, memory, mode, result if result == "PASS" else result + ": " + detail),
+              flush=True)
     print()
-    print("%-13s | %-7s | %-15s | %-6s | %s" % ("transport", "memory", "mode", "result", "detail"))
-    print("-" * 110)
+    print("%-19s | %-7s | %-15s | %-6s | %s" % ("transport", "memory", "mode", "result", "detail"))
+    print("-" * 120)
     for r in rows:
-        print("%-13s | %-7s | %-15s | %-6s | %s" % r)
-    return 1 if failed else 0
+        print("%-19s | %-7s | %-15s | %-6s | %s" % (r["transport"], r["memory"], r["mode"], r["result"], r["detail"]))
+    failed = any(r["result"] == "FAIL" for r in rows)
+    # A SKIP is not a PASS: every requested mode needs at least one PASS row.
+    missing = [m for m in modes if not any(r["mode"] == m and r["result"] == "PASS" for r in rows)]
+    for m in missing:
+        print("qualify: requested mode %s has no PASS row" % m)
+    counts = {k: sum(1 for r in rows if r["result"] == k) for k in ("PASS", "FAIL", "SKIP")}
+    print("qualify: devices %d,%d: %d PASS, %d FAIL, %d SKIP in %.0f s" % (
+        args.device_pair + (counts["PASS"], counts["FAIL"], counts["SKIP"], time.time() - started)))
+    verdict = 1 if failed or missing else 0
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"devices": list(args.device_pair), "size": args.size, "min_ratio": args.min_ratio,
+                       "rows": rows, "summary": counts, "modes_without_pass": missing, "topology": topo,
+                       "exit_status": verdict}, f, indent=1)
+    return verdict
 
 
 if __name__ == "__main__":

@@ -1,13 +1,17 @@
 //! `orbite-bench`: measures OrbiTE transports and, in the same run, the
 //! baselines a reader needs to judge the figures (single-thread memcpy over
 //! the same working set for SHM; a plain TCP socket stream between two
-//! processes on loopback for TCP).
+//! processes on loopback for TCP; plain device-to-device (or pinned host to
+//! device) CUDA copies for NVLink and MNNVL, which move device memory on
+//! both sides and need the `cuda` feature).
 //!
 //! With no arguments it starts its own target process on loopback and
 //! measures every transport available on this machine. `--mode target` and
 //! `--mode initiator --endpoint IP:PORT` run the two sides on different
 //! hosts. `--help` lists every option.
 
+#[cfg(feature = "cuda")]
+mod cuda;
 mod plot;
 
 use orbite::{allocate_shared_host, Access, Engine, Op, Request, SubmitOptions, Transport, TransportKind};
@@ -25,7 +29,12 @@ usage: orbite-bench [options]
   --endpoint IP:PORT             the target (initiator mode)
   --listen IP:PORT               where a target listens (default 127.0.0.1:0)
   --transport LIST               tcp, shm, nvlink, mnnvl, auto (repeatable or comma list;
-                                 default: every transport available here)
+                                 default: every transport available here). nvlink and mnnvl
+                                 move device memory and need a build with the cuda feature
+  --memory device|host|mixed     NVLink/MNNVL: the initiator's memory (device memory, pinned
+                                 host memory, or both alternately; default device); the
+                                 target always serves device memory
+  --devices A,B                  NVLink/MNNVL: the target's device and the initiator's (default 0,0)
   --op LIST                      read, write (default both)
   --block-size LIST              sizes with B/KiB/MiB/GiB suffixes (default 4KiB,64KiB,1MiB,8MiB)
   --batch-size N                 requests per submission (default 16)
@@ -41,6 +50,9 @@ usage: orbite-bench [options]
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Point {
     pub transport: String,
+    /// The initiator's memory: `shared_host` (TCP, SHM), or `device`,
+    /// `host`, `mixed` (NVLink, MNNVL: the target serves device memory).
+    pub memory: String,
     pub op: String,
     pub block_size: u64,
     pub batch_size: usize,
@@ -72,9 +84,12 @@ struct Opts {
     json: Option<String>,
     plot: Option<String>,
     baselines: bool,
+    memory: String,
+    devices: (i32, i32),
     // internal: the socket-baseline child and the spawned target
     connect: Option<String>,
     until_stdin_closes: bool,
+    target_kind: String,
 }
 
 fn die(msg: &str) -> ! {
@@ -124,8 +139,11 @@ fn parse_opts() -> Opts {
         json: None,
         plot: None,
         baselines: true,
+        memory: "device".into(),
+        devices: (0, 0),
         connect: None,
         until_stdin_closes: false,
+        target_kind: "host".into(),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -153,6 +171,14 @@ fn parse_opts() -> Opts {
             "--json" => o.json = Some(val()),
             "--plot" => o.plot = Some(val()),
             "--no-baseline" => o.baselines = false,
+            "--memory" => o.memory = val(),
+            "--devices" => {
+                let v = val();
+                let d: Vec<i32> = v.split(',').filter_map(|x| x.trim().parse().ok()).collect();
+                let [a, b] = d[..] else { die(&format!("--devices A,B, not {v:?}")) };
+                o.devices = (a, b);
+            }
+            "--target-kind" => o.target_kind = val(),
             "--connect" => o.connect = Some(val()),
             "--until-stdin-closes" => o.until_stdin_closes = true,
             "-h" | "--help" => {
@@ -166,6 +192,9 @@ fn parse_opts() -> Opts {
         if !["tcp", "shm", "nvlink", "mnnvl", "auto"].contains(&t.as_str()) {
             die(&format!("unknown transport {t:?} (tcp, shm, nvlink, mnnvl, auto)"));
         }
+    }
+    if !["device", "host", "mixed"].contains(&o.memory.as_str()) {
+        die(&format!("unknown memory {:?} (device, host, mixed)", o.memory));
     }
     if o.ops.is_empty() {
         o.ops = vec![Op::Read, Op::Write];
@@ -188,11 +217,33 @@ fn touch(p: *mut u8, len: usize) {
     }
 }
 
-fn run_target(o: &Opts) {
+/// Why NVLink and MNNVL cannot be measured by this build.
+#[cfg_attr(feature = "cuda", allow(dead_code))]
+const NO_CUDA_BUILD: &str =
+    "NVLink and MNNVL need orbite-bench built with the cuda feature (cargo build --release --features cuda)";
+
+fn is_cuda_transport(t: &str) -> bool {
+    t == "nvlink" || t == "mnnvl"
+}
+
+/// The target's engine and the memory it serves: shared host memory, or
+/// (`--target-kind nvlink|mnnvl`) device memory on the first of `--devices`.
+fn target_memory(o: &Opts) -> (Engine, orbite::Allocation) {
+    if is_cuda_transport(&o.target_kind) {
+        #[cfg(feature = "cuda")]
+        return cuda::target(&o.target_kind, &o.listen, o.devices.0, o.buffer_size).unwrap_or_else(|e| die(&e));
+        #[cfg(not(feature = "cuda"))]
+        die(NO_CUDA_BUILD);
+    }
     let engine = Engine::from_json(&format!(r#"{{"listen": "{}"}}"#, o.listen)).unwrap_or_else(|e| die(&e.to_string()));
     let alloc = allocate_shared_host(o.buffer_size).unwrap_or_else(|e| die(&e.to_string()));
     touch(alloc.addr() as *mut u8, o.buffer_size as usize);
     engine.register_memory(alloc.addr(), o.buffer_size, Access::READ_WRITE).unwrap_or_else(|e| die(&e.to_string()));
+    (engine, alloc)
+}
+
+fn run_target(o: &Opts) {
+    let (engine, alloc) = target_memory(o);
     println!("{}", serde_json::json!({"endpoint": engine.endpoint(), "addr": alloc.addr(), "len": o.buffer_size}));
     std::io::stdout().flush().ok();
     if o.until_stdin_closes {
@@ -286,15 +337,17 @@ fn memcpy_baseline(o: &Opts, bs: u64) -> f64 {
     bytes as f64 / t0.elapsed().as_secs_f64() / 1e9
 }
 
+/// A target process started by this run; it exits when its stdin closes.
 struct Target {
-    child: Option<std::process::Child>,
+    child: std::process::Child,
     endpoint: String,
 }
 
-fn spawn_target(o: &Opts) -> Target {
+fn spawn_target(o: &Opts, kind: &str) -> Target {
     let exe = std::env::current_exe().expect("current_exe");
     let mut child = Command::new(exe)
         .args(["--mode", "target", "--until-stdin-closes", "--buffer-size", &o.buffer_size.to_string()])
+        .args(["--target-kind", kind, "--devices", &format!("{},{}", o.devices.0, o.devices.1)])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -302,7 +355,14 @@ fn spawn_target(o: &Opts) -> Target {
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("target line");
     let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| die(&format!("target said {line:?}")));
-    Target { endpoint: v["endpoint"].as_str().expect("endpoint").to_string(), child: Some(child) }
+    Target { endpoint: v["endpoint"].as_str().expect("endpoint").to_string(), child }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
 }
 
 fn transport_of(name: &str) -> Transport {
@@ -323,37 +383,46 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[i]
 }
 
-struct Ctx<'a> {
-    engine: &'a Engine,
+/// One transport's setup: the engine, its peer, the remote region, the
+/// local buffers (requests rotate over them), and what keeps them alive.
+struct Setup {
+    engine: Engine,
     peer: u64,
     remote: u64,
     remote_len: u64,
-    local: u64,
-    o: &'a Opts,
+    locals: Vec<u64>,
+    memory: String,
+    _allocs: Vec<orbite::Allocation>,
+    _target: Option<Target>,
 }
 
-/// Runs one point: `threads` threads submit batches for `duration`.
-fn measure(c: &Ctx<'_>, transport: &str, op: Op, bs: u64) -> (u64, f64, Vec<f64>, u64) {
+/// Runs one point: `threads` threads submit batches for `duration`. Returns
+/// the requests completed, the measured seconds (from the first measured
+/// submission to the last completion), the latencies and the failures.
+fn measure(c: &Setup, o: &Opts, transport: &str, op: Op, bs: u64) -> (u64, f64, Vec<f64>, u64) {
     let opts = SubmitOptions { transport: transport_of(transport), timeout: Some(Duration::from_secs(60)) };
-    let per_thread = (c.o.buffer_size / c.o.threads as u64 / bs).max(1);
+    let per_local = o.buffer_size / o.threads as u64 / bs;
+    let per_thread = per_local.max(1);
     let remote_blocks = (c.remote_len / bs).max(1);
-    let end = Instant::now() + Duration::from_secs_f64(c.o.duration);
-    let results: Vec<(u64, Vec<f64>, u64)> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..c.o.threads)
+    let end = Instant::now() + Duration::from_secs_f64(o.duration);
+    type Run = (u64, Vec<f64>, u64, Option<(Instant, Instant)>);
+    let results: Vec<Run> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..o.threads)
             .map(|t| {
                 s.spawn(move || {
-                    let local_base = c.local + t as u64 * per_thread * bs;
                     let mut k = t as u64 * 7919;
                     let (mut done, mut failed) = (0u64, 0u64);
                     let mut lat = Vec::new();
-                    let mut reqs = Vec::with_capacity(c.o.batch);
+                    let mut reqs = Vec::with_capacity(o.batch);
                     let mut warm = true;
+                    let mut span: Option<(Instant, Instant)> = None;
                     while warm || Instant::now() < end {
                         reqs.clear();
-                        for _ in 0..c.o.batch {
+                        for _ in 0..o.batch {
+                            let local = c.locals[(k % c.locals.len() as u64) as usize];
                             reqs.push(Request {
                                 op,
-                                local_addr: local_base + (k % per_thread) * bs,
+                                local_addr: local + t as u64 * per_thread * bs + (k % per_thread) * bs,
                                 remote_addr: c.remote + (k % remote_blocks) * bs,
                                 len: bs,
                             });
@@ -365,22 +434,28 @@ fn measure(c: &Ctx<'_>, transport: &str, op: Op, bs: u64) -> (u64, f64, Vec<f64>
                             let ok = b.results().iter().filter(|x| x.status == orbite::Status::Ok).count() as u64;
                             w.map(|_| ok).or(Ok(ok))
                         });
-                        let dt = t0.elapsed().as_secs_f64() * 1e6;
+                        let t1 = Instant::now();
                         let ok = r.unwrap_or(0);
                         if !warm {
                             done += ok;
-                            failed += c.o.batch as u64 - ok;
-                            lat.push(dt);
+                            failed += o.batch as u64 - ok;
+                            lat.push((t1 - t0).as_secs_f64() * 1e6);
+                            span = Some((span.map_or(t0, |s| s.0), t1));
                         }
                         warm = false;
                     }
-                    (done, lat, failed)
+                    (done, lat, failed, span)
                 })
             })
             .collect();
         hs.into_iter().map(|h| h.join().expect("bench thread")).collect()
     });
-    let secs = c.o.duration;
+    let first = results.iter().filter_map(|r| r.3.map(|s| s.0)).min();
+    let last = results.iter().filter_map(|r| r.3.map(|s| s.1)).max();
+    let secs = match (first, last) {
+        (Some(a), Some(b)) => (b - a).as_secs_f64(),
+        _ => 0.0,
+    };
     let mut lat: Vec<f64> = results.iter().flat_map(|r| r.1.iter().copied()).collect();
     lat.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
     let done: u64 = results.iter().map(|r| r.0).sum();
@@ -398,64 +473,175 @@ fn fmt_size(b: u64) -> String {
     }
 }
 
-fn run_initiator(o: &Opts, endpoint: &str) -> Vec<Point> {
-    let max_inflight = (o.batch as u64 * o.threads as u64 * o.block_sizes.iter().max().copied().unwrap_or(1 << 20))
+fn max_inflight(o: &Opts) -> u64 {
+    (o.batch as u64 * o.threads as u64 * o.block_sizes.iter().max().copied().unwrap_or(1 << 20))
         .max(1 << 30)
         .next_power_of_two()
-        .min(1 << 40);
-    let cfg =
-        format!(r#"{{"shm_cache_entries": 64, "max_inflight_bytes": {max_inflight}, "max_transfer_bytes": 67108864}}"#);
-    let engine = Engine::from_json(&cfg).unwrap_or_else(|e| die(&e.to_string()));
-    let peer = engine.connect(endpoint, None).unwrap_or_else(|e| die(&format!("connect {endpoint}: {e}")));
-    let regions = engine.peer_regions(peer, None).unwrap_or_else(|e| die(&e.to_string()));
-    let region = regions.iter().max_by_key(|r| r.len).copied().unwrap_or_else(|| die("the target publishes no region"));
-    let local = allocate_shared_host(o.buffer_size).unwrap_or_else(|e| die(&e.to_string()));
-    touch(local.addr() as *mut u8, o.buffer_size as usize);
-    engine.register_memory(local.addr(), o.buffer_size, Access::NONE).unwrap_or_else(|e| die(&e.to_string()));
-    let c = Ctx { engine: &engine, peer, remote: region.addr, remote_len: region.len, local: local.addr(), o };
+        .min(1 << 40)
+}
 
-    // Which transports work here: probe each with one small request.
+/// Connects `engine` to `endpoint` and finds the largest region it publishes.
+fn connect(engine: &Engine, endpoint: &str) -> Result<(u64, orbite::control::message::RegionInfo), String> {
+    let peer = engine.connect(endpoint, None).map_err(|e| format!("connect {endpoint}: {e}"))?;
+    let regions = engine.peer_regions(peer, None).map_err(|e| e.to_string())?;
+    let region = regions.iter().max_by_key(|r| r.len).copied().ok_or("the target publishes no region")?;
+    Ok((peer, region))
+}
+
+/// TCP, SHM and auto: shared host memory on both sides.
+fn host_setup(o: &Opts, endpoint: Option<&str>) -> Result<Setup, String> {
+    let target = endpoint.is_none().then(|| spawn_target(o, "host"));
+    let endpoint = endpoint.map(str::to_string).unwrap_or_else(|| target.as_ref().expect("target").endpoint.clone());
+    let cfg = format!(
+        r#"{{"shm_cache_entries": 64, "max_inflight_bytes": {}, "max_transfer_bytes": 67108864}}"#,
+        max_inflight(o)
+    );
+    let engine = Engine::from_json(&cfg).map_err(|e| e.to_string())?;
+    let (peer, region) = connect(&engine, &endpoint)?;
+    let local = allocate_shared_host(o.buffer_size).map_err(|e| e.to_string())?;
+    touch(local.addr() as *mut u8, o.buffer_size as usize);
+    engine.register_memory(local.addr(), o.buffer_size, Access::NONE).map_err(|e| e.to_string())?;
+    Ok(Setup {
+        engine,
+        peer,
+        remote: region.addr,
+        remote_len: region.len,
+        locals: vec![local.addr()],
+        memory: "shared_host".into(),
+        _allocs: vec![local],
+        _target: target,
+    })
+}
+
+/// NVLink and MNNVL: the target serves device memory; the initiator's is
+/// `--memory`.
+#[cfg(feature = "cuda")]
+fn cuda_setup(o: &Opts, kind: &str, endpoint: Option<&str>) -> Result<Setup, String> {
+    let target = endpoint.is_none().then(|| spawn_target(o, kind));
+    let endpoint = endpoint.map(str::to_string).unwrap_or_else(|| target.as_ref().expect("target").endpoint.clone());
+    let engine = Engine::from_json(&cuda::initiator_config(kind, max_inflight(o))).map_err(|e| e.to_string())?;
+    let (peer, region) = connect(&engine, &endpoint)?;
+    let allocs = cuda::local(&engine, &o.memory, o.devices.1, o.buffer_size)?;
+    Ok(Setup {
+        engine,
+        peer,
+        remote: region.addr,
+        remote_len: region.len,
+        locals: allocs.iter().map(|a| a.addr()).collect(),
+        memory: o.memory.clone(),
+        _allocs: allocs,
+        _target: target,
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_setup(_: &Opts, _: &str, _: Option<&str>) -> Result<Setup, String> {
+    Err(NO_CUDA_BUILD.into())
+}
+
+/// The baseline of one point, measured in this run (memoised per key).
+fn baseline_for(
+    o: &Opts,
+    t: &str,
+    op: Op,
+    bs: u64,
+    memo: &mut std::collections::HashMap<(String, u64, bool), (String, f64)>,
+) -> (String, f64) {
+    if !o.baselines {
+        return ("none".into(), 0.0);
+    }
+    let cuda_op = is_cuda_transport(t).then_some(op == Op::Read);
+    let key = (
+        if t == "tcp" {
+            "tcp"
+        } else if cuda_op.is_some() {
+            "cuda"
+        } else {
+            "memcpy"
+        }
+        .to_string(),
+        bs,
+        cuda_op == Some(true),
+    );
+    memo.entry(key.clone())
+        .or_insert_with(|| match key.0.as_str() {
+            "tcp" => ("tcp_socket".into(), socket_baseline(o, bs)),
+            "memcpy" => ("memcpy".into(), memcpy_baseline(o, bs)),
+            _ => cuda_baseline(o, op, bs),
+        })
+        .clone()
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_baseline(o: &Opts, op: Op, bs: u64) -> (String, f64) {
+    let (a, b) = o.devices;
+    cuda::baseline(op, &o.memory, a, b, bs, o.batch, o.buffer_size, o.duration).unwrap_or_else(|e| die(&e))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_baseline(_: &Opts, _: Op, _: u64) -> (String, f64) {
+    die(NO_CUDA_BUILD)
+}
+
+fn run_initiator(o: &Opts, endpoint: Option<&str>) -> Vec<Point> {
     let wanted: Vec<String> = if o.transports.is_empty() {
         vec!["tcp".into(), "shm".into(), "nvlink".into(), "mnnvl".into()]
     } else {
         o.transports.clone()
     };
-    let mut transports = Vec::new();
+    // One setup for the host transports, one per CUDA transport; each
+    // transport is probed with one small request first.
+    let mut host: Option<Setup> = None;
+    let mut runs: Vec<(String, Setup)> = Vec::new();
     for t in wanted {
-        let r = Request { op: Op::Read, local_addr: local.addr(), remote_addr: region.addr, len: 64 };
+        let setup = if is_cuda_transport(&t) {
+            cuda_setup(o, &t, endpoint)
+        } else {
+            match host.take() {
+                Some(h) => Ok(h),
+                None => host_setup(o, endpoint),
+            }
+        };
+        let setup = match setup {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("skipping {t}: {e}");
+                continue;
+            }
+        };
+        let r = Request { op: Op::Read, local_addr: setup.locals[0], remote_addr: setup.remote, len: 64 };
         let opts = SubmitOptions { transport: transport_of(&t), timeout: Some(Duration::from_secs(30)) };
-        match engine.submit(peer, &[r], opts).and_then(|b| b.wait(Duration::from_secs(30))) {
-            Ok(()) => transports.push(t),
-            Err(e) => eprintln!("skipping {t}: {e}"),
-        }
+        let probe = setup.engine.submit(setup.peer, &[r], opts).and_then(|b| b.wait(Duration::from_secs(30)));
         // A cached SHM export lends the target buffer exclusively: release it.
-        let _ = engine.flush_nvlink_cache(None);
+        let _ = setup.engine.flush_nvlink_cache(None);
+        if let Err(e) = probe {
+            eprintln!("skipping {t}: {e}");
+            if !is_cuda_transport(&t) {
+                host = Some(setup);
+            }
+            continue;
+        }
+        runs.push((t, setup));
     }
-    let mut mem_base = std::collections::HashMap::new();
-    let mut sock_base = std::collections::HashMap::new();
-    let total = transports.len() * o.ops.len() * o.block_sizes.len();
+    let mut memo = std::collections::HashMap::new();
+    let total = runs.len() * o.ops.len() * o.block_sizes.len();
     let mut points = Vec::new();
     let mut n = 0;
-    for t in &transports {
+    for (t, setup) in &runs {
         for &op in &o.ops {
             for &bs in &o.block_sizes {
                 n += 1;
                 let left = (total - n + 1) as f64 * o.duration;
                 eprint!("\r[{n}/{total}] {t} {} {}: about {left:.0}s left          ", op_name(op), fmt_size(bs));
                 let _ = std::io::stderr().flush();
-                let (done, secs, lat, failed) = measure(&c, t, op, bs);
-                let _ = engine.flush_nvlink_cache(None);
-                let (baseline, base) = if !o.baselines {
-                    ("none".to_string(), 0.0)
-                } else if t == "tcp" {
-                    ("tcp_socket".to_string(), *sock_base.entry(bs).or_insert_with(|| socket_baseline(o, bs)))
-                } else {
-                    ("memcpy".to_string(), *mem_base.entry(bs).or_insert_with(|| memcpy_baseline(o, bs)))
-                };
+                let (done, secs, lat, failed) = measure(setup, o, t, op, bs);
+                let _ = setup.engine.flush_nvlink_cache(None);
+                let (baseline, base) = baseline_for(o, t, op, bs, &mut memo);
                 let bytes = done * bs;
-                let gbps = bytes as f64 / secs / 1e9;
+                let gbps = if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 };
                 points.push(Point {
                     transport: t.clone(),
+                    memory: setup.memory.clone(),
                     op: op_name(op).into(),
                     block_size: bs,
                     batch_size: o.batch,
@@ -463,7 +649,7 @@ fn run_initiator(o: &Opts, endpoint: &str) -> Vec<Point> {
                     bytes,
                     seconds: secs,
                     gbps,
-                    ops_per_sec: done as f64 / secs,
+                    ops_per_sec: if secs > 0.0 { done as f64 / secs } else { 0.0 },
                     p50_us: percentile(&lat, 0.5),
                     p99_us: percentile(&lat, 0.99),
                     baseline,
@@ -475,7 +661,9 @@ fn run_initiator(o: &Opts, endpoint: &str) -> Vec<Point> {
         }
     }
     eprintln!();
-    let _ = engine.close(Some(Duration::from_secs(30)));
+    for (_, setup) in &runs {
+        let _ = setup.engine.close(Some(Duration::from_secs(30)));
+    }
     points
 }
 
@@ -488,13 +676,26 @@ fn op_name(op: Op) -> &'static str {
 
 fn print_table(points: &[Point]) {
     println!(
-        "{:<8} {:<6} {:>8} {:>5} {:>4} {:>9} {:>12} {:>10} {:>10} {:>11} {:>9} {:>6}",
-        "transp", "op", "block", "batch", "thr", "GB/s", "req/s", "p50 us", "p99 us", "baseline", "base GB/s", "ratio"
+        "{:<8} {:<11} {:<6} {:>8} {:>5} {:>4} {:>9} {:>12} {:>10} {:>10} {:>15} {:>9} {:>6}",
+        "transp",
+        "memory",
+        "op",
+        "block",
+        "batch",
+        "thr",
+        "GB/s",
+        "req/s",
+        "p50 us",
+        "p99 us",
+        "baseline",
+        "base GB/s",
+        "ratio"
     );
     for p in points {
         println!(
-            "{:<8} {:<6} {:>8} {:>5} {:>4} {:>9.3} {:>12.0} {:>10.1} {:>10.1} {:>11} {:>9.3} {:>6.2}{}",
+            "{:<8} {:<11} {:<6} {:>8} {:>5} {:>4} {:>9.3} {:>12.0} {:>10.1} {:>10.1} {:>15} {:>9.3} {:>6.2}{}",
             p.transport,
+            p.memory,
             p.op,
             fmt_size(p.block_size),
             p.batch_size,
@@ -517,21 +718,14 @@ fn main() {
         "target" => run_target(&o),
         "socket-source" => run_socket_source(&o),
         "initiator" | "auto" => {
-            let mut target = None;
             let endpoint = if o.mode == "initiator" {
-                o.endpoint.clone().unwrap_or_else(|| die("--mode initiator needs --endpoint IP:PORT"))
+                Some(o.endpoint.clone().unwrap_or_else(|| die("--mode initiator needs --endpoint IP:PORT")))
             } else {
-                let t = spawn_target(&o);
-                let ep = t.endpoint.clone();
-                target = Some(t);
-                ep
+                None
             };
-            let points = run_initiator(&o, &endpoint);
-            if let Some(mut t) = target {
-                if let Some(mut ch) = t.child.take() {
-                    drop(ch.stdin.take());
-                    let _ = ch.wait();
-                }
+            let points = run_initiator(&o, endpoint.as_deref());
+            if points.is_empty() {
+                die("no requested transport could be measured (see the lines above)");
             }
             print_table(&points);
             if let Some(path) = &o.json {

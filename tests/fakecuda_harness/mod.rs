@@ -1,0 +1,172 @@
+//! The child-process harness of the tests that run the NVLink and MNNVL
+//! transports through the CPU stand-in for the CUDA driver: a test binary
+//! re-runs itself as a child (its `child_case` test, selected by
+//! `ORBITE_FAKECUDA_CASE`) with the stand-in on its loader path and its own
+//! `FAKECUDA_*` settings; the child is the requester and starts
+//! `orbite-gpu-qual` source processes. Used by `tests/fakecuda_faults.rs`
+//! and `tests/seed_rows_cuda.rs` (each declares `mod common; mod fakecuda;`).
+#![allow(dead_code)]
+
+use crate::common::pattern;
+use crate::fakecuda::{self, Variant};
+use orbite::cuda::memory::device_to_host;
+use orbite::*;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+use std::time::Duration;
+
+pub const MIB: u64 = 1 << 20;
+pub const SIZE: u64 = 4 * MIB;
+
+/// An `orbite-gpu-qual` source process (inherits the stand-in).
+pub struct Source {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    pub endpoint: String,
+    pub addrs: Vec<u64>,
+}
+
+impl Source {
+    /// `kind`: ipc, mnnvl or egm; `fail`: the source's own FAKECUDA_FAIL.
+    pub fn start(config: &str, kind: &str, allocs: usize, fail: Option<&str>) -> Source {
+        let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_orbite-gpu-qual"));
+        for k in fakecuda::ENV {
+            c.env_remove(k);
+        }
+        if let Some(f) = fail {
+            c.env("FAKECUDA_FAIL", f);
+        }
+        let mut child = c
+            .args(["source", "--size", &SIZE.to_string(), "--allocs", &allocs.to_string(), "--seed", "1"])
+            .args(["--config", config, "--kind", kind])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("orbite-gpu-qual");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("source said {line:?}: {e}"));
+        Source {
+            endpoint: v["endpoint"].as_str().unwrap().to_string(),
+            addrs: v["addrs"].as_array().unwrap().iter().map(|a| a.as_u64().unwrap()).collect(),
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    pub fn cmd(&mut self, c: &str) -> String {
+        writeln!(self.stdin, "{c}").unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line.trim().to_string()
+    }
+
+    pub fn ipc(&mut self, transport: &str, key: &str) -> u64 {
+        let v: serde_json::Value = serde_json::from_str(&self.cmd("stats")).unwrap();
+        v["ipc"][transport][key].as_u64().unwrap_or_else(|| panic!("no ipc.{transport}.{key} in {v}"))
+    }
+}
+
+impl Drop for Source {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The requester side: an engine, two local device buffers, one peer.
+pub struct Req {
+    pub e: Engine,
+    pub peer: u64,
+    pub local: Vec<Allocation>,
+    pub regions: Vec<u64>,
+    pub transport: TransportKind,
+}
+
+impl Req {
+    pub fn new(config: &str, endpoint: &str, transport: TransportKind) -> Req {
+        let e = Engine::from_json(config).unwrap();
+        let local: Vec<Allocation> = (0..2).map(|_| CudaMemory::allocate(0, SIZE).unwrap()).collect();
+        let regions = local.iter().map(|a| e.register_memory(a.addr(), SIZE, Access::NONE).unwrap()).collect();
+        let peer = e.connect(endpoint, None).unwrap();
+        Req { e, peer, local, regions, transport }
+    }
+
+    pub fn l(&self, i: usize) -> u64 {
+        self.local[i].addr()
+    }
+
+    pub fn go_within(&self, reqs: &[Request], timeout: Duration) -> Vec<RequestResult> {
+        let opts = SubmitOptions { transport: Transport::Only(self.transport), timeout: Some(timeout) };
+        let b = self.e.submit(self.peer, reqs, opts).unwrap();
+        let _ = b.wait(Duration::from_secs(120));
+        b.results()
+    }
+
+    pub fn go(&self, reqs: &[Request]) -> Vec<RequestResult> {
+        self.go_within(reqs, Duration::from_secs(60))
+    }
+
+    pub fn ipc(&self) -> orbite::engine::stats::IpcStats {
+        self.e.stats().ipc[self.transport.name()].clone()
+    }
+
+    /// Local buffer `i` at `off` holds `len` bytes of the source pattern from `roff`.
+    pub fn holds(&self, i: usize, off: u64, len: u64, seed: u64, roff: u64) -> bool {
+        let mut host = vec![0u8; len as usize];
+        device_to_host(&mut host, self.l(i) + off).unwrap();
+        (0..len).all(|k| host[k as usize] == pattern(seed, roff + k))
+    }
+}
+
+pub fn rd(local: u64, remote: u64, len: u64) -> Request {
+    Request { op: Op::Read, local_addr: local, remote_addr: remote, len }
+}
+
+pub fn wr(local: u64, remote: u64, len: u64) -> Request {
+    Request { op: Op::Write, local_addr: local, remote_addr: remote, len }
+}
+
+pub fn res(status: Status, remote_effect: RemoteEffect) -> RequestResult {
+    RequestResult { status, remote_effect }
+}
+
+pub const NVLINK: &str = r#"{"nvlink": true}"#;
+pub const NVLINK_CACHED: &str = r#"{"nvlink": true, "nvlink_cache_entries": 4}"#;
+pub const MNNVL_FD: &str = r#"{"mnnvl": {"handle_type": "posix_fd"}}"#;
+
+pub fn nvlink_source(fail: Option<&str>) -> (Source, u64) {
+    let s = Source::start(NVLINK, "ipc", 1, fail);
+    let a = s.addrs[0];
+    (s, a)
+}
+
+pub fn run(case: &str, env: &[(&str, &str)]) {
+    let mut c = fakecuda::command(std::env::current_exe().unwrap(), Variant::Full);
+    c.args(["--exact", "child_case", "--nocapture", "--test-threads", "1"]).env("ORBITE_FAKECUDA_CASE", case);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let out = c.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("child case passed"),
+        "case {case}: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs a case with `FAKECUDA_TRACE` set and returns the trace it left.
+pub fn run_traced(case: &str, env: &[(&str, &str)]) -> Vec<(u32, String, u64)> {
+    let trace = std::env::temp_dir().join(format!("orbite-fakecuda-{case}-{}", std::process::id()));
+    let _ = std::fs::remove_file(&trace);
+    let mut all = env.to_vec();
+    all.push(("FAKECUDA_TRACE", trace.to_str().unwrap()));
+    run(case, &all);
+    fakecuda::read_trace(&trace)
+}

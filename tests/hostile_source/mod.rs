@@ -1,0 +1,241 @@
+//! A hostile source for the requester's checks: it speaks the control
+//! handshake and the IPC protocol by hand (threads of the test process, so
+//! SHM may serve it), publishes one shared-host region backed by a memfd it
+//! owns, and answers export requests as the test scripts: an honest offer
+//! (edited to lie), an offer followed by the handle of another export, or a
+//! refusal. It records every IPC frame the requester sends, so a test can
+//! assert what the requester accepted, declined and asked for.
+#![allow(dead_code)]
+
+use orbite::control::frame::MsgKind;
+use orbite::control::io::{self, HeaderRead};
+use orbite::control::message::{Describe, RegionInfo};
+use orbite::control::Identity;
+use orbite::transport::ipc::channel::{self, Channel};
+use orbite::transport::ipc::messages::{encode_reject, ExportOffer, ExportRef, ExportRequest, Hello, Welcome};
+use orbite::{Access, MemoryKind, Status, TransportKind};
+use std::net::TcpListener;
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+
+/// The region's length (one 2 MiB physical extent).
+pub const LEN: u64 = 2 << 20;
+/// The region's epoch in the Describe.
+pub const EPOCH: u64 = 7;
+
+/// Every IPC frame received: kind and body.
+pub type Seen = Arc<Mutex<Vec<(MsgKind, Vec<u8>)>>>;
+
+/// How the source answers an export request.
+#[derive(Clone, Copy)]
+pub enum Answer {
+    /// The honest offer, then edited by the function (identity: honest).
+    Offer(fn(&mut ExportOffer, &ExportRequest)),
+    /// An honest offer; after the requester accepts, the handle of another export.
+    WrongHandle,
+    /// A refusal with this status.
+    Reject(Status),
+}
+
+/// What the hostile source says about itself.
+#[derive(Clone, Copy)]
+pub struct Script {
+    pub answer: Answer,
+    /// Edits the identity in the Describe (identity: honest, this process).
+    pub describe: fn(&mut Identity),
+    /// Edits the identity in the IpcWelcome (identity: the Describe's).
+    pub welcome: fn(&mut Identity),
+}
+
+fn same(_: &mut Identity) {}
+fn honest(_: &mut ExportOffer, _: &ExportRequest) {}
+
+impl Script {
+    /// Honest in every respect.
+    pub fn honest() -> Script {
+        Script { answer: Answer::Offer(honest), describe: same, welcome: same }
+    }
+    /// Honest but for the answer.
+    pub fn answering(answer: Answer) -> Script {
+        Script { answer, ..Script::honest() }
+    }
+}
+
+/// A running hostile source.
+pub struct Hostile {
+    pub endpoint: String,
+    /// The published region's first byte (this process's memfd mapping).
+    pub addr: u64,
+    /// Every IPC frame received: kind and body.
+    pub seen: Seen,
+    memfd: Arc<std::os::fd::OwnedFd>,
+}
+
+impl Hostile {
+    /// Starts a source publishing LEN bytes holding `fill(i)` at offset i.
+    pub fn start(script: Script, fill: impl Fn(u64) -> u8) -> Hostile {
+        // SAFETY: memfd_create with a static name; the fd is owned below.
+        let raw =
+            unsafe { libc::memfd_create(c"orbite-hostile".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+        assert!(raw >= 0, "memfd_create");
+        // SAFETY: `raw` is a fresh descriptor nobody else owns.
+        let memfd: std::os::fd::OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(raw) };
+        // SAFETY: resizing our own memfd.
+        assert_eq!(unsafe { libc::ftruncate(raw, LEN as i64) }, 0);
+        // Sealed against resizing, as the library's shared memory is (an
+        // importer may insist on it).
+        // SAFETY: fcntl on our own memfd.
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        assert_eq!(unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, seals) }, 0);
+        // SAFETY: a fresh shared mapping of LEN bytes of our memfd, kept for
+        // the process's life (the region must stay mapped while published).
+        let p = unsafe {
+            libc::mmap(std::ptr::null_mut(), LEN as usize, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED, raw, 0)
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: the mapping holds LEN writable bytes.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), LEN as usize) };
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = fill(i as u64);
+        }
+        let addr = p as u64;
+        let mut identity = Identity::fresh();
+        (script.describe)(&mut identity);
+        let name = format!("orbite-hostile-{}-{:016x}", std::process::id(), identity.engine_epoch);
+        let ipc = channel::listen(&name).expect("IPC listener");
+        let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = tcp.local_addr().unwrap().to_string();
+        let describe = Describe {
+            identity,
+            capabilities: TransportKind::Tcp.capability_bit() | TransportKind::Shm.capability_bit(),
+            fabric_domain: [0; 16],
+            endpoint: endpoint.clone(),
+            ipc_name: name,
+            regions: vec![RegionInfo {
+                id: 1,
+                epoch: EPOCH,
+                addr,
+                len: LEN,
+                access: Access::READ_WRITE,
+                kind: MemoryKind::SharedHost,
+            }],
+        };
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let memfd = Arc::new(memfd);
+        // The control port: answer each handshake (frame by frame), then
+        // hold the connection.
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in tcp.incoming() {
+                let Ok(mut s) = s else { break };
+                let mut tick = || -> orbite::Result<()> { Ok(()) };
+                s.set_read_timeout(Some(io::TICK)).unwrap();
+                let Ok(HeaderRead::Frame(h)) = io::read_header(&mut s, &mut tick) else { continue };
+                if h.kind != MsgKind::Describe || io::read_body(&mut s, h.body_len, &mut tick).is_err() {
+                    continue;
+                }
+                if io::write_frame(&mut s, MsgKind::Describe, &describe.encode(), &mut tick).is_ok() {
+                    held.push(s);
+                }
+            }
+        });
+        let (log, fd) = (seen.clone(), memfd.clone());
+        std::thread::spawn(move || {
+            for s in ipc.incoming() {
+                let Ok(s) = s else { break };
+                let (log, fd) = (log.clone(), fd.clone());
+                std::thread::spawn(move || serve(Channel::from_stream(s).unwrap(), script, identity, addr, log, fd));
+            }
+        });
+        Hostile { endpoint, addr, seen, memfd }
+    }
+
+    /// The frames of `kind` received so far.
+    pub fn frames(&self, kind: MsgKind) -> Vec<Vec<u8>> {
+        self.seen.lock().unwrap().iter().filter(|(k, _)| *k == kind).map(|(_, b)| b.clone()).collect()
+    }
+
+    /// The export requests received so far.
+    pub fn requests(&self) -> Vec<ExportRequest> {
+        self.frames(MsgKind::ExportRequest).iter().map(|b| ExportRequest::decode(b).unwrap()).collect()
+    }
+
+    /// The requester's answers to offers: (export id, accepted).
+    pub fn answers(&self) -> Vec<(u64, bool)> {
+        self.frames(MsgKind::ExportAnswer)
+            .iter()
+            .map(|b| ExportRef::decode(b, "answer").unwrap())
+            .map(|r| (r.export_id, r.value == 1))
+            .collect()
+    }
+}
+
+fn serve(mut ch: Channel, script: Script, identity: Identity, addr: u64, log: Seen, memfd: Arc<std::os::fd::OwnedFd>) {
+    let mut next_export = 100u64;
+    let mut offered: Option<ExportOffer> = None;
+    let mut tick = || Ok(());
+    while let Ok(f) = ch.recv(&mut tick) {
+        log.lock().unwrap().push((f.kind, f.body.clone()));
+        let (kind, body, fd): (MsgKind, Vec<u8>, Option<i32>) = match f.kind {
+            MsgKind::IpcHello => {
+                Hello::decode(&f.body).unwrap();
+                let mut w = identity;
+                (script.welcome)(&mut w);
+                (MsgKind::IpcWelcome, Welcome { identity: w }.encode(), None)
+            }
+            MsgKind::ExportRequest => {
+                let req = ExportRequest::decode(&f.body).unwrap();
+                next_export += 1;
+                let mut o = ExportOffer {
+                    tag: req.tag,
+                    export_id: next_export,
+                    token: 0x5eed_0000 + next_export,
+                    base: addr,
+                    physical: LEN,
+                    grant_addr: req.addr,
+                    grant_len: req.len,
+                    region_epoch: req.region_epoch,
+                    ops: req.ops,
+                };
+                match script.answer {
+                    Answer::Reject(st) => (MsgKind::ExportReject, encode_reject(req.tag, st, "scripted refusal"), None),
+                    Answer::Offer(edit) => {
+                        edit(&mut o, &req);
+                        offered = Some(o);
+                        (MsgKind::ExportOffer, o.encode(), None)
+                    }
+                    Answer::WrongHandle => {
+                        offered = Some(o);
+                        (MsgKind::ExportOffer, o.encode(), None)
+                    }
+                }
+            }
+            MsgKind::ExportAnswer => {
+                let r = ExportRef::decode(&f.body, "answer").unwrap();
+                match (r.value, offered.take()) {
+                    (1, Some(o)) => {
+                        let named = match script.answer {
+                            Answer::WrongHandle => {
+                                ExportRef { export_id: o.export_id + 1, token: o.token, value: 0, extra: 0 }
+                            }
+                            _ => ExportRef { export_id: o.export_id, token: o.token, value: 0, extra: 0 },
+                        };
+                        (MsgKind::ExportHandle, named.encode(), Some(memfd.as_raw_fd()))
+                    }
+                    _ => {
+                        (MsgKind::Ack, ExportRef { value: 0, extra: MsgKind::ExportAnswer as u32, ..r }.encode(), None)
+                    }
+                }
+            }
+            MsgKind::CloseReceipt | MsgKind::OpComplete => {
+                let r = ExportRef::decode(&f.body, "receipt").unwrap();
+                (MsgKind::Ack, ExportRef { value: 0, extra: f.kind as u32, ..r }.encode(), None)
+            }
+            MsgKind::Revalidate => (MsgKind::RevalidateOk, f.body[..8].to_vec(), None),
+            _ => return,
+        };
+        if ch.send(kind, &body, fd, &mut tick).is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,420 @@
+//! Seed rows of the CUDA transports (see docs/seed-traceability.md), each
+//! through the CPU stand-in for the CUDA driver (`tests/fakecuda/`), which
+//! fills new allocations with garbage, enforces access grants for devices
+//! and the CPU, poisons a context on a sticky error and gives a failed batch
+//! copy its partial effect. Each test is written so that deleting the line
+//! it guards (named in its comment and in the traceability document) turns
+//! it red. Cases run as child processes (`tests/fakecuda_harness`): the
+//! child is the requester (or, for M10, the source), with its own
+//! `FAKECUDA_*` settings; sources are `orbite-gpu-qual` processes.
+#![cfg(feature = "cuda")]
+
+mod common;
+mod fakecuda;
+mod fakecuda_harness;
+
+use common::pattern_vec;
+use cudarc::driver::sys::{self, CUresult};
+use fakecuda_harness::*;
+use orbite::cuda::driver::{primary_context, ContextGuard};
+use orbite::cuda::memory::{device_to_host, host_to_device};
+use orbite::*;
+use std::time::Duration;
+
+/// The stand-in's fill of new allocations.
+const GARBAGE: u8 = 0xdb;
+
+fn only(t: TransportKind) -> SubmitOptions {
+    SubmitOptions { transport: Transport::Only(t), timeout: Some(Duration::from_secs(60)) }
+}
+
+fn bytes_at(addr: u64, len: u64) -> Vec<u8> {
+    let mut host = vec![0u8; len as usize];
+    device_to_host(&mut host, addr).unwrap();
+    host
+}
+
+/// A stream of device 0's primary context on which `copies` slow one-byte
+/// host copies run first, then `[dst, dst+len)` receives `src`: a producer
+/// still writing when the transfer is submitted.
+fn slow_producer(dst: u64, src: &[u8], scratch: &mut [u8; 1], copies: usize) -> u64 {
+    let g = ContextGuard::bind(primary_context(0).unwrap()).unwrap();
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: a context is current; creates one non-blocking stream.
+    assert_eq!(unsafe { sys::cuStreamCreate(&mut stream, 1) }, CUresult::CUDA_SUCCESS);
+    for _ in 0..copies {
+        // SAFETY: one byte between host buffers that outlive the stream's
+        // work (the caller keeps them until the transfer consumed it).
+        let q = unsafe { sys::cuMemcpyAsync(scratch.as_mut_ptr() as u64, src.as_ptr() as u64, 1, stream) };
+        assert_eq!(q, CUresult::CUDA_SUCCESS);
+    }
+    // SAFETY: dst holds src.len() bytes of library memory; src outlives the copy.
+    let q = unsafe { sys::cuMemcpyAsync(dst, src.as_ptr() as u64, src.len(), stream) };
+    assert_eq!(q, CUresult::CUDA_SUCCESS);
+    g.restore().unwrap();
+    stream as u64
+}
+
+/// P8: `allocate_ipc` zeroes its whole physical extent (2 MiB rounding),
+/// while the stand-in, like the driver, hands out garbage: a plain
+/// allocation shows it. Guards `cuda/memory.rs` `alloc_device`'s
+/// `cuMemsetD8` (and its `cuCtxSynchronize`).
+fn zeroed_ipc() {
+    let len = 3 * MIB + 17;
+    let plain = CudaMemory::allocate(0, len).unwrap();
+    assert!(bytes_at(plain.addr(), len).iter().all(|b| *b == GARBAGE), "the stand-in zeroed memory by itself");
+    let a = CudaMemory::allocate_ipc(0, len).unwrap();
+    assert_eq!(a.len(), len, "the logical length stays as requested");
+    let physical = bytes_at(a.addr(), 4 * MIB);
+    assert_eq!(physical.iter().position(|b| *b != 0), None, "allocate_ipc left a nonzero byte");
+}
+
+/// N4: a native batch copy refused at enqueue: the stand-in has enqueued
+/// the first half of the descriptors (as a driver may), the library drains
+/// the stream, fails every request and replays nothing: the first two
+/// slices hold the source's bytes, the last two keep their old value, and
+/// no ordered copy follows (the parent checks the trace). Guards
+/// `cuda_mapping.rs` `async_copy`'s error path (drain, no replay).
+fn batch_prefix() {
+    let (_src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK, &_src.endpoint, TransportKind::Nvlink);
+    host_to_device(r.l(0), &vec![0x11u8; SIZE as usize]).unwrap();
+    let group: Vec<Request> = (0..4).map(|k| rd(r.l(0) + k * MIB, a + k * MIB, MIB)).collect();
+    assert_eq!(r.go(&group), vec![res(Status::CudaError, RemoteEffect::None); 4]);
+    assert!(r.holds(0, 0, 2 * MIB, 1, 0), "the enqueued prefix ran (the stream was drained)");
+    assert!(bytes_at(r.l(0) + 2 * MIB, 2 * MIB).iter().all(|b| *b == 0x11), "a descriptor was replayed");
+    let st = r.ipc();
+    assert_eq!((st.imports_opened, st.imports_closed, st.imports_retained), (1, 1, 0), "{st:?}");
+}
+
+/// E3 under a sticky driver error: the first completion query fails with
+/// 700 (ILLEGAL_ADDRESS), which poisons device 0's context. The group is
+/// Unquiesced and retained with its stream quarantined; every later use of
+/// the context fails with a typed CUDA error, never a hang or a panic.
+/// Guards `cuda_mapping.rs` `Mapping::query`'s failure arm.
+fn sticky_error() {
+    let (mut src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
+    assert_eq!(r.go(&[rd(r.l(0), a, SIZE)]), vec![res(Status::Unquiesced, RemoteEffect::None)]);
+    assert_eq!(r.ipc().imports_retained, 1);
+    assert_eq!(r.e.stats().nvlink.retained_streams, 1);
+    assert_eq!(src.ipc("nvlink", "exports_open"), 1);
+    // The retained export keeps its loan, but a requester is never held off
+    // by its own loans: its next group reaches the poisoned context and
+    // fails typed.
+    let later = r.go_within(&[rd(r.l(1), a, 4096)], Duration::from_millis(300));
+    assert_eq!(later[0].status, Status::CudaError, "{later:?}");
+    let e = CudaMemory::allocate(0, MIB).expect_err("the poisoned context refuses allocations");
+    assert_eq!(e.status(), Status::CudaError, "{e}");
+    assert!(e.message().contains("ILLEGAL_ADDRESS"), "{e}");
+}
+
+/// B2: the NVLink mapping copies a dependent group (overlapping local
+/// destinations) in input order; an independent group goes to one native
+/// batch, which the stand-in runs last to first. The overlap holds the
+/// second READ's bytes only if the plan was followed. Guards
+/// `cuda_mapping.rs` `async_copy`'s `CopyBatch::build(ops, plan)`.
+fn nvlink_plan() {
+    let src = Source::start(NVLINK, "ipc", 2, None);
+    let (a, b) = (src.addrs[0], src.addrs[1]);
+    let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
+    let dependent = [rd(r.l(0), a, 2 * MIB), rd(r.l(0) + MIB, a + 2 * MIB + 8192, MIB)];
+    assert_eq!(r.go(&dependent), vec![res(Status::Ok, RemoteEffect::None); 2]);
+    assert!(r.holds(0, 0, MIB, 1, 0));
+    assert!(r.holds(0, MIB, MIB, 1, 2 * MIB + 8192), "the overlap does not hold the later READ's bytes");
+    let independent = [rd(r.l(1), b, MIB), rd(r.l(1) + MIB, b + 3 * MIB, MIB)];
+    assert_eq!(r.go(&independent), vec![res(Status::Ok, RemoteEffect::None); 2]);
+    assert!(r.holds(1, 0, MIB, 2, 0) && r.holds(1, MIB, MIB, 2, 3 * MIB));
+}
+
+/// M10 (source side): the source hands a producer stream over for its
+/// export (ten slow copies, then the pattern); a requester process READs
+/// as soon as it is served. Guards `transport/nvlink.rs` `export`'s
+/// `consume_producer(base)`: without it the requester reads zeros.
+fn producer_at_the_source() {
+    let e = Engine::from_json(NVLINK).unwrap();
+    let a = CudaMemory::allocate_ipc(0, SIZE).unwrap();
+    let region = e.register_memory(a.addr(), SIZE, Access::READ_WRITE).unwrap();
+    let fresh = pattern_vec(1, SIZE as usize);
+    let mut scratch = [0u8; 1];
+    let stream = slow_producer(a.addr(), &fresh, &mut scratch, 30);
+    e.record_producer_stream(region, stream).unwrap();
+    let mut c = fakecuda::command(env!("CARGO_BIN_EXE_orbite-gpu-qual"), fakecuda::Variant::Full);
+    let out = c
+        .args(["requester", "--endpoint", &e.endpoint(), "--mode", "healthy", "--memory", "device"])
+        .args(["--remote", &a.addr().to_string(), "--len", &SIZE.to_string(), "--seed", "1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("PASS healthy"), "{text}");
+    e.close(Some(Duration::from_secs(60))).unwrap();
+    assert_eq!(scratch[0], fresh[0]);
+}
+
+/// P4 (pinned host variant): a producer still writing local pinned memory
+/// is handed over with `record_pinned_host_producer_stream`; the WRITE
+/// waits for it and the source receives the new bytes. Guards
+/// `cuda_mapping.rs` `copy`'s `consume_producer(o.src)`.
+fn pinned_producer() {
+    let (mut src, a) = nvlink_source(None);
+    let e = Engine::from_json(NVLINK).unwrap();
+    let pinned = allocate_pinned_host(SIZE).unwrap();
+    let region = e.register_host_memory(&pinned, Access::NONE).unwrap();
+    let peer = e.connect(&src.endpoint, None).unwrap();
+    let fresh = pattern_vec(7, SIZE as usize);
+    let mut scratch = [0u8; 1];
+    let stream = slow_producer(pinned.addr(), &fresh, &mut scratch, 10);
+    e.record_pinned_host_producer_stream(region, stream).unwrap();
+    let b = e.submit(peer, &[wr(pinned.addr(), a, SIZE)], only(TransportKind::Nvlink)).unwrap();
+    b.wait(Duration::from_secs(60)).unwrap();
+    assert_eq!(src.cmd(&format!("verify 0 7 0 {SIZE}")), "ok");
+}
+
+/// M4: EGM needs the opt-in of both peers. A source whose engine did not
+/// opt in serves nothing of its EGM memory: the requester (opted in) is
+/// refused before anything is posted (guards `engine/submit.rs` `select`'s
+/// `egm_both`, the peer's capability), and a hand-made MNNVL export request
+/// for that memory is refused by the source itself (guards
+/// `engine/ipc.rs` `IpcParts::mnnvl`'s `if m.egm { kinds.push(Egm) }`).
+fn egm_source_without_opt_in() {
+    let mut src = Source::start(MNNVL_FD, "egm", 1, None);
+    let a = src.addrs[0];
+    let r = Req::new(r#"{"mnnvl": {"handle_type": "posix_fd", "egm": true}}"#, &src.endpoint, TransportKind::Mnnvl);
+    let e = r.e.submit(r.peer, &[rd(r.l(0), a, 4096)], only(TransportKind::Mnnvl)).err().expect("refused");
+    assert_eq!(e.status(), Status::NotSupported, "{e}");
+    assert!(e.message().contains("egm"), "{e}");
+    assert_eq!(src.ipc("mnnvl", "exports_open"), 0);
+    let reject = common::ipc_export_request(&src.endpoint, TransportKind::Mnnvl, a, 4096).err();
+    assert_eq!(reject, Some(Status::NotSupported), "the source exported EGM memory without its opt-in");
+    assert_eq!(src.ipc("mnnvl", "exports_open"), 0);
+}
+
+/// M13 and M11 (local side): `free_mnnvl` and `free_egm` release the VMM
+/// mapping, handle and range (the parent checks the trace and the live
+/// report); a failed release is Unquiesced and hands the allocation back.
+/// Guards `memory/cuda.rs` `free_mnnvl` -> `cuda/fabric.rs` `free`.
+fn free_vmm() {
+    let m = allocate_mnnvl(0, 3 * MIB).unwrap();
+    let g = allocate_egm(0, MIB).unwrap();
+    free_mnnvl(m).map_err(|(_, e)| e).unwrap();
+    free_egm(g).map_err(|(_, e)| e).unwrap();
+}
+
+fn free_vmm_fails() {
+    let m = allocate_mnnvl(0, 3 * MIB).unwrap();
+    let (kept, e) = free_mnnvl(m).expect_err("the injected release failure");
+    assert_eq!(e.status(), Status::Unquiesced, "{e}");
+    assert_eq!(kept.len(), 3 * MIB);
+}
+
+/// M11 (import side): a failed cuMemRelease or cuMemAddressFree while
+/// closing an MNNVL import is Unquiesced: no close receipt, the import and
+/// its charge retained, the source's export kept. Guards
+/// `cuda/fabric.rs` `Imported::close`'s `?` on each step.
+fn import_close_step_fails() {
+    let mut src = Source::start(MNNVL_FD, "mnnvl", 1, None);
+    let a = src.addrs[0];
+    let r = Req::new(MNNVL_FD, &src.endpoint, TransportKind::Mnnvl);
+    assert_eq!(r.go(&[wr(r.l(0), a, MIB)]), vec![res(Status::Unquiesced, RemoteEffect::Unknown)]);
+    let st = r.ipc();
+    assert_eq!((st.imports_opened, st.imports_closed, st.imports_retained), (1, 0, 1), "{st:?}");
+    assert_eq!(st.mapping_bytes_charged, SIZE, "{st:?}");
+    assert_eq!(src.ipc("mnnvl", "exports_open"), 1);
+}
+
+/// F4: single copies at or above `nvlink_async_memcpy_threshold_kb` and
+/// groups of two copies take the stream/event path; a threshold of 0
+/// disables the synchronous path (the parent counts the driver calls).
+/// Guards `cuda_mapping.rs` `copy`'s `ops.len() == 1 && ops[0].len < self.threshold`.
+fn threshold() {
+    let (src, a) = nvlink_source(None);
+    let four =
+        Req::new(r#"{"nvlink": true, "nvlink_async_memcpy_threshold_kb": 4}"#, &src.endpoint, TransportKind::Nvlink);
+    for reqs in
+        [vec![rd(four.l(0), a, 4096)], vec![rd(four.l(0), a, 4095)], vec![rd(four.l(0), a, 16), rd(four.l(1), a, 16)]]
+    {
+        let n = reqs.len();
+        assert_eq!(four.go(&reqs), vec![res(Status::Ok, RemoteEffect::None); n]);
+    }
+    let zero =
+        Req::new(r#"{"nvlink": true, "nvlink_async_memcpy_threshold_kb": 0}"#, &src.endpoint, TransportKind::Nvlink);
+    assert_eq!(zero.go(&[rd(zero.l(0), a, 1)]), vec![res(Status::Ok, RemoteEffect::None)]);
+}
+
+/// F3: a failed drain, or a failed restoration of the caller's context,
+/// after a synchronous copy into pinned host memory keeps everything: the
+/// import and its charge, the source's export, and the loan of the local
+/// pinned allocation (fenced: TCP and free refused). Guards
+/// `cuda_mapping.rs` `sync_copy`'s `mark_uncertain` on both.
+fn sync_copy_uncertain() {
+    let (mut src, a) = nvlink_source(None);
+    let e = Engine::from_json(NVLINK).unwrap();
+    let pinned = allocate_pinned_host(SIZE).unwrap();
+    e.register_host_memory(&pinned, Access::NONE).unwrap();
+    let peer = e.connect(&src.endpoint, None).unwrap();
+    let b = e.submit(peer, &[rd(pinned.addr(), a, 4096)], only(TransportKind::Nvlink)).unwrap();
+    let _ = b.wait(Duration::from_secs(60));
+    assert_eq!(b.results(), vec![res(Status::Unquiesced, RemoteEffect::None)]);
+    let st = e.stats().ipc["nvlink"].clone();
+    assert_eq!((st.imports_retained, st.local_owners_fenced), (1, 1), "{st:?}");
+    assert_eq!(st.mapping_bytes_charged, SIZE, "{st:?}");
+    assert_eq!(src.ipc("nvlink", "exports_open"), 1);
+    let (_kept, err) = pinned.free().expect_err("a fenced allocation is not freed");
+    assert_eq!(err.status(), Status::Unavailable, "{err}");
+}
+
+/// N1: with a driver older than 13000 the v2 batch symbol is never called,
+/// even when the library exports it; an independent group goes through
+/// ordered copies (the parent checks the trace). Guards `cuda/driver.rs`
+/// `probe`'s `version >= 13000 &&`.
+fn batch_symbol_gate() {
+    let want = std::env::var("FAKECUDA_DRIVER_VERSION").unwrap_or_default() != "12090";
+    let v: serde_json::Value = orbite::cuda::driver_json();
+    assert_eq!(v["memcpy_batch_v2"], want, "{v}");
+    let (src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
+    let s = MIB;
+    let group = [rd(r.l(0), a + 2 * s + 4096, s), rd(r.l(0) + s, a + 4096, s), rd(r.l(0) + 2 * s, a + s + 8192, s)];
+    assert_eq!(r.go(&group), vec![res(Status::Ok, RemoteEffect::None); 3]);
+    assert!(r.holds(0, 0, s, 1, 2 * s + 4096) && r.holds(0, s, s, 1, 4096) && r.holds(0, 2 * s, s, 1, s + 8192));
+}
+
+/// Runs in a child process; does nothing when run directly.
+#[test]
+fn child_case() {
+    let Ok(case) = std::env::var("ORBITE_FAKECUDA_CASE") else { return };
+    if let Some(why) = orbite::cuda::unavailable_reason() {
+        panic!("the stand-in did not load: {why}");
+    }
+    match case.as_str() {
+        "zeroed-ipc" => zeroed_ipc(),
+        "batch-prefix" => batch_prefix(),
+        "sticky" => sticky_error(),
+        "nvlink-plan" => nvlink_plan(),
+        "producer-source" => producer_at_the_source(),
+        "pinned-producer" => pinned_producer(),
+        "egm-source" => egm_source_without_opt_in(),
+        "free-vmm" => free_vmm(),
+        "free-vmm-fails" => free_vmm_fails(),
+        "import-close-step" => import_close_step_fails(),
+        "threshold" => threshold(),
+        "sync-uncertain" => sync_copy_uncertain(),
+        "batch-gate" => batch_symbol_gate(),
+        "shared-pending" => shared_pending_slot(),
+        other => panic!("unknown case {other}"),
+    }
+    println!("child case passed");
+}
+
+#[test]
+fn p8_allocate_ipc_zeroes_what_the_driver_hands_out_dirty() {
+    run("zeroed-ipc", &[]);
+}
+
+#[test]
+fn n4_a_failed_batch_keeps_its_enqueued_prefix_and_replays_nothing() {
+    let t = run_traced("batch-prefix", &[("FAKECUDA_FAIL", "cuMemcpyBatchAsync_v2:1:1")]);
+    assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemcpyAsync"), 0, "an ordered replay followed the failed batch: {t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuStreamSynchronize"), 1, "{t:?}");
+}
+
+#[test]
+fn e3_a_sticky_error_poisons_the_context_and_every_later_use_fails_typed() {
+    run("sticky", &[("FAKECUDA_FAIL", "cuEventQuery:1:700")]);
+}
+
+#[test]
+fn b2_the_nvlink_mapping_follows_the_plan_it_is_given() {
+    let t = run_traced("nvlink-plan", &[]);
+    assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 1, "the independent group: {t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemcpyAsync"), 2, "the dependent group, in order: {t:?}");
+}
+
+#[test]
+fn m10_the_source_consumes_its_producer_before_granting() {
+    run("producer-source", &[("FAKECUDA_COPY_DELAY_US", "100000")]);
+}
+
+#[test]
+fn p4_a_pinned_host_producer_is_waited_for_before_the_write() {
+    run("pinned-producer", &[("FAKECUDA_COPY_DELAY_US", "100000")]);
+}
+
+#[test]
+fn m4_a_source_without_the_egm_opt_in_serves_none_of_its_egm_memory() {
+    run("egm-source", &[]);
+}
+
+#[test]
+fn m13_free_mnnvl_and_free_egm_release_the_driver_resources() {
+    let t = run_traced("free-vmm", &[]);
+    // Every handle created is released, every mapping unmapped, every range
+    // freed (the fabric-export probe creates and releases one more handle).
+    let n = |f: &str| fakecuda::calls(&t, f);
+    assert_eq!(n("cuMemUnmap"), 2, "{t:?}");
+    assert_eq!((n("cuMemMap"), n("cuMemAddressReserve"), n("cuMemAddressFree")), (2, 2, 2), "{t:?}");
+    assert_eq!(n("cuMemRelease"), n("cuMemCreate"), "{t:?}");
+    for (what, n) in fakecuda::live_reports(&t).values().flatten() {
+        assert_eq!(*n, 0, "{what} left behind: {t:?}");
+    }
+    run("free-vmm-fails", &[("FAKECUDA_FAIL", "cuMemRelease@cuMemUnmap:999")]);
+}
+
+#[test]
+fn m11_a_failed_release_or_range_free_of_an_import_is_unquiesced_and_retained() {
+    for fail in ["cuMemRelease@cuMemUnmap:999", "cuMemAddressFree@cuMemUnmap:999"] {
+        run("import-close-step", &[("FAKECUDA_FAIL", fail)]);
+    }
+}
+
+#[test]
+fn f4_copies_at_or_above_the_threshold_and_groups_go_to_a_stream() {
+    let t = run_traced("threshold", &[]);
+    // Only the 4095-byte copy is synchronous (one cuMemcpy, one drain).
+    assert_eq!(fakecuda::calls(&t, "cuMemcpy"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuCtxSynchronize"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemcpyAsync"), 2, "4096 bytes, and 1 byte under threshold 0: {t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 1, "the group of two: {t:?}");
+}
+
+#[test]
+fn f3_a_failed_drain_or_context_restoration_keeps_loan_mapping_and_charge() {
+    run("sync-uncertain", &[("FAKECUDA_FAIL", "cuCtxSynchronize:1:999")]);
+    run("sync-uncertain", &[("FAKECUDA_FAIL", "cuCtxSetCurrent@cuMemcpy:999")]);
+}
+
+#[test]
+fn n1_the_v2_batch_symbol_is_called_only_on_driver_13000_and_later() {
+    let t = run_traced("batch-gate", &[("FAKECUDA_DRIVER_VERSION", "12090")]);
+    assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 0, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemcpyAsync"), 3, "{t:?}");
+    let t = run_traced("batch-gate", &[]);
+    assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 1, "{t:?}");
+}
+
+/// Known library bug (left for the transport owner): two groups in flight
+/// on one cached import share `CudaMapping::pending`, so the second post
+/// replaces the first group's stream lease, and the first group completes
+/// when the second group's event does. Reproducer: a slow 8-copy group,
+/// then a 1-copy group through the same cached MNNVL import; the first
+/// batch reports Ok before its copies have landed.
+fn shared_pending_slot() {
+    let cfg = r#"{"mnnvl": {"handle_type": "posix_fd"}, "nvlink_cache_entries": 2}"#;
+    let src = Source::start(cfg, "mnnvl", 1, None);
+    let a = src.addrs[0];
+    let r = Req::new(cfg, &src.endpoint, TransportKind::Mnnvl);
+    host_to_device(r.l(0), &vec![0x11u8; SIZE as usize]).unwrap();
+    let slow: Vec<Request> = (0..8).map(|k| rd(r.l(0) + k * (SIZE / 8), a + k * (SIZE / 8), SIZE / 8)).collect();
+    let first = r.e.submit(r.peer, &slow, only(TransportKind::Mnnvl)).unwrap();
+    let second = r.e.submit(r.peer, &[rd(r.l(1), a, 4096)], only(TransportKind::Mnnvl)).unwrap();
+    first.wait(Duration::from_secs(60)).unwrap();
+    second.wait(Duration::from_secs(60)).unwrap();
+    assert!(r.holds(0, 0, SIZE, 1, 0), "the first batch completed before its copies landed");
+}
+
+#[test]
+#[ignore = "known bug: concurrent groups on one cached import share CudaMapping::pending (reported to the lead)"]
+fn known_bug_a_second_group_on_a_cached_import_steals_the_first_groups_completion() {
+    run("shared-pending", &[("FAKECUDA_COPY_DELAY_US", "200000")]);
+}
