@@ -428,8 +428,7 @@ fn c10_close_requester_waits_for_work_in_flight_then_fences() {
     assert_eq!(b.poll(), Status::Pending, "the group is in flight");
     l.e.close_requester(Some(LONG)).unwrap();
     // It waited for the group: every "not yet" was consumed by the worker
-    // before it returned. (That the batch itself reads complete at that
-    // moment is the known bug below.)
+    // before it returned (and the batch reads complete: the test below).
     assert_eq!(l.e.faults().pending_polls.load(Ordering::SeqCst), 0, "close_requester did not wait");
     b.wait(LONG).unwrap();
     assert!(l.bytes(0, 512 * KIB).iter().enumerate().all(|(i, v)| *v == pattern(1, i as u64)));
@@ -444,14 +443,12 @@ fn c10_close_requester_waits_for_work_in_flight_then_fences() {
     assert!(e.message().contains("requester side is closed"), "{e}");
 }
 
-/// Known library bug (left for the engine owner): a deferred group's
-/// completion drops its requester-gate guard before it records the
-/// outcomes (`engine/submit.rs` `deferred_completion`: `drop(guard)` comes
-/// before `batch.complete_chunk`), so `close_requester` can return while the
-/// batch it waited for still reads Pending.
+/// C10: when `close_requester` returns, the batch it waited for reads
+/// complete (once a bug: the deferred completion dropped its requester-gate
+/// guard before recording the outcomes). Guards `engine/submit.rs`
+/// `deferred_completion`'s order: outcomes first, then the guard.
 #[test]
-#[ignore = "known bug: close_requester can return before the waited-for batch is marked complete (reported to the lead)"]
-fn known_bug_close_requester_returns_before_the_batch_reads_complete() {
+fn c10_close_requester_returns_with_the_waited_for_batch_complete() {
     let src = shm_source(MIB, 1);
     let l = Local::new("{}", &src.endpoint, MIB, 0);
     l.e.faults().pending_polls.store(1_001, Ordering::SeqCst);

@@ -151,6 +151,33 @@ fn producer_at_the_source() {
     assert_eq!(scratch[0], fresh[0]);
 }
 
+/// M10 for MNNVL memory: a producer still writing the source's MNNVL
+/// allocation is handed over with `record_producer_stream` (once refused
+/// for anything but CUDA and pinned memory); the grant waits for it, and
+/// the requester reads the new bytes. Guards `memory/cuda.rs`
+/// `record_producer`'s MNNVL arm and `mnnvl.rs` `export`'s
+/// `consume_producer(base)`.
+fn producer_at_an_mnnvl_source() {
+    let e = Engine::from_json(MNNVL_FD).unwrap();
+    let a = allocate_mnnvl(0, SIZE).unwrap();
+    let region = e.register_memory(a.addr(), SIZE, Access::READ_WRITE).unwrap();
+    let fresh = pattern_vec(1, SIZE as usize);
+    let mut scratch = [0u8; 1];
+    let stream = slow_producer(a.addr(), &fresh, &mut scratch, 30);
+    e.record_producer_stream(region, stream).unwrap();
+    let mut c = fakecuda::command(env!("CARGO_BIN_EXE_orbite-gpu-qual"), fakecuda::Variant::Full);
+    let out = c
+        .args(["requester", "--endpoint", &e.endpoint(), "--mode", "healthy", "--memory", "device"])
+        .args(["--transport", "mnnvl", "--handle", "posix_fd"])
+        .args(["--remote", &a.addr().to_string(), "--len", &SIZE.to_string(), "--seed", "1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("PASS healthy"), "{text}");
+    e.close(Some(Duration::from_secs(60))).unwrap();
+    assert_eq!(scratch[0], fresh[0]);
+}
+
 /// P4 (pinned host variant): a producer still writing local pinned memory
 /// is handed over with `record_pinned_host_producer_stream`; the WRITE
 /// waits for it and the source receives the new bytes. Guards
@@ -292,6 +319,7 @@ fn child_case() {
         "sticky" => sticky_error(),
         "nvlink-plan" => nvlink_plan(),
         "producer-source" => producer_at_the_source(),
+        "producer-mnnvl-source" => producer_at_an_mnnvl_source(),
         "pinned-producer" => pinned_producer(),
         "egm-source" => egm_source_without_opt_in(),
         "free-vmm" => free_vmm(),
@@ -334,6 +362,11 @@ fn b2_the_nvlink_mapping_follows_the_plan_it_is_given() {
 #[test]
 fn m10_the_source_consumes_its_producer_before_granting() {
     run("producer-source", &[("FAKECUDA_COPY_DELAY_US", "100000")]);
+}
+
+#[test]
+fn m10_an_mnnvl_source_consumes_its_producer_before_granting() {
+    run("producer-mnnvl-source", &[("FAKECUDA_COPY_DELAY_US", "100000")]);
 }
 
 #[test]
@@ -393,12 +426,11 @@ fn n1_the_v2_batch_symbol_is_called_only_on_driver_13000_and_later() {
     assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 1, "{t:?}");
 }
 
-/// Known library bug (left for the transport owner): two groups in flight
-/// on one cached import share `CudaMapping::pending`, so the second post
-/// replaces the first group's stream lease, and the first group completes
-/// when the second group's event does. Reproducer: a slow 8-copy group,
-/// then a 1-copy group through the same cached MNNVL import; the first
-/// batch reports Ok before its copies have landed.
+/// Two groups in flight on one cached import (once a bug: they shared one
+/// pending slot, so the second post replaced the first group's stream lease
+/// and the first group completed when the second's event did): a slow
+/// 8-copy group, then a 1-copy group through the same cached MNNVL import;
+/// the first batch reports Ok only once its own copies landed.
 fn shared_pending_slot() {
     let cfg = r#"{"mnnvl": {"handle_type": "posix_fd"}, "nvlink_cache_entries": 2}"#;
     let src = Source::start(cfg, "mnnvl", 1, None);
@@ -413,8 +445,10 @@ fn shared_pending_slot() {
     assert!(r.holds(0, 0, SIZE, 1, 0), "the first batch completed before its copies landed");
 }
 
+/// Two groups in flight on one cached import each complete on their own
+/// event: the first batch is not done before its own (slow) copies landed.
+/// Guards `cuda_mapping.rs`'s postings (one pending lease per group).
 #[test]
-#[ignore = "known bug: concurrent groups on one cached import share CudaMapping::pending (reported to the lead)"]
-fn known_bug_a_second_group_on_a_cached_import_steals_the_first_groups_completion() {
+fn c1_a_second_group_on_a_cached_import_never_completes_the_first() {
     run("shared-pending", &[("FAKECUDA_COPY_DELAY_US", "200000")]);
 }

@@ -361,11 +361,14 @@ impl Engine {
         let held: Vec<(usize, Arc<RegionLease>)> = g.iter().map(|c| (c.index, c.lease.clone())).collect();
         Some(Box::new(move |outcomes: Vec<ChunkOutcome>| {
             let indices: Vec<usize> = held.iter().map(|(i, _)| *i).collect();
+            // The local regions are free again before the batch says so; the
+            // requester side stays open until it has (close_requester then
+            // returns only with every batch it waited for complete).
             drop(held);
-            drop(guard);
             for (i, o) in indices.into_iter().zip(outcomes) {
                 batch.complete_chunk(i, o);
             }
+            drop(guard);
         }))
     }
 

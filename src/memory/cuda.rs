@@ -126,9 +126,11 @@ pub fn local_device(addr: u64, kind: MemoryKind) -> Option<i32> {
     }
 }
 
-/// Records an event on `stream` for the library CUDA (or pinned) allocation
-/// holding `addr`: the next transfer touching it waits for the work queued
-/// on the stream so far.
+/// Records an event on `stream` for the library (or adopted) CUDA device,
+/// MNNVL, EGM or pinned allocation holding `addr`: the next transfer
+/// touching it waits for the work queued on the stream so far. The stream
+/// belongs to the allocation's GPU (EGM: the GPU attached to its NUMA
+/// node; pinned host memory: device 0).
 pub fn record_producer_stream(addr: u64, stream: u64) -> Result<()> {
     native::record_producer(addr, stream).map_err(|e| e.context("record_producer_stream"))
 }
@@ -307,10 +309,18 @@ mod native {
         driver()?;
         let o = owners::owner_of(addr)
             .ok_or_else(|| Error::InvalidArgument(format!("0x{addr:x} is not CUDA memory this library allocated")))?;
+        // The event lives in the context of the GPU the stream belongs to:
+        // the memory's device, the GPU of an EGM owner's NUMA node, device 0
+        // for pinned host memory.
         let device = match (o.kind, o.device) {
-            (MemoryKind::Cuda | MemoryKind::CudaIpc, Some(d)) => d,
+            (MemoryKind::Cuda | MemoryKind::CudaIpc | MemoryKind::Mnnvl, Some(d)) => d,
+            (MemoryKind::Egm, _) => egm_device(addr).unwrap_or(0),
             (MemoryKind::PinnedHost, _) => 0,
-            _ => return Err(Error::InvalidArgument(format!("region at 0x{addr:x} is not CUDA or pinned memory"))),
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "region at 0x{addr:x} is not CUDA, MNNVL, EGM or pinned memory"
+                )))
+            }
         };
         let event = Event::record(device, stream)?;
         // A superseded event is destroyed when dropped here.

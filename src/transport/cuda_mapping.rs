@@ -10,7 +10,7 @@
 //! group's local memory (the transports' rule), counted per device.
 
 use super::copy_batch::{CopyBatch, Submission};
-use super::ipc::backend::{CopyOp, CopyPlan, Mapping};
+use super::ipc::backend::{CopyOp, CopyPlan, Mapping, Posting};
 use crate::cuda::driver::{driver, ContextGuard, Ctx};
 use crate::cuda::fabric::Imported;
 use crate::cuda::memory as raw;
@@ -19,8 +19,8 @@ use crate::cuda::streams::{CudaStreams, StreamPair};
 use crate::error::{Error, Result};
 use crate::memory::cuda::consume_producer;
 use parking_lot::Mutex;
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -72,8 +72,11 @@ pub struct CudaMapping {
     /// Single copies strictly below this many bytes run synchronously (0:
     /// never, as for MNNVL).
     threshold: u64,
-    /// The leased stream of the copies in flight, and the context it runs in.
-    pending: Mutex<Option<(StreamLease<StreamPair>, Ctx)>>,
+    /// The leased stream (and its context) of each group in flight, by
+    /// posting: several threads may have groups in flight on one cached
+    /// import, each completing on its own event.
+    pending: Mutex<HashMap<Posting, (StreamLease<StreamPair>, Ctx)>>,
+    next_posting: AtomicU64,
     uncertain: AtomicBool,
     closed: AtomicBool,
     closer: Closer,
@@ -98,7 +101,8 @@ impl CudaMapping {
             copies,
             pool,
             threshold,
-            pending: Mutex::new(None),
+            pending: Mutex::new(HashMap::new()),
+            next_posting: AtomicU64::new(1),
             uncertain: AtomicBool::new(false),
             closed: AtomicBool::new(false),
             closer,
@@ -123,7 +127,7 @@ impl CudaMapping {
         g.restore().inspect_err(|_| self.mark_uncertain())
     }
 
-    fn async_copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<()> {
+    fn async_copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<Posting> {
         let batch_v2 = driver()?.batch_v2;
         let ctx = self.ctx;
         let lease = self.pool.lease(ctx as u64, Instant::now() + Duration::from_secs(60))?;
@@ -153,8 +157,9 @@ impl CudaMapping {
             return Err(e);
         }
         g.restore().inspect_err(|_| self.mark_uncertain())?;
-        *self.pending.lock() = Some((lease, ctx));
-        Ok(())
+        let posting = self.next_posting.fetch_add(1, Ordering::Relaxed);
+        self.pending.lock().insert(posting, (lease, ctx));
+        Ok(posting)
     }
 
     fn check_certain(&self) -> Result<()> {
@@ -170,23 +175,24 @@ impl Mapping for CudaMapping {
         self.base
     }
 
-    fn copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<()> {
+    fn copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<Posting> {
         for o in ops {
             consume_producer(o.src)?;
             consume_producer(o.dst)?;
         }
-        if ops.len() == 1 && ops[0].len < self.threshold {
+        let posting = if ops.len() == 1 && ops[0].len < self.threshold {
             self.sync_copy(&ops[0])?;
+            0
         } else {
-            self.async_copy(ops, plan)?;
-        }
+            self.async_copy(ops, plan)?
+        };
         self.copies.record(self.device, ops);
-        Ok(())
+        Ok(posting)
     }
 
-    fn wait(&self) -> Result<()> {
+    fn wait(&self, posting: Posting) -> Result<()> {
         self.check_certain()?;
-        let Some((lease, ctx)) = self.pending.lock().take() else { return Ok(()) };
+        let Some((lease, ctx)) = self.pending.lock().remove(&posting) else { return Ok(()) };
         let pair = lease.handle.as_ref().expect("leased pair");
         let g = ContextGuard::bind(ctx)?;
         // Query once: a ready group completes without waiting.
@@ -208,22 +214,22 @@ impl Mapping for CudaMapping {
         Ok(())
     }
 
-    fn query(&self) -> Result<bool> {
+    fn query(&self, posting: Posting) -> Result<bool> {
         self.check_certain()?;
         let mut pending = self.pending.lock();
-        let Some((lease, ctx)) = pending.as_ref() else { return Ok(true) };
+        let Some((lease, ctx)) = pending.get(&posting) else { return Ok(true) };
         let g = ContextGuard::bind(*ctx)?;
         let ready = lease.handle.as_ref().expect("leased pair").event_ready();
         let restored = g.restore();
         match (ready, restored) {
             (Ok(false), Ok(())) => Ok(false),
             (Ok(true), Ok(())) => {
-                self.pool.release(pending.take().expect("lease").0, true);
+                self.pool.release(pending.remove(&posting).expect("lease").0, true);
                 Ok(true)
             }
             (q, r) => {
                 // A failed query or restoration: the slot is uncertain.
-                self.pool.release(pending.take().expect("lease").0, false);
+                self.pool.release(pending.remove(&posting).expect("lease").0, false);
                 self.mark_uncertain();
                 let why: Vec<String> = [q.err(), r.err()].into_iter().flatten().map(|e| e.to_string()).collect();
                 Err(Error::Unquiesced(format!("copy completion could not be confirmed: {}", why.join(", "))))
@@ -231,10 +237,10 @@ impl Mapping for CudaMapping {
         }
     }
 
-    fn abandon(&self) {
+    fn abandon(&self, posting: Posting) {
         // The stream still has work into this mapping: it is quarantined,
         // never reused, and counted as retained.
-        if let Some((lease, _)) = self.pending.lock().take() {
+        if let Some((lease, _)) = self.pending.lock().remove(&posting) {
             self.pool.release(lease, false);
         }
         self.mark_uncertain();

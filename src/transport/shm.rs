@@ -5,7 +5,7 @@
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::memory::owners;
-use crate::transport::ipc::backend::{CopyOp, CopyPlan, ExportedHandle, IpcBackend, Mapping, ReceivedHandle};
+use crate::transport::ipc::backend::{CopyOp, CopyPlan, ExportedHandle, IpcBackend, Mapping, Posting, ReceivedHandle};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -95,7 +95,7 @@ impl Mapping for ShmMapping {
     fn base(&self) -> u64 {
         self.base
     }
-    fn copy(&self, ops: &[CopyOp], _plan: CopyPlan) -> Result<()> {
+    fn copy(&self, ops: &[CopyOp], _plan: CopyPlan) -> Result<Posting> {
         // CPU copies in input order satisfy both plans (an independent group
         // may run in any order, input order included); the caller checked
         // every range against its registration and the grant.
@@ -105,9 +105,9 @@ impl Mapping for ShmMapping {
             // `ptr::copy` tolerates overlap.
             unsafe { std::ptr::copy(o.src as *const u8, o.dst as *mut u8, o.len as usize) };
         }
-        Ok(())
+        Ok(0)
     }
-    fn wait(&self) -> Result<()> {
+    fn wait(&self, _posting: Posting) -> Result<()> {
         Ok(())
     }
     fn close(&self) -> Result<()> {

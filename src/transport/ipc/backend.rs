@@ -48,23 +48,30 @@ pub enum CopyPlan {
     Ordered,
 }
 
+/// One group's copies as posted through a mapping: what its completion is
+/// asked and waited for by. Groups of several threads may be in flight on
+/// one (cached) mapping at once, each with its own posting. 0: nothing is
+/// pending (the copies ran synchronously).
+pub type Posting = u64;
+
 /// An imported mapping of a whole remote allocation.
 pub trait Mapping: Send + Sync {
     /// Local address of the allocation's first byte.
     fn base(&self) -> u64;
-    /// Enqueues (or performs) the copies.
-    fn copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<()>;
-    /// Waits until every copy enqueued so far is complete.
-    fn wait(&self) -> Result<()>;
-    /// Asks once, without waiting, whether every copy enqueued so far is
+    /// Enqueues (or performs) the copies of one group.
+    fn copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<Posting>;
+    /// Waits until the copies of `posting` are complete.
+    fn wait(&self, posting: Posting) -> Result<()>;
+    /// Asks once, without waiting, whether the copies of `posting` are
     /// complete (`Ok(false)`: not yet). CPU copies are complete at once.
-    fn query(&self) -> Result<bool> {
-        self.wait().map(|_| true)
+    fn query(&self, posting: Posting) -> Result<bool> {
+        self.wait(posting).map(|_| true)
     }
-    /// The completion will not be waited for (a deadline passed with it
-    /// pending): resources tied to the pending work (a leased stream) are
-    /// given up as uncertain. The mapping itself stays retained.
-    fn abandon(&self) {}
+    /// The completion of `posting` will not be waited for (a deadline
+    /// passed with it pending): resources tied to the pending work (a
+    /// leased stream) are given up as uncertain. The mapping itself stays
+    /// retained.
+    fn abandon(&self, _posting: Posting) {}
     /// The native close (unmap). On failure the mapping must be considered
     /// still live: the caller retains it and never closes it twice.
     fn close(&self) -> Result<()>;

@@ -3,7 +3,7 @@
 //! drops the next N receipt acknowledgements. Inert (one atomic load per
 //! operation) until armed; tests arm it through `Engine::faults()`.
 
-use super::backend::{CopyOp, CopyPlan, ExportedHandle, IpcBackend, Mapping, ReceivedHandle};
+use super::backend::{CopyOp, CopyPlan, ExportedHandle, IpcBackend, Mapping, Posting, ReceivedHandle};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -75,29 +75,29 @@ impl Mapping for FaultyMapping {
     fn base(&self) -> u64 {
         self.inner.base()
     }
-    fn copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<()> {
+    fn copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<Posting> {
         if Faults::take(&self.faults.fail_copy) {
             return Err(Error::TransferFailed("injected fault: copy failed".into()));
         }
         self.inner.copy(ops, plan)
     }
-    fn wait(&self) -> Result<()> {
+    fn wait(&self, posting: Posting) -> Result<()> {
         if Faults::take(&self.faults.fail_completion) {
             return Err(Error::Unquiesced("injected fault: completion could not be confirmed".into()));
         }
-        self.inner.wait()
+        self.inner.wait(posting)
     }
-    fn query(&self) -> Result<bool> {
+    fn query(&self, posting: Posting) -> Result<bool> {
         if Faults::take(&self.faults.pending_polls) {
             return Ok(false);
         }
         if Faults::take(&self.faults.fail_completion) {
             return Err(Error::Unquiesced("injected fault: completion could not be confirmed".into()));
         }
-        self.inner.query()
+        self.inner.query(posting)
     }
-    fn abandon(&self) {
-        self.inner.abandon()
+    fn abandon(&self, posting: Posting) {
+        self.inner.abandon(posting)
     }
     fn close(&self) -> Result<()> {
         if Faults::take(&self.faults.fail_close) {

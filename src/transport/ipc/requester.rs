@@ -1,7 +1,7 @@
 //! Requester side of the IPC protocol: opening imports (request, offer,
 //! answer, handle), the relocation cache, subbatch copies and receipts.
 
-use super::backend::{CopyOp, IpcBackend, Mapping, ReceivedHandle};
+use super::backend::{CopyOp, IpcBackend, Mapping, Posting, ReceivedHandle};
 use super::cache::{EntryState, RelocationCache};
 use super::faults::Faults;
 use super::link::IpcLink;
@@ -84,10 +84,18 @@ struct Posted {
     imp: Arc<Import>,
     key: Option<Key>,
     items: Vec<(usize, Request)>,
-    copied: Result<()>,
+    copied: Result<Posting>,
     deadline: Instant,
     /// Exclusive loans of the group's local pinned host allocations.
     fences: Vec<owners::Loan>,
+}
+
+impl Posted {
+    /// What the group's completion is asked by (nothing pending when its
+    /// copies failed to post).
+    fn posting(&self) -> Posting {
+        *self.copied.as_ref().unwrap_or(&0)
+    }
 }
 
 /// A posted group waiting on the progress worker.
@@ -378,11 +386,11 @@ impl IpcRequester {
             (imp, Some(key))
         };
         let posted = self.post(imp, key, items, deadline, fences);
-        match (posted.imp.mapping.query(), defer) {
+        match (posted.imp.mapping.query(posted.posting()), defer) {
             (Ok(true), _) => Ok(GroupRun::Done(self.finish(posted, Ok(())))),
             (Err(e), _) => Ok(GroupRun::Done(self.finish(posted, Err(e)))),
             (Ok(false), None) => {
-                let drained = posted.imp.mapping.wait();
+                let drained = posted.imp.mapping.wait(posted.posting());
                 Ok(GroupRun::Done(self.finish(posted, drained)))
             }
             (Ok(false), Some(done)) => {
@@ -458,7 +466,7 @@ impl IpcRequester {
         } else {
             drop(fences);
         }
-        if let Err(e) = drained.and(copied) {
+        if let Err(e) = drained.and(copied.map(|_| ())) {
             fail_all(&mut out, &items, &e);
         }
         match key {
@@ -527,11 +535,11 @@ impl IpcRequester {
             let stopping = self.progress.lock().stopped;
             let mut still = Vec::new();
             for d in batch {
-                let verdict = match d.posted.imp.mapping.query() {
+                let verdict = match d.posted.imp.mapping.query(d.posted.posting()) {
                     Ok(true) => Some(Ok(())),
                     Err(e) => Some(Err(e)),
                     Ok(false) if stopping || Instant::now() >= d.posted.deadline => {
-                        d.posted.imp.mapping.abandon();
+                        d.posted.imp.mapping.abandon(d.posted.posting());
                         Some(Err(Error::Unquiesced("the deadline passed with the completion event pending".into())))
                     }
                     Ok(false) => None,
