@@ -116,22 +116,26 @@ fn bandwidth_rows_meet_the_threshold(q: &Qual) -> usize {
     rows.len()
 }
 
-/// The full plan on one device and on two: NVLink (7 modes x device/host/
-/// mixed, no bandwidth for mixed), MNNVL POSIX fd, fabric, fabric with a
-/// fabric domain and EGM (healthy, batch, cache, bandwidth each), and the
-/// topology row.
+/// The full plan on one device and on two: NVLink (8 modes x device/host/
+/// mixed, no bandwidth for mixed), NVLink on adopted cuMemAlloc memory
+/// (healthy, batch, cache, readers), MNNVL POSIX fd, fabric, fabric with a
+/// fabric domain and EGM (healthy, batch, cache, readers, bandwidth each),
+/// and the topology row.
 fn every_mode(name: &str, devices: &str, env: &[(&str, &str)]) -> Qual {
     let mut args = FULL.to_vec();
     args.extend(["--devices", devices]);
     let q = qualify(name, Variant::Full, &args, env);
     assert_eq!(q.code, 0, "{}", q.stdout);
-    assert_eq!(q.count("nvlink", "PASS"), 20, "{}", q.stdout);
+    assert_eq!(q.count("nvlink", "PASS"), 23, "{}", q.stdout);
+    assert_eq!(q.count("nvlink-adopted", "PASS"), 4, "{}", q.stdout);
     for t in ["mnnvl-posix_fd", "mnnvl-fabric", "mnnvl-fabric_domain", "mnnvl-egm"] {
-        assert_eq!(q.count(t, "PASS"), 4, "{t}: {}", q.stdout);
+        assert_eq!(q.count(t, "PASS"), 5, "{t}: {}", q.stdout);
     }
     assert_eq!(q.count("devices", "PASS"), 1, "{}", q.stdout);
-    assert_eq!(q.rows().len(), 37, "{}", q.stdout);
-    assert_eq!(q.report["summary"], serde_json::json!({"PASS": 37, "FAIL": 0, "SKIP": 0}));
+    assert_eq!(q.rows().len(), 48, "{}", q.stdout);
+    assert_eq!(q.report["summary"], serde_json::json!({"PASS": 48, "FAIL": 0, "SKIP": 0}));
+    let readers = q.row("nvlink", "readers")["detail"].as_str().unwrap().to_string();
+    assert!(readers.starts_with("4 readers held one allocation at once"), "{readers}");
     assert_eq!(q.row("nvlink", "batch")["detail"], "3 slices, 2 imports", "{}", q.stdout);
     assert!(q.row("nvlink", "cache")["detail"].as_str().unwrap().contains("checked by the source"));
     assert_eq!(bandwidth_rows_meet_the_threshold(&q), 6, "{}", q.stdout);
@@ -161,7 +165,7 @@ fn the_ordered_fallback_serves_batches_when_the_driver_lacks_the_batch_symbol() 
     let t = trace.display().to_string();
     let q = qualify("nobatch", Variant::NoBatch, &args, &[("FAKECUDA_TRACE", &t)]);
     assert_eq!(q.code, 0, "{}", q.stdout);
-    assert_eq!(q.rows().len(), 6, "{}", q.stdout);
+    assert_eq!(q.rows().len(), 8, "{}", q.stdout);
     let t = fakecuda::read_trace(&trace);
     assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 0);
     assert!(fakecuda::calls(&t, "cuMemcpyAsync") >= 3, "{t:?}");
@@ -171,7 +175,7 @@ fn the_ordered_fallback_serves_batches_when_the_driver_lacks_the_batch_symbol() 
     let trace = out_dir("batch-trace");
     let _ = std::fs::remove_file(&trace);
     let mut args = SMALL.to_vec();
-    args.extend(["--memory", "device", "--modes", "batch", "--mnnvl", ""]);
+    args.extend(["--memory", "device", "--modes", "batch", "--mnnvl", "", "--adopted", "no"]);
     let t = trace.display().to_string();
     let q = qualify("batch", Variant::Full, &args, &[("FAKECUDA_TRACE", &t)]);
     assert_eq!(q.code, 0, "{}", q.stdout);

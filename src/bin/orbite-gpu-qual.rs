@@ -2,9 +2,11 @@
 //! (`tests/hardware/qualify.py` drives it). Built with `--features cuda`.
 //!
 //! Source role: `orbite-gpu-qual source [--allocs N] [--size BYTES] [--seed S] [--config JSON]
-//! [--kind ipc|mnnvl|egm] [--device D] [--numa N]`
-//! allocates `allocate_ipc` device memory on device D (or MNNVL memory on D, or EGM memory on NUMA
-//! node N), fills it with a pattern, registers it, prints one JSON line, then obeys stdin commands:
+//! [--kind ipc|adopted|mnnvl|egm] [--device D] [--numa N]`
+//! allocates `allocate_ipc` device memory on device D (or, `adopted`, one plain `cuMemAlloc`
+//! allocation on D holding every buffer as an adopted sub-range; or MNNVL memory on D, or EGM
+//! memory on NUMA node N), fills it with a pattern, registers it, prints one JSON line, then obeys
+//! stdin commands:
 //! `verify I SEED OFF LEN` (allocation I at OFF holds LEN bytes of pattern SEED from 0),
 //! `close_source MS`, `stats`, `close`, `exit`.
 //!
@@ -24,8 +26,8 @@ use cudarc::driver::sys;
 use orbite::cuda::driver::{check, primary_context, ContextGuard};
 use orbite::cuda::memory::{self as raw, device_to_host, host_to_device};
 use orbite::{
-    allocate_egm, allocate_mnnvl, allocate_pinned_host, Access, Allocation, CudaMemory, Engine, Op, Request,
-    SubmitOptions, Transport, TransportKind,
+    allocate_egm, allocate_mnnvl, allocate_pinned_host, cuda_adopt, Access, Allocation, CudaMemory, Engine, Op,
+    Request, SubmitOptions, Transport, TransportKind,
 };
 use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
@@ -71,11 +73,20 @@ fn source(args: &[String]) {
     {
         die("fabric handles are not supported here: a real fabric export fails (no IMEX channel?)");
     }
+    // `adopted`: one cudaMalloc-style allocation of the caller's holds every
+    // buffer (1 MiB in, one after the other), each adopted as a sub-range.
+    let foreign = (kind == "adopted").then(|| {
+        let total = (allocs as u64 * size).div_ceil(1 << 20) * (1 << 20) + (2 << 20);
+        raw::alloc_device(device, total, false).unwrap_or_else(|e| die(&e.to_string()))
+    });
     let bufs: Vec<Allocation> = (0..allocs)
         .map(|n| {
-            let a = match kind.as_str() {
-                "mnnvl" => allocate_mnnvl(device, size),
-                "egm" => allocate_egm(numa, size),
+            let a = match (kind.as_str(), foreign) {
+                ("mnnvl", _) => allocate_mnnvl(device, size),
+                ("egm", _) => allocate_egm(numa, size),
+                (_, Some(base)) => {
+                    cuda_adopt(base + (1 << 20) + n as u64 * size, size, orbite::ADOPT_SHARE_WHOLE_ALLOCATION)
+                }
                 _ => CudaMemory::allocate_ipc(device, size),
             }
             .unwrap_or_else(|e| die(&e.to_string()));
@@ -254,6 +265,54 @@ fn check_remote(i: usize, seed: u64, off: u64, len: u64) -> Result<(), String> {
     }
 }
 
+/// One of several readers of one source allocation (the `readers` mode of
+/// qualify.py): READs it through a relocation cache, says `HOLDING` and
+/// keeps its READ-only import while the others read too; READs again
+/// through the same import; says `WAIT release`, then gives it back.
+fn hold_read(r: &Req, seed: u64, stat_key: &str) -> Result<String, String> {
+    let (l0, a, len) = (r.local[0].addr(), r.remote[0], r.len);
+    r.run(&[rd(l0, a, len)])?;
+    r.check_local(0, 0, len, seed, 0)?;
+    say("HOLDING");
+    wait_continue();
+    let t0 = Instant::now();
+    r.run(&[rd(l0, a, len)])?;
+    let secs = t0.elapsed().as_secs_f64();
+    r.check_local(0, 0, len, seed, 0)?;
+    let st = &r.e.stats().ipc[stat_key];
+    if st.imports_opened != 1 {
+        return Err(format!("wanted both READs through one cached import, got {st:?}"));
+    }
+    say("WAIT release");
+    wait_continue();
+    r.e.flush_nvlink_cache(None).map_err(|x| x.to_string())?;
+    Ok(format!(
+        "read twice through one cached READ-only import ({:.2} GB/s), then gave it back",
+        len as f64 / secs / 1e9
+    ))
+}
+
+/// The writer of qualify.py's `readers` mode: a WRITE with a short deadline
+/// is refused while the readers hold the allocation; says `WRITING`, then a
+/// WRITE with time to spare waits for them and lands (the source checks
+/// the bytes).
+fn write_wait(r: &Req) -> Result<String, String> {
+    let half = r.len / 2;
+    host_to_device(r.local[1].addr(), &pattern_vec(77, half)).map_err(|x| x.to_string())?;
+    let w = Request { op: Op::Write, local_addr: r.local[1].addr(), remote_addr: r.remote[0], len: half };
+    let short = SubmitOptions { timeout: Some(Duration::from_millis(300)), ..nv() };
+    let b = r.e.submit(r.peer, &[w], short).map_err(|x| x.to_string())?;
+    let _ = b.wait(Duration::from_secs(60));
+    let refused = b.results()[0];
+    if refused.status != orbite::Status::Unavailable || refused.remote_effect != orbite::RemoteEffect::None {
+        return Err(format!("a WRITE while the readers held the allocation ended {refused:?}"));
+    }
+    say("WRITING");
+    r.run(&[w])?;
+    check_remote(0, 77, 0, half)?;
+    Ok("refused while the readers held the allocation, then waited for them and landed".into())
+}
+
 fn rd(local: u64, remote: u64, len: u64) -> Request {
     Request { op: Op::Read, local_addr: local, remote_addr: remote, len }
 }
@@ -382,7 +441,8 @@ fn requester(args: &[String]) {
     let mode = arg(args, "--mode").unwrap_or_else(|| die("--mode"));
     let seed: u64 = num(args, "--seed", 1);
     REMOTE_CHECKS.store(args.iter().any(|a| a == "--remote-checks"), std::sync::atomic::Ordering::Relaxed);
-    let cache = matches!(mode.as_str(), "cache" | "source-close" | "requester-exit" | "stale" | "bandwidth");
+    let cache =
+        matches!(mode.as_str(), "cache" | "source-close" | "requester-exit" | "stale" | "bandwidth" | "hold-read");
     let transport = arg(args, "--transport").unwrap_or_else(|| "nvlink".into());
     let memory = arg(args, "--memory").unwrap_or_else(|| "device".into());
     let entries = if cache { 4 } else { 0 };
@@ -463,12 +523,12 @@ fn requester(args: &[String]) {
                 }
                 check_remote(0, 77, 6 * s, s)?;
                 r.e.flush_nvlink_cache(None).map_err(|x| x.to_string())?;
-                // The READs share one READ-only import and the WRITE has a
-                // writable one (which READs after it use too): at most two
-                // imports, each closed once by the flush.
+                // The READs share a READ-only import and the WRITE has a
+                // writable one (which READs after it use too): fewer imports
+                // than groups, each closed once by the flush.
                 let st = &r.e.stats().ipc[stat_key];
-                if st.imports_opened != st.imports_closed || !(1..=2).contains(&st.imports_opened) {
-                    return Err(format!("wanted one or two imports, each closed once, got {st:?}"));
+                if st.imports_opened != st.imports_closed || !(1..5).contains(&st.imports_opened) {
+                    return Err(format!("wanted fewer imports than the 5 groups, each closed once, got {st:?}"));
                 }
                 Ok(format!(
                     "4 READs + 1 WRITE (bytes checked by the source) through {} cached import(s), closed once each",
@@ -487,11 +547,19 @@ fn requester(args: &[String]) {
                 "requester-exit" => std::process::exit(0),
                 "source-close" => {
                     // The source closed with our import out: it revoked it,
-                    // and this live requester gave it back on its own.
-                    let st = &r.e.stats().ipc[stat_key];
-                    let verdict = match (st.imports_cached, st.imports_retained, st.imports_closed) {
-                        (0, 0, 1) => Ok("revoked by the closing source and given back".into()),
-                        _ => Err(format!("the revoked import was not given back: {st:?}")),
+                    // and this live requester gave it back on its own (the
+                    // source's close returned on the receipt; the requester
+                    // counts the close once the receipt's ACK is back).
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    let verdict = loop {
+                        let st = r.e.stats().ipc[stat_key].clone();
+                        match (st.imports_cached, st.imports_retained, st.imports_closed) {
+                            (0, 0, 1) => break Ok("revoked by the closing source and given back".into()),
+                            _ if Instant::now() >= deadline => {
+                                break Err(format!("the revoked import was not given back: {st:?}"))
+                            }
+                            _ => std::thread::sleep(Duration::from_millis(5)),
+                        }
                     };
                     result(&mode, verdict);
                 }
@@ -513,6 +581,8 @@ fn requester(args: &[String]) {
                 }
             }
         }
+        "hold-read" => result(&mode, hold_read(&r, seed, stat_key)),
+        "write-wait" => result(&mode, write_wait(&r)),
         "bandwidth" => result(&mode, bandwidth(&r, args, &memory)),
         other => die(&format!("unknown mode {other}")),
     }

@@ -180,18 +180,29 @@ pub fn synchronize_context() -> Result<()> {
     check(unsafe { sys::cuCtxSynchronize() }, "draining the legacy stream")
 }
 
-/// Copies host bytes into device (or pinned) memory on device 0, synchronously.
+/// The device whose context copies memory at `addr`: its own for device
+/// memory the driver knows, device 0 for host memory.
+fn device_of(addr: u64) -> i32 {
+    match pointer_info(addr) {
+        Ok(Some(i)) if i.device_memory && i.device >= 0 => i.device,
+        _ => 0,
+    }
+}
+
+/// Copies host bytes into device (or pinned) memory, synchronously, in the
+/// context of the memory's device.
 pub fn host_to_device(dst: u64, src: &[u8]) -> Result<()> {
-    let g = ContextGuard::bind(primary_context(0)?)?;
+    let g = ContextGuard::bind(primary_context(device_of(dst))?)?;
     // SAFETY: the caller names `src.len()` bytes of memory it owns at dst.
     unsafe { copy(dst, src.as_ptr() as u64, src.len() as u64) }?;
     synchronize_context()?;
     g.restore()
 }
 
-/// Copies device (or pinned) bytes to host memory on device 0, synchronously.
+/// Copies device (or pinned) bytes to host memory, synchronously, in the
+/// context of the memory's device.
 pub fn device_to_host(dst: &mut [u8], src: u64) -> Result<()> {
-    let g = ContextGuard::bind(primary_context(0)?)?;
+    let g = ContextGuard::bind(primary_context(device_of(src))?)?;
     // SAFETY: as in host_to_device, in the other direction.
     unsafe { copy(dst.as_mut_ptr() as u64, src, dst.len() as u64) }?;
     synchronize_context()?;

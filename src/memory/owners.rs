@@ -105,6 +105,8 @@ impl std::fmt::Debug for Backing {
 /// What the owner table knows about the allocation holding an address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OwnerInfo {
+    /// Unique id of the allocation (never reused, unlike its address).
+    pub id: u64,
     /// First byte.
     pub base: u64,
     /// Logical length.
@@ -121,6 +123,8 @@ pub struct OwnerInfo {
 
 #[derive(Debug)]
 struct Owned {
+    /// Unique for the process's life (an address may be reused).
+    id: u64,
     kind: MemoryKind,
     addr: u64,
     len: u64,
@@ -296,6 +300,11 @@ fn release_adoption(map: &mut BTreeMap<u64, Entry>, base: u64, id: u64, addr: u6
 }
 
 static NEXT_ADOPTION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+static NEXT_OWNER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_owner_id() -> u64 {
+    NEXT_OWNER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
 
 /// What a lower layer found out about memory the caller allocated, to be
 /// adopted: the whole allocation and how the library lets go of it.
@@ -357,7 +366,8 @@ pub fn adopt_range(f: Foreign, addr: u64, len: u64) -> Result<(Allocation, Optio
         )));
     }
     let backing = Backing::Native { device: f.device, release: f.forget };
-    let owned = Arc::new(Owned { kind: f.kind, addr: f.base, len: f.size, physical: f.size, backing });
+    let owned =
+        Arc::new(Owned { id: next_owner_id(), kind: f.kind, addr: f.base, len: f.size, physical: f.size, backing });
     let mut entry = Entry::new(owned.clone());
     entry.adoptions.push(record);
     map.insert(f.base, entry);
@@ -420,8 +430,14 @@ pub fn allocate_shared_host(len: u64) -> Result<Allocation> {
         return Err(Error::io("sealing shared memory", &std::io::Error::last_os_error()));
     }
     let p = map_shared(&fd, physical, true, "shared memory")?;
-    let owned =
-        Arc::new(Owned { kind: MemoryKind::SharedHost, addr: p, len, physical, backing: Backing::Memfd { fd } });
+    let owned = Arc::new(Owned {
+        id: next_owner_id(),
+        kind: MemoryKind::SharedHost,
+        addr: p,
+        len,
+        physical,
+        backing: Backing::Memfd { fd },
+    });
     OWNERS.lock().insert(owned.addr, Entry::new(owned.clone()));
     Ok(Allocation { owned, adoption: None })
 }
@@ -466,6 +482,7 @@ pub fn owner_of(addr: u64) -> Option<OwnerInfo> {
     let (_, e) = map.range(..=addr).next_back()?;
     let o = &e.owned;
     (addr < o.addr + o.len).then(|| OwnerInfo {
+        id: o.id,
         base: o.addr,
         len: o.len,
         physical: o.physical,
@@ -481,11 +498,16 @@ pub fn owner_of(addr: u64) -> Option<OwnerInfo> {
     })
 }
 
+/// Whether the allocation with unique id `id` still exists.
+pub fn owner_of_id(id: u64) -> bool {
+    OWNERS.lock().values().any(|e| e.owned.id == id)
+}
+
 /// Records memory the library allocated (or adopted) through another layer
 /// (CUDA) so that registration recognises it and frees are checked; the
 /// backing says how to release it.
 pub fn adopt(kind: MemoryKind, addr: u64, len: u64, physical: u64, backing: Backing) -> Allocation {
-    let owned = Arc::new(Owned { kind, addr, len, physical, backing });
+    let owned = Arc::new(Owned { id: next_owner_id(), kind, addr, len, physical, backing });
     OWNERS.lock().insert(addr, Entry::new(owned.clone()));
     Allocation { owned, adoption: None }
 }

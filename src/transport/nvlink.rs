@@ -23,6 +23,8 @@ use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::memory::cuda::consume_producer;
 use crate::memory::{owners, MemoryKind};
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Bytes of an NVLink handle on the wire: the CUDA IPC handle, then the
@@ -32,6 +34,10 @@ pub const WIRE_HANDLE_BYTES: usize = IPC_HANDLE_BYTES + 16;
 /// The NVLink backend.
 pub struct NvlinkBackend {
     pool: Arc<StreamPool<CudaStreams>>,
+    /// The wire handle made for each exported allocation, by its owner id
+    /// (made once: grants of several regions or importers of one
+    /// allocation, adopted sub-ranges included, share one handle).
+    handles: Mutex<HashMap<u64, Vec<u8>>>,
     copies: Arc<DeviceCopies>,
     threshold: u64,
 }
@@ -42,6 +48,7 @@ impl NvlinkBackend {
         driver()?;
         Ok(NvlinkBackend {
             pool: StreamPool::new(CudaStreams, streams),
+            handles: Mutex::new(HashMap::new()),
             copies: Arc::new(DeviceCopies::default()),
             threshold: threshold_kb * 1024,
         })
@@ -77,9 +84,16 @@ impl IpcBackend for NvlinkBackend {
                 ))
             })?;
         consume_producer(base)?;
+        if let Some(bytes) = self.handles.lock().get(&o.id) {
+            return Ok(ExportedHandle { bytes: bytes.clone(), fd: None, owned_fd: None });
+        }
         let device = o.device.unwrap_or(0);
         let mut bytes = ipc_handle(device, base)?.to_vec();
         bytes.extend_from_slice(&device_uuid(device).unwrap_or([0; 16]));
+        let mut handles = self.handles.lock();
+        // Handles of allocations gone since are dropped here.
+        handles.retain(|id, _| owners::owner_of_id(*id));
+        handles.insert(o.id, bytes.clone());
         Ok(ExportedHandle { bytes, fd: None, owned_fd: None })
     }
 

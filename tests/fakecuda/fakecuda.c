@@ -32,6 +32,20 @@
  *   (a batch promises no order between its copies).
  * - Arguments are validated the way the driver does: unknown handles,
  *   wrong contexts, out-of-range or unmapped copies return errors.
+ * - Every GPU is its own: device memory (cuMemAlloc) and a legacy IPC
+ *   import belong to the device whose context made them. A copy run by
+ *   another device's context (its stream, or cuMemcpy while it is current)
+ *   fails with INVALID_VALUE unless that context enabled peer access to the
+ *   owner (cuCtxEnablePeerAccess), and is counted ("cross_device_refused" in
+ *   the trace). A handle opened again in the same context is reference
+ *   counted; opened in another device's context it is a separate mapping
+ *   of that device. VMM mappings follow their cuMemSetAccess grants; pinned
+ *   and registered host memory serves every context.
+ * - Pointer queries (cuPointerGetAttribute) answer memory type, device,
+ *   managed (cuMemAllocManaged) and legacy-IPC capability;
+ *   cuMemRetainAllocationHandle returns a VMM mapping's handle with one
+ *   more reference (cuMemRelease gives it back); cuDeviceGetUuid_v2 names
+ *   each physical device the same in every process.
  * - Injected failures behave as the driver's: a sticky error (700
  *   ILLEGAL_ADDRESS, 714-719) poisons the context that was current (every
  *   later call in it, and on its streams and events, returns that error;
@@ -49,6 +63,9 @@
  *                                 `code`; `name:N+:code` every call from N;
  *                                 `name@after:code` the first call of `name`
  *                                 after the first call of `after`
+ *   FAKECUDA_VISIBLE_DEVICES=a,b  this process sees physical devices a, b
+ *                                 (ordinal 0 is a), as CUDA_VISIBLE_DEVICES
+ *                                 would; only their UUIDs differ by it
  *   FAKECUDA_NO_PEER=1            no peer access between distinct devices
  *                                 (cuDeviceCanAccessPeer says 0)
  *   FAKECUDA_TRACE=path           at exit, appends "pid name calls" lines
@@ -142,7 +159,7 @@ typedef struct { int srcAccessOrder; CUmemLocation srcLocHint; CUmemLocation dst
     X(cuEventQuery) X(cuEventSynchronize) X(cuMemcpy) X(cuMemcpyAsync) X(cuMemcpyDtoD_v2)            \
     X(cuMemcpyDtoH_v2) X(cuMemcpyHtoD_v2) X(cuMemcpyDtoDAsync_v2) X(cuMemcpyDtoHAsync_v2)            \
     X(cuMemcpyHtoDAsync_v2) X(cuMemcpyBatchAsync_v2) X(cuDeviceCanAccessPeer) X(cuDeviceGetP2PAttribute)    \
-    X(cuCtxEnablePeerAccess)
+    X(cuCtxEnablePeerAccess) X(cuDeviceGetUuid_v2) X(cuMemAllocManaged) X(cuMemRetainAllocationHandle)
 
 #define FC_ENUM(n) F_##n,
 enum { FC_FUNCS(FC_ENUM) F_COUNT };
@@ -162,6 +179,8 @@ static int nrules;
 static unsigned long calls[F_COUNT];
 static int n_devices = 1, driver_version = 13000, no_fabric; /* 1 create, 2 export */
 static int no_peer;
+static int physical_of[8] = {0, 1, 2, 3, 4, 5, 6, 7}; /* FAKECUDA_VISIBLE_DEVICES */
+static unsigned long cross_device_refused;
 static unsigned copy_delay_us;
 static char trace_path[512];
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
@@ -189,6 +208,7 @@ static void write_trace(void) {
         if (calls[i]) fprintf(f, "%d %s %lu\n", (int)getpid(), fc_names[i], calls[i]);
     for (int d = 0; d < MAX_DEVICES; d++)
         if (copies_on[d]) fprintf(f, "%d copies@device%d %lu\n", (int)getpid(), d, copies_on[d]);
+    if (cross_device_refused) fprintf(f, "%d cross_device_refused %lu\n", (int)getpid(), cross_device_refused);
     unsigned long live[N_LIVE];
     if (count_live(live))
         for (int i = 0; i < N_LIVE; i++) fprintf(f, "%d live:%s %lu\n", (int)getpid(), live_names[i], live[i]);
@@ -204,6 +224,15 @@ static void parse_env(void) {
     if ((v = getenv("FAKECUDA_COPY_DELAY_US"))) copy_delay_us = (unsigned)atoi(v);
     if ((v = getenv("FAKECUDA_NO_FABRIC"))) no_fabric = strcmp(v, "export") == 0 ? 2 : 1;
     if ((v = getenv("FAKECUDA_NO_PEER"))) no_peer = atoi(v) != 0;
+    if ((v = getenv("FAKECUDA_VISIBLE_DEVICES"))) {
+        int n = 0;
+        for (const char *q = v; *q && n < 8; n++) {
+            physical_of[n] = atoi(q);
+            while (*q && *q != ',') q++;
+            if (*q == ',') q++;
+        }
+        n_devices = n;
+    }
     if ((v = getenv("FAKECUDA_TRACE")) && strlen(v) < sizeof trace_path) {
         strcpy(trace_path, v);
         atexit(write_trace);
@@ -343,7 +372,7 @@ static int valid_ctx(struct fc_ctx *c) {
 }
 
 /* Memory ranges the driver knows. */
-enum kind { K_DEVICE, K_HOST, K_REGISTERED, K_IPC_IMPORT, K_RESERVED };
+enum kind { K_DEVICE, K_HOST, K_REGISTERED, K_IPC_IMPORT, K_RESERVED, K_MANAGED };
 struct piece; /* a VMM mapping inside a reservation */
 struct range {
     enum kind kind;
@@ -365,6 +394,7 @@ struct vmm {
     int handle_types;
     CUmemLocation loc;
     int released;
+    int retains; /* references from cuMemRetainAllocationHandle */
     int maps;
     uint64_t id;
     struct vmm *next;
@@ -397,7 +427,7 @@ static struct vmm *valid_vmm(CUmemGenericAllocationHandle h) {
 }
 
 static void drop_vmm_if_unused(struct vmm *v) {
-    if (!v->released || v->maps) return;
+    if (!v->released || v->maps || v->retains) return;
     for (struct vmm **p = &vmms; *p; p = &(*p)->next)
         if (*p == v) {
             *p = v->next;
@@ -458,6 +488,11 @@ static CUresult resolve(uint64_t addr, size_t n, int dev, char **out, int *devic
         return CUDA_SUCCESS;
     }
     if (n > r->len - (addr - r->va)) return CUDA_ERROR_INVALID_VALUE;
+    if ((r->kind == K_DEVICE || r->kind == K_IPC_IMPORT) && r->device != dev &&
+        !(contexts[dev].peers & (1u << r->device))) {
+        cross_device_refused++; /* another GPU's memory, no peer access */
+        return CUDA_ERROR_INVALID_VALUE;
+    }
     if (r->kind != K_RESERVED) {
         *out = r->shadow + (addr - r->va);
         *device_side = r->kind == K_DEVICE || r->kind == K_IPC_IMPORT;
@@ -654,6 +689,7 @@ static int count_live(unsigned long live[N_LIVE]) {
         case K_REGISTERED: live[2]++; break;
         case K_IPC_IMPORT: live[3]++; break;
         case K_RESERVED: live[5]++; break;
+        case K_MANAGED: live[0]++; break;
         }
     }
     for (struct vmm *v = vmms; v; v = v->next) live[4]++;
@@ -728,6 +764,19 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     if (dev < 0 || dev >= n_devices) return CUDA_ERROR_INVALID_DEVICE;
     snprintf(name, (size_t)len, "fakecuda device %d", dev);
+    return CUDA_SUCCESS;
+}
+
+typedef struct { char bytes[16]; } CUuuid;
+
+/* Each physical device has one UUID, whatever ordinal a process sees it at. */
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
+    ENTER(cuDeviceGetUuid_v2);
+    NEED_INIT();
+    if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || dev >= n_devices) return CUDA_ERROR_INVALID_DEVICE;
+    memcpy(uuid->bytes, "FAKECUDA-GPU-00", 15);
+    uuid->bytes[15] = (char)(0x40 + physical_of[dev]);
     return CUDA_SUCCESS;
 }
 
@@ -906,7 +955,13 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     NEED_INIT();
     pthread_mutex_lock(&mu);
     struct range *r = unlink_range(dptr, K_DEVICE);
+    struct range *m = r ? NULL : unlink_range(dptr, K_MANAGED);
     pthread_mutex_unlock(&mu);
+    if (m) {
+        munmap((void *)(uintptr_t)m->va, m->len);
+        free(m);
+        return CUDA_SUCCESS;
+    }
     if (!r) return CUDA_ERROR_INVALID_VALUE;
     size_t len = round_up(r->len, GRANULARITY);
     munmap((void *)(uintptr_t)r->va, len);
@@ -941,7 +996,8 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dptr, unsigned char value, size_t n) {
 static CUresult add_host_range(enum kind kind, void *p, size_t len) {
     struct range *r = calloc(1, sizeof *r);
     if (!r) return CUDA_ERROR_OUT_OF_MEMORY;
-    *r = (struct range){kind, (uint64_t)(uintptr_t)p, len, p, -1, 0, 0, 0, 0, NULL, NULL};
+    int dev = current() ? current()->device : 0;
+    *r = (struct range){kind, (uint64_t)(uintptr_t)p, len, p, -1, dev, 0, 0, 0, NULL, NULL};
     pthread_mutex_lock(&mu);
     CUresult res = CUDA_SUCCESS;
     for (struct range *x = ranges; x; x = x->next)
@@ -971,6 +1027,25 @@ EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
         return r;
     }
     *pp = p;
+    return CUDA_SUCCESS;
+}
+
+/* Managed memory: CPU-accessible at its address, belonging to the current
+ * context's device (the stand-in migrates nothing). */
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags) {
+    ENTER(cuMemAllocManaged);
+    NEED_INIT();
+    (void)flags;
+    if (!dptr || !size) return CUDA_ERROR_INVALID_VALUE;
+    if (!current()) return CUDA_ERROR_INVALID_CONTEXT;
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = add_host_range(K_MANAGED, p, size);
+    if (r) {
+        munmap(p, size);
+        return r;
+    }
+    *dptr = (CUdeviceptr)(uintptr_t)p;
     return CUDA_SUCCESS;
 }
 
@@ -1013,14 +1088,23 @@ EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr
     if (!data) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&mu);
     struct range *r = range_of(ptr);
+    struct piece *pc = NULL;
+    if (r && r->kind == K_RESERVED)
+        for (struct piece *p = r->pieces; p; p = p->next)
+            if (ptr >= p->va && ptr - p->va < p->len) pc = p;
     CUresult res = CUDA_SUCCESS;
-    if (!r) {
+    if (!r || (r->kind == K_RESERVED && !pc)) {
         res = CUDA_ERROR_INVALID_VALUE; /* not memory the driver knows */
     } else if (attribute == 2) {        /* MEMORY_TYPE: 1 host, 2 device */
-        int dev = r->kind == K_DEVICE || r->kind == K_IPC_IMPORT || r->kind == K_RESERVED;
+        int dev = pc ? pc->h->loc.type == LOC_DEVICE
+                     : r->kind == K_DEVICE || r->kind == K_IPC_IMPORT || r->kind == K_MANAGED;
         *(unsigned int *)data = dev ? 2 : 1;
     } else if (attribute == 9) { /* DEVICE_ORDINAL */
-        *(int *)data = r->device;
+        *(int *)data = pc && pc->h->loc.type == LOC_DEVICE ? pc->h->loc.id : r->device;
+    } else if (attribute == 8) { /* IS_MANAGED */
+        *(unsigned int *)data = r->kind == K_MANAGED;
+    } else if (attribute == 10) { /* IS_LEGACY_CUDA_IPC_CAPABLE */
+        *(unsigned int *)data = r->kind == K_DEVICE;
     } else if (attribute == 11) { /* RANGE_START_ADDR */
         *(CUdeviceptr *)data = r->va;
     } else if (attribute == 12) { /* RANGE_SIZE */
@@ -1133,7 +1217,7 @@ EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
     if (w.token == token) return CUDA_ERROR_INVALID_CONTEXT; /* opened in the exporting process */
     pthread_mutex_lock(&mu);
     for (struct range *r = ranges; r; r = r->next)
-        if (r->kind == K_IPC_IMPORT && r->peer_token == w.token && r->id == w.id) {
+        if (r->kind == K_IPC_IMPORT && r->peer_token == w.token && r->id == w.id && r->device == c->device) {
             r->refs++;
             *pdptr = r->va;
             pthread_mutex_unlock(&mu);
@@ -1252,13 +1336,37 @@ EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     NEED_INIT();
     pthread_mutex_lock(&mu);
     struct vmm *v = valid_vmm(handle);
-    CUresult r = v && !v->released ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    CUresult r = v && (!v->released || v->retains) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
     if (!r) {
-        v->released = 1;
+        if (v->retains)
+            v->retains--; /* a reference cuMemRetainAllocationHandle took */
+        else
+            v->released = 1;
         drop_vmm_if_unused(v);
     }
     pthread_mutex_unlock(&mu);
     return r;
+}
+
+/* The handle of the VMM allocation mapped at `addr`, with one more
+ * reference (given back by cuMemRelease). */
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr) {
+    ENTER(cuMemRetainAllocationHandle);
+    NEED_INIT();
+    if (!handle) return CUDA_ERROR_INVALID_VALUE;
+    uint64_t a = (uint64_t)(uintptr_t)addr;
+    pthread_mutex_lock(&mu);
+    struct range *r = range_of(a);
+    CUresult res = CUDA_ERROR_INVALID_VALUE; /* not a VMM mapping */
+    if (r && r->kind == K_RESERVED)
+        for (struct piece *p = r->pieces; p; p = p->next)
+            if (a >= p->va && a - p->va < p->len) {
+                p->h->retains++;
+                *handle = (CUmemGenericAllocationHandle)(uintptr_t)p->h;
+                res = CUDA_SUCCESS;
+            }
+    pthread_mutex_unlock(&mu);
+    return res;
 }
 
 EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle) {
@@ -1519,7 +1627,7 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *han
         close(fd);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *v = (struct vmm){VMM_MAGIC, fd, (size_t)st.st_size, types, loc, 0, 0, id, NULL};
+    *v = (struct vmm){VMM_MAGIC, fd, (size_t)st.st_size, types, loc, 0, 0, 0, id, NULL};
     pthread_mutex_lock(&mu);
     v->next = vmms;
     vmms = v;

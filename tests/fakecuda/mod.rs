@@ -56,6 +56,7 @@ pub const ENV: &[&str] = &[
     "FAKECUDA_COPY_DELAY_US",
     "FAKECUDA_FAIL",
     "FAKECUDA_NO_PEER",
+    "FAKECUDA_VISIBLE_DEVICES",
     "FAKECUDA_TRACE",
 ];
 

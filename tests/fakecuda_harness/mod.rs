@@ -28,18 +28,24 @@ pub struct Source {
 }
 
 impl Source {
-    /// `kind`: ipc, mnnvl or egm; `fail`: the source's own FAKECUDA_FAIL.
+    /// `kind`: ipc, adopted, mnnvl or egm; `fail`: the source's own FAKECUDA_FAIL.
     pub fn start(config: &str, kind: &str, allocs: usize, fail: Option<&str>) -> Source {
+        let env: Vec<(&str, &str)> = fail.map(|f| ("FAKECUDA_FAIL", f)).into_iter().collect();
+        Source::start_with(config, kind, allocs, &env, &[])
+    }
+
+    /// As [`Source::start`], with the source's own `FAKECUDA_*` settings
+    /// and extra arguments (e.g. `--device 1`).
+    pub fn start_with(config: &str, kind: &str, allocs: usize, env: &[(&str, &str)], args: &[&str]) -> Source {
         let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_orbite-gpu-qual"));
         for k in fakecuda::ENV {
             c.env_remove(k);
         }
-        if let Some(f) = fail {
-            c.env("FAKECUDA_FAIL", f);
-        }
+        c.envs(env.iter().copied());
         let mut child = c
             .args(["source", "--size", &SIZE.to_string(), "--allocs", &allocs.to_string(), "--seed", "1"])
             .args(["--config", config, "--kind", kind])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -64,6 +70,14 @@ impl Source {
         let mut line = String::new();
         self.stdout.read_line(&mut line).unwrap();
         line.trim().to_string()
+    }
+
+    /// Asks the source to exit and waits for it (its stand-in trace, if
+    /// any, is written at exit).
+    pub fn exit(mut self) {
+        writeln!(self.stdin, "exit").unwrap();
+        self.stdin.flush().unwrap();
+        assert!(self.child.wait().unwrap().success());
     }
 
     pub fn ipc(&mut self, transport: &str, key: &str) -> u64 {

@@ -21,13 +21,22 @@ mixed):
                   close_source reclaims the export -> OK
   stale           the source restarts on the same endpoint; the old peer is
                   refused, a new connection is served by the new identity
+  readers         four requester processes READ one source allocation through
+                  a cache each and hold their READ-only imports at once (the
+                  source lends the allocation to all four), READ again; a
+                  fifth process's WRITE is refused within a short deadline,
+                  then waits for the readers to give back and lands (bytes
+                  checked by the source)
   bandwidth       IPC READ/WRITE GB/s against plain copies of the same bytes
                   in the same run (device A <-> device B; pinned host <->
                   device where host memory is involved): PASS only at
                   --min-ratio (0.8) or more in both directions
 
-and, for MNNVL (VMM memory from allocate_mnnvl), the healthy, batch, cache
-and bandwidth modes with POSIX-fd handles, with fabric handles where the
+and, for NVLink again (--adopted), the healthy, batch, cache and readers
+modes on memory the source's stack allocated with a plain cuMemAlloc (as
+cudaMalloc does) and adopted with orbite_cuda_adopt, its buffers sub-ranges
+of that one allocation; and, for MNNVL (VMM memory from allocate_mnnvl), the
+healthy, batch, cache, readers and bandwidth modes with POSIX-fd handles, with fabric handles where the
 driver and an IMEX channel allow (else SKIP), with fabric handles and a
 fabric domain (the IPC protocol over TCP, as between hosts of one NVLink
 partition), and EGM (host NUMA memory from allocate_egm, both peers opted
@@ -55,8 +64,10 @@ import sys
 import threading
 import time
 
-MODES = "topology,healthy,batch,cache,source-close,requester-exit,stale,bandwidth"
-MNNVL_MODES = ("healthy", "batch", "cache", "bandwidth")
+MODES = "topology,healthy,batch,cache,readers,source-close,requester-exit,stale,bandwidth"
+MNNVL_MODES = ("healthy", "batch", "cache", "readers", "bandwidth")
+ADOPTED_MODES = ("healthy", "batch", "cache", "readers")
+READERS = 4
 
 
 class HelperTimeout(Exception):
@@ -126,6 +137,10 @@ def find_binary(args):
 FABRIC_DOMAIN = "0f1e2d3c4b5a69788796a5b4c3d2e1f0"
 
 
+def is_nvlink(transport):
+    return transport.startswith("nvlink")
+
+
 def handle_of(transport):
     if transport == "mnnvl-fabric_domain":
         return "fabric"
@@ -135,7 +150,7 @@ def handle_of(transport):
 
 
 def transport_config(transport):
-    if transport == "nvlink":
+    if is_nvlink(transport):
         return {"nvlink": True}
     cfg = {"mnnvl": {"handle_type": handle_of(transport)}}
     if transport == "mnnvl-fabric_domain":
@@ -159,7 +174,9 @@ class Run:
         argv += ["--config", json.dumps(cfg)]
         if transport == "mnnvl-egm":
             argv += ["--kind", "egm"]
-        elif transport != "nvlink":
+        elif transport == "nvlink-adopted":
+            argv += ["--kind", "adopted"]
+        elif not is_nvlink(transport):
             argv += ["--kind", "mnnvl"]
         src = Proc(argv, self.log, self.args.timeout)
         try:
@@ -177,7 +194,7 @@ class Run:
                 "--remote", ",".join(str(a) for a in info["addrs"]), "--len", str(self.args.size), "--seed", "1",
                 "--device", str(self.req_dev), "--source-device", str(self.src_dev), "--remote-checks",
                 "--bw-reps", str(self.args.bw_reps), "--bw-batch", str(self.args.bw_batch)]
-        if transport != "nvlink":
+        if not is_nvlink(transport):
             argv += ["--transport", "mnnvl", "--handle", handle_of(transport)]
         if transport == "mnnvl-fabric_domain":
             argv += ["--fabric-domain", FABRIC_DOMAIN]
@@ -212,8 +229,66 @@ class Run:
         why = "" if ok else "below %.2fx the same-run baseline: " % self.args.min_ratio
         return ok, why
 
+    def readers(self, memory, transport):
+        """The readers mode. Returns (result, detail, extra)."""
+        src, info = self.start_source(transport)
+        key = transport.split("-")[0]
+        procs = []
+        try:
+            readers = [self.requester(info, "hold-read", memory, transport) for _ in range(READERS)]
+            procs += readers
+            for r in readers:
+                l = r.line()
+                if l != "HOLDING":
+                    return "FAIL", "a reader said %r" % l, ""
+            st = json.loads(src.cmd("stats"))["ipc"][key]
+            if st["exports_open"] != READERS:
+                return "FAIL", "%d readers hold %d exports of the allocation" % (READERS, st["exports_open"]), ""
+            for r in readers:
+                r.send("continue")
+            for r in readers:
+                l = r.line()
+                if l != "WAIT release":
+                    return "FAIL", "a reader said %r" % l, ""
+            writer = self.requester(info, "write-wait", memory, transport)
+            procs.append(writer)
+            l = writer.line()
+            if l != "WRITING":
+                return "FAIL", "the writer said %r" % l, ""
+            deadline = time.time() + self.args.timeout
+            while json.loads(src.cmd("stats"))["ipc"][key]["grants_waiting"] != 1:
+                if time.time() > deadline:
+                    return "FAIL", "the WRITE grant never waited for the readers", ""
+                time.sleep(0.01)
+            for r in readers:
+                r.send("continue")
+            rates = []
+            for r in readers:
+                l = r.line()
+                if not l.startswith("PASS"):
+                    return "FAIL", "a reader said %r" % l, ""
+                rates.append(l)
+            l = writer.line()
+            if l.startswith("CHECK"):
+                writer.send(src.cmd("verify " + l[len("CHECK "):]))
+                l = writer.line()
+            if not l.startswith("PASS"):
+                return "FAIL", "the writer said %r" % l, ""
+            for p in procs:
+                if p.wait() != 0:
+                    return "FAIL", "a helper exited with an error", ""
+            gbps = [float(x.split("(")[1].split()[0]) for x in rates if "GB/s" in x]
+            return "PASS", "%d readers held one allocation at once (%.2f GB/s together on their second READ); " \
+                "the WRITE waited for them and landed" % (READERS, sum(gbps)), ""
+        finally:
+            for p in procs:
+                p.stop()
+            src.stop()
+
     def mode(self, mode, memory, transport):
         """Returns (result, detail, extra)."""
+        if mode == "readers":
+            return self.readers(memory, transport)
         allocs = 2 if mode == "batch" else 1
         src, info = self.start_source(transport, allocs=allocs)
         req = self.requester(info, mode, memory, transport)
@@ -281,6 +356,9 @@ def parse_args():
                     help="MNNVL variants to qualify: posix_fd, fabric, fabric_domain (fabric handles and a fabric "
                          "domain: the channel runs over TCP), egm (host NUMA memory) ('' to skip)")
     ap.add_argument("--egm-node", type=int, default=0, help="the NUMA node of the EGM source memory")
+    ap.add_argument("--adopted", default="yes", choices=("yes", "no"),
+                    help="also qualify NVLink on adopted cuMemAlloc memory, with device memory on the requester "
+                         "(when --memory names device; default yes)")
     ap.add_argument("--timeout", type=int, default=120, help="seconds any helper may take to answer (default 120)")
     ap.add_argument("--min-ratio", type=float, default=0.8,
                     help="bandwidth PASS threshold against the same-run baseline (default 0.8)")
@@ -307,6 +385,8 @@ def main():
     if "topology" in modes:
         plan.append(("devices", "-", "topology"))
     plan += [("nvlink", m, mode) for m in args.memory.split(",") if m for mode in modes if mode != "topology"]
+    if args.adopted == "yes" and "device" in args.memory.split(","):
+        plan += [("nvlink-adopted", "device", mode) for mode in ADOPTED_MODES if mode in modes]
     for t in args.mnnvl.split(","):
         if t:
             plan += [("mnnvl-" + t, "device", mode) for mode in MNNVL_MODES if mode in modes]

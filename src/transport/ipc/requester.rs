@@ -22,6 +22,8 @@ use std::time::Instant;
 /// An open import: the mapping of a whole remote allocation and its charge.
 pub struct Import {
     link: Arc<IpcLink>,
+    /// The local GPU whose context it was opened for (`None`: host memory).
+    local_device: Option<i32>,
     /// The link's channel generation the export was granted on.
     gen: u64,
     offer: ExportOffer,
@@ -263,7 +265,8 @@ impl IpcRequester {
         match self.backend.import(handle, offer.physical, offer.ops & OP_WRITE != 0, local_device) {
             Ok(mapping) => {
                 self.opened.fetch_add(1, Ordering::Relaxed);
-                Ok(Import { link: link.clone(), gen: link.generation(), offer, mapping, _charge: charge })
+                let gen = link.generation();
+                Ok(Import { link: link.clone(), local_device, gen, offer, mapping, _charge: charge })
             }
             Err(e) => {
                 // Nothing was mapped: tell the source it may release.
@@ -372,7 +375,7 @@ impl IpcRequester {
                         .acquire(&key, link, region, env, cache_ops, local_device, deadline)
                         .map_err(GroupError::NotPosted)?;
                     if fresh && writable {
-                        self.give_back_read_only(link, region, deadline);
+                        self.give_back_read_only(link, region, local_device, deadline);
                     }
                     (imp, fresh, key)
                 }
@@ -603,13 +606,21 @@ impl IpcRequester {
         self.cache.acquire(key, deadline, &label, open, &close, &Import::current)
     }
 
-    /// A writable import of `region` was just opened: its idle READ-only
-    /// import is redundant (the writable one serves READs too) and gives
-    /// its mapping budget back. One in use stays until it is evicted.
-    fn give_back_read_only(&self, link: &Arc<IpcLink>, region: &RegionInfo, deadline: Instant) {
+    /// A writable import of `region` for `local_device` was just opened:
+    /// the idle READ-only import of the same key is redundant (the writable
+    /// one serves READs too) and gives its mapping budget back. One in use
+    /// stays until it is evicted.
+    fn give_back_read_only(
+        &self,
+        link: &Arc<IpcLink>,
+        region: &RegionInfo,
+        local_device: Option<i32>,
+        deadline: Instant,
+    ) {
         let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
         let redundant = |imp: &Import| {
             Arc::ptr_eq(&imp.link, link)
+                && imp.local_device == local_device
                 && !imp.writable()
                 && imp.offer.region_epoch == region.epoch
                 && imp.maps(region.addr)
