@@ -81,6 +81,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <limits>
 #include <map>
@@ -847,6 +848,13 @@ struct IpcStats {
   std::uint64_t imports_cached = 0, imports_retained = 0, local_owners_fenced = 0, mapping_bytes_charged = 0;
   std::uint64_t imports_released_after_exit = 0;
   std::uint64_t pending_groups = 0, progress_workers = 0;
+  /// Export requests waiting now for the allocation's loan (source side).
+  std::uint64_t grants_waiting = 0;
+  /// Copies posted per GPU (CUDA transports): device ordinal -> counts.
+  struct DeviceCopies {
+    std::uint64_t copies = 0, bytes = 0;
+  };
+  std::map<int, DeviceCopies> copies_by_device;
 };
 
 /// The CUDA stream pool (stats "nvlink").
@@ -933,7 +941,15 @@ inline Stats parse_stats(const std::string &text) {
                         {"imports_released_after_exit", &I::imports_released_after_exit},
                         {"local_owners_fenced", &I::local_owners_fenced},
                         {"mapping_bytes_charged", &I::mapping_bytes_charged},
-                        {"pending_groups", &I::pending_groups}, {"progress_workers", &I::progress_workers}});
+                        {"pending_groups", &I::pending_groups}, {"progress_workers", &I::progress_workers},
+                        {"grants_waiting", &I::grants_waiting}});
+    const json::Value &by = detail::object(o, "copies_by_device", at);
+    for (std::size_t i = 0; i < by.keys().size(); ++i) {
+      const std::string where = at + ".copies_by_device." + by.keys()[i];
+      I::DeviceCopies c;
+      detail::u64_fields(c, by.items()[i], where, {{"copies", &I::DeviceCopies::copies}, {"bytes", &I::DeviceCopies::bytes}});
+      t.copies_by_device[std::atoi(by.keys()[i].c_str())] = c;
+    }
     return t;
   });
   detail::u64_fields(s.nvlink, detail::object(d, "nvlink", "stats"), "stats.nvlink",
@@ -1060,6 +1076,20 @@ class Allocation {
   static Allocation egm(std::int32_t numa_node, std::size_t length) { return try_egm(numa_node, length).value(); }
   static Result<Allocation> try_egm(std::int32_t numa_node, std::size_t length) {
     return make("orbite_allocate_egm", orbite_allocate_egm, numa_node, length);
+  }
+
+  /// Adopts CUDA memory the caller's stack allocated (cudaMalloc/cuMemAlloc,
+  /// or VMM memory from cuMemCreate) so that NVLink/MNNVL/EGM can export it:
+  /// the caller consents that a peer importing it reaches the whole
+  /// underlying allocation (ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION). The memory
+  /// stays the caller's: freeing this object releases only the library's
+  /// record; free the memory after that.
+  static Allocation cuda_adopt(void *ptr, std::size_t length) { return try_cuda_adopt(ptr, length).value(); }
+  static Result<Allocation> try_cuda_adopt(void *ptr, std::size_t length) {
+    orbite_allocation *a = nullptr;
+    orbite_status s = orbite_cuda_adopt(ptr, length, ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION, &a);
+    if (s != ORBITE_STATUS_OK) return detail::failure(s, "orbite_cuda_adopt");
+    return Allocation(a);
   }
 
   void *data() const noexcept { return orbite_allocation_addr(a_); }

@@ -58,6 +58,32 @@ fn bench_runs_and_writes_json_and_plot() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--readers 3`: a READ point of three reader processes at once beside the
+/// single-reader one, each reader with its own engine; none of their
+/// requests failed (the shared loan lets them all in).
+#[test]
+fn bench_measures_several_reader_processes_at_once() {
+    let dir = std::env::temp_dir().join(format!("orbite-bench-readers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("points.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_orbite-bench"))
+        .args(["--duration", "0.3", "--buffer-size", "4MiB", "--block-size", "64KiB", "--batch-size", "4"])
+        .args(["--transport", "shm", "--op", "read", "--readers", "3", "--no-baseline"])
+        .args(["--json", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let points: Vec<serde_json::Value> =
+        std::fs::read_to_string(&json).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let readers: Vec<u64> = points.iter().map(|p| p["readers"].as_u64().unwrap()).collect();
+    assert_eq!(readers, vec![1, 3], "{points:?}");
+    for p in &points {
+        assert_eq!(p["requests_failed"], 0, "{p}");
+        assert!(p["bytes"].as_u64().unwrap() > 0, "{p}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bench_rejects_bad_options() {
     let out = Command::new(env!("CARGO_BIN_EXE_orbite-bench")).args(["--block-size", "12XB"]).output().unwrap();

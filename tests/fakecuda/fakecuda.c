@@ -1375,7 +1375,7 @@ EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop
     if (!prop) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&mu);
     struct vmm *v = valid_vmm(handle);
-    CUresult r = v && !v->released ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    CUresult r = v && (!v->released || v->retains) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
     if (!r) {
         memset(prop, 0, sizeof *prop);
         prop->type = 1;
@@ -1569,7 +1569,7 @@ EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHa
     pthread_mutex_lock(&mu);
     struct vmm *v = valid_vmm(handle);
     CUresult res = CUDA_SUCCESS;
-    if (!v || v->released)
+    if (!v || (v->released && !v->retains))
         res = CUDA_ERROR_INVALID_VALUE;
     else if ((type != HANDLE_POSIX_FD && type != HANDLE_FABRIC) || !(v->handle_types & type))
         res = CUDA_ERROR_INVALID_VALUE; /* not requested at cuMemCreate */

@@ -39,6 +39,9 @@ usage: orbite-bench [options]
   --block-size LIST              sizes with B/KiB/MiB/GiB suffixes (default 4KiB,64KiB,1MiB,8MiB)
   --batch-size N                 requests per submission (default 16)
   --threads N                    submitting threads (default 1)
+  --readers N                    also measure READ with N initiator processes at once, each with
+                                 its own engine and cache, all reading the one target buffer
+                                 (the aggregate of the N; default 1: no such points)
   --duration SECONDS             time per point (default 3)
   --buffer-size SIZE             working set on each side, blocks rotate over it (default 1GiB)
   --json FILE                    one JSON object per point, one per line
@@ -57,6 +60,8 @@ pub struct Point {
     pub block_size: u64,
     pub batch_size: usize,
     pub threads: usize,
+    /// Initiator processes reading the target at once (1: this process).
+    pub readers: usize,
     pub bytes: u64,
     pub seconds: f64,
     pub gbps: f64,
@@ -79,6 +84,7 @@ struct Opts {
     block_sizes: Vec<u64>,
     batch: usize,
     threads: usize,
+    readers: usize,
     duration: f64,
     buffer_size: u64,
     json: Option<String>,
@@ -134,6 +140,7 @@ fn parse_opts() -> Opts {
         block_sizes: Vec::new(),
         batch: 16,
         threads: 1,
+        readers: 1,
         duration: 3.0,
         buffer_size: 1 << 30,
         json: None,
@@ -166,6 +173,7 @@ fn parse_opts() -> Opts {
             "--block-size" => o.block_sizes.extend(list(&val()).iter().map(|s| parse_size(s))),
             "--batch-size" => o.batch = val().parse().unwrap_or_else(|_| die("--batch-size N")),
             "--threads" => o.threads = val().parse().unwrap_or_else(|_| die("--threads N")),
+            "--readers" => o.readers = val().parse().unwrap_or_else(|_| die("--readers N")),
             "--duration" => o.duration = val().parse().unwrap_or_else(|_| die("--duration SECONDS")),
             "--buffer-size" => o.buffer_size = parse_size(&val()),
             "--json" => o.json = Some(val()),
@@ -202,8 +210,8 @@ fn parse_opts() -> Opts {
     if o.block_sizes.is_empty() {
         o.block_sizes = vec![4 << 10, 64 << 10, 1 << 20, 8 << 20];
     }
-    if o.batch == 0 || o.threads == 0 || o.duration <= 0.0 {
-        die("--batch-size, --threads and --duration must be positive");
+    if o.batch == 0 || o.threads == 0 || o.readers == 0 || o.duration <= 0.0 {
+        die("--batch-size, --threads, --readers and --duration must be positive");
     }
     o
 }
@@ -387,6 +395,8 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 /// local buffers (requests rotate over them), and what keeps them alive.
 struct Setup {
     engine: Engine,
+    /// The target's endpoint.
+    endpoint: String,
     peer: u64,
     remote: u64,
     remote_len: u64,
@@ -503,6 +513,7 @@ fn host_setup(o: &Opts, endpoint: Option<&str>) -> Result<Setup, String> {
     engine.register_memory(local.addr(), o.buffer_size, Access::NONE).map_err(|e| e.to_string())?;
     Ok(Setup {
         engine,
+        endpoint,
         peer,
         remote: region.addr,
         remote_len: region.len,
@@ -524,6 +535,7 @@ fn cuda_setup(o: &Opts, kind: &str, endpoint: Option<&str>) -> Result<Setup, Str
     let allocs = cuda::local(&engine, &o.memory, o.devices.1, o.buffer_size)?;
     Ok(Setup {
         engine,
+        endpoint,
         peer,
         remote: region.addr,
         remote_len: region.len,
@@ -646,17 +658,28 @@ fn run_initiator(o: &Opts, endpoint: Option<&str>) -> Vec<Point> {
                     block_size: bs,
                     batch_size: o.batch,
                     threads: o.threads,
+                    readers: 1,
                     bytes,
                     seconds: secs,
                     gbps,
                     ops_per_sec: if secs > 0.0 { done as f64 / secs } else { 0.0 },
                     p50_us: percentile(&lat, 0.5),
                     p99_us: percentile(&lat, 0.99),
-                    baseline,
+                    baseline: baseline.clone(),
                     baseline_gbps: base,
                     ratio_to_baseline: if base > 0.0 { gbps / base } else { 0.0 },
                     requests_failed: failed,
                 });
+                if op == Op::Read && o.readers > 1 {
+                    eprint!("\r[{n}/{total}] {t} read {} with {} readers          ", fmt_size(bs), o.readers);
+                    let _ = std::io::stderr().flush();
+                    let mut p = readers_point(o, t, &setup.endpoint, bs);
+                    p.memory = setup.memory.clone();
+                    p.baseline = baseline.clone();
+                    p.baseline_gbps = base;
+                    p.ratio_to_baseline = if base > 0.0 { p.gbps / base } else { 0.0 };
+                    points.push(p);
+                }
             }
         }
     }
@@ -665,6 +688,92 @@ fn run_initiator(o: &Opts, endpoint: Option<&str>) -> Vec<Point> {
         let _ = setup.engine.close(Some(Duration::from_secs(30)));
     }
     points
+}
+
+/// A reader process of a `--readers` point: its own engine and cache against
+/// the shared target, ready when set up, measuring READ on "go".
+fn run_reader(o: &Opts) {
+    let endpoint = o.endpoint.clone().unwrap_or_else(|| die("--mode reader needs --endpoint"));
+    let t = o.transports.first().cloned().unwrap_or_else(|| "auto".into());
+    let setup = if is_cuda_transport(&t) { cuda_setup(o, &t, Some(&endpoint)) } else { host_setup(o, Some(&endpoint)) }
+        .unwrap_or_else(|e| die(&e));
+    println!("ready");
+    std::io::stdout().flush().ok();
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go).ok();
+    let (done, secs, lat, failed) = measure(&setup, o, &t, Op::Read, o.block_sizes[0]);
+    println!(
+        "{}",
+        serde_json::json!({"done": done, "seconds": secs, "failed": failed,
+            "p50_us": percentile(&lat, 0.5), "p99_us": percentile(&lat, 0.99)})
+    );
+    let _ = setup.engine.close(Some(Duration::from_secs(30)));
+}
+
+/// `--readers N` for one transport and block size: N reader processes read
+/// the target at once; the aggregate of their bytes over the longest span.
+fn readers_point(o: &Opts, t: &str, endpoint: &str, bs: u64) -> Point {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut children: Vec<std::process::Child> = (0..o.readers)
+        .map(|_| {
+            Command::new(&exe)
+                .args(["--mode", "reader", "--endpoint", endpoint, "--transport", t, "--op", "read"])
+                .args(["--block-size", &bs.to_string(), "--batch-size", &o.batch.to_string()])
+                .args(["--threads", &o.threads.to_string(), "--duration", &o.duration.to_string()])
+                .args(["--buffer-size", &o.buffer_size.to_string(), "--memory", &o.memory])
+                .args(["--devices", &format!("{},{}", o.devices.0, o.devices.1)])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| die(&format!("spawn reader: {e}")))
+        })
+        .collect();
+    let mut outs: Vec<std::io::BufReader<std::process::ChildStdout>> =
+        children.iter_mut().map(|c| std::io::BufReader::new(c.stdout.take().expect("stdout"))).collect();
+    for out in &mut outs {
+        let mut line = String::new();
+        out.read_line(&mut line).ok();
+        if line.trim() != "ready" {
+            die(&format!("a reader did not start: {line:?}"));
+        }
+    }
+    for c in &mut children {
+        let _ = writeln!(c.stdin.as_mut().expect("stdin"), "go");
+    }
+    let (mut done, mut secs, mut failed, mut p50, mut p99) = (0u64, 0f64, 0u64, 0f64, 0f64);
+    for (c, out) in children.iter_mut().zip(&mut outs) {
+        let mut line = String::new();
+        out.read_line(&mut line).ok();
+        let v: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|_| die(&format!("a reader said {line:?}")));
+        done += v["done"].as_u64().unwrap_or(0);
+        failed += v["failed"].as_u64().unwrap_or(0);
+        secs = secs.max(v["seconds"].as_f64().unwrap_or(0.0));
+        p50 = p50.max(v["p50_us"].as_f64().unwrap_or(0.0));
+        p99 = p99.max(v["p99_us"].as_f64().unwrap_or(0.0));
+        drop(c.stdin.take());
+        let _ = c.wait();
+    }
+    let bytes = done * bs;
+    Point {
+        transport: t.to_string(),
+        memory: String::new(),
+        op: "read".into(),
+        block_size: bs,
+        batch_size: o.batch,
+        threads: o.threads,
+        readers: o.readers,
+        bytes,
+        seconds: secs,
+        gbps: if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 },
+        ops_per_sec: if secs > 0.0 { done as f64 / secs } else { 0.0 },
+        p50_us: p50,
+        p99_us: p99,
+        baseline: String::new(),
+        baseline_gbps: 0.0,
+        ratio_to_baseline: 0.0,
+        requests_failed: failed,
+    }
 }
 
 fn op_name(op: Op) -> &'static str {
@@ -676,13 +785,14 @@ fn op_name(op: Op) -> &'static str {
 
 fn print_table(points: &[Point]) {
     println!(
-        "{:<8} {:<11} {:<6} {:>8} {:>5} {:>4} {:>9} {:>12} {:>10} {:>10} {:>15} {:>9} {:>6}",
+        "{:<8} {:<11} {:<6} {:>8} {:>5} {:>4} {:>4} {:>9} {:>12} {:>10} {:>10} {:>15} {:>9} {:>6}",
         "transp",
         "memory",
         "op",
         "block",
         "batch",
         "thr",
+        "rdrs",
         "GB/s",
         "req/s",
         "p50 us",
@@ -693,13 +803,14 @@ fn print_table(points: &[Point]) {
     );
     for p in points {
         println!(
-            "{:<8} {:<11} {:<6} {:>8} {:>5} {:>4} {:>9.3} {:>12.0} {:>10.1} {:>10.1} {:>15} {:>9.3} {:>6.2}{}",
+            "{:<8} {:<11} {:<6} {:>8} {:>5} {:>4} {:>4} {:>9.3} {:>12.0} {:>10.1} {:>10.1} {:>15} {:>9.3} {:>6.2}{}",
             p.transport,
             p.memory,
             p.op,
             fmt_size(p.block_size),
             p.batch_size,
             p.threads,
+            p.readers,
             p.gbps,
             p.ops_per_sec,
             p.p50_us,
@@ -717,6 +828,7 @@ fn main() {
     match o.mode.as_str() {
         "target" => run_target(&o),
         "socket-source" => run_socket_source(&o),
+        "reader" => run_reader(&o),
         "initiator" | "auto" => {
             let endpoint = if o.mode == "initiator" {
                 Some(o.endpoint.clone().unwrap_or_else(|| die("--mode initiator needs --endpoint IP:PORT")))

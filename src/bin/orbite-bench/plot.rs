@@ -30,7 +30,8 @@ pub fn svg(points: &[Point], title: &str) -> String {
     let mut series: BTreeMap<String, Vec<(u64, f64)>> = BTreeMap::new();
     let mut baselines: BTreeMap<String, Vec<(u64, f64)>> = BTreeMap::new();
     for p in points {
-        series.entry(format!("{} {}", p.transport, p.op)).or_default().push((p.block_size, p.gbps));
+        let who = if p.readers > 1 { format!(" x{}", p.readers) } else { String::new() };
+        series.entry(format!("{} {}{who}", p.transport, p.op)).or_default().push((p.block_size, p.gbps));
         if p.baseline_gbps > 0.0 {
             baselines.entry(format!("{} (baseline)", p.baseline)).or_default().push((p.block_size, p.baseline_gbps));
         }
