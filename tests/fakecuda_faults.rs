@@ -610,6 +610,43 @@ fn clean_baseline() {
     assert_eq!(m_src.ipc("mnnvl", "exports_open"), 0);
 }
 
+/// Peers that die, over NVLink: a long-lived requester with a relocation
+/// cache reads from six source processes in turn, each killed (SIGKILL)
+/// with the requester's cached import of its memory still open. Each dead
+/// source's import is closed natively and released without a receipt (no
+/// export is left to owe one), never retained, and the cache keeps serving:
+/// a live source afterwards is read through a fresh cached import, and the
+/// requester closes OK with nothing left behind.
+fn crashed_nvlink_sources() {
+    let r = Req::new(NVLINK_CACHED, &Source::start(NVLINK_CACHED, "ipc", 1, None).endpoint, TransportKind::Nvlink);
+    for round in 0..6u64 {
+        let src = Source::start(NVLINK_CACHED, "ipc", 1, None);
+        let a = src.addrs[0];
+        let peer = r.e.connect(&src.endpoint, None).unwrap();
+        let opts =
+            SubmitOptions { transport: Transport::Only(TransportKind::Nvlink), timeout: Some(Duration::from_secs(60)) };
+        let b = r.e.submit(peer, &[rd(r.l(0), a, SIZE)], opts).unwrap();
+        b.wait(Duration::from_secs(60)).unwrap();
+        assert!(r.holds(0, 0, SIZE, 1, 0), "round {round}");
+        drop(src); // SIGKILL, its import still cached here
+    }
+    let mut live = Source::start(NVLINK_CACHED, "ipc", 1, None);
+    let peer = r.e.connect(&live.endpoint, None).unwrap();
+    let opts =
+        SubmitOptions { transport: Transport::Only(TransportKind::Nvlink), timeout: Some(Duration::from_secs(60)) };
+    let b = r.e.submit(peer, &[rd(r.l(1), live.addrs[0], SIZE)], opts).unwrap();
+    b.wait(Duration::from_secs(60)).unwrap();
+    assert!(r.holds(1, 0, SIZE, 1, 0));
+    let st = r.ipc();
+    assert_eq!(
+        (st.imports_opened, st.imports_released_after_exit, st.imports_retained, st.imports_cached),
+        (7, 6, 0, 1),
+        "{st:?}"
+    );
+    r.e.close(Some(Duration::from_secs(60))).unwrap();
+    assert_eq!(live.ipc("nvlink", "exports_open"), 0);
+}
+
 /// Runs in a child process; does nothing when run directly.
 #[test]
 fn child_case() {
@@ -619,6 +656,7 @@ fn child_case() {
     }
     match case.as_str() {
         "close-fails" => close_fails(),
+        "crashed-nvlink-sources" => crashed_nvlink_sources(),
         "query-fails" => query_fails(),
         "drain-fails" => drain_fails(),
         "batch-enqueue-fails" => batch_enqueue_fails(),
@@ -799,4 +837,12 @@ fn a_clean_life_cycle_returns_the_driver_to_its_baseline() {
     assert_eq!(fakecuda::calls(&t, "cuMemAddressFree"), 2, "{t:?}");
     assert_eq!(fakecuda::calls(&t, "cuStreamCreate"), fakecuda::calls(&t, "cuStreamDestroy_v2"), "{t:?}");
     assert_eq!(fakecuda::calls(&t, "cuEventCreate"), fakecuda::calls(&t, "cuEventDestroy_v2"), "{t:?}");
+}
+
+#[test]
+fn a_long_lived_nvlink_requester_outlives_six_crashed_sources() {
+    let t = run_traced("crashed-nvlink-sources", &[]);
+    // Every import opened was closed natively, once.
+    assert_eq!(fakecuda::calls(&t, "cuIpcOpenMemHandle_v2"), 7, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuIpcCloseMemHandle"), 7, "{t:?}");
 }
