@@ -78,17 +78,14 @@ struct Plan {
 
 /// The KV-cache recipe (docs/getting-started.md) for a pool of `pool_bytes`:
 /// SHM keeps the mapping of the pool between submissions
-/// (shm_cache_entries), a whole scattered submission stays one subbatch
-/// (max_transfer_bytes covers the pool), and the mapping budget holds the
-/// whole pool (max_inflight_bytes, on both sides).
+/// (shm_cache_entries), and the mapping budget holds the whole pool
+/// (max_inflight_bytes, on both sides). A scattered submission is one
+/// subbatch per remote region whatever its spread.
 inline std::string recipe_config(std::uint64_t pool_bytes, bool requester) {
   std::uint64_t budget = std::uint64_t{1} << 30;  // the default, 1 GiB
   while (budget < 2 * pool_bytes) budget *= 2;
   std::string cfg = "{\"max_inflight_bytes\": " + std::to_string(budget);
-  if (requester) {
-    std::uint64_t transfer = std::max<std::uint64_t>(pool_bytes, std::uint64_t{64} << 20);
-    cfg += ", \"max_transfer_bytes\": " + std::to_string(transfer) + ", \"shm_cache_entries\": 4";
-  }
+  if (requester) cfg += ", \"shm_cache_entries\": 4";
   return cfg + "}";
 }
 

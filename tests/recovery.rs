@@ -65,10 +65,12 @@ fn a_long_lived_requester_outlives_ten_crashed_sources() {
     drop(src);
 }
 
-/// A source frozen past a deadline and resumed: submissions meanwhile fail
-/// fast instead of blocking, and once it runs again the pair resumes over
-/// SHM by itself — the import granted on the lost channel is given back
-/// through the new one, and both engines close cleanly.
+/// A source frozen past a deadline and resumed: a cached READ-only grant
+/// keeps serving READs (the board needs no answer from the source), a WRITE
+/// that needs a new grant times out, submissions meanwhile fail fast
+/// instead of blocking, and once it runs again the pair resumes over SHM by
+/// itself — the import granted on the lost channel is given back through
+/// the new one, and both engines close cleanly.
 #[test]
 fn a_frozen_source_that_resumes_is_served_again_over_shm() {
     let e = Engine::from_json(r#"{"shm_cache_entries": 2}"#).unwrap();
@@ -80,13 +82,17 @@ fn a_frozen_source_that_resumes_is_served_again_over_shm() {
     src.freeze();
     let short =
         SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(Duration::from_millis(800)) };
-    let b = e.submit(p, &[rd(&local, src.addr, 4096)], short).unwrap();
+    e.submit(p, &[rd(&local, src.addr, 4096)], short).unwrap().wait(LONG).unwrap();
+    // Both READs ran inside the published grant: the first right after it,
+    // the second with the source frozen.
+    assert_eq!(e.stats().ipc["shm"].groups_without_round_trip, 2, "the frozen source's grant served a READ");
+    let b = e.submit(p, &[wr(&local, src.addr, 4096)], short).unwrap();
     assert!(b.wait(LONG).is_err());
     assert_eq!(b.results()[0].status, Status::TimedOut, "{:?}", b.error(0));
     // The channel is being re-established: a forced SHM submission fails at
     // once, and AUTO moves to TCP (queued; the frozen peer answers later).
     let t0 = Instant::now();
-    let b = e.submit(p, &[rd(&local, src.addr, 4096)], short).unwrap();
+    let b = e.submit(p, &[wr(&local, src.addr, 4096)], short).unwrap();
     let forced = t0.elapsed();
     assert!(b.wait(LONG).is_err());
     let why = b.error(0).unwrap();

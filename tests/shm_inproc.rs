@@ -85,3 +85,71 @@ fn source_close_racing_the_requesters_flush_loses_no_ack() {
         a.free().unwrap();
     }
 }
+
+/// The grant board: a cached import is used without a round trip while the
+/// source's published grant holds; an unregistration revokes it (the
+/// requester falls back to the round trip, which the closing region
+/// refuses), and once the unregistration gives up, the next submission
+/// revalidates, learns the slot's new generation and is back on the board.
+/// The source counts what the board's groups moved when the export ends.
+/// Guards `transport/ipc/requester.rs` `run_group`'s `imp.enter(ops)` and
+/// `engine/regions.rs` `unregister_memory`'s suspend/resume.
+#[test]
+fn cached_grants_skip_the_round_trip_until_the_source_revokes_them() {
+    let src = Engine::new(EngineConfig::default()).unwrap();
+    let req = Engine::from_json(r#"{"shm_cache_entries": 4}"#).unwrap();
+    let a = allocate_shared_host(2 << 20).unwrap();
+    let rid = src.register_memory(a.addr(), 2 << 20, Access::READ_WRITE).unwrap();
+    let local = vec![0u8; 8192];
+    req.register_memory(local.as_ptr() as u64, 8192, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    let opts =
+        SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(Duration::from_millis(500)) };
+    let read = |off: u64| {
+        let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: a.addr() + off, len: 4096 };
+        let b = req.submit(peer, &[r], opts).unwrap();
+        let _ = b.wait(T);
+        b.results()[0].status
+    };
+    let trips = || {
+        let s = req.stats().ipc["shm"].clone();
+        (s.groups_without_round_trip, s.groups_with_round_trips)
+    };
+    for off in [0, 4096, 8192] {
+        assert_eq!(read(off), Status::Ok);
+    }
+    assert_eq!(trips(), (3, 0), "the grant, then two cached groups, all on the board");
+    // An unregistration that gives up (nothing released the export) gives
+    // the slot back under a new generation: one revalidation, then the
+    // board again.
+    let e = src.unregister_memory(rid, Some(Duration::from_millis(50))).unwrap_err();
+    assert_eq!(e.status(), Status::TimedOut, "the export holds the region: {e}");
+    assert_eq!(read(0), Status::Ok);
+    assert_eq!(trips(), (3, 1), "the new generation sent one group through the round trip");
+    assert_eq!(read(4096), Status::Ok);
+    assert_eq!(trips(), (4, 1), "back on the board");
+    // While the source unregisters the region, nothing enters the board:
+    // reads take the round trip until the source refuses them (the region
+    // is closing); releasing the cached import lets the unregistration end.
+    std::thread::scope(|s| {
+        let u = s.spawn(|| src.unregister_memory(rid, Some(T)));
+        let until = std::time::Instant::now() + T;
+        let refused = loop {
+            let st = read(8192);
+            if st != Status::Ok {
+                break st;
+            }
+            assert!(std::time::Instant::now() < until, "the unregistration never revoked the grant");
+        };
+        assert!(matches!(refused, Status::Unavailable | Status::NotFound), "{refused:?}");
+        let (fast, slow) = trips();
+        assert!(slow >= 2, "the revoked slot sent groups through the round trip: {fast} {slow}");
+        req.flush_nvlink_cache(Some(T)).unwrap();
+        u.join().unwrap().unwrap();
+    });
+    let served = src.stats().transports["shm"].served_requests;
+    assert_eq!(served, req.stats().transports["shm"].requests_completed, "the source counted the board's groups");
+    req.close(Some(T)).unwrap();
+    src.close(Some(T)).unwrap();
+    a.free().unwrap();
+}

@@ -295,9 +295,14 @@ impl Engine {
         if left > 0 {
             return Err(Error::TimedOut(format!("{left} incoming requests are still being served")));
         }
-        // Ask every requester to give its imports back now, rather than at
-        // its next flush; a requester that does not answer leaves its
-        // export retained and the close Unquiesced.
+        // No cached grant is used any more (board slots revoked, groups in
+        // flight waited for within the deadline). Then ask every requester
+        // to give its imports back now, rather than at its next flush; a
+        // requester that does not answer leaves its export retained and the
+        // close Unquiesced.
+        for t in &self.inner.ipc {
+            t.exports.suspend(None, deadline);
+        }
         if self.inner.ipc.iter().any(|t| t.exports.counts().open + t.exports.counts().retained > 0) {
             let bound = deadline.saturating_duration_since(Instant::now()).min(Duration::from_secs(1));
             self.inner.revoker.revoke_all(bound);

@@ -34,7 +34,21 @@ impl Engine {
     /// for copies and exports that use it.
     pub fn unregister_memory(&self, region: u64, timeout: Option<Duration>) -> Result<()> {
         self.check_owner()?;
-        self.inner.regions.unregister(region, self.timeout(timeout))
+        let timeout = self.timeout(timeout);
+        // Importers' cached grants of the region stop at once (their board
+        // slots are revoked); an unregistration that times out gives them
+        // back.
+        let deadline = std::time::Instant::now() + timeout;
+        for t in &self.inner.ipc {
+            t.exports.suspend(Some(region), deadline);
+        }
+        let r = self.inner.regions.unregister(region, timeout);
+        if r.is_err() {
+            for t in &self.inner.ipc {
+                t.exports.resume(region);
+            }
+        }
+        r
     }
 
     /// The regions this engine has registered.

@@ -33,6 +33,12 @@ pub struct IpcStats {
     pub local_owners_fenced: u64,
     /// Physical bytes charged against the mapping budget by exports and imports.
     pub mapping_bytes_charged: u64,
+    /// Groups through cached imports that ran inside the source's published
+    /// grant on the channel's board: no round trip (requester side).
+    pub groups_without_round_trip: u64,
+    /// Groups through cached imports revalidated and receipted over the
+    /// channel (requester side).
+    pub groups_with_round_trips: u64,
     /// Export requests waiting now for the allocation's loan (source side):
     /// a WRITE grant waits for the READ-only importers to give it back, a
     /// READ grant for a writer.
@@ -152,6 +158,8 @@ impl EngineStats {
                     local_owners_fenced: m.fenced_local,
                     mapping_bytes_charged: e.charged_bytes + m.charged_bytes,
                     grants_waiting: e.waiting,
+                    groups_without_round_trip: m.fast_groups,
+                    groups_with_round_trips: m.round_trip_groups,
                     pending_groups: *pending,
                     progress_workers: *workers,
                     copies_by_device: copies_by_device.clone(),

@@ -11,7 +11,7 @@ use crate::error::{Error, Result, Status};
 use crate::kinds::{Transport, TransportKind};
 use crate::memory::{owners, MemoryKind, RegionLease};
 use crate::transfer::{BatchShared, ChunkOutcome, Op, RemoteEffect, Request, MAX_REQUESTS};
-use crate::transport::ipc::requester::{GroupError, GroupRun};
+use crate::transport::ipc::requester::{GroupError, GroupLocal, GroupRun};
 use crate::transport::tcp::Chunk;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -28,6 +28,38 @@ struct Checked {
 
 fn find_region(d: &Describe, addr: u64) -> Option<RegionInfo> {
     d.regions.iter().copied().find(|r| addr >= r.addr && addr < r.addr + r.len)
+}
+
+/// Subbatches of an IPC submission, in linear time: requests naming one
+/// remote region whose local memory one GPU copies. An import maps the
+/// whole remote allocation, so how far apart the blocks lie is no reason to
+/// split. When the submission's requests are independent (no local or
+/// remote range that one writes overlaps another's), every request of a
+/// (region, GPU) joins one group, groups in order of first appearance;
+/// otherwise groups are consecutive runs, so that dependent requests keep
+/// their input order.
+fn group(live: Vec<Checked>) -> VecDeque<(Vec<Checked>, bool)> {
+    let key = |c: &Checked| (c.region.map_or(0, |r| r.id), c.lease.region().device);
+    let mut groups: VecDeque<(Vec<Checked>, bool)> = VecDeque::new();
+    let reqs: Vec<Request> = live.iter().map(|c| c.req).collect();
+    if crate::transport::ipc::plan::independent(&reqs) {
+        let mut index: std::collections::HashMap<(u64, Option<i32>), usize> = std::collections::HashMap::new();
+        for c in live {
+            let at = *index.entry(key(&c)).or_insert_with(|| {
+                groups.push_back((Vec::new(), false));
+                groups.len() - 1
+            });
+            groups[at].0.push(c);
+        }
+        return groups;
+    }
+    for c in live {
+        match groups.back_mut() {
+            Some((g, _)) if key(&g[0]) == key(&c) => g.push(c),
+            _ => groups.push_back((vec![c], false)),
+        }
+    }
+    groups
 }
 
 /// Errors after which an unposted IPC request may try the next transport.
@@ -56,7 +88,7 @@ impl Engine {
             return Err(Error::Unavailable(format!("peer {peer} is gone: {}", e.message())));
         }
         let deadline = Instant::now() + self.timeout(opts.timeout);
-        let mut checked = self.check_local(requests)?;
+        let mut checked = self.check_local(requests, deadline)?;
         if !self.inner.requester_gate.is_open() {
             return Err(Error::Unavailable("the requester side is closed".into()));
         }
@@ -98,30 +130,50 @@ impl Engine {
         Ok(Batch::new(batch))
     }
 
-    fn check_local(&self, requests: &[Request]) -> Result<Vec<Checked>> {
+    /// Checks every request's local side: a registered region holds it, and
+    /// an exported shared allocation is not written under its importers'
+    /// eyes. Requests of one local region share one lease (and one loan
+    /// check), so the pass is a few atomic operations per request; the
+    /// deadline is checked as it goes.
+    fn check_local(&self, requests: &[Request], deadline: Instant) -> Result<Vec<Checked>> {
         let mut out = Vec::with_capacity(requests.len());
+        // The last region's lease, and per direction whether its exported
+        // allocation refuses it (None: not asked yet).
+        let mut last: Option<(Arc<RegionLease>, [Option<bool>; 2])> = None;
         for (i, r) in requests.iter().enumerate() {
             if r.len == 0 {
                 return Err(Error::InvalidArgument(format!("request {i}: length is 0")));
             }
-            let lease = self
-                .inner
-                .regions
-                .lease(r.local_addr, r.len)
-                .map_err(|e| Error::from_status(e.status(), format!("request {i}: local {}", e.message())))?;
-            let k = lease.region().kind;
+            if i % 4096 == 4095 && Instant::now() >= deadline {
+                return Err(Error::TimedOut(format!("the deadline passed while checking request {i}")));
+            }
+            let reuse = last.as_ref().is_some_and(|(l, _)| l.region().contains(r.local_addr, r.len));
+            if !reuse {
+                let lease = self
+                    .inner
+                    .regions
+                    .lease(r.local_addr, r.len)
+                    .map_err(|e| Error::from_status(e.status(), format!("request {i}: local {}", e.message())))?;
+                last = Some((Arc::new(lease), [None, None]));
+            }
+            let (lease, blocked) = last.as_mut().expect("set above");
             // A READ writes the local memory: it must not run under any
             // importer's eyes; a WRITE only reads it, which READ exports allow.
-            if k == MemoryKind::SharedHost && owners::loan_blocks(r.local_addr, r.op == Op::Read) {
-                let held = match owners::loaned(r.local_addr) {
-                    Some(owners::LoanMode::Shared) => "exported for READ (importers may be reading it)",
-                    _ => "exported for WRITE",
-                };
-                return Err(Error::Unavailable(format!(
-                    "request {i}: the local shared allocation is {held} until the importers' close receipts"
-                )));
+            let region = lease.region();
+            if region.kind == MemoryKind::SharedHost {
+                let writes = r.op == Op::Read;
+                let refused = *blocked[writes as usize].get_or_insert_with(|| owners::loan_blocks(region.addr, writes));
+                if refused {
+                    let held = match owners::loaned(r.local_addr) {
+                        Some(owners::LoanMode::Shared) => "exported for READ (importers may be reading it)",
+                        _ => "exported for WRITE",
+                    };
+                    return Err(Error::Unavailable(format!(
+                        "request {i}: the local shared allocation is {held} until the importers' close receipts"
+                    )));
+                }
             }
-            out.push(Checked { index: i, req: *r, lease: Arc::new(lease), region: None });
+            out.push(Checked { index: i, req: *r, lease: lease.clone(), region: None });
         }
         Ok(out)
     }
@@ -257,48 +309,18 @@ impl Engine {
             }
             return Vec::new();
         }
-        // Subbatches: consecutive requests naming the same remote region,
-        // while the envelope stays within max_transfer_bytes.
-        // Each group keeps its running envelope (lo, hi), so grouping is
-        // linear in the number of requests.
-        let max_env = self.inner.config.max_transfer_bytes;
-        let mut groups: VecDeque<(Vec<Checked>, bool)> = VecDeque::new();
-        let mut envelope = (0u64, 0u64);
-        let mut split_by_envelope = 0u64;
-        for c in live {
-            let region = c.region.expect("resolved");
-            let (start, end) = (c.req.remote_addr, c.req.remote_addr + c.req.len);
-            if let Some((g, _)) = groups.back_mut() {
-                // One remote region, and local memory copied by one GPU.
-                let same = g[0].region.map(|r| r.id) == Some(region.id)
-                    && g[0].lease.region().device == c.lease.region().device;
-                let (lo, hi) = (envelope.0.min(start), envelope.1.max(end));
-                if same && hi - lo <= max_env {
-                    g.push(c);
-                    envelope = (lo, hi);
-                    continue;
-                }
-                split_by_envelope += same as u64;
-            }
-            envelope = (start, end);
-            groups.push_back((vec![c], false));
-        }
-        if split_by_envelope > 0 {
-            batch.note(format!(
-                "{}: {split_by_envelope} extra groups because requests of one remote region spread over more than \
-                 max_transfer_bytes ({max_env}); each group costs its own grant round trips — raise \
-                 max_transfer_bytes to the region's size for scattered blocks",
-                kind.name()
-            ));
-        }
+        let mut groups = group(live);
         while let Some((g, retried)) = groups.pop_front() {
             let region = g[0].region.expect("resolved");
             let items: Vec<(usize, Request)> = g.iter().map(|c| (c.index, c.req)).collect();
             // The last group may complete on the progress worker; earlier
             // ones finish here so that subbatches stay in order.
             let defer = if groups.is_empty() { self.deferred_completion(batch, &g) } else { None };
-            let device = g[0].lease.region().device;
-            match transport.requester.run_group(&link, &region, &items, device, deadline, defer) {
+            let local = GroupLocal {
+                device: g[0].lease.region().device,
+                pinned: g.iter().any(|c| c.lease.region().kind == MemoryKind::PinnedHost),
+            };
+            match transport.requester.run_group(&link, &region, &items, local, deadline, defer) {
                 Ok(GroupRun::Done(outcomes)) => {
                     for (c, o) in g.iter().zip(outcomes) {
                         batch.complete_chunk(c.index, o);

@@ -5,6 +5,7 @@
 //! `cuda_mapping`. Nothing here reaches up into the engine.
 
 pub mod copy_batch;
+pub mod cpu_copy;
 #[cfg(feature = "cuda")]
 pub mod cuda_mapping;
 pub mod ipc;

@@ -196,6 +196,8 @@ fn serve(mut ch: Channel, script: Script, identity: Identity, addr: u64, log: Se
                     grant_len: req.len,
                     region_epoch: req.region_epoch,
                     ops: req.ops,
+                    slot: orbite::transport::ipc::messages::NO_SLOT,
+                    slot_generation: 0,
                 };
                 match script.answer {
                     Answer::Reject(st) => (MsgKind::ExportReject, encode_reject(req.tag, st, "scripted refusal"), None),

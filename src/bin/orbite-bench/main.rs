@@ -37,7 +37,11 @@ usage: orbite-bench [options]
   --devices A,B                  NVLink/MNNVL: the target's device and the initiator's (default 0,0)
   --op LIST                      read, write (default both)
   --block-size LIST              sizes with B/KiB/MiB/GiB suffixes (default 4KiB,64KiB,1MiB,8MiB)
-  --batch-size N                 requests per submission (default 16)
+  --batch-size N                 requests per submission (default 16; up to 1048576 as one submit)
+  --pattern seq|random           remote blocks in address order (default), or distinct blocks
+                                 scattered over the working set (KV-cache shaped)
+  --latency                      latency mode: batch 1, p50/p99 against a raw ping-pong in the
+                                 same run (a Unix socket pair for shm, TCP loopback for tcp)
   --threads N                    submitting threads (default 1)
   --readers N                    also measure READ with N initiator processes at once, each with
                                  its own engine and cache, all reading the one target buffer
@@ -70,7 +74,12 @@ pub struct Point {
     pub p99_us: f64,
     pub baseline: String,
     pub baseline_gbps: f64,
+    /// Throughput points: gbps / baseline_gbps. Latency points
+    /// (`--latency`): p50 / baseline_p50_us (lower is better).
     pub ratio_to_baseline: f64,
+    /// Latency points: the raw ping-pong's round trip, p50 and p99.
+    pub baseline_p50_us: f64,
+    pub baseline_p99_us: f64,
     pub requests_failed: u64,
 }
 
@@ -85,6 +94,8 @@ struct Opts {
     batch: usize,
     threads: usize,
     readers: usize,
+    random: bool,
+    latency: bool,
     duration: f64,
     buffer_size: u64,
     json: Option<String>,
@@ -141,6 +152,8 @@ fn parse_opts() -> Opts {
         batch: 16,
         threads: 1,
         readers: 1,
+        random: false,
+        latency: false,
         duration: 3.0,
         buffer_size: 1 << 30,
         json: None,
@@ -174,6 +187,14 @@ fn parse_opts() -> Opts {
             "--batch-size" => o.batch = val().parse().unwrap_or_else(|_| die("--batch-size N")),
             "--threads" => o.threads = val().parse().unwrap_or_else(|_| die("--threads N")),
             "--readers" => o.readers = val().parse().unwrap_or_else(|_| die("--readers N")),
+            "--pattern" => {
+                o.random = match val().as_str() {
+                    "seq" => false,
+                    "random" => true,
+                    other => die(&format!("unknown pattern {other:?} (seq, random)")),
+                }
+            }
+            "--latency" => o.latency = true,
             "--duration" => o.duration = val().parse().unwrap_or_else(|_| die("--duration SECONDS")),
             "--buffer-size" => o.buffer_size = parse_size(&val()),
             "--json" => o.json = Some(val()),
@@ -212,6 +233,12 @@ fn parse_opts() -> Opts {
     }
     if o.batch == 0 || o.threads == 0 || o.readers == 0 || o.duration <= 0.0 {
         die("--batch-size, --threads, --readers and --duration must be positive");
+    }
+    if o.batch > 1 << 20 {
+        die("--batch-size is at most 1048576");
+    }
+    if o.latency {
+        o.batch = 1;
     }
     o
 }
@@ -320,7 +347,74 @@ fn socket_baseline(o: &Opts, bs: u64) -> f64 {
     total as f64 / secs / 1e9
 }
 
+/// A stride near 0.618 n that is coprime with n (1 for n <= 2).
+fn coprime_stride(n: u64) -> u64 {
+    fn gcd(a: u64, b: u64) -> u64 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    let mut s = (n as f64 * 0.618) as u64 | 1;
+    while s > 1 && gcd(s, n) != 1 {
+        s -= 2;
+    }
+    s.max(1)
+}
+
+/// Round trips of 64 bytes for `duration` over a raw stream pair, the echo
+/// side on its own thread: a Unix socket pair (what an IPC round trip costs
+/// at least) or, for tcp, a loopback TCP connection. (name, p50 us, p99 us).
+fn pingpong_baseline(transport: &str, duration: f64) -> (String, f64, f64) {
+    fn run<S: Read + Write + Send + 'static>(mut a: S, mut b: S, duration: f64) -> Vec<f64> {
+        let echo = std::thread::spawn(move || {
+            let mut buf = [0u8; 64];
+            while b.read_exact(&mut buf).is_ok() {
+                if b.write_all(&buf).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut buf = [7u8; 64];
+        let mut lat = Vec::new();
+        let end = Instant::now() + Duration::from_secs_f64(duration);
+        while Instant::now() < end {
+            let t0 = Instant::now();
+            if a.write_all(&buf).is_err() || a.read_exact(&mut buf).is_err() {
+                break;
+            }
+            lat.push(t0.elapsed().as_secs_f64() * 1e6);
+        }
+        drop(a);
+        let _ = echo.join();
+        lat
+    }
+    let (name, mut lat) = if transport == "tcp" {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| die(&e.to_string()));
+        let a = TcpStream::connect(l.local_addr().expect("addr")).unwrap_or_else(|e| die(&e.to_string()));
+        let (b, _) = l.accept().unwrap_or_else(|e| die(&e.to_string()));
+        let _ = (a.set_nodelay(true), b.set_nodelay(true));
+        ("tcp_pingpong", run(a, b, duration))
+    } else {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap_or_else(|e| die(&e.to_string()));
+        ("unix_pingpong", run(a, b, duration))
+    };
+    lat.sort_by(|x, y| x.partial_cmp(y).expect("finite"));
+    (name.into(), percentile(&lat, 0.5), percentile(&lat, 0.99))
+}
+
+/// Single-thread memcpy over the working set, or, with `--threads N`, N
+/// threads each copying its own slice (the most a host can copy with N cores).
 fn memcpy_baseline(o: &Opts, bs: u64) -> f64 {
+    if o.threads > 1 {
+        let one = Opts { threads: 1, buffer_size: o.buffer_size / o.threads as u64, ..o.clone() };
+        let rates: Vec<f64> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..o.threads).map(|_| s.spawn(|| memcpy_baseline(&one, bs))).collect();
+            hs.into_iter().map(|h| h.join().expect("memcpy thread")).collect()
+        });
+        return rates.iter().sum();
+    }
     let len = o.buffer_size as usize;
     let mut src = vec![0u8; len];
     let mut dst = vec![0u8; len];
@@ -414,6 +508,9 @@ fn measure(c: &Setup, o: &Opts, transport: &str, op: Op, bs: u64) -> (u64, f64, 
     let per_local = o.buffer_size / o.threads as u64 / bs;
     let per_thread = per_local.max(1);
     let remote_blocks = (c.remote_len / bs).max(1);
+    // Random: distinct blocks scattered over the working set (a stride
+    // coprime with the block count visits every block once per cycle).
+    let stride = if o.random { coprime_stride(remote_blocks) } else { 1 };
     let end = Instant::now() + Duration::from_secs_f64(o.duration);
     type Run = (u64, Vec<f64>, u64, Option<(Instant, Instant)>);
     let results: Vec<Run> = std::thread::scope(|s| {
@@ -433,7 +530,7 @@ fn measure(c: &Setup, o: &Opts, transport: &str, op: Op, bs: u64) -> (u64, f64, 
                             reqs.push(Request {
                                 op,
                                 local_addr: local + t as u64 * per_thread * bs + (k % per_thread) * bs,
-                                remote_addr: c.remote + (k % remote_blocks) * bs,
+                                remote_addr: c.remote + (k.wrapping_mul(stride) % remote_blocks) * bs,
                                 len: bs,
                             });
                             k += 1;
@@ -648,7 +745,8 @@ fn run_initiator(o: &Opts, endpoint: Option<&str>) -> Vec<Point> {
                 let _ = std::io::stderr().flush();
                 let (done, secs, lat, failed) = measure(setup, o, t, op, bs);
                 let _ = setup.engine.flush_nvlink_cache(None);
-                let (baseline, base) = baseline_for(o, t, op, bs, &mut memo);
+                let (baseline, base) =
+                    if o.latency { ("none".to_string(), 0.0) } else { baseline_for(o, t, op, bs, &mut memo) };
                 let bytes = done * bs;
                 let gbps = if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 };
                 points.push(Point {
@@ -668,8 +766,16 @@ fn run_initiator(o: &Opts, endpoint: Option<&str>) -> Vec<Point> {
                     baseline: baseline.clone(),
                     baseline_gbps: base,
                     ratio_to_baseline: if base > 0.0 { gbps / base } else { 0.0 },
+                    baseline_p50_us: 0.0,
+                    baseline_p99_us: 0.0,
                     requests_failed: failed,
                 });
+                if o.latency {
+                    let p = points.last_mut().expect("pushed");
+                    let (name, p50, p99) = pingpong_baseline(t, o.duration);
+                    (p.baseline, p.baseline_gbps, p.baseline_p50_us, p.baseline_p99_us) = (name, 0.0, p50, p99);
+                    p.ratio_to_baseline = if p50 > 0.0 { p.p50_us / p50 } else { 0.0 };
+                }
                 if op == Op::Read && o.readers > 1 {
                     eprint!("\r[{n}/{total}] {t} read {} with {} readers          ", fmt_size(bs), o.readers);
                     let _ = std::io::stderr().flush();
@@ -772,6 +878,8 @@ fn readers_point(o: &Opts, t: &str, endpoint: &str, bs: u64) -> Point {
         baseline: String::new(),
         baseline_gbps: 0.0,
         ratio_to_baseline: 0.0,
+        baseline_p50_us: 0.0,
+        baseline_p99_us: 0.0,
         requests_failed: failed,
     }
 }

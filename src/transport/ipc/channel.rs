@@ -291,7 +291,9 @@ impl Channel {
             return Err(Error::Protocol(format!("IPC frame of {} bytes is too large", header.body_len)));
         }
         let body = io::read_body(&mut self.stream, header.body_len, &mut tick)?;
-        if fd.is_some() && header.kind != MsgKind::ExportHandle {
+        // Descriptors come only with an export's handle and with the
+        // Welcome (the source's grant board).
+        if fd.is_some() && !matches!(header.kind, MsgKind::ExportHandle | MsgKind::IpcWelcome) {
             return Err(Error::Protocol(format!("a file descriptor arrived with {:?}", header.kind)));
         }
         Ok(Frame { kind: header.kind, body, fd })

@@ -8,6 +8,7 @@
 //! answers the offer.
 
 use super::backend::IpcBackend;
+use super::board::{self, Board, SlotFree, Words};
 use super::messages::{ExportOffer, ExportRef, ExportRequest, Revalidate, OP_READ, OP_WRITE};
 use crate::control::identity::{process_start_time, Identity, ProcessIdentity};
 use crate::counters::Counters;
@@ -54,14 +55,73 @@ struct Export {
     /// The importing process when the kernel verified it (Unix channel);
     /// `None` over a fabric channel: never presumed exited.
     requester: Option<Identity>,
+    /// Its slot on the channel's grant board (round trips otherwise).
+    slot: Option<SlotHold>,
+    /// Its slot is revoked while the region is being unregistered or the
+    /// source closes (`suspend`); `resume` publishes it again.
+    suspended: bool,
     _lease: RegionLease,
     _charge: Permit,
     _loan: Loan,
 }
 
+/// One channel's grant board and its free slots.
+pub struct ChannelBoard {
+    board: Board,
+    free: Mutex<SlotFree>,
+}
+
+impl ChannelBoard {
+    /// A new board for a channel.
+    pub fn create() -> Result<ChannelBoard> {
+        Ok(ChannelBoard { board: Board::create()?, free: Mutex::new(SlotFree::default()) })
+    }
+
+    /// The board (its fd goes to the requester).
+    pub fn board(&self) -> &Board {
+        &self.board
+    }
+}
+
+/// An export's slot: given back, with what the requester counted in it
+/// folded into the served counters, when the export ends.
+struct SlotHold {
+    on: Arc<ChannelBoard>,
+    index: u32,
+    /// Bounds what the requester's counts may claim (bytes per request).
+    physical: u64,
+    stats: Arc<Counters>,
+    transport: crate::kinds::TransportKind,
+}
+
+impl SlotHold {
+    fn slot(&self) -> &board::Slot {
+        self.on.board.slot(self.index).expect("a slot given out")
+    }
+}
+
+impl Drop for SlotHold {
+    fn drop(&mut self) {
+        // No group may enter any more; the export is ending (its receipt
+        // came, its importer exited, or its offer expired).
+        let next = self.on.free.lock().generation();
+        board::revoke(self.slot(), next, || false);
+        // What the requester says its fast-path groups moved, bounded.
+        let (requests, bytes) = self.slot().take_counts();
+        let requests = requests.min(1 << 40);
+        let bytes = bytes.min(requests.saturating_mul(self.physical));
+        if requests > 0 {
+            self.stats.record_served_n(self.transport, requests, bytes);
+        }
+        self.on.free.lock().give_back(self.index);
+    }
+}
+
 #[derive(Default)]
 struct Table {
     exports: HashMap<u64, Export>,
+    /// The grant board of each Unix channel.
+    boards: HashMap<u64, Arc<ChannelBoard>>,
     /// (id, token) of recently closed exports, so that a receipt retried
     /// after a lost ACK is acknowledged again instead of refused.
     recently_closed: VecDeque<(u64, u64)>,
@@ -240,6 +300,14 @@ impl ExportTable {
         let loan = loan?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let token = fresh_token();
+        // A slot on the channel's board, the grant published in it.
+        let slot = self.table.lock().boards.get(&conn).cloned().and_then(|on| {
+            let (index, generation) = on.free.lock().take(&on.board)?;
+            board::publish(on.board.slot(index).expect("taken"), generation, req.ops);
+            let hold = SlotHold { on, index, physical, stats: self.stats.clone(), transport: self.backend.transport() };
+            Some((hold, generation))
+        });
+        let (slot_index, slot_generation) = slot.as_ref().map_or((super::messages::NO_SLOT, 0), |(h, g)| (h.index, *g));
         let offer = ExportOffer {
             tag: req.tag,
             export_id: id,
@@ -250,6 +318,8 @@ impl ExportTable {
             grant_len: req.len,
             region_epoch: req.region_epoch,
             ops: req.ops,
+            slot: slot_index,
+            slot_generation,
         };
         self.table.lock().exports.insert(
             id,
@@ -266,6 +336,8 @@ impl ExportTable {
                 receipts_due: 1,
                 envelope_max: req.len,
                 requester,
+                slot: slot.map(|(h, _)| h),
+                suspended: false,
                 _lease: lease,
                 _charge: charge,
                 _loan: loan,
@@ -308,9 +380,60 @@ impl ExportTable {
         made
     }
 
+    /// Channel `conn` gets a grant board: its exports get slots on it.
+    pub fn attach_board(&self, conn: u64, on: Arc<ChannelBoard>) {
+        self.table.lock().boards.insert(conn, on);
+    }
+
+    /// Revokes the board slots of the exports of region `region` (being
+    /// unregistered), or of every export (`None`: the source closes): no
+    /// new group enters them; then waits, until `deadline`, for the groups
+    /// in flight. They stay revoked until [`ExportTable::resume`]. `false`:
+    /// a group was still in flight at the deadline.
+    pub fn suspend(&self, region: Option<u64>, deadline: Instant) -> bool {
+        let holds: Vec<(Arc<ChannelBoard>, u32)> = {
+            let mut t = self.table.lock();
+            t.exports
+                .values_mut()
+                .filter(|e| region.is_none_or(|id| e._lease.region().id == id) && !e.suspended)
+                .filter_map(|e| {
+                    let s = e.slot.as_ref()?;
+                    e.suspended = true;
+                    Some((s.on.clone(), s.index))
+                })
+                .collect()
+        };
+        let mut drained = true;
+        for (on, index) in holds {
+            let next = on.free.lock().generation();
+            let pause = || {
+                std::thread::sleep(Duration::from_micros(50));
+                Instant::now() < deadline
+            };
+            drained &= board::revoke(on.board.slot(index).expect("taken"), next, pause);
+        }
+        drained
+    }
+
+    /// Publishes again the slots [`ExportTable::suspend`] revoked for region
+    /// `region`'s exports (its unregistration timed out), under a new
+    /// generation: requesters learn it from their next revalidation.
+    pub fn resume(&self, region: u64) {
+        let mut t = self.table.lock();
+        for e in t.exports.values_mut().filter(|e| e.suspended && e._lease.region().id == region) {
+            e.suspended = false;
+            if let Some(s) = &e.slot {
+                let g = s.on.free.lock().generation();
+                board::publish(s.slot(), g, e.ops);
+            }
+        }
+    }
+
     /// Revalidates a cached export for a new subbatch: every submission is
     /// checked again (admission, epoch, registration, range, permission).
-    pub fn revalidate(&self, conn: u64, v: &Revalidate) -> Result<()> {
+    /// Returns the generation its board slot names the grant by now (0:
+    /// no slot, or suspended), so that the requester uses the board again.
+    pub fn revalidate(&self, conn: u64, v: &Revalidate) -> Result<u64> {
         let r = ExportRef { export_id: v.export_id, token: v.token, value: 0, extra: 0 };
         let (base, logical, epoch, ops) = self.with_export(conn, &r, |e| {
             if e.state != ExportState::Exposed {
@@ -331,7 +454,8 @@ impl ExportTable {
         self.with_export(conn, &r, |e| {
             e.receipts_due = e.receipts_due.saturating_add(1);
             e.envelope_max = e.envelope_max.max(v.len);
-            Ok(())
+            let published = e.slot.as_ref().filter(|_| !e.suspended);
+            Ok(published.map_or(0, |s| s.slot().generation()))
         })
     }
 
@@ -439,6 +563,8 @@ impl ExportTable {
     /// exposed exports stay retained unless the importer provably exited.
     pub fn connection_lost(&self, conn: u64) {
         let mut t = self.table.lock();
+        // Retained exports keep the board alive through their slots.
+        t.boards.remove(&conn);
         let ids: Vec<u64> = t.exports.iter().filter(|(_, e)| e.conn == conn).map(|(k, _)| *k).collect();
         let mut released = Vec::new();
         for id in ids {

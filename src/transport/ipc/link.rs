@@ -9,6 +9,7 @@
 //! channel, whose source accepts their close receipts from the same
 //! requester.
 
+use super::board::Board;
 use super::channel::{Channel, ChannelIo, Frame};
 use super::faults::Faults;
 use super::messages::{ExportRef, Hello, Welcome};
@@ -65,6 +66,9 @@ pub struct IpcLink {
     next_tag: AtomicU64,
     /// Channels opened so far (the current one's number).
     generation: AtomicU64,
+    /// The grant board the source gave the current channel, with that
+    /// channel's generation (Unix channels of sources that offer one).
+    board: Mutex<Option<(u64, Arc<Board>)>>,
 }
 
 enum ChanState {
@@ -103,7 +107,21 @@ impl IpcLink {
             chan: Mutex::new(ChanState::NotConnected),
             next_tag: AtomicU64::new(1),
             generation: AtomicU64::new(0),
+            board: Mutex::new(None),
         }
+    }
+
+    /// The grant board of channel generation `generation`, if the source
+    /// gave that channel one.
+    pub fn board(&self, generation: u64) -> Option<Arc<Board>> {
+        self.board.lock().as_ref().filter(|(g, _)| *g == generation).map(|(_, b)| b.clone())
+    }
+
+    /// A new channel is up: its generation, and the board that came with it.
+    fn up(&self, st: &mut ChanState, c: Channel, board: Option<Board>) {
+        *st = ChanState::Up(c);
+        let g = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        *self.board.lock() = board.map(|b| (g, Arc::new(b)));
     }
 
     /// A fresh tag.
@@ -163,7 +181,7 @@ impl IpcLink {
         ))
     }
 
-    fn connect(&self, deadline: Instant) -> Result<Channel> {
+    fn connect(&self, deadline: Instant) -> Result<(Channel, Option<Board>)> {
         let (mut c, fabric_domain) = match &self.route {
             Route::Unix(name) => (Channel::connect(name)?, [0; 16]),
             Route::Fabric(domain) => (Channel::connect_tcp(&self.endpoint, deadline)?, *domain),
@@ -188,7 +206,10 @@ impl IpcLink {
                         self.label, w.identity.engine_epoch, self.source.engine_epoch
                     )));
                 }
-                Ok(c)
+                // A board the source offers with its Welcome: used when it is
+                // what it claims, otherwise the channel works without one.
+                let board = f.fd.and_then(|fd| Board::map(fd).ok());
+                Ok((c, board))
             }
             MsgKind::ExportReject => Err(super::messages::decode_reject(&f.body)?.1),
             MsgKind::Error => {
@@ -207,10 +228,7 @@ impl IpcLink {
         let mut st = self.chan.lock();
         if let ChanState::NotConnected = *st {
             match self.connect(deadline) {
-                Ok(c) => {
-                    *st = ChanState::Up(c);
-                    self.generation.fetch_add(1, Ordering::AcqRel);
-                }
+                Ok((c, board)) => self.up(&mut st, c, board),
                 Err(e) => {
                     self.lost(&mut st, e.clone());
                     return Err(e);
@@ -264,15 +282,14 @@ impl IpcLink {
             let mut st = self.chan.lock();
             if !matches!(*st, ChanState::Reconnecting { .. }) {
                 // Closed meanwhile: the new channel is not wanted.
-                if let Ok(c) = attempt {
+                if let Ok((c, _)) = attempt {
                     c.shutdown();
                 }
                 return;
             }
             match attempt {
-                Ok(c) => {
-                    *st = ChanState::Up(c);
-                    self.generation.fetch_add(1, Ordering::AcqRel);
+                Ok((c, board)) => {
+                    self.up(&mut st, c, board);
                     return;
                 }
                 Err(e) if self.permanent(&e) => {

@@ -146,7 +146,15 @@ pub struct ExportOffer {
     pub region_epoch: u64,
     /// Operations granted.
     pub ops: u32,
+    /// The export's slot on the channel's grant board ([`NO_SLOT`]: none,
+    /// every later submission takes the round trip).
+    pub slot: u32,
+    /// The generation the slot names the grant by.
+    pub slot_generation: u64,
 }
+
+/// An offer without a grant-board slot.
+pub const NO_SLOT: u32 = u32::MAX;
 
 impl ExportOffer {
     /// Encodes.
@@ -160,7 +168,9 @@ impl ExportOffer {
             .u64(self.grant_addr)
             .u64(self.grant_len)
             .u64(self.region_epoch)
-            .u32(self.ops);
+            .u32(self.ops)
+            .u32(self.slot)
+            .u64(self.slot_generation);
         w.0
     }
     /// Decodes.
@@ -176,6 +186,8 @@ impl ExportOffer {
             grant_len: r.u64()?,
             region_epoch: r.u64()?,
             ops: r.u32()?,
+            slot: r.u32()?,
+            slot_generation: r.u64()?,
         };
         r.finish()?;
         Ok(x)
@@ -305,6 +317,8 @@ mod tests {
             grant_len: 7,
             region_epoch: 8,
             ops: 1,
+            slot: 9,
+            slot_generation: 10,
         };
         assert_eq!(ExportOffer::decode(&o.encode()).unwrap(), o);
         let e = ExportRef { export_id: 1, token: 2, value: 3, extra: 4 };

@@ -8,6 +8,7 @@
 //! for device memory.
 
 pub mod backend;
+pub mod board;
 pub mod cache;
 pub mod channel;
 pub mod export;

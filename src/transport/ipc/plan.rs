@@ -1,6 +1,39 @@
-//! Subbatch planning: which copies may run as one unordered batch.
+//! Subbatch planning: which copies may run as one unordered batch, and
+//! whether a submission's requests may be regrouped.
 
 use super::backend::{CopyOp, CopyPlan};
+use crate::transfer::{Op, Request};
+
+/// Whether the requests are independent, so that they may run in any order
+/// and be regrouped: no range a request writes (a READ's local range, a
+/// WRITE's remote range) overlaps another request's range in the same
+/// address space. O(n log n): per space, intervals sorted by start, each
+/// checked against the furthest end of those before it (of any request for
+/// a writing interval, of writing ones for a reading interval).
+pub fn independent(reqs: &[Request]) -> bool {
+    let space = |pick: &dyn Fn(&Request) -> (u64, bool)| -> bool {
+        let mut v: Vec<(u64, u64, bool)> = reqs
+            .iter()
+            .map(|r| {
+                let (start, writes) = pick(r);
+                (start, start.saturating_add(r.len), writes)
+            })
+            .collect();
+        v.sort_unstable_by_key(|x| x.0);
+        let (mut end_any, mut end_writes) = (0u64, 0u64);
+        for (i, (start, end, writes)) in v.into_iter().enumerate() {
+            if i > 0 && (start < end_writes || (writes && start < end_any)) {
+                return false;
+            }
+            end_any = end_any.max(end);
+            if writes {
+                end_writes = end_writes.max(end);
+            }
+        }
+        true
+    };
+    space(&|r| (r.local_addr, r.op == Op::Read)) && space(&|r| (r.remote_addr, r.op == Op::Write))
+}
 
 /// Decides whether `ops` are independent (no destination overlaps another
 /// destination, no source overlaps a destination, its own included) with an O(n log n) sort of
@@ -48,6 +81,62 @@ mod tests {
         assert_eq!(classify(&[op(0, 100, 10), op(300, 5, 10)]), CopyPlan::Ordered);
         // Touching but not overlapping.
         assert_eq!(classify(&[op(0, 10, 10), op(20, 30, 5)]), CopyPlan::Independent);
+    }
+
+    fn req(op: Op, local_addr: u64, remote_addr: u64, len: u64) -> Request {
+        Request { op, local_addr, remote_addr, len }
+    }
+
+    #[test]
+    fn requests_are_independent_unless_a_written_range_overlaps_another() {
+        use Op::{Read, Write};
+        assert!(independent(&[]));
+        // Scattered READs of overlapping remote blocks into distinct local ones.
+        assert!(independent(&[req(Read, 0, 100, 10), req(Read, 10, 105, 10)]));
+        // Two READs into overlapping local memory.
+        assert!(!independent(&[req(Read, 0, 100, 10), req(Read, 5, 300, 10)]));
+        // A WRITE sending what a READ brings in.
+        assert!(!independent(&[req(Read, 0, 100, 10), req(Write, 5, 300, 10)]));
+        // A READ of remote bytes a WRITE changes.
+        assert!(!independent(&[req(Write, 0, 100, 10), req(Read, 50, 105, 10)]));
+        // Two WRITEs from one local buffer to distinct remote places.
+        assert!(independent(&[req(Write, 0, 100, 10), req(Write, 0, 200, 10)]));
+        // Touching, not overlapping.
+        assert!(independent(&[req(Read, 0, 100, 10), req(Read, 10, 110, 10)]));
+    }
+
+    #[test]
+    fn request_independence_agrees_with_the_quadratic_definition() {
+        let mut x: u64 = 99;
+        let mut rnd = |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for _ in 0..3000 {
+            let n = 1 + rnd(6) as usize;
+            let reqs: Vec<Request> = (0..n)
+                .map(|_| {
+                    let op = if rnd(2) == 0 { Op::Read } else { Op::Write };
+                    req(op, rnd(100), rnd(100), 1 + rnd(20))
+                })
+                .collect();
+            let ov = |a: u64, b: u64, l1: u64, l2: u64| a < b + l2 && b < a + l1;
+            let mut dep = false;
+            for i in 0..n {
+                for j in 0..n {
+                    let (p, q) = (reqs[i], reqs[j]);
+                    if i == j {
+                        continue;
+                    }
+                    let local = ov(p.local_addr, q.local_addr, p.len, q.len) && p.op == Op::Read;
+                    let remote = ov(p.remote_addr, q.remote_addr, p.len, q.len) && p.op == Op::Write;
+                    dep |= local || remote;
+                }
+            }
+            assert_eq!(independent(&reqs), !dep, "{reqs:?}");
+        }
     }
 
     #[test]

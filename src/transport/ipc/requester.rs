@@ -2,6 +2,7 @@
 //! answer, handle), the relocation cache, subbatch copies and receipts.
 
 use super::backend::{CopyOp, IpcBackend, Mapping, Posting, ReceivedHandle};
+use super::board::{self, Board};
 use super::cache::{EntryState, RelocationCache};
 use super::faults::Faults;
 use super::link::IpcLink;
@@ -28,6 +29,11 @@ pub struct Import {
     gen: u64,
     offer: ExportOffer,
     mapping: Box<dyn Mapping>,
+    /// The export's slot on its channel's grant board, if it has one.
+    board: Option<(Arc<Board>, u32)>,
+    /// The generation the slot names this grant by (the source may move it;
+    /// a revalidation tells the new one).
+    slot_generation: AtomicU64,
     _charge: Permit,
 }
 
@@ -50,6 +56,23 @@ impl Import {
     /// exclusively for it).
     fn writable(&self) -> bool {
         self.offer.ops & OP_WRITE != 0
+    }
+
+    /// Enters the export's board slot for a group needing `ops`: `true`
+    /// when the source still grants them (the group is in flight until
+    /// [`Import::leave`]); `false` without a slot or when revoked.
+    fn enter(&self, ops: u32) -> bool {
+        let Some((b, i)) = &self.board else { return false };
+        b.slot(*i).is_some_and(|s| board::enter(s, self.slot_generation.load(Ordering::Acquire), ops))
+    }
+
+    /// A group that entered is complete: it moved `requests` requests of
+    /// `bytes` bytes in all.
+    fn leave(&self, requests: u64, bytes: u64) {
+        if let Some(s) = self.board.as_ref().and_then(|(b, i)| b.slot(*i)) {
+            s.count(requests, bytes);
+            board::leave(s);
+        }
     }
 
     /// Whether it maps the remote allocation holding `remote_addr`.
@@ -88,6 +111,8 @@ struct Posted {
     items: Vec<(usize, Request)>,
     copied: Result<Posting>,
     deadline: Instant,
+    /// The group entered its import's board slot (no receipt round trip).
+    entered: bool,
     /// Exclusive loans of the group's local pinned host allocations.
     fences: Vec<owners::Loan>,
 }
@@ -111,6 +136,15 @@ struct Progress {
     queue: Vec<Deferred>,
     worker: Option<std::thread::JoinHandle<()>>,
     stopped: bool,
+}
+
+/// What a group's local memory is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupLocal {
+    /// The GPU whose context copies it (`None`: host memory).
+    pub device: Option<i32>,
+    /// Some of it is library pinned host memory (fenced while the group runs).
+    pub pinned: bool,
 }
 
 /// Why a subbatch did not run.
@@ -138,6 +172,12 @@ pub struct ImportCounts {
     /// Imports dropped without a receipt because their source provably
     /// left (its process exited or its engine is gone).
     pub released_after_exit: u64,
+    /// Groups through a cached import that ran inside the source's
+    /// published grant (no round trip).
+    pub fast_groups: u64,
+    /// Groups through a cached import revalidated over the channel (no
+    /// board slot, or the slot was revoked), refused ones included.
+    pub round_trip_groups: u64,
 }
 
 /// The requester side of one IPC transport.
@@ -153,6 +193,10 @@ pub struct IpcRequester {
     opened: AtomicU64,
     closed: AtomicU64,
     released_after_exit: AtomicU64,
+    /// Cached groups that ran inside their board slot (no round trip).
+    fast_groups: AtomicU64,
+    /// Cached groups revalidated and receipted over the channel.
+    round_trip_groups: AtomicU64,
     progress: Mutex<Progress>,
     progress_cv: Condvar,
     /// Fault injection switches (inert unless armed).
@@ -187,6 +231,8 @@ impl IpcRequester {
             opened: AtomicU64::new(0),
             closed: AtomicU64::new(0),
             released_after_exit: AtomicU64::new(0),
+            fast_groups: AtomicU64::new(0),
+            round_trip_groups: AtomicU64::new(0),
             progress: Mutex::new(Progress::default()),
             progress_cv: Condvar::new(),
             faults,
@@ -266,7 +312,21 @@ impl IpcRequester {
             Ok(mapping) => {
                 self.opened.fetch_add(1, Ordering::Relaxed);
                 let gen = link.generation();
-                Ok(Import { link: link.clone(), local_device, gen, offer, mapping, _charge: charge })
+                let board = match offer.slot {
+                    super::messages::NO_SLOT => None,
+                    i => link.board(gen).filter(|b| b.slot(i).is_some()).map(|b| (b, i)),
+                };
+                let slot_generation = AtomicU64::new(offer.slot_generation);
+                Ok(Import {
+                    link: link.clone(),
+                    local_device,
+                    gen,
+                    offer,
+                    mapping,
+                    board,
+                    slot_generation,
+                    _charge: charge,
+                })
             }
             Err(e) => {
                 // Nothing was mapped: tell the source it may release.
@@ -321,8 +381,8 @@ impl IpcRequester {
         self.cache.reclaim(&close, &|imp: &Import| imp.current() && !imp.link.source_gone(), false)
     }
 
-    /// Runs one subbatch: consecutive requests naming one remote region,
-    /// whose local memory lives on `local_device` (`None`: host memory).
+    /// Runs one subbatch: requests naming one remote region, whose local
+    /// memory lives on `local.device` (`None`: host memory).
     /// Setup, mapping and copies run on the caller; the trailing completion
     /// is queried once. A ready group finishes here (close or receipt);
     /// otherwise, when `defer` is given, the group moves to this transport's
@@ -334,17 +394,21 @@ impl IpcRequester {
         link: &Arc<IpcLink>,
         region: &RegionInfo,
         items: &[(usize, Request)],
-        local_device: Option<i32>,
+        local: GroupLocal,
         deadline: Instant,
         defer: Option<OnDone>,
     ) -> std::result::Result<GroupRun, GroupError> {
         if let Some(e) = link.dead_reason() {
             return Err(GroupError::NotPosted(e));
         }
-        let fences = fence_local_pinned(items, deadline).map_err(GroupError::NotPosted)?;
+        let local_device = local.device;
+        let fences = match local.pinned {
+            true => fence_local_pinned(items, deadline).map_err(GroupError::NotPosted)?,
+            false => Vec::new(),
+        };
         let env = envelope(items);
         let ops = ops_of(items);
-        let (imp, key) = if self.capacity == 0 {
+        let (imp, key): (Arc<Import>, Option<(Key, bool)>) = if self.capacity == 0 {
             let opened = self.open(link, region, env, ops, local_device, deadline);
             (Arc::new(opened.map_err(GroupError::NotPosted)?), None)
         } else {
@@ -380,13 +444,31 @@ impl IpcRequester {
                     (imp, fresh, key)
                 }
             };
-            if !fresh {
-                if let Err(e) = self.revalidate(link, &imp, region, env, ops, deadline) {
-                    self.release(&key);
-                    return Err(GroupError::NotPosted(e));
+            // The board first: the source's words say whether the grant still
+            // holds, with no round trip. Otherwise the source revalidates
+            // the submission (and tells the slot's current generation).
+            let mut entered = imp.enter(ops);
+            let revalidated = !entered && !fresh;
+            if revalidated {
+                self.round_trip_groups.fetch_add(1, Ordering::Relaxed);
+                match self.revalidate(link, &imp, region, env, ops, deadline) {
+                    Ok(generation) => {
+                        if generation != 0 {
+                            imp.slot_generation.store(generation, Ordering::Release);
+                            entered = imp.enter(ops);
+                        }
+                    }
+                    Err(e) => {
+                        self.release(&key);
+                        return Err(GroupError::NotPosted(e));
+                    }
                 }
             }
-            (imp, Some(key))
+            if !revalidated {
+                let counter = if entered { &self.fast_groups } else { &self.round_trip_groups };
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+            (imp, Some((key, entered)))
         };
         let posted = self.post(imp, key, items, deadline, fences);
         match (posted.imp.mapping.query(posted.posting()), defer) {
@@ -411,7 +493,7 @@ impl IpcRequester {
         env: (u64, u64),
         ops: u32,
         deadline: Instant,
-    ) -> Result<()> {
+    ) -> Result<u64> {
         let v = Revalidate {
             tag: link.tag(),
             export_id: imp.offer.export_id,
@@ -423,7 +505,11 @@ impl IpcRequester {
         };
         let f = link.call(MsgKind::Revalidate, &v.encode(), deadline, "revalidate")?;
         match f.kind {
-            MsgKind::RevalidateOk => Ok(()),
+            // The tag, then (from a source with a board) the slot's
+            // current generation.
+            MsgKind::RevalidateOk => {
+                Ok(f.body.get(8..16).map_or(0, |g| u64::from_le_bytes(g.try_into().expect("8 bytes"))))
+            }
             MsgKind::ExportReject => Err(super::messages::decode_reject(&f.body)?.1),
             other => Err(Error::Protocol(format!("revalidate answered with {other:?}"))),
         }
@@ -433,7 +519,7 @@ impl IpcRequester {
     fn post(
         &self,
         imp: Arc<Import>,
-        key: Option<Key>,
+        key: Option<(Key, bool)>,
         items: &[(usize, Request)],
         deadline: Instant,
         fences: Vec<owners::Loan>,
@@ -450,7 +536,11 @@ impl IpcRequester {
             })
             .collect();
         let copied = imp.mapping.copy(&ops, classify(&ops));
-        Posted { imp, key, items: items.to_vec(), copied, deadline, fences }
+        let (key, entered) = match key {
+            Some((k, e)) => (Some(k), e),
+            None => (None, false),
+        };
+        Posted { imp, key, items: items.to_vec(), copied, deadline, entered, fences }
     }
 
     /// Ends a posted group once its completion is known (`drained`). On a
@@ -459,7 +549,7 @@ impl IpcRequester {
     /// (no close, no receipt). Otherwise the import is closed with its
     /// receipt (no cache), or an operation-complete receipt is sent (cache).
     fn finish(&self, p: Posted, drained: Result<()>) -> Vec<ChunkOutcome> {
-        let Posted { imp, key, items, copied, deadline, fences } = p;
+        let Posted { imp, key, items, copied, deadline, entered, fences } = p;
         let mut out: Vec<ChunkOutcome> = items.iter().map(|(_, r)| ChunkOutcome::ok(r.op)).collect();
         let uncertain = drained.is_err();
         if uncertain {
@@ -484,6 +574,15 @@ impl IpcRequester {
             Some(key) if uncertain => {
                 let why = out.iter().find_map(|o| o.result.as_ref().err()).map(|e| e.message().to_string());
                 self.cache.mark_uncertain(&key, imp, &why.unwrap_or_else(|| "completion not confirmed".into()))
+            }
+            Some(key) if entered => {
+                // The group ran inside the grant the source published (it
+                // could not have revoked it meanwhile): its outcome is known
+                // without a receipt; what it moved is counted in the slot.
+                let all_ok = out.iter().all(|o| o.result.is_ok());
+                let bytes: u64 = if all_ok { items.iter().map(|(_, r)| r.len).sum() } else { 0 };
+                imp.leave(if all_ok { items.len() as u64 } else { 0 }, bytes);
+                self.release(&key);
             }
             Some(key) => {
                 let bytes: u64 = items.iter().map(|(_, r)| r.len).sum();
@@ -708,6 +807,8 @@ impl IpcRequester {
             n.charged_bytes += r.import.offer.physical;
         }
         n.released_after_exit = self.released_after_exit.load(Ordering::Relaxed);
+        n.fast_groups = self.fast_groups.load(Ordering::Relaxed);
+        n.round_trip_groups = self.round_trip_groups.load(Ordering::Relaxed);
         n.fenced_local = self.fenced.lock().len() as u64;
         n
     }
@@ -732,12 +833,24 @@ impl IpcRequester {
 /// copies to or from (in address order, so groups never wait on each other
 /// in a cycle), waiting within the deadline while another group holds one.
 fn fence_local_pinned(items: &[(usize, Request)], deadline: Instant) -> Result<Vec<owners::Loan>> {
-    let mut bases: Vec<u64> = items
-        .iter()
-        .filter_map(|(_, r)| owners::owner_of(r.local_addr))
-        .filter(|o| o.kind == MemoryKind::PinnedHost)
-        .map(|o| o.base)
-        .collect();
+    // One owner lookup per run of requests inside one allocation (or one
+    // stretch of memory the library does not own), not one per request.
+    let mut bases: Vec<u64> = Vec::new();
+    let mut last: Option<(u64, u64)> = None;
+    for (_, r) in items {
+        if last.is_some_and(|(lo, hi)| r.local_addr >= lo && r.local_addr < hi) {
+            continue;
+        }
+        match owners::owner_of(r.local_addr) {
+            Some(o) => {
+                last = Some((o.base, o.base + o.len));
+                if o.kind == MemoryKind::PinnedHost {
+                    bases.push(o.base);
+                }
+            }
+            None => last = None,
+        }
+    }
     bases.sort_unstable();
     bases.dedup();
     bases

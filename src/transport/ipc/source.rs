@@ -194,7 +194,15 @@ fn serve_inner(
         );
     };
     *chosen = Some(table.clone());
-    send(ch, MsgKind::IpcWelcome, &Welcome { identity: ctx.identity }.encode(), None)?;
+    // A Unix channel gets a grant board (a fabric channel crosses hosts:
+    // every submission takes the round trip there). A board that cannot be
+    // made only costs the round trips.
+    let board = if ch.is_tcp() { None } else { super::export::ChannelBoard::create().ok().map(Arc::new) };
+    if let Some(b) = &board {
+        table.attach_board(conn, b.clone());
+    }
+    let board_fd = board.as_ref().map(|b| std::os::fd::AsRawFd::as_raw_fd(b.board().fd()));
+    send(ch, MsgKind::IpcWelcome, &Welcome { identity: ctx.identity }.encode(), board_fd)?;
 
     loop {
         // An idle channel may wait for its next request without end; while
@@ -248,7 +256,11 @@ fn serve_inner(
             MsgKind::Revalidate => {
                 let v = Revalidate::decode(&f.body)?;
                 match table.revalidate(conn, &v) {
-                    Ok(()) => send(ch, MsgKind::RevalidateOk, &v.tag.to_le_bytes(), None)?,
+                    Ok(generation) => {
+                        let mut body = v.tag.to_le_bytes().to_vec();
+                        body.extend_from_slice(&generation.to_le_bytes());
+                        send(ch, MsgKind::RevalidateOk, &body, None)?
+                    }
                     Err(e) => {
                         let body = messages::encode_reject(v.tag, e.status(), e.message());
                         send(ch, MsgKind::ExportReject, &body, None)?

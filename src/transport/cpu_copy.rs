@@ -1,0 +1,148 @@
+//! CPU copies of the SHM transport, on every core: a group of independent
+//! copies large enough to be worth it is cut into equal shares of bytes, the
+//! caller copies one share and a small process-wide pool of copy threads the
+//! others; the caller returns only when every share is done. Dependent
+//! groups (and small ones) run in input order on the caller.
+
+use crate::transport::ipc::backend::{CopyOp, CopyPlan};
+use parking_lot::{Condvar, Mutex};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
+
+/// Below this many bytes a group is copied by the caller alone (handing work
+/// to another core costs a wake-up of some microseconds).
+pub const PARALLEL_MIN_BYTES: u64 = 512 * 1024;
+
+/// One share of a group's copies, and where its completion is counted.
+struct Share {
+    ops: Vec<CopyOp>,
+    done: Arc<(Mutex<usize>, Condvar)>,
+}
+
+struct Pool {
+    workers: Vec<SyncSender<Share>>,
+}
+
+fn pool() -> &'static Pool {
+    static POOL: once_cell::sync::OnceCell<Pool> = once_cell::sync::OnceCell::new();
+    POOL.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let workers = (1..cores.min(8))
+            .filter_map(|i| {
+                let (tx, rx) = sync_channel::<Share>(4);
+                std::thread::Builder::new().name(format!("orbite-copy-{i}")).spawn(move || work(rx)).ok().map(|_| tx)
+            })
+            .collect();
+        Pool { workers }
+    })
+}
+
+fn work(rx: Receiver<Share>) {
+    for share in rx {
+        run(&share.ops);
+        let (count, cv) = &*share.done;
+        *count.lock() += 1;
+        cv.notify_all();
+    }
+}
+
+/// Copies `ops` in input order.
+fn run(ops: &[CopyOp]) {
+    for o in ops {
+        // SAFETY: the protocol checked every range against a leased local
+        // region and a live mapping before handing the group over, and the
+        // caller of `copy` keeps both alive until every share is done;
+        // `ptr::copy` tolerates overlap.
+        unsafe { std::ptr::copy(o.src as *const u8, o.dst as *mut u8, o.len as usize) };
+    }
+}
+
+/// Cuts `ops` into `n` shares of about equal bytes (an op may be cut in two).
+fn shares(ops: &[CopyOp], n: usize) -> Vec<Vec<CopyOp>> {
+    let total: u64 = ops.iter().map(|o| o.len).sum();
+    let each = total.div_ceil(n as u64).max(1);
+    let mut out: Vec<Vec<CopyOp>> = vec![Vec::new()];
+    let mut room = each;
+    for o in ops {
+        let mut o = *o;
+        while o.len > 0 {
+            if room == 0 {
+                out.push(Vec::new());
+                room = each;
+            }
+            let take = o.len.min(room);
+            out.last_mut().expect("one share").push(CopyOp { dst: o.dst, src: o.src, len: take });
+            (o.dst, o.src, o.len) = (o.dst + take, o.src + take, o.len - take);
+            room -= take;
+        }
+    }
+    out
+}
+
+/// Performs a group's copies: in input order on the caller when `plan` is
+/// ordered or the group is small; otherwise on the caller and the copy pool
+/// at once. Returns when every copy is done.
+pub fn copy(ops: &[CopyOp], plan: CopyPlan) {
+    let total: u64 = ops.iter().map(|o| o.len).sum();
+    let pool = pool();
+    if plan == CopyPlan::Ordered || total < PARALLEL_MIN_BYTES || pool.workers.is_empty() {
+        run(ops);
+        return;
+    }
+    let mut parts = shares(ops, pool.workers.len() + 1);
+    let mine = parts.pop().expect("one share at least");
+    let done = Arc::new((Mutex::new(0usize), Condvar::new()));
+    let mut sent = 0;
+    for (part, worker) in parts.into_iter().zip(&pool.workers) {
+        match worker.try_send(Share { ops: part, done: done.clone() }) {
+            Ok(()) => sent += 1,
+            // A busy (or gone) worker: the caller copies that share itself.
+            Err(std::sync::mpsc::TrySendError::Full(s) | std::sync::mpsc::TrySendError::Disconnected(s)) => run(&s.ops),
+        }
+    }
+    run(&mine);
+    let (count, cv) = &*done;
+    let mut c = count.lock();
+    while *c < sent {
+        cv.wait(&mut c);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_cover_every_byte_once_in_order() {
+        let ops = [CopyOp { dst: 0, src: 1000, len: 10 }, CopyOp { dst: 100, src: 2000, len: 7 }];
+        let s = shares(&ops, 3);
+        let flat: Vec<(u64, u64, u64)> = s.iter().flatten().map(|o| (o.dst, o.src, o.len)).collect();
+        assert_eq!(flat, vec![(0, 1000, 6), (6, 1006, 4), (100, 2000, 2), (102, 2002, 5)]);
+        assert_eq!(s.len(), 3);
+        assert!(s.iter().all(|p| p.iter().map(|o| o.len).sum::<u64>() <= 6));
+    }
+
+    #[test]
+    fn a_parallel_copy_moves_every_byte() {
+        let n = 3 * PARALLEL_MIN_BYTES as usize + 4097;
+        let src: Vec<u8> = (0..n).map(|i| (i * 31 % 251) as u8).collect();
+        let mut dst = vec![0u8; n];
+        // Scattered 4 KiB blocks, reversed, then the tail.
+        let mut ops: Vec<CopyOp> = (0..n / 4096)
+            .rev()
+            .map(|b| CopyOp {
+                dst: dst.as_mut_ptr() as u64 + (b * 4096) as u64,
+                src: src.as_ptr() as u64 + (b * 4096) as u64,
+                len: 4096,
+            })
+            .collect();
+        let tail = n / 4096 * 4096;
+        ops.push(CopyOp {
+            dst: dst.as_mut_ptr() as u64 + tail as u64,
+            src: src.as_ptr() as u64 + tail as u64,
+            len: (n - tail) as u64,
+        });
+        copy(&ops, CopyPlan::Independent);
+        assert!(dst == src);
+    }
+}
