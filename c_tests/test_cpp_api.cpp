@@ -313,6 +313,29 @@ static void transfers() {
   CHECK(src.close(10000ms).ok());
 }
 
+// Notifications: a long message outgrows take's first buffer (it stays
+// queued and is taken again), a WRITE carries one, TIMED_OUT when none.
+static void notifications() {
+  orbite::Engine rx("{\"name\": \"rx\"}");
+  orbite::Engine tx("{\"name\": \"tx\"}");
+  std::vector<std::byte> buf(4096);
+  orbite::Registration pool = rx.register_memory(buf.data(), buf.size(), orbite::Access::write);
+  std::vector<std::byte> local(4096, std::byte(9));
+  orbite::Registration local_reg = tx.register_memory(local.data(), local.size(), orbite::Access::none);
+  orbite::Peer peer = tx.connect(rx.endpoint());
+  std::string long_msg(1000, 'k');
+  peer.notify(long_msg);
+  orbite::Notification n = rx.take_notification(10000ms);
+  CHECK(n.sender == "tx" && n.msg == long_msg);
+  std::vector<orbite::Request> w{{ORBITE_OP_WRITE, reinterpret_cast<std::uint64_t>(local.data()),
+                                  reinterpret_cast<std::uint64_t>(buf.data()), 4096}};
+  orbite::Batch b = peer.submit_notify(w, "in place");
+  CHECK(b.wait(60000ms) == orbite::Status::ok);
+  n = rx.take_notification(10000ms);
+  CHECK(n.msg == "in place" && buf[4095] == std::byte(9));
+  CHECK_THROWS(rx.take_notification(0ms), orbite::Status::timed_out, "no notification");
+}
+
 int main() {
   CHECK(orbite::abi_matches() && orbite::version() == ORBITE_VERSION_STRING);
   CHECK(std::string(orbite::status_name(orbite::Status::unquiesced)) == "ORBITE_STATUS_UNQUIESCED");
@@ -321,6 +344,7 @@ int main() {
   errors_and_results();
   memory_ownership();
   transfers();
+  notifications();
   if (failures) {
     std::fprintf(stderr, "test_cpp_api: %d check(s) failed\n", failures);
     return 1;

@@ -323,6 +323,29 @@ orbite_status orbite_batch_cancel(struct orbite_batch *batch);
 // mid-copy. NULL is a no-op.
 void orbite_batch_free(struct orbite_batch *batch);
 
+// Sends `len` bytes at `msg` to `peer` once every request this engine
+// submitted to that peer before the call has ended there; waits up to
+// timeout_ms (0: the default timeout) until the peer queued it.
+// RESOURCE_EXHAUSTED: the peer's queue is full; INVALID_ARGUMENT: larger
+// than notification_max_bytes (here or at the peer); TIMED_OUT: not sent
+// in time, or sent and unanswered (the last error says which).
+orbite_status orbite_notify(struct orbite_engine *engine, uint64_t peer, const void *msg, size_t len, uint32_t timeout_ms);
+
+// As orbite_submit; when every request of the batch succeeded, msg is
+// delivered to the peer after their bytes are visible in its memory; when
+// any failed, it is not sent. The batch ends once the notification's
+// outcome is known; a refused notification (the peer's queue full) makes
+// it TRANSFER_FAILED with every request OK and the reason in its notes.
+orbite_status orbite_submit_notify(struct orbite_engine *engine, uint64_t peer, const struct orbite_request *requests, size_t count, const struct orbite_submit_options *opts, const void *msg, size_t len, struct orbite_batch **out_batch);
+
+// Takes the oldest notification received, waiting up to timeout_ms (0: do
+// not wait): OK, or TIMED_OUT when none came. sender receives the sender's
+// name (its endpoint when it has none), NUL-terminated; 128 bytes always
+// suffice. A too-small msg_cap or sender_cap is BUFFER_TOO_SMALL with
+// *out_msg_len set to the message's length, and the notification stays
+// queued. msg may be NULL when msg_cap is 0.
+orbite_status orbite_notification_take(struct orbite_engine *engine, uint32_t timeout_ms, char *sender, size_t sender_cap, void *msg, size_t msg_cap, size_t *out_msg_len);
+
 #ifdef __cplusplus
 }  // extern "C"
 #endif  // __cplusplus

@@ -1366,6 +1366,31 @@ class Peer {
     return Batch(b, count);
   }
 
+  /// Sends `msg` to the peer once every request submitted to it before the
+  /// call has ended there; returns once the peer queued it (up to `timeout`,
+  /// 0: the engine's default). RESOURCE_EXHAUSTED: the peer's queue is full.
+  void notify(const std::string &msg, std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
+    try_notify(msg, timeout).value();
+  }
+  Result<void> try_notify(const std::string &msg, std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
+    return detail::done(orbite_notify(raw(), id_, msg.data(), msg.size(), detail::millis(timeout)), "orbite_notify");
+  }
+
+  /// Submits as submit() does, with `msg` delivered to the peer after every
+  /// byte of the batch is visible in its memory; not sent when a request
+  /// fails. The Batch ends once the notification's outcome is known.
+  Batch submit_notify(const std::vector<Request> &requests, const std::string &msg, const SubmitOptions &opts = {}) {
+    return try_submit_notify(requests.data(), requests.size(), msg, opts).value();
+  }
+  Result<Batch> try_submit_notify(const Request *requests, std::size_t count, const std::string &msg,
+                                  const SubmitOptions &opts = {}) {
+    orbite_submit_options o{static_cast<std::uint32_t>(opts.transport), detail::millis(opts.timeout)};
+    orbite_batch *b = nullptr;
+    orbite_status s = orbite_submit_notify(raw(), id_, requests, count, &o, msg.data(), msg.size(), &b);
+    if (s != ORBITE_STATUS_OK) return detail::failure(s, "orbite_submit_notify");
+    return Batch(b, count);
+  }
+
   /// Disconnects after the peer's outstanding requests end (up to `timeout`,
   /// 0: the engine's default). The Peer is empty after OK.
   Result<void> disconnect(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
@@ -1387,6 +1412,14 @@ class Peer {
 };
 
 // ---- Engine -----------------------------------------------------------------
+
+/// A notification received (Engine::take_notification).
+struct Notification {
+  /// The sender's engine name, or its endpoint when it has none.
+  std::string sender;
+  /// The message (any bytes).
+  std::string msg;
+};
 
 /// An engine (orbite_engine_new). Move-only. Shares its orbite_engine with
 /// the Registrations and Peers made from it; the last of them frees it.
@@ -1496,6 +1529,26 @@ class Engine {
   Result<void> close_source(std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
     return detail::done(orbite_close_source(get(), detail::millis(timeout)), "orbite_close_source");
   }
+  /// Takes the oldest notification received, waiting up to `timeout` (0: do
+  /// not wait). TIMED_OUT when none came.
+  Notification take_notification(std::chrono::milliseconds timeout) { return try_take_notification(timeout).value(); }
+  Result<Notification> try_take_notification(std::chrono::milliseconds timeout) {
+    char sender[128];
+    std::string msg(256, '\0');
+    std::size_t len = 0;
+    std::uint32_t ms = detail::millis(timeout);
+    for (;;) {
+      orbite_status s = orbite_notification_take(get(), ms, sender, sizeof sender, &msg[0], msg.size(), &len);
+      if (s == ORBITE_STATUS_OK) {
+        msg.resize(len);
+        return Notification{sender, std::move(msg)};
+      }
+      // Too small: it stays queued; take it again with room for it.
+      if (s != ORBITE_STATUS_BUFFER_TOO_SMALL || len <= msg.size()) return detail::failure(s, "orbite_notification_take");
+      msg.assign(len, '\0');
+    }
+  }
+
   /// The orderly close: the requester half, then the source half, then the
   /// engine stops (its regions are unregistered, so co-owned allocations can
   /// be freed). Separate from any destructor; see the header comment for what

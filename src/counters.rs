@@ -33,6 +33,19 @@ pub struct Counters {
     pub ipc_uid_refusals: AtomicU64,
     /// Export offers released because the requester did not answer in time.
     pub offers_expired: AtomicU64,
+    /// Notification frames this engine sent.
+    pub notifications_sent: AtomicU64,
+    /// Notifications this engine sent that the receiver queued.
+    pub notifications_delivered: AtomicU64,
+    /// Notifications this engine sent that the receiver refused.
+    pub notifications_refused: AtomicU64,
+    /// Notifications never sent (their batch failed, the peer was gone,
+    /// or the caller's deadline passed first).
+    pub notifications_not_sent: AtomicU64,
+    /// Notifications received and queued here.
+    pub notifications_received: AtomicU64,
+    /// Notifications refused here (queue full, too large).
+    pub notifications_rejected: AtomicU64,
 }
 
 /// Counters of one transport, as reported.

@@ -56,6 +56,7 @@ pub use memory::cuda::{wrap_egm, wrap_mnnvl};
 pub use memory::owners::allocate_shared_host;
 pub use memory::{Access, Allocation, MemoryKind};
 pub use transfer::{Op, RemoteEffect, Request, RequestResult, MAX_REQUESTS};
+pub use transport::inbox::Notification;
 
 /// Library version, `MAJOR.MINOR.PATCH`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -99,7 +99,17 @@ struct State {
     /// What the engine decided for the submission and why (a fallback to
     /// another transport, groups split by policy), in words.
     notes: Vec<String>,
+    /// A notification travels with the batch and its outcome is not known
+    /// yet: the batch has not ended.
+    notification_pending: bool,
+    /// The notification's outcome, once known.
+    notification: Option<Result<(), Error>>,
+    /// Called once every request has ended (then cleared).
+    on_end: Vec<EndHook>,
 }
+
+/// Called once every request of a batch has ended.
+pub type EndHook = Box<dyn FnOnce() + Send>;
 
 /// The completion record of one submission.
 pub struct BatchShared {
@@ -128,7 +138,16 @@ impl BatchShared {
             })
             .collect();
         Arc::new(BatchShared {
-            state: Mutex::new(State { reqs, pending: requests.len(), failed: 0, cancelled: false, notes: Vec::new() }),
+            state: Mutex::new(State {
+                reqs,
+                pending: requests.len(),
+                failed: 0,
+                cancelled: false,
+                notes: Vec::new(),
+                notification_pending: false,
+                notification: None,
+                on_end: Vec::new(),
+            }),
             cv: Condvar::new(),
             stats,
             deadline,
@@ -185,7 +204,9 @@ impl BatchShared {
         }
         r.chunks_left = r.chunks_left.saturating_sub(1);
         if r.chunks_left == 0 {
-            self.finish_locked(&mut s, i);
+            let hooks = self.finish_locked(&mut s, i);
+            drop(s);
+            run(hooks);
         }
     }
 
@@ -203,10 +224,14 @@ impl BatchShared {
             r.error = Some(e);
         }
         r.chunks_left = 0;
-        self.finish_locked(&mut s, i);
+        let hooks = self.finish_locked(&mut s, i);
+        drop(s);
+        run(hooks);
     }
 
-    fn finish_locked(&self, s: &mut State, i: usize) {
+    /// Ends request `i`; when it was the last, returns the end hooks for
+    /// the caller to run once it released the state.
+    fn finish_locked(&self, s: &mut State, i: usize) -> Vec<EndHook> {
         let r = &mut s.reqs[i];
         r.done = true;
         let ok = r.error.is_none();
@@ -218,15 +243,59 @@ impl BatchShared {
         }
         if s.pending == 0 {
             self.cv.notify_all();
+            return std::mem::take(&mut s.on_end);
         }
+        Vec::new()
+    }
+
+    /// Whether every request has ended (a notification travelling with
+    /// the batch may still be on its way).
+    pub fn requests_ended(&self) -> bool {
+        self.state.lock().pending == 0
+    }
+
+    /// Calls `hook` once every request has ended. False (and `hook`
+    /// dropped, not called) when they all ended already.
+    pub fn on_end(&self, hook: EndHook) -> bool {
+        let mut s = self.state.lock();
+        if s.pending == 0 {
+            return false;
+        }
+        s.on_end.push(hook);
+        true
+    }
+
+    /// A notification travels with this batch: it ends only once
+    /// [`BatchShared::notification_done`] reports the outcome.
+    pub fn expect_notification(&self) {
+        self.state.lock().notification_pending = true;
+    }
+
+    /// The notification's outcome; a failure fails the batch
+    /// (`TransferFailed`, with the reason in its notes) although each
+    /// request keeps its own result.
+    pub fn notification_done(&self, outcome: Result<(), Error>) {
+        let mut s = self.state.lock();
+        if let Err(e) = &outcome {
+            s.notes.push(format!("notification: {} ({})", e.message(), e.status()));
+        }
+        s.notification = Some(outcome);
+        s.notification_pending = false;
+        self.cv.notify_all();
+    }
+
+    /// The outcome of the notification sent with the batch: `None` when
+    /// there is none or it is not known yet.
+    pub fn notification(&self) -> Option<Result<(), Error>> {
+        self.state.lock().notification.clone()
     }
 
     /// `Ok`, `Pending` or `TransferFailed`.
     pub fn poll(&self) -> Status {
         let s = self.state.lock();
-        if s.pending > 0 {
+        if s.pending > 0 || s.notification_pending {
             Status::Pending
-        } else if s.failed > 0 {
+        } else if s.failed > 0 || matches!(s.notification, Some(Err(_))) {
             Status::TransferFailed
         } else {
             Status::Ok
@@ -237,17 +306,17 @@ impl BatchShared {
     pub fn wait(&self, timeout: Duration) -> Status {
         let deadline = Instant::now().checked_add(timeout);
         let mut s = self.state.lock();
-        while s.pending > 0 {
+        while s.pending > 0 || s.notification_pending {
             match deadline {
                 Some(d) => {
-                    if self.cv.wait_until(&mut s, d).timed_out() && s.pending > 0 {
+                    if self.cv.wait_until(&mut s, d).timed_out() && (s.pending > 0 || s.notification_pending) {
                         return Status::Pending;
                     }
                 }
                 None => self.cv.wait(&mut s),
             }
         }
-        if s.failed > 0 {
+        if s.failed > 0 || matches!(s.notification, Some(Err(_))) {
             Status::TransferFailed
         } else {
             Status::Ok
@@ -295,6 +364,12 @@ impl BatchShared {
     /// Cancels requests that have not started.
     pub fn cancel(&self) {
         self.state.lock().cancelled = true;
+    }
+}
+
+fn run(hooks: Vec<EndHook>) {
+    for h in hooks {
+        h();
     }
 }
 

@@ -61,9 +61,25 @@ OrbiteTransport::~OrbiteTransport() { (void)uninstall(); }
 
 static Status failed(const orbite::Failure &f) { return Status::InternalError(f.describe()); }
 
+/// The engine's config with "name" set to the segment's name (how peers'
+/// notifications name this one), unless the config names it already or
+/// the segment's name is not a valid engine name (1-64 of A-Z a-z 0-9 . _ -).
+static std::string named(const std::string &config_json, const std::string &segment) {
+  bool valid = !segment.empty() && segment.size() <= 64 &&
+               segment.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") ==
+                   std::string::npos;
+  std::size_t open = config_json.find('{');
+  if (!valid || config_json.find("\"name\"") != std::string::npos) return config_json;
+  if (open == std::string::npos) return "{\"name\": \"" + segment + "\"}";
+  std::size_t next = config_json.find_first_not_of(" \t\r\n", open + 1);
+  bool empty = next != std::string::npos && config_json[next] == '}';
+  return config_json.substr(0, open + 1) + "\"name\": \"" + segment + "\"" + (empty ? "" : ", ") +
+         config_json.substr(open + 1);
+}
+
 Status OrbiteTransport::install(std::string &local_segment_name, std::shared_ptr<tent::ControlService> metadata,
                                 const std::string &config_json) {
-  auto e = orbite::Engine::try_create(config_json);
+  auto e = orbite::Engine::try_create(named(config_json, local_segment_name));
   if (!e.ok()) return Status::InvalidArgument(e.error().describe());
   engine_.emplace(std::move(e).value());
   metadata_ = std::move(metadata);
@@ -134,6 +150,29 @@ orbite::Result<std::shared_ptr<orbite::Peer>> OrbiteTransport::peer_for(tent::Se
     }
   }
   return peer;
+}
+
+Status OrbiteTransport::sendNotification(tent::SegmentID target_id, const tent::Notification &notify) {
+  if (!engine_) return Status::InvalidArgument("not installed");
+  auto peer = peer_for(target_id, false);
+  if (!peer.ok()) return failed(peer.error());
+  // The sender's name is the engine's ("name" in the config); TENT's name
+  // field travels in the message only if the caller put it there.
+  orbite::Result<void> r = peer.value()->try_notify(notify.msg);
+  if (!r.ok()) return failed(r.error());
+  return Status::OK();
+}
+
+Status OrbiteTransport::receiveNotification(std::vector<tent::Notification> &notify_list) {
+  if (!engine_) return Status::InvalidArgument("not installed");
+  for (;;) {
+    auto n = engine_->try_take_notification(std::chrono::milliseconds(0));
+    if (!n.ok()) {
+      if (n.status() == orbite::Status::timed_out) return Status::OK();
+      return failed(n.error());
+    }
+    notify_list.push_back(tent::Notification{std::move(n.value().sender), std::move(n.value().msg)});
+  }
 }
 
 void OrbiteTransport::forget_peer(tent::SegmentID target) {

@@ -54,6 +54,12 @@ class OrbiteTransport final : public tent::Transport {
   tent::Status addMemoryBuffer(tent::BufferDesc &desc, const tent::MemoryOptions &options) override;
   tent::Status removeMemoryBuffer(tent::BufferDesc &desc) override;
   const char *getName() const override { return "orbite"; }
+  /// Notifications ride OrbiteTE's: in order per sender, after every
+  /// transfer submitted to the target before them has ended there.
+  bool supportNotification() const override { return true; }
+  tent::Status sendNotification(tent::SegmentID target_id, const tent::Notification &notify) override;
+  /// Appends every notification received so far (does not wait).
+  tent::Status receiveNotification(std::vector<tent::Notification> &notify_list) override;
 
   /// The engine after install (for stats and for callers that need more
   /// of OrbiteTE).

@@ -211,8 +211,17 @@ int target(const Options &o) {
   int rc = 0;
   for (std::string cmd; !(cmd = line_from(stdin)).empty();) {
     if (cmd == "verify") {
+      // The initiator said its WRITEs are in place (sendNotification); they
+      // are, the moment the notification is here.
+      std::vector<tent::Notification> told;
+      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (told.empty() && std::chrono::steady_clock::now() < until) {
+        if (!t.receiveNotification(told).ok()) break;
+        std::this_thread::yield();
+      }
       // B holds pattern 2 (WRITEs of the initiator); C's second half pattern 4.
-      bool ok = mem.get(b, o.size) == pattern_bytes(2, o.size) &&
+      bool ok = told.size() == 1 && told[0].msg == "writes done" && told[0].name == "initiator" &&
+                mem.get(b, o.size) == pattern_bytes(2, o.size) &&
                 mem.get(static_cast<char *>(c) + o.size / 2, o.size / 2) == pattern_bytes(4, o.size / 2);
       std::printf("verified %s\n", ok ? "ok" : "bad");
       std::fflush(stdout);
@@ -377,6 +386,8 @@ int initiator(const Options &o, const char *self) {
       auto by = stats.ipc_of(want).copies_by_device;
       if (by.size() != 1 || by.count(o.device) != 1) rc = fail("copies ran on another GPU than device " + std::to_string(o.device));
     }
+    if (auto s = t.sendNotification(seg, tent::Notification{"initiator", "writes done"}); !s.ok())
+      rc = fail("sendNotification: " + s.ToString());
     say("verify");
     if (line_from(tout) != "verified ok") rc = fail("the target does not hold the bytes the WRITEs sent");
     // Closing gives the target's exports back (close receipts), so that it

@@ -118,6 +118,12 @@ struct Capabilities {
   bool gpu_to_file = false;
 };
 
+/// A notification between segments: the sender's name and the message.
+struct Notification {
+  std::string name;
+  std::string msg;
+};
+
 /// The interface every transport of the engine implements.
 class Transport {
  public:
@@ -145,6 +151,9 @@ class Transport {
   virtual Status addMemoryBuffer(BufferDesc &desc, const MemoryOptions &options) = 0;
   virtual Status removeMemoryBuffer(BufferDesc &desc) = 0;
   virtual const char *getName() const = 0;
+  virtual bool supportNotification() const { return false; }
+  virtual Status sendNotification(SegmentID, const Notification &) { return Status::NotImplemented("notifications"); }
+  virtual Status receiveNotification(std::vector<Notification> &) { return Status::NotImplemented("notifications"); }
 
  protected:
   Capabilities caps;

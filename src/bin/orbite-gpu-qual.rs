@@ -100,6 +100,19 @@ fn source(args: &[String]) {
     .to_string());
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
+        // `note MS`: take a notification and run its message as a command,
+        // at once (a test sends "verify ..." with a WRITE), answering
+        // "SENDER RESULT".
+        let (line, from) = match line.strip_prefix("note ") {
+            None => (line, String::new()),
+            Some(ms) => match e.take_notification(Duration::from_millis(ms.trim().parse().unwrap_or(0))) {
+                Ok(n) => (String::from_utf8_lossy(&n.msg).into_owned(), format!("{} ", n.sender)),
+                Err(x) => {
+                    say(&format!("none {}", x.status()));
+                    continue;
+                }
+            },
+        };
         let w: Vec<&str> = line.split_whitespace().collect();
         let n = |i: usize| -> u64 { w.get(i).and_then(|x| x.parse().ok()).unwrap_or(0) };
         let out = match w.first().copied().unwrap_or("") {
@@ -129,7 +142,7 @@ fn source(args: &[String]) {
             "exit" => std::process::exit(0),
             _ => format!("unknown {line:?}"),
         };
-        say(&out);
+        say(&format!("{from}{out}"));
     }
 }
 

@@ -206,9 +206,31 @@ fn main() {
     };
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
+        // `note MS`: take a notification and run its message as a command,
+        // at once (a test sends "verify ..." with a WRITE), answering
+        // "SENDER RESULT".
+        let (line, from) = match line.strip_prefix("note ") {
+            None => (line, String::new()),
+            Some(ms) => match engine.take_notification(Duration::from_millis(ms.trim().parse().unwrap_or(0))) {
+                Ok(n) => (String::from_utf8_lossy(&n.msg).into_owned(), format!("{} ", n.sender)),
+                Err(e) => {
+                    reply(&format!("none {}", e.status()));
+                    continue;
+                }
+            },
+        };
         let w: Vec<&str> = line.split_whitespace().collect();
         let num = |i: usize| -> u64 { w.get(i).and_then(|x| x.parse().ok()).unwrap_or(0) };
         let out = match w.first().copied().unwrap_or("") {
+            // `notes N MS`: take N notifications, each within MS; they must
+            // say 0, 1, ... N-1 in that order.
+            "notes" => (0..num(1))
+                .find_map(|i| match engine.take_notification(Duration::from_millis(num(2))) {
+                    Ok(n) if n.msg == i.to_string().as_bytes() => None,
+                    Ok(n) => Some(format!("bad {i}: got {:?}", String::from_utf8_lossy(&n.msg))),
+                    Err(e) => Some(format!("bad {i}: {e}")),
+                })
+                .unwrap_or_else(|| "ok".into()),
             "verify" => verify(&mut bufs[0], num(1), num(2) as usize, num(3) as usize),
             "verifyn" => match bufs.get_mut(num(1) as usize) {
                 Some(b) => verify(b, num(2), num(3) as usize, num(4) as usize),
@@ -243,6 +265,6 @@ fn main() {
             "exit" => std::process::exit(0),
             _ => format!("unknown command {line:?}"),
         };
-        reply(&out);
+        reply(&format!("{from}{out}"));
     }
 }

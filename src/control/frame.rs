@@ -46,6 +46,11 @@ pub enum MsgKind {
     /// Source -> requester (control connection): the source is closing;
     /// give back every import of its memory now.
     Revoke = 13,
+    /// Requester side -> source side (control connection): a notification
+    /// for the source side's engine (tag, sender name, message).
+    Notify = 14,
+    /// Source side -> requester side: the notification was queued, or why not.
+    NotifyAck = 15,
     /// IPC channel: requester identity.
     IpcHello = 16,
     /// IPC channel: source identity.
@@ -89,6 +94,8 @@ impl MsgKind {
             11 => MsgKind::AuthProof,
             12 => MsgKind::AuthOk,
             13 => MsgKind::Revoke,
+            14 => MsgKind::Notify,
+            15 => MsgKind::NotifyAck,
             16 => MsgKind::IpcHello,
             17 => MsgKind::IpcWelcome,
             18 => MsgKind::ExportRequest,

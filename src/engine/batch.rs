@@ -56,8 +56,22 @@ impl Batch {
     pub fn failure(&self) -> Error {
         match self.shared.first_error() {
             Some((i, e)) => Error::TransferFailed(format!("request {i} failed with {}: {}", e.status(), e.message())),
-            None => Error::TransferFailed("a request failed".into()),
+            None => match self.shared.notification() {
+                Some(Err(e)) => Error::TransferFailed(format!(
+                    "every request succeeded but the notification was not delivered ({}): {}",
+                    e.status(),
+                    e.message()
+                )),
+                _ => Error::TransferFailed("a request failed".into()),
+            },
         }
+    }
+
+    /// The outcome of the notification submitted with the batch
+    /// ([`crate::Engine::submit_with_notification`]): `None` when there is
+    /// none or the batch has not ended.
+    pub fn notification(&self) -> Option<Result<()>> {
+        self.shared.notification()
     }
 
     /// Per-request outcomes in input order.

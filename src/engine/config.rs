@@ -4,6 +4,7 @@
 //! outside its range is rejected with [`Error::InvalidConfig`] naming the key.
 //! The keys are documented in `docs/config.md`.
 
+use crate::control::notify::{check_name, MAX_NOTIFICATION_BYTES};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 pub use crate::transport::mnnvl::MnnvlHandleType;
@@ -88,6 +89,15 @@ pub struct EngineConfig {
     /// KiB per second on average after the stall allowance, or the
     /// connection ends; 0 keeps only the stall bound.
     pub min_payload_rate_kib: u32,
+    /// This engine's name, which its peers see (notifications name their
+    /// sender by it): 1 to 64 bytes of `[A-Za-z0-9._-]`. `None`: peers see
+    /// its endpoint.
+    pub name: Option<String>,
+    /// Largest notification message, in bytes, this engine sends or accepts.
+    pub notification_max_bytes: u32,
+    /// Most notifications waiting here to be taken; a sender finds the
+    /// queue full (`RESOURCE_EXHAUSTED`) beyond it.
+    pub notification_queue: u32,
 }
 
 impl Default for EngineConfig {
@@ -111,6 +121,9 @@ impl Default for EngineConfig {
             ipc_allowed_uids: Vec::new(),
             offer_timeout_ms: 5_000,
             min_payload_rate_kib: 1024,
+            name: None,
+            notification_max_bytes: 4096,
+            notification_queue: 1024,
         }
     }
 }
@@ -268,6 +281,16 @@ impl EngineConfig {
                 "ipc_allowed_uids" => c.ipc_allowed_uids = parse_uids(k, v)?,
                 "offer_timeout_ms" => c.offer_timeout_ms = get_u32(k, v, 1, 600_000)?,
                 "min_payload_rate_kib" => c.min_payload_rate_kib = get_u32(k, v, 0, 1 << 24)?,
+                "name" => {
+                    c.name = match v {
+                        Value::Null => None,
+                        _ => Some(get_str(k, v)?.to_string()),
+                    }
+                }
+                "notification_max_bytes" => {
+                    c.notification_max_bytes = get_u32(k, v, 1, MAX_NOTIFICATION_BYTES as u32)?;
+                }
+                "notification_queue" => c.notification_queue = get_u32(k, v, 1, 65_536)?,
                 _ => return Err(bad(k, "unknown key")),
             }
         }
@@ -284,7 +307,9 @@ impl EngineConfig {
         if self.nvlink && self.mnnvl.is_some() {
             return Err(bad("mnnvl", "MNNVL and legacy `nvlink: true` are mutually exclusive; enable one"));
         }
-        let ranges: [(&str, u64, u64, u64); 10] = [
+        let ranges: [(&str, u64, u64, u64); 12] = [
+            ("notification_max_bytes", self.notification_max_bytes as u64, 1, MAX_NOTIFICATION_BYTES),
+            ("notification_queue", self.notification_queue as u64, 1, 65_536),
             ("shm_cache_entries", self.shm_cache_entries as u64, 0, 4096),
             ("max_inflight_bytes", self.max_inflight_bytes, MIB, 1 << 40),
             ("max_transfer_bytes", self.max_transfer_bytes, 4 * KIB, 1 << 40),
@@ -307,6 +332,19 @@ impl EngineConfig {
                 format!("{} exceeds max_inflight_bytes ({})", self.max_transfer_bytes, self.max_inflight_bytes),
             ));
         }
+        let held = self.notification_queue as u64 * self.notification_max_bytes as u64;
+        if held > GIB {
+            return Err(bad(
+                "notification_queue",
+                format!(
+                    "{} notifications of up to notification_max_bytes ({}) may hold {held} bytes, more than 1 GiB",
+                    self.notification_queue, self.notification_max_bytes
+                ),
+            ));
+        }
+        if let Some(n) = &self.name {
+            check_name(n).map_err(|e| bad("name", e))?;
+        }
         if self.transport_policy.is_empty() {
             return Err(bad("transport_policy", "must name at least one transport"));
         }
@@ -320,6 +358,9 @@ impl EngineConfig {
     pub fn to_value(&self) -> Value {
         serde_json::json!({
             "listen": self.listen,
+            "name": self.name,
+            "notification_max_bytes": self.notification_max_bytes,
+            "notification_queue": self.notification_queue,
             "nvlink": self.nvlink,
             "mnnvl": self.mnnvl.as_ref().map(MnnvlConfig::to_value),
             "max_inflight_bytes": self.max_inflight_bytes,

@@ -10,6 +10,7 @@ mod accept;
 pub mod batch;
 pub mod config;
 mod ipc;
+mod notify;
 mod peer;
 mod peers;
 mod regions;
@@ -28,6 +29,7 @@ use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::memory::RegionTable;
 use crate::sync::admission::{Budget, Gate};
+use crate::transport::inbox::Inbox;
 use crate::transport::ipc::faults::Faults;
 use crate::transport::ipc::source::IpcSourceContext;
 use crate::transport::tcp::source::Revoker;
@@ -66,6 +68,8 @@ pub(crate) struct Inner {
     notes: parking_lot::Mutex<std::collections::VecDeque<String>>,
     ipc: Vec<ipc::IpcTransport>,
     ipc_unavailable: Vec<(TransportKind, String)>,
+    /// Notifications received, waiting to be taken.
+    inbox: Arc<Inbox>,
 }
 
 /// A transfer engine: registers memory, serves it to peers and moves bytes
@@ -134,7 +138,7 @@ impl Engine {
         let inner = Arc::new(Inner {
             identity,
             regions,
-            stats,
+            stats: stats.clone(),
             budget: Budget::new(config.max_inflight_bytes),
             requester_gate: Gate::new("requester side"),
             source_gate,
@@ -151,6 +155,11 @@ impl Engine {
             notes: parking_lot::Mutex::new(std::collections::VecDeque::new()),
             ipc: ipc_transports,
             ipc_unavailable,
+            inbox: Arc::new(Inbox::new(
+                config.notification_queue as usize,
+                config.notification_max_bytes as usize,
+                stats.clone(),
+            )),
             config,
         });
         let tcp_ctx = Arc::new(SourceContext {
@@ -165,6 +174,7 @@ impl Engine {
             handshake_timeout: Duration::from_millis(inner.config.handshake_timeout_ms as u64),
             min_payload_rate: inner.config.min_payload_rate_kib as u64 * 1024,
             revoker: inner.revoker.clone(),
+            inbox: inner.inbox.clone(),
         });
         let ipc_ctx = Arc::new(IpcSourceContext {
             tables: inner.ipc.iter().map(|t| (t.kind, t.exports.clone())).collect(),

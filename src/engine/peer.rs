@@ -3,6 +3,7 @@
 
 use crate::kinds::TransportKind;
 use crate::transport::ipc::link::IpcLink;
+use crate::transport::outbox::Outbox;
 use crate::transport::tcp::TcpConnection;
 use std::sync::Arc;
 
@@ -14,6 +15,8 @@ pub(crate) struct Peer {
     pub(super) conn: Arc<TcpConnection>,
     /// One IPC link per IPC transport, or why it cannot be used with this peer.
     pub(super) links: Vec<(TransportKind, std::result::Result<Arc<IpcLink>, String>)>,
+    /// Notifications for the peer, sent once the requests before them ended.
+    pub(super) outbox: Arc<Outbox>,
 }
 
 impl Peer {

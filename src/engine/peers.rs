@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::memory::MemoryKind;
 use crate::transport::ipc::link::{IpcLink, LocalEnd, Route};
+use crate::transport::outbox::Outbox;
 use crate::transport::tcp::requester::RevokeHook;
 use crate::transport::tcp::{handshake, TcpConnection};
 use std::sync::atomic::Ordering;
@@ -44,7 +45,13 @@ impl Engine {
         }
         let on_revoke = self.revoke_hook(&links);
         let conn = TcpConnection::start(s, peer, label, self.inner.stats.clone(), on_revoke)?;
-        self.inner.peers.write().insert(id, Arc::new(Peer { endpoint: endpoint.to_string(), conn, links }));
+        let outbox = Outbox::new(
+            conn.clone(),
+            self.inner.config.name.clone().unwrap_or_default(),
+            Duration::from_millis(self.inner.config.default_timeout_ms as u64),
+            self.inner.stats.clone(),
+        );
+        self.inner.peers.write().insert(id, Arc::new(Peer { endpoint: endpoint.to_string(), conn, links, outbox }));
         Ok(id)
     }
 

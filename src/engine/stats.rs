@@ -105,6 +105,8 @@ pub struct EngineStats {
     /// Export offers released because the requester did not answer within
     /// `offer_timeout_ms`.
     pub offers_expired: u64,
+    /// Notifications sent and received.
+    pub notifications: NotificationStats,
     /// What the cooperative IPC transports hold (`shm`, `nvlink`).
     pub ipc: BTreeMap<String, IpcStats>,
     /// The NVLink stream pool (all zero where NVLink is not running).
@@ -115,6 +117,27 @@ pub struct EngineStats {
     /// region larger than the mapping budget, ...), in words, with the key
     /// to change; the latest 32.
     pub notes: Vec<String>,
+}
+
+/// Notifications, as `orbite_engine_stats_json` reports them under
+/// `notifications`.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct NotificationStats {
+    /// Frames this engine sent.
+    pub sent: u64,
+    /// Of them, queued by their receiver.
+    pub delivered: u64,
+    /// Of them, refused by their receiver (its queue full, too large).
+    pub refused: u64,
+    /// Never sent: their batch failed, the peer was gone, or the deadline
+    /// passed while earlier requests were still running.
+    pub not_sent: u64,
+    /// Received and queued here.
+    pub received: u64,
+    /// Refused here.
+    pub rejected: u64,
+    /// Waiting here to be taken.
+    pub queued: u64,
 }
 
 /// Live values the engine gathers for a snapshot.
@@ -128,6 +151,7 @@ pub(crate) struct Live {
     pub nvlink_pool: Option<(crate::cuda::stream_pool::PoolCounts, (u64, u64))>,
     pub transports_available: BTreeMap<String, String>,
     pub notes: Vec<String>,
+    pub notifications_queued: usize,
 }
 
 /// What one IPC transport holds now.
@@ -189,6 +213,15 @@ impl EngineStats {
             auth_failures: s.auth_failures.load(Ordering::Relaxed),
             ipc_uid_refusals: s.ipc_uid_refusals.load(Ordering::Relaxed),
             offers_expired: s.offers_expired.load(Ordering::Relaxed),
+            notifications: NotificationStats {
+                sent: s.notifications_sent.load(Ordering::Relaxed),
+                delivered: s.notifications_delivered.load(Ordering::Relaxed),
+                refused: s.notifications_refused.load(Ordering::Relaxed),
+                not_sent: s.notifications_not_sent.load(Ordering::Relaxed),
+                received: s.notifications_received.load(Ordering::Relaxed),
+                rejected: s.notifications_rejected.load(Ordering::Relaxed),
+                queued: live.notifications_queued as u64,
+            },
             ipc,
             nvlink,
             transports_available: live.transports_available,
@@ -221,6 +254,7 @@ impl Engine {
                 inflight_bytes: i.budget.used(),
                 peers: peers.len(),
                 peers_alive: peers.values().filter(|p| p.conn.dead_reason().is_none()).count(),
+                notifications_queued: i.inbox.len(),
                 incoming_connections: i.listeners.live(),
                 regions: i.regions.len(),
                 ipc: i

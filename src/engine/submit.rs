@@ -73,6 +73,28 @@ impl Engine {
     /// [`Batch`]. Returns once every request is admitted (within the
     /// deadline); the IPC transports also do their copies here.
     pub fn submit(&self, peer: u64, requests: &[Request], opts: SubmitOptions) -> Result<Batch> {
+        self.submit_inner(peer, requests, opts, None)
+    }
+
+    /// Submits `requests` as [`Engine::submit`] does, with a notification:
+    /// when every request succeeded, `msg` is delivered to the peer after
+    /// their bytes are visible in its memory (and after every request
+    /// submitted to the peer before); when any failed, it is not sent. The
+    /// batch ends once the notification's outcome is known
+    /// ([`Batch::notification`]); a notification the peer refused (its
+    /// queue full) fails the batch although every request succeeded.
+    pub fn submit_with_notification(
+        &self,
+        peer: u64,
+        requests: &[Request],
+        opts: SubmitOptions,
+        msg: &[u8],
+    ) -> Result<Batch> {
+        self.check_notification(msg)?;
+        self.submit_inner(peer, requests, opts, Some(msg))
+    }
+
+    fn submit_inner(&self, peer: u64, requests: &[Request], opts: SubmitOptions, note: Option<&[u8]>) -> Result<Batch> {
         self.check_open()?;
         if requests.is_empty() {
             return Err(Error::InvalidArgument("a submission needs at least one request".into()));
@@ -104,6 +126,13 @@ impl Engine {
         }
         let kind = self.select(peer, &p, opts.transport, &checked)?;
         let batch = BatchShared::new(requests, self.inner.stats.clone(), deadline);
+        // Later notifications to the peer follow this batch; its own waits
+        // for it.
+        p.outbox.track(&batch);
+        if let Some(msg) = note {
+            batch.expect_notification();
+            p.outbox.send_with(&batch, msg.to_vec());
+        }
         // Requests naming no published region fail here, per request.
         let mut live = Vec::with_capacity(checked.len());
         for c in checked {

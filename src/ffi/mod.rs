@@ -17,6 +17,7 @@ pub(crate) mod boundary;
 pub mod cuda;
 pub mod engine;
 pub mod memory;
+pub mod notify;
 pub mod transfer;
 pub mod types;
 

@@ -2,7 +2,7 @@
 
 use super::boundary::*;
 use super::types::*;
-use crate::{Error, Op, Request, RequestResult, Status, SubmitOptions, Transport, TransportKind, MAX_REQUESTS};
+use crate::{Error, Op, Request, RequestResult, Result, Status, SubmitOptions, Transport, TransportKind, MAX_REQUESTS};
 use std::ffi::c_char;
 use std::time::Duration;
 
@@ -28,6 +28,20 @@ pub extern "C" fn orbite_submit(
     guard(|| {
         let e = need(engine, "engine")?;
         let out_batch = need_mut(out_batch, "out_batch")?;
+        let (reqs, o) = submission(requests, count, opts)?;
+        let batch = e.engine.submit(peer, &reqs, o)?;
+        *out_batch = Box::into_raw(Box::new(orbite_batch { batch }));
+        Ok(())
+    })
+}
+
+/// The requests and options of a C submission, checked.
+pub(crate) fn submission(
+    requests: *const orbite_request,
+    count: usize,
+    opts: *const orbite_submit_options,
+) -> Result<(Vec<Request>, SubmitOptions)> {
+    {
         if requests.is_null() {
             return Err(Error::NullArgument("requests is NULL".into()));
         }
@@ -65,10 +79,8 @@ pub extern "C" fn orbite_submit(
             })?;
             o.timeout = timeout_opt(raw.timeout_ms);
         }
-        let batch = e.engine.submit(peer, &reqs, o)?;
-        *out_batch = Box::into_raw(Box::new(orbite_batch { batch }));
-        Ok(())
-    })
+        Ok((reqs, o))
+    }
 }
 
 /// OK, PENDING or TRANSFER_FAILED, without waiting.

@@ -99,8 +99,18 @@ impl PeerProc {
 
     /// Sends a command line and returns the reply line.
     pub fn cmd(&mut self, c: &str) -> String {
+        self.send(c);
+        self.reply()
+    }
+
+    /// Sends a command line without waiting for its reply.
+    pub fn send(&mut self, c: &str) {
         writeln!(self.stdin, "{c}").expect("write command");
         self.stdin.flush().expect("flush");
+    }
+
+    /// The next reply line.
+    pub fn reply(&mut self) -> String {
         let mut line = String::new();
         self.stdout.read_line(&mut line).expect("read reply");
         line.trim().to_string()

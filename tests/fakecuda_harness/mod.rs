@@ -65,8 +65,18 @@ impl Source {
     }
 
     pub fn cmd(&mut self, c: &str) -> String {
+        self.send(c);
+        self.reply()
+    }
+
+    /// Sends a command line without waiting for its reply.
+    pub fn send(&mut self, c: &str) {
         writeln!(self.stdin, "{c}").unwrap();
         self.stdin.flush().unwrap();
+    }
+
+    /// The next reply line.
+    pub fn reply(&mut self) -> String {
         let mut line = String::new();
         self.stdout.read_line(&mut line).unwrap();
         line.trim().to_string()
@@ -158,6 +168,17 @@ pub fn nvlink_source(fail: Option<&str>) -> (Source, u64) {
     let s = Source::start(NVLINK, "ipc", 1, fail);
     let a = s.addrs[0];
     (s, a)
+}
+
+/// In a child process: the case to run (`None` when run directly, as the
+/// test binary's own `child_case` test). Panics when the stand-in did not
+/// load, so that a child never passes without it.
+pub fn child_case_name() -> Option<String> {
+    let case = std::env::var("ORBITE_FAKECUDA_CASE").ok()?;
+    if let Some(why) = orbite::cuda::unavailable_reason() {
+        panic!("the stand-in did not load: {why}");
+    }
+    Some(case)
 }
 
 pub fn run(case: &str, env: &[(&str, &str)]) {

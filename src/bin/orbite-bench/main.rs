@@ -42,6 +42,10 @@ usage: orbite-bench [options]
                                  scattered over the working set (KV-cache shaped)
   --latency                      latency mode: batch 1, p50/p99 against a raw ping-pong in the
                                  same run (a Unix socket pair for shm, TCP loopback for tcp)
+  --notify                       also measure notifications: each WRITE point again with a
+                                 notification per batch (op write+n; baseline: the same point
+                                 without, ratio of p50s), and standalone notifications per
+                                 second (op notify) against the raw ping-pong
   --threads N                    submitting threads (default 1)
   --readers N                    also measure READ with N initiator processes at once, each with
                                  its own engine and cache, all reading the one target buffer
@@ -96,6 +100,7 @@ struct Opts {
     readers: usize,
     random: bool,
     latency: bool,
+    notify: bool,
     duration: f64,
     buffer_size: u64,
     json: Option<String>,
@@ -154,6 +159,7 @@ fn parse_opts() -> Opts {
         readers: 1,
         random: false,
         latency: false,
+        notify: false,
         duration: 3.0,
         buffer_size: 1 << 30,
         json: None,
@@ -195,6 +201,7 @@ fn parse_opts() -> Opts {
                 }
             }
             "--latency" => o.latency = true,
+            "--notify" => o.notify = true,
             "--duration" => o.duration = val().parse().unwrap_or_else(|_| die("--duration SECONDS")),
             "--buffer-size" => o.buffer_size = parse_size(&val()),
             "--json" => o.json = Some(val()),
@@ -281,15 +288,25 @@ fn run_target(o: &Opts) {
     let (engine, alloc) = target_memory(o);
     println!("{}", serde_json::json!({"endpoint": engine.endpoint(), "addr": alloc.addr(), "len": o.buffer_size}));
     std::io::stdout().flush().ok();
-    if o.until_stdin_closes {
-        let mut sink = Vec::new();
-        let _ = std::io::stdin().read_to_end(&mut sink);
-    } else {
-        eprintln!("orbite-bench target: serving {} bytes at {}; Ctrl-C to stop", o.buffer_size, engine.endpoint());
-        loop {
-            std::thread::park();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // Notifications (`--notify`) are taken as they come, as a receiver would.
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = engine.take_notification(Duration::from_millis(100));
+            }
+        });
+        if o.until_stdin_closes {
+            let mut sink = Vec::new();
+            let _ = std::io::stdin().read_to_end(&mut sink);
+        } else {
+            eprintln!("orbite-bench target: serving {} bytes at {}; Ctrl-C to stop", o.buffer_size, engine.endpoint());
+            loop {
+                std::thread::park();
+            }
         }
-    }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
     let _ = engine.close(Some(Duration::from_secs(10)));
 }
 
@@ -503,7 +520,7 @@ struct Setup {
 /// Runs one point: `threads` threads submit batches for `duration`. Returns
 /// the requests completed, the measured seconds (from the first measured
 /// submission to the last completion), the latencies and the failures.
-fn measure(c: &Setup, o: &Opts, transport: &str, op: Op, bs: u64) -> (u64, f64, Vec<f64>, u64) {
+fn measure(c: &Setup, o: &Opts, transport: &str, op: Op, bs: u64, notify: bool) -> (u64, f64, Vec<f64>, u64) {
     let opts = SubmitOptions { transport: transport_of(transport), timeout: Some(Duration::from_secs(60)) };
     let per_local = o.buffer_size / o.threads as u64 / bs;
     let per_thread = per_local.max(1);
@@ -536,7 +553,11 @@ fn measure(c: &Setup, o: &Opts, transport: &str, op: Op, bs: u64) -> (u64, f64, 
                             k += 1;
                         }
                         let t0 = Instant::now();
-                        let r = c.engine.submit(c.peer, &reqs, opts).and_then(|b| {
+                        let submitted = match notify {
+                            true => c.engine.submit_with_notification(c.peer, &reqs, opts, b"bench"),
+                            false => c.engine.submit(c.peer, &reqs, opts),
+                        };
+                        let r = submitted.and_then(|b| {
                             let w = b.wait(Duration::from_secs(60));
                             let ok = b.results().iter().filter(|x| x.status == orbite::Status::Ok).count() as u64;
                             w.map(|_| ok).or(Ok(ok))
@@ -743,7 +764,7 @@ fn run_initiator(o: &Opts, endpoint: Option<&str>) -> Vec<Point> {
                 let left = (total - n + 1) as f64 * o.duration;
                 eprint!("\r[{n}/{total}] {t} {} {}: about {left:.0}s left          ", op_name(op), fmt_size(bs));
                 let _ = std::io::stderr().flush();
-                let (done, secs, lat, failed) = measure(setup, o, t, op, bs);
+                let (done, secs, lat, failed) = measure(setup, o, t, op, bs, false);
                 let _ = setup.engine.flush_nvlink_cache(None);
                 let (baseline, base) =
                     if o.latency { ("none".to_string(), 0.0) } else { baseline_for(o, t, op, bs, &mut memo) };
@@ -776,6 +797,31 @@ fn run_initiator(o: &Opts, endpoint: Option<&str>) -> Vec<Point> {
                     (p.baseline, p.baseline_gbps, p.baseline_p50_us, p.baseline_p99_us) = (name, 0.0, p50, p99);
                     p.ratio_to_baseline = if p50 > 0.0 { p.p50_us / p50 } else { 0.0 };
                 }
+                if op == Op::Write && o.notify {
+                    eprint!("\r[{n}/{total}] {t} write {} with notifications          ", fmt_size(bs));
+                    let _ = std::io::stderr().flush();
+                    let plain = points.last().expect("pushed").clone();
+                    let (done, secs, lat, failed) = measure(setup, o, t, op, bs, true);
+                    let _ = setup.engine.flush_nvlink_cache(None);
+                    let bytes = done * bs;
+                    let p50 = percentile(&lat, 0.5);
+                    points.push(Point {
+                        op: "write+n".into(),
+                        bytes,
+                        seconds: secs,
+                        gbps: if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 },
+                        ops_per_sec: if secs > 0.0 { done as f64 / secs } else { 0.0 },
+                        p50_us: p50,
+                        p99_us: percentile(&lat, 0.99),
+                        baseline: "without_notify".into(),
+                        baseline_gbps: plain.gbps,
+                        ratio_to_baseline: if plain.p50_us > 0.0 { p50 / plain.p50_us } else { 0.0 },
+                        baseline_p50_us: plain.p50_us,
+                        baseline_p99_us: plain.p99_us,
+                        requests_failed: failed,
+                        ..plain
+                    });
+                }
                 if op == Op::Read && o.readers > 1 {
                     eprint!("\r[{n}/{total}] {t} read {} with {} readers          ", fmt_size(bs), o.readers);
                     let _ = std::io::stderr().flush();
@@ -789,11 +835,61 @@ fn run_initiator(o: &Opts, endpoint: Option<&str>) -> Vec<Point> {
             }
         }
     }
+    if o.notify {
+        for (t, setup) in &runs {
+            eprint!("\r{t}: standalone notifications                    ");
+            let _ = std::io::stderr().flush();
+            points.push(notify_point(o, t, setup));
+        }
+    }
     eprintln!();
     for (_, setup) in &runs {
         let _ = setup.engine.close(Some(Duration::from_secs(30)));
     }
     points
+}
+
+/// Standalone notifications to the target for `duration`, one at a time
+/// (each returns once the target queued it): the rate and the latency of
+/// one, against the raw ping-pong of the connection's kind.
+fn notify_point(o: &Opts, t: &str, c: &Setup) -> Point {
+    let end = Instant::now() + Duration::from_secs_f64(o.duration);
+    let (mut lat, mut failed) = (Vec::new(), 0u64);
+    let start = Instant::now();
+    while Instant::now() < end {
+        let t0 = Instant::now();
+        match c.engine.notify(c.peer, b"bench", Some(Duration::from_secs(30))) {
+            Ok(()) => lat.push(t0.elapsed().as_secs_f64() * 1e6),
+            Err(_) => failed += 1,
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    lat.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    // Notifications travel on the control connection (TCP) whatever the
+    // data transport.
+    let (name, base50, base99) = pingpong_baseline("tcp", o.duration);
+    let p50 = percentile(&lat, 0.5);
+    Point {
+        transport: t.to_string(),
+        memory: c.memory.clone(),
+        op: "notify".into(),
+        block_size: 5,
+        batch_size: 1,
+        threads: 1,
+        readers: 1,
+        bytes: lat.len() as u64 * 5,
+        seconds: secs,
+        gbps: 0.0,
+        ops_per_sec: if secs > 0.0 { lat.len() as f64 / secs } else { 0.0 },
+        p50_us: p50,
+        p99_us: percentile(&lat, 0.99),
+        baseline: name,
+        baseline_gbps: 0.0,
+        ratio_to_baseline: if base50 > 0.0 { p50 / base50 } else { 0.0 },
+        baseline_p50_us: base50,
+        baseline_p99_us: base99,
+        requests_failed: failed,
+    }
 }
 
 /// A reader process of a `--readers` point: its own engine and cache against
@@ -807,7 +903,7 @@ fn run_reader(o: &Opts) {
     std::io::stdout().flush().ok();
     let mut go = String::new();
     std::io::stdin().read_line(&mut go).ok();
-    let (done, secs, lat, failed) = measure(&setup, o, &t, Op::Read, o.block_sizes[0]);
+    let (done, secs, lat, failed) = measure(&setup, o, &t, Op::Read, o.block_sizes[0], false);
     println!(
         "{}",
         serde_json::json!({"done": done, "seconds": secs, "failed": failed,

@@ -162,6 +162,9 @@ impl Slot {
 pub struct Board {
     base: *const Slot,
     fd: OwnedFd,
+    /// Requester: a duplicate of the channel the board came with, to see
+    /// whether the source hung up (a dead source can no longer revoke).
+    channel: Option<OwnedFd>,
 }
 
 // SAFETY: the mapping is only accessed through atomics; it stays mapped for
@@ -174,9 +177,7 @@ impl Board {
     /// Source: a new board (a sealed memory file, zeroed).
     pub fn create() -> Result<Board> {
         // SAFETY: a NUL-terminated name; memfd_create has no other inputs.
-        let raw = unsafe {
-            libc::memfd_create(c"orbite-board".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING)
-        };
+        let raw = unsafe { libc::memfd_create(c"orbite-board".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
         if raw < 0 {
             return Err(Error::io("memfd_create (grant board)", &std::io::Error::last_os_error()));
         }
@@ -208,7 +209,26 @@ impl Board {
             return Err(Error::Protocol("the grant board is not a sealed memory file of the board's size".into()));
         }
         let p = crate::memory::owners::map_shared(&fd, BOARD_BYTES as u64, true, "the grant board")?;
-        Ok(Board { base: p as *const Slot, fd })
+        Ok(Board { base: p as *const Slot, fd, channel: None })
+    }
+
+    /// Requester: watches `channel` (a duplicate of the channel's socket)
+    /// for the source hanging up.
+    pub fn watch(mut self, channel: Option<OwnedFd>) -> Board {
+        self.channel = channel;
+        self
+    }
+
+    /// Requester: whether the source hung up its end of the channel (its
+    /// process exited, or it closed the channel). Then its words no longer
+    /// decide anything: a group must not enter. One `poll` without waiting;
+    /// `true` also when there is no channel to watch.
+    pub fn source_hung_up(&self) -> bool {
+        let Some(fd) = &self.channel else { return true };
+        let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 };
+        // SAFETY: one valid pollfd for an fd we own, timeout 0.
+        let n = unsafe { libc::poll(&mut p, 1, 0) };
+        n != 0 && p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0
     }
 
     /// The board's memory file (sent to the requester with the Welcome).

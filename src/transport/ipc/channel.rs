@@ -78,6 +78,15 @@ pub fn listen(name: &str) -> Result<UnixListener> {
 }
 
 impl Channel {
+    /// A duplicate of a Unix channel's socket, to watch for the peer
+    /// hanging up without touching the channel (`None` over TCP).
+    pub fn watch_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        match &self.stream {
+            Stream::Unix(u) => u.try_clone().ok().map(std::os::fd::OwnedFd::from),
+            Stream::Tcp(_) => None,
+        }
+    }
+
     /// Wraps an accepted Unix stream.
     pub fn from_stream(stream: UnixStream) -> Result<Channel> {
         stream.set_read_timeout(Some(TICK)).map_err(|e| Error::io("set_read_timeout", &e))?;

@@ -208,7 +208,7 @@ impl IpcLink {
                 }
                 // A board the source offers with its Welcome: used when it is
                 // what it claims, otherwise the channel works without one.
-                let board = f.fd.and_then(|fd| Board::map(fd).ok());
+                let board = f.fd.and_then(|fd| Board::map(fd).ok()).map(|b| b.watch(c.watch_fd()));
                 Ok((c, board))
             }
             MsgKind::ExportReject => Err(super::messages::decode_reject(&f.body)?.1),

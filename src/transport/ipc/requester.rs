@@ -60,10 +60,20 @@ impl Import {
 
     /// Enters the export's board slot for a group needing `ops`: `true`
     /// when the source still grants them (the group is in flight until
-    /// [`Import::leave`]); `false` without a slot or when revoked.
+    /// [`Import::leave`]); `false` without a slot, when revoked, or when
+    /// the source hung up (a dead source cannot revoke: its last words no
+    /// longer grant anything, and the round trip reports it gone).
     fn enter(&self, ops: u32) -> bool {
         let Some((b, i)) = &self.board else { return false };
-        b.slot(*i).is_some_and(|s| board::enter(s, self.slot_generation.load(Ordering::Acquire), ops))
+        let Some(s) = b.slot(*i) else { return false };
+        if !board::enter(s, self.slot_generation.load(Ordering::Acquire), ops) {
+            return false;
+        }
+        if b.source_hung_up() {
+            board::leave(s);
+            return false;
+        }
+        true
     }
 
     /// A group that entered is complete: it moved `requests` requests of

@@ -75,6 +75,24 @@ struct Pending {
     drained: bool,
 }
 
+/// What the sender thread writes: a request, or a notification's frame.
+enum Outgoing {
+    Chunk(Chunk),
+    Notify { tag: u64, body: Vec<u8> },
+}
+
+/// Called with a notification's outcome, and whether its frame may have
+/// reached the peer.
+pub type NotifyAnswer = Box<dyn FnOnce(Result<()>, bool) + Send>;
+
+struct NotifyPending {
+    /// The peer must answer by then (else the connection is cut).
+    deadline: Instant,
+    /// The frame was handed to the socket.
+    written: bool,
+    answer: NotifyAnswer,
+}
+
 struct DescribeState {
     current: Arc<Describe>,
     generation: u64,
@@ -84,7 +102,8 @@ struct DescribeState {
 pub struct TcpConnection {
     writer: Mutex<TcpStream>,
     control: TcpStream,
-    queue: Mutex<(VecDeque<Chunk>, bool)>,
+    queue: Mutex<(VecDeque<Outgoing>, bool)>,
+    notes: Mutex<HashMap<u64, NotifyPending>>,
     queue_cv: Condvar,
     pending: Mutex<Pending>,
     next_tag: AtomicU64,
@@ -122,6 +141,7 @@ impl TcpConnection {
             writer: Mutex::new(writer),
             control: stream,
             queue: Mutex::new((VecDeque::new(), false)),
+            notes: Mutex::new(HashMap::new()),
             queue_cv: Condvar::new(),
             pending: Mutex::new(Pending::default()),
             next_tag: AtomicU64::new(1),
@@ -185,6 +205,12 @@ impl TcpConnection {
         }
     }
 
+    /// Why nothing more can be sent: the error that killed the connection,
+    /// or its orderly close.
+    fn closed_reason(&self) -> Error {
+        self.dead_reason().unwrap_or_else(|| Error::Unavailable(format!("connection to {} is closed", self.label)))
+    }
+
     /// Queues chunks for sending. Fails them at once if the connection is dead.
     pub fn enqueue(&self, chunks: Vec<Chunk>) {
         if chunks.is_empty() {
@@ -193,17 +219,42 @@ impl TcpConnection {
         let mut q = self.queue.lock();
         if q.1 {
             drop(q);
-            let e = self
-                .dead_reason()
-                .unwrap_or_else(|| Error::Unavailable(format!("connection to {} is closed", self.label)));
+            let e = self.closed_reason();
             for c in chunks {
                 c.fail(e.clone(), RemoteEffect::None);
             }
             return;
         }
-        q.0.extend(chunks);
+        q.0.extend(chunks.into_iter().map(Outgoing::Chunk));
         drop(q);
         self.queue_cv.notify_one();
+    }
+
+    /// Queues a notification's frame (built by `body` from its tag) behind
+    /// what is queued already; `answer` gets the peer's verdict, or the
+    /// connection's error. Never blocks.
+    pub fn send_notify(&self, body: impl FnOnce(u64) -> Vec<u8>, deadline: Instant, answer: NotifyAnswer) {
+        let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
+        let mut q = self.queue.lock();
+        if q.1 {
+            drop(q);
+            answer(Err(self.closed_reason()), false);
+            return;
+        }
+        // Registered under the queue's lock: a kill (which sets the flag
+        // under it first) finds it when it answers every pending one.
+        self.notes.lock().insert(tag, NotifyPending { deadline, written: false, answer });
+        q.0.push_back(Outgoing::Notify { tag, body: body(tag) });
+        drop(q);
+        self.queue_cv.notify_one();
+    }
+
+    /// Answers every notification still waiting for the peer with `e`.
+    fn fail_notes(&self, e: &Error) {
+        let pending: Vec<NotifyPending> = self.notes.lock().drain().map(|(_, p)| p).collect();
+        for p in pending {
+            (p.answer)(Err(e.clone()), p.written);
+        }
     }
 
     /// The gate every chunk of this connection holds until it completes.
@@ -219,7 +270,7 @@ impl TcpConnection {
 
     /// Chunks queued or awaiting a response.
     pub fn outstanding(&self) -> usize {
-        self.queue.lock().0.len() + self.pending.lock().map.len()
+        self.queue.lock().0.len() + self.pending.lock().map.len() + self.notes.lock().len()
     }
 
     /// Kills the connection with `e` (idempotent): in-flight chunks fail.
@@ -253,7 +304,7 @@ impl TcpConnection {
     fn send_loop(self: Arc<Self>) {
         let mut reqbuf: Vec<u8> = Vec::with_capacity(64 * 1024);
         loop {
-            let batch: Vec<Chunk> = {
+            let batch: Vec<Outgoing> = {
                 let mut q = self.queue.lock();
                 while q.0.is_empty() && !q.1 {
                     self.queue_cv.wait(&mut q);
@@ -264,8 +315,12 @@ impl TcpConnection {
                 let n = q.0.len().min(256);
                 q.0.drain(..n).collect()
             };
-            for chunk in batch {
-                if let Err(e) = self.send_one(chunk, &mut reqbuf) {
+            for item in batch {
+                let r = match item {
+                    Outgoing::Chunk(chunk) => self.send_one(chunk, &mut reqbuf),
+                    Outgoing::Notify { tag, body } => self.send_note(tag, &body, &mut reqbuf),
+                };
+                if let Err(e) = r {
                     self.kill(e);
                 }
             }
@@ -286,6 +341,25 @@ impl TcpConnection {
         self.stats.record_wire_sent(TransportKind::Tcp, written);
         buf.clear();
         r
+    }
+
+    /// Appends a notification's frame to the outgoing buffer (a dead
+    /// connection answers it from the reader's drain instead).
+    fn send_note(&self, tag: u64, body: &[u8], buf: &mut Vec<u8>) -> Result<()> {
+        if self.dead_reason().is_some() {
+            return Ok(());
+        }
+        match self.notes.lock().get_mut(&tag) {
+            Some(p) => p.written = true,
+            None => return Ok(()),
+        }
+        buf.extend_from_slice(&FrameHeader::encode(MsgKind::Notify, body.len() as u32));
+        buf.extend_from_slice(body);
+        self.stats.notifications_sent.fetch_add(1, Ordering::Relaxed);
+        if buf.len() >= 32 * 1024 {
+            self.flush(buf)?;
+        }
+        Ok(())
     }
 
     fn send_one(&self, chunk: Chunk, buf: &mut Vec<u8>) -> Result<()> {
@@ -417,6 +491,7 @@ impl TcpConnection {
             let effect = if c.op == Op::Write { RemoteEffect::Unknown } else { RemoteEffect::None };
             c.fail(e, effect);
         }
+        self.fail_notes(&reason);
         // Chunks still queued are failed by the sender, which sees the kill.
     }
 
@@ -429,6 +504,10 @@ impl TcpConnection {
                 "request to {} passed its deadline without an answer (0x{:x}+{})",
                 self.label, e.chunk.remote_addr, e.chunk.len
             )));
+        }
+        drop(p);
+        if self.notes.lock().values().any(|n| n.written && now >= n.deadline) {
+            return Err(Error::TimedOut(format!("{} did not answer a notification in time", self.label)));
         }
         Ok(())
     }
@@ -465,6 +544,20 @@ impl TcpConnection {
                         return Err(Error::Protocol("Goodbye with a body".into()));
                     }
                     return Ok(());
+                }
+                MsgKind::NotifyAck => {
+                    let body = io::read_body(s, h.body_len, &mut || self.expired())?;
+                    let (tag, outcome) = crate::control::notify::decode_ack(&body)?;
+                    let Some(p) = self.notes.lock().remove(&tag) else {
+                        return Err(Error::Protocol(format!("NotifyAck for unknown tag {tag}")));
+                    };
+                    let outcome = outcome.map_err(|e| {
+                        Error::from_status(
+                            e.status(),
+                            format!("{} refused the notification: {}", self.label, e.message()),
+                        )
+                    });
+                    (p.answer)(outcome, true);
                 }
                 MsgKind::Revoke => {
                     if h.body_len != 0 {

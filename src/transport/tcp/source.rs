@@ -3,11 +3,13 @@
 use crate::control::frame::{FrameHeader, MsgKind};
 use crate::control::io::{self, HeaderRead, TICK};
 use crate::control::message::{self, DataRequest, DataResponse, Describe, DATA_REQUEST_LEN};
+use crate::control::notify::{Notify, NOTIFY_OVERHEAD};
 use crate::counters::Counters;
 use crate::error::{Error, Result, Status};
 use crate::kinds::TransportKind;
 use crate::memory::{RegionLease, RegionTable};
 use crate::sync::admission::{Gate, GateGuard};
+use crate::transport::inbox::{Inbox, Notification};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io::{BufReader, Read};
@@ -36,6 +38,8 @@ pub struct SourceContext {
     pub min_payload_rate: u64,
     /// The answer streams of the live connections (for `Revoke`).
     pub revoker: Arc<Revoker>,
+    /// Where notifications from requesters wait to be taken.
+    pub inbox: Arc<Inbox>,
 }
 
 /// The answer streams of an engine's live control connections, so that a
@@ -135,7 +139,7 @@ pub fn serve(ctx: Arc<SourceContext>, mut stream: TcpStream, first: FrameHeader)
 
 fn serve_inner(ctx: &SourceContext, first: FrameHeader, r: &mut BufReader<TcpStream>, w: &mut TcpStream) -> Result<()> {
     // Handshake: the requester speaks first with its Describe.
-    super::handshake::answer(first, r, w, ctx.handshake_timeout, &|| ctx.tick(), || (ctx.describe)())?;
+    let peer = super::handshake::answer(first, r, w, ctx.handshake_timeout, &|| ctx.tick(), || (ctx.describe)())?;
     // From here answers go through a lock shared with the revoker, which a
     // closing source uses to ask this requester for its imports back.
     let w = Arc::new(Mutex::new(w.try_clone().map_err(|e| Error::io("clone socket", &e))?));
@@ -173,6 +177,11 @@ fn serve_inner(ctx: &SourceContext, first: FrameHeader, r: &mut BufReader<TcpStr
                 let mine = (ctx.describe)().encode();
                 io::write_frame(&mut *w.lock(), MsgKind::Describe, &mine, &mut ctx.answer_tick())?;
             }
+            MsgKind::Notify => {
+                let (tag, outcome) = receive_notification(ctx, r, h.body_len as usize, &peer.endpoint)?;
+                let body = crate::control::notify::encode_ack(tag, &outcome);
+                io::write_frame(&mut *w.lock(), MsgKind::NotifyAck, &body, &mut ctx.answer_tick())?;
+            }
             MsgKind::Goodbye => return Ok(()),
             MsgKind::Error => {
                 let mut tick = bounded(ctx, Instant::now() + frame_timeout, "Error frame");
@@ -183,6 +192,44 @@ fn serve_inner(ctx: &SourceContext, first: FrameHeader, r: &mut BufReader<TcpStr
             other => return Err(Error::Protocol(format!("unexpected {other:?} from the requester side"))),
         }
     }
+}
+
+/// Reads one Notify body of `len` bytes and offers it to the inbox. Memory
+/// stays bounded by the inbox's message limit: a larger body is read
+/// through a small buffer and refused. Returns the tag and the verdict for
+/// the sender; a malformed body is a protocol error.
+fn receive_notification(
+    ctx: &SourceContext,
+    r: &mut impl Read,
+    len: usize,
+    endpoint: &str,
+) -> Result<(u64, Result<()>)> {
+    let mut tick = bounded(ctx, Instant::now() + ctx.handshake_timeout, "notification");
+    let most = NOTIFY_OVERHEAD + ctx.inbox.max_bytes();
+    if len > most {
+        if len < 8 {
+            return Err(Error::Protocol(format!("Notify body of {len} bytes")));
+        }
+        let mut tag = [0u8; 8];
+        io::read_full(r, &mut tag, &mut tick, false)?;
+        let mut scratch = [0u8; 4096];
+        let mut left = len - 8;
+        while left > 0 {
+            let n = left.min(scratch.len());
+            io::read_full(r, &mut scratch[..n], &mut tick, false)?;
+            left -= n;
+        }
+        ctx.stats.notifications_rejected.fetch_add(1, Ordering::Relaxed);
+        let e = Error::InvalidArgument(format!(
+            "a notification frame of {len} bytes exceeds the receiver's notification_max_bytes ({})",
+            ctx.inbox.max_bytes()
+        ));
+        return Ok((u64::from_le_bytes(tag), Err(e)));
+    }
+    let body = io::read_body(r, len as u32, &mut tick)?;
+    let n = Notify::decode(&body)?;
+    let sender = if n.name.is_empty() { endpoint.to_string() } else { n.name };
+    Ok((n.tag, ctx.inbox.offer(Notification { sender, msg: n.msg })))
 }
 
 /// A tick that also fails once `deadline` passed (a peer too slow to

@@ -1,0 +1,96 @@
+//! A hostile sender of notifications, alone in its test binary so that the
+//! process's memory measures this engine only: a flood of full-size
+//! notifications, frames larger than the receiver's limit, and a sender
+//! name that breaks the rules. The receiver holds at most
+//! `notification_queue` messages, answers every frame (queued, or why
+//! not), keeps serving a well-behaved peer, and cuts off only the frame it
+//! cannot parse.
+
+mod hostile;
+use hostile::*;
+use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
+use orbite::control::notify::{decode_ack, Notify};
+use orbite::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+fn frame(kind: MsgKind, body: &[u8]) -> Vec<u8> {
+    let mut v = FrameHeader::encode(kind, body.len() as u32).to_vec();
+    v.extend_from_slice(body);
+    v
+}
+
+/// Reads one frame: its kind and body.
+fn read_frame(s: &mut TcpStream) -> (MsgKind, Vec<u8>) {
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    s.read_exact(&mut h).unwrap();
+    let h = FrameHeader::decode(&h).unwrap();
+    let mut body = vec![0u8; h.body_len as usize];
+    s.read_exact(&mut body).unwrap();
+    (h.kind, body)
+}
+
+#[test]
+fn a_notification_flood_and_oversize_frames_stay_within_the_bound() {
+    let mut g = Good::new(r#"{"notification_queue": 8, "notification_max_bytes": 1024}"#);
+    let rss0 = proc_status("VmRSS:");
+    let mut s = TcpStream::connect(g.src.endpoint()).unwrap();
+    s.set_read_timeout(Some(LONG)).unwrap();
+    s.write_all(&describe_bytes()).unwrap();
+    assert_eq!(read_frame(&mut s).0, MsgKind::Describe);
+    const FLOOD: u64 = 20_000;
+    let mut reader = s.try_clone().unwrap();
+    // Answers are read beside the flood, as a peer that keeps reading.
+    let answers = std::thread::spawn(move || {
+        let mut verdicts = Vec::new();
+        for _ in 0..FLOOD + 2 {
+            let (kind, body) = read_frame(&mut reader);
+            assert_eq!(kind, MsgKind::NotifyAck);
+            let (tag, v) = decode_ack(&body).unwrap();
+            verdicts.push((tag, v.map_err(|e| e.status())));
+        }
+        (verdicts, reader)
+    });
+    let mut out = Vec::new();
+    for tag in 0..FLOOD {
+        out.extend(frame(MsgKind::Notify, &Notify { tag, name: "flood".into(), msg: vec![0xAB; 1024] }.encode()));
+        if out.len() > 1 << 20 {
+            s.write_all(&out).unwrap();
+            out.clear();
+        }
+    }
+    // One byte over the limit, and a whole control frame's worth of it.
+    out.extend(frame(MsgKind::Notify, &Notify { tag: FLOOD, name: "flood".into(), msg: vec![1; 1025] }.encode()));
+    let mut huge = FLOOD.wrapping_add(1).to_le_bytes().to_vec();
+    huge.resize(1 << 20, 7);
+    out.extend(frame(MsgKind::Notify, &huge));
+    s.write_all(&out).unwrap();
+    let (verdicts, mut reader) = answers.join().unwrap();
+    let ok = verdicts.iter().filter(|(_, v)| v.is_ok()).count();
+    let full = verdicts.iter().filter(|(_, v)| *v == Err(Status::ResourceExhausted)).count();
+    assert_eq!((ok, full), (8, FLOOD as usize - 8));
+    assert_eq!(verdicts[..8].iter().map(|(t, _)| *t).collect::<Vec<_>>(), (0..8).collect::<Vec<_>>());
+    assert_eq!(verdicts[FLOOD as usize], (FLOOD, Err(Status::InvalidArgument)));
+    assert_eq!(verdicts[FLOOD as usize + 1], (FLOOD + 1, Err(Status::InvalidArgument)));
+    let st = g.src.stats().notifications;
+    assert_eq!((st.received, st.rejected, st.queued), (8, FLOOD - 8 + 2, 8));
+    // The well-behaved peer is served; the queue holds what it accepted.
+    g.transfer();
+    for _ in 0..8 {
+        let n = g.src.take_notification(Duration::ZERO).unwrap();
+        assert_eq!((n.sender.as_str(), n.msg.len()), ("flood", 1024));
+    }
+    assert_eq!(g.src.take_notification(Duration::ZERO).unwrap_err().status(), Status::TimedOut);
+    // A sender name that breaks the rules is a protocol error: the
+    // connection ends with an Error frame naming it.
+    s.write_all(&frame(MsgKind::Notify, &Notify { tag: 1, name: "a b".into(), msg: vec![] }.encode())).unwrap();
+    let (kind, body) = read_frame(&mut reader);
+    assert_eq!(kind, MsgKind::Error);
+    let (status, text) = orbite::control::message::decode_error(&body).unwrap();
+    assert_eq!(status, Status::ProtocolError);
+    assert!(text.contains("sender name"), "{text}");
+    g.transfer();
+    let rss = proc_status("VmRSS:");
+    assert!(rss < rss0 + 32 * 1024, "RSS grew from {rss0} kB to {rss} kB");
+}

@@ -1,0 +1,239 @@
+//! Notifications between real processes on loopback: a notification sent
+//! with a WRITE arrives only once the bytes are in the receiver's memory
+//! (the receiver checks them the instant it takes it), never after a failed
+//! batch; a full queue refuses the sender; one sender's notifications keep
+//! their order; a receiver that dies fails what waits for it.
+
+mod common;
+
+use common::*;
+use orbite::*;
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+
+fn engine(json: &str) -> Engine {
+    Engine::from_json(json).expect("engine")
+}
+
+/// A registered local buffer holding `len` bytes of pattern `seed`.
+fn local(e: &Engine, seed: u64, len: usize) -> Vec<u8> {
+    let v = pattern_vec(seed, len);
+    e.register_memory(v.as_ptr() as u64, len as u64, Access::NONE).unwrap();
+    v
+}
+
+fn wr(local: &[u8], remote: u64, len: u64) -> Request {
+    Request { op: Op::Write, local_addr: local.as_ptr() as u64, remote_addr: remote, len }
+}
+
+fn opts(t: Transport) -> SubmitOptions {
+    SubmitOptions { transport: t, timeout: Some(LONG) }
+}
+
+fn notes(e: &Engine) -> orbite::engine::stats::NotificationStats {
+    e.stats().notifications
+}
+
+/// A WRITE with a notification, over `transport`: the receiver is already
+/// waiting for the notification when the batch is submitted, and checks
+/// the bytes the instant it takes it. Sixteen 1 MiB blocks, the message
+/// naming the last one copied, so that a notification sent at enqueue
+/// time would find it incomplete.
+fn write_then_told(transport: TransportKind) {
+    let mut src = PeerProc::spawn(&["--size", &(16 * MIB).to_string(), "--shared", "--seed", "1"]);
+    let e = engine(r#"{"name": "prefill-7"}"#);
+    let data: Vec<u8> = (0..16).flat_map(|k| pattern_vec(9 + k, MIB as usize)).collect();
+    e.register_memory(data.as_ptr() as u64, 16 * MIB, Access::NONE).unwrap();
+    let blocks: Vec<Request> = (0..16u64)
+        .map(|k| Request {
+            op: Op::Write,
+            local_addr: data.as_ptr() as u64 + k * MIB,
+            remote_addr: src.addr + k * MIB,
+            len: MIB,
+        })
+        .collect();
+    let peer = e.connect(&src.endpoint, None).unwrap();
+    for round in 0..3 {
+        src.send("note 60000");
+        let msg = format!("verify {} {} {MIB}", 9 + 15, 15 * MIB);
+        let b = e.submit_with_notification(peer, &blocks, opts(Transport::Only(transport)), msg.as_bytes()).unwrap();
+        b.wait(LONG).unwrap();
+        assert_eq!(b.transport(15).unwrap(), Some(transport));
+        assert!(matches!(b.notification(), Some(Ok(()))));
+        assert_eq!(src.reply(), "prefill-7 ok", "round {round}");
+        assert_eq!(src.cmd(&format!("verify 9 0 {MIB}")), "ok");
+        src.cmd("fill 1");
+    }
+    let n = notes(&e);
+    assert_eq!((n.sent, n.delivered, n.refused, n.not_sent), (3, 3, 0, 0));
+    let theirs: serde_json::Value = src.stats()["notifications"].clone();
+    assert_eq!((theirs["received"].as_u64(), theirs["queued"].as_u64()), (Some(3), Some(0)));
+    e.close(Some(LONG)).unwrap();
+    src.close();
+}
+
+#[test]
+fn a_write_over_tcp_is_in_place_when_its_notification_is_taken() {
+    write_then_told(TransportKind::Tcp);
+}
+
+#[test]
+fn a_write_over_shm_is_in_place_when_its_notification_is_taken() {
+    write_then_told(TransportKind::Shm);
+}
+
+/// A batch with a failed request sends nothing; its batch says why; a
+/// later standalone notification still goes (it follows the failed batch,
+/// which has ended).
+#[test]
+fn a_failed_write_delivers_nothing() {
+    let mut src = PeerProc::spawn(&["--size", &MIB.to_string(), "--shared", "--access", "r"]);
+    let e = engine("{}");
+    let data = local(&e, 3, 8192);
+    let peer = e.connect(&src.endpoint, None).unwrap();
+    for t in [TransportKind::Tcp, TransportKind::Shm] {
+        let reqs = [wr(&data, src.addr, 4096), wr(&data, src.addr + 4096, 4096)];
+        let b = e.submit_with_notification(peer, &reqs, opts(Transport::Only(t)), b"never").unwrap();
+        let err = b.wait(LONG).unwrap_err();
+        assert_eq!(err.status(), Status::TransferFailed, "{err}");
+        assert!(b.results().iter().all(|r| r.status == Status::PermissionDenied), "{:?}", b.results());
+        let why = b.notification().expect("known").unwrap_err();
+        assert_eq!(why.status(), Status::PermissionDenied, "{why}");
+        assert!(why.message().contains("request 0 of its batch failed"), "{why}");
+        assert!(b.notes().iter().any(|n| n.starts_with("notification: notification not sent")), "{:?}", b.notes());
+    }
+    e.notify(peer, b"after", Some(LONG)).unwrap();
+    let sender = e.endpoint();
+    assert_eq!(src.cmd("note 60000"), format!("{sender} unknown command \"after\""), "only the standalone one came");
+    assert_eq!(src.cmd("note 0"), "none ORBITE_STATUS_TIMED_OUT");
+    let n = notes(&e);
+    assert_eq!((n.sent, n.delivered, n.not_sent), (1, 1, 2));
+    src.close();
+}
+
+/// The receiver holds at most `notification_queue`; beyond it the sender's
+/// call fails RESOURCE_EXHAUSTED and nothing is dropped; taking one makes
+/// room. Oversize messages fail at the sender (its own limit) and at the
+/// receiver (a smaller limit there).
+#[test]
+fn a_full_queue_refuses_the_sender_and_sizes_are_checked_both_ends() {
+    let mut src = PeerProc::spawn(&[
+        "--size",
+        &MIB.to_string(),
+        "--config",
+        r#"{"notification_queue": 2, "notification_max_bytes": 100}"#,
+    ]);
+    let e = engine(r#"{"name": "n1", "notification_max_bytes": 200}"#);
+    let peer = e.connect(&src.endpoint, None).unwrap();
+    e.notify(peer, b"stats", Some(LONG)).unwrap();
+    e.notify(peer, b"stats", Some(LONG)).unwrap();
+    let full = e.notify(peer, b"stats", Some(LONG)).unwrap_err();
+    assert_eq!(full.status(), Status::ResourceExhausted, "{full}");
+    assert!(full.message().contains("queue is full"), "{full}");
+    assert!(src.cmd("note 1000").starts_with("n1 {"), "the first one is still there");
+    e.notify(peer, b"stats", Some(LONG)).unwrap();
+    let big = e.notify(peer, &[b'x'; 150], Some(LONG)).unwrap_err();
+    assert_eq!(big.status(), Status::InvalidArgument, "{big}");
+    assert!(big.message().contains("notification_max_bytes (100)"), "{big}");
+    let mine = e.notify(peer, &[b'x'; 201], Some(LONG)).unwrap_err();
+    assert_eq!(mine.status(), Status::InvalidArgument, "{mine}");
+    assert!(mine.message().contains("notification_max_bytes (200)"), "{mine}");
+    let n = notes(&e);
+    assert_eq!((n.sent, n.delivered, n.refused), (5, 3, 2));
+    let theirs = src.stats()["notifications"].clone();
+    assert_eq!(
+        (theirs["received"].as_u64(), theirs["rejected"].as_u64(), theirs["queued"].as_u64()),
+        (Some(3), Some(2), Some(2))
+    );
+    // The connection survived both refusals.
+    assert!(src.cmd("note 1000").starts_with("n1 {"));
+    src.close();
+}
+
+/// 10 000 notifications from one sender, one in ten sent with a WRITE
+/// batch that the next ones must wait for: they arrive in order.
+#[test]
+fn ten_thousand_notifications_keep_their_order() {
+    let mut src = PeerProc::spawn(&[
+        "--size",
+        &MIB.to_string(),
+        "--shared",
+        "--config",
+        r#"{"notification_queue": 16384, "notification_max_bytes": 16}"#,
+    ]);
+    let e = engine(r#"{"notification_max_bytes": 16}"#);
+    let data = local(&e, 5, 4096);
+    let peer = e.connect(&src.endpoint, None).unwrap();
+    let mut batches = Vec::new();
+    for i in 0..10_000u64 {
+        let msg = i.to_string();
+        if i % 10 == 0 {
+            let t = if i % 20 == 0 { TransportKind::Tcp } else { TransportKind::Shm };
+            let r = wr(&data, src.addr + (i % 256) * 4096, 4096);
+            batches.push(e.submit_with_notification(peer, &[r], opts(Transport::Only(t)), msg.as_bytes()).unwrap());
+        } else {
+            e.notify(peer, msg.as_bytes(), Some(LONG)).unwrap();
+        }
+    }
+    for b in &batches {
+        b.wait(LONG).unwrap();
+    }
+    assert_eq!(src.cmd("notes 10000 60000"), "ok");
+    assert_eq!(notes(&e).delivered, 10_000);
+    src.close();
+}
+
+/// A receiver that dies: the standalone notification waiting for its
+/// answer fails with the connection's error, and so does the batch whose
+/// notification was waiting for the WRITE; neither reports delivery.
+#[test]
+fn a_killed_receiver_fails_what_waits_for_it() {
+    let src = PeerProc::spawn(&["--size", &(64 * MIB).to_string(), "--shared"]);
+    let e = engine(r#"{"default_timeout_ms": 120000}"#);
+    let data = local(&e, 2, (64 * MIB) as usize);
+    let peer = e.connect(&src.endpoint, None).unwrap();
+    e.notify(peer, b"stats", Some(LONG)).unwrap();
+    src.freeze();
+    let b = e
+        .submit_with_notification(
+            peer,
+            &[wr(&data, src.addr, 64 * MIB)],
+            opts(Transport::Only(TransportKind::Tcp)),
+            b"w",
+        )
+        .unwrap();
+    std::thread::scope(|s| {
+        let alone = s.spawn(|| e.notify(peer, b"alone", Some(LONG)));
+        // The standalone one waits behind the WRITE; neither can finish
+        // while the receiver is frozen.
+        assert_eq!(b.wait(Duration::from_millis(300)).unwrap_err().status(), Status::TimedOut);
+        src.kill();
+        let err = alone.join().unwrap().unwrap_err();
+        assert_eq!(err.status(), Status::Unavailable, "{err}");
+    });
+    assert_eq!(b.wait(LONG).unwrap_err().status(), Status::TransferFailed);
+    let why = b.notification().expect("known").unwrap_err();
+    assert_eq!(why.status(), Status::Unavailable, "{why}");
+    let n = notes(&e);
+    assert_eq!((n.sent, n.delivered, n.not_sent), (1, 1, 2));
+}
+
+/// `take_notification` answers TIMED_OUT when nothing came, and names a
+/// sender without a name by its endpoint.
+#[test]
+fn take_waits_and_names_the_sender() {
+    let a = engine(r#"{"name": "decode-3"}"#);
+    let b = engine("{}");
+    let t = std::time::Instant::now();
+    assert_eq!(a.take_notification(Duration::from_millis(50)).unwrap_err().status(), Status::TimedOut);
+    assert!(t.elapsed() >= Duration::from_millis(50));
+    let to_a = b.connect(&a.endpoint(), None).unwrap();
+    let to_b = a.connect(&b.endpoint(), None).unwrap();
+    b.notify(to_a, b"from b", None).unwrap();
+    a.notify(to_b, b"", None).unwrap();
+    let got = a.take_notification(LONG).unwrap();
+    assert_eq!((got.sender.as_str(), got.msg.as_slice()), (b.endpoint().as_str(), &b"from b"[..]));
+    let got = b.take_notification(LONG).unwrap();
+    assert_eq!((got.sender.as_str(), got.msg.len()), ("decode-3", 0));
+}
