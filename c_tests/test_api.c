@@ -320,6 +320,29 @@ static void nobody_listens(orbite_engine *req) {
   CHECK(peer == 42);
 }
 
+/* Discovery's C surface without an etcd: orbite_connect_name on an engine
+   without discovery is UNAVAILABLE (out_peer untouched); discovery without
+   a name is INVALID_CONFIG; an etcd nobody serves is UNAVAILABLE at start
+   naming the address (NOT_SUPPORTED in a build without the etcd feature).
+   tests/discovery.rs runs the rest against a real etcd. */
+static void discovery_without_etcd(orbite_engine *e) {
+  uint64_t peer = 42;
+  CHECK_STATUS(orbite_connect_name(e, "prefill-0", 1000, &peer), ORBITE_STATUS_UNAVAILABLE);
+  CHECK_ERROR_MENTIONS("no discovery is configured");
+  CHECK(peer == 42);
+  CHECK_STATUS(orbite_connect_name(e, NULL, 1000, &peer), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_connect_name(e, "not a name", 1000, &peer), ORBITE_STATUS_INVALID_ARGUMENT);
+  orbite_engine *d = NULL;
+  CHECK_STATUS(orbite_engine_new("{\"discovery\": {\"etcd\": [\"http://127.0.0.1:1\"]}}", &d),
+               ORBITE_STATUS_INVALID_CONFIG);
+  CHECK_ERROR_MENTIONS("needs `name`");
+  orbite_status s = orbite_engine_new(
+      "{\"name\": \"x\", \"default_timeout_ms\": 300, \"discovery\": {\"etcd\": [\"http://127.0.0.1:1\"]}}", &d);
+  CHECK(s == ORBITE_STATUS_UNAVAILABLE || s == ORBITE_STATUS_NOT_SUPPORTED);
+  CHECK_ERROR_MENTIONS(s == ORBITE_STATUS_UNAVAILABLE ? "http://127.0.0.1:1" : "etcd");
+  CHECK(d == NULL);
+}
+
 int main(void) {
   orbite_engine *e = (orbite_engine *)SENTINEL_PTR;
   CHECK_STATUS(orbite_engine_new(NULL, NULL), ORBITE_STATUS_NULL_ARGUMENT);
@@ -334,6 +357,7 @@ int main(void) {
   allocations(e);
   peers_and_submit(src, e);
   nobody_listens(e);
+  discovery_without_etcd(e);
   batch_outlives_engine();
 
   CHECK_STATUS(orbite_flush_nvlink_cache(NULL, 0), ORBITE_STATUS_NULL_ARGUMENT);

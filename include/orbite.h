@@ -218,6 +218,15 @@ orbite_status orbite_record_producer_stream(struct orbite_engine *engine, uint64
 // Connects to a peer's endpoint; writes the peer id.
 orbite_status orbite_connect(struct orbite_engine *engine, const char *endpoint, uint32_t timeout_ms, uint64_t *out_peer);
 
+// Finds the live engine named `name` through discovery (config
+// "discovery") and connects to it; writes the peer id. NOT_FOUND: no live
+// engine of that name; UNAVAILABLE: no discovery configured or etcd out
+// of reach within the timeout; STALE_PEER: the engine found is not the
+// epoch published under the name. The name stays watched while connected:
+// if it vanishes or names another epoch, the peer is marked gone
+// (STALE_PEER) at once.
+orbite_status orbite_connect_name(struct orbite_engine *engine, const char *name, uint32_t timeout_ms, uint64_t *out_peer);
+
 // Writes the regions the peer publishes, as a JSON array.
 orbite_status orbite_peer_regions_json(struct orbite_engine *engine, uint64_t peer, char *buf, size_t cap, size_t *out_len);
 

@@ -1513,6 +1513,20 @@ class Engine {
     return Peer(h_, id);
   }
 
+  /// Connects to the live engine named `name`, found through discovery
+  /// (config "discovery"). NOT_FOUND: no such live engine; UNAVAILABLE: no
+  /// discovery, or etcd out of reach within `timeout`.
+  Peer connect_name(const std::string &name, std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
+    return try_connect_name(name, timeout).value();
+  }
+  Result<Peer> try_connect_name(const std::string &name,
+                                std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
+    std::uint64_t id = 0;
+    orbite_status s = orbite_connect_name(get(), name.c_str(), detail::millis(timeout), &id);
+    if (s != ORBITE_STATUS_OK) return detail::failure(s, "orbite_connect_name");
+    return Peer(h_, id);
+  }
+
   /// Closes this engine's cached imports (SHM and NVLink) through their
   /// receipts, so the peers' exports are released; submissions continue.
   /// UNQUIESCED: some stay retained (see stats().ipc).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine lacks for building and testing OrbiTE:
-# cmake, pkg-config, a C/C++ compiler, and valgrind (memcheck stage).
+# cmake, pkg-config, a C/C++ compiler, valgrind (memcheck stage), protoc
+# (the etcd client's build) and etcd (the discovery tests start their own).
 set -euo pipefail
 missing=()
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
@@ -8,6 +9,9 @@ command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v cc >/dev/null 2>&1 || missing+=(gcc)
 command -v c++ >/dev/null 2>&1 || missing+=(g++)
 command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
+# Discovery: protoc builds the etcd client; the tests run a real etcd.
+command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+[ -x /usr/bin/etcd ] || command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing: ${missing[*]}"
   SUDO=""

@@ -23,6 +23,8 @@ for f in tests/*.rs; do
 done
 echo "== cargo test (release, cuda feature: ${cuda_tests[*]}) =="
 cargo test --release --locked --features cuda "${cuda_tests[@]}"
+echo "== cargo test (release, etcd feature: discovery against a real etcd the tests start) =="
+cargo test --release --locked --features etcd --test discovery
 echo "== C tests (ctest) =="
 cmake -S . -B build-test -DORBITE_CARGO_TARGET_DIR="$PWD/target" >/dev/null
 cmake --build build-test -j"$jobs"

@@ -27,10 +27,11 @@
 // Layers, from the ground up (a file imports only layers below it;
 // `tests/layers.rs` checks it, docs/architecture.md draws it):
 // ground (error, random, kinds, sync, counters, transfer) < cuda < memory < control
-// < transport < engine < ffi.
+// < transport < discovery < engine < ffi.
 pub mod control;
 pub mod counters;
 pub mod cuda;
+pub mod discovery;
 pub mod engine;
 pub mod error;
 pub mod ffi;

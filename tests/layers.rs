@@ -27,6 +27,7 @@ const LAYERS: &[&str] = &[
     "memory",
     "control",
     "transport",
+    "discovery",
     "engine",
     "ffi",
 ];

@@ -5,6 +5,7 @@
 //! The keys are documented in `docs/config.md`.
 
 use crate::control::notify::{check_name, MAX_NOTIFICATION_BYTES};
+use crate::discovery::{check_url, DiscoveryConfig};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 pub use crate::transport::mnnvl::MnnvlHandleType;
@@ -98,6 +99,9 @@ pub struct EngineConfig {
     /// Most notifications waiting here to be taken; a sender finds the
     /// queue full (`RESOURCE_EXHAUSTED`) beyond it.
     pub notification_queue: u32,
+    /// Discovery on etcd (needs `name`): the engine publishes itself under
+    /// its name while it lives, and finds peers by theirs.
+    pub discovery: Option<DiscoveryConfig>,
 }
 
 impl Default for EngineConfig {
@@ -124,6 +128,7 @@ impl Default for EngineConfig {
             name: None,
             notification_max_bytes: 4096,
             notification_queue: 1024,
+            discovery: None,
         }
     }
 }
@@ -141,6 +146,44 @@ fn type_name(v: &Value) -> &'static str {
         Value::Array(_) => "an array",
         Value::Object(_) => "an object",
     }
+}
+
+/// The `discovery` object: `etcd` (URLs, required), `prefix` ("/orbite"),
+/// `ttl_s` (10).
+fn parse_discovery(obj: &Map<String, Value>) -> Result<DiscoveryConfig> {
+    let mut d = DiscoveryConfig { etcd: Vec::new(), prefix: "/orbite".into(), ttl_s: 10 };
+    for (k, v) in obj {
+        let key = format!("discovery.{k}");
+        match k.as_str() {
+            "etcd" => {
+                let list = v
+                    .as_array()
+                    .ok_or_else(|| bad(&key, format!("expected an array of URLs, got {}", type_name(v))))?;
+                d.etcd = list.iter().map(|u| get_str(&key, u).map(str::to_string)).collect::<Result<_>>()?;
+            }
+            "prefix" => d.prefix = get_str(&key, v)?.to_string(),
+            "ttl_s" => d.ttl_s = get_u32(&key, v, 1, 3600)?,
+            _ => return Err(bad(&key, "unknown key")),
+        }
+    }
+    check_discovery(&d)?;
+    Ok(d)
+}
+
+fn check_discovery(d: &DiscoveryConfig) -> Result<()> {
+    if d.etcd.is_empty() {
+        return Err(bad("discovery.etcd", "names no etcd URL (expected [\"http://HOST:PORT\", ...])"));
+    }
+    for u in &d.etcd {
+        check_url(u).map_err(|e| bad("discovery.etcd", e))?;
+    }
+    if !d.prefix.starts_with('/') || d.prefix.len() > 256 {
+        return Err(bad("discovery.prefix", format!("{:?} must start with / and hold at most 256 bytes", d.prefix)));
+    }
+    if d.ttl_s == 0 || d.ttl_s > 3600 {
+        return Err(bad("discovery.ttl_s", format!("{} is outside the range 1..=3600", d.ttl_s)));
+    }
+    Ok(())
 }
 
 fn get_bool(key: &str, v: &Value) -> Result<bool> {
@@ -291,6 +334,13 @@ impl EngineConfig {
                     c.notification_max_bytes = get_u32(k, v, 1, MAX_NOTIFICATION_BYTES as u32)?;
                 }
                 "notification_queue" => c.notification_queue = get_u32(k, v, 1, 65_536)?,
+                "discovery" => {
+                    c.discovery = match v {
+                        Value::Null => None,
+                        Value::Object(o) => Some(parse_discovery(o)?),
+                        _ => return Err(bad(k, format!("expected an object or null, got {}", type_name(v)))),
+                    }
+                }
                 _ => return Err(bad(k, "unknown key")),
             }
         }
@@ -345,6 +395,12 @@ impl EngineConfig {
         if let Some(n) = &self.name {
             check_name(n).map_err(|e| bad("name", e))?;
         }
+        if let Some(d) = &self.discovery {
+            if self.name.is_none() {
+                return Err(bad("discovery", "needs `name`: peers find this engine by it"));
+            }
+            check_discovery(d)?;
+        }
         if self.transport_policy.is_empty() {
             return Err(bad("transport_policy", "must name at least one transport"));
         }
@@ -361,6 +417,9 @@ impl EngineConfig {
             "name": self.name,
             "notification_max_bytes": self.notification_max_bytes,
             "notification_queue": self.notification_queue,
+            "discovery": self.discovery.as_ref().map(|d| serde_json::json!({
+                "etcd": d.etcd, "prefix": d.prefix, "ttl_s": d.ttl_s,
+            })),
             "nvlink": self.nvlink,
             "mnnvl": self.mnnvl.as_ref().map(MnnvlConfig::to_value),
             "max_inflight_bytes": self.max_inflight_bytes,
@@ -444,6 +503,14 @@ mod tests {
             offer_timeout_ms: 250,
             min_payload_rate_kib: 0,
             max_ipc_channels: 3,
+            name: Some("prefill-0".into()),
+            notification_max_bytes: 100,
+            notification_queue: 7,
+            discovery: Some(DiscoveryConfig {
+                etcd: vec!["http://127.0.0.1:2379".into(), "http://etcd-1:2379".into()],
+                prefix: "/cluster-a".into(),
+                ttl_s: 4,
+            }),
             ..EngineConfig::default()
         };
         assert_eq!(EngineConfig::from_json(&c.to_json()).unwrap(), c);
@@ -455,6 +522,7 @@ mod tests {
     fn unknown_keys_are_named() {
         assert!(err(r#"{"max_inflite_bytes": 5}"#).contains("`max_inflite_bytes`"));
         assert!(err(r#"{"mnnvl": {"egmm": true}}"#).contains("`mnnvl.egmm`"));
+        assert!(err(r#"{"name": "a", "discovery": {"etcd": ["http://h:1"], "ttl": 3}}"#).contains("`discovery.ttl`"));
     }
 
     #[test]
@@ -521,5 +589,25 @@ mod tests {
         assert!(err(r#"{"max_ipc_channels": 0}"#).contains("`max_ipc_channels`"));
         let c = EngineConfig::from_json(r#"{"auth_key_file": null, "ipc_allowed_uids": [33]}"#).unwrap();
         assert_eq!((c.auth_key_file, c.ipc_allowed_uids), (None, vec![33]));
+    }
+
+    #[test]
+    fn names_notifications_and_discovery_are_checked() {
+        assert!(err(r#"{"name": ""}"#).contains("`name`"));
+        assert!(err(r#"{"name": "a/b"}"#).contains("`name`"));
+        assert!(err(r#"{"notification_max_bytes": 0}"#).contains("`notification_max_bytes`"));
+        assert!(err(r#"{"notification_max_bytes": 262145}"#).contains("`notification_max_bytes`"));
+        assert!(err(r#"{"notification_queue": 65536, "notification_max_bytes": 262144}"#).contains("more than 1 GiB"));
+        assert!(err(r#"{"discovery": {"etcd": ["http://h:1"]}}"#).contains("needs `name`"));
+        let named = |d: &str| format!(r#"{{"name": "x", "discovery": {d}}}"#);
+        assert!(err(&named(r#"{"etcd": []}"#)).contains("`discovery.etcd`"));
+        assert!(err(&named(r#"{"etcd": ["h:1"]}"#)).contains("not an http:// URL"));
+        assert!(err(&named(r#"{"etcd": "http://h:1"}"#)).contains("expected an array"));
+        assert!(err(&named(r#"{"etcd": ["http://h:1"], "prefix": "x"}"#)).contains("`discovery.prefix`"));
+        assert!(err(&named(r#"{"etcd": ["http://h:1"], "ttl_s": 0}"#)).contains("`discovery.ttl_s`"));
+        let c = EngineConfig::from_json(&named(r#"{"etcd": ["http://h:1"]}"#)).unwrap();
+        let d = c.discovery.unwrap();
+        assert_eq!((d.prefix.as_str(), d.ttl_s), ("/orbite", 10));
+        assert_eq!(EngineConfig::from_json(r#"{"discovery": null}"#).unwrap().discovery, None);
     }
 }

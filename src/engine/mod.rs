@@ -25,6 +25,7 @@ use crate::control::auth::AuthKey;
 use crate::control::message::{Describe, RegionInfo};
 use crate::control::Identity;
 use crate::counters::Counters;
+use crate::discovery::{Discovery, Record};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::memory::RegionTable;
@@ -70,6 +71,8 @@ pub(crate) struct Inner {
     ipc_unavailable: Vec<(TransportKind, String)>,
     /// Notifications received, waiting to be taken.
     inbox: Arc<Inbox>,
+    /// Discovery on etcd, when configured (set once, at start).
+    discovery: once_cell::sync::OnceCell<Discovery>,
 }
 
 /// A transfer engine: registers memory, serves it to peers and moves bytes
@@ -155,6 +158,7 @@ impl Engine {
             notes: parking_lot::Mutex::new(std::collections::VecDeque::new()),
             ipc: ipc_transports,
             ipc_unavailable,
+            discovery: once_cell::sync::OnceCell::new(),
             inbox: Arc::new(Inbox::new(
                 config.notification_queue as usize,
                 config.notification_max_bytes as usize,
@@ -186,6 +190,20 @@ impl Engine {
             auth: inner.auth.clone(),
             allowed_uids: inner.config.ipc_allowed_uids.clone(),
         });
+        // Published under its name before it serves: a peer that finds it
+        // connects into the listen backlog meanwhile.
+        if let Some(d) = &inner.config.discovery {
+            let me = Record {
+                name: inner.config.name.clone().unwrap_or_default(),
+                endpoint: inner.endpoint.to_string(),
+                epoch: inner.identity.engine_epoch,
+                capabilities: inner.capabilities(),
+                boot_id: inner.identity.boot_id.iter().map(|b| format!("{b:02x}")).collect(),
+                pid: inner.identity.process.pid,
+            };
+            let deadline = Instant::now() + Duration::from_millis(inner.config.default_timeout_ms as u64);
+            let _ = inner.discovery.set(Discovery::start(d, me, deadline)?);
+        }
         inner.listeners.start(tcp_ctx, ipc_ctx)?;
         registry::add(Arc::downgrade(&inner) as std::sync::Weak<dyn registry::Reporting>);
         Ok(Engine { inner })
@@ -418,6 +436,11 @@ impl Inner {
     fn shutdown(&self) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
+        }
+        // Peers stop finding it first (its lease is revoked: the name goes
+        // at once).
+        if let Some(d) = self.discovery.get() {
+            d.close(Instant::now() + Duration::from_secs(2));
         }
         self.stopping.store(true, Ordering::Release);
         self.listeners.stop_accepting();

@@ -55,6 +55,42 @@ impl Engine {
         Ok(id)
     }
 
+    /// Finds the live engine named `name` through discovery and connects to
+    /// it. `NOT_FOUND`: no live engine has that name; `UNAVAILABLE`: no
+    /// discovery configured, or etcd out of reach within the timeout;
+    /// `STALE_PEER`: the engine that answered is not the epoch published
+    /// under the name. While connected, the name is watched: when its key
+    /// vanishes (the engine closed, or its lease expired) or names another
+    /// epoch, the peer is marked gone at once (`STALE_PEER`).
+    pub fn connect_name(&self, name: &str, timeout: Option<Duration>) -> Result<u64> {
+        self.check_open()?;
+        crate::control::notify::check_name(name).map_err(Error::InvalidArgument)?;
+        let d = self
+            .inner
+            .discovery
+            .get()
+            .ok_or_else(|| Error::Unavailable("no discovery is configured (config `discovery`)".into()))?;
+        let deadline = Instant::now() + self.timeout(timeout);
+        let rec = d.resolve(name, deadline)?.ok_or_else(|| {
+            let prefix = self.inner.config.discovery.as_ref().map(|c| c.engines_prefix()).unwrap_or_default();
+            Error::NotFound(format!("no live engine is named {name:?} in discovery ({prefix})"))
+        })?;
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        let id = self.connect(&rec.endpoint, Some(left))?;
+        let p = self.peer(id)?;
+        let epoch = p.conn.describe().identity.engine_epoch;
+        if epoch != rec.epoch {
+            let _ = self.disconnect(id, Some(Duration::from_secs(1)));
+            return Err(Error::StalePeer(format!(
+                "{name:?} is published with epoch {:x}, but the engine at {} is epoch {epoch:x}",
+                rec.epoch, rec.endpoint
+            )));
+        }
+        let conn = p.conn.clone();
+        d.watch(name, rec.epoch, Box::new(move |why| conn.retire(Error::StalePeer(why))));
+        Ok(id)
+    }
+
     pub(super) fn peer(&self, id: u64) -> Result<Arc<Peer>> {
         self.inner.peers.read().get(&id).cloned().ok_or_else(|| Error::NotFound(format!("no peer with id {id}")))
     }

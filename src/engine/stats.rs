@@ -107,6 +107,8 @@ pub struct EngineStats {
     pub offers_expired: u64,
     /// Notifications sent and received.
     pub notifications: NotificationStats,
+    /// Discovery on etcd (`enabled` false without it).
+    pub discovery: crate::discovery::DiscoveryStats,
     /// What the cooperative IPC transports hold (`shm`, `nvlink`).
     pub ipc: BTreeMap<String, IpcStats>,
     /// The NVLink stream pool (all zero where NVLink is not running).
@@ -152,6 +154,7 @@ pub(crate) struct Live {
     pub transports_available: BTreeMap<String, String>,
     pub notes: Vec<String>,
     pub notifications_queued: usize,
+    pub discovery: crate::discovery::DiscoveryStats,
 }
 
 /// What one IPC transport holds now.
@@ -222,6 +225,7 @@ impl EngineStats {
                 rejected: s.notifications_rejected.load(Ordering::Relaxed),
                 queued: live.notifications_queued as u64,
             },
+            discovery: live.discovery,
             ipc,
             nvlink,
             transports_available: live.transports_available,
@@ -255,6 +259,7 @@ impl Engine {
                 peers: peers.len(),
                 peers_alive: peers.values().filter(|p| p.conn.dead_reason().is_none()).count(),
                 notifications_queued: i.inbox.len(),
+                discovery: i.discovery.get().map(|d| d.stats()).unwrap_or_default(),
                 incoming_connections: i.listeners.live(),
                 regions: i.regions.len(),
                 ipc: i

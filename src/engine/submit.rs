@@ -107,7 +107,9 @@ impl Engine {
         }
         let p = self.peer(peer)?;
         if let Some(e) = p.conn.dead_reason() {
-            return Err(Error::Unavailable(format!("peer {peer} is gone: {}", e.message())));
+            // A peer that discovery saw replaced or gone stays STALE_PEER.
+            let status = if e.status() == Status::StalePeer { Status::StalePeer } else { Status::Unavailable };
+            return Err(Error::from_status(status, format!("peer {peer} is gone: {}", e.message())));
         }
         let deadline = Instant::now() + self.timeout(opts.timeout);
         let mut checked = self.check_local(requests, deadline)?;

@@ -188,6 +188,29 @@ pub extern "C" fn orbite_connect(
     })
 }
 
+/// Finds the live engine named `name` through discovery (config
+/// "discovery") and connects to it; writes the peer id. NOT_FOUND: no live
+/// engine of that name; UNAVAILABLE: no discovery configured or etcd out
+/// of reach within the timeout; STALE_PEER: the engine found is not the
+/// epoch published under the name. The name stays watched while connected:
+/// if it vanishes or names another epoch, the peer is marked gone
+/// (STALE_PEER) at once.
+#[no_mangle]
+pub extern "C" fn orbite_connect_name(
+    engine: *mut orbite_engine,
+    name: *const c_char,
+    timeout_ms: u32,
+    out_peer: *mut u64,
+) -> orbite_status {
+    guard(|| {
+        let e = need(engine, "engine")?;
+        let out = need_mut(out_peer, "out_peer")?;
+        let name = need_str(name, "name")?;
+        *out = e.engine.connect_name(name, timeout_opt(timeout_ms))?;
+        Ok(())
+    })
+}
+
 /// Writes the regions the peer publishes, as a JSON array.
 #[no_mangle]
 pub extern "C" fn orbite_peer_regions_json(

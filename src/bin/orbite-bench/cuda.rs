@@ -13,10 +13,11 @@ use orbite::{allocate_mnnvl, allocate_pinned_host, Access, Allocation, CudaMemor
 use std::time::{Duration, Instant};
 
 /// The target's engine config and memory for `kind` (`nvlink` or `mnnvl`).
-pub fn target(kind: &str, listen: &str, device: i32, len: u64) -> Result<(Engine, Allocation), String> {
+/// `extra`: more keys for its config (`, "k": v ...`), or "".
+pub fn target(kind: &str, listen: &str, device: i32, len: u64, extra: &str) -> Result<(Engine, Allocation), String> {
     let cfg = match kind {
-        "nvlink" => format!(r#"{{"listen": "{listen}", "nvlink": true}}"#),
-        _ => format!(r#"{{"listen": "{listen}", "mnnvl": {{"handle_type": "posix_fd"}}}}"#),
+        "nvlink" => format!(r#"{{"listen": "{listen}", "nvlink": true{extra}}}"#),
+        _ => format!(r#"{{"listen": "{listen}", "mnnvl": {{"handle_type": "posix_fd"}}{extra}}}"#),
     };
     let e = Engine::from_json(&cfg).map_err(|e| e.to_string())?;
     let a = if kind == "nvlink" { CudaMemory::allocate_ipc(device, len) } else { allocate_mnnvl(device, len) }

@@ -27,6 +27,8 @@ usage: orbite-bench [options]
                                  target: serve a buffer and print its endpoint;
                                  initiator: measure against --endpoint
   --endpoint IP:PORT             the target (initiator mode)
+  --name NAME --etcd URL          target: publish under NAME in etcd (discovery); initiator:
+                                 find the target by NAME instead of --endpoint
   --listen IP:PORT               where a target listens (default 127.0.0.1:0)
   --transport LIST               tcp, shm, nvlink, mnnvl, auto (repeatable or comma list;
                                  default: every transport available here). nvlink and mnnvl
@@ -91,6 +93,9 @@ pub struct Point {
 struct Opts {
     mode: String,
     endpoint: Option<String>,
+    /// `--name`: the target's engine name (discovery through `--etcd`).
+    name: Option<String>,
+    etcd: Option<String>,
     listen: String,
     transports: Vec<String>,
     ops: Vec<Op>,
@@ -150,6 +155,8 @@ fn parse_opts() -> Opts {
     let mut o = Opts {
         mode: "auto".into(),
         endpoint: None,
+        name: None,
+        etcd: None,
         listen: "127.0.0.1:0".into(),
         transports: Vec::new(),
         ops: Vec::new(),
@@ -178,6 +185,8 @@ fn parse_opts() -> Opts {
         match k.as_str() {
             "--mode" => o.mode = val(),
             "--endpoint" => o.endpoint = Some(val()),
+            "--name" => o.name = Some(val()),
+            "--etcd" => o.etcd = Some(val()),
             "--listen" => o.listen = val(),
             "--transport" => o.transports.extend(list(&val())),
             "--op" => {
@@ -273,11 +282,13 @@ fn is_cuda_transport(t: &str) -> bool {
 fn target_memory(o: &Opts) -> (Engine, orbite::Allocation) {
     if is_cuda_transport(&o.target_kind) {
         #[cfg(feature = "cuda")]
-        return cuda::target(&o.target_kind, &o.listen, o.devices.0, o.buffer_size).unwrap_or_else(|e| die(&e));
+        return cuda::target(&o.target_kind, &o.listen, o.devices.0, o.buffer_size, &discovery_keys(o, None))
+            .unwrap_or_else(|e| die(&e));
         #[cfg(not(feature = "cuda"))]
         die(NO_CUDA_BUILD);
     }
-    let engine = Engine::from_json(&format!(r#"{{"listen": "{}"}}"#, o.listen)).unwrap_or_else(|e| die(&e.to_string()));
+    let engine = Engine::from_json(&format!(r#"{{"listen": "{}"{}}}"#, o.listen, discovery_keys(o, None)))
+        .unwrap_or_else(|e| die(&e.to_string()));
     let alloc = allocate_shared_host(o.buffer_size).unwrap_or_else(|e| die(&e.to_string()));
     touch(alloc.addr() as *mut u8, o.buffer_size as usize);
     engine.register_memory(alloc.addr(), o.buffer_size, Access::READ_WRITE).unwrap_or_else(|e| die(&e.to_string()));
@@ -608,24 +619,58 @@ fn max_inflight(o: &Opts) -> u64 {
         .min(1 << 40)
 }
 
-/// Connects `engine` to `endpoint` and finds the largest region it publishes.
-fn connect(engine: &Engine, endpoint: &str) -> Result<(u64, orbite::control::message::RegionInfo), String> {
-    let peer = engine.connect(endpoint, None).map_err(|e| format!("connect {endpoint}: {e}"))?;
+/// `, "name": ..., "discovery": {...}` for an engine's JSON config when
+/// `--name` and `--etcd` are given ("" otherwise): the target's own name,
+/// or for an initiator (`role`) a name of its own beside the target's.
+fn discovery_keys(o: &Opts, role: Option<&str>) -> String {
+    let (Some(target), Some(etcd)) = (&o.name, &o.etcd) else { return String::new() };
+    let name = match role {
+        None => target.clone(),
+        Some(r) => format!("orbite-bench-{}-{r}", std::process::id()),
+    };
+    format!(r#", "name": "{name}", "discovery": {{"etcd": ["{etcd}"]}}"#)
+}
+
+/// `cfg` (a JSON object) with the discovery keys of an initiator engine.
+fn initiator_json(o: &Opts, cfg: &str, role: &str) -> String {
+    let keys = discovery_keys(o, Some(role));
+    match cfg.rfind('}') {
+        Some(end) if !keys.is_empty() => format!("{}{keys}}}", &cfg[..end]),
+        _ => cfg.to_string(),
+    }
+}
+
+/// Connects `engine` to the target (by `--name` through discovery, or at
+/// `endpoint`) and finds the largest region it publishes. Also returns the
+/// target's endpoint.
+fn connect(
+    engine: &Engine,
+    o: &Opts,
+    endpoint: &str,
+) -> Result<(u64, orbite::control::message::RegionInfo, String), String> {
+    let (peer, endpoint) = match &o.name {
+        Some(name) => {
+            let p = engine.connect_name(name, None).map_err(|e| format!("connect to {name:?}: {e}"))?;
+            (p, engine.peer_endpoint(p).map_err(|e| e.to_string())?)
+        }
+        None => (engine.connect(endpoint, None).map_err(|e| format!("connect {endpoint}: {e}"))?, endpoint.to_string()),
+    };
     let regions = engine.peer_regions(peer, None).map_err(|e| e.to_string())?;
     let region = regions.iter().max_by_key(|r| r.len).copied().ok_or("the target publishes no region")?;
-    Ok((peer, region))
+    Ok((peer, region, endpoint))
 }
 
 /// TCP, SHM and auto: shared host memory on both sides.
 fn host_setup(o: &Opts, endpoint: Option<&str>) -> Result<Setup, String> {
-    let target = endpoint.is_none().then(|| spawn_target(o, "host"));
-    let endpoint = endpoint.map(str::to_string).unwrap_or_else(|| target.as_ref().expect("target").endpoint.clone());
+    let target = (endpoint.is_none() && o.name.is_none()).then(|| spawn_target(o, "host"));
+    let endpoint =
+        endpoint.map(str::to_string).or_else(|| target.as_ref().map(|t| t.endpoint.clone())).unwrap_or_default();
     let cfg = format!(
         r#"{{"shm_cache_entries": 64, "max_inflight_bytes": {}, "max_transfer_bytes": 67108864}}"#,
         max_inflight(o)
     );
-    let engine = Engine::from_json(&cfg).map_err(|e| e.to_string())?;
-    let (peer, region) = connect(&engine, &endpoint)?;
+    let engine = Engine::from_json(&initiator_json(o, &cfg, "host")).map_err(|e| e.to_string())?;
+    let (peer, region, endpoint) = connect(&engine, o, &endpoint)?;
     let local = allocate_shared_host(o.buffer_size).map_err(|e| e.to_string())?;
     touch(local.addr() as *mut u8, o.buffer_size as usize);
     engine.register_memory(local.addr(), o.buffer_size, Access::NONE).map_err(|e| e.to_string())?;
@@ -646,10 +691,12 @@ fn host_setup(o: &Opts, endpoint: Option<&str>) -> Result<Setup, String> {
 /// `--memory`.
 #[cfg(feature = "cuda")]
 fn cuda_setup(o: &Opts, kind: &str, endpoint: Option<&str>) -> Result<Setup, String> {
-    let target = endpoint.is_none().then(|| spawn_target(o, kind));
-    let endpoint = endpoint.map(str::to_string).unwrap_or_else(|| target.as_ref().expect("target").endpoint.clone());
-    let engine = Engine::from_json(&cuda::initiator_config(kind, max_inflight(o))).map_err(|e| e.to_string())?;
-    let (peer, region) = connect(&engine, &endpoint)?;
+    let target = (endpoint.is_none() && o.name.is_none()).then(|| spawn_target(o, kind));
+    let endpoint =
+        endpoint.map(str::to_string).or_else(|| target.as_ref().map(|t| t.endpoint.clone())).unwrap_or_default();
+    let cfg = initiator_json(o, &cuda::initiator_config(kind, max_inflight(o)), kind);
+    let engine = Engine::from_json(&cfg).map_err(|e| e.to_string())?;
+    let (peer, region, endpoint) = connect(&engine, o, &endpoint)?;
     let allocs = cuda::local(&engine, &o.memory, o.devices.1, o.buffer_size)?;
     Ok(Setup {
         engine,
@@ -1034,8 +1081,12 @@ fn main() {
         "socket-source" => run_socket_source(&o),
         "reader" => run_reader(&o),
         "initiator" | "auto" => {
-            let endpoint = if o.mode == "initiator" {
-                Some(o.endpoint.clone().unwrap_or_else(|| die("--mode initiator needs --endpoint IP:PORT")))
+            let endpoint = if o.mode == "initiator" && o.name.is_none() {
+                Some(
+                    o.endpoint
+                        .clone()
+                        .unwrap_or_else(|| die("--mode initiator needs --endpoint IP:PORT or --name NAME")),
+                )
             } else {
                 None
             };

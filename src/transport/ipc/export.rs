@@ -551,9 +551,14 @@ impl ExportTable {
         let gone: Vec<Export> = ids.iter().filter_map(|id| t.exports.remove(id)).collect();
         drop(t);
         let n = gone.len();
-        drop(gone);
+        // Counted before the exports go: dropping them releases the region
+        // (an unregistration waiting for it returns), and whoever it wakes
+        // sees the count.
         if n > 0 {
             self.stats.offers_expired.fetch_add(n as u64, Ordering::Relaxed);
+        }
+        drop(gone);
+        if n > 0 {
             self.changed.notify_all();
         }
         n

@@ -287,6 +287,14 @@ impl TcpConnection {
         self.describe_cv.notify_all();
     }
 
+    /// The peer is gone for good (discovery saw its name vanish or pass to
+    /// another epoch): `e` becomes the reason, replacing a lost
+    /// connection's, and the connection is killed if it was not already.
+    pub fn retire(&self, e: Error) {
+        *self.dead.lock() = Some(e.clone());
+        self.kill(e);
+    }
+
     /// Orderly close: Goodbye, then kill, then join the threads.
     pub fn close(&self) {
         if self.dead_reason().is_none() {

@@ -1,0 +1,264 @@
+//! Discovery on a real etcd (Debian's `etcd-server`, started here on free
+//! loopback ports with its data in a temporary folder): engines in separate
+//! processes find each other by name and move bytes; a frozen engine's
+//! name vanishes within its TTL and its peers' pending requests end at
+//! once; a restarted engine is a new epoch; duplicate names are refused;
+//! with etcd stopped, established transfers go on, `connect_name` fails
+//! `UNAVAILABLE` within its timeout, and everything recovers when etcd is
+//! back.
+#![cfg(feature = "etcd")]
+
+mod common;
+
+use common::*;
+use orbite::*;
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+const TTL: u64 = 2;
+
+/// A real etcd on loopback.
+struct Etcd {
+    child: Option<Child>,
+    dir: std::path::PathBuf,
+    client: u16,
+    peer: u16,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+impl Etcd {
+    fn start() -> Etcd {
+        let dir = std::env::temp_dir().join(format!("orbite-etcd-{}-{}", std::process::id(), free_port()));
+        let mut e = Etcd { child: None, dir, client: free_port(), peer: free_port() };
+        e.run();
+        e
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client)
+    }
+
+    /// Starts etcd (again, on the same ports and data) and waits until its
+    /// client port accepts.
+    fn run(&mut self) {
+        let bin = ["/usr/bin/etcd", "/usr/local/bin/etcd"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).exists())
+            .expect("etcd is not installed: scripts/ensure-tools.sh installs Debian's etcd-server");
+        let (c, p) = (self.url(), format!("http://127.0.0.1:{}", self.peer));
+        let child = Command::new(bin)
+            .args(["--name", "orbite-test", "--data-dir", self.dir.to_str().unwrap()])
+            .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
+            .args(["--listen-peer-urls", &p, "--initial-advertise-peer-urls", &p])
+            .args(["--initial-cluster", &format!("orbite-test={p}"), "--log-level", "error"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn etcd");
+        self.child = Some(child);
+        let until = Instant::now() + LONG;
+        while TcpStream::connect(("127.0.0.1", self.client)).is_err() {
+            assert!(Instant::now() < until, "etcd did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn config(&self, name: &str) -> String {
+        format!(
+            r#"{{"name": "{name}", "discovery": {{"etcd": ["{}"], "prefix": "/orbite-test", "ttl_s": {TTL}}}}}"#,
+            self.url()
+        )
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// An orbite-peer source process registered under `name`.
+fn source(etcd: &Etcd, name: &str, seed: u64) -> PeerProc {
+    PeerProc::spawn(&["--size", &MIB.to_string(), "--seed", &seed.to_string(), "--config", &etcd.config(name)])
+}
+
+/// One READ over TCP: its status (the submission's, if it was refused).
+fn read(e: &Engine, peer: u64, local: &[u8], remote: u64, len: u64, timeout: Duration) -> Status {
+    let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: remote, len };
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(timeout) };
+    match e.submit(peer, &[r], opts) {
+        Err(x) => x.status(),
+        Ok(b) => {
+            let _ = b.wait(LONG);
+            b.results()[0].status
+        }
+    }
+}
+
+/// Three engines in three processes (two sources, this test's requester)
+/// find each other by name and move bytes, each verified.
+#[test]
+fn engines_find_each_other_by_name_and_move_bytes() {
+    let etcd = Etcd::start();
+    let mut a = source(&etcd, "src-a", 3);
+    let mut b = source(&etcd, "src-b", 4);
+    let e = Engine::from_json(&etcd.config("reader")).unwrap();
+    let local = vec![0u8; MIB as usize];
+    e.register_memory(local.as_ptr() as u64, MIB, Access::NONE).unwrap();
+    for (name, p, seed) in [("src-a", &mut a, 3), ("src-b", &mut b, 4)] {
+        let peer = e.connect_name(name, Some(LONG)).unwrap();
+        assert_eq!(e.peer_endpoint(peer).unwrap(), p.endpoint);
+        assert_eq!(read(&e, peer, &local, p.addr, MIB, LONG), Status::Ok);
+        assert_eq!(local, pattern_vec(seed, MIB as usize), "{name}");
+    }
+    let err = e.connect_name("nobody", Some(LONG)).unwrap_err();
+    assert_eq!(err.status(), Status::NotFound, "{err}");
+    assert!(err.message().contains("nobody"), "{err}");
+    // The sources see the reader by name too.
+    assert!(a.cmd("stats").contains(r#""discovery":{"enabled":true,"connected":true"#));
+    let st = e.stats().discovery;
+    assert_eq!((st.enabled, st.connected, st.watched), (true, true, 2));
+    e.close(Some(LONG)).unwrap();
+    a.close();
+    b.close();
+}
+
+/// A second live engine claiming a taken name is refused at start, naming
+/// the holder; once the holder closes (its lease revoked) the name is free
+/// at once.
+#[test]
+fn a_taken_name_is_refused_and_freed_by_close() {
+    let etcd = Etcd::start();
+    let first = Engine::from_json(&etcd.config("dup")).unwrap();
+    let err = Engine::from_json(&etcd.config("dup")).map(|_| ()).unwrap_err();
+    assert_eq!(err.status(), Status::InvalidConfig, "{err}");
+    assert!(err.message().contains(&first.endpoint()), "the holder is named: {err}");
+    first.close(Some(LONG)).unwrap();
+    drop(first);
+    let second = Engine::from_json(&etcd.config("dup")).unwrap();
+    second.close(Some(LONG)).unwrap();
+}
+
+/// A frozen engine stops keeping its lease: its name vanishes within the
+/// TTL (plus a second), and a request pending on it ends then with
+/// STALE_PEER instead of at its deadline. Killed and restarted under the
+/// same name, it is a new epoch: the old peer id stays STALE_PEER and a
+/// fresh `connect_name` works.
+#[test]
+fn a_dead_engine_vanishes_and_a_restarted_one_is_a_new_epoch() {
+    let etcd = Etcd::start();
+    let src = source(&etcd, "victim", 5);
+    let e = Engine::from_json(&etcd.config("watcher")).unwrap();
+    let local = vec![0u8; 4096];
+    e.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let old = e.connect_name("victim", Some(LONG)).unwrap();
+    assert_eq!(read(&e, old, &local, src.addr, 4096, LONG), Status::Ok);
+    src.freeze();
+    let t0 = Instant::now();
+    let pending = read(&e, old, &local, src.addr, 4096, Duration::from_secs(120));
+    let took = t0.elapsed();
+    assert_eq!(pending, Status::StalePeer);
+    assert!(took < Duration::from_secs(TTL + 20), "ended after {took:?}, not at its 120 s deadline");
+    let gone = Instant::now();
+    loop {
+        match e.connect_name("victim", Some(Duration::from_secs(5))) {
+            Err(x) if x.status() == Status::NotFound => break,
+            _ => assert!(gone.elapsed() < Duration::from_secs(TTL + 20), "the name stayed"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    src.kill();
+    let src2 = source(&etcd, "victim", 6);
+    let fresh = e.connect_name("victim", Some(LONG)).unwrap();
+    assert_ne!(fresh, old);
+    assert_eq!(read(&e, fresh, &local, src2.addr, 4096, LONG), Status::Ok);
+    assert_eq!(local, pattern_vec(6, 4096));
+    assert_eq!(read(&e, old, &local, src2.addr, 4096, LONG), Status::StalePeer);
+    assert!(e.stats().discovery.peers_gone >= 1);
+    src2.close();
+}
+
+/// etcd stopped mid-run: established transfers continue, `connect_name`
+/// fails UNAVAILABLE within its timeout; when etcd is back, names resolve
+/// again and the engines' own names are still (or again) there.
+#[test]
+fn an_etcd_outage_leaves_transfers_working_and_heals() {
+    let mut etcd = Etcd::start();
+    let src = source(&etcd, "steady", 7);
+    let e = Engine::from_json(&etcd.config("client")).unwrap();
+    let local = vec![0u8; 4096];
+    e.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = e.connect_name("steady", Some(LONG)).unwrap();
+    etcd.stop();
+    for _ in 0..20 {
+        assert_eq!(read(&e, peer, &local, src.addr, 4096, LONG), Status::Ok);
+    }
+    let t0 = Instant::now();
+    let err = e.connect_name("steady", Some(Duration::from_millis(1500))).unwrap_err();
+    assert_eq!(err.status(), Status::Unavailable, "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+    // Outlast the TTL, so that the leases may have expired meanwhile.
+    let until = Instant::now() + Duration::from_secs(TTL + 1);
+    while Instant::now() < until {
+        assert_eq!(read(&e, peer, &local, src.addr, 4096, LONG), Status::Ok);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!e.stats().discovery.connected);
+    etcd.run();
+    let t0 = Instant::now();
+    let again = loop {
+        match e.connect_name("steady", Some(Duration::from_secs(5))) {
+            Ok(p) => break p,
+            Err(x) => assert!(t0.elapsed() < LONG, "never healed: {x}"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(read(&e, again, &local, src.addr, 4096, LONG), Status::Ok);
+    assert_eq!(read(&e, peer, &local, src.addr, 4096, LONG), Status::Ok);
+    assert_eq!(local, pattern_vec(7, 4096));
+    let st = e.stats().discovery;
+    assert!(st.failures >= 1 && st.reconnects >= 1, "{st:?}");
+    src.close();
+}
+
+/// An engine of this host that crashed is replaced at once by a new one
+/// under its name (its process is gone; the lease need not expire first):
+/// peers connected to the old one are told (the key names another epoch)
+/// and find the new one.
+#[test]
+fn a_crashed_engine_of_this_host_is_replaced_at_once() {
+    let etcd = Etcd::start();
+    let old_src = source(&etcd, "phoenix", 8);
+    let e = Engine::from_json(&etcd.config("observer")).unwrap();
+    let local = vec![0u8; 4096];
+    e.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let old = e.connect_name("phoenix", Some(LONG)).unwrap();
+    assert_eq!(read(&e, old, &local, old_src.addr, 4096, LONG), Status::Ok);
+    old_src.kill();
+    let t0 = Instant::now();
+    let new_src = source(&etcd, "phoenix", 9);
+    assert!(t0.elapsed() < Duration::from_secs(TTL * 5), "the restart waited {:?}", t0.elapsed());
+    let fresh = e.connect_name("phoenix", Some(LONG)).unwrap();
+    assert_eq!(e.peer_endpoint(fresh).unwrap(), new_src.endpoint);
+    assert_eq!(read(&e, fresh, &local, new_src.addr, 4096, LONG), Status::Ok);
+    assert_eq!(local, pattern_vec(9, 4096));
+    let until = Instant::now() + LONG;
+    while read(&e, old, &local, new_src.addr, 4096, LONG) != Status::StalePeer {
+        assert!(Instant::now() < until, "the old peer was never marked gone");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    new_src.close();
+}
