@@ -75,6 +75,65 @@ struct Pending {
     drained: bool,
 }
 
+/// WRITEs of at most this many bytes travel with the frames around them.
+const SMALL_WRITE: u64 = 64 * 1024;
+
+/// One small WRITE in an [`Outbuf`].
+struct SmallWrite {
+    /// Where its frame starts, and its fixed part ends, in `bytes`.
+    head_start: usize,
+    head_end: usize,
+    /// Its payload (local memory).
+    addr: u64,
+    len: u64,
+    tag: u64,
+    deadline: Instant,
+}
+
+/// Frames waiting to leave together: request frames and the fixed parts
+/// of small WRITEs in `bytes`, each small WRITE's payload by address,
+/// in stream order.
+#[derive(Default)]
+struct Outbuf {
+    bytes: Vec<u8>,
+    writes: Vec<SmallWrite>,
+    /// Bytes of the small WRITEs' payloads.
+    payload: u64,
+}
+
+impl Outbuf {
+    /// Whether `chunks` fit one send from the submitting thread: READs and
+    /// small WRITEs, at most 256 of them and 256 KiB of payload.
+    fn fits_at_once(chunks: &[Chunk]) -> bool {
+        chunks.len() <= 256
+            && chunks.iter().all(|c| c.op == Op::Read || c.len <= SMALL_WRITE)
+            && chunks.iter().filter(|c| c.op == Op::Write).map(|c| c.len).sum::<u64>() <= 256 * 1024
+    }
+
+    /// Enough waits to send now.
+    fn full(&self) -> bool {
+        self.bytes.len() as u64 + self.payload >= 256 * 1024 || self.writes.len() >= 64
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.writes.clear();
+        self.payload = 0;
+    }
+}
+
+/// The sender thread's queue.
+#[derive(Default)]
+struct SendQueue {
+    items: VecDeque<Outgoing>,
+    /// The connection is dead or closing: nothing more is queued.
+    closed: bool,
+    /// The sender thread waits with nothing in hand.
+    sender_idle: bool,
+    /// A submitting thread is writing its own frames.
+    direct: bool,
+}
+
 /// What the sender thread writes: a request, or a notification's frame.
 enum Outgoing {
     Chunk(Chunk),
@@ -102,7 +161,7 @@ struct DescribeState {
 pub struct TcpConnection {
     writer: Mutex<TcpStream>,
     control: TcpStream,
-    queue: Mutex<(VecDeque<Outgoing>, bool)>,
+    queue: Mutex<SendQueue>,
     notes: Mutex<HashMap<u64, NotifyPending>>,
     queue_cv: Condvar,
     pending: Mutex<Pending>,
@@ -140,7 +199,7 @@ impl TcpConnection {
         let conn = Arc::new(TcpConnection {
             writer: Mutex::new(writer),
             control: stream,
-            queue: Mutex::new((VecDeque::new(), false)),
+            queue: Mutex::new(SendQueue::default()),
             notes: Mutex::new(HashMap::new()),
             queue_cv: Condvar::new(),
             pending: Mutex::new(Pending::default()),
@@ -217,7 +276,7 @@ impl TcpConnection {
             return;
         }
         let mut q = self.queue.lock();
-        if q.1 {
+        if q.closed {
             drop(q);
             let e = self.closed_reason();
             for c in chunks {
@@ -225,9 +284,38 @@ impl TcpConnection {
             }
             return;
         }
-        q.0.extend(chunks.into_iter().map(Outgoing::Chunk));
+        // Nothing waits and the sender thread is idle: this thread writes
+        // its own frames (one wake-up less). While it does, the sender
+        // takes nothing new, so later frames still go after these.
+        if q.items.is_empty() && q.sender_idle && !q.direct && Outbuf::fits_at_once(&chunks) {
+            q.direct = true;
+            drop(q);
+            self.send_direct(chunks);
+            return;
+        }
+        q.items.extend(chunks.into_iter().map(Outgoing::Chunk));
         drop(q);
         self.queue_cv.notify_one();
+    }
+
+    /// Sends `chunks` on the calling thread (see [`TcpConnection::enqueue`]).
+    fn send_direct(&self, chunks: Vec<Chunk>) {
+        let mut buf = Outbuf::default();
+        for c in chunks {
+            if let Err(e) = self.send_one(c, &mut buf) {
+                self.kill(e);
+            }
+        }
+        if let Err(e) = self.flush(&mut buf) {
+            self.kill(e);
+        }
+        let mut q = self.queue.lock();
+        q.direct = false;
+        let more = !q.items.is_empty();
+        drop(q);
+        if more {
+            self.queue_cv.notify_one();
+        }
     }
 
     /// Queues a notification's frame (built by `body` from its tag) behind
@@ -236,7 +324,7 @@ impl TcpConnection {
     pub fn send_notify(&self, body: impl FnOnce(u64) -> Vec<u8>, deadline: Instant, answer: NotifyAnswer) {
         let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
         let mut q = self.queue.lock();
-        if q.1 {
+        if q.closed {
             drop(q);
             answer(Err(self.closed_reason()), false);
             return;
@@ -244,7 +332,7 @@ impl TcpConnection {
         // Registered under the queue's lock: a kill (which sets the flag
         // under it first) finds it when it answers every pending one.
         self.notes.lock().insert(tag, NotifyPending { deadline, written: false, answer });
-        q.0.push_back(Outgoing::Notify { tag, body: body(tag) });
+        q.items.push_back(Outgoing::Notify { tag, body: body(tag) });
         drop(q);
         self.queue_cv.notify_one();
     }
@@ -270,7 +358,7 @@ impl TcpConnection {
 
     /// Chunks queued or awaiting a response.
     pub fn outstanding(&self) -> usize {
-        self.queue.lock().0.len() + self.pending.lock().map.len() + self.notes.lock().len()
+        self.queue.lock().items.len() + self.pending.lock().map.len() + self.notes.lock().len()
     }
 
     /// Kills the connection with `e` (idempotent): in-flight chunks fail.
@@ -282,7 +370,7 @@ impl TcpConnection {
             }
         }
         let _ = self.control.shutdown(Shutdown::Both);
-        self.queue.lock().1 = true;
+        self.queue.lock().closed = true;
         self.queue_cv.notify_all();
         self.describe_cv.notify_all();
     }
@@ -310,18 +398,22 @@ impl TcpConnection {
     }
 
     fn send_loop(self: Arc<Self>) {
-        let mut reqbuf: Vec<u8> = Vec::with_capacity(64 * 1024);
+        let mut reqbuf = Outbuf::default();
         loop {
             let batch: Vec<Outgoing> = {
                 let mut q = self.queue.lock();
-                while q.0.is_empty() && !q.1 {
+                // Idle (everything sent) while it waits with nothing queued;
+                // it takes nothing while a submitting thread writes directly.
+                while (q.items.is_empty() || q.direct) && !q.closed {
+                    q.sender_idle = q.items.is_empty();
                     self.queue_cv.wait(&mut q);
                 }
-                if q.0.is_empty() {
+                q.sender_idle = false;
+                if q.items.is_empty() {
                     return;
                 }
-                let n = q.0.len().min(256);
-                q.0.drain(..n).collect()
+                let n = q.items.len().min(256);
+                q.items.drain(..n).collect()
             };
             for item in batch {
                 let r = match item {
@@ -338,22 +430,77 @@ impl TcpConnection {
         }
     }
 
-    fn flush(&self, buf: &mut Vec<u8>) -> Result<()> {
-        if buf.is_empty() {
+    /// Sends what `buf` holds in one sendmsg (as few as the socket takes),
+    /// then settles its small WRITEs: sent ones now wait for their answers;
+    /// on failure each fails with the remote effect its first byte allows
+    /// (`Unknown` once any of it left, else `None`).
+    fn flush(&self, buf: &mut Outbuf) -> Result<()> {
+        if buf.bytes.is_empty() {
             return Ok(());
         }
-        let mut w = self.writer.lock();
-        let mut written = 0;
-        let mut tick = || self.check_alive();
-        let r = io::write_all_parts(&mut *w, &[buf], &mut tick, &mut written);
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * buf.writes.len() + 1);
+        let mut at = 0;
+        for sw in &buf.writes {
+            parts.push(&buf.bytes[at..sw.head_end]);
+            // SAFETY: the WRITE's chunk holds a lease on the local region
+            // containing [addr, addr+len) and stays pending (marked sending,
+            // so the reader does not fail it) until settled below.
+            parts.push(unsafe { std::slice::from_raw_parts(sw.addr as *const u8, sw.len as usize) });
+            at = sw.head_end;
+        }
+        parts.push(&buf.bytes[at..]);
+        let deadline = buf.writes.iter().map(|w| w.deadline).min();
+        let mut written = 0u64;
+        let r = {
+            let mut w = self.writer.lock();
+            let mut tick = || {
+                self.check_alive()?;
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(Error::TimedOut(format!("deadline passed while sending a WRITE to {}", self.label)));
+                }
+                Ok(())
+            };
+            io::write_all_parts(&mut *w, &parts, &mut tick, &mut written)
+        };
+        drop(parts);
         self.stats.record_wire_sent(TransportKind::Tcp, written);
+        if !buf.writes.is_empty() {
+            let mut failed = Vec::new();
+            let mut before = 0u64;
+            let mut p = self.pending.lock();
+            for sw in &buf.writes {
+                let start = sw.head_start as u64 + before;
+                before += sw.len;
+                match &r {
+                    Ok(()) if !p.drained => {
+                        if let Some(ent) = p.map.get_mut(&sw.tag) {
+                            ent.sending = false;
+                        }
+                    }
+                    Ok(()) => {
+                        let e = self
+                            .dead_reason()
+                            .unwrap_or_else(|| Error::Unavailable(format!("connection to {} lost", self.label)));
+                        failed.extend(p.map.remove(&sw.tag).map(|ent| (ent, e, RemoteEffect::Unknown)));
+                    }
+                    Err(e) => {
+                        let effect = if written > start { RemoteEffect::Unknown } else { RemoteEffect::None };
+                        failed.extend(p.map.remove(&sw.tag).map(|ent| (ent, e.clone(), effect)));
+                    }
+                }
+            }
+            drop(p);
+            for (ent, e, effect) in failed {
+                ent.chunk.fail(e, effect);
+            }
+        }
         buf.clear();
         r
     }
 
     /// Appends a notification's frame to the outgoing buffer (a dead
     /// connection answers it from the reader's drain instead).
-    fn send_note(&self, tag: u64, body: &[u8], buf: &mut Vec<u8>) -> Result<()> {
+    fn send_note(&self, tag: u64, body: &[u8], buf: &mut Outbuf) -> Result<()> {
         if self.dead_reason().is_some() {
             return Ok(());
         }
@@ -361,16 +508,16 @@ impl TcpConnection {
             Some(p) => p.written = true,
             None => return Ok(()),
         }
-        buf.extend_from_slice(&FrameHeader::encode(MsgKind::Notify, body.len() as u32));
-        buf.extend_from_slice(body);
+        buf.bytes.extend_from_slice(&FrameHeader::encode(MsgKind::Notify, body.len() as u32));
+        buf.bytes.extend_from_slice(body);
         self.stats.notifications_sent.fetch_add(1, Ordering::Relaxed);
-        if buf.len() >= 32 * 1024 {
+        if buf.full() {
             self.flush(buf)?;
         }
         Ok(())
     }
 
-    fn send_one(&self, chunk: Chunk, buf: &mut Vec<u8>) -> Result<()> {
+    fn send_one(&self, chunk: Chunk, buf: &mut Outbuf) -> Result<()> {
         if let Some(e) = self.dead_reason() {
             chunk.fail(e, RemoteEffect::None);
             return Ok(());
@@ -402,9 +549,22 @@ impl TcpConnection {
         }
         match op {
             Op::Read => {
-                buf.extend_from_slice(&FrameHeader::encode(MsgKind::ReadRequest, 32));
-                buf.extend_from_slice(&req.encode());
-                if buf.len() >= 32 * 1024 {
+                buf.bytes.extend_from_slice(&FrameHeader::encode(MsgKind::ReadRequest, 32));
+                buf.bytes.extend_from_slice(&req.encode());
+                if buf.full() {
+                    self.flush(buf)?;
+                }
+                Ok(())
+            }
+            // A small WRITE joins the others: its frame's fixed part in the
+            // buffer, its payload by address, all sent in one sendmsg.
+            Op::Write if len <= SMALL_WRITE => {
+                let head_start = buf.bytes.len();
+                buf.bytes.extend_from_slice(&FrameHeader::encode(MsgKind::WriteRequest, (32 + len) as u32));
+                buf.bytes.extend_from_slice(&req.encode());
+                buf.payload += len;
+                buf.writes.push(SmallWrite { head_start, head_end: buf.bytes.len(), addr: local, len, tag, deadline });
+                if buf.full() {
                     self.flush(buf)?;
                 }
                 Ok(())

@@ -1,6 +1,6 @@
 //! Source side: serves one incoming control connection.
 
-use crate::control::frame::{FrameHeader, MsgKind};
+use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
 use crate::control::io::{self, HeaderRead, TICK};
 use crate::control::message::{self, DataRequest, DataResponse, Describe, DATA_REQUEST_LEN};
 use crate::control::notify::{Notify, NOTIFY_OVERHEAD};
@@ -147,18 +147,38 @@ fn serve_inner(ctx: &SourceContext, first: FrameHeader, r: &mut BufReader<TcpStr
     let w = &*w;
 
     let frame_timeout = ctx.handshake_timeout;
+    let mut answers = Answers::default();
     loop {
+        // Small READ answers wait while more requests are already buffered,
+        // and leave together in one sendmsg before this thread could block.
+        if !answers.is_empty() && r.buffer().len() < FRAME_HEADER_LEN + DATA_REQUEST_LEN {
+            answers.flush(ctx, w)?;
+        }
         let h = match io::read_header_bounded(r, &mut || ctx.tick(), frame_timeout)? {
-            HeaderRead::Eof => return Ok(()),
+            HeaderRead::Eof => return answers.flush(ctx, w),
             HeaderRead::Frame(h) => h,
         };
+        if !matches!(h.kind, MsgKind::ReadRequest | MsgKind::WriteRequest) {
+            answers.flush(ctx, w)?;
+        }
         match h.kind {
             MsgKind::ReadRequest => {
                 if h.body_len as usize != DATA_REQUEST_LEN {
                     return Err(Error::Protocol(format!("ReadRequest body of {} bytes", h.body_len)));
                 }
                 let req = read_request(ctx, r)?;
-                serve_read(ctx, w, req)?;
+                if req.len <= SMALL_ANSWER {
+                    match validate(ctx, &req, false) {
+                        Ok(held) => answers.add(ctx, w, req, held)?,
+                        Err(e) => {
+                            answers.flush(ctx, w)?;
+                            respond_failure(ctx, w, MsgKind::ReadResponse, req.tag, &e)?;
+                        }
+                    }
+                } else {
+                    answers.flush(ctx, w)?;
+                    serve_read(ctx, w, req)?;
+                }
             }
             MsgKind::WriteRequest => {
                 let req = read_request(ctx, r)?;
@@ -168,7 +188,7 @@ fn serve_inner(ctx: &SourceContext, first: FrameHeader, r: &mut BufReader<TcpStr
                         h.body_len, req.len
                     )));
                 }
-                serve_write(ctx, r, w, req)?;
+                serve_write(ctx, r, w, req, &mut answers)?;
             }
             MsgKind::DescribeRequest => {
                 if h.body_len != 0 {
@@ -230,6 +250,100 @@ fn receive_notification(
     let n = Notify::decode(&body)?;
     let sender = if n.name.is_empty() { endpoint.to_string() } else { n.name };
     Ok((n.tag, ctx.inbox.offer(Notification { sender, msg: n.msg })))
+}
+
+/// READ answers of at most this many bytes may wait to leave together.
+const SMALL_ANSWER: u64 = 64 * 1024;
+/// Most answers, and payload bytes, that wait together.
+const ANSWERS_MAX: usize = 64;
+const ANSWER_BYTES_MAX: u64 = 256 * 1024;
+
+/// Successful answers waiting to be sent together: each one's header and
+/// fixed part, and for a small READ its payload (registered memory, kept
+/// registered by its lease until sent).
+#[derive(Default)]
+struct Answers {
+    /// Header and fixed part of each answer, back to back.
+    heads: Vec<u8>,
+    /// Each answer's payload (`None` for a WRITE's), with what keeps it
+    /// registered and the source open.
+    payloads: Vec<Option<(DataRequest, RegionLease, GateGuard)>>,
+    bytes: u64,
+}
+
+/// Bytes of one answer's header and fixed part.
+const ANSWER_HEAD: usize = FRAME_HEADER_LEN + message::DATA_RESPONSE_LEN;
+
+impl Answers {
+    fn is_empty(&self) -> bool {
+        self.payloads.is_empty()
+    }
+
+    /// Adds the answer to a validated READ; sends them all when they are
+    /// many.
+    fn add(
+        &mut self,
+        ctx: &SourceContext,
+        w: &Mutex<TcpStream>,
+        req: DataRequest,
+        held: (RegionLease, GateGuard),
+    ) -> Result<()> {
+        let fixed = DataResponse { tag: req.tag, status: Status::Ok }.encode();
+        self.heads
+            .extend_from_slice(&FrameHeader::encode(MsgKind::ReadResponse, (fixed.len() as u64 + req.len) as u32));
+        self.heads.extend_from_slice(&fixed);
+        self.bytes += req.len;
+        self.payloads.push(Some((req, held.0, held.1)));
+        self.flush_if_full(ctx, w)
+    }
+
+    /// Adds the answer to a WRITE whose payload landed.
+    fn add_written(&mut self, ctx: &SourceContext, w: &Mutex<TcpStream>, tag: u64) -> Result<()> {
+        let fixed = DataResponse { tag, status: Status::Ok }.encode();
+        self.heads.extend_from_slice(&FrameHeader::encode(MsgKind::WriteResponse, fixed.len() as u32));
+        self.heads.extend_from_slice(&fixed);
+        self.payloads.push(None);
+        self.flush_if_full(ctx, w)
+    }
+
+    fn flush_if_full(&mut self, ctx: &SourceContext, w: &Mutex<TcpStream>) -> Result<()> {
+        if self.payloads.len() >= ANSWERS_MAX || self.bytes >= ANSWER_BYTES_MAX {
+            self.flush(ctx, w)?;
+        }
+        Ok(())
+    }
+
+    /// Sends every waiting answer in one sendmsg (as few as the socket
+    /// takes), then releases their regions.
+    fn flush(&mut self, ctx: &SourceContext, w: &Mutex<TcpStream>) -> Result<()> {
+        if self.payloads.is_empty() {
+            return Ok(());
+        }
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * self.payloads.len());
+        for (i, payload) in self.payloads.iter().enumerate() {
+            parts.push(&self.heads[i * ANSWER_HEAD..(i + 1) * ANSWER_HEAD]);
+            if let Some((req, _lease, _)) = payload {
+                // SAFETY: the lease held beside `req` keeps the region
+                // holding [addr, addr+len) registered until this write
+                // ends; the range was bounds-checked by `validate`.
+                parts.push(unsafe { std::slice::from_raw_parts(req.addr as *const u8, req.len as usize) });
+            }
+        }
+        // Counted before they leave: a requester that has its answers sees
+        // them counted here (a failed send ends the connection anyway).
+        for (req, _, _) in self.payloads.iter().flatten() {
+            ctx.stats.record_served(TransportKind::Tcp, true, req.len);
+        }
+        let overall = ctx.payload_deadline(self.bytes);
+        let mut tick = payload_tick(ctx, overall, "response (peer not reading)");
+        let mut written = 0;
+        let r = io::write_all_parts(&mut *w.lock(), &parts, &mut tick, &mut written);
+        drop(parts);
+        self.payloads.clear();
+        self.heads.clear();
+        self.bytes = 0;
+        r
+    }
 }
 
 /// A tick that also fails once `deadline` passed (a peer too slow to
@@ -359,6 +473,9 @@ fn serve_read(ctx: &SourceContext, s: &Mutex<TcpStream>, req: DataRequest) -> Re
     let mut w = 0;
     let mut tick = payload_tick(ctx, overall, "response (peer not reading)");
     let first = payload.len().min(1 << 20);
+    // Counted before it leaves: a requester that has its answer sees it
+    // counted here (a failed send ends the connection anyway).
+    ctx.stats.record_served(TransportKind::Tcp, true, req.len);
     let s = &mut *s.lock();
     io::write_all_parts(s, &[&h, &fixed, &payload[..first]], &mut tick, &mut w)?;
     let mut done = first;
@@ -369,11 +486,18 @@ fn serve_read(ctx: &SourceContext, s: &Mutex<TcpStream>, req: DataRequest) -> Re
         done += n;
     }
     drop(lease);
-    ctx.stats.record_served(TransportKind::Tcp, true, req.len);
     Ok(())
 }
 
-fn serve_write(ctx: &SourceContext, r: &mut impl Read, w: &Mutex<TcpStream>, req: DataRequest) -> Result<()> {
+/// Serves a WRITE: the payload lands in registered memory; its answer
+/// joins the waiting ones (sent before this thread could block).
+fn serve_write(
+    ctx: &SourceContext,
+    r: &mut impl Read,
+    w: &Mutex<TcpStream>,
+    req: DataRequest,
+    answers: &mut Answers,
+) -> Result<()> {
     match validate(ctx, &req, true) {
         Ok((lease, _guard)) => {
             // SAFETY: `lease` keeps [addr, addr+len) inside a registered region
@@ -382,10 +506,7 @@ fn serve_write(ctx: &SourceContext, r: &mut impl Read, w: &Mutex<TcpStream>, req
             read_progressing(ctx, r, dst)?;
             drop(lease);
             ctx.stats.record_served(TransportKind::Tcp, true, req.len);
-            let fixed = DataResponse { tag: req.tag, status: Status::Ok }.encode();
-            let h = FrameHeader::encode(MsgKind::WriteResponse, fixed.len() as u32);
-            let mut written = 0;
-            io::write_all_parts(&mut *w.lock(), &[&h, &fixed], &mut ctx.answer_tick(), &mut written)
+            answers.add_written(ctx, w, req.tag)
         }
         Err(e) => {
             // Drain the refused payload, still requiring progress.
@@ -396,6 +517,7 @@ fn serve_write(ctx: &SourceContext, r: &mut impl Read, w: &Mutex<TcpStream>, req
                 read_progressing(ctx, r, &mut scratch[..n])?;
                 left -= n;
             }
+            answers.flush(ctx, w)?;
             respond_failure(ctx, w, MsgKind::WriteResponse, req.tag, &e)
         }
     }
