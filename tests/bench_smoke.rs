@@ -109,3 +109,47 @@ fn nvlink_and_mnnvl_need_the_cuda_feature() {
     assert!(err.contains("skipping mnnvl"), "{err}");
     assert!(err.contains("no requested transport could be measured"), "{err}");
 }
+
+/// `--notify` adds a `write+n` point per WRITE point and one `notify`
+/// point per transport; `--peers 3` spreads the batches over three target
+/// processes. Every request and notification succeeds.
+#[test]
+fn bench_measures_notifications_and_many_peers() {
+    let dir = std::env::temp_dir().join(format!("orbite-bench-notify-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("points.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_orbite-bench"))
+        .args(["--duration", "0.2", "--buffer-size", "4MiB", "--block-size", "4KiB", "--batch-size", "4"])
+        .args(["--transport", "tcp,shm", "--op", "write", "--notify", "--peers", "3", "--no-baseline"])
+        .args(["--json", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let points: Vec<serde_json::Value> =
+        std::fs::read_to_string(&json).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let ops: Vec<(String, String, u64)> = points
+        .iter()
+        .map(|p| {
+            (p["transport"].as_str().unwrap().into(), p["op"].as_str().unwrap().into(), p["peers"].as_u64().unwrap())
+        })
+        .collect();
+    let want = |t: &str, op: &str, peers: u64| (t.to_string(), op.to_string(), peers);
+    assert_eq!(
+        ops,
+        vec![
+            want("tcp", "write", 3),
+            want("tcp", "write+n", 3),
+            want("shm", "write", 3),
+            want("shm", "write+n", 3),
+            want("tcp", "notify", 1),
+            want("shm", "notify", 1),
+        ]
+    );
+    for p in &points {
+        assert_eq!(p["requests_failed"], 0, "{p}");
+        assert!(p["ops_per_sec"].as_f64().unwrap() > 0.0, "{p}");
+    }
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("(3 peers)") && table.contains("without_notify"), "{table}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

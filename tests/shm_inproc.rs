@@ -153,3 +153,67 @@ fn cached_grants_skip_the_round_trip_until_the_source_revokes_them() {
     src.close(Some(T)).unwrap();
     a.free().unwrap();
 }
+
+/// Groups of at least 8 MiB are copied by the copy pool after `submit`
+/// returned (the completion follows on the progress worker): sixteen 1 MiB
+/// READs at scattered offsets, then sixteen WRITEs back in reverse order,
+/// with and without the relocation cache; every byte checked. Guards
+/// `transport/shm.rs` `copy`/`query`/`wait` for started groups and the
+/// progress worker's wait for them.
+#[test]
+fn large_groups_copied_after_submit_returns_move_every_byte() {
+    const MIB: u64 = 1 << 20;
+    for cfg in ["{}", r#"{"shm_cache_entries": 2}"#] {
+        let src = Engine::new(EngineConfig::default()).unwrap();
+        let req = Engine::from_json(cfg).unwrap();
+        let a = allocate_shared_host(32 * MIB).unwrap();
+        // SAFETY: the allocation maps 32 MiB.
+        let remote = unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u8, (32 * MIB) as usize) };
+        for (i, b) in remote.iter_mut().enumerate() {
+            *b = (i % 253) as u8;
+        }
+        src.register_memory(a.addr(), 32 * MIB, Access::READ_WRITE).unwrap();
+        let mut local = vec![0u8; (16 * MIB) as usize];
+        req.register_memory(local.as_mut_ptr() as u64, 16 * MIB, Access::NONE).unwrap();
+        let peer = req.connect(&src.endpoint(), None).unwrap();
+        let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
+        let at = |k: u64| (k * 7 % 16) * 2 * MIB + 13;
+        let reads: Vec<Request> = (0..16u64)
+            .map(|k| Request {
+                op: Op::Read,
+                local_addr: local.as_ptr() as u64 + k * MIB,
+                remote_addr: a.addr() + at(k),
+                len: MIB,
+            })
+            .collect();
+        req.submit(peer, &reads, opts).unwrap().wait(T).unwrap();
+        for k in 0..16u64 {
+            let chunk = &local[(k * MIB) as usize..((k + 1) * MIB) as usize];
+            assert!(chunk.iter().enumerate().all(|(i, b)| *b == ((at(k) as usize + i) % 253) as u8), "{cfg} read {k}");
+        }
+        for (i, b) in local.iter_mut().enumerate() {
+            *b = (i % 241) as u8;
+        }
+        let writes: Vec<Request> = (0..16u64)
+            .rev()
+            .map(|k| Request {
+                op: Op::Write,
+                local_addr: local.as_ptr() as u64 + k * MIB,
+                remote_addr: a.addr() + k * 2 * MIB,
+                len: MIB,
+            })
+            .collect();
+        req.submit(peer, &writes, opts).unwrap().wait(T).unwrap();
+        for k in 0..16u64 {
+            let chunk = &remote[(k * 2 * MIB) as usize..(k * 2 * MIB + MIB) as usize];
+            assert!(
+                chunk.iter().enumerate().all(|(i, b)| *b as usize == ((k * MIB) as usize + i) % 241),
+                "{cfg} write {k}"
+            );
+        }
+        assert_eq!(req.stats().transports["shm"].requests_completed, 32);
+        req.close(Some(T)).unwrap();
+        src.close(Some(T)).unwrap();
+        a.free().unwrap();
+    }
+}

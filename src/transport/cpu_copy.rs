@@ -1,7 +1,9 @@
 //! CPU copies of the SHM transport, on every core: a group of independent
-//! copies large enough to be worth it is cut into equal shares of bytes, the
-//! caller copies one share and a small process-wide pool of copy threads the
-//! others; the caller returns only when every share is done. Dependent
+//! copies large enough to be worth it is cut into equal shares of bytes for
+//! a small process-wide pool of copy threads. [`copy`]: the caller copies
+//! one share too and returns when every share is done; [`start`]: the pool
+//! copies them all and the caller goes on (the submission returns at
+//! admission), learning the end from the returned [`Pending`]. Dependent
 //! groups (and small ones) run in input order on the caller.
 
 use crate::transport::ipc::backend::{CopyOp, CopyPlan};
@@ -26,8 +28,10 @@ struct Pool {
 fn pool() -> &'static Pool {
     static POOL: once_cell::sync::OnceCell<Pool> = once_cell::sync::OnceCell::new();
     POOL.get_or_init(|| {
+        // One thread per core (at most 8): a started group uses every core
+        // while its caller goes on.
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let workers = (1..cores.min(8))
+        let workers = (0..cores.min(8))
             .filter_map(|i| {
                 let (tx, rx) = sync_channel::<Share>(4);
                 std::thread::Builder::new().name(format!("orbite-copy-{i}")).spawn(move || work(rx)).ok().map(|_| tx)
@@ -79,17 +83,73 @@ fn shares(ops: &[CopyOp], n: usize) -> Vec<Vec<CopyOp>> {
     out
 }
 
+/// The copies of a started group: done once every share is.
+pub struct Pending {
+    done: Arc<(Mutex<usize>, Condvar)>,
+    shares: usize,
+}
+
+impl Pending {
+    /// Whether every share is done (without waiting).
+    pub fn is_done(&self) -> bool {
+        *self.done.0.lock() >= self.shares
+    }
+
+    /// Waits until every share is done.
+    pub fn wait(&self) {
+        let (count, cv) = &*self.done;
+        let mut c = count.lock();
+        while *c < self.shares {
+            cv.wait(&mut c);
+        }
+    }
+}
+
+/// From this many bytes an independent group is started on the pool and
+/// the submission returns at admission: the copy is long enough that the
+/// hand-offs (waking the workers, then the completion) cost little of it.
+pub const ASYNC_MIN_BYTES: u64 = 8 << 20;
+
+/// Whether a group is started on the pool (see [`start`]): independent
+/// copies of at least [`ASYNC_MIN_BYTES`].
+pub fn asynchronous(ops: &[CopyOp], plan: CopyPlan) -> bool {
+    plan == CopyPlan::Independent
+        && ops.iter().map(|o| o.len).sum::<u64>() >= ASYNC_MIN_BYTES
+        && !pool().workers.is_empty()
+}
+
+fn parallel(ops: &[CopyOp], plan: CopyPlan) -> bool {
+    plan == CopyPlan::Independent
+        && ops.iter().map(|o| o.len).sum::<u64>() >= PARALLEL_MIN_BYTES
+        && !pool().workers.is_empty()
+}
+
+/// Starts an [`asynchronous`] group on the pool and returns at once; the
+/// memory of every op must stay mapped until the returned [`Pending`] is
+/// done. A share no worker can take now is copied here first.
+pub fn start(ops: &[CopyOp]) -> Pending {
+    let pool = pool();
+    let done = Arc::new((Mutex::new(0usize), Condvar::new()));
+    let mut shares = 0;
+    for (part, worker) in self::shares(ops, pool.workers.len()).into_iter().zip(&pool.workers) {
+        match worker.try_send(Share { ops: part, done: done.clone() }) {
+            Ok(()) => shares += 1,
+            Err(std::sync::mpsc::TrySendError::Full(s) | std::sync::mpsc::TrySendError::Disconnected(s)) => run(&s.ops),
+        }
+    }
+    Pending { done, shares }
+}
+
 /// Performs a group's copies: in input order on the caller when `plan` is
 /// ordered or the group is small; otherwise on the caller and the copy pool
 /// at once. Returns when every copy is done.
 pub fn copy(ops: &[CopyOp], plan: CopyPlan) {
-    let total: u64 = ops.iter().map(|o| o.len).sum();
     let pool = pool();
-    if plan == CopyPlan::Ordered || total < PARALLEL_MIN_BYTES || pool.workers.is_empty() {
+    if !parallel(ops, plan) {
         run(ops);
         return;
     }
-    let mut parts = shares(ops, pool.workers.len() + 1);
+    let mut parts = self::shares(ops, pool.workers.len() + 1);
     let mine = parts.pop().expect("one share at least");
     let done = Arc::new((Mutex::new(0usize), Condvar::new()));
     let mut sent = 0;

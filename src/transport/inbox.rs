@@ -38,17 +38,54 @@ pub enum Taken {
 /// The receiver's queue: at most `capacity` notifications of at most
 /// `max_bytes` each, so a peer cannot make it hold more.
 pub struct Inbox {
-    queue: Mutex<VecDeque<Notification>>,
+    queue: Mutex<Slots>,
     arrived: Condvar,
     capacity: usize,
     max_bytes: usize,
     stats: Arc<Counters>,
 }
 
+/// What the queue holds: the notifications waiting to be taken, and the
+/// places held by admitted ones not yet published.
+#[derive(Default)]
+struct Slots {
+    waiting: VecDeque<Notification>,
+    held: usize,
+}
+
+/// A notification admitted into an [`Inbox`], not yet visible.
+pub struct Admitted<'a> {
+    inbox: &'a Inbox,
+    n: Option<Notification>,
+}
+
+impl Admitted<'_> {
+    /// Makes it visible to [`Inbox::take`].
+    pub fn publish(mut self) {
+        let n = self.n.take().expect("published once");
+        let inbox = self.inbox;
+        let mut q = inbox.queue.lock();
+        q.held -= 1;
+        q.waiting.push_back(n);
+        drop(q);
+        inbox.stats.notifications_received.fetch_add(1, Ordering::Relaxed);
+        inbox.arrived.notify_one();
+    }
+}
+
+impl Drop for Admitted<'_> {
+    /// Not published: its place goes back.
+    fn drop(&mut self) {
+        if self.n.is_some() {
+            self.inbox.queue.lock().held -= 1;
+        }
+    }
+}
+
 impl Inbox {
     /// An empty queue.
     pub fn new(capacity: usize, max_bytes: usize, stats: Arc<Counters>) -> Inbox {
-        Inbox { queue: Mutex::new(VecDeque::new()), arrived: Condvar::new(), capacity, max_bytes, stats }
+        Inbox { queue: Mutex::new(Slots::default()), arrived: Condvar::new(), capacity, max_bytes, stats }
     }
 
     /// The largest message it accepts.
@@ -58,7 +95,7 @@ impl Inbox {
 
     /// Notifications waiting to be taken.
     pub fn len(&self) -> usize {
-        self.queue.lock().len()
+        self.queue.lock().waiting.len()
     }
 
     /// Whether none waits.
@@ -70,6 +107,16 @@ impl Inbox {
     /// large; `RESOURCE_EXHAUSTED`: the queue is full). The verdict goes
     /// back to the sender.
     pub fn offer(&self, n: Notification) -> Result<()> {
+        self.admit(n)?.publish();
+        Ok(())
+    }
+
+    /// Admits a notification without making it visible yet: its place in
+    /// the queue is held until [`Admitted::publish`] (or given back when
+    /// dropped). The source publishes only once the sender's OK is on its
+    /// way, so that a notification taken is never one whose sender heard
+    /// of a failure.
+    pub fn admit(&self, n: Notification) -> Result<Admitted<'_>> {
         let refused = |e: Error| {
             self.stats.notifications_rejected.fetch_add(1, Ordering::Relaxed);
             Err(e)
@@ -82,18 +129,16 @@ impl Inbox {
             )));
         }
         let mut q = self.queue.lock();
-        if q.len() >= self.capacity {
+        if q.waiting.len() + q.held >= self.capacity {
             drop(q);
             return refused(Error::ResourceExhausted(format!(
                 "the receiver's notification queue is full ({} waiting; notification_queue {})",
                 self.capacity, self.capacity
             )));
         }
-        q.push_back(n);
+        q.held += 1;
         drop(q);
-        self.stats.notifications_received.fetch_add(1, Ordering::Relaxed);
-        self.arrived.notify_one();
-        Ok(())
+        Ok(Admitted { inbox: self, n: Some(n) })
     }
 
     /// Takes the oldest notification if `fits` accepts it, waiting up to
@@ -102,15 +147,15 @@ impl Inbox {
         let deadline = Instant::now().checked_add(timeout);
         let mut q = self.queue.lock();
         loop {
-            if let Some(n) = q.front() {
+            if let Some(n) = q.waiting.front() {
                 if !fits(n) {
                     return Taken::TooSmall { sender_len: n.sender.len(), msg_len: n.msg.len() };
                 }
-                return Taken::Taken(q.pop_front().expect("front"));
+                return Taken::Taken(q.waiting.pop_front().expect("front"));
             }
             match deadline {
                 Some(d) => {
-                    if self.arrived.wait_until(&mut q, d).timed_out() && q.is_empty() {
+                    if self.arrived.wait_until(&mut q, d).timed_out() && q.waiting.is_empty() {
                         return Taken::Empty;
                     }
                 }

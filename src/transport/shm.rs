@@ -1,13 +1,18 @@
 //! The SHM backend: library-allocated host memory (memfd) shared between
 //! processes of one host. Exports pass the memfd; imports map it shared;
-//! copies are CPU copies that are complete when `copy` returns.
+//! copies are CPU copies: small and ordered groups complete when `copy`
+//! returns, large independent ones run on the copy pool (`cpu_copy`) and
+//! complete later (their posting says when).
 
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::memory::owners;
+use crate::transport::cpu_copy;
 use crate::transport::ipc::backend::{CopyOp, CopyPlan, ExportedHandle, IpcBackend, Mapping, Posting, ReceivedHandle};
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// A read-only descriptor of the same memory file (`/proc/self/fd/N`
 /// reopened `O_RDONLY`).
@@ -30,6 +35,10 @@ struct ShmMapping {
     base: u64,
     len: u64,
     mapped: AtomicBool,
+    /// Groups whose copies run on the copy pool, by posting (0: a group
+    /// already complete).
+    started: Mutex<HashMap<Posting, cpu_copy::Pending>>,
+    next: AtomicU64,
 }
 
 impl IpcBackend for ShmBackend {
@@ -87,7 +96,13 @@ impl IpcBackend for ShmBackend {
             )));
         }
         let p = owners::map_shared(&fd, physical, writable, "the SHM export")?;
-        Ok(Box::new(ShmMapping { base: p, len: physical, mapped: AtomicBool::new(true) }))
+        Ok(Box::new(ShmMapping {
+            base: p,
+            len: physical,
+            mapped: AtomicBool::new(true),
+            started: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(1),
+        }))
     }
 }
 
@@ -96,14 +111,36 @@ impl Mapping for ShmMapping {
         self.base
     }
     fn copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<Posting> {
-        // Ordered groups in input order on the caller; large independent
-        // ones on every core. Either way done when this returns: the caller
-        // checked every range against its registration and the grant.
-        super::cpu_copy::copy(ops, plan);
-        Ok(0)
+        // Ordered and small groups in input order on the caller, done when
+        // this returns; large independent ones start on every core and the
+        // caller goes on (the caller checked every range against its
+        // registration and the grant, and keeps the import and its local
+        // regions until the posting is complete).
+        if !cpu_copy::asynchronous(ops, plan) {
+            cpu_copy::copy(ops, plan);
+            return Ok(0);
+        }
+        let posting = self.next.fetch_add(1, Ordering::Relaxed);
+        self.started.lock().insert(posting, cpu_copy::start(ops));
+        Ok(posting)
     }
-    fn wait(&self, _posting: Posting) -> Result<()> {
+    fn query(&self, posting: Posting) -> Result<bool> {
+        let mut s = self.started.lock();
+        let done = s.get(&posting).is_none_or(|p| p.is_done());
+        if done {
+            s.remove(&posting);
+        }
+        Ok(done)
+    }
+    fn wait(&self, posting: Posting) -> Result<()> {
+        let pending = self.started.lock().remove(&posting);
+        if let Some(p) = pending {
+            p.wait();
+        }
         Ok(())
+    }
+    fn completes_by_waiting(&self) -> bool {
+        true
     }
     fn close(&self) -> Result<()> {
         if !self.mapped.swap(false, Ordering::AcqRel) {

@@ -52,6 +52,8 @@ usage: orbite-bench [options]
   --readers N                    also measure READ with N initiator processes at once, each with
                                  its own engine and cache, all reading the one target buffer
                                  (the aggregate of the N; default 1: no such points)
+  --peers N                      TCP, SHM: N target processes, one engine connected to all,
+                                 batches spread over them (aggregate GB/s, p99 per batch)
   --duration SECONDS             time per point (default 3)
   --buffer-size SIZE             working set on each side, blocks rotate over it (default 1GiB)
   --json FILE                    one JSON object per point, one per line
@@ -87,6 +89,8 @@ pub struct Point {
     pub baseline_p50_us: f64,
     pub baseline_p99_us: f64,
     pub requests_failed: u64,
+    /// Sources the point's batches were spread over (`--peers`).
+    pub peers: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -103,6 +107,7 @@ struct Opts {
     batch: usize,
     threads: usize,
     readers: usize,
+    peers: usize,
     random: bool,
     latency: bool,
     notify: bool,
@@ -164,6 +169,7 @@ fn parse_opts() -> Opts {
         batch: 16,
         threads: 1,
         readers: 1,
+        peers: 1,
         random: false,
         latency: false,
         notify: false,
@@ -202,6 +208,7 @@ fn parse_opts() -> Opts {
             "--batch-size" => o.batch = val().parse().unwrap_or_else(|_| die("--batch-size N")),
             "--threads" => o.threads = val().parse().unwrap_or_else(|_| die("--threads N")),
             "--readers" => o.readers = val().parse().unwrap_or_else(|_| die("--readers N")),
+            "--peers" => o.peers = val().parse().unwrap_or_else(|_| die("--peers N")),
             "--pattern" => {
                 o.random = match val().as_str() {
                     "seq" => false,
@@ -526,6 +533,9 @@ struct Setup {
     memory: String,
     _allocs: Vec<orbite::Allocation>,
     _target: Option<Target>,
+    /// More targets (`--peers`): (peer, remote region address, length).
+    others: Vec<(u64, u64, u64)>,
+    _others: Vec<Target>,
 }
 
 /// Runs one point: `threads` threads submit batches for `duration`. Returns
@@ -535,7 +545,11 @@ fn measure(c: &Setup, o: &Opts, transport: &str, op: Op, bs: u64, notify: bool) 
     let opts = SubmitOptions { transport: transport_of(transport), timeout: Some(Duration::from_secs(60)) };
     let per_local = o.buffer_size / o.threads as u64 / bs;
     let per_thread = per_local.max(1);
-    let remote_blocks = (c.remote_len / bs).max(1);
+    // Batches go to the targets in turn (`--peers`); each target's remote
+    // region is its own.
+    let targets: Vec<(u64, u64, u64)> =
+        std::iter::once((c.peer, c.remote, c.remote_len)).chain(c.others.iter().copied()).collect();
+    let remote_blocks = (targets.iter().map(|t| t.2).min().unwrap_or(c.remote_len) / bs).max(1);
     // Random: distinct blocks scattered over the working set (a stride
     // coprime with the block count visits every block once per cycle).
     let stride = if o.random { coprime_stride(remote_blocks) } else { 1 };
@@ -544,8 +558,10 @@ fn measure(c: &Setup, o: &Opts, transport: &str, op: Op, bs: u64, notify: bool) 
     let results: Vec<Run> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..o.threads)
             .map(|t| {
+                let targets = &targets;
                 s.spawn(move || {
                     let mut k = t as u64 * 7919;
+                    let mut turn = t;
                     let (mut done, mut failed) = (0u64, 0u64);
                     let mut lat = Vec::new();
                     let mut reqs = Vec::with_capacity(o.batch);
@@ -553,20 +569,22 @@ fn measure(c: &Setup, o: &Opts, transport: &str, op: Op, bs: u64, notify: bool) 
                     let mut span: Option<(Instant, Instant)> = None;
                     while warm || Instant::now() < end {
                         reqs.clear();
+                        let (peer, remote, _) = targets[turn % targets.len()];
+                        turn += 1;
                         for _ in 0..o.batch {
                             let local = c.locals[(k % c.locals.len() as u64) as usize];
                             reqs.push(Request {
                                 op,
                                 local_addr: local + t as u64 * per_thread * bs + (k % per_thread) * bs,
-                                remote_addr: c.remote + (k.wrapping_mul(stride) % remote_blocks) * bs,
+                                remote_addr: remote + (k.wrapping_mul(stride) % remote_blocks) * bs,
                                 len: bs,
                             });
                             k += 1;
                         }
                         let t0 = Instant::now();
                         let submitted = match notify {
-                            true => c.engine.submit_with_notification(c.peer, &reqs, opts, b"bench"),
-                            false => c.engine.submit(c.peer, &reqs, opts),
+                            true => c.engine.submit_with_notification(peer, &reqs, opts, b"bench"),
+                            false => c.engine.submit(peer, &reqs, opts),
                         };
                         let r = submitted.and_then(|b| {
                             let w = b.wait(Duration::from_secs(60));
@@ -671,6 +689,16 @@ fn host_setup(o: &Opts, endpoint: Option<&str>) -> Result<Setup, String> {
     );
     let engine = Engine::from_json(&initiator_json(o, &cfg, "host")).map_err(|e| e.to_string())?;
     let (peer, region, endpoint) = connect(&engine, o, &endpoint)?;
+    // `--peers N`: N-1 more targets, all connected to this engine.
+    let _others: Vec<Target> = match (target.is_some(), o.peers > 1) {
+        (true, true) => (1..o.peers).map(|_| spawn_target(o, "host")).collect(),
+        _ => Vec::new(),
+    };
+    let mut others = Vec::new();
+    for t in &_others {
+        let (p, r, _) = connect(&engine, &Opts { name: None, ..o.clone() }, &t.endpoint)?;
+        others.push((p, r.addr, r.len));
+    }
     let local = allocate_shared_host(o.buffer_size).map_err(|e| e.to_string())?;
     touch(local.addr() as *mut u8, o.buffer_size as usize);
     engine.register_memory(local.addr(), o.buffer_size, Access::NONE).map_err(|e| e.to_string())?;
@@ -684,6 +712,8 @@ fn host_setup(o: &Opts, endpoint: Option<&str>) -> Result<Setup, String> {
         memory: "shared_host".into(),
         _allocs: vec![local],
         _target: target,
+        others,
+        _others,
     })
 }
 
@@ -708,6 +738,8 @@ fn cuda_setup(o: &Opts, kind: &str, endpoint: Option<&str>) -> Result<Setup, Str
         memory: o.memory.clone(),
         _allocs: allocs,
         _target: target,
+        others: Vec::new(),
+        _others: Vec::new(),
     })
 }
 
@@ -837,6 +869,7 @@ fn run_initiator(o: &Opts, endpoint: Option<&str>) -> Vec<Point> {
                     baseline_p50_us: 0.0,
                     baseline_p99_us: 0.0,
                     requests_failed: failed,
+                    peers: setup.others.len() + 1,
                 });
                 if o.latency {
                     let p = points.last_mut().expect("pushed");
@@ -936,6 +969,7 @@ fn notify_point(o: &Opts, t: &str, c: &Setup) -> Point {
         baseline_p50_us: base50,
         baseline_p99_us: base99,
         requests_failed: failed,
+        peers: 1,
     }
 }
 
@@ -1024,6 +1058,7 @@ fn readers_point(o: &Opts, t: &str, endpoint: &str, bs: u64) -> Point {
         baseline_p50_us: 0.0,
         baseline_p99_us: 0.0,
         requests_failed: failed,
+        peers: 1,
     }
 }
 
@@ -1069,7 +1104,12 @@ fn print_table(points: &[Point]) {
             p.baseline,
             p.baseline_gbps,
             p.ratio_to_baseline,
-            if p.requests_failed > 0 { format!("  ({} failed)", p.requests_failed) } else { String::new() }
+            match (p.requests_failed, p.peers) {
+                (0, 1) => String::new(),
+                (0, n) => format!("  ({n} peers)"),
+                (f, 1) => format!("  ({f} failed)"),
+                (f, n) => format!("  ({f} failed, {n} peers)"),
+            }
         );
     }
 }

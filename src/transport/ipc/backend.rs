@@ -72,6 +72,11 @@ pub trait Mapping: Send + Sync {
     /// leased stream) are given up as uncertain. The mapping itself stays
     /// retained.
     fn abandon(&self, _posting: Posting) {}
+    /// Whether a pending posting is sure to complete, so that the progress
+    /// worker may wait for it instead of polling (CPU copies: yes).
+    fn completes_by_waiting(&self) -> bool {
+        false
+    }
     /// The native close (unmap). On failure the mapping must be considered
     /// still live: the caller retains it and never closes it twice.
     fn close(&self) -> Result<()>;

@@ -647,6 +647,14 @@ impl IpcRequester {
             let stopping = self.progress.lock().stopped;
             let mut still = Vec::new();
             for d in batch {
+                // CPU copies always complete: waited for, not polled.
+                let m = &d.posted.imp.mapping;
+                if m.completes_by_waiting() {
+                    let r = m.wait(d.posted.posting());
+                    let Deferred { posted, done } = d;
+                    done(self.finish(posted, r));
+                    continue;
+                }
                 let verdict = match d.posted.imp.mapping.query(d.posted.posting()) {
                     Ok(true) => Some(Ok(())),
                     Err(e) => Some(Err(e)),

@@ -9,7 +9,7 @@ use crate::error::{Error, Result, Status};
 use crate::kinds::TransportKind;
 use crate::memory::{RegionLease, RegionTable};
 use crate::sync::admission::{Gate, GateGuard};
-use crate::transport::inbox::{Inbox, Notification};
+use crate::transport::inbox::{Admitted, Inbox, Notification};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io::{BufReader, Read};
@@ -198,9 +198,15 @@ fn serve_inner(ctx: &SourceContext, first: FrameHeader, r: &mut BufReader<TcpStr
                 io::write_frame(&mut *w.lock(), MsgKind::Describe, &mine, &mut ctx.answer_tick())?;
             }
             MsgKind::Notify => {
-                let (tag, outcome) = receive_notification(ctx, r, h.body_len as usize, &peer.endpoint)?;
-                let body = crate::control::notify::encode_ack(tag, &outcome);
+                let (tag, admitted) = receive_notification(ctx, r, h.body_len as usize, &peer.endpoint)?;
+                let verdict = admitted.as_ref().map(|_| ()).map_err(Clone::clone);
+                let body = crate::control::notify::encode_ack(tag, &verdict);
                 io::write_frame(&mut *w.lock(), MsgKind::NotifyAck, &body, &mut ctx.answer_tick())?;
+                // Visible only once the sender's OK is on its way (a failed
+                // write above drops it: the sender hears of no delivery).
+                if let Ok(a) = admitted {
+                    a.publish();
+                }
             }
             MsgKind::Goodbye => return Ok(()),
             MsgKind::Error => {
@@ -218,12 +224,12 @@ fn serve_inner(ctx: &SourceContext, first: FrameHeader, r: &mut BufReader<TcpStr
 /// stays bounded by the inbox's message limit: a larger body is read
 /// through a small buffer and refused. Returns the tag and the verdict for
 /// the sender; a malformed body is a protocol error.
-fn receive_notification(
-    ctx: &SourceContext,
+fn receive_notification<'a>(
+    ctx: &'a SourceContext,
     r: &mut impl Read,
     len: usize,
     endpoint: &str,
-) -> Result<(u64, Result<()>)> {
+) -> Result<(u64, Result<Admitted<'a>>)> {
     let mut tick = bounded(ctx, Instant::now() + ctx.handshake_timeout, "notification");
     let most = NOTIFY_OVERHEAD + ctx.inbox.max_bytes();
     if len > most {
@@ -249,7 +255,7 @@ fn receive_notification(
     let body = io::read_body(r, len as u32, &mut tick)?;
     let n = Notify::decode(&body)?;
     let sender = if n.name.is_empty() { endpoint.to_string() } else { n.name };
-    Ok((n.tag, ctx.inbox.offer(Notification { sender, msg: n.msg })))
+    Ok((n.tag, ctx.inbox.admit(Notification { sender, msg: n.msg })))
 }
 
 /// READ answers of at most this many bytes may wait to leave together.
