@@ -58,30 +58,39 @@ fn bench_runs_and_writes_json_and_plot() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Runs orbite-bench with `args` (split at spaces) and `--json`; asserts
+/// it succeeded and returns its table and the points it wrote.
+fn bench_points(tag: &str, args: &str) -> (String, Vec<serde_json::Value>) {
+    let dir = std::env::temp_dir().join(format!("orbite-bench-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("points.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_orbite-bench"))
+        .args(args.split_whitespace())
+        .args(["--json", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    let points = std::fs::read_to_string(&json).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    (String::from_utf8_lossy(&out.stdout).into_owned(), points)
+}
+
 /// `--readers 3`: a READ point of three reader processes at once beside the
 /// single-reader one, each reader with its own engine; none of their
 /// requests failed (the shared loan lets them all in).
 #[test]
 fn bench_measures_several_reader_processes_at_once() {
-    let dir = std::env::temp_dir().join(format!("orbite-bench-readers-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("points.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_orbite-bench"))
-        .args(["--duration", "0.3", "--buffer-size", "4MiB", "--block-size", "64KiB", "--batch-size", "4"])
-        .args(["--transport", "shm", "--op", "read", "--readers", "3", "--no-baseline"])
-        .args(["--json", json.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
-    let points: Vec<serde_json::Value> =
-        std::fs::read_to_string(&json).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (_, points) = bench_points(
+        "readers",
+        "--duration 0.3 --buffer-size 4MiB --block-size 64KiB --batch-size 4 \
+         --transport shm --op read --readers 3 --no-baseline",
+    );
     let readers: Vec<u64> = points.iter().map(|p| p["readers"].as_u64().unwrap()).collect();
     assert_eq!(readers, vec![1, 3], "{points:?}");
     for p in &points {
         assert_eq!(p["requests_failed"], 0, "{p}");
         assert!(p["bytes"].as_u64().unwrap() > 0, "{p}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -115,18 +124,11 @@ fn nvlink_and_mnnvl_need_the_cuda_feature() {
 /// processes. Every request and notification succeeds.
 #[test]
 fn bench_measures_notifications_and_many_peers() {
-    let dir = std::env::temp_dir().join(format!("orbite-bench-notify-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let json = dir.join("points.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_orbite-bench"))
-        .args(["--duration", "0.2", "--buffer-size", "4MiB", "--block-size", "4KiB", "--batch-size", "4"])
-        .args(["--transport", "tcp,shm", "--op", "write", "--notify", "--peers", "3", "--no-baseline"])
-        .args(["--json", json.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
-    let points: Vec<serde_json::Value> =
-        std::fs::read_to_string(&json).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let (table, points) = bench_points(
+        "notify",
+        "--duration 0.2 --buffer-size 4MiB --block-size 4KiB --batch-size 4 \
+         --transport tcp,shm --op write --notify --peers 3 --no-baseline",
+    );
     let ops: Vec<(String, String, u64)> = points
         .iter()
         .map(|p| {
@@ -149,7 +151,5 @@ fn bench_measures_notifications_and_many_peers() {
         assert_eq!(p["requests_failed"], 0, "{p}");
         assert!(p["ops_per_sec"].as_f64().unwrap() > 0.0, "{p}");
     }
-    let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("(3 peers)") && table.contains("without_notify"), "{table}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -28,10 +28,9 @@ impl Engine {
     /// Takes the oldest notification received, waiting up to `timeout` for
     /// one (`Duration::ZERO`: do not wait). `TIMED_OUT` when none came.
     pub fn take_notification(&self, timeout: Duration) -> Result<Notification> {
-        match self.take_notification_fitting(timeout, usize::MAX, usize::MAX)? {
-            Ok(n) => Ok(n),
-            Err(_) => unreachable!("every notification fits unbounded buffers"),
-        }
+        // Every notification fits unbounded buffers.
+        self.take_notification_fitting(timeout, usize::MAX, usize::MAX)?
+            .map_err(|_| Error::BufferTooSmall("a notification larger than memory".into()))
     }
 
     /// Takes the oldest notification if its sender's name fits in

@@ -113,15 +113,12 @@ pub const ASYNC_MIN_BYTES: u64 = 8 << 20;
 /// Whether a group is started on the pool (see [`start`]): independent
 /// copies of at least [`ASYNC_MIN_BYTES`].
 pub fn asynchronous(ops: &[CopyOp], plan: CopyPlan) -> bool {
-    plan == CopyPlan::Independent
-        && ops.iter().map(|o| o.len).sum::<u64>() >= ASYNC_MIN_BYTES
-        && !pool().workers.is_empty()
+    pooled(ops, plan, ASYNC_MIN_BYTES)
 }
 
-fn parallel(ops: &[CopyOp], plan: CopyPlan) -> bool {
-    plan == CopyPlan::Independent
-        && ops.iter().map(|o| o.len).sum::<u64>() >= PARALLEL_MIN_BYTES
-        && !pool().workers.is_empty()
+/// Whether the pool takes part: independent copies of at least `min` bytes.
+fn pooled(ops: &[CopyOp], plan: CopyPlan, min: u64) -> bool {
+    plan == CopyPlan::Independent && ops.iter().map(|o| o.len).sum::<u64>() >= min && !pool().workers.is_empty()
 }
 
 /// Starts an [`asynchronous`] group on the pool and returns at once; the
@@ -145,7 +142,7 @@ pub fn start(ops: &[CopyOp]) -> Pending {
 /// at once. Returns when every copy is done.
 pub fn copy(ops: &[CopyOp], plan: CopyPlan) {
     let pool = pool();
-    if !parallel(ops, plan) {
+    if !pooled(ops, plan, PARALLEL_MIN_BYTES) {
         run(ops);
         return;
     }

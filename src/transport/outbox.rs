@@ -66,7 +66,7 @@ struct OutState {
     queue: VecDeque<Queued>,
     /// Batches submitted to the peer that may not have ended, and whether
     /// a watcher that pumps the queue when they end is set on them.
-    in_flight: Vec<(Arc<BatchShared>, bool)>,
+    in_flight: VecDeque<(Arc<BatchShared>, bool)>,
     next_id: u64,
 }
 
@@ -92,13 +92,13 @@ impl Outbox {
         let mut s = self.state.lock();
         // Ended batches leave from the front at once, and from anywhere
         // once many are listed, so a finished batch's record is not kept.
-        while s.in_flight.first().is_some_and(|(b, _)| b.requests_ended()) {
-            s.in_flight.remove(0);
+        while s.in_flight.front().is_some_and(|(b, _)| b.requests_ended()) {
+            s.in_flight.pop_front();
         }
         if s.in_flight.len() >= 64 {
             s.in_flight.retain(|(b, _)| !b.requests_ended());
         }
-        s.in_flight.push((batch.clone(), false));
+        s.in_flight.push_back((batch.clone(), false));
     }
 
     /// Sends `msg` with `batch` (already tracked): once every request of

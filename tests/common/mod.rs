@@ -37,20 +37,27 @@ pub struct PeerProc {
     pub addrs: Vec<u64>,
 }
 
+/// Starts `orbite-peer` with `args`; returns it with its pipes and the
+/// first line it printed.
+fn launch(args: &[&str]) -> (Child, ChildStdin, BufReader<ChildStdout>, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_orbite-peer"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn orbite-peer");
+    let stdin = child.stdin.take().expect("stdin");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    stdout.read_line(&mut line).expect("read the first line of orbite-peer");
+    (child, stdin, stdout, line)
+}
+
 impl PeerProc {
     /// Starts `orbite-peer` with `args` and reads its description line.
     pub fn spawn(args: &[&str]) -> PeerProc {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_orbite-peer"))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn orbite-peer");
-        let stdin = child.stdin.take().expect("stdin");
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("read peer description");
+        let (child, stdin, stdout, line) = launch(args);
         let v: serde_json::Value =
             serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad peer line {line:?}: {e}"));
         PeerProc {
@@ -70,17 +77,7 @@ impl PeerProc {
     /// Starts `orbite-peer` as a requester of `endpoint` that READs `spec`
     /// (`ADDR:LEN`) once with `config`; asserts the read succeeded.
     pub fn spawn_requester(endpoint: &str, spec: &str, config: &str) -> PeerProc {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_orbite-peer"))
-            .args(["--connect", endpoint, "--read", spec, "--config", config])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn orbite-peer");
-        let stdin = child.stdin.take().expect("stdin");
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("read the first result");
+        let (child, stdin, stdout, line) = launch(&["--connect", endpoint, "--read", spec, "--config", config]);
         assert!(line.starts_with("ok "), "the requester's first read failed: {line:?}");
         let pid = child.id();
         PeerProc {

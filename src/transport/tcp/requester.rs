@@ -75,11 +75,12 @@ struct Pending {
     drained: bool,
 }
 
-/// WRITEs of at most this many bytes travel with the frames around them.
+/// WRITEs of at most this many bytes may be sent by the submitting thread
+/// itself (see [`TcpConnection::enqueue`]).
 const SMALL_WRITE: u64 = 64 * 1024;
 
-/// One small WRITE in an [`Outbuf`].
-struct SmallWrite {
+/// One WRITE in an [`Outbuf`].
+struct QueuedWrite {
     /// Where its frame starts, and its fixed part ends, in `bytes`.
     head_start: usize,
     head_end: usize,
@@ -91,13 +92,12 @@ struct SmallWrite {
 }
 
 /// Frames waiting to leave together: request frames and the fixed parts
-/// of small WRITEs in `bytes`, each small WRITE's payload by address,
-/// in stream order.
+/// of WRITEs in `bytes`, each WRITE's payload by address, in stream order.
 #[derive(Default)]
 struct Outbuf {
     bytes: Vec<u8>,
-    writes: Vec<SmallWrite>,
-    /// Bytes of the small WRITEs' payloads.
+    writes: Vec<QueuedWrite>,
+    /// Bytes of the WRITEs' payloads.
     payload: u64,
 }
 
@@ -431,7 +431,7 @@ impl TcpConnection {
     }
 
     /// Sends what `buf` holds in one sendmsg (as few as the socket takes),
-    /// then settles its small WRITEs: sent ones now wait for their answers;
+    /// then settles its WRITEs: sent ones now wait for their answers;
     /// on failure each fails with the remote effect its first byte allows
     /// (`Unknown` once any of it left, else `None`).
     fn flush(&self, buf: &mut Outbuf) -> Result<()> {
@@ -556,68 +556,19 @@ impl TcpConnection {
                 }
                 Ok(())
             }
-            // A small WRITE joins the others: its frame's fixed part in the
-            // buffer, its payload by address, all sent in one sendmsg.
-            Op::Write if len <= SMALL_WRITE => {
+            // A WRITE joins the frames before it: its fixed part in the
+            // buffer, its payload by address, sent in one sendmsg; a large
+            // one fills the buffer and leaves at once.
+            Op::Write => {
                 let head_start = buf.bytes.len();
                 buf.bytes.extend_from_slice(&FrameHeader::encode(MsgKind::WriteRequest, (32 + len) as u32));
                 buf.bytes.extend_from_slice(&req.encode());
                 buf.payload += len;
-                buf.writes.push(SmallWrite { head_start, head_end: buf.bytes.len(), addr: local, len, tag, deadline });
+                buf.writes.push(QueuedWrite { head_start, head_end: buf.bytes.len(), addr: local, len, tag, deadline });
                 if buf.full() {
                     self.flush(buf)?;
                 }
                 Ok(())
-            }
-            Op::Write => {
-                self.flush(buf)?;
-                let h = FrameHeader::encode(MsgKind::WriteRequest, (32 + len) as u32);
-                let fixed = req.encode();
-                // SAFETY: the chunk holds a lease on the local region that
-                // contains [local, local+len), so the memory stays
-                // registered (and mapped) while we read it here.
-                let payload = unsafe { std::slice::from_raw_parts(local as *const u8, len as usize) };
-                let mut written = 0u64;
-                let r = {
-                    let mut w = self.writer.lock();
-                    let mut tick = || {
-                        self.check_alive()?;
-                        if Instant::now() >= deadline {
-                            return Err(Error::TimedOut(format!(
-                                "deadline passed while sending a WRITE to {}",
-                                self.label
-                            )));
-                        }
-                        Ok(())
-                    };
-                    io::write_all_parts(&mut *w, &[&h, &fixed, payload], &mut tick, &mut written)
-                };
-                self.stats.record_wire_sent(TransportKind::Tcp, written);
-                let mut p = self.pending.lock();
-                match r {
-                    Ok(()) => {
-                        if p.drained {
-                            if let Some(ent) = p.map.remove(&tag) {
-                                drop(p);
-                                let e = self.dead_reason().unwrap_or_else(|| {
-                                    Error::Unavailable(format!("connection to {} lost", self.label))
-                                });
-                                ent.chunk.fail(e, RemoteEffect::Unknown);
-                            }
-                        } else if let Some(ent) = p.map.get_mut(&tag) {
-                            ent.sending = false;
-                        }
-                        Ok(())
-                    }
-                    Err(e) => {
-                        if let Some(ent) = p.map.remove(&tag) {
-                            drop(p);
-                            let effect = if written == 0 { RemoteEffect::None } else { RemoteEffect::Unknown };
-                            ent.chunk.fail(e.clone(), effect);
-                        }
-                        Err(e)
-                    }
-                }
             }
         }
     }
