@@ -153,12 +153,15 @@ fn cache_four_concurrent_reads_share_one_import_and_a_write_trades_it_for_a_writ
     let e = engine(r#"{"shm_cache_entries": 4}"#);
     let p = e.connect(&src.endpoint, None).unwrap();
     let a = src.addr;
+    // Registered up front and kept to the end (a freed, still registered
+    // buffer's memory could come back to a later allocation, which its
+    // registration would overlap).
+    let locals: Vec<Vec<u8>> = (0..4).map(|_| local(&e, MIB as usize)).collect();
     std::thread::scope(|s| {
-        for t in 0..4u64 {
+        for (t, l) in (0..4u64).zip(&locals) {
             let e = &e;
             s.spawn(move || {
-                let l = local(e, MIB as usize);
-                let r = go(e, p, &[rd(&l, 0, a + t * MIB / 2, MIB / 2)], shm());
+                let r = go(e, p, &[rd(l, 0, a + t * MIB / 2, MIB / 2)], shm());
                 assert!(all_ok(&r), "{r:?}");
                 assert!((0..(MIB / 2) as usize).all(|i| l[i] == pattern(5, t * MIB / 2 + i as u64)));
             });
@@ -236,17 +239,20 @@ fn flush_under_concurrent_submissions() {
     let p = e.connect(&src.endpoint, None).unwrap();
     let addrs = src.addrs.clone();
     let stop = std::sync::atomic::AtomicBool::new(false);
+    // Registered before any thread starts and kept until every one ended:
+    // a buffer freed while still registered could be handed out again to a
+    // later thread's allocation, which its registration would overlap.
+    let locals: Vec<Vec<u8>> = (0..3).map(|_| local(&e, 65536)).collect();
     std::thread::scope(|s| {
         let mut hs = Vec::new();
-        for t in 0..3usize {
+        for (t, l) in locals.iter().enumerate() {
             let (e, addrs, stop) = (&e, &addrs, &stop);
             hs.push(s.spawn(move || {
-                let l = local(e, 65536);
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) || n < 20 {
                     let which = (t + n as usize) % 2;
                     let off = (n * 4096) % MIB;
-                    let r = go(e, p, &[rd(&l, 0, addrs[which] + off, 65536)], shm());
+                    let r = go(e, p, &[rd(l, 0, addrs[which] + off, 65536)], shm());
                     assert!(all_ok(&r), "{r:?}");
                     assert!((0..65536).all(|i| l[i] == pattern(7 + which as u64, off + i as u64)));
                     n += 1;

@@ -157,11 +157,21 @@ fn threads_and_two_requesters_share_a_source() {
     let p1 = e1.connect(&src.endpoint, None).unwrap();
     let p2 = e2.connect(&src.endpoint, None).unwrap();
     let (addr, len) = (src.addr, src.len);
+    // Registered up front and kept to the end (a freed, still registered
+    // buffer's memory could come back to a later allocation, which its
+    // registration would overlap).
+    let who = [(&e1, p1), (&e1, p1), (&e1, p1), (&e2, p2), (&e2, p2)];
+    let mut locals: Vec<Vec<u8>> = who
+        .iter()
+        .map(|(e, _)| {
+            let v = vec![0u8; 1 << 20];
+            e.register_memory(v.as_ptr() as u64, v.len() as u64, Access::NONE).unwrap();
+            v
+        })
+        .collect();
     std::thread::scope(|s| {
-        for (t, (e, p)) in [(&e1, p1), (&e1, p1), (&e1, p1), (&e2, p2), (&e2, p2)].into_iter().enumerate() {
+        for (t, ((e, p), local)) in who.into_iter().zip(locals.iter_mut()).enumerate() {
             s.spawn(move || {
-                let mut local = vec![0u8; 1 << 20];
-                e.register_memory(local.as_mut_ptr() as u64, local.len() as u64, Access::NONE).unwrap();
                 for round in 0..20u64 {
                     let off = ((t as u64 * 7 + round * 13) % 7) << 20;
                     let n = 1 + (round * 65537 + t as u64 * 4099) % (1 << 20);
