@@ -6,8 +6,11 @@
 //!
 //! ```text
 //! orbite-peer [--size BYTES] [--allocs N] [--shared] [--access rw|r|w|none]
-//!             [--seed N] [--config JSON] [--extra BYTES]
-//! -> {"endpoint":"IP:PORT","addr":A,"addrs":[A,...],"len":N,"pid":P,"extra_addr":X,"extra_len":M}
+//!             [--seed N] [--config JSON] [--extra BYTES] [--engines N]
+//! -> {"endpoint":"IP:PORT","endpoints":[...],"addr":A,"addrs":[A,...],"len":N,"pid":P,"extra_addr":X,"extra_len":M}
+//! With `--engines N`, N engines in this process, engine I registering
+//! buffer I (pattern SEED+I) and listening at endpoints[I]; the commands
+//! other than `verifyn` act on engine 0.
 //! commands:
 //!   verify SEED OFF LEN   buffer 0's [OFF, OFF+LEN) holds pattern SEED -> "ok" | "bad AT"
 //!   verifyn I SEED OFF LEN  the same for buffer I
@@ -89,6 +92,7 @@ struct Args {
     config: String,
     connect: Option<String>,
     read: Option<(u64, u64)>,
+    engines: usize,
 }
 
 fn parse_args() -> Args {
@@ -102,6 +106,7 @@ fn parse_args() -> Args {
         config: String::new(),
         connect: None,
         read: None,
+        engines: 1,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -115,6 +120,7 @@ fn parse_args() -> Args {
             "--access" => a.access = parse_access(&val()),
             "--seed" => a.seed = val().parse().unwrap_or_else(|_| die("--seed N")),
             "--config" => a.config = val(),
+            "--engines" => a.engines = val().parse().unwrap_or_else(|_| die("--engines N")),
             "--connect" => a.connect = Some(val()),
             "--read" => {
                 let v = val();
@@ -168,18 +174,23 @@ fn requester(a: &Args, engine: &Engine) -> ! {
 
 fn main() {
     let a = parse_args();
-    let engine = EngineConfig::from_json(&a.config).and_then(Engine::new).unwrap_or_else(|e| die(&e.to_string()));
+    let engines: Vec<Engine> = (0..a.engines.max(1))
+        .map(|_| EngineConfig::from_json(&a.config).and_then(Engine::new).unwrap_or_else(|e| die(&e.to_string())))
+        .collect();
+    let engine = &engines[0];
     if a.connect.is_some() {
-        requester(&a, &engine);
+        requester(&a, engine);
     }
-    let mut bufs: Vec<Buf> = (0..a.allocs.max(1)).map(|_| Buf::new(a.size.max(1), a.shared)).collect();
+    let allocs = if engines.len() > 1 { engines.len() } else { a.allocs.max(1) };
+    let mut bufs: Vec<Buf> = (0..allocs).map(|_| Buf::new(a.size.max(1), a.shared)).collect();
     let mut ids = Vec::new();
     for (n, b) in bufs.iter_mut().enumerate() {
         for (i, x) in b.slice().iter_mut().enumerate() {
             *x = pattern(a.seed + n as u64, i as u64);
         }
         let addr = b.addr();
-        ids.push(engine.register_memory(addr, a.size as u64, a.access).unwrap_or_else(|e| die(&e.to_string())));
+        let owner = &engines[n % engines.len()];
+        ids.push(owner.register_memory(addr, a.size as u64, a.access).unwrap_or_else(|e| die(&e.to_string())));
     }
     // An optional region with the opposite access, for permission tests.
     let mut extra = vec![0u8; a.extra.max(1)];
@@ -192,7 +203,8 @@ fn main() {
     let addrs: Vec<u64> = bufs.iter_mut().map(|b| b.addr()).collect();
     reply(
         &serde_json::json!({
-            "endpoint": engine.endpoint(), "addr": addrs[0], "addrs": addrs, "len": a.size,
+            "endpoint": engine.endpoint(), "addr": addrs[0],
+            "endpoints": engines.iter().map(|e| e.endpoint()).collect::<Vec<_>>(), "addrs": addrs, "len": a.size,
             "pid": std::process::id(), "extra_addr": extra.as_ptr() as u64, "extra_len": a.extra,
         })
         .to_string(),

@@ -104,6 +104,28 @@ fn send_vectored(s: &impl AsRawFd, slices: &[IoSlice<'_>]) -> std::io::Result<us
     }
 }
 
+/// One non-blocking `sendmsg` of `parts` (their concatenation), skipping
+/// its first `skip` bytes: how many bytes the socket took (`WouldBlock`
+/// when none). At most 1024 slices go in one call.
+pub fn send_parts_from(s: &impl AsRawFd, parts: &[&[u8]], mut skip: u64) -> std::io::Result<usize> {
+    let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len().min(1024));
+    for p in parts {
+        if skip >= p.len() as u64 {
+            skip -= p.len() as u64;
+            continue;
+        }
+        slices.push(IoSlice::new(&p[skip as usize..]));
+        skip = 0;
+        if slices.len() == 1024 {
+            break;
+        }
+    }
+    if slices.is_empty() {
+        return Ok(0);
+    }
+    send_vectored(s, &slices)
+}
+
 /// Writes every byte of every slice to a socket; counts bytes written so
 /// far in `written` (also when it fails).
 pub fn write_all_parts(s: &mut impl AsRawFd, parts: &[&[u8]], tick: Tick<'_>, written: &mut u64) -> Result<()> {

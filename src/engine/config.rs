@@ -75,6 +75,9 @@ pub struct EngineConfig {
     /// Most incoming IPC channels served at once (counted apart from the
     /// control connections).
     pub max_ipc_channels: u32,
+    /// I/O threads serving this engine's connections, whatever their
+    /// number (started as connections come; default min(cores, 4)).
+    pub io_threads: u32,
     /// A file holding the shared secret (at least 32 bytes, readable by its
     /// owner only) that every control connection and IPC channel must prove
     /// knowledge of, both ways, before anything else. `None`: no
@@ -121,6 +124,7 @@ impl Default for EngineConfig {
             handshake_timeout_ms: 5_000,
             max_incoming_connections: 256,
             max_ipc_channels: 256,
+            io_threads: default_io_threads(),
             auth_key_file: None,
             ipc_allowed_uids: Vec::new(),
             offer_timeout_ms: 5_000,
@@ -131,6 +135,12 @@ impl Default for EngineConfig {
             discovery: None,
         }
     }
+}
+
+/// min(cores, 4): enough I/O threads to keep both ends of a host's links
+/// busy, few enough that an engine stays small.
+fn default_io_threads() -> u32 {
+    std::thread::available_parallelism().map(|n| n.get().min(4) as u32).unwrap_or(2)
 }
 
 fn bad(key: &str, what: impl std::fmt::Display) -> Error {
@@ -315,6 +325,7 @@ impl EngineConfig {
                 "handshake_timeout_ms" => c.handshake_timeout_ms = get_u32(k, v, 1, 600_000)?,
                 "max_incoming_connections" => c.max_incoming_connections = get_u32(k, v, 1, 65_536)?,
                 "max_ipc_channels" => c.max_ipc_channels = get_u32(k, v, 1, 65_536)?,
+                "io_threads" => c.io_threads = get_u32(k, v, 1, 64)?,
                 "auth_key_file" => {
                     c.auth_key_file = match v {
                         Value::Null => None,
@@ -357,7 +368,7 @@ impl EngineConfig {
         if self.nvlink && self.mnnvl.is_some() {
             return Err(bad("mnnvl", "MNNVL and legacy `nvlink: true` are mutually exclusive; enable one"));
         }
-        let ranges: [(&str, u64, u64, u64); 12] = [
+        let ranges: [(&str, u64, u64, u64); 13] = [
             ("notification_max_bytes", self.notification_max_bytes as u64, 1, MAX_NOTIFICATION_BYTES),
             ("notification_queue", self.notification_queue as u64, 1, 65_536),
             ("shm_cache_entries", self.shm_cache_entries as u64, 0, 4096),
@@ -369,6 +380,7 @@ impl EngineConfig {
             ("handshake_timeout_ms", self.handshake_timeout_ms as u64, 1, 600_000),
             ("max_incoming_connections", self.max_incoming_connections as u64, 1, 65_536),
             ("max_ipc_channels", self.max_ipc_channels as u64, 1, 65_536),
+            ("io_threads", self.io_threads as u64, 1, 64),
             ("offer_timeout_ms", self.offer_timeout_ms as u64, 1, 600_000),
         ];
         for (key, v, min, max) in ranges {
@@ -433,6 +445,7 @@ impl EngineConfig {
             "handshake_timeout_ms": self.handshake_timeout_ms,
             "max_incoming_connections": self.max_incoming_connections,
             "max_ipc_channels": self.max_ipc_channels,
+            "io_threads": self.io_threads,
             "auth_key_file": self.auth_key_file,
             "ipc_allowed_uids": self.ipc_allowed_uids,
             "offer_timeout_ms": self.offer_timeout_ms,
@@ -503,6 +516,7 @@ mod tests {
             offer_timeout_ms: 250,
             min_payload_rate_kib: 0,
             max_ipc_channels: 3,
+            io_threads: 7,
             name: Some("prefill-0".into()),
             notification_max_bytes: 100,
             notification_queue: 7,

@@ -33,6 +33,7 @@ use crate::sync::admission::{Budget, Gate};
 use crate::transport::inbox::Inbox;
 use crate::transport::ipc::faults::Faults;
 use crate::transport::ipc::source::IpcSourceContext;
+use crate::transport::reactor::Reactor;
 use crate::transport::tcp::source::Revoker;
 use crate::transport::tcp::SourceContext;
 use accept::Listeners;
@@ -73,6 +74,8 @@ pub(crate) struct Inner {
     inbox: Arc<Inbox>,
     /// Discovery on etcd, when configured (set once, at start).
     discovery: once_cell::sync::OnceCell<Discovery>,
+    /// The I/O threads serving the outgoing connections.
+    reactor: Reactor,
 }
 
 /// A transfer engine: registers memory, serves it to peers and moves bytes
@@ -159,6 +162,7 @@ impl Engine {
             ipc: ipc_transports,
             ipc_unavailable,
             discovery: once_cell::sync::OnceCell::new(),
+            reactor: Reactor::new(config.io_threads as usize),
             inbox: Arc::new(Inbox::new(
                 config.notification_queue as usize,
                 config.notification_max_bytes as usize,
@@ -450,6 +454,7 @@ impl Inner {
             p.close_links();
         }
         self.listeners.stop_incoming();
+        self.reactor.stop();
         for t in &self.ipc {
             t.requester.stop_progress();
         }

@@ -44,7 +44,7 @@ impl Engine {
             ));
         }
         let on_revoke = self.revoke_hook(&links);
-        let conn = TcpConnection::start(s, peer, label, self.inner.stats.clone(), on_revoke)?;
+        let conn = TcpConnection::start(s, peer, label, self.inner.stats.clone(), on_revoke, &self.inner.reactor)?;
         let outbox = Outbox::new(
             conn.clone(),
             self.inner.config.name.clone().unwrap_or_default(),
@@ -110,7 +110,7 @@ impl Engine {
     }
 
     /// What a `Revoke` from the peer does: on a thread of its own (the
-    /// reader thread must not block), give back every import made through
+    /// I/O thread must not block), give back every import made through
     /// the peer's IPC links, through their close receipts; the next
     /// submission opens new ones or falls through.
     fn revoke_hook(&self, links: &[(TransportKind, std::result::Result<Arc<IpcLink>, String>)]) -> RevokeHook {

@@ -109,6 +109,8 @@ pub struct EngineStats {
     pub notifications: NotificationStats,
     /// Discovery on etcd (`enabled` false without it).
     pub discovery: crate::discovery::DiscoveryStats,
+    /// The I/O threads serving the connections.
+    pub io: IoStats,
     /// What the cooperative IPC transports hold (`shm`, `nvlink`).
     pub ipc: BTreeMap<String, IpcStats>,
     /// The NVLink stream pool (all zero where NVLink is not running).
@@ -142,6 +144,23 @@ pub struct NotificationStats {
     pub queued: u64,
 }
 
+/// The connection layer's I/O threads, as `orbite_engine_stats_json`
+/// reports them under `io`.
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
+pub struct IoStats {
+    /// Most I/O threads (config `io_threads`).
+    pub threads_max: u32,
+    /// I/O threads running (they start as connections come).
+    pub threads: usize,
+    /// Connections each running I/O thread serves.
+    pub connections_per_thread: Vec<usize>,
+    /// Turns of the event loops that found something to do.
+    pub wakeups: u64,
+    /// `wakeups` per 1000 TCP requests this engine completed or failed
+    /// (0 before the first): what a request costs in thread wake-ups.
+    pub wakeups_per_1000_requests: u64,
+}
+
 /// Live values the engine gathers for a snapshot.
 pub(crate) struct Live {
     pub inflight_bytes: u64,
@@ -155,6 +174,7 @@ pub(crate) struct Live {
     pub notes: Vec<String>,
     pub notifications_queued: usize,
     pub discovery: crate::discovery::DiscoveryStats,
+    pub io: IoStats,
 }
 
 /// What one IPC transport holds now.
@@ -169,7 +189,12 @@ pub(crate) struct LiveIpc {
 
 impl EngineStats {
     pub(crate) fn collect(s: &Counters, live: Live) -> EngineStats {
-        let transports = TransportKind::ALL.iter().map(|t| (t.name().to_string(), s.transport(*t))).collect();
+        let transports: BTreeMap<String, TransportStats> =
+            TransportKind::ALL.iter().map(|t| (t.name().to_string(), s.transport(*t))).collect();
+        let mut io = live.io;
+        let tcp = &transports[TransportKind::Tcp.name()];
+        let requests = tcp.requests_completed + tcp.requests_failed;
+        io.wakeups_per_1000_requests = (io.wakeups * 1000).checked_div(requests).unwrap_or(0);
         let mut ipc = BTreeMap::new();
         for LiveIpc { name, exports: e, imports: m, progress: (pending, workers), copies_by_device } in &live.ipc {
             ipc.insert(
@@ -226,6 +251,7 @@ impl EngineStats {
                 queued: live.notifications_queued as u64,
             },
             discovery: live.discovery,
+            io,
             ipc,
             nvlink,
             transports_available: live.transports_available,
@@ -260,6 +286,13 @@ impl Engine {
                 peers_alive: peers.values().filter(|p| p.conn.dead_reason().is_none()).count(),
                 notifications_queued: i.inbox.len(),
                 discovery: i.discovery.get().map(|d| d.stats()).unwrap_or_default(),
+                io: IoStats {
+                    threads_max: i.config.io_threads,
+                    threads: i.reactor.threads(),
+                    connections_per_thread: i.reactor.connections(),
+                    wakeups: i.reactor.wakeups(),
+                    wakeups_per_1000_requests: 0,
+                },
                 incoming_connections: i.listeners.live(),
                 regions: i.regions.len(),
                 ipc: i

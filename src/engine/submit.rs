@@ -1,7 +1,7 @@
 //! Submissions: local checks, transport selection, and handing requests to
 //! the chosen transport. A submission runs on one transport: the IPC
 //! transports execute their subbatches on the caller (setup, copies and
-//! receipts, in order); TCP queues chunks for the peer's sender thread.
+//! receipts, in order); TCP queues chunks on the peer's connection.
 
 use super::batch::{Batch, SubmitOptions};
 use super::peer::Peer;

@@ -15,5 +15,6 @@ pub mod mnnvl;
 #[cfg(feature = "cuda")]
 pub mod nvlink;
 pub mod outbox;
+pub mod reactor;
 pub mod shm;
 pub mod tcp;

@@ -35,6 +35,8 @@ pub struct PeerProc {
     pub extra_addr: u64,
     pub extra_len: u64,
     pub addrs: Vec<u64>,
+    /// Every engine's endpoint (`--engines N`; one otherwise).
+    pub endpoints: Vec<String>,
 }
 
 /// Starts `orbite-peer` with `args`; returns it with its pipes and the
@@ -68,6 +70,10 @@ impl PeerProc {
             extra_addr: v["extra_addr"].as_u64().unwrap_or(0),
             extra_len: v["extra_len"].as_u64().unwrap_or(0),
             addrs: v["addrs"].as_array().map(|a| a.iter().filter_map(|x| x.as_u64()).collect()).unwrap_or_default(),
+            endpoints: v["endpoints"]
+                .as_array()
+                .map(|a| a.iter().filter_map(|x| x.as_str().map(String::from)).collect())
+                .unwrap_or_default(),
             child,
             stdin,
             stdout,
@@ -88,6 +94,7 @@ impl PeerProc {
             extra_addr: 0,
             extra_len: 0,
             addrs: Vec::new(),
+            endpoints: Vec::new(),
             child,
             stdin,
             stdout,

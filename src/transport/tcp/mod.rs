@@ -1,9 +1,9 @@
 //! The TCP transport: payload carried over the control connection, after
 //! the handshake (`handshake`: both sides).
 //!
-//! The requester side ([`requester::TcpConnection`]) runs a sender thread
-//! that writes queued chunks and a reader thread that reads responses
-//! straight into local registered memory. The source side
+//! The requester side ([`requester::TcpConnection`]) is served by the
+//! engine's I/O threads: frames leave as the socket takes them, responses
+//! land straight in local registered memory. The source side
 //! ([`source::serve`]) validates every request against its regions and
 //! streams payload straight from or into them.
 

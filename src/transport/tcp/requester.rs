@@ -1,7 +1,13 @@
-//! Requester side of a TCP peer connection.
+//! Requester side of a TCP peer connection, served by the engine's I/O
+//! threads ([`crate::transport::reactor`]): no thread of its own. Frames
+//! leave from the submitting thread when the socket is free (one wake-up
+//! less) and otherwise from the I/O thread as the socket takes them;
+//! answers are parsed as they arrive, READ payloads landing straight in
+//! local registered memory.
 
+use crate::control::frame::FRAME_HEADER_LEN;
 use crate::control::frame::{FrameHeader, MsgKind};
-use crate::control::io::{self, HeaderRead, TICK};
+use crate::control::io;
 use crate::control::message::{self, DataRequest, DataResponse, Describe, DATA_RESPONSE_LEN, MAX_REASON};
 use crate::counters::Counters;
 use crate::error::{Error, Result, Status};
@@ -9,14 +15,15 @@ use crate::kinds::TransportKind;
 use crate::memory::RegionLease;
 use crate::sync::admission::{Gate, GateGuard, Permit};
 use crate::transfer::{BatchShared, ChunkOutcome, Op, RemoteEffect};
+use crate::transport::reactor::{Flow, Handler, Reactor, Registration, SCRATCH};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
-use std::io::BufReader;
+use std::io::{ErrorKind, Read};
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// One unit of transfer on the wire (a request, or a piece of a split one).
 pub struct Chunk {
@@ -64,14 +71,16 @@ impl Chunk {
 
 struct Entry {
     chunk: Chunk,
-    /// The sender is writing this WRITE's payload from local memory.
+    /// This WRITE's payload is being written from local memory (whoever
+    /// writes it settles it; the receive side does not fail it).
     sending: bool,
 }
 
 #[derive(Default)]
 struct Pending {
     map: HashMap<u64, Entry>,
-    /// The reader has failed every entry; later completions go direct.
+    /// The connection ended and failed every entry; later settlements fail
+    /// their own.
     drained: bool,
 }
 
@@ -91,14 +100,17 @@ struct QueuedWrite {
     deadline: Instant,
 }
 
-/// Frames waiting to leave together: request frames and the fixed parts
-/// of WRITEs in `bytes`, each WRITE's payload by address, in stream order.
+/// Frames leaving together: request frames and the fixed parts of WRITEs
+/// in `bytes`, each WRITE's payload by address, in stream order; `sent` of
+/// them are on the socket already.
 #[derive(Default)]
 struct Outbuf {
     bytes: Vec<u8>,
     writes: Vec<QueuedWrite>,
     /// Bytes of the WRITEs' payloads.
     payload: u64,
+    /// Bytes the socket took so far.
+    sent: u64,
 }
 
 impl Outbuf {
@@ -110,7 +122,15 @@ impl Outbuf {
             && chunks.iter().filter(|c| c.op == Op::Write).map(|c| c.len).sum::<u64>() <= 256 * 1024
     }
 
-    /// Enough waits to send now.
+    fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    fn total(&self) -> u64 {
+        self.bytes.len() as u64 + self.payload
+    }
+
+    /// Enough to send now.
     fn full(&self) -> bool {
         self.bytes.len() as u64 + self.payload >= 256 * 1024 || self.writes.len() >= 64
     }
@@ -119,25 +139,50 @@ impl Outbuf {
         self.bytes.clear();
         self.writes.clear();
         self.payload = 0;
+        self.sent = 0;
+    }
+
+    /// The frames as slices, in stream order.
+    fn parts(&self) -> Vec<&[u8]> {
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * self.writes.len() + 1);
+        let mut at = 0;
+        for sw in &self.writes {
+            parts.push(&self.bytes[at..sw.head_end]);
+            // SAFETY: the WRITE's chunk holds a lease on the local region
+            // containing [addr, addr+len) and stays pending (marked sending,
+            // so nothing else fails it) until this buffer is settled.
+            parts.push(unsafe { std::slice::from_raw_parts(sw.addr as *const u8, sw.len as usize) });
+            at = sw.head_end;
+        }
+        parts.push(&self.bytes[at..]);
+        parts
     }
 }
 
-/// The sender thread's queue.
+/// How far one attempt to write an [`Outbuf`] got.
+enum Sent {
+    /// All of it.
+    Complete,
+    /// The socket is full: the writable edge resumes it.
+    Blocked,
+    /// This turn's share is used: more is possible at once.
+    Budget,
+}
+
+/// Frames waiting for their turn on the socket.
 #[derive(Default)]
 struct SendQueue {
     items: VecDeque<Outgoing>,
     /// The connection is dead or closing: nothing more is queued.
     closed: bool,
-    /// The sender thread waits with nothing in hand.
-    sender_idle: bool,
-    /// A submitting thread is writing its own frames.
-    direct: bool,
 }
 
-/// What the sender thread writes: a request, or a notification's frame.
+/// What waits to be written: a request, a notification's frame, or
+/// another whole frame.
 enum Outgoing {
     Chunk(Chunk),
     Notify { tag: u64, body: Vec<u8> },
+    Frame(Vec<u8>),
 }
 
 /// Called with a notification's outcome, and whether its frame may have
@@ -157,23 +202,53 @@ struct DescribeState {
     generation: u64,
 }
 
+/// What the receive side waits for next.
+enum Want {
+    /// A frame header.
+    Header,
+    /// The whole body of a control frame.
+    Body(FrameHeader),
+    /// The fixed part of a READ/WRITE answer.
+    Fixed(FrameHeader),
+    /// The failure text of a refused request.
+    Reason { chunk: Chunk, len: usize, status: Status },
+    /// A READ's payload, landing in local registered memory.
+    Payload { chunk: Chunk, done: u64 },
+}
+
+/// The receive side's state (the I/O thread's alone).
+struct Rx {
+    /// Bytes of an unfinished header, fixed part or body.
+    partial: Vec<u8>,
+    want: Want,
+}
+
+/// Most bytes one connection reads, or writes, in one turn of its I/O
+/// thread before the others get theirs.
+const TURN_BYTES: u64 = 4 << 20;
+
 /// A requester's connection to one peer.
 pub struct TcpConnection {
-    writer: Mutex<TcpStream>,
-    control: TcpStream,
+    stream: TcpStream,
     queue: Mutex<SendQueue>,
+    /// The frames being written (by a submitting thread or the I/O thread).
+    out: Mutex<Outbuf>,
+    rx: Mutex<Rx>,
     notes: Mutex<HashMap<u64, NotifyPending>>,
-    queue_cv: Condvar,
     pending: Mutex<Pending>,
     next_tag: AtomicU64,
     dead: Mutex<Option<Error>>,
     describe: Mutex<DescribeState>,
     describe_cv: Condvar,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    reg: once_cell::sync::OnceCell<Registration>,
+    /// Set once the I/O thread has failed everything left (the connection
+    /// is over); `close` waits for it.
+    finished: Mutex<bool>,
+    finished_cv: Condvar,
     stats: Arc<Counters>,
     gate: Arc<Gate>,
-    /// Called (on the reader thread; it must not block) when the source
-    /// asks for its imports back (`Revoke`).
+    /// Called (on the I/O thread; it must not block) when the source asks
+    /// for its imports back (`Revoke`).
     on_revoke: RevokeHook,
     /// Peer label for messages.
     pub label: String,
@@ -183,47 +258,38 @@ pub struct TcpConnection {
 pub type RevokeHook = Box<dyn Fn() + Send + Sync>;
 
 impl TcpConnection {
-    /// Wraps a connected, handshaken stream and starts its threads.
+    /// Wraps a connected, handshaken stream and hands it to `reactor`.
     pub fn start(
         stream: TcpStream,
         peer: Describe,
         label: String,
         stats: Arc<Counters>,
         on_revoke: RevokeHook,
+        reactor: &Reactor,
     ) -> Result<Arc<TcpConnection>> {
-        let e = |what: &str, err: std::io::Error| Error::io(what, &err);
-        stream.set_read_timeout(Some(TICK)).map_err(|x| e("set_read_timeout", x))?;
-        stream.set_write_timeout(Some(TICK)).map_err(|x| e("set_write_timeout", x))?;
-        let writer = stream.try_clone().map_err(|x| e("clone socket", x))?;
-        let reader = stream.try_clone().map_err(|x| e("clone socket", x))?;
+        stream.set_nonblocking(true).map_err(|x| Error::io("set_nonblocking", &x))?;
+        let _ = stream.set_nodelay(true);
         let conn = Arc::new(TcpConnection {
-            writer: Mutex::new(writer),
-            control: stream,
+            stream,
             queue: Mutex::new(SendQueue::default()),
+            out: Mutex::new(Outbuf::default()),
+            rx: Mutex::new(Rx { partial: Vec::new(), want: Want::Header }),
             notes: Mutex::new(HashMap::new()),
-            queue_cv: Condvar::new(),
             pending: Mutex::new(Pending::default()),
             next_tag: AtomicU64::new(1),
             dead: Mutex::new(None),
             describe: Mutex::new(DescribeState { current: Arc::new(peer), generation: 0 }),
             describe_cv: Condvar::new(),
-            threads: Mutex::new(Vec::new()),
+            reg: once_cell::sync::OnceCell::new(),
+            finished: Mutex::new(false),
+            finished_cv: Condvar::new(),
             stats,
             gate: Gate::new("connection"),
             on_revoke,
             label,
         });
-        let c1 = conn.clone();
-        let sender = std::thread::Builder::new()
-            .name("orbite-tcp-send".into())
-            .spawn(move || c1.send_loop())
-            .map_err(|x| e("spawn sender thread", x))?;
-        let c2 = conn.clone();
-        let recv = std::thread::Builder::new()
-            .name("orbite-tcp-recv".into())
-            .spawn(move || c2.recv_loop(reader))
-            .map_err(|x| e("spawn reader thread", x))?;
-        conn.threads.lock().extend([sender, recv]);
+        let reg = reactor.register(conn.stream.as_raw_fd(), conn.clone())?;
+        let _ = conn.reg.set(reg);
         Ok(conn)
     }
 
@@ -240,11 +306,7 @@ impl TcpConnection {
     /// Asks the peer for a fresh Describe and waits for it until `deadline`.
     pub fn refresh_describe(&self, deadline: Instant) -> Result<Arc<Describe>> {
         let gen = self.describe.lock().generation;
-        {
-            let mut w = self.writer.lock();
-            let mut tick = || self.check_alive();
-            io::write_frame(&mut *w, MsgKind::DescribeRequest, &[], &mut tick)?;
-        }
+        self.push(Outgoing::Frame(FrameHeader::encode(MsgKind::DescribeRequest, 0).to_vec()))?;
         let mut d = self.describe.lock();
         while d.generation == gen {
             if let Some(e) = self.dead_reason() {
@@ -257,20 +319,35 @@ impl TcpConnection {
         Ok(d.current.clone())
     }
 
-    fn check_alive(&self) -> Result<()> {
-        match self.dead_reason() {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
-    }
-
     /// Why nothing more can be sent: the error that killed the connection,
     /// or its orderly close.
     fn closed_reason(&self) -> Error {
         self.dead_reason().unwrap_or_else(|| Error::Unavailable(format!("connection to {} is closed", self.label)))
     }
 
-    /// Queues chunks for sending. Fails them at once if the connection is dead.
+    /// Queues one item behind the others and wakes the I/O thread.
+    fn push(&self, item: Outgoing) -> Result<()> {
+        let mut q = self.queue.lock();
+        if q.closed {
+            return Err(self.closed_reason());
+        }
+        q.items.push_back(item);
+        drop(q);
+        self.wake();
+        Ok(())
+    }
+
+    fn wake(&self) {
+        if let Some(r) = self.reg.get() {
+            r.wake();
+        }
+    }
+
+    /// Queues chunks for sending. Fails them at once if the connection is
+    /// dead. When nothing waits and the socket is free, a small batch is
+    /// written by the calling thread itself (no wake-up of another
+    /// thread); what the socket does not take then, the I/O thread writes
+    /// when it drains.
     pub fn enqueue(&self, chunks: Vec<Chunk>) {
         if chunks.is_empty() {
             return;
@@ -284,38 +361,24 @@ impl TcpConnection {
             }
             return;
         }
-        // Nothing waits and the sender thread is idle: this thread writes
-        // its own frames (one wake-up less). While it does, the sender
-        // takes nothing new, so later frames still go after these.
-        if q.items.is_empty() && q.sender_idle && !q.direct && Outbuf::fits_at_once(&chunks) {
-            q.direct = true;
-            drop(q);
-            self.send_direct(chunks);
-            return;
+        if q.items.is_empty() && Outbuf::fits_at_once(&chunks) {
+            if let Some(mut out) = self.out.try_lock() {
+                if out.is_empty() {
+                    // Holding the frames' lock before letting go of the
+                    // queue: whatever is queued after these is written after
+                    // them.
+                    drop(q);
+                    for c in chunks {
+                        self.add_chunk(c, &mut out);
+                    }
+                    let _ = self.write_out(&mut out, u64::MAX);
+                    return;
+                }
+            }
         }
         q.items.extend(chunks.into_iter().map(Outgoing::Chunk));
         drop(q);
-        self.queue_cv.notify_one();
-    }
-
-    /// Sends `chunks` on the calling thread (see [`TcpConnection::enqueue`]).
-    fn send_direct(&self, chunks: Vec<Chunk>) {
-        let mut buf = Outbuf::default();
-        for c in chunks {
-            if let Err(e) = self.send_one(c, &mut buf) {
-                self.kill(e);
-            }
-        }
-        if let Err(e) = self.flush(&mut buf) {
-            self.kill(e);
-        }
-        let mut q = self.queue.lock();
-        q.direct = false;
-        let more = !q.items.is_empty();
-        drop(q);
-        if more {
-            self.queue_cv.notify_one();
-        }
+        self.wake();
     }
 
     /// Queues a notification's frame (built by `body` from its tag) behind
@@ -334,7 +397,7 @@ impl TcpConnection {
         self.notes.lock().insert(tag, NotifyPending { deadline, written: false, answer });
         q.items.push_back(Outgoing::Notify { tag, body: body(tag) });
         drop(q);
-        self.queue_cv.notify_one();
+        self.wake();
     }
 
     /// Answers every notification still waiting for the peer with `e`.
@@ -361,7 +424,8 @@ impl TcpConnection {
         self.queue.lock().items.len() + self.pending.lock().map.len() + self.notes.lock().len()
     }
 
-    /// Kills the connection with `e` (idempotent): in-flight chunks fail.
+    /// Kills the connection with `e` (idempotent): in-flight chunks fail
+    /// (on the I/O thread, which the kill wakes).
     pub fn kill(&self, e: Error) {
         {
             let mut d = self.dead.lock();
@@ -369,10 +433,10 @@ impl TcpConnection {
                 *d = Some(e);
             }
         }
-        let _ = self.control.shutdown(Shutdown::Both);
+        let _ = self.stream.shutdown(Shutdown::Both);
         self.queue.lock().closed = true;
-        self.queue_cv.notify_all();
         self.describe_cv.notify_all();
+        self.wake();
     }
 
     /// The peer is gone for good (discovery saw its name vanish or pass to
@@ -383,153 +447,166 @@ impl TcpConnection {
         self.kill(e);
     }
 
-    /// Orderly close: Goodbye, then kill, then join the threads.
+    /// Orderly close: Goodbye (when the socket is free to take it), then
+    /// kill, then wait until everything left has been failed.
     pub fn close(&self) {
         if self.dead_reason().is_none() {
-            let mut w = self.writer.lock();
-            let mut tick = || Err(Error::TimedOut("goodbye".into()));
-            let _ = io::write_frame(&mut *w, MsgKind::Goodbye, &[], &mut tick);
+            let out = self.out.lock();
+            if out.is_empty() {
+                let h = FrameHeader::encode(MsgKind::Goodbye, 0);
+                let _ = io::send_parts_from(&self.stream, &[&h], 0);
+            }
         }
         self.kill(Error::Unavailable(format!("connection to {} was closed by this engine", self.label)));
-        let threads: Vec<_> = self.threads.lock().drain(..).collect();
-        for t in threads {
-            let _ = t.join();
-        }
-    }
-
-    fn send_loop(self: Arc<Self>) {
-        let mut reqbuf = Outbuf::default();
-        loop {
-            let batch: Vec<Outgoing> = {
-                let mut q = self.queue.lock();
-                // Idle (everything sent) while it waits with nothing queued;
-                // it takes nothing while a submitting thread writes directly.
-                while (q.items.is_empty() || q.direct) && !q.closed {
-                    q.sender_idle = q.items.is_empty();
-                    self.queue_cv.wait(&mut q);
-                }
-                q.sender_idle = false;
-                if q.items.is_empty() {
-                    return;
-                }
-                let n = q.items.len().min(256);
-                q.items.drain(..n).collect()
-            };
-            for item in batch {
-                let r = match item {
-                    Outgoing::Chunk(chunk) => self.send_one(chunk, &mut reqbuf),
-                    Outgoing::Notify { tag, body } => self.send_note(tag, &body, &mut reqbuf),
-                };
-                if let Err(e) = r {
-                    self.kill(e);
-                }
-            }
-            if let Err(e) = self.flush(&mut reqbuf) {
-                self.kill(e);
+        let mut f = self.finished.lock();
+        let bound = Instant::now() + Duration::from_secs(30);
+        while !*f {
+            if self.finished_cv.wait_until(&mut f, bound).timed_out() {
+                break;
             }
         }
     }
 
-    /// Sends what `buf` holds in one sendmsg (as few as the socket takes),
-    /// then settles its WRITEs: sent ones now wait for their answers;
-    /// on failure each fails with the remote effect its first byte allows
-    /// (`Unknown` once any of it left, else `None`).
-    fn flush(&self, buf: &mut Outbuf) -> Result<()> {
-        if buf.bytes.is_empty() {
-            return Ok(());
-        }
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * buf.writes.len() + 1);
-        let mut at = 0;
-        for sw in &buf.writes {
-            parts.push(&buf.bytes[at..sw.head_end]);
-            // SAFETY: the WRITE's chunk holds a lease on the local region
-            // containing [addr, addr+len) and stays pending (marked sending,
-            // so the reader does not fail it) until settled below.
-            parts.push(unsafe { std::slice::from_raw_parts(sw.addr as *const u8, sw.len as usize) });
-            at = sw.head_end;
-        }
-        parts.push(&buf.bytes[at..]);
-        let deadline = buf.writes.iter().map(|w| w.deadline).min();
-        let mut written = 0u64;
-        let r = {
-            let mut w = self.writer.lock();
-            let mut tick = || {
-                self.check_alive()?;
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    return Err(Error::TimedOut(format!("deadline passed while sending a WRITE to {}", self.label)));
-                }
-                Ok(())
-            };
-            io::write_all_parts(&mut *w, &parts, &mut tick, &mut written)
+    /// Writes what `out` holds, as far as the socket takes it and at most
+    /// `budget` bytes; settles it when complete or failed (a failure kills
+    /// the connection).
+    fn write_out(&self, out: &mut Outbuf, budget: u64) -> Sent {
+        let start = out.sent;
+        let r = loop {
+            if out.sent == out.total() {
+                break Ok(Sent::Complete);
+            }
+            if out.sent - start >= budget {
+                break Ok(Sent::Budget);
+            }
+            match io::send_parts_from(&self.stream, &out.parts(), out.sent) {
+                Ok(0) => break Err(Error::Unavailable("connection closed while sending".into())),
+                Ok(n) => out.sent += n as u64,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break Ok(Sent::Blocked),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => break Err(Error::Unavailable(format!("connection lost: {e}"))),
+            }
         };
-        drop(parts);
-        self.stats.record_wire_sent(TransportKind::Tcp, written);
-        if !buf.writes.is_empty() {
-            let mut failed = Vec::new();
+        self.stats.record_wire_sent(TransportKind::Tcp, out.sent - start);
+        match r {
+            Ok(Sent::Complete) => {
+                self.settle(out, None);
+                Sent::Complete
+            }
+            Ok(s) => s,
+            Err(e) => {
+                self.settle(out, Some(&e));
+                self.kill(e);
+                Sent::Blocked
+            }
+        }
+    }
+
+    /// Settles the WRITEs of a buffer that was written (`failed` None):
+    /// they now wait for their answers; or that failed: each fails with
+    /// the remote effect its first byte allows (`Unknown` once any of it
+    /// left, else `None`). Empties the buffer.
+    fn settle(&self, out: &mut Outbuf, failed: Option<&Error>) {
+        if !out.writes.is_empty() {
+            let mut done = Vec::new();
             let mut before = 0u64;
             let mut p = self.pending.lock();
-            for sw in &buf.writes {
+            for sw in &out.writes {
                 let start = sw.head_start as u64 + before;
                 before += sw.len;
-                match &r {
-                    Ok(()) if !p.drained => {
+                match failed {
+                    None if !p.drained => {
                         if let Some(ent) = p.map.get_mut(&sw.tag) {
                             ent.sending = false;
                         }
                     }
-                    Ok(()) => {
+                    None => {
                         let e = self
                             .dead_reason()
                             .unwrap_or_else(|| Error::Unavailable(format!("connection to {} lost", self.label)));
-                        failed.extend(p.map.remove(&sw.tag).map(|ent| (ent, e, RemoteEffect::Unknown)));
+                        done.extend(p.map.remove(&sw.tag).map(|ent| (ent, e, RemoteEffect::Unknown)));
                     }
-                    Err(e) => {
-                        let effect = if written > start { RemoteEffect::Unknown } else { RemoteEffect::None };
-                        failed.extend(p.map.remove(&sw.tag).map(|ent| (ent, e.clone(), effect)));
+                    Some(e) => {
+                        let effect = if out.sent > start { RemoteEffect::Unknown } else { RemoteEffect::None };
+                        done.extend(p.map.remove(&sw.tag).map(|ent| (ent, e.clone(), effect)));
                     }
                 }
             }
             drop(p);
-            for (ent, e, effect) in failed {
+            for (ent, e, effect) in done {
                 ent.chunk.fail(e, effect);
             }
         }
-        buf.clear();
-        r
+        out.clear();
     }
 
-    /// Appends a notification's frame to the outgoing buffer (a dead
-    /// connection answers it from the reader's drain instead).
-    fn send_note(&self, tag: u64, body: &[u8], buf: &mut Outbuf) -> Result<()> {
+    /// The I/O thread's send turn: resumes the buffer in progress, then
+    /// builds the next one from the queue, until the socket is full, the
+    /// queue empty or the turn's share used.
+    fn pump(&self) -> Flow {
+        let mut out = self.out.lock();
+        let mut budget = TURN_BYTES;
+        loop {
+            if !out.is_empty() {
+                let left = out.total() - out.sent;
+                match self.write_out(&mut out, budget) {
+                    Sent::Complete => budget = budget.saturating_sub(left),
+                    Sent::Blocked => return Flow::Idle,
+                    Sent::Budget => return Flow::Again,
+                }
+                if budget == 0 {
+                    return Flow::Again;
+                }
+            }
+            let mut q = self.queue.lock();
+            if q.items.is_empty() {
+                return Flow::Idle;
+            }
+            while !out.full() {
+                let Some(item) = q.items.pop_front() else { break };
+                match item {
+                    Outgoing::Chunk(c) => self.add_chunk(c, &mut out),
+                    Outgoing::Notify { tag, body } => self.add_note(tag, &body, &mut out),
+                    Outgoing::Frame(f) => out.bytes.extend_from_slice(&f),
+                }
+            }
+            drop(q);
+            if out.is_empty() {
+                continue;
+            }
+        }
+    }
+
+    /// Appends a notification's frame (a dead connection answers it when
+    /// it fails everything left instead).
+    fn add_note(&self, tag: u64, body: &[u8], buf: &mut Outbuf) {
         if self.dead_reason().is_some() {
-            return Ok(());
+            return;
         }
         match self.notes.lock().get_mut(&tag) {
             Some(p) => p.written = true,
-            None => return Ok(()),
+            None => return,
         }
         buf.bytes.extend_from_slice(&FrameHeader::encode(MsgKind::Notify, body.len() as u32));
         buf.bytes.extend_from_slice(body);
         self.stats.notifications_sent.fetch_add(1, Ordering::Relaxed);
-        if buf.full() {
-            self.flush(buf)?;
-        }
-        Ok(())
     }
 
-    fn send_one(&self, chunk: Chunk, buf: &mut Outbuf) -> Result<()> {
+    /// Appends a request's frame (or fails it when it can no longer go:
+    /// dead connection, deadline passed, batch cancelled).
+    fn add_chunk(&self, chunk: Chunk, buf: &mut Outbuf) {
         if let Some(e) = self.dead_reason() {
             chunk.fail(e, RemoteEffect::None);
-            return Ok(());
+            return;
         }
         if Instant::now() >= chunk.deadline {
             let msg = format!("deadline passed before the request was sent to {}", self.label);
             chunk.fail(Error::TimedOut(msg), RemoteEffect::None);
-            return Ok(());
+            return;
         }
         if !chunk.batch.start(chunk.index) {
             chunk.fail(Error::Cancelled("cancelled before it started".into()), RemoteEffect::None);
-            return Ok(());
+            return;
         }
         let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
         let req = DataRequest { tag, region_epoch: chunk.region_epoch, addr: chunk.remote_addr, len: chunk.len };
@@ -539,11 +616,8 @@ impl TcpConnection {
             let mut p = self.pending.lock();
             if p.drained {
                 drop(p);
-                let e = self
-                    .dead_reason()
-                    .unwrap_or_else(|| Error::Unavailable(format!("connection to {} lost", self.label)));
-                chunk.fail(e, RemoteEffect::None);
-                return Ok(());
+                chunk.fail(self.closed_reason(), RemoteEffect::None);
+                return;
             }
             p.map.insert(tag, Entry { chunk, sending: op == Op::Write });
         }
@@ -551,45 +625,32 @@ impl TcpConnection {
             Op::Read => {
                 buf.bytes.extend_from_slice(&FrameHeader::encode(MsgKind::ReadRequest, 32));
                 buf.bytes.extend_from_slice(&req.encode());
-                if buf.full() {
-                    self.flush(buf)?;
-                }
-                Ok(())
             }
             // A WRITE joins the frames before it: its fixed part in the
-            // buffer, its payload by address, sent in one sendmsg; a large
-            // one fills the buffer and leaves at once.
+            // buffer, its payload by address, sent in one sendmsg.
             Op::Write => {
                 let head_start = buf.bytes.len();
                 buf.bytes.extend_from_slice(&FrameHeader::encode(MsgKind::WriteRequest, (32 + len) as u32));
                 buf.bytes.extend_from_slice(&req.encode());
                 buf.payload += len;
                 buf.writes.push(QueuedWrite { head_start, head_end: buf.bytes.len(), addr: local, len, tag, deadline });
-                if buf.full() {
-                    self.flush(buf)?;
-                }
-                Ok(())
             }
         }
     }
 
-    fn recv_loop(self: Arc<Self>, s: TcpStream) {
-        // Buffered: one recv serves many small answers; READ payloads larger
-        // than the buffer bypass it into registered memory.
-        let mut s = BufReader::with_capacity(64 * 1024, s);
-        let err = match self.recv_frames(&mut s) {
-            Ok(()) => Error::Unavailable(format!("{} closed the connection", self.label)),
-            Err(e) => e,
-        };
-        if matches!(err, Error::Protocol(_)) {
-            let mut w = self.writer.lock();
-            let mut tick = || Err(Error::TimedOut("error frame".into()));
-            let _ = io::write_frame(
-                &mut *w,
-                MsgKind::Error,
-                &message::encode_error(Status::ProtocolError, err.message()),
-                &mut tick,
-            );
+    /// The connection is over (`err` says why): tells the peer of a
+    /// protocol error when the socket is free, kills it, and fails
+    /// everything left: answers awaited, the answer being read, frames not
+    /// yet written, notifications. Runs on the I/O thread.
+    fn finish(&self, err: Error, rx: &mut Rx) {
+        if matches!(err, Error::Protocol(_)) && self.dead_reason().is_none() {
+            if let Some(out) = self.out.try_lock() {
+                if out.is_empty() {
+                    let body = message::encode_error(Status::ProtocolError, err.message());
+                    let h = FrameHeader::encode(MsgKind::Error, body.len() as u32);
+                    let _ = io::send_parts_from(&self.stream, &[&h, &body], 0);
+                }
+            }
         }
         self.kill(err.clone());
         let reason = self.dead_reason().unwrap_or(err);
@@ -610,13 +671,38 @@ impl TcpConnection {
             let effect = if c.op == Op::Write { RemoteEffect::Unknown } else { RemoteEffect::None };
             c.fail(e, effect);
         }
+        match std::mem::replace(&mut rx.want, Want::Header) {
+            Want::Payload { chunk, .. } | Want::Reason { chunk, .. } => chunk.fail(reason.clone(), RemoteEffect::None),
+            _ => {}
+        }
+        {
+            let mut out = self.out.lock();
+            if !out.is_empty() {
+                self.settle(&mut out, Some(&reason));
+            }
+        }
+        let queued: Vec<Outgoing> = self.queue.lock().items.drain(..).collect();
+        for item in queued {
+            if let Outgoing::Chunk(c) = item {
+                c.fail(reason.clone(), RemoteEffect::None);
+            }
+        }
         self.fail_notes(&reason);
-        // Chunks still queued are failed by the sender, which sees the kill.
+        *self.finished.lock() = true;
+        self.finished_cv.notify_all();
     }
 
-    fn expired(&self) -> Result<()> {
-        self.check_alive()?;
-        let now = Instant::now();
+    /// A request or notification that passed its deadline unanswered, or
+    /// a payload that did not arrive in time, ends the connection.
+    fn expired(&self, rx: &Rx, now: Instant) -> Result<()> {
+        if let Some(e) = self.dead_reason() {
+            return Err(e);
+        }
+        if let Want::Payload { chunk, .. } = &rx.want {
+            if now >= chunk.deadline {
+                return Err(Error::TimedOut(format!("READ from {} passed its deadline mid-payload", self.label)));
+            }
+        }
         let p = self.pending.lock();
         if let Some(e) = p.map.values().find(|e| !e.sending && now >= e.chunk.deadline) {
             return Err(Error::TimedOut(format!(
@@ -628,78 +714,193 @@ impl TcpConnection {
         if self.notes.lock().values().any(|n| n.written && now >= n.deadline) {
             return Err(Error::TimedOut(format!("{} did not answer a notification in time", self.label)));
         }
+        let out = self.out.try_lock();
+        if let Some(d) = out.as_ref().and_then(|o| o.writes.iter().map(|w| w.deadline).min()) {
+            if now >= d {
+                return Err(Error::TimedOut(format!("deadline passed while sending a WRITE to {}", self.label)));
+            }
+        }
         Ok(())
     }
 
-    fn recv_frames(&self, s: &mut BufReader<TcpStream>) -> Result<()> {
+    /// The receive turn: reads what the socket holds (READ payloads that
+    /// are still large go straight into local memory; the rest through the
+    /// thread's scratch buffer) and handles every complete frame. `Ok(None)`
+    /// when the peer ended the connection in order.
+    fn receive(&self, rx: &mut Rx, scratch: &mut [u8]) -> Result<Option<Flow>> {
+        let mut budget = TURN_BYTES;
         loop {
-            let h = match io::read_header(s, &mut || self.expired())? {
-                HeaderRead::Eof => return Ok(()),
-                HeaderRead::Frame(h) => h,
-            };
-            match h.kind {
-                MsgKind::ReadResponse | MsgKind::WriteResponse => self.on_response(s, h)?,
-                MsgKind::Describe => {
-                    let body = io::read_body(s, h.body_len, &mut || self.expired())?;
-                    let d = Describe::decode(&body)?;
-                    let mut st = self.describe.lock();
-                    if d.identity.engine_epoch != st.current.identity.engine_epoch {
-                        return Err(Error::Protocol("peer changed its engine epoch mid-connection".into()));
-                    }
-                    st.current = Arc::new(d);
-                    st.generation += 1;
-                    self.describe_cv.notify_all();
-                }
-                MsgKind::Error => {
-                    let body = io::read_body(s, h.body_len, &mut || self.expired())?;
-                    let (st, text) = message::decode_error(&body)?;
-                    return Err(Error::from_status(
-                        if st == Status::Ok { Status::Unavailable } else { st },
-                        format!("{} closed the connection: {text}", self.label),
-                    ));
-                }
-                MsgKind::Goodbye => {
-                    if h.body_len != 0 {
-                        return Err(Error::Protocol("Goodbye with a body".into()));
-                    }
-                    return Ok(());
-                }
-                MsgKind::NotifyAck => {
-                    let body = io::read_body(s, h.body_len, &mut || self.expired())?;
-                    let (tag, outcome) = crate::control::notify::decode_ack(&body)?;
-                    let Some(p) = self.notes.lock().remove(&tag) else {
-                        return Err(Error::Protocol(format!("NotifyAck for unknown tag {tag}")));
-                    };
-                    let outcome = outcome.map_err(|e| {
-                        Error::from_status(
-                            e.status(),
-                            format!("{} refused the notification: {}", self.label, e.message()),
+            if budget == 0 {
+                return Ok(Some(Flow::Again));
+            }
+            let direct = match &mut rx.want {
+                Want::Payload { chunk, done } if chunk.len - *done >= (SCRATCH / 2) as u64 => {
+                    // SAFETY: the chunk's lease keeps [local_addr, +len)
+                    // inside a registered local region; only this thread
+                    // writes it, and the chunk completes only after it.
+                    Some(unsafe {
+                        std::slice::from_raw_parts_mut(
+                            (chunk.local_addr + *done) as *mut u8,
+                            (chunk.len - *done) as usize,
                         )
-                    });
-                    (p.answer)(outcome, true);
+                    })
                 }
-                MsgKind::Revoke => {
-                    if h.body_len != 0 {
-                        return Err(Error::Protocol("Revoke with a body".into()));
+                _ => None,
+            };
+            let to_scratch = direct.is_none();
+            let buf: &mut [u8] = match direct {
+                Some(d) => d,
+                None => &mut *scratch,
+            };
+            let n = match (&self.stream).read(buf) {
+                Ok(0) => {
+                    return match (&rx.want, rx.partial.is_empty()) {
+                        (Want::Header, true) => Ok(None),
+                        _ => Err(Error::Unavailable("peer closed the connection mid-frame".into())),
                     }
-                    (self.on_revoke)();
                 }
-                other => {
-                    return Err(Error::Protocol(format!("unexpected {other:?} from the source side")));
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(Some(Flow::Idle)),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::Unavailable(format!("connection lost: {e}"))),
+            };
+            budget = budget.saturating_sub(n as u64);
+            if to_scratch {
+                if !self.feed(rx, &scratch[..n])? {
+                    return Ok(None);
                 }
+            } else if let Want::Payload { done, .. } = &mut rx.want {
+                *done += n as u64;
+                self.payload_done(rx);
             }
         }
     }
 
-    fn on_response(&self, s: &mut BufReader<TcpStream>, h: FrameHeader) -> Result<()> {
-        let body_len = h.body_len as u64;
-        if body_len < DATA_RESPONSE_LEN as u64 {
-            return Err(Error::Protocol(format!("{:?} of {body_len} bytes is too short", h.kind)));
+    /// Completes the READ whose payload is in, if it is.
+    fn payload_done(&self, rx: &mut Rx) {
+        if matches!(&rx.want, Want::Payload { chunk, done } if *done == chunk.len) {
+            if let Want::Payload { chunk, .. } = std::mem::replace(&mut rx.want, Want::Header) {
+                chunk.finish(ChunkOutcome::ok(Op::Read));
+            }
         }
-        let mut fixed = [0u8; DATA_RESPONSE_LEN];
-        io::read_full(s, &mut fixed, &mut || self.expired(), false)?;
-        let resp = DataResponse::decode(&fixed)?;
-        let rest = body_len - DATA_RESPONSE_LEN as u64;
+    }
+
+    /// Consumes received bytes. `Ok(false)`: the peer said Goodbye.
+    fn feed(&self, rx: &mut Rx, mut data: &[u8]) -> Result<bool> {
+        while !data.is_empty() {
+            if let Want::Payload { chunk, done } = &mut rx.want {
+                let n = ((chunk.len - *done) as usize).min(data.len());
+                // SAFETY: as in `receive`: [local_addr, +len) is leased local
+                // registered memory that only this thread writes until the
+                // chunk completes; `done + n <= len`.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(data.as_ptr(), (chunk.local_addr + *done) as *mut u8, n);
+                }
+                *done += n as u64;
+                data = &data[n..];
+                self.payload_done(rx);
+                continue;
+            }
+            let need = match &rx.want {
+                Want::Header => FRAME_HEADER_LEN,
+                Want::Body(h) => h.body_len as usize,
+                Want::Fixed(_) => DATA_RESPONSE_LEN,
+                Want::Reason { len, .. } => *len,
+                Want::Payload { .. } => unreachable!("handled above"),
+            };
+            let take = (need - rx.partial.len()).min(data.len());
+            rx.partial.extend_from_slice(&data[..take]);
+            data = &data[take..];
+            if rx.partial.len() == need && !self.complete(rx)? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Handles the unit `rx.partial` completed and says what comes next.
+    /// `Ok(false)`: the peer said Goodbye.
+    fn complete(&self, rx: &mut Rx) -> Result<bool> {
+        let bytes = std::mem::take(&mut rx.partial);
+        match std::mem::replace(&mut rx.want, Want::Header) {
+            Want::Header => {
+                let h = FrameHeader::decode(bytes[..].try_into().expect("a whole header"))?;
+                match h.kind {
+                    MsgKind::ReadResponse | MsgKind::WriteResponse => {
+                        if (h.body_len as usize) < DATA_RESPONSE_LEN {
+                            return Err(Error::Protocol(format!("{:?} of {} bytes is too short", h.kind, h.body_len)));
+                        }
+                        rx.want = Want::Fixed(h);
+                    }
+                    MsgKind::Describe | MsgKind::Error | MsgKind::NotifyAck if h.body_len > 0 => {
+                        rx.want = Want::Body(h)
+                    }
+                    MsgKind::Describe | MsgKind::Error | MsgKind::NotifyAck => return self.control_frame(h, &[]),
+                    MsgKind::Goodbye | MsgKind::Revoke if h.body_len != 0 => {
+                        return Err(Error::Protocol(format!("{:?} with a body", h.kind)))
+                    }
+                    MsgKind::Goodbye => return Ok(false),
+                    MsgKind::Revoke => (self.on_revoke)(),
+                    other => return Err(Error::Protocol(format!("unexpected {other:?} from the source side"))),
+                }
+            }
+            Want::Body(h) => return self.control_frame(h, &bytes),
+            Want::Fixed(h) => self.answer(rx, h, &bytes)?,
+            Want::Reason { chunk, status, .. } => {
+                let msg = String::from_utf8_lossy(&bytes).into_owned();
+                chunk.fail(Error::from_status(status, format!("{}: {msg}", self.label)), RemoteEffect::None);
+            }
+            Want::Payload { .. } => unreachable!("payload is not gathered in `partial`"),
+        }
+        // The buffer is kept for the next unit unless a large body grew it
+        // (an idle connection holds next to nothing).
+        if bytes.capacity() <= 4096 {
+            rx.partial = bytes;
+            rx.partial.clear();
+        }
+        Ok(true)
+    }
+
+    /// A control frame from the source, body complete.
+    fn control_frame(&self, h: FrameHeader, body: &[u8]) -> Result<bool> {
+        match h.kind {
+            MsgKind::Describe => {
+                let d = Describe::decode(body)?;
+                let mut st = self.describe.lock();
+                if d.identity.engine_epoch != st.current.identity.engine_epoch {
+                    return Err(Error::Protocol("peer changed its engine epoch mid-connection".into()));
+                }
+                st.current = Arc::new(d);
+                st.generation += 1;
+                self.describe_cv.notify_all();
+            }
+            MsgKind::Error => {
+                let (st, text) = message::decode_error(body)?;
+                return Err(Error::from_status(
+                    if st == Status::Ok { Status::Unavailable } else { st },
+                    format!("{} closed the connection: {text}", self.label),
+                ));
+            }
+            MsgKind::NotifyAck => {
+                let (tag, outcome) = crate::control::notify::decode_ack(body)?;
+                let Some(p) = self.notes.lock().remove(&tag) else {
+                    return Err(Error::Protocol(format!("NotifyAck for unknown tag {tag}")));
+                };
+                let outcome = outcome.map_err(|e| {
+                    Error::from_status(e.status(), format!("{} refused the notification: {}", self.label, e.message()))
+                });
+                (p.answer)(outcome, true);
+            }
+            other => return Err(Error::Protocol(format!("unexpected {other:?} from the source side"))),
+        }
+        Ok(true)
+    }
+
+    /// The fixed part of a READ/WRITE answer: finds its request and says
+    /// what follows (nothing, its failure text, or its payload).
+    fn answer(&self, rx: &mut Rx, h: FrameHeader, fixed: &[u8]) -> Result<()> {
+        let resp = DataResponse::decode(fixed.try_into().expect("a whole fixed part"))?;
+        let rest = h.body_len as u64 - DATA_RESPONSE_LEN as u64;
         let want = if h.kind == MsgKind::ReadResponse { Op::Read } else { Op::Write };
         let ent = {
             let mut p = self.pending.lock();
@@ -719,56 +920,80 @@ impl TcpConnection {
                 c.fail(e.clone(), RemoteEffect::None);
                 return Err(e);
             }
-            let mut text = vec![0u8; rest as usize];
-            if let Err(e) = io::read_full(s, &mut text, &mut || self.expired(), false) {
-                c.fail(e.clone(), RemoteEffect::None);
-                return Err(e);
+            if rest == 0 {
+                c.fail(Error::from_status(resp.status, format!("{}: ", self.label)), RemoteEffect::None);
+            } else {
+                rx.want = Want::Reason { chunk: c, len: rest as usize, status: resp.status };
             }
-            let msg = String::from_utf8_lossy(&text).into_owned();
-            c.fail(Error::from_status(resp.status, format!("{}: {msg}", self.label)), RemoteEffect::None);
             return Ok(());
         }
         match want {
+            Op::Write if rest != 0 => {
+                let e = Error::Protocol("WRITE success carries a body".into());
+                c.fail(e.clone(), RemoteEffect::Unknown);
+                Err(e)
+            }
             Op::Write => {
-                if rest != 0 {
-                    let e = Error::Protocol("WRITE success carries a body".into());
-                    c.fail(e.clone(), RemoteEffect::Unknown);
-                    return Err(e);
-                }
                 c.finish(ChunkOutcome::ok(Op::Write));
                 Ok(())
             }
+            Op::Read if rest != c.len => {
+                let e = Error::Protocol(format!("READ answer carries {rest} bytes, asked for {}", c.len));
+                c.fail(e.clone(), RemoteEffect::None);
+                Err(e)
+            }
             Op::Read => {
-                if rest != c.len {
-                    let e = Error::Protocol(format!("READ answer carries {rest} bytes, asked for {}", c.len));
-                    c.fail(e.clone(), RemoteEffect::None);
-                    return Err(e);
-                }
-                // SAFETY: the chunk's lease keeps [local_addr, +len) inside a
-                // registered local region; only this thread writes it, and
-                // the chunk completes only after this read ends.
-                let dst = unsafe { std::slice::from_raw_parts_mut(c.local_addr as *mut u8, c.len as usize) };
-                let deadline = c.deadline;
-                let mut tick = || {
-                    self.check_alive()?;
-                    if Instant::now() >= deadline {
-                        return Err(Error::TimedOut(format!(
-                            "READ from {} passed its deadline mid-payload",
-                            self.label
-                        )));
-                    }
-                    Ok(())
-                };
-                match io::read_full(s, dst, &mut tick, false) {
-                    Ok(_) => {
-                        c.finish(ChunkOutcome::ok(Op::Read));
-                        Ok(())
-                    }
-                    Err(e) => {
-                        c.fail(e.clone(), RemoteEffect::None);
-                        Err(e)
-                    }
-                }
+                rx.want = Want::Payload { chunk: c, done: 0 };
+                self.payload_done(rx);
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Handler for TcpConnection {
+    fn ready(&self, scratch: &mut [u8]) -> Flow {
+        let mut rx = self.rx.lock();
+        if *self.finished.lock() {
+            return Flow::Done;
+        }
+        if let Some(e) = self.dead_reason() {
+            self.finish(e, &mut rx);
+            return Flow::Done;
+        }
+        let sent = self.pump();
+        let got = match self.receive(&mut rx, scratch) {
+            Ok(Some(f)) => f,
+            Ok(None) => {
+                self.finish(Error::Unavailable(format!("{} closed the connection", self.label)), &mut rx);
+                return Flow::Done;
+            }
+            Err(e) => {
+                self.finish(e, &mut rx);
+                return Flow::Done;
+            }
+        };
+        if let Some(e) = self.dead_reason() {
+            self.finish(e, &mut rx);
+            return Flow::Done;
+        }
+        if sent == Flow::Again || got == Flow::Again {
+            Flow::Again
+        } else {
+            Flow::Idle
+        }
+    }
+
+    fn tick(&self, now: Instant) -> Flow {
+        let mut rx = self.rx.lock();
+        if *self.finished.lock() {
+            return Flow::Done;
+        }
+        match self.expired(&rx, now) {
+            Ok(()) => Flow::Idle,
+            Err(e) => {
+                self.finish(e, &mut rx);
+                Flow::Done
             }
         }
     }
@@ -776,6 +1001,6 @@ impl TcpConnection {
 
 impl Drop for TcpConnection {
     fn drop(&mut self) {
-        let _ = self.control.shutdown(Shutdown::Both);
+        let _ = self.stream.shutdown(Shutdown::Both);
     }
 }

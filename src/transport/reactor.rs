@@ -1,0 +1,273 @@
+//! The connection layer's event loop: a fixed number of I/O threads (config
+//! `io_threads`) serve every connection of an engine, whatever the number
+//! of peers. Each thread owns an epoll instance (mio, edge-triggered) and
+//! the connections assigned to it; a connection is a [`Handler`] that does,
+//! without blocking, whatever its socket allows when it is ready, woken, or
+//! at each tick (deadlines and stall bounds are checked at ticks).
+//!
+//! Threads start lazily (an engine without connections runs none) and stop
+//! with the engine. A handler runs on one thread only, so its receive state
+//! needs no sharing; other threads hand it work through its own queues and
+//! [`Registration::wake`].
+
+use crate::control::io::TICK;
+use crate::error::{Error, Result};
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+/// What a handler wants after a turn.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    /// Nothing more until the next event, wake-up or tick.
+    Idle,
+    /// It stopped with work left (its fair share of the turn is used): run
+    /// it again before waiting.
+    Again,
+    /// The connection is finished: deregister and drop it.
+    Done,
+}
+
+/// A connection served by the reactor.
+pub trait Handler: Send + Sync {
+    /// Its socket is ready or it was woken: read and write what can be
+    /// done without blocking. `scratch` is the thread's receive buffer.
+    fn ready(&self, scratch: &mut [u8]) -> Flow;
+    /// Called at least every [`TICK`]: deadlines and stall bounds.
+    fn tick(&self, now: Instant) -> Flow;
+}
+
+/// The I/O threads' receive buffer (one per thread, shared by all of its
+/// connections: an idle connection holds none).
+pub const SCRATCH: usize = 64 * 1024;
+
+const WAKER: Token = Token(usize::MAX);
+
+/// A served connection: its fd (to deregister) and its handler.
+type Entry = (RawFd, Arc<dyn Handler>);
+
+/// Live counts, for stats.
+#[derive(Default)]
+pub struct ReactorCounts {
+    /// Turns of the event loops that found something to do.
+    pub wakeups: AtomicU64,
+}
+
+/// An engine's I/O threads.
+pub struct Reactor {
+    size: usize,
+    workers: Mutex<Vec<Arc<Worker>>>,
+    next: AtomicUsize,
+    stopped: AtomicBool,
+    counts: Arc<ReactorCounts>,
+}
+
+struct Worker {
+    registry: mio::Registry,
+    waker: Waker,
+    /// Connections handed over, not yet in the thread's table.
+    added: Mutex<Vec<(Token, Entry)>>,
+    /// Connections woken by other threads.
+    woken: Mutex<Vec<Token>>,
+    stop: AtomicBool,
+    conns: AtomicUsize,
+    next_token: AtomicUsize,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+/// A connection's place on an I/O thread. Dropping it does not deregister
+/// the connection (its handler says `Done`).
+pub struct Registration {
+    worker: Arc<Worker>,
+    token: Token,
+}
+
+impl Registration {
+    /// Runs the connection's handler on its I/O thread soon.
+    pub fn wake(&self) {
+        self.worker.woken.lock().push(self.token);
+        let _ = self.worker.waker.wake();
+    }
+}
+
+impl Reactor {
+    /// A reactor of `size` threads (at least one), none started yet.
+    pub fn new(size: usize) -> Reactor {
+        Reactor {
+            size: size.max(1),
+            workers: Mutex::new(Vec::new()),
+            next: AtomicUsize::new(0),
+            stopped: AtomicBool::new(false),
+            counts: Arc::new(ReactorCounts::default()),
+        }
+    }
+
+    /// Threads running now.
+    pub fn threads(&self) -> usize {
+        self.workers.lock().len()
+    }
+
+    /// Connections served, per thread.
+    pub fn connections(&self) -> Vec<usize> {
+        self.workers.lock().iter().map(|w| w.conns.load(Ordering::Relaxed)).collect()
+    }
+
+    /// Event-loop turns so far.
+    pub fn wakeups(&self) -> u64 {
+        self.counts.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// Serves `fd` with `handler` from now on: readable and writable
+    /// readiness (edge-triggered) run it. `fd` must stay open until the
+    /// handler says `Done`. The least loaded thread takes it (a new one is
+    /// started while fewer than `size` run).
+    pub fn register(&self, fd: RawFd, handler: Arc<dyn Handler>) -> Result<Registration> {
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(Error::Unavailable("the engine is shutting down".into()));
+        }
+        let worker = self.pick()?;
+        let token = Token(worker.next_token.fetch_add(1, Ordering::Relaxed));
+        worker
+            .registry
+            .register(&mut SourceFd(&fd), token, Interest::READABLE | Interest::WRITABLE)
+            .map_err(|e| Error::io("register a connection with the event loop", &e))?;
+        worker.conns.fetch_add(1, Ordering::Relaxed);
+        worker.added.lock().push((token, (fd, handler)));
+        let _ = worker.waker.wake();
+        Ok(Registration { worker, token })
+    }
+
+    fn pick(&self) -> Result<Arc<Worker>> {
+        let mut ws = self.workers.lock();
+        if ws.len() < self.size {
+            let w = Worker::start(ws.len(), self.counts.clone())?;
+            ws.push(w.clone());
+            return Ok(w);
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % ws.len();
+        let best = (0..ws.len())
+            .map(|i| &ws[(start + i) % ws.len()])
+            .min_by_key(|w| w.conns.load(Ordering::Relaxed))
+            .expect("at least one worker");
+        Ok(best.clone())
+    }
+
+    /// Stops every thread (connections still registered are dropped
+    /// unserved: close them first) and waits for them.
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        let ws: Vec<Arc<Worker>> = self.workers.lock().drain(..).collect();
+        for w in &ws {
+            w.stop.store(true, Ordering::Release);
+            let _ = w.waker.wake();
+        }
+        for w in ws {
+            let t = w.thread.lock().take();
+            if let Some(t) = t {
+                if t.thread().id() != std::thread::current().id() {
+                    let _ = t.join();
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Reactor {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Worker {
+    fn start(index: usize, counts: Arc<ReactorCounts>) -> Result<Arc<Worker>> {
+        let poll = Poll::new().map_err(|e| Error::io("create an event loop", &e))?;
+        let registry = poll.registry().try_clone().map_err(|e| Error::io("clone the event registry", &e))?;
+        let waker = Waker::new(poll.registry(), WAKER).map_err(|e| Error::io("create an event-loop waker", &e))?;
+        let w = Arc::new(Worker {
+            registry,
+            waker,
+            added: Mutex::new(Vec::new()),
+            woken: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            conns: AtomicUsize::new(0),
+            next_token: AtomicUsize::new(0),
+            thread: Mutex::new(None),
+        });
+        let me = w.clone();
+        let t = std::thread::Builder::new()
+            .name(format!("orbite-io-{index}"))
+            .spawn(move || me.run(poll, counts))
+            .map_err(|e| Error::io("spawn an I/O thread", &e))?;
+        *w.thread.lock() = Some(t);
+        Ok(w)
+    }
+
+    fn run(&self, mut poll: Poll, counts: Arc<ReactorCounts>) {
+        let mut table: HashMap<Token, Entry> = HashMap::new();
+        let mut events = Events::with_capacity(256);
+        let mut scratch = vec![0u8; SCRATCH];
+        let mut again: Vec<Token> = Vec::new();
+        let mut next_tick = Instant::now() + TICK;
+        while !self.stop.load(Ordering::Acquire) {
+            let now = Instant::now();
+            let timeout = if again.is_empty() { next_tick.saturating_duration_since(now) } else { Default::default() };
+            if let Err(e) = poll.poll(&mut events, Some(timeout)) {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    std::thread::sleep(TICK);
+                }
+                continue;
+            }
+            counts.wakeups.fetch_add(1, Ordering::Relaxed);
+            for (t, entry) in self.added.lock().drain(..) {
+                table.insert(t, entry);
+                // Anything that arrived before it was in the table.
+                again.push(t);
+            }
+            let mut run: Vec<Token> = std::mem::take(&mut again);
+            for ev in events.iter() {
+                if ev.token() == WAKER {
+                    run.append(&mut self.woken.lock());
+                } else {
+                    run.push(ev.token());
+                }
+            }
+            run.sort_unstable();
+            run.dedup();
+            for t in run {
+                let Some((_, h)) = table.get(&t) else { continue };
+                match h.ready(&mut scratch) {
+                    Flow::Idle => {}
+                    Flow::Again => again.push(t),
+                    Flow::Done => self.remove(&mut table, t),
+                }
+            }
+            let now = Instant::now();
+            if now >= next_tick {
+                next_tick = now + TICK;
+                let tokens: Vec<Token> = table.keys().copied().collect();
+                for t in tokens {
+                    if table[&t].1.tick(now) == Flow::Done {
+                        self.remove(&mut table, t);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Forgets a finished connection and takes its fd out of the epoll
+    /// set (the fd is still open: the handler, which owns it, is alive
+    /// until the table's reference goes here).
+    fn remove(&self, table: &mut HashMap<Token, Entry>, t: Token) {
+        if let Some((fd, h)) = table.remove(&t) {
+            let _ = self.registry.deregister(&mut SourceFd(&fd));
+            self.conns.fetch_sub(1, Ordering::Relaxed);
+            drop(h);
+        }
+    }
+}
