@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{pattern_vec, PeerProc};
+use common::{pattern_vec, raise_fd_limit, rss_kib, threads, PeerProc};
 use orbite::*;
 use std::time::Duration;
 
@@ -19,28 +19,6 @@ const REGION: usize = 64 * 1024;
 const READ_LEN: usize = 16 * 1024;
 const WRITE_LEN: usize = 4 * 1024;
 const WRITE_AT: usize = 32 * 1024;
-
-fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").expect("/proc/self/task").count()
-}
-
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
-    line.split_whitespace().nth(1).and_then(|x| x.parse().ok()).expect("VmRSS value")
-}
-
-/// More descriptors than 1000 sockets need (children inherit it).
-fn raise_fd_limit() {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit/setrlimit with a valid rlimit out-/in-pointer.
-    unsafe {
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
-        lim.rlim_cur = lim.rlim_max;
-        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
-    }
-    assert!(lim.rlim_cur >= 4096, "this test needs 4096 file descriptors; the hard limit is {}", lim.rlim_max);
-}
 
 /// The READ and WRITE of peer `i`: READ its region's first READ_LEN bytes
 /// into `local[i]`'s first half, WRITE pattern 5000+i from the second half.
@@ -59,7 +37,7 @@ fn requests(peer_addr: u64, local: &[u8], i: usize) -> [Request; 2] {
 
 #[test]
 fn a_thousand_peers_bounded_threads_exact_bytes_and_100_killed() {
-    raise_fd_limit();
+    raise_fd_limit(4096);
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
     let mut procs: Vec<PeerProc> = (0..PROCESSES)
         .map(|p| {

@@ -14,7 +14,9 @@ use crate::error::{Error, Result, Status};
 use crate::sync::admission::Gate;
 use crate::transport::ipc::channel::{Channel, Frame};
 use crate::transport::ipc::source::IpcSourceContext;
+use crate::transport::reactor::Reactor;
 use crate::transport::tcp::handshake;
+use crate::transport::tcp::source::SourceConn;
 use crate::transport::tcp::{self, SourceContext};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -46,18 +48,21 @@ pub(crate) struct Listeners {
     /// Closed by `close_source`: new control connections are refused.
     source_gate: Arc<Gate>,
     counters: Arc<Counters>,
+    /// The I/O threads that serve handshaken control connections.
+    reactor: Arc<Reactor>,
 }
 
 impl Listeners {
-    /// Listeners over bound sockets (nothing accepted until [`Listeners::start`]).
+    /// Listeners over bound sockets, the control socket and the IPC
+    /// channel's (nothing accepted until [`Listeners::start`]).
     pub(crate) fn new(
-        tcp: TcpListener,
-        ipc: Option<UnixListener>,
+        (tcp, ipc): (TcpListener, Option<UnixListener>),
         config: &EngineConfig,
         auth: Option<AuthKey>,
         stopping: Arc<AtomicBool>,
         source_gate: Arc<Gate>,
         counters: Arc<Counters>,
+        reactor: Arc<Reactor>,
     ) -> Arc<Listeners> {
         Arc::new(Listeners {
             tcp,
@@ -72,6 +77,7 @@ impl Listeners {
             stopping,
             source_gate,
             counters,
+            reactor,
         })
     }
 
@@ -129,16 +135,22 @@ enum ConnHandle {
     Unix(UnixStream),
 }
 
-/// A served connection: its socket and its serving thread.
+/// A served connection: its socket, the thread that serves it (IPC
+/// channels) or answered its handshake (control connections), and, once
+/// handshaken, the control connection its I/O thread serves.
 struct Incoming {
     conn: ConnHandle,
     thread: Option<JoinHandle<()>>,
+    served: Option<Arc<SourceConn>>,
 }
 
 impl Incoming {
-    /// Whether its serving thread is still running.
+    /// Whether it is still being served.
     fn is_live(&self) -> bool {
-        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+        match &self.served {
+            Some(c) => !c.is_finished(),
+            None => self.thread.as_ref().is_some_and(|t| !t.is_finished()),
+        }
     }
 
     fn stop(&mut self) {
@@ -153,6 +165,9 @@ impl Incoming {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        if let Some(c) = self.served.take() {
+            c.stop(Duration::from_secs(10));
+        }
     }
 }
 
@@ -162,8 +177,7 @@ fn count(inc: &HashMap<u64, Incoming>, unix: bool) -> usize {
 }
 
 fn reap(inc: &mut HashMap<u64, Incoming>) {
-    let done: Vec<u64> =
-        inc.iter().filter(|(_, v)| v.thread.as_ref().is_some_and(|t| t.is_finished())).map(|(k, _)| *k).collect();
+    let done: Vec<u64> = inc.iter().filter(|(_, v)| !v.is_live()).map(|(k, _)| *k).collect();
     for k in done {
         if let Some(mut v) = inc.remove(&k) {
             if let Some(t) = v.thread.take() {
@@ -187,8 +201,11 @@ impl Listeners {
         }
     }
 
-    /// Serves an admitted connection on its own thread and records it. When
-    /// the thread is done it removes its record, so that the last handle of
+    /// Serves an admitted connection on a thread of its own and records
+    /// it. `serve` gets the record's id and what removes the record; it
+    /// returns the control connection it handed to the I/O threads, if it
+    /// did (the record then stays until that connection ends). Otherwise
+    /// the record goes when the thread is done, so that the last handle of
     /// the socket closes at once (a peer still writing is reset, not left
     /// blocked until the next accept reaps the record).
     fn serve_in_thread(
@@ -196,23 +213,35 @@ impl Listeners {
         inc: &mut HashMap<u64, Incoming>,
         conn: ConnHandle,
         name: &str,
-        serve: impl FnOnce(u64) + Send + 'static,
+        serve: impl FnOnce(u64, Box<dyn FnOnce() + Send>) -> Option<Arc<SourceConn>> + Send + 'static,
     ) {
         let id = self.next_incoming.fetch_add(1, Ordering::Relaxed);
         let me = Arc::downgrade(self);
+        let forget = {
+            let me = me.clone();
+            move || {
+                if let Some(l) = me.upgrade() {
+                    drop(l.incoming.lock().remove(&id));
+                }
+            }
+        };
         let run = move || {
-            serve(id);
-            // The record (inserted under the lock the spawner holds) goes;
-            // dropping it detaches this thread's handle.
-            if let Some(l) = me.upgrade() {
-                drop(l.incoming.lock().remove(&id));
+            let served = serve(id, Box::new(forget));
+            let Some(l) = me.upgrade() else { return };
+            let mut inc = l.incoming.lock();
+            // The record (inserted under the lock the spawner holds) keeps
+            // the connection its I/O thread serves, or goes; dropping it
+            // detaches this thread's handle.
+            match (served, inc.get_mut(&id)) {
+                (Some(c), Some(rec)) if !c.is_finished() => rec.served = Some(c),
+                _ => drop(inc.remove(&id)),
             }
         };
         match std::thread::Builder::new().name(name.into()).spawn(run) {
             Ok(t) => {
-                inc.insert(id, Incoming { conn, thread: Some(t) });
+                inc.insert(id, Incoming { conn, thread: Some(t), served: None });
             }
-            Err(_) => Incoming { conn, thread: None }.stop(),
+            Err(_) => Incoming { conn, thread: None, served: None }.stop(),
         }
     }
 
@@ -238,10 +267,10 @@ impl Listeners {
                 continue;
             }
             let Ok(handle) = stream.try_clone() else { continue };
-            let (c, fabric) = (ctx.clone(), ipc.clone());
+            let (c, fabric, reactor) = (ctx.clone(), ipc.clone(), self.reactor.clone());
             let (key, timeout, stopping, counters) =
                 (self.auth.clone(), self.handshake_timeout, self.stopping.clone(), self.counters.clone());
-            self.serve_in_thread(&mut inc, ConnHandle::Tcp(handle), "orbite-serve", move |id| {
+            self.serve_in_thread(&mut inc, ConnHandle::Tcp(handle), "orbite-handshake", move |id, forget| {
                 let mut stream = stream;
                 let _ = stream.set_nodelay(true);
                 let _ = stream.set_read_timeout(Some(io::TICK));
@@ -262,20 +291,22 @@ impl Listeners {
                             }
                             Ok(())
                         };
-                        let Ok(body) = io::read_body(&mut stream, first.body_len, &mut tick) else { return };
+                        let Ok(body) = io::read_body(&mut stream, first.body_len, &mut tick) else { return None };
                         if let Ok(ch) = Channel::from_tcp(stream) {
                             let hello = Frame { kind: first.kind, body, fd: None };
                             crate::transport::ipc::source::serve(fabric, ch, id, Some(hello));
                         }
+                        None
                     }
-                    Ok(Some(first)) => tcp::serve(c, stream, first),
-                    Ok(None) => {}
+                    Ok(Some(first)) => tcp::serve(c, stream, first, &reactor, forget),
+                    Ok(None) => None,
                     Err(e) => {
                         if e.status() == Status::ProtocolError {
                             counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
                             handshake::send_error(&mut stream, &e);
                         }
                         let _ = stream.shutdown(Shutdown::Both);
+                        None
                     }
                 }
             });
@@ -296,10 +327,11 @@ impl Listeners {
             }
             let Ok(handle) = stream.try_clone() else { continue };
             let c = ctx.clone();
-            self.serve_in_thread(&mut inc, ConnHandle::Unix(handle), "orbite-ipc-serve", move |id| {
+            self.serve_in_thread(&mut inc, ConnHandle::Unix(handle), "orbite-ipc-serve", move |id, _| {
                 if let Ok(ch) = Channel::from_stream(stream) {
                     crate::transport::ipc::source::serve(c, ch, id, None)
                 }
+                None
             });
         }
     }

@@ -75,8 +75,9 @@ pub struct EngineConfig {
     /// Most incoming IPC channels served at once (counted apart from the
     /// control connections).
     pub max_ipc_channels: u32,
-    /// I/O threads serving this engine's connections, whatever their
-    /// number (started as connections come; default min(cores, 4)).
+    /// I/O threads serving this engine's control connections (outgoing and
+    /// incoming), whatever their number (started as connections come;
+    /// default min(cores, 4)).
     pub io_threads: u32,
     /// A file holding the shared secret (at least 32 bytes, readable by its
     /// owner only) that every control connection and IPC channel must prove

@@ -74,8 +74,8 @@ pub(crate) struct Inner {
     inbox: Arc<Inbox>,
     /// Discovery on etcd, when configured (set once, at start).
     discovery: once_cell::sync::OnceCell<Discovery>,
-    /// The I/O threads serving the outgoing connections.
-    reactor: Reactor,
+    /// The I/O threads serving the control connections, both ways.
+    reactor: Arc<Reactor>,
 }
 
 /// A transfer engine: registers memory, serves it to peers and moves bytes
@@ -107,14 +107,15 @@ impl Engine {
         let stopping = Arc::new(AtomicBool::new(false));
         let mapping_budget = Budget::new(config.max_inflight_bytes);
         let source_gate = Gate::new("source side");
+        let reactor = Arc::new(Reactor::new(config.io_threads as usize));
         let listeners = Listeners::new(
-            listener,
-            ipc_listener,
+            (listener, ipc_listener),
             &config,
             auth.clone(),
             stopping.clone(),
             source_gate.clone(),
             stats.clone(),
+            reactor.clone(),
         );
         let faults = Arc::new(Faults::default());
         let parts = ipc::IpcParts {
@@ -162,7 +163,7 @@ impl Engine {
             ipc: ipc_transports,
             ipc_unavailable,
             discovery: once_cell::sync::OnceCell::new(),
-            reactor: Reactor::new(config.io_threads as usize),
+            reactor,
             inbox: Arc::new(Inbox::new(
                 config.notification_queue as usize,
                 config.notification_max_bytes as usize,
@@ -336,8 +337,7 @@ impl Engine {
             t.exports.suspend(None, deadline);
         }
         if self.inner.ipc.iter().any(|t| t.exports.counts().open + t.exports.counts().retained > 0) {
-            let bound = deadline.saturating_duration_since(Instant::now()).min(Duration::from_secs(1));
-            self.inner.revoker.revoke_all(bound);
+            self.inner.revoker.revoke_all();
         }
         let exports: usize = self.inner.ipc.iter().map(|t| t.exports.wait_empty(deadline)).sum();
         if exports > 0 {

@@ -54,16 +54,16 @@ struct Slots {
 }
 
 /// A notification admitted into an [`Inbox`], not yet visible.
-pub struct Admitted<'a> {
-    inbox: &'a Inbox,
+pub struct Admitted {
+    inbox: Arc<Inbox>,
     n: Option<Notification>,
 }
 
-impl Admitted<'_> {
+impl Admitted {
     /// Makes it visible to [`Inbox::take`].
     pub fn publish(mut self) {
         let n = self.n.take().expect("published once");
-        let inbox = self.inbox;
+        let inbox = &self.inbox;
         let mut q = inbox.queue.lock();
         q.held -= 1;
         q.waiting.push_back(n);
@@ -73,7 +73,7 @@ impl Admitted<'_> {
     }
 }
 
-impl Drop for Admitted<'_> {
+impl Drop for Admitted {
     /// Not published: its place goes back.
     fn drop(&mut self) {
         if self.n.is_some() {
@@ -106,7 +106,7 @@ impl Inbox {
     /// Queues a notification, or says why not (`INVALID_ARGUMENT`: too
     /// large; `RESOURCE_EXHAUSTED`: the queue is full). The verdict goes
     /// back to the sender.
-    pub fn offer(&self, n: Notification) -> Result<()> {
+    pub fn offer(self: &Arc<Self>, n: Notification) -> Result<()> {
         self.admit(n)?.publish();
         Ok(())
     }
@@ -116,7 +116,7 @@ impl Inbox {
     /// dropped). The source publishes only once the sender's OK is on its
     /// way, so that a notification taken is never one whose sender heard
     /// of a failure.
-    pub fn admit(&self, n: Notification) -> Result<Admitted<'_>> {
+    pub fn admit(self: &Arc<Self>, n: Notification) -> Result<Admitted> {
         let refused = |e: Error| {
             self.stats.notifications_rejected.fetch_add(1, Ordering::Relaxed);
             Err(e)
@@ -138,7 +138,7 @@ impl Inbox {
         }
         q.held += 1;
         drop(q);
-        Ok(Admitted { inbox: self, n: Some(n) })
+        Ok(Admitted { inbox: self.clone(), n: Some(n) })
     }
 
     /// Takes the oldest notification if `fits` accepts it, waiting up to

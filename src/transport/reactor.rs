@@ -43,6 +43,30 @@ pub trait Handler: Send + Sync {
     fn tick(&self, now: Instant) -> Flow;
 }
 
+/// What one non-blocking read got.
+pub enum Got {
+    /// This many bytes.
+    Bytes(usize),
+    /// The peer ended the stream.
+    Eof,
+    /// Nothing more for now (the next readable edge brings more).
+    Drained,
+}
+
+/// Reads once, without blocking, from `stream` into `buf`.
+pub fn read_once(mut stream: &std::net::TcpStream, buf: &mut [u8]) -> Result<Got> {
+    use std::io::{ErrorKind, Read};
+    loop {
+        return match stream.read(buf) {
+            Ok(0) => Ok(Got::Eof),
+            Ok(n) => Ok(Got::Bytes(n)),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(Got::Drained),
+            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) => Err(Error::Unavailable(format!("connection lost: {e}"))),
+        };
+    }
+}
+
 /// The I/O threads' receive buffer (one per thread, shared by all of its
 /// connections: an idle connection holds none).
 pub const SCRATCH: usize = 64 * 1024;

@@ -246,3 +246,28 @@ pub fn ipc_export_request(
         other => panic!("export request answered with {other:?}"),
     }
 }
+
+/// Threads of this process now.
+pub fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").expect("/proc/self/task").count()
+}
+
+/// This process's resident memory, in KiB.
+pub fn rss_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
+    line.split_whitespace().nth(1).and_then(|x| x.parse().ok()).expect("VmRSS value")
+}
+
+/// Raises this process's descriptor limit to its hard limit (children
+/// inherit it); asserts at least `need` are allowed.
+pub fn raise_fd_limit(need: u64) {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid rlimit out-/in-pointer.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        lim.rlim_cur = lim.rlim_max;
+        assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+    }
+    assert!(lim.rlim_cur >= need, "this test needs {need} file descriptors; the hard limit is {}", lim.rlim_max);
+}

@@ -12,4 +12,4 @@ pub mod requester;
 pub mod source;
 
 pub use requester::{Chunk, TcpConnection};
-pub use source::{serve, SourceContext};
+pub use source::{serve, SourceConn, SourceContext};

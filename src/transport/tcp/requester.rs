@@ -15,10 +15,10 @@ use crate::kinds::TransportKind;
 use crate::memory::RegionLease;
 use crate::sync::admission::{Gate, GateGuard, Permit};
 use crate::transfer::{BatchShared, ChunkOutcome, Op, RemoteEffect};
-use crate::transport::reactor::{Flow, Handler, Reactor, Registration, SCRATCH};
+use crate::transport::reactor::{read_once, Flow, Got, Handler, Reactor, Registration, SCRATCH};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
-use std::io::{ErrorKind, Read};
+use std::io::ErrorKind;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -748,21 +748,15 @@ impl TcpConnection {
                 _ => None,
             };
             let to_scratch = direct.is_none();
-            let buf: &mut [u8] = match direct {
-                Some(d) => d,
-                None => &mut *scratch,
-            };
-            let n = match (&self.stream).read(buf) {
-                Ok(0) => {
+            let n = match read_once(&self.stream, direct.unwrap_or(&mut *scratch))? {
+                Got::Bytes(n) => n,
+                Got::Drained => return Ok(Some(Flow::Idle)),
+                Got::Eof => {
                     return match (&rx.want, rx.partial.is_empty()) {
                         (Want::Header, true) => Ok(None),
                         _ => Err(Error::Unavailable("peer closed the connection mid-frame".into())),
                     }
                 }
-                Ok(n) => n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(Some(Flow::Idle)),
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(Error::Unavailable(format!("connection lost: {e}"))),
             };
             budget = budget.saturating_sub(n as u64);
             if to_scratch {

@@ -1,7 +1,15 @@
-//! Source side: serves one incoming control connection.
+//! Source side of a control connection. After the handshake (on a
+//! short-lived thread of its own, bounded by `handshake_timeout_ms`), the
+//! connection is served by the engine's I/O threads
+//! ([`crate::transport::reactor`]): requests are parsed as they arrive,
+//! WRITE payload lands straight in registered memory, answers (READ
+//! payload straight from registered memory) leave coalesced as the socket
+//! takes them. A peer that stops reading, or trickles a frame, is cut off
+//! at the stall bound; one that pipelines requests without reading its
+//! answers is no longer read (the answers waiting are bounded) until it does.
 
 use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
-use crate::control::io::{self, HeaderRead, TICK};
+use crate::control::io;
 use crate::control::message::{self, DataRequest, DataResponse, Describe, DATA_REQUEST_LEN};
 use crate::control::notify::{Notify, NOTIFY_OVERHEAD};
 use crate::counters::Counters;
@@ -10,12 +18,14 @@ use crate::kinds::TransportKind;
 use crate::memory::{RegionLease, RegionTable};
 use crate::sync::admission::{Gate, GateGuard};
 use crate::transport::inbox::{Admitted, Inbox, Notification};
-use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::io::{BufReader, Read};
+use crate::transport::reactor::{read_once, Flow, Got, Handler, Reactor, Registration, SCRATCH};
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashMap, VecDeque};
+use std::io::ErrorKind;
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// What the source side needs from its engine.
@@ -26,86 +36,23 @@ pub struct SourceContext {
     pub stats: Arc<Counters>,
     /// Serving stops (requests answered Unavailable) once this is closed.
     pub gate: Arc<Gate>,
-    /// Set when the engine shuts down: serving threads exit.
+    /// Set when the engine shuts down: connections end.
     pub stopping: Arc<AtomicBool>,
     /// Builds this engine's current Describe.
     pub describe: Arc<dyn Fn() -> Describe + Send + Sync>,
     /// Handshake deadline for new connections; also the stall bound: every
-    /// answer, and every MiB of payload, must move within it.
+    /// frame once started, and every MiB of payload, must move within it.
     pub handshake_timeout: Duration,
     /// Payload must move at this many bytes per second on average beyond
     /// the stall allowance (0: the stall bound alone).
     pub min_payload_rate: u64,
-    /// The answer streams of the live connections (for `Revoke`).
+    /// The live connections (for `Revoke`).
     pub revoker: Arc<Revoker>,
     /// Where notifications from requesters wait to be taken.
     pub inbox: Arc<Inbox>,
 }
 
-/// The answer streams of an engine's live control connections, so that a
-/// closing source can ask every requester, at once, to give back what it
-/// imported (`Revoke`), instead of waiting for receipts that would come
-/// only at the requester's next flush.
-#[derive(Default)]
-pub struct Revoker {
-    next: AtomicU64,
-    writers: Mutex<HashMap<u64, Arc<Mutex<TcpStream>>>>,
-}
-
-/// A connection's place in the [`Revoker`]; leaves it when dropped.
-pub struct Registered<'a> {
-    revoker: &'a Revoker,
-    id: u64,
-}
-
-impl Drop for Registered<'_> {
-    fn drop(&mut self) {
-        self.revoker.writers.lock().remove(&self.id);
-    }
-}
-
-impl Revoker {
-    fn add(&self, w: Arc<Mutex<TcpStream>>) -> Registered<'_> {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.writers.lock().insert(id, w);
-        Registered { revoker: self, id }
-    }
-
-    /// Sends `Revoke` on every live control connection, each within
-    /// `bound` (a connection busy answering past it is skipped: it will
-    /// learn from its next receipt's refusal). Returns how many were told.
-    pub fn revoke_all(&self, bound: Duration) -> usize {
-        let writers: Vec<Arc<Mutex<TcpStream>>> = self.writers.lock().values().cloned().collect();
-        let mut told = 0;
-        for w in writers {
-            let Some(mut s) = w.try_lock_for(bound) else { continue };
-            let deadline = Instant::now() + bound;
-            let mut tick = || match Instant::now() >= deadline {
-                true => Err(Error::TimedOut("revoke".into())),
-                false => Ok(()),
-            };
-            if io::write_frame(&mut *s, MsgKind::Revoke, &[], &mut tick).is_ok() {
-                told += 1;
-            }
-        }
-        told
-    }
-}
-
 impl SourceContext {
-    fn tick(&self) -> Result<()> {
-        if self.stopping.load(Ordering::Acquire) {
-            return Err(Error::Unavailable("engine is shutting down".into()));
-        }
-        Ok(())
-    }
-
-    /// The tick of one answer: a requester that does not read it within the
-    /// stall bound is cut off (it cannot pin this thread or the gate).
-    fn answer_tick(&self) -> impl FnMut() -> Result<()> + '_ {
-        bounded(self, Instant::now() + self.handshake_timeout, "answer (the peer is not reading)")
-    }
-
     /// When `len` payload bytes starting now must have moved: the stall
     /// allowance plus `len` at the minimum rate.
     fn payload_deadline(&self, len: u64) -> Option<Instant> {
@@ -117,296 +64,752 @@ impl SourceContext {
     }
 }
 
-/// Serves `stream`, whose first frame (after any authentication) has the
-/// header `first`, until the peer leaves, the engine stops or the peer
-/// breaks the protocol (then an Error frame is sent and the connection closed).
-pub fn serve(ctx: Arc<SourceContext>, mut stream: TcpStream, first: FrameHeader) {
-    let _ = stream.set_nodelay(true);
-    let _ = stream.set_read_timeout(Some(TICK));
-    let _ = stream.set_write_timeout(Some(TICK));
-    // Reads go through a buffer (one recv serves many small frames); large
-    // payload reads bypass it and land straight in registered memory.
-    let r = match stream.try_clone() {
-        Ok(rs) => serve_inner(&ctx, first, &mut BufReader::with_capacity(64 * 1024, rs), &mut stream),
-        Err(e) => Err(Error::io("clone socket", &e)),
-    };
-    if let Err(e @ Error::Protocol(_)) = r {
-        ctx.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
-        super::handshake::send_error(&mut stream, &e);
-    }
-    let _ = stream.shutdown(Shutdown::Both);
-}
-
-fn serve_inner(ctx: &SourceContext, first: FrameHeader, r: &mut BufReader<TcpStream>, w: &mut TcpStream) -> Result<()> {
-    // Handshake: the requester speaks first with its Describe.
-    let peer = super::handshake::answer(first, r, w, ctx.handshake_timeout, &|| ctx.tick(), || (ctx.describe)())?;
-    // From here answers go through a lock shared with the revoker, which a
-    // closing source uses to ask this requester for its imports back.
-    let w = Arc::new(Mutex::new(w.try_clone().map_err(|e| Error::io("clone socket", &e))?));
-    let _registered = ctx.revoker.add(w.clone());
-    let w = &*w;
-
-    let frame_timeout = ctx.handshake_timeout;
-    let mut answers = Answers::default();
-    loop {
-        // Small READ answers wait while more requests are already buffered,
-        // and leave together in one sendmsg before this thread could block.
-        if !answers.is_empty() && r.buffer().len() < FRAME_HEADER_LEN + DATA_REQUEST_LEN {
-            answers.flush(ctx, w)?;
-        }
-        let h = match io::read_header_bounded(r, &mut || ctx.tick(), frame_timeout)? {
-            HeaderRead::Eof => return answers.flush(ctx, w),
-            HeaderRead::Frame(h) => h,
-        };
-        if !matches!(h.kind, MsgKind::ReadRequest | MsgKind::WriteRequest) {
-            answers.flush(ctx, w)?;
-        }
-        match h.kind {
-            MsgKind::ReadRequest => {
-                if h.body_len as usize != DATA_REQUEST_LEN {
-                    return Err(Error::Protocol(format!("ReadRequest body of {} bytes", h.body_len)));
-                }
-                let req = read_request(ctx, r)?;
-                if req.len <= SMALL_ANSWER {
-                    match validate(ctx, &req, false) {
-                        Ok(held) => answers.add(ctx, w, req, held)?,
-                        Err(e) => {
-                            answers.flush(ctx, w)?;
-                            respond_failure(ctx, w, MsgKind::ReadResponse, req.tag, &e)?;
-                        }
-                    }
-                } else {
-                    answers.flush(ctx, w)?;
-                    serve_read(ctx, w, req)?;
-                }
-            }
-            MsgKind::WriteRequest => {
-                let req = read_request(ctx, r)?;
-                if h.body_len as u64 != DATA_REQUEST_LEN as u64 + req.len {
-                    return Err(Error::Protocol(format!(
-                        "WriteRequest body of {} bytes does not match its length {}",
-                        h.body_len, req.len
-                    )));
-                }
-                serve_write(ctx, r, w, req, &mut answers)?;
-            }
-            MsgKind::DescribeRequest => {
-                if h.body_len != 0 {
-                    return Err(Error::Protocol("DescribeRequest with a body".into()));
-                }
-                let mine = (ctx.describe)().encode();
-                io::write_frame(&mut *w.lock(), MsgKind::Describe, &mine, &mut ctx.answer_tick())?;
-            }
-            MsgKind::Notify => {
-                let (tag, admitted) = receive_notification(ctx, r, h.body_len as usize, &peer.endpoint)?;
-                let verdict = admitted.as_ref().map(|_| ()).map_err(Clone::clone);
-                let body = crate::control::notify::encode_ack(tag, &verdict);
-                io::write_frame(&mut *w.lock(), MsgKind::NotifyAck, &body, &mut ctx.answer_tick())?;
-                // Visible only once the sender's OK is on its way (a failed
-                // write above drops it: the sender hears of no delivery).
-                if let Ok(a) = admitted {
-                    a.publish();
-                }
-            }
-            MsgKind::Goodbye => return Ok(()),
-            MsgKind::Error => {
-                let mut tick = bounded(ctx, Instant::now() + frame_timeout, "Error frame");
-                let body = io::read_body(r, h.body_len, &mut tick)?;
-                let _ = message::decode_error(&body)?;
-                return Ok(());
-            }
-            other => return Err(Error::Protocol(format!("unexpected {other:?} from the requester side"))),
-        }
-    }
-}
-
-/// Reads one Notify body of `len` bytes and offers it to the inbox. Memory
-/// stays bounded by the inbox's message limit: a larger body is read
-/// through a small buffer and refused. Returns the tag and the verdict for
-/// the sender; a malformed body is a protocol error.
-fn receive_notification<'a>(
-    ctx: &'a SourceContext,
-    r: &mut impl Read,
-    len: usize,
-    endpoint: &str,
-) -> Result<(u64, Result<Admitted<'a>>)> {
-    let mut tick = bounded(ctx, Instant::now() + ctx.handshake_timeout, "notification");
-    let most = NOTIFY_OVERHEAD + ctx.inbox.max_bytes();
-    if len > most {
-        if len < 8 {
-            return Err(Error::Protocol(format!("Notify body of {len} bytes")));
-        }
-        let mut tag = [0u8; 8];
-        io::read_full(r, &mut tag, &mut tick, false)?;
-        let mut scratch = [0u8; 4096];
-        let mut left = len - 8;
-        while left > 0 {
-            let n = left.min(scratch.len());
-            io::read_full(r, &mut scratch[..n], &mut tick, false)?;
-            left -= n;
-        }
-        ctx.stats.notifications_rejected.fetch_add(1, Ordering::Relaxed);
-        let e = Error::InvalidArgument(format!(
-            "a notification frame of {len} bytes exceeds the receiver's notification_max_bytes ({})",
-            ctx.inbox.max_bytes()
-        ));
-        return Ok((u64::from_le_bytes(tag), Err(e)));
-    }
-    let body = io::read_body(r, len as u32, &mut tick)?;
-    let n = Notify::decode(&body)?;
-    let sender = if n.name.is_empty() { endpoint.to_string() } else { n.name };
-    Ok((n.tag, ctx.inbox.admit(Notification { sender, msg: n.msg })))
-}
-
-/// READ answers of at most this many bytes may wait to leave together.
-const SMALL_ANSWER: u64 = 64 * 1024;
-/// Most answers, and payload bytes, that wait together.
-const ANSWERS_MAX: usize = 64;
-const ANSWER_BYTES_MAX: u64 = 256 * 1024;
-
-/// Successful answers waiting to be sent together: each one's header and
-/// fixed part, and for a small READ its payload (registered memory, kept
-/// registered by its lease until sent).
+/// The live control connections of an engine, so that a closing source can
+/// ask every requester, at once, to give back what it imported (`Revoke`),
+/// instead of waiting for receipts that would come only at the requester's
+/// next flush.
 #[derive(Default)]
-struct Answers {
-    /// Header and fixed part of each answer, back to back.
-    heads: Vec<u8>,
-    /// Each answer's payload (`None` for a WRITE's), with what keeps it
-    /// registered and the source open.
-    payloads: Vec<Option<(DataRequest, RegionLease, GateGuard)>>,
-    bytes: u64,
+pub struct Revoker {
+    next: AtomicU64,
+    conns: Mutex<HashMap<u64, Weak<SourceConn>>>,
 }
 
-/// Bytes of one answer's header and fixed part.
-const ANSWER_HEAD: usize = FRAME_HEADER_LEN + message::DATA_RESPONSE_LEN;
-
-impl Answers {
-    fn is_empty(&self) -> bool {
-        self.payloads.is_empty()
+impl Revoker {
+    fn add(&self, c: Weak<SourceConn>) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.conns.lock().insert(id, c);
+        id
     }
 
-    /// Adds the answer to a validated READ; sends them all when they are
-    /// many.
-    fn add(
-        &mut self,
-        ctx: &SourceContext,
-        w: &Mutex<TcpStream>,
-        req: DataRequest,
-        held: (RegionLease, GateGuard),
-    ) -> Result<()> {
-        let fixed = DataResponse { tag: req.tag, status: Status::Ok }.encode();
-        self.heads
-            .extend_from_slice(&FrameHeader::encode(MsgKind::ReadResponse, (fixed.len() as u64 + req.len) as u32));
-        self.heads.extend_from_slice(&fixed);
-        self.bytes += req.len;
-        self.payloads.push(Some((req, held.0, held.1)));
-        self.flush_if_full(ctx, w)
+    fn remove(&self, id: u64) {
+        self.conns.lock().remove(&id);
     }
 
-    /// Adds the answer to a WRITE whose payload landed.
-    fn add_written(&mut self, ctx: &SourceContext, w: &Mutex<TcpStream>, tag: u64) -> Result<()> {
-        let fixed = DataResponse { tag, status: Status::Ok }.encode();
-        self.heads.extend_from_slice(&FrameHeader::encode(MsgKind::WriteResponse, fixed.len() as u32));
-        self.heads.extend_from_slice(&fixed);
-        self.payloads.push(None);
-        self.flush_if_full(ctx, w)
-    }
-
-    fn flush_if_full(&mut self, ctx: &SourceContext, w: &Mutex<TcpStream>) -> Result<()> {
-        if self.payloads.len() >= ANSWERS_MAX || self.bytes >= ANSWER_BYTES_MAX {
-            self.flush(ctx, w)?;
-        }
-        Ok(())
-    }
-
-    /// Sends every waiting answer in one sendmsg (as few as the socket
-    /// takes), then releases their regions.
-    fn flush(&mut self, ctx: &SourceContext, w: &Mutex<TcpStream>) -> Result<()> {
-        if self.payloads.is_empty() {
-            return Ok(());
-        }
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(2 * self.payloads.len());
-        for (i, payload) in self.payloads.iter().enumerate() {
-            parts.push(&self.heads[i * ANSWER_HEAD..(i + 1) * ANSWER_HEAD]);
-            if let Some((req, _lease, _)) = payload {
-                // SAFETY: the lease held beside `req` keeps the region
-                // holding [addr, addr+len) registered until this write
-                // ends; the range was bounds-checked by `validate`.
-                parts.push(unsafe { std::slice::from_raw_parts(req.addr as *const u8, req.len as usize) });
-            }
-        }
-        // Counted before they leave: a requester that has its answers sees
-        // them counted here (a failed send ends the connection anyway).
-        for (req, _, _) in self.payloads.iter().flatten() {
-            ctx.stats.record_served(TransportKind::Tcp, true, req.len);
-        }
-        let overall = ctx.payload_deadline(self.bytes);
-        let mut tick = payload_tick(ctx, overall, "response (peer not reading)");
-        let mut written = 0;
-        let r = io::write_all_parts(&mut *w.lock(), &parts, &mut tick, &mut written);
-        drop(parts);
-        self.payloads.clear();
-        self.heads.clear();
-        self.bytes = 0;
-        r
+    /// Queues `Revoke` on every live control connection, behind the answers
+    /// already waiting there (it leaves as the socket takes it; a peer that
+    /// does not read is cut off at the stall bound). Returns how many were
+    /// told.
+    pub fn revoke_all(&self) -> usize {
+        let conns: Vec<Arc<SourceConn>> = self.conns.lock().values().filter_map(Weak::upgrade).collect();
+        conns.iter().filter(|c| c.push_frame(MsgKind::Revoke, &[])).count()
     }
 }
 
-/// A tick that also fails once `deadline` passed (a peer too slow to
-/// finish what it started is a protocol violation).
-fn bounded<'a>(ctx: &'a SourceContext, deadline: Instant, what: &'a str) -> impl FnMut() -> Result<()> + 'a {
-    move || {
-        ctx.tick()?;
-        if Instant::now() >= deadline {
-            return Err(Error::Protocol(format!("{what} not completed in time (peer too slow)")));
-        }
-        Ok(())
-    }
-}
+/// Answers waiting to leave beyond which no more requests are read.
+const OUT_BYTES_MAX: u64 = 4 << 20;
+const OUT_ITEMS_MAX: usize = 1024;
+/// Most bytes a connection reads, or writes, in one turn of its I/O thread.
+const TURN_BYTES: u64 = 4 << 20;
+const MIB: u64 = 1 << 20;
 
-fn read_request(ctx: &SourceContext, s: &mut impl Read) -> Result<DataRequest> {
-    let mut fixed = [0u8; DATA_REQUEST_LEN];
-    let mut tick = bounded(ctx, Instant::now() + ctx.handshake_timeout, "request header");
-    io::read_full(s, &mut fixed, &mut tick, false)?;
-    DataRequest::decode(&fixed)
-}
-
-/// Reads `buf` from a peer that must keep making progress: no MiB within
-/// the stall bound, or less than the minimum rate overall, is a protocol
-/// error.
-fn read_progressing(ctx: &SourceContext, s: &mut impl Read, buf: &mut [u8]) -> Result<()> {
-    let overall = ctx.payload_deadline(buf.len() as u64);
-    let mut done = 0;
-    while done < buf.len() {
-        let step = (buf.len() - done).min(1 << 20);
-        let mut tick = payload_tick(ctx, overall, "payload");
-        io::read_full(s, &mut buf[done..done + step], &mut tick, false)?;
-        done += step;
-    }
-    Ok(())
-}
-
-/// The tick of one MiB of payload: within the stall bound, and within the
-/// payload's overall deadline (`None`: no minimum rate).
-fn payload_tick<'a>(
-    ctx: &'a SourceContext,
+/// The progress of a payload from or to a peer that must keep pace: each
+/// MiB within the stall bound, the whole at the minimum rate.
+struct Pace {
+    done: u64,
+    stall: Instant,
     overall: Option<Instant>,
-    what: &'a str,
-) -> impl FnMut() -> Result<()> + 'a {
-    let stall = Instant::now() + ctx.handshake_timeout;
-    move || {
-        ctx.tick()?;
-        let now = Instant::now();
-        if now >= stall {
+    mark: u64,
+}
+
+impl Pace {
+    fn new(ctx: &SourceContext, len: u64) -> Pace {
+        Pace { done: 0, stall: Instant::now() + ctx.handshake_timeout, overall: ctx.payload_deadline(len), mark: MIB }
+    }
+
+    fn advance(&mut self, n: u64, ctx: &SourceContext) {
+        self.done += n;
+        if self.done >= self.mark {
+            self.mark = self.done + MIB;
+            self.stall = Instant::now() + ctx.handshake_timeout;
+        }
+    }
+
+    fn check(&self, now: Instant, ctx: &SourceContext, what: &str) -> Result<()> {
+        if now >= self.stall {
             return Err(Error::Protocol(format!("{what} made no progress within the stall bound (peer too slow)")));
         }
-        if overall.is_some_and(|d| now >= d) {
+        if self.overall.is_some_and(|d| now >= d) {
             return Err(Error::Protocol(format!(
                 "{what} moved slower than min_payload_rate_kib ({} KiB/s; peer too slow)",
                 ctx.min_payload_rate / 1024
             )));
         }
         Ok(())
+    }
+}
+
+/// What the receive side waits for next.
+enum Want {
+    /// A frame header (idle until its first byte).
+    Header,
+    /// The fixed part of a READ or WRITE request.
+    Fixed(FrameHeader),
+    /// The whole body of a Notify (within the inbox's limit) or Error frame.
+    Body(FrameHeader),
+    /// The tag of a Notify too large to take (the rest is discarded).
+    NotifyTag(FrameHeader),
+    /// A WRITE's payload, landing in registered memory.
+    Landing { req: DataRequest, held: (RegionLease, GateGuard), pace: Pace },
+    /// Payload to read and drop, then `then`.
+    Discard { left: u64, pace: Pace, then: AfterDiscard },
+    /// The peer ended the stream (EOF, Goodbye, Error): nothing more is read.
+    Ended,
+}
+
+/// What follows a discarded payload.
+enum AfterDiscard {
+    /// A refused WRITE's failure answer.
+    Refuse { tag: u64, err: Error },
+    /// A too large notification's refusal.
+    RejectNotify { tag: u64, len: usize },
+}
+
+/// The receive side's state (the I/O thread's alone).
+struct Rx {
+    /// Bytes of an unfinished header, fixed part or body.
+    partial: Vec<u8>,
+    want: Want,
+    /// When the unit being gathered in `partial` must be complete.
+    deadline: Option<Instant>,
+}
+
+/// One thing waiting to leave, in stream order.
+enum Item {
+    Bytes(Vec<u8>),
+    /// A READ's payload, from registered memory kept registered (and the
+    /// source gate open) until it has left.
+    Payload {
+        addr: u64,
+        len: u64,
+        _held: (RegionLease, GateGuard),
+    },
+    /// A notification whose acknowledgement has left: it becomes visible.
+    Publish(Admitted),
+    /// Everything before has left: the connection ends.
+    Close,
+}
+
+/// The answers waiting to leave.
+struct Out {
+    items: VecDeque<Item>,
+    /// Bytes of the first item already written.
+    at: usize,
+    /// Bytes queued and not yet written.
+    bytes: u64,
+    /// The pace of what is being written (set while anything waits).
+    pace: Option<Pace>,
+}
+
+impl Out {
+    fn push_bytes(&mut self, b: &[u8]) {
+        self.bytes += b.len() as u64;
+        if let Some(Item::Bytes(v)) = self.items.back_mut() {
+            v.extend_from_slice(b);
+        } else {
+            self.items.push_back(Item::Bytes(b.to_vec()));
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.bytes >= OUT_BYTES_MAX || self.items.len() >= OUT_ITEMS_MAX
+    }
+}
+
+/// An incoming control connection served by an I/O thread.
+pub struct SourceConn {
+    stream: TcpStream,
+    ctx: Arc<SourceContext>,
+    /// The requester's endpoint (a notification's sender when it names none).
+    endpoint: String,
+    rx: Mutex<Rx>,
+    out: Mutex<Out>,
+    reg: once_cell::sync::OnceCell<Registration>,
+    revoker_id: AtomicU64,
+    finished: Mutex<bool>,
+    finished_cv: Condvar,
+    on_done: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+/// Answers the handshake of `stream`, whose first frame (after any
+/// authentication) has the header `first`, then hands the connection to
+/// `reactor`; `on_done` runs when it ends. `None` when the handshake
+/// failed (an Error frame was sent and the socket shut down).
+pub fn serve(
+    ctx: Arc<SourceContext>,
+    mut stream: TcpStream,
+    first: FrameHeader,
+    reactor: &Reactor,
+    on_done: Box<dyn FnOnce() + Send>,
+) -> Option<Arc<SourceConn>> {
+    let stop = || match ctx.stopping.load(Ordering::Acquire) {
+        true => Err(Error::Unavailable("engine is shutting down".into())),
+        false => Ok(()),
+    };
+    let handshaken = stream.try_clone().map_err(|e| Error::io("clone socket", &e)).and_then(|mut r| {
+        super::handshake::answer(first, &mut r, &mut stream, ctx.handshake_timeout, &stop, || (ctx.describe)())
+    });
+    let peer = match handshaken {
+        Ok(p) => p,
+        Err(e) => {
+            if let Error::Protocol(_) = e {
+                ctx.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                super::handshake::send_error(&mut stream, &e);
+            }
+            let _ = stream.shutdown(Shutdown::Both);
+            return None;
+        }
+    };
+    SourceConn::start(ctx, stream, peer.endpoint, reactor, on_done).ok()
+}
+
+impl SourceConn {
+    fn start(
+        ctx: Arc<SourceContext>,
+        stream: TcpStream,
+        endpoint: String,
+        reactor: &Reactor,
+        on_done: Box<dyn FnOnce() + Send>,
+    ) -> Result<Arc<SourceConn>> {
+        stream.set_nonblocking(true).map_err(|e| Error::io("set_nonblocking", &e))?;
+        let _ = stream.set_nodelay(true);
+        let c = Arc::new(SourceConn {
+            stream,
+            ctx,
+            endpoint,
+            rx: Mutex::new(Rx { partial: Vec::new(), want: Want::Header, deadline: None }),
+            out: Mutex::new(Out { items: VecDeque::new(), at: 0, bytes: 0, pace: None }),
+            reg: once_cell::sync::OnceCell::new(),
+            revoker_id: AtomicU64::new(u64::MAX),
+            finished: Mutex::new(false),
+            finished_cv: Condvar::new(),
+            on_done: Mutex::new(Some(on_done)),
+        });
+        c.revoker_id.store(c.ctx.revoker.add(Arc::downgrade(&c)), Ordering::Relaxed);
+        match reactor.register(c.stream.as_raw_fd(), c.clone()) {
+            Ok(r) => {
+                let _ = c.reg.set(r);
+                Ok(c)
+            }
+            Err(e) => {
+                c.end();
+                Err(e)
+            }
+        }
+    }
+
+    /// Whether the connection has ended.
+    pub fn is_finished(&self) -> bool {
+        *self.finished.lock()
+    }
+
+    /// Shuts the connection down and waits (up to `bound`) until its I/O
+    /// thread has let go of everything it held.
+    pub fn stop(&self, bound: Duration) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+        if let Some(r) = self.reg.get() {
+            r.wake();
+        }
+        let deadline = Instant::now() + bound;
+        let mut f = self.finished.lock();
+        while !*f {
+            if self.finished_cv.wait_until(&mut f, deadline).timed_out() {
+                break;
+            }
+        }
+    }
+
+    /// Queues a whole control frame; false when the connection has ended.
+    fn push_frame(&self, kind: MsgKind, body: &[u8]) -> bool {
+        if self.is_finished() {
+            return false;
+        }
+        {
+            let mut out = self.out.lock();
+            out.push_bytes(&FrameHeader::encode(kind, body.len() as u32));
+            out.push_bytes(body);
+        }
+        if let Some(r) = self.reg.get() {
+            r.wake();
+        }
+        true
+    }
+
+    /// The connection is over: releases the answers waiting (leases, gate
+    /// guards, unpublished notifications), shuts the socket and tells the
+    /// listeners. The caller has set the receive side `Ended` (dropping a
+    /// WRITE's lease).
+    fn end(&self) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+        {
+            let mut out = self.out.lock();
+            out.items.clear();
+            out.bytes = 0;
+        }
+        self.ctx.revoker.remove(self.revoker_id.load(Ordering::Relaxed));
+        *self.finished.lock() = true;
+        self.finished_cv.notify_all();
+        if let Some(f) = self.on_done.lock().take() {
+            f();
+        }
+    }
+
+    /// Ends the connection for `e`: a protocol error is counted and told to
+    /// the peer (when no answer is half written).
+    fn fail(&self, e: &Error, rx: &mut Rx) {
+        rx.want = Want::Ended;
+        if let Error::Protocol(_) = e {
+            self.ctx.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            let out = self.out.lock();
+            if out.at == 0 {
+                let body = message::encode_error(e.status(), e.message());
+                let h = FrameHeader::encode(MsgKind::Error, body.len() as u32);
+                let _ = io::send_parts_from(&self.stream, &[&h, &body], 0);
+            }
+        }
+        self.end();
+    }
+
+    /// Writes what waits, as far as the socket takes it. `Ok(true)` when
+    /// the connection is to end (a `Close` was reached).
+    fn flush(&self, out: &mut Out) -> Result<(bool, Flow)> {
+        let mut budget = TURN_BYTES;
+        loop {
+            match out.items.front() {
+                Some(Item::Close) => return Ok((true, Flow::Idle)),
+                Some(Item::Publish(_)) => {
+                    if let Some(Item::Publish(a)) = out.items.pop_front() {
+                        a.publish();
+                    }
+                    continue;
+                }
+                None => {
+                    out.pace = None;
+                    return Ok((false, Flow::Idle));
+                }
+                _ => {}
+            }
+            if budget == 0 {
+                return Ok((false, Flow::Again));
+            }
+            if out.pace.is_none() {
+                out.pace = Some(Pace::new(&self.ctx, out.bytes));
+            }
+            let mut parts: Vec<&[u8]> = Vec::with_capacity(64);
+            for item in out.items.iter().take(64) {
+                match item {
+                    Item::Bytes(v) => parts.push(v),
+                    // SAFETY: `_held` keeps the region holding [addr,
+                    // addr+len) registered until this item leaves; the range
+                    // was bounds-checked by `validate`.
+                    Item::Payload { addr, len, .. } => {
+                        parts.push(unsafe { std::slice::from_raw_parts(*addr as *const u8, *len as usize) })
+                    }
+                    Item::Publish(_) | Item::Close => break,
+                }
+            }
+            let r = io::send_parts_from(&self.stream, &parts, out.at as u64);
+            drop(parts);
+            let mut n = match r {
+                Ok(0) => return Err(Error::Unavailable("connection closed while answering".into())),
+                Ok(n) => n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok((false, Flow::Idle)),
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Error::Unavailable(format!("connection lost: {e}"))),
+            };
+            budget = budget.saturating_sub(n as u64);
+            out.bytes -= n as u64;
+            if let Some(p) = out.pace.as_mut() {
+                p.advance(n as u64, &self.ctx);
+            }
+            while n > 0 {
+                let size = match out.items.front() {
+                    Some(Item::Bytes(v)) => v.len(),
+                    Some(Item::Payload { len, .. }) => *len as usize,
+                    _ => unreachable!("only data items were written"),
+                };
+                let left = size - out.at;
+                if n >= left {
+                    n -= left;
+                    out.at = 0;
+                    out.items.pop_front();
+                } else {
+                    out.at += n;
+                    n = 0;
+                }
+            }
+        }
+    }
+
+    /// The receive turn: reads what the socket holds while the answers
+    /// waiting are few, WRITE payload straight into registered memory.
+    fn receive(&self, rx: &mut Rx, scratch: &mut [u8]) -> Result<Flow> {
+        let mut budget = TURN_BYTES;
+        loop {
+            if matches!(rx.want, Want::Ended) || self.out.lock().full() {
+                return Ok(Flow::Idle);
+            }
+            if budget == 0 {
+                return Ok(Flow::Again);
+            }
+            let direct = match &rx.want {
+                Want::Landing { req, pace, .. } if req.len - pace.done >= (SCRATCH / 2) as u64 => {
+                    // SAFETY: the lease in `held` keeps [addr, addr+len)
+                    // inside a registered region that allows remote WRITE;
+                    // only this thread writes it for this request.
+                    Some(unsafe {
+                        std::slice::from_raw_parts_mut(
+                            (req.addr + pace.done) as *mut u8,
+                            (req.len - pace.done) as usize,
+                        )
+                    })
+                }
+                _ => None,
+            };
+            let to_scratch = direct.is_none();
+            let n = match read_once(&self.stream, direct.unwrap_or(&mut *scratch))? {
+                Got::Bytes(n) => n,
+                Got::Drained => return Ok(Flow::Idle),
+                Got::Eof if !matches!(rx.want, Want::Header) || !rx.partial.is_empty() => {
+                    return Err(Error::Unavailable("peer closed the connection mid-frame".into()));
+                }
+                Got::Eof => {
+                    rx.want = Want::Ended;
+                    self.out.lock().items.push_back(Item::Close);
+                    return Ok(Flow::Idle);
+                }
+            };
+            budget = budget.saturating_sub(n as u64);
+            if to_scratch {
+                self.feed(rx, &scratch[..n])?;
+            } else if let Want::Landing { pace, .. } = &mut rx.want {
+                pace.advance(n as u64, &self.ctx);
+                self.landed(rx);
+            }
+        }
+    }
+
+    /// Consumes received bytes.
+    fn feed(&self, rx: &mut Rx, mut data: &[u8]) -> Result<()> {
+        while !data.is_empty() {
+            match &mut rx.want {
+                Want::Ended => return Ok(()),
+                Want::Landing { req, pace, .. } => {
+                    let n = ((req.len - pace.done) as usize).min(data.len());
+                    // SAFETY: as in `receive`; `done + n <= len`.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(data.as_ptr(), (req.addr + pace.done) as *mut u8, n);
+                    }
+                    pace.advance(n as u64, &self.ctx);
+                    data = &data[n..];
+                    self.landed(rx);
+                    continue;
+                }
+                Want::Discard { left, pace, .. } => {
+                    let n = (*left as usize).min(data.len());
+                    *left -= n as u64;
+                    pace.advance(n as u64, &self.ctx);
+                    data = &data[n..];
+                    self.discarded(rx);
+                    continue;
+                }
+                _ => {}
+            }
+            let need = match &rx.want {
+                Want::Header => FRAME_HEADER_LEN,
+                Want::Fixed(_) => DATA_REQUEST_LEN,
+                Want::Body(h) => h.body_len as usize,
+                Want::NotifyTag(_) => 8,
+                _ => unreachable!("handled above"),
+            };
+            if rx.deadline.is_none() {
+                rx.deadline = Some(Instant::now() + self.ctx.handshake_timeout);
+            }
+            let take = (need - rx.partial.len()).min(data.len());
+            rx.partial.extend_from_slice(&data[..take]);
+            data = &data[take..];
+            if rx.partial.len() == need {
+                self.complete(rx)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A WRITE's payload is in, if it is: its answer joins the waiting ones.
+    fn landed(&self, rx: &mut Rx) {
+        if matches!(&rx.want, Want::Landing { req, pace, .. } if pace.done == req.len) {
+            if let Want::Landing { req, held, .. } = std::mem::replace(&mut rx.want, Want::Header) {
+                drop(held);
+                self.ctx.stats.record_served(TransportKind::Tcp, true, req.len);
+                let fixed = DataResponse { tag: req.tag, status: Status::Ok }.encode();
+                let mut out = self.out.lock();
+                out.push_bytes(&FrameHeader::encode(MsgKind::WriteResponse, fixed.len() as u32));
+                out.push_bytes(&fixed);
+            }
+        }
+    }
+
+    /// A discarded payload is through, if it is: its refusal follows.
+    fn discarded(&self, rx: &mut Rx) {
+        if matches!(&rx.want, Want::Discard { left: 0, .. }) {
+            if let Want::Discard { then, .. } = std::mem::replace(&mut rx.want, Want::Header) {
+                match then {
+                    AfterDiscard::Refuse { tag, err } => self.refuse(MsgKind::WriteResponse, tag, &err),
+                    AfterDiscard::RejectNotify { tag, len } => {
+                        self.ctx.stats.notifications_rejected.fetch_add(1, Ordering::Relaxed);
+                        let e = Error::InvalidArgument(format!(
+                            "a notification frame of {len} bytes exceeds the receiver's notification_max_bytes ({})",
+                            self.ctx.inbox.max_bytes()
+                        ));
+                        let body = crate::control::notify::encode_ack(tag, &Err(e));
+                        let mut out = self.out.lock();
+                        out.push_bytes(&FrameHeader::encode(MsgKind::NotifyAck, body.len() as u32));
+                        out.push_bytes(&body);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Queues the failure answer of a request.
+    fn refuse(&self, kind: MsgKind, tag: u64, e: &Error) {
+        self.ctx.stats.record_served(TransportKind::Tcp, false, 0);
+        let text = e.message();
+        let text = &text.as_bytes()[..text.len().min(message::MAX_REASON)];
+        let fixed = DataResponse { tag, status: e.status() }.encode();
+        let mut out = self.out.lock();
+        out.push_bytes(&FrameHeader::encode(kind, (fixed.len() + text.len()) as u32));
+        out.push_bytes(&fixed);
+        out.push_bytes(text);
+    }
+
+    /// Handles the unit `rx.partial` completed and says what comes next.
+    fn complete(&self, rx: &mut Rx) -> Result<()> {
+        let bytes = std::mem::take(&mut rx.partial);
+        rx.deadline = None;
+        match std::mem::replace(&mut rx.want, Want::Header) {
+            Want::Header => {
+                let h = FrameHeader::decode(bytes[..].try_into().expect("a whole header"))?;
+                self.header(rx, h)?;
+            }
+            Want::Fixed(h) => self.request(rx, h, &bytes)?,
+            Want::Body(h) => self.body(rx, h, &bytes)?,
+            Want::NotifyTag(h) => {
+                let tag = u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes"));
+                let len = h.body_len as usize;
+                let pace = Pace::new(&self.ctx, (len - 8) as u64);
+                rx.want = Want::Discard { left: (len - 8) as u64, pace, then: AfterDiscard::RejectNotify { tag, len } };
+                self.discarded(rx);
+            }
+            Want::Landing { .. } | Want::Discard { .. } | Want::Ended => {
+                unreachable!("payload is not gathered in `partial`")
+            }
+        }
+        // The buffer is kept for the next unit unless a large body grew it
+        // (an idle connection holds next to nothing).
+        if bytes.capacity() <= 4096 && rx.partial.is_empty() {
+            rx.partial = bytes;
+            rx.partial.clear();
+        }
+        Ok(())
+    }
+
+    /// A frame header from the requester.
+    fn header(&self, rx: &mut Rx, h: FrameHeader) -> Result<()> {
+        match h.kind {
+            MsgKind::ReadRequest if h.body_len as usize != DATA_REQUEST_LEN => {
+                Err(Error::Protocol(format!("ReadRequest body of {} bytes", h.body_len)))
+            }
+            MsgKind::ReadRequest | MsgKind::WriteRequest => {
+                rx.want = Want::Fixed(h);
+                Ok(())
+            }
+            MsgKind::DescribeRequest if h.body_len != 0 => Err(Error::Protocol("DescribeRequest with a body".into())),
+            MsgKind::DescribeRequest => {
+                let mine = (self.ctx.describe)().encode();
+                let mut out = self.out.lock();
+                out.push_bytes(&FrameHeader::encode(MsgKind::Describe, mine.len() as u32));
+                out.push_bytes(&mine);
+                Ok(())
+            }
+            MsgKind::Notify => {
+                let len = h.body_len as usize;
+                if len > NOTIFY_OVERHEAD + self.ctx.inbox.max_bytes() {
+                    if len < 8 {
+                        return Err(Error::Protocol(format!("Notify body of {len} bytes")));
+                    }
+                    rx.want = Want::NotifyTag(h);
+                } else if len == 0 {
+                    self.body(rx, h, &[])?;
+                } else {
+                    rx.want = Want::Body(h);
+                }
+                Ok(())
+            }
+            MsgKind::Goodbye => {
+                rx.want = Want::Ended;
+                self.out.lock().items.push_back(Item::Close);
+                Ok(())
+            }
+            MsgKind::Error if h.body_len == 0 => self.body(rx, h, &[]),
+            MsgKind::Error => {
+                rx.want = Want::Body(h);
+                Ok(())
+            }
+            other => Err(Error::Protocol(format!("unexpected {other:?} from the requester side"))),
+        }
+    }
+
+    /// A whole Notify or Error body.
+    fn body(&self, rx: &mut Rx, h: FrameHeader, body: &[u8]) -> Result<()> {
+        if h.kind == MsgKind::Error {
+            let _ = message::decode_error(body)?;
+            rx.want = Want::Ended;
+            self.out.lock().items.push_back(Item::Close);
+            return Ok(());
+        }
+        let n = Notify::decode(body)?;
+        let sender = if n.name.is_empty() { self.endpoint.clone() } else { n.name };
+        let admitted = self.ctx.inbox.admit(Notification { sender, msg: n.msg });
+        let verdict = admitted.as_ref().map(|_| ()).map_err(Clone::clone);
+        let ack = crate::control::notify::encode_ack(n.tag, &verdict);
+        let mut out = self.out.lock();
+        out.push_bytes(&FrameHeader::encode(MsgKind::NotifyAck, ack.len() as u32));
+        out.push_bytes(&ack);
+        // Visible only once the sender's OK has left (a connection that
+        // ends first drops it: the sender hears of no delivery).
+        if let Ok(a) = admitted {
+            out.items.push_back(Item::Publish(a));
+        }
+        Ok(())
+    }
+
+    /// The fixed part of a READ or WRITE request.
+    fn request(&self, rx: &mut Rx, h: FrameHeader, fixed: &[u8]) -> Result<()> {
+        let req = DataRequest::decode(fixed.try_into().expect("a whole fixed part"))?;
+        if h.kind == MsgKind::ReadRequest {
+            match validate(&self.ctx, &req, false) {
+                Ok(held) => {
+                    // Counted before it leaves: a requester that has its
+                    // answer sees it counted here.
+                    self.ctx.stats.record_served(TransportKind::Tcp, true, req.len);
+                    let fixed = DataResponse { tag: req.tag, status: Status::Ok }.encode();
+                    let mut out = self.out.lock();
+                    out.push_bytes(&FrameHeader::encode(MsgKind::ReadResponse, (fixed.len() as u64 + req.len) as u32));
+                    out.push_bytes(&fixed);
+                    if req.len > 0 {
+                        out.bytes += req.len;
+                        out.items.push_back(Item::Payload { addr: req.addr, len: req.len, _held: held });
+                    }
+                }
+                Err(e) => self.refuse(MsgKind::ReadResponse, req.tag, &e),
+            }
+            return Ok(());
+        }
+        if h.body_len as u64 != DATA_REQUEST_LEN as u64 + req.len {
+            return Err(Error::Protocol(format!(
+                "WriteRequest body of {} bytes does not match its length {}",
+                h.body_len, req.len
+            )));
+        }
+        let pace = Pace::new(&self.ctx, req.len);
+        match validate(&self.ctx, &req, true) {
+            Ok(held) => {
+                rx.want = Want::Landing { req, held, pace };
+                self.landed(rx);
+            }
+            Err(err) => {
+                rx.want = Want::Discard { left: req.len, pace, then: AfterDiscard::Refuse { tag: req.tag, err } };
+                self.discarded(rx);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stall bounds: a frame started and not completed in time, a payload
+    /// too slow, answers the peer does not read.
+    fn check(&self, rx: &Rx, now: Instant) -> Result<()> {
+        if self.ctx.stopping.load(Ordering::Acquire) {
+            return Err(Error::Unavailable("engine is shutting down".into()));
+        }
+        match &rx.want {
+            Want::Landing { pace, .. } => pace.check(now, &self.ctx, "payload")?,
+            Want::Discard { pace, .. } => pace.check(now, &self.ctx, "payload")?,
+            _ if rx.deadline.is_some_and(|d| now >= d) => {
+                let what = match &rx.want {
+                    Want::Header => format!("frame header not completed within {:?}", self.ctx.handshake_timeout),
+                    Want::Fixed(_) => "request header not completed in time".to_string(),
+                    _ => "frame body not completed in time".to_string(),
+                };
+                return Err(Error::Protocol(format!("{what} (peer too slow)")));
+            }
+            _ => {}
+        }
+        let out = self.out.lock();
+        if let Some(p) = &out.pace {
+            if !out.items.is_empty() {
+                p.check(now, &self.ctx, "response (peer not reading)")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Handler for SourceConn {
+    fn ready(&self, scratch: &mut [u8]) -> Flow {
+        let mut rx = self.rx.lock();
+        if self.is_finished() {
+            return Flow::Done;
+        }
+        let mut again = false;
+        // Answers first (they free room to read more), then requests, then
+        // the answers those produced, in one sendmsg where they fit.
+        for pass in 0..2 {
+            let flushed = {
+                let mut out = self.out.lock();
+                self.flush(&mut out)
+            };
+            match flushed {
+                Ok((true, _)) => {
+                    rx.want = Want::Ended;
+                    self.end();
+                    return Flow::Done;
+                }
+                Ok((false, f)) => again |= f == Flow::Again,
+                Err(e) => {
+                    self.fail(&e, &mut rx);
+                    return Flow::Done;
+                }
+            }
+            if pass == 1 {
+                break;
+            }
+            match self.receive(&mut rx, scratch) {
+                Ok(f) => again |= f == Flow::Again,
+                Err(e) => {
+                    self.fail(&e, &mut rx);
+                    return Flow::Done;
+                }
+            }
+        }
+        if again {
+            Flow::Again
+        } else {
+            Flow::Idle
+        }
+    }
+
+    fn tick(&self, now: Instant) -> Flow {
+        let mut rx = self.rx.lock();
+        if self.is_finished() {
+            return Flow::Done;
+        }
+        match self.check(&rx, now) {
+            Ok(()) => Flow::Idle,
+            Err(e) => {
+                self.fail(&e, &mut rx);
+                Flow::Done
+            }
+        }
     }
 }
 
@@ -451,80 +854,4 @@ fn validate(ctx: &SourceContext, req: &DataRequest, write: bool) -> Result<(Regi
         )));
     }
     Ok((lease, guard))
-}
-
-fn respond_failure(ctx: &SourceContext, s: &Mutex<TcpStream>, kind: MsgKind, tag: u64, e: &Error) -> Result<()> {
-    ctx.stats.record_served(TransportKind::Tcp, false, 0);
-    let text = e.message();
-    let text = &text.as_bytes()[..text.len().min(message::MAX_REASON)];
-    let fixed = DataResponse { tag, status: e.status() }.encode();
-    let h = FrameHeader::encode(kind, (fixed.len() + text.len()) as u32);
-    let mut w = 0;
-    io::write_all_parts(&mut *s.lock(), &[&h, &fixed, text], &mut ctx.answer_tick(), &mut w)
-}
-
-fn serve_read(ctx: &SourceContext, s: &Mutex<TcpStream>, req: DataRequest) -> Result<()> {
-    let (lease, _guard) = match validate(ctx, &req, false) {
-        Ok(v) => v,
-        Err(e) => return respond_failure(ctx, s, MsgKind::ReadResponse, req.tag, &e),
-    };
-    let fixed = DataResponse { tag: req.tag, status: Status::Ok }.encode();
-    let h = FrameHeader::encode(MsgKind::ReadResponse, (fixed.len() as u64 + req.len) as u32);
-    // SAFETY: `lease` keeps the region containing [addr, addr+len) registered
-    // for the duration of this write; the range was bounds-checked.
-    let payload = unsafe { std::slice::from_raw_parts(req.addr as *const u8, req.len as usize) };
-    // A requester that stops reading must not pin this thread forever: each
-    // MiB must leave within the stall bound, and the whole at the minimum rate.
-    let overall = ctx.payload_deadline(req.len);
-    let mut w = 0;
-    let mut tick = payload_tick(ctx, overall, "response (peer not reading)");
-    let first = payload.len().min(1 << 20);
-    // Counted before it leaves: a requester that has its answer sees it
-    // counted here (a failed send ends the connection anyway).
-    ctx.stats.record_served(TransportKind::Tcp, true, req.len);
-    let s = &mut *s.lock();
-    io::write_all_parts(s, &[&h, &fixed, &payload[..first]], &mut tick, &mut w)?;
-    let mut done = first;
-    while done < payload.len() {
-        let n = (payload.len() - done).min(1 << 20);
-        let mut tick = payload_tick(ctx, overall, "response (peer not reading)");
-        io::write_all_parts(s, &[&payload[done..done + n]], &mut tick, &mut w)?;
-        done += n;
-    }
-    drop(lease);
-    Ok(())
-}
-
-/// Serves a WRITE: the payload lands in registered memory; its answer
-/// joins the waiting ones (sent before this thread could block).
-fn serve_write(
-    ctx: &SourceContext,
-    r: &mut impl Read,
-    w: &Mutex<TcpStream>,
-    req: DataRequest,
-    answers: &mut Answers,
-) -> Result<()> {
-    match validate(ctx, &req, true) {
-        Ok((lease, _guard)) => {
-            // SAFETY: `lease` keeps [addr, addr+len) inside a registered region
-            // that allows remote WRITE; this thread is its only writer here.
-            let dst = unsafe { std::slice::from_raw_parts_mut(req.addr as *mut u8, req.len as usize) };
-            read_progressing(ctx, r, dst)?;
-            drop(lease);
-            ctx.stats.record_served(TransportKind::Tcp, true, req.len);
-            answers.add_written(ctx, w, req.tag)
-        }
-        Err(e) => {
-            // Drain the refused payload, still requiring progress.
-            let mut scratch = vec![0u8; (req.len as usize).min(1 << 16)];
-            let mut left = req.len as usize;
-            while left > 0 {
-                let n = left.min(scratch.len());
-                read_progressing(ctx, r, &mut scratch[..n])?;
-                left -= n;
-            }
-            answers.flush(ctx, w)?;
-            respond_failure(ctx, w, MsgKind::WriteResponse, req.tag, &e)
-        }
-    }
 }

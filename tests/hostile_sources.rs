@@ -1,0 +1,188 @@
+//! Sources that misbehave against a requester whose connections share one
+//! I/O thread (`io_threads: 1`): a stalled, silent, flooding or lying
+//! source ends only its own requests (at their deadline, or with
+//! PROTOCOL_ERROR), and the honest peer served by the same thread keeps
+//! moving bytes meanwhile.
+
+mod common;
+
+use common::{describe_of, pattern_vec};
+use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
+use orbite::control::message::{DataResponse, DATA_REQUEST_LEN};
+use orbite::*;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+const LEN: usize = 1 << 20;
+
+/// An honest source, and a requester with one I/O thread connected to it.
+struct Honest {
+    src: Engine,
+    req: Engine,
+    peer: u64,
+    remote: Vec<u8>,
+    local: Vec<u8>,
+}
+
+impl Honest {
+    fn new() -> Honest {
+        let src = Engine::from_json("").unwrap();
+        let remote = pattern_vec(9, LEN);
+        src.register_memory(remote.as_ptr() as u64, LEN as u64, Access::READ_WRITE).unwrap();
+        let req = Engine::from_json(r#"{"io_threads": 1}"#).unwrap();
+        let local = vec![0u8; 64 << 20];
+        req.register_memory(local.as_ptr() as u64, local.len() as u64, Access::READ_WRITE).unwrap();
+        let peer = req.connect(&src.endpoint(), None).unwrap();
+        Honest { src, req, peer, remote, local }
+    }
+
+    /// 50 READs of 64 KiB from the honest source, each checked.
+    fn fifty_reads(&mut self) {
+        let opts =
+            SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(Duration::from_secs(60)) };
+        for i in 0..50u64 {
+            self.local[..65536].fill(0);
+            let off = (i % 16) * 65536;
+            let r = Request {
+                op: Op::Read,
+                local_addr: self.local.as_ptr() as u64,
+                remote_addr: self.remote.as_ptr() as u64 + off,
+                len: 65536,
+            };
+            self.req.submit(self.peer, &[r], opts).unwrap().wait(Duration::from_secs(60)).unwrap();
+            assert!(self.local[..65536] == self.remote[off as usize..off as usize + 65536]);
+        }
+    }
+
+    /// A fake source: it answers the handshake with the honest source's
+    /// Describe (TCP only), then `behave`s. Returns its peer id.
+    fn connect_fake(&self, behave: impl FnOnce(TcpStream) + Send + 'static) -> u64 {
+        let mut d = describe_of(&self.src.endpoint());
+        d.capabilities = TransportKind::Tcp.capability_bit();
+        d.ipc_name = String::new();
+        let body = d.encode();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let ep = l.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut h = [0u8; FRAME_HEADER_LEN];
+            s.read_exact(&mut h).unwrap();
+            let h = FrameHeader::decode(&h).unwrap();
+            let mut theirs = vec![0u8; h.body_len as usize];
+            s.read_exact(&mut theirs).unwrap();
+            s.write_all(&FrameHeader::encode(MsgKind::Describe, body.len() as u32)).unwrap();
+            s.write_all(&body).unwrap();
+            behave(s);
+        });
+        self.req.connect(&ep, None).unwrap()
+    }
+
+    fn submit(&self, peer: u64, op: Op, len: u64, timeout: Duration) -> Batch {
+        let r = Request { op, local_addr: self.local.as_ptr() as u64, remote_addr: self.remote.as_ptr() as u64, len };
+        let opts = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(timeout) };
+        self.req.submit(peer, &[r], opts).unwrap()
+    }
+}
+
+/// Reads one request frame (header and fixed part; a WRITE's payload is
+/// left in the socket) and returns its tag.
+fn read_request(s: &mut TcpStream) -> u64 {
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    s.read_exact(&mut h).unwrap();
+    let mut fixed = [0u8; DATA_REQUEST_LEN];
+    s.read_exact(&mut fixed).unwrap();
+    u64::from_le_bytes(fixed[..8].try_into().unwrap())
+}
+
+#[test]
+fn a_source_stalled_mid_header_times_out_alone() {
+    let mut h = Honest::new();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let fake = h.connect_fake(move |mut s| {
+        read_request(&mut s);
+        s.write_all(&FrameHeader::encode(MsgKind::ReadResponse, 16)[..8]).unwrap();
+        let _ = rx.recv();
+    });
+    let t0 = Instant::now();
+    let b = h.submit(fake, Op::Read, 4096, Duration::from_secs(3));
+    h.fifty_reads();
+    assert!(t0.elapsed() < Duration::from_secs(3), "the honest peer waited for the stalled one");
+    assert_eq!(b.poll(), Status::Pending);
+    let e = b.wait(Duration::from_secs(60)).unwrap_err();
+    assert_eq!(e.status(), Status::TransferFailed);
+    assert_eq!(b.results()[0].status, Status::TimedOut, "{:?}", b.error(0));
+    drop(tx);
+    h.fifty_reads();
+}
+
+#[test]
+fn a_source_that_never_reads_fails_its_write_at_the_deadline_unknown() {
+    let mut h = Honest::new();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let fake = h.connect_fake(move |_s| {
+        let _ = rx.recv();
+    });
+    let t0 = Instant::now();
+    let b = h.submit(fake, Op::Write, 64 << 20, Duration::from_secs(3));
+    h.fifty_reads();
+    assert!(t0.elapsed() < Duration::from_secs(3), "the honest peer waited for the silent one");
+    let e = b.wait(Duration::from_secs(60)).unwrap_err();
+    assert_eq!(e.status(), Status::TransferFailed);
+    let r = &b.results()[0];
+    assert_eq!(r.status, Status::TimedOut, "{:?}", b.error(0));
+    assert_eq!(r.remote_effect, RemoteEffect::Unknown, "part of the WRITE left");
+    drop(tx);
+    h.fifty_reads();
+}
+
+#[test]
+fn a_source_answering_an_unknown_tag_ends_its_connection_with_protocol_error() {
+    let mut h = Honest::new();
+    let fake = h.connect_fake(|mut s| {
+        let tag = read_request(&mut s);
+        let fixed = DataResponse { tag: tag + 1000, status: Status::Ok }.encode();
+        s.write_all(&FrameHeader::encode(MsgKind::ReadResponse, (fixed.len() + 4096) as u32)).unwrap();
+        s.write_all(&fixed).unwrap();
+        let _ = s.write_all(&[0u8; 4096]);
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    let b = h.submit(fake, Op::Read, 4096, Duration::from_secs(60));
+    let e = b.wait(Duration::from_secs(60)).unwrap_err();
+    assert_eq!(e.status(), Status::TransferFailed);
+    assert_eq!(b.results()[0].status, Status::ProtocolError, "{:?}", b.error(0));
+    assert!(b.error(0).unwrap().message().contains("unknown tag"), "{:?}", b.error(0));
+    let r =
+        Request { op: Op::Read, local_addr: h.local.as_ptr() as u64, remote_addr: h.remote.as_ptr() as u64, len: 1 };
+    let later = h.req.submit(fake, &[r], SubmitOptions::default()).err().expect("a submit to the cut peer");
+    assert_eq!(later.status(), Status::Unavailable);
+    assert!(later.message().contains("unknown tag"), "{later}");
+    h.fifty_reads();
+    assert_eq!(h.req.stats().peers_alive, 1);
+}
+
+#[test]
+fn a_source_flooding_describes_does_not_starve_the_thread_it_shares() {
+    let mut h = Honest::new();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let mut d = describe_of(&h.src.endpoint());
+    d.capabilities = TransportKind::Tcp.capability_bit();
+    d.ipc_name = String::new();
+    let body = d.encode();
+    let mut frame = FrameHeader::encode(MsgKind::Describe, body.len() as u32).to_vec();
+    frame.extend(&body);
+    let burst: Vec<u8> = frame.iter().copied().cycle().take(frame.len() * 256).collect();
+    let fake = h.connect_fake(move |mut s| {
+        // Unsolicited Describes (same epoch: valid frames) as fast as the
+        // requester takes them, until the test ends.
+        while rx.try_recv() == Err(std::sync::mpsc::TryRecvError::Empty) {
+            if s.write_all(&burst).is_err() {
+                break;
+            }
+        }
+    });
+    h.fifty_reads();
+    assert_eq!(h.req.stats().peers_alive, 2, "the flooding peer is still connected (its frames are valid)");
+    drop(tx);
+    let _ = h.req.disconnect(fake, Some(Duration::from_secs(5)));
+}
