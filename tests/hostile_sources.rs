@@ -186,3 +186,89 @@ fn a_source_flooding_describes_does_not_starve_the_thread_it_shares() {
     drop(tx);
     let _ = h.req.disconnect(fake, Some(Duration::from_secs(5)));
 }
+
+#[test]
+fn a_failure_answer_whose_text_stalls_ends_at_the_deadline() {
+    let h = Honest::new();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let fake = h.connect_fake(move |mut s| {
+        let tag = read_request(&mut s);
+        let fixed = DataResponse { tag, status: Status::PermissionDenied }.encode();
+        s.write_all(&FrameHeader::encode(MsgKind::ReadResponse, (fixed.len() + 100) as u32)).unwrap();
+        s.write_all(&fixed).unwrap();
+        s.write_all(&[b'x'; 10]).unwrap();
+        let _ = rx.recv();
+    });
+    let b = h.submit(fake, Op::Read, 4096, Duration::from_secs(2));
+    assert_eq!(b.wait(Duration::from_secs(60)).unwrap_err().status(), Status::TransferFailed);
+    assert_eq!(b.results()[0].status, Status::TimedOut, "{:?}", b.error(0));
+    drop(tx);
+}
+
+/// A source that answers a WRITE as soon as it read its fixed part, before
+/// its payload: the request stays pending (its local memory leased) until
+/// every payload byte has left, then ends with the source's answer; bytes
+/// the caller writes after that never reach the peer.
+#[test]
+fn a_write_answered_early_holds_its_memory_until_the_payload_left() {
+    let mut h = Honest::new();
+    const LEN: usize = 32 << 20;
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let (seen_tx, seen) = std::sync::mpsc::channel::<usize>();
+    let fake = h.connect_fake(move |mut s| {
+        let tag = read_request(&mut s);
+        let fixed = DataResponse { tag, status: Status::PermissionDenied }.encode();
+        s.write_all(&FrameHeader::encode(MsgKind::WriteResponse, fixed.len() as u32)).unwrap();
+        s.write_all(&fixed).unwrap();
+        let _ = wait.recv();
+        let mut buf = vec![0u8; LEN];
+        s.read_exact(&mut buf).unwrap();
+        seen_tx.send(buf.iter().filter(|&&b| b == 0x11).count()).unwrap();
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    h.local[..LEN].fill(0x11);
+    let b = h.submit(fake, Op::Write, LEN as u64, Duration::from_secs(120));
+    // 32 MiB cannot all sit in the socket: the payload is still leaving.
+    assert!(b.wait(Duration::from_secs(1)).is_err());
+    assert_eq!(b.poll(), Status::Pending, "the WRITE ended while its payload was still being sent");
+    go.send(()).unwrap();
+    assert_eq!(b.wait(Duration::from_secs(60)).unwrap_err().status(), Status::TransferFailed);
+    let r = &b.results()[0];
+    assert_eq!((r.status, r.remote_effect), (Status::PermissionDenied, RemoteEffect::None), "{:?}", b.error(0));
+    h.local[..LEN].fill(0xEE);
+    assert_eq!(seen.recv_timeout(Duration::from_secs(60)).unwrap(), LEN, "the peer got other bytes than the WRITE's");
+    h.fifty_reads();
+}
+
+/// A queued READ whose deadline passes before its frame can leave fails on
+/// the I/O thread while a notification waits for its batch: the batch's
+/// end hook queues the notification on the same connection (no lock of
+/// the connection may be held then: this deadlocked the thread), the
+/// notification ends at its own deadline, and the honest peer on the same
+/// thread is still served.
+#[test]
+fn a_request_failed_before_it_left_releases_a_notification_without_deadlock() {
+    let mut h = Honest::new();
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let fake = h.connect_fake(move |mut s| {
+        // Nothing is read until told: the big WRITE fills the socket.
+        let _ = wait.recv();
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    let w = h.submit(fake, Op::Write, 32 << 20, Duration::from_secs(120));
+    let submitted = Instant::now();
+    let r = h.submit(fake, Op::Read, 4096, Duration::from_secs(1));
+    std::thread::scope(|sc| {
+        let req = &h.req;
+        let notified = sc.spawn(move || req.notify(fake, b"after the read", Some(Duration::from_secs(4))));
+        // Let the READ's deadline pass while it is still queued.
+        std::thread::sleep((submitted + Duration::from_millis(1500)).saturating_duration_since(Instant::now()));
+        go.send(()).unwrap();
+        assert_eq!(r.wait(Duration::from_secs(60)).unwrap_err().status(), Status::TransferFailed);
+        assert_eq!(r.results()[0].status, Status::TimedOut, "{:?}", r.error(0));
+        let n = notified.join().unwrap();
+        assert!(n.is_err(), "the fake source never acknowledges a notification");
+    });
+    h.fifty_reads();
+    drop(w);
+}

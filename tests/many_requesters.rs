@@ -6,49 +6,15 @@
 
 mod common;
 
-use common::{pattern_vec, raise_fd_limit, rss_kib, threads};
+use common::{eventually, pattern_vec, raise_fd_limit, raw_control, rss_kib, threads};
 use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
 use orbite::control::message::{DataRequest, DataResponse, Describe, DATA_RESPONSE_LEN};
-use orbite::control::Identity;
 use orbite::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const CONNS: usize = 500;
-
-/// A raw control connection after its handshake, and the source's Describe.
-fn handshake(endpoint: &str) -> (TcpStream, Describe) {
-    let mine = Describe {
-        identity: Identity::fresh(),
-        capabilities: TransportKind::Tcp.capability_bit(),
-        fabric_domain: [0; 16],
-        endpoint: "127.0.0.1:1".into(),
-        ipc_name: String::new(),
-        regions: vec![],
-    };
-    let mut s = TcpStream::connect(endpoint).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let body = mine.encode();
-    s.write_all(&FrameHeader::encode(MsgKind::Describe, body.len() as u32)).unwrap();
-    s.write_all(&body).unwrap();
-    let mut h = [0u8; FRAME_HEADER_LEN];
-    s.read_exact(&mut h).unwrap();
-    let h = FrameHeader::decode(&h).unwrap();
-    assert_eq!(h.kind, MsgKind::Describe);
-    let mut body = vec![0u8; h.body_len as usize];
-    s.read_exact(&mut body).unwrap();
-    (s, Describe::decode(&body).unwrap())
-}
-
-/// Waits (polling, up to 60 s) until `f` holds.
-fn eventually(what: &str, f: impl Fn() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(t0.elapsed() < Duration::from_secs(60), "never: {what}");
-        std::thread::yield_now();
-    }
-}
 
 #[test]
 fn a_source_serves_500_requesters_on_its_io_threads() {
@@ -59,9 +25,12 @@ fn a_source_serves_500_requesters_on_its_io_threads() {
     let remote = pattern_vec(3, 1 << 20);
     src.register_memory(remote.as_ptr() as u64, remote.len() as u64, Access::READ).unwrap();
     let rss0 = rss_kib();
-    let mut conns: Vec<(TcpStream, Describe)> = (0..CONNS).map(|_| handshake(&src.endpoint())).collect();
+    let mut conns: Vec<(TcpStream, Describe)> = (0..CONNS).map(|_| raw_control(&src.endpoint())).collect();
     eventually("every connection is served and the handshake threads are gone", || {
-        src.stats().incoming_connections == CONNS && threads() - before <= 2 * cores + 8
+        let st = src.stats();
+        st.incoming_connections == CONNS
+            && st.io.connections_per_thread.iter().sum::<usize>() == CONNS
+            && threads() - before <= 2 * cores + 8
     });
     let per_conn = rss_kib().saturating_sub(rss0) * 1024 / CONNS as u64;
     let st = src.stats();

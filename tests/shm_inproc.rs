@@ -217,3 +217,46 @@ fn large_groups_copied_after_submit_returns_move_every_byte() {
         a.free().unwrap();
     }
 }
+
+/// Twenty requester engines READ one source over SHM: their IPC channels,
+/// like their control connections, are served by the source's I/O threads
+/// (no thread per channel), and every byte arrives.
+#[test]
+fn ipc_channels_are_served_by_the_io_threads() {
+    let src = Engine::from_json(r#"{"io_threads": 2}"#).unwrap();
+    let a = allocate_shared_host(1 << 20).unwrap();
+    // SAFETY: the allocation maps 1 MiB.
+    let remote = unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u8, 1 << 20) };
+    remote.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 241) as u8);
+    let rid = src.register_memory(a.addr(), 1 << 20, Access::READ).unwrap();
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: None };
+    let reqs: Vec<(Engine, u64, Vec<u8>)> = (0..20)
+        .map(|_| {
+            let e = Engine::from_json(r#"{"shm_cache_entries": 0}"#).unwrap();
+            let local = vec![0u8; 65536];
+            e.register_memory(local.as_ptr() as u64, local.len() as u64, Access::NONE).unwrap();
+            let p = e.connect(&src.endpoint(), None).unwrap();
+            (e, p, local)
+        })
+        .collect();
+    for (n, (e, p, local)) in reqs.iter().enumerate() {
+        let off = n as u64 * 4096;
+        let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: a.addr() + off, len: 65536 };
+        e.submit(*p, &[r], opts).unwrap().wait(T).unwrap();
+        assert!((0..65536).all(|i| local[i] == ((i + off as usize) % 241) as u8), "requester {n}");
+    }
+    // 20 control connections and 20 IPC channels (a control connection
+    // joins its I/O thread just after it answered the handshake).
+    let t0 = std::time::Instant::now();
+    while src.stats().io.connections_per_thread.iter().sum::<usize>() != 40 {
+        assert!(t0.elapsed() < T, "{:?}", src.stats().io);
+        std::thread::yield_now();
+    }
+    assert_eq!(src.stats().io.threads, 2);
+    for (e, _, _) in reqs {
+        e.close(Some(T)).unwrap();
+    }
+    src.unregister_memory(rid, None).unwrap();
+    src.close(Some(T)).unwrap();
+    a.free().unwrap();
+}

@@ -14,9 +14,8 @@ use crate::error::{Error, Result, Status};
 use crate::sync::admission::Gate;
 use crate::transport::ipc::channel::{Channel, Frame};
 use crate::transport::ipc::source::IpcSourceContext;
-use crate::transport::reactor::Reactor;
+use crate::transport::reactor::{Reactor, Served};
 use crate::transport::tcp::handshake;
-use crate::transport::tcp::source::SourceConn;
 use crate::transport::tcp::{self, SourceContext};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -141,7 +140,7 @@ enum ConnHandle {
 struct Incoming {
     conn: ConnHandle,
     thread: Option<JoinHandle<()>>,
-    served: Option<Arc<SourceConn>>,
+    served: Option<Arc<dyn Served>>,
 }
 
 impl Incoming {
@@ -213,7 +212,7 @@ impl Listeners {
         inc: &mut HashMap<u64, Incoming>,
         conn: ConnHandle,
         name: &str,
-        serve: impl FnOnce(u64, Box<dyn FnOnce() + Send>) -> Option<Arc<SourceConn>> + Send + 'static,
+        serve: impl FnOnce(u64, Box<dyn FnOnce() + Send>) -> Option<Arc<dyn Served>> + Send + 'static,
     ) {
         let id = self.next_incoming.fetch_add(1, Ordering::Relaxed);
         let me = Arc::downgrade(self);
@@ -292,13 +291,11 @@ impl Listeners {
                             Ok(())
                         };
                         let Ok(body) = io::read_body(&mut stream, first.body_len, &mut tick) else { return None };
-                        if let Ok(ch) = Channel::from_tcp(stream) {
-                            let hello = Frame { kind: first.kind, body, fd: None };
-                            crate::transport::ipc::source::serve(fabric, ch, id, Some(hello));
-                        }
-                        None
+                        let ch = Channel::from_tcp(stream).ok()?;
+                        let hello = Frame { kind: first.kind, body, fd: None };
+                        crate::transport::ipc::source::serve(fabric, ch, id, Some(hello), &reactor, forget)
                     }
-                    Ok(Some(first)) => tcp::serve(c, stream, first, &reactor, forget),
+                    Ok(Some(first)) => tcp::serve(c, stream, first, &reactor, forget).map(|c| c as Arc<dyn Served>),
                     Ok(None) => None,
                     Err(e) => {
                         if e.status() == Status::ProtocolError {
@@ -326,12 +323,10 @@ impl Listeners {
                 continue;
             }
             let Ok(handle) = stream.try_clone() else { continue };
-            let c = ctx.clone();
-            self.serve_in_thread(&mut inc, ConnHandle::Unix(handle), "orbite-ipc-serve", move |id, _| {
-                if let Ok(ch) = Channel::from_stream(stream) {
-                    crate::transport::ipc::source::serve(c, ch, id, None)
-                }
-                None
+            let (c, reactor) = (ctx.clone(), self.reactor.clone());
+            self.serve_in_thread(&mut inc, ConnHandle::Unix(handle), "orbite-ipc-handshake", move |id, forget| {
+                let ch = Channel::from_stream(stream).ok()?;
+                crate::transport::ipc::source::serve(c, ch, id, None, &reactor, forget)
             });
         }
     }

@@ -43,6 +43,46 @@ pub trait Handler: Send + Sync {
     fn tick(&self, now: Instant) -> Flow;
 }
 
+/// A connection an I/O thread serves, as its owner sees it.
+pub trait Served: Send + Sync {
+    /// Whether it has ended.
+    fn is_finished(&self) -> bool;
+    /// Shuts it down and waits (up to `bound`) until its I/O thread has
+    /// let go of everything it held.
+    fn stop(&self, bound: std::time::Duration);
+}
+
+/// That a connection has ended, for whoever waits for it.
+#[derive(Default)]
+pub struct Ended {
+    flag: Mutex<bool>,
+    cv: parking_lot::Condvar,
+}
+
+impl Ended {
+    /// Marks it ended and wakes the waiters.
+    pub fn set(&self) {
+        *self.flag.lock() = true;
+        self.cv.notify_all();
+    }
+
+    /// Whether it has ended.
+    pub fn is_set(&self) -> bool {
+        *self.flag.lock()
+    }
+
+    /// Waits until it has ended, at most `bound`.
+    pub fn wait(&self, bound: std::time::Duration) {
+        let deadline = Instant::now() + bound;
+        let mut f = self.flag.lock();
+        while !*f {
+            if self.cv.wait_until(&mut f, deadline).timed_out() {
+                break;
+            }
+        }
+    }
+}
+
 /// What one non-blocking read got.
 pub enum Got {
     /// This many bytes.

@@ -271,3 +271,40 @@ pub fn raise_fd_limit(need: u64) {
     }
     assert!(lim.rlim_cur >= need, "this test needs {need} file descriptors; the hard limit is {}", lim.rlim_max);
 }
+
+/// A raw control connection to `endpoint` after its handshake (this
+/// process's fresh identity, TCP only), and the source's Describe.
+pub fn raw_control(endpoint: &str) -> (std::net::TcpStream, orbite::control::message::Describe) {
+    use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
+    use orbite::control::message::Describe;
+    use std::io::Read;
+    let mine = Describe {
+        identity: orbite::control::Identity::fresh(),
+        capabilities: orbite::TransportKind::Tcp.capability_bit(),
+        fabric_domain: [0; 16],
+        endpoint: "127.0.0.1:1".into(),
+        ipc_name: String::new(),
+        regions: vec![],
+    };
+    let mut s = std::net::TcpStream::connect(endpoint).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let body = mine.encode();
+    s.write_all(&FrameHeader::encode(MsgKind::Describe, body.len() as u32)).unwrap();
+    s.write_all(&body).unwrap();
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    s.read_exact(&mut h).unwrap();
+    let h = FrameHeader::decode(&h).unwrap();
+    assert_eq!(h.kind, MsgKind::Describe);
+    let mut body = vec![0u8; h.body_len as usize];
+    s.read_exact(&mut body).unwrap();
+    (s, Describe::decode(&body).unwrap())
+}
+
+/// Waits (polling, up to `LONG`) until `f` holds; `what` names it.
+pub fn eventually(what: &str, f: impl Fn() -> bool) {
+    let t0 = std::time::Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < LONG, "never: {what}");
+        std::thread::yield_now();
+    }
+}

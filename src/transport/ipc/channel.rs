@@ -185,19 +185,87 @@ impl Channel {
 
     fn send_with_fd(&mut self, msg: &[u8], fd: RawFd, tick: Tick<'_>) -> Result<()> {
         // The fd rides on the first byte of the message; the rest may follow.
-        let sent;
+        let sent = loop {
+            match self.sendmsg_fd(msg, Some(fd), 0) {
+                Ok(n) => break n,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => tick()?,
+                Err(e) => return Err(Error::Unavailable(format!("IPC channel lost: {e}"))),
+            }
+        };
+        let mut w = 0;
+        io::write_all_parts(&mut self.stream, &[&msg[sent..]], tick, &mut w)
+    }
+
+    /// The socket's descriptor (to register with an event loop).
+    pub fn raw_fd(&self) -> RawFd {
+        self.stream.as_raw_fd()
+    }
+
+    /// Switches the socket to non-blocking mode (served by an I/O thread).
+    pub fn set_nonblocking(&self) -> Result<()> {
+        match &self.stream {
+            Stream::Unix(s) => s.set_nonblocking(true),
+            Stream::Tcp(s) => s.set_nonblocking(true),
+        }
+        .map_err(|e| Error::io("set_nonblocking", &e))
+    }
+
+    /// One non-blocking receive into `buf`: the bytes, the end of the
+    /// stream, or nothing for now; and whether descriptors came along
+    /// (they are closed here: the caller only needs to know).
+    pub fn recv_some(&self, buf: &mut [u8]) -> Result<(crate::transport::reactor::Got, bool)> {
+        use crate::transport::reactor::Got;
+        // SAFETY: CMSG_SPACE is a pure size computation.
+        let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32 * 4) } as usize;
+        let mut cbuf = [0u64; 8];
+        let space = space.min(std::mem::size_of_val(&cbuf));
         loop {
-            let mut iov = libc::iovec { iov_base: msg.as_ptr() as *mut libc::c_void, iov_len: msg.len() };
-            // SAFETY: CMSG_SPACE is a pure size computation.
-            let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
-            let mut cbuf = vec![0u8; space];
+            let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
             // SAFETY: an all-zero msghdr is valid; the fields are set below.
             let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
             mh.msg_iov = &mut iov;
             mh.msg_iovlen = 1;
             mh.msg_control = cbuf.as_mut_ptr().cast();
             mh.msg_controllen = space as _;
-            // SAFETY: mh points at cbuf with room for one cmsg carrying one fd.
+            // SAFETY: mh describes valid buffers for the duration of the call.
+            let n =
+                unsafe { libc::recvmsg(self.stream.as_raw_fd(), &mut mh, libc::MSG_CMSG_CLOEXEC | libc::MSG_DONTWAIT) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                match e.kind() {
+                    ErrorKind::WouldBlock => return Ok((Got::Drained, false)),
+                    ErrorKind::Interrupted => continue,
+                    _ => return Err(Error::Unavailable(format!("IPC channel lost: {e}"))),
+                }
+            }
+            // SAFETY: the kernel filled the control buffer of `mh`.
+            let fds = !unsafe { received_fds(&mh) }.is_empty();
+            return Ok((if n == 0 { Got::Eof } else { Got::Bytes(n as usize) }, fds));
+        }
+    }
+
+    /// One non-blocking send of `bytes`, with `fd` attached (on a Unix
+    /// channel) when given: how many bytes the socket took.
+    pub fn send_some(&self, bytes: &[u8], fd: Option<RawFd>) -> std::io::Result<usize> {
+        self.sendmsg_fd(bytes, fd, libc::MSG_DONTWAIT)
+    }
+
+    /// One `sendmsg` of `bytes` with `fd` attached when given (never a
+    /// SIGPIPE; `flags` added), retried when interrupted.
+    fn sendmsg_fd(&self, bytes: &[u8], fd: Option<RawFd>, flags: i32) -> std::io::Result<usize> {
+        let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+        let mut cbuf = [0u64; 4];
+        // SAFETY: an all-zero msghdr is valid; the fields are set below.
+        let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+        mh.msg_iov = &mut iov;
+        mh.msg_iovlen = 1;
+        if let Some(fd) = fd {
+            // SAFETY: CMSG_SPACE is a pure size computation.
+            let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+            mh.msg_control = cbuf.as_mut_ptr().cast();
+            mh.msg_controllen = space as _;
+            // SAFETY: mh points at cbuf, which has room for one cmsg
+            // carrying one fd (space <= 32 bytes).
             unsafe {
                 let c = libc::CMSG_FIRSTHDR(&mh);
                 (*c).cmsg_level = libc::SOL_SOCKET;
@@ -205,21 +273,18 @@ impl Channel {
                 (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
                 std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
             }
+        }
+        loop {
             // SAFETY: mh describes valid buffers for the duration of the call.
-            let n = unsafe { libc::sendmsg(self.stream.as_raw_fd(), &mh, libc::MSG_NOSIGNAL) };
+            let n = unsafe { libc::sendmsg(self.stream.as_raw_fd(), &mh, libc::MSG_NOSIGNAL | flags) };
             if n >= 0 {
-                sent = n as usize;
-                break;
+                return Ok(n as usize);
             }
             let e = std::io::Error::last_os_error();
-            match e.kind() {
-                ErrorKind::WouldBlock | ErrorKind::TimedOut => tick()?,
-                ErrorKind::Interrupted => {}
-                _ => return Err(Error::Unavailable(format!("IPC channel lost: {e}"))),
+            if e.kind() != ErrorKind::Interrupted {
+                return Err(e);
             }
         }
-        let mut w = 0;
-        io::write_all_parts(&mut self.stream, &[&msg[sent..]], tick, &mut w)
     }
 
     /// Receives one frame (and an fd if one came with it).
@@ -270,24 +335,11 @@ impl Channel {
             if n == 0 {
                 return Err(Error::Unavailable("the IPC channel was closed by the peer".into()));
             }
-            // Collect every fd that came along; keep the first, close others.
-            // SAFETY: iterating the control buffer the kernel filled in.
-            unsafe {
-                let mut c = libc::CMSG_FIRSTHDR(&mh);
-                while !c.is_null() {
-                    if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                        let data = libc::CMSG_DATA(c).cast::<RawFd>();
-                        let count =
-                            ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
-                        for k in 0..count {
-                            let raw = std::ptr::read_unaligned(data.add(k));
-                            let owned = OwnedFd::from_raw_fd(raw);
-                            if fd.is_none() {
-                                fd = Some(owned);
-                            }
-                        }
-                    }
-                    c = libc::CMSG_NXTHDR(&mh, c);
+            // Every fd that came along: the first is kept, others closed.
+            // SAFETY: the kernel filled the control buffer of `mh`.
+            for owned in unsafe { received_fds(&mh) } {
+                if fd.is_none() {
+                    fd = Some(owned);
                 }
             }
             got += n as usize;
@@ -314,6 +366,31 @@ impl Channel {
         self.send(kind, body, None, &mut tick)?;
         self.recv(&mut tick)
     }
+}
+
+/// The descriptors a `recvmsg` received, owned (closed when dropped).
+///
+/// # Safety
+/// `mh` must be the header of a `recvmsg` that succeeded, its control
+/// buffer still alive.
+unsafe fn received_fds(mh: &libc::msghdr) -> Vec<OwnedFd> {
+    let mut fds = Vec::new();
+    // SAFETY: the caller guarantees the control buffer is the kernel's,
+    // so every SCM_RIGHTS entry holds descriptors now owned by us.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(mh);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(c).cast::<RawFd>();
+                let count = ((*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                for k in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(k))));
+                }
+            }
+            c = libc::CMSG_NXTHDR(mh, c);
+        }
+    }
+    fds
 }
 
 /// A channel within the deadline of its handshake, for the authentication

@@ -131,11 +131,11 @@ struct Table {
 }
 
 /// Held while a release is acknowledged; see [`ExportTable::ack_guard`].
-pub struct AckGuard<'a> {
-    table: &'a ExportTable,
+pub struct AckGuard {
+    table: Arc<ExportTable>,
 }
 
-impl Drop for AckGuard<'_> {
+impl Drop for AckGuard {
     fn drop(&mut self) {
         self.table.table.lock().acks_pending -= 1;
         self.table.changed.notify_all();
@@ -496,9 +496,9 @@ impl ExportTable {
     /// sent. `wait_empty` (the source's close) waits for it, so the release
     /// is visible when the requester hears the ACK, and the close cannot
     /// shut the channel before the ACK leaves.
-    pub fn ack_guard(&self) -> AckGuard<'_> {
+    pub fn ack_guard(self: &Arc<Self>) -> AckGuard {
         self.table.lock().acks_pending += 1;
-        AckGuard { table: self }
+        AckGuard { table: self.clone() }
     }
 
     /// Close receipt: the importer unmapped; release loan, charge and

@@ -1,14 +1,22 @@
-//! Source side: serves one requester's IPC channel.
+//! Source side of a requester's IPC channel: the handshake (uid, key,
+//! identity against the kernel, epochs) runs on a short-lived thread, then
+//! the channel is served by the engine's I/O threads: one answer per
+//! request, sent as the socket takes it (a handle's descriptor with its
+//! first byte), every answer within the stall bound.
 
 use super::channel::{deadline_tick, Channel, ChannelIo, Frame};
-use super::export::ExportTable;
+use super::export::{AckGuard, ExportTable};
 use super::messages::{self, ExportRef, ExportRequest, Hello, Revalidate, Welcome};
 use crate::control::auth::{self, AuthKey, FrameIo};
-use crate::control::frame::MsgKind;
+use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN, MAX_CONTROL_BODY};
 use crate::control::identity::process_start_time;
 use crate::control::message;
 use crate::control::Identity;
 use crate::error::{Error, Result};
+use crate::transport::reactor::{Ended, Flow, Got, Handler, Reactor, Registration, Served, SCRATCH};
+use parking_lot::Mutex;
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -57,32 +65,52 @@ fn answer_tick<'a>(stall: Duration, stop: &'a dyn Fn() -> Result<()>) -> impl Fn
     }
 }
 
-/// Serves one accepted IPC connection until it closes: a Unix channel
-/// (`hello: None`: its uid is checked and, with a key, it authenticates
-/// first), or a TCP fabric channel whose listener already authenticated it
-/// and read its `IpcHello`.
-pub fn serve(ctx: Arc<IpcSourceContext>, mut ch: Channel, conn: u64, hello: Option<Frame>) {
-    let mut table = None;
-    let r = serve_inner(&ctx, &mut ch, conn, &mut table, hello);
-    if let Err(Error::Protocol(m)) = &r {
-        let deadline = Instant::now() + Duration::from_secs(1);
-        let mut tick = || deadline_tick(deadline, "error");
-        let body = messages::encode_reject(0, crate::error::Status::ProtocolError, m);
-        let _ = ch.send(MsgKind::ExportReject, &body, None, &mut tick);
+/// Serves one accepted IPC connection: a Unix channel (`hello: None`: its
+/// uid is checked and, with a key, it authenticates first), or a TCP fabric
+/// channel whose listener already authenticated it and read its
+/// `IpcHello`. The handshake runs on the calling thread; then `reactor`
+/// serves the channel and `on_done` runs when it ends. `None` when the
+/// channel ended in its handshake (refused, or broken: a protocol error
+/// is told to the peer).
+pub fn serve(
+    ctx: Arc<IpcSourceContext>,
+    mut ch: Channel,
+    conn: u64,
+    hello: Option<Frame>,
+    reactor: &Reactor,
+    on_done: Box<dyn FnOnce() + Send>,
+) -> Option<Arc<dyn Served>> {
+    let mut chosen = None;
+    match handshake(&ctx, &mut ch, conn, &mut chosen, hello) {
+        Ok(Some((table, requester))) => {
+            let served = IpcServed::start(ctx, ch, conn, table, requester, reactor, on_done);
+            return served.map(|s| s as Arc<dyn Served>);
+        }
+        Ok(None) => {}
+        Err(Error::Protocol(m)) => {
+            let deadline = Instant::now() + Duration::from_secs(1);
+            let mut tick = || deadline_tick(deadline, "error");
+            let body = messages::encode_reject(0, crate::error::Status::ProtocolError, &m);
+            let _ = ch.send(MsgKind::ExportReject, &body, None, &mut tick);
+        }
+        Err(_) => {}
     }
     ch.shutdown();
-    if let Some(t) = table {
+    if let Some(t) = chosen {
         t.connection_lost(conn);
     }
+    None
 }
 
-fn serve_inner(
+/// The handshake: returns the export table the requester chose and its
+/// identity once `IpcWelcome` is sent, `None` when it was refused.
+fn handshake(
     ctx: &IpcSourceContext,
     ch: &mut Channel,
     conn: u64,
     chosen: &mut Option<Arc<ExportTable>>,
     hello: Option<Frame>,
-) -> Result<()> {
+) -> Result<Option<(Arc<ExportTable>, Identity)>> {
     let stop = || {
         if ctx.stopping.load(Ordering::Acquire) {
             return Err(Error::Unavailable("engine is shutting down".into()));
@@ -116,7 +144,7 @@ fn serve_inner(
                 let deadline = Instant::now() + Duration::from_secs(1);
                 let body = message::encode_error(e.status(), e.message());
                 let _ = ch.send(MsgKind::Error, &body, None, &mut || deadline_tick(deadline, "refusal"));
-                return Ok(());
+                return Ok(None);
             }
             let f = ch.recv(&mut hs_tick)?;
             if ctx.auth.is_none() && f.kind != MsgKind::AuthChallenge {
@@ -126,7 +154,7 @@ fn serve_inner(
                 if let Err(e) = auth::accept(&mut io, ctx.auth.as_ref(), (f.kind, &f.body)) {
                     ctx.stats.auth_failures.fetch_add(1, Ordering::Relaxed);
                     let _ = io.send_frame(MsgKind::Error, &auth::refusal(&e));
-                    return Ok(());
+                    return Ok(None);
                 }
                 ch.recv(&mut hs_tick)?
             }
@@ -137,10 +165,10 @@ fn serve_inner(
     }
     let hello = Hello::decode(&f.body)?;
     let requester = hello.identity;
-    let refuse = |ch: &mut Channel, e: Error| -> Result<()> {
+    let refuse_with = |ch: &mut Channel, e: Error| -> Result<Option<(Arc<ExportTable>, Identity)>> {
         let body = messages::encode_reject(0, e.status(), e.message());
         send(ch, MsgKind::ExportReject, &body, None)?;
-        Ok(())
+        Ok(None)
     };
     if ch.is_tcp() {
         // A fabric channel: no kernel identity; only MNNVL with fabric
@@ -151,10 +179,13 @@ fn serve_inner(
                 ctx.stats.fabric_channels.fetch_add(1, Ordering::Relaxed);
             }
             Some(_) if hello.transport == mnnvl => {
-                return refuse(ch, Error::PermissionDenied("the requester's fabric domain is not this engine's".into()))
+                return refuse_with(
+                    ch,
+                    Error::PermissionDenied("the requester's fabric domain is not this engine's".into()),
+                )
             }
             _ => {
-                return refuse(
+                return refuse_with(
                     ch,
                     Error::NotSupported(
                         "this engine accepts IPC over TCP only for MNNVL with fabric handles and a fabric domain"
@@ -166,7 +197,7 @@ fn serve_inner(
     } else {
         let (pid, _) = ch.peer_cred()?;
         if pid != requester.process.pid || process_start_time(pid) != requester.process.start_time {
-            return refuse(
+            return refuse_with(
                 ch,
                 Error::StalePeer(format!(
                     "requester claims pid {} (start {}), the kernel says pid {pid}",
@@ -175,11 +206,11 @@ fn serve_inner(
             );
         }
         if !ctx.identity.same_boot(&requester) {
-            return refuse(ch, Error::StalePeer("requester runs on another boot; SHM needs the same host".into()));
+            return refuse_with(ch, Error::StalePeer("requester runs on another boot; SHM needs the same host".into()));
         }
     }
     if hello.expected_source_epoch != ctx.identity.engine_epoch {
-        return refuse(
+        return refuse_with(
             ch,
             Error::StalePeer(format!(
                 "requester expects source epoch {:x}, this engine is {:x} (restarted?)",
@@ -188,7 +219,7 @@ fn serve_inner(
         );
     }
     let Some(table) = ctx.tables.iter().find(|(k, _)| *k as u32 == hello.transport).map(|(_, t)| t.clone()) else {
-        return refuse(
+        return refuse_with(
             ch,
             Error::NotSupported(format!("this engine offers no IPC transport with code {}", hello.transport)),
         );
@@ -204,91 +235,443 @@ fn serve_inner(
     let board_fd = board.as_ref().map(|b| std::os::fd::AsRawFd::as_raw_fd(b.board().fd()));
     send(ch, MsgKind::IpcWelcome, &Welcome { identity: ctx.identity }.encode(), board_fd)?;
 
-    loop {
-        // An idle channel may wait for its next request without end; while
-        // it waits, offers it never answered expire.
-        let mut idle = || {
-            stop()?;
-            table.expire_offers(conn);
-            Ok(())
-        };
-        let f = match ch.recv_bounded(&mut idle, Some(ctx.handshake_timeout)) {
-            Ok(f) => f,
-            Err(Error::Unavailable(_)) => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        match f.kind {
-            MsgKind::ExportRequest => {
-                let req = ExportRequest::decode(&f.body)?;
-                // Only a kernel-verified requester can later be proven gone.
-                let verified = (!ch.is_tcp()).then_some(requester);
-                match table.offer(conn, verified, &req) {
-                    Ok(offer) => send(ch, MsgKind::ExportOffer, &offer.encode(), None)?,
-                    Err(e) => {
-                        let body = messages::encode_reject(req.tag, e.status(), e.message());
-                        send(ch, MsgKind::ExportReject, &body, None)?
+    Ok(Some((table, requester)))
+}
+
+/// One answer waiting to leave: its frame, the descriptor that rides on
+/// its first byte, and the guard that keeps a close waiting for it.
+struct Answer {
+    bytes: Vec<u8>,
+    fd: Option<OwnedFd>,
+    _ack: Option<AckGuard>,
+}
+
+impl Answer {
+    fn new(kind: MsgKind, body: &[u8]) -> Answer {
+        let mut bytes = FrameHeader::encode(kind, body.len() as u32).to_vec();
+        bytes.extend_from_slice(body);
+        Answer { bytes, fd: None, _ack: None }
+    }
+
+    fn reject(tag: u64, e: &Error) -> Answer {
+        Answer::new(MsgKind::ExportReject, &messages::encode_reject(tag, e.status(), e.message()))
+    }
+}
+
+/// Requests read but not yet answered beyond which no more are read (a
+/// requester asks one thing at a time).
+const ANSWERS_MAX: usize = 64;
+
+/// The receive side's state (the I/O thread's alone).
+struct Rx {
+    /// Bytes of the frame being gathered (header, then body).
+    partial: Vec<u8>,
+    header: Option<FrameHeader>,
+    /// When the frame being gathered must be complete.
+    deadline: Option<Instant>,
+    ended: bool,
+    /// Bytes read past a request whose grant is being waited for.
+    stash: Vec<u8>,
+}
+
+/// The answers waiting to leave.
+struct Out {
+    items: VecDeque<Answer>,
+    /// Bytes of the first answer already written.
+    at: usize,
+    /// When the first answer must have left.
+    deadline: Option<Instant>,
+    /// The channel ended: nothing more is queued.
+    closed: bool,
+}
+
+/// A handshaken IPC channel served by an I/O thread.
+struct IpcServed {
+    ch: Channel,
+    ctx: Arc<IpcSourceContext>,
+    conn: u64,
+    table: Arc<ExportTable>,
+    requester: Identity,
+    rx: Mutex<Rx>,
+    /// A grant is being waited for on a thread of its own: nothing more is
+    /// read until its answer is queued.
+    waiting: AtomicBool,
+    out: Mutex<Out>,
+    reg: once_cell::sync::OnceCell<Registration>,
+    /// Itself, for a grant waiter to hold.
+    me: once_cell::sync::OnceCell<std::sync::Weak<IpcServed>>,
+    finished: Ended,
+    on_done: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl IpcServed {
+    fn start(
+        ctx: Arc<IpcSourceContext>,
+        ch: Channel,
+        conn: u64,
+        table: Arc<ExportTable>,
+        requester: Identity,
+        reactor: &Reactor,
+        on_done: Box<dyn FnOnce() + Send>,
+    ) -> Option<Arc<IpcServed>> {
+        let ok = ch.set_nonblocking();
+        let s = Arc::new(IpcServed {
+            ch,
+            ctx,
+            conn,
+            table,
+            requester,
+            rx: Mutex::new(Rx { partial: Vec::new(), header: None, deadline: None, ended: false, stash: Vec::new() }),
+            waiting: AtomicBool::new(false),
+            out: Mutex::new(Out { items: VecDeque::new(), at: 0, deadline: None, closed: false }),
+            reg: once_cell::sync::OnceCell::new(),
+            me: once_cell::sync::OnceCell::new(),
+            finished: Ended::default(),
+            on_done: Mutex::new(Some(on_done)),
+        });
+        let _ = s.me.set(Arc::downgrade(&s));
+        match ok.and_then(|_| reactor.register(s.ch.raw_fd(), s.clone())) {
+            Ok(r) => {
+                let _ = s.reg.set(r);
+                Some(s)
+            }
+            Err(_) => {
+                s.end();
+                None
+            }
+        }
+    }
+
+    /// The channel is over: answers waiting are dropped (their guards
+    /// released), the socket shut, the export table told.
+    fn end(&self) {
+        self.ch.shutdown();
+        {
+            let mut out = self.out.lock();
+            out.closed = true;
+            out.items.clear();
+        }
+        self.table.connection_lost(self.conn);
+        self.finished.set();
+        if let Some(f) = self.on_done.lock().take() {
+            f();
+        }
+    }
+
+    /// Ends the channel for `e`; a protocol error is told to the peer (when
+    /// no answer is half written).
+    fn fail(&self, e: &Error, rx: &mut Rx) {
+        rx.ended = true;
+        if let Error::Protocol(m) = e {
+            let out = self.out.lock();
+            if out.at == 0 {
+                let a = Answer::new(
+                    MsgKind::ExportReject,
+                    &messages::encode_reject(0, crate::error::Status::ProtocolError, m),
+                );
+                let _ = self.ch.send_some(&a.bytes, None);
+            }
+        }
+        self.end();
+    }
+
+    /// Writes the answers waiting, as far as the socket takes them.
+    fn flush(&self) -> Result<()> {
+        let mut out = self.out.lock();
+        while let Some(a) = out.items.front() {
+            let fd = (out.at == 0).then(|| a.fd.as_ref().map(|f| f.as_raw_fd())).flatten();
+            match self.ch.send_some(&a.bytes[out.at..], fd) {
+                Ok(n) => {
+                    out.at += n;
+                    if out.at == out.items[0].bytes.len() {
+                        out.items.pop_front();
+                        out.at = 0;
+                        out.deadline = None;
                     }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(Error::Unavailable(format!("IPC channel lost: {e}"))),
+            }
+        }
+        if !out.items.is_empty() && out.deadline.is_none() {
+            out.deadline = Some(Instant::now() + self.ctx.handshake_timeout);
+        }
+        Ok(())
+    }
+
+    /// Reads what the socket holds while few answers wait and no grant is
+    /// being waited for, and answers every complete request. `true` when it
+    /// stopped with bytes possibly left in the socket (run it again once
+    /// there is room: no readable edge may come for them).
+    fn receive(&self, rx: &mut Rx, scratch: &mut [u8]) -> Result<bool> {
+        // Bytes read while a grant was waited for come first.
+        if !rx.stash.is_empty() && !self.waiting.load(Ordering::Acquire) {
+            let stash = std::mem::take(&mut rx.stash);
+            let used = self.parse(rx, &stash)?;
+            rx.stash = stash[used..].to_vec();
+        }
+        let mut budget = 64usize;
+        loop {
+            if rx.ended || self.waiting.load(Ordering::Acquire) {
+                return Ok(false);
+            }
+            if budget == 0 || self.out.lock().items.len() >= ANSWERS_MAX {
+                return Ok(true);
+            }
+            budget -= 1;
+            let (got, fds) = self.ch.recv_some(scratch)?;
+            if fds {
+                return Err(Error::Protocol("a file descriptor arrived from the requester".into()));
+            }
+            let data = match got {
+                Got::Drained => return Ok(false),
+                Got::Eof => {
+                    rx.ended = true;
+                    return Err(Error::Unavailable("the IPC channel was closed by the peer".into()));
+                }
+                Got::Bytes(n) => &scratch[..n],
+            };
+            let used = self.parse(rx, data)?;
+            // A grant is being waited for: later frames wait (the
+            // requester asks one thing at a time anyway).
+            rx.stash.extend_from_slice(&data[used..]);
+        }
+    }
+
+    /// Gathers frames from `data` and answers each complete one; stops
+    /// early when a grant must be waited for. Returns the bytes used.
+    fn parse(&self, rx: &mut Rx, data: &[u8]) -> Result<usize> {
+        let mut at = 0;
+        while at < data.len() && !self.waiting.load(Ordering::Acquire) {
+            if rx.deadline.is_none() {
+                rx.deadline = Some(Instant::now() + self.ctx.handshake_timeout);
+            }
+            let need = match &rx.header {
+                None => FRAME_HEADER_LEN,
+                Some(h) => h.body_len as usize,
+            };
+            let take = (need - rx.partial.len()).min(data.len() - at);
+            rx.partial.extend_from_slice(&data[at..at + take]);
+            at += take;
+            if rx.partial.len() < need {
+                continue;
+            }
+            let h = match rx.header.take() {
+                Some(h) => h,
+                None => {
+                    let h = FrameHeader::decode(rx.partial[..].try_into().expect("a whole header"))?;
+                    if h.body_len > MAX_CONTROL_BODY {
+                        return Err(Error::Protocol(format!("IPC frame of {} bytes is too large", h.body_len)));
+                    }
+                    rx.partial.clear();
+                    if h.body_len > 0 {
+                        rx.header = Some(h);
+                        continue;
+                    }
+                    h
+                }
+            };
+            let body = std::mem::take(&mut rx.partial);
+            rx.deadline = None;
+            if let Some(a) = self.answer(h.kind, &body)? {
+                self.out.lock().items.push_back(a);
+            }
+        }
+        Ok(at)
+    }
+
+    /// The answer to one request; `None` when it comes later (a grant
+    /// that must wait for other importers to give the allocation back is
+    /// waited for on a thread of its own, not on the I/O thread).
+    fn answer(&self, kind: MsgKind, body: &[u8]) -> Result<Option<Answer>> {
+        let (table, conn) = (&self.table, self.conn);
+        let verified = (!self.ch.is_tcp()).then_some(self.requester);
+        Ok(Some(match kind {
+            MsgKind::ExportRequest => {
+                let req = ExportRequest::decode(body)?;
+                // Only a kernel-verified requester can later be proven gone.
+                match table.offer(conn, verified, &ExportRequest { wait_ms: 0, ..req }) {
+                    Ok(offer) => Answer::new(MsgKind::ExportOffer, &offer.encode()),
+                    Err(Error::Unavailable(_)) if req.wait_ms > 0 => {
+                        self.wait_for_grant(req, verified)?;
+                        return Ok(None);
+                    }
+                    Err(e) => Answer::reject(req.tag, &e),
                 }
             }
             MsgKind::ExportAnswer => {
-                let r = ExportRef::decode(&f.body, "ExportAnswer")?;
+                let r = ExportRef::decode(body, "ExportAnswer")?;
                 // A decline releases the offer: the close waits for its ACK.
-                let _acking = table.ack_guard();
-                match table.answer(conn, &r) {
+                let acking = table.ack_guard();
+                let mut a = match table.answer(conn, &r) {
                     Ok(Some(h)) => {
-                        let mut body = ExportRef { value: 0, extra: 0, ..r }.encode();
-                        body.extend_from_slice(&h.bytes);
-                        let fd = h.fd.or(h.owned_fd.as_ref().map(std::os::fd::AsRawFd::as_raw_fd));
-                        send(ch, MsgKind::ExportHandle, &body, fd)?
+                        let mut b = ExportRef { value: 0, extra: 0, ..r }.encode();
+                        b.extend_from_slice(&h.bytes);
+                        let mut a = Answer::new(MsgKind::ExportHandle, &b);
+                        // The answer owns what it passes: the backend's
+                        // descriptor is duplicated, a made one moved in.
+                        a.fd = match (h.owned_fd, h.fd) {
+                            (Some(o), _) => Some(o),
+                            (None, Some(fd)) => Some(
+                                // SAFETY: the backend keeps `fd` open while the
+                                // export exists, which it does during this call.
+                                unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+                                    .try_clone_to_owned()
+                                    .map_err(|e| Error::io("duplicate a handle's descriptor", &e))?,
+                            ),
+                            (None, None) => None,
+                        };
+                        if a.fd.is_some() && self.ch.is_tcp() {
+                            return Err(Error::NotSupported(
+                                "ExportHandle carries a file descriptor, which cannot cross a TCP (fabric) channel"
+                                    .into(),
+                            ));
+                        }
+                        a
                     }
-                    Ok(None) => send(
-                        ch,
+                    Ok(None) => Answer::new(
                         MsgKind::Ack,
                         &ExportRef { value: 0, extra: MsgKind::ExportAnswer as u32, ..r }.encode(),
-                        None,
-                    )?,
-                    Err(e) => {
-                        let body = messages::encode_reject(r.export_id, e.status(), e.message());
-                        send(ch, MsgKind::ExportReject, &body, None)?
-                    }
-                }
+                    ),
+                    Err(e) => Answer::reject(r.export_id, &e),
+                };
+                a._ack = Some(acking);
+                a
             }
             MsgKind::Revalidate => {
-                let v = Revalidate::decode(&f.body)?;
+                let v = Revalidate::decode(body)?;
                 match table.revalidate(conn, &v) {
                     Ok(generation) => {
-                        let mut body = v.tag.to_le_bytes().to_vec();
-                        body.extend_from_slice(&generation.to_le_bytes());
-                        send(ch, MsgKind::RevalidateOk, &body, None)?
+                        let mut b = v.tag.to_le_bytes().to_vec();
+                        b.extend_from_slice(&generation.to_le_bytes());
+                        Answer::new(MsgKind::RevalidateOk, &b)
                     }
-                    Err(e) => {
-                        let body = messages::encode_reject(v.tag, e.status(), e.message());
-                        send(ch, MsgKind::ExportReject, &body, None)?
-                    }
+                    Err(e) => Answer::reject(v.tag, &e),
                 }
             }
             MsgKind::OpComplete | MsgKind::CloseReceipt => {
-                let r = ExportRef::decode(&f.body, "receipt")?;
+                let r = ExportRef::decode(body, "receipt")?;
                 // The release is visible before the ACK leaves, and the
                 // source's close (woken by the release) waits for the ACK.
-                let _acking = table.ack_guard();
-                let res = if f.kind == MsgKind::OpComplete {
+                let acking = table.ack_guard();
+                let res = if kind == MsgKind::OpComplete {
                     table.op_complete(conn, &r)
                 } else {
-                    table.close_receipt(conn, (!ch.is_tcp()).then_some(requester), &r)
+                    table.close_receipt(conn, verified, &r)
                 };
-                match res {
-                    Ok(()) => {
-                        let ack = ExportRef { value: 0, extra: f.kind as u32, ..r };
-                        send(ch, MsgKind::Ack, &ack.encode(), None)?
-                    }
-                    Err(e) => {
-                        let body = messages::encode_reject(r.export_id, e.status(), e.message());
-                        send(ch, MsgKind::ExportReject, &body, None)?
-                    }
-                }
+                let mut a = match res {
+                    Ok(()) => Answer::new(MsgKind::Ack, &ExportRef { value: 0, extra: kind as u32, ..r }.encode()),
+                    Err(e) => Answer::reject(r.export_id, &e),
+                };
+                a._ack = Some(acking);
+                a
             }
             other => return Err(Error::Protocol(format!("unexpected {other:?} on the IPC channel"))),
+        }))
+    }
+
+    /// Offers `req` on a thread of its own, waiting up to its `wait_ms`
+    /// for the allocation; its answer is queued and the channel woken.
+    fn wait_for_grant(&self, req: ExportRequest, verified: Option<Identity>) -> Result<()> {
+        let me = self
+            .me
+            .get()
+            .and_then(std::sync::Weak::upgrade)
+            .ok_or_else(|| Error::Unavailable("the IPC channel is ending".into()))?;
+        self.waiting.store(true, Ordering::Release);
+        let run = move || {
+            let a = match me.table.offer(me.conn, verified, &req) {
+                Ok(offer) => Answer::new(MsgKind::ExportOffer, &offer.encode()),
+                Err(e) => Answer::reject(req.tag, &e),
+            };
+            let mut out = me.out.lock();
+            if out.closed {
+                // The channel ended meanwhile: an offer made after its
+                // exports were released goes too.
+                drop(out);
+                me.table.connection_lost(me.conn);
+                return;
+            }
+            out.items.push_back(a);
+            drop(out);
+            me.waiting.store(false, Ordering::Release);
+            if let Some(r) = me.reg.get() {
+                r.wake();
+            }
+        };
+        std::thread::Builder::new().name("orbite-ipc-grant".into()).spawn(run).map(|_| ()).map_err(|e| {
+            self.waiting.store(false, Ordering::Release);
+            Error::io("spawn a grant waiter", &e)
+        })
+    }
+
+    /// Stall bounds (a frame started and not completed, an answer not
+    /// read), the engine stopping, and offers never answered.
+    fn check(&self, rx: &Rx, now: Instant) -> Result<()> {
+        if self.ctx.stopping.load(Ordering::Acquire) {
+            return Err(Error::Unavailable("engine is shutting down".into()));
+        }
+        if rx.deadline.is_some_and(|d| now >= d) {
+            return Err(Error::Protocol(format!(
+                "IPC frame not completed within {:?} (peer too slow)",
+                self.ctx.handshake_timeout
+            )));
+        }
+        if self.out.lock().deadline.is_some_and(|d| now >= d) {
+            return Err(Error::Protocol(
+                "answer not read within the stall bound (the requester is not reading)".into(),
+            ));
+        }
+        self.table.expire_offers(self.conn);
+        Ok(())
+    }
+}
+
+impl Served for IpcServed {
+    fn is_finished(&self) -> bool {
+        self.finished.is_set()
+    }
+
+    fn stop(&self, bound: Duration) {
+        self.ch.shutdown();
+        if let Some(r) = self.reg.get() {
+            r.wake();
+        }
+        self.finished.wait(bound);
+    }
+}
+
+impl Handler for IpcServed {
+    fn ready(&self, scratch: &mut [u8]) -> Flow {
+        let mut rx = self.rx.lock();
+        if self.is_finished() {
+            return Flow::Done;
+        }
+        let r = self.flush().and_then(|_| self.receive(&mut rx, &mut scratch[..SCRATCH])).and_then(|more| {
+            self.flush()?;
+            Ok(more && self.out.lock().items.len() < ANSWERS_MAX)
+        });
+        match r {
+            Ok(true) => Flow::Again,
+            Ok(false) => Flow::Idle,
+            Err(e) => {
+                self.fail(&e, &mut rx);
+                Flow::Done
+            }
+        }
+    }
+
+    fn tick(&self, now: Instant) -> Flow {
+        let mut rx = self.rx.lock();
+        if self.is_finished() {
+            return Flow::Done;
+        }
+        match self.check(&rx, now) {
+            Ok(()) => Flow::Idle,
+            Err(e) => {
+                self.fail(&e, &mut rx);
+                Flow::Done
+            }
         }
     }
 }

@@ -15,7 +15,7 @@ use crate::kinds::TransportKind;
 use crate::memory::RegionLease;
 use crate::sync::admission::{Gate, GateGuard, Permit};
 use crate::transfer::{BatchShared, ChunkOutcome, Op, RemoteEffect};
-use crate::transport::reactor::{read_once, Flow, Got, Handler, Reactor, Registration, SCRATCH};
+use crate::transport::reactor::{read_once, Ended, Flow, Got, Handler, Reactor, Registration, SCRATCH};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::io::ErrorKind;
@@ -74,6 +74,10 @@ struct Entry {
     /// This WRITE's payload is being written from local memory (whoever
     /// writes it settles it; the receive side does not fail it).
     sending: bool,
+    /// The answer that came while its payload was still being written
+    /// (the peer answered early): applied when the send settles, so the
+    /// local memory stays leased until it has left.
+    early: Option<ChunkOutcome>,
 }
 
 #[derive(Default)]
@@ -210,8 +214,9 @@ enum Want {
     Body(FrameHeader),
     /// The fixed part of a READ/WRITE answer.
     Fixed(FrameHeader),
-    /// The failure text of a refused request.
-    Reason { chunk: Chunk, len: usize, status: Status },
+    /// The failure text of a refused request (`chunk` None: the request is
+    /// a WRITE still being sent, which stays pending under `tag`).
+    Reason { chunk: Option<Chunk>, tag: u64, len: usize, status: Status },
     /// A READ's payload, landing in local registered memory.
     Payload { chunk: Chunk, done: u64 },
 }
@@ -243,8 +248,7 @@ pub struct TcpConnection {
     reg: once_cell::sync::OnceCell<Registration>,
     /// Set once the I/O thread has failed everything left (the connection
     /// is over); `close` waits for it.
-    finished: Mutex<bool>,
-    finished_cv: Condvar,
+    finished: Ended,
     stats: Arc<Counters>,
     gate: Arc<Gate>,
     /// Called (on the I/O thread; it must not block) when the source asks
@@ -281,8 +285,7 @@ impl TcpConnection {
             describe: Mutex::new(DescribeState { current: Arc::new(peer), generation: 0 }),
             describe_cv: Condvar::new(),
             reg: once_cell::sync::OnceCell::new(),
-            finished: Mutex::new(false),
-            finished_cv: Condvar::new(),
+            finished: Ended::default(),
             stats,
             gate: Gate::new("connection"),
             on_revoke,
@@ -368,10 +371,13 @@ impl TcpConnection {
                     // queue: whatever is queued after these is written after
                     // them.
                     drop(q);
-                    for c in chunks {
-                        self.add_chunk(c, &mut out);
-                    }
+                    let failed: Vec<(Chunk, Error)> =
+                        chunks.into_iter().filter_map(|c| self.add_chunk(c, &mut out)).collect();
                     let _ = self.write_out(&mut out, u64::MAX);
+                    drop(out);
+                    for (c, e) in failed {
+                        c.fail(e, RemoteEffect::None);
+                    }
                     return;
                 }
             }
@@ -458,13 +464,7 @@ impl TcpConnection {
             }
         }
         self.kill(Error::Unavailable(format!("connection to {} was closed by this engine", self.label)));
-        let mut f = self.finished.lock();
-        let bound = Instant::now() + Duration::from_secs(30);
-        while !*f {
-            if self.finished_cv.wait_until(&mut f, bound).timed_out() {
-                break;
-            }
-        }
+        self.finished.wait(Duration::from_secs(30));
     }
 
     /// Writes what `out` holds, as far as the socket takes it and at most
@@ -509,17 +509,21 @@ impl TcpConnection {
     fn settle(&self, out: &mut Outbuf, failed: Option<&Error>) {
         if !out.writes.is_empty() {
             let mut done = Vec::new();
+            let mut answered = Vec::new();
             let mut before = 0u64;
             let mut p = self.pending.lock();
             for sw in &out.writes {
                 let start = sw.head_start as u64 + before;
                 before += sw.len;
                 match failed {
-                    None if !p.drained => {
-                        if let Some(ent) = p.map.get_mut(&sw.tag) {
-                            ent.sending = false;
+                    None if !p.drained => match p.map.get_mut(&sw.tag) {
+                        Some(ent) if ent.early.is_some() => {
+                            let ent = p.map.remove(&sw.tag).expect("present");
+                            answered.push(ent);
                         }
-                    }
+                        Some(ent) => ent.sending = false,
+                        None => {}
+                    },
                     None => {
                         let e = self
                             .dead_reason()
@@ -536,6 +540,10 @@ impl TcpConnection {
             for (ent, e, effect) in done {
                 ent.chunk.fail(e, effect);
             }
+            for mut ent in answered {
+                let outcome = ent.early.take().expect("answered early");
+                ent.chunk.finish(outcome);
+            }
         }
         out.clear();
     }
@@ -544,6 +552,17 @@ impl TcpConnection {
     /// builds the next one from the queue, until the socket is full, the
     /// queue empty or the turn's share used.
     fn pump(&self) -> Flow {
+        let mut failed = Vec::new();
+        let flow = self.pump_locked(&mut failed);
+        // Completed with no lock of this connection held: a batch's end
+        // hook may queue a notification here.
+        for (c, e) in failed {
+            c.fail(e, RemoteEffect::None);
+        }
+        flow
+    }
+
+    fn pump_locked(&self, failed: &mut Vec<(Chunk, Error)>) -> Flow {
         let mut out = self.out.lock();
         let mut budget = TURN_BYTES;
         loop {
@@ -558,21 +577,33 @@ impl TcpConnection {
                     return Flow::Again;
                 }
             }
-            let mut q = self.queue.lock();
-            if q.items.is_empty() {
-                return Flow::Idle;
+            let mut taken = Vec::new();
+            {
+                let mut q = self.queue.lock();
+                if q.items.is_empty() {
+                    return Flow::Idle;
+                }
+                let n = q.items.len().min(256);
+                taken.extend(q.items.drain(..n));
             }
-            while !out.full() {
-                let Some(item) = q.items.pop_front() else { break };
+            let mut taken = taken.into_iter();
+            for item in taken.by_ref() {
                 match item {
-                    Outgoing::Chunk(c) => self.add_chunk(c, &mut out),
+                    Outgoing::Chunk(c) => failed.extend(self.add_chunk(c, &mut out)),
                     Outgoing::Notify { tag, body } => self.add_note(tag, &body, &mut out),
                     Outgoing::Frame(f) => out.bytes.extend_from_slice(&f),
                 }
+                if out.full() {
+                    break;
+                }
             }
-            drop(q);
-            if out.is_empty() {
-                continue;
+            // What did not fit goes back in front, in order.
+            let rest: Vec<Outgoing> = taken.collect();
+            if !rest.is_empty() {
+                let mut q = self.queue.lock();
+                for item in rest.into_iter().rev() {
+                    q.items.push_front(item);
+                }
             }
         }
     }
@@ -592,21 +623,20 @@ impl TcpConnection {
         self.stats.notifications_sent.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Appends a request's frame (or fails it when it can no longer go:
-    /// dead connection, deadline passed, batch cancelled).
-    fn add_chunk(&self, chunk: Chunk, buf: &mut Outbuf) {
+    /// Appends a request's frame, or returns it with the reason it can no
+    /// longer go (dead connection, deadline passed, batch cancelled): the
+    /// caller fails it once it holds no lock of this connection.
+    #[must_use]
+    fn add_chunk(&self, chunk: Chunk, buf: &mut Outbuf) -> Option<(Chunk, Error)> {
         if let Some(e) = self.dead_reason() {
-            chunk.fail(e, RemoteEffect::None);
-            return;
+            return Some((chunk, e));
         }
         if Instant::now() >= chunk.deadline {
             let msg = format!("deadline passed before the request was sent to {}", self.label);
-            chunk.fail(Error::TimedOut(msg), RemoteEffect::None);
-            return;
+            return Some((chunk, Error::TimedOut(msg)));
         }
         if !chunk.batch.start(chunk.index) {
-            chunk.fail(Error::Cancelled("cancelled before it started".into()), RemoteEffect::None);
-            return;
+            return Some((chunk, Error::Cancelled("cancelled before it started".into())));
         }
         let tag = self.next_tag.fetch_add(1, Ordering::Relaxed);
         let req = DataRequest { tag, region_epoch: chunk.region_epoch, addr: chunk.remote_addr, len: chunk.len };
@@ -616,10 +646,9 @@ impl TcpConnection {
             let mut p = self.pending.lock();
             if p.drained {
                 drop(p);
-                chunk.fail(self.closed_reason(), RemoteEffect::None);
-                return;
+                return Some((chunk, self.closed_reason()));
             }
-            p.map.insert(tag, Entry { chunk, sending: op == Op::Write });
+            p.map.insert(tag, Entry { chunk, sending: op == Op::Write, early: None });
         }
         match op {
             Op::Read => {
@@ -636,6 +665,7 @@ impl TcpConnection {
                 buf.writes.push(QueuedWrite { head_start, head_end: buf.bytes.len(), addr: local, len, tag, deadline });
             }
         }
+        None
     }
 
     /// The connection is over (`err` says why): tells the peer of a
@@ -672,7 +702,9 @@ impl TcpConnection {
             c.fail(e, effect);
         }
         match std::mem::replace(&mut rx.want, Want::Header) {
-            Want::Payload { chunk, .. } | Want::Reason { chunk, .. } => chunk.fail(reason.clone(), RemoteEffect::None),
+            Want::Payload { chunk, .. } | Want::Reason { chunk: Some(chunk), .. } => {
+                chunk.fail(reason.clone(), RemoteEffect::None)
+            }
             _ => {}
         }
         {
@@ -688,8 +720,7 @@ impl TcpConnection {
             }
         }
         self.fail_notes(&reason);
-        *self.finished.lock() = true;
-        self.finished_cv.notify_all();
+        self.finished.set();
     }
 
     /// A request or notification that passed its deadline unanswered, or
@@ -698,10 +729,17 @@ impl TcpConnection {
         if let Some(e) = self.dead_reason() {
             return Err(e);
         }
-        if let Want::Payload { chunk, .. } = &rx.want {
-            if now >= chunk.deadline {
+        match &rx.want {
+            Want::Payload { chunk, .. } if now >= chunk.deadline => {
                 return Err(Error::TimedOut(format!("READ from {} passed its deadline mid-payload", self.label)));
             }
+            Want::Reason { chunk: Some(chunk), .. } if now >= chunk.deadline => {
+                return Err(Error::TimedOut(format!(
+                    "request to {} passed its deadline in the middle of its failure answer",
+                    self.label
+                )));
+            }
+            _ => {}
         }
         let p = self.pending.lock();
         if let Some(e) = p.map.values().find(|e| !e.sending && now >= e.chunk.deadline) {
@@ -840,9 +878,13 @@ impl TcpConnection {
             }
             Want::Body(h) => return self.control_frame(h, &bytes),
             Want::Fixed(h) => self.answer(rx, h, &bytes)?,
-            Want::Reason { chunk, status, .. } => {
+            Want::Reason { chunk, tag, status, .. } => {
                 let msg = String::from_utf8_lossy(&bytes).into_owned();
-                chunk.fail(Error::from_status(status, format!("{}: {msg}", self.label)), RemoteEffect::None);
+                let e = Error::from_status(status, format!("{}: {msg}", self.label));
+                match chunk {
+                    Some(c) => c.fail(e, RemoteEffect::None),
+                    None => self.answered_early(tag, ChunkOutcome::failed(e, RemoteEffect::None)),
+                }
             }
             Want::Payload { .. } => unreachable!("payload is not gathered in `partial`"),
         }
@@ -899,11 +941,22 @@ impl TcpConnection {
         let ent = {
             let mut p = self.pending.lock();
             match p.map.get(&resp.tag) {
+                Some(e) if e.chunk.op == want && e.early.is_some() => {
+                    return Err(Error::Protocol(format!("{:?} for tag {} answered twice", h.kind, resp.tag)))
+                }
                 Some(e) if e.chunk.op == want => {}
                 Some(_) => {
                     return Err(Error::Protocol(format!("{:?} for tag {} of the other direction", h.kind, resp.tag)))
                 }
                 None => return Err(Error::Protocol(format!("{:?} for unknown tag {}", h.kind, resp.tag))),
+            }
+            // A WRITE answered while its payload is still being written
+            // (an honest source whose answer overtook the sender's
+            // bookkeeping, or one that answered early) stays pending until
+            // the send settles: its memory is still in use.
+            if p.map[&resp.tag].sending {
+                drop(p);
+                return self.early_answer(rx, resp, rest);
             }
             p.map.remove(&resp.tag).expect("present")
         };
@@ -917,7 +970,7 @@ impl TcpConnection {
             if rest == 0 {
                 c.fail(Error::from_status(resp.status, format!("{}: ", self.label)), RemoteEffect::None);
             } else {
-                rx.want = Want::Reason { chunk: c, len: rest as usize, status: resp.status };
+                rx.want = Want::Reason { chunk: Some(c), tag: resp.tag, len: rest as usize, status: resp.status };
             }
             return Ok(());
         }
@@ -945,10 +998,48 @@ impl TcpConnection {
     }
 }
 
+impl TcpConnection {
+    /// The answer to a WRITE still being sent: recorded on its entry (or,
+    /// for a failure with text, once the text is in).
+    fn early_answer(&self, rx: &mut Rx, resp: DataResponse, rest: u64) -> Result<()> {
+        if resp.status == Status::Ok {
+            if rest != 0 {
+                return Err(Error::Protocol("WRITE success carries a body".into()));
+            }
+            self.answered_early(resp.tag, ChunkOutcome::ok(Op::Write));
+            return Ok(());
+        }
+        if rest > MAX_REASON as u64 + 2 {
+            return Err(Error::Protocol(format!("failure text of {rest} bytes is too long")));
+        }
+        if rest == 0 {
+            let e = Error::from_status(resp.status, format!("{}: ", self.label));
+            self.answered_early(resp.tag, ChunkOutcome::failed(e, RemoteEffect::None));
+        } else {
+            rx.want = Want::Reason { chunk: None, tag: resp.tag, len: rest as usize, status: resp.status };
+        }
+        Ok(())
+    }
+
+    /// Applies the answer of WRITE `tag`: kept on its entry while its
+    /// payload is still being sent, at once if the send settled meanwhile.
+    fn answered_early(&self, tag: u64, outcome: ChunkOutcome) {
+        let mut p = self.pending.lock();
+        let Some(ent) = p.map.get_mut(&tag) else { return };
+        if ent.sending {
+            ent.early = Some(outcome);
+            return;
+        }
+        let ent = p.map.remove(&tag).expect("present");
+        drop(p);
+        ent.chunk.finish(outcome);
+    }
+}
+
 impl Handler for TcpConnection {
     fn ready(&self, scratch: &mut [u8]) -> Flow {
         let mut rx = self.rx.lock();
-        if *self.finished.lock() {
+        if self.finished.is_set() {
             return Flow::Done;
         }
         if let Some(e) = self.dead_reason() {
@@ -980,7 +1071,7 @@ impl Handler for TcpConnection {
 
     fn tick(&self, now: Instant) -> Flow {
         let mut rx = self.rx.lock();
-        if *self.finished.lock() {
+        if self.finished.is_set() {
             return Flow::Done;
         }
         match self.expired(&rx, now) {

@@ -18,8 +18,8 @@ use crate::kinds::TransportKind;
 use crate::memory::{RegionLease, RegionTable};
 use crate::sync::admission::{Gate, GateGuard};
 use crate::transport::inbox::{Admitted, Inbox, Notification};
-use crate::transport::reactor::{read_once, Flow, Got, Handler, Reactor, Registration, SCRATCH};
-use parking_lot::{Condvar, Mutex};
+use crate::transport::reactor::{read_once, Ended, Flow, Got, Handler, Reactor, Registration, Served, SCRATCH};
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::io::ErrorKind;
 use std::net::{Shutdown, TcpStream};
@@ -171,6 +171,9 @@ struct Rx {
     want: Want,
     /// When the unit being gathered in `partial` must be complete.
     deadline: Option<Instant>,
+    /// Reading stopped because too many answers wait (the peer's bounds
+    /// do not run meanwhile; they restart when reading resumes).
+    paused: bool,
 }
 
 /// One thing waiting to leave, in stream order.
@@ -225,8 +228,7 @@ pub struct SourceConn {
     out: Mutex<Out>,
     reg: once_cell::sync::OnceCell<Registration>,
     revoker_id: AtomicU64,
-    finished: Mutex<bool>,
-    finished_cv: Condvar,
+    finished: Ended,
     on_done: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
@@ -276,12 +278,11 @@ impl SourceConn {
             stream,
             ctx,
             endpoint,
-            rx: Mutex::new(Rx { partial: Vec::new(), want: Want::Header, deadline: None }),
+            rx: Mutex::new(Rx { partial: Vec::new(), want: Want::Header, deadline: None, paused: false }),
             out: Mutex::new(Out { items: VecDeque::new(), at: 0, bytes: 0, pace: None }),
             reg: once_cell::sync::OnceCell::new(),
             revoker_id: AtomicU64::new(u64::MAX),
-            finished: Mutex::new(false),
-            finished_cv: Condvar::new(),
+            finished: Ended::default(),
             on_done: Mutex::new(Some(on_done)),
         });
         c.revoker_id.store(c.ctx.revoker.add(Arc::downgrade(&c)), Ordering::Relaxed);
@@ -293,27 +294,6 @@ impl SourceConn {
             Err(e) => {
                 c.end();
                 Err(e)
-            }
-        }
-    }
-
-    /// Whether the connection has ended.
-    pub fn is_finished(&self) -> bool {
-        *self.finished.lock()
-    }
-
-    /// Shuts the connection down and waits (up to `bound`) until its I/O
-    /// thread has let go of everything it held.
-    pub fn stop(&self, bound: Duration) {
-        let _ = self.stream.shutdown(Shutdown::Both);
-        if let Some(r) = self.reg.get() {
-            r.wake();
-        }
-        let deadline = Instant::now() + bound;
-        let mut f = self.finished.lock();
-        while !*f {
-            if self.finished_cv.wait_until(&mut f, deadline).timed_out() {
-                break;
             }
         }
     }
@@ -346,8 +326,7 @@ impl SourceConn {
             out.bytes = 0;
         }
         self.ctx.revoker.remove(self.revoker_id.load(Ordering::Relaxed));
-        *self.finished.lock() = true;
-        self.finished_cv.notify_all();
+        self.finished.set();
         if let Some(f) = self.on_done.lock().take() {
             f();
         }
@@ -442,11 +421,31 @@ impl SourceConn {
 
     /// The receive turn: reads what the socket holds while the answers
     /// waiting are few, WRITE payload straight into registered memory.
+    /// `Flow::Again` when it stopped with bytes possibly left in the socket
+    /// (its share of the turn used, or too many answers waiting: the next
+    /// readable edge may never come for those bytes, so the caller runs it
+    /// again once the answers have room).
     fn receive(&self, rx: &mut Rx, scratch: &mut [u8]) -> Result<Flow> {
         let mut budget = TURN_BYTES;
         loop {
-            if matches!(rx.want, Want::Ended) || self.out.lock().full() {
+            if matches!(rx.want, Want::Ended) {
                 return Ok(Flow::Idle);
+            }
+            if self.out.lock().full() {
+                rx.paused = true;
+                return Ok(Flow::Again);
+            }
+            if std::mem::take(&mut rx.paused) {
+                let restart = Instant::now() + self.ctx.handshake_timeout;
+                if rx.deadline.is_some() {
+                    rx.deadline = Some(restart);
+                }
+                if let Want::Landing { pace, .. } | Want::Discard { pace, .. } = &mut rx.want {
+                    pace.stall = restart;
+                    if let Some(o) = pace.overall.as_mut() {
+                        *o = (*o).max(restart);
+                    }
+                }
             }
             if budget == 0 {
                 return Ok(Flow::Again);
@@ -732,6 +731,8 @@ impl SourceConn {
             return Err(Error::Unavailable("engine is shutting down".into()));
         }
         match &rx.want {
+            // Not reading (answers wait): the peer is not the slow one.
+            _ if rx.paused => {}
             Want::Landing { pace, .. } => pace.check(now, &self.ctx, "payload")?,
             Want::Discard { pace, .. } => pace.check(now, &self.ctx, "payload")?,
             _ if rx.deadline.is_some_and(|d| now >= d) => {
@@ -754,15 +755,30 @@ impl SourceConn {
     }
 }
 
+impl Served for SourceConn {
+    fn is_finished(&self) -> bool {
+        self.finished.is_set()
+    }
+
+    fn stop(&self, bound: Duration) {
+        let _ = self.stream.shutdown(Shutdown::Both);
+        if let Some(r) = self.reg.get() {
+            r.wake();
+        }
+        self.finished.wait(bound);
+    }
+}
+
 impl Handler for SourceConn {
     fn ready(&self, scratch: &mut [u8]) -> Flow {
         let mut rx = self.rx.lock();
         if self.is_finished() {
             return Flow::Done;
         }
-        let mut again = false;
         // Answers first (they free room to read more), then requests, then
         // the answers those produced, in one sendmsg where they fit.
+        let mut sent = Flow::Idle;
+        let mut read_more = false;
         for pass in 0..2 {
             let flushed = {
                 let mut out = self.out.lock();
@@ -774,7 +790,7 @@ impl Handler for SourceConn {
                     self.end();
                     return Flow::Done;
                 }
-                Ok((false, f)) => again |= f == Flow::Again,
+                Ok((false, f)) => sent = f,
                 Err(e) => {
                     self.fail(&e, &mut rx);
                     return Flow::Done;
@@ -784,14 +800,17 @@ impl Handler for SourceConn {
                 break;
             }
             match self.receive(&mut rx, scratch) {
-                Ok(f) => again |= f == Flow::Again,
+                Ok(f) => read_more = f == Flow::Again,
                 Err(e) => {
                     self.fail(&e, &mut rx);
                     return Flow::Done;
                 }
             }
         }
-        if again {
+        // Reading stopped with bytes maybe left: again at once if the
+        // answers now have room (else the writable edge that frees it
+        // brings this connection back).
+        if sent == Flow::Again || (read_more && !self.out.lock().full()) {
             Flow::Again
         } else {
             Flow::Idle

@@ -1,0 +1,173 @@
+//! Requesters that push a source served on I/O threads to its edges:
+//! pipelining thousands of small READs in one write (reading stops while
+//! answers wait and must resume), frames split at every byte, Goodbye
+//! behind queued answers, an oversized notification cut at odd places.
+mod common;
+
+use common::{pattern_vec, raw_control};
+use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
+use orbite::control::message::{DataRequest, DataResponse, Describe, DATA_RESPONSE_LEN};
+use orbite::*;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+fn read_frame(s: &mut TcpStream) -> std::io::Result<(FrameHeader, Vec<u8>)> {
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    s.read_exact(&mut h)?;
+    let h = FrameHeader::decode(&h).unwrap();
+    let mut b = vec![0u8; h.body_len as usize];
+    s.read_exact(&mut b)?;
+    Ok((h, b))
+}
+
+fn read_req(tag: u64, d: &Describe, off: u64, len: u64) -> Vec<u8> {
+    let r = d.regions[0];
+    let mut f = FrameHeader::encode(MsgKind::ReadRequest, 32).to_vec();
+    f.extend_from_slice(&DataRequest { tag, region_epoch: r.epoch, addr: r.addr + off, len }.encode());
+    f
+}
+
+/// An honest pipelining requester: writes N small READs at once, then
+/// reads the N answers. Every answer must come.
+fn pipeline(n: u64, len: u64, extra: &[u8]) {
+    let src = Engine::from_json(r#"{"handshake_timeout_ms": 3000}"#).unwrap();
+    let remote = pattern_vec(3, 1 << 20);
+    src.register_memory(remote.as_ptr() as u64, remote.len() as u64, Access::READ).unwrap();
+    let (mut s, d) = raw_control(&src.endpoint());
+    let mut frames = extra.to_vec();
+    for tag in 0..n {
+        frames.extend(read_req(tag, &d, (tag * 64) % (1 << 19), len));
+    }
+    s.write_all(&frames).unwrap();
+    let t0 = Instant::now();
+    let mut got = 0u64;
+    let mut describes = 0;
+    while got < n {
+        match read_frame(&mut s) {
+            Ok((h, _)) if h.kind == MsgKind::Describe => describes += 1,
+            Ok((h, b)) => {
+                assert_eq!(h.kind, MsgKind::ReadResponse, "{:?}", String::from_utf8_lossy(&b));
+                let r = DataResponse::decode(b[..DATA_RESPONSE_LEN].try_into().unwrap()).unwrap();
+                assert_eq!((r.tag, r.status), (got, Status::Ok));
+                got += 1;
+            }
+            Err(e) => panic!("after {got}/{n} answers ({describes} describes, {:?}): {e}", t0.elapsed()),
+        }
+    }
+    src.close(Some(Duration::from_secs(10))).unwrap();
+}
+
+/// 3000 READs of 8 bytes (48-byte frames) in one write: reading pauses
+/// while 1024 answers wait, and neither the paused frame's bound (it was
+/// cut "too slow") nor the lost readable edge (it hung) ends the stream.
+#[test]
+fn pipelined_small_reads_all_answered() {
+    pipeline(3000, 8, &[]);
+}
+
+/// The same with a DescribeRequest in front, so the first 64 KiB read ends
+/// on a frame boundary (the variant that hung with no bound running).
+#[test]
+fn pipelined_small_reads_frame_aligned() {
+    let extra = FrameHeader::encode(MsgKind::DescribeRequest, 0).to_vec();
+    pipeline(3000, 8, &extra);
+}
+
+fn engine(cfg: &str) -> (Engine, Vec<u8>) {
+    let src = Engine::from_json(cfg).unwrap();
+    let remote = pattern_vec(3, 1 << 20);
+    src.register_memory(remote.as_ptr() as u64, remote.len() as u64, Access::READ_WRITE).unwrap();
+    (src, remote)
+}
+
+/// Every frame split at every byte (one byte per write, Nagle off).
+#[test]
+fn byte_by_byte_frames() {
+    let (src, remote) = engine(r#"{"handshake_timeout_ms": 3000}"#);
+    let (mut s, d) = raw_control(&src.endpoint());
+    s.set_nodelay(true).unwrap();
+    let r = d.regions[0];
+    let mut frames = read_req(1, &d, 100, 16);
+    let mut w = FrameHeader::encode(MsgKind::WriteRequest, 32 + 8).to_vec();
+    w.extend_from_slice(&DataRequest { tag: 2, region_epoch: r.epoch, addr: r.addr + 200, len: 8 }.encode());
+    w.extend_from_slice(b"ABCDEFGH");
+    frames.extend(w);
+    frames.extend(FrameHeader::encode(MsgKind::DescribeRequest, 0));
+    // (zero-length READ/WRITE: PROTOCOL_ERROR "data request length 0 is invalid", by design)
+    for (i, b) in frames.iter().enumerate() {
+        if let Err(e) = s.write_all(&[*b]) {
+            let mut rest = Vec::new();
+            let _ = s.read_to_end(&mut rest);
+            panic!("byte {i}/{}: {e}; source sent {:?}", frames.len(), String::from_utf8_lossy(&rest));
+        }
+        // The attack's pace (each byte its own segment), not synchronisation.
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let (h, b) = read_frame(&mut s).unwrap();
+    assert_eq!(h.kind, MsgKind::ReadResponse);
+    assert_eq!(&b[DATA_RESPONSE_LEN..], &remote[100..116]);
+    let (h, b) = read_frame(&mut s).unwrap();
+    assert_eq!(h.kind, MsgKind::WriteResponse, "{}", String::from_utf8_lossy(&b));
+    assert_eq!(&remote[200..208], b"ABCDEFGH");
+    let (h, _) = read_frame(&mut s).unwrap();
+    assert_eq!(h.kind, MsgKind::Describe);
+    src.close(Some(Duration::from_secs(10))).unwrap();
+}
+
+/// Goodbye right behind pipelined READs: every answer leaves, then EOF.
+#[test]
+fn goodbye_with_answers_queued() {
+    let (src, _remote) = engine("");
+    let (mut s, d) = raw_control(&src.endpoint());
+    let mut frames = Vec::new();
+    for tag in 0..200 {
+        frames.extend(read_req(tag, &d, 0, 65536));
+    }
+    frames.extend(FrameHeader::encode(MsgKind::Goodbye, 0));
+    s.write_all(&frames).unwrap();
+    for tag in 0..200 {
+        let (h, b) = read_frame(&mut s).unwrap_or_else(|e| panic!("answer {tag}: {e}"));
+        assert_eq!(h.kind, MsgKind::ReadResponse);
+        assert_eq!(DataResponse::decode(b[..16].try_into().unwrap()).unwrap().tag, tag);
+    }
+    let mut rest = Vec::new();
+    s.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty());
+    let t0 = Instant::now();
+    while src.stats().incoming_connections != 0 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "record not reaped");
+        std::thread::yield_now();
+    }
+    src.close(Some(Duration::from_secs(10))).unwrap();
+}
+
+/// A Notify frame larger than notification_max_bytes, split in odd pieces,
+/// then a valid READ: the notify is refused (NotifyAck) and the READ served.
+#[test]
+fn oversize_notify_split_weirdly() {
+    let (src, remote) = engine("");
+    let (mut s, d) = raw_control(&src.endpoint());
+    s.set_nodelay(true).unwrap();
+    let body_len = 4096 + 5000;
+    let mut f = FrameHeader::encode(MsgKind::Notify, body_len as u32).to_vec();
+    f.extend_from_slice(&77u64.to_le_bytes());
+    f.extend(std::iter::repeat_n(0xAB, body_len - 8));
+    f.extend(read_req(5, &d, 8, 8));
+    let cuts = [1usize, 15, 17, 23, 24, 25, 4000, 9000, 9111];
+    let mut at = 0;
+    for c in cuts.iter().chain(std::iter::once(&f.len())) {
+        let c = (*c).min(f.len());
+        s.write_all(&f[at..c]).unwrap();
+        at = c;
+        // The attack's pace (each piece its own segment).
+        std::thread::sleep(Duration::from_millis(30));
+    }
+    let (h, b) = read_frame(&mut s).unwrap();
+    assert_eq!(h.kind, MsgKind::NotifyAck, "{:?}", String::from_utf8_lossy(&b));
+    assert_eq!(u64::from_le_bytes(b[..8].try_into().unwrap()), 77);
+    let (h, b) = read_frame(&mut s).unwrap();
+    assert_eq!(h.kind, MsgKind::ReadResponse);
+    assert_eq!(&b[16..], &remote[8..16]);
+    assert_eq!(src.stats().notifications.rejected, 1);
+}
