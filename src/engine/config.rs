@@ -602,6 +602,8 @@ mod tests {
         assert!(err(r#"{"ipc_allowed_uids": 5}"#).contains("expected an array of user ids"));
         assert!(err(r#"{"offer_timeout_ms": 0}"#).contains("`offer_timeout_ms`"));
         assert!(err(r#"{"max_ipc_channels": 0}"#).contains("`max_ipc_channels`"));
+        assert!(err(r#"{"io_threads": 0}"#).contains("`io_threads`"));
+        assert!(err(r#"{"io_threads": 65}"#).contains("`io_threads`"));
         let c = EngineConfig::from_json(r#"{"auth_key_file": null, "ipc_allowed_uids": [33]}"#).unwrap();
         assert_eq!((c.auth_key_file, c.ipc_allowed_uids), (None, vec![33]));
     }
