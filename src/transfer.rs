@@ -111,10 +111,20 @@ struct State {
 /// Called once every request of a batch has ended.
 pub type EndHook = Box<dyn FnOnce() + Send>;
 
+/// Batches of at most this many bytes are waited for by spinning first
+/// (see [`BatchShared::wait`]).
+const SPIN_BYTES: u64 = 256 * 1024;
+/// How long a small batch's waiter spins before it sleeps.
+const SPIN: Duration = Duration::from_micros(150);
+
 /// The completion record of one submission.
 pub struct BatchShared {
     state: Mutex<State>,
     cv: Condvar,
+    /// How long a waiter spins (yielding) before it sleeps: a small
+    /// batch's answers usually come within a round trip, and a waiter
+    /// already running sees them without a wake-up.
+    spin: Duration,
     stats: Arc<Counters>,
     /// The submission deadline.
     pub deadline: Instant,
@@ -149,6 +159,7 @@ impl BatchShared {
                 on_end: Vec::new(),
             }),
             cv: Condvar::new(),
+            spin: if requests.iter().map(|r| r.len).sum::<u64>() <= SPIN_BYTES { SPIN } else { Duration::ZERO },
             stats,
             deadline,
         })
@@ -302,9 +313,21 @@ impl BatchShared {
         }
     }
 
-    /// Waits up to `timeout` for every request to end.
+    /// Waits up to `timeout` for every request to end. A small batch's
+    /// waiter first spins briefly (yielding the core), then sleeps.
     pub fn wait(&self, timeout: Duration) -> Status {
-        let deadline = Instant::now().checked_add(timeout);
+        let start = Instant::now();
+        let deadline = start.checked_add(timeout);
+        let spin_until = start + self.spin.min(timeout);
+        while Instant::now() < spin_until {
+            {
+                let s = self.state.lock();
+                if s.pending == 0 && !s.notification_pending {
+                    break;
+                }
+            }
+            std::thread::yield_now();
+        }
         let mut s = self.state.lock();
         while s.pending > 0 || s.notification_pending {
             match deadline {

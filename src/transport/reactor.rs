@@ -39,7 +39,8 @@ pub trait Handler: Send + Sync {
     /// Its socket is ready or it was woken: read and write what can be
     /// done without blocking. `scratch` is the thread's receive buffer.
     fn ready(&self, scratch: &mut [u8]) -> Flow;
-    /// Called at least every [`TICK`]: deadlines and stall bounds.
+    /// Called at least every [`TICK`]: deadlines and stall bounds (and
+    /// anything queued whose wake-up was lost).
     fn tick(&self, now: Instant) -> Flow;
 }
 
@@ -316,8 +317,10 @@ impl Worker {
                 next_tick = now + TICK;
                 let tokens: Vec<Token> = table.keys().copied().collect();
                 for t in tokens {
-                    if table[&t].1.tick(now) == Flow::Done {
-                        self.remove(&mut table, t);
+                    match table[&t].1.tick(now) {
+                        Flow::Done => self.remove(&mut table, t),
+                        Flow::Again => again.push(t),
+                        Flow::Idle => {}
                     }
                 }
             }

@@ -642,6 +642,11 @@ impl ExportTable {
         c
     }
 
+    /// Offers made on channel `conn` and not answered yet.
+    pub fn unanswered_offers(&self, conn: u64) -> usize {
+        self.table.lock().exports.values().filter(|e| e.conn == conn && e.state == ExportState::Offered).count()
+    }
+
     /// Retained exports, for `retained_resources`.
     pub fn retained(&self) -> Vec<serde_json::Value> {
         let t = self.table.lock();

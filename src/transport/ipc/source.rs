@@ -258,9 +258,13 @@ impl Answer {
     }
 }
 
-/// Requests read but not yet answered beyond which no more are read (a
-/// requester asks one thing at a time).
+/// Answers waiting beyond which no more requests are handled (a requester
+/// asks one thing at a time).
 const ANSWERS_MAX: usize = 64;
+/// Offers one channel may leave unanswered (an honest requester has one).
+const OFFERS_MAX: usize = 8;
+/// Bytes read ahead while a grant is waited for.
+const STASH_MAX: usize = 64 * 1024;
 
 /// The receive side's state (the I/O thread's alone).
 struct Rx {
@@ -404,18 +408,26 @@ impl IpcServed {
     /// stopped with bytes possibly left in the socket (run it again once
     /// there is room: no readable edge may come for them).
     fn receive(&self, rx: &mut Rx, scratch: &mut [u8]) -> Result<bool> {
-        // Bytes read while a grant was waited for come first.
-        if !rx.stash.is_empty() && !self.waiting.load(Ordering::Acquire) {
-            let stash = std::mem::take(&mut rx.stash);
-            let used = self.parse(rx, &stash)?;
-            rx.stash = stash[used..].to_vec();
-        }
         let mut budget = 64usize;
         loop {
-            if rx.ended || self.waiting.load(Ordering::Acquire) {
+            if rx.ended {
                 return Ok(false);
             }
-            if budget == 0 || self.out.lock().items.len() >= ANSWERS_MAX {
+            // What was read and not yet handled comes first.
+            if !rx.stash.is_empty() && !self.waiting.load(Ordering::Acquire) {
+                let stash = std::mem::take(&mut rx.stash);
+                let used = self.parse(rx, &stash)?;
+                rx.stash = stash[used..].to_vec();
+            }
+            if self.out.lock().items.len() >= ANSWERS_MAX {
+                return Ok(true);
+            }
+            // While a grant is waited for, reading goes on (so that a
+            // requester that hangs up is noticed) into a bounded stash.
+            if self.waiting.load(Ordering::Acquire) && rx.stash.len() >= STASH_MAX {
+                return Ok(false);
+            }
+            if budget == 0 {
                 return Ok(true);
             }
             budget -= 1;
@@ -423,26 +435,23 @@ impl IpcServed {
             if fds {
                 return Err(Error::Protocol("a file descriptor arrived from the requester".into()));
             }
-            let data = match got {
+            match got {
                 Got::Drained => return Ok(false),
                 Got::Eof => {
                     rx.ended = true;
                     return Err(Error::Unavailable("the IPC channel was closed by the peer".into()));
                 }
-                Got::Bytes(n) => &scratch[..n],
-            };
-            let used = self.parse(rx, data)?;
-            // A grant is being waited for: later frames wait (the
-            // requester asks one thing at a time anyway).
-            rx.stash.extend_from_slice(&data[used..]);
+                Got::Bytes(n) => rx.stash.extend_from_slice(&scratch[..n]),
+            }
         }
     }
 
     /// Gathers frames from `data` and answers each complete one; stops
-    /// early when a grant must be waited for. Returns the bytes used.
+    /// early when a grant must be waited for or `ANSWERS_MAX` answers wait.
+    /// Returns the bytes used.
     fn parse(&self, rx: &mut Rx, data: &[u8]) -> Result<usize> {
         let mut at = 0;
-        while at < data.len() && !self.waiting.load(Ordering::Acquire) {
+        while at < data.len() && !self.waiting.load(Ordering::Acquire) && self.out.lock().items.len() < ANSWERS_MAX {
             if rx.deadline.is_none() {
                 rx.deadline = Some(Instant::now() + self.ctx.handshake_timeout);
             }
@@ -489,6 +498,14 @@ impl IpcServed {
         Ok(Some(match kind {
             MsgKind::ExportRequest => {
                 let req = ExportRequest::decode(body)?;
+                // A requester answers each offer before it asks again; one
+                // that pipelines requests cannot hold the mapping budget.
+                if table.unanswered_offers(conn) >= OFFERS_MAX {
+                    let e = Error::ResourceExhausted(format!(
+                        "{OFFERS_MAX} offers on this IPC channel are still unanswered; answer them first"
+                    ));
+                    return Ok(Some(Answer::reject(req.tag, &e)));
+                }
                 // Only a kernel-verified requester can later be proven gone.
                 match table.offer(conn, verified, &ExportRequest { wait_ms: 0, ..req }) {
                     Ok(offer) => Answer::new(MsgKind::ExportOffer, &offer.encode()),
@@ -585,7 +602,7 @@ impl IpcServed {
                 Err(e) => Answer::reject(req.tag, &e),
             };
             let mut out = me.out.lock();
-            if out.closed {
+            if out.closed || me.ctx.stopping.load(Ordering::Acquire) {
                 // The channel ended meanwhile: an offer made after its
                 // exports were released goes too.
                 drop(out);
@@ -623,7 +640,9 @@ impl IpcServed {
             ));
         }
         self.table.expire_offers(self.conn);
-        Ok(())
+        // Answers queued by a grant waiter whose wake-up came before this
+        // channel's registration was set still leave.
+        self.flush()
     }
 }
 

@@ -1074,12 +1074,17 @@ impl Handler for TcpConnection {
         if self.finished.is_set() {
             return Flow::Done;
         }
-        match self.expired(&rx, now) {
-            Ok(()) => Flow::Idle,
-            Err(e) => {
-                self.finish(e, &mut rx);
-                Flow::Done
-            }
+        if let Err(e) = self.expired(&rx, now) {
+            self.finish(e, &mut rx);
+            return Flow::Done;
+        }
+        drop(rx);
+        // Frames queued by a thread whose wake-up came before this
+        // connection's registration was set still leave.
+        if self.queue.lock().items.is_empty() {
+            Flow::Idle
+        } else {
+            self.pump()
         }
     }
 }

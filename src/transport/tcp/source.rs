@@ -822,8 +822,23 @@ impl Handler for SourceConn {
         if self.is_finished() {
             return Flow::Done;
         }
-        match self.check(&rx, now) {
-            Ok(()) => Flow::Idle,
+        if let Err(e) = self.check(&rx, now) {
+            self.fail(&e, &mut rx);
+            return Flow::Done;
+        }
+        // A frame queued (a `Revoke`) whose wake-up came before this
+        // connection's registration was set still leaves.
+        let flushed = {
+            let mut out = self.out.lock();
+            self.flush(&mut out)
+        };
+        match flushed {
+            Ok((true, _)) => {
+                rx.want = Want::Ended;
+                self.end();
+                Flow::Done
+            }
+            Ok((false, f)) => f,
             Err(e) => {
                 self.fail(&e, &mut rx);
                 Flow::Done

@@ -1,0 +1,149 @@
+//! IPC requesters that push a source's I/O threads to their edges: a
+//! channel that pipelines export requests and never reads its answers, and
+//! a WRITE grant still waiting for another engine's reader when its own
+//! engine closes.
+
+mod common;
+
+use common::*;
+use orbite::control::frame::{FrameHeader, MsgKind};
+use orbite::control::Identity;
+use orbite::transport::ipc::channel::Channel;
+use orbite::transport::ipc::messages::{ExportRequest, OP_READ, OP_WRITE};
+use orbite::*;
+use std::time::{Duration, Instant};
+
+const SZ: u64 = 1 << 20;
+
+/// An engine with the allocation registered, and the region's epoch.
+fn engine(cfg: &str, a: &Allocation) -> (Engine, u64) {
+    let e = Engine::from_json(cfg).unwrap();
+    e.register_memory(a.addr(), SZ, Access::READ_WRITE).unwrap();
+    let d = describe_of(&e.endpoint());
+    let epoch = d.regions.iter().find(|r| r.contains(a.addr(), 1)).unwrap().epoch;
+    (e, epoch)
+}
+
+fn request(epoch: u64, addr: u64, tag: u64, ops: u32, wait_ms: u32) -> Vec<u8> {
+    let r = ExportRequest { tag, region_epoch: epoch, addr, len: 4096, ops, wait_ms };
+    let mut v = FrameHeader::encode(MsgKind::ExportRequest, r.encode().len() as u32).to_vec();
+    v.extend_from_slice(&r.encode());
+    v
+}
+
+/// Writes all of `b` on the channel's socket (retrying up to `LONG`);
+/// false once the source has cut it.
+fn raw_send(ch: &Channel, b: &[u8]) -> bool {
+    let mut at = 0;
+    let t0 = Instant::now();
+    while at < b.len() && t0.elapsed() < LONG {
+        // SAFETY: send on our own socket from a valid buffer.
+        let n = unsafe { libc::send(ch.raw_fd(), b[at..].as_ptr().cast(), b.len() - at, libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) {
+                std::thread::yield_now();
+                continue;
+            }
+            return false;
+        }
+        at += n as usize;
+    }
+    at == b.len()
+}
+
+/// 4000 export requests in one stream, no offer ever answered: the
+/// channel holds at most 8 offers (before, it held 512, the whole mapping
+/// budget, and an honest SHM requester was refused RESOURCE_EXHAUSTED),
+/// the rest are refused; when the channel ends every offer is given back;
+/// a TCP peer on the same I/O thread keeps moving throughout.
+#[test]
+fn pipelined_export_requests_never_read_are_bounded() {
+    let a = allocate_shared_host(SZ).unwrap();
+    let cfg = r#"{"io_threads": 1, "handshake_timeout_ms": 2000, "offer_timeout_ms": 600000}"#;
+    let (src, epoch) = engine(cfg, &a);
+    let good = Engine::from_json("").unwrap();
+    let local = vec![0u8; 65536];
+    good.register_memory(local.as_ptr() as u64, local.len() as u64, Access::NONE).unwrap();
+    let gp = good.connect(&src.endpoint(), None).unwrap();
+    let (ch, k, _) = ipc_hello(&src.endpoint(), TransportKind::Shm, Identity::fresh(), None);
+    assert_eq!(k, MsgKind::IpcWelcome);
+    let all: Vec<u8> = (0..4000).flat_map(|t| request(epoch, a.addr(), t + 1, OP_READ, 0)).collect();
+    let mut peak = 0;
+    std::thread::scope(|sc| {
+        let w = sc.spawn(|| raw_send(&ch, &all));
+        // Meanwhile, and after, the TCP peer on the same I/O thread moves.
+        while !w.is_finished() {
+            peak = peak.max(src.stats().ipc["shm"].exports_open);
+            let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: a.addr(), len: 65536 };
+            let opts = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(LONG) };
+            good.submit(gp, &[r], opts).unwrap().wait(LONG).unwrap();
+        }
+        w.join().unwrap();
+    });
+    // Every request is answered: at most 8 offers, the rest refused.
+    let mut ch = ch;
+    let deadline = Instant::now() + LONG;
+    let mut tick = || match Instant::now() >= deadline {
+        true => Err(Error::TimedOut("answers".into())),
+        false => Ok(()),
+    };
+    let (mut offers, mut refused) = (0, 0);
+    for _ in 0..4000 {
+        match ch.recv(&mut tick).unwrap().kind {
+            MsgKind::ExportOffer => offers += 1,
+            MsgKind::ExportReject => refused += 1,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    peak = peak.max(src.stats().ipc["shm"].exports_open);
+    assert_eq!((offers, refused), (8, 3992));
+    assert!(peak <= 8, "a requester that pipelines requests held {peak} offers");
+    drop(ch);
+    eventually("every offer is given back", || src.stats().ipc["shm"].exports_open == 0);
+    good.close(Some(LONG)).unwrap();
+    src.close(Some(LONG)).unwrap();
+    a.free().map_err(|(_, e)| e).unwrap();
+}
+
+/// One allocation served by two engines of this process; a reader process
+/// holds it through engine 1; a raw writer's grant waits on engine 2 for
+/// it. Engine 2 closes at once (its channel ends although its grant is
+/// still waited for), and when the reader gives back, the grant that
+/// completes after the close is released: nothing stays exported and the
+/// allocation can be freed.
+#[test]
+fn an_engine_closing_while_its_grant_waits_leaves_nothing_exported() {
+    let a = allocate_shared_host(SZ).unwrap();
+    let (e1, _) = engine(r#"{"io_threads": 1}"#, &a);
+    let (e2, epoch2) = engine(r#"{"io_threads": 1}"#, &a);
+    let mut reader =
+        PeerProc::spawn_requester(&e1.endpoint(), &format!("{}:4096", a.addr()), r#"{"shm_cache_entries": 2}"#);
+    assert_eq!(e1.stats().ipc["shm"].exports_open, 1);
+    let (ch, k, _) = ipc_hello(&e2.endpoint(), TransportKind::Shm, Identity::fresh(), None);
+    assert_eq!(k, MsgKind::IpcWelcome);
+    assert!(raw_send(&ch, &request(epoch2, a.addr() + 8192, 9, OP_WRITE, 60_000)));
+    eventually("the WRITE grant waits", || e2.stats().ipc["shm"].grants_waiting == 1);
+    let t0 = Instant::now();
+    e2.close(Some(Duration::from_secs(30))).unwrap();
+    let took = t0.elapsed();
+    assert!(took < Duration::from_secs(5), "engine 2 took {took:?} to close (its channel waited for the grant)");
+    assert_eq!(reader.cmd("flush"), "ok");
+    eventually("the late grant is done", || e2.stats().ipc["shm"].grants_waiting == 0);
+    eventually("the late grant is given back", || e2.stats().ipc["shm"].exports_open == 0);
+    reader.kill();
+    e1.close(Some(Duration::from_secs(30))).unwrap();
+    drop(ch);
+    let mut a = a;
+    let t0 = Instant::now();
+    loop {
+        match a.free() {
+            Ok(()) => break,
+            Err((back, e)) => {
+                assert!(t0.elapsed() < LONG, "the allocation stays exported: {e}");
+                a = back;
+                std::thread::yield_now();
+            }
+        }
+    }
+}
