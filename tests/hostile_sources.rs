@@ -272,3 +272,37 @@ fn a_request_failed_before_it_left_releases_a_notification_without_deadlock() {
     h.fifty_reads();
     drop(w);
 }
+
+/// A READ answer whose 1 MiB payload stops after 100 KB: while it waits
+/// for the rest (woken only once a good part is there), the request still
+/// ends TIMED_OUT at its deadline, and the honest peer on the same thread
+/// is served meanwhile.
+#[test]
+fn a_payload_that_stops_midway_ends_at_the_deadline() {
+    let mut h = Honest::new();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let fake = h.connect_fake(move |mut s| {
+        let tag = read_request(&mut s);
+        let fixed = DataResponse { tag, status: Status::Ok }.encode();
+        s.write_all(&FrameHeader::encode(MsgKind::ReadResponse, (fixed.len() + (1 << 20)) as u32)).unwrap();
+        s.write_all(&fixed).unwrap();
+        s.write_all(&vec![7u8; 100_000]).unwrap();
+        let _ = rx.recv();
+    });
+    let t0 = Instant::now();
+    // Into the second half of the local buffer (the honest READs use its
+    // first 64 KiB).
+    let r = Request {
+        op: Op::Read,
+        local_addr: h.local.as_ptr() as u64 + (32 << 20),
+        remote_addr: h.remote.as_ptr() as u64,
+        len: 1 << 20,
+    };
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(Duration::from_secs(3)) };
+    let b = h.req.submit(fake, &[r], opts).unwrap();
+    h.fifty_reads();
+    assert!(t0.elapsed() < Duration::from_secs(3), "the honest peer waited for the stalled one");
+    assert_eq!(b.wait(Duration::from_secs(60)).unwrap_err().status(), Status::TransferFailed);
+    assert_eq!(b.results()[0].status, Status::TimedOut, "{:?}", b.error(0));
+    drop(tx);
+}

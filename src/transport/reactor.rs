@@ -108,6 +108,35 @@ pub fn read_once(mut stream: &std::net::TcpStream, buf: &mut [u8]) -> Result<Got
     }
 }
 
+/// The largest receive low-water mark a connection sets while a payload
+/// comes in.
+pub const LOWAT_MAX: usize = 256 * 1024;
+
+/// Sets the socket's receive low-water mark (`SO_RCVLOWAT`) for a reader
+/// that drained it: with `left` payload bytes still to come it is woken
+/// only once a good part of them is there (fewer, larger reads); between
+/// frames at the first byte. `current` is the mark in force (1 at first).
+pub fn set_rcvlowat(fd: RawFd, current: &mut usize, left: Option<u64>) {
+    let want = left.map_or(1, |l| l.clamp(1, LOWAT_MAX as u64) as usize);
+    if want == *current {
+        return;
+    }
+    let v = want as libc::c_int;
+    // SAFETY: setsockopt on a socket the caller owns, with a valid int.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVLOWAT,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        *current = want;
+    }
+}
+
 /// The I/O threads' receive buffer (one per thread, shared by all of its
 /// connections: an idle connection holds none).
 pub const SCRATCH: usize = 64 * 1024;

@@ -15,7 +15,7 @@ use crate::kinds::TransportKind;
 use crate::memory::RegionLease;
 use crate::sync::admission::{Gate, GateGuard, Permit};
 use crate::transfer::{BatchShared, ChunkOutcome, Op, RemoteEffect};
-use crate::transport::reactor::{read_once, Ended, Flow, Got, Handler, Reactor, Registration, SCRATCH};
+use crate::transport::reactor::{read_once, set_rcvlowat, Ended, Flow, Got, Handler, Reactor, Registration, SCRATCH};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
 use std::io::ErrorKind;
@@ -226,6 +226,8 @@ struct Rx {
     /// Bytes of an unfinished header, fixed part or body.
     partial: Vec<u8>,
     want: Want,
+    /// The socket's receive low-water mark now (`SO_RCVLOWAT`).
+    lowat: usize,
 }
 
 /// Most bytes one connection reads, or writes, in one turn of its I/O
@@ -277,7 +279,7 @@ impl TcpConnection {
             stream,
             queue: Mutex::new(SendQueue::default()),
             out: Mutex::new(Outbuf::default()),
-            rx: Mutex::new(Rx { partial: Vec::new(), want: Want::Header }),
+            rx: Mutex::new(Rx { partial: Vec::new(), want: Want::Header, lowat: 1 }),
             notes: Mutex::new(HashMap::new()),
             pending: Mutex::new(Pending::default()),
             next_tag: AtomicU64::new(1),
@@ -788,7 +790,14 @@ impl TcpConnection {
             let to_scratch = direct.is_none();
             let n = match read_once(&self.stream, direct.unwrap_or(&mut *scratch))? {
                 Got::Bytes(n) => n,
-                Got::Drained => return Ok(Some(Flow::Idle)),
+                Got::Drained => {
+                    let left = match &rx.want {
+                        Want::Payload { chunk, done } => Some(chunk.len - *done),
+                        _ => None,
+                    };
+                    set_rcvlowat(self.stream.as_raw_fd(), &mut rx.lowat, left);
+                    return Ok(Some(Flow::Idle));
+                }
                 Got::Eof => {
                     return match (&rx.want, rx.partial.is_empty()) {
                         (Want::Header, true) => Ok(None),

@@ -18,7 +18,9 @@ use crate::kinds::TransportKind;
 use crate::memory::{RegionLease, RegionTable};
 use crate::sync::admission::{Gate, GateGuard};
 use crate::transport::inbox::{Admitted, Inbox, Notification};
-use crate::transport::reactor::{read_once, Ended, Flow, Got, Handler, Reactor, Registration, Served, SCRATCH};
+use crate::transport::reactor::{
+    read_once, set_rcvlowat, Ended, Flow, Got, Handler, Reactor, Registration, Served, SCRATCH,
+};
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::io::ErrorKind;
@@ -174,6 +176,8 @@ struct Rx {
     /// Reading stopped because too many answers wait (the peer's bounds
     /// do not run meanwhile; they restart when reading resumes).
     paused: bool,
+    /// The socket's receive low-water mark now (`SO_RCVLOWAT`).
+    lowat: usize,
 }
 
 /// One thing waiting to leave, in stream order.
@@ -278,7 +282,7 @@ impl SourceConn {
             stream,
             ctx,
             endpoint,
-            rx: Mutex::new(Rx { partial: Vec::new(), want: Want::Header, deadline: None, paused: false }),
+            rx: Mutex::new(Rx { partial: Vec::new(), want: Want::Header, deadline: None, paused: false, lowat: 1 }),
             out: Mutex::new(Out { items: VecDeque::new(), at: 0, bytes: 0, pace: None }),
             reg: once_cell::sync::OnceCell::new(),
             revoker_id: AtomicU64::new(u64::MAX),
@@ -467,7 +471,14 @@ impl SourceConn {
             let to_scratch = direct.is_none();
             let n = match read_once(&self.stream, direct.unwrap_or(&mut *scratch))? {
                 Got::Bytes(n) => n,
-                Got::Drained => return Ok(Flow::Idle),
+                Got::Drained => {
+                    let left = match &rx.want {
+                        Want::Landing { req, pace, .. } => Some(req.len - pace.done),
+                        _ => None,
+                    };
+                    set_rcvlowat(self.stream.as_raw_fd(), &mut rx.lowat, left);
+                    return Ok(Flow::Idle);
+                }
                 Got::Eof if !matches!(rx.want, Want::Header) || !rx.partial.is_empty() => {
                     return Err(Error::Unavailable("peer closed the connection mid-frame".into()));
                 }
