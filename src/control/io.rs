@@ -129,34 +129,14 @@ pub fn send_parts_from(s: &impl AsRawFd, parts: &[&[u8]], mut skip: u64) -> std:
 /// Writes every byte of every slice to a socket; counts bytes written so
 /// far in `written` (also when it fails).
 pub fn write_all_parts(s: &mut impl AsRawFd, parts: &[&[u8]], tick: Tick<'_>, written: &mut u64) -> Result<()> {
-    let mut idx = 0;
-    let mut off = 0;
-    while idx < parts.len() {
-        if off == parts[idx].len() {
-            idx += 1;
-            off = 0;
-            continue;
-        }
-        let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len() - idx);
-        slices.push(IoSlice::new(&parts[idx][off..]));
-        for p in &parts[idx + 1..] {
-            slices.push(IoSlice::new(p));
-        }
-        match send_vectored(s, &slices) {
+    let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
+    let mut done = 0u64;
+    while done < total {
+        match send_parts_from(s, parts, done) {
             Ok(0) => return Err(Error::Unavailable("connection closed while sending".into())),
-            Ok(mut n) => {
+            Ok(n) => {
+                done += n as u64;
                 *written += n as u64;
-                while n > 0 {
-                    let left = parts[idx].len() - off;
-                    if n >= left {
-                        n -= left;
-                        idx += 1;
-                        off = 0;
-                    } else {
-                        off += n;
-                        n = 0;
-                    }
-                }
             }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => tick()?,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}

@@ -766,6 +766,26 @@ impl SourceConn {
     }
 }
 
+impl SourceConn {
+    /// Writes the answers waiting; `None` once the connection has ended
+    /// (a `Close` reached, or the socket failed).
+    fn send_waiting(&self, rx: &mut Rx) -> Option<Flow> {
+        let flushed = self.flush(&mut self.out.lock());
+        match flushed {
+            Ok((true, _)) => {
+                rx.want = Want::Ended;
+                self.end();
+                None
+            }
+            Ok((false, f)) => Some(f),
+            Err(e) => {
+                self.fail(&e, rx);
+                None
+            }
+        }
+    }
+}
+
 impl Served for SourceConn {
     fn is_finished(&self) -> bool {
         self.finished.is_set()
@@ -791,21 +811,9 @@ impl Handler for SourceConn {
         let mut sent = Flow::Idle;
         let mut read_more = false;
         for pass in 0..2 {
-            let flushed = {
-                let mut out = self.out.lock();
-                self.flush(&mut out)
-            };
-            match flushed {
-                Ok((true, _)) => {
-                    rx.want = Want::Ended;
-                    self.end();
-                    return Flow::Done;
-                }
-                Ok((false, f)) => sent = f,
-                Err(e) => {
-                    self.fail(&e, &mut rx);
-                    return Flow::Done;
-                }
+            match self.send_waiting(&mut rx) {
+                Some(f) => sent = f,
+                None => return Flow::Done,
             }
             if pass == 1 {
                 break;
@@ -839,22 +847,7 @@ impl Handler for SourceConn {
         }
         // A frame queued (a `Revoke`) whose wake-up came before this
         // connection's registration was set still leaves.
-        let flushed = {
-            let mut out = self.out.lock();
-            self.flush(&mut out)
-        };
-        match flushed {
-            Ok((true, _)) => {
-                rx.want = Want::Ended;
-                self.end();
-                Flow::Done
-            }
-            Ok((false, f)) => f,
-            Err(e) => {
-                self.fail(&e, &mut rx);
-                Flow::Done
-            }
-        }
+        self.send_waiting(&mut rx).unwrap_or(Flow::Done)
     }
 }
 
