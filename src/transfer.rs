@@ -5,7 +5,7 @@ use crate::counters::Counters;
 use crate::error::{Error, Status};
 use crate::kinds::TransportKind;
 use parking_lot::{Condvar, Mutex};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// The most requests one submission may carry (a larger count is
@@ -117,6 +117,16 @@ const SPIN_BYTES: u64 = 256 * 1024;
 /// How long a small batch's waiter spins before it sleeps.
 const SPIN: Duration = Duration::from_micros(150);
 
+/// Work a batch's waiter may do itself while it spins: the receive side of
+/// the connection carrying the batch, read by the waiting thread when the
+/// connection's I/O thread is not at it (its answers then land without
+/// waiting for that thread's wake-up).
+pub trait Assist: Send + Sync {
+    /// Does what can be done at once without blocking; true when anything
+    /// was received.
+    fn assist(&self) -> bool;
+}
+
 /// The completion record of one submission.
 pub struct BatchShared {
     state: Mutex<State>,
@@ -125,6 +135,8 @@ pub struct BatchShared {
     /// batch's answers usually come within a round trip, and a waiter
     /// already running sees them without a wake-up.
     spin: Duration,
+    /// What the waiter drives while it spins (see [`Assist`]).
+    assist: Mutex<Option<Weak<dyn Assist>>>,
     stats: Arc<Counters>,
     /// The submission deadline.
     pub deadline: Instant,
@@ -160,9 +172,19 @@ impl BatchShared {
             }),
             cv: Condvar::new(),
             spin: if requests.iter().map(|r| r.len).sum::<u64>() <= SPIN_BYTES { SPIN } else { Duration::ZERO },
+            assist: Mutex::new(None),
             stats,
             deadline,
         })
+    }
+
+    /// Names what a spinning waiter may drive (the first one named stays:
+    /// a batch spread over several connections is helped on one).
+    pub fn assisted_by(&self, a: Weak<dyn Assist>) {
+        let mut slot = self.assist.lock();
+        if slot.is_none() && self.spin > Duration::ZERO {
+            *slot = Some(a);
+        }
     }
 
     /// Number of requests.
@@ -319,6 +341,7 @@ impl BatchShared {
         let start = Instant::now();
         let deadline = start.checked_add(timeout);
         let spin_until = start + self.spin.min(timeout);
+        let assist = self.assist.lock().as_ref().and_then(Weak::upgrade);
         while Instant::now() < spin_until {
             {
                 let s = self.state.lock();
@@ -326,8 +349,11 @@ impl BatchShared {
                     break;
                 }
             }
-            std::thread::yield_now();
+            if !assist.as_ref().is_some_and(|a| a.assist()) {
+                std::thread::yield_now();
+            }
         }
+        drop(assist);
         let mut s = self.state.lock();
         while s.pending > 0 || s.notification_pending {
             match deadline {

@@ -107,16 +107,25 @@ fn send_vectored(s: &impl AsRawFd, slices: &[IoSlice<'_>]) -> std::io::Result<us
 /// One non-blocking `sendmsg` of `parts` (their concatenation), skipping
 /// its first `skip` bytes: how many bytes the socket took (`WouldBlock`
 /// when none). At most 1024 slices go in one call.
-pub fn send_parts_from(s: &impl AsRawFd, parts: &[&[u8]], mut skip: u64) -> std::io::Result<usize> {
+pub fn send_parts_from(s: &impl AsRawFd, parts: &[&[u8]], skip: u64) -> std::io::Result<usize> {
+    send_parts_upto(s, parts, skip, usize::MAX)
+}
+
+/// [`send_parts_from`], offering the socket at most `max` bytes.
+pub fn send_parts_upto(s: &impl AsRawFd, parts: &[&[u8]], mut skip: u64, max: usize) -> std::io::Result<usize> {
     let mut slices: Vec<IoSlice<'_>> = Vec::with_capacity(parts.len().min(1024));
+    let mut room = max;
     for p in parts {
         if skip >= p.len() as u64 {
             skip -= p.len() as u64;
             continue;
         }
-        slices.push(IoSlice::new(&p[skip as usize..]));
+        let rest = &p[skip as usize..];
+        let take = rest.len().min(room);
+        slices.push(IoSlice::new(&rest[..take]));
         skip = 0;
-        if slices.len() == 1024 {
+        room -= take;
+        if slices.len() == 1024 || room == 0 {
             break;
         }
     }
@@ -124,6 +133,31 @@ pub fn send_parts_from(s: &impl AsRawFd, parts: &[&[u8]], mut skip: u64) -> std:
         return Ok(0);
     }
     send_vectored(s, &slices)
+}
+
+/// How much one `sendmsg` offers the socket, growing within a run of
+/// sends: the first is small so that the peer starts reading (on another
+/// core) while the rest is still being copied in, instead of after a whole
+/// coalesced burst; each next one twice the last, so that long runs still
+/// go in few calls.
+pub struct SendRamp(usize);
+
+/// The first send of a run offers at most this many bytes.
+pub const FIRST_SEND: usize = 16 * 1024;
+
+impl Default for SendRamp {
+    fn default() -> SendRamp {
+        SendRamp(FIRST_SEND)
+    }
+}
+
+impl SendRamp {
+    /// The cap for the next send (and the one after doubles).
+    pub fn cap(&mut self) -> usize {
+        let cap = self.0;
+        self.0 = self.0.saturating_mul(2);
+        cap
+    }
 }
 
 /// Writes every byte of every slice to a socket; counts bytes written so
@@ -156,4 +190,28 @@ pub fn write_frame(s: &mut impl AsRawFd, kind: MsgKind, body: &[u8], tick: Tick<
 /// A tick that never aborts.
 pub fn no_abort() -> Result<()> {
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::unix::net::UnixStream;
+
+    /// A capped send offers exactly `max` bytes, from `skip` on, across
+    /// parts; the ramp starts small and doubles.
+    #[test]
+    fn a_capped_send_offers_exactly_its_cap() {
+        let (a, mut b) = UnixStream::pair().unwrap();
+        let data: Vec<u8> = (0..60u8).collect();
+        let parts: [&[u8]; 3] = [&data[..10], &data[10..30], &data[30..]];
+        assert_eq!(send_parts_upto(&a, &parts, 5, 17).unwrap(), 17);
+        assert_eq!(send_parts_from(&a, &parts, 22).unwrap(), 38);
+        drop(a);
+        let mut got = Vec::new();
+        b.read_to_end(&mut got).unwrap();
+        assert_eq!(got, [&data[5..22], &data[22..]].concat());
+        let mut ramp = SendRamp::default();
+        assert_eq!([ramp.cap(), ramp.cap(), ramp.cap()], [FIRST_SEND, 2 * FIRST_SEND, 4 * FIRST_SEND]);
+    }
 }

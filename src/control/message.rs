@@ -173,6 +173,19 @@ impl<'a> Reader<'a> {
 }
 
 impl Describe {
+    /// A Describe that offers nothing: no transport beyond what the
+    /// capability bits say (none), no endpoint, no region.
+    pub fn bare(identity: Identity) -> Describe {
+        Describe {
+            identity,
+            capabilities: 0,
+            fabric_domain: [0; 16],
+            endpoint: String::new(),
+            ipc_name: String::new(),
+            regions: Vec::new(),
+        }
+    }
+
     /// Encodes the body.
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer::default();

@@ -377,14 +377,7 @@ fn held_imports(left: &[String]) -> String {
 
 /// The Describe a source thread answers with once its engine is gone.
 fn empty_describe() -> Describe {
-    Describe {
-        identity: Identity::fresh(),
-        capabilities: 0,
-        fabric_domain: [0; 16],
-        endpoint: String::new(),
-        ipc_name: String::new(),
-        regions: Vec::new(),
-    }
+    Describe::bare(Identity::fresh())
 }
 
 impl Inner {

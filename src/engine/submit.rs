@@ -10,7 +10,7 @@ use crate::control::message::{Describe, RegionInfo};
 use crate::error::{Error, Result, Status};
 use crate::kinds::{Transport, TransportKind};
 use crate::memory::{owners, MemoryKind, RegionLease};
-use crate::transfer::{BatchShared, ChunkOutcome, Op, RemoteEffect, Request, MAX_REQUESTS};
+use crate::transfer::{Assist, BatchShared, ChunkOutcome, Op, RemoteEffect, Request, MAX_REQUESTS};
 use crate::transport::ipc::requester::{GroupError, GroupLocal, GroupRun};
 use crate::transport::tcp::Chunk;
 use std::collections::VecDeque;
@@ -430,6 +430,9 @@ impl Engine {
     fn enqueue_tcp(&self, p: &Peer, batch: &Arc<BatchShared>, live: Vec<Checked>, deadline: Instant) {
         let max_chunk = self.inner.config.max_transfer_bytes;
         let gate = &self.inner.requester_gate;
+        // A small batch's waiter reads the answers itself while it spins.
+        let conn: Arc<dyn Assist> = p.conn.clone();
+        batch.assisted_by(Arc::downgrade(&conn));
         let mut staged: Vec<Chunk> = Vec::new();
         let mut failed: Option<Error> = None;
         for c in live {

@@ -3,7 +3,8 @@
 //! leave from the submitting thread when the socket is free (one wake-up
 //! less) and otherwise from the I/O thread as the socket takes them;
 //! answers are parsed as they arrive, READ payloads landing straight in
-//! local registered memory.
+//! local registered memory, by the I/O thread or by a small batch's waiter
+//! that reads them itself while it spins ([`Assist`]; one wake-up less).
 
 use crate::control::frame::FRAME_HEADER_LEN;
 use crate::control::frame::{FrameHeader, MsgKind};
@@ -14,7 +15,7 @@ use crate::error::{Error, Result, Status};
 use crate::kinds::TransportKind;
 use crate::memory::RegionLease;
 use crate::sync::admission::{Gate, GateGuard, Permit};
-use crate::transfer::{BatchShared, ChunkOutcome, Op, RemoteEffect};
+use crate::transfer::{Assist, BatchShared, ChunkOutcome, Op, RemoteEffect};
 use crate::transport::reactor::{read_once, set_rcvlowat, Ended, Flow, Got, Handler, Reactor, Registration, SCRATCH};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashMap, VecDeque};
@@ -221,7 +222,8 @@ enum Want {
     Payload { chunk: Chunk, done: u64 },
 }
 
-/// The receive side's state (the I/O thread's alone).
+/// The receive side's state: the I/O thread's, or a spinning waiter's
+/// while the I/O thread is not at it (whoever holds the lock reads).
 struct Rx {
     /// Bytes of an unfinished header, fixed part or body.
     partial: Vec<u8>,
@@ -253,8 +255,9 @@ pub struct TcpConnection {
     finished: Ended,
     stats: Arc<Counters>,
     gate: Arc<Gate>,
-    /// Called (on the I/O thread; it must not block) when the source asks
-    /// for its imports back (`Revoke`).
+    /// Called (by whoever reads: the I/O thread or a spinning waiter; it
+    /// must not block) when the source asks for its imports back
+    /// (`Revoke`).
     on_revoke: RevokeHook,
     /// Peer label for messages.
     pub label: String,
@@ -375,7 +378,7 @@ impl TcpConnection {
                     drop(q);
                     let failed: Vec<(Chunk, Error)> =
                         chunks.into_iter().filter_map(|c| self.add_chunk(c, &mut out)).collect();
-                    let _ = self.write_out(&mut out, u64::MAX);
+                    let _ = self.write_out(&mut out, u64::MAX, &mut io::SendRamp::default());
                     drop(out);
                     for (c, e) in failed {
                         c.fail(e, RemoteEffect::None);
@@ -470,9 +473,9 @@ impl TcpConnection {
     }
 
     /// Writes what `out` holds, as far as the socket takes it and at most
-    /// `budget` bytes; settles it when complete or failed (a failure kills
-    /// the connection).
-    fn write_out(&self, out: &mut Outbuf, budget: u64) -> Sent {
+    /// `budget` bytes, each send capped by `ramp` (one per run of sends);
+    /// settles it when complete or failed (a failure kills the connection).
+    fn write_out(&self, out: &mut Outbuf, budget: u64, ramp: &mut io::SendRamp) -> Sent {
         let start = out.sent;
         let r = loop {
             if out.sent == out.total() {
@@ -481,7 +484,7 @@ impl TcpConnection {
             if out.sent - start >= budget {
                 break Ok(Sent::Budget);
             }
-            match io::send_parts_from(&self.stream, &out.parts(), out.sent) {
+            match io::send_parts_upto(&self.stream, &out.parts(), out.sent, ramp.cap()) {
                 Ok(0) => break Err(Error::Unavailable("connection closed while sending".into())),
                 Ok(n) => out.sent += n as u64,
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break Ok(Sent::Blocked),
@@ -567,10 +570,11 @@ impl TcpConnection {
     fn pump_locked(&self, failed: &mut Vec<(Chunk, Error)>) -> Flow {
         let mut out = self.out.lock();
         let mut budget = TURN_BYTES;
+        let mut ramp = io::SendRamp::default();
         loop {
             if !out.is_empty() {
                 let left = out.total() - out.sent;
-                match self.write_out(&mut out, budget) {
+                match self.write_out(&mut out, budget, &mut ramp) {
                     Sent::Complete => budget = budget.saturating_sub(left),
                     Sent::Blocked => return Flow::Idle,
                     Sent::Budget => return Flow::Again,
@@ -673,7 +677,8 @@ impl TcpConnection {
     /// The connection is over (`err` says why): tells the peer of a
     /// protocol error when the socket is free, kills it, and fails
     /// everything left: answers awaited, the answer being read, frames not
-    /// yet written, notifications. Runs on the I/O thread.
+    /// yet written, notifications. Runs with the receive side held (on the
+    /// I/O thread, or a waiter's that found the end).
     fn finish(&self, err: Error, rx: &mut Rx) {
         if matches!(err, Error::Protocol(_)) && self.dead_reason().is_none() {
             if let Some(out) = self.out.try_lock() {
@@ -765,12 +770,12 @@ impl TcpConnection {
 
     /// The receive turn: reads what the socket holds (READ payloads that
     /// are still large go straight into local memory; the rest through the
-    /// thread's scratch buffer) and handles every complete frame. `Ok(None)`
-    /// when the peer ended the connection in order.
-    fn receive(&self, rx: &mut Rx, scratch: &mut [u8]) -> Result<Option<Flow>> {
-        let mut budget = TURN_BYTES;
+    /// thread's scratch buffer) and handles every complete frame, reading
+    /// at most `budget` bytes (what it read is taken off). `Ok(None)` when
+    /// the peer ended the connection in order.
+    fn receive(&self, rx: &mut Rx, scratch: &mut [u8], budget: &mut u64) -> Result<Option<Flow>> {
         loop {
-            if budget == 0 {
+            if *budget == 0 {
                 return Ok(Some(Flow::Again));
             }
             let direct = match &mut rx.want {
@@ -805,7 +810,7 @@ impl TcpConnection {
                     }
                 }
             };
-            budget = budget.saturating_sub(n as u64);
+            *budget = budget.saturating_sub(n as u64);
             if to_scratch {
                 if !self.feed(rx, &scratch[..n])? {
                     return Ok(None);
@@ -1045,6 +1050,52 @@ impl TcpConnection {
     }
 }
 
+/// Most bytes a spinning waiter reads for a connection in one go (the I/O
+/// thread takes over beyond).
+const ASSIST_BYTES: u64 = 256 * 1024;
+
+thread_local! {
+    /// A waiting thread's receive buffer, for [`TcpConnection::assist`].
+    static ASSIST_SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Assist for TcpConnection {
+    /// A batch's waiter reads the answers itself while the I/O thread is
+    /// not reading them: they land without that thread's wake-up. Anything
+    /// beyond the fast path (a dead connection, an end, more than
+    /// [`ASSIST_BYTES`] waiting) is left to the I/O thread, which is woken.
+    fn assist(&self) -> bool {
+        let Some(mut rx) = self.rx.try_lock() else { return false };
+        if self.finished.is_set() || self.dead_reason().is_some() {
+            return false;
+        }
+        ASSIST_SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            if scratch.len() < SCRATCH {
+                scratch.resize(SCRATCH, 0);
+            }
+            let mut budget = ASSIST_BYTES;
+            let end = match self.receive(&mut rx, &mut scratch, &mut budget) {
+                Ok(Some(Flow::Idle)) => None,
+                Ok(Some(_)) => {
+                    drop(rx);
+                    self.wake();
+                    return true;
+                }
+                Ok(None) => Some(Error::Unavailable(format!("{} closed the connection", self.label))),
+                Err(e) => Some(e),
+            };
+            if let Some(e) = end {
+                self.finish(e, &mut rx);
+                drop(rx);
+                self.wake();
+                return true;
+            }
+            budget < ASSIST_BYTES
+        })
+    }
+}
+
 impl Handler for TcpConnection {
     fn ready(&self, scratch: &mut [u8]) -> Flow {
         let mut rx = self.rx.lock();
@@ -1056,7 +1107,8 @@ impl Handler for TcpConnection {
             return Flow::Done;
         }
         let sent = self.pump();
-        let got = match self.receive(&mut rx, scratch) {
+        let mut budget = TURN_BYTES;
+        let got = match self.receive(&mut rx, scratch, &mut budget) {
             Ok(Some(f)) => f,
             Ok(None) => {
                 self.finish(Error::Unavailable(format!("{} closed the connection", self.label)), &mut rx);
@@ -1101,5 +1153,80 @@ impl Handler for TcpConnection {
 impl Drop for TcpConnection {
     fn drop(&mut self) {
         let _ = self.stream.shutdown(Shutdown::Both);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::identity::Identity;
+    use crate::control::message::DATA_REQUEST_LEN;
+    use crate::memory::{Access, RegionTable};
+    use crate::transfer::Request;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    /// A batch's waiter reads its answer itself: the connection's only I/O
+    /// thread is stopped before the request leaves, so nothing else could
+    /// (without `assist` the batch stays pending).
+    #[test]
+    fn a_spinning_waiter_reads_its_answer_itself() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (mut peer, _) = listener.accept().unwrap();
+        let describe = Describe::bare(Identity::fresh());
+        let stats = Arc::new(Counters::default());
+        let reactor = Reactor::new(1);
+        let conn = TcpConnection::start(client, describe, "test peer".into(), stats.clone(), Box::new(|| {}), &reactor)
+            .unwrap();
+        reactor.stop();
+
+        let mut local = vec![0u8; 4096];
+        let addr = local.as_mut_ptr() as u64;
+        let regions = RegionTable::default();
+        let region = regions.register(addr, 4096, Access::READ | Access::WRITE).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let req = Request { op: Op::Read, local_addr: addr, remote_addr: 0x7000, len: 4096 };
+        let batch = BatchShared::new(&[req], stats, deadline);
+        batch.plan(0, 1, TransportKind::Tcp);
+        let assist: Arc<dyn Assist> = conn.clone();
+        batch.assisted_by(Arc::downgrade(&assist));
+        conn.enqueue(vec![Chunk {
+            batch: batch.clone(),
+            index: 0,
+            op: Op::Read,
+            local_addr: addr,
+            remote_addr: 0x7000,
+            len: 4096,
+            region_epoch: region.epoch,
+            deadline,
+            lease: Arc::new(regions.lease(addr, 4096).unwrap()),
+            permit: None,
+            guard: None,
+            peer_guard: None,
+        }]);
+
+        // The request left from this thread; answer it.
+        let mut frame = [0u8; FRAME_HEADER_LEN + DATA_REQUEST_LEN];
+        peer.read_exact(&mut frame).unwrap();
+        let h = FrameHeader::decode(frame[..FRAME_HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(h.kind, MsgKind::ReadRequest);
+        let r = DataRequest::decode(frame[FRAME_HEADER_LEN..].try_into().unwrap()).unwrap();
+        assert_eq!((r.addr, r.len), (0x7000, 4096));
+        let payload: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+        peer.write_all(&FrameHeader::encode(MsgKind::ReadResponse, (DATA_RESPONSE_LEN + 4096) as u32)).unwrap();
+        peer.write_all(&DataResponse { tag: r.tag, status: Status::Ok }.encode()).unwrap();
+        peer.write_all(&payload).unwrap();
+
+        // Each wait spins (and assists) before it sleeps for the rest of
+        // its millisecond; a loaded machine may take several.
+        let give_up = Instant::now() + Duration::from_secs(20);
+        while batch.wait(Duration::from_millis(1)) == Status::Pending {
+            assert!(Instant::now() < give_up, "the waiter never read its answer");
+        }
+        assert_eq!(batch.poll(), Status::Ok);
+        assert_eq!(local, payload);
+        drop(batch);
+        conn.kill(Error::Unavailable("test over".into()));
     }
 }

@@ -356,6 +356,7 @@ impl SourceConn {
     /// the connection is to end (a `Close` was reached).
     fn flush(&self, out: &mut Out) -> Result<(bool, Flow)> {
         let mut budget = TURN_BYTES;
+        let mut ramp = io::SendRamp::default();
         loop {
             match out.items.front() {
                 Some(Item::Close) => return Ok((true, Flow::Idle)),
@@ -390,7 +391,7 @@ impl SourceConn {
                     Item::Publish(_) | Item::Close => break,
                 }
             }
-            let r = io::send_parts_from(&self.stream, &parts, out.at as u64);
+            let r = io::send_parts_upto(&self.stream, &parts, out.at as u64, ramp.cap());
             drop(parts);
             let mut n = match r {
                 Ok(0) => return Err(Error::Unavailable("connection closed while answering".into())),
