@@ -334,6 +334,19 @@ static void notifications() {
   n = rx.take_notification(10000ms);
   CHECK(n.msg == "in place" && buf[4095] == std::byte(9));
   CHECK_THROWS(rx.take_notification(0ms), orbite::Status::timed_out, "no notification");
+  // Typed: both notifications delivered and taken, no discovery, the one
+  // connection on an I/O thread.
+  orbite::Stats sent = tx.stats();
+  orbite::Stats got = rx.stats();
+  CHECK(sent.notifications.sent == 2 && sent.notifications.delivered == 2 && sent.notifications.refused == 0);
+  CHECK(got.notifications.received == 2 && got.notifications.queued == 0 && got.notifications.rejected == 0);
+  CHECK(!sent.discovery.enabled && !sent.discovery.connected && sent.discovery.watched == 0);
+  CHECK(sent.io.threads >= 1 && sent.io.threads <= sent.io.threads_max);
+  CHECK(sent.io.connections_per_thread.size() == sent.io.threads);
+  std::uint64_t served = 0;
+  for (std::uint64_t c : sent.io.connections_per_thread) served += c;
+  CHECK(served == 1);
+  CHECK(sent.revokes_received == 0 && sent.revoke_passes == 0);
 }
 
 int main() {

@@ -772,6 +772,26 @@ inline const json::Value &object(const json::Value &obj, const char *key, const 
   return v;
 }
 
+inline bool boolean(const json::Value &obj, const char *key, const std::string &where) {
+  const json::Value &v = member(obj, key, where);
+  if (!v.is_bool()) bad_json(where + ": key `" + key + "`", std::string("expected a boolean, found ") + v.type_name());
+  return v.as_bool();
+}
+
+inline std::vector<std::uint64_t> u64_array(const json::Value &obj, const char *key, const std::string &where) {
+  const json::Value &v = member(obj, key, where);
+  if (!v.is_array()) bad_json(where + ": key `" + key + "`", std::string("expected an array, found ") + v.type_name());
+  std::vector<std::uint64_t> out;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    try {
+      out.push_back(v[i].as_u64());
+    } catch (const Error &e) {
+      bad_json(where + ": key `" + key + "`[" + std::to_string(i) + "]", e.message());
+    }
+  }
+  return out;
+}
+
 }  // namespace detail
 
 /// One region a peer publishes (an element of orbite_peer_regions_json).
@@ -862,12 +882,33 @@ struct NvlinkStats {
   std::uint64_t stream_slots = 0, active_streams = 0, retained_streams = 0, pending_groups = 0, progress_workers = 0;
 };
 
+/// Notifications sent and received (stats "notifications").
+struct NotificationStats {
+  std::uint64_t sent = 0, delivered = 0, refused = 0, not_sent = 0, received = 0, rejected = 0, queued = 0;
+};
+
+/// The I/O threads serving the connections (stats "io").
+struct IoStats {
+  std::uint64_t threads_max = 0, threads = 0, wakeups = 0, wakeups_per_1000_requests = 0;
+  std::vector<std::uint64_t> connections_per_thread;  ///< one entry per running I/O thread
+};
+
+/// Discovery on etcd (stats "discovery"; enabled false without it).
+struct DiscoveryStats {
+  bool enabled = false, connected = false;
+  std::uint64_t failures = 0, reconnects = 0, reregistrations = 0, watched = 0, peers_gone = 0;
+};
+
 /// A typed snapshot of orbite_engine_stats_json.
 struct Stats {
   std::map<std::string, TransportStats> transports;  ///< "tcp", "shm", "nvlink", "mnnvl"
   std::uint64_t inflight_bytes = 0, peers = 0, peers_alive = 0, incoming_connections = 0, regions = 0;
   std::uint64_t protocol_errors = 0, connections_refused = 0, fabric_channels_accepted = 0;
   std::uint64_t auth_failures = 0, ipc_uid_refusals = 0, offers_expired = 0;
+  std::uint64_t revokes_received = 0, revoke_passes = 0;
+  NotificationStats notifications;
+  DiscoveryStats discovery;
+  IoStats io;
   std::map<std::string, IpcStats> ipc;  ///< per IPC transport running ("shm", "nvlink", "mnnvl")
   NvlinkStats nvlink;
   std::map<std::string, std::string> transports_available;  ///< "available" or "not available: why"
@@ -931,7 +972,29 @@ inline Stats parse_stats(const std::string &text) {
                       {"protocol_errors", &S::protocol_errors}, {"connections_refused", &S::connections_refused},
                       {"fabric_channels_accepted", &S::fabric_channels_accepted},
                       {"auth_failures", &S::auth_failures}, {"ipc_uid_refusals", &S::ipc_uid_refusals},
-                      {"offers_expired", &S::offers_expired}});
+                      {"offers_expired", &S::offers_expired}, {"revokes_received", &S::revokes_received},
+                      {"revoke_passes", &S::revoke_passes}});
+  {
+    using Nt = NotificationStats;
+    detail::u64_fields(s.notifications, detail::object(d, "notifications", "stats"), "stats.notifications",
+                       {{"sent", &Nt::sent}, {"delivered", &Nt::delivered}, {"refused", &Nt::refused},
+                        {"not_sent", &Nt::not_sent}, {"received", &Nt::received}, {"rejected", &Nt::rejected},
+                        {"queued", &Nt::queued}});
+    using D = DiscoveryStats;
+    const json::Value &disc = detail::object(d, "discovery", "stats");
+    s.discovery.enabled = detail::boolean(disc, "enabled", "stats.discovery");
+    s.discovery.connected = detail::boolean(disc, "connected", "stats.discovery");
+    detail::u64_fields(s.discovery, disc, "stats.discovery",
+                       {{"failures", &D::failures}, {"reconnects", &D::reconnects},
+                        {"reregistrations", &D::reregistrations}, {"watched", &D::watched},
+                        {"peers_gone", &D::peers_gone}});
+    using Io = IoStats;
+    const json::Value &io = detail::object(d, "io", "stats");
+    detail::u64_fields(s.io, io, "stats.io",
+                       {{"threads_max", &Io::threads_max}, {"threads", &Io::threads}, {"wakeups", &Io::wakeups},
+                        {"wakeups_per_1000_requests", &Io::wakeups_per_1000_requests}});
+    s.io.connections_per_thread = detail::u64_array(io, "connections_per_thread", "stats.io");
+  }
   s.ipc = detail::members<I>(d, "ipc", "stats", [](const json::Value &o, const std::string &at) {
     I t;
     detail::u64_fields(t, o, at,

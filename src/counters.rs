@@ -46,6 +46,11 @@ pub struct Counters {
     pub notifications_received: AtomicU64,
     /// Notifications refused here (queue full, too large).
     pub notifications_rejected: AtomicU64,
+    /// `Revoke` frames received from sources (give back your imports).
+    pub revokes_received: AtomicU64,
+    /// Passes that gave imports back after them (revokes arriving during
+    /// a pass fold into one more).
+    pub revoke_passes: AtomicU64,
 }
 
 /// Counters of one transport, as reported.

@@ -306,3 +306,32 @@ fn a_payload_that_stops_midway_ends_at_the_deadline() {
     assert_eq!(b.results()[0].status, Status::TimedOut, "{:?}", b.error(0));
     drop(tx);
 }
+
+/// Threads of this process named `name`.
+fn threads_named(name: &str) -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|c| c.trim_end() == name)
+        .count()
+}
+
+#[test]
+fn a_revoke_flood_runs_one_give_back_at_a_time() {
+    let mut h = Honest::new();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let fake = h.connect_fake(move |mut s| {
+        let flood: Vec<u8> = (0..2000).flat_map(|_| FrameHeader::encode(MsgKind::Revoke, 0)).collect();
+        s.write_all(&flood).unwrap();
+        let _ = rx.recv();
+    });
+    common::eventually("2000 revokes received", || h.req.stats().revokes_received == 2000);
+    common::eventually("the give-back passes over", || threads_named("orbite-revoke") == 0);
+    let passes = h.req.stats().revoke_passes;
+    // One thread per revoke would run 2000 passes; revokes that come while
+    // a pass runs fold into one more.
+    assert!((1..=1000).contains(&passes), "{passes} passes for 2000 revokes");
+    h.fifty_reads();
+    assert!(h.req.peer_transports(fake).unwrap().contains(&TransportKind::Tcp));
+    drop(tx);
+}

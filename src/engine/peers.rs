@@ -9,6 +9,7 @@ use crate::control::message::{Describe, RegionInfo};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::memory::MemoryKind;
+use crate::sync::coalesce::Coalesced;
 use crate::transport::ipc::link::{IpcLink, LocalEnd, Route};
 use crate::transport::outbox::Outbox;
 use crate::transport::tcp::requester::RevokeHook;
@@ -109,25 +110,29 @@ impl Engine {
         Ok(self.peer(id)?.endpoint.clone())
     }
 
-    /// What a `Revoke` from the peer does: on a thread of its own (the
-    /// I/O thread must not block), give back every import made through
-    /// the peer's IPC links, through their close receipts; the next
-    /// submission opens new ones or falls through.
+    /// What a `Revoke` from the peer does: on a thread of its own (its
+    /// reader must not block), give back every import made through the
+    /// peer's IPC links, through their close receipts; the next submission
+    /// opens new ones or falls through. Revokes that come while a pass
+    /// runs fold into one more pass (one thread per peer at most, however
+    /// many the peer sends).
     fn revoke_hook(&self, links: &[(TransportKind, std::result::Result<Arc<IpcLink>, String>)]) -> RevokeHook {
         let links: Vec<Arc<IpcLink>> = links.iter().filter_map(|(_, l)| l.as_ref().ok().cloned()).collect();
         let engine = Arc::downgrade(&self.inner);
-        Box::new(move || {
-            let (engine, links) = (engine.clone(), links.clone());
-            let run = move || {
-                let Some(inner) = engine.upgrade() else { return };
-                let deadline = Instant::now() + Duration::from_millis(inner.config.default_timeout_ms as u64);
-                for link in &links {
-                    if let Some(t) = inner.ipc_transport(link.transport) {
-                        t.requester.flush_link(link, deadline);
-                    }
+        let stats = self.inner.stats.clone();
+        let job = Coalesced::new("orbite-revoke", move || {
+            let Some(inner) = engine.upgrade() else { return };
+            inner.stats.revoke_passes.fetch_add(1, Ordering::Relaxed);
+            let deadline = Instant::now() + Duration::from_millis(inner.config.default_timeout_ms as u64);
+            for link in &links {
+                if let Some(t) = inner.ipc_transport(link.transport) {
+                    t.requester.flush_link(link, deadline);
                 }
-            };
-            let _ = std::thread::Builder::new().name("orbite-revoke".into()).spawn(run);
+            }
+        });
+        Box::new(move || {
+            stats.revokes_received.fetch_add(1, Ordering::Relaxed);
+            job.trigger();
         })
     }
 

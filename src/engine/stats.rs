@@ -105,6 +105,11 @@ pub struct EngineStats {
     /// Export offers released because the requester did not answer within
     /// `offer_timeout_ms`.
     pub offers_expired: u64,
+    /// `Revoke` frames received from sources asking for their imports back.
+    pub revokes_received: u64,
+    /// Passes that gave the imports back (revokes that came during a pass
+    /// fold into one more: at most one per peer runs at a time).
+    pub revoke_passes: u64,
     /// Notifications sent and received.
     pub notifications: NotificationStats,
     /// Discovery on etcd (`enabled` false without it).
@@ -241,6 +246,8 @@ impl EngineStats {
             auth_failures: s.auth_failures.load(Ordering::Relaxed),
             ipc_uid_refusals: s.ipc_uid_refusals.load(Ordering::Relaxed),
             offers_expired: s.offers_expired.load(Ordering::Relaxed),
+            revokes_received: s.revokes_received.load(Ordering::Relaxed),
+            revoke_passes: s.revoke_passes.load(Ordering::Relaxed),
             notifications: NotificationStats {
                 sent: s.notifications_sent.load(Ordering::Relaxed),
                 delivered: s.notifications_delivered.load(Ordering::Relaxed),

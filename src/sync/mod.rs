@@ -2,9 +2,11 @@
 //! structures (the CUDA stream pool, the relocation cache): parking_lot in
 //! every real build; shuttle's, behind a parking_lot-shaped API, when the
 //! `model-check` feature builds the concurrency models (`tests/models.rs`).
-//! [`admission`] holds the byte budgets and gates of the engine.
+//! [`admission`] holds the byte budgets and gates of the engine;
+//! [`coalesce`] runs a job on at most one short-lived thread at a time.
 
 pub mod admission;
+pub mod coalesce;
 
 #[cfg(not(feature = "model-check"))]
 pub use parking_lot::{Condvar, Mutex, MutexGuard};
