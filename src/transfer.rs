@@ -122,9 +122,9 @@ const SPIN: Duration = Duration::from_micros(150);
 /// connection's I/O thread is not at it (its answers then land without
 /// waiting for that thread's wake-up).
 pub trait Assist: Send + Sync {
-    /// Does what can be done at once without blocking; true when anything
-    /// was received.
-    fn assist(&self) -> bool;
+    /// Does what can be done at once without blocking, stopping soon
+    /// after `until`; true when anything was received.
+    fn assist(&self, until: Instant) -> bool;
 }
 
 /// The completion record of one submission.
@@ -349,7 +349,7 @@ impl BatchShared {
                     break;
                 }
             }
-            if !assist.as_ref().is_some_and(|a| a.assist()) {
+            if !assist.as_ref().is_some_and(|a| a.assist(spin_until)) {
                 std::thread::yield_now();
             }
         }

@@ -147,3 +147,34 @@ fn an_engine_closing_while_its_grant_waits_leaves_nothing_exported() {
         }
     }
 }
+
+/// A raw writer's grant waits (up to 10 minutes) for a reader process's
+/// import; the writer hangs up. The grant gives up at once: its mapping
+/// charge and region lease go back while the reader still holds its
+/// import, not when its wait ends.
+#[test]
+fn a_channel_that_hangs_up_while_its_grant_waits_gives_its_charge_back_at_once() {
+    let a = allocate_shared_host(SZ).unwrap();
+    let (e1, _) = engine(r#"{"io_threads": 1}"#, &a);
+    let (e2, epoch2) = engine(r#"{"io_threads": 1}"#, &a);
+    let mut reader =
+        PeerProc::spawn_requester(&e1.endpoint(), &format!("{}:4096", a.addr()), r#"{"shm_cache_entries": 2}"#);
+    assert_eq!(e1.stats().ipc["shm"].exports_open, 1);
+    let (ch, k, _) = ipc_hello(&e2.endpoint(), TransportKind::Shm, Identity::fresh(), None);
+    assert_eq!(k, MsgKind::IpcWelcome);
+    assert!(raw_send(&ch, &request(epoch2, a.addr() + 8192, 9, OP_WRITE, 600_000)));
+    // Counted only once its own thread waits for the loan.
+    eventually("the WRITE grant waits", || e2.stats().ipc["shm"].grants_waiting == 1);
+    assert_eq!(e2.stats().ipc["shm"].mapping_bytes_charged, a.physical_len());
+    drop(ch);
+    eventually("the grant gave up", || e2.stats().ipc["shm"].grants_waiting == 0);
+    let st = e2.stats().ipc["shm"].clone();
+    assert_eq!((st.mapping_bytes_charged, st.exports_open, st.exports_retained), (0, 0, 0));
+    // The reader kept its import throughout.
+    assert_eq!(e1.stats().ipc["shm"].exports_open, 1);
+    assert_eq!(reader.cmd("flush"), "ok");
+    reader.kill();
+    e2.close(Some(LONG)).unwrap();
+    e1.close(Some(LONG)).unwrap();
+    a.free().map_err(|(_, e)| e).unwrap();
+}

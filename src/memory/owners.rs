@@ -603,6 +603,19 @@ fn loan_conflict(c: &Counts, holder: u64, mode: LoanMode) -> Option<String> {
 /// `deadline` while another holder's loan conflicts: shared loans exclude
 /// only an exclusive one; an exclusive loan waits for every other holder's.
 pub fn loan(base: u64, holder: u64, mode: LoanMode, deadline: std::time::Instant) -> Result<Loan> {
+    loan_unless(base, holder, mode, deadline, &|| false)
+}
+
+/// [`loan`], giving up (`Unavailable`) as soon as `gone` says the one who
+/// waits for it has left; whoever makes `gone` true then calls
+/// [`wake_loan_waiters`].
+pub fn loan_unless(
+    base: u64,
+    holder: u64,
+    mode: LoanMode,
+    deadline: std::time::Instant,
+    gone: &dyn Fn() -> bool,
+) -> Result<Loan> {
     let mut map = OWNERS.lock();
     loop {
         let e = map.get_mut(&base).ok_or_else(|| Error::NotFound(format!("no library allocation at 0x{base:x}")))?;
@@ -611,6 +624,11 @@ pub fn loan(base: u64, holder: u64, mode: LoanMode, deadline: std::time::Instant
             e.counts.exported += 1;
             return Ok(Loan { base, holder, mode });
         };
+        if gone() {
+            return Err(Error::Unavailable(format!(
+                "allocation 0x{base:x} is {why}, and its requester left while it waited"
+            )));
+        }
         if LOAN_RETURNED.wait_until(&mut map, deadline).timed_out() {
             let still = map.get(&base).and_then(|e| loan_conflict(&e.counts, holder, mode));
             if still.is_some() {
@@ -618,6 +636,14 @@ pub fn loan(base: u64, holder: u64, mode: LoanMode, deadline: std::time::Instant
             }
         }
     }
+}
+
+/// Wakes every [`loan_unless`] waiter to look at its `gone` again.
+pub fn wake_loan_waiters() {
+    // Under the map's lock: a waiter between its check and its wait is
+    // not missed.
+    let _map = OWNERS.lock();
+    LOAN_RETURNED.notify_all();
 }
 
 /// The strongest loan held on the owned allocation holding `addr` right

@@ -149,7 +149,8 @@ pub struct ExportCounts {
     pub open: u64,
     /// Exports retained after a lost channel.
     pub retained: u64,
-    /// Physical bytes charged by exports.
+    /// Physical bytes charged by exports and by export requests waiting
+    /// for their loan.
     pub charged_bytes: u64,
     /// Export requests waiting now for a conflicting loan to be returned
     /// (a writer for readers, or readers for a writer).
@@ -170,6 +171,8 @@ pub struct ExportTable {
     offer_timeout: Duration,
     /// Export requests waiting for a loan now.
     waiting: AtomicU64,
+    /// The physical bytes they hold charged meanwhile.
+    waiting_bytes: AtomicU64,
 }
 
 fn fresh_token() -> u64 {
@@ -224,6 +227,7 @@ impl ExportTable {
             kinds,
             offer_timeout,
             waiting: AtomicU64::new(0),
+            waiting_bytes: AtomicU64::new(0),
         }
     }
 
@@ -269,8 +273,16 @@ impl ExportTable {
     }
 
     /// Validates an export request and retains the allocation (loan +
-    /// charge + registration). Returns the offer (no handle yet).
-    pub fn offer(&self, conn: u64, requester: Option<Identity>, req: &ExportRequest) -> Result<ExportOffer> {
+    /// charge + registration), waiting up to its `wait_ms` for the loan
+    /// unless `gone` says the requester left. Returns the offer (no handle
+    /// yet).
+    pub fn offer(
+        &self,
+        conn: u64,
+        requester: Option<Identity>,
+        req: &ExportRequest,
+        gone: &dyn Fn() -> bool,
+    ) -> Result<ExportOffer> {
         let lease = self.validate(req.region_epoch, req.addr, req.len, req.ops)?;
         let o = owners::owner_of(req.addr)
             .ok_or_else(|| Error::NotSupported(format!("0x{:x} is not in a library allocation", req.addr)))?;
@@ -294,9 +306,14 @@ impl ExportTable {
             Some(id) => (id.process.start_time << 32) ^ id.process.pid as u64,
             None => conn | 1 << 63,
         };
-        self.waiting.fetch_add(1, Ordering::Relaxed);
-        let loan = owners::loan(base, holder, mode, Instant::now() + wait);
-        self.waiting.fetch_sub(1, Ordering::Relaxed);
+        // Counted as waiting only when it may wait (a first try without
+        // waiting is not).
+        let counted = if wait.is_zero() { (0, 0) } else { (1, physical) };
+        self.waiting.fetch_add(counted.0, Ordering::Relaxed);
+        self.waiting_bytes.fetch_add(counted.1, Ordering::Relaxed);
+        let loan = owners::loan_unless(base, holder, mode, Instant::now() + wait, gone);
+        self.waiting_bytes.fetch_sub(counted.1, Ordering::Relaxed);
+        self.waiting.fetch_sub(counted.0, Ordering::Relaxed);
         let loan = loan?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let token = fresh_token();
@@ -639,6 +656,7 @@ impl ExportTable {
             c.charged_bytes += owners::owner_of(e.base).map(|o| o.physical).unwrap_or(0);
         }
         c.waiting = self.waiting.load(Ordering::Relaxed);
+        c.charged_bytes += self.waiting_bytes.load(Ordering::Relaxed);
         c
     }
 

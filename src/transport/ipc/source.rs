@@ -13,6 +13,7 @@ use crate::control::identity::process_start_time;
 use crate::control::message;
 use crate::control::Identity;
 use crate::error::{Error, Result};
+use crate::memory::owners;
 use crate::transport::reactor::{Ended, Flow, Got, Handler, Reactor, Registration, Served, SCRATCH};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -300,6 +301,8 @@ struct IpcServed {
     /// A grant is being waited for on a thread of its own: nothing more is
     /// read until its answer is queued.
     waiting: AtomicBool,
+    /// The channel has ended (a grant still waiting gives up).
+    left: AtomicBool,
     out: Mutex<Out>,
     reg: once_cell::sync::OnceCell<Registration>,
     /// Itself, for a grant waiter to hold.
@@ -327,6 +330,7 @@ impl IpcServed {
             requester,
             rx: Mutex::new(Rx { partial: Vec::new(), header: None, deadline: None, ended: false, stash: Vec::new() }),
             waiting: AtomicBool::new(false),
+            left: AtomicBool::new(false),
             out: Mutex::new(Out { items: VecDeque::new(), at: 0, deadline: None, closed: false }),
             reg: once_cell::sync::OnceCell::new(),
             me: once_cell::sync::OnceCell::new(),
@@ -354,6 +358,12 @@ impl IpcServed {
             let mut out = self.out.lock();
             out.closed = true;
             out.items.clear();
+        }
+        // A grant waiting for its loan gives up now (its charge and region
+        // lease go back at once, not at its wait_ms).
+        self.left.store(true, Ordering::Release);
+        if self.waiting.load(Ordering::Acquire) {
+            owners::wake_loan_waiters();
         }
         self.table.connection_lost(self.conn);
         self.finished.set();
@@ -507,7 +517,7 @@ impl IpcServed {
                     return Ok(Some(Answer::reject(req.tag, &e)));
                 }
                 // Only a kernel-verified requester can later be proven gone.
-                match table.offer(conn, verified, &ExportRequest { wait_ms: 0, ..req }) {
+                match table.offer(conn, verified, &ExportRequest { wait_ms: 0, ..req }, &|| false) {
                     Ok(offer) => Answer::new(MsgKind::ExportOffer, &offer.encode()),
                     Err(Error::Unavailable(_)) if req.wait_ms > 0 => {
                         self.wait_for_grant(req, verified)?;
@@ -597,7 +607,9 @@ impl IpcServed {
             .ok_or_else(|| Error::Unavailable("the IPC channel is ending".into()))?;
         self.waiting.store(true, Ordering::Release);
         let run = move || {
-            let a = match me.table.offer(me.conn, verified, &req) {
+            // Atomics only: this runs under the allocation table's lock.
+            let gone = || me.left.load(Ordering::Acquire) || me.ctx.stopping.load(Ordering::Acquire);
+            let a = match me.table.offer(me.conn, verified, &req, &gone) {
                 Ok(offer) => Answer::new(MsgKind::ExportOffer, &offer.encode()),
                 Err(e) => Answer::reject(req.tag, &e),
             };

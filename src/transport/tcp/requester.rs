@@ -771,11 +771,18 @@ impl TcpConnection {
     /// The receive turn: reads what the socket holds (READ payloads that
     /// are still large go straight into local memory; the rest through the
     /// thread's scratch buffer) and handles every complete frame, reading
-    /// at most `budget` bytes (what it read is taken off). `Ok(None)` when
-    /// the peer ended the connection in order.
-    fn receive(&self, rx: &mut Rx, scratch: &mut [u8], budget: &mut u64) -> Result<Option<Flow>> {
+    /// at most `budget` bytes (what it read is taken off) and no more after
+    /// `until` (`Flow::Again` then). `Ok(None)` when the peer ended the
+    /// connection in order.
+    fn receive(
+        &self,
+        rx: &mut Rx,
+        scratch: &mut [u8],
+        budget: &mut u64,
+        until: Option<Instant>,
+    ) -> Result<Option<Flow>> {
         loop {
-            if *budget == 0 {
+            if *budget == 0 || until.is_some_and(|u| Instant::now() >= u) {
                 return Ok(Some(Flow::Again));
             }
             let direct = match &mut rx.want {
@@ -1063,36 +1070,38 @@ impl Assist for TcpConnection {
     /// A batch's waiter reads the answers itself while the I/O thread is
     /// not reading them: they land without that thread's wake-up. Anything
     /// beyond the fast path (a dead connection, an end, more than
-    /// [`ASSIST_BYTES`] waiting) is left to the I/O thread, which is woken.
-    fn assist(&self) -> bool {
+    /// [`ASSIST_BYTES`] waiting, or bytes still there at `until`) is left
+    /// to the I/O thread, which is woken.
+    fn assist(&self, until: Instant) -> bool {
         let Some(mut rx) = self.rx.try_lock() else { return false };
         if self.finished.is_set() || self.dead_reason().is_some() {
             return false;
         }
-        ASSIST_SCRATCH.with(|cell| {
-            let mut scratch = cell.borrow_mut();
+        // No buffer (the thread is ending and its locals are gone, or it is
+        // in use further up this thread's stack): no help.
+        let Ok(Some(got)) = ASSIST_SCRATCH.try_with(|cell| {
+            let mut scratch = cell.try_borrow_mut().ok()?;
             if scratch.len() < SCRATCH {
                 scratch.resize(SCRATCH, 0);
             }
             let mut budget = ASSIST_BYTES;
-            let end = match self.receive(&mut rx, &mut scratch, &mut budget) {
-                Ok(Some(Flow::Idle)) => None,
-                Ok(Some(_)) => {
-                    drop(rx);
-                    self.wake();
-                    return true;
-                }
-                Ok(None) => Some(Error::Unavailable(format!("{} closed the connection", self.label))),
-                Err(e) => Some(e),
-            };
-            if let Some(e) = end {
-                self.finish(e, &mut rx);
-                drop(rx);
-                self.wake();
-                return true;
-            }
-            budget < ASSIST_BYTES
-        })
+            let got = self.receive(&mut rx, &mut scratch, &mut budget, Some(until));
+            Some((got, budget < ASSIST_BYTES))
+        }) else {
+            return false;
+        };
+        let end = match got {
+            (Ok(Some(Flow::Idle)), progress) => return progress,
+            (Ok(Some(_)), _) => None,
+            (Ok(None), _) => Some(Error::Unavailable(format!("{} closed the connection", self.label))),
+            (Err(e), _) => Some(e),
+        };
+        if let Some(e) = end {
+            self.finish(e, &mut rx);
+        }
+        drop(rx);
+        self.wake();
+        true
     }
 }
 
@@ -1108,7 +1117,7 @@ impl Handler for TcpConnection {
         }
         let sent = self.pump();
         let mut budget = TURN_BYTES;
-        let got = match self.receive(&mut rx, scratch, &mut budget) {
+        let got = match self.receive(&mut rx, scratch, &mut budget, None) {
             Ok(Some(f)) => f,
             Ok(None) => {
                 self.finish(Error::Unavailable(format!("{} closed the connection", self.label)), &mut rx);
