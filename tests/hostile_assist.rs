@@ -4,12 +4,12 @@
 
 mod common;
 
-use common::{describe_of, pattern_vec};
-use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
-use orbite::control::message::{DataResponse, DATA_REQUEST_LEN};
+use common::{pattern_vec, read_request};
+use orbite::control::frame::{FrameHeader, MsgKind};
+use orbite::control::message::DataResponse;
 use orbite::*;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 struct Setup {
@@ -33,24 +33,7 @@ impl Setup {
     /// A fake source (handshake answered with the real source's Describe,
     /// TCP only) that then `behave`s; its peer id.
     fn connect_fake(&self, behave: impl FnOnce(TcpStream) + Send + 'static) -> u64 {
-        let mut d = describe_of(&self.src.endpoint());
-        d.capabilities = TransportKind::Tcp.capability_bit();
-        d.ipc_name = String::new();
-        let body = d.encode();
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let ep = l.local_addr().unwrap().to_string();
-        std::thread::spawn(move || {
-            let (mut s, _) = l.accept().unwrap();
-            let mut h = [0u8; FRAME_HEADER_LEN];
-            s.read_exact(&mut h).unwrap();
-            let h = FrameHeader::decode(&h).unwrap();
-            let mut theirs = vec![0u8; h.body_len as usize];
-            s.read_exact(&mut theirs).unwrap();
-            s.write_all(&FrameHeader::encode(MsgKind::Describe, body.len() as u32)).unwrap();
-            s.write_all(&body).unwrap();
-            behave(s);
-        });
-        self.req.connect(&ep, None).unwrap()
+        common::connect_fake_source(&self.req, &self.src.endpoint(), behave)
     }
 
     fn submit(&self, peer: u64, op: Op, off: u64, len: u64, timeout: Duration) -> Batch {
@@ -59,15 +42,6 @@ impl Setup {
         let opts = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(timeout) };
         self.req.submit(peer, &[r], opts).unwrap()
     }
-}
-
-/// Reads one request frame (header and fixed part) and returns its tag.
-fn read_request(s: &mut TcpStream) -> u64 {
-    let mut h = [0u8; FRAME_HEADER_LEN];
-    s.read_exact(&mut h).unwrap();
-    let mut fixed = [0u8; DATA_REQUEST_LEN];
-    s.read_exact(&mut fixed).unwrap();
-    u64::from_le_bytes(fixed[..8].try_into().unwrap())
 }
 
 /// A READ answer of `len` bytes of `byte`.

@@ -107,23 +107,32 @@ fn pipelined_export_requests_never_read_are_bounded() {
 }
 
 /// One allocation served by two engines of this process; a reader process
-/// holds it through engine 1; a raw writer's grant waits on engine 2 for
-/// it. Engine 2 closes at once (its channel ends although its grant is
-/// still waited for), and when the reader gives back, the grant that
-/// completes after the close is released: nothing stays exported and the
-/// allocation can be freed.
-#[test]
-fn an_engine_closing_while_its_grant_waits_leaves_nothing_exported() {
-    let a = allocate_shared_host(SZ).unwrap();
-    let (e1, _) = engine(r#"{"io_threads": 1}"#, &a);
-    let (e2, epoch2) = engine(r#"{"io_threads": 1}"#, &a);
-    let mut reader =
+/// holds it through engine 1 (one export there); a raw writer's grant for
+/// it waits on engine 2 for `wait_ms` (counted only once its own thread
+/// waits for the loan). Returns (engine 1, engine 2, the reader, the
+/// writer's channel).
+fn writer_waits_for_reader(a: &Allocation, wait_ms: u32) -> (Engine, Engine, PeerProc, Channel) {
+    let (e1, _) = engine(r#"{"io_threads": 1}"#, a);
+    let (e2, epoch2) = engine(r#"{"io_threads": 1}"#, a);
+    let reader =
         PeerProc::spawn_requester(&e1.endpoint(), &format!("{}:4096", a.addr()), r#"{"shm_cache_entries": 2}"#);
     assert_eq!(e1.stats().ipc["shm"].exports_open, 1);
     let (ch, k, _) = ipc_hello(&e2.endpoint(), TransportKind::Shm, Identity::fresh(), None);
     assert_eq!(k, MsgKind::IpcWelcome);
-    assert!(raw_send(&ch, &request(epoch2, a.addr() + 8192, 9, OP_WRITE, 60_000)));
+    assert!(raw_send(&ch, &request(epoch2, a.addr() + 8192, 9, OP_WRITE, wait_ms)));
     eventually("the WRITE grant waits", || e2.stats().ipc["shm"].grants_waiting == 1);
+    (e1, e2, reader, ch)
+}
+
+/// A raw writer's grant waits on engine 2 for a reader's import (see
+/// `writer_waits_for_reader`). Engine 2 closes at once (its channel ends
+/// although its grant is still waited for; the grant gives up), and once
+/// the reader gives back nothing stays exported and the allocation can be
+/// freed.
+#[test]
+fn an_engine_closing_while_its_grant_waits_leaves_nothing_exported() {
+    let a = allocate_shared_host(SZ).unwrap();
+    let (e1, e2, mut reader, ch) = writer_waits_for_reader(&a, 60_000);
     let t0 = Instant::now();
     e2.close(Some(Duration::from_secs(30))).unwrap();
     let took = t0.elapsed();
@@ -155,16 +164,7 @@ fn an_engine_closing_while_its_grant_waits_leaves_nothing_exported() {
 #[test]
 fn a_channel_that_hangs_up_while_its_grant_waits_gives_its_charge_back_at_once() {
     let a = allocate_shared_host(SZ).unwrap();
-    let (e1, _) = engine(r#"{"io_threads": 1}"#, &a);
-    let (e2, epoch2) = engine(r#"{"io_threads": 1}"#, &a);
-    let mut reader =
-        PeerProc::spawn_requester(&e1.endpoint(), &format!("{}:4096", a.addr()), r#"{"shm_cache_entries": 2}"#);
-    assert_eq!(e1.stats().ipc["shm"].exports_open, 1);
-    let (ch, k, _) = ipc_hello(&e2.endpoint(), TransportKind::Shm, Identity::fresh(), None);
-    assert_eq!(k, MsgKind::IpcWelcome);
-    assert!(raw_send(&ch, &request(epoch2, a.addr() + 8192, 9, OP_WRITE, 600_000)));
-    // Counted only once its own thread waits for the loan.
-    eventually("the WRITE grant waits", || e2.stats().ipc["shm"].grants_waiting == 1);
+    let (e1, e2, mut reader, ch) = writer_waits_for_reader(&a, 600_000);
     assert_eq!(e2.stats().ipc["shm"].mapping_bytes_charged, a.physical_len());
     drop(ch);
     eventually("the grant gave up", || e2.stats().ipc["shm"].grants_waiting == 0);

@@ -308,3 +308,46 @@ pub fn eventually(what: &str, f: impl Fn() -> bool) {
         std::thread::yield_now();
     }
 }
+
+/// Connects `req` to a fake source on loopback: it answers the handshake
+/// with `real_source`'s Describe (TCP only), then `behave`s with the
+/// socket. Returns the peer id.
+pub fn connect_fake_source(
+    req: &orbite::Engine,
+    real_source: &str,
+    behave: impl FnOnce(std::net::TcpStream) + Send + 'static,
+) -> u64 {
+    use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
+    use std::io::Read;
+    let mut d = describe_of(real_source);
+    d.capabilities = orbite::TransportKind::Tcp.capability_bit();
+    d.ipc_name = String::new();
+    let body = d.encode();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let ep = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut h = [0u8; FRAME_HEADER_LEN];
+        s.read_exact(&mut h).unwrap();
+        let h = FrameHeader::decode(&h).unwrap();
+        let mut theirs = vec![0u8; h.body_len as usize];
+        s.read_exact(&mut theirs).unwrap();
+        s.write_all(&FrameHeader::encode(MsgKind::Describe, body.len() as u32)).unwrap();
+        s.write_all(&body).unwrap();
+        behave(s);
+    });
+    req.connect(&ep, None).unwrap()
+}
+
+/// Reads one request frame (header and fixed part; a WRITE's payload is
+/// left in the socket) and returns its tag.
+pub fn read_request(s: &mut std::net::TcpStream) -> u64 {
+    use orbite::control::frame::FRAME_HEADER_LEN;
+    use orbite::control::message::DATA_REQUEST_LEN;
+    use std::io::Read;
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    s.read_exact(&mut h).unwrap();
+    let mut fixed = [0u8; DATA_REQUEST_LEN];
+    s.read_exact(&mut fixed).unwrap();
+    u64::from_le_bytes(fixed[..8].try_into().unwrap())
+}
