@@ -889,7 +889,7 @@ struct NotificationStats {
 
 /// The I/O threads serving the connections (stats "io").
 struct IoStats {
-  std::uint64_t threads_max = 0, threads = 0, wakeups = 0, wakeups_per_1000_requests = 0;
+  std::uint64_t threads_max = 0, threads = 0, wakeups = 0, polled_turns = 0, wakeups_per_1000_requests = 0;
   std::vector<std::uint64_t> connections_per_thread;  ///< one entry per running I/O thread
 };
 
@@ -992,6 +992,7 @@ inline Stats parse_stats(const std::string &text) {
     const json::Value &io = detail::object(d, "io", "stats");
     detail::u64_fields(s.io, io, "stats.io",
                        {{"threads_max", &Io::threads_max}, {"threads", &Io::threads}, {"wakeups", &Io::wakeups},
+                        {"polled_turns", &Io::polled_turns},
                         {"wakeups_per_1000_requests", &Io::wakeups_per_1000_requests}});
     s.io.connections_per_thread = detail::u64_array(io, "connections_per_thread", "stats.io");
   }

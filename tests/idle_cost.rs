@@ -2,6 +2,8 @@
 //! own: it measures this process's CPU time, which tests running beside it
 //! would disturb.
 
+mod common;
+
 use orbite::control::frame::{FrameHeader, MsgKind};
 use orbite::*;
 use std::io::Write;
@@ -12,6 +14,7 @@ use std::time::Instant;
 /// they wait for their handshake deadline (no polling loop).
 #[test]
 fn half_headers_cost_no_cpu() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let src = Engine::from_json(r#"{"handshake_timeout_ms": 30000}"#).unwrap();
     let ep = src.endpoint();
     let conns: Vec<TcpStream> = (0..250)
@@ -21,22 +24,66 @@ fn half_headers_cost_no_cpu() {
             s
         })
         .collect();
-    let cpu = || {
-        // utime + stime of this process, in clock ticks.
-        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-        let rest = &stat[stat.rfind(')').unwrap() + 2..];
-        let f: Vec<u64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
-        f[11] + f[12]
-    };
-    // SAFETY: sysconf has no memory effects.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     // Let the serving threads start and block, then measure a window.
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let (c0, t0) = (cpu(), Instant::now());
+    let (c0, t0) = (cpu_seconds(), Instant::now());
     std::thread::sleep(std::time::Duration::from_secs(2));
-    let used = (cpu() - c0) as f64 / hz;
-    let share = used / t0.elapsed().as_secs_f64();
+    let share = (cpu_seconds() - c0) / t0.elapsed().as_secs_f64();
     assert!(share < 0.10, "250 half headers cost {:.1}% of a core", share * 100.0);
     assert_eq!(src.stats().incoming_connections, 250);
     drop(conns);
+}
+
+/// This binary's tests measure the process's CPU time: one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// utime + stime of this process, in seconds.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<u64> = rest.split_whitespace().map(|x| x.parse().unwrap_or(0)).collect();
+    // SAFETY: sysconf has no memory effects.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (f[11] + f[12]) as f64 / hz
+}
+
+/// 2000 small READs one after the other between two engines of this
+/// process, with `io_poll_us` as given; returns the engines' polled turns.
+fn ping_pong(poll_us: u32) -> (Engine, Engine, u64) {
+    let cfg = format!(r#"{{"io_threads": 1, "io_poll_us": {poll_us}}}"#);
+    let src = Engine::from_json(&cfg).unwrap();
+    let remote = vec![7u8; 4096];
+    src.register_memory(remote.as_ptr() as u64, 4096, Access::READ).unwrap();
+    let req = Engine::from_json(&cfg).unwrap();
+    let local = vec![0u8; 4096];
+    req.register_memory(local.as_ptr() as u64, 4096, Access::WRITE).unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: remote.as_ptr() as u64, len: 4096 };
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(common::LONG) };
+    for _ in 0..2000 {
+        req.submit(peer, &[r], opts).unwrap().wait(common::LONG).unwrap();
+    }
+    assert!(local.iter().all(|b| *b == 7));
+    let polled = src.stats().io.polled_turns + req.stats().io.polled_turns;
+    (src, req, polled)
+}
+
+/// I/O threads whose events come close together poll for the next one
+/// (some of 2000 back-to-back round trips are caught polling; none with
+/// `io_poll_us` 0), and stop once the traffic does: the engines, still
+/// connected, then cost almost no CPU.
+#[test]
+fn io_threads_poll_only_while_events_come_close_together() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (_s, _r, polled) = ping_pong(0);
+    assert_eq!(polled, 0);
+    drop((_s, _r));
+    let (src, req, polled) = ping_pong(200);
+    assert!(polled > 0, "no turn of 2000 round trips was caught polling");
+    let (c0, t0) = (cpu_seconds(), Instant::now());
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let share = (cpu_seconds() - c0) / t0.elapsed().as_secs_f64();
+    assert!(share < 0.10, "idle engines cost {:.1}% of a core after their traffic", share * 100.0);
+    assert_eq!(req.stats().peers_alive, 1);
+    drop(src);
 }

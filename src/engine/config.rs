@@ -79,6 +79,10 @@ pub struct EngineConfig {
     /// incoming), whatever their number (started as connections come;
     /// default min(cores, 4)).
     pub io_threads: u32,
+    /// Longest an I/O thread polls for its next event before it sleeps,
+    /// in microseconds (it polls only after events that came close
+    /// together, for twice the last gap; 0: never polls).
+    pub io_poll_us: u32,
     /// A file holding the shared secret (at least 32 bytes, readable by its
     /// owner only) that every control connection and IPC channel must prove
     /// knowledge of, both ways, before anything else. `None`: no
@@ -126,6 +130,7 @@ impl Default for EngineConfig {
             max_incoming_connections: 256,
             max_ipc_channels: 256,
             io_threads: default_io_threads(),
+            io_poll_us: 200,
             auth_key_file: None,
             ipc_allowed_uids: Vec::new(),
             offer_timeout_ms: 5_000,
@@ -327,6 +332,7 @@ impl EngineConfig {
                 "max_incoming_connections" => c.max_incoming_connections = get_u32(k, v, 1, 65_536)?,
                 "max_ipc_channels" => c.max_ipc_channels = get_u32(k, v, 1, 65_536)?,
                 "io_threads" => c.io_threads = get_u32(k, v, 1, 64)?,
+                "io_poll_us" => c.io_poll_us = get_u32(k, v, 0, 10_000)?,
                 "auth_key_file" => {
                     c.auth_key_file = match v {
                         Value::Null => None,
@@ -369,7 +375,7 @@ impl EngineConfig {
         if self.nvlink && self.mnnvl.is_some() {
             return Err(bad("mnnvl", "MNNVL and legacy `nvlink: true` are mutually exclusive; enable one"));
         }
-        let ranges: [(&str, u64, u64, u64); 13] = [
+        let ranges: [(&str, u64, u64, u64); 14] = [
             ("notification_max_bytes", self.notification_max_bytes as u64, 1, MAX_NOTIFICATION_BYTES),
             ("notification_queue", self.notification_queue as u64, 1, 65_536),
             ("shm_cache_entries", self.shm_cache_entries as u64, 0, 4096),
@@ -382,6 +388,7 @@ impl EngineConfig {
             ("max_incoming_connections", self.max_incoming_connections as u64, 1, 65_536),
             ("max_ipc_channels", self.max_ipc_channels as u64, 1, 65_536),
             ("io_threads", self.io_threads as u64, 1, 64),
+            ("io_poll_us", self.io_poll_us as u64, 0, 10_000),
             ("offer_timeout_ms", self.offer_timeout_ms as u64, 1, 600_000),
         ];
         for (key, v, min, max) in ranges {
@@ -447,6 +454,7 @@ impl EngineConfig {
             "max_incoming_connections": self.max_incoming_connections,
             "max_ipc_channels": self.max_ipc_channels,
             "io_threads": self.io_threads,
+            "io_poll_us": self.io_poll_us,
             "auth_key_file": self.auth_key_file,
             "ipc_allowed_uids": self.ipc_allowed_uids,
             "offer_timeout_ms": self.offer_timeout_ms,
@@ -518,6 +526,7 @@ mod tests {
             min_payload_rate_kib: 0,
             max_ipc_channels: 3,
             io_threads: 7,
+            io_poll_us: 0,
             name: Some("prefill-0".into()),
             notification_max_bytes: 100,
             notification_queue: 7,
@@ -604,6 +613,7 @@ mod tests {
         assert!(err(r#"{"max_ipc_channels": 0}"#).contains("`max_ipc_channels`"));
         assert!(err(r#"{"io_threads": 0}"#).contains("`io_threads`"));
         assert!(err(r#"{"io_threads": 65}"#).contains("`io_threads`"));
+        assert!(err(r#"{"io_poll_us": 10001}"#).contains("`io_poll_us`"));
         let c = EngineConfig::from_json(r#"{"auth_key_file": null, "ipc_allowed_uids": [33]}"#).unwrap();
         assert_eq!((c.auth_key_file, c.ipc_allowed_uids), (None, vec![33]));
     }

@@ -107,7 +107,10 @@ impl Engine {
         let stopping = Arc::new(AtomicBool::new(false));
         let mapping_budget = Budget::new(config.max_inflight_bytes);
         let source_gate = Gate::new("source side");
-        let reactor = Arc::new(Reactor::new(config.io_threads as usize));
+        let reactor = Arc::new(Reactor::new(
+            config.io_threads as usize,
+            std::time::Duration::from_micros(config.io_poll_us as u64),
+        ));
         let listeners = Listeners::new(
             (listener, ipc_listener),
             &config,

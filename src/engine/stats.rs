@@ -161,6 +161,9 @@ pub struct IoStats {
     pub connections_per_thread: Vec<usize>,
     /// Turns of the event loops that found something to do.
     pub wakeups: u64,
+    /// Of them, turns whose events came while the thread was polling for
+    /// them (config `io_poll_us`): no sleep and no wake-up.
+    pub polled_turns: u64,
     /// `wakeups` per 1000 TCP requests this engine completed or failed
     /// (0 before the first): what a request costs in thread wake-ups.
     pub wakeups_per_1000_requests: u64,
@@ -298,6 +301,7 @@ impl Engine {
                     threads: i.reactor.threads(),
                     connections_per_thread: i.reactor.connections(),
                     wakeups: i.reactor.wakeups(),
+                    polled_turns: i.reactor.polled(),
                     wakeups_per_1000_requests: 0,
                 },
                 incoming_connections: i.listeners.live(),

@@ -6,7 +6,14 @@
 //! at each tick (deadlines and stall bounds are checked at ticks).
 //!
 //! Threads start lazily (an engine without connections runs none) and stop
-//! with the engine. A handler runs on one thread only, so its receive state
+//! with the engine. A thread whose events come close together (within
+//! `io_poll_us`, default 200 us, of its last turn) polls for the next one
+//! (yielding its core) for up to that long before it sleeps: on a machine
+//! whose idle cores halt, a sleeping thread's wake-up is most of what a
+//! small round trip costs, and a ping-pong of small batches keeps its
+//! threads awake this way. An idle thread never polls, and one whose
+//! events are further apart than the bound sleeps at once (the same
+//! trade, and the same 200 us default, as Linux's guest halt-polling). A handler runs on one thread only, so its receive state
 //! needs no sharing; other threads hand it work through its own queues and
 //! [`Registration::wake`].
 
@@ -20,7 +27,7 @@ use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What a handler wants after a turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,11 +158,16 @@ type Entry = (RawFd, Arc<dyn Handler>);
 pub struct ReactorCounts {
     /// Turns of the event loops that found something to do.
     pub wakeups: AtomicU64,
+    /// Of them, turns whose events came while the thread polled (no sleep,
+    /// no wake-up).
+    pub polled: AtomicU64,
 }
 
 /// An engine's I/O threads.
 pub struct Reactor {
     size: usize,
+    /// Longest poll before sleeping.
+    poll_max: Duration,
     workers: Mutex<Vec<Arc<Worker>>>,
     next: AtomicUsize,
     stopped: AtomicBool,
@@ -191,10 +203,12 @@ impl Registration {
 }
 
 impl Reactor {
-    /// A reactor of `size` threads (at least one), none started yet.
-    pub fn new(size: usize) -> Reactor {
+    /// A reactor of `size` threads (at least one), none started yet, each
+    /// polling up to `poll_max` for its next event (see the module).
+    pub fn new(size: usize, poll_max: Duration) -> Reactor {
         Reactor {
             size: size.max(1),
+            poll_max,
             workers: Mutex::new(Vec::new()),
             next: AtomicUsize::new(0),
             stopped: AtomicBool::new(false),
@@ -215,6 +229,11 @@ impl Reactor {
     /// Event-loop turns so far.
     pub fn wakeups(&self) -> u64 {
         self.counts.wakeups.load(Ordering::Relaxed)
+    }
+
+    /// Of them, turns whose events came while their thread polled.
+    pub fn polled(&self) -> u64 {
+        self.counts.polled.load(Ordering::Relaxed)
     }
 
     /// Serves `fd` with `handler` from now on: readable and writable
@@ -240,7 +259,7 @@ impl Reactor {
     fn pick(&self) -> Result<Arc<Worker>> {
         let mut ws = self.workers.lock();
         if ws.len() < self.size {
-            let w = Worker::start(ws.len(), self.counts.clone())?;
+            let w = Worker::start(ws.len(), self.counts.clone(), self.poll_max)?;
             ws.push(w.clone());
             return Ok(w);
         }
@@ -279,7 +298,7 @@ impl Drop for Reactor {
 }
 
 impl Worker {
-    fn start(index: usize, counts: Arc<ReactorCounts>) -> Result<Arc<Worker>> {
+    fn start(index: usize, counts: Arc<ReactorCounts>, poll_max: Duration) -> Result<Arc<Worker>> {
         let poll = Poll::new().map_err(|e| Error::io("create an event loop", &e))?;
         let registry = poll.registry().try_clone().map_err(|e| Error::io("clone the event registry", &e))?;
         let waker = Waker::new(poll.registry(), WAKER).map_err(|e| Error::io("create an event-loop waker", &e))?;
@@ -296,26 +315,47 @@ impl Worker {
         let me = w.clone();
         let t = std::thread::Builder::new()
             .name(format!("orbite-io-{index}"))
-            .spawn(move || me.run(poll, counts))
+            .spawn(move || me.run(poll, counts, poll_max))
             .map_err(|e| Error::io("spawn an I/O thread", &e))?;
         *w.thread.lock() = Some(t);
         Ok(w)
     }
 
-    fn run(&self, mut poll: Poll, counts: Arc<ReactorCounts>) {
+    fn run(&self, mut poll: Poll, counts: Arc<ReactorCounts>, poll_max: Duration) {
         let mut table: HashMap<Token, Entry> = HashMap::new();
         let mut events = Events::with_capacity(256);
         let mut scratch = vec![0u8; SCRATCH];
         let mut again: Vec<Token> = Vec::new();
         let mut next_tick = Instant::now() + TICK;
+        // When the last turn ended, and until when to poll after it.
+        let mut idle_since = Instant::now();
+        let mut poll_until = idle_since;
         while !self.stop.load(Ordering::Acquire) {
             let now = Instant::now();
-            let timeout = if again.is_empty() { next_tick.saturating_duration_since(now) } else { Default::default() };
+            let polling = now < poll_until;
+            let timeout =
+                if again.is_empty() && !polling { next_tick.saturating_duration_since(now) } else { Duration::ZERO };
             if let Err(e) = poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     std::thread::sleep(TICK);
                 }
                 continue;
+            }
+            let quiet = events.is_empty() && again.is_empty();
+            if quiet && polling && Instant::now() < next_tick {
+                std::thread::yield_now();
+                continue;
+            }
+            // Poll after this turn if its events came within the bound of
+            // the last turn.
+            let mut window = Duration::ZERO;
+            if !events.is_empty() {
+                if Instant::now().saturating_duration_since(idle_since) <= poll_max {
+                    window = poll_max;
+                }
+                if polling {
+                    counts.polled.fetch_add(1, Ordering::Relaxed);
+                }
             }
             counts.wakeups.fetch_add(1, Ordering::Relaxed);
             for (t, entry) in self.added.lock().drain(..) {
@@ -342,6 +382,10 @@ impl Worker {
                 }
             }
             let now = Instant::now();
+            if !events.is_empty() {
+                idle_since = now;
+                poll_until = now + window;
+            }
             if now >= next_tick {
                 next_tick = now + TICK;
                 let tokens: Vec<Token> = table.keys().copied().collect();

@@ -1185,7 +1185,7 @@ mod tests {
         let (mut peer, _) = listener.accept().unwrap();
         let describe = Describe::bare(Identity::fresh());
         let stats = Arc::new(Counters::default());
-        let reactor = Reactor::new(1);
+        let reactor = Reactor::new(1, Duration::ZERO);
         let conn = TcpConnection::start(client, describe, "test peer".into(), stats.clone(), Box::new(|| {}), &reactor)
             .unwrap();
         reactor.stop();
