@@ -136,7 +136,7 @@ pub struct BatchShared {
     /// already running sees them without a wake-up.
     spin: Duration,
     /// What the waiter drives while it spins (see [`Assist`]).
-    assist: Mutex<Option<Weak<dyn Assist>>>,
+    assist: once_cell::sync::OnceCell<Weak<dyn Assist>>,
     stats: Arc<Counters>,
     /// The submission deadline.
     pub deadline: Instant,
@@ -172,7 +172,7 @@ impl BatchShared {
             }),
             cv: Condvar::new(),
             spin: if requests.iter().map(|r| r.len).sum::<u64>() <= SPIN_BYTES { SPIN } else { Duration::ZERO },
-            assist: Mutex::new(None),
+            assist: once_cell::sync::OnceCell::new(),
             stats,
             deadline,
         })
@@ -181,9 +181,8 @@ impl BatchShared {
     /// Names what a spinning waiter may drive (the first one named stays:
     /// a batch spread over several connections is helped on one).
     pub fn assisted_by(&self, a: Weak<dyn Assist>) {
-        let mut slot = self.assist.lock();
-        if slot.is_none() && self.spin > Duration::ZERO {
-            *slot = Some(a);
+        if self.spin > Duration::ZERO {
+            let _ = self.assist.set(a);
         }
     }
 
@@ -341,7 +340,7 @@ impl BatchShared {
         let start = Instant::now();
         let deadline = start.checked_add(timeout);
         let spin_until = start + self.spin.min(timeout);
-        let assist = self.assist.lock().as_ref().and_then(Weak::upgrade);
+        let assist = self.assist.get().and_then(Weak::upgrade);
         while Instant::now() < spin_until {
             {
                 let s = self.state.lock();

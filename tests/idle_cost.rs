@@ -26,9 +26,7 @@ fn half_headers_cost_no_cpu() {
         .collect();
     // Let the serving threads start and block, then measure a window.
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let (c0, t0) = (cpu_seconds(), Instant::now());
-    std::thread::sleep(std::time::Duration::from_secs(2));
-    let share = (cpu_seconds() - c0) / t0.elapsed().as_secs_f64();
+    let share = cpu_share_over(std::time::Duration::from_secs(2));
     assert!(share < 0.10, "250 half headers cost {:.1}% of a core", share * 100.0);
     assert_eq!(src.stats().incoming_connections, 250);
     drop(conns);
@@ -45,6 +43,13 @@ fn cpu_seconds() -> f64 {
     // SAFETY: sysconf has no memory effects.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     (f[11] + f[12]) as f64 / hz
+}
+
+/// The share of a core this process used over the next `window`.
+fn cpu_share_over(window: std::time::Duration) -> f64 {
+    let (c0, t0) = (cpu_seconds(), Instant::now());
+    std::thread::sleep(window);
+    (cpu_seconds() - c0) / t0.elapsed().as_secs_f64()
 }
 
 /// 2000 small READs one after the other between two engines of this
@@ -80,9 +85,7 @@ fn io_threads_poll_only_while_events_come_close_together() {
     drop((_s, _r));
     let (src, req, polled) = ping_pong(200);
     assert!(polled > 0, "no turn of 2000 round trips was caught polling");
-    let (c0, t0) = (cpu_seconds(), Instant::now());
-    std::thread::sleep(std::time::Duration::from_secs(1));
-    let share = (cpu_seconds() - c0) / t0.elapsed().as_secs_f64();
+    let share = cpu_share_over(std::time::Duration::from_secs(1));
     assert!(share < 0.10, "idle engines cost {:.1}% of a core after their traffic", share * 100.0);
     assert_eq!(req.stats().peers_alive, 1);
     drop(src);

@@ -14,7 +14,7 @@ use crate::transfer::{Assist, BatchShared, ChunkOutcome, Op, RemoteEffect, Reque
 use crate::transport::ipc::requester::{GroupError, GroupLocal, GroupRun};
 use crate::transport::tcp::Chunk;
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 /// A request after local checks: its index, the request, its local lease
@@ -431,8 +431,7 @@ impl Engine {
         let max_chunk = self.inner.config.max_transfer_bytes;
         let gate = &self.inner.requester_gate;
         // A small batch's waiter reads the answers itself while it spins.
-        let conn: Arc<dyn Assist> = p.conn.clone();
-        batch.assisted_by(Arc::downgrade(&conn));
+        batch.assisted_by(Arc::downgrade(&p.conn) as Weak<dyn Assist>);
         let mut staged: Vec<Chunk> = Vec::new();
         let mut failed: Option<Error> = None;
         for c in live {

@@ -13,8 +13,10 @@
 //! small round trip costs, and a ping-pong of small batches keeps its
 //! threads awake this way. An idle thread never polls, and one whose
 //! events are further apart than the bound sleeps at once (the same
-//! trade, and the same 200 us default, as Linux's guest halt-polling). A handler runs on one thread only, so its receive state
-//! needs no sharing; other threads hand it work through its own queues and
+//! trade, and the same 200 us default, as Linux's guest halt-polling).
+//!
+//! A handler runs on one thread only, so its receive state needs no
+//! sharing; other threads hand it work through its own queues and
 //! [`Registration::wake`].
 
 use crate::control::io::TICK;
@@ -348,14 +350,9 @@ impl Worker {
             }
             // Poll after this turn if its events came within the bound of
             // the last turn.
-            let mut window = Duration::ZERO;
-            if !events.is_empty() {
-                if Instant::now().saturating_duration_since(idle_since) <= poll_max {
-                    window = poll_max;
-                }
-                if polling {
-                    counts.polled.fetch_add(1, Ordering::Relaxed);
-                }
+            let close = !events.is_empty() && Instant::now().saturating_duration_since(idle_since) <= poll_max;
+            if polling && !events.is_empty() {
+                counts.polled.fetch_add(1, Ordering::Relaxed);
             }
             counts.wakeups.fetch_add(1, Ordering::Relaxed);
             for (t, entry) in self.added.lock().drain(..) {
@@ -384,7 +381,7 @@ impl Worker {
             let now = Instant::now();
             if !events.is_empty() {
                 idle_since = now;
-                poll_until = now + window;
+                poll_until = if close { now + poll_max } else { now };
             }
             if now >= next_tick {
                 next_tick = now + TICK;

@@ -327,6 +327,11 @@ impl TcpConnection {
         Ok(d.current.clone())
     }
 
+    /// The peer ended the connection in order.
+    fn closed_by_peer(&self) -> Error {
+        Error::Unavailable(format!("{} closed the connection", self.label))
+    }
+
     /// Why nothing more can be sent: the error that killed the connection,
     /// or its orderly close.
     fn closed_reason(&self) -> Error {
@@ -1093,7 +1098,7 @@ impl Assist for TcpConnection {
         let end = match got {
             (Ok(Some(Flow::Idle)), progress) => return progress,
             (Ok(Some(_)), _) => None,
-            (Ok(None), _) => Some(Error::Unavailable(format!("{} closed the connection", self.label))),
+            (Ok(None), _) => Some(self.closed_by_peer()),
             (Err(e), _) => Some(e),
         };
         if let Some(e) = end {
@@ -1120,7 +1125,7 @@ impl Handler for TcpConnection {
         let got = match self.receive(&mut rx, scratch, &mut budget, None) {
             Ok(Some(f)) => f,
             Ok(None) => {
-                self.finish(Error::Unavailable(format!("{} closed the connection", self.label)), &mut rx);
+                self.finish(self.closed_by_peer(), &mut rx);
                 return Flow::Done;
             }
             Err(e) => {
@@ -1198,8 +1203,7 @@ mod tests {
         let req = Request { op: Op::Read, local_addr: addr, remote_addr: 0x7000, len: 4096 };
         let batch = BatchShared::new(&[req], stats, deadline);
         batch.plan(0, 1, TransportKind::Tcp);
-        let assist: Arc<dyn Assist> = conn.clone();
-        batch.assisted_by(Arc::downgrade(&assist));
+        batch.assisted_by(Arc::downgrade(&conn) as std::sync::Weak<dyn Assist>);
         conn.enqueue(vec![Chunk {
             batch: batch.clone(),
             index: 0,
