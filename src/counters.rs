@@ -81,12 +81,17 @@ pub struct TransportStats {
 impl Counters {
     /// Records a finished request of this engine.
     pub fn record_request(&self, t: TransportKind, ok: bool, bytes: u64) {
+        self.record_requests(t, ok, 1, bytes);
+    }
+
+    /// Records `n` requests that ended alike, `bytes` in all.
+    pub fn record_requests(&self, t: TransportKind, ok: bool, n: u64, bytes: u64) {
         let p = &self.per[t.index()];
         if ok {
-            p.requests_completed.fetch_add(1, Ordering::Relaxed);
+            p.requests_completed.fetch_add(n, Ordering::Relaxed);
             p.bytes_completed.fetch_add(bytes, Ordering::Relaxed);
         } else {
-            p.requests_failed.fetch_add(1, Ordering::Relaxed);
+            p.requests_failed.fetch_add(n, Ordering::Relaxed);
             p.bytes_failed.fetch_add(bytes, Ordering::Relaxed);
         }
     }

@@ -108,6 +108,16 @@ struct State {
     on_end: Vec<EndHook>,
 }
 
+/// A batch's final status: `TRANSFER_FAILED` when a request or its
+/// notification failed; `None` while anything is pending.
+fn ended(s: &State) -> Option<Status> {
+    if s.pending > 0 || s.notification_pending {
+        return None;
+    }
+    let failed = s.failed > 0 || matches!(s.notification, Some(Err(_)));
+    Some(if failed { Status::TransferFailed } else { Status::Ok })
+}
+
 /// Called once every request of a batch has ended.
 pub type EndHook = Box<dyn FnOnce() + Send>;
 
@@ -198,9 +208,16 @@ impl BatchShared {
 
     /// Declares that request `i` will complete through `chunks` chunks on `transport`.
     pub fn plan(&self, i: usize, chunks: u32, transport: TransportKind) {
+        self.plan_each([i], chunks, transport);
+    }
+
+    /// [`BatchShared::plan`] for many requests, under one lock.
+    pub fn plan_each(&self, indices: impl IntoIterator<Item = usize>, chunks: u32, transport: TransportKind) {
         let mut s = self.state.lock();
-        s.reqs[i].chunks_left = chunks;
-        s.reqs[i].transport = Some(transport);
+        for i in indices {
+            s.reqs[i].chunks_left = chunks;
+            s.reqs[i].transport = Some(transport);
+        }
     }
 
     /// Marks request `i` as started unless the batch was cancelled first;
@@ -219,27 +236,39 @@ impl BatchShared {
 
     /// Records one chunk's outcome for request `i`.
     pub fn complete_chunk(&self, i: usize, out: ChunkOutcome) {
+        self.complete_chunks([(i, out)]);
+    }
+
+    /// Records chunk outcomes of many requests under one lock (the
+    /// statistics once per run of alike ends).
+    pub fn complete_chunks(&self, outcomes: impl IntoIterator<Item = (usize, ChunkOutcome)>) {
         let mut s = self.state.lock();
-        let r = &mut s.reqs[i];
-        if r.done {
-            return;
-        }
-        match out.effect {
-            RemoteEffect::Applied => r.any_applied = true,
-            RemoteEffect::Unknown => r.any_unknown = true,
-            RemoteEffect::None => {}
-        }
-        if let Err(e) = out.result {
-            if r.error.is_none() {
-                r.error = Some(e);
+        let mut tally = Tally::default();
+        let mut hooks = Vec::new();
+        for (i, out) in outcomes {
+            let r = &mut s.reqs[i];
+            if r.done {
+                continue;
+            }
+            match out.effect {
+                RemoteEffect::Applied => r.any_applied = true,
+                RemoteEffect::Unknown => r.any_unknown = true,
+                RemoteEffect::None => {}
+            }
+            if let Err(e) = out.result {
+                if r.error.is_none() {
+                    r.error = Some(e);
+                }
+            }
+            r.chunks_left = r.chunks_left.saturating_sub(1);
+            if r.chunks_left == 0 {
+                hooks.extend(self.finish_locked(&mut s, i, &mut tally));
             }
         }
-        r.chunks_left = r.chunks_left.saturating_sub(1);
-        if r.chunks_left == 0 {
-            let hooks = self.finish_locked(&mut s, i);
-            drop(s);
-            run(hooks);
-        }
+        // Counted before a waiter can see the requests ended.
+        tally.record(&self.stats);
+        drop(s);
+        run(hooks);
     }
 
     /// Fails request `i` as a whole (its remaining chunks will not run).
@@ -256,19 +285,22 @@ impl BatchShared {
             r.error = Some(e);
         }
         r.chunks_left = 0;
-        let hooks = self.finish_locked(&mut s, i);
+        let mut tally = Tally::default();
+        let hooks = self.finish_locked(&mut s, i, &mut tally);
+        tally.record(&self.stats);
         drop(s);
         run(hooks);
     }
 
-    /// Ends request `i`; when it was the last, returns the end hooks for
-    /// the caller to run once it released the state.
-    fn finish_locked(&self, s: &mut State, i: usize) -> Vec<EndHook> {
+    /// Ends request `i`, counting it in `tally` (which the caller records
+    /// before it releases the state); when it was the last, returns the end
+    /// hooks for the caller to run once it released the state.
+    fn finish_locked(&self, s: &mut State, i: usize, tally: &mut Tally) -> Vec<EndHook> {
         let r = &mut s.reqs[i];
         r.done = true;
         let ok = r.error.is_none();
         // Every request is routed (planned) before it can end.
-        self.stats.record_request(r.transport.unwrap_or(TransportKind::Tcp), ok, r.len);
+        tally.add(r.transport.unwrap_or(TransportKind::Tcp), ok, r.len);
         s.pending -= 1;
         if !ok {
             s.failed += 1;
@@ -337,16 +369,18 @@ impl BatchShared {
     /// Waits up to `timeout` for every request to end. A small batch's
     /// waiter first spins briefly (yielding the core), then sleeps.
     pub fn wait(&self, timeout: Duration) -> Status {
+        // A batch that ended already (an SHM copy done on the caller) reads
+        // no clock.
+        if let Some(done) = self.ended_status() {
+            return done;
+        }
         let start = Instant::now();
         let deadline = start.checked_add(timeout);
         let spin_until = start + self.spin.min(timeout);
         let assist = self.assist.get().and_then(Weak::upgrade);
         while Instant::now() < spin_until {
-            {
-                let s = self.state.lock();
-                if s.pending == 0 && !s.notification_pending {
-                    break;
-                }
+            if self.ended_status().is_some() {
+                break;
             }
             if !assist.as_ref().is_some_and(|a| a.assist(spin_until)) {
                 std::thread::yield_now();
@@ -364,11 +398,12 @@ impl BatchShared {
                 None => self.cv.wait(&mut s),
             }
         }
-        if s.failed > 0 || matches!(s.notification, Some(Err(_))) {
-            Status::TransferFailed
-        } else {
-            Status::Ok
-        }
+        ended(&s).expect("nothing pending")
+    }
+
+    /// The batch's final status once nothing is pending (`None` before).
+    fn ended_status(&self) -> Option<Status> {
+        ended(&self.state.lock())
     }
 
     /// Per-request outcomes, in input order.
@@ -412,6 +447,29 @@ impl BatchShared {
     /// Cancels requests that have not started.
     pub fn cancel(&self) {
         self.state.lock().cancelled = true;
+    }
+}
+
+/// Requests ended under one lock, to be counted in the statistics: runs of
+/// alike ends (transport, success), requests and bytes each.
+#[derive(Default)]
+struct Tally(Vec<(TransportKind, bool, u64, u64)>);
+
+impl Tally {
+    fn add(&mut self, t: TransportKind, ok: bool, bytes: u64) {
+        match self.0.last_mut() {
+            Some((lt, lok, n, b)) if *lt == t && *lok == ok => {
+                *n += 1;
+                *b += bytes;
+            }
+            _ => self.0.push((t, ok, 1, bytes)),
+        }
+    }
+
+    fn record(self, stats: &Counters) {
+        for (t, ok, n, bytes) in self.0 {
+            stats.record_requests(t, ok, n, bytes);
+        }
     }
 }
 

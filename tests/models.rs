@@ -126,7 +126,7 @@ mod cache_model {
                     receipt_done: AtomicBool::new(false),
                 })
             };
-            match self.cache.acquire(&k, far, "model", open, &close, &|_| true) {
+            match self.cache.acquire(&k, far, &|| "model".into(), open, &close, &|_| true) {
                 Ok((v, _)) => {
                     assert!(!v.native_closed.load(Ordering::SeqCst), "handed out a closed import");
                     v.users.fetch_add(1, Ordering::SeqCst);

@@ -145,7 +145,7 @@ fn an_ipc_channel_without_the_key_is_refused() {
         fabric_domain: [0; 16],
     };
     let deadline = Instant::now() + LONG;
-    ch.send(MsgKind::IpcHello, &hello.encode(), None, &mut || {
+    ch.send(MsgKind::IpcHello, &hello.encode(), &[], &mut || {
         orbite::transport::ipc::channel::deadline_tick(deadline, "hello")
     })
     .unwrap();

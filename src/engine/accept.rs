@@ -292,7 +292,7 @@ impl Listeners {
                         };
                         let Ok(body) = io::read_body(&mut stream, first.body_len, &mut tick) else { return None };
                         let ch = Channel::from_tcp(stream).ok()?;
-                        let hello = Frame { kind: first.kind, body, fd: None };
+                        let hello = Frame { kind: first.kind, body, fd: None, second_fd: None };
                         crate::transport::ipc::source::serve(fabric, ch, id, Some(hello), &reactor, forget)
                     }
                     Ok(Some(first)) => tcp::serve(c, stream, first, &reactor, forget).map(|c| c as Arc<dyn Served>),

@@ -48,6 +48,9 @@ use std::time::{Duration, Instant};
 pub(crate) struct Inner {
     config: EngineConfig,
     identity: Identity,
+    /// The process's fork generation when the engine started
+    /// ([`crate::sync::fork`]): another one means a forked child.
+    fork_generation: u64,
     regions: Arc<RegionTable>,
     stats: Arc<Counters>,
     budget: Arc<Budget>,
@@ -96,6 +99,7 @@ impl Engine {
         let listener =
             TcpListener::bind(addr).map_err(|e| Error::Unavailable(format!("cannot listen on {addr}: {e}")))?;
         let endpoint = listener.local_addr().map_err(|e| Error::io("local_addr", &e))?;
+        let fork_generation = crate::sync::fork::generation();
         let identity = Identity::fresh();
         let name = format!("orbite-{}-{:016x}", identity.process.pid, identity.engine_epoch);
         let (ipc_listener, ipc_name) = match crate::transport::ipc::channel::listen(&name) {
@@ -147,6 +151,7 @@ impl Engine {
         }
         let inner = Arc::new(Inner {
             identity,
+            fork_generation,
             regions,
             stats: stats.clone(),
             budget: Budget::new(config.max_inflight_bytes),
@@ -197,6 +202,7 @@ impl Engine {
             handshake_timeout: Duration::from_millis(inner.config.handshake_timeout_ms as u64),
             auth: inner.auth.clone(),
             allowed_uids: inner.config.ipc_allowed_uids.clone(),
+            alive: Default::default(),
         });
         // Published under its name before it serves: a peer that finds it
         // connects into the listen backlog meanwhile.
@@ -262,10 +268,10 @@ impl Engine {
 
     /// `Unavailable` in a process forked from the one that started the
     /// engine: the child's copy shares the parent's sockets and must not
-    /// use or close them.
+    /// use or close them. No system call: the fork generation is an atomic.
     pub(super) fn check_owner(&self) -> Result<()> {
-        let owner = self.inner.identity.process.pid;
-        if owner != std::process::id() {
+        if self.inner.fork_generation != crate::sync::fork::generation() {
+            let owner = self.inner.identity.process.pid;
             return Err(Error::Unavailable(format!(
                 "this engine belongs to process {owner}; a forked child cannot use it (create its own engine)"
             )));

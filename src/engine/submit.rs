@@ -18,16 +18,18 @@ use std::sync::{Arc, Weak};
 use std::time::Instant;
 
 /// A request after local checks: its index, the request, its local lease
-/// and the remote region it names (None: not published by the peer).
-struct Checked {
+/// (shared with the submission's other requests in that region: no
+/// reference count per request) and the remote region it names (None: not
+/// published by the peer).
+struct Checked<'a> {
     index: usize,
     req: Request,
-    lease: Arc<RegionLease>,
-    region: Option<RegionInfo>,
+    lease: &'a Arc<RegionLease>,
+    region: Option<&'a RegionInfo>,
 }
 
-fn find_region(d: &Describe, addr: u64) -> Option<RegionInfo> {
-    d.regions.iter().copied().find(|r| addr >= r.addr && addr < r.addr + r.len)
+fn find_region(d: &Describe, addr: u64) -> Option<&RegionInfo> {
+    d.regions.iter().find(|r| addr >= r.addr && addr < r.addr + r.len)
 }
 
 /// Subbatches of an IPC submission, in linear time: requests naming one
@@ -38,9 +40,14 @@ fn find_region(d: &Describe, addr: u64) -> Option<RegionInfo> {
 /// (region, GPU) joins one group, groups in order of first appearance;
 /// otherwise groups are consecutive runs, so that dependent requests keep
 /// their input order.
-fn group(live: Vec<Checked>) -> VecDeque<(Vec<Checked>, bool)> {
-    let key = |c: &Checked| (c.region.map_or(0, |r| r.id), c.lease.region().device);
-    let mut groups: VecDeque<(Vec<Checked>, bool)> = VecDeque::new();
+fn group(live: Vec<Checked<'_>>) -> VecDeque<(Vec<Checked<'_>>, bool)> {
+    let key = |c: &Checked<'_>| (c.region.map_or(0, |r| r.id), c.lease.region().device);
+    let mut groups: VecDeque<(Vec<Checked<'_>>, bool)> = VecDeque::new();
+    // One (region, GPU) for all, the common case: one group either way.
+    if live.first().is_some_and(|first| live.iter().all(|c| key(c) == key(first))) {
+        groups.push_back((live, false));
+        return groups;
+    }
     let reqs: Vec<Request> = live.iter().map(|c| c.req).collect();
     if crate::transport::ipc::plan::independent(&reqs) {
         let mut index: std::collections::HashMap<(u64, Option<i32>), usize> = std::collections::HashMap::new();
@@ -112,21 +119,35 @@ impl Engine {
             return Err(Error::from_status(status, format!("peer {peer} is gone: {}", e.message())));
         }
         let deadline = Instant::now() + self.timeout(opts.timeout);
-        let mut checked = self.check_local(requests, deadline)?;
+        let (leases, lease_of) = self.check_local(requests, deadline)?;
         if !self.inner.requester_gate.is_open() {
             return Err(Error::Unavailable("the requester side is closed".into()));
         }
         // Resolve remote regions (one refresh of the peer's table if needed).
-        let mut view = p.conn.describe();
-        if checked.iter().any(|c| find_region(&view, c.req.remote_addr).is_none()) {
-            if let Ok(d) = p.conn.refresh_describe(deadline) {
-                view = d;
-            }
-        }
-        for c in &mut checked {
-            c.region = find_region(&view, c.req.remote_addr);
-        }
-        let kind = self.select(peer, &p, opts.transport, &checked)?;
+        let known = p.conn.describe();
+        let refreshed;
+        let view = match requests.iter().any(|r| find_region(&known, r.remote_addr).is_none()) {
+            true => match p.conn.refresh_describe(deadline) {
+                Ok(d) => {
+                    refreshed = d;
+                    &refreshed
+                }
+                Err(_) => &known,
+            },
+            false => &known,
+        };
+        let mut live: Vec<Checked<'_>> = requests
+            .iter()
+            .zip(lease_of)
+            .enumerate()
+            .map(|(index, (r, l))| Checked {
+                index,
+                req: *r,
+                lease: &leases[l as usize],
+                region: find_region(view, r.remote_addr),
+            })
+            .collect();
+        let kind = self.select(peer, &p, opts.transport, &live)?;
         let batch = BatchShared::new(requests, self.inner.stats.clone(), deadline);
         // Later notifications to the peer follow this batch; its own waits
         // for it.
@@ -136,19 +157,15 @@ impl Engine {
             p.outbox.send_with(&batch, msg.to_vec());
         }
         // Requests naming no published region fail here, per request.
-        let mut live = Vec::with_capacity(checked.len());
-        for c in checked {
-            if c.region.is_none() {
-                batch.plan(c.index, 1, kind);
-                let e = Error::NotFound(format!(
-                    "request {}: remote address 0x{:x} is in no region peer {peer} publishes",
-                    c.index, c.req.remote_addr
-                ));
-                batch.fail_request(c.index, e, RemoteEffect::None);
-            } else {
-                live.push(c);
-            }
+        for c in live.iter().filter(|c| c.region.is_none()) {
+            batch.plan(c.index, 1, kind);
+            let e = Error::NotFound(format!(
+                "request {}: remote address 0x{:x} is in no region peer {peer} publishes",
+                c.index, c.req.remote_addr
+            ));
+            batch.fail_request(c.index, e, RemoteEffect::None);
         }
+        live.retain(|c| c.region.is_some());
         match kind {
             TransportKind::Tcp => self.enqueue_tcp(&p, &batch, live, deadline),
             ipc_kind => {
@@ -164,9 +181,11 @@ impl Engine {
     /// Checks every request's local side: a registered region holds it, and
     /// an exported shared allocation is not written under its importers'
     /// eyes. Requests of one local region share one lease (and one loan
-    /// check), so the pass is a few atomic operations per request; the
-    /// deadline is checked as it goes.
-    fn check_local(&self, requests: &[Request], deadline: Instant) -> Result<Vec<Checked>> {
+    /// check), so the pass is a few comparisons per request; the deadline
+    /// is checked as it goes. Returns the leases and, per request, which
+    /// one holds it.
+    fn check_local(&self, requests: &[Request], deadline: Instant) -> Result<(Vec<Arc<RegionLease>>, Vec<u32>)> {
+        let mut leases: Vec<Arc<RegionLease>> = Vec::new();
         let mut out = Vec::with_capacity(requests.len());
         // The last region's lease, and per direction whether its exported
         // allocation refuses it (None: not asked yet).
@@ -185,7 +204,8 @@ impl Engine {
                     .regions
                     .lease(r.local_addr, r.len)
                     .map_err(|e| Error::from_status(e.status(), format!("request {i}: local {}", e.message())))?;
-                last = Some((Arc::new(lease), [None, None]));
+                leases.push(Arc::new(lease));
+                last = Some((leases.last().expect("pushed").clone(), [None, None]));
             }
             let (lease, blocked) = last.as_mut().expect("set above");
             // A READ writes the local memory: it must not run under any
@@ -204,16 +224,16 @@ impl Engine {
                     )));
                 }
             }
-            out.push(Checked { index: i, req: *r, lease: lease.clone(), region: None });
+            out.push((leases.len() - 1) as u32);
         }
-        Ok(out)
+        Ok((leases, out))
     }
 
     /// The transport for the whole submission.
-    fn select(&self, peer: u64, p: &Peer, t: Transport, reqs: &[Checked]) -> Result<TransportKind> {
+    fn select(&self, peer: u64, p: &Peer, t: Transport, reqs: &[Checked<'_>]) -> Result<TransportKind> {
         let egm_both = self.inner.capabilities() & super::ipc::EGM_CAPABILITY != 0
             && p.conn.describe().capabilities & super::ipc::EGM_CAPABILITY != 0;
-        let fits = |k: TransportKind, c: &Checked| {
+        let fits = |k: TransportKind, c: &Checked<'_>| {
             let local = c.lease.region().kind;
             match c.region {
                 // A remote host range needs an EGM export and both peers' opt-in.
@@ -310,21 +330,19 @@ impl Engine {
 
     /// Runs the subbatches of an IPC transport in order. Returns the
     /// requests that fell through to TCP (all remaining ones, in order).
-    fn run_ipc(
+    fn run_ipc<'a>(
         &self,
         kind: TransportKind,
         p: &Peer,
         batch: &Arc<BatchShared>,
-        live: Vec<Checked>,
+        live: Vec<Checked<'a>>,
         deadline: Instant,
         auto: bool,
-    ) -> Vec<Checked> {
+    ) -> Vec<Checked<'a>> {
         let (Ok(link), Some(transport)) = (p.link(kind), self.inner.ipc_transport(kind)) else {
             return live;
         };
-        for c in &live {
-            batch.plan(c.index, 1, kind);
-        }
+        batch.plan_each(live.iter().map(|c| c.index), 1, kind);
         let tcp_fallback = auto
             && self.inner.config.transport_policy.contains(&TransportKind::Tcp)
             && live.iter().all(|c| {
@@ -335,14 +353,12 @@ impl Engine {
             if tcp_fallback && may_fall_through(&e) {
                 return self.fall_through(kind, batch, live, &e);
             }
-            for c in live {
-                batch.complete_chunk(c.index, ChunkOutcome::failed(e.clone(), RemoteEffect::None));
-            }
+            batch.complete_chunks(live.iter().map(|c| (c.index, ChunkOutcome::failed(e.clone(), RemoteEffect::None))));
             return Vec::new();
         }
         let mut groups = group(live);
         while let Some((g, retried)) = groups.pop_front() {
-            let region = g[0].region.expect("resolved");
+            let region = *g[0].region.expect("resolved");
             let items: Vec<(usize, Request)> = g.iter().map(|c| (c.index, c.req)).collect();
             // The last group may complete on the progress worker; earlier
             // ones finish here so that subbatches stay in order.
@@ -351,12 +367,8 @@ impl Engine {
                 device: g[0].lease.region().device,
                 pinned: g.iter().any(|c| c.lease.region().kind == MemoryKind::PinnedHost),
             };
-            match transport.requester.run_group(&link, &region, &items, local, deadline, defer) {
-                Ok(GroupRun::Done(outcomes)) => {
-                    for (c, o) in g.iter().zip(outcomes) {
-                        batch.complete_chunk(c.index, o);
-                    }
-                }
+            match transport.requester.run_group(&link, &region, items, local, deadline, defer) {
+                Ok(GroupRun::Done(outcomes)) => batch.complete_chunks(g.iter().map(|c| c.index).zip(outcomes)),
                 Ok(GroupRun::Deferred) => {}
                 Err(GroupError::NotPosted(e)) => {
                     if link.source_left() {
@@ -369,7 +381,7 @@ impl Engine {
                         // group becomes a new group after it.
                         let mut it = g.into_iter();
                         let first = it.next().expect("non-empty group");
-                        let rest: Vec<Checked> = it.collect();
+                        let rest: Vec<Checked<'a>> = it.collect();
                         if !rest.is_empty() {
                             groups.push_front((rest, false));
                         }
@@ -381,9 +393,9 @@ impl Engine {
                         rest.extend(groups.into_iter().flat_map(|(g, _)| g));
                         return self.fall_through(kind, batch, rest, &e);
                     }
-                    for c in g {
-                        batch.complete_chunk(c.index, ChunkOutcome::failed(e.clone(), RemoteEffect::None));
-                    }
+                    batch.complete_chunks(
+                        g.iter().map(|c| (c.index, ChunkOutcome::failed(e.clone(), RemoteEffect::None))),
+                    );
                 }
             }
         }
@@ -392,10 +404,14 @@ impl Engine {
 
     /// Moves requests nothing was posted for from `kind` to TCP, saying so
     /// on the batch and in the stats.
-    fn fall_through(&self, kind: TransportKind, batch: &BatchShared, rest: Vec<Checked>, e: &Error) -> Vec<Checked> {
-        for c in &rest {
-            batch.plan(c.index, 1, TransportKind::Tcp);
-        }
+    fn fall_through<'a>(
+        &self,
+        kind: TransportKind,
+        batch: &BatchShared,
+        rest: Vec<Checked<'a>>,
+        e: &Error,
+    ) -> Vec<Checked<'a>> {
+        batch.plan_each(rest.iter().map(|c| c.index), 1, TransportKind::Tcp);
         self.inner.stats.record_fell_through(kind, rest.len() as u64);
         batch.note(format!("{} requests moved from {} to tcp: {e}", rest.len(), kind.name()));
         rest
@@ -407,27 +423,31 @@ impl Engine {
     fn deferred_completion(
         &self,
         batch: &Arc<BatchShared>,
-        g: &[Checked],
+        g: &[Checked<'_>],
     ) -> Option<crate::transport::ipc::requester::OnDone> {
         let guard = self.inner.requester_gate.enter().ok()?;
         let batch = batch.clone();
-        let held: Vec<(usize, Arc<RegionLease>)> = g.iter().map(|c| (c.index, c.lease.clone())).collect();
+        let indices: Vec<usize> = g.iter().map(|c| c.index).collect();
+        // The group's leases, each once per run of requests sharing it.
+        let mut held: Vec<Arc<RegionLease>> = Vec::new();
+        for c in g {
+            if !held.last().is_some_and(|l| Arc::ptr_eq(l, c.lease)) {
+                held.push(c.lease.clone());
+            }
+        }
         Some(Box::new(move |outcomes: Vec<ChunkOutcome>| {
-            let indices: Vec<usize> = held.iter().map(|(i, _)| *i).collect();
             // The local regions are free again before the batch says so; the
             // requester side stays open until it has (close_requester then
             // returns only with every batch it waited for complete).
             drop(held);
-            for (i, o) in indices.into_iter().zip(outcomes) {
-                batch.complete_chunk(i, o);
-            }
+            batch.complete_chunks(indices.into_iter().zip(outcomes));
             drop(guard);
         }))
     }
 
     /// Splits requests into chunks, admits them and queues them on the
     /// peer's TCP connection.
-    fn enqueue_tcp(&self, p: &Peer, batch: &Arc<BatchShared>, live: Vec<Checked>, deadline: Instant) {
+    fn enqueue_tcp(&self, p: &Peer, batch: &Arc<BatchShared>, live: Vec<Checked<'_>>, deadline: Instant) {
         let max_chunk = self.inner.config.max_transfer_bytes;
         let gate = &self.inner.requester_gate;
         // A small batch's waiter reads the answers itself while it spins.

@@ -3,10 +3,12 @@
 //! every real build; shuttle's, behind a parking_lot-shaped API, when the
 //! `model-check` feature builds the concurrency models (`tests/models.rs`).
 //! [`admission`] holds the byte budgets and gates of the engine;
-//! [`coalesce`] runs a job on at most one short-lived thread at a time.
+//! [`coalesce`] runs a job on at most one short-lived thread at a time;
+//! [`fork`] tells a forked child without a system call.
 
 pub mod admission;
 pub mod coalesce;
+pub mod fork;
 
 #[cfg(not(feature = "model-check"))]
 pub use parking_lot::{Condvar, Mutex, MutexGuard};

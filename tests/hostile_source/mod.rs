@@ -236,7 +236,7 @@ fn serve(mut ch: Channel, script: Script, identity: Identity, addr: u64, log: Se
             MsgKind::Revalidate => (MsgKind::RevalidateOk, f.body[..8].to_vec(), None),
             _ => return,
         };
-        if ch.send(kind, &body, fd, &mut tick).is_err() {
+        if ch.send(kind, &body, fd.as_slice(), &mut tick).is_err() {
             return;
         }
     }

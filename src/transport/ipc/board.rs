@@ -31,6 +31,7 @@
 //! source reads only the requester's words, bounded). The protocol itself
 //! is generic over [`Words`] so that it is model-checked (`tests/models.rs`).
 
+use super::alive::AliveView;
 use crate::error::{Error, Result};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
@@ -163,8 +164,12 @@ pub struct Board {
     base: *const Slot,
     fd: OwnedFd,
     /// Requester: a duplicate of the channel the board came with, to see
-    /// whether the source hung up (a dead source can no longer revoke).
+    /// whether the source hung up (a dead source can no longer revoke),
+    /// when the source sent no liveness page.
     channel: Option<OwnedFd>,
+    /// Requester: the source's liveness page, which tells the same with one
+    /// load (see [`super::alive`]).
+    alive: Option<AliveView>,
 }
 
 // SAFETY: the mapping is only accessed through atomics; it stays mapped for
@@ -209,21 +214,27 @@ impl Board {
             return Err(Error::Protocol("the grant board is not a sealed memory file of the board's size".into()));
         }
         let p = crate::memory::owners::map_shared(&fd, BOARD_BYTES as u64, true, "the grant board")?;
-        Ok(Board { base: p as *const Slot, fd, channel: None })
+        Ok(Board { base: p as *const Slot, fd, channel: None, alive: None })
     }
 
-    /// Requester: watches `channel` (a duplicate of the channel's socket)
-    /// for the source hanging up.
-    pub fn watch(mut self, channel: Option<OwnedFd>) -> Board {
+    /// Requester: watches the source's liveness page `alive` or, without
+    /// one, `channel` (a duplicate of the channel's socket) for the source
+    /// hanging up.
+    pub fn watch(mut self, channel: Option<OwnedFd>, alive: Option<AliveView>) -> Board {
         self.channel = channel;
+        self.alive = alive;
         self
     }
 
-    /// Requester: whether the source hung up its end of the channel (its
-    /// process exited, or it closed the channel). Then its words no longer
-    /// decide anything: a group must not enter. One `poll` without waiting;
-    /// `true` also when there is no channel to watch.
+    /// Requester: whether the source died (or its engine's source side went
+    /// away). Then its words no longer decide anything: a group must not
+    /// enter. With a liveness page, one load; otherwise whether it hung up
+    /// its end of the channel, one `poll` without waiting (`true` also when
+    /// there is neither to watch).
     pub fn source_hung_up(&self) -> bool {
+        if let Some(a) = &self.alive {
+            return !a.source_lives();
+        }
         let Some(fd) = &self.channel else { return true };
         let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLRDHUP, revents: 0 };
         // SAFETY: one valid pollfd for an fd we own, timeout 0.

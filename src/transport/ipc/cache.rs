@@ -124,12 +124,12 @@ impl<K: Clone + Eq + Hash, V> RelocationCache<K, V> {
     /// new one (evicting the LRU idle entry at capacity). An entry that is
     /// no longer `current` is closed first; a retained one owing only its
     /// receipt gets one receipt-only retry. `label` names the peer and
-    /// region in errors.
+    /// region in errors (called only for one).
     pub fn acquire(
         &self,
         key: &K,
         deadline: Instant,
-        label: &str,
+        label: &dyn Fn() -> String,
         open: impl FnOnce() -> Result<V>,
         close: CloseFn<'_, V>,
         current: CurrentFn<'_, V>,
@@ -172,13 +172,17 @@ impl<K: Clone + Eq + Hash, V> RelocationCache<K, V> {
                     SlotState::Retained { native_closed, why, .. } => {
                         let what = if *native_closed { "its close receipt" } else { "its native close or completion" };
                         return Err(Error::Unavailable(format!(
-                            "{label}: the import is retained: {what} could not be confirmed ({why}); \
-                             each submission and flush retries the receipt"
+                            "{}: the import is retained: {what} could not be confirmed ({why}); \
+                             each submission and flush retries the receipt",
+                            label()
                         )));
                     }
                     SlotState::Ready(_) | SlotState::Constructing | SlotState::Closing | SlotState::Retrying => {
                         if self.cv.wait_until(&mut c, deadline).timed_out() {
-                            return Err(Error::TimedOut(format!("{label}: cached import still being set up or used")));
+                            return Err(Error::TimedOut(format!(
+                                "{}: cached import still being set up or used",
+                                label()
+                            )));
                         }
                         continue;
                     }
@@ -404,22 +408,22 @@ mod tests {
     fn a_full_cache_without_an_idle_entry_is_exhausted_but_retained_entries_do_not_count() {
         let c: RelocationCache<u8, u8> = RelocationCache::new(1);
         let close = |_: &u8, _: bool| -> std::result::Result<(), (Error, bool)> { Ok(()) };
-        let (one, fresh) = c.acquire(&1, soon(), "t", || Ok(1), &close, &|_| true).unwrap();
+        let (one, fresh) = c.acquire(&1, soon(), &|| "t".into(), || Ok(1), &close, &|_| true).unwrap();
         assert!(fresh);
         // Key 1 is in use: key 2 finds nothing idle to evict.
-        let e = c.acquire(&2, soon(), "t", || Ok(2), &close, &|_| true).unwrap_err();
+        let e = c.acquire(&2, soon(), &|| "t".into(), || Ok(2), &close, &|_| true).unwrap_err();
         assert_eq!(e.status(), crate::error::Status::ResourceExhausted, "{e}");
         // Its completion turns out uncertain: retained, outside the bound.
         c.mark_uncertain(&1, one, "injected");
         assert_eq!(c.live_entries(), 0);
-        let (two, fresh) = c.acquire(&2, soon(), "t", || Ok(2), &close, &|_| true).unwrap();
+        let (two, fresh) = c.acquire(&2, soon(), &|| "t".into(), || Ok(2), &close, &|_| true).unwrap();
         assert!(fresh && *two == 2);
         // The retained key says why it cannot be used.
-        let e = c.acquire(&1, soon(), "key 1", || Ok(1), &close, &|_| true).unwrap_err();
+        let e = c.acquire(&1, soon(), &|| "key 1".into(), || Ok(1), &close, &|_| true).unwrap_err();
         assert!(e.message().contains("retained") && e.message().contains("injected"), "{e}");
         c.release(&2);
         // An entry that is no longer current is closed, not handed out.
-        let (again, fresh) = c.acquire(&2, soon(), "t", || Ok(3), &close, &|v| *v != 2).unwrap();
+        let (again, fresh) = c.acquire(&2, soon(), &|| "t".into(), || Ok(3), &close, &|v| *v != 2).unwrap();
         assert!(fresh && *again == 3);
     }
 }

@@ -28,6 +28,9 @@ pub struct Frame {
     pub body: Vec<u8>,
     /// A file descriptor that arrived with the frame.
     pub fd: Option<OwnedFd>,
+    /// A second one (only a Welcome carries two: the grant board and the
+    /// source's liveness page).
+    pub second_fd: Option<OwnedFd>,
 }
 
 /// The socket under a channel.
@@ -70,6 +73,9 @@ impl AsRawFd for Stream {
 pub struct Channel {
     stream: Stream,
 }
+
+/// The most descriptors one frame carries (a Welcome's two).
+pub const MAX_FDS: usize = 2;
 
 /// Binds the abstract socket `name`.
 pub fn listen(name: &str) -> Result<UnixListener> {
@@ -167,26 +173,26 @@ impl Channel {
         };
     }
 
-    /// Sends a frame, with `fd` attached if given.
-    pub fn send(&mut self, kind: MsgKind, body: &[u8], fd: Option<RawFd>, tick: Tick<'_>) -> Result<()> {
+    /// Sends a frame, with `fds` (at most [`MAX_FDS`]) attached.
+    pub fn send(&mut self, kind: MsgKind, body: &[u8], fds: &[RawFd], tick: Tick<'_>) -> Result<()> {
         let h = FrameHeader::encode(kind, body.len() as u32);
-        match fd {
-            None => io::write_frame(&mut self.stream, kind, body, tick),
-            Some(_) if self.is_tcp() => Err(Error::NotSupported(format!(
+        match fds {
+            [] => io::write_frame(&mut self.stream, kind, body, tick),
+            _ if self.is_tcp() => Err(Error::NotSupported(format!(
                 "{kind:?} carries a file descriptor, which cannot cross a TCP (fabric) channel"
             ))),
-            Some(fd) => {
+            _ => {
                 let mut msg = h.to_vec();
                 msg.extend_from_slice(body);
-                self.send_with_fd(&msg, fd, tick)
+                self.send_with_fds(&msg, fds, tick)
             }
         }
     }
 
-    fn send_with_fd(&mut self, msg: &[u8], fd: RawFd, tick: Tick<'_>) -> Result<()> {
-        // The fd rides on the first byte of the message; the rest may follow.
+    fn send_with_fds(&mut self, msg: &[u8], fds: &[RawFd], tick: Tick<'_>) -> Result<()> {
+        // The fds ride on the first byte of the message; the rest may follow.
         let sent = loop {
-            match self.sendmsg_fd(msg, Some(fd), 0) {
+            match self.sendmsg_fds(msg, fds, 0) {
                 Ok(n) => break n,
                 Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => tick()?,
                 Err(e) => return Err(Error::Unavailable(format!("IPC channel lost: {e}"))),
@@ -247,31 +253,35 @@ impl Channel {
     /// One non-blocking send of `bytes`, with `fd` attached (on a Unix
     /// channel) when given: how many bytes the socket took.
     pub fn send_some(&self, bytes: &[u8], fd: Option<RawFd>) -> std::io::Result<usize> {
-        self.sendmsg_fd(bytes, fd, libc::MSG_DONTWAIT)
+        self.sendmsg_fds(bytes, fd.as_slice(), libc::MSG_DONTWAIT)
     }
 
-    /// One `sendmsg` of `bytes` with `fd` attached when given (never a
-    /// SIGPIPE; `flags` added), retried when interrupted.
-    fn sendmsg_fd(&self, bytes: &[u8], fd: Option<RawFd>, flags: i32) -> std::io::Result<usize> {
+    /// One `sendmsg` of `bytes` with `fds` (at most [`MAX_FDS`]) attached
+    /// (never a SIGPIPE; `flags` added), retried when interrupted.
+    fn sendmsg_fds(&self, bytes: &[u8], fds: &[RawFd], flags: i32) -> std::io::Result<usize> {
+        assert!(fds.len() <= MAX_FDS, "at most {MAX_FDS} descriptors per frame");
         let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
         let mut cbuf = [0u64; 4];
         // SAFETY: an all-zero msghdr is valid; the fields are set below.
         let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
         mh.msg_iov = &mut iov;
         mh.msg_iovlen = 1;
-        if let Some(fd) = fd {
+        if !fds.is_empty() {
+            let payload = std::mem::size_of_val(fds) as u32;
             // SAFETY: CMSG_SPACE is a pure size computation.
-            let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+            let space = unsafe { libc::CMSG_SPACE(payload) } as usize;
             mh.msg_control = cbuf.as_mut_ptr().cast();
             mh.msg_controllen = space as _;
             // SAFETY: mh points at cbuf, which has room for one cmsg
-            // carrying one fd (space <= 32 bytes).
+            // carrying MAX_FDS fds (space <= 24 bytes <= 32).
             unsafe {
                 let c = libc::CMSG_FIRSTHDR(&mh);
                 (*c).cmsg_level = libc::SOL_SOCKET;
                 (*c).cmsg_type = libc::SCM_RIGHTS;
-                (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
-                std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+                (*c).cmsg_len = libc::CMSG_LEN(payload) as _;
+                for (k, fd) in fds.iter().enumerate() {
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>().add(k), *fd);
+                }
             }
         }
         loop {
@@ -307,7 +317,7 @@ impl Channel {
         };
         let mut h = [0u8; FRAME_HEADER_LEN];
         let mut got = 0usize;
-        let mut fd: Option<OwnedFd> = None;
+        let mut fds: Vec<OwnedFd> = Vec::new();
         while got < FRAME_HEADER_LEN {
             // SAFETY: CMSG_SPACE is a pure size computation.
             let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32 * 4) } as usize;
@@ -335,11 +345,11 @@ impl Channel {
             if n == 0 {
                 return Err(Error::Unavailable("the IPC channel was closed by the peer".into()));
             }
-            // Every fd that came along: the first is kept, others closed.
+            // Every fd that came along: the first MAX_FDS are kept, others closed.
             // SAFETY: the kernel filled the control buffer of `mh`.
             for owned in unsafe { received_fds(&mh) } {
-                if fd.is_none() {
-                    fd = Some(owned);
+                if fds.len() < MAX_FDS {
+                    fds.push(owned);
                 }
             }
             got += n as usize;
@@ -352,18 +362,24 @@ impl Channel {
             return Err(Error::Protocol(format!("IPC frame of {} bytes is too large", header.body_len)));
         }
         let body = io::read_body(&mut self.stream, header.body_len, &mut tick)?;
-        // Descriptors come only with an export's handle and with the
-        // Welcome (the source's grant board).
-        if fd.is_some() && !matches!(header.kind, MsgKind::ExportHandle | MsgKind::IpcWelcome) {
-            return Err(Error::Protocol(format!("a file descriptor arrived with {:?}", header.kind)));
+        // Descriptors come only with an export's handle (one) and with the
+        // Welcome (the source's grant board and liveness page).
+        let allowed = match header.kind {
+            MsgKind::ExportHandle => 1,
+            MsgKind::IpcWelcome => MAX_FDS,
+            _ => 0,
+        };
+        if fds.len() > allowed {
+            return Err(Error::Protocol(format!("{} file descriptors arrived with {:?}", fds.len(), header.kind)));
         }
-        Ok(Frame { kind: header.kind, body, fd })
+        let mut fds = fds.into_iter();
+        Ok(Frame { kind: header.kind, body, fd: fds.next(), second_fd: fds.next() })
     }
 
     /// Sends a request and receives its answer, within `deadline`.
     pub fn call(&mut self, kind: MsgKind, body: &[u8], deadline: Instant, what: &str) -> Result<Frame> {
         let mut tick = || deadline_tick(deadline, what);
-        self.send(kind, body, None, &mut tick)?;
+        self.send(kind, body, &[], &mut tick)?;
         self.recv(&mut tick)
     }
 }
@@ -414,7 +430,7 @@ impl ChannelIo<'_> {
 impl FrameIo for ChannelIo<'_> {
     fn send_frame(&mut self, kind: MsgKind, body: &[u8]) -> Result<()> {
         let (deadline, stop) = (self.deadline, self.stop);
-        self.ch.send(kind, body, None, &mut || ChannelIo::tick(deadline, stop))
+        self.ch.send(kind, body, &[], &mut || ChannelIo::tick(deadline, stop))
     }
     fn recv_frame(&mut self) -> Result<(MsgKind, Vec<u8>)> {
         let (deadline, stop) = (self.deadline, self.stop);
@@ -451,7 +467,7 @@ mod tests {
             let a = crate::memory::owners::allocate_shared_host(100).unwrap();
             // SAFETY: the allocation maps at least 100 bytes.
             unsafe { *(a.addr() as *mut u8) = 42 };
-            c.send(MsgKind::ExportHandle, b"fd!", a.memfd(), &mut io::no_abort).unwrap();
+            c.send(MsgKind::ExportHandle, b"fd!", a.memfd().as_slice(), &mut io::no_abort).unwrap();
             // Keep the allocation until the peer has mapped it.
             let f = c.recv(&mut io::no_abort).unwrap();
             assert_eq!(f.kind, MsgKind::CloseReceipt);
@@ -470,7 +486,7 @@ mod tests {
         assert_eq!(unsafe { *(p as *const u8) }, 42);
         // SAFETY: unmapping what we mapped.
         unsafe { libc::munmap(p, 4096) };
-        c.send(MsgKind::CloseReceipt, b"", None, &mut io::no_abort).unwrap();
+        c.send(MsgKind::CloseReceipt, b"", &[], &mut io::no_abort).unwrap();
         t.join().unwrap();
         assert!(matches!(Channel::connect("orbite-no-such-socket-xyz"), Err(Error::StalePeer(_))));
     }
@@ -487,9 +503,9 @@ mod tests {
             let f = c.recv(&mut io::no_abort).unwrap();
             assert_eq!((f.kind, f.body.as_slice(), f.fd.is_none()), (MsgKind::IpcHello, &b"hello"[..], true));
             let a = crate::memory::owners::allocate_shared_host(100).unwrap();
-            let e = c.send(MsgKind::ExportHandle, b"fd", a.memfd(), &mut io::no_abort).unwrap_err();
+            let e = c.send(MsgKind::ExportHandle, b"fd", a.memfd().as_slice(), &mut io::no_abort).unwrap_err();
             assert_eq!(e.status(), crate::error::Status::NotSupported, "{e}");
-            c.send(MsgKind::IpcWelcome, b"welcome", None, &mut io::no_abort).unwrap();
+            c.send(MsgKind::IpcWelcome, b"welcome", &[], &mut io::no_abort).unwrap();
             a.free().unwrap();
         });
         let deadline = Instant::now() + Duration::from_secs(60);

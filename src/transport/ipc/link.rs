@@ -9,6 +9,7 @@
 //! channel, whose source accepts their close receipts from the same
 //! requester.
 
+use super::alive::AliveView;
 use super::board::Board;
 use super::channel::{Channel, ChannelIo, Frame};
 use super::faults::Faults;
@@ -55,8 +56,8 @@ pub struct IpcLink {
     pub route: Route,
     /// The source identity from its Describe.
     pub source: Identity,
-    /// Source endpoint (cache key part).
-    pub endpoint: String,
+    /// Source endpoint (cache key part; shared, so a key costs no copy).
+    pub endpoint: std::sync::Arc<str>,
     /// Peer label for messages.
     pub label: String,
     /// The IPC transport this link carries.
@@ -100,7 +101,7 @@ impl IpcLink {
         IpcLink {
             route,
             source,
-            endpoint,
+            endpoint: endpoint.into(),
             label,
             transport,
             local,
@@ -208,7 +209,9 @@ impl IpcLink {
                 }
                 // A board the source offers with its Welcome: used when it is
                 // what it claims, otherwise the channel works without one.
-                let board = f.fd.and_then(|fd| Board::map(fd).ok()).map(|b| b.watch(c.watch_fd()));
+                // With it, the source's liveness page tells whether it lives.
+                let alive = f.second_fd.and_then(|fd| AliveView::map(fd).ok());
+                let board = f.fd.and_then(|fd| Board::map(fd).ok()).map(|b| b.watch(c.watch_fd(), alive));
                 Ok((c, board))
             }
             MsgKind::ExportReject => Err(super::messages::decode_reject(&f.body)?.1),

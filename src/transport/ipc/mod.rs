@@ -7,6 +7,7 @@
 //! close for their memory: `shm` for host memfd memory, the CUDA backends
 //! for device memory.
 
+pub mod alive;
 pub mod backend;
 pub mod board;
 pub mod cache;

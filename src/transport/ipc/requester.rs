@@ -95,7 +95,7 @@ impl Import {
 /// epoch, local context (0 for host memory, device + 1 for a device's
 /// context), and whether the grant allows WRITE (READ-only imports share
 /// the source allocation with other readers; a writable one holds it alone).
-type Key = (String, u64, u64, u64, u64, bool);
+type Key = (Arc<str>, u64, u64, u64, u64, bool);
 
 /// Imports that could not be closed with certainty (cache disabled).
 struct Retained {
@@ -218,9 +218,13 @@ fn ops_of(items: &[(usize, Request)]) -> u32 {
 }
 
 fn envelope(items: &[(usize, Request)]) -> (u64, u64) {
-    let start = items.iter().map(|(_, r)| r.remote_addr).min().unwrap_or(0);
-    let end = items.iter().map(|(_, r)| r.remote_addr + r.len).max().unwrap_or(0);
-    (start, end - start)
+    let (start, end) =
+        items.iter().fold((u64::MAX, 0), |(lo, hi), (_, r)| (lo.min(r.remote_addr), hi.max(r.remote_addr + r.len)));
+    if items.is_empty() {
+        (0, 0)
+    } else {
+        (start, end - start)
+    }
 }
 
 impl IpcRequester {
@@ -403,7 +407,7 @@ impl IpcRequester {
         self: &Arc<Self>,
         link: &Arc<IpcLink>,
         region: &RegionInfo,
-        items: &[(usize, Request)],
+        items: Vec<(usize, Request)>,
         local: GroupLocal,
         deadline: Instant,
         defer: Option<OnDone>,
@@ -413,11 +417,11 @@ impl IpcRequester {
         }
         let local_device = local.device;
         let fences = match local.pinned {
-            true => fence_local_pinned(items, deadline).map_err(GroupError::NotPosted)?,
+            true => fence_local_pinned(&items, deadline).map_err(GroupError::NotPosted)?,
             false => Vec::new(),
         };
-        let env = envelope(items);
-        let ops = ops_of(items);
+        let env = envelope(&items);
+        let ops = ops_of(&items);
         let (imp, key): (Arc<Import>, Option<(Key, bool)>) = if self.capacity == 0 {
             let opened = self.open(link, region, env, ops, local_device, deadline);
             (Arc::new(opened.map_err(GroupError::NotPosted)?), None)
@@ -530,7 +534,7 @@ impl IpcRequester {
         &self,
         imp: Arc<Import>,
         key: Option<(Key, bool)>,
-        items: &[(usize, Request)],
+        items: Vec<(usize, Request)>,
         deadline: Instant,
         fences: Vec<owners::Loan>,
     ) -> Posted {
@@ -550,7 +554,7 @@ impl IpcRequester {
             Some((k, e)) => (Some(k), e),
             None => (None, false),
         };
-        Posted { imp, key, items: items.to_vec(), copied, deadline, entered, fences }
+        Posted { imp, key, items, copied, deadline, entered, fences }
     }
 
     /// Ends a posted group once its completion is known (`drained`). On a
@@ -714,7 +718,7 @@ impl IpcRequester {
         local_device: Option<i32>,
         deadline: Instant,
     ) -> Result<(Arc<Import>, bool)> {
-        let label = format!("{} region {}", link.label, region.id);
+        let label = || format!("{} region {}", link.label, region.id);
         let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
         let open = || {
             self.reclaim(deadline);

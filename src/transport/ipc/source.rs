@@ -41,6 +41,9 @@ pub struct IpcSourceContext {
     pub auth: Option<AuthKey>,
     /// Users besides this process's own who may open a Unix channel.
     pub allowed_uids: Vec<u32>,
+    /// The liveness page sent with every board (made with the first one;
+    /// `None` inside when the kernel refused it: requesters then poll).
+    pub alive: once_cell::sync::OnceCell<Option<super::alive::AlivePage>>,
 }
 
 impl IpcSourceContext {
@@ -92,7 +95,7 @@ pub fn serve(
             let deadline = Instant::now() + Duration::from_secs(1);
             let mut tick = || deadline_tick(deadline, "error");
             let body = messages::encode_reject(0, crate::error::Status::ProtocolError, &m);
-            let _ = ch.send(MsgKind::ExportReject, &body, None, &mut tick);
+            let _ = ch.send(MsgKind::ExportReject, &body, &[], &mut tick);
         }
         Err(_) => {}
     }
@@ -119,8 +122,8 @@ fn handshake(
         Ok(())
     };
     // Every answer must be read within the stall bound.
-    let send = |ch: &mut Channel, kind: MsgKind, body: &[u8], fd: Option<std::os::fd::RawFd>| {
-        ch.send(kind, body, fd, &mut answer_tick(ctx.handshake_timeout, &stop))
+    let send = |ch: &mut Channel, kind: MsgKind, body: &[u8], fds: &[std::os::fd::RawFd]| {
+        ch.send(kind, body, fds, &mut answer_tick(ctx.handshake_timeout, &stop))
     };
     // Handshake: check the requester's claimed identity against the kernel.
     let hs_deadline = Instant::now() + ctx.handshake_timeout;
@@ -144,7 +147,7 @@ fn handshake(
                 ));
                 let deadline = Instant::now() + Duration::from_secs(1);
                 let body = message::encode_error(e.status(), e.message());
-                let _ = ch.send(MsgKind::Error, &body, None, &mut || deadline_tick(deadline, "refusal"));
+                let _ = ch.send(MsgKind::Error, &body, &[], &mut || deadline_tick(deadline, "refusal"));
                 return Ok(None);
             }
             let f = ch.recv(&mut hs_tick)?;
@@ -168,7 +171,7 @@ fn handshake(
     let requester = hello.identity;
     let refuse_with = |ch: &mut Channel, e: Error| -> Result<Option<(Arc<ExportTable>, Identity)>> {
         let body = messages::encode_reject(0, e.status(), e.message());
-        send(ch, MsgKind::ExportReject, &body, None)?;
+        send(ch, MsgKind::ExportReject, &body, &[])?;
         Ok(None)
     };
     if ch.is_tcp() {
@@ -233,8 +236,15 @@ fn handshake(
     if let Some(b) = &board {
         table.attach_board(conn, b.clone());
     }
-    let board_fd = board.as_ref().map(|b| std::os::fd::AsRawFd::as_raw_fd(b.board().fd()));
-    send(ch, MsgKind::IpcWelcome, &Welcome { identity: ctx.identity }.encode(), board_fd)?;
+    // The board, then the liveness page that tells whether this process
+    // still stands behind its words.
+    let mut fds = Vec::new();
+    if let Some(b) = &board {
+        fds.push(std::os::fd::AsRawFd::as_raw_fd(b.board().fd()));
+        let alive = ctx.alive.get_or_init(|| super::alive::AlivePage::create().ok());
+        fds.extend(alive.as_ref().map(|a| std::os::fd::AsRawFd::as_raw_fd(a.fd())));
+    }
+    send(ch, MsgKind::IpcWelcome, &Welcome { identity: ctx.identity }.encode(), &fds)?;
 
     Ok(Some((table, requester)))
 }
