@@ -202,7 +202,6 @@ impl Engine {
             handshake_timeout: Duration::from_millis(inner.config.handshake_timeout_ms as u64),
             auth: inner.auth.clone(),
             allowed_uids: inner.config.ipc_allowed_uids.clone(),
-            alive: Default::default(),
         });
         // Published under its name before it serves: a peer that finds it
         // connects into the listen backlog meanwhile.

@@ -389,6 +389,46 @@ pub fn shared_physical(len: u64) -> Result<u64> {
 /// library also adds `F_SEAL_SEAL`, so that no further seal can be added.
 pub const SIZE_SEALS: libc::c_int = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW;
 
+/// A new memory file of `len` zeroed bytes that can be sealed
+/// (close-on-exec); `what` names it in errors.
+pub fn sealable_memfd(name: &std::ffi::CStr, len: u64, what: &str) -> Result<OwnedFd> {
+    // SAFETY: name is NUL-terminated; memfd_create has no other inputs.
+    let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    if raw < 0 {
+        return Err(Error::io(&format!("memfd_create ({what})"), &std::io::Error::last_os_error()));
+    }
+    // SAFETY: raw is a fresh fd we own.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    let size = libc::off_t::try_from(len).map_err(|_| Error::InvalidArgument(format!("{what}: {len} bytes")))?;
+    // SAFETY: fd is ours; size fits off_t (checked above).
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(Error::ResourceExhausted(format!("cannot size {what} to {len} bytes: {e}")));
+    }
+    Ok(fd)
+}
+
+/// Adds `seals` to a memory file we made; `what` names it in errors.
+pub fn add_seals(fd: &OwnedFd, seals: libc::c_int, what: &str) -> Result<()> {
+    // SAFETY: fcntl on an fd we own; adds seals, no memory effects.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return Err(Error::io(&format!("sealing {what}"), &std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Whether a received descriptor is a memory file of exactly `len` bytes
+/// carrying at least `seals`.
+pub fn is_sealed_memfd(fd: &OwnedFd, seals: libc::c_int, len: u64) -> bool {
+    // SAFETY: fcntl reads the seals of an fd we own.
+    let have = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    // SAFETY: fstat into a zeroed buffer, on an fd we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let stat_ok = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0;
+    have >= 0 && have & seals == seals && stat_ok && st.st_size as u64 == len
+}
+
 /// Maps `len` bytes of a memory file shared, read/write or read-only (the
 /// owner's allocation, or an SHM import of it). The fd may be closed
 /// afterwards.
@@ -412,23 +452,8 @@ pub fn allocate_shared_host(len: u64) -> Result<Allocation> {
         return Err(Error::InvalidArgument("length is 0".into()));
     }
     let physical = shared_physical(len)?;
-    let name = b"orbite-shm\0";
-    // SAFETY: name is NUL-terminated; memfd_create has no other inputs.
-    let raw = unsafe { libc::memfd_create(name.as_ptr().cast(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-    if raw < 0 {
-        return Err(Error::io("memfd_create", &std::io::Error::last_os_error()));
-    }
-    // SAFETY: raw is a fresh fd we own.
-    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-    // SAFETY: fd is valid; physical fits in off_t (checked above).
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), physical as libc::off_t) } != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(Error::ResourceExhausted(format!("cannot size shared memory to {physical} bytes: {e}")));
-    }
-    // SAFETY: fcntl on an fd we own; adds seals, no memory effects.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SIZE_SEALS | libc::F_SEAL_SEAL) } != 0 {
-        return Err(Error::io("sealing shared memory", &std::io::Error::last_os_error()));
-    }
+    let fd = sealable_memfd(c"orbite-shm", physical, "shared memory")?;
+    add_seals(&fd, SIZE_SEALS | libc::F_SEAL_SEAL, "shared memory")?;
     let p = map_shared(&fd, physical, true, "shared memory")?;
     let owned = Arc::new(Owned {
         id: next_owner_id(),

@@ -8,14 +8,16 @@
 //! the copy itself). Instead the source keeps one *liveness word* in a page
 //! it shares read-only with its requesters, and the kernel itself clears it:
 //!
-//! - A dedicated thread of the source (the keeper) writes its thread id in
+//! - A dedicated thread of the source process (the keeper, one per process:
+//!   [`process_page`]) writes its thread id in
 //!   the word and registers the word on its *robust futex list*
 //!   (`set_robust_list(2)`, the kernel ABI of robust mutexes). When that
 //!   thread dies — the process exits, is killed, or execs — the kernel, as
 //!   part of the thread's exit and before the process's descriptors are
 //!   closed, marks the word `FUTEX_OWNER_DIED` and clears the id.
-//! - When the engine's source side goes away cleanly, the keeper writes 0
-//!   and unregisters the word before it exits.
+//! - An [`AlivePage`] dropped cleanly has its keeper write 0 and
+//!   unregister the word before it exits (the process's page is never
+//!   dropped: it lives as long as the process).
 //! - So a requester that sees the source's channel hang up, or that reaped
 //!   the process, finds the word already dead; and a live word means the
 //!   keeper (hence the process) was alive when it was read — exactly what
@@ -28,7 +30,8 @@
 //! touch steers where the kernel writes.
 
 use crate::error::{Error, Result};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use crate::memory::owners;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::mpsc;
 
@@ -39,7 +42,7 @@ const FUTEX_OWNER_DIED: u32 = 0x4000_0000;
 /// The owner's thread id bits of a robust futex word.
 const FUTEX_TID_MASK: u32 = 0x3fff_ffff;
 /// Seals a requester checks: no resizing, no new writable mapping.
-const READ_ONLY_SEALS: libc::c_int = crate::memory::owners::SIZE_SEALS | libc::F_SEAL_FUTURE_WRITE;
+const READ_ONLY_SEALS: libc::c_int = owners::SIZE_SEALS | libc::F_SEAL_FUTURE_WRITE;
 
 /// Whether a liveness word names a live keeper.
 fn lives(word: u32) -> bool {
@@ -102,24 +105,11 @@ impl AlivePage {
     /// the process dies.
     pub fn create() -> Result<AlivePage> {
         let fork_generation = crate::sync::fork::generation();
-        // SAFETY: a NUL-terminated name; memfd_create has no other inputs.
-        let raw = unsafe { libc::memfd_create(c"orbite-alive".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-        if raw < 0 {
-            return Err(Error::io("memfd_create (liveness page)", &std::io::Error::last_os_error()));
-        }
-        // SAFETY: a fresh fd we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: fd is ours; the size fits off_t.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), PAGE_BYTES as libc::off_t) } != 0 {
-            return Err(Error::io("sizing the liveness page", &std::io::Error::last_os_error()));
-        }
+        let fd = owners::sealable_memfd(c"orbite-alive", PAGE_BYTES as u64, "the liveness page")?;
         // Mapped writable before the seal forbids any new writable mapping.
-        let p = crate::memory::owners::map_shared(&fd, PAGE_BYTES as u64, true, "the liveness page")?;
+        let p = owners::map_shared(&fd, PAGE_BYTES as u64, true, "the liveness page")?;
         let page = std::sync::Arc::new(Page(p as *mut AtomicU32));
-        // SAFETY: adds seals to our own fd.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, READ_ONLY_SEALS | libc::F_SEAL_SEAL) } != 0 {
-            return Err(Error::io("sealing the liveness page", &std::io::Error::last_os_error()));
-        }
+        owners::add_seals(&fd, READ_ONLY_SEALS | libc::F_SEAL_SEAL, "the liveness page")?;
         let (stop, stopped) = mpsc::channel::<()>();
         let (ready_tx, ready) = mpsc::channel::<bool>();
         let kept = page.clone();
@@ -213,6 +203,28 @@ fn keep(page: &Page, ready: &mpsc::Sender<bool>, stop: &mpsc::Receiver<()>) {
     }
 }
 
+/// The process's page, made on first use and kept until the process exits
+/// (one keeper thread per process, whatever the number of engines): every
+/// engine of the process sends it with its boards. A forked child makes its
+/// own (the page it inherited names the parent's keeper). `None` when the
+/// page cannot be made; the next call tries again.
+pub fn process_page() -> Option<std::sync::Arc<AlivePage>> {
+    static PAGE: parking_lot::Mutex<Option<(u64, std::sync::Arc<AlivePage>)>> = parking_lot::const_mutex(None);
+    let generation = crate::sync::fork::generation();
+    let mut held = PAGE.lock();
+    if let Some((g, page)) = held.as_ref() {
+        if *g == generation {
+            return Some(page.clone());
+        }
+    }
+    // A forked child's copy of the parent's page: left alone (its drop
+    // would do nothing anyway, see AlivePage's drop).
+    std::mem::forget(held.take());
+    let page = std::sync::Arc::new(AlivePage::create().ok()?);
+    *held = Some((generation, page.clone()));
+    Some(page)
+}
+
 /// Requester: a read-only view of a source's liveness page.
 pub struct AliveView {
     page: Page,
@@ -222,16 +234,10 @@ impl AliveView {
     /// Maps a page received from the source, after checking it is a memory
     /// file of the page's size that nobody can resize or map writable again.
     pub fn map(fd: OwnedFd) -> Result<AliveView> {
-        // SAFETY: fcntl reads the seals of an fd we own.
-        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        // SAFETY: fstat into a zeroed buffer, on an fd we own.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let stat_ok = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0;
-        if seals < 0 || seals & READ_ONLY_SEALS != READ_ONLY_SEALS || !stat_ok || st.st_size as usize != PAGE_BYTES {
+        if !owners::is_sealed_memfd(&fd, READ_ONLY_SEALS, PAGE_BYTES as u64) {
             return Err(Error::Protocol("the liveness page is not a sealed read-only memory file of one page".into()));
         }
-        let p = crate::memory::owners::map_shared(&fd, PAGE_BYTES as u64, false, "the liveness page")?;
+        let p = owners::map_shared(&fd, PAGE_BYTES as u64, false, "the liveness page")?;
         Ok(AliveView { page: Page(p as *mut AtomicU32) })
     }
 
@@ -241,12 +247,60 @@ impl AliveView {
     }
 }
 
+/// Test helpers: a liveness page owned by another process.
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     use super::*;
     use crate::control::frame::MsgKind;
     use crate::control::io::no_abort;
     use crate::transport::ipc::channel::Channel;
+    use std::os::fd::AsRawFd;
+
+    /// A child process that made a page and sent it back: its pid and the
+    /// parent's view of the page.
+    pub(crate) fn page_of_a_child() -> (libc::pid_t, AliveView) {
+        let (here, there) = std::os::unix::net::UnixStream::pair().unwrap();
+        // SAFETY: fork; the child only makes the page, sends it, and waits
+        // to be killed (it never returns into the test harness).
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let sent = AlivePage::create().ok().and_then(|a| {
+                let mut ch = Channel::from_stream(there).ok()?;
+                ch.send(MsgKind::IpcWelcome, b"", &[a.fd().as_raw_fd()], &mut no_abort).ok()?;
+                Some(a)
+            });
+            // SAFETY: _exit when the page could not be sent; otherwise
+            // pause until killed.
+            unsafe {
+                if sent.is_none() {
+                    libc::_exit(1);
+                }
+                loop {
+                    libc::pause();
+                }
+            }
+        }
+        let mut ch = Channel::from_stream(here).unwrap();
+        let f = ch.recv(&mut no_abort).unwrap();
+        (pid, AliveView::map(f.fd.expect("the page")).unwrap())
+    }
+
+    pub(crate) fn kill_and_reap(pid: libc::pid_t) {
+        // SAFETY: killing and reaping our own child.
+        unsafe {
+            assert_eq!(libc::kill(pid, libc::SIGKILL), 0);
+            let mut status = 0;
+            assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{kill_and_reap, page_of_a_child};
+    use super::*;
+    use std::os::fd::{AsRawFd, FromRawFd};
 
     fn view_of(a: &AlivePage) -> AliveView {
         // SAFETY: dup of an fd we hold.
@@ -301,45 +355,6 @@ mod tests {
         assert!(AliveView::map(fd).is_err());
     }
 
-    /// A child process that made a page and sent it back: its pid and the
-    /// parent's view of the page.
-    fn page_of_a_child() -> (libc::pid_t, AliveView) {
-        let (here, there) = std::os::unix::net::UnixStream::pair().unwrap();
-        // SAFETY: fork; the child only makes the page, sends it, and waits
-        // to be killed (it never returns into the test harness).
-        let pid = unsafe { libc::fork() };
-        assert!(pid >= 0);
-        if pid == 0 {
-            let sent = AlivePage::create().ok().and_then(|a| {
-                let mut ch = Channel::from_stream(there).ok()?;
-                ch.send(MsgKind::IpcWelcome, b"", &[a.fd().as_raw_fd()], &mut no_abort).ok()?;
-                Some(a)
-            });
-            // SAFETY: _exit when the page could not be sent; otherwise
-            // pause until killed.
-            unsafe {
-                if sent.is_none() {
-                    libc::_exit(1);
-                }
-                loop {
-                    libc::pause();
-                }
-            }
-        }
-        let mut ch = Channel::from_stream(here).unwrap();
-        let f = ch.recv(&mut no_abort).unwrap();
-        (pid, AliveView::map(f.fd.expect("the page")).unwrap())
-    }
-
-    fn kill_and_reap(pid: libc::pid_t) {
-        // SAFETY: killing and reaping our own child.
-        unsafe {
-            assert_eq!(libc::kill(pid, libc::SIGKILL), 0);
-            let mut status = 0;
-            assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
-        }
-    }
-
     /// The kernel clears the word when the keeper's process is killed,
     /// before its parent can reap it.
     #[test]
@@ -351,14 +366,22 @@ mod tests {
         assert_ne!(v.page.word().load(SeqCst) & FUTEX_OWNER_DIED, 0, "the kernel marked it");
     }
 
-    /// A board watching a liveness page refuses entry once the source is
-    /// reaped, with no channel to poll (the load alone decides).
     #[test]
-    fn a_board_stops_trusting_a_reaped_source_by_its_word_alone() {
-        let (pid, v) = page_of_a_child();
-        let board = crate::transport::ipc::board::Board::create().unwrap().watch(None, Some(v));
-        assert!(!board.source_hung_up(), "a live source's word grants");
-        kill_and_reap(pid);
-        assert!(board.source_hung_up(), "a reaped source's word grants nothing");
+    fn one_page_per_process_and_a_forked_child_makes_its_own() {
+        let a = process_page().unwrap();
+        assert!(std::sync::Arc::ptr_eq(&a, &process_page().unwrap()), "engines of a process share one page");
+        // SAFETY: fork; the child asks for its page, checks it and exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let own = process_page().is_some_and(|c| !std::sync::Arc::ptr_eq(&c, &a) && c.lives());
+            // SAFETY: leaving the child without the parent's destructors.
+            unsafe { libc::_exit(if own { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child did not make its own page");
+        assert!(a.lives(), "the parent's page outlives the child");
     }
 }

@@ -33,7 +33,8 @@
 
 use super::alive::AliveView;
 use crate::error::{Error, Result};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use crate::memory::owners;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::SeqCst};
 
 /// The words of one slot, each read and written sequentially consistent.
@@ -181,39 +182,18 @@ unsafe impl Sync for Board {}
 impl Board {
     /// Source: a new board (a sealed memory file, zeroed).
     pub fn create() -> Result<Board> {
-        // SAFETY: a NUL-terminated name; memfd_create has no other inputs.
-        let raw = unsafe { libc::memfd_create(c"orbite-board".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
-        if raw < 0 {
-            return Err(Error::io("memfd_create (grant board)", &std::io::Error::last_os_error()));
-        }
-        // SAFETY: a fresh fd we own.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        // SAFETY: fd is ours; the size fits off_t.
-        if unsafe { libc::ftruncate(fd.as_raw_fd(), BOARD_BYTES as libc::off_t) } != 0 {
-            return Err(Error::io("sizing the grant board", &std::io::Error::last_os_error()));
-        }
-        let seals = crate::memory::owners::SIZE_SEALS | libc::F_SEAL_SEAL;
-        // SAFETY: adds seals to our own fd.
-        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
-            return Err(Error::io("sealing the grant board", &std::io::Error::last_os_error()));
-        }
+        let fd = owners::sealable_memfd(c"orbite-board", BOARD_BYTES as u64, "the grant board")?;
+        owners::add_seals(&fd, owners::SIZE_SEALS | libc::F_SEAL_SEAL, "the grant board")?;
         Board::map(fd)
     }
 
     /// Requester: maps a board received from the source, after checking it
     /// is a memory file of the board's size that nobody can resize.
     pub fn map(fd: OwnedFd) -> Result<Board> {
-        // SAFETY: fcntl reads the seals of an fd we own.
-        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
-        let sealed = crate::memory::owners::SIZE_SEALS;
-        // SAFETY: fstat into a zeroed buffer, on an fd we own.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let stat_ok = unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } == 0;
-        if seals < 0 || seals & sealed != sealed || !stat_ok || st.st_size as usize != BOARD_BYTES {
+        if !owners::is_sealed_memfd(&fd, owners::SIZE_SEALS, BOARD_BYTES as u64) {
             return Err(Error::Protocol("the grant board is not a sealed memory file of the board's size".into()));
         }
-        let p = crate::memory::owners::map_shared(&fd, BOARD_BYTES as u64, true, "the grant board")?;
+        let p = owners::map_shared(&fd, BOARD_BYTES as u64, true, "the grant board")?;
         Ok(Board { base: p as *const Slot, fd, channel: None, alive: None })
     }
 
@@ -303,6 +283,7 @@ impl SlotFree {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::FromRawFd;
 
     #[test]
     fn enter_needs_the_generation_and_the_operations() {
@@ -347,5 +328,16 @@ mod tests {
         // SAFETY: fresh fd.
         let plain = unsafe { OwnedFd::from_raw_fd(raw) };
         assert!(Board::map(plain).is_err());
+    }
+
+    /// A board watching a liveness page refuses entry once the source is
+    /// reaped, with no channel to poll (the load alone decides).
+    #[test]
+    fn a_board_stops_trusting_a_reaped_source_by_its_word_alone() {
+        let (pid, v) = super::super::alive::testing::page_of_a_child();
+        let board = Board::create().unwrap().watch(None, Some(v));
+        assert!(!board.source_hung_up(), "a live source's word grants");
+        super::super::alive::testing::kill_and_reap(pid);
+        assert!(board.source_hung_up(), "a reaped source's word grants nothing");
     }
 }

@@ -41,9 +41,6 @@ pub struct IpcSourceContext {
     pub auth: Option<AuthKey>,
     /// Users besides this process's own who may open a Unix channel.
     pub allowed_uids: Vec<u32>,
-    /// The liveness page sent with every board (made with the first one;
-    /// `None` inside when the kernel refused it: requesters then poll).
-    pub alive: once_cell::sync::OnceCell<Option<super::alive::AlivePage>>,
 }
 
 impl IpcSourceContext {
@@ -241,9 +238,10 @@ fn handshake(
     let mut fds = Vec::new();
     if let Some(b) = &board {
         fds.push(std::os::fd::AsRawFd::as_raw_fd(b.board().fd()));
-        let alive = ctx.alive.get_or_init(|| super::alive::AlivePage::create().ok());
-        fds.extend(alive.as_ref().map(|a| std::os::fd::AsRawFd::as_raw_fd(a.fd())));
     }
+    // Without a page (the kernel refused it) requesters poll instead.
+    let alive = board.as_ref().and_then(|_| super::alive::process_page());
+    fds.extend(alive.as_ref().map(|a| std::os::fd::AsRawFd::as_raw_fd(a.fd())));
     send(ch, MsgKind::IpcWelcome, &Welcome { identity: ctx.identity }.encode(), &fds)?;
 
     Ok(Some((table, requester)))
