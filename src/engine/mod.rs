@@ -48,9 +48,6 @@ use std::time::{Duration, Instant};
 pub(crate) struct Inner {
     config: EngineConfig,
     identity: Identity,
-    /// The process's fork generation when the engine started
-    /// ([`crate::sync::fork`]): another one means a forked child.
-    fork_generation: u64,
     regions: Arc<RegionTable>,
     stats: Arc<Counters>,
     budget: Arc<Budget>,
@@ -99,7 +96,6 @@ impl Engine {
         let listener =
             TcpListener::bind(addr).map_err(|e| Error::Unavailable(format!("cannot listen on {addr}: {e}")))?;
         let endpoint = listener.local_addr().map_err(|e| Error::io("local_addr", &e))?;
-        let fork_generation = crate::sync::fork::generation();
         let identity = Identity::fresh();
         let name = format!("orbite-{}-{:016x}", identity.process.pid, identity.engine_epoch);
         let (ipc_listener, ipc_name) = match crate::transport::ipc::channel::listen(&name) {
@@ -151,7 +147,6 @@ impl Engine {
         }
         let inner = Arc::new(Inner {
             identity,
-            fork_generation,
             regions,
             stats: stats.clone(),
             budget: Budget::new(config.max_inflight_bytes),
@@ -267,10 +262,11 @@ impl Engine {
 
     /// `Unavailable` in a process forked from the one that started the
     /// engine: the child's copy shares the parent's sockets and must not
-    /// use or close them. No system call: the fork generation is an atomic.
+    /// use or close them. No system call once the process's id is known
+    /// ([`crate::sync::fork::pid`]).
     pub(super) fn check_owner(&self) -> Result<()> {
-        if self.inner.fork_generation != crate::sync::fork::generation() {
-            let owner = self.inner.identity.process.pid;
+        let owner = self.inner.identity.process.pid;
+        if owner != crate::sync::fork::pid() {
             return Err(Error::Unavailable(format!(
                 "this engine belongs to process {owner}; a forked child cannot use it (create its own engine)"
             )));

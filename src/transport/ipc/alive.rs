@@ -95,16 +95,16 @@ pub struct AlivePage {
     /// Dropped to tell the keeper to stop.
     stop: Option<mpsc::Sender<()>>,
     keeper: Option<std::thread::JoinHandle<()>>,
-    /// The process's fork generation at creation: a forked child's copy
-    /// has no keeper to stop.
-    fork_generation: u64,
+    /// The process that made it: a forked child's copy has no keeper to
+    /// stop.
+    owner: u32,
 }
 
 impl AlivePage {
     /// Source: a new page whose word lives while this value does, or until
     /// the process dies.
     pub fn create() -> Result<AlivePage> {
-        let fork_generation = crate::sync::fork::generation();
+        let owner = crate::sync::fork::pid();
         let fd = owners::sealable_memfd(c"orbite-alive", PAGE_BYTES as u64, "the liveness page")?;
         // Mapped writable before the seal forbids any new writable mapping.
         let p = owners::map_shared(&fd, PAGE_BYTES as u64, true, "the liveness page")?;
@@ -118,7 +118,7 @@ impl AlivePage {
             .spawn(move || keep(&kept, &ready_tx, &stopped))
             .map_err(|e| Error::io("starting the liveness keeper", &e))?;
         match ready.recv() {
-            Ok(true) => Ok(AlivePage { fd, page, stop: Some(stop), keeper: Some(keeper), fork_generation }),
+            Ok(true) => Ok(AlivePage { fd, page, stop: Some(stop), keeper: Some(keeper), owner }),
             _ => {
                 drop(stop);
                 let _ = keeper.join();
@@ -140,7 +140,7 @@ impl AlivePage {
 
 impl Drop for AlivePage {
     fn drop(&mut self) {
-        if self.fork_generation != crate::sync::fork::generation() {
+        if self.owner != crate::sync::fork::pid() {
             // A forked child's copy: the keeper is the parent's thread.
             std::mem::forget(self.keeper.take());
             std::mem::forget(self.stop.take());
@@ -206,14 +206,15 @@ fn keep(page: &Page, ready: &mpsc::Sender<bool>, stop: &mpsc::Receiver<()>) {
 /// The process's page, made on first use and kept until the process exits
 /// (one keeper thread per process, whatever the number of engines): every
 /// engine of the process sends it with its boards. A forked child makes its
-/// own (the page it inherited names the parent's keeper). `None` when the
-/// page cannot be made; the next call tries again.
+/// own (the page it inherited names the parent's keeper), however it was
+/// forked ([`crate::sync::fork::pid`]). `None` when the page cannot be
+/// made; the next call tries again.
 pub fn process_page() -> Option<std::sync::Arc<AlivePage>> {
-    static PAGE: parking_lot::Mutex<Option<(u64, std::sync::Arc<AlivePage>)>> = parking_lot::const_mutex(None);
-    let generation = crate::sync::fork::generation();
+    static PAGE: parking_lot::Mutex<Option<(u32, std::sync::Arc<AlivePage>)>> = parking_lot::const_mutex(None);
+    let me = crate::sync::fork::pid();
     let mut held = PAGE.lock();
-    if let Some((g, page)) = held.as_ref() {
-        if *g == generation {
+    if let Some((owner, page)) = held.as_ref() {
+        if *owner == me {
             return Some(page.clone());
         }
     }
@@ -221,7 +222,7 @@ pub fn process_page() -> Option<std::sync::Arc<AlivePage>> {
     // would do nothing anyway, see AlivePage's drop).
     std::mem::forget(held.take());
     let page = std::sync::Arc::new(AlivePage::create().ok()?);
-    *held = Some((generation, page.clone()));
+    *held = Some((me, page.clone()));
     Some(page)
 }
 

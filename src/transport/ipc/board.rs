@@ -206,11 +206,13 @@ impl Board {
         self
     }
 
-    /// Requester: whether the source died (or its engine's source side went
-    /// away). Then its words no longer decide anything: a group must not
-    /// enter. With a liveness page, one load; otherwise whether it hung up
-    /// its end of the channel, one `poll` without waiting (`true` also when
-    /// there is neither to watch).
+    /// Requester: whether the source process died. Then its words no
+    /// longer decide anything (it cannot revoke them): a group must not
+    /// enter. With a liveness page, one load, which says only whether the
+    /// process lives (a live source withdraws its words itself, before it
+    /// unregisters or closes); without one, whether it hung up its end of
+    /// the channel, one `poll` without waiting (`true` also when there is
+    /// neither to watch).
     pub fn source_hung_up(&self) -> bool {
         if let Some(a) = &self.alive {
             return !a.source_lives();

@@ -318,6 +318,7 @@ impl Channel {
         let mut h = [0u8; FRAME_HEADER_LEN];
         let mut got = 0usize;
         let mut fds: Vec<OwnedFd> = Vec::new();
+        let mut arrived = 0usize;
         while got < FRAME_HEADER_LEN {
             // SAFETY: CMSG_SPACE is a pure size computation.
             let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32 * 4) } as usize;
@@ -348,6 +349,7 @@ impl Channel {
             // Every fd that came along: the first MAX_FDS are kept, others closed.
             // SAFETY: the kernel filled the control buffer of `mh`.
             for owned in unsafe { received_fds(&mh) } {
+                arrived += 1;
                 if fds.len() < MAX_FDS {
                     fds.push(owned);
                 }
@@ -369,8 +371,8 @@ impl Channel {
             MsgKind::IpcWelcome => MAX_FDS,
             _ => 0,
         };
-        if fds.len() > allowed {
-            return Err(Error::Protocol(format!("{} file descriptors arrived with {:?}", fds.len(), header.kind)));
+        if arrived > allowed {
+            return Err(Error::Protocol(format!("{arrived} file descriptors arrived with {:?}", header.kind)));
         }
         let mut fds = fds.into_iter();
         Ok(Frame { kind: header.kind, body, fd: fds.next(), second_fd: fds.next() })
@@ -515,5 +517,54 @@ mod tests {
         t.join().unwrap();
         // Nobody listens there any more: the source is gone.
         assert!(matches!(Channel::connect_tcp(&ep, deadline), Err(Error::StalePeer(_))));
+    }
+
+    /// A frame carrying more descriptors than its kind may is refused,
+    /// whatever the count (those beyond the kept two are counted too).
+    #[test]
+    fn a_frame_with_too_many_descriptors_is_refused() {
+        let memfd = || crate::memory::owners::sealable_memfd(c"t", 4096, "a test file").unwrap();
+        let files = [memfd(), memfd(), memfd()];
+        let raw: Vec<RawFd> = files.iter().map(|f| f.as_raw_fd()).collect();
+        for (kind, count, refused) in [
+            (MsgKind::IpcWelcome, 2, false),
+            (MsgKind::IpcWelcome, 3, true),
+            (MsgKind::ExportHandle, 1, false),
+            (MsgKind::ExportHandle, 2, true),
+            (MsgKind::Ack, 1, true),
+        ] {
+            let (a, b) = UnixStream::pair().unwrap();
+            let (tx, mut rx) = (Channel::from_stream(a).unwrap(), Channel::from_stream(b).unwrap());
+            let frame = FrameHeader::encode(kind, 0);
+            // One sendmsg carrying `count` descriptors (Channel::send
+            // carries at most MAX_FDS; a hostile peer is not bound by it).
+            let mut iov = libc::iovec { iov_base: frame.as_ptr() as *mut libc::c_void, iov_len: frame.len() };
+            let mut cbuf = [0u64; 8];
+            // SAFETY: an all-zero msghdr is valid; the fields are set below.
+            let mut mh: libc::msghdr = unsafe { std::mem::zeroed() };
+            mh.msg_iov = &mut iov;
+            mh.msg_iovlen = 1;
+            let payload = (count * std::mem::size_of::<RawFd>()) as u32;
+            // SAFETY: CMSG_SPACE is a pure size computation; mh points at
+            // cbuf, which has room for one cmsg of three fds; the sendmsg
+            // reads buffers alive for the call.
+            unsafe {
+                mh.msg_control = cbuf.as_mut_ptr().cast();
+                mh.msg_controllen = libc::CMSG_SPACE(payload) as _;
+                let c = libc::CMSG_FIRSTHDR(&mh);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN(payload) as _;
+                for (k, fd) in raw[..count].iter().enumerate() {
+                    std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>().add(k), *fd);
+                }
+                assert_eq!(libc::sendmsg(tx.raw_fd(), &mh, 0), frame.len() as isize);
+            }
+            let got = rx.recv(&mut io::no_abort);
+            assert_eq!(got.is_err(), refused, "{kind:?} with {count} descriptors");
+            if let Ok(f) = got {
+                assert_eq!(f.fd.is_some() as usize + f.second_fd.is_some() as usize, count);
+            }
+        }
     }
 }
