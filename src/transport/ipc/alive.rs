@@ -212,18 +212,26 @@ fn keep(page: &Page, ready: &mpsc::Sender<bool>, stop: &mpsc::Receiver<()>) {
 pub fn process_page() -> Option<std::sync::Arc<AlivePage>> {
     static PAGE: parking_lot::Mutex<Option<(u32, std::sync::Arc<AlivePage>)>> = parking_lot::const_mutex(None);
     let me = crate::sync::fork::pid();
+    let current = |held: &Option<(u32, std::sync::Arc<AlivePage>)>| {
+        held.as_ref().filter(|(owner, _)| *owner == me).map(|(_, page)| page.clone())
+    };
+    if let Some(page) = current(&PAGE.lock()) {
+        return Some(page);
+    }
+    // Made without the lock held (it starts and waits for a thread), so
+    // that a fork from another thread meanwhile does not leave the child a
+    // held lock; two threads racing here keep the first page.
+    let made = std::sync::Arc::new(AlivePage::create().ok()?);
     let mut held = PAGE.lock();
-    if let Some((owner, page)) = held.as_ref() {
-        if *owner == me {
-            return Some(page.clone());
-        }
+    if let Some(page) = current(&held) {
+        drop(held);
+        drop(made);
+        return Some(page);
     }
     // A forked child's copy of the parent's page: left alone (its drop
     // would do nothing anyway, see AlivePage's drop).
-    std::mem::forget(held.take());
-    let page = std::sync::Arc::new(AlivePage::create().ok()?);
-    *held = Some((me, page.clone()));
-    Some(page)
+    std::mem::forget(held.replace((me, made.clone())));
+    Some(made)
 }
 
 /// Requester: a read-only view of a source's liveness page.
@@ -365,6 +373,35 @@ mod tests {
         kill_and_reap(pid);
         assert!(!v.source_lives(), "a reaped source's word is dead");
         assert_ne!(v.page.word().load(SeqCst) & FUTEX_OWNER_DIED, 0, "the kernel marked it");
+    }
+
+    /// Threads racing to make a process's first page all get one page.
+    #[test]
+    fn racing_first_callers_share_one_page() {
+        // SAFETY: fork (a fresh process has no page yet); the child races
+        // two threads to make it, checks and exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0);
+        if pid == 0 {
+            let start = std::sync::Arc::new(std::sync::Barrier::new(2));
+            let racers: Vec<_> = (0..2)
+                .map(|_| {
+                    let start = start.clone();
+                    std::thread::spawn(move || {
+                        start.wait();
+                        process_page()
+                    })
+                })
+                .collect();
+            let pages: Vec<_> = racers.into_iter().filter_map(|r| r.join().ok().flatten()).collect();
+            let one = pages.len() == 2 && std::sync::Arc::ptr_eq(&pages[0], &pages[1]) && pages[0].lives();
+            // SAFETY: leaving the child without the parent's destructors.
+            unsafe { libc::_exit(if one { 0 } else { 1 }) };
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "racers got different pages");
     }
 
     #[test]
