@@ -126,27 +126,25 @@ impl Engine {
         // Resolve remote regions (one refresh of the peer's table if needed).
         let known = p.conn.describe();
         let refreshed;
-        let view = match requests.iter().any(|r| find_region(&known, r.remote_addr).is_none()) {
-            true => match p.conn.refresh_describe(deadline) {
-                Ok(d) => {
-                    refreshed = d;
-                    &refreshed
-                }
-                Err(_) => &known,
-            },
-            false => &known,
-        };
+        let mut missing = false;
         let mut live: Vec<Checked<'_>> = requests
             .iter()
             .zip(lease_of)
             .enumerate()
-            .map(|(index, (r, l))| Checked {
-                index,
-                req: *r,
-                lease: &leases[l as usize],
-                region: find_region(view, r.remote_addr),
+            .map(|(index, (r, l))| {
+                let region = find_region(&known, r.remote_addr);
+                missing |= region.is_none();
+                Checked { index, req: *r, lease: &leases[l as usize], region }
             })
             .collect();
+        if missing {
+            if let Ok(d) = p.conn.refresh_describe(deadline) {
+                refreshed = d;
+                for c in &mut live {
+                    c.region = find_region(&refreshed, c.req.remote_addr);
+                }
+            }
+        }
         let kind = self.select(peer, &p, opts.transport, &live)?;
         let batch = BatchShared::new(requests, self.inner.stats.clone(), deadline);
         // Later notifications to the peer follow this batch; its own waits
@@ -187,9 +185,9 @@ impl Engine {
     fn check_local(&self, requests: &[Request], deadline: Instant) -> Result<(Vec<Arc<RegionLease>>, Vec<u32>)> {
         let mut leases: Vec<Arc<RegionLease>> = Vec::new();
         let mut out = Vec::with_capacity(requests.len());
-        // The last region's lease, and per direction whether its exported
-        // allocation refuses it (None: not asked yet).
-        let mut last: Option<(Arc<RegionLease>, [Option<bool>; 2])> = None;
+        // Per direction, whether the last lease's exported allocation
+        // refuses it (None: not asked yet).
+        let mut blocked: [Option<bool>; 2] = [None, None];
         for (i, r) in requests.iter().enumerate() {
             if r.len == 0 {
                 return Err(Error::InvalidArgument(format!("request {i}: length is 0")));
@@ -197,7 +195,7 @@ impl Engine {
             if i % 4096 == 4095 && Instant::now() >= deadline {
                 return Err(Error::TimedOut(format!("the deadline passed while checking request {i}")));
             }
-            let reuse = last.as_ref().is_some_and(|(l, _)| l.region().contains(r.local_addr, r.len));
+            let reuse = leases.last().is_some_and(|l| l.region().contains(r.local_addr, r.len));
             if !reuse {
                 let lease = self
                     .inner
@@ -205,9 +203,9 @@ impl Engine {
                     .lease(r.local_addr, r.len)
                     .map_err(|e| Error::from_status(e.status(), format!("request {i}: local {}", e.message())))?;
                 leases.push(Arc::new(lease));
-                last = Some((leases.last().expect("pushed").clone(), [None, None]));
+                blocked = [None, None];
             }
-            let (lease, blocked) = last.as_mut().expect("set above");
+            let lease = leases.last().expect("leased above");
             // A READ writes the local memory: it must not run under any
             // importer's eyes; a WRITE only reads it, which READ exports allow.
             let region = lease.region();

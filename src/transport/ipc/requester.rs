@@ -213,18 +213,15 @@ pub struct IpcRequester {
     pub faults: Arc<Faults>,
 }
 
-fn ops_of(items: &[(usize, Request)]) -> u32 {
-    items.iter().fold(0, |acc, (_, r)| acc | if r.op == Op::Read { OP_READ } else { OP_WRITE })
-}
-
-fn envelope(items: &[(usize, Request)]) -> (u64, u64) {
-    let (start, end) =
-        items.iter().fold((u64::MAX, 0), |(lo, hi), (_, r)| (lo.min(r.remote_addr), hi.max(r.remote_addr + r.len)));
-    if items.is_empty() {
-        (0, 0)
-    } else {
-        (start, end - start)
-    }
+/// The group's remote envelope (start, length) and the operations it
+/// needs, in one pass.
+fn envelope_and_ops(items: &[(usize, Request)]) -> ((u64, u64), u32) {
+    let (start, end, ops) = items.iter().fold((u64::MAX, 0, 0), |(lo, hi, ops), (_, r)| {
+        let op = if r.op == Op::Read { OP_READ } else { OP_WRITE };
+        (lo.min(r.remote_addr), hi.max(r.remote_addr + r.len), ops | op)
+    });
+    let env = if items.is_empty() { (0, 0) } else { (start, end - start) };
+    (env, ops)
 }
 
 impl IpcRequester {
@@ -420,8 +417,7 @@ impl IpcRequester {
             true => fence_local_pinned(&items, deadline).map_err(GroupError::NotPosted)?,
             false => Vec::new(),
         };
-        let env = envelope(&items);
-        let ops = ops_of(&items);
+        let (env, ops) = envelope_and_ops(&items);
         let (imp, key): (Arc<Import>, Option<(Key, bool)>) = if self.capacity == 0 {
             let opened = self.open(link, region, env, ops, local_device, deadline);
             (Arc::new(opened.map_err(GroupError::NotPosted)?), None)
