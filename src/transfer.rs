@@ -155,18 +155,34 @@ pub struct BatchShared {
 impl BatchShared {
     /// A record for `requests`, all pending and not yet routed.
     pub fn new(requests: &[Request], stats: Arc<Counters>, deadline: Instant) -> Arc<BatchShared> {
+        Self::routed(requests, None, stats, deadline)
+    }
+
+    /// A record for `requests`, all pending; with `route`, each already
+    /// planned as one chunk on that transport (as [`BatchShared::plan`]
+    /// would, without a second pass over the requests).
+    pub fn routed(
+        requests: &[Request],
+        route: Option<TransportKind>,
+        stats: Arc<Counters>,
+        deadline: Instant,
+    ) -> Arc<BatchShared> {
+        let mut bytes = 0u64;
         let reqs = requests
             .iter()
-            .map(|r| ReqState {
-                op: r.op,
-                len: r.len,
-                transport: None,
-                chunks_left: 0,
-                started: false,
-                error: None,
-                any_applied: false,
-                any_unknown: false,
-                done: false,
+            .map(|r| {
+                bytes = bytes.saturating_add(r.len);
+                ReqState {
+                    op: r.op,
+                    len: r.len,
+                    transport: route,
+                    chunks_left: route.is_some() as u32,
+                    started: false,
+                    error: None,
+                    any_applied: false,
+                    any_unknown: false,
+                    done: false,
+                }
             })
             .collect();
         Arc::new(BatchShared {
@@ -181,7 +197,7 @@ impl BatchShared {
                 on_end: Vec::new(),
             }),
             cv: Condvar::new(),
-            spin: if requests.iter().map(|r| r.len).sum::<u64>() <= SPIN_BYTES { SPIN } else { Duration::ZERO },
+            spin: if bytes <= SPIN_BYTES { SPIN } else { Duration::ZERO },
             assist: once_cell::sync::OnceCell::new(),
             stats,
             deadline,

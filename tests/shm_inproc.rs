@@ -218,6 +218,99 @@ fn large_groups_copied_after_submit_returns_move_every_byte() {
     }
 }
 
+/// A large independent SHM submission moves in windows of 4096 requests
+/// (each at least 8 MiB), every window a group of its own: 12 388
+/// scattered 4 KiB READs into a wrapped ring of local blocks make three
+/// groups, then as many WRITEs to distinct remote blocks three more, every
+/// byte checked; a submission as large whose first and last READ land in
+/// one local block stays one group, run in order (the last READ's bytes
+/// win). Guards `engine/submit.rs` `run_ipc`'s windows (and their
+/// independence check) and `plan.rs`'s runs.
+#[test]
+fn a_large_independent_submission_moves_in_windows() {
+    const BLOCK: u64 = 4096;
+    const N: u64 = 3 * 4096 + 100;
+    let src = Engine::new(EngineConfig::default()).unwrap();
+    let req = Engine::from_json(r#"{"shm_cache_entries": 2}"#).unwrap();
+    let remote_len = 2 * N * BLOCK;
+    let a = allocate_shared_host(remote_len).unwrap();
+    // SAFETY: the allocation maps `remote_len` bytes.
+    let remote = unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u8, remote_len as usize) };
+    // Every block distinct: its index, then a pattern.
+    let fill = |b: &mut [u8], seed: u64| {
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = ((seed * 131 + i as u64) % 251) as u8;
+        }
+    };
+    for k in 0..2 * N {
+        fill(&mut remote[(k * BLOCK) as usize..((k + 1) * BLOCK) as usize], k);
+    }
+    src.register_memory(a.addr(), remote_len, Access::READ_WRITE).unwrap();
+    let mut local = vec![0u8; (N * BLOCK) as usize];
+    let base = local.as_mut_ptr() as u64;
+    req.register_memory(base, N * BLOCK, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
+    let groups = || {
+        let s = req.stats().ipc["shm"].clone();
+        s.groups_without_round_trip + s.groups_with_round_trips
+    };
+    // Local block j (in a ring starting a third of the way in) gets
+    // remote block (7j mod 2N), scattered.
+    let local_of = |k: u64| (k + N / 3) % N;
+    let remote_of = |j: u64| j * 7 % (2 * N);
+    let reads: Vec<Request> = (0..N)
+        .map(|k| Request {
+            op: Op::Read,
+            local_addr: base + local_of(k) * BLOCK,
+            remote_addr: a.addr() + remote_of(local_of(k)) * BLOCK,
+            len: BLOCK,
+        })
+        .collect();
+    req.submit(peer, &reads, opts).unwrap().wait(T).unwrap();
+    let mut want = vec![0u8; BLOCK as usize];
+    for j in 0..N {
+        fill(&mut want, remote_of(j));
+        assert!(local[(j * BLOCK) as usize..((j + 1) * BLOCK) as usize] == want[..], "read into block {j}");
+    }
+    assert_eq!(groups(), 3, "three windows of READs");
+    // WRITEs: local block j to remote block 2j + 1, in the ring's order.
+    for j in 0..N {
+        fill(&mut local[(j * BLOCK) as usize..((j + 1) * BLOCK) as usize], 10_000 + j);
+    }
+    let writes: Vec<Request> = (0..N)
+        .map(|k| Request {
+            op: Op::Write,
+            local_addr: base + local_of(k) * BLOCK,
+            remote_addr: a.addr() + (2 * local_of(k) + 1) * BLOCK,
+            len: BLOCK,
+        })
+        .collect();
+    req.submit(peer, &writes, opts).unwrap().wait(T).unwrap();
+    for j in 0..N {
+        fill(&mut want, 10_000 + j);
+        let at = ((2 * j + 1) * BLOCK) as usize;
+        assert!(remote[at..at + BLOCK as usize] == want[..], "write to remote block {}", 2 * j + 1);
+    }
+    assert_eq!(groups(), 6, "three windows of WRITEs");
+    // The first and the last READ land in local block 0: dependent, one
+    // group in input order.
+    let mut dependent = reads.clone();
+    dependent[0].local_addr = base;
+    dependent[N as usize - 1].local_addr = base;
+    dependent[0].remote_addr = a.addr();
+    // (Even remote blocks kept their pattern: the WRITEs went to odd ones.)
+    dependent[N as usize - 1].remote_addr = a.addr() + 2 * BLOCK;
+    req.submit(peer, &dependent, opts).unwrap().wait(T).unwrap();
+    fill(&mut want, 2);
+    assert!(local[..BLOCK as usize] == want[..], "the last READ into block 0 won");
+    assert_eq!(groups(), 7, "a dependent submission is one group");
+    assert_eq!(req.stats().transports["shm"].requests_completed, 3 * N);
+    req.close(Some(T)).unwrap();
+    src.close(Some(T)).unwrap();
+    a.free().unwrap();
+}
+
 /// Twenty requester engines READ one source over SHM: their IPC channels,
 /// like their control connections, are served by the source's I/O threads
 /// (no thread per channel), and every byte arrives.

@@ -70,13 +70,15 @@ fn run(ops: &[CopyOp]) {
 fn shares(ops: &[CopyOp], n: usize) -> Vec<Vec<CopyOp>> {
     let total: u64 = ops.iter().map(|o| o.len).sum();
     let each = total.div_ceil(n as u64).max(1);
-    let mut out: Vec<Vec<CopyOp>> = vec![Vec::new()];
+    // Room for an equal share of ops and a cut one.
+    let room_for = ops.len() / n + 2;
+    let mut out: Vec<Vec<CopyOp>> = vec![Vec::with_capacity(room_for)];
     let mut room = each;
     for o in ops {
         let mut o = *o;
         while o.len > 0 {
             if room == 0 {
-                out.push(Vec::new());
+                out.push(Vec::with_capacity(room_for));
                 room = each;
             }
             let take = o.len.min(room);

@@ -4,16 +4,78 @@
 use super::backend::{CopyOp, CopyPlan};
 use crate::transfer::{Op, Request};
 
+/// At most this many ascending runs are followed by [`Runs`]; more, and
+/// the callers sort.
+const MAX_RUNS: usize = 16;
+
+/// Intervals seen in one pass as ascending runs: within a run each
+/// interval starts at or after the end of the one before it. With a few
+/// runs whose envelopes do not overlap, the intervals are pairwise
+/// disjoint without a sort: the common shapes are one run (blocks in
+/// address order) and a rotation (a ring of blocks that wrapped).
+struct Runs {
+    /// Finished runs' envelopes.
+    done: Vec<(u64, u64)>,
+    /// The current run's envelope.
+    cur: Option<(u64, u64)>,
+    /// More than [`MAX_RUNS`] runs: undecided.
+    too_many: bool,
+}
+
+impl Runs {
+    fn new() -> Runs {
+        Runs { done: Vec::new(), cur: None, too_many: false }
+    }
+
+    fn push(&mut self, start: u64, end: u64) {
+        match &mut self.cur {
+            Some(c) if start >= c.1 => c.1 = end,
+            _ => {
+                if let Some(c) = self.cur.replace((start, end)) {
+                    self.done.push(c);
+                    self.too_many |= self.done.len() >= MAX_RUNS;
+                }
+            }
+        }
+    }
+
+    /// True when the intervals are shown pairwise disjoint (false:
+    /// undecided, or not disjoint).
+    fn shown_disjoint(mut self) -> bool {
+        if self.too_many {
+            return false;
+        }
+        self.done.extend(self.cur);
+        self.done.sort_unstable();
+        self.done.windows(2).all(|w| w[0].1 <= w[1].0)
+    }
+}
+
 /// Whether the requests are independent, so that they may run in any order
 /// and be regrouped: no range a request writes (a READ's local range, a
 /// WRITE's remote range) overlaps another request's range in the same
-/// address space. O(n log n): per space, intervals sorted by start, each
-/// checked against the furthest end of those before it (of any request for
-/// a writing interval, of writing ones for a reading interval).
-pub fn independent(reqs: &[Request]) -> bool {
+/// address space. Linear when every request goes one way and the written
+/// ranges come as a few ascending runs (see [`Runs`]); otherwise
+/// O(n log n): per space, intervals sorted by start, each checked against
+/// the furthest end of those before it (of any request for a writing
+/// interval, of writing ones for a reading interval).
+pub fn independent<'a>(reqs: impl Iterator<Item = &'a Request> + Clone) -> bool {
+    if let Some(first) = reqs.clone().next() {
+        // One direction: only one space is written (a READ's local range,
+        // a WRITE's remote one), and every range in it is written.
+        let mut runs = Runs::new();
+        let one_way = reqs.clone().all(|r| {
+            let start = if first.op == Op::Read { r.local_addr } else { r.remote_addr };
+            runs.push(start, start.saturating_add(r.len));
+            r.op == first.op
+        });
+        if one_way && runs.shown_disjoint() {
+            return true;
+        }
+    }
     let space = |pick: &dyn Fn(&Request) -> (u64, bool)| -> bool {
         let mut v: Vec<(u64, u64, bool)> = reqs
-            .iter()
+            .clone()
             .map(|r| {
                 let (start, writes) = pick(r);
                 (start, start.saturating_add(r.len), writes)
@@ -37,34 +99,35 @@ pub fn independent(reqs: &[Request]) -> bool {
 
 /// Decides whether `ops` are independent (no destination overlaps another
 /// destination, no source overlaps a destination, its own included);
-/// otherwise they must run in order. Linear when the destinations come in
-/// address order and the sources lie apart from every destination (a READ
-/// into a local buffer from an import, the common shape); otherwise an
-/// O(n log n) sort of the destination intervals.
+/// otherwise they must run in order. Linear when the destinations come as
+/// a few ascending runs (see [`Runs`]: in address order, or a wrapped ring)
+/// and the sources lie apart from every destination (a READ into a local
+/// buffer from an import, the common shape); otherwise an O(n log n) sort
+/// of the destination intervals.
 pub fn classify(ops: &[CopyOp]) -> CopyPlan {
     if ops.is_empty() {
         return CopyPlan::Independent;
     }
-    // The envelopes of the destinations and of the sources, and whether
-    // the destinations come sorted and apart, in one pass.
+    // The envelopes of the destinations and of the sources, and the
+    // destinations' runs, in one pass.
     let (mut dst_lo, mut dst_hi, mut src_lo, mut src_hi) = (u64::MAX, 0u64, u64::MAX, 0u64);
-    let mut sorted_apart = true;
-    let mut prev_end: Option<u64> = None;
+    let mut runs = Runs::new();
     for o in ops {
         let (d_end, s_end) = (o.dst + o.len, o.src + o.len);
         (dst_lo, dst_hi) = (dst_lo.min(o.dst), dst_hi.max(d_end));
         (src_lo, src_hi) = (src_lo.min(o.src), src_hi.max(s_end));
-        sorted_apart &= prev_end.is_none_or(|e| o.dst >= e);
-        prev_end = Some(d_end);
+        runs.push(o.dst, d_end);
     }
     let sources_apart = src_hi <= dst_lo || dst_hi <= src_lo;
-    if sorted_apart && sources_apart {
+    let one_run = runs.done.is_empty();
+    let disjoint = runs.shown_disjoint();
+    if disjoint && sources_apart {
         return CopyPlan::Independent;
     }
     let mut dst: Vec<(u64, u64)> = ops.iter().map(|o| (o.dst, o.dst + o.len)).collect();
-    if !sorted_apart {
+    if !one_run {
         dst.sort_unstable();
-        if dst.windows(2).any(|w| w[1].0 < w[0].1) {
+        if !disjoint && dst.windows(2).any(|w| w[1].0 < w[0].1) {
             return CopyPlan::Ordered;
         }
     }
@@ -112,19 +175,19 @@ mod tests {
     #[test]
     fn requests_are_independent_unless_a_written_range_overlaps_another() {
         use Op::{Read, Write};
-        assert!(independent(&[]));
+        assert!(independent([].iter()));
         // Scattered READs of overlapping remote blocks into distinct local ones.
-        assert!(independent(&[req(Read, 0, 100, 10), req(Read, 10, 105, 10)]));
+        assert!(independent([req(Read, 0, 100, 10), req(Read, 10, 105, 10)].iter()));
         // Two READs into overlapping local memory.
-        assert!(!independent(&[req(Read, 0, 100, 10), req(Read, 5, 300, 10)]));
+        assert!(!independent([req(Read, 0, 100, 10), req(Read, 5, 300, 10)].iter()));
         // A WRITE sending what a READ brings in.
-        assert!(!independent(&[req(Read, 0, 100, 10), req(Write, 5, 300, 10)]));
+        assert!(!independent([req(Read, 0, 100, 10), req(Write, 5, 300, 10)].iter()));
         // A READ of remote bytes a WRITE changes.
-        assert!(!independent(&[req(Write, 0, 100, 10), req(Read, 50, 105, 10)]));
+        assert!(!independent([req(Write, 0, 100, 10), req(Read, 50, 105, 10)].iter()));
         // Two WRITEs from one local buffer to distinct remote places.
-        assert!(independent(&[req(Write, 0, 100, 10), req(Write, 0, 200, 10)]));
+        assert!(independent([req(Write, 0, 100, 10), req(Write, 0, 200, 10)].iter()));
         // Touching, not overlapping.
-        assert!(independent(&[req(Read, 0, 100, 10), req(Read, 10, 110, 10)]));
+        assert!(independent([req(Read, 0, 100, 10), req(Read, 10, 110, 10)].iter()));
     }
 
     #[test]
@@ -157,8 +220,39 @@ mod tests {
                     dep |= local || remote;
                 }
             }
-            assert_eq!(independent(&reqs), !dep, "{reqs:?}");
+            assert_eq!(independent(reqs.iter()), !dep, "{reqs:?}");
+            // One direction, written ranges in order and wrapped: the
+            // linear path.
+            let mut one_way: Vec<Request> = reqs.iter().map(|r| Request { op: reqs[0].op, ..*r }).collect();
+            one_way.sort_by_key(|r| if r.op == Op::Read { r.local_addr } else { r.remote_addr });
+            one_way.rotate_left(rnd(n as u64) as usize);
+            let written = |r: &Request| if r.op == Op::Read { (r.local_addr, r.len) } else { (r.remote_addr, r.len) };
+            let overlapping = (0..n).any(|i| {
+                (0..n).any(|j| {
+                    let ((a, l1), (b, l2)) = (written(&one_way[i]), written(&one_way[j]));
+                    i != j && ov(a, b, l1, l2)
+                })
+            });
+            assert_eq!(independent(one_way.iter()), !overlapping, "{one_way:?}");
         }
+    }
+
+    #[test]
+    fn runs_decide_disjointness_of_sorted_and_wrapped_intervals() {
+        let shown = |ivs: &[(u64, u64)]| {
+            let mut r = Runs::new();
+            for &(s, e) in ivs {
+                r.push(s, e);
+            }
+            r.shown_disjoint()
+        };
+        // In order; wrapped; wrapped onto itself (overlap).
+        assert!(shown(&[(0, 10), (10, 20), (30, 40)]));
+        assert!(shown(&[(30, 40), (50, 60), (0, 10), (10, 20)]));
+        assert!(!shown(&[(30, 40), (50, 60), (0, 10), (35, 45)]));
+        // More runs than followed: undecided.
+        let many: Vec<(u64, u64)> = (0..2 * MAX_RUNS as u64).rev().map(|i| (i * 10, i * 10 + 5)).collect();
+        assert!(!shown(&many));
     }
 
     #[test]
@@ -200,9 +294,14 @@ mod tests {
             ops.sort_by_key(|o| o.dst);
             assert_eq!(classify(&ops), quadratic(&ops), "{ops:?}");
             let shift = 150 + rnd(100);
-            let apart: Vec<CopyOp> = ops.iter().map(|o| op(o.dst, o.src + shift, o.len)).collect();
+            let mut apart: Vec<CopyOp> = ops.iter().map(|o| op(o.dst, o.src + shift, o.len)).collect();
             linear += (quadratic(&apart) == CopyPlan::Independent) as u32;
             assert_eq!(classify(&apart), quadratic(&apart), "{apart:?}");
+            // A wrapped ring: two ascending runs.
+            apart.rotate_left(rnd(n as u64) as usize);
+            assert_eq!(classify(&apart), quadratic(&apart), "{apart:?}");
+            ops.rotate_left(rnd(n as u64) as usize);
+            assert_eq!(classify(&ops), quadratic(&ops), "{ops:?}");
         }
         assert!(linear > 100, "the linear path was exercised {linear} times");
     }
