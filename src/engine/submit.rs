@@ -12,6 +12,7 @@ use crate::kinds::{Transport, TransportKind};
 use crate::memory::{owners, MemoryKind, RegionLease};
 use crate::transfer::{Assist, BatchShared, ChunkOutcome, Op, RemoteEffect, Request, MAX_REQUESTS};
 use crate::transport::cpu_copy;
+use crate::transport::ipc::messages::op_bit;
 use crate::transport::ipc::plan::independent;
 use crate::transport::ipc::requester::{GroupError, GroupLocal, GroupRun};
 use crate::transport::tcp::Chunk;
@@ -71,17 +72,17 @@ fn group(live: Vec<Checked<'_>>) -> VecDeque<Group<'_>> {
 }
 
 /// One subbatch to run: its requests, whether it is the single-request
-/// retry of a rejected group, and whether it is a window of a larger
-/// independent group (completing in any order).
+/// retry of a rejected group, and, for a window of a larger independent
+/// group (completing in any order), the operations of that whole group.
 struct Group<'a> {
     items: Vec<Checked<'a>>,
     retried: bool,
-    window: bool,
+    window: Option<u32>,
 }
 
 impl<'a> Group<'a> {
     fn new(items: Vec<Checked<'a>>) -> Group<'a> {
-        Group { items, retried: false, window: false }
+        Group { items, retried: false, window: None }
     }
 }
 
@@ -429,15 +430,22 @@ impl Engine {
         }
         let mut groups = group(live);
         while let Some(Group { items: g, retried, window }) = groups.pop_front() {
-            // A large independent last group of SHM moves in windows.
+            // A large independent last group of SHM moves in windows. They
+            // share one cached import (without a cache each window would
+            // open its own, each charged for the whole allocation), and
+            // pinned local memory, fenced per subbatch, is never cut.
             if groups.is_empty()
-                && !window
+                && window.is_none()
                 && !retried
                 && kind == TransportKind::Shm
+                && transport.requester.caches()
                 && g.len() >= 2 * WINDOW_REQUESTS
+                && g.iter().all(|c| c.lease.region().kind != MemoryKind::PinnedHost)
                 && independent(g.iter().map(|c| &c.req))
             {
-                groups.extend(windows(g).into_iter().map(|items| Group { items, retried: false, window: true }));
+                let ops = g.iter().fold(0, |ops, c| ops | op_bit(c.req.op));
+                let window = Some(ops);
+                groups.extend(windows(g).into_iter().map(|items| Group { items, retried: false, window }));
                 continue;
             }
             let region = *g[0].region.expect("resolved");
@@ -446,10 +454,11 @@ impl Engine {
             // ones finish here so that subbatches stay in order. Windows of
             // one independent group may end in any order: each completes
             // there.
-            let defer = if groups.is_empty() || window { self.deferred_completion(batch, &g) } else { None };
+            let defer = if groups.is_empty() || window.is_some() { self.deferred_completion(batch, &g) } else { None };
             let local = GroupLocal {
                 device: g[0].lease.region().device,
                 pinned: g.iter().any(|c| c.lease.region().kind == MemoryKind::PinnedHost),
+                group_ops: window.unwrap_or(0),
             };
             match transport.requester.run_group(&link, &region, items, local, deadline, defer) {
                 Ok(GroupRun::Done(outcomes)) => batch.complete_chunks(g.iter().map(|c| c.index).zip(outcomes)),

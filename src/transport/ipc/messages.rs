@@ -9,6 +9,14 @@ pub const OP_READ: u32 = 1;
 /// Operation bits of an export.
 pub const OP_WRITE: u32 = 2;
 
+/// The operation bit of a request's direction.
+pub fn op_bit(op: crate::transfer::Op) -> u32 {
+    match op {
+        crate::transfer::Op::Read => OP_READ,
+        crate::transfer::Op::Write => OP_WRITE,
+    }
+}
+
 /// Requester -> source, first message on an IPC channel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello {

@@ -6,7 +6,7 @@ use super::board::{self, Board};
 use super::cache::{EntryState, RelocationCache};
 use super::faults::Faults;
 use super::link::IpcLink;
-use super::messages::{ExportOffer, ExportRef, ExportRequest, Revalidate, OP_READ, OP_WRITE};
+use super::messages::{op_bit, ExportOffer, ExportRef, ExportRequest, Revalidate, OP_READ, OP_WRITE};
 use super::plan::classify;
 use crate::control::frame::MsgKind;
 use crate::control::message::RegionInfo;
@@ -148,13 +148,19 @@ struct Progress {
     stopped: bool,
 }
 
-/// What a group's local memory is.
+/// What a group's local memory is, and what group it is part of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct GroupLocal {
     /// The GPU whose context copies it (`None`: host memory).
     pub device: Option<i32>,
     /// Some of it is library pinned host memory (fenced while the group runs).
     pub pinned: bool,
+    /// For a window of a larger group, the operations of the whole group
+    /// (`OP_READ`/`OP_WRITE` bits; 0 otherwise): every window asks the
+    /// relocation cache for the import the whole group needs, so that the
+    /// windows share one (a group mixing READ and WRITE takes one writable
+    /// import, not one per direction, each charged for the allocation).
+    pub group_ops: u32,
 }
 
 /// Why a subbatch did not run.
@@ -217,8 +223,7 @@ pub struct IpcRequester {
 /// needs, in one pass.
 fn envelope_and_ops(items: &[(usize, Request)]) -> ((u64, u64), u32) {
     let (start, end, ops) = items.iter().fold((u64::MAX, 0, 0), |(lo, hi, ops), (_, r)| {
-        let op = if r.op == Op::Read { OP_READ } else { OP_WRITE };
-        (lo.min(r.remote_addr), hi.max(r.remote_addr + r.len), ops | op)
+        (lo.min(r.remote_addr), hi.max(r.remote_addr + r.len), ops | op_bit(r.op))
     });
     let env = if items.is_empty() { (0, 0) } else { (start, end - start) };
     (env, ops)
@@ -418,6 +423,7 @@ impl IpcRequester {
             false => Vec::new(),
         };
         let (env, ops) = envelope_and_ops(&items);
+        let ops = ops | local.group_ops;
         let (imp, key): (Arc<Import>, Option<(Key, bool)>) = if self.capacity == 0 {
             let opened = self.open(link, region, env, ops, local_device, deadline);
             (Arc::new(opened.map_err(GroupError::NotPosted)?), None)
@@ -680,6 +686,13 @@ impl IpcRequester {
                 std::thread::sleep(std::time::Duration::from_micros(200));
             }
         }
+    }
+
+    /// Whether imports are kept in a relocation cache (and so shared by
+    /// the subbatches that name one region), rather than opened and closed
+    /// per subbatch.
+    pub fn caches(&self) -> bool {
+        self.capacity > 0
     }
 
     /// Stops the progress worker; groups still pending end `Unquiesced`
