@@ -543,6 +543,82 @@ fn concurrent_windowed_submissions_and_close() {
     }
 }
 
+/// The requester closes while another thread is inside a windowed
+/// submit (32 768 READs of 2 KiB: eight windows of 8 MiB): when close
+/// returns Ok, no import is left open or cached, and the source then
+/// closes cleanly; every request is counted once and every OK one has its
+/// bytes. Before the submission held the requester side open, close could
+/// flush the cache between two windows and the next window opened an
+/// import after it (a hostile review saw it 9 rounds in 12; the source's
+/// close was then Unquiesced). Guards `run_ipc`'s `requester_gate` guard.
+#[test]
+fn close_racing_a_windowed_submit_leaves_nothing_open() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    const BLOCK: u64 = 2048;
+    const N: u64 = 8 * 4096;
+    const M: u64 = 4096;
+    for round in 0..8u64 {
+        let src = Engine::new(EngineConfig::default()).unwrap();
+        let req = Engine::from_json(r#"{"shm_cache_entries": 2}"#).unwrap();
+        let a = allocate_shared_host(M * BLOCK).unwrap();
+        // SAFETY: the allocation maps M blocks.
+        let remote = unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u8, (M * BLOCK) as usize) };
+        for (i, b) in remote.iter_mut().enumerate() {
+            *b = ((i as u64 / BLOCK * 13 + i as u64) % 251) as u8;
+        }
+        src.register_memory(a.addr(), M * BLOCK, Access::READ).unwrap();
+        let mut local = vec![0u8; (N * BLOCK) as usize];
+        let base = local.as_mut_ptr() as u64;
+        req.register_memory(base, N * BLOCK, Access::NONE).unwrap();
+        let peer = req.connect(&src.endpoint(), None).unwrap();
+        let transport = if round % 2 == 0 { Transport::Only(TransportKind::Shm) } else { Transport::Auto };
+        let reads: Vec<Request> = (0..N)
+            .map(|k| Request {
+                op: Op::Read,
+                local_addr: base + k * BLOCK,
+                remote_addr: a.addr() + (k * 7 % M) * BLOCK,
+                len: BLOCK,
+            })
+            .collect();
+        let started = AtomicBool::new(false);
+        let (submitted, closed) = std::thread::scope(|s| {
+            let h = s.spawn(|| {
+                started.store(true, Ordering::SeqCst);
+                req.submit(peer, &reads, SubmitOptions { transport, timeout: Some(T) })
+            });
+            while !started.load(Ordering::SeqCst) {
+                std::thread::yield_now();
+            }
+            // Into the windows: the first import is open.
+            let until = std::time::Instant::now() + T;
+            while req.stats().ipc["shm"].imports_opened == 0 && std::time::Instant::now() < until {
+                std::thread::yield_now();
+            }
+            std::thread::sleep(Duration::from_micros(300 * (round % 4)));
+            let closed = req.close(Some(T));
+            (h.join().unwrap(), closed)
+        });
+        closed.unwrap();
+        let ipc = req.stats().ipc["shm"].clone();
+        assert_eq!((ipc.imports_cached, ipc.mapping_bytes_charged), (0, 0), "round {round}: left open");
+        assert_eq!(ipc.imports_opened, ipc.imports_closed, "round {round}");
+        if let Ok(b) = &submitted {
+            let _ = b.wait(T);
+            for (k, _) in b.results().iter().enumerate().filter(|(_, r)| r.status == Status::Ok) {
+                let at = ((k as u64 * 7 % M) * BLOCK) as usize;
+                assert!(local[k * BLOCK as usize..(k + 1) * BLOCK as usize] == remote[at..at + BLOCK as usize]);
+            }
+        }
+        let st = req.stats();
+        let (shm, tcp) = (&st.transports["shm"], &st.transports["tcp"]);
+        let counted = shm.requests_completed + shm.requests_failed + tcp.requests_completed + tcp.requests_failed;
+        assert_eq!(counted, if submitted.is_ok() { N } else { 0 }, "round {round}: every request counted once");
+        src.close(Some(T)).unwrap();
+        drop(local);
+        a.free().unwrap();
+    }
+}
+
 /// Twenty requester engines READ one source over SHM: their IPC channels,
 /// like their control connections, are served by the source's I/O threads
 /// (no thread per channel), and every byte arrives.

@@ -414,6 +414,19 @@ impl Engine {
         let (Ok(link), Some(transport)) = (p.link(kind), self.inner.ipc_transport(kind)) else {
             return live;
         };
+        // The requester side stays open while the subbatches are posted:
+        // close_requester waits, so its flush of the relocation cache never
+        // falls between two subbatches (a later one would open an import
+        // after the flush and leave it cached, its export retained).
+        let _posting = match self.inner.requester_gate.enter() {
+            Ok(g) => g,
+            Err(e) => {
+                batch.complete_chunks(
+                    live.iter().map(|c| (c.index, ChunkOutcome::failed(e.clone(), RemoteEffect::None))),
+                );
+                return Vec::new();
+            }
+        };
         // Every request is routed on `kind` already (BatchShared::routed).
         let tcp_fallback = auto
             && self.inner.config.transport_policy.contains(&TransportKind::Tcp)
