@@ -414,19 +414,6 @@ impl Engine {
         let (Ok(link), Some(transport)) = (p.link(kind), self.inner.ipc_transport(kind)) else {
             return live;
         };
-        // The requester side stays open while the subbatches are posted:
-        // close_requester waits, so its flush of the relocation cache never
-        // falls between two subbatches (a later one would open an import
-        // after the flush and leave it cached, its export retained).
-        let _posting = match self.inner.requester_gate.enter() {
-            Ok(g) => g,
-            Err(e) => {
-                batch.complete_chunks(
-                    live.iter().map(|c| (c.index, ChunkOutcome::failed(e.clone(), RemoteEffect::None))),
-                );
-                return Vec::new();
-            }
-        };
         // Every request is routed on `kind` already (BatchShared::routed).
         let tcp_fallback = auto
             && self.inner.config.transport_policy.contains(&TransportKind::Tcp)
@@ -442,7 +429,25 @@ impl Engine {
             return Vec::new();
         }
         let mut groups = group(live);
+        // With several subbatches, the requester side stays open until the
+        // last is posted: close_requester waits, so its flush of the
+        // relocation cache never falls between two of them (a later one
+        // would open an import after the flush and leave it cached, its
+        // export retained). A close begun before then fails the rest.
+        let mut posting = None;
         while let Some(Group { items: g, retried, window }) = groups.pop_front() {
+            if posting.is_none() && !groups.is_empty() {
+                match self.inner.requester_gate.enter() {
+                    Ok(guard) => posting = Some(guard),
+                    Err(e) => {
+                        let rest = g.iter().chain(groups.iter().flat_map(|g| &g.items));
+                        batch.complete_chunks(
+                            rest.map(|c| (c.index, ChunkOutcome::failed(e.clone(), RemoteEffect::None))),
+                        );
+                        return Vec::new();
+                    }
+                }
+            }
             // A large independent last group of SHM moves in windows. They
             // share one cached import (without a cache each window would
             // open its own, each charged for the whole allocation), and
