@@ -406,51 +406,50 @@ fn windows_share_one_cached_import() {
 #[test]
 fn notification_follows_every_window() {
     const N: u64 = 3 * 4096 + 17;
-    for cfg in [r#"{"shm_cache_entries": 2}"#] {
-        let src = Engine::from_json("{}").unwrap();
-        let req = Engine::from_json(cfg).unwrap();
-        let remote_len = 2 * N * WBLOCK;
-        let a = allocate_shared_host(remote_len).unwrap();
-        // SAFETY: the allocation maps remote_len bytes.
-        let remote = unsafe { std::slice::from_raw_parts(a.addr() as *const u8, remote_len as usize) };
-        src.register_memory(a.addr(), remote_len, Access::READ_WRITE).unwrap();
-        let mut local = vec![0u8; (N * WBLOCK) as usize];
-        let base = local.as_mut_ptr() as u64;
-        req.register_memory(base, N * WBLOCK, Access::NONE).unwrap();
-        let peer = req.connect(&src.endpoint(), None).unwrap();
-        let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
-        for round in 0..4u64 {
-            for (i, b) in local.iter_mut().enumerate() {
-                *b = ((i as u64 / WBLOCK * 31 + round * 7 + i as u64) % 253) as u8;
-            }
-            // A wrapped ring of remote destinations: 2 runs.
-            let writes: Vec<Request> = (0..N)
-                .map(|k| {
-                    let j = (k + N / 2) % N;
-                    Request {
-                        op: Op::Write,
-                        local_addr: base + j * WBLOCK,
-                        remote_addr: a.addr() + (2 * j + (round & 1)) * WBLOCK,
-                        len: WBLOCK,
-                    }
-                })
-                .collect();
-            let b = req.submit_with_notification(peer, &writes, opts, b"done").unwrap();
-            src.take_notification(T).unwrap();
-            for j in 0..N {
-                let at = ((2 * j + (round & 1)) * WBLOCK) as usize;
-                assert!(
-                    remote[at..at + WBLOCK as usize] == local[(j * WBLOCK) as usize..((j + 1) * WBLOCK) as usize],
-                    "{cfg} round {round}: block {j} not visible when the notification arrived"
-                );
-            }
-            b.wait(T).unwrap();
+    let cfg = r#"{"shm_cache_entries": 2}"#;
+    let src = Engine::from_json("{}").unwrap();
+    let req = Engine::from_json(cfg).unwrap();
+    let remote_len = 2 * N * WBLOCK;
+    let a = allocate_shared_host(remote_len).unwrap();
+    // SAFETY: the allocation maps remote_len bytes.
+    let remote = unsafe { std::slice::from_raw_parts(a.addr() as *const u8, remote_len as usize) };
+    src.register_memory(a.addr(), remote_len, Access::READ_WRITE).unwrap();
+    let mut local = vec![0u8; (N * WBLOCK) as usize];
+    let base = local.as_mut_ptr() as u64;
+    req.register_memory(base, N * WBLOCK, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
+    for round in 0..4u64 {
+        for (i, b) in local.iter_mut().enumerate() {
+            *b = ((i as u64 / WBLOCK * 31 + round * 7 + i as u64) % 253) as u8;
         }
-        req.close(Some(T)).unwrap();
-        src.close(Some(T)).unwrap();
-        drop(local);
-        a.free().unwrap();
+        // A wrapped ring of remote destinations: 2 runs.
+        let writes: Vec<Request> = (0..N)
+            .map(|k| {
+                let j = (k + N / 2) % N;
+                Request {
+                    op: Op::Write,
+                    local_addr: base + j * WBLOCK,
+                    remote_addr: a.addr() + (2 * j + (round & 1)) * WBLOCK,
+                    len: WBLOCK,
+                }
+            })
+            .collect();
+        let b = req.submit_with_notification(peer, &writes, opts, b"done").unwrap();
+        src.take_notification(T).unwrap();
+        for j in 0..N {
+            let at = ((2 * j + (round & 1)) * WBLOCK) as usize;
+            assert!(
+                remote[at..at + WBLOCK as usize] == local[(j * WBLOCK) as usize..((j + 1) * WBLOCK) as usize],
+                "{cfg} round {round}: block {j} not visible when the notification arrived"
+            );
+        }
+        b.wait(T).unwrap();
     }
+    req.close(Some(T)).unwrap();
+    src.close(Some(T)).unwrap();
+    drop(local);
+    a.free().unwrap();
 }
 
 /// Two threads submit large windowed READs at once (sharing the copy
@@ -461,86 +460,75 @@ fn notification_follows_every_window() {
 #[test]
 fn concurrent_windowed_submissions_and_close() {
     const N: u64 = 3 * 4096;
-    for cfg in [r#"{"shm_cache_entries": 2}"#] {
-        let src = Engine::from_json("{}").unwrap();
-        let req = Engine::from_json(cfg).unwrap();
-        let remote_len = N * WBLOCK;
-        let a = allocate_shared_host(remote_len).unwrap();
-        // SAFETY: the allocation maps remote_len bytes.
-        let remote = unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u8, remote_len as usize) };
-        for (i, b) in remote.iter_mut().enumerate() {
-            *b = ((i as u64 / WBLOCK * 13 + i as u64) % 251) as u8;
-        }
-        src.register_memory(a.addr(), remote_len, Access::READ).unwrap();
-        let mut bufs: Vec<Vec<u8>> = (0..3).map(|_| vec![0u8; (N * WBLOCK) as usize]).collect();
-        let mut ids = Vec::new();
-        for b in &mut bufs {
-            ids.push(req.register_memory(b.as_mut_ptr() as u64, N * WBLOCK, Access::NONE).unwrap());
-        }
-        let peer = req.connect(&src.endpoint(), None).unwrap();
-        let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
-        let reads = |base: u64, m: u64| -> Vec<Request> {
-            (0..N)
-                .map(|k| Request {
-                    op: Op::Read,
-                    local_addr: base + k * WBLOCK,
-                    remote_addr: a.addr() + (k * m % N) * WBLOCK,
-                    len: WBLOCK,
-                })
-                .collect()
-        };
-        let bases: Vec<u64> = bufs.iter_mut().map(|b| b.as_mut_ptr() as u64).collect();
-        for _ in 0..3 {
-            std::thread::scope(|s| {
-                let h: Vec<_> = [0usize, 1]
-                    .iter()
-                    .map(|&t| {
-                        let (req, reads) = (&req, &reads);
-                        let base = bases[t];
-                        s.spawn(move || {
-                            let b = req.submit(peer, &reads(base, 7 + 4 * t as u64), opts).unwrap();
-                            b.wait(T).unwrap();
-                        })
-                    })
-                    .collect();
-                for x in h {
-                    x.join().unwrap();
-                }
-            });
-        }
-        for (t, m) in [(0usize, 7u64), (1, 11)] {
-            for k in 0..N {
-                let at = ((k * m % N) * WBLOCK) as usize;
-                assert!(
-                    bufs[t][(k * WBLOCK) as usize..((k + 1) * WBLOCK) as usize] == remote[at..at + WBLOCK as usize]
-                );
-            }
-        }
-        // Windows in flight while the local region is unregistered (must
-        // not succeed before the copies end) and the requester closes.
-        let b = req.submit(peer, &reads(bases[2], 5), opts).unwrap();
-        let early = req.unregister_memory(ids[2], Some(Duration::from_millis(0)));
-        let at_unregister = b.poll();
-        assert!(
-            early.is_err() || at_unregister == Status::Ok,
-            "unregistered under copies: {early:?} {at_unregister:?}"
-        );
-        req.close(Some(T)).unwrap();
-        assert_eq!(
-            b.poll(),
-            Status::Ok,
-            "{cfg}: after close, {:?}",
-            b.results().iter().find(|r| r.status != Status::Ok)
-        );
-        for k in 0..N {
-            let at = ((k * 5 % N) * WBLOCK) as usize;
-            assert!(bufs[2][(k * WBLOCK) as usize..((k + 1) * WBLOCK) as usize] == remote[at..at + WBLOCK as usize]);
-        }
-        assert_eq!(req.stats().transports["shm"].requests_completed, 7 * N);
-        src.close(Some(T)).unwrap();
-        drop(bufs);
-        a.free().unwrap();
+    let cfg = r#"{"shm_cache_entries": 2}"#;
+    let src = Engine::from_json("{}").unwrap();
+    let req = Engine::from_json(cfg).unwrap();
+    let remote_len = N * WBLOCK;
+    let a = allocate_shared_host(remote_len).unwrap();
+    // SAFETY: the allocation maps remote_len bytes.
+    let remote = unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u8, remote_len as usize) };
+    for (i, b) in remote.iter_mut().enumerate() {
+        *b = ((i as u64 / WBLOCK * 13 + i as u64) % 251) as u8;
     }
+    src.register_memory(a.addr(), remote_len, Access::READ).unwrap();
+    let mut bufs: Vec<Vec<u8>> = (0..3).map(|_| vec![0u8; (N * WBLOCK) as usize]).collect();
+    let mut ids = Vec::new();
+    for b in &mut bufs {
+        ids.push(req.register_memory(b.as_mut_ptr() as u64, N * WBLOCK, Access::NONE).unwrap());
+    }
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
+    let reads = |base: u64, m: u64| -> Vec<Request> {
+        (0..N)
+            .map(|k| Request {
+                op: Op::Read,
+                local_addr: base + k * WBLOCK,
+                remote_addr: a.addr() + (k * m % N) * WBLOCK,
+                len: WBLOCK,
+            })
+            .collect()
+    };
+    let bases: Vec<u64> = bufs.iter_mut().map(|b| b.as_mut_ptr() as u64).collect();
+    for _ in 0..3 {
+        std::thread::scope(|s| {
+            let h: Vec<_> = [0usize, 1]
+                .iter()
+                .map(|&t| {
+                    let (req, reads) = (&req, &reads);
+                    let base = bases[t];
+                    s.spawn(move || {
+                        let b = req.submit(peer, &reads(base, 7 + 4 * t as u64), opts).unwrap();
+                        b.wait(T).unwrap();
+                    })
+                })
+                .collect();
+            for x in h {
+                x.join().unwrap();
+            }
+        });
+    }
+    for (t, m) in [(0usize, 7u64), (1, 11)] {
+        for k in 0..N {
+            let at = ((k * m % N) * WBLOCK) as usize;
+            assert!(bufs[t][(k * WBLOCK) as usize..((k + 1) * WBLOCK) as usize] == remote[at..at + WBLOCK as usize]);
+        }
+    }
+    // Windows in flight while the local region is unregistered (must
+    // not succeed before the copies end) and the requester closes.
+    let b = req.submit(peer, &reads(bases[2], 5), opts).unwrap();
+    let early = req.unregister_memory(ids[2], Some(Duration::from_millis(0)));
+    let at_unregister = b.poll();
+    assert!(early.is_err() || at_unregister == Status::Ok, "unregistered under copies: {early:?} {at_unregister:?}");
+    req.close(Some(T)).unwrap();
+    assert_eq!(b.poll(), Status::Ok, "{cfg}: after close, {:?}", b.results().iter().find(|r| r.status != Status::Ok));
+    for k in 0..N {
+        let at = ((k * 5 % N) * WBLOCK) as usize;
+        assert!(bufs[2][(k * WBLOCK) as usize..((k + 1) * WBLOCK) as usize] == remote[at..at + WBLOCK as usize]);
+    }
+    assert_eq!(req.stats().transports["shm"].requests_completed, 7 * N);
+    src.close(Some(T)).unwrap();
+    drop(bufs);
+    a.free().unwrap();
 }
 
 /// The requester closes while another thread is inside a windowed

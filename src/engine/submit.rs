@@ -118,6 +118,24 @@ fn windows(items: Vec<Checked<'_>>) -> Vec<Vec<Checked<'_>>> {
     out
 }
 
+/// Fails requests nothing was posted for, each with `e` (no remote effect).
+fn fail_unposted<'a>(batch: &BatchShared, reqs: impl Iterator<Item = &'a Checked<'a>>, e: &Error) {
+    batch.complete_chunks(reqs.map(|c| (c.index, ChunkOutcome::failed(e.clone(), RemoteEffect::None))));
+}
+
+/// Whether the last group of an IPC submission moves in windows (see
+/// [`windows`]): SHM with a relocation cache, so that the windows share
+/// one cached import (without a cache each would open its own, each
+/// charged for the whole allocation); large enough for two windows; no
+/// library pinned local memory (fenced per subbatch); independent requests.
+fn windowed(kind: TransportKind, caches: bool, g: &[Checked<'_>]) -> bool {
+    kind == TransportKind::Shm
+        && caches
+        && g.len() >= 2 * WINDOW_REQUESTS
+        && g.iter().all(|c| c.lease.region().kind != MemoryKind::PinnedHost)
+        && independent(g.iter().map(|c| &c.req))
+}
+
 /// Errors after which an unposted IPC request may try the next transport.
 fn may_fall_through(e: &Error) -> bool {
     matches!(e.status(), Status::Unavailable | Status::ResourceExhausted | Status::NotSupported)
@@ -425,7 +443,7 @@ impl Engine {
             if tcp_fallback && may_fall_through(&e) {
                 return self.fall_through(kind, batch, live, &e);
             }
-            batch.complete_chunks(live.iter().map(|c| (c.index, ChunkOutcome::failed(e.clone(), RemoteEffect::None))));
+            fail_unposted(batch, live.iter(), &e);
             return Vec::new();
         }
         let mut groups = group(live);
@@ -440,27 +458,13 @@ impl Engine {
                 match self.inner.requester_gate.enter() {
                     Ok(guard) => posting = Some(guard),
                     Err(e) => {
-                        let rest = g.iter().chain(groups.iter().flat_map(|g| &g.items));
-                        batch.complete_chunks(
-                            rest.map(|c| (c.index, ChunkOutcome::failed(e.clone(), RemoteEffect::None))),
-                        );
+                        fail_unposted(batch, g.iter().chain(groups.iter().flat_map(|g| &g.items)), &e);
                         return Vec::new();
                     }
                 }
             }
-            // A large independent last group of SHM moves in windows. They
-            // share one cached import (without a cache each window would
-            // open its own, each charged for the whole allocation), and
-            // pinned local memory, fenced per subbatch, is never cut.
-            if groups.is_empty()
-                && window.is_none()
-                && !retried
-                && kind == TransportKind::Shm
-                && transport.requester.caches()
-                && g.len() >= 2 * WINDOW_REQUESTS
-                && g.iter().all(|c| c.lease.region().kind != MemoryKind::PinnedHost)
-                && independent(g.iter().map(|c| &c.req))
-            {
+            // A large independent last group of SHM moves in windows.
+            if groups.is_empty() && window.is_none() && !retried && windowed(kind, transport.requester.caches(), &g) {
                 let ops = g.iter().fold(0, |ops, c| ops | op_bit(c.req.op));
                 let window = Some(ops);
                 groups.extend(windows(g).into_iter().map(|items| Group { items, retried: false, window }));
@@ -504,9 +508,7 @@ impl Engine {
                         rest.extend(groups.into_iter().flat_map(|g| g.items));
                         return self.fall_through(kind, batch, rest, &e);
                     }
-                    batch.complete_chunks(
-                        g.iter().map(|c| (c.index, ChunkOutcome::failed(e.clone(), RemoteEffect::None))),
-                    );
+                    fail_unposted(batch, g.iter(), &e);
                 }
             }
         }
