@@ -131,8 +131,10 @@ impl Engine {
             }
         });
         Box::new(move || {
-            stats.revokes_received.fetch_add(1, Ordering::Relaxed);
+            // Counted once triggered: whoever sees the count knows a pass
+            // is due (or ran) for it.
             job.trigger();
+            stats.revokes_received.fetch_add(1, Ordering::Relaxed);
         })
     }
 
