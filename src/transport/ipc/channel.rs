@@ -493,6 +493,25 @@ mod tests {
         assert!(matches!(Channel::connect("orbite-no-such-socket-xyz"), Err(Error::StalePeer(_))));
     }
 
+    /// A loopback TCP port bound, never listened on, and kept bound for the
+    /// process's life (its socket is leaked): connecting to it is refused.
+    fn bound_unlistened_port() -> u16 {
+        // SAFETY: plain socket calls on a descriptor made here, with a
+        // zeroed sockaddr_in of the right size.
+        unsafe {
+            let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0);
+            assert!(fd >= 0);
+            let mut a: libc::sockaddr_in = std::mem::zeroed();
+            a.sin_family = libc::AF_INET as libc::sa_family_t;
+            a.sin_addr.s_addr = u32::from_ne_bytes([127, 0, 0, 1]);
+            let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+            assert_eq!(libc::bind(fd, (&a as *const libc::sockaddr_in).cast(), len), 0);
+            let mut got = len;
+            assert_eq!(libc::getsockname(fd, (&mut a as *mut libc::sockaddr_in).cast(), &mut got), 0);
+            u16::from_be(a.sin_port)
+        }
+    }
+
     #[test]
     fn tcp_channels_carry_frames_but_no_descriptors() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -515,8 +534,12 @@ mod tests {
         let f = c.call(MsgKind::IpcHello, b"hello", deadline, "test").unwrap();
         assert_eq!((f.kind, f.body.as_slice()), (MsgKind::IpcWelcome, &b"welcome"[..]));
         t.join().unwrap();
-        // Nobody listens there any more: the source is gone.
-        assert!(matches!(Channel::connect_tcp(&ep, deadline), Err(Error::StalePeer(_))));
+        // Nobody listens at a port held bound without listening (a freed
+        // port could be taken by another test's listener meanwhile): the
+        // source is gone.
+        let held = bound_unlistened_port();
+        let nobody = format!("127.0.0.1:{held}");
+        assert!(matches!(Channel::connect_tcp(&nobody, deadline), Err(Error::StalePeer(_))));
     }
 
     /// A frame carrying more descriptors than its kind may is refused,
