@@ -868,8 +868,12 @@ struct IpcStats {
   std::uint64_t imports_cached = 0, imports_retained = 0, local_owners_fenced = 0, mapping_bytes_charged = 0;
   std::uint64_t imports_released_after_exit = 0;
   std::uint64_t pending_groups = 0, progress_workers = 0;
-  /// Export requests waiting now for the allocation's loan (source side).
-  std::uint64_t grants_waiting = 0;
+  /// Exports released because their importing process exited (source side).
+  std::uint64_t exports_reclaimed_after_exit = 0;
+  /// Groups reported UNQUIESCED at their deadline whose completion is still
+  /// polled, and those whose completion came late (their import was then
+  /// closed, or returned to the cache, as usual).
+  std::uint64_t late_groups = 0, late_completions = 0;
   /// Copies posted per GPU (CUDA transports): device ordinal -> counts.
   struct DeviceCopies {
     std::uint64_t copies = 0, bytes = 0;
@@ -906,6 +910,8 @@ struct Stats {
   std::uint64_t protocol_errors = 0, connections_refused = 0, fabric_channels_accepted = 0;
   std::uint64_t auth_failures = 0, ipc_uid_refusals = 0, offers_expired = 0;
   std::uint64_t revokes_received = 0, revoke_passes = 0;
+  /// TCP answers to requests failed at their deadline, read and dropped.
+  std::uint64_t answers_dropped = 0;
   NotificationStats notifications;
   DiscoveryStats discovery;
   IoStats io;
@@ -973,6 +979,7 @@ inline Stats parse_stats(const std::string &text) {
                       {"fabric_channels_accepted", &S::fabric_channels_accepted},
                       {"auth_failures", &S::auth_failures}, {"ipc_uid_refusals", &S::ipc_uid_refusals},
                       {"offers_expired", &S::offers_expired}, {"revokes_received", &S::revokes_received},
+                      {"answers_dropped", &S::answers_dropped},
                       {"revoke_passes", &S::revoke_passes}});
   {
     using Nt = NotificationStats;
@@ -1006,7 +1013,8 @@ inline Stats parse_stats(const std::string &text) {
                         {"local_owners_fenced", &I::local_owners_fenced},
                         {"mapping_bytes_charged", &I::mapping_bytes_charged},
                         {"pending_groups", &I::pending_groups}, {"progress_workers", &I::progress_workers},
-                        {"grants_waiting", &I::grants_waiting}});
+                        {"exports_reclaimed_after_exit", &I::exports_reclaimed_after_exit},
+                        {"late_groups", &I::late_groups}, {"late_completions", &I::late_completions}});
     const json::Value &by = detail::object(o, "copies_by_device", at);
     for (std::size_t i = 0; i < by.keys().size(); ++i) {
       const std::string where = at + ".copies_by_device." + by.keys()[i];

@@ -51,6 +51,8 @@ pub struct Counters {
     /// Passes that gave imports back after them (revokes arriving during
     /// a pass fold into one more).
     pub revoke_passes: AtomicU64,
+    /// TCP answers to requests failed at their deadline, read and dropped.
+    pub answers_dropped: AtomicU64,
 }
 
 /// Counters of one transport, as reported.

@@ -207,17 +207,30 @@ fn lazy_progress() {
     assert!(r.holds(0, 0, SIZE, 1, 0));
 }
 
-/// The deadline passes while the copy's event is pending: Unquiesced,
-/// the import retained, the stream slot quarantined.
+/// The deadline passes while the copy's event is pending: the group is
+/// reported Unquiesced then, its import and stream stay in use, and the
+/// worker polls on; when the copy completes (3 s in) the import is closed
+/// with its receipt and the stream returns to the pool, with no flush.
 fn deadline_with_a_pending_event() {
     let (mut src, a) = nvlink_source(None);
     let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
     let out = r.go_within(&[wr(r.l(0), a, SIZE)], Duration::from_millis(200));
     assert_eq!(out, vec![res(Status::Unquiesced, RemoteEffect::Unknown)]);
-    assert_eq!(r.ipc().imports_retained, 1);
+    let st = r.ipc();
+    assert_eq!((st.late_groups, st.pending_groups, st.imports_retained, st.imports_closed), (1, 1, 0, 0), "{st:?}");
     let nv = r.e.stats().nvlink;
-    assert_eq!((nv.retained_streams, nv.active_streams), (1, 0), "the busy stream is quarantined: {nv:?}");
+    assert_eq!((nv.retained_streams, nv.active_streams), (0, 1), "the busy stream stays leased: {nv:?}");
     assert_eq!(src.ipc("nvlink", "exports_open"), 1);
+    let t0 = std::time::Instant::now();
+    while r.ipc().late_completions != 1 {
+        assert!(t0.elapsed() < Duration::from_secs(60), "the late completion never came: {:?}", r.ipc());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let st = r.ipc();
+    assert_eq!((st.late_groups, st.pending_groups, st.imports_retained, st.imports_closed), (0, 0, 0, 1), "{st:?}");
+    let nv = r.e.stats().nvlink;
+    assert_eq!((nv.retained_streams, nv.active_streams), (0, 0), "{nv:?}");
+    assert_eq!(src.ipc("nvlink", "exports_open"), 0);
 }
 
 /// NVLink and MNNVL need two processes: an engine in the same process is
@@ -742,7 +755,7 @@ fn slow_copies_complete_on_the_lazy_progress_worker() {
 }
 
 #[test]
-fn a_deadline_passing_with_the_event_pending_is_unquiesced() {
+fn a_deadline_passing_with_the_event_pending_is_reported_then_closed_when_it_completes() {
     run("deadline-pending", &[("FAKECUDA_COPY_DELAY_US", "3000000")]);
 }
 

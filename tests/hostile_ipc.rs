@@ -107,39 +107,40 @@ fn pipelined_export_requests_never_read_are_bounded() {
 }
 
 /// One allocation served by two engines of this process; a reader process
-/// holds it through engine 1 (one export there); a raw writer's grant for
-/// it waits on engine 2 for `wait_ms` (counted only once its own thread
-/// waits for the loan). Returns (engine 1, engine 2, the reader, the
-/// writer's channel).
-fn writer_waits_for_reader(a: &Allocation, wait_ms: u32) -> (Engine, Engine, PeerProc, Channel) {
+/// holds it through engine 1 (one export there); a raw writer asks engine 2
+/// for a WRITE grant of it, and is offered one at once: exports of one
+/// allocation coexist (nothing waits for another importer). Returns
+/// (engine 1, engine 2, the reader, the writer's channel).
+fn writer_beside_reader(a: &Allocation, wait_ms: u32) -> (Engine, Engine, PeerProc, Channel) {
     let (e1, _) = engine(r#"{"io_threads": 1}"#, a);
     let (e2, epoch2) = engine(r#"{"io_threads": 1}"#, a);
     let reader =
         PeerProc::spawn_requester(&e1.endpoint(), &format!("{}:4096", a.addr()), r#"{"shm_cache_entries": 2}"#);
     assert_eq!(e1.stats().ipc["shm"].exports_open, 1);
-    let (ch, k, _) = ipc_hello(&e2.endpoint(), TransportKind::Shm, Identity::fresh(), None);
+    let (mut ch, k, _) = ipc_hello(&e2.endpoint(), TransportKind::Shm, Identity::fresh(), None);
     assert_eq!(k, MsgKind::IpcWelcome);
     assert!(raw_send(&ch, &request(epoch2, a.addr() + 8192, 9, OP_WRITE, wait_ms)));
-    eventually("the WRITE grant waits", || e2.stats().ipc["shm"].grants_waiting == 1);
+    let deadline = Instant::now() + LONG;
+    let mut tick = || if Instant::now() < deadline { Ok(()) } else { Err(orbite::Error::TimedOut("offer".into())) };
+    assert_eq!(ch.recv(&mut tick).unwrap().kind, MsgKind::ExportOffer, "a WRITE grant waited for a reader");
     (e1, e2, reader, ch)
 }
 
-/// A raw writer's grant waits on engine 2 for a reader's import (see
-/// `writer_waits_for_reader`). Engine 2 closes at once (its channel ends
-/// although its grant is still waited for; the grant gives up), and once
-/// the reader gives back nothing stays exported and the allocation can be
-/// freed.
+/// A raw writer holds an unanswered WRITE offer on engine 2 beside a
+/// reader's import on engine 1. Engine 2 closes at once (the offer is
+/// released with its channel), and once the reader gives back nothing
+/// stays exported and the allocation can be freed.
 #[test]
-fn an_engine_closing_while_its_grant_waits_leaves_nothing_exported() {
+fn an_engine_closing_with_an_offer_beside_a_reader_leaves_nothing_exported() {
     let a = allocate_shared_host(SZ).unwrap();
-    let (e1, e2, mut reader, ch) = writer_waits_for_reader(&a, 60_000);
+    let (e1, e2, mut reader, ch) = writer_beside_reader(&a, 60_000);
+    assert_eq!(e2.stats().ipc["shm"].exports_open, 1);
     let t0 = Instant::now();
     e2.close(Some(Duration::from_secs(30))).unwrap();
     let took = t0.elapsed();
-    assert!(took < Duration::from_secs(5), "engine 2 took {took:?} to close (its channel waited for the grant)");
+    assert!(took < Duration::from_secs(5), "engine 2 took {took:?} to close");
+    assert_eq!(e2.stats().ipc["shm"].exports_open, 0);
     assert_eq!(reader.cmd("flush"), "ok");
-    eventually("the late grant is done", || e2.stats().ipc["shm"].grants_waiting == 0);
-    eventually("the late grant is given back", || e2.stats().ipc["shm"].exports_open == 0);
     reader.kill();
     e1.close(Some(Duration::from_secs(30))).unwrap();
     drop(ch);
@@ -157,17 +158,16 @@ fn an_engine_closing_while_its_grant_waits_leaves_nothing_exported() {
     }
 }
 
-/// A raw writer's grant waits (up to 10 minutes) for a reader process's
-/// import; the writer hangs up. The grant gives up at once: its mapping
-/// charge and region lease go back while the reader still holds its
-/// import, not when its wait ends.
+/// A raw writer's offer beside a reader's import charges engine 2 the
+/// allocation once; the writer hangs up, and the charge and the region
+/// lease go back at once while the reader still holds its import.
 #[test]
-fn a_channel_that_hangs_up_while_its_grant_waits_gives_its_charge_back_at_once() {
+fn a_channel_that_hangs_up_with_an_offer_gives_its_charge_back_at_once() {
     let a = allocate_shared_host(SZ).unwrap();
-    let (e1, e2, mut reader, ch) = writer_waits_for_reader(&a, 600_000);
+    let (e1, e2, mut reader, ch) = writer_beside_reader(&a, 600_000);
     assert_eq!(e2.stats().ipc["shm"].mapping_bytes_charged, a.physical_len());
     drop(ch);
-    eventually("the grant gave up", || e2.stats().ipc["shm"].grants_waiting == 0);
+    eventually("the offer is released", || e2.stats().ipc["shm"].exports_open == 0);
     let st = e2.stats().ipc["shm"].clone();
     assert_eq!((st.mapping_bytes_charged, st.exports_open, st.exports_retained), (0, 0, 0));
     // The reader kept its import throughout.

@@ -44,6 +44,10 @@ fn go(e: &Engine, peer: u64, reqs: &[Request], opts: SubmitOptions) -> Vec<Reque
     b.results()
 }
 
+/// The seed's rows are of the uncached protocol: an import per subbatch,
+/// closed with its receipt (the relocation cache is on by default).
+const UNCACHED: &str = r#"{"shm_cache_entries": 0}"#;
+
 /// A requester engine with `len` bytes of registered local memory (filled
 /// with `fill`), connected to `endpoint`.
 struct Local {
@@ -97,7 +101,7 @@ const HOSTILE_FILL: fn(u64) -> u8 = |i| pattern(5, i);
 
 /// Reads 4 KiB at offset 8 KiB of the hostile source's region.
 fn read_from(h: &Hostile) -> (Local, Vec<RequestResult>) {
-    let l = Local::new("{}", &h.endpoint, 64 * KIB, 0xee);
+    let l = Local::new(UNCACHED, &h.endpoint, 64 * KIB, 0xee);
     let out = go(&l.e, l.peer, &[rd(l.at(0), h.addr + 8 * KIB, 4 * KIB)], only(TransportKind::Shm));
     (l, out)
 }
@@ -181,7 +185,7 @@ fn x8_the_requester_refuses_a_channel_of_another_engine() {
 fn s2_the_requester_refuses_shm_to_a_peer_of_another_boot() {
     let script = Script { describe: |i| i.boot_id[0] ^= 0xff, ..Script::honest() };
     let h = Hostile::start(script, HOSTILE_FILL);
-    let l = Local::new("{}", &h.endpoint, 64 * KIB, 0xee);
+    let l = Local::new(UNCACHED, &h.endpoint, 64 * KIB, 0xee);
     assert_eq!(l.e.peer_transports(l.peer).unwrap(), vec![TransportKind::Tcp]);
     let e = l.e.submit(l.peer, &[rd(l.at(0), h.addr, 16)], only(TransportKind::Shm)).err().expect("another boot");
     assert_eq!(e.status(), Status::Unavailable, "{e}");
@@ -212,6 +216,7 @@ fn s2_the_source_refuses_a_requester_of_another_boot() {
 #[test]
 fn m12_an_uncertain_write_never_falls_through_to_tcp() {
     let mut src = shm_source(MIB, 1);
+    // With the default cache (without one, AUTO would not choose SHM).
     let l = Local::new("{}", &src.endpoint, MIB, 0x42);
     l.e.faults().fail_completion.store(1, Ordering::SeqCst);
     let b = l.e.submit(l.peer, &[wr(l.at(0), src.addr, 64 * KIB)], SubmitOptions::default()).unwrap();
@@ -236,7 +241,7 @@ fn m12_an_uncertain_write_never_falls_through_to_tcp() {
 fn x5_only_acknowledged_requests_complete_and_each_failure_is_accounted() {
     let mut src = shm_source(MIB, 2);
     let (a, b) = (src.addrs[0], src.addrs[1]);
-    let l = Local::new("{}", &src.endpoint, MIB, 0x42);
+    let l = Local::new(UNCACHED, &src.endpoint, MIB, 0x42);
     l.e.faults().fail_completion.store(1, Ordering::SeqCst);
     let reqs = [
         wr(l.at(0), a, 4 * KIB),
@@ -255,7 +260,7 @@ fn x5_only_acknowledged_requests_complete_and_each_failure_is_accounted() {
         ]
     );
     // Both attempts of the receipt lose their acknowledgement.
-    let l2 = Local::new("{}", &src.endpoint, MIB, 0x42);
+    let l2 = Local::new(UNCACHED, &src.endpoint, MIB, 0x42);
     l2.e.faults().lose_ack.store(2, Ordering::SeqCst);
     // SAFETY: the local allocation maps MIB writable bytes.
     unsafe { std::ptr::copy_nonoverlapping(common::pattern_vec(9, 4096).as_ptr(), l2.at(0) as *mut u8, 4096) };
@@ -274,7 +279,7 @@ fn x5_only_acknowledged_requests_complete_and_each_failure_is_accounted() {
 #[test]
 fn e1_one_query_on_the_caller_decides_between_finishing_and_the_worker() {
     let src = shm_source(MIB, 1);
-    let l = Local::new("{}", &src.endpoint, MIB, 0);
+    let l = Local::new(UNCACHED, &src.endpoint, MIB, 0);
     let b = l.e.submit(l.peer, &[rd(l.at(0), src.addr, 64 * KIB)], only(TransportKind::Shm)).unwrap();
     assert_eq!(b.poll(), Status::Ok, "a ready group completes on the caller");
     assert_eq!(l.shm().progress_workers, 0);
@@ -297,7 +302,7 @@ fn b3_the_grant_is_the_envelope_and_only_requested_bytes_count() {
     assert_eq!((o.grant_addr, o.grant_len), (src.addr + MIB, 8 * KIB), "{o:?}");
     assert_eq!((o.base, o.physical), (src.addr, 4 * MIB), "{o:?}");
     assert_eq!(o.ops, OP_READ);
-    let l = Local::new("{}", &src.endpoint, MIB, 0);
+    let l = Local::new(UNCACHED, &src.endpoint, MIB, 0);
     let out = go(
         &l.e,
         l.peer,
@@ -320,7 +325,7 @@ fn b3_the_grant_is_the_envelope_and_only_requested_bytes_count() {
 fn b4_groups_are_regions_regrouped_only_when_independent() {
     let src = shm_source(4 * MIB, 2);
     let (a, b) = (src.addrs[0], src.addrs[1]);
-    let l = Local::new(r#"{"max_transfer_bytes": 1048576}"#, &src.endpoint, MIB, 0);
+    let l = Local::new(r#"{"max_transfer_bytes": 1048576, "shm_cache_entries": 0}"#, &src.endpoint, MIB, 0);
     let opened = |reqs: &[Request]| {
         let before = l.shm().imports_opened;
         assert!(go(&l.e, l.peer, reqs, only(TransportKind::Shm)).iter().all(|r| r.status == Status::Ok));
@@ -344,7 +349,7 @@ fn b4_groups_are_regions_regrouped_only_when_independent() {
 #[test]
 fn b5_only_resource_exhausted_is_retried_once_per_request() {
     let two = |h: &Hostile| {
-        let l = Local::new("{}", &h.endpoint, 64 * KIB, 0);
+        let l = Local::new(UNCACHED, &h.endpoint, 64 * KIB, 0);
         go(
             &l.e,
             l.peer,
@@ -455,7 +460,7 @@ fn c10_close_requester_waits_for_work_in_flight_then_fences() {
 #[test]
 fn c10_close_requester_returns_with_the_waited_for_batch_complete() {
     let src = shm_source(MIB, 1);
-    let l = Local::new("{}", &src.endpoint, MIB, 0);
+    let l = Local::new(UNCACHED, &src.endpoint, MIB, 0);
     l.e.faults().pending_polls.store(1_001, Ordering::SeqCst);
     let b = l.e.submit(l.peer, &[rd(l.at(0), src.addr, 512 * KIB)], only(TransportKind::Shm)).unwrap();
     assert_eq!(b.poll(), Status::Pending);
@@ -469,7 +474,7 @@ fn c10_close_requester_returns_with_the_waited_for_batch_complete() {
 #[test]
 fn the_hostile_harness_serves_an_honest_write() {
     let h = Hostile::start(Script::honest(), |_| 0);
-    let l = Local::new("{}", &h.endpoint, 64 * KIB, 0x77);
+    let l = Local::new(UNCACHED, &h.endpoint, 64 * KIB, 0x77);
     let out = go(&l.e, l.peer, &[wr(l.at(0), h.addr + LEN - 4 * KIB, 4 * KIB)], only(TransportKind::Shm));
     assert_eq!(out, vec![res(Status::Ok, RemoteEffect::Applied)]);
     assert_eq!(h.requests()[0].ops, OP_WRITE);

@@ -50,9 +50,14 @@ fn shm_read_write_in_process() {
     let st = req.stats();
     assert_eq!(st.transports["shm"].requests_completed, 2, "{}", st.to_json());
     assert_eq!(st.transports["tcp"].requests_completed, 0);
-    assert_eq!(st.ipc["shm"].mapping_bytes_charged, 0);
+    // By default the import stays cached (one, writable: the READ-only one
+    // it replaced was given back), charged once on each side.
+    assert_eq!((st.ipc["shm"].imports_cached, st.ipc["shm"].mapping_bytes_charged), (1, 4 << 20));
     let ss = src.stats();
-    assert_eq!(ss.ipc["shm"].exports_open, 0);
+    assert_eq!((ss.ipc["shm"].exports_open, ss.ipc["shm"].mapping_bytes_charged), (1, 4 << 20));
+    req.flush_nvlink_cache(Some(T)).unwrap();
+    assert_eq!(req.stats().ipc["shm"].mapping_bytes_charged, 0);
+    assert_eq!(src.stats().ipc["shm"].exports_open, 0);
     req.close(Some(T)).unwrap();
     src.unregister_memory(rid, None).unwrap();
     src.close(Some(T)).unwrap();
@@ -392,8 +397,11 @@ fn two_windows(cfg: &str, remote_len: u64, transport: Transport, mixed: bool) ->
 fn windows_share_one_cached_import() {
     const MIB: u64 = 1 << 20;
     let shm = Transport::Only(TransportKind::Shm);
-    assert_eq!(two_windows("{}", 600 * MIB, shm, false), (0, 0, 0, 1), "no cache, forced SHM");
-    assert_eq!(two_windows("{}", 600 * MIB, Transport::Auto, false), (0, 0, 0, 1), "no cache, AUTO");
+    let none = r#"{"shm_cache_entries": 0}"#;
+    assert_eq!(two_windows(none, 600 * MIB, shm, false), (0, 0, 0, 1), "no cache, forced SHM");
+    // Without a cache AUTO takes TCP (every SHM subbatch would map the
+    // whole allocation): nothing is imported, nothing falls through.
+    assert_eq!(two_windows(none, 600 * MIB, Transport::Auto, false), (0, 0, 0, 0), "no cache, AUTO");
     let cached = r#"{"shm_cache_entries": 2}"#;
     assert_eq!(two_windows(cached, 600 * MIB, shm, false), (0, 0, 2, 1), "READs");
     assert_eq!(two_windows(r#"{"shm_cache_entries": 1}"#, 64 * MIB, shm, true), (0, 0, 2, 1), "mixed, one entry");

@@ -11,6 +11,10 @@ use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 
+/// The uncached protocol (the relocation cache is on by default): an
+/// import per subbatch, closed with its receipt.
+const UNCACHED: &str = r#"{"shm_cache_entries": 0}"#;
+
 fn engine(json: &str) -> Engine {
     Engine::from_json(json).expect("engine")
 }
@@ -71,9 +75,25 @@ fn healthy_read_write_and_selection() {
     assert_eq!(st.transports["shm"].requests_completed, 2);
     assert_eq!(st.transports["shm"].bytes_completed, 5 * MIB, "byte accounting counts requested bytes only");
     assert_eq!(st.transports["tcp"].requests_completed, 0);
-    assert_eq!((st.ipc["shm"].imports_opened, st.ipc["shm"].imports_closed), (2, 2));
-    assert_eq!(st.ipc["shm"].mapping_bytes_charged, 0);
+    // Cached (the default): the READ-only import, then a writable one that
+    // replaced it (the READ-only one was closed), charged once.
+    let ipc = &st.ipc["shm"];
+    assert_eq!((ipc.imports_opened, ipc.imports_closed, ipc.imports_cached), (2, 1, 1));
+    assert_eq!(ipc.mapping_bytes_charged, 4 * MIB);
+    assert_eq!(src_ipc(&mut src, "exports_open"), 1);
+    e.flush_nvlink_cache(Some(LONG)).unwrap();
+    assert_eq!(e.stats().ipc["shm"].mapping_bytes_charged, 0);
     assert_eq!(src_ipc(&mut src, "exports_open"), 0);
+    // Without a cache AUTO prefers TCP (each subbatch would map the whole
+    // allocation), and says so in the stats' notes.
+    let u = engine(UNCACHED);
+    let ul = local(&u, 4096);
+    let up = u.connect(&src.endpoint, None).unwrap();
+    let b = u.submit(up, &[rd(&ul, 0, src.addr, 4096)], SubmitOptions::default()).unwrap();
+    b.wait(LONG).unwrap();
+    assert_eq!(b.transport(0).unwrap(), Some(TransportKind::Tcp));
+    assert!(u.stats().notes.iter().any(|n| n.contains("shm_cache_entries is 0")), "{:?}", u.stats().notes);
+    u.close(Some(LONG)).unwrap();
 
     // Plain heap memory is never exported: Auto goes over TCP, SHM is refused.
     let heap = PeerProc::spawn(&["--size", "65536", "--seed", "4"]);
@@ -335,17 +355,18 @@ fn requester_exit_with_a_live_import() {
     out.read_line(&mut line).unwrap();
     assert!(line.starts_with("ok "), "{line}");
     assert_eq!(src.stats().ipc["shm"].exports_open, 1);
-    // The requester exits without closing; until it is reaped it is a zombie,
-    // so nothing proves its mapping is gone: the export is retained.
+    // The requester exits without closing. Before it is reaped it is a
+    // zombie, whose memory (and mapping) the kernel already released: the
+    // source's watch on it reclaims the export while the source runs.
     writeln!(child.stdin.as_mut().unwrap(), "exit").unwrap();
     let t0 = Instant::now();
-    while src.stats().ipc["shm"].exports_retained != 1 {
-        assert!(t0.elapsed() < LONG, "export never became retained");
+    while src.stats().ipc["shm"].exports_reclaimed_after_exit != 1 {
+        assert!(t0.elapsed() < LONG, "the export was never reclaimed");
         std::thread::sleep(Duration::from_millis(2));
     }
-    assert!(a.release().is_err(), "a retained export keeps its allocation");
+    let st = src.stats().ipc["shm"].clone();
+    assert_eq!((st.exports_open, st.exports_retained, st.mapping_bytes_charged), (0, 0, 0));
     child.wait().unwrap();
-    // Reaped: the process provably exited, so close_source reclaims.
     src.close_source(Some(LONG)).unwrap();
     let st = src.stats().ipc["shm"].clone();
     assert_eq!((st.exports_open, st.exports_retained, st.mapping_bytes_charged), (0, 0, 0));
@@ -415,7 +436,7 @@ fn restarted_source_on_the_same_endpoint_is_stale() {
 #[test]
 fn injected_faults_failed_close_lost_ack_failed_completion() {
     let mut src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string(), "--seed", "1"]);
-    let e = engine("");
+    let e = engine(UNCACHED);
     let l = local(&e, 65536);
     let p = e.connect(&src.endpoint, None).unwrap();
     let a = src.addr;
@@ -431,18 +452,17 @@ fn injected_faults_failed_close_lost_ack_failed_completion() {
     // The process-wide report (orbite_cuda_retained_resources_json) shows it.
     let all: serde_json::Value = serde_json::from_str(&retained_resources_json()).unwrap();
     assert_eq!(all["engines"][e.endpoint()]["shm"]["retained_imports"], 1, "{all}");
-    // The allocation stays lent to that export: writes through the source's
-    // own side (TCP) are refused.
-    let tcp =
-        SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(Duration::from_millis(300)) };
+    // The retained export does not fence the allocation off: writes
+    // through the source's own side (TCP) still land beside it.
+    let tcp = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(LONG) };
     let r = go(&e, p, &[wr(&l, 0, a, 16)], tcp);
-    assert_eq!(r[0].status, Status::Unavailable);
+    assert_eq!(r[0], RequestResult { status: Status::Ok, remote_effect: RemoteEffect::Applied });
     e.close(Some(Duration::from_secs(5))).unwrap_err();
     drop(e);
     src.kill();
 
     let mut src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string(), "--seed", "1"]);
-    let e = engine("");
+    let e = engine(UNCACHED);
     let l = local(&e, 65536);
     let p = e.connect(&src.endpoint, None).unwrap();
     let a = src.addr;
@@ -508,12 +528,10 @@ fn resource_exhausted_retries_once_then_falls_through() {
     assert!(all_ok(&r), "{r:?}");
     assert!((0..8192).all(|i| ly[i] == pattern(2, i as u64)));
     assert_eq!(y.stats().transports["tcp"].requests_completed, 2);
-    // A is lent to X's READ-only export: TCP may read it beside X, but a
-    // TCP WRITE waits its turn.
+    // A is exported to X: TCP reads and writes it beside X's import.
     let tcp = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(LONG) };
     assert!(all_ok(&go(&y, py, &[rd(&ly, 0, a, 16)], tcp)));
-    let r = go(&y, py, &[wr(&ly, 0, a, 16)], tcp);
-    assert_eq!(r[0].status, Status::Unavailable);
+    assert!(all_ok(&go(&y, py, &[wr(&ly, 0, a, 16)], tcp)));
     x.close(Some(LONG)).unwrap();
     let r = go(&y, py, &[wr(&ly, 0, a, 16)], SubmitOptions::default());
     assert!(all_ok(&r));
@@ -574,30 +592,40 @@ fn two_peers_importing_from_each_other_close_together() {
 
 #[test]
 fn a_pending_completion_moves_to_the_lazy_progress_worker() {
-    let src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string(), "--seed", "3"]);
-    let e = engine("");
+    let mut src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string(), "--seed", "3"]);
+    let e = engine(UNCACHED);
     let l = local(&e, 4096);
     let p = e.connect(&src.endpoint, None).unwrap();
     assert_eq!(e.stats().ipc["shm"].progress_workers, 0, "the worker starts lazily");
-    // Never ready: submit returns with the group on the worker; at the
-    // deadline it ends Unquiesced and the import stays retained.
+    // Not ready by its deadline: submit returns with the group on the
+    // worker; at the deadline it is reported Unquiesced, and the worker
+    // polls on.
     e.faults().pending_polls.store(u32::MAX, Ordering::SeqCst);
     let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(Duration::from_secs(3)) };
     let b = e.submit(p, &[rd(&l, 0, src.addr, 4096)], opts).unwrap();
     assert_eq!(b.poll(), Status::Pending);
     let st = e.stats().ipc["shm"].clone();
-    assert_eq!((st.pending_groups, st.progress_workers), (1, 1));
+    assert_eq!((st.pending_groups, st.late_groups, st.progress_workers), (1, 0, 1));
     assert!(b.wait(LONG).is_err());
     assert_eq!(b.results()[0], RequestResult { status: Status::Unquiesced, remote_effect: RemoteEffect::None });
-    assert_eq!(e.stats().ipc["shm"].imports_retained, 1);
-    assert_eq!(e.stats().ipc["shm"].pending_groups, 0);
+    let st = e.stats().ipc["shm"].clone();
+    assert_eq!((st.pending_groups, st.late_groups, st.imports_closed), (1, 1, 0));
+    // The completion comes late: the import is closed with its receipt by
+    // itself (no flush), and the next submission is served.
+    e.faults().pending_polls.store(0, Ordering::SeqCst);
+    eventually("the late completion closes the import", || e.stats().ipc["shm"].late_completions == 1);
+    let st = e.stats().ipc["shm"].clone();
+    assert_eq!((st.pending_groups, st.late_groups, st.imports_closed, st.imports_retained), (0, 0, 1, 0), "{st:?}");
+    assert_eq!(src.stats()["ipc"]["shm"]["exports_open"], 0);
+    assert!(all_ok(&go(&e, p, &[rd(&l, 0, src.addr, 4096)], shm())));
+    e.close(Some(LONG)).unwrap();
     drop(e);
     drop(src);
 
     // Ready after a few polls: the worker finishes the group (close and
     // receipt) and completes the batch.
     let src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string(), "--seed", "3"]);
-    let e = engine("");
+    let e = engine(UNCACHED);
     let l = local(&e, 4096);
     let p = e.connect(&src.endpoint, None).unwrap();
     e.faults().pending_polls.store(5, Ordering::SeqCst);
@@ -612,18 +640,20 @@ fn a_pending_completion_moves_to_the_lazy_progress_worker() {
 
 /// The serving shape of a prefill pool: four requester processes, each with
 /// a relocation cache, READ one source allocation at once (each keeps its
-/// READ-only import: four exports of one allocation), and nothing falls
-/// through to TCP. A WRITE into the allocation waits for those readers: it
-/// is refused when they keep their imports past its deadline, and lands in
-/// the same submission once they give them back.
+/// READ-only import: four exports of one allocation, charged once), and
+/// nothing falls through to TCP. A fifth requester's WRITE into the
+/// allocation lands at once beside them (imports coexist: nothing waits
+/// for another importer), and the reader of that MiB sees it through the
+/// import it kept.
 #[test]
-fn four_cached_reader_processes_share_one_allocation_and_a_writer_waits_for_them() {
+fn four_cached_reader_processes_share_one_allocation_and_a_writer_lands_beside_them() {
     let mut src = PeerProc::spawn(&["--shared", "--size", &(4 * MIB).to_string(), "--seed", "6"]);
     let a = src.addr;
     let cfg = r#"{"shm_cache_entries": 2}"#;
     let mut readers: Vec<PeerProc> =
         (0..4).map(|t| PeerProc::spawn_requester(&src.endpoint, &format!("{}:{MIB}", a + t * MIB), cfg)).collect();
     assert_eq!(src_ipc(&mut src, "exports_open"), 4, "one allocation lent to four readers at once");
+    assert_eq!(src_ipc(&mut src, "mapping_bytes_charged"), 4 * MIB, "the allocation is charged once");
     for (t, r) in readers.iter_mut().enumerate() {
         let want = fnv(&(0..MIB).map(|i| pattern(6, t as u64 * MIB + i)).collect::<Vec<u8>>());
         assert_eq!(r.cmd("read"), format!("ok {want}"), "reader {t} reads its MiB again through its cache");
@@ -637,28 +667,24 @@ fn four_cached_reader_processes_share_one_allocation_and_a_writer_waits_for_them
     l.iter_mut().enumerate().for_each(|(i, x)| *x = pattern(9, i as u64));
     let p = e.connect(&src.endpoint, None).unwrap();
     let write = [wr(&l, 0, a + 3 * MIB, 4096)];
-    // The readers keep their imports past the writer's deadline.
+    // The readers keep their imports; the WRITE does not wait for them.
     let short = SubmitOptions { timeout: Some(Duration::from_millis(300)), ..shm() };
     assert_eq!(
         go(&e, p, &write, short),
-        vec![RequestResult { status: Status::Unavailable, remote_effect: RemoteEffect::None }]
+        vec![RequestResult { status: Status::Ok, remote_effect: RemoteEffect::Applied }]
     );
-    assert_eq!(src.cmd("verify 6 0 4194304"), "ok", "nothing was written");
-    // A writer with time to spare waits at the source until they give back.
-    std::thread::scope(|s| {
-        let writer = s.spawn(|| go(&e, p, &write, SubmitOptions { timeout: Some(LONG), ..shm() }));
-        let deadline = Instant::now() + LONG;
-        while src_ipc(&mut src, "grants_waiting") != 1 {
-            assert!(Instant::now() < deadline, "the WRITE grant never waited");
-            std::thread::yield_now();
-        }
-        for r in &mut readers {
-            assert_eq!(r.cmd("flush"), "ok");
-        }
-        let r = writer.join().unwrap();
-        assert_eq!(r, vec![RequestResult { status: Status::Ok, remote_effect: RemoteEffect::Applied }]);
-    });
+    assert_eq!(src_ipc(&mut src, "exports_open"), 5);
+    assert_eq!(src_ipc(&mut src, "mapping_bytes_charged"), 4 * MIB, "still charged once");
     assert_eq!(src.cmd(&format!("verify 9 {} 4096", 3 * MIB)), "ok");
+    // Reader 3 reads the written bytes through the import it kept.
+    let mut want: Vec<u8> = (0..MIB).map(|i| pattern(6, 3 * MIB + i)).collect();
+    want[..4096].copy_from_slice(&l);
+    assert_eq!(readers[3].cmd("read"), format!("ok {}", fnv(&want)));
+    assert_eq!(readers[3].stats()["ipc"]["shm"]["imports_opened"], 1);
+    for r in &mut readers {
+        assert_eq!(r.cmd("flush"), "ok");
+    }
+    assert_eq!(e.flush_nvlink_cache(Some(LONG)).map(|_| ()), Ok(()));
     assert_eq!(src_ipc(&mut src, "exports_open"), 0);
     for r in readers {
         r.kill();

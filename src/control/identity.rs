@@ -42,15 +42,22 @@ fn read_boot_id() -> [u8; 16] {
 
 /// Start time of process `pid` from /proc (0 if unreadable).
 pub fn process_start_time(pid: u32) -> u64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0;
-    };
-    // The command name (field 2) may contain spaces; fields resume after ')'.
-    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-        return 0;
-    };
     // rest starts with " S ppid ...": field 3 is index 0 here, field 22 is index 19.
-    rest.split_whitespace().nth(19).and_then(|s| s.parse().ok()).unwrap_or(0)
+    stat_fields(pid).and_then(|rest| rest.split_whitespace().nth(19).and_then(|s| s.parse().ok())).unwrap_or(0)
+}
+
+/// The fields of `/proc/PID/stat` after the command name (which may hold
+/// spaces and parentheses): field 3 (the state) first.
+fn stat_fields(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rfind(')').map(|i| stat[i + 1..].to_string())
+}
+
+/// Whether process `pid` has exited and waits to be reaped (a zombie, or
+/// dead): the kernel released its memory, and with it every mapping it
+/// held, before it became one.
+pub fn is_zombie(pid: u32) -> bool {
+    stat_fields(pid).is_some_and(|rest| matches!(rest.split_whitespace().next(), Some("Z" | "X")))
 }
 
 static BOOT_ID: Lazy<[u8; 16]> = Lazy::new(read_boot_id);

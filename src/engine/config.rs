@@ -57,7 +57,9 @@ pub struct EngineConfig {
     pub max_transfer_bytes: u64,
     /// NVLink relocation cache entries (0 = close imports at group end).
     pub nvlink_cache_entries: u32,
-    /// SHM relocation cache entries (0 = close imports at group end).
+    /// SHM relocation cache entries (0 = close imports at group end;
+    /// default 64: a cached import costs the source nothing but its
+    /// charge, and later submissions through it take no round trip).
     pub shm_cache_entries: u32,
     /// CUDA stream pool slots across all contexts.
     pub nvlink_stream_count: u32,
@@ -121,7 +123,7 @@ impl Default for EngineConfig {
             max_inflight_bytes: GIB,
             max_transfer_bytes: 64 * MIB,
             nvlink_cache_entries: 0,
-            shm_cache_entries: 0,
+            shm_cache_entries: 64,
             nvlink_stream_count: 8,
             nvlink_async_memcpy_threshold_kb: 2048,
             transport_policy: TransportKind::DEFAULT_POLICY.to_vec(),

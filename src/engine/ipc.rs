@@ -47,6 +47,8 @@ pub(crate) struct IpcParts<'a> {
     pub(crate) mapping_budget: &'a Arc<Budget>,
     pub(crate) source_gate: &'a Arc<Gate>,
     pub(crate) faults: &'a Arc<Faults>,
+    /// The I/O threads (exit watches on importers run there).
+    pub(crate) reactor: &'a Arc<crate::transport::reactor::Reactor>,
 }
 
 impl IpcParts<'_> {
@@ -58,17 +60,19 @@ impl IpcParts<'_> {
         cache: usize,
     ) -> IpcTransport {
         let backend: Arc<dyn IpcBackend> = Arc::new(FaultyBackend::new(backend, self.faults.clone()));
+        let exports = Arc::new(ExportTable::new(
+            backend.clone(),
+            memory,
+            self.regions.clone(),
+            self.mapping_budget.clone(),
+            self.stats.clone(),
+            self.source_gate.clone(),
+            std::time::Duration::from_millis(self.config.offer_timeout_ms as u64),
+        ));
+        exports.set_exit_watch(crate::transport::ipc::exit_watch::watcher(Arc::downgrade(self.reactor)));
         IpcTransport {
             kind,
-            exports: Arc::new(ExportTable::new(
-                backend.clone(),
-                memory,
-                self.regions.clone(),
-                self.mapping_budget.clone(),
-                self.stats.clone(),
-                self.source_gate.clone(),
-                std::time::Duration::from_millis(self.config.offer_timeout_ms as u64),
-            )),
+            exports,
             requester: Arc::new(IpcRequester::new(backend, self.mapping_budget.clone(), cache, self.faults.clone())),
             pool: None,
             copies: None,

@@ -128,6 +128,7 @@ impl Engine {
             mapping_budget: &mapping_budget,
             source_gate: &source_gate,
             faults: &faults,
+            reactor: &reactor,
         };
         let mut ipc_transports = Vec::new();
         let mut ipc_unavailable = Vec::new();
@@ -211,6 +212,13 @@ impl Engine {
             };
             let deadline = Instant::now() + Duration::from_millis(inner.config.default_timeout_ms as u64);
             let _ = inner.discovery.set(Discovery::start(d, me, deadline)?);
+        }
+        if inner.config.shm_cache_entries == 0 && inner.ipc_transport(TransportKind::Shm).is_some() {
+            inner.note(
+                "shm_cache_entries is 0: each SHM subbatch maps the whole remote allocation and unmaps it again, \
+                 so ORBITE_TRANSPORT_AUTO prefers TCP where TCP can carry a submission (a forced SHM still runs)"
+                    .into(),
+            );
         }
         inner.listeners.start(tcp_ctx, ipc_ctx)?;
         registry::add(Arc::downgrade(&inner) as std::sync::Weak<dyn registry::Reporting>);
@@ -338,6 +346,7 @@ impl Engine {
         // requester that does not answer leaves its export retained and the
         // close Unquiesced.
         for t in &self.inner.ipc {
+            t.exports.withdraw_offers();
             t.exports.suspend(None, deadline);
         }
         if self.inner.ipc.iter().any(|t| t.exports.counts().open + t.exports.counts().retained > 0) {

@@ -39,12 +39,19 @@ pub struct IpcStats {
     /// Groups through cached imports revalidated and receipted over the
     /// channel (requester side).
     pub groups_with_round_trips: u64,
-    /// Export requests waiting now for the allocation's loan (source side):
-    /// a WRITE grant waits for the READ-only importers to give it back, a
-    /// READ grant for a writer.
-    pub grants_waiting: u64,
-    /// Groups whose completion the progress worker is waiting for.
+    /// Exports released because their importing process exited (its
+    /// mappings went with it), since the engine started (source side).
+    pub exports_reclaimed_after_exit: u64,
+    /// Groups whose completion the progress worker is waiting for (those
+    /// reported at their deadline included).
     pub pending_groups: u64,
+    /// Of them, groups already reported `UNQUIESCED` at their deadline: a
+    /// completion that comes late closes their import (or returns it to
+    /// the cache) as usual, with no flush.
+    pub late_groups: u64,
+    /// Groups whose completion came after their deadline had reported them,
+    /// since the engine started.
+    pub late_completions: u64,
     /// Progress workers running (0 or 1; started on first use).
     pub progress_workers: u64,
     /// Copies posted per GPU (CUDA transports): which device's context ran
@@ -107,6 +114,10 @@ pub struct EngineStats {
     pub offers_expired: u64,
     /// `Revoke` frames received from sources asking for their imports back.
     pub revokes_received: u64,
+    /// TCP answers that came for requests already failed at their deadline,
+    /// read and dropped: the connection stayed in step for the others
+    /// (a frozen source that resumes is served on the same connection).
+    pub answers_dropped: u64,
     /// Passes that gave the imports back (revokes that came during a pass
     /// fold into one more: at most one per peer runs at a time).
     pub revoke_passes: u64,
@@ -217,10 +228,12 @@ impl EngineStats {
                     imports_released_after_exit: m.released_after_exit,
                     local_owners_fenced: m.fenced_local,
                     mapping_bytes_charged: e.charged_bytes + m.charged_bytes,
-                    grants_waiting: e.waiting,
+                    exports_reclaimed_after_exit: e.reclaimed_after_exit,
                     groups_without_round_trip: m.fast_groups,
                     groups_with_round_trips: m.round_trip_groups,
                     pending_groups: *pending,
+                    late_groups: m.late_groups,
+                    late_completions: m.late_completions,
                     progress_workers: *workers,
                     copies_by_device: copies_by_device.clone(),
                 },
@@ -250,6 +263,7 @@ impl EngineStats {
             ipc_uid_refusals: s.ipc_uid_refusals.load(Ordering::Relaxed),
             offers_expired: s.offers_expired.load(Ordering::Relaxed),
             revokes_received: s.revokes_received.load(Ordering::Relaxed),
+            answers_dropped: s.answers_dropped.load(Ordering::Relaxed),
             revoke_passes: s.revoke_passes.load(Ordering::Relaxed),
             notifications: NotificationStats {
                 sent: s.notifications_sent.load(Ordering::Relaxed),

@@ -254,18 +254,15 @@ impl Engine {
         Ok(Batch::new(batch))
     }
 
-    /// Checks every request's local side: a registered region holds it, and
-    /// an exported shared allocation is not written under its importers'
-    /// eyes. Requests of one local region share one lease (and one loan
-    /// check), so the pass is a few comparisons per request; the deadline
-    /// is checked as it goes. Returns the leases and, per request, which
-    /// one holds it.
+    /// Checks every request's local side: a registered region holds it.
+    /// Requests of one local region share one lease, so the pass is a few
+    /// comparisons per request; the deadline is checked as it goes. (Local
+    /// memory that peers import stays usable: between requesters, the
+    /// order of overlapping accesses is the application's.) Returns the
+    /// leases and, per request, which one holds it.
     fn check_local(&self, requests: &[Request], deadline: Instant) -> Result<(Vec<Arc<RegionLease>>, Vec<u32>)> {
         let mut leases: Vec<Arc<RegionLease>> = Vec::new();
         let mut out = Vec::with_capacity(requests.len());
-        // Per direction, whether the last lease's exported allocation
-        // refuses it (None: not asked yet).
-        let mut blocked: [Option<bool>; 2] = [None, None];
         for (i, r) in requests.iter().enumerate() {
             if r.len == 0 {
                 return Err(Error::InvalidArgument(format!("request {i}: length is 0")));
@@ -281,24 +278,6 @@ impl Engine {
                     .lease(r.local_addr, r.len)
                     .map_err(|e| Error::from_status(e.status(), format!("request {i}: local {}", e.message())))?;
                 leases.push(Arc::new(lease));
-                blocked = [None, None];
-            }
-            let lease = leases.last().expect("leased above");
-            // A READ writes the local memory: it must not run under any
-            // importer's eyes; a WRITE only reads it, which READ exports allow.
-            let region = lease.region();
-            if region.kind == MemoryKind::SharedHost {
-                let writes = r.op == Op::Read;
-                let refused = *blocked[writes as usize].get_or_insert_with(|| owners::loan_blocks(region.addr, writes));
-                if refused {
-                    let held = match owners::loaned(r.local_addr) {
-                        Some(owners::LoanMode::Shared) => "exported for READ (importers may be reading it)",
-                        _ => "exported for WRITE",
-                    };
-                    return Err(Error::Unavailable(format!(
-                        "request {i}: the local shared allocation is {held} until the importers' close receipts"
-                    )));
-                }
             }
             out.push((leases.len() - 1) as u32);
         }
@@ -396,7 +375,20 @@ impl Engine {
                 Ok(k)
             }
             Transport::Auto => {
+                // Without a relocation cache every SHM subbatch maps the
+                // whole remote allocation, faults in each page it touches
+                // and unmaps it again: slower than TCP for KV-shaped traffic
+                // (docs/benchmarks.md, "KV pool flow"), so AUTO takes TCP
+                // when TCP can carry the submission.
+                let shm_uncached = self.inner.ipc_transport(TransportKind::Shm).is_some_and(|t| !t.requester.caches());
+                let tcp_fits = || {
+                    self.inner.config.transport_policy.contains(&TransportKind::Tcp)
+                        && first_misfit(TransportKind::Tcp).is_none()
+                };
                 for k in &self.inner.config.transport_policy {
+                    if *k == TransportKind::Shm && shm_uncached && tcp_fits() {
+                        continue;
+                    }
                     let all_fit = first_misfit(*k).is_none();
                     let any_known = *k == TransportKind::Tcp || reqs.iter().any(|c| c.region.is_some());
                     if all_fit && any_known && why_not(*k).is_none() {
@@ -575,7 +567,7 @@ impl Engine {
                 continue;
             }
             let region = c.region.expect("resolved");
-            if c.lease.region().kind == MemoryKind::PinnedHost && owners::loaned(r.local_addr).is_some() {
+            if c.lease.region().kind == MemoryKind::PinnedHost && owners::fenced(r.local_addr) {
                 // A GPU group holds (or fenced) the whole local pinned
                 // allocation: no CPU access meanwhile.
                 batch.plan(i, 1, TransportKind::Tcp);

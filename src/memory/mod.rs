@@ -1,7 +1,7 @@
 //! Memory: registered regions (bounds, access, epoch), the allocations the
 //! library owns (shared host memory here, CUDA memory through `cuda`), the
-//! loans exports take of them, and leases that keep a region alive while a
-//! copy uses it.
+//! holds exports take of them and the fences local GPU groups put on pinned
+//! memory, and leases that keep a region alive while a copy uses it.
 
 pub mod cuda;
 pub mod owners;

@@ -136,8 +136,8 @@ struct Owned {
 struct Counts {
     registered: u64,
     exported: u64,
-    /// The loans held: who holds each, and how.
-    loans: Vec<(u64, LoanMode)>,
+    /// A local GPU group fences it (see [`Fence`]).
+    fenced: bool,
 }
 
 /// One adoption of a range inside memory the caller allocated: several may
@@ -171,7 +171,7 @@ impl Entry {
 }
 
 static OWNERS: Mutex<BTreeMap<u64, Entry>> = Mutex::new(BTreeMap::new());
-static LOAN_RETURNED: parking_lot::Condvar = parking_lot::Condvar::new();
+static FENCE_LIFTED: parking_lot::Condvar = parking_lot::Condvar::new();
 
 /// An allocation made by the library, or the record of an adoption of
 /// memory the caller allocated. Free it with [`Allocation::free`]; dropping
@@ -551,147 +551,85 @@ pub(crate) fn note_registered(addr: u64, delta: i64) {
     }
 }
 
-/// How a loan holds a whole owned allocation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LoanMode {
-    /// Beside any number of other shared loans (READ exports: importers
-    /// that only read it).
-    Shared,
-    /// Alone (a WRITE export, or a local GPU group's fence): no loan of
-    /// another holder at the same time.
-    Exclusive,
-}
-
-/// The holder of loans taken for this process's own copies (a local GPU
-/// group's fence); importers are named by their process.
-pub const LOCAL_HOLDER: u64 = 0;
-
-/// A borrow of a whole owned allocation (held by an export until its close
-/// receipt, or by a GPU group on its local pinned memory). Dropping it
-/// returns the allocation.
+/// An export's hold on a whole owned allocation: counted so that the
+/// allocation is never freed while a peer may map it. Any number of exports
+/// (READ or WRITE, from any number of importing processes) hold one
+/// allocation at once, and none of them excludes this process's own access
+/// or its TCP peers': between different requesters, ordering of
+/// overlapping READs and WRITEs is the application's, as with RDMA.
+/// Dropping it (the close receipt, or proof that the importer exited)
+/// lets the allocation go.
 #[derive(Debug)]
-pub struct Loan {
+pub struct ExportHold {
     base: u64,
-    holder: u64,
-    mode: LoanMode,
 }
 
-impl Loan {
-    /// How it holds the allocation.
-    pub fn mode(&self) -> LoanMode {
-        self.mode
-    }
-}
-
-impl Drop for Loan {
+impl Drop for ExportHold {
     fn drop(&mut self) {
         let mut map = OWNERS.lock();
         if let Some(e) = map.get_mut(&self.base) {
-            if let Some(i) = e.counts.loans.iter().position(|l| *l == (self.holder, self.mode)) {
-                e.counts.loans.swap_remove(i);
-            }
             e.counts.exported = e.counts.exported.saturating_sub(1);
         }
-        drop(map);
-        LOAN_RETURNED.notify_all();
     }
 }
 
-/// Why `holder` cannot take a `mode` loan now: loans of other holders that
-/// conflict with it (an exclusive loan on either side). An importer never
-/// waits for its own loans: one importing process coordinates its own
-/// reads and writes, as it would over TCP. This process's own GPU groups
-/// ([`LOCAL_HOLDER`]) do wait for each other's exclusive loans (a fence
-/// after an uncertain completion holds off every later group).
-fn loan_conflict(c: &Counts, holder: u64, mode: LoanMode) -> Option<String> {
-    let others = c.loans.iter().filter(|(h, _)| *h != holder || holder == LOCAL_HOLDER);
-    let (mut readers, mut writer) = (0u64, false);
-    for (_, m) in others {
-        match m {
-            LoanMode::Shared => readers += 1,
-            LoanMode::Exclusive => writer = true,
-        }
-    }
-    match (writer, readers, mode) {
-        (true, _, _) => {
-            Some("exported for WRITE to another importer (or held by a GPU group) until its close receipt".into())
-        }
-        (false, n, LoanMode::Exclusive) if n > 0 => Some(format!(
-            "exported for READ to {n} other import(s) until their close receipts (cached imports give it back when \
-             their requesters flush or evict them)"
-        )),
-        _ => None,
-    }
+/// Counts one more export of the owned allocation at `base`.
+pub fn hold_for_export(base: u64) -> Result<ExportHold> {
+    let mut map = OWNERS.lock();
+    let e = map.get_mut(&base).ok_or_else(|| Error::NotFound(format!("no library allocation at 0x{base:x}")))?;
+    e.counts.exported += 1;
+    Ok(ExportHold { base })
 }
 
-/// Takes a loan of the allocation at `base` for `holder`, waiting until
-/// `deadline` while another holder's loan conflicts: shared loans exclude
-/// only an exclusive one; an exclusive loan waits for every other holder's.
-pub fn loan(base: u64, holder: u64, mode: LoanMode, deadline: std::time::Instant) -> Result<Loan> {
-    loan_unless(base, holder, mode, deadline, &|| false)
+/// How many exports hold the owned allocation at `base` now.
+pub fn exports_of(base: u64) -> u64 {
+    OWNERS.lock().get(&base).map_or(0, |e| e.counts.exported)
 }
 
-/// [`loan`], giving up (`Unavailable`) as soon as `gone` says the one who
-/// waits for it has left; whoever makes `gone` true then calls
-/// [`wake_loan_waiters`].
-pub fn loan_unless(
+/// A local GPU group's fence on one of this process's pinned host
+/// allocations: while a group copies to or from it (and for good after an
+/// uncertain completion, when the DMA may still touch it) no other GPU
+/// group and no CPU (TCP) access of this process uses it. Fences are
+/// exclusive among themselves; exports do not take them. Dropping it
+/// returns the allocation.
+#[derive(Debug)]
+pub struct Fence {
     base: u64,
-    holder: u64,
-    mode: LoanMode,
-    deadline: std::time::Instant,
-    gone: &dyn Fn() -> bool,
-) -> Result<Loan> {
+}
+
+impl Drop for Fence {
+    fn drop(&mut self) {
+        let mut map = OWNERS.lock();
+        if let Some(e) = map.get_mut(&self.base) {
+            e.counts.fenced = false;
+        }
+        drop(map);
+        FENCE_LIFTED.notify_all();
+    }
+}
+
+/// Fences the owned allocation at `base`, waiting until `deadline` while
+/// another group's fence holds it.
+pub fn fence(base: u64, deadline: std::time::Instant) -> Result<Fence> {
     let mut map = OWNERS.lock();
     loop {
         let e = map.get_mut(&base).ok_or_else(|| Error::NotFound(format!("no library allocation at 0x{base:x}")))?;
-        let Some(why) = loan_conflict(&e.counts, holder, mode) else {
-            e.counts.loans.push((holder, mode));
-            e.counts.exported += 1;
-            return Ok(Loan { base, holder, mode });
-        };
-        if gone() {
+        if !e.counts.fenced {
+            e.counts.fenced = true;
+            return Ok(Fence { base });
+        }
+        if FENCE_LIFTED.wait_until(&mut map, deadline).timed_out() && map.get(&base).is_some_and(|e| e.counts.fenced) {
             return Err(Error::Unavailable(format!(
-                "allocation 0x{base:x} is {why}, and its requester left while it waited"
+                "allocation 0x{base:x} is held by another GPU group (or fenced after an uncertain completion)"
             )));
         }
-        if LOAN_RETURNED.wait_until(&mut map, deadline).timed_out() {
-            let still = map.get(&base).and_then(|e| loan_conflict(&e.counts, holder, mode));
-            if still.is_some() {
-                return Err(Error::Unavailable(format!("allocation 0x{base:x} is {why}")));
-            }
-        }
     }
 }
 
-/// Wakes every [`loan_unless`] waiter to look at its `gone` again.
-pub fn wake_loan_waiters() {
-    // Under the map's lock: a waiter between its check and its wait is
-    // not missed.
-    let _map = OWNERS.lock();
-    LOAN_RETURNED.notify_all();
-}
-
-/// The strongest loan held on the owned allocation holding `addr` right
-/// now, by anyone: `None` when there is none.
-pub fn loaned(addr: u64) -> Option<LoanMode> {
+/// Whether the owned allocation holding `addr` is fenced by a GPU group now.
+pub fn fenced(addr: u64) -> bool {
     let map = OWNERS.lock();
-    let (_, e) = map.range(..=addr).next_back().filter(|(_, e)| addr < e.owned.addr + e.owned.physical)?;
-    let loans = &e.counts.loans;
-    match loans.iter().any(|(_, m)| *m == LoanMode::Exclusive) {
-        true => Some(LoanMode::Exclusive),
-        false => (!loans.is_empty()).then_some(LoanMode::Shared),
-    }
-}
-
-/// Whether a copy of this process that `writes` (or only reads) the owned
-/// allocation holding `addr` conflicts with its loans: a write conflicts
-/// with any loan, a read only with an exclusive one.
-pub fn loan_blocks(addr: u64, writes: bool) -> bool {
-    match loaned(addr) {
-        None => false,
-        Some(LoanMode::Shared) => writes,
-        Some(LoanMode::Exclusive) => true,
-    }
+    map.range(..=addr).next_back().is_some_and(|(_, e)| addr < e.owned.addr + e.owned.physical && e.counts.fenced)
 }
 
 #[cfg(test)]

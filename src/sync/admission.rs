@@ -3,6 +3,8 @@
 
 use crate::error::{Error, Result};
 use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
+use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -17,6 +19,13 @@ pub struct Budget {
 pub struct Permit {
     budget: Arc<Budget>,
     bytes: u64,
+}
+
+impl Permit {
+    /// The bytes it holds.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
 }
 
 impl Drop for Permit {
@@ -72,6 +81,65 @@ impl Budget {
         }
         *u += bytes;
         Ok(Permit { budget: self.clone(), bytes })
+    }
+}
+
+/// Charges against a [`Budget`] for things several holders share (an
+/// exported or imported allocation): each thing is charged once, while any
+/// of its holders holds it, however many they are.
+pub struct SharedCharges<K: Eq + Hash + Clone> {
+    budget: Arc<Budget>,
+    /// Per thing: its holders and its permit (dropped, under this lock,
+    /// with the last holder: a new holder finds it held or returned).
+    held: Mutex<HashMap<K, (u64, Permit)>>,
+}
+
+/// One holder's share of a thing's charge.
+pub struct SharedCharge<K: Eq + Hash + Clone> {
+    charges: Arc<SharedCharges<K>>,
+    key: K,
+}
+
+impl<K: Eq + Hash + Clone> SharedCharges<K> {
+    /// Shared charges against `budget`.
+    pub fn new(budget: Arc<Budget>) -> Arc<SharedCharges<K>> {
+        Arc::new(SharedCharges { budget, held: Mutex::new(HashMap::new()) })
+    }
+
+    /// A share of `key`'s charge: the one its holders share, or a new one
+    /// of `bytes` from the budget (`None`: the budget cannot hold it).
+    pub fn try_acquire(self: &Arc<Self>, key: K, bytes: u64) -> Option<SharedCharge<K>> {
+        let mut held = self.held.lock();
+        match held.get_mut(&key) {
+            Some((holders, _)) => *holders += 1,
+            None => {
+                let permit = self.budget.try_acquire(bytes)?;
+                held.insert(key.clone(), (1, permit));
+            }
+        }
+        Some(SharedCharge { charges: self.clone(), key })
+    }
+
+    /// The bytes charged now (each thing once).
+    pub fn bytes(&self) -> u64 {
+        self.held.lock().values().map(|(_, p)| p.bytes).sum()
+    }
+
+    /// The budget they are charged against.
+    pub fn budget(&self) -> &Arc<Budget> {
+        &self.budget
+    }
+}
+
+impl<K: Eq + Hash + Clone> Drop for SharedCharge<K> {
+    fn drop(&mut self) {
+        let mut held = self.charges.held.lock();
+        if let Some((holders, _)) = held.get_mut(&self.key) {
+            *holders -= 1;
+            if *holders == 0 {
+                held.remove(&self.key);
+            }
+        }
     }
 }
 
@@ -153,6 +221,22 @@ mod tests {
         drop(p);
         assert_eq!(b.used(), 0);
         let _q = b.try_acquire(10).unwrap();
+    }
+
+    #[test]
+    fn a_shared_charge_counts_once_until_its_last_holder_goes() {
+        let b = Budget::new(10);
+        let c = SharedCharges::new(b.clone());
+        let one = c.try_acquire(1u8, 8).unwrap();
+        let two = c.try_acquire(1u8, 8).unwrap();
+        assert_eq!((b.used(), c.bytes()), (8, 8));
+        // Another thing does not fit beside it.
+        assert!(c.try_acquire(2u8, 8).is_none());
+        drop(one);
+        assert_eq!(b.used(), 8);
+        drop(two);
+        assert_eq!((b.used(), c.bytes()), (0, 0));
+        let _three = c.try_acquire(2u8, 8).unwrap();
     }
 
     #[test]

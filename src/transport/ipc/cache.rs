@@ -189,24 +189,15 @@ impl<K: Clone + Eq + Hash, V> RelocationCache<K, V> {
                 }
             }
             if c.live() >= self.capacity {
-                let victim = c
-                    .slots
-                    .iter()
-                    .filter(|(_, s)| s.users == 0 && matches!(s.state, SlotState::Ready(_)))
-                    .min_by_key(|(_, s)| s.last_used)
-                    .map(|(k, _)| k.clone());
-                let Some(vk) = victim else {
+                let idle = c.slots.values().any(|s| s.users == 0 && matches!(s.state, SlotState::Ready(_)));
+                if !idle {
                     return Err(Error::ResourceExhausted(format!(
                         "relocation cache full: {} live entries, none idle",
                         self.capacity
                     )));
-                };
-                let slot = c.slots.get_mut(&vk).expect("victim");
-                let SlotState::Ready(v) = std::mem::replace(&mut slot.state, SlotState::Closing) else {
-                    unreachable!("victim is ready")
-                };
+                }
                 drop(c);
-                self.close_slot(&vk, v, false, close);
+                self.evict_lru_idle(close);
                 c = self.state.lock();
                 continue;
             }
@@ -231,6 +222,26 @@ impl<K: Clone + Eq + Hash, V> RelocationCache<K, V> {
             self.cv.notify_all();
             return out;
         }
+    }
+
+    /// Closes the least recently used idle entry (to free what it holds:
+    /// a new import needs its mapping budget). `false`: no idle entry, or
+    /// its close was not confirmed (it stays retained, holding its charge).
+    pub fn evict_lru_idle(&self, close: CloseFn<'_, V>) -> bool {
+        let mut c = self.state.lock();
+        let victim = c
+            .slots
+            .iter()
+            .filter(|(_, s)| s.users == 0 && matches!(s.state, SlotState::Ready(_)))
+            .min_by_key(|(_, s)| s.last_used)
+            .map(|(k, _)| k.clone());
+        let Some(vk) = victim else { return false };
+        let slot = c.slots.get_mut(&vk).expect("victim");
+        let SlotState::Ready(v) = std::mem::replace(&mut slot.state, SlotState::Closing) else {
+            unreachable!("victim is ready")
+        };
+        drop(c);
+        matches!(self.close_slot(&vk, v, false, close).0, Closed::Gone)
     }
 
     /// Shares `key`'s entry when it is ready and current, without waiting

@@ -1,11 +1,13 @@
 //! Source side of the IPC protocol: the table of exports. An export is
 //! created only after validation (epoch, bounds, permission, memory kind,
-//! requester identity), holds the region's registration, a loan of the
-//! whole allocation (shared by READ-only grants, exclusive for a grant with
-//! WRITE) and its physical-extent charge, and is
-//! released only by a close receipt (or proof that the importing process
-//! has exited). The handle itself is exposed only after the requester
-//! answers the offer.
+//! requester identity), holds the region's registration, a hold on the
+//! whole allocation (so that it is never freed while mapped) and a share of
+//! the allocation's physical-extent charge (charged once however many
+//! exports of it are open), and is released only by a close receipt (or
+//! proof that the importing process has exited, which a watch on the
+//! process notices while the source runs). Exports of one allocation
+//! coexist, READ and WRITE alike: nothing waits for another importer. The
+//! handle itself is exposed only after the requester answers the offer.
 
 use super::backend::IpcBackend;
 use super::board::{self, Board, SlotFree, Words};
@@ -13,13 +15,13 @@ use super::messages::{ExportOffer, ExportRef, ExportRequest, Revalidate, OP_READ
 use crate::control::identity::{process_start_time, Identity, ProcessIdentity};
 use crate::counters::Counters;
 use crate::error::{Error, Result};
-use crate::memory::owners::{self, Loan};
+use crate::memory::owners::{self, ExportHold};
 use crate::memory::{MemoryKind, RegionLease, RegionTable};
-use crate::sync::admission::{Budget, Gate, Permit};
+use crate::sync::admission::{Budget, Gate, SharedCharge, SharedCharges};
 use parking_lot::{Condvar, Mutex};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// Where an export stands.
@@ -61,8 +63,12 @@ struct Export {
     /// source closes (`suspend`); `resume` publishes it again.
     suspended: bool,
     _lease: RegionLease,
-    _charge: Permit,
-    _loan: Loan,
+    /// Its share of the allocation's charge (by owner id), which every
+    /// export of the allocation shares; let go under the table's lock
+    /// ([`Table::remove`]), so that stats never see an export gone and its
+    /// charge still held.
+    charge: Option<SharedCharge<u64>>,
+    _hold: ExportHold,
 }
 
 /// One channel's grant board and its free slots.
@@ -128,6 +134,18 @@ struct Table {
     /// Releases whose acknowledgement is still being sent: the source's
     /// close waits for them too, so it cannot cut a channel before the ACK.
     acks_pending: usize,
+    /// Importing processes watched for their exit (pid, start time).
+    watched: HashSet<(u32, u64)>,
+}
+
+impl Table {
+    /// Takes export `id` out of the table, its share of the charge
+    /// returned (the caller drops the rest outside the lock).
+    fn remove(&mut self, id: u64) -> Option<Export> {
+        let mut e = self.exports.remove(&id)?;
+        drop(e.charge.take());
+        Some(e)
+    }
 }
 
 /// Held while a release is acknowledged; see [`ExportTable::ack_guard`].
@@ -149,19 +167,20 @@ pub struct ExportCounts {
     pub open: u64,
     /// Exports retained after a lost channel.
     pub retained: u64,
-    /// Physical bytes charged by exports and by export requests waiting
-    /// for their loan.
+    /// Physical bytes charged by exports: each exported allocation once.
     pub charged_bytes: u64,
-    /// Export requests waiting now for a conflicting loan to be returned
-    /// (a writer for readers, or readers for a writer).
-    pub waiting: u64,
+    /// Exports released because their importing process exited, since
+    /// the engine started.
+    pub reclaimed_after_exit: u64,
 }
 
 /// Every export of one engine for one backend.
 pub struct ExportTable {
     backend: Arc<dyn IpcBackend>,
     regions: Arc<RegionTable>,
-    budget: Arc<Budget>,
+    /// The exported allocations' charges: each allocation's physical
+    /// extent counts once against the mapping budget.
+    charges: Arc<SharedCharges<u64>>,
     stats: Arc<Counters>,
     gate: Arc<Gate>,
     table: Mutex<Table>,
@@ -169,11 +188,19 @@ pub struct ExportTable {
     next_id: AtomicU64,
     kinds: Vec<MemoryKind>,
     offer_timeout: Duration,
-    /// Export requests waiting for a loan now.
-    waiting: AtomicU64,
-    /// The physical bytes they hold charged meanwhile.
-    waiting_bytes: AtomicU64,
+    /// Exports released because their importer exited.
+    reclaimed: AtomicU64,
+    /// Watches an importing process for its exit (set by the engine: a
+    /// process descriptor served by its I/O threads).
+    exit_watch: once_cell::sync::OnceCell<ExitWatchFn>,
+    /// Itself, for the exit watches to hold.
+    me: once_cell::sync::OnceCell<Weak<ExportTable>>,
 }
+
+/// Starts watching a process (its identity) for its exit, calling the
+/// given function once it exited. `false`: no watch could be set up (the
+/// caller falls back on checking at its own ticks).
+pub type ExitWatchFn = Box<dyn Fn(ProcessIdentity, Box<dyn Fn() + Send + Sync>) -> bool + Send + Sync>;
 
 fn fresh_token() -> u64 {
     let mut b = [0u8; 8];
@@ -191,9 +218,11 @@ fn fresh_token() -> u64 {
     t.max(1)
 }
 
-/// Whether the process is provably gone (no such pid, or the pid was reused).
+/// Whether the process is provably gone: no such pid, the pid was reused,
+/// or it is a zombie (its memory, and with it every mapping it held, was
+/// released before it became one).
 pub fn process_exited(p: &ProcessIdentity) -> bool {
-    process_start_time(p.pid) != p.start_time
+    process_start_time(p.pid) != p.start_time || crate::control::identity::is_zombie(p.pid)
 }
 
 impl Drop for Export {
@@ -218,7 +247,7 @@ impl ExportTable {
         ExportTable {
             backend,
             regions,
-            budget,
+            charges: SharedCharges::new(budget),
             stats,
             gate,
             table: Mutex::new(Table::default()),
@@ -226,9 +255,16 @@ impl ExportTable {
             next_id: AtomicU64::new(1),
             kinds,
             offer_timeout,
-            waiting: AtomicU64::new(0),
-            waiting_bytes: AtomicU64::new(0),
+            reclaimed: AtomicU64::new(0),
+            exit_watch: once_cell::sync::OnceCell::new(),
+            me: once_cell::sync::OnceCell::new(),
         }
+    }
+
+    /// Sets how importing processes are watched for their exit (once).
+    pub fn set_exit_watch(self: &Arc<Self>, watch: ExitWatchFn) {
+        let _ = self.me.set(Arc::downgrade(self));
+        let _ = self.exit_watch.set(watch);
     }
 
     fn check_ops(r: &crate::memory::Region, ops: u32) -> Result<()> {
@@ -272,17 +308,11 @@ impl ExportTable {
         Ok(lease)
     }
 
-    /// Validates an export request and retains the allocation (loan +
-    /// charge + registration), waiting up to its `wait_ms` for the loan
-    /// unless `gone` says the requester left. Returns the offer (no handle
-    /// yet).
-    pub fn offer(
-        &self,
-        conn: u64,
-        requester: Option<Identity>,
-        req: &ExportRequest,
-        gone: &dyn Fn() -> bool,
-    ) -> Result<ExportOffer> {
+    /// Validates an export request and retains the allocation (hold +
+    /// the allocation's charge, shared with its other exports +
+    /// registration). Never waits: exports of one allocation coexist.
+    /// Returns the offer (no handle yet).
+    pub fn offer(&self, conn: u64, requester: Option<Identity>, req: &ExportRequest) -> Result<ExportOffer> {
         let lease = self.validate(req.region_epoch, req.addr, req.len, req.ops)?;
         let o = owners::owner_of(req.addr)
             .ok_or_else(|| Error::NotSupported(format!("0x{:x} is not in a library allocation", req.addr)))?;
@@ -290,31 +320,8 @@ impl ExportTable {
         if req.addr + req.len > base + logical {
             return Err(Error::OutOfRange(format!("range 0x{:x}+{} leaves its allocation", req.addr, req.len)));
         }
-        let charge = self.budget.try_acquire(physical).ok_or_else(|| {
-            Error::ResourceExhausted(format!(
-                "the source's mapping budget (max_inflight_bytes = {}, {} in use) cannot hold an export of \
-                 {physical} physical bytes (the whole allocation); raise max_inflight_bytes on the source",
-                self.budget.limit(),
-                self.budget.used()
-            ))
-        })?;
-        let wait = Duration::from_millis(req.wait_ms.min(600_000) as u64);
-        // Importers that only read share the allocation; a writer has it
-        // alone, apart from the loans of its own process.
-        let mode = if req.ops & OP_WRITE != 0 { owners::LoanMode::Exclusive } else { owners::LoanMode::Shared };
-        let holder = match requester {
-            Some(id) => (id.process.start_time << 32) ^ id.process.pid as u64,
-            None => conn | 1 << 63,
-        };
-        // Counted as waiting only when it may wait (a first try without
-        // waiting is not).
-        let counted = if wait.is_zero() { (0, 0) } else { (1, physical) };
-        self.waiting.fetch_add(counted.0, Ordering::Relaxed);
-        self.waiting_bytes.fetch_add(counted.1, Ordering::Relaxed);
-        let loan = owners::loan_unless(base, holder, mode, Instant::now() + wait, gone);
-        self.waiting_bytes.fetch_sub(counted.1, Ordering::Relaxed);
-        self.waiting.fetch_sub(counted.0, Ordering::Relaxed);
-        let loan = loan?;
+        let charge = self.charge(o.id, physical)?;
+        let hold = owners::hold_for_export(base)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let token = fresh_token();
         // A slot on the channel's board, the grant published in it.
@@ -356,11 +363,26 @@ impl ExportTable {
                 slot: slot.map(|(h, _)| h),
                 suspended: false,
                 _lease: lease,
-                _charge: charge,
-                _loan: loan,
+                charge: Some(charge),
+                _hold: hold,
             },
         );
         Ok(offer)
+    }
+
+    /// A share of allocation `owner`'s charge (`physical` bytes): the one
+    /// its open exports share, or a new one against the mapping budget.
+    fn charge(&self, owner: u64, physical: u64) -> Result<SharedCharge<u64>> {
+        self.charges.try_acquire(owner, physical).ok_or_else(|| {
+            let budget = self.charges.budget();
+            Error::ResourceExhausted(format!(
+                "the source's mapping budget (max_inflight_bytes = {}, {} in use) cannot hold an export of \
+                 {physical} physical bytes (the whole allocation, charged once however many requesters import \
+                 it); raise max_inflight_bytes on the source above the sum of the allocations it exports",
+                budget.limit(),
+                budget.used()
+            ))
+        })
     }
 
     fn with_export<T>(&self, conn: u64, r: &ExportRef, f: impl FnOnce(&mut Export) -> Result<T>) -> Result<T> {
@@ -381,7 +403,7 @@ impl ExportTable {
         // The handle is made under the table lock so that a concurrent close
         // of the channel cannot overtake it; only a made handle counts as
         // exposed (and is later unexported). A handle that cannot be made
-        // ends the export: nothing was exposed, so loan and charge go back.
+        // ends the export: nothing was exposed, so hold and charge go back.
         let mut export_failed = false;
         let made = self.with_export(conn, r, |e| {
             if e.state != ExportState::Offered {
@@ -518,7 +540,7 @@ impl ExportTable {
         AckGuard { table: self.clone() }
     }
 
-    /// Close receipt: the importer unmapped; release loan, charge and
+    /// Close receipt: the importer unmapped; release hold, charge and
     /// registration. A repeated receipt (after a lost ACK) is acknowledged.
     /// The receipt may come on a later channel of the same (kernel-verified)
     /// requester engine, after the channel the export was granted on was
@@ -541,7 +563,7 @@ impl ExportTable {
             Some(e) if e.token == r.token && (e.conn == conn || same_requester(e)) => {}
             _ => return Err(Error::NotFound(format!("no export {} with that token on this channel", r.export_id))),
         }
-        let e = t.exports.remove(&r.export_id).expect("present");
+        let e = t.remove(r.export_id).expect("present");
         t.recently_closed.push_back((r.export_id, r.token));
         if t.recently_closed.len() > 4096 {
             t.recently_closed.pop_front();
@@ -553,7 +575,7 @@ impl ExportTable {
     }
 
     /// Releases the offers of channel `conn` that were not answered within
-    /// the offer timeout (their loan, charge and registration go back; a
+    /// the offer timeout (their hold, charge and registration go back; a
     /// late answer finds no export). Returns how many expired.
     pub fn expire_offers(&self, conn: u64) -> usize {
         let now = Instant::now();
@@ -565,7 +587,7 @@ impl ExportTable {
             .filter(|(_, e)| now.duration_since(e.offered_at) >= self.offer_timeout)
             .map(|(k, _)| *k)
             .collect();
-        let gone: Vec<Export> = ids.iter().filter_map(|id| t.exports.remove(id)).collect();
+        let gone: Vec<Export> = ids.iter().filter_map(|id| t.remove(*id)).collect();
         drop(t);
         let n = gone.len();
         // Counted before the exports go: dropping them releases the region
@@ -581,25 +603,76 @@ impl ExportTable {
         n
     }
 
+    /// The source closes: offers not answered yet are withdrawn (nothing
+    /// was exposed; a late answer finds no export). Returns how many.
+    pub fn withdraw_offers(&self) -> usize {
+        let mut t = self.table.lock();
+        let ids: Vec<u64> =
+            t.exports.iter().filter(|(_, e)| e.state == ExportState::Offered).map(|(k, _)| *k).collect();
+        let gone: Vec<Export> = ids.iter().filter_map(|id| t.remove(*id)).collect();
+        drop(t);
+        let n = gone.len();
+        drop(gone);
+        if n > 0 {
+            self.changed.notify_all();
+        }
+        n
+    }
+
     /// The channel `conn` was lost. Offers (never exposed) are released;
-    /// exposed exports stay retained unless the importer provably exited.
+    /// exposed exports stay retained unless the importer provably exited,
+    /// and the importing process is watched: its exit releases them while
+    /// the source runs (within a tick of it), with no close needed.
     pub fn connection_lost(&self, conn: u64) {
         let mut t = self.table.lock();
         // Retained exports keep the board alive through their slots.
         t.boards.remove(&conn);
         let ids: Vec<u64> = t.exports.iter().filter(|(_, e)| e.conn == conn).map(|(k, _)| *k).collect();
         let mut released = Vec::new();
+        let mut exited = 0;
+        let mut watch = Vec::new();
         for id in ids {
             let e = t.exports.get_mut(&id).expect("present");
-            if e.state == ExportState::Offered || e.requester.as_ref().is_some_and(|r| process_exited(&r.process)) {
-                released.push(t.exports.remove(&id).expect("present"));
+            let gone = e.requester.as_ref().is_some_and(|r| process_exited(&r.process));
+            if e.state == ExportState::Offered || gone {
+                exited += (e.state != ExportState::Offered) as u64;
+                released.push(t.remove(id).expect("present"));
             } else {
                 e.state = ExportState::Retained;
+                if let Some(r) = e.requester {
+                    watch.push(r.process);
+                }
             }
         }
+        let watch: Vec<ProcessIdentity> =
+            watch.into_iter().filter(|p| t.watched.insert((p.pid, p.start_time))).collect();
         drop(t);
+        self.reclaimed.fetch_add(exited, Ordering::Relaxed);
         drop(released);
         self.changed.notify_all();
+        for p in watch {
+            self.watch_exit(p);
+        }
+    }
+
+    /// Has the engine's exit watch call [`ExportTable::reclaim_exited`] once
+    /// process `p` exited. Without a watch (none set, or the process
+    /// descriptor refused) the retained exports are reclaimed at the next
+    /// [`ExportTable::reclaim_exited`] (every export request, and the close).
+    fn watch_exit(&self, p: ProcessIdentity) {
+        let (Some(watch), Some(me)) = (self.exit_watch.get(), self.me.get().cloned()) else {
+            return;
+        };
+        let key = (p.pid, p.start_time);
+        let on_exit = Box::new(move || {
+            if let Some(t) = me.upgrade() {
+                t.table.lock().watched.remove(&key);
+                t.reclaim_exited();
+            }
+        });
+        if !watch(p, on_exit) {
+            self.table.lock().watched.remove(&key);
+        }
     }
 
     /// Releases retained exports whose importing process has exited (its
@@ -614,9 +687,10 @@ impl ExportTable {
             })
             .map(|(k, _)| *k)
             .collect();
-        let gone: Vec<Export> = ids.iter().filter_map(|id| t.exports.remove(id)).collect();
+        let gone: Vec<Export> = ids.iter().filter_map(|id| t.remove(*id)).collect();
         drop(t);
         let n = gone.len();
+        self.reclaimed.fetch_add(n as u64, Ordering::Relaxed);
         drop(gone);
         if n > 0 {
             self.changed.notify_all();
@@ -653,10 +727,9 @@ impl ExportTable {
             } else {
                 c.open += 1;
             }
-            c.charged_bytes += owners::owner_of(e.base).map(|o| o.physical).unwrap_or(0);
         }
-        c.waiting = self.waiting.load(Ordering::Relaxed);
-        c.charged_bytes += self.waiting_bytes.load(Ordering::Relaxed);
+        c.charged_bytes = self.charges.bytes();
+        c.reclaimed_after_exit = self.reclaimed.load(Ordering::Relaxed);
         c
     }
 

@@ -87,6 +87,10 @@ impl Mapping for FaultyMapping {
         }
         self.inner.wait(posting)
     }
+    fn completes_by_waiting(&self) -> bool {
+        // Polled, like a GPU's, while a polling fault is armed.
+        self.inner.completes_by_waiting() && self.faults.pending_polls.load(std::sync::atomic::Ordering::SeqCst) == 0
+    }
     fn query(&self, posting: Posting) -> Result<bool> {
         if Faults::take(&self.faults.pending_polls) {
             return Ok(false);

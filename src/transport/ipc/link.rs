@@ -300,7 +300,16 @@ impl IpcLink {
                     *st = ChanState::Dead { err, source_left: true };
                     return;
                 }
-                Err(e) => *st = ChanState::Reconnecting { why: e },
+                Err(e) => {
+                    // An attempt that waited out its whole bound met a
+                    // source that is frozen, not one that refuses: try
+                    // again at once, so that the channel is up as soon as
+                    // it runs again. Fast failures back off.
+                    if e.status() == crate::error::Status::TimedOut {
+                        pause = Duration::from_millis(20);
+                    }
+                    *st = ChanState::Reconnecting { why: e }
+                }
             }
             drop(st);
             // Back-off between attempts of a background retry (not a wait

@@ -1,6 +1,7 @@
 //! The cooperative IPC protocol, written once for every kind of exportable
 //! memory: export grants after validation, an offer before the handle,
-//! whole-allocation loans, physical-extent charges, subbatches with ordered
+//! whole-allocation holds, physical-extent charges (once per allocation),
+//! exit watches on importers, subbatches with ordered
 //! or batched copies, operation-complete and close receipts with ACKs, the
 //! relocation cache, and retention when cleanup cannot be confirmed.
 //! Backends (`backend::IpcBackend`) supply export, import, copy, wait and
@@ -12,6 +13,7 @@ pub mod backend;
 pub mod board;
 pub mod cache;
 pub mod channel;
+pub mod exit_watch;
 pub mod export;
 pub mod faults;
 pub mod link;

@@ -13,7 +13,7 @@ use crate::control::message::RegionInfo;
 use crate::error::{Error, Result};
 use crate::memory::owners;
 use crate::memory::MemoryKind;
-use crate::sync::admission::{Budget, Permit};
+use crate::sync::admission::{Budget, SharedCharge, SharedCharges};
 use crate::transfer::{ChunkOutcome, Op, RemoteEffect, Request};
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,8 +34,14 @@ pub struct Import {
     /// The generation the slot names this grant by (the source may move it;
     /// a revalidation tells the new one).
     slot_generation: AtomicU64,
-    _charge: Permit,
+    /// Its share of the remote allocation's charge: a READ-only and a
+    /// writable import of one allocation count it once.
+    _charge: SharedCharge<ChargeKey>,
 }
+
+/// What an import's charge is counted by: the source (endpoint and engine
+/// epoch) and its allocation's base.
+type ChargeKey = (Arc<str>, u64, u64);
 
 impl Import {
     fn export_ref(&self, value: u64, extra: u32) -> ExportRef {
@@ -52,8 +58,7 @@ impl Import {
         format!("{} export {} (0x{:x}+{})", self.link.label, self.offer.export_id, self.offer.base, self.offer.physical)
     }
 
-    /// Whether the grant allows WRITE (the source holds the allocation
-    /// exclusively for it).
+    /// Whether the grant allows WRITE.
     fn writable(&self) -> bool {
         self.offer.ops & OP_WRITE != 0
     }
@@ -93,8 +98,9 @@ impl Import {
 
 /// Relocation cache key: source endpoint, source epoch, region id and
 /// epoch, local context (0 for host memory, device + 1 for a device's
-/// context), and whether the grant allows WRITE (READ-only imports share
-/// the source allocation with other readers; a writable one holds it alone).
+/// context), and whether the grant allows WRITE (a READ-only import maps
+/// the allocation read-only; one that writes replaces it, see
+/// [`IpcRequester::give_back_read_only`]).
 type Key = (Arc<str>, u64, u64, u64, u64, bool);
 
 /// Imports that could not be closed with certainty (cache disabled).
@@ -102,6 +108,10 @@ struct Retained {
     import: Arc<Import>,
     native_closed: bool,
 }
+
+/// How long a late completion's close receipt may take (its group's own
+/// deadline has passed).
+const LATE_CLOSE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Called with a deferred group's outcomes once its completion is known.
 pub type OnDone = Box<dyn FnOnce(Vec<ChunkOutcome>) + Send>;
@@ -123,8 +133,8 @@ struct Posted {
     deadline: Instant,
     /// The group entered its import's board slot (no receipt round trip).
     entered: bool,
-    /// Exclusive loans of the group's local pinned host allocations.
-    fences: Vec<owners::Loan>,
+    /// Fences of the group's local pinned host allocations.
+    fences: Vec<owners::Fence>,
 }
 
 impl Posted {
@@ -138,12 +148,21 @@ impl Posted {
 /// A posted group waiting on the progress worker.
 struct Deferred {
     posted: Posted,
-    done: OnDone,
+    /// `None` once its outcomes were reported (`Unquiesced`, its deadline
+    /// passed with the completion pending): the worker still polls it, and
+    /// a completion that comes late releases the import as usual.
+    done: Option<OnDone>,
 }
 
 #[derive(Default)]
 struct Progress {
     queue: Vec<Deferred>,
+    /// Groups the worker took out of `queue` for its current round and has
+    /// not settled or put back yet (counted as pending all along).
+    in_hand: usize,
+    /// Of the pending groups, those whose outcomes were reported at their
+    /// deadline (polled on).
+    late: usize,
     worker: Option<std::thread::JoinHandle<()>>,
     stopped: bool,
 }
@@ -194,18 +213,24 @@ pub struct ImportCounts {
     /// Groups through a cached import revalidated over the channel (no
     /// board slot, or the slot was revoked), refused ones included.
     pub round_trip_groups: u64,
+    /// Groups reported at their deadline whose completion came later (their
+    /// import was then closed, or returned to the cache, as usual).
+    pub late_completions: u64,
+    /// Groups reported at their deadline whose completion is polled now.
+    pub late_groups: u64,
 }
 
 /// The requester side of one IPC transport.
 pub struct IpcRequester {
     backend: Arc<dyn IpcBackend>,
-    budget: Arc<Budget>,
+    /// Imported allocations' charges: each once against the mapping budget.
+    charges: Arc<SharedCharges<ChargeKey>>,
     capacity: usize,
     cache: RelocationCache<Key, Import>,
     retained: Mutex<Vec<Retained>>,
-    /// Loans of local pinned allocations whose group ended uncertain: the
+    /// Fences of local pinned allocations whose group ended uncertain: the
     /// whole owner stays fenced (no new use, no free) for good.
-    fenced: Mutex<Vec<owners::Loan>>,
+    fenced: Mutex<Vec<owners::Fence>>,
     opened: AtomicU64,
     closed: AtomicU64,
     released_after_exit: AtomicU64,
@@ -213,6 +238,8 @@ pub struct IpcRequester {
     fast_groups: AtomicU64,
     /// Cached groups revalidated and receipted over the channel.
     round_trip_groups: AtomicU64,
+    /// Groups whose completion came after their deadline had reported them.
+    late_completions: AtomicU64,
     progress: Mutex<Progress>,
     progress_cv: Condvar,
     /// Fault injection switches (inert unless armed).
@@ -239,7 +266,7 @@ impl IpcRequester {
     ) -> IpcRequester {
         IpcRequester {
             backend,
-            budget,
+            charges: SharedCharges::new(budget),
             capacity,
             cache: RelocationCache::new(capacity),
             retained: Mutex::new(Vec::new()),
@@ -249,6 +276,7 @@ impl IpcRequester {
             released_after_exit: AtomicU64::new(0),
             fast_groups: AtomicU64::new(0),
             round_trip_groups: AtomicU64::new(0),
+            late_completions: AtomicU64::new(0),
             progress: Mutex::new(Progress::default()),
             progress_cv: Condvar::new(),
             faults,
@@ -297,15 +325,27 @@ impl IpcRequester {
         }
         let answer =
             |accept: bool| ExportRef { export_id: offer.export_id, token: offer.token, value: accept as u64, extra: 0 };
-        let charge = match self.budget.try_acquire(offer.physical) {
+        let charge_key = (link.endpoint.clone(), link.source.engine_epoch, offer.base);
+        // Idle cached imports give their charge back for a new one.
+        let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
+        let charge = loop {
+            match self.charges.try_acquire(charge_key.clone(), offer.physical) {
+                Some(c) => break Some(c),
+                None if self.cache.evict_lru_idle(&close) => continue,
+                None => break None,
+            }
+        };
+        let charge = match charge {
             Some(c) => c,
             None => {
                 link.call(MsgKind::ExportAnswer, &answer(false).encode(), deadline, "decline")?;
                 return Err(Error::ResourceExhausted(format!(
                     "this engine's mapping budget (max_inflight_bytes = {}, {} in use) cannot hold an import of \
-                     {} physical bytes (the whole remote allocation); raise max_inflight_bytes on the requester",
-                    self.budget.limit(),
-                    self.budget.used(),
+                     {} physical bytes (the whole remote allocation, charged once however many imports of it this \
+                     engine holds); raise max_inflight_bytes on the requester above the sum of the remote \
+                     allocations it imports at once",
+                    self.charges.budget().limit(),
+                    self.charges.budget().used(),
                     offer.physical
                 )));
             }
@@ -495,7 +535,7 @@ impl IpcRequester {
                 Ok(GroupRun::Done(self.finish(posted, drained)))
             }
             (Ok(false), Some(done)) => {
-                self.defer(Deferred { posted, done });
+                self.defer(Deferred { posted, done: Some(done) });
                 Ok(GroupRun::Deferred)
             }
         }
@@ -538,7 +578,7 @@ impl IpcRequester {
         key: Option<(Key, bool)>,
         items: Vec<(usize, Request)>,
         deadline: Instant,
-        fences: Vec<owners::Loan>,
+        fences: Vec<owners::Fence>,
     ) -> Posted {
         let base = imp.mapping.base();
         let ops: Vec<CopyOp> = items
@@ -622,7 +662,9 @@ impl IpcRequester {
             drop(p);
             let out =
                 self.finish(d.posted, Err(Error::Unquiesced("the engine closed with the completion pending".into())));
-            (d.done)(out);
+            if let Some(done) = d.done {
+                done(out);
+            }
             return;
         }
         p.queue.push(d);
@@ -648,42 +690,92 @@ impl IpcRequester {
                 if p.queue.is_empty() {
                     return;
                 }
+                p.in_hand = p.queue.len();
                 std::mem::take(&mut p.queue)
             };
             let stopping = self.progress.lock().stopped;
             let mut still = Vec::new();
-            for d in batch {
+            for mut d in batch {
                 // CPU copies always complete: waited for, not polled.
                 let m = &d.posted.imp.mapping;
                 if m.completes_by_waiting() {
                     let r = m.wait(d.posted.posting());
-                    let Deferred { posted, done } = d;
-                    done(self.finish(posted, r));
+                    self.settle(d, r);
                     continue;
                 }
                 let verdict = match d.posted.imp.mapping.query(d.posted.posting()) {
                     Ok(true) => Some(Ok(())),
                     Err(e) => Some(Err(e)),
-                    Ok(false) if stopping || Instant::now() >= d.posted.deadline => {
+                    Ok(false) if stopping => {
                         d.posted.imp.mapping.abandon(d.posted.posting());
-                        Some(Err(Error::Unquiesced("the deadline passed with the completion event pending".into())))
+                        Some(Err(Error::Unquiesced("the engine closed with the completion event pending".into())))
                     }
-                    Ok(false) => None,
+                    Ok(false) => {
+                        let reported = d.done.is_none() || Instant::now() < d.posted.deadline;
+                        if let Some(done) = d.done.take_if(|_| !reported) {
+                            // Reported now; polled on, so that a completion
+                            // that comes late still closes the import.
+                            self.progress.lock().late += 1;
+                            let mut out: Vec<ChunkOutcome> =
+                                d.posted.items.iter().map(|(_, r)| ChunkOutcome::ok(r.op)).collect();
+                            let e = Error::Unquiesced("the deadline passed with the completion event pending".into());
+                            fail_all(&mut out, &d.posted.items, &e);
+                            done(out);
+                        }
+                        None
+                    }
                 };
                 match verdict {
-                    Some(r) => {
-                        let Deferred { posted, done } = d;
-                        done(self.finish(posted, r));
-                    }
+                    Some(r) => self.settle(d, r),
                     None => still.push(d),
                 }
             }
             if !still.is_empty() {
                 let mut p = self.progress.lock();
+                p.in_hand = 0;
                 still.append(&mut p.queue);
                 p.queue = still;
                 drop(p);
                 std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        }
+    }
+
+    /// Ends a deferred group whose completion is known (`r`): its outcomes
+    /// go to its batch, or, when they were reported already at its
+    /// deadline, a late completion releases the import as an ordinary one
+    /// (nothing moved is counted: the requests were reported failed).
+    fn settle(&self, d: Deferred, r: Result<()>) {
+        let Deferred { posted, done } = d;
+        {
+            // No longer pending, before whoever the outcome wakes looks.
+            let mut p = self.progress.lock();
+            p.in_hand = p.in_hand.saturating_sub(1);
+            p.late -= done.is_none() as usize;
+        }
+        match done {
+            Some(done) => done(self.finish(posted, r)),
+            None if r.is_err() => drop(self.finish(posted, r)),
+            None => {
+                let Posted { imp, key, entered, fences, .. } = posted;
+                drop(fences);
+                match key {
+                    Some(key) => {
+                        if entered {
+                            imp.leave(0, 0);
+                        }
+                        self.release(&key);
+                    }
+                    None => {
+                        let deadline = Instant::now() + LATE_CLOSE;
+                        if let Err((_, native_closed)) = self.close_import(&imp, false, deadline) {
+                            self.retained.lock().push(Retained { import: imp, native_closed });
+                        }
+                    }
+                }
+                // Counted once the import is settled (closed, or back in
+                // the cache), so that whoever sees the count sees that.
+                self.late_completions.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -709,11 +801,17 @@ impl IpcRequester {
         }
     }
 
-    /// Groups waiting for their completion on the worker, and whether the
-    /// worker runs.
+    /// Groups waiting for their completion on the worker (those reported
+    /// at their deadline included), and whether the worker runs.
     pub fn progress_counts(&self) -> (u64, u64) {
         let p = self.progress.lock();
-        (p.queue.len() as u64, p.worker.as_ref().is_some_and(|w| !w.is_finished()) as u64)
+        ((p.queue.len() + p.in_hand) as u64, p.worker.as_ref().is_some_and(|w| !w.is_finished()) as u64)
+    }
+
+    /// Groups reported `Unquiesced` at their deadline whose completion is
+    /// still polled.
+    pub fn late_groups(&self) -> u64 {
+        self.progress.lock().late as u64
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -822,24 +920,18 @@ impl IpcRequester {
         };
         for (_, _, st, v) in self.cache.entries() {
             match (st, v) {
-                (EntryState::Ready, Some(i)) => {
-                    n.cached += 1;
-                    n.charged_bytes += i.offer.physical;
-                }
-                (EntryState::Retained, Some(i)) => {
-                    n.retained += 1;
-                    n.charged_bytes += i.offer.physical;
-                }
+                (EntryState::Ready, Some(_)) => n.cached += 1,
+                (EntryState::Retained, Some(_)) => n.retained += 1,
                 _ => {}
             }
         }
-        for r in self.retained.lock().iter() {
-            n.retained += 1;
-            n.charged_bytes += r.import.offer.physical;
-        }
+        n.retained += self.retained.lock().len() as u64;
+        n.charged_bytes = self.charges.bytes();
         n.released_after_exit = self.released_after_exit.load(Ordering::Relaxed);
         n.fast_groups = self.fast_groups.load(Ordering::Relaxed);
         n.round_trip_groups = self.round_trip_groups.load(Ordering::Relaxed);
+        n.late_completions = self.late_completions.load(Ordering::Relaxed);
+        n.late_groups = self.late_groups();
         n.fenced_local = self.fenced.lock().len() as u64;
         n
     }
@@ -860,10 +952,10 @@ impl IpcRequester {
     }
 }
 
-/// Takes the exclusive loan of every local pinned host allocation the group
+/// Fences every local pinned host allocation the group
 /// copies to or from (in address order, so groups never wait on each other
 /// in a cycle), waiting within the deadline while another group holds one.
-fn fence_local_pinned(items: &[(usize, Request)], deadline: Instant) -> Result<Vec<owners::Loan>> {
+fn fence_local_pinned(items: &[(usize, Request)], deadline: Instant) -> Result<Vec<owners::Fence>> {
     // One owner lookup per run of requests inside one allocation (or one
     // stretch of memory the library does not own), not one per request.
     let mut bases: Vec<u64> = Vec::new();
@@ -887,7 +979,7 @@ fn fence_local_pinned(items: &[(usize, Request)], deadline: Instant) -> Result<V
     bases
         .into_iter()
         .map(|b| {
-            owners::loan(b, owners::LOCAL_HOLDER, owners::LoanMode::Exclusive, deadline).map_err(|e| {
+            owners::fence(b, deadline).map_err(|e| {
                 Error::Unavailable(format!("local pinned allocation 0x{b:x} is held by another group: {}", e.message()))
             })
         })

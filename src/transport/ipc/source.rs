@@ -13,7 +13,6 @@ use crate::control::identity::process_start_time;
 use crate::control::message;
 use crate::control::Identity;
 use crate::error::{Error, Result};
-use crate::memory::owners;
 use crate::transport::reactor::{Ended, Flow, Got, Handler, Reactor, Registration, Served, SCRATCH};
 use parking_lot::Mutex;
 use std::collections::VecDeque;
@@ -272,8 +271,6 @@ impl Answer {
 const ANSWERS_MAX: usize = 64;
 /// Offers one channel may leave unanswered (an honest requester has one).
 const OFFERS_MAX: usize = 8;
-/// Bytes read ahead while a grant is waited for.
-const STASH_MAX: usize = 64 * 1024;
 
 /// The receive side's state (the I/O thread's alone).
 struct Rx {
@@ -283,7 +280,7 @@ struct Rx {
     /// When the frame being gathered must be complete.
     deadline: Option<Instant>,
     ended: bool,
-    /// Bytes read past a request whose grant is being waited for.
+    /// Bytes read and not yet handled (more answers waited than allowed).
     stash: Vec<u8>,
 }
 
@@ -306,15 +303,8 @@ struct IpcServed {
     table: Arc<ExportTable>,
     requester: Identity,
     rx: Mutex<Rx>,
-    /// A grant is being waited for on a thread of its own: nothing more is
-    /// read until its answer is queued.
-    waiting: AtomicBool,
-    /// The channel has ended (a grant still waiting gives up).
-    left: AtomicBool,
     out: Mutex<Out>,
     reg: once_cell::sync::OnceCell<Registration>,
-    /// Itself, for a grant waiter to hold.
-    me: once_cell::sync::OnceCell<std::sync::Weak<IpcServed>>,
     finished: Ended,
     on_done: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
@@ -337,15 +327,11 @@ impl IpcServed {
             table,
             requester,
             rx: Mutex::new(Rx { partial: Vec::new(), header: None, deadline: None, ended: false, stash: Vec::new() }),
-            waiting: AtomicBool::new(false),
-            left: AtomicBool::new(false),
             out: Mutex::new(Out { items: VecDeque::new(), at: 0, deadline: None, closed: false }),
             reg: once_cell::sync::OnceCell::new(),
-            me: once_cell::sync::OnceCell::new(),
             finished: Ended::default(),
             on_done: Mutex::new(Some(on_done)),
         });
-        let _ = s.me.set(Arc::downgrade(&s));
         match ok.and_then(|_| reactor.register(s.ch.raw_fd(), s.clone())) {
             Ok(r) => {
                 let _ = s.reg.set(r);
@@ -366,12 +352,6 @@ impl IpcServed {
             let mut out = self.out.lock();
             out.closed = true;
             out.items.clear();
-        }
-        // A grant waiting for its loan gives up now (its charge and region
-        // lease go back at once, not at its wait_ms).
-        self.left.store(true, Ordering::Release);
-        if self.waiting.load(Ordering::Acquire) {
-            owners::wake_loan_waiters();
         }
         self.table.connection_lost(self.conn);
         self.finished.set();
@@ -421,8 +401,8 @@ impl IpcServed {
         Ok(())
     }
 
-    /// Reads what the socket holds while few answers wait and no grant is
-    /// being waited for, and answers every complete request. `true` when it
+    /// Reads what the socket holds while few answers wait, and answers
+    /// every complete request. `true` when it
     /// stopped with bytes possibly left in the socket (run it again once
     /// there is room: no readable edge may come for them).
     fn receive(&self, rx: &mut Rx, scratch: &mut [u8]) -> Result<bool> {
@@ -432,18 +412,13 @@ impl IpcServed {
                 return Ok(false);
             }
             // What was read and not yet handled comes first.
-            if !rx.stash.is_empty() && !self.waiting.load(Ordering::Acquire) {
+            if !rx.stash.is_empty() {
                 let stash = std::mem::take(&mut rx.stash);
                 let used = self.parse(rx, &stash)?;
                 rx.stash = stash[used..].to_vec();
             }
             if self.out.lock().items.len() >= ANSWERS_MAX {
                 return Ok(true);
-            }
-            // While a grant is waited for, reading goes on (so that a
-            // requester that hangs up is noticed) into a bounded stash.
-            if self.waiting.load(Ordering::Acquire) && rx.stash.len() >= STASH_MAX {
-                return Ok(false);
             }
             if budget == 0 {
                 return Ok(true);
@@ -465,11 +440,11 @@ impl IpcServed {
     }
 
     /// Gathers frames from `data` and answers each complete one; stops
-    /// early when a grant must be waited for or `ANSWERS_MAX` answers wait.
+    /// early when `ANSWERS_MAX` answers wait.
     /// Returns the bytes used.
     fn parse(&self, rx: &mut Rx, data: &[u8]) -> Result<usize> {
         let mut at = 0;
-        while at < data.len() && !self.waiting.load(Ordering::Acquire) && self.out.lock().items.len() < ANSWERS_MAX {
+        while at < data.len() && self.out.lock().items.len() < ANSWERS_MAX {
             if rx.deadline.is_none() {
                 rx.deadline = Some(Instant::now() + self.ctx.handshake_timeout);
             }
@@ -500,20 +475,18 @@ impl IpcServed {
             };
             let body = std::mem::take(&mut rx.partial);
             rx.deadline = None;
-            if let Some(a) = self.answer(h.kind, &body)? {
-                self.out.lock().items.push_back(a);
-            }
+            let a = self.answer(h.kind, &body)?;
+            self.out.lock().items.push_back(a);
         }
         Ok(at)
     }
 
-    /// The answer to one request; `None` when it comes later (a grant
-    /// that must wait for other importers to give the allocation back is
-    /// waited for on a thread of its own, not on the I/O thread).
-    fn answer(&self, kind: MsgKind, body: &[u8]) -> Result<Option<Answer>> {
+    /// The answer to one request (exports never wait for each other: an
+    /// offer is made or refused at once).
+    fn answer(&self, kind: MsgKind, body: &[u8]) -> Result<Answer> {
         let (table, conn) = (&self.table, self.conn);
         let verified = (!self.ch.is_tcp()).then_some(self.requester);
-        Ok(Some(match kind {
+        Ok(match kind {
             MsgKind::ExportRequest => {
                 let req = ExportRequest::decode(body)?;
                 // A requester answers each offer before it asks again; one
@@ -522,15 +495,11 @@ impl IpcServed {
                     let e = Error::ResourceExhausted(format!(
                         "{OFFERS_MAX} offers on this IPC channel are still unanswered; answer them first"
                     ));
-                    return Ok(Some(Answer::reject(req.tag, &e)));
+                    return Ok(Answer::reject(req.tag, &e));
                 }
                 // Only a kernel-verified requester can later be proven gone.
-                match table.offer(conn, verified, &ExportRequest { wait_ms: 0, ..req }, &|| false) {
+                match table.offer(conn, verified, &req) {
                     Ok(offer) => Answer::new(MsgKind::ExportOffer, &offer.encode()),
-                    Err(Error::Unavailable(_)) if req.wait_ms > 0 => {
-                        self.wait_for_grant(req, verified)?;
-                        return Ok(None);
-                    }
                     Err(e) => Answer::reject(req.tag, &e),
                 }
             }
@@ -602,43 +571,6 @@ impl IpcServed {
                 a
             }
             other => return Err(Error::Protocol(format!("unexpected {other:?} on the IPC channel"))),
-        }))
-    }
-
-    /// Offers `req` on a thread of its own, waiting up to its `wait_ms`
-    /// for the allocation; its answer is queued and the channel woken.
-    fn wait_for_grant(&self, req: ExportRequest, verified: Option<Identity>) -> Result<()> {
-        let me = self
-            .me
-            .get()
-            .and_then(std::sync::Weak::upgrade)
-            .ok_or_else(|| Error::Unavailable("the IPC channel is ending".into()))?;
-        self.waiting.store(true, Ordering::Release);
-        let run = move || {
-            // Atomics only: this runs under the allocation table's lock.
-            let gone = || me.left.load(Ordering::Acquire) || me.ctx.stopping.load(Ordering::Acquire);
-            let a = match me.table.offer(me.conn, verified, &req, &gone) {
-                Ok(offer) => Answer::new(MsgKind::ExportOffer, &offer.encode()),
-                Err(e) => Answer::reject(req.tag, &e),
-            };
-            let mut out = me.out.lock();
-            if out.closed || me.ctx.stopping.load(Ordering::Acquire) {
-                // The channel ended meanwhile: an offer made after its
-                // exports were released goes too.
-                drop(out);
-                me.table.connection_lost(me.conn);
-                return;
-            }
-            out.items.push_back(a);
-            drop(out);
-            me.waiting.store(false, Ordering::Release);
-            if let Some(r) = me.reg.get() {
-                r.wake();
-            }
-        };
-        std::thread::Builder::new().name("orbite-ipc-grant".into()).spawn(run).map(|_| ()).map_err(|e| {
-            self.waiting.store(false, Ordering::Release);
-            Error::io("spawn a grant waiter", &e)
         })
     }
 
@@ -660,8 +592,6 @@ impl IpcServed {
             ));
         }
         self.table.expire_offers(self.conn);
-        // Answers queued by a grant waiter whose wake-up came before this
-        // channel's registration was set still leave.
         self.flush()
     }
 }

@@ -878,13 +878,6 @@ fn validate(ctx: &SourceContext, req: &DataRequest, write: bool) -> Result<(Regi
             r.id, r.addr, r.len
         )));
     }
-    if r.kind == crate::memory::MemoryKind::SharedHost && crate::memory::owners::loan_blocks(req.addr, write) {
-        let held = if write { "exported to an IPC requester" } else { "exported for WRITE to an IPC requester" };
-        return Err(Error::Unavailable(format!(
-            "region {} lies in a shared allocation {held} until its close receipt",
-            r.id
-        )));
-    }
     if !r.kind.cpu_accessible() {
         return Err(Error::NotSupported(format!(
             "region {} holds {} memory, which the TCP transport cannot copy",
