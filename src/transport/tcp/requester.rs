@@ -84,10 +84,24 @@ struct Entry {
 #[derive(Default)]
 struct Pending {
     map: HashMap<u64, Entry>,
+    /// Requests that passed their deadline unanswered and were failed then
+    /// (direction and length, by tag): their answers, when they come, are
+    /// read and dropped, so that the connection stays in step for the
+    /// others instead of being cut.
+    abandoned: HashMap<u64, (Op, u64)>,
     /// The connection ended and failed every entry; later settlements fail
     /// their own.
     drained: bool,
 }
+
+/// Most requests a connection remembers as abandoned (failed at their
+/// deadline, answer still to come); beyond, it is cut instead.
+const ABANDONED_MAX: usize = 1 << 16;
+
+/// How long past its deadline a WRITE's payload may take to leave (the
+/// request was failed at the deadline; its bytes keep the stream in step)
+/// before the connection is cut.
+const WRITE_OVERRUN: Duration = Duration::from_secs(60);
 
 /// WRITEs of at most this many bytes may be sent by the submitting thread
 /// itself (see [`TcpConnection::enqueue`]).
@@ -103,6 +117,9 @@ struct QueuedWrite {
     len: u64,
     tag: u64,
     deadline: Instant,
+    /// Set when its request was failed at its deadline before the payload
+    /// left: the local region stays leased until it has.
+    hold: Option<Arc<RegionLease>>,
 }
 
 /// Frames leaving together: request frames and the fixed parts of WRITEs
@@ -155,7 +172,8 @@ impl Outbuf {
             parts.push(&self.bytes[at..sw.head_end]);
             // SAFETY: the WRITE's chunk holds a lease on the local region
             // containing [addr, addr+len) and stays pending (marked sending,
-            // so nothing else fails it) until this buffer is settled.
+            // so nothing else fails it) until this buffer is settled; a
+            // chunk failed at its deadline first moves its lease to `hold`.
             parts.push(unsafe { std::slice::from_raw_parts(sw.addr as *const u8, sw.len as usize) });
             at = sw.head_end;
         }
@@ -220,6 +238,9 @@ enum Want {
     Reason { chunk: Option<Chunk>, tag: u64, len: usize, status: Status },
     /// A READ's payload, landing in local registered memory.
     Payload { chunk: Chunk, done: u64 },
+    /// Bytes of an abandoned request's answer (payload or failure text),
+    /// read and dropped.
+    Discard { left: u64 },
 }
 
 /// The receive side's state: the I/O thread's, or a spinning waiter's
@@ -673,7 +694,8 @@ impl TcpConnection {
                 buf.bytes.extend_from_slice(&FrameHeader::encode(MsgKind::WriteRequest, (32 + len) as u32));
                 buf.bytes.extend_from_slice(&req.encode());
                 buf.payload += len;
-                buf.writes.push(QueuedWrite { head_start, head_end: buf.bytes.len(), addr: local, len, tag, deadline });
+                let head_end = buf.bytes.len();
+                buf.writes.push(QueuedWrite { head_start, head_end, addr: local, len, tag, deadline, hold: None });
             }
         }
         None
@@ -735,42 +757,77 @@ impl TcpConnection {
         self.finished.set();
     }
 
-    /// A request or notification that passed its deadline unanswered, or
-    /// a payload that did not arrive in time, ends the connection.
-    fn expired(&self, rx: &Rx, now: Instant) -> Result<()> {
+    /// Requests that passed their deadline: failed now (returned, to be
+    /// failed with no lock of this connection held), their answers read
+    /// and dropped when they come, so that the connection stays in step for
+    /// the other requests — a READ mid-payload has the rest of its payload
+    /// dropped, a WRITE still leaving keeps its local region leased until
+    /// its bytes have left. What ends the connection: its death, a
+    /// notification left unanswered, a WRITE's payload that cannot leave
+    /// within [`WRITE_OVERRUN`] of its deadline, or too many abandoned
+    /// requests.
+    fn expire(&self, rx: &mut Rx, now: Instant) -> Result<Vec<(Chunk, Error, RemoteEffect)>> {
         if let Some(e) = self.dead_reason() {
             return Err(e);
         }
-        match &rx.want {
-            Want::Payload { chunk, .. } if now >= chunk.deadline => {
-                return Err(Error::TimedOut(format!("READ from {} passed its deadline mid-payload", self.label)));
+        let mut out = Vec::new();
+        let late = |what: &str| Error::TimedOut(format!("request to {} passed its deadline {what}", self.label));
+        match &mut rx.want {
+            Want::Payload { chunk, done } if now >= chunk.deadline => {
+                let left = chunk.len - *done;
+                let Want::Payload { chunk, .. } = std::mem::replace(&mut rx.want, Want::Discard { left }) else {
+                    unreachable!("matched above")
+                };
+                out.push((chunk, late("mid-payload (the rest of its payload is dropped)"), RemoteEffect::None));
             }
-            Want::Reason { chunk: Some(chunk), .. } if now >= chunk.deadline => {
-                return Err(Error::TimedOut(format!(
-                    "request to {} passed its deadline in the middle of its failure answer",
-                    self.label
-                )));
+            Want::Reason { chunk, .. } if chunk.as_ref().is_some_and(|c| now >= c.deadline) => {
+                let c = chunk.take().expect("matched above");
+                out.push((c, late("in the middle of its failure answer"), RemoteEffect::None));
             }
             _ => {}
         }
-        let p = self.pending.lock();
-        if let Some(e) = p.map.values().find(|e| !e.sending && now >= e.chunk.deadline) {
+        let mut p = self.pending.lock();
+        let tags: Vec<u64> =
+            p.map.iter().filter(|(_, e)| !e.sending && now >= e.chunk.deadline).map(|(t, _)| *t).collect();
+        for t in tags {
+            let e = p.map.remove(&t).expect("present");
+            p.abandoned.insert(t, (e.chunk.op, e.chunk.len));
+            let effect = if e.chunk.op == Op::Write { RemoteEffect::Unknown } else { RemoteEffect::None };
+            let what =
+                format!("without an answer (0x{:x}+{}); its answer will be dropped", e.chunk.remote_addr, e.chunk.len);
+            out.push((e.chunk, late(&what), effect));
+        }
+        // WRITEs whose payload is still leaving: failed now, their memory
+        // held until the bytes are out.
+        if let Some(mut o) = self.out.try_lock() {
+            for sw in o.writes.iter_mut().filter(|w| now >= w.deadline) {
+                if sw.hold.is_some() {
+                    if now >= sw.deadline + WRITE_OVERRUN {
+                        return Err(Error::TimedOut(format!(
+                            "a WRITE's payload to {} could not leave within {WRITE_OVERRUN:?} of its deadline",
+                            self.label
+                        )));
+                    }
+                    continue;
+                }
+                let Some(e) = p.map.remove(&sw.tag).filter(|e| e.early.is_none()) else { continue };
+                sw.hold = Some(e.chunk.lease.clone());
+                p.abandoned.insert(sw.tag, (Op::Write, e.chunk.len));
+                out.push((e.chunk, late("while its payload was being sent"), RemoteEffect::Unknown));
+            }
+        }
+        let too_many = p.abandoned.len() > ABANDONED_MAX;
+        drop(p);
+        if too_many {
             return Err(Error::TimedOut(format!(
-                "request to {} passed its deadline without an answer (0x{:x}+{})",
-                self.label, e.chunk.remote_addr, e.chunk.len
+                "more than {ABANDONED_MAX} requests to {} passed their deadline unanswered",
+                self.label
             )));
         }
-        drop(p);
         if self.notes.lock().values().any(|n| n.written && now >= n.deadline) {
             return Err(Error::TimedOut(format!("{} did not answer a notification in time", self.label)));
         }
-        let out = self.out.try_lock();
-        if let Some(d) = out.as_ref().and_then(|o| o.writes.iter().map(|w| w.deadline).min()) {
-            if now >= d {
-                return Err(Error::TimedOut(format!("deadline passed while sending a WRITE to {}", self.label)));
-            }
-        }
-        Ok(())
+        Ok(out)
     }
 
     /// The receive turn: reads what the socket holds (READ payloads that
@@ -810,6 +867,7 @@ impl TcpConnection {
                 Got::Drained => {
                     let left = match &rx.want {
                         Want::Payload { chunk, done } => Some(chunk.len - *done),
+                        Want::Discard { left } => Some(*left),
                         _ => None,
                     };
                     set_rcvlowat(self.stream.as_raw_fd(), &mut rx.lowat, left);
@@ -846,6 +904,15 @@ impl TcpConnection {
     /// Consumes received bytes. `Ok(false)`: the peer said Goodbye.
     fn feed(&self, rx: &mut Rx, mut data: &[u8]) -> Result<bool> {
         while !data.is_empty() {
+            if let Want::Discard { left } = &mut rx.want {
+                let n = (*left).min(data.len() as u64);
+                *left -= n;
+                data = &data[n as usize..];
+                if *left == 0 {
+                    rx.want = Want::Header;
+                }
+                continue;
+            }
             if let Want::Payload { chunk, done } = &mut rx.want {
                 let n = ((chunk.len - *done) as usize).min(data.len());
                 // SAFETY: as in `receive`: [local_addr, +len) is leased local
@@ -864,7 +931,7 @@ impl TcpConnection {
                 Want::Body(h) => h.body_len as usize,
                 Want::Fixed(_) => DATA_RESPONSE_LEN,
                 Want::Reason { len, .. } => *len,
-                Want::Payload { .. } => unreachable!("handled above"),
+                Want::Payload { .. } | Want::Discard { .. } => unreachable!("handled above"),
             };
             let take = (need - rx.partial.len()).min(data.len());
             rx.partial.extend_from_slice(&data[..take]);
@@ -912,7 +979,7 @@ impl TcpConnection {
                     None => self.answered_early(tag, ChunkOutcome::failed(e, RemoteEffect::None)),
                 }
             }
-            Want::Payload { .. } => unreachable!("payload is not gathered in `partial`"),
+            Want::Payload { .. } | Want::Discard { .. } => unreachable!("payload is not gathered in `partial`"),
         }
         // The buffer is kept for the next unit unless a large body grew it
         // (an idle connection holds next to nothing).
@@ -974,7 +1041,10 @@ impl TcpConnection {
                 Some(_) => {
                     return Err(Error::Protocol(format!("{:?} for tag {} of the other direction", h.kind, resp.tag)))
                 }
-                None => return Err(Error::Protocol(format!("{:?} for unknown tag {}", h.kind, resp.tag))),
+                None => {
+                    drop(p);
+                    return self.abandoned_answer(rx, h, resp, rest, want);
+                }
             }
             // A WRITE answered while its payload is still being written
             // (an honest source whose answer overtook the sender's
@@ -1025,6 +1095,28 @@ impl TcpConnection {
 }
 
 impl TcpConnection {
+    /// The answer to a request that was failed at its deadline: checked as
+    /// any answer is, then dropped (its payload or failure text too).
+    fn abandoned_answer(&self, rx: &mut Rx, h: FrameHeader, resp: DataResponse, rest: u64, want: Op) -> Result<()> {
+        let Some((op, len)) = self.pending.lock().abandoned.remove(&resp.tag) else {
+            return Err(Error::Protocol(format!("{:?} for unknown tag {}", h.kind, resp.tag)));
+        };
+        let fits = match (op == want, resp.status == Status::Ok, want) {
+            (false, _, _) => false,
+            (true, false, _) => rest <= MAX_REASON as u64 + 2,
+            (true, true, Op::Read) => rest == len,
+            (true, true, Op::Write) => rest == 0,
+        };
+        if !fits {
+            return Err(Error::Protocol(format!("{:?} for tag {} does not match its request", h.kind, resp.tag)));
+        }
+        self.stats.answers_dropped.fetch_add(1, Ordering::Relaxed);
+        if rest > 0 {
+            rx.want = Want::Discard { left: rest };
+        }
+        Ok(())
+    }
+
     /// The answer to a WRITE still being sent: recorded on its entry (or,
     /// for a failure with text, once the text is in).
     fn early_answer(&self, rx: &mut Rx, resp: DataResponse, rest: u64) -> Result<()> {
@@ -1149,11 +1241,19 @@ impl Handler for TcpConnection {
         if self.finished.is_set() {
             return Flow::Done;
         }
-        if let Err(e) = self.expired(&rx, now) {
-            self.finish(e, &mut rx);
-            return Flow::Done;
-        }
+        let late = match self.expire(&mut rx, now) {
+            Ok(late) => late,
+            Err(e) => {
+                self.finish(e, &mut rx);
+                return Flow::Done;
+            }
+        };
         drop(rx);
+        // Failed with no lock of this connection held: a batch's end hook
+        // may queue a notification here.
+        for (c, e, effect) in late {
+            c.fail(e, effect);
+        }
         // Frames queued by a thread whose wake-up came before this
         // connection's registration was set still leave.
         if self.queue.lock().items.is_empty() {
