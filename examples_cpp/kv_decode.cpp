@@ -10,11 +10,14 @@
 //
 //   kv_decode --endpoint IP:PORT [--blocks 4096] [--block-size 65536] [--seed 1]
 //             [--writes 64] [--reads 512] [--rounds 1] [--transport auto|tcp|shm]
-//             [--config JSON] [--step] [--recover]
+//             [--config JSON] [--step] [--recover] [--decodes 1 --index 0]
 //
+// --decodes N --index I: this is decode I of N sharing the pool; it writes
+// back only its own --writes blocks, with bytes of its own, and the others'
+// blocks are never read (kv_prefill --decodes N checks them all).
 // --step: after each round but the last, print "round N done" and wait for a
 // line on stdin. The prefill must run with the same --blocks, --block-size,
-// --seed and --writes.
+// --seed, --writes and --decodes.
 #include <orbite.hpp>
 
 #include <iomanip>
@@ -82,7 +85,8 @@ struct Totals {
 
 /// One round. Returns Status::ok, or the status that failed it.
 orbite::Status round(orbite::Peer &peer, const orbite::Region &pool, const kv::Geometry &g, const kv::Plan &plan,
-                     std::uint64_t n, std::vector<std::byte> &local, const orbite::SubmitOptions &opts, Totals &totals) {
+                     std::uint64_t index, std::uint64_t n, std::vector<std::byte> &local,
+                     const orbite::SubmitOptions &opts, Totals &totals) {
   const std::uint64_t bs = g.block_size;
   std::vector<std::byte> scratch;
   orbite::Transport carried = orbite::Transport::automatic;
@@ -103,10 +107,11 @@ orbite::Status round(orbite::Peer &peer, const orbite::Region &pool, const kv::G
   totals.read_bytes += blocks.size() * bs;
 
   // WRITE the decode's blocks back, then READ them again and compare.
-  std::vector<std::uint64_t> written = plan.written();
+  std::vector<std::uint64_t> written = plan.written(index);
+  std::uint64_t me = kv::decode_writer(index);
   std::vector<orbite::Request> writes, rereads;
   for (std::size_t j = 0; j < written.size(); j++) {
-    kv::fill_block(local.data() + j * bs, written[j], bs, kv::decode);
+    kv::fill_block(local.data() + j * bs, written[j], bs, me);
     writes.push_back(orbite::write_request(local.data() + j * bs, pool.addr + written[j] * bs, bs));
     std::byte *again = local.data() + (written.size() + j) * bs;
     rereads.push_back(orbite::read_request(again, pool.addr + written[j] * bs, bs));
@@ -116,7 +121,7 @@ orbite::Status round(orbite::Peer &peer, const orbite::Region &pool, const kv::G
   double t_write = kv::now_s() - t1;
   if ((s = run(peer, rereads, opts, "READ again", &carried)) != orbite::Status::ok) return s;
   for (std::size_t j = 0; j < written.size(); j++)
-    if (!kv::block_is(local.data() + (written.size() + j) * bs, written[j], bs, kv::decode, scratch))
+    if (!kv::block_is(local.data() + (written.size() + j) * bs, written[j], bs, me, scratch))
       throw std::runtime_error("block " + std::to_string(written[j]) + " did not keep the decode's bytes");
 
   std::cout << "round " << n << ": READ " << blocks.size() << " scattered blocks of " << bs / 1024 << " KiB over "
@@ -139,13 +144,16 @@ int main(int argc, char **argv) {
   kv::Args args(argc, argv);
   kv::Geometry g{args.number("--blocks", 4096), args.number("--block-size", 64 * 1024)};
   std::uint64_t reads = args.number("--reads", 512), writes = args.number("--writes", 64);
-  kv::Plan plan(g, args.number("--seed", 1), writes, reads);
+  std::uint64_t decodes = args.number("--decodes", 1), index = args.number("--index", 0);
+  kv::Plan plan(g, args.number("--seed", 1), writes, reads, decodes);
   std::uint64_t rounds = args.number("--rounds", 1);
   std::string endpoint = args.value("--endpoint", "");
   std::string config = args.value("--config", kv::recipe_config(g.bytes(), true));
   try {
     if (endpoint.empty()) throw std::runtime_error("--endpoint IP:PORT is required (kv_prefill prints it)");
-    if (writes + reads > g.blocks) throw std::runtime_error("--reads plus --writes exceed --blocks");
+    if (index >= decodes) throw std::runtime_error("--index must be below --decodes");
+    if (decodes * writes + reads > g.blocks)
+      throw std::runtime_error("--reads plus --decodes x --writes exceed --blocks");
     orbite::SubmitOptions opts{transport_arg(args.value("--transport", "auto")), milliseconds(20000)};
 
     orbite::Engine engine(config);
@@ -159,7 +167,7 @@ int main(int argc, char **argv) {
     Totals totals;
     std::uint64_t peers_lost = 0;
     for (std::uint64_t n = 0; n < rounds; n++) {
-      orbite::Status s = round(peer, pool, g, plan, n, local, opts, totals);
+      orbite::Status s = round(peer, pool, g, plan, index, n, local, opts, totals);
       if (s != orbite::Status::ok) {
         // Gone, or a failure to report? Ask the peer for its regions: a dead
         // one fails at once (its connection is closed), and from then on it
@@ -176,7 +184,7 @@ int main(int argc, char **argv) {
         if (!(std::cin >> word >> endpoint) || word != "endpoint") throw std::runtime_error("no new endpoint on stdin");
         peer = engine.connect(endpoint, milliseconds(10000));
         pool = find_pool(peer, g);
-        if ((s = round(peer, pool, g, plan, n, local, opts, totals)) != orbite::Status::ok) return 1;
+        if ((s = round(peer, pool, g, plan, index, n, local, opts, totals)) != orbite::Status::ok) return 1;
         std::cout << "recovered: round " << n << " ran again on " << endpoint << std::endl;
       }
       if (args.flag("--step") && n + 1 < rounds) {

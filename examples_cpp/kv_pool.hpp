@@ -27,11 +27,15 @@ struct Geometry {
   std::uint64_t bytes() const { return blocks * block_size; }
 };
 
-/// Who filled a block: the prefill computed it, or the decode wrote it back.
+/// Who filled a block: the prefill computed it, or a decode wrote it back.
 enum Writer : std::uint64_t { prefill = 0x1111, decode = 0x2222 };
 
+/// The writer tag of decode `index` (of several decodes sharing the pool):
+/// decode 0 writes as `decode`, each other decode its own bytes.
+inline std::uint64_t decode_writer(std::uint64_t index) { return decode + index * 0x10000; }
+
 /// Fills `dst` with block `block`'s contents as `who` writes them.
-inline void fill_block(std::byte *dst, std::uint64_t block, std::uint64_t block_size, Writer who) {
+inline void fill_block(std::byte *dst, std::uint64_t block, std::uint64_t block_size, std::uint64_t who) {
   std::uint64_t x = (block + 1) * 0x9E3779B97F4A7C15ull ^ who;
   for (std::uint64_t off = 0; off < block_size; off += 8) {
     x ^= x >> 31;
@@ -42,51 +46,63 @@ inline void fill_block(std::byte *dst, std::uint64_t block, std::uint64_t block_
 }
 
 /// Whether `p` holds block `block` as `who` wrote it (`scratch`: block_size bytes).
-inline bool block_is(const std::byte *p, std::uint64_t block, std::uint64_t block_size, Writer who,
+inline bool block_is(const std::byte *p, std::uint64_t block, std::uint64_t block_size, std::uint64_t who,
                      std::vector<std::byte> &scratch) {
   scratch.resize(block_size);
   fill_block(scratch.data(), block, block_size, who);
   return std::memcmp(p, scratch.data(), block_size) == 0;
 }
 
-/// A fixed shuffle of the block indices for `seed`: its first `writes`
-/// entries are the blocks the decode writes back; the rest are read, in
-/// rounds of `reads` (so a round never reads a block the decode wrote).
+/// A fixed shuffle of the block indices for `seed`: its first
+/// `decodes * writes` entries are the blocks the decodes write back,
+/// `writes` each (decode i the i-th run of them, so that no two decodes
+/// write one block); the rest are read, in rounds of `reads` (so a round
+/// never reads a block a decode wrote).
 struct Plan {
-  Plan(const Geometry &g, std::uint64_t seed, std::uint64_t writes_, std::uint64_t reads_)
-      : order(g.blocks), writes(writes_), reads(reads_) {
+  Plan(const Geometry &g, std::uint64_t seed, std::uint64_t writes_, std::uint64_t reads_,
+       std::uint64_t decodes_ = 1)
+      : order(g.blocks), writes(writes_), reads(reads_), decodes(decodes_) {
     std::iota(order.begin(), order.end(), std::uint64_t{0});
     std::mt19937_64 rng(seed);
     std::shuffle(order.begin(), order.end(), rng);
   }
-  /// The blocks the decode writes back.
-  std::vector<std::uint64_t> written() const { return {order.begin(), order.begin() + writes}; }
+  /// The blocks decode `index` writes back.
+  std::vector<std::uint64_t> written(std::uint64_t index = 0) const {
+    return {order.begin() + index * writes, order.begin() + (index + 1) * writes};
+  }
   /// The scattered blocks round `round` reads.
   std::vector<std::uint64_t> round_reads(std::uint64_t round) const {
     std::vector<std::uint64_t> out;
-    std::uint64_t pool = order.size() - writes;
-    for (std::uint64_t k = 0; k < reads; k++) out.push_back(order[writes + (round * reads + k) % pool]);
+    std::uint64_t first = decodes * writes, pool = order.size() - first;
+    for (std::uint64_t k = 0; k < reads; k++) out.push_back(order[first + (round * reads + k) % pool]);
     return out;
   }
-  bool is_written(std::uint64_t block) const {
-    return std::find(order.begin(), order.begin() + writes, block) != order.begin() + writes;
+  /// Who last wrote `block`: the decode that writes it back, else the prefill.
+  std::uint64_t writer_of(std::uint64_t block) const {
+    auto end = order.begin() + decodes * writes;
+    auto at = std::find(order.begin(), end, block);
+    if (at == end) return prefill;
+    std::uint64_t position = at - order.begin();
+    return decode_writer(position / writes);
   }
+  bool is_written(std::uint64_t block) const { return writer_of(block) != prefill; }
 
   std::vector<std::uint64_t> order;
-  std::uint64_t writes, reads;
+  std::uint64_t writes, reads, decodes;
 };
 
 /// The KV-cache recipe (docs/getting-started.md) for a pool of `pool_bytes`:
-/// SHM keeps the mapping of the pool between submissions
-/// (shm_cache_entries), and the mapping budget holds the whole pool
-/// (max_inflight_bytes, on both sides). A scattered submission is one
-/// subbatch per remote region whatever its spread.
+/// SHM keeps the mapping of the pool between submissions (the relocation
+/// cache, on by default), and the mapping budget holds the whole pool
+/// (max_inflight_bytes, on both sides; the pool is charged once however
+/// many decodes import it). A scattered submission is one subbatch per
+/// remote region whatever its spread. Up to 1 GiB the defaults are enough.
 inline std::string recipe_config(std::uint64_t pool_bytes, bool requester) {
+  (void)requester;  // the same on both sides
   std::uint64_t budget = std::uint64_t{1} << 30;  // the default, 1 GiB
-  while (budget < 2 * pool_bytes) budget *= 2;
-  std::string cfg = "{\"max_inflight_bytes\": " + std::to_string(budget);
-  if (requester) cfg += ", \"shm_cache_entries\": 4";
-  return cfg + "}";
+  if (pool_bytes <= budget) return "{}";
+  while (budget < pool_bytes) budget *= 2;
+  return "{\"max_inflight_bytes\": " + std::to_string(budget) + "}";
 }
 
 /// Seconds since an arbitrary start.

@@ -9,7 +9,12 @@
 // plan as kv_decode: --seed, --writes) hold the decode's bytes, all others the
 // prefill's — then closes the engine and frees the pool.
 //
-//   kv_prefill [--blocks 4096] [--block-size 65536] [--seed 1] [--writes 64] [--config JSON]
+//   kv_prefill [--blocks 4096] [--block-size 65536] [--seed 1] [--writes 64] [--decodes 1]
+//              [--config JSON]
+//
+// --decodes N: N decodes share the pool, each writing back its own --writes
+// blocks (kv_decode --decodes N --index I); each written block is checked
+// against the bytes of the decode that writes it.
 //
 // stdout: "endpoint IP:PORT", then one "verified: ..." line. Exit status 0
 // when every byte is right, the close was orderly and the pool was freed.
@@ -24,7 +29,8 @@
 int main(int argc, char **argv) {
   kv::Args args(argc, argv);
   kv::Geometry g{args.number("--blocks", 4096), args.number("--block-size", 64 * 1024)};
-  kv::Plan plan(g, args.number("--seed", 1), args.number("--writes", 64), 0);
+  std::uint64_t decodes = args.number("--decodes", 1);
+  kv::Plan plan(g, args.number("--seed", 1), args.number("--writes", 64), 0, decodes);
   std::string config = args.value("--config", kv::recipe_config(g.bytes(), false));
   try {
     orbite::Engine engine(config);
@@ -43,8 +49,8 @@ int main(int argc, char **argv) {
     std::vector<std::byte> scratch;
     std::uint64_t wrong = 0, written = 0;
     for (std::uint64_t b = 0; b < g.blocks; b++) {
-      kv::Writer who = plan.is_written(b) ? kv::decode : kv::prefill;
-      written += who == kv::decode;
+      std::uint64_t who = plan.writer_of(b);
+      written += who != kv::prefill;
       if (!kv::block_is(pool.bytes() + b * g.block_size, b, g.block_size, who, scratch)) wrong++;
     }
     // The orderly close: waits for requests being served and for the close
@@ -54,7 +60,8 @@ int main(int argc, char **argv) {
     if (!closed) std::cerr << "kv_prefill: " << closed.error().describe() << "\n";
     pool = orbite::Registration();  // unregistered by the close; frees the pool
     bool freed = orbite::retained_allocation_count() == 0;
-    std::cout << "verified: " << g.blocks << " blocks, " << written << " written back by the decode, " << wrong
+    std::string by = decodes == 1 ? "the decode" : std::to_string(decodes) + " decodes";
+    std::cout << "verified: " << g.blocks << " blocks, " << written << " written back by " << by << ", " << wrong
               << " wrong; close " << orbite::status_name(closed.status()) << "; pool " << (freed ? "freed" : "retained")
               << std::endl;
     return wrong == 0 && closed.ok() && freed ? 0 : 1;

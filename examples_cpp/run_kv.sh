@@ -18,6 +18,13 @@
 #   killed-decode   the decode is killed while it holds a cached SHM import
 #                   of the pool: the prefill's close still ends OK (the dead
 #                   importer's export is reclaimed) and frees the pool.
+#   two-decodes     one prefill, two decodes over SHM sharing the pool, as
+#                   serving runs them: each READs scattered blocks and WRITEs
+#                   its own blocks back, 3 rounds, and the rounds interleave
+#                   (each decode pauses after a round holding its cached
+#                   imports of the pool while the other runs one); every byte
+#                   checked on all three sides, all three close OK, the pool
+#                   is freed.
 # Synchronisation is by the lines the programs print; no sleeps.
 set -eu
 prefill="$1"; decode="$2"; mode="$3"
@@ -116,6 +123,43 @@ case "$mode" in
     wait "$d" || true
     echo verify >&3
     expect 4 "verified: 1024 blocks, 64 written back by the decode, 0 wrong; close ORBITE_STATUS_OK; pool freed"
+    finish "$p" kv_prefill
+    ;;
+  two-decodes)
+    spawn prefill 3 4 "$prefill" $plan --decodes 2
+    p=$spawned
+    expect 4 "endpoint *"
+    ep="${line#endpoint }"
+    both="$plan --decodes 2 --endpoint $ep --transport shm --reads 256 --rounds 3 --step"
+    spawn decode0 5 6 "$decode" $both --index 0
+    d0=$spawned
+    spawn decode1 7 8 "$decode" $both --index 1
+    d1=$spawned
+    # Round 0 of both (in whatever order), then rounds 1 and 2 in turn: the
+    # decode that waits holds its cached READ and WRITE imports of the pool
+    # while the other READs and WRITEs.
+    expect 6 "round 0: READ 256 scattered blocks of 64 KiB over shm in *; bytes verified"
+    expect 6 "round 0 done"
+    expect 8 "round 0: READ 256 scattered blocks of 64 KiB over shm in *; bytes verified"
+    expect 8 "round 0 done"
+    echo next >&5
+    expect 6 "round 1: READ 256 scattered blocks of 64 KiB over shm in *; bytes verified"
+    expect 6 "round 1 done"
+    echo next >&7
+    expect 8 "round 1: READ 256 scattered blocks of 64 KiB over shm in *; bytes verified"
+    expect 8 "round 1 done"
+    echo next >&5
+    expect 6 "round 2: READ 256 scattered blocks of 64 KiB over shm in *; bytes verified"
+    expect 6 "total: 768 blocks read in *"
+    expect 6 "closed: ORBITE_STATUS_OK; imports retained: 0 (peers lost: 0)"
+    finish "$d0" "kv_decode 0"
+    echo next >&7
+    expect 8 "round 2: READ 256 scattered blocks of 64 KiB over shm in *; bytes verified"
+    expect 8 "total: 768 blocks read in *"
+    expect 8 "closed: ORBITE_STATUS_OK; imports retained: 0 (peers lost: 0)"
+    finish "$d1" "kv_decode 1"
+    echo verify >&3
+    expect 4 "verified: 1024 blocks, 128 written back by 2 decodes, 0 wrong; close ORBITE_STATUS_OK; pool freed"
     finish "$p" kv_prefill
     ;;
   *)

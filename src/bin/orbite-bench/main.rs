@@ -12,6 +12,7 @@
 
 #[cfg(feature = "cuda")]
 mod cuda;
+mod kv_flow;
 mod plot;
 
 use orbite::{allocate_shared_host, Access, Engine, Op, Request, SubmitOptions, Transport, TransportKind};
@@ -23,9 +24,12 @@ use std::time::{Duration, Instant};
 const HELP: &str = "orbite-bench: throughput and latency of OrbiTE transports, with baselines
 
 usage: orbite-bench [options]
-  --mode auto|target|initiator   auto (default): start a target on loopback and measure;
+  --mode auto|target|initiator|kv-flow
+                                 auto (default): start a target on loopback and measure;
                                  target: serve a buffer and print its endpoint;
-                                 initiator: measure against --endpoint
+                                 initiator: measure against --endpoint;
+                                 kv-flow: the multi-process KV pool flow, one prefill and
+                                 N decodes (options: --mode kv-flow --help)
   --endpoint IP:PORT             the target (initiator mode)
   --name NAME --etcd URL          target: publish under NAME in etcd (discovery); initiator:
                                  find the target by NAME instead of --endpoint
@@ -1115,6 +1119,9 @@ fn print_table(points: &[Point]) {
 }
 
 fn main() {
+    if let Some(mode) = kv_flow::wanted() {
+        return kv_flow::main(&mode);
+    }
     let o = parse_opts();
     match o.mode.as_str() {
         "target" => run_target(&o),
@@ -1149,6 +1156,6 @@ fn main() {
                 std::process::exit(1);
             }
         }
-        other => die(&format!("unknown mode {other:?} (auto, target, initiator)")),
+        other => die(&format!("unknown mode {other:?} (auto, target, initiator, kv-flow)")),
     }
 }
