@@ -334,8 +334,15 @@ static void notifications() {
                                   reinterpret_cast<std::uint64_t>(buf.data()), 4096}};
   orbite::Batch b = peer.submit_notify(w, "in place");
   CHECK(b.wait(60000ms) == orbite::Status::ok);
+  CHECK(b.notes().empty());
   n = rx.take_notification(10000ms);
   CHECK(n.msg == "in place" && buf[4095] == std::byte(9));
+  // A READ of the write-only region fails: nothing is sent, Batch::notes says why.
+  std::vector<orbite::Request> denied{orbite::read_request(local.data(), reinterpret_cast<std::uint64_t>(buf.data()), 512)};
+  orbite::Batch refused = peer.submit_notify(denied, "never");
+  CHECK(refused.wait(60000ms) == orbite::Status::transfer_failed);
+  std::vector<std::string> notes = refused.notes();
+  CHECK(notes.size() == 1 && notes[0].find("notification not sent") != std::string::npos);
   CHECK_THROWS(rx.take_notification(0ms), orbite::Status::timed_out, "no notification");
   // Typed: both notifications delivered and taken, no discovery, the one
   // connection on an I/O thread.

@@ -1447,6 +1447,24 @@ class Batch {
     if (s != ORBITE_STATUS_OK) return detail::failure(s, "orbite_batch_transport");
     return static_cast<Transport>(t);
   }
+  /// What the engine decided for this submission and why, one line each
+  /// (orbite_batch_notes): a fallback of Transport::automatic to TCP with its
+  /// reason, or requests split into more groups than their layout needs.
+  /// Empty when nothing was noted.
+  std::vector<std::string> notes() const { return try_notes().value(); }
+  Result<std::vector<std::string>> try_notes() const {
+    Result<std::string> text = detail::text_of("orbite_batch_notes", orbite_batch_notes, b_);
+    if (!text) return text.error();
+    std::vector<std::string> lines;
+    const std::string &t = *text;
+    for (std::size_t at = 0; at < t.size();) {
+      std::size_t end = t.find('\n', at);
+      if (end == std::string::npos) end = t.size();
+      lines.push_back(t.substr(at, end - at));
+      at = end + 1;
+    }
+    return Result<std::vector<std::string>>(std::move(lines));
+  }
   /// Requests not yet started end CANCELLED; started ones run to their outcome.
   Result<void> cancel() { return detail::done(orbite_batch_cancel(b_), "orbite_batch_cancel"); }
 
