@@ -4,7 +4,10 @@
 #include <orbite.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -331,8 +334,15 @@ static void notifications() {
                                   reinterpret_cast<std::uint64_t>(buf.data()), 4096}};
   orbite::Batch b = peer.submit_notify(w, "in place");
   CHECK(b.wait(60000ms) == orbite::Status::ok);
+  CHECK(b.notes().empty());
   n = rx.take_notification(10000ms);
   CHECK(n.msg == "in place" && buf[4095] == std::byte(9));
+  // A READ of the write-only region fails: nothing is sent, Batch::notes says why.
+  std::vector<orbite::Request> denied{orbite::read_request(local.data(), reinterpret_cast<std::uint64_t>(buf.data()), 512)};
+  orbite::Batch refused = peer.submit_notify(denied, "never");
+  CHECK(refused.wait(60000ms) == orbite::Status::transfer_failed);
+  std::vector<std::string> notes = refused.notes();
+  CHECK(notes.size() == 1 && notes[0].find("notification not sent") != std::string::npos);
   CHECK_THROWS(rx.take_notification(0ms), orbite::Status::timed_out, "no notification");
   // Typed: both notifications delivered and taken, no discovery, the one
   // connection on an I/O thread.
@@ -349,6 +359,59 @@ static void notifications() {
   CHECK(sent.revokes_received == 0 && sent.revoke_passes == 0);
 }
 
+// The log callback (orbite::set_log_callback): the lines of an engine's start
+// and close at their levels, a callback that throws (the exception stays on
+// the C++ side), no change from inside the callback, and stderr restored.
+static void logging() {
+  unsetenv("ORBITE_LOG");  // the test's environment decides nothing
+  CHECK(static_cast<std::uint32_t>(orbite::LogLevel::trace) == ORBITE_LOG_TRACE);
+  CHECK(std::string(orbite::log_level_name(orbite::LogLevel::warn)) == "warn");
+  std::mutex mu;
+  std::vector<std::pair<orbite::LogLevel, std::string>> got;
+  orbite::Result<void> inside = orbite::Result<void>();
+  bool change_inside = false;
+  orbite::set_log_callback([&](orbite::LogLevel level, std::string_view line) {
+    std::lock_guard<std::mutex> g(mu);
+    got.emplace_back(level, std::string(line));
+    if (change_inside) inside = orbite::try_set_log_callback(nullptr);
+  });
+  std::string ep;
+  {
+    orbite::Engine e(R"({"name": "cpplog", "log_level": "info"})");
+    ep = e.endpoint();
+    CHECK(e.close(10000ms).ok());
+  }
+  {
+    std::lock_guard<std::mutex> g(mu);
+    CHECK(got.size() == 2);
+    if (got.size() == 2) {
+      std::string label = "[cpplog " + ep + "] ";
+      CHECK(got[0].first == orbite::LogLevel::info && got[0].second.rfind(label + "engine started (transports: tcp", 0) == 0);
+      CHECK(got[1].first == orbite::LogLevel::info && got[1].second == label + "engine closed");
+    }
+    got.clear();
+    change_inside = true;
+  }
+  { orbite::Engine e(R"({"log_level": "info"})"); }
+  CHECK(inside.status() == orbite::Status::unavailable);
+  CHECK(got.size() == 2);  // still installed: the start and the stop
+  // A throwing callback: the library never sees the exception.
+  int thrown = 0;
+  orbite::set_log_callback([&](orbite::LogLevel, std::string_view) {
+    thrown++;
+    throw std::runtime_error("from the log callback");
+  });
+  {
+    orbite::Engine e(R"({"log_level": "info"})");
+    CHECK(e.close(10000ms).ok());
+  }
+  CHECK(thrown == 2);
+  orbite::set_log_callback(nullptr);
+  { orbite::Engine quiet; }
+  CHECK(thrown == 2);
+  CHECK_THROWS(orbite::Engine(R"({"log_level": "loud"})"), orbite::Status::invalid_config, "`log_level`");
+}
+
 int main() {
   CHECK(orbite::abi_matches() && orbite::version() == ORBITE_VERSION_STRING);
   CHECK(std::string(orbite::status_name(orbite::Status::unquiesced)) == "ORBITE_STATUS_UNQUIESCED");
@@ -358,6 +421,7 @@ int main() {
   memory_ownership();
   transfers();
   notifications();
+  logging();
   if (failures) {
     std::fprintf(stderr, "test_cpp_api: %d check(s) failed\n", failures);
     return 1;

@@ -123,6 +123,25 @@
 // The WRITE may have changed any part of the remote range.
 #define ORBITE_REMOTE_EFFECT_UNKNOWN 2
 
+// Nothing is logged (an engine's level; never the level of a line).
+#define ORBITE_LOG_OFF 0
+
+// Something failed that the engine cannot repair by itself.
+#define ORBITE_LOG_ERROR 1
+
+// Something an operator should know of (a transport not offered, a sizing
+// that rules a transport out).
+#define ORBITE_LOG_WARN 2
+
+// Life cycle: engines started and closed, peers connected and disconnected.
+#define ORBITE_LOG_INFO 3
+
+// Decisions and their reasons.
+#define ORBITE_LOG_DEBUG 4
+
+// Everything, including per-operation detail.
+#define ORBITE_LOG_TRACE 5
+
 // Memory allocated by the library (opaque).
 typedef struct orbite_allocation orbite_allocation;
 
@@ -162,6 +181,19 @@ typedef struct orbite_request_result {
   // ORBITE_REMOTE_EFFECT_*; UNKNOWN only for WRITE.
   uint32_t remote_effect;
 } orbite_request_result;
+
+// A log callback. `level` is ORBITE_LOG_ERROR to ORBITE_LOG_TRACE;
+// `message` is one line, NUL-terminated, without a newline, starting with
+// "[NAME ENDPOINT] " (or "[ENDPOINT] ") when an engine logged it, valid
+// only during the call; `user_data` is the pointer given to
+// orbite_set_log_callback. Called on the library thread that logged the
+// event (the caller's own, an I/O thread, a worker), from several threads
+// at once: it must be thread-safe, return promptly (it runs on the
+// transfer path), never unwind (no C++ exception may leave it), and call
+// no liborbite function but orbite_status_name, orbite_version and
+// orbite_abi_version (the library may hold its locks while it logs; lines
+// the callback itself would make are dropped).
+typedef void (*orbite_log_fn)(uint32_t level, const char *message, void *user_data);
 
 #ifdef __cplusplus
 extern "C" {
@@ -354,6 +386,14 @@ orbite_status orbite_submit_notify(struct orbite_engine *engine, uint64_t peer, 
 // *out_msg_len set to the message's length, and the notification stays
 // queued. msg may be NULL when msg_cap is 0.
 orbite_status orbite_notification_take(struct orbite_engine *engine, uint32_t timeout_ms, char *sender, size_t sender_cap, void *msg, size_t msg_cap, size_t *out_msg_len);
+
+// Sends the library's log lines to `cb` (with `user_data`) instead of
+// stderr, for the whole process; NULL restores stderr. When it returns OK,
+// no call of the previous callback is running or will start, so its
+// user_data may be freed. UNAVAILABLE when called from inside a call of
+// the callback. Which lines come is each engine's level: ORBITE_LOG when
+// set, else its config's "log_level" (default "warn").
+orbite_status orbite_set_log_callback(orbite_log_fn cb, void *user_data);
 
 #ifdef __cplusplus
 }  // extern "C"

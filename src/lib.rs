@@ -26,7 +26,7 @@
 
 // Layers, from the ground up (a file imports only layers below it;
 // `tests/layers.rs` checks it, docs/architecture.md draws it):
-// ground (error, random, kinds, sync, counters, transfer) < cuda < memory < control
+// ground (error, log, random, kinds, sync, counters, transfer) < cuda < memory < control
 // < transport < discovery < engine < ffi.
 pub mod control;
 pub mod counters;
@@ -36,6 +36,7 @@ pub mod engine;
 pub mod error;
 pub mod ffi;
 pub mod kinds;
+pub mod log;
 pub mod memory;
 pub mod random;
 pub mod sync;

@@ -1,7 +1,7 @@
 //! One floor per layer: every file of `src/` imports only its own layer or
 //! the layers below it, and no files import each other in a loop.
 //!
-//! The order, from the ground up (docs/architecture.md): `error`, `random`, `kinds`,
+//! The order, from the ground up (docs/architecture.md): `error`, `log`, `random`, `kinds`,
 //! `sync`, `counters`, `transfer` (the ground), `cuda` (the driver only),
 //! `memory`, `control`, `transport`, `engine`, `ffi`. An import is any path
 //! that names a module file: `crate::a::b`, `super::x`, `self::x`, or a
@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 /// The layers, lowest first.
 const LAYERS: &[&str] = &[
     "error",
+    "log",
     "random",
     "kinds",
     "sync",

@@ -123,7 +123,10 @@ fn a_frozen_source_that_resumes_is_served_again_over_shm() {
 }
 
 /// A source closing while two requesters hold cached imports asks for them
-/// back: both give them at once and every close is OK.
+/// back: both give them when asked (each received a Revoke; without it the
+/// close would wait for its deadline and fail UNQUIESCED) and every close
+/// is OK. How long that takes is printed, not judged: speed is
+/// orbite-bench's.
 #[test]
 fn a_closing_source_gets_cached_imports_back_at_once() {
     let src = Engine::from_json("").unwrap();
@@ -139,9 +142,9 @@ fn a_closing_source_gets_cached_imports_back_at_once() {
     src.close(Some(LONG)).unwrap();
     let took = t0.elapsed();
     println!("source close with two cached importers: {took:?}");
-    assert!(took < Duration::from_secs(2), "the close waited {took:?}: the imports were not revoked");
     for r in &mut reqs {
         let st: serde_json::Value = serde_json::from_str(&r.cmd("stats")).unwrap();
+        assert!(st["revokes_received"].as_u64().unwrap() >= 1, "given back unasked: {st}");
         assert_eq!(st["ipc"]["shm"]["imports_cached"], 0);
         assert_eq!(st["ipc"]["shm"]["imports_retained"], 0);
     }

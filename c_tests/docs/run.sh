@@ -21,6 +21,16 @@
 #   text     not checked.
 # Any other language, or a block without one, fails the test. app.c and
 # app.cpp are the first complete C and C++ programs of getting-started.md.
+#
+# Then every C++ name the docs quote (README.md and docs/*.md) must exist in
+# the installed orbite.hpp: `orbite::NAME...` in prose code spans and cpp
+# blocks (orbite::orbite* are CMake targets), and `Type::member` in spans where Type is a type orbite.hpp
+# defines in namespace orbite (`Batch::notes`, `Peer::transports()`). A
+# span followed by "in Rust" or "(Rust)" names the Rust API and is not
+# checked, nor are docs/architecture.md and docs/seed-traceability.md (they
+# describe the Rust sources). Each name becomes a using-declaration (an
+# enumerator: an expression) under #line DOC:LINE, and the compiler says
+# which one is missing where.
 set -eu
 build="$1"; src="$2"; work="$3"
 rm -rf "$work"; mkdir -p "$work/blocks" "$work/run" "$work/home"
@@ -152,5 +162,100 @@ while IFS='|' read -r n file line lang flags skip <&3; do
   esac
   checked=$((checked + 1))
 done 3<"$work/blocks/manifest" </dev/null
+
+# The C++ names the docs quote.
+names="$work/names.cpp"
+{
+  echo "#include <orbite.hpp>"
+  d=0
+  for doc in README.md $(cd "$src" && ls docs/*.md); do
+    d=$((d + 1))
+    case "$doc" in docs/architecture.md | docs/seed-traceability.md) continue ;; esac
+    awk -v doc="$doc" -v d="$d" -v hpp="$prefix/include/orbite.hpp" '
+      # What orbite.hpp defines: its namespaces, and per namespace its
+      # types (enums and class templates apart).
+      function scan_header(   line, ns, prevline, m, name) {
+        ns = ""
+        while ((getline line < hpp) > 0) {
+          if (line ~ /^namespace [A-Za-z_]+ \{/) {
+            split(line, m, " "); ns = (ns == "" ? m[2] : ns "::" m[2]); namespaces[ns] = 1
+          } else if (line ~ /^\}  \/\/ namespace /) {
+            sub(/(::)?[A-Za-z_]+$/, "", ns)
+          } else if (match(line, /^(class|struct|enum class|using) (\[\[nodiscard\]\] )?[A-Za-z_][A-Za-z0-9_]*/)) {
+            name = substr(line, 1, RLENGTH); sub(/.* /, "", name)
+            types[ns "::" name] = 1
+            if (line ~ /^enum class/) enums[ns "::" name] = 1
+            if (prevline ~ /^template <./) templates[ns "::" name] = 1
+          }
+          prevline = line
+        }
+        close(hpp)
+      }
+      # One probe per quoted path, at the line that quotes it.
+      function probe(path, line,   parts, n, i, ns, rest, t, k) {
+        n = split(path, parts, "::")
+        ns = ""; k = 0
+        for (i = 1; i <= n; i++) {
+          t = (ns == "" ? parts[i] : ns "::" parts[i])
+          if (!(t in namespaces)) break
+          ns = t; k = i
+        }
+        # orbite::orbite, orbite::orbite_static, orbite::orbite_cpp: the CMake targets.
+        if (ns == "" || k == n || path ~ /^orbite::orbite/) return
+        printf "#line %d \"%s\"\n", line, doc
+        if (k == n - 1) { printf "namespace probe%d_%d { using %s; }\n", d, ++probes, path; return }
+        t = ns
+        for (i = k + 1; i < n; i++) t = t "::" parts[i]
+        if (!(t in types)) {
+          # A nested type or a member of a member: the enclosing name must exist.
+          printf "namespace probe%d_%d { using %s; }\n", d, ++probes, t; return
+        }
+        if (t in enums) { printf "static_assert(sizeof(%s) > 0, \"\");\n", path; probes++; return }
+        if (t in templates) t = t "<int>"
+        printf "struct probe%d_%d : %s { using %s::%s; };\n", d, ++probes, t, t, parts[n]
+      }
+      BEGIN { scan_header() }
+      { text[NR] = $0 }
+      END {
+        inblock = 0
+        for (l = 1; l <= NR; l++) {
+          line = text[l]
+          if (line ~ /^```/) { inblock = !inblock; cpp = (line ~ /^```cpp/); continue }
+          if (inblock) {
+            if (!cpp) continue
+            rest = line
+            while (match(rest, /orbite::[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)*/)) {
+              probe(substr(rest, RSTART, RLENGTH), l); rest = substr(rest, RSTART + RLENGTH)
+            }
+            continue
+          }
+          rest = line
+          while (match(rest, /`[^`]+`/)) {
+            span = substr(rest, RSTART + 1, RLENGTH - 2)
+            after = substr(rest, RSTART + RLENGTH) " " text[l + 1]
+            rest = substr(rest, RSTART + RLENGTH)
+            if (after ~ /^[ ]*(in Rust|\(Rust\))/) continue
+            if (!match(span, /^[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)+/)) continue
+            path = substr(span, RSTART, RLENGTH)
+            if (path !~ /^orbite::/) {
+              first = path; sub(/::.*/, "", first)
+              if (!(("orbite::" first) in types)) continue
+              path = "orbite::" path
+            }
+            probe(path, l)
+          }
+        }
+      }
+    ' "$src/$doc"
+  done
+} >"$names"
+quoted=$(grep -c '^#line' "$names" || true)
+if c++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror $cflags "$names" 2>"$work/names.log"; then
+  echo "ok   C++ names quoted in the docs: all $quoted exist in orbite.hpp"
+else
+  where="C++ names quoted in the docs"
+  fail "missing from orbite.hpp:"; grep -E 'error' "$work/names.log" | head -20
+fi
+
 echo "docs test: $checked blocks checked, $skipped skipped, $failed failed"
 [ "$failed" -eq 0 ]

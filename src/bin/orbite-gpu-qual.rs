@@ -13,11 +13,16 @@
 //! Requester role: `orbite-gpu-qual requester --endpoint EP --mode MODE --memory device|host|mixed
 //! [--seed S] [--device D] [--source-device A] [--source-memory device|host]
 //! [--transport nvlink|mnnvl] [--handle posix_fd|fabric] [--fabric-domain HEX] [--egm]
-//! [--bw-reps N] [--bw-batch N] [--remote-checks]`
+//! [--bw-reps N] [--bw-batch N] [--baseline-gbps G] [--remote-checks]`
 //! runs one qualification mode against the source and prints `PASS ...` or `FAIL ...` lines,
 //! `WAIT ...` lines where the orchestrator acts (it answers `continue ...`), and, with
 //! `--remote-checks`, `CHECK I SEED OFF LEN` lines that the orchestrator answers with the source's
 //! `verify` result (the bytes a WRITE left at the source).
+//!
+//! `--baseline-gbps G` (the bandwidth mode, against the CPU stand-in for the driver only) takes G
+//! GB/s as the baseline instead of timing plain copies, so that a test sets the verdict and checks
+//! the gate, not the machine's speed; with any other driver the mode fails: on a GPU the baseline
+//! is always measured.
 //!
 //! Topology: `orbite-gpu-qual topology --devices A,B` prints one JSON line: the visible devices
 //! and, for A != B, `cuDeviceCanAccessPeer` and the P2P attributes in both directions.
@@ -308,7 +313,12 @@ fn hold_read(r: &Req, seed: u64, stat_key: &str) -> Result<String, String> {
 /// The writer of qualify.py's `readers` mode: a WRITE with a short deadline
 /// is refused while the readers hold the allocation; says `WRITING`, then a
 /// WRITE with time to spare waits for them and lands (the source checks
-/// the bytes).
+/// the bytes). The refusal is UNAVAILABLE (the source's wait for the
+/// readers' loans ran out) or TIMED_OUT (the requester's deadline, of the
+/// same length, was seen first, as on a loaded machine): either way the
+/// WRITE did nothing (remote effect NONE). After a TIMED_OUT the IPC
+/// channel is re-established in the background: the second WRITE waits
+/// until it is back.
 fn write_wait(r: &Req) -> Result<String, String> {
     let half = r.len / 2;
     host_to_device(r.local[1].addr(), &pattern_vec(77, half)).map_err(|x| x.to_string())?;
@@ -317,13 +327,22 @@ fn write_wait(r: &Req) -> Result<String, String> {
     let b = r.e.submit(r.peer, &[w], short).map_err(|x| x.to_string())?;
     let _ = b.wait(Duration::from_secs(60));
     let refused = b.results()[0];
-    if refused.status != orbite::Status::Unavailable || refused.remote_effect != orbite::RemoteEffect::None {
+    let refusal = matches!(refused.status, orbite::Status::Unavailable | orbite::Status::TimedOut);
+    if !refusal || refused.remote_effect != orbite::RemoteEffect::None {
         return Err(format!("a WRITE while the readers held the allocation ended {refused:?}"));
+    }
+    let kind = *TRANSPORT.get().unwrap_or(&TransportKind::Nvlink);
+    let back = Instant::now() + Duration::from_secs(60);
+    while !r.e.peer_transports(r.peer).map_err(|x| x.to_string())?.contains(&kind) {
+        if Instant::now() > back {
+            return Err(format!("the {} channel was not re-established after the refused WRITE", kind.name()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
     say("WRITING");
     r.run(&[w])?;
     check_remote(0, 77, 0, half)?;
-    Ok("refused while the readers held the allocation, then waited for them and landed".into())
+    Ok(format!("refused ({:?}) while the readers held the allocation, then waited for them and landed", refused.status))
 }
 
 fn rd(local: u64, remote: u64, len: u64) -> Request {
@@ -407,6 +426,36 @@ impl Drop for Baseline {
     }
 }
 
+/// The name the driver gives device `ordinal` (`cuDeviceGetName`).
+fn device_name(ordinal: i32) -> Result<String, String> {
+    let mut d = 0;
+    // SAFETY: the driver was probed (main); writes one device handle.
+    check(unsafe { sys::cuDeviceGet(&mut d, ordinal) }, "cuDeviceGet").map_err(|e| e.to_string())?;
+    let mut name = [0 as std::ffi::c_char; 256];
+    // SAFETY: writes at most name.len() bytes, NUL-terminated, into `name`.
+    check(unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, d) }, "cuDeviceGetName")
+        .map_err(|e| e.to_string())?;
+    // SAFETY: the driver NUL-terminated it within the buffer.
+    Ok(unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned())
+}
+
+/// What `--baseline-gbps` asks for: `Ok(None)` without it; the fixed
+/// baseline with the CPU stand-in for the driver (tests/fakecuda names its
+/// devices "fakecuda device N"); an error with a real driver, where the
+/// baseline is always measured.
+fn fixed_baseline(args: &[String], device: i32) -> Result<Option<f64>, String> {
+    let Some(v) = arg(args, "--baseline-gbps") else { return Ok(None) };
+    let gbps: f64 = v.parse().ok().filter(|g: &f64| g.is_finite() && *g > 0.0).ok_or("--baseline-gbps G: G > 0")?;
+    let name = device_name(device)?;
+    if !name.starts_with("fakecuda device") {
+        return Err(format!(
+            "--baseline-gbps is for the CPU stand-in for the driver only; device {device} is {name:?}: on a GPU the \
+             baseline is measured"
+        ));
+    }
+    Ok(Some(gbps))
+}
+
 /// The median of `v` (not empty).
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -418,25 +467,32 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// plainly, the two interleaved rep by rep so that whatever else the
 /// machine does falls on both alike. The ratio is the median of the reps'
 /// ratios; GB/s are from the median times. Prints the figures; qualify.py
-/// applies the threshold.
+/// applies the threshold. With `--baseline-gbps` (the stand-in only) the
+/// plain copies are not run: each rep's baseline time is what G GB/s would
+/// take.
 fn bandwidth(r: &Req, args: &[String], memory: &str) -> Result<String, String> {
     let reps: u32 = num(args, "--bw-reps", 11);
     let batch: u32 = num(args, "--bw-batch", 16);
     let src_device: i32 = num(args, "--source-device", 0);
     let src_host = arg(args, "--source-memory").as_deref() == Some("host");
+    let fixed = fixed_baseline(args, r.device)?;
     let base = Baseline::new(r, src_device, src_host, memory == "host")?;
+    let plain_time = |op: Op, n: u32, len: u64| match fixed {
+        Some(gbps) => Ok(len as f64 * n as f64 / (gbps * 1e9)),
+        None => base.time(op, n, len),
+    };
     let (a, len, l0) = (r.remote[0], r.len, r.local[0].addr());
     let mut line = Vec::new();
     for op in [Op::Read, Op::Write] {
         let reqs: Vec<Request> = (0..batch).map(|_| Request { op, local_addr: l0, remote_addr: a, len }).collect();
         r.run(&reqs)?; // warm: opens (and caches) the import
-        base.time(op, batch, len)?;
+        plain_time(op, batch, len)?;
         let (mut ipc, mut plain, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..reps.max(1) {
             let t0 = Instant::now();
             r.run(&reqs)?;
             let t = t0.elapsed().as_secs_f64();
-            let b = base.time(op, batch, len)?;
+            let b = plain_time(op, batch, len)?;
             ipc.push(t);
             plain.push(b);
             ratio.push(b / t);
@@ -446,7 +502,11 @@ fn bandwidth(r: &Req, args: &[String], memory: &str) -> Result<String, String> {
         let name = if op == Op::Read { "read" } else { "write" };
         line.push(format!("{name}_gbps={g:.3} {name}_base_gbps={b:.3} {name}_ratio={:.3}", median(ratio)));
     }
-    say(&format!("BANDWIDTH {} baseline=\"{}\"", line.join(" "), base.what));
+    let what = match fixed {
+        Some(g) => format!("fixed {g} GB/s (CPU stand-in; {} not timed)", base.what),
+        None => base.what.clone(),
+    };
+    say(&format!("BANDWIDTH {} baseline=\"{what}\"", line.join(" ")));
     Ok(format!("{len} bytes x {batch} per submission, median of {reps}"))
 }
 

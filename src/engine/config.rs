@@ -8,6 +8,7 @@ use crate::control::notify::{check_name, MAX_NOTIFICATION_BYTES};
 use crate::discovery::{check_url, DiscoveryConfig};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
+use crate::log::{Level, LEVEL_NAMES};
 pub use crate::transport::mnnvl::MnnvlHandleType;
 use serde_json::{Map, Value};
 use std::net::SocketAddr;
@@ -112,6 +113,9 @@ pub struct EngineConfig {
     /// Discovery on etcd (needs `name`): the engine publishes itself under
     /// its name while it lives, and finds peers by theirs.
     pub discovery: Option<DiscoveryConfig>,
+    /// The least important lines this engine logs (default `Warn`); the
+    /// environment variable `ORBITE_LOG`, when set, wins over it.
+    pub log_level: Level,
 }
 
 impl Default for EngineConfig {
@@ -141,6 +145,7 @@ impl Default for EngineConfig {
             notification_max_bytes: 4096,
             notification_queue: 1024,
             discovery: None,
+            log_level: Level::Warn,
         }
     }
 }
@@ -361,6 +366,11 @@ impl EngineConfig {
                         _ => return Err(bad(k, format!("expected an object or null, got {}", type_name(v)))),
                     }
                 }
+                "log_level" => {
+                    let name = get_str(k, v)?;
+                    c.log_level = Level::from_name(name)
+                        .ok_or_else(|| bad(k, format!("unknown level {name:?} (expected {LEVEL_NAMES})")))?;
+                }
                 _ => return Err(bad(k, "unknown key")),
             }
         }
@@ -461,6 +471,7 @@ impl EngineConfig {
             "ipc_allowed_uids": self.ipc_allowed_uids,
             "offer_timeout_ms": self.offer_timeout_ms,
             "min_payload_rate_kib": self.min_payload_rate_kib,
+            "log_level": self.log_level.name(),
         })
     }
 
@@ -638,5 +649,18 @@ mod tests {
         let d = c.discovery.unwrap();
         assert_eq!((d.prefix.as_str(), d.ttl_s), ("/orbite", 10));
         assert_eq!(EngineConfig::from_json(r#"{"discovery": null}"#).unwrap().discovery, None);
+    }
+
+    #[test]
+    fn log_level_is_one_of_the_level_names() {
+        assert_eq!(EngineConfig::default().log_level, Level::Warn);
+        for l in Level::ALL {
+            let c = EngineConfig::from_json(&format!(r#"{{"log_level": "{}"}}"#, l.name())).unwrap();
+            assert_eq!(c.log_level, l);
+            assert_eq!(EngineConfig::from_json(&c.to_json()).unwrap(), c);
+        }
+        assert!(err(r#"{"log_level": "verbose"}"#).contains("key `log_level`: unknown level \"verbose\""));
+        assert!(err(r#"{"log_level": "INFO"}"#).contains("`log_level`"));
+        assert!(err(r#"{"log_level": 3}"#).contains("`log_level`: expected a string"));
     }
 }

@@ -28,6 +28,7 @@ use crate::counters::Counters;
 use crate::discovery::{Discovery, Record};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
+use crate::log::{Level, Logger};
 use crate::memory::RegionTable;
 use crate::sync::admission::{Budget, Gate};
 use crate::transport::inbox::Inbox;
@@ -76,6 +77,9 @@ pub(crate) struct Inner {
     discovery: once_cell::sync::OnceCell<Discovery>,
     /// The I/O threads serving the control connections, both ways.
     reactor: Arc<Reactor>,
+    /// This engine's log lines: its level (`ORBITE_LOG`, else the config's
+    /// `log_level`) and its label (name and endpoint).
+    log: Arc<Logger>,
 }
 
 /// A transfer engine: registers memory, serves it to peers and moves bytes
@@ -89,6 +93,9 @@ impl Engine {
     /// starts serving.
     pub fn new(config: EngineConfig) -> Result<Engine> {
         config.validate()?;
+        let from_env = crate::log::env_level()
+            .map_err(|e| Error::InvalidConfig(format!("environment variable {}: {e}", crate::log::ENV)))?;
+        let level = from_env.unwrap_or(config.log_level);
         let auth = config.auth_key_file.as_deref().map(AuthKey::load).transpose()?;
         let addr: SocketAddr = config.listen.parse().map_err(|_| {
             Error::InvalidConfig(format!("key `listen`: {:?} is not an IP:port address", config.listen))
@@ -96,6 +103,13 @@ impl Engine {
         let listener =
             TcpListener::bind(addr).map_err(|e| Error::Unavailable(format!("cannot listen on {addr}: {e}")))?;
         let endpoint = listener.local_addr().map_err(|e| Error::io("local_addr", &e))?;
+        let log = Arc::new(Logger::new(
+            level,
+            match &config.name {
+                Some(n) => format!("{n} {endpoint}"),
+                None => endpoint.to_string(),
+            },
+        ));
         let identity = Identity::fresh();
         let name = format!("orbite-{}-{:016x}", identity.process.pid, identity.engine_epoch);
         let (ipc_listener, ipc_name) = match crate::transport::ipc::channel::listen(&name) {
@@ -168,6 +182,7 @@ impl Engine {
             ipc_unavailable,
             discovery: once_cell::sync::OnceCell::new(),
             reactor,
+            log,
             inbox: Arc::new(Inbox::new(
                 config.notification_queue as usize,
                 config.notification_max_bytes as usize,
@@ -222,7 +237,37 @@ impl Engine {
         }
         inner.listeners.start(tcp_ctx, ipc_ctx)?;
         registry::add(Arc::downgrade(&inner) as std::sync::Weak<dyn registry::Reporting>);
-        Ok(Engine { inner })
+        let engine = Engine { inner };
+        engine.log_start(from_env.is_some());
+        Ok(engine)
+    }
+
+    /// The lines of a start: INFO what it offers; WARN each transport the
+    /// config asks for that this engine cannot offer, with the reason
+    /// (DEBUG for those not asked for).
+    fn log_start(&self, level_from_env: bool) {
+        let (log, c) = (&self.inner.log, &self.inner.config);
+        log.info(format_args!(
+            "engine started (transports: {}; log level {}{})",
+            self.transports().iter().map(|k| k.name()).collect::<Vec<_>>().join(", "),
+            log.level(),
+            if level_from_env { " from ORBITE_LOG" } else { "" }
+        ));
+        for (kind, why) in &self.inner.ipc_unavailable {
+            let asked = match kind {
+                TransportKind::Nvlink => c.nvlink,
+                TransportKind::Mnnvl => c.mnnvl.is_some(),
+                _ => true,
+            };
+            let level = if asked { Level::Warn } else { Level::Debug };
+            log.event(level, format_args!("{} is not offered: {why}", kind.name()));
+        }
+    }
+
+    /// This engine's logger (its level and label), for code that logs on
+    /// its behalf.
+    pub fn logger(&self) -> &Arc<Logger> {
+        &self.inner.log
     }
 
     /// Parses `config_json` (empty = defaults) and starts an engine.
@@ -319,6 +364,7 @@ impl Engine {
         }
         let unclosed: Vec<String> = self.inner.ipc.iter().flat_map(|t| t.requester.flush(deadline)).collect();
         let peers: Vec<_> = self.inner.peers.write().drain().map(|(_, p)| p).collect();
+        let n = peers.len();
         for p in peers {
             p.conn.close();
             p.close_links();
@@ -326,6 +372,7 @@ impl Engine {
         if !unclosed.is_empty() {
             return Err(Error::Unquiesced(held_imports(&unclosed)));
         }
+        self.inner.log.debug(format_args!("requester side closed ({n} peers disconnected)"));
         Ok(())
     }
 
@@ -359,6 +406,7 @@ impl Engine {
             )));
         }
         self.inner.listeners.stop_incoming();
+        self.inner.log.debug(format_args!("source side closed"));
         Ok(())
     }
 
@@ -368,9 +416,12 @@ impl Engine {
     pub fn close(&self, timeout: Option<Duration>) -> Result<()> {
         let deadline = Instant::now() + self.timeout(timeout);
         let left = || deadline.saturating_duration_since(Instant::now());
-        self.close_requester(Some(left()))?;
-        self.close_source(Some(left()))?;
-        self.inner.shutdown();
+        let closed = self.close_requester(Some(left())).and_then(|()| self.close_source(Some(left())));
+        if let Err(e) = closed {
+            self.inner.log.warn(format_args!("close failed ({}): {}", e.status(), e.message()));
+            return Err(e);
+        }
+        self.inner.shutdown(true);
         Ok(())
     }
 }
@@ -428,22 +479,28 @@ impl Inner {
         }
     }
 
-    /// Records a finding for the stats' `notes` (the latest 32 are kept).
+    /// Records a finding for the stats' `notes` (the latest 32 are kept),
+    /// logged at WARN when it is new.
     pub(super) fn note(&self, text: String) {
         let mut n = self.notes.lock();
-        if !n.contains(&text) {
-            if n.len() == 32 {
-                n.pop_front();
-            }
-            n.push_back(text);
+        if n.contains(&text) {
+            return;
         }
+        if n.len() == 32 {
+            n.pop_front();
+        }
+        n.push_back(text.clone());
+        drop(n);
+        self.log.warn(format_args!("{text}"));
     }
 
     pub(super) fn ipc_transport(&self, kind: TransportKind) -> Option<&ipc::IpcTransport> {
         self.ipc.iter().find(|t| t.kind == kind)
     }
 
-    fn shutdown(&self) {
+    /// Stops the engine (once): `orderly` after a close that succeeded,
+    /// otherwise when it is dropped or freed.
+    fn shutdown(&self, orderly: bool) {
         if self.closed.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -465,6 +522,11 @@ impl Inner {
             t.requester.stop_progress();
         }
         self.regions.clear();
+        if orderly {
+            self.log.info(format_args!("engine closed"));
+        } else {
+            self.log.info(format_args!("engine stopped without an orderly close (freed or dropped)"));
+        }
     }
 }
 
@@ -484,6 +546,6 @@ impl Drop for Engine {
             std::mem::forget(self.inner.clone());
             return;
         }
-        self.inner.shutdown();
+        self.inner.shutdown(false);
     }
 }

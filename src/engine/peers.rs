@@ -44,7 +44,7 @@ impl Engine {
                 r.kind.name()
             ));
         }
-        let on_revoke = self.revoke_hook(&links);
+        let on_revoke = self.revoke_hook(&links, &label);
         let conn = TcpConnection::start(s, peer, label, self.inner.stats.clone(), on_revoke, &self.inner.reactor)?;
         let outbox = Outbox::new(
             conn.clone(),
@@ -52,6 +52,21 @@ impl Engine {
             Duration::from_millis(self.inner.config.default_timeout_ms as u64),
             self.inner.stats.clone(),
         );
+        let log = &self.inner.log;
+        if log.enabled(crate::log::Level::Info) {
+            let ipc: Vec<&str> = links.iter().filter(|(_, l)| l.is_ok()).map(|(k, _)| k.name()).collect();
+            log.info(format_args!(
+                "peer {id} connected: {endpoint} (epoch {:016x}, transports: tcp{}{})",
+                conn.describe().identity.engine_epoch,
+                if ipc.is_empty() { "" } else { ", " },
+                ipc.join(", ")
+            ));
+            for (k, l) in &links {
+                if let Err(why) = l {
+                    log.debug(format_args!("peer {id}: {} cannot be used: {why}", k.name()));
+                }
+            }
+        }
         self.inner.peers.write().insert(id, Arc::new(Peer { endpoint: endpoint.to_string(), conn, links, outbox }));
         Ok(id)
     }
@@ -115,19 +130,37 @@ impl Engine {
     /// peer's IPC links, through their close receipts; the next submission
     /// opens new ones or falls through. Revokes that come while a pass
     /// runs fold into one more pass (one thread per peer at most, however
-    /// many the peer sends).
-    fn revoke_hook(&self, links: &[(TransportKind, std::result::Result<Arc<IpcLink>, String>)]) -> RevokeHook {
+    /// many the peer sends). Each pass is logged: DEBUG, or WARN with what
+    /// could not be given back.
+    fn revoke_hook(
+        &self,
+        links: &[(TransportKind, std::result::Result<Arc<IpcLink>, String>)],
+        label: &str,
+    ) -> RevokeHook {
         let links: Vec<Arc<IpcLink>> = links.iter().filter_map(|(_, l)| l.as_ref().ok().cloned()).collect();
         let engine = Arc::downgrade(&self.inner);
         let stats = self.inner.stats.clone();
+        let label = label.to_string();
         let job = Coalesced::new("orbite-revoke", move || {
             let Some(inner) = engine.upgrade() else { return };
             inner.stats.revoke_passes.fetch_add(1, Ordering::Relaxed);
             let deadline = Instant::now() + Duration::from_millis(inner.config.default_timeout_ms as u64);
+            let mut left = Vec::new();
             for link in &links {
                 if let Some(t) = inner.ipc_transport(link.transport) {
-                    t.requester.flush_link(link, deadline);
+                    left.extend(t.requester.flush_link(link, deadline));
                 }
+            }
+            if left.is_empty() {
+                inner
+                    .log
+                    .debug(format_args!("{label} asked for its exports back: this engine's imports of them closed"));
+            } else {
+                inner.log.warn(format_args!(
+                    "{label} asked for its exports back; {} imports stay retained: {}",
+                    left.len(),
+                    left.join("; ")
+                ));
             }
         });
         Box::new(move || {
@@ -166,6 +199,7 @@ impl Engine {
         self.inner.peers.write().remove(&id);
         p.conn.close();
         p.close_links();
+        self.inner.log.info(format_args!("peer {id} disconnected: {}", p.endpoint));
         Ok(())
     }
 }

@@ -27,6 +27,12 @@ impl Engine {
                 ));
             }
         }
+        self.inner.log.debug(format_args!(
+            "region {} registered: 0x{addr:x}+{len}, {} memory, remote access {}",
+            r.id,
+            r.kind.name(),
+            access_words(access)
+        ));
         Ok(r.id)
     }
 
@@ -47,6 +53,8 @@ impl Engine {
             for t in &self.inner.ipc {
                 t.exports.resume(region);
             }
+        } else {
+            self.inner.log.debug(format_args!("region {region} unregistered"));
         }
         r
     }
@@ -119,5 +127,15 @@ impl Engine {
         for id in ids {
             let _ = self.unregister_memory(*id, None);
         }
+    }
+}
+
+/// Remote access in words: "none", "read", "write" or "read, write".
+fn access_words(a: Access) -> &'static str {
+    match (a.can_read(), a.can_write()) {
+        (false, false) => "none",
+        (true, false) => "read",
+        (false, true) => "write",
+        (true, true) => "read, write",
     }
 }

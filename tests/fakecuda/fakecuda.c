@@ -68,6 +68,8 @@
  *                                 would; only their UUIDs differ by it
  *   FAKECUDA_NO_PEER=1            no peer access between distinct devices
  *                                 (cuDeviceCanAccessPeer says 0)
+ *   FAKECUDA_DEVICE_NAME=name     cuDeviceGetName's answer (default
+ *                                 "fakecuda device N"), to pose as a GPU
  *   FAKECUDA_TRACE=path           at exit, appends "pid name calls" lines
  *                                 for every function called, copies per
  *                                 device and the live-resource report
@@ -179,6 +181,7 @@ static int nrules;
 static unsigned long calls[F_COUNT];
 static int n_devices = 1, driver_version = 13000, no_fabric; /* 1 create, 2 export */
 static int no_peer;
+static const char *device_name; /* FAKECUDA_DEVICE_NAME */
 static int physical_of[8] = {0, 1, 2, 3, 4, 5, 6, 7}; /* FAKECUDA_VISIBLE_DEVICES */
 static unsigned long cross_device_refused;
 static unsigned copy_delay_us;
@@ -224,6 +227,7 @@ static void parse_env(void) {
     if ((v = getenv("FAKECUDA_COPY_DELAY_US"))) copy_delay_us = (unsigned)atoi(v);
     if ((v = getenv("FAKECUDA_NO_FABRIC"))) no_fabric = strcmp(v, "export") == 0 ? 2 : 1;
     if ((v = getenv("FAKECUDA_NO_PEER"))) no_peer = atoi(v) != 0;
+    device_name = getenv("FAKECUDA_DEVICE_NAME");
     if ((v = getenv("FAKECUDA_VISIBLE_DEVICES"))) {
         int n = 0;
         for (const char *q = v; *q && n < 8; n++) {
@@ -763,7 +767,10 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     NEED_INIT();
     if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     if (dev < 0 || dev >= n_devices) return CUDA_ERROR_INVALID_DEVICE;
-    snprintf(name, (size_t)len, "fakecuda device %d", dev);
+    if (device_name)
+        snprintf(name, (size_t)len, "%s", device_name);
+    else
+        snprintf(name, (size_t)len, "fakecuda device %d", dev);
     return CUDA_SUCCESS;
 }
 

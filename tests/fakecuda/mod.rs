@@ -58,6 +58,7 @@ pub const ENV: &[&str] = &[
     "FAKECUDA_NO_PEER",
     "FAKECUDA_VISIBLE_DEVICES",
     "FAKECUDA_TRACE",
+    "FAKECUDA_DEVICE_NAME",
 ];
 
 /// A command with the stand-in first on the loader path and no inherited
