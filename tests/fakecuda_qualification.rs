@@ -141,6 +141,7 @@ fn every_mode(name: &str, devices: &str, env: &[(&str, &str)]) -> Qual {
     assert_eq!(q.report["summary"], serde_json::json!({"PASS": 48, "FAIL": 0, "SKIP": 0}));
     let readers = q.row("nvlink", "readers")["detail"].as_str().unwrap().to_string();
     assert!(readers.starts_with("4 readers held one allocation at once"), "{readers}");
+    assert!(readers.ends_with("a WRITE landed beside their imports"), "{readers}");
     assert_eq!(q.row("nvlink", "batch")["detail"], "3 slices, 2 imports", "{}", q.stdout);
     assert!(q.row("nvlink", "cache")["detail"].as_str().unwrap().contains("checked by the source"));
     assert_eq!(bandwidth_rows_meet_the_threshold(&q), 6, "{}", q.stdout);
