@@ -49,6 +49,8 @@ pub(crate) struct IpcParts<'a> {
     pub(crate) faults: &'a Arc<Faults>,
     /// The I/O threads (exit watches on importers run there).
     pub(crate) reactor: &'a Arc<crate::transport::reactor::Reactor>,
+    /// The engine's log lines.
+    pub(crate) log: &'a Arc<crate::log::Logger>,
 }
 
 impl IpcParts<'_> {
@@ -68,12 +70,19 @@ impl IpcParts<'_> {
             self.stats.clone(),
             self.source_gate.clone(),
             std::time::Duration::from_millis(self.config.offer_timeout_ms as u64),
+            self.log.clone(),
         ));
         exports.set_exit_watch(crate::transport::ipc::exit_watch::watcher(Arc::downgrade(self.reactor)));
         IpcTransport {
             kind,
             exports,
-            requester: Arc::new(IpcRequester::new(backend, self.mapping_budget.clone(), cache, self.faults.clone())),
+            requester: Arc::new(IpcRequester::new(
+                backend,
+                self.mapping_budget.clone(),
+                cache,
+                self.faults.clone(),
+                self.log.clone(),
+            )),
             pool: None,
             copies: None,
         }

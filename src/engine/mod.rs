@@ -69,6 +69,9 @@ pub(crate) struct Inner {
     /// What the engine found that will make a transport unusable or slow,
     /// in words (a sizing that rules out SHM, ...); the latest few.
     notes: parking_lot::Mutex<std::collections::VecDeque<String>>,
+    /// The (transport, status) pairs whose fall-through to TCP was logged
+    /// at WARN (later ones at DEBUG).
+    fell_through: parking_lot::Mutex<std::collections::HashSet<(TransportKind, crate::error::Status)>>,
     ipc: Vec<ipc::IpcTransport>,
     ipc_unavailable: Vec<(TransportKind, String)>,
     /// Notifications received, waiting to be taken.
@@ -143,6 +146,7 @@ impl Engine {
             source_gate: &source_gate,
             faults: &faults,
             reactor: &reactor,
+            log: &log,
         };
         let mut ipc_transports = Vec::new();
         let mut ipc_unavailable = Vec::new();
@@ -178,6 +182,7 @@ impl Engine {
             auth,
             revoker: Arc::new(Revoker::default()),
             notes: parking_lot::Mutex::new(std::collections::VecDeque::new()),
+            fell_through: parking_lot::Mutex::new(std::collections::HashSet::new()),
             ipc: ipc_transports,
             ipc_unavailable,
             discovery: once_cell::sync::OnceCell::new(),

@@ -45,7 +45,15 @@ impl Engine {
             ));
         }
         let on_revoke = self.revoke_hook(&links, &label);
-        let conn = TcpConnection::start(s, peer, label, self.inner.stats.clone(), on_revoke, &self.inner.reactor)?;
+        let conn = TcpConnection::start(
+            s,
+            peer,
+            label,
+            self.inner.stats.clone(),
+            on_revoke,
+            &self.inner.reactor,
+            self.inner.log.clone(),
+        )?;
         let outbox = Outbox::new(
             conn.clone(),
             self.inner.config.name.clone().unwrap_or_default(),
@@ -257,6 +265,7 @@ impl Inner {
                         auth: self.auth.clone(),
                         faults: self.faults.clone(),
                         reconnect_timeout: Duration::from_millis(self.config.handshake_timeout_ms as u64),
+                        log: self.log.clone(),
                     },
                 )))
             };

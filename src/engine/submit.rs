@@ -518,7 +518,13 @@ impl Engine {
     ) -> Vec<Checked<'a>> {
         batch.plan_each(rest.iter().map(|c| c.index), 1, TransportKind::Tcp);
         self.inner.stats.record_fell_through(kind, rest.len() as u64);
-        batch.note(format!("{} requests moved from {} to tcp: {e}", rest.len(), kind.name()));
+        let text = format!("{} requests moved from {} to tcp: {e}", rest.len(), kind.name());
+        // The first fall-through of each kind and status at WARN, the rest
+        // at DEBUG: a steady fall-back does not flood the log.
+        let first = self.inner.fell_through.lock().insert((kind, e.status()));
+        let level = if first { crate::log::Level::Warn } else { crate::log::Level::Debug };
+        self.inner.log.event(level, format_args!("{text}"));
+        batch.note(text);
         rest
     }
 

@@ -195,6 +195,8 @@ pub struct ExportTable {
     exit_watch: once_cell::sync::OnceCell<ExitWatchFn>,
     /// Itself, for the exit watches to hold.
     me: once_cell::sync::OnceCell<Weak<ExportTable>>,
+    /// The engine's log lines (exports retained and reclaimed).
+    log: Arc<crate::log::Logger>,
 }
 
 /// Starts watching a process (its identity) for its exit, calling the
@@ -235,6 +237,7 @@ impl Drop for Export {
 
 impl ExportTable {
     /// A table exporting `kind` memory through `backend`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         backend: Arc<dyn IpcBackend>,
         kinds: Vec<MemoryKind>,
@@ -243,6 +246,7 @@ impl ExportTable {
         stats: Arc<Counters>,
         gate: Arc<Gate>,
         offer_timeout: Duration,
+        log: Arc<crate::log::Logger>,
     ) -> ExportTable {
         ExportTable {
             backend,
@@ -258,6 +262,7 @@ impl ExportTable {
             reclaimed: AtomicU64::new(0),
             exit_watch: once_cell::sync::OnceCell::new(),
             me: once_cell::sync::OnceCell::new(),
+            log,
         }
     }
 
@@ -644,10 +649,22 @@ impl ExportTable {
                 }
             }
         }
+        let retained = watch.len();
+        let pids: std::collections::BTreeSet<u32> = watch.iter().map(|p| p.pid).collect();
         let watch: Vec<ProcessIdentity> =
             watch.into_iter().filter(|p| t.watched.insert((p.pid, p.start_time))).collect();
         drop(t);
         self.reclaimed.fetch_add(exited, Ordering::Relaxed);
+        let what = self.backend.transport().name();
+        if exited > 0 {
+            self.log.info(format_args!("{what}: {exited} exports reclaimed: their importing process exited"));
+        }
+        if retained > 0 {
+            self.log.warn(format_args!(
+                "{what}: {retained} exports retained: the IPC channel of process {pids:?} was lost without their \
+                 close receipts (reclaimed once it exits, or released by its receipts on a new channel)"
+            ));
+        }
         drop(released);
         self.changed.notify_all();
         for p in watch {
@@ -691,6 +708,10 @@ impl ExportTable {
         drop(t);
         let n = gone.len();
         self.reclaimed.fetch_add(n as u64, Ordering::Relaxed);
+        if n > 0 {
+            let what = self.backend.transport().name();
+            self.log.info(format_args!("{what}: {n} retained exports reclaimed: their importing process exited"));
+        }
         drop(gone);
         if n > 0 {
             self.changed.notify_all();

@@ -48,6 +48,8 @@ pub struct LocalEnd {
     pub faults: Arc<Faults>,
     /// Bound of one background reconnection attempt (the handshake timeout).
     pub reconnect_timeout: Duration,
+    /// The engine's log lines (channel lost, re-established, source gone).
+    pub log: Arc<crate::log::Logger>,
 }
 
 /// Link to one source's IPC channel.
@@ -263,9 +265,16 @@ impl IpcLink {
     /// background.
     fn lost(self: &Arc<Self>, st: &mut ChanState, e: Error) {
         if self.permanent(&e) {
+            self.local.log.warn(format_args!("{}: {} link dead for good: {}", self.label, self.transport.name(), e));
             *st = ChanState::Dead { err: e, source_left: true };
             return;
         }
+        self.local.log.warn(format_args!(
+            "{}: {} channel lost, re-establishing it in the background: {}",
+            self.label,
+            self.transport.name(),
+            e
+        ));
         *st = ChanState::Reconnecting { why: e };
         let me = self.clone();
         let spawned = std::thread::Builder::new().name("orbite-ipc-reconnect".into()).spawn(move || me.reconnect());
@@ -293,9 +302,20 @@ impl IpcLink {
             match attempt {
                 Ok((c, board)) => {
                     self.up(&mut st, c, board);
+                    self.local.log.info(format_args!(
+                        "{}: {} channel re-established",
+                        self.label,
+                        self.transport.name()
+                    ));
                     return;
                 }
                 Err(e) if self.permanent(&e) => {
+                    self.local.log.warn(format_args!(
+                        "{}: {} link dead for good: {}",
+                        self.label,
+                        self.transport.name(),
+                        e
+                    ));
                     let err = if self.source_gone() { self.gone() } else { e };
                     *st = ChanState::Dead { err, source_left: true };
                     return;

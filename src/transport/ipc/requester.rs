@@ -244,6 +244,8 @@ pub struct IpcRequester {
     progress_cv: Condvar,
     /// Fault injection switches (inert unless armed).
     pub faults: Arc<Faults>,
+    /// The engine's log lines (imports retained).
+    log: Arc<crate::log::Logger>,
 }
 
 /// The group's remote envelope (start, length) and the operations it
@@ -263,6 +265,7 @@ impl IpcRequester {
         budget: Arc<Budget>,
         capacity: usize,
         faults: Arc<Faults>,
+        log: Arc<crate::log::Logger>,
     ) -> IpcRequester {
         IpcRequester {
             backend,
@@ -280,6 +283,7 @@ impl IpcRequester {
             progress: Mutex::new(Progress::default()),
             progress_cv: Condvar::new(),
             faults,
+            log,
         }
     }
 
@@ -404,7 +408,14 @@ impl IpcRequester {
         deadline: Instant,
     ) -> std::result::Result<(), (Error, bool)> {
         if !native_closed {
-            imp.mapping.close().map_err(|e| (e, false))?;
+            imp.mapping.close().map_err(|e| {
+                self.log.warn(format_args!(
+                    "{}: import retained for good: its native close failed ({})",
+                    imp.describe(),
+                    e.message()
+                ));
+                (e, false)
+            })?;
         }
         let receipt = match imp.link.source_left() {
             true => None,
@@ -419,7 +430,15 @@ impl IpcRequester {
             // source left.
             None => self.released(),
             Some(Err(_)) if imp.link.source_left() => self.released(),
-            Some(Err(e)) => Err((e, true)),
+            Some(Err(e)) => {
+                self.log.warn(format_args!(
+                    "{}: import kept: its close receipt could not be confirmed ({}); later submissions, flushes \
+                     and the close retry it",
+                    imp.describe(),
+                    e.message()
+                ));
+                Err((e, true))
+            }
         }
     }
 
@@ -617,6 +636,13 @@ impl IpcRequester {
         }
         if let Err(e) = drained.and(copied.map(|_| ())) {
             fail_all(&mut out, &items, &e);
+        }
+        if uncertain {
+            let why = out.iter().find_map(|o| o.result.as_ref().err()).map_or("", |e| e.message());
+            self.log.warn(format_args!(
+                "{}: import retained for good: its completion is uncertain ({why})",
+                imp.describe()
+            ));
         }
         match key {
             None if uncertain => self.retained.lock().push(Retained { import: imp, native_closed: false }),

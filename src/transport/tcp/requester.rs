@@ -280,6 +280,10 @@ pub struct TcpConnection {
     /// must not block) when the source asks for its imports back
     /// (`Revoke`).
     on_revoke: RevokeHook,
+    /// The engine's log lines (the connection lost).
+    log: Arc<crate::log::Logger>,
+    /// This engine is closing the connection (not a loss to log).
+    closing: std::sync::atomic::AtomicBool,
     /// Peer label for messages.
     pub label: String,
 }
@@ -296,6 +300,7 @@ impl TcpConnection {
         stats: Arc<Counters>,
         on_revoke: RevokeHook,
         reactor: &Reactor,
+        log: Arc<crate::log::Logger>,
     ) -> Result<Arc<TcpConnection>> {
         stream.set_nonblocking(true).map_err(|x| Error::io("set_nonblocking", &x))?;
         let _ = stream.set_nodelay(true);
@@ -315,6 +320,8 @@ impl TcpConnection {
             stats,
             gate: Gate::new("connection"),
             on_revoke,
+            log,
+            closing: std::sync::atomic::AtomicBool::new(false),
             label,
         });
         let reg = reactor.register(conn.stream.as_raw_fd(), conn.clone())?;
@@ -467,6 +474,9 @@ impl TcpConnection {
         {
             let mut d = self.dead.lock();
             if d.is_none() {
+                if !self.closing.load(Ordering::Acquire) {
+                    self.log.warn(format_args!("{}: connection lost: {e}", self.label));
+                }
                 *d = Some(e);
             }
         }
@@ -487,6 +497,7 @@ impl TcpConnection {
     /// Orderly close: Goodbye (when the socket is free to take it), then
     /// kill, then wait until everything left has been failed.
     pub fn close(&self) {
+        self.closing.store(true, Ordering::Release);
         if self.dead_reason().is_none() {
             let out = self.out.lock();
             if out.is_empty() {
@@ -1291,8 +1302,10 @@ mod tests {
         let describe = Describe::bare(Identity::fresh());
         let stats = Arc::new(Counters::default());
         let reactor = Reactor::new(1, Duration::ZERO);
-        let conn = TcpConnection::start(client, describe, "test peer".into(), stats.clone(), Box::new(|| {}), &reactor)
-            .unwrap();
+        let log = Arc::new(crate::log::Logger::new(crate::log::Level::Off, "test"));
+        let conn =
+            TcpConnection::start(client, describe, "test peer".into(), stats.clone(), Box::new(|| {}), &reactor, log)
+                .unwrap();
         reactor.stop();
 
         let mut local = vec![0u8; 4096];
