@@ -295,9 +295,13 @@ static void transfers() {
   orbite::Stats served = src.stats();
   CHECK(served.transport(orbite::Transport::tcp).served_requests == 16);
   CHECK(served.regions == 42);
-  // src's cache is its own; req has none, so nothing stays imported or exported.
-  CHECK(st.ipc_of(orbite::Transport::shm).imports_cached == 0 && served.ipc_of(orbite::Transport::shm).exports_open == 0);
+  // req's relocation cache (on by default) keeps one import of the pool (the
+  // writable one, which replaced the READ-only one), src one export; the
+  // flush gives them back.
+  CHECK(st.ipc_of(orbite::Transport::shm).imports_cached == 1 && served.ipc_of(orbite::Transport::shm).exports_open == 1);
   CHECK(req.flush_import_cache(5000ms).ok());
+  CHECK(req.stats().ipc_of(orbite::Transport::shm).imports_cached == 0);
+  CHECK(src.stats().ipc_of(orbite::Transport::shm).exports_open == 0);
 
   // A batch outlives its engine: free every owner of `req`, then read it.
   orbite::Batch late = peer.submit(reads, {orbite::Transport::tcp, 30000ms});

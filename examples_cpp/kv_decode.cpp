@@ -148,7 +148,7 @@ int main(int argc, char **argv) {
   kv::Plan plan(g, args.number("--seed", 1), writes, reads, decodes);
   std::uint64_t rounds = args.number("--rounds", 1);
   std::string endpoint = args.value("--endpoint", "");
-  std::string config = args.value("--config", kv::recipe_config(g.bytes(), true));
+  std::string config = args.value("--config", kv::recipe_config(g.bytes()));
   try {
     if (endpoint.empty()) throw std::runtime_error("--endpoint IP:PORT is required (kv_prefill prints it)");
     if (index >= decodes) throw std::runtime_error("--index must be below --decodes");

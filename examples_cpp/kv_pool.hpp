@@ -97,8 +97,8 @@ struct Plan {
 /// (max_inflight_bytes, on both sides; the pool is charged once however
 /// many decodes import it). A scattered submission is one subbatch per
 /// remote region whatever its spread. Up to 1 GiB the defaults are enough.
-inline std::string recipe_config(std::uint64_t pool_bytes, bool requester) {
-  (void)requester;  // the same on both sides
+/// The same on both sides.
+inline std::string recipe_config(std::uint64_t pool_bytes) {
   std::uint64_t budget = std::uint64_t{1} << 30;  // the default, 1 GiB
   if (pool_bytes <= budget) return "{}";
   while (budget < pool_bytes) budget *= 2;

@@ -31,7 +31,7 @@ int main(int argc, char **argv) {
   kv::Geometry g{args.number("--blocks", 4096), args.number("--block-size", 64 * 1024)};
   std::uint64_t decodes = args.number("--decodes", 1);
   kv::Plan plan(g, args.number("--seed", 1), args.number("--writes", 64), 0, decodes);
-  std::string config = args.value("--config", kv::recipe_config(g.bytes(), false));
+  std::string config = args.value("--config", kv::recipe_config(g.bytes()));
   try {
     orbite::Engine engine(config);
     // The pool is library shared memory, co-owned by its registration: it is
