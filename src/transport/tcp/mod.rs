@@ -8,6 +8,7 @@
 //! streams payload straight from or into them.
 
 pub mod handshake;
+pub mod proto;
 pub mod requester;
 pub mod source;
 

@@ -1,0 +1,347 @@
+//! The TCP source core without sockets: a fake host (one region of
+//! memory in a Vec), requests fed as bytes in any split, the answers read
+//! back from what the core offers to send, time passed in.
+
+use super::*;
+use crate::control::message::DATA_RESPONSE_LEN;
+
+const BASE: u64 = 0x10_0000;
+const LEN: usize = 8 << 20;
+const EPOCH: u64 = 3;
+
+/// One registered region, `mem`, at `BASE`; counts what the core asked.
+struct Host {
+    mem: Vec<u8>,
+    held: std::rc::Rc<()>,
+    served: (u64, u64),
+    describes: u64,
+    refuse_notify: bool,
+}
+
+impl Host {
+    fn new() -> Host {
+        let mem = (0..LEN).map(|i| (i * 7 + 1) as u8).collect();
+        Host { mem, held: std::rc::Rc::new(()), served: (0, 0), describes: 0, refuse_notify: false }
+    }
+    /// Leases of requests still held by the core.
+    fn holds(&self) -> usize {
+        std::rc::Rc::strong_count(&self.held) - 1
+    }
+}
+
+impl SourceHost for Host {
+    type Held = std::rc::Rc<()>;
+    type Admitted = String;
+    fn validate(&mut self, req: &DataRequest, write: bool) -> Result<Self::Held> {
+        if req.region_epoch != EPOCH {
+            return Err(Error::StalePeer("another epoch".into()));
+        }
+        if req.addr < BASE || req.addr + req.len > BASE + LEN as u64 {
+            return Err(Error::OutOfRange("outside".into()));
+        }
+        if write && req.addr == BASE {
+            return Err(Error::PermissionDenied("the first byte is read-only here".into()));
+        }
+        Ok(self.held.clone())
+    }
+    fn describe(&mut self) -> Vec<u8> {
+        self.describes += 1;
+        vec![0xd5; 4000]
+    }
+    fn admit(&mut self, n: Notify) -> Result<String> {
+        if self.refuse_notify {
+            return Err(Error::ResourceExhausted("full".into()));
+        }
+        Ok(String::from_utf8_lossy(&n.msg).into_owned())
+    }
+    fn notify_max(&self) -> usize {
+        64
+    }
+    fn land(&mut self, addr: u64, bytes: &[u8]) {
+        let at = (addr - BASE) as usize;
+        self.mem[at..at + bytes.len()].copy_from_slice(bytes);
+    }
+    fn served(&mut self, ok: bool, bytes: u64) {
+        if ok {
+            self.served.0 += 1;
+            self.served.1 += bytes;
+        }
+    }
+    fn notify_rejected(&mut self) {}
+}
+
+fn limits() -> Limits {
+    Limits { stall: Duration::from_secs(5), min_rate: 0 }
+}
+
+fn frame(kind: MsgKind, body: &[u8]) -> Vec<u8> {
+    let mut f = FrameHeader::encode(kind, body.len() as u32).to_vec();
+    f.extend_from_slice(body);
+    f
+}
+
+fn read_req(tag: u64, addr: u64, len: u64) -> Vec<u8> {
+    frame(MsgKind::ReadRequest, &DataRequest { tag, region_epoch: EPOCH, addr, len }.encode())
+}
+
+fn write_req(tag: u64, addr: u64, payload: &[u8]) -> Vec<u8> {
+    let mut body = DataRequest { tag, region_epoch: EPOCH, addr, len: payload.len() as u64 }.encode().to_vec();
+    body.extend_from_slice(payload);
+    frame(MsgKind::WriteRequest, &body)
+}
+
+/// Sends everything the core offers, reading memory segments from the
+/// host; returns the bytes and what came after (idle, close).
+fn drain(c: &mut SourceCore<Host>, h: &mut Host, now: Instant) -> (Vec<u8>, AfterSend) {
+    let mut out = Vec::new();
+    loop {
+        let (segs, skip) = c.transmit(now);
+        let mut bytes = Vec::new();
+        for s in &segs {
+            match s {
+                Segment::Bytes(b) => bytes.extend_from_slice(b),
+                Segment::Memory { addr, len } => {
+                    let at = (*addr - BASE) as usize;
+                    bytes.extend_from_slice(&h.mem[at..at + *len as usize]);
+                }
+            }
+        }
+        let n = bytes.len() - skip;
+        out.extend_from_slice(&bytes[skip..]);
+        if n > 0 {
+            c.sent(n, now);
+        }
+        match c.after_send(h) {
+            AfterSend::More => continue,
+            other => return (out, other),
+        }
+    }
+}
+
+/// Splits answers into (kind, fixed/body) frames.
+fn frames(mut b: &[u8]) -> Vec<(MsgKind, Vec<u8>)> {
+    let mut out = Vec::new();
+    while !b.is_empty() {
+        let h = FrameHeader::decode(b[..FRAME_HEADER_LEN].try_into().unwrap()).unwrap();
+        let end = FRAME_HEADER_LEN + h.body_len as usize;
+        out.push((h.kind, b[FRAME_HEADER_LEN..end].to_vec()));
+        b = &b[end..];
+    }
+    out
+}
+
+fn response(body: &[u8]) -> DataResponse {
+    DataResponse::decode(body[..DATA_RESPONSE_LEN].try_into().unwrap()).unwrap()
+}
+
+#[test]
+fn reads_and_writes_in_any_split_are_answered_in_order_with_their_bytes() {
+    let now = Instant::now();
+    let payload: Vec<u8> = (0..10_000).map(|i| (i % 13) as u8).collect();
+    let mut wire = read_req(1, BASE + 100, 300);
+    wire.extend(write_req(2, BASE + 5000, &payload));
+    wire.extend(write_req(3, BASE, &payload[..10])); // refused: its payload is dropped
+    wire.extend(read_req(4, BASE + 5000, 10_000));
+    for split in [1usize, 7, 16, 33, 4096, wire.len()] {
+        let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+        for piece in wire.chunks(split) {
+            c.received(piece, now, &mut h).unwrap();
+        }
+        let (out, after) = drain(&mut c, &mut h, now);
+        assert_eq!(after, AfterSend::Idle);
+        let f = frames(&out);
+        assert_eq!(
+            f.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+            [MsgKind::ReadResponse, MsgKind::WriteResponse, MsgKind::WriteResponse, MsgKind::ReadResponse]
+        );
+        assert_eq!((response(&f[0].1).tag, response(&f[0].1).status), (1, Status::Ok));
+        let expect: Vec<u8> = (100..400).map(|i| (i * 7 + 1) as u8).collect();
+        assert_eq!(&f[0].1[DATA_RESPONSE_LEN..], &expect[..], "split {split}");
+        assert_eq!(response(&f[1].1).status, Status::Ok);
+        assert_eq!(response(&f[2].1).status, Status::PermissionDenied);
+        assert_eq!(&f[3].1[DATA_RESPONSE_LEN..], &payload[..], "the WRITE landed (split {split})");
+        assert_eq!(h.mem[0], 1, "the refused WRITE's payload was dropped");
+        assert_eq!(h.holds(), 0, "nothing stays held once sent");
+        assert_eq!(h.served, (3, 300 + 10_000 + 10_000));
+    }
+}
+
+#[test]
+fn a_write_payload_read_straight_into_memory_lands_without_the_buffer() {
+    let now = Instant::now();
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    let payload = vec![0xabu8; 100_000];
+    let wire = write_req(9, BASE + 4096, &payload);
+    let head = FRAME_HEADER_LEN + DATA_REQUEST_LEN;
+    c.received(&wire[..head], now, &mut h).unwrap();
+    assert_eq!(c.recv(now), Recv::Direct { addr: BASE + 4096, len: 100_000 });
+    assert_eq!(c.payload_left(), Some(100_000));
+    // The driver reads 60 000 bytes into memory, then the rest arrives in
+    // its buffer.
+    h.mem[4096..4096 + 60_000].fill(0xab);
+    c.landed(60_000, now, &mut h);
+    assert_eq!(c.recv(now), Recv::Direct { addr: BASE + 4096 + 60_000, len: 40_000 });
+    c.received(&wire[head + 60_000..], now, &mut h).unwrap();
+    assert_eq!(c.recv(now), Recv::Buffer);
+    assert!(h.mem[4096..4096 + 100_000].iter().all(|b| *b == 0xab));
+    let (out, _) = drain(&mut c, &mut h, now);
+    assert_eq!(response(&frames(&out)[0].1), DataResponse { tag: 9, status: Status::Ok });
+}
+
+/// Issue 31: a read of many DescribeRequests queued a whole Describe for
+/// each (16 bytes in, kilobytes out). One waits at a time; those that come
+/// meanwhile are answered by one more, once it has left.
+#[test]
+fn describe_requests_queue_one_describe_at_a_time() {
+    let now = Instant::now();
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    let wire: Vec<u8> = (0..4096).flat_map(|_| frame(MsgKind::DescribeRequest, &[])).collect();
+    c.received(&wire, now, &mut h).unwrap();
+    assert_eq!(h.describes, 1, "one Describe queued for 4096 requests");
+    assert!(!c.answers_full());
+    let (out, _) = drain(&mut c, &mut h, now);
+    assert_eq!(h.describes, 2, "the ones that came meanwhile get one more, once the first left");
+    assert_eq!(frames(&out).len(), 2);
+}
+
+/// The answers' bound holds per frame, not per read: one read holding 2000
+/// READs queues answers up to the bound, the rest waits (stashed, reading
+/// paused) and is handled as the answers leave.
+#[test]
+fn the_answer_bound_holds_before_each_frame() {
+    let now = Instant::now();
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    let wire: Vec<u8> = (0..2000).flat_map(|t| read_req(t, BASE, 4096)).collect();
+    c.received(&wire, now, &mut h).unwrap();
+    assert!(c.answers_full() && c.stashed());
+    assert_eq!(c.recv(now), Recv::Paused);
+    assert_eq!(h.served.0, 512, "1024 items: a header item and a payload item per READ");
+    let mut tags = Vec::new();
+    for _ in 0..10 {
+        let (out, _) = drain(&mut c, &mut h, now);
+        tags.extend(frames(&out).iter().map(|(_, b)| response(b).tag));
+        c.resume(now, &mut h).unwrap();
+        if !c.stashed() && !c.answers_full() {
+            let (out, _) = drain(&mut c, &mut h, now);
+            tags.extend(frames(&out).iter().map(|(_, b)| response(b).tag));
+            break;
+        }
+    }
+    assert_eq!(tags, (0..2000).collect::<Vec<u64>>());
+    assert_eq!(c.recv(now), Recv::Buffer);
+}
+
+#[test]
+fn a_frame_left_unfinished_fails_at_the_stall_bound_but_not_while_paused() {
+    let t0 = Instant::now();
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    c.received(&read_req(1, BASE, 16)[..10], t0, &mut h).unwrap();
+    assert_eq!(c.next_deadline(), Some(t0 + Duration::from_secs(5)));
+    for ms in (0..=5000).step_by(50) {
+        let at = t0 + Duration::from_millis(ms);
+        if ms < 5000 {
+            assert!(c.check(at).is_ok(), "{ms}");
+            continue;
+        }
+        let e = c.check(at).unwrap_err();
+        assert_eq!(e.status(), Status::ProtocolError, "{e}");
+    }
+    // This process stopped (SIGSTOP) past the bound: not the peer's fault,
+    // the bound restarts from the first check after the pause.
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    c.received(&read_req(1, BASE, 16)[..10], t0, &mut h).unwrap();
+    assert!(c.check(t0).is_ok());
+    assert!(c.check(t0 + Duration::from_secs(8)).is_ok(), "a check after our own 8 s pause");
+    for ms in (8050..13_000).step_by(50) {
+        assert!(c.check(t0 + Duration::from_millis(ms)).is_ok(), "{ms}");
+    }
+    let e = c.check(t0 + Duration::from_secs(13)).unwrap_err();
+    assert_eq!(e.status(), Status::ProtocolError, "{e}");
+    // A paused connection's bounds wait: the answers, not the peer, hold it.
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    let wire: Vec<u8> = (0..600).flat_map(|t| read_req(t, BASE, 4096)).collect();
+    c.received(&wire, t0, &mut h).unwrap();
+    assert_eq!(c.recv(t0), Recv::Paused);
+    assert!(c.check(t0 + Duration::from_secs(3)).is_ok());
+}
+
+#[test]
+fn a_slow_payload_fails_at_the_minimum_rate() {
+    let t0 = Instant::now();
+    let (mut c, mut h) = (SourceCore::new(Limits { stall: Duration::from_secs(3), min_rate: 1 << 20 }), Host::new());
+    let wire = write_req(1, BASE + 8, &vec![1u8; 4 << 20]);
+    c.received(&wire[..FRAME_HEADER_LEN + DATA_REQUEST_LEN + 1000], t0, &mut h).unwrap();
+    // 4 MiB at 1 MiB/s after 3 s of allowance: 7 s in all. A MiB every
+    // 1.9 s keeps the stall bound (each MiB within 3 s), not the rate. The
+    // driver checks every tick (50 ms).
+    let mut first_failure = None;
+    for ms in (0..=7000u64).step_by(50) {
+        let now = t0 + Duration::from_millis(ms);
+        if ms > 0 && ms % 1900 == 0 && ms <= 5700 {
+            c.landed(1 << 20, now, &mut h);
+        }
+        if let Err(e) = c.check(now) {
+            first_failure = Some((ms, e));
+            break;
+        }
+    }
+    let (ms, e) = first_failure.expect("the rate bound fails");
+    assert_eq!(ms, 7000);
+    assert!(e.message().contains("min_payload_rate_kib"), "{e}");
+}
+
+#[test]
+fn a_notification_becomes_visible_once_its_acknowledgement_has_left() {
+    let now = Instant::now();
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    let n = Notify { tag: 5, name: String::new(), msg: b"blocks of request 17".to_vec() };
+    c.received(&frame(MsgKind::Notify, &n.encode()), now, &mut h).unwrap();
+    assert!(c.take_published().is_empty(), "not before its ACK left");
+    let (out, _) = drain(&mut c, &mut h, now);
+    assert_eq!(frames(&out)[0].0, MsgKind::NotifyAck);
+    assert_eq!(c.take_published(), vec!["blocks of request 17".to_string()]);
+    // Too large: its bytes are dropped and it is refused.
+    let big = Notify { tag: 6, name: String::new(), msg: vec![0; 500] };
+    c.received(&frame(MsgKind::Notify, &big.encode()), now, &mut h).unwrap();
+    let (out, _) = drain(&mut c, &mut h, now);
+    let (tag, verdict) = crate::control::notify::decode_ack(&frames(&out)[0].1).unwrap();
+    assert_eq!((tag, verdict.unwrap_err().status()), (6, Status::InvalidArgument));
+    assert!(c.take_published().is_empty());
+}
+
+#[test]
+fn goodbye_and_eof_close_after_the_answers_and_a_cut_frame_is_an_error() {
+    let now = Instant::now();
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    let mut wire = read_req(1, BASE, 64);
+    wire.extend(frame(MsgKind::Goodbye, &[]));
+    wire.extend(read_req(2, BASE, 64)); // after Goodbye: never read
+    c.received(&wire, now, &mut h).unwrap();
+    assert_eq!(c.recv(now), Recv::Ended);
+    let (out, after) = drain(&mut c, &mut h, now);
+    assert_eq!((frames(&out).len(), after), (1, AfterSend::Close));
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    c.received(&read_req(1, BASE, 64)[..20], now, &mut h).unwrap();
+    assert_eq!(c.eof().unwrap_err().status(), Status::Unavailable);
+}
+
+#[test]
+fn a_protocol_error_is_told_unless_an_answer_is_half_sent_and_releases_what_is_held() {
+    let now = Instant::now();
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    c.received(&read_req(1, BASE, 4096), now, &mut h).unwrap();
+    assert_eq!(h.holds(), 1);
+    let mut bad = FrameHeader::encode(MsgKind::ReadRequest, 32);
+    bad[0] = 0;
+    let e = c.received(&bad, now, &mut h).unwrap_err();
+    let told = c.fail(&e).expect("nothing half sent: the peer is told");
+    assert_eq!(frames(&told)[0].0, MsgKind::Error);
+    assert_eq!(h.holds(), 0, "the READ's hold went with the connection");
+    assert_eq!(c.recv(now), Recv::Ended);
+    // Half an answer sent: nothing more may go on the stream.
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    c.received(&read_req(1, BASE, 4096), now, &mut h).unwrap();
+    c.transmit(now);
+    c.sent(10, now);
+    assert!(c.fail(&Error::Protocol("bad".into())).is_none());
+}
