@@ -310,7 +310,16 @@ fn source_close_revokes_live_imports_and_waits_only_for_a_silent_requester() {
     // A live requester gives its import back when asked: the close is OK.
     src.close_source(Some(LONG)).unwrap();
     assert_eq!(src.stats().ipc["shm"].exports_open, 0);
-    let st: serde_json::Value = serde_json::from_str(&req.cmd("stats")).unwrap();
+    // The source released the export before its ACK left; the requester
+    // counts the import closed once it has read the ACK.
+    let t0 = Instant::now();
+    let st = loop {
+        let st: serde_json::Value = serde_json::from_str(&req.cmd("stats")).unwrap();
+        if st["ipc"]["shm"]["imports_closed"] != 0 || t0.elapsed() > LONG {
+            break st;
+        }
+        std::thread::yield_now();
+    };
     assert_eq!(st["ipc"]["shm"]["imports_cached"], 0);
     assert_eq!(st["ipc"]["shm"]["imports_closed"], 1);
     req.kill();
