@@ -298,16 +298,25 @@ fn a_revoke_flood_runs_one_give_back_at_a_time() {
         s.write_all(&flood).unwrap();
         let _ = rx.recv();
     });
-    common::eventually("2000 revokes received", || h.req.stats().revokes_received == 2000);
+    // However fast the passes run (each may end before the next revoke is
+    // read, so their count is the machine's, not the code's), no two run
+    // at once: sampled all through the flood, never more than one
+    // give-back thread. The folding itself is proven deterministically in
+    // sync/coalesce.rs.
+    let most = std::cell::Cell::new(0);
+    common::eventually("2000 revokes received", || {
+        most.set(most.get().max(threads_named("orbite-revoke")));
+        h.req.stats().revokes_received == 2000
+    });
     // A pass is due for the last revoke once it is counted; wait for one
     // to have run and for none to run any more.
     common::eventually("the give-back passes over", || {
+        most.set(most.get().max(threads_named("orbite-revoke")));
         h.req.stats().revoke_passes >= 1 && threads_named("orbite-revoke") == 0
     });
     let passes = h.req.stats().revoke_passes;
-    // One thread per revoke would run 2000 passes; revokes that come while
-    // a pass runs fold into one more.
-    assert!((1..=1000).contains(&passes), "{passes} passes for 2000 revokes");
+    assert!(most.get() <= 1, "{} give-back threads ran at once", most.get());
+    assert!((1..=2000).contains(&passes), "{passes} passes for 2000 revokes");
     h.fifty_reads();
     assert!(h.req.peer_transports(fake).unwrap().contains(&TransportKind::Tcp));
     drop(tx);
