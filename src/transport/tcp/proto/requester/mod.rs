@@ -227,6 +227,17 @@ pub struct RequesterCore<T, H, N> {
     /// Notification frames put on the wire, since the driver last took the
     /// count.
     pub notes_sent: u64,
+    /// Bug switches for the simulator (`tests/sim_tcp.rs`), off unless a
+    /// test turns one on to show the simulator finds that class of bug.
+    pub mutations: Mutations,
+}
+
+/// Bugs of the past the simulator must find, re-introduced on demand.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Mutations {
+    /// A WRITE answered while its payload is still being sent completes at
+    /// once (its local memory released while still being read).
+    pub complete_early_writes: bool,
 }
 
 impl<T: Startable, H, N> RequesterCore<T, H, N> {
@@ -250,6 +261,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
             events: Vec::new(),
             dropped: 0,
             notes_sent: 0,
+            mutations: Mutations::default(),
         }
     }
 

@@ -402,6 +402,11 @@ impl<H: SourceHost> SourceCore<H> {
         self.full()
     }
 
+    /// The answers waiting now: bytes and items.
+    pub fn queued(&self) -> (u64, usize) {
+        (self.bytes, self.items.len())
+    }
+
     /// Stall bounds at `now`: a frame started and not completed in time, a
     /// payload too slow, answers the peer does not read. The driver checks
     /// every tick; a check that comes more than half a stall bound after
