@@ -69,7 +69,12 @@ fn bench_points(tag: &str, args: &str) -> (String, Vec<serde_json::Value>) {
         .args(["--json", json.to_str().unwrap()])
         .output()
         .unwrap();
-    assert!(out.status.success(), "stderr: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "stdout: {}\nstderr: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let points = std::fs::read_to_string(&json).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let _ = std::fs::remove_dir_all(&dir);
     (String::from_utf8_lossy(&out.stdout).into_owned(), points)

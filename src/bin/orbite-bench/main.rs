@@ -567,6 +567,7 @@ fn measure(c: &Setup, o: &Opts, transport: &str, op: Op, bs: u64, notify: bool) 
                     let mut k = t as u64 * 7919;
                     let mut turn = t;
                     let (mut done, mut failed) = (0u64, 0u64);
+                    let mut first_error: Option<String> = None;
                     let mut lat = Vec::new();
                     let mut reqs = Vec::with_capacity(o.batch);
                     let mut warm = true;
@@ -590,13 +591,17 @@ fn measure(c: &Setup, o: &Opts, transport: &str, op: Op, bs: u64, notify: bool) 
                             true => c.engine.submit_with_notification(peer, &reqs, opts, b"bench"),
                             false => c.engine.submit(peer, &reqs, opts),
                         };
-                        let r = submitted.and_then(|b| {
+                        let r = submitted.map(|b| {
                             let w = b.wait(Duration::from_secs(60));
                             let ok = b.results().iter().filter(|x| x.status == orbite::Status::Ok).count() as u64;
-                            w.map(|_| ok).or(Ok(ok))
+                            let why = w.err().map(|e| (0..reqs.len()).find_map(|i| b.error(i)).unwrap_or(e));
+                            (ok, why)
                         });
                         let t1 = Instant::now();
-                        let ok = r.unwrap_or(0);
+                        let (ok, why) = r.unwrap_or_else(|e| (0, Some(e)));
+                        if let (Some(e), false) = (why, warm) {
+                            first_error.get_or_insert_with(|| e.to_string());
+                        }
                         if !warm {
                             done += ok;
                             failed += o.batch as u64 - ok;
@@ -604,6 +609,9 @@ fn measure(c: &Setup, o: &Opts, transport: &str, op: Op, bs: u64, notify: bool) 
                             span = Some((span.map_or(t0, |s| s.0), t1));
                         }
                         warm = false;
+                    }
+                    if let Some(e) = first_error {
+                        eprintln!("\n{transport} {}: {failed} requests failed; the first: {e}", fmt_size(bs));
                     }
                     (done, lat, failed, span)
                 })
@@ -938,16 +946,38 @@ fn run_initiator(o: &Opts, endpoint: Option<&str>) -> Vec<Point> {
 /// one, against the raw ping-pong of the connection's kind.
 fn notify_point(o: &Opts, t: &str, c: &Setup) -> Point {
     let end = Instant::now() + Duration::from_secs_f64(o.duration);
-    let (mut lat, mut failed) = (Vec::new(), 0u64);
+    let (mut lat, mut failed, mut full) = (Vec::new(), 0u64, 0u64);
+    let mut first_error = None;
     let start = Instant::now();
     while Instant::now() < end {
         let t0 = Instant::now();
-        match c.engine.notify(c.peer, b"bench", Some(Duration::from_secs(30))) {
+        // A full inbox (the target's taker fell behind) is back-pressure, not
+        // a failure: the sender waits and sends again, as a real one would;
+        // the wait counts in that notification's latency.
+        let sent = loop {
+            match c.engine.notify(c.peer, b"bench", Some(Duration::from_secs(30))) {
+                Err(e) if e.status() == orbite::Status::ResourceExhausted && t0.elapsed() < Duration::from_secs(30) => {
+                    full += 1;
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+                r => break r,
+            }
+        };
+        match sent {
             Ok(()) => lat.push(t0.elapsed().as_secs_f64() * 1e6),
-            Err(_) => failed += 1,
+            Err(e) => {
+                failed += 1;
+                first_error.get_or_insert_with(|| e.to_string());
+            }
         }
     }
     let secs = start.elapsed().as_secs_f64();
+    if full > 0 {
+        eprintln!("\n{t}: the target's inbox was full {full} times (its taker fell behind); those notifications were sent again");
+    }
+    if let Some(e) = first_error {
+        eprintln!("\n{t}: {failed} standalone notifications failed; the first: {e}");
+    }
     lat.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
     // Notifications travel on the control connection (TCP) whatever the
     // data transport.
