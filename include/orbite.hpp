@@ -872,6 +872,9 @@ struct IpcStats {
   std::uint64_t pending_groups = 0, progress_workers = 0;
   /// Exports released because their importing process exited (source side).
   std::uint64_t exports_reclaimed_after_exit = 0;
+  /// Accepted offers answered off the I/O thread after waiting for the
+  /// producer stream handed over for the memory (source side).
+  std::uint64_t exports_answered_after_producer_wait = 0;
   /// Groups reported UNQUIESCED at their deadline whose completion is still
   /// polled, and those whose completion came late (their import was then
   /// closed, or returned to the cache, as usual).
@@ -1016,6 +1019,7 @@ inline Stats parse_stats(const std::string &text) {
                         {"mapping_bytes_charged", &I::mapping_bytes_charged},
                         {"pending_groups", &I::pending_groups}, {"progress_workers", &I::progress_workers},
                         {"exports_reclaimed_after_exit", &I::exports_reclaimed_after_exit},
+                        {"exports_answered_after_producer_wait", &I::exports_answered_after_producer_wait},
                         {"late_groups", &I::late_groups}, {"late_completions", &I::late_completions}});
     const json::Value &by = detail::object(o, "copies_by_device", at);
     for (std::size_t i = 0; i < by.keys().size(); ++i) {

@@ -151,6 +151,77 @@ fn producer_at_the_source() {
     assert_eq!(scratch[0], fresh[0]);
 }
 
+/// A stream of device 0's primary context held at a gate (a word of
+/// device memory at `gate` that must reach 1: `cuStreamWaitValue32_v2`),
+/// then `[dst, dst+len)` receives `src`: a producer that ends exactly
+/// when the test opens the gate.
+fn gated_producer(dst: u64, src: &[u8], gate: u64) -> u64 {
+    let g = ContextGuard::bind(primary_context(0).unwrap()).unwrap();
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: a context is current; creates one non-blocking stream.
+    assert_eq!(unsafe { sys::cuStreamCreate(&mut stream, 1) }, CUresult::CUDA_SUCCESS);
+    // SAFETY: `gate` is 4 aligned bytes of device memory the caller keeps
+    // until the stream passed it.
+    assert_eq!(unsafe { sys::cuStreamWaitValue32_v2(stream, gate, 1, 0) }, CUresult::CUDA_SUCCESS);
+    // SAFETY: dst holds src.len() bytes of library memory; src outlives the copy.
+    let q = unsafe { sys::cuMemcpyAsync(dst, src.as_ptr() as u64, src.len(), stream) };
+    assert_eq!(q, CUresult::CUDA_SUCCESS);
+    g.restore().unwrap();
+    stream as u64
+}
+
+/// A producer wait never holds an I/O thread (issue 30). The source (this
+/// child, one I/O thread) hands over a producer stream held at a gate it
+/// opens itself; an NVLink requester process asks for the allocation, and
+/// its accepted offer waits for the stream on a thread of its own. Gate
+/// still closed, a TCP peer served by the same (only) I/O thread READs a
+/// whole MiB in 256 requests, every byte checked, while the NVLink
+/// requester is still waiting; once the gate opens it reads the
+/// producer's bytes. Guards `ipc/source.rs` `answer`'s
+/// `answer_waits(..) && answer_later(..)`: answered inline, the I/O thread
+/// sits in `cuEventSynchronize` and no TCP READ is served.
+fn producer_wait_off_the_io_thread() {
+    let e = Engine::from_json(r#"{"nvlink": true, "io_threads": 1}"#).unwrap();
+    let a = CudaMemory::allocate_ipc(0, SIZE).unwrap();
+    let region = e.register_memory(a.addr(), SIZE, Access::READ_WRITE).unwrap();
+    let host = pattern_vec(2, MIB as usize);
+    e.register_memory(host.as_ptr() as u64, MIB, Access::READ).unwrap();
+    let gate = CudaMemory::allocate(0, 4096).unwrap();
+    host_to_device(gate.addr(), &[0u8; 4]).unwrap();
+    let fresh = pattern_vec(1, SIZE as usize);
+    let stream = gated_producer(a.addr(), &fresh, gate.addr());
+    e.record_producer_stream(region, stream).unwrap();
+    let mut c = fakecuda::command(env!("CARGO_BIN_EXE_orbite-gpu-qual"), fakecuda::Variant::Full);
+    let child = c
+        .args(["requester", "--endpoint", &e.endpoint(), "--mode", "healthy", "--memory", "device"])
+        .args(["--remote", &a.addr().to_string(), "--len", &SIZE.to_string(), "--seed", "1"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    common::eventually("the accepted offer waits for the producer", || {
+        e.stats().ipc["nvlink"].exports_answered_after_producer_wait == 1
+    });
+    let peer = Engine::from_json("{}").unwrap();
+    let id = peer.connect(&e.endpoint(), None).unwrap();
+    let mut local = vec![0u8; MIB as usize];
+    peer.register_memory(local.as_mut_ptr() as u64, MIB, Access::READ_WRITE).unwrap();
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(Duration::from_secs(30)) };
+    for k in 0..256u64 {
+        let r = rd(local.as_mut_ptr() as u64 + k * 4096, host.as_ptr() as u64 + k * 4096, 4096);
+        let b = peer.submit(id, &[r], opts).unwrap();
+        b.wait(Duration::from_secs(60)).unwrap_or_else(|err| panic!("READ {k} with the producer waiting: {err}"));
+    }
+    assert!(local == host, "the TCP peer's bytes differ");
+    let mut child = child;
+    assert!(child.try_wait().unwrap().is_none(), "the NVLink requester was served with the gate closed");
+    host_to_device(gate.addr(), &1u32.to_le_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("PASS healthy"), "{text}");
+    peer.close(Some(Duration::from_secs(30))).unwrap();
+    e.close(Some(Duration::from_secs(60))).unwrap();
+}
+
 /// M10 for MNNVL memory: a producer still writing the source's MNNVL
 /// allocation is handed over with `record_producer_stream` (once refused
 /// for anything but CUDA and pinned memory); the grant waits for it, and
@@ -316,6 +387,7 @@ fn child_case() {
         "sticky" => sticky_error(),
         "nvlink-plan" => nvlink_plan(),
         "producer-source" => producer_at_the_source(),
+        "producer-wait-off-io" => producer_wait_off_the_io_thread(),
         "producer-mnnvl-source" => producer_at_an_mnnvl_source(),
         "pinned-producer" => pinned_producer(),
         "egm-source" => egm_source_without_opt_in(),
@@ -354,6 +426,11 @@ fn b2_the_nvlink_mapping_follows_the_plan_it_is_given() {
     let t = run_traced("nvlink-plan", &[]);
     assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 1, "the independent group: {t:?}");
     assert_eq!(fakecuda::calls(&t, "cuMemcpyAsync"), 2, "the dependent group, in order: {t:?}");
+}
+
+#[test]
+fn a_producer_wait_leaves_the_io_thread_serving_other_peers() {
+    run("producer-wait-off-io", &[]);
 }
 
 #[test]

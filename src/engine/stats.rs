@@ -42,6 +42,10 @@ pub struct IpcStats {
     /// Exports released because their importing process exited (its
     /// mappings went with it), since the engine started (source side).
     pub exports_reclaimed_after_exit: u64,
+    /// Accepted offers answered on a thread of their own after waiting for
+    /// the producer stream handed over with `record_producer_stream` (the
+    /// I/O thread served other channels meanwhile; source side).
+    pub exports_answered_after_producer_wait: u64,
     /// Groups whose completion the progress worker is waiting for (those
     /// reported at their deadline included).
     pub pending_groups: u64,
@@ -229,6 +233,7 @@ impl EngineStats {
                     local_owners_fenced: m.fenced_local,
                     mapping_bytes_charged: e.charged_bytes + m.charged_bytes,
                     exports_reclaimed_after_exit: e.reclaimed_after_exit,
+                    exports_answered_after_producer_wait: e.answered_after_producer_wait,
                     groups_without_round_trip: m.fast_groups,
                     groups_with_round_trips: m.round_trip_groups,
                     pending_groups: *pending,

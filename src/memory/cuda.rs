@@ -142,6 +142,13 @@ pub fn consume_producer(addr: u64) -> Result<()> {
     native::consume_producer(addr)
 }
 
+/// Whether a producer event recorded for the allocation holding `addr`
+/// waits to be consumed (a grant of it would first wait for its stream).
+#[cfg(feature = "cuda")]
+pub fn producer_pending(addr: u64) -> bool {
+    native::producer_pending(addr)
+}
+
 #[cfg(feature = "cuda")]
 mod native {
     use super::super::owners::{self, Allocation, Backing, MemoryKind};
@@ -326,6 +333,11 @@ mod native {
         // A superseded event is destroyed when dropped here.
         drop(PRODUCERS.lock().get_or_insert_with(HashMap::new).insert(o.base, event));
         Ok(())
+    }
+
+    pub(super) fn producer_pending(addr: u64) -> bool {
+        let Some(o) = owners::owner_of(addr) else { return false };
+        PRODUCERS.lock().as_ref().is_some_and(|m| m.contains_key(&o.base))
     }
 
     pub(super) fn consume_producer(addr: u64) -> Result<()> {

@@ -160,6 +160,14 @@ mod backend {
             TransportKind::Mnnvl
         }
 
+        fn export_waits(&self, base: u64) -> bool {
+            crate::memory::cuda::producer_pending(base)
+        }
+
+        fn before_export(&self, base: u64) -> Result<()> {
+            consume_producer(base)
+        }
+
         fn export(&self, base: u64, _writable: bool) -> Result<ExportedHandle> {
             // The source consumes producer readiness before exposing the backing.
             consume_producer(base)?;

@@ -76,6 +76,14 @@ impl IpcBackend for NvlinkBackend {
         TransportKind::Nvlink
     }
 
+    fn export_waits(&self, base: u64) -> bool {
+        crate::memory::cuda::producer_pending(base)
+    }
+
+    fn before_export(&self, base: u64) -> Result<()> {
+        consume_producer(base)
+    }
+
     fn export(&self, base: u64, _writable: bool) -> Result<ExportedHandle> {
         let o =
             owners::owner_of(base).filter(|o| o.base == base && o.kind == MemoryKind::CudaIpc).ok_or_else(|| {

@@ -30,6 +30,8 @@
  *   A device-to-device cuMemcpy returns before the copy completes (as the
  *   driver may); cuMemcpyBatchAsync_v2 performs its copies last to first
  *   (a batch promises no order between its copies).
+ * - cuStreamWaitValue32_v2 holds a stream until a word of device memory
+ *   meets its condition (the worker polls it): a gate a test opens.
  * - Arguments are validated the way the driver does: unknown handles,
  *   wrong contexts, out-of-range or unmapped copies return errors.
  * - Every GPU is its own: device memory (cuMemAlloc) and a legacy IPC
@@ -157,7 +159,7 @@ typedef struct { int srcAccessOrder; CUmemLocation srcLocHint; CUmemLocation dst
     X(cuMemAddressFree) X(cuMemSetAccess) X(cuMemGetAllocationGranularity)                          \
     X(cuMemGetAllocationPropertiesFromHandle) X(cuMemExportToShareableHandle)                       \
     X(cuMemImportFromShareableHandle) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize) \
-    X(cuStreamQuery) X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord)    \
+    X(cuStreamQuery) X(cuStreamWaitEvent) X(cuStreamWaitValue32_v2) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord)    \
     X(cuEventQuery) X(cuEventSynchronize) X(cuMemcpy) X(cuMemcpyAsync) X(cuMemcpyDtoD_v2)            \
     X(cuMemcpyDtoH_v2) X(cuMemcpyHtoD_v2) X(cuMemcpyDtoDAsync_v2) X(cuMemcpyDtoHAsync_v2)            \
     X(cuMemcpyHtoDAsync_v2) X(cuMemcpyBatchAsync_v2) X(cuDeviceCanAccessPeer) X(cuDeviceGetP2PAttribute)    \
@@ -516,7 +518,7 @@ static CUresult resolve(uint64_t addr, size_t n, int dev, char **out, int *devic
 /* ------------------------------------------------------------------ */
 /* Streams and events                                                  */
 
-enum op_kind { OP_COPY, OP_SET, OP_RECORD, OP_WAIT };
+enum op_kind { OP_COPY, OP_SET, OP_RECORD, OP_WAIT, OP_WAIT_VALUE };
 struct op {
     enum op_kind kind;
     char *dst, *src;
@@ -524,6 +526,7 @@ struct op {
     unsigned char value;
     struct fc_event *ev;
     uint64_t gen;
+    unsigned flags; /* OP_WAIT_VALUE: the condition */
     struct op *next;
 };
 struct fc_stream {
@@ -558,6 +561,22 @@ static int valid_event(struct fc_event *e) {
     return 0;
 }
 
+/* cuStreamWaitValue32's conditions (CUstreamWaitValue_flags): GEQ is a
+ * wrapping comparison, (int32_t)(*addr - value) >= 0. */
+#define WAIT_VALUE_GEQ 0x0
+#define WAIT_VALUE_EQ 0x1
+#define WAIT_VALUE_AND 0x2
+#define WAIT_VALUE_NOR 0x3
+static int value_reached(volatile uint32_t *addr, uint32_t value, unsigned flags) {
+    uint32_t v = *addr;
+    switch (flags) {
+    case WAIT_VALUE_EQ: return v == value;
+    case WAIT_VALUE_AND: return (v & value) != 0;
+    case WAIT_VALUE_NOR: return ~(v | value) != 0;
+    default: return (int32_t)(v - value) >= 0;
+    }
+}
+
 static void *worker(void *arg) {
     struct fc_stream *s = arg;
     pthread_mutex_lock(&mu);
@@ -575,6 +594,13 @@ static void *worker(void *arg) {
             else
                 memset(o->dst, o->value, o->n);
             pthread_mutex_lock(&mu);
+        } else if (o->kind == OP_WAIT_VALUE) {
+            /* The word changes under no lock of ours: poll it. */
+            while (!value_reached((volatile uint32_t *)o->dst, (uint32_t)o->gen, o->flags)) {
+                pthread_mutex_unlock(&mu);
+                usleep(200);
+                pthread_mutex_lock(&mu);
+            }
         } else if (o->kind == OP_RECORD) {
             if (o->ev->completed < o->gen) o->ev->completed = o->gen;
         }
@@ -1773,6 +1799,38 @@ EXPORT CUresult cuEventSynchronize(CUevent e) {
     if (!r) {
         uint64_t target = e->recorded;
         while (e->completed < target) pthread_cond_wait(&progress, &mu);
+    }
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+
+/* cuStreamWaitValue32_v2: work queued later on the stream waits until the
+ * 32-bit word at addr meets the condition of flags (GEQ, EQ, AND, NOR; the
+ * FLUSH bit is accepted and has nothing to flush here). The driver takes
+ * device memory or host memory mapped for the device; the stand-in takes
+ * device memory of a device the stream's context can reach, and an
+ * aligned address (the driver requires 4-byte alignment). */
+EXPORT CUresult cuStreamWaitValue32_v2(CUstream h, CUdeviceptr addr, uint32_t value, unsigned int flags) {
+    ENTER(cuStreamWaitValue32_v2);
+    NEED_INIT();
+    unsigned cond = flags & ~(1u << 30);
+    if (cond > WAIT_VALUE_NOR || (addr & 3)) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&mu);
+    struct fc_stream *s = NULL;
+    char *p = NULL;
+    int device_side = 0;
+    CUresult r = stream_or_legacy(h, &s);
+    if (!r) r = poison_of(s->ctx);
+    if (!r) r = resolve(addr, 4, s->ctx->device, &p, &device_side);
+    if (!r && !device_side) r = CUDA_ERROR_INVALID_VALUE;
+    struct op *o = NULL;
+    if (!r && !(o = calloc(1, sizeof *o))) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (!r) {
+        o->kind = OP_WAIT_VALUE;
+        o->dst = p;
+        o->gen = value;
+        o->flags = cond;
+        push(s, o);
     }
     pthread_mutex_unlock(&mu);
     return r;

@@ -90,6 +90,17 @@ pub trait IpcBackend: Send + Sync {
     /// grant without WRITE asks for a read-only handle where the kind of
     /// memory allows one (SHM); CUDA handles always map read-write.
     fn export(&self, base: u64, writable: bool) -> Result<ExportedHandle>;
+    /// Source side: whether exporting `base` now would first wait for
+    /// work the application handed over (a recorded producer stream). The
+    /// serving I/O thread then leaves the answer to a worker.
+    fn export_waits(&self, _base: u64) -> bool {
+        false
+    }
+    /// Source side: waits for what [`IpcBackend::export_waits`] named,
+    /// outside every lock; an error fails the export (nothing exposed).
+    fn before_export(&self, _base: u64) -> Result<()> {
+        Ok(())
+    }
     /// Source side: an export of `base` ended (its close receipt arrived or
     /// its importer provably exited). Backends that count exports use it.
     fn unexport(&self, _base: u64) {}

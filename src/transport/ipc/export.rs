@@ -172,6 +172,9 @@ pub struct ExportCounts {
     /// Exports released because their importing process exited, since
     /// the engine started.
     pub reclaimed_after_exit: u64,
+    /// Accepted offers answered on a thread of their own after waiting
+    /// for the producer stream handed over for the memory.
+    pub answered_after_producer_wait: u64,
 }
 
 /// Every export of one engine for one backend.
@@ -190,6 +193,8 @@ pub struct ExportTable {
     offer_timeout: Duration,
     /// Exports released because their importer exited.
     reclaimed: AtomicU64,
+    /// Accepted offers answered off the I/O thread after a producer wait.
+    answered_after_wait: AtomicU64,
     /// Watches an importing process for its exit (set by the engine: a
     /// process descriptor served by its I/O threads).
     exit_watch: once_cell::sync::OnceCell<ExitWatchFn>,
@@ -260,6 +265,7 @@ impl ExportTable {
             kinds,
             offer_timeout,
             reclaimed: AtomicU64::new(0),
+            answered_after_wait: AtomicU64::new(0),
             exit_watch: once_cell::sync::OnceCell::new(),
             me: once_cell::sync::OnceCell::new(),
             log,
@@ -422,6 +428,33 @@ impl ExportTable {
             let _ = self.release(conn, None, r);
         }
         made
+    }
+
+    /// Whether accepting offer `r` of channel `conn` would first wait for
+    /// a producer stream: the serving I/O thread then leaves the answer to
+    /// [`ExportTable::answer_after_wait`] on a thread of its own.
+    pub fn answer_waits(&self, conn: u64, r: &ExportRef) -> bool {
+        if r.value == 0 {
+            return false;
+        }
+        let base = match self.table.lock().exports.get(&r.export_id) {
+            Some(e) if e.token == r.token && e.conn == conn && e.state == ExportState::Offered => e.base,
+            _ => return false,
+        };
+        self.backend.export_waits(base)
+    }
+
+    /// [`ExportTable::answer`] for an accepted offer whose producer stream
+    /// is waited for first, with no lock held (other channels are served
+    /// meanwhile). A failed wait ends the export unexposed.
+    pub fn answer_after_wait(&self, conn: u64, r: &ExportRef) -> Result<Option<super::backend::ExportedHandle>> {
+        self.answered_after_wait.fetch_add(1, Ordering::Relaxed);
+        let base = self.with_export(conn, r, |e| Ok(e.base))?;
+        if let Err(e) = self.backend.before_export(base) {
+            let _ = self.release(conn, None, r);
+            return Err(e.context("the producer stream handed over for this memory"));
+        }
+        self.answer(conn, r)
     }
 
     /// Channel `conn` gets a grant board: its exports get slots on it.
@@ -751,6 +784,7 @@ impl ExportTable {
         }
         c.charged_bytes = self.charges.bytes();
         c.reclaimed_after_exit = self.reclaimed.load(Ordering::Relaxed);
+        c.answered_after_producer_wait = self.answered_after_wait.load(Ordering::Relaxed);
         c
     }
 

@@ -56,6 +56,12 @@ impl IpcBackend for FaultyBackend {
     fn export(&self, base: u64, writable: bool) -> Result<ExportedHandle> {
         self.inner.export(base, writable)
     }
+    fn export_waits(&self, base: u64) -> bool {
+        self.inner.export_waits(base)
+    }
+    fn before_export(&self, base: u64) -> Result<()> {
+        self.inner.before_export(base)
+    }
     fn unexport(&self, base: u64) {
         self.inner.unexport(base)
     }

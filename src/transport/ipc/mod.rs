@@ -19,5 +19,6 @@ pub mod faults;
 pub mod link;
 pub mod messages;
 pub mod plan;
+pub mod proto;
 pub mod requester;
 pub mod source;

@@ -7,18 +7,18 @@
 use super::channel::{deadline_tick, Channel, ChannelIo, Frame};
 use super::export::{AckGuard, ExportTable};
 use super::messages::{self, ExportRef, ExportRequest, Hello, Revalidate, Welcome};
+use super::proto::source::{self as proto, AnswerHost, IpcSourceCore, Reply};
 use crate::control::auth::{self, AuthKey, FrameIo};
-use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN, MAX_CONTROL_BODY};
+use crate::control::frame::MsgKind;
 use crate::control::identity::process_start_time;
 use crate::control::message;
 use crate::control::Identity;
 use crate::error::{Error, Result};
 use crate::transport::reactor::{Ended, Flow, Got, Handler, Reactor, Registration, Served, SCRATCH};
 use parking_lot::Mutex;
-use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 /// What the IPC serving side needs.
@@ -246,67 +246,53 @@ fn handshake(
     Ok(Some((table, requester)))
 }
 
-/// One answer waiting to leave: its frame, the descriptor that rides on
-/// its first byte, and the guard that keeps a close waiting for it.
-struct Answer {
-    bytes: Vec<u8>,
+/// What rides with an answer: the descriptor sent with its first byte,
+/// and the guard that keeps a close waiting for the answer to leave.
+#[derive(Default)]
+struct Attached {
     fd: Option<OwnedFd>,
     _ack: Option<AckGuard>,
 }
 
-impl Answer {
-    fn new(kind: MsgKind, body: &[u8]) -> Answer {
-        let mut bytes = FrameHeader::encode(kind, body.len() as u32).to_vec();
-        bytes.extend_from_slice(body);
-        Answer { bytes, fd: None, _ack: None }
-    }
+type Answer = proto::Answer<Attached>;
+type Core = IpcSourceCore<Attached>;
 
-    fn reject(tag: u64, e: &Error) -> Answer {
-        Answer::new(MsgKind::ExportReject, &messages::encode_reject(tag, e.status(), e.message()))
-    }
+fn plain(kind: MsgKind, body: &[u8]) -> Answer {
+    Answer::new(kind, body, Attached::default())
 }
 
-/// Answers waiting beyond which no more requests are handled (a requester
-/// asks one thing at a time).
-const ANSWERS_MAX: usize = 64;
+fn reject(tag: u64, e: &Error) -> Answer {
+    plain(MsgKind::ExportReject, &messages::encode_reject(tag, e.status(), e.message()))
+}
+
 /// Offers one channel may leave unanswered (an honest requester has one).
 const OFFERS_MAX: usize = 8;
 
-/// The receive side's state (the I/O thread's alone).
-struct Rx {
-    /// Bytes of the frame being gathered (header, then body).
-    partial: Vec<u8>,
-    header: Option<FrameHeader>,
-    /// When the frame being gathered must be complete.
-    deadline: Option<Instant>,
-    ended: bool,
-    /// Bytes read and not yet handled (more answers waited than allowed).
-    stash: Vec<u8>,
-}
-
-/// The answers waiting to leave.
-struct Out {
-    items: VecDeque<Answer>,
-    /// Bytes of the first answer already written.
-    at: usize,
-    /// When the first answer must have left.
-    deadline: Option<Instant>,
-    /// The channel ended: nothing more is queued.
-    closed: bool,
-}
-
-/// A handshaken IPC channel served by an I/O thread.
+/// A handshaken IPC channel served by an I/O thread: the protocol state
+/// is its core, behind the one lock of the channel; answers that wait for
+/// a producer stream are made on a thread of their own and filled in.
 struct IpcServed {
     ch: Channel,
     ctx: Arc<IpcSourceContext>,
     conn: u64,
     table: Arc<ExportTable>,
     requester: Identity,
-    rx: Mutex<Rx>,
-    out: Mutex<Out>,
+    core: Mutex<Core>,
     reg: once_cell::sync::OnceCell<Registration>,
     finished: Ended,
+    /// Run once, when the channel ends (taken, then run unlocked).
     on_done: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Itself, for the threads that fill in answers.
+    me: Weak<IpcServed>,
+}
+
+/// The core's view of the channel's answers.
+struct Answering<'a>(&'a IpcServed);
+
+impl AnswerHost<Attached> for Answering<'_> {
+    fn answer(&mut self, kind: MsgKind, body: &[u8], ticket: u64) -> Result<Reply<Attached>> {
+        self.0.answer(kind, body, ticket)
+    }
 }
 
 impl IpcServed {
@@ -320,173 +306,108 @@ impl IpcServed {
         on_done: Box<dyn FnOnce() + Send>,
     ) -> Option<Arc<IpcServed>> {
         let ok = ch.set_nonblocking();
-        let s = Arc::new(IpcServed {
+        let stall = ctx.handshake_timeout;
+        let s = Arc::new_cyclic(|me| IpcServed {
             ch,
             ctx,
             conn,
             table,
             requester,
-            rx: Mutex::new(Rx { partial: Vec::new(), header: None, deadline: None, ended: false, stash: Vec::new() }),
-            out: Mutex::new(Out { items: VecDeque::new(), at: 0, deadline: None, closed: false }),
+            core: Mutex::new(IpcSourceCore::new(stall)),
             reg: once_cell::sync::OnceCell::new(),
             finished: Ended::default(),
             on_done: Mutex::new(Some(on_done)),
+            me: me.clone(),
         });
         match ok.and_then(|_| reactor.register(s.ch.raw_fd(), s.clone())) {
             Ok(r) => {
                 let _ = s.reg.set(r);
                 Some(s)
             }
-            Err(_) => {
-                s.end();
+            Err(e) => {
+                s.fail(&e, s.core.lock());
                 None
             }
         }
     }
 
-    /// The channel is over: answers waiting are dropped (their guards
-    /// released), the socket shut, the export table told.
-    fn end(&self) {
-        self.ch.shutdown();
-        {
-            let mut out = self.out.lock();
-            out.closed = true;
-            out.items.clear();
+    /// Ends the channel for `e`: the core lets go of its answers, then,
+    /// unlocked, a protocol error is told to the peer (when no answer is
+    /// half written), the socket shut, the export table told.
+    fn fail(&self, e: &Error, mut core: parking_lot::MutexGuard<'_, Core>) {
+        let mid = core.mid_answer();
+        let dropped = core.end();
+        drop(core);
+        if let (Error::Protocol(m), false) = (e, mid) {
+            let a = plain(MsgKind::ExportReject, &messages::encode_reject(0, crate::error::Status::ProtocolError, m));
+            let _ = self.ch.send_some(&a.bytes, None);
         }
+        self.ch.shutdown();
+        drop(dropped);
         self.table.connection_lost(self.conn);
         self.finished.set();
-        if let Some(f) = self.on_done.lock().take() {
+        let done = self.on_done.lock().take();
+        if let Some(f) = done {
             f();
         }
     }
 
-    /// Ends the channel for `e`; a protocol error is told to the peer (when
-    /// no answer is half written).
-    fn fail(&self, e: &Error, rx: &mut Rx) {
-        rx.ended = true;
-        if let Error::Protocol(m) = e {
-            let out = self.out.lock();
-            if out.at == 0 {
-                let a = Answer::new(
-                    MsgKind::ExportReject,
-                    &messages::encode_reject(0, crate::error::Status::ProtocolError, m),
-                );
-                let _ = self.ch.send_some(&a.bytes, None);
-            }
-        }
-        self.end();
-    }
-
-    /// Writes the answers waiting, as far as the socket takes them.
-    fn flush(&self) -> Result<()> {
-        let mut out = self.out.lock();
-        while let Some(a) = out.items.front() {
-            let fd = (out.at == 0).then(|| a.fd.as_ref().map(|f| f.as_raw_fd())).flatten();
-            match self.ch.send_some(&a.bytes[out.at..], fd) {
-                Ok(n) => {
-                    out.at += n;
-                    if out.at == out.items[0].bytes.len() {
-                        out.items.pop_front();
-                        out.at = 0;
-                        out.deadline = None;
-                    }
-                }
+    /// Writes the answers ready, as far as the socket takes them; those
+    /// that left go to `done` (dropped once the lock is released).
+    fn flush(&self, core: &mut Core, done: &mut Vec<Answer>) -> Result<()> {
+        while let Some((bytes, first, x)) = core.to_send() {
+            let fd = if first { x.fd.as_ref().map(|f| f.as_raw_fd()) } else { None };
+            match self.ch.send_some(bytes, fd) {
+                Ok(n) => done.extend(core.sent(n, Instant::now())),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => return Err(Error::Unavailable(format!("IPC channel lost: {e}"))),
             }
         }
-        if !out.items.is_empty() && out.deadline.is_none() {
-            out.deadline = Some(Instant::now() + self.ctx.handshake_timeout);
-        }
         Ok(())
     }
 
-    /// Reads what the socket holds while few answers wait, and answers
-    /// every complete request. `true` when it
-    /// stopped with bytes possibly left in the socket (run it again once
-    /// there is room: no readable edge may come for them).
-    fn receive(&self, rx: &mut Rx, scratch: &mut [u8]) -> Result<bool> {
+    /// Sends what is ready, reads what the socket holds while answers are
+    /// below their bound and answers every complete request. `true` when
+    /// it stopped with bytes possibly left in the socket (run it again:
+    /// no readable edge may come for them).
+    fn serve(&self, core: &mut Core, scratch: &mut [u8], done: &mut Vec<Answer>) -> Result<bool> {
         let mut budget = 64usize;
         loop {
-            if rx.ended {
-                return Ok(false);
-            }
-            // What was read and not yet handled comes first.
-            if !rx.stash.is_empty() {
-                let stash = std::mem::take(&mut rx.stash);
-                let used = self.parse(rx, &stash)?;
-                rx.stash = stash[used..].to_vec();
-            }
-            if self.out.lock().items.len() >= ANSWERS_MAX {
-                return Ok(true);
-            }
             if budget == 0 {
                 return Ok(true);
             }
             budget -= 1;
+            self.flush(core, done)?;
+            core.handle(Instant::now(), &mut Answering(self))?;
+            self.flush(core, done)?;
+            if !core.has_room() {
+                // At the bound: the peer's reading (a writable edge) or an
+                // answer filled in wakes the channel.
+                return Ok(false);
+            }
+            if !core.wants_bytes() {
+                // Bytes read before the bound wait, and room was made.
+                continue;
+            }
             let (got, fds) = self.ch.recv_some(scratch)?;
             if fds {
                 return Err(Error::Protocol("a file descriptor arrived from the requester".into()));
             }
             match got {
                 Got::Drained => return Ok(false),
-                Got::Eof => {
-                    rx.ended = true;
-                    return Err(Error::Unavailable("the IPC channel was closed by the peer".into()));
-                }
-                Got::Bytes(n) => rx.stash.extend_from_slice(&scratch[..n]),
+                Got::Eof => return Err(Error::Unavailable("the IPC channel was closed by the peer".into())),
+                Got::Bytes(n) => core.receive(&scratch[..n], Instant::now(), &mut Answering(self))?,
             }
         }
-    }
-
-    /// Gathers frames from `data` and answers each complete one; stops
-    /// early when `ANSWERS_MAX` answers wait.
-    /// Returns the bytes used.
-    fn parse(&self, rx: &mut Rx, data: &[u8]) -> Result<usize> {
-        let mut at = 0;
-        while at < data.len() && self.out.lock().items.len() < ANSWERS_MAX {
-            if rx.deadline.is_none() {
-                rx.deadline = Some(Instant::now() + self.ctx.handshake_timeout);
-            }
-            let need = match &rx.header {
-                None => FRAME_HEADER_LEN,
-                Some(h) => h.body_len as usize,
-            };
-            let take = (need - rx.partial.len()).min(data.len() - at);
-            rx.partial.extend_from_slice(&data[at..at + take]);
-            at += take;
-            if rx.partial.len() < need {
-                continue;
-            }
-            let h = match rx.header.take() {
-                Some(h) => h,
-                None => {
-                    let h = FrameHeader::decode(rx.partial[..].try_into().expect("a whole header"))?;
-                    if h.body_len > MAX_CONTROL_BODY {
-                        return Err(Error::Protocol(format!("IPC frame of {} bytes is too large", h.body_len)));
-                    }
-                    rx.partial.clear();
-                    if h.body_len > 0 {
-                        rx.header = Some(h);
-                        continue;
-                    }
-                    h
-                }
-            };
-            let body = std::mem::take(&mut rx.partial);
-            rx.deadline = None;
-            let a = self.answer(h.kind, &body)?;
-            self.out.lock().items.push_back(a);
-        }
-        Ok(at)
     }
 
     /// The answer to one request (exports never wait for each other: an
-    /// offer is made or refused at once).
-    fn answer(&self, kind: MsgKind, body: &[u8]) -> Result<Answer> {
+    /// offer is made or refused at once; an accepted offer whose producer
+    /// stream must be waited for is answered on a thread of its own).
+    fn answer(&self, kind: MsgKind, body: &[u8], ticket: u64) -> Result<Reply<Attached>> {
         let (table, conn) = (&self.table, self.conn);
         let verified = (!self.ch.is_tcp()).then_some(self.requester);
-        Ok(match kind {
+        Ok(Reply::Now(match kind {
             MsgKind::ExportRequest => {
                 let req = ExportRequest::decode(body)?;
                 // A requester answers each offer before it asks again; one
@@ -495,51 +416,23 @@ impl IpcServed {
                     let e = Error::ResourceExhausted(format!(
                         "{OFFERS_MAX} offers on this IPC channel are still unanswered; answer them first"
                     ));
-                    return Ok(Answer::reject(req.tag, &e));
+                    return Ok(Reply::Now(reject(req.tag, &e)));
                 }
                 // Only a kernel-verified requester can later be proven gone.
                 match table.offer(conn, verified, &req) {
-                    Ok(offer) => Answer::new(MsgKind::ExportOffer, &offer.encode()),
-                    Err(e) => Answer::reject(req.tag, &e),
+                    Ok(offer) => plain(MsgKind::ExportOffer, &offer.encode()),
+                    Err(e) => reject(req.tag, &e),
                 }
             }
             MsgKind::ExportAnswer => {
                 let r = ExportRef::decode(body, "ExportAnswer")?;
                 // A decline releases the offer: the close waits for its ACK.
                 let acking = table.ack_guard();
-                let mut a = match table.answer(conn, &r) {
-                    Ok(Some(h)) => {
-                        let mut b = ExportRef { value: 0, extra: 0, ..r }.encode();
-                        b.extend_from_slice(&h.bytes);
-                        let mut a = Answer::new(MsgKind::ExportHandle, &b);
-                        // The answer owns what it passes: the backend's
-                        // descriptor is duplicated, a made one moved in.
-                        a.fd = match (h.owned_fd, h.fd) {
-                            (Some(o), _) => Some(o),
-                            (None, Some(fd)) => Some(
-                                // SAFETY: the backend keeps `fd` open while the
-                                // export exists, which it does during this call.
-                                unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
-                                    .try_clone_to_owned()
-                                    .map_err(|e| Error::io("duplicate a handle's descriptor", &e))?,
-                            ),
-                            (None, None) => None,
-                        };
-                        if a.fd.is_some() && self.ch.is_tcp() {
-                            return Err(Error::NotSupported(
-                                "ExportHandle carries a file descriptor, which cannot cross a TCP (fabric) channel"
-                                    .into(),
-                            ));
-                        }
-                        a
-                    }
-                    Ok(None) => Answer::new(
-                        MsgKind::Ack,
-                        &ExportRef { value: 0, extra: MsgKind::ExportAnswer as u32, ..r }.encode(),
-                    ),
-                    Err(e) => Answer::reject(r.export_id, &e),
-                };
-                a._ack = Some(acking);
+                if table.answer_waits(conn, &r) && self.answer_later(ticket, r) {
+                    return Ok(Reply::Later);
+                }
+                let mut a = self.export_answer(table.answer(conn, &r), &r)?;
+                a.extra._ack = Some(acking);
                 a
             }
             MsgKind::Revalidate => {
@@ -548,9 +441,9 @@ impl IpcServed {
                     Ok(generation) => {
                         let mut b = v.tag.to_le_bytes().to_vec();
                         b.extend_from_slice(&generation.to_le_bytes());
-                        Answer::new(MsgKind::RevalidateOk, &b)
+                        plain(MsgKind::RevalidateOk, &b)
                     }
-                    Err(e) => Answer::reject(v.tag, &e),
+                    Err(e) => reject(v.tag, &e),
                 }
             }
             MsgKind::OpComplete | MsgKind::CloseReceipt => {
@@ -564,35 +457,88 @@ impl IpcServed {
                     table.close_receipt(conn, verified, &r)
                 };
                 let mut a = match res {
-                    Ok(()) => Answer::new(MsgKind::Ack, &ExportRef { value: 0, extra: kind as u32, ..r }.encode()),
-                    Err(e) => Answer::reject(r.export_id, &e),
+                    Ok(()) => plain(MsgKind::Ack, &ExportRef { value: 0, extra: kind as u32, ..r }.encode()),
+                    Err(e) => reject(r.export_id, &e),
                 };
-                a._ack = Some(acking);
+                a.extra._ack = Some(acking);
                 a
             }
             other => return Err(Error::Protocol(format!("unexpected {other:?} on the IPC channel"))),
+        }))
+    }
+
+    /// Answers offer `r` on a thread of its own, which waits for the
+    /// producer stream (no lock held), makes the handle and fills in
+    /// `ticket`. `false` when no thread could be started (the caller
+    /// answers inline).
+    fn answer_later(&self, ticket: u64, r: ExportRef) -> bool {
+        let (me, table, conn, acking) = (self.me.clone(), self.table.clone(), self.conn, self.table.ack_guard());
+        let job = move || {
+            let made = table.answer_after_wait(conn, &r);
+            let Some(s) = me.upgrade() else { return };
+            let core = s.core.lock();
+            let a = match s.export_answer(made, &r) {
+                Ok(mut a) => {
+                    a.extra._ack = Some(acking);
+                    a
+                }
+                Err(e) => return s.fail(&e, core),
+            };
+            let mut core = core;
+            let refused = core.fill(ticket, a, Instant::now()).err();
+            drop(core);
+            drop(refused);
+            if let Some(reg) = s.reg.get() {
+                reg.wake();
+            }
+        };
+        std::thread::Builder::new().name("orbite-export".into()).spawn(job).is_ok()
+    }
+
+    /// The answer to an accepted offer: the handle (its descriptor owned
+    /// by the answer), an ACK of a decline, or the refusal.
+    fn export_answer(&self, made: Result<Option<super::backend::ExportedHandle>>, r: &ExportRef) -> Result<Answer> {
+        Ok(match made {
+            Ok(Some(h)) => {
+                let mut b = ExportRef { value: 0, extra: 0, ..*r }.encode();
+                b.extend_from_slice(&h.bytes);
+                let mut a = plain(MsgKind::ExportHandle, &b);
+                // The answer owns what it passes: the backend's descriptor
+                // is duplicated, a made one moved in.
+                a.extra.fd = match (h.owned_fd, h.fd) {
+                    (Some(o), _) => Some(o),
+                    (None, Some(fd)) => Some(
+                        // SAFETY: the backend keeps `fd` open while the
+                        // export exists, which it does during this call.
+                        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+                            .try_clone_to_owned()
+                            .map_err(|e| Error::io("duplicate a handle's descriptor", &e))?,
+                    ),
+                    (None, None) => None,
+                };
+                if a.extra.fd.is_some() && self.ch.is_tcp() {
+                    return Err(Error::NotSupported(
+                        "ExportHandle carries a file descriptor, which cannot cross a TCP (fabric) channel".into(),
+                    ));
+                }
+                a
+            }
+            Ok(None) => {
+                plain(MsgKind::Ack, &ExportRef { value: 0, extra: MsgKind::ExportAnswer as u32, ..*r }.encode())
+            }
+            Err(e) => reject(r.export_id, &e),
         })
     }
 
     /// Stall bounds (a frame started and not completed, an answer not
     /// read), the engine stopping, and offers never answered.
-    fn check(&self, rx: &Rx, now: Instant) -> Result<()> {
+    fn check(&self, core: &mut Core, now: Instant, done: &mut Vec<Answer>) -> Result<()> {
         if self.ctx.stopping.load(Ordering::Acquire) {
             return Err(Error::Unavailable("engine is shutting down".into()));
         }
-        if rx.deadline.is_some_and(|d| now >= d) {
-            return Err(Error::Protocol(format!(
-                "IPC frame not completed within {:?} (peer too slow)",
-                self.ctx.handshake_timeout
-            )));
-        }
-        if self.out.lock().deadline.is_some_and(|d| now >= d) {
-            return Err(Error::Protocol(
-                "answer not read within the stall bound (the requester is not reading)".into(),
-            ));
-        }
+        core.check(now)?;
         self.table.expire_offers(self.conn);
-        self.flush()
+        self.flush(core, done)
     }
 }
 
@@ -612,33 +558,42 @@ impl Served for IpcServed {
 
 impl Handler for IpcServed {
     fn ready(&self, scratch: &mut [u8]) -> Flow {
-        let mut rx = self.rx.lock();
-        if self.is_finished() {
+        let mut core = self.core.lock();
+        if core.is_ended() {
             return Flow::Done;
         }
-        let r = self.flush().and_then(|_| self.receive(&mut rx, &mut scratch[..SCRATCH])).and_then(|more| {
-            self.flush()?;
-            Ok(more && self.out.lock().items.len() < ANSWERS_MAX)
-        });
-        match r {
-            Ok(true) => Flow::Again,
-            Ok(false) => Flow::Idle,
+        let mut done = Vec::new();
+        match self.serve(&mut core, &mut scratch[..SCRATCH], &mut done) {
+            Ok(again) => {
+                drop(core);
+                drop(done);
+                if again {
+                    Flow::Again
+                } else {
+                    Flow::Idle
+                }
+            }
             Err(e) => {
-                self.fail(&e, &mut rx);
+                self.fail(&e, core);
                 Flow::Done
             }
         }
     }
 
     fn tick(&self, now: Instant) -> Flow {
-        let mut rx = self.rx.lock();
-        if self.is_finished() {
+        let mut core = self.core.lock();
+        if core.is_ended() {
             return Flow::Done;
         }
-        match self.check(&rx, now) {
-            Ok(()) => Flow::Idle,
+        let mut done = Vec::new();
+        match self.check(&mut core, now, &mut done) {
+            Ok(()) => {
+                drop(core);
+                drop(done);
+                Flow::Idle
+            }
             Err(e) => {
-                self.fail(&e, &mut rx);
+                self.fail(&e, core);
                 Flow::Done
             }
         }
