@@ -94,7 +94,7 @@ fn src_shm(p: &mut PeerProc, key: &str) -> u64 {
 
 // ---------------------------------------------------------------------------
 // X2: the requester validates the grant (operation, range, both epochs, a
-// fresh token) and the handle; guards `transport/ipc/requester.rs` `open`'s
+// fresh token) and the handle; guards `transport/ipc/requester/mod.rs` `open`'s
 // `valid` (one clause per case) and its `ExportHandle names another export`.
 
 const HOSTILE_FILL: fn(u64) -> u8 = |i| pattern(5, i);
@@ -235,7 +235,7 @@ fn m12_an_uncertain_write_never_falls_through_to_tcp() {
 /// its own effect (READ None, WRITE Unknown), and the second group's
 /// requests complete; a WRITE whose close receipt is never acknowledged is
 /// not completed although its bytes arrived. Guards
-/// `transport/ipc/requester.rs` `finish` (`fail_all` over the group only)
+/// `transport/ipc/requester/mod.rs` `finish` (`fail_all` over the group only)
 /// and `close_import`'s receipt.
 #[test]
 fn x5_only_acknowledged_requests_complete_and_each_failure_is_accounted() {
@@ -274,7 +274,7 @@ fn x5_only_acknowledged_requests_complete_and_each_failure_is_accounted() {
 /// E1: the completion is queried once on the caller: a ready group finishes
 /// there (the batch is complete when `submit` returns, no worker started);
 /// a group whose one query says "not yet" moves to the progress worker.
-/// Guards `transport/ipc/requester.rs` `run_group`'s `match
+/// Guards `transport/ipc/requester/mod.rs` `run_group`'s `match
 /// (posted.imp.mapping.query(), defer)`.
 #[test]
 fn e1_one_query_on_the_caller_decides_between_finishing_and_the_worker() {
@@ -293,7 +293,7 @@ fn e1_one_query_on_the_caller_decides_between_finishing_and_the_worker() {
 /// B3: the source grants exactly the requested envelope within the whole
 /// allocation, and the requester counts only requested bytes (two 4 KiB
 /// slices 1 MiB apart: 8 KiB, not the envelope). Guards
-/// `transport/ipc/export.rs` `offer`'s `grant_addr: req.addr, grant_len:
+/// `transport/ipc/export/mod.rs` `offer`'s `grant_addr: req.addr, grant_len:
 /// req.len` and the requester's per-request byte accounting.
 #[test]
 fn b3_the_grant_is_the_envelope_and_only_requested_bytes_count() {

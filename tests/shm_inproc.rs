@@ -99,7 +99,7 @@ fn source_close_racing_the_requesters_flush_loses_no_ack() {
 /// refuses), and once the unregistration gives up, the next submission
 /// revalidates, learns the slot's new generation and is back on the board.
 /// The source counts what the board's groups moved when the export ends.
-/// Guards `transport/ipc/requester.rs` `run_group`'s `imp.enter(ops)` and
+/// Guards `transport/ipc/requester/mod.rs` `run_group`'s `imp.enter(ops)` and
 /// `engine/regions.rs` `unregister_memory`'s suspend/resume.
 #[test]
 fn cached_grants_skip_the_round_trip_until_the_source_revokes_them() {

@@ -608,6 +608,40 @@ impl Drop for Fence {
     }
 }
 
+/// Fences every library pinned host allocation holding one of `addrs`
+/// (in address order, so groups never wait on each other in a cycle),
+/// waiting within the deadline while another group holds one. One owner
+/// lookup per run of addresses inside one allocation (or one stretch of
+/// memory the library does not own), not one per address.
+pub fn fence_pinned_at(addrs: impl Iterator<Item = u64>, deadline: std::time::Instant) -> Result<Vec<Fence>> {
+    let mut bases: Vec<u64> = Vec::new();
+    let mut last: Option<(u64, u64)> = None;
+    for a in addrs {
+        if last.is_some_and(|(lo, hi)| a >= lo && a < hi) {
+            continue;
+        }
+        match owner_of(a) {
+            Some(o) => {
+                last = Some((o.base, o.base + o.len));
+                if o.kind == MemoryKind::PinnedHost {
+                    bases.push(o.base);
+                }
+            }
+            None => last = None,
+        }
+    }
+    bases.sort_unstable();
+    bases.dedup();
+    bases
+        .into_iter()
+        .map(|b| {
+            fence(b, deadline).map_err(|e| {
+                Error::Unavailable(format!("local pinned allocation 0x{b:x} is held by another group: {}", e.message()))
+            })
+        })
+        .collect()
+}
+
 /// Fences the owned allocation at `base`, waiting until `deadline` while
 /// another group's fence holds it.
 pub fn fence(base: u64, deadline: std::time::Instant) -> Result<Fence> {

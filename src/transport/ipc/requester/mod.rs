@@ -1,5 +1,11 @@
 //! Requester side of the IPC protocol: opening imports (request, offer,
-//! answer, handle), the relocation cache, subbatch copies and receipts.
+//! answer, handle), subbatch copies and receipts; the relocation cache at
+//! work in `cached.rs`, closing imports in `closing.rs`, the progress
+//! worker in `progress.rs`.
+
+mod cached;
+mod closing;
+mod progress;
 
 use super::backend::{CopyOp, IpcBackend, Mapping, Posting, ReceivedHandle};
 use super::board::{self, Board};
@@ -12,7 +18,6 @@ use crate::control::frame::MsgKind;
 use crate::control::message::RegionInfo;
 use crate::error::{Error, Result};
 use crate::memory::owners;
-use crate::memory::MemoryKind;
 use crate::sync::admission::{Budget, SharedCharge, SharedCharges};
 use crate::transfer::{ChunkOutcome, Op, RemoteEffect, Request};
 use parking_lot::{Condvar, Mutex};
@@ -396,66 +401,6 @@ impl IpcRequester {
         }
     }
 
-    /// Native close, then the close receipt. Only both succeeding releases
-    /// the import; a failed native close is never retried; a lost ACK is
-    /// retried once as a receipt only. When the source provably left, no
-    /// receipt is owed (its export went with it): the import is released
-    /// after the native close and counted as released after exit.
-    fn close_import(
-        &self,
-        imp: &Import,
-        native_closed: bool,
-        deadline: Instant,
-    ) -> std::result::Result<(), (Error, bool)> {
-        if !native_closed {
-            imp.mapping.close().map_err(|e| {
-                self.log.warn(format_args!(
-                    "{}: import retained for good: its native close failed ({})",
-                    imp.describe(),
-                    e.message()
-                ));
-                (e, false)
-            })?;
-        }
-        let receipt = match imp.link.source_left() {
-            true => None,
-            false => Some(imp.link.receipt(MsgKind::CloseReceipt, &imp.export_ref(0, 0), deadline)),
-        };
-        match receipt {
-            Some(Ok(())) => {
-                self.closed.fetch_add(1, Ordering::Relaxed);
-                Ok(())
-            }
-            // The receipt's own failure may be how the link learned that the
-            // source left.
-            None => self.released(),
-            Some(Err(_)) if imp.link.source_left() => self.released(),
-            Some(Err(e)) => {
-                self.log.warn(format_args!(
-                    "{}: import kept: its close receipt could not be confirmed ({}); later submissions, flushes \
-                     and the close retry it",
-                    imp.describe(),
-                    e.message()
-                ));
-                Err((e, true))
-            }
-        }
-    }
-
-    fn released(&self) -> std::result::Result<(), (Error, bool)> {
-        self.released_after_exit.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Closes the cached imports that are no longer current (their source
-    /// left, or their channel was replaced) and retries the receipts owed
-    /// by retained ones of sources that left. Runs before a new import is
-    /// opened, so dead sources never keep the cache full.
-    fn reclaim(&self, deadline: Instant) -> usize {
-        let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
-        self.cache.reclaim(&close, &|imp: &Import| imp.current() && !imp.link.source_gone(), false)
-    }
-
     /// Runs one subbatch: requests naming one remote region, whose local
     /// memory lives on `local.device` (`None`: host memory).
     /// Setup, mapping and copies run on the caller; the trailing completion
@@ -478,7 +423,8 @@ impl IpcRequester {
         }
         let local_device = local.device;
         let fences = match local.pinned {
-            true => fence_local_pinned(&items, deadline).map_err(GroupError::NotPosted)?,
+            true => owners::fence_pinned_at(items.iter().map(|(_, r)| r.local_addr), deadline)
+                .map_err(GroupError::NotPosted)?,
             false => Vec::new(),
         };
         let (env, ops) = envelope_and_ops(&items);
@@ -680,261 +626,11 @@ impl IpcRequester {
         out
     }
 
-    /// Hands a group whose completion is pending to the lazy progress
-    /// worker (started on first use).
-    fn defer(self: &Arc<Self>, d: Deferred) {
-        let mut p = self.progress.lock();
-        if p.stopped {
-            drop(p);
-            let out =
-                self.finish(d.posted, Err(Error::Unquiesced("the engine closed with the completion pending".into())));
-            if let Some(done) = d.done {
-                done(out);
-            }
-            return;
-        }
-        p.queue.push(d);
-        if p.worker.is_none() {
-            let me = self.clone();
-            p.worker =
-                std::thread::Builder::new().name("orbite-ipc-progress".into()).spawn(move || me.progress_loop()).ok();
-        }
-        drop(p);
-        self.progress_cv.notify_all();
-    }
-
-    /// The lazy worker: polls pending groups' completions (one query each
-    /// per round, a short pause between rounds) and finishes them; a
-    /// deadline passed with the completion pending is `Unquiesced`.
-    fn progress_loop(self: Arc<Self>) {
-        loop {
-            let batch: Vec<Deferred> = {
-                let mut p = self.progress.lock();
-                while p.queue.is_empty() && !p.stopped {
-                    self.progress_cv.wait(&mut p);
-                }
-                if p.queue.is_empty() {
-                    return;
-                }
-                p.in_hand = p.queue.len();
-                std::mem::take(&mut p.queue)
-            };
-            let stopping = self.progress.lock().stopped;
-            let mut still = Vec::new();
-            for mut d in batch {
-                // CPU copies always complete: waited for, not polled.
-                let m = &d.posted.imp.mapping;
-                if m.completes_by_waiting() {
-                    let r = m.wait(d.posted.posting());
-                    self.settle(d, r);
-                    continue;
-                }
-                let verdict = match d.posted.imp.mapping.query(d.posted.posting()) {
-                    Ok(true) => Some(Ok(())),
-                    Err(e) => Some(Err(e)),
-                    Ok(false) if stopping => {
-                        d.posted.imp.mapping.abandon(d.posted.posting());
-                        Some(Err(Error::Unquiesced("the engine closed with the completion event pending".into())))
-                    }
-                    Ok(false) => {
-                        let reported = d.done.is_none() || Instant::now() < d.posted.deadline;
-                        if let Some(done) = d.done.take_if(|_| !reported) {
-                            // Reported now; polled on, so that a completion
-                            // that comes late still closes the import.
-                            self.progress.lock().late += 1;
-                            let mut out: Vec<ChunkOutcome> =
-                                d.posted.items.iter().map(|(_, r)| ChunkOutcome::ok(r.op)).collect();
-                            let e = Error::Unquiesced("the deadline passed with the completion event pending".into());
-                            fail_all(&mut out, &d.posted.items, &e);
-                            done(out);
-                        }
-                        None
-                    }
-                };
-                match verdict {
-                    Some(r) => self.settle(d, r),
-                    None => still.push(d),
-                }
-            }
-            if !still.is_empty() {
-                let mut p = self.progress.lock();
-                p.in_hand = 0;
-                still.append(&mut p.queue);
-                p.queue = still;
-                drop(p);
-                std::thread::sleep(std::time::Duration::from_micros(200));
-            }
-        }
-    }
-
-    /// Ends a deferred group whose completion is known (`r`): its outcomes
-    /// go to its batch, or, when they were reported already at its
-    /// deadline, a late completion releases the import as an ordinary one
-    /// (nothing moved is counted: the requests were reported failed).
-    fn settle(&self, d: Deferred, r: Result<()>) {
-        let Deferred { posted, done } = d;
-        {
-            // No longer pending, before whoever the outcome wakes looks.
-            let mut p = self.progress.lock();
-            p.in_hand = p.in_hand.saturating_sub(1);
-            p.late -= done.is_none() as usize;
-        }
-        match done {
-            Some(done) => done(self.finish(posted, r)),
-            None if r.is_err() => drop(self.finish(posted, r)),
-            None => {
-                let Posted { imp, key, entered, fences, .. } = posted;
-                drop(fences);
-                match key {
-                    Some(key) => {
-                        if entered {
-                            imp.leave(0, 0);
-                        }
-                        self.release(&key);
-                    }
-                    None => {
-                        let deadline = Instant::now() + LATE_CLOSE;
-                        if let Err((_, native_closed)) = self.close_import(&imp, false, deadline) {
-                            self.retained.lock().push(Retained { import: imp, native_closed });
-                        }
-                    }
-                }
-                // Counted once the import is settled (closed, or back in
-                // the cache), so that whoever sees the count sees that.
-                self.late_completions.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-
     /// Whether imports are kept in a relocation cache (and so shared by
     /// the subbatches that name one region), rather than opened and closed
     /// per subbatch.
     pub fn caches(&self) -> bool {
         self.capacity > 0
-    }
-
-    /// Stops the progress worker; groups still pending end `Unquiesced`
-    /// with their imports retained.
-    pub fn stop_progress(&self) {
-        let worker = {
-            let mut p = self.progress.lock();
-            p.stopped = true;
-            p.worker.take()
-        };
-        self.progress_cv.notify_all();
-        if let Some(w) = worker {
-            let _ = w.join();
-        }
-    }
-
-    /// Groups waiting for their completion on the worker (those reported
-    /// at their deadline included), and whether the worker runs.
-    pub fn progress_counts(&self) -> (u64, u64) {
-        let p = self.progress.lock();
-        ((p.queue.len() + p.in_hand) as u64, p.worker.as_ref().is_some_and(|w| !w.is_finished()) as u64)
-    }
-
-    /// Groups reported `Unquiesced` at their deadline whose completion is
-    /// still polled.
-    pub fn late_groups(&self) -> u64 {
-        self.progress.lock().late as u64
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn acquire(
-        &self,
-        key: &Key,
-        link: &Arc<IpcLink>,
-        region: &RegionInfo,
-        env: (u64, u64),
-        ops: u32,
-        local_device: Option<i32>,
-        deadline: Instant,
-    ) -> Result<(Arc<Import>, bool)> {
-        let label = || format!("{} region {}", link.label, region.id);
-        let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
-        let open = || {
-            self.reclaim(deadline);
-            self.open(link, region, env, ops, local_device, deadline)
-        };
-        self.cache.acquire(key, deadline, &label, open, &close, &Import::current)
-    }
-
-    /// A writable import of `region` for `local_device` was just opened:
-    /// the idle READ-only import of the same key is redundant (the writable
-    /// one serves READs too) and gives its mapping budget back. One in use
-    /// stays until it is evicted.
-    fn give_back_read_only(
-        &self,
-        link: &Arc<IpcLink>,
-        region: &RegionInfo,
-        local_device: Option<i32>,
-        deadline: Instant,
-    ) {
-        let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
-        let redundant = |imp: &Import| {
-            Arc::ptr_eq(&imp.link, link)
-                && imp.local_device == local_device
-                && !imp.writable()
-                && imp.offer.region_epoch == region.epoch
-                && imp.maps(region.addr)
-        };
-        self.cache.flush_where(deadline, &close, &redundant, false);
-    }
-
-    fn release(&self, key: &Key) {
-        self.cache.release(key)
-    }
-
-    /// Closes every cached import (waiting for users up to `deadline`)
-    /// through the same receipts; new submissions may refill the cache.
-    /// Retained entries owing only a receipt get their receipt-only retry.
-    /// Returns what stays, one line each: which import, and why.
-    pub fn flush(&self, deadline: Instant) -> Vec<String> {
-        self.flush_where(deadline, &|_| true)
-    }
-
-    /// Flushes the imports granted through `link` (the source asked for
-    /// them back: it is closing). Returns what stays, as `flush` does.
-    pub fn flush_link(&self, link: &Arc<IpcLink>, deadline: Instant) -> Vec<String> {
-        self.flush_where(deadline, &|imp| Arc::ptr_eq(&imp.link, link))
-    }
-
-    fn flush_where(&self, deadline: Instant, pick: &dyn Fn(&Import) -> bool) -> Vec<String> {
-        let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
-        let mut left: Vec<String> = self
-            .cache
-            .flush_where(deadline, &close, pick, true)
-            .into_iter()
-            .map(|(k, why)| format!("{} region {}: {why}", k.0, k.2))
-            .collect();
-        // Uncached imports that owe only their receipt get one more try.
-        let mut r = self.retained.lock();
-        let mut kept = Vec::new();
-        for ent in r.drain(..) {
-            if !pick(&ent.import) {
-                kept.push(ent);
-                continue;
-            }
-            if !ent.native_closed {
-                left.push(format!("{}: its native close or completion was not confirmed", ent.import.describe()));
-                kept.push(ent);
-                continue;
-            }
-            match self.close_import(&ent.import, true, deadline) {
-                Ok(()) => {}
-                Err((e, _)) => {
-                    left.push(format!(
-                        "{}: its close receipt could not be confirmed ({})",
-                        ent.import.describe(),
-                        e.message()
-                    ));
-                    kept.push(ent);
-                }
-            }
-        }
-        *r = kept;
-        left
     }
 
     /// Counts for stats.
@@ -961,55 +657,6 @@ impl IpcRequester {
         n.fenced_local = self.fenced.lock().len() as u64;
         n
     }
-}
-
-impl IpcRequester {
-    /// Remote region ids with a cached import, least recently used first.
-    pub fn cached_regions(&self) -> Vec<u64> {
-        let mut v: Vec<(u64, u64)> = self
-            .cache
-            .entries()
-            .into_iter()
-            .filter(|e| e.2 == EntryState::Ready)
-            .map(|(k, last, _, _)| (last, k.2))
-            .collect();
-        v.sort_unstable();
-        v.into_iter().map(|(_, r)| r).collect()
-    }
-}
-
-/// Fences every local pinned host allocation the group
-/// copies to or from (in address order, so groups never wait on each other
-/// in a cycle), waiting within the deadline while another group holds one.
-fn fence_local_pinned(items: &[(usize, Request)], deadline: Instant) -> Result<Vec<owners::Fence>> {
-    // One owner lookup per run of requests inside one allocation (or one
-    // stretch of memory the library does not own), not one per request.
-    let mut bases: Vec<u64> = Vec::new();
-    let mut last: Option<(u64, u64)> = None;
-    for (_, r) in items {
-        if last.is_some_and(|(lo, hi)| r.local_addr >= lo && r.local_addr < hi) {
-            continue;
-        }
-        match owners::owner_of(r.local_addr) {
-            Some(o) => {
-                last = Some((o.base, o.base + o.len));
-                if o.kind == MemoryKind::PinnedHost {
-                    bases.push(o.base);
-                }
-            }
-            None => last = None,
-        }
-    }
-    bases.sort_unstable();
-    bases.dedup();
-    bases
-        .into_iter()
-        .map(|b| {
-            owners::fence(b, deadline).map_err(|e| {
-                Error::Unavailable(format!("local pinned allocation 0x{b:x} is held by another group: {}", e.message()))
-            })
-        })
-        .collect()
 }
 
 fn fail_all(out: &mut [ChunkOutcome], items: &[(usize, Request)], e: &Error) {

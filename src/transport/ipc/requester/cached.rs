@@ -1,0 +1,117 @@
+//! The requester's relocation cache at work: taking an import for a group
+//! (a cached one, or a new one opened and cached), giving it back, and
+//! flushing imports (all, or one link's) through their close receipts.
+
+use super::*;
+
+impl IpcRequester {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn acquire(
+        &self,
+        key: &Key,
+        link: &Arc<IpcLink>,
+        region: &RegionInfo,
+        env: (u64, u64),
+        ops: u32,
+        local_device: Option<i32>,
+        deadline: Instant,
+    ) -> Result<(Arc<Import>, bool)> {
+        let label = || format!("{} region {}", link.label, region.id);
+        let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
+        let open = || {
+            self.reclaim(deadline);
+            self.open(link, region, env, ops, local_device, deadline)
+        };
+        self.cache.acquire(key, deadline, &label, open, &close, &Import::current)
+    }
+
+    /// A writable import of `region` for `local_device` was just opened:
+    /// the idle READ-only import of the same key is redundant (the writable
+    /// one serves READs too) and gives its mapping budget back. One in use
+    /// stays until it is evicted.
+    pub(super) fn give_back_read_only(
+        &self,
+        link: &Arc<IpcLink>,
+        region: &RegionInfo,
+        local_device: Option<i32>,
+        deadline: Instant,
+    ) {
+        let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
+        let redundant = |imp: &Import| {
+            Arc::ptr_eq(&imp.link, link)
+                && imp.local_device == local_device
+                && !imp.writable()
+                && imp.offer.region_epoch == region.epoch
+                && imp.maps(region.addr)
+        };
+        self.cache.flush_where(deadline, &close, &redundant, false);
+    }
+
+    pub(super) fn release(&self, key: &Key) {
+        self.cache.release(key)
+    }
+
+    /// Closes every cached import (waiting for users up to `deadline`)
+    /// through the same receipts; new submissions may refill the cache.
+    /// Retained entries owing only a receipt get their receipt-only retry.
+    /// Returns what stays, one line each: which import, and why.
+    pub fn flush(&self, deadline: Instant) -> Vec<String> {
+        self.flush_where(deadline, &|_| true)
+    }
+
+    /// Flushes the imports granted through `link` (the source asked for
+    /// them back: it is closing). Returns what stays, as `flush` does.
+    pub fn flush_link(&self, link: &Arc<IpcLink>, deadline: Instant) -> Vec<String> {
+        self.flush_where(deadline, &|imp| Arc::ptr_eq(&imp.link, link))
+    }
+
+    pub(super) fn flush_where(&self, deadline: Instant, pick: &dyn Fn(&Import) -> bool) -> Vec<String> {
+        let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
+        let mut left: Vec<String> = self
+            .cache
+            .flush_where(deadline, &close, pick, true)
+            .into_iter()
+            .map(|(k, why)| format!("{} region {}: {why}", k.0, k.2))
+            .collect();
+        // Uncached imports that owe only their receipt get one more try.
+        let mut r = self.retained.lock();
+        let mut kept = Vec::new();
+        for ent in r.drain(..) {
+            if !pick(&ent.import) {
+                kept.push(ent);
+                continue;
+            }
+            if !ent.native_closed {
+                left.push(format!("{}: its native close or completion was not confirmed", ent.import.describe()));
+                kept.push(ent);
+                continue;
+            }
+            match self.close_import(&ent.import, true, deadline) {
+                Ok(()) => {}
+                Err((e, _)) => {
+                    left.push(format!(
+                        "{}: its close receipt could not be confirmed ({})",
+                        ent.import.describe(),
+                        e.message()
+                    ));
+                    kept.push(ent);
+                }
+            }
+        }
+        *r = kept;
+        left
+    }
+
+    /// Remote region ids with a cached import, least recently used first.
+    pub fn cached_regions(&self) -> Vec<u64> {
+        let mut v: Vec<(u64, u64)> = self
+            .cache
+            .entries()
+            .into_iter()
+            .filter(|e| e.2 == EntryState::Ready)
+            .map(|(k, last, _, _)| (last, k.2))
+            .collect();
+        v.sort_unstable();
+        v.into_iter().map(|(_, r)| r).collect()
+    }
+}

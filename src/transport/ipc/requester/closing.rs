@@ -1,0 +1,67 @@
+//! Closing an import: its native close, then the close receipt the
+//! source acknowledges; a source that provably left is owed no receipt;
+//! cached imports no longer current are closed before new ones open.
+
+use super::*;
+
+impl IpcRequester {
+    /// Native close, then the close receipt. Only both succeeding releases
+    /// the import; a failed native close is never retried; a lost ACK is
+    /// retried once as a receipt only. When the source provably left, no
+    /// receipt is owed (its export went with it): the import is released
+    /// after the native close and counted as released after exit.
+    pub(super) fn close_import(
+        &self,
+        imp: &Import,
+        native_closed: bool,
+        deadline: Instant,
+    ) -> std::result::Result<(), (Error, bool)> {
+        if !native_closed {
+            imp.mapping.close().map_err(|e| {
+                self.log.warn(format_args!(
+                    "{}: import retained for good: its native close failed ({})",
+                    imp.describe(),
+                    e.message()
+                ));
+                (e, false)
+            })?;
+        }
+        let receipt = match imp.link.source_left() {
+            true => None,
+            false => Some(imp.link.receipt(MsgKind::CloseReceipt, &imp.export_ref(0, 0), deadline)),
+        };
+        match receipt {
+            Some(Ok(())) => {
+                self.closed.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            // The receipt's own failure may be how the link learned that the
+            // source left.
+            None => self.released(),
+            Some(Err(_)) if imp.link.source_left() => self.released(),
+            Some(Err(e)) => {
+                self.log.warn(format_args!(
+                    "{}: import kept: its close receipt could not be confirmed ({}); later submissions, flushes \
+                     and the close retry it",
+                    imp.describe(),
+                    e.message()
+                ));
+                Err((e, true))
+            }
+        }
+    }
+
+    pub(super) fn released(&self) -> std::result::Result<(), (Error, bool)> {
+        self.released_after_exit.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Closes the cached imports that are no longer current (their source
+    /// left, or their channel was replaced) and retries the receipts owed
+    /// by retained ones of sources that left. Runs before a new import is
+    /// opened, so dead sources never keep the cache full.
+    pub(super) fn reclaim(&self, deadline: Instant) -> usize {
+        let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
+        self.cache.reclaim(&close, &|imp: &Import| imp.current() && !imp.link.source_gone(), false)
+    }
+}
