@@ -211,22 +211,6 @@ pub struct ExportTable {
 /// caller falls back on checking at its own ticks).
 pub type ExitWatchFn = Box<dyn Fn(ProcessIdentity, Box<dyn Fn() + Send + Sync>) -> bool + Send + Sync>;
 
-fn fresh_token() -> u64 {
-    let mut b = [0u8; 8];
-    // SAFETY: getrandom writes at most 8 bytes into b.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), 8, 0) };
-    let t = if n == 8 {
-        u64::from_le_bytes(b)
-    } else {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(7);
-        now.wrapping_mul(0x9E37_79B9_7F4A_7C15)
-    };
-    t.max(1)
-}
-
 /// Whether the process is provably gone: no such pid, the pid was reused,
 /// or it is a zombie (its memory, and with it every mapping it held, was
 /// released before it became one).
@@ -336,7 +320,8 @@ impl ExportTable {
         let charge = self.charge(o.id, physical)?;
         let hold = owners::hold_for_export(base)?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let token = fresh_token();
+        // An unpredictable token, or no offer (never a guessable one).
+        let token = crate::random::nonzero_u64()?;
         // A slot on the channel's board, the grant published in it.
         let slot = self.table.lock().boards.get(&conn).cloned().and_then(|on| {
             let (index, generation) = on.free.lock().take(&on.board)?;
