@@ -94,3 +94,37 @@ fn a_notification_flood_and_oversize_frames_stay_within_the_bound() {
     let rss = proc_status("VmRSS:");
     assert!(rss < rss0 + 32 * 1024, "RSS grew from {rss0} kB to {rss} kB");
 }
+
+/// A peer that names itself by an endpoint that is not IP:port — 65 535
+/// bytes, or a short one hiding another name behind a NUL — is refused at
+/// the handshake with a protocol error naming the endpoint: it can queue
+/// no notification under a name the receiver's 128-byte buffer (the C
+/// API's promise, the C++ `take_notification`'s array) cannot hold, nor
+/// one C would read as another sender. The honest peer's notification is
+/// then the next one taken, named by its real endpoint. Guards
+/// `control/message.rs` `Describe::decode`'s `check_endpoint`.
+#[test]
+fn a_sender_cannot_name_itself_by_an_endpoint_it_made_up() {
+    let g = Good::new("");
+    for lie in [format!("127.0.0.1:1{}", "9".repeat(65_000)), "127.0.0.1:1\0boss".to_string()] {
+        let d = orbite::control::message::Describe {
+            identity: orbite::control::Identity::fresh(),
+            capabilities: 1,
+            fabric_domain: [0; 16],
+            endpoint: lie.clone(),
+            ipc_name: String::new(),
+            regions: vec![],
+        };
+        let mut s = TcpStream::connect(g.src.endpoint()).unwrap();
+        s.write_all(&frame(MsgKind::Describe, &d.encode())).unwrap();
+        let _ = s
+            .write_all(&frame(MsgKind::Notify, &Notify { tag: 1, name: String::new(), msg: b"lie".to_vec() }.encode()));
+        let text = error_text(&mut s).unwrap_or_else(|| panic!("no refusal for {:?}", &lie[..20]));
+        assert!(text.contains("Describe endpoint"), "{text}");
+    }
+    g.req.notify(g.peer, b"honest", Some(LONG)).unwrap();
+    let n = g.src.take_notification(LONG).expect("the honest notification");
+    assert_eq!((n.sender.as_str(), n.msg.as_slice()), (g.req.endpoint().as_str(), &b"honest"[..]));
+    let none = g.src.take_notification(Duration::from_millis(0)).unwrap_err();
+    assert_eq!(none.status(), Status::TimedOut, "{none}");
+}

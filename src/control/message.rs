@@ -238,6 +238,8 @@ impl Describe {
         if engine_epoch == 0 {
             return Err(Error::Protocol("Describe carries engine epoch 0".into()));
         }
+        check_endpoint(&endpoint)?;
+        check_ipc_name(&ipc_name)?;
         Ok(Describe {
             identity: Identity { boot_id, process: ProcessIdentity { pid, start_time }, engine_epoch },
             capabilities,
@@ -247,6 +249,49 @@ impl Describe {
             regions,
         })
     }
+}
+
+/// The longest endpoint a Describe may carry ("[v6 address%scope]:port"
+/// fits): a notification's sender named by its endpoint stays within the
+/// 128 bytes the C API promises.
+pub const MAX_ENDPOINT: usize = 64;
+/// The longest IPC socket name (an abstract Unix socket name has at most
+/// 107 bytes).
+pub const MAX_IPC_NAME: usize = 107;
+
+/// At most the first 48 characters of a text a peer sent, for a message.
+fn shown(text: &str) -> String {
+    let head: String = text.chars().take(48).collect();
+    if head.len() < text.len() {
+        format!("{head:?}... ({} bytes)", text.len())
+    } else {
+        format!("{head:?}")
+    }
+}
+
+/// A Describe's endpoint is empty (none) or IP:port of at most
+/// [`MAX_ENDPOINT`] bytes: it names an unnamed notification sender, so it
+/// may hold nothing else (no NUL, no other name).
+fn check_endpoint(endpoint: &str) -> Result<()> {
+    if endpoint.is_empty() || (endpoint.len() <= MAX_ENDPOINT && endpoint.parse::<std::net::SocketAddr>().is_ok()) {
+        return Ok(());
+    }
+    Err(Error::Protocol(format!(
+        "Describe endpoint {} is not IP:port of at most {MAX_ENDPOINT} bytes",
+        shown(endpoint)
+    )))
+}
+
+/// A Describe's IPC socket name is empty (none) or printable ASCII of at
+/// most [`MAX_IPC_NAME`] bytes.
+fn check_ipc_name(name: &str) -> Result<()> {
+    if name.len() <= MAX_IPC_NAME && name.bytes().all(|b| b.is_ascii_graphic()) {
+        return Ok(());
+    }
+    Err(Error::Protocol(format!(
+        "Describe IPC name {} is not printable ASCII of at most {MAX_IPC_NAME} bytes",
+        shown(name)
+    )))
 }
 
 /// Fixed part of a READ or WRITE request.
@@ -363,6 +408,30 @@ mod tests {
         let mut long = b.clone();
         long.push(0);
         assert!(matches!(Describe::decode(&long), Err(Error::Protocol(m)) if m.contains("trailing")));
+    }
+
+    /// Only IP:port within 64 bytes (or nothing) names a peer; a long,
+    /// NUL-carrying or non-address endpoint, and an IPC name that is not
+    /// short printable ASCII, are refused before anything uses them.
+    #[test]
+    fn a_describe_names_itself_only_by_a_checked_endpoint() {
+        for ok in ["", "127.0.0.1:5", "[::1]:65535", "[fe80::1234:5678:9abc:def0%4294967295]:65535"] {
+            let d = Describe { endpoint: ok.into(), ..sample() };
+            assert_eq!(Describe::decode(&d.encode()).unwrap().endpoint, ok);
+        }
+        let long = format!("127.0.0.1:5{}", "0".repeat(65_000));
+        for bad in ["127.0.0.1:5\0ceo", "node-a", "127.0.0.1", long.as_str()] {
+            let d = Describe { endpoint: bad.into(), ..sample() };
+            let e = Describe::decode(&d.encode()).unwrap_err();
+            assert!(matches!(&e, Error::Protocol(m) if m.contains("endpoint") && m.len() < 200), "{bad:?}: {e}");
+        }
+        for bad in ["with space".to_string(), "x".repeat(108), "nul\0".into()] {
+            let d = Describe { ipc_name: bad.clone(), ..sample() };
+            assert!(
+                matches!(Describe::decode(&d.encode()), Err(Error::Protocol(m)) if m.contains("IPC name")),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
