@@ -312,6 +312,9 @@ impl EngineConfig {
             return Ok(EngineConfig::default());
         }
         let v: Value = serde_json::from_str(text).map_err(|e| Error::InvalidConfig(format!("not valid JSON: {e}")))?;
+        if let Some(key) = super::json_keys::first_duplicate(text) {
+            return Err(Error::InvalidConfig(format!("key `{key}` appears twice; give each key once")));
+        }
         let obj = v
             .as_object()
             .ok_or_else(|| Error::InvalidConfig(format!("expected a JSON object, got {}", type_name(&v))))?;
@@ -560,6 +563,16 @@ mod tests {
         assert!(err(r#"{"max_inflite_bytes": 5}"#).contains("`max_inflite_bytes`"));
         assert!(err(r#"{"mnnvl": {"egmm": true}}"#).contains("`mnnvl.egmm`"));
         assert!(err(r#"{"name": "a", "discovery": {"etcd": ["http://h:1"], "ttl": 3}}"#).contains("`discovery.ttl`"));
+    }
+
+    /// serde_json keeps the last of two equal keys; the config refuses
+    /// them instead, naming the key (nested ones by their path).
+    #[test]
+    fn duplicate_keys_are_refused_and_named() {
+        let e = EngineConfig::from_json(r#"{"io_threads": 1, "io_threads": 8}"#).unwrap_err();
+        assert!(matches!(&e, Error::InvalidConfig(m) if m.contains("key `io_threads` appears twice")), "{e}");
+        let nested = r#"{"name": "a", "discovery": {"etcd": ["http://h:1"], "prefix": "/x", "prefix": "/y"}}"#;
+        assert!(err(nested).contains("key `discovery.prefix` appears twice"));
     }
 
     #[test]

@@ -10,6 +10,7 @@ mod accept;
 pub mod batch;
 pub mod config;
 mod ipc;
+mod json_keys;
 mod notify;
 mod peer;
 mod peers;
