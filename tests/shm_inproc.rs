@@ -657,3 +657,46 @@ fn ipc_channels_are_served_by_the_io_threads() {
     src.close(Some(T)).unwrap();
     a.free().unwrap();
 }
+
+/// `unregister_memory(T)` returns within T even when a cached import's
+/// board slot is pinned by a group in flight (its completion held back by
+/// the fault switch): the wait for the slot and the wait for the region's
+/// leases share one deadline, so the answer is TIMED_OUT after about T,
+/// not 2T, and the region stays registered and served. Guards
+/// `engine/regions.rs` `unregister_memory`'s `deadline` passed to the
+/// region table (a second full timeout doubled it).
+#[test]
+fn unregister_returns_within_its_timeout_with_a_pinned_board_slot() {
+    use std::sync::atomic::Ordering;
+    let src = Engine::new(EngineConfig::default()).unwrap();
+    let req = Engine::new(EngineConfig::default()).unwrap();
+    let a = allocate_shared_host(2 << 20).unwrap();
+    let rid = src.register_memory(a.addr(), 2 << 20, Access::READ_WRITE).unwrap();
+    let local = vec![0u8; 4096];
+    req.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
+    let read = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: a.addr(), len: 4096 };
+    // The first group opens and caches the import; the second runs inside
+    // its board slot and stays there, its completion "not ready".
+    req.submit(peer, &[read], opts).unwrap().wait(T).unwrap();
+    let in_slot = req.stats().ipc["shm"].groups_without_round_trip;
+    req.faults().pending_polls.store(u32::MAX, Ordering::SeqCst);
+    let pinned = req.submit(peer, &[read], opts).unwrap();
+    assert_eq!(pinned.poll(), Status::Pending);
+    let st = req.stats().ipc["shm"].clone();
+    assert_eq!(st.groups_without_round_trip, in_slot + 1, "the group did not enter the slot: {st:?}");
+    const BOUND: Duration = Duration::from_secs(2);
+    let t0 = std::time::Instant::now();
+    let e = src.unregister_memory(rid, Some(BOUND)).unwrap_err();
+    let took = t0.elapsed();
+    assert_eq!(e.status(), Status::TimedOut, "{e}");
+    // About BOUND; the doubled wait took 2 * BOUND.
+    assert!(took < BOUND + BOUND * 3 / 4, "unregister({BOUND:?}) took {took:?}");
+    req.faults().pending_polls.store(0, Ordering::SeqCst);
+    pinned.wait(T).unwrap();
+    assert!(src.regions().iter().any(|r| r.id == rid), "the region was unregistered after all");
+    req.submit(peer, &[read], opts).unwrap().wait(T).unwrap();
+    req.close(Some(T)).unwrap();
+    src.close(Some(T)).unwrap();
+}

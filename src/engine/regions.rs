@@ -48,7 +48,9 @@ impl Engine {
         for t in &self.inner.ipc {
             t.exports.suspend(Some(region), deadline);
         }
-        let r = self.inner.regions.unregister(region, timeout);
+        // One deadline for every wait inside: what the slots took is not
+        // given again to the region's leases.
+        let r = self.inner.regions.unregister(region, deadline.saturating_duration_since(std::time::Instant::now()));
         if r.is_err() {
             for t in &self.inner.ipc {
                 t.exports.resume(region);
