@@ -343,6 +343,51 @@ static void discovery_without_etcd(orbite_engine *e) {
   CHECK(d == NULL);
 }
 
+/* Every handle is checked for its type and liveness before it is touched:
+ * a batch passed as an engine, an engine as a batch or an allocation, a
+ * freed batch and a pointer the library never gave out are
+ * INVALID_ARGUMENT, naming what they are; nothing is dereferenced (ASan and
+ * valgrind run this), and a free of a wrong handle leaves it alone. */
+static void handles_are_checked_for_their_type(void) {
+  static uint8_t remote[4096], local[4096];
+  orbite_engine *src = NULL, *req = NULL;
+  CHECK_STATUS(orbite_engine_new(NULL, &src), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_engine_new(NULL, &req), ORBITE_STATUS_OK);
+  uint64_t rr = 0, lr = 0, peer = 0;
+  CHECK_STATUS(orbite_register_memory(src, remote, sizeof remote, ORBITE_ACCESS_READ, &rr), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_register_memory(req, local, sizeof local, 0, &lr), ORBITE_STATUS_OK);
+  char ep[128];
+  size_t len = 0;
+  CHECK_STATUS(orbite_engine_endpoint(src, ep, sizeof ep, &len), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_connect(req, ep, 5000, &peer), ORBITE_STATUS_OK);
+  orbite_request r = {ORBITE_OP_READ, (uint64_t)(uintptr_t)local, (uint64_t)(uintptr_t)remote, sizeof local};
+  orbite_batch *b = NULL;
+  CHECK_STATUS(orbite_submit(req, peer, &r, 1, NULL, &b), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_batch_wait(b, 30000), ORBITE_STATUS_OK);
+
+  CHECK_STATUS(orbite_engine_endpoint((orbite_engine *)b, ep, sizeof ep, &len), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("is an orbite_batch, not an orbite_engine");
+  CHECK_STATUS(orbite_batch_poll((orbite_batch *)req), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("is an orbite_engine, not an orbite_batch");
+  CHECK(orbite_allocation_addr((orbite_allocation *)req) == NULL);
+  CHECK(orbite_allocation_length((orbite_allocation *)b) == 0);
+  CHECK_STATUS(orbite_engine_endpoint((orbite_engine *)local, ep, sizeof ep, &len), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("not a live handle");
+  /* A free of the wrong type changes nothing: both still work. */
+  orbite_batch_free((orbite_batch *)req);
+  orbite_engine_free((orbite_engine *)b);
+  CHECK_STATUS(orbite_engine_endpoint(req, ep, sizeof ep, &len), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_batch_poll(b), ORBITE_STATUS_OK);
+  orbite_batch_free(b);
+  CHECK_STATUS(orbite_batch_poll(b), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("not a live handle");
+  orbite_batch_free(b); /* a second free is refused, not a double free */
+  CHECK_STATUS(orbite_close(req, 5000), ORBITE_STATUS_OK);
+  CHECK_STATUS(orbite_close(src, 5000), ORBITE_STATUS_OK);
+  orbite_engine_free(req);
+  orbite_engine_free(src);
+}
+
 int main(void) {
   orbite_engine *e = (orbite_engine *)SENTINEL_PTR;
   CHECK_STATUS(orbite_engine_new(NULL, NULL), ORBITE_STATUS_NULL_ARGUMENT);
@@ -359,6 +404,7 @@ int main(void) {
   nobody_listens(e);
   discovery_without_etcd(e);
   batch_outlives_engine();
+  handles_are_checked_for_their_type();
 
   CHECK_STATUS(orbite_flush_nvlink_cache(NULL, 0), ORBITE_STATUS_NULL_ARGUMENT);
   CHECK_STATUS(orbite_flush_nvlink_cache(e, 0), ORBITE_STATUS_OK);

@@ -1,6 +1,7 @@
 //! Engine lifecycle, peers, registration and closing.
 
 use super::boundary::*;
+use super::handles::{give_out, live, take_back};
 use super::types::*;
 use crate::{Access, Engine, Error, RegionInfo, Status, TransportKind};
 use std::ffi::{c_char, c_void};
@@ -40,7 +41,7 @@ pub extern "C" fn orbite_engine_new(config_json: *const c_char, out_engine: *mut
         let out = need_mut(out_engine, "out_engine")?;
         let text = if config_json.is_null() { "" } else { need_str(config_json, "config_json")? };
         let engine = Engine::from_json(text)?;
-        *out = Box::into_raw(Box::new(orbite_engine { engine }));
+        *out = give_out(orbite_engine { engine });
         Ok(())
     })
 }
@@ -54,7 +55,7 @@ pub extern "C" fn orbite_engine_endpoint(
     out_len: *mut usize,
 ) -> orbite_status {
     guard(|| {
-        let e = need(engine, "engine")?;
+        let e = live(engine, "engine")?;
         write_text(&e.engine.endpoint(), buf, cap, out_len)
     })
 }
@@ -68,7 +69,7 @@ pub extern "C" fn orbite_engine_stats_json(
     out_len: *mut usize,
 ) -> orbite_status {
     guard(|| {
-        let e = need(engine, "engine")?;
+        let e = live(engine, "engine")?;
         write_text(&e.engine.stats().to_json(), buf, cap, out_len)
     })
 }
@@ -78,7 +79,7 @@ pub extern "C" fn orbite_engine_stats_json(
 #[no_mangle]
 pub extern "C" fn orbite_engine_transports(engine: *const orbite_engine, out_mask: *mut u32) -> orbite_status {
     guard(|| {
-        let e = need(engine, "engine")?;
+        let e = live(engine, "engine")?;
         let out = need_mut(out_mask, "out_mask")?;
         *out = transport_mask(&e.engine.transports());
         Ok(())
@@ -90,7 +91,7 @@ pub extern "C" fn orbite_engine_transports(engine: *const orbite_engine, out_mas
 #[no_mangle]
 pub extern "C" fn orbite_peer_transports(engine: *mut orbite_engine, peer: u64, out_mask: *mut u32) -> orbite_status {
     guard(|| {
-        let e = need(engine, "engine")?;
+        let e = live(engine, "engine")?;
         let out = need_mut(out_mask, "out_mask")?;
         *out = transport_mask(&e.engine.peer_transports(peer)?);
         Ok(())
@@ -106,10 +107,9 @@ fn transport_mask(kinds: &[TransportKind]) -> u32 {
 #[no_mangle]
 pub extern "C" fn orbite_engine_free(engine: *mut orbite_engine) {
     guard_value((), || {
-        if !engine.is_null() {
-            // SAFETY: a non-NULL engine came from orbite_engine_new and is
-            // freed once by the caller.
-            drop(unsafe { Box::from_raw(engine) });
+        // Anything but a live engine handle is left alone (and said why).
+        if let Err(e) = take_back(engine, "engine").map(drop) {
+            set_last_error(&e.to_string());
         }
     })
 }
@@ -125,7 +125,7 @@ pub extern "C" fn orbite_register_memory(
     out_region: *mut u64,
 ) -> orbite_status {
     guard(|| {
-        let e = need(engine, "engine")?;
+        let e = live(engine, "engine")?;
         let out = need_mut(out_region, "out_region")?;
         if addr.is_null() {
             return Err(Error::NullArgument("addr is NULL".into()));
@@ -146,7 +146,7 @@ pub extern "C" fn orbite_register_memory(
 #[no_mangle]
 pub extern "C" fn orbite_unregister_memory(engine: *mut orbite_engine, region: u64, timeout_ms: u32) -> orbite_status {
     guard(|| {
-        let e = need(engine, "engine")?;
+        let e = live(engine, "engine")?;
         if region == 0 {
             return Err(Error::InvalidArgument("region id 0 is never valid".into()));
         }
@@ -162,7 +162,7 @@ pub extern "C" fn orbite_record_producer_stream(
     cu_stream: *mut c_void,
 ) -> orbite_status {
     guard(|| {
-        let e = need(engine, "engine")?;
+        let e = live(engine, "engine")?;
         if region == 0 {
             return Err(Error::InvalidArgument("region id 0 is never valid".into()));
         }
@@ -179,7 +179,7 @@ pub extern "C" fn orbite_connect(
     out_peer: *mut u64,
 ) -> orbite_status {
     guard(|| {
-        let e = need(engine, "engine")?;
+        let e = live(engine, "engine")?;
         let out = need_mut(out_peer, "out_peer")?;
         let ep = need_str(endpoint, "endpoint")?;
         let id = e.engine.connect(ep, timeout_opt(timeout_ms))?;
@@ -203,7 +203,7 @@ pub extern "C" fn orbite_connect_name(
     out_peer: *mut u64,
 ) -> orbite_status {
     guard(|| {
-        let e = need(engine, "engine")?;
+        let e = live(engine, "engine")?;
         let out = need_mut(out_peer, "out_peer")?;
         let name = need_str(name, "name")?;
         *out = e.engine.connect_name(name, timeout_opt(timeout_ms))?;
@@ -221,7 +221,7 @@ pub extern "C" fn orbite_peer_regions_json(
     out_len: *mut usize,
 ) -> orbite_status {
     guard(|| {
-        let e = need(engine, "engine")?;
+        let e = live(engine, "engine")?;
         need_mut(out_len, "out_len")?;
         let regions = e.engine.peer_regions(peer, None)?;
         write_text(&RegionInfo::list_json(&regions), buf, cap, out_len)
@@ -231,7 +231,7 @@ pub extern "C" fn orbite_peer_regions_json(
 /// Disconnects a peer after its outstanding requests end (up to timeout_ms).
 #[no_mangle]
 pub extern "C" fn orbite_disconnect(engine: *mut orbite_engine, peer: u64, timeout_ms: u32) -> orbite_status {
-    guard(|| need(engine, "engine")?.engine.disconnect(peer, timeout_opt(timeout_ms)))
+    guard(|| live(engine, "engine")?.engine.disconnect(peer, timeout_opt(timeout_ms)))
 }
 
 /// Closes this engine's cached imports of every IPC transport (SHM as well
@@ -240,25 +240,25 @@ pub extern "C" fn orbite_disconnect(engine: *mut orbite_engine, peer: u64, timeo
 /// import (shm_cache_entries) short of orbite_close_requester.
 #[no_mangle]
 pub extern "C" fn orbite_flush_nvlink_cache(engine: *mut orbite_engine, timeout_ms: u32) -> orbite_status {
-    guard(|| need(engine, "engine")?.engine.flush_nvlink_cache(timeout_opt(timeout_ms)))
+    guard(|| live(engine, "engine")?.engine.flush_nvlink_cache(timeout_opt(timeout_ms)))
 }
 
 /// Fences new submissions, waits for accepted ones, closes outgoing connections.
 #[no_mangle]
 pub extern "C" fn orbite_close_requester(engine: *mut orbite_engine, timeout_ms: u32) -> orbite_status {
-    guard(|| need(engine, "engine")?.engine.close_requester(timeout_opt(timeout_ms)))
+    guard(|| live(engine, "engine")?.engine.close_requester(timeout_opt(timeout_ms)))
 }
 
 /// Stops serving new requests and waits for those being served.
 #[no_mangle]
 pub extern "C" fn orbite_close_source(engine: *mut orbite_engine, timeout_ms: u32) -> orbite_status {
-    guard(|| need(engine, "engine")?.engine.close_source(timeout_opt(timeout_ms)))
+    guard(|| live(engine, "engine")?.engine.close_source(timeout_opt(timeout_ms)))
 }
 
 /// Closes the requester side, then the source side, then the engine.
 #[no_mangle]
 pub extern "C" fn orbite_close(engine: *mut orbite_engine, timeout_ms: u32) -> orbite_status {
-    guard(|| need(engine, "engine")?.engine.close(timeout_opt(timeout_ms)))
+    guard(|| live(engine, "engine")?.engine.close(timeout_opt(timeout_ms)))
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Library-owned memory.
 
 use super::boundary::*;
+use super::handles::{give_out, live, take_back};
 use super::types::*;
 use crate::{allocate_shared_host, Allocation, Error, Result};
 use std::ffi::c_void;
@@ -15,24 +16,18 @@ pub extern "C" fn orbite_host_allocate_shared(length: usize, out_alloc: *mut *mu
 /// Start address of an allocation; NULL for NULL.
 #[no_mangle]
 pub extern "C" fn orbite_allocation_addr(alloc: *const orbite_allocation) -> *mut c_void {
-    guard_value(std::ptr::null_mut(), || {
-        // SAFETY: NULL or a live allocation handle per the contract.
-        match unsafe { alloc.as_ref() } {
-            Some(a) => a.alloc.addr() as *mut c_void,
-            None => std::ptr::null_mut(),
-        }
+    guard_value(std::ptr::null_mut(), || match live(alloc, "alloc") {
+        Ok(a) => a.alloc.addr() as *mut c_void,
+        Err(_) => std::ptr::null_mut(),
     })
 }
 
 /// Logical length of an allocation; 0 for NULL.
 #[no_mangle]
 pub extern "C" fn orbite_allocation_length(alloc: *const orbite_allocation) -> usize {
-    guard_value(0, || {
-        // SAFETY: NULL or a live allocation handle per the contract.
-        match unsafe { alloc.as_ref() } {
-            Some(a) => a.alloc.len() as usize,
-            None => 0,
-        }
+    guard_value(0, || match live(alloc, "alloc") {
+        Ok(a) => a.alloc.len() as usize,
+        Err(_) => 0,
     })
 }
 
@@ -44,12 +39,9 @@ pub extern "C" fn orbite_allocation_free(alloc: *mut orbite_allocation) -> orbit
         if alloc.is_null() {
             return Ok(());
         }
-        // SAFETY: non-NULL handle from an orbite_*allocate* call.
-        let a = unsafe { &*alloc };
-        a.alloc.release()?;
-        // SAFETY: released successfully; the handle is freed exactly once here.
-        drop(unsafe { Box::from_raw(alloc) });
-        Ok(())
+        live(alloc, "alloc")?.alloc.release()?;
+        // Released: the handle is taken back (once; a racing free loses).
+        take_back(alloc, "alloc").map(drop)
     })
 }
 
@@ -65,6 +57,6 @@ pub(crate) fn allocate_into(
         return Err(Error::InvalidArgument("length is 0".into()));
     }
     let alloc = f(length as u64)?;
-    *out = Box::into_raw(Box::new(orbite_allocation { alloc }));
+    *out = give_out(orbite_allocation { alloc });
     Ok(())
 }

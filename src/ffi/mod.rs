@@ -16,6 +16,7 @@
 pub(crate) mod boundary;
 pub mod cuda;
 pub mod engine;
+pub(crate) mod handles;
 pub mod log;
 pub mod memory;
 pub mod notify;

@@ -2,6 +2,7 @@
 //! ones received.
 
 use super::boundary::*;
+use super::handles::{give_out, live};
 use super::transfer::submission;
 use super::types::*;
 use crate::Error;
@@ -35,7 +36,7 @@ pub extern "C" fn orbite_notify(
     timeout_ms: u32,
 ) -> orbite_status {
     guard(|| {
-        let e = need(engine, "engine")?;
+        let e = live(engine, "engine")?;
         let m = message(msg, len)?;
         e.engine.notify(peer, m, timeout_opt(timeout_ms))
     })
@@ -58,12 +59,12 @@ pub extern "C" fn orbite_submit_notify(
     out_batch: *mut *mut orbite_batch,
 ) -> orbite_status {
     guard(|| {
-        let e = need(engine, "engine")?;
+        let e = live(engine, "engine")?;
         let out_batch = need_mut(out_batch, "out_batch")?;
         let m = message(msg, len)?;
         let (reqs, o) = submission(requests, count, opts)?;
         let batch = e.engine.submit_with_notification(peer, &reqs, o, m)?;
-        *out_batch = Box::into_raw(Box::new(orbite_batch { batch }));
+        *out_batch = give_out(orbite_batch { batch });
         Ok(())
     })
 }
@@ -85,7 +86,7 @@ pub extern "C" fn orbite_notification_take(
     out_msg_len: *mut usize,
 ) -> orbite_status {
     guard(|| {
-        let e = need(engine, "engine")?;
+        let e = live(engine, "engine")?;
         let out_msg_len = need_mut(out_msg_len, "out_msg_len")?;
         if sender.is_null() {
             return Err(Error::NullArgument("sender is NULL".into()));

@@ -1,6 +1,7 @@
 //! Submissions and batches.
 
 use super::boundary::*;
+use super::handles::{give_out, live, take_back};
 use super::types::*;
 use crate::{Error, Op, Request, RequestResult, Result, Status, SubmitOptions, Transport, TransportKind, MAX_REQUESTS};
 use std::ffi::c_char;
@@ -26,11 +27,11 @@ pub extern "C" fn orbite_submit(
     out_batch: *mut *mut orbite_batch,
 ) -> orbite_status {
     guard(|| {
-        let e = need(engine, "engine")?;
+        let e = live(engine, "engine")?;
         let out_batch = need_mut(out_batch, "out_batch")?;
         let (reqs, o) = submission(requests, count, opts)?;
         let batch = e.engine.submit(peer, &reqs, o)?;
-        *out_batch = Box::into_raw(Box::new(orbite_batch { batch }));
+        *out_batch = give_out(orbite_batch { batch });
         Ok(())
     })
 }
@@ -87,7 +88,7 @@ pub(crate) fn submission(
 #[no_mangle]
 pub extern "C" fn orbite_batch_poll(batch: *mut orbite_batch) -> orbite_status {
     guard_status(|| {
-        let b = need(batch, "batch")?;
+        let b = live(batch, "batch")?;
         let s = b.batch.poll();
         if s == Status::TransferFailed {
             return Err(b.batch.failure());
@@ -100,7 +101,7 @@ pub extern "C" fn orbite_batch_poll(batch: *mut orbite_batch) -> orbite_status {
 #[no_mangle]
 pub extern "C" fn orbite_batch_wait(batch: *mut orbite_batch, timeout_ms: u32) -> orbite_status {
     guard(|| {
-        let b = need(batch, "batch")?;
+        let b = live(batch, "batch")?;
         b.batch.wait(Duration::from_millis(timeout_ms as u64))
     })
 }
@@ -113,7 +114,7 @@ pub extern "C" fn orbite_batch_results(
     count: usize,
 ) -> orbite_status {
     guard(|| {
-        let b = need(batch, "batch")?;
+        let b = live(batch, "batch")?;
         if out.is_null() {
             return Err(Error::NullArgument("out is NULL".into()));
         }
@@ -140,7 +141,7 @@ pub extern "C" fn orbite_batch_result(
     out: *mut orbite_request_result,
 ) -> orbite_status {
     guard(|| {
-        let b = need(batch, "batch")?;
+        let b = live(batch, "batch")?;
         let out = need_mut(out, "out")?;
         *out = c_result(&b.batch.result(index)?);
         Ok(())
@@ -157,7 +158,7 @@ pub extern "C" fn orbite_batch_transport(
     out_transport: *mut u32,
 ) -> orbite_status {
     guard(|| {
-        let b = need(batch, "batch")?;
+        let b = live(batch, "batch")?;
         let out = need_mut(out_transport, "out_transport")?;
         *out = b.batch.transport(index)?.map_or(ORBITE_TRANSPORT_AUTO, TransportKind::c_code);
         Ok(())
@@ -178,7 +179,7 @@ pub extern "C" fn orbite_batch_notes(
     out_len: *mut usize,
 ) -> orbite_status {
     guard(|| {
-        let b = need(batch, "batch")?;
+        let b = live(batch, "batch")?;
         write_text(&b.batch.notes().join("\n"), buf, cap, out_len)
     })
 }
@@ -192,7 +193,7 @@ fn c_result(r: &RequestResult) -> orbite_request_result {
 #[no_mangle]
 pub extern "C" fn orbite_batch_cancel(batch: *mut orbite_batch) -> orbite_status {
     guard(|| {
-        need(batch, "batch")?.batch.cancel();
+        live(batch, "batch")?.batch.cancel();
         Ok(())
     })
 }
@@ -202,9 +203,9 @@ pub extern "C" fn orbite_batch_cancel(batch: *mut orbite_batch) -> orbite_status
 #[no_mangle]
 pub extern "C" fn orbite_batch_free(batch: *mut orbite_batch) {
     guard_value((), || {
-        if !batch.is_null() {
-            // SAFETY: a non-NULL batch came from orbite_submit and is freed once.
-            drop(unsafe { Box::from_raw(batch) });
+        // Anything but a live batch handle is left alone (and said why).
+        if let Err(e) = take_back(batch, "batch").map(drop) {
+            set_last_error(&e.to_string());
         }
     })
 }
