@@ -913,6 +913,8 @@ struct Stats {
   std::map<std::string, TransportStats> transports;  ///< "tcp", "shm", "nvlink", "mnnvl"
   std::uint64_t inflight_bytes = 0, peers = 0, peers_alive = 0, incoming_connections = 0, regions = 0;
   std::uint64_t protocol_errors = 0, connections_refused = 0, fabric_channels_accepted = 0;
+  /// Incoming connections that ended without completing their handshake.
+  std::uint64_t handshakes_abandoned = 0;
   std::uint64_t auth_failures = 0, ipc_uid_refusals = 0, offers_expired = 0;
   std::uint64_t revokes_received = 0, revoke_passes = 0;
   /// TCP answers to requests failed at their deadline, read and dropped.
@@ -981,6 +983,7 @@ inline Stats parse_stats(const std::string &text) {
                      {{"inflight_bytes", &S::inflight_bytes}, {"peers", &S::peers}, {"peers_alive", &S::peers_alive},
                       {"incoming_connections", &S::incoming_connections}, {"regions", &S::regions},
                       {"protocol_errors", &S::protocol_errors}, {"connections_refused", &S::connections_refused},
+                      {"handshakes_abandoned", &S::handshakes_abandoned},
                       {"fabric_channels_accepted", &S::fabric_channels_accepted},
                       {"auth_failures", &S::auth_failures}, {"ipc_uid_refusals", &S::ipc_uid_refusals},
                       {"offers_expired", &S::offers_expired}, {"revokes_received", &S::revokes_received},

@@ -25,6 +25,9 @@ pub struct Counters {
     pub protocol_errors: AtomicU64,
     /// Incoming connections refused at the connection limit.
     pub connections_refused: AtomicU64,
+    /// Incoming TCP connections that ended without completing their
+    /// handshake (silent, too slow, closed for a newer one, refused).
+    pub handshakes_abandoned: AtomicU64,
     /// MNNVL channels accepted over TCP (fabric handles, fabric domain).
     pub fabric_channels: AtomicU64,
     /// Incoming connections and channels that failed authentication.

@@ -19,7 +19,7 @@ use crate::transport::tcp::handshake;
 use crate::transport::tcp::{self, SourceContext};
 use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -38,6 +38,10 @@ pub(crate) struct Listeners {
     limit: usize,
     /// Most incoming IPC channels (Unix) served at once.
     ipc_limit: usize,
+    /// Incoming TCP connections in their handshake at once, in all and
+    /// per source address.
+    pending_max: usize,
+    pending_per_address: usize,
     /// The shared key every incoming TCP connection must prove, if any.
     auth: Option<AuthKey>,
     /// Bound of an incoming connection's first frame and authentication.
@@ -71,6 +75,8 @@ impl Listeners {
             accept_threads: Mutex::new(Vec::new()),
             limit: config.max_incoming_connections as usize,
             ipc_limit: config.max_ipc_channels as usize,
+            pending_max: config.max_pending_handshakes as usize,
+            pending_per_address: config.max_pending_handshakes_per_address as usize,
             auth,
             handshake_timeout: Duration::from_millis(config.handshake_timeout_ms as u64),
             stopping,
@@ -141,6 +147,36 @@ struct Incoming {
     conn: ConnHandle,
     thread: Option<JoinHandle<()>>,
     served: Option<Arc<dyn Served>>,
+    /// Where a TCP connection comes from.
+    from: Option<IpAddr>,
+    /// Its handshake completed and it took a connection slot.
+    handshaken: bool,
+    /// Closed in its handshake for a newer one (no longer pending).
+    evicted: bool,
+}
+
+impl Incoming {
+    fn new(conn: ConnHandle, from: Option<IpAddr>, thread: Option<JoinHandle<()>>) -> Incoming {
+        Incoming { conn, thread, served: None, from, handshaken: false, evicted: false }
+    }
+
+    /// A TCP connection still in its handshake.
+    fn pending(&self) -> bool {
+        matches!(self.conn, ConnHandle::Tcp(_)) && !self.handshaken && !self.evicted
+    }
+
+    /// Closes its socket: the handshake thread's next read or write fails
+    /// and the record goes with it.
+    fn shut(&self) {
+        match &self.conn {
+            ConnHandle::Tcp(s) => {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+            ConnHandle::Unix(s) => {
+                let _ = s.shutdown(Shutdown::Both);
+            }
+        }
+    }
 }
 
 impl Incoming {
@@ -153,14 +189,7 @@ impl Incoming {
     }
 
     fn stop(&mut self) {
-        match &self.conn {
-            ConnHandle::Tcp(s) => {
-                let _ = s.shutdown(Shutdown::Both);
-            }
-            ConnHandle::Unix(s) => {
-                let _ = s.shutdown(Shutdown::Both);
-            }
-        }
+        self.shut();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -170,9 +199,32 @@ impl Incoming {
     }
 }
 
-/// Served connections of one kind: IPC channels (Unix) or the rest.
-fn count(inc: &HashMap<u64, Incoming>, unix: bool) -> usize {
-    inc.values().filter(|c| matches!(c.conn, ConnHandle::Unix(_)) == unix).count()
+/// IPC channels (Unix) being served.
+fn unix_count(inc: &HashMap<u64, Incoming>) -> usize {
+    inc.values().filter(|c| matches!(c.conn, ConnHandle::Unix(_))).count()
+}
+
+/// Handshaken TCP connections (those that hold a connection slot).
+fn handshaken_count(inc: &HashMap<u64, Incoming>) -> usize {
+    inc.values().filter(|c| c.handshaken).count()
+}
+
+/// Makes room for one more pending handshake from `from`: closes the
+/// oldest pending one of that address at its bound, then the oldest of
+/// all at the overall bound (ids grow with time); each is counted in
+/// `handshakes_abandoned` when its thread ends.
+fn make_room(inc: &mut HashMap<u64, Incoming>, from: Option<IpAddr>, per_address: usize, max: usize) {
+    let oldest = |inc: &HashMap<u64, Incoming>, same: bool| {
+        inc.iter().filter(|(_, c)| c.pending() && (!same || c.from == from)).map(|(id, _)| *id).min()
+    };
+    for (same, bound) in [(true, per_address), (false, max)] {
+        while inc.values().filter(|c| c.pending() && (!same || c.from == from)).count() >= bound {
+            let Some(id) = oldest(inc, same) else { break };
+            let rec = inc.get_mut(&id).expect("present");
+            rec.evicted = true;
+            rec.shut();
+        }
+    }
 }
 
 fn reap(inc: &mut HashMap<u64, Incoming>) {
@@ -187,6 +239,26 @@ fn reap(inc: &mut HashMap<u64, Incoming>) {
 }
 
 impl Listeners {
+    /// Connection `id` completed its handshake: it takes a connection slot,
+    /// or is refused `RESOURCE_EXHAUSTED` when all are taken (or it was
+    /// closed for a newer one meanwhile).
+    fn take_slot(&self, id: u64) -> Result<()> {
+        let mut inc = self.incoming.lock();
+        let taken = handshaken_count(&inc);
+        match inc.get_mut(&id) {
+            Some(rec) if !rec.evicted && taken < self.limit => {
+                rec.handshaken = true;
+                Ok(())
+            }
+            Some(rec) if !rec.evicted => {
+                drop(inc);
+                self.counters.connections_refused.fetch_add(1, Ordering::Relaxed);
+                Err(Error::ResourceExhausted(format!("connection limit of {} reached", self.limit)))
+            }
+            _ => Err(Error::Unavailable("closed in its handshake for a newer connection".into())),
+        }
+    }
+
     /// Waits for the next connection; `None` once the engine stops.
     /// Transient failures (e.g. EMFILE) back off briefly instead of spinning.
     fn next_conn<S>(&self, accept: impl Fn() -> std::io::Result<S>) -> Option<S> {
@@ -211,6 +283,7 @@ impl Listeners {
         self: &Arc<Self>,
         inc: &mut HashMap<u64, Incoming>,
         conn: ConnHandle,
+        from: Option<IpAddr>,
         name: &str,
         serve: impl FnOnce(u64, Box<dyn FnOnce() + Send>) -> Option<Arc<dyn Served>> + Send + 'static,
     ) {
@@ -228,6 +301,10 @@ impl Listeners {
             let served = serve(id, Box::new(forget));
             let Some(l) = me.upgrade() else { return };
             let mut inc = l.incoming.lock();
+            let tcp = inc.get(&id).is_some_and(|r| matches!(r.conn, ConnHandle::Tcp(_)));
+            if tcp && !inc.get(&id).is_some_and(|r| r.handshaken) {
+                l.counters.handshakes_abandoned.fetch_add(1, Ordering::Relaxed);
+            }
             // The record (inserted under the lock the spawner holds) keeps
             // the connection its I/O thread serves, or goes; dropping it
             // detaches this thread's handle.
@@ -238,9 +315,9 @@ impl Listeners {
         };
         match std::thread::Builder::new().name(name.into()).spawn(run) {
             Ok(t) => {
-                inc.insert(id, Incoming { conn, thread: Some(t), served: None });
+                inc.insert(id, Incoming::new(conn, from, Some(t)));
             }
-            Err(_) => Incoming { conn, thread: None, served: None }.stop(),
+            Err(_) => Incoming::new(conn, from, None).stop(),
         }
     }
 
@@ -250,7 +327,8 @@ impl Listeners {
             let mut inc = self.incoming.lock();
             reap(&mut inc);
             let limit = self.limit;
-            if count(&inc, false) >= limit || !self.source_gate.is_open() {
+            let from = stream.peer_addr().ok().map(|a| a.ip());
+            if handshaken_count(&inc) >= limit || !self.source_gate.is_open() {
                 drop(inc);
                 self.counters.connections_refused.fetch_add(1, Ordering::Relaxed);
                 let why = if self.source_gate.is_open() {
@@ -265,11 +343,15 @@ impl Listeners {
                 let _ = s.shutdown(Shutdown::Both);
                 continue;
             }
+            // Connections in their handshake take no slot: they have their
+            // own bounds, and the oldest makes room for the newest.
+            make_room(&mut inc, from, self.pending_per_address, self.pending_max);
             let Ok(handle) = stream.try_clone() else { continue };
             let (c, fabric, reactor) = (ctx.clone(), ipc.clone(), self.reactor.clone());
+            let me = Arc::downgrade(&self);
             let (key, timeout, stopping, counters) =
                 (self.auth.clone(), self.handshake_timeout, self.stopping.clone(), self.counters.clone());
-            self.serve_in_thread(&mut inc, ConnHandle::Tcp(handle), "orbite-handshake", move |id, forget| {
+            self.serve_in_thread(&mut inc, ConnHandle::Tcp(handle), from, "orbite-handshake", move |id, forget| {
                 let mut stream = stream;
                 let _ = stream.set_nodelay(true);
                 let _ = stream.set_read_timeout(Some(io::TICK));
@@ -280,7 +362,12 @@ impl Listeners {
                 };
                 // The first frame (after the authentication, when a key is
                 // configured) says what the connection is.
-                match handshake::open(&mut stream, key.as_ref(), timeout, &stop, &counters.auth_failures) {
+                let opened = handshake::open(&mut stream, key.as_ref(), timeout, &stop, &counters.auth_failures)
+                    .and_then(|first| match (first, me.upgrade()) {
+                        (Some(f), Some(l)) => l.take_slot(id).map(|_| Some(f)),
+                        _ => Ok(None),
+                    });
+                match opened {
                     Ok(Some(first)) if first.kind == MsgKind::IpcHello => {
                         let deadline = Instant::now() + timeout;
                         let mut tick = || {
@@ -300,6 +387,8 @@ impl Listeners {
                     Err(e) => {
                         if e.status() == Status::ProtocolError {
                             counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                        if matches!(e.status(), Status::ProtocolError | Status::ResourceExhausted) {
                             handshake::send_error(&mut stream, &e);
                         }
                         let _ = stream.shutdown(Shutdown::Both);
@@ -316,7 +405,7 @@ impl Listeners {
         while let Some(stream) = self.next_conn(|| listener.accept().map(|(s, _)| s)) {
             let mut inc = self.incoming.lock();
             reap(&mut inc);
-            if count(&inc, true) >= self.ipc_limit {
+            if unix_count(&inc) >= self.ipc_limit {
                 drop(inc);
                 self.counters.connections_refused.fetch_add(1, Ordering::Relaxed);
                 let _ = stream.shutdown(Shutdown::Both);
@@ -324,10 +413,16 @@ impl Listeners {
             }
             let Ok(handle) = stream.try_clone() else { continue };
             let (c, reactor) = (ctx.clone(), self.reactor.clone());
-            self.serve_in_thread(&mut inc, ConnHandle::Unix(handle), "orbite-ipc-handshake", move |id, forget| {
-                let ch = Channel::from_stream(stream).ok()?;
-                crate::transport::ipc::source::serve(c, ch, id, None, &reactor, forget)
-            });
+            self.serve_in_thread(
+                &mut inc,
+                ConnHandle::Unix(handle),
+                None,
+                "orbite-ipc-handshake",
+                move |id, forget| {
+                    let ch = Channel::from_stream(stream).ok()?;
+                    crate::transport::ipc::source::serve(c, ch, id, None, &reactor, forget)
+                },
+            );
         }
     }
 }

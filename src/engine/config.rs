@@ -75,6 +75,12 @@ pub struct EngineConfig {
     pub handshake_timeout_ms: u32,
     /// Most incoming control connections served at once.
     pub max_incoming_connections: u32,
+    /// Incoming TCP connections still in their handshake (authentication
+    /// and first frame) at once; they take no connection slot, and the
+    /// oldest is closed when a new one would pass this bound.
+    pub max_pending_handshakes: u32,
+    /// Of them, from one source address.
+    pub max_pending_handshakes_per_address: u32,
     /// Most incoming IPC channels served at once (counted apart from the
     /// control connections).
     pub max_ipc_channels: u32,
@@ -134,6 +140,8 @@ impl Default for EngineConfig {
             default_timeout_ms: 30_000,
             handshake_timeout_ms: 5_000,
             max_incoming_connections: 256,
+            max_pending_handshakes: 128,
+            max_pending_handshakes_per_address: 16,
             max_ipc_channels: 256,
             io_threads: default_io_threads(),
             io_poll_us: 200,
@@ -340,6 +348,10 @@ impl EngineConfig {
                 "default_timeout_ms" => c.default_timeout_ms = get_u32(k, v, 1, 86_400_000)?,
                 "handshake_timeout_ms" => c.handshake_timeout_ms = get_u32(k, v, 1, 600_000)?,
                 "max_incoming_connections" => c.max_incoming_connections = get_u32(k, v, 1, 65_536)?,
+                "max_pending_handshakes" => c.max_pending_handshakes = get_u32(k, v, 1, 65_536)?,
+                "max_pending_handshakes_per_address" => {
+                    c.max_pending_handshakes_per_address = get_u32(k, v, 1, 65_536)?
+                }
                 "max_ipc_channels" => c.max_ipc_channels = get_u32(k, v, 1, 65_536)?,
                 "io_threads" => c.io_threads = get_u32(k, v, 1, 64)?,
                 "io_poll_us" => c.io_poll_us = get_u32(k, v, 0, 10_000)?,
@@ -390,7 +402,7 @@ impl EngineConfig {
         if self.nvlink && self.mnnvl.is_some() {
             return Err(bad("mnnvl", "MNNVL and legacy `nvlink: true` are mutually exclusive; enable one"));
         }
-        let ranges: [(&str, u64, u64, u64); 14] = [
+        let ranges: [(&str, u64, u64, u64); 16] = [
             ("notification_max_bytes", self.notification_max_bytes as u64, 1, MAX_NOTIFICATION_BYTES),
             ("notification_queue", self.notification_queue as u64, 1, 65_536),
             ("shm_cache_entries", self.shm_cache_entries as u64, 0, 4096),
@@ -401,6 +413,8 @@ impl EngineConfig {
             ("default_timeout_ms", self.default_timeout_ms as u64, 1, 86_400_000),
             ("handshake_timeout_ms", self.handshake_timeout_ms as u64, 1, 600_000),
             ("max_incoming_connections", self.max_incoming_connections as u64, 1, 65_536),
+            ("max_pending_handshakes", self.max_pending_handshakes as u64, 1, 65_536),
+            ("max_pending_handshakes_per_address", self.max_pending_handshakes_per_address as u64, 1, 65_536),
             ("max_ipc_channels", self.max_ipc_channels as u64, 1, 65_536),
             ("io_threads", self.io_threads as u64, 1, 64),
             ("io_poll_us", self.io_poll_us as u64, 0, 10_000),
@@ -467,6 +481,8 @@ impl EngineConfig {
             "default_timeout_ms": self.default_timeout_ms,
             "handshake_timeout_ms": self.handshake_timeout_ms,
             "max_incoming_connections": self.max_incoming_connections,
+            "max_pending_handshakes": self.max_pending_handshakes,
+            "max_pending_handshakes_per_address": self.max_pending_handshakes_per_address,
             "max_ipc_channels": self.max_ipc_channels,
             "io_threads": self.io_threads,
             "io_poll_us": self.io_poll_us,

@@ -106,6 +106,11 @@ pub struct EngineStats {
     pub protocol_errors: u64,
     /// Incoming connections refused at the limit.
     pub connections_refused: u64,
+    /// Incoming TCP connections that ended without completing their
+    /// handshake: silent or too slow, closed for a newer one at
+    /// `max_pending_handshakes` (or per address), or refused (those that
+    /// failed the key are also in `auth_failures`).
+    pub handshakes_abandoned: u64,
     /// MNNVL channels accepted over TCP for the fabric domain (peers on
     /// any host of the NVLink partition).
     pub fabric_channels_accepted: u64,
@@ -263,6 +268,7 @@ impl EngineStats {
             regions: live.regions,
             protocol_errors: s.protocol_errors.load(Ordering::Relaxed),
             connections_refused: s.connections_refused.load(Ordering::Relaxed),
+            handshakes_abandoned: s.handshakes_abandoned.load(Ordering::Relaxed),
             fabric_channels_accepted: s.fabric_channels.load(Ordering::Relaxed),
             auth_failures: s.auth_failures.load(Ordering::Relaxed),
             ipc_uid_refusals: s.ipc_uid_refusals.load(Ordering::Relaxed),
