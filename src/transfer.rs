@@ -46,6 +46,18 @@ pub enum RemoteEffect {
     Unknown = 2,
 }
 
+impl RemoteEffect {
+    /// The effect of a request of `op` that failed after it may have
+    /// reached the peer: a READ changes nothing remotely, a WRITE may have
+    /// changed any part of its range. The one place this rule is written.
+    pub fn of_uncertain(op: Op) -> RemoteEffect {
+        match op {
+            Op::Write => RemoteEffect::Unknown,
+            Op::Read => RemoteEffect::None,
+        }
+    }
+}
+
 /// Per-request outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestResult {

@@ -10,7 +10,7 @@ use crate::control::message::{Describe, RegionInfo};
 use crate::error::{Error, Result, Status};
 use crate::kinds::{Transport, TransportKind};
 use crate::memory::{owners, MemoryKind, RegionLease};
-use crate::transfer::{Assist, BatchShared, ChunkOutcome, Op, RemoteEffect, Request, MAX_REQUESTS};
+use crate::transfer::{Assist, BatchShared, ChunkOutcome, RemoteEffect, Request, MAX_REQUESTS};
 use crate::transport::cpu_copy;
 use crate::transport::ipc::messages::op_bit;
 use crate::transport::ipc::plan::independent;
@@ -596,8 +596,7 @@ impl Engine {
                         match self.inner.budget.acquire(len, deadline, "submission") {
                             Ok(x) => x,
                             Err(e) => {
-                                let effect =
-                                    if k > 0 && r.op == Op::Write { RemoteEffect::Unknown } else { RemoteEffect::None };
+                                let effect = if k > 0 { RemoteEffect::of_uncertain(r.op) } else { RemoteEffect::None };
                                 batch.fail_request(i, e.clone(), effect);
                                 failed = Some(e);
                                 break;

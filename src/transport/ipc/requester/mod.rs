@@ -661,7 +661,7 @@ impl IpcRequester {
 
 fn fail_all(out: &mut [ChunkOutcome], items: &[(usize, Request)], e: &Error) {
     for (o, (_, r)) in out.iter_mut().zip(items) {
-        let effect = if r.op == Op::Write { RemoteEffect::Unknown } else { RemoteEffect::None };
+        let effect = RemoteEffect::of_uncertain(r.op);
         *o = ChunkOutcome::failed(e.clone(), effect);
     }
 }

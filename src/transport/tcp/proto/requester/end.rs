@@ -47,7 +47,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
             let mut e = self.pending.remove(&t).expect("present");
             drop(e.hold.take());
             self.abandoned.insert(t, (e.op, e.len));
-            let effect = if e.op == Op::Write { RemoteEffect::Unknown } else { RemoteEffect::None };
+            let effect = RemoteEffect::of_uncertain(e.op);
             let what = format!("without an answer (0x{:x}+{}); its answer will be dropped", e.remote_addr, e.len);
             self.done.push((e.done, ChunkOutcome::failed(late(&what), effect)));
         }
@@ -118,7 +118,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
             } else {
                 reason.clone()
             };
-            let effect = if e.op == Op::Write { RemoteEffect::Unknown } else { RemoteEffect::None };
+            let effect = RemoteEffect::of_uncertain(e.op);
             self.done.push((e.done, ChunkOutcome::failed(err, effect)));
         }
         match std::mem::replace(&mut self.want, Want::Header) {
