@@ -305,6 +305,41 @@ fn free_vmm_fails() {
     assert_eq!(kept.len(), 3 * MIB);
 }
 
+/// S1 under AUTO: with both engines offering the transport and the
+/// remote region its kind of memory, an AUTO submission (no transport
+/// forced) chooses NVLink for a `cuda_ipc` region and MNNVL for an
+/// `mnnvl` one, says so per request, and moves the source's bytes; with
+/// the requester offering neither, AUTO refuses the submission typed (no
+/// transport reaches GPU memory on both sides), as documented. Guards `engine/submit.rs` `select`'s IPC arm under
+/// `Transport::Auto` (every other CUDA test forces the transport).
+fn auto_picks_the_cuda_transports() {
+    let auto = SubmitOptions { transport: Transport::Auto, timeout: Some(Duration::from_secs(60)) };
+    let go = |r: &Req, req: Request| {
+        let b = r.e.submit(r.peer, &[req], auto).unwrap();
+        b.wait(Duration::from_secs(120)).unwrap();
+        b.transport(0).unwrap()
+    };
+    let (src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
+    assert_eq!(go(&r, rd(r.l(0), a + 4096, MIB)), Some(TransportKind::Nvlink));
+    assert!(r.holds(0, 0, MIB, 1, 4096));
+    assert_eq!(r.e.stats().transports["tcp"].requests_completed, 0);
+    // A requester that does not offer NVLink: no transport can carry GPU
+    // memory to GPU memory (TCP needs CPU access on both sides), and AUTO
+    // says so before anything is posted, naming the memory kinds.
+    let none = Req::new("{}", &src.endpoint, TransportKind::Tcp);
+    let Err(e) = none.e.submit(none.peer, &[rd(none.l(1), a, 8192)], auto) else {
+        panic!("AUTO took GPU memory to GPU memory without a CUDA transport")
+    };
+    assert_eq!(e.status(), Status::Unavailable, "{e}");
+    assert!(e.message().contains("cuda -> cuda_ipc"), "{e}");
+    let src = Source::start(MNNVL_FD, "mnnvl", 1, None);
+    let m = Req::new(MNNVL_FD, &src.endpoint, TransportKind::Mnnvl);
+    assert_eq!(go(&m, rd(m.l(0), src.addrs[0], 2 * MIB)), Some(TransportKind::Mnnvl));
+    assert!(m.holds(0, 0, 2 * MIB, 1, 0));
+    assert_eq!(m.e.stats().transports["mnnvl"].requests_completed, 1);
+}
+
 /// M11 (import side): a failed cuMemRelease or cuMemAddressFree while
 /// closing an MNNVL import is Unquiesced: no close receipt, the import and
 /// its charge retained, the source's export kept. Guards
@@ -388,6 +423,7 @@ fn child_case() {
         "nvlink-plan" => nvlink_plan(),
         "producer-source" => producer_at_the_source(),
         "producer-wait-off-io" => producer_wait_off_the_io_thread(),
+        "auto-cuda" => auto_picks_the_cuda_transports(),
         "producer-mnnvl-source" => producer_at_an_mnnvl_source(),
         "pinned-producer" => pinned_producer(),
         "egm-source" => egm_source_without_opt_in(),
@@ -426,6 +462,11 @@ fn b2_the_nvlink_mapping_follows_the_plan_it_is_given() {
     let t = run_traced("nvlink-plan", &[]);
     assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 1, "the independent group: {t:?}");
     assert_eq!(fakecuda::calls(&t, "cuMemcpyAsync"), 2, "the dependent group, in order: {t:?}");
+}
+
+#[test]
+fn s1_auto_picks_nvlink_and_mnnvl_where_memory_and_peers_allow() {
+    run("auto-cuda", &[]);
 }
 
 #[test]
