@@ -3,28 +3,48 @@
 
 mod hostile;
 use hostile::*;
+use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
+use orbite::control::message;
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
+/// A first frame from `s`: its kind and, for an Error, its text.
+fn first_answer(s: &mut TcpStream) -> (MsgKind, String) {
+    use std::io::Read;
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    s.read_exact(&mut h).unwrap();
+    let h = FrameHeader::decode(&h).unwrap();
+    let mut body = vec![0u8; h.body_len as usize];
+    s.read_exact(&mut body).unwrap();
+    let text = match h.kind {
+        MsgKind::Error => message::decode_error(&body).map(|(_, t)| t).unwrap_or_default(),
+        _ => String::new(),
+    };
+    (h.kind, text)
+}
+
+/// 200 silent connections from one address: connections in their
+/// handshake take no slot, one address keeps at most 16 of them (the
+/// oldest are closed for the newest, each counted in
+/// `handshakes_abandoned`), so threads and memory stay bounded and the
+/// existing peer keeps working. Then 20 connections that complete their
+/// handshake: 15 take the free slots (the good peer holds one of 16),
+/// 5 are refused at the limit and told why.
 #[test]
-fn a_connection_flood_is_refused_at_the_limit_with_bounded_threads_and_memory() {
-    // A long handshake timeout keeps the admitted flood connections in their
-    // slots for the whole test, so the counts below are exact.
+fn a_connection_flood_is_bounded_in_its_handshakes_and_refused_at_the_limit() {
+    // A long handshake timeout keeps the pending flood connections waiting
+    // for the whole test, so the counts below are exact.
     let mut g = Good::new(r#"{"max_incoming_connections": 16, "handshake_timeout_ms": 60000}"#);
     g.transfer();
     let threads0 = proc_status("Threads:");
     let rss0 = proc_status("VmRSS:");
     let ep = g.src.endpoint();
-    let mut flood: Vec<TcpStream> = (0..200).map(|_| TcpStream::connect(&ep).unwrap()).collect();
-    // The accept loop handles every one: admitted (15 free slots: the good
-    // peer holds one) or refused at the limit.
+    let flood: Vec<TcpStream> = (0..200).map(|_| TcpStream::connect(&ep).unwrap()).collect();
     let t0 = Instant::now();
     loop {
         let st = g.src.stats();
-        // 200 flood connections plus the good peer.
-        if st.connections_refused as usize + st.incoming_connections > 200 {
-            assert_eq!(st.connections_refused, 200 - 15, "{st:?}");
-            assert_eq!(st.incoming_connections, 16);
+        if st.handshakes_abandoned == 200 - 16 && st.incoming_connections == 16 + 1 {
+            assert_eq!(st.connections_refused, 0, "{st:?}");
             break;
         }
         assert!(t0.elapsed() < LONG, "the flood was not handled: {st:?}");
@@ -34,13 +54,29 @@ fn a_connection_flood_is_refused_at_the_limit_with_bounded_threads_and_memory() 
     for _ in 0..10 {
         g.transfer();
     }
-    // One serving thread per admitted connection, at most the limit.
+    // One handshake thread per pending connection kept, at most 16.
     let threads = proc_status("Threads:");
     assert!(threads <= threads0 + 16 + 2, "threads {threads0} -> {threads}");
-    // A refused connection is told why.
-    let last = flood.last_mut().unwrap();
-    assert!(error_text(last).unwrap_or_default().contains("connection limit"));
+    // Handshaken connections take the slots; past the limit they are
+    // refused and told why.
+    let mut kinds = Vec::new();
+    let mut held = Vec::new();
+    for _ in 0..20 {
+        let mut s = TcpStream::connect(&ep).unwrap();
+        s.set_read_timeout(Some(LONG)).unwrap();
+        std::io::Write::write_all(&mut s, &describe_bytes()).unwrap();
+        let (kind, text) = first_answer(&mut s);
+        if kind == MsgKind::Error {
+            assert!(text.contains("connection limit"), "{text}");
+        }
+        kinds.push(kind);
+        held.push(s);
+    }
+    let admitted = kinds.iter().filter(|k| **k == MsgKind::Describe).count();
+    assert_eq!((admitted, kinds.len() - admitted), (15, 5), "{kinds:?}");
+    assert_eq!(g.src.stats().connections_refused, 5);
     drop(flood);
+    drop(held);
     // Every flood connection ends once its client leaves.
     let t0 = Instant::now();
     while g.src.stats().incoming_connections > 1 {
