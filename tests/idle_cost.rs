@@ -15,7 +15,11 @@ use std::time::Instant;
 #[test]
 fn half_headers_cost_no_cpu() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
-    let src = Engine::from_json(r#"{"handshake_timeout_ms": 30000}"#).unwrap();
+    // All 250 kept waiting in their handshake (by default one address
+    // keeps 16 and the oldest are closed).
+    let cfg = r#"{"handshake_timeout_ms": 30000, "max_pending_handshakes": 256,
+                  "max_pending_handshakes_per_address": 256}"#;
+    let src = Engine::from_json(cfg).unwrap();
     let ep = src.endpoint();
     let conns: Vec<TcpStream> = (0..250)
         .map(|_| {
