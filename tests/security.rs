@@ -506,7 +506,8 @@ fn connect_from(from: std::net::Ipv4Addr, to: std::net::SocketAddr) -> std::io::
 /// with 8 connection slots, and every flood connection closed is counted.
 /// Guards `engine/accept.rs`: the accept loop's `handshaken_count` (all
 /// connections counted, the honest one is refused RESOURCE_EXHAUSTED) and
-/// `make_room` (without it, 256 handshake threads run at once).
+/// `make_room` (without it, 256 handshake threads run at once; the
+/// thread count is sampled, so it allows for threads still ending).
 #[test]
 fn silent_connections_without_the_key_cannot_hold_the_slots() {
     let key = key_file("pending", 0x5c);
@@ -565,9 +566,12 @@ fn silent_connections_without_the_key_cannot_hold_the_slots() {
         st.handshakes_abandoned
     );
     assert_eq!(st.connections_refused, 0, "a connection was refused a slot");
-    // One address holds at most 16 handshakes (threads) at once; the
-    // honest peer's is one more.
-    assert!(most <= 17, "{most} handshakes ran at once");
+    // One address holds at most 16 pending handshakes; the honest peer's
+    // is one more. A thread closed for a newer one takes a moment to
+    // notice and end, and other tests of this binary run handshakes of
+    // their own, so the count allows a few more; without `make_room` it
+    // reaches the flood's 256.
+    assert!(most <= 17 + 16, "{most} handshakes ran at once");
     req.close(Some(LONG)).unwrap();
     src.close(Some(LONG)).unwrap();
 }
