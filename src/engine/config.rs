@@ -62,6 +62,11 @@ pub struct EngineConfig {
     /// default 64: a cached import costs the source nothing but its
     /// charge, and later submissions through it take no round trip).
     pub shm_cache_entries: u32,
+    /// Consecutive requests of one direction contiguous on both sides (in
+    /// one local and one remote region, never across a dependency) move as
+    /// one copy on SHM, NVLink and MNNVL; each keeps its own outcome
+    /// (default true; false for measurement).
+    pub coalesce: bool,
     /// CUDA stream pool slots across all contexts.
     pub nvlink_stream_count: u32,
     /// Single NVLink copies strictly below this many KiB use the synchronous
@@ -134,6 +139,7 @@ impl Default for EngineConfig {
             max_transfer_bytes: 64 * MIB,
             nvlink_cache_entries: 0,
             shm_cache_entries: 64,
+            coalesce: true,
             nvlink_stream_count: 8,
             nvlink_async_memcpy_threshold_kb: 2048,
             transport_policy: TransportKind::DEFAULT_POLICY.to_vec(),
@@ -342,6 +348,7 @@ impl EngineConfig {
                 "max_transfer_bytes" => c.max_transfer_bytes = get_u64(k, v, 4 * KIB, 1 << 40)?,
                 "nvlink_cache_entries" => c.nvlink_cache_entries = get_u32(k, v, 0, 4096)?,
                 "shm_cache_entries" => c.shm_cache_entries = get_u32(k, v, 0, 4096)?,
+                "coalesce" => c.coalesce = get_bool(k, v)?,
                 "nvlink_stream_count" => c.nvlink_stream_count = get_u32(k, v, 1, 4096)?,
                 "nvlink_async_memcpy_threshold_kb" => c.nvlink_async_memcpy_threshold_kb = get_u64(k, v, 0, MIB)?,
                 "transport_policy" => c.transport_policy = parse_policy(k, v)?,
@@ -475,6 +482,7 @@ impl EngineConfig {
             "max_transfer_bytes": self.max_transfer_bytes,
             "nvlink_cache_entries": self.nvlink_cache_entries,
             "shm_cache_entries": self.shm_cache_entries,
+            "coalesce": self.coalesce,
             "nvlink_stream_count": self.nvlink_stream_count,
             "nvlink_async_memcpy_threshold_kb": self.nvlink_async_memcpy_threshold_kb,
             "transport_policy": self.transport_policy.iter().map(|t| t.name()).collect::<Vec<_>>(),

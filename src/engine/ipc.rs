@@ -80,6 +80,7 @@ impl IpcParts<'_> {
                 backend,
                 self.mapping_budget.clone(),
                 cache,
+                self.config.coalesce,
                 self.faults.clone(),
                 self.log.clone(),
             )),

@@ -39,6 +39,13 @@ pub struct IpcStats {
     /// Groups through cached imports revalidated and receipted over the
     /// channel (requester side).
     pub groups_with_round_trips: u64,
+    /// Copies handed to mappings since the engine started: one per
+    /// contiguous run of requests with `coalesce` on, else one per request
+    /// (requester side).
+    pub copies_issued: u64,
+    /// Requests that moved in the copy of the request before them
+    /// (`coalesce`), since the engine started (requester side).
+    pub requests_coalesced: u64,
     /// Exports released because their importing process exited (its
     /// mappings went with it), since the engine started (source side).
     pub exports_reclaimed_after_exit: u64,
@@ -241,6 +248,8 @@ impl EngineStats {
                     exports_answered_after_producer_wait: e.answered_after_producer_wait,
                     groups_without_round_trip: m.fast_groups,
                     groups_with_round_trips: m.round_trip_groups,
+                    copies_issued: m.copies_issued,
+                    requests_coalesced: m.requests_coalesced,
                     pending_groups: *pending,
                     late_groups: m.late_groups,
                     late_completions: m.late_completions,

@@ -11,6 +11,7 @@ use crate::error::{Error, Result, Status};
 use crate::kinds::{Transport, TransportKind};
 use crate::memory::{owners, MemoryKind, RegionLease};
 use crate::transfer::{Assist, BatchShared, ChunkOutcome, RemoteEffect, Request, MAX_REQUESTS};
+use crate::transport::coalesce::LocalSpans;
 use crate::transport::cpu_copy;
 use crate::transport::ipc::messages::op_bit;
 use crate::transport::ipc::plan::independent;
@@ -134,6 +135,21 @@ fn windowed(kind: TransportKind, caches: bool, g: &[Checked<'_>]) -> bool {
         && g.len() >= 2 * WINDOW_REQUESTS
         && g.iter().all(|c| c.lease.region().kind != MemoryKind::PinnedHost)
         && independent(g.iter().map(|c| &c.req))
+}
+
+/// The local regions of a group's requests (each once per run of
+/// requests sharing its lease).
+fn local_spans(g: &[Checked<'_>]) -> LocalSpans {
+    let mut ranges: Vec<(u64, u64)> = Vec::new();
+    let mut last: Option<&Arc<RegionLease>> = None;
+    for c in g {
+        if !last.is_some_and(|l| Arc::ptr_eq(l, c.lease)) {
+            let r = c.lease.region();
+            ranges.push((r.addr, r.addr + r.len));
+            last = Some(c.lease);
+        }
+    }
+    LocalSpans::new(ranges)
 }
 
 /// Errors after which an unposted IPC request may try the next transport.
@@ -473,6 +489,7 @@ impl Engine {
                 device: g[0].lease.region().device,
                 pinned: g.iter().any(|c| c.lease.region().kind == MemoryKind::PinnedHost),
                 group_ops: window.unwrap_or(0),
+                spans: local_spans(&g),
             };
             match transport.requester.run_group(&link, &region, items, local, deadline, defer) {
                 Ok(GroupRun::Done(outcomes)) => batch.complete_chunks(g.iter().map(|c| c.index).zip(outcomes)),

@@ -5,6 +5,7 @@
 //! `cuda_mapping`; `inbox` and `outbox` queue notifications, received and
 //! to send. Nothing here reaches up into the engine.
 
+pub mod coalesce;
 pub mod copy_batch;
 pub mod cpu_copy;
 #[cfg(feature = "cuda")]

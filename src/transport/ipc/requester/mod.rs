@@ -7,7 +7,7 @@ mod cached;
 mod closing;
 mod progress;
 
-use super::backend::{CopyOp, IpcBackend, Mapping, Posting, ReceivedHandle};
+use super::backend::{CopyOp, CopyPlan, IpcBackend, Mapping, Posting, ReceivedHandle};
 use super::board::{self, Board};
 use super::cache::{EntryState, RelocationCache};
 use super::faults::Faults;
@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::memory::owners;
 use crate::sync::admission::{Budget, SharedCharge, SharedCharges};
 use crate::transfer::{ChunkOutcome, Op, RemoteEffect, Request};
+use crate::transport::coalesce::{self, LocalSpans};
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -173,7 +174,7 @@ struct Progress {
 }
 
 /// What a group's local memory is, and what group it is part of.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GroupLocal {
     /// The GPU whose context copies it (`None`: host memory).
     pub device: Option<i32>,
@@ -185,6 +186,9 @@ pub struct GroupLocal {
     /// windows share one (a group mixing READ and WRITE takes one writable
     /// import, not one per direction, each charged for the allocation).
     pub group_ops: u32,
+    /// The local regions the group's requests lie in: a coalesced copy
+    /// stays inside one.
+    pub spans: LocalSpans,
 }
 
 /// Why a subbatch did not run.
@@ -223,6 +227,11 @@ pub struct ImportCounts {
     pub late_completions: u64,
     /// Groups reported at their deadline whose completion is polled now.
     pub late_groups: u64,
+    /// Copies handed to mappings (one per contiguous run of requests when
+    /// coalescing, else one per request).
+    pub copies_issued: u64,
+    /// Requests that moved in the copy of the request before them.
+    pub requests_coalesced: u64,
 }
 
 /// The requester side of one IPC transport.
@@ -245,6 +254,10 @@ pub struct IpcRequester {
     round_trip_groups: AtomicU64,
     /// Groups whose completion came after their deadline had reported them.
     late_completions: AtomicU64,
+    /// Contiguous runs of independent requests move as one copy.
+    coalesce: bool,
+    copies_issued: AtomicU64,
+    requests_coalesced: AtomicU64,
     progress: Mutex<Progress>,
     progress_cv: Condvar,
     /// Fault injection switches (inert unless armed).
@@ -264,11 +277,13 @@ fn envelope_and_ops(items: &[(usize, Request)]) -> ((u64, u64), u32) {
 }
 
 impl IpcRequester {
-    /// A requester over `backend` with a cache of `capacity` entries (0: no cache).
+    /// A requester over `backend` with a cache of `capacity` entries (0: no
+    /// cache), coalescing contiguous runs when `coalesce` is set.
     pub fn new(
         backend: Arc<dyn IpcBackend>,
         budget: Arc<Budget>,
         capacity: usize,
+        coalesce: bool,
         faults: Arc<Faults>,
         log: Arc<crate::log::Logger>,
     ) -> IpcRequester {
@@ -285,6 +300,9 @@ impl IpcRequester {
             fast_groups: AtomicU64::new(0),
             round_trip_groups: AtomicU64::new(0),
             late_completions: AtomicU64::new(0),
+            coalesce,
+            copies_issued: AtomicU64::new(0),
+            requests_coalesced: AtomicU64::new(0),
             progress: Mutex::new(Progress::default()),
             progress_cv: Condvar::new(),
             faults,
@@ -491,7 +509,7 @@ impl IpcRequester {
             }
             (imp, Some((key, entered)))
         };
-        let posted = self.post(imp, key, items, deadline, fences);
+        let posted = self.post(imp, key, items, &local.spans, deadline, fences);
         match (posted.imp.mapping.query(posted.posting()), defer) {
             (Ok(true), _) => Ok(GroupRun::Done(self.finish(posted, Ok(())))),
             (Err(e), _) => Ok(GroupRun::Done(self.finish(posted, Err(e)))),
@@ -536,12 +554,15 @@ impl IpcRequester {
         }
     }
 
-    /// Enqueues (or performs) every copy of the group through the import.
+    /// Enqueues (or performs) every copy of the group through the import:
+    /// independent requests contiguous on both sides as one copy (when
+    /// coalescing), each request's outcome kept with it.
     fn post(
         &self,
         imp: Arc<Import>,
         key: Option<(Key, bool)>,
         items: Vec<(usize, Request)>,
+        spans: &LocalSpans,
         deadline: Instant,
         fences: Vec<owners::Fence>,
     ) -> Posted {
@@ -556,7 +577,14 @@ impl IpcRequester {
                 }
             })
             .collect();
-        let copied = imp.mapping.copy(&ops, classify(&ops));
+        let plan = classify(&ops);
+        let ops = match plan {
+            CopyPlan::Independent if self.coalesce && ops.len() > 1 => coalesce::runs(&ops, |i| items[i].1.op, spans),
+            _ => ops,
+        };
+        self.copies_issued.fetch_add(ops.len() as u64, Ordering::Relaxed);
+        self.requests_coalesced.fetch_add((items.len() - ops.len()) as u64, Ordering::Relaxed);
+        let copied = imp.mapping.copy(&ops, plan);
         let (key, entered) = match key {
             Some((k, e)) => (Some(k), e),
             None => (None, false),
@@ -655,6 +683,8 @@ impl IpcRequester {
         n.late_completions = self.late_completions.load(Ordering::Relaxed);
         n.late_groups = self.late_groups();
         n.fenced_local = self.fenced.lock().len() as u64;
+        n.copies_issued = self.copies_issued.load(Ordering::Relaxed);
+        n.requests_coalesced = self.requests_coalesced.load(Ordering::Relaxed);
         n
     }
 }
