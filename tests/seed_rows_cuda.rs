@@ -156,6 +156,25 @@ fn contiguous_runs_on_the_cuda_paths() {
     }
 }
 
+/// Issue 34: an independent submission naming two remote regions (two
+/// subbatches) returns with both still copying: the first is not waited
+/// for before the second is posted. The stand-in delays each copy by a
+/// second, so both are pending when `submit` returns, then both end Ok.
+/// Guards `engine/submit.rs` `run_ipc`'s `any_order` (without it the
+/// first subbatch is complete, Ok, when `submit` returns).
+fn independent_subbatches_post_ahead() {
+    let src = Source::start(NVLINK, "ipc", 2, None);
+    let (a, b) = (src.addrs[0], src.addrs[1]);
+    let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
+    let reqs = [rd(r.l(0), a, SIZE), rd(r.l(1), b, SIZE)];
+    let batch = r.e.submit(r.peer, &reqs, only(TransportKind::Nvlink)).unwrap();
+    let statuses: Vec<Status> = batch.results().iter().map(|x| x.status).collect();
+    assert_eq!(statuses, vec![Status::Pending; 2]);
+    batch.wait(Duration::from_secs(60)).unwrap();
+    assert_eq!(batch.results(), vec![res(Status::Ok, RemoteEffect::None); 2]);
+    assert!(r.holds(0, 0, SIZE, 1, 0) && r.holds(1, 0, SIZE, 2, 0));
+}
+
 /// M10 (source side): the source hands a producer stream over for its
 /// export (ten slow copies, then the pattern); a requester process READs
 /// as soon as it is served. Guards `transport/nvlink.rs` `export`'s
@@ -451,6 +470,7 @@ fn child_case() {
         "sticky" => sticky_error(),
         "nvlink-plan" => nvlink_plan(),
         "cuda-runs" => contiguous_runs_on_the_cuda_paths(),
+        "any-order" => independent_subbatches_post_ahead(),
         "producer-source" => producer_at_the_source(),
         "producer-wait-off-io" => producer_wait_off_the_io_thread(),
         "auto-cuda" => auto_picks_the_cuda_transports(),
@@ -503,6 +523,11 @@ fn contiguous_runs_move_as_one_native_copy_each_on_nvlink_and_mnnvl() {
     // reads (cuMemcpy) too.
     let enqueued = fakecuda::calls(&t, "copies@device0") - fakecuda::calls(&t, "cuMemcpy");
     assert_eq!(enqueued, 6, "{t:?}");
+}
+
+#[test]
+fn independent_subbatches_are_posted_while_the_first_copies() {
+    run("any-order", &[("FAKECUDA_COPY_DELAY_US", "1000000")]);
 }
 
 #[test]

@@ -43,25 +43,33 @@ fn find_region(d: &Describe, addr: u64) -> Option<&RegionInfo> {
 /// remote range that one writes overlaps another's), every request of a
 /// (region, GPU) joins one group, groups in order of first appearance;
 /// otherwise groups are consecutive runs, so that dependent requests keep
-/// their input order.
-fn group(live: Vec<Checked<'_>>) -> VecDeque<Group<'_>> {
+/// their input order. Also says whether the groups may end in any order
+/// (several groups of independent requests).
+fn group(live: Vec<Checked<'_>>) -> (VecDeque<Group<'_>>, bool) {
     let key = |c: &Checked<'_>| (c.region.map_or(0, |r| r.id), c.lease.region().device);
     let mut groups: VecDeque<Group<'_>> = VecDeque::new();
     // One (region, GPU) for all, the common case: one group either way.
     if live.first().is_some_and(|first| live.iter().all(|c| key(c) == key(first))) {
         groups.push_back(Group::new(live));
-        return groups;
+        return (groups, false);
     }
     if independent(live.iter().map(|c| &c.req)) {
         let mut index: std::collections::HashMap<(u64, Option<i32>), usize> = std::collections::HashMap::new();
+        // Neighbours mostly share their group: looked up once per run.
+        let mut last: Option<((u64, Option<i32>), usize)> = None;
         for c in live {
-            let at = *index.entry(key(&c)).or_insert_with(|| {
-                groups.push_back(Group::new(Vec::new()));
-                groups.len() - 1
-            });
+            let k = key(&c);
+            let at = match last {
+                Some((lk, at)) if lk == k => at,
+                _ => *index.entry(k).or_insert_with(|| {
+                    groups.push_back(Group::new(Vec::new()));
+                    groups.len() - 1
+                }),
+            };
+            last = Some((k, at));
             groups[at].items.push(c);
         }
-        return groups;
+        return (groups, true);
     }
     for c in live {
         match groups.back_mut() {
@@ -69,7 +77,7 @@ fn group(live: Vec<Checked<'_>>) -> VecDeque<Group<'_>> {
             _ => groups.push_back(Group::new(vec![c])),
         }
     }
-    groups
+    (groups, false)
 }
 
 /// One subbatch to run: its requests, whether it is the single-request
@@ -454,7 +462,7 @@ impl Engine {
             fail_unposted(batch, live.iter(), &e);
             return Vec::new();
         }
-        let mut groups = group(live);
+        let (mut groups, any_order) = group(live);
         // With several subbatches, the requester side stays open until the
         // last is posted: close_requester waits, so its flush of the
         // relocation cache never falls between two of them (a later one
@@ -481,10 +489,14 @@ impl Engine {
             let region = *g[0].region.expect("resolved");
             let items: Vec<(usize, Request)> = g.iter().map(|c| (c.index, c.req)).collect();
             // The last group may complete on the progress worker; earlier
-            // ones finish here so that subbatches stay in order. Windows of
-            // one independent group may end in any order: each completes
-            // there.
-            let defer = if groups.is_empty() || window.is_some() { self.deferred_completion(batch, &g) } else { None };
+            // ones of dependent requests finish here so that subbatches
+            // stay in order. Groups of independent requests, and windows
+            // of one independent group, may end in any order: each
+            // completes there, and the next is posted while it copies.
+            let defer = match groups.is_empty() || window.is_some() || any_order {
+                true => self.deferred_completion(batch, &g),
+                false => None,
+            };
             let local = GroupLocal {
                 device: g[0].lease.region().device,
                 pinned: g.iter().any(|c| c.lease.region().kind == MemoryKind::PinnedHost),

@@ -8,6 +8,7 @@
 
 use crate::transport::ipc::backend::{CopyOp, CopyPlan};
 use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 
@@ -15,14 +16,42 @@ use std::sync::Arc;
 /// to another core costs a wake-up of some microseconds).
 pub const PARALLEL_MIN_BYTES: u64 = 512 * 1024;
 
+/// Shares waiting for each copy thread at most (a share is a list of
+/// copies: some kilobytes).
+const QUEUED_SHARES: usize = 256;
+
 /// One share of a group's copies, and where its completion is counted.
 struct Share {
     ops: Vec<CopyOp>,
     done: Arc<(Mutex<usize>, Condvar)>,
 }
 
+/// A copy thread: where its shares go, and how many wait or run there.
+struct Worker {
+    tx: SyncSender<Share>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl Worker {
+    /// Hands `share` over, or gives it back when the queue is full.
+    fn give(&self, share: Share) -> Result<(), Share> {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        self.tx.try_send(share).map_err(|e| {
+            self.queued.fetch_sub(1, Ordering::AcqRel);
+            match e {
+                std::sync::mpsc::TrySendError::Full(s) | std::sync::mpsc::TrySendError::Disconnected(s) => s,
+            }
+        })
+    }
+
+    /// Whether it has nothing queued or running.
+    fn idle(&self) -> bool {
+        self.queued.load(Ordering::Acquire) == 0
+    }
+}
+
 struct Pool {
-    workers: Vec<SyncSender<Share>>,
+    workers: Vec<Worker>,
 }
 
 fn pool() -> &'static Pool {
@@ -33,15 +62,24 @@ fn pool() -> &'static Pool {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let workers = (0..cores.min(8))
             .filter_map(|i| {
-                let (tx, rx) = sync_channel::<Share>(4);
-                std::thread::Builder::new().name(format!("orbite-copy-{i}")).spawn(move || work(rx)).ok().map(|_| tx)
+                // Room for the shares of the groups one submission posts
+                // while the first copy (posting runs ahead of the copy);
+                // past it the caller copies a share itself.
+                let (tx, rx) = sync_channel::<Share>(QUEUED_SHARES);
+                let queued = Arc::new(AtomicUsize::new(0));
+                let q = queued.clone();
+                std::thread::Builder::new()
+                    .name(format!("orbite-copy-{i}"))
+                    .spawn(move || work(rx, &q))
+                    .ok()
+                    .map(|_| Worker { tx, queued })
             })
             .collect();
         Pool { workers }
     })
 }
 
-fn work(rx: Receiver<Share>) {
+fn work(rx: Receiver<Share>, queued: &AtomicUsize) {
     for mut share in rx {
         // The pool gets independent copies only, so their order is free:
         // in source order, blocks scattered over a large import are read
@@ -49,6 +87,7 @@ fn work(rx: Receiver<Share>) {
         // 100 000-block submission gained about 4% here).
         share.ops.sort_unstable_by_key(|o| o.src);
         run(&share.ops);
+        queued.fetch_sub(1, Ordering::AcqRel);
         let (count, cv) = &*share.done;
         *count.lock() += 1;
         cv.notify_all();
@@ -118,9 +157,12 @@ impl Pending {
 pub const ASYNC_MIN_BYTES: u64 = 8 << 20;
 
 /// Whether a group is started on the pool (see [`start`]): independent
-/// copies of at least [`ASYNC_MIN_BYTES`].
+/// copies of at least [`ASYNC_MIN_BYTES`], or of [`PARALLEL_MIN_BYTES`]
+/// while groups started before are copying (the caller would otherwise
+/// copy it alone, beside them, before it could post the next).
 pub fn asynchronous(ops: &[CopyOp], plan: CopyPlan) -> bool {
     pooled(ops, plan, ASYNC_MIN_BYTES)
+        || (pooled(ops, plan, PARALLEL_MIN_BYTES) && pool().workers.iter().any(|w| !w.idle()))
 }
 
 /// Whether the pool takes part: independent copies of at least `min` bytes.
@@ -136,17 +178,19 @@ pub fn start(ops: &[CopyOp]) -> Pending {
     let done = Arc::new((Mutex::new(0usize), Condvar::new()));
     let mut shares = 0;
     for (part, worker) in self::shares(ops, pool.workers.len()).into_iter().zip(&pool.workers) {
-        match worker.try_send(Share { ops: part, done: done.clone() }) {
+        match worker.give(Share { ops: part, done: done.clone() }) {
             Ok(()) => shares += 1,
-            Err(std::sync::mpsc::TrySendError::Full(s) | std::sync::mpsc::TrySendError::Disconnected(s)) => run(&s.ops),
+            Err(s) => run(&s.ops),
         }
     }
     Pending { done, shares }
 }
 
 /// Performs a group's copies: in input order on the caller when `plan` is
-/// ordered or the group is small; otherwise on the caller and the copy pool
-/// at once. Returns when every copy is done.
+/// ordered or the group is small; otherwise on the caller and the idle
+/// threads of the copy pool at once (a busy thread's share is the caller's:
+/// it would wait behind the groups started before). Returns when every copy
+/// is done.
 pub fn copy(ops: &[CopyOp], plan: CopyPlan) {
     let pool = pool();
     if !pooled(ops, plan, PARALLEL_MIN_BYTES) {
@@ -158,10 +202,12 @@ pub fn copy(ops: &[CopyOp], plan: CopyPlan) {
     let done = Arc::new((Mutex::new(0usize), Condvar::new()));
     let mut sent = 0;
     for (part, worker) in parts.into_iter().zip(&pool.workers) {
-        match worker.try_send(Share { ops: part, done: done.clone() }) {
+        let share = Share { ops: part, done: done.clone() };
+        // A busy (or gone) worker: the caller copies that share itself.
+        let given = if worker.idle() { worker.give(share) } else { Err(share) };
+        match given {
             Ok(()) => sent += 1,
-            // A busy (or gone) worker: the caller copies that share itself.
-            Err(std::sync::mpsc::TrySendError::Full(s) | std::sync::mpsc::TrySendError::Disconnected(s)) => run(&s.ops),
+            Err(s) => run(&s.ops),
         }
     }
     run(&mine);

@@ -74,6 +74,10 @@ pub fn independent<'a>(reqs: impl Iterator<Item = &'a Request> + Clone) -> bool 
         }
     }
     let space = |pick: &dyn Fn(&Request) -> (u64, bool)| -> bool {
+        // A space nothing writes holds no conflict (reads may overlap).
+        if !reqs.clone().any(|r| pick(r).1) {
+            return true;
+        }
         let mut v: Vec<(u64, u64, bool)> = reqs
             .clone()
             .map(|r| {
