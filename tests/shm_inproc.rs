@@ -700,3 +700,57 @@ fn unregister_returns_within_its_timeout_with_a_pinned_board_slot() {
     req.close(Some(T)).unwrap();
     src.close(Some(T)).unwrap();
 }
+
+/// An independent submission over more remote regions than the relocation
+/// cache has entries: its subbatches are posted ahead (each still copying
+/// holds its entry), and one refused for want of an idle entry waits for
+/// an earlier one of its own to end instead of failing. Eight 8 MiB
+/// regions, one cache entry: every request Ok, every byte exact. Guards
+/// `engine/submit.rs` `run_ipc`'s `in_flight.wait_for_one` (without it the
+/// later subbatches fail `RESOURCE_EXHAUSTED`, relocation cache full).
+#[test]
+fn subbatches_posted_ahead_wait_for_cache_room_they_hold() {
+    const REGIONS: u64 = 8;
+    const LEN: u64 = 8 << 20;
+    let src = Engine::from_json("{}").unwrap();
+    let req = Engine::from_json(r#"{"shm_cache_entries": 1}"#).unwrap();
+    let a = allocate_shared_host(REGIONS * LEN).unwrap();
+    // SAFETY: the allocation maps REGIONS * LEN bytes, 8-byte aligned.
+    let words = unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u64, (REGIONS * LEN / 8) as usize) };
+    for (i, w) in words.iter_mut().enumerate() {
+        *w = i as u64;
+    }
+    for r in 0..REGIONS {
+        src.register_memory(a.addr() + r * LEN, LEN, Access::READ).unwrap();
+    }
+    let local = allocate_shared_host(REGIONS * LEN).unwrap();
+    req.register_memory(local.addr(), REGIONS * LEN, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    // Region r lands at local slot REGIONS-1-r: independent requests.
+    let reqs: Vec<Request> = (0..REGIONS)
+        .map(|r| Request {
+            op: Op::Read,
+            local_addr: local.addr() + (REGIONS - 1 - r) * LEN,
+            remote_addr: a.addr() + r * LEN,
+            len: LEN,
+        })
+        .collect();
+    for round in 0..3 {
+        let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: None };
+        let b = req.submit(peer, &reqs, opts).unwrap();
+        let _ = b.wait(T);
+        let failed: Vec<String> = (0..reqs.len()).filter_map(|i| b.error(i).map(|e| format!("{i}: {e}"))).collect();
+        assert!(failed.is_empty(), "round {round}: {failed:?}");
+        // SAFETY: the local allocation maps REGIONS * LEN bytes; the batch ended.
+        let got = unsafe { std::slice::from_raw_parts(local.addr() as *const u64, (REGIONS * LEN / 8) as usize) };
+        for r in 0..REGIONS {
+            let at = ((REGIONS - 1 - r) * LEN / 8) as usize;
+            let first = r * LEN / 8;
+            assert_eq!((got[at], got[at + (LEN / 8) as usize - 1]), (first, first + LEN / 8 - 1), "region {r}");
+        }
+    }
+    req.close(Some(T)).unwrap();
+    src.close(Some(T)).unwrap();
+    a.free().unwrap();
+    local.free().unwrap();
+}

@@ -59,8 +59,9 @@ pub struct EngineConfig {
     /// NVLink relocation cache entries (0 = close imports at group end).
     pub nvlink_cache_entries: u32,
     /// SHM relocation cache entries (0 = close imports at group end;
-    /// default 64: a cached import costs the source nothing but its
-    /// charge, and later submissions through it take no round trip).
+    /// default 256: a cached import costs the source nothing but its
+    /// charge, and later submissions through it take no round trip; one
+    /// entry per remote region, and KV pools register about a hundred).
     pub shm_cache_entries: u32,
     /// Consecutive requests of one direction contiguous on both sides (in
     /// one local and one remote region, never across a dependency) move as
@@ -138,7 +139,7 @@ impl Default for EngineConfig {
             max_inflight_bytes: GIB,
             max_transfer_bytes: 64 * MIB,
             nvlink_cache_entries: 0,
-            shm_cache_entries: 64,
+            shm_cache_entries: 256,
             coalesce: true,
             nvlink_stream_count: 8,
             nvlink_async_memcpy_threshold_kb: 2048,

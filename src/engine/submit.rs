@@ -160,6 +160,47 @@ fn local_spans(g: &[Checked<'_>]) -> LocalSpans {
     LocalSpans::new(ranges)
 }
 
+/// The subbatches of one submission still copying on the progress worker:
+/// a subbatch refused for want of room (every relocation cache entry in
+/// use, the mapping budget spent) waits for one of them to end, rather
+/// than failing for room its own submission holds.
+#[derive(Default)]
+struct InFlight {
+    n: parking_lot::Mutex<usize>,
+    cv: parking_lot::Condvar,
+}
+
+/// One subbatch counted in [`InFlight`] until its completion runs (or is
+/// dropped unrun: the subbatch finished on the caller or was refused).
+struct InFlightGuard(Arc<InFlight>);
+
+impl InFlight {
+    fn enter(self: &Arc<Self>) -> InFlightGuard {
+        *self.n.lock() += 1;
+        InFlightGuard(self.clone())
+    }
+
+    /// Waits until fewer than `n` are in flight, `n` being the count now;
+    /// false at once when none is, or when the deadline passes first.
+    fn wait_for_one(&self, deadline: Instant) -> bool {
+        let mut n = self.n.lock();
+        let was = *n;
+        while *n >= was && was > 0 {
+            if self.cv.wait_until(&mut n, deadline).timed_out() {
+                return false;
+            }
+        }
+        was > 0
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        *self.0.n.lock() -= 1;
+        self.0.cv.notify_all();
+    }
+}
+
 /// Errors after which an unposted IPC request may try the next transport.
 fn may_fall_through(e: &Error) -> bool {
     matches!(e.status(), Status::Unavailable | Status::ResourceExhausted | Status::NotSupported)
@@ -463,6 +504,7 @@ impl Engine {
             return Vec::new();
         }
         let (mut groups, any_order) = group(live);
+        let in_flight = Arc::new(InFlight::default());
         // With several subbatches, the requester side stays open until the
         // last is posted: close_requester waits, so its flush of the
         // relocation cache never falls between two of them (a later one
@@ -494,7 +536,7 @@ impl Engine {
             // of one independent group, may end in any order: each
             // completes there, and the next is posted while it copies.
             let defer = match groups.is_empty() || window.is_some() || any_order {
-                true => self.deferred_completion(batch, &g),
+                true => self.deferred_completion(batch, &g, in_flight.enter()),
                 false => None,
             };
             let local = GroupLocal {
@@ -511,6 +553,12 @@ impl Engine {
                         // The source process exited (or its engine is gone):
                         // the peer is gone, as TCP would report it.
                         p.conn.kill(e.clone());
+                    }
+                    if e.status() == Status::ResourceExhausted && in_flight.wait_for_one(deadline) {
+                        // Room this submission holds comes back as its
+                        // earlier subbatches end: try again after one has.
+                        groups.push_front(Group { items: g, retried, window });
+                        continue;
                     }
                     if e.status() == Status::ResourceExhausted && !retried {
                         // One retry, as a single request; the rest of the
@@ -564,6 +612,7 @@ impl Engine {
         &self,
         batch: &Arc<BatchShared>,
         g: &[Checked<'_>],
+        counted: InFlightGuard,
     ) -> Option<crate::transport::ipc::requester::OnDone> {
         let guard = self.inner.requester_gate.enter().ok()?;
         let batch = batch.clone();
@@ -582,6 +631,8 @@ impl Engine {
             drop(held);
             batch.complete_chunks(indices.into_iter().zip(outcomes));
             drop(guard);
+            // Its import is back in the cache (idle) by now.
+            drop(counted);
         }))
     }
 
