@@ -158,3 +158,22 @@ fn bench_measures_notifications_and_many_peers() {
     }
     assert!(table.contains("(3 peers)") && table.contains("without_notify"), "{table}");
 }
+
+/// `--pattern kv`: one descriptor-heavy submission over several regions,
+/// READ and WRITE, with coalescing on and off: every READ block checked,
+/// one copy per run with coalescing (runs stay inside a region on both
+/// sides), one per request without.
+#[test]
+fn bench_measures_the_kv_pattern_with_and_without_coalescing() {
+    let (table, points) =
+        bench_points("kv", "--pattern kv --transport shm --requests 3000 --regions 5 --block-size 4KiB --repeat 1");
+    assert_eq!(points.len(), 4, "{table}");
+    for p in &points {
+        assert_eq!((p["requests_failed"].as_u64(), p["wrong_bytes"].as_u64()), (Some(0), Some(0)), "{p}");
+        assert_eq!(p["requests"], 3000, "{p}");
+        let runs = p["runs"].as_u64().unwrap();
+        assert!(runs > 3000 / 32 && runs < 3000, "{p}");
+        let want = if p["coalesce"] == true { runs } else { 3000 };
+        assert_eq!(p["copies_issued"].as_u64(), Some(want), "{p}");
+    }
+}

@@ -13,6 +13,7 @@
 #[cfg(feature = "cuda")]
 mod cuda;
 mod kv_flow;
+mod kv_pattern;
 mod plot;
 
 use orbite::{allocate_shared_host, Access, Engine, Op, Request, SubmitOptions, Transport, TransportKind};
@@ -44,8 +45,10 @@ usage: orbite-bench [options]
   --op LIST                      read, write (default both)
   --block-size LIST              sizes with B/KiB/MiB/GiB suffixes (default 4KiB,64KiB,1MiB,8MiB)
   --batch-size N                 requests per submission (default 16; up to 1048576 as one submit)
-  --pattern seq|random           remote blocks in address order (default), or distinct blocks
-                                 scattered over the working set (KV-cache shaped)
+  --pattern seq|random|kv        remote blocks in address order (default), or distinct blocks
+                                 scattered over the working set (KV-cache shaped); kv: one
+                                 descriptor-heavy submission over many regions, contiguous
+                                 runs coalesced or not (options: --pattern kv --help)
   --latency                      latency mode: batch 1, p50/p99 against a raw ping-pong in the
                                  same run (a Unix socket pair for shm, TCP loopback for tcp)
   --notify                       also measure notifications: each WRITE point again with a
@@ -353,16 +356,23 @@ fn run_socket_source(o: &Opts) {
 }
 
 fn socket_baseline(o: &Opts, bs: u64) -> f64 {
+    socket_stream_gbps(o.buffer_size, o.duration, bs)
+}
+
+/// A plain TCP stream of `bs`-byte writes over loopback between two
+/// processes for `duration` seconds, rotating over `buffer_size` bytes on
+/// each side: GB/s received.
+fn socket_stream_gbps(buffer_size: u64, duration: f64, bs: u64) -> f64 {
     let l = TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| die(&e.to_string()));
     let addr = l.local_addr().expect("addr").to_string();
     let exe = std::env::current_exe().expect("current_exe");
     let mut child = Command::new(exe)
         .args(["--mode", "socket-source", "--connect", &addr, "--block-size", &bs.to_string()])
-        .args(["--buffer-size", &o.buffer_size.to_string(), "--duration", &o.duration.to_string()])
+        .args(["--buffer-size", &buffer_size.to_string(), "--duration", &duration.to_string()])
         .spawn()
         .unwrap_or_else(|e| die(&format!("spawn baseline: {e}")));
     let (mut s, _) = l.accept().unwrap_or_else(|e| die(&e.to_string()));
-    let mut buf = vec![0u8; o.buffer_size as usize];
+    let mut buf = vec![0u8; buffer_size as usize];
     touch(buf.as_mut_ptr(), buf.len());
     let n = (buf.len() as u64 / bs).max(1) as usize;
     let mut total = 0u64;
@@ -1151,6 +1161,9 @@ fn print_table(points: &[Point]) {
 fn main() {
     if let Some(mode) = kv_flow::wanted() {
         return kv_flow::main(&mode);
+    }
+    if kv_pattern::wanted() {
+        return kv_pattern::main();
     }
     let o = parse_opts();
     match o.mode.as_str() {

@@ -1,0 +1,624 @@
+//! `orbite-bench --pattern kv`: one descriptor-heavy KV transfer, the shape
+//! P/D disaggregation produces: a submission of 100 000+ block requests
+//! over about a hundred registered regions on each side, consecutive blocks
+//! of a sequence contiguous on both sides in runs of 1 to 32 blocks. It
+//! reports, separately, the posting time (until `submit` returns) and the
+//! end-to-end time (until the batch completes), requests per second, the
+//! copies the engine issued (`ipc.<t>.copies_issued`), and the same run's
+//! baselines: one contiguous 2-thread memcpy of the same bytes (SHM) or a
+//! raw TCP stream (TCP), and the same runs copied by hand with 2 threads
+//! (`pattern`: what this machine's memory gives the scattered pattern).
+//! Each point runs with coalescing on and off.
+//!
+//! The target is this binary again (`--role kv-target`): it allocates
+//! `--regions` shared-host regions, fills each 8-byte word with its offset
+//! in the whole allocation (so READs are checked), registers each, prints
+//! its endpoint and serves until its stdin closes.
+
+use orbite::{allocate_shared_host, Access, Engine, Op, Request, SubmitOptions, Transport, TransportKind};
+use std::io::{BufRead, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const HELP: &str = "orbite-bench --pattern kv: one descriptor-heavy KV transfer
+
+usage: orbite-bench --pattern kv [options]
+  --transport LIST        shm, tcp (default both)
+  --op LIST               read, write (default both)
+  --requests N            block requests in the one submission (default 120000)
+  --block-size SIZE       bytes per block request (default 8KiB)
+  --regions N             registered regions on each side (default 101)
+  --run-length MEAN       mean contiguous run, in blocks: lengths 1 to 32, geometric
+                          with this mean before the cap (default 4; 1: fully scattered)
+  --order shuffled|address  runs in random order (default), or in address order
+  --coalesce both|on|off  engine config `coalesce` (default both: a point each)
+  --repeat N              measured submissions per point; the median is shown (default 5)
+  --seed N                the runs' lengths and order (default 1)
+  --config JSON           more keys for the initiator's engine config (default {})
+  --json FILE             one JSON object per point, one per line
+The first submission of each point (fresh import: page faults on first
+touch) is reported apart as `first_ms`. Exit status 1 if any request failed
+or a READ brought wrong bytes.
+";
+
+/// Longest run, in blocks.
+const MAX_RUN: u64 = 32;
+
+/// Whether the command line asks for this workload.
+pub fn wanted() -> bool {
+    let a: Vec<String> = std::env::args().collect();
+    a.windows(2).any(|w| w[0] == "--pattern" && w[1] == "kv")
+        || a.windows(2).any(|w| w[0] == "--role" && w[1] == "kv-target")
+}
+
+#[derive(Debug, Clone)]
+struct KvOpts {
+    role: String,
+    transports: Vec<String>,
+    ops: Vec<Op>,
+    requests: u64,
+    block_size: u64,
+    regions: u64,
+    run_length: f64,
+    address_order: bool,
+    coalesce: Vec<bool>,
+    repeat: usize,
+    seed: u64,
+    json: Option<String>,
+    /// More initiator config keys (a JSON object).
+    config: String,
+    /// Target: bytes per region.
+    region_bytes: u64,
+}
+
+fn parse() -> KvOpts {
+    let mut o = KvOpts {
+        role: "initiator".into(),
+        transports: Vec::new(),
+        ops: Vec::new(),
+        requests: 120_000,
+        block_size: 8 << 10,
+        regions: 101,
+        run_length: 4.0,
+        address_order: false,
+        coalesce: vec![true, false],
+        repeat: 5,
+        seed: 1,
+        json: None,
+        config: "{}".into(),
+        region_bytes: 0,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut it = args.iter();
+    while let Some(k) = it.next() {
+        let mut val = || it.next().cloned().unwrap_or_else(|| super::die(&format!("{k} needs a value")));
+        let num = |v: String, what: &str| -> u64 {
+            v.parse().ok().filter(|n| *n > 0).unwrap_or_else(|| super::die(&format!("{what} takes a positive integer")))
+        };
+        match k.as_str() {
+            "--pattern" => {
+                let _ = val();
+            }
+            "--role" => o.role = val(),
+            "--transport" => o.transports.extend(super::list(&val())),
+            "--op" => {
+                for x in super::list(&val()) {
+                    o.ops.push(match x.as_str() {
+                        "read" => Op::Read,
+                        "write" => Op::Write,
+                        other => super::die(&format!("unknown op {other:?} (read, write)")),
+                    });
+                }
+            }
+            "--requests" => o.requests = num(val(), "--requests"),
+            "--block-size" => o.block_size = super::parse_size(&val()),
+            "--regions" => o.regions = num(val(), "--regions"),
+            "--run-length" => {
+                o.run_length = val()
+                    .parse()
+                    .ok()
+                    .filter(|m: &f64| (1.0..=MAX_RUN as f64).contains(m))
+                    .unwrap_or_else(|| super::die("--run-length takes a mean from 1 to 32"))
+            }
+            "--order" => {
+                o.address_order = match val().as_str() {
+                    "shuffled" => false,
+                    "address" => true,
+                    other => super::die(&format!("unknown order {other:?} (shuffled, address)")),
+                }
+            }
+            "--coalesce" => {
+                o.coalesce = match val().as_str() {
+                    "both" => vec![true, false],
+                    "on" => vec![true],
+                    "off" => vec![false],
+                    other => super::die(&format!("--coalesce both|on|off, not {other:?}")),
+                }
+            }
+            "--repeat" => o.repeat = num(val(), "--repeat") as usize,
+            "--seed" => o.seed = num(val(), "--seed"),
+            "--json" => o.json = Some(val()),
+            "--config" => o.config = val(),
+            "--region-bytes" => o.region_bytes = num(val(), "--region-bytes"),
+            "-h" | "--help" => {
+                print!("{HELP}");
+                std::process::exit(0);
+            }
+            other => super::die(&format!("unknown option {other:?} for --pattern kv (see --pattern kv --help)")),
+        }
+    }
+    if o.block_size == 0 || o.block_size % 8 != 0 {
+        super::die("--block-size must be a positive multiple of 8 bytes");
+    }
+    if o.transports.is_empty() {
+        o.transports = vec!["shm".into(), "tcp".into()];
+    }
+    if o.ops.is_empty() {
+        o.ops = vec![Op::Read, Op::Write];
+    }
+    o
+}
+
+pub fn main() {
+    let o = parse();
+    match o.role.as_str() {
+        "kv-target" => target(&o),
+        "initiator" => initiator(&o),
+        other => super::die(&format!("unknown role {other:?}")),
+    }
+}
+
+/// xorshift64*: the runs' lengths and order, reproducible from `--seed`.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, (self.next() % (i as u64 + 1)) as usize);
+        }
+    }
+}
+
+/// A run: `len` blocks at block `remote` of the target's allocation and
+/// block `local` of the initiator's.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    remote: u64,
+    local: u64,
+    len: u64,
+}
+
+/// Blocks per region on each side: room for every request, and for local
+/// runs packed whole into regions.
+fn blocks_per_region(o: &KvOpts) -> u64 {
+    o.requests.div_ceil(o.regions) + MAX_RUN
+}
+
+/// The workload: runs over the remote regions (each region cut into runs,
+/// no run crossing a region's end), `--requests` blocks in all, then packed
+/// whole into the local regions in another random order.
+fn plan(o: &KvOpts) -> Vec<Run> {
+    let mut rng = Rng(o.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let per = blocks_per_region(o);
+    // Geometric lengths with the asked mean, capped at MAX_RUN.
+    let p = 1.0 / o.run_length;
+    let len_of = |rng: &mut Rng| -> u64 {
+        if p >= 1.0 {
+            return 1;
+        }
+        let u = rng.unit().max(f64::MIN_POSITIVE);
+        ((u.ln() / (1.0 - p).ln()).floor() as u64 + 1).min(MAX_RUN)
+    };
+    let mut runs = Vec::new();
+    let mut left = o.requests;
+    'regions: for r in 0..o.regions {
+        let mut at = 0;
+        while at < per {
+            let len = len_of(&mut rng).min(per - at).min(left);
+            runs.push(Run { remote: r * per + at, local: 0, len });
+            at += len;
+            left -= len;
+            if left == 0 {
+                break 'regions;
+            }
+        }
+    }
+    assert_eq!(left, 0, "the regions hold every request");
+    // Local places: in their own random order, packed into the regions.
+    let mut order: Vec<usize> = (0..runs.len()).collect();
+    rng.shuffle(&mut order);
+    let (mut region, mut at) = (0u64, 0u64);
+    for i in order {
+        if at + runs[i].len > per {
+            (region, at) = (region + 1, 0);
+        }
+        runs[i].local = region * per + at;
+        at += runs[i].len;
+    }
+    assert!(region < o.regions, "the local regions hold every run");
+    if !o.address_order {
+        rng.shuffle(&mut runs);
+    }
+    runs
+}
+
+fn target(o: &KvOpts) {
+    let engine = Engine::from_json("{}").unwrap_or_else(|e| super::die(&e.to_string()));
+    let total = o.region_bytes * o.regions;
+    let alloc = allocate_shared_host(total).unwrap_or_else(|e| super::die(&e.to_string()));
+    // SAFETY: the allocation is `total` bytes, owned here, 8-byte aligned.
+    let words = unsafe { std::slice::from_raw_parts_mut(alloc.addr() as *mut u64, (total / 8) as usize) };
+    for (i, w) in words.iter_mut().enumerate() {
+        *w = i as u64 * 8;
+    }
+    for r in 0..o.regions {
+        engine
+            .register_memory(alloc.addr() + r * o.region_bytes, o.region_bytes, Access::READ_WRITE)
+            .unwrap_or_else(|e| super::die(&e.to_string()));
+    }
+    println!("{}", serde_json::json!({"endpoint": engine.endpoint(), "addr": alloc.addr()}));
+    std::io::stdout().flush().ok();
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    let _ = engine.close(Some(Duration::from_secs(10)));
+}
+
+/// The target process; it exits when its stdin closes.
+struct Target {
+    child: Child,
+    endpoint: String,
+    addr: u64,
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_target(o: &KvOpts) -> Target {
+    let exe = std::env::current_exe().expect("current_exe");
+    let region_bytes = blocks_per_region(o) * o.block_size;
+    let mut child = Command::new(exe)
+        .args(["--role", "kv-target", "--regions", &o.regions.to_string()])
+        .args(["--region-bytes", &region_bytes.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| super::die(&format!("spawn target: {e}")));
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("target line");
+    let v: serde_json::Value =
+        serde_json::from_str(&line).unwrap_or_else(|_| super::die(&format!("target said {line:?}")));
+    Target {
+        endpoint: v["endpoint"].as_str().expect("endpoint").to_string(),
+        addr: v["addr"].as_u64().expect("addr"),
+        child,
+    }
+}
+
+/// One measured point.
+#[derive(Debug, Clone, serde::Serialize)]
+struct KvPoint {
+    transport: String,
+    op: String,
+    coalesce: bool,
+    requests: u64,
+    block_size: u64,
+    regions: u64,
+    runs: u64,
+    bytes: u64,
+    /// Copies the engine issued per submission (IPC transports).
+    copies_issued: u64,
+    /// The first submission, through a fresh import.
+    first_ms: f64,
+    /// Medians of the measured submissions.
+    posting_ms: f64,
+    end_to_end_ms: f64,
+    posting_share: f64,
+    gbps: f64,
+    requests_per_sec: f64,
+    baseline: String,
+    baseline_gbps: f64,
+    ratio_to_baseline: f64,
+    /// The same runs copied by hand, 2 threads: the pattern's ceiling.
+    pattern_memcpy_gbps: f64,
+    ratio_to_pattern: f64,
+    requests_failed: u64,
+    wrong_bytes: u64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// One 2-thread memcpy of `bytes` between two fresh buffers (faulted in
+/// first): the best of 3, GB/s.
+fn memcpy_gbps(bytes: u64) -> f64 {
+    let n = bytes as usize;
+    let src = vec![7u8; n];
+    let mut dst = vec![0u8; n];
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let (a, b) = dst.split_at_mut(n / 2);
+        let (sa, sb) = src.split_at(n / 2);
+        std::thread::scope(|s| {
+            s.spawn(|| a.copy_from_slice(sa));
+            b.copy_from_slice(sb);
+        });
+        best = best.max(bytes as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    std::hint::black_box(&dst);
+    best
+}
+
+/// The same runs copied by hand with 2 threads, from a private buffer of
+/// the remote layout into the local allocation: what the memory system
+/// gives this scattered pattern (the ceiling an engine could reach),
+/// best of 3, GB/s.
+fn runs_memcpy_gbps(runs: &[Run], bs: u64, local: u64, remote_len: u64) -> f64 {
+    let src = vec![3u8; remote_len as usize];
+    let half = runs.len() / 2;
+    let copy = |part: &[Run]| {
+        for r in part {
+            let (from, len) = ((r.remote * bs) as usize, (r.len * bs) as usize);
+            // SAFETY: the local allocation holds every run's local range
+            // (the plan packs them into its regions); nothing else uses it now.
+            let dst = unsafe { std::slice::from_raw_parts_mut((local + r.local * bs) as *mut u8, len) };
+            dst.copy_from_slice(&src[from..from + len]);
+        }
+    };
+    let bytes: u64 = runs.iter().map(|r| r.len * bs).sum();
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        std::thread::scope(|s| {
+            s.spawn(|| copy(&runs[..half]));
+            copy(&runs[half..]);
+        });
+        best = best.max(bytes as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}
+
+fn initiator(o: &KvOpts) {
+    let runs = plan(o);
+    let bs = o.block_size;
+    let bytes = o.requests * bs;
+    let region_bytes = blocks_per_region(o) * bs;
+    let target = spawn_target(o);
+    let local = allocate_shared_host(region_bytes * o.regions).unwrap_or_else(|e| super::die(&e.to_string()));
+    super::touch(local.addr() as *mut u8, (region_bytes * o.regions) as usize);
+    let pattern_gbps = runs_memcpy_gbps(&runs, bs, local.addr(), region_bytes * o.regions);
+    let mut points = Vec::new();
+    for t in &o.transports {
+        let kind = match t.as_str() {
+            "shm" => TransportKind::Shm,
+            "tcp" => TransportKind::Tcp,
+            other => super::die(&format!("--pattern kv measures shm and tcp, not {other:?}")),
+        };
+        let (baseline, baseline_gbps) = match kind {
+            TransportKind::Tcp => ("tcp_stream_1MiB".to_string(), super::socket_stream_gbps(1 << 30, 3.0, 1 << 20)),
+            _ => ("memcpy_2_threads".to_string(), memcpy_gbps(bytes)),
+        };
+        for &coalesce in &o.coalesce {
+            let mut cfg = serde_json::json!({
+                "coalesce": coalesce,
+                "max_inflight_bytes": (bytes * 2).max(1 << 30),
+                "max_transfer_bytes": 64 << 20,
+            });
+            let more: serde_json::Value = serde_json::from_str(&o.config)
+                .ok()
+                .filter(serde_json::Value::is_object)
+                .unwrap_or_else(|| super::die("--config takes a JSON object"));
+            for (k, v) in more.as_object().expect("object") {
+                cfg[k] = v.clone();
+            }
+            let cfg = cfg.to_string();
+            let engine = Engine::from_json(&cfg).unwrap_or_else(|e| super::die(&e.to_string()));
+            for r in 0..o.regions {
+                engine
+                    .register_memory(local.addr() + r * region_bytes, region_bytes, Access::NONE)
+                    .unwrap_or_else(|e| super::die(&e.to_string()));
+            }
+            let peer = engine.connect(&target.endpoint, None).unwrap_or_else(|e| super::die(&e.to_string()));
+            let (local_base, remote_base) = (local.addr(), target.addr);
+            for &op in &o.ops {
+                let reqs: Vec<Request> = runs
+                    .iter()
+                    .flat_map(|r| {
+                        (0..r.len).map(move |k| Request {
+                            op,
+                            local_addr: local_base + (r.local + k) * bs,
+                            remote_addr: remote_base + (r.remote + k) * bs,
+                            len: bs,
+                        })
+                    })
+                    .collect();
+                let p = point(o, &engine, peer, kind, op, coalesce, &reqs, runs.len() as u64, target.addr);
+                points.push(KvPoint {
+                    baseline: baseline.clone(),
+                    baseline_gbps,
+                    ratio_to_baseline: p.gbps / baseline_gbps,
+                    pattern_memcpy_gbps: pattern_gbps,
+                    ratio_to_pattern: p.gbps / pattern_gbps,
+                    ..p
+                });
+            }
+            let _ = engine.close(Some(Duration::from_secs(30)));
+        }
+    }
+    print(&points);
+    if let Some(path) = &o.json {
+        let mut f = std::fs::File::create(path).unwrap_or_else(|e| super::die(&format!("{path}: {e}")));
+        for p in &points {
+            writeln!(f, "{}", serde_json::to_string(p).expect("json")).expect("write json");
+        }
+    }
+    if points.iter().any(|p| p.requests_failed > 0 || p.wrong_bytes > 0) {
+        std::process::exit(1);
+    }
+}
+
+/// The IPC copies issued so far on `kind` (0 for TCP).
+fn copies_issued(engine: &Engine, kind: TransportKind) -> u64 {
+    engine.stats().ipc.get(kind.name()).map_or(0, |s| s.copies_issued)
+}
+
+/// Checks a READ's blocks: each starts with its remote offset and ends
+/// with its last word's. Returns the blocks that did not.
+fn wrong_blocks(reqs: &[Request], remote_base: u64) -> u64 {
+    reqs.iter()
+        .filter(|r| {
+            let off = r.remote_addr - remote_base;
+            let last = r.len - 8;
+            // SAFETY: the local range is inside the initiator's registered
+            // allocation, alive for the run; the batch has completed.
+            let (a, b) = unsafe {
+                (
+                    std::ptr::read_unaligned(r.local_addr as *const u64),
+                    std::ptr::read_unaligned((r.local_addr + last) as *const u64),
+                )
+            };
+            a != off || b != off + last
+        })
+        .count() as u64
+}
+
+#[allow(clippy::too_many_arguments)]
+fn point(
+    o: &KvOpts,
+    engine: &Engine,
+    peer: u64,
+    kind: TransportKind,
+    op: Op,
+    coalesce: bool,
+    reqs: &[Request],
+    runs: u64,
+    remote_base: u64,
+) -> KvPoint {
+    let opts = SubmitOptions { transport: Transport::Only(kind), timeout: Some(Duration::from_secs(120)) };
+    let (mut posting, mut e2e, mut first) = (Vec::new(), Vec::new(), 0.0);
+    let (mut failed, mut wrong, mut copies) = (0u64, 0u64, 0u64);
+    for i in 0..=o.repeat {
+        if op == Op::Read {
+            // Poison the destinations: a READ that moved nothing is seen.
+            for r in reqs {
+                // SAFETY: inside the registered local allocation, idle now.
+                unsafe { std::ptr::write_bytes(r.local_addr as *mut u8, 0xa5, 8) };
+            }
+        }
+        let before = copies_issued(engine, kind);
+        let t0 = Instant::now();
+        let batch = engine.submit(peer, reqs, opts).unwrap_or_else(|e| super::die(&format!("submit: {e}")));
+        let posted = t0.elapsed().as_secs_f64();
+        let res = batch.wait(Duration::from_secs(120));
+        let ended = t0.elapsed().as_secs_f64();
+        if res.is_err() {
+            let results = batch.results();
+            let bad: Vec<usize> = (0..results.len()).filter(|&i| results[i].status != orbite::Status::Ok).collect();
+            if let Some(e) = bad.first().and_then(|&i| batch.error(i)) {
+                eprintln!("{} of {} requests failed; the first: {e}", bad.len(), results.len());
+            }
+            failed += bad.len() as u64;
+        }
+        copies = copies_issued(engine, kind) - before;
+        if op == Op::Read {
+            wrong += wrong_blocks(reqs, remote_base);
+        }
+        if i == 0 {
+            first = ended * 1e3;
+        } else {
+            posting.push(posted * 1e3);
+            e2e.push(ended * 1e3);
+        }
+    }
+    let (posting_ms, end_to_end_ms) = (median(posting), median(e2e));
+    let bytes = reqs.iter().map(|r| r.len).sum::<u64>();
+    KvPoint {
+        transport: kind.name().to_string(),
+        op: super::op_name(op).to_string(),
+        coalesce,
+        requests: reqs.len() as u64,
+        block_size: o.block_size,
+        regions: o.regions,
+        runs,
+        bytes,
+        copies_issued: copies,
+        first_ms: first,
+        posting_ms,
+        end_to_end_ms,
+        posting_share: posting_ms / end_to_end_ms,
+        gbps: bytes as f64 / (end_to_end_ms / 1e3) / 1e9,
+        requests_per_sec: reqs.len() as f64 / (end_to_end_ms / 1e3),
+        baseline: String::new(),
+        baseline_gbps: 0.0,
+        ratio_to_baseline: 0.0,
+        pattern_memcpy_gbps: 0.0,
+        ratio_to_pattern: 0.0,
+        requests_failed: failed,
+        wrong_bytes: wrong,
+    }
+}
+
+fn print(points: &[KvPoint]) {
+    println!(
+        "{:<5} {:<6} {:<8} {:>8} {:>7} {:>8} {:>9} {:>9} {:>10} {:>7} {:>7} {:>9} {:<17} {:>7} {:>6} {:>8} {:>6}",
+        "tport",
+        "op",
+        "coalesce",
+        "requests",
+        "runs",
+        "copies",
+        "first_ms",
+        "post_ms",
+        "e2e_ms",
+        "post%",
+        "GB/s",
+        "Mreq/s",
+        "baseline",
+        "base",
+        "ratio",
+        "pattern",
+        "ratio"
+    );
+    for p in points {
+        println!(
+            "{:<5} {:<6} {:<8} {:>8} {:>7} {:>8} {:>9.1} {:>9.2} {:>10.2} {:>6.1}% {:>7.2} {:>9.2} {:<17} {:>7.2} {:>6.2} {:>8.2} {:>6.2}",
+            p.transport,
+            p.op,
+            p.coalesce,
+            p.requests,
+            p.runs,
+            p.copies_issued,
+            p.first_ms,
+            p.posting_ms,
+            p.end_to_end_ms,
+            p.posting_share * 100.0,
+            p.gbps,
+            p.requests_per_sec / 1e6,
+            p.baseline,
+            p.baseline_gbps,
+            p.ratio_to_baseline,
+            p.pattern_memcpy_gbps,
+            p.ratio_to_pattern
+        );
+        if p.requests_failed > 0 || p.wrong_bytes > 0 {
+            println!("  {} requests failed, {} blocks read wrong", p.requests_failed, p.wrong_bytes);
+        }
+    }
+}
