@@ -862,6 +862,9 @@ struct TransportStats {
   std::uint64_t requests_completed = 0, requests_failed = 0, bytes_completed = 0, bytes_failed = 0;
   std::uint64_t served_requests = 0, served_bytes = 0, served_failed = 0, wire_bytes_sent = 0;
   std::uint64_t requests_fell_through = 0;
+  /// TCP: requests that travelled in the frame of the READ before them
+  /// (config `coalesce`).
+  std::uint64_t requests_coalesced = 0;
 };
 
 /// What an IPC transport holds (stats "ipc" values).
@@ -879,6 +882,9 @@ struct IpcStats {
   /// polled, and those whose completion came late (their import was then
   /// closed, or returned to the cache, as usual).
   std::uint64_t late_groups = 0, late_completions = 0;
+  /// Copies handed to mappings (one per contiguous run with `coalesce`),
+  /// and requests that moved in the copy before them (requester side).
+  std::uint64_t copies_issued = 0, requests_coalesced = 0;
   /// Copies posted per GPU (CUDA transports): device ordinal -> counts.
   struct DeviceCopies {
     std::uint64_t copies = 0, bytes = 0;
@@ -976,7 +982,8 @@ inline Stats parse_stats(const std::string &text) {
                         {"bytes_completed", &T::bytes_completed}, {"bytes_failed", &T::bytes_failed},
                         {"served_requests", &T::served_requests}, {"served_bytes", &T::served_bytes},
                         {"served_failed", &T::served_failed}, {"wire_bytes_sent", &T::wire_bytes_sent},
-                        {"requests_fell_through", &T::requests_fell_through}});
+                        {"requests_fell_through", &T::requests_fell_through},
+                        {"requests_coalesced", &T::requests_coalesced}});
     return t;
   });
   detail::u64_fields(s, d, "stats",
@@ -1023,7 +1030,8 @@ inline Stats parse_stats(const std::string &text) {
                         {"pending_groups", &I::pending_groups}, {"progress_workers", &I::progress_workers},
                         {"exports_reclaimed_after_exit", &I::exports_reclaimed_after_exit},
                         {"exports_answered_after_producer_wait", &I::exports_answered_after_producer_wait},
-                        {"late_groups", &I::late_groups}, {"late_completions", &I::late_completions}});
+                        {"late_groups", &I::late_groups}, {"late_completions", &I::late_completions},
+                        {"copies_issued", &I::copies_issued}, {"requests_coalesced", &I::requests_coalesced}});
     const json::Value &by = detail::object(o, "copies_by_device", at);
     for (std::size_t i = 0; i < by.keys().size(); ++i) {
       const std::string where = at + ".copies_by_device." + by.keys()[i];

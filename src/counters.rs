@@ -15,6 +15,7 @@ struct PerTransport {
     served_failed: AtomicU64,
     wire_bytes_sent: AtomicU64,
     fell_through: AtomicU64,
+    coalesced: AtomicU64,
 }
 
 /// Live counters of one engine.
@@ -69,7 +70,8 @@ pub struct TransportStats {
     pub bytes_completed: u64,
     /// Bytes of failed requests.
     pub bytes_failed: u64,
-    /// Requests peers made of this engine that it served.
+    /// Requests peers made of this engine that it served, as they arrived
+    /// (over TCP, READs a peer coalesced arrive as one).
     pub served_requests: u64,
     /// Bytes served to peers.
     pub served_bytes: u64,
@@ -81,6 +83,10 @@ pub struct TransportStats {
     /// Requests AUTO first routed here that moved to TCP before anything
     /// was posted (the reason is in the batch's notes).
     pub requests_fell_through: u64,
+    /// TCP: requests that moved in the frame of the request before them
+    /// (`coalesce`). The IPC transports count theirs in
+    /// `ipc.<transport>.requests_coalesced`.
+    pub requests_coalesced: u64,
 }
 
 impl Counters {
@@ -129,6 +135,13 @@ impl Counters {
         self.per[t.index()].fell_through.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Records `n` requests that moved in the unit of the one before them.
+    pub fn record_coalesced(&self, t: TransportKind, n: u64) {
+        if n > 0 {
+            self.per[t.index()].coalesced.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
     /// Snapshot of one transport.
     pub fn transport(&self, t: TransportKind) -> TransportStats {
         let p = &self.per[t.index()];
@@ -142,6 +155,7 @@ impl Counters {
             served_failed: p.served_failed.load(Ordering::Relaxed),
             wire_bytes_sent: p.wire_bytes_sent.load(Ordering::Relaxed),
             requests_fell_through: p.fell_through.load(Ordering::Relaxed),
+            requests_coalesced: p.coalesced.load(Ordering::Relaxed),
         }
     }
 }

@@ -262,6 +262,22 @@ impl BatchShared {
         true
     }
 
+    /// [`BatchShared::start`] for the `n` requests from `i` that move as
+    /// one unit (started together, or all cancelled).
+    pub fn start_run(&self, i: usize, n: usize) -> bool {
+        let mut s = self.state.lock();
+        if s.reqs[i].started {
+            return true;
+        }
+        if s.cancelled {
+            return false;
+        }
+        for r in &mut s.reqs[i..i + n] {
+            r.started = true;
+        }
+        true
+    }
+
     /// Records one chunk's outcome for request `i`.
     pub fn complete_chunk(&self, i: usize, out: ChunkOutcome) {
         self.complete_chunks([(i, out)]);

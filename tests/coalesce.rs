@@ -42,7 +42,11 @@ fn pair(coalesce: bool) -> Pair {
 
 impl Pair {
     fn submit(&self, reqs: &[Request]) -> Batch {
-        let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: None };
+        self.submit_on(TransportKind::Shm, reqs)
+    }
+
+    fn submit_on(&self, t: TransportKind, reqs: &[Request]) -> Batch {
+        let opts = SubmitOptions { transport: Transport::Only(t), timeout: None };
         let b = self.req.submit(self.peer, reqs, opts).unwrap();
         b.wait(T).unwrap();
         assert!(b.results().iter().all(|r| r.status == Status::Ok), "{:?}", b.results());
@@ -53,6 +57,11 @@ impl Pair {
     fn counts(&self) -> (u64, u64) {
         let s = &self.req.stats().ipc["shm"];
         (s.copies_issued, s.requests_coalesced)
+    }
+
+    /// Requests that moved in the TCP frame of the one before them.
+    fn tcp_coalesced(&self) -> u64 {
+        self.req.stats().transports["tcp"].requests_coalesced
     }
 
     fn local_word(&self, off: u64) -> u64 {
@@ -176,5 +185,64 @@ fn coalescing_off_issues_a_copy_per_request() {
         assert_eq!(p.local_word(l * BLOCK), r * BLOCK);
     }
     assert!(!Engine::from_json(r#"{"coalesce": false}"#).unwrap().config().coalesce);
+    p.close();
+}
+
+/// TCP: READs in runs move as one frame each (three frames for eight
+/// requests), every block exact; WRITEs keep a frame each (a lost
+/// connection tells a sent WRITE from an unsent one). Guards the unit
+/// loop of `engine/submit.rs` `enqueue_tcp` and its READ-only condition,
+/// and `transport/tcp/requester.rs` `Record::finish` giving each member
+/// the unit's outcome (without it, seven requests never end).
+#[test]
+fn tcp_reads_in_runs_move_as_one_frame_each() {
+    let p = pair(true);
+    let layout = runs(&[(10, 40, 4), (2, 7, 1), (30, 20, 3)]);
+    let k0 = p.tcp_coalesced();
+    let b = p.submit_on(TransportKind::Tcp, &blocks(&p, Op::Read, &layout));
+    assert_eq!(b.results(), vec![RequestResult { status: Status::Ok, remote_effect: RemoteEffect::None }; 8]);
+    assert_eq!(p.tcp_coalesced(), k0 + 5);
+    for &(l, r) in &layout {
+        for w in [0, BLOCK - 8] {
+            assert_eq!(p.local_word(l * BLOCK + w), r * BLOCK + w, "block {l} from {r}");
+        }
+    }
+    let back = runs(&[(10, 50, 4), (2, 60, 1), (30, 56, 3)]);
+    p.submit_on(TransportKind::Tcp, &blocks(&p, Op::Write, &back));
+    assert_eq!(p.tcp_coalesced(), k0 + 5, "WRITEs are not coalesced on TCP");
+    for (&(_, from), &(_, to)) in layout.iter().zip(&back) {
+        assert_eq!(p.remote_word(to * BLOCK + BLOCK - 8), from * BLOCK + BLOCK - 8, "remote block {to}");
+    }
+    let st = p.req.stats().transports["tcp"].clone();
+    assert_eq!((st.requests_completed, st.requests_failed), (16, 0));
+    p.close();
+}
+
+/// TCP: a run crossing from one remote region into the next, or from one
+/// local region into the next, is cut there (two frames for four READs,
+/// each time). Guards the region and lease conditions of `enqueue_tcp`'s
+/// unit loop (without them: one frame, and a source refuses a range
+/// outside one region).
+#[test]
+fn a_tcp_run_is_cut_at_either_sides_region_boundary() {
+    let p = pair(true);
+    for layout in [runs(&[(10, 62, 4)]), runs(&[(62, 0, 4)])] {
+        let k0 = p.tcp_coalesced();
+        p.submit_on(TransportKind::Tcp, &blocks(&p, Op::Read, &layout));
+        assert_eq!(p.tcp_coalesced(), k0 + 2, "{layout:?}");
+        for &(l, r) in &layout {
+            assert_eq!(p.local_word(l * BLOCK), r * BLOCK);
+        }
+    }
+    p.close();
+}
+
+/// `coalesce: false` also keeps TCP at one frame per request.
+#[test]
+fn tcp_coalescing_off_sends_a_frame_per_request() {
+    let p = pair(false);
+    p.submit_on(TransportKind::Tcp, &blocks(&p, Op::Read, &runs(&[(10, 40, 4)])));
+    assert_eq!(p.tcp_coalesced(), 0);
+    assert_eq!(p.local_word(13 * BLOCK), 43 * BLOCK);
     p.close();
 }

@@ -269,6 +269,41 @@ fn peer_killed_before_and_during_transfers() {
     keeper.close();
 }
 
+/// A source killed in the middle of coalesced READs (issue 34): eight
+/// contiguous 1 MiB READs travel as one frame, the source is frozen with
+/// them unanswered, then killed. Each of the eight ends on its own, failed
+/// with no remote effect, and a WRITE after them (its own frame) too, with
+/// an effect of its own. Guards `transport/tcp/requester.rs`
+/// `Record::finish` fanning the unit's outcome out to every member
+/// (without it, seven READs never end and the batch is never complete).
+#[test]
+fn a_source_killed_under_coalesced_reads_ends_each_of_them() {
+    let e = engine(r#"{"default_timeout_ms": 60000}"#);
+    let (local, _) = local_buf(&e, 16 << 20);
+    let b = PeerProc::spawn(&["--size", &(16u64 << 20).to_string()]);
+    let pb = e.connect(&b.endpoint, None).unwrap();
+    b.freeze();
+    let mut reqs: Vec<Request> =
+        (0..8u64).map(|i| req(Op::Read, &local, (i << 20) as usize, b.addr + (i << 20), 1 << 20)).collect();
+    reqs.push(req(Op::Write, &local, 8 << 20, b.addr + (8 << 20), 4096));
+    let batch =
+        e.submit(pb, &reqs, SubmitOptions { timeout: Some(Duration::from_secs(60)), ..Default::default() }).unwrap();
+    assert_eq!(e.stats().transports["tcp"].requests_coalesced, 7, "eight READs in one frame");
+    assert_eq!(batch.poll(), Status::Pending);
+    b.kill();
+    assert!(batch.wait(LONG).is_err());
+    let res = batch.results();
+    for (i, r) in res[..8].iter().enumerate() {
+        assert_eq!(r.remote_effect, RemoteEffect::None, "READ {i}: {res:?}");
+        assert!(r.status != Status::Ok && r.status != Status::Pending, "READ {i}: {res:?}");
+        assert_eq!(batch.error(i).map(|x| x.status()), Some(res[0].status), "READ {i} got its own outcome");
+    }
+    assert!(res[8].status != Status::Ok && res[8].status != Status::Pending, "{res:?}");
+    let st = e.stats();
+    assert_eq!((st.transports["tcp"].requests_failed, st.inflight_bytes), (9, 0));
+    e.close(Some(LONG)).unwrap();
+}
+
 #[test]
 fn silent_peer_times_out_within_the_deadline() {
     let e = engine("");

@@ -10,7 +10,7 @@ use crate::control::message::{Describe, RegionInfo};
 use crate::error::{Error, Result, Status};
 use crate::kinds::{Transport, TransportKind};
 use crate::memory::{owners, MemoryKind, RegionLease};
-use crate::transfer::{Assist, BatchShared, ChunkOutcome, RemoteEffect, Request, MAX_REQUESTS};
+use crate::transfer::{Assist, BatchShared, ChunkOutcome, Op, RemoteEffect, Request, MAX_REQUESTS};
 use crate::transport::coalesce::LocalSpans;
 use crate::transport::cpu_copy;
 use crate::transport::ipc::messages::op_bit;
@@ -637,15 +637,28 @@ impl Engine {
     }
 
     /// Splits requests into chunks, admits them and queues them on the
-    /// peer's TCP connection.
+    /// peer's TCP connection. With `coalesce`, consecutive READs whose
+    /// ranges follow each other on both sides (one local lease, one remote
+    /// region, together at most a chunk) move as one chunk: one frame, one
+    /// answer, the outcome given to each of them. WRITEs keep a frame each:
+    /// a connection lost midway makes a sent WRITE `Unknown` and an unsent
+    /// one `None`, and one frame for several would blur that line.
     fn enqueue_tcp(&self, p: &Peer, batch: &Arc<BatchShared>, live: Vec<Checked<'_>>, deadline: Instant) {
         let max_chunk = self.inner.config.max_transfer_bytes;
+        let coalesce = self.inner.config.coalesce;
         let gate = &self.inner.requester_gate;
         // A small batch's waiter reads the answers itself while it spins.
         batch.assisted_by(Arc::downgrade(&p.conn) as Weak<dyn Assist>);
         let mut staged: Vec<Chunk> = Vec::new();
         let mut failed: Option<Error> = None;
-        for c in live {
+        let mut coalesced = 0u64;
+        let fail_unit = |i: usize, n: u32, e: &Error, effect: RemoteEffect| {
+            for m in i..i + n as usize {
+                batch.fail_request(m, e.clone(), effect);
+            }
+        };
+        let mut live = live.into_iter().peekable();
+        while let Some(c) = live.next() {
             let (i, r) = (c.index, c.req);
             if let Some(e) = &failed {
                 batch.plan(i, 1, TransportKind::Tcp);
@@ -653,7 +666,8 @@ impl Engine {
                 continue;
             }
             let region = c.region.expect("resolved");
-            if c.lease.region().kind == MemoryKind::PinnedHost && owners::fenced(r.local_addr) {
+            let pinned = c.lease.region().kind == MemoryKind::PinnedHost;
+            if pinned && owners::fenced(r.local_addr) {
                 // A GPU group holds (or fenced) the whole local pinned
                 // allocation: no CPU access meanwhile.
                 batch.plan(i, 1, TransportKind::Tcp);
@@ -664,20 +678,40 @@ impl Engine {
                 batch.fail_request(i, e, RemoteEffect::None);
                 continue;
             }
-            let n_chunks = r.len.div_ceil(max_chunk);
-            batch.plan(i, n_chunks as u32, TransportKind::Tcp);
+            // The unit: this request and those after it that continue it.
+            let (mut count, mut len) = (1u32, r.len);
+            while coalesce && r.op == Op::Read && len < max_chunk {
+                let Some(n) = live.peek() else { break };
+                let joins = n.index == i + count as usize
+                    && n.req.op == r.op
+                    && Arc::ptr_eq(n.lease, c.lease)
+                    && n.region.is_some_and(|g| g.id == region.id && g.epoch == region.epoch)
+                    && n.req.local_addr == r.local_addr + len
+                    && n.req.remote_addr == r.remote_addr + len
+                    && len + n.req.len <= max_chunk
+                    && !(pinned && owners::fenced(n.req.local_addr));
+                if !joins {
+                    break;
+                }
+                len += n.req.len;
+                count += 1;
+                live.next();
+            }
+            coalesced += count as u64 - 1;
+            let n_chunks = len.div_ceil(max_chunk);
+            batch.plan_each(i..i + count as usize, n_chunks as u32, TransportKind::Tcp);
             for k in 0..n_chunks {
                 let off = k * max_chunk;
-                let len = (r.len - off).min(max_chunk);
-                let permit = match self.inner.budget.try_acquire(len) {
+                let piece = (len - off).min(max_chunk);
+                let permit = match self.inner.budget.try_acquire(piece) {
                     Some(x) => x,
                     None => {
                         p.conn.enqueue(std::mem::take(&mut staged));
-                        match self.inner.budget.acquire(len, deadline, "submission") {
+                        match self.inner.budget.acquire(piece, deadline, "submission") {
                             Ok(x) => x,
                             Err(e) => {
                                 let effect = if k > 0 { RemoteEffect::of_uncertain(r.op) } else { RemoteEffect::None };
-                                batch.fail_request(i, e.clone(), effect);
+                                fail_unit(i, count, &e, effect);
                                 failed = Some(e);
                                 break;
                             }
@@ -688,7 +722,7 @@ impl Engine {
                 let (guard, peer_guard) = match guards {
                     Ok(g) => g,
                     Err(e) => {
-                        batch.fail_request(i, e.clone(), RemoteEffect::None);
+                        fail_unit(i, count, &e, RemoteEffect::None);
                         failed = Some(e);
                         break;
                     }
@@ -696,10 +730,11 @@ impl Engine {
                 staged.push(Chunk {
                     batch: batch.clone(),
                     index: i,
+                    count,
                     op: r.op,
                     local_addr: r.local_addr + off,
                     remote_addr: r.remote_addr + off,
-                    len,
+                    len: piece,
                     region_epoch: region.epoch,
                     deadline,
                     lease: c.lease.clone(),
@@ -709,6 +744,7 @@ impl Engine {
                 });
             }
         }
+        self.inner.stats.record_coalesced(TransportKind::Tcp, coalesced);
         p.conn.enqueue(staged);
     }
 }

@@ -320,7 +320,7 @@ struct KvPoint {
     regions: u64,
     runs: u64,
     bytes: u64,
-    /// Copies the engine issued per submission (IPC transports).
+    /// Copies the engine issued per submission (TCP: frames).
     copies_issued: u64,
     /// The first submission, through a fresh import.
     first_ms: f64,
@@ -474,9 +474,14 @@ fn initiator(o: &KvOpts) {
     }
 }
 
-/// The IPC copies issued so far on `kind` (0 for TCP).
+/// The copies issued so far on `kind` (IPC transports), or, for TCP, the
+/// requests that moved in the frame of the one before them.
 fn copies_issued(engine: &Engine, kind: TransportKind) -> u64 {
-    engine.stats().ipc.get(kind.name()).map_or(0, |s| s.copies_issued)
+    let st = engine.stats();
+    match kind {
+        TransportKind::Tcp => st.transports[kind.name()].requests_coalesced,
+        _ => st.ipc.get(kind.name()).map_or(0, |s| s.copies_issued),
+    }
 }
 
 /// Checks a READ's blocks: each starts with its remote offset and ends
@@ -536,7 +541,10 @@ fn point(
             }
             failed += bad.len() as u64;
         }
-        copies = copies_issued(engine, kind) - before;
+        copies = match kind {
+            TransportKind::Tcp => reqs.len() as u64 - (copies_issued(engine, kind) - before),
+            _ => copies_issued(engine, kind) - before,
+        };
         if op == Op::Read {
             wrong += wrong_blocks(reqs, remote_base);
         }

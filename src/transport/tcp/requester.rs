@@ -34,8 +34,13 @@ use std::time::Instant;
 pub struct Chunk {
     /// Completion record.
     pub batch: Arc<BatchShared>,
-    /// Request index in the batch.
+    /// Request index in the batch: the first of `count` consecutive
+    /// requests whose ranges follow each other on both sides (coalesced
+    /// into this one unit; 1 otherwise).
     pub index: usize,
+    /// Requests the unit carries (`index..index + count`); each gets the
+    /// unit's outcome.
+    pub count: u32,
     /// Direction.
     pub op: Op,
     /// Local address.
@@ -63,6 +68,7 @@ pub struct Chunk {
 struct Record {
     batch: Arc<BatchShared>,
     index: usize,
+    count: u32,
     permit: Option<Permit>,
     guard: Option<GateGuard>,
     peer_guard: Option<GateGuard>,
@@ -70,7 +76,7 @@ struct Record {
 
 impl Startable for Record {
     fn start(&self) -> bool {
-        self.batch.start(self.index)
+        self.batch.start_run(self.index, self.count as usize)
     }
 }
 
@@ -79,10 +85,13 @@ impl Record {
     /// already), then records its outcome: a waiter woken by the batch sees
     /// every resource of the chunk released.
     fn finish(self, out: ChunkOutcome) {
-        let Record { batch, index, permit, guard, peer_guard } = self;
+        let Record { batch, index, count, permit, guard, peer_guard } = self;
         drop(permit);
         drop(guard);
-        batch.complete_chunk(index, out);
+        match count {
+            1 => batch.complete_chunk(index, out),
+            n => batch.complete_chunks((index..index + n as usize).map(|i| (i, out.clone()))),
+        }
         drop(peer_guard);
     }
 }
@@ -92,6 +101,7 @@ impl Chunk {
         let Chunk {
             batch,
             index,
+            count,
             op,
             local_addr,
             remote_addr,
@@ -110,7 +120,7 @@ impl Chunk {
             len,
             region_epoch,
             deadline,
-            done: Record { batch, index, permit, guard, peer_guard },
+            done: Record { batch, index, count, permit, guard, peer_guard },
             hold: lease,
         }
     }
@@ -640,6 +650,7 @@ mod tests {
         conn.enqueue(vec![Chunk {
             batch: batch.clone(),
             index: 0,
+            count: 1,
             op: Op::Read,
             local_addr: addr,
             remote_addr: 0x7000,
