@@ -121,24 +121,24 @@ fn bandwidth_rows_meet_the_threshold(q: &Qual) -> usize {
     rows.len()
 }
 
-/// The full plan on one device and on two: NVLink (8 modes x device/host/
+/// The full plan on one device and on two: NVLink (9 modes x device/host/
 /// mixed, no bandwidth for mixed), NVLink on adopted cuMemAlloc memory
 /// (healthy, batch, cache, readers), MNNVL POSIX fd, fabric, fabric with a
-/// fabric domain and EGM (healthy, batch, cache, readers, bandwidth each),
-/// and the topology row.
+/// fabric domain and EGM (healthy, batch, cache, readers, bandwidth, kv
+/// each), and the topology row.
 fn every_mode(name: &str, devices: &str, env: &[(&str, &str)]) -> Qual {
     let mut args = FULL.to_vec();
     args.extend(["--devices", devices]);
     let q = qualify(name, Variant::Full, &args, env);
     assert_eq!(q.code, 0, "{}", q.stdout);
-    assert_eq!(q.count("nvlink", "PASS"), 23, "{}", q.stdout);
+    assert_eq!(q.count("nvlink", "PASS"), 26, "{}", q.stdout);
     assert_eq!(q.count("nvlink-adopted", "PASS"), 4, "{}", q.stdout);
     for t in ["mnnvl-posix_fd", "mnnvl-fabric", "mnnvl-fabric_domain", "mnnvl-egm"] {
-        assert_eq!(q.count(t, "PASS"), 5, "{t}: {}", q.stdout);
+        assert_eq!(q.count(t, "PASS"), 6, "{t}: {}", q.stdout);
     }
     assert_eq!(q.count("devices", "PASS"), 1, "{}", q.stdout);
-    assert_eq!(q.rows().len(), 48, "{}", q.stdout);
-    assert_eq!(q.report["summary"], serde_json::json!({"PASS": 48, "FAIL": 0, "SKIP": 0}));
+    assert_eq!(q.rows().len(), 55, "{}", q.stdout);
+    assert_eq!(q.report["summary"], serde_json::json!({"PASS": 55, "FAIL": 0, "SKIP": 0}));
     let readers = q.row("nvlink", "readers")["detail"].as_str().unwrap().to_string();
     assert!(readers.starts_with("4 readers held one allocation at once"), "{readers}");
     assert!(readers.ends_with("a WRITE landed beside their imports"), "{readers}");

@@ -326,6 +326,89 @@ fn write_beside(r: &Req) -> Result<String, String> {
     Ok(format!("landed beside the readers' imports in {:.1} ms", secs * 1e3))
 }
 
+/// KV-shaped traffic (issue 34): the allocation as 128 blocks in runs of
+/// 1 to 8 blocks, one request per block, one submission each way. READ:
+/// remote runs in address order land in local places in reverse run order
+/// (each run contiguous on both sides, no two runs contiguous locally), so
+/// each run must move as one native copy; every byte is checked. WRITE:
+/// pattern 77 from local buffer 1, block for block, checked by the source.
+/// Reports each way's posting share (submit return against end to end) and
+/// WRITE time over READ time.
+fn kv(r: &Req, seed: u64, stat_key: &str) -> Result<String, String> {
+    let (l0, l1, a, len) = (r.local[0].addr(), r.local[1].addr(), r.remote[0], r.len);
+    let block = len / 128;
+    // Runs 1..=8 blocks (cycling), covering the 128 blocks.
+    let mut runs: Vec<(u64, u64)> = Vec::new();
+    let (mut at, mut n) = (0u64, 1u64);
+    while at < 128 {
+        let take = n.min(128 - at);
+        runs.push((at, take));
+        at += take;
+        n = n % 8 + 1;
+    }
+    // Local places: the runs packed in reverse order.
+    let mut place = vec![0u64; runs.len()];
+    let mut next = 0;
+    for (i, &(_, n)) in runs.iter().enumerate().rev() {
+        place[i] = next;
+        next += n;
+    }
+    let copies = || r.e.stats().ipc[stat_key].copies_issued;
+    let timed = |reqs: &[Request]| -> Result<(f64, f64), String> {
+        let t0 = Instant::now();
+        let b = r.e.submit(r.peer, reqs, nv()).map_err(|x| x.to_string())?;
+        let posted = t0.elapsed().as_secs_f64();
+        b.wait(Duration::from_secs(60)).map_err(|x| format!("{x}: {:?}", b.results()))?;
+        Ok((posted, t0.elapsed().as_secs_f64()))
+    };
+    let reads: Vec<Request> = runs
+        .iter()
+        .zip(&place)
+        .flat_map(|(&(s, n), &p)| (0..n).map(move |k| rd(l0 + (p + k) * block, a + (s + k) * block, block)))
+        .collect();
+    let c0 = copies();
+    let (read_post, read_all) = timed(&reads)?;
+    let read_copies = copies() - c0;
+    for (&(s, n), &p) in runs.iter().zip(&place) {
+        r.check_local(0, p * block, n * block, seed, s * block)?;
+    }
+    host_to_device(l1, &pattern_vec(77, len)).map_err(|x| x.to_string())?;
+    let writes: Vec<Request> = runs
+        .iter()
+        .flat_map(|&(s, n)| {
+            (0..n).map(move |k| Request {
+                op: Op::Write,
+                local_addr: l1 + (s + k) * block,
+                remote_addr: a + (s + k) * block,
+                len: block,
+            })
+        })
+        .collect();
+    let c1 = copies();
+    let (write_post, write_all) = timed(&writes)?;
+    let write_copies = copies() - c1;
+    check_remote(0, 77, 0, len)?;
+    // The WRITE runs follow each other on both sides: one copy for all.
+    if read_copies != runs.len() as u64 || write_copies != 1 {
+        return Err(format!(
+            "{} READ runs issued {read_copies} copies, the contiguous WRITE {write_copies} (want {} and 1)",
+            runs.len(),
+            runs.len()
+        ));
+    }
+    Ok(format!(
+        "{} requests of {block} bytes in {} runs: {read_copies} READ copies, {write_copies} WRITE copy; posting \
+         {:.0}% of {:.2} ms (READ), {:.0}% of {:.2} ms (WRITE); write_read_ratio={:.2}",
+        reads.len(),
+        runs.len(),
+        read_post / read_all * 100.0,
+        read_all * 1e3,
+        write_post / write_all * 100.0,
+        write_all * 1e3,
+        write_all / read_all
+    ))
+}
+
 fn rd(local: u64, remote: u64, len: u64) -> Request {
     Request { op: Op::Read, local_addr: local, remote_addr: remote, len }
 }
@@ -638,6 +721,7 @@ fn requester(args: &[String]) {
         "hold-read" => result(&mode, hold_read(&r, seed, stat_key)),
         "write-beside" => result(&mode, write_beside(&r)),
         "bandwidth" => result(&mode, bandwidth(&r, args, &memory)),
+        "kv" => result(&mode, kv(&r, seed, stat_key)),
         other => die(&format!("unknown mode {other}")),
     }
     let _ = r.e.close(Some(Duration::from_secs(30)));

@@ -37,12 +37,17 @@ mixed):
                   the threshold or above, FAIL below) and never the speed of
                   the machine; the helper refuses it with a real driver, so
                   on a GPU the threshold always meets a measured baseline
+  kv              KV-shaped traffic: 128 block requests in runs of 1-8 blocks,
+                  one submission each way; each READ run must move as one
+                  native copy (the WRITE's, contiguous throughout, as one),
+                  bytes checked; prints each way's posting share of end to
+                  end and write_read_ratio (the READ/WRITE symmetry)
 
 and, for NVLink again (--adopted), the healthy, batch, cache and readers
 modes on memory the source's stack allocated with a plain cuMemAlloc (as
 cudaMalloc does) and adopted with orbite_cuda_adopt, its buffers sub-ranges
 of that one allocation; and, for MNNVL (VMM memory from allocate_mnnvl), the
-healthy, batch, cache, readers and bandwidth modes with POSIX-fd handles, with fabric handles where the
+healthy, batch, cache, readers, bandwidth and kv modes with POSIX-fd handles, with fabric handles where the
 driver and an IMEX channel allow (else SKIP), with fabric handles and a
 fabric domain (the IPC protocol over TCP, as between hosts of one NVLink
 partition), and EGM (host NUMA memory from allocate_egm, both peers opted
@@ -70,8 +75,8 @@ import sys
 import threading
 import time
 
-MODES = "topology,healthy,batch,cache,readers,source-close,requester-exit,stale,bandwidth"
-MNNVL_MODES = ("healthy", "batch", "cache", "readers", "bandwidth")
+MODES = "topology,healthy,batch,cache,readers,source-close,requester-exit,stale,bandwidth,kv"
+MNNVL_MODES = ("healthy", "batch", "cache", "readers", "bandwidth", "kv")
 ADOPTED_MODES = ("healthy", "batch", "cache", "readers")
 READERS = 4
 
