@@ -156,6 +156,36 @@ fn contiguous_runs_on_the_cuda_paths() {
     }
 }
 
+/// Issue 34, a fault in the middle of coalesced runs: eight WRITEs in three
+/// runs move as three batch entries; the driver fails the batch after
+/// enqueuing its first entry (the stand-in enqueues half). Every WRITE
+/// ends CUDA_ERROR with effect Unknown, and that is the truth: the first
+/// run's bytes landed at the source, the second's did not. Guards
+/// `fail_all`'s per-request effect on a coalesced group (a run's requests
+/// each get the group's outcome, none is lost or reported clean).
+fn a_failed_coalesced_batch() {
+    const B: u64 = 64 << 10;
+    let (mut src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
+    // Local blocks 0..8 in order, one pattern per run; remote runs at
+    // blocks 8, 20 and 30.
+    let runs = [(0u64, 8u64, 4u64), (4, 20, 1), (5, 30, 3)];
+    for (seed, &(l, _, n)) in (77u64..).zip(&runs) {
+        host_to_device(r.l(0) + l * B, &pattern_vec(seed, (n * B) as usize)).unwrap();
+    }
+    let reqs: Vec<Request> = runs
+        .iter()
+        .flat_map(|&(l, rm, n)| (0..n).map(move |k| (l + k, rm + k)))
+        .map(|(l, rm)| wr(r.l(0) + l * B, a + rm * B, B))
+        .collect();
+    assert_eq!(r.go(&reqs), vec![res(Status::CudaError, RemoteEffect::Unknown); 8]);
+    let st = r.ipc();
+    assert_eq!((st.copies_issued, st.requests_coalesced), (3, 5), "{st:?}");
+    // The enqueued prefix (the first run) ran; the second run never did.
+    assert_eq!(src.cmd(&format!("verify 0 77 {} {}", 8 * B, 4 * B)), "ok");
+    assert_ne!(src.cmd(&format!("verify 0 78 {} {}", 20 * B, B)), "ok");
+}
+
 /// Issue 34: an independent submission naming two remote regions (two
 /// subbatches) returns with both still copying: the first is not waited
 /// for before the second is posted. The stand-in delays each copy by a
@@ -470,6 +500,7 @@ fn child_case() {
         "sticky" => sticky_error(),
         "nvlink-plan" => nvlink_plan(),
         "cuda-runs" => contiguous_runs_on_the_cuda_paths(),
+        "coalesced-fault" => a_failed_coalesced_batch(),
         "any-order" => independent_subbatches_post_ahead(),
         "producer-source" => producer_at_the_source(),
         "producer-wait-off-io" => producer_wait_off_the_io_thread(),
@@ -523,6 +554,11 @@ fn contiguous_runs_move_as_one_native_copy_each_on_nvlink_and_mnnvl() {
     // reads (cuMemcpy) too.
     let enqueued = fakecuda::calls(&t, "copies@device0") - fakecuda::calls(&t, "cuMemcpy");
     assert_eq!(enqueued, 6, "{t:?}");
+}
+
+#[test]
+fn a_fault_in_the_middle_of_coalesced_writes_leaves_each_unknown() {
+    run("coalesced-fault", &[("FAKECUDA_FAIL", "cuMemcpyBatchAsync_v2:1:1")]);
 }
 
 #[test]
