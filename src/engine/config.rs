@@ -171,6 +171,58 @@ fn default_io_threads() -> u32 {
     std::thread::available_parallelism().map(|n| n.get().min(4) as u32).unwrap_or(2)
 }
 
+/// A numeric key: its name, its range, and where it lives in the config.
+/// One line per key in [`NUMERIC_KEYS`] serves parsing, validation (of
+/// JSON and of configs built in Rust alike) and the JSON echo.
+pub struct NumericKey {
+    /// The JSON key.
+    pub name: &'static str,
+    /// Smallest value accepted.
+    pub min: u64,
+    /// Largest value accepted.
+    pub max: u64,
+    get: fn(&EngineConfig) -> u64,
+    set: fn(&mut EngineConfig, u64),
+}
+
+impl NumericKey {
+    /// The key's value in `c`.
+    pub fn get(&self, c: &EngineConfig) -> u64 {
+        (self.get)(c)
+    }
+}
+
+/// One [`NumericKey`] for field `$f`, `$min..=$max` (the field's type holds
+/// the maximum: `$max` fits it).
+macro_rules! numeric {
+    ($f:ident, $min:expr, $max:expr) => {
+        NumericKey { name: stringify!($f), min: $min, max: $max, get: |c| c.$f as u64, set: |c, v| c.$f = v as _ }
+    };
+}
+
+/// Every numeric top-level key (the others, strings, booleans, arrays and
+/// objects, are parsed by name in [`EngineConfig::from_json`]).
+pub const NUMERIC_KEYS: &[NumericKey] = &[
+    numeric!(max_inflight_bytes, MIB, 1 << 40),
+    numeric!(max_transfer_bytes, 4 * KIB, 1 << 40),
+    numeric!(nvlink_cache_entries, 0, 4096),
+    numeric!(shm_cache_entries, 0, 4096),
+    numeric!(nvlink_stream_count, 1, 4096),
+    numeric!(nvlink_async_memcpy_threshold_kb, 0, MIB),
+    numeric!(default_timeout_ms, 1, 86_400_000),
+    numeric!(handshake_timeout_ms, 1, 600_000),
+    numeric!(max_incoming_connections, 1, 65_536),
+    numeric!(max_pending_handshakes, 1, 65_536),
+    numeric!(max_pending_handshakes_per_address, 1, 65_536),
+    numeric!(max_ipc_channels, 1, 65_536),
+    numeric!(io_threads, 1, 64),
+    numeric!(io_poll_us, 0, 10_000),
+    numeric!(offer_timeout_ms, 1, 600_000),
+    numeric!(min_payload_rate_kib, 0, 1 << 24),
+    numeric!(notification_max_bytes, 1, MAX_NOTIFICATION_BYTES),
+    numeric!(notification_queue, 1, 65_536),
+];
+
 fn bad(key: &str, what: impl std::fmt::Display) -> Error {
     Error::InvalidConfig(format!("key `{key}`: {what}"))
 }
@@ -335,6 +387,10 @@ impl EngineConfig {
             .ok_or_else(|| Error::InvalidConfig(format!("expected a JSON object, got {}", type_name(&v))))?;
         let mut c = EngineConfig::default();
         for (k, v) in obj {
+            if let Some(n) = NUMERIC_KEYS.iter().find(|n| n.name == k) {
+                (n.set)(&mut c, get_u64(k, v, n.min, n.max)?);
+                continue;
+            }
             match k.as_str() {
                 "listen" => c.listen = get_str(k, v)?.to_string(),
                 "nvlink" => c.nvlink = get_bool(k, v)?,
@@ -345,24 +401,8 @@ impl EngineConfig {
                         _ => return Err(bad(k, format!("expected an object or null, got {}", type_name(v)))),
                     }
                 }
-                "max_inflight_bytes" => c.max_inflight_bytes = get_u64(k, v, MIB, 1 << 40)?,
-                "max_transfer_bytes" => c.max_transfer_bytes = get_u64(k, v, 4 * KIB, 1 << 40)?,
-                "nvlink_cache_entries" => c.nvlink_cache_entries = get_u32(k, v, 0, 4096)?,
-                "shm_cache_entries" => c.shm_cache_entries = get_u32(k, v, 0, 4096)?,
                 "coalesce" => c.coalesce = get_bool(k, v)?,
-                "nvlink_stream_count" => c.nvlink_stream_count = get_u32(k, v, 1, 4096)?,
-                "nvlink_async_memcpy_threshold_kb" => c.nvlink_async_memcpy_threshold_kb = get_u64(k, v, 0, MIB)?,
                 "transport_policy" => c.transport_policy = parse_policy(k, v)?,
-                "default_timeout_ms" => c.default_timeout_ms = get_u32(k, v, 1, 86_400_000)?,
-                "handshake_timeout_ms" => c.handshake_timeout_ms = get_u32(k, v, 1, 600_000)?,
-                "max_incoming_connections" => c.max_incoming_connections = get_u32(k, v, 1, 65_536)?,
-                "max_pending_handshakes" => c.max_pending_handshakes = get_u32(k, v, 1, 65_536)?,
-                "max_pending_handshakes_per_address" => {
-                    c.max_pending_handshakes_per_address = get_u32(k, v, 1, 65_536)?
-                }
-                "max_ipc_channels" => c.max_ipc_channels = get_u32(k, v, 1, 65_536)?,
-                "io_threads" => c.io_threads = get_u32(k, v, 1, 64)?,
-                "io_poll_us" => c.io_poll_us = get_u32(k, v, 0, 10_000)?,
                 "auth_key_file" => {
                     c.auth_key_file = match v {
                         Value::Null => None,
@@ -370,18 +410,12 @@ impl EngineConfig {
                     }
                 }
                 "ipc_allowed_uids" => c.ipc_allowed_uids = parse_uids(k, v)?,
-                "offer_timeout_ms" => c.offer_timeout_ms = get_u32(k, v, 1, 600_000)?,
-                "min_payload_rate_kib" => c.min_payload_rate_kib = get_u32(k, v, 0, 1 << 24)?,
                 "name" => {
                     c.name = match v {
                         Value::Null => None,
                         _ => Some(get_str(k, v)?.to_string()),
                     }
                 }
-                "notification_max_bytes" => {
-                    c.notification_max_bytes = get_u32(k, v, 1, MAX_NOTIFICATION_BYTES as u32)?;
-                }
-                "notification_queue" => c.notification_queue = get_u32(k, v, 1, 65_536)?,
                 "discovery" => {
                     c.discovery = match v {
                         Value::Null => None,
@@ -410,27 +444,10 @@ impl EngineConfig {
         if self.nvlink && self.mnnvl.is_some() {
             return Err(bad("mnnvl", "MNNVL and legacy `nvlink: true` are mutually exclusive; enable one"));
         }
-        let ranges: [(&str, u64, u64, u64); 16] = [
-            ("notification_max_bytes", self.notification_max_bytes as u64, 1, MAX_NOTIFICATION_BYTES),
-            ("notification_queue", self.notification_queue as u64, 1, 65_536),
-            ("shm_cache_entries", self.shm_cache_entries as u64, 0, 4096),
-            ("max_inflight_bytes", self.max_inflight_bytes, MIB, 1 << 40),
-            ("max_transfer_bytes", self.max_transfer_bytes, 4 * KIB, 1 << 40),
-            ("nvlink_cache_entries", self.nvlink_cache_entries as u64, 0, 4096),
-            ("nvlink_stream_count", self.nvlink_stream_count as u64, 1, 4096),
-            ("default_timeout_ms", self.default_timeout_ms as u64, 1, 86_400_000),
-            ("handshake_timeout_ms", self.handshake_timeout_ms as u64, 1, 600_000),
-            ("max_incoming_connections", self.max_incoming_connections as u64, 1, 65_536),
-            ("max_pending_handshakes", self.max_pending_handshakes as u64, 1, 65_536),
-            ("max_pending_handshakes_per_address", self.max_pending_handshakes_per_address as u64, 1, 65_536),
-            ("max_ipc_channels", self.max_ipc_channels as u64, 1, 65_536),
-            ("io_threads", self.io_threads as u64, 1, 64),
-            ("io_poll_us", self.io_poll_us as u64, 0, 10_000),
-            ("offer_timeout_ms", self.offer_timeout_ms as u64, 1, 600_000),
-        ];
-        for (key, v, min, max) in ranges {
-            if v < min || v > max {
-                return Err(bad(key, format!("{v} is outside the range {min}..={max}")));
+        for n in NUMERIC_KEYS {
+            let v = n.get(self);
+            if v < n.min || v > n.max {
+                return Err(bad(n.name, format!("{v} is outside the range {}..={}", n.min, n.max)));
             }
         }
         if self.max_transfer_bytes > self.max_inflight_bytes {
@@ -469,38 +486,24 @@ impl EngineConfig {
 
     /// The config as a JSON value (every key, defaults included).
     pub fn to_value(&self) -> Value {
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "listen": self.listen,
             "name": self.name,
-            "notification_max_bytes": self.notification_max_bytes,
-            "notification_queue": self.notification_queue,
             "discovery": self.discovery.as_ref().map(|d| serde_json::json!({
                 "etcd": d.etcd, "prefix": d.prefix, "ttl_s": d.ttl_s,
             })),
             "nvlink": self.nvlink,
             "mnnvl": self.mnnvl.as_ref().map(MnnvlConfig::to_value),
-            "max_inflight_bytes": self.max_inflight_bytes,
-            "max_transfer_bytes": self.max_transfer_bytes,
-            "nvlink_cache_entries": self.nvlink_cache_entries,
-            "shm_cache_entries": self.shm_cache_entries,
             "coalesce": self.coalesce,
-            "nvlink_stream_count": self.nvlink_stream_count,
-            "nvlink_async_memcpy_threshold_kb": self.nvlink_async_memcpy_threshold_kb,
             "transport_policy": self.transport_policy.iter().map(|t| t.name()).collect::<Vec<_>>(),
-            "default_timeout_ms": self.default_timeout_ms,
-            "handshake_timeout_ms": self.handshake_timeout_ms,
-            "max_incoming_connections": self.max_incoming_connections,
-            "max_pending_handshakes": self.max_pending_handshakes,
-            "max_pending_handshakes_per_address": self.max_pending_handshakes_per_address,
-            "max_ipc_channels": self.max_ipc_channels,
-            "io_threads": self.io_threads,
-            "io_poll_us": self.io_poll_us,
             "auth_key_file": self.auth_key_file,
             "ipc_allowed_uids": self.ipc_allowed_uids,
-            "offer_timeout_ms": self.offer_timeout_ms,
-            "min_payload_rate_kib": self.min_payload_rate_kib,
             "log_level": self.log_level.name(),
-        })
+        });
+        for n in NUMERIC_KEYS {
+            v[n.name] = n.get(self).into();
+        }
+        v
     }
 
     /// The config as JSON text; [`EngineConfig::from_json`] reads it back.
