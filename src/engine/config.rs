@@ -94,9 +94,10 @@ pub struct EngineConfig {
     /// incoming), whatever their number (started as connections come;
     /// default min(cores, 4)).
     pub io_threads: u32,
-    /// Longest an I/O thread polls for its next event before it sleeps,
-    /// in microseconds (it polls only after events that came close
-    /// together, for twice the last gap; 0: never polls).
+    /// In microseconds: an I/O thread whose events came within this long of
+    /// its last turn polls for the next one for up to this long before it
+    /// sleeps; an idle thread, or one whose events are further apart,
+    /// sleeps at once (0: never polls).
     pub io_poll_us: u32,
     /// A file holding the shared secret (at least 32 bytes, readable by its
     /// owner only) that every control connection and IPC channel must prove
