@@ -251,15 +251,7 @@ impl BatchShared {
     /// Marks request `i` as started unless the batch was cancelled first;
     /// returns false if the request must end `Cancelled` instead.
     pub fn start(&self, i: usize) -> bool {
-        let mut s = self.state.lock();
-        if s.reqs[i].started {
-            return true;
-        }
-        if s.cancelled {
-            return false;
-        }
-        s.reqs[i].started = true;
-        true
+        self.start_run(i, 1)
     }
 
     /// [`BatchShared::start`] for the `n` requests from `i` that move as

@@ -136,28 +136,30 @@ fn fail_unposted<'a>(batch: &BatchShared, reqs: impl Iterator<Item = &'a Checked
 /// [`windows`]): SHM with a relocation cache, so that the windows share
 /// one cached import (without a cache each would open its own, each
 /// charged for the whole allocation); large enough for two windows; no
-/// library pinned local memory (fenced per subbatch); independent requests.
-fn windowed(kind: TransportKind, caches: bool, g: &[Checked<'_>]) -> bool {
+/// library pinned local memory (fenced per subbatch); independent requests
+/// (`known_independent`: the whole submission was shown so already).
+fn windowed(kind: TransportKind, caches: bool, g: &[Checked<'_>], known_independent: bool) -> bool {
     kind == TransportKind::Shm
         && caches
         && g.len() >= 2 * WINDOW_REQUESTS
         && g.iter().all(|c| c.lease.region().kind != MemoryKind::PinnedHost)
-        && independent(g.iter().map(|c| &c.req))
+        && (known_independent || independent(g.iter().map(|c| &c.req)))
 }
 
-/// The local regions of a group's requests (each once per run of
-/// requests sharing its lease).
-fn local_spans(g: &[Checked<'_>]) -> LocalSpans {
-    let mut ranges: Vec<(u64, u64)> = Vec::new();
-    let mut last: Option<&Arc<RegionLease>> = None;
+/// A group's local leases, each once per run of requests sharing it.
+fn lease_runs<'a>(g: &'a [Checked<'_>]) -> Vec<&'a Arc<RegionLease>> {
+    let mut held: Vec<&Arc<RegionLease>> = Vec::new();
     for c in g {
-        if !last.is_some_and(|l| Arc::ptr_eq(l, c.lease)) {
-            let r = c.lease.region();
-            ranges.push((r.addr, r.addr + r.len));
-            last = Some(c.lease);
+        if !held.last().is_some_and(|l| Arc::ptr_eq(l, c.lease)) {
+            held.push(c.lease);
         }
     }
-    LocalSpans::new(ranges)
+    held
+}
+
+/// The local regions of a group's requests.
+fn local_spans(g: &[Checked<'_>]) -> LocalSpans {
+    LocalSpans::new(lease_runs(g).iter().map(|l| (l.region().addr, l.region().addr + l.region().len)).collect())
 }
 
 /// The subbatches of one submission still copying on the progress worker:
@@ -522,7 +524,11 @@ impl Engine {
                 }
             }
             // A large independent last group of SHM moves in windows.
-            if groups.is_empty() && window.is_none() && !retried && windowed(kind, transport.requester.caches(), &g) {
+            if groups.is_empty()
+                && window.is_none()
+                && !retried
+                && windowed(kind, transport.requester.caches(), &g, any_order)
+            {
                 let ops = g.iter().fold(0, |ops, c| ops | op_bit(c.req.op));
                 let window = Some(ops);
                 groups.extend(windows(g).into_iter().map(|items| Group { items, retried: false, window }));
@@ -617,13 +623,7 @@ impl Engine {
         let guard = self.inner.requester_gate.enter().ok()?;
         let batch = batch.clone();
         let indices: Vec<usize> = g.iter().map(|c| c.index).collect();
-        // The group's leases, each once per run of requests sharing it.
-        let mut held: Vec<Arc<RegionLease>> = Vec::new();
-        for c in g {
-            if !held.last().is_some_and(|l| Arc::ptr_eq(l, c.lease)) {
-                held.push(c.lease.clone());
-            }
-        }
+        let held: Vec<Arc<RegionLease>> = lease_runs(g).into_iter().cloned().collect();
         Some(Box::new(move |outcomes: Vec<ChunkOutcome>| {
             // The local regions are free again before the batch says so; the
             // requester side stays open until it has (close_requester then
