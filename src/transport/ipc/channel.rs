@@ -93,6 +93,17 @@ impl Channel {
         }
     }
 
+    /// A second handle on the same socket (a duplicated descriptor): one
+    /// thread may send on one while another receives on the other.
+    pub fn try_clone(&self) -> Result<Channel> {
+        let stream = match &self.stream {
+            Stream::Unix(u) => u.try_clone().map(Stream::Unix),
+            Stream::Tcp(t) => t.try_clone().map(Stream::Tcp),
+        }
+        .map_err(|e| Error::io("duplicating the IPC channel's socket", &e))?;
+        Ok(Channel { stream })
+    }
+
     /// Wraps an accepted Unix stream.
     pub fn from_stream(stream: UnixStream) -> Result<Channel> {
         stream.set_read_timeout(Some(TICK)).map_err(|e| Error::io("set_read_timeout", &e))?;

@@ -14,13 +14,14 @@ use super::board::Board;
 use super::channel::{Channel, ChannelIo, Frame};
 use super::faults::Faults;
 use super::messages::{ExportRef, Hello, Welcome};
+use super::pipeline::Pipeline;
 use crate::control::auth::{self, AuthKey};
 use crate::control::frame::MsgKind;
 use crate::control::identity::process_start_time;
 use crate::control::message;
 use crate::control::Identity;
 use crate::error::{Error, Result};
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -66,6 +67,12 @@ pub struct IpcLink {
     pub transport: crate::kinds::TransportKind,
     local: LocalEnd,
     chan: Mutex<ChanState>,
+    /// Signalled when `chan` leaves `Connecting`.
+    changed: Condvar,
+    /// Offers this engine is answering on the link (at most
+    /// [`OFFERS_MAX`](super::messages::OFFERS_MAX), the source's bound).
+    offers: Mutex<usize>,
+    offer_freed: Condvar,
     next_tag: AtomicU64,
     /// Channels opened so far (the current one's number).
     generation: AtomicU64,
@@ -76,7 +83,10 @@ pub struct IpcLink {
 
 enum ChanState {
     NotConnected,
-    Up(Channel),
+    /// One caller opens the channel (no lock held); others wait for it.
+    Connecting,
+    /// Calls in flight, from any number of threads.
+    Up(Arc<Pipeline>),
     /// The channel was lost while the source may still live; a background
     /// attempt opens a new one. `why` says what happened.
     Reconnecting {
@@ -108,6 +118,9 @@ impl IpcLink {
             transport,
             local,
             chan: Mutex::new(ChanState::NotConnected),
+            changed: Condvar::new(),
+            offers: Mutex::new(0),
+            offer_freed: Condvar::new(),
             next_tag: AtomicU64::new(1),
             generation: AtomicU64::new(0),
             board: Mutex::new(None),
@@ -121,10 +134,29 @@ impl IpcLink {
     }
 
     /// A new channel is up: its generation, and the board that came with it.
-    fn up(&self, st: &mut ChanState, c: Channel, board: Option<Board>) {
-        *st = ChanState::Up(c);
+    fn up(&self, st: &mut ChanState, p: Pipeline, board: Option<Board>) {
+        *st = ChanState::Up(Arc::new(p));
         let g = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         *self.board.lock() = board.map(|b| (g, Arc::new(b)));
+        self.changed.notify_all();
+    }
+
+    /// Takes one of the link's offer places for an export request and
+    /// the answer to its offer, waiting for one until `deadline`: the
+    /// source refuses a request while that many offers are unanswered.
+    pub fn offer_place(&self, deadline: Instant) -> Result<OfferPlace<'_>> {
+        let mut n = self.offers.lock();
+        while *n >= super::messages::OFFERS_MAX {
+            if self.offer_freed.wait_until(&mut n, deadline).timed_out() && *n >= super::messages::OFFERS_MAX {
+                return Err(Error::TimedOut(format!(
+                    "{}: {} offers of this IPC link were still being answered at the deadline",
+                    self.label,
+                    super::messages::OFFERS_MAX
+                )));
+            }
+        }
+        *n += 1;
+        Ok(OfferPlace { link: self })
     }
 
     /// A fresh tag.
@@ -184,7 +216,7 @@ impl IpcLink {
         ))
     }
 
-    fn connect(&self, deadline: Instant) -> Result<(Channel, Option<Board>)> {
+    fn connect(&self, deadline: Instant) -> Result<(Pipeline, Option<Board>)> {
         let (mut c, fabric_domain) = match &self.route {
             Route::Unix(name) => (Channel::connect(name)?, [0; 16]),
             Route::Fabric(domain) => (Channel::connect_tcp(&self.endpoint, deadline)?, *domain),
@@ -214,7 +246,7 @@ impl IpcLink {
                 // With it, the source's liveness page tells whether it lives.
                 let alive = f.second_fd.and_then(|fd| AliveView::map(fd).ok());
                 let board = f.fd.and_then(|fd| Board::map(fd).ok()).map(|b| b.watch(c.watch_fd(), alive));
-                Ok((c, board))
+                Ok((Pipeline::new(c)?, board))
             }
             MsgKind::ExportReject => Err(super::messages::decode_reject(&f.body)?.1),
             MsgKind::Error => {
@@ -226,39 +258,66 @@ impl IpcLink {
     }
 
     /// Sends one request and returns the answer, connecting first if
-    /// needed. A channel failure ends the channel: the link is dead for good
-    /// when the source provably left, otherwise a background attempt opens
-    /// a new channel and calls fail fast with `Unavailable` meanwhile.
+    /// needed; other threads' calls to the same source go on meanwhile. A
+    /// channel failure ends the channel: the link is dead for good when
+    /// the source provably left, otherwise a background attempt opens a
+    /// new channel and calls fail fast with `Unavailable` meanwhile.
     pub fn call(self: &Arc<Self>, kind: MsgKind, body: &[u8], deadline: Instant, what: &str) -> Result<Frame> {
-        let mut st = self.chan.lock();
-        if let ChanState::NotConnected = *st {
-            match self.connect(deadline) {
-                Ok((c, board)) => self.up(&mut st, c, board),
-                Err(e) => {
-                    self.lost(&mut st, e.clone());
-                    return Err(e);
-                }
-            }
-        }
-        let r = match &mut *st {
-            ChanState::Up(c) => c.call(kind, body, deadline, what),
-            ChanState::Dead { err, .. } => return Err(err.clone()),
-            ChanState::Reconnecting { why } => return Err(self.reconnecting(why)),
-            ChanState::NotConnected => unreachable!("connected above"),
-        };
-        r.map_err(|e| {
+        let p = self.pipeline(deadline)?;
+        p.call(kind, body, deadline, what).map_err(|e| {
             let e = match e {
                 Error::TimedOut(m) => Error::TimedOut(format!("{}: {m}", self.label)),
                 Error::Unavailable(m) => Error::Unavailable(format!("{}: {m}", self.label)),
                 other => other,
             };
-            if let ChanState::Up(c) = &*st {
-                c.shutdown();
-            }
             let shown = if self.permanent(&e) && self.source_gone() { self.gone() } else { e };
-            self.lost(&mut st, shown.clone());
+            let mut st = self.chan.lock();
+            // The first call to fail on this channel retires it.
+            if matches!(&*st, ChanState::Up(cur) if Arc::ptr_eq(cur, &p)) {
+                p.shutdown();
+                self.lost(&mut st, shown.clone());
+            }
             shown
         })
+    }
+
+    /// The channel's calls, once it is up: opened here (under no lock) by
+    /// the first caller, waited for by the others until `deadline`.
+    fn pipeline(self: &Arc<Self>, deadline: Instant) -> Result<Arc<Pipeline>> {
+        let mut st = self.chan.lock();
+        loop {
+            match &*st {
+                ChanState::Up(p) => return Ok(p.clone()),
+                ChanState::Dead { err, .. } => return Err(err.clone()),
+                ChanState::Reconnecting { why } => return Err(self.reconnecting(why)),
+                ChanState::Connecting => {
+                    let waited = self.changed.wait_until(&mut st, deadline);
+                    if waited.timed_out() && matches!(*st, ChanState::Connecting) {
+                        return Err(Error::TimedOut(format!(
+                            "{}: the IPC channel was still being opened at the deadline",
+                            self.label
+                        )));
+                    }
+                }
+                ChanState::NotConnected => {
+                    *st = ChanState::Connecting;
+                    let attempt = MutexGuard::unlocked(&mut st, || self.connect(deadline));
+                    let still_ours = matches!(*st, ChanState::Connecting);
+                    match attempt {
+                        Ok((p, board)) if still_ours => self.up(&mut st, p, board),
+                        // Closed meanwhile: the new channel is not wanted.
+                        Ok((p, _)) => p.shutdown(),
+                        Err(e) => {
+                            if still_ours {
+                                self.lost(&mut st, e.clone());
+                            }
+                            self.changed.notify_all();
+                            return Err(e);
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// The channel is gone: dead for good, or re-established in the
@@ -294,14 +353,14 @@ impl IpcLink {
             let mut st = self.chan.lock();
             if !matches!(*st, ChanState::Reconnecting { .. }) {
                 // Closed meanwhile: the new channel is not wanted.
-                if let Ok((c, _)) = attempt {
-                    c.shutdown();
+                if let Ok((p, _)) = attempt {
+                    p.shutdown();
                 }
                 return;
             }
             match attempt {
-                Ok((c, board)) => {
-                    self.up(&mut st, c, board);
+                Ok((p, board)) => {
+                    self.up(&mut st, p, board);
                     self.local.log.info(format_args!(
                         "{}: {} channel re-established",
                         self.label,
@@ -368,10 +427,160 @@ impl IpcLink {
     /// reconnection stops.
     pub fn close(&self) {
         let mut st = self.chan.lock();
-        if let ChanState::Up(c) = &*st {
-            c.shutdown();
+        if let ChanState::Up(p) = &*st {
+            p.shutdown();
         }
         let err = Error::Unavailable(format!("{}: IPC link closed by this engine", self.label));
         *st = ChanState::Dead { err, source_left: false };
+        self.changed.notify_all();
+    }
+}
+
+/// One of a link's offer places, given back when dropped.
+pub struct OfferPlace<'a> {
+    link: &'a IpcLink,
+}
+
+impl Drop for OfferPlace<'_> {
+    fn drop(&mut self) {
+        *self.link.offers.lock() -= 1;
+        self.link.offer_freed.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::channel::{deadline_tick, listen};
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    /// A link to a fake source listening on a fresh abstract name, and
+    /// that source's identity.
+    fn link_to(name: &str) -> (Arc<IpcLink>, Identity) {
+        let source = Identity::fresh();
+        let local = LocalEnd {
+            identity: Identity::fresh(),
+            auth: None,
+            faults: Arc::new(Faults::default()),
+            reconnect_timeout: Duration::from_secs(5),
+            log: Arc::new(crate::log::Logger::new(crate::log::Level::Error, "test")),
+        };
+        let link = IpcLink::new(
+            crate::kinds::TransportKind::Shm,
+            Route::Unix(name.into()),
+            source,
+            "127.0.0.1:1".into(),
+            "test source".into(),
+            local,
+        );
+        (Arc::new(link), source)
+    }
+
+    fn deadline() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
+    /// Accepts one channel, welcomes it as `source` (after `welcome_after`
+    /// says so), then reads two requests and answers them in order. Whether
+    /// the second request arrived before the first was answered goes into
+    /// `overlapped`.
+    fn serve_two(
+        l: std::os::unix::net::UnixListener,
+        source: Identity,
+        welcome_after: impl FnOnce() + Send + 'static,
+        overlapped: Arc<AtomicBool>,
+    ) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut c = Channel::from_stream(s).unwrap();
+            let patient = Instant::now() + Duration::from_secs(60);
+            let hello = c.recv(&mut || deadline_tick(patient, "hello")).unwrap();
+            assert_eq!(hello.kind, MsgKind::IpcHello);
+            welcome_after();
+            let w = Welcome { identity: source }.encode();
+            c.send(MsgKind::IpcWelcome, &w, &[], &mut || Ok(())).unwrap();
+            let first = c.recv(&mut || deadline_tick(patient, "first")).unwrap();
+            // A link that holds one call at a time sends nothing more
+            // until this one is answered: wait 3 s for the second.
+            let soon = Instant::now() + Duration::from_secs(3);
+            let second = c.recv(&mut || deadline_tick(soon, "second"));
+            overlapped.store(second.is_ok(), Ordering::SeqCst);
+            c.send(MsgKind::Ack, &first.body, &[], &mut || Ok(())).unwrap();
+            let second = second.or_else(|_| c.recv(&mut || deadline_tick(patient, "second"))).unwrap();
+            c.send(MsgKind::Ack, &second.body, &[], &mut || Ok(())).unwrap();
+            // Stay until the link hangs up.
+            let _ = c.recv(&mut || deadline_tick(patient, "end"));
+        })
+    }
+
+    #[test]
+    fn two_threads_calling_one_source_have_their_requests_in_flight_together() {
+        let name = format!("orbite-link-test-{}-{}", std::process::id(), line!());
+        let (link, source) = link_to(&name);
+        let overlapped = Arc::new(AtomicBool::new(false));
+        let src = serve_two(listen(&name).unwrap(), source, || {}, overlapped.clone());
+        let calls: Vec<_> = [&b"one"[..], &b"two"[..]]
+            .into_iter()
+            .map(|body| {
+                let link = link.clone();
+                std::thread::spawn(move || link.call(MsgKind::Ack, body, deadline(), "test call").unwrap().body)
+            })
+            .collect();
+        let mut answers: Vec<Vec<u8>> = calls.into_iter().map(|t| t.join().unwrap()).collect();
+        answers.sort();
+        assert_eq!(answers, vec![b"one".to_vec(), b"two".to_vec()]);
+        assert!(overlapped.load(Ordering::SeqCst), "the second request waited for the first answer");
+        assert_eq!(link.generation(), 1);
+        link.close();
+        src.join().unwrap();
+    }
+
+    #[test]
+    fn callers_arriving_while_the_channel_opens_wait_for_it_under_no_lock() {
+        let name = format!("orbite-link-test-{}-{}", std::process::id(), line!());
+        let (link, source) = link_to(&name);
+        let overlapped = Arc::new(AtomicBool::new(false));
+        let (opening_tx, opening_rx) = std::sync::mpsc::channel::<()>();
+        let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+        // The source welcomes nobody until told.
+        let welcome_after = move || {
+            opening_tx.send(()).unwrap();
+            go_rx.recv().unwrap();
+        };
+        let src = serve_two(listen(&name).unwrap(), source, welcome_after, overlapped.clone());
+        let l1 = link.clone();
+        let first = std::thread::spawn(move || l1.call(MsgKind::Ack, b"one", deadline(), "first").unwrap().body);
+        opening_rx.recv().unwrap();
+        // The opening caller holds no lock: the link's state can be read.
+        assert!(matches!(*link.chan.try_lock_for(Duration::from_secs(10)).unwrap(), ChanState::Connecting));
+        assert!(link.dead_reason().is_none() && !link.is_dead());
+        // A caller meanwhile waits for that channel (no second one) until
+        // its deadline, and the channel being opened is not harmed.
+        let e = link.call(MsgKind::Ack, b"x", Instant::now() + Duration::from_millis(300), "hasty").err().unwrap();
+        assert_eq!(e.status(), crate::error::Status::TimedOut, "{e}");
+        assert!(e.message().contains("still being opened"), "{e}");
+        go_tx.send(()).unwrap();
+        assert_eq!(first.join().unwrap(), b"one");
+        assert_eq!(link.call(MsgKind::Ack, b"two", deadline(), "second").unwrap().body, b"two");
+        assert_eq!(link.generation(), 1, "one channel served every call");
+        link.close();
+        src.join().unwrap();
+    }
+
+    #[test]
+    fn a_link_keeps_its_threads_within_the_offers_a_source_allows() {
+        let (link, _) = link_to("orbite-link-test-unused");
+        let places: Vec<_> =
+            (0..super::super::messages::OFFERS_MAX).map(|_| link.offer_place(Instant::now()).unwrap()).collect();
+        let e = link.offer_place(Instant::now() + Duration::from_millis(50)).err().unwrap();
+        assert_eq!(e.status(), crate::error::Status::TimedOut, "{e}");
+        assert!(e.message().contains("8 offers of this IPC link"), "{e}");
+        // A place given back lets a waiting thread in.
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| link.offer_place(deadline()).map(|_| ()));
+            drop(places);
+            waiter.join().unwrap().unwrap();
+        });
+        assert_eq!(*link.offers.lock(), 0);
     }
 }

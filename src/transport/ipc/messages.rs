@@ -164,6 +164,10 @@ pub struct ExportOffer {
 /// An offer without a grant-board slot.
 pub const NO_SLOT: u32 = u32::MAX;
 
+/// Offers one channel may leave unanswered: the source refuses an export
+/// request beyond them; a requester's link keeps its threads within them.
+pub const OFFERS_MAX: usize = 8;
+
 impl ExportOffer {
     /// Encodes.
     pub fn encode(&self) -> Vec<u8> {

@@ -18,6 +18,7 @@ pub mod export;
 pub mod faults;
 pub mod link;
 pub mod messages;
+pub mod pipeline;
 pub mod plan;
 pub mod proto;
 pub mod requester;

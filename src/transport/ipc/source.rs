@@ -265,9 +265,6 @@ fn reject(tag: u64, e: &Error) -> Answer {
     plain(MsgKind::ExportReject, &messages::encode_reject(tag, e.status(), e.message()))
 }
 
-/// Offers one channel may leave unanswered (an honest requester has one).
-const OFFERS_MAX: usize = 8;
-
 /// A handshaken IPC channel served by an I/O thread: the protocol state
 /// is its core, behind the one lock of the channel; answers that wait for
 /// a producer stream are made on a thread of their own and filled in.
@@ -410,11 +407,13 @@ impl IpcServed {
         Ok(Reply::Now(match kind {
             MsgKind::ExportRequest => {
                 let req = ExportRequest::decode(body)?;
-                // A requester answers each offer before it asks again; one
-                // that pipelines requests cannot hold the mapping budget.
-                if table.unanswered_offers(conn) >= OFFERS_MAX {
+                // An honest requester keeps within OFFERS_MAX (its link's
+                // offer places); one that pipelines more requests cannot
+                // hold the mapping budget.
+                if table.unanswered_offers(conn) >= messages::OFFERS_MAX {
                     let e = Error::ResourceExhausted(format!(
-                        "{OFFERS_MAX} offers on this IPC channel are still unanswered; answer them first"
+                        "{} offers on this IPC channel are still unanswered; answer them first",
+                        messages::OFFERS_MAX
                     ));
                     return Ok(Reply::Now(reject(req.tag, &e)));
                 }

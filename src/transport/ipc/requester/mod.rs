@@ -324,6 +324,8 @@ impl IpcRequester {
         let tag = link.tag();
         let wait_ms = deadline.saturating_duration_since(Instant::now()).as_millis().min(u32::MAX as u128) as u32;
         let req = ExportRequest { tag, region_epoch: region.epoch, addr: env.0, len: env.1, ops, wait_ms };
+        // Held from the request until its offer is answered.
+        let place = link.offer_place(deadline)?;
         let f = link.call(MsgKind::ExportRequest, &req.encode(), deadline, "export request")?;
         let offer = match f.kind {
             MsgKind::ExportOffer => ExportOffer::decode(&f.body)?,
@@ -378,6 +380,7 @@ impl IpcRequester {
             }
         };
         let f = link.call(MsgKind::ExportAnswer, &answer(true).encode(), deadline, "export answer")?;
+        drop(place);
         let (body, fd) = match f.kind {
             MsgKind::ExportHandle => (f.body, f.fd),
             MsgKind::ExportReject => return Err(super::messages::decode_reject(&f.body)?.1),
