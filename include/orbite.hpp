@@ -912,6 +912,8 @@ struct IoStats {
 struct DiscoveryStats {
   bool enabled = false, connected = false;
   std::uint64_t failures = 0, reconnects = 0, reregistrations = 0, watched = 0, peers_gone = 0;
+  std::uint64_t invalid_records = 0;  ///< values under the prefix that were not valid (signed) records: ignored
+  std::uint64_t reclaims = 0;         ///< own key found gone or overwritten while the lease lived, put back
 };
 
 /// A typed snapshot of orbite_engine_stats_json.
@@ -1009,7 +1011,8 @@ inline Stats parse_stats(const std::string &text) {
     detail::u64_fields(s.discovery, disc, "stats.discovery",
                        {{"failures", &D::failures}, {"reconnects", &D::reconnects},
                         {"reregistrations", &D::reregistrations}, {"watched", &D::watched},
-                        {"peers_gone", &D::peers_gone}});
+                        {"peers_gone", &D::peers_gone}, {"invalid_records", &D::invalid_records},
+                        {"reclaims", &D::reclaims}});
     using Io = IoStats;
     const json::Value &io = detail::object(d, "io", "stats");
     detail::u64_fields(s.io, io, "stats.io",

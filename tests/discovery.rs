@@ -266,3 +266,129 @@ fn a_crashed_engine_of_this_host_is_replaced_at_once() {
     }
     new_src.close();
 }
+
+/// Writes to etcd as any etcd writer could (no lease): `value` under
+/// `key`, or deletes the key.
+fn etcd_write(etcd: &Etcd, key: &str, value: Option<&[u8]>) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut c = etcd_client::Client::connect([etcd.url()], None).await.unwrap();
+        match value {
+            Some(v) => drop(c.put(key, v, None).await.unwrap()),
+            None => drop(c.delete(key, None).await.unwrap()),
+        }
+    });
+}
+
+/// The value under `key`, if any.
+fn etcd_read(etcd: &Etcd, key: &str) -> Option<Vec<u8>> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut c = etcd_client::Client::connect([etcd.url()], None).await.unwrap();
+        c.get(key, None).await.unwrap().kvs().first().map(|kv| kv.value().to_vec())
+    })
+}
+
+/// Whether `key` holds a valid record naming `endpoint`.
+fn names(etcd: &Etcd, key: &str, endpoint: &str) -> bool {
+    etcd_read(etcd, key).is_some_and(|v| discovery::Record::read(&v, None).is_ok_and(|r| r.endpoint == endpoint))
+}
+
+/// A value that is not a record, put by an etcd writer over a connected
+/// peer's key, is ignored and counted: the peer is not retired and still
+/// serves; the holder, alive, puts its record back at its next keep-alive,
+/// also after the key was deleted. A name holding such a value resolves to
+/// nothing.
+#[test]
+fn a_value_that_is_not_a_record_retires_nobody_and_the_live_holder_puts_its_own_back() {
+    let etcd = Etcd::start();
+    let src = source(&etcd, "victim", 3);
+    let e = Engine::from_json(&etcd.config("watcher")).unwrap();
+    let local = vec![0u8; 4096];
+    e.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = e.connect_name("victim", Some(LONG)).unwrap();
+    assert_eq!(read(&e, peer, &local, src.addr, 4096, LONG), Status::Ok);
+    let key = "/orbite-test/engines/victim";
+    etcd_write(&etcd, key, Some(b"not a record"));
+    eventually("the watcher reads the junk", || e.stats().discovery.invalid_records >= 1);
+    assert_eq!(read(&e, peer, &local, src.addr, 4096, LONG), Status::Ok, "the junk retired the peer");
+    assert_eq!(local, pattern_vec(3, 4096));
+    assert_eq!(e.stats().discovery.peers_gone, 0);
+    eventually("the live holder puts its record back", || names(&etcd, key, &src.endpoint));
+    assert_eq!(read(&e, peer, &local, src.addr, 4096, LONG), Status::Ok);
+    // A name whose value is not a record resolves to nothing.
+    etcd_write(&etcd, "/orbite-test/engines/ghost", Some(br#"{"endpoint": 5}"#));
+    let err = e.connect_name("ghost", Some(LONG)).map(|_| ()).unwrap_err();
+    assert_eq!(err.status(), Status::NotFound, "{err}");
+    // Deleted by hand while its lease lives: put back too.
+    etcd_write(&etcd, key, None);
+    eventually("the live holder puts its deleted record back", || names(&etcd, key, &src.endpoint));
+    let again = e.connect_name("victim", Some(LONG)).unwrap();
+    assert_eq!(read(&e, again, &local, src.addr, 4096, LONG), Status::Ok);
+    src.close();
+}
+
+/// An engine started under a live engine's name in another PID namespace
+/// of the host (a container) cannot see the holder's pid, but must not
+/// take the name: it is refused, naming the holder, and the holder stays
+/// published and reachable.
+#[test]
+fn an_engine_of_another_pid_namespace_cannot_take_a_live_name() {
+    let etcd = Etcd::start();
+    let holder = source(&etcd, "held", 4);
+    let mut intruder = Command::new("unshare");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        intruder.args(["--user", "--map-root-user"]);
+    }
+    intruder.args(["--pid", "--fork", "--mount-proc", env!("CARGO_BIN_EXE_orbite-peer")]);
+    intruder.args(["--size", &MIB.to_string(), "--seed", "5", "--config", &etcd.config("held")]);
+    let out = intruder.stdin(Stdio::null()).output().expect("run unshare (util-linux)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the intruder took the name: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(stderr.contains("is held by the live engine") && stderr.contains(&holder.endpoint), "{stderr}");
+    let e = Engine::from_json(&etcd.config("asker")).unwrap();
+    let local = vec![0u8; 4096];
+    e.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let p = e.connect_name("held", Some(LONG)).unwrap();
+    assert_eq!(e.peer_endpoint(p).unwrap(), holder.endpoint);
+    assert_eq!(read(&e, p, &local, holder.addr, 4096, LONG), Status::Ok);
+    assert_eq!(local, pattern_vec(4, 4096));
+    holder.close();
+}
+
+/// With an auth key, records are signed: engines sharing the key find
+/// each other; a record an etcd writer put without the signature (naming
+/// an endpoint of its choice) is never followed, and counted.
+#[test]
+fn with_a_key_only_signed_records_are_followed() {
+    use std::os::unix::fs::PermissionsExt;
+    let etcd = Etcd::start();
+    let dir = std::env::temp_dir().join(format!("orbite-discovery-key-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("key");
+    std::fs::write(&key, [0x5a; 48]).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let keyed = |name: &str| {
+        let c = etcd.config(name);
+        format!(r#"{{"auth_key_file": "{}", {}"#, key.display(), &c[1..])
+    };
+    let src = PeerProc::spawn(&["--size", &MIB.to_string(), "--seed", "6", "--config", &keyed("signed")]);
+    let stored = etcd_read(&etcd, "/orbite-test/engines/signed").unwrap();
+    assert!(String::from_utf8_lossy(&stored).contains(r#""sig":""#), "the record is signed");
+    let e = Engine::from_json(&keyed("reader")).unwrap();
+    let local = vec![0u8; 4096];
+    e.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let p = e.connect_name("signed", Some(LONG)).unwrap();
+    assert_eq!(read(&e, p, &local, src.addr, 4096, LONG), Status::Ok);
+    assert_eq!(local, pattern_vec(6, 4096));
+    // The forger copies the real record without its signature.
+    let forged = String::from_utf8_lossy(&stored).replace("\"signed\"", "\"forged\"");
+    let forged = forged.split(r#","sig":"#).next().unwrap().to_string() + "}";
+    etcd_write(&etcd, "/orbite-test/engines/forged", Some(forged.as_bytes()));
+    let before = e.stats().discovery.invalid_records;
+    let err = e.connect_name("forged", Some(LONG)).map(|_| ()).unwrap_err();
+    assert_eq!(err.status(), Status::NotFound, "{err}");
+    assert!(e.stats().discovery.invalid_records > before);
+    src.close();
+}

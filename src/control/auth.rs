@@ -100,6 +100,18 @@ impl AuthKey {
     fn verify(&self, label: &[u8], a: &[u8], b: &[u8], tag: &[u8]) -> bool {
         self.hmac(label, a, b).verify_slice(tag).is_ok()
     }
+
+    /// The key's tag of `data` under `label` (HMAC-SHA256): what a record
+    /// published for peers holding the same key carries.
+    pub fn sign(&self, label: &[u8], data: &[u8]) -> [u8; TAG_LEN] {
+        self.tag(label, data, &[])
+    }
+
+    /// Whether `tag` is the key's tag of `data` under `label`, compared in
+    /// constant time.
+    pub fn check(&self, label: &[u8], data: &[u8], tag: &[u8]) -> bool {
+        self.verify(label, data, &[], tag)
+    }
 }
 
 /// The frames the exchange sends and receives, each bounded by the

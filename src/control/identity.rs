@@ -60,6 +60,31 @@ pub fn is_zombie(pid: u32) -> bool {
     stat_fields(pid).is_some_and(|rest| matches!(rest.split_whitespace().next(), Some("Z" | "X")))
 }
 
+/// Whether process `pid` of this PID namespace may still run: `/proc`
+/// shows it and it is not a zombie, or the kernel says it exists though
+/// `/proc` hides it (`hidepid`: `kill(pid, 0)` answers `EPERM`, not
+/// `ESRCH`). False only when it provably is gone.
+pub fn process_alive(pid: u32) -> bool {
+    if pid == 0 || pid > i32::MAX as u32 {
+        return false;
+    }
+    if let Some(rest) = stat_fields(pid) {
+        return !matches!(rest.split_whitespace().next(), Some("Z" | "X"));
+    }
+    // SAFETY: signal 0 only checks that the process exists and may be
+    // signalled; nothing is sent.
+    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// The inode of this process's PID namespace (`/proc/self/ns/pid`): two
+/// processes whose values differ cannot judge each other's pids. 0 when
+/// it cannot be read.
+pub fn pid_namespace() -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self/ns/pid").map(|m| m.ino()).unwrap_or(0)
+}
+
 static BOOT_ID: Lazy<[u8; 16]> = Lazy::new(read_boot_id);
 static EPOCH_COUNTER: AtomicU64 = AtomicU64::new(1);
 

@@ -10,6 +10,8 @@
 //! checked again (a peer that left during the outage is reported then).
 
 use super::record::{unreachable, DiscoveryConfig, DiscoveryStats, OnGone, Record};
+use crate::control::auth::AuthKey;
+use crate::control::identity::process_alive;
 use crate::error::{Error, Result};
 use etcd_client::{
     Compare, CompareOp, ConnectOptions, EventType, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp,
@@ -39,7 +41,7 @@ pub struct Client {
 impl Client {
     /// Starts the thread, which connects and claims the name; returns once
     /// it did, or why not.
-    pub fn start(cfg: DiscoveryConfig, me: Record, deadline: Instant) -> Result<Client> {
+    pub fn start(cfg: DiscoveryConfig, me: Record, key: Option<AuthKey>, deadline: Instant) -> Result<Client> {
         let (tx, rx) = mpsc::unbounded_channel();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let stats = Arc::new(Mutex::new(DiscoveryStats { enabled: true, ..Default::default() }));
@@ -54,7 +56,7 @@ impl Client {
                         return;
                     }
                 };
-                rt.block_on(run(c, me, deadline, rx, ready_tx, s));
+                rt.block_on(run(c, Me { record: me, key }, deadline, rx, ready_tx, s));
             })
             .map_err(|e| Error::io("spawn the discovery thread", &e))?;
         // The thread gives up by the deadline itself; the margin covers its
@@ -118,10 +120,35 @@ enum Event {
     Watch(std::result::Result<Option<WatchResponse>, etcd_client::Error>),
 }
 
+/// This engine as discovery knows it: its record, and the key that signs
+/// it and every record it follows.
+struct Me {
+    record: Record,
+    key: Option<AuthKey>,
+}
+
+/// What is stored under a name.
+enum Found {
+    Absent,
+    Valid(Record),
+    /// A value that is not a valid record: ignored.
+    Invalid,
+}
+
+impl Found {
+    /// The record under the name, if a valid one.
+    fn record(self) -> Option<Record> {
+        match self {
+            Found::Valid(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
 /// The client thread's state.
 struct State {
     cfg: DiscoveryConfig,
-    me: Record,
+    me: Me,
     client: etcd_client::Client,
     lease: i64,
     keeper: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
@@ -138,7 +165,7 @@ fn options(period: Duration) -> ConnectOptions {
 
 async fn run(
     cfg: DiscoveryConfig,
-    me: Record,
+    me: Me,
     deadline: Instant,
     mut cmds: mpsc::UnboundedReceiver<Cmd>,
     ready: std::sync::mpsc::Sender<Result<()>>,
@@ -189,13 +216,13 @@ async fn run(
                 return;
             }
             Event::Cmd(Some(Cmd::Resolve(name, reply))) => {
-                let _ = reply.send(st.get(&name).await);
+                let _ = reply.send(st.get(&name).await.map(Found::record));
             }
             Event::Cmd(Some(Cmd::Watch(name, epoch, f))) => {
                 st.watched.entry(name.clone()).or_default().push((epoch, f));
                 // It may have gone between the lookup and now.
                 if let Ok(current) = st.get(&name).await {
-                    st.check(&name, current.map(|r| r.epoch));
+                    st.check_found(&name, current);
                 }
                 st.count_watched();
             }
@@ -226,7 +253,7 @@ async fn next(w: &mut Option<WatchStream>) -> std::result::Result<Option<WatchRe
 }
 
 /// Connects and claims `me.name` under a new lease.
-async fn connect_and_claim(cfg: &DiscoveryConfig, me: &Record, period: Duration) -> Result<(etcd_client::Client, i64)> {
+async fn connect_and_claim(cfg: &DiscoveryConfig, me: &Me, period: Duration) -> Result<(etcd_client::Client, i64)> {
     let mut client = etcd_client::Client::connect(&cfg.etcd, Some(options(period)))
         .await
         .map_err(|e| unreachable(cfg, &e.to_string()))?;
@@ -236,28 +263,29 @@ async fn connect_and_claim(cfg: &DiscoveryConfig, me: &Record, period: Duration)
 
 /// Grants a lease and puts `me` under it if no engine holds the name: one
 /// transaction. `INVALID_CONFIG` naming the holder otherwise.
-async fn claim(client: &mut etcd_client::Client, cfg: &DiscoveryConfig, me: &Record) -> Result<i64> {
+async fn claim(client: &mut etcd_client::Client, cfg: &DiscoveryConfig, me: &Me) -> Result<i64> {
     let lease = client.lease_grant(cfg.ttl_s as i64, None).await.map_err(|e| unreachable(cfg, &e.to_string()))?.id();
-    let key = cfg.key(&me.name);
-    let value = serde_json::to_string(me).expect("a record serialises");
+    let key = cfg.key(&me.record.name);
+    let value = me.record.stored(me.key.as_ref());
     let txn = Txn::new()
         .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-        .and_then(vec![TxnOp::put(key.clone(), value, Some(PutOptions::new().with_lease(lease)))])
+        .and_then(vec![TxnOp::put(key.clone(), value.clone(), Some(PutOptions::new().with_lease(lease)))])
         .or_else(vec![TxnOp::get(key.clone(), None)]);
     let resp = client.txn(txn).await.map_err(|e| unreachable(cfg, &e.to_string()))?;
     if resp.succeeded() {
         return Ok(lease);
     }
     let held = resp.op_responses().into_iter().find_map(|r| match r {
-        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| (kv.mod_revision(), Record::parse(kv.value()))),
+        TxnOpResponse::Get(g) => {
+            g.kvs().first().map(|kv| (kv.mod_revision(), Record::read(kv.value(), me.key.as_ref())))
+        }
         _ => None,
     });
-    // The holder is a process of this host that no longer exists (it
-    // crashed; its lease has not expired yet): take the name over, in one
-    // transaction that fails if the key changed meanwhile.
-    if let Some((rev, Some(h))) = &held {
-        if h.boot_id == me.boot_id && !process_alive(h.pid) {
-            let value = serde_json::to_string(me).expect("a record serialises");
+    // The holder provably no longer exists (it crashed; its lease has not
+    // expired yet): take the name over, in one transaction that fails if
+    // the key changed meanwhile.
+    if let Some((rev, Ok(h))) = &held {
+        if provably_gone(h, &me.record) {
             let txn = Txn::new()
                 .when(vec![Compare::mod_revision(key.clone(), CompareOp::Equal, *rev)])
                 .and_then(vec![TxnOp::put(key.clone(), value, Some(PutOptions::new().with_lease(lease)))]);
@@ -268,29 +296,83 @@ async fn claim(client: &mut etcd_client::Client, cfg: &DiscoveryConfig, me: &Rec
         }
     }
     let _ = client.lease_revoke(lease).await;
-    let holder = held.and_then(|(_, h)| h);
-    Err(Error::InvalidConfig(match holder {
-        Some(h) => format!(
-            "key `name`: {:?} is held by the live engine at {} (pid {}, epoch {:x}) under {key}",
-            me.name, h.endpoint, h.pid, h.epoch
+    let name = &me.record.name;
+    Err(Error::InvalidConfig(match held {
+        Some((_, Ok(h))) => format!(
+            "key `name`: {name:?} is held by the live engine at {} (pid {}, epoch {:x}) under {key}",
+            h.endpoint, h.pid, h.epoch
         ),
-        None => format!("key `name`: {:?} is taken under {key}", me.name),
+        Some((_, Err(why))) => format!(
+            "key `name`: {name:?} is taken under {key} by a value that is not a valid record ({why}); it frees \
+             when its lease expires, or remove it"
+        ),
+        None => format!("key `name`: {name:?} is taken under {key}"),
     }))
 }
 
-/// Whether process `pid` of this host exists (a zombie counts as gone).
-fn process_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => false,
-    }
+/// Whether holder `h` is provably gone from where `me` stands: it ran on
+/// this boot in this PID namespace (its pid means what it says here) and
+/// that process no longer exists. A holder of another namespace, or one
+/// whose namespace is unknown, is never presumed gone: its lease frees the
+/// name when it really stopped.
+fn provably_gone(h: &Record, me: &Record) -> bool {
+    h.boot_id == me.boot_id && h.pid_ns != 0 && h.pid_ns == me.pid_ns && !process_alive(h.pid)
 }
 
 impl State {
-    /// Looks a name up.
-    async fn get(&mut self, name: &str) -> Result<Option<Record>> {
+    /// Looks a name up; a value that is not a valid record is counted.
+    async fn get(&mut self, name: &str) -> Result<Found> {
         let r = self.client.get(self.cfg.key(name), None).await.map_err(|e| unreachable(&self.cfg, &e.to_string()))?;
-        Ok(r.kvs().first().and_then(|kv| Record::parse(kv.value())))
+        Ok(match r.kvs().first() {
+            None => Found::Absent,
+            Some(kv) => self.read(kv.value()),
+        })
+    }
+
+    /// A stored value, read with this engine's key (an invalid one counted).
+    fn read(&self, value: &[u8]) -> Found {
+        match Record::read(value, self.me.key.as_ref()) {
+            Ok(r) => Found::Valid(r),
+            Err(_) => {
+                self.stats.lock().invalid_records += 1;
+                Found::Invalid
+            }
+        }
+    }
+
+    /// Puts this engine's record back when its key vanished or was
+    /// overwritten while its lease lives (by hand, or by anyone who can
+    /// write to etcd): it is alive, so the name is its own. One transaction
+    /// that fails if the key changed again meanwhile.
+    async fn hold(&mut self) {
+        let key = self.cfg.key(&self.me.record.name);
+        let Ok(r) = self.client.get(key.clone(), None).await else {
+            self.failed();
+            return;
+        };
+        let (lease, epoch) = (self.lease, self.me.record.epoch);
+        let unchanged = match r.kvs().first() {
+            None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+            Some(kv) => {
+                let ours = kv.lease() == lease
+                    && Record::read(kv.value(), self.me.key.as_ref()).is_ok_and(|h| h.epoch == epoch);
+                if ours {
+                    return;
+                }
+                Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision())
+            }
+        };
+        let value = self.me.record.stored(self.me.key.as_ref());
+        let txn = Txn::new().when(vec![unchanged]).and_then(vec![TxnOp::put(
+            key,
+            value,
+            Some(PutOptions::new().with_lease(lease)),
+        )]);
+        match self.client.txn(txn).await {
+            Ok(resp) if resp.succeeded() => self.stats.lock().reclaims += 1,
+            Ok(_) => {}
+            Err(_) => self.failed(),
+        }
     }
 
     /// Watches every engine key.
@@ -338,6 +420,8 @@ impl State {
                 }
                 Err(_) => self.failed(),
             }
+        } else {
+            self.hold().await;
         }
         true
     }
@@ -349,13 +433,24 @@ impl State {
             let Some(kv) = ev.kv() else { continue };
             let Some(name) = kv.key().strip_prefix(prefix.as_bytes()) else { continue };
             let name = String::from_utf8_lossy(name).into_owned();
-            let epoch = match ev.event_type() {
-                EventType::Delete => None,
-                EventType::Put => Some(Record::parse(kv.value()).map_or(0, |r| r.epoch)),
+            let found = match ev.event_type() {
+                EventType::Delete => Found::Absent,
+                EventType::Put => self.read(kv.value()),
             };
-            self.check(&name, epoch);
+            self.check_found(&name, found);
         }
         self.count_watched();
+    }
+
+    /// `name` now holds `found`: a valid record or none is news for its
+    /// watchers; a value that is not a valid record is ignored (whoever
+    /// wrote it cannot retire a peer).
+    fn check_found(&mut self, name: &str, found: Found) {
+        match found {
+            Found::Absent => self.check(name, None),
+            Found::Valid(r) => self.check(name, Some(r.epoch)),
+            Found::Invalid => {}
+        }
     }
 
     /// `name` now has `epoch` (`None`: no key): the watchers of another
@@ -384,7 +479,7 @@ impl State {
         let names: Vec<String> = self.watched.keys().cloned().collect();
         for name in names {
             if let Ok(current) = self.get(&name).await {
-                self.check(&name, current.map(|r| r.epoch));
+                self.check_found(&name, current);
             }
         }
         self.count_watched();

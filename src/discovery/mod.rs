@@ -25,6 +25,7 @@ mod record;
 
 pub use record::{check_url, unreachable, DiscoveryConfig, DiscoveryStats, OnGone, Record};
 
+use crate::control::auth::AuthKey;
 use crate::error::Result;
 use std::time::Instant;
 
@@ -35,11 +36,12 @@ pub struct Discovery {
 
 impl Discovery {
     /// Connects to etcd and claims `me.name` under a lease, before
-    /// `deadline`. `UNAVAILABLE`: etcd unreachable (the message names the
+    /// `deadline`; with `key`, the record is signed with it and only
+    /// records it signed are followed. `UNAVAILABLE`: etcd unreachable (the message names the
     /// addresses); `INVALID_CONFIG`: a live engine holds the name (named);
     /// `NOT_SUPPORTED`: a build without the `etcd` feature.
-    pub fn start(cfg: &DiscoveryConfig, me: Record, deadline: Instant) -> Result<Discovery> {
-        Ok(Discovery { inner: Client::start(cfg.clone(), me, deadline)? })
+    pub fn start(cfg: &DiscoveryConfig, me: Record, key: Option<AuthKey>, deadline: Instant) -> Result<Discovery> {
+        Ok(Discovery { inner: Client::start(cfg.clone(), me, key, deadline)? })
     }
 
     /// The live engine named `name`, if any.

@@ -1,6 +1,7 @@
 //! What discovery publishes and reads: the config, an engine's record, the
 //! counters, and the checks and errors they share.
 
+use crate::control::auth::AuthKey;
 use crate::error::Error;
 use serde::{Deserialize, Serialize};
 
@@ -42,13 +43,50 @@ pub struct Record {
     pub boot_id: String,
     /// Its process id.
     pub pid: u32,
+    /// The inode of its PID namespace (`/proc/self/ns/pid`): its pid means
+    /// something only to processes of that namespace. 0: not known.
+    #[serde(default)]
+    pub pid_ns: u64,
+    /// With an auth key: HMAC-SHA256 by the key over the other fields, hex.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sig: Option<String>,
 }
 
+/// The label of a record's signature.
+const SIG_LABEL: &[u8] = b"orbite-discovery-v1 record";
+
 impl Record {
-    /// Parses a stored record; `None` when it is not one.
-    pub fn parse(value: &[u8]) -> Option<Record> {
-        serde_json::from_slice(value).ok()
+    /// The bytes a signature covers: the record without its signature.
+    fn signed_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(&Record { sig: None, ..self.clone() }).expect("a record serialises")
     }
+
+    /// The record as stored: signed with `key` when there is one.
+    pub fn stored(&self, key: Option<&AuthKey>) -> String {
+        let sig = key.map(|k| k.sign(SIG_LABEL, &self.signed_bytes()).iter().map(|b| format!("{b:02x}")).collect());
+        serde_json::to_string(&Record { sig, ..self.clone() }).expect("a record serialises")
+    }
+
+    /// Reads a stored value: the record, or why it is not a valid one (not
+    /// a record; with `key`, unsigned or signed by another key).
+    pub fn read(value: &[u8], key: Option<&AuthKey>) -> std::result::Result<Record, String> {
+        let r: Record = serde_json::from_slice(value).map_err(|e| format!("not an engine record ({e})"))?;
+        let Some(key) = key else { return Ok(r) };
+        let sig = r.sig.as_deref().ok_or("a record without the signature this engine's auth key requires")?;
+        let tag = hex(sig).ok_or("a record whose signature is not hex")?;
+        if !key.check(SIG_LABEL, &r.signed_bytes(), &tag) {
+            return Err("a record not signed with this engine's auth key".into());
+        }
+        Ok(r)
+    }
+}
+
+/// The bytes of a hex string (`None`: not hex).
+fn hex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
 }
 
 /// Counters of the discovery client.
@@ -68,6 +106,13 @@ pub struct DiscoveryStats {
     pub watched: u64,
     /// Peers marked gone because their key vanished or changed epoch.
     pub peers_gone: u64,
+    /// Values under the engines prefix that were not valid records (not a
+    /// record, or not signed with this engine's key): ignored, never
+    /// followed, never taken for a peer's departure.
+    pub invalid_records: u64,
+    /// Times this engine found its own key gone or overwritten while its
+    /// lease lived, and put its record back.
+    pub reclaims: u64,
 }
 
 /// Called once when a watched peer's key vanishes or names another epoch,
@@ -93,6 +138,20 @@ pub fn unreachable(cfg: &DiscoveryConfig, why: &str) -> Error {
 mod tests {
     use super::*;
 
+    /// A record as an engine publishes it.
+    fn sample() -> Record {
+        Record {
+            name: "a".into(),
+            endpoint: "1.2.3.4:5".into(),
+            epoch: 7,
+            capabilities: 3,
+            boot_id: "ab".into(),
+            pid: 9,
+            pid_ns: 4026531836,
+            sig: None,
+        }
+    }
+
     #[test]
     fn urls_keys_and_records() {
         assert!(check_url("http://127.0.0.1:2379").is_ok());
@@ -103,15 +162,32 @@ mod tests {
         let c = DiscoveryConfig { etcd: vec![], prefix: "/orbite/".into(), ttl_s: 10 };
         assert_eq!(c.key("a"), "/orbite/engines/a");
         assert_eq!(c.engines_prefix(), "/orbite/engines/");
-        let r = Record {
-            name: "a".into(),
-            endpoint: "1.2.3.4:5".into(),
-            epoch: 7,
-            capabilities: 3,
-            boot_id: "ab".into(),
-            pid: 9,
-        };
-        assert_eq!(Record::parse(serde_json::to_string(&r).unwrap().as_bytes()), Some(r));
-        assert_eq!(Record::parse(b"{"), None);
+        let r = sample();
+        assert_eq!(Record::read(r.stored(None).as_bytes(), None), Ok(r.clone()));
+        assert!(Record::read(b"{", None).unwrap_err().contains("not an engine record"));
+        // A record of an engine from before pid_ns reads with 0.
+        let old = br#"{"name":"a","endpoint":"1.2.3.4:5","epoch":7,"capabilities":3,"boot_id":"ab","pid":9}"#;
+        assert_eq!(Record::read(old, None).unwrap().pid_ns, 0);
+    }
+
+    #[test]
+    fn with_a_key_only_records_it_signed_are_read() {
+        let key = AuthKey::from_bytes(&[7u8; 32]).unwrap();
+        let other = AuthKey::from_bytes(&[8u8; 32]).unwrap();
+        let r = sample();
+        let signed = r.stored(Some(&key));
+        let read = Record::read(signed.as_bytes(), Some(&key)).unwrap();
+        assert_eq!(Record { sig: None, ..read }, r);
+        // Without a key the signature is not needed, and not in the way.
+        assert_eq!(Record { sig: None, ..Record::read(signed.as_bytes(), None).unwrap() }, r);
+        let unsigned = r.stored(None);
+        assert!(Record::read(unsigned.as_bytes(), Some(&key)).unwrap_err().contains("without the signature"));
+        let by_other = r.stored(Some(&other));
+        assert!(Record::read(by_other.as_bytes(), Some(&key)).unwrap_err().contains("not signed with"));
+        // Any field changed after signing breaks the signature.
+        let moved = signed.replace("1.2.3.4:5", "6.6.6.6:6");
+        assert!(Record::read(moved.as_bytes(), Some(&key)).unwrap_err().contains("not signed with"));
+        let garbled = signed.replace("\"sig\":\"", "\"sig\":\"zz");
+        assert!(Record::read(garbled.as_bytes(), Some(&key)).unwrap_err().contains("not hex"));
     }
 }

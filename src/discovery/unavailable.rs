@@ -10,7 +10,12 @@ pub enum Client {}
 
 impl Client {
     /// Refuses: `NOT_SUPPORTED`, naming the feature.
-    pub fn start(_cfg: DiscoveryConfig, _me: Record, _deadline: Instant) -> Result<Client> {
+    pub fn start(
+        _cfg: DiscoveryConfig,
+        _me: Record,
+        _key: Option<crate::control::auth::AuthKey>,
+        _deadline: Instant,
+    ) -> Result<Client> {
         Err(Error::NotSupported(
             "config `discovery` needs a build with the `etcd` feature (cargo build --features etcd; CMake -DORBITE_ETCD=ON)"
                 .into(),

@@ -230,9 +230,11 @@ impl Engine {
                 capabilities: inner.capabilities(),
                 boot_id: inner.identity.boot_id.iter().map(|b| format!("{b:02x}")).collect(),
                 pid: inner.identity.process.pid,
+                pid_ns: crate::control::identity::pid_namespace(),
+                sig: None,
             };
             let deadline = Instant::now() + Duration::from_millis(inner.config.default_timeout_ms as u64);
-            let _ = inner.discovery.set(Discovery::start(d, me, deadline)?);
+            let _ = inner.discovery.set(Discovery::start(d, me, inner.auth.clone(), deadline)?);
         }
         if inner.config.shm_cache_entries == 0 && inner.ipc_transport(TransportKind::Shm).is_some() {
             inner.note(
