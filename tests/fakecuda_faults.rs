@@ -494,6 +494,31 @@ fn fabric_channel() {
     assert_eq!(decode_reject(&f.body).unwrap().1.status(), Status::PermissionDenied);
 }
 
+/// With a shared key, the control connection is sealed while the fabric
+/// channel beside it (the IPC protocol over TCP, after the key's proof)
+/// stays plain: the source tells the two apart by their first bytes, and
+/// both carry the transfer.
+fn fabric_channel_keyed() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("orbite-fabric-key-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let key = dir.join("key");
+    std::fs::write(&key, [0x33; 40]).unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let plain = fabric_config(DOMAIN_A);
+    let config = format!(r#"{{"auth_key_file": "{}", {}"#, key.display(), &plain[1..]);
+    let mut src = Source::start(&config, "mnnvl", 1, None);
+    let a = src.addrs[0];
+    let r = Req::new(&config, &src.endpoint, TransportKind::Mnnvl);
+    assert_eq!(r.go(&[rd(r.l(0), a, SIZE)]), vec![res(Status::Ok, RemoteEffect::None)]);
+    let off = 3 * 4096;
+    assert_eq!(r.go(&[wr(r.l(0), a + off, MIB)]), vec![res(Status::Ok, RemoteEffect::Applied)]);
+    assert_eq!(src.cmd(&format!("verify 0 1 {off} {MIB}")), "ok");
+    let st: serde_json::Value = serde_json::from_str(&src.cmd("stats")).unwrap();
+    assert_eq!(st["fabric_channels_accepted"], 1, "{st}");
+    assert_eq!(st["auth_failures"], 0, "{st}");
+}
+
 /// Local EGM memory is copied on the GPU attached to its NUMA node (the
 /// stand-in attaches node d to device d; the parent counts the copies per
 /// device); mixed nodes in one group and a node without a GPU are refused.
@@ -686,6 +711,7 @@ fn child_case() {
         "host-register" => host_register(),
         "host-register-fails" => host_register_fails(),
         "fabric-channel" => fabric_channel(),
+        "fabric-channel-keyed" => fabric_channel_keyed(),
         "egm-placement" => egm_placement(),
         "pinned-fence" => pinned_fence(),
         "baseline" => clean_baseline(),
@@ -807,6 +833,11 @@ fn a_failed_host_pin_posts_nothing() {
 #[test]
 fn fabric_handles_with_a_fabric_domain_run_the_protocol_over_tcp() {
     run("fabric-channel", &[]);
+}
+
+#[test]
+fn a_keyed_fabric_channel_runs_beside_a_sealed_control_connection() {
+    run("fabric-channel-keyed", &[]);
 }
 
 #[test]

@@ -594,3 +594,174 @@ fn common_wait(f: impl Fn() -> bool) {
         std::thread::yield_now();
     }
 }
+
+/// A process in the middle of one TCP connection: it relays the bytes both
+/// ways and flips one bit of byte number `flip_down` (source to requester)
+/// or `flip_up` (requester to source), counted from the start of the
+/// connection, once it passes. It knows no key.
+struct Relay {
+    port: u16,
+    down: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    up: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    flip_down: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    flip_up: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Relay {
+    fn to(target: &str) -> Relay {
+        use std::sync::atomic::AtomicU64;
+        use std::sync::Arc;
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let counters: [Arc<AtomicU64>; 4] =
+            std::array::from_fn(|i| Arc::new(AtomicU64::new([0, 0, u64::MAX, u64::MAX][i])));
+        let r = Relay {
+            port: l.local_addr().unwrap().port(),
+            down: counters[0].clone(),
+            up: counters[1].clone(),
+            flip_down: counters[2].clone(),
+            flip_up: counters[3].clone(),
+        };
+        let target = target.to_string();
+        std::thread::spawn(move || {
+            let (req, _) = l.accept().unwrap();
+            let src = TcpStream::connect(&target).unwrap();
+            let [down, up, flip_down, flip_up] = counters;
+            let (r2, s2) = (req.try_clone().unwrap(), src.try_clone().unwrap());
+            std::thread::spawn(move || pump(s2, r2, down, flip_down));
+            pump(req, src, up, flip_up);
+        });
+        r
+    }
+
+    fn endpoint(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+/// Copies `from` to `to`, flipping the low bit of byte number `flip_at`.
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    count: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    flip_at: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let (at, flip) = (count.load(SeqCst), flip_at.load(SeqCst));
+        if flip >= at && flip < at + n as u64 {
+            buf[(flip - at) as usize] ^= 1;
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        count.fetch_add(n as u64, SeqCst);
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+    let _ = from.shutdown(std::net::Shutdown::Both);
+}
+
+/// Two keyed engines, the requester connected through a relay.
+fn keyed_pair_through_relay(name: &str) -> (Engine, Engine, Relay, u64) {
+    let k = key_file(name, 9);
+    let src = Engine::from_json(&with_key(&k)).unwrap();
+    let req = Engine::from_json(&with_key(&k)).unwrap();
+    let relay = Relay::to(&src.endpoint());
+    let peer = req.connect(&relay.endpoint(), Some(LONG)).unwrap();
+    (src, req, relay, peer)
+}
+
+const RELAYED: usize = 1 << 20;
+
+fn tcp_only() -> SubmitOptions {
+    SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(LONG) }
+}
+
+/// A relay that changes nothing is harmless: keyed engines move exact
+/// bytes through it both ways.
+#[test]
+fn a_relay_that_changes_nothing_passes_sealed_bytes_through() {
+    let (src, req, _relay, peer) = keyed_pair_through_relay("relay-clean");
+    let remote: Vec<u8> = (0..RELAYED).map(|i| (i % 251) as u8).collect();
+    let mut back = vec![0u8; RELAYED];
+    src.register_memory(remote.as_ptr() as u64, RELAYED as u64, Access::READ | Access::WRITE).unwrap();
+    let mut local = vec![0u8; RELAYED];
+    req.register_memory(local.as_mut_ptr() as u64, RELAYED as u64, Access::NONE).unwrap();
+    req.register_memory(back.as_mut_ptr() as u64, RELAYED as u64, Access::NONE).unwrap();
+    let one = |op, local: &[u8]| {
+        let r =
+            Request { op, local_addr: local.as_ptr() as u64, remote_addr: remote.as_ptr() as u64, len: RELAYED as u64 };
+        req.submit(peer, &[r], tcp_only()).unwrap().wait(LONG).unwrap();
+    };
+    one(Op::Read, &local);
+    assert_eq!(local, remote);
+    back.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 13) as u8);
+    one(Op::Write, &back);
+    assert_eq!(remote, back);
+}
+
+/// One 1 MiB TCP request of `op` between keyed engines through a relay
+/// that flips one bit half a mebibyte into the payload's direction: its
+/// status, the source's memory and the requester's.
+fn tampered(name: &str, op: Op) -> (Status, Vec<u8>, Vec<u8>) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (src, req, relay, peer) = keyed_pair_through_relay(name);
+    let (remote, local): (Vec<u8>, Vec<u8>) = match op {
+        Op::Read => ((0..RELAYED).map(|i| (i % 251) as u8).collect(), vec![0; RELAYED]),
+        Op::Write => (vec![0; RELAYED], (0..RELAYED).map(|i| 1 + (i % 250) as u8).collect()),
+    };
+    src.register_memory(remote.as_ptr() as u64, RELAYED as u64, Access::READ | Access::WRITE).unwrap();
+    req.register_memory(local.as_ptr() as u64, RELAYED as u64, Access::NONE).unwrap();
+    let (count, flip) = match op {
+        Op::Read => (&relay.down, &relay.flip_down),
+        Op::Write => (&relay.up, &relay.flip_up),
+    };
+    flip.store(count.load(SeqCst) + (RELAYED as u64) / 2, SeqCst);
+    let r = Request { op, local_addr: local.as_ptr() as u64, remote_addr: remote.as_ptr() as u64, len: RELAYED as u64 };
+    let b = req.submit(peer, &[r], tcp_only()).unwrap();
+    let _ = b.wait(LONG);
+    (b.results()[0].status, remote, local)
+}
+
+/// A relay without the key that flips one bit inside a READ answer's
+/// payload cannot make the requester take it: the READ ends
+/// PERMISSION_DENIED (the record failed its check), never OK with a wrong
+/// byte.
+#[test]
+fn a_relay_that_changes_a_read_answer_gets_permission_denied_not_ok() {
+    let (got, _, _) = tampered("relay-read", Op::Read);
+    assert_eq!(got, Status::PermissionDenied, "a changed READ answer was reported {got:?}");
+}
+
+/// A relay that flips one bit inside a WRITE's payload cannot land it:
+/// the source refuses the record before anything of it reaches memory (no
+/// byte of the source's memory ever holds the flipped value), and the
+/// WRITE is not reported OK.
+#[test]
+fn a_relay_that_changes_a_write_lands_no_changed_byte() {
+    let (got, remote, local) = tampered("relay-write", Op::Write);
+    assert_ne!(got, Status::Ok, "a changed WRITE was reported OK");
+    // Every byte is as it was or as sent: none flipped.
+    let changed = remote.iter().zip(&local).filter(|(r, l)| **r != 0 && **r != **l).count();
+    assert_eq!(changed, 0, "bytes changed on the way landed");
+    assert!(remote.contains(&0), "the record after the flip landed");
+}
+
+/// A keyed source with no slot left refuses a keyed requester (at accept,
+/// in a plain Error frame where the requester waits for the key's
+/// response): the requester reports the status the source named. (A
+/// refusal after the authentication is the handshake's unit test.)
+#[test]
+fn a_keyed_requester_refused_for_want_of_a_slot_learns_why() {
+    let k = key_file("refusal", 4);
+    let src = Engine::from_json(&format!(r#"{{"auth_key_file": "{k}", "max_incoming_connections": 1}}"#)).unwrap();
+    let first = Engine::from_json(&with_key(&k)).unwrap();
+    let second = Engine::from_json(&with_key(&k)).unwrap();
+    first.connect(&src.endpoint(), Some(LONG)).unwrap();
+    let e = second.connect(&src.endpoint(), Some(LONG)).map(|_| ()).unwrap_err();
+    assert_eq!(e.status(), Status::ResourceExhausted, "{e}");
+}

@@ -12,11 +12,15 @@
 //! Nonces are 32 fresh random bytes on each side, so a recorded exchange
 //! cannot be replayed; the labels keep a server's answer from serving as a
 //! client's proof. HMAC-SHA256 and its constant-time comparison come from
-//! the RustCrypto `hmac`/`sha2` crates. The key authenticates the peer at
-//! connection set-up only: nothing on the connection is encrypted or
-//! integrity-protected afterwards (docs/security.md).
+//! the RustCrypto `hmac`/`sha2` crates. Both sides then derive the
+//! connection's session keys from the key and both nonces
+//! (`control::seal`): a TCP control connection is sealed with them from
+//! its Describe on. An IPC channel over a Unix socket is not sealed (the
+//! kernel joins its two ends; nobody can sit in between); a fabric channel
+//! over TCP is authenticated only (docs/security.md).
 
 use super::frame::MsgKind;
+use super::seal::SessionKeys;
 use super::{io, message};
 use crate::error::{Error, Result};
 use hmac::{Hmac, Mac};
@@ -190,7 +194,7 @@ pub fn decode_response(body: &[u8]) -> Result<([u8; NONCE_LEN], [u8; TAG_LEN])> 
 
 /// The connecting side: proves knowledge of `key` and checks that the
 /// server knows it too. `PermissionDenied` names which side failed.
-pub fn connect(io: &mut impl FrameIo, key: &AuthKey, peer: &str) -> Result<()> {
+pub fn connect(io: &mut impl FrameIo, key: &AuthKey, peer: &str) -> Result<SessionKeys> {
     let mine = nonce()?;
     io.send_frame(MsgKind::AuthChallenge, &mine)?;
     let (kind, body) = io.recv_frame()?;
@@ -208,7 +212,7 @@ pub fn connect(io: &mut impl FrameIo, key: &AuthKey, peer: &str) -> Result<()> {
     io.send_frame(MsgKind::AuthProof, &key.tag(CLIENT_LABEL, &theirs, &mine))?;
     let (kind, body) = io.recv_frame()?;
     match kind {
-        MsgKind::AuthOk if body.is_empty() => Ok(()),
+        MsgKind::AuthOk if body.is_empty() => Ok(SessionKeys::derive(&key.0, &mine, &theirs, true)),
         MsgKind::Error => {
             let (st, text) = message::decode_error(&body)?;
             Err(Error::from_status(st, format!("{peer} refused authentication: {text}")))
@@ -222,14 +226,14 @@ pub fn connect(io: &mut impl FrameIo, key: &AuthKey, peer: &str) -> Result<()> {
 /// key; without one, an `AuthChallenge` is refused (both sides must agree).
 /// On `Err` the caller counts the failure, then tells the peer with
 /// [`refusal`] and closes.
-pub fn accept(io: &mut impl FrameIo, key: Option<&AuthKey>, first: (MsgKind, &[u8])) -> Result<()> {
+pub fn accept(io: &mut impl FrameIo, key: Option<&AuthKey>, first: (MsgKind, &[u8])) -> Result<Option<SessionKeys>> {
     let (key, theirs) = match (key, first) {
         (None, (MsgKind::AuthChallenge, _)) => {
             return Err(Error::PermissionDenied(
                 "this engine has no auth_key_file; configure the same key on both engines, or none".into(),
             ))
         }
-        (None, _) => return Ok(()),
+        (None, _) => return Ok(None),
         (Some(k), (MsgKind::AuthChallenge, body)) => (k, exact::<NONCE_LEN>(body, "AuthChallenge")?),
         (Some(_), (kind, _)) => {
             return Err(Error::PermissionDenied(format!(
@@ -248,7 +252,8 @@ pub fn accept(io: &mut impl FrameIo, key: Option<&AuthKey>, first: (MsgKind, &[u
     if proof.len() != TAG_LEN || !key.verify(CLIENT_LABEL, &mine, &theirs, &proof) {
         return Err(Error::PermissionDenied("the peer does not know this engine's auth key".into()));
     }
-    io.send_frame(MsgKind::AuthOk, &[])
+    io.send_frame(MsgKind::AuthOk, &[])?;
+    Ok(Some(SessionKeys::derive(&key.0, &theirs, &mine, false)))
 }
 
 /// The `Error` frame body that tells a peer why it was refused.
@@ -279,7 +284,9 @@ mod tests {
         (Pipe(a.0, b.1), Pipe(b.0, a.1))
     }
 
-    fn run(client_key: Option<&[u8]>, server_key: Option<&[u8]>) -> (Result<()>, Result<()>) {
+    type Keys = Result<Option<SessionKeys>>;
+
+    fn run(client_key: Option<&[u8]>, server_key: Option<&[u8]>) -> (Keys, Keys) {
         let (mut c, mut s) = pipes();
         let server_key = server_key.map(|k| AuthKey::from_bytes(k).unwrap());
         let t = std::thread::spawn(move || {
@@ -288,8 +295,8 @@ mod tests {
                 .inspect_err(|e| drop(s.send_frame(MsgKind::Error, &refusal(e))))
         });
         let r = match client_key {
-            Some(k) => connect(&mut c, &AuthKey::from_bytes(k).unwrap(), "peer"),
-            None => c.send_frame(MsgKind::Describe, b"d"),
+            Some(k) => connect(&mut c, &AuthKey::from_bytes(k).unwrap(), "peer").map(Some),
+            None => c.send_frame(MsgKind::Describe, b"d").map(|_| None),
         };
         drop(c);
         (r, t.join().unwrap())
@@ -299,7 +306,12 @@ mod tests {
     fn the_same_key_passes_both_ways_and_any_other_is_refused() {
         let k = [7u8; 32];
         let (c, s) = run(Some(&k), Some(&k));
-        assert!(c.is_ok() && s.is_ok(), "{c:?} {s:?}");
+        let (c, s) = (c.unwrap().unwrap(), s.unwrap().unwrap());
+        // Both ends derived the same session keys, one per direction.
+        assert_eq!((c.send, c.recv), (s.recv, s.send));
+        assert_ne!(c.send, c.recv);
+        let (again, _) = run(Some(&k), Some(&k));
+        assert_ne!(again.unwrap().unwrap().send, c.send, "fresh nonces, fresh session keys");
         let mut other = k;
         other[31] ^= 1;
         let (c, s) = run(Some(&other), Some(&k));

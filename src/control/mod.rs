@@ -8,6 +8,7 @@ pub mod identity;
 pub mod io;
 pub mod message;
 pub mod notify;
+pub mod seal;
 
 pub use frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN, PROTOCOL_VERSION};
 pub use identity::{Identity, ProcessIdentity};

@@ -368,7 +368,7 @@ impl Listeners {
                         _ => Ok(None),
                     });
                 match opened {
-                    Ok(Some(first)) if first.kind == MsgKind::IpcHello => {
+                    Ok(Some(first)) if first.header.kind == MsgKind::IpcHello => {
                         let deadline = Instant::now() + timeout;
                         let mut tick = || {
                             stop()?;
@@ -377,9 +377,11 @@ impl Listeners {
                             }
                             Ok(())
                         };
-                        let Ok(body) = io::read_body(&mut stream, first.body_len, &mut tick) else { return None };
+                        let Ok(body) = io::read_body(&mut stream, first.header.body_len, &mut tick) else {
+                            return None;
+                        };
                         let ch = Channel::from_tcp(stream).ok()?;
-                        let hello = Frame { kind: first.kind, body, fd: None, second_fd: None };
+                        let hello = Frame { kind: first.header.kind, body, fd: None, second_fd: None };
                         crate::transport::ipc::source::serve(fabric, ch, id, Some(hello), &reactor, forget)
                     }
                     Ok(Some(first)) => tcp::serve(c, stream, first, &reactor, forget).map(|c| c as Arc<dyn Served>),

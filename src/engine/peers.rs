@@ -27,7 +27,7 @@ impl Engine {
         if !self.inner.requester_gate.is_open() {
             return Err(Error::Unavailable("the requester side is closed".into()));
         }
-        let (s, peer) =
+        let (s, peer, seal) =
             handshake::connect(endpoint, self.timeout(timeout), self.inner.auth.as_ref(), &self.inner.describe())?;
         let id = self.inner.next_peer.fetch_add(1, Ordering::Relaxed);
         let label = format!("peer {id} ({endpoint})");
@@ -46,7 +46,7 @@ impl Engine {
         }
         let on_revoke = self.revoke_hook(&links, &label);
         let conn = TcpConnection::start(
-            s,
+            (s, crate::transport::tcp::wire::Wire::from(seal)),
             peer,
             label,
             self.inner.stats.clone(),

@@ -32,6 +32,7 @@ usage: orbite-bench [options]
                                  kv-flow: the multi-process KV pool flow, one prefill and
                                  N decodes (options: --mode kv-flow --help)
   --endpoint IP:PORT             the target (initiator mode)
+  --auth-key FILE                both engines use this auth_key_file (TCP then sealed)
   --name NAME --etcd URL          target: publish under NAME in etcd (discovery); initiator:
                                  find the target by NAME instead of --endpoint
   --listen IP:PORT               where a target listens (default 127.0.0.1:0)
@@ -107,6 +108,9 @@ struct Opts {
     /// `--name`: the target's engine name (discovery through `--etcd`).
     name: Option<String>,
     etcd: Option<String>,
+    /// `--auth-key`: both engines authenticate with this key file (and
+    /// seal their TCP connections).
+    auth_key: Option<String>,
     listen: String,
     transports: Vec<String>,
     ops: Vec<Op>,
@@ -169,6 +173,7 @@ fn parse_opts() -> Opts {
         endpoint: None,
         name: None,
         etcd: None,
+        auth_key: None,
         listen: "127.0.0.1:0".into(),
         transports: Vec::new(),
         ops: Vec::new(),
@@ -200,6 +205,7 @@ fn parse_opts() -> Opts {
             "--endpoint" => o.endpoint = Some(val()),
             "--name" => o.name = Some(val()),
             "--etcd" => o.etcd = Some(val()),
+            "--auth-key" => o.auth_key = Some(val()),
             "--listen" => o.listen = val(),
             "--transport" => o.transports.extend(list(&val())),
             "--op" => {
@@ -296,12 +302,12 @@ fn is_cuda_transport(t: &str) -> bool {
 fn target_memory(o: &Opts) -> (Engine, orbite::Allocation) {
     if is_cuda_transport(&o.target_kind) {
         #[cfg(feature = "cuda")]
-        return cuda::target(&o.target_kind, &o.listen, o.devices.0, o.buffer_size, &discovery_keys(o, None))
+        return cuda::target(&o.target_kind, &o.listen, o.devices.0, o.buffer_size, &engine_keys(o, None))
             .unwrap_or_else(|e| die(&e));
         #[cfg(not(feature = "cuda"))]
         die(NO_CUDA_BUILD);
     }
-    let engine = Engine::from_json(&format!(r#"{{"listen": "{}"{}}}"#, o.listen, discovery_keys(o, None)))
+    let engine = Engine::from_json(&format!(r#"{{"listen": "{}"{}}}"#, o.listen, engine_keys(o, None)))
         .unwrap_or_else(|e| die(&e.to_string()));
     let alloc = allocate_shared_host(o.buffer_size).unwrap_or_else(|e| die(&e.to_string()));
     touch(alloc.addr() as *mut u8, o.buffer_size as usize);
@@ -499,6 +505,7 @@ fn spawn_target(o: &Opts, kind: &str) -> Target {
     let mut child = Command::new(exe)
         .args(["--mode", "target", "--until-stdin-closes", "--buffer-size", &o.buffer_size.to_string()])
         .args(["--target-kind", kind, "--devices", &format!("{},{}", o.devices.0, o.devices.1)])
+        .args(o.auth_key.iter().flat_map(|k| ["--auth-key", k.as_str()]))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -659,21 +666,25 @@ fn max_inflight(o: &Opts) -> u64 {
         .min(1 << 40)
 }
 
-/// `, "name": ..., "discovery": {...}` for an engine's JSON config when
-/// `--name` and `--etcd` are given ("" otherwise): the target's own name,
-/// or for an initiator (`role`) a name of its own beside the target's.
-fn discovery_keys(o: &Opts, role: Option<&str>) -> String {
-    let (Some(target), Some(etcd)) = (&o.name, &o.etcd) else { return String::new() };
+/// The keys every engine of the run shares, for its JSON config: `,
+/// "auth_key_file": ...` with `--auth-key`, and `, "name": ...,
+/// "discovery": {...}` when `--name` and `--etcd` are given: the target's
+/// own name, or for an initiator (`role`) a name of its own beside the
+/// target's. "" without them.
+fn engine_keys(o: &Opts, role: Option<&str>) -> String {
+    let key = o.auth_key.as_ref().map(|k| format!(r#", "auth_key_file": {}"#, serde_json::Value::from(k.as_str())));
+    let key = key.unwrap_or_default();
+    let (Some(target), Some(etcd)) = (&o.name, &o.etcd) else { return key };
     let name = match role {
         None => target.clone(),
         Some(r) => format!("orbite-bench-{}-{r}", std::process::id()),
     };
-    format!(r#", "name": "{name}", "discovery": {{"etcd": ["{etcd}"]}}"#)
+    format!(r#"{key}, "name": "{name}", "discovery": {{"etcd": ["{etcd}"]}}"#)
 }
 
 /// `cfg` (a JSON object) with the discovery keys of an initiator engine.
 fn initiator_json(o: &Opts, cfg: &str, role: &str) -> String {
-    let keys = discovery_keys(o, Some(role));
+    let keys = engine_keys(o, Some(role));
     match cfg.rfind('}') {
         Some(end) if !keys.is_empty() => format!("{}{keys}}}", &cfg[..end]),
         _ => cfg.to_string(),

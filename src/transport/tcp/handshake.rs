@@ -2,28 +2,35 @@
 //! authenticates when the engines share a key (`control::auth`), and speaks
 //! first with its Describe; the source answers with its own. Each side is
 //! bounded by its deadline; a source that refuses answers with an Error
-//! frame, which the requester returns as the status it names.
+//! frame, which the requester returns as the status it names. With a key,
+//! both Describes and everything after them travel sealed (`wire`); the
+//! halves of the seal go on to the connection's driver.
 
 use crate::control::auth::{self, AuthKey};
 use crate::control::endpoint;
-use crate::control::frame::{FrameHeader, MsgKind};
+use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
 use crate::control::io::{self, HeaderRead, TICK};
 use crate::control::message::{self, Describe};
+use crate::control::seal::{Opener, Sealer};
 use crate::error::{Error, Result};
 use std::io::Read;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+/// The two halves of a sealed connection.
+pub type Seal = (Sealer, Opener);
+
 /// Requester side: connects to `endpoint`, sends `ours` and reads the
 /// peer's Describe, all within `timeout`. Returns the connected stream
-/// (read/write timeouts set to the I/O tick) and the peer's Describe.
+/// (read/write timeouts set to the I/O tick), the peer's Describe, and
+/// with a key the connection's seal.
 pub fn connect(
     endpoint: &str,
     timeout: Duration,
     key: Option<&AuthKey>,
     ours: &Describe,
-) -> Result<(TcpStream, Describe)> {
+) -> Result<(TcpStream, Describe, Option<Seal>)> {
     let addr = endpoint::parse(endpoint)?;
     let deadline = Instant::now() + timeout;
     let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| match e.kind() {
@@ -35,23 +42,49 @@ pub fn connect(
     let _ = s.set_nodelay(true);
     s.set_read_timeout(Some(TICK)).map_err(|e| Error::io("set_read_timeout", &e))?;
     s.set_write_timeout(Some(TICK)).map_err(|e| Error::io("set_write_timeout", &e))?;
-    if let Some(key) = key {
-        auth::connect(&mut auth::Bounded { stream: &mut s, deadline, stop: &|| Ok(()) }, key, endpoint)?;
-    }
+    let mut seal = match key {
+        Some(key) => Some(
+            auth::connect(&mut auth::Bounded { stream: &mut s, deadline, stop: &|| Ok(()) }, key, endpoint)?.split(),
+        ),
+        None => None,
+    };
     let mut tick = || {
         if Instant::now() >= deadline {
             return Err(Error::TimedOut(format!("{endpoint} did not complete the handshake in time")));
         }
         Ok(())
     };
-    io::write_frame(&mut s, MsgKind::Describe, &ours.encode(), &mut tick)?;
-    let h = match io::read_header(&mut s, &mut tick)? {
-        HeaderRead::Eof => {
-            return Err(Error::Unavailable(format!("{endpoint} closed the connection during the handshake")))
+    let (h, body) = match &mut seal {
+        Some((tx, rx)) => {
+            super::wire::write_frame(&mut s, tx, MsgKind::Describe, &ours.encode(), &mut tick)?;
+            // A source that refuses the connection after the
+            // authentication (no slot left) says why in a plain Error
+            // frame, whose magic no record length can equal.
+            let mut start = [0u8; 4];
+            io::read_full(&mut s, &mut start, &mut tick, false)?;
+            if let Some(h) = plain_header(&mut s, start, &mut tick)? {
+                if h.kind != MsgKind::Error {
+                    return Err(Error::PermissionDenied(format!(
+                        "{endpoint} answered a sealed handshake with a plain {:?}",
+                        h.kind
+                    )));
+                }
+                (h, io::read_body(&mut s, h.body_len, &mut tick)?)
+            } else {
+                super::wire::read_frame(&mut s, rx, &start, &mut tick)?
+            }
         }
-        HeaderRead::Frame(h) => h,
+        None => {
+            io::write_frame(&mut s, MsgKind::Describe, &ours.encode(), &mut tick)?;
+            let h = match io::read_header(&mut s, &mut tick)? {
+                HeaderRead::Eof => {
+                    return Err(Error::Unavailable(format!("{endpoint} closed the connection during the handshake")))
+                }
+                HeaderRead::Frame(h) => h,
+            };
+            (h, io::read_body(&mut s, h.body_len, &mut tick)?)
+        }
     };
-    let body = io::read_body(&mut s, h.body_len, &mut tick)?;
     let peer = match h.kind {
         MsgKind::Describe => Describe::decode(&body)?,
         MsgKind::Error => {
@@ -60,22 +93,37 @@ pub fn connect(
         }
         other => return Err(Error::Protocol(format!("{endpoint} answered the handshake with {other:?}"))),
     };
-    Ok((s, peer))
+    Ok((s, peer, seal))
+}
+
+/// What an incoming connection opened with, after any authentication: its
+/// first frame's header, the body when it was read already (sealed), and
+/// the seal of a sealed control connection.
+pub struct Opened {
+    /// The first frame's header.
+    pub header: FrameHeader,
+    /// Its body, if read (a sealed first frame).
+    pub body: Option<Vec<u8>>,
+    /// The connection's seal (a keyed control connection).
+    pub seal: Option<Seal>,
 }
 
 /// Source side, first step of every incoming TCP connection: reads the
 /// first frame header within `timeout`. With `key` — or when the peer
-/// starts authenticating — the authentication runs first, and the header
-/// returned is the first one after it. `Ok(None)`: the peer left before
-/// speaking. A failed authentication is counted in `auth_failures` and
-/// answered with an `Error` frame before `Err` returns.
+/// starts authenticating — the authentication runs first, and the frame
+/// returned is the first one after it: a sealed control connection's
+/// Describe, or a fabric channel's plain `IpcHello` (a keyed control
+/// connection that does not seal is refused). `Ok(None)`: the peer left
+/// before speaking. A failed authentication is counted in
+/// `auth_failures` and answered with an `Error` frame before `Err`
+/// returns.
 pub fn open(
     stream: &mut TcpStream,
     key: Option<&AuthKey>,
     timeout: Duration,
     stop: &dyn Fn() -> Result<()>,
     auth_failures: &AtomicU64,
-) -> Result<Option<FrameHeader>> {
+) -> Result<Option<Opened>> {
     let deadline = Instant::now() + timeout;
     let mut tick = || {
         stop()?;
@@ -89,7 +137,7 @@ pub fn open(
         HeaderRead::Frame(h) => h,
     };
     if key.is_none() && first.kind != MsgKind::AuthChallenge {
-        return Ok(Some(first));
+        return Ok(Some(Opened { header: first, body: None, seal: None }));
     }
     let authenticated = if first.body_len > auth::MAX_AUTH_BODY {
         Err(Error::PermissionDenied(format!(
@@ -101,30 +149,61 @@ pub fn open(
         let mut io = auth::Bounded { stream: &mut *stream, deadline, stop };
         auth::accept(&mut io, key, (first.kind, &body))
     };
-    if let Err(e) = authenticated {
-        // Any failure of the exchange (a wrong proof, or a peer that gives
-        // up once it finds this engine's key is not its own) is a failed
-        // authentication.
-        auth_failures.fetch_add(1, Ordering::Relaxed);
-        let e = match e {
-            Error::PermissionDenied(_) => e,
-            other => Error::PermissionDenied(format!("authentication not completed: {}", other.message())),
-        };
-        send_error(stream, &e);
-        return Err(e);
+    let keys = match authenticated {
+        Ok(k) => k.expect("a key was configured: the exchange ran"),
+        Err(e) => {
+            // Any failure of the exchange (a wrong proof, or a peer that
+            // gives up once it finds this engine's key is not its own) is
+            // a failed authentication.
+            auth_failures.fetch_add(1, Ordering::Relaxed);
+            let e = match e {
+                Error::PermissionDenied(_) => e,
+                other => Error::PermissionDenied(format!("authentication not completed: {}", other.message())),
+            };
+            send_error(stream, &e);
+            return Err(e);
+        }
+    };
+    // A plain frame header starts with the magic, which no record length
+    // can equal (records are at most RECORD_MAX bytes).
+    let mut start = [0u8; 4];
+    if !io::read_full(&mut *stream, &mut start, &mut tick, true)? {
+        return Ok(None);
     }
-    match io::read_header(&mut *stream, &mut tick)? {
-        HeaderRead::Eof => Ok(None),
-        HeaderRead::Frame(h) => Ok(Some(h)),
+    if let Some(header) = plain_header(&mut *stream, start, &mut tick)? {
+        if header.kind != MsgKind::IpcHello {
+            return Err(Error::PermissionDenied(format!(
+                "a control connection to an engine with auth_key_file must be sealed, not a plain {:?}",
+                header.kind
+            )));
+        }
+        return Ok(Some(Opened { header, body: None, seal: None }));
     }
+    let (tx, mut rx) = keys.split();
+    let (header, body) = super::wire::read_frame(&mut *stream, &mut rx, &start, &mut tick)?;
+    Ok(Some(Opened { header, body: Some(body), seal: Some((tx, rx)) }))
 }
 
-/// Source side: given the connection's first frame header, reads the
-/// requester's Describe within `timeout` (a peer too slow is a protocol
-/// error; `stop` ends the wait when the engine stops) and answers with
-/// `mine()`.
+/// After the authentication, whether the 4 bytes read (`start`) begin a
+/// plain frame — they are the magic, which no record length can equal —
+/// and if so its header (the rest read here); `None`: a sealed record.
+fn plain_header(s: &mut impl Read, start: [u8; 4], tick: io::Tick<'_>) -> Result<Option<FrameHeader>> {
+    if start != crate::control::frame::MAGIC.to_le_bytes() {
+        return Ok(None);
+    }
+    let rest = io::read_body(s, (FRAME_HEADER_LEN - 4) as u32, tick)?;
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    h[..4].copy_from_slice(&start);
+    h[4..].copy_from_slice(&rest);
+    FrameHeader::decode(&h).map(Some)
+}
+
+/// Source side: given the connection's first frame, reads the requester's
+/// Describe within `timeout` (a peer too slow is a protocol error; `stop`
+/// ends the wait when the engine stops) and answers with `mine()`, sealed
+/// when the connection is.
 pub fn answer(
-    first: FrameHeader,
+    first: &mut Opened,
     r: &mut impl Read,
     w: &mut TcpStream,
     timeout: Duration,
@@ -139,12 +218,18 @@ pub fn answer(
         }
         Ok(())
     };
-    if first.kind != MsgKind::Describe {
-        return Err(Error::Protocol(format!("expected Describe first, got {:?}", first.kind)));
+    if first.header.kind != MsgKind::Describe {
+        return Err(Error::Protocol(format!("expected Describe first, got {:?}", first.header.kind)));
     }
-    let body = io::read_body(r, first.body_len, &mut tick)?;
+    let body = match first.body.take() {
+        Some(b) => b,
+        None => io::read_body(r, first.header.body_len, &mut tick)?,
+    };
     let peer = Describe::decode(&body)?;
-    io::write_frame(w, MsgKind::Describe, &mine().encode(), &mut tick)?;
+    match &mut first.seal {
+        Some((tx, _)) => super::wire::write_frame(w, tx, MsgKind::Describe, &mine().encode(), &mut tick)?,
+        None => io::write_frame(w, MsgKind::Describe, &mine().encode(), &mut tick)?,
+    }
     Ok(peer)
 }
 
@@ -159,4 +244,44 @@ pub fn send_error(stream: &mut TcpStream, e: &Error) {
         Ok(())
     };
     let _ = io::write_frame(stream, MsgKind::Error, &message::encode_error(e.status(), e.message()), &mut tick);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::Identity;
+    use std::net::TcpListener;
+
+    /// A keyed source that authenticates the requester, then refuses it
+    /// (no slot left) in a plain Error frame: the requester reports the
+    /// status named, not a broken seal.
+    #[test]
+    fn a_plain_refusal_after_the_authentication_names_its_status() {
+        let key = AuthKey::from_bytes(&[6u8; 32]).unwrap();
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = l.local_addr().unwrap().to_string();
+        let k = key.clone();
+        let source = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            s.set_read_timeout(Some(TICK)).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let mut tick = || Ok(());
+            let h = match io::read_header(&mut s, &mut tick).unwrap() {
+                HeaderRead::Frame(h) => h,
+                HeaderRead::Eof => panic!("no challenge"),
+            };
+            let body = io::read_body(&mut s, h.body_len, &mut tick).unwrap();
+            auth::accept(&mut auth::Bounded { stream: &mut s, deadline, stop: &|| Ok(()) }, Some(&k), (h.kind, &body))
+                .unwrap();
+            send_error(&mut s, &Error::ResourceExhausted("no slot left".into()));
+            // Keep the socket until the requester read the refusal.
+            let _ = s.read(&mut [0u8; 1 << 16]);
+        });
+        let e = connect(&endpoint, Duration::from_secs(60), Some(&key), &Describe::bare(Identity::fresh()))
+            .map(|_| ())
+            .unwrap_err();
+        assert_eq!(e.status(), crate::error::Status::ResourceExhausted, "{e}");
+        assert!(e.message().contains("no slot left"), "{e}");
+        source.join().unwrap();
+    }
 }

@@ -11,6 +11,7 @@ pub mod handshake;
 pub mod proto;
 pub mod requester;
 pub mod source;
+pub mod wire;
 
 pub use requester::{Chunk, TcpConnection};
 pub use source::{serve, SourceConn, SourceContext};

@@ -13,6 +13,7 @@
 
 use super::proto::requester::{Event, RequesterCore, Send, Startable};
 use super::proto::source::Segment;
+use super::wire::Wire;
 use crate::control::io;
 use crate::control::message::Describe;
 use crate::counters::Counters;
@@ -21,7 +22,7 @@ use crate::kinds::TransportKind;
 use crate::memory::RegionLease;
 use crate::sync::admission::{Gate, GateGuard, Permit};
 use crate::transfer::{Assist, BatchShared, ChunkOutcome, Op};
-use crate::transport::reactor::{read_once, set_rcvlowat, Ended, Flow, Got, Handler, Reactor, Registration, SCRATCH};
+use crate::transport::reactor::{set_rcvlowat, Ended, Flow, Got, Handler, Reactor, Registration, SCRATCH};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::io::ErrorKind;
 use std::net::{Shutdown, TcpStream};
@@ -138,6 +139,8 @@ type Core = RequesterCore<Record, Arc<RegionLease>, NotifyAnswer>;
 /// The connection's state behind its one lock.
 struct Conn {
     core: Core,
+    /// How the bytes travel (sealed with a key).
+    wire: Wire,
     /// The socket's receive low-water mark now (`SO_RCVLOWAT`).
     lowat: usize,
     /// The peer is gone for good (discovery): this reason replaces a lost
@@ -195,9 +198,10 @@ thread_local! {
 }
 
 impl TcpConnection {
-    /// Wraps a connected, handshaken stream and hands it to `reactor`.
+    /// Wraps a connected, handshaken stream (and how its bytes travel)
+    /// and hands it to `reactor`.
     pub fn start(
-        stream: TcpStream,
+        (stream, wire): (TcpStream, Wire),
         peer: Describe,
         label: String,
         stats: Arc<Counters>,
@@ -209,7 +213,7 @@ impl TcpConnection {
         let _ = stream.set_nodelay(true);
         let conn = Arc::new(TcpConnection {
             stream,
-            state: Mutex::new(Conn { core: RequesterCore::new(label.clone(), peer), lowat: 1, retired: None }),
+            state: Mutex::new(Conn { core: RequesterCore::new(label.clone(), peer), wire, lowat: 1, retired: None }),
             describe_cv: Condvar::new(),
             reg: once_cell::sync::OnceCell::new(),
             finished: Ended::default(),
@@ -392,6 +396,15 @@ impl TcpConnection {
             if done >= budget {
                 return Sent::Budget;
             }
+            // Sealed records made earlier leave before anything new.
+            match c.wire.flush(&self.stream) {
+                Ok(true) => {}
+                Ok(false) => return Sent::Blocked,
+                Err(e) => {
+                    c.core.send_failed(Error::Unavailable(format!("connection lost: {e}")));
+                    return Sent::Blocked;
+                }
+            }
             let (segs, skip) = c.core.transmit(now);
             if segs.is_empty() {
                 return Sent::Complete;
@@ -409,7 +422,7 @@ impl TcpConnection {
                     },
                 })
                 .collect();
-            let r = io::send_parts_upto(&self.stream, &parts, skip, ramp.cap());
+            let r = c.wire.send(&self.stream, &parts, skip, ramp.cap());
             drop(parts);
             match r {
                 Ok(0) => {
@@ -451,16 +464,20 @@ impl TcpConnection {
                 // SAFETY: a READ's payload: the core keeps its request's
                 // lease on the local region holding [addr, addr+len) until
                 // it completes; only the holder of this lock writes it.
+                // Sealed, only bytes of records that checked are copied there.
                 super::proto::requester::Recv::Direct { addr, len } if len >= (SCRATCH / 2) as u64 => {
                     Some(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) })
                 }
                 _ => None,
             };
             let to_scratch = direct.is_none();
-            let n = match read_once(&self.stream, direct.unwrap_or(&mut *scratch))? {
+            let n = match c.wire.read(&self.stream, direct.unwrap_or(&mut *scratch))? {
                 Got::Bytes(n) => n,
                 Got::Drained => {
-                    set_rcvlowat(self.stream.as_raw_fd(), &mut c.lowat, c.core.payload_left());
+                    // Sealed, the bytes still to come are more than the
+                    // payload left: no low-water mark.
+                    let left = c.core.payload_left().filter(|_| !c.wire.is_sealed());
+                    set_rcvlowat(self.stream.as_raw_fd(), &mut c.lowat, left);
                     return Ok(Some(Flow::Idle));
                 }
                 Got::Eof => {
@@ -633,9 +650,16 @@ mod tests {
         let stats = Arc::new(Counters::default());
         let reactor = Reactor::new(1, Duration::ZERO);
         let log = Arc::new(crate::log::Logger::new(crate::log::Level::Off, "test"));
-        let conn =
-            TcpConnection::start(client, describe, "test peer".into(), stats.clone(), Box::new(|| {}), &reactor, log)
-                .unwrap();
+        let conn = TcpConnection::start(
+            (client, Wire::Plain),
+            describe,
+            "test peer".into(),
+            stats.clone(),
+            Box::new(|| {}),
+            &reactor,
+            log,
+        )
+        .unwrap();
         reactor.stop();
 
         let mut local = vec![0u8; 4096];

@@ -9,8 +9,10 @@
 //! protocol itself — parsing, validation through the engine, the answers'
 //! bound, stall bounds — is the core's.
 
+use super::handshake::Opened;
 use super::proto::source::{AfterSend, Limits, Recv, Segment, SourceCore, SourceHost};
-use crate::control::frame::{FrameHeader, MsgKind};
+use super::wire::Wire;
+use crate::control::frame::MsgKind;
 use crate::control::io;
 use crate::control::message::{DataRequest, Describe};
 use crate::control::notify::Notify;
@@ -20,9 +22,7 @@ use crate::kinds::TransportKind;
 use crate::memory::{RegionLease, RegionTable};
 use crate::sync::admission::{Gate, GateGuard};
 use crate::transport::inbox::{Admitted, Inbox, Notification};
-use crate::transport::reactor::{
-    read_once, set_rcvlowat, Ended, Flow, Got, Handler, Reactor, Registration, Served, SCRATCH,
-};
+use crate::transport::reactor::{set_rcvlowat, Ended, Flow, Got, Handler, Reactor, Registration, Served, SCRATCH};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io::ErrorKind;
@@ -140,6 +140,8 @@ impl SourceHost for EngineHost {
 struct State {
     core: SourceCore<EngineHost>,
     host: EngineHost,
+    /// How the bytes travel (sealed with a key).
+    wire: Wire,
     lowat: usize,
 }
 
@@ -162,7 +164,7 @@ pub struct SourceConn {
 pub fn serve(
     ctx: Arc<SourceContext>,
     mut stream: TcpStream,
-    first: FrameHeader,
+    mut first: Opened,
     reactor: &Reactor,
     on_done: Box<dyn FnOnce() + Send>,
 ) -> Option<Arc<SourceConn>> {
@@ -171,7 +173,7 @@ pub fn serve(
         false => Ok(()),
     };
     let handshaken = stream.try_clone().map_err(|e| Error::io("clone socket", &e)).and_then(|mut r| {
-        super::handshake::answer(first, &mut r, &mut stream, ctx.handshake_timeout, &stop, || (ctx.describe)())
+        super::handshake::answer(&mut first, &mut r, &mut stream, ctx.handshake_timeout, &stop, || (ctx.describe)())
     });
     let peer = match handshaken {
         Ok(p) => p,
@@ -184,13 +186,14 @@ pub fn serve(
             return None;
         }
     };
-    SourceConn::start(ctx, stream, peer.endpoint, reactor, on_done).ok()
+    SourceConn::start(ctx, stream, Wire::from(first.seal), peer.endpoint, reactor, on_done).ok()
 }
 
 impl SourceConn {
     fn start(
         ctx: Arc<SourceContext>,
         stream: TcpStream,
+        wire: Wire,
         endpoint: String,
         reactor: &Reactor,
         on_done: Box<dyn FnOnce() + Send>,
@@ -200,7 +203,12 @@ impl SourceConn {
         let limits = Limits { stall: ctx.handshake_timeout, min_rate: ctx.min_payload_rate };
         let c = Arc::new(SourceConn {
             stream,
-            state: Mutex::new(State { core: SourceCore::new(limits), host: EngineHost { ctx, endpoint }, lowat: 1 }),
+            state: Mutex::new(State {
+                core: SourceCore::new(limits),
+                host: EngineHost { ctx, endpoint },
+                wire,
+                lowat: 1,
+            }),
             reg: once_cell::sync::OnceCell::new(),
             revoker_id: AtomicU64::new(u64::MAX),
             finished: Ended::default(),
@@ -253,7 +261,7 @@ impl SourceConn {
             st.host.ctx.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(told) = st.core.fail(e) {
-            let _ = io::send_parts_from(&self.stream, &[&told], 0);
+            let _ = st.wire.send(&self.stream, &[&told], 0, usize::MAX);
         }
         self.end(st);
     }
@@ -265,7 +273,14 @@ impl SourceConn {
         let mut budget = TURN_BYTES;
         let mut ramp = io::SendRamp::default();
         loop {
-            let State { core, host, .. } = st;
+            // Sealed records made earlier leave before anything new (and
+            // before the connection closes).
+            match st.wire.flush(&self.stream) {
+                Ok(true) => {}
+                Ok(false) => return Ok(Some(Flow::Idle)),
+                Err(e) => return Err(Error::Unavailable(format!("connection lost: {e}"))),
+            }
+            let State { core, host, wire, .. } = st;
             let (segs, skip) = core.transmit(now);
             if segs.is_empty() {
                 match core.after_send(host) {
@@ -289,7 +304,7 @@ impl SourceConn {
                     },
                 })
                 .collect();
-            let r = io::send_parts_upto(&self.stream, &parts, skip as u64, ramp.cap());
+            let r = wire.send(&self.stream, &parts, skip as u64, ramp.cap());
             drop(parts);
             let n = match r {
                 Ok(0) => return Err(Error::Unavailable("connection closed while answering".into())),
@@ -300,7 +315,7 @@ impl SourceConn {
             };
             budget = budget.saturating_sub(n as u64);
             core.sent(n, now);
-            if core.after_send(host) == AfterSend::Close {
+            if core.after_send(host) == AfterSend::Close && wire.flush(&self.stream).unwrap_or(true) {
                 return Ok(None);
             }
         }
@@ -325,16 +340,18 @@ impl SourceConn {
                 // inside the range its held lease keeps registered (remote
                 // WRITE allowed); only this thread writes it for this
                 // request.
+                // Sealed, only bytes of records that checked are copied there.
                 Recv::Direct { addr, len } if len >= (SCRATCH / 2) as u64 => {
                     Some(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) })
                 }
                 Recv::Direct { .. } | Recv::Buffer => None,
             };
             let to_scratch = direct.is_none();
-            let n = match read_once(&self.stream, direct.unwrap_or(&mut *scratch))? {
+            let n = match st.wire.read(&self.stream, direct.unwrap_or(&mut *scratch))? {
                 Got::Bytes(n) => n,
                 Got::Drained => {
-                    set_rcvlowat(self.stream.as_raw_fd(), &mut st.lowat, st.core.payload_left());
+                    let left = st.core.payload_left().filter(|_| !st.wire.is_sealed());
+                    set_rcvlowat(self.stream.as_raw_fd(), &mut st.lowat, left);
                     return Ok(Flow::Idle);
                 }
                 Got::Eof => {

@@ -1,0 +1,399 @@
+//! Sealed connections: once two engines sharing a key have authenticated
+//! (`control::auth`), every byte either sends on the connection travels in
+//! *records*, each tagged with a key of that connection alone, so that a
+//! process in the middle that does not know the key can neither change,
+//! drop, replay, reorder nor inject a byte without the receiver noticing
+//! before it acts on it.
+//!
+//! A record is `len u32 LE | data (len bytes, 1..=RECORD_MAX) | tag (32)`,
+//! the tag being keyed BLAKE3 over `seq u64 LE | len u32 LE | data` with
+//! the direction's session key; `seq` counts the direction's records from
+//! 0 and is never sent. The session keys are BLAKE3 `derive_key` of the
+//! shared key and both handshake nonces, one per direction, so no two
+//! connections (and no two directions) share one. Nothing here is secret
+//! from an observer: the records protect integrity, not confidentiality.
+//!
+//! This module holds no socket: [`Sealer`] makes records from plaintext,
+//! [`Opener`] checks records and hands out their plaintext.
+
+use crate::error::{Error, Result};
+
+/// Most plaintext bytes one record carries.
+pub const RECORD_MAX: usize = 64 << 10;
+/// Bytes before a record's data.
+pub const RECORD_HEAD: usize = 4;
+/// Bytes of a record's tag.
+pub const RECORD_TAG: usize = 32;
+
+/// The session keys of one connection, as seen from one side.
+#[derive(Clone)]
+pub struct SessionKeys {
+    /// Tags what this side sends.
+    pub send: [u8; 32],
+    /// Checks what this side receives.
+    pub recv: [u8; 32],
+}
+
+impl std::fmt::Debug for SessionKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SessionKeys(..)")
+    }
+}
+
+const CLIENT_TO_SERVER: &str = "orbite 2026-12 sealed connection v1 connector to server";
+const SERVER_TO_CLIENT: &str = "orbite 2026-12 sealed connection v1 server to connector";
+
+impl SessionKeys {
+    /// The keys of the connection whose handshake used `nonce_c` (the
+    /// connector's) and `nonce_s` (the server's), under `key`; `connector`
+    /// says which side this is.
+    pub fn derive(key: &[u8], nonce_c: &[u8], nonce_s: &[u8], connector: bool) -> SessionKeys {
+        let mut material = Vec::with_capacity(key.len() + nonce_c.len() + nonce_s.len() + 16);
+        for part in [key, nonce_c, nonce_s] {
+            material.extend_from_slice(&(part.len() as u64).to_le_bytes());
+            material.extend_from_slice(part);
+        }
+        let c2s = blake3::derive_key(CLIENT_TO_SERVER, &material);
+        let s2c = blake3::derive_key(SERVER_TO_CLIENT, &material);
+        match connector {
+            true => SessionKeys { send: c2s, recv: s2c },
+            false => SessionKeys { send: s2c, recv: c2s },
+        }
+    }
+
+    /// The sealing and opening halves.
+    pub fn split(self) -> (Sealer, Opener) {
+        (Sealer::new(self.send), Opener::new(self.recv))
+    }
+}
+
+fn tag(key: &[u8; 32], seq: u64, data: &[u8]) -> blake3::Hash {
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(&seq.to_le_bytes());
+    h.update(&(data.len() as u32).to_le_bytes());
+    h.update(data);
+    h.finalize()
+}
+
+/// Makes records: the sending half of a sealed connection.
+pub struct Sealer {
+    key: [u8; 32],
+    seq: u64,
+    /// Records made and not yet sent, from `at`.
+    out: Vec<u8>,
+    at: usize,
+}
+
+impl Sealer {
+    fn new(key: [u8; 32]) -> Sealer {
+        Sealer { key, seq: 0, out: Vec::new(), at: 0 }
+    }
+
+    /// Seals up to `max` plaintext bytes (at most [`RECORD_MAX`]) of
+    /// `parts`, after their first `skip` bytes, into one record queued to
+    /// be sent; returns how many plaintext bytes it took (0: none left).
+    /// The bytes are copied first and tagged from the copy, so the record
+    /// holds exactly what was tagged.
+    pub fn seal(&mut self, parts: &[&[u8]], mut skip: usize, max: usize) -> usize {
+        let max = max.min(RECORD_MAX);
+        if self.at == self.out.len() {
+            self.out.clear();
+            self.at = 0;
+        }
+        let start = self.out.len();
+        self.out.extend_from_slice(&[0; RECORD_HEAD]);
+        let mut n = 0;
+        for p in parts {
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            let take = (p.len() - skip).min(max - n);
+            self.out.extend_from_slice(&p[skip..skip + take]);
+            skip = 0;
+            n += take;
+            if n == max {
+                break;
+            }
+        }
+        if n == 0 {
+            self.out.truncate(start);
+            return 0;
+        }
+        self.out[start..start + RECORD_HEAD].copy_from_slice(&(n as u32).to_le_bytes());
+        let t = tag(&self.key, self.seq, &self.out[start + RECORD_HEAD..]);
+        self.out.extend_from_slice(t.as_bytes());
+        self.seq += 1;
+        n
+    }
+
+    /// Seals all of `bytes` (as many records as it takes).
+    pub fn seal_all(&mut self, bytes: &[u8]) {
+        let mut at = 0;
+        while at < bytes.len() {
+            at += self.seal(&[bytes], at, RECORD_MAX);
+        }
+    }
+
+    /// Record bytes waiting to be sent.
+    pub fn pending(&self) -> &[u8] {
+        &self.out[self.at..]
+    }
+
+    /// `n` of the pending bytes were sent.
+    pub fn sent(&mut self, n: usize) {
+        self.at += n;
+        debug_assert!(self.at <= self.out.len());
+    }
+}
+
+/// Bytes of an opener's buffer: two whole records.
+const OPENER_BUF: usize = 2 * (RECORD_HEAD + RECORD_MAX + RECORD_TAG);
+
+/// Checks records: the receiving half of a sealed connection.
+pub struct Opener {
+    key: [u8; 32],
+    seq: u64,
+    /// Record bytes received, in `buf[start..fill]`: the record being
+    /// handed out (checked) or received first, then what came after it.
+    buf: Box<[u8]>,
+    start: usize,
+    fill: usize,
+    /// The checked record's plaintext still to hand out: `buf[at..end]`
+    /// (`end` 0: no record is open).
+    at: usize,
+    end: usize,
+}
+
+impl Opener {
+    fn new(key: [u8; 32]) -> Opener {
+        Opener { key, seq: 0, buf: vec![0; OPENER_BUF].into_boxed_slice(), start: 0, fill: 0, at: 0, end: 0 }
+    }
+
+    /// The length the record at the front announces, once known.
+    fn announced(&self) -> Option<usize> {
+        let h = self.buf[self.start..self.fill].get(..RECORD_HEAD)?;
+        Some(u32::from_le_bytes(h.try_into().expect("4 bytes")) as usize)
+    }
+
+    /// How many more record bytes would complete the record being
+    /// received (at least 1). Meaningful once [`take`](Self::take)
+    /// answered 0.
+    pub fn wanted(&self) -> usize {
+        let have = self.fill - self.start;
+        match self.announced() {
+            None => RECORD_HEAD - have,
+            Some(len) => (RECORD_HEAD + len.min(RECORD_MAX) + RECORD_TAG).saturating_sub(have).max(1),
+        }
+    }
+
+    /// Room at the end of the buffer for record bytes read straight off
+    /// the connection — at least a whole record's worth once
+    /// [`take`](Self::take) answered 0; say how many came with
+    /// [`filled`](Self::filled).
+    pub fn room(&mut self) -> &mut [u8] {
+        if self.buf.len() - self.fill < RECORD_HEAD + RECORD_MAX + RECORD_TAG && self.start > 0 {
+            // What is not handed out yet moves to the front.
+            let from = self.start;
+            self.buf.copy_within(from..self.fill, 0);
+            (self.start, self.fill) = (0, self.fill - from);
+            if self.end > 0 {
+                (self.at, self.end) = (self.at - from, self.end - from);
+            }
+        }
+        &mut self.buf[self.fill..]
+    }
+
+    /// `n` bytes of the [`room`](Self::room) were filled. A record whose
+    /// length is out of range is refused at once.
+    pub fn filled(&mut self, n: usize) -> Result<()> {
+        self.fill += n;
+        match self.announced() {
+            Some(len) if len == 0 || len > RECORD_MAX => Err(Error::PermissionDenied(format!(
+                "a sealed record of {len} bytes arrived (1 to {RECORD_MAX} allowed): the connection was \
+                 tampered with, or the peer does not seal it"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Record bytes as they came off the connection (at most a record's
+    /// worth at a time).
+    pub fn received(&mut self, bytes: &[u8]) -> Result<()> {
+        for piece in bytes.chunks(RECORD_HEAD + RECORD_MAX + RECORD_TAG) {
+            let room = self.room();
+            if room.len() < piece.len() {
+                return Err(Error::Protocol("record bytes arrived beyond two records not yet handed out".into()));
+            }
+            room[..piece.len()].copy_from_slice(piece);
+            self.filled(piece.len())?;
+        }
+        Ok(())
+    }
+
+    /// Copies plaintext into `buf`: what is left of the record open, or
+    /// of the next complete record once its tag checked. 0: no complete
+    /// record yet. A tag that does not check ends the connection.
+    pub fn take(&mut self, buf: &mut [u8]) -> Result<usize> {
+        if self.end == 0 && !self.open()? {
+            return Ok(0);
+        }
+        let n = (self.end - self.at).min(buf.len());
+        buf[..n].copy_from_slice(&self.buf[self.at..self.at + n]);
+        self.at += n;
+        if self.at == self.end {
+            // Handed out: the next record starts after its tag.
+            self.start = self.end + RECORD_TAG;
+            (self.at, self.end) = (0, 0);
+            if self.start == self.fill {
+                (self.start, self.fill) = (0, 0);
+            }
+        }
+        Ok(n)
+    }
+
+    /// Whether a record has begun and is not complete (an end of stream
+    /// now cuts it). Meaningful once [`take`](Self::take) answered 0.
+    pub fn mid_record(&self) -> bool {
+        self.fill > self.start && !self.complete()
+    }
+
+    fn complete(&self) -> bool {
+        self.announced().is_some_and(|len| self.fill - self.start >= RECORD_HEAD + len + RECORD_TAG)
+    }
+
+    /// Checks the complete record at the front and opens it.
+    fn open(&mut self) -> Result<bool> {
+        if !self.complete() {
+            return Ok(false);
+        }
+        let data = self.start + RECORD_HEAD;
+        let end = data + self.announced().expect("complete");
+        let got: [u8; RECORD_TAG] = self.buf[end..end + RECORD_TAG].try_into().expect("a whole tag");
+        // blake3::Hash compares in constant time.
+        if tag(&self.key, self.seq, &self.buf[data..end]) != blake3::Hash::from(got) {
+            return Err(Error::PermissionDenied(format!(
+                "sealed record {} failed its check: the connection was altered, replayed or reordered on \
+                 the way, or the peer holds another key",
+                self.seq
+            )));
+        }
+        self.seq += 1;
+        (self.at, self.end) = (data, end);
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pair() -> (Sealer, Opener) {
+        let a = SessionKeys::derive(b"a shared key of enough bytes....", &[1; 32], &[2; 32], true);
+        let b = SessionKeys::derive(b"a shared key of enough bytes....", &[1; 32], &[2; 32], false);
+        assert_eq!((a.send, a.recv), (b.recv, b.send));
+        assert_ne!(a.send, a.recv, "each direction has its own key");
+        (Sealer::new(a.send), Opener::new(b.recv))
+    }
+
+    /// Everything the opener hands out, fed `wire` in pieces of `split`.
+    fn open_all(o: &mut Opener, wire: &[u8], split: usize) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 1000];
+        for piece in wire.chunks(split) {
+            o.received(piece)?;
+            loop {
+                let n = o.take(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                out.extend_from_slice(&buf[..n]);
+            }
+        }
+        Ok(out)
+    }
+
+    fn message(n: usize) -> Vec<u8> {
+        (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
+    }
+
+    #[test]
+    fn records_carry_parts_in_order_whatever_the_split() {
+        let (mut s, mut o) = pair();
+        let (a, b) = (message(100_000), message(3));
+        // Parts after a skip, capped per record.
+        let mut at = 5;
+        while at < a.len() + b.len() {
+            at += s.seal(&[&a, &b], at, 40_000);
+        }
+        let wire = s.pending().to_vec();
+        s.sent(wire.len());
+        assert_eq!(wire.len(), 99_998 + 3 * (RECORD_HEAD + RECORD_TAG), "three records of at most 40 000");
+        let mut expect = a[5..].to_vec();
+        expect.extend_from_slice(&b);
+        for split in [1, 7, 4096, wire.len()] {
+            let (mut s, mut o2) = pair();
+            let mut at = 5;
+            while at < a.len() + b.len() {
+                at += s.seal(&[&a, &b], at, 40_000);
+            }
+            assert_eq!(open_all(&mut o2, s.pending(), split).unwrap(), expect, "split {split}");
+        }
+        assert_eq!(open_all(&mut o, &wire, 999).unwrap(), expect);
+        assert!(!o.mid_record());
+    }
+
+    #[test]
+    fn a_flipped_bit_anywhere_is_refused() {
+        let (mut s, _) = pair();
+        s.seal_all(&message(300));
+        let wire = s.pending().to_vec();
+        for i in 0..wire.len() {
+            let mut bad = wire.clone();
+            bad[i] ^= 0x10;
+            let (_, mut o) = pair();
+            let e = open_all(&mut o, &bad, bad.len()).err();
+            // A changed length either is out of range or leaves the record
+            // incomplete (nothing handed out); anything else fails its tag.
+            match e {
+                Some(e) => assert_eq!(e.status(), crate::error::Status::PermissionDenied, "byte {i}: {e}"),
+                None => assert!(i < RECORD_HEAD && o.mid_record(), "byte {i} changed and accepted"),
+            }
+        }
+    }
+
+    #[test]
+    fn replayed_reordered_and_dropped_records_are_refused() {
+        let (mut s, _) = pair();
+        let mut records = Vec::new();
+        for i in 0..3 {
+            let before = s.pending().len();
+            s.seal_all(&message(10 + i));
+            records.push(s.pending()[before..].to_vec());
+        }
+        let cases: [(&str, Vec<usize>, &str); 3] = [
+            ("replay", vec![0, 0], "record 1 "),
+            ("reorder", vec![1, 0], "record 0 "),
+            ("drop", vec![0, 2], "record 1 "),
+        ];
+        for (what, order, failing) in cases {
+            let (_, mut o) = pair();
+            let wire: Vec<u8> = order.iter().flat_map(|&i| records[i].clone()).collect();
+            let e = open_all(&mut o, &wire, wire.len()).unwrap_err();
+            assert!(e.message().contains(&format!("sealed {failing}failed its check")), "{what}: {e}");
+        }
+        // A record of another connection (other nonces) fails as well.
+        let other = SessionKeys::derive(b"a shared key of enough bytes....", &[1; 32], &[3; 32], false);
+        let mut o = Opener::new(other.recv);
+        assert!(open_all(&mut o, &records[0], 64).is_err());
+    }
+
+    #[test]
+    fn lengths_out_of_range_are_refused_before_anything_is_buffered() {
+        for len in [0u32, RECORD_MAX as u32 + 1, u32::MAX] {
+            let (_, mut o) = pair();
+            let e = o.received(&len.to_le_bytes()).unwrap_err();
+            assert_eq!(e.status(), crate::error::Status::PermissionDenied, "{e}");
+        }
+    }
+}
