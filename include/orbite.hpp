@@ -925,6 +925,8 @@ struct Stats {
   std::uint64_t handshakes_abandoned = 0;
   std::uint64_t auth_failures = 0, ipc_uid_refusals = 0, offers_expired = 0;
   std::uint64_t revokes_received = 0, revoke_passes = 0;
+  /// Give-back passes that overlapped another of the same peer: always 0.
+  std::uint64_t revoke_passes_overlapping = 0;
   /// TCP answers to requests failed at their deadline, read and dropped.
   std::uint64_t answers_dropped = 0;
   NotificationStats notifications;
@@ -997,7 +999,8 @@ inline Stats parse_stats(const std::string &text) {
                       {"auth_failures", &S::auth_failures}, {"ipc_uid_refusals", &S::ipc_uid_refusals},
                       {"offers_expired", &S::offers_expired}, {"revokes_received", &S::revokes_received},
                       {"answers_dropped", &S::answers_dropped},
-                      {"revoke_passes", &S::revoke_passes}});
+                      {"revoke_passes", &S::revoke_passes},
+                      {"revoke_passes_overlapping", &S::revoke_passes_overlapping}});
   {
     using Nt = NotificationStats;
     detail::u64_fields(s.notifications, detail::object(d, "notifications", "stats"), "stats.notifications",

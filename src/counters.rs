@@ -55,6 +55,9 @@ pub struct Counters {
     /// Passes that gave imports back after them (revokes arriving during
     /// a pass fold into one more).
     pub revoke_passes: AtomicU64,
+    /// Passes that started while another for the same peer still ran
+    /// (never, while passes fold: the check of that promise).
+    pub revoke_passes_overlapping: AtomicU64,
     /// TCP answers to requests failed at their deadline, read and dropped.
     pub answers_dropped: AtomicU64,
 }

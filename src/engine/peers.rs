@@ -149,9 +149,14 @@ impl Engine {
         let engine = Arc::downgrade(&self.inner);
         let stats = self.inner.stats.clone();
         let label = label.to_string();
+        // Passes of this peer running now (one at most).
+        let running = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let job = Coalesced::new("orbite-revoke", move || {
             let Some(inner) = engine.upgrade() else { return };
             inner.stats.revoke_passes.fetch_add(1, Ordering::Relaxed);
+            if running.fetch_add(1, Ordering::AcqRel) > 0 {
+                inner.stats.revoke_passes_overlapping.fetch_add(1, Ordering::Relaxed);
+            }
             let deadline = Instant::now() + Duration::from_millis(inner.config.default_timeout_ms as u64);
             let mut left = Vec::new();
             for link in &links {
@@ -170,6 +175,7 @@ impl Engine {
                     left.join("; ")
                 ));
             }
+            running.fetch_sub(1, Ordering::AcqRel);
         });
         Box::new(move || {
             // Counted once triggered: whoever sees the count knows a pass

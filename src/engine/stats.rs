@@ -137,6 +137,9 @@ pub struct EngineStats {
     /// Passes that gave the imports back (revokes that came during a pass
     /// fold into one more: at most one per peer runs at a time).
     pub revoke_passes: u64,
+    /// Passes that started while another for the same peer still ran: 0
+    /// (the passes of one peer fold; a nonzero count is a bug).
+    pub revoke_passes_overlapping: u64,
     /// Notifications sent and received.
     pub notifications: NotificationStats,
     /// Discovery on etcd (`enabled` false without it).
@@ -285,6 +288,7 @@ impl EngineStats {
             revokes_received: s.revokes_received.load(Ordering::Relaxed),
             answers_dropped: s.answers_dropped.load(Ordering::Relaxed),
             revoke_passes: s.revoke_passes.load(Ordering::Relaxed),
+            revoke_passes_overlapping: s.revoke_passes_overlapping.load(Ordering::Relaxed),
             notifications: NotificationStats {
                 sent: s.notifications_sent.load(Ordering::Relaxed),
                 delivered: s.notifications_delivered.load(Ordering::Relaxed),
