@@ -601,6 +601,8 @@ fn common_wait(f: impl Fn() -> bool) {
 /// connection, once it passes. It knows no key.
 struct Relay {
     port: u16,
+    /// Every byte the requester sent, as the relay saw it.
+    seen_up: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
     down: std::sync::Arc<std::sync::atomic::AtomicU64>,
     up: std::sync::Arc<std::sync::atomic::AtomicU64>,
     flip_down: std::sync::Arc<std::sync::atomic::AtomicU64>,
@@ -614,8 +616,10 @@ impl Relay {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let counters: [Arc<AtomicU64>; 4] =
             std::array::from_fn(|i| Arc::new(AtomicU64::new([0, 0, u64::MAX, u64::MAX][i])));
+        let seen_up = Arc::new(std::sync::Mutex::new(Vec::new()));
         let r = Relay {
             port: l.local_addr().unwrap().port(),
+            seen_up: seen_up.clone(),
             down: counters[0].clone(),
             up: counters[1].clone(),
             flip_down: counters[2].clone(),
@@ -627,8 +631,8 @@ impl Relay {
             let src = TcpStream::connect(&target).unwrap();
             let [down, up, flip_down, flip_up] = counters;
             let (r2, s2) = (req.try_clone().unwrap(), src.try_clone().unwrap());
-            std::thread::spawn(move || pump(s2, r2, down, flip_down));
-            pump(req, src, up, flip_up);
+            std::thread::spawn(move || pump(s2, r2, down, flip_down, None));
+            pump(req, src, up, flip_up, Some(seen_up));
         });
         r
     }
@@ -638,12 +642,14 @@ impl Relay {
     }
 }
 
-/// Copies `from` to `to`, flipping the low bit of byte number `flip_at`.
+/// Copies `from` to `to`, flipping the low bit of byte number `flip_at`,
+/// keeping a copy in `seen` if given.
 fn pump(
     mut from: TcpStream,
     mut to: TcpStream,
     count: std::sync::Arc<std::sync::atomic::AtomicU64>,
     flip_at: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    seen: Option<std::sync::Arc<std::sync::Mutex<Vec<u8>>>>,
 ) {
     use std::sync::atomic::Ordering::SeqCst;
     let mut buf = vec![0u8; 64 << 10];
@@ -656,6 +662,9 @@ fn pump(
         if flip >= at && flip < at + n as u64 {
             buf[(flip - at) as usize] ^= 1;
         }
+        if let Some(seen) = &seen {
+            seen.lock().unwrap().extend_from_slice(&buf[..n]);
+        }
         if to.write_all(&buf[..n]).is_err() {
             break;
         }
@@ -667,9 +676,13 @@ fn pump(
 
 /// Two keyed engines, the requester connected through a relay.
 fn keyed_pair_through_relay(name: &str) -> (Engine, Engine, Relay, u64) {
-    let k = key_file(name, 9);
-    let src = Engine::from_json(&with_key(&k)).unwrap();
-    let req = Engine::from_json(&with_key(&k)).unwrap();
+    keyed_pair_through_relay_with(&with_key(&key_file(name, 9)))
+}
+
+/// Two engines with `config`, the requester connected through a relay.
+fn keyed_pair_through_relay_with(config: &str) -> (Engine, Engine, Relay, u64) {
+    let src = Engine::from_json(config).unwrap();
+    let req = Engine::from_json(config).unwrap();
     let relay = Relay::to(&src.endpoint());
     let peer = req.connect(&relay.endpoint(), Some(LONG)).unwrap();
     (src, req, relay, peer)
@@ -764,4 +777,33 @@ fn a_keyed_requester_refused_for_want_of_a_slot_learns_why() {
     first.connect(&src.endpoint(), Some(LONG)).unwrap();
     let e = second.connect(&src.endpoint(), Some(LONG)).map(|_| ()).unwrap_err();
     assert_eq!(e.status(), Status::ResourceExhausted, "{e}");
+}
+
+/// With `wire_security: "encrypt"`, a relay without the key sees no byte
+/// of a WRITE's payload (with integrity only, it does: the check that the
+/// search can find it), and the bytes arrive exact.
+#[test]
+fn an_encrypting_pair_shows_a_relay_no_byte_of_a_write() {
+    let payload: Vec<u8> = b"KV block 0123456789 of layer 17 ".iter().copied().cycle().take(RELAYED).collect();
+    let seen = |wire: &str| {
+        let k = key_file(&format!("relay-{wire}"), 5);
+        let config = format!(r#"{{"auth_key_file": "{k}", "wire_security": "{wire}"}}"#);
+        let (src, req, relay, peer) = keyed_pair_through_relay_with(&config);
+        let remote = vec![0u8; RELAYED];
+        src.register_memory(remote.as_ptr() as u64, RELAYED as u64, Access::WRITE).unwrap();
+        req.register_memory(payload.as_ptr() as u64, RELAYED as u64, Access::NONE).unwrap();
+        let w = Request {
+            op: Op::Write,
+            local_addr: payload.as_ptr() as u64,
+            remote_addr: remote.as_ptr() as u64,
+            len: RELAYED as u64,
+        };
+        req.submit(peer, &[w], tcp_only()).unwrap().wait(LONG).unwrap();
+        assert_eq!(remote, payload, "{wire}");
+        let up = relay.seen_up.lock().unwrap().clone();
+        assert!(up.len() > RELAYED, "{wire}: the relay carried the WRITE");
+        up.windows(16).any(|w| w == &payload[..16])
+    };
+    assert!(seen("integrity"), "integrity does not hide the payload: the search must find it");
+    assert!(!seen("encrypt"), "the relay read the payload of an encrypted WRITE");
 }

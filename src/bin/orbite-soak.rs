@@ -9,7 +9,8 @@
 //! own (no export open or retained, no request refused).
 //!
 //! Every engine authenticates with a shared key (a fresh private key file
-//! the source writes and removes), unless `--no-auth`.
+//! the source writes and removes) and encrypts its TCP connections with it
+//! (`wire_security: "encrypt"`), unless `--no-auth`.
 //!
 //! ```text
 //! orbite-soak [--processes N] [--threads M] [--duration SECONDS] [--size BYTES] [--no-auth]
@@ -25,9 +26,13 @@ fn arg<T: std::str::FromStr>(args: &[String], k: &str, d: T) -> T {
     args.iter().position(|a| a == k).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(d)
 }
 
-/// An engine config: `fields` (JSON members, may be empty) plus the key file.
+/// An engine config: `fields` (JSON members, may be empty) plus the key
+/// file, with encrypted TCP connections.
 fn config(fields: &str, key: &str) -> String {
-    let auth = if key.is_empty() { String::new() } else { format!(r#""auth_key_file": {key:?}"#) };
+    let auth = match key.is_empty() {
+        true => String::new(),
+        false => format!(r#""auth_key_file": {key:?}, "wire_security": "encrypt""#),
+    };
     let sep = if fields.is_empty() || auth.is_empty() { "" } else { ", " };
     format!("{{{fields}{sep}{auth}}}")
 }

@@ -15,12 +15,12 @@
 //! the RustCrypto `hmac`/`sha2` crates. Both sides then derive the
 //! connection's session keys from the key and both nonces
 //! (`control::seal`): a TCP control connection is sealed with them from
-//! its Describe on. An IPC channel over a Unix socket is not sealed (the
+//! its Describe on (tagged, or encrypted with `wire_security: "encrypt"`). An IPC channel over a Unix socket is not sealed (the
 //! kernel joins its two ends; nobody can sit in between); a fabric channel
 //! over TCP is authenticated only (docs/security.md).
 
 use super::frame::MsgKind;
-use super::seal::SessionKeys;
+use super::seal::{SessionKeys, WireSecurity};
 use super::{io, message};
 use crate::error::{Error, Result};
 use hmac::{Hmac, Mac};
@@ -42,9 +42,10 @@ pub const MAX_KEY_LEN: usize = 4096;
 const SERVER_LABEL: &[u8] = b"orbite-auth-v1 server";
 const CLIENT_LABEL: &[u8] = b"orbite-auth-v1 client";
 
-/// A shared secret, read from a key file.
+/// A shared secret, read from a key file, and what the connections it
+/// seals protect (`wire_security`).
 #[derive(Clone)]
-pub struct AuthKey(Arc<Vec<u8>>);
+pub struct AuthKey(Arc<Vec<u8>>, WireSecurity);
 
 impl std::fmt::Debug for AuthKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -77,7 +78,12 @@ impl AuthKey {
         if key.len() < MIN_KEY_LEN {
             return Err(bad(format!("{} bytes; a key has at least {MIN_KEY_LEN}", key.len())));
         }
-        Ok(AuthKey(Arc::new(key)))
+        Ok(AuthKey(Arc::new(key), WireSecurity::default()))
+    }
+
+    /// The same key, sealing connections with `wire`.
+    pub fn with_wire(self, wire: WireSecurity) -> AuthKey {
+        AuthKey(self.0, wire)
     }
 
     /// A key from bytes (at least `MIN_KEY_LEN`).
@@ -85,7 +91,7 @@ impl AuthKey {
         if key.len() < MIN_KEY_LEN {
             return Err(Error::InvalidArgument(format!("a key has at least {MIN_KEY_LEN} bytes, got {}", key.len())));
         }
-        Ok(AuthKey(Arc::new(key.to_vec())))
+        Ok(AuthKey(Arc::new(key.to_vec()), WireSecurity::default()))
     }
 
     fn hmac(&self, label: &[u8], a: &[u8], b: &[u8]) -> Hmac<Sha256> {
@@ -212,7 +218,7 @@ pub fn connect(io: &mut impl FrameIo, key: &AuthKey, peer: &str) -> Result<Sessi
     io.send_frame(MsgKind::AuthProof, &key.tag(CLIENT_LABEL, &theirs, &mine))?;
     let (kind, body) = io.recv_frame()?;
     match kind {
-        MsgKind::AuthOk if body.is_empty() => Ok(SessionKeys::derive(&key.0, &mine, &theirs, true)),
+        MsgKind::AuthOk if body.is_empty() => Ok(SessionKeys::derive(&key.0, &mine, &theirs, true, key.1)),
         MsgKind::Error => {
             let (st, text) = message::decode_error(&body)?;
             Err(Error::from_status(st, format!("{peer} refused authentication: {text}")))
@@ -253,7 +259,7 @@ pub fn accept(io: &mut impl FrameIo, key: Option<&AuthKey>, first: (MsgKind, &[u
         return Err(Error::PermissionDenied("the peer does not know this engine's auth key".into()));
     }
     io.send_frame(MsgKind::AuthOk, &[])?;
-    Ok(Some(SessionKeys::derive(&key.0, &theirs, &mine, false)))
+    Ok(Some(SessionKeys::derive(&key.0, &theirs, &mine, false, key.1)))
 }
 
 /// The `Error` frame body that tells a peer why it was refused.

@@ -5,13 +5,16 @@
 //! drop, replay, reorder nor inject a byte without the receiver noticing
 //! before it acts on it.
 //!
-//! A record is `len u32 LE | data (len bytes, 1..=RECORD_MAX) | tag (32)`,
-//! the tag being keyed BLAKE3 over `seq u64 LE | len u32 LE | data` with
-//! the direction's session key; `seq` counts the direction's records from
-//! 0 and is never sent. The session keys are BLAKE3 `derive_key` of the
-//! shared key and both handshake nonces, one per direction, so no two
-//! connections (and no two directions) share one. Nothing here is secret
-//! from an observer: the records protect integrity, not confidentiality.
+//! A record is `len u32 LE | data (len bytes, 1..=RECORD_MAX) | tag`;
+//! `seq` counts the direction's records from 0 and is never sent. With
+//! [`WireSecurity::Integrity`] the data is the plaintext and the tag (32
+//! bytes) keyed BLAKE3 over `seq u64 LE | len u32 LE | data`; with
+//! [`WireSecurity::Encrypt`] the data is AES-256-GCM ciphertext under the
+//! nonce `seq` with `len` as associated data, and the tag GCM's (16). The
+//! session keys are BLAKE3 `derive_key` of the shared key and both
+//! handshake nonces, one per direction and per mode, so no two connections
+//! (and no two directions) share one, and peers sealing in different modes
+//! fail at their first record.
 //!
 //! This module holds no socket: [`Sealer`] makes records from plaintext,
 //! [`Opener`] checks records and hands out their plaintext.
@@ -22,16 +25,78 @@ use crate::error::{Error, Result};
 pub const RECORD_MAX: usize = 64 << 10;
 /// Bytes before a record's data.
 pub const RECORD_HEAD: usize = 4;
-/// Bytes of a record's tag.
+/// Bytes of the longest tag (integrity's).
 pub const RECORD_TAG: usize = 32;
+/// Bytes of an encrypted record's tag.
+const GCM_TAG: usize = 16;
+
+/// What sealing protects (config `wire_security`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WireSecurity {
+    /// Every record tagged: nothing changed goes unnoticed; an observer
+    /// reads the bytes.
+    #[default]
+    Integrity,
+    /// Every record encrypted and tagged (AES-256-GCM): an observer learns
+    /// only the records' lengths.
+    Encrypt,
+}
+
+impl WireSecurity {
+    /// The config name.
+    pub fn name(self) -> &'static str {
+        match self {
+            WireSecurity::Integrity => "integrity",
+            WireSecurity::Encrypt => "encrypt",
+        }
+    }
+
+    /// From a config name.
+    pub fn from_name(s: &str) -> Option<WireSecurity> {
+        [WireSecurity::Integrity, WireSecurity::Encrypt].into_iter().find(|w| w.name() == s)
+    }
+}
+
+/// How one direction's records are made and checked.
+#[derive(Clone)]
+enum Protect {
+    Tag([u8; 32]),
+    Cipher(Box<aes_gcm::Aes256Gcm>),
+}
+
+impl Protect {
+    fn new(key: [u8; 32], wire: WireSecurity) -> Protect {
+        use aes_gcm::KeyInit;
+        match wire {
+            WireSecurity::Integrity => Protect::Tag(key),
+            WireSecurity::Encrypt => Protect::Cipher(Box::new(aes_gcm::Aes256Gcm::new(&key.into()))),
+        }
+    }
+
+    fn tag_len(&self) -> usize {
+        match self {
+            Protect::Tag(_) => RECORD_TAG,
+            Protect::Cipher(_) => GCM_TAG,
+        }
+    }
+}
+
+/// The GCM nonce of record `seq`.
+fn nonce(seq: u64) -> aes_gcm::Nonce<aes_gcm::aead::consts::U12> {
+    let mut n = [0u8; 12];
+    n[..8].copy_from_slice(&seq.to_le_bytes());
+    n.into()
+}
 
 /// The session keys of one connection, as seen from one side.
 #[derive(Clone)]
 pub struct SessionKeys {
-    /// Tags what this side sends.
+    /// Protects what this side sends.
     pub send: [u8; 32],
     /// Checks what this side receives.
     pub recv: [u8; 32],
+    /// What the records protect.
+    pub wire: WireSecurity,
 }
 
 impl std::fmt::Debug for SessionKeys {
@@ -40,30 +105,33 @@ impl std::fmt::Debug for SessionKeys {
     }
 }
 
-const CLIENT_TO_SERVER: &str = "orbite 2026-12 sealed connection v1 connector to server";
-const SERVER_TO_CLIENT: &str = "orbite 2026-12 sealed connection v1 server to connector";
+/// The derivation context of a direction's key in a mode.
+fn context(wire: WireSecurity, to_server: bool) -> String {
+    let way = if to_server { "connector to server" } else { "server to connector" };
+    format!("orbite 2026-12 sealed connection v1 {} {way}", wire.name())
+}
 
 impl SessionKeys {
     /// The keys of the connection whose handshake used `nonce_c` (the
     /// connector's) and `nonce_s` (the server's), under `key`; `connector`
-    /// says which side this is.
-    pub fn derive(key: &[u8], nonce_c: &[u8], nonce_s: &[u8], connector: bool) -> SessionKeys {
+    /// says which side this is; `wire` what the records protect.
+    pub fn derive(key: &[u8], nonce_c: &[u8], nonce_s: &[u8], connector: bool, wire: WireSecurity) -> SessionKeys {
         let mut material = Vec::with_capacity(key.len() + nonce_c.len() + nonce_s.len() + 16);
         for part in [key, nonce_c, nonce_s] {
             material.extend_from_slice(&(part.len() as u64).to_le_bytes());
             material.extend_from_slice(part);
         }
-        let c2s = blake3::derive_key(CLIENT_TO_SERVER, &material);
-        let s2c = blake3::derive_key(SERVER_TO_CLIENT, &material);
+        let c2s = blake3::derive_key(&context(wire, true), &material);
+        let s2c = blake3::derive_key(&context(wire, false), &material);
         match connector {
-            true => SessionKeys { send: c2s, recv: s2c },
-            false => SessionKeys { send: s2c, recv: c2s },
+            true => SessionKeys { send: c2s, recv: s2c, wire },
+            false => SessionKeys { send: s2c, recv: c2s, wire },
         }
     }
 
     /// The sealing and opening halves.
     pub fn split(self) -> (Sealer, Opener) {
-        (Sealer::new(self.send), Opener::new(self.recv))
+        (Sealer::new(Protect::new(self.send, self.wire)), Opener::new(Protect::new(self.recv, self.wire)))
     }
 }
 
@@ -77,7 +145,7 @@ fn tag(key: &[u8; 32], seq: u64, data: &[u8]) -> blake3::Hash {
 
 /// Makes records: the sending half of a sealed connection.
 pub struct Sealer {
-    key: [u8; 32],
+    protect: Protect,
     seq: u64,
     /// Records made and not yet sent, from `at`.
     out: Vec<u8>,
@@ -85,8 +153,8 @@ pub struct Sealer {
 }
 
 impl Sealer {
-    fn new(key: [u8; 32]) -> Sealer {
-        Sealer { key, seq: 0, out: Vec::new(), at: 0 }
+    fn new(protect: Protect) -> Sealer {
+        Sealer { protect, seq: 0, out: Vec::new(), at: 0 }
     }
 
     /// Seals up to `max` plaintext bytes (at most [`RECORD_MAX`]) of
@@ -120,9 +188,21 @@ impl Sealer {
             self.out.truncate(start);
             return 0;
         }
-        self.out[start..start + RECORD_HEAD].copy_from_slice(&(n as u32).to_le_bytes());
-        let t = tag(&self.key, self.seq, &self.out[start + RECORD_HEAD..]);
-        self.out.extend_from_slice(t.as_bytes());
+        let len = (n as u32).to_le_bytes();
+        self.out[start..start + RECORD_HEAD].copy_from_slice(&len);
+        match &self.protect {
+            Protect::Tag(key) => {
+                let t = tag(key, self.seq, &self.out[start + RECORD_HEAD..]);
+                self.out.extend_from_slice(t.as_bytes());
+            }
+            Protect::Cipher(c) => {
+                use aes_gcm::aead::AeadInPlace;
+                let t = c
+                    .encrypt_in_place_detached(&nonce(self.seq), &len, &mut self.out[start + RECORD_HEAD..])
+                    .expect("a record is far below GCM's length limit");
+                self.out.extend_from_slice(&t);
+            }
+        }
         self.seq += 1;
         n
     }
@@ -152,7 +232,9 @@ const OPENER_BUF: usize = 2 * (RECORD_HEAD + RECORD_MAX + RECORD_TAG);
 
 /// Checks records: the receiving half of a sealed connection.
 pub struct Opener {
-    key: [u8; 32],
+    protect: Protect,
+    /// Bytes of this mode's tag.
+    tag_len: usize,
     seq: u64,
     /// Record bytes received, in `buf[start..fill]`: the record being
     /// handed out (checked) or received first, then what came after it.
@@ -166,8 +248,10 @@ pub struct Opener {
 }
 
 impl Opener {
-    fn new(key: [u8; 32]) -> Opener {
-        Opener { key, seq: 0, buf: vec![0; OPENER_BUF].into_boxed_slice(), start: 0, fill: 0, at: 0, end: 0 }
+    fn new(protect: Protect) -> Opener {
+        let tag_len = protect.tag_len();
+        let buf = vec![0; OPENER_BUF].into_boxed_slice();
+        Opener { protect, tag_len, seq: 0, buf, start: 0, fill: 0, at: 0, end: 0 }
     }
 
     /// The length the record at the front announces, once known.
@@ -183,7 +267,7 @@ impl Opener {
         let have = self.fill - self.start;
         match self.announced() {
             None => RECORD_HEAD - have,
-            Some(len) => (RECORD_HEAD + len.min(RECORD_MAX) + RECORD_TAG).saturating_sub(have).max(1),
+            Some(len) => (RECORD_HEAD + len.min(RECORD_MAX) + self.tag_len).saturating_sub(have).max(1),
         }
     }
 
@@ -243,7 +327,7 @@ impl Opener {
         self.at += n;
         if self.at == self.end {
             // Handed out: the next record starts after its tag.
-            self.start = self.end + RECORD_TAG;
+            self.start = self.end + self.tag_len;
             (self.at, self.end) = (0, 0);
             if self.start == self.fill {
                 (self.start, self.fill) = (0, 0);
@@ -259,7 +343,7 @@ impl Opener {
     }
 
     fn complete(&self) -> bool {
-        self.announced().is_some_and(|len| self.fill - self.start >= RECORD_HEAD + len + RECORD_TAG)
+        self.announced().is_some_and(|len| self.fill - self.start >= RECORD_HEAD + len + self.tag_len)
     }
 
     /// Checks the complete record at the front and opens it.
@@ -269,12 +353,23 @@ impl Opener {
         }
         let data = self.start + RECORD_HEAD;
         let end = data + self.announced().expect("complete");
-        let got: [u8; RECORD_TAG] = self.buf[end..end + RECORD_TAG].try_into().expect("a whole tag");
-        // blake3::Hash compares in constant time.
-        if tag(&self.key, self.seq, &self.buf[data..end]) != blake3::Hash::from(got) {
+        let checked = match &self.protect {
+            Protect::Tag(key) => {
+                let got: [u8; RECORD_TAG] = self.buf[end..end + RECORD_TAG].try_into().expect("a whole tag");
+                // blake3::Hash compares in constant time.
+                tag(key, self.seq, &self.buf[data..end]) == blake3::Hash::from(got)
+            }
+            Protect::Cipher(c) => {
+                use aes_gcm::aead::AeadInPlace;
+                let len = self.buf[self.start..data].to_vec();
+                let t = aes_gcm::Tag::clone_from_slice(&self.buf[end..end + GCM_TAG]);
+                c.decrypt_in_place_detached(&nonce(self.seq), &len, &mut self.buf[data..end], &t).is_ok()
+            }
+        };
+        if !checked {
             return Err(Error::PermissionDenied(format!(
                 "sealed record {} failed its check: the connection was altered, replayed or reordered on \
-                 the way, or the peer holds another key",
+                 the way, or the peer holds another key or another wire_security",
                 self.seq
             )));
         }
@@ -288,12 +383,16 @@ impl Opener {
 mod tests {
     use super::*;
 
-    fn pair() -> (Sealer, Opener) {
-        let a = SessionKeys::derive(b"a shared key of enough bytes....", &[1; 32], &[2; 32], true);
-        let b = SessionKeys::derive(b"a shared key of enough bytes....", &[1; 32], &[2; 32], false);
+    fn pair_in(wire: WireSecurity) -> (Sealer, Opener) {
+        let a = SessionKeys::derive(b"a shared key of enough bytes....", &[1; 32], &[2; 32], true, wire);
+        let b = SessionKeys::derive(b"a shared key of enough bytes....", &[1; 32], &[2; 32], false, wire);
         assert_eq!((a.send, a.recv), (b.recv, b.send));
         assert_ne!(a.send, a.recv, "each direction has its own key");
-        (Sealer::new(a.send), Opener::new(b.recv))
+        (a.split().0, b.split().1)
+    }
+
+    fn pair() -> (Sealer, Opener) {
+        pair_in(WireSecurity::Integrity)
     }
 
     /// Everything the opener hands out, fed `wire` in pieces of `split`.
@@ -383,9 +482,43 @@ mod tests {
             assert!(e.message().contains(&format!("sealed {failing}failed its check")), "{what}: {e}");
         }
         // A record of another connection (other nonces) fails as well.
-        let other = SessionKeys::derive(b"a shared key of enough bytes....", &[1; 32], &[3; 32], false);
-        let mut o = Opener::new(other.recv);
+        let other = SessionKeys::derive(
+            b"a shared key of enough bytes....",
+            &[1; 32],
+            &[3; 32],
+            false,
+            WireSecurity::Integrity,
+        );
+        let mut o = other.split().1;
         assert!(open_all(&mut o, &records[0], 64).is_err());
+    }
+
+    #[test]
+    fn encrypted_records_hide_the_bytes_and_refuse_any_change() {
+        let (mut s, mut o) = pair_in(WireSecurity::Encrypt);
+        let text = b"the KV block nobody on the path may read".repeat(100);
+        s.seal_all(&text);
+        let wire = s.pending().to_vec();
+        assert_eq!(wire.len(), text.len() + RECORD_HEAD + GCM_TAG);
+        assert!(!wire.windows(20).any(|w| w == &text[..20]), "the plaintext shows on the wire");
+        assert_eq!(open_all(&mut o, &wire, 333).unwrap(), text);
+        for i in [0, RECORD_HEAD, RECORD_HEAD + 100, wire.len() - 1] {
+            let mut bad = wire.clone();
+            bad[i] ^= 0x40;
+            let (_, mut o) = pair_in(WireSecurity::Encrypt);
+            match open_all(&mut o, &bad, bad.len()) {
+                Err(e) => assert_eq!(e.status(), crate::error::Status::PermissionDenied, "byte {i}: {e}"),
+                Ok(got) => assert!(got.is_empty() && o.mid_record(), "byte {i} changed and accepted"),
+            }
+        }
+        // Peers sealing in different modes fail at the first record (once
+        // enough bytes came for the longer tag).
+        let (mut s, _) = pair_in(WireSecurity::Encrypt);
+        s.seal_all(&text);
+        s.seal_all(&text);
+        let (_, mut integrity) = pair();
+        let e = open_all(&mut integrity, s.pending(), wire.len()).unwrap_err();
+        assert!(e.message().contains("another wire_security"), "{e}");
     }
 
     #[test]

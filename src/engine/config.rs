@@ -104,6 +104,9 @@ pub struct EngineConfig {
     /// knowledge of, both ways, before anything else. `None`: no
     /// authentication (docs/security.md says what that allows).
     pub auth_key_file: Option<String>,
+    /// What the key's sealing of TCP control connections protects:
+    /// integrity (default) or, `Encrypt`, confidentiality too.
+    pub wire_security: crate::control::seal::WireSecurity,
     /// Users besides this process's own whose processes may open an IPC
     /// channel to this engine.
     pub ipc_allowed_uids: Vec<u32>,
@@ -154,6 +157,7 @@ impl Default for EngineConfig {
             io_threads: default_io_threads(),
             io_poll_us: 200,
             auth_key_file: None,
+            wire_security: Default::default(),
             ipc_allowed_uids: Vec::new(),
             offer_timeout_ms: 5_000,
             min_payload_rate_kib: 1024,
@@ -410,6 +414,12 @@ impl EngineConfig {
                         _ => Some(get_str(k, v)?.to_string()),
                     }
                 }
+                "wire_security" => {
+                    let name = get_str(k, v)?;
+                    c.wire_security = crate::control::seal::WireSecurity::from_name(name).ok_or_else(|| {
+                        bad(k, format!("unknown value {name:?} (expected \"integrity\" or \"encrypt\")"))
+                    })?;
+                }
                 "ipc_allowed_uids" => c.ipc_allowed_uids = parse_uids(k, v)?,
                 "name" => {
                     c.name = match v {
@@ -482,6 +492,9 @@ impl EngineConfig {
         if self.auth_key_file.as_deref() == Some("") {
             return Err(bad("auth_key_file", "is empty (name a key file, or null for no authentication)"));
         }
+        if self.wire_security == crate::control::seal::WireSecurity::Encrypt && self.auth_key_file.is_none() {
+            return Err(bad("wire_security", "\"encrypt\" needs auth_key_file: the session keys come from the key"));
+        }
         Ok(())
     }
 
@@ -498,6 +511,7 @@ impl EngineConfig {
             "coalesce": self.coalesce,
             "transport_policy": self.transport_policy.iter().map(|t| t.name()).collect::<Vec<_>>(),
             "auth_key_file": self.auth_key_file,
+            "wire_security": self.wire_security.name(),
             "ipc_allowed_uids": self.ipc_allowed_uids,
             "log_level": self.log_level.name(),
         });
@@ -669,6 +683,11 @@ mod tests {
         assert!(err(r#"{"io_threads": 0}"#).contains("`io_threads`"));
         assert!(err(r#"{"io_threads": 65}"#).contains("`io_threads`"));
         assert!(err(r#"{"io_poll_us": 10001}"#).contains("`io_poll_us`"));
+        assert!(err(r#"{"wire_security": "encrypt"}"#).contains("`wire_security`: \"encrypt\" needs auth_key_file"));
+        assert!(err(r#"{"wire_security": "secret"}"#).contains("`wire_security`: unknown value \"secret\""));
+        let c = EngineConfig::from_json(r#"{"auth_key_file": "/k", "wire_security": "encrypt"}"#).unwrap();
+        assert_eq!(c.wire_security, crate::control::seal::WireSecurity::Encrypt);
+        assert_eq!(EngineConfig::default().wire_security, crate::control::seal::WireSecurity::Integrity);
         let c = EngineConfig::from_json(r#"{"auth_key_file": null, "ipc_allowed_uids": [33]}"#).unwrap();
         assert_eq!((c.auth_key_file, c.ipc_allowed_uids), (None, vec![33]));
     }

@@ -100,7 +100,8 @@ impl Engine {
         let from_env = crate::log::env_level()
             .map_err(|e| Error::InvalidConfig(format!("environment variable {}: {e}", crate::log::ENV)))?;
         let level = from_env.unwrap_or(config.log_level);
-        let auth = config.auth_key_file.as_deref().map(AuthKey::load).transpose()?;
+        let auth =
+            config.auth_key_file.as_deref().map(AuthKey::load).transpose()?.map(|k| k.with_wire(config.wire_security));
         let addr: SocketAddr = config.listen.parse().map_err(|_| {
             Error::InvalidConfig(format!("key `listen`: {:?} is not an IP:port address", config.listen))
         })?;

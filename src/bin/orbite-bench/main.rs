@@ -33,6 +33,8 @@ usage: orbite-bench [options]
                                  N decodes (options: --mode kv-flow --help)
   --endpoint IP:PORT             the target (initiator mode)
   --auth-key FILE                both engines use this auth_key_file (TCP then sealed)
+  --wire-security integrity|encrypt
+                                 with --auth-key: what the sealing protects (default integrity)
   --name NAME --etcd URL          target: publish under NAME in etcd (discovery); initiator:
                                  find the target by NAME instead of --endpoint
   --listen IP:PORT               where a target listens (default 127.0.0.1:0)
@@ -111,6 +113,8 @@ struct Opts {
     /// `--auth-key`: both engines authenticate with this key file (and
     /// seal their TCP connections).
     auth_key: Option<String>,
+    /// `--wire-security`: what sealing protects (with `--auth-key`).
+    wire_security: Option<String>,
     listen: String,
     transports: Vec<String>,
     ops: Vec<Op>,
@@ -174,6 +178,7 @@ fn parse_opts() -> Opts {
         name: None,
         etcd: None,
         auth_key: None,
+        wire_security: None,
         listen: "127.0.0.1:0".into(),
         transports: Vec::new(),
         ops: Vec::new(),
@@ -206,6 +211,7 @@ fn parse_opts() -> Opts {
             "--name" => o.name = Some(val()),
             "--etcd" => o.etcd = Some(val()),
             "--auth-key" => o.auth_key = Some(val()),
+            "--wire-security" => o.wire_security = Some(val()),
             "--listen" => o.listen = val(),
             "--transport" => o.transports.extend(list(&val())),
             "--op" => {
@@ -506,6 +512,7 @@ fn spawn_target(o: &Opts, kind: &str) -> Target {
         .args(["--mode", "target", "--until-stdin-closes", "--buffer-size", &o.buffer_size.to_string()])
         .args(["--target-kind", kind, "--devices", &format!("{},{}", o.devices.0, o.devices.1)])
         .args(o.auth_key.iter().flat_map(|k| ["--auth-key", k.as_str()]))
+        .args(o.wire_security.iter().flat_map(|w| ["--wire-security", w.as_str()]))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -672,7 +679,12 @@ fn max_inflight(o: &Opts) -> u64 {
 /// own name, or for an initiator (`role`) a name of its own beside the
 /// target's. "" without them.
 fn engine_keys(o: &Opts, role: Option<&str>) -> String {
-    let key = o.auth_key.as_ref().map(|k| format!(r#", "auth_key_file": {}"#, serde_json::Value::from(k.as_str())));
+    let wire =
+        o.wire_security.as_ref().map(|w| format!(r#", "wire_security": {}"#, serde_json::Value::from(w.as_str())));
+    let key = o
+        .auth_key
+        .as_ref()
+        .map(|k| format!(r#", "auth_key_file": {}{}"#, serde_json::Value::from(k.as_str()), wire.unwrap_or_default()));
     let key = key.unwrap_or_default();
     let (Some(target), Some(etcd)) = (&o.name, &o.etcd) else { return key };
     let name = match role {

@@ -173,8 +173,8 @@ mod tests {
 
     fn halves() -> ((Sealer, Opener), (Sealer, Opener)) {
         let k = b"a key of thirty-two bytes or so!";
-        let a = SessionKeys::derive(k, &[4; 32], &[5; 32], true).split();
-        let b = SessionKeys::derive(k, &[4; 32], &[5; 32], false).split();
+        let a = SessionKeys::derive(k, &[4; 32], &[5; 32], true, Default::default()).split();
+        let b = SessionKeys::derive(k, &[4; 32], &[5; 32], false, Default::default()).split();
         (a, b)
     }
 
