@@ -451,11 +451,19 @@ fn a_forked_childs_free_leaves_the_parent_serving() {
 fn idle_ipc_channels_do_not_take_control_connection_slots() {
     let src = Engine::from_json(r#"{"max_incoming_connections": 2, "max_ipc_channels": 2}"#).unwrap();
     let idle: Vec<Channel> = (0..2).map(|_| raw_channel(&src)).collect();
-    // The third channel is refused (closed) at once...
+    // The third channel is refused once it said who it is...
     let mut third = Channel::connect(&channel_name(&src)).unwrap();
-    let deadline = Instant::now() + LONG;
-    let tick = &mut || orbite::transport::ipc::channel::deadline_tick(deadline, "refused channel");
-    assert!(third.recv(tick).is_err(), "the third IPC channel was served");
+    let hello = Hello {
+        identity: Identity::fresh(),
+        expected_source_epoch: src.identity().engine_epoch,
+        transport: TransportKind::Shm as u32,
+        fabric_domain: [0; 16],
+    };
+    let f = third.call(MsgKind::IpcHello, &hello.encode(), Instant::now() + LONG, "hello").unwrap();
+    assert_eq!(f.kind, MsgKind::ExportReject, "the third IPC channel was served");
+    let e = decode_reject(&f.body).unwrap().1;
+    assert_eq!(e.status(), Status::ResourceExhausted, "{e}");
+    assert!(e.message().contains("max_ipc_channels"), "{e}");
     // ...while both control connection slots are still free.
     let a = Engine::from_json("").unwrap();
     let b = Engine::from_json("").unwrap();
@@ -806,4 +814,42 @@ fn an_encrypting_pair_shows_a_relay_no_byte_of_a_write() {
     };
     assert!(seen("integrity"), "integrity does not hide the payload: the search must find it");
     assert!(!seen("encrypt"), "the relay read the payload of an encrypted WRITE");
+}
+
+/// Silent IPC connections of a same-user process without the key hold no
+/// channel slot: they wait in their handshake under their own bound (the
+/// oldest closed for the newest), so a keyed requester still opens its
+/// channel and reads over SHM; those that ended unfinished are counted.
+#[test]
+fn silent_ipc_connections_without_the_key_cannot_hold_the_channel_slots() {
+    let k = key_file("ipc-slots", 3);
+    let src = Engine::from_json(&format!(
+        r#"{{"auth_key_file": "{k}", "max_ipc_channels": 2, "max_pending_handshakes": 4, "handshake_timeout_ms": 600000}}"#
+    ))
+    .unwrap();
+    let silent: Vec<std::os::unix::net::UnixStream> = (0..8)
+        .map(|_| {
+            use std::os::linux::net::SocketAddrExt;
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(channel_name(&src).as_bytes()).unwrap();
+            std::os::unix::net::UnixStream::connect_addr(&addr).unwrap()
+        })
+        .collect();
+    // The first four silent ones were closed for the newer ones.
+    common_wait(|| src.stats().handshakes_abandoned >= 4);
+    let shared = allocate_shared_host(4096).unwrap();
+    // SAFETY: the allocation maps 4096 bytes.
+    unsafe { std::ptr::write_bytes(shared.addr() as *mut u8, 0x6b, 4096) };
+    src.register_memory(shared.addr(), 4096, Access::READ).unwrap();
+    let req = Engine::from_json(&with_key(&k)).unwrap();
+    let local = vec![0u8; 4096];
+    req.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), Some(LONG)).unwrap();
+    let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: shared.addr(), len: 4096 };
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(LONG) };
+    req.submit(peer, &[r], opts).unwrap().wait(LONG).unwrap();
+    assert!(local.iter().all(|b| *b == 0x6b));
+    drop(silent);
+    req.close(Some(LONG)).unwrap();
+    src.close(Some(LONG)).unwrap();
+    shared.free().unwrap();
 }

@@ -160,9 +160,10 @@ impl Incoming {
         Incoming { conn, thread, served: None, from, handshaken: false, evicted: false }
     }
 
-    /// A TCP connection still in its handshake.
-    fn pending(&self) -> bool {
-        matches!(self.conn, ConnHandle::Tcp(_)) && !self.handshaken && !self.evicted
+    /// A connection still in its handshake (a TCP connection, or with
+    /// `unix` an IPC channel).
+    fn pending(&self, unix: bool) -> bool {
+        matches!(self.conn, ConnHandle::Unix(_)) == unix && !self.handshaken && !self.evicted
     }
 
     /// Closes its socket: the handshake thread's next read or write fails
@@ -199,26 +200,22 @@ impl Incoming {
     }
 }
 
-/// IPC channels (Unix) being served.
-fn unix_count(inc: &HashMap<u64, Incoming>) -> usize {
-    inc.values().filter(|c| matches!(c.conn, ConnHandle::Unix(_))).count()
+/// Handshaken connections that hold a slot: IPC channels (`unix`) or
+/// TCP connections.
+fn handshaken_count(inc: &HashMap<u64, Incoming>, unix: bool) -> usize {
+    inc.values().filter(|c| c.handshaken && matches!(c.conn, ConnHandle::Unix(_)) == unix).count()
 }
 
-/// Handshaken TCP connections (those that hold a connection slot).
-fn handshaken_count(inc: &HashMap<u64, Incoming>) -> usize {
-    inc.values().filter(|c| c.handshaken).count()
-}
-
-/// Makes room for one more pending handshake from `from`: closes the
-/// oldest pending one of that address at its bound, then the oldest of
-/// all at the overall bound (ids grow with time); each is counted in
-/// `handshakes_abandoned` when its thread ends.
-fn make_room(inc: &mut HashMap<u64, Incoming>, from: Option<IpAddr>, per_address: usize, max: usize) {
+/// Makes room for one more pending handshake from `from` (TCP) or of an
+/// IPC channel (`unix`): closes the oldest pending one of that address at
+/// its bound, then the oldest of all at the overall bound (ids grow with
+/// time); each is counted in `handshakes_abandoned` when its thread ends.
+fn make_room(inc: &mut HashMap<u64, Incoming>, unix: bool, from: Option<IpAddr>, per_address: usize, max: usize) {
     let oldest = |inc: &HashMap<u64, Incoming>, same: bool| {
-        inc.iter().filter(|(_, c)| c.pending() && (!same || c.from == from)).map(|(id, _)| *id).min()
+        inc.iter().filter(|(_, c)| c.pending(unix) && (!same || c.from == from)).map(|(id, _)| *id).min()
     };
     for (same, bound) in [(true, per_address), (false, max)] {
-        while inc.values().filter(|c| c.pending() && (!same || c.from == from)).count() >= bound {
+        while inc.values().filter(|c| c.pending(unix) && (!same || c.from == from)).count() >= bound {
             let Some(id) = oldest(inc, same) else { break };
             let rec = inc.get_mut(&id).expect("present");
             rec.evicted = true;
@@ -244,16 +241,21 @@ impl Listeners {
     /// closed for a newer one meanwhile).
     fn take_slot(&self, id: u64) -> Result<()> {
         let mut inc = self.incoming.lock();
-        let taken = handshaken_count(&inc);
+        let unix = inc.get(&id).is_some_and(|r| matches!(r.conn, ConnHandle::Unix(_)));
+        let (limit, what) = match unix {
+            true => (self.ipc_limit, "IPC channel limit (max_ipc_channels)"),
+            false => (self.limit, "connection limit (max_incoming_connections)"),
+        };
+        let taken = handshaken_count(&inc, unix);
         match inc.get_mut(&id) {
-            Some(rec) if !rec.evicted && taken < self.limit => {
+            Some(rec) if !rec.evicted && taken < limit => {
                 rec.handshaken = true;
                 Ok(())
             }
             Some(rec) if !rec.evicted => {
                 drop(inc);
                 self.counters.connections_refused.fetch_add(1, Ordering::Relaxed);
-                Err(Error::ResourceExhausted(format!("connection limit of {} reached", self.limit)))
+                Err(Error::ResourceExhausted(format!("{what} of {limit} reached")))
             }
             _ => Err(Error::Unavailable("closed in its handshake for a newer connection".into())),
         }
@@ -301,8 +303,7 @@ impl Listeners {
             let served = serve(id, Box::new(forget));
             let Some(l) = me.upgrade() else { return };
             let mut inc = l.incoming.lock();
-            let tcp = inc.get(&id).is_some_and(|r| matches!(r.conn, ConnHandle::Tcp(_)));
-            if tcp && !inc.get(&id).is_some_and(|r| r.handshaken) {
+            if inc.get(&id).is_some_and(|r| !r.handshaken) {
                 l.counters.handshakes_abandoned.fetch_add(1, Ordering::Relaxed);
             }
             // The record (inserted under the lock the spawner holds) keeps
@@ -328,7 +329,7 @@ impl Listeners {
             reap(&mut inc);
             let limit = self.limit;
             let from = stream.peer_addr().ok().map(|a| a.ip());
-            if handshaken_count(&inc) >= limit || !self.source_gate.is_open() {
+            if handshaken_count(&inc, false) >= limit || !self.source_gate.is_open() {
                 drop(inc);
                 self.counters.connections_refused.fetch_add(1, Ordering::Relaxed);
                 let why = if self.source_gate.is_open() {
@@ -345,7 +346,7 @@ impl Listeners {
             }
             // Connections in their handshake take no slot: they have their
             // own bounds, and the oldest makes room for the newest.
-            make_room(&mut inc, from, self.pending_per_address, self.pending_max);
+            make_room(&mut inc, false, from, self.pending_per_address, self.pending_max);
             let Ok(handle) = stream.try_clone() else { continue };
             let (c, fabric, reactor) = (ctx.clone(), ipc.clone(), self.reactor.clone());
             let me = Arc::downgrade(&self);
@@ -382,7 +383,8 @@ impl Listeners {
                         };
                         let ch = Channel::from_tcp(stream).ok()?;
                         let hello = Frame { kind: first.header.kind, body, fd: None, second_fd: None };
-                        crate::transport::ipc::source::serve(fabric, ch, id, Some(hello), &reactor, forget)
+                        // Its TCP connection took its slot already.
+                        crate::transport::ipc::source::serve(fabric, ch, id, Some(hello), &|| Ok(()), &reactor, forget)
                     }
                     Ok(Some(first)) => tcp::serve(c, stream, first, &reactor, forget).map(|c| c as Arc<dyn Served>),
                     Ok(None) => None,
@@ -407,14 +409,13 @@ impl Listeners {
         while let Some(stream) = self.next_conn(|| listener.accept().map(|(s, _)| s)) {
             let mut inc = self.incoming.lock();
             reap(&mut inc);
-            if unix_count(&inc) >= self.ipc_limit {
-                drop(inc);
-                self.counters.connections_refused.fetch_add(1, Ordering::Relaxed);
-                let _ = stream.shutdown(Shutdown::Both);
-                continue;
-            }
+            // Channels in their handshake take no slot: they have their
+            // own bound (the oldest makes room for the newest); a slot is
+            // taken once the channel proved what it is.
+            make_room(&mut inc, true, None, self.pending_max, self.pending_max);
             let Ok(handle) = stream.try_clone() else { continue };
             let (c, reactor) = (ctx.clone(), self.reactor.clone());
+            let me = Arc::downgrade(&self);
             self.serve_in_thread(
                 &mut inc,
                 ConnHandle::Unix(handle),
@@ -422,7 +423,8 @@ impl Listeners {
                 "orbite-ipc-handshake",
                 move |id, forget| {
                     let ch = Channel::from_stream(stream).ok()?;
-                    crate::transport::ipc::source::serve(c, ch, id, None, &reactor, forget)
+                    let admit = move || me.upgrade().map_or(Ok(()), |l| l.take_slot(id));
+                    crate::transport::ipc::source::serve(c, ch, id, None, &admit, &reactor, forget)
                 },
             );
         }

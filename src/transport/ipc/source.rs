@@ -68,20 +68,22 @@ fn answer_tick<'a>(stall: Duration, stop: &'a dyn Fn() -> Result<()>) -> impl Fn
 /// Serves one accepted IPC connection: a Unix channel (`hello: None`: its
 /// uid is checked and, with a key, it authenticates first), or a TCP fabric
 /// channel whose listener already authenticated it and read its
-/// `IpcHello`. The handshake runs on the calling thread; then `reactor`
-/// serves the channel and `on_done` runs when it ends. `None` when the
-/// channel ended in its handshake (refused, or broken: a protocol error
-/// is told to the peer).
+/// `IpcHello`. The handshake runs on the calling thread; once the
+/// requester proved who it is, `admit` gives it a channel slot (or refuses
+/// it, `RESOURCE_EXHAUSTED`); then `reactor` serves the channel and
+/// `on_done` runs when it ends. `None` when the channel ended in its
+/// handshake (refused, or broken: a protocol error is told to the peer).
 pub fn serve(
     ctx: Arc<IpcSourceContext>,
     mut ch: Channel,
     conn: u64,
     hello: Option<Frame>,
+    admit: &dyn Fn() -> Result<()>,
     reactor: &Reactor,
     on_done: Box<dyn FnOnce() + Send>,
 ) -> Option<Arc<dyn Served>> {
     let mut chosen = None;
-    match handshake(&ctx, &mut ch, conn, &mut chosen, hello) {
+    match handshake(&ctx, &mut ch, conn, &mut chosen, hello, admit) {
         Ok(Some((table, requester))) => {
             let served = IpcServed::start(ctx, ch, conn, table, requester, reactor, on_done);
             return served.map(|s| s as Arc<dyn Served>);
@@ -110,6 +112,7 @@ fn handshake(
     conn: u64,
     chosen: &mut Option<Arc<ExportTable>>,
     hello: Option<Frame>,
+    admit: &dyn Fn() -> Result<()>,
 ) -> Result<Option<(Arc<ExportTable>, Identity)>> {
     let stop = || {
         if ctx.stopping.load(Ordering::Acquire) {
@@ -224,6 +227,9 @@ fn handshake(
             Error::NotSupported(format!("this engine offers no IPC transport with code {}", hello.transport)),
         );
     };
+    if let Err(e) = admit() {
+        return refuse_with(ch, e);
+    }
     *chosen = Some(table.clone());
     // A Unix channel gets a grant board (a fabric channel crosses hosts:
     // every submission takes the round trip there). A board that cannot be
