@@ -861,6 +861,8 @@ inline std::vector<Region> parse_regions(const std::string &text) {
 struct TransportStats {
   std::uint64_t requests_completed = 0, requests_failed = 0, bytes_completed = 0, bytes_failed = 0;
   std::uint64_t served_requests = 0, served_bytes = 0, served_failed = 0, wire_bytes_sent = 0;
+  /// IPC: what importers say they moved through the grant board, unchecked.
+  std::uint64_t claimed_requests = 0, claimed_bytes = 0;
   std::uint64_t requests_fell_through = 0;
   /// TCP: requests that travelled in the frame of the READ before them
   /// (config `coalesce`).
@@ -986,6 +988,7 @@ inline Stats parse_stats(const std::string &text) {
                         {"bytes_completed", &T::bytes_completed}, {"bytes_failed", &T::bytes_failed},
                         {"served_requests", &T::served_requests}, {"served_bytes", &T::served_bytes},
                         {"served_failed", &T::served_failed}, {"wire_bytes_sent", &T::wire_bytes_sent},
+                        {"claimed_requests", &T::claimed_requests}, {"claimed_bytes", &T::claimed_bytes},
                         {"requests_fell_through", &T::requests_fell_through},
                         {"requests_coalesced", &T::requests_coalesced}});
     return t;

@@ -13,6 +13,8 @@ struct PerTransport {
     served_requests: AtomicU64,
     served_bytes: AtomicU64,
     served_failed: AtomicU64,
+    claimed_requests: AtomicU64,
+    claimed_bytes: AtomicU64,
     wire_bytes_sent: AtomicU64,
     fell_through: AtomicU64,
     coalesced: AtomicU64,
@@ -80,6 +82,11 @@ pub struct TransportStats {
     pub served_bytes: u64,
     /// Requests from peers that this engine refused or failed.
     pub served_failed: u64,
+    /// IPC: requests importers say they moved through the grant board on
+    /// their own (no receipt, nothing this engine saw or checked; saturating).
+    pub claimed_requests: u64,
+    /// Their bytes, as claimed.
+    pub claimed_bytes: u64,
     /// Bytes this engine's requester side wrote to peers' sockets (frames
     /// and WRITE payload).
     pub wire_bytes_sent: u64,
@@ -128,6 +135,17 @@ impl Counters {
         p.served_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// Records what an importer says it moved through the grant board
+    /// (saturating: a claim cannot wrap the counters).
+    pub fn record_claimed(&self, t: TransportKind, n: u64, bytes: u64) {
+        let p = &self.per[t.index()];
+        let add = |c: &AtomicU64, v: u64| {
+            let _ = c.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |x| Some(x.saturating_add(v)));
+        };
+        add(&p.claimed_requests, n);
+        add(&p.claimed_bytes, bytes);
+    }
+
     /// Records bytes written to a peer's socket by the requester side.
     pub fn record_wire_sent(&self, t: TransportKind, bytes: u64) {
         self.per[t.index()].wire_bytes_sent.fetch_add(bytes, Ordering::Relaxed);
@@ -156,6 +174,8 @@ impl Counters {
             served_requests: p.served_requests.load(Ordering::Relaxed),
             served_bytes: p.served_bytes.load(Ordering::Relaxed),
             served_failed: p.served_failed.load(Ordering::Relaxed),
+            claimed_requests: p.claimed_requests.load(Ordering::Relaxed),
+            claimed_bytes: p.claimed_bytes.load(Ordering::Relaxed),
             wire_bytes_sent: p.wire_bytes_sent.load(Ordering::Relaxed),
             requests_fell_through: p.fell_through.load(Ordering::Relaxed),
             requests_coalesced: p.coalesced.load(Ordering::Relaxed),

@@ -231,16 +231,21 @@ fn a_process_of_another_user_is_refused_an_ipc_channel() {
     a.free().unwrap();
 }
 
-/// A raw IPC client that opened an honest channel to `src`.
-fn raw_channel(src: &Engine) -> Channel {
-    let mut ch = Channel::connect(&channel_name(src)).unwrap();
+/// The IpcHello of an honest SHM requester of this process to `src`.
+fn honest_hello(src: &Engine) -> Vec<u8> {
     let hello = Hello {
         identity: Identity::fresh(),
         expected_source_epoch: src.identity().engine_epoch,
         transport: TransportKind::Shm as u32,
         fabric_domain: [0; 16],
     };
-    let f = ch.call(MsgKind::IpcHello, &hello.encode(), Instant::now() + LONG, "hello").unwrap();
+    hello.encode()
+}
+
+/// A raw IPC client that opened an honest channel to `src`.
+fn raw_channel(src: &Engine) -> Channel {
+    let mut ch = Channel::connect(&channel_name(src)).unwrap();
+    let f = ch.call(MsgKind::IpcHello, &honest_hello(src), Instant::now() + LONG, "hello").unwrap();
     assert_eq!(f.kind, MsgKind::IpcWelcome);
     ch
 }
@@ -453,13 +458,7 @@ fn idle_ipc_channels_do_not_take_control_connection_slots() {
     let idle: Vec<Channel> = (0..2).map(|_| raw_channel(&src)).collect();
     // The third channel is refused once it said who it is...
     let mut third = Channel::connect(&channel_name(&src)).unwrap();
-    let hello = Hello {
-        identity: Identity::fresh(),
-        expected_source_epoch: src.identity().engine_epoch,
-        transport: TransportKind::Shm as u32,
-        fabric_domain: [0; 16],
-    };
-    let f = third.call(MsgKind::IpcHello, &hello.encode(), Instant::now() + LONG, "hello").unwrap();
+    let f = third.call(MsgKind::IpcHello, &honest_hello(&src), Instant::now() + LONG, "hello").unwrap();
     assert_eq!(f.kind, MsgKind::ExportReject, "the third IPC channel was served");
     let e = decode_reject(&f.body).unwrap().1;
     assert_eq!(e.status(), Status::ResourceExhausted, "{e}");
@@ -852,4 +851,36 @@ fn silent_ipc_connections_without_the_key_cannot_hold_the_channel_slots() {
     req.close(Some(LONG)).unwrap();
     src.close(Some(LONG)).unwrap();
     shared.free().unwrap();
+}
+
+/// A requester that writes 2^63 requests and 2^64-1 bytes into its
+/// grant-board slot moves no served counter of the source: what it wrote
+/// is kept as its claim (saturating), apart from what the source served.
+#[test]
+fn board_counts_a_requester_writes_are_claims_never_served() {
+    use orbite::transport::ipc::board::Board;
+    let src = Engine::from_json("").unwrap();
+    let a = allocate_shared_host(4096).unwrap();
+    src.register_memory(a.addr(), 4096, Access::READ).unwrap();
+    let r = src.regions()[0];
+    let mut ch = Channel::connect(&channel_name(&src)).unwrap();
+    let welcome = ch.call(MsgKind::IpcHello, &honest_hello(&src), Instant::now() + LONG, "hello").unwrap();
+    assert_eq!(welcome.kind, MsgKind::IpcWelcome);
+    let board = Board::map(welcome.fd.expect("a grant board")).unwrap();
+    let o = offer(&mut ch, &r);
+    let accept = ExportRef { export_id: o.export_id, token: o.token, value: 1, extra: 0 };
+    let f = ch.call(MsgKind::ExportAnswer, &accept.encode(), Instant::now() + LONG, "answer").unwrap();
+    assert_eq!(f.kind, MsgKind::ExportHandle);
+    board.slot(o.slot).expect("the grant's slot").count(1 << 63, u64::MAX);
+    let before = src.stats().transports["shm"].clone();
+    let close = ExportRef { export_id: o.export_id, token: o.token, value: 0, extra: 0 };
+    let f = ch.call(MsgKind::CloseReceipt, &close.encode(), Instant::now() + LONG, "close").unwrap();
+    assert_eq!(f.kind, MsgKind::Ack);
+    common_wait(|| src.stats().ipc["shm"].exports_open == 0);
+    let after = src.stats().transports["shm"].clone();
+    assert_eq!((after.served_requests, after.served_bytes), (before.served_requests, before.served_bytes));
+    assert_eq!((after.claimed_requests, after.claimed_bytes), (1 << 63, u64::MAX));
+    drop(ch);
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
 }

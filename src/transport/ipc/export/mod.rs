@@ -92,12 +92,11 @@ impl ChannelBoard {
 }
 
 /// An export's slot: given back, with what the requester counted in it
-/// folded into the served counters, when the export ends.
+/// recorded as its claim (apart from what this engine served), when the
+/// export ends.
 struct SlotHold {
     on: Arc<ChannelBoard>,
     index: u32,
-    /// Bounds what the requester's counts may claim (bytes per request).
-    physical: u64,
     stats: Arc<Counters>,
     transport: crate::kinds::TransportKind,
 }
@@ -114,12 +113,11 @@ impl Drop for SlotHold {
         // came, its importer exited, or its offer expired).
         let next = self.on.free.lock().generation();
         board::revoke(self.slot(), next, || false);
-        // What the requester says its fast-path groups moved, bounded.
+        // What the requester says its fast-path groups moved: a claim,
+        // kept apart from what this engine served and checked.
         let (requests, bytes) = self.slot().take_counts();
-        let requests = requests.min(1 << 40);
-        let bytes = bytes.min(requests.saturating_mul(self.physical));
-        if requests > 0 {
-            self.stats.record_served_n(self.transport, requests, bytes);
+        if requests > 0 || bytes > 0 {
+            self.stats.record_claimed(self.transport, requests, bytes);
         }
         self.on.free.lock().give_back(self.index);
     }
@@ -326,7 +324,7 @@ impl ExportTable {
         let slot = self.table.lock().boards.get(&conn).cloned().and_then(|on| {
             let (index, generation) = on.free.lock().take(&on.board)?;
             board::publish(on.board.slot(index).expect("taken"), generation, req.ops);
-            let hold = SlotHold { on, index, physical, stats: self.stats.clone(), transport: self.backend.transport() };
+            let hold = SlotHold { on, index, stats: self.stats.clone(), transport: self.backend.transport() };
             Some((hold, generation))
         });
         let (slot_index, slot_generation) = slot.as_ref().map_or((super::messages::NO_SLOT, 0), |(h, g)| (h.index, *g));
