@@ -1,7 +1,10 @@
 //! The CUDA layer without a GPU: no driver at all, a driver that reports no
 //! device, and a driver missing a symbol. Built only with `--features cuda`.
 //! The fake drivers are tiny C libraries compiled here; each case runs in a
-//! child process because the driver is probed once per process.
+//! child process because the driver is probed once per process. On a host
+//! with a real driver the children run where it cannot be loaded (every
+//! libcuda file of the loader's cache covered by /dev/null in a private
+//! mount namespace), so the cases hold on GPU hosts too.
 #![cfg(feature = "cuda")]
 
 use orbite::*;
@@ -34,12 +37,54 @@ fn fake_driver_with(name: &str, init_result: i32, skip: Option<&str>, extra: &st
         .output()
         .expect("a C compiler (cc)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Under both names the loader tries, so that neither finds another.
+    let _ = std::fs::remove_file(dir.join("libcuda.so"));
+    std::os::unix::fs::symlink("libcuda.so.1", dir.join("libcuda.so")).unwrap();
     dir
 }
 
+/// The libcuda files the loader finds through its cache (a host with a
+/// driver installed; none here).
+fn system_libcuda() -> Vec<String> {
+    let out = Command::new("ldconfig").arg("-p").output().map(|o| o.stdout).unwrap_or_default();
+    String::from_utf8_lossy(&out)
+        .lines()
+        .filter(|l| l.trim_start().starts_with("libcuda.so"))
+        .filter_map(|l| l.rsplit_once("=> ").map(|(_, p)| p.trim().to_string()))
+        .collect()
+}
+
+/// `program args` as a command that runs where the system's libcuda cannot
+/// be loaded: as is when the loader's cache has none, else in a private
+/// mount namespace (`unshare --mount`, with `--map-root-user` when not
+/// root) with each of those files covered by /dev/null.
+fn without_system_libcuda(program: &str, args: &[&str]) -> Command {
+    let hide = system_libcuda();
+    if hide.is_empty() {
+        let mut c = Command::new(program);
+        c.args(args);
+        return c;
+    }
+    let mut c = Command::new("unshare");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        c.arg("--map-root-user");
+    }
+    c.args([
+        "--mount",
+        "sh",
+        "-c",
+        r#"for f in $ORBITE_HIDE; do mount --bind /dev/null "$f" || exit 97; done; exec "$@""#,
+    ]);
+    c.arg("sh").arg(program).args(args).env("ORBITE_HIDE", hide.join(" "));
+    c
+}
+
 fn run_child(case: &str, libdir: Option<&PathBuf>) {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
-    cmd.args(["--exact", "child_case", "--nocapture", "--test-threads", "1"]).env("ORBITE_CUDA_CASE", case);
+    let me = std::env::current_exe().unwrap();
+    let args = ["--exact", "child_case", "--nocapture", "--test-threads", "1"];
+    let mut cmd = without_system_libcuda(me.to_str().unwrap(), &args);
+    cmd.env("ORBITE_CUDA_CASE", case);
     match libdir {
         Some(d) => cmd.env("LD_LIBRARY_PATH", d),
         None => cmd.env_remove("LD_LIBRARY_PATH"),
@@ -160,13 +205,10 @@ fn driver_without_fabric_handles() {
 #[test]
 fn qualification_script_reports_a_machine_without_cuda() {
     let root = env!("CARGO_MANIFEST_DIR");
-    let out = Command::new("python3")
-        .arg(format!("{root}/tests/hardware/qualify.py"))
-        .args(["--binary", env!("CARGO_BIN_EXE_orbite-gpu-qual"), "--out"])
-        .arg(std::env::temp_dir().join(format!("orbite-qualify-{}", std::process::id())))
-        .env_remove("LD_LIBRARY_PATH")
-        .output()
-        .expect("python3");
+    let script = format!("{root}/tests/hardware/qualify.py");
+    let out_dir = std::env::temp_dir().join(format!("orbite-qualify-{}", std::process::id()));
+    let args = [&script, "--binary", env!("CARGO_BIN_EXE_orbite-gpu-qual"), "--out", out_dir.to_str().unwrap()];
+    let out = without_system_libcuda("python3", &args).env_remove("LD_LIBRARY_PATH").output().expect("python3");
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stdout));
     assert!(String::from_utf8_lossy(&out.stdout).contains("no usable CUDA"));
 }
