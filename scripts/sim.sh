@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
-# Runs the TCP protocol simulator (tests/sim_tcp.rs) over many seeds, with
-# faults: `scripts/sim.sh` (seeds 1-2000) or `scripts/sim.sh A-B`. A failing
-# seed prints itself and the command that replays it.
+# Runs a protocol simulator over many seeds, with faults:
+# `scripts/sim.sh` (TCP, seeds 1-2000), `scripts/sim.sh tcp A-B`, or
+# `scripts/sim.sh ipc A-B` (tests/sim_ipc.rs, seeds 1-20000 by default). A
+# failing seed prints itself and the command that replays it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SIM_SEEDS="${1:-1-2000}" cargo test --release --locked --test sim_tcp seeded_runs_with_faults -- --nocapture
+which=tcp
+case "${1:-}" in
+tcp | ipc)
+    which=$1
+    shift
+    ;;
+esac
+default=1-2000
+[ "$which" = ipc ] && default=1-20000
+SIM_SEEDS="${1:-$default}" cargo test --release --locked --test "sim_$which" seeded_runs_with_faults -- --nocapture

@@ -26,6 +26,9 @@
 //! reading once the answers it paused for have left (the lost readable
 //! edge: the honest peer's requests hang until their deadline).
 
+mod common;
+
+use common::seeds;
 use orbite::control::frame::MsgKind;
 use orbite::control::identity::Identity;
 use orbite::control::message::{DataRequest, Describe};
@@ -39,24 +42,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-/// SplitMix64: small, seeded, the same on every machine.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
+use common::Rng;
 
 const BLOCK: u64 = 16 * 1024;
 /// The source's region: blocks 0..READ_BLOCKS are read, the rest written
@@ -663,13 +649,6 @@ const CLEAN: Plan = Plan {
     slow_reader: false,
     mutations: NO_MUTATION,
 };
-
-/// The seeds to run: `SIM_SEEDS` (`N` or `A-B`), else `default`.
-fn seeds(default: std::ops::RangeInclusive<u64>) -> std::ops::RangeInclusive<u64> {
-    let Ok(v) = std::env::var("SIM_SEEDS") else { return default };
-    let (a, b) = v.split_once('-').unwrap_or((&v, &v));
-    a.parse().expect("SIM_SEEDS: a seed")..=b.parse().expect("SIM_SEEDS: a seed")
-}
 
 /// The fixed seed set CI runs: faults everywhere, every invariant.
 #[test]

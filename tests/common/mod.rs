@@ -351,3 +351,29 @@ pub fn read_request(s: &mut std::net::TcpStream) -> u64 {
     s.read_exact(&mut fixed).unwrap();
     u64::from_le_bytes(fixed[..8].try_into().unwrap())
 }
+
+/// SplitMix64: small, seeded, the same on every machine.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// The seeds to run: `SIM_SEEDS` (`N` or `A-B`), else `default`.
+pub fn seeds(default: std::ops::RangeInclusive<u64>) -> std::ops::RangeInclusive<u64> {
+    let Ok(v) = std::env::var("SIM_SEEDS") else { return default };
+    let (a, b) = v.split_once('-').unwrap_or((&v, &v));
+    a.parse().expect("SIM_SEEDS: a seed")..=b.parse().expect("SIM_SEEDS: a seed")
+}

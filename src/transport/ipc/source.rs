@@ -258,6 +258,8 @@ fn handshake(
 struct Attached {
     fd: Option<OwnedFd>,
     _ack: Option<AckGuard>,
+    /// The export whose handle it carries: one dropped unsent ends it.
+    export: Option<ExportRef>,
 }
 
 type Answer = proto::Answer<Attached>;
@@ -341,6 +343,11 @@ impl IpcServed {
         let mid = core.mid_answer();
         let dropped = core.end();
         drop(core);
+        // Handles that never left (the descriptor rides on the first byte)
+        // end their exports: nobody can hold them.
+        for a in dropped.iter().skip(mid as usize) {
+            self.not_sent(a);
+        }
         if let (Error::Protocol(m), false) = (e, mid) {
             let a = plain(MsgKind::ExportReject, &messages::encode_reject(0, crate::error::Status::ProtocolError, m));
             let _ = self.ch.send_some(&a.bytes, None);
@@ -492,12 +499,23 @@ impl IpcServed {
             let mut core = core;
             let refused = core.fill(ticket, a, Instant::now()).err();
             drop(core);
+            if let Some(a) = &refused {
+                s.not_sent(a);
+            }
             drop(refused);
             if let Some(reg) = s.reg.get() {
                 reg.wake();
             }
         };
         std::thread::Builder::new().name("orbite-export".into()).spawn(job).is_ok()
+    }
+
+    /// An answer dropped before its first byte left: the export whose
+    /// handle it carries ends.
+    fn not_sent(&self, a: &Answer) {
+        if let Some(r) = &a.extra.export {
+            self.table.handle_not_sent(self.conn, r);
+        }
     }
 
     /// The answer to an accepted offer: the handle (its descriptor owned
@@ -508,20 +526,12 @@ impl IpcServed {
                 let mut b = ExportRef { value: 0, extra: 0, ..*r }.encode();
                 b.extend_from_slice(&h.bytes);
                 let mut a = plain(MsgKind::ExportHandle, &b);
-                // The answer owns what it passes: the backend's descriptor
-                // is duplicated, a made one moved in.
-                a.extra.fd = match (h.owned_fd, h.fd) {
-                    (Some(o), _) => Some(o),
-                    (None, Some(fd)) => Some(
-                        // SAFETY: the backend keeps `fd` open while the
-                        // export exists, which it does during this call.
-                        unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
-                            .try_clone_to_owned()
-                            .map_err(|e| Error::io("duplicate a handle's descriptor", &e))?,
-                    ),
-                    (None, None) => None,
-                };
+                // The answer owns what it passes (the table made the
+                // handle own its descriptor while the export was held).
+                a.extra.fd = h.owned_fd;
+                a.extra.export = Some(*r);
                 if a.extra.fd.is_some() && self.ch.is_tcp() {
+                    self.not_sent(&a);
                     return Err(Error::NotSupported(
                         "ExportHandle carries a file descriptor, which cannot cross a TCP (fabric) channel".into(),
                     ));

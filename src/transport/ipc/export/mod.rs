@@ -14,61 +14,32 @@ mod ending;
 use super::backend::IpcBackend;
 use super::board::{self, Board, SlotFree, Words};
 use super::messages::{ExportOffer, ExportRef, ExportRequest, Revalidate, OP_READ, OP_WRITE};
+use super::proto::exports::{Answering, ExportsCore, Finished, Grant, Released};
 use crate::control::identity::{process_start_time, Identity, ProcessIdentity};
 use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::memory::owners::{self, ExportHold};
 use crate::memory::{MemoryKind, RegionLease, RegionTable};
 use crate::sync::admission::{Budget, Gate, SharedCharge, SharedCharges};
-use parking_lot::{Condvar, Mutex};
-use std::collections::{HashMap, HashSet, VecDeque};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-/// Where an export stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExportState {
-    /// Validated and retained; the handle is not exposed yet.
-    Offered,
-    /// The handle was sent; the requester may hold a mapping.
-    Exposed,
-    /// The requester's channel was lost without a close receipt: nothing
-    /// proves the import was closed, so everything stays retained.
-    Retained,
-}
+pub use super::proto::exports::ExportState;
 
-struct Export {
-    /// Calls the backend's `unexport` when an exposed export ends.
-    backend: Arc<dyn IpcBackend>,
-    token: u64,
-    conn: u64,
+/// What an export holds while it lives; the table's core hands it back
+/// when the export ends.
+struct Held {
     base: u64,
-    logical: u64,
-    region_epoch: u64,
-    ops: u32,
-    state: ExportState,
-    /// When the offer was made (it expires unanswered after `offer_timeout`).
-    offered_at: Instant,
-    /// Subbatches validated (the grant, then each revalidation) that no
-    /// operation-complete receipt has counted yet; several may be in flight
-    /// when requester threads share a cached import.
-    receipts_due: u64,
-    /// The largest envelope validated for this export.
-    envelope_max: u64,
-    /// The importing process when the kernel verified it (Unix channel);
-    /// `None` over a fabric channel: never presumed exited.
-    requester: Option<Identity>,
     /// Its slot on the channel's grant board (round trips otherwise).
     slot: Option<SlotHold>,
-    /// Its slot is revoked while the region is being unregistered or the
-    /// source closes (`suspend`); `resume` publishes it again.
-    suspended: bool,
     _lease: RegionLease,
     /// Its share of the allocation's charge (by owner id), which every
     /// export of the allocation shares; let go under the table's lock
-    /// ([`Table::remove`]), so that stats never see an export gone and its
-    /// charge still held.
+    /// ([`ExportTable::settle`]), so that stats never see an export gone
+    /// and its charge still held.
     charge: Option<SharedCharge<u64>>,
     _hold: ExportHold,
 }
@@ -123,29 +94,12 @@ impl Drop for SlotHold {
     }
 }
 
-#[derive(Default)]
+/// The table's protocol state and the grant boards of its channels,
+/// behind its one lock.
 struct Table {
-    exports: HashMap<u64, Export>,
+    core: ExportsCore<Held>,
     /// The grant board of each Unix channel.
     boards: HashMap<u64, Arc<ChannelBoard>>,
-    /// (id, token) of recently closed exports, so that a receipt retried
-    /// after a lost ACK is acknowledged again instead of refused.
-    recently_closed: VecDeque<(u64, u64)>,
-    /// Releases whose acknowledgement is still being sent: the source's
-    /// close waits for them too, so it cannot cut a channel before the ACK.
-    acks_pending: usize,
-    /// Importing processes watched for their exit (pid, start time).
-    watched: HashSet<(u32, u64)>,
-}
-
-impl Table {
-    /// Takes export `id` out of the table, its share of the charge
-    /// returned (the caller drops the rest outside the lock).
-    fn remove(&mut self, id: u64) -> Option<Export> {
-        let mut e = self.exports.remove(&id)?;
-        drop(e.charge.take());
-        Some(e)
-    }
 }
 
 /// Held while a release is acknowledged; see [`ExportTable::ack_guard`].
@@ -155,7 +109,7 @@ pub struct AckGuard {
 
 impl Drop for AckGuard {
     fn drop(&mut self) {
-        self.table.table.lock().acks_pending -= 1;
+        self.table.table.lock().core.ack_end();
         self.table.changed.notify_all();
     }
 }
@@ -177,7 +131,25 @@ pub struct ExportCounts {
     pub answered_after_producer_wait: u64,
 }
 
-/// Every export of one engine for one backend.
+/// A handle that owns its descriptor: one the backend only lent is
+/// duplicated while the export is guaranteed to live.
+fn owned(mut h: super::backend::ExportedHandle) -> Result<super::backend::ExportedHandle> {
+    if let (None, Some(fd)) = (&h.owned_fd, h.fd) {
+        // SAFETY: the backend keeps `fd` open while the export exists; the
+        // caller holds the export in its `Exposing` state, which nothing
+        // ends, during this call.
+        let dup = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) }
+            .try_clone_to_owned()
+            .map_err(|e| Error::io("duplicate a handle's descriptor", &e))?;
+        h.owned_fd = Some(dup);
+        h.fd = None;
+    }
+    Ok(h)
+}
+
+/// Every export of one engine for one backend: a driver of
+/// [`ExportsCore`] (one lock around it; what ended exports held is let go
+/// after releasing it), the backend making handles with no lock held.
 pub struct ExportTable {
     backend: Arc<dyn IpcBackend>,
     regions: Arc<RegionTable>,
@@ -188,11 +160,7 @@ pub struct ExportTable {
     gate: Arc<Gate>,
     table: Mutex<Table>,
     changed: Condvar,
-    next_id: AtomicU64,
     kinds: Vec<MemoryKind>,
-    offer_timeout: Duration,
-    /// Exports released because their importer exited.
-    reclaimed: AtomicU64,
     /// Accepted offers answered off the I/O thread after a producer wait.
     answered_after_wait: AtomicU64,
     /// Watches an importing process for its exit (set by the engine: a
@@ -216,10 +184,13 @@ pub fn process_exited(p: &ProcessIdentity) -> bool {
     process_start_time(p.pid) != p.start_time || crate::control::identity::is_zombie(p.pid)
 }
 
-impl Drop for Export {
+impl Drop for ExportTable {
     fn drop(&mut self) {
-        if self.state != ExportState::Offered {
-            self.backend.unexport(self.base);
+        let t = self.table.get_mut();
+        for g in t.core.drain() {
+            if g.exported {
+                self.backend.unexport(g.res.base);
+            }
         }
     }
 }
@@ -243,12 +214,9 @@ impl ExportTable {
             charges: SharedCharges::new(budget),
             stats,
             gate,
-            table: Mutex::new(Table::default()),
+            table: Mutex::new(Table { core: ExportsCore::new(offer_timeout), boards: HashMap::new() }),
             changed: Condvar::new(),
-            next_id: AtomicU64::new(1),
             kinds,
-            offer_timeout,
-            reclaimed: AtomicU64::new(0),
             answered_after_wait: AtomicU64::new(0),
             exit_watch: once_cell::sync::OnceCell::new(),
             me: once_cell::sync::OnceCell::new(),
@@ -317,20 +285,35 @@ impl ExportTable {
         }
         let charge = self.charge(o.id, physical)?;
         let hold = owners::hold_for_export(base)?;
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         // An unpredictable token, or no offer (never a guessable one).
         let token = crate::random::nonzero_u64()?;
+        let mut t = self.table.lock();
         // A slot on the channel's board, the grant published in it.
-        let slot = self.table.lock().boards.get(&conn).cloned().and_then(|on| {
+        let slot = t.boards.get(&conn).cloned().and_then(|on| {
             let (index, generation) = on.free.lock().take(&on.board)?;
             board::publish(on.board.slot(index).expect("taken"), generation, req.ops);
             let hold = SlotHold { on, index, stats: self.stats.clone(), transport: self.backend.transport() };
             Some((hold, generation))
         });
         let (slot_index, slot_generation) = slot.as_ref().map_or((super::messages::NO_SLOT, 0), |(h, g)| (h.index, *g));
-        let offer = ExportOffer {
+        let grant = Grant {
+            conn,
+            requester,
+            token,
+            base,
+            logical,
+            region: lease.region().id,
+            region_epoch: req.region_epoch,
+            ops: req.ops,
+            len: req.len,
+            has_slot: slot.is_some(),
+        };
+        let held = Held { base, slot: slot.map(|(h, _)| h), _lease: lease, charge: Some(charge), _hold: hold };
+        let export_id = t.core.offer(grant, Instant::now(), held);
+        drop(t);
+        Ok(ExportOffer {
             tag: req.tag,
-            export_id: id,
+            export_id,
             token,
             base,
             physical,
@@ -340,30 +323,7 @@ impl ExportTable {
             ops: req.ops,
             slot: slot_index,
             slot_generation,
-        };
-        self.table.lock().exports.insert(
-            id,
-            Export {
-                backend: self.backend.clone(),
-                token,
-                conn,
-                base,
-                logical,
-                region_epoch: req.region_epoch,
-                ops: req.ops,
-                state: ExportState::Offered,
-                offered_at: Instant::now(),
-                receipts_due: 1,
-                envelope_max: req.len,
-                requester,
-                slot: slot.map(|(h, _)| h),
-                suspended: false,
-                _lease: lease,
-                charge: Some(charge),
-                _hold: hold,
-            },
-        );
-        Ok(offer)
+        })
     }
 
     /// A share of allocation `owner`'s charge (`physical` bytes): the one
@@ -381,38 +341,67 @@ impl ExportTable {
         })
     }
 
-    fn with_export<T>(&self, conn: u64, r: &ExportRef, f: impl FnOnce(&mut Export) -> Result<T>) -> Result<T> {
+    /// Ends exports the core handed back: their charges go under the
+    /// table's lock `t`, then, unlocked, exposed ones are unexported and
+    /// the rest of what they held is dropped; waiters are woken.
+    fn settle(&self, t: MutexGuard<'_, Table>, mut gone: Vec<Released<Held>>) {
+        for g in &mut gone {
+            drop(g.res.charge.take());
+        }
+        drop(t);
+        if gone.is_empty() {
+            return;
+        }
+        for g in gone {
+            if g.exported {
+                self.backend.unexport(g.res.base);
+            }
+            drop(g);
+        }
+        self.changed.notify_all();
+    }
+
+    /// The requester's answer. Accept: the handle to send, made with no
+    /// lock held (its descriptor owned by the handle before the export can
+    /// end). Decline: the export is released.
+    pub fn answer(&self, conn: u64, r: &ExportRef) -> Result<Option<super::backend::ExportedHandle>> {
         let mut t = self.table.lock();
-        match t.exports.get_mut(&r.export_id) {
-            Some(e) if e.token == r.token && e.conn == conn => f(e),
-            _ => Err(Error::NotFound(format!("no export {} with that token on this channel", r.export_id))),
+        let (base, writable) = match t.core.begin_answer(conn, r)? {
+            Answering::Declined(g) => {
+                self.settle(t, vec![g]);
+                return Ok(None);
+            }
+            Answering::Expose { base, writable } => (base, writable),
+        };
+        drop(t);
+        // While the export is being answered nothing releases it: what the
+        // backend lends (its descriptor) stays valid until it is owned.
+        let exported = self.backend.export(base, writable);
+        let was_exported = exported.is_ok();
+        let made = exported.and_then(owned);
+        let mut t = self.table.lock();
+        match t.core.finish_answer(conn, r, made.is_ok()) {
+            Finished::Exposed => made.map(Some),
+            ended => {
+                if let Finished::Ended(g) = ended {
+                    self.settle(t, vec![g]);
+                }
+                if was_exported {
+                    self.backend.unexport(base);
+                }
+                made?;
+                Err(Error::Unavailable(format!("the IPC channel of export {} ended while it was granted", r.export_id)))
+            }
         }
     }
 
-    /// The requester's answer. Accept: the handle to send. Decline: the
-    /// export is released.
-    pub fn answer(&self, conn: u64, r: &ExportRef) -> Result<Option<super::backend::ExportedHandle>> {
-        if r.value == 0 {
-            self.release(conn, None, r)?;
-            return Ok(None);
-        }
-        // The handle is made under the table lock so that a concurrent close
-        // of the channel cannot overtake it; only a made handle counts as
-        // exposed (and is later unexported). A handle that cannot be made
-        // ends the export: nothing was exposed, so hold and charge go back.
-        let mut export_failed = false;
-        let made = self.with_export(conn, r, |e| {
-            if e.state != ExportState::Offered {
-                return Err(Error::Protocol(format!("export {} was already answered", r.export_id)));
-            }
-            let h = self.backend.export(e.base, e.ops & OP_WRITE != 0).inspect_err(|_| export_failed = true)?;
-            e.state = ExportState::Exposed;
-            Ok(Some(h))
-        });
-        if export_failed {
-            let _ = self.release(conn, None, r);
-        }
-        made
+    /// The answer carrying export `r`'s handle was dropped before its
+    /// first byte left (its channel ended): nobody holds the export, which
+    /// ends now instead of staying retained.
+    pub fn handle_not_sent(&self, conn: u64, r: &ExportRef) {
+        let mut t = self.table.lock();
+        let gone = t.core.handle_not_sent(conn, r);
+        self.settle(t, gone.into_iter().collect());
     }
 
     /// Whether accepting offer `r` of channel `conn` would first wait for
@@ -422,11 +411,8 @@ impl ExportTable {
         if r.value == 0 {
             return false;
         }
-        let base = match self.table.lock().exports.get(&r.export_id) {
-            Some(e) if e.token == r.token && e.conn == conn && e.state == ExportState::Offered => e.base,
-            _ => return false,
-        };
-        self.backend.export_waits(base)
+        let base = self.table.lock().core.offered_base(conn, r);
+        base.is_some_and(|b| self.backend.export_waits(b))
     }
 
     /// [`ExportTable::answer`] for an accepted offer whose producer stream
@@ -434,9 +420,13 @@ impl ExportTable {
     /// meanwhile). A failed wait ends the export unexposed.
     pub fn answer_after_wait(&self, conn: u64, r: &ExportRef) -> Result<Option<super::backend::ExportedHandle>> {
         self.answered_after_wait.fetch_add(1, Ordering::Relaxed);
-        let base = self.with_export(conn, r, |e| Ok(e.base))?;
+        let base = self.table.lock().core.offered_base(conn, r);
+        let base = base.ok_or_else(|| Error::NotFound(format!("no offer {} waits on this channel", r.export_id)))?;
         if let Err(e) = self.backend.before_export(base) {
-            let _ = self.release(conn, None, r);
+            let mut t = self.table.lock();
+            if let Ok(Some(g)) = t.core.close_receipt(conn, None, &ExportRef { value: 0, ..*r }) {
+                self.settle(t, vec![g]);
+            }
             return Err(e.context("the producer stream handed over for this memory"));
         }
         self.answer(conn, r)
@@ -455,15 +445,9 @@ impl ExportTable {
     pub fn suspend(&self, region: Option<u64>, deadline: Instant) -> bool {
         let holds: Vec<(Arc<ChannelBoard>, u32)> = {
             let mut t = self.table.lock();
-            t.exports
-                .values_mut()
-                .filter(|e| region.is_none_or(|id| e._lease.region().id == id) && !e.suspended)
-                .filter_map(|e| {
-                    let s = e.slot.as_ref()?;
-                    e.suspended = true;
-                    Some((s.on.clone(), s.index))
-                })
-                .collect()
+            let ids = t.core.suspend(region);
+            let slots = ids.iter().filter_map(|id| t.core.held(*id)?.0.slot.as_ref());
+            slots.map(|s| (s.on.clone(), s.index)).collect()
         };
         let mut drained = true;
         for (on, index) in holds {
@@ -482,11 +466,10 @@ impl ExportTable {
     /// generation: requesters learn it from their next revalidation.
     pub fn resume(&self, region: u64) {
         let mut t = self.table.lock();
-        for e in t.exports.values_mut().filter(|e| e.suspended && e._lease.region().id == region) {
-            e.suspended = false;
-            if let Some(s) = &e.slot {
+        for id in t.core.resume(region) {
+            if let Some((Held { slot: Some(s), .. }, ops)) = t.core.held(id) {
                 let g = s.on.free.lock().generation();
-                board::publish(s.slot(), g, e.ops);
+                board::publish(s.slot(), g, ops);
             }
         }
     }
@@ -496,58 +479,19 @@ impl ExportTable {
     /// Returns the generation its board slot names the grant by now (0:
     /// no slot, or suspended), so that the requester uses the board again.
     pub fn revalidate(&self, conn: u64, v: &Revalidate) -> Result<u64> {
-        let r = ExportRef { export_id: v.export_id, token: v.token, value: 0, extra: 0 };
-        let (base, logical, epoch, ops) = self.with_export(conn, &r, |e| {
-            if e.state != ExportState::Exposed {
-                return Err(Error::Protocol(format!("export {} is not exposed", v.export_id)));
-            }
-            Ok((e.base, e.logical, e.region_epoch, e.ops))
-        })?;
-        if v.region_epoch != epoch {
-            return Err(Error::StalePeer(format!("export {} was granted for another region epoch", v.export_id)));
-        }
-        if v.addr < base || v.addr + v.len > base + logical || v.ops & !ops != 0 {
-            return Err(Error::OutOfRange(format!(
-                "0x{:x}+{} (ops {}) is outside export {} (0x{base:x}+{logical}, ops {ops})",
-                v.addr, v.len, v.ops, v.export_id
-            )));
-        }
+        self.table.lock().core.check_revalidate(conn, v)?;
         let _lease = self.validate(v.region_epoch, v.addr, v.len, v.ops)?;
-        self.with_export(conn, &r, |e| {
-            e.receipts_due = e.receipts_due.saturating_add(1);
-            e.envelope_max = e.envelope_max.max(v.len);
-            let published = e.slot.as_ref().filter(|_| !e.suspended);
-            Ok(published.map_or(0, |s| s.slot().generation()))
-        })
+        let mut t = self.table.lock();
+        let published = t.core.revalidated(conn, v)?;
+        Ok(published.and_then(|h| h.slot.as_ref()).map_or(0, |s| s.slot().generation()))
     }
 
-    /// Operation-complete receipt: counts the subbatch as served. A receipt
-    /// may claim only what a subbatch could have moved — `extra` requests
-    /// (1 ..= `MAX_REQUESTS`) of `value` bytes, each request at least one
-    /// byte and at most the largest validated envelope — or it is a
-    /// protocol error; and receipts are counted at most once per validated
-    /// subbatch (one repeated after a lost ACK is acknowledged again, not
-    /// counted again), so a peer cannot set the served counters.
+    /// Operation-complete receipt: counts the subbatch as served, within
+    /// what it could have moved and once per validated subbatch (see
+    /// [`ExportsCore::op_complete`]), so a peer cannot set the served
+    /// counters.
     pub fn op_complete(&self, conn: u64, r: &ExportRef) -> Result<()> {
-        let counted = self.with_export(conn, r, |e| {
-            if e.state != ExportState::Exposed {
-                return Err(Error::Protocol(format!("operation receipt for unexposed export {}", r.export_id)));
-            }
-            let (n, bytes, envelope) = (r.extra as u64, r.value, e.envelope_max);
-            let bounded = n >= 1
-                && n <= crate::transfer::MAX_REQUESTS as u64
-                && bytes >= n
-                && n.checked_mul(envelope).is_some_and(|most| bytes <= most);
-            if !bounded {
-                return Err(Error::Protocol(format!(
-                    "operation receipt claims {n} requests of {bytes} bytes within an envelope of {envelope} bytes"
-                )));
-            }
-            let due = e.receipts_due > 0;
-            e.receipts_due = e.receipts_due.saturating_sub(1);
-            Ok(due)
-        })?;
-        if counted {
+        if self.table.lock().core.op_complete(conn, r)? {
             self.stats.record_served_n(self.backend.transport(), r.extra as u64, r.value);
         }
         Ok(())
@@ -559,7 +503,7 @@ impl ExportTable {
     /// is visible when the requester hears the ACK, and the close cannot
     /// shut the channel before the ACK leaves.
     pub fn ack_guard(self: &Arc<Self>) -> AckGuard {
-        self.table.lock().acks_pending += 1;
+        self.table.lock().core.ack_begin();
         AckGuard { table: self.clone() }
     }
 
@@ -570,52 +514,28 @@ impl ExportTable {
     /// lost: that is how a requester whose source froze and resumed
     /// releases what it held.
     pub fn close_receipt(&self, conn: u64, requester: Option<Identity>, r: &ExportRef) -> Result<()> {
-        {
-            let t = self.table.lock();
-            if t.recently_closed.contains(&(r.export_id, r.token)) {
-                return Ok(());
-            }
-        }
-        self.release(conn, requester, r)
-    }
-
-    fn release(&self, conn: u64, requester: Option<Identity>, r: &ExportRef) -> Result<()> {
         let mut t = self.table.lock();
-        let same_requester = |e: &Export| requester.is_some() && e.requester == requester;
-        match t.exports.get(&r.export_id) {
-            Some(e) if e.token == r.token && (e.conn == conn || same_requester(e)) => {}
-            _ => return Err(Error::NotFound(format!("no export {} with that token on this channel", r.export_id))),
+        if let Some(g) = t.core.close_receipt(conn, requester, r)? {
+            self.settle(t, vec![g]);
         }
-        let e = t.remove(r.export_id).expect("present");
-        t.recently_closed.push_back((r.export_id, r.token));
-        if t.recently_closed.len() > 4096 {
-            t.recently_closed.pop_front();
-        }
-        drop(t);
-        drop(e);
-        self.changed.notify_all();
         Ok(())
     }
 
     /// Counts for stats.
     pub fn counts(&self) -> ExportCounts {
         let t = self.table.lock();
-        let mut c = ExportCounts::default();
-        for e in t.exports.values() {
-            if e.state == ExportState::Retained {
-                c.retained += 1;
-            } else {
-                c.open += 1;
-            }
+        let (open, retained) = t.core.counts();
+        ExportCounts {
+            open,
+            retained,
+            charged_bytes: self.charges.bytes(),
+            reclaimed_after_exit: t.core.reclaimed(),
+            answered_after_producer_wait: self.answered_after_wait.load(Ordering::Relaxed),
         }
-        c.charged_bytes = self.charges.bytes();
-        c.reclaimed_after_exit = self.reclaimed.load(Ordering::Relaxed);
-        c.answered_after_producer_wait = self.answered_after_wait.load(Ordering::Relaxed);
-        c
     }
 
     /// Offers made on channel `conn` and not answered yet.
     pub fn unanswered_offers(&self, conn: u64) -> usize {
-        self.table.lock().exports.values().filter(|e| e.conn == conn && e.state == ExportState::Offered).count()
+        self.table.lock().core.unanswered(conn)
     }
 }

@@ -2,6 +2,9 @@
 //! clock (as `tcp/proto` is for TCP): the serving side of a channel is fed
 //! bytes and the time and polled for answers; `ipc/source.rs` drives it
 //! on the reactor with one lock per channel and runs what it returns
-//! after releasing it.
+//! after releasing it. The export table's lifecycle (offers, answers,
+//! receipts, revocations, lost channels, exited importers) is
+//! `exports.rs`, driven by `ipc/export/` under one lock.
 
+pub mod exports;
 pub mod source;

@@ -1,0 +1,231 @@
+use super::*;
+use crate::error::Status;
+use crate::transport::ipc::messages::{OP_READ, OP_WRITE};
+
+fn who(pid: u32) -> Identity {
+    Identity { boot_id: [7; 16], process: ProcessIdentity { pid, start_time: 11 }, engine_epoch: 5 }
+}
+
+fn grant(conn: u64, requester: Option<Identity>, ops: u32) -> Grant {
+    Grant {
+        conn,
+        requester,
+        token: 0xABCD,
+        base: 0x10000,
+        logical: 4096,
+        region: 3,
+        region_epoch: 9,
+        ops,
+        len: 1024,
+        has_slot: true,
+    }
+}
+
+fn r(id: u64, value: u64, extra: u32) -> ExportRef {
+    ExportRef { export_id: id, token: 0xABCD, value, extra }
+}
+
+/// Offers, accepts and finishes an export on `conn`; returns its id.
+fn exposed(c: &mut ExportsCore<&'static str>, conn: u64, who: Option<Identity>, now: Instant) -> u64 {
+    let id = c.offer(grant(conn, who, OP_READ | OP_WRITE), now, "held");
+    assert!(matches!(c.begin_answer(conn, &r(id, 1, 0)), Ok(Answering::Expose { base: 0x10000, writable: true })));
+    assert!(matches!(c.finish_answer(conn, &r(id, 1, 0), true), Finished::Exposed));
+    id
+}
+
+#[test]
+fn an_accepted_offer_is_exposed_once_and_a_close_receipt_ends_it_exported() {
+    let now = Instant::now();
+    let mut c = ExportsCore::new(Duration::from_secs(5));
+    let id = exposed(&mut c, 1, None, now);
+    assert_eq!(c.state(id), Some(ExportState::Exposed));
+    let again = c.begin_answer(1, &r(id, 1, 0)).err().expect("a second answer is refused");
+    assert_eq!(again.status(), Status::ProtocolError);
+    let gone = c.close_receipt(1, None, &r(id, 0, 0)).unwrap().expect("released");
+    assert!(gone.exported);
+    assert_eq!(gone.res, "held");
+    assert_eq!(c.len(), 0);
+    // A receipt repeated after a lost ACK is acknowledged, not refused.
+    assert!(c.close_receipt(1, None, &r(id, 0, 0)).unwrap().is_none());
+}
+
+#[test]
+fn a_wrong_token_or_channel_finds_no_export() {
+    let now = Instant::now();
+    let mut c = ExportsCore::new(Duration::from_secs(5));
+    let id = exposed(&mut c, 1, None, now);
+    let bad = ExportRef { token: 1, ..r(id, 0, 0) };
+    assert_eq!(c.close_receipt(1, None, &bad).err().unwrap().status(), Status::NotFound);
+    assert_eq!(c.close_receipt(2, None, &r(id, 0, 0)).err().unwrap().status(), Status::NotFound);
+    assert_eq!(c.op_complete(2, &r(id, 10, 1)).err().unwrap().status(), Status::NotFound);
+    assert_eq!(c.len(), 1);
+}
+
+#[test]
+fn a_later_channel_of_the_same_verified_requester_may_close_a_retained_export() {
+    let now = Instant::now();
+    let mut c = ExportsCore::new(Duration::from_secs(5));
+    let id = exposed(&mut c, 1, Some(who(40)), now);
+    let lost = c.connection_lost(1, |_| false);
+    assert_eq!((lost.released.len(), lost.retained, lost.watch.len()), (0, 1, 1));
+    assert_eq!(c.counts(), (0, 1));
+    assert_eq!(c.close_receipt(2, Some(who(41)), &r(id, 0, 0)).err().unwrap().status(), Status::NotFound);
+    assert!(c.close_receipt(2, Some(who(40)), &r(id, 0, 0)).unwrap().unwrap().exported);
+    assert_eq!(c.counts(), (0, 0));
+}
+
+#[test]
+fn a_lost_channel_ends_offers_retains_exposed_and_reclaims_exited_importers() {
+    let now = Instant::now();
+    let mut c = ExportsCore::new(Duration::from_secs(5));
+    let offered = c.offer(grant(1, Some(who(40)), OP_READ), now, "offer");
+    let kept = exposed(&mut c, 1, Some(who(40)), now);
+    let dead = exposed(&mut c, 1, Some(who(50)), now);
+    let other = exposed(&mut c, 2, Some(who(40)), now);
+    let lost = c.connection_lost(1, |p| p.pid == 50);
+    assert_eq!(
+        lost.released.iter().map(|g| (g.res, g.exported)).collect::<Vec<_>>(),
+        [("offer", false), ("held", true)]
+    );
+    assert_eq!((lost.reclaimed, lost.retained), (1, 1));
+    assert_eq!(lost.pids.into_iter().collect::<Vec<_>>(), [40]);
+    assert_eq!(c.state(offered), None);
+    assert_eq!(c.state(dead), None);
+    assert_eq!(c.state(kept), Some(ExportState::Retained));
+    assert_eq!(c.state(other), Some(ExportState::Exposed));
+    // Watched once however many exports it retains.
+    let again = exposed(&mut c, 3, Some(who(40)), now);
+    assert!(c.connection_lost(3, |_| false).watch.is_empty());
+    assert_eq!(c.retained().len(), 2);
+    let gone = c.reclaim_exited(|p| p.pid == 40);
+    assert_eq!(gone.len(), 2);
+    assert_eq!(c.state(again), None);
+    assert_eq!(c.reclaimed(), 3);
+    assert_eq!(c.counts(), (1, 0));
+}
+
+#[test]
+fn a_grant_finished_after_its_channel_ended_ends_unexposed() {
+    let now = Instant::now();
+    let mut c = ExportsCore::new(Duration::from_secs(5));
+    let id = c.offer(grant(1, None, OP_READ), now, "held");
+    assert!(matches!(c.begin_answer(1, &r(id, 1, 0)), Ok(Answering::Expose { writable: false, .. })));
+    let lost = c.connection_lost(1, |_| true);
+    assert!(lost.released.is_empty(), "the driver still exports from it");
+    assert_eq!(c.state(id), Some(ExportState::Abandoned));
+    // Nothing may release it under the driver's feet.
+    assert_eq!(c.close_receipt(1, None, &r(id, 0, 0)).err().unwrap().status(), Status::ProtocolError);
+    match c.finish_answer(1, &r(id, 1, 0), true) {
+        Finished::Ended(g) => assert!(!g.exported, "never exposed: the driver unexports what it made"),
+        _ => panic!("an abandoned grant must end"),
+    }
+    assert_eq!(c.len(), 0);
+    assert!(matches!(c.finish_answer(1, &r(id, 1, 0), true), Finished::Gone));
+}
+
+#[test]
+fn a_handle_that_could_not_be_made_ends_the_export() {
+    let now = Instant::now();
+    let mut c = ExportsCore::new(Duration::from_secs(5));
+    let id = c.offer(grant(1, None, OP_READ), now, "held");
+    c.begin_answer(1, &r(id, 1, 0)).unwrap();
+    assert!(matches!(c.finish_answer(1, &r(id, 1, 0), false), Finished::Ended(Released { exported: false, .. })));
+    assert_eq!(c.len(), 0);
+}
+
+#[test]
+fn a_decline_ends_the_offer_and_offers_expire_at_their_timeout() {
+    let t0 = Instant::now();
+    let mut c = ExportsCore::new(Duration::from_secs(5));
+    let declined = c.offer(grant(1, None, OP_READ), t0, "a");
+    assert!(matches!(c.begin_answer(1, &r(declined, 0, 0)), Ok(Answering::Declined(Released { exported: false, .. }))));
+    let late = c.offer(grant(1, None, OP_READ), t0, "b");
+    let other = c.offer(grant(2, None, OP_READ), t0, "c");
+    assert_eq!(c.unanswered(1), 1);
+    assert!(c.expire_offers(1, t0 + Duration::from_millis(4999)).is_empty());
+    assert_eq!(c.expire_offers(1, t0 + Duration::from_secs(5)).len(), 1);
+    assert_eq!(c.state(late), None);
+    assert_eq!(c.begin_answer(1, &r(late, 1, 0)).err().unwrap().status(), Status::NotFound);
+    assert_eq!(c.withdraw_offers().len(), 1);
+    assert_eq!(c.state(other), None);
+}
+
+#[test]
+fn receipts_count_once_per_validated_subbatch_within_the_envelope() {
+    let now = Instant::now();
+    let mut c = ExportsCore::new(Duration::from_secs(5));
+    let id = exposed(&mut c, 1, None, now);
+    // 3 requests of at most 1024 bytes each: 3072 at most, 3 at least.
+    assert_eq!(c.op_complete(1, &r(id, 3073, 3)).err().unwrap().status(), Status::ProtocolError);
+    assert_eq!(c.op_complete(1, &r(id, 2, 3)).err().unwrap().status(), Status::ProtocolError);
+    assert_eq!(c.op_complete(1, &r(id, 0, 0)).err().unwrap().status(), Status::ProtocolError);
+    assert!(c.op_complete(1, &r(id, 3072, 3)).unwrap());
+    assert!(!c.op_complete(1, &r(id, 3072, 3)).unwrap(), "one grant, one counted receipt");
+    let v =
+        Revalidate { tag: 1, export_id: id, token: 0xABCD, region_epoch: 9, addr: 0x10000, len: 4096, ops: OP_READ };
+    c.check_revalidate(1, &v).unwrap();
+    assert!(c.revalidated(1, &v).unwrap().is_some(), "published: it has a slot");
+    assert!(c.op_complete(1, &r(id, 4096 * 2, 2)).unwrap(), "the envelope grew with the revalidation");
+}
+
+#[test]
+fn a_revalidation_outside_the_grant_is_refused() {
+    let now = Instant::now();
+    let mut c = ExportsCore::new(Duration::from_secs(5));
+    let id = exposed(&mut c, 1, None, now);
+    let ok =
+        Revalidate { tag: 1, export_id: id, token: 0xABCD, region_epoch: 9, addr: 0x10000, len: 4096, ops: OP_READ };
+    let refused = |c: &mut ExportsCore<&str>, v: Revalidate| c.check_revalidate(1, &v).err().unwrap().status();
+    assert_eq!(refused(&mut c, Revalidate { region_epoch: 8, ..ok }), Status::StalePeer);
+    assert_eq!(refused(&mut c, Revalidate { addr: 0x10001, ..ok }), Status::OutOfRange);
+    assert_eq!(refused(&mut c, Revalidate { addr: 0xFFFF, ..ok }), Status::OutOfRange);
+    let offered = c.offer(grant(1, None, OP_READ), now, "x");
+    let v = Revalidate { export_id: offered, ops: OP_READ, ..ok };
+    assert_eq!(refused(&mut c, v), Status::ProtocolError);
+    c.check_revalidate(1, &ok).unwrap();
+}
+
+#[test]
+fn suspend_revokes_each_slot_once_until_resumed() {
+    let now = Instant::now();
+    let mut c = ExportsCore::new(Duration::from_secs(5));
+    let a = exposed(&mut c, 1, None, now);
+    let b = c.offer(Grant { region: 4, ..grant(1, None, OP_READ) }, now, "b");
+    let slotless = c.offer(Grant { has_slot: false, ..grant(1, None, OP_READ) }, now, "c");
+    assert_eq!(c.suspend(Some(3)), [a]);
+    assert!(c.suspend(Some(3)).is_empty(), "a second unregistration revokes nothing again");
+    assert_eq!(c.suspend(None), [b]);
+    let v = Revalidate { tag: 1, export_id: a, token: 0xABCD, region_epoch: 9, addr: 0x10000, len: 16, ops: OP_READ };
+    assert!(c.revalidated(1, &v).unwrap().is_none(), "suspended: no board generation");
+    assert_eq!(c.resume(3), [a]);
+    assert!(c.revalidated(1, &v).unwrap().is_some());
+    assert_eq!(c.suspend(Some(3)), [a]);
+    assert_ne!(c.state(slotless), None);
+}
+
+#[test]
+fn acknowledgements_in_flight_keep_the_table_busy() {
+    let mut c = ExportsCore::<()>::new(Duration::from_secs(5));
+    assert!(c.is_empty());
+    c.ack_begin();
+    assert!(!c.is_empty());
+    c.ack_end();
+    assert!(c.is_empty());
+}
+
+#[test]
+fn a_handle_never_sent_ends_its_export_exported_even_once_retained() {
+    let now = Instant::now();
+    let mut c = ExportsCore::new(Duration::from_secs(5));
+    let queued = exposed(&mut c, 1, None, now);
+    let late = exposed(&mut c, 1, None, now);
+    let g = c.handle_not_sent(1, &r(queued, 0, 0)).expect("ended");
+    assert!(g.exported, "the driver unexports the handle it made");
+    c.connection_lost(1, |_| false);
+    assert_eq!(c.state(late), Some(ExportState::Retained));
+    assert!(c.handle_not_sent(2, &r(late, 0, 0)).is_none(), "only its own channel's answers");
+    assert!(c.handle_not_sent(1, &r(late, 0, 0)).is_some());
+    assert_eq!(c.len(), 0);
+    let offered = c.offer(grant(1, None, OP_READ), now, "x");
+    assert!(c.handle_not_sent(1, &r(offered, 0, 0)).is_none(), "an offer has no handle");
+}
