@@ -76,11 +76,9 @@ fn waits(alloc: u64) -> bool {
     alloc % 2 == 1
 }
 
-/// What an export holds in the simulation.
-struct Held {
-    #[allow(dead_code)]
-    alloc: u64,
-}
+/// What an export holds in the simulation (nothing: the counters of
+/// handles made and unexported stand for its resources).
+struct Held;
 
 type Table = Rc<RefCell<ExportsCore<Held>>>;
 
@@ -276,7 +274,7 @@ impl AnswerHost<Extra> for Host<'_> {
                     len: req.len,
                     has_slot: true,
                 };
-                let id = src.table.borrow_mut().offer(grant, now(), Held { alloc });
+                let id = src.table.borrow_mut().offer(grant, now(), Held);
                 src.validated.insert(id, 1);
                 let offer = ExportOffer {
                     tag: req.tag,
@@ -399,7 +397,7 @@ struct Chan {
     r2s: VecDeque<u8>,
     /// Source → requester bytes not yet read by the requester.
     s2r: VecDeque<u8>,
-    /// Handles in `s2r` (sent, not yet read).
+    /// Calls sent and not answered yet, in order.
     calls: VecDeque<Call>,
     /// Bytes of an answer being gathered by the requester.
     rx: Vec<u8>,
@@ -559,10 +557,7 @@ impl Sim {
             self.src.not_sent(conn, a);
         }
         drop(dropped);
-        let lost = {
-            let exited = |p: &ProcessIdentity| self.dead.contains(&(p.pid, p.start_time));
-            self.src.table.borrow_mut().connection_lost(conn, exited)
-        };
+        let lost = self.src.table.borrow_mut().connection_lost(conn, self.exited());
         self.src.settle(lost.released);
         self.trace.push(format!("conn {conn} cut: {why}"));
     }
