@@ -234,6 +234,14 @@ static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   CHECK_STATUS(orbite_batch_wait(NULL, 0), ORBITE_STATUS_NULL_ARGUMENT);
   CHECK_STATUS(orbite_batch_cancel(NULL), ORBITE_STATUS_NULL_ARGUMENT);
   CHECK_STATUS(orbite_batch_cancel(b), ORBITE_STATUS_OK); /* already done: no effect */
+  /* One request alone: a NULL batch, an index past the end (named), and an
+     ended request (no effect). */
+  CHECK_STATUS(orbite_batch_cancel_request(NULL, 0), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_ERROR_MENTIONS("batch is NULL");
+  CHECK_STATUS(orbite_batch_cancel_request(b, 1), ORBITE_STATUS_OUT_OF_RANGE);
+  CHECK_ERROR_MENTIONS("request index 1: the batch holds 1 requests");
+  CHECK_STATUS(orbite_batch_cancel_request(b, SIZE_MAX), ORBITE_STATUS_OUT_OF_RANGE);
+  CHECK_STATUS(orbite_batch_cancel_request(b, 0), ORBITE_STATUS_OK);
   CHECK_STATUS(orbite_batch_results(b, res, 1), ORBITE_STATUS_OK);
   CHECK(res[0].status == ORBITE_STATUS_OK);
   orbite_batch_free(b);

@@ -163,6 +163,7 @@ static void errors_and_results() {
   orbite::Batch empty;
   CHECK(empty.poll() == orbite::Status::null_argument && empty.size() == 0);
   CHECK(empty.try_result(0).status() == orbite::Status::null_argument);
+  CHECK(empty.cancel_request(0).status() == orbite::Status::null_argument);
 }
 
 static void memory_ownership() {
@@ -264,6 +265,11 @@ static void transfers() {
   CHECK(all.size() == 16 && all[15].status == orbite::Status::ok && all[15].remote_effect == orbite::RemoteEffect::none);
   CHECK_THROWS(b.result(16), orbite::Status::out_of_range, "the batch holds 16 requests");
   CHECK(b.try_transport(16).status() == orbite::Status::out_of_range);
+  // Cancelling one ended request changes nothing; past the end is OUT_OF_RANGE.
+  CHECK(b.cancel_request(15).ok() && b.result(15).ok());
+  auto past = b.cancel_request(16);
+  CHECK(past.status() == orbite::Status::out_of_range && past.error().call == "orbite_batch_cancel_request");
+  CHECK(past.error().message.find("request index 16") != std::string::npos);
 
   // Forcing SHM onto the heap region is refused with what to do.
   auto refused = peer.try_submit({orbite::read_request(local.data(), heap_region->addr, 64)}, {orbite::Transport::shm, 0ms});

@@ -360,6 +360,14 @@ orbite_status orbite_batch_notes(const struct orbite_batch *batch, char *buf, si
 // run to their outcome.
 orbite_status orbite_batch_cancel(struct orbite_batch *batch);
 
+// Asks request `index` of the batch to end CANCELLED (remote effect NONE)
+// if it has not started; its siblings are not affected. A request started
+// already (the IPC transports start theirs within the submission), or one
+// that moves as one copy with siblings not asked to cancel (coalesced TCP
+// READs), runs to its outcome. OUT_OF_RANGE: the batch holds no request
+// `index`.
+orbite_status orbite_batch_cancel_request(struct orbite_batch *batch, size_t index);
+
 // Frees a batch handle; a pending batch is detached, never cancelled
 // mid-copy. NULL is a no-op.
 void orbite_batch_free(struct orbite_batch *batch);

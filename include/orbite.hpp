@@ -1499,6 +1499,12 @@ class Batch {
   }
   /// Requests not yet started end CANCELLED; started ones run to their outcome.
   Result<void> cancel() { return detail::done(orbite_batch_cancel(b_), "orbite_batch_cancel"); }
+  /// Request i ends CANCELLED if it has not started; the other requests are
+  /// not affected (one moving as one copy with requests not asked runs to
+  /// its outcome); Error(OUT_OF_RANGE) when i >= size().
+  Result<void> cancel_request(std::size_t i) {
+    return detail::done(orbite_batch_cancel_request(b_, i), "orbite_batch_cancel_request");
+  }
 
  private:
   orbite_batch *b_ = nullptr;

@@ -97,6 +97,9 @@ struct ReqState {
     transport: Option<TransportKind>,
     chunks_left: u32,
     started: bool,
+    /// Asked to end `Cancelled` if it has not started
+    /// ([`BatchShared::cancel_request`]).
+    cancel_asked: bool,
     error: Option<Error>,
     any_applied: bool,
     any_unknown: bool,
@@ -190,6 +193,7 @@ impl BatchShared {
                     transport: route,
                     chunks_left: route.is_some() as u32,
                     started: false,
+                    cancel_asked: false,
                     error: None,
                     any_applied: false,
                     any_unknown: false,
@@ -248,20 +252,23 @@ impl BatchShared {
         }
     }
 
-    /// Marks request `i` as started unless the batch was cancelled first;
-    /// returns false if the request must end `Cancelled` instead.
+    /// Marks request `i` as started unless the batch, or the request, was
+    /// cancelled first; returns false if the request must end `Cancelled`
+    /// instead.
     pub fn start(&self, i: usize) -> bool {
         self.start_run(i, 1)
     }
 
     /// [`BatchShared::start`] for the `n` requests from `i` that move as
-    /// one unit (started together, or all cancelled).
+    /// one unit (started together, or all cancelled). The unit is refused
+    /// when the batch was cancelled or every one of its requests was asked
+    /// to cancel; when only some were, it runs (one copy moves them all).
     pub fn start_run(&self, i: usize, n: usize) -> bool {
         let mut s = self.state.lock();
         if s.reqs[i].started {
             return true;
         }
-        if s.cancelled {
+        if s.cancelled || (n > 0 && s.reqs[i..i + n].iter().all(|r| r.cancel_asked)) {
             return false;
         }
         for r in &mut s.reqs[i..i + n] {
@@ -484,6 +491,20 @@ impl BatchShared {
     pub fn cancel(&self) {
         self.state.lock().cancelled = true;
     }
+
+    /// Asks request `i` to end `Cancelled` if it has not started; its
+    /// siblings are not affected, and a unit that moves it with siblings
+    /// not asked runs (see [`BatchShared::start_run`]). False when there
+    /// is no request `i`.
+    pub fn cancel_request(&self, i: usize) -> bool {
+        match self.state.lock().reqs.get_mut(i) {
+            Some(r) => {
+                r.cancel_asked = true;
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// Requests ended under one lock, to be counted in the statistics: runs of
@@ -532,5 +553,54 @@ fn result_of(r: &ReqState) -> RequestResult {
                 RemoteEffect::None
             },
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(n: usize) -> Arc<BatchShared> {
+        let req = Request { op: Op::Read, local_addr: 0x1000, remote_addr: 0x2000, len: 8 };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        BatchShared::routed(&vec![req; n], Some(TransportKind::Tcp), Arc::default(), deadline)
+    }
+
+    #[test]
+    fn cancelling_one_request_refuses_only_it() {
+        let b = batch(3);
+        assert!(b.cancel_request(1));
+        assert!(b.start_run(0, 1));
+        assert!(!b.start_run(1, 1));
+        assert!(b.start_run(2, 1));
+        assert!(!b.cancel_request(3), "no request 3");
+    }
+
+    #[test]
+    fn a_unit_is_refused_only_when_all_of_it_was_asked() {
+        let some = batch(3);
+        assert!(some.cancel_request(2));
+        assert!(some.start_run(0, 3), "siblings not asked: the unit runs");
+        let all = batch(3);
+        for i in 0..3 {
+            assert!(all.cancel_request(i));
+        }
+        assert!(!all.start_run(0, 3));
+    }
+
+    #[test]
+    fn a_request_started_or_done_is_unaffected_and_batch_cancel_still_refuses() {
+        let b = batch(3);
+        assert!(b.start(0));
+        b.complete_chunk(1, ChunkOutcome::ok(Op::Read));
+        assert!(b.cancel_request(0) && b.cancel_request(1));
+        assert!(b.start(0), "started before it was asked");
+        assert_eq!(b.result(1).unwrap().status, Status::Ok);
+        b.cancel();
+        assert!(!b.start_run(2, 1));
+        assert!(!batch(1).cancel_request(usize::MAX));
+        let c = batch(2);
+        c.cancel();
+        assert!(!c.start_run(0, 2), "no request asked, the batch cancelled");
     }
 }

@@ -306,3 +306,160 @@ fn a_revoke_flood_runs_one_give_back_at_a_time() {
     assert_eq!(h.req.stats().revoke_passes_overlapping, 0, "two give-back passes of one peer ran at once");
     drop(tx);
 }
+
+/// What a fake source saw of one request frame: its kind, remote range and
+/// (for a WRITE) the FNV-1a of its payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Seen {
+    write: bool,
+    addr: u64,
+    len: u64,
+    fnv: u64,
+}
+
+/// A source that reads nothing until told, then serves every READ (from
+/// pattern 9 at `base`) and WRITE (accepted) it is sent, recording each in
+/// `seen`, until the requester goes.
+fn stalled_then_serving(
+    base: u64,
+    go: std::sync::mpsc::Receiver<()>,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
+) -> impl FnOnce(TcpStream) + Send + 'static {
+    use orbite::control::frame::FRAME_HEADER_LEN;
+    use orbite::control::message::{DataRequest, DATA_REQUEST_LEN, DATA_RESPONSE_LEN};
+    move |mut s| {
+        let _ = go.recv();
+        loop {
+            let mut h = [0u8; FRAME_HEADER_LEN];
+            if s.read_exact(&mut h).is_err() {
+                return;
+            }
+            let h = FrameHeader::decode(&h).unwrap();
+            let mut body = vec![0u8; h.body_len as usize];
+            if s.read_exact(&mut body).is_err() {
+                return;
+            }
+            let write = match h.kind {
+                MsgKind::ReadRequest => false,
+                MsgKind::WriteRequest => true,
+                _ => continue,
+            };
+            let r = DataRequest::decode(body[..DATA_REQUEST_LEN].try_into().unwrap()).unwrap();
+            let answer = DataResponse { tag: r.tag, status: Status::Ok }.encode();
+            let sent = if write {
+                seen.lock().unwrap().push(Seen {
+                    write,
+                    addr: r.addr,
+                    len: r.len,
+                    fnv: common::fnv(&body[DATA_REQUEST_LEN..]),
+                });
+                s.write_all(&FrameHeader::encode(MsgKind::WriteResponse, DATA_RESPONSE_LEN as u32))
+                    .and_then(|()| s.write_all(&answer))
+            } else {
+                seen.lock().unwrap().push(Seen { write, addr: r.addr, len: r.len, fnv: 0 });
+                let data: Vec<u8> = (r.addr - base..r.addr - base + r.len).map(|i| common::pattern(9, i)).collect();
+                s.write_all(&FrameHeader::encode(MsgKind::ReadResponse, (DATA_RESPONSE_LEN + data.len()) as u32))
+                    .and_then(|()| s.write_all(&answer))
+                    .and_then(|()| s.write_all(&data))
+            };
+            if sent.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// `Batch::cancel_request` on requests still queued behind a source that
+/// does not read (64 WRITEs of 1 MiB: the socket holds a few, the rest wait
+/// unstarted): exactly the request asked ends `Cancelled` with remote effect
+/// None and never reaches the source; every sibling, in its batch and in
+/// the batches behind it, succeeds with exactly its bytes. A coalesced READ
+/// run with one request asked moves whole; one whose every request was
+/// asked is refused whole.
+#[test]
+fn cancelling_one_queued_request_ends_it_alone() {
+    const MIB: usize = 1 << 20;
+    const WRITES: usize = 64;
+    const CUT: usize = 62;
+    let mut h = Honest::new();
+    for k in 0..WRITES {
+        h.local[k * MIB..(k + 1) * MIB].copy_from_slice(&pattern_vec(100 + k as u64, MIB));
+    }
+    let dst = vec![0u8; 128 << 10];
+    h.req.register_memory(dst.as_ptr() as u64, dst.len() as u64, Access::READ_WRITE).unwrap();
+    let base = h.remote.as_ptr() as u64;
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let fake = h.connect_fake(stalled_then_serving(base, wait, seen.clone()));
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(Duration::from_secs(60)) };
+    let req = |op, local: u64, remote: u64, len: u64| Request { op, local_addr: local, remote_addr: remote, len };
+
+    // 64 WRITEs of 1 MiB, each from its own slice of local onto the remote region.
+    let writes: Vec<Request> =
+        (0..WRITES).map(|k| req(Op::Write, h.local.as_ptr() as u64 + (k * MIB) as u64, base, MIB as u64)).collect();
+    let w = h.req.submit(fake, &writes, opts).unwrap();
+    // Behind them: 8 READs of 4 KiB with gaps between them (8 units) ...
+    let d = dst.as_ptr() as u64;
+    let gapped: Vec<Request> = (0..8u64).map(|k| req(Op::Read, d + k * 8192, base + k * 8192, 4096)).collect();
+    let a = h.req.submit(fake, &gapped, opts).unwrap();
+    // ... 4 contiguous ones (one coalesced unit of 16 KiB) ...
+    let run: Vec<Request> =
+        (0..4u64).map(|k| req(Op::Read, d + 65536 + k * 4096, base + 100_000 + k * 4096, 4096)).collect();
+    let b = h.req.submit(fake, &run, opts).unwrap();
+    // ... and 2 contiguous ones, both to be cancelled.
+    let pair: Vec<Request> =
+        (0..2u64).map(|k| req(Op::Read, d + 98304 + k * 4096, base + 200_000 + k * 4096, 4096)).collect();
+    let c = h.req.submit(fake, &pair, opts).unwrap();
+    assert_eq!(w.poll(), Status::Pending, "the source reads nothing yet");
+
+    w.cancel_request(CUT).unwrap();
+    a.cancel_request(5).unwrap();
+    b.cancel_request(1).unwrap();
+    c.cancel_request(0).unwrap();
+    c.cancel_request(1).unwrap();
+    let e = w.cancel_request(WRITES).unwrap_err();
+    assert_eq!(e.status(), Status::OutOfRange);
+    assert!(e.message().contains("request index 64: the batch holds 64 requests"), "{e}");
+    drop(go);
+
+    let long = Duration::from_secs(60);
+    let cancelled = RequestResult { status: Status::Cancelled, remote_effect: RemoteEffect::None };
+    assert_eq!(w.wait(long).unwrap_err().status(), Status::TransferFailed);
+    for (k, r) in w.results().iter().enumerate() {
+        if k == CUT {
+            assert_eq!(*r, cancelled, "{:?}", w.error(k));
+        } else {
+            assert_eq!(*r, RequestResult { status: Status::Ok, remote_effect: RemoteEffect::Applied }, "write {k}");
+        }
+    }
+    assert_eq!(a.wait(long).unwrap_err().status(), Status::TransferFailed);
+    for (k, r) in a.results().iter().enumerate() {
+        let got = &dst[k * 8192..k * 8192 + 4096];
+        if k == 5 {
+            assert_eq!(*r, cancelled, "{:?}", a.error(k));
+            assert!(got.iter().all(|&x| x == 0), "the cancelled READ wrote nothing");
+        } else {
+            assert_eq!(r.status, Status::Ok, "read {k}: {:?}", a.error(k));
+            assert!(got == &h.remote[k * 8192..k * 8192 + 4096], "read {k}'s bytes");
+        }
+    }
+    b.wait(long).unwrap();
+    assert!(dst[65536..81920] == h.remote[100_000..100_000 + 16384], "the coalesced run's bytes");
+    assert_eq!(c.wait(long).unwrap_err().status(), Status::TransferFailed);
+    assert_eq!(c.results(), vec![cancelled; 2]);
+    assert!(dst[98304..106496].iter().all(|&x| x == 0));
+
+    // What reached the source: every WRITE but the cancelled one, with its
+    // bytes; the gapped READs but the cancelled one; the run as one frame.
+    let mut got = seen.lock().unwrap().clone();
+    got.sort();
+    let mut want: Vec<Seen> = (0..WRITES)
+        .filter(|&k| k != CUT)
+        .map(|k| Seen { write: true, addr: base, len: MIB as u64, fnv: common::fnv(&h.local[k * MIB..(k + 1) * MIB]) })
+        .chain((0..8u64).filter(|&k| k != 5).map(|k| Seen { write: false, addr: base + k * 8192, len: 4096, fnv: 0 }))
+        .chain([Seen { write: false, addr: base + 100_000, len: 16384, fnv: 0 }])
+        .collect();
+    want.sort();
+    assert_eq!(got, want);
+    h.fifty_reads();
+}

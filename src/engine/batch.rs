@@ -113,4 +113,18 @@ impl Batch {
     pub fn cancel(&self) {
         self.shared.cancel()
     }
+
+    /// Asks request `i` to end `Cancelled` (remote effect None) if it has
+    /// not started; the other requests are not affected. A request started
+    /// already (the IPC transports start theirs within the submission), or
+    /// one that moves as one copy with requests not asked to cancel
+    /// (coalesced TCP READs), runs to its outcome. `OutOfRange` when the
+    /// batch has no request `i`.
+    pub fn cancel_request(&self, i: usize) -> Result<()> {
+        if self.shared.cancel_request(i) {
+            Ok(())
+        } else {
+            Err(self.out_of_range(i))
+        }
+    }
 }

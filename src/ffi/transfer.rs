@@ -198,6 +198,17 @@ pub extern "C" fn orbite_batch_cancel(batch: *mut orbite_batch) -> orbite_status
     })
 }
 
+/// Asks request `index` of the batch to end CANCELLED (remote effect NONE)
+/// if it has not started; its siblings are not affected. A request started
+/// already (the IPC transports start theirs within the submission), or one
+/// that moves as one copy with siblings not asked to cancel (coalesced TCP
+/// READs), runs to its outcome. OUT_OF_RANGE: the batch holds no request
+/// `index`.
+#[no_mangle]
+pub extern "C" fn orbite_batch_cancel_request(batch: *mut orbite_batch, index: usize) -> orbite_status {
+    guard(|| live(batch, "batch")?.batch.cancel_request(index))
+}
+
 /// Frees a batch handle; a pending batch is detached, never cancelled
 /// mid-copy. NULL is a no-op.
 #[no_mangle]
