@@ -1,0 +1,637 @@
+// tent_orbite_test: the OrbiTE transport for TENT (OrbiteTransport), driven
+// as TENT's engine drives a transport, between two processes on loopback.
+//
+//   tent_orbite_test --transport tcp|shm|nvlink|mnnvl --case CASE [--device D] [--size BYTES]
+//
+// The initiator (this process) starts the target (the same program with
+// --role target); they share a segment directory (the shim's metadata
+// service). The target allocates buffers A and B through
+// allocateLocalMemory (on cuda:D for nvlink/mnnvl), allocates a third, C,
+// itself as a stack's caching allocator would (adopted when handed over), a
+// fourth, D, registered kGlobalReadOnly, and publishes its segment. Cases:
+//   transfer     four threads READ and WRITE every buffer in slices; a task
+//                for an unknown segment FAILS, one from unregistered memory
+//                is INVALID; a notification arrives after the WRITEs landed;
+//                the copies ran on the transport asked for (and device D).
+//   local        LOCAL_SEGMENT_ID READ and WRITE between local buffers end
+//                COMPLETED on return, with their bytes; unregistered local
+//                memory is INVALID.
+//   readonly     a WRITE into D is INVALID and D keeps its bytes; a READ of
+//                D completes.
+//   cancel       one task of 64 is cancelled; the other 63 complete with
+//                their bytes.
+//   unreachable  a segment whose endpoint never answers: submit returns at
+//                once with the task PENDING; it ends FAILED at the connect
+//                deadline.
+//   killed       the target is killed after a first READ; later tasks end
+//                FAILED, and nothing hangs.
+// Exit 0 when everything held, 1 otherwise.
+#include <dlfcn.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tent/transport/orbite/orbite_transport.h"
+
+namespace {
+
+using namespace mooncake::tent;
+
+struct Options {
+  std::string transport = "tcp";
+  std::string test = "transfer";
+  std::string role = "initiator";
+  std::string store;
+  int device = 0;
+  std::size_t size = 4u << 20;
+};
+
+int fail(const std::string &why) {
+  std::fprintf(stderr, "tent_orbite_test: %s\n", why.c_str());
+  return 1;
+}
+
+std::uint8_t pattern(unsigned seed, std::size_t i) { return static_cast<std::uint8_t>(i * 31u + seed * 7u + (i >> 12)); }
+
+/// The driver, loaded at run time, for filling and checking device memory
+/// (and for the stack's own allocation): no CUDA toolkit needed to build.
+struct Cuda {
+  using init_t = int (*)(unsigned);
+  using get_t = int (*)(int *, int);
+  using retain_t = int (*)(void **, int);
+  using set_t = int (*)(void *);
+  using memcpy_t = int (*)(unsigned long long, unsigned long long, std::size_t);
+  using sync_t = int (*)();
+  using alloc_t = int (*)(unsigned long long *, std::size_t);
+  using free_t = int (*)(unsigned long long);
+  memcpy_t copy = nullptr;
+  sync_t sync = nullptr;
+  alloc_t alloc = nullptr;
+  free_t release = nullptr;
+  void *lib = nullptr;
+
+  // CUDA VMM, as a stack's own cuMemCreate pool uses it (the driver's
+  // struct layouts: allocation properties, access descriptors).
+  struct Location { int type, id; };
+  struct Prop { int type, handle_types; Location location; void *win32; unsigned char flags[8]; };
+  struct Access { Location location; int flags; };
+  template <class F>
+  F sym(const char *name) const { return reinterpret_cast<F>(dlsym(lib, name)); }
+
+  /// `size` bytes of VMM device memory on `device`, exportable as POSIX fds,
+  /// mapped and accessible to that device; 0 on failure.
+  unsigned long long vmm_alloc(int device, std::size_t size) const {
+    Prop prop{1 /* pinned */, 1 /* POSIX fd */, {1 /* device */, device}, nullptr, {}};
+    unsigned long long handle = 0, va = 0;
+    auto create = sym<int (*)(unsigned long long *, std::size_t, const Prop *, unsigned long long)>("cuMemCreate");
+    auto reserve = sym<int (*)(unsigned long long *, std::size_t, std::size_t, unsigned long long, unsigned long long)>(
+        "cuMemAddressReserve");
+    auto map = sym<int (*)(unsigned long long, std::size_t, std::size_t, unsigned long long, unsigned long long)>("cuMemMap");
+    auto access = sym<int (*)(unsigned long long, std::size_t, const Access *, std::size_t)>("cuMemSetAccess");
+    auto release_handle = sym<int (*)(unsigned long long)>("cuMemRelease");
+    Access a{{1, device}, 3 /* read-write */};
+    if (!create || !reserve || !map || !access || !release_handle || create(&handle, size, &prop, 0) ||
+        reserve(&va, size, 0, 0, 0) || map(va, size, 0, handle, 0) || access(va, size, &a, 1))
+      return 0;
+    release_handle(handle);  // the mapping keeps the allocation
+    return va;
+  }
+  bool vmm_free(unsigned long long va, std::size_t size) const {
+    auto unmap = sym<int (*)(unsigned long long, std::size_t)>("cuMemUnmap");
+    auto free_range = sym<int (*)(unsigned long long, std::size_t)>("cuMemAddressFree");
+    return unmap && free_range && unmap(va, size) == 0 && free_range(va, size) == 0;
+  }
+
+  /// Binds device `device`'s primary context on this thread.
+  bool open(int device) {
+    void *h = lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) return false;
+    auto init = reinterpret_cast<init_t>(dlsym(h, "cuInit"));
+    auto get = reinterpret_cast<get_t>(dlsym(h, "cuDeviceGet"));
+    auto retain = reinterpret_cast<retain_t>(dlsym(h, "cuDevicePrimaryCtxRetain"));
+    auto set = reinterpret_cast<set_t>(dlsym(h, "cuCtxSetCurrent"));
+    copy = reinterpret_cast<memcpy_t>(dlsym(h, "cuMemcpy"));
+    sync = reinterpret_cast<sync_t>(dlsym(h, "cuCtxSynchronize"));
+    alloc = reinterpret_cast<alloc_t>(dlsym(h, "cuMemAlloc_v2"));
+    release = reinterpret_cast<free_t>(dlsym(h, "cuMemFree_v2"));
+    void *ctx = nullptr;
+    int dev = 0;
+    return init && get && retain && set && copy && sync && alloc && release && init(0) == 0 &&
+           get(&dev, device) == 0 && retain(&ctx, dev) == 0 && set(ctx) == 0;
+  }
+};
+
+/// Local bytes at `p` (device memory through the driver when `gpu`).
+struct Memory {
+  Cuda *cuda = nullptr;  // null: host memory
+  void put(void *p, const std::vector<std::uint8_t> &v) const {
+    if (!cuda) {
+      std::memcpy(p, v.data(), v.size());
+    } else if (cuda->copy(reinterpret_cast<std::uintptr_t>(p), reinterpret_cast<std::uintptr_t>(v.data()), v.size()) ||
+               cuda->sync()) {
+      std::fprintf(stderr, "tent_orbite_test: cuMemcpy failed\n");
+      std::exit(1);
+    }
+  }
+  std::vector<std::uint8_t> get(const void *p, std::size_t n) const {
+    std::vector<std::uint8_t> v(n);
+    if (!cuda) {
+      std::memcpy(v.data(), p, n);
+    } else if (cuda->copy(reinterpret_cast<std::uintptr_t>(v.data()), reinterpret_cast<std::uintptr_t>(p), n) ||
+               cuda->sync()) {
+      std::fprintf(stderr, "tent_orbite_test: cuMemcpy failed\n");
+      std::exit(1);
+    }
+    return v;
+  }
+};
+
+std::vector<std::uint8_t> pattern_bytes(unsigned seed, std::size_t n, std::size_t from = 0) {
+  std::vector<std::uint8_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = pattern(seed, from + i);
+  return v;
+}
+
+std::string engine_config(const Options &o) {
+  if (o.transport == "nvlink") return R"({"nvlink": true, "nvlink_cache_entries": 8})";
+  if (o.transport == "mnnvl") return R"({"mnnvl": {"handle_type": "posix_fd"}, "nvlink_cache_entries": 8})";
+  // SHM carries what both sides allocated shareable; the adopted host
+  // buffer C is the stack's plain memory, which only TCP reaches.
+  if (o.transport == "shm") return R"({"transport_policy": ["shm", "tcp"]})";
+  return R"({"transport_policy": ["tcp"]})";
+}
+
+bool gpu(const Options &o) { return o.transport == "nvlink" || o.transport == "mnnvl"; }
+
+std::string location(const Options &o) { return gpu(o) ? "cuda:" + std::to_string(o.device) : "cpu:0"; }
+
+/// TENT's config for the transport: the engine's under transports/orbite.
+std::shared_ptr<Config> tent_config(const Options &o, int connect_timeout_ms = 5000) {
+  auto c = std::make_shared<Config>();
+  std::string text = R"({"transports": {"orbite": {"enable": true, "connect_timeout_ms": )" +
+                     std::to_string(connect_timeout_ms) + R"(, "engine": )" + engine_config(o) + "}}}";
+  if (!c->load(text).ok()) {
+    std::fprintf(stderr, "tent_orbite_test: bad config %s\n", text.c_str());
+    std::exit(1);
+  }
+  return c;
+}
+
+std::string line_from(FILE *f) {
+  char buf[512];
+  if (!std::fgets(buf, sizeof buf, f)) return "";
+  std::string s(buf);
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r')) s.pop_back();
+  return s;
+}
+
+/// What TENT's engine does on registration: each transport fills the
+/// descriptor, then the local segment is updated and published.
+Status register_buffers(OrbiteTransport &t, ControlService &meta, std::vector<BufferDesc> &descs,
+                        const std::vector<MemoryOptions> &opts) {
+  for (std::size_t i = 0; i < descs.size(); ++i) CHECK_STATUS(t.addMemoryBuffer(descs[i], opts[i]));
+  CHECK_STATUS(meta.segmentManager().updateLocal([&](SegmentDesc &seg) {
+    auto &mem = std::get<MemorySegmentDesc>(seg.detail);
+    for (auto &d : descs) mem.buffers.push_back(d);
+    return Status::OK();
+  }));
+  return meta.segmentManager().synchronizeLocal();
+}
+
+/// A TENT request (its optional fields left at their defaults).
+Request req(Request::OpCode op, void *local, SegmentID target, std::uint64_t offset, std::size_t length) {
+  Request r{};
+  r.opcode = op;
+  r.source = local;
+  r.target_id = target;
+  r.target_offset = offset;
+  r.length = length;
+  return r;
+}
+
+BufferDesc desc_of(void *p, std::size_t n, const std::string &loc) {
+  BufferDesc d{};
+  d.addr = reinterpret_cast<std::uintptr_t>(p);
+  d.length = n;
+  d.location = loc;
+  return d;
+}
+
+// ---- target ---------------------------------------------------------------
+
+int target(const Options &o) {
+  Cuda cuda;
+  if (gpu(o) && !cuda.open(o.device)) return fail("no CUDA driver (libcuda.so.1)");
+  Memory mem{gpu(o) ? &cuda : nullptr};
+  auto meta = std::make_shared<ControlService>("shim-dir", o.store, nullptr, "target", "127.0.0.1:12001");
+  OrbiteTransport t;
+  std::string name = "target";
+  if (auto s = t.install(name, meta, std::make_shared<Topology>(), tent_config(o)); !s.ok())
+    return fail("install: " + s.ToString());
+  MemoryOptions rw{location(o)};
+  MemoryOptions ro{location(o), kGlobalReadOnly};
+  void *a = nullptr, *b = nullptr, *d = nullptr;
+  for (void **p : {&a, &b, &d})
+    if (auto s = t.allocateLocalMemory(p, o.size, rw); !s.ok()) return fail("allocateLocalMemory: " + s.ToString());
+  // The stack's own allocation (a caching allocator's segment: cudaMalloc
+  // memory for NVLink, a cuMemCreate pool for MNNVL), larger than the
+  // buffer handed over: the buffer is a sub-range of it.
+  unsigned long long stack = 0;
+  std::vector<std::uint8_t> host_stack;
+  if (o.transport == "mnnvl") {
+    if (!(stack = cuda.vmm_alloc(o.device, 2 * o.size))) return fail("cuMemCreate pool");
+  } else if (gpu(o)) {
+    if (cuda.alloc(&stack, 2 * o.size)) return fail("cuMemAlloc");
+  } else {
+    host_stack.resize(2 * o.size);
+    stack = reinterpret_cast<std::uintptr_t>(host_stack.data());
+  }
+  void *c = reinterpret_cast<void *>(stack + o.size / 2);
+  mem.put(a, pattern_bytes(1, o.size));
+  mem.put(b, std::vector<std::uint8_t>(o.size, 0));
+  mem.put(c, pattern_bytes(3, o.size));
+  mem.put(d, pattern_bytes(5, o.size));
+  std::vector<BufferDesc> descs = {desc_of(a, o.size, location(o)), desc_of(b, o.size, location(o)),
+                                   desc_of(c, o.size, location(o)), desc_of(d, o.size, location(o))};
+  if (auto s = register_buffers(t, *meta, descs, {rw, rw, rw, ro}); !s.ok()) return fail("register: " + s.ToString());
+  std::printf("ready %llu %llu %llu %llu\n", static_cast<unsigned long long>(descs[0].addr),
+              static_cast<unsigned long long>(descs[1].addr), static_cast<unsigned long long>(descs[2].addr),
+              static_cast<unsigned long long>(descs[3].addr));
+  std::fflush(stdout);
+  int rc = 0;
+  for (std::string cmd; !(cmd = line_from(stdin)).empty();) {
+    if (cmd == "verify") {
+      // The initiator said its WRITEs are in place (sendNotification); they
+      // are, the moment the notification is here.
+      std::vector<Notification> told;
+      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+      while (told.empty() && std::chrono::steady_clock::now() < until) {
+        if (!t.receiveNotification(told).ok()) break;
+        std::this_thread::yield();
+      }
+      // B holds pattern 2 (WRITEs of the initiator); C's second half pattern 4.
+      bool ok = told.size() == 1 && told[0].msg == "writes done" && told[0].name == "initiator" &&
+                mem.get(b, o.size) == pattern_bytes(2, o.size) &&
+                mem.get(static_cast<char *>(c) + o.size / 2, o.size / 2) == pattern_bytes(4, o.size / 2);
+      std::printf("verified %s\n", ok ? "ok" : "bad");
+      std::fflush(stdout);
+    } else if (cmd == "verify-readonly") {
+      std::printf("verified %s\n", mem.get(d, o.size) == pattern_bytes(5, o.size) ? "ok" : "bad");
+      std::fflush(stdout);
+    } else if (cmd == "exit") {
+      break;
+    }
+  }
+  for (auto &desc : descs)
+    if (auto s = t.removeMemoryBuffer(desc); !s.ok()) rc = fail("removeMemoryBuffer: " + s.ToString());
+  for (void *p : {a, b, d})
+    if (auto s = t.freeLocalMemory(p, o.size); !s.ok()) rc = fail("freeLocalMemory: " + s.ToString());
+  if (auto s = t.uninstall(); !s.ok()) rc = fail("uninstall: " + s.ToString());
+  if (o.transport == "mnnvl" ? !cuda.vmm_free(stack, 2 * o.size) : gpu(o) && cuda.release(stack))
+    rc = fail("freeing the stack's allocation");
+  return rc;
+}
+
+// ---- initiator ------------------------------------------------------------
+
+/// Polls task `id` until it is terminal (bounded); its status.
+TransferStatus settle(OrbiteTransport &t, Transport::SubBatchRef batch, int id) {
+  TransferStatus st{PENDING, 0};
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  for (;;) {
+    if (!t.getTransferStatus(batch, id, st).ok()) return TransferStatus{INITIAL, 0};
+    if (st.s != PENDING || std::chrono::steady_clock::now() > deadline) return st;
+    std::this_thread::yield();
+  }
+}
+
+const char *name_of(TransferStatusEnum s) {
+  switch (s) {
+    case INITIAL: return "INITIAL";
+    case PENDING: return "PENDING";
+    case INVALID: return "INVALID";
+    case CANCELED: return "CANCELED";
+    case COMPLETED: return "COMPLETED";
+    case TIMEOUT: return "TIMEOUT";
+    case FAILED: return "FAILED";
+  }
+  return "?";
+}
+
+/// Checks that task `id` ends `want` (with all its bytes when COMPLETED).
+bool ends(OrbiteTransport &t, Transport::SubBatchRef batch, int id, TransferStatusEnum want, std::size_t length,
+          const char *what) {
+  TransferStatus st = settle(t, batch, id);
+  if (st.s == want && (want != COMPLETED || st.transferred_bytes == length)) return true;
+  std::fprintf(stderr, "tent_orbite_test: %s: task %d ended %s (%zu bytes), expected %s\n", what, id, name_of(st.s),
+               st.transferred_bytes, name_of(want));
+  return false;
+}
+
+struct Initiator {
+  const Options &o;
+  const char *self;
+  char dir[32] = "/tmp/tent-orbite-XXXXXX";
+  pid_t pid = -1;
+  FILE *tin = nullptr, *tout = nullptr;
+  unsigned long long ra = 0, rb = 0, rc = 0, rd = 0;
+
+  bool start_target() {
+    int to[2], from[2];
+    if (pipe(to) || pipe(from)) return false;
+    pid = fork();
+    if (pid == 0) {
+      dup2(to[0], 0);
+      dup2(from[1], 1);
+      close(to[1]);
+      close(from[0]);
+      std::string dev = std::to_string(o.device), size = std::to_string(o.size);
+      execl(self, self, "--role", "target", "--store", dir, "--transport", o.transport.c_str(), "--device",
+            dev.c_str(), "--size", size.c_str(), static_cast<char *>(nullptr));
+      _exit(127);
+    }
+    close(to[0]);
+    close(from[1]);
+    tin = fdopen(to[1], "w");
+    tout = fdopen(from[0], "r");
+    std::string ready = line_from(tout);
+    if (std::sscanf(ready.c_str(), "ready %llu %llu %llu %llu", &ra, &rb, &rc, &rd) != 4) {
+      std::fprintf(stderr, "tent_orbite_test: the target did not start: %s\n", ready.c_str());
+      return false;
+    }
+    return true;
+  }
+  void say(const char *cmd) {
+    std::fprintf(tin, "%s\n", cmd);
+    std::fflush(tin);
+  }
+  /// Ends the target; false when it failed (a killed one is not asked).
+  bool stop_target(bool killed) {
+    if (pid < 0) return true;
+    if (!killed) say("exit");
+    int status = 0;
+    waitpid(pid, &status, 0);
+    pid = -1;
+    return killed || (WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  ~Initiator() {
+    if (pid > 0) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+    }
+    for (const char *f : {"/target.segment", "/initiator.segment", "/blackhole.segment"})
+      std::remove((std::string(dir) + f).c_str());
+    rmdir(dir);
+  }
+};
+
+int run(const Options &o, const char *self) {
+  Initiator in{o, self};
+  if (!mkdtemp(in.dir)) return fail("mkdtemp");
+  bool needs_target = o.test != "unreachable" && o.test != "local";
+  if (needs_target && !in.start_target()) return fail("the target did not start");
+  Cuda cuda;
+  if (gpu(o) && !cuda.open(o.device)) return fail("no CUDA driver (libcuda.so.1)");
+  Memory mem{gpu(o) ? &cuda : nullptr};
+  auto meta = std::make_shared<ControlService>("shim-dir", in.dir, nullptr, "initiator", "127.0.0.1:12002");
+  OrbiteTransport t;
+  std::string name = "initiator";
+  if (auto s = t.install(name, meta, std::make_shared<Topology>(), tent_config(o, o.test == "unreachable" ? 1500 : 5000));
+      !s.ok())
+    return fail("install: " + s.ToString());
+  int rc = 0;
+  Capabilities caps = t.capabilities();
+  if (!caps.dram_to_dram || (gpu(o) && !caps.gpu_to_gpu)) rc = fail("capabilities do not say what the engine moves");
+  MemoryOptions opts{location(o)};
+  void *l1 = nullptr, *l2 = nullptr;
+  for (void **p : {&l1, &l2})
+    if (auto s = t.allocateLocalMemory(p, o.size, opts); !s.ok()) return fail("allocateLocalMemory: " + s.ToString());
+  mem.put(l1, std::vector<std::uint8_t>(o.size, 0));
+  mem.put(l2, pattern_bytes(2, o.size));
+  std::vector<BufferDesc> mine = {desc_of(l1, o.size, location(o)), desc_of(l2, o.size, location(o))};
+  if (auto s = register_buffers(t, *meta, mine, {opts, opts}); !s.ok()) return fail("register: " + s.ToString());
+  SegmentID seg = 0;
+  meta->segmentManager().openRemote(seg, "target");
+  auto *dst = static_cast<char *>(l1);
+  auto *src = static_cast<char *>(l2);
+  const std::size_t n = o.size;
+  Transport::SubBatchRef batch = nullptr;
+
+  if (o.test == "transfer") {
+    // Four threads, a sub-batch each: thread k READs slice k of A into l1,
+    // WRITEs slice k of l2 into B, and READs slice k of C's first half into
+    // the second half of l1 (tasks polled one by one).
+    const std::size_t q = n / 4, h = n / 8;
+    std::atomic<int> bad{0};
+    std::vector<std::thread> threads;
+    for (std::size_t k = 0; k < 4; ++k) {
+      threads.emplace_back([&, k] {
+        Transport::SubBatchRef b = nullptr;
+        if (!t.allocateSubBatch(b, 8).ok()) {
+          bad++;
+          return;
+        }
+        std::vector<Request> reqs = {
+            req(Request::READ, dst + k * h, seg, in.ra + k * h, h),
+            req(Request::WRITE, src + k * q, seg, in.rb + k * q, q),
+            req(Request::READ, dst + n / 2 + k * h, seg, in.rc + k * h, h),
+        };
+        if (!t.submitTransferTasks(b, reqs).ok()) bad++;
+        for (std::size_t i = 0; i < reqs.size(); ++i)
+          if (!ends(t, b, static_cast<int>(i), COMPLETED, reqs[i].length, "a threaded task")) bad++;
+        t.freeSubBatch(b);
+      });
+    }
+    for (auto &th : threads) th.join();
+    if (bad) rc = fail(std::to_string(bad.load()) + " tasks did not complete with their bytes");
+    if (mem.get(l1, n / 2) != pattern_bytes(1, n / 2)) rc = fail("READs of A brought the wrong bytes");
+    if (mem.get(dst + n / 2, n / 2) != pattern_bytes(3, n / 2))
+      rc = fail("READs of the adopted buffer brought the wrong bytes");
+    // The second half of C over WRITE (the target checks it), then two tasks
+    // that cannot run: an unknown segment, unregistered local memory.
+    mem.put(l2, pattern_bytes(4, n / 2));
+    std::vector<std::uint8_t> unregistered(64);
+    SegmentID nobody = 0;
+    meta->segmentManager().openRemote(nobody, "nobody");
+    t.allocateSubBatch(batch, 4);
+    t.submitTransferTasks(batch, {req(Request::WRITE, l2, seg, in.rc + n / 2, n / 2)});
+    t.submitTransferTasks(batch, {req(Request::READ, l1, nobody, in.ra, 64)});
+    t.submitTransferTasks(batch, {req(Request::READ, unregistered.data(), seg, in.ra, 64)});
+    if (!ends(t, batch, 0, COMPLETED, n / 2, "the WRITE into the adopted buffer")) rc = 1;
+    if (!ends(t, batch, 1, FAILED, 0, "a task for an unknown segment")) rc = 1;
+    if (!ends(t, batch, 2, INVALID, 0, "a task from unregistered memory")) rc = 1;
+    std::vector<Request> extra(4, req(Request::WRITE, l2, seg, in.rb, 0));
+    if (t.submitTransferTasks(batch, extra).ok()) rc = fail("a full sub-batch took more tasks");
+    t.freeSubBatch(batch);
+    // The transport asked for carried them, in device D's context.
+    orbite::Stats stats = t.engine()->stats();
+    orbite::Transport want = o.transport == "nvlink"  ? orbite::Transport::nvlink
+                             : o.transport == "mnnvl" ? orbite::Transport::mnnvl
+                             : o.transport == "shm"   ? orbite::Transport::shm
+                                                      : orbite::Transport::tcp;
+    std::uint64_t done = stats.transport(want).requests_completed;
+    // Over SHM, the 5 tasks on C (4 READs, 1 WRITE) went over TCP.
+    std::uint64_t expected = o.transport == "shm" ? 8 : 13;
+    if (done != expected)
+      rc = fail(std::to_string(done) + " requests went over " + o.transport + ", not " + std::to_string(expected));
+    if (o.transport == "shm" && stats.transport(orbite::Transport::tcp).requests_completed != 5)
+      rc = fail("the 5 tasks on the stack's plain host memory did not go over TCP");
+    if (gpu(o)) {
+      auto by = stats.ipc_of(want).copies_by_device;
+      if (by.size() != 1 || by.count(o.device) != 1)
+        rc = fail("copies ran on another GPU than device " + std::to_string(o.device));
+    }
+    if (auto s = t.sendNotification(seg, Notification{"initiator", "writes done"}); !s.ok())
+      rc = fail("sendNotification: " + s.ToString());
+    in.say("verify");
+    if (line_from(in.tout) != "verified ok") rc = fail("the target does not hold the bytes the WRITEs sent");
+  } else if (o.test == "local") {
+    // Between this process's own buffers: copied on the spot.
+    t.allocateSubBatch(batch, 4);
+    std::vector<std::uint8_t> unregistered(64);
+    t.submitTransferTasks(batch, {req(Request::READ, dst, LOCAL_SEGMENT_ID, reinterpret_cast<std::uintptr_t>(src), n / 2),
+                                  req(Request::WRITE, src + n / 2, LOCAL_SEGMENT_ID,
+                                   reinterpret_cast<std::uintptr_t>(dst + n / 2), n / 2),
+                                  req(Request::READ, unregistered.data(), LOCAL_SEGMENT_ID,
+                                   reinterpret_cast<std::uintptr_t>(src), 64)});
+    TransferStatus st{};
+    for (int i = 0; i < 2; ++i)
+      if (!t.getTransferStatus(batch, i, st).ok() || st.s != COMPLETED || st.transferred_bytes != n / 2)
+        rc = fail("local task " + std::to_string(i) + " was not COMPLETED on return: " + name_of(st.s));
+    if (mem.get(l1, n) != pattern_bytes(2, n)) rc = fail("local copies left the wrong bytes");
+    if (!ends(t, batch, 2, INVALID, 0, "a local task from unregistered memory")) rc = 1;
+    t.freeSubBatch(batch);
+  } else if (o.test == "readonly") {
+    t.allocateSubBatch(batch, 2);
+    t.submitTransferTasks(batch, {req(Request::WRITE, src, seg, in.rd, 4096), req(Request::READ, dst, seg, in.rd, n)});
+    if (!ends(t, batch, 0, INVALID, 0, "a WRITE into a READ-only buffer")) rc = 1;
+    if (!ends(t, batch, 1, COMPLETED, n, "a READ of a READ-only buffer")) rc = 1;
+    if (mem.get(l1, n) != pattern_bytes(5, n)) rc = fail("the READ of the READ-only buffer brought the wrong bytes");
+    t.freeSubBatch(batch);
+    in.say("verify-readonly");
+    if (line_from(in.tout) != "verified ok") rc = fail("the READ-only buffer changed");
+  } else if (o.test == "cancel") {
+    // 64 WRITEs of n/64 bytes into B, in reverse order (nothing coalesces),
+    // and task 60 cancelled at once: over TCP the last ones are still
+    // queued then. The other 63 complete, whatever a cancel of the whole
+    // batch would have stopped.
+    const std::size_t k = 64, part = n / k;
+    t.allocateSubBatch(batch, 2 * k);
+    // Connected first (a task cancelled while its connect is under way is
+    // simply never sent).
+    t.submitTransferTasks(batch, {req(Request::READ, dst, seg, in.ra, 4096)});
+    if (!ends(t, batch, 0, COMPLETED, 4096, "the first READ")) rc = 1;
+    std::vector<Request> reqs;
+    for (std::size_t i = 0; i < k; ++i) {
+      std::size_t at = (k - 1 - i) * part;
+      reqs.push_back(req(Request::WRITE, src + at, seg, in.rb + at, part));
+    }
+    if (!t.submitTransferTasks(batch, reqs).ok()) rc = fail("submit");
+    if (auto s = t.cancelTransferTask(batch, 1 + 60); !s.ok()) rc = fail("cancel: " + s.ToString());
+    for (std::size_t i = 0; i < k; ++i)
+      if (i != 60 && !ends(t, batch, static_cast<int>(1 + i), COMPLETED, part, "a sibling of the cancelled task"))
+        rc = 1;
+    TransferStatus st = settle(t, batch, 1 + 60);
+    if (st.s != CANCELED && st.s != COMPLETED) rc = fail(std::string("the cancelled task ended ") + name_of(st.s));
+    std::printf("tent_orbite_test: the cancelled task ended %s\n", name_of(st.s));
+    // B read back: every slice written, but the cancelled one's only if it
+    // completed.
+    std::vector<Request> back = {req(Request::READ, dst, seg, in.rb, n)};
+    t.submitTransferTasks(batch, back);
+    if (!ends(t, batch, static_cast<int>(1 + k), COMPLETED, n, "reading B back")) rc = 1;
+    std::vector<std::uint8_t> want = pattern_bytes(2, n);
+    std::size_t cancelled_at = (k - 1 - 60) * part;
+    if (st.s == CANCELED) std::fill(want.begin() + cancelled_at, want.begin() + cancelled_at + part, 0);
+    if (mem.get(l1, n) != want) rc = fail("B does not hold exactly the WRITEs that completed");
+    t.freeSubBatch(batch);
+  } else if (o.test == "unreachable") {
+    // A listener that never answers: the connect waits for its deadline.
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) || listen(fd, 16) ||
+        getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len))
+      return fail("listener");
+    ControlService black("shim-dir", in.dir, nullptr, "blackhole");
+    black.segmentManager().updateLocal([&](SegmentDesc &s) {
+      BufferDesc d = desc_of(reinterpret_cast<void *>(0x100000), 1 << 20, "cpu:0");
+      d.transports.push_back(ORBITE);
+      d.transport_attrs[ORBITE] = "endpoint=127.0.0.1:" + std::to_string(ntohs(a.sin_port)) + " region=1";
+      std::get<MemorySegmentDesc>(s.detail).buffers.push_back(d);
+      return Status::OK();
+    });
+    black.segmentManager().synchronizeLocal();
+    SegmentID hole = 0;
+    meta->segmentManager().openRemote(hole, "blackhole");
+    t.allocateSubBatch(batch, 2);
+    if (!t.submitTransferTasks(batch, {req(Request::READ, dst, hole, 0x100000, 4096)}).ok()) rc = fail("submit");
+    TransferStatus st{};
+    if (!t.getTransferStatus(batch, 0, st).ok() || st.s != PENDING)
+      rc = fail(std::string("right after submit the task was ") + name_of(st.s) + ", not PENDING");
+    if (!ends(t, batch, 0, FAILED, 0, "a task for a target that never answers")) rc = 1;
+    t.freeSubBatch(batch);
+    close(fd);
+  } else if (o.test == "killed") {
+    t.allocateSubBatch(batch, 4);
+    t.submitTransferTasks(batch, {req(Request::READ, dst, seg, in.ra, n)});
+    if (!ends(t, batch, 0, COMPLETED, n, "the READ before the kill")) rc = 1;
+    kill(in.pid, SIGKILL);
+    in.stop_target(true);
+    // The connection is gone: this task fails (its reconnect is refused),
+    // and so does the next one, at once.
+    t.submitTransferTasks(batch, {req(Request::READ, dst, seg, in.ra, n)});
+    if (!ends(t, batch, 1, FAILED, 0, "a READ from the killed target")) rc = 1;
+    t.submitTransferTasks(batch, {req(Request::WRITE, src, seg, in.rb, n)});
+    if (!ends(t, batch, 2, FAILED, 0, "a WRITE to the killed target")) rc = 1;
+    t.freeSubBatch(batch);
+  } else {
+    return fail("unknown --case " + o.test);
+  }
+  // Closing gives the target's exports back (close receipts), so that it
+  // can remove its buffers at once.
+  for (auto &d : mine) {
+    void *p = reinterpret_cast<void *>(static_cast<std::uintptr_t>(d.addr));
+    if (auto s = t.removeMemoryBuffer(d); !s.ok()) rc = fail("removeMemoryBuffer: " + s.ToString());
+    if (auto s = t.freeLocalMemory(p, n); !s.ok()) rc = fail("freeLocalMemory: " + s.ToString());
+  }
+  if (auto s = t.uninstall(); !s.ok()) rc = fail("uninstall: " + s.ToString());
+  if (!in.stop_target(o.test == "killed")) rc = fail("the target failed");
+  if (rc == 0) std::printf("tent_orbite_test: %s over %s: every task ended as TENT expects\n", o.test.c_str(), o.transport.c_str());
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  Options o;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string k = argv[i], v = argv[i + 1];
+    if (k == "--transport") o.transport = v;
+    else if (k == "--case") o.test = v;
+    else if (k == "--role") o.role = v;
+    else if (k == "--store") o.store = v;
+    else if (k == "--device") o.device = std::atoi(v.c_str());
+    else if (k == "--size") o.size = std::strtoull(v.c_str(), nullptr, 10);
+    else return fail("unknown argument " + k);
+  }
+  if (o.transport != "tcp" && o.transport != "shm" && o.transport != "nvlink" && o.transport != "mnnvl")
+    return fail("--transport tcp|shm|nvlink|mnnvl");
+  try {
+    return o.role == "target" ? target(o) : run(o, argv[0]);
+  } catch (const std::exception &e) {
+    return fail(e.what());
+  }
+}
