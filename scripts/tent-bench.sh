@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# TENT's own benchmark (tebench) over TENT's TCP, TENT's SHM and OrbiTE,
+# two processes on loopback, READ and WRITE, 4 KiB to 8 MiB at batch 16;
+# prints one table of GB/s and OrbiTE's ratios to the other two.
+#
+#   scripts/tent-bench.sh TEBENCH [DURATION_S]
+#
+# TEBENCH is a tebench built from a Mooncake tree with the edits of
+# docs/tent-integration.md applied (-DUSE_TENT=ON -DUSE_ORBITE=ON), against
+# an installed OrbiTE (CMAKE_PREFIX_PATH). OrbiTE runs with the adapter's
+# defaults (nothing under transports/orbite/engine). Each transport first
+# runs tebench's checked mode (--op_type=mix --check_consistency: every
+# batch written, read back and compared); READ and WRITE are then timed
+# alone. Raw tebench output goes to
+# $TENT_BENCH_LOG (default /tmp/tent-bench.log).
+set -euo pipefail
+tebench="${1:?usage: scripts/tent-bench.sh TEBENCH [DURATION_S]}"
+duration="${2:-2}"
+log="${TENT_BENCH_LOG:-/tmp/tent-bench.log}"
+: > "$log"
+sizes=(4096 65536 1048576 8388608)
+
+# A free loopback port from the OS.
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# tebench's result rows (BlkSize Batch BW(GB/s) ...) as "SIZE GBPS", for
+# the sizes of the table.
+rows() {
+  awk -v want="${sizes[*]}" 'BEGIN { n = split(want, w, " "); for (i = 1; i <= n; i++) keep[w[i]] = 1 }
+    $1 ~ /^[0-9]+$/ && $2 == 16 && ($1 in keep) { print $1, $3 }'
+}
+
+# Runs one transport and one operation (read, write, or mix: WRITE then
+# READ of the same bytes, checked, which is how tebench verifies data);
+# prints "SIZE GBPS" per size.
+run_one() {
+  local xport="$1" op="$2" tport iport target_pid out
+  tport="$(free_port)"
+  iport="$(free_port)"
+  # MC_TENT_CONF replaces the gates tebench sets from --xport_type: name
+  # them all, only the measured transport on.
+  local gates="" t
+  for t in tcp shm orbite rdma nvlink mnnvl gds io_uring; do
+    gates="$gates\"$t\": {\"enable\": $([ "$t" = "$xport" ] && echo true || echo false)}, "
+  done
+  local conf="{\"rpc_server_hostname\": \"127.0.0.1\", \"transports\": {${gates%, }}}"
+  MC_TENT_CONF="$conf" "$tebench" --backend=tent --xport_type="$xport" --metadata_type=p2p \
+    --rpc_server_port="$tport" --seg_type=DRAM --total_buffer_size=$((256 << 20)) \
+    >> "$log" 2>&1 &
+  target_pid=$!
+  # The target is up when its RPC port accepts.
+  for _ in $(seq 1 200); do
+    kill -0 "$target_pid" 2>/dev/null || { echo "tent-bench: the $xport target exited (see $log)" >&2; return 1; }
+    if python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $tport), 1)" 2>/dev/null; then break; fi
+    sleep 0.1
+  done
+  out="$(MC_TENT_CONF="$conf" "$tebench" --backend=tent --xport_type="$xport" --metadata_type=p2p \
+    --rpc_server_port="$iport" --target_seg_name="127.0.0.1:$tport" --seg_type=DRAM \
+    --total_buffer_size=$((256 << 20)) --op_type="$op" $([ "$op" = mix ] && echo --check_consistency=true) \
+    --start_block_size=4096 --max_block_size=8388608 --start_batch_size=16 --max_batch_size=16 \
+    --start_num_threads=1 --max_num_threads=1 --duration="$duration" 2>&1)" || {
+    echo "$out" >> "$log"
+    kill "$target_pid" 2>/dev/null || true
+    wait "$target_pid" 2>/dev/null || true
+    echo "tent-bench: $xport $op failed (see $log)" >&2
+    # What it measured before it stopped still counts.
+    echo "$out" | rows
+    return 1
+  }
+  echo "$out" >> "$log"
+  kill "$target_pid" 2>/dev/null || true
+  wait "$target_pid" 2>/dev/null || true
+  echo "$out" | rows
+}
+
+declare -A gbps
+for xport in tcp shm orbite; do
+  # Bytes first: a mismatch stops tebench. OrbiTE must pass; TENT's own
+  # transports are measured even when their checked run stops early.
+  if ! run_one "$xport" mix > /dev/null; then
+    [ "$xport" = orbite ] && { echo "tent-bench: orbite moved wrong bytes or failed" >&2; exit 1; }
+    echo "tent-bench: TENT's $xport failed its checked run; measured anyway" >&2
+  fi
+  for op in read write; do
+    while read -r size bw; do
+      gbps["$xport/$op/$size"]="$bw"
+    done < <(run_one "$xport" "$op" || true)
+  done
+done
+
+printf '%-8s %-6s %10s %10s %10s %12s %12s\n' size op tent-tcp tent-shm orbite orbite/shm orbite/tcp
+for size in "${sizes[@]}"; do
+  for op in read write; do
+    t="${gbps[tcp/$op/$size]:-}" s="${gbps[shm/$op/$size]:-}" o="${gbps[orbite/$op/$size]:-}"
+    ratio() { [ -n "$1" ] && [ -n "$2" ] && python3 -c "print(f'{$1 / $2:.2f}' if $2 > 0 else '-')" || echo -; }
+    printf '%-8s %-6s %10s %10s %10s %12s %12s\n' "$size" "$op" "${t:--}" "${s:--}" "${o:--}" \
+      "$(ratio "$o" "$s")" "$(ratio "$o" "$t")"
+  done
+done
