@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# TENT's own benchmark (tebench) over TENT's TCP, TENT's SHM and OrbiTE,
-# two processes on loopback, READ and WRITE, 4 KiB to 8 MiB at batch 16;
-# prints one table of GB/s and OrbiTE's ratios to the other two.
+# TENT's own benchmark (tebench) over TENT's TCP, TENT's SHM, OrbiTE and
+# OrbiTE held to TCP, two processes on loopback, READ and WRITE, 4 KiB to
+# 8 MiB at batch 16; prints one table of GB/s, OrbiTE's ratio to TENT's
+# SHM and OrbiTE TCP's to TENT's TCP.
 #
 #   scripts/tent-bench.sh TEBENCH [DURATION_S]
 #
@@ -34,16 +35,22 @@ rows() {
 
 # Runs one transport and one operation (read, write, or mix: WRITE then
 # READ of the same bytes, checked, which is how tebench verifies data);
-# prints "SIZE GBPS" per size.
+# prints "SIZE GBPS" per size, from 4 KiB to 8 MiB or from $3 to $4 bytes.
 run_one() {
-  local xport="$1" op="$2" tport iport target_pid out
+  local xport="$1" op="$2" lo="${3:-4096}" hi="${4:-8388608}" tport iport target_pid out engine=""
+  # orbite-tcp: OrbiTE held to its TCP transport (AUTO's candidates), for
+  # the comparison with TENT's TCP.
+  if [ "$xport" = orbite-tcp ]; then
+    xport=orbite
+    engine=', "engine": {"transport_policy": ["tcp"]}'
+  fi
   tport="$(free_port)"
   iport="$(free_port)"
   # MC_TENT_CONF replaces the gates tebench sets from --xport_type: name
   # them all, only the measured transport on.
   local gates="" t
   for t in tcp shm orbite rdma nvlink mnnvl gds io_uring; do
-    gates="$gates\"$t\": {\"enable\": $([ "$t" = "$xport" ] && echo true || echo false)}, "
+    gates="$gates\"$t\": {\"enable\": $([ "$t" = "$xport" ] && echo true || echo false)$([ "$t" = orbite ] && echo "$engine")}, "
   done
   local conf="{\"rpc_server_hostname\": \"127.0.0.1\", \"transports\": {${gates%, }}}"
   MC_TENT_CONF="$conf" "$tebench" --backend=tent --xport_type="$xport" --metadata_type=p2p \
@@ -59,7 +66,7 @@ run_one() {
   out="$(MC_TENT_CONF="$conf" "$tebench" --backend=tent --xport_type="$xport" --metadata_type=p2p \
     --rpc_server_port="$iport" --target_seg_name="127.0.0.1:$tport" --seg_type=DRAM \
     --total_buffer_size=$((256 << 20)) --op_type="$op" $([ "$op" = mix ] && echo --check_consistency=true) \
-    --start_block_size=4096 --max_block_size=8388608 --start_batch_size=16 --max_batch_size=16 \
+    --start_block_size="$lo" --max_block_size="$hi" --start_batch_size=16 --max_batch_size=16 \
     --start_num_threads=1 --max_num_threads=1 --duration="$duration" 2>&1)" || {
     echo "$out" >> "$log"
     kill "$target_pid" 2>/dev/null || true
@@ -76,26 +83,31 @@ run_one() {
 }
 
 declare -A gbps
-for xport in tcp shm orbite; do
+for xport in tcp shm orbite orbite-tcp; do
   # Bytes first: a mismatch stops tebench. OrbiTE must pass; TENT's own
   # transports are measured even when their checked run stops early.
   if ! run_one "$xport" mix > /dev/null; then
-    [ "$xport" = orbite ] && { echo "tent-bench: orbite moved wrong bytes or failed" >&2; exit 1; }
+    [ "${xport%-tcp}" = orbite ] && { echo "tent-bench: $xport moved wrong bytes or failed" >&2; exit 1; }
     echo "tent-bench: TENT's $xport failed its checked run; measured anyway" >&2
   fi
+  # One tebench per point: TENT's TCP sometimes exits mid-sweep without a
+  # message, and then loses only that point.
   for op in read write; do
-    while read -r size bw; do
-      gbps["$xport/$op/$size"]="$bw"
-    done < <(run_one "$xport" "$op" || true)
+    for point in "${sizes[@]}"; do
+      while read -r size bw; do
+        gbps["$xport/$op/$size"]="$bw"
+      done < <(run_one "$xport" "$op" "$point" "$point" || true)
+    done
   done
 done
 
-printf '%-8s %-6s %10s %10s %10s %12s %12s\n' size op tent-tcp tent-shm orbite orbite/shm orbite/tcp
+printf '%-8s %-6s %10s %10s %10s %10s %12s %16s\n' size op tent-tcp tent-shm orbite orbite-tcp orbite/shm orbite-tcp/tcp
 for size in "${sizes[@]}"; do
   for op in read write; do
     t="${gbps[tcp/$op/$size]:-}" s="${gbps[shm/$op/$size]:-}" o="${gbps[orbite/$op/$size]:-}"
+    ot="${gbps[orbite-tcp/$op/$size]:-}"
     ratio() { [ -n "$1" ] && [ -n "$2" ] && python3 -c "print(f'{$1 / $2:.2f}' if $2 > 0 else '-')" || echo -; }
-    printf '%-8s %-6s %10s %10s %10s %12s %12s\n' "$size" "$op" "${t:--}" "${s:--}" "${o:--}" \
-      "$(ratio "$o" "$s")" "$(ratio "$o" "$t")"
+    printf '%-8s %-6s %10s %10s %10s %10s %12s %16s\n' "$size" "$op" "${t:--}" "${s:--}" "${o:--}" "${ot:--}" \
+      "$(ratio "$o" "$s")" "$(ratio "$ot" "$t")"
   done
 done
