@@ -7,6 +7,7 @@
 //! ([`source::serve`]) validates every request against its regions and
 //! streams payload straight from or into them.
 
+mod chunk;
 pub mod handshake;
 pub mod proto;
 pub mod requester;

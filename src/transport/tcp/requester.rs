@@ -11,7 +11,9 @@
 //! Describe — is acted on only once the lock is released, so a batch's end
 //! hook may queue more on this very connection.
 
-use super::proto::requester::{Event, RequesterCore, Send, Startable};
+pub use super::chunk::Chunk;
+use super::chunk::Record;
+use super::proto::requester::{Event, RequesterCore};
 use super::proto::source::Segment;
 use super::wire::Wire;
 use crate::control::io;
@@ -20,8 +22,8 @@ use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::memory::RegionLease;
-use crate::sync::admission::{Gate, GateGuard, Permit};
-use crate::transfer::{Assist, BatchShared, ChunkOutcome, Op};
+use crate::sync::admission::Gate;
+use crate::transfer::{Assist, ChunkOutcome};
 use crate::transport::reactor::{set_rcvlowat, Ended, Flow, Got, Handler, Reactor, Registration, SCRATCH};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::io::ErrorKind;
@@ -30,102 +32,6 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-
-/// One unit of transfer on the wire (a request, or a piece of a split one).
-pub struct Chunk {
-    /// Completion record.
-    pub batch: Arc<BatchShared>,
-    /// Request index in the batch: the first of `count` consecutive
-    /// requests whose ranges follow each other on both sides (coalesced
-    /// into this one unit; 1 otherwise).
-    pub index: usize,
-    /// Requests the unit carries (`index..index + count`); each gets the
-    /// unit's outcome.
-    pub count: u32,
-    /// Direction.
-    pub op: Op,
-    /// Local address.
-    pub local_addr: u64,
-    /// Remote address.
-    pub remote_addr: u64,
-    /// Bytes.
-    pub len: u64,
-    /// Remote region epoch the requester knows.
-    pub region_epoch: u64,
-    /// Submission deadline.
-    pub deadline: Instant,
-    /// Keeps the local region registered.
-    pub lease: Arc<RegionLease>,
-    /// Admission bytes.
-    pub permit: Option<Permit>,
-    /// Keeps the requester gate open until completion.
-    pub guard: Option<GateGuard>,
-    /// Keeps this connection's gate open until completion (disconnect waits).
-    pub peer_guard: Option<GateGuard>,
-}
-
-/// A chunk's completion record, as the core carries it (its lease travels
-/// beside it, as the core's hold of the local memory).
-struct Record {
-    batch: Arc<BatchShared>,
-    index: usize,
-    count: u32,
-    permit: Option<Permit>,
-    guard: Option<GateGuard>,
-    peer_guard: Option<GateGuard>,
-}
-
-impl Startable for Record {
-    fn start(&self) -> bool {
-        self.batch.start_run(self.index, self.count as usize)
-    }
-}
-
-impl Record {
-    /// Releases what the chunk holds (admission bytes, gate; its lease went
-    /// already), then records its outcome: a waiter woken by the batch sees
-    /// every resource of the chunk released.
-    fn finish(self, out: ChunkOutcome) {
-        let Record { batch, index, count, permit, guard, peer_guard } = self;
-        drop(permit);
-        drop(guard);
-        match count {
-            1 => batch.complete_chunk(index, out),
-            n => batch.complete_chunks((index..index + n as usize).map(|i| (i, out.clone()))),
-        }
-        drop(peer_guard);
-    }
-}
-
-impl Chunk {
-    fn into_send(self) -> Send<Record, Arc<RegionLease>> {
-        let Chunk {
-            batch,
-            index,
-            count,
-            op,
-            local_addr,
-            remote_addr,
-            len,
-            region_epoch,
-            deadline,
-            lease,
-            permit,
-            guard,
-            peer_guard,
-        } = self;
-        Send {
-            op,
-            local_addr,
-            remote_addr,
-            len,
-            region_epoch,
-            deadline,
-            done: Record { batch, index, count, permit, guard, peer_guard },
-            hold: lease,
-        }
-    }
-}
 
 /// Called with a notification's outcome, and whether its frame may have
 /// reached the peer.
@@ -633,7 +539,7 @@ mod tests {
     use crate::control::message::{DataRequest, DataResponse, DATA_RESPONSE_LEN};
     use crate::error::Status;
     use crate::memory::{Access, RegionTable};
-    use crate::transfer::Request;
+    use crate::transfer::{BatchShared, Op, Request};
     use std::io::{Read, Write};
     use std::net::TcpListener;
     use std::time::Duration;

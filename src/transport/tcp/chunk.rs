@@ -1,0 +1,106 @@
+//! A unit of transfer on the TCP wire ([`Chunk`]: a request, a piece of a
+//! split one, or a run of coalesced READs) and the completion record the
+//! requester core carries for it until its answer comes ([`Record`]).
+
+use super::proto::requester::{Send, Startable};
+use crate::memory::RegionLease;
+use crate::sync::admission::{GateGuard, Permit};
+use crate::transfer::{BatchShared, ChunkOutcome, Op};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// One unit of transfer on the wire (a request, or a piece of a split one).
+pub struct Chunk {
+    /// Completion record.
+    pub batch: Arc<BatchShared>,
+    /// Request index in the batch: the first of `count` consecutive
+    /// requests whose ranges follow each other on both sides (coalesced
+    /// into this one unit; 1 otherwise).
+    pub index: usize,
+    /// Requests the unit carries (`index..index + count`); each gets the
+    /// unit's outcome.
+    pub count: u32,
+    /// Direction.
+    pub op: Op,
+    /// Local address.
+    pub local_addr: u64,
+    /// Remote address.
+    pub remote_addr: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Remote region epoch the requester knows.
+    pub region_epoch: u64,
+    /// Submission deadline.
+    pub deadline: Instant,
+    /// Keeps the local region registered.
+    pub lease: Arc<RegionLease>,
+    /// Admission bytes.
+    pub permit: Option<Permit>,
+    /// Keeps the requester gate open until completion.
+    pub guard: Option<GateGuard>,
+    /// Keeps this connection's gate open until completion (disconnect waits).
+    pub peer_guard: Option<GateGuard>,
+}
+
+/// A chunk's completion record, as the core carries it (its lease travels
+/// beside it, as the core's hold of the local memory).
+pub(super) struct Record {
+    batch: Arc<BatchShared>,
+    index: usize,
+    count: u32,
+    permit: Option<Permit>,
+    guard: Option<GateGuard>,
+    peer_guard: Option<GateGuard>,
+}
+
+impl Startable for Record {
+    fn start(&self) -> bool {
+        self.batch.start_run(self.index, self.count as usize)
+    }
+}
+
+impl Record {
+    /// Releases what the chunk holds (admission bytes, gate; its lease went
+    /// already), then records its outcome: a waiter woken by the batch sees
+    /// every resource of the chunk released.
+    pub(super) fn finish(self, out: ChunkOutcome) {
+        let Record { batch, index, count, permit, guard, peer_guard } = self;
+        drop(permit);
+        drop(guard);
+        match count {
+            1 => batch.complete_chunk(index, out),
+            n => batch.complete_chunks((index..index + n as usize).map(|i| (i, out.clone()))),
+        }
+        drop(peer_guard);
+    }
+}
+
+impl Chunk {
+    pub(super) fn into_send(self) -> Send<Record, Arc<RegionLease>> {
+        let Chunk {
+            batch,
+            index,
+            count,
+            op,
+            local_addr,
+            remote_addr,
+            len,
+            region_epoch,
+            deadline,
+            lease,
+            permit,
+            guard,
+            peer_guard,
+        } = self;
+        Send {
+            op,
+            local_addr,
+            remote_addr,
+            len,
+            region_epoch,
+            deadline,
+            done: Record { batch, index, count, permit, guard, peer_guard },
+            hold: lease,
+        }
+    }
+}
