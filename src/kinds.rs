@@ -46,7 +46,7 @@ impl TransportKind {
 
     /// The C constant (`ORBITE_TRANSPORT_TCP` = 1 .. `ORBITE_TRANSPORT_MNNVL`
     /// = 4; 0 is `ORBITE_TRANSPORT_AUTO`).
-    pub fn c_code(self) -> u32 {
+    pub const fn c_code(self) -> u32 {
         self as u32 + 1
     }
 

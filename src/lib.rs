@@ -34,7 +34,11 @@ pub mod cuda;
 pub mod discovery;
 pub mod engine;
 pub mod error;
-pub mod ffi;
+// The C ABI. Private: its functions take raw pointers on the word of the C
+// contract, so safe Rust must not reach them (rustls-ffi and wasmtime keep
+// theirs out of the Rust API the same way). Their `#[no_mangle]` symbols
+// are exported from the cdylib and the staticlib all the same.
+mod ffi;
 pub mod kinds;
 pub mod log;
 pub mod memory;
@@ -62,3 +66,7 @@ pub use transport::inbox::Notification;
 
 /// Library version, `MAJOR.MINOR.PATCH`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The C ABI's version: `ORBITE_ABI_VERSION` of `include/orbite.h`, which
+/// `orbite_abi_version()` returns and the SONAME carries.
+pub const ABI_VERSION: u32 = ffi::ORBITE_ABI_VERSION;

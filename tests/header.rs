@@ -14,8 +14,13 @@ fn committed_header_is_fresh() {
 
 #[test]
 fn abi_version_agrees_everywhere() {
-    let v = orbite::ffi::ORBITE_ABI_VERSION;
-    assert_eq!(orbite::ffi::engine::orbite_abi_version(), v);
+    let v = orbite::ABI_VERSION;
+    // What the library returns to C, through its exported symbol.
+    extern "C" {
+        fn orbite_abi_version() -> u32;
+    }
+    // SAFETY: a C function of no arguments that returns a constant.
+    assert_eq!(unsafe { orbite_abi_version() }, v);
     assert!(COMMITTED.contains(&format!("#define ORBITE_ABI_VERSION {v}\n")));
     let build_rs = include_str!("../build.rs");
     assert!(build_rs.contains(&format!("const ABI_VERSION: u32 = {v};")), "build.rs sets the SONAME from ABI_VERSION");

@@ -20,6 +20,16 @@ pub const ORBITE_LOG_DEBUG: u32 = 4;
 /// Everything, including per-operation detail.
 pub const ORBITE_LOG_TRACE: u32 = 5;
 
+// The header's levels are the library's, checked when it compiles.
+const _: () = {
+    assert!(ORBITE_LOG_OFF == Level::Off as u32);
+    assert!(ORBITE_LOG_ERROR == Level::Error as u32);
+    assert!(ORBITE_LOG_WARN == Level::Warn as u32);
+    assert!(ORBITE_LOG_INFO == Level::Info as u32);
+    assert!(ORBITE_LOG_DEBUG == Level::Debug as u32);
+    assert!(ORBITE_LOG_TRACE == Level::Trace as u32);
+};
+
 /// A log callback. `level` is ORBITE_LOG_ERROR to ORBITE_LOG_TRACE;
 /// `message` is one line, NUL-terminated, without a newline, starting with
 /// "[NAME ENDPOINT] " (or "[ENDPOINT] ") when an engine logged it, valid

@@ -40,6 +40,22 @@ pub const ORBITE_REMOTE_EFFECT_APPLIED: u32 = 1;
 /// The WRITE may have changed any part of the remote range.
 pub const ORBITE_REMOTE_EFFECT_UNKNOWN: u32 = 2;
 
+// Each constant the header gives C is the value the library means by it,
+// checked when the library compiles.
+const _: () = {
+    use crate::{Access, RemoteEffect, TransportKind};
+    assert!(ORBITE_ACCESS_READ == Access::READ.bits());
+    assert!(ORBITE_ACCESS_WRITE == Access::WRITE.bits());
+    assert!(ORBITE_TRANSPORT_TCP == TransportKind::Tcp.c_code());
+    assert!(ORBITE_TRANSPORT_SHM == TransportKind::Shm.c_code());
+    assert!(ORBITE_TRANSPORT_NVLINK == TransportKind::Nvlink.c_code());
+    assert!(ORBITE_TRANSPORT_MNNVL == TransportKind::Mnnvl.c_code());
+    assert!(ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION == crate::ADOPT_SHARE_WHOLE_ALLOCATION);
+    assert!(ORBITE_REMOTE_EFFECT_NONE == RemoteEffect::None as u32);
+    assert!(ORBITE_REMOTE_EFFECT_APPLIED == RemoteEffect::Applied as u32);
+    assert!(ORBITE_REMOTE_EFFECT_UNKNOWN == RemoteEffect::Unknown as u32);
+};
+
 /// An engine (opaque).
 pub struct orbite_engine {
     pub(crate) engine: Engine,

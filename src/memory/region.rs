@@ -32,7 +32,7 @@ impl Access {
         (bits & !3 == 0).then_some(Access(bits))
     }
     /// Raw bits.
-    pub fn bits(self) -> u32 {
+    pub const fn bits(self) -> u32 {
         self.0
     }
     /// Whether remote READ is allowed.
