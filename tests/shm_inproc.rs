@@ -760,3 +760,60 @@ fn subbatches_posted_ahead_wait_for_cache_room_they_hold() {
     a.free().unwrap();
     local.free().unwrap();
 }
+
+/// Under AUTO, a submission whose requests name a shared-host region and a
+/// plain one moves the first over SHM and the second over TCP, each with
+/// its bytes; when a request depends on one of the other part (here a WRITE
+/// from the block a READ fills), the whole submission stays on TCP, as
+/// before the split existed.
+#[test]
+fn auto_splits_a_mixed_submission_between_shm_and_tcp() {
+    let src = Engine::new(EngineConfig::default()).unwrap();
+    let req = Engine::new(EngineConfig::default()).unwrap();
+    let shared = allocate_shared_host(2 << 20).unwrap();
+    // SAFETY: the allocation maps 2 MiB.
+    let shared_bytes = unsafe { std::slice::from_raw_parts_mut(shared.addr() as *mut u8, 2 << 20) };
+    shared_bytes.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8);
+    let mut plain = vec![0u8; 1 << 20];
+    plain.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 241) as u8);
+    src.register_memory(shared.addr(), 2 << 20, Access::READ_WRITE).unwrap();
+    src.register_memory(plain.as_ptr() as u64, plain.len() as u64, Access::READ_WRITE).unwrap();
+    let mut local = vec![0u8; 64 << 10];
+    req.register_memory(local.as_mut_ptr() as u64, local.len() as u64, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    let l = local.as_ptr() as u64;
+    let read = |local_addr: u64, remote_addr: u64| Request { op: Op::Read, local_addr, remote_addr, len: 4096 };
+    // Shared, plain, shared, plain: independent (distinct local blocks).
+    let mixed = [
+        read(l, shared.addr() + 5),
+        read(l + 4096, plain.as_ptr() as u64 + 7),
+        read(l + 8192, shared.addr() + (1 << 20)),
+        read(l + 12288, plain.as_ptr() as u64 + 8192),
+    ];
+    let b = req.submit(peer, &mixed, SubmitOptions::default()).unwrap();
+    b.wait(T).unwrap();
+    let kinds: Vec<_> = (0..4).map(|i| b.transport(i).unwrap()).collect();
+    let (shm, tcp) = (Some(TransportKind::Shm), Some(TransportKind::Tcp));
+    assert_eq!(kinds, vec![shm, tcp, shm, tcp], "notes: {:?}", b.notes());
+    assert!(b.results().iter().all(|r| r.status == Status::Ok));
+    assert!((0..4096).all(|i| local[i] == ((i + 5) % 251) as u8));
+    assert!((0..4096).all(|i| local[4096 + i] == ((i + 7) % 241) as u8));
+    assert!((0..4096).all(|i| local[8192 + i] == ((i + (1 << 20)) % 251) as u8));
+    assert!((0..4096).all(|i| local[12288 + i] == ((i + 8192) % 241) as u8));
+    let notes = b.notes();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].starts_with("2 of 4 requests go over tcp: shm cannot carry their memory"), "{notes:?}");
+    let st = req.stats();
+    assert_eq!((st.transports["shm"].requests_completed, st.transports["tcp"].requests_completed), (2, 2));
+
+    // A WRITE from the block a READ of the other part fills: dependent.
+    let dependent = [
+        read(l, shared.addr()),
+        Request { op: Op::Write, local_addr: l, remote_addr: plain.as_ptr() as u64 + 65536, len: 4096 },
+    ];
+    let b = req.submit(peer, &dependent, SubmitOptions::default()).unwrap();
+    b.wait(T).unwrap();
+    assert_eq!((b.transport(0).unwrap(), b.transport(1).unwrap()), (tcp, tcp), "notes: {:?}", b.notes());
+    assert!(b.results().iter().all(|r| r.status == Status::Ok));
+    assert!(b.notes().is_empty(), "{:?}", b.notes());
+}

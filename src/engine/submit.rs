@@ -32,8 +32,41 @@ struct Checked<'a> {
     region: Option<&'a RegionInfo>,
 }
 
+/// The transport a submission takes, and which of its requests (positions
+/// in the checked list) go over TCP instead: under AUTO, those the chosen
+/// IPC transport cannot carry, when the rest are independent of them.
+struct Selection {
+    kind: TransportKind,
+    tcp: Vec<usize>,
+}
+
+impl Selection {
+    /// Every request on `kind`.
+    fn all(kind: TransportKind) -> Selection {
+        Selection { kind, tcp: Vec::new() }
+    }
+}
+
 fn find_region(d: &Describe, addr: u64) -> Option<&RegionInfo> {
     d.regions.iter().find(|r| r.contains(addr, 1))
+}
+
+/// `live` without the requests at positions `out` (ascending), and those.
+fn split_off<'a>(live: Vec<Checked<'a>>, out: &[usize]) -> (Vec<Checked<'a>>, Vec<Checked<'a>>) {
+    if out.is_empty() {
+        return (live, Vec::new());
+    }
+    let mut moved = Vec::with_capacity(out.len());
+    let mut kept = Vec::with_capacity(live.len() - out.len());
+    let mut next = out.iter().peekable();
+    for (at, c) in live.into_iter().enumerate() {
+        if next.next_if(|&&o| o == at).is_some() {
+            moved.push(c);
+        } else {
+            kept.push(c);
+        }
+    }
+    (kept, moved)
 }
 
 /// Subbatches of an IPC submission, in linear time: requests naming one
@@ -285,7 +318,9 @@ impl Engine {
                 }
             }
         }
-        let kind = self.select(peer, &p, opts.transport, &live)?;
+        let Selection { kind, tcp } = self.select(peer, &p, opts.transport, &live)?;
+        let total = live.len();
+        let (live, over_tcp) = split_off(live, &tcp);
         // An IPC submission routes every request as one chunk on its
         // transport (TCP plans each request's chunks as it queues them).
         let route = (kind != TransportKind::Tcp).then_some(kind);
@@ -297,7 +332,24 @@ impl Engine {
             batch.expect_notification();
             p.outbox.send_with(&batch, msg.to_vec());
         }
+        if let Some(first) = over_tcp.first() {
+            batch.plan_each(over_tcp.iter().map(|c| c.index), 1, TransportKind::Tcp);
+            let text = format!(
+                "{} of {total} requests go over tcp: {} cannot carry their memory (request {}: local {} memory, the \
+                 peer's {} memory); the others over {}",
+                over_tcp.len(),
+                kind.name(),
+                first.index,
+                first.lease.region().kind.name(),
+                first.region.map_or("unknown", |r| r.kind.name()),
+                kind.name()
+            );
+            self.inner.log.event(crate::log::Level::Debug, format_args!("{text}"));
+            batch.note(text);
+            self.enqueue_tcp(&p, &batch, over_tcp, deadline);
+        }
         // Requests naming no published region fail here, per request.
+        let mut live = live;
         if missing {
             for c in live.iter().filter(|c| c.region.is_none()) {
                 batch.plan(c.index, 1, kind);
@@ -352,7 +404,7 @@ impl Engine {
     }
 
     /// The transport for the whole submission.
-    fn select(&self, peer: u64, p: &Peer, t: Transport, reqs: &[Checked<'_>]) -> Result<TransportKind> {
+    fn select(&self, peer: u64, p: &Peer, t: Transport, reqs: &[Checked<'_>]) -> Result<Selection> {
         let egm_both = self.inner.capabilities() & super::ipc::EGM_CAPABILITY != 0
             && p.conn.describe().capabilities & super::ipc::EGM_CAPABILITY != 0;
         let fits = |k: TransportKind, c: &Checked<'_>| {
@@ -439,7 +491,7 @@ impl Engine {
                         k.name()
                     )));
                 }
-                Ok(k)
+                Ok(Selection::all(k))
             }
             Transport::Auto => {
                 // Without a relocation cache every SHM subbatch maps the
@@ -452,14 +504,24 @@ impl Engine {
                     self.inner.config.transport_policy.contains(&TransportKind::Tcp)
                         && first_misfit(TransportKind::Tcp).is_none()
                 };
-                for k in &self.inner.config.transport_policy {
+                let policy = &self.inner.config.transport_policy;
+                for (rank, k) in policy.iter().enumerate() {
                     if *k == TransportKind::Shm && shm_uncached && tcp_fits() {
                         continue;
+                    }
+                    // Before settling on TCP for all: an IPC transport ranked
+                    // above it that carries part of the submission takes that
+                    // part, TCP the rest.
+                    if *k == TransportKind::Tcp {
+                        let better = &policy[..rank];
+                        if let Some(split) = better.iter().find_map(|&b| self.split(p, b, reqs, &fits, shm_uncached)) {
+                            return Ok(split);
+                        }
                     }
                     let all_fit = first_misfit(*k).is_none();
                     let any_known = *k == TransportKind::Tcp || reqs.iter().any(|c| c.region.is_some());
                     if all_fit && any_known && why_not(*k).is_none() {
-                        return Ok(*k);
+                        return Ok(Selection::all(*k));
                     }
                 }
                 Err(Error::Unavailable(format!(
@@ -475,6 +537,37 @@ impl Engine {
                 )))
             }
         }
+    }
+
+    /// The split of an AUTO submission between the IPC transport `k` and
+    /// TCP, when `k` is up, carries some of the requests whose remote region
+    /// is known, TCP carries all the others, and no request depends on
+    /// another (no range one writes overlaps a range of another), so that
+    /// the two parts may run side by side. `None` otherwise.
+    fn split(
+        &self,
+        p: &Peer,
+        k: TransportKind,
+        reqs: &[Checked<'_>],
+        fits: &dyn Fn(TransportKind, &Checked<'_>) -> bool,
+        shm_uncached: bool,
+    ) -> Option<Selection> {
+        if k == TransportKind::Tcp || (k == TransportKind::Shm && shm_uncached) {
+            return None;
+        }
+        let mut any_known = false;
+        let mut tcp = Vec::new();
+        for (at, c) in reqs.iter().enumerate() {
+            if fits(k, c) {
+                any_known |= c.region.is_some();
+            } else if fits(TransportKind::Tcp, c) {
+                tcp.push(at);
+            } else {
+                return None;
+            }
+        }
+        let usable = any_known && !tcp.is_empty() && self.inner.ipc_transport(k).is_some() && p.link(k).is_ok();
+        (usable && independent(reqs.iter().map(|c| &c.req))).then_some(Selection { kind: k, tcp })
     }
 
     /// Runs the subbatches of an IPC transport in order. Returns the
