@@ -371,12 +371,11 @@ void recordSubmission(OrbiteTransport::Tasks& tasks, std::vector<size_t>& ids,
 bool OrbiteTransport::submitTo(Tasks& tasks, std::vector<size_t>& ids, std::vector<orbite::Request>& reqs,
                                orbite::Peer& peer, const std::vector<orbite::Region>& regions,
                                const std::shared_ptr<Target>& t, uint64_t gen) {
-    // Two OrbiTE batches at most: what SHM (or NVLink, MNNVL) can reach,
-    // and what touches plain host memory on either side, which only TCP
-    // reaches. OrbiTE picks one transport per batch, so one plain buffer in
-    // a submission would otherwise take all of it to TCP.
-    std::vector<size_t> part_ids[2];
-    std::vector<orbite::Request> part_reqs[2];
+    // One OrbiTE batch. Under AUTO the engine moves what SHM (or NVLink,
+    // MNNVL) can reach over it and the rest (plain host memory of the peer)
+    // over TCP, when the two parts do not depend on each other.
+    std::vector<size_t> sent_ids;
+    std::vector<orbite::Request> sent_reqs;
     // `regions` is what the peer published at connect time; a region it
     // registered since is not in it (OrbiTE checks that one), and one it
     // registered again with other rights is read afresh before a refusal.
@@ -402,34 +401,18 @@ bool OrbiteTransport::submitTo(Tasks& tasks, std::vector<size_t>& ids, std::vect
             tasks.tasks[ids[k]].fixed = INVALID;
             continue;
         }
-        bool plain = (region && region->kind == orbite::MemoryKind::host) || plainLocal(r.local_addr, r.length);
-        part_ids[plain].push_back(ids[k]);
-        part_reqs[plain].push_back(r);
+        sent_ids.push_back(ids[k]);
+        sent_reqs.push_back(r);
     }
-    bool first = true;
-    for (int p = 0; p < 2; ++p) {
-        if (part_ids[p].empty()) continue;
-        auto submitted = peer.try_submit(part_reqs[p]);
-        if (first && !submitted.ok() && peerGone(submitted.status())) {
-            // Nothing was sent: the caller reconnects and submits again.
-            for (int q = p; q < 2; ++q)
-                for (size_t id : part_ids[q]) tasks.tasks[id].fixed = PENDING;
-            return false;
-        }
-        first = false;
-        recordSubmission(tasks, part_ids[p], submitted, t, gen);
+    if (sent_ids.empty()) return true;
+    auto submitted = peer.try_submit(sent_reqs);
+    if (!submitted.ok() && peerGone(submitted.status())) {
+        // Nothing was sent: the caller reconnects and submits again.
+        for (size_t id : sent_ids) tasks.tasks[id].fixed = PENDING;
+        return false;
     }
+    recordSubmission(tasks, sent_ids, submitted, t, gen);
     return true;
-}
-
-bool OrbiteTransport::plainLocal(uint64_t addr, uint64_t length) {
-    std::lock_guard<std::mutex> g(buffers_lock_);
-    auto it = buffers_.upper_bound(addr);
-    if (it == buffers_.begin()) return false;
-    --it;
-    const Buffer& b = *it->second;
-    bool inside = addr >= b.addr && length <= b.length && addr - b.addr <= b.length - length;
-    return inside && b.host && !allocations_.count(b.addr);
 }
 
 void OrbiteTransport::dispatch(const std::shared_ptr<Target>& t, const std::shared_ptr<Tasks>& tasks,

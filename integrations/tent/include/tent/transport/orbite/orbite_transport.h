@@ -109,9 +109,6 @@ class OrbiteTransport : public Transport {
                   std::vector<orbite::Request>& reqs, orbite::Peer& peer,
                   const std::vector<orbite::Region>& regions,
                   const std::shared_ptr<Target>& t, uint64_t gen);
-    /// Whether [addr, addr+length) lies in a registered local buffer of
-    /// plain host memory (not allocated shareable).
-    bool plainLocal(uint64_t addr, uint64_t length);
     /// The connector thread's body: looks `t` up, connects, and submits or
     /// fails what waits for it.
     void connect(std::shared_ptr<Target> t);
