@@ -300,6 +300,35 @@ impl RegionTable {
         Ok(RegionLease { region: r.clone(), table: self.shared.clone() })
     }
 
+    /// Leases the range a peer's request names, as every transport's source
+    /// side validates it: registered and inside one region
+    /// ([`RegionTable::lease`]), of the epoch the peer knows (`STALE_PEER`
+    /// otherwise: it refreshes its table), allowing every operation in
+    /// `wants` to remote peers (`PERMISSION_DENIED`). What memory kinds a
+    /// transport can move is its own check, on the lease's region.
+    pub fn lease_for_remote(&self, addr: u64, len: u64, epoch: u64, wants: Access) -> Result<RegionLease> {
+        let lease = self.lease(addr, len)?;
+        let r = lease.region();
+        if r.epoch != epoch {
+            return Err(Error::StalePeer(format!(
+                "region at 0x{:x} was re-registered (epoch {}, the request names epoch {epoch}); refresh the peer's \
+                 regions",
+                r.addr, r.epoch
+            )));
+        }
+        for (bit, can, what) in
+            [(Access::READ, r.access.can_read(), "READ"), (Access::WRITE, r.access.can_write(), "WRITE")]
+        {
+            if wants.bits() & bit.bits() != 0 && !can {
+                return Err(Error::PermissionDenied(format!(
+                    "region {} (0x{:x}+{}) does not allow remote {what}",
+                    r.id, r.addr, r.len
+                )));
+            }
+        }
+        Ok(lease)
+    }
+
     /// A snapshot of every region.
     pub fn snapshot(&self) -> Vec<Arc<Region>> {
         self.by_addr.read().values().cloned().collect()
@@ -346,6 +375,31 @@ mod tests {
         assert!(matches!(t.register(0, 1, Access::READ), Err(Error::InvalidArgument(_))));
         assert!(matches!(t.register(1, 0, Access::READ), Err(Error::InvalidArgument(_))));
         assert!(matches!(t.register(u64::MAX, 2, Access::READ), Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn a_remote_request_is_checked_for_epoch_and_rights() {
+        let t = RegionTable::default();
+        let ro = t.register(0x10000, 0x1000, Access::READ).unwrap();
+        let wo = t.register(0x20000, 0x1000, Access::WRITE).unwrap();
+        let rw = t.register(0x30000, 0x1000, Access::READ_WRITE).unwrap();
+        let lease = t.lease_for_remote(0x10010, 16, ro.epoch, Access::READ).unwrap();
+        assert_eq!(lease.region().id, ro.id);
+        assert!(t.lease_for_remote(0x30000, 0x1000, rw.epoch, Access::READ_WRITE).is_ok());
+        let denied = |r: Result<RegionLease>, what: &str| match r {
+            Err(Error::PermissionDenied(m)) => assert!(m.ends_with(&format!("does not allow remote {what}")), "{m}"),
+            other => panic!("{:?}", other.map(|l| l.region().id)),
+        };
+        denied(t.lease_for_remote(0x10000, 1, ro.epoch, Access::WRITE), "WRITE");
+        denied(t.lease_for_remote(0x20000, 1, wo.epoch, Access::READ), "READ");
+        denied(t.lease_for_remote(0x10000, 1, ro.epoch, Access::READ_WRITE), "WRITE");
+        match t.lease_for_remote(0x30000, 1, rw.epoch + 1, Access::READ) {
+            Err(Error::StalePeer(m)) => assert!(m.ends_with("refresh the peer's regions"), "{m}"),
+            other => panic!("{:?}", other.map(|l| l.region().id)),
+        }
+        // The range checks of a lease come first.
+        assert!(matches!(t.lease_for_remote(0x10fff, 2, ro.epoch, Access::READ), Err(Error::OutOfRange(_))));
+        assert!(matches!(t.lease_for_remote(0x40000, 1, ro.epoch, Access::READ), Err(Error::NotFound(_))));
     }
 
     #[test]

@@ -9,6 +9,13 @@ pub const OP_READ: u32 = 1;
 /// Operation bits of an export.
 pub const OP_WRITE: u32 = 2;
 
+/// What an export's operation bits ask of a region's remote access.
+pub fn access_of(ops: u32) -> crate::memory::Access {
+    let read = if ops & OP_READ != 0 { crate::memory::Access::READ.bits() } else { 0 };
+    let write = if ops & OP_WRITE != 0 { crate::memory::Access::WRITE.bits() } else { 0 };
+    crate::memory::Access::from_bits(read | write).expect("READ and WRITE bits only")
+}
+
 /// The operation bit of a request's direction.
 pub fn op_bit(op: crate::transfer::Op) -> u32 {
     match op {

@@ -19,7 +19,7 @@ use crate::control::notify::Notify;
 use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
-use crate::memory::{RegionLease, RegionTable};
+use crate::memory::{Access, RegionLease, RegionTable};
 use crate::sync::admission::{Gate, GateGuard};
 use crate::transport::inbox::{Admitted, Inbox, Notification};
 use crate::transport::reactor::{set_rcvlowat, Ended, Flow, Got, Handler, Reactor, Registration, Served, SCRATCH};
@@ -490,26 +490,9 @@ impl Handler for SourceConn {
 fn validate(ctx: &SourceContext, req: &DataRequest, write: bool) -> Result<(RegionLease, GateGuard)> {
     let guard =
         ctx.gate.enter().map_err(|_| Error::Unavailable("the source is closing and serves no new requests".into()))?;
-    let lease = ctx.regions.lease(req.addr, req.len)?;
+    let wants = if write { Access::WRITE } else { Access::READ };
+    let lease = ctx.regions.lease_for_remote(req.addr, req.len, req.region_epoch, wants)?;
     let r = lease.region();
-    if r.epoch != req.region_epoch {
-        return Err(Error::StalePeer(format!(
-            "region at 0x{:x} was re-registered (epoch {}, the request names epoch {}); refresh the peer's regions",
-            r.addr, r.epoch, req.region_epoch
-        )));
-    }
-    if write && !r.access.can_write() {
-        return Err(Error::PermissionDenied(format!(
-            "region {} (0x{:x}+{}) does not allow remote WRITE",
-            r.id, r.addr, r.len
-        )));
-    }
-    if !write && !r.access.can_read() {
-        return Err(Error::PermissionDenied(format!(
-            "region {} (0x{:x}+{}) does not allow remote READ",
-            r.id, r.addr, r.len
-        )));
-    }
     if !r.kind.cpu_accessible() {
         return Err(Error::NotSupported(format!(
             "region {} holds {} memory, which the TCP transport cannot copy",

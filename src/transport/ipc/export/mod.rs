@@ -13,7 +13,7 @@ mod ending;
 
 use super::backend::IpcBackend;
 use super::board::{self, Board, SlotFree, Words};
-use super::messages::{ExportOffer, ExportRef, ExportRequest, Revalidate, OP_READ, OP_WRITE};
+use super::messages::{access_of, ExportOffer, ExportRef, ExportRequest, Revalidate};
 use super::proto::exports::{Answering, ExportsCore, Finished, Grant, Released};
 use crate::control::identity::{process_start_time, Identity, ProcessIdentity};
 use crate::counters::Counters;
@@ -230,35 +230,12 @@ impl ExportTable {
         let _ = self.exit_watch.set(watch);
     }
 
-    fn check_ops(r: &crate::memory::Region, ops: u32) -> Result<()> {
-        if ops & OP_READ != 0 && !r.access.can_read() {
-            return Err(Error::PermissionDenied(format!(
-                "region {} (0x{:x}+{}) does not allow remote READ",
-                r.id, r.addr, r.len
-            )));
-        }
-        if ops & OP_WRITE != 0 && !r.access.can_write() {
-            return Err(Error::PermissionDenied(format!(
-                "region {} (0x{:x}+{}) does not allow remote WRITE",
-                r.id, r.addr, r.len
-            )));
-        }
-        Ok(())
-    }
-
     fn validate(&self, region_epoch: u64, addr: u64, len: u64, ops: u32) -> Result<RegionLease> {
         if !self.gate.is_open() {
             return Err(Error::Unavailable("the source is closing and grants no new exports".into()));
         }
-        let lease = self.regions.lease(addr, len)?;
+        let lease = self.regions.lease_for_remote(addr, len, region_epoch, access_of(ops))?;
         let r = lease.region();
-        if r.epoch != region_epoch {
-            return Err(Error::StalePeer(format!(
-                "region at 0x{:x} was re-registered (epoch {}, the request names epoch {})",
-                r.addr, r.epoch, region_epoch
-            )));
-        }
-        Self::check_ops(r, ops)?;
         if !self.kinds.contains(&r.kind) {
             return Err(Error::NotSupported(format!(
                 "region {} holds {} memory; {} exports only {} memory",
