@@ -339,7 +339,7 @@ fn wrapped_vmm_storage() {
     const FD: u32 = 1;
     const FABRIC: u32 = 8;
     let mine = caller_vmm(FD | FABRIC, SIZE);
-    orbite::cuda::memory::host_to_device(mine.va, &common::pattern_vec(1, SIZE as usize)).unwrap();
+    orbite::cuda::raw::host_to_device(mine.va, &common::pattern_vec(1, SIZE as usize)).unwrap();
     // Preconditions the driver can check.
     let bad = |r: Result<Allocation>, needle: &str| {
         let Err(e) = r else { panic!("{needle}: accepted") };

@@ -529,3 +529,76 @@ fn the_check_finds_upward_imports_and_loops() {
     assert_eq!(f.loops, [vec!["src/engine/a.rs".to_string(), "src/engine/b.rs".to_string()]]);
     assert!(f.unplaced.is_empty());
 }
+
+/// The layer's row of docs/architecture.md a file of `src/` belongs in,
+/// and the file's path as the row names it (below the layer's folder; from
+/// `src/` for the ground's files).
+fn row_and_name(rel: &Path) -> (String, String) {
+    let parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    let floors = ["cuda", "memory", "control", "transport", "discovery", "engine", "ffi"];
+    match parts.first() {
+        Some(first) if parts.len() > 1 && floors.contains(&first.as_str()) => (first.clone(), parts[1..].join("/")),
+        _ => ("ground".to_string(), parts.join("/")),
+    }
+}
+
+/// Of `names` (files as their row names them), those the row does not:
+/// a file is named by a backticked path that ends its own on a folder
+/// boundary (`exports.rs`, `proto/exports.rs`); `mod.rs` files are their
+/// folder's, and need no name of their own.
+fn unnamed(row: &str, names: &[String]) -> Vec<String> {
+    let code: Vec<&str> = row.split('`').skip(1).step_by(2).filter(|t| t.ends_with(".rs")).collect();
+    names
+        .iter()
+        .filter(|n| !n.ends_with("mod.rs"))
+        .filter(|n| !code.iter().any(|t| n.as_str() == *t || n.ends_with(&format!("/{t}"))))
+        .cloned()
+        .collect()
+}
+
+/// docs/architecture.md names every file of `src/` (bin/ aside) in the row
+/// of its layer, and `lib.rs`: a file added without its line fails here.
+#[test]
+fn the_architecture_doc_names_every_file_in_its_layer_row() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let doc = std::fs::read_to_string(root.join("docs/architecture.md")).expect("docs/architecture.md");
+    let mut files = Vec::new();
+    walk(&root.join("src"), &root.join("src"), &mut files);
+    let mut by_row: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for f in &files {
+        let rel = f.strip_prefix(root.join("src")).expect("below src");
+        if rel == Path::new("lib.rs") {
+            continue;
+        }
+        let (row, name) = row_and_name(rel);
+        by_row.entry(row).or_default().push(name);
+    }
+    assert!(files.len() > 100, "only {} files read", files.len());
+    assert!(doc.contains("`lib.rs`"), "docs/architecture.md does not name lib.rs");
+    let mut missing = Vec::new();
+    for (row, names) in &by_row {
+        let line = doc.lines().find(|l| l.starts_with(&format!("| {row} |")));
+        let Some(line) = line else {
+            missing.push(format!("no row for the {row} layer"));
+            continue;
+        };
+        missing.extend(unnamed(line, names).into_iter().map(|n| format!("{row}: {n}")));
+    }
+    assert!(
+        missing.is_empty(),
+        "files docs/architecture.md does not name in their layer's row:\n{}",
+        missing.join("\n")
+    );
+}
+
+/// The doc check itself: a file is named by its tail on a folder boundary
+/// only, and mod.rs needs no name.
+#[test]
+fn the_doc_check_matches_names_on_folder_boundaries() {
+    let row = "| transport | `transport/` | `proto/exports.rs` the table; `receive.rs` answers |";
+    let names = ["ipc/proto/exports.rs", "tcp/proto/source/receive.rs", "ipc/mod.rs", "ipc/xexports.rs", "tcp/wire.rs"];
+    let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+    assert_eq!(unnamed(row, &names), vec!["ipc/xexports.rs".to_string(), "tcp/wire.rs".to_string()]);
+    assert_eq!(row_and_name(Path::new("sync/fork.rs")), ("ground".into(), "sync/fork.rs".into()));
+    assert_eq!(row_and_name(Path::new("ffi/types.rs")), ("ffi".into(), "types.rs".into()));
+}

@@ -17,7 +17,7 @@ use common::pattern_vec;
 use cudarc::driver::sys::{self, CUresult};
 use fakecuda_harness::*;
 use orbite::cuda::driver::{primary_context, ContextGuard};
-use orbite::cuda::memory::{self as raw, device_to_host, host_to_device};
+use orbite::cuda::raw::{self, device_to_host, host_to_device};
 use orbite::*;
 use std::time::Duration;
 
@@ -66,7 +66,7 @@ fn local_memory_on_device_one(cfg: &str, kind: &str, transport: TransportKind) {
 /// opened on the GPU that holds the remote allocation, found by the UUID the
 /// handle carries (the source allocated on its device 1). With this process
 /// seeing the devices in another order (`FAKECUDA_VISIBLE_DEVICES=1,0`),
-/// that GPU is ordinal 0 here. Guards `transport/nvlink.rs`
+/// that GPU is ordinal 0 here. Guards `transport/ipc/backends/nvlink.rs`
 /// `copying_device`'s `device_with_uuid`.
 fn pinned_host_follows_the_exporters_gpu(expected: i32) {
     let mut src = Source::start_with(NVLINK, "ipc", 1, &[TWO], &["--device", "1"]);
@@ -137,7 +137,7 @@ fn foreign_device_memory() {
 /// Two adopted sub-ranges of one caller allocation (the source's `adopted`
 /// kind), read and written through a relocation cache: the right bytes move
 /// and the source makes one IPC handle for the allocation (its trace, written
-/// at exit, counts `cuIpcGetMemHandle`). Guards `transport/nvlink.rs`'s
+/// at exit, counts `cuIpcGetMemHandle`). Guards `transport/ipc/backends/nvlink.rs`'s
 /// handle per allocation.
 fn adopted_subranges(trace: &str) {
     let mut src = Source::start_with(NVLINK_CACHED, "adopted", 2, &[("FAKECUDA_TRACE", trace)], &[]);

@@ -13,7 +13,7 @@ mod fakecuda_harness;
 
 use common::pattern_vec;
 use fakecuda_harness::*;
-use orbite::cuda::memory::host_to_device;
+use orbite::cuda::raw::host_to_device;
 use orbite::*;
 use std::time::Duration;
 

@@ -17,7 +17,7 @@ use common::pattern_vec;
 use cudarc::driver::sys::{self, CUresult};
 use fakecuda_harness::*;
 use orbite::cuda::driver::{primary_context, ContextGuard};
-use orbite::cuda::memory::{device_to_host, host_to_device};
+use orbite::cuda::raw::{device_to_host, host_to_device};
 use orbite::*;
 use std::time::Duration;
 
@@ -57,7 +57,7 @@ fn slow_producer(dst: u64, src: &[u8], scratch: &mut [u8; 1], copies: usize) -> 
 
 /// P8: `allocate_ipc` zeroes its whole physical extent (2 MiB rounding),
 /// while the stand-in, like the driver, hands out garbage: a plain
-/// allocation shows it. Guards `cuda/memory.rs` `alloc_device`'s
+/// allocation shows it. Guards `cuda/raw.rs` `alloc_device`'s
 /// `cuMemsetD8` (and its `cuCtxSynchronize`).
 fn zeroed_ipc() {
     let len = 3 * MIB + 17;
@@ -207,7 +207,7 @@ fn independent_subbatches_post_ahead() {
 
 /// M10 (source side): the source hands a producer stream over for its
 /// export (ten slow copies, then the pattern); a requester process READs
-/// as soon as it is served. Guards `transport/nvlink.rs` `export`'s
+/// as soon as it is served. Guards `transport/ipc/backends/nvlink.rs` `export`'s
 /// `consume_producer(base)`: without it the requester reads zeros.
 fn producer_at_the_source() {
     let e = Engine::from_json(NVLINK).unwrap();
@@ -351,7 +351,7 @@ fn pinned_producer() {
 /// refused before anything is posted (guards `engine/submit.rs` `select`'s
 /// `egm_both`, the peer's capability), and a hand-made MNNVL export request
 /// for that memory is refused by the source itself (guards
-/// `engine/ipc.rs` `IpcParts::mnnvl`'s `if m.egm { kinds.push(Egm) }`).
+/// `engine/ipc_transports.rs` `IpcParts::mnnvl`'s `if m.egm { kinds.push(Egm) }`).
 fn egm_source_without_opt_in() {
     let mut src = Source::start(MNNVL_FD, "egm", 1, None);
     let a = src.addrs[0];

@@ -171,7 +171,7 @@ fn cached_grants_skip_the_round_trip_until_the_source_revokes_them() {
 /// returned (the completion follows on the progress worker): sixteen 1 MiB
 /// READs at scattered offsets, then sixteen WRITEs back in reverse order,
 /// with and without the relocation cache; every byte checked. Guards
-/// `transport/shm.rs` `copy`/`query`/`wait` for started groups and the
+/// `transport/ipc/backends/shm.rs` `copy`/`query`/`wait` for started groups and the
 /// progress worker's wait for them.
 #[test]
 fn large_groups_copied_after_submit_returns_move_every_byte() {

@@ -29,7 +29,7 @@
 
 use cudarc::driver::sys;
 use orbite::cuda::driver::{check, primary_context, ContextGuard};
-use orbite::cuda::memory::{self as raw, device_to_host, host_to_device};
+use orbite::cuda::raw::{self, device_to_host, host_to_device};
 use orbite::{
     allocate_egm, allocate_mnnvl, allocate_pinned_host, cuda_adopt, Access, Allocation, CudaMemory, Engine, Op,
     Request, SubmitOptions, Transport, TransportKind,

@@ -24,7 +24,7 @@ pub mod fabric;
 #[cfg(feature = "cuda")]
 pub mod host_pin;
 #[cfg(feature = "cuda")]
-pub mod memory;
+pub mod raw;
 #[cfg(feature = "cuda")]
 pub mod streams;
 

@@ -9,7 +9,7 @@ use crate::discovery::{check_url, DiscoveryConfig};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::log::{Level, LEVEL_NAMES};
-pub use crate::transport::mnnvl::MnnvlHandleType;
+pub use crate::transport::ipc::backends::mnnvl::MnnvlHandleType;
 use serde_json::{Map, Value};
 use std::net::SocketAddr;
 

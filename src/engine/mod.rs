@@ -7,19 +7,19 @@
 //! transport selection) and `stats` (the snapshot).
 
 mod accept;
-pub mod batch;
+pub mod batch_handle;
 pub mod config;
-mod ipc;
+mod connected_peer;
+mod ipc_transports;
 mod json_keys;
 mod notify;
-mod peer;
 mod peers;
 mod regions;
 pub mod registry;
 pub mod stats;
 mod submit;
 
-pub use batch::{Batch, SubmitOptions};
+pub use batch_handle::{Batch, SubmitOptions};
 pub use config::{EngineConfig, MnnvlConfig, MnnvlHandleType};
 
 use crate::control::auth::AuthKey;
@@ -39,8 +39,8 @@ use crate::transport::reactor::Reactor;
 use crate::transport::tcp::source::Revoker;
 use crate::transport::tcp::SourceContext;
 use accept::Listeners;
+use connected_peer::Peer;
 use parking_lot::RwLock;
-use peer::Peer;
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -73,7 +73,7 @@ pub(crate) struct Inner {
     /// The (transport, status) pairs whose fall-through to TCP was logged
     /// at WARN (later ones at DEBUG).
     fell_through: parking_lot::Mutex<std::collections::HashSet<(TransportKind, crate::error::Status)>>,
-    ipc: Vec<ipc::IpcTransport>,
+    ipc: Vec<ipc_transports::IpcTransport>,
     ipc_unavailable: Vec<(TransportKind, String)>,
     /// Notifications received, waiting to be taken.
     inbox: Arc<Inbox>,
@@ -140,7 +140,7 @@ impl Engine {
             reactor.clone(),
         );
         let faults = Arc::new(Faults::default());
-        let parts = ipc::IpcParts {
+        let parts = ipc_transports::IpcParts {
             config: &config,
             regions: &regions,
             stats: &stats,
@@ -214,7 +214,7 @@ impl Engine {
         let ipc_ctx = Arc::new(IpcSourceContext {
             tables: inner.ipc.iter().map(|t| (t.kind, t.exports.clone())).collect(),
             identity: inner.identity,
-            fabric_domain: ipc::fabric_channel_domain(&inner.config),
+            fabric_domain: ipc_transports::fabric_channel_domain(&inner.config),
             stats: inner.stats.clone(),
             stopping: inner.stopping.clone(),
             handshake_timeout: Duration::from_millis(inner.config.handshake_timeout_ms as u64),
@@ -309,7 +309,7 @@ impl Engine {
     /// Retained IPC resources (exports without a close receipt, imports
     /// kept after an unconfirmed close), per IPC transport, as JSON.
     pub fn retained_resources(&self) -> serde_json::Value {
-        ipc::retained_detail(&self.inner.ipc)
+        ipc_transports::retained_detail(&self.inner.ipc)
     }
 
     /// Fault-injection switches for the IPC transports (tests and
@@ -457,11 +457,12 @@ impl Inner {
     pub(super) fn capabilities(&self) -> u32 {
         let mut c = self.ipc.iter().fold(TransportKind::Tcp.capability_bit(), |c, t| c | t.kind.capability_bit());
         if self.config.mnnvl.as_ref().is_some_and(|m| m.egm) {
-            c |= ipc::EGM_CAPABILITY;
+            c |= ipc_transports::EGM_CAPABILITY;
         }
-        if self.ipc.iter().any(|t| t.kind == TransportKind::Mnnvl) && ipc::fabric_channel_domain(&self.config).is_some()
+        if self.ipc.iter().any(|t| t.kind == TransportKind::Mnnvl)
+            && ipc_transports::fabric_channel_domain(&self.config).is_some()
         {
-            c |= ipc::FABRIC_CHANNEL_CAPABILITY;
+            c |= ipc_transports::FABRIC_CHANNEL_CAPABILITY;
         }
         c
     }
@@ -503,7 +504,7 @@ impl Inner {
         self.log.warn(format_args!("{text}"));
     }
 
-    pub(super) fn ipc_transport(&self, kind: TransportKind) -> Option<&ipc::IpcTransport> {
+    pub(super) fn ipc_transport(&self, kind: TransportKind) -> Option<&ipc_transports::IpcTransport> {
         self.ipc.iter().find(|t| t.kind == kind)
     }
 
@@ -542,7 +543,7 @@ impl Inner {
 impl registry::Reporting for Inner {
     fn retained(&self) -> Option<(String, serde_json::Value)> {
         let live = !self.closed.load(Ordering::Acquire);
-        live.then(|| (self.endpoint.to_string(), ipc::retained_detail(&self.ipc)))
+        live.then(|| (self.endpoint.to_string(), ipc_transports::retained_detail(&self.ipc)))
     }
 }
 

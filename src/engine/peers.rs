@@ -2,8 +2,8 @@
 //! the two engines share), the peer table, the regions a peer publishes,
 //! and disconnecting.
 
-use super::peer::Peer;
-use super::{ipc, Engine, Inner};
+use super::connected_peer::Peer;
+use super::{ipc_transports, Engine, Inner};
 use crate::control::endpoint;
 use crate::control::message::{Describe, RegionInfo};
 use crate::error::{Error, Result};
@@ -233,11 +233,11 @@ impl Inner {
             // MNNVL with fabric handles and a shared nonzero fabric domain
             // runs its channel over TCP (any host of the partition);
             // everything else needs the same boot and the Unix channel.
-            let fabric = ipc::fabric_channel_domain(&self.config)
+            let fabric = ipc_transports::fabric_channel_domain(&self.config)
                 .filter(|d| k == TransportKind::Mnnvl && peer.fabric_domain == *d)
-                .filter(|_| peer.capabilities & ipc::FABRIC_CHANNEL_CAPABILITY != 0);
-            let same_process =
-                ipc::same_boot(&self.identity, &peer.identity) && peer.identity.process == self.identity.process;
+                .filter(|_| peer.capabilities & ipc_transports::FABRIC_CHANNEL_CAPABILITY != 0);
+            let same_process = ipc_transports::same_boot(&self.identity, &peer.identity)
+                && peer.identity.process == self.identity.process;
             let link = if peer.capabilities & k.capability_bit() == 0 || (peer.ipc_name.is_empty() && fabric.is_none())
             {
                 Err(format!("{label} does not offer {}", k.name()))
@@ -245,7 +245,7 @@ impl Inner {
                 Err(format!("{label} is in this process; {} needs two cooperating processes", k.name()))
             } else if k == TransportKind::Mnnvl && peer.fabric_domain != self.fabric_domain() {
                 Err(format!("{label} advertises another fabric domain"))
-            } else if fabric.is_none() && !ipc::same_boot(&self.identity, &peer.identity) {
+            } else if fabric.is_none() && !ipc_transports::same_boot(&self.identity, &peer.identity) {
                 Err(format!(
                     "{label} runs on another host or boot; {} needs the same boot{}",
                     k.name(),

@@ -3,8 +3,8 @@
 //! transports execute their subbatches on the caller (setup, copies and
 //! receipts, in order); TCP queues chunks on the peer's connection.
 
-use super::batch::{Batch, SubmitOptions};
-use super::peer::Peer;
+use super::batch_handle::{Batch, SubmitOptions};
+use super::connected_peer::Peer;
 use super::Engine;
 use crate::control::message::{Describe, RegionInfo};
 use crate::error::{Error, Result, Status};
@@ -405,16 +405,16 @@ impl Engine {
 
     /// The transport for the whole submission.
     fn select(&self, peer: u64, p: &Peer, t: Transport, reqs: &[Checked<'_>]) -> Result<Selection> {
-        let egm_both = self.inner.capabilities() & super::ipc::EGM_CAPABILITY != 0
-            && p.conn.describe().capabilities & super::ipc::EGM_CAPABILITY != 0;
+        let egm_both = self.inner.capabilities() & super::ipc_transports::EGM_CAPABILITY != 0
+            && p.conn.describe().capabilities & super::ipc_transports::EGM_CAPABILITY != 0;
         let fits = |k: TransportKind, c: &Checked<'_>| {
             let local = c.lease.region().kind;
             match c.region {
                 // A remote host range needs an EGM export and both peers' opt-in.
                 Some(r) if r.kind == MemoryKind::Egm && k == TransportKind::Mnnvl && !egm_both => false,
                 Some(r) => {
-                    super::ipc::kinds_allow(k, local, r.kind)
-                        && super::ipc::local_placement_ok(k, local, c.req.local_addr)
+                    super::ipc_transports::kinds_allow(k, local, r.kind)
+                        && super::ipc_transports::local_placement_ok(k, local, c.req.local_addr)
                 }
                 None => k != TransportKind::Tcp || local.cpu_accessible(),
             }
@@ -449,7 +449,7 @@ impl Engine {
                 }
                 if let Some(c) = first_misfit(k) {
                     let local = c.lease.region().kind;
-                    let placement = if super::ipc::local_placement_ok(k, local, c.req.local_addr) {
+                    let placement = if super::ipc_transports::local_placement_ok(k, local, c.req.local_addr) {
                         ""
                     } else {
                         " (no visible GPU is attached to the local EGM memory's NUMA node)"
@@ -588,9 +588,15 @@ impl Engine {
         let tcp_fallback = auto
             && self.inner.config.transport_policy.contains(&TransportKind::Tcp)
             && live.iter().all(|c| {
-                super::ipc::kinds_allow(TransportKind::Tcp, c.lease.region().kind, c.region.expect("resolved").kind)
+                super::ipc_transports::kinds_allow(
+                    TransportKind::Tcp,
+                    c.lease.region().kind,
+                    c.region.expect("resolved").kind,
+                )
             });
-        if let Err(e) = super::ipc::prepare_local(kind, &self.inner.config, live.iter().map(|c| c.lease.region())) {
+        if let Err(e) =
+            super::ipc_transports::prepare_local(kind, &self.inner.config, live.iter().map(|c| c.lease.region()))
+        {
             // Nothing was posted: as an unposted rejection of the first group.
             if tcp_fallback && may_fall_through(&e) {
                 return self.fall_through(kind, batch, live, &e);

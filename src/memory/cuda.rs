@@ -154,7 +154,7 @@ mod native {
     use super::super::owners::{self, Allocation, Backing, MemoryKind};
     use crate::cuda::driver::{check_device, driver};
     use crate::cuda::fabric::{self, Placement};
-    use crate::cuda::memory::{self as raw, Event};
+    use crate::cuda::raw::{self, Event};
     use crate::error::{Error, Result};
     use parking_lot::Mutex;
     use std::collections::HashMap;

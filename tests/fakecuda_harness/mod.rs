@@ -9,7 +9,7 @@
 
 use crate::common::pattern;
 use crate::fakecuda::{self, Variant};
-use orbite::cuda::memory::device_to_host;
+use orbite::cuda::raw::device_to_host;
 use orbite::*;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};

@@ -8,7 +8,7 @@
 //! host memory to device B for host memory.
 
 use orbite::cuda::driver::{check, primary_context, ContextGuard};
-use orbite::cuda::memory as raw;
+use orbite::cuda::raw;
 use orbite::{allocate_mnnvl, allocate_pinned_host, Access, Allocation, CudaMemory, Engine, Op};
 use std::time::{Duration, Instant};
 

@@ -10,6 +10,7 @@
 
 pub mod alive;
 pub mod backend;
+pub mod backends;
 pub mod board;
 pub mod cache;
 pub mod channel;

@@ -130,8 +130,8 @@ mod backend {
     use crate::error::{Error, Result};
     use crate::kinds::TransportKind;
     use crate::memory::cuda::consume_producer;
-    use crate::transport::cuda_mapping::{Closer, CudaMapping, DeviceCopies};
     use crate::transport::ipc::backend::{ExportedHandle, IpcBackend, Mapping, ReceivedHandle};
+    use crate::transport::ipc::backends::cuda_mapping::{Closer, CudaMapping, DeviceCopies};
     use std::sync::Arc;
 
     /// The MNNVL backend.

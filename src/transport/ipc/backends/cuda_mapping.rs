@@ -10,14 +10,14 @@
 //! group's local memory (the transports' rule), counted per device.
 
 use super::copy_batch::{CopyBatch, Submission};
-use super::ipc::backend::{CopyOp, CopyPlan, Mapping, Posting};
 use crate::cuda::driver::{driver, ContextGuard, Ctx};
 use crate::cuda::fabric::Imported;
-use crate::cuda::memory as raw;
+use crate::cuda::raw;
 use crate::cuda::stream_pool::{StreamLease, StreamPool};
 use crate::cuda::streams::{CudaStreams, StreamPair};
 use crate::error::{Error, Result};
 use crate::memory::cuda::consume_producer;
+use crate::transport::ipc::backend::{CopyOp, CopyPlan, Mapping, Posting};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -94,7 +94,7 @@ impl IpcParts<'_> {
         self.transport(
             TransportKind::Shm,
             vec![MemoryKind::SharedHost],
-            Arc::new(crate::transport::shm::ShmBackend),
+            Arc::new(crate::transport::ipc::backends::shm::ShmBackend),
             self.config.shm_cache_entries as usize,
         )
     }
@@ -139,7 +139,7 @@ impl IpcParts<'_> {
 #[cfg(feature = "cuda")]
 fn cuda_counts(
     pool: Arc<crate::cuda::stream_pool::StreamPool<crate::cuda::streams::CudaStreams>>,
-    copies: Arc<crate::transport::cuda_mapping::DeviceCopies>,
+    copies: Arc<crate::transport::ipc::backends::cuda_mapping::DeviceCopies>,
 ) -> CudaCounts {
     CudaCounts {
         pool: Box::new(move || pool.counts()),
@@ -155,14 +155,14 @@ fn mnnvl_backend(config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, CudaCoun
         config.nvlink_stream_count as usize,
     );
     let handle_type = config.mnnvl.as_ref().map_or(MnnvlHandleType::Fabric, |m| m.handle_type);
-    let b = crate::transport::mnnvl::MnnvlBackend::new(handle_type, pool.clone())?;
+    let b = crate::transport::ipc::backends::mnnvl::MnnvlBackend::new(handle_type, pool.clone())?;
     let counts = cuda_counts(pool, b.copies().clone());
     Ok((Arc::new(b), counts))
 }
 
 #[cfg(feature = "cuda")]
 fn nvlink_backend(config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, CudaCounts)> {
-    let b = crate::transport::nvlink::NvlinkBackend::new(
+    let b = crate::transport::ipc::backends::nvlink::NvlinkBackend::new(
         config.nvlink_stream_count as usize,
         config.nvlink_async_memcpy_threshold_kb,
     )?;

@@ -14,15 +14,15 @@
 //! first visible GPU.
 
 use super::cuda_mapping::{Closer, CudaMapping, DeviceCopies};
-use super::ipc::backend::{ExportedHandle, IpcBackend, Mapping, ReceivedHandle};
 use crate::cuda::driver::{device_uuid, device_with_uuid, driver, primary_context};
-use crate::cuda::memory::{ipc_handle, ipc_open, IPC_HANDLE_BYTES};
+use crate::cuda::raw::{ipc_handle, ipc_open, IPC_HANDLE_BYTES};
 use crate::cuda::stream_pool::StreamPool;
 use crate::cuda::streams::CudaStreams;
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::memory::cuda::consume_producer;
 use crate::memory::{owners, MemoryKind};
+use crate::transport::ipc::backend::{ExportedHandle, IpcBackend, Mapping, ReceivedHandle};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
