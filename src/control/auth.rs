@@ -23,12 +23,12 @@ use super::frame::MsgKind;
 use super::seal::{SessionKeys, WireSecurity};
 use super::{io, message};
 use crate::error::{Error, Result};
+use crate::sync::deadline::Deadline;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// Bytes of a nonce.
 pub const NONCE_LEN: usize = 32;
@@ -138,33 +138,26 @@ pub trait FrameIo {
 pub const MAX_AUTH_BODY: u32 = 1024;
 
 /// A control socket within the deadline of its handshake: each frame read
-/// or written must finish before `deadline`, and `stop` may end the wait.
+/// or written must finish within `bound`, which the engine stopping may
+/// end first.
 pub struct Bounded<'a, S> {
     /// The socket.
     pub stream: &'a mut S,
-    /// When the handshake must be over.
-    pub deadline: Instant,
-    /// Checked at every tick (the engine stopping).
-    pub stop: &'a dyn Fn() -> Result<()>,
+    /// When the handshake must be over, and what stops it.
+    pub bound: Deadline<'a>,
 }
 
-fn handshake_tick<'a>(deadline: Instant, stop: &'a dyn Fn() -> Result<()>) -> impl FnMut() -> Result<()> + 'a {
-    move || {
-        stop()?;
-        if Instant::now() >= deadline {
-            return Err(Error::TimedOut("the peer did not complete the handshake in time".into()));
-        }
-        Ok(())
-    }
+fn handshake_late() -> Error {
+    Error::TimedOut("the peer did not complete the handshake in time".into())
 }
 
 impl<S: Read + AsRawFd> FrameIo for Bounded<'_, S> {
     fn send_frame(&mut self, kind: MsgKind, body: &[u8]) -> Result<()> {
-        let mut tick = handshake_tick(self.deadline, self.stop);
+        let mut tick = self.bound.ticker(handshake_late);
         io::write_frame(&mut *self.stream, kind, body, &mut tick)
     }
     fn recv_frame(&mut self) -> Result<(MsgKind, Vec<u8>)> {
-        let mut tick = handshake_tick(self.deadline, self.stop);
+        let mut tick = self.bound.ticker(handshake_late);
         let h = match io::read_header(&mut *self.stream, &mut tick)? {
             io::HeaderRead::Frame(h) => h,
             io::HeaderRead::Eof => {

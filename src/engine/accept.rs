@@ -12,6 +12,7 @@ use crate::counters::Counters;
 use crate::engine::config::EngineConfig;
 use crate::error::{Error, Result, Status};
 use crate::sync::admission::Gate;
+use crate::sync::deadline::Deadline;
 use crate::transport::ipc::channel::{Channel, Frame};
 use crate::transport::ipc::source::IpcSourceContext;
 use crate::transport::reactor::{Reactor, Served};
@@ -25,7 +26,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// An engine's listeners, the connections they accepted and their threads.
 pub(crate) struct Listeners {
@@ -370,14 +371,8 @@ impl Listeners {
                     });
                 match opened {
                     Ok(Some(first)) if first.header.kind == MsgKind::IpcHello => {
-                        let deadline = Instant::now() + timeout;
-                        let mut tick = || {
-                            stop()?;
-                            if Instant::now() >= deadline {
-                                return Err(Error::Protocol("IpcHello not completed in time".into()));
-                            }
-                            Ok(())
-                        };
+                        let mut tick = Deadline::after(timeout, &stop)
+                            .ticker(|| Error::Protocol("IpcHello not completed in time".into()));
                         let Ok(body) = io::read_body(&mut stream, first.header.body_len, &mut tick) else {
                             return None;
                         };

@@ -4,10 +4,12 @@
 //! `model-check` feature builds the concurrency models (`tests/models.rs`).
 //! [`admission`] holds the byte budgets and gates of the engine;
 //! [`coalesce`] runs a job on at most one short-lived thread at a time;
+//! [`deadline`] bounds a blocking exchange (when, and what stops it first);
 //! [`fork`] tells a forked child without a system call.
 
 pub mod admission;
 pub mod coalesce;
+pub mod deadline;
 pub mod fork;
 
 #[cfg(not(feature = "model-check"))]

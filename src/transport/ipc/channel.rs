@@ -13,6 +13,7 @@ use crate::control::auth::FrameIo;
 use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
 use crate::control::io::{self, Tick, TICK};
 use crate::error::{Error, Result};
+use crate::sync::deadline::{never_stop, Deadline};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -427,37 +428,32 @@ unsafe fn received_fds(mh: &libc::msghdr) -> Vec<OwnedFd> {
 pub struct ChannelIo<'a> {
     /// The channel.
     pub ch: &'a mut Channel,
-    /// When the handshake must be over.
-    pub deadline: Instant,
-    /// Checked at every tick (the engine stopping).
-    pub stop: &'a dyn Fn() -> Result<()>,
+    /// When the handshake must be over, and what stops it.
+    pub bound: Deadline<'a>,
 }
 
-impl ChannelIo<'_> {
-    fn tick(deadline: Instant, stop: &dyn Fn() -> Result<()>) -> Result<()> {
-        stop()?;
-        deadline_tick(deadline, "IPC handshake")
-    }
+fn handshake_late() -> Error {
+    late("IPC handshake")
 }
 
 impl FrameIo for ChannelIo<'_> {
     fn send_frame(&mut self, kind: MsgKind, body: &[u8]) -> Result<()> {
-        let (deadline, stop) = (self.deadline, self.stop);
-        self.ch.send(kind, body, &[], &mut || ChannelIo::tick(deadline, stop))
+        self.ch.send(kind, body, &[], &mut self.bound.ticker(handshake_late))
     }
     fn recv_frame(&mut self) -> Result<(MsgKind, Vec<u8>)> {
-        let (deadline, stop) = (self.deadline, self.stop);
-        let f = self.ch.recv(&mut || ChannelIo::tick(deadline, stop))?;
+        let f = self.ch.recv(&mut self.bound.ticker(handshake_late))?;
         Ok((f.kind, f.body))
     }
 }
 
+/// Why a wait for `what` failed: its deadline passed.
+fn late(what: &str) -> Error {
+    Error::TimedOut(format!("{what}: no answer before the deadline"))
+}
+
 /// A tick that fails once `deadline` has passed.
 pub fn deadline_tick(deadline: Instant, what: &str) -> Result<()> {
-    if Instant::now() >= deadline {
-        return Err(Error::TimedOut(format!("{what}: no answer before the deadline")));
-    }
-    Ok(())
+    Deadline { at: deadline, stop: &never_stop }.tick(|| late(what))
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ use crate::control::identity::process_start_time;
 use crate::control::message;
 use crate::control::Identity;
 use crate::error::{Error, Result};
+use crate::sync::deadline::{never_stop, Deadline};
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -222,7 +223,7 @@ impl IpcLink {
             Route::Fabric(domain) => (Channel::connect_tcp(&self.endpoint, deadline)?, *domain),
         };
         if let Some(key) = &self.local.auth {
-            let mut io = ChannelIo { ch: &mut c, deadline, stop: &|| Ok(()) };
+            let mut io = ChannelIo { ch: &mut c, bound: Deadline { at: deadline, stop: &never_stop } };
             auth::connect(&mut io, key, &self.label)?;
         }
         let hello = Hello {

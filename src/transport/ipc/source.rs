@@ -14,6 +14,7 @@ use crate::control::identity::process_start_time;
 use crate::control::message;
 use crate::control::Identity;
 use crate::error::{Error, Result};
+use crate::sync::deadline::Deadline;
 use crate::transport::reactor::{Ended, Flow, Got, Handler, Reactor, Registration, Served, SCRATCH};
 use parking_lot::Mutex;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -53,16 +54,8 @@ impl IpcSourceContext {
 /// The tick of one answer: the requester must read it within the stall
 /// bound, or the channel ends (it cannot pin this thread).
 fn answer_tick<'a>(stall: Duration, stop: &'a dyn Fn() -> Result<()>) -> impl FnMut() -> Result<()> + 'a {
-    let deadline = Instant::now() + stall;
-    move || {
-        stop()?;
-        if Instant::now() >= deadline {
-            return Err(Error::Protocol(
-                "answer not read within the stall bound (the requester is not reading)".into(),
-            ));
-        }
-        Ok(())
-    }
+    Deadline::after(stall, stop)
+        .ticker(|| Error::Protocol("answer not read within the stall bound (the requester is not reading)".into()))
 }
 
 /// Serves one accepted IPC connection: a Unix channel (`hello: None`: its
@@ -153,7 +146,7 @@ fn handshake(
             if ctx.auth.is_none() && f.kind != MsgKind::AuthChallenge {
                 f
             } else {
-                let mut io = ChannelIo { ch: &mut *ch, deadline: hs_deadline, stop: &stop };
+                let mut io = ChannelIo { ch: &mut *ch, bound: Deadline { at: hs_deadline, stop: &stop } };
                 if let Err(e) = auth::accept(&mut io, ctx.auth.as_ref(), (f.kind, &f.body)) {
                     ctx.stats.auth_failures.fetch_add(1, Ordering::Relaxed);
                     let _ = io.send_frame(MsgKind::Error, &auth::refusal(&e));

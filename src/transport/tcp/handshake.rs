@@ -13,6 +13,7 @@ use crate::control::io::{self, HeaderRead, TICK};
 use crate::control::message::{self, Describe};
 use crate::control::seal::{Opener, Sealer};
 use crate::error::{Error, Result};
+use crate::sync::deadline::{never_stop, Deadline};
 use std::io::Read;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,7 +45,12 @@ pub fn connect(
     s.set_write_timeout(Some(TICK)).map_err(|e| Error::io("set_write_timeout", &e))?;
     let mut seal = match key {
         Some(key) => Some(
-            auth::connect(&mut auth::Bounded { stream: &mut s, deadline, stop: &|| Ok(()) }, key, endpoint)?.split(),
+            auth::connect(
+                &mut auth::Bounded { stream: &mut s, bound: Deadline { at: deadline, stop: &never_stop } },
+                key,
+                endpoint,
+            )?
+            .split(),
         ),
         None => None,
     };
@@ -124,14 +130,9 @@ pub fn open(
     stop: &dyn Fn() -> Result<()>,
     auth_failures: &AtomicU64,
 ) -> Result<Option<Opened>> {
-    let deadline = Instant::now() + timeout;
-    let mut tick = || {
-        stop()?;
-        if Instant::now() >= deadline {
-            return Err(Error::Protocol("no complete first frame within the handshake timeout".into()));
-        }
-        Ok(())
-    };
+    let bound = Deadline::after(timeout, stop);
+    let deadline = bound.at;
+    let mut tick = bound.ticker(|| Error::Protocol("no complete first frame within the handshake timeout".into()));
     let first = match io::read_header(&mut *stream, &mut tick)? {
         HeaderRead::Eof => return Ok(None),
         HeaderRead::Frame(h) => h,
@@ -146,7 +147,7 @@ pub fn open(
         )))
     } else {
         let body = io::read_body(&mut *stream, first.body_len, &mut tick)?;
-        let mut io = auth::Bounded { stream: &mut *stream, deadline, stop };
+        let mut io = auth::Bounded { stream: &mut *stream, bound: Deadline { at: deadline, stop } };
         auth::accept(&mut io, key, (first.kind, &body))
     };
     let keys = match authenticated {
@@ -210,14 +211,8 @@ pub fn answer(
     stop: &dyn Fn() -> Result<()>,
     mine: impl FnOnce() -> Describe,
 ) -> Result<Describe> {
-    let deadline = Instant::now() + timeout;
-    let mut tick = || {
-        stop()?;
-        if Instant::now() >= deadline {
-            return Err(Error::Protocol("no Describe within the handshake timeout".into()));
-        }
-        Ok(())
-    };
+    let mut tick =
+        Deadline::after(timeout, stop).ticker(|| Error::Protocol("no Describe within the handshake timeout".into()));
     if first.header.kind != MsgKind::Describe {
         return Err(Error::Protocol(format!("expected Describe first, got {:?}", first.header.kind)));
     }
@@ -271,8 +266,12 @@ mod tests {
                 HeaderRead::Eof => panic!("no challenge"),
             };
             let body = io::read_body(&mut s, h.body_len, &mut tick).unwrap();
-            auth::accept(&mut auth::Bounded { stream: &mut s, deadline, stop: &|| Ok(()) }, Some(&k), (h.kind, &body))
-                .unwrap();
+            auth::accept(
+                &mut auth::Bounded { stream: &mut s, bound: Deadline { at: deadline, stop: &never_stop } },
+                Some(&k),
+                (h.kind, &body),
+            )
+            .unwrap();
             send_error(&mut s, &Error::ResourceExhausted("no slot left".into()));
             // Keep the socket until the requester read the refusal.
             let _ = s.read(&mut [0u8; 1 << 16]);
