@@ -15,8 +15,12 @@
 //! events are further apart than the bound sleeps at once (the same
 //! trade, and the same 200 us default, as Linux's guest halt-polling).
 //!
-//! A handler runs on one thread only, so its receive state needs no
-//! sharing; other threads hand it work through its own queues and
+//! A handler is registered on one I/O thread, which alone runs its event
+//! and tick callbacks. Its state is still shared: other threads reach it
+//! through the handler's own lock (a TCP requester's waiting submitter
+//! reads its answers itself under that lock when the I/O thread is not at
+//! it, `transfer::Assist`; the submitting thread writes a small batch's
+//! frames), hand it work through its queues, and wake its thread with
 //! [`Registration::wake`].
 
 use crate::control::io::TICK;
