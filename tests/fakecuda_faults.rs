@@ -494,19 +494,23 @@ fn fabric_channel() {
     assert_eq!(decode_reject(&f.body).unwrap().1.status(), Status::PermissionDenied);
 }
 
-/// With a shared key, the control connection is sealed while the fabric
-/// channel beside it (the IPC protocol over TCP, after the key's proof)
-/// stays plain: the source tells the two apart by their first bytes, and
-/// both carry the transfer.
-fn fabric_channel_keyed() {
+/// A fabric config with a shared key (a file of this process's own).
+fn keyed_fabric_config(name: &str) -> String {
     use std::os::unix::fs::PermissionsExt;
-    let dir = std::env::temp_dir().join(format!("orbite-fabric-key-{}", std::process::id()));
+    let dir = std::env::temp_dir().join(format!("orbite-fabric-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let key = dir.join("key");
     std::fs::write(&key, [0x33; 40]).unwrap();
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let plain = fabric_config(DOMAIN_A);
-    let config = format!(r#"{{"auth_key_file": "{}", {}"#, key.display(), &plain[1..]);
+    format!(r#"{{"auth_key_file": "{}", {}"#, key.display(), &plain[1..])
+}
+
+/// With a shared key, the control connection and the fabric channel
+/// beside it (the IPC protocol over TCP) are both sealed after the key's
+/// proof, and both carry the transfer.
+fn fabric_channel_keyed() {
+    let config = keyed_fabric_config("keyed");
     let mut src = Source::start(&config, "mnnvl", 1, None);
     let a = src.addrs[0];
     let r = Req::new(&config, &src.endpoint, TransportKind::Mnnvl);
@@ -517,6 +521,27 @@ fn fabric_channel_keyed() {
     let st: serde_json::Value = serde_json::from_str(&src.cmd("stats")).unwrap();
     assert_eq!(st["fabric_channels_accepted"], 1, "{st}");
     assert_eq!(st["auth_failures"], 0, "{st}");
+}
+
+/// A process without the key in the middle of a keyed pair's connections
+/// (every one: the control connection and the fabric channel) passes the
+/// proofs through; what it leaves unchanged serves a READ, but one bit it
+/// flips in the next answer on the fabric channel (the offer of another
+/// allocation's export) ends that channel at the requester's record check:
+/// the READ fails PERMISSION_DENIED, nothing of the changed offer is acted
+/// on. (A plain fabric channel hands the changed offer to the requester,
+/// which then fails otherwise, or not at all.)
+fn fabric_channel_relayed() {
+    let config = keyed_fabric_config("relayed");
+    let src = Source::start(&config, "mnnvl", 2, None);
+    let relay = common::relay::Relay::to(&src.endpoint);
+    let r = Req::new(&config, &relay.endpoint(), TransportKind::Mnnvl);
+    assert_eq!(r.go(&[rd(r.l(0), src.addrs[0], SIZE)]), vec![res(Status::Ok, RemoteEffect::None)]);
+    assert!(r.holds(0, 0, SIZE, 1, 0));
+    assert_eq!(relay.legs(), 2, "the control connection and the fabric channel both came through the relay");
+    relay.leg(1).flip_down_ahead(20);
+    let got = r.go(&[rd(r.l(1), src.addrs[1], 4096)]);
+    assert_eq!(got[0].status, Status::PermissionDenied, "{got:?}");
 }
 
 /// Local EGM memory is copied on the GPU attached to its NUMA node (the
@@ -712,6 +737,7 @@ fn child_case() {
         "host-register-fails" => host_register_fails(),
         "fabric-channel" => fabric_channel(),
         "fabric-channel-keyed" => fabric_channel_keyed(),
+        "fabric-channel-relayed" => fabric_channel_relayed(),
         "egm-placement" => egm_placement(),
         "pinned-fence" => pinned_fence(),
         "baseline" => clean_baseline(),
@@ -838,6 +864,11 @@ fn fabric_handles_with_a_fabric_domain_run_the_protocol_over_tcp() {
 #[test]
 fn a_keyed_fabric_channel_runs_beside_a_sealed_control_connection() {
     run("fabric-channel-keyed", &[]);
+}
+
+#[test]
+fn a_relay_that_changes_a_keyed_fabric_channel_gets_permission_denied() {
+    run("fabric-channel-relayed", &[]);
 }
 
 #[test]

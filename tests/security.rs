@@ -14,7 +14,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Instant;
 
 mod hostile;
+#[path = "common/relay.rs"]
+mod relay;
 use hostile::{describe_bytes, LONG};
+use relay::Relay;
 
 /// A private key file of `fill` bytes in a fresh directory.
 fn key_file(name: &str, fill: u8) -> String {
@@ -602,85 +605,6 @@ fn common_wait(f: impl Fn() -> bool) {
     }
 }
 
-/// A process in the middle of one TCP connection: it relays the bytes both
-/// ways and flips one bit of byte number `flip_down` (source to requester)
-/// or `flip_up` (requester to source), counted from the start of the
-/// connection, once it passes. It knows no key.
-struct Relay {
-    port: u16,
-    /// Every byte the requester sent, as the relay saw it.
-    seen_up: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
-    down: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    up: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    flip_down: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    flip_up: std::sync::Arc<std::sync::atomic::AtomicU64>,
-}
-
-impl Relay {
-    fn to(target: &str) -> Relay {
-        use std::sync::atomic::AtomicU64;
-        use std::sync::Arc;
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let counters: [Arc<AtomicU64>; 4] =
-            std::array::from_fn(|i| Arc::new(AtomicU64::new([0, 0, u64::MAX, u64::MAX][i])));
-        let seen_up = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let r = Relay {
-            port: l.local_addr().unwrap().port(),
-            seen_up: seen_up.clone(),
-            down: counters[0].clone(),
-            up: counters[1].clone(),
-            flip_down: counters[2].clone(),
-            flip_up: counters[3].clone(),
-        };
-        let target = target.to_string();
-        std::thread::spawn(move || {
-            let (req, _) = l.accept().unwrap();
-            let src = TcpStream::connect(&target).unwrap();
-            let [down, up, flip_down, flip_up] = counters;
-            let (r2, s2) = (req.try_clone().unwrap(), src.try_clone().unwrap());
-            std::thread::spawn(move || pump(s2, r2, down, flip_down, None));
-            pump(req, src, up, flip_up, Some(seen_up));
-        });
-        r
-    }
-
-    fn endpoint(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-}
-
-/// Copies `from` to `to`, flipping the low bit of byte number `flip_at`,
-/// keeping a copy in `seen` if given.
-fn pump(
-    mut from: TcpStream,
-    mut to: TcpStream,
-    count: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    flip_at: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    seen: Option<std::sync::Arc<std::sync::Mutex<Vec<u8>>>>,
-) {
-    use std::sync::atomic::Ordering::SeqCst;
-    let mut buf = vec![0u8; 64 << 10];
-    loop {
-        let n = match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        let (at, flip) = (count.load(SeqCst), flip_at.load(SeqCst));
-        if flip >= at && flip < at + n as u64 {
-            buf[(flip - at) as usize] ^= 1;
-        }
-        if let Some(seen) = &seen {
-            seen.lock().unwrap().extend_from_slice(&buf[..n]);
-        }
-        if to.write_all(&buf[..n]).is_err() {
-            break;
-        }
-        count.fetch_add(n as u64, SeqCst);
-    }
-    let _ = to.shutdown(std::net::Shutdown::Both);
-    let _ = from.shutdown(std::net::Shutdown::Both);
-}
-
 /// Two keyed engines, the requester connected through a relay.
 fn keyed_pair_through_relay(name: &str) -> (Engine, Engine, Relay, u64) {
     keyed_pair_through_relay_with(&with_key(&key_file(name, 9)))
@@ -728,7 +652,6 @@ fn a_relay_that_changes_nothing_passes_sealed_bytes_through() {
 /// that flips one bit half a mebibyte into the payload's direction: its
 /// status, the source's memory and the requester's.
 fn tampered(name: &str, op: Op) -> (Status, Vec<u8>, Vec<u8>) {
-    use std::sync::atomic::Ordering::SeqCst;
     let (src, req, relay, peer) = keyed_pair_through_relay(name);
     let (remote, local): (Vec<u8>, Vec<u8>) = match op {
         Op::Read => ((0..RELAYED).map(|i| (i % 251) as u8).collect(), vec![0; RELAYED]),
@@ -736,11 +659,11 @@ fn tampered(name: &str, op: Op) -> (Status, Vec<u8>, Vec<u8>) {
     };
     src.register_memory(remote.as_ptr() as u64, RELAYED as u64, Access::READ | Access::WRITE).unwrap();
     req.register_memory(local.as_ptr() as u64, RELAYED as u64, Access::NONE).unwrap();
-    let (count, flip) = match op {
-        Op::Read => (&relay.down, &relay.flip_down),
-        Op::Write => (&relay.up, &relay.flip_up),
-    };
-    flip.store(count.load(SeqCst) + (RELAYED as u64) / 2, SeqCst);
+    let leg = relay.leg(0);
+    match op {
+        Op::Read => leg.flip_down_ahead(RELAYED as u64 / 2),
+        Op::Write => leg.flip_up_ahead(RELAYED as u64 / 2),
+    }
     let r = Request { op, local_addr: local.as_ptr() as u64, remote_addr: remote.as_ptr() as u64, len: RELAYED as u64 };
     let b = req.submit(peer, &[r], tcp_only()).unwrap();
     let _ = b.wait(LONG);
@@ -807,7 +730,7 @@ fn an_encrypting_pair_shows_a_relay_no_byte_of_a_write() {
         };
         req.submit(peer, &[w], tcp_only()).unwrap().wait(LONG).unwrap();
         assert_eq!(remote, payload, "{wire}");
-        let up = relay.seen_up.lock().unwrap().clone();
+        let up = relay.leg(0).seen_up.lock().unwrap().clone();
         assert!(up.len() > RELAYED, "{wire}: the relay carried the WRITE");
         up.windows(16).any(|w| w == &payload[..16])
     };

@@ -15,9 +15,10 @@
 //! the RustCrypto `hmac`/`sha2` crates. Both sides then derive the
 //! connection's session keys from the key and both nonces
 //! (`control::seal`): a TCP control connection is sealed with them from
-//! its Describe on (tagged, or encrypted with `wire_security: "encrypt"`). An IPC channel over a Unix socket is not sealed (the
-//! kernel joins its two ends; nobody can sit in between); a fabric channel
-//! over TCP is authenticated only (docs/security.md).
+//! its Describe on, a fabric channel (the IPC protocol over TCP) from its
+//! IpcHello on (tagged, or encrypted with `wire_security: "encrypt"`). An
+//! IPC channel over a Unix socket is not sealed (the kernel joins its two
+//! ends; nobody can sit in between; docs/security.md).
 
 use super::frame::MsgKind;
 use super::seal::{SessionKeys, WireSecurity};

@@ -373,10 +373,14 @@ impl Listeners {
                     Ok(Some(first)) if first.header.kind == MsgKind::IpcHello => {
                         let mut tick = Deadline::after(timeout, &stop)
                             .ticker(|| Error::Protocol("IpcHello not completed in time".into()));
-                        let Ok(body) = io::read_body(&mut stream, first.header.body_len, &mut tick) else {
-                            return None;
+                        let body = match first.body {
+                            Some(b) => b,
+                            None => io::read_body(&mut stream, first.header.body_len, &mut tick).ok()?,
                         };
-                        let ch = Channel::from_tcp(stream).ok()?;
+                        let mut ch = Channel::from_tcp(stream).ok()?;
+                        if let Some(seal) = first.seal {
+                            ch.seal(seal).ok()?;
+                        }
                         let hello = Frame { kind: first.header.kind, body, fd: None, second_fd: None };
                         // Its TCP connection took its slot already.
                         crate::transport::ipc::source::serve(fabric, ch, id, Some(hello), &|| Ok(()), &reactor, forget)

@@ -5,6 +5,8 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
+pub mod relay;
+
 /// Generous deadline for anything that must finish (2-core CI machines).
 pub const LONG: Duration = Duration::from_secs(120);
 

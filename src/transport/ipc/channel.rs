@@ -7,13 +7,18 @@
 //! and a fabric domain the same protocol runs over a TCP connection to the
 //! source's endpoint (peers on other hosts of the NVLink partition): no
 //! descriptor can cross it, and the source checks the fabric domain and
-//! epochs instead of the kernel's word.
+//! epochs instead of the kernel's word. With a shared key such a fabric
+//! channel is sealed after its authentication, as a control connection is
+//! (`control::seal`, `tcp::wire`): every frame travels in records checked
+//! before anything in them is acted on.
 
 use crate::control::auth::FrameIo;
 use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
 use crate::control::io::{self, Tick, TICK};
+use crate::control::seal::{Opener, Sealer};
 use crate::error::{Error, Result};
 use crate::sync::deadline::{never_stop, Deadline};
+use crate::transport::tcp::wire::{self, Wire};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -73,6 +78,12 @@ impl AsRawFd for Stream {
 /// A connected IPC channel.
 pub struct Channel {
     stream: Stream,
+    /// A sealed fabric channel's sending half: what this handle sends
+    /// leaves in records made here.
+    sealer: Option<Box<Sealer>>,
+    /// A sealed fabric channel's receiving half: what this handle receives
+    /// is checked here before it is returned.
+    opener: Option<Box<Opener>>,
 }
 
 /// The most descriptors one frame carries (a Welcome's two).
@@ -102,14 +113,62 @@ impl Channel {
             Stream::Tcp(t) => t.try_clone().map(Stream::Tcp),
         }
         .map_err(|e| Error::io("duplicating the IPC channel's socket", &e))?;
-        Ok(Channel { stream })
+        Ok(Channel::over(stream))
+    }
+
+    fn over(stream: Stream) -> Channel {
+        Channel { stream, sealer: None, opener: None }
+    }
+
+    /// Seals a fabric channel from here on, with the halves of the key's
+    /// session (`control::auth`): what it sends leaves in records, what it
+    /// receives must check. Over a Unix channel `NotSupported` (the kernel
+    /// joins its ends; nothing is sealed there).
+    pub fn seal(&mut self, (tx, rx): (Sealer, Opener)) -> Result<()> {
+        if !self.is_tcp() {
+            return Err(Error::NotSupported("only a fabric (TCP) channel is sealed".into()));
+        }
+        self.sealer = Some(Box::new(tx));
+        self.opener = Some(Box::new(rx));
+        Ok(())
+    }
+
+    /// Whether the channel is sealed.
+    pub fn is_sealed(&self) -> bool {
+        self.sealer.is_some() || self.opener.is_some()
+    }
+
+    /// A second handle on the socket that receives for this one: it takes
+    /// the receiving half of the seal (this handle keeps sending).
+    pub fn receiver(&mut self) -> Result<Channel> {
+        let mut rx = self.try_clone()?;
+        rx.opener = self.opener.take();
+        Ok(rx)
+    }
+
+    /// How the channel's bytes travel, for a driver that moves them itself
+    /// (non-blocking, through [`Channel::tcp`]): the seal's halves move to
+    /// the `Wire`; `Wire::Plain` when the channel is not sealed.
+    pub fn take_wire(&mut self) -> Wire {
+        match (self.sealer.take(), self.opener.take()) {
+            (Some(tx), Some(rx)) => Wire::sealed((*tx, *rx)),
+            _ => Wire::Plain,
+        }
+    }
+
+    /// The TCP connection of a fabric channel (`None` for a Unix one).
+    pub fn tcp(&self) -> Option<&TcpStream> {
+        match &self.stream {
+            Stream::Tcp(s) => Some(s),
+            Stream::Unix(_) => None,
+        }
     }
 
     /// Wraps an accepted Unix stream.
     pub fn from_stream(stream: UnixStream) -> Result<Channel> {
         stream.set_read_timeout(Some(TICK)).map_err(|e| Error::io("set_read_timeout", &e))?;
         stream.set_write_timeout(Some(TICK)).map_err(|e| Error::io("set_write_timeout", &e))?;
-        Ok(Channel { stream: Stream::Unix(stream) })
+        Ok(Channel::over(Stream::Unix(stream)))
     }
 
     /// Wraps a TCP connection (a fabric channel).
@@ -117,7 +176,7 @@ impl Channel {
         let _ = stream.set_nodelay(true);
         stream.set_read_timeout(Some(TICK)).map_err(|e| Error::io("set_read_timeout", &e))?;
         stream.set_write_timeout(Some(TICK)).map_err(|e| Error::io("set_write_timeout", &e))?;
-        Ok(Channel { stream: Stream::Tcp(stream) })
+        Ok(Channel::over(Stream::Tcp(stream)))
     }
 
     /// Connects a fabric channel to the source's TCP endpoint.
@@ -188,8 +247,13 @@ impl Channel {
     /// Sends a frame, with `fds` (at most [`MAX_FDS`]) attached.
     pub fn send(&mut self, kind: MsgKind, body: &[u8], fds: &[RawFd], tick: Tick<'_>) -> Result<()> {
         let h = FrameHeader::encode(kind, body.len() as u32);
+        if fds.is_empty() {
+            return match (&mut self.sealer, &mut self.stream) {
+                (Some(tx), Stream::Tcp(s)) => wire::write_frame(s, tx, kind, body, tick),
+                (_, s) => io::write_frame(s, kind, body, tick),
+            };
+        }
         match fds {
-            [] => io::write_frame(&mut self.stream, kind, body, tick),
             _ if self.is_tcp() => Err(Error::NotSupported(format!(
                 "{kind:?} carries a file descriptor, which cannot cross a TCP (fabric) channel"
             ))),
@@ -317,6 +381,12 @@ impl Channel {
     /// Like [`Channel::recv`], but once a frame has started it must be
     /// complete within `frame_timeout` (a slow peer is a protocol error).
     pub fn recv_bounded(&mut self, tick: Tick<'_>, frame_timeout: Option<std::time::Duration>) -> Result<Frame> {
+        if let Some(rx) = &mut self.opener {
+            // Sealed: a whole frame in checked records (no descriptor can
+            // come over TCP). A record that does not check ends the call.
+            let (h, body) = wire::read_frame(&mut self.stream, rx, &[], tick)?;
+            return Ok(Frame { kind: h.kind, body, fd: None, second_fd: None });
+        }
         let started: std::cell::Cell<Option<Instant>> = std::cell::Cell::new(None);
         let mut tick = || {
             tick()?;

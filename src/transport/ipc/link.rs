@@ -224,7 +224,13 @@ impl IpcLink {
         };
         if let Some(key) = &self.local.auth {
             let mut io = ChannelIo { ch: &mut c, bound: Deadline { at: deadline, stop: &never_stop } };
-            auth::connect(&mut io, key, &self.label)?;
+            let keys = auth::connect(&mut io, key, &self.label)?;
+            // A fabric channel crosses a network: from here on its frames
+            // travel sealed under this session's keys (a Unix channel's
+            // ends are joined by the kernel and stay as they are).
+            if c.is_tcp() {
+                c.seal(keys.split())?;
+            }
         }
         let hello = Hello {
             identity: self.local.identity,

@@ -44,8 +44,9 @@ struct Receiving {
 
 impl Pipeline {
     /// Calls over `chan` (connected and past its handshake).
-    pub fn new(chan: Channel) -> Result<Pipeline> {
-        let half = chan.try_clone()?;
+    pub fn new(mut chan: Channel) -> Result<Pipeline> {
+        // A sealed channel's receiving half goes with the receiving handle.
+        let half = chan.receiver()?;
         let ctl = chan.try_clone()?;
         Ok(Pipeline {
             tx: Mutex::new(chan),

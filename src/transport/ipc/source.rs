@@ -16,6 +16,7 @@ use crate::control::Identity;
 use crate::error::{Error, Result};
 use crate::sync::deadline::Deadline;
 use crate::transport::reactor::{Ended, Flow, Got, Handler, Reactor, Registration, Served, SCRATCH};
+use crate::transport::tcp::wire::Wire;
 use parking_lot::Mutex;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -256,7 +257,25 @@ struct Attached {
 }
 
 type Answer = proto::Answer<Attached>;
-type Core = IpcSourceCore<Attached>;
+/// What the channel's one lock guards: its protocol core and how its
+/// bytes travel (sealed in records on a keyed fabric channel).
+struct Core {
+    proto: IpcSourceCore<Attached>,
+    wire: Wire,
+}
+
+impl std::ops::Deref for Core {
+    type Target = IpcSourceCore<Attached>;
+    fn deref(&self) -> &Self::Target {
+        &self.proto
+    }
+}
+
+impl std::ops::DerefMut for Core {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.proto
+    }
+}
 
 fn plain(kind: MsgKind, body: &[u8]) -> Answer {
     Answer::new(kind, body, Attached::default())
@@ -296,7 +315,7 @@ impl AnswerHost<Attached> for Answering<'_> {
 impl IpcServed {
     fn start(
         ctx: Arc<IpcSourceContext>,
-        ch: Channel,
+        mut ch: Channel,
         conn: u64,
         table: Arc<ExportTable>,
         requester: Identity,
@@ -305,13 +324,14 @@ impl IpcServed {
     ) -> Option<Arc<IpcServed>> {
         let ok = ch.set_nonblocking();
         let stall = ctx.handshake_timeout;
+        let wire = ch.take_wire();
         let s = Arc::new_cyclic(|me| IpcServed {
             ch,
             ctx,
             conn,
             table,
             requester,
-            core: Mutex::new(IpcSourceCore::new(stall)),
+            core: Mutex::new(Core { proto: IpcSourceCore::new(stall), wire }),
             reg: once_cell::sync::OnceCell::new(),
             finished: Ended::default(),
             on_done: Mutex::new(Some(on_done)),
@@ -335,14 +355,29 @@ impl IpcServed {
     fn fail(&self, e: &Error, mut core: parking_lot::MutexGuard<'_, Core>) {
         let mid = core.mid_answer();
         let dropped = core.end();
+        // A protocol error is told to the peer when no answer is half
+        // written: sealed (best effort, without blocking) while the wire
+        // is at hand, plain once the lock is released.
+        let told = match (e, mid) {
+            (Error::Protocol(m), false) => {
+                Some(plain(MsgKind::ExportReject, &messages::encode_reject(0, crate::error::Status::ProtocolError, m)))
+            }
+            _ => None,
+        };
+        let told = match (&mut core.wire, self.ch.tcp(), told) {
+            (w @ Wire::Sealed(_), Some(s), Some(a)) => {
+                let _ = w.send(s, &[&a.bytes], 0, a.bytes.len()).and_then(|_| w.flush(s));
+                None
+            }
+            (_, _, told) => told,
+        };
         drop(core);
         // Handles that never left (the descriptor rides on the first byte)
         // end their exports: nobody can hold them.
         for a in dropped.iter().skip(mid as usize) {
             self.not_sent(a);
         }
-        if let (Error::Protocol(m), false) = (e, mid) {
-            let a = plain(MsgKind::ExportReject, &messages::encode_reject(0, crate::error::Status::ProtocolError, m));
+        if let Some(a) = told {
             let _ = self.ch.send_some(&a.bytes, None);
         }
         self.ch.shutdown();
@@ -356,14 +391,31 @@ impl IpcServed {
     }
 
     /// Writes the answers ready, as far as the socket takes them; those
-    /// that left go to `done` (dropped once the lock is released).
+    /// that left go to `done` (dropped once the lock is released). Sealed,
+    /// an answer leaves in records of its own (made here, sent as the
+    /// socket takes them; records already made leave first).
     fn flush(&self, core: &mut Core, done: &mut Vec<Answer>) -> Result<()> {
-        while let Some((bytes, first, x)) = core.to_send() {
-            let fd = if first { x.fd.as_ref().map(|f| f.as_raw_fd()) } else { None };
-            match self.ch.send_some(bytes, fd) {
-                Ok(n) => done.extend(core.sent(n, Instant::now())),
+        let lost = |e: std::io::Error| Error::Unavailable(format!("IPC channel lost: {e}"));
+        let Core { proto, wire } = core;
+        loop {
+            let sent = match (&mut *wire, self.ch.tcp()) {
+                (w @ Wire::Sealed(_), Some(s)) => {
+                    if !w.flush(s).map_err(lost)? {
+                        break;
+                    }
+                    let Some((bytes, _, _)) = proto.to_send() else { break };
+                    w.send(s, &[bytes], 0, bytes.len())
+                }
+                _ => {
+                    let Some((bytes, first, x)) = proto.to_send() else { break };
+                    let fd = if first { x.fd.as_ref().map(|f| f.as_raw_fd()) } else { None };
+                    self.ch.send_some(bytes, fd)
+                }
+            };
+            match sent {
+                Ok(n) => done.extend(proto.sent(n, Instant::now())),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
-                Err(e) => return Err(Error::Unavailable(format!("IPC channel lost: {e}"))),
+                Err(e) => return Err(lost(e)),
             }
         }
         Ok(())
@@ -392,7 +444,10 @@ impl IpcServed {
                 // Bytes read before the bound wait, and room was made.
                 continue;
             }
-            let (got, fds) = self.ch.recv_some(scratch)?;
+            let (got, fds) = match (&mut core.wire, self.ch.tcp()) {
+                (w @ Wire::Sealed(_), Some(s)) => (w.read(s, scratch)?, false),
+                _ => self.ch.recv_some(scratch)?,
+            };
             if fds {
                 return Err(Error::Protocol("a file descriptor arrived from the requester".into()));
             }

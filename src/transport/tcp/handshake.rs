@@ -117,9 +117,10 @@ pub struct Opened {
 /// Source side, first step of every incoming TCP connection: reads the
 /// first frame header within `timeout`. With `key` — or when the peer
 /// starts authenticating — the authentication runs first, and the frame
-/// returned is the first one after it: a sealed control connection's
-/// Describe, or a fabric channel's plain `IpcHello` (a keyed control
-/// connection that does not seal is refused). `Ok(None)`: the peer left
+/// returned is the first one after it, sealed: a control connection's
+/// Describe or a fabric channel's `IpcHello` (a keyed connection whose
+/// next frame is plain is refused: a relay could have passed the proof
+/// through and spoken in its own name). `Ok(None)`: the peer left
 /// before speaking. A failed authentication is counted in
 /// `auth_failures` and answered with an `Error` frame before `Err`
 /// returns.
@@ -172,13 +173,10 @@ pub fn open(
         return Ok(None);
     }
     if let Some(header) = plain_header(&mut *stream, start, &mut tick)? {
-        if header.kind != MsgKind::IpcHello {
-            return Err(Error::PermissionDenied(format!(
-                "a control connection to an engine with auth_key_file must be sealed, not a plain {:?}",
-                header.kind
-            )));
-        }
-        return Ok(Some(Opened { header, body: None, seal: None }));
+        return Err(Error::PermissionDenied(format!(
+            "a connection to an engine with auth_key_file must be sealed after the key's proof, not a plain {:?}",
+            header.kind
+        )));
     }
     let (tx, mut rx) = keys.split();
     let (header, body) = super::wire::read_frame(&mut *stream, &mut rx, &start, &mut tick)?;
@@ -282,5 +280,39 @@ mod tests {
         assert_eq!(e.status(), crate::error::Status::ResourceExhausted, "{e}");
         assert!(e.message().contains("no slot left"), "{e}");
         source.join().unwrap();
+    }
+
+    /// A peer that completes the key's proof and then speaks plain — what
+    /// a relay that passed the proof through would do to speak in its own
+    /// name — is refused `PERMISSION_DENIED`, whatever the frame (a control
+    /// Describe or a fabric channel's IpcHello): only sealed frames follow
+    /// a proof.
+    #[test]
+    fn a_plain_frame_after_the_keys_proof_is_refused() {
+        for kind in [MsgKind::IpcHello, MsgKind::Describe] {
+            let key = AuthKey::from_bytes(&[7u8; 32]).unwrap();
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let endpoint = l.local_addr().unwrap();
+            let k = key.clone();
+            let peer = std::thread::spawn(move || {
+                let mut s = TcpStream::connect(endpoint).unwrap();
+                s.set_read_timeout(Some(TICK)).unwrap();
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let bound = Deadline { at: deadline, stop: &never_stop };
+                auth::connect(&mut auth::Bounded { stream: &mut s, bound }, &k, "test").unwrap();
+                io::write_frame(&mut s, kind, &[0u8; 8], &mut || Ok(())).unwrap();
+                // Keep the socket until the source decided.
+                let _ = s.read(&mut [0u8; 1 << 16]);
+            });
+            let (mut s, _) = l.accept().unwrap();
+            s.set_read_timeout(Some(TICK)).unwrap();
+            let failures = AtomicU64::new(0);
+            let got = open(&mut s, Some(&key), Duration::from_secs(60), &|| Ok(()), &failures);
+            let e = got.map(|_| ()).expect_err("a plain frame after the proof was taken");
+            assert_eq!(e.status(), crate::error::Status::PermissionDenied, "{kind:?}: {e}");
+            assert!(e.message().contains("must be sealed"), "{e}");
+            drop(s);
+            peer.join().unwrap();
+        }
     }
 }

@@ -1,4 +1,5 @@
-//! The bytes of one TCP control connection as its driver moves them: as
+//! The bytes of one TCP control connection (or of a fabric channel, the
+//! IPC protocol over TCP) as its driver moves them: as
 //! they are (engines without a key), or sealed in records
 //! (`control::seal`) when the engines authenticated with a shared key.
 //! Sealed, what is read reaches the protocol core (or registered memory)
