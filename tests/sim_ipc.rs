@@ -22,16 +22,23 @@
 //! - receipts count at most once per validated subbatch;
 //! - an unregistration revokes each export's slot at most once until it is
 //!   resumed;
+//! - an export whose handle is being made is never released under the
+//!   driver that borrows from it;
 //! - once the run drains (requesters close what they hold or exit, the
 //!   source withdraws its offers and reclaims), the table is empty, every
 //!   acknowledgement was sent or dropped, and every handle was unexported.
 //!
 //! The data path (copies through a mapping) is not the protocol's and is
-//! not simulated here; the requester's side is a model of an honest
-//! requester, not the engine's requester code.
+//! not simulated here. The requester's side is a model of an honest
+//! requester (what it asks, when, on which channel), but its opening
+//! exchanges are the engine's requester core (`ipc/proto/requester.rs`,
+//! `Opening`): it builds each export request, checks each offer (and gives
+//! the accept or decline that answers it) and checks each handle, so that
+//! one more invariant holds:
 //!
-//! - an export whose handle is being made is never released under the
-//!   driver that borrows from it.
+//! - the engine's requester core accepts every offer and handle an honest
+//!   source sends (the source and the requester agree on what an honest
+//!   grant is).
 //!
 //! CI runs a fixed set of seeds; a failure prints the seed and the command
 //! that replays it. `scripts/sim.sh ipc A-B` runs many more. Bugs switched
@@ -52,6 +59,7 @@ use orbite::transport::ipc::messages::{
     decode_reject, encode_reject, ExportOffer, ExportRef, ExportRequest, Revalidate, OFFERS_MAX, OP_READ, OP_WRITE,
 };
 use orbite::transport::ipc::proto::exports::{self, Answering, ExportState, ExportsCore, Finished, Grant};
+use orbite::transport::ipc::proto::requester::{Offered, Opening};
 use orbite::transport::ipc::proto::source::{Answer, AnswerHost, IpcSourceCore, Reply, ANSWERS_MAX};
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -367,11 +375,13 @@ fn now() -> Instant {
     T0.with(|t| *t) + NOW.with(|n| n.get())
 }
 
-/// A call a requester sent and waits to have answered.
+/// A call a requester sent and waits to have answered. An export request
+/// and the answer to its offer carry the engine's `Opening` of that
+/// exchange.
 #[derive(Debug, Clone, Copy)]
 enum Call {
-    Request { tag: u64, alloc: u64, ops: u32 },
-    Answer { id: u64, token: u64, accept: bool, alloc: u64, ops: u32 },
+    Request { tag: u64, alloc: u64, ops: u32, opening: Opening },
+    Answer { id: u64, accept: bool, alloc: u64, ops: u32, opening: Opening },
     Revalidate { tag: u64, id: u64 },
     OpComplete { id: u64 },
     Close { id: u64 },
@@ -499,15 +509,8 @@ impl Sim {
     fn send(&mut self, i: usize, call: Call) {
         let p = (self.chans[i].pid - 100) as usize;
         let (kind, body) = match call {
-            Call::Request { tag, alloc, ops } => {
-                let len = 4096 * (1 + (tag % 4));
-                let addr = base(alloc) + 4096 * (tag % 8);
-                let req = ExportRequest { tag, region_epoch: EPOCH, addr, len, ops, wait_ms: 0 };
-                (MsgKind::ExportRequest, req.encode())
-            }
-            Call::Answer { id, token, accept, .. } => {
-                (MsgKind::ExportAnswer, ExportRef { export_id: id, token, value: accept as u64, extra: 0 }.encode())
-            }
+            Call::Request { opening, .. } => (MsgKind::ExportRequest, opening.request().encode()),
+            Call::Answer { accept, opening, .. } => (MsgKind::ExportAnswer, opening.answer(accept).encode()),
             Call::Revalidate { tag, id } => {
                 let imp = self.procs[p].imports[&id];
                 let v = Revalidate {
@@ -661,20 +664,28 @@ impl Sim {
             return Ok(());
         }
         match (call, kind) {
-            (Call::Request { tag, alloc, ops }, MsgKind::ExportOffer) => {
-                let o = ExportOffer::decode(body).map_err(|e| e.to_string())?;
-                if o.tag != tag || o.base != base(alloc) {
+            (Call::Request { alloc, ops, mut opening, .. }, MsgKind::ExportOffer) => {
+                let refused =
+                    |e: Error| format!("conn {conn}: the engine's requester core refused an honest offer: {e}");
+                let o = match opening.offered(kind, body, "sim source").map_err(refused)? {
+                    Offered::Checked(o) => o,
+                    Offered::Declined { error, .. } => return Err(refused(error)),
+                };
+                if o.base != base(alloc) {
                     return Err(format!("conn {conn}: offer {o:?} answers {call:?}"));
                 }
+                // The core's accept or decline (15%) answers it; the answer
+                // may come late (after the offer expired).
                 let accept = !self.rng.chance(15);
-                // The answer may come late (after the offer expired).
-                let call = Call::Answer { id: o.export_id, token: o.token, accept, alloc, ops };
-                self.send(i, call);
+                self.send(i, Call::Answer { id: o.export_id, accept, alloc, ops, opening });
             }
-            (Call::Answer { id, token, accept: true, alloc, ops }, MsgKind::ExportHandle) => {
-                if u64_at(0) != id {
-                    return Err(format!("conn {conn}: handle of {} answers {call:?}", u64_at(0)));
+            (Call::Answer { id, accept: true, alloc, ops, opening }, MsgKind::ExportHandle) => {
+                if let Err(e) = opening.handle(kind, body) {
+                    return Err(format!(
+                        "conn {conn}: the engine's requester core refused the handle for {call:?}: {e}"
+                    ));
                 }
+                let token = opening.answer(true).token;
                 self.procs[p].imports.insert(id, Import { token, alloc, ops, conn });
             }
             (Call::Answer { id, accept: false, .. }, MsgKind::Ack)
@@ -853,7 +864,11 @@ impl Sim {
             if offers_open < OFFERS_MAX {
                 let alloc = self.rng.below(ALLOCS);
                 let ops = [OP_READ, OP_WRITE, OP_READ | OP_WRITE][self.rng.below(3) as usize];
-                self.send(i, Call::Request { tag, alloc, ops });
+                // The same envelope as ever: 4 to 16 KiB at one of the
+                // first eight pages of the allocation.
+                let env = (base(alloc) + 4096 * (tag % 8), 4096 * (1 + (tag % 4)));
+                let opening = Opening::new(tag, EPOCH, env, ops, 0);
+                self.send(i, Call::Request { tag, alloc, ops, opening });
             }
             return;
         }

@@ -1,7 +1,10 @@
 //! Requester side of the IPC protocol: opening imports (request, offer,
 //! answer, handle), subbatch copies and receipts; the relocation cache at
 //! work in `cached.rs`, closing imports in `closing.rs`, the progress
-//! worker in `progress.rs`.
+//! worker in `progress.rs`. What the protocol decides (whether an offer
+//! matches, what answers it, what a handle or a revalidation's answer
+//! says, how a group ends) is `ipc/proto/requester.rs`; this driver makes
+//! the calls over its link and carries it out.
 
 mod cached;
 mod closing;
@@ -12,8 +15,9 @@ use super::board::{self, Board};
 use super::cache::{EntryState, RelocationCache};
 use super::faults::Faults;
 use super::link::IpcLink;
-use super::messages::{op_bit, ExportOffer, ExportRef, ExportRequest, Revalidate, OP_READ, OP_WRITE};
+use super::messages::{op_bit, ExportOffer, ExportRef, Revalidate, OP_READ, OP_WRITE};
 use super::plan::classify;
+use super::proto::requester::{revalidated, Ending, GroupEnd, Offered, Opening};
 use crate::control::frame::MsgKind;
 use crate::control::message::RegionInfo;
 use crate::error::{Error, Result};
@@ -310,8 +314,8 @@ impl IpcRequester {
         }
     }
 
-    /// Opens an import: ExportRequest -> Offer (validated here) -> charge ->
-    /// Answer -> Handle -> map. Any failure is before a copy was posted.
+    /// Opens an import: ExportRequest -> Offer (checked by [`Opening`]) ->
+    /// charge -> Answer -> Handle -> map. Any failure is before a copy was posted.
     fn open(
         &self,
         link: &Arc<IpcLink>,
@@ -321,39 +325,18 @@ impl IpcRequester {
         local_device: Option<i32>,
         deadline: Instant,
     ) -> Result<Import> {
-        let tag = link.tag();
         let wait_ms = deadline.saturating_duration_since(Instant::now()).as_millis().min(u32::MAX as u128) as u32;
-        let req = ExportRequest { tag, region_epoch: region.epoch, addr: env.0, len: env.1, ops, wait_ms };
+        let mut opening = Opening::new(link.tag(), region.epoch, env, ops, wait_ms);
         // Held from the request until its offer is answered.
         let place = link.offer_place(deadline)?;
-        let f = link.call(MsgKind::ExportRequest, &req.encode(), deadline, "export request")?;
-        let offer = match f.kind {
-            MsgKind::ExportOffer => ExportOffer::decode(&f.body)?,
-            MsgKind::ExportReject => {
-                let (t, e) = super::messages::decode_reject(&f.body)?;
-                if t != tag {
-                    return Err(Error::Protocol(format!("reject for tag {t}, expected {tag}")));
-                }
-                return Err(e);
+        let f = link.call(MsgKind::ExportRequest, &opening.request().encode(), deadline, "export request")?;
+        let offer = match opening.offered(f.kind, &f.body, &link.label)? {
+            Offered::Checked(offer) => offer,
+            Offered::Declined { decline, error } => {
+                let _ = link.call(MsgKind::ExportAnswer, &decline.encode(), deadline, "decline");
+                return Err(error);
             }
-            other => return Err(Error::Protocol(format!("export request answered with {other:?}"))),
         };
-        // Validate the grant: operation, range, epochs, fresh token.
-        let grant_end = offer.grant_addr.checked_add(offer.grant_len);
-        let valid = offer.tag == tag
-            && offer.token != 0
-            && offer.region_epoch == region.epoch
-            && offer.ops & ops == ops
-            && offer.grant_addr <= env.0
-            && grant_end.is_some_and(|e| e >= env.0 + env.1 && e <= offer.base + offer.physical)
-            && offer.base <= offer.grant_addr;
-        if !valid {
-            let decline = ExportRef { export_id: offer.export_id, token: offer.token, value: 0, extra: 0 };
-            let _ = link.call(MsgKind::ExportAnswer, &decline.encode(), deadline, "decline");
-            return Err(Error::Protocol(format!("{}: the offer does not match the request ({offer:?})", link.label)));
-        }
-        let answer =
-            |accept: bool| ExportRef { export_id: offer.export_id, token: offer.token, value: accept as u64, extra: 0 };
         let charge_key = (link.endpoint.clone(), link.source.engine_epoch, offer.base);
         // Idle cached imports give their charge back for a new one.
         let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
@@ -367,7 +350,7 @@ impl IpcRequester {
         let charge = match charge {
             Some(c) => c,
             None => {
-                link.call(MsgKind::ExportAnswer, &answer(false).encode(), deadline, "decline")?;
+                link.call(MsgKind::ExportAnswer, &opening.answer(false).encode(), deadline, "decline")?;
                 return Err(Error::ResourceExhausted(format!(
                     "this engine's mapping budget (max_inflight_bytes = {}, {} in use) cannot hold an import of \
                      {} physical bytes (the whole remote allocation, charged once however many imports of it this \
@@ -379,21 +362,9 @@ impl IpcRequester {
                 )));
             }
         };
-        let f = link.call(MsgKind::ExportAnswer, &answer(true).encode(), deadline, "export answer")?;
+        let f = link.call(MsgKind::ExportAnswer, &opening.answer(true).encode(), deadline, "export answer")?;
         drop(place);
-        let (body, fd) = match f.kind {
-            MsgKind::ExportHandle => (f.body, f.fd),
-            MsgKind::ExportReject => return Err(super::messages::decode_reject(&f.body)?.1),
-            other => return Err(Error::Protocol(format!("export answer answered with {other:?}"))),
-        };
-        if body.len() < 28 {
-            return Err(Error::Protocol("ExportHandle body too short".into()));
-        }
-        let r = ExportRef::decode(&body[..28], "ExportHandle")?;
-        if r.export_id != offer.export_id || r.token != offer.token {
-            return Err(Error::Protocol("ExportHandle names another export".into()));
-        }
-        let handle = ReceivedHandle { bytes: body[28..].to_vec(), fd };
+        let handle = ReceivedHandle { bytes: opening.handle(f.kind, &f.body)?, fd: f.fd };
         match self.backend.import(handle, offer.physical, offer.ops & OP_WRITE != 0, local_device) {
             Ok(mapping) => {
                 self.opened.fetch_add(1, Ordering::Relaxed);
@@ -416,7 +387,7 @@ impl IpcRequester {
             }
             Err(e) => {
                 // Nothing was mapped: tell the source it may release.
-                let _ = link.receipt(MsgKind::CloseReceipt, &answer(false), deadline);
+                let _ = link.receipt(MsgKind::CloseReceipt, &opening.answer(false), deadline);
                 Err(e)
             }
         }
@@ -546,15 +517,7 @@ impl IpcRequester {
             ops,
         };
         let f = link.call(MsgKind::Revalidate, &v.encode(), deadline, "revalidate")?;
-        match f.kind {
-            // The tag, then (from a source with a board) the slot's
-            // current generation.
-            MsgKind::RevalidateOk => {
-                Ok(f.body.get(8..16).map_or(0, |g| u64::from_le_bytes(g.try_into().expect("8 bytes"))))
-            }
-            MsgKind::ExportReject => Err(super::messages::decode_reject(&f.body)?.1),
-            other => Err(Error::Protocol(format!("revalidate answered with {other:?}"))),
-        }
+        revalidated(f.kind, &f.body)
     }
 
     /// Enqueues (or performs) every copy of the group through the import:
@@ -599,7 +562,8 @@ impl IpcRequester {
     /// copy failure every item of the group is affected. An unconfirmed
     /// completion keeps the import, its charge and the source's export
     /// (no close, no receipt). Otherwise the import is closed with its
-    /// receipt (no cache), or an operation-complete receipt is sent (cache).
+    /// receipt (no cache), or an operation-complete receipt is sent (cache):
+    /// [`Ending::of`] decides which.
     fn finish(&self, p: Posted, drained: Result<()>) -> Vec<ChunkOutcome> {
         let Posted { imp, key, items, copied, deadline, entered, fences } = p;
         let mut out: Vec<ChunkOutcome> = items.iter().map(|(_, r)| ChunkOutcome::ok(r.op)).collect();
@@ -621,38 +585,41 @@ impl IpcRequester {
                 imp.describe()
             ));
         }
-        match key {
-            None if uncertain => self.retained.lock().push(Retained { import: imp, native_closed: false }),
-            None => {
+        let end = GroupEnd {
+            entered,
+            uncertain,
+            all_ok: out.iter().all(|o| o.result.is_ok()),
+            requests: items.len(),
+            bytes: items.iter().map(|(_, r)| r.len).sum(),
+        };
+        match Ending::of(key, end) {
+            Ending::Retain => self.retained.lock().push(Retained { import: imp, native_closed: false }),
+            Ending::Close => {
                 // Posted copies (even failed ones) end with the import closed.
                 if let Err((e, native_closed)) = self.close_import(&imp, false, deadline) {
                     self.retained.lock().push(Retained { import: imp.clone(), native_closed });
                     fail_all(&mut out, &items, &e);
                 }
             }
-            Some(key) if uncertain => {
+            Ending::MarkUncertain(key) => {
                 let why = out.iter().find_map(|o| o.result.as_ref().err()).map(|e| e.message().to_string());
                 self.cache.mark_uncertain(&key, imp, &why.unwrap_or_else(|| "completion not confirmed".into()))
             }
-            Some(key) if entered => {
+            Ending::Leave { key, requests, bytes } => {
                 // The group ran inside the grant the source published (it
                 // could not have revoked it meanwhile): its outcome is known
                 // without a receipt; what it moved is counted in the slot.
-                let all_ok = out.iter().all(|o| o.result.is_ok());
-                let bytes: u64 = if all_ok { items.iter().map(|(_, r)| r.len).sum() } else { 0 };
-                imp.leave(if all_ok { items.len() as u64 } else { 0 }, bytes);
+                imp.leave(requests, bytes);
                 self.release(&key);
             }
-            Some(key) => {
-                let bytes: u64 = items.iter().map(|(_, r)| r.len).sum();
-                if out.iter().all(|o| o.result.is_ok()) {
-                    let r = imp.export_ref(bytes, items.len() as u32);
-                    if let Err(e) = imp.link.receipt(MsgKind::OpComplete, &r, deadline) {
-                        fail_all(&mut out, &items, &e);
-                    }
+            Ending::Receipt { key, bytes, requests } => {
+                let r = imp.export_ref(bytes, requests);
+                if let Err(e) = imp.link.receipt(MsgKind::OpComplete, &r, deadline) {
+                    fail_all(&mut out, &items, &e);
                 }
                 self.release(&key);
             }
+            Ending::Release(key) => self.release(&key),
         }
         out
     }
