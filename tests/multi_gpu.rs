@@ -22,6 +22,8 @@ use orbite::*;
 use std::time::Duration;
 
 const TWO: (&str, &str) = ("FAKECUDA_DEVICES", "2");
+/// Three GPUs, devices 0 and 2 without a path between them (both ways).
+const NO_PATH_0_2: [(&str, &str); 2] = [("FAKECUDA_DEVICES", "3"), ("FAKECUDA_NO_P2P", "0:2")];
 
 fn only(t: TransportKind) -> SubmitOptions {
     SubmitOptions { transport: Transport::Only(t), timeout: Some(Duration::from_secs(60)) }
@@ -60,6 +62,49 @@ fn local_memory_on_device_one(cfg: &str, kind: &str, transport: TransportKind) {
     let by_device: Vec<(i32, u64, u64)> = st.copies_by_device.iter().map(|(d, c)| (*d, c.copies, c.bytes)).collect();
     assert_eq!(by_device, vec![(1, 2, SIZE + MIB)], "{st:?}");
     e.close(Some(Duration::from_secs(60))).unwrap();
+}
+
+/// A P2P matrix missing the pair (0, 2), in the source and the requester;
+/// the source's allocation is on device 0. For MNNVL that allocation
+/// succeeds: it is granted to the GPUs that reach it, 0 and 1 (granting
+/// device 2 too would fail it, INVALID_DEVICE). A READ into local memory on
+/// device 1 moves the right bytes; one into device 2 is refused
+/// NOT_SUPPORTED before anything is posted, saying `why`, with no remote
+/// effect, and nothing is copied on device 2; device 1 goes on serving
+/// after it. Guards `cuda/fabric.rs` `set_access` (only reaching GPUs) and
+/// `import` (only the copying GPU, its refusal typed), and for NVLink
+/// `cuda/raw.rs` `ipc_open`'s typed refusal.
+fn no_path_between_two_gpus(cfg: &str, kind: &str, transport: TransportKind, why: &str) {
+    let mut src = Source::start_with(cfg, kind, 1, &NO_PATH_0_2, &[]);
+    let a = src.addrs[0];
+    let e = Engine::from_json(cfg).unwrap();
+    let near = CudaMemory::allocate(1, SIZE).unwrap();
+    let far = CudaMemory::allocate(2, SIZE).unwrap();
+    e.register_memory(near.addr(), SIZE, Access::NONE).unwrap();
+    e.register_memory(far.addr(), SIZE, Access::NONE).unwrap();
+    let peer = e.connect(&src.endpoint, None).unwrap();
+    let read = |local: u64| {
+        let r = Request { op: Op::Read, local_addr: local, remote_addr: a, len: SIZE };
+        let b = e.submit(peer, &[r], only(transport)).unwrap();
+        (b.wait(Duration::from_secs(60)), b.results())
+    };
+    let (w, _) = read(near.addr());
+    w.unwrap();
+    assert_eq!(bytes_at(near.addr(), SIZE), pattern_vec(1, SIZE as usize));
+    let (w, results) = read(far.addr());
+    let err = w.unwrap_err();
+    assert_eq!(err.status(), Status::TransferFailed, "{err}");
+    assert!(err.message().contains("NOT_SUPPORTED") || err.message().contains("NotSupported"), "{err}");
+    assert!(err.message().contains(why), "{err}");
+    assert_eq!(results, vec![RequestResult { status: Status::NotSupported, remote_effect: RemoteEffect::None }]);
+    host_to_device(near.addr(), &pattern_vec(7, SIZE as usize)).unwrap();
+    read(near.addr()).0.unwrap();
+    assert_eq!(bytes_at(near.addr(), SIZE), pattern_vec(1, SIZE as usize));
+    let st = e.stats().ipc[transport.name()].clone();
+    let by_device: Vec<(i32, u64)> = st.copies_by_device.iter().map(|(d, c)| (*d, c.copies)).collect();
+    assert_eq!(by_device, vec![(1, 2)], "{st:?}");
+    e.close(Some(Duration::from_secs(60))).unwrap();
+    assert_eq!(src.ipc(transport.name(), "exports_open"), 0);
 }
 
 /// Local pinned host memory has no GPU of its own: the NVLink import is
@@ -168,6 +213,21 @@ fn child_case() {
         "pinned-follows" => pinned_host_follows_the_exporters_gpu(1),
         "pinned-follows-reordered" => pinned_host_follows_the_exporters_gpu(0),
         "foreign" => foreign_device_memory(),
+        "no-path-fd" => no_path_between_two_gpus(
+            r#"{"mnnvl": {"handle_type": "posix_fd"}, "nvlink_cache_entries": 2}"#,
+            "mnnvl",
+            TransportKind::Mnnvl,
+            "GPU 2 has no path to the exported allocation",
+        ),
+        "no-path-fabric" => no_path_between_two_gpus(
+            r#"{"mnnvl": {"handle_type": "fabric", "fabric_domain": "0123456789abcdef0123456789abcdef"}, "nvlink_cache_entries": 2}"#,
+            "mnnvl",
+            TransportKind::Mnnvl,
+            "GPU 2 has no path to the exported allocation",
+        ),
+        "no-path-nvlink" => {
+            no_path_between_two_gpus(NVLINK_CACHED, "ipc", TransportKind::Nvlink, "has no path to the exporter's GPU")
+        }
         "adopted" => adopted_subranges(&std::env::var("ADOPTED_SOURCE_TRACE").unwrap()),
         other => panic!("unknown case {other}"),
     }
@@ -187,6 +247,26 @@ fn mnnvl_copies_run_on_the_gpu_of_the_local_memory() {
     let t = run_traced("mnnvl-device1", &[TWO]);
     assert_eq!(fakecuda::calls(&t, "copies@device0"), 0, "{t:?}");
     assert!(fakecuda::calls(&t, "copies@device1") >= 2, "{t:?}");
+}
+
+#[test]
+fn a_gpu_without_a_path_to_a_posix_fd_export_is_refused_before_posting() {
+    let t = run_traced("no-path-fd", &NO_PATH_0_2);
+    assert_eq!(fakecuda::calls(&t, "copies@device2"), 0, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "access_refused"), 1, "{t:?}");
+}
+
+#[test]
+fn a_gpu_without_a_path_to_a_fabric_export_is_refused_before_posting() {
+    let t = run_traced("no-path-fabric", &NO_PATH_0_2);
+    assert_eq!(fakecuda::calls(&t, "copies@device2"), 0, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "access_refused"), 1, "{t:?}");
+}
+
+#[test]
+fn a_gpu_without_a_path_to_an_nvlink_export_is_refused_before_posting() {
+    let t = run_traced("no-path-nvlink", &NO_PATH_0_2);
+    assert_eq!(fakecuda::calls(&t, "copies@device2"), 0, "{t:?}");
 }
 
 #[test]

@@ -67,6 +67,7 @@ pub const FABRIC: &[&str] = &[
     "cuMemGetAllocationPropertiesFromHandle",
     "cuMemGetAddressRange_v2",
     "cuDeviceGetAttribute",
+    "cuDeviceCanAccessPeer",
 ];
 
 static DRIVER: OnceCell<std::result::Result<Driver, Error>> = OnceCell::new();
@@ -129,6 +130,26 @@ fn probe() -> Result<Driver> {
 /// The driver, probed once per process.
 pub fn driver() -> Result<&'static Driver> {
     DRIVER.get_or_init(probe).as_ref().map_err(|e| e.clone())
+}
+
+/// Whether GPU `dev` can reach memory resident on GPU `peer` (ordinals;
+/// `cuDeviceCanAccessPeer`; a device reaches its own memory).
+pub fn can_access_peer(dev: i32, peer: i32) -> Result<bool> {
+    if dev == peer {
+        return Ok(true);
+    }
+    driver()?;
+    let handle = |o: i32| -> Result<sys::CUdevice> {
+        let mut d = 0;
+        // SAFETY: the driver is loaded; writes one device handle.
+        check(unsafe { sys::cuDeviceGet(&mut d, o) }, "cuDeviceGet")?;
+        Ok(d)
+    };
+    let (d, p) = (handle(dev)?, handle(peer)?);
+    let mut can = 0;
+    // SAFETY: writes one int.
+    check(unsafe { sys::cuDeviceCanAccessPeer(&mut can, d, p) }, "cuDeviceCanAccessPeer")?;
+    Ok(can != 0)
 }
 
 /// A device ordinal that exists.

@@ -4,7 +4,7 @@
 //! placement. Fabric symbols are resolved only when MNNVL is requested;
 //! the allocation life cycle is the CPU-tested model in [`super::vmm`].
 
-use super::driver::{check, check_device, driver, primary_context, ContextGuard, Ctx};
+use super::driver::{can_access_peer, check, check_device, driver, primary_context, ContextGuard, Ctx};
 use super::vmm::{VmmAllocation, VmmOps, VmmState, FABRIC_HANDLE_BYTES};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
@@ -60,6 +60,20 @@ fn prop(p: Placement, handles: sys::CUmemAllocationHandleType) -> sys::CUmemAllo
     pr
 }
 
+/// Grants read/write access to `va..va + size` for the GPUs `devices` and,
+/// with `numa`, the CPU of that NUMA node; the caller has bound a context.
+/// Returns the driver's result.
+fn grant(va: u64, size: u64, devices: &[i32], numa: Option<i32>) -> sys::CUresult {
+    let rw = sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    let mut descs: Vec<sys::CUmemAccessDesc> =
+        devices.iter().map(|d| sys::CUmemAccessDesc { location: location(Placement::Device(*d)), flags: rw }).collect();
+    if let Some(n) = numa {
+        descs.push(sys::CUmemAccessDesc { location: location(Placement::HostNuma(n)), flags: rw });
+    }
+    // SAFETY: descs holds descs.len() valid entries.
+    unsafe { sys::cuMemSetAccess(va, size as usize, descs.as_ptr(), descs.len()) }
+}
+
 /// The driver's VMM operations for one placement and handle-type set.
 pub struct CudaVmm {
     placement: Placement,
@@ -111,22 +125,28 @@ impl VmmOps for CudaVmm {
     }
     fn set_access(&self, va: u64, size: u64) -> Result<()> {
         let _g = self.bind()?;
-        // Every visible local GPU (peer ordinals never enter here), plus the
-        // CPU of the NUMA node for EGM.
-        let mut descs: Vec<sys::CUmemAccessDesc> = (0..driver()?.devices)
-            .map(|d| sys::CUmemAccessDesc {
-                location: location(Placement::Device(d)),
-                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            })
-            .collect();
-        if let Placement::HostNuma(n) = self.placement {
-            descs.push(sys::CUmemAccessDesc {
-                location: location(Placement::HostNuma(n)),
-                flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-            });
-        }
-        // SAFETY: descs holds descs.len() valid entries.
-        check(unsafe { sys::cuMemSetAccess(va, size as usize, descs.as_ptr(), descs.len()) }, "cuMemSetAccess")
+        // The GPUs that can reach the memory (peer ordinals never enter
+        // here): for device memory its own GPU and every visible one
+        // `cuDeviceCanAccessPeer` says reaches it (granting one without a
+        // path fails the whole call, INVALID_DEVICE); for EGM every GPU and
+        // the CPU of its NUMA node.
+        let devices = match self.placement {
+            Placement::Device(p) => {
+                let mut v = Vec::new();
+                for d in 0..driver()?.devices {
+                    if can_access_peer(d, p)? {
+                        v.push(d);
+                    }
+                }
+                v
+            }
+            Placement::HostNuma(_) => (0..driver()?.devices).collect(),
+        };
+        let numa = match self.placement {
+            Placement::HostNuma(n) => Some(n),
+            Placement::Device(_) => None,
+        };
+        check(grant(va, size, &devices, numa), "cuMemSetAccess")
     }
     fn unmap(&self, va: u64, size: u64) -> Result<()> {
         let _g = self.bind()?;
@@ -447,8 +467,9 @@ pub struct Imported {
 }
 
 /// Imports a peer's handle of `physical` bytes in `device`'s primary context
-/// and maps it with access for every visible local GPU (peer ordinals never
-/// select a context).
+/// and maps it with access for `device`, the GPU its copies run on (peer
+/// ordinals never select a context); a GPU with no path to the memory is
+/// refused `NOT_SUPPORTED`, naming it, before anything is posted.
 pub fn import(received: Received<'_>, physical: u64, device: i32) -> Result<Imported> {
     let ctx = primary_context(device)?;
     let g = ContextGuard::bind(ctx)?;
@@ -480,7 +501,16 @@ pub fn import(received: Received<'_>, physical: u64, device: i32) -> Result<Impo
             return Err(e);
         }
     };
-    if let Err(e) = ops.map(va, physical, h).and_then(|_| ops.set_access(va, physical)) {
+    // Copies through the import run on `device` alone: only it is granted.
+    // The driver refuses a GPU with no path to the exporter's memory.
+    let granted = || match grant(va, physical, &[device], None) {
+        sys::CUresult::CUDA_ERROR_INVALID_DEVICE => Err(Error::NotSupported(format!(
+            "GPU {device} has no path to the exported allocation (cuMemSetAccess refused it: no peer access \
+             between the two GPUs); register local memory on a GPU that reaches it"
+        ))),
+        r => check(r, "cuMemSetAccess"),
+    };
+    if let Err(e) = ops.map(va, physical, h).and_then(|_| granted()) {
         let _ = ops.unmap(va, physical);
         let _ = ops.release(h);
         let _ = ops.address_free(va, physical);

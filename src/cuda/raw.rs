@@ -135,7 +135,8 @@ pub fn ipc_handle(device: i32, base: u64) -> Result<[u8; IPC_HANDLE_BYTES]> {
 }
 
 /// Opens a peer's IPC handle in context `ctx` (peer access enabled lazily);
-/// returns the local address of the peer's allocation.
+/// returns the local address of the peer's allocation. A GPU with no path
+/// to the exporter's is refused `NOT_SUPPORTED`.
 pub fn ipc_open(ctx: Ctx, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<u64> {
     // SAFETY: zeroed storage, filled below.
     let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
@@ -146,7 +147,17 @@ pub fn ipc_open(ctx: Ctx, handle: &[u8; IPC_HANDLE_BYTES]) -> Result<u64> {
     let mut p: sys::CUdeviceptr = 0;
     let flags = sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32;
     // SAFETY: context bound; opens the peer's allocation.
-    check(unsafe { sys::cuIpcOpenMemHandle_v2(&mut p, h, flags) }, "cuIpcOpenMemHandle")?;
+    match unsafe { sys::cuIpcOpenMemHandle_v2(&mut p, h, flags) } {
+        // The driver maps only where the two GPUs have a peer path.
+        sys::CUresult::CUDA_ERROR_INVALID_DEVICE => {
+            return Err(Error::NotSupported(
+                "the GPU copying for this import has no path to the exporter's GPU (cuIpcOpenMemHandle refused it: \
+                 no peer access between the two GPUs); register local memory on a GPU that reaches it"
+                    .into(),
+            ))
+        }
+        r => check(r, "cuIpcOpenMemHandle")?,
+    }
     g.restore()?;
     Ok(p)
 }

@@ -43,6 +43,14 @@
  *   counted; opened in another device's context it is a separate mapping
  *   of that device. VMM mappings follow their cuMemSetAccess grants; pinned
  *   and registered host memory serves every context.
+ * - Paths between devices (FAKECUDA_NO_PEER, FAKECUDA_NO_P2P) are physical
+ *   and the same in every process. cuMemSetAccess granting a device with no
+ *   path to a mapped allocation's device fails INVALID_DEVICE and grants
+ *   nothing (counted "access_refused"); cuIpcOpenMemHandle in a context of
+ *   a device with no path to the exporter's fails INVALID_DEVICE. Every
+ *   allocation's memfd is named after its physical device, so a POSIX fd
+ *   import knows the exporter's true location, and an fd that is not an
+ *   allocation of this driver is refused INVALID_VALUE.
  * - Pointer queries (cuPointerGetAttribute) answer memory type, device,
  *   managed (cuMemAllocManaged) and legacy-IPC capability;
  *   cuMemRetainAllocationHandle returns a VMM mapping's handle with one
@@ -70,6 +78,8 @@
  *                                 would; only their UUIDs differ by it
  *   FAKECUDA_NO_PEER=1            no peer access between distinct devices
  *                                 (cuDeviceCanAccessPeer says 0)
+ *   FAKECUDA_NO_P2P=a:b[,c:d]     no path between physical devices a and b
+ *                                 (both ways): a P2P matrix missing pairs
  *   FAKECUDA_DEVICE_NAME=name     cuDeviceGetName's answer (default
  *                                 "fakecuda device N"), to pose as a GPU
  *   FAKECUDA_TRACE=path           at exit, appends "pid name calls" lines
@@ -183,6 +193,8 @@ static int nrules;
 static unsigned long calls[F_COUNT];
 static int n_devices = 1, driver_version = 13000, no_fabric; /* 1 create, 2 export */
 static int no_peer;
+static unsigned char no_p2p[8][8]; /* FAKECUDA_NO_P2P, physical devices */
+static unsigned long access_refused;
 static const char *device_name; /* FAKECUDA_DEVICE_NAME */
 static int physical_of[8] = {0, 1, 2, 3, 4, 5, 6, 7}; /* FAKECUDA_VISIBLE_DEVICES */
 static unsigned long cross_device_refused;
@@ -214,6 +226,7 @@ static void write_trace(void) {
     for (int d = 0; d < MAX_DEVICES; d++)
         if (copies_on[d]) fprintf(f, "%d copies@device%d %lu\n", (int)getpid(), d, copies_on[d]);
     if (cross_device_refused) fprintf(f, "%d cross_device_refused %lu\n", (int)getpid(), cross_device_refused);
+    if (access_refused) fprintf(f, "%d access_refused %lu\n", (int)getpid(), access_refused);
     unsigned long live[N_LIVE];
     if (count_live(live))
         for (int i = 0; i < N_LIVE; i++) fprintf(f, "%d live:%s %lu\n", (int)getpid(), live_names[i], live[i]);
@@ -229,6 +242,18 @@ static void parse_env(void) {
     if ((v = getenv("FAKECUDA_COPY_DELAY_US"))) copy_delay_us = (unsigned)atoi(v);
     if ((v = getenv("FAKECUDA_NO_FABRIC"))) no_fabric = strcmp(v, "export") == 0 ? 2 : 1;
     if ((v = getenv("FAKECUDA_NO_PEER"))) no_peer = atoi(v) != 0;
+    if ((v = getenv("FAKECUDA_NO_P2P"))) {
+        for (const char *q = v; *q;) {
+            int a, b, used = 0;
+            if (sscanf(q, "%d:%d%n", &a, &b, &used) != 2 || a < 0 || a > 7 || b < 0 || b > 7) {
+                fprintf(stderr, "fakecuda: FAKECUDA_NO_P2P is not a:b[,c:d] of devices 0-7: '%s'\n", v);
+                abort();
+            }
+            no_p2p[a][b] = no_p2p[b][a] = 1;
+            q += used;
+            if (*q == ',') q++;
+        }
+    }
     device_name = getenv("FAKECUDA_DEVICE_NAME");
     if ((v = getenv("FAKECUDA_VISIBLE_DEVICES"))) {
         int n = 0;
@@ -404,6 +429,7 @@ struct vmm {
     int maps;
     uint64_t id;
     struct vmm *next;
+    int phys; /* the physical device holding it; -1: host memory */
 };
 #define VMM_MAGIC 0x564d4d31u
 struct piece {
@@ -444,9 +470,11 @@ static void drop_vmm_if_unused(struct vmm *v) {
     free(v);
 }
 
-static int memfd_for(size_t len, uint64_t id) {
+/* A memfd for allocation `id` on physical device `phys` (-1: host memory),
+ * named "fakecuda-TOKEN-ID pPHYS". */
+static int memfd_for(size_t len, uint64_t id, int phys) {
     char name[64];
-    snprintf(name, sizeof name, "fakecuda-%016llx-%llu", (unsigned long long)token, (unsigned long long)id);
+    snprintf(name, sizeof name, "fakecuda-%016llx-%llu p%d", (unsigned long long)token, (unsigned long long)id, phys);
     int fd = (int)syscall(SYS_memfd_create, name, 1u /* MFD_CLOEXEC */);
     if (fd < 0) return -1;
     if (ftruncate(fd, (off_t)len) != 0) {
@@ -813,7 +841,10 @@ EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
     return CUDA_SUCCESS;
 }
 
-static int peer_capable(CUdevice a, CUdevice b) { return a != b && !no_peer; }
+/* Whether physical devices p and q have a path (a device reaches itself). */
+static int phys_reach(int p, int q) { return p == q || (!no_peer && !no_p2p[p & 7][q & 7]); }
+
+static int peer_capable(CUdevice a, CUdevice b) { return a != b && phys_reach(physical_of[a], physical_of[b]); }
 
 EXPORT CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer) {
     ENTER(cuDeviceCanAccessPeer);
@@ -950,7 +981,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     pthread_mutex_lock(&mu);
     uint64_t id = next_id++;
     pthread_mutex_unlock(&mu);
-    int fd = memfd_for(len, id);
+    int fd = memfd_for(len, id, physical_of[c->device]);
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     char *va = reserve(len);
     char *shadow = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -1188,7 +1219,8 @@ struct ipc_wire {
     uint64_t id;
     uint64_t token;
     uint64_t check;
-    char pad[16];
+    int32_t phys; /* the exporter's physical device */
+    char pad[12];
 };
 _Static_assert(sizeof(struct ipc_wire) == 64, "an IPC handle has 64 bytes");
 
@@ -1210,7 +1242,8 @@ EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *handle, CUdeviceptr dptr) {
     if (!r || r->kind != K_DEVICE) {
         res = CUDA_ERROR_INVALID_VALUE; /* only cuMemAlloc memory of this process */
     } else {
-        w = (struct ipc_wire){IPC_MAGIC, (uint32_t)getpid(), r->fd, (uint32_t)r->device, r->len, r->id, token, 0, {0}};
+        w = (struct ipc_wire){IPC_MAGIC, (uint32_t)getpid(), r->fd, (uint32_t)r->device, r->len, r->id, token, 0, 0, {0}};
+        w.phys = physical_of[r->device];
         w.check = checksum(&w, offsetof(struct ipc_wire, check));
     }
     pthread_mutex_unlock(&mu);
@@ -1227,7 +1260,7 @@ static int open_peer_memfd(uint32_t pid, int fd, uint64_t peer_token, uint64_t i
     ssize_t n = readlink(path, link, sizeof link - 1);
     if (n <= 0) return -1;
     link[n] = 0;
-    snprintf(want, sizeof want, "/memfd:fakecuda-%016llx-%llu ", (unsigned long long)peer_token, (unsigned long long)id);
+    snprintf(want, sizeof want, "/memfd:fakecuda-%016llx-%llu p", (unsigned long long)peer_token, (unsigned long long)id);
     if (strncmp(link, want, strlen(want)) != 0) return -1; /* a different file now */
     int f = open(path, O_RDWR | O_CLOEXEC);
     struct stat st;
@@ -1248,6 +1281,7 @@ EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
     memcpy(&w, handle.reserved, sizeof w);
     if (w.magic != IPC_MAGIC || w.check != checksum(&w, offsetof(struct ipc_wire, check))) return CUDA_ERROR_INVALID_VALUE;
     if (w.token == token) return CUDA_ERROR_INVALID_CONTEXT; /* opened in the exporting process */
+    if (!phys_reach(physical_of[c->device], w.phys)) return CUDA_ERROR_INVALID_DEVICE; /* no path to the exporter's GPU */
     pthread_mutex_lock(&mu);
     for (struct range *r = ranges; r; r = r->next)
         if (r->kind == K_IPC_IMPORT && r->peer_token == w.token && r->id == w.id && r->device == c->device) {
@@ -1343,7 +1377,8 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
     pthread_mutex_lock(&mu);
     v->id = next_id++;
     pthread_mutex_unlock(&mu);
-    v->fd = memfd_for(size, v->id);
+    v->phys = prop->location.type == LOC_DEVICE ? physical_of[prop->location.id] : -1;
+    v->fd = memfd_for(size, v->id, v->phys);
     char *fill = v->fd < 0 ? MAP_FAILED : mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, v->fd, 0);
     if (fill == MAP_FAILED) {
         if (v->fd >= 0) close(v->fd);
@@ -1562,6 +1597,14 @@ EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDe
     /* The CPU can be granted host memory (EGM) only, not device memory. */
     for (struct piece *p = r && !res && cpu >= 0 ? r->pieces : NULL; p; p = p->next)
         if (p->va < ptr + size && ptr < p->va + p->len && p->h->loc.type != LOC_HOST_NUMA) res = CUDA_ERROR_INVALID_VALUE;
+    /* A device is granted only memory it has a path to; otherwise nothing
+     * is granted. */
+    for (struct piece *p = r && !res ? r->pieces : NULL; p; p = p->next)
+        for (int d = 0; d < n_devices && p->va < ptr + size && ptr < p->va + p->len; d++)
+            if ((grant >> d & 1) && p->h->phys >= 0 && !phys_reach(physical_of[d], p->h->phys)) {
+                res = CUDA_ERROR_INVALID_DEVICE;
+                access_refused++;
+            }
     for (struct piece *p = r && !res ? r->pieces : NULL; p; p = p->next) {
         if (!(p->va < ptr + size && ptr < p->va + p->len)) continue;
         p->access = (p->access | grant) & ~revoke;
@@ -1590,7 +1633,8 @@ struct fabric_wire {
     int32_t loc_id;
     int32_t handle_types;
     uint64_t check;
-    char pad[8];
+    int32_t phys; /* the allocation's physical device; -1: host memory */
+    char pad[4];
 };
 _Static_assert(sizeof(struct fabric_wire) == 64, "a fabric handle has 64 bytes");
 
@@ -1616,7 +1660,7 @@ EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHa
             *(int *)out = fd;
     } else if (!res) {
         struct fabric_wire w = {FABRIC_MAGIC, (uint32_t)getpid(), v->fd, v->loc.type, v->size, v->id, token,
-                                v->loc.id,    v->handle_types,    0,     {0}};
+                                v->loc.id,    v->handle_types,    0,     v->phys, {0}};
         w.check = checksum(&w, offsetof(struct fabric_wire, check));
         memcpy(out, &w, sizeof w);
     }
@@ -1632,9 +1676,23 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *han
     CUmemLocation loc = {LOC_DEVICE, 0};
     int types = type;
     uint64_t id = 0;
+    int phys = -1;
     if (type == HANDLE_POSIX_FD) {
         fd = fcntl((int)(intptr_t)os_handle, F_DUPFD_CLOEXEC, 0);
         if (fd < 0) return CUDA_ERROR_INVALID_VALUE;
+        /* Only an allocation of this driver: its memfd names its device. */
+        char path[64], link[128];
+        unsigned long long t, i;
+        snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(path, link, sizeof link - 1);
+        link[n > 0 ? n : 0] = 0;
+        if (n <= 0 || sscanf(link, "/memfd:fakecuda-%llx-%llu p%d", &t, &i, &phys) != 3) {
+            close(fd);
+            return CUDA_ERROR_INVALID_VALUE; /* not an allocation */
+        }
+        id = i;
+        for (int o = 0; phys >= 0 && o < n_devices; o++)
+            if (physical_of[o] == phys) loc.id = o; /* the exporter's true location, as seen here */
     } else if (type == HANDLE_FABRIC) {
         if (!os_handle) return CUDA_ERROR_INVALID_VALUE;
         if (no_fabric) return CUDA_ERROR_NOT_PERMITTED;
@@ -1647,6 +1705,7 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *han
         loc = (CUmemLocation){w.loc_type, w.loc_id};
         types = w.handle_types;
         id = w.id;
+        phys = w.phys;
     } else {
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -1660,7 +1719,7 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *han
         close(fd);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *v = (struct vmm){VMM_MAGIC, fd, (size_t)st.st_size, types, loc, 0, 0, 0, id, NULL};
+    *v = (struct vmm){VMM_MAGIC, fd, (size_t)st.st_size, types, loc, 0, 0, 0, id, NULL, phys};
     pthread_mutex_lock(&mu);
     v->next = vmms;
     vmms = v;
