@@ -526,10 +526,29 @@ pub fn deadline_tick(deadline: Instant, what: &str) -> Result<()> {
     Deadline { at: deadline, stop: &never_stop }.tick(|| late(what))
 }
 
+/// Whether a peer running as `uid` (from [`Channel::peer_cred`]) may open a
+/// Unix channel: this process's own user, or one of `allowed`.
+pub fn admits_uid(uid: u32, allowed: &[u32]) -> bool {
+    // SAFETY: geteuid has no memory effects.
+    uid == unsafe { libc::geteuid() } || allowed.contains(&uid)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// Guards `admits_uid`: only this process's user and the allowed ones.
+    #[test]
+    fn only_this_user_and_allowed_users_are_admitted() {
+        // SAFETY: geteuid has no memory effects.
+        let me = unsafe { libc::geteuid() };
+        let other = me.wrapping_add(1);
+        assert!(admits_uid(me, &[]));
+        assert!(!admits_uid(other, &[]));
+        assert!(!admits_uid(other, &[other.wrapping_add(1)]));
+        assert!(admits_uid(other, &[other]));
+    }
 
     #[test]
     fn frames_and_fds_cross_the_channel() {

@@ -47,8 +47,7 @@ pub struct IpcSourceContext {
 impl IpcSourceContext {
     /// Whether processes of `uid` may open a Unix IPC channel here.
     fn admits(&self, uid: u32) -> bool {
-        // SAFETY: geteuid has no memory effects.
-        uid == unsafe { libc::geteuid() } || self.allowed_uids.contains(&uid)
+        super::channel::admits_uid(uid, &self.allowed_uids)
     }
 }
 
