@@ -130,21 +130,18 @@ impl VmmOps for CudaVmm {
         // `cuDeviceCanAccessPeer` says reaches it (granting one without a
         // path fails the whole call, INVALID_DEVICE); for EGM every GPU and
         // the CPU of its NUMA node.
-        let devices = match self.placement {
+        let all = driver()?.devices;
+        let (devices, numa) = match self.placement {
             Placement::Device(p) => {
-                let mut v = Vec::new();
-                for d in 0..driver()?.devices {
+                let mut reach = Vec::new();
+                for d in 0..all {
                     if can_access_peer(d, p)? {
-                        v.push(d);
+                        reach.push(d);
                     }
                 }
-                v
+                (reach, None)
             }
-            Placement::HostNuma(_) => (0..driver()?.devices).collect(),
-        };
-        let numa = match self.placement {
-            Placement::HostNuma(n) => Some(n),
-            Placement::Device(_) => None,
+            Placement::HostNuma(n) => ((0..all).collect(), Some(n)),
         };
         check(grant(va, size, &devices, numa), "cuMemSetAccess")
     }

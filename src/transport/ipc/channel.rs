@@ -133,11 +133,6 @@ impl Channel {
         Ok(())
     }
 
-    /// Whether the channel is sealed.
-    pub fn is_sealed(&self) -> bool {
-        self.sealer.is_some() || self.opener.is_some()
-    }
-
     /// A second handle on the socket that receives for this one: it takes
     /// the receiving half of the seal (this handle keeps sending).
     pub fn receiver(&mut self) -> Result<Channel> {
