@@ -283,3 +283,106 @@ fn grant_board_random_interleavings() {
 fn grant_board_pct_interleavings() {
     shuttle::check_pct(board_model::model, 2000, 3);
 }
+
+/// Closing the requester side while submissions post their subbatches:
+/// the engine's `SubbatchAdmission` (`sync/admission.rs`) over the
+/// requester gate, and the relocation cache each subbatch takes its import
+/// from. One submission posts three windows of one group, another a
+/// single subbatch; a third thread is `close_requester`: it closes the
+/// gate, waits for the work inside, flushes the cache. In every explored
+/// interleaving the close leaves the cache empty: no subbatch opens (and
+/// caches) an import after the flush. Two past races, switched back on
+/// (`AdmissionMutations`), must be found: no hold between windows (a later
+/// window then ran after the flush), and a single subbatch run with no
+/// entry once the gate closed behind the submission's check.
+mod close_model {
+    use orbite::sync::admission::{AdmissionMutations, Gate, SubbatchAdmission};
+    use orbite::transport::ipc::cache::RelocationCache;
+    use orbite::Error;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    struct World {
+        gate: Arc<Gate>,
+        cache: RelocationCache<u8, ()>,
+        mutations: AdmissionMutations,
+    }
+
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(3600)
+    }
+
+    fn close(_: &(), _: bool) -> std::result::Result<(), (Error, bool)> {
+        Ok(())
+    }
+
+    impl World {
+        /// One submission of `subbatches` subbatches through region `key`'s
+        /// import, as `run_ipc` posts them; a refused one fails the rest.
+        fn submit(&self, key: u8, subbatches: usize) {
+            let mut admission = SubbatchAdmission::new(&self.gate);
+            admission.mutations = self.mutations;
+            for i in 0..subbatches {
+                let Ok(entry) = admission.admit(i + 1 < subbatches) else { return };
+                let (import, _) = self
+                    .cache
+                    .acquire(&key, far(), &|| "model".into(), || Ok(()), &close, &|_| true)
+                    .expect("an import");
+                shuttle::thread::yield_now();
+                drop(import);
+                self.cache.release(&key);
+                drop(entry);
+            }
+        }
+    }
+
+    pub fn model(mutations: AdmissionMutations) {
+        let w = Arc::new(World { gate: Gate::new("requester side"), cache: RelocationCache::new(4), mutations });
+        let submitters: Vec<_> = [(1u8, 3usize), (2, 1)]
+            .into_iter()
+            .map(|(key, n)| {
+                let w = w.clone();
+                shuttle::thread::spawn(move || w.submit(key, n))
+            })
+            .collect();
+        let w2 = w.clone();
+        let closer = shuttle::thread::spawn(move || {
+            assert_eq!(w2.gate.close_and_wait(far()), 0);
+            assert!(w2.cache.flush(far(), &close).is_empty());
+        });
+        for h in submitters {
+            h.join().unwrap();
+        }
+        closer.join().unwrap();
+        let left: Vec<u8> = w.cache.entries().into_iter().map(|e| e.0).collect();
+        assert!(left.is_empty(), "imports of regions {left:?} cached after the close flushed");
+    }
+}
+
+#[test]
+fn close_and_subbatches_random_interleavings() {
+    shuttle::check_random(|| close_model::model(Default::default()), 3000);
+}
+
+#[test]
+fn close_and_subbatches_pct_interleavings() {
+    shuttle::check_pct(|| close_model::model(Default::default()), 1000, 3);
+}
+
+/// Whether the model, with `bug` switched on, fails in some interleaving.
+fn close_model_finds(bug: orbite::sync::admission::AdmissionMutations) -> bool {
+    let found = std::panic::catch_unwind(|| shuttle::check_random(move || close_model::model(bug), 3000));
+    found.is_err()
+}
+
+#[test]
+fn the_model_finds_a_close_between_two_windows() {
+    let bug = orbite::sync::admission::AdmissionMutations { no_hold: true, run_unentered: true };
+    assert!(close_model_finds(bug), "no interleaving left an import cached");
+}
+
+#[test]
+fn the_model_finds_a_subbatch_run_after_the_gate_closed() {
+    let bug = orbite::sync::admission::AdmissionMutations { run_unentered: true, ..Default::default() };
+    assert!(close_model_finds(bug), "no interleaving left an import cached");
+}

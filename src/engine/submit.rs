@@ -10,6 +10,7 @@ use crate::control::message::{Describe, RegionInfo};
 use crate::error::{Error, Result, Status};
 use crate::kinds::{Transport, TransportKind};
 use crate::memory::{owners, MemoryKind, RegionLease};
+use crate::sync::admission::{GateGuard, SubbatchAdmission};
 use crate::transfer::{Assist, BatchShared, ChunkOutcome, Op, RemoteEffect, Request, MAX_REQUESTS};
 use crate::transport::coalesce::LocalSpans;
 use crate::transport::cpu_copy;
@@ -606,22 +607,14 @@ impl Engine {
         }
         let (mut groups, any_order) = group(live);
         let in_flight = Arc::new(InFlight::default());
-        // With several subbatches, the requester side stays open until the
-        // last is posted: close_requester waits, so its flush of the
-        // relocation cache never falls between two of them (a later one
-        // would open an import after the flush and leave it cached, its
-        // export retained). A close begun before then fails the rest.
-        let mut posting = None;
+        // Each subbatch runs inside the requester gate (entered for its own
+        // completion) and, with more to follow, the submission stays
+        // entered to its last: close_requester waits, so its flush of the
+        // relocation cache never falls before a subbatch (which would open
+        // an import after the flush and leave it cached, its export
+        // retained). A close begun before then fails the rest.
+        let mut admission = SubbatchAdmission::new(&self.inner.requester_gate);
         while let Some(Group { items: g, retried, window }) = groups.pop_front() {
-            if posting.is_none() && !groups.is_empty() {
-                match self.inner.requester_gate.enter() {
-                    Ok(guard) => posting = Some(guard),
-                    Err(e) => {
-                        fail_unposted(batch, g.iter().chain(groups.iter().flat_map(|g| &g.items)), &e);
-                        return Vec::new();
-                    }
-                }
-            }
             // A large independent last group of SHM moves in windows.
             if groups.is_empty()
                 && window.is_none()
@@ -633,6 +626,13 @@ impl Engine {
                 groups.extend(windows(g).into_iter().map(|items| Group { items, retried: false, window }));
                 continue;
             }
+            let entry = match admission.admit(!groups.is_empty()) {
+                Ok(entry) => entry,
+                Err(e) => {
+                    fail_unposted(batch, g.iter().chain(groups.iter().flat_map(|g| &g.items)), &e);
+                    return Vec::new();
+                }
+            };
             let region = *g[0].region.expect("resolved");
             let items: Vec<(usize, Request)> = g.iter().map(|c| (c.index, c.req)).collect();
             // The last group may complete on the progress worker; earlier
@@ -640,8 +640,10 @@ impl Engine {
             // stay in order. Groups of independent requests, and windows
             // of one independent group, may end in any order: each
             // completes there, and the next is posted while it copies.
+            // Without an entry of its own (the gate began closing) it
+            // completes here, inside the submission's hold.
             let defer = match groups.is_empty() || window.is_some() || any_order {
-                true => self.deferred_completion(batch, &g, in_flight.enter()),
+                true => entry.map(|entry| self.deferred_completion(batch, &g, in_flight.enter(), entry)),
                 false => None,
             };
             let local = GroupLocal {
@@ -718,12 +720,12 @@ impl Engine {
         batch: &Arc<BatchShared>,
         g: &[Checked<'_>],
         counted: InFlightGuard,
-    ) -> Option<crate::transport::ipc::requester::OnDone> {
-        let guard = self.inner.requester_gate.enter().ok()?;
+        guard: GateGuard,
+    ) -> crate::transport::ipc::requester::OnDone {
         let batch = batch.clone();
         let indices: Vec<usize> = g.iter().map(|c| c.index).collect();
         let held: Vec<Arc<RegionLease>> = lease_runs(g).into_iter().cloned().collect();
-        Some(Box::new(move |outcomes: Vec<ChunkOutcome>| {
+        Box::new(move |outcomes: Vec<ChunkOutcome>| {
             // The local regions are free again before the batch says so; the
             // requester side stays open until it has (close_requester then
             // returns only with every batch it waited for complete).
@@ -732,7 +734,7 @@ impl Engine {
             drop(guard);
             // Its import is back in the cache (idle) by now.
             drop(counted);
-        }))
+        })
     }
 
     /// Splits requests into chunks, admits them and queues them on the

@@ -1,8 +1,11 @@
-//! Small synchronisation pieces: a byte budget (admission) and a gate that
-//! counts work inside it and can be closed and drained.
+//! Small synchronisation pieces: a byte budget (admission), a gate that
+//! counts work inside it and can be closed and drained, and the admission
+//! of one submission's subbatches into that gate. On the lock shim
+//! (`crate::sync`), so that the gate's users are model-checked
+//! (`tests/models.rs`).
 
 use crate::error::{Error, Result};
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -205,6 +208,58 @@ impl Gate {
     }
 }
 
+/// Admits the subbatches of one submission into a [`Gate`] (the
+/// requester side's), so that a close never falls between two of them nor
+/// between the gate's last check and a subbatch: each runs inside the
+/// gate, entered for its own completion, and while more follow the whole
+/// submission stays entered too, so that a close waits for the last one
+/// (one posted after the close's flush would leave its import cached).
+pub struct SubbatchAdmission {
+    gate: Arc<Gate>,
+    /// Entered once a subbatch has another after it; held to the end.
+    hold: Option<GateGuard>,
+    /// Bug switches for the concurrency model (`tests/models.rs`), off
+    /// unless a test turns one on to show the model finds that class.
+    pub mutations: AdmissionMutations,
+}
+
+/// Bugs of the past the model must find, re-introduced on demand.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AdmissionMutations {
+    /// The submission is not held entered between its subbatches; with
+    /// `run_unentered`, a close flushes between two windows of one
+    /// submission and the later ones run after it (the race of bb188f6).
+    pub no_hold: bool,
+    /// A subbatch the closed gate refused its own entry still runs, inside
+    /// nothing: a close between the submission's open-gate check and its
+    /// only subbatch flushes before it runs.
+    pub run_unentered: bool,
+}
+
+impl SubbatchAdmission {
+    /// The admission of one submission's subbatches into `gate`.
+    pub fn new(gate: &Arc<Gate>) -> SubbatchAdmission {
+        SubbatchAdmission { gate: gate.clone(), hold: None, mutations: AdmissionMutations::default() }
+    }
+
+    /// Admits the next subbatch; `more` says another follows it. `Ok`:
+    /// it may run, with its own entry (kept until it completes) or, once
+    /// the gate began closing, inside the submission's hold (it then
+    /// completes before returning). `Err`: the gate is closed and the
+    /// submission holds nothing: this subbatch and those after it fail
+    /// unposted.
+    pub fn admit(&mut self, more: bool) -> Result<Option<GateGuard>> {
+        if more && self.hold.is_none() && !self.mutations.no_hold {
+            self.hold = Some(self.gate.enter()?);
+        }
+        match self.gate.enter() {
+            Ok(own) => Ok(Some(own)),
+            Err(_) if self.hold.is_some() || self.mutations.run_unentered => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -246,6 +301,28 @@ mod tests {
         assert_eq!(g.close_and_wait(Instant::now() + Duration::from_millis(5)), 1);
         assert!(g.enter().is_err());
         drop(a);
+        assert_eq!(g.close_and_wait(Instant::now()), 0);
+    }
+
+    /// Guards `admit`'s three outcomes: its own entry while open; the
+    /// hold, taken when more follow, keeps a close waiting and lets later
+    /// subbatches run inside it; a closed gate with no hold refuses.
+    #[test]
+    fn subbatches_are_admitted_inside_the_gate_or_refused() {
+        let g = Gate::new("requester side");
+        let mut single = SubbatchAdmission::new(&g);
+        let own = single.admit(false).unwrap().expect("its own entry");
+        assert_eq!(g.active(), 1);
+        drop(own);
+        let mut windows = SubbatchAdmission::new(&g);
+        let first = windows.admit(true).unwrap().expect("its own entry");
+        assert_eq!(g.active(), 2, "the hold and the first window");
+        drop(first);
+        assert_eq!(g.close_and_wait(Instant::now()), 1, "the hold keeps the close waiting");
+        assert!(windows.admit(false).unwrap().is_none(), "inside the hold, without an entry of its own");
+        let e = single.admit(false).err().expect("refused");
+        assert_eq!(e.status(), crate::error::Status::Unavailable);
+        drop(windows);
         assert_eq!(g.close_and_wait(Instant::now()), 0);
     }
 }
