@@ -544,18 +544,16 @@ mod tests {
     use std::net::TcpListener;
     use std::time::Duration;
 
-    /// A batch's waiter reads its answer itself: the connection's only I/O
-    /// thread is stopped before the request leaves, so nothing else could
-    /// (without `assist` the batch stays pending).
-    #[test]
-    fn a_spinning_waiter_reads_its_answer_itself() {
+    /// A connection to a listener on loopback whose only I/O thread is
+    /// stopped: whatever moves, the calling thread moved. Returns the
+    /// source's end of the socket too.
+    fn connected(stats: &Arc<Counters>) -> (Arc<TcpConnection>, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (mut peer, _) = listener.accept().unwrap();
-        let describe = Describe::bare(Identity::fresh());
-        let stats = Arc::new(Counters::default());
+        let (peer, _) = listener.accept().unwrap();
         let reactor = Reactor::new(1, Duration::ZERO);
         let log = Arc::new(crate::log::Logger::new(crate::log::Level::Off, "test"));
+        let describe = Describe::bare(Identity::fresh());
         let conn = TcpConnection::start(
             (client, Wire::Plain),
             describe,
@@ -567,17 +565,36 @@ mod tests {
         )
         .unwrap();
         reactor.stop();
+        (conn, peer)
+    }
 
-        let mut local = vec![0u8; 4096];
-        let addr = local.as_mut_ptr() as u64;
-        let regions = RegionTable::default();
-        let region = regions.register(addr, 4096, Access::READ | Access::WRITE).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let req = Request { op: Op::Read, local_addr: addr, remote_addr: 0x7000, len: 4096 };
-        let batch = BatchShared::new(&[req], stats, deadline);
-        batch.plan(0, 1, TransportKind::Tcp);
-        batch.assisted_by(Arc::downgrade(&conn) as std::sync::Weak<dyn Assist>);
-        conn.enqueue(vec![Chunk {
+    /// A batch of one 4096-byte READ of remote 0x7000 into `local`
+    /// (registered in `regions`), planned on TCP.
+    struct OneRead {
+        local: Vec<u8>,
+        regions: RegionTable,
+        deadline: Instant,
+        batch: Arc<BatchShared>,
+    }
+
+    impl OneRead {
+        fn new(stats: Arc<Counters>) -> OneRead {
+            let mut local = vec![0u8; 4096];
+            let addr = local.as_mut_ptr() as u64;
+            let regions = RegionTable::default();
+            regions.register(addr, 4096, Access::READ | Access::WRITE).unwrap();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let req = Request { op: Op::Read, local_addr: addr, remote_addr: 0x7000, len: 4096 };
+            let batch = BatchShared::new(&[req], stats, deadline);
+            batch.plan(0, 1, TransportKind::Tcp);
+            OneRead { local, regions, deadline, batch }
+        }
+    }
+
+    /// The chunk of that READ into `addr`.
+    fn read_chunk(batch: &Arc<BatchShared>, regions: &RegionTable, addr: u64, deadline: Instant) -> Chunk {
+        let epoch = regions.lease(addr, 4096).unwrap().region().epoch;
+        Chunk {
             batch: batch.clone(),
             index: 0,
             count: 1,
@@ -585,13 +602,25 @@ mod tests {
             local_addr: addr,
             remote_addr: 0x7000,
             len: 4096,
-            region_epoch: region.epoch,
+            region_epoch: epoch,
             deadline,
             lease: Arc::new(regions.lease(addr, 4096).unwrap()),
             permit: None,
             guard: None,
             peer_guard: None,
-        }]);
+        }
+    }
+
+    /// A batch's waiter reads its answer itself: the connection's only I/O
+    /// thread is stopped before the request leaves, so nothing else could
+    /// (without `assist` the batch stays pending).
+    #[test]
+    fn a_spinning_waiter_reads_its_answer_itself() {
+        let stats = Arc::new(Counters::default());
+        let (conn, mut peer) = connected(&stats);
+        let OneRead { mut local, regions, deadline, batch } = OneRead::new(stats);
+        batch.assisted_by(Arc::downgrade(&conn) as std::sync::Weak<dyn Assist>);
+        conn.enqueue(vec![read_chunk(&batch, &regions, local.as_mut_ptr() as u64, deadline)]);
 
         // The request left from this thread; answer it.
         let mut frame = [0u8; FRAME_HEADER_LEN + DATA_REQUEST_LEN];
@@ -615,5 +644,37 @@ mod tests {
         assert_eq!(local, payload);
         drop(batch);
         conn.kill(Error::Unavailable("test over".into()));
+    }
+
+    /// A batch's end hook may use the connection its request failed on,
+    /// as an outbox does (it queues the notification that waited for the
+    /// batch): a READ of a cancelled batch fails inside the send path, on
+    /// the thread that enqueued it, and its end hook queues a notification
+    /// on the same connection. Guards `enqueue` delivering only after
+    /// `drop(c)` (the past race: delivered under the connection's lock,
+    /// the hook waits for that lock on the thread that holds it).
+    #[test]
+    fn a_batch_end_hook_may_use_the_connection_its_request_failed_on() {
+        let stats = Arc::new(Counters::default());
+        let (conn, _peer) = connected(&stats);
+        let OneRead { mut local, regions, deadline, batch } = OneRead::new(stats);
+        batch.cancel();
+        let (hook_ran, ran) = std::sync::mpsc::channel();
+        let (answered, answer) = std::sync::mpsc::channel();
+        let weak = Arc::downgrade(&conn);
+        assert!(batch.on_end(Box::new(move || {
+            let c = weak.upgrade().expect("the connection lives");
+            let tell = move |r: Result<()>, written: bool| answered.send((r.map_err(|e| e.status()), written)).unwrap();
+            c.send_notify(|_tag| vec![0u8; 8], deadline, Box::new(tell));
+            hook_ran.send(()).unwrap();
+        })));
+        let (c, chunk) = (conn.clone(), read_chunk(&batch, &regions, local.as_mut_ptr() as u64, deadline));
+        std::thread::spawn(move || c.enqueue(vec![chunk]));
+        ran.recv_timeout(Duration::from_secs(60)).expect("the end hook waited for the connection's lock for good");
+        assert_eq!(batch.poll(), Status::TransferFailed);
+        assert_eq!(batch.error(0).map(|e| e.status()), Some(Status::Cancelled));
+        // The notification was queued there: the end answers it unsent.
+        conn.kill(Error::Unavailable("test over".into()));
+        assert_eq!(answer.recv_timeout(Duration::from_secs(60)).unwrap(), (Err(Status::Unavailable), false));
     }
 }
