@@ -36,6 +36,7 @@ fn main() {
         .with_config(config)
         .with_src(crate_dir.join("src/ffi/types.rs"))
         .with_src(crate_dir.join("src/ffi/engine.rs"))
+        .with_src(crate_dir.join("src/ffi/stats.rs"))
         .with_src(crate_dir.join("src/ffi/memory.rs"))
         .with_src(crate_dir.join("src/ffi/cuda.rs"))
         .with_src(crate_dir.join("src/ffi/transfer.rs"))

@@ -34,6 +34,50 @@ static void text_out_rules(const orbite_engine *e) {
   CHECK_STATUS(orbite_engine_stats_json(e, big, sizeof big, &len), ORBITE_STATUS_OK);
   CHECK(big[0] == '{' && strstr(big, "\"transports\"") != NULL && strstr(big, "\"inflight_bytes\"") != NULL);
 
+  /* The same counters as a snapshot, by path, without JSON. */
+  orbite_stats *st = (orbite_stats *)SENTINEL_PTR;
+  CHECK_STATUS(orbite_engine_stats(NULL, &st), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_engine_stats(e, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK(st == (orbite_stats *)SENTINEL_PTR);
+  CHECK_STATUS(orbite_engine_stats(e, &st), ORBITE_STATUS_OK);
+  size_t count = orbite_stats_count(st);
+  CHECK(count > 70 && orbite_stats_count(NULL) == 0);
+  uint64_t v = 77;
+  CHECK_STATUS(orbite_stats_number(st, "inflight_bytes", &v), ORBITE_STATUS_OK);
+  CHECK(v == 0);
+  CHECK_STATUS(orbite_stats_number(st, "transports.tcp.requests_completed", &v), ORBITE_STATUS_OK);
+  CHECK(v == 0);
+  CHECK_STATUS(orbite_stats_number(st, "discovery.enabled", &v), ORBITE_STATUS_OK);
+  CHECK(v == 0);
+  v = 77;
+  CHECK_STATUS(orbite_stats_number(st, "transports", &v), ORBITE_STATUS_NOT_FOUND);
+  CHECK_ERROR_MENTIONS("\"transports\"");
+  CHECK_STATUS(orbite_stats_number(st, "transports_available.tcp", &v), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("a text");
+  CHECK(v == 77);
+  CHECK_STATUS(orbite_stats_number(st, NULL, &v), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_stats_number((orbite_stats *)e, "peers", &v), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("not an orbite_stats");
+  const char *path = NULL, *text = NULL;
+  int numbers = 0, texts = 0, tcp_available = 0;
+  for (size_t i = 0; i < count; i++) {
+    CHECK_STATUS(orbite_stats_entry(st, i, &path, &v, &text), ORBITE_STATUS_OK);
+    if (text) {
+      texts++;
+      CHECK(v == 0);
+      if (strcmp(path, "transports_available.tcp") == 0) tcp_available = strcmp(text, "available") == 0;
+    } else {
+      numbers++;
+    }
+  }
+  CHECK(tcp_available && texts >= 2 && numbers + texts == (int)count);
+  path = "kept";
+  CHECK_STATUS(orbite_stats_entry(st, count, &path, &v, &text), ORBITE_STATUS_OUT_OF_RANGE);
+  CHECK(strcmp(path, "kept") == 0);
+  CHECK_STATUS(orbite_stats_entry(st, 0, NULL, &v, &text), ORBITE_STATUS_NULL_ARGUMENT);
+  orbite_stats_free(st);
+  orbite_stats_free(NULL);
+
   CHECK_STATUS(orbite_cuda_retained_resources_json(big, sizeof big, NULL), ORBITE_STATUS_NULL_ARGUMENT);
   CHECK_STATUS(orbite_cuda_retained_resources_json(big, 1, &len), ORBITE_STATUS_BUFFER_TOO_SMALL);
   CHECK_STATUS(orbite_cuda_retained_resources_json(big, sizeof big, &len), ORBITE_STATUS_OK);
@@ -164,6 +208,27 @@ static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   CHECK_STATUS(orbite_peer_regions_json(req, peer, rj, 3, &len), ORBITE_STATUS_BUFFER_TOO_SMALL);
   CHECK_STATUS(orbite_peer_regions_json(req, peer, rj, sizeof rj, &len), ORBITE_STATUS_OK);
   CHECK(strstr(rj, "\"kind\":\"host\"") != NULL && strstr(rj, "\"access\":[\"read\"]") != NULL);
+
+  /* The same regions as C records. */
+  orbite_region_info regs[64];
+  size_t nregs = 99;
+  CHECK_STATUS(orbite_peer_regions(NULL, peer, regs, 64, &nregs), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_peer_regions(req, peer, regs, 64, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_peer_regions(req, 31337, regs, 64, &nregs), ORBITE_STATUS_NOT_FOUND);
+  CHECK(nregs == 99);
+  CHECK_STATUS(orbite_peer_regions(req, peer, NULL, 0, &nregs), ORBITE_STATUS_BUFFER_TOO_SMALL);
+  CHECK(nregs >= 1);
+  size_t want = nregs;
+  CHECK_STATUS(orbite_peer_regions(req, peer, regs, 64, &nregs), ORBITE_STATUS_OK);
+  CHECK(nregs == want);
+  int seen = 0;
+  for (size_t i = 0; i < nregs; i++) {
+    if (regs[i].id != rr) continue;
+    seen = 1;
+    CHECK(regs[i].addr == (uint64_t)(uintptr_t)remote && regs[i].length == sizeof remote && regs[i].epoch != 0);
+    CHECK(regs[i].access == ORBITE_ACCESS_READ && strcmp(regs[i].kind, "host") == 0);
+  }
+  CHECK(seen);
 
   orbite_request r = {ORBITE_OP_READ, (uint64_t)(uintptr_t)local, (uint64_t)(uintptr_t)remote, 4096};
   orbite_batch *b = (orbite_batch *)SENTINEL_PTR;

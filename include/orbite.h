@@ -151,8 +151,29 @@ typedef struct orbite_batch orbite_batch;
 // An engine (opaque).
 typedef struct orbite_engine orbite_engine;
 
+// A snapshot of an engine's counters (opaque): each value of the stats
+// JSON by its dotted path, read without JSON (`orbite_engine_stats`).
+typedef struct orbite_stats orbite_stats;
+
 // A status code (`ORBITE_STATUS_*`, from `src/status_table.rs`).
 typedef uint32_t orbite_status;
+
+// One region a peer publishes (`orbite_peer_regions`).
+typedef struct orbite_region_info {
+  // The peer's region id.
+  uint64_t id;
+  // Registration epoch (a new one when the peer registers the memory again).
+  uint64_t epoch;
+  // First byte, in the peer's address space.
+  uint64_t addr;
+  // Bytes.
+  uint64_t length;
+  // ORBITE_ACCESS_* bits: what this engine may do to it.
+  uint32_t access;
+  // Kind of memory: "host", "shared_host", "cuda", "cuda_ipc",
+  // "pinned_host", "mnnvl" or "egm" (static storage).
+  const char *kind;
+} orbite_region_info;
 
 // One transfer request.
 typedef struct orbite_request {
@@ -262,6 +283,12 @@ orbite_status orbite_connect_name(struct orbite_engine *engine, const char *name
 // Writes the regions the peer publishes, as a JSON array.
 orbite_status orbite_peer_regions_json(struct orbite_engine *engine, uint64_t peer, char *buf, size_t cap, size_t *out_len);
 
+// Writes the regions the peer publishes (asked of the peer now) into
+// out[0..count) and their count to *out_count. A cap below the count is
+// BUFFER_TOO_SMALL with only *out_count written; out may be NULL when cap
+// is 0.
+orbite_status orbite_peer_regions(struct orbite_engine *engine, uint64_t peer, struct orbite_region_info *out, size_t cap, size_t *out_count);
+
 // Disconnects a peer after its outstanding requests end (up to timeout_ms).
 orbite_status orbite_disconnect(struct orbite_engine *engine, uint64_t peer, uint32_t timeout_ms);
 
@@ -279,6 +306,30 @@ orbite_status orbite_close_source(struct orbite_engine *engine, uint32_t timeout
 
 // Closes the requester side, then the source side, then the engine.
 orbite_status orbite_close(struct orbite_engine *engine, uint32_t timeout_ms);
+
+// Takes a snapshot of the engine's counters: every value
+// orbite_engine_stats_json reports, by its dotted path
+// ("transports.tcp.requests_completed", "ipc.shm.groups_without_round_trip",
+// "io.connections_per_thread.0"), numbers as they are, booleans as 0 or 1,
+// texts ("transports_available.nvlink", "notes.0") as texts. The snapshot
+// never changes; free it with orbite_stats_free.
+orbite_status orbite_engine_stats(const struct orbite_engine *engine, struct orbite_stats **out_stats);
+
+// How many values a snapshot holds; 0 for NULL.
+size_t orbite_stats_count(const struct orbite_stats *stats);
+
+// Value `index` of a snapshot, in path order: its path, and its number
+// (*out_text NULL) or its text (*out_value 0). The strings stay valid until
+// orbite_stats_free. index >= orbite_stats_count: OUT_OF_RANGE.
+orbite_status orbite_stats_entry(const struct orbite_stats *stats, size_t index, const char **out_path, uint64_t *out_value, const char **out_text);
+
+// The number at `path` in a snapshot. NOT_FOUND: the snapshot has no value
+// there (a transport not running, a key of another version);
+// INVALID_ARGUMENT: the value there is a text.
+orbite_status orbite_stats_number(const struct orbite_stats *stats, const char *path, uint64_t *out_value);
+
+// Frees a snapshot (its strings with it). NULL is a no-op.
+void orbite_stats_free(struct orbite_stats *stats);
 
 // Allocates zeroed shared host memory (memfd, physically rounded to 2 MiB)
 // that can be exported to peers on the same host.

@@ -2,7 +2,7 @@
  * orbite.hpp - a header-only C++17 layer over liborbite's C ABI (orbite.h).
  *
  * Every call below goes through the C functions of orbite.h, which stay the
- * contract; this header adds ownership, exceptions, typed JSON views and the
+ * contract; this header adds ownership, exceptions, typed values and the
  * text-buffer retry loop. Link against liborbite as for C (orbite::orbite_cpp
  * or orbite::orbite from CMake, or pkg-config) and compile as C++17 with
  * exceptions enabled.
@@ -66,12 +66,11 @@
  *     them in the retained list instead of unmapping memory a peer may map.
  *   Nothing else is leaked: engines, batches and peers are always freed.
  *
- * JSON: peer regions and engine stats are read into typed values
- * (orbite::Region, orbite::Stats) by a small strict reader
- * (orbite::json::parse): RFC 8259 syntax only, UTF-8 checked, duplicate keys
- * and trailing text rejected, depth at most 64, numbers read exactly as
- * integers (no floating point, no locale). The keys this header knows are
- * required; keys it does not know are ignored, so a newer library still reads.
+ * Peer regions and engine stats are read through the C ABI's typed calls
+ * (orbite_peer_regions, orbite_engine_stats) into orbite::Region and
+ * orbite::Stats: no JSON is parsed here. Stats::untyped names any path of a
+ * newer library this header has no member for; Stats::numbers holds every
+ * number by its path.
  */
 #ifndef ORBITE_HPP
 #define ORBITE_HPP
@@ -364,439 +363,9 @@ inline std::size_t free_retained_allocations() {
   return r.handles.size();
 }
 
-// ---- JSON -------------------------------------------------------------------
+// ---- peer regions and stats, typed ------------------------------------------
 
-namespace json {
-
-/// A parsed JSON value. Numbers keep their text and are read exactly as
-/// integers; objects keep their keys in document order.
-class Value {
- public:
-  enum class Type { null, boolean, number, string, array, object };
-
-  Type type() const noexcept { return type_; }
-  bool is_null() const noexcept { return type_ == Type::null; }
-  bool is_bool() const noexcept { return type_ == Type::boolean; }
-  bool is_number() const noexcept { return type_ == Type::number; }
-  bool is_string() const noexcept { return type_ == Type::string; }
-  bool is_array() const noexcept { return type_ == Type::array; }
-  bool is_object() const noexcept { return type_ == Type::object; }
-
-  bool as_bool() const {
-    expect(Type::boolean, "a boolean");
-    return bool_;
-  }
-  /// A number without sign, fraction or exponent that fits 64 bits.
-  std::uint64_t as_u64() const {
-    expect(Type::number, "an unsigned integer");
-    std::uint64_t v = 0;
-    for (char c : text_) {
-      if (c < '0' || c > '9') type_error("an unsigned integer");
-      std::uint64_t d = static_cast<std::uint64_t>(c - '0');
-      if (v > (std::numeric_limits<std::uint64_t>::max() - d) / 10) type_error("an integer that fits 64 bits");
-      v = v * 10 + d;
-    }
-    return v;
-  }
-  /// A number without fraction or exponent that fits a signed 64-bit integer.
-  std::int64_t as_i64() const {
-    expect(Type::number, "an integer");
-    bool neg = !text_.empty() && text_[0] == '-';
-    std::uint64_t mag = 0;
-    for (std::size_t i = neg ? 1 : 0; i < text_.size(); ++i) {
-      char c = text_[i];
-      if (c < '0' || c > '9') type_error("an integer");
-      std::uint64_t d = static_cast<std::uint64_t>(c - '0');
-      if (mag > (std::numeric_limits<std::uint64_t>::max() - d) / 10) type_error("an integer that fits 64 bits");
-      mag = mag * 10 + d;
-    }
-    const std::uint64_t limit = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
-    if (mag > limit + (neg ? 1u : 0u)) type_error("an integer that fits 64 bits");
-    if (!neg) return static_cast<std::int64_t>(mag);
-    return mag == limit + 1 ? std::numeric_limits<std::int64_t>::min() : -static_cast<std::int64_t>(mag);
-  }
-  /// The number as written in the document (for fractions and exponents).
-  const std::string &number_text() const {
-    expect(Type::number, "a number");
-    return text_;
-  }
-  const std::string &as_string() const {
-    expect(Type::string, "a string");
-    return text_;
-  }
-
-  /// Elements of an array, or values of an object (in document order).
-  const std::vector<Value> &items() const {
-    if (type_ != Type::array && type_ != Type::object) type_error("an array or an object");
-    return items_;
-  }
-  /// Keys of an object, in document order (items()[i] is the value of keys()[i]).
-  const std::vector<std::string> &keys() const {
-    expect(Type::object, "an object");
-    return keys_;
-  }
-  std::size_t size() const { return items().size(); }
-  /// Array element i; throws Error(INVALID_ARGUMENT) past the end.
-  const Value &operator[](std::size_t i) const {
-    expect(Type::array, "an array");
-    if (i >= items_.size())
-      fail("index " + std::to_string(i) + " is past the end of an array of " + std::to_string(items_.size()));
-    return items_[i];
-  }
-  /// The member named key, or nullptr (also when this is not an object).
-  const Value *find(const std::string &key) const noexcept {
-    if (type_ != Type::object) return nullptr;
-    for (std::size_t i = 0; i < keys_.size(); ++i)
-      if (keys_[i] == key) return &items_[i];
-    return nullptr;
-  }
-  /// The member named key; throws Error(INVALID_ARGUMENT) naming it when absent.
-  const Value &at(const std::string &key) const {
-    expect(Type::object, "an object");
-    const Value *v = find(key);
-    if (!v) fail("missing key `" + key + "`");
-    return *v;
-  }
-
-  /// "null", "a boolean", "a number", "a string", "an array", "an object".
-  const char *type_name() const noexcept {
-    switch (type_) {
-      case Type::null: return "null";
-      case Type::boolean: return "a boolean";
-      case Type::number: return "a number";
-      case Type::string: return "a string";
-      case Type::array: return "an array";
-      case Type::object: return "an object";
-    }
-    return "?";
-  }
-
- private:
-  friend class Parser;
-
-  [[noreturn]] static void fail(const std::string &what) {
-    throw Error(Failure{Status::invalid_argument, "orbite::json", what});
-  }
-  [[noreturn]] void type_error(const char *wanted) const {
-    std::string found = type_name();
-    if (type_ == Type::number) found += " (" + text_ + ")";
-    fail(std::string("expected ") + wanted + ", found " + found);
-  }
-  void expect(Type t, const char *wanted) const {
-    if (type_ != t) type_error(wanted);
-  }
-
-  Type type_ = Type::null;
-  bool bool_ = false;
-  std::string text_;  // number literal or string contents
-  std::vector<std::string> keys_;
-  std::vector<Value> items_;
-};
-
-/// The strict reader behind parse().
-class Parser {
- public:
-  explicit Parser(const std::string &text) : begin_(text.data()), p_(text.data()), end_(text.data() + text.size()) {}
-
-  Value document() {
-    space();
-    Value v = value(0);
-    space();
-    if (p_ != end_) fail("unexpected text after the value");
-    return v;
-  }
-
- private:
-  static constexpr int max_depth = 64;
-
-  [[noreturn]] void fail(const std::string &what) const {
-    throw Error(Failure{Status::invalid_argument, "orbite::json::parse",
-                        "at byte " + std::to_string(p_ - begin_) + ": " + what});
-  }
-  void space() {
-    while (p_ != end_ && (*p_ == ' ' || *p_ == '\t' || *p_ == '\n' || *p_ == '\r')) ++p_;
-  }
-  bool eat(char c) {
-    if (p_ != end_ && *p_ == c) {
-      ++p_;
-      return true;
-    }
-    return false;
-  }
-  void literal(const char *word) {
-    for (const char *w = word; *w; ++w)
-      if (!eat(*w)) fail(std::string("expected `") + word + "`");
-  }
-
-  Value value(int depth) {
-    if (p_ == end_) fail("unexpected end of text");
-    Value v;
-    switch (*p_) {
-      case '{': return container(depth + 1, Value::Type::object);
-      case '[': return container(depth + 1, Value::Type::array);
-      case '"':
-        v.type_ = Value::Type::string;
-        v.text_ = string();
-        return v;
-      case 't':
-        literal("true");
-        v.type_ = Value::Type::boolean;
-        v.bool_ = true;
-        return v;
-      case 'f':
-        literal("false");
-        v.type_ = Value::Type::boolean;
-        return v;
-      case 'n':
-        literal("null");
-        return v;
-      default:
-        if (*p_ == '-' || (*p_ >= '0' && *p_ <= '9')) return number();
-        fail(std::string("unexpected character `") + *p_ + "`");
-    }
-  }
-
-  /// An object or an array: members separated by commas up to the closing bracket.
-  Value container(int depth, Value::Type type) {
-    if (depth > max_depth) fail("nested deeper than 64 levels");
-    const bool object = type == Value::Type::object;
-    const char close = object ? '}' : ']';
-    ++p_;  // '{' or '['
-    Value v;
-    v.type_ = type;
-    space();
-    if (eat(close)) return v;
-    for (;;) {
-      space();
-      if (object) {
-        if (p_ == end_ || *p_ != '"') fail("expected a key in double quotes");
-        std::string key = string();
-        for (const std::string &k : v.keys_)
-          if (k == key) fail("duplicate key `" + key + "`");
-        space();
-        if (!eat(':')) fail("expected `:` after a key");
-        space();
-        v.keys_.push_back(std::move(key));
-      }
-      v.items_.push_back(value(depth));
-      space();
-      if (eat(close)) return v;
-      if (!eat(',')) fail(object ? "expected `,` or `}` in an object" : "expected `,` or `]` in an array");
-    }
-  }
-
-  static bool digit(char c) { return c >= '0' && c <= '9'; }
-
-  Value number() {
-    const char *start = p_;
-    eat('-');
-    if (p_ == end_ || !digit(*p_)) fail("expected a digit");
-    if (!eat('0'))
-      while (p_ != end_ && digit(*p_)) ++p_;
-    if (eat('.')) {
-      if (p_ == end_ || !digit(*p_)) fail("expected a digit after `.`");
-      while (p_ != end_ && digit(*p_)) ++p_;
-    }
-    if (p_ != end_ && (*p_ == 'e' || *p_ == 'E')) {
-      ++p_;
-      if (!eat('+')) eat('-');
-      if (p_ == end_ || !digit(*p_)) fail("expected a digit in the exponent");
-      while (p_ != end_ && digit(*p_)) ++p_;
-    }
-    Value v;
-    v.type_ = Value::Type::number;
-    v.text_.assign(start, p_);
-    return v;
-  }
-
-  unsigned hex4() {
-    unsigned u = 0;
-    for (int i = 0; i < 4; ++i) {
-      if (p_ == end_) fail("unexpected end in a \\u escape");
-      char c = *p_++;
-      unsigned d;
-      if (c >= '0' && c <= '9')
-        d = static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f')
-        d = static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F')
-        d = static_cast<unsigned>(c - 'A' + 10);
-      else
-        fail("expected four hex digits after \\u");
-      u = u * 16 + d;
-    }
-    return u;
-  }
-
-  static void put_utf8(std::string &out, unsigned cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-
-  /// One UTF-8 sequence starting at p_ (a lead byte >= 0x80), copied to out.
-  void utf8(std::string &out) {
-    unsigned char b = static_cast<unsigned char>(*p_);
-    int more = 0;
-    unsigned cp = 0, min = 0;
-    if (b >= 0xC2 && b <= 0xDF) {
-      more = 1;
-      cp = b & 0x1Fu;
-      min = 0x80;
-    } else if (b >= 0xE0 && b <= 0xEF) {
-      more = 2;
-      cp = b & 0x0Fu;
-      min = 0x800;
-    } else if (b >= 0xF0 && b <= 0xF4) {
-      more = 3;
-      cp = b & 0x07u;
-      min = 0x10000;
-    } else {
-      fail("invalid UTF-8");
-    }
-    const char *start = p_++;
-    for (int i = 0; i < more; ++i) {
-      if (p_ == end_) fail("truncated UTF-8");
-      unsigned char c = static_cast<unsigned char>(*p_++);
-      if ((c & 0xC0) != 0x80) fail("invalid UTF-8");
-      cp = (cp << 6) | (c & 0x3Fu);
-    }
-    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) fail("invalid UTF-8");
-    out.append(start, p_);
-  }
-
-  std::string string() {
-    ++p_;  // '"'
-    std::string out;
-    for (;;) {
-      if (p_ == end_) fail("unterminated string");
-      char c = *p_;
-      if (c == '"') {
-        ++p_;
-        return out;
-      }
-      if (static_cast<unsigned char>(c) < 0x20) fail("control character in a string");
-      if (static_cast<unsigned char>(c) >= 0x80) {
-        utf8(out);
-        continue;
-      }
-      ++p_;
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (p_ == end_) fail("unterminated escape");
-      char e = *p_++;
-      switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          unsigned cp = hex4();
-          if (cp >= 0xDC00 && cp <= 0xDFFF) fail("lone low surrogate in a \\u escape");
-          if (cp >= 0xD800 && cp <= 0xDBFF) {
-            if (!eat('\\') || !eat('u')) fail("high surrogate without its low surrogate");
-            unsigned lo = hex4();
-            if (lo < 0xDC00 || lo > 0xDFFF) fail("high surrogate without its low surrogate");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          }
-          put_utf8(out, cp);
-          break;
-        }
-        default: fail(std::string("unknown escape `\\") + e + "`");
-      }
-    }
-  }
-
-  const char *begin_;
-  const char *p_;
-  const char *end_;
-};
-
-/// Parses one JSON document; throws Error(INVALID_ARGUMENT, "at byte N: ...").
-inline Value parse(const std::string &text) { return Parser(text).document(); }
-
-/// As parse(), returning the failure instead of throwing it.
-inline Result<Value> try_parse(const std::string &text) {
-  try {
-    return parse(text);
-  } catch (const Error &e) {
-    return e.failure();
-  }
-}
-
-}  // namespace json
-
-// ---- typed views of the library's JSON --------------------------------------
-
-namespace detail {
-
-[[noreturn]] inline void bad_json(const std::string &where, const std::string &what) {
-  throw Error(Failure{Status::invalid_argument, "orbite.hpp", where + ": " + what});
-}
-
-inline const json::Value &member(const json::Value &obj, const char *key, const std::string &where) {
-  if (!obj.is_object()) bad_json(where, std::string("expected an object, found ") + obj.type_name());
-  const json::Value *v = obj.find(key);
-  if (!v) bad_json(where, std::string("missing key `") + key + "`");
-  return *v;
-}
-
-inline std::uint64_t u64(const json::Value &obj, const char *key, const std::string &where) {
-  try {
-    return member(obj, key, where).as_u64();
-  } catch (const Error &e) {
-    if (e.call() == "orbite.hpp") throw;
-    bad_json(where + ": key `" + key + "`", e.message());
-  }
-}
-
-inline const json::Value &object(const json::Value &obj, const char *key, const std::string &where) {
-  const json::Value &v = member(obj, key, where);
-  if (!v.is_object()) bad_json(where + ": key `" + key + "`", std::string("expected an object, found ") + v.type_name());
-  return v;
-}
-
-inline bool boolean(const json::Value &obj, const char *key, const std::string &where) {
-  const json::Value &v = member(obj, key, where);
-  if (!v.is_bool()) bad_json(where + ": key `" + key + "`", std::string("expected a boolean, found ") + v.type_name());
-  return v.as_bool();
-}
-
-inline std::vector<std::uint64_t> u64_array(const json::Value &obj, const char *key, const std::string &where) {
-  const json::Value &v = member(obj, key, where);
-  if (!v.is_array()) bad_json(where + ": key `" + key + "`", std::string("expected an array, found ") + v.type_name());
-  std::vector<std::uint64_t> out;
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    try {
-      out.push_back(v[i].as_u64());
-    } catch (const Error &e) {
-      bad_json(where + ": key `" + key + "`[" + std::to_string(i) + "]", e.message());
-    }
-  }
-  return out;
-}
-
-}  // namespace detail
-
-/// One region a peer publishes (an element of orbite_peer_regions_json).
+/// One region a peer publishes (orbite_peer_regions).
 struct Region {
   std::uint64_t id = 0;      ///< the peer's region id
   std::uint64_t epoch = 0;   ///< registration epoch (changes on re-registration)
@@ -824,38 +393,22 @@ inline MemoryKind memory_kind_from_name(const std::string &n) noexcept {
   return MemoryKind::unknown;
 }
 
-/// Reads the regions JSON (an array of {id, epoch, addr, length, access, kind}).
-inline std::vector<Region> parse_regions(const std::string &text) {
-  json::Value doc = json::parse(text);
-  if (!doc.is_array()) detail::bad_json("regions", std::string("expected an array, found ") + doc.type_name());
-  std::vector<Region> out;
-  out.reserve(doc.size());
-  for (std::size_t i = 0; i < doc.size(); ++i) {
-    const json::Value &o = doc[i];
-    std::string where = "regions[" + std::to_string(i) + "]";
-    Region r;
-    r.id = detail::u64(o, "id", where);
-    r.epoch = detail::u64(o, "epoch", where);
-    r.addr = detail::u64(o, "addr", where);
-    r.length = detail::u64(o, "length", where);
-    const json::Value &acc = detail::member(o, "access", where);
-    if (!acc.is_array()) detail::bad_json(where + ": key `access`", std::string("expected an array, found ") + acc.type_name());
-    for (const json::Value &a : acc.items()) {
-      if (a.is_string() && a.as_string() == "read")
-        r.access = r.access | Access::read;
-      else if (a.is_string() && a.as_string() == "write")
-        r.access = r.access | Access::write;
-      else
-        detail::bad_json(where + ": key `access`", "expected \"read\" or \"write\"");
-    }
-    const json::Value &kind = detail::member(o, "kind", where);
-    if (!kind.is_string()) detail::bad_json(where + ": key `kind`", std::string("expected a string, found ") + kind.type_name());
-    r.kind_name = kind.as_string();
-    r.kind = memory_kind_from_name(r.kind_name);
-    out.push_back(std::move(r));
-  }
-  return out;
+namespace detail {
+
+/// The Region of a C orbite_region_info.
+inline Region region_of(const orbite_region_info &c) {
+  Region r;
+  r.id = c.id;
+  r.epoch = c.epoch;
+  r.addr = c.addr;
+  r.length = c.length;
+  r.access = static_cast<Access>(c.access & (ORBITE_ACCESS_READ | ORBITE_ACCESS_WRITE));
+  r.kind_name = c.kind ? c.kind : "";
+  r.kind = memory_kind_from_name(r.kind_name);
+  return r;
 }
+
+}  // namespace detail
 
 /// Counters of one transport (stats "transports" values).
 struct TransportStats {
@@ -874,6 +427,10 @@ struct IpcStats {
   std::uint64_t exports_open = 0, exports_retained = 0, imports_opened = 0, imports_closed = 0;
   std::uint64_t imports_cached = 0, imports_retained = 0, local_owners_fenced = 0, mapping_bytes_charged = 0;
   std::uint64_t imports_released_after_exit = 0;
+  /// Groups through cached imports that ran inside the source's grant on
+  /// the channel's board (no round trip), and those revalidated and
+  /// receipted over the channel (requester side).
+  std::uint64_t groups_without_round_trip = 0, groups_with_round_trips = 0;
   std::uint64_t pending_groups = 0, progress_workers = 0;
   /// Exports released because their importing process exited (source side).
   std::uint64_t exports_reclaimed_after_exit = 0;
@@ -918,7 +475,7 @@ struct DiscoveryStats {
   std::uint64_t reclaims = 0;         ///< own key found gone or overwritten while the lease lived, put back
 };
 
-/// A typed snapshot of orbite_engine_stats_json.
+/// A typed snapshot of the engine's counters (orbite_engine_stats).
 struct Stats {
   std::map<std::string, TransportStats> transports;  ///< "tcp", "shm", "nvlink", "mnnvl"
   std::uint64_t inflight_bytes = 0, peers = 0, peers_alive = 0, incoming_connections = 0, regions = 0;
@@ -937,7 +494,15 @@ struct Stats {
   std::map<std::string, IpcStats> ipc;  ///< per IPC transport running ("shm", "nvlink", "mnnvl")
   NvlinkStats nvlink;
   std::map<std::string, std::string> transports_available;  ///< "available" or "not available: why"
-  json::Value document;  ///< the whole document, for keys this header does not type
+  /// Findings that make a transport unusable or slow for some memory, in
+  /// words, with the key to change (the latest 32).
+  std::vector<std::string> notes;
+  /// Every number of the snapshot by its path ("ipc.shm.exports_open"),
+  /// also those of a newer library that this header does not type.
+  std::map<std::string, std::uint64_t> numbers;
+  /// Paths of the snapshot this header has no member for (empty when the
+  /// header and the library agree; a newer library may add some).
+  std::vector<std::string> untyped;
 
   /// The counters of transport t (all zero if the stats do not list it).
   TransportStats transport(Transport t) const {
@@ -953,126 +518,168 @@ struct Stats {
 
 namespace detail {
 
-/// Sets each listed u64 member of `t` from the key of the same name in `obj`.
-template <class T>
-void u64_fields(T &t, const json::Value &obj, const std::string &where,
-                std::initializer_list<std::pair<const char *, std::uint64_t T::*>> fields) {
-  for (const auto &f : fields) t.*(f.second) = u64(obj, f.first, where);
+/// Where one path of a stats snapshot goes: its pattern (each map key or
+/// list index a `*`, given to set in `keys`) and whether it is a text.
+struct StatField {
+  const char *pattern;
+  bool text;
+  void (*set)(Stats &s, const std::vector<std::string> &keys, std::uint64_t number, const char *text);
+};
+
+/// Element `index` of a list, grown to hold it.
+inline std::uint64_t &list_at(std::vector<std::uint64_t> &v, const std::string &index) {
+  std::size_t i = static_cast<std::size_t>(std::strtoull(index.c_str(), nullptr, 10));
+  if (v.size() <= i) v.resize(i + 1);
+  return v[i];
 }
 
-/// Reads every member of the object at `key` with read(value, where).
-template <class T, class F>
-std::map<std::string, T> members(const json::Value &obj, const char *key, const std::string &where, F read) {
-  const json::Value &m = object(obj, key, where);
-  std::map<std::string, T> out;
-  for (std::size_t i = 0; i < m.keys().size(); ++i)
-    out[m.keys()[i]] = read(m.items()[i], where + "." + key + "." + m.keys()[i]);
-  return out;
+// One line per path the library reports (src/engine/stats.rs);
+// src/engine/stats.rs's schema test reads the patterns between the two
+// `stats-schema` lines and fails when either side has one the other lacks.
+#define ORBITE_STAT(pattern, member) \
+  { pattern, false, [](Stats &s, const std::vector<std::string> &k, std::uint64_t v, const char *) { (void)k; s.member = v; } }
+#define ORBITE_STAT_TEXT(pattern, member) \
+  { pattern, true, [](Stats &s, const std::vector<std::string> &k, std::uint64_t, const char *t) { s.member = t; } }
+
+inline const std::vector<StatField> &stat_fields() {
+  static const std::vector<StatField> fields = {
+      // stats-schema-begin
+      ORBITE_STAT("transports.*.requests_completed", transports[k[0]].requests_completed),
+      ORBITE_STAT("transports.*.requests_failed", transports[k[0]].requests_failed),
+      ORBITE_STAT("transports.*.bytes_completed", transports[k[0]].bytes_completed),
+      ORBITE_STAT("transports.*.bytes_failed", transports[k[0]].bytes_failed),
+      ORBITE_STAT("transports.*.served_requests", transports[k[0]].served_requests),
+      ORBITE_STAT("transports.*.served_bytes", transports[k[0]].served_bytes),
+      ORBITE_STAT("transports.*.served_failed", transports[k[0]].served_failed),
+      ORBITE_STAT("transports.*.wire_bytes_sent", transports[k[0]].wire_bytes_sent),
+      ORBITE_STAT("transports.*.claimed_requests", transports[k[0]].claimed_requests),
+      ORBITE_STAT("transports.*.claimed_bytes", transports[k[0]].claimed_bytes),
+      ORBITE_STAT("transports.*.requests_fell_through", transports[k[0]].requests_fell_through),
+      ORBITE_STAT("transports.*.requests_coalesced", transports[k[0]].requests_coalesced),
+      ORBITE_STAT("inflight_bytes", inflight_bytes),
+      ORBITE_STAT("peers", peers),
+      ORBITE_STAT("peers_alive", peers_alive),
+      ORBITE_STAT("incoming_connections", incoming_connections),
+      ORBITE_STAT("regions", regions),
+      ORBITE_STAT("protocol_errors", protocol_errors),
+      ORBITE_STAT("connections_refused", connections_refused),
+      ORBITE_STAT("handshakes_abandoned", handshakes_abandoned),
+      ORBITE_STAT("fabric_channels_accepted", fabric_channels_accepted),
+      ORBITE_STAT("auth_failures", auth_failures),
+      ORBITE_STAT("ipc_uid_refusals", ipc_uid_refusals),
+      ORBITE_STAT("offers_expired", offers_expired),
+      ORBITE_STAT("revokes_received", revokes_received),
+      ORBITE_STAT("answers_dropped", answers_dropped),
+      ORBITE_STAT("revoke_passes", revoke_passes),
+      ORBITE_STAT("revoke_passes_overlapping", revoke_passes_overlapping),
+      ORBITE_STAT("notifications.sent", notifications.sent),
+      ORBITE_STAT("notifications.delivered", notifications.delivered),
+      ORBITE_STAT("notifications.refused", notifications.refused),
+      ORBITE_STAT("notifications.not_sent", notifications.not_sent),
+      ORBITE_STAT("notifications.received", notifications.received),
+      ORBITE_STAT("notifications.rejected", notifications.rejected),
+      ORBITE_STAT("notifications.queued", notifications.queued),
+      ORBITE_STAT("discovery.enabled", discovery.enabled),
+      ORBITE_STAT("discovery.connected", discovery.connected),
+      ORBITE_STAT("discovery.failures", discovery.failures),
+      ORBITE_STAT("discovery.reconnects", discovery.reconnects),
+      ORBITE_STAT("discovery.reregistrations", discovery.reregistrations),
+      ORBITE_STAT("discovery.watched", discovery.watched),
+      ORBITE_STAT("discovery.peers_gone", discovery.peers_gone),
+      ORBITE_STAT("discovery.invalid_records", discovery.invalid_records),
+      ORBITE_STAT("discovery.reclaims", discovery.reclaims),
+      ORBITE_STAT("io.threads_max", io.threads_max),
+      ORBITE_STAT("io.threads", io.threads),
+      ORBITE_STAT("io.wakeups", io.wakeups),
+      ORBITE_STAT("io.polled_turns", io.polled_turns),
+      ORBITE_STAT("io.wakeups_per_1000_requests", io.wakeups_per_1000_requests),
+      {"io.connections_per_thread.*", false,
+       [](Stats &s, const std::vector<std::string> &k, std::uint64_t v, const char *) {
+         list_at(s.io.connections_per_thread, k[0]) = v;
+       }},
+      ORBITE_STAT("ipc.*.exports_open", ipc[k[0]].exports_open),
+      ORBITE_STAT("ipc.*.exports_retained", ipc[k[0]].exports_retained),
+      ORBITE_STAT("ipc.*.imports_opened", ipc[k[0]].imports_opened),
+      ORBITE_STAT("ipc.*.imports_closed", ipc[k[0]].imports_closed),
+      ORBITE_STAT("ipc.*.imports_cached", ipc[k[0]].imports_cached),
+      ORBITE_STAT("ipc.*.imports_retained", ipc[k[0]].imports_retained),
+      ORBITE_STAT("ipc.*.imports_released_after_exit", ipc[k[0]].imports_released_after_exit),
+      ORBITE_STAT("ipc.*.local_owners_fenced", ipc[k[0]].local_owners_fenced),
+      ORBITE_STAT("ipc.*.mapping_bytes_charged", ipc[k[0]].mapping_bytes_charged),
+      ORBITE_STAT("ipc.*.groups_without_round_trip", ipc[k[0]].groups_without_round_trip),
+      ORBITE_STAT("ipc.*.groups_with_round_trips", ipc[k[0]].groups_with_round_trips),
+      ORBITE_STAT("ipc.*.copies_issued", ipc[k[0]].copies_issued),
+      ORBITE_STAT("ipc.*.requests_coalesced", ipc[k[0]].requests_coalesced),
+      ORBITE_STAT("ipc.*.exports_reclaimed_after_exit", ipc[k[0]].exports_reclaimed_after_exit),
+      ORBITE_STAT("ipc.*.exports_answered_after_producer_wait", ipc[k[0]].exports_answered_after_producer_wait),
+      ORBITE_STAT("ipc.*.pending_groups", ipc[k[0]].pending_groups),
+      ORBITE_STAT("ipc.*.late_groups", ipc[k[0]].late_groups),
+      ORBITE_STAT("ipc.*.late_completions", ipc[k[0]].late_completions),
+      ORBITE_STAT("ipc.*.progress_workers", ipc[k[0]].progress_workers),
+      ORBITE_STAT("ipc.*.copies_by_device.*.copies", ipc[k[0]].copies_by_device[std::atoi(k[1].c_str())].copies),
+      ORBITE_STAT("ipc.*.copies_by_device.*.bytes", ipc[k[0]].copies_by_device[std::atoi(k[1].c_str())].bytes),
+      ORBITE_STAT("nvlink.stream_slots", nvlink.stream_slots),
+      ORBITE_STAT("nvlink.active_streams", nvlink.active_streams),
+      ORBITE_STAT("nvlink.retained_streams", nvlink.retained_streams),
+      ORBITE_STAT("nvlink.pending_groups", nvlink.pending_groups),
+      ORBITE_STAT("nvlink.progress_workers", nvlink.progress_workers),
+      ORBITE_STAT_TEXT("transports_available.*", transports_available[k[0]]),
+      {"notes.*", true,
+       [](Stats &s, const std::vector<std::string> &k, std::uint64_t, const char *t) {
+         std::size_t i = static_cast<std::size_t>(std::strtoull(k[0].c_str(), nullptr, 10));
+         if (s.notes.size() <= i) s.notes.resize(i + 1);
+         s.notes[i] = t;
+       }},
+      // stats-schema-end
+  };
+  return fields;
 }
 
-}  // namespace detail
+#undef ORBITE_STAT
+#undef ORBITE_STAT_TEXT
 
-/// Reads the stats JSON.
-inline Stats parse_stats(const std::string &text) {
-  using S = Stats;
-  using T = TransportStats;
-  using I = IpcStats;
-  using N = NvlinkStats;
-  Stats s;
-  s.document = json::parse(text);
-  const json::Value &d = s.document;
-  s.transports = detail::members<T>(d, "transports", "stats", [](const json::Value &o, const std::string &at) {
-    T t;
-    detail::u64_fields(t, o, at,
-                       {{"requests_completed", &T::requests_completed}, {"requests_failed", &T::requests_failed},
-                        {"bytes_completed", &T::bytes_completed}, {"bytes_failed", &T::bytes_failed},
-                        {"served_requests", &T::served_requests}, {"served_bytes", &T::served_bytes},
-                        {"served_failed", &T::served_failed}, {"wire_bytes_sent", &T::wire_bytes_sent},
-                        {"claimed_requests", &T::claimed_requests}, {"claimed_bytes", &T::claimed_bytes},
-                        {"requests_fell_through", &T::requests_fell_through},
-                        {"requests_coalesced", &T::requests_coalesced}});
-    return t;
-  });
-  detail::u64_fields(s, d, "stats",
-                     {{"inflight_bytes", &S::inflight_bytes}, {"peers", &S::peers}, {"peers_alive", &S::peers_alive},
-                      {"incoming_connections", &S::incoming_connections}, {"regions", &S::regions},
-                      {"protocol_errors", &S::protocol_errors}, {"connections_refused", &S::connections_refused},
-                      {"handshakes_abandoned", &S::handshakes_abandoned},
-                      {"fabric_channels_accepted", &S::fabric_channels_accepted},
-                      {"auth_failures", &S::auth_failures}, {"ipc_uid_refusals", &S::ipc_uid_refusals},
-                      {"offers_expired", &S::offers_expired}, {"revokes_received", &S::revokes_received},
-                      {"answers_dropped", &S::answers_dropped},
-                      {"revoke_passes", &S::revoke_passes},
-                      {"revoke_passes_overlapping", &S::revoke_passes_overlapping}});
-  {
-    using Nt = NotificationStats;
-    detail::u64_fields(s.notifications, detail::object(d, "notifications", "stats"), "stats.notifications",
-                       {{"sent", &Nt::sent}, {"delivered", &Nt::delivered}, {"refused", &Nt::refused},
-                        {"not_sent", &Nt::not_sent}, {"received", &Nt::received}, {"rejected", &Nt::rejected},
-                        {"queued", &Nt::queued}});
-    using D = DiscoveryStats;
-    const json::Value &disc = detail::object(d, "discovery", "stats");
-    s.discovery.enabled = detail::boolean(disc, "enabled", "stats.discovery");
-    s.discovery.connected = detail::boolean(disc, "connected", "stats.discovery");
-    detail::u64_fields(s.discovery, disc, "stats.discovery",
-                       {{"failures", &D::failures}, {"reconnects", &D::reconnects},
-                        {"reregistrations", &D::reregistrations}, {"watched", &D::watched},
-                        {"peers_gone", &D::peers_gone}, {"invalid_records", &D::invalid_records},
-                        {"reclaims", &D::reclaims}});
-    using Io = IoStats;
-    const json::Value &io = detail::object(d, "io", "stats");
-    detail::u64_fields(s.io, io, "stats.io",
-                       {{"threads_max", &Io::threads_max}, {"threads", &Io::threads}, {"wakeups", &Io::wakeups},
-                        {"polled_turns", &Io::polled_turns},
-                        {"wakeups_per_1000_requests", &Io::wakeups_per_1000_requests}});
-    s.io.connections_per_thread = detail::u64_array(io, "connections_per_thread", "stats.io");
+/// Whether `path` matches `pattern` segment by segment (`*` matches any one
+/// segment, which is appended to keys).
+inline bool path_matches(const char *pattern, const char *path, std::vector<std::string> &keys) {
+  keys.clear();
+  const char *p = pattern, *q = path;
+  for (;;) {
+    const char *pe = p, *qe = q;
+    while (*pe && *pe != '.') ++pe;
+    while (*qe && *qe != '.') ++qe;
+    if (pe - p == 1 && *p == '*')
+      keys.emplace_back(q, qe);
+    else if (pe - p != qe - q || std::string_view(p, pe - p) != std::string_view(q, qe - q))
+      return false;
+    if (!*pe || !*qe) return !*pe && !*qe;
+    p = pe + 1;
+    q = qe + 1;
   }
-  s.ipc = detail::members<I>(d, "ipc", "stats", [](const json::Value &o, const std::string &at) {
-    I t;
-    detail::u64_fields(t, o, at,
-                       {{"exports_open", &I::exports_open}, {"exports_retained", &I::exports_retained},
-                        {"imports_opened", &I::imports_opened}, {"imports_closed", &I::imports_closed},
-                        {"imports_cached", &I::imports_cached}, {"imports_retained", &I::imports_retained},
-                        {"imports_released_after_exit", &I::imports_released_after_exit},
-                        {"local_owners_fenced", &I::local_owners_fenced},
-                        {"mapping_bytes_charged", &I::mapping_bytes_charged},
-                        {"pending_groups", &I::pending_groups}, {"progress_workers", &I::progress_workers},
-                        {"exports_reclaimed_after_exit", &I::exports_reclaimed_after_exit},
-                        {"exports_answered_after_producer_wait", &I::exports_answered_after_producer_wait},
-                        {"late_groups", &I::late_groups}, {"late_completions", &I::late_completions},
-                        {"copies_issued", &I::copies_issued}, {"requests_coalesced", &I::requests_coalesced}});
-    const json::Value &by = detail::object(o, "copies_by_device", at);
-    for (std::size_t i = 0; i < by.keys().size(); ++i) {
-      const std::string where = at + ".copies_by_device." + by.keys()[i];
-      I::DeviceCopies c;
-      detail::u64_fields(c, by.items()[i], where, {{"copies", &I::DeviceCopies::copies}, {"bytes", &I::DeviceCopies::bytes}});
-      t.copies_by_device[std::atoi(by.keys()[i].c_str())] = c;
+}
+
+/// The typed Stats of a snapshot.
+inline Stats stats_of(const orbite_stats *snap) {
+  Stats s;
+  std::vector<std::string> keys;
+  const std::size_t n = orbite_stats_count(snap);
+  for (std::size_t i = 0; i < n; ++i) {
+    const char *path = nullptr, *text = nullptr;
+    std::uint64_t v = 0;
+    if (orbite_stats_entry(snap, i, &path, &v, &text) != ORBITE_STATUS_OK) continue;
+    if (!text) s.numbers[path] = v;
+    bool typed = false;
+    for (const StatField &f : stat_fields()) {
+      if (f.text == (text != nullptr) && path_matches(f.pattern, path, keys)) {
+        f.set(s, keys, v, text);
+        typed = true;
+        break;
+      }
     }
-    return t;
-  });
-  detail::u64_fields(s.nvlink, detail::object(d, "nvlink", "stats"), "stats.nvlink",
-                     {{"stream_slots", &N::stream_slots}, {"active_streams", &N::active_streams},
-                      {"retained_streams", &N::retained_streams}, {"pending_groups", &N::pending_groups},
-                      {"progress_workers", &N::progress_workers}});
-  s.transports_available =
-      detail::members<std::string>(d, "transports_available", "stats", [](const json::Value &v, const std::string &at) {
-        if (!v.is_string()) detail::bad_json(at, std::string("expected a string, found ") + v.type_name());
-        return v.as_string();
-      });
+    if (!typed) s.untyped.push_back(path);
+  }
   return s;
 }
 
-namespace detail {
-/// Runs a throwing reader f(text) and returns its failure instead.
-template <class T, class F>
-Result<T> read_json(Result<std::string> text, F &&f) {
-  if (!text) return text.error();
-  try {
-    return f(*text);
-  } catch (const Error &e) {
-    return e.failure();
-  }
-}
 }  // namespace detail
 
 // ---- small value types ------------------------------------------------------
@@ -1537,7 +1144,20 @@ class Peer {
   /// The regions the peer publishes now (asks the peer).
   std::vector<Region> regions() const { return try_regions().value(); }
   Result<std::vector<Region>> try_regions() const {
-    return detail::read_json<std::vector<Region>>(try_regions_json(), parse_regions);
+    std::vector<orbite_region_info> buf(64);
+    for (int attempt = 0;; ++attempt) {
+      std::size_t n = 0;
+      orbite_status st = orbite_peer_regions(raw(), id_, buf.data(), buf.size(), &n);
+      if (st == ORBITE_STATUS_OK) {
+        std::vector<Region> out;
+        out.reserve(n);
+        for (std::size_t i = 0; i < n; ++i) out.push_back(detail::region_of(buf[i]));
+        return out;
+      }
+      // The peer may publish more between two calls.
+      if (st != ORBITE_STATUS_BUFFER_TOO_SMALL || attempt == 15) return detail::failure(st, "orbite_peer_regions");
+      buf.resize(n > 2 * buf.size() ? n : 2 * buf.size());
+    }
   }
   /// The same as JSON text.
   std::string regions_json() const { return try_regions_json().value(); }
@@ -1671,7 +1291,13 @@ class Engine {
 
   /// A typed snapshot of the counters.
   Stats stats() const { return try_stats().value(); }
-  Result<Stats> try_stats() const { return detail::read_json<Stats>(try_stats_json(), parse_stats); }
+  Result<Stats> try_stats() const {
+    orbite_stats *snap = nullptr;
+    orbite_status st = orbite_engine_stats(get(), &snap);
+    if (st != ORBITE_STATUS_OK) return detail::failure(st, "orbite_engine_stats");
+    std::unique_ptr<orbite_stats, void (*)(orbite_stats *)> held(snap, orbite_stats_free);
+    return detail::stats_of(held.get());
+  }
   std::string stats_json() const { return try_stats_json().value(); }
   Result<std::string> try_stats_json() const {
     return detail::text_of("orbite_engine_stats_json", orbite_engine_stats_json, get());

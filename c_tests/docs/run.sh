@@ -9,8 +9,8 @@
 #   c, cpp   compiled with -Wall -Wextra -Werror (C11 / C++17) against the
 #            installed orbite.h / orbite.hpp; a block with main() is linked
 #            and run (it must exit 0), any other block is compiled only.
-#   json     read by orbite::json::parse (strict); "json config" blocks must
-#            also be accepted by orbite_engine_new.
+#   json     read by Python's json module (strict, duplicate keys refused);
+#            "json config" blocks must also be accepted by orbite_engine_new.
 #   cmake    placed in a project that defines `app` (from app.c; and `app_cpp`
 #            from app.cpp when the block names it), configured against the
 #            installed package, built, and its programs run.
@@ -79,26 +79,39 @@ while IFS='|' read -r n file line lang flags skip <&3; do
 done 3<"$work/blocks/manifest"
 test -f "$work/run/app.c" && test -f "$work/run/app.cpp"
 
-# The JSON checker: strict syntax; "config" also makes an engine of it.
-cat >"$work/json_check.cpp" <<'EOF'
-#include <orbite.hpp>
-#include <fstream>
-#include <iostream>
-#include <sstream>
+# The JSON checker: strict syntax (Python's json module, duplicate keys
+# refused); "config" also makes an engine of it (orbite_engine_new).
+cat >"$work/json_check.py" <<'EOF'
+import json, sys
+def once(pairs):
+    keys = [k for k, _ in pairs]
+    dup = next((k for k in keys if keys.count(k) > 1), None)
+    if dup is not None:
+        raise ValueError("duplicate key %r" % dup)
+    return dict(pairs)
+with open(sys.argv[1]) as f:
+    json.load(f, object_pairs_hook=once)
+EOF
+cat >"$work/config_check.c" <<'EOF'
+#include <orbite.h>
+#include <stdio.h>
 int main(int argc, char **argv) {
-  std::ifstream in(argv[1]);
-  std::stringstream text;
-  text << in.rdbuf();
-  auto doc = orbite::json::try_parse(text.str());
-  if (!doc) { std::cerr << doc.error().describe() << "\n"; return 1; }
-  if (argc > 2) {
-    auto e = orbite::Engine::try_create(text.str());
-    if (!e) { std::cerr << e.error().describe() << "\n"; return 1; }
+  static char text[1 << 16];
+  FILE *f = argc > 1 ? fopen(argv[1], "rb") : NULL;
+  size_t n = f ? fread(text, 1, sizeof text - 1, f) : 0;
+  text[n] = 0;
+  orbite_engine *e = NULL;
+  orbite_status s = orbite_engine_new(text, &e);
+  if (s != ORBITE_STATUS_OK) {
+    fprintf(stderr, "%s: %s\n", orbite_status_name(s), orbite_last_error());
+    return 1;
   }
+  orbite_engine_free(e);
   return 0;
 }
 EOF
-c++ -std=c++17 -Wall -Wextra -Werror $cflags -o "$work/json_check" "$work/json_check.cpp" $libs
+cc -std=c11 -Wall -Wextra -Werror $cflags -o "$work/config_check" "$work/config_check.c" $libs
+json_check() { python3 "$work/json_check.py" "$1" && { [ -z "$2" ] || "$work/config_check" "$1"; }; }
 
 failed=0; checked=0; skipped=0
 fail() { echo "FAIL $where: $1"; failed=$((failed + 1)); }
@@ -128,7 +141,7 @@ while IFS='|' read -r n file line lang flags skip <&3; do
       fi
       ;;
     json)
-      if ! "$work/json_check" "$b" $flags >"$work/block$n.log" 2>&1; then fail "rejected"; cat "$work/block$n.log"; continue; fi
+      if ! json_check "$b" "$flags" >"$work/block$n.log" 2>&1; then fail "rejected"; cat "$work/block$n.log"; continue; fi
       echo "ok   $where: read${flags:+ and accepted as an engine config}"
       ;;
     cmake)

@@ -95,7 +95,7 @@ pub struct NvlinkStats {
 }
 
 /// A snapshot of one engine's counters.
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct EngineStats {
     /// Per transport (`tcp`, `shm`, `nvlink`, `mnnvl`).
     pub transports: BTreeMap<String, TransportStats>,
@@ -311,6 +311,44 @@ impl EngineStats {
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|_| "{}".into())
     }
+
+    /// Every value of the snapshot by its dotted path in the JSON
+    /// (`transports.tcp.requests_completed`, `io.connections_per_thread.0`,
+    /// `notes.3`), in path order: numbers as they are, booleans as 0 or 1,
+    /// texts as texts. What `orbite_engine_stats` gives C without JSON.
+    pub fn entries(&self) -> Vec<(String, StatValue)> {
+        let mut out = Vec::new();
+        match serde_json::to_value(self) {
+            Ok(v) => flatten(String::new(), &v, &mut out),
+            Err(e) => out.push(("error".into(), StatValue::Text(e.to_string()))),
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+}
+
+/// One value of [`EngineStats::entries`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatValue {
+    /// A counter, size or boolean (0 or 1).
+    Number(u64),
+    /// A text (`transports_available.*`, `notes.*`).
+    Text(String),
+}
+
+/// Appends the leaves of `v` under `path`.
+fn flatten(path: String, v: &serde_json::Value, out: &mut Vec<(String, StatValue)>) {
+    use serde_json::Value;
+    let child = |k: &str| if path.is_empty() { k.to_string() } else { format!("{path}.{k}") };
+    match v {
+        Value::Object(m) => m.iter().for_each(|(k, v)| flatten(child(k), v, out)),
+        Value::Array(a) => a.iter().enumerate().for_each(|(i, v)| flatten(child(&i.to_string()), v, out)),
+        Value::Bool(b) => out.push((path, StatValue::Number(*b as u64))),
+        // Every number of the stats is an unsigned integer.
+        Value::Number(n) => out.push((path, StatValue::Number(n.as_u64().unwrap_or(u64::MAX)))),
+        Value::String(t) => out.push((path, StatValue::Text(t.clone()))),
+        Value::Null => {}
+    }
 }
 
 impl Engine {
@@ -367,5 +405,94 @@ impl Engine {
                 notes: i.notes.lock().iter().cloned().collect(),
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A snapshot with one entry in every map and list, so that every
+    /// path of the schema appears.
+    pub(crate) fn every_path() -> EngineStats {
+        let mut ipc = IpcStats { groups_without_round_trip: 3, ..IpcStats::default() };
+        ipc.copies_by_device.insert(1, DeviceCopyStats { copies: 4, bytes: 4096 });
+        EngineStats {
+            transports: [("tcp".to_string(), TransportStats { requests_completed: 7, ..Default::default() })].into(),
+            inflight_bytes: 5,
+            discovery: crate::discovery::DiscoveryStats { enabled: true, ..Default::default() },
+            io: IoStats { connections_per_thread: vec![2, 9], ..Default::default() },
+            ipc: [("shm".to_string(), ipc)].into(),
+            transports_available: [("nvlink".to_string(), "not available: no driver".to_string())].into(),
+            notes: vec!["a note".into()],
+            ..EngineStats::default()
+        }
+    }
+
+    /// Guards `flatten`: maps and structs by key, lists by index,
+    /// booleans as 0/1, texts kept, in path order.
+    #[test]
+    fn entries_name_every_value_by_its_path() {
+        let e = every_path().entries();
+        let get = |p: &str| e.iter().find(|(k, _)| k == p).map(|(_, v)| v.clone());
+        assert_eq!(get("transports.tcp.requests_completed"), Some(StatValue::Number(7)));
+        assert_eq!(get("ipc.shm.groups_without_round_trip"), Some(StatValue::Number(3)));
+        assert_eq!(get("ipc.shm.copies_by_device.1.bytes"), Some(StatValue::Number(4096)));
+        assert_eq!(get("io.connections_per_thread.1"), Some(StatValue::Number(9)));
+        assert_eq!(get("discovery.enabled"), Some(StatValue::Number(1)));
+        assert_eq!(get("discovery.connected"), Some(StatValue::Number(0)));
+        assert_eq!(get("transports_available.nvlink"), Some(StatValue::Text("not available: no driver".into())));
+        assert_eq!(get("notes.0"), Some(StatValue::Text("a note".into())));
+        assert_eq!(get("ipc.shm"), None, "only leaves");
+        assert!(e.windows(2).all(|w| w[0].0 < w[1].0), "sorted and distinct");
+    }
+}
+
+#[cfg(test)]
+mod schema {
+    use super::tests::every_path;
+    use std::collections::BTreeSet;
+
+    /// Paths whose next segment is a map key or a list index, written `*`
+    /// in the header's patterns.
+    const KEYED: &[&str] =
+        &["transports", "ipc", "ipc.*.copies_by_device", "io.connections_per_thread", "transports_available", "notes"];
+
+    /// `path` with each map key and list index replaced by `*`.
+    fn pattern(path: &str) -> String {
+        let mut out: Vec<&str> = Vec::new();
+        for seg in path.split('.') {
+            let keyed = KEYED.contains(&out.join(".").as_str());
+            out.push(if keyed { "*" } else { seg });
+        }
+        out.join(".")
+    }
+
+    /// The patterns of orbite.hpp's stats table (the first string literal
+    /// of each line between its `stats-schema` marks).
+    fn header_patterns() -> BTreeSet<String> {
+        let hpp = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/include/orbite.hpp"));
+        let begin = hpp.find("// stats-schema-begin").expect("begin mark");
+        let end = hpp.find("// stats-schema-end").expect("end mark");
+        hpp[begin..end]
+            .lines()
+            .filter_map(|l| l.split('"').nth(1).filter(|_| l.contains('"')).map(str::to_string))
+            .collect()
+    }
+
+    /// The stats schema, one fact in one place: every path the library
+    /// reports has a member in orbite.hpp's table, and the table names no
+    /// path the library does not report. Fails when a counter is added on
+    /// one side only (the C++ test checks the same of a live engine:
+    /// `Stats::untyped` empty).
+    #[test]
+    fn the_cpp_header_types_every_stats_path_and_no_other() {
+        let rust: BTreeSet<String> = every_path().entries().iter().map(|(p, _)| pattern(p)).collect();
+        let cpp = header_patterns();
+        let only_rust: Vec<_> = rust.difference(&cpp).collect();
+        let only_cpp: Vec<_> = cpp.difference(&rust).collect();
+        assert!(only_rust.is_empty(), "paths orbite.hpp does not type: {only_rust:?}");
+        assert!(only_cpp.is_empty(), "paths orbite.hpp types that the library does not report: {only_cpp:?}");
+        assert!(rust.len() > 70, "{} paths", rust.len());
     }
 }

@@ -228,6 +228,55 @@ pub extern "C" fn orbite_peer_regions_json(
     })
 }
 
+/// Each memory kind's name as a C string, by wire code.
+static KIND_NAMES: once_cell::sync::Lazy<Vec<std::ffi::CString>> = once_cell::sync::Lazy::new(|| {
+    (0..)
+        .map_while(crate::memory::MemoryKind::from_code)
+        .map(|k| std::ffi::CString::new(k.name()).unwrap_or_default())
+        .collect()
+});
+
+/// Writes the regions the peer publishes (asked of the peer now) into
+/// out[0..count) and their count to *out_count. A cap below the count is
+/// BUFFER_TOO_SMALL with only *out_count written; out may be NULL when cap
+/// is 0.
+#[no_mangle]
+pub extern "C" fn orbite_peer_regions(
+    engine: *mut orbite_engine,
+    peer: u64,
+    out: *mut orbite_region_info,
+    cap: usize,
+    out_count: *mut usize,
+) -> orbite_status {
+    guard(|| {
+        let e = live(engine, "engine")?;
+        let count = need_mut(out_count, "out_count")?;
+        let regions = e.engine.peer_regions(peer, None)?;
+        if cap < regions.len() {
+            *count = regions.len();
+            return Err(Error::BufferTooSmall(format!("the peer publishes {} regions, cap is {cap}", regions.len())));
+        }
+        if out.is_null() && !regions.is_empty() {
+            return Err(Error::NullArgument("out is NULL".into()));
+        }
+        for (i, r) in regions.iter().enumerate() {
+            let info = orbite_region_info {
+                id: r.id,
+                epoch: r.epoch,
+                addr: r.addr,
+                length: r.len,
+                access: r.access.bits(),
+                kind: KIND_NAMES[r.kind.code() as usize].as_ptr(),
+            };
+            // SAFETY: out is non-NULL and the caller promises `cap` writable
+            // elements; i < regions.len() <= cap was checked above.
+            unsafe { out.add(i).write(info) };
+        }
+        *count = regions.len();
+        Ok(())
+    })
+}
+
 /// Disconnects a peer after its outstanding requests end (up to timeout_ms).
 #[no_mangle]
 pub extern "C" fn orbite_disconnect(engine: *mut orbite_engine, peer: u64, timeout_ms: u32) -> orbite_status {

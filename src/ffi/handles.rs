@@ -7,7 +7,7 @@
 //! call on it, or one whose address a new handle of the same type reuses
 //! (docs/threading.md: freeing a handle in use is undefined).
 
-use super::types::{orbite_allocation, orbite_batch, orbite_engine};
+use super::types::{orbite_allocation, orbite_batch, orbite_engine, orbite_stats};
 use crate::error::{Error, Result};
 use once_cell::sync::Lazy;
 use parking_lot::RwLock;
@@ -19,6 +19,7 @@ pub(crate) enum Kind {
     Engine,
     Batch,
     Allocation,
+    Stats,
 }
 
 impl Kind {
@@ -27,6 +28,7 @@ impl Kind {
             Kind::Engine => "an orbite_engine",
             Kind::Batch => "an orbite_batch",
             Kind::Allocation => "an orbite_allocation",
+            Kind::Stats => "an orbite_stats",
         }
     }
 }
@@ -44,6 +46,9 @@ impl Handle for orbite_batch {
 }
 impl Handle for orbite_allocation {
     const KIND: Kind = Kind::Allocation;
+}
+impl Handle for orbite_stats {
+    const KIND: Kind = Kind::Stats;
 }
 
 /// Live handles by address, in shards (lookups from many threads take a

@@ -23,6 +23,7 @@ pub(crate) mod handles;
 pub mod log;
 pub mod memory;
 pub mod notify;
+pub mod stats;
 pub mod transfer;
 pub mod types;
 

@@ -71,6 +71,38 @@ pub struct orbite_allocation {
     pub(crate) alloc: Allocation,
 }
 
+/// One region a peer publishes (`orbite_peer_regions`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct orbite_region_info {
+    /// The peer's region id.
+    pub id: u64,
+    /// Registration epoch (a new one when the peer registers the memory again).
+    pub epoch: u64,
+    /// First byte, in the peer's address space.
+    pub addr: u64,
+    /// Bytes.
+    pub length: u64,
+    /// ORBITE_ACCESS_* bits: what this engine may do to it.
+    pub access: u32,
+    /// Kind of memory: "host", "shared_host", "cuda", "cuda_ipc",
+    /// "pinned_host", "mnnvl" or "egm" (static storage).
+    pub kind: *const std::os::raw::c_char,
+}
+
+/// A snapshot of an engine's counters (opaque): each value of the stats
+/// JSON by its dotted path, read without JSON (`orbite_engine_stats`).
+pub struct orbite_stats {
+    pub(crate) entries: Vec<StatEntry>,
+}
+
+/// One value of an [`orbite_stats`]: its path, and its number or text.
+pub(crate) struct StatEntry {
+    pub(crate) path: std::ffi::CString,
+    pub(crate) value: u64,
+    pub(crate) text: Option<std::ffi::CString>,
+}
+
 /// One transfer request.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
