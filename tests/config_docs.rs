@@ -1,11 +1,12 @@
 //! docs/config.md against the config's own declaration (issue 35): the
-//! top-level table names every key the engine echoes and no other, and
-//! each numeric key's default and range in the table are the ones
-//! `NUMERIC_KEYS` and `EngineConfig::default()` hold. A key added to the
-//! code and not to the docs (or the other way round), or a range changed
-//! on one side only, fails here.
+//! top-level table names every key of `KEYS` and no other, each key's type
+//! is the declaration's, each integer key's default and range are the ones
+//! `KEYS` and `EngineConfig::default()` hold, and every other default
+//! written as JSON is the default's echo. A key added to the code and not
+//! to the docs (or the other way round), or a type, default or range
+//! changed on one side only, fails here.
 
-use orbite::engine::config::NUMERIC_KEYS;
+use orbite::engine::config::KEYS;
 use orbite::EngineConfig;
 use std::collections::BTreeMap;
 
@@ -56,32 +57,48 @@ fn number(s: &str) -> Option<u64> {
 #[test]
 fn the_key_table_names_every_key_the_engine_has() {
     let rows = top_level_rows();
-    let echoed = EngineConfig::default().to_value();
-    let code: Vec<&String> = echoed.as_object().unwrap().keys().collect();
-    let missing: Vec<&&String> = code.iter().filter(|k| !rows.contains_key(k.as_str())).collect();
+    let declared: Vec<&str> = KEYS.iter().map(|k| k.name).collect();
+    let missing: Vec<&&str> = declared.iter().filter(|k| !rows.contains_key(**k)).collect();
     assert!(missing.is_empty(), "keys docs/config.md does not document: {missing:?}");
-    let extra: Vec<&String> = rows.keys().filter(|k| !code.contains(k)).collect();
+    let extra: Vec<&String> = rows.keys().filter(|k| !declared.contains(&k.as_str())).collect();
     assert!(extra.is_empty(), "docs/config.md documents keys the engine does not have: {extra:?}");
+    // The echo writes exactly the declared keys.
+    let echoed = EngineConfig::default().to_value();
+    let mut echoed: Vec<&str> = echoed.as_object().unwrap().keys().map(String::as_str).collect();
+    let mut sorted = declared.clone();
+    echoed.sort_unstable();
+    sorted.sort_unstable();
+    assert_eq!(echoed, sorted);
 }
 
 #[test]
-fn numeric_defaults_and_ranges_match_the_declaration() {
+fn types_defaults_and_ranges_match_the_declaration() {
     let rows = top_level_rows();
     let defaults = EngineConfig::default();
-    for n in NUMERIC_KEYS {
-        let (ty, default, range) = rows.get(n.name).unwrap_or_else(|| panic!("`{}` is not in docs/config.md", n.name));
-        assert_eq!(ty, "integer", "`{}`", n.name);
+    for key in KEYS {
+        let (ty, default, range) =
+            rows.get(key.name).unwrap_or_else(|| panic!("`{}` is not in docs/config.md", key.name));
+        assert_eq!(ty, key.ty, "`{}`: the docs' type", key.name);
+        let value = key.value(&defaults);
+        let Some((min, max)) = key.range else {
+            // A default written as JSON is the default's echo.
+            let literal = default.trim_matches('`');
+            let written: serde_json::Value = serde_json::from_str(literal)
+                .unwrap_or_else(|e| panic!("`{}`: default {default:?} is not JSON: {e}", key.name));
+            assert_eq!(written, value, "`{}`: the docs' default {default:?}", key.name);
+            continue;
+        };
         if let Some(d) = number(default) {
-            assert_eq!(d, n.get(&defaults), "`{}`: the docs' default {default:?}", n.name);
+            assert_eq!(Some(d), value.as_u64(), "`{}`: the docs' default {default:?}", key.name);
         } else {
             // Only computed defaults are written as formulas.
-            assert_eq!(n.name, "io_threads", "`{}`: default {default:?} is not a number", n.name);
+            assert_eq!(key.name, "io_threads", "`{}`: default {default:?} is not a number", key.name);
         }
-        let (lo, hi) = range.split_once(" – ").unwrap_or_else(|| panic!("`{}`: range {range:?}", n.name));
-        assert_eq!(number(lo), Some(n.min), "`{}`: the docs' range {range:?}", n.name);
+        let (lo, hi) = range.split_once(" – ").unwrap_or_else(|| panic!("`{}`: range {range:?}", key.name));
+        assert_eq!(number(lo), Some(min), "`{}`: the docs' range {range:?}", key.name);
         // An upper bound written as another key is a relation validate() checks.
         if !hi.starts_with('`') {
-            assert_eq!(number(hi), Some(n.max), "`{}`: the docs' range {range:?}", n.name);
+            assert_eq!(number(hi), Some(max), "`{}`: the docs' range {range:?}", key.name);
         }
     }
 }
@@ -91,11 +108,12 @@ fn numeric_defaults_and_ranges_match_the_declaration() {
 /// to be separate lists, and two keys were missing from validate's).
 #[test]
 fn validate_holds_rust_built_configs_to_every_numeric_range() {
-    for n in NUMERIC_KEYS {
+    for key in KEYS {
+        let Some((_, max)) = key.range else { continue };
         let mut v = EngineConfig::default().to_value();
-        v[n.name] = (n.max + 1).into();
+        v[key.name] = (max + 1).into();
         let err = EngineConfig::from_json(&v.to_string()).unwrap_err();
-        assert!(err.to_string().contains(&format!("`{}`", n.name)), "{err}");
+        assert!(err.to_string().contains(&format!("`{}`", key.name)), "{err}");
     }
     let c = EngineConfig { min_payload_rate_kib: u32::MAX, ..Default::default() };
     assert!(c.validate().unwrap_err().to_string().contains("`min_payload_rate_kib`"));

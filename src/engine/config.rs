@@ -5,6 +5,7 @@
 //! The keys are documented in `docs/config.md`.
 
 use crate::control::notify::{check_name, MAX_NOTIFICATION_BYTES};
+use crate::control::seal::WireSecurity;
 use crate::discovery::{check_url, DiscoveryConfig};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
@@ -106,7 +107,7 @@ pub struct EngineConfig {
     pub auth_key_file: Option<String>,
     /// What the key's sealing of TCP control connections protects:
     /// integrity (default) or, `Encrypt`, confidentiality too.
-    pub wire_security: crate::control::seal::WireSecurity,
+    pub wire_security: WireSecurity,
     /// Users besides this process's own whose processes may open an IPC
     /// channel to this engine.
     pub ipc_allowed_uids: Vec<u32>,
@@ -176,56 +177,102 @@ fn default_io_threads() -> u32 {
     std::thread::available_parallelism().map(|n| n.get().min(4) as u32).unwrap_or(2)
 }
 
-/// A numeric key: its name, its range, and where it lives in the config.
-/// One line per key in [`NUMERIC_KEYS`] serves parsing, validation (of
-/// JSON and of configs built in Rust alike) and the JSON echo.
-pub struct NumericKey {
+/// One top-level key: its name, its type as docs/config.md writes it, its
+/// range (integers), how it is read from JSON into the config, and how the
+/// config's value is written back. One line per key in [`KEYS`] serves
+/// parsing, validation of the ranges (of JSON and of configs built in Rust
+/// alike), the JSON echo and the docs test (`tests/config_docs.rs`).
+pub struct Key {
     /// The JSON key.
     pub name: &'static str,
-    /// Smallest value accepted.
-    pub min: u64,
-    /// Largest value accepted.
-    pub max: u64,
-    get: fn(&EngineConfig) -> u64,
-    set: fn(&mut EngineConfig, u64),
+    /// Its type, as the docs' table writes it.
+    pub ty: &'static str,
+    /// Smallest and largest value accepted, for integer keys.
+    pub range: Option<(u64, u64)>,
+    parse: fn(&mut EngineConfig, &str, &Value) -> Result<()>,
+    echo: fn(&EngineConfig) -> Value,
 }
 
-impl NumericKey {
-    /// The key's value in `c`.
-    pub fn get(&self, c: &EngineConfig) -> u64 {
-        (self.get)(c)
+impl Key {
+    /// The key's value in `c`, as JSON.
+    pub fn value(&self, c: &EngineConfig) -> Value {
+        (self.echo)(c)
     }
 }
 
-/// One [`NumericKey`] for field `$f`, `$min..=$max` (the field's type holds
+/// An integer key for field `$f`, `$min..=$max` (the field's type holds
 /// the maximum: `$max` fits it).
-macro_rules! numeric {
+macro_rules! integer {
     ($f:ident, $min:expr, $max:expr) => {
-        NumericKey { name: stringify!($f), min: $min, max: $max, get: |c| c.$f as u64, set: |c, v| c.$f = v as _ }
+        Key {
+            name: stringify!($f),
+            ty: "integer",
+            range: Some(($min, $max)),
+            parse: |c, k, v| {
+                c.$f = get_u64(k, v, $min, $max)? as _;
+                Ok(())
+            },
+            echo: |c| (c.$f as u64).into(),
+        }
     };
 }
 
-/// Every numeric top-level key (the others, strings, booleans, arrays and
-/// objects, are parsed by name in [`EngineConfig::from_json`]).
-pub const NUMERIC_KEYS: &[NumericKey] = &[
-    numeric!(max_inflight_bytes, MIB, 1 << 40),
-    numeric!(max_transfer_bytes, 4 * KIB, 1 << 40),
-    numeric!(nvlink_cache_entries, 0, 4096),
-    numeric!(shm_cache_entries, 0, 4096),
-    numeric!(nvlink_stream_count, 1, 4096),
-    numeric!(nvlink_async_memcpy_threshold_kb, 0, MIB),
-    numeric!(default_timeout_ms, 1, 86_400_000),
-    numeric!(handshake_timeout_ms, 1, 600_000),
-    numeric!(max_incoming_connections, 1, 65_536),
-    numeric!(max_pending_handshakes, 1, 65_536),
-    numeric!(max_pending_handshakes_per_address, 1, 65_536),
-    numeric!(max_ipc_channels, 1, 65_536),
-    numeric!(io_threads, 1, 64),
-    numeric!(io_poll_us, 0, 10_000),
-    numeric!(offer_timeout_ms, 1, 600_000),
-    numeric!(min_payload_rate_kib, 0, 1 << 24),
-    numeric!(notification_max_bytes, 1, MAX_NOTIFICATION_BYTES),
-    numeric!(notification_queue, 1, 65_536),
+/// A key for field `$f` of type `$ty` (the docs' word), read by `$parse`
+/// (from the key's name and its JSON value) and written back by `$echo`.
+macro_rules! key {
+    ($f:ident, $ty:expr, $parse:expr, $echo:expr) => {
+        Key {
+            name: stringify!($f),
+            ty: $ty,
+            range: None,
+            parse: |c, k, v| {
+                c.$f = ($parse)(k, v)?;
+                Ok(())
+            },
+            echo: |c| ($echo)(&c.$f),
+        }
+    };
+}
+
+/// Every top-level key, in the order docs/config.md gives them.
+pub const KEYS: &[Key] = &[
+    key!(listen, "string", |k, v| get_str(k, v).map(str::to_string), |l: &String| l.as_str().into()),
+    key!(nvlink, "bool", get_bool, |b: &bool| (*b).into()),
+    key!(mnnvl, "object or null", parse_mnnvl, |m: &Option<MnnvlConfig>| m
+        .as_ref()
+        .map_or(Value::Null, MnnvlConfig::to_value)),
+    integer!(max_inflight_bytes, MIB, 1 << 40),
+    integer!(max_transfer_bytes, 4 * KIB, 1 << 40),
+    integer!(nvlink_cache_entries, 0, 4096),
+    integer!(shm_cache_entries, 0, 4096),
+    key!(coalesce, "bool", get_bool, |b: &bool| (*b).into()),
+    integer!(nvlink_stream_count, 1, 4096),
+    integer!(nvlink_async_memcpy_threshold_kb, 0, MIB),
+    key!(transport_policy, "array of strings", parse_policy, |p: &Vec<TransportKind>| p
+        .iter()
+        .map(|t| t.name())
+        .collect::<Vec<_>>()
+        .into()),
+    integer!(default_timeout_ms, 1, 86_400_000),
+    integer!(handshake_timeout_ms, 1, 600_000),
+    integer!(max_incoming_connections, 1, 65_536),
+    integer!(max_pending_handshakes, 1, 65_536),
+    integer!(max_pending_handshakes_per_address, 1, 65_536),
+    integer!(io_threads, 1, 64),
+    integer!(io_poll_us, 0, 10_000),
+    integer!(max_ipc_channels, 1, 65_536),
+    key!(auth_key_file, "string or null", optional_str, |f: &Option<String>| f.as_deref().into()),
+    key!(wire_security, "string", parse_wire_security, |w: &WireSecurity| w.name().into()),
+    key!(ipc_allowed_uids, "array of integers", parse_uids, |u: &Vec<u32>| u.as_slice().into()),
+    integer!(offer_timeout_ms, 1, 600_000),
+    key!(name, "string or null", optional_str, |n: &Option<String>| n.as_deref().into()),
+    integer!(notification_max_bytes, 1, MAX_NOTIFICATION_BYTES),
+    integer!(notification_queue, 1, 65_536),
+    key!(discovery, "object or null", parse_discovery_or_null, |d: &Option<DiscoveryConfig>| d
+        .as_ref()
+        .map_or(Value::Null, |d| serde_json::json!({"etcd": d.etcd, "prefix": d.prefix, "ttl_s": d.ttl_s}))),
+    integer!(min_payload_rate_kib, 0, 1 << 24),
+    key!(log_level, "string", parse_level, |l: &Level| l.name().into()),
 ];
 
 fn bad(key: &str, what: impl std::fmt::Display) -> Error {
@@ -307,6 +354,42 @@ fn get_u32(key: &str, v: &Value, min: u32, max: u32) -> Result<u32> {
 
 fn get_str<'a>(key: &str, v: &'a Value) -> Result<&'a str> {
     v.as_str().ok_or_else(|| bad(key, format!("expected a string, got {}", type_name(v))))
+}
+
+/// A string, or null for none.
+fn optional_str(key: &str, v: &Value) -> Result<Option<String>> {
+    match v {
+        Value::Null => Ok(None),
+        _ => get_str(key, v).map(|s| Some(s.to_string())),
+    }
+}
+
+/// An object read by `read`, or null for none.
+fn object_or_null<T>(key: &str, v: &Value, read: fn(&Map<String, Value>) -> Result<T>) -> Result<Option<T>> {
+    match v {
+        Value::Null => Ok(None),
+        Value::Object(o) => read(o).map(Some),
+        _ => Err(bad(key, format!("expected an object or null, got {}", type_name(v)))),
+    }
+}
+
+fn parse_mnnvl(key: &str, v: &Value) -> Result<Option<MnnvlConfig>> {
+    object_or_null(key, v, MnnvlConfig::from_object)
+}
+
+fn parse_discovery_or_null(key: &str, v: &Value) -> Result<Option<DiscoveryConfig>> {
+    object_or_null(key, v, parse_discovery)
+}
+
+fn parse_wire_security(key: &str, v: &Value) -> Result<WireSecurity> {
+    let name = get_str(key, v)?;
+    WireSecurity::from_name(name)
+        .ok_or_else(|| bad(key, format!("unknown value {name:?} (expected \"integrity\" or \"encrypt\")")))
+}
+
+fn parse_level(key: &str, v: &Value) -> Result<Level> {
+    let name = get_str(key, v)?;
+    Level::from_name(name).ok_or_else(|| bad(key, format!("unknown level {name:?} (expected {LEVEL_NAMES})")))
 }
 
 /// Parses a 16-byte fabric domain written as 32 hexadecimal digits.
@@ -392,55 +475,8 @@ impl EngineConfig {
             .ok_or_else(|| Error::InvalidConfig(format!("expected a JSON object, got {}", type_name(&v))))?;
         let mut c = EngineConfig::default();
         for (k, v) in obj {
-            if let Some(n) = NUMERIC_KEYS.iter().find(|n| n.name == k) {
-                (n.set)(&mut c, get_u64(k, v, n.min, n.max)?);
-                continue;
-            }
-            match k.as_str() {
-                "listen" => c.listen = get_str(k, v)?.to_string(),
-                "nvlink" => c.nvlink = get_bool(k, v)?,
-                "mnnvl" => {
-                    c.mnnvl = match v {
-                        Value::Null => None,
-                        Value::Object(o) => Some(MnnvlConfig::from_object(o)?),
-                        _ => return Err(bad(k, format!("expected an object or null, got {}", type_name(v)))),
-                    }
-                }
-                "coalesce" => c.coalesce = get_bool(k, v)?,
-                "transport_policy" => c.transport_policy = parse_policy(k, v)?,
-                "auth_key_file" => {
-                    c.auth_key_file = match v {
-                        Value::Null => None,
-                        _ => Some(get_str(k, v)?.to_string()),
-                    }
-                }
-                "wire_security" => {
-                    let name = get_str(k, v)?;
-                    c.wire_security = crate::control::seal::WireSecurity::from_name(name).ok_or_else(|| {
-                        bad(k, format!("unknown value {name:?} (expected \"integrity\" or \"encrypt\")"))
-                    })?;
-                }
-                "ipc_allowed_uids" => c.ipc_allowed_uids = parse_uids(k, v)?,
-                "name" => {
-                    c.name = match v {
-                        Value::Null => None,
-                        _ => Some(get_str(k, v)?.to_string()),
-                    }
-                }
-                "discovery" => {
-                    c.discovery = match v {
-                        Value::Null => None,
-                        Value::Object(o) => Some(parse_discovery(o)?),
-                        _ => return Err(bad(k, format!("expected an object or null, got {}", type_name(v)))),
-                    }
-                }
-                "log_level" => {
-                    let name = get_str(k, v)?;
-                    c.log_level = Level::from_name(name)
-                        .ok_or_else(|| bad(k, format!("unknown level {name:?} (expected {LEVEL_NAMES})")))?;
-                }
-                _ => return Err(bad(k, "unknown key")),
-            }
+            let key = KEYS.iter().find(|key| key.name == k).ok_or_else(|| bad(k, "unknown key"))?;
+            (key.parse)(&mut c, k, v)?;
         }
         c.validate()?;
         Ok(c)
@@ -455,10 +491,11 @@ impl EngineConfig {
         if self.nvlink && self.mnnvl.is_some() {
             return Err(bad("mnnvl", "MNNVL and legacy `nvlink: true` are mutually exclusive; enable one"));
         }
-        for n in NUMERIC_KEYS {
-            let v = n.get(self);
-            if v < n.min || v > n.max {
-                return Err(bad(n.name, format!("{v} is outside the range {}..={}", n.min, n.max)));
+        for key in KEYS {
+            let Some((min, max)) = key.range else { continue };
+            let v = key.value(self).as_u64().unwrap_or(u64::MAX);
+            if v < min || v > max {
+                return Err(bad(key.name, format!("{v} is outside the range {min}..={max}")));
             }
         }
         if self.max_transfer_bytes > self.max_inflight_bytes {
@@ -492,7 +529,7 @@ impl EngineConfig {
         if self.auth_key_file.as_deref() == Some("") {
             return Err(bad("auth_key_file", "is empty (name a key file, or null for no authentication)"));
         }
-        if self.wire_security == crate::control::seal::WireSecurity::Encrypt && self.auth_key_file.is_none() {
+        if self.wire_security == WireSecurity::Encrypt && self.auth_key_file.is_none() {
             return Err(bad("wire_security", "\"encrypt\" needs auth_key_file: the session keys come from the key"));
         }
         Ok(())
@@ -500,25 +537,7 @@ impl EngineConfig {
 
     /// The config as a JSON value (every key, defaults included).
     pub fn to_value(&self) -> Value {
-        let mut v = serde_json::json!({
-            "listen": self.listen,
-            "name": self.name,
-            "discovery": self.discovery.as_ref().map(|d| serde_json::json!({
-                "etcd": d.etcd, "prefix": d.prefix, "ttl_s": d.ttl_s,
-            })),
-            "nvlink": self.nvlink,
-            "mnnvl": self.mnnvl.as_ref().map(MnnvlConfig::to_value),
-            "coalesce": self.coalesce,
-            "transport_policy": self.transport_policy.iter().map(|t| t.name()).collect::<Vec<_>>(),
-            "auth_key_file": self.auth_key_file,
-            "wire_security": self.wire_security.name(),
-            "ipc_allowed_uids": self.ipc_allowed_uids,
-            "log_level": self.log_level.name(),
-        });
-        for n in NUMERIC_KEYS {
-            v[n.name] = n.get(self).into();
-        }
-        v
+        Value::Object(KEYS.iter().map(|key| (key.name.to_string(), key.value(self))).collect())
     }
 
     /// The config as JSON text; [`EngineConfig::from_json`] reads it back.
