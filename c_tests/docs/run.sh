@@ -23,7 +23,7 @@
 # app.cpp are the first complete C and C++ programs of getting-started.md.
 #
 # Then every C++ name the docs quote (README.md and docs/*.md) must exist in
-# the installed orbite.hpp: `orbite::NAME...` in prose code spans and cpp
+# the installed orbite.hpp (and orbite/*.hpp, which it includes): `orbite::NAME...` in prose code spans and cpp
 # blocks (orbite::orbite* are CMake targets), and `Type::member` in spans where Type is a type orbite.hpp
 # defines in namespace orbite (`Batch::notes`, `Peer::transports()`). A
 # span followed by "in Rust" or "(Rust)" names the Rust API and is not
@@ -178,13 +178,15 @@ done 3<"$work/blocks/manifest" </dev/null
 
 # The C++ names the docs quote.
 names="$work/names.cpp"
+# orbite.hpp and the headers it includes, read as one text.
+cat "$prefix/include/orbite.hpp" "$prefix/include/orbite/"*.hpp >"$work/orbite-all.hpp"
 {
   echo "#include <orbite.hpp>"
   d=0
   for doc in README.md $(cd "$src" && ls docs/*.md); do
     d=$((d + 1))
     case "$doc" in docs/architecture.md | docs/seed-traceability.md) continue ;; esac
-    awk -v doc="$doc" -v d="$d" -v hpp="$prefix/include/orbite.hpp" '
+    awk -v doc="$doc" -v d="$d" -v hpp="$work/orbite-all.hpp" '
       # What orbite.hpp defines: its namespaces, and per namespace its
       # types (enums and class templates apart).
       function scan_header(   line, ns, prevline, m, name) {

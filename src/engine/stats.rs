@@ -468,10 +468,10 @@ mod schema {
         out.join(".")
     }
 
-    /// The patterns of orbite.hpp's stats table (the first string literal
+    /// The patterns of orbite.hpp's stats table (in orbite/stats.hpp) (the first string literal
     /// of each line between its `stats-schema` marks).
     fn header_patterns() -> BTreeSet<String> {
-        let hpp = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/include/orbite.hpp"));
+        let hpp = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/include/orbite/stats.hpp"));
         let begin = hpp.find("// stats-schema-begin").expect("begin mark");
         let end = hpp.find("// stats-schema-end").expect("end mark");
         hpp[begin..end]
