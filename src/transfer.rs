@@ -603,4 +603,27 @@ mod tests {
         c.cancel();
         assert!(!c.start_run(0, 2), "no request asked, the batch cancelled");
     }
+
+    /// What a notification after a batch waits for (the outbox sends it
+    /// once `requests_ended` holds, from the batch's end hook): the batch's
+    /// requests have ended only when the last one has, and its end hooks
+    /// run then, once each. Guards `requests_ended` and `on_end`.
+    #[test]
+    fn requests_end_with_the_last_one_and_end_hooks_run_then_once() {
+        let b = batch(2);
+        let ran = Arc::new(std::sync::atomic::AtomicU32::new(0));
+        let r = ran.clone();
+        assert!(b.on_end(Box::new(move || {
+            r.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        })));
+        assert!(!b.requests_ended());
+        b.complete_chunk(0, ChunkOutcome::ok(Op::Read));
+        assert!(!b.requests_ended(), "one of two ended");
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 0);
+        b.fail_request(1, Error::Unavailable("gone".into()), RemoteEffect::None);
+        assert!(b.requests_ended());
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert!(!b.on_end(Box::new(|| panic!("a hook after the end runs never"))), "refused once ended");
+        assert_eq!(ran.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
 }

@@ -688,6 +688,36 @@ mod tests {
         a.free().unwrap();
     }
 
+    /// What keeps two GPU groups (and TCP) off one pinned allocation at
+    /// once: `fence_pinned_at` fences each pinned owner its addresses touch,
+    /// once, in address order, refuses one another group holds (at its
+    /// deadline), and ignores memory that is not pinned. Two pinned records
+    /// over heap memory stand in for cuMemHostAlloc's. Guards
+    /// `fence_pinned_at` and `fence`.
+    #[test]
+    fn pinned_fences_are_exclusive_once_per_allocation_in_address_order() {
+        let heap = vec![0u8; 3 << 16];
+        let base = heap.as_ptr() as u64;
+        let pin = |at: u64| {
+            let release: Release = Box::new(|_| Ok(()));
+            adopt(MemoryKind::PinnedHost, at, 1 << 16, 1 << 16, Backing::Native { device: None, release })
+        };
+        let (lo, hi) = (pin(base), pin(base + (2 << 16)));
+        let soon = || std::time::Instant::now() + std::time::Duration::from_millis(20);
+        // Addresses out of order, twice in one allocation, and one plain.
+        let addrs = [base + (2 << 16) + 5, base + 1, base + (1 << 16), base + 9];
+        let fences = fence_pinned_at(addrs.into_iter(), soon()).unwrap();
+        assert_eq!(fences.iter().map(|f| f.base).collect::<Vec<_>>(), vec![lo.addr(), hi.addr()]);
+        assert!(fenced(base + 1) && fenced(base + (2 << 16)) && !fenced(base + (1 << 16)));
+        let e = fence_pinned_at([base + (2 << 16)].into_iter(), soon()).unwrap_err();
+        assert_eq!(e.status(), crate::error::Status::Unavailable);
+        assert!(fence_pinned_at([base + (1 << 16)].into_iter(), soon()).unwrap().is_empty(), "not pinned");
+        drop(fences);
+        assert!(!fenced(base + 1) && !fenced(base + (2 << 16)));
+        lo.free().unwrap();
+        hi.free().unwrap();
+    }
+
     #[test]
     fn shared_memory_files_cannot_change_size_or_take_new_seals() {
         let a = allocate_shared_host(4096).unwrap();
