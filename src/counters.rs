@@ -1,102 +1,164 @@
 //! Engine counters, updated lock-free on the hot path.
 
 use crate::kinds::TransportKind;
-use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-#[derive(Default)]
-struct PerTransport {
-    requests_completed: AtomicU64,
-    requests_failed: AtomicU64,
-    bytes_completed: AtomicU64,
-    bytes_failed: AtomicU64,
-    served_requests: AtomicU64,
-    served_bytes: AtomicU64,
-    served_failed: AtomicU64,
-    claimed_requests: AtomicU64,
-    claimed_bytes: AtomicU64,
-    wire_bytes_sent: AtomicU64,
-    fell_through: AtomicU64,
-    coalesced: AtomicU64,
+/// Declares a set of counters once: a live struct of `AtomicU64`s that
+/// the hot path bumps, a snapshot struct of the same fields as `u64` (with
+/// their docs and serde attributes, so the reported name is written where
+/// the counter is), and `snapshot()` between them. Fields listed under
+/// `gauges` exist in the snapshot only, for the owner to fill with what it
+/// measures at that moment (a table's size, a cache's entries).
+///
+/// Adding a counter is one line here plus the line that bumps it; the
+/// stats schema test then names the C++ table's missing member.
+macro_rules! counter_set {
+    (
+        $(#[$live_meta:meta])* $live_vis:vis struct $live:ident;
+        $(#[$snap_meta:meta])* $snap_vis:vis struct $snap:ident {
+            $( $(#[$field_meta:meta])* $field:ident ),* $(,)?
+        }
+        $( gauges { $( $(#[$gauge_meta:meta])* $gauge:ident : $gauge_ty:ty ),* $(,)? } )?
+    ) => {
+        $(#[$live_meta])*
+        #[derive(Debug, Default, serde::Serialize)]
+        $live_vis struct $live {
+            $( $(#[$field_meta])* pub $field: std::sync::atomic::AtomicU64, )*
+        }
+
+        $(#[$snap_meta])*
+        #[derive(Debug, Clone, Default, serde::Serialize, PartialEq, Eq)]
+        $snap_vis struct $snap {
+            $( $(#[$field_meta])* pub $field: u64, )*
+            $( $( $(#[$gauge_meta])* pub $gauge: $gauge_ty, )* )?
+        }
+
+        impl $live {
+            /// The counters' values now; gauges at their defaults, for the
+            /// owner to fill.
+            #[allow(clippy::needless_update)]
+            pub fn snapshot(&self) -> $snap {
+                $snap {
+                    $( $field: self.$field.load(std::sync::atomic::Ordering::Relaxed), )*
+                    ..Default::default()
+                }
+            }
+        }
+    };
+}
+pub(crate) use counter_set;
+
+counter_set! {
+    /// What one transport counts, live.
+    struct TransportEvents;
+    /// Counters of one transport, as reported.
+    pub struct TransportStats {
+        /// Requests this engine submitted that completed.
+        requests_completed,
+        /// Requests this engine submitted that failed.
+        requests_failed,
+        /// Bytes of completed requests.
+        bytes_completed,
+        /// Bytes of failed requests.
+        bytes_failed,
+        /// Requests peers made of this engine that it served, as they arrived
+        /// (over TCP, READs a peer coalesced arrive as one).
+        served_requests,
+        /// Bytes served to peers.
+        served_bytes,
+        /// Requests from peers that this engine refused or failed.
+        served_failed,
+        /// IPC: requests importers say they moved through the grant board on
+        /// their own (no receipt, nothing this engine saw or checked; saturating).
+        claimed_requests,
+        /// Their bytes, as claimed.
+        claimed_bytes,
+        /// Bytes this engine's requester side wrote to peers' sockets (frames
+        /// and WRITE payload).
+        wire_bytes_sent,
+        /// Requests AUTO first routed here that moved to TCP before anything
+        /// was posted (the reason is in the batch's notes).
+        requests_fell_through,
+        /// TCP: requests that moved in the frame of the request before them
+        /// (`coalesce`). The IPC transports count theirs in
+        /// `ipc.<transport>.requests_coalesced`.
+        requests_coalesced,
+    }
+}
+
+counter_set! {
+    /// Engine-wide events, live (flattened into `EngineStats`).
+    pub struct EngineEvents;
+    /// Engine-wide events, as reported at the top of `EngineStats`.
+    pub struct EngineEventCounts {
+        /// Protocol errors seen.
+        protocol_errors,
+        /// Incoming connections refused at the limit.
+        connections_refused,
+        /// Incoming TCP connections that ended without completing their
+        /// handshake: silent or too slow, closed for a newer one at
+        /// `max_pending_handshakes` (or per address), or refused (those that
+        /// failed the key are also in `auth_failures`).
+        handshakes_abandoned,
+        /// MNNVL channels accepted over TCP for the fabric domain (peers on
+        /// any host of the NVLink partition).
+        fabric_channels_accepted,
+        /// Incoming connections and IPC channels that failed authentication.
+        auth_failures,
+        /// IPC channels refused because their process's user may not connect.
+        ipc_uid_refusals,
+        /// Export offers released because the requester did not answer within
+        /// `offer_timeout_ms`.
+        offers_expired,
+        /// `Revoke` frames received from sources asking for their imports back.
+        revokes_received,
+        /// TCP answers that came for requests already failed at their deadline,
+        /// read and dropped: the connection stayed in step for the others
+        /// (a frozen source that resumes is served on the same connection).
+        answers_dropped,
+        /// Passes that gave the imports back (revokes that came during a pass
+        /// fold into one more: at most one per peer runs at a time).
+        revoke_passes,
+        /// Passes that started while another for the same peer still ran: 0
+        /// (the passes of one peer fold; a nonzero count is a bug).
+        revoke_passes_overlapping,
+    }
+}
+
+counter_set! {
+    /// Notifications, live.
+    pub struct NotificationEvents;
+    /// Notifications, as `orbite_engine_stats_json` reports them under
+    /// `notifications`.
+    pub struct NotificationStats {
+        /// Frames this engine sent.
+        sent,
+        /// Of them, queued by their receiver.
+        delivered,
+        /// Of them, refused by their receiver (its queue full, too large).
+        refused,
+        /// Never sent: their batch failed, the peer was gone, or the deadline
+        /// passed while earlier requests were still running.
+        not_sent,
+        /// Received and queued here.
+        received,
+        /// Refused here.
+        rejected,
+    }
+    gauges {
+        /// Waiting here to be taken.
+        queued: u64,
+    }
 }
 
 /// Live counters of one engine.
 #[derive(Default)]
 pub struct Counters {
-    per: [PerTransport; 4],
-    /// Protocol errors seen on any connection.
-    pub protocol_errors: AtomicU64,
-    /// Incoming connections refused at the connection limit.
-    pub connections_refused: AtomicU64,
-    /// Incoming TCP connections that ended without completing their
-    /// handshake (silent, too slow, closed for a newer one, refused).
-    pub handshakes_abandoned: AtomicU64,
-    /// MNNVL channels accepted over TCP (fabric handles, fabric domain).
-    pub fabric_channels: AtomicU64,
-    /// Incoming connections and channels that failed authentication.
-    pub auth_failures: AtomicU64,
-    /// IPC channels refused because their process's user may not connect.
-    pub ipc_uid_refusals: AtomicU64,
-    /// Export offers released because the requester did not answer in time.
-    pub offers_expired: AtomicU64,
-    /// Notification frames this engine sent.
-    pub notifications_sent: AtomicU64,
-    /// Notifications this engine sent that the receiver queued.
-    pub notifications_delivered: AtomicU64,
-    /// Notifications this engine sent that the receiver refused.
-    pub notifications_refused: AtomicU64,
-    /// Notifications never sent (their batch failed, the peer was gone,
-    /// or the caller's deadline passed first).
-    pub notifications_not_sent: AtomicU64,
-    /// Notifications received and queued here.
-    pub notifications_received: AtomicU64,
-    /// Notifications refused here (queue full, too large).
-    pub notifications_rejected: AtomicU64,
-    /// `Revoke` frames received from sources (give back your imports).
-    pub revokes_received: AtomicU64,
-    /// Passes that gave imports back after them (revokes arriving during
-    /// a pass fold into one more).
-    pub revoke_passes: AtomicU64,
-    /// Passes that started while another for the same peer still ran
-    /// (never, while passes fold: the check of that promise).
-    pub revoke_passes_overlapping: AtomicU64,
-    /// TCP answers to requests failed at their deadline, read and dropped.
-    pub answers_dropped: AtomicU64,
-}
-
-/// Counters of one transport, as reported.
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
-pub struct TransportStats {
-    /// Requests this engine submitted that completed.
-    pub requests_completed: u64,
-    /// Requests this engine submitted that failed.
-    pub requests_failed: u64,
-    /// Bytes of completed requests.
-    pub bytes_completed: u64,
-    /// Bytes of failed requests.
-    pub bytes_failed: u64,
-    /// Requests peers made of this engine that it served, as they arrived
-    /// (over TCP, READs a peer coalesced arrive as one).
-    pub served_requests: u64,
-    /// Bytes served to peers.
-    pub served_bytes: u64,
-    /// Requests from peers that this engine refused or failed.
-    pub served_failed: u64,
-    /// IPC: requests importers say they moved through the grant board on
-    /// their own (no receipt, nothing this engine saw or checked; saturating).
-    pub claimed_requests: u64,
-    /// Their bytes, as claimed.
-    pub claimed_bytes: u64,
-    /// Bytes this engine's requester side wrote to peers' sockets (frames
-    /// and WRITE payload).
-    pub wire_bytes_sent: u64,
-    /// Requests AUTO first routed here that moved to TCP before anything
-    /// was posted (the reason is in the batch's notes).
-    pub requests_fell_through: u64,
-    /// TCP: requests that moved in the frame of the request before them
-    /// (`coalesce`). The IPC transports count theirs in
-    /// `ipc.<transport>.requests_coalesced`.
-    pub requests_coalesced: u64,
+    per: [TransportEvents; 4],
+    /// Engine-wide events.
+    pub events: EngineEvents,
+    /// Notifications sent and received.
+    pub notifications: NotificationEvents,
 }
 
 impl Counters {
@@ -153,32 +215,18 @@ impl Counters {
 
     /// Records `n` requests that left transport `t` for TCP.
     pub fn record_fell_through(&self, t: TransportKind, n: u64) {
-        self.per[t.index()].fell_through.fetch_add(n, Ordering::Relaxed);
+        self.per[t.index()].requests_fell_through.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Records `n` requests that moved in the unit of the one before them.
     pub fn record_coalesced(&self, t: TransportKind, n: u64) {
         if n > 0 {
-            self.per[t.index()].coalesced.fetch_add(n, Ordering::Relaxed);
+            self.per[t.index()].requests_coalesced.fetch_add(n, Ordering::Relaxed);
         }
     }
 
     /// Snapshot of one transport.
     pub fn transport(&self, t: TransportKind) -> TransportStats {
-        let p = &self.per[t.index()];
-        TransportStats {
-            requests_completed: p.requests_completed.load(Ordering::Relaxed),
-            requests_failed: p.requests_failed.load(Ordering::Relaxed),
-            bytes_completed: p.bytes_completed.load(Ordering::Relaxed),
-            bytes_failed: p.bytes_failed.load(Ordering::Relaxed),
-            served_requests: p.served_requests.load(Ordering::Relaxed),
-            served_bytes: p.served_bytes.load(Ordering::Relaxed),
-            served_failed: p.served_failed.load(Ordering::Relaxed),
-            claimed_requests: p.claimed_requests.load(Ordering::Relaxed),
-            claimed_bytes: p.claimed_bytes.load(Ordering::Relaxed),
-            wire_bytes_sent: p.wire_bytes_sent.load(Ordering::Relaxed),
-            requests_fell_through: p.fell_through.load(Ordering::Relaxed),
-            requests_coalesced: p.coalesced.load(Ordering::Relaxed),
-        }
+        self.per[t.index()].snapshot()
     }
 }

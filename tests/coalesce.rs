@@ -56,7 +56,7 @@ impl Pair {
     /// (copies issued, requests coalesced) on the requester's SHM.
     fn counts(&self) -> (u64, u64) {
         let s = &self.req.stats().ipc["shm"];
-        (s.copies_issued, s.requests_coalesced)
+        (s.imports.copies_issued, s.imports.requests_coalesced)
     }
 
     /// Requests that moved in the TCP frame of the one before them.

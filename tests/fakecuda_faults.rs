@@ -27,7 +27,7 @@ fn close_fails() {
     let out = r.go(&[wr(r.l(0), a, MIB), rd(r.l(1), a + 2 * MIB, 16)]);
     assert_eq!(out, vec![res(Status::Unquiesced, RemoteEffect::Unknown), res(Status::Unquiesced, RemoteEffect::None)]);
     let st = r.ipc();
-    assert_eq!((st.imports_opened, st.imports_closed, st.imports_retained), (1, 0, 1), "{st:?}");
+    assert_eq!((st.imports.opened, st.imports.closed, st.imports.retained), (1, 0, 1), "{st:?}");
     assert_eq!(src.ipc("nvlink", "exports_open"), 1);
     let all: serde_json::Value = serde_json::from_str(&retained_resources_json()).unwrap();
     assert_eq!(all["engines"][r.e.endpoint()]["nvlink"]["retained_imports"], 1, "{all}");
@@ -45,7 +45,7 @@ fn query_fails() {
     let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
     let out = r.go(&[rd(r.l(0), a, SIZE), wr(r.l(1), a, MIB)]);
     assert_eq!(out, vec![res(Status::Unquiesced, RemoteEffect::None), res(Status::Unquiesced, RemoteEffect::Unknown)]);
-    assert_eq!(r.ipc().imports_retained, 1);
+    assert_eq!(r.ipc().imports.retained, 1);
     assert_eq!(r.e.stats().nvlink.retained_streams, 1, "{:?}", r.e.stats().nvlink);
     assert_eq!(src.ipc("nvlink", "exports_open"), 1);
 }
@@ -57,7 +57,7 @@ fn drain_fails() {
     let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
     let out = r.go(&[rd(r.l(0), a, 4096)]);
     assert_eq!(out, vec![res(Status::Unquiesced, RemoteEffect::None)]);
-    assert_eq!(r.ipc().imports_retained, 1);
+    assert_eq!(r.ipc().imports.retained, 1);
     assert_eq!(r.e.stats().nvlink.retained_streams, 0, "the sync path leases no stream");
     assert_eq!(src.ipc("nvlink", "exports_open"), 1);
 }
@@ -83,7 +83,7 @@ fn batch_enqueue_fails() {
         ]
     );
     let st = r.ipc();
-    assert_eq!((st.imports_opened, st.imports_closed, st.imports_retained), (1, 1, 0), "{st:?}");
+    assert_eq!((st.imports.opened, st.imports.closed, st.imports.retained), (1, 1, 0), "{st:?}");
     assert_eq!(r.e.stats().nvlink.retained_streams, 0);
     assert_eq!(src.ipc("nvlink", "exports_open"), 0);
     let out = r.go(&[rd(r.l(0), a + 2 * s, s), rd(r.l(0) + s, a, s), rd(r.l(1), b + s, s)]);
@@ -99,7 +99,7 @@ fn enqueue_and_drain_fail() {
     let out = r.go(&[rd(r.l(0), a, SIZE)]);
     assert_eq!(out, vec![res(Status::Unquiesced, RemoteEffect::None)]);
     assert_eq!(r.e.stats().nvlink.retained_streams, 1);
-    assert_eq!(r.ipc().imports_retained, 1);
+    assert_eq!(r.ipc().imports.retained, 1);
     assert_eq!(src.ipc("nvlink", "exports_open"), 1);
 }
 
@@ -111,7 +111,7 @@ fn open_fails() {
     let out = r.go(&[wr(r.l(0), a, 4096)]);
     assert_eq!(out, vec![res(Status::CudaError, RemoteEffect::None)], "nothing was mapped: no remote effect");
     let st = r.ipc();
-    assert_eq!((st.imports_opened, st.imports_retained), (0, 0), "{st:?}");
+    assert_eq!((st.imports.opened, st.imports.retained), (0, 0), "{st:?}");
     assert_eq!(src.ipc("nvlink", "exports_open"), 0);
     assert_eq!(r.go(&[rd(r.l(0), a, SIZE)]), vec![res(Status::Ok, RemoteEffect::None)]);
     assert!(r.holds(0, 0, SIZE, 1, 0));
@@ -140,7 +140,7 @@ fn stream_create_fails() {
     assert_ne!(out[0].status, Status::Ok);
     assert_ne!(out[0].status, Status::Unquiesced, "{out:?}");
     let st = r.ipc();
-    assert_eq!((st.imports_opened, st.imports_closed, st.imports_retained), (1, 1, 0), "{st:?}");
+    assert_eq!((st.imports.opened, st.imports.closed, st.imports.retained), (1, 1, 0), "{st:?}");
     assert_eq!(src.ipc("nvlink", "exports_open"), 0);
 }
 
@@ -152,7 +152,7 @@ fn mnnvl_unmap_fails() {
     let r = Req::new(MNNVL_FD, &src.endpoint, TransportKind::Mnnvl);
     let out = r.go(&[wr(r.l(0), a, MIB)]);
     assert_eq!(out, vec![res(Status::Unquiesced, RemoteEffect::Unknown)]);
-    assert_eq!(r.ipc().imports_retained, 1);
+    assert_eq!(r.ipc().imports.retained, 1);
     assert_eq!(src.ipc("mnnvl", "exports_open"), 1);
 }
 
@@ -175,9 +175,9 @@ fn mnnvl_cached_and_release_refused() {
     assert_eq!(src.ipc("mnnvl", "exports_open"), 1);
     // The READ-only import went back for a writable one.
     let st = r.ipc();
-    assert_eq!((st.imports_opened, st.imports_cached, st.imports_closed), (2, 1, 1), "{st:?}");
+    assert_eq!((st.imports.opened, st.imports.cached, st.imports.closed), (2, 1, 1), "{st:?}");
     r.e.flush_nvlink_cache(Some(Duration::from_secs(60))).unwrap();
-    assert_eq!(r.ipc().imports_closed, 2);
+    assert_eq!(r.ipc().imports.closed, 2);
     assert_eq!(src.ipc("mnnvl", "exports_open"), 0);
 }
 
@@ -217,17 +217,25 @@ fn deadline_with_a_pending_event() {
     let out = r.go_within(&[wr(r.l(0), a, SIZE)], Duration::from_millis(200));
     assert_eq!(out, vec![res(Status::Unquiesced, RemoteEffect::Unknown)]);
     let st = r.ipc();
-    assert_eq!((st.late_groups, st.pending_groups, st.imports_retained, st.imports_closed), (1, 1, 0, 0), "{st:?}");
+    assert_eq!(
+        (st.imports.late_groups, st.pending_groups, st.imports.retained, st.imports.closed),
+        (1, 1, 0, 0),
+        "{st:?}"
+    );
     let nv = r.e.stats().nvlink;
     assert_eq!((nv.retained_streams, nv.active_streams), (0, 1), "the busy stream stays leased: {nv:?}");
     assert_eq!(src.ipc("nvlink", "exports_open"), 1);
     let t0 = std::time::Instant::now();
-    while r.ipc().late_completions != 1 {
+    while r.ipc().imports.late_completions != 1 {
         assert!(t0.elapsed() < Duration::from_secs(60), "the late completion never came: {:?}", r.ipc());
         std::thread::sleep(Duration::from_millis(10));
     }
     let st = r.ipc();
-    assert_eq!((st.late_groups, st.pending_groups, st.imports_retained, st.imports_closed), (0, 0, 0, 1), "{st:?}");
+    assert_eq!(
+        (st.imports.late_groups, st.pending_groups, st.imports.retained, st.imports.closed),
+        (0, 0, 0, 1),
+        "{st:?}"
+    );
     let nv = r.e.stats().nvlink;
     assert_eq!((nv.retained_streams, nv.active_streams), (0, 0), "{nv:?}");
     assert_eq!(src.ipc("nvlink", "exports_open"), 0);
@@ -578,7 +586,7 @@ fn egm_placement() {
         assert!(bytes.iter().enumerate().all(|(i, v)| *v == pattern(1, off + i as u64)));
     }
     let st = e.stats().ipc["mnnvl"].clone();
-    assert_eq!(st.imports_retained, 0);
+    assert_eq!(st.imports.retained, 0);
     let by_device: Vec<(i32, u64, u64)> = st.copies_by_device.iter().map(|(d, c)| (*d, c.copies, c.bytes)).collect();
     assert_eq!(by_device, vec![(0, 2, SIZE + 4096), (1, 2, SIZE + 4096)], "{st:?}");
     // Node 5 has no GPU here: that owner cannot be selected.
@@ -610,7 +618,7 @@ fn pinned_fence() {
         b.results()
     };
     assert_eq!(run(&[rd(pinned.addr(), a, SIZE)], nv(60_000)), vec![res(Status::Unquiesced, RemoteEffect::None)]);
-    assert_eq!(e.stats().ipc["nvlink"].local_owners_fenced, 1);
+    assert_eq!(e.stats().ipc["nvlink"].imports.fenced_local, 1);
     let all: serde_json::Value = serde_json::from_str(&retained_resources_json()).unwrap();
     assert_eq!(all["engines"][e.endpoint()]["nvlink"]["fenced_local_owners"], 1, "{all}");
     // Another GPU group waits for the fence within its deadline, then fails.
@@ -702,7 +710,7 @@ fn crashed_nvlink_sources() {
     assert!(r.holds(1, 0, SIZE, 1, 0));
     let st = r.ipc();
     assert_eq!(
-        (st.imports_opened, st.imports_released_after_exit, st.imports_retained, st.imports_cached),
+        (st.imports.opened, st.imports.released_after_exit, st.imports.retained, st.imports.cached),
         (7, 6, 0, 1),
         "{st:?}"
     );

@@ -43,8 +43,8 @@ fn a_connection_flood_is_bounded_in_its_handshakes_and_refused_at_the_limit() {
     let t0 = Instant::now();
     loop {
         let st = g.src.stats();
-        if st.handshakes_abandoned == 200 - 16 && st.incoming_connections == 16 + 1 {
-            assert_eq!(st.connections_refused, 0, "{st:?}");
+        if st.events.handshakes_abandoned == 200 - 16 && st.incoming_connections == 16 + 1 {
+            assert_eq!(st.events.connections_refused, 0, "{st:?}");
             break;
         }
         assert!(t0.elapsed() < LONG, "the flood was not handled: {st:?}");
@@ -74,7 +74,7 @@ fn a_connection_flood_is_bounded_in_its_handshakes_and_refused_at_the_limit() {
     }
     let admitted = kinds.iter().filter(|k| **k == MsgKind::Describe).count();
     assert_eq!((admitted, kinds.len() - admitted), (15, 5), "{kinds:?}");
-    assert_eq!(g.src.stats().connections_refused, 5);
+    assert_eq!(g.src.stats().events.connections_refused, 5);
     drop(flood);
     drop(held);
     // Every flood connection ends once its client leaves.

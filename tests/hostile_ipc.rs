@@ -74,7 +74,7 @@ fn pipelined_export_requests_never_read_are_bounded() {
         let w = sc.spawn(|| raw_send(&ch, &all));
         // Meanwhile, and after, the TCP peer on the same I/O thread moves.
         while !w.is_finished() {
-            peak = peak.max(src.stats().ipc["shm"].exports_open);
+            peak = peak.max(src.stats().ipc["shm"].exports.open);
             let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: a.addr(), len: 65536 };
             let opts = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(LONG) };
             good.submit(gp, &[r], opts).unwrap().wait(LONG).unwrap();
@@ -96,11 +96,11 @@ fn pipelined_export_requests_never_read_are_bounded() {
             other => panic!("unexpected {other:?}"),
         }
     }
-    peak = peak.max(src.stats().ipc["shm"].exports_open);
+    peak = peak.max(src.stats().ipc["shm"].exports.open);
     assert_eq!((offers, refused), (8, 3992));
     assert!(peak <= 8, "a requester that pipelines requests held {peak} offers");
     drop(ch);
-    eventually("every offer is given back", || src.stats().ipc["shm"].exports_open == 0);
+    eventually("every offer is given back", || src.stats().ipc["shm"].exports.open == 0);
     good.close(Some(LONG)).unwrap();
     src.close(Some(LONG)).unwrap();
     a.free().map_err(|(_, e)| e).unwrap();
@@ -116,7 +116,7 @@ fn writer_beside_reader(a: &Allocation, wait_ms: u32) -> (Engine, Engine, PeerPr
     let (e2, epoch2) = engine(r#"{"io_threads": 1}"#, a);
     let reader =
         PeerProc::spawn_requester(&e1.endpoint(), &format!("{}:4096", a.addr()), r#"{"shm_cache_entries": 2}"#);
-    assert_eq!(e1.stats().ipc["shm"].exports_open, 1);
+    assert_eq!(e1.stats().ipc["shm"].exports.open, 1);
     let (mut ch, k, _) = ipc_hello(&e2.endpoint(), TransportKind::Shm, Identity::fresh(), None);
     assert_eq!(k, MsgKind::IpcWelcome);
     assert!(raw_send(&ch, &request(epoch2, a.addr() + 8192, 9, OP_WRITE, wait_ms)));
@@ -134,12 +134,12 @@ fn writer_beside_reader(a: &Allocation, wait_ms: u32) -> (Engine, Engine, PeerPr
 fn an_engine_closing_with_an_offer_beside_a_reader_leaves_nothing_exported() {
     let a = allocate_shared_host(SZ).unwrap();
     let (e1, e2, mut reader, ch) = writer_beside_reader(&a, 60_000);
-    assert_eq!(e2.stats().ipc["shm"].exports_open, 1);
+    assert_eq!(e2.stats().ipc["shm"].exports.open, 1);
     let t0 = Instant::now();
     e2.close(Some(Duration::from_secs(30))).unwrap();
     let took = t0.elapsed();
     assert!(took < Duration::from_secs(5), "engine 2 took {took:?} to close");
-    assert_eq!(e2.stats().ipc["shm"].exports_open, 0);
+    assert_eq!(e2.stats().ipc["shm"].exports.open, 0);
     assert_eq!(reader.cmd("flush"), "ok");
     reader.kill();
     e1.close(Some(Duration::from_secs(30))).unwrap();
@@ -167,11 +167,11 @@ fn a_channel_that_hangs_up_with_an_offer_gives_its_charge_back_at_once() {
     let (e1, e2, mut reader, ch) = writer_beside_reader(&a, 600_000);
     assert_eq!(e2.stats().ipc["shm"].mapping_bytes_charged, a.physical_len());
     drop(ch);
-    eventually("the offer is released", || e2.stats().ipc["shm"].exports_open == 0);
+    eventually("the offer is released", || e2.stats().ipc["shm"].exports.open == 0);
     let st = e2.stats().ipc["shm"].clone();
-    assert_eq!((st.mapping_bytes_charged, st.exports_open, st.exports_retained), (0, 0, 0));
+    assert_eq!((st.mapping_bytes_charged, st.exports.open, st.exports.retained), (0, 0, 0));
     // The reader kept its import throughout.
-    assert_eq!(e1.stats().ipc["shm"].exports_open, 1);
+    assert_eq!(e1.stats().ipc["shm"].exports.open, 1);
     assert_eq!(reader.cmd("flush"), "ok");
     reader.kill();
     e2.close(Some(LONG)).unwrap();

@@ -294,16 +294,16 @@ fn a_revoke_flood_runs_one_give_back_at_a_time() {
     // name instead cannot tell a pass from a thread that finished its pass
     // and is still exiting, nor from other tests' engines. The folding
     // itself is proven deterministically in sync/coalesce.rs.
-    common::eventually("2000 revokes received", || h.req.stats().revokes_received == 2000);
+    common::eventually("2000 revokes received", || h.req.stats().events.revokes_received == 2000);
     // A pass is due for the last revoke once it is counted: wait for it.
-    common::eventually("a give-back pass ran", || h.req.stats().revoke_passes >= 1);
+    common::eventually("a give-back pass ran", || h.req.stats().events.revoke_passes >= 1);
     h.fifty_reads();
     assert!(h.req.peer_transports(fake).unwrap().contains(&TransportKind::Tcp));
-    let passes = h.req.stats().revoke_passes;
+    let passes = h.req.stats().events.revoke_passes;
     // 2000 frames read in a burst or two fold into a handful of passes; a
     // thread per revoke runs exactly 2000.
     assert!((1..2000).contains(&passes), "{passes} passes for 2000 revokes");
-    assert_eq!(h.req.stats().revoke_passes_overlapping, 0, "two give-back passes of one peer ran at once");
+    assert_eq!(h.req.stats().events.revoke_passes_overlapping, 0, "two give-back passes of one peer ran at once");
     drop(tx);
 }
 

@@ -26,9 +26,9 @@ fn exports_retained_and_reclaimed_and_a_lost_connection_are_logged() {
     let a = allocate_shared_host(2 << 20).unwrap();
     src.register_memory(a.addr(), 2 << 20, Access::READ).unwrap();
     let req = PeerProc::spawn_requester(&src.endpoint(), &format!("{}:4096", a.addr()), r#"{"shm_cache_entries": 1}"#);
-    assert_eq!(src.stats().ipc["shm"].exports_open, 1);
+    assert_eq!(src.stats().ipc["shm"].exports.open, 1);
     req.kill();
-    eventually("the export is reclaimed", || src.stats().ipc["shm"].exports_reclaimed_after_exit == 1);
+    eventually("the export is reclaimed", || src.stats().ipc["shm"].exports.reclaimed_after_exit == 1);
     eventually("the reclaim is logged", || {
         lines.lock().iter().any(|(l, m)| *l == Level::Info && m.contains("reclaimed: their importing process exited"))
     });

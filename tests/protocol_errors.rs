@@ -79,7 +79,7 @@ fn malformed_frames_close_only_their_connection() {
         .unwrap();
     b.wait(Duration::from_secs(60)).unwrap();
     assert!(local.iter().all(|b| *b == 5));
-    assert!(src.stats().protocol_errors >= 6);
+    assert!(src.stats().events.protocol_errors >= 6);
     req.close(None).unwrap();
     src.close(None).unwrap();
 }

@@ -57,8 +57,8 @@ fn a_long_lived_requester_outlives_ten_crashed_sources() {
     b.wait(LONG).unwrap();
     assert_eq!(b.transport(0).unwrap(), Some(TransportKind::Shm), "notes: {:?}", b.notes());
     let st = e.stats().ipc["shm"].clone();
-    assert_eq!(st.imports_released_after_exit, 10, "{st:?}");
-    assert_eq!((st.imports_retained, st.imports_cached), (0, 1), "{st:?}");
+    assert_eq!(st.imports.released_after_exit, 10, "{st:?}");
+    assert_eq!((st.imports.retained, st.imports.cached), (0, 1), "{st:?}");
     assert_eq!(st.mapping_bytes_charged, 8 * MIB, "only the live import is charged");
     e.close(Some(LONG)).unwrap();
     assert_eq!(e.stats().ipc["shm"].mapping_bytes_charged, 0);
@@ -85,7 +85,7 @@ fn a_frozen_source_that_resumes_is_served_again_over_shm() {
     e.submit(p, &[rd(&local, src.addr, 4096)], short).unwrap().wait(LONG).unwrap();
     // Both READs ran inside the published grant: the first right after it,
     // the second with the source frozen.
-    assert_eq!(e.stats().ipc["shm"].groups_without_round_trip, 2, "the frozen source's grant served a READ");
+    assert_eq!(e.stats().ipc["shm"].imports.groups_without_round_trip, 2, "the frozen source's grant served a READ");
     let b = e.submit(p, &[wr(&local, src.addr, 4096)], short).unwrap();
     assert!(b.wait(LONG).is_err());
     assert_eq!(b.results()[0].status, Status::TimedOut, "{:?}", b.error(0));
@@ -117,7 +117,7 @@ fn a_frozen_source_that_resumes_is_served_again_over_shm() {
     assert!((0..4096).all(|i| local[i] == pattern(4, i as u64)));
     e.close(Some(LONG)).unwrap();
     let st = e.stats().ipc["shm"].clone();
-    assert_eq!((st.imports_retained, st.imports_opened, st.imports_closed), (0, 2, 2), "{st:?}");
+    assert_eq!((st.imports.retained, st.imports.opened, st.imports.closed), (0, 2, 2), "{st:?}");
     assert_eq!(src.cmd("close_source 10000"), "ok", "the source got every import back");
     src.close();
 }
@@ -137,7 +137,7 @@ fn a_closing_source_gets_cached_imports_back_at_once() {
     let cfg = r#"{"shm_cache_entries": 2}"#;
     let mut reqs: Vec<PeerProc> =
         pools.iter().map(|a| PeerProc::spawn_requester(&src.endpoint(), &format!("{}:4096", a.addr()), cfg)).collect();
-    assert_eq!(src.stats().ipc["shm"].exports_open, 2);
+    assert_eq!(src.stats().ipc["shm"].exports.open, 2);
     let t0 = Instant::now();
     src.close(Some(LONG)).unwrap();
     let took = t0.elapsed();

@@ -63,7 +63,7 @@ fn engines_sharing_a_key_move_bytes_over_tcp_and_shm() {
     b.wait(LONG).unwrap();
     assert_eq!(b.transport(0).unwrap(), Some(TransportKind::Tcp));
     assert!(local[..4096].iter().all(|x| *x == 0x5a) && local[4096..].iter().all(|x| *x == 0x3c));
-    assert_eq!(src.stats().auth_failures, 0);
+    assert_eq!(src.stats().events.auth_failures, 0);
     req.close(Some(LONG)).unwrap();
     src.close(Some(LONG)).unwrap();
     shared.free().unwrap();
@@ -108,8 +108,8 @@ fn a_wrong_or_missing_key_is_refused_on_tcp() {
     assert_eq!(e.status(), Status::PermissionDenied, "{e}");
     assert!(e.message().contains("no auth_key_file"), "{e}");
 
-    assert_eq!(src.stats().auth_failures, 3);
-    assert_eq!(keyless.stats().auth_failures, 1);
+    assert_eq!(src.stats().events.auth_failures, 3);
+    assert_eq!(keyless.stats().events.auth_failures, 1);
     let _ = &mut remote;
 }
 
@@ -157,7 +157,7 @@ fn an_ipc_channel_without_the_key_is_refused() {
     let (st, text) = message::decode_error(&body).unwrap();
     assert_eq!(st, Status::PermissionDenied, "{text}");
     assert!(text.contains("requires authentication"), "{text}");
-    assert_eq!(src.stats().auth_failures, 1);
+    assert_eq!(src.stats().events.auth_failures, 1);
 }
 
 /// Only this user's processes (or listed uids) may open an IPC channel: a
@@ -216,7 +216,7 @@ fn a_process_of_another_user_is_refused_an_ipc_channel() {
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     assert!(libc::WIFEXITED(status), "child status {status}");
     assert_eq!(libc::WEXITSTATUS(status), 0, "the child was not refused with PERMISSION_DENIED");
-    assert_eq!(src.stats().ipc_uid_refusals, 1);
+    assert_eq!(src.stats().events.ipc_uid_refusals, 1);
     // The owner's own requester still gets its channel.
     let req = Engine::from_json("").unwrap();
     let a = allocate_shared_host(4096).unwrap();
@@ -274,8 +274,8 @@ fn an_unanswered_offer_expires_and_unregister_then_succeeds() {
     assert!(o.export_id > 0);
     // The silent requester keeps its channel open meanwhile.
     src.unregister_memory(id, Some(LONG)).unwrap();
-    assert_eq!(src.stats().offers_expired, 1);
-    assert_eq!(src.stats().ipc["shm"].exports_open, 0);
+    assert_eq!(src.stats().events.offers_expired, 1);
+    assert_eq!(src.stats().ipc["shm"].exports.open, 0);
     // A late answer finds no export.
     let late = ExportRef { export_id: o.export_id, token: o.token, value: 1, extra: 0 };
     let f = ch.call(MsgKind::ExportAnswer, &late.encode(), Instant::now() + LONG, "late").unwrap();
@@ -353,7 +353,7 @@ fn a_peer_that_never_reads_its_answers_is_cut_off() {
     let t0 = Instant::now();
     src.close_source(Some(std::time::Duration::from_secs(20))).unwrap();
     assert!(t0.elapsed() < std::time::Duration::from_secs(20));
-    assert!(src.stats().protocol_errors >= 1);
+    assert!(src.stats().events.protocol_errors >= 1);
     assert_eq!(&remote[..4], b"abcd");
 }
 
@@ -471,7 +471,7 @@ fn idle_ipc_channels_do_not_take_control_connection_slots() {
     let b = Engine::from_json("").unwrap();
     a.connect(&src.endpoint(), Some(LONG)).unwrap();
     b.connect(&src.endpoint(), Some(LONG)).unwrap();
-    assert!(src.stats().connections_refused >= 1);
+    assert!(src.stats().events.connections_refused >= 1);
     drop(idle);
 }
 
@@ -571,11 +571,11 @@ fn silent_connections_without_the_key_cannot_hold_the_slots() {
     let st = src.stats();
     assert!(opened > 256, "the flood opened only {opened}");
     assert!(
-        st.handshakes_abandoned >= opened.saturating_sub(256 + 16),
+        st.events.handshakes_abandoned >= opened.saturating_sub(256 + 16),
         "{} of {opened} counted",
-        st.handshakes_abandoned
+        st.events.handshakes_abandoned
     );
-    assert_eq!(st.connections_refused, 0, "a connection was refused a slot");
+    assert_eq!(st.events.connections_refused, 0, "a connection was refused a slot");
     // One address holds at most 16 pending handshakes; the honest peer's
     // is one more. A thread closed for a newer one takes a moment to
     // notice and end, and other tests of this binary run handshakes of
@@ -757,7 +757,7 @@ fn silent_ipc_connections_without_the_key_cannot_hold_the_channel_slots() {
         })
         .collect();
     // The first four silent ones were closed for the newer ones.
-    common_wait(|| src.stats().handshakes_abandoned >= 4);
+    common_wait(|| src.stats().events.handshakes_abandoned >= 4);
     let shared = allocate_shared_host(4096).unwrap();
     // SAFETY: the allocation maps 4096 bytes.
     unsafe { std::ptr::write_bytes(shared.addr() as *mut u8, 0x6b, 4096) };
@@ -799,7 +799,7 @@ fn board_counts_a_requester_writes_are_claims_never_served() {
     let close = ExportRef { export_id: o.export_id, token: o.token, value: 0, extra: 0 };
     let f = ch.call(MsgKind::CloseReceipt, &close.encode(), Instant::now() + LONG, "close").unwrap();
     assert_eq!(f.kind, MsgKind::Ack);
-    common_wait(|| src.stats().ipc["shm"].exports_open == 0);
+    common_wait(|| src.stats().ipc["shm"].exports.open == 0);
     let after = src.stats().transports["shm"].clone();
     assert_eq!((after.served_requests, after.served_bytes), (before.served_requests, before.served_bytes));
     assert_eq!((after.claimed_requests, after.claimed_bytes), (1 << 63, u64::MAX));

@@ -127,7 +127,7 @@ fn x2_the_requester_refuses_every_bad_grant_and_declines_it() {
         let offered = 101;
         assert_eq!(h.answers(), vec![(offered, false)], "{what}: the offer must be declined, never accepted");
         assert!(l.bytes(0, 4 * KIB).iter().all(|b| *b == 0xee), "{what}: bytes moved");
-        assert_eq!(l.shm().imports_opened, 0, "{what}");
+        assert_eq!(l.shm().imports.opened, 0, "{what}");
     }
     // A good offer, then the handle of another export: refused after the accept.
     let h = Hostile::start(Script::answering(Answer::WrongHandle), HOSTILE_FILL);
@@ -135,7 +135,7 @@ fn x2_the_requester_refuses_every_bad_grant_and_declines_it() {
     assert_eq!(out, vec![res(Status::ProtocolError, RemoteEffect::None)]);
     assert_eq!(h.answers(), vec![(101, true)]);
     assert!(l.bytes(0, 4 * KIB).iter().all(|b| *b == 0xee));
-    assert_eq!(l.shm().imports_opened, 0);
+    assert_eq!(l.shm().imports.opened, 0);
     // The honest source is served (the harness itself is not what refuses).
     let h = Hostile::start(Script::honest(), HOSTILE_FILL);
     let (l, out) = read_from(&h);
@@ -226,7 +226,7 @@ fn m12_an_uncertain_write_never_falls_through_to_tcp() {
     let st = l.e.stats();
     assert_eq!(st.transports["tcp"].requests_completed + st.transports["tcp"].requests_failed, 0, "{st:?}");
     assert_eq!(src.stats()["transports"]["tcp"]["served_requests"], 0);
-    assert_eq!(l.shm().imports_retained, 1);
+    assert_eq!(l.shm().imports.retained, 1);
     assert_eq!(src_shm(&mut src, "exports_open"), 1, "the export stays retained");
 }
 
@@ -268,7 +268,7 @@ fn x5_only_acknowledged_requests_complete_and_each_failure_is_accounted() {
     assert_eq!(out[0].remote_effect, RemoteEffect::Unknown, "{out:?}");
     assert_eq!(out[0].status, Status::Unavailable, "{out:?}");
     assert_eq!(src.cmd(&format!("verifyn 1 9 {} 4096", 128 * KIB)), "ok", "the bytes did arrive");
-    assert_eq!(l2.shm().imports_retained, 1);
+    assert_eq!(l2.shm().imports.retained, 1);
 }
 
 /// E1: the completion is queried once on the caller: a ready group finishes
@@ -312,7 +312,7 @@ fn b3_the_grant_is_the_envelope_and_only_requested_bytes_count() {
     assert_eq!(out, vec![res(Status::Ok, RemoteEffect::None); 2]);
     let st = l.e.stats();
     assert_eq!(st.transports["shm"].bytes_completed, 8 * KIB, "{st:?}");
-    assert_eq!(st.ipc["shm"].imports_opened, 1, "one group, one import");
+    assert_eq!(st.ipc["shm"].imports.opened, 1, "one group, one import");
 }
 
 /// B4 (as this stage changed it): requests naming one region form one group
@@ -327,9 +327,9 @@ fn b4_groups_are_regions_regrouped_only_when_independent() {
     let (a, b) = (src.addrs[0], src.addrs[1]);
     let l = Local::new(r#"{"max_transfer_bytes": 1048576, "shm_cache_entries": 0}"#, &src.endpoint, MIB, 0);
     let opened = |reqs: &[Request]| {
-        let before = l.shm().imports_opened;
+        let before = l.shm().imports.opened;
         assert!(go(&l.e, l.peer, reqs, only(TransportKind::Shm)).iter().all(|r| r.status == Status::Ok));
-        l.shm().imports_opened - before
+        l.shm().imports.opened - before
     };
     // B1: one envelope, from two local allocations: one import.
     let other = allocate_shared_host(64 * KIB).unwrap();
@@ -411,14 +411,14 @@ fn c9_flushes_race_submissions_without_failing_them() {
         s.spawn(move || {
             while !done.load(Ordering::SeqCst) {
                 l.e.flush_nvlink_cache(Some(LONG)).unwrap();
-                closed.store(l.shm().imports_closed, Ordering::SeqCst);
+                closed.store(l.shm().imports.closed, Ordering::SeqCst);
             }
         });
     });
     l.e.flush_nvlink_cache(Some(LONG)).unwrap();
     let st = l.shm();
-    assert!(st.imports_opened >= 3, "the flushes closed imports under the submitters: {st:?}");
-    assert_eq!((st.imports_opened, st.imports_cached, st.imports_retained), (st.imports_closed, 0, 0), "{st:?}");
+    assert!(st.imports.opened >= 3, "the flushes closed imports under the submitters: {st:?}");
+    assert_eq!((st.imports.opened, st.imports.cached, st.imports.retained), (st.imports.closed, 0, 0), "{st:?}");
     assert_eq!(src_shm(&mut src, "exports_open"), 0);
 }
 
@@ -443,7 +443,7 @@ fn c10_close_requester_waits_for_work_in_flight_then_fences() {
     b.wait(LONG).unwrap();
     assert!(l.bytes(0, 512 * KIB).iter().enumerate().all(|(i, v)| *v == pattern(1, i as u64)));
     let st = l.shm();
-    assert_eq!((st.imports_opened, st.imports_closed, st.imports_cached), (1, 1, 0), "{st:?}");
+    assert_eq!((st.imports.opened, st.imports.closed, st.imports.cached), (1, 1, 0), "{st:?}");
     assert_eq!(src_shm(&mut src, "exports_open"), 0);
     // Fenced: its peers are gone and no new one may be connected.
     let e = l.e.submit(l.peer, &[rd(l.at(0), src.addr, 16)], only(TransportKind::Shm)).err().expect("no peer");

@@ -86,7 +86,7 @@ fn batch_prefix() {
     assert!(r.holds(0, 0, 2 * MIB, 1, 0), "the enqueued prefix ran (the stream was drained)");
     assert!(bytes_at(r.l(0) + 2 * MIB, 2 * MIB).iter().all(|b| *b == 0x11), "a descriptor was replayed");
     let st = r.ipc();
-    assert_eq!((st.imports_opened, st.imports_closed, st.imports_retained), (1, 1, 0), "{st:?}");
+    assert_eq!((st.imports.opened, st.imports.closed, st.imports.retained), (1, 1, 0), "{st:?}");
 }
 
 /// E3 under a sticky driver error: the first completion query fails with
@@ -98,7 +98,7 @@ fn sticky_error() {
     let (mut src, a) = nvlink_source(None);
     let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
     assert_eq!(r.go(&[rd(r.l(0), a, SIZE)]), vec![res(Status::Unquiesced, RemoteEffect::None)]);
-    assert_eq!(r.ipc().imports_retained, 1);
+    assert_eq!(r.ipc().imports.retained, 1);
     assert_eq!(r.e.stats().nvlink.retained_streams, 1);
     assert_eq!(src.ipc("nvlink", "exports_open"), 1);
     // The retained export keeps its loan, but a requester is never held off
@@ -151,7 +151,7 @@ fn contiguous_runs_on_the_cuda_paths() {
             assert!(r.holds(0, l * B, n * B, 1, rm * B), "{t:?}: run at local block {l}");
         }
         let st = r.ipc();
-        assert_eq!((st.copies_issued, st.requests_coalesced), (3, 5), "{t:?}: {st:?}");
+        assert_eq!((st.imports.copies_issued, st.imports.requests_coalesced), (3, 5), "{t:?}: {st:?}");
         assert_eq!(st.copies_by_device[&0].copies, 3, "{t:?}: {st:?}");
     }
 }
@@ -180,7 +180,7 @@ fn a_failed_coalesced_batch() {
         .collect();
     assert_eq!(r.go(&reqs), vec![res(Status::CudaError, RemoteEffect::Unknown); 8]);
     let st = r.ipc();
-    assert_eq!((st.copies_issued, st.requests_coalesced), (3, 5), "{st:?}");
+    assert_eq!((st.imports.copies_issued, st.imports.requests_coalesced), (3, 5), "{st:?}");
     // The enqueued prefix (the first run) ran; the second run never did.
     assert_eq!(src.cmd(&format!("verify 0 77 {} {}", 8 * B, 4 * B)), "ok");
     assert_ne!(src.cmd(&format!("verify 0 78 {} {}", 20 * B, B)), "ok");
@@ -277,7 +277,7 @@ fn producer_wait_off_the_io_thread() {
         .spawn()
         .unwrap();
     common::eventually("the accepted offer waits for the producer", || {
-        e.stats().ipc["nvlink"].exports_answered_after_producer_wait == 1
+        e.stats().ipc["nvlink"].exports.answered_after_producer_wait == 1
     });
     let peer = Engine::from_json("{}").unwrap();
     let id = peer.connect(&e.endpoint(), None).unwrap();
@@ -428,7 +428,7 @@ fn import_close_step_fails() {
     let r = Req::new(MNNVL_FD, &src.endpoint, TransportKind::Mnnvl);
     assert_eq!(r.go(&[wr(r.l(0), a, MIB)]), vec![res(Status::Unquiesced, RemoteEffect::Unknown)]);
     let st = r.ipc();
-    assert_eq!((st.imports_opened, st.imports_closed, st.imports_retained), (1, 0, 1), "{st:?}");
+    assert_eq!((st.imports.opened, st.imports.closed, st.imports.retained), (1, 0, 1), "{st:?}");
     assert_eq!(st.mapping_bytes_charged, SIZE, "{st:?}");
     assert_eq!(src.ipc("mnnvl", "exports_open"), 1);
 }
@@ -467,7 +467,7 @@ fn sync_copy_uncertain() {
     let _ = b.wait(Duration::from_secs(60));
     assert_eq!(b.results(), vec![res(Status::Unquiesced, RemoteEffect::None)]);
     let st = e.stats().ipc["nvlink"].clone();
-    assert_eq!((st.imports_retained, st.local_owners_fenced), (1, 1), "{st:?}");
+    assert_eq!((st.imports.retained, st.imports.fenced_local), (1, 1), "{st:?}");
     assert_eq!(st.mapping_bytes_charged, SIZE, "{st:?}");
     assert_eq!(src.ipc("nvlink", "exports_open"), 1);
     let (_kept, err) = pinned.free().expect_err("a fenced allocation is not freed");

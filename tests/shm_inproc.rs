@@ -52,12 +52,12 @@ fn shm_read_write_in_process() {
     assert_eq!(st.transports["tcp"].requests_completed, 0);
     // By default the import stays cached (one, writable: the READ-only one
     // it replaced was given back), charged once on each side.
-    assert_eq!((st.ipc["shm"].imports_cached, st.ipc["shm"].mapping_bytes_charged), (1, 4 << 20));
+    assert_eq!((st.ipc["shm"].imports.cached, st.ipc["shm"].mapping_bytes_charged), (1, 4 << 20));
     let ss = src.stats();
-    assert_eq!((ss.ipc["shm"].exports_open, ss.ipc["shm"].mapping_bytes_charged), (1, 4 << 20));
+    assert_eq!((ss.ipc["shm"].exports.open, ss.ipc["shm"].mapping_bytes_charged), (1, 4 << 20));
     req.flush_nvlink_cache(Some(T)).unwrap();
     assert_eq!(req.stats().ipc["shm"].mapping_bytes_charged, 0);
-    assert_eq!(src.stats().ipc["shm"].exports_open, 0);
+    assert_eq!(src.stats().ipc["shm"].exports.open, 0);
     req.close(Some(T)).unwrap();
     src.unregister_memory(rid, None).unwrap();
     src.close(Some(T)).unwrap();
@@ -82,7 +82,7 @@ fn source_close_racing_the_requesters_flush_loses_no_ack() {
         let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: a.addr(), len: 4096 };
         let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: None };
         req.submit(peer, &[r], opts).unwrap().wait(T).unwrap();
-        assert_eq!(req.stats().ipc["shm"].imports_cached, 1);
+        assert_eq!(req.stats().ipc["shm"].imports.cached, 1);
         std::thread::scope(|s| {
             let closing = s.spawn(|| src.close(Some(T)));
             req.close(Some(T)).unwrap_or_else(|e| panic!("round {round}: requester close: {e}"));
@@ -120,7 +120,7 @@ fn cached_grants_skip_the_round_trip_until_the_source_revokes_them() {
     };
     let trips = || {
         let s = req.stats().ipc["shm"].clone();
-        (s.groups_without_round_trip, s.groups_with_round_trips)
+        (s.imports.groups_without_round_trip, s.imports.groups_with_round_trips)
     };
     for off in [0, 4096, 8192] {
         assert_eq!(read(off), Status::Ok);
@@ -266,7 +266,7 @@ fn a_large_independent_submission_moves_in_windows() {
     let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
     let groups = || {
         let s = req.stats().ipc["shm"].clone();
-        s.groups_without_round_trip + s.groups_with_round_trips
+        s.imports.groups_without_round_trip + s.imports.groups_with_round_trips
     };
     // Local block j (in a ring starting a third of the way in) gets
     // remote block (7j mod 2N), scattered.
@@ -381,8 +381,8 @@ fn two_windows(cfg: &str, remote_len: u64, transport: Transport, mixed: bool) ->
     let out = (
         results.iter().filter(|r| r.status != Status::Ok).count(),
         shm.requests_fell_through,
-        ipc.groups_without_round_trip + ipc.groups_with_round_trips,
-        ipc.imports_opened,
+        ipc.imports.groups_without_round_trip + ipc.imports.groups_with_round_trips,
+        ipc.imports.opened,
     );
     req.close(Some(T)).unwrap();
     src.close(Some(T)).unwrap();
@@ -593,7 +593,7 @@ fn close_racing_a_windowed_submit_leaves_nothing_open() {
             }
             // Into the windows: the first import is open.
             let until = std::time::Instant::now() + T;
-            while req.stats().ipc["shm"].imports_opened == 0 && std::time::Instant::now() < until {
+            while req.stats().ipc["shm"].imports.opened == 0 && std::time::Instant::now() < until {
                 std::thread::yield_now();
             }
             std::thread::sleep(Duration::from_micros(300 * (round % 4)));
@@ -602,8 +602,8 @@ fn close_racing_a_windowed_submit_leaves_nothing_open() {
         });
         closed.unwrap();
         let ipc = req.stats().ipc["shm"].clone();
-        assert_eq!((ipc.imports_cached, ipc.mapping_bytes_charged), (0, 0), "round {round}: left open");
-        assert_eq!(ipc.imports_opened, ipc.imports_closed, "round {round}");
+        assert_eq!((ipc.imports.cached, ipc.mapping_bytes_charged), (0, 0), "round {round}: left open");
+        assert_eq!(ipc.imports.opened, ipc.imports.closed, "round {round}");
         if let Ok(b) = &submitted {
             let _ = b.wait(T);
             for (k, _) in b.results().iter().enumerate().filter(|(_, r)| r.status == Status::Ok) {
@@ -686,12 +686,12 @@ fn unregister_returns_within_its_timeout_with_a_pinned_board_slot() {
     // The first group opens and caches the import; the second runs inside
     // its board slot and stays there, its completion "not ready".
     req.submit(peer, &[read], opts).unwrap().wait(T).unwrap();
-    let in_slot = req.stats().ipc["shm"].groups_without_round_trip;
+    let in_slot = req.stats().ipc["shm"].imports.groups_without_round_trip;
     req.faults().pending_polls.store(u32::MAX, Ordering::SeqCst);
     let pinned = req.submit(peer, &[read], opts).unwrap();
     assert_eq!(pinned.poll(), Status::Pending);
     let st = req.stats().ipc["shm"].clone();
-    assert_eq!(st.groups_without_round_trip, in_slot + 1, "the group did not enter the slot: {st:?}");
+    assert_eq!(st.imports.groups_without_round_trip, in_slot + 1, "the group did not enter the slot: {st:?}");
     const BOUND: Duration = Duration::from_secs(2);
     let t0 = std::time::Instant::now();
     let e = src.unregister_memory(rid, Some(BOUND)).unwrap_err();

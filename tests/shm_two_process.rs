@@ -78,7 +78,7 @@ fn healthy_read_write_and_selection() {
     // Cached (the default): the READ-only import, then a writable one that
     // replaced it (the READ-only one was closed), charged once.
     let ipc = &st.ipc["shm"];
-    assert_eq!((ipc.imports_opened, ipc.imports_closed, ipc.imports_cached), (2, 1, 1));
+    assert_eq!((ipc.imports.opened, ipc.imports.closed, ipc.imports.cached), (2, 1, 1));
     assert_eq!(ipc.mapping_bytes_charged, 4 * MIB);
     assert_eq!(src_ipc(&mut src, "exports_open"), 1);
     e.flush_nvlink_cache(Some(LONG)).unwrap();
@@ -121,7 +121,7 @@ fn three_out_of_order_slices_over_two_allocations() {
     assert!((0..8192).all(|i| l[8192 + i] == pattern(1, i as u64)));
     assert!((0..8192).all(|i| l[16384 + i] == pattern(2, 4096 + i as u64)));
     // Two subbatches: the two slices of A share one import.
-    assert_eq!(e.stats().ipc["shm"].imports_opened, 2);
+    assert_eq!(e.stats().ipc["shm"].imports.opened, 2);
     // WRITE the same three slices back in another order, then verify remotely.
     for (i, x) in l.iter_mut().enumerate() {
         *x = pattern(9, i as u64);
@@ -162,7 +162,7 @@ fn overlapping_destinations_run_in_order() {
     assert!((0..50).all(|i| l[i] == pattern(3, i as u64)));
     assert!((0..100).all(|i| l[50 + i] == pattern(3, 1000 + i as u64)));
     assert!((0..100).all(|i| l[400 + i] == ((200 + i) as u8) ^ 0x5a));
-    assert_eq!(e.stats().ipc["shm"].imports_opened, 1);
+    assert_eq!(e.stats().ipc["shm"].imports.opened, 1);
     e.close(Some(LONG)).unwrap();
     src.close();
 }
@@ -189,7 +189,7 @@ fn cache_four_concurrent_reads_share_one_import_and_a_write_trades_it_for_a_writ
     });
     // One READ-only import served the four readers.
     let st = e.stats().ipc["shm"].clone();
-    assert_eq!((st.imports_opened, st.imports_cached, st.imports_closed), (1, 1, 0), "{st:?}");
+    assert_eq!((st.imports.opened, st.imports.cached, st.imports.closed), (1, 1, 0), "{st:?}");
     // A WRITE gives the READ-only import back (the source lends the
     // allocation alone to a writer) and caches a writable one.
     let mut w = local(&e, MIB as usize);
@@ -203,12 +203,12 @@ fn cache_four_concurrent_reads_share_one_import_and_a_write_trades_it_for_a_writ
     assert!(all_ok(&go(&e, p, &[rd(&l, 0, a + 3 * MIB, 4096)], shm())));
     assert!((0..4096).all(|i| l[i] == pattern(8, i as u64)));
     let st = e.stats().ipc["shm"].clone();
-    assert_eq!((st.imports_opened, st.imports_cached, st.imports_closed), (2, 1, 1), "{st:?}");
+    assert_eq!((st.imports.opened, st.imports.cached, st.imports.closed), (2, 1, 1), "{st:?}");
     assert_eq!(src_ipc(&mut src, "exports_open"), 1, "the export stays for the cache lifetime");
     assert_eq!(src.cmd(&format!("verify 8 {} {MIB}", 3 * MIB)), "ok");
     e.flush_nvlink_cache(Some(LONG)).unwrap();
     let st = e.stats().ipc["shm"].clone();
-    assert_eq!((st.imports_opened, st.imports_cached, st.imports_closed), (2, 0, 2));
+    assert_eq!((st.imports.opened, st.imports.cached, st.imports.closed), (2, 0, 2));
     assert_eq!(st.mapping_bytes_charged, 0);
     assert_eq!(src_ipc(&mut src, "exports_open"), 0);
     let shm = &src.stats()["transports"]["shm"];
@@ -230,7 +230,7 @@ fn lru_with_one_and_two_entries() {
     assert!(all_ok(&go(&e1, p1, &[rd(&l1, 0, a, 4096)], shm())));
     assert!(all_ok(&go(&e1, p1, &[rd(&l1, 0, b, 4096)], shm())));
     let st = e1.stats().ipc["shm"].clone();
-    assert_eq!((st.imports_opened, st.imports_closed, st.imports_cached), (2, 1, 1));
+    assert_eq!((st.imports.opened, st.imports.closed, st.imports.cached), (2, 1, 1));
     assert_eq!(e1.retained_resources()["shm"]["cached_regions"], serde_json::json!([rb]));
     let _ = ra;
 
@@ -245,11 +245,11 @@ fn lru_with_one_and_two_entries() {
     }
     // B was the least recently used idle entry when C arrived.
     let st = e2.stats().ipc["shm"].clone();
-    assert_eq!((st.imports_opened, st.imports_closed, st.imports_cached), (3, 1, 2));
+    assert_eq!((st.imports.opened, st.imports.closed, st.imports.cached), (3, 1, 2));
     assert_eq!(e2.retained_resources()["shm"]["cached_regions"], serde_json::json!([ra, rc]));
     e1.close(Some(LONG)).unwrap();
     e2.close(Some(LONG)).unwrap();
-    assert_eq!(e2.stats().ipc["shm"].imports_closed, 3);
+    assert_eq!(e2.stats().ipc["shm"].imports.closed, 3);
     src.close();
 }
 
@@ -290,8 +290,8 @@ fn flush_under_concurrent_submissions() {
     });
     e.flush_nvlink_cache(Some(LONG)).unwrap();
     let st = e.stats().ipc["shm"].clone();
-    assert_eq!(st.imports_cached, 0);
-    assert_eq!(st.imports_opened, st.imports_closed);
+    assert_eq!(st.imports.cached, 0);
+    assert_eq!(st.imports.opened, st.imports.closed);
     assert_eq!(e.stats().transports["shm"].requests_failed, 0);
     e.close(Some(LONG)).unwrap();
     src.close();
@@ -307,10 +307,10 @@ fn source_close_revokes_live_imports_and_waits_only_for_a_silent_requester() {
     let spec = format!("{}:4096", a.addr());
     let cfg = r#"{"shm_cache_entries": 1}"#;
     let mut req = PeerProc::spawn_requester(&src.endpoint(), &spec, cfg);
-    assert_eq!(src.stats().ipc["shm"].exports_open, 1, "the requester caches its import");
+    assert_eq!(src.stats().ipc["shm"].exports.open, 1, "the requester caches its import");
     // A live requester gives its import back when asked: the close is OK.
     src.close_source(Some(LONG)).unwrap();
-    assert_eq!(src.stats().ipc["shm"].exports_open, 0);
+    assert_eq!(src.stats().ipc["shm"].exports.open, 0);
     // The source released the export before its ACK left; the requester
     // counts the import closed once it has read the ACK.
     let t0 = Instant::now();
@@ -334,7 +334,7 @@ fn source_close_revokes_live_imports_and_waits_only_for_a_silent_requester() {
     req.signal(libc::SIGSTOP);
     let e = src.close_source(Some(Duration::from_millis(500))).unwrap_err();
     assert_eq!(e.status(), Status::Unquiesced, "{e}");
-    assert_eq!(src.stats().ipc["shm"].exports_open, 1, "the export stays retained");
+    assert_eq!(src.stats().ipc["shm"].exports.open, 1, "the export stays retained");
     req.signal(libc::SIGCONT);
     src.close_source(Some(LONG)).unwrap();
     req.kill();
@@ -364,22 +364,22 @@ fn requester_exit_with_a_live_import() {
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
     assert!(line.starts_with("ok "), "{line}");
-    assert_eq!(src.stats().ipc["shm"].exports_open, 1);
+    assert_eq!(src.stats().ipc["shm"].exports.open, 1);
     // The requester exits without closing. Before it is reaped it is a
     // zombie, whose memory (and mapping) the kernel already released: the
     // source's watch on it reclaims the export while the source runs.
     writeln!(child.stdin.as_mut().unwrap(), "exit").unwrap();
     let t0 = Instant::now();
-    while src.stats().ipc["shm"].exports_reclaimed_after_exit != 1 {
+    while src.stats().ipc["shm"].exports.reclaimed_after_exit != 1 {
         assert!(t0.elapsed() < LONG, "the export was never reclaimed");
         std::thread::sleep(Duration::from_millis(2));
     }
     let st = src.stats().ipc["shm"].clone();
-    assert_eq!((st.exports_open, st.exports_retained, st.mapping_bytes_charged), (0, 0, 0));
+    assert_eq!((st.exports.open, st.exports.retained, st.mapping_bytes_charged), (0, 0, 0));
     child.wait().unwrap();
     src.close_source(Some(LONG)).unwrap();
     let st = src.stats().ipc["shm"].clone();
-    assert_eq!((st.exports_open, st.exports_retained, st.mapping_bytes_charged), (0, 0, 0));
+    assert_eq!((st.exports.open, st.exports.retained, st.mapping_bytes_charged), (0, 0, 0));
     src.unregister_memory(rid, None).unwrap_or(());
     drop(src);
     a.free().unwrap();
@@ -408,7 +408,7 @@ fn exporter_killed_with_a_live_import() {
     e.flush_nvlink_cache(Some(Duration::from_secs(20))).unwrap();
     assert!(t0.elapsed() < Duration::from_secs(60), "never hangs");
     let st = e.stats().ipc["shm"].clone();
-    assert_eq!((st.imports_retained, st.imports_cached, st.imports_released_after_exit), (0, 0, 1));
+    assert_eq!((st.imports.retained, st.imports.cached, st.imports.released_after_exit), (0, 0, 1));
     assert_eq!(st.mapping_bytes_charged, 0);
     e.close(Some(Duration::from_secs(20))).unwrap();
 }
@@ -431,13 +431,13 @@ fn restarted_source_on_the_same_endpoint_is_stale() {
     let p2 = e.connect(&endpoint, None).unwrap();
     assert!(all_ok(&go(&e, p2, &[rd(&l, 0, again.addr, 4096)], shm())));
     assert!((0..4096).all(|i| l[i] == pattern(2, i as u64)));
-    assert_eq!(e.stats().ipc["shm"].imports_opened, 2);
+    assert_eq!(e.stats().ipc["shm"].imports.opened, 2);
     assert_eq!(src_ipc(&mut again, "exports_open"), 1);
     // Closing: the new import closes with its receipt; the old one's
     // exporter provably exited, so it is released without one.
     e.close(Some(LONG)).unwrap();
     let st = e.stats().ipc["shm"].clone();
-    assert_eq!((st.imports_retained, st.imports_released_after_exit, st.imports_closed), (0, 1, 1));
+    assert_eq!((st.imports.retained, st.imports.released_after_exit, st.imports.closed), (0, 1, 1));
     assert_eq!(src_ipc(&mut again, "exports_open"), 0);
     drop(e);
     again.close();
@@ -457,7 +457,7 @@ fn injected_faults_failed_close_lost_ack_failed_completion() {
     let r = go(&e, p, &[wr(&l, 0, a, 4096), rd(&l, 8192, a + 8192, 16)], shm());
     assert_eq!(r[0], RequestResult { status: Status::Unquiesced, remote_effect: RemoteEffect::Unknown });
     assert_eq!(r[1], RequestResult { status: Status::Unquiesced, remote_effect: RemoteEffect::None });
-    assert_eq!(e.stats().ipc["shm"].imports_retained, 1);
+    assert_eq!(e.stats().ipc["shm"].imports.retained, 1);
     assert_eq!(src_ipc(&mut src, "exports_open"), 1);
     // The process-wide report (orbite_cuda_retained_resources_json) shows it.
     let all: serde_json::Value = serde_json::from_str(&retained_resources_json()).unwrap();
@@ -480,23 +480,23 @@ fn injected_faults_failed_close_lost_ack_failed_completion() {
     e.faults().lose_ack.store(1, Ordering::SeqCst);
     let r = go(&e, p, &[rd(&l, 0, a, 4096)], shm());
     assert!(all_ok(&r));
-    assert_eq!(e.stats().ipc["shm"].imports_closed, 1);
+    assert_eq!(e.stats().ipc["shm"].imports.closed, 1);
     // Two lost ACKs: the request fails (WRITE effect Unknown), the native
     // close is never repeated, and a later flush retries only the receipt.
     e.faults().lose_ack.store(2, Ordering::SeqCst);
     let r = go(&e, p, &[wr(&l, 0, a, 4096)], shm());
     assert_eq!(r[0].remote_effect, RemoteEffect::Unknown);
     assert_ne!(r[0].status, Status::Ok);
-    assert_eq!(e.stats().ipc["shm"].imports_retained, 1);
+    assert_eq!(e.stats().ipc["shm"].imports.retained, 1);
     e.flush_nvlink_cache(Some(LONG)).unwrap();
     let st = e.stats().ipc["shm"].clone();
-    assert_eq!((st.imports_retained, st.imports_closed), (0, 2));
+    assert_eq!((st.imports.retained, st.imports.closed), (0, 2));
     assert_eq!(src_ipc(&mut src, "exports_open"), 0);
     // Failed completion: Unquiesced, retained, no receipt.
     e.faults().fail_completion.store(1, Ordering::SeqCst);
     let r = go(&e, p, &[rd(&l, 0, a, 4096)], shm());
     assert_eq!(r[0].status, Status::Unquiesced);
-    assert_eq!(e.stats().ipc["shm"].imports_retained, 1);
+    assert_eq!(e.stats().ipc["shm"].imports.retained, 1);
     assert_eq!(src_ipc(&mut src, "exports_open"), 1);
     drop(e);
     src.kill();
@@ -532,7 +532,7 @@ fn resource_exhausted_retries_once_then_falls_through() {
         r.iter().all(|x| *x == RequestResult { status: Status::ResourceExhausted, remote_effect: RemoteEffect::None }),
         "{r:?}"
     );
-    assert_eq!(y.stats().ipc["shm"].imports_opened, 0);
+    assert_eq!(y.stats().ipc["shm"].imports.opened, 0);
     // Auto: the unposted rejection falls through to TCP.
     let r = go(&y, py, &[rd(&ly, 0, b, 4096), rd(&ly, 4096, b + 4096, 4096)], SubmitOptions::default());
     assert!(all_ok(&r), "{r:?}");
@@ -560,12 +560,12 @@ fn uncertain_entries_stay_retained_outside_the_cache_bound() {
     // evicted, never closed.
     e.faults().fail_completion.store(1, Ordering::SeqCst);
     assert_eq!(go(&e, p, &[rd(&l, 0, a, 4096)], shm())[0].status, Status::Unquiesced);
-    assert_eq!(e.stats().ipc["shm"].imports_retained, 1);
+    assert_eq!(e.stats().ipc["shm"].imports.retained, 1);
     // It does not count against the cache's one slot: a new key is served.
     assert!(all_ok(&go(&e, p, &[rd(&l, 0, b, 4096)], shm())));
     assert!((0..4096).all(|i| l[i] == pattern(2, i as u64)));
     let st = e.stats().ipc["shm"].clone();
-    assert_eq!((st.imports_retained, st.imports_cached, st.imports_opened), (1, 1, 2));
+    assert_eq!((st.imports.retained, st.imports.cached, st.imports.opened), (1, 1, 2));
     // A itself stays unavailable, saying why.
     let r = e.submit(p, &[rd(&l, 0, a, 16)], shm()).unwrap();
     assert!(r.wait(LONG).is_err());
@@ -586,7 +586,7 @@ fn two_peers_importing_from_each_other_close_together() {
     let py = y.connect(&x.endpoint(), None).unwrap();
     assert!(all_ok(&go(&x, px, &[rd(&lx, 0, ay.addr(), 4096)], shm())));
     assert!(all_ok(&go(&y, py, &[rd(&ly, 0, ax.addr(), 4096)], shm())));
-    assert_eq!((x.stats().ipc["shm"].imports_cached, y.stats().ipc["shm"].imports_cached), (1, 1));
+    assert_eq!((x.stats().ipc["shm"].imports.cached, y.stats().ipc["shm"].imports.cached), (1, 1));
     // Each close releases its own import before waiting for the export the
     // other holds, so closing both at once finishes.
     std::thread::scope(|s| {
@@ -615,17 +615,21 @@ fn a_pending_completion_moves_to_the_lazy_progress_worker() {
     let b = e.submit(p, &[rd(&l, 0, src.addr, 4096)], opts).unwrap();
     assert_eq!(b.poll(), Status::Pending);
     let st = e.stats().ipc["shm"].clone();
-    assert_eq!((st.pending_groups, st.late_groups, st.progress_workers), (1, 0, 1));
+    assert_eq!((st.pending_groups, st.imports.late_groups, st.progress_workers), (1, 0, 1));
     assert!(b.wait(LONG).is_err());
     assert_eq!(b.results()[0], RequestResult { status: Status::Unquiesced, remote_effect: RemoteEffect::None });
     let st = e.stats().ipc["shm"].clone();
-    assert_eq!((st.pending_groups, st.late_groups, st.imports_closed), (1, 1, 0));
+    assert_eq!((st.pending_groups, st.imports.late_groups, st.imports.closed), (1, 1, 0));
     // The completion comes late: the import is closed with its receipt by
     // itself (no flush), and the next submission is served.
     e.faults().pending_polls.store(0, Ordering::SeqCst);
-    eventually("the late completion closes the import", || e.stats().ipc["shm"].late_completions == 1);
+    eventually("the late completion closes the import", || e.stats().ipc["shm"].imports.late_completions == 1);
     let st = e.stats().ipc["shm"].clone();
-    assert_eq!((st.pending_groups, st.late_groups, st.imports_closed, st.imports_retained), (0, 0, 1, 0), "{st:?}");
+    assert_eq!(
+        (st.pending_groups, st.imports.late_groups, st.imports.closed, st.imports.retained),
+        (0, 0, 1, 0),
+        "{st:?}"
+    );
     assert_eq!(src.stats()["ipc"]["shm"]["exports_open"], 0);
     assert!(all_ok(&go(&e, p, &[rd(&l, 0, src.addr, 4096)], shm())));
     e.close(Some(LONG)).unwrap();
@@ -643,7 +647,7 @@ fn a_pending_completion_moves_to_the_lazy_progress_worker() {
     b.wait(LONG).unwrap();
     assert!((0..4096).all(|i| l[i] == pattern(3, i as u64)));
     let st = e.stats().ipc["shm"].clone();
-    assert_eq!((st.imports_opened, st.imports_closed, st.pending_groups, st.progress_workers), (1, 1, 0, 1));
+    assert_eq!((st.imports.opened, st.imports.closed, st.pending_groups, st.progress_workers), (1, 1, 0, 1));
     e.close(Some(LONG)).unwrap();
     src.close();
 }

@@ -298,7 +298,7 @@ fn hold_read(r: &Req, seed: u64, stat_key: &str) -> Result<String, String> {
     let secs = t0.elapsed().as_secs_f64();
     r.check_local(0, 0, len, seed, 0)?;
     let st = &r.e.stats().ipc[stat_key];
-    if st.imports_opened != 1 {
+    if st.imports.opened != 1 {
         return Err(format!("wanted both READs through one cached import, got {st:?}"));
     }
     say("WAIT release");
@@ -353,7 +353,7 @@ fn kv(r: &Req, seed: u64, stat_key: &str) -> Result<String, String> {
         place[i] = next;
         next += n;
     }
-    let copies = || r.e.stats().ipc[stat_key].copies_issued;
+    let copies = || r.e.stats().ipc[stat_key].imports.copies_issued;
     let timed = |reqs: &[Request]| -> Result<(f64, f64), String> {
         let t0 = Instant::now();
         let b = r.e.submit(r.peer, reqs, nv()).map_err(|x| x.to_string())?;
@@ -632,7 +632,7 @@ fn requester(args: &[String]) {
                 r.check_local(0, s, s, seed, 0)?;
                 r.check_local(0, 2 * s, s, seed + 1, s)?;
                 let st = r.e.stats();
-                Ok(format!("3 slices, {} imports", st.ipc[stat_key].imports_opened))
+                Ok(format!("3 slices, {} imports", st.ipc[stat_key].imports.opened))
             })(),
         ),
         "cache" => result(
@@ -664,12 +664,12 @@ fn requester(args: &[String]) {
                 // writable one (which READs after it use too): fewer imports
                 // than groups, each closed once by the flush.
                 let st = &r.e.stats().ipc[stat_key];
-                if st.imports_opened != st.imports_closed || !(1..5).contains(&st.imports_opened) {
+                if st.imports.opened != st.imports.closed || !(1..5).contains(&st.imports.opened) {
                     return Err(format!("wanted fewer imports than the 5 groups, each closed once, got {st:?}"));
                 }
                 Ok(format!(
                     "4 READs + 1 WRITE (bytes checked by the source) through {} cached import(s), closed once each",
-                    st.imports_opened
+                    st.imports.opened
                 ))
             })(),
         ),
@@ -690,7 +690,7 @@ fn requester(args: &[String]) {
                     let deadline = Instant::now() + Duration::from_secs(60);
                     let verdict = loop {
                         let st = r.e.stats().ipc[stat_key].clone();
-                        match (st.imports_cached, st.imports_retained, st.imports_closed) {
+                        match (st.imports.cached, st.imports.retained, st.imports.closed) {
                             (0, 0, 1) => break Ok("revoked by the closing source and given back".into()),
                             _ if Instant::now() >= deadline => {
                                 break Err(format!("the revoked import was not given back: {st:?}"))

@@ -216,7 +216,7 @@ fn requester(args: &[String]) {
         fail(&format!("close: {x}"));
     }
     let st = e.stats();
-    if st.ipc.values().any(|i| i.imports_retained > 0 || i.imports_cached > 0) {
+    if st.ipc.values().any(|i| i.imports.retained > 0 || i.imports.cached > 0) {
         fail(&format!("imports left after close: {:?}", st.ipc));
     }
     println!("{}", serde_json::to_string(&total).unwrap());
@@ -279,14 +279,14 @@ fn main() {
     if total.mismatches > 0 || total.failed > 0 || total.completed != total.submitted {
         problems.push("requests failed or bytes differ".to_string());
     }
-    if ipc.exports_open + ipc.exports_retained > 0 {
+    if ipc.exports.open + ipc.exports.retained > 0 {
         problems.push(format!("exports left: {ipc:?}"));
     }
     if st.transports.values().any(|t| t.served_failed > 0) {
         problems.push("the source refused requests".to_string());
     }
-    if st.auth_failures > 0 {
-        problems.push(format!("{} connections failed authentication", st.auth_failures));
+    if st.events.auth_failures > 0 {
+        problems.push(format!("{} connections failed authentication", st.events.auth_failures));
     }
     if let Err(x) = src.close(Some(Duration::from_secs(60))) {
         problems.push(format!("source close: {x}"));

@@ -255,7 +255,7 @@ impl Listeners {
             }
             Some(rec) if !rec.evicted => {
                 drop(inc);
-                self.counters.connections_refused.fetch_add(1, Ordering::Relaxed);
+                self.counters.events.connections_refused.fetch_add(1, Ordering::Relaxed);
                 Err(Error::ResourceExhausted(format!("{what} of {limit} reached")))
             }
             _ => Err(Error::Unavailable("closed in its handshake for a newer connection".into())),
@@ -305,7 +305,7 @@ impl Listeners {
             let Some(l) = me.upgrade() else { return };
             let mut inc = l.incoming.lock();
             if inc.get(&id).is_some_and(|r| !r.handshaken) {
-                l.counters.handshakes_abandoned.fetch_add(1, Ordering::Relaxed);
+                l.counters.events.handshakes_abandoned.fetch_add(1, Ordering::Relaxed);
             }
             // The record (inserted under the lock the spawner holds) keeps
             // the connection its I/O thread serves, or goes; dropping it
@@ -332,7 +332,7 @@ impl Listeners {
             let from = stream.peer_addr().ok().map(|a| a.ip());
             if handshaken_count(&inc, false) >= limit || !self.source_gate.is_open() {
                 drop(inc);
-                self.counters.connections_refused.fetch_add(1, Ordering::Relaxed);
+                self.counters.events.connections_refused.fetch_add(1, Ordering::Relaxed);
                 let why = if self.source_gate.is_open() {
                     (Status::ResourceExhausted, format!("connection limit of {limit} reached"))
                 } else {
@@ -364,7 +364,7 @@ impl Listeners {
                 };
                 // The first frame (after the authentication, when a key is
                 // configured) says what the connection is.
-                let opened = handshake::open(&mut stream, key.as_ref(), timeout, &stop, &counters.auth_failures)
+                let opened = handshake::open(&mut stream, key.as_ref(), timeout, &stop, &counters.events.auth_failures)
                     .and_then(|first| match (first, me.upgrade()) {
                         (Some(f), Some(l)) => l.take_slot(id).map(|_| Some(f)),
                         _ => Ok(None),
@@ -389,7 +389,7 @@ impl Listeners {
                     Ok(None) => None,
                     Err(e) => {
                         if e.status() == Status::ProtocolError {
-                            counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                            counters.events.protocol_errors.fetch_add(1, Ordering::Relaxed);
                         }
                         if matches!(e.status(), Status::ProtocolError | Status::ResourceExhausted) {
                             handshake::send_error(&mut stream, &e);

@@ -19,7 +19,7 @@ impl Engine {
         self.check_notification(msg)?;
         let p = self.peer(peer)?;
         if let Some(e) = p.conn.dead_reason() {
-            self.inner.stats.notifications_not_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.inner.stats.notifications.not_sent.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             return Err(Error::from_status(e.status(), format!("peer {peer} is gone: {}", e.message())));
         }
         p.outbox.notify(msg.to_vec(), Instant::now() + self.timeout(timeout))

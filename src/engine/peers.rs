@@ -153,9 +153,9 @@ impl Engine {
         let running = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let job = Coalesced::new("orbite-revoke", move || {
             let Some(inner) = engine.upgrade() else { return };
-            inner.stats.revoke_passes.fetch_add(1, Ordering::Relaxed);
+            inner.stats.events.revoke_passes.fetch_add(1, Ordering::Relaxed);
             if running.fetch_add(1, Ordering::AcqRel) > 0 {
-                inner.stats.revoke_passes_overlapping.fetch_add(1, Ordering::Relaxed);
+                inner.stats.events.revoke_passes_overlapping.fetch_add(1, Ordering::Relaxed);
             }
             let deadline = Instant::now() + Duration::from_millis(inner.config.default_timeout_ms as u64);
             let mut left = Vec::new();
@@ -181,7 +181,7 @@ impl Engine {
             // Counted once triggered: whoever sees the count knows a pass
             // is due (or ran) for it.
             job.trigger();
-            stats.revokes_received.fetch_add(1, Ordering::Relaxed);
+            stats.events.revokes_received.fetch_add(1, Ordering::Relaxed);
         })
     }
 

@@ -1,68 +1,30 @@
 //! `EngineStats`: a serialisable snapshot of an engine's counters.
 
 use super::Engine;
-use crate::counters::{Counters, TransportStats};
+pub use crate::counters::NotificationStats;
+use crate::counters::{Counters, EngineEventCounts, TransportStats};
 use crate::kinds::TransportKind;
 use crate::transport::ipc::export::ExportCounts;
 use crate::transport::ipc::requester::ImportCounts;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
 
-/// What an IPC transport holds right now.
+/// What an IPC transport holds right now: its requester side's counts
+/// and its source side's, each reported under the names their owners
+/// declare, and what the engine adds.
 #[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
 pub struct IpcStats {
-    /// Exports offered or exposed to live requesters (source side).
-    pub exports_open: u64,
-    /// Exports without a close receipt after their channel was lost.
-    pub exports_retained: u64,
-    /// Imports opened since the engine started (requester side).
-    pub imports_opened: u64,
-    /// Imports closed with confirmation since the engine started.
-    pub imports_closed: u64,
-    /// Imports kept in the relocation cache (requester side).
-    pub imports_cached: u64,
-    /// Imports kept after an unconfirmed close or receipt (outside the
-    /// relocation cache's bound).
-    pub imports_retained: u64,
-    /// Imports released without a receipt because their source provably
-    /// left (its process exited or its engine is gone), since the start.
-    pub imports_released_after_exit: u64,
-    /// Local pinned host allocations fenced after an uncertain completion
-    /// (no further use, no free: a copy may still touch them).
-    pub local_owners_fenced: u64,
+    /// The requester side (imports, groups, copies).
+    #[serde(flatten)]
+    pub imports: ImportCounts,
+    /// The source side (exports).
+    #[serde(flatten)]
+    pub exports: ExportCounts,
     /// Physical bytes charged against the mapping budget by exports and imports.
     pub mapping_bytes_charged: u64,
-    /// Groups through cached imports that ran inside the source's published
-    /// grant on the channel's board: no round trip (requester side).
-    pub groups_without_round_trip: u64,
-    /// Groups through cached imports revalidated and receipted over the
-    /// channel (requester side).
-    pub groups_with_round_trips: u64,
-    /// Copies handed to mappings since the engine started: one per
-    /// contiguous run of requests with `coalesce` on, else one per request
-    /// (requester side).
-    pub copies_issued: u64,
-    /// Requests that moved in the copy of the request before them
-    /// (`coalesce`), since the engine started (requester side).
-    pub requests_coalesced: u64,
-    /// Exports released because their importing process exited (its
-    /// mappings went with it), since the engine started (source side).
-    pub exports_reclaimed_after_exit: u64,
-    /// Accepted offers answered on a thread of their own after waiting for
-    /// the producer stream handed over with `record_producer_stream` (the
-    /// I/O thread served other channels meanwhile; source side).
-    pub exports_answered_after_producer_wait: u64,
     /// Groups whose completion the progress worker is waiting for (those
     /// reported at their deadline included).
     pub pending_groups: u64,
-    /// Of them, groups already reported `UNQUIESCED` at their deadline: a
-    /// completion that comes late closes their import (or returns it to
-    /// the cache) as usual, with no flush.
-    pub late_groups: u64,
-    /// Groups whose completion came after their deadline had reported them,
-    /// since the engine started.
-    pub late_completions: u64,
     /// Progress workers running (0 or 1; started on first use).
     pub progress_workers: u64,
     /// Copies posted per GPU (CUDA transports): which device's context ran
@@ -109,37 +71,10 @@ pub struct EngineStats {
     pub incoming_connections: usize,
     /// Regions registered.
     pub regions: usize,
-    /// Protocol errors seen.
-    pub protocol_errors: u64,
-    /// Incoming connections refused at the limit.
-    pub connections_refused: u64,
-    /// Incoming TCP connections that ended without completing their
-    /// handshake: silent or too slow, closed for a newer one at
-    /// `max_pending_handshakes` (or per address), or refused (those that
-    /// failed the key are also in `auth_failures`).
-    pub handshakes_abandoned: u64,
-    /// MNNVL channels accepted over TCP for the fabric domain (peers on
-    /// any host of the NVLink partition).
-    pub fabric_channels_accepted: u64,
-    /// Incoming connections and IPC channels that failed authentication.
-    pub auth_failures: u64,
-    /// IPC channels refused because their process's user may not connect.
-    pub ipc_uid_refusals: u64,
-    /// Export offers released because the requester did not answer within
-    /// `offer_timeout_ms`.
-    pub offers_expired: u64,
-    /// `Revoke` frames received from sources asking for their imports back.
-    pub revokes_received: u64,
-    /// TCP answers that came for requests already failed at their deadline,
-    /// read and dropped: the connection stayed in step for the others
-    /// (a frozen source that resumes is served on the same connection).
-    pub answers_dropped: u64,
-    /// Passes that gave the imports back (revokes that came during a pass
-    /// fold into one more: at most one per peer runs at a time).
-    pub revoke_passes: u64,
-    /// Passes that started while another for the same peer still ran: 0
-    /// (the passes of one peer fold; a nonzero count is a bug).
-    pub revoke_passes_overlapping: u64,
+    /// Engine-wide events (protocol errors, refusals, authentication
+    /// failures, revokes, ...), each at the top level under its name.
+    #[serde(flatten)]
+    pub events: EngineEventCounts,
     /// Notifications sent and received.
     pub notifications: NotificationStats,
     /// Discovery on etcd (`enabled` false without it).
@@ -156,27 +91,6 @@ pub struct EngineStats {
     /// region larger than the mapping budget, ...), in words, with the key
     /// to change; the latest 32.
     pub notes: Vec<String>,
-}
-
-/// Notifications, as `orbite_engine_stats_json` reports them under
-/// `notifications`.
-#[derive(Debug, Clone, Default, Serialize, PartialEq, Eq)]
-pub struct NotificationStats {
-    /// Frames this engine sent.
-    pub sent: u64,
-    /// Of them, queued by their receiver.
-    pub delivered: u64,
-    /// Of them, refused by their receiver (its queue full, too large).
-    pub refused: u64,
-    /// Never sent: their batch failed, the peer was gone, or the deadline
-    /// passed while earlier requests were still running.
-    pub not_sent: u64,
-    /// Received and queued here.
-    pub received: u64,
-    /// Refused here.
-    pub rejected: u64,
-    /// Waiting here to be taken.
-    pub queued: u64,
 }
 
 /// The connection layer's I/O threads, as `orbite_engine_stats_json`
@@ -233,34 +147,24 @@ impl EngineStats {
         let tcp = &transports[TransportKind::Tcp.name()];
         let requests = tcp.requests_completed + tcp.requests_failed;
         io.wakeups_per_1000_requests = (io.wakeups * 1000).checked_div(requests).unwrap_or(0);
-        let mut ipc = BTreeMap::new();
-        for LiveIpc { name, exports: e, imports: m, progress: (pending, workers), copies_by_device } in &live.ipc {
-            ipc.insert(
-                name.clone(),
-                IpcStats {
-                    exports_open: e.open,
-                    exports_retained: e.retained,
-                    imports_opened: m.opened,
-                    imports_closed: m.closed,
-                    imports_cached: m.cached,
-                    imports_retained: m.retained,
-                    imports_released_after_exit: m.released_after_exit,
-                    local_owners_fenced: m.fenced_local,
-                    mapping_bytes_charged: e.charged_bytes + m.charged_bytes,
-                    exports_reclaimed_after_exit: e.reclaimed_after_exit,
-                    exports_answered_after_producer_wait: e.answered_after_producer_wait,
-                    groups_without_round_trip: m.fast_groups,
-                    groups_with_round_trips: m.round_trip_groups,
-                    copies_issued: m.copies_issued,
-                    requests_coalesced: m.requests_coalesced,
-                    pending_groups: *pending,
-                    late_groups: m.late_groups,
-                    late_completions: m.late_completions,
-                    progress_workers: *workers,
-                    copies_by_device: copies_by_device.clone(),
+        let ipc = live
+            .ipc
+            .into_iter()
+            .map(
+                |LiveIpc { name, exports, imports, progress: (pending_groups, progress_workers), copies_by_device }| {
+                    let mapping_bytes_charged = exports.charged_bytes + imports.charged_bytes;
+                    let t = IpcStats {
+                        imports,
+                        exports,
+                        mapping_bytes_charged,
+                        pending_groups,
+                        progress_workers,
+                        copies_by_device,
+                    };
+                    (name, t)
                 },
-            );
-        }
+            )
+            .collect();
         let nvlink = live
             .nvlink_pool
             .map(|(p, (pending, workers))| NvlinkStats {
@@ -278,26 +182,8 @@ impl EngineStats {
             peers_alive: live.peers_alive,
             incoming_connections: live.incoming_connections,
             regions: live.regions,
-            protocol_errors: s.protocol_errors.load(Ordering::Relaxed),
-            connections_refused: s.connections_refused.load(Ordering::Relaxed),
-            handshakes_abandoned: s.handshakes_abandoned.load(Ordering::Relaxed),
-            fabric_channels_accepted: s.fabric_channels.load(Ordering::Relaxed),
-            auth_failures: s.auth_failures.load(Ordering::Relaxed),
-            ipc_uid_refusals: s.ipc_uid_refusals.load(Ordering::Relaxed),
-            offers_expired: s.offers_expired.load(Ordering::Relaxed),
-            revokes_received: s.revokes_received.load(Ordering::Relaxed),
-            answers_dropped: s.answers_dropped.load(Ordering::Relaxed),
-            revoke_passes: s.revoke_passes.load(Ordering::Relaxed),
-            revoke_passes_overlapping: s.revoke_passes_overlapping.load(Ordering::Relaxed),
-            notifications: NotificationStats {
-                sent: s.notifications_sent.load(Ordering::Relaxed),
-                delivered: s.notifications_delivered.load(Ordering::Relaxed),
-                refused: s.notifications_refused.load(Ordering::Relaxed),
-                not_sent: s.notifications_not_sent.load(Ordering::Relaxed),
-                received: s.notifications_received.load(Ordering::Relaxed),
-                rejected: s.notifications_rejected.load(Ordering::Relaxed),
-                queued: live.notifications_queued as u64,
-            },
+            events: s.events.snapshot(),
+            notifications: NotificationStats { queued: live.notifications_queued as u64, ..s.notifications.snapshot() },
             discovery: live.discovery,
             io,
             ipc,
@@ -415,7 +301,8 @@ mod tests {
     /// A snapshot with one entry in every map and list, so that every
     /// path of the schema appears.
     pub(crate) fn every_path() -> EngineStats {
-        let mut ipc = IpcStats { groups_without_round_trip: 3, ..IpcStats::default() };
+        let mut ipc = IpcStats::default();
+        ipc.imports.groups_without_round_trip = 3;
         ipc.copies_by_device.insert(1, DeviceCopyStats { copies: 4, bytes: 4096 });
         EngineStats {
             transports: [("tcp".to_string(), TransportStats { requests_completed: 7, ..Default::default() })].into(),

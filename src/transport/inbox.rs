@@ -68,7 +68,7 @@ impl Admitted {
         q.held -= 1;
         q.waiting.push_back(n);
         drop(q);
-        inbox.stats.notifications_received.fetch_add(1, Ordering::Relaxed);
+        inbox.stats.notifications.received.fetch_add(1, Ordering::Relaxed);
         inbox.arrived.notify_one();
     }
 }
@@ -118,7 +118,7 @@ impl Inbox {
     /// of a failure.
     pub fn admit(self: &Arc<Self>, n: Notification) -> Result<Admitted> {
         let refused = |e: Error| {
-            self.stats.notifications_rejected.fetch_add(1, Ordering::Relaxed);
+            self.stats.notifications.rejected.fetch_add(1, Ordering::Relaxed);
             Err(e)
         };
         if n.msg.len() > self.max_bytes {

@@ -31,7 +31,7 @@ enum Sink {
 impl Sink {
     fn resolve(self, stats: &Counters, outcome: Result<()>, sent: bool) {
         if !sent {
-            stats.notifications_not_sent.fetch_add(1, Ordering::Relaxed);
+            stats.notifications.not_sent.fetch_add(1, Ordering::Relaxed);
         }
         match self {
             Sink::Waiter(w) => w.resolve(outcome, sent),
@@ -120,7 +120,7 @@ impl Outbox {
             if w.done.wait_until(&mut o, deadline).timed_out() && o.is_none() {
                 drop(o);
                 if self.cancel(id) {
-                    self.stats.notifications_not_sent.fetch_add(1, Ordering::Relaxed);
+                    self.stats.notifications.not_sent.fetch_add(1, Ordering::Relaxed);
                     return Err(Error::TimedOut(format!(
                         "notification to {} not sent: requests submitted before it had not ended by the deadline",
                         self.conn.label
@@ -197,7 +197,7 @@ impl Outbox {
                 Box::new(move |outcome: Result<()>, sent: bool| {
                     if sent {
                         let c =
-                            if outcome.is_ok() { &stats.notifications_delivered } else { &stats.notifications_refused };
+                            if outcome.is_ok() { &stats.notifications.delivered } else { &stats.notifications.refused };
                         c.fetch_add(1, Ordering::Relaxed);
                     }
                     sink.resolve(&stats, outcome, sent);

@@ -483,7 +483,7 @@ fn copies_issued(engine: &Engine, kind: TransportKind) -> u64 {
     let st = engine.stats();
     match kind {
         TransportKind::Tcp => st.transports[kind.name()].requests_coalesced,
-        _ => st.ipc.get(kind.name()).map_or(0, |s| s.copies_issued),
+        _ => st.ipc.get(kind.name()).map_or(0, |s| s.imports.copies_issued),
     }
 }
 

@@ -133,7 +133,7 @@ fn handshake(
             // uids) may open one; others learn nothing more.
             let (_, uid) = ch.peer_cred()?;
             if !ctx.admits(uid) {
-                ctx.stats.ipc_uid_refusals.fetch_add(1, Ordering::Relaxed);
+                ctx.stats.events.ipc_uid_refusals.fetch_add(1, Ordering::Relaxed);
                 let e = Error::PermissionDenied(format!(
                     "processes of user {uid} may not open an IPC channel to this engine (ipc_allowed_uids)"
                 ));
@@ -148,7 +148,7 @@ fn handshake(
             } else {
                 let mut io = ChannelIo { ch: &mut *ch, bound: Deadline { at: hs_deadline, stop: &stop } };
                 if let Err(e) = auth::accept(&mut io, ctx.auth.as_ref(), (f.kind, &f.body)) {
-                    ctx.stats.auth_failures.fetch_add(1, Ordering::Relaxed);
+                    ctx.stats.events.auth_failures.fetch_add(1, Ordering::Relaxed);
                     let _ = io.send_frame(MsgKind::Error, &auth::refusal(&e));
                     return Ok(None);
                 }
@@ -172,7 +172,7 @@ fn handshake(
         let mnnvl = crate::kinds::TransportKind::Mnnvl as u32;
         match ctx.fabric_domain {
             Some(d) if hello.transport == mnnvl && hello.fabric_domain == d => {
-                ctx.stats.fabric_channels.fetch_add(1, Ordering::Relaxed);
+                ctx.stats.events.fabric_channels_accepted.fetch_add(1, Ordering::Relaxed);
             }
             Some(_) if hello.transport == mnnvl => {
                 return refuse_with(

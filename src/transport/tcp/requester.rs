@@ -271,8 +271,8 @@ impl TcpConnection {
 
     /// Takes what the core reported (and folds its counts into the stats).
     fn outputs(&self, c: &mut Conn) -> Outputs {
-        self.stats.answers_dropped.fetch_add(std::mem::take(&mut c.core.dropped), Ordering::Relaxed);
-        self.stats.notifications_sent.fetch_add(std::mem::take(&mut c.core.notes_sent), Ordering::Relaxed);
+        self.stats.events.answers_dropped.fetch_add(std::mem::take(&mut c.core.dropped), Ordering::Relaxed);
+        self.stats.notifications.sent.fetch_add(std::mem::take(&mut c.core.notes_sent), Ordering::Relaxed);
         (c.core.take_done(), c.core.take_events())
     }
 

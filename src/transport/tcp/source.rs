@@ -131,7 +131,7 @@ impl SourceHost for EngineHost {
     }
 
     fn notify_rejected(&mut self) {
-        self.ctx.stats.notifications_rejected.fetch_add(1, Ordering::Relaxed);
+        self.ctx.stats.notifications.rejected.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -179,7 +179,7 @@ pub fn serve(
         Ok(p) => p,
         Err(e) => {
             if let Error::Protocol(_) = e {
-                ctx.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                ctx.stats.events.protocol_errors.fetch_add(1, Ordering::Relaxed);
                 super::handshake::send_error(&mut stream, &e);
             }
             let _ = stream.shutdown(Shutdown::Both);
@@ -258,7 +258,7 @@ impl SourceConn {
     /// the peer (when no answer is half written).
     fn fail(&self, e: &Error, st: &mut State) {
         if let Error::Protocol(_) = e {
-            st.host.ctx.stats.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            st.host.ctx.stats.events.protocol_errors.fetch_add(1, Ordering::Relaxed);
         }
         if let Some(told) = st.core.fail(e) {
             let _ = st.wire.send(&self.stream, &[&told], 0, usize::MAX);

@@ -19,7 +19,7 @@ impl ExportTable {
         // (an unregistration waiting for it returns), and whoever it wakes
         // sees the count.
         if n > 0 {
-            self.stats.offers_expired.fetch_add(n as u64, Ordering::Relaxed);
+            self.stats.events.offers_expired.fetch_add(n as u64, Ordering::Relaxed);
         }
         self.settle(t, gone);
         n

@@ -114,20 +114,28 @@ impl Drop for AckGuard {
     }
 }
 
-/// Snapshot counts for stats.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// The source side's counts, as `ipc.<transport>` reports them (each
+/// under its serde name).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct ExportCounts {
-    /// Exports offered or exposed on a live channel.
+    /// Exports offered or exposed to live requesters.
+    #[serde(rename = "exports_open")]
     pub open: u64,
-    /// Exports retained after a lost channel.
+    /// Exports without a close receipt after their channel was lost.
+    #[serde(rename = "exports_retained")]
     pub retained: u64,
-    /// Physical bytes charged by exports: each exported allocation once.
+    /// Physical bytes charged by exports: each exported allocation once
+    /// (reported with the imports' in `mapping_bytes_charged`).
+    #[serde(skip)]
     pub charged_bytes: u64,
-    /// Exports released because their importing process exited, since
-    /// the engine started.
+    /// Exports released because their importing process exited (its
+    /// mappings went with it), since the engine started.
+    #[serde(rename = "exports_reclaimed_after_exit")]
     pub reclaimed_after_exit: u64,
-    /// Accepted offers answered on a thread of their own after waiting
-    /// for the producer stream handed over for the memory.
+    /// Accepted offers answered on a thread of their own after waiting for
+    /// the producer stream handed over with `record_producer_stream` (the
+    /// I/O thread served other channels meanwhile).
+    #[serde(rename = "exports_answered_after_producer_wait")]
     pub answered_after_producer_wait: u64,
 }
 

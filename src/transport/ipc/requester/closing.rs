@@ -32,7 +32,7 @@ impl IpcRequester {
         };
         match receipt {
             Some(Ok(())) => {
-                self.closed.fetch_add(1, Ordering::Relaxed);
+                self.events.closed.fetch_add(1, Ordering::Relaxed);
                 Ok(())
             }
             // The receipt's own failure may be how the link learned that the
@@ -52,7 +52,7 @@ impl IpcRequester {
     }
 
     pub(super) fn released(&self) -> std::result::Result<(), (Error, bool)> {
-        self.released_after_exit.fetch_add(1, Ordering::Relaxed);
+        self.events.released_after_exit.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 

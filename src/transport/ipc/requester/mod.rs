@@ -202,40 +202,63 @@ pub enum GroupError {
     NotPosted(Error),
 }
 
-/// Counts for stats.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ImportCounts {
-    /// Imports opened since the engine started.
-    pub opened: u64,
-    /// Imports closed with confirmation (native close + acknowledged receipt).
-    pub closed: u64,
-    /// Cached imports ready for reuse or in use.
-    pub cached: u64,
-    /// Imports kept after an unconfirmed close or receipt.
-    pub retained: u64,
-    /// Physical bytes charged by imports.
-    pub charged_bytes: u64,
-    /// Local pinned host allocations fenced after an uncertain completion.
-    pub fenced_local: u64,
-    /// Imports dropped without a receipt because their source provably
-    /// left (its process exited or its engine is gone).
-    pub released_after_exit: u64,
-    /// Groups through a cached import that ran inside the source's
-    /// published grant (no round trip).
-    pub fast_groups: u64,
-    /// Groups through a cached import revalidated over the channel (no
-    /// board slot, or the slot was revoked), refused ones included.
-    pub round_trip_groups: u64,
-    /// Groups reported at their deadline whose completion came later (their
-    /// import was then closed, or returned to the cache, as usual).
-    pub late_completions: u64,
-    /// Groups reported at their deadline whose completion is polled now.
-    pub late_groups: u64,
-    /// Copies handed to mappings (one per contiguous run of requests when
-    /// coalescing, else one per request).
-    pub copies_issued: u64,
-    /// Requests that moved in the copy of the request before them.
-    pub requests_coalesced: u64,
+crate::counters::counter_set! {
+    /// What the requester side of one IPC transport counts, live.
+    pub struct ImportEvents;
+    /// The requester side's counts, as `ipc.<transport>` reports them
+    /// (each under its serde name).
+    pub struct ImportCounts {
+        /// Imports opened since the engine started.
+        #[serde(rename = "imports_opened")]
+        opened,
+        /// Imports closed with confirmation (native close + acknowledged
+        /// receipt) since the engine started.
+        #[serde(rename = "imports_closed")]
+        closed,
+        /// Imports released without a receipt because their source provably
+        /// left (its process exited or its engine is gone), since the start.
+        #[serde(rename = "imports_released_after_exit")]
+        released_after_exit,
+        /// Groups through cached imports that ran inside the source's
+        /// published grant on the channel's board: no round trip.
+        groups_without_round_trip,
+        /// Groups through cached imports revalidated and receipted over the
+        /// channel (no board slot, or the slot was revoked), refused ones
+        /// included.
+        groups_with_round_trips,
+        /// Groups whose completion came after their deadline had reported
+        /// them (their import was then closed, or returned to the cache, as
+        /// usual), since the engine started.
+        late_completions,
+        /// Copies handed to mappings since the engine started: one per
+        /// contiguous run of requests with `coalesce` on, else one per
+        /// request.
+        copies_issued,
+        /// Requests that moved in the copy of the request before them
+        /// (`coalesce`), since the engine started.
+        requests_coalesced,
+    }
+    gauges {
+        /// Imports kept in the relocation cache, ready for reuse or in use.
+        #[serde(rename = "imports_cached")]
+        cached: u64,
+        /// Imports kept after an unconfirmed close or receipt (outside the
+        /// relocation cache's bound).
+        #[serde(rename = "imports_retained")]
+        retained: u64,
+        /// Local pinned host allocations fenced after an uncertain
+        /// completion (no further use, no free: a copy may still touch them).
+        #[serde(rename = "local_owners_fenced")]
+        fenced_local: u64,
+        /// Groups already reported `UNQUIESCED` at their deadline whose
+        /// completion is polled now: a completion that comes late closes
+        /// their import (or returns it to the cache) as usual, with no flush.
+        late_groups: u64,
+        /// Physical bytes charged by imports (reported with the exports' in
+        /// `mapping_bytes_charged`).
+        #[serde(skip)]
+        charged_bytes: u64,
+    }
 }
 
 /// The requester side of one IPC transport.
@@ -249,19 +272,10 @@ pub struct IpcRequester {
     /// Fences of local pinned allocations whose group ended uncertain: the
     /// whole owner stays fenced (no new use, no free) for good.
     fenced: Mutex<Vec<owners::Fence>>,
-    opened: AtomicU64,
-    closed: AtomicU64,
-    released_after_exit: AtomicU64,
-    /// Cached groups that ran inside their board slot (no round trip).
-    fast_groups: AtomicU64,
-    /// Cached groups revalidated and receipted over the channel.
-    round_trip_groups: AtomicU64,
-    /// Groups whose completion came after their deadline had reported them.
-    late_completions: AtomicU64,
+    /// What it counts (reported through [`IpcRequester::counts`]).
+    events: ImportEvents,
     /// Contiguous runs of independent requests move as one copy.
     coalesce: bool,
-    copies_issued: AtomicU64,
-    requests_coalesced: AtomicU64,
     progress: Mutex<Progress>,
     progress_cv: Condvar,
     /// Fault injection switches (inert unless armed).
@@ -298,15 +312,8 @@ impl IpcRequester {
             cache: RelocationCache::new(capacity),
             retained: Mutex::new(Vec::new()),
             fenced: Mutex::new(Vec::new()),
-            opened: AtomicU64::new(0),
-            closed: AtomicU64::new(0),
-            released_after_exit: AtomicU64::new(0),
-            fast_groups: AtomicU64::new(0),
-            round_trip_groups: AtomicU64::new(0),
-            late_completions: AtomicU64::new(0),
+            events: ImportEvents::default(),
             coalesce,
-            copies_issued: AtomicU64::new(0),
-            requests_coalesced: AtomicU64::new(0),
             progress: Mutex::new(Progress::default()),
             progress_cv: Condvar::new(),
             faults,
@@ -367,7 +374,7 @@ impl IpcRequester {
         let handle = ReceivedHandle { bytes: opening.handle(f.kind, &f.body)?, fd: f.fd };
         match self.backend.import(handle, offer.physical, offer.ops & OP_WRITE != 0, local_device) {
             Ok(mapping) => {
-                self.opened.fetch_add(1, Ordering::Relaxed);
+                self.events.opened.fetch_add(1, Ordering::Relaxed);
                 let gen = link.generation();
                 let board = match offer.slot {
                     super::messages::NO_SLOT => None,
@@ -463,7 +470,7 @@ impl IpcRequester {
             let mut entered = imp.enter(ops);
             let revalidated = !entered && !fresh;
             if revalidated {
-                self.round_trip_groups.fetch_add(1, Ordering::Relaxed);
+                self.events.groups_with_round_trips.fetch_add(1, Ordering::Relaxed);
                 match self.revalidate(link, &imp, region, env, ops, deadline) {
                     Ok(generation) => {
                         if generation != 0 {
@@ -478,7 +485,8 @@ impl IpcRequester {
                 }
             }
             if !revalidated {
-                let counter = if entered { &self.fast_groups } else { &self.round_trip_groups };
+                let counter =
+                    if entered { &self.events.groups_without_round_trip } else { &self.events.groups_with_round_trips };
                 counter.fetch_add(1, Ordering::Relaxed);
             }
             (imp, Some((key, entered)))
@@ -548,8 +556,8 @@ impl IpcRequester {
             CopyPlan::Independent if self.coalesce && ops.len() > 1 => coalesce::runs(&ops, |i| items[i].1.op, spans),
             _ => ops,
         };
-        self.copies_issued.fetch_add(ops.len() as u64, Ordering::Relaxed);
-        self.requests_coalesced.fetch_add((items.len() - ops.len()) as u64, Ordering::Relaxed);
+        self.events.copies_issued.fetch_add(ops.len() as u64, Ordering::Relaxed);
+        self.events.requests_coalesced.fetch_add((items.len() - ops.len()) as u64, Ordering::Relaxed);
         let copied = imp.mapping.copy(&ops, plan);
         let (key, entered) = match key {
             Some((k, e)) => (Some(k), e),
@@ -633,11 +641,7 @@ impl IpcRequester {
 
     /// Counts for stats.
     pub fn counts(&self) -> ImportCounts {
-        let mut n = ImportCounts {
-            opened: self.opened.load(Ordering::Relaxed),
-            closed: self.closed.load(Ordering::Relaxed),
-            ..ImportCounts::default()
-        };
+        let mut n = self.events.snapshot();
         for (_, _, st, v) in self.cache.entries() {
             match (st, v) {
                 (EntryState::Ready, Some(_)) => n.cached += 1,
@@ -647,14 +651,8 @@ impl IpcRequester {
         }
         n.retained += self.retained.lock().len() as u64;
         n.charged_bytes = self.charges.bytes();
-        n.released_after_exit = self.released_after_exit.load(Ordering::Relaxed);
-        n.fast_groups = self.fast_groups.load(Ordering::Relaxed);
-        n.round_trip_groups = self.round_trip_groups.load(Ordering::Relaxed);
-        n.late_completions = self.late_completions.load(Ordering::Relaxed);
         n.late_groups = self.late_groups();
         n.fenced_local = self.fenced.lock().len() as u64;
-        n.copies_issued = self.copies_issued.load(Ordering::Relaxed);
-        n.requests_coalesced = self.requests_coalesced.load(Ordering::Relaxed);
         n
     }
 }

@@ -128,7 +128,7 @@ impl IpcRequester {
                 }
                 // Counted once the import is settled (closed, or back in
                 // the cache), so that whoever sees the count sees that.
-                self.late_completions.fetch_add(1, Ordering::Relaxed);
+                self.events.late_completions.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
