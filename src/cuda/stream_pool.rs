@@ -240,13 +240,9 @@ impl<F: StreamFactory> StreamPool<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sync::take_armed as take;
     use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
     use std::time::Duration;
-
-    /// Takes one armed failure from `counter`.
-    fn take(counter: &AtomicU32) -> bool {
-        counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
-    }
 
     #[derive(Default)]
     struct Fake {

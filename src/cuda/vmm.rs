@@ -149,13 +149,9 @@ impl VmmAllocation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sync::take_armed as take;
     use parking_lot::Mutex;
-    use std::sync::atomic::{AtomicU32, Ordering};
-
-    /// Takes one armed failure from `counter`.
-    fn take(counter: &AtomicU32) -> bool {
-        counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
-    }
+    use std::sync::atomic::AtomicU32;
 
     #[derive(Default)]
     struct Fake {

@@ -5,7 +5,8 @@
 //! [`admission`] holds the byte budgets and gates of the engine;
 //! [`coalesce`] runs a job on at most one short-lived thread at a time;
 //! [`deadline`] bounds a blocking exchange (when, and what stops it first);
-//! [`fork`] tells a forked child without a system call.
+//! [`fork`] tells a forked child without a system call; [`take_armed`]
+//! counts a fault switch down.
 
 pub mod admission;
 pub mod coalesce;
@@ -14,6 +15,14 @@ pub mod fork;
 
 #[cfg(not(feature = "model-check"))]
 pub use parking_lot::{Condvar, Mutex, MutexGuard};
+
+/// Takes one of the `n` armed failures a "fail the next N" switch holds:
+/// true (and one fewer armed) when any was left. What every fault switch
+/// of the library and its test fakes counts down with.
+pub fn take_armed(counter: &std::sync::atomic::AtomicU32) -> bool {
+    use std::sync::atomic::Ordering;
+    counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
+}
 
 #[cfg(feature = "model-check")]
 pub use model::{Condvar, Mutex, MutexGuard};

@@ -89,20 +89,24 @@ mod tests {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Duration;
 
+    /// Watches `who` with a callback that counts its runs; the count.
+    fn watch_counting(watch: &ExitWatchFn, who: ProcessIdentity) -> Arc<AtomicU64> {
+        let fired = Arc::new(AtomicU64::new(0));
+        let f = fired.clone();
+        let on_exit = Box::new(move || {
+            f.fetch_add(1, Ordering::SeqCst);
+        });
+        assert!(watch(who, on_exit), "the watch was refused");
+        fired
+    }
+
     #[test]
     fn a_watched_child_runs_the_callback_once_when_it_exits() {
         let reactor = Arc::new(Reactor::new(1, Duration::ZERO));
         let watch = watcher(Arc::downgrade(&reactor));
         let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
         let who = ProcessIdentity { pid: child.id(), start_time: process_start_time(child.id()) };
-        let fired = Arc::new(AtomicU64::new(0));
-        let f = fired.clone();
-        assert!(watch(
-            who,
-            Box::new(move || {
-                f.fetch_add(1, Ordering::SeqCst);
-            })
-        ));
+        let fired = watch_counting(&watch, who);
         assert_eq!(fired.load(Ordering::SeqCst), 0, "fired while the child lives");
         child.kill().unwrap();
         // Not reaped yet: a zombie counts as exited.
@@ -123,14 +127,7 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let who = ProcessIdentity { pid: child.id(), start_time: process_start_time(child.id()) };
         child.wait().unwrap();
-        let fired = Arc::new(AtomicU64::new(0));
-        let f = fired.clone();
-        assert!(watch(
-            who,
-            Box::new(move || {
-                f.fetch_add(1, Ordering::SeqCst);
-            })
-        ));
+        let fired = watch_counting(&watch, who);
         assert_eq!(fired.load(Ordering::SeqCst), 1);
     }
 }

@@ -6,7 +6,7 @@
 use super::backend::{CopyOp, CopyPlan, ExportedHandle, IpcBackend, Mapping, Posting, ReceivedHandle};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
 /// Counters of faults to inject ("fail the next N").
@@ -27,7 +27,7 @@ pub struct Faults {
 impl Faults {
     /// Takes one fault from `counter` if armed.
     pub fn take(counter: &AtomicU32) -> bool {
-        counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
+        crate::sync::take_armed(counter)
     }
 }
 

@@ -14,7 +14,6 @@
 pub use super::chunk::Chunk;
 use super::chunk::Record;
 use super::proto::requester::{Event, RequesterCore};
-use super::proto::source::Segment;
 use super::wire::Wire;
 use crate::control::io;
 use crate::control::message::Describe;
@@ -315,19 +314,11 @@ impl TcpConnection {
             if segs.is_empty() {
                 return Sent::Complete;
             }
-            let parts: Vec<&[u8]> = segs
-                .iter()
-                .map(|s| match s {
-                    Segment::Bytes(b) => *b,
-                    // SAFETY: a WRITE's payload: the core keeps its request's
-                    // lease on the local region holding [addr, addr+len)
-                    // (the submission checked the range) until these bytes
-                    // have left.
-                    Segment::Memory { addr, len } => unsafe {
-                        std::slice::from_raw_parts(*addr as *const u8, *len as usize)
-                    },
-                })
-                .collect();
+            // SAFETY: a WRITE's payload: the core keeps its request's lease
+            // on the local region holding [addr, addr+len) (the submission
+            // checked the range) until these bytes have left; `parts` is
+            // dropped before the core hears what was sent.
+            let parts: Vec<&[u8]> = segs.iter().map(|s| unsafe { s.bytes() }).collect();
             let r = c.wire.send(&self.stream, &parts, skip, ramp.cap());
             drop(parts);
             match r {

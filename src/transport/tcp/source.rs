@@ -10,7 +10,7 @@
 //! bound, stall bounds — is the core's.
 
 use super::handshake::Opened;
-use super::proto::source::{AfterSend, Limits, Recv, Segment, SourceCore, SourceHost};
+use super::proto::source::{AfterSend, Limits, Recv, SourceCore, SourceHost};
 use super::wire::Wire;
 use crate::control::frame::MsgKind;
 use crate::control::io;
@@ -292,18 +292,11 @@ impl SourceConn {
             if budget == 0 {
                 return Ok(Some(Flow::Again));
             }
-            let parts: Vec<&[u8]> = segs
-                .iter()
-                .map(|s| match s {
-                    Segment::Bytes(b) => *b,
-                    // SAFETY: the core keeps the request's lease (the region
-                    // holding [addr, addr+len), bounds-checked by
-                    // `validate`) until these bytes have been sent.
-                    Segment::Memory { addr, len } => unsafe {
-                        std::slice::from_raw_parts(*addr as *const u8, *len as usize)
-                    },
-                })
-                .collect();
+            // SAFETY: the core keeps the request's lease (the region holding
+            // [addr, addr+len), bounds-checked by `validate`) until these
+            // bytes have been sent; `parts` is dropped before the core hears
+            // what was sent.
+            let parts: Vec<&[u8]> = segs.iter().map(|s| unsafe { s.bytes() }).collect();
             let r = wire.send(&self.stream, &parts, skip as u64, ramp.cap());
             drop(parts);
             let n = match r {
