@@ -849,3 +849,23 @@ impl Engine {
         p.conn.enqueue(staged);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards `may_fall_through`: of every failure an unposted IPC
+    /// subbatch can have, exactly the three docs/transports.md names move
+    /// to TCP under AUTO; a refusal on the merits (a bad range, a missing
+    /// permission, a stale region table, an uncertain outcome) fails there
+    /// and is never retried on another transport.
+    #[test]
+    fn only_unavailable_exhausted_and_unsupported_fall_through() {
+        let falls: Vec<Status> = Status::ALL
+            .into_iter()
+            .filter(|s| !matches!(s, Status::Ok | Status::Pending))
+            .filter(|s| may_fall_through(&Error::from_status(*s, "refused")))
+            .collect();
+        assert_eq!(falls, vec![Status::Unavailable, Status::ResourceExhausted, Status::NotSupported]);
+    }
+}
