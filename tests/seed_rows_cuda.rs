@@ -1,7 +1,7 @@
 //! Seed rows of the CUDA transports (see docs/seed-traceability.md), each
 //! through the CPU stand-in for the CUDA driver (`tests/fakecuda/`), which
 //! fills new allocations with garbage, enforces access grants for devices
-//! and the CPU, poisons a context on a sticky error and gives a failed batch
+//! and the CPU, poisons the process on a sticky error and gives a failed batch
 //! copy its partial effect. Each test is written so that deleting the line
 //! it guards (named in its comment and in the traceability document) turns
 //! it red. Cases run as child processes (`tests/fakecuda_harness`): the
@@ -90,10 +90,15 @@ fn batch_prefix() {
 }
 
 /// E3 under a sticky driver error: the first completion query fails with
-/// 700 (ILLEGAL_ADDRESS), which poisons device 0's context. The group is
-/// Unquiesced and retained with its stream quarantined; every later use of
-/// the context fails with a typed CUDA error, never a hang or a panic.
-/// Guards `cuda_mapping.rs` `Mapping::query`'s failure arm.
+/// 700 (ILLEGAL_ADDRESS), which poisons the process's CUDA (every context,
+/// as the driver's reference says). The group is Unquiesced and retained
+/// with its stream quarantined. Every later CUDA group is refused before
+/// anything is posted (UNAVAILABLE, effect None; it used to reach the
+/// driver and fail with its error), the stats say the transport failed and
+/// that the process must be restarted, and the engine still serves TCP
+/// with exact bytes. Guards `cuda_mapping.rs` `Mapping::query`'s failure
+/// arm, `driver::check`'s recording of a sticky error and
+/// `IpcRequester::run_group`'s `backend.usable()` gate.
 fn sticky_error() {
     let (mut src, a) = nvlink_source(None);
     let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
@@ -101,14 +106,40 @@ fn sticky_error() {
     assert_eq!(r.ipc().imports.retained, 1);
     assert_eq!(r.e.stats().nvlink.retained_streams, 1);
     assert_eq!(src.ipc("nvlink", "exports_open"), 1);
-    // The retained export keeps its loan, but a requester is never held off
-    // by its own loans: its next group reaches the poisoned context and
-    // fails typed.
-    let later = r.go_within(&[rd(r.l(1), a, 4096)], Duration::from_millis(300));
-    assert_eq!(later[0].status, Status::CudaError, "{later:?}");
-    let e = CudaMemory::allocate(0, MIB).expect_err("the poisoned context refuses allocations");
+    let opened = r.ipc().imports.opened;
+    let later = r.go_within(&[rd(r.l(1), a, 4096)], Duration::from_secs(60));
+    assert_eq!(later, vec![res(Status::Unavailable, RemoteEffect::None)], "refused before posting");
+    assert_eq!(r.ipc().imports.opened, opened, "the refused group opened an import");
+    let avail = &r.e.stats().transports_available["nvlink"];
+    assert!(avail.starts_with("failed: ") && avail.contains("ILLEGAL_ADDRESS") && avail.contains("restart"), "{avail}");
+    let e = CudaMemory::allocate(0, MIB).expect_err("the poisoned process refuses allocations");
     assert_eq!(e.status(), Status::CudaError, "{e}");
     assert!(e.message().contains("ILLEGAL_ADDRESS"), "{e}");
+    let e = CudaMemory::allocate(1, MIB).expect_err("another GPU's context is lost with the process");
+    assert!(e.message().contains("ILLEGAL_ADDRESS"), "{e}");
+    // TCP is untouched: another engine READs this one's host memory.
+    let data = pattern_vec(7, 8192);
+    r.e.register_memory(data.as_ptr() as u64, 8192, Access::READ).unwrap();
+    let other = Engine::from_json("{}").unwrap();
+    let got = vec![0u8; 8192];
+    other.register_memory(got.as_ptr() as u64, 8192, Access::NONE).unwrap();
+    let peer = other.connect(&r.e.endpoint(), None).unwrap();
+    let read = Request { op: Op::Read, local_addr: got.as_ptr() as u64, remote_addr: data.as_ptr() as u64, len: 8192 };
+    let b = other.submit(peer, &[read], only(TransportKind::Tcp)).unwrap();
+    b.wait(Duration::from_secs(60)).unwrap();
+    assert_eq!(b.results(), vec![res(Status::Ok, RemoteEffect::None)]);
+    assert_eq!(got, data, "bytes over TCP from the poisoned process");
+}
+
+/// E3 at the source: its first cuIpcGetMemHandle fails with 700. That
+/// request gets the driver's error; the next export is refused before the
+/// driver is asked (UNAVAILABLE, naming the restart) rather than failing
+/// again inside it. Guards `ExportTable::offer`'s `backend.usable()`.
+fn sticky_error_at_the_source() {
+    let (_src, a) = nvlink_source(Some("cuIpcGetMemHandle:1:700"));
+    let r = Req::new(NVLINK, &_src.endpoint, TransportKind::Nvlink);
+    assert_eq!(r.go(&[rd(r.l(0), a, SIZE)]), vec![res(Status::CudaError, RemoteEffect::None)]);
+    assert_eq!(r.go(&[rd(r.l(0), a, SIZE)]), vec![res(Status::Unavailable, RemoteEffect::None)]);
 }
 
 /// B2: the NVLink mapping copies a dependent group (overlapping local
@@ -498,6 +529,7 @@ fn child_case() {
         "zeroed-ipc" => zeroed_ipc(),
         "batch-prefix" => batch_prefix(),
         "sticky" => sticky_error(),
+        "sticky-source" => sticky_error_at_the_source(),
         "nvlink-plan" => nvlink_plan(),
         "cuda-runs" => contiguous_runs_on_the_cuda_paths(),
         "coalesced-fault" => a_failed_coalesced_batch(),
@@ -534,8 +566,13 @@ fn n4_a_failed_batch_keeps_its_enqueued_prefix_and_replays_nothing() {
 }
 
 #[test]
-fn e3_a_sticky_error_poisons_the_context_and_every_later_use_fails_typed() {
-    run("sticky", &[("FAKECUDA_FAIL", "cuEventQuery:1:700")]);
+fn e3_a_sticky_error_fails_the_cuda_transports_and_leaves_tcp_serving() {
+    run("sticky", &[("FAKECUDA_FAIL", "cuEventQuery:1:700"), ("FAKECUDA_DEVICES", "2")]);
+}
+
+#[test]
+fn e3_a_sticky_error_at_the_source_refuses_its_later_exports() {
+    run("sticky-source", &[]);
 }
 
 #[test]

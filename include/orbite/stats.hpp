@@ -141,7 +141,7 @@ struct Stats {
   IoStats io;
   std::map<std::string, IpcStats> ipc;  ///< per IPC transport running ("shm", "nvlink", "mnnvl")
   NvlinkStats nvlink;
-  std::map<std::string, std::string> transports_available;  ///< "available" or "not available: why"
+  std::map<std::string, std::string> transports_available;  ///< "available", "not available: why" or "failed: why" (a sticky CUDA error: restart the process)
   /// Findings that make a transport unusable or slow for some memory, in
   /// words, with the key to change (the latest 32).
   std::vector<std::string> notes;

@@ -80,12 +80,46 @@ pub fn has_symbol(name: &str) -> bool {
     unsafe { sys::culib().get::<*const ()>(name.as_bytes()).is_ok() }
 }
 
-/// Maps a driver result to our error.
+/// Maps a driver result to our error, recording a sticky one (see
+/// [`usable`]).
 pub fn check(r: sys::CUresult, what: &str) -> Result<()> {
     if r == sys::CUresult::CUDA_SUCCESS {
         return Ok(());
     }
-    Err(Error::Cuda(format!("{what} failed: {r:?} ({})", r as i32)))
+    let text = format!("{what} failed: {r:?} ({})", r as i32);
+    if is_sticky(r as i32) {
+        let _ = STICKY.set(text.clone());
+    }
+    Err(Error::Cuda(text))
+}
+
+/// Whether a driver result is one of the errors after which, in the
+/// runtime reference's words for `cudaErrorIllegalAddress` (and likewise
+/// 714-719: hardware stack error, illegal instruction, misaligned address,
+/// invalid address space, invalid PC, launch failure), "the process is
+/// left in an inconsistent state and any further CUDA work will return the
+/// same error. To continue using CUDA, the process must be terminated and
+/// relaunched."
+pub fn is_sticky(code: i32) -> bool {
+    code == 700 || (714..=719).contains(&code)
+}
+
+/// The first sticky error this process saw, in words.
+static STICKY: OnceCell<String> = OnceCell::new();
+
+/// `Ok` while this process may still do CUDA work; after a sticky error
+/// (every context of the process is lost with it, not only the one it
+/// hit) `Unavailable`, naming that error and the restart it takes. The
+/// CUDA transports ask it before each group and each export, so that
+/// later work is refused at once, before anything is posted, and AUTO
+/// moves it to TCP.
+pub fn usable() -> Result<()> {
+    match STICKY.get() {
+        None => Ok(()),
+        Some(first) => Err(Error::Unavailable(format!(
+            "this process's CUDA hit a sticky error ({first}); the driver does no further CUDA work in it: restart the process to use the GPU again"
+        ))),
+    }
 }
 
 fn probe() -> Result<Driver> {

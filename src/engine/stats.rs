@@ -245,7 +245,11 @@ impl Engine {
         let mut avail = std::collections::BTreeMap::new();
         avail.insert("tcp".to_string(), "available".to_string());
         for t in &i.ipc {
-            avail.insert(t.kind.name().to_string(), "available".to_string());
+            let state = match t.requester.usable() {
+                Ok(()) => "available".to_string(),
+                Err(e) => format!("failed: {}", e.message()),
+            };
+            avail.insert(t.kind.name().to_string(), state);
         }
         for (k, why) in &i.ipc_unavailable {
             avail.insert(k.name().to_string(), format!("not available: {why}"));

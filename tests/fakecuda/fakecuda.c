@@ -57,9 +57,9 @@
  *   more reference (cuMemRelease gives it back); cuDeviceGetUuid_v2 names
  *   each physical device the same in every process.
  * - Injected failures behave as the driver's: a sticky error (700
- *   ILLEGAL_ADDRESS, 714-719) poisons the context that was current (every
- *   later call in it, and on its streams and events, returns that error;
- *   context switching and device queries still work); a failed
+ *   ILLEGAL_ADDRESS, 714-719) poisons the whole process, every context
+ *   (every later call, and every call on any stream and event, returns
+ *   that error; context switching and device queries still work); a failed
  *   cuMemcpyBatchAsync_v2 has enqueued the first half of its descriptors.
  *
  * Environment (read once, at the first call)
@@ -391,11 +391,24 @@ static __thread int ctx_depth; /* ctx_stack[ctx_depth-1] is current; 0 = none */
 
 static struct fc_ctx *current(void) { return ctx_depth ? ctx_stack[ctx_depth - 1] : NULL; }
 
-static CUresult poison_of(struct fc_ctx *c) { return c ? __atomic_load_n(&c->poisoned, __ATOMIC_ACQUIRE) : 0; }
+/* The first sticky error of the process. The runtime's reference for
+ * cudaErrorIllegalAddress (and 714-719 alike): "This leaves the process in
+ * an inconsistent state and any further CUDA work will return the same
+ * error. To continue using CUDA, the process must be terminated and
+ * relaunched." So it poisons every context, not only the one it hit. */
+static CUresult process_poisoned;
+
+static CUresult poison_of(struct fc_ctx *c) {
+    CUresult p = __atomic_load_n(&process_poisoned, __ATOMIC_ACQUIRE);
+    if (p) return p;
+    return c ? __atomic_load_n(&c->poisoned, __ATOMIC_ACQUIRE) : 0;
+}
 static CUresult current_poison(void) { return poison_of(current()); }
 static void poison_current(CUresult code) {
     struct fc_ctx *c = current();
     if (c) __atomic_store_n(&c->poisoned, code, __ATOMIC_RELEASE);
+    CUresult none = CUDA_SUCCESS;
+    __atomic_compare_exchange_n(&process_poisoned, &none, code, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
 
 static int valid_ctx(struct fc_ctx *c) {

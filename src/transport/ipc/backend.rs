@@ -86,6 +86,13 @@ pub trait Mapping: Send + Sync {
 pub trait IpcBackend: Send + Sync {
     /// The transport this backend carries.
     fn transport(&self) -> TransportKind;
+    /// `Ok` while the backend can take new work; otherwise why not, for
+    /// good (the CUDA backends after a sticky driver error: see
+    /// `cuda::driver::usable`). Asked before each group and each export;
+    /// an error refuses them before anything is posted.
+    fn usable(&self) -> Result<()> {
+        Ok(())
+    }
     /// Source side: the handle naming the owned allocation at `base`; a
     /// grant without WRITE asks for a read-only handle where the kind of
     /// memory allows one (SHM); CUDA handles always map read-write.

@@ -53,6 +53,9 @@ impl IpcBackend for FaultyBackend {
     fn transport(&self) -> TransportKind {
         self.inner.transport()
     }
+    fn usable(&self) -> Result<()> {
+        self.inner.usable()
+    }
     fn export(&self, base: u64, writable: bool) -> Result<ExportedHandle> {
         self.inner.export(base, writable)
     }

@@ -160,6 +160,10 @@ mod backend {
             TransportKind::Mnnvl
         }
 
+        fn usable(&self) -> Result<()> {
+            crate::cuda::driver::usable()
+        }
+
         fn export_waits(&self, base: u64) -> bool {
             crate::memory::cuda::producer_pending(base)
         }

@@ -76,6 +76,10 @@ impl IpcBackend for NvlinkBackend {
         TransportKind::Nvlink
     }
 
+    fn usable(&self) -> Result<()> {
+        crate::cuda::driver::usable()
+    }
+
     fn export_waits(&self, base: u64) -> bool {
         crate::memory::cuda::producer_pending(base)
     }

@@ -261,6 +261,7 @@ impl ExportTable {
     /// registration). Never waits: exports of one allocation coexist.
     /// Returns the offer (no handle yet).
     pub fn offer(&self, conn: u64, requester: Option<Identity>, req: &ExportRequest) -> Result<ExportOffer> {
+        self.backend.usable()?;
         let lease = self.validate(req.region_epoch, req.addr, req.len, req.ops)?;
         let o = owners::owner_of(req.addr)
             .ok_or_else(|| Error::NotSupported(format!("0x{:x} is not in a library allocation", req.addr)))?;

@@ -420,6 +420,7 @@ impl IpcRequester {
         if let Some(e) = link.dead_reason() {
             return Err(GroupError::NotPosted(e));
         }
+        self.backend.usable().map_err(GroupError::NotPosted)?;
         let local_device = local.device;
         let fences = match local.pinned {
             true => owners::fence_pinned_at(items.iter().map(|(_, r)| r.local_addr), deadline)
@@ -637,6 +638,12 @@ impl IpcRequester {
     /// per subbatch.
     pub fn caches(&self) -> bool {
         self.capacity > 0
+    }
+
+    /// Whether the transport still takes new work (see
+    /// [`IpcBackend::usable`]).
+    pub fn usable(&self) -> Result<()> {
+        self.backend.usable()
     }
 
     /// Counts for stats.
