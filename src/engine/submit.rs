@@ -17,7 +17,7 @@ use crate::transport::cpu_copy;
 use crate::transport::ipc::messages::op_bit;
 use crate::transport::ipc::plan::independent;
 use crate::transport::ipc::requester::{GroupError, GroupLocal, GroupRun};
-use crate::transport::tcp::Chunk;
+use crate::transport::tcp::{Chunk, Record};
 use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -828,20 +828,23 @@ impl Engine {
                         break;
                     }
                 };
-                staged.push(Chunk {
+                let done = Record {
                     batch: batch.clone(),
                     index: i,
                     count,
+                    permit: Some(permit),
+                    guard: Some(guard),
+                    peer_guard: Some(peer_guard),
+                };
+                staged.push(Chunk {
                     op: r.op,
                     local_addr: r.local_addr + off,
                     remote_addr: r.remote_addr + off,
                     len: piece,
                     region_epoch: region.epoch,
                     deadline,
-                    lease: c.lease.clone(),
-                    permit: Some(permit),
-                    guard: Some(guard),
-                    peer_guard: Some(peer_guard),
+                    done,
+                    hold: c.lease.clone(),
                 });
             }
         }

@@ -1,17 +1,24 @@
 //! A unit of transfer on the TCP wire ([`Chunk`]: a request, a piece of a
-//! split one, or a run of coalesced READs) and the completion record the
-//! requester core carries for it until its answer comes ([`Record`]).
+//! split one, or a run of coalesced READs, as the requester core's `Send`)
+//! and the completion record the core carries for it until its answer
+//! comes ([`Record`]).
 
 use super::proto::requester::{Send, Startable};
 use crate::memory::RegionLease;
 use crate::sync::admission::{GateGuard, Permit};
-use crate::transfer::{BatchShared, ChunkOutcome, Op};
+use crate::transfer::{BatchShared, ChunkOutcome};
 use std::sync::Arc;
-use std::time::Instant;
 
-/// One unit of transfer on the wire (a request, or a piece of a split one).
-pub struct Chunk {
-    /// Completion record.
+/// One unit of transfer on the wire (a request, a piece of a split one,
+/// or a run of coalesced READs): what the requester core sends, with the
+/// chunk's [`Record`] and the lease that keeps its local region
+/// registered.
+pub type Chunk = Send<Record, Arc<RegionLease>>;
+
+/// A chunk's completion record, as the core carries it (its lease travels
+/// beside it, as the core's hold of the local memory).
+pub struct Record {
+    /// The batch it completes.
     pub batch: Arc<BatchShared>,
     /// Request index in the batch: the first of `count` consecutive
     /// requests whose ranges follow each other on both sides (coalesced
@@ -20,37 +27,12 @@ pub struct Chunk {
     /// Requests the unit carries (`index..index + count`); each gets the
     /// unit's outcome.
     pub count: u32,
-    /// Direction.
-    pub op: Op,
-    /// Local address.
-    pub local_addr: u64,
-    /// Remote address.
-    pub remote_addr: u64,
-    /// Bytes.
-    pub len: u64,
-    /// Remote region epoch the requester knows.
-    pub region_epoch: u64,
-    /// Submission deadline.
-    pub deadline: Instant,
-    /// Keeps the local region registered.
-    pub lease: Arc<RegionLease>,
     /// Admission bytes.
     pub permit: Option<Permit>,
     /// Keeps the requester gate open until completion.
     pub guard: Option<GateGuard>,
     /// Keeps this connection's gate open until completion (disconnect waits).
     pub peer_guard: Option<GateGuard>,
-}
-
-/// A chunk's completion record, as the core carries it (its lease travels
-/// beside it, as the core's hold of the local memory).
-pub(super) struct Record {
-    batch: Arc<BatchShared>,
-    index: usize,
-    count: u32,
-    permit: Option<Permit>,
-    guard: Option<GateGuard>,
-    peer_guard: Option<GateGuard>,
 }
 
 impl Startable for Record {
@@ -72,35 +54,5 @@ impl Record {
             n => batch.complete_chunks((index..index + n as usize).map(|i| (i, out.clone()))),
         }
         drop(peer_guard);
-    }
-}
-
-impl Chunk {
-    pub(super) fn into_send(self) -> Send<Record, Arc<RegionLease>> {
-        let Chunk {
-            batch,
-            index,
-            count,
-            op,
-            local_addr,
-            remote_addr,
-            len,
-            region_epoch,
-            deadline,
-            lease,
-            permit,
-            guard,
-            peer_guard,
-        } = self;
-        Send {
-            op,
-            local_addr,
-            remote_addr,
-            len,
-            region_epoch,
-            deadline,
-            done: Record { batch, index, count, permit, guard, peer_guard },
-            hold: lease,
-        }
     }
 }

@@ -14,5 +14,5 @@ pub mod requester;
 pub mod source;
 pub mod wire;
 
-pub use requester::{Chunk, TcpConnection};
+pub use requester::{Chunk, Record, TcpConnection};
 pub use source::{serve, SourceConn, SourceContext};

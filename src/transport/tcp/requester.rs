@@ -11,8 +11,7 @@
 //! Describe — is acted on only once the lock is released, so a batch's end
 //! hook may queue more on this very connection.
 
-pub use super::chunk::Chunk;
-use super::chunk::Record;
+pub use super::chunk::{Chunk, Record};
 use super::proto::requester::{Event, RequesterCore};
 use super::wire::Wire;
 use crate::control::io;
@@ -178,7 +177,7 @@ impl TcpConnection {
             return;
         }
         let mut c = self.state.lock();
-        let at_once = c.core.submit(chunks.into_iter().map(Chunk::into_send).collect());
+        let at_once = c.core.submit(chunks);
         let sent = if at_once { self.write_out(&mut c, u64::MAX, Instant::now()) } else { Sent::Blocked };
         let out = self.outputs(&mut c);
         drop(c);
@@ -586,19 +585,14 @@ mod tests {
     fn read_chunk(batch: &Arc<BatchShared>, regions: &RegionTable, addr: u64, deadline: Instant) -> Chunk {
         let epoch = regions.lease(addr, 4096).unwrap().region().epoch;
         Chunk {
-            batch: batch.clone(),
-            index: 0,
-            count: 1,
             op: Op::Read,
             local_addr: addr,
             remote_addr: 0x7000,
             len: 4096,
             region_epoch: epoch,
             deadline,
-            lease: Arc::new(regions.lease(addr, 4096).unwrap()),
-            permit: None,
-            guard: None,
-            peer_guard: None,
+            done: Record { batch: batch.clone(), index: 0, count: 1, permit: None, guard: None, peer_guard: None },
+            hold: Arc::new(regions.lease(addr, 4096).unwrap()),
         }
     }
 
