@@ -131,6 +131,44 @@ fn sticky_error() {
     assert_eq!(got, data, "bytes over TCP from the poisoned process");
 }
 
+/// E3 as on a GPU: a copy from reserved but unmapped device memory is
+/// enqueued without complaint (the driver checks no access rule at
+/// enqueue); the fault surfaces at the next synchronisation as 700 and
+/// poisons the process. The engine's next NVLink group meets the dead
+/// driver and fails typed with no remote effect, never Ok; every group
+/// after it is refused before posting (UNAVAILABLE). Guards the stand-in's
+/// asynchronous fault (tests/fakecuda/README.md) and, through it, that a
+/// poisoned driver found by any call, not only by a completion query,
+/// fails the CUDA transports.
+fn asynchronous_fault() {
+    let (_src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK, &_src.endpoint, TransportKind::Nvlink);
+    assert_eq!(r.go(&[rd(r.l(0), a, 4096)]), vec![res(Status::Ok, RemoteEffect::None)]);
+    let g = ContextGuard::bind(primary_context(0).unwrap()).unwrap();
+    let (mut stream, mut hole): (sys::CUstream, sys::CUdeviceptr) = (std::ptr::null_mut(), 0);
+    // SAFETY: a context is current; creates one non-blocking stream.
+    assert_eq!(unsafe { sys::cuStreamCreate(&mut stream, 1) }, CUresult::CUDA_SUCCESS);
+    // SAFETY: reserves 2 MiB of address space, mapping nothing.
+    assert_eq!(unsafe { sys::cuMemAddressReserve(&mut hole, 2 * MIB as usize, 0, 0, 0) }, CUresult::CUDA_SUCCESS);
+    // SAFETY: a copy into library memory from the unmapped reservation:
+    // the fault this test wants, on the stand-in only.
+    let q = unsafe { sys::cuMemcpyAsync(r.l(1), hole, 4096, stream) };
+    assert_eq!(q, CUresult::CUDA_SUCCESS, "the enqueue of a faulting copy succeeds, as on a GPU");
+    // SAFETY: our stream, in the bound context.
+    assert_eq!(unsafe { sys::cuStreamSynchronize(stream) }, CUresult::CUDA_ERROR_ILLEGAL_ADDRESS);
+    let _ = g.restore();
+    assert!(bytes_at_or_err(r.l(1)).is_err(), "the poisoned process still copied");
+    let next = r.go(&[rd(r.l(0), a, 4096)]);
+    assert_eq!((next[0].status == Status::Ok, next[0].remote_effect), (false, RemoteEffect::None), "{next:?}");
+    assert_eq!(r.go(&[rd(r.l(0), a, 4096)]), vec![res(Status::Unavailable, RemoteEffect::None)]);
+}
+
+/// Reads 16 bytes of device memory back, or the driver's error.
+fn bytes_at_or_err(addr: u64) -> Result<Vec<u8>> {
+    let mut host = vec![0u8; 16];
+    device_to_host(&mut host, addr).map(|_| host)
+}
+
 /// E3 at the source: its first cuIpcGetMemHandle fails with 700. That
 /// request gets the driver's error; the next export is refused before the
 /// driver is asked (UNAVAILABLE, naming the restart) rather than failing
@@ -530,6 +568,7 @@ fn child_case() {
         "batch-prefix" => batch_prefix(),
         "sticky" => sticky_error(),
         "sticky-source" => sticky_error_at_the_source(),
+        "async-fault" => asynchronous_fault(),
         "nvlink-plan" => nvlink_plan(),
         "cuda-runs" => contiguous_runs_on_the_cuda_paths(),
         "coalesced-fault" => a_failed_coalesced_batch(),
@@ -568,6 +607,11 @@ fn n4_a_failed_batch_keeps_its_enqueued_prefix_and_replays_nothing() {
 #[test]
 fn e3_a_sticky_error_fails_the_cuda_transports_and_leaves_tcp_serving() {
     run("sticky", &[("FAKECUDA_FAIL", "cuEventQuery:1:700"), ("FAKECUDA_DEVICES", "2")]);
+}
+
+#[test]
+fn e3_an_illegal_access_faults_at_the_next_synchronisation_and_fails_the_cuda_transports() {
+    run("async-fault", &[]);
 }
 
 #[test]

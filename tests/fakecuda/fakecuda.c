@@ -404,12 +404,12 @@ static CUresult poison_of(struct fc_ctx *c) {
     return c ? __atomic_load_n(&c->poisoned, __ATOMIC_ACQUIRE) : 0;
 }
 static CUresult current_poison(void) { return poison_of(current()); }
-static void poison_current(CUresult code) {
-    struct fc_ctx *c = current();
+static void poison(struct fc_ctx *c, CUresult code) {
     if (c) __atomic_store_n(&c->poisoned, code, __ATOMIC_RELEASE);
     CUresult none = CUDA_SUCCESS;
     __atomic_compare_exchange_n(&process_poisoned, &none, code, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
+static void poison_current(CUresult code) { poison(current(), code); }
 
 static int valid_ctx(struct fc_ctx *c) {
     return c >= contexts && c < contexts + MAX_DEVICES && c->magic == CTX_MAGIC;
@@ -559,7 +559,10 @@ static CUresult resolve(uint64_t addr, size_t n, int dev, char **out, int *devic
 /* ------------------------------------------------------------------ */
 /* Streams and events                                                  */
 
-enum op_kind { OP_COPY, OP_SET, OP_RECORD, OP_WAIT, OP_WAIT_VALUE };
+/* OP_FAULT: a copy that touches memory its device may not (no access
+ * grant, reserved but unmapped). Its enqueue succeeded, as the driver's
+ * does (the DMA faults later); running it poisons the process with 700. */
+enum op_kind { OP_COPY, OP_SET, OP_RECORD, OP_WAIT, OP_WAIT_VALUE, OP_FAULT };
 struct op {
     enum op_kind kind;
     char *dst, *src;
@@ -627,6 +630,10 @@ static void *worker(void *arg) {
         struct op *o = s->head;
         if (o->kind == OP_WAIT) {
             while (o->ev->completed < o->gen) pthread_cond_wait(&progress, &mu);
+        } else if (o->kind == OP_FAULT) {
+            poison(s->ctx, CUDA_ERROR_ILLEGAL_ADDRESS);
+        } else if ((o->kind == OP_COPY || o->kind == OP_SET) && poison_of(s->ctx)) {
+            /* A faulted process runs no more work. */
         } else if (o->kind == OP_COPY || o->kind == OP_SET) {
             pthread_mutex_unlock(&mu);
             if (copy_delay_us) usleep(copy_delay_us);
@@ -723,17 +730,21 @@ static CUresult stream_or_legacy(CUstream h, struct fc_stream **out) {
 }
 
 /* Validates and enqueues one copy; *host_side says whether host memory is
- * involved (the synchronous cuMemcpy then waits). Caller holds mu. */
+ * involved (the synchronous cuMemcpy then waits). A copy that breaks an
+ * access rule (ILLEGAL_ADDRESS) enqueues fine and faults when it runs.
+ * Caller holds mu. */
 static CUresult enqueue_copy(struct fc_stream *s, CUdeviceptr dst, CUdeviceptr src, size_t n, int *host_side) {
-    char *d, *sp;
-    int dd, sd;
+    char *d = NULL, *sp = NULL;
+    int dd = 1, sd = 1;
     CUresult r;
-    if ((r = resolve(dst, n, s->ctx->device, &d, &dd)) || (r = resolve(src, n, s->ctx->device, &sp, &sd))) return r;
-    if (host_side) *host_side = !dd || !sd;
+    if ((r = resolve(dst, n, s->ctx->device, &d, &dd)) == CUDA_SUCCESS) r = resolve(src, n, s->ctx->device, &sp, &sd);
+    int fault = r == CUDA_ERROR_ILLEGAL_ADDRESS;
+    if (r && !fault) return r;
+    if (host_side) *host_side = !dd || !sd || fault;
     if (!n) return CUDA_SUCCESS;
     struct op *o = calloc(1, sizeof *o);
     if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
-    o->kind = OP_COPY;
+    o->kind = fault ? OP_FAULT : OP_COPY;
     o->dst = d;
     o->src = sp;
     o->n = n;
@@ -977,8 +988,9 @@ EXPORT CUresult cuCtxSynchronize(void) {
     pthread_mutex_lock(&mu);
     for (struct fc_stream *s = streams; s; s = s->next)
         if (s->ctx == c) drain(s);
+    CUresult r = poison_of(c); /* a fault in what it waited for */
     pthread_mutex_unlock(&mu);
-    return CUDA_SUCCESS;
+    return r;
 }
 
 /* ------------------------------------------------------------------ */
@@ -1779,6 +1791,7 @@ EXPORT CUresult cuStreamSynchronize(CUstream h) {
     CUresult r = stream_or_legacy(h, &s);
     if (!r) r = poison_of(s->ctx);
     if (!r) drain(s);
+    if (!r) r = poison_of(s->ctx); /* a fault in what it waited for */
     pthread_mutex_unlock(&mu);
     return r;
 }
@@ -1871,6 +1884,7 @@ EXPORT CUresult cuEventSynchronize(CUevent e) {
     if (!r) {
         uint64_t target = e->recorded;
         while (e->completed < target) pthread_cond_wait(&progress, &mu);
+        r = poison_of(e->ctx); /* a fault in what it waited for */
     }
     pthread_mutex_unlock(&mu);
     return r;
@@ -1949,6 +1963,7 @@ static CUresult copy_sync(CUdeviceptr dst, CUdeviceptr src, size_t n) {
     CUresult r = pick_stream(NULL, &s);
     if (!r) r = enqueue_copy(s, dst, src, n, &host_side);
     if (!r && host_side) drain(s);
+    if (!r && host_side) r = poison_of(s->ctx); /* a fault in the copy waited for */
     pthread_mutex_unlock(&mu);
     return r;
 }
@@ -2014,6 +2029,7 @@ EXPORT CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size
         int a, b;
         if ((r = resolve(dsts[i], sizes[i], s->ctx->device, &d, &a)) == CUDA_SUCCESS)
             r = resolve(srcs[i], sizes[i], s->ctx->device, &sp, &b);
+        if (r == CUDA_ERROR_ILLEGAL_ADDRESS) r = CUDA_SUCCESS; /* faults when it runs */
     }
     if (inj) {
         for (size_t i = 0; !r && i < count / 2; i++) r = enqueue_copy(s, dsts[i], srcs[i], sizes[i], NULL);
