@@ -163,6 +163,47 @@ fn asynchronous_fault() {
     assert_eq!(r.go(&[rd(r.l(0), a, 4096)]), vec![res(Status::Unavailable, RemoteEffect::None)]);
 }
 
+/// Posts a READ of a whole source allocation over NVLink, then kills the
+/// source and reaps it (submit returns once the group's copy is enqueued;
+/// the stand-in holds the copy `FAKECUDA_COPY_DELAY_US`); the requester
+/// and the READ's results.
+fn read_as_the_source_dies() -> (Req, Vec<RequestResult>) {
+    let (src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
+    let b = r.e.submit(r.peer, &[rd(r.l(0), a, SIZE)], only(TransportKind::Nvlink)).unwrap();
+    drop(src);
+    b.wait(Duration::from_secs(120)).ok();
+    let out = b.results();
+    (r, out)
+}
+
+/// A source that dies while a READ from its memory is posted: on a GPU
+/// the import's memory is freed under it and the copy faults (the stand-in
+/// holds each copy 3 s, then finds the exporter gone). The READ is never
+/// reported Ok: UNQUIESCED with no remote effect, as for any fault, and
+/// the process's CUDA is lost with it (its next group is refused). Guards
+/// the stand-in's dead-exporter rule; before it, the copy moved the dead
+/// exporter's stale bytes and the READ ended Ok.
+fn dead_exporter() {
+    let (r, out) = read_as_the_source_dies();
+    assert_eq!(out, vec![res(Status::Unquiesced, RemoteEffect::None)]);
+    let avail = &r.e.stats().transports_available["nvlink"];
+    assert!(avail.starts_with("failed: "), "{avail}");
+}
+
+/// The same death where the driver happens not to fault
+/// (`FAKECUDA_DEAD_EXPORTER=stale`: the freed memory's stale bytes move
+/// and the copy reports success). The engine still never reports the READ
+/// Ok: the source provably exited before the completion was seen, so
+/// what moved is undefined (UNAVAILABLE, effect None), and the process's
+/// CUDA stays usable. Guards `IpcRequester::finish`'s dead-exporter check
+/// (`import_outlives_exporter` false for NVLink).
+fn dead_exporter_without_a_fault() {
+    let (r, out) = read_as_the_source_dies();
+    assert_eq!(out, vec![res(Status::Unavailable, RemoteEffect::None)]);
+    assert_eq!(r.e.stats().transports_available["nvlink"], "available");
+}
+
 /// Reads 16 bytes of device memory back, or the driver's error.
 fn bytes_at_or_err(addr: u64) -> Result<Vec<u8>> {
     let mut host = vec![0u8; 16];
@@ -569,6 +610,8 @@ fn child_case() {
         "sticky" => sticky_error(),
         "sticky-source" => sticky_error_at_the_source(),
         "async-fault" => asynchronous_fault(),
+        "dead-exporter" => dead_exporter(),
+        "dead-exporter-stale" => dead_exporter_without_a_fault(),
         "nvlink-plan" => nvlink_plan(),
         "cuda-runs" => contiguous_runs_on_the_cuda_paths(),
         "coalesced-fault" => a_failed_coalesced_batch(),
@@ -612,6 +655,16 @@ fn e3_a_sticky_error_fails_the_cuda_transports_and_leaves_tcp_serving() {
 #[test]
 fn e3_an_illegal_access_faults_at_the_next_synchronisation_and_fails_the_cuda_transports() {
     run("async-fault", &[]);
+}
+
+#[test]
+fn e3_a_copy_through_a_dead_exporters_import_faults_and_is_never_ok() {
+    run("dead-exporter", &[("FAKECUDA_COPY_DELAY_US", "3000000")]);
+}
+
+#[test]
+fn a_copy_a_dead_exporter_overtook_is_never_ok_even_without_a_fault() {
+    run("dead-exporter-stale", &[("FAKECUDA_COPY_DELAY_US", "3000000"), ("FAKECUDA_DEAD_EXPORTER", "stale")]);
 }
 
 #[test]

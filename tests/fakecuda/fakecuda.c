@@ -69,6 +69,9 @@
  *                                 NOT_PERMITTED at cuMemCreate or export
  *                                 (no IMEX channel)
  *   FAKECUDA_COPY_DELAY_US=U      each asynchronous copy waits U us first
+ *   FAKECUDA_DEAD_EXPORTER=stale  a copy through a legacy IPC import whose
+ *                                 exporter exited moves its stale bytes
+ *                                 instead of faulting (the undefined case)
  *   FAKECUDA_FAIL=name:N:code[,..] the Nth call (1-based) of `name` returns
  *                                 `code`; `name:N+:code` every call from N;
  *                                 `name@after:code` the first call of `name`
@@ -90,6 +93,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -199,6 +203,7 @@ static const char *device_name; /* FAKECUDA_DEVICE_NAME */
 static int physical_of[8] = {0, 1, 2, 3, 4, 5, 6, 7}; /* FAKECUDA_VISIBLE_DEVICES */
 static unsigned long cross_device_refused;
 static unsigned copy_delay_us;
+static int dead_exporter_stale; /* FAKECUDA_DEAD_EXPORTER=stale: no fault, the stale bytes move */
 static char trace_path[512];
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t calls_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -240,6 +245,7 @@ static void parse_env(void) {
     if ((v = getenv("FAKECUDA_DEVICES"))) n_devices = atoi(v);
     if ((v = getenv("FAKECUDA_DRIVER_VERSION"))) driver_version = atoi(v);
     if ((v = getenv("FAKECUDA_COPY_DELAY_US"))) copy_delay_us = (unsigned)atoi(v);
+    if ((v = getenv("FAKECUDA_DEAD_EXPORTER"))) dead_exporter_stale = strcmp(v, "stale") == 0;
     if ((v = getenv("FAKECUDA_NO_FABRIC"))) no_fabric = strcmp(v, "export") == 0 ? 2 : 1;
     if ((v = getenv("FAKECUDA_NO_PEER"))) no_peer = atoi(v) != 0;
     if ((v = getenv("FAKECUDA_NO_P2P"))) {
@@ -423,7 +429,7 @@ struct range {
     uint64_t va;
     size_t len;
     char *shadow; /* where the driver reads/writes; NULL for K_RESERVED */
-    int fd;       /* memfd of K_DEVICE / K_IPC_IMPORT */
+    int fd;       /* memfd of K_DEVICE; K_IPC_IMPORT: a pidfd of the exporter (-1: none) */
     int device;
     uint64_t id;  /* K_DEVICE allocation id; K_IPC_IMPORT exporter's id */
     uint64_t peer_token;
@@ -571,6 +577,7 @@ struct op {
     struct fc_event *ev;
     uint64_t gen;
     unsigned flags; /* OP_WAIT_VALUE: the condition */
+    int exporter;   /* OP_COPY: a pidfd of the exporter of an imported side (-1: none) */
     struct op *next;
 };
 struct fc_stream {
@@ -621,6 +628,15 @@ static int value_reached(volatile uint32_t *addr, uint32_t value, unsigned flags
     }
 }
 
+/* Whether the process behind a pidfd has exited (a zombie included). On a
+ * GPU an imported allocation whose exporter died is freed under its
+ * importers: a copy through it is undefined and in practice faults. */
+static int exporter_exited(int pidfd) {
+    if (pidfd < 0) return 0;
+    struct pollfd p = {pidfd, POLLIN, 0};
+    return poll(&p, 1, 0) > 0;
+}
+
 static void *worker(void *arg) {
     struct fc_stream *s = arg;
     pthread_mutex_lock(&mu);
@@ -637,7 +653,9 @@ static void *worker(void *arg) {
         } else if (o->kind == OP_COPY || o->kind == OP_SET) {
             pthread_mutex_unlock(&mu);
             if (copy_delay_us) usleep(copy_delay_us);
-            if (o->kind == OP_COPY)
+            if (o->kind == OP_COPY && !dead_exporter_stale && exporter_exited(o->exporter))
+                poison(s->ctx, CUDA_ERROR_ILLEGAL_ADDRESS); /* its memory went with it */
+            else if (o->kind == OP_COPY)
                 memmove(o->dst, o->src, o->n);
             else
                 memset(o->dst, o->value, o->n);
@@ -655,6 +673,7 @@ static void *worker(void *arg) {
         s->head = o->next;
         if (!s->head) s->tail = NULL;
         s->done++;
+        if (o->kind == OP_COPY && o->exporter >= 0) close(o->exporter);
         free(o);
         pthread_cond_broadcast(&progress);
     }
@@ -745,6 +764,10 @@ static CUresult enqueue_copy(struct fc_stream *s, CUdeviceptr dst, CUdeviceptr s
     struct op *o = calloc(1, sizeof *o);
     if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
     o->kind = fault ? OP_FAULT : OP_COPY;
+    o->exporter = -1;
+    struct range *imp = range_of(src);
+    if (!imp || imp->kind != K_IPC_IMPORT) imp = range_of(dst);
+    if (!fault && imp && imp->kind == K_IPC_IMPORT && imp->fd >= 0) o->exporter = fcntl(imp->fd, F_DUPFD_CLOEXEC, 0);
     o->dst = d;
     o->src = sp;
     o->n = n;
@@ -1329,7 +1352,8 @@ EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
         free(r);
         return 205; /* CUDA_ERROR_MAP_FAILED */
     }
-    *r = (struct range){K_IPC_IMPORT, (uint64_t)(uintptr_t)va, w.size, shadow, -1, c->device, w.id, w.token, 1, NULL, NULL};
+    int exporter = (int)syscall(SYS_pidfd_open, (pid_t)w.pid, 0); /* -1 where the kernel has none */
+    *r = (struct range){K_IPC_IMPORT, (uint64_t)(uintptr_t)va, w.size, shadow, exporter, c->device, w.id, w.token, 1, NULL, NULL};
     pthread_mutex_lock(&mu);
     r->next = ranges;
     ranges = r;
@@ -1355,6 +1379,7 @@ EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
     }
     unlink_range(dptr, K_IPC_IMPORT);
     pthread_mutex_unlock(&mu);
+    if (r->fd >= 0) close(r->fd);
     size_t len = round_up(r->len, GRANULARITY);
     munmap((void *)(uintptr_t)r->va, len);
     munmap(r->shadow, len);

@@ -93,6 +93,13 @@ pub trait IpcBackend: Send + Sync {
     fn usable(&self) -> Result<()> {
         Ok(())
     }
+    /// Whether an import keeps its memory alive after the exporting
+    /// process exits (a shared-memory file, a VMM handle: true) or the
+    /// memory is freed under it (legacy CUDA IPC: false), so that a copy
+    /// the exporter's exit overtook moved undefined bytes.
+    fn import_outlives_exporter(&self) -> bool {
+        true
+    }
     /// Source side: the handle naming the owned allocation at `base`; a
     /// grant without WRITE asks for a read-only handle where the kind of
     /// memory allows one (SHM); CUDA handles always map read-write.

@@ -49,7 +49,7 @@ impl Handler for ExitWatch {
 /// A process descriptor for `who`, checked to be that process (not a
 /// later one that reused its pid). `None`: the kernel has no pidfd_open,
 /// or the process is gone already.
-fn open_pidfd(who: &ProcessIdentity) -> Option<OwnedFd> {
+pub(super) fn open_pidfd(who: &ProcessIdentity) -> Option<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags and returns a new
     // descriptor or -1; nothing is read from our memory.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, who.pid as libc::pid_t, 0) };
@@ -61,6 +61,14 @@ fn open_pidfd(who: &ProcessIdentity) -> Option<OwnedFd> {
     // Opened after the identity was recorded: if the pid was reused in
     // between, the start time tells.
     (process_start_time(who.pid) == who.start_time).then_some(fd)
+}
+
+/// Whether the process behind `fd` (from [`open_pidfd`]) has exited: the
+/// kernel makes the descriptor readable then. One poll, no wait.
+pub(super) fn pidfd_exited(fd: &OwnedFd) -> bool {
+    let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: one valid pollfd for the duration of the call; timeout 0.
+    unsafe { libc::poll(&mut p, 1, 0) > 0 }
 }
 
 /// The exit watch of an engine whose I/O threads are `reactor`: a watched

@@ -56,6 +56,9 @@ impl IpcBackend for FaultyBackend {
     fn usable(&self) -> Result<()> {
         self.inner.usable()
     }
+    fn import_outlives_exporter(&self) -> bool {
+        self.inner.import_outlives_exporter()
+    }
     fn export(&self, base: u64, writable: bool) -> Result<ExportedHandle> {
         self.inner.export(base, writable)
     }

@@ -80,6 +80,9 @@ pub struct IpcLink {
     /// The grant board the source gave the current channel, with that
     /// channel's generation (Unix channels of sources that offer one).
     board: Mutex<Option<(u64, Arc<Board>)>>,
+    /// A process descriptor of the source (Unix routes on this boot),
+    /// opened on the first [`IpcLink::source_exited`].
+    source_pidfd: once_cell::sync::OnceCell<Option<std::os::fd::OwnedFd>>,
 }
 
 enum ChanState {
@@ -125,6 +128,7 @@ impl IpcLink {
             next_tag: AtomicU64::new(1),
             generation: AtomicU64::new(0),
             board: Mutex::new(None),
+            source_pidfd: once_cell::sync::OnceCell::new(),
         }
     }
 
@@ -199,6 +203,20 @@ impl IpcLink {
         matches!(self.route, Route::Unix(_))
             && self.source.same_boot(&self.local.identity)
             && process_start_time(self.source.process.pid) != self.source.process.start_time
+    }
+
+    /// [`IpcLink::source_gone`], asked cheaply enough for every group: one
+    /// poll of a process descriptor of the source, opened on first use
+    /// (without one, the source is gone already or the kernel has none:
+    /// `source_gone` answers).
+    pub fn source_exited(&self) -> bool {
+        if !matches!(self.route, Route::Unix(_)) || !self.source.same_boot(&self.local.identity) {
+            return false;
+        }
+        match self.source_pidfd.get_or_init(|| super::exit_watch::open_pidfd(&self.source.process)) {
+            Some(fd) => super::exit_watch::pidfd_exited(fd),
+            None => self.source_gone(),
+        }
     }
 
     fn reconnecting(&self, why: &Error) -> Error {

@@ -80,6 +80,12 @@ impl IpcBackend for NvlinkBackend {
         crate::cuda::driver::usable()
     }
 
+    fn import_outlives_exporter(&self) -> bool {
+        // cuIpcOpenMemHandle: the exporter's free (its exit included)
+        // leaves the importer's mapping undefined.
+        false
+    }
+
     fn export_waits(&self, base: u64) -> bool {
         crate::memory::cuda::producer_pending(base)
     }

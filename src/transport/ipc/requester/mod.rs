@@ -587,6 +587,16 @@ impl IpcRequester {
         if let Err(e) = drained.and(copied.map(|_| ())) {
             fail_all(&mut out, &items, &e);
         }
+        if !uncertain && !self.backend.import_outlives_exporter() && imp.link.source_exited() {
+            // The exporter's exit may have overtaken the copy and freed the
+            // memory under it: whatever the driver reported, what moved is
+            // undefined. Never Ok (a READ's remote effect stays None).
+            let e = Error::Unavailable(format!(
+                "{}: the source process exited while the copy ran, freeing the imported memory under it",
+                imp.describe()
+            ));
+            fail_all(&mut out, &items, &e);
+        }
         if uncertain {
             let why = out.iter().find_map(|o| o.result.as_ref().err()).map_or("", |e| e.message());
             self.log.warn(format_args!(
