@@ -282,8 +282,8 @@ fn producer_stream_is_consumed() {
     use orbite::cuda::driver::{primary_context, ContextGuard};
     let (mut src, a) = nvlink_source(None);
     let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
-    let fresh = common::pattern_vec(7, SIZE as usize);
-    let mut scratch = [0u8; 1];
+    let fresh = pinned_copy(&common::pattern_vec(7, SIZE as usize));
+    let mut scratch = pinned_copy(&[0u8]);
     let g = ContextGuard::bind(primary_context(0).unwrap()).unwrap();
     let mut stream: sys::CUstream = std::ptr::null_mut();
     // SAFETY: a context is current; creates one non-blocking stream.

@@ -37,7 +37,7 @@ fn bytes_at(addr: u64, len: u64) -> Vec<u8> {
 /// A stream of device 0's primary context on which `copies` slow one-byte
 /// host copies run first, then `[dst, dst+len)` receives `src`: a producer
 /// still writing when the transfer is submitted.
-fn slow_producer(dst: u64, src: &[u8], scratch: &mut [u8; 1], copies: usize) -> u64 {
+fn slow_producer(dst: u64, src: &[u8], scratch: &mut [u8], copies: usize) -> u64 {
     let g = ContextGuard::bind(primary_context(0).unwrap()).unwrap();
     let mut stream: sys::CUstream = std::ptr::null_mut();
     // SAFETY: a context is current; creates one non-blocking stream.
@@ -204,6 +204,66 @@ fn dead_exporter_without_a_fault() {
     assert_eq!(r.e.stats().transports_available["nvlink"], "available");
 }
 
+/// An asynchronous host-to-device copy of 4096 bytes of `src` on a fresh
+/// stream of device 0's context, the stream held at a gate (a device word
+/// that must reach 1) when `gated`: `src` is filled with 1 before the
+/// call and with 2 after it returns, then the gate opens. The byte that
+/// landed says when the copy read `src`: 1 at the call, 2 when it ran.
+fn byte_the_copy_read(src: &mut [u8], gated: bool) -> u8 {
+    let dst = CudaMemory::allocate(0, 4096).unwrap();
+    let gate = CudaMemory::allocate(0, 4096).unwrap();
+    host_to_device(gate.addr(), &[0u8; 4]).unwrap();
+    src.fill(1);
+    let g = ContextGuard::bind(primary_context(0).unwrap()).unwrap();
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: a context is current; creates one non-blocking stream.
+    assert_eq!(unsafe { sys::cuStreamCreate(&mut stream, 1) }, CUresult::CUDA_SUCCESS);
+    if gated {
+        // SAFETY: `gate` is 4 aligned bytes of device memory kept past the sync.
+        assert_eq!(unsafe { sys::cuStreamWaitValue32_v2(stream, gate.addr(), 1, 0) }, CUresult::CUDA_SUCCESS);
+    }
+    // SAFETY: dst holds 4096 bytes; src outlives the synchronisation below.
+    let q = unsafe { sys::cuMemcpyAsync(dst.addr(), src.as_ptr() as u64, 4096, stream) };
+    assert_eq!(q, CUresult::CUDA_SUCCESS);
+    src.fill(2);
+    host_to_device(gate.addr(), &1u32.to_ne_bytes()).unwrap();
+    // SAFETY: our stream, in the bound context.
+    assert_eq!(unsafe { sys::cuStreamSynchronize(stream) }, CUresult::CUDA_SUCCESS);
+    g.restore().unwrap();
+    bytes_at(dst.addr(), 1)[0]
+}
+
+/// `len` bytes registered with `cuMemHostRegister` in device 1's context,
+/// with `flags`.
+fn registered_in_device_1(len: usize, flags: u32) -> Vec<u8> {
+    let v = vec![0u8; len];
+    let g = ContextGuard::bind(primary_context(1).unwrap()).unwrap();
+    // SAFETY: `v` is `len` bytes that stay allocated (the process exits
+    // with them registered).
+    let r = unsafe { sys::cuMemHostRegister_v2(v.as_ptr() as *mut _, len, flags) };
+    assert_eq!(r, CUresult::CUDA_SUCCESS);
+    g.restore().unwrap();
+    v
+}
+
+/// The driver's "API synchronization behavior" for host memory: from
+/// pageable memory an asynchronous copy synchronises the stream and
+/// stages the bytes at the call, so later writes of the buffer never
+/// reach it; from pinned memory it reads them when it runs. Memory
+/// registered without `PORTABLE` is pinned only for the context that
+/// registered it. Guards the stand-in's pageable staging and registration
+/// flags (tests/fakecuda/README.md), which the producer-stream tests now
+/// meet with pinned buffers (a pageable producer behind a gate would
+/// block its own caller, on a GPU as here).
+fn pageable_staging_and_registration_flags() {
+    assert_eq!(byte_the_copy_read(&mut [0u8; 4096], false), 1, "pageable: staged at the call");
+    assert_eq!(byte_the_copy_read(&mut pinned_copy(&[0u8; 4096]), true), 2, "pinned: read when it ran");
+    let mut private = registered_in_device_1(4096, 0);
+    assert_eq!(byte_the_copy_read(&mut private, false), 1, "registered for device 1 only: pageable for device 0");
+    let mut portable = registered_in_device_1(4096, sys::CU_MEMHOSTREGISTER_PORTABLE);
+    assert_eq!(byte_the_copy_read(&mut portable, true), 2, "registered PORTABLE: pinned for every context");
+}
+
 /// Reads 16 bytes of device memory back, or the driver's error.
 fn bytes_at_or_err(addr: u64) -> Result<Vec<u8>> {
     let mut host = vec![0u8; 16];
@@ -323,8 +383,8 @@ fn producer_at_the_source() {
     let e = Engine::from_json(NVLINK).unwrap();
     let a = CudaMemory::allocate_ipc(0, SIZE).unwrap();
     let region = e.register_memory(a.addr(), SIZE, Access::READ_WRITE).unwrap();
-    let fresh = pattern_vec(1, SIZE as usize);
-    let mut scratch = [0u8; 1];
+    let fresh = pinned_copy(&pattern_vec(1, SIZE as usize));
+    let mut scratch = pinned_copy(&[0u8]);
     let stream = slow_producer(a.addr(), &fresh, &mut scratch, 30);
     e.record_producer_stream(region, stream).unwrap();
     let mut c = fakecuda::command(env!("CARGO_BIN_EXE_orbite-gpu-qual"), fakecuda::Variant::Full);
@@ -376,7 +436,7 @@ fn producer_wait_off_the_io_thread() {
     e.register_memory(host.as_ptr() as u64, MIB, Access::READ).unwrap();
     let gate = CudaMemory::allocate(0, 4096).unwrap();
     host_to_device(gate.addr(), &[0u8; 4]).unwrap();
-    let fresh = pattern_vec(1, SIZE as usize);
+    let fresh = pinned_copy(&pattern_vec(1, SIZE as usize));
     let stream = gated_producer(a.addr(), &fresh, gate.addr());
     e.record_producer_stream(region, stream).unwrap();
     let mut c = fakecuda::command(env!("CARGO_BIN_EXE_orbite-gpu-qual"), fakecuda::Variant::Full);
@@ -420,8 +480,8 @@ fn producer_at_an_mnnvl_source() {
     let e = Engine::from_json(MNNVL_FD).unwrap();
     let a = allocate_mnnvl(0, SIZE).unwrap();
     let region = e.register_memory(a.addr(), SIZE, Access::READ_WRITE).unwrap();
-    let fresh = pattern_vec(1, SIZE as usize);
-    let mut scratch = [0u8; 1];
+    let fresh = pinned_copy(&pattern_vec(1, SIZE as usize));
+    let mut scratch = pinned_copy(&[0u8]);
     let stream = slow_producer(a.addr(), &fresh, &mut scratch, 30);
     e.record_producer_stream(region, stream).unwrap();
     let mut c = fakecuda::command(env!("CARGO_BIN_EXE_orbite-gpu-qual"), fakecuda::Variant::Full);
@@ -447,8 +507,8 @@ fn pinned_producer() {
     let pinned = allocate_pinned_host(SIZE).unwrap();
     let region = e.register_host_memory(&pinned, Access::NONE).unwrap();
     let peer = e.connect(&src.endpoint, None).unwrap();
-    let fresh = pattern_vec(7, SIZE as usize);
-    let mut scratch = [0u8; 1];
+    let fresh = pinned_copy(&pattern_vec(7, SIZE as usize));
+    let mut scratch = pinned_copy(&[0u8]);
     let stream = slow_producer(pinned.addr(), &fresh, &mut scratch, 10);
     e.record_pinned_host_producer_stream(region, stream).unwrap();
     let b = e.submit(peer, &[wr(pinned.addr(), a, SIZE)], only(TransportKind::Nvlink)).unwrap();
@@ -612,6 +672,7 @@ fn child_case() {
         "async-fault" => asynchronous_fault(),
         "dead-exporter" => dead_exporter(),
         "dead-exporter-stale" => dead_exporter_without_a_fault(),
+        "pageable" => pageable_staging_and_registration_flags(),
         "nvlink-plan" => nvlink_plan(),
         "cuda-runs" => contiguous_runs_on_the_cuda_paths(),
         "coalesced-fault" => a_failed_coalesced_batch(),
@@ -665,6 +726,12 @@ fn e3_a_copy_through_a_dead_exporters_import_faults_and_is_never_ok() {
 #[test]
 fn a_copy_a_dead_exporter_overtook_is_never_ok_even_without_a_fault() {
     run("dead-exporter-stale", &[("FAKECUDA_COPY_DELAY_US", "3000000"), ("FAKECUDA_DEAD_EXPORTER", "stale")]);
+}
+
+#[test]
+fn pageable_memory_is_staged_at_the_call_and_registrations_are_per_context_unless_portable() {
+    // Each copy held 500 ms: a copy that read `src` when it ran would see 2.
+    run("pageable", &[("FAKECUDA_DEVICES", "2"), ("FAKECUDA_COPY_DELAY_US", "500000")]);
 }
 
 #[test]

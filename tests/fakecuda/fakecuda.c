@@ -436,6 +436,7 @@ struct range {
     int refs;     /* K_IPC_IMPORT open count */
     struct piece *pieces;
     struct range *next;
+    int portable; /* K_HOST / K_REGISTERED: pinned for every context (PORTABLE), else only `device`'s */
 };
 struct vmm {
     uint32_t magic;
@@ -578,6 +579,7 @@ struct op {
     uint64_t gen;
     unsigned flags; /* OP_WAIT_VALUE: the condition */
     int exporter;   /* OP_COPY: a pidfd of the exporter of an imported side (-1: none) */
+    char *staged;   /* OP_COPY from pageable memory: the staging copy it reads (freed with it) */
     struct op *next;
 };
 struct fc_stream {
@@ -674,6 +676,7 @@ static void *worker(void *arg) {
         if (!s->head) s->tail = NULL;
         s->done++;
         if (o->kind == OP_COPY && o->exporter >= 0) close(o->exporter);
+        if (o->kind == OP_COPY) free(o->staged);
         free(o);
         pthread_cond_broadcast(&progress);
     }
@@ -748,6 +751,18 @@ static CUresult stream_or_legacy(CUstream h, struct fc_stream **out) {
     return CUDA_SUCCESS;
 }
 
+/* Whether host memory at `addr` is pageable for a copy in context `c`:
+ * memory the driver never pinned, or pinned for another context without
+ * PORTABLE ("considered as pinned memory by all CUDA contexts, not just
+ * the one that performed the allocation" is what PORTABLE adds).
+ * Caller holds mu. */
+static int pageable_for(uint64_t addr, struct fc_ctx *c) {
+    struct range *r = range_of(addr);
+    if (!r) return 1;
+    if (r->kind != K_HOST && r->kind != K_REGISTERED) return 0;
+    return !r->portable && r->device != c->device;
+}
+
 /* Validates and enqueues one copy; *host_side says whether host memory is
  * involved (the synchronous cuMemcpy then waits). A copy that breaks an
  * access rule (ILLEGAL_ADDRESS) enqueues fine and faults when it runs.
@@ -765,14 +780,30 @@ static CUresult enqueue_copy(struct fc_stream *s, CUdeviceptr dst, CUdeviceptr s
     if (!o) return CUDA_ERROR_OUT_OF_MEMORY;
     o->kind = fault ? OP_FAULT : OP_COPY;
     o->exporter = -1;
+    /* Pageable memory, as the driver's "API synchronization behavior"
+     * describes it: from pageable host memory the stream is synchronised
+     * first and the bytes are staged at the call (later changes of the
+     * buffer do not reach the copy); to pageable host memory the call
+     * returns once the copy completed. */
+    int from_pageable = !fault && !sd && pageable_for(src, s->ctx);
+    int to_pageable = !fault && !dd && pageable_for(dst, s->ctx);
+    if (from_pageable) {
+        drain(s);
+        if (!(o->staged = malloc(n))) {
+            free(o);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        memcpy(o->staged, sp, n);
+    }
     struct range *imp = range_of(src);
     if (!imp || imp->kind != K_IPC_IMPORT) imp = range_of(dst);
     if (!fault && imp && imp->kind == K_IPC_IMPORT && imp->fd >= 0) o->exporter = fcntl(imp->fd, F_DUPFD_CLOEXEC, 0);
     o->dst = d;
-    o->src = sp;
+    o->src = o->staged ? o->staged : sp;
     o->n = n;
     push(s, o);
     copies_on[s->ctx->device]++;
+    if (to_pageable) drain(s);
     return CUDA_SUCCESS;
 }
 
@@ -1042,7 +1073,7 @@ EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     memset(shadow, GARBAGE, len); /* the driver does not zero device memory */
-    *r = (struct range){K_DEVICE, (uint64_t)(uintptr_t)va, size, shadow, fd, c->device, id, token, 0, NULL, NULL};
+    *r = (struct range){K_DEVICE, (uint64_t)(uintptr_t)va, size, shadow, fd, c->device, id, token, 0, NULL, NULL, 0};
     pthread_mutex_lock(&mu);
     r->next = ranges;
     ranges = r;
@@ -1105,11 +1136,11 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dptr, unsigned char value, size_t n) {
     return r;
 }
 
-static CUresult add_host_range(enum kind kind, void *p, size_t len) {
+static CUresult add_host_range(enum kind kind, void *p, size_t len, int portable) {
     struct range *r = calloc(1, sizeof *r);
     if (!r) return CUDA_ERROR_OUT_OF_MEMORY;
     int dev = current() ? current()->device : 0;
-    *r = (struct range){kind, (uint64_t)(uintptr_t)p, len, p, -1, dev, 0, 0, 0, NULL, NULL};
+    *r = (struct range){kind, (uint64_t)(uintptr_t)p, len, p, -1, dev, 0, 0, 0, NULL, NULL, portable};
     pthread_mutex_lock(&mu);
     CUresult res = CUDA_SUCCESS;
     for (struct range *x = ranges; x; x = x->next)
@@ -1127,13 +1158,12 @@ static CUresult add_host_range(enum kind kind, void *p, size_t len) {
 EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned int flags) {
     ENTER(cuMemHostAlloc);
     NEED_INIT();
-    (void)flags;
     if (!pp || !size) return CUDA_ERROR_INVALID_VALUE;
     if (!current()) return CUDA_ERROR_INVALID_CONTEXT;
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
     memset(p, GARBAGE, size); /* nor pinned host memory */
-    CUresult r = add_host_range(K_HOST, p, size);
+    CUresult r = add_host_range(K_HOST, p, size, flags & 0x1 /* CU_MEMHOSTALLOC_PORTABLE */);
     if (r) {
         munmap(p, size);
         return r;
@@ -1152,7 +1182,7 @@ EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int f
     if (!current()) return CUDA_ERROR_INVALID_CONTEXT;
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
-    CUresult r = add_host_range(K_MANAGED, p, size);
+    CUresult r = add_host_range(K_MANAGED, p, size, 1);
     if (r) {
         munmap(p, size);
         return r;
@@ -1176,10 +1206,9 @@ EXPORT CUresult cuMemFreeHost(void *p) {
 EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags) {
     ENTER(cuMemHostRegister_v2);
     NEED_INIT();
-    (void)flags;
     if (!p || !size || !host_mapped((uint64_t)(uintptr_t)p, size)) return CUDA_ERROR_INVALID_VALUE;
     if (!current()) return CUDA_ERROR_INVALID_CONTEXT;
-    CUresult r = add_host_range(K_REGISTERED, p, size);
+    CUresult r = add_host_range(K_REGISTERED, p, size, flags & 0x1 /* CU_MEMHOSTREGISTER_PORTABLE */);
     return r == CUDA_ERROR_INVALID_VALUE ? 712 /* CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED */ : r;
 }
 
@@ -1353,7 +1382,7 @@ EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
         return 205; /* CUDA_ERROR_MAP_FAILED */
     }
     int exporter = (int)syscall(SYS_pidfd_open, (pid_t)w.pid, 0); /* -1 where the kernel has none */
-    *r = (struct range){K_IPC_IMPORT, (uint64_t)(uintptr_t)va, w.size, shadow, exporter, c->device, w.id, w.token, 1, NULL, NULL};
+    *r = (struct range){K_IPC_IMPORT, (uint64_t)(uintptr_t)va, w.size, shadow, exporter, c->device, w.id, w.token, 1, NULL, NULL, 0};
     pthread_mutex_lock(&mu);
     r->next = ranges;
     ranges = r;
@@ -1519,7 +1548,7 @@ EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignm
         free(r);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *r = (struct range){K_RESERVED, (uint64_t)(uintptr_t)va, size, NULL, -1, 0, 0, 0, 0, NULL, NULL};
+    *r = (struct range){K_RESERVED, (uint64_t)(uintptr_t)va, size, NULL, -1, 0, 0, 0, 0, NULL, NULL, 0};
     pthread_mutex_lock(&mu);
     r->next = ranges;
     ranges = r;

@@ -205,3 +205,34 @@ pub fn run_traced(case: &str, env: &[(&str, &str)]) -> Vec<(u32, String, u64)> {
     run(case, &all);
     fakecuda::read_trace(&trace)
 }
+
+/// Host memory pinned for every context (`cuMemHostAlloc`, portable),
+/// read and written as a byte slice: what a producer stream copies from or
+/// into so that its copies stay asynchronous. From pageable memory the
+/// driver synchronises the stream and stages the bytes at the call (the
+/// stand-in does too), so a pageable producer is never "still writing"
+/// and one behind a gate would block its caller.
+pub struct Pinned(Allocation);
+
+/// `data` in pinned host memory.
+pub fn pinned_copy(data: &[u8]) -> Pinned {
+    let mut p = Pinned(allocate_pinned_host(data.len() as u64).unwrap());
+    p.copy_from_slice(data);
+    p
+}
+
+impl std::ops::Deref for Pinned {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: pinned host memory of this allocation, CPU-accessible,
+        // `len` bytes, alive while `self` is.
+        unsafe { std::slice::from_raw_parts(self.0.addr() as *const u8, self.0.len() as usize) }
+    }
+}
+
+impl std::ops::DerefMut for Pinned {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`; `&mut self` makes the slice the only one.
+        unsafe { std::slice::from_raw_parts_mut(self.0.addr() as *mut u8, self.0.len() as usize) }
+    }
+}
