@@ -5,7 +5,7 @@
 //! the allocation life cycle is the CPU-tested model in [`super::vmm`].
 
 use super::driver::{can_access_peer, check, check_device, driver, primary_context, ContextGuard, Ctx};
-use super::vmm::{VmmAllocation, VmmOps, VmmState, FABRIC_HANDLE_BYTES};
+use super::vmm::{devices_reaching, VmmAllocation, VmmOps, VmmState, FABRIC_HANDLE_BYTES};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use parking_lot::Mutex;
@@ -132,15 +132,7 @@ impl VmmOps for CudaVmm {
         // the CPU of its NUMA node.
         let all = driver()?.devices;
         let (devices, numa) = match self.placement {
-            Placement::Device(p) => {
-                let mut reach = Vec::new();
-                for d in 0..all {
-                    if can_access_peer(d, p)? {
-                        reach.push(d);
-                    }
-                }
-                (reach, None)
-            }
+            Placement::Device(p) => (devices_reaching(p, all, can_access_peer)?, None),
             Placement::HostNuma(n) => ((0..all).collect(), Some(n)),
         };
         check(grant(va, size, &devices, numa), "cuMemSetAccess")

@@ -27,6 +27,26 @@ pub fn round_to_granularity(len: u64, granularity: u64) -> Result<u64> {
         .ok_or_else(|| Error::InvalidArgument(format!("length {len} is too large")))
 }
 
+/// The GPUs (of `visible`, ordinals `0..visible`) to grant access to VMM
+/// memory resident on GPU `resident`: its own and each one `reaches(gpu,
+/// resident)` says has a path to it (`cuDeviceCanAccessPeer`), in ordinal
+/// order. Granting a GPU without a path fails the driver's whole
+/// `cuMemSetAccess` (INVALID_DEVICE), so one pair without P2P on a host
+/// would otherwise fail every allocation.
+pub fn devices_reaching(
+    resident: i32,
+    visible: i32,
+    mut reaches: impl FnMut(i32, i32) -> Result<bool>,
+) -> Result<Vec<i32>> {
+    let mut out = Vec::new();
+    for gpu in 0..visible {
+        if gpu == resident || reaches(gpu, resident)? {
+            out.push(gpu);
+        }
+    }
+    Ok(out)
+}
+
 /// The driver operations of a VMM allocation.
 pub trait VmmOps: Send + Sync {
     /// Creates physical memory of `size` bytes; returns its handle.
@@ -174,6 +194,20 @@ mod tests {
         fn log(&self) -> Vec<String> {
             std::mem::take(&mut *self.log.lock())
         }
+    }
+
+    #[test]
+    fn only_gpus_with_a_path_to_the_memory_are_granted() {
+        // Three GPUs; 0 and 2 have no path between them.
+        let reach = |a: i32, b: i32| -> Result<bool> { Ok(!matches!((a, b), (0, 2) | (2, 0))) };
+        assert_eq!(devices_reaching(2, 3, reach).unwrap(), vec![1, 2]);
+        assert_eq!(devices_reaching(0, 3, reach).unwrap(), vec![0, 1]);
+        assert_eq!(devices_reaching(1, 3, reach).unwrap(), vec![0, 1, 2]);
+        // A GPU always reaches its own memory, whatever the probe says.
+        assert_eq!(devices_reaching(1, 2, |_, _| Ok(false)).unwrap(), vec![1]);
+        // A failed probe fails the grant, naming the driver's error.
+        let e = devices_reaching(0, 2, |_, _| Err(Error::Cuda("cuDeviceCanAccessPeer failed".into()))).unwrap_err();
+        assert!(e.to_string().contains("cuDeviceCanAccessPeer"), "{e}");
     }
 
     impl VmmOps for Fake {
