@@ -50,15 +50,16 @@ fn query_fails() {
     assert_eq!(src.ipc("nvlink", "exports_open"), 1);
 }
 
-/// A single small copy goes synchronously; a failed drain of the legacy
-/// stream after it leaves the outcome uncertain: Unquiesced, retained.
+/// A single small copy goes synchronously; a failed drain of its stream
+/// after it leaves the outcome uncertain: Unquiesced, retained, the stream
+/// quarantined.
 fn drain_fails() {
     let (mut src, a) = nvlink_source(None);
     let r = Req::new(NVLINK, &src.endpoint, TransportKind::Nvlink);
     let out = r.go(&[rd(r.l(0), a, 4096)]);
     assert_eq!(out, vec![res(Status::Unquiesced, RemoteEffect::None)]);
     assert_eq!(r.ipc().imports.retained, 1);
-    assert_eq!(r.e.stats().nvlink.retained_streams, 0, "the sync path leases no stream");
+    assert_eq!(r.e.stats().nvlink.retained_streams, 1, "the drained stream is quarantined");
     assert_eq!(src.ipc("nvlink", "exports_open"), 1);
 }
 
@@ -766,7 +767,7 @@ fn failed_event_query_quarantines_the_stream_and_retains_the_import() {
 
 #[test]
 fn failed_drain_after_a_synchronous_copy_is_unquiesced() {
-    run("drain-fails", &[("FAKECUDA_FAIL", "cuCtxSynchronize:1:999")]);
+    run("drain-fails", &[("FAKECUDA_FAIL", "cuStreamSynchronize:1:999")]);
 }
 
 #[test]
@@ -829,13 +830,17 @@ fn small_nvlink_copies_go_synchronously_and_mnnvl_copies_always_async() {
     let t = run_traced("small-copies", &[]);
     // Only the requester is traced (sources do not inherit FAKECUDA_*).
     assert_eq!(t.iter().map(|(pid, _, _)| *pid).collect::<std::collections::BTreeSet<_>>().len(), 1, "{t:?}");
-    // NVLink: one cuMemcpy and the drain; MNNVL: one async copy on a leased
-    // stream with one trailing event, queried once (or more, lazily).
-    assert_eq!(fakecuda::calls(&t, "cuMemcpy"), 1, "{t:?}");
-    assert_eq!(fakecuda::calls(&t, "cuCtxSynchronize"), 1, "{t:?}");
-    assert_eq!(fakecuda::calls(&t, "cuMemcpyAsync"), 1, "{t:?}");
+    // NVLink: one copy on a leased non-blocking stream, drained at once
+    // (never the legacy stream or a context synchronisation, which would
+    // wait for the application's streams), no event; MNNVL: one async copy
+    // on a stream of its own transport's pool with one trailing event,
+    // queried once (or more, lazily).
+    assert_eq!(fakecuda::calls(&t, "cuMemcpy"), 0, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuCtxSynchronize"), 0, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuStreamSynchronize"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemcpyAsync"), 2, "{t:?}");
     assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 0, "{t:?}");
-    assert_eq!(fakecuda::calls(&t, "cuStreamCreate"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuStreamCreate"), 2, "one per transport's pool: {t:?}");
     assert_eq!(fakecuda::calls(&t, "cuEventRecord"), 1, "{t:?}");
     assert!(fakecuda::calls(&t, "cuEventQuery") >= 1, "{t:?}");
     assert_eq!(fakecuda::calls(&t, "cuIpcCloseMemHandle"), 1, "{t:?}");

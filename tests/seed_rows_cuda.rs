@@ -644,6 +644,132 @@ fn sync_copy_uncertain() {
     assert_eq!(err.status(), Status::Unavailable, "{err}");
 }
 
+/// A stream of device 0's primary context (`flags`: 0 blocking, 1
+/// non-blocking) held at a gate: the serving stack's own work, still
+/// running.
+fn held_stream(gate: u64, flags: u32) -> sys::CUstream {
+    let g = ContextGuard::bind(primary_context(0).unwrap()).unwrap();
+    let mut s: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: a context is current; creates one stream, kept to the end of
+    // the case.
+    assert_eq!(unsafe { sys::cuStreamCreate(&mut s, flags) }, CUresult::CUDA_SUCCESS);
+    // SAFETY: `gate` is 4 aligned bytes of device memory kept until the
+    // stream passed it.
+    assert_eq!(unsafe { sys::cuStreamWaitValue32_v2(s, gate, 1, 0) }, CUresult::CUDA_SUCCESS);
+    g.restore().unwrap();
+    s
+}
+
+/// Opens a gate without the legacy stream (which waits for the blocking
+/// streams held at it): a copy on a non-blocking stream of its own.
+fn open_gate(gate: u64) {
+    let one = pinned_copy(&1u32.to_le_bytes());
+    let g = ContextGuard::bind(primary_context(0).unwrap()).unwrap();
+    let mut s: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: a context is current; one non-blocking stream, destroyed below.
+    assert_eq!(unsafe { sys::cuStreamCreate(&mut s, 1) }, CUresult::CUDA_SUCCESS);
+    // SAFETY: 4 bytes from pinned memory that outlives the synchronisation.
+    assert_eq!(unsafe { sys::cuMemcpyAsync(gate, one.as_ptr() as u64, 4, s) }, CUresult::CUDA_SUCCESS);
+    // SAFETY: our stream.
+    assert_eq!(unsafe { sys::cuStreamSynchronize(s) }, CUresult::CUDA_SUCCESS);
+    // SAFETY: our idle stream.
+    assert_eq!(unsafe { sys::cuStreamDestroy_v2(s) }, CUresult::CUDA_SUCCESS);
+    g.restore().unwrap();
+}
+
+/// The stand-in's legacy stream, as the driver's "Stream synchronization
+/// behavior" describes it, shown by the order two copies to one place land
+/// in: a copy on the legacy stream runs after the work queued before it on
+/// a blocking stream (held at a gate, then copying 1: the place ends 2,
+/// the legacy copy's value), and work queued on a blocking stream after it
+/// runs after it (the place ends 4, not the legacy copy's 3); a
+/// non-blocking stream held at the gate does not hold the legacy stream
+/// up. The F2 case relies on this rule to fail.
+fn legacy_stream_rule() {
+    let gate = CudaMemory::allocate(0, 4096).unwrap();
+    host_to_device(gate.addr(), &[0u8; 4]).unwrap();
+    let place = CudaMemory::allocate(0, 8192).unwrap();
+    let (first, second) = (place.addr(), place.addr() + 4096);
+    let values: Vec<Pinned> = (0..5u8).map(|v| pinned_copy(&[v; 4096])).collect();
+    let legacy: sys::CUstream = std::ptr::null_mut();
+    let copy = |dst: u64, v: usize, s: sys::CUstream| {
+        // SAFETY: 4096 bytes from pinned memory kept to the end of the case
+        // into device memory kept as long, in the bound context.
+        let r = unsafe { sys::cuMemcpyAsync(dst, values[v].as_ptr() as u64, 4096, s) };
+        assert_eq!(r, CUresult::CUDA_SUCCESS);
+    };
+    let sync = |s: sys::CUstream| {
+        // SAFETY: a stream of the bound context, or its legacy stream.
+        assert_eq!(unsafe { sys::cuStreamSynchronize(s) }, CUresult::CUDA_SUCCESS);
+    };
+    let _non_blocking = held_stream(gate.addr(), 1);
+    let blocking = held_stream(gate.addr(), 0);
+    let g = ContextGuard::bind(primary_context(0).unwrap()).unwrap();
+    copy(first, 1, blocking);
+    copy(first, 2, legacy);
+    copy(second, 3, legacy);
+    let mut later: sys::CUstream = std::ptr::null_mut();
+    // SAFETY: a context is current; one blocking stream.
+    assert_eq!(unsafe { sys::cuStreamCreate(&mut later, 0) }, CUresult::CUDA_SUCCESS);
+    copy(second, 4, later);
+    g.restore().unwrap();
+    open_gate(gate.addr());
+    let g = ContextGuard::bind(primary_context(0).unwrap()).unwrap();
+    for s in [blocking, later, legacy] {
+        sync(s);
+    }
+    g.restore().unwrap();
+    let held = bytes_at(place.addr(), 8192);
+    assert_eq!((held[0], held[4096]), (2, 4), "the legacy stream ran out of order with a blocking stream");
+    // A non-blocking stream held at a gate never holds the legacy stream.
+    host_to_device(gate.addr(), &[0u8; 4]).unwrap();
+    let _held_again = held_stream(gate.addr(), 1);
+    let g = ContextGuard::bind(primary_context(0).unwrap()).unwrap();
+    copy(first, 0, legacy);
+    sync(legacy);
+    g.restore().unwrap();
+    // (bytes_at drains the whole context: only once the gate is open.)
+    open_gate(gate.addr());
+    assert_eq!(bytes_at(first, 1)[0], 0);
+}
+
+/// F2 inside a serving process: the stack's own work in the requester's
+/// primary context - one blocking and one non-blocking stream, each held
+/// at a gate - does not hold up a small synchronous NVLink READ into device
+/// memory there: it completes with both gates closed. On a GPU the legacy
+/// stream waits for every blocking stream of its context and
+/// `cuCtxSynchronize` for every stream (the stand-in models both, its
+/// README), so a copy drained that way would wait for the stack's kernels.
+/// A watchdog opens the gates after 30 s so that a failing run ends.
+/// Guards `cuda_mapping.rs` `sync_copy`: a leased non-blocking stream,
+/// drained alone.
+fn application_streams() {
+    let (_src, a) = nvlink_source(None);
+    let r = Req::new(NVLINK, &_src.endpoint, TransportKind::Nvlink);
+    let gate = CudaMemory::allocate(0, 4096).unwrap();
+    host_to_device(gate.addr(), &[0u8; 4]).unwrap();
+    let held = [held_stream(gate.addr(), 0), held_stream(gate.addr(), 1)];
+    let (done, wait) = std::sync::mpsc::channel::<()>();
+    let gate_addr = gate.addr();
+    let watchdog = std::thread::spawn(move || match wait.recv_timeout(Duration::from_secs(30)) {
+        Ok(()) => false,
+        Err(_) => {
+            open_gate(gate_addr);
+            true
+        }
+    });
+    let out = r.go(&[rd(r.l(0), a, 4096)]);
+    done.send(()).unwrap();
+    assert!(!watchdog.join().unwrap(), "the small READ waited for the application's streams");
+    assert_eq!(out, vec![res(Status::Ok, RemoteEffect::None)]);
+    open_gate(gate.addr());
+    for s in held {
+        // SAFETY: our streams; their gate is open.
+        assert_eq!(unsafe { sys::cuStreamSynchronize(s) }, CUresult::CUDA_SUCCESS);
+    }
+    assert!(r.holds(0, 0, 4096, 1, 0), "the READ's bytes");
+}
+
 /// N1: with a driver older than 13000 the v2 batch symbol is never called,
 /// even when the library exports it; an independent group goes through
 /// ordered copies (the parent checks the trace). Guards `cuda/driver.rs`
@@ -688,6 +814,8 @@ fn child_case() {
         "import-close-step" => import_close_step_fails(),
         "threshold" => threshold(),
         "sync-uncertain" => sync_copy_uncertain(),
+        "app-streams" => application_streams(),
+        "legacy-rule" => legacy_stream_rule(),
         "batch-gate" => batch_symbol_gate(),
         "shared-pending" => shared_pending_slot(),
         other => panic!("unknown case {other}"),
@@ -822,17 +950,31 @@ fn m11_a_failed_release_or_range_free_of_an_import_is_unquiesced_and_retained() 
 #[test]
 fn f4_copies_at_or_above_the_threshold_and_groups_go_to_a_stream() {
     let t = run_traced("threshold", &[]);
-    // Only the 4095-byte copy is synchronous (one cuMemcpy, one drain).
-    assert_eq!(fakecuda::calls(&t, "cuMemcpy"), 1, "{t:?}");
-    assert_eq!(fakecuda::calls(&t, "cuCtxSynchronize"), 1, "{t:?}");
-    assert_eq!(fakecuda::calls(&t, "cuMemcpyAsync"), 2, "4096 bytes, and 1 byte under threshold 0: {t:?}");
+    // Only the 4095-byte copy is synchronous (one copy drained at once, on
+    // its own stream: no event); the 4096-byte copy and the 1 byte under
+    // threshold 0 each record an event.
+    assert_eq!(fakecuda::calls(&t, "cuMemcpy"), 0, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuCtxSynchronize"), 0, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuStreamSynchronize"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemcpyAsync"), 3, "4095, 4096, and 1 byte under threshold 0: {t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuEventRecord"), 3, "4096, the group of two, 1 byte: {t:?}");
     assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 1, "the group of two: {t:?}");
 }
 
 #[test]
+fn f2_a_small_copy_never_waits_for_the_applications_streams() {
+    run("app-streams", &[]);
+}
+
+#[test]
+fn the_stand_ins_legacy_stream_waits_for_blocking_streams_only() {
+    run("legacy-rule", &[]);
+}
+
+#[test]
 fn f3_a_failed_drain_or_context_restoration_keeps_loan_mapping_and_charge() {
-    run("sync-uncertain", &[("FAKECUDA_FAIL", "cuCtxSynchronize:1:999")]);
-    run("sync-uncertain", &[("FAKECUDA_FAIL", "cuCtxSetCurrent@cuMemcpy:999")]);
+    run("sync-uncertain", &[("FAKECUDA_FAIL", "cuStreamSynchronize:1:999")]);
+    run("sync-uncertain", &[("FAKECUDA_FAIL", "cuCtxSetCurrent@cuMemcpyAsync:999")]);
 }
 
 #[test]

@@ -569,7 +569,9 @@ static CUresult resolve(uint64_t addr, size_t n, int dev, char **out, int *devic
 /* OP_FAULT: a copy that touches memory its device may not (no access
  * grant, reserved but unmapped). Its enqueue succeeded, as the driver's
  * does (the DMA faults later); running it poisons the process with 700. */
-enum op_kind { OP_COPY, OP_SET, OP_RECORD, OP_WAIT, OP_WAIT_VALUE, OP_FAULT };
+/* OP_AFTER: waits until stream `after` has done `gen` operations: the
+ * legacy default stream's implicit synchronisation with blocking streams. */
+enum op_kind { OP_COPY, OP_SET, OP_RECORD, OP_WAIT, OP_WAIT_VALUE, OP_FAULT, OP_AFTER };
 struct op {
     enum op_kind kind;
     char *dst, *src;
@@ -580,6 +582,7 @@ struct op {
     unsigned flags; /* OP_WAIT_VALUE: the condition */
     int exporter;   /* OP_COPY: a pidfd of the exporter of an imported side (-1: none) */
     char *staged;   /* OP_COPY from pageable memory: the staging copy it reads (freed with it) */
+    struct fc_stream *after; /* OP_AFTER: the stream waited for */
     struct op *next;
 };
 struct fc_stream {
@@ -588,6 +591,7 @@ struct fc_stream {
     struct op *head, *tail;
     uint64_t enqueued, done;
     int destroyed;
+    int nonblocking; /* CU_STREAM_NON_BLOCKING: no implicit synchronisation with the legacy stream */
     pthread_cond_t work;
     struct fc_stream *next;
 };
@@ -648,6 +652,8 @@ static void *worker(void *arg) {
         struct op *o = s->head;
         if (o->kind == OP_WAIT) {
             while (o->ev->completed < o->gen) pthread_cond_wait(&progress, &mu);
+        } else if (o->kind == OP_AFTER) {
+            while (o->after->done < o->gen) pthread_cond_wait(&progress, &mu);
         } else if (o->kind == OP_FAULT) {
             poison(s->ctx, CUDA_ERROR_ILLEGAL_ADDRESS);
         } else if ((o->kind == OP_COPY || o->kind == OP_SET) && poison_of(s->ctx)) {
@@ -708,7 +714,7 @@ static struct fc_stream *new_stream(struct fc_ctx *c) {
 }
 
 /* Caller holds mu. */
-static void push(struct fc_stream *s, struct op *o) {
+static void link_op(struct fc_stream *s, struct op *o) {
     o->next = NULL;
     if (s->tail)
         s->tail->next = o;
@@ -717,6 +723,35 @@ static void push(struct fc_stream *s, struct op *o) {
     s->tail = o;
     s->enqueued++;
     pthread_cond_signal(&s->work);
+}
+
+/* Makes `s` wait, before what is pushed next, for what `other` has queued
+ * so far (nothing when it has caught up). Caller holds mu. */
+static void wait_for(struct fc_stream *s, struct fc_stream *other) {
+    if (other->done >= other->enqueued) return;
+    struct op *w = calloc(1, sizeof *w);
+    if (!w) abort(); /* the stand-in cannot keep its ordering promise */
+    *w = (struct op){.kind = OP_AFTER, .after = other, .gen = other->enqueued};
+    link_op(s, w);
+}
+
+/* Queues `o` on `s` behind the implicit synchronisation of the legacy
+ * default stream, as the driver's "Stream synchronization behavior"
+ * describes it: the legacy stream "synchronizes with all other blocking
+ * streams in the same CUcontext except for non-blocking streams" - work on
+ * it waits for the work queued before it on every blocking stream of its
+ * context, and work on a blocking stream waits for the work queued before
+ * it on the legacy stream. Streams created CU_STREAM_NON_BLOCKING do
+ * neither. Caller holds mu. */
+static void push(struct fc_stream *s, struct op *o) {
+    struct fc_stream *legacy = s->ctx->legacy;
+    if (s == legacy) {
+        for (struct fc_stream *b = streams; b; b = b->next)
+            if (b != s && b->ctx == s->ctx && !b->nonblocking) wait_for(s, b);
+    } else if (legacy && !s->nonblocking) {
+        wait_for(s, legacy);
+    }
+    link_op(s, o);
 }
 
 /* Caller holds mu: waits until `s` has done everything enqueued so far. */
@@ -1818,6 +1853,7 @@ EXPORT CUresult cuStreamCreate(CUstream *ps, unsigned int flags) {
     if (!c) return CUDA_ERROR_INVALID_CONTEXT;
     pthread_mutex_lock(&mu);
     struct fc_stream *s = new_stream(c);
+    if (s) s->nonblocking = flags & 1; /* CU_STREAM_NON_BLOCKING */
     pthread_mutex_unlock(&mu);
     if (!s) return CUDA_ERROR_OUT_OF_MEMORY;
     *ps = s;

@@ -1,8 +1,8 @@
 //! One CUDA import mapping, for NVLink (a CUDA IPC import) and MNNVL (a VMM
 //! import): copies run on a leased stream of the pool with one trailing
 //! event (a native batch for independent groups, ordered enqueue
-//! otherwise), or, for one copy below the threshold, synchronously on the
-//! legacy stream, which is drained before the import may be released.
+//! otherwise), or, for one copy below the threshold, synchronously: on a
+//! leased stream drained at once, before the import may be released.
 //! Completion is queried once and waited for or handed to the progress
 //! worker by the IPC protocol; an uncertain drain, query or context
 //! restoration quarantines the stream and keeps the mapping. Every copy
@@ -113,18 +113,40 @@ impl CudaMapping {
         self.uncertain.store(true, Ordering::Release);
     }
 
+    /// One small copy, completed before it returns: enqueued on a leased
+    /// non-blocking stream and that stream drained. Not the legacy stream
+    /// and `cuCtxSynchronize`: the legacy stream waits for the work queued
+    /// on every blocking stream of the context, and a context
+    /// synchronisation for every stream of it, so in a serving process
+    /// (the stack's own compute in the same primary context) a 4 KiB copy
+    /// would wait for the stack's kernels.
     fn sync_copy(&self, o: &CopyOp) -> Result<()> {
-        let g = ContextGuard::bind(self.ctx)?;
+        let lease = self.pool.lease(self.ctx as u64, Instant::now() + Duration::from_secs(60))?;
+        let pair = lease.handle.as_ref().expect("leased pair");
+        let g = match ContextGuard::bind(self.ctx) {
+            Ok(g) => g,
+            Err(e) => {
+                self.pool.release(lease, true);
+                return Err(e);
+            }
+        };
         // SAFETY: both ranges were checked against the grant and the local
-        // registration (leased for the copy); the mapping is open.
-        unsafe { raw::copy(o.dst, o.src, o.len) }?;
-        // A device-to-device cuMemcpy may return before the DMA completes:
-        // drain before the import may be released.
-        if let Err(e) = raw::synchronize_context() {
+        // registration (leased for the copy); the mapping is open; the
+        // stream is drained below before either may be released.
+        let enqueued = unsafe { pair.enqueue_copy(o.dst, o.src, o.len as usize) };
+        // A device-to-device copy may still run: drain before the import may
+        // be released, whether or not the enqueue reported an error.
+        let drained = pair.synchronize();
+        let restored = g.restore();
+        let certain = drained.is_ok() && restored.is_ok();
+        self.pool.release(lease, certain);
+        if !certain {
             self.mark_uncertain();
+        }
+        if let Err(e) = drained {
             return Err(Error::Unquiesced(e.to_string()));
         }
-        g.restore().inspect_err(|_| self.mark_uncertain())
+        enqueued.and(restored)
     }
 
     fn async_copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<Posting> {
