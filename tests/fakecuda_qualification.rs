@@ -121,24 +121,31 @@ fn bandwidth_rows_meet_the_threshold(q: &Qual) -> usize {
     rows.len()
 }
 
-/// The full plan on one device and on two: NVLink (9 modes x device/host/
+/// The full plan on one device and on two: NVLink (10 modes x device/host/
 /// mixed, no bandwidth for mixed), NVLink on adopted cuMemAlloc memory
-/// (healthy, batch, cache, readers), MNNVL POSIX fd, fabric, fabric with a
-/// fabric domain and EGM (healthy, batch, cache, readers, bandwidth, kv
-/// each), and the topology row.
+/// (healthy, batch, cache, readers), MNNVL POSIX fd, fabric and fabric with
+/// a fabric domain (healthy, batch, cache, readers, bandwidth, kv, producer
+/// each) and EGM (the same but producer), and the topology row.
 fn every_mode(name: &str, devices: &str, env: &[(&str, &str)]) -> Qual {
     let mut args = FULL.to_vec();
     args.extend(["--devices", devices]);
     let q = qualify(name, Variant::Full, &args, env);
     assert_eq!(q.code, 0, "{}", q.stdout);
-    assert_eq!(q.count("nvlink", "PASS"), 26, "{}", q.stdout);
+    assert_eq!(q.count("nvlink", "PASS"), 29, "{}", q.stdout);
     assert_eq!(q.count("nvlink-adopted", "PASS"), 4, "{}", q.stdout);
-    for t in ["mnnvl-posix_fd", "mnnvl-fabric", "mnnvl-fabric_domain", "mnnvl-egm"] {
-        assert_eq!(q.count(t, "PASS"), 6, "{t}: {}", q.stdout);
+    for t in ["mnnvl-posix_fd", "mnnvl-fabric", "mnnvl-fabric_domain"] {
+        assert_eq!(q.count(t, "PASS"), 7, "{t}: {}", q.stdout);
     }
+    assert_eq!(q.count("mnnvl-egm", "PASS"), 6, "{}", q.stdout);
     assert_eq!(q.count("devices", "PASS"), 1, "{}", q.stdout);
-    assert_eq!(q.rows().len(), 55, "{}", q.stdout);
-    assert_eq!(q.report["summary"], serde_json::json!({"PASS": 55, "FAIL": 0, "SKIP": 0}));
+    assert_eq!(q.rows().len(), 61, "{}", q.stdout);
+    assert_eq!(q.report["summary"], serde_json::json!({"PASS": 61, "FAIL": 0, "SKIP": 0}));
+    // The producer rows: each READ was held until qualify.py opened the
+    // producer's gate, then read the producer's bytes (pattern 2).
+    for t in ["nvlink", "mnnvl-posix_fd", "mnnvl-fabric", "mnnvl-fabric_domain"] {
+        let d = q.row(t, "producer")["detail"].as_str().unwrap().to_string();
+        assert!(d.contains("bytes read after the producer stream ran"), "{t}: {d}");
+    }
     let readers = q.row("nvlink", "readers")["detail"].as_str().unwrap().to_string();
     assert!(readers.starts_with("4 readers held one allocation at once"), "{readers}");
     assert!(readers.ends_with("a WRITE landed beside their imports"), "{readers}");
@@ -202,6 +209,38 @@ fn fabric_handles_without_an_imex_channel_are_skipped_and_posix_fd_still_passes(
         assert!(q.row("mnnvl-fabric", "healthy")["detail"].as_str().unwrap().contains("IMEX"), "{}", q.stdout);
         assert_eq!(q.report["summary"]["SKIP"], 2);
     }
+}
+
+/// The no-P2P mode on two GPUs without a path between them (the stand-in's
+/// P2P matrix missing the pair 0:1): the requester's READ into GPU 1 of the
+/// source's NVLink and MNNVL POSIX-fd allocations on GPU 0 is refused
+/// NOT_SUPPORTED before posting, naming the missing path, and its READ into
+/// GPU 0 moves every byte. With the pair's path present the rows SKIP and,
+/// a SKIP not being a PASS, the run fails. Guards on the stand-in what the
+/// mode checks on a GPU: `cuda/fabric.rs` `set_access` granting only GPUs
+/// with a path (granting GPU 1 too fails the source's allocation, so the
+/// MNNVL row fails) and the typed refusals of `import` and `ipc_open`.
+#[test]
+fn the_no_p2p_mode_refuses_a_pair_without_a_path_and_skips_one_with_it() {
+    let two = ("FAKECUDA_DEVICES", "2");
+    let args = ["--size", "4194304", "--devices", "0,1", "--modes", "no-p2p"];
+    let q = qualify("no-p2p", Variant::Full, &args, &[two, ("FAKECUDA_NO_P2P", "0:1")]);
+    assert_eq!(q.code, 0, "{}", q.stdout);
+    assert_eq!(q.rows().len(), 2, "{}", q.stdout);
+    for (t, why) in [
+        ("nvlink", "has no path to the exporter's GPU"),
+        ("mnnvl-posix_fd", "GPU 1 has no path to the exported allocation"),
+    ] {
+        let row = q.row(t, "no-p2p");
+        assert_eq!(row["result"], "PASS", "{}", q.stdout);
+        let d = row["detail"].as_str().unwrap();
+        assert!(d.starts_with("GPU 1 refused NOT_SUPPORTED before posting") && d.contains(why), "{t}: {d}");
+        assert!(d.ends_with("GPU 0 read 4194304 bytes"), "{t}: {d}");
+    }
+    let q = qualify("p2p-present", Variant::Full, &args, &[two]);
+    assert_eq!(q.code, 1, "a SKIP is not a PASS: {}", q.stdout);
+    assert_eq!(q.report["summary"], serde_json::json!({"PASS": 0, "FAIL": 0, "SKIP": 2}), "{}", q.stdout);
+    assert!(q.row("nvlink", "no-p2p")["detail"].as_str().unwrap().contains("GPU 1 has a peer path to GPU 0"));
 }
 
 /// The qualification's gates fail when they must: a mode with SKIP rows

@@ -8,6 +8,8 @@
 //! memory on NUMA node N), fills it with a pattern, registers it, prints one JSON line, then obeys
 //! stdin commands:
 //! `verify I SEED OFF LEN` (allocation I at OFF holds LEN bytes of pattern SEED from 0),
+//! `produce I SEED` (a producer stream held at a gate, then rewriting allocation I with pattern
+//! SEED, handed to the engine with `record_producer_stream`), `open` (opens every gate),
 //! `close_source MS`, `stats`, `close`, `exit`.
 //!
 //! Requester role: `orbite-gpu-qual requester --endpoint EP --mode MODE --memory device|host|mixed
@@ -84,6 +86,7 @@ fn source(args: &[String]) {
         let total = (allocs as u64 * size).div_ceil(1 << 20) * (1 << 20) + (2 << 20);
         raw::alloc_device(device, total, false).unwrap_or_else(|e| die(&e.to_string()))
     });
+    let mut regions = Vec::new();
     let bufs: Vec<Allocation> = (0..allocs)
         .map(|n| {
             let a = match (kind.as_str(), foreign) {
@@ -96,10 +99,12 @@ fn source(args: &[String]) {
             }
             .unwrap_or_else(|e| die(&e.to_string()));
             host_to_device(a.addr(), &pattern_vec(seed + n as u64, a.len())).unwrap_or_else(|e| die(&e.to_string()));
-            e.register_memory(a.addr(), size, Access::READ_WRITE).unwrap_or_else(|e| die(&e.to_string()));
+            regions.push(e.register_memory(a.addr(), size, Access::READ_WRITE).unwrap_or_else(|e| die(&e.to_string())));
             a
         })
         .collect();
+    // `produce`: producers held at their gates until `open`.
+    let mut producers: Vec<Producer> = Vec::new();
     say(&serde_json::json!({"endpoint": e.endpoint(), "addrs": bufs.iter().map(|b| b.addr()).collect::<Vec<_>>(),
         "len": size, "pid": std::process::id()})
     .to_string());
@@ -134,6 +139,23 @@ fn source(args: &[String]) {
                     }
                 }
             },
+            "produce" => match (bufs.get(n(1) as usize), regions.get(n(1) as usize)) {
+                (Some(b), Some(&region)) => match Producer::start(&e, b, region, n(2), device) {
+                    Ok(p) => {
+                        producers.push(p);
+                        "ok".to_string()
+                    }
+                    Err(x) => format!("err {x}"),
+                },
+                _ => "bad allocation index".to_string(),
+            },
+            "open" => {
+                let opened: Result<Vec<()>, String> = producers.iter().map(Producer::open).collect();
+                match opened {
+                    Ok(v) => format!("opened {}", v.len()),
+                    Err(x) => format!("err {x}"),
+                }
+            }
             "close_source" => match e.close_source(Some(Duration::from_millis(n(1)))) {
                 Ok(()) => "ok".into(),
                 Err(x) => format!("err {} {}", x.status(), x.message()),
@@ -148,6 +170,49 @@ fn source(args: &[String]) {
             _ => format!("unknown {line:?}"),
         };
         say(&format!("{from}{out}"));
+    }
+}
+
+/// A producer the source's stack would run: a stream of the allocation's
+/// GPU held at a gate (a device word that must reach 1:
+/// `cuStreamWaitValue32_v2`), then writing pattern `seed` over the whole
+/// allocation from pinned host memory; handed to the engine with
+/// `record_producer_stream`, so a peer's transfer of the region must start
+/// after it. `open` lets it run.
+struct Producer {
+    gate: Allocation,
+    _fresh: Allocation,
+}
+
+impl Producer {
+    fn start(e: &Engine, buf: &Allocation, region: u64, seed: u64, device: i32) -> Result<Producer, String> {
+        let s = |x: orbite::Error| x.to_string();
+        let gate = CudaMemory::allocate(device, 4096).map_err(s)?;
+        host_to_device(gate.addr(), &[0u8; 4]).map_err(s)?;
+        let fresh = allocate_pinned_host(buf.len()).map_err(s)?;
+        // SAFETY: pinned host memory of buf.len() bytes, CPU-accessible and
+        // ours alone until the stream below reads it.
+        let host = unsafe { std::slice::from_raw_parts_mut(fresh.addr() as *mut u8, buf.len() as usize) };
+        host.copy_from_slice(&pattern_vec(seed, buf.len()));
+        let g = ContextGuard::bind(primary_context(device).map_err(s)?).map_err(s)?;
+        let mut stream: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: a context is current; creates one non-blocking stream
+        // (flag 1), which the process keeps to its end.
+        check(unsafe { sys::cuStreamCreate(&mut stream, 1) }, "cuStreamCreate").map_err(s)?;
+        // SAFETY: `gate` is 4 aligned bytes of device memory of this GPU,
+        // kept (in the Producer) until the process ends.
+        check(unsafe { sys::cuStreamWaitValue32_v2(stream, gate.addr(), 1, 0) }, "cuStreamWaitValue32").map_err(s)?;
+        // SAFETY: buf holds buf.len() bytes of device memory; the pinned
+        // source outlives the copy (the Producer keeps it).
+        check(unsafe { sys::cuMemcpyAsync(buf.addr(), fresh.addr(), buf.len() as usize, stream) }, "cuMemcpyAsync")
+            .map_err(s)?;
+        g.restore().map_err(s)?;
+        e.record_producer_stream(region, stream as u64).map_err(s)?;
+        Ok(Producer { gate, _fresh: fresh })
+    }
+
+    fn open(&self) -> Result<(), String> {
+        host_to_device(self.gate.addr(), &1u32.to_le_bytes()).map_err(|x| x.to_string())
     }
 }
 
@@ -407,6 +472,64 @@ fn kv(r: &Req, seed: u64, stat_key: &str) -> Result<String, String> {
         write_all * 1e3,
         write_all / read_all
     ))
+}
+
+/// The `producer` mode: the source has handed its stack's producer stream
+/// over, held at a gate, that rewrites the allocation with pattern `seed`.
+/// Says `READING`, READs the whole allocation (the source's answer waits
+/// for the producer: qualify.py opens the gate only once it saw the wait
+/// begin and this READ still unanswered), then checks every byte is the
+/// producer's.
+fn producer(r: &Req, seed: u64) -> Result<String, String> {
+    let (l0, a, len) = (r.local[0].addr(), r.remote[0], r.len);
+    r.fill_local(0, GUARD)?;
+    say("READING");
+    let t0 = Instant::now();
+    r.run(&[rd(l0, a, len)])?;
+    let secs = t0.elapsed().as_secs_f64();
+    r.check_local(0, 0, len, seed, 0)?;
+    Ok(format!("{len} bytes read after the producer stream ran ({:.0} ms after the READ was submitted)", secs * 1e3))
+}
+
+/// The `no-p2p` mode (`--devices A,B` with no peer path between A and B):
+/// a READ into memory on B of the source's allocation on A is refused
+/// NOT_SUPPORTED before anything is posted (effect NONE, the local bytes
+/// untouched, the engine's message naming the missing path), and the same
+/// READ into memory on A, which reaches it, moves every byte.
+fn no_p2p(r: &Req, source_device: i32, seed: u64) -> Result<String, String> {
+    let (l0, a, len) = (r.local[0].addr(), r.remote[0], r.len);
+    if r.device == source_device {
+        return Err(format!("--device and --source-device are both {source_device}: the mode needs two GPUs"));
+    }
+    r.fill_local(0, GUARD)?;
+    let b = r.e.submit(r.peer, &[rd(l0, a, len)], nv()).map_err(|x| x.to_string())?;
+    let why = match b.wait(Duration::from_secs(60)) {
+        Ok(()) => {
+            return Err(format!(
+                "a READ into GPU {} of memory on GPU {source_device}, which it has no path to, succeeded",
+                r.device
+            ))
+        }
+        Err(x) => x.message().to_string(),
+    };
+    let want =
+        vec![orbite::RequestResult { status: orbite::Status::NotSupported, remote_effect: orbite::RemoteEffect::None }];
+    if b.results() != want {
+        return Err(format!(
+            "the READ without a path ended {:?} ({why}); want NOT_SUPPORTED, effect NONE",
+            b.results()
+        ));
+    }
+    r.check_guard(0, 0, len)?;
+    let near = CudaMemory::allocate(source_device, len).map_err(|x| x.to_string())?;
+    r.e.register_memory(near.addr(), len, Access::NONE).map_err(|x| x.to_string())?;
+    r.run(&[rd(near.addr(), a, len)])?;
+    let mut host = vec![0u8; len as usize];
+    device_to_host(&mut host, near.addr()).map_err(|x| x.to_string())?;
+    if let Some(at) = (0..host.len()).find(|&k| host[k] != pattern(seed, k as u64)) {
+        return Err(format!("byte {at} read into GPU {source_device} is wrong"));
+    }
+    Ok(format!("GPU {} refused NOT_SUPPORTED before posting ({why}); GPU {source_device} read {len} bytes", r.device))
 }
 
 fn rd(local: u64, remote: u64, len: u64) -> Request {
@@ -722,6 +845,8 @@ fn requester(args: &[String]) {
         "write-beside" => result(&mode, write_beside(&r)),
         "bandwidth" => result(&mode, bandwidth(&r, args, &memory)),
         "kv" => result(&mode, kv(&r, seed, stat_key)),
+        "producer" => result(&mode, producer(&r, seed)),
+        "no-p2p" => result(&mode, no_p2p(&r, num(args, "--source-device", 0), seed)),
         other => die(&format!("unknown mode {other}")),
     }
     let _ = r.e.close(Some(Duration::from_secs(30)));

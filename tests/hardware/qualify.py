@@ -37,11 +37,27 @@ mixed):
                   the threshold or above, FAIL below) and never the speed of
                   the machine; the helper refuses it with a real driver, so
                   on a GPU the threshold always meets a measured baseline
+  producer        the source's stack hands OrbiTE a producer stream (a stream
+                  held at a gate, then rewriting the allocation): a READ
+                  submitted meanwhile waits for it (the source's answer is
+                  made off its I/O thread once the stream ran), stays
+                  unanswered until the gate opens, then returns the
+                  producer's bytes, every one checked
   kv              KV-shaped traffic: 128 block requests in runs of 1-8 blocks,
                   one submission each way; each READ run must move as one
                   native copy (the WRITE's, contiguous throughout, as one),
                   bytes checked; prints each way's posting share of end to
                   end and write_read_ratio (the READ/WRITE symmetry)
+
+Not run unless named in --modes (it needs a pair of GPUs without P2P):
+
+  no-p2p          --devices A,B where B has no peer path to A (topology
+                  says so; otherwise SKIP): a READ into memory on B of the
+                  source's NVLink or MNNVL POSIX-fd allocation on A is
+                  refused NOT_SUPPORTED before anything is posted (effect
+                  NONE, local bytes untouched), and the same READ into
+                  memory on A moves every byte. A pair with a path, or one
+                  device, SKIPs: a SKIP is not a PASS
 
 and, for NVLink again (--adopted), the healthy, batch, cache and readers
 modes on memory the source's stack allocated with a plain cuMemAlloc (as
@@ -75,8 +91,12 @@ import sys
 import threading
 import time
 
-MODES = "topology,healthy,batch,cache,readers,source-close,requester-exit,stale,bandwidth,kv"
-MNNVL_MODES = ("healthy", "batch", "cache", "readers", "bandwidth", "kv")
+MODES = "topology,healthy,batch,cache,readers,source-close,requester-exit,stale,bandwidth,kv,producer"
+MNNVL_MODES = ("healthy", "batch", "cache", "readers", "bandwidth", "kv", "producer", "no-p2p")
+# Modes for MNNVL memory on a GPU only (EGM memory is host memory).
+DEVICE_ONLY_MODES = ("producer", "no-p2p")
+# How long the producer mode holds its gate closed once the wait began.
+PRODUCER_HOLD_S = 1.0
 ADOPTED_MODES = ("healthy", "batch", "cache", "readers")
 READERS = 4
 
@@ -106,6 +126,17 @@ class Proc:
             l = self.lines.get(timeout=self.timeout)
         except queue.Empty:
             raise HelperTimeout("a helper gave no answer within %d s" % self.timeout)
+        if l is None:
+            self.lines.put(None)
+            return ""
+        return l
+
+    def poll(self, seconds):
+        """The next line if one comes within `seconds`, else None."""
+        try:
+            l = self.lines.get(timeout=seconds)
+        except queue.Empty:
+            return None
         if l is None:
             self.lines.put(None)
             return ""
@@ -200,9 +231,9 @@ class Run:
             raise RuntimeError(first or "the source exited before describing itself")
         return src, json.loads(first)
 
-    def requester(self, info, mode, memory, transport):
+    def requester(self, info, mode, memory, transport, seed=1):
         argv = [self.binary, "requester", "--endpoint", info["endpoint"], "--mode", mode, "--memory", memory,
-                "--remote", ",".join(str(a) for a in info["addrs"]), "--len", str(self.args.size), "--seed", "1",
+                "--remote", ",".join(str(a) for a in info["addrs"]), "--len", str(self.args.size), "--seed", str(seed),
                 "--device", str(self.req_dev), "--source-device", str(self.src_dev), "--remote-checks",
                 "--bw-reps", str(self.args.bw_reps), "--bw-batch", str(self.args.bw_batch)]
         if self.args.baseline_gbps is not None:
@@ -298,10 +329,66 @@ class Run:
                 p.stop()
             src.stop()
 
+    def producer(self, memory, transport):
+        """The producer mode. Returns (result, detail, extra)."""
+        src, info = self.start_source(transport)
+        key = transport.split("-")[0]
+        req = None
+        try:
+            r = src.cmd("produce 0 2")
+            if r != "ok":
+                return "FAIL", "the source's producer: " + r, ""
+            req = self.requester(info, "producer", memory, transport, seed=2)
+            l = req.line()
+            if l != "READING":
+                return "FAIL", "the requester said %r" % l, ""
+            deadline = time.time() + self.args.timeout
+            while json.loads(src.cmd("stats"))["ipc"][key]["exports_answered_after_producer_wait"] < 1:
+                if time.time() > deadline:
+                    return "FAIL", "the source never began waiting for the producer stream", ""
+                time.sleep(0.01)
+            # The gate is closed: the READ must stay unanswered.
+            early = req.poll(PRODUCER_HOLD_S)
+            if early is not None:
+                return "FAIL", "the requester finished with the producer held at its gate: %r" % early, ""
+            r = src.cmd("open")
+            if r != "opened 1":
+                return "FAIL", "opening the producer's gate: " + r, ""
+            l = req.line()
+            if not l.startswith("PASS"):
+                return "FAIL", "the requester said %r" % l, ""
+            if req.wait() != 0:
+                return "FAIL", "the requester exited with an error", ""
+            return "PASS", l[len("PASS producer"):].strip(), ""
+        finally:
+            if req:
+                req.stop()
+            src.stop()
+
+    def no_p2p(self, memory, transport):
+        """The no-p2p mode. Returns (result, detail, extra)."""
+        a, b = self.args.device_pair
+        if a == b:
+            return "SKIP", "one device: the mode needs --devices A,B with no peer path from B to A", ""
+        ok, detail, topo = self.topology()
+        pair = [q for q in topo["pairs"] if q["from"] == b and q["to"] == a]
+        if pair and pair[0]["can_access_peer"] == 1:
+            return "SKIP", "GPU %d has a peer path to GPU %d (%s): no refusal to qualify" % (b, a, detail), ""
+        return self.plain(mode="no-p2p", memory=memory, transport=transport)
+
     def mode(self, mode, memory, transport):
         """Returns (result, detail, extra)."""
         if mode == "readers":
             return self.readers(memory, transport)
+        if mode == "producer":
+            return self.producer(memory, transport)
+        if mode == "no-p2p":
+            return self.no_p2p(memory, transport)
+        return self.plain(mode, memory, transport)
+
+    def plain(self, mode, memory, transport):
+        """A mode the requester runs to its end, answering its CHECK and
+        WAIT lines. Returns (result, detail, extra)."""
         allocs = 2 if mode == "batch" else 1
         src, info = self.start_source(transport, allocs=allocs)
         req = self.requester(info, mode, memory, transport)
@@ -400,12 +487,16 @@ def main():
     plan = []
     if "topology" in modes:
         plan.append(("devices", "-", "topology"))
-    plan += [("nvlink", m, mode) for m in args.memory.split(",") if m for mode in modes if mode != "topology"]
+    # no-p2p reads into device memory only.
+    plan += [("nvlink", m, mode) for m in args.memory.split(",") if m for mode in modes
+             if mode != "topology" and (mode != "no-p2p" or m == "device")]
     if args.adopted == "yes" and "device" in args.memory.split(","):
         plan += [("nvlink-adopted", "device", mode) for mode in ADOPTED_MODES if mode in modes]
     for t in args.mnnvl.split(","):
         if t:
-            plan += [("mnnvl-" + t, "device", mode) for mode in MNNVL_MODES if mode in modes]
+            plan += [("mnnvl-" + t, "device", mode) for mode in MNNVL_MODES if mode in modes
+                     if not (t == "egm" and mode in DEVICE_ONLY_MODES)
+                     and not (mode == "no-p2p" and t != "posix_fd")]
     rows, topo = [], None
     started = time.time()
     for transport, memory, mode in plan:
