@@ -71,7 +71,8 @@ fn local_memory_on_device_one(cfg: &str, kind: &str, transport: TransportKind) {
 /// device 1 moves the right bytes; one into device 2 is refused
 /// NOT_SUPPORTED before anything is posted, saying `why`, with no remote
 /// effect, and nothing is copied on device 2; device 1 goes on serving
-/// after it. Guards `cuda/fabric.rs` `set_access` (only reaching GPUs) and
+/// after it; AUTO ends the same way (no transport can carry GPU memory to
+/// that GPU). Guards `cuda/fabric.rs` `set_access` (only reaching GPUs) and
 /// `import` (only the copying GPU, its refusal typed), and for NVLink
 /// `cuda/raw.rs` `ipc_open`'s typed refusal.
 fn no_path_between_two_gpus(cfg: &str, kind: &str, transport: TransportKind, why: &str) {
@@ -97,6 +98,17 @@ fn no_path_between_two_gpus(cfg: &str, kind: &str, transport: TransportKind, why
     assert!(err.message().contains("NOT_SUPPORTED") || err.message().contains("NotSupported"), "{err}");
     assert!(err.message().contains(why), "{err}");
     assert_eq!(results, vec![RequestResult { status: Status::NotSupported, remote_effect: RemoteEffect::None }]);
+    // AUTO picks the same transport (the memory allows it) and reports the
+    // same typed refusal: the unposted NOT_SUPPORTED may fall through, but
+    // TCP carries no GPU memory, so the reason stands and nothing moves.
+    let r = Request { op: Op::Read, local_addr: far.addr(), remote_addr: a, len: SIZE };
+    let auto = SubmitOptions { transport: Transport::Auto, timeout: Some(Duration::from_secs(60)) };
+    let b = e.submit(peer, &[r], auto).unwrap();
+    let err = b.wait(Duration::from_secs(60)).unwrap_err();
+    assert!(err.message().contains(why), "{err}");
+    assert_eq!(b.results(), vec![RequestResult { status: Status::NotSupported, remote_effect: RemoteEffect::None }]);
+    assert_eq!(b.transport(0).unwrap(), Some(transport));
+    assert_eq!(e.stats().transports["tcp"].requests_completed, 0);
     host_to_device(near.addr(), &pattern_vec(7, SIZE as usize)).unwrap();
     read(near.addr()).0.unwrap();
     assert_eq!(bytes_at(near.addr(), SIZE), pattern_vec(1, SIZE as usize));
@@ -253,14 +265,14 @@ fn mnnvl_copies_run_on_the_gpu_of_the_local_memory() {
 fn a_gpu_without_a_path_to_a_posix_fd_export_is_refused_before_posting() {
     let t = run_traced("no-path-fd", &NO_PATH_0_2);
     assert_eq!(fakecuda::calls(&t, "copies@device2"), 0, "{t:?}");
-    assert_eq!(fakecuda::calls(&t, "access_refused"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "access_refused"), 2, "the forced READ and the AUTO one: {t:?}");
 }
 
 #[test]
 fn a_gpu_without_a_path_to_a_fabric_export_is_refused_before_posting() {
     let t = run_traced("no-path-fabric", &NO_PATH_0_2);
     assert_eq!(fakecuda::calls(&t, "copies@device2"), 0, "{t:?}");
-    assert_eq!(fakecuda::calls(&t, "access_refused"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "access_refused"), 2, "the forced READ and the AUTO one: {t:?}");
 }
 
 #[test]

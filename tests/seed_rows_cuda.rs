@@ -110,6 +110,15 @@ fn sticky_error() {
     let later = r.go_within(&[rd(r.l(1), a, 4096)], Duration::from_secs(60));
     assert_eq!(later, vec![res(Status::Unavailable, RemoteEffect::None)], "refused before posting");
     assert_eq!(r.ipc().imports.opened, opened, "the refused group opened an import");
+    // AUTO as well: NVLink is the only transport for this memory, so the
+    // READ is refused UNAVAILABLE before posting, naming the failure.
+    let auto = SubmitOptions { transport: Transport::Auto, timeout: Some(Duration::from_secs(60)) };
+    let b = r.e.submit(r.peer, &[rd(r.l(1), a, 4096)], auto).unwrap();
+    let err = b.wait(Duration::from_secs(60)).unwrap_err();
+    assert!(err.message().contains("ILLEGAL_ADDRESS"), "{err}");
+    assert_eq!(b.results(), vec![res(Status::Unavailable, RemoteEffect::None)]);
+    assert_eq!(r.ipc().imports.opened, opened, "the AUTO group opened an import");
+    assert_eq!(r.e.stats().transports["tcp"].requests_completed, 0, "GPU memory went over TCP");
     let avail = &r.e.stats().transports_available["nvlink"];
     assert!(avail.starts_with("failed: ") && avail.contains("ILLEGAL_ADDRESS") && avail.contains("restart"), "{avail}");
     let e = CudaMemory::allocate(0, MIB).expect_err("the poisoned process refuses allocations");
