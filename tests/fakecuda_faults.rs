@@ -493,7 +493,7 @@ fn fabric_channel() {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     let mut ch = Channel::connect_tcp(&src.endpoint, deadline).unwrap();
     let hello = Hello {
-        identity: Identity::fresh(),
+        identity: Identity::fresh().unwrap(),
         expected_source_epoch: 0,
         transport: TransportKind::Mnnvl as u32,
         fabric_domain: [9; 16],

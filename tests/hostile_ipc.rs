@@ -66,7 +66,7 @@ fn pipelined_export_requests_never_read_are_bounded() {
     let local = vec![0u8; 65536];
     good.register_memory(local.as_ptr() as u64, local.len() as u64, Access::NONE).unwrap();
     let gp = good.connect(&src.endpoint(), None).unwrap();
-    let (ch, k, _) = ipc_hello(&src.endpoint(), TransportKind::Shm, Identity::fresh(), None);
+    let (ch, k, _) = ipc_hello(&src.endpoint(), TransportKind::Shm, Identity::fresh().unwrap(), None);
     assert_eq!(k, MsgKind::IpcWelcome);
     let all: Vec<u8> = (0..4000).flat_map(|t| request(epoch, a.addr(), t + 1, OP_READ, 0)).collect();
     let mut peak = 0;
@@ -117,7 +117,7 @@ fn writer_beside_reader(a: &Allocation, wait_ms: u32) -> (Engine, Engine, PeerPr
     let reader =
         PeerProc::spawn_requester(&e1.endpoint(), &format!("{}:4096", a.addr()), r#"{"shm_cache_entries": 2}"#);
     assert_eq!(e1.stats().ipc["shm"].exports.open, 1);
-    let (mut ch, k, _) = ipc_hello(&e2.endpoint(), TransportKind::Shm, Identity::fresh(), None);
+    let (mut ch, k, _) = ipc_hello(&e2.endpoint(), TransportKind::Shm, Identity::fresh().unwrap(), None);
     assert_eq!(k, MsgKind::IpcWelcome);
     assert!(raw_send(&ch, &request(epoch2, a.addr() + 8192, 9, OP_WRITE, wait_ms)));
     let deadline = Instant::now() + LONG;

@@ -9,7 +9,7 @@
 mod hostile;
 use hostile::*;
 use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
-use orbite::control::notify::{decode_ack, Notify};
+use orbite::control::notify_frame::{decode_ack, Notify};
 use orbite::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -108,7 +108,7 @@ fn a_sender_cannot_name_itself_by_an_endpoint_it_made_up() {
     let g = Good::new("");
     for lie in [format!("127.0.0.1:1{}", "9".repeat(65_000)), "127.0.0.1:1\0boss".to_string()] {
         let d = orbite::control::message::Describe {
-            identity: orbite::control::Identity::fresh(),
+            identity: orbite::control::Identity::fresh().unwrap(),
             capabilities: 1,
             fabric_domain: [0; 16],
             endpoint: lie.clone(),

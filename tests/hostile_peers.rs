@@ -72,7 +72,7 @@ fn ipc_receipts_for_grants_that_never_existed_are_refused() {
     // runs no MNNVL fabric domain, with the reason.
     let mut tcp = Channel::connect_tcp(&g.src.endpoint(), deadline()).unwrap();
     let hello = Hello {
-        identity: Identity::fresh(),
+        identity: Identity::fresh().unwrap(),
         expected_source_epoch: d.identity.engine_epoch,
         transport: orbite::TransportKind::Mnnvl as u32,
         fabric_domain: [7; 16],
@@ -85,7 +85,7 @@ fn ipc_receipts_for_grants_that_never_existed_are_refused() {
 
     // A Hello that lies about its pid is refused as stale.
     let mut liar = Channel::connect(&d.ipc_name).unwrap();
-    let mut me = Identity::fresh();
+    let mut me = Identity::fresh().unwrap();
     me.process.pid = 1;
     let hello =
         Hello { identity: me, expected_source_epoch: d.identity.engine_epoch, transport: 1, fabric_domain: [0; 16] };
@@ -97,7 +97,7 @@ fn ipc_receipts_for_grants_that_never_existed_are_refused() {
     // with NOT_FOUND and the channel stays usable.
     let mut ch = Channel::connect(&d.ipc_name).unwrap();
     let hello = Hello {
-        identity: Identity::fresh(),
+        identity: Identity::fresh().unwrap(),
         expected_source_epoch: d.identity.engine_epoch,
         transport: 1,
         fabric_domain: [0; 16],

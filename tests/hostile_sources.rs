@@ -293,7 +293,7 @@ fn a_revoke_flood_runs_one_give_back_at_a_time() {
     // while another runs (a thread per revoke would). Sampling threads by
     // name instead cannot tell a pass from a thread that finished its pass
     // and is still exiting, nor from other tests' engines. The folding
-    // itself is proven deterministically in sync/coalesce.rs.
+    // itself is proven deterministically in sync/single_runner.rs.
     common::eventually("2000 revokes received", || h.req.stats().events.revokes_received == 2000);
     // A pass is due for the last revoke once it is counted: wait for it.
     common::eventually("a give-back pass ran", || h.req.stats().events.revoke_passes >= 1);

@@ -142,7 +142,7 @@ fn an_ipc_channel_without_the_key_is_refused() {
     let src = Engine::from_json(&with_key(&k)).unwrap();
     let mut ch = Channel::connect(&channel_name(&src)).unwrap();
     let hello = Hello {
-        identity: Identity::fresh(),
+        identity: Identity::fresh().unwrap(),
         expected_source_epoch: src.identity().engine_epoch,
         transport: TransportKind::Shm as u32,
         fabric_domain: [0; 16],
@@ -178,7 +178,8 @@ fn a_process_of_another_user_is_refused_an_ipc_channel() {
         *d = *s as libc::c_char;
     }
     let addr_len = (std::mem::size_of::<libc::sa_family_t>() + 1 + name.len()) as libc::socklen_t;
-    let hello = Hello { identity: Identity::fresh(), expected_source_epoch: 1, transport: 1, fabric_domain: [0; 16] };
+    let hello =
+        Hello { identity: Identity::fresh().unwrap(), expected_source_epoch: 1, transport: 1, fabric_domain: [0; 16] };
     let body = hello.encode();
     let mut frame = FrameHeader::encode(MsgKind::IpcHello, body.len() as u32).to_vec();
     frame.extend(body);
@@ -237,7 +238,7 @@ fn a_process_of_another_user_is_refused_an_ipc_channel() {
 /// The IpcHello of an honest SHM requester of this process to `src`.
 fn honest_hello(src: &Engine) -> Vec<u8> {
     let hello = Hello {
-        identity: Identity::fresh(),
+        identity: Identity::fresh().unwrap(),
         expected_source_epoch: src.identity().engine_epoch,
         transport: TransportKind::Shm as u32,
         fabric_domain: [0; 16],

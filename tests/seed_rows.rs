@@ -155,12 +155,13 @@ fn x2_the_requester_refuses_every_bad_grant_and_declines_it() {
 fn x8_the_source_refuses_a_hello_for_another_engine_epoch() {
     let src = shm_source(MIB, 1);
     let real = common::describe_of(&src.endpoint).identity.engine_epoch;
-    let (_, kind, body) = common::ipc_hello(&src.endpoint, TransportKind::Shm, Identity::fresh(), Some(real ^ 1));
+    let (_, kind, body) =
+        common::ipc_hello(&src.endpoint, TransportKind::Shm, Identity::fresh().unwrap(), Some(real ^ 1));
     assert_eq!(kind, MsgKind::ExportReject);
     let e = decode_reject(&body).unwrap().1;
     assert_eq!(e.status(), Status::StalePeer, "{e}");
     assert!(e.message().contains("expects source epoch"), "{e}");
-    let (_, kind, _) = common::ipc_hello(&src.endpoint, TransportKind::Shm, Identity::fresh(), Some(real));
+    let (_, kind, _) = common::ipc_hello(&src.endpoint, TransportKind::Shm, Identity::fresh().unwrap(), Some(real));
     assert_eq!(kind, MsgKind::IpcWelcome, "the current epoch is welcome");
 }
 
@@ -198,7 +199,7 @@ fn s2_the_requester_refuses_shm_to_a_peer_of_another_boot() {
 #[test]
 fn s2_the_source_refuses_a_requester_of_another_boot() {
     let src = shm_source(MIB, 1);
-    let mut me = Identity::fresh();
+    let mut me = Identity::fresh().unwrap();
     me.boot_id[0] ^= 0xff;
     let (_, kind, body) = common::ipc_hello(&src.endpoint, TransportKind::Shm, me, None);
     assert_eq!(kind, MsgKind::ExportReject);

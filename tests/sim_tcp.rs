@@ -32,7 +32,7 @@ use common::seeds;
 use orbite::control::frame::MsgKind;
 use orbite::control::identity::Identity;
 use orbite::control::message::{DataRequest, Describe};
-use orbite::control::notify::Notify;
+use orbite::control::notify_frame::Notify;
 use orbite::error::{Error, Result, Status};
 use orbite::transfer::{Op, RemoteEffect};
 use orbite::transport::tcp::proto::requester::{self, Event, RequesterCore, Startable};
@@ -183,7 +183,7 @@ impl Sim {
             *b = pattern(1, i as u64);
         }
         let cap = [4096usize, 65536, 1 << 20][rng.below(3) as usize];
-        let describe = Describe::bare(Identity::fresh());
+        let describe = Describe::bare(Identity::fresh().unwrap());
         let mut req = RequesterCore::new("peer 1".into(), describe.clone());
         req.mutations = plan.mutations;
         let stall = plan.stall;
@@ -694,7 +694,7 @@ fn early_answers(seed: u64, mutations: requester::Mutations) {
     let mut rng = Rng(seed);
     let t0 = Instant::now();
     let mut req: RequesterCore<Rec, Rc<()>, u64> =
-        RequesterCore::new("peer 1".into(), Describe::bare(Identity::fresh()));
+        RequesterCore::new("peer 1".into(), Describe::bare(Identity::fresh().unwrap()));
     req.mutations = mutations;
     let local: Vec<u8> = (0..(8 * BLOCK) as usize).map(|i| pattern(5, i as u64)).collect();
     let n = 1 + rng.below(8);

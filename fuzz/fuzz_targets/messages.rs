@@ -4,7 +4,7 @@
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 use orbite::control::message::{decode_error, DataRequest, DataResponse, Describe};
-use orbite::control::notify::{decode_ack, encode_ack, Notify};
+use orbite::control::notify_frame::{decode_ack, encode_ack, Notify};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(d) = Describe::decode(data) {

@@ -2,8 +2,8 @@
 //! stale peers (a restarted process on the same endpoint); they are not
 //! authentication.
 
+use crate::error::Result;
 use once_cell::sync::Lazy;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A process: pid plus its start time (clock ticks since boot), so that a
 /// reused pid is told apart.
@@ -86,7 +86,9 @@ pub fn pid_namespace() -> u64 {
 }
 
 static BOOT_ID: Lazy<[u8; 16]> = Lazy::new(read_boot_id);
-static EPOCH_COUNTER: AtomicU64 = AtomicU64::new(1);
+
+/// The engine epoch of [`Identity::gone`], never drawn by [`Identity::fresh`].
+const GONE_EPOCH: u64 = u64::MAX;
 
 /// This host's boot id.
 pub fn boot_id() -> [u8; 16] {
@@ -100,20 +102,25 @@ pub fn this_process() -> ProcessIdentity {
 }
 
 impl Identity {
-    /// A fresh identity for a new engine of this process.
-    pub fn fresh() -> Identity {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        let n = EPOCH_COUNTER.fetch_add(1, Ordering::Relaxed);
-        let process = this_process();
-        // Mix time, pid and a counter so restarted engines never reuse an epoch.
-        let mut epoch = now ^ ((process.pid as u64) << 32) ^ n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        if epoch == 0 {
-            epoch = 1;
-        }
-        Identity { boot_id: boot_id(), process, engine_epoch: epoch }
+    /// A fresh identity for a new engine of this process: its epoch is a
+    /// random nonzero value (`random.rs`), so an engine restarted in the same
+    /// process or under a recycled pid never reuses one. Fails only when the
+    /// kernel supplies no randomness.
+    pub fn fresh() -> Result<Identity> {
+        let engine_epoch = loop {
+            let e = crate::random::nonzero_u64()?;
+            if e != GONE_EPOCH {
+                break e;
+            }
+        };
+        Ok(Identity { boot_id: boot_id(), process: this_process(), engine_epoch })
+    }
+
+    /// The identity a source's connection answers with once its engine is
+    /// gone: this process, and an epoch no live engine is given
+    /// (`GONE_EPOCH`), so a requester sees a stale peer.
+    pub fn gone() -> Identity {
+        Identity { boot_id: boot_id(), process: this_process(), engine_epoch: GONE_EPOCH }
     }
 
     /// Whether `other` runs on the same boot of the same host.
@@ -128,8 +135,8 @@ mod tests {
 
     #[test]
     fn identities_are_fresh_and_local() {
-        let a = Identity::fresh();
-        let b = Identity::fresh();
+        let a = Identity::fresh().unwrap();
+        let b = Identity::fresh().unwrap();
         assert_ne!(a.engine_epoch, b.engine_epoch);
         assert!(a.same_boot(&b));
         assert_eq!(a.process.pid, std::process::id());

@@ -381,7 +381,7 @@ mod tests {
 
     fn sample() -> Describe {
         Describe {
-            identity: Identity::fresh(),
+            identity: Identity::fresh().unwrap(),
             capabilities: 3,
             fabric_domain: [0; 16],
             endpoint: "127.0.0.1:5".into(),

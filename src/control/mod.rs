@@ -7,7 +7,7 @@ pub mod frame;
 pub mod identity;
 pub mod io;
 pub mod message;
-pub mod notify;
+pub mod notify_frame;
 pub mod seal;
 
 pub use frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN, PROTOCOL_VERSION};

@@ -4,7 +4,7 @@
 //! outside its range is rejected with [`Error::InvalidConfig`] naming the key.
 //! The keys are documented in `docs/config.md`.
 
-use crate::control::notify::{check_name, MAX_NOTIFICATION_BYTES};
+use crate::control::notify_frame::{check_name, MAX_NOTIFICATION_BYTES};
 use crate::control::seal::WireSecurity;
 use crate::discovery::{check_url, DiscoveryConfig};
 use crate::error::{Error, Result};

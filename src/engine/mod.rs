@@ -115,7 +115,7 @@ impl Engine {
                 None => endpoint.to_string(),
             },
         ));
-        let identity = Identity::fresh();
+        let identity = Identity::fresh()?;
         let name = format!("orbite-{}-{:016x}", identity.process.pid, identity.engine_epoch);
         let (ipc_listener, ipc_name) = match crate::transport::ipc::channel::listen(&name) {
             Ok(l) => (Some(l), Ok(name)),
@@ -450,7 +450,7 @@ fn held_imports(left: &[String]) -> String {
 
 /// The Describe a source thread answers with once its engine is gone.
 fn empty_describe() -> Describe {
-    Describe::bare(Identity::fresh())
+    Describe::bare(Identity::gone())
 }
 
 impl Inner {

@@ -9,7 +9,7 @@ use crate::control::message::{Describe, RegionInfo};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::memory::MemoryKind;
-use crate::sync::coalesce::Coalesced;
+use crate::sync::single_runner::SingleRunner;
 use crate::transport::ipc::link::{IpcLink, LocalEnd, Route};
 use crate::transport::outbox::Outbox;
 use crate::transport::tcp::requester::RevokeHook;
@@ -88,7 +88,7 @@ impl Engine {
     /// epoch, the peer is marked gone at once (`STALE_PEER`).
     pub fn connect_name(&self, name: &str, timeout: Option<Duration>) -> Result<u64> {
         self.check_open()?;
-        crate::control::notify::check_name(name).map_err(Error::InvalidArgument)?;
+        crate::control::notify_frame::check_name(name).map_err(Error::InvalidArgument)?;
         let d = self
             .inner
             .discovery
@@ -151,7 +151,7 @@ impl Engine {
         let label = label.to_string();
         // Passes of this peer running now (one at most).
         let running = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let job = Coalesced::new("orbite-revoke", move || {
+        let job = SingleRunner::new("orbite-revoke", move || {
             let Some(inner) = engine.upgrade() else { return };
             inner.stats.events.revoke_passes.fetch_add(1, Ordering::Relaxed);
             if running.fetch_add(1, Ordering::AcqRel) > 0 {

@@ -3,15 +3,15 @@
 //! every real build; shuttle's, behind a parking_lot-shaped API, when the
 //! `model-check` feature builds the concurrency models (`tests/models.rs`).
 //! [`admission`] holds the byte budgets and gates of the engine;
-//! [`coalesce`] runs a job on at most one short-lived thread at a time;
+//! [`single_runner`] runs a job on at most one short-lived thread at a time;
 //! [`deadline`] bounds a blocking exchange (when, and what stops it first);
 //! [`fork`] tells a forked child without a system call; [`take_armed`]
 //! counts a fault switch down.
 
 pub mod admission;
-pub mod coalesce;
 pub mod deadline;
 pub mod fork;
+pub mod single_runner;
 
 #[cfg(not(feature = "model-check"))]
 pub use parking_lot::{Condvar, Mutex, MutexGuard};

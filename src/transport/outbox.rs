@@ -9,7 +9,7 @@
 //! out, and the control connection keeps the order, so one sender's
 //! notifications arrive in the order they were made.
 
-use crate::control::notify::Notify;
+use crate::control::notify_frame::Notify;
 use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::transfer::BatchShared;

@@ -173,7 +173,7 @@ pub fn describe_of(endpoint: &str) -> orbite::control::message::Describe {
     use orbite::control::io::{self, HeaderRead};
     use orbite::control::message::Describe;
     let mine = Describe {
-        identity: orbite::control::Identity::fresh(),
+        identity: orbite::control::Identity::fresh().unwrap(),
         capabilities: 1,
         fabric_domain: [0; 16],
         endpoint: "127.0.0.1:1".into(),
@@ -232,7 +232,7 @@ pub fn ipc_export_request(
     use orbite::transport::ipc::messages::{decode_reject, ExportOffer, ExportRef, ExportRequest, OP_READ};
     let d = describe_of(endpoint);
     let region = d.regions.iter().find(|r| r.contains(addr, len)).expect("a published region");
-    let (mut ch, kind, _) = ipc_hello(endpoint, transport, orbite::control::Identity::fresh(), None);
+    let (mut ch, kind, _) = ipc_hello(endpoint, transport, orbite::control::Identity::fresh().unwrap(), None);
     assert_eq!(kind, MsgKind::IpcWelcome);
     let deadline = std::time::Instant::now() + LONG;
     let req = ExportRequest { tag: 1, region_epoch: region.epoch, addr, len, ops: OP_READ, wait_ms: 1000 };
@@ -281,7 +281,7 @@ pub fn raw_control(endpoint: &str) -> (std::net::TcpStream, orbite::control::mes
     use orbite::control::message::Describe;
     use std::io::Read;
     let mine = Describe {
-        identity: orbite::control::Identity::fresh(),
+        identity: orbite::control::Identity::fresh().unwrap(),
         capabilities: orbite::TransportKind::Tcp.capability_bit(),
         fabric_domain: [0; 16],
         endpoint: "127.0.0.1:1".into(),

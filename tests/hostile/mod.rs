@@ -26,7 +26,7 @@ pub fn proc_status(key: &str) -> u64 {
 #[allow(dead_code)]
 pub fn describe_bytes() -> Vec<u8> {
     let d = Describe {
-        identity: Identity::fresh(),
+        identity: Identity::fresh().unwrap(),
         capabilities: 1,
         fabric_domain: [0; 16],
         endpoint: "127.0.0.1:1".into(),

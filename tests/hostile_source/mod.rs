@@ -99,7 +99,7 @@ impl Hostile {
             *b = fill(i as u64);
         }
         let addr = p as u64;
-        let mut identity = Identity::fresh();
+        let mut identity = Identity::fresh().unwrap();
         (script.describe)(&mut identity);
         let name = format!("orbite-hostile-{}-{:016x}", std::process::id(), identity.engine_epoch);
         let ipc = channel::listen(&name).expect("IPC listener");

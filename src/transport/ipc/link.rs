@@ -482,9 +482,9 @@ mod tests {
     /// A link to a fake source listening on a fresh abstract name, and
     /// that source's identity.
     fn link_to(name: &str) -> (Arc<IpcLink>, Identity) {
-        let source = Identity::fresh();
+        let source = Identity::fresh().unwrap();
         let local = LocalEnd {
-            identity: Identity::fresh(),
+            identity: Identity::fresh().unwrap(),
             auth: None,
             faults: Arc::new(Faults::default()),
             reconnect_timeout: Duration::from_secs(5),

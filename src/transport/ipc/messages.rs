@@ -320,7 +320,12 @@ mod tests {
 
     #[test]
     fn messages_round_trip_and_reject_garbage() {
-        let h = Hello { identity: Identity::fresh(), expected_source_epoch: 5, transport: 1, fabric_domain: [7; 16] };
+        let h = Hello {
+            identity: Identity::fresh().unwrap(),
+            expected_source_epoch: 5,
+            transport: 1,
+            fabric_domain: [7; 16],
+        };
         assert_eq!(Hello::decode(&h.encode()).unwrap(), h);
         let q = ExportRequest { tag: 1, region_epoch: 2, addr: 3, len: 4, ops: 3, wait_ms: 9 };
         assert_eq!(ExportRequest::decode(&q.encode()).unwrap(), q);

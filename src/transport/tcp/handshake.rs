@@ -274,7 +274,7 @@ mod tests {
             // Keep the socket until the requester read the refusal.
             let _ = s.read(&mut [0u8; 1 << 16]);
         });
-        let e = connect(&endpoint, Duration::from_secs(60), Some(&key), &Describe::bare(Identity::fresh()))
+        let e = connect(&endpoint, Duration::from_secs(60), Some(&key), &Describe::bare(Identity::fresh().unwrap()))
             .map(|_| ())
             .unwrap_err();
         assert_eq!(e.status(), crate::error::Status::ResourceExhausted, "{e}");

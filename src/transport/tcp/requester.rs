@@ -543,7 +543,7 @@ mod tests {
         let (peer, _) = listener.accept().unwrap();
         let reactor = Reactor::new(1, Duration::ZERO);
         let log = Arc::new(crate::log::Logger::new(crate::log::Level::Off, "test"));
-        let describe = Describe::bare(Identity::fresh());
+        let describe = Describe::bare(Identity::fresh().unwrap());
         let conn = TcpConnection::start(
             (client, Wire::Plain),
             describe,

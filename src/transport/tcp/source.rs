@@ -15,7 +15,7 @@ use super::wire::Wire;
 use crate::control::frame::MsgKind;
 use crate::control::io;
 use crate::control::message::{DataRequest, Describe};
-use crate::control::notify::Notify;
+use crate::control::notify_frame::Notify;
 use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;

@@ -164,7 +164,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
                 ));
             }
             MsgKind::NotifyAck => {
-                let (tag, outcome) = crate::control::notify::decode_ack(body)?;
+                let (tag, outcome) = crate::control::notify_frame::decode_ack(body)?;
                 let Some(p) = self.notes.remove(&tag) else {
                     return Err(Error::Protocol(format!("NotifyAck for unknown tag {tag}")));
                 };

@@ -21,7 +21,7 @@ impl Startable for Rec {
 type Core = RequesterCore<Rec, Rc<()>, u32>;
 
 fn core() -> Core {
-    RequesterCore::new("peer 1".into(), Describe::bare(Identity::fresh()))
+    RequesterCore::new("peer 1".into(), Describe::bare(Identity::fresh().unwrap()))
 }
 
 fn send(id: u32, op: Op, local: u64, remote: u64, len: u64, deadline: Instant, hold: &Rc<()>) -> Send<Rec, Rc<()>> {
@@ -337,7 +337,7 @@ fn revoke_describe_and_notification_verdicts_are_events() {
     let sent = drain(&mut c, &[], t0);
     let tag = u64::from_le_bytes(sent[FRAME_HEADER_LEN..FRAME_HEADER_LEN + 8].try_into().unwrap());
     let mut wire = FrameHeader::encode(MsgKind::Revoke, 0).to_vec();
-    let ack = crate::control::notify::encode_ack(tag, &Ok(()));
+    let ack = crate::control::notify_frame::encode_ack(tag, &Ok(()));
     wire.extend(FrameHeader::encode(MsgKind::NotifyAck, ack.len() as u32));
     wire.extend(ack);
     let (d, _) = c.describe();

@@ -16,7 +16,7 @@
 
 use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
 use crate::control::message::{self, DataRequest, DataResponse, DATA_REQUEST_LEN};
-use crate::control::notify::{Notify, NOTIFY_OVERHEAD};
+use crate::control::notify_frame::{Notify, NOTIFY_OVERHEAD};
 use crate::error::{Error, Result, Status};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};

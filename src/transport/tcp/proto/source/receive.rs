@@ -112,7 +112,7 @@ impl<H: SourceHost> SourceCore<H> {
                     "a notification frame of {len} bytes exceeds the receiver's notification_max_bytes ({})",
                     host.notify_max()
                 ));
-                self.push_frame(MsgKind::NotifyAck, &crate::control::notify::encode_ack(tag, &Err(e)));
+                self.push_frame(MsgKind::NotifyAck, &crate::control::notify_frame::encode_ack(tag, &Err(e)));
             }
         }
     }
@@ -244,7 +244,7 @@ impl<H: SourceHost> SourceCore<H> {
         let tag = n.tag;
         let admitted = host.admit(n);
         let verdict = admitted.as_ref().map(|_| ()).map_err(Clone::clone);
-        self.push_frame(MsgKind::NotifyAck, &crate::control::notify::encode_ack(tag, &verdict));
+        self.push_frame(MsgKind::NotifyAck, &crate::control::notify_frame::encode_ack(tag, &verdict));
         // Visible only once the sender's OK has left (a connection that
         // ends first drops it: the sender hears of no delivery).
         if let Ok(a) = admitted {

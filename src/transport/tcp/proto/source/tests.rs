@@ -304,7 +304,7 @@ fn a_notification_becomes_visible_once_its_acknowledgement_has_left() {
     let big = Notify { tag: 6, name: String::new(), msg: vec![0; 500] };
     c.received(&frame(MsgKind::Notify, &big.encode()), now, &mut h).unwrap();
     let (out, _) = drain(&mut c, &mut h, now);
-    let (tag, verdict) = crate::control::notify::decode_ack(&frames(&out)[0].1).unwrap();
+    let (tag, verdict) = crate::control::notify_frame::decode_ack(&frames(&out)[0].1).unwrap();
     assert_eq!((tag, verdict.unwrap_err().status()), (6, Status::InvalidArgument));
     assert!(c.take_published().is_empty());
 }

@@ -17,7 +17,7 @@ struct State {
 }
 
 /// A job run by at most one thread at a time; see the module.
-pub struct Coalesced {
+pub struct SingleRunner {
     name: &'static str,
     job: Box<dyn Fn() + Send + Sync>,
     state: Mutex<State>,
@@ -25,10 +25,10 @@ pub struct Coalesced {
     passes: AtomicU64,
 }
 
-impl Coalesced {
+impl SingleRunner {
     /// A job run on threads named `name`.
-    pub fn new(name: &'static str, job: impl Fn() + Send + Sync + 'static) -> Arc<Coalesced> {
-        Arc::new(Coalesced {
+    pub fn new(name: &'static str, job: impl Fn() + Send + Sync + 'static) -> Arc<SingleRunner> {
+        Arc::new(SingleRunner {
             name,
             job: Box::new(job),
             state: Mutex::new(State::default()),
@@ -88,7 +88,7 @@ mod tests {
         let (entered_tx, entered) = mpsc::channel::<()>();
         let (go, go_rx) = mpsc::channel::<()>();
         let go_rx = Mutex::new(go_rx);
-        let job = Coalesced::new("coalesce-test", move || {
+        let job = SingleRunner::new("coalesce-test", move || {
             entered_tx.send(()).unwrap();
             go_rx.lock().recv_timeout(Duration::from_secs(30)).unwrap();
         });
