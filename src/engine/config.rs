@@ -42,135 +42,6 @@ impl Default for MnnvlConfig {
     }
 }
 
-/// Configuration of one [`crate::Engine`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EngineConfig {
-    /// Address the control socket listens on (`127.0.0.1:0`: loopback, port
-    /// from the OS).
-    pub listen: String,
-    /// Enable the legacy NVLink (CUDA IPC) transport.
-    pub nvlink: bool,
-    /// Enable MNNVL; mutually exclusive with `nvlink: true`.
-    pub mnnvl: Option<MnnvlConfig>,
-    /// Bytes that may be in flight (requester side), and the bound of the
-    /// mapping budget for IPC exports and imports.
-    pub max_inflight_bytes: u64,
-    /// Largest single transfer unit; larger requests are split.
-    pub max_transfer_bytes: u64,
-    /// NVLink relocation cache entries (0 = close imports at group end).
-    pub nvlink_cache_entries: u32,
-    /// SHM relocation cache entries (0 = close imports at group end;
-    /// default 256: a cached import costs the source nothing but its
-    /// charge, and later submissions through it take no round trip; one
-    /// entry per remote region, and KV pools register about a hundred).
-    pub shm_cache_entries: u32,
-    /// Consecutive requests of one direction contiguous on both sides (in
-    /// one local and one remote region, never across a dependency) move as
-    /// one copy on SHM, NVLink and MNNVL; each keeps its own outcome
-    /// (default true; false for measurement).
-    pub coalesce: bool,
-    /// CUDA stream pool slots across all contexts.
-    pub nvlink_stream_count: u32,
-    /// Single NVLink copies strictly below this many KiB use the synchronous
-    /// fast path (0 disables it).
-    pub nvlink_async_memcpy_threshold_kb: u64,
-    /// Transport candidates for `Transport::Auto`, best first.
-    pub transport_policy: Vec<TransportKind>,
-    /// Deadline for submissions, connects and closes given 0.
-    pub default_timeout_ms: u32,
-    /// Deadline for a new incoming connection to complete its handshake.
-    pub handshake_timeout_ms: u32,
-    /// Most incoming control connections served at once.
-    pub max_incoming_connections: u32,
-    /// Incoming TCP connections still in their handshake (authentication
-    /// and first frame) at once; they take no connection slot, and the
-    /// oldest is closed when a new one would pass this bound.
-    pub max_pending_handshakes: u32,
-    /// Of them, from one source address.
-    pub max_pending_handshakes_per_address: u32,
-    /// Most incoming IPC channels served at once (counted apart from the
-    /// control connections).
-    pub max_ipc_channels: u32,
-    /// I/O threads serving this engine's control connections (outgoing and
-    /// incoming), whatever their number (started as connections come;
-    /// default min(cores, 4)).
-    pub io_threads: u32,
-    /// In microseconds: an I/O thread whose events came within this long of
-    /// its last turn polls for the next one for up to this long before it
-    /// sleeps; an idle thread, or one whose events are further apart,
-    /// sleeps at once (0: never polls).
-    pub io_poll_us: u32,
-    /// A file holding the shared secret (at least 32 bytes, readable by its
-    /// owner only) that every control connection and IPC channel must prove
-    /// knowledge of, both ways, before anything else. `None`: no
-    /// authentication (docs/security.md says what that allows).
-    pub auth_key_file: Option<String>,
-    /// What the key's sealing of TCP control connections protects:
-    /// integrity (default) or, `Encrypt`, confidentiality too.
-    pub wire_security: WireSecurity,
-    /// Users besides this process's own whose processes may open an IPC
-    /// channel to this engine.
-    pub ipc_allowed_uids: Vec<u32>,
-    /// An export offer the requester does not answer within this many
-    /// milliseconds expires and releases its loan and charge.
-    pub offer_timeout_ms: u32,
-    /// A payload (READ answer or WRITE body) must move at least this many
-    /// KiB per second on average after the stall allowance, or the
-    /// connection ends; 0 keeps only the stall bound.
-    pub min_payload_rate_kib: u32,
-    /// This engine's name, which its peers see (notifications name their
-    /// sender by it): 1 to 64 bytes of `[A-Za-z0-9._-]`. `None`: peers see
-    /// its endpoint.
-    pub name: Option<String>,
-    /// Largest notification message, in bytes, this engine sends or accepts.
-    pub notification_max_bytes: u32,
-    /// Most notifications waiting here to be taken; a sender finds the
-    /// queue full (`RESOURCE_EXHAUSTED`) beyond it.
-    pub notification_queue: u32,
-    /// Discovery on etcd (needs `name`): the engine publishes itself under
-    /// its name while it lives, and finds peers by theirs.
-    pub discovery: Option<DiscoveryConfig>,
-    /// The least important lines this engine logs (default `Warn`); the
-    /// environment variable `ORBITE_LOG`, when set, wins over it.
-    pub log_level: Level,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            listen: "127.0.0.1:0".to_string(),
-            nvlink: false,
-            mnnvl: None,
-            max_inflight_bytes: GIB,
-            max_transfer_bytes: 64 * MIB,
-            nvlink_cache_entries: 0,
-            shm_cache_entries: 256,
-            coalesce: true,
-            nvlink_stream_count: 8,
-            nvlink_async_memcpy_threshold_kb: 2048,
-            transport_policy: TransportKind::DEFAULT_POLICY.to_vec(),
-            default_timeout_ms: 30_000,
-            handshake_timeout_ms: 5_000,
-            max_incoming_connections: 256,
-            max_pending_handshakes: 128,
-            max_pending_handshakes_per_address: 16,
-            max_ipc_channels: 256,
-            io_threads: default_io_threads(),
-            io_poll_us: 200,
-            auth_key_file: None,
-            wire_security: Default::default(),
-            ipc_allowed_uids: Vec::new(),
-            offer_timeout_ms: 5_000,
-            min_payload_rate_kib: 1024,
-            name: None,
-            notification_max_bytes: 4096,
-            notification_queue: 1024,
-            discovery: None,
-            log_level: Level::Warn,
-        }
-    }
-}
-
 /// min(cores, 4): enough I/O threads to keep both ends of a host's links
 /// busy, few enough that an engine stays small.
 fn default_io_threads() -> u32 {
@@ -234,46 +105,136 @@ macro_rules! key {
     };
 }
 
-/// Every top-level key, in the order docs/config.md gives them.
-pub const KEYS: &[Key] = &[
-    key!(listen, "string", |k, v| get_str(k, v).map(str::to_string), |l: &String| l.as_str().into()),
-    key!(nvlink, "bool", get_bool, |b: &bool| (*b).into()),
-    key!(mnnvl, "object or null", parse_mnnvl, |m: &Option<MnnvlConfig>| m
-        .as_ref()
-        .map_or(Value::Null, MnnvlConfig::to_value)),
-    integer!(max_inflight_bytes, MIB, 1 << 40),
-    integer!(max_transfer_bytes, 4 * KIB, 1 << 40),
-    integer!(nvlink_cache_entries, 0, 4096),
-    integer!(shm_cache_entries, 0, 4096),
-    key!(coalesce, "bool", get_bool, |b: &bool| (*b).into()),
-    integer!(nvlink_stream_count, 1, 4096),
-    integer!(nvlink_async_memcpy_threshold_kb, 0, MIB),
-    key!(transport_policy, "array of strings", parse_policy, |p: &Vec<TransportKind>| p
-        .iter()
-        .map(|t| t.name())
-        .collect::<Vec<_>>()
-        .into()),
-    integer!(default_timeout_ms, 1, 86_400_000),
-    integer!(handshake_timeout_ms, 1, 600_000),
-    integer!(max_incoming_connections, 1, 65_536),
-    integer!(max_pending_handshakes, 1, 65_536),
-    integer!(max_pending_handshakes_per_address, 1, 65_536),
-    integer!(io_threads, 1, 64),
-    integer!(io_poll_us, 0, 10_000),
-    integer!(max_ipc_channels, 1, 65_536),
-    key!(auth_key_file, "string or null", optional_str, |f: &Option<String>| f.as_deref().into()),
-    key!(wire_security, "string", parse_wire_security, |w: &WireSecurity| w.name().into()),
-    key!(ipc_allowed_uids, "array of integers", parse_uids, |u: &Vec<u32>| u.as_slice().into()),
-    integer!(offer_timeout_ms, 1, 600_000),
-    key!(name, "string or null", optional_str, |n: &Option<String>| n.as_deref().into()),
-    integer!(notification_max_bytes, 1, MAX_NOTIFICATION_BYTES),
-    integer!(notification_queue, 1, 65_536),
-    key!(discovery, "object or null", parse_discovery_or_null, |d: &Option<DiscoveryConfig>| d
-        .as_ref()
-        .map_or(Value::Null, |d| serde_json::json!({"etcd": d.etcd, "prefix": d.prefix, "ttl_s": d.ttl_s}))),
-    integer!(min_payload_rate_kib, 0, 1 << 24),
-    key!(log_level, "string", parse_level, |l: &Level| l.name().into()),
-];
+/// Declares every top-level key once: its doc, field, type, default and
+/// how JSON reads and writes it (`integer(min, max)` or `key("docs type",
+/// parse, echo)`), in the order docs/config.md gives them. From the one
+/// list come the [`EngineConfig`] struct, its `Default`, and [`KEYS`],
+/// which serves parsing, validation of the ranges (of JSON and of configs
+/// built in Rust alike), the JSON echo and the docs test
+/// (`tests/config_docs.rs`). Adding a key is one entry here (and its docs
+/// row, which the test demands).
+macro_rules! config_keys {
+    ($($(#[doc = $doc:expr])* $f:ident: $t:ty = $default:expr => $kind:ident($($arg:tt)*);)*) => {
+        /// Configuration of one [`crate::Engine`].
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub struct EngineConfig {
+            $($(#[doc = $doc])* pub $f: $t,)*
+        }
+
+        impl Default for EngineConfig {
+            fn default() -> Self {
+                EngineConfig { $($f: $default,)* }
+            }
+        }
+
+        /// Every top-level key, in the order docs/config.md gives them.
+        pub const KEYS: &[Key] = &[$($kind!($f, $($arg)*),)*];
+    };
+}
+
+config_keys! {
+    /// Address the control socket listens on (`127.0.0.1:0`: loopback, port
+    /// from the OS).
+    listen: String = "127.0.0.1:0".to_string()
+        => key("string", |k, v| get_str(k, v).map(str::to_string), |l: &String| l.as_str().into());
+    /// Enable the legacy NVLink (CUDA IPC) transport.
+    nvlink: bool = false => key("bool", get_bool, |b: &bool| (*b).into());
+    /// Enable MNNVL; mutually exclusive with `nvlink: true`.
+    mnnvl: Option<MnnvlConfig> = None
+        => key("object or null", parse_mnnvl, |m: &Option<MnnvlConfig>| {
+            m.as_ref().map_or(Value::Null, MnnvlConfig::to_value)
+        });
+    /// Bytes that may be in flight (requester side), and the bound of the
+    /// mapping budget for IPC exports and imports.
+    max_inflight_bytes: u64 = GIB => integer(MIB, 1 << 40);
+    /// Largest single transfer unit; larger requests are split.
+    max_transfer_bytes: u64 = 64 * MIB => integer(4 * KIB, 1 << 40);
+    /// NVLink relocation cache entries (0 = close imports at group end).
+    nvlink_cache_entries: u32 = 0 => integer(0, 4096);
+    /// SHM relocation cache entries (0 = close imports at group end;
+    /// default 256: a cached import costs the source nothing but its
+    /// charge, and later submissions through it take no round trip; one
+    /// entry per remote region, and KV pools register about a hundred).
+    shm_cache_entries: u32 = 256 => integer(0, 4096);
+    /// Consecutive requests of one direction contiguous on both sides (in
+    /// one local and one remote region, never across a dependency) move as
+    /// one copy on SHM, NVLink and MNNVL; each keeps its own outcome
+    /// (default true; false for measurement).
+    coalesce: bool = true => key("bool", get_bool, |b: &bool| (*b).into());
+    /// CUDA stream pool slots across all contexts.
+    nvlink_stream_count: u32 = 8 => integer(1, 4096);
+    /// Single NVLink copies strictly below this many KiB use the synchronous
+    /// fast path (0 disables it).
+    nvlink_async_memcpy_threshold_kb: u64 = 2048 => integer(0, MIB);
+    /// Transport candidates for `Transport::Auto`, best first.
+    transport_policy: Vec<TransportKind> = TransportKind::DEFAULT_POLICY.to_vec()
+        => key("array of strings", parse_policy, |p: &Vec<TransportKind>| {
+            p.iter().map(|t| t.name()).collect::<Vec<_>>().into()
+        });
+    /// Deadline for submissions, connects and closes given 0.
+    default_timeout_ms: u32 = 30_000 => integer(1, 86_400_000);
+    /// Deadline for a new incoming connection to complete its handshake.
+    handshake_timeout_ms: u32 = 5_000 => integer(1, 600_000);
+    /// Most incoming control connections served at once.
+    max_incoming_connections: u32 = 256 => integer(1, 65_536);
+    /// Incoming TCP connections still in their handshake (authentication
+    /// and first frame) at once; they take no connection slot, and the
+    /// oldest is closed when a new one would pass this bound.
+    max_pending_handshakes: u32 = 128 => integer(1, 65_536);
+    /// Of them, from one source address.
+    max_pending_handshakes_per_address: u32 = 16 => integer(1, 65_536);
+    /// I/O threads serving this engine's control connections (outgoing and
+    /// incoming), whatever their number (started as connections come;
+    /// default min(cores, 4)).
+    io_threads: u32 = default_io_threads() => integer(1, 64);
+    /// In microseconds: an I/O thread whose events came within this long of
+    /// its last turn polls for the next one for up to this long before it
+    /// sleeps; an idle thread, or one whose events are further apart,
+    /// sleeps at once (0: never polls).
+    io_poll_us: u32 = 200 => integer(0, 10_000);
+    /// Most incoming IPC channels served at once (counted apart from the
+    /// control connections).
+    max_ipc_channels: u32 = 256 => integer(1, 65_536);
+    /// A file holding the shared secret (at least 32 bytes, readable by its
+    /// owner only) that every control connection and IPC channel must prove
+    /// knowledge of, both ways, before anything else. `None`: no
+    /// authentication (docs/security.md says what that allows).
+    auth_key_file: Option<String> = None
+        => key("string or null", optional_str, |f: &Option<String>| f.as_deref().into());
+    /// What the key's sealing of TCP control connections protects:
+    /// integrity (default) or, `Encrypt`, confidentiality too.
+    wire_security: WireSecurity = Default::default()
+        => key("string", parse_wire_security, |w: &WireSecurity| w.name().into());
+    /// Users besides this process's own whose processes may open an IPC
+    /// channel to this engine.
+    ipc_allowed_uids: Vec<u32> = Vec::new() => key("array of integers", parse_uids, |u: &Vec<u32>| u.as_slice().into());
+    /// An export offer the requester does not answer within this many
+    /// milliseconds expires and releases its loan and charge.
+    offer_timeout_ms: u32 = 5_000 => integer(1, 600_000);
+    /// This engine's name, which its peers see (notifications name their
+    /// sender by it): 1 to 64 bytes of `[A-Za-z0-9._-]`. `None`: peers see
+    /// its endpoint.
+    name: Option<String> = None => key("string or null", optional_str, |n: &Option<String>| n.as_deref().into());
+    /// Largest notification message, in bytes, this engine sends or accepts.
+    notification_max_bytes: u32 = 4096 => integer(1, MAX_NOTIFICATION_BYTES);
+    /// Most notifications waiting here to be taken; a sender finds the
+    /// queue full (`RESOURCE_EXHAUSTED`) beyond it.
+    notification_queue: u32 = 1024 => integer(1, 65_536);
+    /// Discovery on etcd (needs `name`): the engine publishes itself under
+    /// its name while it lives, and finds peers by theirs.
+    discovery: Option<DiscoveryConfig> = None
+        => key("object or null", parse_discovery_or_null, |d: &Option<DiscoveryConfig>| {
+            let echo = |d: &DiscoveryConfig| serde_json::json!({"etcd": d.etcd, "prefix": d.prefix, "ttl_s": d.ttl_s});
+            d.as_ref().map_or(Value::Null, echo)
+        });
+    /// A payload (READ answer or WRITE body) must move at least this many
+    /// KiB per second on average after the stall allowance, or the
+    /// connection ends; 0 keeps only the stall bound.
+    min_payload_rate_kib: u32 = 1024 => integer(0, 1 << 24);
+    /// The least important lines this engine logs (default `Warn`); the
+    /// environment variable `ORBITE_LOG`, when set, wins over it.
+    log_level: Level = Level::Warn => key("string", parse_level, |l: &Level| l.name().into());
+}
 
 fn bad(key: &str, what: impl std::fmt::Display) -> Error {
     Error::InvalidConfig(format!("key `{key}`: {what}"))
