@@ -121,40 +121,52 @@ impl CudaMapping {
     /// (the stack's own compute in the same primary context) a 4 KiB copy
     /// would wait for the stack's kernels.
     fn sync_copy(&self, o: &CopyOp) -> Result<()> {
-        let lease = self.pool.lease(self.ctx as u64, Instant::now() + Duration::from_secs(60))?;
+        let (lease, g) = self.lease_bound()?;
         let pair = lease.handle.as_ref().expect("leased pair");
-        let g = match ContextGuard::bind(self.ctx) {
-            Ok(g) => g,
-            Err(e) => {
-                self.pool.release(lease, true);
-                return Err(e);
-            }
-        };
         // SAFETY: both ranges were checked against the grant and the local
         // registration (leased for the copy); the mapping is open; the
         // stream is drained below before either may be released.
         let enqueued = unsafe { pair.enqueue_copy(o.dst, o.src, o.len as usize) };
         // A device-to-device copy may still run: drain before the import may
         // be released, whether or not the enqueue reported an error.
-        let drained = pair.synchronize();
-        let restored = g.restore();
-        let certain = drained.is_ok() && restored.is_ok();
-        self.pool.release(lease, certain);
-        if !certain {
-            self.mark_uncertain();
-        }
+        let (drained, restored) = self.drain_and_release(lease, g);
         if let Err(e) = drained {
             return Err(Error::Unquiesced(e.to_string()));
         }
         enqueued.and(restored)
     }
 
+    /// A stream of the pool leased for this mapping's context, with that
+    /// context bound; a failed bind gives the untouched stream back.
+    fn lease_bound(&self) -> Result<(StreamLease<StreamPair>, ContextGuard)> {
+        let lease = self.pool.lease(self.ctx as u64, Instant::now() + Duration::from_secs(60))?;
+        match ContextGuard::bind(self.ctx) {
+            Ok(g) => Ok((lease, g)),
+            Err(e) => {
+                self.pool.release(lease, true);
+                Err(e)
+            }
+        }
+    }
+
+    /// Drains the leased stream, restores the caller's context and gives
+    /// the stream back: quarantined, and the mapping marked uncertain,
+    /// unless both succeeded. Returns both results.
+    fn drain_and_release(&self, lease: StreamLease<StreamPair>, g: ContextGuard) -> (Result<()>, Result<()>) {
+        let drained = lease.handle.as_ref().expect("leased pair").synchronize();
+        let restored = g.restore();
+        let certain = drained.is_ok() && restored.is_ok();
+        self.pool.release(lease, certain);
+        if !certain {
+            self.mark_uncertain();
+        }
+        (drained, restored)
+    }
+
     fn async_copy(&self, ops: &[CopyOp], plan: CopyPlan) -> Result<Posting> {
         let batch_v2 = driver()?.batch_v2;
-        let ctx = self.ctx;
-        let lease = self.pool.lease(ctx as u64, Instant::now() + Duration::from_secs(60))?;
+        let (lease, g) = self.lease_bound()?;
         let pair = lease.handle.as_ref().expect("leased pair");
-        let g = ContextGuard::bind(ctx)?;
         let mut b = CopyBatch::build(ops, plan);
         let enq = match b.submission(batch_v2) {
             // SAFETY: every range was checked as in sync_copy and stays
@@ -169,18 +181,12 @@ impl CudaMapping {
         if let Err(e) = enq {
             // No completed-prefix evidence: every passed descriptor counts as
             // attempted; drain the stream and replay nothing.
-            let drained = pair.synchronize();
-            let restored = g.restore();
-            let certain = drained.is_ok() && restored.is_ok();
-            self.pool.release(lease, certain);
-            if !certain {
-                self.mark_uncertain();
-            }
+            let _ = self.drain_and_release(lease, g);
             return Err(e);
         }
         g.restore().inspect_err(|_| self.mark_uncertain())?;
         let posting = self.next_posting.fetch_add(1, Ordering::Relaxed);
-        self.pending.lock().insert(posting, (lease, ctx));
+        self.pending.lock().insert(posting, (lease, self.ctx));
         Ok(posting)
     }
 
