@@ -5,22 +5,15 @@
 use super::*;
 
 impl IpcRequester {
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn acquire(
-        &self,
-        key: &Key,
-        link: &Arc<IpcLink>,
-        region: &RegionInfo,
-        env: (u64, u64),
-        ops: u32,
-        local_device: Option<i32>,
-        deadline: Instant,
-    ) -> Result<(Arc<Import>, bool)> {
-        let label = || format!("{} region {}", link.label, region.id);
+    /// The cached import under `key`, or one opened for `want` and cached;
+    /// true when it was opened now.
+    pub(super) fn acquire(&self, key: &Key, want: Want) -> Result<(Arc<Import>, bool)> {
+        let deadline = want.deadline;
+        let label = || format!("{} region {}", want.link.label, want.region.id);
         let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
         let open = || {
             self.reclaim(deadline);
-            self.open(link, region, env, ops, local_device, deadline)
+            self.open(want)
         };
         self.cache.acquire(key, deadline, &label, open, &close, &Import::current)
     }

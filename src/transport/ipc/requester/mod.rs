@@ -323,15 +323,8 @@ impl IpcRequester {
 
     /// Opens an import: ExportRequest -> Offer (checked by [`Opening`]) ->
     /// charge -> Answer -> Handle -> map. Any failure is before a copy was posted.
-    fn open(
-        &self,
-        link: &Arc<IpcLink>,
-        region: &RegionInfo,
-        env: (u64, u64),
-        ops: u32,
-        local_device: Option<i32>,
-        deadline: Instant,
-    ) -> Result<Import> {
+    fn open(&self, want: Want) -> Result<Import> {
+        let Want { link, region, env, ops, local_device, deadline } = want;
         let wait_ms = deadline.saturating_duration_since(Instant::now()).as_millis().min(u32::MAX as u128) as u32;
         let mut opening = Opening::new(link.tag(), region.epoch, env, ops, wait_ms);
         // Held from the request until its offer is answered.
@@ -430,7 +423,7 @@ impl IpcRequester {
         let (env, ops) = envelope_and_ops(&items);
         let ops = ops | local.group_ops;
         let (imp, key): (Arc<Import>, Option<(Key, bool)>) = if self.capacity == 0 {
-            let opened = self.open(link, region, env, ops, local_device, deadline);
+            let opened = self.open(Want { link, region, env, ops, local_device, deadline });
             (Arc::new(opened.map_err(GroupError::NotPosted)?), None)
         } else {
             let writable = ops & OP_WRITE != 0;
@@ -457,7 +450,7 @@ impl IpcRequester {
                 None => {
                     let key = key_of(writable);
                     let (imp, fresh) = self
-                        .acquire(&key, link, region, env, cache_ops, local_device, deadline)
+                        .acquire(&key, Want { link, region, env, ops: cache_ops, local_device, deadline })
                         .map_err(GroupError::NotPosted)?;
                     if fresh && writable {
                         self.give_back_read_only(link, region, local_device, deadline);
@@ -679,4 +672,17 @@ fn fail_all(out: &mut [ChunkOutcome], items: &[(usize, Request)], e: &Error) {
         let effect = RemoteEffect::of_uncertain(r.op);
         *o = ChunkOutcome::failed(e.clone(), effect);
     }
+}
+
+/// What an import is opened for: the source's region over `link`, the
+/// envelope and operations one group needs, the GPU that copies, and when
+/// to give up.
+#[derive(Clone, Copy)]
+pub(super) struct Want<'a> {
+    link: &'a Arc<IpcLink>,
+    region: &'a RegionInfo,
+    env: (u64, u64),
+    ops: u32,
+    local_device: Option<i32>,
+    deadline: Instant,
 }
