@@ -71,13 +71,14 @@ impl AuthKey {
                 meta.mode() & 0o777
             )));
         }
-        let len = meta.len() as usize;
-        if !(MIN_KEY_LEN..=MAX_KEY_LEN).contains(&len) {
-            return Err(bad(format!("{len} bytes; a key has {MIN_KEY_LEN} to {MAX_KEY_LEN} bytes")));
+        // The size the file claims bounds the read; what was read decides.
+        let sizes = |len: u64| format!("{len} bytes; a key has {MIN_KEY_LEN} to {MAX_KEY_LEN} bytes");
+        if meta.len() > MAX_KEY_LEN as u64 {
+            return Err(bad(sizes(meta.len())));
         }
         let key = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-        if key.len() < MIN_KEY_LEN {
-            return Err(bad(format!("{} bytes; a key has at least {MIN_KEY_LEN}", key.len())));
+        if !(MIN_KEY_LEN..=MAX_KEY_LEN).contains(&key.len()) {
+            return Err(bad(sizes(key.len() as u64)));
         }
         Ok(AuthKey(Arc::new(key), WireSecurity::default()))
     }
@@ -325,6 +326,106 @@ mod tests {
         assert_eq!(s.unwrap_err().status(), Status::PermissionDenied);
         let (c, s) = run(None, None);
         assert!(c.is_ok() && s.is_ok());
+    }
+
+    /// A client that does not know the key but sends a proof of the right
+    /// length (or of another length) is refused by the server, which then
+    /// sends no AuthOk.
+    #[test]
+    fn the_server_refuses_a_proof_it_cannot_verify() {
+        let key = AuthKey::from_bytes(&[5u8; 32]).unwrap();
+        for proof in [vec![0u8; TAG_LEN], vec![0u8; TAG_LEN + 1], Vec::new()] {
+            let (mut c, mut s) = pipes();
+            let k = key.clone();
+            let t = std::thread::spawn(move || {
+                let (kind, body) = s.recv_frame()?;
+                let r = accept(&mut s, Some(&k), (kind, &body));
+                drop(s);
+                r
+            });
+            c.send_frame(MsgKind::AuthChallenge, &[9u8; NONCE_LEN]).unwrap();
+            let (kind, _) = c.recv_frame().unwrap();
+            assert_eq!(kind, MsgKind::AuthResponse);
+            c.send_frame(MsgKind::AuthProof, &proof).unwrap();
+            let e = t.join().unwrap().unwrap_err();
+            assert_eq!(e.status(), Status::PermissionDenied, "a proof of {} bytes: {e}", proof.len());
+            assert!(c.recv_frame().is_err(), "the server went on after a bad proof");
+        }
+    }
+
+    /// An AuthOk that carries a body is not the protocol's: the client
+    /// refuses it.
+    #[test]
+    fn the_client_refuses_an_auth_ok_with_a_body() {
+        let key = AuthKey::from_bytes(&[6u8; 32]).unwrap();
+        let (mut c, mut s) = pipes();
+        let k = key.clone();
+        let t = std::thread::spawn(move || {
+            let (_, theirs) = s.recv_frame().unwrap();
+            let mine = [4u8; NONCE_LEN];
+            let mut body = mine.to_vec();
+            body.extend_from_slice(&k.tag(SERVER_LABEL, &theirs, &mine));
+            s.send_frame(MsgKind::AuthResponse, &body).unwrap();
+            s.recv_frame().unwrap();
+            s.send_frame(MsgKind::AuthOk, b"x").unwrap();
+        });
+        let e = connect(&mut c, &key, "peer").unwrap_err();
+        assert_eq!(e.status(), Status::ProtocolError, "{e}");
+        t.join().unwrap();
+    }
+
+    /// Debug output never shows the key.
+    #[test]
+    fn a_key_prints_without_its_bytes() {
+        let key = AuthKey::from_bytes(b"0123456789abcdef0123456789abcdef").unwrap();
+        assert_eq!(format!("{key:?}"), "AuthKey(..)");
+    }
+
+    /// A key file of 31 or 4097 bytes is refused naming its size; 32 and
+    /// 4096 are keys.
+    #[test]
+    fn key_files_hold_32_to_4096_bytes() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("orbite-key-sizes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (len, ok) in [(31usize, false), (32, true), (4096, true), (4097, false)] {
+            let path = dir.join(format!("k{len}"));
+            std::fs::write(&path, vec![1u8; len]).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            match AuthKey::load(path.to_str().unwrap()) {
+                Ok(_) => assert!(ok, "a key of {len} bytes was accepted"),
+                Err(e) => {
+                    assert!(!ok, "a key of {len} bytes was refused: {e}");
+                    assert!(e.message().contains(&format!("{len} bytes; a key has 32 to 4096")), "{e}");
+                }
+            }
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// During the handshake a frame announcing MAX_AUTH_BODY bytes is read,
+    /// one announcing a byte more is refused before its body is read.
+    #[test]
+    fn authentication_frames_are_bounded() {
+        use crate::control::frame::FrameHeader;
+        use std::io::Write;
+        for (len, ok) in [(MAX_AUTH_BODY, true), (MAX_AUTH_BODY + 1, false)] {
+            let (mut a, mut b) = std::os::unix::net::UnixStream::pair().unwrap();
+            a.write_all(&FrameHeader::encode(MsgKind::AuthProof, len)).unwrap();
+            a.write_all(&vec![0u8; len as usize]).unwrap();
+            let stop = crate::sync::deadline::never_stop;
+            let mut io = Bounded { stream: &mut b, bound: Deadline::after(std::time::Duration::from_secs(30), &stop) };
+            match io.recv_frame() {
+                Ok((kind, body)) => {
+                    assert!(ok, "a body of {len} bytes was read");
+                    assert_eq!((kind, body.len()), (MsgKind::AuthProof, len as usize));
+                }
+                Err(e) => {
+                    assert!(!ok, "a body of {len} bytes was refused: {e}");
+                    assert_eq!(e.status(), Status::ProtocolError, "{e}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -416,6 +416,29 @@ mod tests {
         (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
     }
 
+    /// Debug output never shows the session keys.
+    #[test]
+    fn session_keys_print_without_their_bytes() {
+        let k =
+            SessionKeys::derive(b"a shared key of enough bytes....", &[1; 32], &[2; 32], true, WireSecurity::Integrity);
+        assert_eq!(format!("{k:?}"), "SessionKeys(..)");
+    }
+
+    /// A skip past whole parts lands in the right part at the right byte,
+    /// and a record takes no more than `max` from the parts after it.
+    #[test]
+    fn a_skip_past_whole_parts_seals_the_bytes_after_it() {
+        let parts: Vec<Vec<u8>> = (0..3u8).map(|p| (0..10u8).map(|i| p * 10 + i).collect()).collect();
+        let refs: Vec<&[u8]> = parts.iter().map(|p| p.as_slice()).collect();
+        let (mut s, mut o) = pair();
+        assert_eq!(s.seal(&refs, 15, 8), 8);
+        assert_eq!(s.seal(&refs, 23, 100), 7);
+        assert_eq!(s.seal(&refs, 30, 100), 0, "nothing after the last part");
+        let wire = s.pending().to_vec();
+        let want: Vec<u8> = (15..23).chain(23..30).collect();
+        assert_eq!(open_all(&mut o, &wire, wire.len()).unwrap(), want);
+    }
+
     #[test]
     fn records_carry_parts_in_order_whatever_the_split() {
         let (mut s, mut o) = pair();
