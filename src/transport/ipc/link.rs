@@ -240,6 +240,20 @@ impl IpcLink {
             Route::Unix(name) => (Channel::connect(name)?, [0; 16]),
             Route::Fabric(domain) => (Channel::connect_tcp(&self.endpoint, deadline)?, *domain),
         };
+        if let Route::Unix(name) = &self.route {
+            // The kernel says who holds the other end: the source process
+            // its Describe named, or a process sitting on its channel's
+            // name (another network namespace's, or one that took it)
+            // that would otherwise be handed every frame, and with them
+            // the memory's handles. Nothing is sent to it.
+            let (pid, _) = c.peer_cred()?;
+            if pid != self.source.process.pid {
+                return Err(Error::PermissionDenied(format!(
+                    "{}: the IPC channel {name} is held by process {pid}, not by the source's process {}",
+                    self.label, self.source.process.pid
+                )));
+            }
+        }
         if let Some(key) = &self.local.auth {
             let mut io = ChannelIo { ch: &mut c, bound: Deadline { at: deadline, stop: &never_stop } };
             let keys = auth::connect(&mut io, key, &self.label)?;
@@ -503,6 +517,40 @@ mod tests {
 
     fn deadline() -> Instant {
         Instant::now() + Duration::from_secs(60)
+    }
+
+    /// A process sitting on a source's channel name (here: this process,
+    /// listening where the link expects another) gets no frame: the link
+    /// asks the kernel who holds the other end, finds a process other than
+    /// the source's and refuses PERMISSION_DENIED before sending anything.
+    #[test]
+    fn a_channel_held_by_another_process_than_the_sources_is_refused() {
+        let name = format!("orbite-test-squat-{}", std::process::id());
+        let l = listen(&name).unwrap();
+        let (link, _) = link_to(&name);
+        let mut squatted = link.source;
+        squatted.process.pid = std::process::id() + 1;
+        let link = Arc::new(IpcLink::new(
+            crate::kinds::TransportKind::Shm,
+            Route::Unix(name.clone()),
+            squatted,
+            "127.0.0.1:1".into(),
+            "test source".into(),
+            link.local.clone(),
+        ));
+        let server = std::thread::spawn(move || {
+            let (s, _) = l.accept().unwrap();
+            let mut c = Channel::from_stream(s).unwrap();
+            let soon = Instant::now() + Duration::from_secs(60);
+            c.recv(&mut || deadline_tick(soon, "anything")).map(|f| f.kind)
+        });
+        let Err(e) = link.call(MsgKind::ExportRequest, b"x", deadline(), "export request") else {
+            panic!("a call went through a channel the source does not hold")
+        };
+        assert_eq!(e.status(), crate::error::Status::PermissionDenied, "{e}");
+        assert!(e.message().contains("not by the source's process"), "{e}");
+        drop(link);
+        assert!(server.join().unwrap().is_err(), "the squatting process received a frame");
     }
 
     /// Accepts one channel, welcomes it as `source` (after `welcome_after`
