@@ -11,7 +11,7 @@ runs="${1:-300000}"
 command -v cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz --locked
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-for t in frame_header messages config ipc_messages auth seal; do
+for t in frame_header messages config ipc_messages auth seal session; do
   mkdir -p "$work/$t"
   cp fuzz/corpus/$t/* "$work/$t/"
   echo "== fuzz $t ($runs runs) =="
@@ -33,4 +33,4 @@ for t in frame_header messages config ipc_messages auth seal; do
     exit 1
   fi
 done
-echo "fuzz: 6 targets x $runs runs: no crash"
+echo "fuzz: 7 targets x $runs runs: no crash"
