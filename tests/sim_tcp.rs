@@ -12,8 +12,18 @@
 //!   a WRITE reported NONE changed nothing;
 //! - a request's local memory is let go only once nothing of it is still
 //!   to be sent;
+//! - no request outlives its deadline: once the requester checked its
+//!   deadlines, a READ past its own has ended, and a WRITE past its own by
+//!   `WRITE_OVERRUN` (its payload stuck) has ended with the connection;
 //! - in a run with no fault and generous deadlines, every request is OK;
-//! - the source's answers waiting stay within their bound.
+//! - the source's answers waiting stay within their bound;
+//! - every notification is answered exactly once, OK only when the
+//!   source's engine queued it, and none is queued twice or answered as
+//!   never sent once it reached the source.
+//!
+//! The notifications here go to the core as the outbox releases them; the
+//! outbox's own rule (a notification leaves only once the batches before
+//! it ended) is the driver's, proven by `tests/notify.rs`.
 //!
 //! CI runs a fixed set of seeds; a failure prints the seed and the command
 //! that replays it (`SIM_SEEDS=N cargo test --release --test sim_tcp
@@ -22,7 +32,10 @@
 //!
 //! Past bugs, re-introduced through switches, are scenarios that must fail:
 //! a WRITE answered early completing while its payload is still sent
-//! (`Mutations::complete_early_writes`), and a driver that does not resume
+//! (`Mutations::complete_early_writes`), a request queued behind a full
+//! socket failed only when the queue reached it, past its deadline
+//! (`Mutations::keep_queued_past_deadline`, found by this simulator's
+//! deadline invariant), and a driver that does not resume
 //! reading once the answers it paused for have left (the lost readable
 //! edge: the honest peer's requests hang until their deadline).
 
@@ -65,6 +78,9 @@ struct Host {
     /// The source engine's Describe (the requester knows it from the
     /// handshake).
     describe: Describe,
+    /// The notifications the source's engine queued, by the simulation's
+    /// number each carries.
+    admitted: Vec<u64>,
 }
 
 impl SourceHost for Host {
@@ -87,6 +103,8 @@ impl SourceHost for Host {
         self.describe.encode()
     }
     fn admit(&mut self, n: Notify) -> Result<u64> {
+        let id = u64::from_le_bytes(n.msg[..8].try_into().expect("the simulation's number"));
+        self.admitted.push(id);
         Ok(n.tag)
     }
     fn notify_max(&self) -> usize {
@@ -125,6 +143,11 @@ struct Info {
     sent: u64,
     cancelled: Rc<Cell<bool>>,
     outcome: Option<(Status, RemoteEffect)>,
+    /// When it must have ended: its deadline (a WRITE whose payload is
+    /// still leaving, or that was answered before its buffer settled, may
+    /// keep it until its bytes left, up to `WRITE_OVERRUN` later, when
+    /// the connection ends instead).
+    deadline: Duration,
     /// Its connection was cut while its payload was still leaving (its
     /// memory is rightly let go with the connection).
     cut: bool,
@@ -171,6 +194,9 @@ struct Sim {
     cut: bool,
     /// The source ended the connection after its answers (Goodbye).
     src_closed: bool,
+    /// Notifications sent, by number: their answer once it came (Ok, or
+    /// the reason and whether the frame may have reached the source).
+    notes: BTreeMap<u64, Option<(bool, bool)>>,
     trace: Vec<String>,
 }
 
@@ -194,7 +220,7 @@ impl Sim {
             now: Duration::ZERO,
             req,
             src: SourceCore::new(Limits { stall, min_rate: 0 }),
-            host: Host { mem, hold: Rc::new(()), describe },
+            host: Host { mem, hold: Rc::new(()), describe, admitted: Vec::new() },
             r2s: VecDeque::new(),
             s2r: VecDeque::new(),
             cap,
@@ -207,6 +233,7 @@ impl Sim {
             src_frozen_until: Duration::ZERO,
             cut: false,
             src_closed: false,
+            notes: BTreeMap::new(),
             trace: Vec::new(),
         }
     }
@@ -260,6 +287,7 @@ impl Sim {
                     sent: 0,
                     cancelled: cancelled.clone(),
                     outcome: None,
+                    deadline: self.now + slack,
                     cut: false,
                 },
             );
@@ -276,6 +304,20 @@ impl Sim {
         }
         self.trace.push(format!("t={:?} submit {n}", self.now));
         self.req.submit(sends);
+    }
+
+    /// A notification to the source's engine, numbered in its message.
+    fn notify(&mut self) {
+        let id = self.notes.len() as u64 + 1;
+        self.notes.insert(id, None);
+        let slack = if self.plan.faults && self.rng.chance(30) {
+            Duration::from_millis(5 + self.rng.below(500))
+        } else {
+            Duration::from_secs(3600)
+        };
+        let body = move |tag: u64| Notify { tag, name: "sim".into(), msg: id.to_le_bytes().to_vec() }.encode();
+        self.trace.push(format!("t={:?} notify {id}", self.now));
+        self.req.notify(body, self.at() + slack, id);
     }
 
     /// The requester's driver sends what the socket takes.
@@ -421,7 +463,8 @@ impl Sim {
         for r in self.reqs.values_mut().filter(|r| r.sent < r.len) {
             r.cut = true;
         }
-        self.req.kill(e.clone());
+        let at = self.at();
+        self.req.kill(e.clone(), at);
         self.src.fail(&e);
         self.r2s.clear();
         self.s2r.clear();
@@ -472,6 +515,8 @@ impl Sim {
                         self.cut_with(e);
                     }
                 }
+                self.settle();
+                self.nothing_outlives_its_deadline();
             }
             94 if self.plan.faults && !self.src_frozen() => {
                 let d = Duration::from_millis(100 + self.rng.below(3000));
@@ -488,9 +533,29 @@ impl Sim {
                 let _ = self.req.request_describe();
             }
             98 if !self.cut && !self.src_frozen() => self.src.push_frame(MsgKind::Revoke, &[]),
+            99 if !self.cut => self.notify(),
             _ => self.now += Duration::from_micros(self.rng.below(500)),
         }
         self.settle();
+    }
+
+    /// Right after the requester's deadlines were checked: a READ past its
+    /// deadline has ended (TIMED_OUT at the latest), and so has a WRITE
+    /// past its deadline by `WRITE_OVERRUN` (whose payload could not leave
+    /// by then ends the connection, and with it the WRITE).
+    fn nothing_outlives_its_deadline(&self) {
+        for (id, r) in &self.reqs {
+            let bound = match r.op {
+                Op::Read => r.deadline,
+                Op::Write => r.deadline + requester::WRITE_OVERRUN,
+            };
+            assert!(
+                r.outcome.is_some() || self.now < bound,
+                "request {id} ({:?}) is still pending {:?} after its deadline",
+                r.op,
+                self.now - r.deadline
+            );
+        }
     }
 
     /// Takes the requester's completions and checks each against the
@@ -545,8 +610,24 @@ impl Sim {
                 );
             }
         }
+        // Each notification is answered once; OK only if the source's
+        // engine queued it, and one it queued was sent.
         for ev in self.req.take_events() {
-            if let Event::NotifyAnswer(..) = ev {}
+            if let Event::NotifyAnswer(id, outcome, sent) = ev {
+                let slot = self.notes.get_mut(&id).expect("a notification the simulation sent");
+                assert!(slot.is_none(), "notification {id} answered twice");
+                *slot = Some((outcome.is_ok(), sent));
+                if outcome.is_ok() {
+                    assert!(sent, "notification {id} answered OK without being sent");
+                    assert!(self.host.admitted.contains(&id), "notification {id} answered OK, never queued");
+                }
+            }
+        }
+        for id in &self.host.admitted {
+            assert!(self.notes.contains_key(id), "the source queued a notification nobody sent ({id})");
+            if let Some(Some((_, sent))) = self.notes.get(id) {
+                assert!(*sent, "notification {id} reached the source but was answered as never sent");
+            }
         }
         // Buffers of requests that ended and let go of their memory are free.
         let freed: Vec<u64> = self
@@ -566,7 +647,11 @@ impl Sim {
     fn drain(&mut self) {
         self.src_frozen_until = Duration::ZERO;
         for _ in 0..200_000 {
-            if self.reqs.values().all(|r| r.outcome.is_some()) && self.r2s.is_empty() && self.s2r.is_empty() {
+            if self.reqs.values().all(|r| r.outcome.is_some())
+                && self.notes.values().all(Option::is_some)
+                && self.r2s.is_empty()
+                && self.s2r.is_empty()
+            {
                 break;
             }
             self.req_send();
@@ -592,6 +677,13 @@ impl Sim {
         // The end of the connection fails whatever is left.
         self.cut_with(Error::Unavailable("the simulation ends".into()));
         self.settle();
+        for (id, n) in &self.notes {
+            assert!(n.is_some(), "notification {id} was never answered");
+        }
+        let mut seen = self.host.admitted.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), self.host.admitted.len(), "a notification was queued twice at the source");
         for (id, r) in &self.reqs {
             assert!(r.outcome.is_some(), "request {id} never ended");
             assert_eq!(Rc::strong_count(&r.hold), 1, "request {id}'s memory is still held");
@@ -618,8 +710,14 @@ fn run(seed: u64, plan: Plan) -> BTreeMap<String, u64> {
         let msg = p.downcast_ref::<String>().cloned().or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()));
         let tail: Vec<&String> = sim.trace.iter().rev().take(8).collect();
         panic!(
-            "simulation seed {seed} failed: {}\nlast events: {tail:?}\nreplay: SIM_SEEDS={seed} cargo test --release --test sim_tcp seeded_runs_with_faults -- --nocapture",
-            msg.unwrap_or_default()
+            "simulation seed {seed} failed: {}\nlast events: {tail:?}\nreplay: {}",
+            msg.unwrap_or_default(),
+            match plan.faults {
+                true => format!(
+                    "SIM_SEEDS={seed} cargo test --release --test sim_tcp seeded_runs_with_faults -- --nocapture"
+                ),
+                false => "cargo test --release --test sim_tcp seeded_runs_without_faults -- --nocapture".to_string(),
+            }
         );
     }
     let mut counts = BTreeMap::new();
@@ -627,10 +725,15 @@ fn run(seed: u64, plan: Plan) -> BTreeMap<String, u64> {
         let (s, _) = r.outcome.expect("ended");
         *counts.entry(format!("{s:?}")).or_insert(0) += 1;
     }
+    for n in sim.notes.values() {
+        let (ok, _) = n.expect("answered");
+        *counts.entry(if ok { "NotifyOk" } else { "NotifyFailed" }.to_string()).or_insert(0) += 1;
+    }
     counts
 }
 
-const NO_MUTATION: requester::Mutations = requester::Mutations { complete_early_writes: false };
+const NO_MUTATION: requester::Mutations =
+    requester::Mutations { complete_early_writes: false, keep_queued_past_deadline: false };
 const FAULTS: Plan = Plan {
     steps: 20_000,
     faults: true,
@@ -666,6 +769,8 @@ fn seeded_runs_with_faults_keep_every_invariant() {
         // The runs exercised both ends: successes and each kind of failure.
         assert!(total.get("Ok").copied().unwrap_or(0) > 1000, "{total:?}");
         assert!(total.get("TimedOut").copied().unwrap_or(0) > 0, "{total:?}");
+        assert!(total.get("NotifyOk").copied().unwrap_or(0) > 100, "{total:?}");
+        assert!(total.get("NotifyFailed").copied().unwrap_or(0) > 0, "{total:?}");
     }
 }
 
@@ -675,13 +780,13 @@ fn seeded_runs_with_faults_keep_every_invariant() {
 fn seeded_runs_without_faults_complete_every_request() {
     for seed in 100..=120u64 {
         let c = run(seed, CLEAN);
-        assert_eq!(c.keys().collect::<Vec<_>>(), vec!["Ok"], "seed {seed}: {c:?}");
+        assert_eq!(c.keys().collect::<Vec<_>>(), vec!["NotifyOk", "Ok"], "seed {seed}: {c:?}");
     }
     // A requester that reads its answers rarely pauses the source (its
     // answers at their bound) and is served all the same once it reads.
     for seed in 150..=155u64 {
         let c = run(seed, Plan { slow_reader: true, ..CLEAN });
-        assert_eq!(c.keys().collect::<Vec<_>>(), vec!["Ok"], "seed {seed}: {c:?}");
+        assert!(c.keys().all(|k| k == "Ok" || k == "NotifyOk"), "seed {seed}: {c:?}");
     }
 }
 
@@ -797,7 +902,7 @@ fn writes_answered_early_keep_their_memory_until_their_payload_left() {
 /// ended its batch (its memory released) early. The scenario finds it.
 #[test]
 fn the_simulator_finds_a_write_completed_before_its_payload_left() {
-    let bug = requester::Mutations { complete_early_writes: true };
+    let bug = requester::Mutations { complete_early_writes: true, ..NO_MUTATION };
     let found = (1..=200u64).any(|seed| std::panic::catch_unwind(|| early_answers(seed, bug)).is_err());
     assert!(found, "no seed caught the early WRITE completion");
 }
@@ -810,7 +915,21 @@ fn the_simulator_finds_a_write_completed_before_its_payload_left() {
 fn the_simulator_finds_a_source_that_does_not_resume_after_a_pause() {
     let plan = Plan { resume_after_pause: false, slow_reader: true, ..CLEAN };
     let found = (300..=310u64).any(|seed| {
-        std::panic::catch_unwind(|| run(seed, plan)).map(|c| c.len() > 1 || !c.contains_key("Ok")).unwrap_or(true)
+        std::panic::catch_unwind(|| run(seed, plan))
+            .map(|c| c.keys().any(|k| k != "Ok" && k != "NotifyOk") || !c.contains_key("Ok"))
+            .unwrap_or(true)
     });
     assert!(found, "no seed caught the lost resume");
+}
+
+/// A bug this simulator found: a request queued behind a buffer the socket
+/// did not take (the source frozen, or slow) was failed only once the
+/// queue reached it, long after its deadline, and never while the socket
+/// stayed full. The deadline invariant finds it again with the old
+/// behaviour switched back on.
+#[test]
+fn the_simulator_finds_a_queued_request_outliving_its_deadline() {
+    let bug = Plan { mutations: requester::Mutations { keep_queued_past_deadline: true, ..NO_MUTATION }, ..FAULTS };
+    let found = (1..=20u64).any(|seed| std::panic::catch_unwind(|| run(seed, bug)).is_err());
+    assert!(found, "no seed caught a queued request past its deadline");
 }

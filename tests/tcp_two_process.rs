@@ -330,6 +330,44 @@ fn silent_peer_times_out_within_the_deadline() {
     e.close(Some(LONG)).unwrap();
 }
 
+/// A request queued behind a payload the frozen source's socket does not
+/// take still ends at its own deadline: a 32 MiB WRITE (deadline 120 s)
+/// fills the socket of a frozen source; a READ submitted after it with a
+/// 1 s deadline never reaches the wire and ends TIMED_OUT, effect none,
+/// while the WRITE is still pending. Guards `tcp/proto/requester/end.rs`
+/// `expire`'s `expire_queued` (without it the READ waits for the queue to
+/// reach it: until the WRITE's deadline and its overrun end the
+/// connection, three minutes on).
+#[test]
+fn a_request_queued_behind_a_stuck_payload_ends_at_its_deadline() {
+    let e = engine("");
+    let (local, _) = local_buf(&e, 33 << 20);
+    let src = PeerProc::spawn(&["--size", &(33u64 << 20).to_string()]);
+    let p = e.connect(&src.endpoint, None).unwrap();
+    src.freeze();
+    let write = e
+        .submit(
+            p,
+            &[req(Op::Write, &local, 0, src.addr, 32 << 20)],
+            SubmitOptions { timeout: Some(Duration::from_secs(120)), ..Default::default() },
+        )
+        .unwrap();
+    let read = e
+        .submit(
+            p,
+            &[req(Op::Read, &local, 32 << 20, src.addr + (32 << 20), 4096)],
+            SubmitOptions { timeout: Some(Duration::from_secs(1)), ..Default::default() },
+        )
+        .unwrap();
+    let err = read.wait(LONG).unwrap_err();
+    assert_eq!(read.results()[0], RequestResult { status: Status::TimedOut, remote_effect: RemoteEffect::None });
+    assert!(read.error(0).unwrap().message().contains("before the request was sent"), "{err}");
+    assert_eq!(write.poll(), Status::Pending, "the WRITE's own deadline is two minutes away");
+    src.signal(libc::SIGCONT);
+    src.kill();
+    e.close(Some(LONG)).unwrap();
+}
+
 /// Many small WRITEs and READs in one submission travel coalesced (frames
 /// and payloads in one sendmsg each way): every byte lands where its
 /// request says, and every READ gets its own bytes. Guards

@@ -262,7 +262,7 @@ impl TcpConnection {
                 self.log.warn(format_args!("{}: connection lost: {e}", self.label));
             }
         }
-        c.core.kill(e);
+        c.core.kill(e, Instant::now());
         let _ = self.stream.shutdown(Shutdown::Both);
         self.outputs(c)
     }
@@ -305,7 +305,7 @@ impl TcpConnection {
                 Ok(true) => {}
                 Ok(false) => return Sent::Blocked,
                 Err(e) => {
-                    c.core.send_failed(Error::Unavailable(format!("connection lost: {e}")));
+                    c.core.send_failed(Error::Unavailable(format!("connection lost: {e}")), now);
                     return Sent::Blocked;
                 }
             }
@@ -322,7 +322,7 @@ impl TcpConnection {
             drop(parts);
             match r {
                 Ok(0) => {
-                    c.core.send_failed(Error::Unavailable("connection closed while sending".into()));
+                    c.core.send_failed(Error::Unavailable("connection closed while sending".into()), now);
                     return Sent::Blocked;
                 }
                 Ok(n) => {
@@ -333,7 +333,7 @@ impl TcpConnection {
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Sent::Blocked,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) => {
-                    c.core.send_failed(Error::Unavailable(format!("connection lost: {e}")));
+                    c.core.send_failed(Error::Unavailable(format!("connection lost: {e}")), now);
                     return Sent::Blocked;
                 }
             }

@@ -41,6 +41,9 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
             }
             _ => {}
         }
+        if self.queued_due.is_some_and(|d| now >= d) && !self.mutations.keep_queued_past_deadline {
+            self.expire_queued(now);
+        }
         let tags: Vec<u64> =
             self.pending.iter().filter(|(_, e)| !e.sending && now >= e.deadline).map(|(t, _)| *t).collect();
         for t in tags {
@@ -81,9 +84,34 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
         Ok(())
     }
 
-    /// The earliest deadline of a request or notification in flight.
+    /// Fails the queued requests whose deadline passed before they could
+    /// be put on the wire (the socket still busy with what went before):
+    /// nothing of them was sent, so TIMED_OUT with effect none, at their
+    /// deadline rather than when the queue reaches them.
+    fn expire_queued(&mut self, now: Instant) {
+        let mut due = None;
+        let mut kept = VecDeque::with_capacity(self.queue.len());
+        for item in self.queue.drain(..) {
+            match item {
+                Outgoing::Req(r) if now >= r.deadline => {
+                    let e = Error::TimedOut(format!("deadline passed before the request was sent to {}", self.label));
+                    self.done.push((r.done, ChunkOutcome::failed(e, RemoteEffect::None)));
+                }
+                Outgoing::Req(r) => {
+                    due = due.into_iter().chain(Some(r.deadline)).min();
+                    kept.push_back(Outgoing::Req(r));
+                }
+                other => kept.push_back(other),
+            }
+        }
+        self.queue = kept;
+        self.queued_due = due;
+    }
+
+    /// The earliest deadline of a request or notification in flight, or
+    /// queued.
     pub fn next_deadline(&self) -> Option<Instant> {
-        let mut d = self.pending.values().filter(|e| !e.sending).map(|e| e.deadline).min();
+        let mut d = self.pending.values().filter(|e| !e.sending).map(|e| e.deadline).chain(self.queued_due).min();
         if let Want::Payload { deadline, .. } = &self.want {
             d = d.into_iter().chain(Some(*deadline)).min();
         }
@@ -97,11 +125,11 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
     /// WRITEs that were (even partly) sent with effect unknown, a request
     /// past its deadline as TIMED_OUT — and every notification waiting is
     /// answered with the reason. Returns the reason in force.
-    pub fn kill(&mut self, e: Error) -> Error {
+    pub fn kill(&mut self, e: Error, now: Instant) -> Error {
         if self.dead.is_none() {
             self.dead = Some(e);
         }
-        self.finish(Instant::now())
+        self.finish(now)
     }
 
     /// [`RequesterCore::kill`]'s failing of everything left, at `now`.

@@ -207,6 +207,9 @@ pub struct RequesterCore<T, H, N> {
     label: String,
     next_tag: u64,
     queue: VecDeque<Outgoing<T, H>>,
+    /// No request in `queue` has a deadline before this (it may be
+    /// earlier than the earliest left: `fill` takes requests out).
+    queued_due: Option<Instant>,
     out: Outbuf<H>,
     pending: BTreeMap<u64, Entry<T, H>>,
     abandoned: BTreeMap<u64, (Op, u64)>,
@@ -238,6 +241,10 @@ pub struct Mutations {
     /// A WRITE answered while its payload is still being sent completes at
     /// once (its local memory released while still being read).
     pub complete_early_writes: bool,
+    /// Requests still queued behind a buffer the socket does not take are
+    /// failed only once they are taken from the queue, however long after
+    /// their deadline.
+    pub keep_queued_past_deadline: bool,
 }
 
 impl<T: Startable, H, N> RequesterCore<T, H, N> {
@@ -247,6 +254,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
             label,
             next_tag: 1,
             queue: VecDeque::new(),
+            queued_due: None,
             out: Outbuf::default(),
             pending: BTreeMap::new(),
             abandoned: BTreeMap::new(),
@@ -308,6 +316,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
             && reqs.len() <= 256
             && reqs.iter().all(|r| r.op == Op::Read || r.len <= SMALL_WRITE)
             && reqs.iter().filter(|r| r.op == Op::Write).map(|r| r.len).sum::<u64>() <= 256 * 1024;
+        self.queued_due = reqs.iter().map(|r| r.deadline).chain(self.queued_due).min();
         self.queue.extend(reqs.into_iter().map(Outgoing::Req));
         at_once
     }
@@ -475,9 +484,9 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
 
     /// The send failed (the socket is broken): the buffer's WRITEs fail
     /// with the effect their first byte allows, and the connection ends.
-    pub fn send_failed(&mut self, e: Error) {
+    pub fn send_failed(&mut self, e: Error, now: Instant) {
         self.settle(Some(&e));
-        self.kill(e);
+        self.kill(e, now);
     }
 
     /// The Goodbye frame to send before an orderly close, when nothing is

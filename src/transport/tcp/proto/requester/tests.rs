@@ -279,7 +279,7 @@ fn a_write_late_while_leaving_is_failed_and_its_memory_held_until_it_left() {
     c.expire(t0 + Duration::from_secs(1)).unwrap();
     let e = c.expire(t0 + Duration::from_secs(1) + WRITE_OVERRUN).unwrap_err();
     assert_eq!(e.status(), Status::TimedOut, "{e}");
-    c.kill(e);
+    c.kill(e, Instant::now());
     assert_eq!(Rc::strong_count(&hold), 1);
 }
 
@@ -292,7 +292,7 @@ fn a_killed_connection_fails_everything_with_its_effects() {
     drain(&mut c, &[0u8; 16], t0);
     c.submit(vec![send(3, Op::Write, 0, 0x3000, 8, later, &hold)]);
     c.notify(|t| t.to_le_bytes().to_vec(), later, 77);
-    let e = c.kill(Error::Unavailable("peer 1 closed the connection".into()));
+    let e = c.kill(Error::Unavailable("peer 1 closed the connection".into()), Instant::now());
     assert_eq!(e.status(), Status::Unavailable);
     let mut got = outcomes(&mut c);
     got.sort_by_key(|o| o.0);
@@ -354,4 +354,34 @@ fn revoke_describe_and_notification_verdicts_are_events() {
     let mut land = |_: u64, _: &[u8]| {};
     assert!(!c.received(&FrameHeader::encode(MsgKind::Goodbye, 0), &mut land).unwrap());
     assert!(c.closed_by_peer());
+}
+
+/// A request still queued behind a buffer the socket has not taken fails
+/// at its deadline, TIMED_OUT with effect none and its hold let go, while
+/// the WRITE in the buffer keeps its own deadline; without a deadline due
+/// nothing queued is touched.
+#[test]
+fn a_queued_request_fails_at_its_deadline_behind_a_stuck_buffer() {
+    let t0 = Instant::now();
+    let mut c = core();
+    let (hw, hr) = (Rc::new(()), Rc::new(()));
+    let far = t0 + Duration::from_secs(3600);
+    c.submit(vec![send(1, Op::Write, 0, 0x1000, 1 << 20, far, &hw)]);
+    let (segs, _) = c.transmit(t0);
+    assert!(!segs.is_empty(), "the WRITE is in the buffer");
+    drop(segs);
+    c.sent(100);
+    c.submit(vec![send(2, Op::Read, 0, 0x2000, 64, t0 + Duration::from_secs(1), &hr)]);
+    assert_eq!(c.next_deadline(), Some(t0 + Duration::from_secs(1)));
+    c.expire(t0 + Duration::from_millis(999)).unwrap();
+    assert!(c.take_done().is_empty(), "expired before its deadline");
+    c.expire(t0 + Duration::from_secs(1)).unwrap();
+    let done = c.take_done();
+    assert_eq!(done.len(), 1);
+    let (rec, out) = &done[0];
+    assert_eq!((rec.0, out.effect), (2, RemoteEffect::None));
+    assert_eq!(out.result.as_ref().unwrap_err().status(), Status::TimedOut);
+    assert_eq!(Rc::strong_count(&hr), 1, "the queued READ's memory is let go");
+    assert_eq!(Rc::strong_count(&hw), 2, "the WRITE still holds its memory");
+    assert_eq!(c.outstanding(), 1, "only the WRITE is left");
 }
