@@ -779,6 +779,38 @@ fn application_streams() {
     assert!(r.holds(0, 0, 4096, 1, 0), "the READ's bytes");
 }
 
+/// Issue 34, posting behind the copy on the CUDA paths: 8192 scattered
+/// 512-byte READs (no two contiguous on both sides, so none coalesce)
+/// through a cached NVLink import move in two windows of 4096, each one
+/// native batch on a stream of its own: the second is posted while the
+/// first still copies (every copy held 200 us, so a window takes about
+/// 0.8 s), and the submission returns with both in flight. Every byte is
+/// checked. The parent counts two batch calls and two streams. Guards
+/// `engine/submit.rs` `windowed` admitting the CUDA transports and
+/// `windows` cutting them by count alone.
+fn cuda_windows() {
+    let src = Source::start(NVLINK_CACHED, "ipc", 1, None);
+    let a = src.addrs[0];
+    let r = Req::new(NVLINK_CACHED, &src.endpoint, TransportKind::Nvlink);
+    const B: u64 = 512;
+    let n = SIZE / B;
+    let reqs: Vec<Request> = (0..n).map(|k| rd(r.l(0) + k * B, a + (n - 1 - k) * B, B)).collect();
+    let opts =
+        SubmitOptions { transport: Transport::Only(TransportKind::Nvlink), timeout: Some(Duration::from_secs(120)) };
+    let b = r.e.submit(r.peer, &reqs, opts).unwrap();
+    assert_eq!(b.poll(), Status::Pending, "the submission waited for its copies");
+    b.wait(Duration::from_secs(120)).unwrap();
+    let mut host = vec![0u8; SIZE as usize];
+    device_to_host(&mut host, r.l(0)).unwrap();
+    for k in 0..n {
+        let at = (k * B) as usize;
+        let want: Vec<u8> = (0..B).map(|i| common::pattern(1, (n - 1 - k) * B + i)).collect();
+        assert!(host[at..at + B as usize] == want[..], "block {k}");
+    }
+    let st = r.ipc();
+    assert_eq!((st.imports.opened, st.imports.copies_issued), (1, n), "{st:?}");
+}
+
 /// N1: with a driver older than 13000 the v2 batch symbol is never called,
 /// even when the library exports it; an independent group goes through
 /// ordered copies (the parent checks the trace). Guards `cuda/driver.rs`
@@ -824,6 +856,7 @@ fn child_case() {
         "threshold" => threshold(),
         "sync-uncertain" => sync_copy_uncertain(),
         "app-streams" => application_streams(),
+        "cuda-windows" => cuda_windows(),
         "legacy-rule" => legacy_stream_rule(),
         "batch-gate" => batch_symbol_gate(),
         "shared-pending" => shared_pending_slot(),
@@ -968,6 +1001,14 @@ fn f4_copies_at_or_above_the_threshold_and_groups_go_to_a_stream() {
     assert_eq!(fakecuda::calls(&t, "cuMemcpyAsync"), 3, "4095, 4096, and 1 byte under threshold 0: {t:?}");
     assert_eq!(fakecuda::calls(&t, "cuEventRecord"), 3, "4096, the group of two, 1 byte: {t:?}");
     assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 1, "the group of two: {t:?}");
+}
+
+#[test]
+fn large_cuda_groups_are_posted_in_windows_while_the_first_copies() {
+    let t = run_traced("cuda-windows", &[("FAKECUDA_COPY_DELAY_US", "200")]);
+    assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 2, "one native batch per window: {t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuStreamCreate"), 2, "a stream per window in flight: {t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuEventRecord"), 2, "{t:?}");
 }
 
 #[test]

@@ -129,18 +129,23 @@ impl<'a> Group<'a> {
     }
 }
 
-/// A large independent group of the SHM transport moves in windows of at
-/// least this many requests (and at least [`cpu_copy::ASYNC_MIN_BYTES`]):
-/// the copy pool starts on the first window while the caller builds the
-/// next, and each window's bookkeeping stays in a core's cache (about
-/// 250 bytes per request over its passes: 1 MB here) instead of going to
-/// memory between passes over the whole group.
+/// A large independent group moves in windows of at least this many
+/// requests (for SHM also at least [`cpu_copy::ASYNC_MIN_BYTES`]): the
+/// copy pool (SHM) or a stream of the pool (NVLink, MNNVL: one native
+/// batch per window) starts on the first window while the caller builds
+/// the next, so posting hides behind the copies, and each window's
+/// bookkeeping stays in a core's cache (about 250 bytes per request over
+/// its passes: 1 MB here) instead of going to memory between passes over
+/// the whole group.
 const WINDOW_REQUESTS: usize = 4096;
 
 /// Cuts an independent group into windows (see [`WINDOW_REQUESTS`]); a
 /// group too small for two windows stays whole. The windows keep the
 /// group's order.
-fn windows(items: Vec<Checked<'_>>) -> Vec<Vec<Checked<'_>>> {
+fn windows(kind: TransportKind, items: Vec<Checked<'_>>) -> Vec<Vec<Checked<'_>>> {
+    // A CPU copy needs enough bytes to be worth handing to the pool; a
+    // native batch is worth posting from its count of copies alone.
+    let min_bytes = if kind == TransportKind::Shm { cpu_copy::ASYNC_MIN_BYTES } else { 0 };
     let mut out: Vec<Vec<Checked<'_>>> = Vec::new();
     let mut cur: Vec<Checked<'_>> = Vec::new();
     let mut bytes = 0u64;
@@ -151,7 +156,7 @@ fn windows(items: Vec<Checked<'_>>) -> Vec<Vec<Checked<'_>>> {
         rest -= 1;
         // A window closes once it is large enough, unless what is left
         // would make too small a last one.
-        let full = cur.len() >= WINDOW_REQUESTS && bytes >= cpu_copy::ASYNC_MIN_BYTES;
+        let full = cur.len() >= WINDOW_REQUESTS && bytes >= min_bytes;
         if full && rest >= WINDOW_REQUESTS {
             out.push(std::mem::take(&mut cur));
             bytes = 0;
@@ -167,13 +172,14 @@ fn fail_unposted<'a>(batch: &BatchShared, reqs: impl Iterator<Item = &'a Checked
 }
 
 /// Whether the last group of an IPC submission moves in windows (see
-/// [`windows`]): SHM with a relocation cache, so that the windows share
-/// one cached import (without a cache each would open its own, each
-/// charged for the whole allocation); large enough for two windows; no
-/// library pinned local memory (fenced per subbatch); independent requests
+/// [`windows`]): any IPC transport with a relocation cache, so that the
+/// windows share one cached import (without a cache each would open its
+/// own, each charged for the whole allocation); large enough for two
+/// windows; no library pinned local memory (fenced per subbatch: a second
+/// window would wait for the first's fence); independent requests
 /// (`known_independent`: the whole submission was shown so already).
 fn windowed(kind: TransportKind, caches: bool, g: &[Checked<'_>], known_independent: bool) -> bool {
-    kind == TransportKind::Shm
+    matches!(kind, TransportKind::Shm | TransportKind::Nvlink | TransportKind::Mnnvl)
         && caches
         && g.len() >= 2 * WINDOW_REQUESTS
         && g.iter().all(|c| c.lease.region().kind != MemoryKind::PinnedHost)
@@ -615,7 +621,7 @@ impl Engine {
         // retained). A close begun before then fails the rest.
         let mut admission = SubbatchAdmission::new(&self.inner.requester_gate);
         while let Some(Group { items: g, retried, window }) = groups.pop_front() {
-            // A large independent last group of SHM moves in windows.
+            // A large independent last group moves in windows.
             if groups.is_empty()
                 && window.is_none()
                 && !retried
@@ -623,7 +629,7 @@ impl Engine {
             {
                 let ops = g.iter().fold(0, |ops, c| ops | op_bit(c.req.op));
                 let window = Some(ops);
-                groups.extend(windows(g).into_iter().map(|items| Group { items, retried: false, window }));
+                groups.extend(windows(kind, g).into_iter().map(|items| Group { items, retried: false, window }));
                 continue;
             }
             let entry = match admission.admit(!groups.is_empty()) {
