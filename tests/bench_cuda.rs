@@ -68,3 +68,38 @@ fn the_baseline_copies_between_the_two_devices() {
     assert!(points.iter().all(|p| p["baseline"] == "cuda_d2d" && p["memory"] == "device"), "{points:?}");
     assert_eq!(fakecuda::calls(&trace, "cuCtxEnablePeerAccess"), 2, "one per baseline point: {trace:?}");
 }
+
+/// `--pattern kv` on the CUDA paths: device memory at both ends (the
+/// target's allocation cut into regions), READ bytes checked by the bench
+/// (exit 1 on a wrong block), one copy per contiguous run with coalescing
+/// and one per request without, posting and end-to-end times reported,
+/// and a contiguous device copy as the baseline.
+#[test]
+fn the_kv_pattern_measures_nvlink_and_mnnvl_posting_and_copies() {
+    let dir = std::env::temp_dir().join(format!("orbite-bench-cuda-{}-kv", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let json = dir.join("points.json");
+    let out = fakecuda::command(env!("CARGO_BIN_EXE_orbite-bench"), fakecuda::Variant::Full)
+        .args(["--pattern", "kv", "--transport", "nvlink,mnnvl", "--requests", "2048", "--regions", "4"])
+        .args(["--repeat", "1", "--json", json.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let points: Vec<Value> =
+        std::fs::read_to_string(&json).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(points.len(), 2 * 2 * 2, "transports x ops x coalesce: {points:?}");
+    for p in &points {
+        assert!(p["transport"] == "nvlink" || p["transport"] == "mnnvl", "{p}");
+        assert_eq!(
+            (p["requests"].as_u64(), p["requests_failed"].as_u64(), p["wrong_bytes"].as_u64()),
+            (Some(2048), Some(0), Some(0)),
+            "{p}"
+        );
+        let copies = p["copies_issued"].as_u64().unwrap();
+        let want = if p["coalesce"] == true { p["runs"].as_u64().unwrap() } else { 2048 };
+        assert_eq!(copies, want, "{p}");
+        assert!(p["posting_ms"].as_f64().unwrap() > 0.0 && p["end_to_end_ms"].as_f64().unwrap() > 0.0, "{p}");
+        assert_eq!(p["baseline"], "cuda_d2d_contiguous", "{p}");
+        assert!(p["baseline_gbps"].as_f64().unwrap() > 0.0, "{p}");
+    }
+}

@@ -141,3 +141,75 @@ fn copy_for(
     g.restore().map_err(|e| e.to_string())?;
     Ok(bytes as f64 / secs / 1e9)
 }
+
+/// `--pattern kv` on device memory: the target's engine config and its
+/// one allocation of `len` bytes on device 0 for `kind` (`nvlink`:
+/// `allocate_ipc`, `mnnvl`: `allocate_mnnvl` with POSIX-fd handles).
+pub fn kv_target(kind: &str, len: u64) -> Result<(String, Allocation), String> {
+    let (cfg, a) = match kind {
+        "nvlink" => (r#"{"nvlink": true}"#, CudaMemory::allocate_ipc(0, len)),
+        "mnnvl" => (r#"{"mnnvl": {"handle_type": "posix_fd"}}"#, allocate_mnnvl(0, len)),
+        other => return Err(format!("no device memory for {other:?}")),
+    };
+    Ok((cfg.to_string(), a.map_err(|e| e.to_string())?))
+}
+
+/// `--pattern kv`: the initiator's config keys for `kind` (a cache large
+/// enough for every region, so that large submissions move in windows).
+pub fn kv_initiator_keys(kind: &str) -> serde_json::Value {
+    match kind {
+        "nvlink" => serde_json::json!({"nvlink": true, "nvlink_cache_entries": 256}),
+        _ => serde_json::json!({"mnnvl": {"handle_type": "posix_fd"}, "nvlink_cache_entries": 256}),
+    }
+}
+
+/// Writes `bytes` into device memory at `addr`, 64 MiB at a time.
+pub fn write(addr: u64, bytes: &[u8]) -> Result<(), String> {
+    for (i, chunk) in bytes.chunks(64 << 20).enumerate() {
+        raw::host_to_device(addr + (i as u64) * (64 << 20), chunk).map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// Reads `len` bytes of device memory at `addr`, 64 MiB at a time.
+pub fn read(addr: u64, len: u64) -> Result<Vec<u8>, String> {
+    let mut out = vec![0u8; len as usize];
+    for (i, chunk) in out.chunks_mut(64 << 20).enumerate() {
+        raw::device_to_host(chunk, addr + (i as u64) * (64 << 20)).map_err(|e| e.to_string())?;
+    }
+    Ok(out)
+}
+
+/// One contiguous device-to-device copy of `bytes` on device 0, the best
+/// of 3 (after one to warm up): GB/s, the same run's ceiling for one
+/// transfer of that many bytes.
+pub fn contiguous_copy_gbps(bytes: u64) -> Result<f64, String> {
+    let a = raw::alloc_device(0, bytes, false).map_err(|e| e.to_string())?;
+    let b = match raw::alloc_device(0, bytes, false) {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = raw::free_device(0, a);
+            return Err(e.to_string());
+        }
+    };
+    let timed = (|| -> Result<f64, String> {
+        let g = ContextGuard::bind(primary_context(0).map_err(|e| e.to_string())?).map_err(|e| e.to_string())?;
+        let mut best = 0f64;
+        for rep in 0..4 {
+            let t0 = Instant::now();
+            // SAFETY: both allocations hold `bytes` bytes; the copy is
+            // drained before they are freed.
+            let q = unsafe { cudarc::driver::sys::cuMemcpyAsync(b, a, bytes as usize, std::ptr::null_mut()) };
+            check(q, "cuMemcpyAsync (baseline)").map_err(|e| e.to_string())?;
+            raw::synchronize_context().map_err(|e| e.to_string())?;
+            if rep > 0 {
+                best = best.max(bytes as f64 / t0.elapsed().as_secs_f64() / 1e9);
+            }
+        }
+        g.restore().map_err(|e| e.to_string())?;
+        Ok(best)
+    })();
+    let _ = raw::free_device(0, a);
+    let _ = raw::free_device(0, b);
+    timed
+}

@@ -10,8 +10,17 @@
 //! (`pattern`: what this machine's memory gives the scattered pattern).
 //! Each point runs with coalescing on and off.
 //!
+//! NVLink and MNNVL (the `cuda` feature) run the same workload on device
+//! memory at both ends (device 0): the target's one `allocate_ipc` or
+//! `allocate_mnnvl` allocation cut into the regions, the initiator's own
+//! device allocation, through a relocation cache (large submissions then
+//! move in windows, one native batch each); the baseline is one contiguous
+//! device copy of the same bytes, and the posting share is what the
+//! descriptor-heavy issue asks of the CUDA paths.
+//!
 //! The target is this binary again (`--role kv-target`): it allocates
-//! `--regions` shared-host regions, fills each 8-byte word with its offset
+//! `--regions` regions (shared host memory, or device memory with
+//! `--target-memory nvlink|mnnvl`), fills each 8-byte word with its offset
 //! in the whole allocation (so READs are checked), registers each, prints
 //! its endpoint and serves until its stdin closes.
 
@@ -23,7 +32,7 @@ use std::time::{Duration, Instant};
 pub const HELP: &str = "orbite-bench --pattern kv: one descriptor-heavy KV transfer
 
 usage: orbite-bench --pattern kv [options]
-  --transport LIST        shm, tcp (default both)
+  --transport LIST        shm, tcp, and with the cuda feature nvlink, mnnvl (default shm,tcp)
   --op LIST               read, write (default both)
   --requests N            block requests in the one submission (default 120000)
   --block-size SIZE       bytes per block request (default 8KiB)
@@ -69,6 +78,9 @@ struct KvOpts {
     config: String,
     /// Target: bytes per region.
     region_bytes: u64,
+    /// Target: shared host memory ("shm"), or device memory for "nvlink"
+    /// or "mnnvl".
+    target_memory: String,
 }
 
 fn parse() -> KvOpts {
@@ -87,6 +99,7 @@ fn parse() -> KvOpts {
         json: None,
         config: "{}".into(),
         region_bytes: 0,
+        target_memory: "shm".into(),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut it = args.iter();
@@ -140,6 +153,7 @@ fn parse() -> KvOpts {
             "--json" => o.json = Some(val()),
             "--config" => o.config = val(),
             "--region-bytes" => o.region_bytes = num(val(), "--region-bytes"),
+            "--target-memory" => o.target_memory = val(),
             "-h" | "--help" => {
                 print!("{HELP}");
                 std::process::exit(0);
@@ -254,14 +268,47 @@ fn plan(o: &KvOpts) -> Vec<Run> {
     runs
 }
 
+/// The words of `len` bytes of the target's memory from `at`: each 8-byte
+/// word holds its own offset in the whole allocation.
+#[cfg(feature = "cuda")]
+fn offset_words(at: u64, len: u64) -> Vec<u8> {
+    (at / 8..(at + len) / 8).flat_map(|w| (w * 8).to_le_bytes()).collect()
+}
+
+/// Where a side's blocks live: memory this process touches (shared host
+/// memory), or device memory reached through the driver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mem {
+    Host,
+    Device,
+}
+
 fn target(o: &KvOpts) {
-    let engine = Engine::from_json("{}").unwrap_or_else(|e| super::die(&e.to_string()));
     let total = o.region_bytes * o.regions;
-    let alloc = allocate_shared_host(total).unwrap_or_else(|e| super::die(&e.to_string()));
-    // SAFETY: the allocation is `total` bytes, owned here, 8-byte aligned.
-    let words = unsafe { std::slice::from_raw_parts_mut(alloc.addr() as *mut u64, (total / 8) as usize) };
-    for (i, w) in words.iter_mut().enumerate() {
-        *w = i as u64 * 8;
+    let (cfg, alloc, mem) = match o.target_memory.as_str() {
+        "shm" => ("{}".to_string(), allocate_shared_host(total).map_err(|e| e.to_string()), Mem::Host),
+        #[cfg(feature = "cuda")]
+        kind => match super::cuda::kv_target(kind, total) {
+            Ok((cfg, a)) => (cfg, Ok(a), Mem::Device),
+            Err(e) => (String::new(), Err(e), Mem::Device),
+        },
+        #[cfg(not(feature = "cuda"))]
+        other => super::die(&format!("--target-memory {other:?} needs the cuda feature")),
+    };
+    let alloc = alloc.unwrap_or_else(|e| super::die(&e));
+    let engine = Engine::from_json(&cfg).unwrap_or_else(|e| super::die(&e.to_string()));
+    match mem {
+        Mem::Host => {
+            // SAFETY: the allocation is `total` bytes, owned here, 8-byte aligned.
+            let words = unsafe { std::slice::from_raw_parts_mut(alloc.addr() as *mut u64, (total / 8) as usize) };
+            for (i, w) in words.iter_mut().enumerate() {
+                *w = i as u64 * 8;
+            }
+        }
+        Mem::Device => {
+            #[cfg(feature = "cuda")]
+            super::cuda::write(alloc.addr(), &offset_words(0, total)).unwrap_or_else(|e| super::die(&e));
+        }
     }
     for r in 0..o.regions {
         engine
@@ -288,11 +335,11 @@ impl Drop for Target {
     }
 }
 
-fn spawn_target(o: &KvOpts) -> Target {
+fn spawn_target(o: &KvOpts, memory: &str) -> Target {
     let exe = std::env::current_exe().expect("current_exe");
     let region_bytes = blocks_per_region(o) * o.block_size;
     let mut child = Command::new(exe)
-        .args(["--role", "kv-target", "--regions", &o.regions.to_string()])
+        .args(["--role", "kv-target", "--regions", &o.regions.to_string(), "--target-memory", memory])
         .args(["--region-bytes", &region_bytes.to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -403,20 +450,46 @@ fn initiator(o: &KvOpts) {
     let bs = o.block_size;
     let bytes = o.requests * bs;
     let region_bytes = blocks_per_region(o) * bs;
-    let target = spawn_target(o);
-    let local = allocate_shared_host(region_bytes * o.regions).unwrap_or_else(|e| super::die(&e.to_string()));
-    super::touch(local.addr() as *mut u8, (region_bytes * o.regions) as usize);
-    let pattern_gbps = runs_memcpy_gbps(&runs, bs, local.addr(), region_bytes * o.regions);
+    let total = region_bytes * o.regions;
+    // The host side (SHM, TCP): one target and one local allocation for both.
+    let mut host: Option<(Target, orbite::Allocation, f64)> = None;
     let mut points = Vec::new();
     for t in &o.transports {
         let kind = match t.as_str() {
             "shm" => TransportKind::Shm,
             "tcp" => TransportKind::Tcp,
-            other => super::die(&format!("--pattern kv measures shm and tcp, not {other:?}")),
+            "nvlink" if cfg!(feature = "cuda") => TransportKind::Nvlink,
+            "mnnvl" if cfg!(feature = "cuda") => TransportKind::Mnnvl,
+            other => super::die(&format!(
+                "--pattern kv measures shm, tcp and (built with the cuda feature) nvlink, mnnvl; not {other:?}"
+            )),
+        };
+        let mem = if matches!(kind, TransportKind::Shm | TransportKind::Tcp) { Mem::Host } else { Mem::Device };
+        // Device memory: a target of its own, local memory on device 0.
+        let mut device: Option<(Target, orbite::Allocation)> = None;
+        let (target_endpoint, target_addr, local_addr, pattern_gbps) = match mem {
+            Mem::Host => {
+                let (target, local, pattern_gbps) = host.get_or_insert_with(|| {
+                    let target = spawn_target(o, "shm");
+                    let local = allocate_shared_host(total).unwrap_or_else(|e| super::die(&e.to_string()));
+                    super::touch(local.addr() as *mut u8, total as usize);
+                    let g = runs_memcpy_gbps(&runs, bs, local.addr(), total);
+                    (target, local, g)
+                });
+                (target.endpoint.clone(), target.addr, local.addr(), *pattern_gbps)
+            }
+            Mem::Device => {
+                let target = spawn_target(o, t);
+                let local = orbite::CudaMemory::allocate(0, total).unwrap_or_else(|e| super::die(&e.to_string()));
+                let v = (target.endpoint.clone(), target.addr, local.addr(), 0.0);
+                device = Some((target, local));
+                v
+            }
         };
         let (baseline, baseline_gbps) = match kind {
             TransportKind::Tcp => ("tcp_stream_1MiB".to_string(), super::socket_stream_gbps(1 << 30, 3.0, 1 << 20)),
-            _ => ("memcpy_2_threads".to_string(), memcpy_gbps(bytes)),
+            TransportKind::Shm => ("memcpy_2_threads".to_string(), memcpy_gbps(bytes)),
+            _ => ("cuda_d2d_contiguous".to_string(), device_copy_gbps(bytes)),
         };
         for &coalesce in &o.coalesce {
             let mut cfg = serde_json::json!({
@@ -424,6 +497,12 @@ fn initiator(o: &KvOpts) {
                 "max_inflight_bytes": (bytes * 2).max(1 << 30),
                 "max_transfer_bytes": 64 << 20,
             });
+            #[cfg(feature = "cuda")]
+            if mem == Mem::Device {
+                for (k, v) in super::cuda::kv_initiator_keys(t).as_object().expect("object") {
+                    cfg[k] = v.clone();
+                }
+            }
             let more: serde_json::Value = serde_json::from_str(&o.config)
                 .ok()
                 .filter(serde_json::Value::is_object)
@@ -435,11 +514,11 @@ fn initiator(o: &KvOpts) {
             let engine = Engine::from_json(&cfg).unwrap_or_else(|e| super::die(&e.to_string()));
             for r in 0..o.regions {
                 engine
-                    .register_memory(local.addr() + r * region_bytes, region_bytes, Access::NONE)
+                    .register_memory(local_addr + r * region_bytes, region_bytes, Access::NONE)
                     .unwrap_or_else(|e| super::die(&e.to_string()));
             }
-            let peer = engine.connect(&target.endpoint, None).unwrap_or_else(|e| super::die(&e.to_string()));
-            let (local_base, remote_base) = (local.addr(), target.addr);
+            let peer = engine.connect(&target_endpoint, None).unwrap_or_else(|e| super::die(&e.to_string()));
+            let (local_base, remote_base) = (local_addr, target_addr);
             for &op in &o.ops {
                 let reqs: Vec<Request> = runs
                     .iter()
@@ -452,18 +531,21 @@ fn initiator(o: &KvOpts) {
                         })
                     })
                     .collect();
-                let p = point(o, &engine, peer, kind, op, coalesce, &reqs, runs.len() as u64, target.addr);
+                let sides = Sides { mem, local: local_base, local_len: total, remote: remote_base };
+                let p = point(o, &engine, peer, kind, op, coalesce, &reqs, runs.len() as u64, sides);
+                let of = |x: f64| if x > 0.0 { p.gbps / x } else { 0.0 };
                 points.push(KvPoint {
                     baseline: baseline.clone(),
                     baseline_gbps,
-                    ratio_to_baseline: p.gbps / baseline_gbps,
+                    ratio_to_baseline: of(baseline_gbps),
                     pattern_memcpy_gbps: pattern_gbps,
-                    ratio_to_pattern: p.gbps / pattern_gbps,
+                    ratio_to_pattern: of(pattern_gbps),
                     ..p
                 });
             }
             let _ = engine.close(Some(Duration::from_secs(30)));
         }
+        drop(device);
     }
     print(&points);
     if let Some(path) = &o.json {
@@ -477,6 +559,75 @@ fn initiator(o: &KvOpts) {
     }
 }
 
+/// One contiguous device copy of `bytes` (the CUDA paths' baseline).
+fn device_copy_gbps(bytes: u64) -> f64 {
+    #[cfg(feature = "cuda")]
+    return super::cuda::contiguous_copy_gbps(bytes).unwrap_or_else(|e| super::die(&e));
+    #[cfg(not(feature = "cuda"))]
+    super::die(&format!("a device copy of {bytes} bytes needs the cuda feature"))
+}
+
+/// The memory a point's requests name: where the local blocks live (and
+/// the local allocation), and the remote allocation's first byte.
+#[derive(Debug, Clone, Copy)]
+struct Sides {
+    mem: Mem,
+    local: u64,
+    /// The local allocation's length (read back whole from device memory).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    local_len: u64,
+    remote: u64,
+}
+
+impl Sides {
+    /// Fills every local byte with 0xa5 (before a READ: one that moved
+    /// nothing is then seen).
+    fn poison(&self, reqs: &[Request]) {
+        match self.mem {
+            Mem::Host => {
+                for r in reqs {
+                    // SAFETY: inside the registered local allocation, idle now.
+                    unsafe { std::ptr::write_bytes(r.local_addr as *mut u8, 0xa5, 8) };
+                }
+            }
+            Mem::Device => {
+                #[cfg(feature = "cuda")]
+                super::cuda::write(self.local, &vec![0xa5; self.local_len as usize]).unwrap_or_else(|e| super::die(&e));
+            }
+        }
+    }
+
+    /// The READ blocks whose first or last word is not its remote offset's.
+    fn wrong_blocks(&self, reqs: &[Request]) -> u64 {
+        let local: Option<Vec<u8>> = match self.mem {
+            Mem::Host => None,
+            #[cfg(feature = "cuda")]
+            Mem::Device => Some(super::cuda::read(self.local, self.local_len).unwrap_or_else(|e| super::die(&e))),
+            #[cfg(not(feature = "cuda"))]
+            Mem::Device => None,
+        };
+        let word = |addr: u64| -> u64 {
+            match &local {
+                Some(bytes) => {
+                    let at = (addr - self.local) as usize;
+                    u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"))
+                }
+                // SAFETY: the local range is inside the initiator's
+                // registered allocation, alive for the run; the batch has
+                // completed.
+                None => unsafe { std::ptr::read_unaligned(addr as *const u64) },
+            }
+        };
+        reqs.iter()
+            .filter(|r| {
+                let off = r.remote_addr - self.remote;
+                let last = r.len - 8;
+                word(r.local_addr) != off || word(r.local_addr + last) != off + last
+            })
+            .count() as u64
+    }
+}
+
 /// The copies issued so far on `kind` (IPC transports), or, for TCP, the
 /// requests that moved in the frame of the one before them.
 fn copies_issued(engine: &Engine, kind: TransportKind) -> u64 {
@@ -485,26 +636,6 @@ fn copies_issued(engine: &Engine, kind: TransportKind) -> u64 {
         TransportKind::Tcp => st.transports[kind.name()].requests_coalesced,
         _ => st.ipc.get(kind.name()).map_or(0, |s| s.imports.copies_issued),
     }
-}
-
-/// Checks a READ's blocks: each starts with its remote offset and ends
-/// with its last word's. Returns the blocks that did not.
-fn wrong_blocks(reqs: &[Request], remote_base: u64) -> u64 {
-    reqs.iter()
-        .filter(|r| {
-            let off = r.remote_addr - remote_base;
-            let last = r.len - 8;
-            // SAFETY: the local range is inside the initiator's registered
-            // allocation, alive for the run; the batch has completed.
-            let (a, b) = unsafe {
-                (
-                    std::ptr::read_unaligned(r.local_addr as *const u64),
-                    std::ptr::read_unaligned((r.local_addr + last) as *const u64),
-                )
-            };
-            a != off || b != off + last
-        })
-        .count() as u64
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -517,7 +648,7 @@ fn point(
     coalesce: bool,
     reqs: &[Request],
     runs: u64,
-    remote_base: u64,
+    sides: Sides,
 ) -> KvPoint {
     let opts = SubmitOptions { transport: Transport::Only(kind), timeout: Some(Duration::from_secs(120)) };
     let (mut posting, mut e2e, mut first) = (Vec::new(), Vec::new(), 0.0);
@@ -525,10 +656,7 @@ fn point(
     for i in 0..=o.repeat {
         if op == Op::Read {
             // Poison the destinations: a READ that moved nothing is seen.
-            for r in reqs {
-                // SAFETY: inside the registered local allocation, idle now.
-                unsafe { std::ptr::write_bytes(r.local_addr as *mut u8, 0xa5, 8) };
-            }
+            sides.poison(reqs);
         }
         let before = copies_issued(engine, kind);
         let t0 = Instant::now();
@@ -549,7 +677,7 @@ fn point(
             _ => copies_issued(engine, kind) - before,
         };
         if op == Op::Read {
-            wrong += wrong_blocks(reqs, remote_base);
+            wrong += sides.wrong_blocks(reqs);
         }
         if i == 0 {
             first = ended * 1e3;
