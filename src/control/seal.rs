@@ -416,6 +416,31 @@ mod tests {
         (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
     }
 
+    /// What an opener asks for next: the rest of a record's head, then the
+    /// rest of its data and tag, never 0; exactly, in both modes.
+    #[test]
+    fn an_opener_wants_exactly_the_rest_of_the_record() {
+        for (wire, tag) in [(WireSecurity::Integrity, RECORD_TAG), (WireSecurity::Encrypt, 16)] {
+            let (mut s, mut o) = pair_in(wire);
+            assert_eq!(o.wanted(), RECORD_HEAD, "{wire:?}");
+            s.seal(&[&message(100)], 0, 100);
+            let rec = s.pending().to_vec();
+            assert_eq!(rec.len(), RECORD_HEAD + 100 + tag, "{wire:?}");
+            o.received(&rec[..2]).unwrap();
+            assert_eq!(o.take(&mut [0u8; 8]).unwrap(), 0);
+            assert_eq!(o.wanted(), RECORD_HEAD - 2, "{wire:?}");
+            o.received(&rec[2..RECORD_HEAD + 30]).unwrap();
+            assert_eq!(o.take(&mut [0u8; 8]).unwrap(), 0);
+            assert_eq!(o.wanted(), 70 + tag, "{wire:?}");
+            o.received(&rec[RECORD_HEAD + 30..rec.len() - 1]).unwrap();
+            assert_eq!(o.wanted(), 1, "{wire:?}");
+            o.received(&rec[rec.len() - 1..]).unwrap();
+            let mut out = [0u8; 200];
+            assert_eq!(o.take(&mut out).unwrap(), 100);
+            assert_eq!(&out[..100], &message(100)[..]);
+        }
+    }
+
     /// Debug output never shows the session keys.
     #[test]
     fn session_keys_print_without_their_bytes() {
