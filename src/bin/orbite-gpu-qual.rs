@@ -29,6 +29,9 @@
 //! Topology: `orbite-gpu-qual topology --devices A,B` prints one JSON line: the visible devices
 //! and, for A != B, `cuDeviceCanAccessPeer` and the P2P attributes in both directions.
 
+#[path = "common/commands.rs"]
+mod commands;
+
 use cudarc::driver::sys;
 use orbite::cuda::driver::{check, primary_context, ContextGuard};
 use orbite::cuda::raw::{self, device_to_host, host_to_device};
@@ -110,18 +113,12 @@ fn source(args: &[String]) {
     .to_string());
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
-        // `note MS`: take a notification and run its message as a command,
-        // at once (a test sends "verify ..." with a WRITE), answering
-        // "SENDER RESULT".
-        let (line, from) = match line.strip_prefix("note ") {
-            None => (line, String::new()),
-            Some(ms) => match e.take_notification(Duration::from_millis(ms.trim().parse().unwrap_or(0))) {
-                Ok(n) => (String::from_utf8_lossy(&n.msg).into_owned(), format!("{} ", n.sender)),
-                Err(x) => {
-                    say(&format!("none {}", x.status()));
-                    continue;
-                }
-            },
+        let (line, from) = match commands::command(&e, line) {
+            Ok(c) => c,
+            Err(answer) => {
+                say(&answer);
+                continue;
+            }
         };
         let w: Vec<&str> = line.split_whitespace().collect();
         let n = |i: usize| -> u64 { w.get(i).and_then(|x| x.parse().ok()).unwrap_or(0) };

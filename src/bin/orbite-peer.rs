@@ -27,6 +27,9 @@
 //! connects, READs the range (transport auto), prints `ok FNV64` and obeys
 //! `read` (again), `flush`, `stats` and `exit` (exit at once, no close).
 
+#[path = "common/commands.rs"]
+mod commands;
+
 use orbite::{allocate_shared_host, Access, Allocation, Engine, EngineConfig, Op, Request, SubmitOptions};
 use std::io::{BufRead, Write};
 use std::time::Duration;
@@ -218,18 +221,12 @@ fn main() {
     };
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
-        // `note MS`: take a notification and run its message as a command,
-        // at once (a test sends "verify ..." with a WRITE), answering
-        // "SENDER RESULT".
-        let (line, from) = match line.strip_prefix("note ") {
-            None => (line, String::new()),
-            Some(ms) => match engine.take_notification(Duration::from_millis(ms.trim().parse().unwrap_or(0))) {
-                Ok(n) => (String::from_utf8_lossy(&n.msg).into_owned(), format!("{} ", n.sender)),
-                Err(e) => {
-                    reply(&format!("none {}", e.status()));
-                    continue;
-                }
-            },
+        let (line, from) = match commands::command(engine, line) {
+            Ok(c) => c,
+            Err(answer) => {
+                reply(&answer);
+                continue;
+            }
         };
         let w: Vec<&str> = line.split_whitespace().collect();
         let num = |i: usize| -> u64 { w.get(i).and_then(|x| x.parse().ok()).unwrap_or(0) };

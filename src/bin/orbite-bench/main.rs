@@ -566,6 +566,34 @@ struct Setup {
     _others: Vec<Target>,
 }
 
+impl Setup {
+    /// A setup with one target (no `--peers`): `allocs` are the local
+    /// buffers, of memory kind `memory`.
+    fn new(
+        engine: Engine,
+        endpoint: String,
+        peer: u64,
+        region: &orbite::RegionInfo,
+        allocs: Vec<orbite::Allocation>,
+        memory: &str,
+        target: Option<Target>,
+    ) -> Setup {
+        Setup {
+            engine,
+            endpoint,
+            peer,
+            remote: region.addr,
+            remote_len: region.len,
+            locals: allocs.iter().map(|a| a.addr()).collect(),
+            memory: memory.to_string(),
+            _allocs: allocs,
+            _target: target,
+            others: Vec::new(),
+            _others: Vec::new(),
+        }
+    }
+}
+
 /// Runs one point: `threads` threads submit batches for `duration`. Returns
 /// the requests completed, the measured seconds (from the first measured
 /// submission to the last completion), the latencies and the failures.
@@ -747,19 +775,7 @@ fn host_setup(o: &Opts, endpoint: Option<&str>) -> Result<Setup, String> {
     let local = allocate_shared_host(o.buffer_size).map_err(|e| e.to_string())?;
     touch(local.addr() as *mut u8, o.buffer_size as usize);
     engine.register_memory(local.addr(), o.buffer_size, Access::NONE).map_err(|e| e.to_string())?;
-    Ok(Setup {
-        engine,
-        endpoint,
-        peer,
-        remote: region.addr,
-        remote_len: region.len,
-        locals: vec![local.addr()],
-        memory: "shared_host".into(),
-        _allocs: vec![local],
-        _target: target,
-        others,
-        _others,
-    })
+    Ok(Setup { others, _others, ..Setup::new(engine, endpoint, peer, &region, vec![local], "shared_host", target) })
 }
 
 /// NVLink and MNNVL: the target serves device memory; the initiator's is
@@ -773,19 +789,7 @@ fn cuda_setup(o: &Opts, kind: &str, endpoint: Option<&str>) -> Result<Setup, Str
     let engine = Engine::from_json(&cfg).map_err(|e| e.to_string())?;
     let (peer, region, endpoint) = connect(&engine, o, &endpoint)?;
     let allocs = cuda::local(&engine, &o.memory, o.devices.1, o.buffer_size)?;
-    Ok(Setup {
-        engine,
-        endpoint,
-        peer,
-        remote: region.addr,
-        remote_len: region.len,
-        locals: allocs.iter().map(|a| a.addr()).collect(),
-        memory: o.memory.clone(),
-        _allocs: allocs,
-        _target: target,
-        others: Vec::new(),
-        _others: Vec::new(),
-    })
+    Ok(Setup::new(engine, endpoint, peer, &region, allocs, &o.memory, target))
 }
 
 #[cfg(not(feature = "cuda"))]
