@@ -438,6 +438,95 @@ mod tests {
             let mut out = [0u8; 200];
             assert_eq!(o.take(&mut out).unwrap(), 100);
             assert_eq!(&out[..100], &message(100)[..]);
+            // Behind a record handed out while the next began to arrive,
+            // the count is of the next one's bytes alone.
+            s.sent(rec.len());
+            s.seal(&[&message(60)], 0, 60);
+            s.seal(&[&message(50)], 0, 50);
+            let two = s.pending().to_vec();
+            o.received(&two[..RECORD_HEAD + 60 + tag + 3]).unwrap();
+            assert_eq!(o.take(&mut out).unwrap(), 60);
+            assert_eq!(o.take(&mut out).unwrap(), 0);
+            assert_eq!(o.wanted(), RECORD_HEAD - 3, "{wire:?}");
+        }
+    }
+
+    /// Records read straight into the opener's room, in splits of any
+    /// size: once nothing is left to hand out there is always room for a
+    /// whole record (what was not handed out moves to the front), and the
+    /// plaintext comes out whole and in order, in both modes.
+    #[test]
+    fn reading_into_the_room_keeps_room_for_a_record_and_every_byte() {
+        for wire in [WireSecurity::Integrity, WireSecurity::Encrypt] {
+            let (mut s, mut o) = pair_in(wire);
+            let msg = message(10 * RECORD_MAX + 123);
+            let mut at = 0;
+            while at < msg.len() {
+                at += s.seal(&[&msg], at, RECORD_MAX - 1000 * (at % 3));
+            }
+            let sealed = s.pending().to_vec();
+            let (mut out, mut fed, mut step) = (Vec::new(), 0usize, 1usize);
+            let mut buf = vec![0u8; 5000];
+            loop {
+                // Now and then read more before the open record is all
+                // handed out (what is left of it moves with the rest).
+                let early = step % 3 == 0 && fed < sealed.len();
+                loop {
+                    let n = o.take(&mut buf[..if early { 700 } else { 5000 }]).unwrap();
+                    out.extend_from_slice(&buf[..n]);
+                    if n == 0 || early {
+                        break;
+                    }
+                }
+                if fed == sealed.len() {
+                    break;
+                }
+                let room = o.room();
+                if !early {
+                    let need = RECORD_HEAD + RECORD_MAX + RECORD_TAG;
+                    assert!(room.len() >= need, "{wire:?}: room for {}", room.len());
+                }
+                let n = (step * 7919 % 70_000 + 1).min(room.len()).min(sealed.len() - fed);
+                room[..n].copy_from_slice(&sealed[fed..fed + n]);
+                o.filled(n).unwrap();
+                (fed, step) = (fed + n, step + 1);
+            }
+            assert!(out == msg, "{wire:?}: {} of {} bytes came out right", out.len(), msg.len());
+            // Exactly: two whole records fill the buffer; the first is
+            // handed out and the second only begun when room is asked for:
+            // what is left of the second moves to the front, then a third
+            // arrives, and both come out whole.
+            let (mut s, mut o) = pair_in(wire);
+            let big = message(3 * RECORD_MAX);
+            for k in 0..3 {
+                s.seal(&[&big], k * RECORD_MAX, RECORD_MAX);
+            }
+            let sealed = s.pending().to_vec();
+            let one = RECORD_HEAD + RECORD_MAX + wire_tag(wire);
+            o.received(&sealed[..2 * one]).unwrap();
+            let mut out = vec![0u8; RECORD_MAX];
+            assert_eq!(o.take(&mut out).unwrap(), RECORD_MAX);
+            assert_eq!(o.take(&mut out[..700]).unwrap(), 700);
+            let mut got = out[..700].to_vec();
+            let room = o.room();
+            assert!(room.len() >= one, "{wire:?}: room for {}", room.len());
+            room[..one].copy_from_slice(&sealed[2 * one..]);
+            o.filled(one).unwrap();
+            loop {
+                let n = o.take(&mut out).unwrap();
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&out[..n]);
+            }
+            assert!(got == big[RECORD_MAX..], "{wire:?}: the second and third records");
+        }
+    }
+
+    fn wire_tag(wire: WireSecurity) -> usize {
+        match wire {
+            WireSecurity::Integrity => RECORD_TAG,
+            WireSecurity::Encrypt => 16,
         }
     }
 
