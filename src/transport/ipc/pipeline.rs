@@ -1,45 +1,34 @@
-//! Calls in flight on one IPC channel, from any number of threads at once.
-//! A call's frame leaves under the send lock, which numbers it; the source
-//! answers in request order (`proto::source`), so the n-th answer read is
-//! the n-th call's. Whoever waits for an answer and finds nobody reading
-//! takes the receiving half and reads, handing other callers their answers
-//! as they pass; nobody holds a lock across a read. Any failure — a send or
-//! a read that fails, a caller whose deadline passes before its answer —
-//! ends the channel for every call on it (its answers could no longer be
-//! matched), and every caller learns why.
+//! Calls in flight on one IPC channel, from any number of threads at once:
+//! the thin driver of `proto::calls` (which numbers the calls, lends the
+//! sending and the receiving half to one caller at a time, hands each
+//! answer to its caller and decides how the channel ends). One lock guards
+//! that core and the two halves; a caller sends or reads with it released,
+//! then gives the half back and wakes the others. Any failure ends the
+//! channel for every call on it, and every caller learns why.
 
 use super::channel::{deadline_tick, Channel, Frame};
+use super::proto::calls::{Calls, Next, Send};
 use crate::control::frame::MsgKind;
-use crate::error::{Error, Result, Status};
+use crate::error::{Error, Result};
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-/// One channel's calls: the sending half, the receiving half, and the
-/// answers read for callers that have not collected them yet.
+/// One channel's calls: the core and the two halves it lends.
 pub struct Pipeline {
-    /// The sending half; its lock orders (and numbers) the calls.
-    tx: Mutex<Channel>,
-    /// Calls sent so far (the last call's number).
-    sent: AtomicU64,
-    rx: Mutex<Receiving>,
-    /// Signalled when an answer was read, the reader gave its half back, or
-    /// the channel ended.
+    state: Mutex<State>,
+    /// Signalled when a half came back, an answer was read, or the
+    /// channel ended.
     moved: Condvar,
-    /// A third handle on the socket, to shut it down under neither lock.
+    /// A third handle on the socket, to shut it down under no lock.
     ctl: Channel,
 }
 
-struct Receiving {
+struct State {
+    calls: Calls<Frame>,
+    /// The sending half; `None` while a caller sends with it.
+    tx: Option<Channel>,
     /// The receiving half; `None` while a caller reads with it.
-    half: Option<Channel>,
-    /// Answers read so far (the last answer's call number).
-    received: u64,
-    /// Answers read for other callers, by call number.
-    ready: HashMap<u64, Frame>,
-    /// Why the channel ended, once it did.
-    ended: Option<Error>,
+    rx: Option<Channel>,
 }
 
 impl Pipeline {
@@ -48,13 +37,8 @@ impl Pipeline {
         // A sealed channel's receiving half goes with the receiving handle.
         let half = chan.receiver()?;
         let ctl = chan.try_clone()?;
-        Ok(Pipeline {
-            tx: Mutex::new(chan),
-            sent: AtomicU64::new(0),
-            rx: Mutex::new(Receiving { half: Some(half), received: 0, ready: HashMap::new(), ended: None }),
-            moved: Condvar::new(),
-            ctl,
-        })
+        let state = State { calls: Calls::new(), tx: Some(chan), rx: Some(half) };
+        Ok(Pipeline { state: Mutex::new(state), moved: Condvar::new(), ctl })
     }
 
     /// Shuts the socket down: a reader blocked on it wakes, later sends fail.
@@ -65,82 +49,77 @@ impl Pipeline {
     /// Sends one request and returns its answer, within `deadline`. Other
     /// threads' calls on this channel go on meanwhile.
     pub fn call(&self, kind: MsgKind, body: &[u8], deadline: Instant, what: &str) -> Result<Frame> {
-        let number = {
-            let mut tx = self.tx.lock();
-            if let Some(e) = &self.rx.lock().ended {
-                return Err(under_another(e));
-            }
-            if let Err(e) = tx.send(kind, body, &[], &mut || deadline_tick(deadline, what)) {
-                // Part of the frame may have left: nothing after it could
-                // be understood.
-                return Err(self.end(&mut self.rx.lock(), e));
-            }
-            self.sent.fetch_add(1, Ordering::AcqRel) + 1
-        };
-        self.answer(number, deadline, what)
-    }
-
-    /// The answer of call `number`: collected, read, or waited for.
-    fn answer(&self, number: u64, deadline: Instant, what: &str) -> Result<Frame> {
-        let mut rx = self.rx.lock();
-        loop {
-            if let Some(f) = rx.ready.remove(&number) {
-                return Ok(f);
-            }
-            if let Some(e) = &rx.ended {
-                return Err(under_another(e));
-            }
-            let Some(mut half) = rx.half.take() else {
-                let waited = self.moved.wait_until(&mut rx, deadline);
-                if waited.timed_out() && !rx.ready.contains_key(&number) && rx.ended.is_none() {
-                    let e = Error::TimedOut(format!("{what}: no answer before the deadline"));
-                    return Err(self.end(&mut rx, e));
+        let mut st = self.state.lock();
+        let number = loop {
+            match st.calls.begin_send() {
+                Send::Go(n) => break n,
+                Send::Failed(e) => return Err(e),
+                // Nothing of this call left: giving up ends nothing.
+                Send::Wait if self.moved.wait_until(&mut st, deadline).timed_out() => {
+                    return Err(Error::TimedOut(format!("{what}: the channel was still sending at the deadline")));
                 }
-                continue;
-            };
-            let got = MutexGuard::unlocked(&mut rx, || half.recv(&mut || deadline_tick(deadline, what)));
-            rx.half = Some(half);
-            self.moved.notify_all();
-            let f = match got {
-                Ok(f) => f,
-                // Our read failed because another call ended the channel.
-                Err(_) if rx.ended.is_some() => continue,
-                Err(e) => return Err(self.end(&mut rx, e)),
-            };
-            rx.received += 1;
-            if rx.received == number {
-                return Ok(f);
+                Send::Wait => {}
             }
-            let n = rx.received;
-            rx.ready.insert(n, f);
+        };
+        let mut tx = st.tx.take().expect("the sending half is lent to one caller at a time");
+        let sent = MutexGuard::unlocked(&mut st, || tx.send(kind, body, &[], &mut || deadline_tick(deadline, what)));
+        st.tx = Some(tx);
+        self.moved.notify_all();
+        match sent {
+            Ok(()) => st.calls.send_done(),
+            Err(e) => {
+                let e = st.calls.send_failed(e);
+                return Err(self.ended(e));
+            }
+        }
+        loop {
+            match st.calls.next(number) {
+                Next::Answer(f) => return Ok(f),
+                Next::Failed(e) => return Err(e),
+                Next::Read => {
+                    let mut half = st.rx.take().expect("the receiving half is lent to one caller at a time");
+                    let got = MutexGuard::unlocked(&mut st, || half.recv(&mut || deadline_tick(deadline, what)));
+                    st.rx = Some(half);
+                    self.moved.notify_all();
+                    match got {
+                        Ok(f) => {
+                            if let Some(f) = st.calls.read(number, f) {
+                                return Ok(f);
+                            }
+                        }
+                        Err(e) => {
+                            if let Some(e) = st.calls.read_failed(e) {
+                                return Err(self.ended(e));
+                            }
+                        }
+                    }
+                }
+                Next::Wait => {
+                    if self.moved.wait_until(&mut st, deadline).timed_out() {
+                        let e = Error::TimedOut(format!("{what}: no answer before the deadline"));
+                        if let Some(e) = st.calls.timed_out(number, e) {
+                            return Err(self.ended(e));
+                        }
+                    }
+                }
+            }
         }
     }
 
-    /// Ends the channel with `e` (the first failure is the one every other
-    /// caller is told); returns the error for the caller that met it.
-    fn end(&self, rx: &mut Receiving, e: Error) -> Error {
-        // Answers already read stay collectable: they came before the end.
-        if rx.ended.is_none() {
-            rx.ended = Some(e.clone());
-        }
+    /// The core ended the channel with `e`: shut the socket (a reader
+    /// blocked on it wakes) and wake every waiting caller; returns `e`.
+    fn ended(&self, e: Error) -> Error {
         self.ctl.shutdown();
         self.moved.notify_all();
         e
     }
 }
 
-/// What a call learns when the channel ended under another call: the
-/// channel is unavailable (the deadline that passed was not its own), or
-/// the source is stale when that is what was found.
-fn under_another(e: &Error) -> Error {
-    let status = if e.status() == Status::StalePeer { Status::StalePeer } else { Status::Unavailable };
-    Error::from_status(status, format!("the IPC channel ended under another call: {}", e.message()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::control::io::{read_body, write_frame};
+    use crate::error::Status;
     use std::os::unix::net::UnixStream;
     use std::sync::Arc;
     use std::time::Duration;
@@ -181,8 +160,7 @@ mod tests {
         reply(&mut src, b"answer two");
         assert_eq!(first.join().unwrap().unwrap(), b"answer one");
         assert_eq!(second.join().unwrap().unwrap(), b"answer two");
-        let rx = p.rx.lock();
-        assert_eq!((rx.received, rx.ready.len(), p.sent.load(Ordering::Relaxed)), (2, 0, 2));
+        assert_eq!(p.state.lock().calls.counts(), (2, 2, 0));
     }
 
     #[test]
@@ -218,5 +196,35 @@ mod tests {
         assert_eq!(std::io::Read::read(&mut src, &mut [0u8; 1]).unwrap(), 0);
         let e = p.call(MsgKind::Ack, b"3", long(), "later").err().unwrap();
         assert_eq!(e.status(), Status::Unavailable, "{e}");
+    }
+
+    #[test]
+    fn a_caller_that_never_got_to_send_gives_up_alone_at_its_deadline() {
+        let (p, mut src) = pair();
+        // The first call's frame is far larger than the socket holds: its
+        // caller keeps the sending half until the source reads.
+        let big = vec![7u8; 1 << 20];
+        let p1 = p.clone();
+        let first = std::thread::spawn(move || p1.call(MsgKind::Ack, &big, long(), "big").map(|f| f.body));
+        // Wait (bounded) until the first caller holds the sending half.
+        let until = Instant::now() + Duration::from_secs(60);
+        while p.state.lock().tx.is_some() {
+            assert!(Instant::now() < until, "the first call never started sending");
+            std::thread::yield_now();
+        }
+        let e = p.call(MsgKind::Ack, b"2", Instant::now() + Duration::from_millis(100), "hasty").err().unwrap();
+        assert_eq!(e.status(), Status::TimedOut, "{e}");
+        assert!(e.message().contains("still sending"), "{e}");
+        // Nothing of it left and the channel goes on: the big call is
+        // answered, and a later call after it.
+        assert_eq!(request(&mut src).len(), 1 << 20);
+        reply(&mut src, b"big answer");
+        assert_eq!(first.join().unwrap().unwrap(), b"big answer");
+        let p3 = p.clone();
+        let third = std::thread::spawn(move || p3.call(MsgKind::Ack, b"3", long(), "third").map(|f| f.body));
+        assert_eq!(request(&mut src), b"3");
+        reply(&mut src, b"answer three");
+        assert_eq!(third.join().unwrap().unwrap(), b"answer three");
+        assert_eq!(p.state.lock().calls.counts(), (2, 2, 0));
     }
 }

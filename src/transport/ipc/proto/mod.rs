@@ -8,8 +8,12 @@
 //! decisions are `requester.rs`: an import's opening exchange (the offer
 //! checked against the request, the answers, the handle), a revalidation's
 //! answer and how a posted group ends; `ipc/requester/` makes the calls
-//! over its link and carries out what it decides.
+//! over its link and carries out what it decides. `calls.rs` is the
+//! requester's side of one channel: calls numbered in the order they
+//! leave, each answer handed to its caller, how the channel ends;
+//! `ipc/pipeline.rs` drives it.
 
+pub mod calls;
 pub mod exports;
 pub mod requester;
 pub mod source;
