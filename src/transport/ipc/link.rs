@@ -67,22 +67,30 @@ pub struct IpcLink {
     /// The IPC transport this link carries.
     pub transport: crate::kinds::TransportKind,
     local: LocalEnd,
-    chan: Mutex<ChanState>,
-    /// Signalled when `chan` leaves `Connecting`.
+    /// The link's one lock: its channel's state, offer places and board.
+    state: Mutex<LinkState>,
+    /// Signalled when the channel leaves `Connecting`.
     changed: Condvar,
-    /// Offers this engine is answering on the link (at most
-    /// [`OFFERS_MAX`](super::messages::OFFERS_MAX), the source's bound).
-    offers: Mutex<usize>,
+    /// Signalled when an offer place is given back.
     offer_freed: Condvar,
     next_tag: AtomicU64,
     /// Channels opened so far (the current one's number).
     generation: AtomicU64,
-    /// The grant board the source gave the current channel, with that
-    /// channel's generation (Unix channels of sources that offer one).
-    board: Mutex<Option<(u64, Arc<Board>)>>,
     /// A process descriptor of the source (Unix routes on this boot),
     /// opened on the first [`IpcLink::source_exited`].
     source_pidfd: once_cell::sync::OnceCell<Option<std::os::fd::OwnedFd>>,
+}
+
+/// What the link's lock guards; held only to look or change, never
+/// across I/O.
+struct LinkState {
+    chan: ChanState,
+    /// Offers this engine is answering on the link (at most
+    /// [`OFFERS_MAX`](super::messages::OFFERS_MAX), the source's bound).
+    offers: usize,
+    /// The grant board the source gave the current channel, with that
+    /// channel's generation (Unix channels of sources that offer one).
+    board: Option<(u64, Arc<Board>)>,
 }
 
 enum ChanState {
@@ -121,13 +129,11 @@ impl IpcLink {
             label,
             transport,
             local,
-            chan: Mutex::new(ChanState::NotConnected),
+            state: Mutex::new(LinkState { chan: ChanState::NotConnected, offers: 0, board: None }),
             changed: Condvar::new(),
-            offers: Mutex::new(0),
             offer_freed: Condvar::new(),
             next_tag: AtomicU64::new(1),
             generation: AtomicU64::new(0),
-            board: Mutex::new(None),
             source_pidfd: once_cell::sync::OnceCell::new(),
         }
     }
@@ -135,14 +141,14 @@ impl IpcLink {
     /// The grant board of channel generation `generation`, if the source
     /// gave that channel one.
     pub fn board(&self, generation: u64) -> Option<Arc<Board>> {
-        self.board.lock().as_ref().filter(|(g, _)| *g == generation).map(|(_, b)| b.clone())
+        self.state.lock().board.as_ref().filter(|(g, _)| *g == generation).map(|(_, b)| b.clone())
     }
 
     /// A new channel is up: its generation, and the board that came with it.
-    fn up(&self, st: &mut ChanState, p: Pipeline, board: Option<Board>) {
-        *st = ChanState::Up(Arc::new(p));
+    fn up(&self, st: &mut LinkState, p: Pipeline, board: Option<Board>) {
+        st.chan = ChanState::Up(Arc::new(p));
         let g = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
-        *self.board.lock() = board.map(|b| (g, Arc::new(b)));
+        st.board = board.map(|b| (g, Arc::new(b)));
         self.changed.notify_all();
     }
 
@@ -150,9 +156,9 @@ impl IpcLink {
     /// the answer to its offer, waiting for one until `deadline`: the
     /// source refuses a request while that many offers are unanswered.
     pub fn offer_place(&self, deadline: Instant) -> Result<OfferPlace<'_>> {
-        let mut n = self.offers.lock();
-        while *n >= super::messages::OFFERS_MAX {
-            if self.offer_freed.wait_until(&mut n, deadline).timed_out() && *n >= super::messages::OFFERS_MAX {
+        let mut st = self.state.lock();
+        while st.offers >= super::messages::OFFERS_MAX {
+            if self.offer_freed.wait_until(&mut st, deadline).timed_out() && st.offers >= super::messages::OFFERS_MAX {
                 return Err(Error::TimedOut(format!(
                     "{}: {} offers of this IPC link were still being answered at the deadline",
                     self.label,
@@ -160,7 +166,7 @@ impl IpcLink {
                 )));
             }
         }
-        *n += 1;
+        st.offers += 1;
         Ok(OfferPlace { link: self })
     }
 
@@ -177,7 +183,7 @@ impl IpcLink {
     /// Why the link cannot be used now: dead for good, or re-establishing
     /// its channel.
     pub fn dead_reason(&self) -> Option<Error> {
-        match &*self.chan.lock() {
+        match &self.state.lock().chan {
             ChanState::Dead { err, .. } => Some(err.clone()),
             ChanState::Reconnecting { why } => Some(self.reconnecting(why)),
             _ => None,
@@ -186,14 +192,14 @@ impl IpcLink {
 
     /// Whether the link is dead for good (not merely re-establishing).
     pub fn is_dead(&self) -> bool {
-        matches!(&*self.chan.lock(), ChanState::Dead { .. })
+        matches!(&self.state.lock().chan, ChanState::Dead { .. })
     }
 
     /// Whether the source left for good — its process exited or its engine
     /// is gone (no channel answers under its name): whatever it exported to
     /// this engine went with it, so no receipt is owed.
     pub fn source_left(&self) -> bool {
-        matches!(&*self.chan.lock(), ChanState::Dead { source_left: true, .. }) || self.source_gone()
+        matches!(&self.state.lock().chan, ChanState::Dead { source_left: true, .. }) || self.source_gone()
     }
 
     /// Whether the source process provably exited: it ran on this boot (a
@@ -310,9 +316,9 @@ impl IpcLink {
                 other => other,
             };
             let shown = if self.permanent(&e) && self.source_gone() { self.gone() } else { e };
-            let mut st = self.chan.lock();
+            let mut st = self.state.lock();
             // The first call to fail on this channel retires it.
-            if matches!(&*st, ChanState::Up(cur) if Arc::ptr_eq(cur, &p)) {
+            if matches!(&st.chan, ChanState::Up(cur) if Arc::ptr_eq(cur, &p)) {
                 p.shutdown();
                 self.lost(&mut st, shown.clone());
             }
@@ -323,15 +329,15 @@ impl IpcLink {
     /// The channel's calls, once it is up: opened here (under no lock) by
     /// the first caller, waited for by the others until `deadline`.
     fn pipeline(self: &Arc<Self>, deadline: Instant) -> Result<Arc<Pipeline>> {
-        let mut st = self.chan.lock();
+        let mut st = self.state.lock();
         loop {
-            match &*st {
+            match &st.chan {
                 ChanState::Up(p) => return Ok(p.clone()),
                 ChanState::Dead { err, .. } => return Err(err.clone()),
                 ChanState::Reconnecting { why } => return Err(self.reconnecting(why)),
                 ChanState::Connecting => {
                     let waited = self.changed.wait_until(&mut st, deadline);
-                    if waited.timed_out() && matches!(*st, ChanState::Connecting) {
+                    if waited.timed_out() && matches!(st.chan, ChanState::Connecting) {
                         return Err(Error::TimedOut(format!(
                             "{}: the IPC channel was still being opened at the deadline",
                             self.label
@@ -339,9 +345,9 @@ impl IpcLink {
                     }
                 }
                 ChanState::NotConnected => {
-                    *st = ChanState::Connecting;
+                    st.chan = ChanState::Connecting;
                     let attempt = MutexGuard::unlocked(&mut st, || self.connect(deadline));
-                    let still_ours = matches!(*st, ChanState::Connecting);
+                    let still_ours = matches!(st.chan, ChanState::Connecting);
                     match attempt {
                         Ok((p, board)) if still_ours => self.up(&mut st, p, board),
                         // Closed meanwhile: the new channel is not wanted.
@@ -361,10 +367,10 @@ impl IpcLink {
 
     /// The channel is gone: dead for good, or re-established in the
     /// background.
-    fn lost(self: &Arc<Self>, st: &mut ChanState, e: Error) {
+    fn lost(self: &Arc<Self>, st: &mut LinkState, e: Error) {
         if self.permanent(&e) {
             self.local.log.warn(format_args!("{}: {} link dead for good: {}", self.label, self.transport.name(), e));
-            *st = ChanState::Dead { err: e, source_left: true };
+            st.chan = ChanState::Dead { err: e, source_left: true };
             return;
         }
         self.local.log.warn(format_args!(
@@ -373,12 +379,12 @@ impl IpcLink {
             self.transport.name(),
             e
         ));
-        *st = ChanState::Reconnecting { why: e };
+        st.chan = ChanState::Reconnecting { why: e };
         let me = self.clone();
         let spawned = std::thread::Builder::new().name("orbite-ipc-reconnect".into()).spawn(move || me.reconnect());
         if let Err(e) = spawned {
             let err = Error::Unavailable(format!("{}: cannot start reconnecting: {e}", self.label));
-            *st = ChanState::Dead { err, source_left: false };
+            st.chan = ChanState::Dead { err, source_left: false };
         }
     }
 
@@ -389,8 +395,8 @@ impl IpcLink {
         let mut pause = Duration::from_millis(20);
         loop {
             let attempt = self.connect(Instant::now() + self.local.reconnect_timeout);
-            let mut st = self.chan.lock();
-            if !matches!(*st, ChanState::Reconnecting { .. }) {
+            let mut st = self.state.lock();
+            if !matches!(st.chan, ChanState::Reconnecting { .. }) {
                 // Closed meanwhile: the new channel is not wanted.
                 if let Ok((p, _)) = attempt {
                     p.shutdown();
@@ -415,7 +421,7 @@ impl IpcLink {
                         e
                     ));
                     let err = if self.source_gone() { self.gone() } else { e };
-                    *st = ChanState::Dead { err, source_left: true };
+                    st.chan = ChanState::Dead { err, source_left: true };
                     return;
                 }
                 Err(e) => {
@@ -426,7 +432,7 @@ impl IpcLink {
                     if e.status() == crate::error::Status::TimedOut {
                         pause = Duration::from_millis(20);
                     }
-                    *st = ChanState::Reconnecting { why: e }
+                    st.chan = ChanState::Reconnecting { why: e }
                 }
             }
             drop(st);
@@ -465,12 +471,12 @@ impl IpcLink {
     /// Closes the channel for good (requester close); a background
     /// reconnection stops.
     pub fn close(&self) {
-        let mut st = self.chan.lock();
-        if let ChanState::Up(p) = &*st {
+        let mut st = self.state.lock();
+        if let ChanState::Up(p) = &st.chan {
             p.shutdown();
         }
         let err = Error::Unavailable(format!("{}: IPC link closed by this engine", self.label));
-        *st = ChanState::Dead { err, source_left: false };
+        st.chan = ChanState::Dead { err, source_left: false };
         self.changed.notify_all();
     }
 }
@@ -482,7 +488,7 @@ pub struct OfferPlace<'a> {
 
 impl Drop for OfferPlace<'_> {
     fn drop(&mut self) {
-        *self.link.offers.lock() -= 1;
+        self.link.state.lock().offers -= 1;
         self.link.offer_freed.notify_one();
     }
 }
@@ -625,7 +631,7 @@ mod tests {
         let first = std::thread::spawn(move || l1.call(MsgKind::Ack, b"one", deadline(), "first").unwrap().body);
         opening_rx.recv().unwrap();
         // The opening caller holds no lock: the link's state can be read.
-        assert!(matches!(*link.chan.try_lock_for(Duration::from_secs(10)).unwrap(), ChanState::Connecting));
+        assert!(matches!(link.state.try_lock_for(Duration::from_secs(10)).unwrap().chan, ChanState::Connecting));
         assert!(link.dead_reason().is_none() && !link.is_dead());
         // A caller meanwhile waits for that channel (no second one) until
         // its deadline, and the channel being opened is not harmed.
@@ -654,6 +660,6 @@ mod tests {
             drop(places);
             waiter.join().unwrap().unwrap();
         });
-        assert_eq!(*link.offers.lock(), 0);
+        assert_eq!(link.state.lock().offers, 0);
     }
 }
