@@ -15,6 +15,8 @@
 //! - no request outlives its deadline: once the requester checked its
 //!   deadlines, a READ past its own has ended, and a WRITE past its own by
 //!   `WRITE_OVERRUN` (its payload stuck) has ended with the connection;
+//! - a connection's end (cut, Goodbye, close) ends every request on it at
+//!   once;
 //! - in a run with no fault and generous deadlines, every request is OK;
 //! - the source's answers waiting stay within their bound;
 //! - every notification is answered exactly once, OK only when the
@@ -468,6 +470,12 @@ impl Sim {
         self.src.fail(&e);
         self.r2s.clear();
         self.s2r.clear();
+        // A connection's end (a cut, a Goodbye, the engine's close) ends
+        // every request on it at once: none waits for a deadline.
+        self.settle();
+        if let Some((id, r)) = self.reqs.iter().find(|(_, r)| r.outcome.is_none()) {
+            panic!("request {id} ({:?}) is still pending after its connection ended: {e}", r.op);
+        }
     }
 
     /// A new connection after a cut (the requester reconnects to the same
