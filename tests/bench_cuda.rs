@@ -25,7 +25,9 @@ fn bench(name: &str, args: &[&str], env: &[(&str, &str)]) -> (Vec<Value>, Vec<(u
         .unwrap();
     assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let points = std::fs::read_to_string(&json).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    (points, fakecuda::read_trace(&trace))
+    let trace = fakecuda::read_trace(&trace);
+    let _ = std::fs::remove_dir_all(&dir);
+    (points, trace)
 }
 
 #[test]
@@ -87,6 +89,7 @@ fn the_kv_pattern_measures_nvlink_and_mnnvl_posting_and_copies() {
     assert!(out.status.success(), "{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let points: Vec<Value> =
         std::fs::read_to_string(&json).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let _ = std::fs::remove_dir_all(&dir);
     assert_eq!(points.len(), 2 * 2 * 2, "transports x ops x coalesce: {points:?}");
     for p in &points {
         assert!(p["transport"] == "nvlink" || p["transport"] == "mnnvl", "{p}");

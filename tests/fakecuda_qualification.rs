@@ -96,6 +96,10 @@ fn qualify(name: &str, variant: Variant, args: &[&str], env: &[(&str, &str)]) ->
         .ok()
         .and_then(|t| serde_json::from_str(&t).ok())
         .unwrap_or_else(|| panic!("no JSON report: {stdout}"));
+    // A failed run's directory stays for a look; a passed one's goes.
+    if out.status.success() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     Qual { code: out.status.code().unwrap_or(-1), report, stdout }
 }
 
@@ -180,6 +184,7 @@ fn the_ordered_fallback_serves_batches_when_the_driver_lacks_the_batch_symbol() 
     assert_eq!(q.code, 0, "{}", q.stdout);
     assert_eq!(q.rows().len(), 8, "{}", q.stdout);
     let t = fakecuda::read_trace(&trace);
+    let _ = std::fs::remove_file(&trace);
     assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 0);
     assert!(fakecuda::calls(&t, "cuMemcpyAsync") >= 3, "{t:?}");
 
@@ -192,7 +197,9 @@ fn the_ordered_fallback_serves_batches_when_the_driver_lacks_the_batch_symbol() 
     let t = trace.display().to_string();
     let q = qualify("batch", Variant::Full, &args, &[("FAKECUDA_TRACE", &t)]);
     assert_eq!(q.code, 0, "{}", q.stdout);
-    assert_eq!(fakecuda::calls(&fakecuda::read_trace(&trace), "cuMemcpyBatchAsync_v2"), 1);
+    let t = fakecuda::read_trace(&trace);
+    let _ = std::fs::remove_file(&trace);
+    assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 1);
 }
 
 #[test]

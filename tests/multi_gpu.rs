@@ -302,6 +302,7 @@ fn adopted_subranges_of_one_allocation_share_one_handle_and_move_the_right_bytes
     let _ = std::fs::remove_file(&trace);
     run("adopted", &[("ADOPTED_SOURCE_TRACE", trace.to_str().unwrap())]);
     let t = fakecuda::read_trace(&trace);
+    let _ = std::fs::remove_file(&trace);
     assert_eq!(fakecuda::calls(&t, "cuIpcGetMemHandle"), 1, "{t:?}");
     assert_eq!(fakecuda::calls(&t, "cuMemAlloc_v2"), 1, "one caller allocation: {t:?}");
 }

@@ -203,7 +203,9 @@ pub fn run_traced(case: &str, env: &[(&str, &str)]) -> Vec<(u32, String, u64)> {
     let mut all = env.to_vec();
     all.push(("FAKECUDA_TRACE", trace.to_str().unwrap()));
     run(case, &all);
-    fakecuda::read_trace(&trace)
+    let lines = fakecuda::read_trace(&trace);
+    let _ = std::fs::remove_file(&trace);
+    lines
 }
 
 /// Host memory pinned for every context (`cuMemHostAlloc`, portable),
