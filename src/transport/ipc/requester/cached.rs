@@ -66,10 +66,12 @@ impl IpcRequester {
             .into_iter()
             .map(|(k, why)| format!("{} region {}: {why}", k.0, k.2))
             .collect();
-        // Uncached imports that owe only their receipt get one more try.
-        let mut r = self.retained.lock();
+        // Uncached imports that owe only their receipt get one more try,
+        // with the list's lock released: a receipt is a round trip, and the
+        // progress worker retains imports meanwhile.
+        let taken = std::mem::take(&mut *self.retained.lock());
         let mut kept = Vec::new();
-        for ent in r.drain(..) {
+        for ent in taken {
             if !pick(&ent.import) {
                 kept.push(ent);
                 continue;
@@ -91,7 +93,7 @@ impl IpcRequester {
                 }
             }
         }
-        *r = kept;
+        self.retained.lock().extend(kept);
         left
     }
 
