@@ -380,4 +380,82 @@ mod tests {
         assert_eq!(p.drain_idle(), 0);
         assert_eq!(p.factory.destroyed.load(Ordering::SeqCst), 1);
     }
+
+    /// A factory whose `create` of context 2 and `destroy` of context 3
+    /// say they started, then wait until the test lets them go, which it
+    /// does only after it took the pool's lock itself: called under that
+    /// lock, they would wait out their 60 s and fail.
+    struct Gated {
+        started: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
+        gate: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+    }
+
+    impl Gated {
+        fn hold(&self, what: &str) -> Result<()> {
+            self.started.lock().unwrap().send(()).unwrap();
+            let let_go = self.gate.lock().unwrap().recv_timeout(Duration::from_secs(60));
+            let_go.map_err(|_| Error::Cuda(format!("{what} was never let go: it ran under the pool's lock")))
+        }
+    }
+
+    impl StreamFactory for Gated {
+        type Handle = u64;
+        fn create(&self, ctx: u64) -> Result<u64> {
+            if ctx == 2 {
+                self.hold("create")?;
+            }
+            Ok(ctx)
+        }
+        fn destroy(&self, ctx: u64, _h: u64) -> Result<()> {
+            if ctx == 3 {
+                self.hold("destroy")?;
+            }
+            Ok(())
+        }
+    }
+
+    fn gated() -> (Arc<StreamPool<Gated>>, std::sync::mpsc::Receiver<()>, std::sync::mpsc::Sender<()>) {
+        let (started_tx, started) = std::sync::mpsc::channel();
+        let (let_go, gate) = std::sync::mpsc::channel();
+        let factory = Gated { started: std::sync::Mutex::new(started_tx), gate: std::sync::Mutex::new(gate) };
+        (StreamPool::new(factory, 2), started, let_go)
+    }
+
+    /// While one caller's native create runs, another leases and releases
+    /// a slot: the create is called outside the pool's lock (row T3).
+    #[test]
+    fn a_slow_native_create_leaves_the_pool_to_other_callers() {
+        let (p, started, let_go) = gated();
+        let a = p.lease(1, soon()).unwrap();
+        p.release(a, true);
+        std::thread::scope(|s| {
+            let slow = s.spawn(|| p.lease(2, Instant::now() + Duration::from_secs(120)).map(|l| l.ctx));
+            started.recv_timeout(Duration::from_secs(60)).expect("the create of context 2 started");
+            let b = p.lease(1, soon()).unwrap();
+            p.release(b, true);
+            let_go.send(()).unwrap();
+            assert_eq!(slow.join().unwrap().unwrap(), 2);
+        });
+    }
+
+    /// While a replacement destroys another context's idle pair, other
+    /// callers use the pool: the destroy is called outside its lock (T3).
+    #[test]
+    fn a_slow_native_destroy_leaves_the_pool_to_other_callers() {
+        let (p, started, let_go) = gated();
+        let (a, b) = (p.lease(3, soon()).unwrap(), p.lease(4, soon()).unwrap());
+        p.release(a, true);
+        std::thread::scope(|s| {
+            // At capacity: context 5 replaces context 3's idle slot.
+            let slow = s.spawn(|| p.lease(5, Instant::now() + Duration::from_secs(120)).map(|l| l.ctx));
+            started.recv_timeout(Duration::from_secs(60)).expect("the destroy of context 3 started");
+            assert_eq!(p.counts().stream_slots, 2);
+            p.release(b, true);
+            let c = p.lease(4, soon()).unwrap();
+            p.release(c, true);
+            let_go.send(()).unwrap();
+            assert_eq!(slow.join().unwrap().unwrap(), 5);
+        });
+        assert_eq!(p.counts().retained_streams, 0);
+    }
 }
