@@ -451,6 +451,34 @@ mod tests {
         }
     }
 
+    /// What a peer can make one sealed connection hold: two whole records
+    /// not yet handed out, in any pieces, and not one byte more (a third
+    /// record's first byte is refused, nothing of it kept).
+    #[test]
+    fn an_opener_holds_at_most_two_records_not_handed_out() {
+        let (mut s, mut o) = pair();
+        let data = message(RECORD_MAX);
+        for _ in 0..3 {
+            s.seal(&[&data], 0, RECORD_MAX);
+        }
+        let wire = s.pending().to_vec();
+        let one = RECORD_HEAD + RECORD_MAX + RECORD_TAG;
+        assert_eq!(wire.len(), 3 * one);
+        for piece in wire[..2 * one].chunks(9000) {
+            o.received(piece).unwrap();
+        }
+        let e = o.received(&wire[2 * one..2 * one + 1]).unwrap_err();
+        assert_eq!(e.status(), crate::error::Status::ProtocolError, "{e}");
+        assert!(e.message().contains("beyond two records"), "{e}");
+        // The two held records are whole and in order.
+        let mut out = vec![0u8; RECORD_MAX];
+        for _ in 0..2 {
+            assert_eq!(o.take(&mut out).unwrap(), RECORD_MAX);
+            assert_eq!(out, data);
+        }
+        assert_eq!(o.take(&mut out).unwrap(), 0);
+    }
+
     /// Records read straight into the opener's room, in splits of any
     /// size: once nothing is left to hand out there is always room for a
     /// whole record (what was not handed out moves to the front), and the
