@@ -360,6 +360,43 @@ impl RegionTable {
 mod tests {
     use super::*;
 
+    /// Access flags combine as a union, name themselves as Describe and
+    /// stats print them, and refuse unknown bits.
+    #[test]
+    fn access_flags_combine_name_and_refuse_unknown_bits() {
+        assert_eq!(Access::READ | Access::WRITE, Access::READ_WRITE);
+        assert_eq!(Access::READ | Access::READ, Access::READ);
+        assert_eq!(Access::NONE | Access::WRITE, Access::WRITE);
+        assert_eq!(Access::READ_WRITE.names(), vec!["read", "write"]);
+        assert_eq!(Access::WRITE.names(), vec!["write"]);
+        assert!(Access::NONE.names().is_empty());
+        assert_eq!(Access::from_bits(3), Some(Access::READ_WRITE));
+        assert_eq!(Access::from_bits(4), None);
+    }
+
+    /// A transport's hold on a region's backing (MNNVL's host pin) is made
+    /// once per registration, even when asked again, and a failed make
+    /// leaves none.
+    #[test]
+    fn a_backing_hold_is_made_once_per_registration() {
+        let t = RegionTable::default();
+        let r = t.register(0x20000, 0x1000, Access::READ).unwrap();
+        assert!(!r.holds_backing());
+        let e = r.hold_backing(|| Err(Error::Cuda("pin refused".into()))).unwrap_err();
+        assert_eq!(e.message(), "pin refused");
+        assert!(!r.holds_backing());
+        let made = std::cell::Cell::new(0);
+        for _ in 0..3 {
+            r.hold_backing(|| {
+                made.set(made.get() + 1);
+                Ok(Box::new(7u8))
+            })
+            .unwrap();
+        }
+        assert_eq!(made.get(), 1);
+        assert!(r.holds_backing());
+    }
+
     #[test]
     fn overlap_bounds_and_lookup() {
         let t = RegionTable::default();
