@@ -360,6 +360,72 @@ impl RegionTable {
 mod tests {
     use super::*;
 
+    /// Waits (bounded) until thread `tid` of this process sleeps: the
+    /// kernel's own word (`/proc/self/task/TID/stat` state `S`).
+    fn until_asleep(tid: i64) {
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+            let state = stat.rsplit(')').next().unwrap().split_whitespace().next().unwrap();
+            if state == "S" {
+                return;
+            }
+            assert!(Instant::now() < until, "thread {tid} never slept (state {state})");
+            std::thread::yield_now();
+        }
+    }
+
+    /// An unregistration waits for the leases of copies in flight and is
+    /// woken when the last one drops (not by an earlier one, and never
+    /// left to its timeout): it returns OK at once, and the region is gone.
+    #[test]
+    fn unregister_is_woken_by_the_last_lease_it_waits_for() {
+        let t = Arc::new(RegionTable::default());
+        let r = t.register(0x30000, 0x1000, Access::READ).unwrap();
+        let (a, b) = (t.lease(0x30000, 16).unwrap(), t.lease(0x30010, 16).unwrap());
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let (tid_tx, tid) = std::sync::mpsc::channel();
+        let t2 = t.clone();
+        let id = r.id;
+        std::thread::spawn(move || {
+            // SAFETY: gettid has no arguments and cannot fail.
+            tid_tx.send(unsafe { libc::gettid() } as i64).unwrap();
+            done_tx.send(t2.unregister(id, Duration::from_secs(600))).unwrap()
+        });
+        let tid = tid.recv().unwrap();
+        // Asleep with the region closing: waiting for the leases (nothing
+        // else it takes is held here).
+        let until = Instant::now() + Duration::from_secs(60);
+        while !r.closing.load(Ordering::Acquire) {
+            assert!(Instant::now() < until, "the unregistration never started");
+            std::thread::yield_now();
+        }
+        until_asleep(tid);
+        drop(a);
+        until_asleep(tid);
+        assert!(done.try_recv().is_err(), "returned with a lease still held");
+        drop(b);
+        done.recv_timeout(Duration::from_secs(60)).expect("the last lease's drop woke nobody").unwrap();
+        assert!(matches!(t.lease(0x30000, 16), Err(Error::NotFound(_))));
+    }
+
+    /// At most MAX_PUBLISHED_REGIONS regions with remote access; local-only
+    /// ones do not count, and an unregistered one frees its place.
+    #[test]
+    fn published_regions_are_capped_and_local_only_ones_are_not() {
+        let t = RegionTable::default();
+        let at = |i: u64| 0x100_0000 + i * 0x10;
+        let ids: Vec<u64> =
+            (0..MAX_PUBLISHED_REGIONS as u64).map(|i| t.register(at(i), 0x10, Access::READ).unwrap().id).collect();
+        let n = MAX_PUBLISHED_REGIONS as u64;
+        let e = t.register(at(n), 0x10, Access::WRITE).unwrap_err();
+        assert!(matches!(e, Error::ResourceExhausted(_)), "{e}");
+        t.register(at(n), 0x10, Access::NONE).unwrap();
+        t.unregister(ids[0], Duration::from_secs(1)).unwrap();
+        t.register(at(n + 1), 0x10, Access::READ).unwrap();
+        assert!(matches!(t.register(at(n + 2), 0x10, Access::READ), Err(Error::ResourceExhausted(_))));
+    }
+
     /// Access flags combine as a union, name themselves as Describe and
     /// stats print them, and refuse unknown bits.
     #[test]
