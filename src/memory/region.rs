@@ -474,6 +474,11 @@ mod tests {
         assert_eq!(t.lease(0x10000, 0x1000).unwrap().region().id, a.id);
         assert!(matches!(t.lease(0x10fff, 2), Err(Error::OutOfRange(_))));
         assert!(matches!(t.lease(0x12000, 1), Err(Error::NotFound(_))));
+        // One past a region's last byte is in no region.
+        assert!(matches!(t.lease(0x11010, 1), Err(Error::NotFound(_))));
+        assert_eq!(t.len(), 2);
+        let ids: Vec<u64> = t.snapshot().iter().map(|r| r.id).collect();
+        assert_eq!(ids, vec![a.id, b.id]);
         assert!(matches!(t.lease(0x1, 1), Err(Error::NotFound(_))));
         assert!(matches!(t.register(0, 1, Access::READ), Err(Error::InvalidArgument(_))));
         assert!(matches!(t.register(1, 0, Access::READ), Err(Error::InvalidArgument(_))));
