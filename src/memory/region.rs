@@ -360,21 +360,6 @@ impl RegionTable {
 mod tests {
     use super::*;
 
-    /// Waits (bounded) until thread `tid` of this process sleeps: the
-    /// kernel's own word (`/proc/self/task/TID/stat` state `S`).
-    fn until_asleep(tid: i64) {
-        let until = Instant::now() + Duration::from_secs(60);
-        loop {
-            let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
-            let state = stat.rsplit(')').next().unwrap().split_whitespace().next().unwrap();
-            if state == "S" {
-                return;
-            }
-            assert!(Instant::now() < until, "thread {tid} never slept (state {state})");
-            std::thread::yield_now();
-        }
-    }
-
     /// An unregistration waits for the leases of copies in flight and is
     /// woken when the last one drops (not by an earlier one, and never
     /// left to its timeout): it returns OK at once, and the region is gone.
@@ -388,8 +373,7 @@ mod tests {
         let t2 = t.clone();
         let id = r.id;
         std::thread::spawn(move || {
-            // SAFETY: gettid has no arguments and cannot fail.
-            tid_tx.send(unsafe { libc::gettid() } as i64).unwrap();
+            tid_tx.send(crate::sync::thread_id()).unwrap();
             done_tx.send(t2.unregister(id, Duration::from_secs(600))).unwrap()
         });
         let tid = tid.recv().unwrap();
@@ -400,9 +384,9 @@ mod tests {
             assert!(Instant::now() < until, "the unregistration never started");
             std::thread::yield_now();
         }
-        until_asleep(tid);
+        crate::sync::until_asleep(tid);
         drop(a);
-        until_asleep(tid);
+        crate::sync::until_asleep(tid);
         assert!(done.try_recv().is_err(), "returned with a lease still held");
         drop(b);
         done.recv_timeout(Duration::from_secs(60)).expect("the last lease's drop woke nobody").unwrap();

@@ -278,6 +278,39 @@ mod tests {
         let _q = b.try_acquire(10).unwrap();
     }
 
+    /// A budget admits up to its limit exactly, never past it, holds each
+    /// permit's bytes until it drops, and a waiter woken by a release
+    /// that still leaves too little goes on waiting (it is not refused
+    /// before its deadline).
+    #[test]
+    fn a_budget_admits_up_to_its_limit_and_waits_past_a_release_too_small() {
+        let b = Budget::new(10);
+        assert_eq!(b.limit(), 10);
+        assert!(b.try_acquire(11).is_none());
+        let whole = b.acquire(10, Instant::now(), "t").unwrap();
+        assert_eq!((whole.bytes(), b.used()), (10, 10));
+        drop(whole);
+        let (six, two) = (b.try_acquire(6).unwrap(), b.acquire(2, Instant::now(), "t").unwrap());
+        assert_eq!((six.bytes(), two.bytes(), b.used()), (6, 2, 8));
+        // To the limit exactly, at once.
+        let last = b.acquire(2, Instant::now(), "t").unwrap();
+        drop(last);
+        let (tid_tx, tid) = std::sync::mpsc::channel();
+        let b2 = b.clone();
+        let waiter = std::thread::spawn(move || {
+            tid_tx.send(crate::sync::thread_id()).unwrap();
+            b2.acquire(5, Instant::now() + Duration::from_secs(600), "t").map(|p| p.bytes())
+        });
+        let tid = tid.recv().unwrap();
+        crate::sync::until_asleep(tid);
+        // 6 held: 5 more do not fit; the waiter wakes and waits again.
+        drop(two);
+        crate::sync::until_asleep(tid);
+        drop(six);
+        assert_eq!(waiter.join().unwrap().unwrap(), 5);
+        assert_eq!(b.used(), 0);
+    }
+
     #[test]
     fn a_shared_charge_counts_once_until_its_last_holder_goes() {
         let b = Budget::new(10);

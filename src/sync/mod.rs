@@ -24,6 +24,31 @@ pub fn take_armed(counter: &std::sync::atomic::AtomicU32) -> bool {
     counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1)).is_ok()
 }
 
+/// Waits (bounded: 60 s) until thread `tid` of this process sleeps, on
+/// the kernel's word (`/proc/self/task/TID/stat` state `S`): how a lib test
+/// knows a thread is blocked in a wait before it does what should wake it.
+#[cfg(test)]
+pub(crate) fn until_asleep(tid: i64) {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+            .unwrap_or_else(|e| panic!("thread {tid} ended instead of waiting ({e})"));
+        let state = stat.rsplit(')').next().unwrap().split_whitespace().next().unwrap().to_string();
+        if state == "S" {
+            return;
+        }
+        assert!(std::time::Instant::now() < until, "thread {tid} never slept (state {state})");
+        std::thread::yield_now();
+    }
+}
+
+/// This thread's kernel id, for [`until_asleep`].
+#[cfg(test)]
+pub(crate) fn thread_id() -> i64 {
+    // SAFETY: gettid has no arguments and cannot fail.
+    unsafe { libc::gettid() as i64 }
+}
+
 #[cfg(feature = "model-check")]
 pub use model::{Condvar, Mutex, MutexGuard};
 
