@@ -337,6 +337,32 @@ mod tests {
         assert_eq!(g.close_and_wait(Instant::now()), 0);
     }
 
+    /// A close waits for the work inside and is woken by the last unit to
+    /// leave (not by an earlier one, never left to its deadline); the gate
+    /// says it is closed from the moment the close began.
+    #[test]
+    fn a_close_is_woken_by_the_last_unit_to_leave() {
+        let g = Gate::new("test gate");
+        assert!(g.is_open());
+        let (a, b) = (g.enter().unwrap(), g.enter().unwrap());
+        let (tid_tx, tid) = std::sync::mpsc::channel();
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let g2 = g.clone();
+        std::thread::spawn(move || {
+            tid_tx.send(crate::sync::thread_id()).unwrap();
+            done_tx.send(g2.close_and_wait(Instant::now() + Duration::from_secs(600))).unwrap();
+        });
+        let tid = tid.recv().unwrap();
+        crate::sync::until_asleep(tid);
+        assert!(!g.is_open());
+        drop(a);
+        crate::sync::until_asleep(tid);
+        assert!(done.try_recv().is_err(), "the close returned with a unit inside");
+        drop(b);
+        assert_eq!(done.recv_timeout(Duration::from_secs(60)).expect("the last unit woke nobody"), 0);
+        assert_eq!(g.active(), 0);
+    }
+
     /// Guards `admit`'s three outcomes: its own entry while open; the
     /// hold, taken when more follow, keeps a close waiting and lets later
     /// subbatches run inside it; a closed gate with no hold refuses.
