@@ -94,6 +94,10 @@ pub struct TcpConnection {
     closing: AtomicBool,
     /// Peer label for messages.
     pub label: String,
+    /// Test-only switch: the past race back on (what the core reported is
+    /// delivered before the lock is released).
+    #[cfg(test)]
+    deliver_under_lock: AtomicBool,
 }
 
 thread_local! {
@@ -127,6 +131,8 @@ impl TcpConnection {
             log,
             closing: AtomicBool::new(false),
             label,
+            #[cfg(test)]
+            deliver_under_lock: AtomicBool::new(false),
         });
         let reg = reactor.register(conn.stream.as_raw_fd(), conn.clone())?;
         let _ = conn.reg.set(reg);
@@ -179,9 +185,7 @@ impl TcpConnection {
         let mut c = self.state.lock();
         let at_once = c.core.submit(chunks);
         let sent = if at_once { self.write_out(&mut c, u64::MAX, Instant::now()) } else { Sent::Blocked };
-        let out = self.outputs(&mut c);
-        drop(c);
-        self.deliver(out);
+        self.unlock(c);
         if sent != Sent::Complete {
             self.wake();
         }
@@ -193,9 +197,7 @@ impl TcpConnection {
     pub fn send_notify(&self, body: impl FnOnce(u64) -> Vec<u8>, deadline: Instant, answer: NotifyAnswer) {
         let mut c = self.state.lock();
         c.core.notify(body, deadline, answer);
-        let out = self.outputs(&mut c);
-        drop(c);
-        self.deliver(out);
+        self.unlock(c);
         self.wake();
     }
 
@@ -219,9 +221,8 @@ impl TcpConnection {
     /// in flight fails, the socket is shut, and the I/O thread lets go.
     pub fn kill(&self, e: Error) {
         let mut c = self.state.lock();
-        let out = self.end(&mut c, e);
-        drop(c);
-        self.deliver(out);
+        self.end(&mut c, e);
+        self.unlock(c);
         self.finished.set();
         self.wake();
     }
@@ -242,18 +243,17 @@ impl TcpConnection {
         if let Some(bye) = c.core.goodbye() {
             let _ = io::send_parts_from(&self.stream, &[&bye], 0);
         }
-        let out =
-            self.end(&mut c, Error::Unavailable(format!("connection to {} was closed by this engine", self.label)));
-        drop(c);
-        self.deliver(out);
+        self.end(&mut c, Error::Unavailable(format!("connection to {} was closed by this engine", self.label)));
+        self.unlock(c);
         self.finished.set();
         self.wake();
     }
 
     /// The connection is over (`e` says why): a protocol error is told to
     /// the peer when nothing is half written, the core fails everything
-    /// left, the socket is shut. Returns what to deliver.
-    fn end(&self, c: &mut Conn, e: Error) -> Outputs {
+    /// left, the socket is shut. What that ends is delivered by
+    /// [`TcpConnection::unlock`].
+    fn end(&self, c: &mut Conn, e: Error) {
         if c.core.dead().is_none() {
             if let Some(f) = c.core.protocol_error_frame(&e) {
                 let _ = io::send_parts_from(&self.stream, &[&f], 0);
@@ -264,7 +264,22 @@ impl TcpConnection {
         }
         c.core.kill(e, Instant::now());
         let _ = self.stream.shutdown(Shutdown::Both);
-        self.outputs(c)
+    }
+
+    /// Releases the connection's lock, then acts on what the core
+    /// reported. The only way anything reported is delivered: an end hook,
+    /// a notification's verdict or a `Revoke` hook never runs under the
+    /// lock, so it may use this connection.
+    fn unlock(&self, mut c: MutexGuard<'_, Conn>) {
+        let out = self.outputs(&mut c);
+        #[cfg(test)]
+        if self.deliver_under_lock.load(Ordering::Relaxed) {
+            self.deliver(out);
+            drop(c);
+            return;
+        }
+        drop(c);
+        self.deliver(out);
     }
 
     /// Takes what the core reported (and folds its counts into the stats).
@@ -403,22 +418,33 @@ impl TcpConnection {
     }
 
     /// One turn of the I/O thread under the lock: writes, then reads.
-    fn turn(&self, c: &mut Conn, scratch: &mut [u8]) -> (Flow, Outputs) {
+    fn turn(&self, c: &mut Conn, scratch: &mut [u8]) -> Flow {
         if let Some(e) = c.core.dead().cloned() {
-            return (Flow::Done, self.end(c, e));
+            self.end(c, e);
+            return Flow::Done;
         }
         let sent = self.write_out(c, TURN_BYTES, Instant::now());
         let mut budget = TURN_BYTES;
         let got = match self.receive(c, scratch, &mut budget, None) {
             Ok(Some(f)) => f,
-            Ok(None) => return (Flow::Done, self.end(c, self.closed_by_peer())),
-            Err(e) => return (Flow::Done, self.end(c, e)),
+            Ok(None) => {
+                self.end(c, self.closed_by_peer());
+                return Flow::Done;
+            }
+            Err(e) => {
+                self.end(c, e);
+                return Flow::Done;
+            }
         };
         if let Some(e) = c.core.dead().cloned() {
-            return (Flow::Done, self.end(c, e));
+            self.end(c, e);
+            return Flow::Done;
         }
-        let flow = if sent == Sent::Budget || got == Flow::Again { Flow::Again } else { Flow::Idle };
-        (flow, self.outputs(c))
+        if sent == Sent::Budget || got == Flow::Again {
+            Flow::Again
+        } else {
+            Flow::Idle
+        }
     }
 }
 
@@ -448,9 +474,7 @@ impl Assist for TcpConnection {
         };
         let end = match got {
             (Ok(Some(Flow::Idle)), progress) => {
-                let out = self.outputs(&mut c);
-                drop(c);
-                self.deliver(out);
+                self.unlock(c);
                 return progress;
             }
             (Ok(Some(_)), _) => None,
@@ -458,12 +482,10 @@ impl Assist for TcpConnection {
             (Err(e), _) => Some(e),
         };
         let ended = end.is_some();
-        let out = match end {
-            Some(e) => self.end(&mut c, e),
-            None => self.outputs(&mut c),
-        };
-        drop(c);
-        self.deliver(out);
+        if let Some(e) = end {
+            self.end(&mut c, e);
+        }
+        self.unlock(c);
         if ended {
             self.finished.set();
         }
@@ -478,9 +500,8 @@ impl Handler for TcpConnection {
         if self.finished.is_set() {
             return Flow::Done;
         }
-        let (flow, out) = self.turn(&mut c, scratch);
-        drop(c);
-        self.deliver(out);
+        let flow = self.turn(&mut c, scratch);
+        self.unlock(c);
         if flow == Flow::Done {
             self.finished.set();
         }
@@ -492,21 +513,27 @@ impl Handler for TcpConnection {
         if self.finished.is_set() {
             return Flow::Done;
         }
-        let (flow, out) = match c.core.expire(now) {
-            Err(e) => (Flow::Done, self.end(&mut c, e)),
+        let flow = match c.core.expire(now) {
+            Err(e) => {
+                self.end(&mut c, e);
+                Flow::Done
+            }
             // Frames queued by a thread whose wake-up came before this
             // connection's registration was set still leave.
             Ok(()) if c.core.wants_send() => {
                 let sent = self.write_out(&mut c, TURN_BYTES, now);
                 match c.core.dead().cloned() {
-                    Some(e) => (Flow::Done, self.end(&mut c, e)),
-                    None => (if sent == Sent::Budget { Flow::Again } else { Flow::Idle }, self.outputs(&mut c)),
+                    Some(e) => {
+                        self.end(&mut c, e);
+                        Flow::Done
+                    }
+                    None if sent == Sent::Budget => Flow::Again,
+                    None => Flow::Idle,
                 }
             }
-            Ok(()) => (Flow::Idle, self.outputs(&mut c)),
+            Ok(()) => Flow::Idle,
         };
-        drop(c);
-        self.deliver(out);
+        self.unlock(c);
         if flow == Flow::Done {
             self.finished.set();
         }
@@ -631,35 +658,58 @@ mod tests {
         conn.kill(Error::Unavailable("test over".into()));
     }
 
-    /// A batch's end hook may use the connection its request failed on,
-    /// as an outbox does (it queues the notification that waited for the
-    /// batch): a READ of a cancelled batch fails inside the send path, on
-    /// the thread that enqueued it, and its end hook queues a notification
-    /// on the same connection. Guards `enqueue` delivering only after
-    /// `drop(c)` (the past race: delivered under the connection's lock,
-    /// the hook waits for that lock on the thread that holds it).
-    #[test]
-    fn a_batch_end_hook_may_use_the_connection_its_request_failed_on() {
+    /// A READ of a cancelled batch fails inside the send path, on the
+    /// thread that enqueues it, and its batch's end hook queues a
+    /// notification on the same connection, as an outbox does. Returns
+    /// whether the hook ran within `patience`, the connection and batch
+    /// (the caller ends them if it did) and where the notification's
+    /// verdict arrives.
+    fn end_hook_on_failed_send(under_lock: bool, patience: Duration) -> (bool, Arc<TcpConnection>, OneRead, Verdicts) {
         let stats = Arc::new(Counters::default());
         let (conn, _peer) = connected(&stats);
-        let OneRead { mut local, regions, deadline, batch } = OneRead::new(stats);
-        batch.cancel();
+        conn.deliver_under_lock.store(under_lock, Ordering::Relaxed);
+        let mut one = OneRead::new(stats);
+        one.batch.cancel();
         let (hook_ran, ran) = std::sync::mpsc::channel();
         let (answered, answer) = std::sync::mpsc::channel();
         let weak = Arc::downgrade(&conn);
-        assert!(batch.on_end(Box::new(move || {
+        let deadline = one.deadline;
+        assert!(one.batch.on_end(Box::new(move || {
             let c = weak.upgrade().expect("the connection lives");
             let tell = move |r: Result<()>, written: bool| answered.send((r.map_err(|e| e.status()), written)).unwrap();
             c.send_notify(|_tag| vec![0u8; 8], deadline, Box::new(tell));
             hook_ran.send(()).unwrap();
         })));
-        let (c, chunk) = (conn.clone(), read_chunk(&batch, &regions, local.as_mut_ptr() as u64, deadline));
+        let (c, chunk) = (conn.clone(), read_chunk(&one.batch, &one.regions, one.local.as_mut_ptr() as u64, deadline));
         std::thread::spawn(move || c.enqueue(vec![chunk]));
-        ran.recv_timeout(Duration::from_secs(60)).expect("the end hook waited for the connection's lock for good");
-        assert_eq!(batch.poll(), Status::TransferFailed);
-        assert_eq!(batch.error(0).map(|e| e.status()), Some(Status::Cancelled));
+        (ran.recv_timeout(patience).is_ok(), conn, one, answer)
+    }
+
+    /// A notification's verdict: its status and whether it may have left.
+    type Verdicts = std::sync::mpsc::Receiver<(std::result::Result<(), Status>, bool)>;
+
+    /// A batch's end hook may use the connection its request failed on.
+    /// Guards `unlock` delivering only after the lock is dropped (the past
+    /// race: delivered under the connection's lock, the hook waits for
+    /// that lock on the thread that holds it).
+    #[test]
+    fn a_batch_end_hook_may_use_the_connection_its_request_failed_on() {
+        let (ran, conn, one, answer) = end_hook_on_failed_send(false, Duration::from_secs(60));
+        assert!(ran, "the end hook waited for the connection's lock for good");
+        assert_eq!(one.batch.poll(), Status::TransferFailed);
+        assert_eq!(one.batch.error(0).map(|e| e.status()), Some(Status::Cancelled));
         // The notification was queued there: the end answers it unsent.
         conn.kill(Error::Unavailable("test over".into()));
         assert_eq!(answer.recv_timeout(Duration::from_secs(60)).unwrap(), (Err(Status::Unavailable), false));
+    }
+
+    /// The same with the race switched back on: the hook never runs (its
+    /// thread waits for the lock it holds). The connection and its thread
+    /// are left behind, deadlocked; nothing else uses them.
+    #[test]
+    fn the_end_hook_deadlocks_when_delivered_under_the_lock() {
+        let (ran, conn, one, answer) = end_hook_on_failed_send(true, Duration::from_secs(3));
+        assert!(!ran, "an end hook delivered under the lock ran: the switch does not put the race back");
+        std::mem::forget((conn, one, answer));
     }
 }
