@@ -817,3 +817,52 @@ fn auto_splits_a_mixed_submission_between_shm_and_tcp() {
     assert!(b.results().iter().all(|r| r.status == Status::Ok));
     assert!(b.notes().is_empty(), "{:?}", b.notes());
 }
+
+/// A handle lost with its channel (the channel breaks as the handle
+/// arrives): the requester mapped nothing, the source keeps the export
+/// (it cannot know), and the requester's next flush releases it, so the
+/// source's close is not held up by a live, honest requester. Guards
+/// `open` recording the lost grant and `release_lost_grant`.
+#[test]
+fn a_handle_lost_with_its_channel_is_released_at_the_next_flush() {
+    let src = Engine::new(EngineConfig::default()).unwrap();
+    let req = Engine::from_json(r#"{"shm_cache_entries": 0}"#).unwrap();
+    let a = allocate_shared_host(1 << 20).unwrap();
+    src.register_memory(a.addr(), 1 << 20, Access::READ).unwrap();
+    let mut local = vec![0u8; 4096];
+    req.register_memory(local.as_mut_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
+    let read = [Request { op: Op::Read, local_addr: local.as_mut_ptr() as u64, remote_addr: a.addr(), len: 4096 }];
+    req.faults().lose_handle.store(1, std::sync::atomic::Ordering::SeqCst);
+    let b = req.submit(peer, &read, opts).unwrap();
+    let _ = b.wait(T);
+    let r = b.results()[0];
+    assert_eq!((r.status, r.remote_effect), (Status::Unavailable, RemoteEffect::None), "{:?}", b.error(0));
+    let held = |e: &Engine| {
+        let s = e.stats();
+        s.ipc["shm"].exports.open + s.ipc["shm"].exports.retained
+    };
+    assert_eq!(held(&src), 1, "the source keeps what it granted");
+    assert_eq!(req.stats().ipc["shm"].imports.retained, 0, "nothing was mapped");
+    // The link re-establishes its channel in the background; a flush
+    // before that keeps the grant owed and says so.
+    let t0 = std::time::Instant::now();
+    loop {
+        match req.flush_nvlink_cache(Some(T)) {
+            Ok(()) => break,
+            Err(e) => {
+                assert_eq!(e.status(), Status::Unquiesced, "{e}");
+                assert!(e.message().contains("handle was lost with its channel"), "{e}");
+                assert!(t0.elapsed() < T, "the channel never came back: {e}");
+                std::thread::yield_now();
+            }
+        }
+    }
+    assert_eq!(held(&src), 0, "the flush released the lost grant");
+    src.close_source(Some(Duration::from_millis(200))).unwrap();
+    // The link works again.
+    drop(src);
+    drop(req);
+    a.free().unwrap();
+}

@@ -1,6 +1,7 @@
 //! Fault injection for the IPC protocol: a wrapper backend that fails the
-//! next N native closes, completions or copies on demand, and a switch that
-//! drops the next N receipt acknowledgements. Inert (one atomic load per
+//! next N native closes, completions or copies on demand, and switches that
+//! drop the next N receipt acknowledgements or export handles (with their
+//! channel). Inert (one atomic load per
 //! operation) until armed; tests arm it through `Engine::faults()`.
 
 use super::backend::{CopyOp, CopyPlan, ExportedHandle, IpcBackend, Mapping, Posting, ReceivedHandle};
@@ -20,6 +21,9 @@ pub struct Faults {
     pub fail_copy: AtomicU32,
     /// A receipt's acknowledgement is lost on the way back.
     pub lose_ack: AtomicU32,
+    /// The channel breaks as an export handle arrives (the handle goes
+    /// with it).
+    pub lose_handle: AtomicU32,
     /// Completion queries answer "not ready yet" this many more times.
     pub pending_polls: AtomicU32,
 }

@@ -309,7 +309,13 @@ impl IpcLink {
     /// new channel and calls fail fast with `Unavailable` meanwhile.
     pub fn call(self: &Arc<Self>, kind: MsgKind, body: &[u8], deadline: Instant, what: &str) -> Result<Frame> {
         let p = self.pipeline(deadline)?;
-        p.call(kind, body, deadline, what).map_err(|e| {
+        let got = match p.call(kind, body, deadline, what) {
+            Ok(f) if f.kind == MsgKind::ExportHandle && Faults::take(&self.local.faults.lose_handle) => {
+                Err(Error::Unavailable("the channel broke as the export handle arrived (injected)".into()))
+            }
+            got => got,
+        };
+        got.map_err(|e| {
             let e = match e {
                 Error::TimedOut(m) => Error::TimedOut(format!("{}: {m}", self.label)),
                 Error::Unavailable(m) => Error::Unavailable(format!("{}: {m}", self.label)),

@@ -153,6 +153,10 @@ pub struct Mutations {
     /// A lost channel's unanswered offers keep what they hold (the grant
     /// that waited on after its channel had closed).
     pub keep_offers_of_lost_channels: bool,
+    /// A reclaim releases retained exports whose importer still lives (a
+    /// silent importer taken for an exited one: the close's timeout
+    /// treated as proof that the import was closed).
+    pub reclaim_live_importers: bool,
 }
 
 /// Every export of one table.
@@ -351,6 +355,30 @@ impl<R> ExportsCore<R> {
         if self.recently_closed.contains(&(r.export_id, r.token)) {
             return Ok(None);
         }
+        // A grant whose handle went with its lost channel, released from a
+        // later channel while the handle is still being made: it ends
+        // unexposed once made (nothing to do), or, if the source has not
+        // seen the first channel's end yet, the requester tries again.
+        match self.exports.get(&r.export_id) {
+            Some(e)
+                if e.grant.token == r.token
+                    && e.grant.conn != conn
+                    && requester.is_some()
+                    && e.grant.requester == requester =>
+            {
+                match e.state {
+                    ExportState::Abandoned => return Ok(None),
+                    ExportState::Exposing => {
+                        return Err(Error::Unavailable(format!(
+                            "export {} is still being answered on another channel; try again",
+                            r.export_id
+                        )))
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
         self.release(conn, requester, r).map(Some)
     }
 
@@ -443,8 +471,9 @@ impl<R> ExportsCore<R> {
 
     /// Ends retained exports whose importing process exited.
     pub fn reclaim_exited(&mut self, exited: impl Fn(&ProcessIdentity) -> bool) -> Vec<Released<R>> {
+        let any = self.mutations.reclaim_live_importers;
         let gone = self.take_where(|e| {
-            e.state == ExportState::Retained && e.grant.requester.as_ref().is_some_and(|r| exited(&r.process))
+            e.state == ExportState::Retained && e.grant.requester.as_ref().is_some_and(|r| any || exited(&r.process))
         });
         self.reclaimed += gone.len() as u64;
         gone

@@ -74,6 +74,35 @@ fn a_later_channel_of_the_same_verified_requester_may_close_a_retained_export() 
     assert_eq!(c.counts(), (0, 0));
 }
 
+/// A grant whose handle went with its lost channel, released by its
+/// requester from a later channel while the handle is still being made:
+/// retried while the source has not seen the first channel end; once it
+/// has (the grant is abandoned), acknowledged with nothing to release, and
+/// the grant ends unexposed when its handle is made. Guards the two arms
+/// of `close_receipt` for another channel.
+#[test]
+fn a_grant_lost_with_its_channel_may_be_released_while_its_handle_is_made() {
+    let now = Instant::now();
+    let mut c = ExportsCore::new(Duration::from_secs(5));
+    let id = c.offer(grant(1, Some(who(40)), OP_READ), now, "held");
+    assert!(matches!(c.begin_answer(1, &r(id, 1, 0)), Ok(Answering::Expose { .. })));
+    let early = c.close_receipt(2, Some(who(40)), &r(id, 0, 0)).err().expect("refused while answered on 1");
+    assert_eq!(early.status(), Status::Unavailable);
+    // The same channel closing what it is being answered is a protocol
+    // error, as before.
+    assert_eq!(c.close_receipt(1, Some(who(40)), &r(id, 0, 0)).err().unwrap().status(), Status::ProtocolError);
+    let lost = c.connection_lost(1, |_| false);
+    assert_eq!((lost.released.len(), lost.retained), (0, 0));
+    assert_eq!(c.state(id), Some(ExportState::Abandoned));
+    assert!(c.close_receipt(2, Some(who(40)), &r(id, 0, 0)).unwrap().is_none());
+    assert_eq!(c.state(id), Some(ExportState::Abandoned));
+    match c.finish_answer(1, &r(id, 1, 0), true) {
+        Finished::Ended(g) => assert!(!g.exported),
+        _ => panic!("an abandoned grant is exposed"),
+    }
+    assert_eq!(c.len(), 0);
+}
+
 #[test]
 fn a_lost_channel_ends_offers_retains_exposed_and_reclaims_exited_importers() {
     let now = Instant::now();

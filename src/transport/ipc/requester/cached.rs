@@ -55,14 +55,15 @@ impl IpcRequester {
     /// Flushes the imports granted through `link` (the source asked for
     /// them back: it is closing). Returns what stays, as `flush` does.
     pub fn flush_link(&self, link: &Arc<IpcLink>, deadline: Instant) -> Vec<String> {
-        self.flush_where(deadline, &|imp| Arc::ptr_eq(&imp.link, link))
+        self.flush_where(deadline, &|l| Arc::ptr_eq(l, link))
     }
 
-    pub(super) fn flush_where(&self, deadline: Instant, pick: &dyn Fn(&Import) -> bool) -> Vec<String> {
+    /// Flushes what was granted through the links `pick` chooses.
+    fn flush_where(&self, deadline: Instant, pick: &dyn Fn(&Arc<IpcLink>) -> bool) -> Vec<String> {
         let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
         let mut left: Vec<String> = self
             .cache
-            .flush_where(deadline, &close, pick, true)
+            .flush_where(deadline, &close, &|imp: &Import| pick(&imp.link), true)
             .into_iter()
             .map(|(k, why)| format!("{} region {}: {why}", k.0, k.2))
             .collect();
@@ -70,15 +71,15 @@ impl IpcRequester {
         // with the list's lock released: a receipt is a round trip, and the
         // progress worker retains imports meanwhile.
         let taken = std::mem::take(&mut *self.retained.lock());
-        let mut kept = Vec::new();
-        for ent in taken {
-            if !pick(&ent.import) {
-                kept.push(ent);
+        let mut kept = Owed::default();
+        for ent in taken.imports {
+            if !pick(&ent.import.link) {
+                kept.imports.push(ent);
                 continue;
             }
             if !ent.native_closed {
                 left.push(format!("{}: its native close or completion was not confirmed", ent.import.describe()));
-                kept.push(ent);
+                kept.imports.push(ent);
                 continue;
             }
             match self.close_import(&ent.import, true, deadline) {
@@ -89,12 +90,55 @@ impl IpcRequester {
                         ent.import.describe(),
                         e.message()
                     ));
-                    kept.push(ent);
+                    kept.imports.push(ent);
                 }
             }
         }
-        self.retained.lock().extend(kept);
+        for g in taken.grants {
+            match self.release_lost_grant(&g, pick, deadline) {
+                Ok(()) => {}
+                Err(why) => {
+                    if let Some(why) = why {
+                        left.push(why);
+                    }
+                    kept.grants.push(g);
+                }
+            }
+        }
+        let mut owed = self.retained.lock();
+        owed.imports.extend(kept.imports);
+        owed.grants.extend(kept.grants);
         left
+    }
+
+    /// Tells the source that a grant whose handle was lost with its channel
+    /// mapped nothing (a close receipt), unless `pick` skips its link.
+    /// `Err(None)`: skipped; `Err(Some(why))`: kept, unconfirmed. A source
+    /// that left, or that no longer knows the export (never exposed, or
+    /// already reclaimed), is owed nothing.
+    fn release_lost_grant(
+        &self,
+        g: &LostGrant,
+        pick: &dyn Fn(&Arc<IpcLink>) -> bool,
+        deadline: Instant,
+    ) -> std::result::Result<(), Option<String>> {
+        if !pick(&g.link) {
+            return Err(None);
+        }
+        if g.link.source_left() {
+            return Ok(());
+        }
+        match g.link.receipt(MsgKind::CloseReceipt, &g.r, deadline) {
+            Ok(()) => Ok(()),
+            Err(e) if e.status() == crate::error::Status::NotFound || g.link.source_left() => Ok(()),
+            Err(e) => Err(Some(format!(
+                "{}: export {}, accepted but its handle was lost with its channel: its release could not be \
+                 confirmed ({})",
+                g.link.label,
+                g.r.export_id,
+                e.message()
+            ))),
+        }
     }
 
     /// Remote region ids with a cached import, least recently used first.

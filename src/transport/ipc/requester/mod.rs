@@ -119,6 +119,23 @@ struct Retained {
     native_closed: bool,
 }
 
+/// A grant accepted whose handle never arrived: the channel ended first
+/// (the handle, if the source sent it, went with it). Nothing was mapped,
+/// but the source keeps the export retained until told so or until this
+/// process exits; the next flush tells it.
+struct LostGrant {
+    link: Arc<IpcLink>,
+    r: ExportRef,
+}
+
+/// What this requester still owes its sources: close receipts of
+/// retained imports, and the release of grants whose handle was lost.
+#[derive(Default)]
+struct Owed {
+    imports: Vec<Retained>,
+    grants: Vec<LostGrant>,
+}
+
 /// How long a late completion's close receipt may take (its group's own
 /// deadline has passed).
 const LATE_CLOSE: std::time::Duration = std::time::Duration::from_secs(5);
@@ -268,7 +285,7 @@ pub struct IpcRequester {
     charges: Arc<SharedCharges<ChargeKey>>,
     capacity: usize,
     cache: RelocationCache<Key, Import>,
-    retained: Mutex<Vec<Retained>>,
+    retained: Mutex<Owed>,
     /// Fences of local pinned allocations whose group ended uncertain: the
     /// whole owner stays fenced (no new use, no free) for good.
     fenced: Mutex<Vec<owners::Fence>>,
@@ -310,7 +327,7 @@ impl IpcRequester {
             charges: SharedCharges::new(budget),
             capacity,
             cache: RelocationCache::new(capacity),
-            retained: Mutex::new(Vec::new()),
+            retained: Mutex::new(Owed::default()),
             fenced: Mutex::new(Vec::new()),
             events: ImportEvents::default(),
             coalesce,
@@ -362,7 +379,16 @@ impl IpcRequester {
                 )));
             }
         };
-        let f = link.call(MsgKind::ExportAnswer, &opening.answer(true).encode(), deadline, "export answer")?;
+        let f = match link.call(MsgKind::ExportAnswer, &opening.answer(true).encode(), deadline, "export answer") {
+            Ok(f) => f,
+            Err(e) => {
+                // The channel ended with the acceptance sent: the source may
+                // have made the handle and sent it, and it went with the
+                // channel. The export is released at the next flush.
+                self.retained.lock().grants.push(LostGrant { link: link.clone(), r: opening.answer(false) });
+                return Err(e);
+            }
+        };
         drop(place);
         let handle = ReceivedHandle { bytes: opening.handle(f.kind, &f.body)?, fd: f.fd };
         match self.backend.import(handle, offer.physical, offer.ops & OP_WRITE != 0, local_device) {
@@ -605,11 +631,11 @@ impl IpcRequester {
             bytes: items.iter().map(|(_, r)| r.len).sum(),
         };
         match Ending::of(key, end) {
-            Ending::Retain => self.retained.lock().push(Retained { import: imp, native_closed: false }),
+            Ending::Retain => self.retained.lock().imports.push(Retained { import: imp, native_closed: false }),
             Ending::Close => {
                 // Posted copies (even failed ones) end with the import closed.
                 if let Err((e, native_closed)) = self.close_import(&imp, false, deadline) {
-                    self.retained.lock().push(Retained { import: imp.clone(), native_closed });
+                    self.retained.lock().imports.push(Retained { import: imp.clone(), native_closed });
                     fail_all(&mut out, &items, &e);
                 }
             }
@@ -659,7 +685,7 @@ impl IpcRequester {
                 _ => {}
             }
         }
-        n.retained += self.retained.lock().len() as u64;
+        n.retained += self.retained.lock().imports.len() as u64;
         n.charged_bytes = self.charges.bytes();
         n.late_groups = self.late_groups();
         n.fenced_local = self.fenced.lock().len() as u64;

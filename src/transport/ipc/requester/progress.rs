@@ -122,7 +122,7 @@ impl IpcRequester {
                     None => {
                         let deadline = Instant::now() + LATE_CLOSE;
                         if let Err((_, native_closed)) = self.close_import(&imp, false, deadline) {
-                            self.retained.lock().push(Retained { import: imp, native_closed });
+                            self.retained.lock().imports.push(Retained { import: imp, native_closed });
                         }
                     }
                 }
