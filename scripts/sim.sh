@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs a protocol simulator over many seeds, with faults:
 # `scripts/sim.sh` (TCP, seeds 1-2000), `scripts/sim.sh tcp A-B`, or
-# `scripts/sim.sh ipc A-B` (tests/sim_ipc.rs, seeds 1-20000 by default). A
+# `scripts/sim.sh ipc A-B` (tests/sim_ipc.rs, seeds 1-20000 by default: the
+# runs with faults, then the same seeds ending in the source's close). A
 # failing seed prints itself and the command that replays it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,3 +16,6 @@ esac
 default=1-2000
 [ "$which" = ipc ] && default=1-20000
 SIM_SEEDS="${1:-$default}" cargo test --release --locked --test "sim_$which" seeded_runs_with_faults -- --nocapture
+if [ "$which" = ipc ]; then
+    SIM_SEEDS="${1:-$default}" cargo test --release --locked --test sim_ipc seeded_source_closes -- --nocapture
+fi

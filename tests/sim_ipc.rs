@@ -24,9 +24,17 @@
 //!   resumed;
 //! - an export whose handle is being made is never released under the
 //!   driver that borrows from it;
+//! - no export a requester still holds (and sent no close receipt for) is
+//!   released: nothing proves its mapping gone;
 //! - once the run drains (requesters close what they hold or exit, the
 //!   source withdraws its offers and reclaims), the table is empty, every
-//!   acknowledgement was sent or dropped, and every handle was unexported.
+//!   acknowledgement was sent or dropped, and every handle was unexported;
+//! - in runs that end with the source's close (`close_source`: offers
+//!   withdrawn, every slot revoked, requesters asked for their imports
+//!   back, some of them silent past its deadline), the close ends empty or
+//!   at its deadline, and then every export left is a silent requester's:
+//!   an honest one gave back everything it holds, and released the grants
+//!   whose handle it lost with a channel.
 //!
 //! The data path (copies through a mapping) is not the protocol's and is
 //! not simulated here. The requester's side is a model of an honest
@@ -47,7 +55,11 @@
 //! export exposed to nobody (the grant completed after its channel ended),
 //! a lost channel's offers kept (the grant that waited on a closed
 //! channel), and an unregistration revoking every slot again (the revoke
-//! flood).
+//! flood), and a reclaim of a live importer's exports (a timeout taken
+//! for proof). Found by the simulator, not by a review: a requester that
+//! lost a handle with its channel held the source's close up (the switch
+//! `Plan::release_lost_grants`; the engine now releases such grants at its
+//! next flush).
 
 mod common;
 
@@ -73,6 +85,8 @@ const EPOCH: u64 = 1;
 const OFFER_TIMEOUT: Duration = Duration::from_secs(5);
 /// The channel cores' stall bound.
 const STALL: Duration = Duration::from_secs(10);
+/// How long the source's close waits for its exports to come back.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn base(alloc: u64) -> u64 {
     0x1000_0000 * (alloc + 1)
@@ -380,11 +394,34 @@ fn now() -> Instant {
 /// exchange.
 #[derive(Debug, Clone, Copy)]
 enum Call {
-    Request { tag: u64, alloc: u64, ops: u32, opening: Opening },
-    Answer { id: u64, accept: bool, alloc: u64, ops: u32, opening: Opening },
-    Revalidate { tag: u64, id: u64 },
-    OpComplete { id: u64 },
-    Close { id: u64 },
+    Request {
+        tag: u64,
+        alloc: u64,
+        ops: u32,
+        opening: Opening,
+    },
+    Answer {
+        id: u64,
+        accept: bool,
+        alloc: u64,
+        ops: u32,
+        opening: Opening,
+    },
+    Revalidate {
+        tag: u64,
+        id: u64,
+    },
+    OpComplete {
+        id: u64,
+    },
+    Close {
+        id: u64,
+    },
+    /// The release of a grant accepted whose handle was lost with its
+    /// channel (a close receipt for what was never mapped).
+    Release {
+        id: u64,
+    },
 }
 
 /// An import a requester holds (it got the handle).
@@ -418,6 +455,12 @@ struct Proc {
     ident: Identity,
     frozen_until: Duration,
     imports: BTreeMap<u64, Import>,
+    /// Imports whose close receipt was sent and not answered (its export
+    /// may be gone already).
+    closing: BTreeSet<u64>,
+    /// Grants accepted whose handle was lost with their channel: the
+    /// release each is owed (the engine's `LostGrant`).
+    lost: BTreeMap<u64, ExportRef>,
     next_tag: u64,
 }
 
@@ -425,7 +468,22 @@ struct Proc {
 struct Plan {
     steps: usize,
     faults: bool,
+    /// The source closes after the steps, before the drain.
+    close_source: bool,
+    /// Requesters release grants whose handle was lost with their channel
+    /// when asked for their imports back (the engine's flush does, since
+    /// the simulator found the close held up without it).
+    release_lost_grants: bool,
     mutations: exports::Mutations,
+}
+
+/// How a source's close ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CloseEnd {
+    /// Every export came back.
+    Closed,
+    /// The deadline passed with exports left (`Unquiesced`).
+    Unquiesced,
 }
 
 struct Sim {
@@ -439,6 +497,9 @@ struct Sim {
     calls_answered: u64,
     calls_failed: u64,
     draining: bool,
+    /// The source is closing: regions stay suspended, and every requester
+    /// was asked to give its imports back (`Revoke`).
+    source_closing: bool,
     /// Processes that exited (pid, start time).
     dead: BTreeSet<(u32, u64)>,
     trace: Vec<String>,
@@ -461,6 +522,8 @@ impl Sim {
                 },
                 frozen_until: Duration::ZERO,
                 imports: BTreeMap::new(),
+                closing: BTreeSet::new(),
+                lost: BTreeMap::new(),
                 next_tag: 1,
             })
             .collect();
@@ -492,6 +555,7 @@ impl Sim {
             calls_answered: 0,
             calls_failed: 0,
             draining: false,
+            source_closing: false,
             dead: BTreeSet::new(),
             trace: Vec::new(),
         }
@@ -528,8 +592,10 @@ impl Sim {
                 let imp = self.procs[p].imports[&id];
                 (MsgKind::OpComplete, ExportRef { export_id: id, token: imp.token, value: 2 * 16, extra: 2 }.encode())
             }
+            Call::Release { id } => (MsgKind::CloseReceipt, self.procs[p].lost[&id].encode()),
             Call::Close { id } => {
                 let imp = self.procs[p].imports[&id];
+                self.procs[p].closing.insert(id);
                 (MsgKind::CloseReceipt, ExportRef { export_id: id, token: imp.token, value: 0, extra: 0 }.encode())
             }
         };
@@ -550,6 +616,12 @@ impl Sim {
         c.ended = true;
         let mid = c.core.mid_answer();
         let dropped = c.core.end();
+        let p = (c.pid - 100) as usize;
+        for call in &c.calls {
+            if let Call::Answer { id, accept: true, opening, .. } = call {
+                self.procs[p].lost.insert(*id, opening.answer(false));
+            }
+        }
         let failed = c.calls.len() as u64;
         c.calls.clear();
         c.r2s.clear();
@@ -652,7 +724,7 @@ impl Sim {
             let (tag, e) = decode_reject(body).map_err(|e| e.to_string())?;
             let want = match call {
                 Call::Request { tag, .. } | Call::Revalidate { tag, .. } => tag,
-                Call::Answer { id, .. } | Call::OpComplete { id } | Call::Close { id } => id,
+                Call::Answer { id, .. } | Call::OpComplete { id } | Call::Close { id } | Call::Release { id } => id,
             };
             if tag != want || e.status() == Status::ProtocolError {
                 return Err(format!("conn {conn}: {call:?} answered by a reject of {tag}: {e}"));
@@ -660,6 +732,15 @@ impl Sim {
             // A close refused (its export was reclaimed): nothing to hold.
             if let Call::Close { id } = call {
                 self.procs[p].imports.remove(&id);
+                self.procs[p].closing.remove(&id);
+            }
+            // A release refused: the source no longer knows the grant
+            // (never exposed, ended, reclaimed), or is still answering it
+            // on the lost channel (tried again later).
+            if let Call::Release { id } = call {
+                if e.status() != Status::Unavailable {
+                    self.procs[p].lost.remove(&id);
+                }
             }
             return Ok(());
         }
@@ -690,12 +771,17 @@ impl Sim {
             }
             (Call::Answer { id, accept: false, .. }, MsgKind::Ack)
             | (Call::OpComplete { id }, MsgKind::Ack)
-            | (Call::Close { id }, MsgKind::Ack) => {
+            | (Call::Close { id }, MsgKind::Ack)
+            | (Call::Release { id }, MsgKind::Ack) => {
                 if u64_at(0) != id {
                     return Err(format!("conn {conn}: ack of {} answers {call:?}", u64_at(0)));
                 }
+                if let Call::Release { id } = call {
+                    self.procs[p].lost.remove(&id);
+                }
                 if let Call::Close { id } = call {
                     self.procs[p].imports.remove(&id);
+                    self.procs[p].closing.remove(&id);
                 }
             }
             (Call::Revalidate { tag, .. }, MsgKind::RevalidateOk) => {
@@ -817,11 +903,13 @@ impl Sim {
                 let old = self.procs[p].ident;
                 self.dead.insert((pid, old.process.start_time));
                 self.procs[p].imports.clear();
+                self.procs[p].closing.clear();
                 for i in 0..self.chans.len() {
                     if self.chans[i].pid == pid {
                         self.cut(i, "its process died");
                     }
                 }
+                self.procs[p].lost.clear();
                 self.procs[p].ident.process.start_time += 1;
                 self.procs[p].ident.engine_epoch += 100;
                 self.trace.push(format!("pid {pid} died and was started again"));
@@ -836,7 +924,7 @@ impl Sim {
                 self.src.settle(gone);
                 self.check_reclaimed()?;
             }
-            94..=96 if self.plan.faults => self.unregister(),
+            94..=96 if self.plan.faults && !self.source_closing => self.unregister(),
             97 if self.plan.faults => self.src.fail_next_make = true,
             _ => {}
         }
@@ -883,18 +971,34 @@ impl Sim {
         }
     }
 
+    /// The export ids of process `pid`'s calls in flight on its live
+    /// channels that `pick` names.
+    fn in_flight(&self, pid: u32, pick: impl Fn(&Call) -> Option<u64>) -> BTreeSet<u64> {
+        self.chans.iter().filter(|c| c.pid == pid && !c.ended).flat_map(|c| c.calls.iter()).filter_map(pick).collect()
+    }
+
     /// Process `p` closes one import, on whatever live channel it has.
     fn close_one(&mut self, p: usize, pid: u32) {
         let Some(i) = self.live_chan(pid) else { return };
-        let closing: BTreeSet<u64> = self
-            .chans
-            .iter()
-            .filter(|c| c.pid == pid && !c.ended)
-            .flat_map(|c| c.calls.iter())
-            .filter_map(|c| if let Call::Close { id } = c { Some(*id) } else { None })
-            .collect();
+        let closing = self.in_flight(pid, |c| if let Call::Close { id } = c { Some(*id) } else { None });
         let ids: Vec<u64> = self.procs[p].imports.keys().copied().filter(|id| !closing.contains(id)).collect();
+        // Asked for its imports back (`Revoke`), a requester gives them
+        // all back at once (the engine's flush), with the grants whose
+        // handle it lost.
+        if self.source_closing && self.plan.release_lost_grants {
+            let releasing = self.in_flight(pid, |c| if let Call::Release { id } = c { Some(*id) } else { None });
+            let owed: Vec<u64> = self.procs[p].lost.keys().copied().filter(|id| !releasing.contains(id)).collect();
+            for id in owed {
+                self.send(i, Call::Release { id });
+            }
+        }
         if ids.is_empty() {
+            return;
+        }
+        if self.source_closing {
+            for id in ids {
+                self.send(i, Call::Close { id });
+            }
             return;
         }
         let id = ids[self.rng.below(ids.len() as u64) as usize];
@@ -903,7 +1007,11 @@ impl Sim {
 
     /// Time passes; every live channel's bounds and offers are checked.
     fn advance(&mut self) {
-        let most = if self.plan.faults { 2500 } else { 200 };
+        // While the source closes, time passes slowly enough for every
+        // honest requester to have many turns before the deadline (a
+        // close that times out then has a silent requester to blame, not
+        // the scheduler).
+        let most = if self.plan.faults && !self.source_closing { 2500 } else { 200 };
         let d = Duration::from_millis(self.rng.below(most));
         NOW.with(|n| n.set(n.get() + d));
         for i in 0..self.chans.len() {
@@ -989,6 +1097,18 @@ impl Sim {
                 return Err(format!("export {id} is {state:?} on ended channel {conn}"));
             }
         }
+        // No export an importer still holds (and has not sent a close
+        // receipt for) is released: nothing proves its mapping gone.
+        for p in &self.procs {
+            for id in p.imports.keys().filter(|id| !p.closing.contains(id)) {
+                if !matches!(t.state(*id), Some(ExportState::Exposed | ExportState::Retained)) {
+                    return Err(format!(
+                        "export {id} was released while its importer (pid {}) still holds it",
+                        p.ident.process.pid
+                    ));
+                }
+            }
+        }
         for (id, n) in &self.src.counted {
             if *n > self.src.validated.get(id).copied().unwrap_or(0) {
                 return Err(format!("export {id}: {n} receipts counted for fewer validated subbatches"));
@@ -1001,6 +1121,60 @@ impl Sim {
             }
         }
         Ok(())
+    }
+
+    /// The source closes in the middle of the run, as
+    /// `Engine::close_source` does: offers withdrawn, every slot revoked,
+    /// every requester asked to give its imports back; about a third of
+    /// the requesters are silent (frozen past the close's deadline), the
+    /// others honest. The close ends when the table is empty (`Closed`),
+    /// or at its deadline (`Unquiesced`), reclaiming what exited
+    /// importers held as it waits. Checked: a close that reaches its
+    /// deadline has a silent importer to blame for every export left
+    /// (an honest one gave everything back in time), and (after every
+    /// step, as always) no import a requester still holds was released.
+    fn close_source(&mut self) -> Result<CloseEnd, String> {
+        self.draining = true;
+        self.source_closing = true;
+        let deadline = NOW.with(|n| n.get()) + CLOSE_TIMEOUT;
+        let mut silent = BTreeSet::new();
+        for p in 0..self.procs.len() {
+            let quiet = self.rng.chance(30);
+            self.procs[p].frozen_until = if quiet { deadline + Duration::from_secs(1) } else { Duration::ZERO };
+            if quiet {
+                silent.insert((self.procs[p].ident.process.pid, self.procs[p].ident.process.start_time));
+            }
+        }
+        let gone = self.src.table.borrow_mut().withdraw_offers();
+        self.src.settle(gone);
+        self.src.suspended_regions.extend(0..ALLOCS);
+        for id in self.src.table.borrow_mut().suspend(None) {
+            if !self.src.revoked.insert(id) {
+                self.src.revoked.insert(u64::MAX);
+            }
+        }
+        self.trace.push(format!("the source closes; silent: {silent:?}"));
+        let end = loop {
+            let gone = self.src.table.borrow_mut().reclaim_exited(self.exited());
+            self.src.settle(gone);
+            if self.src.table.borrow().is_empty() {
+                break CloseEnd::Closed;
+            }
+            if NOW.with(|n| n.get()) >= deadline {
+                break CloseEnd::Unquiesced;
+            }
+            self.step()?;
+            self.check()?;
+        };
+        for (id, _, state, who) in self.src.table.borrow().list() {
+            if !who.is_some_and(|w| silent.contains(&(w.pid, w.start_time))) {
+                return Err(format!(
+                    "the close timed out on export {id} ({state:?}) of {who:?}, not a silent requester ({silent:?})"
+                ));
+            }
+        }
+        self.trace.push(format!("the source's close ended: {end:?}"));
+        Ok(end)
     }
 
     /// Ends the run: no more faults or new requests; requesters close what
@@ -1062,6 +1236,8 @@ struct Counts {
     unsent: u64,
     expired: u64,
     reclaimed: u64,
+    closed: u64,
+    unquiesced: u64,
 }
 
 impl Counts {
@@ -1074,6 +1250,8 @@ impl Counts {
         self.unsent += c.unsent;
         self.expired += c.expired;
         self.reclaimed += c.reclaimed;
+        self.closed += c.closed;
+        self.unquiesced += c.unquiesced;
     }
 }
 
@@ -1084,6 +1262,13 @@ fn run_seed(seed: u64, plan: Plan) -> Result<Counts, String> {
         result = sim.step().and_then(|()| sim.check());
         if result.is_err() {
             break;
+        }
+    }
+    let mut closed = None;
+    if result.is_ok() && plan.close_source {
+        match sim.close_source() {
+            Ok(end) => closed = Some(end),
+            Err(e) => result = Err(e),
         }
     }
     if result.is_ok() {
@@ -1099,6 +1284,8 @@ fn run_seed(seed: u64, plan: Plan) -> Result<Counts, String> {
             unsent: sim.src.unsent,
             expired: sim.src.expired,
             reclaimed: sim.src.reclaimed,
+            closed: (closed == Some(CloseEnd::Closed)) as u64,
+            unquiesced: (closed == Some(CloseEnd::Unquiesced)) as u64,
         }),
         Err(e) => {
             let tail: Vec<&String> = sim.trace.iter().rev().take(12).rev().collect();
@@ -1107,12 +1294,14 @@ fn run_seed(seed: u64, plan: Plan) -> Result<Counts, String> {
     }
 }
 
-const FAULTS: Plan = Plan { steps: 10_000, faults: true, mutations: NO_MUTATION };
+const FAULTS: Plan =
+    Plan { steps: 10_000, faults: true, close_source: false, release_lost_grants: true, mutations: NO_MUTATION };
 const NO_MUTATION: exports::Mutations = exports::Mutations {
     release_exports_being_made: false,
     forget_unsent_handles: false,
     suspend_again: false,
     keep_offers_of_lost_channels: false,
+    reclaim_live_importers: false,
 };
 
 /// The fixed seed set CI runs: faults everywhere, every invariant.
@@ -1132,6 +1321,37 @@ fn seeded_runs_with_faults_keep_every_invariant() {
     // The runs exercised the protocol and each race, not just idled.
     let every = [total.handles, total.abandoned, total.unsent, total.expired, total.reclaimed];
     assert!(every.iter().all(|n| *n > 0) && total.answered > total.calls / 2, "{total:?}");
+}
+
+/// The source closes after a run with faults: it ends within its
+/// deadline, empty unless a silent requester holds what is left, and
+/// never releases what a requester still holds.
+#[test]
+fn seeded_source_closes_end_within_their_bound() {
+    let mut total = Counts::default();
+    for seed in seeds(1..=1000) {
+        match run_seed(seed, Plan { steps: 3000, close_source: true, ..FAULTS }) {
+            Ok(c) => total.add(&c),
+            Err(e) => panic!(
+                "IPC simulation seed {seed} failed: {e}\nreplay: SIM_SEEDS={seed} cargo test --release --test sim_ipc \
+                 seeded_source_closes -- --nocapture"
+            ),
+        }
+    }
+    eprintln!("IPC close_source totals: {total:?}");
+    // Both ends happened: closes that got everything back, and closes a
+    // silent requester kept from it.
+    assert!(total.closed > 0 && total.unquiesced > 0 && total.reclaimed > 0, "{total:?}");
+}
+
+/// A requester that does not release a grant whose handle was lost with
+/// its channel (the engine before `LostGrant`): an honest requester holds
+/// the source's close up. Found by the simulator, not by a review.
+#[test]
+fn the_simulator_finds_a_lost_handle_holding_a_close_up() {
+    let plan = Plan { steps: 3000, close_source: true, release_lost_grants: false, ..FAULTS };
+    let e = (1..=300u64).find_map(|seed| run_seed(seed, plan).err()).expect("not found");
+    assert!(e.contains("not a silent requester"), "{e}");
 }
 
 /// Without faults every call is answered and nothing is cut.
@@ -1176,6 +1396,15 @@ fn the_simulator_finds_a_handle_dropped_unsent() {
 fn the_simulator_finds_offers_kept_after_their_channel_ended() {
     let e = found(exports::Mutations { keep_offers_of_lost_channels: true, ..NO_MUTATION }).expect("not found");
     assert!(e.contains("Offered on ended channel"), "{e}");
+}
+
+/// A reclaim releasing the retained exports of importers that still live
+/// (a timeout taken for proof that an import closed): the simulator
+/// finds it.
+#[test]
+fn the_simulator_finds_a_live_importers_export_reclaimed() {
+    let e = found(exports::Mutations { reclaim_live_importers: true, ..NO_MUTATION }).expect("not found");
+    assert!(e.contains("released while its importer"), "{e}");
 }
 
 /// An unregistration revoking every slot again (the revoke flood): the
