@@ -74,6 +74,11 @@ pub struct ChunkOutcome {
     pub result: Result<(), Error>,
     /// What the chunk did remotely.
     pub effect: RemoteEffect,
+    /// For a WRITE that failed partly sent: how many of its payload bytes
+    /// (from its start) may have reached the peer. The requests of a
+    /// coalesced run wholly beyond them sent nothing
+    /// ([`BatchShared::complete_run`]). `None`: any of them.
+    pub reached: Option<u64>,
 }
 
 impl ChunkOutcome {
@@ -82,11 +87,17 @@ impl ChunkOutcome {
         ChunkOutcome {
             result: Ok(()),
             effect: if op == Op::Write { RemoteEffect::Applied } else { RemoteEffect::None },
+            reached: None,
         }
     }
     /// Failure with an effect.
     pub fn failed(e: Error, effect: RemoteEffect) -> ChunkOutcome {
-        ChunkOutcome { result: Err(e), effect }
+        ChunkOutcome { result: Err(e), effect, reached: None }
+    }
+    /// The same, saying that at most `bytes` of the payload may have
+    /// reached the peer.
+    pub fn reaching(self, bytes: u64) -> ChunkOutcome {
+        ChunkOutcome { reached: Some(bytes), ..self }
     }
 }
 
@@ -280,6 +291,32 @@ impl BatchShared {
     /// Records one chunk's outcome for request `i`.
     pub fn complete_chunk(&self, i: usize, out: ChunkOutcome) {
         self.complete_chunks([(i, out)]);
+    }
+
+    /// Records the outcome of a run of requests `first..first + count`
+    /// that moved as one unit (coalesced: their ranges follow each other on
+    /// both sides, so the unit's payload is theirs in order). A WRITE unit
+    /// that failed partly sent gives the requests wholly beyond the bytes
+    /// that may have reached the peer effect none (nothing of theirs
+    /// left); the others get the unit's outcome.
+    pub fn complete_run(&self, first: usize, count: usize, out: ChunkOutcome) {
+        let Some(reached) = out.reached.filter(|_| out.effect == RemoteEffect::Unknown) else {
+            return self.complete_chunks((first..first + count).map(|i| (i, out.clone())));
+        };
+        let lens: Vec<u64> = {
+            let s = self.state.lock();
+            (first..first + count).map(|i| s.reqs[i].len).collect()
+        };
+        let mut at = 0u64;
+        let outcomes = lens.into_iter().enumerate().map(|(k, len)| {
+            let mut o = out.clone();
+            if at >= reached {
+                o.effect = RemoteEffect::None;
+            }
+            at += len;
+            (first + k, o)
+        });
+        self.complete_chunks(outcomes.collect::<Vec<_>>());
     }
 
     /// Records chunk outcomes of many requests under one lock (the
@@ -564,6 +601,28 @@ mod tests {
         let req = Request { op: Op::Read, local_addr: 0x1000, remote_addr: 0x2000, len: 8 };
         let deadline = Instant::now() + Duration::from_secs(60);
         BatchShared::routed(&vec![req; n], Some(TransportKind::Tcp), Arc::default(), deadline)
+    }
+
+    /// A coalesced WRITE run of three requests (8, 16 and 8 bytes) lost
+    /// after 9 bytes of its payload left: the first two may have landed
+    /// (`Unknown`), the third sent nothing (`None`); with 8 bytes out the
+    /// second sent nothing either; without `reached` all three are
+    /// `Unknown`. Guards `complete_run`'s split.
+    #[test]
+    fn a_write_run_cut_midway_splits_its_effect_by_the_bytes_that_left() {
+        let effects = |reached: Option<u64>| {
+            let w = |len| Request { op: Op::Write, local_addr: 0x1000, remote_addr: 0x2000, len };
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let b = BatchShared::routed(&[w(8), w(16), w(8)], Some(TransportKind::Tcp), Arc::default(), deadline);
+            let out = ChunkOutcome::failed(Error::Unavailable("cut".into()), RemoteEffect::Unknown);
+            b.complete_run(0, 3, reached.map_or(out.clone(), |n| out.reaching(n)));
+            b.results().iter().map(|r| (r.status, r.remote_effect)).collect::<Vec<_>>()
+        };
+        let (u, n) = ((Status::Unavailable, RemoteEffect::Unknown), (Status::Unavailable, RemoteEffect::None));
+        assert_eq!(effects(Some(9)), [u, u, n]);
+        assert_eq!(effects(Some(8)), [u, n, n]);
+        assert_eq!(effects(Some(0)), [n, n, n]);
+        assert_eq!(effects(None), [u, u, u]);
     }
 
     #[test]

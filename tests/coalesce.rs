@@ -188,14 +188,13 @@ fn coalescing_off_issues_a_copy_per_request() {
     p.close();
 }
 
-/// TCP: READs in runs move as one frame each (three frames for eight
-/// requests), every block exact; WRITEs keep a frame each (a lost
-/// connection tells a sent WRITE from an unsent one). Guards the unit
-/// loop of `engine/submit.rs` `enqueue_tcp` and its READ-only condition,
-/// and `transport/tcp/requester.rs` `Record::finish` giving each member
-/// the unit's outcome (without it, seven requests never end).
+/// TCP: READs and WRITEs in runs move as one frame each (three frames for
+/// eight requests), every block exact. Guards the unit loop of
+/// `engine/submit.rs` `enqueue_tcp` and `transport/tcp/chunk.rs`
+/// `Record::finish` giving each member the unit's outcome (without it,
+/// seven requests never end).
 #[test]
-fn tcp_reads_in_runs_move_as_one_frame_each() {
+fn tcp_reads_and_writes_in_runs_move_as_one_frame_each() {
     let p = pair(true);
     let layout = runs(&[(10, 40, 4), (2, 7, 1), (30, 20, 3)]);
     let k0 = p.tcp_coalesced();
@@ -208,8 +207,9 @@ fn tcp_reads_in_runs_move_as_one_frame_each() {
         }
     }
     let back = runs(&[(10, 50, 4), (2, 60, 1), (30, 56, 3)]);
-    p.submit_on(TransportKind::Tcp, &blocks(&p, Op::Write, &back));
-    assert_eq!(p.tcp_coalesced(), k0 + 5, "WRITEs are not coalesced on TCP");
+    let b = p.submit_on(TransportKind::Tcp, &blocks(&p, Op::Write, &back));
+    assert_eq!(b.results(), vec![RequestResult { status: Status::Ok, remote_effect: RemoteEffect::Applied }; 8]);
+    assert_eq!(p.tcp_coalesced(), k0 + 10, "WRITE runs move as one frame each too");
     for (&(_, from), &(_, to)) in layout.iter().zip(&back) {
         assert_eq!(p.remote_word(to * BLOCK + BLOCK - 8), from * BLOCK + BLOCK - 8, "remote block {to}");
     }

@@ -463,3 +463,46 @@ fn cancelling_one_queued_request_ends_it_alone() {
     assert_eq!(got, want);
     h.fifty_reads();
 }
+
+/// A source that dies in the middle of a coalesced WRITE run (64 WRITEs of
+/// 1 MiB that follow each other on both sides: one frame): it reads the
+/// frame and 1 MiB + 1 byte of its payload, then closes with the rest
+/// unread. Each request says what it may have done: the two whose bytes
+/// the source read, and those the kernel's buffers took, UNKNOWN; every
+/// later one NONE (nothing of it left), never an UNKNOWN after a NONE.
+/// Guards `BatchShared::complete_run` splitting the unit's outcome by the
+/// bytes that left (without it: 64 UNKNOWN) and `enqueue_tcp` coalescing
+/// WRITEs (63 coalesced).
+#[test]
+fn a_source_dying_mid_write_run_leaves_the_rest_of_the_run_none() {
+    const MIB: u64 = 1 << 20;
+    let src = Engine::from_json("").unwrap();
+    let remote = vec![0u8; 64 << 20];
+    src.register_memory(remote.as_ptr() as u64, remote.len() as u64, Access::READ_WRITE).unwrap();
+    let req = Engine::from_json("").unwrap();
+    let local = pattern_vec(3, 64 << 20);
+    req.register_memory(local.as_ptr() as u64, local.len() as u64, Access::READ).unwrap();
+    let fake = common::connect_fake_source(&req, &src.endpoint(), |mut s| {
+        read_request(&mut s);
+        let mut got = vec![0u8; MIB as usize + 1];
+        s.read_exact(&mut got).unwrap();
+    });
+    let reqs: Vec<Request> = (0..64u64)
+        .map(|i| Request {
+            op: Op::Write,
+            local_addr: local.as_ptr() as u64 + i * MIB,
+            remote_addr: remote.as_ptr() as u64 + i * MIB,
+            len: MIB,
+        })
+        .collect();
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(Duration::from_secs(60)) };
+    let b = req.submit(fake, &reqs, opts).unwrap();
+    let _ = b.wait(Duration::from_secs(60));
+    let r = b.results();
+    assert!(r.iter().all(|x| !matches!(x.status, Status::Ok | Status::Pending)), "{r:?}");
+    let unknown = r.iter().take_while(|x| x.remote_effect == RemoteEffect::Unknown).count();
+    assert!(r[unknown..].iter().all(|x| x.remote_effect == RemoteEffect::None), "{r:?}");
+    // Two were read; the kernel holds a few MiB at most on loopback.
+    assert!((2..=32).contains(&unknown), "{unknown} UNKNOWN: {r:?}");
+    assert_eq!(req.stats().transports["tcp"].requests_coalesced, 63);
+}

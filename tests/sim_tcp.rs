@@ -603,7 +603,20 @@ impl Sim {
                         );
                     }
                 }
-                (Op::Write, _, RemoteEffect::Unknown) => {}
+                // Only the payload that may have left may have landed: a
+                // coalesced run's requests beyond it say NONE by it.
+                (Op::Write, _, RemoteEffect::Unknown) => {
+                    for i in out.reached.unwrap_or(len)..len {
+                        let got = self.host.mem[(remote - BASE + i) as usize];
+                        assert_eq!(
+                            got,
+                            pattern(1, remote - BASE + i),
+                            "request {}: a WRITE said at most {:?} bytes left, and byte {i} changed",
+                            rec.id,
+                            out.reached
+                        );
+                    }
+                }
                 (Op::Write, s, e) => panic!("request {}: a WRITE failed {s:?} with effect {e:?}", rec.id),
             }
         }

@@ -11,7 +11,7 @@ use crate::error::{Error, Result, Status};
 use crate::kinds::{Transport, TransportKind};
 use crate::memory::{owners, MemoryKind, RegionLease};
 use crate::sync::admission::{GateGuard, SubbatchAdmission};
-use crate::transfer::{Assist, BatchShared, ChunkOutcome, Op, RemoteEffect, Request, MAX_REQUESTS};
+use crate::transfer::{Assist, BatchShared, ChunkOutcome, RemoteEffect, Request, MAX_REQUESTS};
 use crate::transport::coalesce::LocalSpans;
 use crate::transport::cpu_copy;
 use crate::transport::ipc::messages::op_bit;
@@ -744,12 +744,14 @@ impl Engine {
     }
 
     /// Splits requests into chunks, admits them and queues them on the
-    /// peer's TCP connection. With `coalesce`, consecutive READs whose
-    /// ranges follow each other on both sides (one local lease, one remote
-    /// region, together at most a chunk) move as one chunk: one frame, one
-    /// answer, the outcome given to each of them. WRITEs keep a frame each:
-    /// a connection lost midway makes a sent WRITE `Unknown` and an unsent
-    /// one `None`, and one frame for several would blur that line.
+    /// peer's TCP connection. With `coalesce`, consecutive requests of one
+    /// direction whose ranges follow each other on both sides (one local
+    /// lease, one remote region, together at most a chunk) move as one
+    /// chunk: one frame, one answer (one payload), the outcome given to
+    /// each of them. A WRITE run lost midway keeps each request's line
+    /// between `Unknown` (some of its bytes left) and `None` (none did):
+    /// the core says how much of the payload left
+    /// ([`BatchShared::complete_run`]).
     fn enqueue_tcp(&self, p: &Peer, batch: &Arc<BatchShared>, live: Vec<Checked<'_>>, deadline: Instant) {
         let max_chunk = self.inner.config.max_transfer_bytes;
         let coalesce = self.inner.config.coalesce;
@@ -787,7 +789,7 @@ impl Engine {
             }
             // The unit: this request and those after it that continue it.
             let (mut count, mut len) = (1u32, r.len);
-            while coalesce && r.op == Op::Read && len < max_chunk {
+            while coalesce && len < max_chunk {
                 let Some(n) = live.peek() else { break };
                 let joins = n.index == i + count as usize
                     && n.req.op == r.op

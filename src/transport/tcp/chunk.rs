@@ -1,5 +1,5 @@
 //! A unit of transfer on the TCP wire ([`Chunk`]: a request, a piece of a
-//! split one, or a run of coalesced READs, as the requester core's `Send`)
+//! split one, or a run of coalesced requests, as the requester core's `Send`)
 //! and the completion record the core carries for it until its answer
 //! comes ([`Record`]).
 
@@ -10,7 +10,7 @@ use crate::transfer::{BatchShared, ChunkOutcome};
 use std::sync::Arc;
 
 /// One unit of transfer on the wire (a request, a piece of a split one,
-/// or a run of coalesced READs): what the requester core sends, with the
+/// or a run of coalesced requests): what the requester core sends, with the
 /// chunk's [`Record`] and the lease that keeps its local region
 /// registered.
 pub type Chunk = Send<Record, Arc<RegionLease>>;
@@ -25,7 +25,8 @@ pub struct Record {
     /// into this one unit; 1 otherwise).
     pub index: usize,
     /// Requests the unit carries (`index..index + count`); each gets the
-    /// unit's outcome.
+    /// unit's outcome (a partly sent WRITE's split by the bytes that left,
+    /// [`BatchShared::complete_run`]).
     pub count: u32,
     /// Admission bytes.
     pub permit: Option<Permit>,
@@ -51,7 +52,7 @@ impl Record {
         drop(guard);
         match count {
             1 => batch.complete_chunk(index, out),
-            n => batch.complete_chunks((index..index + n as usize).map(|i| (i, out.clone()))),
+            n => batch.complete_run(index, n as usize, out),
         }
         drop(peer_guard);
     }

@@ -452,12 +452,15 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
 
     /// Settles the buffer: all sent (`failed` None), each WRITE then awaits
     /// its answer (or completes with one that came early); or failed, each
-    /// WRITE failing with the effect its first byte allows.
+    /// WRITE failing with the effect its first byte allows, and saying how
+    /// much of its payload left (a coalesced run's requests beyond it sent
+    /// nothing).
     fn settle(&mut self, failed: Option<&Error>) {
         let out = std::mem::take(&mut self.out);
         let mut before = 0u64;
         for w in out.writes {
             let start = w.head_start as u64 + before;
+            let payload_start = w.head_end as u64 + before;
             before += w.len;
             // An abandoned WRITE's memory is free once its bytes left.
             drop(w.hold);
@@ -473,10 +476,14 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
                     }
                 }
                 Some(err) => {
-                    let effect = if out.sent > start { RemoteEffect::Unknown } else { RemoteEffect::None };
                     let mut e = self.pending.remove(&w.tag).expect("present");
                     drop(e.hold.take());
-                    self.done.push((e.done, ChunkOutcome::failed(err.clone(), effect)));
+                    let outcome = match out.sent > start {
+                        true => ChunkOutcome::failed(err.clone(), RemoteEffect::Unknown)
+                            .reaching(out.sent.saturating_sub(payload_start).min(w.len)),
+                        false => ChunkOutcome::failed(err.clone(), RemoteEffect::None),
+                    };
+                    self.done.push((e.done, outcome));
                 }
             }
         }

@@ -385,3 +385,34 @@ fn a_queued_request_fails_at_its_deadline_behind_a_stuck_buffer() {
     assert_eq!(Rc::strong_count(&hw), 2, "the WRITE still holds its memory");
     assert_eq!(c.outstanding(), 1, "only the WRITE is left");
 }
+
+/// A connection lost while WRITE payload is leaving: each WRITE says how
+/// much of its payload left (the first wholly, the second 100 of 300
+/// bytes, the third none: its header had not left, effect none). Guards
+/// `settle`'s `reaching` (what a coalesced run splits by) and its first
+/// byte rule.
+#[test]
+fn a_write_cut_mid_payload_says_how_much_of_it_left() {
+    let now = Instant::now();
+    let later = now + Duration::from_secs(60);
+    let (mut c, hold) = (core(), Rc::new(()));
+    assert!(c.submit(vec![
+        send(1, Op::Write, 0, 0x1000, 200, later, &hold),
+        send(2, Op::Write, 200, 0x2000, 300, later, &hold),
+        send(3, Op::Write, 500, 0x3000, 50, later, &hold),
+    ]));
+    let head = (FRAME_HEADER_LEN + DATA_REQUEST_LEN) as u64;
+    let (segs, skip) = c.transmit(now);
+    assert_eq!((segs.len(), skip), (6, 0));
+    drop(segs);
+    // All of the first frame and 100 bytes of the second one's payload.
+    assert!(!c.sent(head + 200 + head + 100));
+    c.send_failed(Error::Unavailable("cut".into()), now);
+    let done: Vec<(u32, RemoteEffect, Option<u64>)> =
+        c.take_done().into_iter().map(|(r, o)| (r.0, o.effect, o.reached)).collect();
+    assert_eq!(
+        done,
+        [(1, RemoteEffect::Unknown, Some(200)), (2, RemoteEffect::Unknown, Some(100)), (3, RemoteEffect::None, None)]
+    );
+    assert_eq!(Rc::strong_count(&hold), 1, "every hold let go");
+}
