@@ -428,6 +428,7 @@ impl IpcLink {
                     ));
                     let err = if self.source_gone() { self.gone() } else { e };
                     st.chan = ChanState::Dead { err, source_left: true };
+                    self.changed.notify_all();
                     return;
                 }
                 Err(e) => {
@@ -446,6 +447,19 @@ impl IpcLink {
             // for another thread).
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_secs(1));
+        }
+    }
+
+    /// Waits until the channel is no longer being re-established in the
+    /// background (it is up again, or the link is dead or closed), or until
+    /// `deadline`: what a flush owes a source through a channel lost a
+    /// moment ago gets the time its deadline allows.
+    pub fn settle_reconnect(&self, deadline: Instant) {
+        let mut st = self.state.lock();
+        while matches!(st.chan, ChanState::Reconnecting { .. }) {
+            if self.changed.wait_until(&mut st, deadline).timed_out() {
+                return;
+            }
         }
     }
 

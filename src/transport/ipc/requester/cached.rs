@@ -125,6 +125,9 @@ impl IpcRequester {
         if !pick(&g.link) {
             return Err(None);
         }
+        // The channel the handle was lost with is usually being
+        // re-established: the release waits for it, within the deadline.
+        g.link.settle_reconnect(deadline);
         if g.link.source_left() {
             return Ok(());
         }
