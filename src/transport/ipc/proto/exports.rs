@@ -228,7 +228,11 @@ impl<R> ExportsCore<R> {
     /// asks the driver to make the handle.
     pub fn begin_answer(&mut self, conn: u64, r: &ExportRef) -> Result<Answering<R>> {
         if r.value == 0 {
-            return self.release(conn, None, r).map(Answering::Declined);
+            // Its own channel, so never `None`.
+            return self
+                .release(conn, None, r)
+                .and_then(|g| g.ok_or_else(|| not_found(r.export_id)))
+                .map(Answering::Declined);
         }
         let e = self.entry(conn, r)?;
         if e.state != ExportState::Offered {
@@ -355,45 +359,38 @@ impl<R> ExportsCore<R> {
         if self.recently_closed.contains(&(r.export_id, r.token)) {
             return Ok(None);
         }
-        // A grant whose handle went with its lost channel, released from a
-        // later channel while the handle is still being made: it ends
-        // unexposed once made (nothing to do), or, if the source has not
-        // seen the first channel's end yet, the requester tries again.
-        match self.exports.get(&r.export_id) {
-            Some(e)
-                if e.grant.token == r.token
-                    && e.grant.conn != conn
-                    && requester.is_some()
-                    && e.grant.requester == requester =>
-            {
-                match e.state {
-                    ExportState::Abandoned => return Ok(None),
-                    ExportState::Exposing => {
-                        return Err(Error::Unavailable(format!(
-                            "export {} is still being answered on another channel; try again",
-                            r.export_id
-                        )))
-                    }
-                    _ => {}
-                }
+        self.release(conn, requester, r)
+    }
+
+    /// Ends export `r` for its channel `conn` (or for `requester` on a
+    /// later channel of its). `None`: nothing to end now — a grant whose
+    /// handle went with its lost channel, released from a later channel
+    /// while the handle is still being made, ends unexposed once made.
+    fn release(&mut self, conn: u64, requester: Option<Identity>, r: &ExportRef) -> Result<Option<Released<R>>> {
+        let same_requester = |e: &Entry<R>| requester.is_some() && e.grant.requester == requester;
+        let (state, elsewhere) = match self.exports.get(&r.export_id) {
+            Some(e) if e.grant.token == r.token && (e.grant.conn == conn || same_requester(e)) => {
+                (e.state, e.grant.conn != conn)
+            }
+            _ => return Err(not_found(r.export_id)),
+        };
+        match state {
+            ExportState::Abandoned if elsewhere => return Ok(None),
+            // The source has not seen the first channel's end yet.
+            ExportState::Exposing if elsewhere => {
+                return Err(Error::Unavailable(format!(
+                    "export {} is still being answered on another channel; try again",
+                    r.export_id
+                )))
+            }
+            ExportState::Exposing | ExportState::Abandoned => {
+                return Err(Error::Protocol(format!("export {} is still being answered", r.export_id)))
             }
             _ => {}
         }
-        self.release(conn, requester, r).map(Some)
-    }
-
-    fn release(&mut self, conn: u64, requester: Option<Identity>, r: &ExportRef) -> Result<Released<R>> {
-        let same_requester = |e: &Entry<R>| requester.is_some() && e.grant.requester == requester;
-        match self.exports.get(&r.export_id) {
-            Some(e) if e.grant.token == r.token && (e.grant.conn == conn || same_requester(e)) => {}
-            _ => return Err(not_found(r.export_id)),
-        }
-        if matches!(self.exports[&r.export_id].state, ExportState::Exposing | ExportState::Abandoned) {
-            return Err(Error::Protocol(format!("export {} is still being answered", r.export_id)));
-        }
         let gone = self.take(r.export_id).expect("present");
         self.remember(r);
-        Ok(gone)
+        Ok(Some(gone))
     }
 
     fn remember(&mut self, r: &ExportRef) {

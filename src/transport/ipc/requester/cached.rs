@@ -95,14 +95,13 @@ impl IpcRequester {
             }
         }
         for g in taken.grants {
-            match self.release_lost_grant(&g, pick, deadline) {
-                Ok(()) => {}
-                Err(why) => {
-                    if let Some(why) = why {
-                        left.push(why);
-                    }
-                    kept.grants.push(g);
-                }
+            if !pick(&g.link) {
+                kept.grants.push(g);
+                continue;
+            }
+            if let Err(why) = self.release_lost_grant(&g, deadline) {
+                left.push(why);
+                kept.grants.push(g);
             }
         }
         let mut owed = self.retained.lock();
@@ -112,19 +111,10 @@ impl IpcRequester {
     }
 
     /// Tells the source that a grant whose handle was lost with its channel
-    /// mapped nothing (a close receipt), unless `pick` skips its link.
-    /// `Err(None)`: skipped; `Err(Some(why))`: kept, unconfirmed. A source
-    /// that left, or that no longer knows the export (never exposed, or
-    /// already reclaimed), is owed nothing.
-    fn release_lost_grant(
-        &self,
-        g: &LostGrant,
-        pick: &dyn Fn(&Arc<IpcLink>) -> bool,
-        deadline: Instant,
-    ) -> std::result::Result<(), Option<String>> {
-        if !pick(&g.link) {
-            return Err(None);
-        }
+    /// mapped nothing (a close receipt); `Err(why)`: kept, unconfirmed. A
+    /// source that left, or that no longer knows the export (never
+    /// exposed, or already reclaimed), is owed nothing.
+    fn release_lost_grant(&self, g: &LostGrant, deadline: Instant) -> std::result::Result<(), String> {
         // The channel the handle was lost with is usually being
         // re-established: the release waits for it, within the deadline.
         g.link.settle_reconnect(deadline);
@@ -134,13 +124,13 @@ impl IpcRequester {
         match g.link.receipt(MsgKind::CloseReceipt, &g.r, deadline) {
             Ok(()) => Ok(()),
             Err(e) if e.status() == crate::error::Status::NotFound || g.link.source_left() => Ok(()),
-            Err(e) => Err(Some(format!(
+            Err(e) => Err(format!(
                 "{}: export {}, accepted but its handle was lost with its channel: its release could not be \
                  confirmed ({})",
                 g.link.label,
                 g.r.export_id,
                 e.message()
-            ))),
+            )),
         }
     }
 
