@@ -48,8 +48,33 @@ impl Selection {
     }
 }
 
-fn find_region(d: &Describe, addr: u64) -> Option<&RegionInfo> {
-    d.regions.iter().find(|r| r.contains(addr, 1))
+/// A peer's published regions ordered by address: the region holding an
+/// address in O(log n) (a KV pool publishes a hundred regions or more, and
+/// a scattered submission looks one up per run of requests). Where the
+/// table's regions overlap (a peer's table never should), the first in
+/// the table's order, as a linear search gives.
+struct RegionIndex<'a> {
+    d: &'a Describe,
+    sorted: Vec<&'a RegionInfo>,
+    disjoint: bool,
+}
+
+impl<'a> RegionIndex<'a> {
+    fn new(d: &'a Describe) -> RegionIndex<'a> {
+        let mut sorted: Vec<&RegionInfo> = d.regions.iter().collect();
+        sorted.sort_unstable_by_key(|r| r.addr);
+        let disjoint = sorted.windows(2).all(|w| w[0].addr.saturating_add(w[0].len) <= w[1].addr);
+        RegionIndex { d, sorted, disjoint }
+    }
+
+    /// The region holding `addr`.
+    fn find(&self, addr: u64) -> Option<&'a RegionInfo> {
+        if !self.disjoint {
+            return self.d.regions.iter().find(|r| r.contains(addr, 1));
+        }
+        let at = self.sorted.partition_point(|r| r.addr <= addr);
+        at.checked_sub(1).map(|i| self.sorted[i]).filter(|r| r.contains(addr, 1))
+    }
 }
 
 /// `live` without the requests at positions `out` (ascending), and those.
@@ -88,20 +113,31 @@ fn group(live: Vec<Checked<'_>>) -> (VecDeque<Group<'_>>, bool) {
         return (groups, false);
     }
     if independent(live.iter().map(|c| &c.req)) {
-        let mut index: std::collections::HashMap<(u64, Option<i32>), usize> = std::collections::HashMap::new();
+        let mut index: std::collections::HashMap<(u64, Option<i32>), u32> = std::collections::HashMap::new();
         // Neighbours mostly share their group: looked up once per run.
-        let mut last: Option<((u64, Option<i32>), usize)> = None;
-        for c in live {
-            let k = key(&c);
-            let at = match last {
-                Some((lk, at)) if lk == k => at,
-                _ => *index.entry(k).or_insert_with(|| {
-                    groups.push_back(Group::new(Vec::new()));
-                    groups.len() - 1
-                }),
-            };
-            last = Some((k, at));
-            groups[at].items.push(c);
+        let mut last: Option<((u64, Option<i32>), u32)> = None;
+        // Each request's group, and each group's size: the groups are then
+        // filled at their final size, with no growing copies.
+        let mut sizes: Vec<usize> = Vec::new();
+        let of: Vec<u32> = live
+            .iter()
+            .map(|c| {
+                let k = key(c);
+                let at = match last {
+                    Some((lk, at)) if lk == k => at,
+                    _ => *index.entry(k).or_insert_with(|| {
+                        sizes.push(0);
+                        (sizes.len() - 1) as u32
+                    }),
+                };
+                last = Some((k, at));
+                sizes[at as usize] += 1;
+                at
+            })
+            .collect();
+        groups.extend(sizes.into_iter().map(|n| Group::new(Vec::with_capacity(n))));
+        for (c, at) in live.into_iter().zip(of) {
+            groups[at as usize].items.push(c);
         }
         return (groups, true);
     }
@@ -299,6 +335,7 @@ impl Engine {
         }
         // Resolve remote regions (one refresh of the peer's table if needed).
         let known = p.conn.describe();
+        let regions = RegionIndex::new(&known);
         let refreshed;
         let mut missing = false;
         let mut last: Option<&RegionInfo> = None;
@@ -308,8 +345,7 @@ impl Engine {
             .enumerate()
             .map(|(index, (r, l))| {
                 // Neighbours mostly name the region before them.
-                let region =
-                    last.filter(|g| g.contains(r.remote_addr, 1)).or_else(|| find_region(&known, r.remote_addr));
+                let region = last.filter(|g| g.contains(r.remote_addr, 1)).or_else(|| regions.find(r.remote_addr));
                 last = region;
                 missing |= region.is_none();
                 Checked { index, req: *r, lease: &leases[l as usize], region }
@@ -318,9 +354,10 @@ impl Engine {
         if missing {
             if let Ok(d) = p.conn.refresh_describe(deadline) {
                 refreshed = d;
+                let index = RegionIndex::new(&refreshed);
                 missing = false;
                 for c in &mut live {
-                    c.region = find_region(&refreshed, c.req.remote_addr);
+                    c.region = index.find(c.req.remote_addr);
                     missing |= c.region.is_none();
                 }
             }
@@ -381,14 +418,19 @@ impl Engine {
     }
 
     /// Checks every request's local side: a registered region holds it.
-    /// Requests of one local region share one lease, so the pass is a few
-    /// comparisons per request; the deadline is checked as it goes. (Local
-    /// memory that peers import stays usable: between requesters, the
-    /// order of overlapping accesses is the application's.) Returns the
-    /// leases and, per request, which one holds it.
+    /// Requests of one local region share one lease, taken once per
+    /// submission, so the pass is a few comparisons per request (a lookup
+    /// among the regions leased so far when a request leaves its
+    /// neighbour's); the deadline is checked as it goes. (Local memory
+    /// that peers import stays usable: between requesters, the order of
+    /// overlapping accesses is the application's.) Returns the leases and,
+    /// per request, which one holds it.
     fn check_local(&self, requests: &[Request], deadline: Instant) -> Result<(Vec<Arc<RegionLease>>, Vec<u32>)> {
         let mut leases: Vec<Arc<RegionLease>> = Vec::new();
+        // The leases' regions by start address: (start, lease).
+        let mut by_addr: Vec<(u64, u32)> = Vec::new();
         let mut out = Vec::with_capacity(requests.len());
+        let mut last = u32::MAX;
         for (i, r) in requests.iter().enumerate() {
             if r.len == 0 {
                 return Err(Error::InvalidArgument(format!("request {i}: length is 0")));
@@ -396,16 +438,24 @@ impl Engine {
             if i % 4096 == 4095 && Instant::now() >= deadline {
                 return Err(Error::TimedOut(format!("the deadline passed while checking request {i}")));
             }
-            let reuse = leases.last().is_some_and(|l| l.region().contains(r.local_addr, r.len));
-            if !reuse {
-                let lease = self
-                    .inner
-                    .regions
-                    .lease(r.local_addr, r.len)
-                    .map_err(|e| Error::from_status(e.status(), format!("request {i}: local {}", e.message())))?;
-                leases.push(Arc::new(lease));
+            let holds = |l: u32| leases[l as usize].region().contains(r.local_addr, r.len);
+            if last == u32::MAX || !holds(last) {
+                let at = by_addr.partition_point(|&(start, _)| start <= r.local_addr);
+                last = match at.checked_sub(1).map(|k| by_addr[k].1).filter(|&l| holds(l)) {
+                    Some(l) => l,
+                    None => {
+                        let lease = self.inner.regions.lease(r.local_addr, r.len).map_err(|e| {
+                            Error::from_status(e.status(), format!("request {i}: local {}", e.message()))
+                        })?;
+                        let start = lease.region().addr;
+                        leases.push(Arc::new(lease));
+                        let l = (leases.len() - 1) as u32;
+                        by_addr.insert(by_addr.partition_point(|&(s, _)| s < start), (start, l));
+                        l
+                    }
+                };
             }
-            out.push((leases.len() - 1) as u32);
+            out.push(last);
         }
         Ok((leases, out))
     }
@@ -657,6 +707,7 @@ impl Engine {
                 pinned: g.iter().any(|c| c.lease.region().kind == MemoryKind::PinnedHost),
                 group_ops: window.unwrap_or(0),
                 spans: local_spans(&g),
+                independent: any_order || window.is_some(),
             };
             match transport.requester.run_group(&link, &region, items, local, deadline, defer) {
                 Ok(GroupRun::Done(outcomes)) => batch.complete_chunks(g.iter().map(|c| c.index).zip(outcomes)),
@@ -864,6 +915,42 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::control::identity::Identity;
+    use crate::memory::Access;
+
+    fn region(id: u64, addr: u64, len: u64) -> RegionInfo {
+        RegionInfo { id, epoch: 1, addr, len, access: Access::READ_WRITE, kind: MemoryKind::SharedHost }
+    }
+
+    /// Guards `RegionIndex::find`: over a table in scrambled order, with
+    /// gaps between regions and regions that touch, every address finds
+    /// the region a linear search of the table finds (none in a gap or
+    /// past the end); and over a table whose regions overlap, the first
+    /// in the table's order.
+    #[test]
+    fn the_region_index_finds_what_a_linear_search_finds() {
+        let linear = |d: &Describe, a: u64| d.regions.iter().find(|r| r.contains(a, 1)).map(|r| r.id);
+        let mut d = Describe::bare(Identity::gone());
+        // Regions of 100 bytes at 0, 100 (touching), 300, 1000 and 1150,
+        // listed out of order.
+        d.regions = vec![region(4, 1000, 100), region(1, 0, 100), region(5, 1150, 50), region(3, 300, 100)];
+        d.regions.push(region(2, 100, 100));
+        let index = RegionIndex::new(&d);
+        assert!(index.disjoint);
+        let mut found = 0;
+        for a in 0..1300 {
+            assert_eq!(index.find(a).map(|r| r.id), linear(&d, a), "address {a}");
+            found += index.find(a).is_some() as u32;
+        }
+        assert_eq!(found, 450);
+        assert_eq!(index.find(u64::MAX), None);
+        // Overlapping regions: the table's first, as before.
+        d.regions = vec![region(7, 50, 100), region(6, 0, 100)];
+        let index = RegionIndex::new(&d);
+        assert!(!index.disjoint);
+        assert_eq!(index.find(60).map(|r| r.id), Some(7));
+        assert_eq!(index.find(10).map(|r| r.id), Some(6));
+    }
 
     /// Guards `may_fall_through`: of every failure an unposted IPC
     /// subbatch can have, exactly the three docs/transports.md names move

@@ -78,13 +78,17 @@ pub fn independent<'a>(reqs: impl Iterator<Item = &'a Request> + Clone) -> bool 
         if !reqs.clone().any(|r| pick(r).1) {
             return true;
         }
-        let mut v: Vec<(u64, u64, bool)> = reqs
-            .clone()
-            .map(|r| {
-                let (start, writes) = pick(r);
-                (start, start.saturating_add(r.len), writes)
-            })
-            .collect();
+        let mut v: Vec<(u64, u64, bool)> = Vec::new();
+        for r in reqs.clone() {
+            let (start, writes) = pick(r);
+            let end = start.saturating_add(r.len);
+            // A range that continues the one before it, both writing or
+            // both not, joins it: the sort then sees runs, not requests.
+            match v.last_mut() {
+                Some(last) if last.1 == start && last.2 == writes => last.1 = end,
+                _ => v.push((start, end, writes)),
+            }
+        }
         v.sort_unstable_by_key(|x| x.0);
         let (mut end_any, mut end_writes) = (0u64, 0u64);
         for (i, (start, end, writes)) in v.into_iter().enumerate() {
@@ -128,7 +132,15 @@ pub fn classify(ops: &[CopyOp]) -> CopyPlan {
     if disjoint && sources_apart {
         return CopyPlan::Independent;
     }
-    let mut dst: Vec<(u64, u64)> = ops.iter().map(|o| (o.dst, o.dst + o.len)).collect();
+    // Destinations that continue the one before them join it (the union
+    // overlaps what either overlaps): the sort then sees runs, not copies.
+    let mut dst: Vec<(u64, u64)> = Vec::new();
+    for o in ops {
+        match dst.last_mut() {
+            Some(last) if last.1 == o.dst => last.1 = o.dst + o.len,
+            _ => dst.push((o.dst, o.dst + o.len)),
+        }
+    }
     if !one_run {
         dst.sort_unstable();
         if !disjoint && dst.windows(2).any(|w| w[1].0 < w[0].1) {
@@ -205,12 +217,19 @@ mod tests {
         };
         for _ in 0..3000 {
             let n = 1 + rnd(6) as usize;
-            let reqs: Vec<Request> = (0..n)
-                .map(|_| {
-                    let op = if rnd(2) == 0 { Op::Read } else { Op::Write };
-                    req(op, rnd(100), rnd(100), 1 + rnd(20))
-                })
-                .collect();
+            let mut reqs: Vec<Request> = Vec::new();
+            for _ in 0..n {
+                let op = if rnd(2) == 0 { Op::Read } else { Op::Write };
+                let mut r = req(op, rnd(100), rnd(100), 1 + rnd(20));
+                // Often a continuation of the one before, on either side or
+                // both: ranges the check joins before it sorts.
+                if let Some(p) = reqs.last().filter(|_| rnd(2) == 0) {
+                    let (local, remote) = (rnd(2) == 0, rnd(2) == 0);
+                    r.local_addr = if local { p.local_addr + p.len } else { r.local_addr };
+                    r.remote_addr = if remote || !local { p.remote_addr + p.len } else { r.remote_addr };
+                }
+                reqs.push(r);
+            }
             let ov = |a: u64, b: u64, l1: u64, l2: u64| a < b + l2 && b < a + l1;
             let mut dep = false;
             for i in 0..n {
@@ -225,6 +244,21 @@ mod tests {
                 }
             }
             assert_eq!(independent(reqs.iter()), !dep, "{reqs:?}");
+            // Independent requests make independent copies once the remote
+            // side lies in a mapping of its own (an import), apart from
+            // every local address: what lets a group of a submission shown
+            // independent skip `classify` (`GroupLocal::independent`).
+            if !dep {
+                let mapped = 1 << 20;
+                let ops: Vec<CopyOp> = reqs
+                    .iter()
+                    .map(|r| match r.op {
+                        Op::Read => op(r.local_addr, mapped + r.remote_addr, r.len),
+                        Op::Write => op(mapped + r.remote_addr, r.local_addr, r.len),
+                    })
+                    .collect();
+                assert_eq!(classify(&ops), CopyPlan::Independent, "{reqs:?}");
+            }
             // One direction, written ranges in order and wrapped: the
             // linear path.
             let mut one_way: Vec<Request> = reqs.iter().map(|r| Request { op: reqs[0].op, ..*r }).collect();
@@ -291,7 +325,16 @@ mod tests {
         let mut linear = 0;
         for _ in 0..2000 {
             let n = 1 + rnd(6) as usize;
-            let mut ops: Vec<CopyOp> = (0..n).map(|_| op(rnd(200), rnd(200), 1 + rnd(20))).collect();
+            let mut ops: Vec<CopyOp> = Vec::new();
+            for _ in 0..n {
+                let mut o = op(rnd(200), rnd(200), 1 + rnd(20));
+                // Often a destination that continues the one before: joined
+                // before the sort.
+                if let Some(p) = ops.last().filter(|_| rnd(2) == 0) {
+                    o.dst = p.dst + p.len;
+                }
+                ops.push(o);
+            }
             assert_eq!(classify(&ops), quadratic(&ops), "{ops:?}");
             // The linear paths: destinations in order, then sources moved
             // apart from them (or not quite: by less than their span).

@@ -210,6 +210,13 @@ pub struct GroupLocal {
     /// The local regions the group's requests lie in: a coalesced copy
     /// stays inside one.
     pub spans: LocalSpans,
+    /// The submission's requests were shown independent already
+    /// ([`super::plan::independent`]: no range one writes overlaps a range
+    /// of another in the same address space). Their copies are then
+    /// independent too, with no second pass over them: a source or
+    /// destination in the import lies in its own mapping, apart from every
+    /// local one.
+    pub independent: bool,
 }
 
 /// Why a subbatch did not run.
@@ -511,7 +518,7 @@ impl IpcRequester {
             }
             (imp, Some((key, entered)))
         };
-        let posted = self.post(imp, key, items, &local.spans, deadline, fences);
+        let posted = self.post(imp, key, items, &local, deadline, fences);
         match (posted.imp.mapping.query(posted.posting()), defer) {
             (Ok(true), _) => Ok(GroupRun::Done(self.finish(posted, Ok(())))),
             (Err(e), _) => Ok(GroupRun::Done(self.finish(posted, Err(e)))),
@@ -556,10 +563,11 @@ impl IpcRequester {
         imp: Arc<Import>,
         key: Option<(Key, bool)>,
         items: Vec<(usize, Request)>,
-        spans: &LocalSpans,
+        local: &GroupLocal,
         deadline: Instant,
         fences: Vec<owners::Fence>,
     ) -> Posted {
+        let GroupLocal { spans, independent, .. } = local;
         let base = imp.mapping.base();
         let ops: Vec<CopyOp> = items
             .iter()
@@ -571,7 +579,13 @@ impl IpcRequester {
                 }
             })
             .collect();
-        let plan = classify(&ops);
+        let plan = match independent {
+            true => {
+                debug_assert_eq!(classify(&ops), CopyPlan::Independent);
+                CopyPlan::Independent
+            }
+            false => classify(&ops),
+        };
         let ops = match plan {
             CopyPlan::Independent if self.coalesce && ops.len() > 1 => coalesce::runs(&ops, |i| items[i].1.op, spans),
             _ => ops,
