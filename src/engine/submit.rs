@@ -55,15 +55,17 @@ impl Selection {
 /// the table's order, as a linear search gives.
 struct RegionIndex<'a> {
     d: &'a Describe,
-    sorted: Vec<&'a RegionInfo>,
+    /// Each region's start, in order (searched without touching the
+    /// regions themselves), and the region.
+    sorted: Vec<(u64, &'a RegionInfo)>,
     disjoint: bool,
 }
 
 impl<'a> RegionIndex<'a> {
     fn new(d: &'a Describe) -> RegionIndex<'a> {
-        let mut sorted: Vec<&RegionInfo> = d.regions.iter().collect();
-        sorted.sort_unstable_by_key(|r| r.addr);
-        let disjoint = sorted.windows(2).all(|w| w[0].addr.saturating_add(w[0].len) <= w[1].addr);
+        let mut sorted: Vec<(u64, &RegionInfo)> = d.regions.iter().map(|r| (r.addr, r)).collect();
+        sorted.sort_unstable_by_key(|&(start, _)| start);
+        let disjoint = sorted.windows(2).all(|w| w[0].1.addr.saturating_add(w[0].1.len) <= w[1].0);
         RegionIndex { d, sorted, disjoint }
     }
 
@@ -72,8 +74,8 @@ impl<'a> RegionIndex<'a> {
         if !self.disjoint {
             return self.d.regions.iter().find(|r| r.contains(addr, 1));
         }
-        let at = self.sorted.partition_point(|r| r.addr <= addr);
-        at.checked_sub(1).map(|i| self.sorted[i]).filter(|r| r.contains(addr, 1))
+        let at = self.sorted.partition_point(|&(start, _)| start <= addr);
+        at.checked_sub(1).map(|i| self.sorted[i].1).filter(|r| r.contains(addr, 1))
     }
 }
 
@@ -233,9 +235,19 @@ fn lease_runs<'a>(g: &'a [Checked<'_>]) -> Vec<&'a Arc<RegionLease>> {
     held
 }
 
-/// The local regions of a group's requests.
-fn local_spans(g: &[Checked<'_>]) -> LocalSpans {
-    LocalSpans::new(lease_runs(g).iter().map(|l| (l.region().addr, l.region().addr + l.region().len)).collect())
+/// The local regions of a submission's requests (each leased once): every
+/// group's coalesced copies stay inside one of them.
+fn local_spans(leases: &[Arc<RegionLease>]) -> LocalSpans {
+    LocalSpans::new(leases.iter().map(|l| (l.region().addr, l.region().addr + l.region().len)).collect())
+}
+
+/// What the subbatches of one IPC submission share.
+struct IpcSubmission {
+    /// The local regions of its requests ([`local_spans`]).
+    spans: LocalSpans,
+    deadline: Instant,
+    /// AUTO chose the transport: an unposted subbatch may fall to TCP.
+    auto: bool,
 }
 
 /// The subbatches of one submission still copying on the progress worker:
@@ -408,7 +420,9 @@ impl Engine {
         match kind {
             TransportKind::Tcp => self.enqueue_tcp(&p, &batch, live, deadline),
             ipc_kind => {
-                let rest = self.run_ipc(ipc_kind, &p, &batch, live, deadline, opts.transport == Transport::Auto);
+                let how =
+                    IpcSubmission { spans: local_spans(&leases), deadline, auto: opts.transport == Transport::Auto };
+                let rest = self.run_ipc(ipc_kind, &p, &batch, live, &how);
                 if !rest.is_empty() {
                     self.enqueue_tcp(&p, &batch, rest, deadline);
                 }
@@ -635,9 +649,9 @@ impl Engine {
         p: &Peer,
         batch: &Arc<BatchShared>,
         live: Vec<Checked<'a>>,
-        deadline: Instant,
-        auto: bool,
+        how: &IpcSubmission,
     ) -> Vec<Checked<'a>> {
+        let &IpcSubmission { ref spans, deadline, auto } = how;
         let (Ok(link), Some(transport)) = (p.link(kind), self.inner.ipc_transport(kind)) else {
             return live;
         };
@@ -706,7 +720,7 @@ impl Engine {
                 device: g[0].lease.region().device,
                 pinned: g.iter().any(|c| c.lease.region().kind == MemoryKind::PinnedHost),
                 group_ops: window.unwrap_or(0),
-                spans: local_spans(&g),
+                spans: spans.clone(),
                 independent: any_order || window.is_some(),
             };
             match transport.requester.run_group(&link, &region, items, local, deadline, defer) {

@@ -373,6 +373,9 @@ struct KvPoint {
     first_ms: f64,
     /// Medians of the measured submissions.
     posting_ms: f64,
+    /// The caller's own CPU time in `submit` (its thread's CPU clock): the
+    /// poster's work apart from the time it waited for a core.
+    posting_cpu_ms: f64,
     end_to_end_ms: f64,
     posting_share: f64,
     gbps: f64,
@@ -385,6 +388,18 @@ struct KvPoint {
     ratio_to_pattern: f64,
     requests_failed: u64,
     wrong_bytes: u64,
+}
+
+/// The calling thread's CPU time, in seconds.
+fn thread_cpu_seconds() -> f64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; CLOCK_THREAD_CPUTIME_ID
+    // needs nothing else.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    if rc != 0 {
+        return 0.0;
+    }
+    ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -651,7 +666,7 @@ fn point(
     sides: Sides,
 ) -> KvPoint {
     let opts = SubmitOptions { transport: Transport::Only(kind), timeout: Some(Duration::from_secs(120)) };
-    let (mut posting, mut e2e, mut first) = (Vec::new(), Vec::new(), 0.0);
+    let (mut posting, mut posting_cpu, mut e2e, mut first) = (Vec::new(), Vec::new(), Vec::new(), 0.0);
     let (mut failed, mut wrong, mut copies) = (0u64, 0u64, 0u64);
     for i in 0..=o.repeat {
         if op == Op::Read {
@@ -659,9 +674,9 @@ fn point(
             sides.poison(reqs);
         }
         let before = copies_issued(engine, kind);
-        let t0 = Instant::now();
+        let (t0, cpu0) = (Instant::now(), thread_cpu_seconds());
         let batch = engine.submit(peer, reqs, opts).unwrap_or_else(|e| super::die(&format!("submit: {e}")));
-        let posted = t0.elapsed().as_secs_f64();
+        let (posted, posted_cpu) = (t0.elapsed().as_secs_f64(), thread_cpu_seconds() - cpu0);
         let res = batch.wait(Duration::from_secs(120));
         let ended = t0.elapsed().as_secs_f64();
         if res.is_err() {
@@ -683,6 +698,7 @@ fn point(
             first = ended * 1e3;
         } else {
             posting.push(posted * 1e3);
+            posting_cpu.push(posted_cpu * 1e3);
             e2e.push(ended * 1e3);
         }
     }
@@ -700,6 +716,7 @@ fn point(
         copies_issued: copies,
         first_ms: first,
         posting_ms,
+        posting_cpu_ms: median(posting_cpu),
         end_to_end_ms,
         posting_share: posting_ms / end_to_end_ms,
         gbps: bytes as f64 / (end_to_end_ms / 1e3) / 1e9,
@@ -716,7 +733,7 @@ fn point(
 
 fn print(points: &[KvPoint]) {
     println!(
-        "{:<5} {:<6} {:<8} {:>8} {:>7} {:>8} {:>9} {:>9} {:>10} {:>7} {:>7} {:>9} {:<17} {:>7} {:>6} {:>8} {:>6}",
+        "{:<5} {:<6} {:<8} {:>8} {:>7} {:>8} {:>9} {:>9} {:>8} {:>10} {:>7} {:>7} {:>9} {:<17} {:>7} {:>6} {:>8} {:>6}",
         "tport",
         "op",
         "coalesce",
@@ -725,6 +742,7 @@ fn print(points: &[KvPoint]) {
         "copies",
         "first_ms",
         "post_ms",
+        "post_cpu",
         "e2e_ms",
         "post%",
         "GB/s",
@@ -737,7 +755,7 @@ fn print(points: &[KvPoint]) {
     );
     for p in points {
         println!(
-            "{:<5} {:<6} {:<8} {:>8} {:>7} {:>8} {:>9.1} {:>9.2} {:>10.2} {:>6.1}% {:>7.2} {:>9.2} {:<17} {:>7.2} {:>6.2} {:>8.2} {:>6.2}",
+            "{:<5} {:<6} {:<8} {:>8} {:>7} {:>8} {:>9.1} {:>9.2} {:>8.2} {:>10.2} {:>6.1}% {:>7.2} {:>9.2} {:<17} {:>7.2} {:>6.2} {:>8.2} {:>6.2}",
             p.transport,
             p.op,
             p.coalesce,
@@ -746,6 +764,7 @@ fn print(points: &[KvPoint]) {
             p.copies_issued,
             p.first_ms,
             p.posting_ms,
+            p.posting_cpu_ms,
             p.end_to_end_ms,
             p.posting_share * 100.0,
             p.gbps,
