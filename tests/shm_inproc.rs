@@ -818,6 +818,46 @@ fn auto_splits_a_mixed_submission_between_shm_and_tcp() {
     assert!(b.notes().is_empty(), "{:?}", b.notes());
 }
 
+/// A receipt whose channel broke as its acknowledgement arrived: the
+/// requester closed its mapping but cannot know the source took the
+/// receipt, so it keeps the import as owing one. A flush right after,
+/// while the link is re-establishing its channel in the background,
+/// waits for the channel and sends the receipt again (the source
+/// acknowledges a receipt it already took), and succeeds. Guards the
+/// `settle_reconnect` in `flush_where`'s close (without it the flush
+/// finds the channel still being re-established and fails, the import
+/// still owed).
+#[test]
+fn a_receipt_owed_through_a_lost_channel_is_settled_by_the_next_flush() {
+    let src = Engine::new(EngineConfig::default()).unwrap();
+    let req = Engine::from_json(r#"{"shm_cache_entries": 0}"#).unwrap();
+    let a = allocate_shared_host(1 << 20).unwrap();
+    src.register_memory(a.addr(), 1 << 20, Access::READ).unwrap();
+    let mut local = vec![0u8; 4096];
+    req.register_memory(local.as_mut_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
+    let read = [Request { op: Op::Read, local_addr: local.as_mut_ptr() as u64, remote_addr: a.addr(), len: 4096 }];
+    req.faults().break_at_ack.store(1, std::sync::atomic::Ordering::SeqCst);
+    let b = req.submit(peer, &read, opts).unwrap();
+    let _ = b.wait(T);
+    // The close receipt's outcome is unknown: the group fails, its import
+    // owed.
+    assert_eq!(b.results()[0].status, Status::Unavailable, "{:?}", b.error(0));
+    let imports = req.stats().ipc["shm"].imports.clone();
+    assert_eq!((imports.opened, imports.retained, imports.closed), (1, 1, 0), "{imports:?}");
+    assert_eq!(src.stats().ipc["shm"].exports.open, 0, "the source took the receipt");
+    req.flush_nvlink_cache(Some(T)).unwrap();
+    let imports = req.stats().ipc["shm"].imports.clone();
+    assert_eq!((imports.retained, imports.closed), (0, 1), "{imports:?}");
+    // The link works again.
+    let b = req.submit(peer, &read, opts).unwrap();
+    b.wait(T).unwrap();
+    drop(src);
+    drop(req);
+    a.free().unwrap();
+}
+
 /// A handle lost with its channel (the channel breaks as the handle
 /// arrives): the requester mapped nothing, the source keeps the export
 /// (it cannot know), and the requester's next flush releases it, so the

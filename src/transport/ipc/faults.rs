@@ -24,6 +24,9 @@ pub struct Faults {
     /// The channel breaks as an export handle arrives (the handle goes
     /// with it).
     pub lose_handle: AtomicU32,
+    /// The channel breaks as a receipt's acknowledgement arrives (the
+    /// source took the receipt; the requester cannot know).
+    pub break_at_ack: AtomicU32,
     /// Completion queries answer "not ready yet" this many more times.
     pub pending_polls: AtomicU32,
 }

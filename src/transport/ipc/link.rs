@@ -313,6 +313,9 @@ impl IpcLink {
             Ok(f) if f.kind == MsgKind::ExportHandle && Faults::take(&self.local.faults.lose_handle) => {
                 Err(Error::Unavailable("the channel broke as the export handle arrived (injected)".into()))
             }
+            Ok(f) if f.kind == MsgKind::Ack && Faults::take(&self.local.faults.break_at_ack) => {
+                Err(Error::Unavailable("the channel broke as a receipt's acknowledgement arrived (injected)".into()))
+            }
             got => got,
         };
         got.map_err(|e| {

@@ -60,7 +60,12 @@ impl IpcRequester {
 
     /// Flushes what was granted through the links `pick` chooses.
     fn flush_where(&self, deadline: Instant, pick: &dyn Fn(&Arc<IpcLink>) -> bool) -> Vec<String> {
-        let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
+        // A receipt owed through a channel lost a moment ago waits for it to
+        // come back (within the deadline) rather than failing at once.
+        let close = |imp: &Import, nc: bool| {
+            imp.link.settle_reconnect(deadline);
+            self.close_import(imp, nc, deadline)
+        };
         let mut left: Vec<String> = self
             .cache
             .flush_where(deadline, &close, &|imp: &Import| pick(&imp.link), true)
@@ -82,7 +87,7 @@ impl IpcRequester {
                 kept.imports.push(ent);
                 continue;
             }
-            match self.close_import(&ent.import, true, deadline) {
+            match close(&ent.import, true) {
                 Ok(()) => {}
                 Err((e, _)) => {
                     left.push(format!(
