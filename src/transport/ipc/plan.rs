@@ -62,15 +62,29 @@ impl Runs {
 pub fn independent<'a>(reqs: impl Iterator<Item = &'a Request> + Clone) -> bool {
     if let Some(first) = reqs.clone().next() {
         // One direction: only one space is written (a READ's local range,
-        // a WRITE's remote one), and every range in it is written.
+        // a WRITE's remote one), and every range in it is written; the
+        // other space holds no conflict. One pass follows the written
+        // ranges as ascending runs and keeps them joined where one
+        // continues the one before, for the sort when the runs do not
+        // decide.
         let mut runs = Runs::new();
+        let mut joined: Vec<(u64, u64)> = Vec::new();
         let one_way = reqs.clone().all(|r| {
             let start = if first.op == Op::Read { r.local_addr } else { r.remote_addr };
-            runs.push(start, start.saturating_add(r.len));
+            let end = start.saturating_add(r.len);
+            runs.push(start, end);
+            match joined.last_mut() {
+                Some(last) if last.1 == start => last.1 = end,
+                _ => joined.push((start, end)),
+            }
             r.op == first.op
         });
-        if one_way && runs.shown_disjoint() {
-            return true;
+        if one_way {
+            if runs.shown_disjoint() {
+                return true;
+            }
+            joined.sort_unstable_by_key(|&(start, _)| start);
+            return joined.windows(2).all(|w| w[0].1 <= w[1].0);
         }
     }
     let space = |pick: &dyn Fn(&Request) -> (u64, bool)| -> bool {
