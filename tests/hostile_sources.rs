@@ -14,7 +14,10 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-const LEN: usize = 1 << 20;
+/// The honest source's region, which the fake sources publish too: as
+/// large as the largest request sent to them (a requester refuses a range
+/// past the end of the region it starts in).
+const LEN: usize = 64 << 20;
 
 /// An honest source, and a requester with one I/O thread connected to it.
 struct Honest {

@@ -818,6 +818,96 @@ fn auto_splits_a_mixed_submission_between_shm_and_tcp() {
     assert!(b.notes().is_empty(), "{:?}", b.notes());
 }
 
+/// A request whose remote range starts in a published region and runs
+/// past its end fails alone, OUT_OF_RANGE with no remote effect, before
+/// anything moves: the cached import maps the region's allocation and no
+/// more (the range here runs 5 MiB past it). Its sibling in the same
+/// submission moves its bytes, and the import serves the next submission.
+/// Guards `in_region` in `submit_inner`: without it the request reaches
+/// the import's own check and fails PROTOCOL_ERROR, blaming the peer for
+/// the caller's range; without both, the copy left the mapping and the
+/// process died of SIGSEGV (checked).
+#[test]
+fn a_range_past_the_end_of_a_peers_region_fails_alone_out_of_range() {
+    let src = Engine::new(EngineConfig::default()).unwrap();
+    let req = Engine::new(EngineConfig::default()).unwrap();
+    let a = allocate_shared_host(1 << 20).unwrap();
+    // SAFETY: the allocation maps 1 MiB.
+    let remote = unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u8, 1 << 20) };
+    for (i, b) in remote.iter_mut().enumerate() {
+        *b = (i % 253) as u8;
+    }
+    src.register_memory(a.addr(), 1 << 20, Access::READ_WRITE).unwrap();
+    let mut local = vec![0u8; 8 << 20];
+    req.register_memory(local.as_mut_ptr() as u64, local.len() as u64, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
+    let l = local.as_mut_ptr() as u64;
+    let first = [Request { op: Op::Read, local_addr: l, remote_addr: a.addr(), len: 4096 }];
+    req.submit(peer, &first, opts).unwrap().wait(T).unwrap();
+    let reqs = [
+        Request { op: Op::Read, local_addr: l + 4096, remote_addr: a.addr() + 8192, len: 4096 },
+        Request { op: Op::Read, local_addr: l + (1 << 20), remote_addr: a.addr() + (1 << 20) - 4096, len: 6 << 20 },
+    ];
+    local[1 << 20..].iter_mut().for_each(|b| *b = 0xEE);
+    let b = req.submit(peer, &reqs, opts).unwrap();
+    let _ = b.wait(T);
+    let r = b.results();
+    assert_eq!((r[0].status, r[1].status, r[1].remote_effect), (Status::Ok, Status::OutOfRange, RemoteEffect::None));
+    assert!(b.error(1).unwrap().message().contains("crosses the end of region"), "{:?}", b.error(1));
+    assert!((0..4096).all(|i| local[4096 + i] == ((8192 + i) % 253) as u8));
+    assert!(local[1 << 20..].iter().all(|&b| b == 0xEE), "nothing moved for the refused request");
+    req.submit(peer, &first, opts).unwrap().wait(T).unwrap();
+    assert_eq!(req.stats().ipc["shm"].imports.opened, 1);
+    drop(src);
+    drop(req);
+    a.free().unwrap();
+}
+
+/// A cached import serves later ranges of its region with no offer to
+/// check them against. A source whose published region reaches past the
+/// allocation it exports (fault `narrow_offer`: the first offer's
+/// allocation ends with its grant, so the import maps 4 KiB) gets a later
+/// READ of its region refused PROTOCOL_ERROR, never copied from outside
+/// the mapping; the range the import maps still moves. Guards
+/// `maps_range` in `run_group` (without it the READ copies from past the
+/// 4 KiB mapping).
+#[test]
+fn a_cached_import_never_copies_outside_its_mapping() {
+    let src = Engine::new(EngineConfig::default()).unwrap();
+    let req = Engine::new(EngineConfig::default()).unwrap();
+    let a = allocate_shared_host(1 << 20).unwrap();
+    // SAFETY: the allocation maps 1 MiB.
+    let remote = unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u8, 1 << 20) };
+    for (i, b) in remote.iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    src.register_memory(a.addr(), 1 << 20, Access::READ).unwrap();
+    let mut local = vec![0u8; 8192];
+    req.register_memory(local.as_mut_ptr() as u64, 8192, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
+    let l = local.as_mut_ptr() as u64;
+    req.faults().narrow_offer.store(1, std::sync::atomic::Ordering::SeqCst);
+    let near = [Request { op: Op::Read, local_addr: l, remote_addr: a.addr() + 16, len: 64 }];
+    req.submit(peer, &near, opts).unwrap().wait(T).unwrap();
+    assert!((0..64).all(|i| local[i] == ((16 + i) % 251) as u8));
+    local[4096..].iter_mut().for_each(|b| *b = 0xEE);
+    let far = [Request { op: Op::Read, local_addr: l + 4096, remote_addr: a.addr() + (512 << 10), len: 4096 }];
+    let b = req.submit(peer, &far, opts).unwrap();
+    let _ = b.wait(T);
+    let r = b.results()[0];
+    assert_eq!((r.status, r.remote_effect), (Status::ProtocolError, RemoteEffect::None), "{:?}", b.error(0));
+    assert!(b.error(0).unwrap().message().contains("does not map"), "{:?}", b.error(0));
+    assert!(local[4096..].iter().all(|&b| b == 0xEE));
+    // The mapped range still moves, through the same import.
+    req.submit(peer, &near, opts).unwrap().wait(T).unwrap();
+    assert_eq!(req.stats().ipc["shm"].imports.opened, 1);
+    drop(src);
+    drop(req);
+    a.free().unwrap();
+}
+
 /// A receipt whose channel broke as its acknowledgement arrived: the
 /// requester closed its mapping but cannot know the source took the
 /// receipt, so it keeps the import as owing one. A flush right after,

@@ -345,7 +345,9 @@ impl Engine {
         if !self.inner.requester_gate.is_open() {
             return Err(Error::Unavailable("the requester side is closed".into()));
         }
-        // Resolve remote regions (one refresh of the peer's table if needed).
+        // Resolve remote regions (one refresh of the peer's table if a
+        // request names no region, or a range past the end of its region).
+        let in_region = |c: &Checked<'_>| c.region.is_some_and(|g| g.contains(c.req.remote_addr, c.req.len));
         let known = p.conn.describe();
         let regions = RegionIndex::new(&known);
         let refreshed;
@@ -359,8 +361,9 @@ impl Engine {
                 // Neighbours mostly name the region before them.
                 let region = last.filter(|g| g.contains(r.remote_addr, 1)).or_else(|| regions.find(r.remote_addr));
                 last = region;
-                missing |= region.is_none();
-                Checked { index, req: *r, lease: &leases[l as usize], region }
+                let c = Checked { index, req: *r, lease: &leases[l as usize], region };
+                missing |= !in_region(&c);
+                c
             })
             .collect();
         if missing {
@@ -370,7 +373,7 @@ impl Engine {
                 missing = false;
                 for c in &mut live {
                     c.region = index.find(c.req.remote_addr);
-                    missing |= c.region.is_none();
+                    missing |= !in_region(c);
                 }
             }
         }
@@ -404,18 +407,27 @@ impl Engine {
             batch.note(text);
             self.enqueue_tcp(&p, &batch, over_tcp, deadline);
         }
-        // Requests naming no published region fail here, per request.
+        // Requests naming no published region, or a range past the end of
+        // the region they start in, fail here, per request: nothing moves
+        // outside what the peer published (an import maps no more).
         let mut live = live;
         if missing {
-            for c in live.iter().filter(|c| c.region.is_none()) {
+            for c in live.iter().filter(|c| !in_region(c)) {
                 batch.plan(c.index, 1, kind);
-                let e = Error::NotFound(format!(
-                    "request {}: remote address 0x{:x} is in no region peer {peer} publishes",
-                    c.index, c.req.remote_addr
-                ));
-                batch.fail_request(c.index, e, RemoteEffect::None);
+                let (i, addr, len) = (c.index, c.req.remote_addr, c.req.len);
+                let e = match c.region {
+                    None => Error::NotFound(format!(
+                        "request {i}: remote address 0x{addr:x} is in no region peer {peer} publishes"
+                    )),
+                    Some(g) => Error::OutOfRange(format!(
+                        "request {i}: remote range 0x{addr:x}+{len} crosses the end of region {} (0x{:x}+{}) that \
+                         peer {peer} publishes",
+                        g.id, g.addr, g.len
+                    )),
+                };
+                batch.fail_request(i, e, RemoteEffect::None);
             }
-            live.retain(|c| c.region.is_some());
+            live.retain(in_region);
         }
         match kind {
             TransportKind::Tcp => self.enqueue_tcp(&p, &batch, live, deadline),

@@ -27,6 +27,10 @@ pub struct Faults {
     /// The channel breaks as a receipt's acknowledgement arrives (the
     /// source took the receipt; the requester cannot know).
     pub break_at_ack: AtomicU32,
+    /// The next offer names an allocation that ends with its grant, as a
+    /// source whose published region reaches past the allocation it
+    /// exports would (the import maps no more).
+    pub narrow_offer: AtomicU32,
     /// Completion queries answer "not ready yet" this many more times.
     pub pending_polls: AtomicU32,
 }

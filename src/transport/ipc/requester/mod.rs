@@ -104,6 +104,11 @@ impl Import {
     fn maps(&self, remote_addr: u64) -> bool {
         remote_addr >= self.offer.base && remote_addr - self.offer.base < self.offer.physical
     }
+
+    /// Whether the remote range `(addr, len)` lies wholly in its mapping.
+    fn maps_range(&self, (addr, len): (u64, u64)) -> bool {
+        addr >= self.offer.base && (addr - self.offer.base).checked_add(len).is_some_and(|e| e <= self.offer.physical)
+    }
 }
 
 /// Relocation cache key: source endpoint, source epoch, region id and
@@ -361,6 +366,13 @@ impl IpcRequester {
                 return Err(error);
             }
         };
+        let offer = match Faults::take(&self.faults.narrow_offer) {
+            true => {
+                let physical = (offer.grant_addr + offer.grant_len - offer.base).next_multiple_of(4096);
+                ExportOffer { physical: physical.min(offer.physical), ..offer }
+            }
+            false => offer,
+        };
         let charge_key = (link.endpoint.clone(), link.source.engine_epoch, offer.base);
         // Idle cached imports give their charge back for a new one.
         let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
@@ -491,6 +503,20 @@ impl IpcRequester {
                     (imp, fresh, key)
                 }
             };
+            // A cached import serves later ranges of its region without
+            // the offer's check: a source whose published region reaches
+            // past the allocation it exports must not make a copy leave
+            // the mapping.
+            if !imp.maps_range(env) {
+                self.release(&key);
+                return Err(GroupError::NotPosted(Error::Protocol(format!(
+                    "{}: region {} names 0x{:x}+{}, which the import of its allocation does not map",
+                    imp.describe(),
+                    region.id,
+                    env.0,
+                    env.1
+                ))));
+            }
             // The board first: the source's words say whether the grant still
             // holds, with no round trip. Otherwise the source revalidates
             // the submission (and tells the slot's current generation).
