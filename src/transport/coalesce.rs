@@ -30,6 +30,14 @@ impl LocalSpans {
         LocalSpans(ranges)
     }
 
+    /// Whether any span overlaps `[start, end)`.
+    pub fn overlaps(&self, start: u64, end: u64) -> bool {
+        // The first span ending after `start` is the only candidate (the
+        // spans are disjoint and sorted, so their ends are too).
+        let i = self.0.partition_point(|s| s.1 <= start);
+        self.0.get(i).is_some_and(|s| s.0 < end)
+    }
+
     /// The end of the span that holds `addr` (`None`: no span does).
     fn end_of(&self, addr: u64) -> Option<u64> {
         let i = self.0.partition_point(|s| s.0 <= addr);
@@ -87,6 +95,20 @@ mod tests {
 
     fn spans(r: &[(u64, u64)]) -> LocalSpans {
         LocalSpans::new(r.to_vec())
+    }
+
+    /// Guards `LocalSpans::overlaps`: touching is not overlapping; a range
+    /// inside a gap, before the first span or after the last overlaps
+    /// none; one reaching into a span, or covering it, does.
+    #[test]
+    fn spans_say_whether_a_range_overlaps_them() {
+        let s = spans(&[(300, 400), (100, 200)]);
+        let overlap: Vec<bool> = [(0, 100), (0, 101), (200, 300), (199, 201), (250, 450), (400, 500), (350, 360)]
+            .iter()
+            .map(|&(a, b)| s.overlaps(a, b))
+            .collect();
+        assert_eq!(overlap, vec![false, true, false, true, true, false, true]);
+        assert!(!LocalSpans::default().overlaps(0, u64::MAX));
     }
 
     #[test]

@@ -605,7 +605,11 @@ impl IpcRequester {
                 }
             })
             .collect();
-        let plan = match independent {
+        // Requests shown independent make independent copies while the
+        // import's mapping lies apart from every local region (it is a
+        // mapping of its own unless a caller registered it as local memory).
+        let apart = || !spans.overlaps(base, base.saturating_add(imp.offer.physical));
+        let plan = match *independent && apart() {
             true => {
                 debug_assert_eq!(classify(&ops), CopyPlan::Independent);
                 CopyPlan::Independent
