@@ -818,6 +818,59 @@ fn auto_splits_a_mixed_submission_between_shm_and_tcp() {
     assert!(b.notes().is_empty(), "{:?}", b.notes());
 }
 
+/// A source sharing a 1 MiB allocation (byte i holds i % 251) in one
+/// region, and a requester (config `req_cfg`) with `local_len` bytes
+/// registered, connected to it, submitting over SHM only.
+struct OneAllocation {
+    src: Engine,
+    req: Engine,
+    a: Allocation,
+    local: Vec<u8>,
+    peer: u64,
+    opts: SubmitOptions,
+}
+
+impl OneAllocation {
+    fn new(req_cfg: &str, access: Access, local_len: usize) -> OneAllocation {
+        let src = Engine::new(EngineConfig::default()).unwrap();
+        let req = Engine::from_json(req_cfg).unwrap();
+        let a = allocate_shared_host(1 << 20).unwrap();
+        // SAFETY: the allocation maps 1 MiB.
+        let remote = unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u8, 1 << 20) };
+        for (i, b) in remote.iter_mut().enumerate() {
+            *b = (i % 251) as u8;
+        }
+        src.register_memory(a.addr(), 1 << 20, access).unwrap();
+        let mut local = vec![0u8; local_len];
+        req.register_memory(local.as_mut_ptr() as u64, local_len as u64, Access::NONE).unwrap();
+        let peer = req.connect(&src.endpoint(), None).unwrap();
+        let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
+        OneAllocation { src, req, a, local, peer, opts }
+    }
+
+    /// A READ of `len` bytes from `remote_off` in the allocation into
+    /// `local_off` of the local buffer.
+    fn read(&self, local_off: u64, remote_off: u64, len: u64) -> Request {
+        Request {
+            op: Op::Read,
+            local_addr: self.local.as_ptr() as u64 + local_off,
+            remote_addr: self.a.addr() + remote_off,
+            len,
+        }
+    }
+
+    fn submit(&self, reqs: &[Request]) -> Batch {
+        self.req.submit(self.peer, reqs, self.opts).unwrap()
+    }
+
+    /// Ends both engines, then frees the allocation.
+    fn close(self) {
+        drop(self.src);
+        drop(self.req);
+        self.a.free().unwrap();
+    }
+}
+
 /// A request whose remote range starts in a published region and runs
 /// past its end fails alone, OUT_OF_RANGE with no remote effect, before
 /// anything moves: the cached import maps the region's allocation and no
@@ -829,39 +882,21 @@ fn auto_splits_a_mixed_submission_between_shm_and_tcp() {
 /// process died of SIGSEGV (checked).
 #[test]
 fn a_range_past_the_end_of_a_peers_region_fails_alone_out_of_range() {
-    let src = Engine::new(EngineConfig::default()).unwrap();
-    let req = Engine::new(EngineConfig::default()).unwrap();
-    let a = allocate_shared_host(1 << 20).unwrap();
-    // SAFETY: the allocation maps 1 MiB.
-    let remote = unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u8, 1 << 20) };
-    for (i, b) in remote.iter_mut().enumerate() {
-        *b = (i % 253) as u8;
-    }
-    src.register_memory(a.addr(), 1 << 20, Access::READ_WRITE).unwrap();
-    let mut local = vec![0u8; 8 << 20];
-    req.register_memory(local.as_mut_ptr() as u64, local.len() as u64, Access::NONE).unwrap();
-    let peer = req.connect(&src.endpoint(), None).unwrap();
-    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
-    let l = local.as_mut_ptr() as u64;
-    let first = [Request { op: Op::Read, local_addr: l, remote_addr: a.addr(), len: 4096 }];
-    req.submit(peer, &first, opts).unwrap().wait(T).unwrap();
-    let reqs = [
-        Request { op: Op::Read, local_addr: l + 4096, remote_addr: a.addr() + 8192, len: 4096 },
-        Request { op: Op::Read, local_addr: l + (1 << 20), remote_addr: a.addr() + (1 << 20) - 4096, len: 6 << 20 },
-    ];
-    local[1 << 20..].iter_mut().for_each(|b| *b = 0xEE);
-    let b = req.submit(peer, &reqs, opts).unwrap();
+    let mut p = OneAllocation::new("", Access::READ_WRITE, 8 << 20);
+    let first = [p.read(0, 0, 4096)];
+    p.submit(&first).wait(T).unwrap();
+    let reqs = [p.read(4096, 8192, 4096), p.read(1 << 20, (1 << 20) - 4096, 6 << 20)];
+    p.local[1 << 20..].iter_mut().for_each(|b| *b = 0xEE);
+    let b = p.submit(&reqs);
     let _ = b.wait(T);
     let r = b.results();
     assert_eq!((r[0].status, r[1].status, r[1].remote_effect), (Status::Ok, Status::OutOfRange, RemoteEffect::None));
     assert!(b.error(1).unwrap().message().contains("crosses the end of region"), "{:?}", b.error(1));
-    assert!((0..4096).all(|i| local[4096 + i] == ((8192 + i) % 253) as u8));
-    assert!(local[1 << 20..].iter().all(|&b| b == 0xEE), "nothing moved for the refused request");
-    req.submit(peer, &first, opts).unwrap().wait(T).unwrap();
-    assert_eq!(req.stats().ipc["shm"].imports.opened, 1);
-    drop(src);
-    drop(req);
-    a.free().unwrap();
+    assert!((0..4096).all(|i| p.local[4096 + i] == ((8192 + i) % 251) as u8));
+    assert!(p.local[1 << 20..].iter().all(|&b| b == 0xEE), "nothing moved for the refused request");
+    p.submit(&first).wait(T).unwrap();
+    assert_eq!(p.req.stats().ipc["shm"].imports.opened, 1);
+    p.close();
 }
 
 /// A cached import serves later ranges of its region with no offer to
@@ -874,38 +909,22 @@ fn a_range_past_the_end_of_a_peers_region_fails_alone_out_of_range() {
 /// 4 KiB mapping).
 #[test]
 fn a_cached_import_never_copies_outside_its_mapping() {
-    let src = Engine::new(EngineConfig::default()).unwrap();
-    let req = Engine::new(EngineConfig::default()).unwrap();
-    let a = allocate_shared_host(1 << 20).unwrap();
-    // SAFETY: the allocation maps 1 MiB.
-    let remote = unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u8, 1 << 20) };
-    for (i, b) in remote.iter_mut().enumerate() {
-        *b = (i % 251) as u8;
-    }
-    src.register_memory(a.addr(), 1 << 20, Access::READ).unwrap();
-    let mut local = vec![0u8; 8192];
-    req.register_memory(local.as_mut_ptr() as u64, 8192, Access::NONE).unwrap();
-    let peer = req.connect(&src.endpoint(), None).unwrap();
-    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
-    let l = local.as_mut_ptr() as u64;
-    req.faults().narrow_offer.store(1, std::sync::atomic::Ordering::SeqCst);
-    let near = [Request { op: Op::Read, local_addr: l, remote_addr: a.addr() + 16, len: 64 }];
-    req.submit(peer, &near, opts).unwrap().wait(T).unwrap();
-    assert!((0..64).all(|i| local[i] == ((16 + i) % 251) as u8));
-    local[4096..].iter_mut().for_each(|b| *b = 0xEE);
-    let far = [Request { op: Op::Read, local_addr: l + 4096, remote_addr: a.addr() + (512 << 10), len: 4096 }];
-    let b = req.submit(peer, &far, opts).unwrap();
+    let mut p = OneAllocation::new("", Access::READ, 8192);
+    p.req.faults().narrow_offer.store(1, std::sync::atomic::Ordering::SeqCst);
+    let near = [p.read(0, 16, 64)];
+    p.submit(&near).wait(T).unwrap();
+    assert!((0..64).all(|i| p.local[i] == ((16 + i) % 251) as u8));
+    p.local[4096..].iter_mut().for_each(|b| *b = 0xEE);
+    let b = p.submit(&[p.read(4096, 512 << 10, 4096)]);
     let _ = b.wait(T);
     let r = b.results()[0];
     assert_eq!((r.status, r.remote_effect), (Status::ProtocolError, RemoteEffect::None), "{:?}", b.error(0));
     assert!(b.error(0).unwrap().message().contains("does not map"), "{:?}", b.error(0));
-    assert!(local[4096..].iter().all(|&b| b == 0xEE));
+    assert!(p.local[4096..].iter().all(|&b| b == 0xEE));
     // The mapped range still moves, through the same import.
-    req.submit(peer, &near, opts).unwrap().wait(T).unwrap();
-    assert_eq!(req.stats().ipc["shm"].imports.opened, 1);
-    drop(src);
-    drop(req);
-    a.free().unwrap();
+    p.submit(&near).wait(T).unwrap();
+    assert_eq!(p.req.stats().ipc["shm"].imports.opened, 1);
+    p.close();
 }
 
 /// A receipt whose channel broke as its acknowledgement arrived: the
@@ -919,33 +938,23 @@ fn a_cached_import_never_copies_outside_its_mapping() {
 /// still owed).
 #[test]
 fn a_receipt_owed_through_a_lost_channel_is_settled_by_the_next_flush() {
-    let src = Engine::new(EngineConfig::default()).unwrap();
-    let req = Engine::from_json(r#"{"shm_cache_entries": 0}"#).unwrap();
-    let a = allocate_shared_host(1 << 20).unwrap();
-    src.register_memory(a.addr(), 1 << 20, Access::READ).unwrap();
-    let mut local = vec![0u8; 4096];
-    req.register_memory(local.as_mut_ptr() as u64, 4096, Access::NONE).unwrap();
-    let peer = req.connect(&src.endpoint(), None).unwrap();
-    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
-    let read = [Request { op: Op::Read, local_addr: local.as_mut_ptr() as u64, remote_addr: a.addr(), len: 4096 }];
-    req.faults().break_at_ack.store(1, std::sync::atomic::Ordering::SeqCst);
-    let b = req.submit(peer, &read, opts).unwrap();
+    let p = OneAllocation::new(r#"{"shm_cache_entries": 0}"#, Access::READ, 4096);
+    let read = [p.read(0, 0, 4096)];
+    p.req.faults().break_at_ack.store(1, std::sync::atomic::Ordering::SeqCst);
+    let b = p.submit(&read);
     let _ = b.wait(T);
     // The close receipt's outcome is unknown: the group fails, its import
     // owed.
     assert_eq!(b.results()[0].status, Status::Unavailable, "{:?}", b.error(0));
-    let imports = req.stats().ipc["shm"].imports.clone();
+    let imports = p.req.stats().ipc["shm"].imports.clone();
     assert_eq!((imports.opened, imports.retained, imports.closed), (1, 1, 0), "{imports:?}");
-    assert_eq!(src.stats().ipc["shm"].exports.open, 0, "the source took the receipt");
-    req.flush_nvlink_cache(Some(T)).unwrap();
-    let imports = req.stats().ipc["shm"].imports.clone();
+    assert_eq!(p.src.stats().ipc["shm"].exports.open, 0, "the source took the receipt");
+    p.req.flush_nvlink_cache(Some(T)).unwrap();
+    let imports = p.req.stats().ipc["shm"].imports.clone();
     assert_eq!((imports.retained, imports.closed), (0, 1), "{imports:?}");
     // The link works again.
-    let b = req.submit(peer, &read, opts).unwrap();
-    b.wait(T).unwrap();
-    drop(src);
-    drop(req);
-    a.free().unwrap();
+    p.submit(&read).wait(T).unwrap();
+    p.close();
 }
 
 /// A handle lost with its channel (the channel breaks as the handle
@@ -957,17 +966,9 @@ fn a_receipt_owed_through_a_lost_channel_is_settled_by_the_next_flush() {
 /// right after the loss finds it still being re-established).
 #[test]
 fn a_handle_lost_with_its_channel_is_released_at_the_next_flush() {
-    let src = Engine::new(EngineConfig::default()).unwrap();
-    let req = Engine::from_json(r#"{"shm_cache_entries": 0}"#).unwrap();
-    let a = allocate_shared_host(1 << 20).unwrap();
-    src.register_memory(a.addr(), 1 << 20, Access::READ).unwrap();
-    let mut local = vec![0u8; 4096];
-    req.register_memory(local.as_mut_ptr() as u64, 4096, Access::NONE).unwrap();
-    let peer = req.connect(&src.endpoint(), None).unwrap();
-    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
-    let read = [Request { op: Op::Read, local_addr: local.as_mut_ptr() as u64, remote_addr: a.addr(), len: 4096 }];
-    req.faults().lose_handle.store(1, std::sync::atomic::Ordering::SeqCst);
-    let b = req.submit(peer, &read, opts).unwrap();
+    let p = OneAllocation::new(r#"{"shm_cache_entries": 0}"#, Access::READ, 4096);
+    p.req.faults().lose_handle.store(1, std::sync::atomic::Ordering::SeqCst);
+    let b = p.submit(&[p.read(0, 0, 4096)]);
     let _ = b.wait(T);
     let r = b.results()[0];
     assert_eq!((r.status, r.remote_effect), (Status::Unavailable, RemoteEffect::None), "{:?}", b.error(0));
@@ -975,15 +976,12 @@ fn a_handle_lost_with_its_channel_is_released_at_the_next_flush() {
         let s = e.stats();
         s.ipc["shm"].exports.open + s.ipc["shm"].exports.retained
     };
-    assert_eq!(held(&src), 1, "the source keeps what it granted");
-    assert_eq!(req.stats().ipc["shm"].imports.retained, 0, "nothing was mapped");
+    assert_eq!(held(&p.src), 1, "the source keeps what it granted");
+    assert_eq!(p.req.stats().ipc["shm"].imports.retained, 0, "nothing was mapped");
     // The link re-establishes its channel in the background; the flush
     // waits for it (within its deadline), then releases the grant.
-    req.flush_nvlink_cache(Some(T)).unwrap();
-    assert_eq!(held(&src), 0, "the flush released the lost grant");
-    src.close_source(Some(Duration::from_millis(200))).unwrap();
-    // The link works again.
-    drop(src);
-    drop(req);
-    a.free().unwrap();
+    p.req.flush_nvlink_cache(Some(T)).unwrap();
+    assert_eq!(held(&p.src), 0, "the flush released the lost grant");
+    p.src.close_source(Some(Duration::from_millis(200))).unwrap();
+    p.close();
 }
