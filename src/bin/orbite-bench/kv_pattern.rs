@@ -40,6 +40,10 @@ usage: orbite-bench --pattern kv [options]
   --run-length MEAN       mean contiguous run, in blocks: lengths 1 to 32, geometric
                           with this mean before the cap (default 4; 1: fully scattered)
   --order shuffled|address  runs in random order (default), or in address order
+  --spread K              the target's regions K times larger, each run's offset in
+                          its region K times what packed gives (default 1: packed);
+                          with --run-length 1 --block-size 4KiB --spread 31 every
+                          block lies on its own page, 124 KiB from the next
   --coalesce both|on|off  engine config `coalesce` (default both: a point each)
   --repeat N              measured submissions per point; the median is shown (default 5)
   --seed N                the runs' lengths and order (default 1)
@@ -70,6 +74,8 @@ struct KvOpts {
     regions: u64,
     run_length: f64,
     address_order: bool,
+    /// Remote room per block (`--spread`): 1 packs the runs.
+    spread: u64,
     coalesce: Vec<bool>,
     repeat: usize,
     seed: u64,
@@ -93,6 +99,7 @@ fn parse() -> KvOpts {
         regions: 101,
         run_length: 4.0,
         address_order: false,
+        spread: 1,
         coalesce: vec![true, false],
         repeat: 5,
         seed: 1,
@@ -149,6 +156,7 @@ fn parse() -> KvOpts {
                 }
             }
             "--repeat" => o.repeat = num(val(), "--repeat") as usize,
+            "--spread" => o.spread = num(val(), "--spread").max(1),
             "--seed" => o.seed = num(val(), "--seed"),
             "--json" => o.json = Some(val()),
             "--config" => o.config = val(),
@@ -241,7 +249,7 @@ fn plan(o: &KvOpts) -> Vec<Run> {
         let mut at = 0;
         while at < per {
             let len = len_of(&mut rng).min(per - at).min(left);
-            runs.push(Run { remote: r * per + at, local: 0, len });
+            runs.push(Run { remote: (r * per + at) * o.spread, local: 0, len });
             at += len;
             left -= len;
             if left == 0 {
@@ -337,7 +345,7 @@ impl Drop for Target {
 
 fn spawn_target(o: &KvOpts, memory: &str) -> Target {
     let exe = std::env::current_exe().expect("current_exe");
-    let region_bytes = blocks_per_region(o) * o.block_size;
+    let region_bytes = blocks_per_region(o) * o.spread * o.block_size;
     let mut child = Command::new(exe)
         .args(["--role", "kv-target", "--regions", &o.regions.to_string(), "--target-memory", memory])
         .args(["--region-bytes", &region_bytes.to_string()])
@@ -488,7 +496,7 @@ fn initiator(o: &KvOpts) {
                     let target = spawn_target(o, "shm");
                     let local = allocate_shared_host(total).unwrap_or_else(|e| super::die(&e.to_string()));
                     super::touch(local.addr() as *mut u8, total as usize);
-                    let g = runs_memcpy_gbps(&runs, bs, local.addr(), total);
+                    let g = runs_memcpy_gbps(&runs, bs, local.addr(), total * o.spread);
                     (target, local, g)
                 });
                 (target.endpoint.clone(), target.addr, local.addr(), *pattern_gbps)
