@@ -262,6 +262,17 @@ impl Engine {
             log.level(),
             if level_from_env { " from ORBITE_LOG" } else { "" }
         ));
+        if self.transports().contains(&TransportKind::Shm) {
+            if let Some(setting) =
+                crate::memory::owners::shmem_huge_setting().filter(|s| !crate::memory::owners::shmem_huge_pages_on(s))
+            {
+                log.info(format_args!(
+                    "shm: shared memory uses 4 KiB pages (transparent_hugepage/shmem_enabled is {setting}): a peer's \
+                     fresh import of a large allocation takes a page fault per 4 KiB page it first touches; with \
+                     `advise` the library's shared allocations use 2 MiB pages"
+                ));
+            }
+        }
         for (kind, why) in &self.inner.ipc_unavailable {
             let asked = match kind {
                 TransportKind::Nvlink => c.nvlink,

@@ -443,6 +443,81 @@ pub fn map_shared(fd: &impl AsRawFd, len: u64, writable: bool, what: &str) -> Re
     Ok(p as u64)
 }
 
+/// Maps `len` bytes of a library memory file as [`map_shared`] does, for
+/// the memory itself (an allocation, or a peer's SHM import of it): when
+/// `len` is a multiple of [`SHARED_ROUNDING`], at an address aligned to it
+/// and advised for transparent huge pages. Where the kernel backs shared
+/// memory with huge pages (`shmem_enabled` set to `advise`, `within_size`
+/// or `always`) a first touch then maps 2 MiB at once, in the owner and in
+/// every importer, instead of one fault per 4 KiB page: a fresh import of
+/// a large pool read at scattered blocks pays one fault per 2 MiB. Where it
+/// does not (`never`), the advice changes nothing.
+pub fn map_shared_memory(fd: &impl AsRawFd, len: u64, writable: bool, what: &str) -> Result<u64> {
+    if len == 0 || len % SHARED_ROUNDING != 0 {
+        return map_shared(fd, len, writable, what);
+    }
+    let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
+    let fail = |e: std::io::Error| Error::ResourceExhausted(format!("cannot map {len} bytes of {what}: {e}"));
+    // An aligned place: reserve one alignment more than needed, map the
+    // file over its aligned part, and give back the slack on both sides.
+    let span = len.checked_add(SHARED_ROUNDING).ok_or_else(|| fail(std::io::Error::from_raw_os_error(libc::ENOMEM)))?;
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+    // SAFETY: a fresh inaccessible reservation; the result is checked.
+    let r = unsafe { libc::mmap(std::ptr::null_mut(), span as usize, libc::PROT_NONE, flags, -1, 0) };
+    if r == libc::MAP_FAILED {
+        return Err(fail(std::io::Error::last_os_error()));
+    }
+    let start = r as u64;
+    let at = start.next_multiple_of(SHARED_ROUNDING);
+    // SAFETY: [at, at+len) lies inside our own reservation (span is len
+    // plus one alignment), so MAP_FIXED replaces nothing but it.
+    let p = unsafe {
+        libc::mmap(at as *mut libc::c_void, len as usize, prot, libc::MAP_SHARED | libc::MAP_FIXED, fd.as_raw_fd(), 0)
+    };
+    if p == libc::MAP_FAILED {
+        let e = std::io::Error::last_os_error();
+        // SAFETY: the whole reservation is ours and nothing else uses it.
+        unsafe { libc::munmap(r, span as usize) };
+        return Err(fail(e));
+    }
+    // SAFETY: the slack before and after the file's mapping is the rest of
+    // our own reservation.
+    unsafe {
+        if at > start {
+            libc::munmap(r, (at - start) as usize);
+        }
+        if at + len < start + span {
+            libc::munmap((at + len) as *mut libc::c_void, (start + span - at - len) as usize);
+        }
+    }
+    // SAFETY: advice on our own mapping; a kernel without transparent huge
+    // pages refuses it, and that changes nothing (the mapping stands).
+    unsafe { libc::madvise(p, len as usize, libc::MADV_HUGEPAGE) };
+    Ok(at)
+}
+
+/// The kernel's setting for huge pages in shared memory
+/// (`/sys/kernel/mm/transparent_hugepage/shmem_enabled`, the bracketed
+/// word: `never`, `advise`, `within_size`, `always`, `deny`, `force`), or
+/// None where the kernel has no transparent huge pages.
+pub fn shmem_huge_setting() -> Option<String> {
+    let text = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled").ok()?;
+    selected_word(&text).map(str::to_owned)
+}
+
+/// The bracketed word of a sysfs choice list (`always [never] advise`).
+fn selected_word(text: &str) -> Option<&str> {
+    let start = text.find('[')? + 1;
+    let len = text[start..].find(']')?;
+    Some(&text[start..start + len])
+}
+
+/// Whether [`map_shared_memory`]'s advice can take effect: the kernel backs
+/// advised shared memory with huge pages.
+pub fn shmem_huge_pages_on(setting: &str) -> bool {
+    matches!(setting, "advise" | "within_size" | "always" | "force")
+}
+
 /// Allocates zeroed host memory backed by a memfd, physically rounded up to
 /// 2 MiB, shareable with peers on the same host (SHM transport). The memfd
 /// is sealed against shrinking and growing ([`SIZE_SEALS`]) and against
@@ -454,7 +529,7 @@ pub fn allocate_shared_host(len: u64) -> Result<Allocation> {
     let physical = shared_physical(len)?;
     let fd = sealable_memfd(c"orbite-shm", physical, "shared memory")?;
     add_seals(&fd, SIZE_SEALS | libc::F_SEAL_SEAL, "shared memory")?;
-    let p = map_shared(&fd, physical, true, "shared memory")?;
+    let p = map_shared_memory(&fd, physical, true, "shared memory")?;
     let owned = Arc::new(Owned {
         id: next_owner_id(),
         kind: MemoryKind::SharedHost,
@@ -716,6 +791,49 @@ mod tests {
         assert!(!fenced(base + 1) && !fenced(base + (2 << 16)));
         lo.free().unwrap();
         hi.free().unwrap();
+    }
+
+    /// The VmFlags of the mapping starting at `addr` (from /proc/self/smaps).
+    fn vm_flags(addr: u64) -> String {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let head = format!("{addr:x}-");
+        let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&head));
+        assert!(lines.next().is_some(), "no mapping starts at 0x{addr:x}");
+        lines.find_map(|l| l.strip_prefix("VmFlags:")).unwrap().to_string()
+    }
+
+    /// An allocation and a second mapping of its file (as an SHM import
+    /// makes) lie at 2 MiB-aligned addresses, are advised for huge pages
+    /// (`hg` in VmFlags, where the kernel has transparent huge pages) and
+    /// show the same bytes. Guards `map_shared_memory`'s alignment, its
+    /// MADV_HUGEPAGE and `allocate_shared_host`'s use of it.
+    #[test]
+    fn shared_memory_is_mapped_aligned_and_advised_for_huge_pages() {
+        let a = allocate_shared_host(3 << 20).unwrap();
+        assert_eq!(a.physical_len(), 4 << 20);
+        let fd = a.memfd().unwrap();
+        let b = map_shared_memory(&fd, 4 << 20, false, "a test mapping").unwrap();
+        assert_eq!((a.addr() % SHARED_ROUNDING, b % SHARED_ROUNDING), (0, 0));
+        let thp = std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists();
+        for at in [a.addr(), b] {
+            assert_eq!(vm_flags(at).split_whitespace().any(|f| f == "hg"), thp, "VmFlags of 0x{at:x}");
+        }
+        // SAFETY: inside the allocation (4 MiB mapped) and the second mapping of its file.
+        unsafe {
+            ((a.addr() + (3 << 20) + 5) as *mut u8).write(0x5a);
+            assert_eq!(((b + (3 << 20) + 5) as *const u8).read(), 0x5a);
+            libc::munmap(b as *mut libc::c_void, 4 << 20);
+        }
+        a.free().unwrap();
+    }
+
+    #[test]
+    fn the_selected_word_of_a_sysfs_choice_is_read() {
+        assert_eq!(selected_word("always within_size advise [never] deny force\n"), Some("never"));
+        assert_eq!(selected_word("[advise] never"), Some("advise"));
+        assert_eq!(selected_word("always never"), None);
+        assert!(shmem_huge_pages_on("advise") && shmem_huge_pages_on("within_size"));
+        assert!(!shmem_huge_pages_on("never") && !shmem_huge_pages_on("deny"));
     }
 
     #[test]

@@ -95,7 +95,7 @@ impl IpcBackend for ShmBackend {
                 st.st_size
             )));
         }
-        let p = owners::map_shared(&fd, physical, writable, "the SHM export")?;
+        let p = owners::map_shared_memory(&fd, physical, writable, "the SHM export")?;
         Ok(Box::new(ShmMapping {
             base: p,
             len: physical,
