@@ -62,6 +62,20 @@ impl IpcRequester {
     /// opened, so dead sources never keep the cache full.
     pub(super) fn reclaim(&self, deadline: Instant) -> usize {
         let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
-        self.cache.reclaim(&close, &|imp: &Import| imp.current() && !imp.link.source_gone(), false)
+        // The imports of one source share its link: whether the source
+        // exited is asked once per link (a poll of its process descriptor),
+        // not once per import (a pool of a hundred regions opens a hundred
+        // imports, each reclaiming over all the others).
+        let exited: std::cell::RefCell<Vec<(*const IpcLink, bool)>> = Default::default();
+        let source_exited = |link: &Arc<IpcLink>| {
+            let key = Arc::as_ptr(link);
+            if let Some(&(_, known)) = exited.borrow().iter().find(|(k, _)| *k == key) {
+                return known;
+            }
+            let now = link.source_exited();
+            exited.borrow_mut().push((key, now));
+            now
+        };
+        self.cache.reclaim(&close, &|imp: &Import| imp.current() && !source_exited(&imp.link), false)
     }
 }
