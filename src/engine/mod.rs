@@ -253,7 +253,8 @@ impl Engine {
 
     /// The lines of a start: INFO what it offers; WARN each transport the
     /// config asks for that this engine cannot offer, with the reason
-    /// (DEBUG for those not asked for).
+    /// (DEBUG for those not asked for); DEBUG that shared memory uses 4 KiB
+    /// pages, where SHM is offered and the kernel keeps it on them.
     fn log_start(&self, level_from_env: bool) {
         let (log, c) = (&self.inner.log, &self.inner.config);
         log.info(format_args!(
@@ -266,11 +267,14 @@ impl Engine {
             if let Some(setting) =
                 crate::memory::owners::shmem_huge_setting().filter(|s| !crate::memory::owners::shmem_huge_pages_on(s))
             {
-                log.info(format_args!(
+                log.event(
+                    Level::Debug,
+                    format_args!(
                     "shm: shared memory uses 4 KiB pages (transparent_hugepage/shmem_enabled is {setting}): a peer's \
                      fresh import of a large allocation takes a page fault per 4 KiB page it first touches; with \
                      `advise` the library's shared allocations use 2 MiB pages"
-                ));
+                ),
+                );
             }
         }
         for (kind, why) in &self.inner.ipc_unavailable {
