@@ -433,14 +433,34 @@ pub fn is_sealed_memfd(fd: &OwnedFd, seals: libc::c_int, len: u64) -> bool {
 /// owner's allocation, or an SHM import of it). The fd may be closed
 /// afterwards.
 pub fn map_shared(fd: &impl AsRawFd, len: u64, writable: bool, what: &str) -> Result<u64> {
+    // SAFETY: no fixed address: the kernel picks a free range.
+    unsafe { mmap_file(fd, None, len, writable) }.map_err(|e| map_failed(len, what, e))
+}
+
+/// One shared mapping of `len` bytes of an open file, anywhere, or over
+/// `[at, at+len)` (MAP_FIXED).
+///
+/// # Safety
+/// With `at`, the range `[at, at+len)` is the caller's own reservation,
+/// which nothing else uses: the mapping replaces whatever is there.
+unsafe fn mmap_file(fd: &impl AsRawFd, at: Option<u64>, len: u64, writable: bool) -> std::io::Result<u64> {
     let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
-    // SAFETY: mapping `len` bytes of an open file; the result is checked.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), len as usize, prot, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+    let (addr, flags) = match at {
+        Some(a) => (a as *mut libc::c_void, libc::MAP_SHARED | libc::MAP_FIXED),
+        None => (std::ptr::null_mut(), libc::MAP_SHARED),
+    };
+    // SAFETY: mapping `len` bytes of an open file; the result is checked;
+    // with MAP_FIXED the range is the caller's (this function's contract).
+    let p = unsafe { libc::mmap(addr, len as usize, prot, flags, fd.as_raw_fd(), 0) };
     if p == libc::MAP_FAILED {
-        let e = std::io::Error::last_os_error();
-        return Err(Error::ResourceExhausted(format!("cannot map {len} bytes of {what}: {e}")));
+        return Err(std::io::Error::last_os_error());
     }
     Ok(p as u64)
+}
+
+/// What a failed mapping of `len` bytes of `what` reports.
+fn map_failed(len: u64, what: &str, e: std::io::Error) -> Error {
+    Error::ResourceExhausted(format!("cannot map {len} bytes of {what}: {e}"))
 }
 
 /// Maps `len` bytes of a library memory file as [`map_shared`] does, for
@@ -456,8 +476,7 @@ pub fn map_shared_memory(fd: &impl AsRawFd, len: u64, writable: bool, what: &str
     if len == 0 || len % SHARED_ROUNDING != 0 {
         return map_shared(fd, len, writable, what);
     }
-    let prot = if writable { libc::PROT_READ | libc::PROT_WRITE } else { libc::PROT_READ };
-    let fail = |e: std::io::Error| Error::ResourceExhausted(format!("cannot map {len} bytes of {what}: {e}"));
+    let fail = |e: std::io::Error| map_failed(len, what, e);
     // An aligned place: reserve one alignment more than needed, map the
     // file over its aligned part, and give back the slack on both sides.
     let span = len.checked_add(SHARED_ROUNDING).ok_or_else(|| fail(std::io::Error::from_raw_os_error(libc::ENOMEM)))?;
@@ -471,11 +490,7 @@ pub fn map_shared_memory(fd: &impl AsRawFd, len: u64, writable: bool, what: &str
     let at = start.next_multiple_of(SHARED_ROUNDING);
     // SAFETY: [at, at+len) lies inside our own reservation (span is len
     // plus one alignment), so MAP_FIXED replaces nothing but it.
-    let p = unsafe {
-        libc::mmap(at as *mut libc::c_void, len as usize, prot, libc::MAP_SHARED | libc::MAP_FIXED, fd.as_raw_fd(), 0)
-    };
-    if p == libc::MAP_FAILED {
-        let e = std::io::Error::last_os_error();
+    if let Err(e) = unsafe { mmap_file(fd, Some(at), len, writable) } {
         // SAFETY: the whole reservation is ours and nothing else uses it.
         unsafe { libc::munmap(r, span as usize) };
         return Err(fail(e));
@@ -492,7 +507,7 @@ pub fn map_shared_memory(fd: &impl AsRawFd, len: u64, writable: bool, what: &str
     }
     // SAFETY: advice on our own mapping; a kernel without transparent huge
     // pages refuses it, and that changes nothing (the mapping stands).
-    unsafe { libc::madvise(p, len as usize, libc::MADV_HUGEPAGE) };
+    unsafe { libc::madvise(at as *mut libc::c_void, len as usize, libc::MADV_HUGEPAGE) };
     Ok(at)
 }
 

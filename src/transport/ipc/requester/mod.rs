@@ -102,7 +102,7 @@ impl Import {
 
     /// Whether it maps the remote allocation holding `remote_addr`.
     fn maps(&self, remote_addr: u64) -> bool {
-        remote_addr >= self.offer.base && remote_addr - self.offer.base < self.offer.physical
+        self.maps_range((remote_addr, 1))
     }
 
     /// Whether the remote range `(addr, len)` lies wholly in its mapping.
