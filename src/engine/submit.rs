@@ -25,12 +25,21 @@ use std::time::Instant;
 /// A request after local checks: its index, the request, its local lease
 /// (shared with the submission's other requests in that region: no
 /// reference count per request) and the remote region it names (None: not
-/// published by the peer).
+/// published by the peer) with that region's position in the peer's table
+/// (`slot`: a dense key for grouping; `u32::MAX` with no region).
 struct Checked<'a> {
-    index: usize,
+    index: u32,
+    slot: u32,
     req: Request,
     lease: &'a Arc<RegionLease>,
     region: Option<&'a RegionInfo>,
+}
+
+impl Checked<'_> {
+    /// The request's index in the submission.
+    fn at(&self) -> usize {
+        self.index as usize
+    }
 }
 
 /// The transport a submission takes, and which of its requests (positions
@@ -56,26 +65,35 @@ impl Selection {
 struct RegionIndex<'a> {
     d: &'a Describe,
     /// Each region's start, in order (searched without touching the
-    /// regions themselves), and the region.
-    sorted: Vec<(u64, &'a RegionInfo)>,
+    /// regions themselves), and its position in the table.
+    sorted: Vec<(u64, u32)>,
     disjoint: bool,
 }
 
 impl<'a> RegionIndex<'a> {
     fn new(d: &'a Describe) -> RegionIndex<'a> {
-        let mut sorted: Vec<(u64, &RegionInfo)> = d.regions.iter().map(|r| (r.addr, r)).collect();
+        let mut sorted: Vec<(u64, u32)> = d.regions.iter().zip(0u32..).map(|(r, at)| (r.addr, at)).collect();
         sorted.sort_unstable_by_key(|&(start, _)| start);
-        let disjoint = sorted.windows(2).all(|w| w[0].1.addr.saturating_add(w[0].1.len) <= w[1].0);
+        let end = |at: u32| d.regions[at as usize].addr.saturating_add(d.regions[at as usize].len);
+        let disjoint = sorted.windows(2).all(|w| end(w[0].1) <= w[1].0);
         RegionIndex { d, sorted, disjoint }
     }
 
     /// The region holding `addr`.
+    #[cfg(test)]
     fn find(&self, addr: u64) -> Option<&'a RegionInfo> {
+        self.find_slot(addr).map(|(r, _)| r)
+    }
+
+    /// The region holding `addr`, and its position in the table.
+    fn find_slot(&self, addr: u64) -> Option<(&'a RegionInfo, u32)> {
         if !self.disjoint {
-            return self.d.regions.iter().find(|r| r.contains(addr, 1));
+            return self.d.regions.iter().zip(0u32..).find(|(r, _)| r.contains(addr, 1));
         }
         let at = self.sorted.partition_point(|&(start, _)| start <= addr);
-        at.checked_sub(1).map(|i| self.sorted[i].1).filter(|r| r.contains(addr, 1))
+        at.checked_sub(1)
+            .map(|i| (&self.d.regions[self.sorted[i].1 as usize], self.sorted[i].1))
+            .filter(|(r, _)| r.contains(addr, 1))
     }
 }
 
@@ -105,65 +123,123 @@ fn split_off<'a>(live: Vec<Checked<'a>>, out: &[usize]) -> (Vec<Checked<'a>>, Ve
 /// (region, GPU) joins one group, groups in order of first appearance;
 /// otherwise groups are consecutive runs, so that dependent requests keep
 /// their input order. Also says whether the groups may end in any order
-/// (several groups of independent requests).
-fn group(live: Vec<Checked<'_>>) -> (VecDeque<Group<'_>>, bool) {
-    let key = |c: &Checked<'_>| (c.region.map_or(0, |r| r.id), c.lease.region().device);
-    let mut groups: VecDeque<Group<'_>> = VecDeque::new();
+/// (several groups of independent requests). Every request of `live`
+/// names a region.
+fn group<'a>(live: Vec<Checked<'a>>) -> (VecDeque<Group<'a>>, bool) {
+    let key = |c: &Checked<'_>| (c.slot, c.lease.region().device);
+    let mut groups: VecDeque<Group<'a>> = VecDeque::new();
     // One (region, GPU) for all, the common case: one group either way.
     if live.first().is_some_and(|first| live.iter().all(|c| key(c) == key(first))) {
-        groups.push_back(Group::new(live));
+        let mut g = Group::of(&live[0], live.len());
+        g.extend(&live);
+        groups.push_back(g);
         return (groups, false);
     }
     if independent(live.iter().map(|c| &c.req)) {
-        let mut index: std::collections::HashMap<(u64, Option<i32>), u32> = std::collections::HashMap::new();
+        // The group of each region slot on the first request's GPU (the
+        // common case: a dense table, no hashing), and of any other key.
+        let device = live[0].lease.region().device;
+        let mut by_slot: Vec<u32> = Vec::new();
+        let mut others: std::collections::HashMap<(u32, Option<i32>), u32> = std::collections::HashMap::new();
         // Neighbours mostly share their group: looked up once per run.
-        let mut last: Option<((u64, Option<i32>), u32)> = None;
-        // Each request's group, and each group's size: the groups are then
-        // filled at their final size, with no growing copies.
-        let mut sizes: Vec<usize> = Vec::new();
+        let mut last: Option<((u32, Option<i32>), u32)> = None;
+        // Each request's group, and each group's size and first request:
+        // the groups are then filled at their final size, with no growing
+        // copies.
+        let mut sizes: Vec<(usize, u32)> = Vec::new();
+        let add = |sizes: &mut Vec<(usize, u32)>, first: u32| {
+            sizes.push((0, first));
+            (sizes.len() - 1) as u32
+        };
         let of: Vec<u32> = live
             .iter()
-            .map(|c| {
+            .zip(0u32..)
+            .map(|(c, i)| {
                 let k = key(c);
                 let at = match last {
                     Some((lk, at)) if lk == k => at,
-                    _ => *index.entry(k).or_insert_with(|| {
-                        sizes.push(0);
-                        (sizes.len() - 1) as u32
-                    }),
+                    // Slots are positions in the peer's table: the vector
+                    // grows to the table's length at most.
+                    _ if k.1 == device && c.slot != u32::MAX => {
+                        let s = c.slot as usize;
+                        if s >= by_slot.len() {
+                            by_slot.resize(s + 1, u32::MAX);
+                        }
+                        if by_slot[s] == u32::MAX {
+                            by_slot[s] = add(&mut sizes, i);
+                        }
+                        by_slot[s]
+                    }
+                    _ => *others.entry(k).or_insert_with(|| add(&mut sizes, i)),
                 };
                 last = Some((k, at));
-                sizes[at as usize] += 1;
+                sizes[at as usize].0 += 1;
                 at
             })
             .collect();
-        groups.extend(sizes.into_iter().map(|n| Group::new(Vec::with_capacity(n))));
-        for (c, at) in live.into_iter().zip(of) {
-            groups[at as usize].items.push(c);
+        groups.extend(sizes.into_iter().map(|(n, first)| Group::of(&live[first as usize], n)));
+        for (c, at) in live.iter().zip(of) {
+            groups[at as usize].push(c);
         }
         return (groups, true);
     }
-    for c in live {
+    for c in &live {
         match groups.back_mut() {
-            Some(g) if key(&g.items[0]) == key(&c) => g.items.push(c),
-            _ => groups.push_back(Group::new(vec![c])),
+            Some(g) if (g.slot, g.device) == key(c) => g.push(c),
+            _ => {
+                let mut g = Group::of(c, 1);
+                g.push(c);
+                groups.push_back(g);
+            }
         }
     }
     (groups, false)
 }
 
-/// One subbatch to run: its requests, whether it is the single-request
-/// retry of a rejected group, and, for a window of a larger independent
-/// group (completing in any order), the operations of that whole group.
+/// One subbatch to run: its requests (index in the submission, request),
+/// the remote region they name and the GPU of their local memory (None:
+/// host), whether any local memory is library-pinned host memory, whether
+/// it is the single-request retry of a rejected group, and, for a window of
+/// a larger independent group (completing in any order), the operations of
+/// that whole group.
 struct Group<'a> {
-    items: Vec<Checked<'a>>,
+    items: Vec<(usize, Request)>,
+    region: &'a RegionInfo,
+    slot: u32,
+    device: Option<i32>,
+    pinned: bool,
     retried: bool,
     window: Option<u32>,
 }
 
 impl<'a> Group<'a> {
-    fn new(items: Vec<Checked<'a>>) -> Group<'a> {
-        Group { items, retried: false, window: None }
+    /// An empty group of `first`'s region and GPU, with room for `n`.
+    fn of(first: &Checked<'a>, n: usize) -> Group<'a> {
+        Group {
+            items: Vec::with_capacity(n),
+            region: first.region.expect("a grouped request names a region"),
+            slot: first.slot,
+            device: first.lease.region().device,
+            pinned: false,
+            retried: false,
+            window: None,
+        }
+    }
+
+    /// The same region and GPU, with `items`.
+    fn with(&self, items: Vec<(usize, Request)>) -> Group<'a> {
+        Group { items, ..*self }
+    }
+
+    fn push(&mut self, c: &Checked<'_>) {
+        self.items.push((c.at(), c.req));
+        self.pinned |= c.lease.region().kind == MemoryKind::PinnedHost;
+    }
+
+    fn extend(&mut self, cs: &[Checked<'_>]) {
+        for c in cs {
+            self.push(c);
+        }
     }
 }
 
@@ -180,16 +256,16 @@ const WINDOW_REQUESTS: usize = 4096;
 /// Cuts an independent group into windows (see [`WINDOW_REQUESTS`]); a
 /// group too small for two windows stays whole. The windows keep the
 /// group's order.
-fn windows(kind: TransportKind, items: Vec<Checked<'_>>) -> Vec<Vec<Checked<'_>>> {
+fn windows(kind: TransportKind, items: Vec<(usize, Request)>) -> Vec<Vec<(usize, Request)>> {
     // A CPU copy needs enough bytes to be worth handing to the pool; a
     // native batch is worth posting from its count of copies alone.
     let min_bytes = if kind == TransportKind::Shm { cpu_copy::ASYNC_MIN_BYTES } else { 0 };
-    let mut out: Vec<Vec<Checked<'_>>> = Vec::new();
-    let mut cur: Vec<Checked<'_>> = Vec::new();
+    let mut out: Vec<Vec<(usize, Request)>> = Vec::new();
+    let mut cur: Vec<(usize, Request)> = Vec::new();
     let mut bytes = 0u64;
     let mut rest = items.len();
     for c in items {
-        bytes += c.req.len;
+        bytes += c.1.len;
         cur.push(c);
         rest -= 1;
         // A window closes once it is large enough, unless what is left
@@ -204,9 +280,10 @@ fn windows(kind: TransportKind, items: Vec<Checked<'_>>) -> Vec<Vec<Checked<'_>>
     out
 }
 
-/// Fails requests nothing was posted for, each with `e` (no remote effect).
-fn fail_unposted<'a>(batch: &BatchShared, reqs: impl Iterator<Item = &'a Checked<'a>>, e: &Error) {
-    batch.complete_chunks(reqs.map(|c| (c.index, ChunkOutcome::failed(e.clone(), RemoteEffect::None))));
+/// Fails requests nothing was posted for (by index), each with `e` (no
+/// remote effect).
+fn fail_unposted(batch: &BatchShared, indices: impl Iterator<Item = usize>, e: &Error) {
+    batch.complete_chunks(indices.map(|i| (i, ChunkOutcome::failed(e.clone(), RemoteEffect::None))));
 }
 
 /// Whether the last group of an IPC submission moves in windows (see
@@ -216,23 +293,12 @@ fn fail_unposted<'a>(batch: &BatchShared, reqs: impl Iterator<Item = &'a Checked
 /// windows; no library pinned local memory (fenced per subbatch: a second
 /// window would wait for the first's fence); independent requests
 /// (`known_independent`: the whole submission was shown so already).
-fn windowed(kind: TransportKind, caches: bool, g: &[Checked<'_>], known_independent: bool) -> bool {
+fn windowed(kind: TransportKind, caches: bool, g: &Group<'_>, known_independent: bool) -> bool {
     matches!(kind, TransportKind::Shm | TransportKind::Nvlink | TransportKind::Mnnvl)
         && caches
-        && g.len() >= 2 * WINDOW_REQUESTS
-        && g.iter().all(|c| c.lease.region().kind != MemoryKind::PinnedHost)
-        && (known_independent || independent(g.iter().map(|c| &c.req)))
-}
-
-/// A group's local leases, each once per run of requests sharing it.
-fn lease_runs<'a>(g: &'a [Checked<'_>]) -> Vec<&'a Arc<RegionLease>> {
-    let mut held: Vec<&Arc<RegionLease>> = Vec::new();
-    for c in g {
-        if !held.last().is_some_and(|l| Arc::ptr_eq(l, c.lease)) {
-            held.push(c.lease);
-        }
-    }
-    held
+        && g.items.len() >= 2 * WINDOW_REQUESTS
+        && !g.pinned
+        && (known_independent || independent(g.items.iter().map(|(_, r)| r)))
 }
 
 /// The local regions of a submission's requests (each leased once): every
@@ -242,12 +308,39 @@ fn local_spans(leases: &[Arc<RegionLease>]) -> LocalSpans {
 }
 
 /// What the subbatches of one IPC submission share.
-struct IpcSubmission {
+struct IpcSubmission<'a> {
     /// The local regions of its requests ([`local_spans`]).
     spans: LocalSpans,
+    /// Their leases: each group completed on the progress worker holds
+    /// them all (one reference count per group, not one per region a
+    /// group touches), so none is free before the submission's last such
+    /// group has ended.
+    held: Arc<Vec<Arc<RegionLease>>>,
+    /// The same leases, and each request's among them (by index in the
+    /// submission).
+    leases: &'a [Arc<RegionLease>],
+    lease_of: &'a [u32],
     deadline: Instant,
     /// AUTO chose the transport: an unposted subbatch may fall to TCP.
     auto: bool,
+}
+
+impl<'a> IpcSubmission<'a> {
+    /// A group's requests as checked ones again (for TCP).
+    fn checked(&self, g: Group<'a>) -> Vec<Checked<'a>> {
+        let (leases, lease_of) = (self.leases, self.lease_of);
+        let Group { items, region, slot, .. } = g;
+        items
+            .into_iter()
+            .map(|(i, req)| Checked {
+                index: i as u32,
+                slot,
+                req,
+                lease: &leases[lease_of[i] as usize],
+                region: Some(region),
+            })
+            .collect()
+    }
 }
 
 /// The subbatches of one submission still copying on the progress worker:
@@ -342,6 +435,7 @@ impl Engine {
         }
         let deadline = Instant::now() + self.timeout(opts.timeout);
         let (leases, lease_of) = self.check_local(requests, deadline)?;
+        let leases = Arc::new(leases);
         if !self.inner.requester_gate.is_open() {
             return Err(Error::Unavailable("the requester side is closed".into()));
         }
@@ -352,16 +446,18 @@ impl Engine {
         let regions = RegionIndex::new(&known);
         let refreshed;
         let mut missing = false;
-        let mut last: Option<&RegionInfo> = None;
+        let mut last: Option<(&RegionInfo, u32)> = None;
         let mut live: Vec<Checked<'_>> = requests
             .iter()
-            .zip(lease_of)
-            .enumerate()
-            .map(|(index, (r, l))| {
+            .zip(lease_of.iter().copied())
+            .zip(0u32..)
+            .map(|((r, l), index)| {
                 // Neighbours mostly name the region before them.
-                let region = last.filter(|g| g.contains(r.remote_addr, 1)).or_else(|| regions.find(r.remote_addr));
-                last = region;
-                let c = Checked { index, req: *r, lease: &leases[l as usize], region };
+                let found =
+                    last.filter(|(g, _)| g.contains(r.remote_addr, 1)).or_else(|| regions.find_slot(r.remote_addr));
+                last = found;
+                let (region, slot) = found.map_or((None, u32::MAX), |(g, s)| (Some(g), s));
+                let c = Checked { index, slot, req: *r, lease: &leases[l as usize], region };
                 missing |= !in_region(&c);
                 c
             })
@@ -372,7 +468,8 @@ impl Engine {
                 let index = RegionIndex::new(&refreshed);
                 missing = false;
                 for c in &mut live {
-                    c.region = index.find(c.req.remote_addr);
+                    (c.region, c.slot) =
+                        index.find_slot(c.req.remote_addr).map_or((None, u32::MAX), |(g, s)| (Some(g), s));
                     missing |= !in_region(c);
                 }
             }
@@ -392,13 +489,13 @@ impl Engine {
             p.outbox.send_with(&batch, msg.to_vec());
         }
         if let Some(first) = over_tcp.first() {
-            batch.plan_each(over_tcp.iter().map(|c| c.index), 1, TransportKind::Tcp);
+            batch.plan_each(over_tcp.iter().map(|c| c.at()), 1, TransportKind::Tcp);
             let text = format!(
                 "{} of {total} requests go over tcp: {} cannot carry their memory (request {}: local {} memory, the \
                  peer's {} memory); the others over {}",
                 over_tcp.len(),
                 kind.name(),
-                first.index,
+                first.at(),
                 first.lease.region().kind.name(),
                 first.region.map_or("unknown", |r| r.kind.name()),
                 kind.name()
@@ -413,8 +510,8 @@ impl Engine {
         let mut live = live;
         if missing {
             for c in live.iter().filter(|c| !in_region(c)) {
-                batch.plan(c.index, 1, kind);
-                let (i, addr, len) = (c.index, c.req.remote_addr, c.req.len);
+                batch.plan(c.at(), 1, kind);
+                let (i, addr, len) = (c.at(), c.req.remote_addr, c.req.len);
                 let e = match c.region {
                     None => Error::NotFound(format!(
                         "request {i}: remote address 0x{addr:x} is in no region peer {peer} publishes"
@@ -432,8 +529,14 @@ impl Engine {
         match kind {
             TransportKind::Tcp => self.enqueue_tcp(&p, &batch, live, deadline),
             ipc_kind => {
-                let how =
-                    IpcSubmission { spans: local_spans(&leases), deadline, auto: opts.transport == Transport::Auto };
+                let how = IpcSubmission {
+                    spans: local_spans(&leases),
+                    held: leases.clone(),
+                    leases: &leases,
+                    lease_of: &lease_of,
+                    deadline,
+                    auto: opts.transport == Transport::Auto,
+                };
                 let rest = self.run_ipc(ipc_kind, &p, &batch, live, &how);
                 if !rest.is_empty() {
                     self.enqueue_tcp(&p, &batch, rest, deadline);
@@ -570,7 +673,7 @@ impl Engine {
                     };
                     return Err(Error::NotSupported(format!(
                         "request {} cannot go over the forced transport {}: {what}{placement}",
-                        c.index,
+                        c.at(),
                         k.name()
                     )));
                 }
@@ -661,9 +764,9 @@ impl Engine {
         p: &Peer,
         batch: &Arc<BatchShared>,
         live: Vec<Checked<'a>>,
-        how: &IpcSubmission,
+        how: &IpcSubmission<'a>,
     ) -> Vec<Checked<'a>> {
-        let &IpcSubmission { ref spans, deadline, auto } = how;
+        let &IpcSubmission { ref spans, ref held, deadline, auto, .. } = how;
         let (Ok(link), Some(transport)) = (p.link(kind), self.inner.ipc_transport(kind)) else {
             return live;
         };
@@ -684,7 +787,7 @@ impl Engine {
             if tcp_fallback && may_fall_through(&e) {
                 return self.fall_through(kind, batch, live, &e);
             }
-            fail_unposted(batch, live.iter(), &e);
+            fail_unposted(batch, live.iter().map(|c| c.at()), &e);
             return Vec::new();
         }
         let (mut groups, any_order) = group(live);
@@ -696,27 +799,27 @@ impl Engine {
         // an import after the flush and leave it cached, its export
         // retained). A close begun before then fails the rest.
         let mut admission = SubbatchAdmission::new(&self.inner.requester_gate);
-        while let Some(Group { items: g, retried, window }) = groups.pop_front() {
+        while let Some(mut g) = groups.pop_front() {
             // A large independent last group moves in windows.
             if groups.is_empty()
-                && window.is_none()
-                && !retried
+                && g.window.is_none()
+                && !g.retried
                 && windowed(kind, transport.requester.caches(), &g, any_order)
             {
-                let ops = g.iter().fold(0, |ops, c| ops | op_bit(c.req.op));
-                let window = Some(ops);
-                groups.extend(windows(kind, g).into_iter().map(|items| Group { items, retried: false, window }));
+                let ops = g.items.iter().fold(0, |ops, (_, r)| ops | op_bit(r.op));
+                let all = std::mem::take(&mut g.items);
+                groups.extend(windows(kind, all).into_iter().map(|items| Group { window: Some(ops), ..g.with(items) }));
                 continue;
             }
             let entry = match admission.admit(!groups.is_empty()) {
                 Ok(entry) => entry,
                 Err(e) => {
-                    fail_unposted(batch, g.iter().chain(groups.iter().flat_map(|g| &g.items)), &e);
+                    let unposted = g.items.iter().chain(groups.iter().flat_map(|g| &g.items));
+                    fail_unposted(batch, unposted.map(|&(i, _)| i), &e);
                     return Vec::new();
                 }
             };
-            let region = *g[0].region.expect("resolved");
-            let items: Vec<(usize, Request)> = g.iter().map(|c| (c.index, c.req)).collect();
+            let window = g.window;
             // The last group may complete on the progress worker; earlier
             // ones of dependent requests finish here so that subbatches
             // stay in order. Groups of independent requests, and windows
@@ -725,20 +828,24 @@ impl Engine {
             // Without an entry of its own (the gate began closing) it
             // completes here, inside the submission's hold.
             let defer = match groups.is_empty() || window.is_some() || any_order {
-                true => entry.map(|entry| self.deferred_completion(batch, &g, in_flight.enter(), entry)),
+                true => entry.map(|entry| self.deferred_completion(batch, held, in_flight.enter(), entry)),
                 false => None,
             };
             let local = GroupLocal {
-                device: g[0].lease.region().device,
-                pinned: g.iter().any(|c| c.lease.region().kind == MemoryKind::PinnedHost),
+                device: g.device,
+                pinned: g.pinned,
                 group_ops: window.unwrap_or(0),
                 spans: spans.clone(),
                 independent: any_order || window.is_some(),
             };
-            match transport.requester.run_group(&link, &region, items, local, deadline, defer) {
-                Ok(GroupRun::Done(outcomes)) => batch.complete_chunks(g.iter().map(|c| c.index).zip(outcomes)),
+            // The items go to the transport, which gives them back when it
+            // refuses the group unposted.
+            let items = std::mem::take(&mut g.items);
+            match transport.requester.run_group(&link, g.region, items, local, deadline, defer) {
+                Ok(GroupRun::Done(outcomes)) => batch.complete_chunks(outcomes),
                 Ok(GroupRun::Deferred) => {}
-                Err(GroupError::NotPosted(e)) => {
+                Err(GroupError::NotPosted(e, items)) => {
+                    g.items = items;
                     if link.source_left() {
                         // The source process exited (or its engine is gone):
                         // the peer is gone, as TCP would report it.
@@ -747,27 +854,25 @@ impl Engine {
                     if e.status() == Status::ResourceExhausted && in_flight.wait_for_one(deadline) {
                         // Room this submission holds comes back as its
                         // earlier subbatches end: try again after one has.
-                        groups.push_front(Group { items: g, retried, window });
+                        groups.push_front(g);
                         continue;
                     }
-                    if e.status() == Status::ResourceExhausted && !retried {
+                    if e.status() == Status::ResourceExhausted && !g.retried {
                         // One retry, as a single request; the rest of the
                         // group becomes a new group after it.
-                        let mut it = g.into_iter();
-                        let first = it.next().expect("non-empty group");
-                        let rest: Vec<Checked<'a>> = it.collect();
+                        let rest = g.items.split_off(1);
                         if !rest.is_empty() {
-                            groups.push_front(Group { items: rest, retried: false, window });
+                            groups.push_front(Group { retried: false, ..g.with(rest) });
                         }
-                        groups.push_front(Group { items: vec![first], retried: true, window });
+                        g.retried = true;
+                        groups.push_front(g);
                         continue;
                     }
                     if tcp_fallback && may_fall_through(&e) {
-                        let mut rest = g;
-                        rest.extend(groups.into_iter().flat_map(|g| g.items));
+                        let rest = std::iter::once(g).chain(groups).flat_map(|g| how.checked(g)).collect();
                         return self.fall_through(kind, batch, rest, &e);
                     }
-                    fail_unposted(batch, g.iter(), &e);
+                    fail_unposted(batch, g.items.iter().map(|&(i, _)| i), &e);
                 }
             }
         }
@@ -783,7 +888,7 @@ impl Engine {
         rest: Vec<Checked<'a>>,
         e: &Error,
     ) -> Vec<Checked<'a>> {
-        batch.plan_each(rest.iter().map(|c| c.index), 1, TransportKind::Tcp);
+        batch.plan_each(rest.iter().map(|c| c.at()), 1, TransportKind::Tcp);
         self.inner.stats.record_fell_through(kind, rest.len() as u64);
         let text = format!("{} requests moved from {} to tcp: {e}", rest.len(), kind.name());
         // The first fall-through of each kind and status at WARN, the rest
@@ -801,19 +906,19 @@ impl Engine {
     fn deferred_completion(
         &self,
         batch: &Arc<BatchShared>,
-        g: &[Checked<'_>],
+        held: &Arc<Vec<Arc<RegionLease>>>,
         counted: InFlightGuard,
         guard: GateGuard,
     ) -> crate::transport::ipc::requester::OnDone {
         let batch = batch.clone();
-        let indices: Vec<usize> = g.iter().map(|c| c.index).collect();
-        let held: Vec<Arc<RegionLease>> = lease_runs(g).into_iter().cloned().collect();
-        Box::new(move |outcomes: Vec<ChunkOutcome>| {
-            // The local regions are free again before the batch says so; the
-            // requester side stays open until it has (close_requester then
-            // returns only with every batch it waited for complete).
+        let held = held.clone();
+        Box::new(move |outcomes: Vec<(usize, ChunkOutcome)>| {
+            // Its hold on the local regions ends before the batch says so
+            // (the last group's frees them); the requester side stays open
+            // until it has (close_requester then returns only with every
+            // batch it waited for complete).
             drop(held);
-            batch.complete_chunks(indices.into_iter().zip(outcomes));
+            batch.complete_chunks(outcomes);
             drop(guard);
             // Its import is back in the cache (idle) by now.
             drop(counted);
@@ -845,7 +950,7 @@ impl Engine {
         };
         let mut live = live.into_iter().peekable();
         while let Some(c) = live.next() {
-            let (i, r) = (c.index, c.req);
+            let (i, r) = (c.at(), c.req);
             if let Some(e) = &failed {
                 batch.plan(i, 1, TransportKind::Tcp);
                 batch.fail_request(i, e.clone(), RemoteEffect::None);
@@ -868,7 +973,7 @@ impl Engine {
             let (mut count, mut len) = (1u32, r.len);
             while coalesce && len < max_chunk {
                 let Some(n) = live.peek() else { break };
-                let joins = n.index == i + count as usize
+                let joins = n.at() == i + count as usize
                     && n.req.op == r.op
                     && Arc::ptr_eq(n.lease, c.lease)
                     && n.region.is_some_and(|g| g.id == region.id && g.epoch == region.epoch)
@@ -976,6 +1081,53 @@ mod tests {
         assert!(!index.disjoint);
         assert_eq!(index.find(60).map(|r| r.id), Some(7));
         assert_eq!(index.find(10).map(|r| r.id), Some(6));
+    }
+
+    /// Guards `group`: independent requests over three remote regions,
+    /// interleaved, make one group per region in order of first appearance,
+    /// each holding its requests in input order (a region's slot found
+    /// again however far apart its requests lie); once two READs land on
+    /// the same local bytes the requests are dependent, and the groups are
+    /// the consecutive runs in input order.
+    #[test]
+    fn group_gathers_each_region_or_keeps_runs_in_order() {
+        use crate::memory::region::RegionTable;
+        use crate::transfer::Op;
+        let table = RegionTable::default();
+        table.register(0x10_0000, 0x10_0000, Access::READ_WRITE).unwrap();
+        let lease = Arc::new(table.lease(0x10_0000, 0x1000).unwrap());
+        let mut d = Describe::bare(Identity::gone());
+        d.regions =
+            vec![region(11, 0x100_0000, 0x1_0000), region(12, 0x200_0000, 0x1_0000), region(13, 0x300_0000, 0x1_0000)];
+        let index = RegionIndex::new(&d);
+        // (remote region position, local block): requests 0..6.
+        let shape = |blocks: &[(usize, u64)]| -> Vec<Checked<'_>> {
+            blocks
+                .iter()
+                .zip(0u32..)
+                .map(|(&(at, block), i)| {
+                    let remote_addr = d.regions[at].addr + 0x100 * i as u64;
+                    let (region, slot) = index.find_slot(remote_addr).unwrap();
+                    let req = Request { op: Op::Read, local_addr: 0x10_0000 + block * 0x100, remote_addr, len: 0x100 };
+                    Checked { index: i, slot, req, lease: &lease, region: Some(region) }
+                })
+                .collect()
+        };
+        let summary = |groups: &VecDeque<Group<'_>>| -> Vec<(u64, Vec<usize>)> {
+            groups.iter().map(|g| (g.region.id, g.items.iter().map(|&(i, _)| i).collect())).collect()
+        };
+        let (groups, any_order) = group(shape(&[(1, 0), (0, 1), (1, 2), (2, 3), (0, 4), (1, 5)]));
+        assert!(any_order);
+        assert_eq!(summary(&groups), vec![(12, vec![0, 2, 5]), (11, vec![1, 4]), (13, vec![3])]);
+        assert!(groups.iter().all(|g| !g.pinned && g.device.is_none()));
+        // Requests 2 and 4 read into the same local block: dependent.
+        let (groups, any_order) = group(shape(&[(1, 0), (0, 1), (1, 2), (1, 3), (0, 2), (0, 5)]));
+        assert!(!any_order);
+        assert_eq!(summary(&groups), vec![(12, vec![0]), (11, vec![1]), (12, vec![2, 3]), (11, vec![4, 5])]);
+        // One region for all: one group, in order.
+        let (groups, any_order) = group(shape(&[(2, 0), (2, 1), (2, 2)]));
+        assert!(!any_order);
+        assert_eq!(summary(&groups), vec![(13, vec![0, 1, 2])]);
     }
 
     /// Guards `may_fall_through`: of every failure an unposted IPC

@@ -145,13 +145,14 @@ struct Owed {
 /// deadline has passed).
 const LATE_CLOSE: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Called with a deferred group's outcomes once its completion is known.
-pub type OnDone = Box<dyn FnOnce(Vec<ChunkOutcome>) + Send>;
+/// Called with a deferred group's outcomes (each item's index and outcome)
+/// once its completion is known.
+pub type OnDone = Box<dyn FnOnce(Vec<(usize, ChunkOutcome)>) + Send>;
 
 /// How a subbatch ended on the caller.
 pub enum GroupRun {
-    /// Finished: one outcome per item.
-    Done(Vec<ChunkOutcome>),
+    /// Finished: each item's index and outcome.
+    Done(Vec<(usize, ChunkOutcome)>),
     /// Completion pending: the progress worker will call the `OnDone`.
     Deferred,
 }
@@ -227,8 +228,17 @@ pub struct GroupLocal {
 /// Why a subbatch did not run.
 pub enum GroupError {
     /// Rejected before any copy was posted: nothing happened remotely, and
-    /// the requests may try another transport.
-    NotPosted(Error),
+    /// the requests (given back) may try another transport.
+    NotPosted(Error, Vec<(usize, Request)>),
+}
+
+/// What a subbatch runs through once admitted: its import, its cache key
+/// (and whether it entered the import's board slot), and the fences of its
+/// local pinned memory.
+struct Ready {
+    imp: Arc<Import>,
+    key: Option<(Key, bool)>,
+    fences: Vec<owners::Fence>,
 }
 
 crate::counters::counter_set! {
@@ -455,21 +465,50 @@ impl IpcRequester {
         deadline: Instant,
         defer: Option<OnDone>,
     ) -> std::result::Result<GroupRun, GroupError> {
-        if let Some(e) = link.dead_reason() {
-            return Err(GroupError::NotPosted(e));
+        let Ready { imp, key, fences } = match self.ready(link, region, &items, &local, deadline) {
+            Ok(ready) => ready,
+            Err(e) => return Err(GroupError::NotPosted(e, items)),
+        };
+        let posted = self.post(imp, key, items, &local, deadline, fences);
+        match (posted.imp.mapping.query(posted.posting()), defer) {
+            (Ok(true), _) => Ok(GroupRun::Done(self.finish_indexed(posted, Ok(())))),
+            (Err(e), _) => Ok(GroupRun::Done(self.finish_indexed(posted, Err(e)))),
+            (Ok(false), None) => {
+                let drained = posted.imp.mapping.wait(posted.posting());
+                Ok(GroupRun::Done(self.finish_indexed(posted, drained)))
+            }
+            (Ok(false), Some(done)) => {
+                self.defer(Deferred { posted, done: Some(done) });
+                Ok(GroupRun::Deferred)
+            }
         }
-        self.backend.usable().map_err(GroupError::NotPosted)?;
+    }
+
+    /// A subbatch's admission before anything is posted: the link alive,
+    /// local pinned memory fenced, its import opened or taken from the
+    /// cache (entering its board slot, or revalidated by the source).
+    fn ready(
+        &self,
+        link: &Arc<IpcLink>,
+        region: &RegionInfo,
+        items: &[(usize, Request)],
+        local: &GroupLocal,
+        deadline: Instant,
+    ) -> Result<Ready> {
+        if let Some(e) = link.dead_reason() {
+            return Err(e);
+        }
+        self.backend.usable()?;
         let local_device = local.device;
         let fences = match local.pinned {
-            true => owners::fence_pinned_at(items.iter().map(|(_, r)| r.local_addr), deadline)
-                .map_err(GroupError::NotPosted)?,
+            true => owners::fence_pinned_at(items.iter().map(|(_, r)| r.local_addr), deadline)?,
             false => Vec::new(),
         };
-        let (env, ops) = envelope_and_ops(&items);
+        let (env, ops) = envelope_and_ops(items);
         let ops = ops | local.group_ops;
         let (imp, key): (Arc<Import>, Option<(Key, bool)>) = if self.capacity == 0 {
             let opened = self.open(Want { link, region, env, ops, local_device, deadline });
-            (Arc::new(opened.map_err(GroupError::NotPosted)?), None)
+            (Arc::new(opened?), None)
         } else {
             let writable = ops & OP_WRITE != 0;
             let ctx = local_device.map_or(0, |d| d as u64 + 1);
@@ -494,9 +533,8 @@ impl IpcRequester {
                 Some((imp, key)) => (imp, false, key),
                 None => {
                     let key = key_of(writable);
-                    let (imp, fresh) = self
-                        .acquire(&key, Want { link, region, env, ops: cache_ops, local_device, deadline })
-                        .map_err(GroupError::NotPosted)?;
+                    let (imp, fresh) =
+                        self.acquire(&key, Want { link, region, env, ops: cache_ops, local_device, deadline })?;
                     if fresh && writable {
                         self.give_back_read_only(link, region, local_device, deadline);
                     }
@@ -509,13 +547,13 @@ impl IpcRequester {
             // the mapping.
             if !imp.maps_range(env) {
                 self.release(&key);
-                return Err(GroupError::NotPosted(Error::Protocol(format!(
+                return Err(Error::Protocol(format!(
                     "{}: region {} names 0x{:x}+{}, which the import of its allocation does not map",
                     imp.describe(),
                     region.id,
                     env.0,
                     env.1
-                ))));
+                )));
             }
             // The board first: the source's words say whether the grant still
             // holds, with no round trip. Otherwise the source revalidates
@@ -533,7 +571,7 @@ impl IpcRequester {
                     }
                     Err(e) => {
                         self.release(&key);
-                        return Err(GroupError::NotPosted(e));
+                        return Err(e);
                     }
                 }
             }
@@ -544,19 +582,7 @@ impl IpcRequester {
             }
             (imp, Some((key, entered)))
         };
-        let posted = self.post(imp, key, items, &local, deadline, fences);
-        match (posted.imp.mapping.query(posted.posting()), defer) {
-            (Ok(true), _) => Ok(GroupRun::Done(self.finish(posted, Ok(())))),
-            (Err(e), _) => Ok(GroupRun::Done(self.finish(posted, Err(e)))),
-            (Ok(false), None) => {
-                let drained = posted.imp.mapping.wait(posted.posting());
-                Ok(GroupRun::Done(self.finish(posted, drained)))
-            }
-            (Ok(false), Some(done)) => {
-                self.defer(Deferred { posted, done: Some(done) });
-                Ok(GroupRun::Deferred)
-            }
-        }
+        Ok(Ready { imp, key, fences })
     }
 
     fn revalidate(
@@ -628,6 +654,12 @@ impl IpcRequester {
             None => (None, false),
         };
         Posted { imp, key, items, copied, deadline, entered, fences }
+    }
+
+    /// [`IpcRequester::finish`], each outcome with its item's index.
+    fn finish_indexed(&self, p: Posted, drained: Result<()>) -> Vec<(usize, ChunkOutcome)> {
+        let indices: Vec<usize> = p.items.iter().map(|&(i, _)| i).collect();
+        indices.into_iter().zip(self.finish(p, drained)).collect()
     }
 
     /// Ends a posted group once its completion is known (`drained`). On a
