@@ -9,6 +9,7 @@ use super::Engine;
 use crate::control::message::{Describe, RegionInfo};
 use crate::error::{Error, Result, Status};
 use crate::kinds::{Transport, TransportKind};
+use crate::memory::rank::Ranks;
 use crate::memory::{owners, MemoryKind, RegionLease};
 use crate::sync::admission::{GateGuard, SubbatchAdmission};
 use crate::transfer::{Assist, BatchShared, ChunkOutcome, RemoteEffect, Request, MAX_REQUESTS};
@@ -65,8 +66,10 @@ impl Selection {
 struct RegionIndex<'a> {
     d: &'a Describe,
     /// Each region's start, in order (searched without touching the
-    /// regions themselves), and its position in the table.
-    sorted: Vec<(u64, u32)>,
+    /// regions themselves), and, in the same order, its position in the
+    /// table.
+    starts: Ranks,
+    at: Vec<u32>,
     disjoint: bool,
 }
 
@@ -76,7 +79,8 @@ impl<'a> RegionIndex<'a> {
         sorted.sort_unstable_by_key(|&(start, _)| start);
         let end = |at: u32| d.regions[at as usize].addr.saturating_add(d.regions[at as usize].len);
         let disjoint = sorted.windows(2).all(|w| end(w[0].1) <= w[1].0);
-        RegionIndex { d, sorted, disjoint }
+        let (starts, at) = sorted.into_iter().unzip();
+        RegionIndex { d, starts: Ranks::new(starts), at, disjoint }
     }
 
     /// The region holding `addr`.
@@ -90,10 +94,50 @@ impl<'a> RegionIndex<'a> {
         if !self.disjoint {
             return self.d.regions.iter().zip(0u32..).find(|(r, _)| r.contains(addr, 1));
         }
-        let at = self.sorted.partition_point(|&(start, _)| start <= addr);
+        let at = self.starts.rank(addr);
         at.checked_sub(1)
-            .map(|i| (&self.d.regions[self.sorted[i].1 as usize], self.sorted[i].1))
+            .map(|i| (&self.d.regions[self.at[i] as usize], self.at[i]))
             .filter(|(r, _)| r.contains(addr, 1))
+    }
+}
+
+/// A submission's local leases by their regions' start addresses (the
+/// registry refuses overlapping regions, so the last region starting at or
+/// before an address is the only one that may hold it). Lookups go through
+/// an index ([`Ranks`]) of the leases taken when it was last built, then
+/// through all of them by binary search; the index is rebuilt once more
+/// lookups have needed the second step than there are leases (or 64).
+#[derive(Default)]
+struct LeasesByAddr {
+    /// Every lease so far: (start, lease), by start.
+    all: Vec<(u64, u32)>,
+    /// The index: starts, and in the same order their leases.
+    indexed: Ranks,
+    indexed_leases: Vec<u32>,
+    /// Lookups the index missed since it was built.
+    stale: usize,
+}
+
+impl LeasesByAddr {
+    /// The lease whose region `holds`, among those that may hold `addr`.
+    fn find(&mut self, addr: u64, holds: impl Fn(u32) -> bool) -> Option<u32> {
+        let at = self.indexed.rank(addr);
+        if let Some(l) = at.checked_sub(1).map(|k| self.indexed_leases[k]).filter(|&l| holds(l)) {
+            return Some(l);
+        }
+        let at = self.all.partition_point(|&(start, _)| start <= addr);
+        let l = at.checked_sub(1).map(|k| self.all[k].1).filter(|&l| holds(l))?;
+        self.stale += 1;
+        if self.stale > self.all.len().max(64) {
+            self.indexed = Ranks::new(self.all.iter().map(|&(start, _)| start).collect());
+            self.indexed_leases = self.all.iter().map(|&(_, l)| l).collect();
+            self.stale = 0;
+        }
+        Some(l)
+    }
+
+    fn insert(&mut self, start: u64, lease: u32) {
+        self.all.insert(self.all.partition_point(|&(s, _)| s < start), (start, lease));
     }
 }
 
@@ -556,8 +600,7 @@ impl Engine {
     /// per request, which one holds it.
     fn check_local(&self, requests: &[Request], deadline: Instant) -> Result<(Vec<Arc<RegionLease>>, Vec<u32>)> {
         let mut leases: Vec<Arc<RegionLease>> = Vec::new();
-        // The leases' regions by start address: (start, lease).
-        let mut by_addr: Vec<(u64, u32)> = Vec::new();
+        let mut by_addr = LeasesByAddr::default();
         let mut out = Vec::with_capacity(requests.len());
         let mut last = u32::MAX;
         for (i, r) in requests.iter().enumerate() {
@@ -569,8 +612,7 @@ impl Engine {
             }
             let holds = |l: u32| leases[l as usize].region().contains(r.local_addr, r.len);
             if last == u32::MAX || !holds(last) {
-                let at = by_addr.partition_point(|&(start, _)| start <= r.local_addr);
-                last = match at.checked_sub(1).map(|k| by_addr[k].1).filter(|&l| holds(l)) {
+                last = match by_addr.find(r.local_addr, holds) {
                     Some(l) => l,
                     None => {
                         let lease = self.inner.regions.lease(r.local_addr, r.len).map_err(|e| {
@@ -579,7 +621,7 @@ impl Engine {
                         let start = lease.region().addr;
                         leases.push(Arc::new(lease));
                         let l = (leases.len() - 1) as u32;
-                        by_addr.insert(by_addr.partition_point(|&(s, _)| s < start), (start, l));
+                        by_addr.insert(start, l);
                         l
                     }
                 };
@@ -1128,6 +1170,33 @@ mod tests {
         let (groups, any_order) = group(shape(&[(2, 0), (2, 1), (2, 2)]));
         assert!(!any_order);
         assert_eq!(summary(&groups), vec![(13, vec![0, 1, 2])]);
+    }
+
+    /// Guards `LeasesByAddr`: with 200 regions (100 bytes apart, 60 long)
+    /// leased in scrambled order, every address finds the region holding
+    /// it and none in a gap; once more lookups than regions have missed
+    /// the index, it is rebuilt over all of them (found in one step).
+    #[test]
+    fn leases_by_address_find_their_region_and_reindex() {
+        let mut by = LeasesByAddr::default();
+        let region_of = |l: u32| (1000 + 100 * l as u64, 60u64);
+        for k in 0..200u32 {
+            let l = (k * 73) % 200;
+            by.insert(region_of(l).0, l);
+        }
+        let holds = |addr: u64| move |l: u32| region_of(l).0 <= addr && addr < region_of(l).0 + region_of(l).1;
+        for round in 0..2 {
+            for l in 0..200u32 {
+                let (start, len) = region_of(l);
+                assert_eq!(by.find(start, holds(start)), Some(l), "round {round}");
+                assert_eq!(by.find(start + len - 1, holds(start + len - 1)), Some(l));
+                assert_eq!(by.find(start + len, holds(start + len)), None, "a gap");
+            }
+            if round == 0 {
+                assert_eq!(by.indexed_leases.len(), 200, "rebuilt after the misses");
+            }
+        }
+        assert_eq!(by.find(999, holds(999)), None);
     }
 
     /// Guards `may_fall_through`: of every failure an unposted IPC

@@ -5,6 +5,7 @@
 
 pub mod cuda;
 pub mod owners;
+pub mod rank;
 pub mod region;
 
 pub use owners::{Allocation, MemoryKind};

@@ -9,8 +9,10 @@
 //! allocations). What each request's outcome is stays with the caller: a
 //! merged copy moves exactly the bytes of its requests.
 
+use crate::memory::rank::Ranks;
 use crate::transfer::Op;
 use crate::transport::ipc::backend::CopyOp;
+use std::sync::Arc;
 
 /// Largest copy a run grows to: big enough that the per-copy cost is
 /// nothing beside it, small enough that one copy never holds a stream or a
@@ -18,32 +20,41 @@ use crate::transport::ipc::backend::CopyOp;
 pub const MAX_RUN_BYTES: u64 = 64 << 20;
 
 /// The local regions of a subbatch: address ranges (start, end) that a
-/// run's local side may not leave.
+/// run's local side may not leave. Shared by the subbatches of a
+/// submission (a clone is a reference count).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LocalSpans(Vec<(u64, u64)>);
+pub struct LocalSpans(Arc<Spans>);
+
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Spans {
+    /// The spans' starts, indexed, and their ends in the same order.
+    starts: Ranks,
+    ends: Vec<u64>,
+}
 
 impl LocalSpans {
     /// The spans of `ranges` (each a registered local region), in any order.
     pub fn new(mut ranges: Vec<(u64, u64)>) -> LocalSpans {
         ranges.sort_unstable();
         ranges.dedup();
-        LocalSpans(ranges)
+        let (starts, ends) = ranges.into_iter().unzip();
+        LocalSpans(Arc::new(Spans { starts: Ranks::new(starts), ends }))
     }
 
     /// Whether any span overlaps `[start, end)`.
     pub fn overlaps(&self, start: u64, end: u64) -> bool {
         // The first span ending after `start` is the only candidate (the
         // spans are disjoint and sorted, so their ends are too).
-        let i = self.0.partition_point(|s| s.1 <= start);
-        self.0.get(i).is_some_and(|s| s.0 < end)
+        let i = self.0.ends.partition_point(|&e| e <= start);
+        self.0.starts.starts().get(i).is_some_and(|&s| s < end)
     }
 
     /// The end of the span that holds `addr` (`None`: no span does).
     fn end_of(&self, addr: u64) -> Option<u64> {
-        let i = self.0.partition_point(|s| s.0 <= addr);
         // Regions do not overlap; the last one starting at or before
         // `addr` is the only candidate.
-        self.0[..i].last().filter(|s| s.1 > addr).map(|s| s.1)
+        let i = self.0.starts.rank(addr).checked_sub(1)?;
+        Some(self.0.ends[i]).filter(|&e| e > addr)
     }
 }
 
