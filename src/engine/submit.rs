@@ -17,7 +17,7 @@ use crate::transport::coalesce::LocalSpans;
 use crate::transport::cpu_copy;
 use crate::transport::ipc::messages::op_bit;
 use crate::transport::ipc::plan::independent;
-use crate::transport::ipc::requester::{GroupError, GroupLocal, GroupRun};
+use crate::transport::ipc::requester::{Finished, GroupError, GroupLocal, GroupRun};
 use crate::transport::tcp::{Chunk, Record};
 use std::collections::VecDeque;
 use std::sync::{Arc, Weak};
@@ -65,11 +65,11 @@ impl Selection {
 /// the table's order, as a linear search gives.
 struct RegionIndex<'a> {
     d: &'a Describe,
-    /// Each region's start, in order (searched without touching the
-    /// regions themselves), and, in the same order, its position in the
-    /// table.
-    starts: Ranks,
-    at: Vec<u32>,
+    /// Each region's start and position in the table, by start (searched
+    /// without touching the regions themselves), and the buckets over the
+    /// starts.
+    sorted: Vec<(u64, u32)>,
+    ranks: Ranks,
     disjoint: bool,
 }
 
@@ -79,8 +79,8 @@ impl<'a> RegionIndex<'a> {
         sorted.sort_unstable_by_key(|&(start, _)| start);
         let end = |at: u32| d.regions[at as usize].addr.saturating_add(d.regions[at as usize].len);
         let disjoint = sorted.windows(2).all(|w| end(w[0].1) <= w[1].0);
-        let (starts, at) = sorted.into_iter().unzip();
-        RegionIndex { d, starts: Ranks::new(starts), at, disjoint }
+        let ranks = Ranks::new(sorted.len(), |i| sorted[i].0);
+        RegionIndex { d, sorted, ranks, disjoint }
     }
 
     /// The region holding `addr`.
@@ -94,10 +94,10 @@ impl<'a> RegionIndex<'a> {
         if !self.disjoint {
             return self.d.regions.iter().zip(0u32..).find(|(r, _)| r.contains(addr, 1));
         }
-        let at = self.starts.rank(addr);
-        at.checked_sub(1)
-            .map(|i| (&self.d.regions[self.at[i] as usize], self.at[i]))
-            .filter(|(r, _)| r.contains(addr, 1))
+        let sorted = &self.sorted;
+        let i = self.ranks.rank(sorted.len(), addr, |i| sorted[i].0).checked_sub(1)?;
+        let at = sorted[i].1;
+        Some((&self.d.regions[at as usize], at)).filter(|(r, _)| r.contains(addr, 1))
     }
 }
 
@@ -111,9 +111,10 @@ impl<'a> RegionIndex<'a> {
 struct LeasesByAddr {
     /// Every lease so far: (start, lease), by start.
     all: Vec<(u64, u32)>,
-    /// The index: starts, and in the same order their leases.
-    indexed: Ranks,
-    indexed_leases: Vec<u32>,
+    /// The index: the leases when it was built, (start, lease) by start,
+    /// and the buckets over their starts.
+    indexed: Vec<(u64, u32)>,
+    ranks: Ranks,
     /// Lookups the index missed since it was built.
     stale: usize,
 }
@@ -121,16 +122,17 @@ struct LeasesByAddr {
 impl LeasesByAddr {
     /// The lease whose region `holds`, among those that may hold `addr`.
     fn find(&mut self, addr: u64, holds: impl Fn(u32) -> bool) -> Option<u32> {
-        let at = self.indexed.rank(addr);
-        if let Some(l) = at.checked_sub(1).map(|k| self.indexed_leases[k]).filter(|&l| holds(l)) {
+        let indexed = &self.indexed;
+        let at = self.ranks.rank(indexed.len(), addr, |i| indexed[i].0);
+        if let Some(l) = at.checked_sub(1).map(|k| indexed[k].1).filter(|&l| holds(l)) {
             return Some(l);
         }
         let at = self.all.partition_point(|&(start, _)| start <= addr);
         let l = at.checked_sub(1).map(|k| self.all[k].1).filter(|&l| holds(l))?;
         self.stale += 1;
         if self.stale > self.all.len().max(64) {
-            self.indexed = Ranks::new(self.all.iter().map(|&(start, _)| start).collect());
-            self.indexed_leases = self.all.iter().map(|&(_, l)| l).collect();
+            self.indexed = self.all.clone();
+            self.ranks = Ranks::new(self.indexed.len(), |i| self.indexed[i].0);
             self.stale = 0;
         }
         Some(l)
@@ -884,7 +886,7 @@ impl Engine {
             // refuses the group unposted.
             let items = std::mem::take(&mut g.items);
             match transport.requester.run_group(&link, g.region, items, local, deadline, defer) {
-                Ok(GroupRun::Done(outcomes)) => batch.complete_chunks(outcomes),
+                Ok(GroupRun::Done(finished)) => batch.complete_chunks(finished.into_pairs()),
                 Ok(GroupRun::Deferred) => {}
                 Err(GroupError::NotPosted(e, items)) => {
                     g.items = items;
@@ -954,13 +956,13 @@ impl Engine {
     ) -> crate::transport::ipc::requester::OnDone {
         let batch = batch.clone();
         let held = held.clone();
-        Box::new(move |outcomes: Vec<(usize, ChunkOutcome)>| {
+        Box::new(move |finished: Finished| {
             // Its hold on the local regions ends before the batch says so
             // (the last group's frees them); the requester side stays open
             // until it has (close_requester then returns only with every
             // batch it waited for complete).
             drop(held);
-            batch.complete_chunks(outcomes);
+            batch.complete_chunks(finished.into_pairs());
             drop(guard);
             // Its import is back in the cache (idle) by now.
             drop(counted);
@@ -1193,7 +1195,7 @@ mod tests {
                 assert_eq!(by.find(start + len, holds(start + len)), None, "a gap");
             }
             if round == 0 {
-                assert_eq!(by.indexed_leases.len(), 200, "rebuilt after the misses");
+                assert_eq!(by.indexed.len(), 200, "rebuilt after the misses");
             }
         }
         assert_eq!(by.find(999, holds(999)), None);

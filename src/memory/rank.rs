@@ -7,10 +7,11 @@
 //! lookup is one division by a power of two and a short walk inside one
 //! bucket (a binary search where a bucket holds many).
 
-/// Sorted addresses and their buckets.
+/// The buckets over a caller's sorted addresses (the caller keeps the
+/// addresses, usually beside what each one names, and hands a way to read
+/// the `i`-th to every call).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Ranks {
-    starts: Vec<u64>,
     /// The first address, and the bucket width as a power of two.
     base: u64,
     shift: u32,
@@ -23,22 +24,36 @@ pub struct Ranks {
 const BUCKETED_FROM: usize = 16;
 
 /// A bucket holding more addresses than this is searched, not walked.
-const WALK: u32 = 8;
+const WALK: usize = 8;
 
 /// At most this many buckets (256 KiB), whatever the count of addresses.
 const MAX_BUCKETS: usize = 1 << 16;
 
-impl Ranks {
-    /// The index of `starts`, which must be sorted ascending (equal
-    /// addresses allowed).
-    pub fn new(starts: Vec<u64>) -> Ranks {
-        debug_assert!(starts.windows(2).all(|w| w[0] <= w[1]));
-        let n = starts.len();
-        if n < BUCKETED_FROM {
-            return Ranks { starts, base: 0, shift: 0, buckets: Vec::new() };
+/// How many of the `n` sorted addresses `at` gives lie at or before `addr`
+/// among positions `lo..hi` (a binary search).
+fn search(lo: usize, hi: usize, addr: u64, at: impl Fn(usize) -> u64) -> usize {
+    let (mut lo, mut hi) = (lo, hi);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if at(mid) <= addr {
+            lo = mid + 1;
+        } else {
+            hi = mid;
         }
-        let base = starts[0];
-        let span = starts[n - 1] - base;
+    }
+    lo
+}
+
+impl Ranks {
+    /// The buckets over `n` addresses, `at(i)` the `i`-th, sorted
+    /// ascending (equal addresses allowed).
+    pub fn new(n: usize, at: impl Fn(usize) -> u64) -> Ranks {
+        debug_assert!((1..n).all(|i| at(i - 1) <= at(i)));
+        if n < BUCKETED_FROM {
+            return Ranks::default();
+        }
+        let base = at(0);
+        let span = at(n - 1) - base;
         // The narrowest power-of-two width giving at most `want` buckets.
         let want = (2 * n).next_power_of_two().min(MAX_BUCKETS) as u64;
         let mut shift = 0;
@@ -50,24 +65,20 @@ impl Ranks {
         let mut before = 0usize;
         for b in 0..count as u64 {
             let start = base + (b << shift);
-            while before < n && starts[before] < start {
+            while before < n && at(before) < start {
                 before += 1;
             }
             buckets.push(before as u32);
         }
-        Ranks { starts, base, shift, buckets }
+        Ranks { base, shift, buckets }
     }
 
-    /// The addresses, in order.
-    pub fn starts(&self) -> &[u64] {
-        &self.starts
-    }
-
-    /// How many addresses lie at or before `addr`: what
-    /// `starts.partition_point(|&s| s <= addr)` gives.
-    pub fn rank(&self, addr: u64) -> usize {
+    /// How many of the `n` addresses (the same as at [`Ranks::new`]) lie
+    /// at or before `addr`: what a binary search for the first one past
+    /// `addr` gives.
+    pub fn rank(&self, n: usize, addr: u64, at: impl Fn(usize) -> u64) -> usize {
         if self.buckets.is_empty() {
-            return self.starts.partition_point(|&s| s <= addr);
+            return search(0, n, addr, at);
         }
         if addr < self.base {
             return 0;
@@ -75,15 +86,15 @@ impl Ranks {
         let b = ((addr - self.base) >> self.shift) as usize;
         // Past the last bucket: past the last address.
         let Some(&lo) = self.buckets.get(b) else {
-            return self.starts.len();
+            return n;
         };
-        let hi = self.buckets.get(b + 1).map_or(self.starts.len() as u32, |&h| h);
-        let (lo, hi) = (lo as usize, hi as usize);
-        if hi - lo > WALK as usize {
-            return lo + self.starts[lo..hi].partition_point(|&s| s <= addr);
+        let hi = self.buckets.get(b + 1).map_or(n, |&h| h as usize);
+        let lo = lo as usize;
+        if hi - lo > WALK {
+            return search(lo, hi, addr, at);
         }
         let mut i = lo;
-        while i < hi && self.starts[i] <= addr {
+        while i < hi && at(i) <= addr {
             i += 1;
         }
         i
@@ -113,8 +124,9 @@ mod tests {
         sets.push(vec![10, 20, 30]);
         sets.push(Vec::new());
         for starts in sets {
-            let r = Ranks::new(starts.clone());
-            assert_eq!(r.buckets.is_empty(), starts.len() < BUCKETED_FROM);
+            let (n, at) = (starts.len(), |i: usize| starts[i]);
+            let r = Ranks::new(n, at);
+            assert_eq!(r.buckets.is_empty(), n < BUCKETED_FROM);
             let mut probes = vec![0, 1, u64::MAX, u64::MAX - 1];
             for &s in &starts {
                 probes.extend([
@@ -126,7 +138,7 @@ mod tests {
                 ]);
             }
             for a in probes {
-                assert_eq!(r.rank(a), starts.partition_point(|&s| s <= a), "address {a:#x} of {starts:x?}");
+                assert_eq!(r.rank(n, a, at), starts.partition_point(|&s| s <= a), "address {a:#x} of {starts:x?}");
             }
         }
     }
@@ -135,7 +147,7 @@ mod tests {
     /// buckets each, so most lookups walk at most one address.
     #[test]
     fn spread_addresses_get_about_two_buckets_each() {
-        let r = Ranks::new((0..101u64).map(|i| 0x7f00_0000_0000 + i * 10_485_760).collect());
+        let r = Ranks::new(101, |i| 0x7f00_0000_0000 + i as u64 * 10_485_760);
         assert!(r.buckets.len() > 101 && r.buckets.len() <= 256, "{} buckets", r.buckets.len());
         let most = r.buckets.windows(2).map(|w| w[1] - w[0]).max().unwrap();
         assert!(most <= 1, "a bucket holds {most} addresses");

@@ -27,9 +27,9 @@ pub struct LocalSpans(Arc<Spans>);
 
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Spans {
-    /// The spans' starts, indexed, and their ends in the same order.
-    starts: Ranks,
-    ends: Vec<u64>,
+    /// The spans (start, end), sorted, and the buckets over their starts.
+    spans: Vec<(u64, u64)>,
+    ranks: Ranks,
 }
 
 impl LocalSpans {
@@ -37,24 +37,25 @@ impl LocalSpans {
     pub fn new(mut ranges: Vec<(u64, u64)>) -> LocalSpans {
         ranges.sort_unstable();
         ranges.dedup();
-        let (starts, ends) = ranges.into_iter().unzip();
-        LocalSpans(Arc::new(Spans { starts: Ranks::new(starts), ends }))
+        let ranks = Ranks::new(ranges.len(), |i| ranges[i].0);
+        LocalSpans(Arc::new(Spans { spans: ranges, ranks }))
     }
 
     /// Whether any span overlaps `[start, end)`.
     pub fn overlaps(&self, start: u64, end: u64) -> bool {
         // The first span ending after `start` is the only candidate (the
         // spans are disjoint and sorted, so their ends are too).
-        let i = self.0.ends.partition_point(|&e| e <= start);
-        self.0.starts.starts().get(i).is_some_and(|&s| s < end)
+        let i = self.0.spans.partition_point(|s| s.1 <= start);
+        self.0.spans.get(i).is_some_and(|s| s.0 < end)
     }
 
     /// The end of the span that holds `addr` (`None`: no span does).
     fn end_of(&self, addr: u64) -> Option<u64> {
         // Regions do not overlap; the last one starting at or before
         // `addr` is the only candidate.
-        let i = self.0.starts.rank(addr).checked_sub(1)?;
-        Some(self.0.ends[i]).filter(|&e| e > addr)
+        let spans = &self.0.spans;
+        let i = self.0.ranks.rank(spans.len(), addr, |i| spans[i].0).checked_sub(1)?;
+        Some(spans[i].1).filter(|&e| e > addr)
     }
 }
 

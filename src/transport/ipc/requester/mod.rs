@@ -145,14 +145,26 @@ struct Owed {
 /// deadline has passed).
 const LATE_CLOSE: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Called with a deferred group's outcomes (each item's index and outcome)
-/// once its completion is known.
-pub type OnDone = Box<dyn FnOnce(Vec<(usize, ChunkOutcome)>) + Send>;
+/// Called with a deferred group's outcomes once its completion is known.
+pub type OnDone = Box<dyn FnOnce(Finished) + Send>;
+
+/// A finished group: its items and, in the same order, their outcomes.
+pub struct Finished {
+    items: Vec<(usize, Request)>,
+    outcomes: Vec<ChunkOutcome>,
+}
+
+impl Finished {
+    /// Each item's index in its submission, with its outcome.
+    pub fn into_pairs(self) -> impl Iterator<Item = (usize, ChunkOutcome)> {
+        self.items.into_iter().map(|(i, _)| i).zip(self.outcomes)
+    }
+}
 
 /// How a subbatch ended on the caller.
 pub enum GroupRun {
-    /// Finished: each item's index and outcome.
-    Done(Vec<(usize, ChunkOutcome)>),
+    /// Finished: its outcomes.
+    Done(Finished),
     /// Completion pending: the progress worker will call the `OnDone`.
     Deferred,
 }
@@ -471,11 +483,11 @@ impl IpcRequester {
         };
         let posted = self.post(imp, key, items, &local, deadline, fences);
         match (posted.imp.mapping.query(posted.posting()), defer) {
-            (Ok(true), _) => Ok(GroupRun::Done(self.finish_indexed(posted, Ok(())))),
-            (Err(e), _) => Ok(GroupRun::Done(self.finish_indexed(posted, Err(e)))),
+            (Ok(true), _) => Ok(GroupRun::Done(self.finish(posted, Ok(())))),
+            (Err(e), _) => Ok(GroupRun::Done(self.finish(posted, Err(e)))),
             (Ok(false), None) => {
                 let drained = posted.imp.mapping.wait(posted.posting());
-                Ok(GroupRun::Done(self.finish_indexed(posted, drained)))
+                Ok(GroupRun::Done(self.finish(posted, drained)))
             }
             (Ok(false), Some(done)) => {
                 self.defer(Deferred { posted, done: Some(done) });
@@ -656,19 +668,13 @@ impl IpcRequester {
         Posted { imp, key, items, copied, deadline, entered, fences }
     }
 
-    /// [`IpcRequester::finish`], each outcome with its item's index.
-    fn finish_indexed(&self, p: Posted, drained: Result<()>) -> Vec<(usize, ChunkOutcome)> {
-        let indices: Vec<usize> = p.items.iter().map(|&(i, _)| i).collect();
-        indices.into_iter().zip(self.finish(p, drained)).collect()
-    }
-
     /// Ends a posted group once its completion is known (`drained`). On a
     /// copy failure every item of the group is affected. An unconfirmed
     /// completion keeps the import, its charge and the source's export
     /// (no close, no receipt). Otherwise the import is closed with its
     /// receipt (no cache), or an operation-complete receipt is sent (cache):
     /// [`Ending::of`] decides which.
-    fn finish(&self, p: Posted, drained: Result<()>) -> Vec<ChunkOutcome> {
+    fn finish(&self, p: Posted, drained: Result<()>) -> Finished {
         let Posted { imp, key, items, copied, deadline, entered, fences } = p;
         let mut out: Vec<ChunkOutcome> = items.iter().map(|(_, r)| ChunkOutcome::ok(r.op)).collect();
         let uncertain = drained.is_err();
@@ -735,7 +741,7 @@ impl IpcRequester {
             }
             Ending::Release(key) => self.release(&key),
         }
-        out
+        Finished { items, outcomes: out }
     }
 
     /// Whether imports are kept in a relocation cache (and so shared by

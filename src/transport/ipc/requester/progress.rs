@@ -13,10 +13,8 @@ impl IpcRequester {
         let mut p = self.progress.lock();
         if p.stopped {
             drop(p);
-            let out = self.finish_indexed(
-                d.posted,
-                Err(Error::Unquiesced("the engine closed with the completion pending".into())),
-            );
+            let out =
+                self.finish(d.posted, Err(Error::Unquiesced("the engine closed with the completion pending".into())));
             if let Some(done) = d.done {
                 done(out);
             }
@@ -75,7 +73,7 @@ impl IpcRequester {
                                 d.posted.items.iter().map(|(_, r)| ChunkOutcome::ok(r.op)).collect();
                             let e = Error::Unquiesced("the deadline passed with the completion event pending".into());
                             fail_all(&mut out, &d.posted.items, &e);
-                            done(d.posted.items.iter().map(|&(i, _)| i).zip(out).collect());
+                            done(Finished { items: d.posted.items.clone(), outcomes: out });
                         }
                         None
                     }
@@ -109,7 +107,7 @@ impl IpcRequester {
             p.late -= done.is_none() as usize;
         }
         match done {
-            Some(done) => done(self.finish_indexed(posted, r)),
+            Some(done) => done(self.finish(posted, r)),
             None if r.is_err() => drop(self.finish(posted, r)),
             None => {
                 let Posted { imp, key, entered, fences, .. } = posted;
