@@ -906,7 +906,7 @@ impl Engine {
                         // group becomes a new group after it.
                         let rest = g.items.split_off(1);
                         if !rest.is_empty() {
-                            groups.push_front(Group { retried: false, ..g.with(rest) });
+                            groups.push_front(g.with(rest));
                         }
                         g.retried = true;
                         groups.push_front(g);
