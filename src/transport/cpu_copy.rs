@@ -1,10 +1,11 @@
 //! CPU copies of the SHM transport, on every core: a group of independent
-//! copies large enough to be worth it is cut into equal shares of bytes for
-//! a small process-wide pool of copy threads. [`copy`]: the caller copies
-//! one share too and returns when every share is done; [`start`]: the pool
-//! copies them all and the caller goes on (the submission returns at
-//! admission), learning the end from the returned [`Pending`]. Dependent
-//! groups (and small ones) run in input order on the caller.
+//! copies large enough to be worth it is cut into pieces of about equal
+//! bytes that any copier claims, one at a time, from a small process-wide
+//! pool of copy threads and the caller. [`copy`]: the caller claims pieces
+//! too and returns when every piece is done; [`start`]: the pool copies
+//! them and the caller goes on (the submission returns at admission),
+//! learning the end from the returned [`Pending`]. Dependent groups (and
+//! small ones) run in input order on the caller.
 
 use crate::transport::ipc::backend::{CopyOp, CopyPlan};
 use parking_lot::{Condvar, Mutex};
@@ -16,32 +17,116 @@ use std::sync::Arc;
 /// to another core costs a wake-up of some microseconds).
 pub const PARALLEL_MIN_BYTES: u64 = 512 * 1024;
 
-/// Shares waiting for each copy thread at most (a share is a list of
-/// copies: some kilobytes).
-const QUEUED_SHARES: usize = 256;
+/// Bytes of a piece: small enough that a copier that wakes late finds most
+/// of a synchronous group still unclaimed, or none of it (the caller took
+/// it all), rather than a fixed half it must still copy while the caller
+/// waits. (On a 2-core VM, a 1 MiB group cut in two fixed halves ran at
+/// 9.5-13 GB/s in TENT's tebench against 35-39 for one caller's memcpy:
+/// the caller waited for the helper's wake-up.)
+const PIECE_BYTES: u64 = 64 * 1024;
 
-/// One share of a group's copies, and where its completion is counted.
-struct Share {
-    ops: Vec<CopyOp>,
-    done: Arc<(Mutex<usize>, Condvar)>,
+/// Pieces of one group at most (a larger group gets larger pieces).
+const MAX_PIECES: usize = 256;
+
+/// Groups waiting for each copy thread at most; past it the caller copies
+/// what no thread takes.
+const QUEUED_JOBS: usize = 256;
+
+/// A group's copies, cut into pieces that copiers claim in turn, and how
+/// many pieces are done.
+struct Job {
+    pieces: Vec<Mutex<Vec<CopyOp>>>,
+    next: AtomicUsize,
+    done: AtomicUsize,
+    /// Taken by the copier that finishes the last piece before it wakes
+    /// the waiters, and by a waiter before it sleeps.
+    sleep: Mutex<()>,
+    all_done: Condvar,
 }
 
-/// A copy thread: where its shares go, and how many wait or run there.
+impl Job {
+    fn new(ops: &[CopyOp], pieces: usize) -> Arc<Job> {
+        Arc::new(Job {
+            pieces: shares(ops, pieces).into_iter().map(Mutex::new).collect(),
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            sleep: Mutex::new(()),
+            all_done: Condvar::new(),
+        })
+    }
+
+    /// Copies pieces nobody has claimed until none is left.
+    fn help(&self) {
+        loop {
+            let i = self.next.fetch_add(1, Ordering::AcqRel);
+            let Some(piece) = self.pieces.get(i) else { return };
+            let mut ops = piece.lock();
+            // Independent copies only, so their order is free: in source
+            // order, blocks scattered over a large import are read page
+            // after page (fewer TLB misses and DRAM row switches; a
+            // 100 000-block submission gained about 4% here).
+            ops.sort_unstable_by_key(|o| o.src);
+            run(&ops);
+            drop(ops);
+            if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.pieces.len() {
+                let _sleepers = self.sleep.lock();
+                self.all_done.notify_all();
+            }
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire) == self.pieces.len()
+    }
+
+    /// Waits until every piece is done: claimed ones by their copiers.
+    fn wait(&self) {
+        let mut sleep = self.sleep.lock();
+        while !self.is_done() {
+            self.all_done.wait(&mut sleep);
+        }
+    }
+
+    /// Waits for the pieces other copiers are still copying, once none is
+    /// left to claim: at most a piece each, some microseconds, so it spins
+    /// first (sleeping would add a wake-up, tens of microseconds on a VM,
+    /// to every synchronous group) and sleeps only past [`SPIN_LIMIT`].
+    fn finish(&self) {
+        let spun = std::time::Instant::now();
+        while !self.is_done() {
+            if spun.elapsed() > SPIN_LIMIT {
+                return self.wait();
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// How long a synchronous copy's caller spins for its helpers' last pieces
+/// before it sleeps (a helper descheduled mid-piece).
+const SPIN_LIMIT: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// How many pieces a group of `ops` is cut into, for `copiers` at once.
+fn piece_count(ops: &[CopyOp], copiers: usize) -> usize {
+    let total: u64 = ops.iter().map(|o| o.len).sum();
+    (total.div_ceil(PIECE_BYTES) as usize).clamp(copiers.max(1), MAX_PIECES)
+}
+
+/// A copy thread: where its jobs go, and how many wait or run there.
 struct Worker {
-    tx: SyncSender<Share>,
+    tx: SyncSender<Arc<Job>>,
     queued: Arc<AtomicUsize>,
 }
 
 impl Worker {
-    /// Hands `share` over, or gives it back when the queue is full.
-    fn give(&self, share: Share) -> Result<(), Share> {
+    /// Hands `job` over; false when the queue is full (or the thread gone).
+    fn give(&self, job: &Arc<Job>) -> bool {
         self.queued.fetch_add(1, Ordering::AcqRel);
-        self.tx.try_send(share).map_err(|e| {
+        let given = self.tx.try_send(job.clone()).is_ok();
+        if !given {
             self.queued.fetch_sub(1, Ordering::AcqRel);
-            match e {
-                std::sync::mpsc::TrySendError::Full(s) | std::sync::mpsc::TrySendError::Disconnected(s) => s,
-            }
-        })
+        }
+        given
     }
 
     /// Whether it has nothing queued or running.
@@ -62,10 +147,9 @@ fn pool() -> &'static Pool {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let workers = (0..cores.min(8))
             .filter_map(|i| {
-                // Room for the shares of the groups one submission posts
-                // while the first copy (posting runs ahead of the copy);
-                // past it the caller copies a share itself.
-                let (tx, rx) = sync_channel::<Share>(QUEUED_SHARES);
+                // Room for the groups one submission posts while the first
+                // copies (posting runs ahead of the copy).
+                let (tx, rx) = sync_channel::<Arc<Job>>(QUEUED_JOBS);
                 let queued = Arc::new(AtomicUsize::new(0));
                 let q = queued.clone();
                 std::thread::Builder::new()
@@ -79,18 +163,10 @@ fn pool() -> &'static Pool {
     })
 }
 
-fn work(rx: Receiver<Share>, queued: &AtomicUsize) {
-    for mut share in rx {
-        // The pool gets independent copies only, so their order is free:
-        // in source order, blocks scattered over a large import are read
-        // page after page (fewer TLB misses and DRAM row switches; a
-        // 100 000-block submission gained about 4% here).
-        share.ops.sort_unstable_by_key(|o| o.src);
-        run(&share.ops);
+fn work(rx: Receiver<Arc<Job>>, queued: &AtomicUsize) {
+    for job in rx {
+        job.help();
         queued.fetch_sub(1, Ordering::AcqRel);
-        let (count, cv) = &*share.done;
-        *count.lock() += 1;
-        cv.notify_all();
     }
 }
 
@@ -99,8 +175,8 @@ fn run(ops: &[CopyOp]) {
     for o in ops {
         // SAFETY: the protocol checked every range against a leased local
         // region and a live mapping before handing the group over, and the
-        // caller of `copy` keeps both alive until every share is done;
-        // `ptr::copy` tolerates overlap.
+        // caller of `copy` (or the holder of `start`'s `Pending`) keeps both
+        // alive until every piece is done; `ptr::copy` tolerates overlap.
         unsafe { std::ptr::copy(o.src as *const u8, o.dst as *mut u8, o.len as usize) };
     }
 }
@@ -129,25 +205,20 @@ fn shares(ops: &[CopyOp], n: usize) -> Vec<Vec<CopyOp>> {
     out
 }
 
-/// The copies of a started group: done once every share is.
+/// The copies of a started group: done once every piece is.
 pub struct Pending {
-    done: Arc<(Mutex<usize>, Condvar)>,
-    shares: usize,
+    job: Arc<Job>,
 }
 
 impl Pending {
-    /// Whether every share is done (without waiting).
+    /// Whether every piece is done (without waiting).
     pub fn is_done(&self) -> bool {
-        *self.done.0.lock() >= self.shares
+        self.job.is_done()
     }
 
-    /// Waits until every share is done.
+    /// Waits until every piece is done.
     pub fn wait(&self) {
-        let (count, cv) = &*self.done;
-        let mut c = count.lock();
-        while *c < self.shares {
-            cv.wait(&mut c);
-        }
+        self.job.wait()
     }
 }
 
@@ -172,24 +243,25 @@ fn pooled(ops: &[CopyOp], plan: CopyPlan, min: u64) -> bool {
 
 /// Starts an [`asynchronous`] group on the pool and returns at once; the
 /// memory of every op must stay mapped until the returned [`Pending`] is
-/// done. A share no worker can take now is copied here first.
+/// done. When no worker can take it now (every queue full), it is copied
+/// here.
 pub fn start(ops: &[CopyOp]) -> Pending {
     let pool = pool();
-    let done = Arc::new((Mutex::new(0usize), Condvar::new()));
-    let mut shares = 0;
-    for (part, worker) in self::shares(ops, pool.workers.len()).into_iter().zip(&pool.workers) {
-        match worker.give(Share { ops: part, done: done.clone() }) {
-            Ok(()) => shares += 1,
-            Err(s) => run(&s.ops),
-        }
+    let job = Job::new(ops, piece_count(ops, pool.workers.len()));
+    let mut given = 0;
+    for worker in &pool.workers {
+        given += usize::from(worker.give(&job));
     }
-    Pending { done, shares }
+    if given == 0 {
+        job.help();
+    }
+    Pending { job }
 }
 
 /// Pool threads that help the caller with a synchronous copy when the pool
-/// has `workers` (one per core): one fewer, since the caller copies a share
-/// too. A copier more than there are cores only adds switches: on 2 cores,
-/// 3 copiers of a 1 MiB batch of 64 KiB blocks reached 18.5-20.0 GB/s in
+/// has `workers` (one per core): one fewer, since the caller copies too. A
+/// copier more than there are cores only adds switches: on 2 cores, 3
+/// copiers of a 1 MiB batch of 64 KiB blocks reached 18.5-20.0 GB/s in
 /// TENT's tebench, 2 copiers 27.3-28.1.
 fn helpers(workers: usize) -> usize {
     workers.saturating_sub(1)
@@ -197,34 +269,27 @@ fn helpers(workers: usize) -> usize {
 
 /// Performs a group's copies: in input order on the caller when `plan` is
 /// ordered or the group is small; otherwise on the caller and idle threads
-/// of the copy pool at once, one copier per core (a busy thread's share is
-/// the caller's: it would wait behind the groups started before). Returns
-/// when every copy is done.
+/// of the copy pool at once, one copier per core (a busy thread would reach
+/// this group only after the groups started before). The caller claims
+/// pieces from the start, so a helper that wakes late costs at most the
+/// piece it is copying. Returns when every copy is done.
 pub fn copy(ops: &[CopyOp], plan: CopyPlan) {
     let pool = pool();
     if !pooled(ops, plan, PARALLEL_MIN_BYTES) {
         run(ops);
         return;
     }
-    let mut parts = self::shares(ops, helpers(pool.workers.len()) + 1);
-    let mine = parts.pop().expect("one share at least");
-    let done = Arc::new((Mutex::new(0usize), Condvar::new()));
-    let mut sent = 0;
-    for (part, worker) in parts.into_iter().zip(&pool.workers) {
-        let share = Share { ops: part, done: done.clone() };
-        // A busy (or gone) worker: the caller copies that share itself.
-        let given = if worker.idle() { worker.give(share) } else { Err(share) };
-        match given {
-            Ok(()) => sent += 1,
-            Err(s) => run(&s.ops),
-        }
+    let idle: Vec<&Worker> = pool.workers.iter().filter(|w| w.idle()).take(helpers(pool.workers.len())).collect();
+    if idle.is_empty() {
+        run(ops);
+        return;
     }
-    run(&mine);
-    let (count, cv) = &*done;
-    let mut c = count.lock();
-    while *c < sent {
-        cv.wait(&mut c);
+    let job = Job::new(ops, piece_count(ops, idle.len() + 1));
+    for worker in idle {
+        worker.give(&job);
     }
+    job.help();
+    job.finish();
 }
 
 #[cfg(test)]
@@ -247,6 +312,56 @@ mod tests {
         assert_eq!(helpers(2), 1);
         assert_eq!(helpers(8), 7);
         assert_eq!(helpers(1), 0);
+    }
+
+    /// Source and target of `blocks` 4 KiB blocks, and the ops between
+    /// them in reverse block order.
+    fn blocks(src: &[u8], dst: &mut [u8]) -> Vec<CopyOp> {
+        (0..src.len() / 4096)
+            .rev()
+            .map(|b| CopyOp {
+                dst: dst.as_mut_ptr() as u64 + (b * 4096) as u64,
+                src: src.as_ptr() as u64 + (b * 4096) as u64,
+                len: 4096,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_group_whose_helpers_never_come_is_copied_by_its_caller() {
+        let src: Vec<u8> = (0..64 * 4096).map(|i| (i % 251) as u8).collect();
+        let mut dst = vec![0u8; src.len()];
+        let job = Job::new(&blocks(&src, &mut dst), 8);
+        assert_eq!(job.pieces.len(), 8);
+        // No copy thread took the job: the caller claims every piece and
+        // does not wait for anyone.
+        job.help();
+        assert!(job.is_done());
+        job.wait();
+        assert!(dst == src);
+        // A helper that wakes after finds nothing left to claim.
+        job.help();
+        assert_eq!(job.done.load(Ordering::Acquire), 8);
+    }
+
+    #[test]
+    fn groups_are_cut_into_pieces_of_64_kib_within_bounds() {
+        let op = |len| [CopyOp { dst: 0, src: 0, len }];
+        assert_eq!(piece_count(&op(1 << 20), 2), 16);
+        assert_eq!(piece_count(&op((1 << 20) + 1), 2), 17);
+        // Never fewer pieces than copiers, nor more than MAX_PIECES.
+        assert_eq!(piece_count(&op(4096), 2), 2);
+        assert_eq!(piece_count(&op(1 << 30), 2), MAX_PIECES);
+    }
+
+    #[test]
+    fn a_started_group_moves_every_byte() {
+        let src: Vec<u8> = (0..1024 * 4096).map(|i| (i * 7 % 253) as u8).collect();
+        let mut dst = vec![0u8; src.len()];
+        let pending = start(&blocks(&src, &mut dst));
+        pending.wait();
+        assert!(pending.is_done());
+        assert!(dst == src);
     }
 
     #[test]
