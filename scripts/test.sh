@@ -7,6 +7,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-tools.sh
 unset CUDARC_CUDA_VERSION
+# What the tests (and the processes they start) leave in the temporary
+# directory (key files, traces, reports) goes with this run, pass or fail.
+scratch="$(mktemp -d "${TMPDIR:-/tmp}/orbite-test.XXXXXX")"
+trap 'rm -rf "$scratch"' EXIT
+export TMPDIR="$scratch"
 jobs="$(nproc)"
 echo "== cargo test (release) =="
 cargo test --release --locked
