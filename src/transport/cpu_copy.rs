@@ -45,7 +45,7 @@ struct Job {
 }
 
 impl Job {
-    fn new(ops: &[CopyOp], pieces: usize) -> Arc<Job> {
+    fn new(ops: impl Iterator<Item = CopyOp> + Clone, pieces: usize) -> Arc<Job> {
         Arc::new(Job {
             pieces: shares(ops, pieces),
             next: AtomicUsize::new(0),
@@ -129,9 +129,9 @@ fn worth_helpers(first: std::time::Duration, rest: u32) -> bool {
 /// before it sleeps (a helper descheduled mid-piece).
 const SPIN_LIMIT: std::time::Duration = std::time::Duration::from_micros(50);
 
-/// How many pieces a group of `ops` is cut into, for `copiers` at once.
-fn piece_count(ops: &[CopyOp], copiers: usize) -> usize {
-    let total: u64 = ops.iter().map(|o| o.len).sum();
+/// How many pieces a group of `total` bytes is cut into, for `copiers` at
+/// once.
+fn piece_count(total: u64, copiers: usize) -> usize {
     (total.div_ceil(PIECE_BYTES) as usize).clamp(copiers.max(1), MAX_PIECES)
 }
 
@@ -228,14 +228,13 @@ impl Pieces {
 }
 
 /// Cuts `ops` into `n` shares of about equal bytes (an op may be cut in two).
-fn shares(ops: &[CopyOp], n: usize) -> Pieces {
-    let total: u64 = ops.iter().map(|o| o.len).sum();
+fn shares(ops: impl Iterator<Item = CopyOp> + Clone, n: usize) -> Pieces {
+    let total: u64 = ops.clone().map(|o| o.len).sum();
     let each = total.div_ceil(n as u64).max(1);
-    let mut out = Pieces { ops: Vec::with_capacity(ops.len() + n), starts: Vec::with_capacity(n + 1) };
+    let mut out = Pieces { ops: Vec::with_capacity(ops.size_hint().0 + n), starts: Vec::with_capacity(n + 1) };
     out.starts.push(0);
     let mut room = each;
-    for o in ops {
-        let mut o = *o;
+    for mut o in ops {
         while o.len > 0 {
             if room == 0 {
                 out.starts.push(out.ops.len());
@@ -293,7 +292,8 @@ fn pooled(ops: &[CopyOp], plan: CopyPlan, min: u64) -> bool {
 /// here.
 pub fn start(ops: &[CopyOp]) -> Pending {
     let pool = pool();
-    let job = Job::new(ops, piece_count(ops, pool.workers.len()));
+    let total = ops.iter().map(|o| o.len).sum();
+    let job = Job::new(ops.iter().copied(), piece_count(total, pool.workers.len()));
     let mut given = 0;
     for worker in &pool.workers {
         given += usize::from(worker.give(&job));
@@ -317,9 +317,10 @@ fn helpers(workers: usize) -> usize {
 /// ordered or the group is small; otherwise on the caller and idle threads
 /// of the copy pool at once, one copier per core (a busy thread would reach
 /// this group only after the groups started before), when the group is slow
-/// enough to be worth their wake-up ([`HELP_MIN_REST`]). The caller claims
-/// pieces from the start, so a helper that wakes late costs at most the
-/// piece it is copying. Returns when every copy is done.
+/// enough to be worth their wake-up ([`HELP_MIN_REST`], timed on the first
+/// piece, which the caller copies alone). The caller claims pieces from the
+/// start, so a helper that wakes late costs at most the piece it is
+/// copying. Returns when every copy is done.
 pub fn copy(ops: &[CopyOp], plan: CopyPlan) {
     let pool = pool();
     if !pooled(ops, plan, PARALLEL_MIN_BYTES) {
@@ -331,17 +332,59 @@ pub fn copy(ops: &[CopyOp], plan: CopyPlan) {
         run(ops);
         return;
     }
-    let job = Job::new(ops, piece_count(ops, idle.len() + 1));
+    // The caller copies the first piece straight from `ops`, timed: a
+    // group fast enough for it alone (cache-resident data) then costs no
+    // pieces, no job and no wake-up.
     let first = std::time::Instant::now();
-    job.help_one();
-    let rest = job.pieces.len().saturating_sub(job.next.load(Ordering::Acquire)) as u32;
-    if worth_helpers(first.elapsed(), rest) {
-        for worker in idle {
-            worker.give(&job);
-        }
+    let rest = copy_prefix(ops, PIECE_BYTES);
+    let rest_bytes: u64 = rest.ops().map(|o| o.len).sum();
+    let helpers = if worth_helpers(first.elapsed(), rest_bytes.div_ceil(PIECE_BYTES) as u32) { &idle[..] } else { &[] };
+    copy_rest(&rest, rest_bytes, helpers);
+}
+
+/// Copies what [`copy_prefix`] left (`rest_bytes` bytes): on the caller
+/// alone, in input order, without `helpers`; with them, as a job of pieces
+/// they and the caller claim.
+fn copy_rest(rest: &Rest<'_>, rest_bytes: u64, helpers: &[&Worker]) {
+    if helpers.is_empty() {
+        rest.ops().for_each(|o| run(&[o]));
+        return;
+    }
+    let job = Job::new(rest.ops(), piece_count(rest_bytes, helpers.len() + 1));
+    for worker in helpers {
+        worker.give(&job);
     }
     job.help();
     job.finish();
+}
+
+/// What is left of a group once its first bytes are copied: the rest of an
+/// op cut short, then the ops not reached.
+struct Rest<'a> {
+    cut: Option<CopyOp>,
+    tail: &'a [CopyOp],
+}
+
+impl Rest<'_> {
+    fn ops(&self) -> impl Iterator<Item = CopyOp> + Clone + '_ {
+        self.cut.into_iter().chain(self.tail.iter().copied())
+    }
+}
+
+/// Copies the first `bytes` of `ops` in input order (cutting the op that
+/// crosses that mark) and returns what is left.
+fn copy_prefix(ops: &[CopyOp], bytes: u64) -> Rest<'_> {
+    let mut left = bytes;
+    for (i, o) in ops.iter().enumerate() {
+        if o.len > left {
+            run(&[CopyOp { dst: o.dst, src: o.src, len: left }]);
+            let cut = CopyOp { dst: o.dst + left, src: o.src + left, len: o.len - left };
+            return Rest { cut: Some(cut), tail: &ops[i + 1..] };
+        }
+        run(std::slice::from_ref(o));
+        left -= o.len;
+    }
+    Rest { cut: None, tail: &[] }
 }
 
 #[cfg(test)]
@@ -351,7 +394,7 @@ mod tests {
     #[test]
     fn shares_cover_every_byte_once_in_order() {
         let ops = [CopyOp { dst: 0, src: 1000, len: 10 }, CopyOp { dst: 100, src: 2000, len: 7 }];
-        let s = shares(&ops, 3);
+        let s = shares(ops.iter().copied(), 3);
         assert_eq!(s.len(), 3);
         let piece = |i| s.get(i).unwrap().iter().map(|o: &CopyOp| (o.dst, o.src, o.len)).collect::<Vec<_>>();
         assert_eq!(piece(0), vec![(0, 1000, 6)]);
@@ -385,7 +428,7 @@ mod tests {
     fn a_group_whose_helpers_never_come_is_copied_by_its_caller() {
         let src: Vec<u8> = (0..64 * 4096).map(|i| (i % 251) as u8).collect();
         let mut dst = vec![0u8; src.len()];
-        let job = Job::new(&blocks(&src, &mut dst), 8);
+        let job = Job::new(blocks(&src, &mut dst).into_iter(), 8);
         assert_eq!(job.pieces.len(), 8);
         // No copy thread took the job: the caller claims every piece and
         // does not wait for anyone.
@@ -400,12 +443,46 @@ mod tests {
 
     #[test]
     fn groups_are_cut_into_pieces_of_64_kib_within_bounds() {
-        let op = |len| [CopyOp { dst: 0, src: 0, len }];
-        assert_eq!(piece_count(&op(1 << 20), 2), 16);
-        assert_eq!(piece_count(&op((1 << 20) + 1), 2), 17);
+        assert_eq!(piece_count(1 << 20, 2), 16);
+        assert_eq!(piece_count((1 << 20) + 1, 2), 17);
         // Never fewer pieces than copiers, nor more than MAX_PIECES.
-        assert_eq!(piece_count(&op(4096), 2), 2);
-        assert_eq!(piece_count(&op(1 << 30), 2), MAX_PIECES);
+        assert_eq!(piece_count(4096, 2), 2);
+        assert_eq!(piece_count(1 << 30, 2), MAX_PIECES);
+    }
+
+    #[test]
+    fn the_timed_first_piece_copies_exactly_its_bytes_and_leaves_the_rest() {
+        let src: Vec<u8> = (0..12).collect();
+        let mut dst = vec![0u8; 12];
+        let (s, d) = (src.as_ptr() as u64, dst.as_mut_ptr() as u64);
+        let ops = [
+            CopyOp { dst: d, src: s, len: 3 },
+            CopyOp { dst: d + 3, src: s + 3, len: 5 },
+            CopyOp { dst: d + 8, src: s + 8, len: 4 },
+        ];
+        // 6 bytes: the first op whole, the second cut after 3 of its 5.
+        let rest = copy_prefix(&ops, 6);
+        assert_eq!(dst, [0, 1, 2, 3, 4, 5, 0, 0, 0, 0, 0, 0]);
+        let left: Vec<_> = rest.ops().map(|o| (o.dst - d, o.src - s, o.len)).collect();
+        assert_eq!(left, [(6, 6, 2), (8, 8, 4)]);
+        copy_rest(&rest, 6, &[]);
+        assert!(dst == src);
+        // A mark at an op's end cuts nothing; past the group, nothing is left.
+        assert_eq!(copy_prefix(&ops, 3).ops().map(|o| o.len).collect::<Vec<_>>(), [5, 4]);
+        assert_eq!(copy_prefix(&ops, 100).ops().count(), 0);
+    }
+
+    #[test]
+    fn the_rest_of_a_group_moves_whole_with_helpers_or_without() {
+        let src: Vec<u8> = (0..256 * 4096).map(|i| (i * 13 % 241) as u8).collect();
+        let helpers: Vec<&Worker> = pool().workers.iter().collect();
+        for with in [&helpers[..], &[]] {
+            let mut dst = vec![0u8; src.len()];
+            let ops = blocks(&src, &mut dst);
+            let rest = copy_prefix(&ops, PIECE_BYTES);
+            copy_rest(&rest, (256 - 16) * 4096, with);
+            assert!(dst == src, "with {} helpers", with.len());
+        }
     }
 
     #[test]
