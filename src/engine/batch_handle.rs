@@ -3,6 +3,7 @@
 use crate::error::{Error, Result, Status};
 use crate::kinds::{Transport, TransportKind};
 use crate::transfer::{BatchShared, RequestResult};
+use crate::transport::cpu_copy;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,9 +37,14 @@ impl Batch {
         self.shared.is_empty()
     }
 
-    /// `Ok`, `Pending` or `TransferFailed`, without waiting.
+    /// `Ok`, `Pending` or `TransferFailed`, without waiting (while pending,
+    /// the caller first copies a piece of a started SHM group, see
+    /// [`cpu_copy::assist`]).
     pub fn poll(&self) -> Status {
-        self.shared.poll()
+        match self.shared.poll() {
+            Status::Pending if cpu_copy::assist() => self.shared.poll(),
+            s => s,
+        }
     }
 
     /// Waits until every request ended or `timeout` passed. `Ok(())` when all
@@ -80,9 +86,14 @@ impl Batch {
     }
 
     /// The outcome of request `i`; `OutOfRange` when the batch has no
-    /// request `i`.
+    /// request `i` (while it is pending, the caller first copies a piece of
+    /// a started SHM group, as [`Batch::poll`]).
     pub fn result(&self, i: usize) -> Result<RequestResult> {
-        self.shared.result(i).ok_or_else(|| self.out_of_range(i))
+        let r = self.shared.result(i).ok_or_else(|| self.out_of_range(i))?;
+        if r.status == Status::Pending && cpu_copy::assist() {
+            return self.shared.result(i).ok_or_else(|| self.out_of_range(i));
+        }
+        Ok(r)
     }
 
     /// Which transport carried (or carries) request `i`: `Ok(None)` while
@@ -125,6 +136,40 @@ impl Batch {
             Ok(())
         } else {
             Err(self.out_of_range(i))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::TransportKind;
+    use crate::transfer::{Op, Request};
+    use crate::transport::ipc::backend::CopyOp;
+    use std::time::Instant;
+
+    /// A pending batch's poll and result lend the caller to a started SHM
+    /// group no copy thread takes: it completes only through them.
+    #[test]
+    fn polling_a_pending_batch_copies_started_groups() {
+        let req = Request { op: Op::Read, local_addr: 0x1000, remote_addr: 0x2000, len: 8 };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let batch = Batch::new(BatchShared::routed(&[req], Some(TransportKind::Shm), Arc::default(), deadline));
+        let src: Vec<u8> = (0..16 * 4096).map(|i| (i % 251) as u8).collect();
+        for by_result in [false, true] {
+            let mut dst = vec![0u8; src.len()];
+            let op = CopyOp { dst: dst.as_mut_ptr() as u64, src: src.as_ptr() as u64, len: src.len() as u64 };
+            let pending = cpu_copy::start_unattended(&[op]);
+            let mut polls = 0;
+            while !pending.is_done() {
+                match by_result {
+                    false => assert_eq!(batch.poll(), Status::Pending),
+                    true => assert_eq!(batch.result(0).unwrap().status, Status::Pending),
+                }
+                polls += 1;
+                assert!(polls < 10_000, "polling never copied the started group");
+            }
+            assert!(dst == src);
         }
     }
 }

@@ -84,7 +84,10 @@ pub(crate) fn submission(
     }
 }
 
-/// OK, PENDING or TRANSFER_FAILED, without waiting.
+/// OK, PENDING or TRANSFER_FAILED, without waiting. While the batch is
+/// pending, the call may first copy one piece (64 KiB to 1 MiB) of a large
+/// SHM copy the engine started, so that a caller polling in a loop lends
+/// its thread to the copy instead of taking a core from it.
 #[no_mangle]
 pub extern "C" fn orbite_batch_poll(batch: *mut orbite_batch) -> orbite_status {
     guard_status(|| {
@@ -133,7 +136,9 @@ pub extern "C" fn orbite_batch_results(
     })
 }
 
-/// Writes the outcome of request `index`; OUT_OF_RANGE past the request count.
+/// Writes the outcome of request `index`; OUT_OF_RANGE past the request
+/// count. While the request is pending, the call may first copy one piece
+/// of a started SHM copy, as orbite_batch_poll.
 #[no_mangle]
 pub extern "C" fn orbite_batch_result(
     batch: *const orbite_batch,

@@ -11,7 +11,7 @@ use crate::transport::ipc::backend::{CopyOp, CopyPlan};
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// Below this many bytes a group is copied by the caller alone (handing work
 /// to another core costs a wake-up of some microseconds).
@@ -84,6 +84,11 @@ impl Job {
 
     fn is_done(&self) -> bool {
         self.done.load(Ordering::Acquire) == self.pieces.len()
+    }
+
+    /// Whether some piece is still unclaimed.
+    fn unclaimed(&self) -> bool {
+        self.next.load(Ordering::Acquire) < self.pieces.len()
     }
 
     /// Waits until every piece is done: claimed ones by their copiers.
@@ -212,6 +217,8 @@ thread_local! {
 /// A group's copies in one list, and where each piece of it starts: the
 /// pieces of a large group cost two allocations, not one each.
 struct Pieces {
+    /// Bytes of a piece (the last may hold fewer).
+    each: u64,
     ops: Vec<CopyOp>,
     /// Piece `i` is `ops[starts[i]..starts[i + 1]]`.
     starts: Vec<usize>,
@@ -231,7 +238,7 @@ impl Pieces {
 fn shares(ops: impl Iterator<Item = CopyOp> + Clone, n: usize) -> Pieces {
     let total: u64 = ops.clone().map(|o| o.len).sum();
     let each = total.div_ceil(n as u64).max(1);
-    let mut out = Pieces { ops: Vec::with_capacity(ops.size_hint().0 + n), starts: Vec::with_capacity(n + 1) };
+    let mut out = Pieces { each, ops: Vec::with_capacity(ops.size_hint().0 + n), starts: Vec::with_capacity(n + 1) };
     out.starts.push(0);
     let mut room = each;
     for mut o in ops {
@@ -294,6 +301,9 @@ pub fn start(ops: &[CopyOp]) -> Pending {
     let pool = pool();
     let total = ops.iter().map(|o| o.len).sum();
     let job = Job::new(ops.iter().copied(), piece_count(total, pool.workers.len()));
+    if assistable(&job) {
+        started().offer(&job);
+    }
     let mut given = 0;
     for worker in &pool.workers {
         given += usize::from(worker.give(&job));
@@ -301,6 +311,71 @@ pub fn start(ops: &[CopyOp]) -> Pending {
     if given == 0 {
         job.help();
     }
+    Pending { job }
+}
+
+/// Started groups with pieces nobody has claimed yet, which a thread that
+/// polls for a completion may copy ([`assist`]) instead of spinning.
+struct Started {
+    /// Weak: a job's pieces are freed with its last copier, listed or not.
+    jobs: Mutex<Vec<Weak<Job>>>,
+    /// How many jobs are listed (read without the lock).
+    listed: AtomicUsize,
+}
+
+impl Started {
+    /// Lists `job` (and drops the jobs whose every piece is claimed).
+    fn offer(&self, job: &Arc<Job>) {
+        let mut jobs = self.jobs.lock();
+        jobs.retain(|j| j.upgrade().is_some_and(|j| j.unclaimed()));
+        jobs.push(Arc::downgrade(job));
+        self.listed.store(jobs.len(), Ordering::Release);
+    }
+
+    /// The oldest listed job with a piece unclaimed.
+    fn oldest(&self) -> Option<Arc<Job>> {
+        if self.listed.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let mut jobs = self.jobs.lock();
+        jobs.retain(|j| j.upgrade().is_some_and(|j| j.unclaimed()));
+        self.listed.store(jobs.len(), Ordering::Release);
+        jobs.first().and_then(Weak::upgrade)
+    }
+}
+
+fn started() -> &'static Started {
+    static STARTED: Started = Started { jobs: Mutex::new(Vec::new()), listed: AtomicUsize::new(0) };
+    &STARTED
+}
+
+/// Pieces larger than this are left to the copy threads: a poll that
+/// copies one returns within about 100 us even from memory (groups up to
+/// 256 MiB).
+const ASSIST_MAX_PIECE: u64 = 1 << 20;
+
+/// Whether a poll may copy `job`'s pieces ([`ASSIST_MAX_PIECE`]).
+fn assistable(job: &Job) -> bool {
+    job.pieces.each <= ASSIST_MAX_PIECE
+}
+
+/// Lends the calling thread, which polls for a completion, to the started
+/// groups: copies one piece nobody has claimed, if any; true when it did.
+/// A caller that busy-polls its batch (TENT's tebench does) otherwise takes
+/// a core from the copy threads it waits for: on 2 cores, its 16 MiB
+/// groups ran at 12-24 GB/s from run to run. Pieces are 64 KiB up to
+/// [`ASSIST_MAX_PIECE`], so a poll returns within microseconds to about
+/// 100 us.
+pub fn assist() -> bool {
+    started().oldest().is_some_and(|job| job.help_one())
+}
+
+/// A started group that no copy thread takes, only [`assist`] (tests of
+/// the callers that lend their thread).
+#[cfg(test)]
+pub(crate) fn start_unattended(ops: &[CopyOp]) -> Pending {
+    let job = Job::new(ops.iter().copied(), piece_count(ops.iter().map(|o| o.len).sum(), 2));
+    started().offer(&job);
     Pending { job }
 }
 
@@ -503,6 +578,31 @@ mod tests {
         pending.wait();
         assert!(pending.is_done());
         assert!(dst == src);
+    }
+
+    #[test]
+    fn a_poller_copies_the_pieces_of_a_started_group_no_thread_took() {
+        let src: Vec<u8> = (0..64 * 4096).map(|i| (i * 5 % 239) as u8).collect();
+        let mut dst = vec![0u8; src.len()];
+        let pending = start_unattended(&blocks(&src, &mut dst));
+        let mut lent = 0;
+        while !pending.is_done() {
+            // Another test's started group may come first; ours is listed
+            // until its last piece is claimed, so some piece always is.
+            assert!(assist(), "a listed group with pieces unclaimed, yet nothing to copy");
+            lent += 1;
+            assert!(lent < 10_000);
+        }
+        assert!(dst == src);
+    }
+
+    #[test]
+    fn polls_copy_pieces_of_groups_up_to_256_mib_only() {
+        // Shares only: nothing is copied.
+        let group = |len: u64| Job::new(std::iter::once(CopyOp { dst: 0, src: 0, len }), piece_count(len, 2));
+        assert!(assistable(&group(16 << 20)));
+        assert!(assistable(&group(256 << 20)), "pieces of 1 MiB");
+        assert!(!assistable(&group((256 << 20) + 256)), "pieces over 1 MiB");
     }
 
     #[test]
