@@ -382,7 +382,10 @@ orbite_status orbite_cuda_retained_resources_json(char *buf, size_t cap, size_t 
 // requests are admitted; data moves asynchronously.
 orbite_status orbite_submit(struct orbite_engine *engine, uint64_t peer, const struct orbite_request *requests, size_t count, const struct orbite_submit_options *opts, struct orbite_batch **out_batch);
 
-// OK, PENDING or TRANSFER_FAILED, without waiting.
+// OK, PENDING or TRANSFER_FAILED, without waiting. While the batch is
+// pending, the call may first copy one piece (64 KiB to 1 MiB) of a large
+// SHM copy the engine started, so that a caller polling in a loop lends
+// its thread to the copy instead of taking a core from it.
 orbite_status orbite_batch_poll(struct orbite_batch *batch);
 
 // Waits up to timeout_ms: OK, TRANSFER_FAILED, or TIMED_OUT (still pending).
@@ -391,7 +394,9 @@ orbite_status orbite_batch_wait(struct orbite_batch *batch, uint32_t timeout_ms)
 // Copies the per-request outcomes; count must equal the request count.
 orbite_status orbite_batch_results(const struct orbite_batch *batch, struct orbite_request_result *out, size_t count);
 
-// Writes the outcome of request `index`; OUT_OF_RANGE past the request count.
+// Writes the outcome of request `index`; OUT_OF_RANGE past the request
+// count. While the request is pending, the call may first copy one piece
+// of a started SHM copy, as orbite_batch_poll.
 orbite_status orbite_batch_result(const struct orbite_batch *batch, size_t index, struct orbite_request_result *out);
 
 // Writes which transport carried request `index` (ORBITE_TRANSPORT_TCP,
