@@ -327,9 +327,8 @@ impl Started {
     /// Lists `job` (and drops the jobs whose every piece is claimed).
     fn offer(&self, job: &Arc<Job>) {
         let mut jobs = self.jobs.lock();
-        jobs.retain(|j| j.upgrade().is_some_and(|j| j.unclaimed()));
         jobs.push(Arc::downgrade(job));
-        self.listed.store(jobs.len(), Ordering::Release);
+        self.prune(&mut jobs);
     }
 
     /// The oldest listed job with a piece unclaimed.
@@ -338,9 +337,15 @@ impl Started {
             return None;
         }
         let mut jobs = self.jobs.lock();
+        self.prune(&mut jobs);
+        jobs.first().and_then(Weak::upgrade)
+    }
+
+    /// Drops the listed jobs whose every piece is claimed (or that are
+    /// gone) and records how many are left; `jobs` is `self.jobs`, locked.
+    fn prune(&self, jobs: &mut Vec<Weak<Job>>) {
         jobs.retain(|j| j.upgrade().is_some_and(|j| j.unclaimed()));
         self.listed.store(jobs.len(), Ordering::Release);
-        jobs.first().and_then(Weak::upgrade)
     }
 }
 
