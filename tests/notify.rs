@@ -83,6 +83,43 @@ fn a_write_over_shm_is_in_place_when_its_notification_is_taken() {
     write_then_told(TransportKind::Shm);
 }
 
+/// A standalone notification sent while an earlier SHM WRITE still copies
+/// (a 256 MiB group started on the copy pool: `submit` returned before its
+/// bytes moved) leaves only once every byte of it is in the receiver's
+/// memory: the receiver checks the last block, copied last, the instant it
+/// takes the notification. (A batch still running when its submission
+/// returns is listed for later notifications; one that ended is not.)
+#[test]
+fn a_notification_follows_a_write_still_copying_after_submit_returned() {
+    const BLOCKS: u64 = 256;
+    let mut src = PeerProc::spawn(&["--size", &(BLOCKS * MIB).to_string(), "--shared", "--seed", "1"]);
+    let e = engine(r#"{"name": "prefill-8"}"#);
+    let data: Vec<u8> = (0..BLOCKS).flat_map(|k| pattern_vec(100 + k, MIB as usize)).collect();
+    e.register_memory(data.as_ptr() as u64, BLOCKS * MIB, Access::NONE).unwrap();
+    let blocks: Vec<Request> = (0..BLOCKS)
+        .map(|k| Request {
+            op: Op::Write,
+            local_addr: data.as_ptr() as u64 + k * MIB,
+            remote_addr: src.addr + k * MIB,
+            len: MIB,
+        })
+        .collect();
+    let peer = e.connect(&src.endpoint, None).unwrap();
+    for round in 0..2 {
+        src.send("note 60000");
+        let b = e.submit(peer, &blocks, opts(Transport::Only(TransportKind::Shm))).unwrap();
+        assert_eq!(b.poll(), Status::Pending, "round {round}: the write still copies when submit returns");
+        let last = BLOCKS - 1;
+        e.notify(peer, format!("verify {} {} {MIB}", 100 + last, last * MIB).as_bytes(), Some(LONG)).unwrap();
+        assert_eq!(src.reply(), "prefill-8 ok", "round {round}: the last block was in place");
+        b.wait(LONG).unwrap();
+        assert_eq!(src.cmd(&format!("verify 100 0 {MIB}")), "ok");
+        src.cmd("fill 1");
+    }
+    e.close(Some(LONG)).unwrap();
+    src.close();
+}
+
 /// A batch with a failed request sends nothing; its batch says why; a
 /// later standalone notification still goes (it follows the failed batch,
 /// which has ended).

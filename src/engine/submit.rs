@@ -528,9 +528,10 @@ impl Engine {
         let route = (kind != TransportKind::Tcp).then_some(kind);
         let batch = BatchShared::routed(requests, route, self.inner.stats.clone(), deadline);
         // Later notifications to the peer follow this batch; its own waits
-        // for it.
-        p.outbox.track(&batch);
+        // for it. Without one, the batch is listed when the submission
+        // returns, if it has not ended by then (below).
         if let Some(msg) = note {
+            p.outbox.track(&batch);
             batch.expect_notification();
             p.outbox.send_with(&batch, msg.to_vec());
         }
@@ -588,6 +589,12 @@ impl Engine {
                     self.enqueue_tcp(&p, &batch, rest, deadline);
                 }
             }
+        }
+        // A notification submitted after this returns follows this batch's
+        // requests: one still running is listed for it to wait on (one
+        // that ended, a small SHM copy finished here, needs no record).
+        if note.is_none() && !batch.requests_ended() {
+            p.outbox.track(&batch);
         }
         Ok(Batch::new(batch))
     }
@@ -870,11 +877,16 @@ impl Engine {
             // of one independent group, may end in any order: each
             // completes there, and the next is posted while it copies.
             // Without an entry of its own (the gate began closing) it
-            // completes here, inside the submission's hold.
-            let defer = match groups.is_empty() || window.is_some() || any_order {
-                true => entry.map(|entry| self.deferred_completion(batch, held, in_flight.enter(), entry)),
-                false => None,
-            };
+            // completes here, inside the submission's hold. The completion
+            // is built only if the transport defers the group: a group
+            // that ends at once (a small SHM copy) skips its allocation,
+            // its references and its count in flight.
+            let mut entry = entry;
+            let defers = (groups.is_empty() || window.is_some() || any_order) && entry.is_some();
+            let defer = defers.then_some(|| {
+                let entry = entry.take().expect("a deferred group has its own entry");
+                self.deferred_completion(batch, held, in_flight.enter(), entry)
+            });
             let local = GroupLocal {
                 device: g.device,
                 pinned: g.pinned,
@@ -885,7 +897,11 @@ impl Engine {
             // The items go to the transport, which gives them back when it
             // refuses the group unposted.
             let items = std::mem::take(&mut g.items);
-            match transport.requester.run_group(&link, g.region, items, local, deadline, defer) {
+            let run = transport.requester.run_group(&link, g.region, items, local, deadline, defer);
+            // Not deferred: the group leaves the gate now, as its unbuilt
+            // completion would have.
+            drop(entry);
+            match run {
                 Ok(GroupRun::Done(finished)) => batch.complete_chunks(finished.into_pairs()),
                 Ok(GroupRun::Deferred) => {}
                 Err(GroupError::NotPosted(e, items)) => {

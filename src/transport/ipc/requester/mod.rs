@@ -465,9 +465,9 @@ impl IpcRequester {
     /// Setup, mapping and copies run on the caller; the trailing completion
     /// is queried once. A ready group finishes here (close or receipt);
     /// otherwise, when `defer` is given, the group moves to this transport's
-    /// lazy progress worker, which finishes it and calls `defer` with the
-    /// outcomes; without `defer` the caller waits. `NotPosted`: rejected
-    /// before anything was posted.
+    /// lazy progress worker, which finishes it and calls the completion
+    /// `defer` builds (built only then) with the outcomes; without `defer`
+    /// the caller waits. `NotPosted`: rejected before anything was posted.
     pub fn run_group(
         self: &Arc<Self>,
         link: &Arc<IpcLink>,
@@ -475,7 +475,7 @@ impl IpcRequester {
         items: Vec<(usize, Request)>,
         local: GroupLocal,
         deadline: Instant,
-        defer: Option<OnDone>,
+        defer: Option<impl FnOnce() -> OnDone>,
     ) -> std::result::Result<GroupRun, GroupError> {
         let Ready { imp, key, fences } = match self.ready(link, region, &items, &local, deadline) {
             Ok(ready) => ready,
@@ -490,7 +490,7 @@ impl IpcRequester {
                 Ok(GroupRun::Done(self.finish(posted, drained)))
             }
             (Ok(false), Some(done)) => {
-                self.defer(Deferred { posted, done: Some(done) });
+                self.defer(Deferred { posted, done: Some(done()) });
                 Ok(GroupRun::Deferred)
             }
         }
