@@ -55,6 +55,12 @@ fn shm_read_write_in_process() {
     assert_eq!((st.ipc["shm"].imports.cached, st.ipc["shm"].mapping_bytes_charged), (1, 4 << 20));
     let ss = src.stats();
     assert_eq!((ss.ipc["shm"].exports.open, ss.ipc["shm"].mapping_bytes_charged), (1, 4 << 20));
+    // A READ now takes the cached writable import: none is opened for it.
+    let opened = st.ipc["shm"].imports.opened;
+    let read = [Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: a.addr() + 7, len: 4096 }];
+    req.submit(peer, &read, opts).unwrap().wait(T).unwrap();
+    assert!((0..4096).all(|i| local[i] == ((i + 7) % 251) as u8));
+    assert_eq!(req.stats().ipc["shm"].imports.opened, opened, "the READ opened an import of its own");
     req.flush_nvlink_cache(Some(T)).unwrap();
     assert_eq!(req.stats().ipc["shm"].mapping_bytes_charged, 0);
     assert_eq!(src.stats().ipc["shm"].exports.open, 0);

@@ -244,22 +244,32 @@ impl<K: Clone + Eq + Hash, V> RelocationCache<K, V> {
         matches!(self.close_slot(&vk, v, false, close).0, Closed::Gone)
     }
 
-    /// Shares `key`'s entry when it is ready and current, without waiting
-    /// and without opening one.
-    pub fn try_share(&self, key: &K, current: CurrentFn<'_, V>) -> Option<Arc<V>> {
+    /// Shares the entry of the first of `keys` that is ready and `current`
+    /// (its position among the keys, and the value), all under one lock,
+    /// without waiting and without opening one; `None` when none is.
+    pub fn share_first<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k K>,
+        current: CurrentFn<'_, V>,
+    ) -> Option<(usize, Arc<V>)>
+    where
+        K: 'k,
+    {
         let mut c = self.state.lock();
         c.clock += 1;
         let now = c.clock;
-        let slot = c.slots.get_mut(key)?;
-        match &slot.state {
-            SlotState::Ready(v) if current(v) => {
-                let v = v.clone();
-                slot.users += 1;
-                slot.last_used = now;
-                Some(v)
+        for (at, key) in keys.into_iter().enumerate() {
+            let Some(slot) = c.slots.get_mut(key) else { continue };
+            if let SlotState::Ready(v) = &slot.state {
+                if current(v) {
+                    let v = v.clone();
+                    slot.users += 1;
+                    slot.last_used = now;
+                    return Some((at, v));
+                }
             }
-            _ => None,
         }
+        None
     }
 
     /// Whether `key` has an entry (in any state).

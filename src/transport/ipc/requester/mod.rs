@@ -537,14 +537,16 @@ impl IpcRequester {
                 true => ops,
                 false => OP_READ,
             };
-            let shared_writable = match writable {
-                false => self.cache.try_share(&key_of(true), &Import::current).map(|imp| (imp, key_of(true))),
-                true => None,
-            };
-            let (imp, fresh, key) = match shared_writable {
-                Some((imp, key)) => (imp, false, key),
+            // A READ takes a writable import of the region when one is
+            // cached, else its own READ-only one: both looked up under one
+            // lock; only a miss goes on to open one.
+            let own = key_of(writable);
+            let wider = (!writable).then(|| key_of(true));
+            let (imp, fresh, key) = match self.cache.share_first(wider.iter().chain([&own]), &Import::current) {
+                Some((0, imp)) if wider.is_some() => (imp, false, wider.expect("looked up")),
+                Some((_, imp)) => (imp, false, own),
                 None => {
-                    let key = key_of(writable);
+                    let key = own;
                     let (imp, fresh) =
                         self.acquire(&key, Want { link, region, env, ops: cache_ops, local_device, deadline })?;
                     if fresh && writable {
