@@ -128,6 +128,27 @@ fn contiguous_runs_move_as_one_copy_each() {
     p.close();
 }
 
+/// The smallest submission with something to coalesce, two contiguous
+/// blocks, moves as one copy; a single block as one copy too. Guards the
+/// bound in `local_spans` (only a submission of one request goes without
+/// its local spans: with `< 3` there, the pair takes 2 copies).
+#[test]
+fn two_contiguous_blocks_move_as_one_copy() {
+    let p = pair(true);
+    let (c0, k0) = p.counts();
+    let two = runs(&[(5, 9, 2)]);
+    p.submit(&blocks(&p, Op::Read, &two));
+    assert_eq!(p.counts(), (c0 + 1, k0 + 1), "two blocks, one run");
+    let one = runs(&[(12, 3, 1)]);
+    p.submit(&blocks(&p, Op::Read, &one));
+    assert_eq!(p.counts(), (c0 + 2, k0 + 1), "one block");
+    for &(l, r) in two.iter().chain(&one) {
+        assert_eq!(p.local_word(l * BLOCK), r * BLOCK, "block {l} from {r}");
+        assert_eq!(p.local_word(l * BLOCK + BLOCK - 8), r * BLOCK + BLOCK - 8);
+    }
+    p.close();
+}
+
 /// A run that is contiguous in memory but crosses from the first local
 /// region into the second is cut there (a CUDA copy may not span two
 /// allocations: the rule is one local region per run). Guards the span

@@ -347,9 +347,13 @@ fn windowed(kind: TransportKind, caches: bool, g: &Group<'_>, known_independent:
         && (known_independent || independent(g.items.iter().map(|(_, r)| r)))
 }
 
-/// The local regions of a submission's requests (each leased once): every
-/// group's coalesced copies stay inside one of them.
-fn local_spans(leases: &[Arc<RegionLease>]) -> LocalSpans {
+/// The local regions of a submission's `requests` (each leased once):
+/// every group's coalesced copies stay inside one of them. None for a
+/// single request, which has nothing to coalesce.
+fn local_spans(leases: &[Arc<RegionLease>], requests: usize) -> LocalSpans {
+    if requests < 2 {
+        return LocalSpans::none();
+    }
     LocalSpans::new(leases.iter().map(|l| (l.region().addr, l.region().addr + l.region().len)).collect())
 }
 
@@ -577,7 +581,7 @@ impl Engine {
             TransportKind::Tcp => self.enqueue_tcp(&p, &batch, live, deadline),
             ipc_kind => {
                 let how = IpcSubmission {
-                    spans: local_spans(&leases),
+                    spans: local_spans(&leases, live.len()),
                     held: leases.clone(),
                     leases: &leases,
                     lease_of: &lease_of,

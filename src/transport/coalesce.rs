@@ -41,6 +41,14 @@ impl LocalSpans {
         LocalSpans(Arc::new(Spans { spans: ranges, ranks }))
     }
 
+    /// No span: every copy stays alone (for a submission of one request,
+    /// which has nothing to coalesce). Shared, so that it costs no
+    /// allocation.
+    pub fn none() -> LocalSpans {
+        static NONE: once_cell::sync::Lazy<LocalSpans> = once_cell::sync::Lazy::new(LocalSpans::default);
+        NONE.clone()
+    }
+
     /// Whether any span overlaps `[start, end)`.
     pub fn overlaps(&self, start: u64, end: u64) -> bool {
         // The first span ending after `start` is the only candidate (the
