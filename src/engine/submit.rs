@@ -846,7 +846,9 @@ impl Engine {
             return Vec::new();
         }
         let (mut groups, any_order) = group(live);
-        let in_flight = Arc::new(InFlight::default());
+        // Counted only once a group defers (a one-group batch that ends
+        // here allocates nothing for it).
+        let mut in_flight: Option<Arc<InFlight>> = None;
         // Each subbatch runs inside the requester gate (entered for its own
         // completion) and, with more to follow, the submission stays
         // entered to its last: close_requester waits, so its flush of the
@@ -889,7 +891,8 @@ impl Engine {
             let defers = (groups.is_empty() || window.is_some() || any_order) && entry.is_some();
             let defer = defers.then_some(|| {
                 let entry = entry.take().expect("a deferred group has its own entry");
-                self.deferred_completion(batch, held, in_flight.enter(), entry)
+                let counted = in_flight.get_or_insert_with(Arc::default).enter();
+                self.deferred_completion(batch, held, counted, entry)
             });
             let local = GroupLocal {
                 device: g.device,
@@ -915,7 +918,9 @@ impl Engine {
                         // the peer is gone, as TCP would report it.
                         p.conn.kill(e.clone());
                     }
-                    if e.status() == Status::ResourceExhausted && in_flight.wait_for_one(deadline) {
+                    if e.status() == Status::ResourceExhausted
+                        && in_flight.as_ref().is_some_and(|f| f.wait_for_one(deadline))
+                    {
                         // Room this submission holds comes back as its
                         // earlier subbatches end: try again after one has.
                         groups.push_front(g);

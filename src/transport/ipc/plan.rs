@@ -165,8 +165,13 @@ pub fn independent<'a>(reqs: impl Iterator<Item = &'a Request> + Clone) -> bool 
 /// buffer from an import, the common shape); otherwise an O(n log n) sort
 /// of the destination intervals.
 pub fn classify(ops: &[CopyOp]) -> CopyPlan {
-    if ops.is_empty() {
-        return CopyPlan::Independent;
+    match ops {
+        [] => return CopyPlan::Independent,
+        // One copy (a small batch's usual group): ordered only when its
+        // source overlaps its own destination.
+        [o] if o.src + o.len <= o.dst || o.dst + o.len <= o.src => return CopyPlan::Independent,
+        [_] => return CopyPlan::Ordered,
+        _ => {}
     }
     // The envelopes of the destinations and of the sources, and the
     // destinations' runs, in one pass.
@@ -250,6 +255,12 @@ mod tests {
     fn independent_and_dependent_sets() {
         assert_eq!(classify(&[]), CopyPlan::Independent);
         assert_eq!(classify(&[op(0, 100, 10)]), CopyPlan::Independent);
+        // One copy: its source touching its destination, on either side,
+        // or overlapping it (by a byte, on either side).
+        assert_eq!(classify(&[op(0, 10, 10)]), CopyPlan::Independent);
+        assert_eq!(classify(&[op(10, 0, 10)]), CopyPlan::Independent);
+        assert_eq!(classify(&[op(0, 9, 10)]), CopyPlan::Ordered);
+        assert_eq!(classify(&[op(9, 0, 10)]), CopyPlan::Ordered);
         assert_eq!(classify(&[op(0, 100, 10), op(10, 200, 10)]), CopyPlan::Independent);
         // Overlapping destinations.
         assert_eq!(classify(&[op(0, 100, 10), op(9, 200, 10)]), CopyPlan::Ordered);
