@@ -53,14 +53,24 @@ run_one() {
     gates="$gates\"$t\": {\"enable\": $([ "$t" = "$xport" ] && echo true || echo false)$([ "$t" = orbite ] && echo "$engine")}, "
   done
   local conf="{\"rpc_server_hostname\": \"127.0.0.1\", \"transports\": {${gates%, }}}"
+  local tlog
+  tlog="$(mktemp)"
   MC_TENT_CONF="$conf" "$tebench" --backend=tent --xport_type="$xport" --metadata_type=p2p \
     --rpc_server_port="$tport" --seg_type=DRAM --total_buffer_size=$((256 << 20)) \
-    >> "$log" 2>&1 &
+    > "$tlog" 2>&1 &
   target_pid=$!
-  # The target is up when its RPC port accepts.
-  for _ in $(seq 1 200); do
-    kill -0 "$target_pid" 2>/dev/null || { echo "tent-bench: the $xport target exited (see $log)" >&2; return 1; }
-    if python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $tport), 1)" 2>/dev/null; then break; fi
+  # The target is up once it has registered its buffers and says so (its
+  # RPC port accepts earlier: an initiator started then finds a segment
+  # without buffers and exits with no figure).
+  stop_target() {
+    kill "$target_pid" 2>/dev/null || true
+    wait "$target_pid" 2>/dev/null || true
+    cat "$tlog" >> "$log"
+    rm -f "$tlog"
+  }
+  for _ in $(seq 1 600); do
+    kill -0 "$target_pid" 2>/dev/null || { stop_target; echo "tent-bench: the $xport target exited (see $log)" >&2; return 1; }
+    if grep -q "To start initiators" "$tlog"; then break; fi
     sleep 0.1
   done
   out="$(MC_TENT_CONF="$conf" "$tebench" --backend=tent --xport_type="$xport" --metadata_type=p2p \
@@ -69,16 +79,14 @@ run_one() {
     --start_block_size="$lo" --max_block_size="$hi" --start_batch_size=16 --max_batch_size=16 \
     --start_num_threads=1 --max_num_threads=1 --duration="$duration" 2>&1)" || {
     echo "$out" >> "$log"
-    kill "$target_pid" 2>/dev/null || true
-    wait "$target_pid" 2>/dev/null || true
+    stop_target
     echo "tent-bench: $xport $op failed (see $log)" >&2
     # What it measured before it stopped still counts.
     echo "$out" | rows
     return 1
   }
   echo "$out" >> "$log"
-  kill "$target_pid" 2>/dev/null || true
-  wait "$target_pid" 2>/dev/null || true
+  stop_target
   echo "$out" | rows
 }
 
