@@ -35,6 +35,22 @@ fn notes(e: &Engine) -> orbite::engine::stats::NotificationStats {
     e.stats().notifications
 }
 
+/// `n` registered local blocks of 1 MiB, block `k` holding pattern
+/// `seed + k`, and a WRITE of each to the same block of `src`'s buffer.
+fn mib_writes(e: &Engine, src: &PeerProc, n: u64, seed: u64) -> (Vec<u8>, Vec<Request>) {
+    let data: Vec<u8> = (0..n).flat_map(|k| pattern_vec(seed + k, MIB as usize)).collect();
+    e.register_memory(data.as_ptr() as u64, n * MIB, Access::NONE).unwrap();
+    let blocks = (0..n)
+        .map(|k| Request {
+            op: Op::Write,
+            local_addr: data.as_ptr() as u64 + k * MIB,
+            remote_addr: src.addr + k * MIB,
+            len: MIB,
+        })
+        .collect();
+    (data, blocks)
+}
+
 /// A WRITE with a notification, over `transport`: the receiver is already
 /// waiting for the notification when the batch is submitted, and checks
 /// the bytes the instant it takes it. Sixteen 1 MiB blocks, the message
@@ -43,16 +59,7 @@ fn notes(e: &Engine) -> orbite::engine::stats::NotificationStats {
 fn write_then_told(transport: TransportKind) {
     let mut src = PeerProc::spawn(&["--size", &(16 * MIB).to_string(), "--shared", "--seed", "1"]);
     let e = engine(r#"{"name": "prefill-7"}"#);
-    let data: Vec<u8> = (0..16).flat_map(|k| pattern_vec(9 + k, MIB as usize)).collect();
-    e.register_memory(data.as_ptr() as u64, 16 * MIB, Access::NONE).unwrap();
-    let blocks: Vec<Request> = (0..16u64)
-        .map(|k| Request {
-            op: Op::Write,
-            local_addr: data.as_ptr() as u64 + k * MIB,
-            remote_addr: src.addr + k * MIB,
-            len: MIB,
-        })
-        .collect();
+    let (_data, blocks) = mib_writes(&e, &src, 16, 9);
     let peer = e.connect(&src.endpoint, None).unwrap();
     for round in 0..3 {
         src.send("note 60000");
@@ -94,16 +101,7 @@ fn a_notification_follows_a_write_still_copying_after_submit_returned() {
     const BLOCKS: u64 = 256;
     let mut src = PeerProc::spawn(&["--size", &(BLOCKS * MIB).to_string(), "--shared", "--seed", "1"]);
     let e = engine(r#"{"name": "prefill-8"}"#);
-    let data: Vec<u8> = (0..BLOCKS).flat_map(|k| pattern_vec(100 + k, MIB as usize)).collect();
-    e.register_memory(data.as_ptr() as u64, BLOCKS * MIB, Access::NONE).unwrap();
-    let blocks: Vec<Request> = (0..BLOCKS)
-        .map(|k| Request {
-            op: Op::Write,
-            local_addr: data.as_ptr() as u64 + k * MIB,
-            remote_addr: src.addr + k * MIB,
-            len: MIB,
-        })
-        .collect();
+    let (_data, blocks) = mib_writes(&e, &src, BLOCKS, 100);
     let peer = e.connect(&src.endpoint, None).unwrap();
     for round in 0..2 {
         src.send("note 60000");
