@@ -533,7 +533,7 @@ impl Engine {
         let batch = BatchShared::routed(requests, route, self.inner.stats.clone(), deadline);
         // Later notifications to the peer follow this batch; its own waits
         // for it. Without one, the batch is listed when the submission
-        // returns, if it has not ended by then (below).
+        // returns (below).
         if let Some(msg) = note {
             p.outbox.track(&batch);
             batch.expect_notification();
@@ -595,9 +595,8 @@ impl Engine {
             }
         }
         // A notification submitted after this returns follows this batch's
-        // requests: one still running is listed for it to wait on (one
-        // that ended, a small SHM copy finished here, needs no record).
-        if note.is_none() && !batch.requests_ended() {
+        // requests (listed only if still running).
+        if note.is_none() {
             p.outbox.track(&batch);
         }
         Ok(Batch::new(batch))
@@ -868,7 +867,7 @@ impl Engine {
                 groups.extend(windows(kind, all).into_iter().map(|items| Group { window: Some(ops), ..g.with(items) }));
                 continue;
             }
-            let entry = match admission.admit(!groups.is_empty()) {
+            let mut entry = match admission.admit(!groups.is_empty()) {
                 Ok(entry) => entry,
                 Err(e) => {
                     let unposted = g.items.iter().chain(groups.iter().flat_map(|g| &g.items));
@@ -887,7 +886,6 @@ impl Engine {
             // is built only if the transport defers the group: a group
             // that ends at once (a small SHM copy) skips its allocation,
             // its references and its count in flight.
-            let mut entry = entry;
             let defers = (groups.is_empty() || window.is_some() || any_order) && entry.is_some();
             let defer = defers.then_some(|| {
                 let entry = entry.take().expect("a deferred group has its own entry");

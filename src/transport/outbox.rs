@@ -88,7 +88,12 @@ impl Outbox {
     }
 
     /// Notes a batch submitted to the peer: later notifications follow it.
+    /// One whose requests all ended already needs no record (a small SHM
+    /// copy finished inside its submission).
     pub fn track(&self, batch: &Arc<BatchShared>) {
+        if batch.requests_ended() {
+            return;
+        }
         let mut s = self.state.lock();
         // Ended batches leave from the front at once, and from anywhere
         // once many are listed, so a finished batch's record is not kept.
