@@ -25,6 +25,11 @@
 //                deadline.
 //   killed       the target is killed after a first READ; later tasks end
 //                FAILED, and nothing hangs.
+//   frozen       once connected (A read), the target registers a fifth
+//                buffer, E, and is stopped (SIGSTOP): READs of B (not
+//                reached yet) and of E (a region the initiator has not
+//                seen) return at once with their tasks PENDING; once the
+//                target runs again they complete with their bytes.
 // Exit 0 when everything held, 1 otherwise.
 #include <dlfcn.h>
 #include <netinet/in.h>
@@ -270,6 +275,7 @@ int target(const Options &o) {
               static_cast<unsigned long long>(descs[3].addr));
   std::fflush(stdout);
   int rc = 0;
+  void *grown = nullptr;
   for (std::string cmd; !(cmd = line_from(stdin)).empty();) {
     if (cmd == "verify") {
       // The initiator said its WRITEs are in place (sendNotification); they
@@ -286,6 +292,16 @@ int target(const Options &o) {
                 mem.get(static_cast<char *>(c) + o.size / 2, o.size / 2) == pattern_bytes(4, o.size / 2);
       std::printf("verified %s\n", ok ? "ok" : "bad");
       std::fflush(stdout);
+    } else if (cmd == "grow") {
+      // A buffer registered after the initiator connected (pattern 6).
+      if (auto s = t.allocateLocalMemory(&grown, o.size, rw); !s.ok())
+        return fail("allocateLocalMemory: " + s.ToString());
+      mem.put(grown, pattern_bytes(6, o.size));
+      std::vector<BufferDesc> more = {desc_of(grown, o.size, location(o))};
+      if (auto s = register_buffers(t, *meta, more, {rw}); !s.ok()) return fail("register: " + s.ToString());
+      descs.push_back(more[0]);
+      std::printf("grown %llu\n", static_cast<unsigned long long>(more[0].addr));
+      std::fflush(stdout);
     } else if (cmd == "verify-readonly") {
       std::printf("verified %s\n", mem.get(d, o.size) == pattern_bytes(5, o.size) ? "ok" : "bad");
       std::fflush(stdout);
@@ -295,8 +311,9 @@ int target(const Options &o) {
   }
   for (auto &desc : descs)
     if (auto s = t.removeMemoryBuffer(desc); !s.ok()) rc = fail("removeMemoryBuffer: " + s.ToString());
-  for (void *p : {a, b, d})
-    if (auto s = t.freeLocalMemory(p, o.size); !s.ok()) rc = fail("freeLocalMemory: " + s.ToString());
+  for (void *p : {a, b, d, grown})
+    if (p)
+      if (auto s = t.freeLocalMemory(p, o.size); !s.ok()) rc = fail("freeLocalMemory: " + s.ToString());
   if (auto s = t.uninstall(); !s.ok()) rc = fail("uninstall: " + s.ToString());
   if (o.transport == "mnnvl" ? !cuda.vmm_free(stack, 2 * o.size) : gpu(o) && cuda.release(stack))
     rc = fail("freeing the stack's allocation");
@@ -596,6 +613,36 @@ int run(const Options &o, const char *self) {
     if (!ends(t, batch, 1, FAILED, 0, "a READ from the killed target")) rc = 1;
     t.submitTransferTasks(batch, {req(Request::WRITE, src, seg, in.rb, n)});
     if (!ends(t, batch, 2, FAILED, 0, "a WRITE to the killed target")) rc = 1;
+    t.freeSubBatch(batch);
+  } else if (o.test == "frozen") {
+    t.allocateSubBatch(batch, 3);
+    t.submitTransferTasks(batch, {req(Request::READ, dst, seg, in.ra, 4096)});
+    if (!ends(t, batch, 0, COMPLETED, 4096, "the READ before the freeze")) rc = 1;
+    in.say("grow");
+    unsigned long long re = 0;
+    if (std::sscanf(line_from(in.tout).c_str(), "grown %llu", &re) != 1) return fail("the target registered no E");
+    kill(in.pid, SIGSTOP);
+    // B is known but not reached yet (over NVLink and MNNVL its import is
+    // opened with the target; over TCP the target sends its bytes); E is in
+    // no region the initiator knows (the target is asked). The target
+    // cannot answer, so both tasks are PENDING whenever submit returns
+    // (were E's question asked in submit, it would return after the
+    // deadline, the task refused; so would B's import over NVLink). Over
+    // SHM, B's import may be open already (the target's SHM buffers share
+    // what the first READ opened): B may complete at once.
+    if (!t.submitTransferTasks(batch, {req(Request::READ, src, seg, in.rb, n)}).ok()) rc = fail("submit");
+    if (!t.submitTransferTasks(batch, {req(Request::READ, dst, seg, re, n)}).ok()) rc = fail("submit");
+    for (int i = o.transport == "shm" ? 2 : 1; i <= 2; ++i) {
+      TransferStatus st{};
+      if (!t.getTransferStatus(batch, i, st).ok() || st.s != PENDING)
+        rc = fail("with the target stopped, right after submit task " + std::to_string(i) + " was " + name_of(st.s) +
+                  ", not PENDING");
+    }
+    kill(in.pid, SIGCONT);
+    if (!ends(t, batch, 1, COMPLETED, n, "a READ of a buffer not reached before")) rc = 1;
+    if (!ends(t, batch, 2, COMPLETED, n, "a READ of a buffer registered after the connect")) rc = 1;
+    if (mem.get(l2, n) != std::vector<std::uint8_t>(n, 0)) rc = fail("the READ of B brought the wrong bytes");
+    if (mem.get(l1, n) != pattern_bytes(6, n)) rc = fail("the READ of E brought the wrong bytes");
     t.freeSubBatch(batch);
   } else {
     return fail("unknown --case " + o.test);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <sstream>
 
 namespace mooncake {
@@ -101,6 +102,19 @@ bool refusedAsInvalid(orbite::Status s) {
            s == orbite::Status::permission_denied;
 }
 
+/// The region of `in` that holds all of `r`, or null.
+const orbite::Region* regionOf(const std::vector<orbite::Region>& in, const orbite::Request& r) {
+    const orbite::Region* found = nullptr;
+    for (const orbite::Region& g : in)
+        if (g.contains(r.remote_addr, r.length)) found = &g;
+    return found;
+}
+
+/// Whether `region` may be asked `r` (a WRITE needs a writable region).
+bool permits(const orbite::Region& region, const orbite::Request& r) {
+    return r.opcode == ORBITE_OP_WRITE ? region.writable() : region.readable();
+}
+
 }  // namespace
 
 /// A registered buffer: its registration, and the adoption record when the
@@ -161,7 +175,9 @@ struct OrbiteSubBatch final : Transport::SubBatch {
 
 /// A target segment: its connection, and the tasks waiting for it.
 struct OrbiteTransport::Target {
-    enum State { Idle, Connecting, Ready };
+    /// Busy: a connector thread is connecting, or submitting what needs a
+    /// round trip with the peer; later submissions queue behind it.
+    enum State { Idle, Busy, Ready };
     explicit Target(SegmentID segment) : id(segment) {}
     const SegmentID id;
     std::mutex lock;
@@ -172,6 +188,11 @@ struct OrbiteTransport::Target {
     /// may be asked (a READ-only region is never written) and whether
     /// SHM can reach it.
     std::shared_ptr<const std::vector<orbite::Region>> regions;
+    /// The regions (by id) a submission on this connection has reached:
+    /// the engine holds what reaching them again needs (an SHM, NVLink or
+    /// MNNVL import, cached), so a submission naming only these is made
+    /// on the caller's thread without a round trip to the peer.
+    std::set<uint64_t> warm;
     /// Bumped at every connect: a failure seen on an older connection does
     /// not reset a newer one.
     uint64_t generation = 0;
@@ -184,6 +205,17 @@ struct OrbiteTransport::Target {
     };
     std::vector<Waiting> waiting;
     std::thread connector;
+
+    /// Whether every request of `reqs` names a region this connection has
+    /// reached and may be asked of it: then submitting them needs no round
+    /// trip to the peer. `lock` held.
+    bool warmFor(const std::vector<orbite::Request>& reqs) const {
+        for (const orbite::Request& r : reqs) {
+            const orbite::Region* g = regionOf(*regions, r);
+            if (!g || !permits(*g, r) || !warm.count(g->id)) return false;
+        }
+        return true;
+    }
 
     /// Forgets the connection of `gen` (its peer left): the next use
     /// reconnects. `lock` held.
@@ -369,38 +401,45 @@ void recordSubmission(OrbiteTransport::Tasks& tasks, std::vector<size_t>& ids,
 }  // namespace
 
 bool OrbiteTransport::submitTo(Tasks& tasks, std::vector<size_t>& ids, std::vector<orbite::Request>& reqs,
-                               orbite::Peer& peer, const std::vector<orbite::Region>& regions,
-                               const std::shared_ptr<Target>& t, uint64_t gen) {
+                               orbite::Peer& peer, std::shared_ptr<const std::vector<orbite::Region>> regions,
+                               const std::shared_ptr<Target>& t, uint64_t gen, bool may_ask) {
     // One OrbiTE batch. Under AUTO the engine moves what SHM (or NVLink,
     // MNNVL) can reach over it and the rest (plain host memory of the peer)
     // over TCP, when the two parts do not depend on each other.
     std::vector<size_t> sent_ids;
     std::vector<orbite::Request> sent_reqs;
-    // `regions` is what the peer published at connect time; a region it
-    // registered since is not in it (OrbiTE checks that one), and one it
-    // registered again with other rights is read afresh before a refusal.
-    std::optional<std::vector<orbite::Region>> fresh;
-    auto find = [](const std::vector<orbite::Region>& in, const orbite::Request& r) {
-        const orbite::Region* found = nullptr;
-        for (const orbite::Region& g : in)
-            if (g.contains(r.remote_addr, r.length)) found = &g;
-        return found;
-    };
+    // `regions` is what the peer published when last asked: a region it
+    // registered since is not in it, and one it registered again may have
+    // other rights. On a connector thread (`may_ask`) the peer is asked
+    // again before a request is refused or sent to an address no known
+    // region holds (the engine would ask within the submission); the answer
+    // serves later submissions too. On the caller's thread every request
+    // names a region already reached (Target::warmFor): nothing is asked.
+    if (may_ask) {
+        bool stale = false;
+        for (const orbite::Request& r : reqs) {
+            const orbite::Region* g = regionOf(*regions, r);
+            stale |= !g || !permits(*g, r);
+        }
+        if (stale) {
+            auto now = peer.try_regions();
+            if (now.ok()) {
+                regions = std::make_shared<const std::vector<orbite::Region>>(std::move(now).value());
+                std::lock_guard<std::mutex> g(t->lock);
+                if (t->generation == gen) t->regions = regions;
+            }
+        }
+    }
+    std::vector<uint64_t> reached;
     for (size_t k = 0; k < ids.size(); ++k) {
         const orbite::Request& r = reqs[k];
-        bool write = r.opcode == ORBITE_OP_WRITE;
-        const orbite::Region* region = find(fresh ? *fresh : regions, r);
-        auto forbids = [&] { return region && !(write ? region->writable() : region->readable()); };
-        if (forbids() && !fresh) {
-            auto now = peer.try_regions();
-            fresh = now.ok() ? std::move(now).value() : regions;
-            region = find(*fresh, r);
-        }
-        if (forbids()) {
+        const orbite::Region* region = regionOf(*regions, r);
+        if (region && !permits(*region, r)) {
             // Never sent: the peer published this region without that right.
             tasks.tasks[ids[k]].fixed = INVALID;
             continue;
         }
+        if (region) reached.push_back(region->id);
         sent_ids.push_back(ids[k]);
         sent_reqs.push_back(r);
     }
@@ -411,6 +450,10 @@ bool OrbiteTransport::submitTo(Tasks& tasks, std::vector<size_t>& ids, std::vect
         for (size_t id : sent_ids) tasks.tasks[id].fixed = PENDING;
         return false;
     }
+    if (submitted.ok() && !reached.empty()) {
+        std::lock_guard<std::mutex> g(t->lock);
+        if (t->generation == gen) t->warm.insert(reached.begin(), reached.end());
+    }
     recordSubmission(tasks, sent_ids, submitted, t, gen);
     return true;
 }
@@ -420,23 +463,29 @@ void OrbiteTransport::dispatch(const std::shared_ptr<Target>& t, const std::shar
     std::thread finished;
     {
         std::unique_lock<std::mutex> g(t->lock);
-        if (t->state == Target::Ready) {
+        if (t->state == Target::Ready && t->warmFor(reqs)) {
             std::shared_ptr<orbite::Peer> peer = t->peer;
             std::shared_ptr<const std::vector<orbite::Region>> regions = t->regions;
             uint64_t gen = t->generation;
             g.unlock();
             std::lock_guard<std::mutex> tg(tasks->lock);
-            if (submitTo(*tasks, ids, reqs, *peer, *regions, t, gen)) return;
+            if (submitTo(*tasks, ids, reqs, *peer, regions, t, gen, false)) return;
             // The peer left since the last use: reconnect (reading its
             // segment again) and submit then.
             g.lock();
             t->dropLocked(gen);
         }
         t->waiting.push_back(Target::Waiting{tasks, std::move(ids), std::move(reqs)});
-        if (t->state != Target::Idle) return;
-        t->state = Target::Connecting;
+        if (t->state == Target::Busy) return;
+        // Not connected: a connector thread connects, then submits. Connected,
+        // but a request names a region not reached yet (its import is opened
+        // with the peer) or not known (the peer is asked for its regions): a
+        // connector thread submits, so that this call never waits for the
+        // peer; later submissions queue behind it, in order.
+        bool reconnect = t->state == Target::Idle;
+        t->state = Target::Busy;
         finished = std::move(t->connector);
-        t->connector = std::thread([this, t] { connect(t); });
+        t->connector = std::thread([this, t, reconnect] { connect(t, reconnect); });
     }
     if (finished.joinable()) finished.join();
 }
@@ -467,7 +516,19 @@ void recordSubmission(OrbiteTransport::Tasks& tasks, std::vector<size_t>& ids,
 
 }  // namespace
 
-void OrbiteTransport::connect(std::shared_ptr<Target> t) {
+void OrbiteTransport::connect(std::shared_ptr<Target> t, bool reconnect) {
+    std::shared_ptr<orbite::Peer> peer;
+    uint64_t gen;
+    if (!reconnect) {
+        // Connected: submit what waits (see dispatch).
+        {
+            std::lock_guard<std::mutex> g(t->lock);
+            peer = t->peer;
+            gen = t->generation;
+        }
+        drain(t, peer, gen);
+        return;
+    }
     std::string endpoint;
     std::string why;
     if (t->id == LOCAL_SEGMENT_ID) {
@@ -493,7 +554,6 @@ void OrbiteTransport::connect(std::shared_ptr<Target> t) {
             if (endpoint.empty()) why = "segment " + seg->name + " has no OrbiTE buffer";
         }
     }
-    std::shared_ptr<orbite::Peer> peer;
     if (!endpoint.empty()) {
         auto p = engine_->try_connect(endpoint, connect_timeout_);
         if (p.ok())
@@ -506,16 +566,21 @@ void OrbiteTransport::connect(std::shared_ptr<Target> t) {
         auto r = peer->try_regions();
         if (r.ok()) *regions = std::move(r).value();
     }
-    uint64_t gen;
     {
         std::lock_guard<std::mutex> g(t->lock);
         gen = ++t->generation;
         t->peer = peer;
         t->regions = regions;
+        t->warm.clear();
         t->why = why;
     }
+    drain(t, peer, gen);
+}
+
+void OrbiteTransport::drain(const std::shared_ptr<Target>& t, const std::shared_ptr<orbite::Peer>& peer,
+                            uint64_t gen) {
     // Submit (or fail) what waits, in order, before anything submitted
-    // after the connect: the state stays Connecting until none is left.
+    // after it: the state stays Busy until none is left.
     for (;;) {
         std::vector<Target::Waiting> waiting;
         {
@@ -529,6 +594,13 @@ void OrbiteTransport::connect(std::shared_ptr<Target> t) {
         }
         for (Target::Waiting& w : waiting) {
             {
+                std::shared_ptr<const std::vector<orbite::Region>> regions;
+                std::string why;
+                {
+                    std::lock_guard<std::mutex> g(t->lock);
+                    regions = t->regions;
+                    why = t->why;
+                }
                 std::lock_guard<std::mutex> g(w.tasks->lock);
                 // Tasks cancelled (or whose sub-batch was freed) while they
                 // waited are not sent.
@@ -543,7 +615,7 @@ void OrbiteTransport::connect(std::shared_ptr<Target> t) {
                     std::fprintf(stderr, "orbite_transport: segment %llu: %s\n",
                                  static_cast<unsigned long long>(t->id), why.c_str());
                     for (size_t id : ids) w.tasks->tasks[id].fixed = FAILED;
-                } else if (!ids.empty() && !submitTo(*w.tasks, ids, reqs, *peer, *regions, t, gen)) {
+                } else if (!ids.empty() && !submitTo(*w.tasks, ids, reqs, *peer, regions, t, gen, true)) {
                     for (size_t id : ids)
                         if (w.tasks->tasks[id].fixed == PENDING && w.tasks->tasks[id].batch < 0)
                             w.tasks->tasks[id].fixed = FAILED;
@@ -729,12 +801,12 @@ Status OrbiteTransport::sendNotification(SegmentID target_id, const Notification
         // progress (or start one) and for its queue to drain.
         std::unique_lock<std::mutex> g(t->lock);
         if (t->state == Target::Idle) {
-            t->state = Target::Connecting;
+            t->state = Target::Busy;
             finished = std::move(t->connector);
-            t->connector = std::thread([this, t] { connect(t); });
+            t->connector = std::thread([this, t] { connect(t, true); });
         }
         auto until = std::chrono::steady_clock::now() + connect_timeout_ + std::chrono::seconds(5);
-        t->changed.wait_until(g, until, [&] { return t->state != Target::Connecting; });
+        t->changed.wait_until(g, until, [&] { return t->state != Target::Busy; });
         if (t->state != Target::Ready)
             return Status::InternalError("segment " + std::to_string(target_id) +
                                          " unreachable: " + t->why + LOC_MARK);

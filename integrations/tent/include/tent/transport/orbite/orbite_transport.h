@@ -14,7 +14,10 @@
 // - submitTransferTasks never waits for a connect or a handshake: tasks for
 //   a target not connected yet stay PENDING while a connector thread
 //   reaches it, and end FAILED when it cannot within
-//   "transports/orbite/connect_timeout_ms" (default 5000).
+//   "transports/orbite/connect_timeout_ms" (default 5000). Tasks naming a
+//   region of a connected target not reached before (its import opened
+//   with the peer) or not known (registered since: the peer is asked) are
+//   submitted by a connector thread too, so a frozen peer holds only them.
 // - LOCAL_SEGMENT_ID (and the local segment named by id) is served by a
 //   local copy between registered host buffers.
 // - A dead target's tasks end FAILED (OrbiTE's exact per-request outcome),
@@ -97,21 +100,28 @@ class OrbiteTransport : public Transport {
     /// The target record for `id` (made on first use).
     std::shared_ptr<Target> target(SegmentID id);
     /// Hands tasks `ids` of `tasks` to `t`: submitted at once when it is
-    /// connected, queued (and a connect started) otherwise.
+    /// connected and they name only regions reached before; otherwise
+    /// queued for a connector thread (which connects first when needed).
     void dispatch(const std::shared_ptr<Target>& t,
                   const std::shared_ptr<Tasks>& tasks,
                   std::vector<size_t> ids, std::vector<orbite::Request> reqs);
     /// Submits tasks `ids` (`reqs`) to `peer` (`tasks.lock` held): requests
     /// the peer's regions forbid end INVALID unsent, the rest go as one
-    /// OrbiTE batch per reach (see the .cpp). False when the peer had left
-    /// before anything was sent.
+    /// OrbiTE batch (see the .cpp). With `may_ask` (a connector thread)
+    /// the peer's regions are read again first when `regions` does not
+    /// hold or permit a request. False when the peer had left before
+    /// anything was sent.
     bool submitTo(Tasks& tasks, std::vector<size_t>& ids,
                   std::vector<orbite::Request>& reqs, orbite::Peer& peer,
-                  const std::vector<orbite::Region>& regions,
-                  const std::shared_ptr<Target>& t, uint64_t gen);
-    /// The connector thread's body: looks `t` up, connects, and submits or
-    /// fails what waits for it.
-    void connect(std::shared_ptr<Target> t);
+                  std::shared_ptr<const std::vector<orbite::Region>> regions,
+                  const std::shared_ptr<Target>& t, uint64_t gen, bool may_ask);
+    /// The connector thread's body: with `reconnect`, looks `t` up and
+    /// connects; then submits or fails what waits for it.
+    void connect(std::shared_ptr<Target> t, bool reconnect);
+    /// Submits (or, without `peer`, fails) what waits for `t`, in order,
+    /// until nothing does; then `t` is Ready (Idle without a peer).
+    void drain(const std::shared_ptr<Target>& t,
+               const std::shared_ptr<orbite::Peer>& peer, uint64_t gen);
     /// Copies a local task between registered host buffers.
     bool copyLocally(const Request& r);
     /// Retries unregistering buffers TENT removed while copies still used
