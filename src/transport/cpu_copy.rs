@@ -25,6 +25,15 @@ pub const PARALLEL_MIN_BYTES: u64 = 512 * 1024;
 /// the caller waited for the helper's wake-up.)
 const PIECE_BYTES: u64 = 64 * 1024;
 
+/// From this many bytes a group's copies store around the caches
+/// ([`stream_copy`]): its destination outgrows a core's L2 anyway, and such
+/// stores skip reading every destination line before writing it. On the
+/// 2-core Xeon VM (2 MiB of L2 a core), two threads copying 1 MiB blocks
+/// through a 16 MiB working set moved 27.0-27.7 GB/s with memcpy and
+/// 31.5-32.7 streaming, through 256 MiB 13.9-14.1 and 18.9-19.1; within
+/// the L2 (2 MiB) streaming lost, 48-54 against 39.
+pub const STREAM_MIN_BYTES: u64 = 8 << 20;
+
 /// Pieces of one group at most (a larger group gets larger pieces).
 const MAX_PIECES: usize = 256;
 
@@ -36,6 +45,8 @@ const QUEUED_JOBS: usize = 256;
 /// many pieces are done.
 struct Job {
     pieces: Pieces,
+    /// Whether its copies stream ([`STREAM_MIN_BYTES`]).
+    stream: bool,
     next: AtomicUsize,
     done: AtomicUsize,
     /// Taken by the copier that finishes the last piece before it wakes
@@ -45,9 +56,10 @@ struct Job {
 }
 
 impl Job {
-    fn new(ops: impl Iterator<Item = CopyOp> + Clone, pieces: usize) -> Arc<Job> {
+    fn new(ops: impl Iterator<Item = CopyOp> + Clone, pieces: usize, stream: bool) -> Arc<Job> {
         Arc::new(Job {
             pieces: shares(ops, pieces),
+            stream,
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             sleep: Mutex::new(()),
@@ -73,7 +85,7 @@ impl Job {
             ops.clear();
             ops.extend_from_slice(piece);
             ops.sort_unstable_by_key(|o| o.src);
-            run(&ops);
+            run(&ops, self.stream);
         });
         if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.pieces.len() {
             let _sleepers = self.sleep.lock();
@@ -198,15 +210,82 @@ fn work(rx: Receiver<Arc<Job>>, queued: &AtomicUsize) {
     }
 }
 
-/// Copies `ops` in input order.
-fn run(ops: &[CopyOp]) {
+/// Copies `ops` in input order; with `stream`, each op of at least a
+/// cache line whose two ranges lie apart through [`stream_copy`].
+fn run(ops: &[CopyOp], stream: bool) {
+    let mut streamed = false;
     for o in ops {
+        let apart = o.dst.saturating_add(o.len) <= o.src || o.src.saturating_add(o.len) <= o.dst;
+        if stream && apart && o.len >= 64 {
+            // SAFETY: as below, and the two ranges do not overlap (checked).
+            unsafe { stream_copy(o.dst as *mut u8, o.src as *const u8, o.len as usize) };
+            streamed = true;
+            continue;
+        }
         // SAFETY: the protocol checked every range against a leased local
         // region and a live mapping before handing the group over, and the
         // caller of `copy` (or the holder of `start`'s `Pending`) keeps both
         // alive until every piece is done; `ptr::copy` tolerates overlap.
         unsafe { std::ptr::copy(o.src as *const u8, o.dst as *mut u8, o.len as usize) };
     }
+    if streamed {
+        store_fence();
+    }
+}
+
+/// Copies `len` bytes from `src` to `dst` with stores that bypass the
+/// caches (x86-64; elsewhere a plain copy). Weakly ordered: a
+/// [`store_fence`] must follow before anything that tells another thread
+/// or process the bytes are there.
+///
+/// # Safety
+/// `src` readable and `dst` writable for `len` bytes, the two not
+/// overlapping.
+#[cfg(target_arch = "x86_64")]
+unsafe fn stream_copy(dst: *mut u8, src: *const u8, len: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    // Streaming stores need 16-byte aligned destinations: the bytes before
+    // the first such address go plainly.
+    let head = dst.align_offset(16).min(len);
+    // SAFETY: within the ranges the caller vouches for, which do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, head) };
+    let (mut d, mut s, mut left) = (dst.wrapping_add(head), src.wrapping_add(head), len - head);
+    while left >= 64 {
+        // SAFETY: 64 bytes at `s` and at `d` lie within the caller's ranges
+        // (`left` counts what remains of both); `d` is 16-byte aligned
+        // (advanced by multiples of 16 from an aligned address); SSE2 is
+        // part of every x86-64 processor; unaligned loads are allowed.
+        unsafe {
+            let a = _mm_loadu_si128(s.cast::<__m128i>());
+            let b = _mm_loadu_si128(s.add(16).cast::<__m128i>());
+            let c = _mm_loadu_si128(s.add(32).cast::<__m128i>());
+            let e = _mm_loadu_si128(s.add(48).cast::<__m128i>());
+            _mm_stream_si128(d.cast::<__m128i>(), a);
+            _mm_stream_si128(d.add(16).cast::<__m128i>(), b);
+            _mm_stream_si128(d.add(32).cast::<__m128i>(), c);
+            _mm_stream_si128(d.add(48).cast::<__m128i>(), e);
+            (d, s) = (d.add(64), s.add(64));
+        }
+        left -= 64;
+    }
+    // SAFETY: the last `left` bytes of both ranges.
+    unsafe { std::ptr::copy_nonoverlapping(s, d, left) };
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn stream_copy(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: the caller's ranges, which do not overlap.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+}
+
+/// Orders the streaming stores before every later store (the count of
+/// pieces done, a completion another process reads).
+fn store_fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: SSE is part of every x86-64 processor; a fence has no operands.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
 }
 
 thread_local! {
@@ -300,7 +379,7 @@ fn pooled(ops: &[CopyOp], plan: CopyPlan, min: u64) -> bool {
 pub fn start(ops: &[CopyOp]) -> Pending {
     let pool = pool();
     let total = ops.iter().map(|o| o.len).sum();
-    let job = Job::new(ops.iter().copied(), piece_count(total, pool.workers.len()));
+    let job = Job::new(ops.iter().copied(), piece_count(total, pool.workers.len()), total >= STREAM_MIN_BYTES);
     if assistable(&job) {
         started().offer(&job);
     }
@@ -379,7 +458,7 @@ pub fn assist() -> bool {
 /// the callers that lend their thread).
 #[cfg(test)]
 pub(crate) fn start_unattended(ops: &[CopyOp]) -> Pending {
-    let job = Job::new(ops.iter().copied(), piece_count(ops.iter().map(|o| o.len).sum(), 2));
+    let job = Job::new(ops.iter().copied(), piece_count(ops.iter().map(|o| o.len).sum(), 2), false);
     started().offer(&job);
     Pending { job }
 }
@@ -404,33 +483,35 @@ fn helpers(workers: usize) -> usize {
 pub fn copy(ops: &[CopyOp], plan: CopyPlan) {
     let pool = pool();
     if !pooled(ops, plan, PARALLEL_MIN_BYTES) {
-        run(ops);
+        run(ops, false);
         return;
     }
+    let stream = ops.iter().map(|o| o.len).sum::<u64>() >= STREAM_MIN_BYTES;
     let idle: Vec<&Worker> = pool.workers.iter().filter(|w| w.idle()).take(helpers(pool.workers.len())).collect();
     if idle.is_empty() {
-        run(ops);
+        run(ops, stream);
         return;
     }
     // The caller copies the first piece straight from `ops`, timed: a
     // group fast enough for it alone (cache-resident data) then costs no
     // pieces, no job and no wake-up.
     let first = std::time::Instant::now();
-    let rest = copy_prefix(ops, PIECE_BYTES);
+    let rest = copy_prefix(ops, PIECE_BYTES, stream);
     let rest_bytes: u64 = rest.ops().map(|o| o.len).sum();
     let helpers = if worth_helpers(first.elapsed(), rest_bytes.div_ceil(PIECE_BYTES) as u32) { &idle[..] } else { &[] };
-    copy_rest(&rest, rest_bytes, helpers);
+    copy_rest(&rest, rest_bytes, helpers, stream);
 }
 
 /// Copies what [`copy_prefix`] left (`rest_bytes` bytes): on the caller
 /// alone, in input order, without `helpers`; with them, as a job of pieces
-/// they and the caller claim.
-fn copy_rest(rest: &Rest<'_>, rest_bytes: u64, helpers: &[&Worker]) {
+/// they and the caller claim (streaming with `stream`).
+fn copy_rest(rest: &Rest<'_>, rest_bytes: u64, helpers: &[&Worker], stream: bool) {
     if helpers.is_empty() {
-        rest.ops().for_each(|o| run(&[o]));
+        run(rest.cut.as_slice(), stream);
+        run(rest.tail, stream);
         return;
     }
-    let job = Job::new(rest.ops(), piece_count(rest_bytes, helpers.len() + 1));
+    let job = Job::new(rest.ops(), piece_count(rest_bytes, helpers.len() + 1), stream);
     for worker in helpers {
         worker.give(&job);
     }
@@ -453,17 +534,18 @@ impl Rest<'_> {
 
 /// Copies the first `bytes` of `ops` in input order (cutting the op that
 /// crosses that mark) and returns what is left.
-fn copy_prefix(ops: &[CopyOp], bytes: u64) -> Rest<'_> {
+fn copy_prefix(ops: &[CopyOp], bytes: u64, stream: bool) -> Rest<'_> {
     let mut left = bytes;
     for (i, o) in ops.iter().enumerate() {
         if o.len > left {
-            run(&[CopyOp { dst: o.dst, src: o.src, len: left }]);
+            run(&ops[..i], stream);
+            run(&[CopyOp { dst: o.dst, src: o.src, len: left }], stream);
             let cut = CopyOp { dst: o.dst + left, src: o.src + left, len: o.len - left };
             return Rest { cut: Some(cut), tail: &ops[i + 1..] };
         }
-        run(std::slice::from_ref(o));
         left -= o.len;
     }
+    run(ops, stream);
     Rest { cut: None, tail: &[] }
 }
 
@@ -508,7 +590,7 @@ mod tests {
     fn a_group_whose_helpers_never_come_is_copied_by_its_caller() {
         let src: Vec<u8> = (0..64 * 4096).map(|i| (i % 251) as u8).collect();
         let mut dst = vec![0u8; src.len()];
-        let job = Job::new(blocks(&src, &mut dst).into_iter(), 8);
+        let job = Job::new(blocks(&src, &mut dst).into_iter(), 8, false);
         assert_eq!(job.pieces.len(), 8);
         // No copy thread took the job: the caller claims every piece and
         // does not wait for anyone.
@@ -541,27 +623,27 @@ mod tests {
             CopyOp { dst: d + 8, src: s + 8, len: 4 },
         ];
         // 6 bytes: the first op whole, the second cut after 3 of its 5.
-        let rest = copy_prefix(&ops, 6);
+        let rest = copy_prefix(&ops, 6, false);
         assert_eq!(dst, [0, 1, 2, 3, 4, 5, 0, 0, 0, 0, 0, 0]);
         let left: Vec<_> = rest.ops().map(|o| (o.dst - d, o.src - s, o.len)).collect();
         assert_eq!(left, [(6, 6, 2), (8, 8, 4)]);
-        copy_rest(&rest, 6, &[]);
+        copy_rest(&rest, 6, &[], false);
         assert!(dst == src);
         // A mark at an op's end cuts nothing; past the group, nothing is left.
-        assert_eq!(copy_prefix(&ops, 3).ops().map(|o| o.len).collect::<Vec<_>>(), [5, 4]);
-        assert_eq!(copy_prefix(&ops, 100).ops().count(), 0);
+        assert_eq!(copy_prefix(&ops, 3, false).ops().map(|o| o.len).collect::<Vec<_>>(), [5, 4]);
+        assert_eq!(copy_prefix(&ops, 100, false).ops().count(), 0);
     }
 
     #[test]
     fn the_rest_of_a_group_moves_whole_with_helpers_or_without() {
         let src: Vec<u8> = (0..256 * 4096).map(|i| (i * 13 % 241) as u8).collect();
         let helpers: Vec<&Worker> = pool().workers.iter().collect();
-        for with in [&helpers[..], &[]] {
+        for (with, stream) in [(&helpers[..], false), (&[], false), (&helpers[..], true), (&[], true)] {
             let mut dst = vec![0u8; src.len()];
             let ops = blocks(&src, &mut dst);
-            let rest = copy_prefix(&ops, PIECE_BYTES);
-            copy_rest(&rest, (256 - 16) * 4096, with);
-            assert!(dst == src, "with {} helpers", with.len());
+            let rest = copy_prefix(&ops, PIECE_BYTES, stream);
+            copy_rest(&rest, (256 - 16) * 4096, with, stream);
+            assert!(dst == src, "with {} helpers, streaming {stream}", with.len());
         }
     }
 
@@ -604,10 +686,61 @@ mod tests {
     #[test]
     fn polls_copy_pieces_of_groups_up_to_256_mib_only() {
         // Shares only: nothing is copied.
-        let group = |len: u64| Job::new(std::iter::once(CopyOp { dst: 0, src: 0, len }), piece_count(len, 2));
+        let group = |len: u64| Job::new(std::iter::once(CopyOp { dst: 0, src: 0, len }), piece_count(len, 2), false);
         assert!(assistable(&group(16 << 20)));
         assert!(assistable(&group(256 << 20)), "pieces of 1 MiB");
         assert!(!assistable(&group((256 << 20) + 256)), "pieces over 1 MiB");
+    }
+
+    /// Guards `stream_copy` (head to the aligned destination, 64-byte
+    /// body, tail) and `run`'s test that the two ranges lie apart.
+    #[test]
+    fn streamed_copies_move_exactly_their_bytes_at_any_alignment() {
+        let src: Vec<u8> = (0..8192u32).map(|i| (i * 7 % 251) as u8 + 1).collect();
+        for len in [64usize, 65, 127, 128, 1000, 4096 + 13] {
+            for (d_off, s_off) in [(0, 0), (1, 0), (0, 3), (15, 9), (16, 1), (33, 17)] {
+                let mut dst = vec![0u8; 8192 + 64];
+                let op =
+                    CopyOp { dst: dst.as_mut_ptr() as u64 + d_off, src: src.as_ptr() as u64 + s_off, len: len as u64 };
+                run(&[op], true);
+                let (d, s) = (d_off as usize, s_off as usize);
+                assert!(dst[..d].iter().all(|&b| b == 0), "len {len}, offsets {d_off}/{s_off}: bytes before");
+                assert!(dst[d..d + len] == src[s..s + len], "len {len}, offsets {d_off}/{s_off}");
+                assert!(dst[d + len..].iter().all(|&b| b == 0), "len {len}, offsets {d_off}/{s_off}: bytes after");
+            }
+        }
+        // Overlapping ranges (8 bytes apart in one buffer) move as memmove
+        // would, forward and backward.
+        for forward in [true, false] {
+            let mut buf: Vec<u8> = (0..4096u32).map(|i| (i % 253) as u8).collect();
+            let want = {
+                let mut w = buf.clone();
+                if forward {
+                    w.copy_within(0..4000, 8)
+                } else {
+                    w.copy_within(8..4008, 0)
+                }
+                w
+            };
+            let base = buf.as_mut_ptr() as u64;
+            let op = match forward {
+                true => CopyOp { dst: base + 8, src: base, len: 4000 },
+                false => CopyOp { dst: base, src: base + 8, len: 4000 },
+            };
+            run(&[op], true);
+            assert!(buf == want, "overlapping, forward {forward}");
+        }
+    }
+
+    #[test]
+    fn a_streamed_parallel_copy_moves_every_byte() {
+        let n = STREAM_MIN_BYTES as usize + 4097;
+        let src: Vec<u8> = (0..n).map(|i| (i * 29 % 251) as u8).collect();
+        let mut dst = vec![0u8; n];
+        let op = CopyOp { dst: dst.as_mut_ptr() as u64 + 1, src: src.as_ptr() as u64, len: n as u64 - 1 };
+        copy(&[op], CopyPlan::Independent);
+        assert_eq!(dst[0], 0);
+        assert!(dst[1..] == src[..n - 1]);
     }
 
     #[test]
