@@ -497,9 +497,24 @@ pub fn copy(ops: &[CopyOp], plan: CopyPlan) {
     // pieces, no job and no wake-up.
     let first = std::time::Instant::now();
     let rest = copy_prefix(ops, PIECE_BYTES, stream);
+    let took = first.elapsed();
     let rest_bytes: u64 = rest.ops().map(|o| o.len).sum();
-    let helpers = if worth_helpers(first.elapsed(), rest_bytes.div_ceil(PIECE_BYTES) as u32) { &idle[..] } else { &[] };
-    copy_rest(&rest, rest_bytes, helpers, stream);
+    let helpers = if worth_helpers(took, rest_bytes.div_ceil(PIECE_BYTES) as u32) { &idle[..] } else { &[] };
+    copy_rest(&rest, rest_bytes, helpers, stream || from_memory(took));
+}
+
+/// A first piece (64 KiB) slower than this, under 16 GB/s, came from
+/// memory, not from a cache: the rest of its group streams
+/// ([`STREAM_MIN_BYTES`] says why). On the 2-core Xeon VM a 64 KiB piece
+/// takes about 2 us in cache and 6-9 us from memory; orbite-bench's SHM
+/// batches of 16 x 64 KiB from 1 GiB buffers went from 7.5-8.6 to
+/// 10.6-11.0 GB/s, and tebench's (the same 1 MiB again and again, in
+/// cache) stayed at 21-22.
+const FROM_MEMORY_PIECE: std::time::Duration = std::time::Duration::from_micros(4);
+
+/// Whether a group whose first piece took `first` copies from memory.
+fn from_memory(first: std::time::Duration) -> bool {
+    first > FROM_MEMORY_PIECE
 }
 
 /// Copies what [`copy_prefix`] left (`rest_bytes` bytes): on the caller
@@ -655,6 +670,17 @@ mod tests {
         // 1 MiB from memory: pieces of 6 us, 15 left (90 us).
         assert!(worth_helpers(us(6), 15));
         assert!(!worth_helpers(us(6), 0));
+    }
+
+    /// Guards `from_memory`: the rest of a group whose first piece came
+    /// from memory streams; one from a cache does not.
+    #[test]
+    fn a_group_streams_the_rest_when_its_first_piece_came_from_memory() {
+        let us = std::time::Duration::from_micros;
+        // 64 KiB in cache: 1.8 us here; from memory (1 GiB buffers): 6-9 us.
+        assert!(!from_memory(us(2)));
+        assert!(from_memory(us(6)));
+        assert!(!from_memory(FROM_MEMORY_PIECE));
     }
 
     #[test]
