@@ -621,7 +621,11 @@ int run(const Options &o, const char *self) {
     in.say("grow");
     unsigned long long re = 0;
     if (std::sscanf(line_from(in.tout).c_str(), "grown %llu", &re) != 1) return fail("the target registered no E");
-    kill(in.pid, SIGSTOP);
+    // Stopped for good before anything is asked of it (a signal lands
+    // asynchronously: waitpid says when it has).
+    int stopped = 0;
+    if (kill(in.pid, SIGSTOP) || waitpid(in.pid, &stopped, WUNTRACED) != in.pid || !WIFSTOPPED(stopped))
+      return fail("the target did not stop");
     // B is known but not reached yet (over NVLink and MNNVL its import is
     // opened with the target; over TCP the target sends its bytes); E is in
     // no region the initiator knows (the target is asked). The target
@@ -632,11 +636,16 @@ int run(const Options &o, const char *self) {
     // what the first READ opened): B may complete at once.
     if (!t.submitTransferTasks(batch, {req(Request::READ, src, seg, in.rb, n)}).ok()) rc = fail("submit");
     if (!t.submitTransferTasks(batch, {req(Request::READ, dst, seg, re, n)}).ok()) rc = fail("submit");
-    for (int i = o.transport == "shm" ? 2 : 1; i <= 2; ++i) {
-      TransferStatus st{};
-      if (!t.getTransferStatus(batch, i, st).ok() || st.s != PENDING)
-        rc = fail("with the target stopped, right after submit task " + std::to_string(i) + " was " + name_of(st.s) +
-                  ", not PENDING");
+    // Polled again and again while the connector thread submits them (and
+    // waits for the target): a poll never waits for that submission.
+    for (int round = 0; round < 20000 && rc == 0; ++round) {
+      for (int i = o.transport == "shm" ? 2 : 1; i <= 2; ++i) {
+        TransferStatus st{};
+        if (!t.getTransferStatus(batch, i, st).ok() || st.s != PENDING)
+          rc = fail("with the target stopped, after submit task " + std::to_string(i) + " was " + name_of(st.s) +
+                    ", not PENDING (poll " + std::to_string(round) + ")");
+      }
+      std::this_thread::yield();
     }
     kill(in.pid, SIGCONT);
     if (!ends(t, batch, 1, COMPLETED, n, "a READ of a buffer not reached before")) rc = 1;

@@ -5,6 +5,7 @@
 #include <netdb.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -164,7 +165,13 @@ struct OrbiteTransport::Tasks {
 
 struct OrbiteSubBatch final : Transport::SubBatch {
     explicit OrbiteSubBatch(size_t max)
-        : max_size(max), tasks(std::make_shared<OrbiteTransport::Tasks>()) {}
+        : max_size(max), tasks(std::make_shared<OrbiteTransport::Tasks>()) {
+        // Room for a sub-batch of TENT's usual size, made once.
+        size_t room = std::min<size_t>(max, 64);
+        tasks->tasks.reserve(room);
+        tasks->batches.reserve(room);
+        tasks->sent_to.reserve(room);
+    }
     size_t size() const override {
         std::lock_guard<std::mutex> g(tasks->lock);
         return tasks->tasks.size();
@@ -358,7 +365,13 @@ Status OrbiteTransport::submitTransferTasks(SubBatchRef ref, const std::vector<R
     auto* batch = dynamic_cast<OrbiteSubBatch*>(ref);
     if (!batch) return Status::InvalidArgument("not an OrbiTE sub-batch" LOC_MARK);
     std::shared_ptr<Tasks> tasks = batch->tasks;
-    std::map<SegmentID, std::pair<std::vector<size_t>, std::vector<orbite::Request>>> per_target;
+    // Per target, in order of first use (mostly one).
+    struct Work {
+        SegmentID target;
+        std::vector<size_t> ids;
+        std::vector<orbite::Request> reqs;
+    };
+    std::vector<Work> per_target;
     bool progressed = false;
     {
         std::lock_guard<std::mutex> g(tasks->lock);
@@ -377,15 +390,21 @@ Status OrbiteTransport::submitTransferTasks(SubBatchRef ref, const std::vector<R
             }
             // Local device memory (or memory no local buffer holds: OrbiTE
             // says which) goes through the engine, to itself.
-            auto& [ids, reqs] = per_target[r.target_id];
-            ids.push_back(id);
-            reqs.push_back(r.opcode == Request::READ
+            auto w = std::find_if(per_target.begin(), per_target.end(),
+                                  [&](const Work& w) { return w.target == r.target_id; });
+            if (w == per_target.end()) {
+                per_target.push_back(Work{r.target_id, {}, {}});
+                w = per_target.end() - 1;
+                w->ids.reserve(requests.size());
+                w->reqs.reserve(requests.size());
+            }
+            w->ids.push_back(id);
+            w->reqs.push_back(r.opcode == Request::READ
                                ? orbite::read_request(r.source, r.target_offset, r.length)
                                : orbite::write_request(r.source, r.target_offset, r.length));
         }
     }
-    for (auto& [id, work] : per_target)
-        dispatch(target(id), tasks, std::move(work.first), std::move(work.second));
+    for (Work& w : per_target) dispatch(target(w.target), tasks, std::move(w.ids), std::move(w.reqs));
     if (progressed) tasks->progress();
     return Status::OK();
 }
@@ -400,61 +419,77 @@ void recordSubmission(OrbiteTransport::Tasks& tasks, std::vector<size_t>& ids,
 
 }  // namespace
 
-bool OrbiteTransport::submitTo(Tasks& tasks, std::vector<size_t>& ids, std::vector<orbite::Request>& reqs,
-                               orbite::Peer& peer, std::shared_ptr<const std::vector<orbite::Region>> regions,
-                               const std::shared_ptr<Target>& t, uint64_t gen, bool may_ask) {
+OrbiteTransport::Sent OrbiteTransport::send(std::vector<size_t>& ids, std::vector<orbite::Request>& reqs,
+                                            orbite::Peer& peer,
+                                            std::shared_ptr<const std::vector<orbite::Region>> regions,
+                                            const std::shared_ptr<Target>& t, uint64_t gen, bool may_ask) {
     // One OrbiTE batch. Under AUTO the engine moves what SHM (or NVLink,
     // MNNVL) can reach over it and the rest (plain host memory of the peer)
     // over TCP, when the two parts do not depend on each other.
-    std::vector<size_t> sent_ids;
-    std::vector<orbite::Request> sent_reqs;
+    Sent out;
+    if (!may_ask) {
+        // On the caller's thread every request names a region reached
+        // before, which permits it (Target::warmFor): sent as they are,
+        // nothing asked.
+        out.submitted.emplace(peer.try_submit(reqs));
+        out.ids = std::move(ids);
+        return out;
+    }
     // `regions` is what the peer published when last asked: a region it
     // registered since is not in it, and one it registered again may have
-    // other rights. On a connector thread (`may_ask`) the peer is asked
-    // again before a request is refused or sent to an address no known
-    // region holds (the engine would ask within the submission); the answer
-    // serves later submissions too. On the caller's thread every request
-    // names a region already reached (Target::warmFor): nothing is asked.
-    if (may_ask) {
-        bool stale = false;
-        for (const orbite::Request& r : reqs) {
-            const orbite::Region* g = regionOf(*regions, r);
-            stale |= !g || !permits(*g, r);
-        }
-        if (stale) {
-            auto now = peer.try_regions();
-            if (now.ok()) {
-                regions = std::make_shared<const std::vector<orbite::Region>>(std::move(now).value());
-                std::lock_guard<std::mutex> g(t->lock);
-                if (t->generation == gen) t->regions = regions;
-            }
+    // other rights. The peer is asked again before a request is refused or
+    // sent to an address no known region holds (the engine would ask
+    // within the submission); the answer serves later submissions too.
+    bool stale = false;
+    for (const orbite::Request& r : reqs) {
+        const orbite::Region* g = regionOf(*regions, r);
+        stale |= !g || !permits(*g, r);
+    }
+    if (stale) {
+        auto now = peer.try_regions();
+        if (now.ok()) {
+            regions = std::make_shared<const std::vector<orbite::Region>>(std::move(now).value());
+            std::lock_guard<std::mutex> g(t->lock);
+            if (t->generation == gen) t->regions = regions;
         }
     }
+    std::vector<orbite::Request> sent_reqs;
     std::vector<uint64_t> reached;
     for (size_t k = 0; k < ids.size(); ++k) {
         const orbite::Request& r = reqs[k];
         const orbite::Region* region = regionOf(*regions, r);
         if (region && !permits(*region, r)) {
             // Never sent: the peer published this region without that right.
-            tasks.tasks[ids[k]].fixed = INVALID;
+            out.refused.push_back(ids[k]);
             continue;
         }
         if (region) reached.push_back(region->id);
-        sent_ids.push_back(ids[k]);
+        out.ids.push_back(ids[k]);
         sent_reqs.push_back(r);
     }
-    if (sent_ids.empty()) return true;
-    auto submitted = peer.try_submit(sent_reqs);
-    if (!submitted.ok() && peerGone(submitted.status())) {
-        // Nothing was sent: the caller reconnects and submits again.
-        for (size_t id : sent_ids) tasks.tasks[id].fixed = PENDING;
-        return false;
-    }
-    if (submitted.ok() && !reached.empty()) {
+    if (out.ids.empty()) return out;
+    out.submitted.emplace(peer.try_submit(sent_reqs));
+    if (out.submitted->ok() && !reached.empty()) {
         std::lock_guard<std::mutex> g(t->lock);
         if (t->generation == gen) t->warm.insert(reached.begin(), reached.end());
     }
-    recordSubmission(tasks, sent_ids, submitted, t, gen);
+    return out;
+}
+
+bool OrbiteTransport::record(Tasks& tasks, Sent& sent, const std::shared_ptr<Target>& t, uint64_t gen) {
+    for (size_t id : sent.refused) tasks.tasks[id].fixed = INVALID;
+    if (!sent.submitted) return true;
+    orbite::Result<orbite::Batch>& submitted = *sent.submitted;
+    // Nothing was sent: the caller reconnects and submits again.
+    if (!submitted.ok() && peerGone(submitted.status())) return false;
+    recordSubmission(tasks, sent.ids, submitted, t, gen);
+    if (submitted.ok()) {
+        // A task cancelled while its submission was under way: cancelled
+        // in OrbiTE now (unless it started, as any cancel).
+        orbite::Batch& batch = tasks.batches.back();
+        for (size_t k = 0; k < sent.ids.size(); ++k)
+            if (tasks.tasks[sent.ids[k]].fixed == CANCELED) (void)batch.cancel_request(k);
+    }
     return true;
 }
 
@@ -468,10 +503,14 @@ void OrbiteTransport::dispatch(const std::shared_ptr<Target>& t, const std::shar
             std::shared_ptr<const std::vector<orbite::Region>> regions = t->regions;
             uint64_t gen = t->generation;
             g.unlock();
-            std::lock_guard<std::mutex> tg(tasks->lock);
-            if (submitTo(*tasks, ids, reqs, *peer, regions, t, gen, false)) return;
+            Sent sent = send(ids, reqs, *peer, regions, t, gen, false);
+            {
+                std::lock_guard<std::mutex> tg(tasks->lock);
+                if (record(*tasks, sent, t, gen)) return;
+            }
             // The peer left since the last use: reconnect (reading its
             // segment again) and submit then.
+            ids = std::move(sent.ids);
             g.lock();
             t->dropLocked(gen);
         }
@@ -593,19 +632,19 @@ void OrbiteTransport::drain(const std::shared_ptr<Target>& t, const std::shared_
             waiting.swap(t->waiting);
         }
         for (Target::Waiting& w : waiting) {
+            std::shared_ptr<const std::vector<orbite::Region>> regions;
+            std::string why;
             {
-                std::shared_ptr<const std::vector<orbite::Region>> regions;
-                std::string why;
-                {
-                    std::lock_guard<std::mutex> g(t->lock);
-                    regions = t->regions;
-                    why = t->why;
-                }
+                std::lock_guard<std::mutex> g(t->lock);
+                regions = t->regions;
+                why = t->why;
+            }
+            // Tasks cancelled (or whose sub-batch was freed) while they
+            // waited are not sent.
+            std::vector<size_t> ids;
+            std::vector<orbite::Request> reqs;
+            {
                 std::lock_guard<std::mutex> g(w.tasks->lock);
-                // Tasks cancelled (or whose sub-batch was freed) while they
-                // waited are not sent.
-                std::vector<size_t> ids;
-                std::vector<orbite::Request> reqs;
                 for (size_t k = 0; k < w.ids.size(); ++k) {
                     if (w.tasks->tasks[w.ids[k]].fixed != PENDING) continue;
                     ids.push_back(w.ids[k]);
@@ -615,8 +654,16 @@ void OrbiteTransport::drain(const std::shared_ptr<Target>& t, const std::shared_
                     std::fprintf(stderr, "orbite_transport: segment %llu: %s\n",
                                  static_cast<unsigned long long>(t->id), why.c_str());
                     for (size_t id : ids) w.tasks->tasks[id].fixed = FAILED;
-                } else if (!ids.empty() && !submitTo(*w.tasks, ids, reqs, *peer, regions, t, gen, true)) {
-                    for (size_t id : ids)
+                    ids.clear();
+                }
+            }
+            if (!ids.empty()) {
+                // Sent without the sub-batch's lock: the peer may take its
+                // time to answer while TENT polls (or cancels) these tasks.
+                Sent sent = send(ids, reqs, *peer, regions, t, gen, true);
+                std::lock_guard<std::mutex> g(w.tasks->lock);
+                if (!record(*w.tasks, sent, t, gen)) {
+                    for (size_t id : sent.ids)
                         if (w.tasks->tasks[id].fixed == PENDING && w.tasks->tasks[id].batch < 0)
                             w.tasks->tasks[id].fixed = FAILED;
                 }

@@ -105,16 +105,29 @@ class OrbiteTransport : public Transport {
     void dispatch(const std::shared_ptr<Target>& t,
                   const std::shared_ptr<Tasks>& tasks,
                   std::vector<size_t> ids, std::vector<orbite::Request> reqs);
-    /// Submits tasks `ids` (`reqs`) to `peer` (`tasks.lock` held): requests
-    /// the peer's regions forbid end INVALID unsent, the rest go as one
-    /// OrbiTE batch (see the .cpp). With `may_ask` (a connector thread)
-    /// the peer's regions are read again first when `regions` does not
-    /// hold or permit a request. False when the peer had left before
-    /// anything was sent.
-    bool submitTo(Tasks& tasks, std::vector<size_t>& ids,
-                  std::vector<orbite::Request>& reqs, orbite::Peer& peer,
-                  std::shared_ptr<const std::vector<orbite::Region>> regions,
-                  const std::shared_ptr<Target>& t, uint64_t gen, bool may_ask);
+    /// What sending some tasks to a target came to: made without the
+    /// tasks' lock, recorded under it.
+    struct Sent {
+        std::vector<size_t> ids;      ///< the tasks sent, in batch order
+        std::vector<size_t> refused;  ///< tasks the peer's regions forbid
+        /// The OrbiTE batch, or why not; empty when nothing was sent.
+        std::optional<orbite::Result<orbite::Batch>> submitted;
+    };
+    /// Sends tasks `ids` (`reqs`) to `peer` as one OrbiTE batch (see the
+    /// .cpp), without the tasks' lock: requests the peer's regions forbid
+    /// are left out (refused). With `may_ask` (a connector thread) the
+    /// peer's regions are read again first when `regions` does not hold
+    /// or permit a request.
+    Sent send(std::vector<size_t>& ids, std::vector<orbite::Request>& reqs,
+              orbite::Peer& peer,
+              std::shared_ptr<const std::vector<orbite::Region>> regions,
+              const std::shared_ptr<Target>& t, uint64_t gen, bool may_ask);
+    /// Records `sent` in `tasks` (`tasks.lock` held): refused ones
+    /// INVALID, sent ones their batch (or why it failed); a task cancelled
+    /// meanwhile is cancelled in OrbiTE. False when the peer had left
+    /// before anything was sent (the sent tasks stay PENDING, unrecorded).
+    bool record(Tasks& tasks, Sent& sent, const std::shared_ptr<Target>& t,
+                uint64_t gen);
     /// The connector thread's body: with `reconnect`, looks `t` up and
     /// connects; then submits or fails what waits for it.
     void connect(std::shared_ptr<Target> t, bool reconnect);
