@@ -34,6 +34,12 @@ const PIECE_BYTES: u64 = 64 * 1024;
 /// the L2 (2 MiB) streaming lost, 48-54 against 39.
 pub const STREAM_MIN_BYTES: u64 = 8 << 20;
 
+/// Whether a group of `total` bytes streams whatever its data
+/// ([`STREAM_MIN_BYTES`]).
+fn streams(total: u64) -> bool {
+    total >= STREAM_MIN_BYTES
+}
+
 /// Pieces of one group at most (a larger group gets larger pieces).
 const MAX_PIECES: usize = 256;
 
@@ -215,8 +221,8 @@ fn work(rx: Receiver<Arc<Job>>, queued: &AtomicUsize) {
 fn run(ops: &[CopyOp], stream: bool) {
     let mut streamed = false;
     for o in ops {
-        let apart = o.dst.saturating_add(o.len) <= o.src || o.src.saturating_add(o.len) <= o.dst;
-        if stream && apart && o.len >= 64 {
+        let apart = || o.dst.saturating_add(o.len) <= o.src || o.src.saturating_add(o.len) <= o.dst;
+        if stream && o.len >= 64 && apart() {
             // SAFETY: as below, and the two ranges do not overlap (checked).
             unsafe { stream_copy(o.dst as *mut u8, o.src as *const u8, o.len as usize) };
             streamed = true;
@@ -369,7 +375,12 @@ pub fn asynchronous(ops: &[CopyOp], plan: CopyPlan) -> bool {
 
 /// Whether the pool takes part: independent copies of at least `min` bytes.
 fn pooled(ops: &[CopyOp], plan: CopyPlan, min: u64) -> bool {
-    plan == CopyPlan::Independent && ops.iter().map(|o| o.len).sum::<u64>() >= min && !pool().workers.is_empty()
+    pooled_bytes(ops.iter().map(|o| o.len).sum(), plan, min)
+}
+
+/// [`pooled`], for a group of `total` bytes.
+fn pooled_bytes(total: u64, plan: CopyPlan, min: u64) -> bool {
+    plan == CopyPlan::Independent && total >= min && !pool().workers.is_empty()
 }
 
 /// Starts an [`asynchronous`] group on the pool and returns at once; the
@@ -379,7 +390,7 @@ fn pooled(ops: &[CopyOp], plan: CopyPlan, min: u64) -> bool {
 pub fn start(ops: &[CopyOp]) -> Pending {
     let pool = pool();
     let total = ops.iter().map(|o| o.len).sum();
-    let job = Job::new(ops.iter().copied(), piece_count(total, pool.workers.len()), total >= STREAM_MIN_BYTES);
+    let job = Job::new(ops.iter().copied(), piece_count(total, pool.workers.len()), streams(total));
     if assistable(&job) {
         started().offer(&job);
     }
@@ -482,11 +493,12 @@ fn helpers(workers: usize) -> usize {
 /// copying. Returns when every copy is done.
 pub fn copy(ops: &[CopyOp], plan: CopyPlan) {
     let pool = pool();
-    if !pooled(ops, plan, PARALLEL_MIN_BYTES) {
+    let total: u64 = ops.iter().map(|o| o.len).sum();
+    if !pooled_bytes(total, plan, PARALLEL_MIN_BYTES) {
         run(ops, false);
         return;
     }
-    let stream = ops.iter().map(|o| o.len).sum::<u64>() >= STREAM_MIN_BYTES;
+    let stream = streams(total);
     let idle: Vec<&Worker> = pool.workers.iter().filter(|w| w.idle()).take(helpers(pool.workers.len())).collect();
     if idle.is_empty() {
         run(ops, stream);
@@ -498,7 +510,8 @@ pub fn copy(ops: &[CopyOp], plan: CopyPlan) {
     let first = std::time::Instant::now();
     let rest = copy_prefix(ops, PIECE_BYTES, stream);
     let took = first.elapsed();
-    let rest_bytes: u64 = rest.ops().map(|o| o.len).sum();
+    // The prefix copied PIECE_BYTES (a pooled group is larger).
+    let rest_bytes = total.saturating_sub(PIECE_BYTES);
     let helpers = if worth_helpers(took, rest_bytes.div_ceil(PIECE_BYTES) as u32) { &idle[..] } else { &[] };
     copy_rest(&rest, rest_bytes, helpers, stream || from_memory(took));
 }

@@ -409,16 +409,6 @@ Status OrbiteTransport::submitTransferTasks(SubBatchRef ref, const std::vector<R
     return Status::OK();
 }
 
-namespace {
-
-/// Records the outcome of submitting tasks `ids`: their batch, or why it
-/// was refused. `tasks->lock` held.
-void recordSubmission(OrbiteTransport::Tasks& tasks, std::vector<size_t>& ids,
-                      orbite::Result<orbite::Batch>& submitted,
-                      const std::shared_ptr<OrbiteTransport::Target>& t, uint64_t gen);
-
-}  // namespace
-
 OrbiteTransport::Sent OrbiteTransport::send(std::vector<size_t>& ids, std::vector<orbite::Request>& reqs,
                                             orbite::Peer& peer,
                                             std::shared_ptr<const std::vector<orbite::Region>> regions,
@@ -480,15 +470,28 @@ bool OrbiteTransport::record(Tasks& tasks, Sent& sent, const std::shared_ptr<Tar
     for (size_t id : sent.refused) tasks.tasks[id].fixed = INVALID;
     if (!sent.submitted) return true;
     orbite::Result<orbite::Batch>& submitted = *sent.submitted;
-    // Nothing was sent: the caller reconnects and submits again.
-    if (!submitted.ok() && peerGone(submitted.status())) return false;
-    recordSubmission(tasks, sent.ids, submitted, t, gen);
-    if (submitted.ok()) {
-        // A task cancelled while its submission was under way: cancelled
-        // in OrbiTE now (unless it started, as any cancel).
-        orbite::Batch& batch = tasks.batches.back();
-        for (size_t k = 0; k < sent.ids.size(); ++k)
-            if (tasks.tasks[sent.ids[k]].fixed == CANCELED) (void)batch.cancel_request(k);
+    if (!submitted.ok()) {
+        // Nothing was sent: the caller reconnects and submits again.
+        if (peerGone(submitted.status())) return false;
+        // Requests OrbiTE refuses before sending anything (unregistered
+        // local memory, an address no region holds, a region not writable)
+        // are INVALID; an unreachable target fails them.
+        std::fprintf(stderr, "orbite_transport: segment %llu: %s\n",
+                     static_cast<unsigned long long>(t->id), submitted.error().describe().c_str());
+        auto why = refusedAsInvalid(submitted.status()) ? INVALID : FAILED;
+        for (size_t id : sent.ids) tasks.tasks[id].fixed = why;
+        return true;
+    }
+    int index = static_cast<int>(tasks.batches.size());
+    tasks.batches.push_back(std::move(submitted).value());
+    tasks.sent_to.emplace_back(t, gen);
+    for (size_t k = 0; k < sent.ids.size(); ++k) {
+        Task& task = tasks.tasks[sent.ids[k]];
+        task.batch = index;
+        task.index = k;
+        // Cancelled while its submission was under way: cancelled in
+        // OrbiTE now (unless it started, as any cancel).
+        if (task.fixed == CANCELED) (void)tasks.batches.back().cancel_request(k);
     }
     return true;
 }
@@ -528,32 +531,6 @@ void OrbiteTransport::dispatch(const std::shared_ptr<Target>& t, const std::shar
     }
     if (finished.joinable()) finished.join();
 }
-
-namespace {
-
-void recordSubmission(OrbiteTransport::Tasks& tasks, std::vector<size_t>& ids,
-                      orbite::Result<orbite::Batch>& submitted,
-                      const std::shared_ptr<OrbiteTransport::Target>& t, uint64_t gen) {
-    if (!submitted.ok()) {
-        // Requests OrbiTE refuses before sending anything (unregistered
-        // local memory, an address no region holds, a region not writable)
-        // are INVALID; an unreachable target fails them.
-        std::fprintf(stderr, "orbite_transport: segment %llu: %s\n",
-                     static_cast<unsigned long long>(t->id), submitted.error().describe().c_str());
-        auto why = refusedAsInvalid(submitted.status()) ? INVALID : FAILED;
-        for (size_t id : ids) tasks.tasks[id].fixed = why;
-        return;
-    }
-    int index = static_cast<int>(tasks.batches.size());
-    tasks.batches.push_back(std::move(submitted).value());
-    tasks.sent_to.emplace_back(t, gen);
-    for (size_t k = 0; k < ids.size(); ++k) {
-        tasks.tasks[ids[k]].batch = index;
-        tasks.tasks[ids[k]].index = k;
-    }
-}
-
-}  // namespace
 
 void OrbiteTransport::connect(std::shared_ptr<Target> t, bool reconnect) {
     std::shared_ptr<orbite::Peer> peer;
