@@ -32,6 +32,7 @@ use crate::kinds::TransportKind;
 use crate::log::{Level, Logger};
 use crate::memory::RegionTable;
 use crate::sync::admission::{Budget, Gate};
+use crate::sync::fast_hash::FastMap;
 use crate::transport::inbox::Inbox;
 use crate::transport::ipc::faults::Faults;
 use crate::transport::ipc::source::IpcSourceContext;
@@ -41,7 +42,6 @@ use crate::transport::tcp::SourceContext;
 use accept::Listeners;
 use connected_peer::Peer;
 use parking_lot::RwLock;
-use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -60,7 +60,7 @@ pub(crate) struct Inner {
     endpoint: SocketAddr,
     ipc_name: std::result::Result<String, String>,
     listeners: Arc<Listeners>,
-    peers: RwLock<HashMap<u64, Arc<Peer>>>,
+    peers: RwLock<FastMap<u64, Arc<Peer>>>,
     next_peer: AtomicU64,
     faults: Arc<Faults>,
     /// The shared key of `auth_key_file`, if configured.
@@ -178,7 +178,7 @@ impl Engine {
             endpoint,
             ipc_name,
             listeners,
-            peers: RwLock::new(HashMap::new()),
+            peers: RwLock::new(FastMap::default()),
             next_peer: AtomicU64::new(1),
             faults,
             auth,

@@ -478,11 +478,11 @@ impl Engine {
             )));
         }
         let p = self.peer(peer)?;
-        if let Some(e) = p.conn.dead_reason() {
+        let known = p.conn.describe_live().map_err(|e| {
             // A peer that discovery saw replaced or gone stays STALE_PEER.
             let status = if e.status() == Status::StalePeer { Status::StalePeer } else { Status::Unavailable };
-            return Err(Error::from_status(status, format!("peer {peer} is gone: {}", e.message())));
-        }
+            Error::from_status(status, format!("peer {peer} is gone: {}", e.message()))
+        })?;
         let deadline = Instant::now() + self.timeout(opts.timeout);
         let (leases, lease_of) = self.check_local(requests, deadline)?;
         let leases = Arc::new(leases);
@@ -492,9 +492,9 @@ impl Engine {
         // Resolve remote regions (one refresh of the peer's table if a
         // request names no region, or a range past the end of its region).
         let in_region = |c: &Checked<'_>| c.region.is_some_and(|g| g.contains(c.req.remote_addr, c.req.len));
-        let known = p.conn.describe();
         let regions = RegionIndex::new(&known);
         let refreshed;
+        let mut peer_caps = known.capabilities;
         let mut missing = false;
         let mut last: Option<(&RegionInfo, u32)> = None;
         let mut live: Vec<Checked<'_>> = requests
@@ -514,6 +514,7 @@ impl Engine {
             .collect();
         if missing {
             if let Ok(d) = p.conn.refresh_describe(deadline) {
+                peer_caps = d.capabilities;
                 refreshed = d;
                 let index = RegionIndex::new(&refreshed);
                 missing = false;
@@ -524,7 +525,7 @@ impl Engine {
                 }
             }
         }
-        let Selection { kind, tcp } = self.select(peer, &p, opts.transport, &live)?;
+        let Selection { kind, tcp } = self.select(peer, &p, peer_caps, opts.transport, &live)?;
         let total = live.len();
         let (live, over_tcp) = split_off(live, &tcp);
         // An IPC submission routes every request as one chunk on its
@@ -643,10 +644,11 @@ impl Engine {
         Ok((leases, out))
     }
 
-    /// The transport for the whole submission.
-    fn select(&self, peer: u64, p: &Peer, t: Transport, reqs: &[Checked<'_>]) -> Result<Selection> {
+    /// The transport for the whole submission (`peer_caps`: the
+    /// capabilities of the peer's latest Describe).
+    fn select(&self, peer: u64, p: &Peer, peer_caps: u32, t: Transport, reqs: &[Checked<'_>]) -> Result<Selection> {
         let egm_both = self.inner.capabilities() & super::ipc_transports::EGM_CAPABILITY != 0
-            && p.conn.describe().capabilities & super::ipc_transports::EGM_CAPABILITY != 0;
+            && peer_caps & super::ipc_transports::EGM_CAPABILITY != 0;
         let fits = |k: TransportKind, c: &Checked<'_>| {
             let local = c.lease.region().kind;
             match c.region {

@@ -9,9 +9,9 @@
 
 use super::types::{orbite_allocation, orbite_batch, orbite_engine, orbite_stats};
 use crate::error::{Error, Result};
+use crate::sync::fast_hash::FastMap;
 use once_cell::sync::Lazy;
 use parking_lot::RwLock;
-use std::collections::HashMap;
 
 /// The handle types of the C ABI.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,9 +54,9 @@ impl Handle for orbite_stats {
 /// Live handles by address, in shards (lookups from many threads take a
 /// read lock on one shard only).
 const SHARDS: usize = 16;
-static LIVE: Lazy<[RwLock<HashMap<usize, Kind>>; SHARDS]> = Lazy::new(Default::default);
+static LIVE: Lazy<[RwLock<FastMap<usize, Kind>>; SHARDS]> = Lazy::new(Default::default);
 
-fn shard(addr: usize) -> &'static RwLock<HashMap<usize, Kind>> {
+fn shard(addr: usize) -> &'static RwLock<FastMap<usize, Kind>> {
     // Handles are boxes: the low bits carry no information.
     &LIVE[(addr >> 4) % SHARDS]
 }

@@ -6,10 +6,11 @@
 //! [`single_runner`] runs a job on at most one short-lived thread at a time;
 //! [`deadline`] bounds a blocking exchange (when, and what stops it first);
 //! [`fork`] tells a forked child without a system call; [`take_armed`]
-//! counts a fault switch down.
+//! counts a fault switch down; [`fast_hash`] hashes the hot maps' keys.
 
 pub mod admission;
 pub mod deadline;
+pub mod fast_hash;
 pub mod fork;
 pub mod single_runner;
 

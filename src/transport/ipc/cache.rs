@@ -21,8 +21,8 @@
 //! model-checked (`tests/models.rs`) through the `sync` shim.
 
 use crate::error::{Error, Result};
+use crate::sync::fast_hash::FastMap;
 use crate::sync::{Condvar, Mutex};
-use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Instant;
@@ -56,7 +56,7 @@ struct Slot<V> {
 }
 
 struct State<K, V> {
-    slots: HashMap<K, Slot<V>>,
+    slots: FastMap<K, Slot<V>>,
     clock: u64,
 }
 
@@ -94,7 +94,11 @@ enum Closed {
 impl<K: Clone + Eq + Hash, V> RelocationCache<K, V> {
     /// A cache of `capacity` live entries.
     pub fn new(capacity: usize) -> RelocationCache<K, V> {
-        RelocationCache { capacity, state: Mutex::new(State { slots: HashMap::new(), clock: 0 }), cv: Condvar::new() }
+        RelocationCache {
+            capacity,
+            state: Mutex::new(State { slots: FastMap::default(), clock: 0 }),
+            cv: Condvar::new(),
+        }
     }
 
     /// Closes `v` (taken out of slot `k`, now `Closing`) outside the lock

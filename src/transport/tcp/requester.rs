@@ -141,13 +141,23 @@ impl TcpConnection {
 
     /// The error that killed the connection, if it is dead.
     pub fn dead_reason(&self) -> Option<Error> {
-        let c = self.state.lock();
-        c.retired.clone().or_else(|| c.core.dead().cloned())
+        self.describe_live().err()
     }
 
     /// The peer's latest Describe.
     pub fn describe(&self) -> Arc<Describe> {
         self.state.lock().core.describe().0
+    }
+
+    /// The peer's latest Describe while the connection lives, else why it
+    /// ended (as [`dead_reason`](Self::dead_reason)): both under one lock,
+    /// what every submission asks first.
+    pub fn describe_live(&self) -> std::result::Result<Arc<Describe>, Error> {
+        let c = self.state.lock();
+        match c.retired.clone().or_else(|| c.core.dead().cloned()) {
+            Some(e) => Err(e),
+            None => Ok(c.core.describe().0),
+        }
     }
 
     /// Asks the peer for a fresh Describe and waits for it until `deadline`.
