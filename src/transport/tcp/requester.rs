@@ -52,6 +52,14 @@ struct Conn {
     retired: Option<Error>,
 }
 
+impl Conn {
+    /// Why the connection ended (the peer retired, or the connection
+    /// lost); `None` while it lives.
+    fn ended(&self) -> Option<Error> {
+        self.retired.clone().or_else(|| self.core.dead().cloned())
+    }
+}
+
 /// What the core reported, to act on once the lock is released.
 type Outputs = (Vec<(Record, ChunkOutcome)>, Vec<Event<NotifyAnswer>>);
 
@@ -141,7 +149,7 @@ impl TcpConnection {
 
     /// The error that killed the connection, if it is dead.
     pub fn dead_reason(&self) -> Option<Error> {
-        self.describe_live().err()
+        self.state.lock().ended()
     }
 
     /// The peer's latest Describe.
@@ -152,9 +160,9 @@ impl TcpConnection {
     /// The peer's latest Describe while the connection lives, else why it
     /// ended (as [`dead_reason`](Self::dead_reason)): both under one lock,
     /// what every submission asks first.
-    pub fn describe_live(&self) -> std::result::Result<Arc<Describe>, Error> {
+    pub fn describe_live(&self) -> Result<Arc<Describe>> {
         let c = self.state.lock();
-        match c.retired.clone().or_else(|| c.core.dead().cloned()) {
+        match c.ended() {
             Some(e) => Err(e),
             None => Ok(c.core.describe().0),
         }
