@@ -40,6 +40,7 @@ fn main() {
         .with_src(crate_dir.join("src/ffi/memory.rs"))
         .with_src(crate_dir.join("src/ffi/cuda.rs"))
         .with_src(crate_dir.join("src/ffi/transfer.rs"))
+        .with_src(crate_dir.join("src/ffi/direct.rs"))
         .with_src(crate_dir.join("src/ffi/notify.rs"))
         .with_src(crate_dir.join("src/ffi/log.rs"))
         .generate()

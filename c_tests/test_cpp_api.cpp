@@ -271,6 +271,65 @@ static void transfers() {
   CHECK(src.close(10000ms).ok());
 }
 
+// Direct routes: one region of a same-host peer, one request at a time on
+// this thread; exact bytes, outcomes, refusals, and the C boundary's checks.
+static void direct_routes() {
+  orbite::Engine src;
+  orbite::Engine req;
+  const std::size_t n = 1 << 16;
+  orbite::Registration pool = src.register_memory(orbite::Allocation::shared_host(n), orbite::Access::read_write);
+  for (std::size_t i = 0; i < n; i++) pool.bytes()[i] = std::byte(i * 3 + 5);
+  std::vector<std::byte> heap(4096);
+  orbite::Registration heap_reg = src.register_memory(heap.data(), heap.size(), orbite::Access::read);
+  std::vector<std::byte> local(n);
+  orbite::Registration local_reg = req.register_memory(local.data(), n, orbite::Access::none);
+  orbite::Peer peer = req.connect(src.endpoint(), 5000ms);
+
+  orbite::Direct d = peer.direct(pool.address(), n);
+  CHECK(bool(d));
+  orbite::RequestResult r = d.copy(orbite::read_request(local.data(), pool.address() + 100, 4096));
+  CHECK(r.ok() && r.remote_effect == orbite::RemoteEffect::none);
+  CHECK(std::memcmp(local.data(), pool.bytes() + 100, 4096) == 0);
+  for (std::size_t i = 0; i < 512; i++) local[i] = std::byte(0xab);
+  r = d.copy(orbite::write_request(local.data(), pool.address() + 8192, 512));
+  CHECK(r.ok() && r.remote_effect == orbite::RemoteEffect::applied);
+  CHECK(pool.bytes()[8192] == std::byte(0xab) && pool.bytes()[8192 + 511] == std::byte(0xab));
+  CHECK(pool.bytes()[8192 + 512] == std::byte((8192 + 512) * 3 + 5));
+  // A range past the region: the request's outcome, with why.
+  r = d.copy(orbite::read_request(local.data(), pool.address() + n - 8, 16));
+  CHECK(r.status == orbite::Status::out_of_range && r.remote_effect == orbite::RemoteEffect::none);
+  CHECK(std::string(orbite_last_error()).find("outside region") != std::string::npos);
+  // Refused calls: local memory not registered; the peer's plain host memory.
+  std::vector<std::byte> stray(64);
+  auto refused = d.try_copy(orbite::read_request(stray.data(), pool.address(), 64));
+  CHECK(refused.status() == orbite::Status::not_found && refused.error().call == "orbite_direct_copy");
+  auto no_route = peer.try_direct(heap_reg.address(), heap.size());
+  CHECK(no_route.status() == orbite::Status::unavailable && no_route.error().call == "orbite_direct_open");
+  CHECK(no_route.error().message.find("cannot carry the peer's host memory") != std::string::npos);
+  CHECK(peer.try_direct(pool.address(), 64, orbite::Transport::tcp).status() == orbite::Status::not_supported);
+  CHECK(req.stats().transport(orbite::Transport::shm).requests_completed == 2);
+  CHECK(req.stats().transport(orbite::Transport::shm).requests_failed == 1);
+
+  // The C boundary: NULLs, a handle of another type, an unknown opcode.
+  orbite_request_result out{99, 99};
+  orbite_request q = orbite::read_request(local.data(), pool.address(), 64);
+  CHECK(orbite_direct_copy(nullptr, nullptr, &q, 0, &out) == ORBITE_STATUS_NULL_ARGUMENT);
+  orbite_engine *e = nullptr;
+  CHECK(orbite_engine_new("{}", &e) == ORBITE_STATUS_OK);
+  CHECK(orbite_direct_copy(e, reinterpret_cast<orbite_direct *>(e), &q, 0, &out) == ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK(std::string(orbite_last_error()).find("not an orbite_direct") != std::string::npos);
+  orbite_direct *raw = nullptr;
+  CHECK(orbite_direct_open(e, peer.id(), pool.address(), 64, 77, 0, &raw) == ORBITE_STATUS_INVALID_ARGUMENT && !raw);
+  orbite_request bad = q;
+  bad.opcode = 9;
+  CHECK(d.try_copy(bad).status() == orbite::Status::invalid_argument);
+  CHECK(orbite_direct_open(nullptr, peer.id(), pool.address(), 64, 0, 0, &raw) == ORBITE_STATUS_NULL_ARGUMENT);
+  orbite_engine_free(e);
+  CHECK(out.status == 99 && out.remote_effect == 99);
+  orbite_direct_free(nullptr);
+  CHECK(req.close(10000ms).ok() && src.close(10000ms).ok());
+}
+
 // Notifications: a long message outgrows take's first buffer (it stays
 // queued and is taken again), a WRITE carries one, TIMED_OUT when none.
 static void notifications() {
@@ -374,6 +433,7 @@ int main() {
   errors_and_results();
   memory_ownership();
   transfers();
+  direct_routes();
   notifications();
   logging();
   if (failures) {

@@ -148,6 +148,10 @@ typedef struct orbite_allocation orbite_allocation;
 // A submitted batch (opaque). Use from one thread at a time.
 typedef struct orbite_batch orbite_batch;
 
+// A direct route to one region of a same-host peer (opaque):
+// `orbite_direct_open`. Usable from several threads at once.
+typedef struct orbite_direct orbite_direct;
+
 // An engine (opaque).
 typedef struct orbite_engine orbite_engine;
 
@@ -427,6 +431,38 @@ orbite_status orbite_batch_cancel_request(struct orbite_batch *batch, size_t ind
 // Frees a batch handle; a pending batch is detached, never cancelled
 // mid-copy. NULL is a no-op.
 void orbite_batch_free(struct orbite_batch *batch);
+
+// Opens a direct route to the region of `peer` that holds
+// [remote_addr, remote_addr+length), over `transport` (ORBITE_TRANSPORT_AUTO:
+// the first IPC transport of transport_policy that reaches the peer and
+// carries the region's memory). The peer is asked for its published regions
+// (one round trip, within timeout_ms; 0: the engine's default). The route
+// holds no mapping by itself: each orbite_direct_copy goes through the
+// engine's relocation cache and the peer's grants, as a submission does.
+// NOT_FOUND: no region of the peer holds the range; NOT_SUPPORTED:
+// ORBITE_TRANSPORT_TCP (it maps nothing), or a forced transport that cannot
+// carry the region's memory; UNAVAILABLE: no IPC transport reaches the peer
+// (another host) or carries that memory (orbite_last_error says which, per
+// transport). Free with orbite_direct_free; a route outliving its engine
+// only refuses copies.
+orbite_status orbite_direct_open(struct orbite_engine *engine, uint64_t peer, uint64_t remote_addr, uint64_t length, uint32_t transport, uint32_t timeout_ms, struct orbite_direct **out_direct);
+
+// Copies one request through `direct` on the calling thread, and returns
+// once it has ended: OK with *out_result holding the request's outcome, as
+// orbite_batch_result gives it (never PENDING; when its status is not OK,
+// orbite_last_error names why). A copy that finds the peer's grant
+// revoked (the region unregistered) or the peer gone ends with that
+// failure; open a new route then, or submit. The call itself fails,
+// nothing moved and *out_result untouched, when `direct` belongs to
+// another engine, request->length is 0, the local range lies in no
+// registered region (NOT_FOUND), the route's transport cannot copy that
+// local memory (NOT_SUPPORTED), or the engine or its requester side is
+// closed (UNAVAILABLE). timeout_ms bounds what the copy may wait for
+// (0: the engine's default).
+orbite_status orbite_direct_copy(struct orbite_engine *engine, const struct orbite_direct *direct, const struct orbite_request *request, uint32_t timeout_ms, struct orbite_request_result *out_result);
+
+// Frees a direct route. NULL is a no-op.
+void orbite_direct_free(struct orbite_direct *direct);
 
 // Sends `len` bytes at `msg` to `peer` once every request this engine
 // submitted to that peer before the call has ended there; waits up to

@@ -48,6 +48,7 @@ pub mod transfer;
 pub mod transport;
 
 pub use control::message::RegionInfo;
+pub use engine::direct::DirectRoute;
 pub use engine::registry::retained_resources_json;
 pub use engine::stats::EngineStats;
 pub use engine::{Batch, Engine, EngineConfig, MnnvlConfig, MnnvlHandleType, SubmitOptions};

@@ -1,7 +1,8 @@
 /*
  * orbite/peer.hpp - part of orbite.hpp (include that).
  *
- * Peer: a connected peer, its regions, transports and submissions.
+ * Peer: a connected peer, its regions, transports and submissions; Direct:
+ * a direct route to one of its regions.
  */
 #ifndef ORBITE_PEER_HPP
 #define ORBITE_PEER_HPP
@@ -10,6 +11,53 @@
 #include "stats.hpp"
 
 namespace orbite {
+
+// ---- Direct -----------------------------------------------------------------
+
+/// A direct route to one region of a same-host peer (orbite_direct_open):
+/// copies one request at a time on the calling thread through the engine's
+/// relocation cache and the peer's grants, each ending before copy()
+/// returns. Move-only; keeps its engine alive; usable from several threads.
+class Direct {
+ public:
+  Direct() noexcept = default;
+  Direct(Direct &&o) noexcept : engine_(std::move(o.engine_)), d_(std::exchange(o.d_, nullptr)) {}
+  Direct &operator=(Direct &&o) noexcept {
+    if (this != &o) {
+      orbite_direct_free(d_);
+      engine_ = std::move(o.engine_);
+      d_ = std::exchange(o.d_, nullptr);
+    }
+    return *this;
+  }
+  Direct(const Direct &) = delete;
+  Direct &operator=(const Direct &) = delete;
+  ~Direct() { orbite_direct_free(d_); }
+
+  explicit operator bool() const noexcept { return d_ != nullptr; }
+
+  /// Copies `r` and returns its outcome (a failed request's status is in
+  /// the result, and orbite_last_error() says why); the call fails, with
+  /// nothing moved, when the request is refused before it starts (local
+  /// memory not registered, the engine closed).
+  RequestResult copy(const Request &r, std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) const {
+    return try_copy(r, timeout).value();
+  }
+  Result<RequestResult> try_copy(const Request &r,
+                                 std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) const {
+    orbite_request_result out{};
+    orbite_status s = orbite_direct_copy(engine_ ? engine_->engine : nullptr, d_, &r, detail::millis(timeout), &out);
+    if (s != ORBITE_STATUS_OK) return detail::failure(s, "orbite_direct_copy");
+    return RequestResult{static_cast<Status>(out.status), static_cast<RemoteEffect>(out.remote_effect)};
+  }
+
+ private:
+  friend class Peer;
+  Direct(std::shared_ptr<detail::EngineHandle> e, orbite_direct *d) noexcept : engine_(std::move(e)), d_(d) {}
+
+  std::shared_ptr<detail::EngineHandle> engine_;
+  orbite_direct *d_ = nullptr;
+};
 
 // ---- Peer -------------------------------------------------------------------
 
@@ -114,6 +162,21 @@ class Peer {
     orbite_status s = orbite_submit_notify(raw(), id_, requests, count, &o, msg.data(), msg.size(), &b);
     if (s != ORBITE_STATUS_OK) return detail::failure(s, "orbite_submit_notify");
     return Batch(b, count);
+  }
+
+  /// Opens a direct route to the peer's region holding [remote, remote+length)
+  /// (orbite_direct_open; asks the peer for its regions once).
+  Direct direct(std::uint64_t remote, std::uint64_t length, Transport t = Transport::automatic,
+                std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
+    return try_direct(remote, length, t, timeout).value();
+  }
+  Result<Direct> try_direct(std::uint64_t remote, std::uint64_t length, Transport t = Transport::automatic,
+                            std::chrono::milliseconds timeout = std::chrono::milliseconds(0)) {
+    orbite_direct *d = nullptr;
+    orbite_status s = orbite_direct_open(raw(), id_, remote, length, static_cast<std::uint32_t>(t),
+                                         detail::millis(timeout), &d);
+    if (s != ORBITE_STATUS_OK) return detail::failure(s, "orbite_direct_open");
+    return Direct(engine_, d);
   }
 
   /// Disconnects after the peer's outstanding requests end (up to `timeout`,

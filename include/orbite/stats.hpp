@@ -79,6 +79,9 @@ struct IpcStats {
   /// the channel's board (no round trip), and those revalidated and
   /// receipted over the channel (requester side).
   std::uint64_t groups_without_round_trip = 0, groups_with_round_trips = 0;
+  /// Of the first, direct-route copies (Direct::copy) through the import
+  /// their route holds, outside the relocation cache's lock.
+  std::uint64_t direct_copies = 0;
   std::uint64_t pending_groups = 0, progress_workers = 0;
   /// Exports released because their importing process exited (source side).
   std::uint64_t exports_reclaimed_after_exit = 0;
@@ -256,6 +259,7 @@ inline const std::vector<StatField> &stat_fields() {
       ORBITE_STAT("ipc.*.mapping_bytes_charged", ipc[k[0]].mapping_bytes_charged),
       ORBITE_STAT("ipc.*.groups_without_round_trip", ipc[k[0]].groups_without_round_trip),
       ORBITE_STAT("ipc.*.groups_with_round_trips", ipc[k[0]].groups_with_round_trips),
+      ORBITE_STAT("ipc.*.direct_copies", ipc[k[0]].direct_copies),
       ORBITE_STAT("ipc.*.copies_issued", ipc[k[0]].copies_issued),
       ORBITE_STAT("ipc.*.requests_coalesced", ipc[k[0]].requests_coalesced),
       ORBITE_STAT("ipc.*.exports_reclaimed_after_exit", ipc[k[0]].exports_reclaimed_after_exit),

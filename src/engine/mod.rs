@@ -10,6 +10,7 @@ mod accept;
 pub mod batch_handle;
 pub mod config;
 mod connected_peer;
+pub mod direct;
 mod ipc_transports;
 mod json_keys;
 mod notify;

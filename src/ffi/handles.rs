@@ -7,7 +7,7 @@
 //! call on it, or one whose address a new handle of the same type reuses
 //! (docs/threading.md: freeing a handle in use is undefined).
 
-use super::types::{orbite_allocation, orbite_batch, orbite_engine, orbite_stats};
+use super::types::{orbite_allocation, orbite_batch, orbite_direct, orbite_engine, orbite_stats};
 use crate::error::{Error, Result};
 use crate::sync::fast_hash::FastMap;
 use once_cell::sync::Lazy;
@@ -20,6 +20,7 @@ pub(crate) enum Kind {
     Batch,
     Allocation,
     Stats,
+    Direct,
 }
 
 impl Kind {
@@ -29,6 +30,7 @@ impl Kind {
             Kind::Batch => "an orbite_batch",
             Kind::Allocation => "an orbite_allocation",
             Kind::Stats => "an orbite_stats",
+            Kind::Direct => "an orbite_direct",
         }
     }
 }
@@ -49,6 +51,9 @@ impl Handle for orbite_allocation {
 }
 impl Handle for orbite_stats {
     const KIND: Kind = Kind::Stats;
+}
+impl Handle for orbite_direct {
+    const KIND: Kind = Kind::Direct;
 }
 
 /// Live handles by address, in shards (lookups from many threads take a

@@ -18,6 +18,7 @@
 
 pub(crate) mod boundary;
 pub mod cuda;
+pub mod direct;
 pub mod engine;
 pub(crate) mod handles;
 pub mod log;

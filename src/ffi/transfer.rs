@@ -7,7 +7,7 @@ use crate::{Error, Op, Request, RequestResult, Result, Status, SubmitOptions, Tr
 use std::ffi::c_char;
 use std::time::Duration;
 
-fn transport_from(v: u32) -> Option<Transport> {
+pub(crate) fn transport_from(v: u32) -> Option<Transport> {
     match v {
         ORBITE_TRANSPORT_AUTO => Some(Transport::Auto),
         v => TransportKind::from_c_code(v).map(Transport::Only),
@@ -36,6 +36,18 @@ pub extern "C" fn orbite_submit(
     })
 }
 
+/// One C request as the engine's, its opcode checked (`name` names it).
+pub(crate) fn request_of(r: &orbite_request, name: &str) -> Result<Request> {
+    let op = match r.opcode {
+        ORBITE_OP_READ => Op::Read,
+        ORBITE_OP_WRITE => Op::Write,
+        x => {
+            return Err(Error::InvalidArgument(format!("{name}.opcode is {x} (use ORBITE_OP_READ or ORBITE_OP_WRITE)")))
+        }
+    };
+    Ok(Request { op, local_addr: r.local_addr, remote_addr: r.remote_addr, len: r.length })
+}
+
 /// The requests and options of a C submission, checked.
 pub(crate) fn submission(
     requests: *const orbite_request,
@@ -58,16 +70,7 @@ pub(crate) fn submission(
         let raw = unsafe { std::slice::from_raw_parts(requests, count) };
         let mut reqs = Vec::with_capacity(count);
         for (i, r) in raw.iter().enumerate() {
-            let op = match r.opcode {
-                ORBITE_OP_READ => Op::Read,
-                ORBITE_OP_WRITE => Op::Write,
-                x => {
-                    return Err(Error::InvalidArgument(format!(
-                        "requests[{i}].opcode is {x} (use ORBITE_OP_READ or ORBITE_OP_WRITE)"
-                    )))
-                }
-            };
-            reqs.push(Request { op, local_addr: r.local_addr, remote_addr: r.remote_addr, len: r.length });
+            reqs.push(request_of(r, &format!("requests[{i}]"))?);
         }
         let mut o = SubmitOptions::default();
         if !opts.is_null() {
@@ -189,7 +192,7 @@ pub extern "C" fn orbite_batch_notes(
     })
 }
 
-fn c_result(r: &RequestResult) -> orbite_request_result {
+pub(crate) fn c_result(r: &RequestResult) -> orbite_request_result {
     orbite_request_result { status: r.status as u32, remote_effect: r.remote_effect as u32 }
 }
 

@@ -1,6 +1,6 @@
 //! C types and constants.
 
-use crate::{Allocation, Batch, Engine};
+use crate::{Allocation, Batch, DirectRoute, Engine};
 
 /// ABI version of liborbite; equals `orbite_abi_version()` and the SONAME
 /// suffix (`liborbite.so.1`). Bumped on any incompatible change.
@@ -64,6 +64,12 @@ pub struct orbite_engine {
 /// A submitted batch (opaque). Use from one thread at a time.
 pub struct orbite_batch {
     pub(crate) batch: Batch,
+}
+
+/// A direct route to one region of a same-host peer (opaque):
+/// `orbite_direct_open`. Usable from several threads at once.
+pub struct orbite_direct {
+    pub(crate) route: DirectRoute,
 }
 
 /// Memory allocated by the library (opaque).

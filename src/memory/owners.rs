@@ -32,6 +32,17 @@ pub enum MemoryKind {
 }
 
 impl MemoryKind {
+    /// Every kind, in wire-code order.
+    pub const ALL: [MemoryKind; 7] = [
+        MemoryKind::Host,
+        MemoryKind::SharedHost,
+        MemoryKind::Cuda,
+        MemoryKind::CudaIpc,
+        MemoryKind::PinnedHost,
+        MemoryKind::Mnnvl,
+        MemoryKind::Egm,
+    ];
+
     /// Name used in JSON (`peer_regions_json`).
     pub fn name(self) -> &'static str {
         match self {
@@ -52,17 +63,7 @@ impl MemoryKind {
 
     /// From a wire code.
     pub fn from_code(c: u32) -> Option<MemoryKind> {
-        [
-            MemoryKind::Host,
-            MemoryKind::SharedHost,
-            MemoryKind::Cuda,
-            MemoryKind::CudaIpc,
-            MemoryKind::PinnedHost,
-            MemoryKind::Mnnvl,
-            MemoryKind::Egm,
-        ]
-        .get(c as usize)
-        .copied()
+        MemoryKind::ALL.get(c as usize).copied()
     }
 
     /// Whether the CPU can read and write it directly (the TCP transport

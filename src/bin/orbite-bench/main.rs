@@ -58,6 +58,9 @@ usage: orbite-bench [options]
                                  notification per batch (op write+n; baseline: the same point
                                  without, ratio of p50s), and standalone notifications per
                                  second (op notify) against the raw ping-pong
+  --direct                       SHM, NVLink, MNNVL: copy each request through a direct route
+                                 (orbite_direct_copy, on the thread, no batch) instead of
+                                 submitting batches; --batch-size requests per timed round
   --threads N                    submitting threads (default 1)
   --readers N                    also measure READ with N initiator processes at once, each with
                                  its own engine and cache, all reading the one target buffer
@@ -126,6 +129,8 @@ struct Opts {
     random: bool,
     latency: bool,
     notify: bool,
+    /// `--direct`: copies through direct routes instead of batches.
+    direct: bool,
     duration: f64,
     buffer_size: u64,
     json: Option<String>,
@@ -190,6 +195,7 @@ fn parse_opts() -> Opts {
         random: false,
         latency: false,
         notify: false,
+        direct: false,
         duration: 3.0,
         buffer_size: 1 << 30,
         json: None,
@@ -237,6 +243,7 @@ fn parse_opts() -> Opts {
             }
             "--latency" => o.latency = true,
             "--notify" => o.notify = true,
+            "--direct" => o.direct = true,
             "--duration" => o.duration = val().parse().unwrap_or_else(|_| die("--duration SECONDS")),
             "--buffer-size" => o.buffer_size = parse_size(&val()),
             "--json" => o.json = Some(val()),
@@ -609,12 +616,25 @@ fn measure(c: &Setup, o: &Opts, transport: &str, op: Op, bs: u64, notify: bool) 
     // Random: distinct blocks scattered over the working set (a stride
     // coprime with the block count visits every block once per cycle).
     let stride = if o.random { coprime_stride(remote_blocks) } else { 1 };
+    // `--direct`: one route per target, opened before the clock starts.
+    let routes: Vec<orbite::DirectRoute> = match o.direct && transport != "tcp" {
+        true => targets
+            .iter()
+            .map(|&(peer, remote, len)| {
+                c.engine
+                    .open_direct(peer, remote, len, opts.transport, None)
+                    .unwrap_or_else(|e| die(&format!("--direct: {e}")))
+            })
+            .collect(),
+        false => Vec::new(),
+    };
     let end = Instant::now() + Duration::from_secs_f64(o.duration);
     type Run = (u64, Vec<f64>, u64, Option<(Instant, Instant)>);
     let results: Vec<Run> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..o.threads)
             .map(|t| {
                 let targets = &targets;
+                let routes = &routes;
                 s.spawn(move || {
                     let mut k = t as u64 * 7919;
                     let mut turn = t;
@@ -639,16 +659,28 @@ fn measure(c: &Setup, o: &Opts, transport: &str, op: Op, bs: u64, notify: bool) 
                             k += 1;
                         }
                         let t0 = Instant::now();
-                        let submitted = match notify {
-                            true => c.engine.submit_with_notification(peer, &reqs, opts, b"bench"),
-                            false => c.engine.submit(peer, &reqs, opts),
+                        let r = match routes.get((turn - 1) % targets.len()) {
+                            // One copy per request through the target's route.
+                            Some(route) => Ok(reqs.iter().fold((0u64, None), |(ok, why), r| {
+                                match c.engine.copy_direct(route, r, opts.timeout) {
+                                    Ok((_, None)) => (ok + 1, why),
+                                    Ok((_, Some(e))) | Err(e) => (ok, why.or(Some(e))),
+                                }
+                            })),
+                            None => {
+                                let submitted = match notify {
+                                    true => c.engine.submit_with_notification(peer, &reqs, opts, b"bench"),
+                                    false => c.engine.submit(peer, &reqs, opts),
+                                };
+                                submitted.map(|b| {
+                                    let w = b.wait(Duration::from_secs(60));
+                                    let ok =
+                                        b.results().iter().filter(|x| x.status == orbite::Status::Ok).count() as u64;
+                                    let why = w.err().map(|e| (0..reqs.len()).find_map(|i| b.error(i)).unwrap_or(e));
+                                    (ok, why)
+                                })
+                            }
                         };
-                        let r = submitted.map(|b| {
-                            let w = b.wait(Duration::from_secs(60));
-                            let ok = b.results().iter().filter(|x| x.status == orbite::Status::Ok).count() as u64;
-                            let why = w.err().map(|e| (0..reqs.len()).find_map(|i| b.error(i)).unwrap_or(e));
-                            (ok, why)
-                        });
                         let t1 = Instant::now();
                         let (ok, why) = r.unwrap_or_else(|e| (0, Some(e)));
                         if let (Some(e), false) = (why, warm) {

@@ -17,6 +17,7 @@ impl IpcRequester {
         deadline: Instant,
     ) -> std::result::Result<(), (Error, bool)> {
         if !native_closed {
+            imp.stop_direct_copies();
             imp.mapping.close().map_err(|e| {
                 self.log.warn(format_args!(
                     "{}: import retained for good: its native close failed ({})",

@@ -8,6 +8,7 @@
 
 mod cached;
 mod closing;
+pub mod held;
 mod progress;
 
 use super::backend::{CopyOp, CopyPlan, IpcBackend, Mapping, Posting, ReceivedHandle};
@@ -47,6 +48,10 @@ pub struct Import {
     /// Its share of the remote allocation's charge: a READ-only and a
     /// writable import of one allocation count it once.
     _charge: SharedCharge<ChargeKey>,
+    /// Direct copies running through it outside the cache ([`HeldImport`]).
+    direct_users: std::sync::atomic::AtomicU32,
+    /// Set before its native close: no direct copy starts any more.
+    unmapping: std::sync::atomic::AtomicBool,
 }
 
 /// What an import's charge is counted by: the source (endpoint and engine
@@ -273,6 +278,9 @@ crate::counters::counter_set! {
         /// Groups through cached imports that ran inside the source's
         /// published grant on the channel's board: no round trip.
         groups_without_round_trip,
+        /// Of those, direct-route copies (`orbite_direct_copy`) that went
+        /// through the import held by their route, outside the cache's lock.
+        direct_copies,
         /// Groups through cached imports revalidated and receipted over the
         /// channel (no board slot, or the slot was revoked), refused ones
         /// included.
@@ -450,6 +458,8 @@ impl IpcRequester {
                     board,
                     slot_generation,
                     _charge: charge,
+                    direct_users: Default::default(),
+                    unmapping: Default::default(),
                 })
             }
             Err(e) => {
