@@ -572,6 +572,43 @@ int run(const Options &o, const char *self) {
     if (st.s == CANCELED) std::fill(want.begin() + cancelled_at, want.begin() + cancelled_at + part, 0);
     if (mem.get(l1, n) != want) rc = fail("B does not hold exactly the WRITEs that completed");
     t.freeSubBatch(batch);
+  } else if (o.test == "direct") {
+    // A region reached once gets a direct route: later tasks naming it are
+    // copied within submitTransferTasks (COMPLETED when it returns, no
+    // OrbiTE batch), READ and WRITE. Then the target is killed: the next
+    // task's direct copy fails, and the task goes through a connector
+    // thread and ends FAILED, as a submitted one would.
+    t.allocateSubBatch(batch, 8);
+    t.submitTransferTasks(batch, {req(Request::READ, dst, seg, in.ra, 4096)});
+    t.submitTransferTasks(batch, {req(Request::WRITE, src, seg, in.rb, 4096)});
+    if (!ends(t, batch, 0, COMPLETED, 4096, "the first READ of A")) rc = 1;
+    if (!ends(t, batch, 1, COMPLETED, 4096, "the first WRITE into B")) rc = 1;
+    if (t.directCopies() != 0) rc = fail("a first task went direct");
+    mem.put(l1, std::vector<std::uint8_t>(n, 0));
+    t.submitTransferTasks(batch, {req(Request::READ, dst, seg, in.ra, n / 2),
+                                  req(Request::WRITE, src + n / 2, seg, in.rb + n / 2, n / 2)});
+    t.submitTransferTasks(batch, {req(Request::READ, dst + n / 2, seg, in.rb + n / 2, n / 2)});
+    for (int i = 2; i <= 4; ++i) {
+      TransferStatus st{};
+      if (!t.getTransferStatus(batch, i, st).ok() || st.s != COMPLETED || st.transferred_bytes != n / 2)
+        rc = fail("task " + std::to_string(i) + " was not COMPLETED on return: " + name_of(st.s));
+    }
+    if (t.directCopies() != 3) rc = fail(std::to_string(t.directCopies()) + " tasks went direct, not 3");
+    if (mem.get(l1, n / 2) != pattern_bytes(1, n / 2)) rc = fail("the direct READ of A brought the wrong bytes");
+    std::vector<std::uint8_t> b_half = pattern_bytes(2, n);
+    b_half.erase(b_half.begin(), b_half.begin() + n / 2);
+    if (mem.get(dst + n / 2, n / 2) != b_half) rc = fail("B does not hold what the direct WRITE sent");
+    orbite::Transport want = o.transport == "nvlink"  ? orbite::Transport::nvlink
+                             : o.transport == "mnnvl" ? orbite::Transport::mnnvl
+                                                      : orbite::Transport::shm;
+    if (std::uint64_t done = t.engine()->stats().transport(want).requests_completed; done != 5)
+      rc = fail(std::to_string(done) + " requests completed over " + o.transport + ", not 5");
+    kill(in.pid, SIGKILL);
+    in.stop_target(true);
+    t.submitTransferTasks(batch, {req(Request::READ, dst, seg, in.ra, 4096)});
+    if (!ends(t, batch, 5, FAILED, 0, "a READ of A after the target was killed")) rc = 1;
+    if (t.directCopies() != 3) rc = fail("the READ after the kill counted as a direct copy");
+    t.freeSubBatch(batch);
   } else if (o.test == "unreachable") {
     // A listener that never answers: the connect waits for its deadline.
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -664,7 +701,7 @@ int run(const Options &o, const char *self) {
     if (auto s = t.freeLocalMemory(p, n); !s.ok()) rc = fail("freeLocalMemory: " + s.ToString());
   }
   if (auto s = t.uninstall(); !s.ok()) rc = fail("uninstall: " + s.ToString());
-  if (!in.stop_target(o.test == "killed")) rc = fail("the target failed");
+  if (!in.stop_target(o.test == "killed" || o.test == "direct")) rc = fail("the target failed");
   if (rc == 0) std::printf("tent_orbite_test: %s over %s: every task ended as TENT expects\n", o.test.c_str(), o.transport.c_str());
   return rc;
 }

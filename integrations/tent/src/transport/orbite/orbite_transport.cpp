@@ -116,6 +116,13 @@ bool permits(const orbite::Region& region, const orbite::Request& r) {
     return r.opcode == ORBITE_OP_WRITE ? region.writable() : region.readable();
 }
 
+/// Whether an IPC transport maps a peer's memory of kind `k` (a direct
+/// route can reach it); plain host memory moves over TCP only.
+bool mapsDirectly(orbite::MemoryKind k) {
+    return k == orbite::MemoryKind::shared_host || k == orbite::MemoryKind::cuda_ipc ||
+           k == orbite::MemoryKind::mnnvl || k == orbite::MemoryKind::egm;
+}
+
 }  // namespace
 
 /// A registered buffer: its registration, and the adoption record when the
@@ -200,6 +207,11 @@ struct OrbiteTransport::Target {
     /// MNNVL import, cached), so a submission naming only these is made
     /// on the caller's thread without a round trip to the peer.
     std::set<uint64_t> warm;
+    /// Direct routes (orbite_direct_open) to the regions reached on this
+    /// connection whose memory an IPC transport maps (null: none does):
+    /// their tasks are copied on the caller's thread, each ending before
+    /// submitTransferTasks returns, with no OrbiTE batch.
+    std::map<uint64_t, std::shared_ptr<orbite::Direct>> routes;
     /// Bumped at every connect: a failure seen on an older connection does
     /// not reset a newer one.
     uint64_t generation = 0;
@@ -230,6 +242,7 @@ struct OrbiteTransport::Target {
         if (state == Ready && generation == gen) {
             state = Idle;
             peer.reset();
+            routes.clear();
         }
     }
 };
@@ -460,8 +473,28 @@ OrbiteTransport::Sent OrbiteTransport::send(std::vector<size_t>& ids, std::vecto
     if (out.ids.empty()) return out;
     out.submitted.emplace(peer.try_submit(sent_reqs));
     if (out.submitted->ok() && !reached.empty()) {
+        std::set<uint64_t> unrouted;
+        {
+            std::lock_guard<std::mutex> g(t->lock);
+            if (t->generation != gen) return out;
+            t->warm.insert(reached.begin(), reached.end());
+            for (uint64_t id : reached)
+                if (!t->routes.count(id)) unrouted.insert(id);
+        }
+        // A direct route to each region reached for the first time whose
+        // memory an IPC transport maps (a round trip each, on this
+        // connector thread): later tasks naming it skip the batch.
+        std::map<uint64_t, std::shared_ptr<orbite::Direct>> opened;
+        for (uint64_t id : unrouted) {
+            auto g = std::find_if(regions->begin(), regions->end(),
+                                  [id](const orbite::Region& r) { return r.id == id; });
+            std::shared_ptr<orbite::Direct>& route = opened[id];
+            if (g == regions->end() || !mapsDirectly(g->kind)) continue;
+            auto d = peer.try_direct(g->addr, g->length);
+            if (d.ok()) route = std::make_shared<orbite::Direct>(std::move(d).value());
+        }
         std::lock_guard<std::mutex> g(t->lock);
-        if (t->generation == gen) t->warm.insert(reached.begin(), reached.end());
+        if (t->generation == gen) t->routes.insert(opened.begin(), opened.end());
     }
     return out;
 }
@@ -496,8 +529,66 @@ bool OrbiteTransport::record(Tasks& tasks, Sent& sent, const std::shared_ptr<Tar
     return true;
 }
 
+bool OrbiteTransport::copyDirect(const std::shared_ptr<Target>& t, Tasks& tasks, std::vector<size_t>& ids,
+                                 std::vector<orbite::Request>& reqs) {
+    std::vector<std::shared_ptr<orbite::Direct>> routes(reqs.size());
+    std::vector<uint64_t> region_ids(reqs.size(), 0);
+    uint64_t gen;
+    {
+        std::lock_guard<std::mutex> g(t->lock);
+        // Only when nothing waits for the target: a task never overtakes
+        // one submitted before it.
+        if (t->state != Target::Ready || t->routes.empty()) return false;
+        gen = t->generation;
+        bool any = false;
+        for (size_t k = 0; k < reqs.size(); ++k) {
+            const orbite::Region* region = regionOf(*t->regions, reqs[k]);
+            if (!region || !permits(*region, reqs[k])) continue;
+            auto it = t->routes.find(region->id);
+            if (it == t->routes.end() || !it->second) continue;
+            routes[k] = it->second;
+            region_ids[k] = region->id;
+            any = true;
+        }
+        if (!any) return false;
+    }
+    std::vector<size_t> completed;
+    size_t kept = 0;
+    for (size_t k = 0; k < reqs.size(); ++k) {
+        if (routes[k]) {
+            auto r = routes[k]->try_copy(reqs[k]);
+            if (r.ok() && r->ok()) {
+                completed.push_back(ids[k]);
+                continue;
+            }
+            // Refused or failed (the region unregistered, the peer gone,
+            // local memory OrbiTE does not hold): the task goes the way of
+            // a region not reached yet, through a connector thread, which
+            // submits it and reports OrbiTE's outcome; the route is opened
+            // again once a submission reaches the region.
+            std::lock_guard<std::mutex> g(t->lock);
+            if (t->generation == gen) {
+                t->routes.erase(region_ids[k]);
+                t->warm.erase(region_ids[k]);
+            }
+        }
+        ids[kept] = ids[k];
+        reqs[kept] = reqs[k];
+        ++kept;
+    }
+    ids.resize(kept);
+    reqs.resize(kept);
+    if (completed.empty()) return false;
+    direct_copies_ += completed.size();
+    std::lock_guard<std::mutex> g(tasks.lock);
+    for (size_t id : completed) tasks.tasks[id].fixed = COMPLETED;
+    return true;
+}
+
 void OrbiteTransport::dispatch(const std::shared_ptr<Target>& t, const std::shared_ptr<Tasks>& tasks,
                                std::vector<size_t> ids, std::vector<orbite::Request> reqs) {
+    if (copyDirect(t, *tasks, ids, reqs)) tasks->progress();
+    if (ids.empty()) return;
     std::thread finished;
     {
         std::unique_lock<std::mutex> g(t->lock);
@@ -588,6 +679,7 @@ void OrbiteTransport::connect(std::shared_ptr<Target> t, bool reconnect) {
         t->peer = peer;
         t->regions = regions;
         t->warm.clear();
+        t->routes.clear();
         t->why = why;
     }
     drain(t, peer, gen);

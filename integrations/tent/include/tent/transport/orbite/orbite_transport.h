@@ -27,6 +27,13 @@
 //   writable; kLocalReadWrite ones are not reachable by peers at all.
 // - cancelTransferTask cancels that task only (orbite_batch_cancel_request);
 //   one that already started runs to its outcome.
+// - A task naming a region a submission reached before, whose memory an
+//   IPC transport maps (SHM, NVLink, MNNVL), is copied within
+//   submitTransferTasks through a direct route (orbite_direct_copy), as
+//   TENT's SHM transport copies: COMPLETED when the call returns. Its
+//   outcome is still OrbiTE's: a copy that fails (the region unregistered,
+//   the peer gone) sends the task through a connector thread, which
+//   submits it and reports what OrbiTE says.
 // - Notifications ride OrbiTE's: in order per sender, after every transfer
 //   submitted to the target before them has ended there.
 // All methods may be called from several threads at once.
@@ -35,6 +42,7 @@
 
 #include <orbite.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -89,6 +97,8 @@ class OrbiteTransport : public Transport {
 
     /// The engine after install (for its stats), or null.
     orbite::Engine* engine() { return engine_ ? &*engine_ : nullptr; }
+    /// Tasks copied through direct routes so far (no OrbiTE batch).
+    uint64_t directCopies() const { return direct_copies_.load(); }
 
    public:
     struct Task;
@@ -135,6 +145,12 @@ class OrbiteTransport : public Transport {
     /// until nothing does; then `t` is Ready (Idle without a peer).
     void drain(const std::shared_ptr<Target>& t,
                const std::shared_ptr<orbite::Peer>& peer, uint64_t gen);
+    /// Copies the tasks of `ids` (`reqs`) whose region has a direct route
+    /// on this thread, each ending here; true when any completed. They
+    /// leave `ids` and `reqs`; the others stay, in order, with those whose
+    /// copy failed (their route dropped: they go through a connector).
+    bool copyDirect(const std::shared_ptr<Target>& t, Tasks& tasks,
+                    std::vector<size_t>& ids, std::vector<orbite::Request>& reqs);
     /// Copies a local task between registered host buffers.
     bool copyLocally(const Request& r);
     /// Retries unregistering buffers TENT removed while copies still used
@@ -156,6 +172,8 @@ class OrbiteTransport : public Transport {
     std::vector<std::unique_ptr<Buffer>> retiring_;
     /// Memory allocated through allocateLocalMemory, by address.
     std::map<uint64_t, orbite::Allocation> allocations_;
+
+    std::atomic<uint64_t> direct_copies_{0};
 
     std::mutex targets_lock_;
     std::map<SegmentID, std::shared_ptr<Target>> targets_;
