@@ -26,8 +26,9 @@ use std::time::{Duration, Instant};
 /// may close it like any other); a copy after the peer unregistered the
 /// region, or left, fails with the cause, and a new route is opened then.
 pub struct DirectRoute {
-    /// The engine it belongs to (its address, for identity only).
-    engine: usize,
+    /// The engine it belongs to (its epoch: fresh for every engine, so a
+    /// new engine at a freed one's address is not taken for it).
+    engine: u64,
     peer: u64,
     kind: TransportKind,
     link: Arc<IpcLink>,
@@ -123,7 +124,7 @@ impl Engine {
                 continue;
             }
             return Ok(DirectRoute {
-                engine: Arc::as_ptr(&self.inner) as usize,
+                engine: self.inner.identity.engine_epoch,
                 peer,
                 kind,
                 link,
@@ -158,7 +159,7 @@ impl Engine {
         timeout: Option<Duration>,
     ) -> Result<(RequestResult, Option<Error>)> {
         self.check_open()?;
-        if route.engine != Arc::as_ptr(&self.inner) as usize {
+        if route.engine != self.inner.identity.engine_epoch {
             return Err(Error::InvalidArgument("the direct route was opened by another engine".into()));
         }
         if req.len == 0 {
@@ -245,7 +246,9 @@ impl Engine {
             pinned: local_kind == MemoryKind::PinnedHost,
             group_ops: 0,
             spans: LocalSpans::none(),
-            independent: true,
+            // Judged by the copy's own ranges (a local range registered
+            // inside the import's mapping overlaps it).
+            independent: false,
         };
         let run = route.requester.run_group(
             &route.link,
