@@ -8,7 +8,7 @@
 
 use super::Engine;
 use crate::control::message::RegionInfo;
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Status};
 use crate::kinds::{Transport, TransportKind};
 use crate::memory::MemoryKind;
 use crate::transfer::{ChunkOutcome, Op, RemoteEffect, Request, RequestResult};
@@ -91,8 +91,7 @@ impl Engine {
         let region = known.regions.iter().find(|g| holds(g)).cloned().ok_or_else(|| {
             Error::NotFound(format!("peer {peer} publishes no region holding 0x{remote_addr:x}+{len}"))
         })?;
-        let egm = self.inner.capabilities() & super::ipc_transports::EGM_CAPABILITY != 0
-            && known.capabilities & super::ipc_transports::EGM_CAPABILITY != 0;
+        let egm = self.egm_both(known.capabilities);
         let candidates: Vec<TransportKind> = match transport {
             Transport::Only(TransportKind::Tcp) => {
                 return Err(Error::NotSupported(
@@ -186,17 +185,13 @@ impl Engine {
         // Inside the requester gate, as a submission's subbatch: a close
         // waits for the copy before it flushes the relocation cache.
         let _entry = self.inner.requester_gate.enter()?;
-        let outcome = match self.direct_outcome(route, req, local.device, local.kind, timeout) {
-            Ok(()) => ChunkOutcome::ok(req.op),
-            Err((e, effect)) => ChunkOutcome::failed(e, effect),
+        let (remote_effect, failure) = match self.direct_outcome(route, req, local.device, local.kind, timeout) {
+            Ok(()) => (ChunkOutcome::ok(req.op).effect, None),
+            Err((e, effect)) => (effect, Some(e)),
         };
-        let ok = outcome.result.is_ok();
-        self.inner.stats.record_requests(kind, ok, 1, req.len);
-        let result = RequestResult { status: crate::error::Status::Ok, remote_effect: outcome.effect };
-        match outcome.result {
-            Ok(()) => Ok((result, None)),
-            Err(e) => Ok((RequestResult { status: e.status(), ..result }, Some(e))),
-        }
+        self.inner.stats.record_requests(kind, failure.is_none(), 1, req.len);
+        let status = failure.as_ref().map_or(Status::Ok, Error::status);
+        Ok((RequestResult { status, remote_effect }, failure))
     }
 
     /// The request's own outcome through the route: its failure and remote
@@ -234,10 +229,7 @@ impl Engine {
         let host = device.is_none() && local_kind != MemoryKind::PinnedHost;
         if host {
             if let Some(moved) = route.requester.copy_held(&route.held.read(), req) {
-                return moved.map_err(|e| {
-                    let effect = if req.op == Op::Write { RemoteEffect::Unknown } else { RemoteEffect::None };
-                    (e, effect)
-                });
+                return moved.map_err(|e| (e, RemoteEffect::of_uncertain(req.op)));
             }
         }
         let deadline = Instant::now() + self.timeout(timeout);

@@ -644,11 +644,17 @@ impl Engine {
         Ok((leases, out))
     }
 
+    /// Whether this engine and a peer of capabilities `peer_caps` both
+    /// opted in to EGM remote host grants (MNNVL then carries EGM memory).
+    pub(super) fn egm_both(&self, peer_caps: u32) -> bool {
+        let egm = super::ipc_transports::EGM_CAPABILITY;
+        self.inner.capabilities() & egm != 0 && peer_caps & egm != 0
+    }
+
     /// The transport for the whole submission (`peer_caps`: the
     /// capabilities of the peer's latest Describe).
     fn select(&self, peer: u64, p: &Peer, peer_caps: u32, t: Transport, reqs: &[Checked<'_>]) -> Result<Selection> {
-        let egm_both = self.inner.capabilities() & super::ipc_transports::EGM_CAPABILITY != 0
-            && peer_caps & super::ipc_transports::EGM_CAPABILITY != 0;
+        let egm_both = self.egm_both(peer_caps);
         let fits = |k: TransportKind, c: &Checked<'_>| {
             let local = c.lease.region().kind;
             match c.region {

@@ -58,8 +58,7 @@ impl IpcRequester {
         if self.backend.transport() != TransportKind::Shm || self.capacity == 0 {
             return HeldImport::default();
         }
-        let key = |w: bool| -> Key { (link.endpoint.clone(), link.source.engine_epoch, region.id, region.epoch, 0, w) };
-        let keys = [key(true), key(false)];
+        let keys = [cache_key(link, region, None, true), cache_key(link, region, None, false)];
         match self.cache.share_first(keys.iter(), &Import::current) {
             Some((at, imp)) => {
                 self.release(&keys[at]);

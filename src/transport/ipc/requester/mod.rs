@@ -123,6 +123,13 @@ impl Import {
 /// [`IpcRequester::give_back_read_only`]).
 type Key = (Arc<str>, u64, u64, u64, u64, bool);
 
+/// The cache key of `region`'s import through `link` for copies with local
+/// memory on `local_device` (`None`: host memory), writable or not.
+fn cache_key(link: &IpcLink, region: &RegionInfo, local_device: Option<i32>, writable: bool) -> Key {
+    let ctx = local_device.map_or(0, |d| d as u64 + 1);
+    (link.endpoint.clone(), link.source.engine_epoch, region.id, region.epoch, ctx, writable)
+}
+
 /// Imports that could not be closed with certainty (cache disabled).
 struct Retained {
     import: Arc<Import>,
@@ -533,9 +540,7 @@ impl IpcRequester {
             (Arc::new(opened?), None)
         } else {
             let writable = ops & OP_WRITE != 0;
-            let ctx = local_device.map_or(0, |d| d as u64 + 1);
-            let key_of =
-                |w: bool| -> Key { (link.endpoint.clone(), link.source.engine_epoch, region.id, region.epoch, ctx, w) };
+            let key_of = |w: bool| cache_key(link, region, local_device, w);
             // A writable cached export serves later READs and WRITEs alike:
             // it asks for every operation the region allows. A READ-only
             // one asks for READ alone, so that readers share the source's
