@@ -44,7 +44,13 @@ pub struct PeerProc {
 /// Starts `orbite-peer` with `args`; returns it with its pipes and the
 /// first line it printed.
 fn launch(args: &[&str]) -> (Child, ChildStdin, BufReader<ChildStdout>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_orbite-peer"))
+    launch_with(env!("CARGO_BIN_EXE_orbite-peer"), args)
+}
+
+/// [`launch`] through `program` (a wrapper such as `unshare` that runs
+/// orbite-peer with the rest of `args`).
+fn launch_with(program: &str, args: &[&str]) -> (Child, ChildStdin, BufReader<ChildStdout>, String) {
+    let mut child = Command::new(program)
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -61,7 +67,16 @@ fn launch(args: &[&str]) -> (Child, ChildStdin, BufReader<ChildStdout>, String) 
 impl PeerProc {
     /// Starts `orbite-peer` with `args` and reads its description line.
     pub fn spawn(args: &[&str]) -> PeerProc {
-        let (child, stdin, stdout, line) = launch(args);
+        Self::from_launch(launch(args))
+    }
+
+    /// Starts orbite-peer through `program` (a wrapper such as `unshare`
+    /// whose `args` name orbite-peer and its own arguments).
+    pub fn spawn_with(program: &str, args: &[&str]) -> PeerProc {
+        Self::from_launch(launch_with(program, args))
+    }
+
+    fn from_launch((child, stdin, stdout, line): (Child, ChildStdin, BufReader<ChildStdout>, String)) -> PeerProc {
         let v: serde_json::Value =
             serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad peer line {line:?}: {e}"));
         PeerProc {
