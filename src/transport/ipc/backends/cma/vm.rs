@@ -23,6 +23,11 @@ pub const WINDOW: u64 = 1 << 62;
 /// Ranges per call: the kernel's `UIO_MAXIOV` (`IOV_MAX`).
 pub const MAX_IOVECS: usize = libc::UIO_MAXIOV as usize;
 
+/// Bytes per call at most: the kernel moves at most `MAX_RW_COUNT` (2 GiB
+/// less a page) in one call and says nothing of the rest, which must not be
+/// taken for a short copy.
+pub const MAX_CALL_BYTES: u64 = 1 << 30;
+
 /// One other process's range, moved through a window.
 #[derive(Debug, Clone, Copy)]
 pub struct Remote {
@@ -155,28 +160,55 @@ fn failure(r: &Remote, way: Way, ops: &[CopyOp], got: std::io::Result<usize>) ->
     }
 }
 
-impl Mover for Remote {
-    /// Moves `ops` in input order: each run of consecutive ops going one
-    /// way in calls of up to [`MAX_IOVECS`] ranges (a call copies its
-    /// ranges in order, so dependent ops keep theirs). The first failure
-    /// ends the group.
-    fn run(&self, ops: &[CopyOp]) -> Result<()> {
-        let mut i = 0;
+impl Remote {
+    /// One call over `batch` (all going `way`), which must move every byte.
+    fn whole(&self, way: Way, batch: &[CopyOp]) -> Result<()> {
+        let want: u64 = batch.iter().map(|o| o.len).sum();
+        match call(self, way, batch) {
+            Ok(m) if m as u64 == want => Ok(()),
+            got => Err(failure(self, way, batch, got)),
+        }
+    }
+
+    /// [`Mover::run`] with calls of at most `max_bytes` bytes: how many
+    /// calls it made.
+    fn run_bounded(&self, ops: &[CopyOp], max_bytes: u64) -> Result<u32> {
+        let (mut i, mut calls) = (0, 0);
         while i < ops.len() {
             let way = self.way(&ops[i])?;
-            let mut j = i + 1;
-            while j < ops.len() && j - i < MAX_IOVECS && self.way(&ops[j])? == way {
+            if ops[i].len > max_bytes {
+                // One op larger than a call moves: in calls of its pieces.
+                let o = ops[i];
+                let mut off = 0;
+                while off < o.len {
+                    let len = (o.len - off).min(max_bytes);
+                    self.whole(way, &[CopyOp { dst: o.dst + off, src: o.src + off, len }])?;
+                    off += len;
+                    calls += 1;
+                }
+                i += 1;
+                continue;
+            }
+            let (mut j, mut bytes) = (i + 1, ops[i].len);
+            while j < ops.len() && j - i < MAX_IOVECS && bytes + ops[j].len <= max_bytes && self.way(&ops[j])? == way {
+                bytes += ops[j].len;
                 j += 1;
             }
-            let batch = &ops[i..j];
-            let want: u64 = batch.iter().map(|o| o.len).sum();
-            match call(self, way, batch) {
-                Ok(m) if m as u64 == want => {}
-                got => return Err(failure(self, way, batch, got)),
-            }
+            self.whole(way, &ops[i..j])?;
+            calls += 1;
             i = j;
         }
-        Ok(())
+        Ok(calls)
+    }
+}
+
+impl Mover for Remote {
+    /// Moves `ops` in input order: each run of consecutive ops going one
+    /// way in calls of up to [`MAX_IOVECS`] ranges and [`MAX_CALL_BYTES`]
+    /// bytes (a call copies its ranges in order, so dependent ops keep
+    /// theirs). The first failure ends the group.
+    fn run(&self, ops: &[CopyOp]) -> Result<()> {
+        self.run_bounded(ops, MAX_CALL_BYTES).map(|_| ())
     }
 }
 
@@ -222,6 +254,28 @@ mod tests {
         let past = CopyOp { dst: local.as_mut_ptr() as u64, src: WINDOW + remote.len() as u64 - 4, len: 8 };
         assert_eq!(r.run(&[past]).unwrap_err().status(), crate::error::Status::ProtocolError);
         target[0] = 0;
+    }
+
+    /// Guards `run_bounded`'s byte bound: calls of at most the bound (an op
+    /// larger than a call cut into several), every byte landing exactly,
+    /// in order.
+    #[test]
+    fn calls_bounded_in_bytes_move_every_byte_in_order() {
+        let remote: Vec<u8> = (0..64 * 1024).map(|i| (i * 31 % 253) as u8).collect();
+        let r = me(&remote, false);
+        let mut local = vec![0u8; remote.len()];
+        let l = local.as_mut_ptr() as u64;
+        // 10 000 bytes (three calls of 4096 at most), then 1000-byte ops
+        // that share calls, then a READ over the first 3 bytes again.
+        let mut ops = vec![CopyOp { dst: l, src: WINDOW, len: 10_000 }];
+        ops.extend((10u64..40).map(|k| CopyOp { dst: l + k * 1000, src: WINDOW + k * 1000, len: 1000 }));
+        ops.push(CopyOp { dst: l + 50_000, src: WINDOW + 5, len: 3 });
+        // 3 calls for the first op; then 7 of 4 ops (4000 bytes) and one of
+        // the last two 1000-byte ops with the 3-byte one.
+        assert_eq!(r.run_bounded(&ops, 4096).unwrap(), 11);
+        assert_eq!(&local[..40_000], &remote[..40_000]);
+        assert_eq!(&local[50_000..50_003], &remote[5..8]);
+        assert!(local[40_000..50_000].iter().all(|&b| b == 0));
     }
 
     /// Guards the ordered runs: dependent ops (a READ into a block, then a
