@@ -126,6 +126,32 @@ fn reads_and_writes_of_heap_memory_move_over_cma_exactly() {
     shared.close();
 }
 
+/// Guards direct routes over CMA (`open_direct`'s candidates, `held`'s
+/// CPU transports): AUTO opens the route to a peer's heap region over CMA,
+/// each copy lands exactly on the caller's thread, and after the first
+/// (which opens the import) they go through the held import.
+#[test]
+fn a_direct_route_reaches_heap_memory_over_cma() {
+    let mut src = PeerProc::spawn(&["--size", &MIB.to_string(), "--seed", "7"]);
+    let e = engine("");
+    let mut l = local(&e, 8192);
+    let p = e.connect(&src.endpoint, None).unwrap();
+    let route = e.open_direct(p, src.addr, MIB, Transport::Auto, Some(LONG)).unwrap();
+    assert_eq!(route.transport(), TransportKind::Cma);
+    for k in 0..4u64 {
+        let (r, why) = e.copy_direct(&route, &rd(&l, 0, src.addr + k * 4096, 4096), Some(LONG)).unwrap();
+        assert_eq!(r.status, Status::Ok, "{why:?}");
+        assert!((0..4096).all(|i| l[i] == pattern(7, k * 4096 + i as u64)), "copy {k}");
+    }
+    l[4096..].copy_from_slice(&pattern_vec(12, 4096));
+    let (r, _) = e.copy_direct(&route, &wr(&l, 4096, src.addr + 8192, 4096), Some(LONG)).unwrap();
+    assert_eq!(r, RequestResult { status: Status::Ok, remote_effect: RemoteEffect::Applied });
+    assert_eq!(src.cmd("verify 12 8192 4096"), "ok");
+    assert!(e.stats().ipc["cma"].imports.direct_copies >= 3, "{:?}", e.stats().ipc["cma"]);
+    e.close(Some(LONG)).unwrap();
+    src.close();
+}
+
 /// Guards the failure of a copy into memory the source took away: after a
 /// READ cached the grant, the source unmaps half its buffer without
 /// unregistering; a READ over it fails IO_ERROR naming the range (effect
