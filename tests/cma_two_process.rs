@@ -169,12 +169,37 @@ fn memory_the_source_takes_away_fails_requests_exactly() {
     let b = go(&e, p, &[rd(&l, 0, src.addr, 4 * MIB)], auto());
     assert!(all_ok(&b));
     assert_eq!(carried_by(&b, 1), [Some(TransportKind::Cma)]);
-    assert_eq!(src.cmd(&format!("unmap {} {}", 2 * MIB, 2 * MIB)), "ok");
+    // READs of the whole buffer go on while the source unmaps its second
+    // half: each ends OK with the source's exact bytes, or IO_ERROR; once
+    // the unmap returned, every one fails.
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+    let (base, unmapped, after_done) = (src.addr, AtomicBool::new(false), AtomicUsize::new(0));
+    let outcomes = std::thread::scope(|s| {
+        let reader = s.spawn(|| {
+            let mut seen = Vec::new();
+            let l3 = local(&e, 4 * MIB as usize);
+            // Until a READ begun after the unmap returned has ended.
+            while after_done.load(SeqCst) == 0 {
+                let after = unmapped.load(SeqCst);
+                let st = go(&e, p, &[rd(&l3, 0, base, 4 * MIB)], auto()).results()[0].status;
+                let exact = st == Status::Ok && (0..4 * MIB as usize).all(|i| l3[i] == pattern(5, i as u64));
+                seen.push((after, st, exact));
+                after_done.fetch_add(after as usize, SeqCst);
+            }
+            seen
+        });
+        assert_eq!(src.cmd(&format!("unmap {} {}", 2 * MIB, 2 * MIB)), "ok");
+        unmapped.store(true, SeqCst);
+        reader.join().unwrap()
+    });
+    assert!(outcomes.iter().all(|&(_, st, exact)| exact || st == Status::IoError), "{outcomes:?}");
+    assert!(outcomes.iter().filter(|o| o.0).all(|&(_, st, _)| st == Status::IoError), "{outcomes:?}");
+    assert!(outcomes.iter().any(|o| o.0), "{outcomes:?}");
     let b = go(&e, p, &[rd(&l, 0, src.addr + MIB, 2 * MIB)], auto());
     let r = b.results()[0];
     assert_eq!(r, RequestResult { status: Status::IoError, remote_effect: RemoteEffect::None });
     let why = b.error(0).unwrap();
-    assert!(why.message().contains(&format!("0x{:x}", src.addr + 2 * MIB)), "{why}");
+    assert!(why.message().contains(&format!("at the source's 0x{:x} ", src.addr + 2 * MIB)), "{why}");
     assert!(why.message().contains("not mapped"), "{why}");
     let b = go(&e, p, &[wr(&l, 0, src.addr + 3 * MIB, 4096)], auto());
     assert_eq!(b.results()[0].status, Status::IoError);

@@ -132,16 +132,19 @@ fn failure(r: &Remote, way: Way, ops: &[CopyOp], got: std::io::Result<usize>) ->
         Ok(m) => (m as u64, None),
         Err(e) => (0, Some(e)),
     };
-    // The op in which the call stopped.
+    // The op in which the call stopped, and where in it: the kernel counts
+    // the bytes it moved up to the first one it could not reach.
     let mut at = moved;
-    let stopped = ops.iter().find(|o| {
-        let here = at < o.len;
-        at = at.saturating_sub(o.len);
-        here
+    let stopped = ops.iter().find_map(|o| match at < o.len {
+        true => Some((o, at)),
+        false => {
+            at -= o.len;
+            None
+        }
     });
-    let range = stopped.map_or(String::new(), |o| {
+    let range = stopped.map_or(String::new(), |(o, off)| {
         let remote = r.remote(if way == Way::Read { o.src } else { o.dst });
-        format!(" at the source's 0x{remote:x}+{}", o.len)
+        format!(" at the source's 0x{:x} (of 0x{remote:x}+{})", remote + off, o.len)
     });
     let total: u64 = ops.iter().map(|o| o.len).sum();
     let pid = r.pid;
@@ -333,7 +336,8 @@ mod tests {
         let e = r.run(&ops).unwrap_err();
         assert_eq!(e.status(), crate::error::Status::IoError, "{e}");
         assert!(e.message().contains("moved 8192 of 12288 bytes"), "{e}");
-        assert!(e.message().contains(&format!("0x{:x}+8192", p as u64 + 4096)), "{e}");
+        let at = format!("at the source's 0x{:x} (of 0x{:x}+8192)", p as u64 + 8192, p as u64 + 4096);
+        assert!(e.message().contains(&at), "{e}");
         assert!(local[..8192].iter().all(|&b| b == 7));
         // The readable part alone still moves.
         r.run(&ops[..1]).unwrap();
