@@ -13,16 +13,15 @@ postXfer (the `transfer` call) for 100 000 gapped 4 KiB descriptors
 Run it with the venv of integrations/nixl/tests/venv.sh and the plugin's
 folder; it re-runs unchanged (docs/benchmarks.md, "NIXL"):
 
-  NIXL_PLUGIN_DIR=... python nixl_bench.py [--backends ORBITE,UCX] [--json FILE]
+  python nixl_bench.py [--backends ORBITE,UCX] [--seconds S] [--json FILE]
 
-NIXL_PLUGIN_DIR must also hold UCX (the script links the wheel's
-libplugin_UCX.so into a scratch folder beside the ORBITE plugin when it is
-missing there).
+With ORBITE installed beside the wheel's own plugins (install.py, or the
+nixl_install target), no NIXL_PLUGIN_DIR is needed; a NIXL_PLUGIN_DIR must
+hold every backend compared.
 """
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -141,20 +140,17 @@ def run_backend(args, backend):
     return rows
 
 
-def plugin_dir_with_ucx():
-    """NIXL_PLUGIN_DIR replaces NIXL's own folder: make sure UCX is in it."""
+def check_plugins(backends):
+    """NIXL_PLUGIN_DIR replaces NIXL's own plugin folder: the bench runs
+    either without it (ORBITE installed beside UCX, install.py) or with a
+    folder that holds every backend it compares."""
     d = os.environ.get("NIXL_PLUGIN_DIR")
-    if not d or os.path.exists(os.path.join(d, "libplugin_UCX.so")):
-        return None
-    import importlib.util
-    spec = importlib.util.find_spec("nixl_cu12")
-    ucx = os.path.join(os.path.dirname(list(spec.submodule_search_locations)[0]), ".nixl_cu12.mesonpy.libs",
-                       "plugins", "libplugin_UCX.so")
-    scratch = tempfile.mkdtemp(prefix="nixl-bench-plugins-")
-    os.symlink(os.path.join(d, "libplugin_ORBITE.so"), os.path.join(scratch, "libplugin_ORBITE.so"))
-    os.symlink(ucx, os.path.join(scratch, "libplugin_UCX.so"))
-    os.environ["NIXL_PLUGIN_DIR"] = scratch
-    return scratch
+    if not d:
+        return
+    missing = [b for b in backends if not os.path.exists(os.path.join(d, f"libplugin_{b}.so"))]
+    if missing:
+        raise SystemExit(f"NIXL_PLUGIN_DIR={d} lacks {', '.join(missing)}: unset it and install ORBITE beside "
+                         "the wheel's plugins (integrations/nixl/install.py, or the nixl_install target)")
 
 
 def main():
@@ -170,14 +166,10 @@ def main():
     args = ap.parse_args()
     if args.role == "target":
         return target(args)
-    scratch = plugin_dir_with_ucx()
-    try:
-        rows = []
-        for b in args.backends.split(","):
-            rows += run_backend(args, b)
-    finally:
-        if scratch:
-            shutil.rmtree(scratch)
+    check_plugins(args.backends.split(","))
+    rows = []
+    for b in args.backends.split(","):
+        rows += run_backend(args, b)
     by = {(r["backend"], r["op"], r.get("block")): r for r in rows}
     print("\n| op | block | descs | ORBITE GB/s | UCX GB/s | ORBITE/UCX |\n| --- | --- | --- | --- | --- | --- |")
     for op in ("READ", "WRITE"):
