@@ -515,9 +515,7 @@ def parse_args():
 def main():
     args = parse_args()
     os.makedirs(args.out, exist_ok=True)
-    binary = find_binary(args)
     log = open(os.path.join(args.out, "helpers.log"), "w")
-    run = Run(args, binary, log)
     modes = [m for m in args.modes.split(",") if m]
     plan = []
     if "topology" in modes:
@@ -534,6 +532,9 @@ def main():
                      and not (mode == "no-p2p" and t != "posix_fd")]
     if args.nixl_venv:
         plan.append(("nixl", "device", "nixl-vram"))
+    # The nixl-vram row needs no helper binary (a run of it alone builds none).
+    binary = find_binary(args) if any(t != "nixl" for t, _, _ in plan) else None
+    run = Run(args, binary, log)
     rows, topo = [], None
     started = time.time()
     for transport, memory, mode in plan:

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "nixl_process.h"
 
@@ -117,7 +118,12 @@ void countOutcomes(orbite_batch *batch, size_t n, size_t &cancelled, size_t &pen
 orbite_nixl::Core::~Core() { orbite_engine_free(eng); }
 
 orbite_nixl::Peer::~Peer() {
-    if (core && id) orbite_disconnect(core->eng, id, 1000);
+    if (!core || !id) return;
+    // A peer with requests still in flight (a transfer released while
+    // running) is disconnected once they end, off this thread: the data
+    // path never waits for it.
+    if (orbite_disconnect(core->eng, id, 1) == ORBITE_STATUS_TIMED_OUT)
+        std::thread([core = core, id = id] { orbite_disconnect(core->eng, id, 0); }).detach();
 }
 
 std::shared_ptr<Peer> orbite_nixl::Peer::open(const std::shared_ptr<Core> &core, const std::string &agent,

@@ -254,6 +254,37 @@ def case_params(args):
     print("ok unknown parameter refused; listen, io_threads, transport_policy, notification_max_bytes applied")
 
 
+def case_auth(args):
+    """With auth_key_file on both sides, metadata, transfers and
+    notifications work; an agent without the key cannot even load the
+    peer's metadata (the connection is refused before anything is seen)."""
+    key = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"nixl-auth-{os.getpid()}.key")
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, os.urandom(48))
+    os.close(fd)
+    try:
+        a, b = make_agent("A", params={"auth_key_file": key}), make_agent("B", params={"auth_key_file": key})
+        la, lb = buffer(MiB), buffer(MiB)
+        register(a, la)
+        register(b, lb)
+        a.add_remote_agent(b.get_agent_metadata())
+        lb[:] = pattern(MiB, 9)
+        offs = layout(8, 4096, True)
+        h = transfer(a, "READ", descs(addr(la), offs, 4096), descs(addr(lb), offs, 4096), "B", "create", b"sealed")
+        st = a.transfer(h)
+        st = wait(a, h)[0] if st != "DONE" else st
+        mask = block_mask(MiB, offs, 4096)
+        check(st == "DONE" and np.array_equal(la[mask], lb[mask]), f"READ between keyed agents: {st}")
+        check(wait_notif(b) == {"A": [b"sealed"]}, "the notification between keyed agents")
+        c = make_agent("C")
+        out, log = captured(lambda: c.add_remote_agent(b.get_agent_metadata()))
+        check(isinstance(out, Exception), "an agent without the key loaded a keyed peer's metadata")
+        check("ORBITE: cannot connect to agent 'B'" in log, "NIXL's log does not say why")
+        print("ok auth_key_file: keyed agents transfer and notify; an agent without the key is refused")
+    finally:
+        os.unlink(key)
+
+
 def case_installed(args):
     """UCX and ORBITE in one agent, found beside the wheel's own plugins
     (install.py; no NIXL_PLUGIN_DIR): each transfer on the backend asked
@@ -307,11 +338,13 @@ def case_refuse(args):
 def spawn(role, *extra, env=None):
     p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "peer", "--role", role, *map(str, extra)],
                          stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, env=env)
-    line = p.stdout.readline().strip()
-    if not line.startswith("READY"):
-        p.kill()
-        fail(f"peer {role} did not start: {line!r}")
-    return p, line.split()[1:]
+    seen = []
+    for line in p.stdout:  # NIXL's Python logger may print to stdout first
+        if line.startswith("READY"):
+            return p, line.split()[1:]
+        seen.append(line.strip())
+    p.kill()
+    fail(f"peer {role} did not start: {seen[-3:]!r}")
 
 
 def role_target(args):
