@@ -82,6 +82,12 @@ impl PeerProc {
         p
     }
 
+    /// Starts `orbite-peer` with `args` and `stderr` (a pipe nobody reads,
+    /// a file) and reads its description line.
+    pub fn spawn_with_stderr(args: &[&str], stderr: Stdio) -> PeerProc {
+        PeerProc::described(launch_cmd(Command::new(env!("CARGO_BIN_EXE_orbite-peer")).args(args).stderr(stderr)))
+    }
+
     /// A peer from its process, pipes and description line.
     fn described((child, stdin, stdout, line): (Child, ChildStdin, BufReader<ChildStdout>, String)) -> PeerProc {
         let v: serde_json::Value =
