@@ -123,6 +123,11 @@ counter_set! {
         /// (the passes of one peer fold; a nonzero count is a bug).
         revoke_passes_overlapping,
     }
+    gauges {
+        /// This engine's log lines dropped because stderr did not take the
+        /// lines before them in time (its queue full; docs/logging.md).
+        log_lines_dropped: u64,
+    }
 }
 
 counter_set! {

@@ -4,8 +4,8 @@
 
 use super::connected_peer::Peer;
 use super::{ipc_transports, Engine, Inner};
-use crate::control::endpoint;
 use crate::control::message::{Describe, RegionInfo};
+use crate::control::{endpoint, identity};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::memory::MemoryKind;
@@ -218,6 +218,13 @@ impl Engine {
     }
 }
 
+/// The note (stats `notes`, logged once) of a peer in another PID
+/// namespace of this host.
+const PID_NAMESPACE_NOTE: &str = "peers in another PID namespace of this host (a container beside this one) are \
+    reached over TCP only: the kernel cannot say which process holds an IPC channel across PID namespaces, so \
+    SHM, NVLink and MNNVL over a Unix channel are not used with them (orbite_peer_transports lists tcp); run \
+    both engines in one PID namespace (e.g. docker --pid=host) to use them";
+
 impl Inner {
     /// One IPC link per IPC transport this engine offers, or why the peer
     /// cannot be reached with it.
@@ -228,6 +235,15 @@ impl Inner {
         label: &str,
     ) -> Vec<(TransportKind, std::result::Result<Arc<IpcLink>, String>)> {
         let mut out: Vec<(TransportKind, std::result::Result<Arc<IpcLink>, String>)> = Vec::new();
+        // A peer of this boot whose process is provably not this PID
+        // namespace's (a container beside this one): the kernel cannot say
+        // who holds an IPC channel across the namespaces (SO_PEERCRED gives
+        // pid 0, or a pid the peer does not know as its own), so a channel
+        // could not be told from an impostor's. Unix channels are left out
+        // for it, before anything is sent; TCP carries its requests.
+        let elsewhere = ipc_transports::same_boot(&self.identity, &peer.identity)
+            && identity::process_is_here(&peer.identity.process) == Some(false);
+        let mut left_out = false;
         for t in &self.ipc {
             let k = t.kind;
             // MNNVL with fabric handles and a shared nonzero fabric domain
@@ -255,6 +271,15 @@ impl Inner {
                         ""
                     }
                 ))
+            } else if fabric.is_none() && elsewhere {
+                left_out = true;
+                Err(format!(
+                    "{label} runs in another PID namespace of this host (its process {} is not this namespace's): \
+                     {} needs the kernel to identify the process on its channel, which it cannot across PID \
+                     namespaces",
+                    peer.identity.process.pid,
+                    k.name()
+                ))
             } else {
                 let route = match fabric {
                     Some(d) => Route::Fabric(d),
@@ -279,6 +304,9 @@ impl Inner {
         }
         for (k, why) in &self.ipc_unavailable {
             out.push((*k, Err(format!("this engine: {why}"))));
+        }
+        if left_out {
+            self.note(PID_NAMESPACE_NOTE.into());
         }
         out
     }

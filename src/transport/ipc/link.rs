@@ -243,7 +243,7 @@ impl IpcLink {
 
     fn connect(&self, deadline: Instant) -> Result<(Pipeline, Option<Board>)> {
         let (mut c, fabric_domain) = match &self.route {
-            Route::Unix(name) => (Channel::connect(name)?, [0; 16]),
+            Route::Unix(name) => (Channel::connect_until(name, deadline)?, [0; 16]),
             Route::Fabric(domain) => (Channel::connect_tcp(&self.endpoint, deadline)?, *domain),
         };
         if let Route::Unix(name) = &self.route {
