@@ -80,10 +80,16 @@ impl Import {
 
     /// Enters the export's board slot for a group needing `ops`: `true`
     /// when the source still grants them (the group is in flight until
-    /// [`Import::leave`]); `false` without a slot, when revoked, or when
-    /// the source hung up (a dead source cannot revoke: its last words no
-    /// longer grant anything, and the round trip reports it gone).
+    /// [`Import::leave`]); `false` without a slot, when revoked, when the
+    /// source hung up (a dead source cannot revoke: its last words no
+    /// longer grant anything, and the round trip reports it gone), or when
+    /// `ops` go beyond the grant this import was mapped for: the board's
+    /// words only withdraw what the mapping allows, never widen it (a READ
+    /// grant's mapping is read-only, whatever its slot claims).
     fn enter(&self, ops: u32) -> bool {
+        if ops & !self.offer.ops != 0 {
+            return false;
+        }
         let Some((b, i)) = &self.board else { return false };
         let Some(s) = b.slot(*i) else { return false };
         if !board::enter(s, self.slot_generation.load(Ordering::Acquire), ops) {
