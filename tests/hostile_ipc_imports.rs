@@ -14,9 +14,64 @@ use orbite::transport::ipc::messages::{OP_READ, OP_WRITE};
 use orbite::*;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
+use std::time::Instant;
+
+const MIB: u64 = 1 << 20;
+
+fn shm() -> SubmitOptions {
+    SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(LONG) }
+}
 
 fn req(op: Op, local: u64, remote: u64, len: u64) -> Request {
     Request { op, local_addr: local, remote_addr: remote, len }
+}
+
+/// A source engine publishing `pools` shared allocations of 2 MiB (READ
+/// only, pattern 11), and a requester engine in this process with 64 KiB
+/// of local memory, both with the default relocation cache.
+struct Pair {
+    src: Engine,
+    pools: Vec<Allocation>,
+    regions: Vec<u64>,
+    e: Engine,
+    local: Vec<u8>,
+}
+
+impl Pair {
+    fn new(pools: usize) -> Pair {
+        let src = Engine::from_json("").unwrap();
+        let pools: Vec<Allocation> = (0..pools).map(|_| allocate_shared_host(2 * MIB).unwrap()).collect();
+        for a in &pools {
+            // SAFETY: the allocation holds 2 MiB, written only here.
+            let bytes = unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u8, 2 * MIB as usize) };
+            bytes.copy_from_slice(&pattern_vec(11, 2 * MIB as usize));
+        }
+        let regions = pools.iter().map(|a| src.register_memory(a.addr(), 2 * MIB, Access::READ).unwrap()).collect();
+        let e = Engine::from_json("").unwrap();
+        let local = vec![0u8; 65536];
+        e.register_memory(local.as_ptr() as u64, local.len() as u64, Access::NONE).unwrap();
+        Pair { src, pools, regions, e, local }
+    }
+
+    /// A forced-SHM READ of `len` bytes at `off` in pool `i` through peer
+    /// `p`: `Err` with the request's failure, else its bytes checked.
+    fn read(&self, p: u64, i: usize, off: u64, len: u64) -> std::result::Result<(), String> {
+        let r = req(Op::Read, self.local.as_ptr() as u64, self.pools[i].addr() + off, len);
+        let b = self.e.submit(p, &[r], shm()).map_err(|e| e.to_string())?;
+        b.wait(LONG).map_err(|_| format!("{:?}", b.error(0)))?;
+        let want = pattern_vec(11, (off + len) as usize);
+        assert!(self.local[..len as usize] == want[off as usize..], "the READ's bytes");
+        Ok(())
+    }
+
+    /// Both engines closed OK, then the allocations freed.
+    fn end(self) {
+        self.e.close(Some(LONG)).unwrap();
+        self.src.close(Some(LONG)).unwrap();
+        for a in self.pools {
+            a.free().unwrap();
+        }
+    }
 }
 
 /// The pattern the hostile source process fills its region with.
@@ -108,4 +163,66 @@ fn a_source_widening_a_read_grant_on_its_board_cannot_make_a_write_use_the_read_
     assert_eq!(landed, fnv(&local[..4096]), "the WRITE's bytes in the source's memory");
     drop(to_child);
     let _ = child.wait();
+}
+
+/// 50 cycles (`ORBITE_RECONNECT_CYCLES` sets another count) of connect, a
+/// forced-SHM READ (its import cached, the default), disconnect: every READ
+/// succeeds with the source's bytes, every disconnect leaves the source no
+/// export, and the region unregisters at once at the end. Before, the
+/// disconnect left the import cached on the closed link for the engine's
+/// life: after the first cycle every forced READ failed UNAVAILABLE "the
+/// import is retained…" and the source kept the export (and its region)
+/// until the requester process exited. Guards the flush of the peer's
+/// links in `Engine::disconnect` (`engine/peers.rs`).
+#[test]
+fn disconnect_reconnect_cycles_over_shm_all_move_and_leave_no_export() {
+    let cycles: u64 = std::env::var("ORBITE_RECONNECT_CYCLES").map_or(50, |v| v.parse().unwrap());
+    let t = Pair::new(1);
+    let t0 = Instant::now();
+    for cycle in 0..cycles {
+        let p = t.e.connect(&t.src.endpoint(), Some(LONG)).unwrap();
+        t.read(p, 0, (cycle % 16) * 65536, 65536).unwrap_or_else(|e| panic!("cycle {cycle}: {e}"));
+        assert_eq!(t.e.stats().ipc["shm"].imports.cached, 1, "cycle {cycle}");
+        t.e.disconnect(p, Some(LONG)).unwrap();
+        let im = t.e.stats().ipc["shm"].imports.clone();
+        assert_eq!((im.cached, im.retained), (0, 0), "cycle {cycle}");
+        let ex = t.src.stats().ipc["shm"].exports;
+        assert_eq!((ex.open, ex.retained), (0, 0), "cycle {cycle}: the disconnect left the source an export");
+    }
+    println!("{cycles} connect/READ/disconnect cycles over SHM, all OK: {:?}", t0.elapsed());
+    let t0 = Instant::now();
+    t.src.unregister_memory(t.regions[0], Some(LONG)).unwrap();
+    println!("unregister after them: {:?}", t0.elapsed());
+    t.end();
+}
+
+/// A disconnect whose close receipt cannot be confirmed (its
+/// acknowledgement lost twice: the receipt and its one retry) leaves the
+/// import owed; after a reconnect to the same source, the next forced-SHM
+/// READ sends that receipt on the new channel, which the source
+/// acknowledges, and opens a fresh import: OK, nothing retained. Before,
+/// the receipt went on the closed link and failed for good: the READ
+/// failed UNAVAILABLE "the import is retained…", and so did every flush.
+/// Guards `IpcRequester::channel_for` sending what a link closed here owes
+/// on the next link to the same source (`transport/ipc/requester/closing.rs`).
+#[test]
+fn a_receipt_owed_by_a_disconnected_link_goes_out_on_the_next_channel() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let t = Pair::new(1);
+    let p = t.e.connect(&t.src.endpoint(), Some(LONG)).unwrap();
+    t.read(p, 0, 0, 4096).unwrap();
+    t.e.faults().lose_ack.store(2, SeqCst);
+    t.e.disconnect(p, Some(LONG)).unwrap();
+    assert_eq!(t.e.faults().lose_ack.load(SeqCst), 0, "the receipt was not sent");
+    assert_eq!(t.e.stats().ipc["shm"].imports.retained, 1, "the unconfirmed receipt is owed");
+
+    let p = t.e.connect(&t.src.endpoint(), Some(LONG)).unwrap();
+    let b = t.e.submit(p, &[req(Op::Read, t.local.as_ptr() as u64, t.pools[0].addr(), 4096)], shm()).unwrap();
+    b.wait(LONG).unwrap_or_else(|_| panic!("{:?}", b.error(0)));
+    let st = t.e.stats().ipc["shm"].imports.clone();
+    assert_eq!((st.cached, st.retained, st.opened), (1, 0, 2), "{st:?}");
+    t.e.flush_nvlink_cache(Some(LONG)).unwrap();
+    let ex = t.src.stats().ipc["shm"].exports;
+    assert_eq!((ex.open, ex.retained), (0, 0));
+    t.end();
 }

@@ -211,6 +211,24 @@ impl Engine {
             return Err(Error::TimedOut(format!("peer {id} still has {} requests in flight", p.conn.outstanding())));
         }
         self.inner.peers.write().remove(&id);
+        // Its imports go back through their close receipts while the
+        // channels are up, so that the source keeps no export for this
+        // engine; what cannot be confirmed now stays owed and goes out on
+        // the next channel to the same source (or the next flush).
+        let mut left = Vec::new();
+        for (k, l) in &p.links {
+            if let (Ok(link), Some(t)) = (l, self.inner.ipc_transport(*k)) {
+                left.extend(t.requester.flush_link(link, deadline));
+            }
+        }
+        if !left.is_empty() {
+            self.inner.log.warn(format_args!(
+                "peer {id} disconnected with {} imports not given back yet (sent again on the next channel to \
+                 the same source, or by a flush): {}",
+                left.len(),
+                left.join("; ")
+            ));
+        }
         p.conn.close();
         p.close_links();
         self.inner.log.info(format_args!("peer {id} disconnected: {}", p.endpoint));
@@ -260,7 +278,7 @@ impl Inner {
                     Some(d) => Route::Fabric(d),
                     None => Route::Unix(peer.ipc_name.clone()),
                 };
-                Ok(Arc::new(IpcLink::new(
+                let link = Arc::new(IpcLink::new(
                     k,
                     route,
                     peer.identity,
@@ -273,7 +291,9 @@ impl Inner {
                         reconnect_timeout: Duration::from_millis(self.config.handshake_timeout_ms as u64),
                         log: self.log.clone(),
                     },
-                )))
+                ));
+                t.requester.track(&link);
+                Ok(link)
             };
             out.push((k, link));
         }

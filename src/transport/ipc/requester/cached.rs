@@ -53,7 +53,8 @@ impl IpcRequester {
     }
 
     /// Flushes the imports granted through `link` (the source asked for
-    /// them back: it is closing). Returns what stays, as `flush` does.
+    /// them back: it is closing; or this engine disconnects from it).
+    /// Returns what stays, as `flush` does.
     pub fn flush_link(&self, link: &Arc<IpcLink>, deadline: Instant) -> Vec<String> {
         self.flush_where(deadline, &|l| Arc::ptr_eq(l, link))
     }
@@ -63,7 +64,7 @@ impl IpcRequester {
         // A receipt owed through a channel lost a moment ago waits for it to
         // come back (within the deadline) rather than failing at once.
         let close = |imp: &Import, nc: bool| {
-            imp.link.settle_reconnect(deadline);
+            self.channel_for(&imp.link).settle_reconnect(deadline);
             self.close_import(imp, nc, deadline)
         };
         let mut left: Vec<String> = self
@@ -122,13 +123,14 @@ impl IpcRequester {
     fn release_lost_grant(&self, g: &LostGrant, deadline: Instant) -> std::result::Result<(), String> {
         // The channel the handle was lost with is usually being
         // re-established: the release waits for it, within the deadline.
-        g.link.settle_reconnect(deadline);
-        if g.link.source_left() {
+        let link = self.channel_for(&g.link);
+        link.settle_reconnect(deadline);
+        if link.source_left() {
             return Ok(());
         }
-        match g.link.receipt(MsgKind::CloseReceipt, &g.r, deadline) {
+        match link.receipt(MsgKind::CloseReceipt, &g.r, deadline) {
             Ok(()) => Ok(()),
-            Err(e) if e.status() == crate::error::Status::NotFound || g.link.source_left() => Ok(()),
+            Err(e) if e.status() == crate::error::Status::NotFound || link.source_left() => Ok(()),
             Err(e) => Err(format!(
                 "{}: export {}, accepted but its handle was lost with its channel: its release could not be \
                  confirmed ({})",

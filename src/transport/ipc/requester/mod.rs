@@ -341,6 +341,11 @@ pub struct IpcRequester {
     capacity: usize,
     cache: RelocationCache<Key, Import>,
     retained: Mutex<Owed>,
+    /// The links made to sources so far (weak: a peer's link lives with
+    /// the peer and its imports): what a link this engine closed still
+    /// owes its source goes out on a later link to the same source
+    /// ([`IpcRequester::track`]).
+    links: Mutex<Vec<std::sync::Weak<IpcLink>>>,
     /// Fences of local pinned allocations whose group ended uncertain: the
     /// whole owner stays fenced (no new use, no free) for good.
     fenced: Mutex<Vec<owners::Fence>>,
@@ -383,6 +388,7 @@ impl IpcRequester {
             capacity,
             cache: RelocationCache::new(capacity),
             retained: Mutex::new(Owed::default()),
+            links: Mutex::new(Vec::new()),
             fenced: Mutex::new(Vec::new()),
             events: ImportEvents::default(),
             coalesce,
