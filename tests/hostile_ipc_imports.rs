@@ -14,7 +14,7 @@ use orbite::transport::ipc::messages::{OP_READ, OP_WRITE};
 use orbite::*;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 
@@ -225,4 +225,87 @@ fn a_receipt_owed_by_a_disconnected_link_goes_out_on_the_next_channel() {
     let ex = t.src.stats().ipc["shm"].exports;
     assert_eq!((ex.open, ex.retained), (0, 0));
     t.end();
+}
+
+/// An honest requester that READ once from each of two regions of a
+/// source and idles, its imports cached (the default): the source's
+/// unregistration of the first asks it for that import back (a `Revoke`),
+/// it gives it back, and the call returns OK in well under its timeout
+/// (20 s here). Before, nothing asked: every unregistration waited out its
+/// timeout, TIMED_OUT "still used by 1 in-flight copies", and
+/// `revokes_received` stayed 0. The import of the other region, whose
+/// grant stands, stays cached. Guards the `Revoke` in
+/// `Engine::unregister_memory` (`engine/regions.rs`), and `Import::withdrawn`
+/// choosing what a `Revoke` asks back (`transport/ipc/requester/mod.rs`).
+#[test]
+fn an_unregistration_takes_an_idle_cached_import_back_at_once() {
+    let t = Pair::new(2);
+    let p = t.e.connect(&t.src.endpoint(), Some(LONG)).unwrap();
+    t.read(p, 0, 0, 4096).unwrap();
+    t.read(p, 1, 0, 4096).unwrap();
+    assert_eq!(t.src.stats().ipc["shm"].exports.open, 2);
+    assert_eq!(t.e.stats().ipc["shm"].imports.cached, 2);
+    let t0 = Instant::now();
+    t.src.unregister_memory(t.regions[0], Some(Duration::from_secs(20))).unwrap();
+    let took = t0.elapsed();
+    println!("unregister with an idle cached importer: {took:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}: the import was not asked back");
+    assert_eq!(t.e.stats().events.revokes_received, 1);
+    // The pass that gave the import back ended: it left the other one.
+    eventually("the give-back pass ended", || t.e.stats().events.revoke_passes == 1);
+    assert_eq!(t.e.stats().ipc["shm"].imports.cached, 1, "the other region's import stays cached");
+    assert_eq!(t.src.stats().ipc["shm"].exports.open, 1);
+    // The other region is still read through its cached import.
+    t.read(p, 1, 4096, 4096).unwrap();
+    assert_eq!(t.e.stats().ipc["shm"].imports.opened, 2);
+    t.end();
+}
+
+/// The same with the importer frozen (SIGSTOP): the unregistration ends at
+/// its timeout, TIMED_OUT, naming the export it waited for and the
+/// importing process, and the region stays registered, its grant
+/// published again. Once the importer runs again it reads the `Revoke`,
+/// finds the grant standing and keeps its import: its next READ
+/// revalidates once and is back on the board. The next unregistration
+/// takes the import back, OK. Guards the message built in
+/// `Engine::unregister_memory` from `ExportTable::holding`, and the
+/// unregistration's `resume` (without it the grant stays withdrawn and the
+/// import is given back and opened again).
+#[test]
+fn an_unregistration_blocked_by_a_frozen_importer_ends_at_its_timeout_naming_it() {
+    let src = Engine::from_json("").unwrap();
+    let pool = allocate_shared_host(2 * MIB).unwrap();
+    let id = src.register_memory(pool.addr(), 2 * MIB, Access::READ).unwrap();
+    let mut r = PeerProc::spawn_requester(&src.endpoint(), &format!("{}:4096", pool.addr()), "{}");
+    r.freeze();
+    let t0 = Instant::now();
+    let err = src.unregister_memory(id, Some(Duration::from_secs(1))).unwrap_err();
+    let took = t0.elapsed();
+    println!("unregister with a frozen importer (timeout 1 s): {took:?}: {err}");
+    assert_eq!(err.status(), Status::TimedOut, "{err}");
+    let m = err.message();
+    assert!(m.contains("shm export") && m.contains(&format!("to process {}", r.pid)), "{err}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(src.regions().iter().any(|g| g.id == id), "the region stays registered");
+    r.signal(libc::SIGCONT);
+    let trips = |st: &serde_json::Value| {
+        let shm = &st["ipc"]["shm"];
+        (
+            shm["imports_opened"].as_u64(),
+            shm["groups_without_round_trip"].as_u64(),
+            shm["groups_with_round_trips"].as_u64(),
+        )
+    };
+    assert_eq!(trips(&r.stats()), (Some(1), Some(1), Some(0)), "the first READ opened the import");
+    for _ in 0..2 {
+        let got = r.cmd("read");
+        assert!(got.starts_with("ok "), "{got}");
+    }
+    let st = r.stats();
+    assert_eq!(trips(&st), (Some(1), Some(2), Some(1)), "one revalidation, then the board: {st}");
+    let t0 = Instant::now();
+    src.unregister_memory(id, Some(LONG)).unwrap();
+    println!("unregister once the importer runs again: {:?}", t0.elapsed());
+    assert!(r.stats()["revokes_received"].as_u64().unwrap() >= 2);
+    pool.free().unwrap();
 }

@@ -134,9 +134,10 @@ impl Engine {
     }
 
     /// What a `Revoke` from the peer does: on a thread of its own (its
-    /// reader must not block), give back every import made through the
-    /// peer's IPC links, through their close receipts; the next submission
-    /// opens new ones or falls through. Revokes that come while a pass
+    /// reader must not block), give back the imports made through the
+    /// peer's IPC links whose grants the peer withdrew on its board (it
+    /// unregisters their region, or closes), through their close receipts;
+    /// the next submission opens new ones or falls through. Revokes that come while a pass
     /// runs fold into one more pass (one thread per peer at most, however
     /// many the peer sends). Each pass is logged: DEBUG, or WARN with what
     /// could not be given back.
@@ -153,7 +154,6 @@ impl Engine {
         let running = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let job = SingleRunner::new("orbite-revoke", move || {
             let Some(inner) = engine.upgrade() else { return };
-            inner.stats.events.revoke_passes.fetch_add(1, Ordering::Relaxed);
             if running.fetch_add(1, Ordering::AcqRel) > 0 {
                 inner.stats.events.revoke_passes_overlapping.fetch_add(1, Ordering::Relaxed);
             }
@@ -161,7 +161,7 @@ impl Engine {
             let mut left = Vec::new();
             for link in &links {
                 if let Some(t) = inner.ipc_transport(link.transport) {
-                    left.extend(t.requester.flush_link(link, deadline));
+                    left.extend(t.requester.give_back(link, deadline));
                 }
             }
             if left.is_empty() {
@@ -176,6 +176,9 @@ impl Engine {
                 ));
             }
             running.fetch_sub(1, Ordering::AcqRel);
+            // Counted once it ended: whoever sees the count knows what the
+            // pass gave back is given back.
+            inner.stats.events.revoke_passes.fetch_add(1, Ordering::Relaxed);
         });
         Box::new(move || {
             // Counted once triggered: whoever sees the count knows a pass

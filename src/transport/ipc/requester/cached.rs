@@ -49,18 +49,33 @@ impl IpcRequester {
     /// Retained entries owing only a receipt get their receipt-only retry.
     /// Returns what stays, one line each: which import, and why.
     pub fn flush(&self, deadline: Instant) -> Vec<String> {
-        self.flush_where(deadline, &|_| true)
+        self.flush_where(deadline, &|_| true, &|_| true)
     }
 
-    /// Flushes the imports granted through `link` (the source asked for
-    /// them back: it is closing; or this engine disconnects from it).
-    /// Returns what stays, as `flush` does.
+    /// Flushes every import granted through `link` (this engine
+    /// disconnects from its source). Returns what stays, as `flush` does.
     pub fn flush_link(&self, link: &Arc<IpcLink>, deadline: Instant) -> Vec<String> {
-        self.flush_where(deadline, &|l| Arc::ptr_eq(l, link))
+        self.flush_where(deadline, &|l| Arc::ptr_eq(l, link), &|_| true)
     }
 
-    /// Flushes what was granted through the links `pick` chooses.
-    fn flush_where(&self, deadline: Instant, pick: &dyn Fn(&Arc<IpcLink>) -> bool) -> Vec<String> {
+    /// Gives back the imports granted through `link` whose grant the source
+    /// withdrew on its board (it revoked their slots before asking, with a
+    /// `Revoke`: it unregisters their region, or closes) or that have no
+    /// slot to say so, and retries what is owed through `link`; imports of
+    /// the source's other regions stay cached. Returns what stays, as
+    /// `flush` does.
+    pub fn give_back(&self, link: &Arc<IpcLink>, deadline: Instant) -> Vec<String> {
+        self.flush_where(deadline, &|l| Arc::ptr_eq(l, link), &Import::withdrawn)
+    }
+
+    /// Flushes what was granted through the links `pick` chooses: of the
+    /// cached imports, those `imports` chooses.
+    fn flush_where(
+        &self,
+        deadline: Instant,
+        pick: &dyn Fn(&Arc<IpcLink>) -> bool,
+        imports: &dyn Fn(&Import) -> bool,
+    ) -> Vec<String> {
         // A receipt owed through a channel lost a moment ago waits for it to
         // come back (within the deadline) rather than failing at once.
         let close = |imp: &Import, nc: bool| {
@@ -69,7 +84,7 @@ impl IpcRequester {
         };
         let mut left: Vec<String> = self
             .cache
-            .flush_where(deadline, &close, &|imp: &Import| pick(&imp.link), true)
+            .flush_where(deadline, &close, &|imp: &Import| pick(&imp.link) && imports(imp), true)
             .into_iter()
             .map(|(k, why)| format!("{} region {}: {why}", k.0, k.2))
             .collect();

@@ -12,7 +12,7 @@ pub mod held;
 mod progress;
 
 use super::backend::{CopyOp, CopyPlan, IpcBackend, Mapping, Posting, ReceivedHandle};
-use super::board::{self, Board};
+use super::board::{self, Board, Words};
 use super::cache::{EntryState, RelocationCache};
 use super::faults::Faults;
 use super::link::IpcLink;
@@ -100,6 +100,17 @@ impl Import {
             return false;
         }
         true
+    }
+
+    /// Whether the source is withdrawing this grant now (its board slot
+    /// allows nothing: the source revoked it before it sent `Revoke`,
+    /// because it unregisters the region or closes), or there is no slot
+    /// to tell: what a source's `Revoke` asks back. A grant the source
+    /// published again (its unregistration gave up) stays; the next group
+    /// revalidates it and learns its new generation.
+    fn withdrawn(&self) -> bool {
+        let Some(s) = self.board.as_ref().and_then(|(b, i)| b.slot(*i)) else { return true };
+        s.ops() == 0
     }
 
     /// A group that entered is complete: it moved `requests` requests of
