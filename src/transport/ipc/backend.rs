@@ -147,13 +147,6 @@ pub trait IpcBackend: Send + Sync {
     fn refusal(&self, _source: &ProcessIdentity) -> Option<String> {
         None
     }
-    /// Requester side: whether the channel must be open (the kernel's word
-    /// on the source's process) before requests are routed to this
-    /// transport: CMA copies into the pid the source names, which must be
-    /// its pid here.
-    fn checks_channel(&self) -> bool {
-        false
-    }
     /// Requester side: whether `e`, from an import or a copy, means that
     /// this backend can never reach that source (CMA: the kernel refused
     /// the access), so that its requests take another transport from then on.

@@ -98,9 +98,6 @@ impl IpcBackend for FaultyBackend {
     fn refuses_for_good(&self, e: &Error) -> bool {
         self.inner.refuses_for_good(e)
     }
-    fn checks_channel(&self) -> bool {
-        self.inner.checks_channel()
-    }
     fn import(
         &self,
         handle: ReceivedHandle,

@@ -157,13 +157,6 @@ impl IpcLink {
         self.refused.set(why).is_ok()
     }
 
-    /// Opens the channel now if it is not open (bounded by the handshake
-    /// timeout): a refusal it meets is then known before anything is
-    /// routed over the link ([`IpcLink::refused`]).
-    pub fn open_channel(self: &Arc<Self>) -> Result<()> {
-        self.pipeline(Instant::now() + self.local.reconnect_timeout).map(|_| ())
-    }
-
     /// Whether the backend's checks before a first channel passed.
     pub fn checked(&self) -> bool {
         self.checked.load(Ordering::Acquire)
@@ -231,6 +224,13 @@ impl IpcLink {
         matches!(&self.state.lock().chan, ChanState::Dead { .. })
     }
 
+    /// Whether this engine closed the link (`orbite_disconnect`) while the
+    /// source may live: what its imports still owe the source goes out on
+    /// the next channel to the same source, if there is one.
+    pub fn closed_here(&self) -> bool {
+        matches!(&self.state.lock().chan, ChanState::Dead { source_left: false, .. })
+    }
+
     /// Whether the source left for good — its process exited or its engine
     /// is gone (no channel answers under its name): whatever it exported to
     /// this engine went with it, so no receipt is owed.
@@ -279,7 +279,7 @@ impl IpcLink {
 
     fn connect(&self, deadline: Instant) -> Result<(Pipeline, Option<Board>)> {
         let (mut c, fabric_domain) = match &self.route {
-            Route::Unix(name) => (Channel::connect(name)?, [0; 16]),
+            Route::Unix(name) => (Channel::connect_until(name, deadline)?, [0; 16]),
             Route::Fabric(domain) => (Channel::connect_tcp(&self.endpoint, deadline)?, *domain),
         };
         if let Route::Unix(name) = &self.route {
@@ -290,21 +290,10 @@ impl IpcLink {
             // the memory's handles. Nothing is sent to it.
             let (pid, _) = c.peer_cred()?;
             if pid != self.source.process.pid {
-                // For good: the source's pid is not its pid here (another
-                // PID namespace), or another process holds its name.
-                let why = format!(
-                    "the IPC channel {name} is held by process {pid}, not by the source's process {} (a source in \
-                     another PID namespace, or a process that took its name)",
-                    self.source.process.pid
-                );
-                if self.refuse(why.clone()) {
-                    self.local.log.warn(format_args!(
-                        "{}: {} cannot be used: {why}; its requests take the next transport",
-                        self.label,
-                        self.transport.name()
-                    ));
-                }
-                return Err(Error::PermissionDenied(format!("{}: {why}", self.label)));
+                return Err(Error::PermissionDenied(format!(
+                    "{}: the IPC channel {name} is held by process {pid}, not by the source's process {}",
+                    self.label, self.source.process.pid
+                )));
             }
         }
         if let Some(key) = &self.local.auth {

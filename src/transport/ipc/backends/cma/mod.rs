@@ -99,10 +99,6 @@ impl IpcBackend for CmaBackend {
         access::pid_names_it(source).and_then(|_| access::same_user(source)).err()
     }
 
-    fn checks_channel(&self) -> bool {
-        true
-    }
-
     fn refuses_for_good(&self, e: &Error) -> bool {
         e.status() == Status::NotSupported
     }
