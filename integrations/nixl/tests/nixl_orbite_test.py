@@ -251,7 +251,11 @@ def case_params(args):
     b.add_remote_agent(a.get_agent_metadata())
     out, log = captured(lambda: b.send_notif("P", b"x" * 2000))
     check(isinstance(out, Exception), "a notification over notification_max_bytes was accepted")
-    print("ok unknown parameter refused; listen, io_threads, transport_policy, notification_max_bytes applied")
+    c = nixl_agent("C", nixl_agent_config(backends=[]))
+    out, log = captured(lambda: c.create_backend("ORBITE", {"transport": "cma", "cma": "true", "cma_ptracer": "any"}))
+    check(not isinstance(out, Exception), f"transport cma, cma and cma_ptracer refused: {out} {log}")
+    print("ok unknown parameter refused; listen, io_threads, transport_policy, notification_max_bytes, transport cma,"
+          " cma, cma_ptracer applied")
 
 
 def case_auth(args):
