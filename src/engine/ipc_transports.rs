@@ -1,6 +1,7 @@
-//! The engine's cooperative IPC transports (SHM always; NVLink when enabled
-//! and a CUDA driver is present): each pairs a source-side export table with
-//! a requester-side importer over one backend.
+//! The engine's cooperative IPC transports (SHM always; CMA unless disabled
+//! or refused by a seccomp filter; NVLink when enabled and a CUDA driver is
+//! present): each pairs a source-side export table with a requester-side
+//! importer over one backend.
 
 use super::config::{EngineConfig, MnnvlHandleType};
 use crate::control::Identity;
@@ -99,6 +100,22 @@ impl IpcParts<'_> {
         )
     }
 
+    /// The CMA transport (cross-memory attach of any registered host
+    /// memory), or why it cannot be offered: disabled, or this process may
+    /// not make the calls (a seccomp filter).
+    pub(crate) fn cma(&self) -> std::result::Result<IpcTransport, String> {
+        if !self.config.cma {
+            return Err("not enabled (config `cma: false`)".into());
+        }
+        let backend = crate::transport::ipc::backends::cma::CmaBackend::new(self.config.cma_ptracer, self.log.clone())?;
+        Ok(self.transport(
+            TransportKind::Cma,
+            vec![MemoryKind::Host],
+            Arc::new(backend),
+            self.config.shm_cache_entries as usize,
+        ))
+    }
+
     /// The NVLink transport, or why it cannot be offered.
     pub(crate) fn nvlink(&self) -> std::result::Result<IpcTransport, String> {
         if !self.config.nvlink {
@@ -186,6 +203,9 @@ pub(crate) fn kinds_allow(kind: TransportKind, local: MemoryKind, remote: Memory
     match kind {
         TransportKind::Tcp => local.cpu_accessible() && remote.cpu_accessible(),
         TransportKind::Shm => local.cpu_accessible() && remote == MemoryKind::SharedHost,
+        // Memory the peer registered that the library did not allocate:
+        // its own buffers (malloc, new, numpy, torch), copied by the kernel.
+        TransportKind::Cma => local.cpu_accessible() && remote == MemoryKind::Host,
         // Local pinned host or device memory only: pageable host memory is
         // never registered or staged implicitly.
         TransportKind::Nvlink => {

@@ -3,7 +3,8 @@
 //! loans, charges, caches) is written once against this; SHM plugs in host
 //! memfd memory, the CUDA backends plug in driver calls.
 
-use crate::error::Result;
+use crate::control::identity::ProcessIdentity;
+use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use std::os::fd::{OwnedFd, RawFd};
 
@@ -24,6 +25,9 @@ pub struct ReceivedHandle {
     pub bytes: Vec<u8>,
     /// Descriptor received with the handle, if any.
     pub fd: Option<OwnedFd>,
+    /// The exporting process, as the kernel named the other end of the
+    /// Unix channel the handle came on (`None` over a fabric channel).
+    pub source: Option<ProcessIdentity>,
 }
 
 /// One copy between a local address and an address inside an imported
@@ -118,6 +122,37 @@ pub trait IpcBackend: Send + Sync {
     /// Source side: an export of `base` ended (its close receipt arrived or
     /// its importer provably exited). Backends that count exports use it.
     fn unexport(&self, _base: u64) {}
+    /// Source side: whether an export covers the registration it was asked
+    /// for (memory the library did not allocate: CMA) rather than the
+    /// library allocation holding it, which it then holds against a free.
+    fn exports_registrations(&self) -> bool {
+        false
+    }
+    /// Whether an import maps the remote memory into this process, and
+    /// so charges the mapping budget (CMA copies through the kernel and
+    /// maps nothing).
+    fn maps(&self) -> bool {
+        true
+    }
+    /// Source side: whether the requester process `requester`, running
+    /// as `uid` (the kernel's credentials of its Unix channel), may use
+    /// this transport; an error refuses the channel with its status. CMA
+    /// admits only its own user's processes, and names the requester as
+    /// this process's ptracer where Yama asks for it.
+    fn admit(&self, _uid: u32, _requester: &ProcessIdentity) -> Result<()> {
+        Ok(())
+    }
+    /// Requester side: why this backend can never reach the source process
+    /// `source` (`None`: it may), asked before the first channel to it.
+    fn refusal(&self, _source: &ProcessIdentity) -> Option<String> {
+        None
+    }
+    /// Requester side: whether `e`, from an import or a copy, means that
+    /// this backend can never reach that source (CMA: the kernel refused
+    /// the access), so that its requests take another transport from then on.
+    fn refuses_for_good(&self, _e: &Error) -> bool {
+        false
+    }
     /// Requester side: maps a received handle of `physical` bytes,
     /// read-write only when the grant allows WRITE, for copies with local
     /// memory on `local_device` (`None`: host memory; the backend's rule

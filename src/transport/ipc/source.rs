@@ -220,6 +220,13 @@ fn handshake(
             Error::NotSupported(format!("this engine offers no IPC transport with code {}", hello.transport)),
         );
     };
+    if !ch.is_tcp() {
+        // What the transport itself asks of the requester (CMA: its user).
+        let (_, uid) = ch.peer_cred()?;
+        if let Err(e) = table.admit_requester(uid, &requester.process) {
+            return refuse_with(ch, e);
+        }
+    }
     if let Err(e) = admit() {
         return refuse_with(ch, e);
     }

@@ -168,7 +168,7 @@ mod tests {
     use crate::memory::owners::allocate_shared_host;
 
     fn received(fd: OwnedFd) -> ReceivedHandle {
-        ReceivedHandle { bytes: Vec::new(), fd: Some(fd) }
+        ReceivedHandle { bytes: Vec::new(), fd: Some(fd), source: None }
     }
 
     fn dup(fd: RawFd) -> OwnedFd {

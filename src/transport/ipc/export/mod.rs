@@ -40,11 +40,25 @@ struct Held {
     /// ([`ExportTable::settle`]), so that stats never see an export gone
     /// and its charge still held.
     charge: Option<SharedCharge<u64>>,
-    _hold: ExportHold,
+    /// The hold on a library allocation (none for a registration of
+    /// memory the library did not allocate: CMA).
+    _hold: Option<ExportHold>,
     /// The region's registration, let go last (fields drop in order): an
     /// unregistration woken by it finds the allocation's hold gone, so a
     /// free right after it succeeds.
     lease: RegionLease,
+}
+
+/// What one export covers: its base and length (an allocation, or the
+/// registration itself), the length an importer may address from the base,
+/// and its charge (key and bytes) against the mapping budget.
+struct Extent {
+    base: u64,
+    logical: u64,
+    physical: u64,
+    charge_key: u64,
+    charge_bytes: u64,
+    hold: Option<ExportHold>,
 }
 
 /// One channel's grant board and its free slots.
@@ -259,6 +273,28 @@ impl ExportTable {
         Ok(lease)
     }
 
+    /// What an export of `req` covers: the library allocation holding it
+    /// (held against a free, its physical extent charged), or, for a
+    /// backend that exports registrations (CMA), the leased region itself
+    /// (nothing to hold: the memory is the application's; nothing mapped,
+    /// nothing charged).
+    fn extent(&self, lease: &RegionLease, req: &ExportRequest) -> Result<Extent> {
+        if self.backend.exports_registrations() {
+            let r = lease.region();
+            let charge_bytes = if self.backend.maps() { r.len } else { 0 };
+            let (base, logical) = (r.addr, r.len);
+            return Ok(Extent { base, logical, physical: logical, charge_key: r.id, charge_bytes, hold: None });
+        }
+        let o = owners::owner_of(req.addr)
+            .ok_or_else(|| Error::NotSupported(format!("0x{:x} is not in a library allocation", req.addr)))?;
+        let (base, logical, physical) = (o.base, o.len, o.physical);
+        if req.addr + req.len > base + logical {
+            return Err(Error::OutOfRange(format!("range 0x{:x}+{} leaves its allocation", req.addr, req.len)));
+        }
+        let hold = Some(owners::hold_for_export(base)?);
+        Ok(Extent { base, logical, physical, charge_key: o.id, charge_bytes: physical, hold })
+    }
+
     /// Validates an export request and retains the allocation (hold +
     /// the allocation's charge, shared with its other exports +
     /// registration). Never waits: exports of one allocation coexist.
@@ -266,14 +302,8 @@ impl ExportTable {
     pub fn offer(&self, conn: u64, requester: Option<Identity>, req: &ExportRequest) -> Result<ExportOffer> {
         self.backend.usable()?;
         let lease = self.validate(req.region_epoch, req.addr, req.len, req.ops)?;
-        let o = owners::owner_of(req.addr)
-            .ok_or_else(|| Error::NotSupported(format!("0x{:x} is not in a library allocation", req.addr)))?;
-        let (base, logical, physical) = (o.base, o.len, o.physical);
-        if req.addr + req.len > base + logical {
-            return Err(Error::OutOfRange(format!("range 0x{:x}+{} leaves its allocation", req.addr, req.len)));
-        }
-        let charge = self.charge(o.id, physical)?;
-        let hold = owners::hold_for_export(base)?;
+        let Extent { base, logical, physical, charge_key, charge_bytes, hold } = self.extent(&lease, req)?;
+        let charge = self.charge(charge_key, charge_bytes)?;
         // An unpredictable token, or no offer (never a guessable one).
         let token = crate::random::nonzero_u64()?;
         let mut t = self.table.lock();
@@ -419,6 +449,13 @@ impl ExportTable {
             return Err(e.context("the producer stream handed over for this memory"));
         }
         self.answer(conn, r)
+    }
+
+    /// Whether the requester process `requester`, running as `uid` (the
+    /// kernel's credentials of its Unix channel), may open a channel for
+    /// this table's transport ([`IpcBackend::admit`]).
+    pub fn admit_requester(&self, uid: u32, requester: &ProcessIdentity) -> Result<()> {
+        self.backend.admit(uid, requester)
     }
 
     /// Channel `conn` gets a grant board: its exports get slots on it.
