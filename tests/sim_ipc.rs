@@ -290,6 +290,7 @@ impl AnswerHost<Extra> for Host<'_> {
                     token,
                     base: base(alloc),
                     logical: ALLOC_LEN,
+                    physical: ALLOC_LEN,
                     region: alloc,
                     region_epoch: EPOCH,
                     ops: req.ops,
@@ -565,6 +566,12 @@ impl Sim {
         move |p| self.dead.contains(&(p.pid, p.start_time))
     }
 
+    /// An importer is gone once its process exited (nothing it was sent
+    /// outlives it in the simulation).
+    fn gone(&self) -> impl Fn(&ProcessIdentity, &Held) -> bool + '_ {
+        move |p, _| self.dead.contains(&(p.pid, p.start_time))
+    }
+
     fn live_chan(&self, pid: u32) -> Option<usize> {
         self.chans.iter().position(|c| c.pid == pid && !c.ended)
     }
@@ -632,7 +639,7 @@ impl Sim {
             self.src.not_sent(conn, a);
         }
         drop(dropped);
-        let lost = self.src.table.borrow_mut().connection_lost(conn, self.exited());
+        let lost = self.src.table.borrow_mut().connection_lost(conn, self.gone());
         self.src.settle(lost.released);
         self.trace.push(format!("conn {conn} cut: {why}"));
     }
@@ -919,7 +926,7 @@ impl Sim {
                 self.trace.push(format!("pid {pid} freezes"));
             }
             92..=93 => {
-                let gone = self.src.table.borrow_mut().reclaim_exited(self.exited());
+                let gone = self.src.table.borrow_mut().reclaim_exited(self.gone());
                 self.src.reclaimed += gone.len() as u64;
                 self.src.settle(gone);
                 self.check_reclaimed()?;
@@ -1155,7 +1162,7 @@ impl Sim {
         }
         self.trace.push(format!("the source closes; silent: {silent:?}"));
         let end = loop {
-            let gone = self.src.table.borrow_mut().reclaim_exited(self.exited());
+            let gone = self.src.table.borrow_mut().reclaim_exited(self.gone());
             self.src.settle(gone);
             if self.src.table.borrow().is_empty() {
                 break CloseEnd::Closed;
@@ -1205,7 +1212,7 @@ impl Sim {
         for p in &self.procs {
             self.dead.insert((p.ident.process.pid, p.ident.process.start_time));
         }
-        let gone = self.src.table.borrow_mut().reclaim_exited(self.exited());
+        let gone = self.src.table.borrow_mut().reclaim_exited(self.gone());
         self.src.settle(gone);
         self.check()?;
         let t = self.src.table.borrow();

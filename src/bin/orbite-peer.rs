@@ -26,9 +26,14 @@
 //! Requester mode: `orbite-peer --connect ENDPOINT --read ADDR:LEN [--config JSON]`
 //! connects, READs the range (transport auto), prints `ok FNV64` and obeys
 //! `read` (again), `flush`, `stats` and `exit` (exit at once, no close).
+//!
+//! Importer mode: `orbite-peer --import IPC_NAME ...`, a hostile importer
+//! speaking the SHM channel itself (`common/importer.rs`).
 
 #[path = "common/commands.rs"]
 mod commands;
+#[path = "common/importer.rs"]
+mod importer;
 
 use orbite::{allocate_shared_host, Access, Allocation, Engine, EngineConfig, Op, Request, SubmitOptions};
 use std::io::{BufRead, Write};
@@ -176,6 +181,10 @@ fn requester(a: &Args, engine: &Engine) -> ! {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--import") {
+        importer::main(&args[1..]);
+    }
     let a = parse_args();
     let engines: Vec<Engine> = (0..a.engines.max(1))
         .map(|_| EngineConfig::from_json(&a.config).and_then(Engine::new).unwrap_or_else(|e| die(&e.to_string())))

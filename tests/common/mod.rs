@@ -103,6 +103,47 @@ impl PeerProc {
         }
     }
 
+    /// Starts `orbite-peer --import` (a hostile importer, see
+    /// `src/bin/common/importer.rs`) on the SHM channel of the engine whose
+    /// Describe is `d`, asking for `count` exports of `[addr, addr+len)`
+    /// (writable with `w`); returns it and its first line ("held ...").
+    pub fn spawn_importer(
+        d: &orbite::control::message::Describe,
+        addr: u64,
+        len: u64,
+        w: bool,
+        count: u64,
+    ) -> (PeerProc, String) {
+        let epoch = d.regions.iter().find(|r| r.contains(addr, len)).expect("a published region").epoch;
+        let grant = format!("{epoch}:{addr}:{len}{}", if w { ":w" } else { "" });
+        let source_epoch = d.identity.engine_epoch.to_string();
+        let (child, stdin, stdout, line) = launch(&[
+            "--import",
+            &d.ipc_name,
+            "--source-epoch",
+            &source_epoch,
+            "--grant",
+            &grant,
+            "--count",
+            &count.to_string(),
+        ]);
+        let pid = child.id();
+        let p = PeerProc {
+            endpoint: String::new(),
+            addr: 0,
+            len: 0,
+            pid,
+            extra_addr: 0,
+            extra_len: 0,
+            addrs: Vec::new(),
+            endpoints: Vec::new(),
+            child,
+            stdin,
+            stdout,
+        };
+        (p, line.trim().to_string())
+    }
+
     /// Sends a command line and returns the reply line.
     pub fn cmd(&mut self, c: &str) -> String {
         self.send(c);

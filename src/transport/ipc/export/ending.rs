@@ -1,11 +1,27 @@
 //! How exports end besides their close receipts: offers expired or
 //! withdrawn, a lost channel (offers released, exposed exports retained
-//! and their importer watched), an importing process proven gone
-//! (reclaimed), the source's close waiting for the table to empty, and the
-//! retained exports reported. The decisions are the core's
-//! ([`ExportsCore`]); this is what the driver does with them.
+//! and their importer watched), an importer proven gone (reclaimed), the
+//! source's close waiting for the table to empty, and the retained exports
+//! reported. The decisions are the core's ([`ExportsCore`]); this is what
+//! the driver does with them.
+//!
+//! An importer is gone when every thread of its process has exited *and*
+//! nothing else still holds the handle it was sent (a child it forked
+//! keeps its mappings; `IpcBackend::handle_held`). Until both are proven
+//! its exports stay, and its watch keeps asking.
 
 use super::*;
+
+/// Whether an export's importer is provably gone: its process exited
+/// (asked once per process per call) and the backend sees nothing else
+/// holding the handle.
+fn gone_judge(backend: &dyn IpcBackend) -> impl FnMut(&ProcessIdentity, &Held) -> bool + '_ {
+    let mut exited: HashMap<(u32, u64), bool> = HashMap::new();
+    move |p, held| {
+        *exited.entry((p.pid, p.start_time)).or_insert_with(|| process_exited(p))
+            && !held.mark.is_some_and(|m| backend.handle_held(held.base, m))
+    }
+}
 
 impl ExportTable {
     /// Releases the offers of channel `conn` that were not answered within
@@ -43,7 +59,7 @@ impl ExportTable {
         let mut t = self.table.lock();
         // Retained exports keep the board alive through their slots.
         t.boards.remove(&conn);
-        let lost = t.core.connection_lost(conn, process_exited);
+        let lost = t.core.connection_lost(conn, gone_judge(self.backend.as_ref()));
         self.settle(t, lost.released);
         let what = self.backend.transport().name();
         if lost.reclaimed > 0 {
@@ -62,30 +78,44 @@ impl ExportTable {
         }
     }
 
-    /// Has the engine's exit watch call [`ExportTable::reclaim_exited`] once
-    /// process `p` exited. Without a watch (none set, or the process
-    /// descriptor refused) the retained exports are reclaimed at the next
-    /// [`ExportTable::reclaim_exited`] (every export request, and the close).
+    /// Has the engine's exit watch call [`ExportTable::reclaim_of`] once
+    /// process `p` exited, and again while something else still holds
+    /// its handles, until none of its exports is left. Without a watch
+    /// (none set, or the engine stopping) the retained exports are
+    /// reclaimed at the next [`ExportTable::reclaim_exited`] (the close).
     pub(super) fn watch_exit(&self, p: ProcessIdentity) {
         let (Some(watch), Some(me)) = (self.exit_watch.get(), self.me.get().cloned()) else {
             return;
         };
-        let on_exit = Box::new(move || {
-            if let Some(t) = me.upgrade() {
-                t.table.lock().core.unwatch(&p);
-                t.reclaim_exited();
-            }
-        });
+        let on_exit = Box::new(move || me.upgrade().is_none_or(|t| t.reclaim_of(&p)));
         if !watch(p, on_exit) {
             self.table.lock().core.unwatch(&p);
         }
     }
 
-    /// Releases retained exports whose importing process has exited (its
-    /// mappings went with it). Returns how many were released.
+    /// Releases process `p`'s retained exports whose importer is provably
+    /// gone. `true` once no export of `p` is left (its watch ends).
+    fn reclaim_of(&self, p: &ProcessIdentity) -> bool {
+        let mut t = self.table.lock();
+        let (gone, left) = t.core.reclaim_process(p, gone_judge(self.backend.as_ref()));
+        if left == 0 {
+            t.core.unwatch(p);
+        }
+        self.reclaimed(t, gone);
+        left == 0
+    }
+
+    /// Releases retained exports whose importer is provably gone (its
+    /// process exited, and nothing else holds their handles). Returns how
+    /// many were released.
     pub fn reclaim_exited(&self) -> usize {
         let mut t = self.table.lock();
-        let gone = t.core.reclaim_exited(process_exited);
+        let gone = t.core.reclaim_exited(gone_judge(self.backend.as_ref()));
+        self.reclaimed(t, gone)
+    }
+
+    /// Settles reclaimed exports and says so; how many.
+    fn reclaimed(&self, t: MutexGuard<'_, Table>, gone: Vec<Released<Held>>) -> usize {
         let n = gone.len();
         self.settle(t, gone);
         if n > 0 {

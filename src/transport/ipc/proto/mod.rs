@@ -15,5 +15,6 @@
 
 pub mod calls;
 pub mod exports;
+pub mod holders;
 pub mod requester;
 pub mod source;
