@@ -215,7 +215,7 @@ config_keys! {
     /// channel) may hold of this engine at once, per IPC transport, in any
     /// state (offered, in use, retained after its channel was lost); the
     /// next request is refused `RESOURCE_EXHAUSTED`.
-    ipc_max_exports_per_requester: u32 = 4096 => integer(1, 1 << 20);
+    ipc_max_exports_per_requester: u32 = 512 => integer(1, 1 << 20);
     /// The part of `max_inflight_bytes`, in percent, that the allocations
     /// one requester alone keeps exported may charge, once it holds one
     /// such allocation (a first one is always allowed, whatever its size):

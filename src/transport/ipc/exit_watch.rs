@@ -2,14 +2,15 @@
 //! (`pidfd_open(2)`) served by the engine's I/O threads. The kernel makes
 //! it readable once every thread of the process has exited (a leader that
 //! exited alone leaves it unreadable), after the process's memory (and
-//! every mapping it held) was released. The watch then runs its callback,
-//! and again at most every [`RECHECK`] while the callback says something
-//! else still holds what the process was sent (a child it forked), so that
-//! a source reclaims the exports of an importer that died while the source
-//! runs, without waiting for its close, and never before the last holder
-//! let go. A process that cannot be given a descriptor (gone already, or a
-//! kernel without `pidfd_open`) is watched at the I/O threads' ticks
-//! through `/proc`, registered with a descriptor that never fires.
+//! every mapping it held) was released. The watch runs its callback at
+//! once then, and every [`RECHECK`] before and after, until the callback
+//! says nothing of the process is left to wait for: so a source reclaims
+//! the exports of an importer that died while the source runs, without
+//! waiting for its close, and those whose handle something else still
+//! held (a child it forked) once that lets go. A process that cannot be
+//! given a descriptor (gone already, or a kernel without `pidfd_open`) is
+//! watched at the I/O threads' ticks through `/proc`, registered with a
+//! descriptor that never fires.
 
 use super::export::{process_exited, ExitWatchFn, OnExit};
 use crate::control::identity::{process_start_time, ProcessIdentity};
@@ -19,8 +20,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-/// How often a process that exited is asked about again while something
-/// else still holds what it was sent.
+/// How often the callback runs while something of the process is left.
 pub const RECHECK: Duration = Duration::from_secs(1);
 
 /// One watched process.
@@ -32,8 +32,8 @@ struct ExitWatch {
     who: ProcessIdentity,
     on_exit: OnExit,
     /// `None` once the callback said the watch may end; otherwise when it
-    /// may run next.
-    next: Mutex<Option<Instant>>,
+    /// runs next, and whether the process was seen exited.
+    next: Mutex<Option<(Instant, bool)>>,
 }
 
 impl ExitWatch {
@@ -45,23 +45,20 @@ impl ExitWatch {
         }
     }
 
-    /// Runs the callback if the process exited (and it is time); `Done`
-    /// once the callback says nothing is left.
+    /// Runs the callback when the process has just exited, or when it is
+    /// time; `Done` once the callback says nothing is left.
     fn check(&self, now: Instant) -> Flow {
         let mut next = self.next.lock();
-        match *next {
-            None => return Flow::Done,
-            Some(at) if now < at => return Flow::Idle,
-            Some(_) => {}
-        }
-        if !self.exited() {
+        let Some((at, seen)) = *next else { return Flow::Done };
+        let exited = seen || self.exited();
+        if now < at && exited == seen {
             return Flow::Idle;
         }
-        if (self.on_exit)() {
+        if (self.on_exit)(exited) {
             *next = None;
             return Flow::Done;
         }
-        *next = Some(now + RECHECK);
+        *next = Some((now + RECHECK, exited));
         Flow::Idle
     }
 }
@@ -126,7 +123,8 @@ pub fn watcher(reactor: Weak<Reactor>) -> ExitWatchFn {
         };
         let Some(reactor) = reactor.upgrade() else { return false };
         let raw = fd.as_raw_fd();
-        let w = Arc::new(ExitWatch { fd, pidfd, who, on_exit, next: Mutex::new(Some(Instant::now())) });
+        let first = (Instant::now() + RECHECK, false);
+        let w = Arc::new(ExitWatch { fd, pidfd, who, on_exit, next: Mutex::new(Some(first)) });
         // The handler owns the descriptor: it stays open until `Done`.
         reactor.register(raw, w).is_ok()
     })
@@ -137,14 +135,21 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU64, Ordering};
 
-    /// Watches `who` with a callback that counts its runs and answers
-    /// `true` (nothing left) from its `done_at`-th run on; the count.
-    fn watch_counting(watch: &ExitWatchFn, who: ProcessIdentity, done_at: u64) -> Arc<AtomicU64> {
-        let fired = Arc::new(AtomicU64::new(0));
-        let f = fired.clone();
-        let on_exit = Box::new(move || f.fetch_add(1, Ordering::SeqCst) + 1 >= done_at);
+    /// Watches `who` with a callback that counts its runs after the exit
+    /// and answers `true` (nothing left) from its `done_at`-th on; the
+    /// count. A run before the exit answers `false` and counts apart.
+    fn watch_counting(watch: &ExitWatchFn, who: ProcessIdentity, done_at: u64) -> (Arc<AtomicU64>, Arc<AtomicU64>) {
+        let (fired, early) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (f, e) = (fired.clone(), early.clone());
+        let on_exit = Box::new(move |exited| match exited {
+            true => f.fetch_add(1, Ordering::SeqCst) + 1 >= done_at,
+            false => {
+                e.fetch_add(1, Ordering::SeqCst);
+                false
+            }
+        });
         assert!(watch(who, on_exit), "the watch was refused");
-        fired
+        (fired, early)
     }
 
     fn until(what: &str, f: impl Fn() -> bool) {
@@ -164,7 +169,9 @@ mod tests {
         let reactor = Arc::new(Reactor::new(1, Duration::ZERO));
         let watch = watcher(Arc::downgrade(&reactor));
         let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
-        let fired = watch_counting(&watch, identity(&child), 1);
+        let (fired, early) = watch_counting(&watch, identity(&child), 1);
+        // Asked again while it lives (a lingering export may end then).
+        until("the callback ran before the exit", || early.load(Ordering::SeqCst) >= 1);
         assert_eq!(fired.load(Ordering::SeqCst), 0, "fired while the child lives");
         child.kill().unwrap();
         // Not reaped yet: a zombie whose every thread exited counts.
@@ -181,7 +188,7 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let who = identity(&child);
         child.wait().unwrap();
-        let fired = watch_counting(&watch, who, 1);
+        let (fired, _) = watch_counting(&watch, who, 1);
         until("the callback ran", || fired.load(Ordering::SeqCst) == 1);
         reactor.stop();
         assert_eq!(fired.load(Ordering::SeqCst), 1);
@@ -196,7 +203,7 @@ mod tests {
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let who = identity(&child);
         child.wait().unwrap();
-        let fired = watch_counting(&watch, who, 3);
+        let (fired, _) = watch_counting(&watch, who, 3);
         until("the callback ran three times", || fired.load(Ordering::SeqCst) == 3);
         reactor.stop();
         assert_eq!(fired.load(Ordering::SeqCst), 3);

@@ -12,14 +12,11 @@
 
 use super::*;
 
-/// Whether an export's importer is provably gone: its process exited
-/// (asked once per process per call) and the backend sees nothing else
-/// holding the handle.
-fn gone_judge(backend: &dyn IpcBackend) -> impl FnMut(&ProcessIdentity, &Held) -> bool + '_ {
-    let mut exited: HashMap<(u32, u64), bool> = HashMap::new();
-    move |p, held| {
-        *exited.entry((p.pid, p.start_time)).or_insert_with(|| process_exited(p))
-            && !held.mark.is_some_and(|m| backend.handle_held(held.base, m))
+impl ExportTable {
+    /// Whether nothing still holds the handle export `held` was sent (open
+    /// or mapped, in any process), as far as the backend can tell.
+    pub(super) fn let_go(&self, held: &Held) -> bool {
+        !held.mark.is_some_and(|m| self.backend.handle_held(held.base, m))
     }
 }
 
@@ -59,7 +56,7 @@ impl ExportTable {
         let mut t = self.table.lock();
         // Retained exports keep the board alive through their slots.
         t.boards.remove(&conn);
-        let lost = t.core.connection_lost(conn, gone_judge(self.backend.as_ref()));
+        let lost = t.core.connection_lost(conn, process_exited, |h| self.let_go(h));
         self.settle(t, lost.released);
         let what = self.backend.transport().name();
         if lost.reclaimed > 0 {
@@ -78,26 +75,27 @@ impl ExportTable {
         }
     }
 
-    /// Has the engine's exit watch call [`ExportTable::reclaim_of`] once
-    /// process `p` exited, and again while something else still holds
-    /// its handles, until none of its exports is left. Without a watch
-    /// (none set, or the engine stopping) the retained exports are
-    /// reclaimed at the next [`ExportTable::reclaim_exited`] (the close).
+    /// Has the engine's exit watch call [`ExportTable::reclaim_of`] for
+    /// process `p` (at once when it exits, and every so often), until no
+    /// export of `p` is left to wait for. Without a watch (none set, or
+    /// the engine stopping) kept exports are reclaimed at the next
+    /// [`ExportTable::reclaim_exited`] (the close).
     pub(super) fn watch_exit(&self, p: ProcessIdentity) {
         let (Some(watch), Some(me)) = (self.exit_watch.get(), self.me.get().cloned()) else {
             return;
         };
-        let on_exit = Box::new(move || me.upgrade().is_none_or(|t| t.reclaim_of(&p)));
+        let on_exit = Box::new(move |exited| me.upgrade().is_none_or(|t| t.reclaim_of(&p, exited)));
         if !watch(p, on_exit) {
             self.table.lock().core.unwatch(&p);
         }
     }
 
-    /// Releases process `p`'s retained exports whose importer is provably
-    /// gone. `true` once no export of `p` is left (its watch ends).
-    fn reclaim_of(&self, p: &ProcessIdentity) -> bool {
+    /// Releases process `p`'s kept exports whose import is provably closed
+    /// (retained ones once it `exited`). `true` once none is left to wait
+    /// for (its watch ends).
+    fn reclaim_of(&self, p: &ProcessIdentity, exited: bool) -> bool {
         let mut t = self.table.lock();
-        let (gone, left) = t.core.reclaim_process(p, gone_judge(self.backend.as_ref()));
+        let (gone, left) = t.core.reclaim_process(p, exited, |h| self.let_go(h));
         if left == 0 {
             t.core.unwatch(p);
         }
@@ -105,12 +103,12 @@ impl ExportTable {
         left == 0
     }
 
-    /// Releases retained exports whose importer is provably gone (its
-    /// process exited, and nothing else holds their handles). Returns how
-    /// many were released.
+    /// Releases kept exports whose import is provably closed: retained ones
+    /// whose process exited, lingering ones, once nothing else holds their
+    /// handles. Returns how many were released.
     pub fn reclaim_exited(&self) -> usize {
         let mut t = self.table.lock();
-        let gone = t.core.reclaim_exited(gone_judge(self.backend.as_ref()));
+        let gone = t.core.reclaim_exited(process_exited, |h| self.let_go(h));
         self.reclaimed(t, gone)
     }
 
@@ -120,7 +118,10 @@ impl ExportTable {
         self.settle(t, gone);
         if n > 0 {
             let what = self.backend.transport().name();
-            self.log.info(format_args!("{what}: {n} retained exports reclaimed: their importing process exited"));
+            self.log.info(format_args!(
+                "{what}: {n} kept exports reclaimed: their importing process exited or let go, and nothing else \
+                 holds their handles"
+            ));
         }
         n
     }

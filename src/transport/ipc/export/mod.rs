@@ -5,7 +5,9 @@
 //! the allocation's physical-extent charge (charged once however many
 //! exports of it are open), and is released only by a close receipt (or
 //! proof that the importing process has exited, which a watch on the
-//! process notices while the source runs). Exports of one allocation
+//! process notices while the source runs), and only once nothing holds
+//! the handle it was sent. Each requester is bounded in exports and in
+//! the budget it alone keeps charged. Exports of one allocation
 //! coexist, READ and WRITE alike: nothing waits for another importer. The
 //! handle itself is exposed only after the requester answers the offer.
 
@@ -124,15 +126,18 @@ pub struct ExportCounts {
     /// Exports offered or exposed to live requesters.
     #[serde(rename = "exports_open")]
     pub open: u64,
-    /// Exports without a close receipt after their channel was lost.
+    /// Exports kept without proof that their import was closed: no close
+    /// receipt after their channel was lost, or a receipt while their
+    /// handle is still open or mapped somewhere (lingering).
     #[serde(rename = "exports_retained")]
     pub retained: u64,
     /// Physical bytes charged by exports: each exported allocation once
     /// (reported with the imports' in `mapping_bytes_charged`).
     #[serde(skip)]
     pub charged_bytes: u64,
-    /// Exports released because their importing process exited (its
-    /// mappings went with it), since the engine started.
+    /// Exports released because their import's last holder went (the
+    /// importing process exited, every thread, and nothing else held its
+    /// handle), since the engine started.
     #[serde(rename = "exports_reclaimed_after_exit")]
     pub reclaimed_after_exit: u64,
     /// Accepted offers answered on a thread of their own after waiting for
@@ -183,15 +188,15 @@ pub struct ExportTable {
     log: Arc<crate::log::Logger>,
 }
 
-/// What an exit watch calls once its process exited: `true` when the
-/// watch may end (nothing of the process is left to reclaim); `false` has
-/// it call again later (something else still holds a handle).
-pub type OnExit = Box<dyn Fn() -> bool + Send + Sync>;
+/// What an exit watch calls, with whether its process exited (every
+/// thread): `true` when the watch may end (nothing of the process is left
+/// to wait for); `false` has it call again later.
+pub type OnExit = Box<dyn Fn(bool) -> bool + Send + Sync>;
 
-/// Starts watching a process (its identity) for its exit, calling the
-/// given function once it exited, and again until it answers `true`.
-/// `false`: no watch could be set up (the caller falls back on checking at
-/// its own ticks).
+/// Starts watching a process (its identity), calling the given function
+/// as soon as it exited and every so often before and after, until it
+/// answers `true`. `false`: no watch could be set up (the caller falls
+/// back on checking at its own ticks).
 pub type ExitWatchFn = Box<dyn Fn(ProcessIdentity, OnExit) -> bool + Send + Sync>;
 
 /// Whether the process is provably gone: no such pid, the pid was reused,
@@ -436,7 +441,7 @@ impl ExportTable {
         let base = base.ok_or_else(|| Error::NotFound(format!("no offer {} waits on this channel", r.export_id)))?;
         if let Err(e) = self.backend.before_export(base) {
             let mut t = self.table.lock();
-            if let Ok(Some(g)) = t.core.close_receipt(conn, None, &ExportRef { value: 0, ..*r }) {
+            if let Ok(Some(g)) = t.core.close_receipt(conn, None, &ExportRef { value: 0, ..*r }, |_| false) {
                 self.settle(t, vec![g]);
             }
             return Err(e.context("the producer stream handed over for this memory"));
@@ -525,11 +530,28 @@ impl ExportTable {
     /// requester engine, after the channel the export was granted on was
     /// lost: that is how a requester whose source froze and resumed
     /// releases what it held.
+    ///
+    /// The receipt is the importer's word: when the backend sees its handle
+    /// still open or mapped somewhere (a child it forked), the export
+    /// lingers, keeping all it holds but its board slot, until nothing
+    /// holds the handle (the importer's watch asks).
     pub fn close_receipt(&self, conn: u64, requester: Option<Identity>, r: &ExportRef) -> Result<()> {
         let mut t = self.table.lock();
-        if let Some(g) = t.core.close_receipt(conn, requester, r)? {
+        if let Some(g) = t.core.close_receipt(conn, requester, r, |h| !self.let_go(h))? {
             self.settle(t, vec![g]);
+            return Ok(());
         }
+        let Some(p) = t.core.lingering(r.export_id) else { return Ok(()) };
+        let slot = t.core.held_mut(r.export_id).and_then(|h| h.slot.take());
+        drop(t);
+        drop(slot);
+        let what = self.backend.transport().name();
+        self.log.warn(format_args!(
+            "{what}: export {} lingers: process {} sent its close receipt, but its handle is still open or mapped \
+             (a child it forked?); it ends once nothing holds it",
+            r.export_id, p.pid
+        ));
+        self.watch_exit(p);
         Ok(())
     }
 

@@ -13,11 +13,17 @@
 //! was lost without a close receipt). A channel lost while an export is
 //! `Exposing` marks it `Abandoned`: the driver still holds a borrowed view
 //! of what it is exporting, so the export keeps its resources until
-//! [`ExportsCore::finish_answer`] ends it (never exposed to anyone).
+//! [`ExportsCore::finish_answer`] ends it (never exposed to anyone). A
+//! close receipt for a handle that is still open or mapped somewhere (the
+//! driver asks its backend) leaves the export `Lingering` until it is not.
+//!
+//! An importer is proven gone only when its process exited (every thread)
+//! *and* nothing still holds the handle it was sent: the driver answers
+//! both (`exited`, `let_go`), and the core asks the first once per process.
 
 use super::super::messages::{ExportRef, Revalidate, OP_WRITE};
-pub use super::holders::{Holder, Limits};
 use super::holders::Holders;
+pub use super::holders::{Holder, Limits};
 use crate::control::identity::{Identity, ProcessIdentity};
 use crate::error::{Error, Result};
 use entries::Entries;
@@ -43,13 +49,23 @@ pub enum ExportState {
     /// The requester's channel was lost without a close receipt: nothing
     /// proves the import was closed, so everything stays retained.
     Retained,
+    /// Its close receipt came, but the handle it was sent is still open or
+    /// mapped somewhere (a child its importer forked, or an importer that
+    /// kept it): nothing proves the memory unused, so everything stays
+    /// until the handle lets go (its board slot is given back).
+    Lingering,
 }
 
 impl ExportState {
     /// Whether a handle was made for an export in this state (its end
     /// unexports it).
     fn exported(self) -> bool {
-        matches!(self, ExportState::Exposed | ExportState::Retained)
+        matches!(self, ExportState::Exposed | ExportState::Retained | ExportState::Lingering)
+    }
+
+    /// Kept without proof that its import was closed.
+    fn kept(self) -> bool {
+        matches!(self, ExportState::Retained | ExportState::Lingering)
     }
 }
 
@@ -232,7 +248,7 @@ pub struct ExportsCore<R> {
     offers: HashMap<u64, BTreeSet<(Instant, u64)>>,
     /// Exports of each kernel-verified importing process (pid, start time).
     by_process: HashMap<(u32, u64), BTreeSet<u64>>,
-    /// Exports in the `Retained` state.
+    /// Exports in the `Retained` or `Lingering` state.
     retained: usize,
     /// Each requester's count and bytes held alone, bounded.
     holders: Holders,
@@ -326,8 +342,10 @@ impl<R> ExportsCore<R> {
         if was == ExportState::Offered && state != ExportState::Offered {
             remove_from(&mut self.offers, conn, &(at, id));
         }
-        if was != ExportState::Retained && state == ExportState::Retained {
-            self.retained += 1;
+        match (was.kept(), state.kept()) {
+            (false, true) => self.retained += 1,
+            (true, false) => self.retained -= 1,
+            _ => {}
         }
     }
 
@@ -342,10 +360,11 @@ impl<R> ExportsCore<R> {
         let e = self.exports.remove(&id)?;
         let g = e.grant;
         remove_from(&mut self.by_conn, g.conn, &id);
-        match e.state {
-            ExportState::Offered => remove_from(&mut self.offers, g.conn, &(e.offered_at, id)),
-            ExportState::Retained => self.retained -= 1,
-            _ => {}
+        if e.state == ExportState::Offered {
+            remove_from(&mut self.offers, g.conn, &(e.offered_at, id));
+        }
+        if e.state.kept() {
+            self.retained -= 1;
         }
         if let Some(r) = g.requester {
             remove_from(&mut self.by_process, process_key(&r.process), &id);
@@ -360,7 +379,7 @@ impl<R> ExportsCore<R> {
         if r.value == 0 {
             // Its own channel, so never `None`.
             return self
-                .release(conn, None, r)
+                .release(conn, None, r, |_| false)
                 .and_then(|g| g.ok_or_else(|| not_found(r.export_id)))
                 .map(Answering::Declined);
         }
@@ -486,24 +505,34 @@ impl<R> ExportsCore<R> {
 
     /// Close receipt: the importer unmapped. A repeated receipt (after a
     /// lost ACK) is acknowledged (`None`). It may come on a later channel
-    /// of the same kernel-verified requester.
+    /// of the same kernel-verified requester. An export whose handle is
+    /// still open or mapped somewhere (`held`) is not released but left
+    /// `Lingering` (`None`; see [`ExportsCore::lingering`]).
     pub fn close_receipt(
         &mut self,
         conn: u64,
         requester: Option<Identity>,
         r: &ExportRef,
+        held: impl FnOnce(&R) -> bool,
     ) -> Result<Option<Released<R>>> {
         if self.closed_set.contains(&(r.export_id, r.token)) {
             return Ok(None);
         }
-        self.release(conn, requester, r)
+        self.release(conn, requester, r, held)
     }
 
     /// Ends export `r` for its channel `conn` (or for `requester` on a
     /// later channel of its). `None`: nothing to end now — a grant whose
     /// handle went with its lost channel, released from a later channel
-    /// while the handle is still being made, ends unexposed once made.
-    fn release(&mut self, conn: u64, requester: Option<Identity>, r: &ExportRef) -> Result<Option<Released<R>>> {
+    /// while the handle is still being made, ends unexposed once made; an
+    /// exposed export whose handle is still `held` lingers.
+    fn release(
+        &mut self,
+        conn: u64,
+        requester: Option<Identity>,
+        r: &ExportRef,
+        held: impl FnOnce(&R) -> bool,
+    ) -> Result<Option<Released<R>>> {
         let same_requester = |e: &Entry<R>| requester.is_some() && e.grant.requester == requester;
         let (state, elsewhere) = match self.exports.get(&r.export_id) {
             Some(e) if e.grant.token == r.token && (e.grant.conn == conn || same_requester(e)) => {
@@ -523,11 +552,26 @@ impl<R> ExportsCore<R> {
             ExportState::Exposing | ExportState::Abandoned => {
                 return Err(Error::Protocol(format!("export {} is still being answered", r.export_id)))
             }
+            ExportState::Lingering => return Ok(None),
             _ => {}
+        }
+        let exposed = state.exported();
+        if exposed && held(&self.exports.get(&r.export_id).expect("present").res) {
+            self.set_state(r.export_id, ExportState::Lingering);
+            self.remember(r);
+            return Ok(None);
         }
         let gone = self.take(r.export_id).expect("present");
         self.remember(r);
         Ok(Some(gone))
+    }
+
+    /// The process to watch for lingering export `id` (so that it ends once
+    /// its handle lets go), unless watched already.
+    pub fn lingering(&mut self, id: u64) -> Option<ProcessIdentity> {
+        let e = self.exports.get(&id).filter(|e| e.state == ExportState::Lingering)?;
+        let p = e.grant.requester?.process;
+        self.watched.insert(process_key(&p)).then_some(p)
     }
 
     fn remember(&mut self, r: &ExportRef) {
@@ -567,13 +611,18 @@ impl<R> ExportsCore<R> {
 
     /// Channel `conn` was lost. Offers end; an export being answered is
     /// abandoned (ended when its answer finishes); exposed exports stay
-    /// retained unless their importer is provably gone (`gone`: its
-    /// process exited, and nothing survives that could still use its
-    /// handle), and the importing processes not watched yet are returned
-    /// to be watched.
-    pub fn connection_lost(&mut self, conn: u64, mut gone: impl FnMut(&ProcessIdentity, &R) -> bool) -> Lost<R> {
+    /// retained unless their importer is provably gone (its process
+    /// `exited`, and nothing else holds its handle: `let_go`), and the
+    /// importing processes not watched yet are returned to be watched.
+    pub fn connection_lost(
+        &mut self,
+        conn: u64,
+        exited: impl FnMut(&ProcessIdentity) -> bool,
+        mut let_go: impl FnMut(&R) -> bool,
+    ) -> Lost<R> {
         let mut lost =
             Lost { released: Vec::new(), reclaimed: 0, retained: 0, pids: BTreeSet::new(), watch: Vec::new() };
+        let mut exited = once_per_process(exited);
         let ids: Vec<u64> = self.by_conn.get(&conn).map(|s| s.iter().copied().collect()).unwrap_or_default();
         for id in ids {
             let e = self.exports.get(&id).expect("indexed");
@@ -583,10 +632,10 @@ impl<R> ExportsCore<R> {
                     lost.released.extend(self.take(id))
                 }
                 ExportState::Exposing => self.set_state(id, ExportState::Abandoned),
-                ExportState::Abandoned | ExportState::Retained => {}
+                ExportState::Abandoned | ExportState::Retained | ExportState::Lingering => {}
                 ExportState::Offered if self.mutations.keep_offers_of_lost_channels => {}
                 ExportState::Offered => lost.released.extend(self.take(id)),
-                ExportState::Exposed if requester.is_some_and(|r| gone(&r.process, &e.res)) => {
+                ExportState::Exposed if requester.is_some_and(|r| exited(&r.process) && let_go(&e.res)) => {
                     lost.reclaimed += 1;
                     lost.released.extend(self.take(id));
                 }
@@ -612,36 +661,51 @@ impl<R> ExportsCore<R> {
         self.watched.remove(&process_key(p));
     }
 
-    /// Ends retained exports whose importer is provably gone (see
-    /// [`ExportsCore::connection_lost`]), over every importing process.
-    pub fn reclaim_exited(&mut self, mut gone: impl FnMut(&ProcessIdentity, &R) -> bool) -> Vec<Released<R>> {
-        let procs: Vec<ProcessIdentity> = self
-            .by_process
-            .keys()
-            .map(|&(pid, start_time)| ProcessIdentity { pid, start_time })
-            .collect();
-        procs.iter().flat_map(|p| self.reclaim_process(p, &mut gone).0).collect()
+    /// Ends kept exports whose import is provably closed (see
+    /// [`ExportsCore::reclaim_process`]), over every importing process.
+    pub fn reclaim_exited(
+        &mut self,
+        exited: impl FnMut(&ProcessIdentity) -> bool,
+        mut let_go: impl FnMut(&R) -> bool,
+    ) -> Vec<Released<R>> {
+        let mut exited = once_per_process(exited);
+        let procs: Vec<ProcessIdentity> =
+            self.by_process.keys().map(|&(pid, start_time)| ProcessIdentity { pid, start_time }).collect();
+        procs.iter().flat_map(|p| self.reclaim_process(p, exited(p), &mut let_go).0).collect()
     }
 
-    /// Ends process `p`'s retained exports whose importer is provably gone;
-    /// returns them and how many exports of `p` (in any state) are left.
+    /// Ends process `p`'s kept exports whose import is provably closed: a
+    /// retained one once `p` `exited` and nothing else holds its handle
+    /// (`let_go`), a lingering one once nothing holds it. Returns them and
+    /// how many exports of `p` are still to be watched for (every one once
+    /// it exited; otherwise the kept ones).
     pub fn reclaim_process(
         &mut self,
         p: &ProcessIdentity,
-        mut gone: impl FnMut(&ProcessIdentity, &R) -> bool,
+        exited: bool,
+        mut let_go: impl FnMut(&R) -> bool,
     ) -> (Vec<Released<R>>, usize) {
         let any = self.mutations.reclaim_live_importers;
-        let ids: Vec<u64> = self.by_process.get(&process_key(p)).map(|s| s.iter().copied().collect()).unwrap_or_default();
+        let ids: Vec<u64> =
+            self.by_process.get(&process_key(p)).map(|s| s.iter().copied().collect()).unwrap_or_default();
         let due: Vec<u64> = ids
-            .into_iter()
+            .iter()
+            .copied()
             .filter(|id| {
                 let e = self.exports.get(id).expect("indexed");
-                e.state == ExportState::Retained && (any || gone(p, &e.res))
+                match e.state {
+                    ExportState::Retained => any || (exited && let_go(&e.res)),
+                    ExportState::Lingering => any || let_go(&e.res),
+                    _ => false,
+                }
             })
             .collect();
         let released = self.take_all(due);
         self.reclaimed += released.len() as u64;
-        (released, self.by_process.get(&process_key(p)).map_or(0, |s| s.len()))
+        let left = self.by_process.get(&process_key(p)).map_or(0, |s| {
+            s.iter().filter(|id| exited || self.exports.get(id).is_some_and(|e| e.state.kept())).count()
+        });
+        (released, left)
     }
 
     /// Revokes the board slots of region `region`'s exports (`None`: every
@@ -748,14 +812,21 @@ impl<R> ExportsCore<R> {
         self.exports.walked()
     }
 
-    /// Retained exports: (id, allocation base, importing pid).
+    /// Kept exports (retained or lingering): (id, allocation base,
+    /// importing pid).
     pub fn retained(&self) -> Vec<(u64, u64, Option<u32>)> {
         self.exports
             .walk()
-            .filter(|(_, e)| e.state == ExportState::Retained)
+            .filter(|(_, e)| e.state.kept())
             .map(|(id, e)| (*id, e.grant.base, e.grant.requester.map(|r| r.process.pid)))
             .collect()
     }
+}
+
+/// `exited`, asked at most once per process.
+fn once_per_process(mut exited: impl FnMut(&ProcessIdentity) -> bool) -> impl FnMut(&ProcessIdentity) -> bool {
+    let mut seen: HashMap<(u32, u64), bool> = HashMap::new();
+    move |p| *seen.entry(process_key(p)).or_insert_with(|| exited(p))
 }
 
 /// Removes `item` from the set of `key` in `index`, and the set once empty.

@@ -42,12 +42,12 @@ fn an_accepted_offer_is_exposed_once_and_a_close_receipt_ends_it_exported() {
     assert_eq!(c.state(id), Some(ExportState::Exposed));
     let again = c.begin_answer(1, &r(id, 1, 0)).err().expect("a second answer is refused");
     assert_eq!(again.status(), Status::ProtocolError);
-    let gone = c.close_receipt(1, None, &r(id, 0, 0)).unwrap().expect("released");
+    let gone = c.close_receipt(1, None, &r(id, 0, 0), |_| false).unwrap().expect("released");
     assert!(gone.exported);
     assert_eq!(gone.res, "held");
     assert_eq!(c.len(), 0);
     // A receipt repeated after a lost ACK is acknowledged, not refused.
-    assert!(c.close_receipt(1, None, &r(id, 0, 0)).unwrap().is_none());
+    assert!(c.close_receipt(1, None, &r(id, 0, 0), |_| false).unwrap().is_none());
 }
 
 #[test]
@@ -56,8 +56,8 @@ fn a_wrong_token_or_channel_finds_no_export() {
     let mut c = ExportsCore::new(Duration::from_secs(5));
     let id = exposed(&mut c, 1, None, now);
     let bad = ExportRef { token: 1, ..r(id, 0, 0) };
-    assert_eq!(c.close_receipt(1, None, &bad).err().unwrap().status(), Status::NotFound);
-    assert_eq!(c.close_receipt(2, None, &r(id, 0, 0)).err().unwrap().status(), Status::NotFound);
+    assert_eq!(c.close_receipt(1, None, &bad, |_| false).err().unwrap().status(), Status::NotFound);
+    assert_eq!(c.close_receipt(2, None, &r(id, 0, 0), |_| false).err().unwrap().status(), Status::NotFound);
     assert_eq!(c.op_complete(2, &r(id, 10, 1)).err().unwrap().status(), Status::NotFound);
     assert_eq!(c.len(), 1);
 }
@@ -67,11 +67,11 @@ fn a_later_channel_of_the_same_verified_requester_may_close_a_retained_export() 
     let now = Instant::now();
     let mut c = ExportsCore::new(Duration::from_secs(5));
     let id = exposed(&mut c, 1, Some(who(40)), now);
-    let lost = c.connection_lost(1, |_, _| false);
+    let lost = c.connection_lost(1, |_| false, |_| true);
     assert_eq!((lost.released.len(), lost.retained, lost.watch.len()), (0, 1, 1));
     assert_eq!(c.counts(), (0, 1));
-    assert_eq!(c.close_receipt(2, Some(who(41)), &r(id, 0, 0)).err().unwrap().status(), Status::NotFound);
-    assert!(c.close_receipt(2, Some(who(40)), &r(id, 0, 0)).unwrap().unwrap().exported);
+    assert_eq!(c.close_receipt(2, Some(who(41)), &r(id, 0, 0), |_| false).err().unwrap().status(), Status::NotFound);
+    assert!(c.close_receipt(2, Some(who(40)), &r(id, 0, 0), |_| false).unwrap().unwrap().exported);
     assert_eq!(c.counts(), (0, 0));
 }
 
@@ -87,15 +87,18 @@ fn a_grant_lost_with_its_channel_may_be_released_while_its_handle_is_made() {
     let mut c = ExportsCore::new(Duration::from_secs(5));
     let id = c.offer(grant(1, Some(who(40)), OP_READ), now, "held");
     assert!(matches!(c.begin_answer(1, &r(id, 1, 0)), Ok(Answering::Expose { .. })));
-    let early = c.close_receipt(2, Some(who(40)), &r(id, 0, 0)).err().expect("refused while answered on 1");
+    let early = c.close_receipt(2, Some(who(40)), &r(id, 0, 0), |_| false).err().expect("refused while answered on 1");
     assert_eq!(early.status(), Status::Unavailable);
     // The same channel closing what it is being answered is a protocol
     // error, as before.
-    assert_eq!(c.close_receipt(1, Some(who(40)), &r(id, 0, 0)).err().unwrap().status(), Status::ProtocolError);
-    let lost = c.connection_lost(1, |_, _| false);
+    assert_eq!(
+        c.close_receipt(1, Some(who(40)), &r(id, 0, 0), |_| false).err().unwrap().status(),
+        Status::ProtocolError
+    );
+    let lost = c.connection_lost(1, |_| false, |_| true);
     assert_eq!((lost.released.len(), lost.retained), (0, 0));
     assert_eq!(c.state(id), Some(ExportState::Abandoned));
-    assert!(c.close_receipt(2, Some(who(40)), &r(id, 0, 0)).unwrap().is_none());
+    assert!(c.close_receipt(2, Some(who(40)), &r(id, 0, 0), |_| false).unwrap().is_none());
     assert_eq!(c.state(id), Some(ExportState::Abandoned));
     match c.finish_answer(1, &r(id, 1, 0), true) {
         Finished::Ended(g) => assert!(!g.exported),
@@ -112,7 +115,7 @@ fn a_lost_channel_ends_offers_retains_exposed_and_reclaims_exited_importers() {
     let kept = exposed(&mut c, 1, Some(who(40)), now);
     let dead = exposed(&mut c, 1, Some(who(50)), now);
     let other = exposed(&mut c, 2, Some(who(40)), now);
-    let lost = c.connection_lost(1, |p, _| p.pid == 50);
+    let lost = c.connection_lost(1, |p| p.pid == 50, |_| true);
     assert_eq!(
         lost.released.iter().map(|g| (g.res, g.exported)).collect::<Vec<_>>(),
         [("offer", false), ("held", true)]
@@ -125,9 +128,9 @@ fn a_lost_channel_ends_offers_retains_exposed_and_reclaims_exited_importers() {
     assert_eq!(c.state(other), Some(ExportState::Exposed));
     // Watched once however many exports it retains.
     let again = exposed(&mut c, 3, Some(who(40)), now);
-    assert!(c.connection_lost(3, |_, _| false).watch.is_empty());
+    assert!(c.connection_lost(3, |_| false, |_| true).watch.is_empty());
     assert_eq!(c.retained().len(), 2);
-    let gone = c.reclaim_exited(|p, _| p.pid == 40);
+    let gone = c.reclaim_exited(|p| p.pid == 40, |_| true);
     assert_eq!(gone.len(), 2);
     assert_eq!(c.state(again), None);
     assert_eq!(c.reclaimed(), 3);
@@ -140,11 +143,11 @@ fn a_grant_finished_after_its_channel_ended_ends_unexposed() {
     let mut c = ExportsCore::new(Duration::from_secs(5));
     let id = c.offer(grant(1, None, OP_READ), now, "held");
     assert!(matches!(c.begin_answer(1, &r(id, 1, 0)), Ok(Answering::Expose { writable: false, .. })));
-    let lost = c.connection_lost(1, |_, _| true);
+    let lost = c.connection_lost(1, |_| true, |_| true);
     assert!(lost.released.is_empty(), "the driver still exports from it");
     assert_eq!(c.state(id), Some(ExportState::Abandoned));
     // Nothing may release it under the driver's feet.
-    assert_eq!(c.close_receipt(1, None, &r(id, 0, 0)).err().unwrap().status(), Status::ProtocolError);
+    assert_eq!(c.close_receipt(1, None, &r(id, 0, 0), |_| false).err().unwrap().status(), Status::ProtocolError);
     match c.finish_answer(1, &r(id, 1, 0), true) {
         Finished::Ended(g) => assert!(!g.exported, "never exposed: the driver unexports what it made"),
         _ => panic!("an abandoned grant must end"),
@@ -251,7 +254,7 @@ fn a_handle_never_sent_ends_its_export_exported_even_once_retained() {
     let late = exposed(&mut c, 1, None, now);
     let g = c.handle_not_sent(1, &r(queued, 0, 0)).expect("ended");
     assert!(g.exported, "the driver unexports the handle it made");
-    c.connection_lost(1, |_, _| false);
+    c.connection_lost(1, |_| false, |_| true);
     assert_eq!(c.state(late), Some(ExportState::Retained));
     assert!(c.handle_not_sent(2, &r(late, 0, 0)).is_none(), "only its own channel's answers");
     assert!(c.handle_not_sent(1, &r(late, 0, 0)).is_some());
@@ -296,14 +299,14 @@ fn a_request_or_tick_walks_no_other_export() {
     // The first hoarded offer expires alone at its own time.
     assert_eq!(c.expire_offers(1, t0 + Duration::from_secs(5)).len(), 1);
     assert_eq!(c.unanswered(1), 999);
-    let lost = c.connection_lost(2, |_, _| false);
+    let lost = c.connection_lost(2, |_| false, |_| true);
     assert_eq!((lost.retained, lost.released.len()), (1, 0));
     assert_eq!(c.counts(), (10_000 - 1, 1));
-    let (gone, left) = c.reclaim_process(&who(40).process, |_, _| true);
+    let (gone, left) = c.reclaim_process(&who(40).process, true, |_| true);
     assert_eq!((gone.len(), left), (1, 0));
     let closed = exposed(&mut c, 3, Some(who(40)), t0);
-    assert!(c.close_receipt(3, Some(who(40)), &r(closed, 0, 0)).unwrap().is_some());
-    assert!(c.close_receipt(3, Some(who(40)), &r(closed, 0, 0)).unwrap().is_none(), "remembered as closed");
+    assert!(c.close_receipt(3, Some(who(40)), &r(closed, 0, 0), |_| false).unwrap().is_some());
+    assert!(c.close_receipt(3, Some(who(40)), &r(closed, 0, 0), |_| false).unwrap().is_none(), "remembered as closed");
     assert_eq!(c.walked(), before, "a request, a tick or a lost channel walked the table");
     assert_eq!(c.holding(Holder::Process(66, 11)).0, 9_999);
     assert_eq!(c.holding(Holder::Process(40, 11)), (0, 0));
@@ -347,7 +350,7 @@ fn the_indexes_agree_with_the_table_through_a_random_run() {
             }
             3 => {
                 if let Some(id) = pick {
-                    let _ = c.close_receipt(conn, requester(conn), &r(id, 0, 0));
+                    let _ = c.close_receipt(conn, requester(conn), &r(id, 0, 0), |_| false);
                 }
             }
             4 => {
@@ -355,10 +358,10 @@ fn the_indexes_agree_with_the_table_through_a_random_run() {
             }
             5 if next(10) == 0 => {
                 dead.set(next(2) == 0);
-                c.connection_lost(conn, |p, _| dead.get() && p.pid == 50);
+                c.connection_lost(conn, |p| dead.get() && p.pid == 50, |_| true);
             }
             6 => {
-                c.reclaim_exited(|p, _| dead.get() && p.pid == 50);
+                c.reclaim_exited(|p| dead.get() && p.pid == 50, |_| true);
             }
             _ => {}
         }
@@ -399,7 +402,7 @@ fn a_requester_is_bounded_over_its_channels_and_its_retained_exports() {
     c.admit(&grant(5, Some(who(41)), OP_READ)).unwrap();
     c.admit(&grant(3, None, OP_READ)).unwrap();
     // Its channels lost: offers end, and room comes back.
-    c.connection_lost(1, |_, _| false);
+    c.connection_lost(1, |_| false, |_| true);
     assert_eq!(c.holding(Holder::Process(40, 11)).0, 1);
     c.admit(&grant(5, Some(who(40)), OP_READ)).unwrap();
 }
@@ -407,7 +410,8 @@ fn a_requester_is_bounded_over_its_channels_and_its_retained_exports() {
 /// An importer whose process exited is reclaimed only once nothing else
 /// holds its handle (a child it forked keeps the mapping): the export is
 /// retained meanwhile, and its process's count of exports left says the
-/// watch goes on.
+/// watch goes on. Guards `let_go` in `connection_lost` and
+/// `reclaim_process`.
 #[test]
 fn an_exited_importer_whose_handle_is_still_held_keeps_its_export() {
     let now = Instant::now();
@@ -417,16 +421,45 @@ fn an_exited_importer_whose_handle_is_still_held_keeps_its_export() {
     assert!(matches!(c.finish_answer(1, &r(forked, 1, 0), true), Finished::Exposed));
     let plain = exposed(&mut c, 1, Some(who(40)), now);
     let still_held = std::cell::Cell::new(true);
-    let gone = |p: &ProcessIdentity, res: &&str| p.pid == 40 && !(*res == "held by a child" && still_held.get());
-    let lost = c.connection_lost(1, gone);
+    let let_go = |res: &&str| !(*res == "held by a child" && still_held.get());
+    let lost = c.connection_lost(1, |p| p.pid == 40, let_go);
     assert_eq!((lost.reclaimed, lost.retained), (1, 1));
     assert_eq!(c.state(plain), None);
     assert_eq!(c.state(forked), Some(ExportState::Retained));
-    let (again, left) = c.reclaim_process(&who(40).process, gone);
+    let (again, left) = c.reclaim_process(&who(40).process, true, let_go);
     assert_eq!((again.len(), left), (0, 1));
     still_held.set(false);
-    let (last, left) = c.reclaim_process(&who(40).process, gone);
+    let (none, left) = c.reclaim_process(&who(40).process, false, let_go);
+    assert_eq!((none.len(), left), (0, 1), "retained: its process must have exited");
+    let (last, left) = c.reclaim_process(&who(40).process, true, let_go);
     assert_eq!((last.len(), left), (1, 0));
     assert!(last[0].exported);
     assert_eq!(c.reclaimed(), 2);
+}
+
+/// A close receipt for a handle still open or mapped somewhere (the
+/// importer forked, and its child keeps the mapping) leaves the export
+/// lingering, watched, counted as kept; a repeated receipt is acknowledged;
+/// it ends once nothing holds the handle, whether or not the importer
+/// lives. Guards the `held` check in `release`.
+#[test]
+fn a_close_receipt_for_a_handle_still_held_leaves_the_export_lingering() {
+    let now = Instant::now();
+    let mut c = ExportsCore::new(Duration::from_secs(5));
+    let id = exposed(&mut c, 1, Some(who(40)), now);
+    assert!(c.close_receipt(1, Some(who(40)), &r(id, 0, 0), |_| true).unwrap().is_none());
+    assert_eq!(c.state(id), Some(ExportState::Lingering));
+    assert_eq!(c.counts(), (0, 1));
+    assert_eq!(c.lingering(id), Some(who(40).process), "watched");
+    assert_eq!(c.lingering(id), None, "once");
+    assert!(c.close_receipt(1, Some(who(40)), &r(id, 0, 0), |_| false).unwrap().is_none(), "acknowledged again");
+    assert_eq!(c.op_complete(1, &r(id, 1, 1)).err().unwrap().status(), Status::ProtocolError);
+    let lost = c.connection_lost(1, |_| true, |_| true);
+    assert_eq!((lost.released.len(), lost.retained), (0, 0), "its channel's end changes nothing");
+    let (none, left) = c.reclaim_process(&who(40).process, false, |_| false);
+    assert_eq!((none.len(), left), (0, 1));
+    let (gone, left) = c.reclaim_process(&who(40).process, false, |_| true);
+    assert_eq!((gone.len(), left), (1, 0));
+    assert!(gone[0].exported);
+    assert_eq!(c.counts(), (0, 0));
 }
