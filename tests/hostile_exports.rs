@@ -8,6 +8,8 @@
 mod common;
 
 use common::*;
+use orbite::control::identity::{process_start_time, ProcessIdentity};
+use orbite::transport::ipc::export::process_exited;
 use orbite::*;
 use std::time::Duration;
 
@@ -152,7 +154,9 @@ fn survivor_keeps_its_export(
 /// the process lives. (Before, a zombie leader counted as exited: the
 /// export was reclaimed at once, and unregister and free succeeded while
 /// the survivor went on writing.) Guards `all_threads_exited` in
-/// `process_exited` (src/transport/ipc/export/mod.rs).
+/// `process_exited` (src/transport/ipc/export/mod.rs), which decides for
+/// every backend; over SHM the mark of the mapping the survivor keeps
+/// (`an_importer_whose_forked_child...`) would keep the export too.
 #[test]
 fn an_importer_whose_main_thread_exited_keeps_its_export() {
     let a = allocate_shared_host(SZ).unwrap();
@@ -161,11 +165,15 @@ fn an_importer_whose_main_thread_exited_keeps_its_export() {
     assert_eq!(first, "held 1");
     assert_eq!(imp.cmd("main_exits"), "ok");
     let pid = imp.pid;
+    let who = ProcessIdentity { pid, start_time: process_start_time(pid) };
     eventually("the leader is a zombie", || state_of(pid).as_deref() == Some("Z"));
+    // What decides for every backend (SHM also sees the mapping itself).
+    assert!(!process_exited(&who), "a process whose main thread exited was taken for exited");
     assert_eq!(imp.cmd("hangup"), "ok", "another thread answers");
     survivor_keeps_its_export(&src, a, ids[0], &mut imp, |p| {
         p.child.wait().unwrap();
     });
+    assert!(process_exited(&who));
     src.close(Some(LONG)).unwrap();
 }
 
