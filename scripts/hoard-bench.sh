@@ -10,7 +10,9 @@
 #   [KEEP=1] scripts/hoard-bench.sh [HELD (90000)] [READS (2000)] [same|other]
 #
 # The source runs with ipc_max_exports_per_requester at its largest, so
-# that the hoarder gets what it asks for. Prints one line per phase.
+# that the hoarder gets what it asks for (SRC_CONFIG='{...}' replaces its
+# config, e.g. '{}' for a build without the key). Prints one line per
+# phase.
 set -euo pipefail
 held=${1:-90000}
 reads=${2:-2000}
@@ -40,7 +42,8 @@ start() {
     printf -v "${name}_out" %s "$out"
 }
 
-start src --shared --allocs 2 --size 1048576 --config '{"ipc_max_exports_per_requester": 1048576}'
+src_config=${SRC_CONFIG:-'{"ipc_max_exports_per_requester": 1048576}'}
+start src --shared --allocs 2 --size 1048576 --config "$src_config"
 read -r desc <&"$src_out"
 endpoint=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["endpoint"])' "$desc")
 read -r a b < <(python3 -c 'import json,sys; print(*json.loads(sys.argv[1])["addrs"])' "$desc")
