@@ -64,6 +64,13 @@ echo "hoarder ($where allocation): $got in $(python3 -c "print(f'{$t1 - $t0:.1f}
 echo "lat $reads" >&"$req_in"
 read -r busy <&"$req_out"
 echo "with the exports held:     $busy"
+# What the source's own threads spend while nothing happens but the held
+# exports (its I/O threads' ticks): CPU seconds over 10 s.
+ticks() { awk '{print $14 + $15}' "/proc/${pids[0]}/stat"; }
+c0=$(ticks)
+sleep 10
+c1=$(ticks)
+echo "source CPU over 10 s idle:  $(python3 -c "import os; print(($c1 - $c0) / os.sysconf('SC_CLK_TCK'))") s"
 echo stats >&"$src_in"
 read -r stats <&"$src_out"
 python3 -c 'import json,sys; s=json.loads(sys.argv[1])["ipc"]["shm"]; print("source: exports_open", s["exports_open"])' "$stats"
