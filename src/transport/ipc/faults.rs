@@ -82,6 +82,9 @@ impl IpcBackend for FaultyBackend {
     fn unexport(&self, base: u64) {
         self.inner.unexport(base)
     }
+    fn handle_held(&self, base: u64, mark: u64) -> bool {
+        self.inner.handle_held(base, mark)
+    }
     fn import(
         &self,
         handle: ReceivedHandle,
