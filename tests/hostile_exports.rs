@@ -181,9 +181,9 @@ fn an_importer_whose_main_thread_exited_keeps_its_export() {
 /// exits; the child hangs the channel up. The importing process is gone,
 /// but its child still maps the export: retained until the child exits.
 /// (Before, the importer's exit was taken as proof that the mapping was
-/// gone.) Guards the `handle_held` check in `gone_judge`
-/// (src/transport/ipc/export/ending.rs) and the SHM mark it reads
-/// (src/transport/ipc/backends/held_file.rs).
+/// gone.) Guards `self.let_go(h)` in `ExportTable::connection_lost` and
+/// `reclaim_of` (src/transport/ipc/export/ending.rs) and the SHM mark it
+/// reads (src/transport/ipc/backends/held_file.rs).
 #[test]
 fn an_importer_whose_forked_child_holds_the_mapping_keeps_its_export() {
     let a = allocate_shared_host(SZ).unwrap();
