@@ -31,12 +31,21 @@
 //!
 //! Requester mode: `orbite-peer --connect ENDPOINT --read ADDR:LEN [--config JSON]`
 //! connects, READs the range (transport auto), prints `ok FNV64` and obeys
-//! `read` (again), `flush`, `stats` and `exit` (exit at once, no close).
+//! `read` (again), `flush`, `stats`, `lat N` (N READs one at a time over
+//! SHM only -> `p50_us X p99_us Y`) and `exit` (exit at once, no close).
+//!
+//! Importer mode: `orbite-peer --import IPC_NAME ...`, a hostile importer
+//! speaking the SHM channel itself (`common/importer.rs`).
 
 #[path = "common/commands.rs"]
 mod commands;
+#[path = "common/importer.rs"]
+mod importer;
 
-use orbite::{allocate_shared_host, Access, Allocation, Engine, EngineConfig, Op, Request, SubmitOptions};
+use orbite::{
+    allocate_shared_host, Access, Allocation, Engine, EngineConfig, Op, Request, SubmitOptions, Transport,
+    TransportKind,
+};
 use std::io::{BufRead, Write};
 use std::time::Duration;
 
@@ -196,13 +205,38 @@ fn requester(a: &Args, engine: &Engine) -> ! {
             }),
             "stats" => reply(&engine.stats().to_json()),
             "exit" => std::process::exit(0),
+            lat if lat.starts_with("lat ") => {
+                let n = lat[4..].trim().parse().unwrap_or(1usize).max(1);
+                reply(&latency(engine, peer, &mut local, addr, n));
+            }
             other => reply(&format!("unknown command {other:?}")),
         }
     }
     std::process::exit(0)
 }
 
+/// `lat N`: N READs of the range one at a time over SHM only (each an
+/// import of its own with `shm_cache_entries: 0`); their p50 and p99.
+fn latency(engine: &Engine, peer: u64, local: &mut [u8], addr: u64, n: usize) -> String {
+    let r = Request { op: Op::Read, local_addr: local.as_mut_ptr() as u64, remote_addr: addr, len: local.len() as u64 };
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: None };
+    let mut us = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t0 = std::time::Instant::now();
+        if let Err(e) = engine.submit(peer, &[r], opts).and_then(|b| b.wait(Duration::from_secs(60))) {
+            return format!("err {} {}", e.status(), e.message());
+        }
+        us.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    us.sort_by(f64::total_cmp);
+    format!("p50_us {:.1} p99_us {:.1}", us[n / 2], us[(n * 99 / 100).min(n - 1)])
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--import") {
+        importer::main(&args[1..]);
+    }
     let a = parse_args();
     if let Some(uid) = a.setuid {
         // SAFETY: setgid and setuid take integers; checked.

@@ -220,6 +220,16 @@ config_keys! {
     /// An export offer the requester does not answer within this many
     /// milliseconds expires and releases its loan and charge.
     offer_timeout_ms: u32 = 5_000 => integer(1, 600_000);
+    /// Exports one requester (a kernel-verified process, or an unverified
+    /// channel) may hold of this engine at once, per IPC transport, in any
+    /// state (offered, in use, retained after its channel was lost); the
+    /// next request is refused `RESOURCE_EXHAUSTED`.
+    ipc_max_exports_per_requester: u32 = 512 => integer(1, 1 << 20);
+    /// The part of `max_inflight_bytes`, in percent, that the allocations
+    /// one requester alone keeps exported may charge, once it holds one
+    /// such allocation (a first one is always allowed, whatever its size):
+    /// one requester cannot take the whole mapping budget from the others.
+    ipc_requester_budget_percent: u32 = 50 => integer(1, 100);
     /// This engine's name, which its peers see (notifications name their
     /// sender by it): 1 to 64 bytes of `[A-Za-z0-9._-]`. `None`: peers see
     /// its endpoint.

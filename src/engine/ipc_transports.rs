@@ -13,6 +13,7 @@ use crate::sync::admission::{Budget, Gate};
 use crate::transport::ipc::backend::IpcBackend;
 use crate::transport::ipc::export::ExportTable;
 use crate::transport::ipc::faults::{Faults, FaultyBackend};
+use crate::transport::ipc::proto::exports::Limits;
 use crate::transport::ipc::requester::IpcRequester;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -55,6 +56,15 @@ pub(crate) struct IpcParts<'a> {
 }
 
 impl IpcParts<'_> {
+    /// The per-requester bounds of every export table.
+    fn limits(&self) -> Limits {
+        let c = self.config;
+        Limits {
+            exports: c.ipc_max_exports_per_requester as usize,
+            sole_bytes: (c.max_inflight_bytes as u128 * c.ipc_requester_budget_percent as u128 / 100) as u64,
+        }
+    }
+
     fn transport(
         &self,
         kind: TransportKind,
@@ -71,6 +81,7 @@ impl IpcParts<'_> {
             self.stats.clone(),
             self.source_gate.clone(),
             std::time::Duration::from_millis(self.config.offer_timeout_ms as u64),
+            self.limits(),
             self.log.clone(),
         ));
         exports.set_exit_watch(crate::transport::ipc::exit_watch::watcher(Arc::downgrade(self.reactor)));

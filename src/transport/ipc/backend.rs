@@ -17,6 +17,9 @@ pub struct ExportedHandle {
     pub fd: Option<RawFd>,
     /// A descriptor made for this export alone, closed once sent.
     pub owned_fd: Option<OwnedFd>,
+    /// How [`IpcBackend::handle_held`] later tells whether what was sent is
+    /// still held anywhere (`None`: the backend cannot tell).
+    pub mark: Option<u64>,
 }
 
 /// A handle as received by the requester.
@@ -151,6 +154,16 @@ pub trait IpcBackend: Send + Sync {
     /// this backend can never reach that source (CMA: the kernel refused
     /// the access), so that its requests take another transport from then on.
     fn refuses_for_good(&self, _e: &Error) -> bool {
+        false
+    }
+    /// Source side: whether the handle of `base` exported with `mark` may
+    /// still be held — open or mapped — by any process, the importer's
+    /// exit notwithstanding (SHM: a forked child keeps its mappings, a
+    /// descriptor may have been passed on; `held_file`). Backends whose
+    /// handles live in the importing process alone answer `false`: a CUDA
+    /// mapping and its context do not survive into a forked child, so the
+    /// process's exit is the proof.
+    fn handle_held(&self, _base: u64, _mark: u64) -> bool {
         false
     }
     /// Requester side: maps a received handle of `physical` bytes,

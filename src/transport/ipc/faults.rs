@@ -98,6 +98,9 @@ impl IpcBackend for FaultyBackend {
     fn refuses_for_good(&self, e: &Error) -> bool {
         self.inner.refuses_for_good(e)
     }
+    fn handle_held(&self, base: u64, mark: u64) -> bool {
+        self.inner.handle_held(base, mark)
+    }
     fn import(
         &self,
         handle: ReceivedHandle,

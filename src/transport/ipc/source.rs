@@ -419,7 +419,16 @@ impl IpcServed {
                 }
             };
             match sent {
-                Ok(n) => done.extend(proto.sent(n, Instant::now())),
+                Ok(n) => {
+                    if let Some(mut a) = proto.sent(n, Instant::now()) {
+                        // Its descriptor left with its first byte: this
+                        // copy goes now, so that only the requester holds
+                        // the description (whether anything still holds it
+                        // decides when the export may end).
+                        a.extra.fd = None;
+                        done.push(a);
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => return Err(lost(e)),
             }

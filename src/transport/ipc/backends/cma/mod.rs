@@ -107,7 +107,7 @@ impl IpcBackend for CmaBackend {
         // Nothing to pass: where the registration starts in this process.
         let mut bytes = MAGIC.to_vec();
         bytes.extend_from_slice(&base.to_le_bytes());
-        Ok(ExportedHandle { bytes, fd: None, owned_fd: None })
+        Ok(ExportedHandle { bytes, fd: None, owned_fd: None, mark: None })
     }
 
     fn import(
