@@ -11,6 +11,7 @@ use crate::control::message;
 use crate::counters::Counters;
 use crate::engine::config::EngineConfig;
 use crate::error::{Error, Result, Status};
+use crate::log::{Level, Logger};
 use crate::sync::admission::Gate;
 use crate::sync::deadline::Deadline;
 use crate::transport::ipc::channel::{Channel, Frame};
@@ -20,7 +21,7 @@ use crate::transport::tcp::handshake;
 use crate::transport::tcp::{self, SourceContext};
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -58,6 +59,9 @@ pub(crate) struct Listeners {
     counters: Arc<Counters>,
     /// The I/O threads that serve handshaken control connections.
     reactor: Arc<Reactor>,
+    /// The engine's logger: each handshaken connection is logged at
+    /// `info` when it starts and when it ends.
+    log: Arc<Logger>,
 }
 
 impl Listeners {
@@ -71,6 +75,7 @@ impl Listeners {
         source_gate: Arc<Gate>,
         counters: Arc<Counters>,
         reactor: Arc<Reactor>,
+        log: Arc<Logger>,
     ) -> Arc<Listeners> {
         Arc::new(Listeners {
             tcp,
@@ -89,6 +94,7 @@ impl Listeners {
             source_gate,
             counters,
             reactor,
+            log,
         })
     }
 
@@ -183,15 +189,34 @@ struct Incoming {
     served: Option<Arc<dyn Served>>,
     /// Where it comes from.
     from: Option<Origin>,
+    /// A TCP connection's peer address and port.
+    addr: Option<SocketAddr>,
     /// Its handshake completed and it took a connection slot.
     handshaken: bool,
     /// Closed in its handshake for a newer one (no longer pending).
     evicted: bool,
+    /// Where its end is logged: set once it was logged accepted.
+    logged: Option<Arc<Logger>>,
 }
 
 impl Incoming {
     fn new(conn: ConnHandle, from: Option<Origin>, thread: Option<JoinHandle<()>>) -> Incoming {
-        Incoming { conn, thread, served: None, from, handshaken: false, evicted: false }
+        let addr = match &conn {
+            ConnHandle::Tcp(s) => s.peer_addr().ok(),
+            ConnHandle::Unix(_) => None,
+        };
+        Incoming { conn, thread, served: None, from, addr, handshaken: false, evicted: false, logged: None }
+    }
+
+    /// What it is and whom it comes from, for the log: "TCP connection
+    /// from 10.0.0.7:41234", "IPC channel from process 4242".
+    fn describe(&self) -> String {
+        match (&self.conn, self.addr, self.from) {
+            (ConnHandle::Tcp(_), Some(a), _) => format!("TCP connection from {a}"),
+            (ConnHandle::Tcp(_), None, _) => "TCP connection from an unknown address".into(),
+            (ConnHandle::Unix(_), _, Some(Origin::Process(pid))) => format!("IPC channel from process {pid}"),
+            (ConnHandle::Unix(_), _, _) => "IPC channel".into(),
+        }
     }
 
     /// An IPC channel (else a TCP connection).
@@ -215,6 +240,16 @@ impl Incoming {
             ConnHandle::Unix(s) => {
                 let _ = s.shutdown(Shutdown::Both);
             }
+        }
+    }
+}
+
+impl Drop for Incoming {
+    /// A connection logged accepted is logged ended when its record goes,
+    /// whichever way (its I/O thread's end, a refusal, the engine's stop).
+    fn drop(&mut self) {
+        if let Some(log) = self.logged.take() {
+            log.info(format_args!("incoming {} ended", self.describe()));
         }
     }
 }
@@ -357,6 +392,11 @@ impl Listeners {
         match inc.get_mut(&id) {
             Some(rec) if !rec.evicted && taken < limit => {
                 rec.handshaken = true;
+                if self.log.enabled(Level::Info) {
+                    let how = if self.auth.is_some() { ", authenticated" } else { "" };
+                    self.log.info(format_args!("incoming {} accepted{how}", rec.describe()));
+                    rec.logged = Some(self.log.clone());
+                }
                 Ok(())
             }
             Some(rec) if !rec.evicted => {

@@ -142,6 +142,7 @@ impl Engine {
             source_gate.clone(),
             stats.clone(),
             reactor.clone(),
+            log.clone(),
         );
         let faults = Arc::new(Faults::default());
         let parts = ipc_transports::IpcParts {
