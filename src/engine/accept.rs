@@ -73,9 +73,8 @@ impl Listeners {
         auth: Option<AuthKey>,
         stopping: Arc<AtomicBool>,
         source_gate: Arc<Gate>,
-        counters: Arc<Counters>,
+        (counters, log): (Arc<Counters>, Arc<Logger>),
         reactor: Arc<Reactor>,
-        log: Arc<Logger>,
     ) -> Arc<Listeners> {
         Arc::new(Listeners {
             tcp,

@@ -140,9 +140,8 @@ impl Engine {
             auth.clone(),
             stopping.clone(),
             source_gate.clone(),
-            stats.clone(),
+            (stats.clone(), log.clone()),
             reactor.clone(),
-            log.clone(),
         );
         let faults = Arc::new(Faults::default());
         let parts = ipc_transports::IpcParts {
