@@ -140,7 +140,7 @@ impl Engine {
             auth.clone(),
             stopping.clone(),
             source_gate.clone(),
-            stats.clone(),
+            (stats.clone(), log.clone()),
             reactor.clone(),
         );
         let faults = Arc::new(Faults::default());

@@ -292,6 +292,18 @@ pub fn ipc_export_request(
     }
 }
 
+/// A private key file (48 bytes of `fill`, mode 0600) in a fresh
+/// directory named after this process and `tag`; its path.
+pub fn key_file(tag: &str, fill: u8) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("orbite-key-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("key");
+    std::fs::write(&p, [fill; 48]).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
 /// Threads of this process now.
 pub fn threads() -> usize {
     std::fs::read_dir("/proc/self/task").expect("/proc/self/task").count()

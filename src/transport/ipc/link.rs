@@ -298,7 +298,9 @@ impl IpcLink {
         }
         if let Some(key) = &self.local.auth {
             let mut io = ChannelIo { ch: &mut c, bound: Deadline { at: deadline, stop: &never_stop } };
-            let keys = auth::connect(&mut io, key, &self.label)?;
+            // A fabric channel is sealed: both ends must seal alike.
+            let sealed = io.ch.is_tcp();
+            let keys = auth::connect(&mut io, key, &self.label, sealed)?;
             // A fabric channel crosses a network: from here on its frames
             // travel sealed under this session's keys (a Unix channel's
             // ends are joined by the kernel and stay as they are).

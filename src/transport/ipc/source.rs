@@ -51,6 +51,28 @@ impl IpcSourceContext {
     }
 }
 
+/// The first check of an accepted Unix channel, made by the accept loop
+/// before the channel may wait for a handshake (or make another wait
+/// less): only this user's processes (and the allowed uids) may open one.
+/// Returns the peer's kernel-verified pid; a process of another user is
+/// refused `PERMISSION_DENIED` at once (counted in `ipc_uid_refusals`;
+/// the refusal is written only if the socket takes it now) and learns
+/// nothing more: `None`.
+pub fn admit_unix(ctx: &IpcSourceContext, ch: &mut Channel) -> Option<u32> {
+    let (pid, uid) = ch.peer_cred().ok()?;
+    if ctx.admits(uid) {
+        return Some(pid);
+    }
+    ctx.stats.events.ipc_uid_refusals.fetch_add(1, Ordering::Relaxed);
+    let e = Error::PermissionDenied(format!(
+        "processes of user {uid} may not open an IPC channel to this engine (ipc_allowed_uids)"
+    ));
+    let body = message::encode_error(e.status(), e.message());
+    let _ = ch.send(MsgKind::Error, &body, &[], &mut || Err(Error::TimedOut("refusal".into())));
+    ch.shutdown();
+    None
+}
+
 /// The tick of one answer: the requester must read it within the stall
 /// bound, or the channel ends (it cannot pin this thread).
 fn answer_tick<'a>(stall: Duration, stop: &'a dyn Fn() -> Result<()>) -> impl FnMut() -> Result<()> + 'a {
@@ -59,7 +81,7 @@ fn answer_tick<'a>(stall: Duration, stop: &'a dyn Fn() -> Result<()>) -> impl Fn
 }
 
 /// Serves one accepted IPC connection: a Unix channel (`hello: None`: its
-/// uid is checked and, with a key, it authenticates first), or a TCP fabric
+/// user admitted by [`admit_unix`]; with a key, it authenticates first), or a TCP fabric
 /// channel whose listener already authenticated it and read its
 /// `IpcHello`. The handshake runs on the calling thread; once the
 /// requester proved who it is, `admit` gives it a channel slot (or refuses
@@ -129,25 +151,14 @@ fn handshake(
     let f = match hello {
         Some(f) => f,
         None => {
-            // A Unix channel: only this user's processes (and the allowed
-            // uids) may open one; others learn nothing more.
-            let (_, uid) = ch.peer_cred()?;
-            if !ctx.admits(uid) {
-                ctx.stats.events.ipc_uid_refusals.fetch_add(1, Ordering::Relaxed);
-                let e = Error::PermissionDenied(format!(
-                    "processes of user {uid} may not open an IPC channel to this engine (ipc_allowed_uids)"
-                ));
-                let deadline = Instant::now() + Duration::from_secs(1);
-                let body = message::encode_error(e.status(), e.message());
-                let _ = ch.send(MsgKind::Error, &body, &[], &mut || deadline_tick(deadline, "refusal"));
-                return Ok(None);
-            }
+            // A Unix channel, whose user the accept loop admitted
+            // (`admit_unix`).
             let f = ch.recv(&mut hs_tick)?;
             if ctx.auth.is_none() && f.kind != MsgKind::AuthChallenge {
                 f
             } else {
                 let mut io = ChannelIo { ch: &mut *ch, bound: Deadline { at: hs_deadline, stop: &stop } };
-                if let Err(e) = auth::accept(&mut io, ctx.auth.as_ref(), (f.kind, &f.body)) {
+                if let Err(e) = auth::accept(&mut io, ctx.auth.as_ref(), (f.kind, &f.body), false) {
                     ctx.stats.events.auth_failures.fetch_add(1, Ordering::Relaxed);
                     let _ = io.send_frame(MsgKind::Error, &auth::refusal(&e));
                     return Ok(None);

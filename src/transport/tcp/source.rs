@@ -180,7 +180,7 @@ pub fn serve(
         Err(e) => {
             if let Error::Protocol(_) = e {
                 ctx.stats.events.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                super::handshake::send_error(&mut stream, &e);
+                first.refuse(&mut stream, &e);
             }
             let _ = stream.shutdown(Shutdown::Both);
             return None;

@@ -485,11 +485,13 @@ impl<H: SourceHost> SourceCore<H> {
 
     /// The connection fails for `e`: nothing more is read, and the answers
     /// waiting (their memory holds, unpublished notifications) are dropped.
-    /// Returns the Error frame to tell the peer of a protocol error, when
-    /// no answer was half sent.
+    /// Returns the Error frame to tell the peer of a protocol error, or of
+    /// a sealed record that failed its check (`PermissionDenied`: the
+    /// answer leaves sealed, so the requester can believe it), when no
+    /// answer was half sent.
     pub fn fail(&mut self, e: &Error) -> Option<Vec<u8>> {
         let told = match e {
-            Error::Protocol(_) if self.at == 0 => {
+            Error::Protocol(_) | Error::PermissionDenied(_) if self.at == 0 => {
                 let body = message::encode_error(e.status(), e.message());
                 let mut f = FrameHeader::encode(MsgKind::Error, body.len() as u32).to_vec();
                 f.extend_from_slice(&body);
