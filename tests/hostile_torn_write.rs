@@ -16,9 +16,12 @@ use parking_lot::Mutex;
 use std::io::Write;
 use std::sync::{Arc, OnceLock};
 
+/// Lines logged, with their level.
+type Lines = Arc<Mutex<Vec<(Level, String)>>>;
+
 /// Every line logged in this process.
-fn lines() -> &'static Arc<Mutex<Vec<(Level, String)>>> {
-    static LINES: OnceLock<Arc<Mutex<Vec<(Level, String)>>>> = OnceLock::new();
+fn lines() -> &'static Lines {
+    static LINES: OnceLock<Lines> = OnceLock::new();
     LINES.get_or_init(|| {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
