@@ -66,8 +66,13 @@ counter_set! {
         served_requests,
         /// Bytes served to peers.
         served_bytes,
-        /// Requests from peers that this engine refused or failed.
+        /// Requests from peers that this engine refused or failed (a WRITE
+        /// whose payload was cut among them).
         served_failed,
+        /// TCP: WRITEs from peers whose payload was cut (the connection
+        /// ended) after part of it had landed: their range holds part new,
+        /// part old bytes (each logged at WARN with the ranges, docs/operations.md).
+        served_torn,
         /// IPC: requests importers say they moved through the grant board on
         /// their own (no receipt, nothing this engine saw or checked; saturating).
         claimed_requests,
@@ -194,6 +199,12 @@ impl Counters {
         } else {
             p.served_failed.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Records a WRITE from a peer torn by its cut payload; returns how
+    /// many transport `t` has counted so far.
+    pub fn record_torn(&self, t: TransportKind) -> u64 {
+        self.per[t.index()].served_torn.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// Records `n` requests served to a peer, `bytes` in all (a receipt).

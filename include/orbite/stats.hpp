@@ -68,6 +68,8 @@ struct TransportStats {
   /// TCP: requests that travelled in the frame of the READ before them
   /// (config `coalesce`).
   std::uint64_t requests_coalesced = 0;
+  /// TCP: WRITEs from peers cut mid-payload, their range part new, part old.
+  std::uint64_t served_torn = 0;
 };
 
 /// What an IPC transport holds (stats "ipc" values).
@@ -209,6 +211,7 @@ inline const std::vector<StatField> &stat_fields() {
       ORBITE_STAT("transports.*.claimed_bytes", transports[k[0]].claimed_bytes),
       ORBITE_STAT("transports.*.requests_fell_through", transports[k[0]].requests_fell_through),
       ORBITE_STAT("transports.*.requests_coalesced", transports[k[0]].requests_coalesced),
+      ORBITE_STAT("transports.*.served_torn", transports[k[0]].served_torn),
       ORBITE_STAT("inflight_bytes", inflight_bytes),
       ORBITE_STAT("peers", peers),
       ORBITE_STAT("peers_alive", peers_alive),

@@ -31,8 +31,10 @@
 //!
 //! Requester mode: `orbite-peer --connect ENDPOINT --read ADDR:LEN [--config JSON]`
 //! connects, READs the range (transport auto), prints `ok FNV64` and obeys
-//! `read` (again), `flush`, `stats`, `lat N` (N READs one at a time over
-//! SHM only -> `p50_us X p99_us Y`) and `exit` (exit at once, no close).
+//! `read` (again), `write ADDR LEN SEED` (WRITEs LEN bytes of pattern SEED
+//! to ADDR -> "ok" | "err STATUS message"), `flush`, `stats`, `lat N` (N
+//! READs one at a time over SHM only -> `p50_us X p99_us Y`) and `exit`
+//! (exit at once, no close).
 //!
 //! Importer mode: `orbite-peer --import IPC_NAME ...`, a hostile importer
 //! speaking the SHM channel itself (`common/importer.rs`).
@@ -194,11 +196,30 @@ fn requester(a: &Args, engine: &Engine) -> ! {
             Err(e) => format!("err {} {}", e.status(), e.message()),
         }
     };
+    let write = |w: &[&str]| -> String {
+        let num =
+            |i: usize| -> u64 { w.get(i).and_then(|x| x.parse().ok()).unwrap_or_else(|| die("write ADDR LEN SEED")) };
+        let (to, len, seed) = (num(1), num(2), num(3));
+        let data: Vec<u8> = (0..len).map(|i| pattern(seed, i)).collect();
+        let at = data.as_ptr() as u64;
+        let r = engine.register_memory(at, len, Access::NONE).and_then(|id| {
+            let req = Request { op: Op::Write, local_addr: at, remote_addr: to, len };
+            let done =
+                engine.submit(peer, &[req], SubmitOptions::default()).and_then(|b| b.wait(Duration::from_secs(60)));
+            done.and(engine.unregister_memory(id, Some(Duration::from_secs(10))))
+        });
+        match r {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("err {} {}", e.status(), e.message()),
+        }
+    };
     reply(&read(&mut local));
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
+        let words: Vec<&str> = line.split_whitespace().collect();
         match line.trim() {
             "read" => reply(&read(&mut local)),
+            _ if words.first() == Some(&"write") => reply(&write(&words)),
             "flush" => reply(&match engine.flush_nvlink_cache(None) {
                 Ok(()) => "ok".to_string(),
                 Err(e) => format!("err {} {}", e.status(), e.message()),

@@ -219,6 +219,8 @@ impl Engine {
             min_payload_rate: inner.config.min_payload_rate_kib as u64 * 1024,
             revoker: inner.revoker.clone(),
             inbox: inner.inbox.clone(),
+            log: inner.log.clone(),
+            torn: Default::default(),
         });
         let ipc_ctx = Arc::new(IpcSourceContext {
             tables: inner.ipc.iter().map(|t| (t.kind, t.exports.clone())).collect(),
