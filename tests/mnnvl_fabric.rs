@@ -342,6 +342,8 @@ fn the_doctor_says_a_gpu_without_a_fabric_has_none_and_posix_fd_still_works() {
     assert_eq!(code, 1, "{text}");
     assert!(line(&text, "FAIL", "nvml").contains("fabric_not_supported: GPU 0 has no NVLink fabric"), "{text}");
     assert!(line(&text, "FAIL", "fabric_attribute").contains("fabric_not_supported: "), "{text}");
+    // No channel either, but without a fabric that is not the layer to fix.
+    assert!(line(&text, "info", "imex").ends_with("(moot: this GPU has no fabric)"), "{text}");
     let (code, text) = doctor(&env, &["--transport", "mnnvl", "--handle-type", "posix_fd"], None);
     assert_eq!(code, 0, "{text}");
     line(&text, "ok  ", "probe");

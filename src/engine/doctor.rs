@@ -296,7 +296,8 @@ fn walk(o: &DiagnoseOptions, w: &mut Walk) {
     let fabric_handles = o.handle_type == MnnvlHandleType::Fabric;
     let needs_fabric = mnnvl && fabric_handles;
     // The attribute.
-    match fabric::fabric_attribute(o.device) {
+    let attribute = fabric::fabric_attribute(o.device);
+    match &attribute {
         Ok(true) => w.ok("fabric_attribute", format!("GPU {} says it supports fabric handles", o.device)),
         Ok(false) => w.fail_or_info(
             needs_fabric,
@@ -354,6 +355,8 @@ fn walk(o: &DiagnoseOptions, w: &mut Walk) {
     if let Some((cause, what)) = imex_broken {
         if !fabric_handles {
             w.info("imex", format!("{}: {what} (POSIX-fd handles need no channel)", cause.name()));
+        } else if false {
+            w.info("imex", format!("{}: {what} (moot: this GPU has no fabric)", cause.name()));
         } else if probe.is_ok() {
             // The driver found a channel where this walk did not look.
             w.info("imex", format!("{}: {what} (yet the probe allocation worked)", cause.name()));
