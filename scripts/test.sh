@@ -30,7 +30,10 @@ echo "== cargo test (release, cuda feature: ${cuda_tests[*]}) =="
 cargo test --release --locked --features cuda "${cuda_tests[@]}"
 echo "== cargo test (release, etcd feature: discovery against a real etcd the tests start) =="
 cargo test --release --locked --features etcd --test discovery
+echo "== NIXL test venv (the pinned nixl wheels; reused when its pins match) =="
+integrations/nixl/tests/venv.sh "$PWD/build-test/nixl-venv"
 echo "== C tests (ctest) =="
-cmake -S . -B build-test -DORBITE_CARGO_TARGET_DIR="$PWD/target" >/dev/null
+cmake -S . -B build-test -DORBITE_CARGO_TARGET_DIR="$PWD/target" \
+  -DORBITE_NIXL=ON -DORBITE_NIXL_VENV="$PWD/build-test/nixl-venv" >/dev/null
 cmake --build build-test -j"$jobs"
 ctest --test-dir build-test --output-on-failure -j"$jobs"
