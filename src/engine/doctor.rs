@@ -317,6 +317,14 @@ fn walk(o: &DiagnoseOptions, w: &mut Walk) {
     // against (the driver found a channel if it worked).
     let ty = if fabric_handles { fabric::HandleType::Fabric } else { fabric::HandleType::PosixFd };
     let probe = fabric::ProbeAllocation::new(o.device, ty);
+    // NVML's fabric information, read here for its line below: a GPU
+    // without a fabric (the attribute or NVML says so) makes the IMEX
+    // channels moot.
+    let nvml_read = super::mnnvl_fabric::visible_fabric();
+    let no_fabric = matches!(attribute, Ok(false))
+        || nvml_read
+            .as_ref()
+            .is_ok_and(|infos| infos.iter().any(|(g, i)| *g == o.device && i.state == nvml::FabricState::NotSupported));
     // IMEX channels.
     let dir = &o.imex_channel_dir;
     let uid = nix_uid();
@@ -355,7 +363,7 @@ fn walk(o: &DiagnoseOptions, w: &mut Walk) {
     if let Some((cause, what)) = imex_broken {
         if !fabric_handles {
             w.info("imex", format!("{}: {what} (POSIX-fd handles need no channel)", cause.name()));
-        } else if false {
+        } else if no_fabric {
             w.info("imex", format!("{}: {what} (moot: this GPU has no fabric)", cause.name()));
         } else if probe.is_ok() {
             // The driver found a channel where this walk did not look.
@@ -365,7 +373,7 @@ fn walk(o: &DiagnoseOptions, w: &mut Walk) {
         }
     }
     // NVML.
-    let infos = match super::mnnvl_fabric::visible_fabric() {
+    let infos = match nvml_read {
         Ok(i) => i,
         Err(why) => {
             w.info("nvml", format!("{why}: fabric_domain \"auto\" cannot read the clique and falls back to this boot"));
