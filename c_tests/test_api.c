@@ -82,6 +82,16 @@ static void text_out_rules(const orbite_engine *e) {
   CHECK_STATUS(orbite_cuda_retained_resources_json(big, 1, &len), ORBITE_STATUS_BUFFER_TOO_SMALL);
   CHECK_STATUS(orbite_cuda_retained_resources_json(big, sizeof big, &len), ORBITE_STATUS_OK);
   CHECK(strstr(big, "cuda_available") != NULL);
+
+  /* The doctor: the text out-parameter rules, options checked by name. */
+  len = 0;
+  CHECK_STATUS(orbite_diagnose_json(NULL, NULL, 0, &len), ORBITE_STATUS_BUFFER_TOO_SMALL);
+  CHECK(len > 0);
+  CHECK_STATUS(orbite_diagnose_json("{\"transport\": \"mnnvl\"}", big, sizeof big, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_diagnose_json("{\"transport\": \"mnnvl\"}", big, sizeof big, &len), ORBITE_STATUS_OK);
+  CHECK(strstr(big, "\"layer\":\"driver\"") != NULL && len == strlen(big));
+  CHECK_STATUS(orbite_diagnose_json("{\"transprot\": 1}", big, sizeof big, &len), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("transprot");
 }
 
 static void registration(orbite_engine *e, uint8_t *mem, size_t n) {

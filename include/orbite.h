@@ -384,6 +384,35 @@ orbite_status orbite_cuda_adopt(void *ptr, size_t length, uint32_t flags, struct
 // imports whose close was not confirmed, quarantined streams).
 orbite_status orbite_cuda_retained_resources_json(char *buf, size_t cap, size_t *out_len);
 
+// Diagnoses this machine for a CUDA transport and writes the diagnosis as
+// JSON: `{"transport", "handle_type", "usable", "checks": [{"layer",
+// "status", "cause", "text"}]}`. Layers, in order: `driver` (present, API
+// version), `devices`, `p2p` (the peer matrix), `fabric_attribute`,
+// `imex` (the channel files, their owner and mode, whether this process
+// may open one), `nvml` (each GPU's fabric state, cluster and clique),
+// `probe` (a real allocation and export with the handle type),
+// `fabric_domain` (what "auto" gives), and `peer` (a probe import against
+// a peer engine, when asked). `status` is "ok", "fail" (then `cause` names
+// the broken layer as the engine's stats and errors do: "no_driver",
+// "fabric_not_supported", "no_imex_channel", "imex_channel_denied",
+// "channel_not_shared", "different_clique", "daemon_not_ready",
+// "allocation_not_fabric", "driver_error", and `text` says what to do) or
+// "info" (a fact the transport does not need). `usable` is false when a
+// layer the requested transport needs failed (null without a transport).
+// Without a driver the walk stops at its `driver` line; useful on a
+// machine without a GPU all the same.
+//
+// `options_json` may be NULL or "" (every layer, fabric handles, GPU 0, no
+// verdict); its keys: "transport" ("nvlink" or "mnnvl"), "handle_type"
+// ("fabric" or "posix_fd"), "device", "imex_channel_dir" (default
+// "/dev/nvidia-caps-imex-channels"), "peer" (an endpoint to probe),
+// "engine_config" (an object: the config of the engine that probes the
+// peer, e.g. its auth_key_file), "timeout_ms". An unknown key or a wrong
+// value is ORBITE_STATUS_INVALID_ARGUMENT naming it. Each call runs the
+// checks again (a probe allocation; with "peer", a connection): after
+// BUFFER_TOO_SMALL, call again with a larger buffer.
+orbite_status orbite_diagnose_json(const char *options_json, char *buf, size_t cap, size_t *out_len);
+
 // Submits `count` requests to `peer`. Local checks fail the call; remote
 // outcomes are per request. opts may be NULL (defaults). Returns once the
 // requests are admitted; data moves asynchronously.

@@ -108,6 +108,10 @@ counter_set! {
         /// MNNVL channels accepted over TCP for the fabric domain (peers on
         /// any host of the NVLink partition).
         fabric_channels_accepted,
+        /// Peers that advertise MNNVL toward which it is not used: another
+        /// fabric domain (clique), or a failed probe import (each noted
+        /// with its cause).
+        mnnvl_peers_refused,
         /// Incoming connections and IPC channels that failed authentication.
         auth_failures,
         /// IPC channels refused because their process's user may not connect.

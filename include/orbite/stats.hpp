@@ -133,6 +133,9 @@ struct Stats {
   std::map<std::string, TransportStats> transports;  ///< "tcp", "shm", "nvlink", "mnnvl", "cma"
   std::uint64_t inflight_bytes = 0, peers = 0, peers_alive = 0, incoming_connections = 0, regions = 0;
   std::uint64_t protocol_errors = 0, connections_refused = 0, fabric_channels_accepted = 0;
+  /// Peers that advertise MNNVL toward which it is not used (the cause is
+  /// in the notes).
+  std::uint64_t mnnvl_peers_refused = 0;
   /// Incoming connections that ended without completing their handshake.
   std::uint64_t handshakes_abandoned = 0;
   std::uint64_t auth_failures = 0, ipc_uid_refusals = 0, offers_expired = 0;
@@ -221,6 +224,7 @@ inline const std::vector<StatField> &stat_fields() {
       ORBITE_STAT("connections_refused", connections_refused),
       ORBITE_STAT("handshakes_abandoned", handshakes_abandoned),
       ORBITE_STAT("fabric_channels_accepted", fabric_channels_accepted),
+      ORBITE_STAT("mnnvl_peers_refused", mnnvl_peers_refused),
       ORBITE_STAT("auth_failures", auth_failures),
       ORBITE_STAT("ipc_uid_refusals", ipc_uid_refusals),
       ORBITE_STAT("offers_expired", offers_expired),

@@ -28,9 +28,9 @@ pub const GIB: u64 = 1024 * MIB;
 pub struct MnnvlConfig {
     /// Handle type of exports (default [`MnnvlHandleType::Fabric`]).
     pub handle_type: MnnvlHandleType,
-    /// `None`: peers must share this boot. Otherwise a nonzero 16-byte
-    /// domain shared by the peers of one NVLink partition.
-    pub fabric_domain: Option<[u8; 16]>,
+    /// The fabric domain advertised to peers (default
+    /// [`FabricDomain::Auto`]: from the GPUs' NVLink clique, through NVML).
+    pub fabric_domain: FabricDomain,
     /// Register ordinary local host backing with CUDA (default true).
     pub host_register: bool,
     /// Enable HOST_NUMA (EGM) allocation and remote host grants (default false).
@@ -39,7 +39,40 @@ pub struct MnnvlConfig {
 
 impl Default for MnnvlConfig {
     fn default() -> Self {
-        MnnvlConfig { handle_type: MnnvlHandleType::Fabric, fabric_domain: None, host_register: true, egm: false }
+        MnnvlConfig {
+            handle_type: MnnvlHandleType::Fabric,
+            fabric_domain: FabricDomain::Auto,
+            host_register: true,
+            egm: false,
+        }
+    }
+}
+
+/// Which peers MNNVL with fabric handles reaches: those advertising the
+/// same fabric domain (over a TCP channel, any host of the NVLink
+/// partition), or only those of this boot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FabricDomain {
+    /// Derived at engine start from the local GPUs' NVLink cluster and
+    /// clique (NVML's fabric information), as NCCL derives its MNNVL
+    /// domain; this boot only where NVML gives none (no NVML, no fabric, a
+    /// registration not completed, GPUs of different cliques), said in the
+    /// stats' notes. The engine's [`crate::Engine::config`] holds the
+    /// resolved value.
+    Auto,
+    /// Peers of this boot only (config `null`).
+    ThisBoot,
+    /// A nonzero domain shared by the peers of one NVLink partition.
+    Fixed([u8; 16]),
+}
+
+impl FabricDomain {
+    /// The domain, when one is set.
+    pub fn fixed(self) -> Option<[u8; 16]> {
+        match self {
+            FabricDomain::Fixed(d) => Some(d),
+            _ => None,
+        }
     }
 }
 
@@ -418,8 +451,9 @@ impl MnnvlConfig {
                 }
                 "fabric_domain" => {
                     c.fabric_domain = match v {
-                        Value::Null => None,
-                        _ => Some(parse_fabric_domain(get_str(&key, v)?).map_err(|e| bad(&key, e))?),
+                        Value::Null => FabricDomain::ThisBoot,
+                        Value::String(a) if a == "auto" => FabricDomain::Auto,
+                        _ => FabricDomain::Fixed(parse_fabric_domain(get_str(&key, v)?).map_err(|e| bad(&key, e))?),
                     }
                 }
                 "host_register" => c.host_register = get_bool(&key, v)?,
@@ -439,7 +473,11 @@ impl MnnvlConfig {
     fn to_value(&self) -> Value {
         serde_json::json!({
             "handle_type": self.handle_type.as_str(),
-            "fabric_domain": self.fabric_domain.as_ref().map(hex16),
+            "fabric_domain": match self.fabric_domain {
+                FabricDomain::Auto => Value::from("auto"),
+                FabricDomain::ThisBoot => Value::Null,
+                FabricDomain::Fixed(d) => Value::from(hex16(&d)),
+            },
             "host_register": self.host_register,
             "egm": self.egm,
         })
@@ -578,7 +616,7 @@ mod tests {
         let c = EngineConfig {
             mnnvl: Some(MnnvlConfig {
                 handle_type: MnnvlHandleType::PosixFd,
-                fabric_domain: Some([7u8; 16]),
+                fabric_domain: FabricDomain::Fixed([7u8; 16]),
                 host_register: false,
                 egm: true,
             }),
@@ -660,9 +698,17 @@ mod tests {
     #[test]
     fn fabric_domain_parsing() {
         let c = EngineConfig::from_json(r#"{"mnnvl": {"fabric_domain": "000102030405060708090a0b0c0d0e0f"}}"#).unwrap();
-        let d = c.mnnvl.unwrap().fabric_domain.unwrap();
+        let d = c.mnnvl.unwrap().fabric_domain.fixed().unwrap();
         assert_eq!(d[0], 0);
         assert_eq!(d[15], 15);
+        let auto = EngineConfig::from_json(r#"{"mnnvl": {"fabric_domain": "auto"}}"#).unwrap();
+        assert_eq!(auto.mnnvl.unwrap().fabric_domain, FabricDomain::Auto);
+        let boot = EngineConfig::from_json(r#"{"mnnvl": {"fabric_domain": null}}"#).unwrap().mnnvl.unwrap();
+        assert_eq!(boot.fabric_domain, FabricDomain::ThisBoot);
+        assert_eq!(
+            EngineConfig::from_json(r#"{"mnnvl": {}}"#).unwrap().mnnvl.unwrap().fabric_domain,
+            FabricDomain::Auto
+        );
         assert!(err(r#"{"mnnvl": {"fabric_domain": "00"}}"#).contains("32 hexadecimal"));
         assert!(err(r#"{"mnnvl": {"fabric_domain": "00000000000000000000000000000000"}}"#).contains("all-zero"));
         assert!(err(r#"{"mnnvl": {"fabric_domain": "zz0102030405060708090a0b0c0d0e0f"}}"#).contains("32 hexadecimal"));

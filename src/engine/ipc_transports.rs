@@ -299,7 +299,7 @@ pub(crate) const FABRIC_CHANNEL_CAPABILITY: u32 = 1 << 9;
 /// MNNVL configured, fabric handles, a nonzero domain.
 pub(crate) fn fabric_channel_domain(config: &EngineConfig) -> Option<[u8; 16]> {
     let m = config.mnnvl.as_ref()?;
-    let d = m.fabric_domain?;
+    let d = m.fabric_domain.fixed()?;
     (m.handle_type == MnnvlHandleType::Fabric && d != [0; 16]).then_some(d)
 }
 

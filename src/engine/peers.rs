@@ -27,11 +27,13 @@ impl Engine {
         if !self.inner.requester_gate.is_open() {
             return Err(Error::Unavailable("the requester side is closed".into()));
         }
+        let deadline = Instant::now() + self.timeout(timeout);
         let (s, peer, seal) =
             handshake::connect(endpoint, self.timeout(timeout), self.inner.auth.as_ref(), &self.inner.describe())?;
         let id = self.inner.next_peer.fetch_add(1, Ordering::Relaxed);
         let label = format!("peer {id} ({endpoint})");
-        let links = self.inner.ipc_links(&peer, endpoint, &label);
+        let mut links = self.inner.ipc_links(&peer, endpoint, &label);
+        self.inner.check_mnnvl_peer(&peer, &label, &mut links, deadline);
         // A published region larger than this engine's mapping budget can
         // never be imported: say so at connect, not at the first grant.
         let budget = self.inner.config.max_inflight_bytes;

@@ -14,6 +14,7 @@ use crate::control::identity::process_start_time;
 use crate::control::message;
 use crate::control::Identity;
 use crate::error::{Error, Result};
+use crate::kinds::TransportKind;
 use crate::sync::deadline::Deadline;
 use crate::transport::reactor::{Ended, Flow, Got, Handler, Reactor, Registration, Served, SCRATCH};
 use crate::transport::tcp::wire::Wire;
@@ -42,7 +43,14 @@ pub struct IpcSourceContext {
     pub auth: Option<AuthKey>,
     /// Users besides this process's own who may open a Unix channel.
     pub allowed_uids: Vec<u32>,
+    /// The answer to an MNNVL channel's `MnnvlProbe` (where this engine
+    /// made its probe allocation).
+    pub probe: Option<ProbeSource>,
 }
+
+/// Makes the body of an `MnnvlProbeAnswer` and the descriptor that goes
+/// with it (a POSIX-fd probe hands each peer a descriptor of its own).
+pub type ProbeSource = Arc<dyn Fn() -> Result<(Vec<u8>, Option<OwnedFd>)> + Send + Sync>;
 
 impl IpcSourceContext {
     /// Whether processes of `uid` may open a Unix IPC channel here.
@@ -549,8 +557,31 @@ impl IpcServed {
                 a.extra._ack = Some(acking);
                 a
             }
+            MsgKind::MnnvlProbe => self.probe_answer()?,
             other => return Err(Error::Protocol(format!("unexpected {other:?} on the IPC channel"))),
         }))
+    }
+
+    /// The answer to `MnnvlProbe`: this engine's fabric place and its probe
+    /// allocation's handle, on an MNNVL channel of an engine that made one;
+    /// a refusal otherwise (the channel goes on).
+    fn probe_answer(&self) -> Result<Answer> {
+        let mnnvl = self.ctx.tables.iter().any(|(k, t)| *k == TransportKind::Mnnvl && Arc::ptr_eq(t, &self.table));
+        let made = match &self.ctx.probe {
+            Some(probe) if mnnvl => probe(),
+            _ => Err(Error::NotSupported("this engine answers MNNVL probes only on an MNNVL channel".into())),
+        };
+        Ok(match made {
+            Ok((_, Some(_))) if self.ch.is_tcp() => {
+                reject(0, &Error::NotSupported("a POSIX-fd probe handle cannot cross a TCP (fabric) channel".into()))
+            }
+            Ok((body, fd)) => {
+                let mut a = plain(MsgKind::MnnvlProbeAnswer, &body);
+                a.extra.fd = fd;
+                a
+            }
+            Err(e) => reject(0, &e),
+        })
     }
 
     /// Answers offer `r` on a thread of its own, which waits for the
