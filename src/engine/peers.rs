@@ -134,9 +134,10 @@ impl Engine {
     }
 
     /// What a `Revoke` from the peer does: on a thread of its own (its
-    /// reader must not block), give back every import made through the
-    /// peer's IPC links, through their close receipts; the next submission
-    /// opens new ones or falls through. Revokes that come while a pass
+    /// reader must not block), give back the imports made through the
+    /// peer's IPC links whose grants the peer withdrew on its board (it
+    /// unregisters their region, or closes), through their close receipts;
+    /// the next submission opens new ones or falls through. Revokes that come while a pass
     /// runs fold into one more pass (one thread per peer at most, however
     /// many the peer sends). Each pass is logged: DEBUG, or WARN with what
     /// could not be given back.
@@ -153,7 +154,6 @@ impl Engine {
         let running = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let job = SingleRunner::new("orbite-revoke", move || {
             let Some(inner) = engine.upgrade() else { return };
-            inner.stats.events.revoke_passes.fetch_add(1, Ordering::Relaxed);
             if running.fetch_add(1, Ordering::AcqRel) > 0 {
                 inner.stats.events.revoke_passes_overlapping.fetch_add(1, Ordering::Relaxed);
             }
@@ -161,7 +161,7 @@ impl Engine {
             let mut left = Vec::new();
             for link in &links {
                 if let Some(t) = inner.ipc_transport(link.transport) {
-                    left.extend(t.requester.flush_link(link, deadline));
+                    left.extend(t.requester.give_back(link, deadline));
                 }
             }
             if left.is_empty() {
@@ -176,6 +176,9 @@ impl Engine {
                 ));
             }
             running.fetch_sub(1, Ordering::AcqRel);
+            // Counted once it ended: whoever sees the count knows what the
+            // pass gave back is given back.
+            inner.stats.events.revoke_passes.fetch_add(1, Ordering::Relaxed);
         });
         Box::new(move || {
             // Counted once triggered: whoever sees the count knows a pass
@@ -211,6 +214,24 @@ impl Engine {
             return Err(Error::TimedOut(format!("peer {id} still has {} requests in flight", p.conn.outstanding())));
         }
         self.inner.peers.write().remove(&id);
+        // Its imports go back through their close receipts while the
+        // channels are up, so that the source keeps no export for this
+        // engine; what cannot be confirmed now stays owed and goes out on
+        // the next channel to the same source (or the next flush).
+        let mut left = Vec::new();
+        for (k, l) in &p.links {
+            if let (Ok(link), Some(t)) = (l, self.inner.ipc_transport(*k)) {
+                left.extend(t.requester.flush_link(link, deadline));
+            }
+        }
+        if !left.is_empty() {
+            self.inner.log.warn(format_args!(
+                "peer {id} disconnected with {} imports not given back yet (sent again on the next channel to \
+                 the same source, or by a flush): {}",
+                left.len(),
+                left.join("; ")
+            ));
+        }
         p.conn.close();
         p.close_links();
         self.inner.log.info(format_args!("peer {id} disconnected: {}", p.endpoint));
@@ -285,7 +306,7 @@ impl Inner {
                     Some(d) => Route::Fabric(d),
                     None => Route::Unix(peer.ipc_name.clone()),
                 };
-                Ok(Arc::new(IpcLink::new(
+                let link = Arc::new(IpcLink::new(
                     k,
                     route,
                     peer.identity,
@@ -298,7 +319,9 @@ impl Inner {
                         reconnect_timeout: Duration::from_millis(self.config.handshake_timeout_ms as u64),
                         log: self.log.clone(),
                     },
-                )))
+                ));
+                t.requester.track(&link);
+                Ok(link)
             };
             out.push((k, link));
         }
