@@ -43,11 +43,18 @@
 //   progress     once connected, WRITEs over TCP with TENT's progress hook
 //                set and no poll: the hook fires when each batch ends, and
 //                the task is COMPLETED then.
+//   lookup       no target: the segment's record is a FIFO nobody writes,
+//                so TENT's metadata lookup never returns (as TENT's RPC
+//                waits for a stopped target): two READs end FAILED at the
+//                connect deadline (1.5 s), and uninstall finds no pool job
+//                stuck (only the lookup, left to end on its own).
 // Exit 0 when everything held, 1 otherwise.
 #include <dlfcn.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -475,7 +482,7 @@ struct Initiator {
 int run(const Options &o, const char *self) {
   Initiator in{o, self};
   if (!mkdtemp(in.dir)) return fail("mkdtemp");
-  bool needs_target = o.test != "unreachable" && o.test != "local";
+  bool needs_target = o.test != "unreachable" && o.test != "local" && o.test != "lookup";
   if (needs_target && !in.start_target()) return fail("the target did not start");
   Cuda cuda;
   if (gpu(o) && !cuda.open(o.device)) return fail("no CUDA driver (libcuda.so.1)");
@@ -485,7 +492,7 @@ int run(const Options &o, const char *self) {
   std::string name = "initiator";
   // The frozen case polls a stopped target for as long as the load makes
   // 20 000 polls take: its tasks must not meet the connect deadline then.
-  int connect_ms = o.test == "unreachable" || o.test == "deadline" ? 1500 : o.test == "frozen" ? 600000 : 5000;
+  int connect_ms = o.test == "unreachable" || o.test == "deadline" || o.test == "lookup" ? 1500 : o.test == "frozen" ? 600000 : 5000;
   // The local case also names a key the adapter does not know, and the old
   // place of the engine's configuration: both warned about (glog).
   std::string extra = o.test == "local" ? R"(, "config": {"transport_policy": ["tcp"]}, "conect_timeout_ms": 9)" : "";
@@ -721,6 +728,56 @@ int run(const Options &o, const char *self) {
     if (!ends(t, batch, 0, FAILED, 0, "a task for a target that never answers")) rc = 1;
     t.freeSubBatch(batch);
     close(fd);
+  } else if (o.test == "lookup") {
+    // The segment's record is a FIFO: reading it blocks until a writer
+    // opens it, which the test does only after uninstall.
+    std::string fifo = std::string(in.dir) + "/stuck.segment";
+    if (mkfifo(fifo.c_str(), 0600)) return fail("mkfifo");
+    SegmentID stuck = 0;
+    meta->segmentManager().openRemote(stuck, "stuck");
+    t.allocateSubBatch(batch, 2);
+    for (int id = 0; id < 2; ++id) {
+      // The second connect waits for the same lookup, up to its deadline.
+      auto t0 = std::chrono::steady_clock::now();
+      if (!t.submitTransferTasks(batch, {req(Request::READ, dst, stuck, 0x100000, 4096)}).ok()) rc = fail("submit");
+      TransferStatus st{};
+      if (!t.getTransferStatus(batch, id, st).ok() || st.s != PENDING)
+        rc = fail(std::string("right after submit the task was ") + name_of(st.s) + ", not PENDING");
+      if (!ends(t, batch, id, FAILED, 0, "a task whose segment lookup never returns")) rc = 1;
+      std::printf("tent_orbite_test: lookup %d: FAILED %.1f ms after submit (connect deadline 1500 ms)\n", id,
+                  ms_since(t0));
+      // The timer failed the task; the job's own wait for the lookup ends
+      // just after, and it says so: the next task starts a job of its own.
+      auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      auto jobs_ended = [] {
+        int n = 0;
+        for (const std::string &line : orbite_tent_shim::logged())
+          n += line.find("tasks FAILED: segment") != std::string::npos;
+        return n;
+      };
+      while (jobs_ended() <= id && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    }
+    t.freeSubBatch(batch);
+    // Uninstall here, with the lookup still stuck: the pool's jobs ended at
+    // their deadline (a job waiting for the lookup would hold uninstall up
+    // and be reported stuck); the lookup itself is left, and said so.
+    for (auto &d : mine) {
+      if (auto s = t.removeMemoryBuffer(d); !s.ok()) rc = fail("removeMemoryBuffer: " + s.ToString());
+      if (auto s = t.freeLocalMemory(reinterpret_cast<void *>(static_cast<std::uintptr_t>(d.addr)), n); !s.ok())
+        rc = fail("freeLocalMemory: " + s.ToString());
+    }
+    mine.clear();
+    if (auto s = t.uninstall(); !s.ok()) rc = fail("uninstall: " + s.ToString());
+    int stuck_jobs = 0, left_lookups = 0;
+    for (const std::string &line : orbite_tent_shim::logged()) {
+      stuck_jobs += line.find("jobs did not end at uninstall") != std::string::npos;
+      left_lookups += line.find("segment lookups still wait for TENT's metadata service") != std::string::npos;
+    }
+    if (stuck_jobs != 0) rc = fail("a pool job was still waiting for the segment lookup at uninstall");
+    if (left_lookups != 1) rc = fail("uninstall did not report the stuck lookup (the FIFO did not block it?)");
+    // Lets the lookup end: its read finds the record empty.
+    int w = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
+    if (w >= 0) close(w);
   } else if (o.test == "killed") {
     t.allocateSubBatch(batch, 4);
     t.submitTransferTasks(batch, {req(Request::READ, dst, seg, in.ra, n)});
@@ -776,11 +833,15 @@ int run(const Options &o, const char *self) {
   } else if (o.test == "restart") {
     // Connected, A reached (over SHM with the defaults: a direct route to
     // it), and the initiator's own thread holds a copy of the segment.
-    t.allocateSubBatch(batch, 64);
+    t.allocateSubBatch(batch, 256);
     int next = 0;
-    for (int i = 0; i < 2; ++i) {
+    // The route is opened by the pool job after the first READ's
+    // submission, so a READ right after it may still go through the pool:
+    // READs until one goes direct (over SHM), each COMPLETED.
+    for (int i = 0; i < (o.transport == "shm" ? 200 : 2) && rc == 0; ++i) {
       t.submitTransferTasks(batch, {req(Request::READ, dst, seg, in.ra, 4096)});
       if (!ends(t, batch, next++, COMPLETED, 4096, "a READ of the first target")) rc = 1;
+      if (t.directCopies() > 0) break;
     }
     if (o.transport == "shm" && t.directCopies() == 0) rc = fail("with the defaults, no task went direct over SHM");
     SegmentDescRef cached;
