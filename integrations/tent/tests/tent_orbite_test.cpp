@@ -747,12 +747,12 @@ int run(const Options &o, const char *self) {
       std::printf("tent_orbite_test: lookup %d: FAILED %.1f ms after submit (connect deadline 1500 ms)\n", id,
                   ms_since(t0));
       // The timer failed the task; the job's own wait for the lookup ends
-      // just after, and it says so: the next task starts a job of its own.
+      // just after, and says so: the next task starts a job of its own.
       auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
       auto jobs_ended = [] {
         int n = 0;
         for (const std::string &line : orbite_tent_shim::logged())
-          n += line.find("tasks FAILED: segment") != std::string::npos;
+          n += line.find("TENT's metadata service did not answer within") != std::string::npos;
         return n;
       };
       while (jobs_ended() <= id && std::chrono::steady_clock::now() < until) std::this_thread::yield();

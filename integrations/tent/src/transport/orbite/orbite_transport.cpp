@@ -1152,6 +1152,12 @@ OrbiteTransport::Drained OrbiteTransport::drain(
             if (progressed) tasks.progress();
             return Drained::PeerLeft;
         }
+        // Routes first, then the batch: once TENT sees these tasks end, a
+        // task naming a region they reached goes direct (a round trip per
+        // region mapped for the first time; the tasks stay PENDING, in
+        // their submission, meanwhile).
+        if (submitted.ok() && !reached.empty())
+            openRoutes(t, *peer, *regions, reached, gen);
         {
             std::lock_guard<std::mutex> g(tasks.lock);
             for (size_t id : sent) tasks.tasks[id].sending = false;
@@ -1172,8 +1178,6 @@ OrbiteTransport::Drained OrbiteTransport::drain(
         if (!submitted.ok())
             LOG(WARNING) << "orbite_transport: segment " << t->id << ": "
                          << submitted.error().describe();
-        else if (!reached.empty())
-            openRoutes(t, *peer, *regions, reached, gen);
         tasks.progress();
     }
 }
