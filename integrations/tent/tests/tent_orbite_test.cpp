@@ -43,6 +43,12 @@
 //   progress     once connected, WRITEs over TCP with TENT's progress hook
 //                set and no poll: the hook fires when each batch ends, and
 //                the task is COMPLETED then.
+//   unregister   (SHM) the target READs the initiator's second buffer, so
+//                its engine holds an idle import of it, and is stopped:
+//                removeMemoryBuffer returns within unregister_timeout_ms
+//                (1 s), saying the unregister was deferred; once the
+//                target runs again the buffer is unregistered at a later
+//                registration change and its memory can be freed.
 //   lookup       no target: the segment's record is a FIFO nobody writes,
 //                so TENT's metadata lookup never returns (as TENT's RPC
 //                waits for a stopped target): two READs end FAILED at the
@@ -265,6 +271,8 @@ BufferDesc desc_of(void *p, std::size_t n, const std::string &loc) {
 
 // ---- target ---------------------------------------------------------------
 
+TransferStatus settle(OrbiteTransport &t, Transport::SubBatchRef batch, int id);
+
 int target(const Options &o) {
   Cuda cuda;
   if (gpu(o) && !cuda.open(o.device)) return fail("no CUDA driver (libcuda.so.1)");
@@ -331,6 +339,19 @@ int target(const Options &o) {
       if (auto s = register_buffers(t, *meta, more, {rw}); !s.ok()) return fail("register: " + s.ToString());
       descs.push_back(more[0]);
       std::printf("grown %llu\n", static_cast<unsigned long long>(more[0].addr));
+      std::fflush(stdout);
+    } else if (cmd.rfind("pull ", 0) == 0) {
+      // READs 4096 bytes of the initiator's buffer at ADDR into B: this
+      // engine then holds an import of it (idle, cached).
+      unsigned long long at = std::strtoull(cmd.c_str() + 5, nullptr, 10);
+      SegmentID from = 0;
+      meta->segmentManager().openRemote(from, "initiator");
+      Transport::SubBatchRef pulled = nullptr;
+      t.allocateSubBatch(pulled, 1);
+      t.submitTransferTasks(pulled, {req(Request::READ, b, from, at, 4096)});
+      bool ok = settle(t, pulled, 0).s == COMPLETED && mem.get(b, 4096) == pattern_bytes(2, 4096);
+      t.freeSubBatch(pulled);
+      std::printf("pulled %s\n", ok ? "ok" : "bad");
       std::fflush(stdout);
     } else if (cmd == "verify-readonly") {
       std::printf("verified %s\n", mem.get(d, o.size) == pattern_bytes(5, o.size) ? "ok" : "bad");
@@ -728,6 +749,35 @@ int run(const Options &o, const char *self) {
     if (!ends(t, batch, 0, FAILED, 0, "a task for a target that never answers")) rc = 1;
     t.freeSubBatch(batch);
     close(fd);
+  } else if (o.test == "unregister") {
+    in.say(("pull " + std::to_string(reinterpret_cast<std::uintptr_t>(src))).c_str());
+    if (line_from(in.tout) != "pulled ok") return fail("the target could not READ the initiator's buffer");
+    int stopped = 0;
+    if (kill(in.pid, SIGSTOP) || waitpid(in.pid, &stopped, WUNTRACED) != in.pid || !WIFSTOPPED(stopped))
+      return fail("the target did not stop");
+    // The stopped target never answers the revoke of its import: the call
+    // returns at unregister_timeout_ms (1 s), not at the engine's deadline.
+    auto t0 = std::chrono::steady_clock::now();
+    Status removed = t.removeMemoryBuffer(mine[1]);
+    double took = ms_since(t0);
+    std::printf("tent_orbite_test: removeMemoryBuffer returned in %.1f ms (unregister_timeout_ms 1000)\n", took);
+    if (removed.ok() || removed.ToString().find("unregister deferred") == std::string::npos)
+      rc = fail("removeMemoryBuffer did not say the unregister was deferred: " + removed.ToString());
+    if (took > 10000) rc = fail("removeMemoryBuffer took " + std::to_string(took) + " ms");
+    if (t.freeLocalMemory(src, n).ok()) rc = fail("memory still registered was freed");
+    kill(in.pid, SIGCONT);
+    // Running again, the target gives the import back; the next
+    // registration change unregisters the buffer, and it can be freed.
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    bool freed = false;
+    while (!freed && std::chrono::steady_clock::now() < until) {
+      BufferDesc none = desc_of(reinterpret_cast<void *>(0x1000), 4096, "cpu:0");
+      (void)t.removeMemoryBuffer(none);  // registers nothing; retries the deferred one
+      freed = t.freeLocalMemory(src, n).ok();
+      if (!freed) std::this_thread::yield();
+    }
+    if (!freed) rc = fail("the deferred buffer was never unregistered after the target ran again");
+    mine.erase(mine.begin() + 1);
   } else if (o.test == "lookup") {
     // The segment's record is a FIFO: reading it blocks until a writer
     // opens it, which the test does only after uninstall.
