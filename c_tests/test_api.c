@@ -187,7 +187,8 @@ static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   CHECK_STATUS(orbite_connect(req, ep, 5000, &peer), ORBITE_STATUS_OK);
   CHECK(peer != 0 && peer != 99);
 
-  /* Capability masks: TCP and SHM on both engines (default config, one host). */
+  /* Capability masks: TCP, SHM and CMA on both engines (default config, one
+   * host); CMA needs two processes, so this peer (this process) gets TCP and SHM. */
   uint32_t mask = 7;
   CHECK_STATUS(orbite_engine_transports(NULL, &mask), ORBITE_STATUS_NULL_ARGUMENT);
   CHECK_STATUS(orbite_engine_transports(req, NULL), ORBITE_STATUS_NULL_ARGUMENT);
@@ -197,7 +198,7 @@ static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   CHECK(mask == 7);
   const uint32_t tcp_shm = (1u << ORBITE_TRANSPORT_TCP) | (1u << ORBITE_TRANSPORT_SHM);
   CHECK_STATUS(orbite_engine_transports(req, &mask), ORBITE_STATUS_OK);
-  CHECK(mask == tcp_shm);
+  CHECK(mask == (tcp_shm | (1u << ORBITE_TRANSPORT_CMA)));
   mask = 0;
   CHECK_STATUS(orbite_peer_transports(req, peer, &mask), ORBITE_STATUS_OK);
   CHECK(mask == tcp_shm);

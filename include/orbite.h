@@ -110,6 +110,9 @@
 // CUDA fabric handles across an NVLink fabric.
 #define ORBITE_TRANSPORT_MNNVL 4
 
+// Cross-memory attach (same host, same user): any registered host memory.
+#define ORBITE_TRANSPORT_CMA 5
+
 // `orbite_cuda_adopt` flag: the caller consents that a peer importing the
 // adopted memory can reach the whole underlying allocation.
 #define ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION 1
@@ -408,7 +411,7 @@ orbite_status orbite_batch_results(const struct orbite_batch *batch, struct orbi
 orbite_status orbite_batch_result(const struct orbite_batch *batch, size_t index, struct orbite_request_result *out);
 
 // Writes which transport carried request `index` (ORBITE_TRANSPORT_TCP,
-// SHM, NVLINK or MNNVL; ORBITE_TRANSPORT_AUTO while not yet decided);
+// SHM, NVLINK, MNNVL or CMA; ORBITE_TRANSPORT_AUTO while not yet decided);
 // OUT_OF_RANGE past the request count.
 orbite_status orbite_batch_transport(const struct orbite_batch *batch, size_t index, uint32_t *out_transport);
 

@@ -160,7 +160,7 @@ counter_set! {
 /// Live counters of one engine.
 #[derive(Default)]
 pub struct Counters {
-    per: [TransportEvents; 4],
+    per: [TransportEvents; TransportKind::ALL.len()],
     /// Engine-wide events.
     pub events: EngineEvents,
     /// Notifications sent and received.

@@ -128,7 +128,7 @@ struct DiscoveryStats {
 
 /// A typed snapshot of the engine's counters (orbite_engine_stats).
 struct Stats {
-  std::map<std::string, TransportStats> transports;  ///< "tcp", "shm", "nvlink", "mnnvl"
+  std::map<std::string, TransportStats> transports;  ///< "tcp", "shm", "nvlink", "mnnvl", "cma"
   std::uint64_t inflight_bytes = 0, peers = 0, peers_alive = 0, incoming_connections = 0, regions = 0;
   std::uint64_t protocol_errors = 0, connections_refused = 0, fabric_channels_accepted = 0;
   /// Incoming connections that ended without completing their handshake.
@@ -144,7 +144,7 @@ struct Stats {
   NotificationStats notifications;
   DiscoveryStats discovery;
   IoStats io;
-  std::map<std::string, IpcStats> ipc;  ///< per IPC transport running ("shm", "nvlink", "mnnvl")
+  std::map<std::string, IpcStats> ipc;  ///< per IPC transport running ("shm", "cma", "nvlink", "mnnvl")
   NvlinkStats nvlink;
   std::map<std::string, std::string> transports_available;  ///< "available", "not available: why" or "failed: why" (a sticky CUDA error: restart the process)
   /// Findings that make a transport unusable or slow for some memory, in

@@ -10,6 +10,7 @@ use crate::discovery::{check_url, DiscoveryConfig};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::log::{Level, LEVEL_NAMES};
+pub use crate::transport::ipc::backends::cma::PtracerPolicy;
 pub use crate::transport::ipc::backends::mnnvl::MnnvlHandleType;
 use serde_json::{Map, Value};
 use std::net::SocketAddr;
@@ -156,6 +157,14 @@ config_keys! {
     /// charge, and later submissions through it take no round trip; one
     /// entry per remote region, and KV pools register about a hundred).
     shm_cache_entries: u32 = 256 => integer(0, 4096);
+    /// Offer CMA (cross-memory attach of registered host memory the library
+    /// did not allocate, between processes of one host and user).
+    cma: bool = true => key("bool", get_bool, |b: &bool| (*b).into());
+    /// Under Yama `ptrace_scope` 1: whom a source names as its ptracer so
+    /// that its CMA requesters may copy (`peer`: the first requester while
+    /// it lives; `any`: every process of its user; `none`: nobody).
+    cma_ptracer: PtracerPolicy = PtracerPolicy::Peer
+        => key("string", parse_ptracer, |p: &PtracerPolicy| p.name().into());
     /// Consecutive requests of one direction contiguous on both sides (in
     /// one local and one remote region, never across a dependency) move as
     /// one copy on SHM, NVLink and MNNVL; each keeps its own outcome
@@ -211,6 +220,16 @@ config_keys! {
     /// An export offer the requester does not answer within this many
     /// milliseconds expires and releases its loan and charge.
     offer_timeout_ms: u32 = 5_000 => integer(1, 600_000);
+    /// Exports one requester (a kernel-verified process, or an unverified
+    /// channel) may hold of this engine at once, per IPC transport, in any
+    /// state (offered, in use, retained after its channel was lost); the
+    /// next request is refused `RESOURCE_EXHAUSTED`.
+    ipc_max_exports_per_requester: u32 = 512 => integer(1, 1 << 20);
+    /// The part of `max_inflight_bytes`, in percent, that the allocations
+    /// one requester alone keeps exported may charge, once it holds one
+    /// such allocation (a first one is always allowed, whatever its size):
+    /// one requester cannot take the whole mapping budget from the others.
+    ipc_requester_budget_percent: u32 = 50 => integer(1, 100);
     /// This engine's name, which its peers see (notifications name their
     /// sender by it): 1 to 64 bytes of `[A-Za-z0-9._-]`. `None`: peers see
     /// its endpoint.
@@ -346,6 +365,12 @@ fn parse_wire_security(key: &str, v: &Value) -> Result<WireSecurity> {
     let name = get_str(key, v)?;
     WireSecurity::from_name(name)
         .ok_or_else(|| bad(key, format!("unknown value {name:?} (expected \"integrity\" or \"encrypt\")")))
+}
+
+fn parse_ptracer(key: &str, v: &Value) -> Result<PtracerPolicy> {
+    let name = get_str(key, v)?;
+    PtracerPolicy::from_name(name)
+        .ok_or_else(|| bad(key, format!("unknown value {name:?} (expected \"peer\", \"any\" or \"none\")")))
 }
 
 fn parse_level(key: &str, v: &Value) -> Result<Level> {
@@ -519,7 +544,7 @@ fn parse_policy(key: &str, v: &Value) -> Result<Vec<TransportKind>> {
     for item in arr {
         let name = get_str(key, item)?;
         let t = TransportKind::from_name(name)
-            .ok_or_else(|| bad(key, format!("unknown transport {name:?} (expected mnnvl, nvlink, shm or tcp)")))?;
+            .ok_or_else(|| bad(key, format!("unknown transport {name:?} (expected mnnvl, nvlink, shm, cma or tcp)")))?;
         if out.contains(&t) {
             return Err(bad(key, format!("transport {name:?} is listed twice")));
         }
@@ -561,6 +586,8 @@ mod tests {
             transport_policy: vec![TransportKind::Tcp, TransportKind::Shm],
             auth_key_file: Some("/etc/orbite/key".into()),
             ipc_allowed_uids: vec![0, 1000],
+            cma: false,
+            cma_ptracer: PtracerPolicy::Any,
             offer_timeout_ms: 250,
             min_payload_rate_kib: 0,
             max_ipc_channels: 3,
@@ -658,6 +685,8 @@ mod tests {
         assert!(err(r#"{"auth_key_file": ""}"#).contains("`auth_key_file`: is empty"));
         assert!(err(r#"{"ipc_allowed_uids": [1, -2]}"#).contains("`ipc_allowed_uids`"));
         assert!(err(r#"{"ipc_allowed_uids": 5}"#).contains("expected an array of user ids"));
+        assert!(err(r#"{"cma_ptracer": "all"}"#).contains("expected \"peer\", \"any\" or \"none\""));
+        assert!(err(r#"{"cma": 1}"#).contains("`cma`"));
         assert!(err(r#"{"offer_timeout_ms": 0}"#).contains("`offer_timeout_ms`"));
         assert!(err(r#"{"max_ipc_channels": 0}"#).contains("`max_ipc_channels`"));
         assert!(err(r#"{"io_threads": 0}"#).contains("`io_threads`"));

@@ -160,6 +160,11 @@ impl Engine {
             Ok(_) => ipc_transports.push(parts.shm()),
             Err(e) => ipc_unavailable.push((TransportKind::Shm, format!("no IPC channel: {e}"))),
         }
+        match parts.cma() {
+            Ok(t) if ipc_name.is_ok() => ipc_transports.push(t),
+            Ok(_) => ipc_unavailable.push((TransportKind::Cma, "no IPC channel".into())),
+            Err(e) => ipc_unavailable.push((TransportKind::Cma, e)),
+        }
         match parts.nvlink() {
             Ok(t) if ipc_name.is_ok() => ipc_transports.push(t),
             Ok(_) => ipc_unavailable.push((TransportKind::Nvlink, "no IPC channel".into())),
@@ -285,6 +290,7 @@ impl Engine {
             let asked = match kind {
                 TransportKind::Nvlink => c.nvlink,
                 TransportKind::Mnnvl => c.mnnvl.is_some(),
+                TransportKind::Cma => c.cma,
                 _ => true,
             };
             let level = if asked { Level::Warn } else { Level::Debug };

@@ -198,7 +198,7 @@ impl Engine {
         }
         let mut out = vec![TransportKind::Tcp];
         for k in TransportKind::ALL {
-            if p.link(k).is_ok_and(|l| l.dead_reason().is_none()) {
+            if p.link(k).is_ok_and(|l| l.dead_reason().is_none()) && self.ipc_why_not(&p, k).is_none() {
                 out.push(k);
             }
         }

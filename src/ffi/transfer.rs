@@ -157,7 +157,7 @@ pub extern "C" fn orbite_batch_result(
 }
 
 /// Writes which transport carried request `index` (ORBITE_TRANSPORT_TCP,
-/// SHM, NVLINK or MNNVL; ORBITE_TRANSPORT_AUTO while not yet decided);
+/// SHM, NVLINK, MNNVL or CMA; ORBITE_TRANSPORT_AUTO while not yet decided);
 /// OUT_OF_RANGE past the request count.
 #[no_mangle]
 pub extern "C" fn orbite_batch_transport(
@@ -284,12 +284,13 @@ mod tests {
             (ORBITE_TRANSPORT_SHM, TransportKind::Shm),
             (ORBITE_TRANSPORT_NVLINK, TransportKind::Nvlink),
             (ORBITE_TRANSPORT_MNNVL, TransportKind::Mnnvl),
+            (ORBITE_TRANSPORT_CMA, TransportKind::Cma),
         ];
         for (c, k) in pairs {
             assert_eq!(k.c_code(), c);
             assert_eq!(transport_from(c), Some(Transport::Only(k)));
         }
         assert_eq!(transport_from(ORBITE_TRANSPORT_AUTO), Some(Transport::Auto));
-        assert_eq!(transport_from(5), None);
+        assert_eq!(transport_from(6), None);
     }
 }

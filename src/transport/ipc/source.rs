@@ -220,6 +220,13 @@ fn handshake(
             Error::NotSupported(format!("this engine offers no IPC transport with code {}", hello.transport)),
         );
     };
+    if !ch.is_tcp() {
+        // What the transport itself asks of the requester (CMA: its user).
+        let (_, uid) = ch.peer_cred()?;
+        if let Err(e) = table.admit_requester(uid, &requester.process) {
+            return refuse_with(ch, e);
+        }
+    }
     if let Err(e) = admit() {
         return refuse_with(ch, e);
     }
@@ -412,7 +419,16 @@ impl IpcServed {
                 }
             };
             match sent {
-                Ok(n) => done.extend(proto.sent(n, Instant::now())),
+                Ok(n) => {
+                    if let Some(mut a) = proto.sent(n, Instant::now()) {
+                        // Its descriptor left with its first byte: this
+                        // copy goes now, so that only the requester holds
+                        // the description (whether anything still holds it
+                        // decides when the export may end).
+                        a.extra.fd = None;
+                        done.push(a);
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => return Err(lost(e)),
             }
