@@ -1,6 +1,9 @@
 /* API conventions and bad arguments: every NULL, every unknown enum value,
  * every too-small buffer. Nothing may crash; each call returns the contract's
  * status, leaves out-parameters alone and names the cause. */
+#include <sched.h>
+#include <time.h>
+
 #include "check.h"
 
 #define SENTINEL_PTR ((void *)0x5a5a)
@@ -174,6 +177,9 @@ static void allocations(orbite_engine *e) {
   }
 }
 
+/* An end callback: counts its calls in *user_data. */
+static void count_end(void *user_data) { __atomic_add_fetch((int *)user_data, 1, __ATOMIC_SEQ_CST); }
+
 static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   char ep[128];
   size_t len = 0;
@@ -282,7 +288,26 @@ static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   o.transport = ORBITE_TRANSPORT_TCP;
   o.timeout_ms = 30000;
   CHECK_STATUS(orbite_submit(req, peer, &r, 1, &o, &b), ORBITE_STATUS_OK);
+  /* The end callback runs once when the batch ends (on the thread that
+     ends it: counted, not assumed done when the wait returns), and at once
+     on a batch that has ended; NULL batch or callback refused. */
+  int ends = 0;
+  CHECK_STATUS(orbite_batch_on_end(b, count_end, &ends), ORBITE_STATUS_OK);
   CHECK_STATUS(orbite_batch_wait(b, 30000), ORBITE_STATUS_OK);
+  /* It comes within microseconds; up to 30 s on a loaded host. */
+  struct timespec began, now;
+  clock_gettime(CLOCK_MONOTONIC, &began);
+  do {
+    sched_yield();
+    clock_gettime(CLOCK_MONOTONIC, &now);
+  } while (__atomic_load_n(&ends, __ATOMIC_SEQ_CST) == 0 && now.tv_sec - began.tv_sec < 30);
+  CHECK(__atomic_load_n(&ends, __ATOMIC_SEQ_CST) == 1);
+  CHECK_STATUS(orbite_batch_on_end(b, count_end, &ends), ORBITE_STATUS_OK);
+  CHECK(__atomic_load_n(&ends, __ATOMIC_SEQ_CST) == 2);
+  CHECK_STATUS(orbite_batch_on_end(NULL, count_end, &ends), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_batch_on_end(b, NULL, &ends), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_ERROR_MENTIONS("cb is NULL");
+  CHECK(__atomic_load_n(&ends, __ATOMIC_SEQ_CST) == 2);
   CHECK_STATUS(orbite_batch_poll(b), ORBITE_STATUS_OK);
   CHECK(local[0] == 0xab && local[4095] == 0xab);
   orbite_request_result res[2];

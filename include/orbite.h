@@ -210,6 +210,10 @@ typedef struct orbite_request_result {
   uint32_t remote_effect;
 } orbite_request_result;
 
+// An end callback (`orbite_batch_on_end`): `user_data` is the pointer
+// given with it.
+typedef void (*orbite_batch_end_fn)(void *user_data);
+
 // A log callback. `level` is ORBITE_LOG_ERROR to ORBITE_LOG_TRACE;
 // `message` is one line, NUL-terminated, without a newline, starting with
 // "[NAME ENDPOINT] " (or "[ENDPOINT] ") when an engine logged it, valid
@@ -459,6 +463,19 @@ orbite_status orbite_batch_cancel(struct orbite_batch *batch);
 // READs), runs to its outcome. OUT_OF_RANGE: the batch holds no request
 // `index`.
 orbite_status orbite_batch_cancel_request(struct orbite_batch *batch, size_t index);
+
+// Calls `cb(user_data)` once every request of the batch has ended: within
+// this call when they all have already, else on the library thread that
+// ends the last one (an I/O thread, a copy thread, a submitting or
+// cancelling caller). Every request ends, by the batch's deadline at the
+// latest, so `cb` runs exactly once, also when the batch handle was freed
+// meanwhile (a detached batch still ends). A notification submitted with
+// the batch may still be on its way then. `cb` must accept a call from
+// any thread, return promptly (it runs on the transfer path), never
+// unwind, and call no liborbite function but orbite_status_name,
+// orbite_version and orbite_abi_version. Several callbacks may be set on
+// one batch; each runs once. NULL_ARGUMENT: `cb` is NULL.
+orbite_status orbite_batch_on_end(struct orbite_batch *batch, orbite_batch_end_fn cb, void *user_data);
 
 // Frees a batch handle; a pending batch is detached, never cancelled
 // mid-copy. NULL is a no-op.
