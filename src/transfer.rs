@@ -266,6 +266,19 @@ impl BatchShared {
         }
     }
 
+    /// [`BatchShared::plan`] for runs of requests, `(first, count,
+    /// chunks)`: requests `first..first + count` each complete through
+    /// `chunks` chunks on `transport`; all under one lock.
+    pub fn plan_runs(&self, runs: impl IntoIterator<Item = (usize, u32, u32)>, transport: TransportKind) {
+        let mut s = self.state.lock();
+        for (first, count, chunks) in runs {
+            for r in &mut s.reqs[first..first + count as usize] {
+                r.chunks_left = chunks;
+                r.transport = Some(transport);
+            }
+        }
+    }
+
     /// Marks request `i` as started unless the batch, or the request, was
     /// cancelled first; returns false if the request must end `Cancelled`
     /// instead.

@@ -100,6 +100,60 @@ fn round_trips_byte_for_byte() {
     src.close();
 }
 
+/// A submission larger than `max_inflight_bytes` over TCP: admitted in
+/// several steps (as many chunks at a time as the budget holds, the
+/// staged ones sent before waiting for room), a request split into chunks
+/// across two steps, every byte exact, every request OK, the budget given
+/// back in full. Guards `enqueue_tcp`'s admission (src/engine/submit.rs):
+/// without the staged chunks sent before the wait for room, every request
+/// past the first step's fails TIMED_OUT; a step that took more than it
+/// handed out, or handed out more than it took, leaves `inflight_bytes`
+/// off zero.
+#[test]
+fn a_submission_larger_than_the_budget_is_admitted_in_steps() {
+    const KIB: u64 = 1024;
+    let mut src = PeerProc::spawn(&["--size", &(16u64 << 20).to_string(), "--seed", "4"]);
+    let e = engine(r#"{"max_inflight_bytes": 1048576, "max_transfer_bytes": 65536}"#);
+    let (mut local, _) = local_buf(&e, 16 << 20);
+    let peer = e.connect(&src.endpoint, None).unwrap();
+
+    // READ: 2000 gapped 4 KiB blocks (8 MB: 8 steps of 256 chunks at
+    // least), then one of 200 KiB (4 chunks) where a step ends.
+    let mut reqs: Vec<_> = (0..2000u64)
+        .map(|i| req(Op::Read, &local, (i * 8 * KIB) as usize, src.addr + i * 8 * KIB + 1, 4 * KIB))
+        .collect();
+    reqs.insert(255, req(Op::Read, &local, (16 << 20) - 200 * KIB as usize, src.addr + 3, 200 * KIB));
+    let b = run(&e, peer, &reqs);
+    assert!(
+        b.results().iter().all(|r| r.status == Status::Ok),
+        "{:?}",
+        b.results().iter().find(|r| r.status != Status::Ok)
+    );
+    for r in &reqs {
+        let at = (r.local_addr - local.as_ptr() as u64) as usize;
+        let remote = r.remote_addr - src.addr;
+        let bad = (0..r.len).filter(|&j| local[at + j as usize] != pattern(4, remote + j)).count();
+        assert_eq!(bad, 0, "request at remote offset {remote}");
+    }
+    assert_eq!(local[4 * KIB as usize], 0, "a gap was written");
+    assert_eq!(e.stats().inflight_bytes, 0);
+
+    // WRITE: 4 MiB in 1024 contiguous 4 KiB requests (64 coalesced chunks,
+    // 16 per step).
+    for (i, b) in local[..4 << 20].iter_mut().enumerate() {
+        *b = pattern(13, i as u64);
+    }
+    let reqs: Vec<_> =
+        (0..1024u64).map(|i| req(Op::Write, &local, (i * 4 * KIB) as usize, src.addr + i * 4 * KIB, 4 * KIB)).collect();
+    let b = run(&e, peer, &reqs);
+    assert!(b.results().iter().all(|r| r.status == Status::Ok && r.remote_effect == RemoteEffect::Applied));
+    assert_eq!(src.cmd(&format!("verify 13 0 {}", 4 << 20)), "ok");
+    let st = e.stats();
+    assert_eq!((st.transports["tcp"].requests_failed, st.inflight_bytes), (0, 0));
+    e.close(Some(LONG)).unwrap();
+    src.close();
+}
+
 #[test]
 fn every_rejection_is_typed() {
     let mut src = PeerProc::spawn(&["--size", "65536", "--access", "r", "--extra", "4096"]);

@@ -11,7 +11,7 @@ use crate::error::{Error, Result, Status};
 use crate::kinds::{Transport, TransportKind};
 use crate::memory::rank::Ranks;
 use crate::memory::{owners, MemoryKind, RegionLease};
-use crate::sync::admission::{GateGuard, SubbatchAdmission};
+use crate::sync::admission::{GateGuard, GateGuards, Permit, SubbatchAdmission};
 use crate::transfer::{Assist, BatchShared, ChunkOutcome, RemoteEffect, Request, MAX_REQUESTS};
 use crate::transport::coalesce::LocalSpans;
 use crate::transport::cpu_copy;
@@ -1035,32 +1035,35 @@ impl Engine {
     /// ([`BatchShared::complete_run`]).
     fn enqueue_tcp(&self, p: &Peer, batch: &Arc<BatchShared>, live: Vec<Checked<'_>>, deadline: Instant) {
         let max_chunk = self.inner.config.max_transfer_bytes;
-        let coalesce = self.inner.config.coalesce;
         let gate = &self.inner.requester_gate;
         // A small batch's waiter reads the answers itself while it spins.
         batch.assisted_by(Arc::downgrade(&p.conn) as Weak<dyn Assist>);
-        let mut staged: Vec<Chunk> = Vec::new();
+        let units = tcp_units(live, self.inner.config.coalesce, max_chunk);
+        let coalesced = units.iter().map(|u| u.count as u64 - 1).sum::<u64>();
+        // Every unit planned at one lock (a fenced one as the one chunk it
+        // fails), before any chunk can complete.
+        batch.plan_runs(
+            units.iter().map(|u| (u.c.at(), u.count, u.chunks(max_chunk).max(u.fenced as u32))),
+            TransportKind::Tcp,
+        );
+        let mut staged: Vec<Chunk> = Vec::with_capacity(units.len());
         let mut failed: Option<Error> = None;
-        let mut coalesced = 0u64;
+        // What the last admission step took and has not handed out yet.
+        let mut admitted: Option<Admitted> = None;
         let fail_unit = |i: usize, n: u32, e: &Error, effect: RemoteEffect| {
             for m in i..i + n as usize {
                 batch.fail_request(m, e.clone(), effect);
             }
         };
-        let mut live = live.into_iter().peekable();
-        while let Some(c) = live.next() {
-            let (i, r) = (c.at(), c.req);
+        for (at, u) in units.iter().enumerate() {
+            let (i, r, count) = (u.c.at(), u.c.req, u.count);
             if let Some(e) = &failed {
-                batch.plan(i, 1, TransportKind::Tcp);
-                batch.fail_request(i, e.clone(), RemoteEffect::None);
+                fail_unit(i, count, e, RemoteEffect::None);
                 continue;
             }
-            let region = c.region.expect("resolved");
-            let pinned = c.lease.region().kind == MemoryKind::PinnedHost;
-            if pinned && owners::fenced(r.local_addr) {
+            if u.fenced {
                 // A GPU group holds (or fenced) the whole local pinned
                 // allocation: no CPU access meanwhile.
-                batch.plan(i, 1, TransportKind::Tcp);
                 let e = Error::Unavailable(format!(
                     "request {i}: the local pinned allocation is held by an NVLink/MNNVL group (or fenced after an \
                      uncertain completion)"
@@ -1068,62 +1071,55 @@ impl Engine {
                 batch.fail_request(i, e, RemoteEffect::None);
                 continue;
             }
-            // The unit: this request and those after it that continue it.
-            let (mut count, mut len) = (1u32, r.len);
-            while coalesce && len < max_chunk {
-                let Some(n) = live.peek() else { break };
-                let joins = n.at() == i + count as usize
-                    && n.req.op == r.op
-                    && Arc::ptr_eq(n.lease, c.lease)
-                    && n.region.is_some_and(|g| g.id == region.id && g.epoch == region.epoch)
-                    && n.req.local_addr == r.local_addr + len
-                    && n.req.remote_addr == r.remote_addr + len
-                    && len + n.req.len <= max_chunk
-                    && !(pinned && owners::fenced(n.req.local_addr));
-                if !joins {
-                    break;
-                }
-                len += n.req.len;
-                count += 1;
-                live.next();
-            }
-            coalesced += count as u64 - 1;
-            let n_chunks = len.div_ceil(max_chunk);
-            batch.plan_each(i..i + count as usize, n_chunks as u32, TransportKind::Tcp);
-            for k in 0..n_chunks {
+            let region = u.c.region.expect("resolved");
+            for k in 0..u.chunks(max_chunk) as u64 {
                 let off = k * max_chunk;
-                let piece = (len - off).min(max_chunk);
-                let permit = match self.inner.budget.try_acquire(piece) {
-                    Some(x) => x,
-                    None => {
-                        p.conn.enqueue(std::mem::take(&mut staged));
-                        match self.inner.budget.acquire(piece, deadline, "submission") {
-                            Ok(x) => x,
-                            Err(e) => {
-                                let effect = if k > 0 { RemoteEffect::of_uncertain(r.op) } else { RemoteEffect::None };
-                                fail_unit(i, count, &e, effect);
-                                failed = Some(e);
-                                break;
-                            }
+                let piece = (u.len - off).min(max_chunk);
+                if admitted.as_ref().is_none_or(|a| a.left == 0) {
+                    // One step for as many of the chunks left as the budget
+                    // holds now; when not even this one fits, what is staged
+                    // goes out and this one waits for room.
+                    let rest = units[at..].iter().enumerate().flat_map(|(d, v)| {
+                        let skip = if d == 0 { k } else { 0 };
+                        v.pieces(max_chunk).skip(skip as usize)
+                    });
+                    let taken = match self.inner.budget.try_acquire_prefix(rest) {
+                        Some(x) => Ok(x),
+                        None => {
+                            p.conn.enqueue(std::mem::take(&mut staged));
+                            self.inner.budget.acquire(piece, deadline, "submission").map(|x| (x, 1))
+                        }
+                    };
+                    let (permit, n) = match taken {
+                        Ok(x) => x,
+                        Err(e) => {
+                            let effect = if k > 0 { RemoteEffect::of_uncertain(r.op) } else { RemoteEffect::None };
+                            fail_unit(i, count, &e, effect);
+                            failed = Some(e);
+                            break;
+                        }
+                    };
+                    let guards = gate.enter_many(n as u64).and_then(|g| Ok((g, p.conn.gate().enter_many(n as u64)?)));
+                    match guards {
+                        Ok((guards, peer_guards)) => {
+                            admitted = Some(Admitted { permit, guards, peer_guards, left: n });
+                        }
+                        Err(e) => {
+                            fail_unit(i, count, &e, RemoteEffect::None);
+                            failed = Some(e);
+                            break;
                         }
                     }
-                };
-                let guards = gate.enter().and_then(|g| Ok((g, p.conn.gate().enter()?)));
-                let (guard, peer_guard) = match guards {
-                    Ok(g) => g,
-                    Err(e) => {
-                        fail_unit(i, count, &e, RemoteEffect::None);
-                        failed = Some(e);
-                        break;
-                    }
-                };
+                }
+                let a = admitted.as_mut().expect("admitted above");
+                a.left -= 1;
                 let done = Record {
                     batch: batch.clone(),
                     index: i,
                     count,
-                    permit: Some(permit),
-                    guard: Some(guard),
-                    peer_guard: Some(peer_guard),
+                    permit: Some(a.permit.split(piece)),
+                    guard: a.guards.take(),
+                    peer_guard: a.peer_guards.take(),
                 };
                 staged.push(Chunk {
                     op: r.op,
@@ -1133,13 +1129,89 @@ impl Engine {
                     region_epoch: region.epoch,
                     deadline,
                     done,
-                    hold: c.lease.clone(),
+                    hold: u.c.lease.clone(),
                 });
             }
         }
         self.inner.stats.record_coalesced(TransportKind::Tcp, coalesced);
         p.conn.enqueue(staged);
     }
+}
+
+/// Chunks a TCP submission admitted in one step (`Budget::try_acquire_prefix`,
+/// `Gate::enter_many`) and has not handed out yet: each chunk takes its
+/// share as a permit and two guards of its own, released as it completes.
+struct Admitted {
+    permit: Permit,
+    guards: GateGuards,
+    peer_guards: GateGuards,
+    left: usize,
+}
+
+/// A unit of a TCP submission: a request and those after it that continue
+/// it (coalesced: one local lease, one remote region and epoch, ranges
+/// that follow each other on both sides, together at most a chunk), or a
+/// request refused because its local pinned allocation is fenced.
+struct TcpUnit<'a> {
+    c: Checked<'a>,
+    count: u32,
+    len: u64,
+    fenced: bool,
+}
+
+impl TcpUnit<'_> {
+    /// Chunks it moves in (none when fenced).
+    fn chunks(&self, max_chunk: u64) -> u32 {
+        if self.fenced {
+            0
+        } else {
+            self.len.div_ceil(max_chunk) as u32
+        }
+    }
+
+    /// The bytes of each of its chunks, in order.
+    fn pieces(&self, max_chunk: u64) -> impl Iterator<Item = u64> + Clone {
+        let len = self.len;
+        (0..self.chunks(max_chunk) as u64).map(move |k| (len - k * max_chunk).min(max_chunk))
+    }
+}
+
+/// Groups a TCP submission's checked requests into units, in order: with
+/// `coalesce`, consecutive requests of one direction whose ranges follow
+/// each other on both sides (one local lease, one remote region and
+/// epoch, together at most `max_chunk`) join one unit.
+fn tcp_units(live: Vec<Checked<'_>>, coalesce: bool, max_chunk: u64) -> Vec<TcpUnit<'_>> {
+    let mut units = Vec::with_capacity(live.len());
+    let mut live = live.into_iter().peekable();
+    while let Some(c) = live.next() {
+        let r = c.req;
+        let pinned = c.lease.region().kind == MemoryKind::PinnedHost;
+        if pinned && owners::fenced(r.local_addr) {
+            units.push(TcpUnit { c, count: 1, len: r.len, fenced: true });
+            continue;
+        }
+        let region = c.region.expect("resolved");
+        let (i, mut count, mut len) = (c.at(), 1u32, r.len);
+        while coalesce && len < max_chunk {
+            let Some(n) = live.peek() else { break };
+            let joins = n.at() == i + count as usize
+                && n.req.op == r.op
+                && Arc::ptr_eq(n.lease, c.lease)
+                && n.region.is_some_and(|g| g.id == region.id && g.epoch == region.epoch)
+                && n.req.local_addr == r.local_addr + len
+                && n.req.remote_addr == r.remote_addr + len
+                && len + n.req.len <= max_chunk
+                && !(pinned && owners::fenced(n.req.local_addr));
+            if !joins {
+                break;
+            }
+            len += n.req.len;
+            count += 1;
+            live.next();
+        }
+        units.push(TcpUnit { c, count, len, fenced: false });
+    }
+    units
 }
 
 #[cfg(test)]

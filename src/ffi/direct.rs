@@ -67,7 +67,7 @@ pub extern "C" fn orbite_direct_copy(
         let d = live(direct, "direct")?;
         let r = need(request, "request")?;
         let out = need_mut(out_result, "out_result")?;
-        let req = request_of(r, "request")?;
+        let req = request_of(r, || "request".into())?;
         let (result, failure) = e.engine.copy_direct(&d.route, &req, timeout_opt(timeout_ms))?;
         if let Some(f) = failure {
             set_last_error(&f.to_string());

@@ -36,13 +36,17 @@ pub extern "C" fn orbite_submit(
     })
 }
 
-/// One C request as the engine's, its opcode checked (`name` names it).
-pub(crate) fn request_of(r: &orbite_request, name: &str) -> Result<Request> {
+/// One C request as the engine's, its opcode checked (`name` names it in
+/// the error; it is built only then: a submission converts 10^5 requests).
+pub(crate) fn request_of(r: &orbite_request, name: impl FnOnce() -> String) -> Result<Request> {
     let op = match r.opcode {
         ORBITE_OP_READ => Op::Read,
         ORBITE_OP_WRITE => Op::Write,
         x => {
-            return Err(Error::InvalidArgument(format!("{name}.opcode is {x} (use ORBITE_OP_READ or ORBITE_OP_WRITE)")))
+            return Err(Error::InvalidArgument(format!(
+                "{}.opcode is {x} (use ORBITE_OP_READ or ORBITE_OP_WRITE)",
+                name()
+            )))
         }
     };
     Ok(Request { op, local_addr: r.local_addr, remote_addr: r.remote_addr, len: r.length })
@@ -70,7 +74,7 @@ pub(crate) fn submission(
         let raw = unsafe { std::slice::from_raw_parts(requests, count) };
         let mut reqs = Vec::with_capacity(count);
         for (i, r) in raw.iter().enumerate() {
-            reqs.push(request_of(r, &format!("requests[{i}]"))?);
+            reqs.push(request_of(r, || format!("requests[{i}]"))?);
         }
         let mut o = SubmitOptions::default();
         if !opts.is_null() {

@@ -29,10 +29,23 @@ impl Permit {
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
+
+    /// Moves `bytes` of this permit into a permit of their own, without
+    /// touching the budget (what a submission admitted in one step hands
+    /// to each chunk, released as each completes). Panics past its bytes.
+    pub fn split(&mut self, bytes: u64) -> Permit {
+        assert!(bytes <= self.bytes, "splitting {bytes} bytes off a permit of {}", self.bytes);
+        self.bytes -= bytes;
+        Permit { budget: self.budget.clone(), bytes }
+    }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
+        if self.bytes == 0 {
+            // Wholly split off: nothing to give back.
+            return;
+        }
         let mut u = self.budget.used.lock();
         *u -= self.bytes;
         drop(u);
@@ -63,6 +76,36 @@ impl Budget {
             *u += bytes;
             Permit { budget: self.clone(), bytes }
         })
+    }
+
+    /// Takes, in one step, the longest leading run of `pieces` that fits
+    /// now, as one permit of their sum (to [`Permit::split`] per piece),
+    /// and how many pieces it holds: what taking them one by one with
+    /// [`Budget::try_acquire`] until the first refusal takes, at one lock.
+    /// `None` when the first piece does not fit (or there is none).
+    pub fn try_acquire_prefix(self: &Arc<Self>, pieces: impl Iterator<Item = u64> + Clone) -> Option<(Permit, usize)> {
+        // The run is measured against the room seen under a first look,
+        // outside the lock, and taken if that room is still there (another
+        // holder may take some meanwhile: measured again then).
+        let mut free = self.limit.saturating_sub(*self.used.lock());
+        loop {
+            let (mut n, mut sum) = (0usize, 0u64);
+            for b in pieces.clone() {
+                match sum.checked_add(b).filter(|&t| t <= free) {
+                    Some(t) => (n, sum) = (n + 1, t),
+                    None => break,
+                }
+            }
+            if n == 0 {
+                return None;
+            }
+            let mut u = self.used.lock();
+            if *u + sum <= self.limit {
+                *u += sum;
+                return Some((Permit { budget: self.clone(), bytes: sum }, n));
+            }
+            free = self.limit.saturating_sub(*u);
+        }
     }
 
     /// Takes `bytes`, waiting until `deadline`. More than the limit is refused.
@@ -160,10 +203,33 @@ pub struct GateGuard {
 
 impl Drop for GateGuard {
     fn drop(&mut self) {
-        let mut s = self.gate.state.lock();
-        s.1 -= 1;
-        if s.1 == 0 {
-            self.gate.cv.notify_all();
+        self.gate.leave(1);
+    }
+}
+
+/// Units of work that entered a [`Gate`] together ([`Gate::enter_many`]),
+/// handed out one by one as [`GateGuard`]s; those never handed out leave
+/// the gate when it drops.
+pub struct GateGuards {
+    gate: Arc<Gate>,
+    left: u64,
+}
+
+impl GateGuards {
+    /// One of the units, as a guard of its own (no lock); `None` when all
+    /// were handed out.
+    pub fn take(&mut self) -> Option<GateGuard> {
+        (self.left > 0).then(|| {
+            self.left -= 1;
+            GateGuard { gate: self.gate.clone() }
+        })
+    }
+}
+
+impl Drop for GateGuards {
+    fn drop(&mut self) {
+        if self.left > 0 {
+            self.gate.leave(self.left);
         }
     }
 }
@@ -176,12 +242,34 @@ impl Gate {
 
     /// Enters if open.
     pub fn enter(self: &Arc<Self>) -> Result<GateGuard> {
+        self.admit(1)?;
+        Ok(GateGuard { gate: self.clone() })
+    }
+
+    /// Enters `n` units at once if open (one lock): [`Gate::enter`] `n`
+    /// times while the gate stays open.
+    pub fn enter_many(self: &Arc<Self>, n: u64) -> Result<GateGuards> {
+        self.admit(n)?;
+        Ok(GateGuards { gate: self.clone(), left: n })
+    }
+
+    /// Counts `n` units in if open.
+    fn admit(&self, n: u64) -> Result<()> {
         let mut s = self.state.lock();
         if !s.0 {
             return Err(Error::Unavailable(format!("the {} is closed", self.name)));
         }
-        s.1 += 1;
-        Ok(GateGuard { gate: self.clone() })
+        s.1 += n;
+        Ok(())
+    }
+
+    /// `n` units of work leave; the last wakes a close waiting for them.
+    fn leave(&self, n: u64) {
+        let mut s = self.state.lock();
+        s.1 -= n;
+        if s.1 == 0 {
+            self.cv.notify_all();
+        }
     }
 
     /// Whether the gate is open.
@@ -309,6 +397,61 @@ mod tests {
         drop(six);
         assert_eq!(waiter.join().unwrap().unwrap(), 5);
         assert_eq!(b.used(), 0);
+    }
+
+    /// Guards `Budget::try_acquire_prefix` and `Permit::split`: the run
+    /// taken is the one piece-by-piece `try_acquire` takes (to the limit
+    /// exactly, stopping at the first piece that does not fit even when a
+    /// later one would), each split piece gives its own bytes back as it
+    /// drops, and nothing fits when the first piece does not.
+    #[test]
+    fn a_prefix_is_admitted_as_one_by_one_admission_would_and_released_per_piece() {
+        let b = Budget::new(10);
+        let held = b.try_acquire(1).unwrap();
+        // 9 free: 4 and 3 fit, 5 does not; 1 would, after it, and is not taken.
+        let pieces = [4u64, 3, 5, 1];
+        let (mut whole, n) = b.try_acquire_prefix(pieces.iter().copied()).unwrap();
+        assert_eq!((n, whole.bytes(), b.used()), (2, 7, 8));
+        let parts: Vec<Permit> = pieces[..n].iter().map(|&p| whole.split(p)).collect();
+        assert_eq!((whole.bytes(), b.used()), (0, 8));
+        drop(whole);
+        assert_eq!(b.used(), 8);
+        let mut parts = parts.into_iter();
+        drop(parts.next());
+        assert_eq!(b.used(), 4);
+        assert!(b.try_acquire_prefix([7u64, 1].into_iter()).is_none());
+        assert!(b.try_acquire_prefix(std::iter::empty()).is_none());
+        drop(parts);
+        drop(held);
+        assert_eq!(b.used(), 0);
+        let (all, n) = b.try_acquire_prefix([5u64, 5, 1].into_iter()).unwrap();
+        assert_eq!((n, all.bytes(), b.used()), (2, 10, 10));
+    }
+
+    /// Guards `Gate::enter_many` and `GateGuards`: n units count as n
+    /// `enter`s, each guard handed out leaves as it drops, those never
+    /// handed out leave with the `GateGuards`, and a close waits for all
+    /// of them; a closed gate refuses the lot.
+    #[test]
+    fn units_entered_together_leave_one_by_one() {
+        let g = Gate::new("test gate");
+        let mut many = g.enter_many(3).unwrap();
+        let (a, b) = (many.take().unwrap(), many.take().unwrap());
+        assert_eq!(g.active(), 3);
+        drop(a);
+        assert_eq!(g.active(), 2);
+        drop(many);
+        assert_eq!(g.active(), 1);
+        let mut last = g.enter_many(1).unwrap();
+        let c = last.take().unwrap();
+        assert!(last.take().is_none());
+        drop(last);
+        assert_eq!(g.active(), 2);
+        drop((b, c));
+        assert_eq!(g.close_and_wait(Instant::now()), 0);
+        let e = g.enter_many(2).err().expect("a closed gate admitted units");
+        assert_eq!(e.to_string(), g.enter().err().unwrap().to_string());
+        assert!(e.to_string().contains("the test gate is closed"), "{e}");
     }
 
     #[test]
