@@ -170,8 +170,9 @@ int main(int argc, char **argv) {
       orbite::Status s = round(peer, pool, g, plan, index, n, local, opts, totals);
       if (s != orbite::Status::ok) {
         // Gone, or a failure to report? Ask the peer for its regions: a dead
-        // one fails at once (its connection is closed), and from then on it
-        // has no transport left.
+        // one fails at once, even right after the round failed (its
+        // connection's end wakes the call; no timeout is waited out), and
+        // from then on it has no transport left.
         bool lost = !peer.try_regions().ok() && peer.transports().empty();
         if (!lost || !args.flag("--recover")) {
           std::cout << "round " << n << " failed: " << orbite::status_name(s) << (lost ? " (peer lost)" : "")

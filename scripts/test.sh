@@ -32,7 +32,10 @@ step "cargo test (release, cuda feature: ${cuda_tests[*]})"
 cargo test --release --locked --features cuda "${cuda_tests[@]}"
 step "cargo test (release, etcd feature: discovery against a real etcd the tests start)"
 cargo test --release --locked --features etcd --test discovery
-step "C tests (ctest): configures and builds build-test/, then runs the C, C++, example, package and docs tests"
-cmake -S . -B build-test -DORBITE_CARGO_TARGET_DIR="$PWD/target" >/dev/null
+step "NIXL test venv (the pinned nixl wheels; reused when its pins match)"
+integrations/nixl/tests/venv.sh "$PWD/build-test/nixl-venv"
+step "C tests (ctest): configures and builds build-test/, then runs the C, C++, example, package, NIXL and docs tests"
+cmake -S . -B build-test -DORBITE_CARGO_TARGET_DIR="$PWD/target" \
+  -DORBITE_NIXL=ON -DORBITE_NIXL_VENV="$PWD/build-test/nixl-venv" >/dev/null
 cmake --build build-test -j"$jobs"
 ctest --test-dir build-test --output-on-failure -j"$jobs"

@@ -116,12 +116,18 @@ counter_set! {
         /// read and dropped: the connection stayed in step for the others
         /// (a frozen source that resumes is served on the same connection).
         answers_dropped,
-        /// Passes that gave the imports back (revokes that came during a pass
-        /// fold into one more: at most one per peer runs at a time).
+        /// Passes that gave the imports back, counted as each ends (revokes
+        /// that came during a pass fold into one more: at most one per peer
+        /// runs at a time).
         revoke_passes,
         /// Passes that started while another for the same peer still ran: 0
         /// (the passes of one peer fold; a nonzero count is a bug).
         revoke_passes_overlapping,
+    }
+    gauges {
+        /// This engine's log lines dropped because stderr did not take the
+        /// lines before them in time (its queue full; docs/logging.md).
+        log_lines_dropped: u64,
     }
 }
 

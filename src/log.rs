@@ -17,8 +17,7 @@
 use parking_lot::RwLock;
 use std::cell::Cell;
 use std::fmt::{self, Write as _};
-use std::io::Write as _;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// How much an event matters. `Off` is a level a logger can be set to,
@@ -124,12 +123,20 @@ pub fn env_level() -> Result<Option<Level>, String> {
 pub struct Logger {
     level: AtomicU32,
     label: String,
+    /// Its lines dropped because stderr did not take them in time.
+    dropped: AtomicU64,
 }
 
 impl Logger {
     /// A logger at `level` whose messages start with `[label]`.
     pub fn new(level: Level, label: impl Into<String>) -> Logger {
-        Logger { level: AtomicU32::new(level as u32), label: label.into() }
+        Logger { level: AtomicU32::new(level as u32), label: label.into(), dropped: AtomicU64::new(0) }
+    }
+
+    /// How many of its lines were dropped because stderr did not take the
+    /// lines before them in time (the queue to stderr was full).
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
     }
 
     /// Whether an event at `level` would be logged: one atomic load.
@@ -157,8 +164,8 @@ impl Logger {
     /// otherwise.
     #[inline]
     pub fn event(&self, level: Level, args: fmt::Arguments<'_>) {
-        if self.enabled(level) {
-            emit(level, &self.label, args);
+        if self.enabled(level) && !emit(level, &self.label, args) {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -205,8 +212,8 @@ pub fn process() -> &'static Logger {
 /// none) starts the message, the level is [`process`]'s.
 #[inline]
 pub fn event(level: Level, label: Option<&str>, args: fmt::Arguments<'_>) {
-    if process().enabled(level) {
-        emit(level, label.unwrap_or(""), args);
+    if process().enabled(level) && !emit(level, label.unwrap_or(""), args) {
+        process().dropped.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -245,12 +252,14 @@ impl Drop for InSink {
     }
 }
 
-/// One event: `[label] message` as one line, to the sink or stderr. An
-/// event raised inside a sink call (the sink called into the library) is
-/// dropped.
-fn emit(level: Level, label: &str, args: fmt::Arguments<'_>) {
+/// One event: `[label] message` as one line, to the sink (on this thread)
+/// or to the queue the stderr writer drains. An event raised inside a sink
+/// call (the sink called into the library) is dropped, not counted.
+/// Returns false when the line was dropped because the queue to stderr
+/// was full.
+fn emit(level: Level, label: &str, args: fmt::Arguments<'_>) -> bool {
     if IN_SINK.with(Cell::get) {
-        return;
+        return true;
     }
     let mut msg = String::with_capacity(160);
     if !label.is_empty() {
@@ -266,12 +275,224 @@ fn emit(level: Level, label: &str, args: fmt::Arguments<'_>) {
             IN_SINK.with(|f| f.set(true));
             let _reset = InSink;
             f(level, &msg);
+            true
         }
         None => {
-            let line = format!("{} orbite {} {msg}\n", timestamp(SystemTime::now()), level.tag());
-            // One write per line, so that lines from several threads do not mix.
-            let _ = std::io::stderr().write_all(line.as_bytes());
+            drop(sink);
+            stderr_queue::push(format!("{} orbite {} {msg}\n", timestamp(SystemTime::now()), level.tag()))
         }
+    }
+}
+
+/// Waits until every line queued for stderr before the call was written,
+/// at most `bound`, and not at all while the writer has been stuck in one
+/// write for `bound` already (stderr a pipe nobody drains): an engine's
+/// close and the process's exit do not lose their last lines, and are not
+/// held by a stderr that takes nothing. True when all were written.
+pub fn flush(bound: std::time::Duration) -> bool {
+    stderr_queue::flush(bound)
+}
+
+/// The lines bound for stderr: a bounded queue that one thread of the
+/// library (`orbite-log`) writes out, one `write` per line in the order
+/// they came, so that no thread that logs (an I/O thread above all) ever
+/// waits for stderr. When the queue holds [`stderr_queue::QUEUE_BYTES`] a
+/// line is dropped; the count is reported by a line queued before the next
+/// one that fits (or by the next flush).
+mod stderr_queue {
+    use super::{timestamp, SystemTime};
+    use parking_lot::{Condvar, Mutex};
+    use std::collections::VecDeque;
+    use std::io::Write as _;
+    use std::time::{Duration, Instant};
+
+    /// Most bytes of lines waiting for stderr (or being written).
+    pub(super) const QUEUE_BYTES: usize = 1 << 20;
+
+    /// How long the process's exit waits for the lines still queued.
+    const AT_EXIT: Duration = Duration::from_secs(1);
+
+    /// What writes a line out (stderr, or a test's recorder).
+    pub(super) type WriteLine = Box<dyn Fn(&str) + Send + Sync>;
+
+    struct State {
+        lines: VecDeque<String>,
+        /// Bytes of the lines queued and of those being written.
+        bytes: usize,
+        /// Lines queued so far (drop reports included).
+        queued: u64,
+        /// Lines written so far.
+        written: u64,
+        /// Lines dropped since the last report was queued.
+        dropped: u64,
+        /// The writer is writing: since when, or since its last line.
+        writing_since: Option<Instant>,
+    }
+
+    impl State {
+        /// Queues the report of the lines dropped since the last one, if
+        /// any (past the bound: it is short and says what went missing).
+        fn report_drops(&mut self) -> bool {
+            if self.dropped == 0 {
+                return false;
+            }
+            let report = format!(
+                "{} orbite WARN {} log lines were dropped: stderr did not take the lines before them in time\n",
+                timestamp(SystemTime::now()),
+                std::mem::take(&mut self.dropped)
+            );
+            self.bytes += report.len();
+            self.queued += 1;
+            self.lines.push_back(report);
+            true
+        }
+    }
+
+    /// A queue of lines and its writer thread.
+    pub(super) struct Queue {
+        state: Mutex<State>,
+        /// Signalled when lines are queued.
+        work: Condvar,
+        /// Signalled when lines were written.
+        done: Condvar,
+        /// Most bytes queued.
+        bound: usize,
+        /// The process whose writer thread runs (a forked child has none:
+        /// it writes its lines itself).
+        owner: u32,
+        write: WriteLine,
+    }
+
+    impl Queue {
+        /// A queue of at most `bound` bytes whose thread (named
+        /// `orbite-log`) hands each line to `write`, for the life of the
+        /// process; `None` when the thread cannot start.
+        pub(super) fn start(bound: usize, write: WriteLine) -> Option<&'static Queue> {
+            let state =
+                State { lines: VecDeque::new(), bytes: 0, queued: 0, written: 0, dropped: 0, writing_since: None };
+            let q = Queue {
+                state: Mutex::new(state),
+                work: Condvar::new(),
+                done: Condvar::new(),
+                bound,
+                owner: std::process::id(),
+                write,
+            };
+            let q: &'static Queue = Box::leak(Box::new(q));
+            std::thread::Builder::new().name("orbite-log".into()).spawn(move || q.write_out()).ok()?;
+            Some(q)
+        }
+
+        /// Queues `line`; false when it was dropped (the queue is full).
+        pub(super) fn push(&self, line: String) -> bool {
+            if self.owner != std::process::id() {
+                (self.write)(&line);
+                return true;
+            }
+            let mut st = self.state.lock();
+            if st.bytes + line.len() > self.bound {
+                st.dropped += 1;
+                return false;
+            }
+            st.report_drops();
+            st.bytes += line.len();
+            st.queued += 1;
+            st.lines.push_back(line);
+            drop(st);
+            self.work.notify_one();
+            true
+        }
+
+        /// Waits until every line queued before the call (and the report
+        /// of lines dropped until then) was written, at most `bound`, and
+        /// not at all when the writer has been in one line's write for
+        /// `bound` already. True when all were written.
+        pub(super) fn flush(&self, bound: Duration) -> bool {
+            if self.owner != std::process::id() {
+                return true;
+            }
+            let mut st = self.state.lock();
+            if st.report_drops() {
+                self.work.notify_one();
+            }
+            let target = st.queued;
+            let deadline = Instant::now() + bound;
+            while st.written < target {
+                if st.writing_since.is_some_and(|t| t.elapsed() >= bound) {
+                    return false;
+                }
+                if self.done.wait_until(&mut st, deadline).timed_out() {
+                    return st.written >= target;
+                }
+            }
+            true
+        }
+
+        /// The writer: takes what is queued and writes it out, line by
+        /// line; the lock is never held while a line is written.
+        fn write_out(&self) {
+            let mut st = self.state.lock();
+            loop {
+                while st.lines.is_empty() {
+                    st.writing_since = None;
+                    self.done.notify_all();
+                    self.work.wait(&mut st);
+                }
+                let lines = std::mem::take(&mut st.lines);
+                st.writing_since = Some(Instant::now());
+                drop(st);
+                for line in lines {
+                    (self.write)(&line);
+                    let mut s = self.state.lock();
+                    s.bytes -= line.len();
+                    s.written += 1;
+                    s.writing_since = Some(Instant::now());
+                    drop(s);
+                    self.done.notify_all();
+                }
+                st = self.state.lock();
+            }
+        }
+    }
+
+    /// The process's queue to stderr, started with its first line (`None`:
+    /// its thread could not start, lines are written at once).
+    static STDERR: once_cell::sync::OnceCell<Option<&'static Queue>> = once_cell::sync::OnceCell::new();
+
+    fn stderr() -> Option<&'static Queue> {
+        *STDERR.get_or_init(|| {
+            let q = Queue::start(QUEUE_BYTES, Box::new(write_now))?;
+            // SAFETY: registers a function of this library that never
+            // unwinds; glibc runs it at exit (or when the library is
+            // unloaded).
+            unsafe { libc::atexit(at_exit) };
+            Some(q)
+        })
+    }
+
+    extern "C" fn at_exit() {
+        let _ = std::panic::catch_unwind(|| flush(AT_EXIT));
+    }
+
+    /// Writes `line` to stderr, with one `write`.
+    fn write_now(line: &str) {
+        let _ = std::io::stderr().write_all(line.as_bytes());
+    }
+
+    /// Queues `line` for stderr; false when it was dropped.
+    pub(super) fn push(line: String) -> bool {
+        match stderr() {
+            Some(q) => q.push(line),
+            None => {
+                write_now(&line);
+                true
+            }
+        }
+    }
+
+    /// [`Queue::flush`] of the stderr queue, if it started.
+    pub(super) fn flush(bound: Duration) -> bool {
+        STDERR.get().copied().flatten().is_none_or(|q| q.flush(bound))
     }
 }
 
@@ -437,6 +658,61 @@ mod tests {
         set_sink(None).unwrap();
         assert!(done.load(Ordering::SeqCst), "set_sink returned while the old sink ran");
         t.join().unwrap();
+    }
+
+    /// A writer that takes nothing (stderr a pipe nobody drains) never
+    /// holds the thread that logs: lines past the bound are dropped and
+    /// counted, the report of how many comes before the next line once it
+    /// takes lines again, and a flush is bounded, at once when the writer
+    /// has been stuck that long already. Guards `Queue::push`'s bound and
+    /// `report_drops`.
+    #[test]
+    fn a_stuck_writer_drops_lines_past_the_bound_and_reports_them() {
+        use stderr_queue::Queue;
+        let written = Arc::new(Mutex::new(Vec::<String>::new()));
+        let open = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let (w, gate) = (written.clone(), open.clone());
+        let q = Queue::start(
+            1000,
+            Box::new(move |line: &str| {
+                let (lock, cv) = &*gate;
+                let _open = cv.wait_while(lock.lock().unwrap(), |open| !*open).unwrap();
+                w.lock().unwrap().push(line.to_string());
+            }),
+        )
+        .unwrap();
+        let line = |i: usize| format!("{i}{}\n", "x".repeat(298));
+        // Three lines fit (the first one being written counts), every
+        // further one is dropped; no call waits for the writer.
+        let t0 = std::time::Instant::now();
+        assert!((1..=3).all(|i| q.push(line(i))));
+        assert!(!q.push(line(4)));
+        assert!(!q.push(line(5)));
+        assert!(t0.elapsed() < Duration::from_secs(10));
+        // A flush gives up at its bound, and at once once the writer has
+        // been stuck for that long.
+        assert!(!q.flush(Duration::from_millis(100)));
+        let t1 = std::time::Instant::now();
+        assert!(!q.flush(Duration::from_millis(100)));
+        assert!(t1.elapsed() < Duration::from_secs(5));
+        // The writer takes lines again: what was queued, then the report
+        // (queued by the flush), then the next line.
+        *open.0.lock().unwrap() = true;
+        open.1.notify_all();
+        assert!(q.flush(Duration::from_secs(60)));
+        assert!(q.push(line(6)));
+        assert!(q.flush(Duration::from_secs(60)));
+        let got = written.lock().unwrap().clone();
+        assert_eq!(got.len(), 5, "{got:?}");
+        assert_eq!(got[..3], [line(1), line(2), line(3)]);
+        assert!(
+            got[3].ends_with(
+                " orbite WARN 2 log lines were dropped: stderr did not take the lines before them in time\n"
+            ),
+            "{}",
+            got[3]
+        );
+        assert_eq!(got[4], line(6));
     }
 
     #[test]

@@ -100,13 +100,15 @@ fn source_close_racing_the_requesters_flush_loses_no_ack() {
 }
 
 /// The grant board: a cached import is used without a round trip while the
-/// source's published grant holds; an unregistration revokes it (the
-/// requester falls back to the round trip, which the closing region
-/// refuses), and once the unregistration gives up, the next submission
-/// revalidates, learns the slot's new generation and is back on the board.
-/// The source counts what the board's groups moved when the export ends.
-/// Guards `transport/ipc/requester/mod.rs` `run_group`'s `imp.enter(ops)` and
-/// `engine/regions.rs` `unregister_memory`'s suspend/resume.
+/// source's published grant holds; an unregistration revokes it and asks
+/// the import back (`Revoke`): reads are refused once the region is
+/// closing (then gone), and the unregistration ends OK once the import is
+/// given back. The source counts
+/// what the board's groups moved when the export ends. (An unregistration
+/// that gives up publishes the grant again:
+/// `tests/hostile_ipc_imports.rs`, with a frozen importer.) Guards
+/// `transport/ipc/requester/mod.rs` `run_group`'s `imp.enter(ops)` and
+/// `engine/regions.rs` `unregister_memory`'s suspend.
 #[test]
 fn cached_grants_skip_the_round_trip_until_the_source_revokes_them() {
     let src = Engine::new(EngineConfig::default()).unwrap();
@@ -132,18 +134,9 @@ fn cached_grants_skip_the_round_trip_until_the_source_revokes_them() {
         assert_eq!(read(off), Status::Ok);
     }
     assert_eq!(trips(), (3, 0), "the grant, then two cached groups, all on the board");
-    // An unregistration that gives up (nothing released the export) gives
-    // the slot back under a new generation: one revalidation, then the
-    // board again.
-    let e = src.unregister_memory(rid, Some(Duration::from_millis(50))).unwrap_err();
-    assert_eq!(e.status(), Status::TimedOut, "the export holds the region: {e}");
-    assert_eq!(read(0), Status::Ok);
-    assert_eq!(trips(), (3, 1), "the new generation sent one group through the round trip");
-    assert_eq!(read(4096), Status::Ok);
-    assert_eq!(trips(), (4, 1), "back on the board");
     // While the source unregisters the region, nothing enters the board:
-    // reads take the round trip until the source refuses them (the region
-    // is closing); releasing the cached import lets the unregistration end.
+    // reads are refused (the region is closing, or gone once the import
+    // was given back), and the unregistration ends by itself.
     std::thread::scope(|s| {
         let u = s.spawn(|| src.unregister_memory(rid, Some(T)));
         let until = std::time::Instant::now() + T;
@@ -155,9 +148,6 @@ fn cached_grants_skip_the_round_trip_until_the_source_revokes_them() {
             assert!(std::time::Instant::now() < until, "the unregistration never revoked the grant");
         };
         assert!(matches!(refused, Status::Unavailable | Status::NotFound), "{refused:?}");
-        let (fast, slow) = trips();
-        assert!(slow >= 2, "the revoked slot sent groups through the round trip: {fast} {slow}");
-        req.flush_nvlink_cache(Some(T)).unwrap();
         u.join().unwrap().unwrap();
     });
     // The round-trip groups the source served, the board's the requester

@@ -139,6 +139,8 @@ struct Stats {
   std::uint64_t revoke_passes_overlapping = 0;
   /// TCP answers to requests failed at their deadline, read and dropped.
   std::uint64_t answers_dropped = 0;
+  /// This engine's log lines dropped because stderr did not take them in time.
+  std::uint64_t log_lines_dropped = 0;
   NotificationStats notifications;
   DiscoveryStats discovery;
   IoStats io;
@@ -223,6 +225,7 @@ inline const std::vector<StatField> &stat_fields() {
       ORBITE_STAT("answers_dropped", answers_dropped),
       ORBITE_STAT("revoke_passes", revoke_passes),
       ORBITE_STAT("revoke_passes_overlapping", revoke_passes_overlapping),
+      ORBITE_STAT("log_lines_dropped", log_lines_dropped),
       ORBITE_STAT("notifications.sent", notifications.sent),
       ORBITE_STAT("notifications.delivered", notifications.delivered),
       ORBITE_STAT("notifications.refused", notifications.refused),

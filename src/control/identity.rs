@@ -77,6 +77,31 @@ pub fn process_alive(pid: u32) -> bool {
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
+/// Whether `p`, the process a peer on this boot names as itself, is the
+/// process of that pid in this PID namespace. `Some(false)` when provably
+/// not: no process has that pid here, or the one that has it started at
+/// another time (the peer runs in another PID namespace, a container, or
+/// names a process it is not); `Some(true)` when `/proc` shows that pid
+/// with that start time; `None` when it cannot be told (`/proc` hides the
+/// process, `hidepid`).
+pub fn process_is_here(p: &ProcessIdentity) -> Option<bool> {
+    if p.pid == 0 || p.pid > i32::MAX as u32 {
+        return Some(false);
+    }
+    if stat_fields(p.pid).is_some() {
+        return Some(process_start_time(p.pid) == p.start_time);
+    }
+    // SAFETY: signal 0 only checks that the process exists and may be
+    // signalled; nothing is sent.
+    let r = unsafe { libc::kill(p.pid as libc::pid_t, 0) };
+    let gone = r != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+    if gone {
+        Some(false)
+    } else {
+        None
+    }
+}
+
 /// The inode of this process's PID namespace (`/proc/self/ns/pid`): two
 /// processes whose values differ cannot judge each other's pids. 0 when
 /// it cannot be read.
@@ -141,5 +166,18 @@ mod tests {
         assert!(a.same_boot(&b));
         assert_eq!(a.process.pid, std::process::id());
         assert!(a.process.start_time > 0);
+    }
+
+    /// This process is here; the same pid with another start time, or a
+    /// pid no process has, is not.
+    #[test]
+    fn a_process_is_here_only_with_its_pid_and_start_time() {
+        let me = this_process();
+        assert_eq!(process_is_here(&me), Some(true));
+        let restarted = ProcessIdentity { start_time: me.start_time + 1, ..me };
+        assert_eq!(process_is_here(&restarted), Some(false));
+        assert_eq!(process_is_here(&ProcessIdentity { pid: 0, start_time: me.start_time }), Some(false));
+        // Above the kernel's pid_max (at most 2^22): no process has it.
+        assert_eq!(process_is_here(&ProcessIdentity { pid: (1 << 22) + 1, start_time: 1 }), Some(false));
     }
 }

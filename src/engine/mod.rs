@@ -87,6 +87,9 @@ pub(crate) struct Inner {
     log: Arc<Logger>,
 }
 
+/// How long an engine's close waits for its log lines to reach stderr.
+const LOG_FLUSH: Duration = Duration::from_secs(1);
+
 /// A transfer engine: registers memory, serves it to peers and moves bytes
 /// to and from theirs. Share it across threads by reference.
 pub struct Engine {
@@ -553,6 +556,9 @@ impl Inner {
         } else {
             self.log.info(format_args!("engine stopped without an orderly close (freed or dropped)"));
         }
+        // Its last lines reach stderr before the close returns (bounded:
+        // a stderr nobody drains does not hold it).
+        crate::log::flush(LOG_FLUSH);
     }
 }
 

@@ -4,8 +4,8 @@
 
 use super::connected_peer::Peer;
 use super::{ipc_transports, Engine, Inner};
-use crate::control::endpoint;
 use crate::control::message::{Describe, RegionInfo};
+use crate::control::{endpoint, identity};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::memory::MemoryKind;
@@ -134,9 +134,10 @@ impl Engine {
     }
 
     /// What a `Revoke` from the peer does: on a thread of its own (its
-    /// reader must not block), give back every import made through the
-    /// peer's IPC links, through their close receipts; the next submission
-    /// opens new ones or falls through. Revokes that come while a pass
+    /// reader must not block), give back the imports made through the
+    /// peer's IPC links whose grants the peer withdrew on its board (it
+    /// unregisters their region, or closes), through their close receipts;
+    /// the next submission opens new ones or falls through. Revokes that come while a pass
     /// runs fold into one more pass (one thread per peer at most, however
     /// many the peer sends). Each pass is logged: DEBUG, or WARN with what
     /// could not be given back.
@@ -153,7 +154,6 @@ impl Engine {
         let running = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let job = SingleRunner::new("orbite-revoke", move || {
             let Some(inner) = engine.upgrade() else { return };
-            inner.stats.events.revoke_passes.fetch_add(1, Ordering::Relaxed);
             if running.fetch_add(1, Ordering::AcqRel) > 0 {
                 inner.stats.events.revoke_passes_overlapping.fetch_add(1, Ordering::Relaxed);
             }
@@ -161,7 +161,7 @@ impl Engine {
             let mut left = Vec::new();
             for link in &links {
                 if let Some(t) = inner.ipc_transport(link.transport) {
-                    left.extend(t.requester.flush_link(link, deadline));
+                    left.extend(t.requester.give_back(link, deadline));
                 }
             }
             if left.is_empty() {
@@ -176,6 +176,9 @@ impl Engine {
                 ));
             }
             running.fetch_sub(1, Ordering::AcqRel);
+            // Counted once it ended: whoever sees the count knows what the
+            // pass gave back is given back.
+            inner.stats.events.revoke_passes.fetch_add(1, Ordering::Relaxed);
         });
         Box::new(move || {
             // Counted once triggered: whoever sees the count knows a pass
@@ -211,12 +214,37 @@ impl Engine {
             return Err(Error::TimedOut(format!("peer {id} still has {} requests in flight", p.conn.outstanding())));
         }
         self.inner.peers.write().remove(&id);
+        // Its imports go back through their close receipts while the
+        // channels are up, so that the source keeps no export for this
+        // engine; what cannot be confirmed now stays owed and goes out on
+        // the next channel to the same source (or the next flush).
+        let mut left = Vec::new();
+        for (k, l) in &p.links {
+            if let (Ok(link), Some(t)) = (l, self.inner.ipc_transport(*k)) {
+                left.extend(t.requester.flush_link(link, deadline));
+            }
+        }
+        if !left.is_empty() {
+            self.inner.log.warn(format_args!(
+                "peer {id} disconnected with {} imports not given back yet (sent again on the next channel to \
+                 the same source, or by a flush): {}",
+                left.len(),
+                left.join("; ")
+            ));
+        }
         p.conn.close();
         p.close_links();
         self.inner.log.info(format_args!("peer {id} disconnected: {}", p.endpoint));
         Ok(())
     }
 }
+
+/// The note (stats `notes`, logged once) of a peer in another PID
+/// namespace of this host.
+const PID_NAMESPACE_NOTE: &str = "peers in another PID namespace of this host (a container beside this one) are \
+    reached over TCP only: the kernel cannot say which process holds an IPC channel across PID namespaces, so \
+    SHM, NVLink and MNNVL over a Unix channel are not used with them (orbite_peer_transports lists tcp); run \
+    both engines in one PID namespace (e.g. docker --pid=host) to use them";
 
 impl Inner {
     /// One IPC link per IPC transport this engine offers, or why the peer
@@ -228,6 +256,15 @@ impl Inner {
         label: &str,
     ) -> Vec<(TransportKind, std::result::Result<Arc<IpcLink>, String>)> {
         let mut out: Vec<(TransportKind, std::result::Result<Arc<IpcLink>, String>)> = Vec::new();
+        // A peer of this boot whose process is provably not this PID
+        // namespace's (a container beside this one): the kernel cannot say
+        // who holds an IPC channel across the namespaces (SO_PEERCRED gives
+        // pid 0, or a pid the peer does not know as its own), so a channel
+        // could not be told from an impostor's. Unix channels are left out
+        // for it, before anything is sent; TCP carries its requests.
+        let elsewhere = ipc_transports::same_boot(&self.identity, &peer.identity)
+            && identity::process_is_here(&peer.identity.process) == Some(false);
+        let mut left_out = false;
         for t in &self.ipc {
             let k = t.kind;
             // MNNVL with fabric handles and a shared nonzero fabric domain
@@ -255,12 +292,21 @@ impl Inner {
                         ""
                     }
                 ))
+            } else if fabric.is_none() && elsewhere {
+                left_out = true;
+                Err(format!(
+                    "{label} runs in another PID namespace of this host (its process {} is not this namespace's): \
+                     {} needs the kernel to identify the process on its channel, which it cannot across PID \
+                     namespaces",
+                    peer.identity.process.pid,
+                    k.name()
+                ))
             } else {
                 let route = match fabric {
                     Some(d) => Route::Fabric(d),
                     None => Route::Unix(peer.ipc_name.clone()),
                 };
-                Ok(Arc::new(IpcLink::new(
+                let link = Arc::new(IpcLink::new(
                     k,
                     route,
                     peer.identity,
@@ -273,12 +319,17 @@ impl Inner {
                         reconnect_timeout: Duration::from_millis(self.config.handshake_timeout_ms as u64),
                         log: self.log.clone(),
                     },
-                )))
+                ));
+                t.requester.track(&link);
+                Ok(link)
             };
             out.push((k, link));
         }
         for (k, why) in &self.ipc_unavailable {
             out.push((*k, Err(format!("this engine: {why}"))));
+        }
+        if left_out {
+            self.note(PID_NAMESPACE_NOTE.into());
         }
         out
     }

@@ -37,7 +37,10 @@ impl Engine {
     }
 
     /// Unregisters a region, waiting up to `timeout` (None: engine default)
-    /// for copies and exports that use it.
+    /// for copies and exports that use it. Live requesters holding an
+    /// import of it are asked to give it back now; one that does not
+    /// (frozen, partitioned) leaves the call `TimedOut` naming its export
+    /// and process, and the region registered.
     pub fn unregister_memory(&self, region: u64, timeout: Option<Duration>) -> Result<()> {
         self.check_owner()?;
         let timeout = self.timeout(timeout);
@@ -48,17 +51,37 @@ impl Engine {
         for t in &self.inner.ipc {
             t.exports.suspend(Some(region), deadline);
         }
+        // Then the importers are asked for the region's imports back, which
+        // an idle one would otherwise keep until its next flush: each gives
+        // back the imports whose grants its board shows withdrawn.
+        if self.inner.ipc.iter().any(|t| !t.exports.holding(region).is_empty()) {
+            self.inner.revoker.revoke_all();
+        }
         // One deadline for every wait inside: what the slots took is not
         // given again to the region's leases.
         let r = self.inner.regions.unregister(region, deadline.saturating_duration_since(std::time::Instant::now()));
-        if r.is_err() {
-            for t in &self.inner.ipc {
-                t.exports.resume(region);
+        match r {
+            Ok(()) => self.inner.log.debug(format_args!("region {region} unregistered")),
+            Err(e) => {
+                for t in &self.inner.ipc {
+                    t.exports.resume(region);
+                }
+                let held: Vec<String> = self.inner.ipc.iter().flat_map(|t| t.exports.holding(region)).collect();
+                if held.is_empty() {
+                    return Err(e);
+                }
+                return Err(Error::from_status(
+                    e.status(),
+                    format!(
+                        "{}; {} of them are exports whose importers did not give them back in time: {}",
+                        e.message(),
+                        held.len(),
+                        held.join("; ")
+                    ),
+                ));
             }
-        } else {
-            self.inner.log.debug(format_args!("region {region} unregistered"));
         }
-        r
+        Ok(())
     }
 
     /// The regions this engine has registered.

@@ -124,6 +124,7 @@ pub(crate) struct Live {
     pub nvlink_pool: Option<(crate::cuda::stream_pool::PoolCounts, (u64, u64))>,
     pub transports_available: BTreeMap<String, String>,
     pub notes: Vec<String>,
+    pub log_lines_dropped: u64,
     pub notifications_queued: usize,
     pub discovery: crate::discovery::DiscoveryStats,
     pub io: IoStats,
@@ -182,7 +183,7 @@ impl EngineStats {
             peers_alive: live.peers_alive,
             incoming_connections: live.incoming_connections,
             regions: live.regions,
-            events: s.events.snapshot(),
+            events: EngineEventCounts { log_lines_dropped: live.log_lines_dropped, ..s.events.snapshot() },
             notifications: NotificationStats { queued: live.notifications_queued as u64, ..s.notifications.snapshot() },
             discovery: live.discovery,
             io,
@@ -293,6 +294,7 @@ impl Engine {
                 nvlink_pool: i.ipc.iter().find_map(|t| t.pool.as_ref().map(|f| (f(), t.requester.progress_counts()))),
                 transports_available: avail,
                 notes: i.notes.lock().iter().cloned().collect(),
+                log_lines_dropped: i.log.dropped(),
             },
         )
     }

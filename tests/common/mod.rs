@@ -44,13 +44,14 @@ pub struct PeerProc {
 /// Starts `orbite-peer` with `args`; returns it with its pipes and the
 /// first line it printed.
 fn launch(args: &[&str]) -> (Child, ChildStdin, BufReader<ChildStdout>, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_orbite-peer"))
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn orbite-peer");
+    launch_cmd(Command::new(env!("CARGO_BIN_EXE_orbite-peer")).args(args).stderr(Stdio::inherit()))
+}
+
+/// Starts `cmd` (which runs `orbite-peer`, its stderr set) with piped
+/// stdin and stdout; returns it with its pipes and the first line it
+/// printed.
+fn launch_cmd(cmd: &mut Command) -> (Child, ChildStdin, BufReader<ChildStdout>, String) {
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().expect("spawn orbite-peer");
     let stdin = child.stdin.take().expect("stdin");
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
     let mut line = String::new();
@@ -61,7 +62,34 @@ fn launch(args: &[&str]) -> (Child, ChildStdin, BufReader<ChildStdout>, String) 
 impl PeerProc {
     /// Starts `orbite-peer` with `args` and reads its description line.
     pub fn spawn(args: &[&str]) -> PeerProc {
-        let (child, stdin, stdout, line) = launch(args);
+        PeerProc::described(launch(args))
+    }
+
+    /// Starts `orbite-peer` with `args` in a PID namespace of its own with
+    /// the `/proc` of it, as a container beside this process on the host's
+    /// network runs it (`unshare --pid --fork --mount-proc --kill-child`;
+    /// `--user` too when not root). `pid` is `unshare`'s, which `signal`
+    /// reaches: its death kills the peer.
+    pub fn spawn_in_pid_namespace(args: &[&str]) -> PeerProc {
+        let mut cmd = Command::new("unshare");
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            cmd.args(["--user", "--map-root-user"]);
+        }
+        cmd.args(["--pid", "--fork", "--mount-proc", "--kill-child", env!("CARGO_BIN_EXE_orbite-peer")]).args(args);
+        let mut p = PeerProc::described(launch_cmd(cmd.stderr(Stdio::inherit())));
+        p.pid = p.child.id();
+        p
+    }
+
+    /// Starts `orbite-peer` with `args` and `stderr` (a pipe nobody reads,
+    /// a file) and reads its description line.
+    pub fn spawn_with_stderr(args: &[&str], stderr: Stdio) -> PeerProc {
+        PeerProc::described(launch_cmd(Command::new(env!("CARGO_BIN_EXE_orbite-peer")).args(args).stderr(stderr)))
+    }
+
+    /// A peer from its process, pipes and description line.
+    fn described((child, stdin, stdout, line): (Child, ChildStdin, BufReader<ChildStdout>, String)) -> PeerProc {
         let v: serde_json::Value =
             serde_json::from_str(&line).unwrap_or_else(|e| panic!("bad peer line {line:?}: {e}"));
         PeerProc {
@@ -319,11 +347,21 @@ pub fn connect_fake_source(
     real_source: &str,
     behave: impl FnOnce(std::net::TcpStream) + Send + 'static,
 ) -> u64 {
-    use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
-    use std::io::Read;
     let mut d = describe_of(real_source);
     d.capabilities = orbite::TransportKind::Tcp.capability_bit();
     d.ipc_name = String::new();
+    connect_fake_source_as(req, &d, behave)
+}
+
+/// Connects `req` to a fake source on loopback that answers the handshake
+/// with `d`, then `behave`s with the socket. Returns the peer id.
+pub fn connect_fake_source_as(
+    req: &orbite::Engine,
+    d: &orbite::control::message::Describe,
+    behave: impl FnOnce(std::net::TcpStream) + Send + 'static,
+) -> u64 {
+    use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
+    use std::io::Read;
     let body = d.encode();
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let ep = l.local_addr().unwrap().to_string();

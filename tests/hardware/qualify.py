@@ -59,6 +59,18 @@ Not run unless named in --modes (it needs a pair of GPUs without P2P):
                   memory on A moves every byte. A pair with a path, or one
                   device, SKIPs: a SKIP is not a PASS
 
+and, with --nixl-venv (a venv holding the pinned nixl wheels:
+integrations/nixl/tests/venv.sh) and --nixl-plugin-dir (the folder of a
+built libplugin_ORBITE.so), the VRAM path through NIXL itself:
+
+  nixl-vram       two processes, each a NIXL agent with the ORBITE backend:
+                  device memory of device A (target) and device B
+                  (initiator) from plain cuMemAlloc, registered as NIXL
+                  VRAM (adopted by the plugin), READ of 512 gapped
+                  descriptors and a whole-buffer WRITE with a notification,
+                  every byte read back through the driver
+                  (integrations/nixl/tests/nixl_orbite_test.py, case vram)
+
 and, for NVLink again (--adopted), the healthy, batch, cache and readers
 modes on memory the source's stack allocated with a plain cuMemAlloc (as
 cudaMalloc does) and adopted with orbite_cuda_adopt, its buffers sub-ranges
@@ -443,6 +455,25 @@ class Run:
             src.stop()
 
 
+def nixl_vram(args):
+    """The nixl-vram row: the plugin's own VRAM case, run against the real
+    driver with the target on device A and the initiator on device B.
+    Returns (result, detail)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    test = os.path.join(here, "..", "..", "integrations", "nixl", "tests", "nixl_orbite_test.py")
+    env = dict(os.environ, NIXL_PLUGIN_DIR=args.nixl_plugin_dir, PYTHONPATH=os.path.dirname(test),
+               ORBITE_NIXL_DEVICES="%d,%d" % args.device_pair)
+    try:
+        out = subprocess.run([os.path.join(args.nixl_venv, "bin", "python"), test, "vram"], env=env,
+                             capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return "FAIL", "no result within %d s" % args.timeout
+    text = (out.stdout + out.stderr).strip()
+    if out.returncode == 0 and "PASS vram" in out.stdout:
+        return "PASS", " / ".join(l for l in out.stdout.splitlines() if l.startswith("ok "))
+    return "FAIL", text.splitlines()[-1] if text else "exit status %d" % out.returncode
+
+
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--binary")
@@ -468,7 +499,11 @@ def parse_args():
                          "copies, to check the gate's logic and not the machine's speed (refused with a real driver)")
     ap.add_argument("--bw-batch", type=int, default=16, help="whole-export requests per bandwidth submission")
     ap.add_argument("--json", help="also write the report (rows, summary, topology) as JSON to this file")
+    ap.add_argument("--nixl-venv", help="a venv with the pinned nixl wheels: adds the nixl-vram row")
+    ap.add_argument("--nixl-plugin-dir", help="the folder holding the libplugin_ORBITE.so to qualify")
     args = ap.parse_args()
+    if bool(args.nixl_venv) != bool(args.nixl_plugin_dir):
+        ap.error("--nixl-venv and --nixl-plugin-dir go together")
     try:
         a, b = (int(x) for x in args.devices.split(","))
     except ValueError:
@@ -480,9 +515,7 @@ def parse_args():
 def main():
     args = parse_args()
     os.makedirs(args.out, exist_ok=True)
-    binary = find_binary(args)
     log = open(os.path.join(args.out, "helpers.log"), "w")
-    run = Run(args, binary, log)
     modes = [m for m in args.modes.split(",") if m]
     plan = []
     if "topology" in modes:
@@ -497,6 +530,11 @@ def main():
             plan += [("mnnvl-" + t, "device", mode) for mode in MNNVL_MODES if mode in modes
                      if not (t == "egm" and mode in DEVICE_ONLY_MODES)
                      and not (mode == "no-p2p" and t != "posix_fd")]
+    if args.nixl_venv:
+        plan.append(("nixl", "device", "nixl-vram"))
+    # The nixl-vram row needs no helper binary (a run of it alone builds none).
+    binary = find_binary(args) if any(t != "nixl" for t, _, _ in plan) else None
+    run = Run(args, binary, log)
     rows, topo = [], None
     started = time.time()
     for transport, memory, mode in plan:
@@ -507,6 +545,8 @@ def main():
             if mode == "topology":
                 ok, detail, topo = run.topology()
                 result = "PASS" if ok else "FAIL"
+            elif mode == "nixl-vram":
+                result, detail = nixl_vram(args)
             else:
                 result, detail, extra = run.mode(mode, memory, transport)
         except HelperTimeout as e:

@@ -4,13 +4,16 @@
 //! owns, and answers export requests as the test scripts: an honest offer
 //! (edited to lie), an offer followed by the handle of another export, or a
 //! refusal. It records every IPC frame the requester sends, so a test can
-//! assert what the requester accepted, declined and asked for.
+//! assert what the requester accepted, declined and asked for. With a
+//! grant board it gives each channel one and publishes in each export's
+//! slot the operations the script says (honest: those granted).
 #![allow(dead_code)]
 
 use orbite::control::frame::MsgKind;
 use orbite::control::io::{self, HeaderRead};
 use orbite::control::message::{Describe, RegionInfo};
 use orbite::control::Identity;
+use orbite::transport::ipc::board::{self, Board};
 use orbite::transport::ipc::channel::{self, Channel};
 use orbite::transport::ipc::messages::{encode_reject, ExportOffer, ExportRef, ExportRequest, Hello, Welcome};
 use orbite::{Access, MemoryKind, Status, TransportKind};
@@ -45,6 +48,10 @@ pub struct Script {
     pub describe: fn(&mut Identity),
     /// Edits the identity in the IpcWelcome (identity: the Describe's).
     pub welcome: fn(&mut Identity),
+    /// With a grant board for each channel: what an export's slot says it
+    /// allows, given the operations granted (identity: honest). `None`:
+    /// no board (every use is revalidated).
+    pub board: Option<fn(u32) -> u32>,
 }
 
 fn same(_: &mut Identity) {}
@@ -53,7 +60,7 @@ fn honest(_: &mut ExportOffer, _: &ExportRequest) {}
 impl Script {
     /// Honest in every respect.
     pub fn honest() -> Script {
-        Script { answer: Answer::Offer(honest), describe: same, welcome: same }
+        Script { answer: Answer::Offer(honest), describe: same, welcome: same, board: None }
     }
     /// Honest but for the answer.
     pub fn answering(answer: Answer) -> Script {
@@ -122,21 +129,27 @@ impl Hostile {
         };
         let seen = Arc::new(Mutex::new(Vec::new()));
         let memfd = Arc::new(memfd);
-        // The control port: answer each handshake (frame by frame), then
-        // hold the connection.
+        // The control port: answer the handshake's Describe and every
+        // later DescribeRequest (frame by frame) until the requester hangs
+        // up; other frames are read and dropped.
         std::thread::spawn(move || {
-            let mut held = Vec::new();
             for s in tcp.incoming() {
                 let Ok(mut s) = s else { break };
-                let mut tick = || -> orbite::Result<()> { Ok(()) };
-                s.set_read_timeout(Some(io::TICK)).unwrap();
-                let Ok(HeaderRead::Frame(h)) = io::read_header(&mut s, &mut tick) else { continue };
-                if h.kind != MsgKind::Describe || io::read_body(&mut s, h.body_len, &mut tick).is_err() {
-                    continue;
-                }
-                if io::write_frame(&mut s, MsgKind::Describe, &describe.encode(), &mut tick).is_ok() {
-                    held.push(s);
-                }
+                let describe = describe.clone();
+                std::thread::spawn(move || {
+                    let mut tick = || -> orbite::Result<()> { Ok(()) };
+                    s.set_read_timeout(Some(io::TICK)).unwrap();
+                    while let Ok(HeaderRead::Frame(h)) = io::read_header(&mut s, &mut tick) {
+                        if io::read_body(&mut s, h.body_len, &mut tick).is_err() {
+                            return;
+                        }
+                        if matches!(h.kind, MsgKind::Describe | MsgKind::DescribeRequest)
+                            && io::write_frame(&mut s, MsgKind::Describe, &describe.encode(), &mut tick).is_err()
+                        {
+                            return;
+                        }
+                    }
+                });
             }
         });
         let (log, fd) = (seen.clone(), memfd.clone());
@@ -174,6 +187,7 @@ fn serve(mut ch: Channel, script: Script, identity: Identity, addr: u64, log: Se
     let mut next_export = 100u64;
     let mut offered: Option<ExportOffer> = None;
     let mut tick = || Ok(());
+    let board = script.board.map(|says| (Board::create().expect("a grant board"), says));
     while let Ok(f) = ch.recv(&mut tick) {
         log.lock().unwrap().push((f.kind, f.body.clone()));
         let (kind, body, fd): (MsgKind, Vec<u8>, Option<i32>) = match f.kind {
@@ -181,7 +195,7 @@ fn serve(mut ch: Channel, script: Script, identity: Identity, addr: u64, log: Se
                 Hello::decode(&f.body).unwrap();
                 let mut w = identity;
                 (script.welcome)(&mut w);
-                (MsgKind::IpcWelcome, Welcome { identity: w }.encode(), None)
+                (MsgKind::IpcWelcome, Welcome { identity: w }.encode(), board.as_ref().map(|(b, _)| b.fd().as_raw_fd()))
             }
             MsgKind::ExportRequest => {
                 let req = ExportRequest::decode(&f.body).unwrap();
@@ -199,6 +213,15 @@ fn serve(mut ch: Channel, script: Script, identity: Identity, addr: u64, log: Se
                     slot: orbite::transport::ipc::messages::NO_SLOT,
                     slot_generation: 0,
                 };
+                // Slot i for the i-th export of the channel, generation 1,
+                // saying what the script says.
+                if let Some((b, says)) = &board {
+                    let index = (next_export - 101) as u32;
+                    if let Some(slot) = b.slot(index) {
+                        board::publish(slot, 1, says(req.ops));
+                        (o.slot, o.slot_generation) = (index, 1);
+                    }
+                }
                 match script.answer {
                     Answer::Reject(st) => (MsgKind::ExportReject, encode_reject(req.tag, st, "scripted refusal"), None),
                     Answer::Offer(edit) => {

@@ -26,6 +26,10 @@
 //! the source's deadline: the export then stays retained, as one whose close
 //! receipt never comes.
 //!
+//! The source's words only withdraw: a requester enters a slot only for
+//! operations its own grant allows, those its mapping was opened for (a
+//! READ grant's mapping is read-only), whatever the slot claims.
+//!
 //! The requester can write the whole board; it learns nothing and gains
 //! nothing by it (it holds the mapping of the allocation already, and the
 //! source reads only the requester's words, bounded). The protocol itself

@@ -195,16 +195,59 @@ impl Channel {
         matches!(self.stream, Stream::Tcp(_))
     }
 
-    /// Connects to the abstract socket `name`.
+    /// Connects to the abstract socket `name`, waiting at most a minute
+    /// (tools and tests; the engine bounds its connects by their deadline
+    /// with [`Channel::connect_until`]).
     pub fn connect(name: &str) -> Result<Channel> {
-        let addr =
-            SocketAddr::from_abstract_name(name.as_bytes()).map_err(|e| Error::io("abstract socket name", &e))?;
-        let s = UnixStream::connect_addr(&addr).map_err(|e| match e.kind() {
-            ErrorKind::ConnectionRefused | ErrorKind::NotFound => {
-                Error::StalePeer(format!("no IPC channel @{name}: the source process is gone or was restarted"))
+        Channel::connect_until(name, Instant::now() + std::time::Duration::from_secs(60))
+    }
+
+    /// Connects to the abstract socket `name`, waiting until `deadline` at
+    /// most: a Unix connect waits while the listener's backlog is full (a
+    /// frozen source, or a process on its name that never accepts), bounded
+    /// here by the socket's send timeout (`SO_SNDTIMEO`). `TIMED_OUT` then.
+    pub fn connect_until(name: &str, deadline: Instant) -> Result<Channel> {
+        if name.is_empty() || name.len() > crate::control::message::MAX_IPC_NAME {
+            return Err(Error::InvalidArgument(format!("{name:?} is not an abstract socket name")));
+        }
+        // SAFETY: a new socket; the result is checked before it is owned.
+        let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(Error::io("socket", &std::io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` was just made and belongs to nothing else.
+        let s = UnixStream::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let wait = deadline.saturating_duration_since(Instant::now()).max(std::time::Duration::from_millis(1));
+        s.set_write_timeout(Some(wait)).map_err(|e| Error::io("set_write_timeout", &e))?;
+        // SAFETY: all zeros is a valid sockaddr_un.
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        // An abstract name: a NUL, then the name's bytes (no terminator).
+        for (to, b) in addr.sun_path[1..].iter_mut().zip(name.bytes()) {
+            *to = b as libc::c_char;
+        }
+        let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+        loop {
+            // SAFETY: `addr` is a sockaddr_un whose first `len` bytes are
+            // set; the descriptor is the socket made above.
+            let r = unsafe { libc::connect(fd, (&addr as *const libc::sockaddr_un).cast(), len as libc::socklen_t) };
+            if r == 0 {
+                break;
             }
-            _ => Error::Unavailable(format!("cannot connect to IPC channel @{name}: {e}")),
-        })?;
+            let e = std::io::Error::last_os_error();
+            if e.kind() == ErrorKind::Interrupted && Instant::now() < deadline {
+                continue;
+            }
+            return Err(match e.kind() {
+                ErrorKind::ConnectionRefused | ErrorKind::NotFound => {
+                    Error::StalePeer(format!("no IPC channel @{name}: the source process is gone or was restarted"))
+                }
+                ErrorKind::WouldBlock | ErrorKind::Interrupted => Error::TimedOut(format!(
+                    "IPC channel @{name}: its listener took no connection within {wait:?} (its backlog is full)"
+                )),
+                _ => Error::Unavailable(format!("cannot connect to IPC channel @{name}: {e}")),
+            });
+        }
         Channel::from_stream(s)
     }
 
@@ -582,6 +625,31 @@ mod tests {
         c.send(MsgKind::CloseReceipt, b"", &[], &mut io::no_abort).unwrap();
         t.join().unwrap();
         assert!(matches!(Channel::connect("orbite-no-such-socket-xyz"), Err(Error::StalePeer(_))));
+    }
+
+    /// A listener whose backlog is full (a frozen source, or a process on
+    /// its name that never accepts) holds a connecting requester until its
+    /// deadline, not for good. Guards the send timeout `connect_until` sets
+    /// before it connects.
+    #[test]
+    fn a_connect_to_a_full_backlog_ends_at_its_deadline() {
+        let name = format!("orbite-test-backlog-{}-{}", std::process::id(), line!());
+        let l = listen(&name).unwrap();
+        // SAFETY: listen(2) again on a listening socket only sets its backlog.
+        assert_eq!(unsafe { libc::listen(l.as_raw_fd(), 0) }, 0);
+        // Never accepted: it fills the backlog.
+        let _first = Channel::connect_until(&name, Instant::now() + Duration::from_secs(60)).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let n = name.clone();
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            let r = Channel::connect_until(&n, t0 + Duration::from_millis(200));
+            let _ = tx.send((r.map(|_| ()).map_err(|e| e.status()), t0.elapsed()));
+        });
+        let (got, took) = rx.recv_timeout(Duration::from_secs(20)).expect("the connect waited past its deadline");
+        assert_eq!(got, Err(crate::error::Status::TimedOut));
+        assert!(took < Duration::from_secs(10), "took {took:?}");
+        drop(l);
     }
 
     /// A loopback TCP port bound, never listened on, and kept bound for the

@@ -195,6 +195,13 @@ impl IpcLink {
         matches!(&self.state.lock().chan, ChanState::Dead { .. })
     }
 
+    /// Whether this engine closed the link (`orbite_disconnect`) while the
+    /// source may live: what its imports still owe the source goes out on
+    /// the next channel to the same source, if there is one.
+    pub fn closed_here(&self) -> bool {
+        matches!(&self.state.lock().chan, ChanState::Dead { source_left: false, .. })
+    }
+
     /// Whether the source left for good — its process exited or its engine
     /// is gone (no channel answers under its name): whatever it exported to
     /// this engine went with it, so no receipt is owed.
@@ -243,7 +250,7 @@ impl IpcLink {
 
     fn connect(&self, deadline: Instant) -> Result<(Pipeline, Option<Board>)> {
         let (mut c, fabric_domain) = match &self.route {
-            Route::Unix(name) => (Channel::connect(name)?, [0; 16]),
+            Route::Unix(name) => (Channel::connect_until(name, deadline)?, [0; 16]),
             Route::Fabric(domain) => (Channel::connect_tcp(&self.endpoint, deadline)?, *domain),
         };
         if let Route::Unix(name) = &self.route {

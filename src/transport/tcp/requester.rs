@@ -315,7 +315,9 @@ impl TcpConnection {
         for ev in events {
             match ev {
                 Event::Revoke => (self.on_revoke)(),
-                Event::Described => {
+                // A fresh Describe, or the end with one still awaited: its
+                // waiters look again (and find the end's reason).
+                Event::Described | Event::DescribeLost => {
                     self.describe_cv.notify_all();
                 }
                 Event::NotifyAnswer(answer, r, written) => answer(r, written),
@@ -601,6 +603,34 @@ mod tests {
         .unwrap();
         reactor.stop();
         (conn, peer)
+    }
+
+    /// A thread waiting for a fresh Describe learns at once that the
+    /// connection ended (here killed, as the I/O thread does when it reads
+    /// the peer's end), not at its deadline a minute later. Guards the wake
+    /// of `deliver` on `Event::DescribeLost`.
+    #[test]
+    fn a_describe_waiter_learns_the_end_at_once() {
+        let stats = Arc::new(Counters::default());
+        let (conn, _peer) = connected(&stats);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let c = conn.clone();
+        std::thread::spawn(move || {
+            let r = c.refresh_describe(Instant::now() + Duration::from_secs(60));
+            let _ = tx.send(r.map(|_| ()).map_err(|e| e.status()));
+        });
+        // The request is queued, and the waiter released the lock only to
+        // wait: it waits now.
+        let give_up = Instant::now() + Duration::from_secs(60);
+        while conn.outstanding() == 0 {
+            assert!(Instant::now() < give_up, "the Describe request was never queued");
+            std::thread::yield_now();
+        }
+        let t0 = Instant::now();
+        conn.kill(Error::Unavailable("test peer closed the connection".into()));
+        let got = rx.recv_timeout(Duration::from_secs(20)).expect("the waiter slept on after the end");
+        assert_eq!(got, Err(Status::Unavailable));
+        assert!(t0.elapsed() < Duration::from_secs(10));
     }
 
     /// A batch of one 4096-byte READ of remote 0x7000 into `local`

@@ -35,13 +35,16 @@ struct Held {
     base: u64,
     /// Its slot on the channel's grant board (round trips otherwise).
     slot: Option<SlotHold>,
-    _lease: RegionLease,
     /// Its share of the allocation's charge (by owner id), which every
     /// export of the allocation shares; let go under the table's lock
     /// ([`ExportTable::settle`]), so that stats never see an export gone
     /// and its charge still held.
     charge: Option<SharedCharge<u64>>,
     _hold: ExportHold,
+    /// The region's registration, let go last (fields drop in order): an
+    /// unregistration woken by it finds the allocation's hold gone, so a
+    /// free right after it succeeds.
+    lease: RegionLease,
 }
 
 /// One channel's grant board and its free slots.
@@ -294,7 +297,7 @@ impl ExportTable {
             len: req.len,
             has_slot: slot.is_some(),
         };
-        let held = Held { base, slot: slot.map(|(h, _)| h), _lease: lease, charge: Some(charge), _hold: hold };
+        let held = Held { base, slot: slot.map(|(h, _)| h), lease, charge: Some(charge), _hold: hold };
         let export_id = t.core.offer(grant, Instant::now(), held);
         drop(t);
         Ok(ExportOffer {
@@ -445,6 +448,20 @@ impl ExportTable {
             drained &= board::revoke(on.board.slot(index).expect("taken"), next, pause);
         }
         drained
+    }
+
+    /// The exports that hold region `region` registered, one line each:
+    /// which export, to which importing process, and where it stands.
+    pub fn holding(&self, region: u64) -> Vec<String> {
+        let t = self.table.lock();
+        let mut out = Vec::new();
+        for (id, _, state, process) in t.core.list() {
+            if t.core.held(id).is_some_and(|(h, _)| h.lease.region().id == region) {
+                let to = process.map_or("an unverified process".to_string(), |p| format!("process {}", p.pid));
+                out.push(format!("{} export {id} to {to} ({state:?})", self.backend.transport().name()));
+            }
+        }
+        out
     }
 
     /// Publishes again the slots [`ExportTable::suspend`] revoked for region

@@ -49,26 +49,42 @@ impl IpcRequester {
     /// Retained entries owing only a receipt get their receipt-only retry.
     /// Returns what stays, one line each: which import, and why.
     pub fn flush(&self, deadline: Instant) -> Vec<String> {
-        self.flush_where(deadline, &|_| true)
+        self.flush_where(deadline, &|_| true, &|_| true)
     }
 
-    /// Flushes the imports granted through `link` (the source asked for
-    /// them back: it is closing). Returns what stays, as `flush` does.
+    /// Flushes every import granted through `link` (this engine
+    /// disconnects from its source). Returns what stays, as `flush` does.
     pub fn flush_link(&self, link: &Arc<IpcLink>, deadline: Instant) -> Vec<String> {
-        self.flush_where(deadline, &|l| Arc::ptr_eq(l, link))
+        self.flush_where(deadline, &|l| Arc::ptr_eq(l, link), &|_| true)
     }
 
-    /// Flushes what was granted through the links `pick` chooses.
-    fn flush_where(&self, deadline: Instant, pick: &dyn Fn(&Arc<IpcLink>) -> bool) -> Vec<String> {
+    /// Gives back the imports granted through `link` whose grant the source
+    /// withdrew on its board (it revoked their slots before asking, with a
+    /// `Revoke`: it unregisters their region, or closes) or that have no
+    /// slot to say so, and retries what is owed through `link`; imports of
+    /// the source's other regions stay cached. Returns what stays, as
+    /// `flush` does.
+    pub fn give_back(&self, link: &Arc<IpcLink>, deadline: Instant) -> Vec<String> {
+        self.flush_where(deadline, &|l| Arc::ptr_eq(l, link), &Import::withdrawn)
+    }
+
+    /// Flushes what was granted through the links `pick` chooses: of the
+    /// cached imports, those `imports` chooses.
+    fn flush_where(
+        &self,
+        deadline: Instant,
+        pick: &dyn Fn(&Arc<IpcLink>) -> bool,
+        imports: &dyn Fn(&Import) -> bool,
+    ) -> Vec<String> {
         // A receipt owed through a channel lost a moment ago waits for it to
         // come back (within the deadline) rather than failing at once.
         let close = |imp: &Import, nc: bool| {
-            imp.link.settle_reconnect(deadline);
+            self.channel_for(&imp.link).settle_reconnect(deadline);
             self.close_import(imp, nc, deadline)
         };
         let mut left: Vec<String> = self
             .cache
-            .flush_where(deadline, &close, &|imp: &Import| pick(&imp.link), true)
+            .flush_where(deadline, &close, &|imp: &Import| pick(&imp.link) && imports(imp), true)
             .into_iter()
             .map(|(k, why)| format!("{} region {}: {why}", k.0, k.2))
             .collect();
@@ -122,13 +138,14 @@ impl IpcRequester {
     fn release_lost_grant(&self, g: &LostGrant, deadline: Instant) -> std::result::Result<(), String> {
         // The channel the handle was lost with is usually being
         // re-established: the release waits for it, within the deadline.
-        g.link.settle_reconnect(deadline);
-        if g.link.source_left() {
+        let link = self.channel_for(&g.link);
+        link.settle_reconnect(deadline);
+        if link.source_left() {
             return Ok(());
         }
-        match g.link.receipt(MsgKind::CloseReceipt, &g.r, deadline) {
+        match link.receipt(MsgKind::CloseReceipt, &g.r, deadline) {
             Ok(()) => Ok(()),
-            Err(e) if e.status() == crate::error::Status::NotFound || g.link.source_left() => Ok(()),
+            Err(e) if e.status() == crate::error::Status::NotFound || link.source_left() => Ok(()),
             Err(e) => Err(format!(
                 "{}: export {}, accepted but its handle was lost with its channel: its release could not be \
                  confirmed ({})",

@@ -27,9 +27,10 @@ impl IpcRequester {
                 (e, false)
             })?;
         }
-        let receipt = match imp.link.source_left() {
+        let link = self.channel_for(&imp.link);
+        let receipt = match link.source_left() {
             true => None,
-            false => Some(imp.link.receipt(MsgKind::CloseReceipt, &imp.export_ref(0, 0), deadline)),
+            false => Some(link.receipt(MsgKind::CloseReceipt, &imp.export_ref(0, 0), deadline)),
         };
         match receipt {
             Some(Ok(())) => {
@@ -39,7 +40,7 @@ impl IpcRequester {
             // The receipt's own failure may be how the link learned that the
             // source left.
             None => self.released(),
-            Some(Err(_)) if imp.link.source_left() => self.released(),
+            Some(Err(_)) if link.source_left() => self.released(),
             Some(Err(e)) => {
                 self.log.warn(format_args!(
                     "{}: import kept: its close receipt could not be confirmed ({}); later submissions, flushes \
@@ -50,6 +51,31 @@ impl IpcRequester {
                 Err((e, true))
             }
         }
+    }
+
+    /// A new link to a source: receipts owed through links to the same
+    /// source that this engine closed (`orbite_disconnect` while an import
+    /// was cached, retained or being closed) go out on it from now on.
+    pub fn track(&self, link: &Arc<IpcLink>) {
+        let mut links = self.links.lock();
+        links.retain(|l| l.strong_count() > 0);
+        links.push(Arc::downgrade(link));
+    }
+
+    /// The link a receipt owed through `link` goes out on: `link` itself,
+    /// unless this engine closed it and a later link to the same source
+    /// (its engine epoch and process, kernel-verified by both channels)
+    /// is open or may open; the source accepts a close receipt from a
+    /// later channel of the same requester engine.
+    pub(super) fn channel_for(&self, link: &Arc<IpcLink>) -> Arc<IpcLink> {
+        if !link.closed_here() {
+            return link.clone();
+        }
+        let links = self.links.lock();
+        let next = links.iter().rev().filter_map(std::sync::Weak::upgrade).find(|l| {
+            !Arc::ptr_eq(l, link) && l.source == link.source && l.transport == link.transport && !l.is_dead()
+        });
+        next.unwrap_or_else(|| link.clone())
     }
 
     pub(super) fn released(&self) -> std::result::Result<(), (Error, bool)> {

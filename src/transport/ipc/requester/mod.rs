@@ -12,7 +12,7 @@ pub mod held;
 mod progress;
 
 use super::backend::{CopyOp, CopyPlan, IpcBackend, Mapping, Posting, ReceivedHandle};
-use super::board::{self, Board};
+use super::board::{self, Board, Words};
 use super::cache::{EntryState, RelocationCache};
 use super::faults::Faults;
 use super::link::IpcLink;
@@ -80,10 +80,16 @@ impl Import {
 
     /// Enters the export's board slot for a group needing `ops`: `true`
     /// when the source still grants them (the group is in flight until
-    /// [`Import::leave`]); `false` without a slot, when revoked, or when
-    /// the source hung up (a dead source cannot revoke: its last words no
-    /// longer grant anything, and the round trip reports it gone).
+    /// [`Import::leave`]); `false` without a slot, when revoked, when the
+    /// source hung up (a dead source cannot revoke: its last words no
+    /// longer grant anything, and the round trip reports it gone), or when
+    /// `ops` go beyond the grant this import was mapped for: the board's
+    /// words only withdraw what the mapping allows, never widen it (a READ
+    /// grant's mapping is read-only, whatever its slot claims).
     fn enter(&self, ops: u32) -> bool {
+        if ops & !self.offer.ops != 0 {
+            return false;
+        }
         let Some((b, i)) = &self.board else { return false };
         let Some(s) = b.slot(*i) else { return false };
         if !board::enter(s, self.slot_generation.load(Ordering::Acquire), ops) {
@@ -94,6 +100,17 @@ impl Import {
             return false;
         }
         true
+    }
+
+    /// Whether the source is withdrawing this grant now (its board slot
+    /// allows nothing: the source revoked it before it sent `Revoke`,
+    /// because it unregisters the region or closes), or there is no slot
+    /// to tell: what a source's `Revoke` asks back. A grant the source
+    /// published again (its unregistration gave up) stays; the next group
+    /// revalidates it and learns its new generation.
+    fn withdrawn(&self) -> bool {
+        let Some(s) = self.board.as_ref().and_then(|(b, i)| b.slot(*i)) else { return true };
+        s.ops() == 0
     }
 
     /// A group that entered is complete: it moved `requests` requests of
@@ -335,6 +352,11 @@ pub struct IpcRequester {
     capacity: usize,
     cache: RelocationCache<Key, Import>,
     retained: Mutex<Owed>,
+    /// The links made to sources so far (weak: a peer's link lives with
+    /// the peer and its imports): what a link this engine closed still
+    /// owes its source goes out on a later link to the same source
+    /// ([`IpcRequester::track`]).
+    links: Mutex<Vec<std::sync::Weak<IpcLink>>>,
     /// Fences of local pinned allocations whose group ended uncertain: the
     /// whole owner stays fenced (no new use, no free) for good.
     fenced: Mutex<Vec<owners::Fence>>,
@@ -377,6 +399,7 @@ impl IpcRequester {
             capacity,
             cache: RelocationCache::new(capacity),
             retained: Mutex::new(Owed::default()),
+            links: Mutex::new(Vec::new()),
             fenced: Mutex::new(Vec::new()),
             events: ImportEvents::default(),
             coalesce,

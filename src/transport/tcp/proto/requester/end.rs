@@ -124,7 +124,8 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
     /// queued, in flight or being answered fails — READs with effect none,
     /// WRITEs that were (even partly) sent with effect unknown, a request
     /// past its deadline as TIMED_OUT — and every notification waiting is
-    /// answered with the reason. Returns the reason in force.
+    /// answered with the reason, as is a Describe request. Returns the
+    /// reason in force.
     pub fn kill(&mut self, e: Error, now: Instant) -> Error {
         if self.dead.is_none() {
             self.dead = Some(e);
@@ -174,6 +175,9 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
         }
         for (_, p) in std::mem::take(&mut self.notes) {
             self.events.push(Event::NotifyAnswer(p.answer, Err(reason.clone()), p.written));
+        }
+        if std::mem::take(&mut self.describes_awaited) > 0 {
+            self.events.push(Event::DescribeLost);
         }
         self.abandoned.clear();
         reason

@@ -183,6 +183,9 @@ pub enum Event<N> {
     Revoke,
     /// A fresh Describe arrived (the core keeps it).
     Described,
+    /// The connection ended with Describe requests unanswered: whoever
+    /// waits for one learns the end's reason now, not at its deadline.
+    DescribeLost,
     /// A notification's verdict, and whether its frame may have reached
     /// the peer.
     NotifyAnswer(N, Result<()>, bool),
@@ -218,6 +221,8 @@ pub struct RequesterCore<T, H, N> {
     partial: Vec<u8>,
     describe: Arc<Describe>,
     describe_generation: u64,
+    /// DescribeRequests queued or sent and not yet answered.
+    describes_awaited: usize,
     /// Why the connection is over (nothing more is sent or read).
     dead: Option<Error>,
     /// The peer ended the stream in order (Goodbye or EOF between frames).
@@ -263,6 +268,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
             partial: Vec::new(),
             describe: Arc::new(peer),
             describe_generation: 0,
+            describes_awaited: 0,
             dead: None,
             closed_by_peer: false,
             done: Vec::new(),
@@ -339,6 +345,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
             return Err(self.closed_reason());
         }
         self.queue.push_back(Outgoing::Frame(FrameHeader::encode(MsgKind::DescribeRequest, 0).to_vec()));
+        self.describes_awaited += 1;
         Ok(())
     }
 

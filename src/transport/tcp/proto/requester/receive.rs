@@ -154,6 +154,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
                 }
                 self.describe = Arc::new(d);
                 self.describe_generation += 1;
+                self.describes_awaited = self.describes_awaited.saturating_sub(1);
                 self.events.push(Event::Described);
             }
             MsgKind::Error => {

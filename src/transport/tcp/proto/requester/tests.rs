@@ -356,6 +356,31 @@ fn revoke_describe_and_notification_verdicts_are_events() {
     assert!(c.closed_by_peer());
 }
 
+/// A Describe request the connection's end leaves unanswered is an event
+/// (its waiter must learn the end now, not at its deadline); one that was
+/// answered is not reported again. Guards the `DescribeLost` of `finish`.
+#[test]
+fn the_end_reports_a_describe_request_left_unanswered() {
+    let t0 = Instant::now();
+    let mut c = core();
+    c.request_describe().unwrap();
+    assert_eq!(drain(&mut c, &[], t0), FrameHeader::encode(MsgKind::DescribeRequest, 0).to_vec());
+    let body = (*c.describe().0).encode();
+    let mut wire = FrameHeader::encode(MsgKind::Describe, body.len() as u32).to_vec();
+    wire.extend(body);
+    feed(&mut c, &wire, 5, &mut []);
+    assert!(matches!(c.take_events().as_slice(), [Event::Described]));
+    // Asked again, and the connection ends before the answer.
+    c.request_describe().unwrap();
+    drain(&mut c, &[], t0);
+    c.kill(Error::Unavailable("peer 1 closed the connection".into()), t0);
+    assert!(matches!(c.take_events().as_slice(), [Event::DescribeLost]));
+    // Once dead, a request is refused at once and nothing more is reported.
+    assert_eq!(c.request_describe().unwrap_err().status(), Status::Unavailable);
+    c.kill(Error::Unavailable("again".into()), t0);
+    assert!(c.take_events().is_empty());
+}
+
 /// A request still queued behind a buffer the socket has not taken fails
 /// at its deadline, TIMED_OUT with effect none and its hold let go, while
 /// the WRITE in the buffer keeps its own deadline; without a deadline due
