@@ -51,6 +51,7 @@ fn main() {
         .with_src(crate_dir.join("src/ffi/stats.rs"))
         .with_src(crate_dir.join("src/ffi/memory.rs"))
         .with_src(crate_dir.join("src/ffi/cuda.rs"))
+        .with_src(crate_dir.join("src/ffi/doctor.rs"))
         .with_src(crate_dir.join("src/ffi/transfer.rs"))
         .with_src(crate_dir.join("src/ffi/direct.rs"))
         .with_src(crate_dir.join("src/ffi/notify.rs"))

@@ -1,6 +1,9 @@
 /* API conventions and bad arguments: every NULL, every unknown enum value,
  * every too-small buffer. Nothing may crash; each call returns the contract's
  * status, leaves out-parameters alone and names the cause. */
+#include <sched.h>
+#include <time.h>
+
 #include "check.h"
 
 #define SENTINEL_PTR ((void *)0x5a5a)
@@ -82,6 +85,16 @@ static void text_out_rules(const orbite_engine *e) {
   CHECK_STATUS(orbite_cuda_retained_resources_json(big, 1, &len), ORBITE_STATUS_BUFFER_TOO_SMALL);
   CHECK_STATUS(orbite_cuda_retained_resources_json(big, sizeof big, &len), ORBITE_STATUS_OK);
   CHECK(strstr(big, "cuda_available") != NULL);
+
+  /* The doctor: the text out-parameter rules, options checked by name. */
+  len = 0;
+  CHECK_STATUS(orbite_diagnose_json(NULL, NULL, 0, &len), ORBITE_STATUS_BUFFER_TOO_SMALL);
+  CHECK(len > 0);
+  CHECK_STATUS(orbite_diagnose_json("{\"transport\": \"mnnvl\"}", big, sizeof big, NULL), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_diagnose_json("{\"transport\": \"mnnvl\"}", big, sizeof big, &len), ORBITE_STATUS_OK);
+  CHECK(strstr(big, "\"layer\":\"driver\"") != NULL && len == strlen(big));
+  CHECK_STATUS(orbite_diagnose_json("{\"transprot\": 1}", big, sizeof big, &len), ORBITE_STATUS_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("transprot");
 }
 
 static void registration(orbite_engine *e, uint8_t *mem, size_t n) {
@@ -170,6 +183,9 @@ static void allocations(orbite_engine *e) {
   }
 }
 
+/* An end callback: counts its calls in *user_data. */
+static void count_end(void *user_data) { __atomic_add_fetch((int *)user_data, 1, __ATOMIC_SEQ_CST); }
+
 static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   char ep[128];
   size_t len = 0;
@@ -187,7 +203,8 @@ static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   CHECK_STATUS(orbite_connect(req, ep, 5000, &peer), ORBITE_STATUS_OK);
   CHECK(peer != 0 && peer != 99);
 
-  /* Capability masks: TCP and SHM on both engines (default config, one host). */
+  /* Capability masks: TCP, SHM and CMA on both engines (default config, one
+   * host); CMA needs two processes, so this peer (this process) gets TCP and SHM. */
   uint32_t mask = 7;
   CHECK_STATUS(orbite_engine_transports(NULL, &mask), ORBITE_STATUS_NULL_ARGUMENT);
   CHECK_STATUS(orbite_engine_transports(req, NULL), ORBITE_STATUS_NULL_ARGUMENT);
@@ -197,7 +214,7 @@ static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   CHECK(mask == 7);
   const uint32_t tcp_shm = (1u << ORBITE_TRANSPORT_TCP) | (1u << ORBITE_TRANSPORT_SHM);
   CHECK_STATUS(orbite_engine_transports(req, &mask), ORBITE_STATUS_OK);
-  CHECK(mask == tcp_shm);
+  CHECK(mask == (tcp_shm | (1u << ORBITE_TRANSPORT_CMA)));
   mask = 0;
   CHECK_STATUS(orbite_peer_transports(req, peer, &mask), ORBITE_STATUS_OK);
   CHECK(mask == tcp_shm);
@@ -277,7 +294,26 @@ static void peers_and_submit(orbite_engine *src, orbite_engine *req) {
   o.transport = ORBITE_TRANSPORT_TCP;
   o.timeout_ms = 30000;
   CHECK_STATUS(orbite_submit(req, peer, &r, 1, &o, &b), ORBITE_STATUS_OK);
+  /* The end callback runs once when the batch ends (on the thread that
+     ends it: counted, not assumed done when the wait returns), and at once
+     on a batch that has ended; NULL batch or callback refused. */
+  int ends = 0;
+  CHECK_STATUS(orbite_batch_on_end(b, count_end, &ends), ORBITE_STATUS_OK);
   CHECK_STATUS(orbite_batch_wait(b, 30000), ORBITE_STATUS_OK);
+  /* It comes within microseconds; up to 30 s on a loaded host. */
+  struct timespec began, now;
+  clock_gettime(CLOCK_MONOTONIC, &began);
+  do {
+    sched_yield();
+    clock_gettime(CLOCK_MONOTONIC, &now);
+  } while (__atomic_load_n(&ends, __ATOMIC_SEQ_CST) == 0 && now.tv_sec - began.tv_sec < 30);
+  CHECK(__atomic_load_n(&ends, __ATOMIC_SEQ_CST) == 1);
+  CHECK_STATUS(orbite_batch_on_end(b, count_end, &ends), ORBITE_STATUS_OK);
+  CHECK(__atomic_load_n(&ends, __ATOMIC_SEQ_CST) == 2);
+  CHECK_STATUS(orbite_batch_on_end(NULL, count_end, &ends), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_STATUS(orbite_batch_on_end(b, NULL, &ends), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_ERROR_MENTIONS("cb is NULL");
+  CHECK(__atomic_load_n(&ends, __ATOMIC_SEQ_CST) == 2);
   CHECK_STATUS(orbite_batch_poll(b), ORBITE_STATUS_OK);
   CHECK(local[0] == 0xab && local[4095] == 0xab);
   orbite_request_result res[2];

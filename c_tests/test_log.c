@@ -64,7 +64,8 @@ static void cycle(const char *config, const char *name, char *label, size_t labe
   } order[] = {{ORBITE_TRANSPORT_TCP, "tcp"},
                {ORBITE_TRANSPORT_SHM, "shm"},
                {ORBITE_TRANSPORT_NVLINK, "nvlink"},
-               {ORBITE_TRANSPORT_MNNVL, "mnnvl"}};
+               {ORBITE_TRANSPORT_MNNVL, "mnnvl"},
+               {ORBITE_TRANSPORT_CMA, "cma"}};
   for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
     if (mask & (1u << order[i].t)) {
       size_t at = strlen(transports);

@@ -110,6 +110,9 @@
 // CUDA fabric handles across an NVLink fabric.
 #define ORBITE_TRANSPORT_MNNVL 4
 
+// Cross-memory attach (same host, same user): any registered host memory.
+#define ORBITE_TRANSPORT_CMA 5
+
 // `orbite_cuda_adopt` flag: the caller consents that a peer importing the
 // adopted memory can reach the whole underlying allocation.
 #define ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION 1
@@ -206,6 +209,10 @@ typedef struct orbite_request_result {
   // ORBITE_REMOTE_EFFECT_*; UNKNOWN only for WRITE.
   uint32_t remote_effect;
 } orbite_request_result;
+
+// An end callback (`orbite_batch_on_end`): `user_data` is the pointer
+// given with it.
+typedef void (*orbite_batch_end_fn)(void *user_data);
 
 // A log callback. `level` is ORBITE_LOG_ERROR to ORBITE_LOG_TRACE;
 // `message` is one line, NUL-terminated, without a newline, starting with
@@ -381,6 +388,35 @@ orbite_status orbite_cuda_adopt(void *ptr, size_t length, uint32_t flags, struct
 // imports whose close was not confirmed, quarantined streams).
 orbite_status orbite_cuda_retained_resources_json(char *buf, size_t cap, size_t *out_len);
 
+// Diagnoses this machine for a CUDA transport and writes the diagnosis as
+// JSON: `{"transport", "handle_type", "usable", "checks": [{"layer",
+// "status", "cause", "text"}]}`. Layers, in order: `driver` (present, API
+// version), `devices`, `p2p` (the peer matrix), `fabric_attribute`,
+// `imex` (the channel files, their owner and mode, whether this process
+// may open one), `nvml` (each GPU's fabric state, cluster and clique),
+// `probe` (a real allocation and export with the handle type),
+// `fabric_domain` (what "auto" gives), and `peer` (a probe import against
+// a peer engine, when asked). `status` is "ok", "fail" (then `cause` names
+// the broken layer as the engine's stats and errors do: "no_driver",
+// "fabric_not_supported", "no_imex_channel", "imex_channel_denied",
+// "channel_not_shared", "different_clique", "daemon_not_ready",
+// "allocation_not_fabric", "driver_error", and `text` says what to do) or
+// "info" (a fact the transport does not need). `usable` is false when a
+// layer the requested transport needs failed (null without a transport).
+// Without a driver the walk stops at its `driver` line; useful on a
+// machine without a GPU all the same.
+//
+// `options_json` may be NULL or "" (every layer, fabric handles, GPU 0, no
+// verdict); its keys: "transport" ("nvlink" or "mnnvl"), "handle_type"
+// ("fabric" or "posix_fd"), "device", "imex_channel_dir" (default
+// "/dev/nvidia-caps-imex-channels"), "peer" (an endpoint to probe),
+// "engine_config" (an object: the config of the engine that probes the
+// peer, e.g. its auth_key_file), "timeout_ms". An unknown key or a wrong
+// value is ORBITE_STATUS_INVALID_ARGUMENT naming it. Each call runs the
+// checks again (a probe allocation; with "peer", a connection): after
+// BUFFER_TOO_SMALL, call again with a larger buffer.
+orbite_status orbite_diagnose_json(const char *options_json, char *buf, size_t cap, size_t *out_len);
+
 // Submits `count` requests to `peer`. Local checks fail the call; remote
 // outcomes are per request. opts may be NULL (defaults). Returns once the
 // requests are admitted; data moves asynchronously.
@@ -404,7 +440,7 @@ orbite_status orbite_batch_results(const struct orbite_batch *batch, struct orbi
 orbite_status orbite_batch_result(const struct orbite_batch *batch, size_t index, struct orbite_request_result *out);
 
 // Writes which transport carried request `index` (ORBITE_TRANSPORT_TCP,
-// SHM, NVLINK or MNNVL; ORBITE_TRANSPORT_AUTO while not yet decided);
+// SHM, NVLINK, MNNVL or CMA; ORBITE_TRANSPORT_AUTO while not yet decided);
 // OUT_OF_RANGE past the request count.
 orbite_status orbite_batch_transport(const struct orbite_batch *batch, size_t index, uint32_t *out_transport);
 
@@ -427,6 +463,19 @@ orbite_status orbite_batch_cancel(struct orbite_batch *batch);
 // READs), runs to its outcome. OUT_OF_RANGE: the batch holds no request
 // `index`.
 orbite_status orbite_batch_cancel_request(struct orbite_batch *batch, size_t index);
+
+// Calls `cb(user_data)` once every request of the batch has ended: within
+// this call when they all have already, else on the library thread that
+// ends the last one (an I/O thread, a copy thread, a submitting or
+// cancelling caller). Every request ends, by the batch's deadline at the
+// latest, so `cb` runs exactly once, also when the batch handle was freed
+// meanwhile (a detached batch still ends). A notification submitted with
+// the batch may still be on its way then. `cb` must accept a call from
+// any thread, return promptly (it runs on the transfer path), never
+// unwind, and call no liborbite function but orbite_status_name,
+// orbite_version and orbite_abi_version. Several callbacks may be set on
+// one batch; each runs once. NULL_ARGUMENT: `cb` is NULL.
+orbite_status orbite_batch_on_end(struct orbite_batch *batch, orbite_batch_end_fn cb, void *user_data);
 
 // Frees a batch handle; a pending batch is detached, never cancelled
 // mid-copy. NULL is a no-op.

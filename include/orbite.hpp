@@ -67,7 +67,8 @@
  *   Nothing else is leaked: engines, batches and peers are always freed.
  *
  * The header is the umbrella of its parts, one per type, under orbite/
- * (base, stats, values, allocation, registration, log, batch, peer, engine);
+ * (base, stats, values, allocation, registration, log, batch, peer, engine,
+ * diagnose);
  * each compiles alone, but include this one.
  *
  * Peer regions and engine stats are read through the C ABI's typed calls
@@ -88,5 +89,6 @@
 #include "orbite/batch.hpp"
 #include "orbite/peer.hpp"
 #include "orbite/engine.hpp"
+#include "orbite/diagnose.hpp"
 
 #endif  // ORBITE_HPP

@@ -12,11 +12,14 @@
 # defaults (nothing under transports/orbite/engine). Each transport first
 # runs tebench's checked mode (--op_type=mix --check_consistency: every
 # batch written, read back and compared); READ and WRITE are then timed
-# alone. Raw tebench output goes to
-# $TENT_BENCH_LOG (default /tmp/tent-bench.log).
+# alone. With TENT_BENCH_ROUNDS=R (default 1) the timed points run R
+# times, the transports alternated within each round, and the table holds
+# each point's median. Raw tebench output goes to $TENT_BENCH_LOG (default
+# /tmp/tent-bench.log).
 set -euo pipefail
 tebench="${1:?usage: scripts/tent-bench.sh TEBENCH [DURATION_S]}"
 duration="${2:-2}"
+rounds="${TENT_BENCH_ROUNDS:-1}"
 log="${TENT_BENCH_LOG:-/tmp/tent-bench.log}"
 : > "$log"
 sizes=(4096 65536 1048576 8388608)
@@ -98,16 +101,25 @@ for xport in tcp shm orbite orbite-tcp; do
     [ "${xport%-tcp}" = orbite ] && { echo "tent-bench: $xport moved wrong bytes or failed" >&2; exit 1; }
     echo "tent-bench: TENT's $xport failed its checked run; measured anyway" >&2
   fi
-  # One tebench per point: TENT's TCP sometimes exits mid-sweep without a
-  # message, and then loses only that point.
+done
+# One tebench per point: TENT's TCP sometimes exits mid-sweep without a
+# message, and then loses only that point. Each point's figures of all
+# rounds are kept, space-separated.
+for round in $(seq 1 "$rounds"); do
   for op in read write; do
     for point in "${sizes[@]}"; do
-      while read -r size bw; do
-        gbps["$xport/$op/$size"]="$bw"
-      done < <(run_one "$xport" "$op" "$point" "$point" || true)
+      for xport in tcp shm orbite orbite-tcp; do
+        while read -r size bw; do
+          gbps["$xport/$op/$size"]="${gbps[$xport/$op/$size]:-} $bw"
+        done < <(run_one "$xport" "$op" "$point" "$point" || true)
+      done
     done
   done
+  echo "tent-bench: round $round of $rounds done" >&2
 done
+# The median of a point's figures ("" when it has none).
+median() { [ -n "${1// /}" ] && python3 -c "import statistics, sys; print(f'{statistics.median(map(float, sys.argv[1:])):.3f}')" $1 || true; }
+for k in "${!gbps[@]}"; do gbps[$k]="$(median "${gbps[$k]}")"; done
 
 printf '%-8s %-6s %10s %10s %10s %10s %12s %16s\n' size op tent-tcp tent-shm orbite orbite-tcp orbite/shm orbite-tcp/tcp
 for size in "${sizes[@]}"; do

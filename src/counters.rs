@@ -66,8 +66,13 @@ counter_set! {
         served_requests,
         /// Bytes served to peers.
         served_bytes,
-        /// Requests from peers that this engine refused or failed.
+        /// Requests from peers that this engine refused or failed (a WRITE
+        /// whose payload was cut among them).
         served_failed,
+        /// TCP: WRITEs from peers whose payload was cut (the connection
+        /// ended) after part of it had landed: their range holds part new,
+        /// part old bytes (each logged at WARN with the ranges, docs/operations.md).
+        served_torn,
         /// IPC: requests importers say they moved through the grant board on
         /// their own (no receipt, nothing this engine saw or checked; saturating).
         claimed_requests,
@@ -103,6 +108,10 @@ counter_set! {
         /// MNNVL channels accepted over TCP for the fabric domain (peers on
         /// any host of the NVLink partition).
         fabric_channels_accepted,
+        /// Peers that advertise MNNVL toward which it is not used: another
+        /// fabric domain (clique), or a failed probe import (each noted
+        /// with its cause).
+        mnnvl_peers_refused,
         /// Incoming connections and IPC channels that failed authentication.
         auth_failures,
         /// IPC channels refused because their process's user may not connect.
@@ -160,7 +169,7 @@ counter_set! {
 /// Live counters of one engine.
 #[derive(Default)]
 pub struct Counters {
-    per: [TransportEvents; 4],
+    per: [TransportEvents; TransportKind::ALL.len()],
     /// Engine-wide events.
     pub events: EngineEvents,
     /// Notifications sent and received.
@@ -194,6 +203,12 @@ impl Counters {
         } else {
             p.served_failed.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Records a WRITE from a peer torn by its cut payload; returns how
+    /// many transport `t` has counted so far.
+    pub fn record_torn(&self, t: TransportKind) -> u64 {
+        self.per[t.index()].served_torn.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// Records `n` requests served to a peer, `bytes` in all (a receipt).

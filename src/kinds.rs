@@ -12,16 +12,19 @@ pub enum TransportKind {
     Nvlink,
     /// CUDA fabric handles across an NVLink fabric.
     Mnnvl,
+    /// Cross-memory attach (`process_vm_readv`/`process_vm_writev`): any
+    /// registered host memory of another process of this host and user.
+    Cma,
 }
 
 impl TransportKind {
     /// Best-first default policy.
-    pub const DEFAULT_POLICY: [TransportKind; 4] =
-        [TransportKind::Mnnvl, TransportKind::Nvlink, TransportKind::Shm, TransportKind::Tcp];
+    pub const DEFAULT_POLICY: [TransportKind; 5] =
+        [TransportKind::Mnnvl, TransportKind::Nvlink, TransportKind::Shm, TransportKind::Cma, TransportKind::Tcp];
 
     /// Every transport, in stats order.
-    pub const ALL: [TransportKind; 4] =
-        [TransportKind::Tcp, TransportKind::Shm, TransportKind::Nvlink, TransportKind::Mnnvl];
+    pub const ALL: [TransportKind; 5] =
+        [TransportKind::Tcp, TransportKind::Shm, TransportKind::Nvlink, TransportKind::Mnnvl, TransportKind::Cma];
 
     /// The name used in config and stats.
     pub fn name(self) -> &'static str {
@@ -30,6 +33,7 @@ impl TransportKind {
             TransportKind::Shm => "shm",
             TransportKind::Nvlink => "nvlink",
             TransportKind::Mnnvl => "mnnvl",
+            TransportKind::Cma => "cma",
         }
     }
 
@@ -40,12 +44,13 @@ impl TransportKind {
             "shm" => Some(TransportKind::Shm),
             "nvlink" => Some(TransportKind::Nvlink),
             "mnnvl" => Some(TransportKind::Mnnvl),
+            "cma" => Some(TransportKind::Cma),
             _ => None,
         }
     }
 
-    /// The C constant (`ORBITE_TRANSPORT_TCP` = 1 .. `ORBITE_TRANSPORT_MNNVL`
-    /// = 4; 0 is `ORBITE_TRANSPORT_AUTO`).
+    /// The C constant (`ORBITE_TRANSPORT_TCP` = 1 .. `ORBITE_TRANSPORT_CMA`
+    /// = 5; 0 is `ORBITE_TRANSPORT_AUTO`).
     pub const fn c_code(self) -> u32 {
         self as u32 + 1
     }

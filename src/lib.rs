@@ -49,9 +49,10 @@ pub mod transport;
 
 pub use control::message::RegionInfo;
 pub use engine::direct::DirectRoute;
+pub use engine::doctor::{diagnose, Check, CheckStatus, DiagnoseOptions, Diagnosis};
 pub use engine::registry::retained_resources_json;
 pub use engine::stats::EngineStats;
-pub use engine::{Batch, Engine, EngineConfig, MnnvlConfig, MnnvlHandleType, SubmitOptions};
+pub use engine::{Batch, Engine, EngineConfig, FabricDomain, MnnvlConfig, MnnvlHandleType, SubmitOptions};
 pub use error::{Error, Result, Status};
 pub use kinds::{Transport, TransportKind};
 pub use memory::cuda::{

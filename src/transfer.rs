@@ -4,6 +4,7 @@
 use crate::counters::Counters;
 use crate::error::{Error, Status};
 use crate::kinds::TransportKind;
+use crate::sync::spin;
 use parking_lot::{Condvar, Mutex};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -458,14 +459,16 @@ impl BatchShared {
         }
         let start = Instant::now();
         let deadline = start.checked_add(timeout);
-        let spin_until = start + self.spin.min(timeout);
+        // No spin while the host's cores are taken (sync::spin).
+        let spin = if spin::allowed() { self.spin.min(timeout) } else { Duration::ZERO };
+        let spin_until = start + spin;
         let assist = self.assist.get().and_then(Weak::upgrade);
         while Instant::now() < spin_until {
             if self.ended_status().is_some() {
                 break;
             }
-            if !assist.as_ref().is_some_and(|a| a.assist(spin_until)) {
-                std::thread::yield_now();
+            if !assist.as_ref().is_some_and(|a| a.assist(spin_until)) && !spin::yield_now() {
+                break;
             }
         }
         drop(assist);

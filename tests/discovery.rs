@@ -81,6 +81,11 @@ impl Etcd {
             self.url()
         )
     }
+
+    /// [`Etcd::config`] with the auth key file at `key`.
+    fn keyed_config(&self, name: &str, key: &str) -> String {
+        format!(r#"{{"auth_key_file": "{key}", {}"#, &self.config(name)[1..])
+    }
 }
 
 impl Drop for Etcd {
@@ -289,9 +294,12 @@ fn etcd_read(etcd: &Etcd, key: &str) -> Option<Vec<u8>> {
     })
 }
 
-/// Whether `key` holds a valid record naming `endpoint`.
+/// Whether `key` (under the tests' prefix) holds a valid record naming
+/// `endpoint`.
 fn names(etcd: &Etcd, key: &str, endpoint: &str) -> bool {
-    etcd_read(etcd, key).is_some_and(|v| discovery::Record::read(&v, None).is_ok_and(|r| r.endpoint == endpoint))
+    let cfg = discovery::DiscoveryConfig { etcd: vec![], prefix: "/orbite-test".into(), ttl_s: TTL as u32 };
+    let name = key.rsplit('/').next().unwrap();
+    etcd_read(etcd, key).is_some_and(|v| cfg.read(name, &v, None).is_ok_and(|r| r.endpoint == endpoint))
 }
 
 /// A value that is not a record, put by an etcd writer over a connected
@@ -362,17 +370,9 @@ fn an_engine_of_another_pid_namespace_cannot_take_a_live_name() {
 /// an endpoint of its choice) is never followed, and counted.
 #[test]
 fn with_a_key_only_signed_records_are_followed() {
-    use std::os::unix::fs::PermissionsExt;
     let etcd = Etcd::start();
-    let dir = std::env::temp_dir().join(format!("orbite-discovery-key-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let key = dir.join("key");
-    std::fs::write(&key, [0x5a; 48]).unwrap();
-    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let keyed = |name: &str| {
-        let c = etcd.config(name);
-        format!(r#"{{"auth_key_file": "{}", {}"#, key.display(), &c[1..])
-    };
+    let key = key_file("discovery-signed", 0x5a);
+    let keyed = |name: &str| etcd.keyed_config(name, &key);
     let src = PeerProc::spawn(&["--size", &MIB.to_string(), "--seed", "6", "--config", &keyed("signed")]);
     let stored = etcd_read(&etcd, "/orbite-test/engines/signed").unwrap();
     assert!(String::from_utf8_lossy(&stored).contains(r#""sig":""#), "the record is signed");
@@ -391,4 +391,59 @@ fn with_a_key_only_signed_records_are_followed() {
     assert_eq!(err.status(), Status::NotFound, "{err}");
     assert!(e.stats().discovery.invalid_records > before);
     src.close();
+}
+
+/// With an auth key a record is bound to its name (issue 58, item 8): an
+/// etcd writer without the key copies engine C's signed record under a
+/// name nobody holds and over engine B's own key. `connect_name` never
+/// reaches C under another name (the copy is not a valid record there:
+/// counted, resolving to nothing), the requester connected to B is not
+/// retired and keeps reading B, and B puts its own record back. Guards
+/// `discovery/record.rs` `DiscoveryConfig::read`: the record's name must
+/// be the one looked up (and the signature covers the key of etcd).
+#[test]
+fn with_a_key_a_record_copied_under_another_name_is_never_followed() {
+    let etcd = Etcd::start();
+    let key = key_file("discovery-bound", 0x6b);
+    let keyed = |name: &str| etcd.keyed_config(name, &key);
+    let b = PeerProc::spawn(&["--size", &MIB.to_string(), "--seed", "7", "--config", &keyed("b")]);
+    let c = PeerProc::spawn(&["--size", &MIB.to_string(), "--seed", "8", "--config", &keyed("c")]);
+    let e = Engine::from_json(&keyed("reader")).unwrap();
+    let local = vec![0u8; 4096];
+    e.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let to_b = e.connect_name("b", Some(LONG)).unwrap();
+    assert_eq!(read(&e, to_b, &local, b.addr, 4096, LONG), Status::Ok);
+    assert_eq!(local, pattern_vec(7, 4096));
+    let c_record = etcd_read(&etcd, "/orbite-test/engines/c").unwrap();
+    // Under a name nobody holds (nobody puts anything back): nothing.
+    etcd_write(&etcd, "/orbite-test/engines/ghost", Some(&c_record));
+    let before = e.stats().discovery;
+    match e.connect_name("ghost", Some(LONG)) {
+        Ok(p) => panic!("connect_name(\"ghost\") reached {}", e.peer_endpoint(p).unwrap()),
+        Err(err) => assert_eq!(err.status(), Status::NotFound, "{err}"),
+    }
+    assert!(e.stats().discovery.invalid_records > before.invalid_records, "the copy was not counted");
+    // Over B's own key, while B's requester is connected.
+    let before = e.stats().discovery;
+    etcd_write(&etcd, "/orbite-test/engines/b", Some(&c_record));
+    eventually("the watcher hears of the copy", || {
+        let d = e.stats().discovery;
+        d.invalid_records > before.invalid_records || d.peers_gone > before.peers_gone
+    });
+    assert_eq!(e.stats().discovery.peers_gone, 0, "the copy retired the requester connected to B");
+    for _ in 0..5 {
+        match e.connect_name("b", Some(LONG)) {
+            Ok(p) => assert_eq!(e.peer_endpoint(p).unwrap(), b.endpoint, "connect_name(\"b\") reached C"),
+            Err(err) => assert_eq!(err.status(), Status::NotFound, "{err}"),
+        }
+    }
+    assert_eq!(read(&e, to_b, &local, b.addr, 4096, LONG), Status::Ok, "B's requester was retired");
+    eventually("B puts its own record back", || names(&etcd, "/orbite-test/engines/b", &b.endpoint));
+    let again = e.connect_name("b", Some(LONG)).unwrap();
+    assert_eq!(e.peer_endpoint(again).unwrap(), b.endpoint);
+    assert_eq!(read(&e, again, &local, b.addr, 4096, LONG), Status::Ok);
+    assert_eq!(local, pattern_vec(7, 4096));
+    e.close(Some(LONG)).unwrap();
+    b.close();
+    c.close();
 }

@@ -305,40 +305,6 @@ fn producer_stream_is_consumed() {
     assert_eq!(scratch[0], fresh[0]);
 }
 
-/// The caller's own VMM storage, created with the driver directly.
-struct CallerVmm {
-    va: u64,
-    size: u64,
-    handle: u64,
-}
-
-fn caller_vmm(handle_types: u32, size: u64) -> CallerVmm {
-    use cudarc::driver::sys::{self, CUresult};
-    use orbite::cuda::driver::{primary_context, ContextGuard};
-    let g = ContextGuard::bind(primary_context(0).unwrap()).unwrap();
-    // SAFETY: zeroed property block, the fields that matter set below.
-    let mut pr: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
-    pr.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
-    pr.requestedHandleTypes = sys::CUmemAllocationHandleType_enum(handle_types);
-    pr.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
-    pr.location.id = 0;
-    let (mut handle, mut va) = (0u64, 0u64);
-    // SAFETY: plain driver calls on out-parameters we own; the access
-    // descriptor names device 0 read/write.
-    unsafe {
-        assert_eq!(sys::cuMemCreate(&mut handle, size as usize, &pr, 0), CUresult::CUDA_SUCCESS);
-        assert_eq!(sys::cuMemAddressReserve(&mut va, size as usize, 0, 0, 0), CUresult::CUDA_SUCCESS);
-        assert_eq!(sys::cuMemMap(va, size as usize, 0, handle, 0), CUresult::CUDA_SUCCESS);
-        let d = sys::CUmemAccessDesc {
-            location: pr.location,
-            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
-        };
-        assert_eq!(sys::cuMemSetAccess(va, size as usize, &d, 1), CUresult::CUDA_SUCCESS);
-    }
-    g.restore().unwrap();
-    CallerVmm { va, size, handle }
-}
-
 /// `wrap_mnnvl` checks the handle's properties and the exact mapping, then
 /// serves the caller's storage over fabric handles to another process (the
 /// qualification binary's `healthy` mode as requester); freeing the wrapped
@@ -834,17 +800,19 @@ fn small_nvlink_copies_go_synchronously_and_mnnvl_copies_always_async() {
     // (never the legacy stream or a context synchronisation, which would
     // wait for the application's streams), no event; MNNVL: one async copy
     // on a stream of its own transport's pool with one trailing event,
-    // queried once (or more, lazily).
+    // queried once (or more, lazily). Besides the copies: the MNNVL
+    // engine's probe allocation, zeroed at its start on a stream of its
+    // own (one create, one synchronize) and unmapped at its end.
     assert_eq!(fakecuda::calls(&t, "cuMemcpy"), 0, "{t:?}");
     assert_eq!(fakecuda::calls(&t, "cuCtxSynchronize"), 0, "{t:?}");
-    assert_eq!(fakecuda::calls(&t, "cuStreamSynchronize"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuStreamSynchronize"), 1 + 1, "{t:?}");
     assert_eq!(fakecuda::calls(&t, "cuMemcpyAsync"), 2, "{t:?}");
     assert_eq!(fakecuda::calls(&t, "cuMemcpyBatchAsync_v2"), 0, "{t:?}");
-    assert_eq!(fakecuda::calls(&t, "cuStreamCreate"), 2, "one per transport's pool: {t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuStreamCreate"), 2 + 1, "one per transport's pool, the probe's: {t:?}");
     assert_eq!(fakecuda::calls(&t, "cuEventRecord"), 1, "{t:?}");
     assert!(fakecuda::calls(&t, "cuEventQuery") >= 1, "{t:?}");
     assert_eq!(fakecuda::calls(&t, "cuIpcCloseMemHandle"), 1, "{t:?}");
-    assert_eq!(fakecuda::calls(&t, "cuMemUnmap"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemUnmap"), 1 + 1, "{t:?}");
 }
 
 #[test]
@@ -913,13 +881,16 @@ fn a_clean_life_cycle_returns_the_driver_to_its_baseline() {
     }
     // Every import opened was closed, every VMM import released, once: per
     // transport a READ-only import, given back for the writable one the
-    // WRITE needs, which then serves the last READs.
+    // WRITE needs, which then serves the last READs. MNNVL adds the probe
+    // import at connect (imported and released at once) and the engine's
+    // own probe allocation (unmapped, released and its range freed at the
+    // engine's end).
     assert_eq!(fakecuda::calls(&t, "cuIpcOpenMemHandle_v2"), 2, "{t:?}");
     assert_eq!(fakecuda::calls(&t, "cuIpcCloseMemHandle"), 2, "{t:?}");
-    assert_eq!(fakecuda::calls(&t, "cuMemImportFromShareableHandle"), 2, "{t:?}");
-    assert_eq!(fakecuda::calls(&t, "cuMemRelease"), 2, "{t:?}");
-    assert_eq!(fakecuda::calls(&t, "cuMemUnmap"), 2, "{t:?}");
-    assert_eq!(fakecuda::calls(&t, "cuMemAddressFree"), 2, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemImportFromShareableHandle"), 2 + 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemRelease"), 2 + 1 + 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemUnmap"), 2 + 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemAddressFree"), 2 + 1, "{t:?}");
     assert_eq!(fakecuda::calls(&t, "cuStreamCreate"), fakecuda::calls(&t, "cuStreamDestroy_v2"), "{t:?}");
     assert_eq!(fakecuda::calls(&t, "cuEventCreate"), fakecuda::calls(&t, "cuEventDestroy_v2"), "{t:?}");
 }

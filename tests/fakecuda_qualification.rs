@@ -303,3 +303,33 @@ fn the_qualification_gates_can_fail() {
     assert_eq!(row["result"], "FAIL", "{}", q.stdout);
     assert!(row["detail"].as_str().unwrap().contains("timed out"), "{row}");
 }
+
+/// The doctor mode (`--modes doctor`), on the stand-in: where fabric
+/// handles work, the POSIX-fd, fabric and fabric-domain rows PASS (the last
+/// through a probe import against a source of that domain); on a GPU with
+/// no NVLink fabric (`FAKENVML_STATE=not_supported`: a single H100/H200),
+/// POSIX fd still PASSes, the fabric row PASSes because the doctor's
+/// `fabric_not_supported` agrees with the real fabric export's refusal, and
+/// the fabric-domain row SKIPs. Guards qualify.py's `doctor` verdicts.
+#[test]
+fn the_doctor_mode_agrees_with_the_driver() {
+    let mut args = SMALL.to_vec();
+    args.extend(["--memory", "", "--adopted", "no", "--modes", "doctor"]);
+    args.extend(["--doctor", env!("CARGO_BIN_EXE_orbite-doctor")]);
+    let q = qualify("doctor", Variant::Full, &args, &[]);
+    assert_eq!(q.code, 0, "{}", q.stdout);
+    assert_eq!(q.rows().len(), 3, "{}", q.stdout);
+    for t in ["mnnvl-posix_fd", "mnnvl-fabric", "mnnvl-fabric_domain"] {
+        assert_eq!(q.row(t, "doctor")["result"], "PASS", "{}", q.stdout);
+    }
+    let d = q.row("mnnvl-fabric_domain", "doctor")["detail"].as_str().unwrap();
+    assert!(d.contains("the probe import of its MNNVL memory succeeded"), "{d}");
+
+    let q = qualify("doctor-no-fabric", Variant::Full, &args, &[("FAKENVML_STATE", "not_supported")]);
+    assert_eq!(q.code, 0, "{}", q.stdout);
+    assert_eq!(q.row("mnnvl-posix_fd", "doctor")["result"], "PASS", "{}", q.stdout);
+    let fabric = q.row("mnnvl-fabric", "doctor");
+    assert_eq!(fabric["result"], "PASS", "{}", q.stdout);
+    assert!(fabric["detail"].as_str().unwrap().contains("fabric_not_supported: "), "{fabric}");
+    assert_eq!(q.row("mnnvl-fabric_domain", "doctor")["result"], "SKIP", "{}", q.stdout);
+}

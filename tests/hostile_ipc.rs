@@ -144,18 +144,7 @@ fn an_engine_closing_with_an_offer_beside_a_reader_leaves_nothing_exported() {
     reader.kill();
     e1.close(Some(Duration::from_secs(30))).unwrap();
     drop(ch);
-    let mut a = a;
-    let t0 = Instant::now();
-    loop {
-        match a.free() {
-            Ok(()) => break,
-            Err((back, e)) => {
-                assert!(t0.elapsed() < LONG, "the allocation stays exported: {e}");
-                a = back;
-                std::thread::yield_now();
-            }
-        }
-    }
+    free_eventually(a);
 }
 
 /// A raw writer's offer beside a reader's import charges engine 2 the

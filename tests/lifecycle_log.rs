@@ -1,6 +1,7 @@
 //! The lifecycle lines operators read: a source logs the exports a lost
 //! channel leaves retained and their reclaim once the importer exited; a
-//! requester logs its connection to a killed source as lost. One process
+//! requester logs its connection to a killed source as lost; a source
+//! logs each incoming connection and channel accepted and ended. One process
 //! per test binary: the log sink is process-wide.
 
 mod common;
@@ -52,7 +53,43 @@ fn exports_retained_and_reclaimed_and_a_lost_connection_are_logged() {
     let before = lines.lock().iter().filter(|(_, m)| m.contains("connection lost")).count();
     e.close(Some(LONG)).unwrap();
     assert_eq!(lines.lock().iter().filter(|(_, m)| m.contains("connection lost")).count(), before);
-    set_sink(None).unwrap();
     src.close(Some(LONG)).unwrap();
     a.free().map_err(|(_, e)| e).unwrap();
+
+    // A source logs each incoming connection once it is handshaken, and
+    // its end, naming the peer: its TCP address, its IPC process.
+    let src = Engine::from_json(r#"{"log_level": "info"}"#).unwrap();
+    let b = allocate_shared_host(4096).unwrap();
+    src.register_memory(b.addr(), 4096, Access::READ).unwrap();
+    let ep = src.endpoint();
+    let of_src = |what: &str| -> Vec<String> {
+        let lines = lines.lock();
+        let mine = lines.iter().filter(|(l, m)| *l == Level::Info && m.contains(&ep) && m.contains("incoming "));
+        mine.filter(|(_, m)| m.contains(what)).map(|(_, m)| m.clone()).collect()
+    };
+    let req = Engine::from_json("").unwrap();
+    let local = vec![0u8; 4096];
+    req.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = req.connect(&ep, Some(LONG)).unwrap();
+    let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: b.addr(), len: 4096 };
+    let shm = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(LONG) };
+    req.submit(peer, &[r], shm).unwrap().wait(LONG).unwrap();
+    let tcp = of_src("incoming TCP connection from 127.0.0.1:");
+    assert_eq!(tcp.len(), 1, "{tcp:?}");
+    assert!(tcp[0].ends_with(" accepted"), "{tcp:?}");
+    let ipc = of_src(&format!("incoming IPC channel from process {} accepted", std::process::id()));
+    assert_eq!(ipc.len(), 1, "{:?}", of_src(""));
+    req.disconnect(peer, Some(LONG)).unwrap();
+    req.close(Some(LONG)).unwrap();
+    let tcp_end = tcp[0].replace(" accepted", " ended");
+    eventually("the connection's end is logged", || of_src(" ended").contains(&tcp_end));
+    eventually("the channel's end is logged", || {
+        of_src(&format!("incoming IPC channel from process {} ended", std::process::id())).len() == 1
+    });
+    assert_eq!(of_src(" accepted").len(), 2, "{:?}", of_src(""));
+    assert_eq!(of_src(" ended").len(), 2, "{:?}", of_src(""));
+
+    set_sink(None).unwrap();
+    src.close(Some(LONG)).unwrap();
+    b.free().map_err(|(_, e)| e).unwrap();
 }

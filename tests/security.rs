@@ -795,6 +795,9 @@ fn board_counts_a_requester_writes_are_claims_never_served() {
     let accept = ExportRef { export_id: o.export_id, token: o.token, value: 1, extra: 0 };
     let f = ch.call(MsgKind::ExportAnswer, &accept.encode(), Instant::now() + LONG, "answer").unwrap();
     assert_eq!(f.kind, MsgKind::ExportHandle);
+    // Its descriptor let go before the receipt, as an importer's is (one
+    // still held keeps the export lingering).
+    drop(f);
     board.slot(o.slot).expect("the grant's slot").count(1 << 63, u64::MAX);
     let before = src.stats().transports["shm"].clone();
     let close = ExportRef { export_id: o.export_id, token: o.token, value: 0, extra: 0 };

@@ -95,12 +95,14 @@ fn healthy_read_write_and_selection() {
     assert!(u.stats().notes.iter().any(|n| n.contains("shm_cache_entries is 0")), "{:?}", u.stats().notes);
     u.close(Some(LONG)).unwrap();
 
-    // Plain heap memory is never exported: Auto goes over TCP, SHM is refused.
+    // Plain heap memory is never exported over SHM: Auto takes CMA (TCP
+    // where CMA cannot reach the peer), SHM is refused.
     let heap = PeerProc::spawn(&["--size", "65536", "--seed", "4"]);
     let hp = e.connect(&heap.endpoint, None).unwrap();
     assert!(all_ok(&go(&e, hp, &[rd(&l, 0, heap.addr, 65536)], SubmitOptions::default())));
     assert!((0..65536).all(|i| l[i] == pattern(4, i as u64)));
-    assert_eq!(e.stats().transports["tcp"].requests_completed, 1);
+    assert_eq!(e.stats().transports["cma"].requests_completed, 1);
+    assert_eq!(e.stats().transports["tcp"].requests_completed, 0);
     let err = e.submit(hp, &[rd(&l, 0, heap.addr, 16)], shm()).err().unwrap();
     assert_eq!(err.status(), Status::NotSupported, "{err}");
     e.close(Some(LONG)).unwrap();

@@ -290,6 +290,7 @@ impl AnswerHost<Extra> for Host<'_> {
                     token,
                     base: base(alloc),
                     logical: ALLOC_LEN,
+                    physical: ALLOC_LEN,
                     region: alloc,
                     region_epoch: EPOCH,
                     ops: req.ops,
@@ -365,7 +366,7 @@ impl AnswerHost<Extra> for Host<'_> {
                         }
                     })
                 } else {
-                    let gone = src.table.borrow_mut().close_receipt(conn, Some(self.requester), &r);
+                    let gone = src.table.borrow_mut().close_receipt(conn, Some(self.requester), &r, |_| false);
                     gone.map(|g| src.settle(g.into_iter().collect()))
                 };
                 let mut a = match res {
@@ -632,7 +633,7 @@ impl Sim {
             self.src.not_sent(conn, a);
         }
         drop(dropped);
-        let lost = self.src.table.borrow_mut().connection_lost(conn, self.exited());
+        let lost = self.src.table.borrow_mut().connection_lost(conn, self.exited(), |_| true);
         self.src.settle(lost.released);
         self.trace.push(format!("conn {conn} cut: {why}"));
     }
@@ -919,7 +920,7 @@ impl Sim {
                 self.trace.push(format!("pid {pid} freezes"));
             }
             92..=93 => {
-                let gone = self.src.table.borrow_mut().reclaim_exited(self.exited());
+                let gone = self.src.table.borrow_mut().reclaim_exited(self.exited(), |_| true);
                 self.src.reclaimed += gone.len() as u64;
                 self.src.settle(gone);
                 self.check_reclaimed()?;
@@ -1155,7 +1156,7 @@ impl Sim {
         }
         self.trace.push(format!("the source closes; silent: {silent:?}"));
         let end = loop {
-            let gone = self.src.table.borrow_mut().reclaim_exited(self.exited());
+            let gone = self.src.table.borrow_mut().reclaim_exited(self.exited(), |_| true);
             self.src.settle(gone);
             if self.src.table.borrow().is_empty() {
                 break CloseEnd::Closed;
@@ -1205,7 +1206,7 @@ impl Sim {
         for p in &self.procs {
             self.dead.insert((p.ident.process.pid, p.ident.process.start_time));
         }
-        let gone = self.src.table.borrow_mut().reclaim_exited(self.exited());
+        let gone = self.src.table.borrow_mut().reclaim_exited(self.exited(), |_| true);
         self.src.settle(gone);
         self.check()?;
         let t = self.src.table.borrow();

@@ -118,6 +118,7 @@ impl SourceHost for Host {
     }
     fn served(&mut self, _ok: bool, _bytes: u64) {}
     fn notify_rejected(&mut self) {}
+    fn torn(&mut self, _req: &DataRequest, _landed: u64, _held: Rc<()>, _why: &str) {}
 }
 
 /// A request's completion record in the simulation.
@@ -368,6 +369,8 @@ impl Sim {
         if self.src_frozen() || self.r2s.is_empty() || self.src_closed {
             return Ok(());
         }
+        // Each of the driver's steps is a turn of its I/O thread.
+        self.src.begin_turn(&mut self.host);
         let at = self.at();
         let k = 1 + self.rng.below(self.r2s.len() as u64) as usize;
         match self.src.recv(at) {
@@ -392,6 +395,7 @@ impl Sim {
         if self.src_frozen() || self.src_closed {
             return;
         }
+        self.src.begin_turn(&mut self.host);
         let at = self.at();
         loop {
             let room = self.cap.saturating_sub(self.s2r.len());
@@ -467,7 +471,7 @@ impl Sim {
         }
         let at = self.at();
         self.req.kill(e.clone(), at);
-        self.src.fail(&e);
+        self.src.fail(&e, &mut self.host);
         self.r2s.clear();
         self.s2r.clear();
         // A connection's end (a cut, a Goodbye, the engine's close) ends

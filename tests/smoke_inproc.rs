@@ -78,12 +78,13 @@ fn cuda_registration_helpers_check_memory_kinds() {
 }
 
 /// Which transport carried each request, and the transports each side can
-/// use: a shared allocation goes over SHM under AUTO, heap memory over TCP.
+/// use: a shared allocation goes over SHM under AUTO, heap memory over TCP
+/// (CMA, which each engine offers, needs two processes).
 #[test]
 fn batches_say_which_transport_carried_each_request() {
     let src = Engine::new(EngineConfig::default()).unwrap();
     let req = Engine::new(EngineConfig::default()).unwrap();
-    assert_eq!(src.transports(), [TransportKind::Tcp, TransportKind::Shm]);
+    assert_eq!(src.transports(), [TransportKind::Tcp, TransportKind::Shm, TransportKind::Cma]);
     let shared = allocate_shared_host(8192).unwrap();
     let mut heap = pattern(4096, 5);
     src.register_memory(shared.addr(), 8192, Access::READ).unwrap();

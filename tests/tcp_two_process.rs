@@ -7,8 +7,12 @@ use common::*;
 use orbite::*;
 use std::time::{Duration, Instant};
 
+/// An engine of `json` whose requests for a peer's heap memory go over
+/// TCP, the transport these tests are about (CMA would carry them).
 fn engine(json: &str) -> Engine {
-    Engine::from_json(json).expect("engine")
+    let mut c = EngineConfig::from_json(json).expect("config");
+    c.cma = false;
+    Engine::new(c).expect("engine")
 }
 
 fn local_buf(e: &Engine, len: usize) -> (Vec<u8>, u64) {

@@ -15,6 +15,11 @@ test -f "$prefix/lib/cmake/orbite/orbiteConfig.cmake"
 test -f "$prefix/lib/cmake/orbite/orbiteConfigVersion.cmake"
 test -f "$prefix/lib/pkgconfig/orbite.pc"
 test -x "$prefix/bin/orbite-bench"
+test -x "$prefix/bin/orbite-doctor"
+# The doctor runs from the package: without a transport asked it exits 0
+# whatever this machine has, and its first line is the driver's.
+"$prefix/bin/orbite-doctor" >"$work/doctor.out"
+head -n 1 "$work/doctor.out" | grep -Eq '^(ok  |FAIL) driver: '
 # Installed artifacts are stripped (the shared library at most 5 MB); their
 # debug information is the separate `debug` component, found through
 # .gnu_debuglink.
@@ -24,8 +29,10 @@ test ! -e "$prefix/lib/.debug"
 cmake --install "$build" --prefix "$prefix" --component debug >/dev/null
 test -f "$prefix/lib/.debug/liborbite.so.1.debug"
 test -f "$prefix/bin/.debug/orbite-bench.debug"
+test -f "$prefix/bin/.debug/orbite-doctor.debug"
 readelf -p .gnu_debuglink "$prefix/lib/liborbite.so.1" | grep -q 'liborbite.so.1.debug'
 readelf -p .gnu_debuglink "$prefix/bin/orbite-bench" | grep -q 'orbite-bench.debug'
+readelf -p .gnu_debuglink "$prefix/bin/orbite-doctor" | grep -q 'orbite-doctor.debug'
 # The package's version rule (docs/versioning.md): before 1.0 a consumer
 # asking for the previous minor release is refused, one asking for this
 # minor release is served.

@@ -64,7 +64,7 @@ print(f"ok   README.md: {name} {actual:.1f} MB installed, {stated:g} MB stated")
 PY
 }
 sizes_ok=0
-for f in lib/liborbite.so.1 lib/liborbite.a bin/orbite-bench; do size_check "$f" || sizes_ok=1; done
+for f in lib/liborbite.so.1 lib/liborbite.a bin/orbite-bench bin/orbite-doctor; do size_check "$f" || sizes_ok=1; done
 
 # Extract: blocks/N.LANG and one manifest line per block:
 # N|FILE|LINE|LANG|FLAGS|SKIP-REASON

@@ -35,8 +35,8 @@ fuzz_target!(|data: &[u8]| {
     if let Ok((kind, body)) = io.recv_frame() {
         // A server accepting only proves the input held an HMAC under the
         // key of a nonce drawn after the input was made: never.
-        assert!(accept(&mut io, Some(&key), (kind, &body)).is_err());
-        let _ = accept(&mut Scripted { data }, None, (kind, &body));
+        assert!(accept(&mut io, Some(&key), (kind, &body), true).is_err());
+        let _ = accept(&mut Scripted { data }, None, (kind, &body), true);
     }
-    let _ = connect(&mut Scripted { data }, &key, "fuzz");
+    let _ = connect(&mut Scripted { data }, &key, "fuzz", true);
 });

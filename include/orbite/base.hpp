@@ -67,9 +67,10 @@ enum class Transport : std::uint32_t {
   shm = ORBITE_TRANSPORT_SHM,
   nvlink = ORBITE_TRANSPORT_NVLINK,
   mnnvl = ORBITE_TRANSPORT_MNNVL,
+  cma = ORBITE_TRANSPORT_CMA,
 };
 
-/// "auto", "tcp", "shm", "nvlink", "mnnvl" (the names the stats JSON uses).
+/// "auto", "tcp", "shm", "nvlink", "mnnvl", "cma" (the names the stats JSON uses).
 inline const char *transport_name(Transport t) noexcept {
   switch (t) {
     case Transport::automatic: return "auto";
@@ -77,6 +78,7 @@ inline const char *transport_name(Transport t) noexcept {
     case Transport::shm: return "shm";
     case Transport::nvlink: return "nvlink";
     case Transport::mnnvl: return "mnnvl";
+    case Transport::cma: return "cma";
   }
   return "unknown";
 }

@@ -102,10 +102,30 @@ class Batch {
   Result<void> cancel_request(std::size_t i) {
     return detail::done(orbite_batch_cancel_request(b_, i), "orbite_batch_cancel_request");
   }
+  /// Calls `f` once every request has ended (orbite_batch_on_end): within
+  /// this call when they all have, else on the library thread that ends the
+  /// last one, also after this Batch was destroyed. `f` must return
+  /// promptly and call no liborbite function; an exception it throws is
+  /// dropped.
+  Result<void> try_on_end(std::function<void()> f) {
+    auto held = std::make_unique<std::function<void()>>(std::move(f));
+    orbite_status s = orbite_batch_on_end(b_, &Batch::ended, held.get());
+    if (s != ORBITE_STATUS_OK) return detail::failure(s, "orbite_batch_on_end");
+    held.release();  // ended() owns it now
+    return Result<void>();
+  }
 
  private:
   orbite_batch *b_ = nullptr;
   std::size_t n_ = 0;
+
+  static void ended(void *held) noexcept {
+    std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()> *>(held));
+    try {
+      (*f)();
+    } catch (...) {
+    }
+  }
 };
 
 }  // namespace orbite

@@ -68,6 +68,8 @@ struct TransportStats {
   /// TCP: requests that travelled in the frame of the READ before them
   /// (config `coalesce`).
   std::uint64_t requests_coalesced = 0;
+  /// TCP: WRITEs from peers cut mid-payload, their range part new, part old.
+  std::uint64_t served_torn = 0;
 };
 
 /// What an IPC transport holds (stats "ipc" values).
@@ -128,9 +130,12 @@ struct DiscoveryStats {
 
 /// A typed snapshot of the engine's counters (orbite_engine_stats).
 struct Stats {
-  std::map<std::string, TransportStats> transports;  ///< "tcp", "shm", "nvlink", "mnnvl"
+  std::map<std::string, TransportStats> transports;  ///< "tcp", "shm", "nvlink", "mnnvl", "cma"
   std::uint64_t inflight_bytes = 0, peers = 0, peers_alive = 0, incoming_connections = 0, regions = 0;
   std::uint64_t protocol_errors = 0, connections_refused = 0, fabric_channels_accepted = 0;
+  /// Peers that advertise MNNVL toward which it is not used (the cause is
+  /// in the notes).
+  std::uint64_t mnnvl_peers_refused = 0;
   /// Incoming connections that ended without completing their handshake.
   std::uint64_t handshakes_abandoned = 0;
   std::uint64_t auth_failures = 0, ipc_uid_refusals = 0, offers_expired = 0;
@@ -144,7 +149,7 @@ struct Stats {
   NotificationStats notifications;
   DiscoveryStats discovery;
   IoStats io;
-  std::map<std::string, IpcStats> ipc;  ///< per IPC transport running ("shm", "nvlink", "mnnvl")
+  std::map<std::string, IpcStats> ipc;  ///< per IPC transport running ("shm", "cma", "nvlink", "mnnvl")
   NvlinkStats nvlink;
   std::map<std::string, std::string> transports_available;  ///< "available", "not available: why" or "failed: why" (a sticky CUDA error: restart the process)
   /// Findings that make a transport unusable or slow for some memory, in
@@ -209,6 +214,7 @@ inline const std::vector<StatField> &stat_fields() {
       ORBITE_STAT("transports.*.claimed_bytes", transports[k[0]].claimed_bytes),
       ORBITE_STAT("transports.*.requests_fell_through", transports[k[0]].requests_fell_through),
       ORBITE_STAT("transports.*.requests_coalesced", transports[k[0]].requests_coalesced),
+      ORBITE_STAT("transports.*.served_torn", transports[k[0]].served_torn),
       ORBITE_STAT("inflight_bytes", inflight_bytes),
       ORBITE_STAT("peers", peers),
       ORBITE_STAT("peers_alive", peers_alive),
@@ -218,6 +224,7 @@ inline const std::vector<StatField> &stat_fields() {
       ORBITE_STAT("connections_refused", connections_refused),
       ORBITE_STAT("handshakes_abandoned", handshakes_abandoned),
       ORBITE_STAT("fabric_channels_accepted", fabric_channels_accepted),
+      ORBITE_STAT("mnnvl_peers_refused", mnnvl_peers_refused),
       ORBITE_STAT("auth_failures", auth_failures),
       ORBITE_STAT("ipc_uid_refusals", ipc_uid_refusals),
       ORBITE_STAT("offers_expired", offers_expired),

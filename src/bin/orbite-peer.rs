@@ -5,17 +5,23 @@
 //! commands on stdin, one per line.
 //!
 //! ```text
-//! orbite-peer [--size BYTES] [--allocs N] [--shared] [--access rw|r|w|none]
-//!             [--seed N] [--config JSON] [--extra BYTES] [--engines N]
+//! orbite-peer [--size BYTES] [--allocs N] [--shared | --mmap] [--access rw|r|w|none]
+//!             [--seed N] [--config JSON] [--extra BYTES] [--engines N] [--setuid UID]
 //! -> {"endpoint":"IP:PORT","endpoints":[...],"addr":A,"addrs":[A,...],"len":N,"pid":P,"extra_addr":X,"extra_len":M}
 //! With `--engines N`, N engines in this process, engine I registering
 //! buffer I (pattern SEED+I) and listening at endpoints[I]; the commands
-//! other than `verifyn` act on engine 0.
+//! other than `verifyn` act on engine 0. `--mmap`: buffers of their own
+//! anonymous mappings (plain host memory, which `unmap` can take away);
+//! `--setuid UID`: run as that user (and its group) from the start.
 //! commands:
 //!   verify SEED OFF LEN   buffer 0's [OFF, OFF+LEN) holds pattern SEED -> "ok" | "bad AT"
 //!   verifyn I SEED OFF LEN  the same for buffer I
 //!   fill SEED             refill buffer 0 with pattern SEED -> "ok"
 //!   reregister            unregister buffer 0 and register it again (new epoch) -> "ok"
+//!   unregister MS         unregister buffer 0 within MS -> "ok" | "err STATUS message"
+//!   unmap OFF LEN         unmap [OFF, OFF+LEN) of an `--mmap` buffer 0 without
+//!                         unregistering it (as an application freeing registered
+//!                         memory would) -> "ok" | "err ..."
 //!   close_source MS       close the source side -> "ok" | "err STATUS message"
 //!   stats                 -> the engine's stats JSON
 //!   retained              -> the engine's retained resources JSON
@@ -25,12 +31,23 @@
 //!
 //! Requester mode: `orbite-peer --connect ENDPOINT --read ADDR:LEN [--config JSON]`
 //! connects, READs the range (transport auto), prints `ok FNV64` and obeys
-//! `read` (again), `flush`, `stats` and `exit` (exit at once, no close).
+//! `read` (again), `write ADDR LEN SEED` (WRITEs LEN bytes of pattern SEED
+//! to ADDR -> "ok" | "err STATUS message"), `flush`, `stats`, `lat N` (N
+//! READs one at a time over SHM only -> `p50_us X p99_us Y`) and `exit`
+//! (exit at once, no close).
+//!
+//! Importer mode: `orbite-peer --import IPC_NAME ...`, a hostile importer
+//! speaking the SHM channel itself (`common/importer.rs`).
 
 #[path = "common/commands.rs"]
 mod commands;
+#[path = "common/importer.rs"]
+mod importer;
 
-use orbite::{allocate_shared_host, Access, Allocation, Engine, EngineConfig, Op, Request, SubmitOptions};
+use orbite::{
+    allocate_shared_host, Access, Allocation, Engine, EngineConfig, Op, Request, SubmitOptions, Transport,
+    TransportKind,
+};
 use std::io::{BufRead, Write};
 use std::time::Duration;
 
@@ -58,16 +75,28 @@ fn die(msg: &str) -> ! {
     std::process::exit(2)
 }
 
-/// Memory the peer owns: plain heap or a library shared allocation.
+/// Memory the peer owns: plain heap, an anonymous mapping of its own
+/// (never unmapped but by `unmap`: it lives until the process exits), or a
+/// library shared allocation.
 enum Buf {
     Heap(Vec<u8>),
+    Mapped(u64, usize),
     Shared(Allocation),
 }
 
 impl Buf {
-    fn new(len: usize, shared: bool) -> Buf {
+    fn new(len: usize, shared: bool, mapped: bool) -> Buf {
         if shared {
             Buf::Shared(allocate_shared_host(len as u64).unwrap_or_else(|e| die(&e.to_string())))
+        } else if mapped {
+            let rw = libc::PROT_READ | libc::PROT_WRITE;
+            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+            // SAFETY: a fresh anonymous mapping; checked below.
+            let p = unsafe { libc::mmap(std::ptr::null_mut(), len, rw, flags, -1, 0) };
+            if p == libc::MAP_FAILED {
+                die(&format!("mmap of {len} bytes failed: {}", std::io::Error::last_os_error()));
+            }
+            Buf::Mapped(p as u64, len)
         } else {
             Buf::Heap(vec![0u8; len])
         }
@@ -75,6 +104,9 @@ impl Buf {
     fn slice(&mut self) -> &mut [u8] {
         match self {
             Buf::Heap(v) => v,
+            // SAFETY: the mapping made in `new`, of `len` bytes; a test that
+            // unmaps part of it never asks for the slice again.
+            Buf::Mapped(p, len) => unsafe { std::slice::from_raw_parts_mut(*p as *mut u8, *len) },
             // SAFETY: a shared allocation maps at least `len()` bytes and
             // lives as long as `self`.
             Buf::Shared(a) => unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u8, a.len() as usize) },
@@ -89,6 +121,8 @@ struct Args {
     size: usize,
     allocs: usize,
     shared: bool,
+    mapped: bool,
+    setuid: Option<u32>,
     extra: usize,
     access: Access,
     seed: u64,
@@ -103,6 +137,8 @@ fn parse_args() -> Args {
         size: 16 << 20,
         allocs: 1,
         shared: false,
+        mapped: false,
+        setuid: None,
         extra: 0,
         access: Access::READ_WRITE,
         seed: 1,
@@ -120,6 +156,8 @@ fn parse_args() -> Args {
             "--allocs" => a.allocs = val().parse().unwrap_or_else(|_| die("--allocs N")),
             "--extra" => a.extra = val().parse().unwrap_or_else(|_| die("--extra BYTES")),
             "--shared" => a.shared = true,
+            "--mmap" => a.mapped = true,
+            "--setuid" => a.setuid = Some(val().parse().unwrap_or_else(|_| die("--setuid UID"))),
             "--access" => a.access = parse_access(&val()),
             "--seed" => a.seed = val().parse().unwrap_or_else(|_| die("--seed N")),
             "--config" => a.config = val(),
@@ -158,25 +196,75 @@ fn requester(a: &Args, engine: &Engine) -> ! {
             Err(e) => format!("err {} {}", e.status(), e.message()),
         }
     };
+    let write = |w: &[&str]| -> String {
+        let num =
+            |i: usize| -> u64 { w.get(i).and_then(|x| x.parse().ok()).unwrap_or_else(|| die("write ADDR LEN SEED")) };
+        let (to, len, seed) = (num(1), num(2), num(3));
+        let data: Vec<u8> = (0..len).map(|i| pattern(seed, i)).collect();
+        let at = data.as_ptr() as u64;
+        let r = engine.register_memory(at, len, Access::NONE).and_then(|id| {
+            let req = Request { op: Op::Write, local_addr: at, remote_addr: to, len };
+            let done =
+                engine.submit(peer, &[req], SubmitOptions::default()).and_then(|b| b.wait(Duration::from_secs(60)));
+            done.and(engine.unregister_memory(id, Some(Duration::from_secs(10))))
+        });
+        match r {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("err {} {}", e.status(), e.message()),
+        }
+    };
     reply(&read(&mut local));
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
+        let words: Vec<&str> = line.split_whitespace().collect();
         match line.trim() {
             "read" => reply(&read(&mut local)),
+            _ if words.first() == Some(&"write") => reply(&write(&words)),
             "flush" => reply(&match engine.flush_nvlink_cache(None) {
                 Ok(()) => "ok".to_string(),
                 Err(e) => format!("err {} {}", e.status(), e.message()),
             }),
             "stats" => reply(&engine.stats().to_json()),
             "exit" => std::process::exit(0),
+            lat if lat.starts_with("lat ") => {
+                let n = lat[4..].trim().parse().unwrap_or(1usize).max(1);
+                reply(&latency(engine, peer, &mut local, addr, n));
+            }
             other => reply(&format!("unknown command {other:?}")),
         }
     }
     std::process::exit(0)
 }
 
+/// `lat N`: N READs of the range one at a time over SHM only (each an
+/// import of its own with `shm_cache_entries: 0`); their p50 and p99.
+fn latency(engine: &Engine, peer: u64, local: &mut [u8], addr: u64, n: usize) -> String {
+    let r = Request { op: Op::Read, local_addr: local.as_mut_ptr() as u64, remote_addr: addr, len: local.len() as u64 };
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: None };
+    let mut us = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t0 = std::time::Instant::now();
+        if let Err(e) = engine.submit(peer, &[r], opts).and_then(|b| b.wait(Duration::from_secs(60))) {
+            return format!("err {} {}", e.status(), e.message());
+        }
+        us.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    us.sort_by(f64::total_cmp);
+    format!("p50_us {:.1} p99_us {:.1}", us[n / 2], us[(n * 99 / 100).min(n - 1)])
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--import") {
+        importer::main(&args[1..]);
+    }
     let a = parse_args();
+    if let Some(uid) = a.setuid {
+        // SAFETY: setgid and setuid take integers; checked.
+        if unsafe { libc::setgid(uid) } != 0 || unsafe { libc::setuid(uid) } != 0 {
+            die(&format!("cannot run as user {uid}: {}", std::io::Error::last_os_error()));
+        }
+    }
     let engines: Vec<Engine> = (0..a.engines.max(1))
         .map(|_| EngineConfig::from_json(&a.config).and_then(Engine::new).unwrap_or_else(|e| die(&e.to_string())))
         .collect();
@@ -185,7 +273,7 @@ fn main() {
         requester(&a, engine);
     }
     let allocs = if engines.len() > 1 { engines.len() } else { a.allocs.max(1) };
-    let mut bufs: Vec<Buf> = (0..allocs).map(|_| Buf::new(a.size.max(1), a.shared)).collect();
+    let mut bufs: Vec<Buf> = (0..allocs).map(|_| Buf::new(a.size.max(1), a.shared, a.mapped)).collect();
     let mut ids = Vec::new();
     for (n, b) in bufs.iter_mut().enumerate() {
         for (i, x) in b.slice().iter_mut().enumerate() {
@@ -257,6 +345,22 @@ fn main() {
                     engine.register_memory(addrs[0], a.size as u64, a.access).unwrap_or_else(|e| die(&e.to_string()));
                 "ok".into()
             }
+            "unregister" => match engine.unregister_memory(ids[0], Some(Duration::from_millis(num(1)))) {
+                Ok(()) => "ok".into(),
+                Err(e) => format!("err {} {}", e.status(), e.message()),
+            },
+            "unmap" => match bufs[0] {
+                Buf::Mapped(p, len) if num(1) + num(2) <= len as u64 => {
+                    // SAFETY: a page-aligned part of the mapping made in
+                    // `Buf::new`, which nothing here touches again; the
+                    // registration stays (that is the point).
+                    match unsafe { libc::munmap((p + num(1)) as *mut libc::c_void, num(2) as usize) } {
+                        0 => "ok".into(),
+                        _ => format!("err munmap: {}", std::io::Error::last_os_error()),
+                    }
+                }
+                _ => "err unmap needs an --mmap buffer and a range inside it".into(),
+            },
             "close_source" => match engine.close_source(Some(Duration::from_millis(num(1)))) {
                 Ok(()) => "ok".into(),
                 Err(e) => format!("err {} {}", e.status(), e.message()),

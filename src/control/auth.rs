@@ -4,14 +4,19 @@
 //! connecting side and the serving side each prove that they know the key,
 //! without sending it:
 //!
-//! 1. connector -> server `AuthChallenge { nonce_c }`
-//! 2. server -> connector `AuthResponse { nonce_s, HMAC(key, "server" | nonce_c | nonce_s) }`
-//! 3. connector -> server `AuthProof { HMAC(key, "client" | nonce_s | nonce_c) }`
+//! 1. connector -> server `AuthChallenge { nonce_c, wire_c }`
+//! 2. server -> connector `AuthResponse { nonce_s, wire_s, HMAC(key, "server" | T) }`
+//! 3. connector -> server `AuthProof { HMAC(key, "client" | T) }`
 //! 4. server -> connector `AuthOk` (or an `Error` frame, then the server closes)
 //!
-//! Nonces are 32 fresh random bytes on each side, so a recorded exchange
-//! cannot be replayed; the labels keep a server's answer from serving as a
-//! client's proof. HMAC-SHA256 and its constant-time comparison come from
+//! where `T = nonce_c | nonce_s | wire_c | wire_s` and `wire_*` is the
+//! `wire_security` each side seals with (one byte). Nonces are 32 fresh
+//! random bytes on each side, so a recorded exchange cannot be replayed;
+//! the labels keep a server's answer from serving as a client's proof.
+//! Each side learns the other's `wire_security` under the key's proof, so
+//! on a connection to be sealed a mismatch is refused at once,
+//! `PERMISSION_DENIED` naming both modes, instead of failing its first
+//! record later. HMAC-SHA256 and its constant-time comparison come from
 //! the RustCrypto `hmac`/`sha2` crates. Both sides then derive the
 //! connection's session keys from the key and both nonces
 //! (`control::seal`): a TCP control connection is sealed with them from
@@ -40,8 +45,8 @@ pub const MIN_KEY_LEN: usize = 32;
 /// The longest key file read.
 pub const MAX_KEY_LEN: usize = 4096;
 
-const SERVER_LABEL: &[u8] = b"orbite-auth-v1 server";
-const CLIENT_LABEL: &[u8] = b"orbite-auth-v1 client";
+const SERVER_LABEL: &[u8] = b"orbite-auth-v2 server";
+const CLIENT_LABEL: &[u8] = b"orbite-auth-v2 client";
 
 /// A shared secret, read from a key file, and what the connections it
 /// seals protect (`wire_security`).
@@ -102,6 +107,11 @@ impl AuthKey {
         m.update(a);
         m.update(b);
         m
+    }
+
+    /// What this key's connections are sealed with.
+    pub fn wire(&self) -> WireSecurity {
+        self.1
     }
 
     fn tag(&self, label: &[u8], a: &[u8], b: &[u8]) -> [u8; TAG_LEN] {
@@ -183,23 +193,66 @@ fn exact<const N: usize>(body: &[u8], what: &str) -> Result<[u8; N]> {
     body.try_into().map_err(|_| Error::Protocol(format!("{what} body has {} bytes, expected {N}", body.len())))
 }
 
-/// Decodes the `AuthResponse` body: the server's nonce, then its tag.
-pub fn decode_response(body: &[u8]) -> Result<([u8; NONCE_LEN], [u8; TAG_LEN])> {
-    let b: [u8; NONCE_LEN + TAG_LEN] = exact(body, "AuthResponse")?;
-    let mut n = [0u8; NONCE_LEN];
-    let mut t = [0u8; TAG_LEN];
-    n.copy_from_slice(&b[..NONCE_LEN]);
-    t.copy_from_slice(&b[NONCE_LEN..]);
-    Ok((n, t))
+/// The byte that names a `wire_security` in the exchange.
+fn wire_byte(w: WireSecurity) -> u8 {
+    match w {
+        WireSecurity::Integrity => 0,
+        WireSecurity::Encrypt => 1,
+    }
+}
+
+fn wire_of(b: u8) -> Result<WireSecurity> {
+    match b {
+        0 => Ok(WireSecurity::Integrity),
+        1 => Ok(WireSecurity::Encrypt),
+        other => Err(Error::Protocol(format!("unknown wire_security {other} in the authentication"))),
+    }
+}
+
+/// Decodes the `AuthChallenge` body: the connector's nonce and
+/// `wire_security`.
+fn decode_challenge(body: &[u8]) -> Result<([u8; NONCE_LEN], WireSecurity)> {
+    let b: [u8; NONCE_LEN + 1] = exact(body, "AuthChallenge")?;
+    Ok((b[..NONCE_LEN].try_into().expect("a nonce"), wire_of(b[NONCE_LEN])?))
+}
+
+/// Decodes the `AuthResponse` body: the server's nonce and
+/// `wire_security`, then its tag.
+pub fn decode_response(body: &[u8]) -> Result<([u8; NONCE_LEN], WireSecurity, [u8; TAG_LEN])> {
+    let b: [u8; NONCE_LEN + 1 + TAG_LEN] = exact(body, "AuthResponse")?;
+    let n = b[..NONCE_LEN].try_into().expect("a nonce");
+    let t = b[NONCE_LEN + 1..].try_into().expect("a tag");
+    Ok((n, wire_of(b[NONCE_LEN])?, t))
+}
+
+/// The exchange's modes, as both tags cover them: the connector's, then
+/// the server's.
+fn modes(connector: WireSecurity, server: WireSecurity) -> [u8; 2] {
+    [wire_byte(connector), wire_byte(server)]
+}
+
+/// The refusal of a connection to be sealed whose two ends seal
+/// differently (`ours` here, `theirs` at `peer`).
+fn mismatch(peer: &str, ours: WireSecurity, theirs: WireSecurity) -> Error {
+    Error::PermissionDenied(format!(
+        "wire_security mismatch: {peer} seals with \"{}\", this engine with \"{}\"; configure the same on both",
+        theirs.name(),
+        ours.name()
+    ))
 }
 
 /// The connecting side: proves knowledge of `key` and checks that the
-/// server knows it too. `PermissionDenied` names which side failed.
-pub fn connect(io: &mut impl FrameIo, key: &AuthKey, peer: &str) -> Result<SessionKeys> {
+/// server knows it too. `PermissionDenied` names which side failed; with
+/// `sealed` (the connection will be sealed under the keys returned), also
+/// a server that seals with another `wire_security` — told to it by the
+/// proof, which covers both modes.
+pub fn connect(io: &mut impl FrameIo, key: &AuthKey, peer: &str, sealed: bool) -> Result<SessionKeys> {
     let mine = nonce()?;
-    io.send_frame(MsgKind::AuthChallenge, &mine)?;
+    let mut challenge = mine.to_vec();
+    challenge.push(wire_byte(key.1));
+    io.send_frame(MsgKind::AuthChallenge, &challenge)?;
     let (kind, body) = io.recv_frame()?;
-    let (theirs, tag) = match kind {
+    let (theirs, wire, tag) = match kind {
         MsgKind::AuthResponse => decode_response(&body)?,
         MsgKind::Error => {
             let (st, text) = message::decode_error(&body)?;
@@ -207,10 +260,16 @@ pub fn connect(io: &mut impl FrameIo, key: &AuthKey, peer: &str) -> Result<Sessi
         }
         other => return Err(Error::Protocol(format!("{peer} answered an authentication challenge with {other:?}"))),
     };
-    if !key.verify(SERVER_LABEL, &mine, &theirs, &tag) {
+    let modes = modes(key.1, wire);
+    if !key.verify(SERVER_LABEL, &[&mine[..], &theirs[..]].concat(), &modes, &tag) {
         return Err(Error::PermissionDenied(format!("{peer} does not know this engine's auth key")));
     }
-    io.send_frame(MsgKind::AuthProof, &key.tag(CLIENT_LABEL, &theirs, &mine))?;
+    io.send_frame(MsgKind::AuthProof, &key.tag(CLIENT_LABEL, &[&mine[..], &theirs[..]].concat(), &modes))?;
+    if sealed && wire != key.1 {
+        // The server learns it from the proof and refuses; nothing it
+        // says is needed to know why.
+        return Err(mismatch(peer, key.1, wire));
+    }
     let (kind, body) = io.recv_frame()?;
     match kind {
         MsgKind::AuthOk if body.is_empty() => Ok(SessionKeys::derive(&key.0, &mine, &theirs, true, key.1)),
@@ -225,17 +284,23 @@ pub fn connect(io: &mut impl FrameIo, key: &AuthKey, peer: &str) -> Result<Sessi
 /// The serving side, given the connection's first frame. With a key, the
 /// first frame must be an `AuthChallenge` and the connector must prove the
 /// key; without one, an `AuthChallenge` is refused (both sides must agree).
-/// On `Err` the caller counts the failure, then tells the peer with
-/// [`refusal`] and closes.
-pub fn accept(io: &mut impl FrameIo, key: Option<&AuthKey>, first: (MsgKind, &[u8])) -> Result<Option<SessionKeys>> {
-    let (key, theirs) = match (key, first) {
+/// With `sealed`, a connector that proved the key but seals with another
+/// `wire_security` is refused too, naming both. On `Err` the caller
+/// counts the failure, then tells the peer with [`refusal`] and closes.
+pub fn accept(
+    io: &mut impl FrameIo,
+    key: Option<&AuthKey>,
+    first: (MsgKind, &[u8]),
+    sealed: bool,
+) -> Result<Option<SessionKeys>> {
+    let (key, (theirs, wire)) = match (key, first) {
         (None, (MsgKind::AuthChallenge, _)) => {
             return Err(Error::PermissionDenied(
                 "this engine has no auth_key_file; configure the same key on both engines, or none".into(),
             ))
         }
         (None, _) => return Ok(None),
-        (Some(k), (MsgKind::AuthChallenge, body)) => (k, exact::<NONCE_LEN>(body, "AuthChallenge")?),
+        (Some(k), (MsgKind::AuthChallenge, body)) => (k, decode_challenge(body)?),
         (Some(_), (kind, _)) => {
             return Err(Error::PermissionDenied(format!(
                 "this engine requires authentication (auth_key_file) before {kind:?}; configure the same key"
@@ -243,15 +308,21 @@ pub fn accept(io: &mut impl FrameIo, key: Option<&AuthKey>, first: (MsgKind, &[u
         }
     };
     let mine = nonce()?;
+    let modes = modes(wire, key.1);
+    let transcript = [&theirs[..], &mine[..]].concat();
     let mut body = mine.to_vec();
-    body.extend_from_slice(&key.tag(SERVER_LABEL, &theirs, &mine));
+    body.push(wire_byte(key.1));
+    body.extend_from_slice(&key.tag(SERVER_LABEL, &transcript, &modes));
     io.send_frame(MsgKind::AuthResponse, &body)?;
     let (kind, proof) = io.recv_frame()?;
     if kind != MsgKind::AuthProof {
         return Err(Error::Protocol(format!("expected AuthProof, got {kind:?}")));
     }
-    if proof.len() != TAG_LEN || !key.verify(CLIENT_LABEL, &mine, &theirs, &proof) {
+    if proof.len() != TAG_LEN || !key.verify(CLIENT_LABEL, &transcript, &modes, &proof) {
         return Err(Error::PermissionDenied("the peer does not know this engine's auth key".into()));
+    }
+    if sealed && wire != key.1 {
+        return Err(mismatch("the peer", key.1, wire));
     }
     io.send_frame(MsgKind::AuthOk, &[])?;
     Ok(Some(SessionKeys::derive(&key.0, &theirs, &mine, false, key.1)))
@@ -288,15 +359,26 @@ mod tests {
     type Keys = Result<Option<SessionKeys>>;
 
     fn run(client_key: Option<&[u8]>, server_key: Option<&[u8]>) -> (Keys, Keys) {
+        let wire = WireSecurity::default();
+        run_sealed(client_key.map(|k| (k, wire)), server_key.map(|k| (k, wire)), true)
+    }
+
+    /// One exchange between a client and a server with these keys (and
+    /// `wire_security`s), on a connection to be `sealed` or not.
+    fn run_sealed(
+        client_key: Option<(&[u8], WireSecurity)>,
+        server_key: Option<(&[u8], WireSecurity)>,
+        sealed: bool,
+    ) -> (Keys, Keys) {
         let (mut c, mut s) = pipes();
-        let server_key = server_key.map(|k| AuthKey::from_bytes(k).unwrap());
+        let server_key = server_key.map(|(k, w)| AuthKey::from_bytes(k).unwrap().with_wire(w));
         let t = std::thread::spawn(move || {
             let (kind, body) = s.recv_frame()?;
-            accept(&mut s, server_key.as_ref(), (kind, &body))
+            accept(&mut s, server_key.as_ref(), (kind, &body), sealed)
                 .inspect_err(|e| drop(s.send_frame(MsgKind::Error, &refusal(e))))
         });
         let r = match client_key {
-            Some(k) => connect(&mut c, &AuthKey::from_bytes(k).unwrap(), "peer").map(Some),
+            Some((k, w)) => connect(&mut c, &AuthKey::from_bytes(k).unwrap().with_wire(w), "peer", sealed).map(Some),
             None => c.send_frame(MsgKind::Describe, b"d").map(|_| None),
         };
         drop(c);
@@ -328,6 +410,31 @@ mod tests {
         assert!(c.is_ok() && s.is_ok());
     }
 
+    /// Keyed peers that seal with different `wire_security` are refused at
+    /// the authentication, each naming both modes, when the connection is
+    /// to be sealed; a connection that stays unsealed (a Unix IPC channel)
+    /// does not care. A relay that changes a mode byte on the way breaks
+    /// the proofs, which cover both.
+    #[test]
+    fn a_wire_security_mismatch_is_refused_naming_both_modes() {
+        let k = [7u8; 32];
+        let (i, e) = (WireSecurity::Integrity, WireSecurity::Encrypt);
+        for (cw, sw) in [(i, e), (e, i)] {
+            let (c, s) = run_sealed(Some((&k, cw)), Some((&k, sw)), true);
+            let (c, s) = (c.unwrap_err(), s.unwrap_err());
+            for (err, ours, theirs) in [(&c, cw, sw), (&s, sw, cw)] {
+                assert_eq!(err.status(), Status::PermissionDenied, "{err}");
+                let names = format!("seals with \"{}\", this engine with \"{}\"", theirs.name(), ours.name());
+                assert!(err.message().contains("wire_security mismatch") && err.message().contains(&names), "{err}");
+            }
+            let (c, s) = run_sealed(Some((&k, cw)), Some((&k, sw)), false);
+            assert!(c.is_ok() && s.is_ok(), "an unsealed connection refused for its modes");
+        }
+        // The same mode passes.
+        let (c, s) = run_sealed(Some((&k, e)), Some((&k, e)), true);
+        assert!(c.unwrap().is_some() && s.unwrap().is_some());
+    }
+
     /// A client that does not know the key but sends a proof of the right
     /// length (or of another length) is refused by the server, which then
     /// sends no AuthOk.
@@ -339,11 +446,11 @@ mod tests {
             let k = key.clone();
             let t = std::thread::spawn(move || {
                 let (kind, body) = s.recv_frame()?;
-                let r = accept(&mut s, Some(&k), (kind, &body));
+                let r = accept(&mut s, Some(&k), (kind, &body), true);
                 drop(s);
                 r
             });
-            c.send_frame(MsgKind::AuthChallenge, &[9u8; NONCE_LEN]).unwrap();
+            c.send_frame(MsgKind::AuthChallenge, &[0u8; NONCE_LEN + 1]).unwrap();
             let (kind, _) = c.recv_frame().unwrap();
             assert_eq!(kind, MsgKind::AuthResponse);
             c.send_frame(MsgKind::AuthProof, &proof).unwrap();
@@ -361,15 +468,16 @@ mod tests {
         let (mut c, mut s) = pipes();
         let k = key.clone();
         let t = std::thread::spawn(move || {
-            let (_, theirs) = s.recv_frame().unwrap();
+            let (_, challenge) = s.recv_frame().unwrap();
             let mine = [4u8; NONCE_LEN];
             let mut body = mine.to_vec();
-            body.extend_from_slice(&k.tag(SERVER_LABEL, &theirs, &mine));
+            body.push(0);
+            body.extend_from_slice(&k.tag(SERVER_LABEL, &[&challenge[..NONCE_LEN], &mine[..]].concat(), &[0, 0]));
             s.send_frame(MsgKind::AuthResponse, &body).unwrap();
             s.recv_frame().unwrap();
             s.send_frame(MsgKind::AuthOk, b"x").unwrap();
         });
-        let e = connect(&mut c, &key, "peer").unwrap_err();
+        let e = connect(&mut c, &key, "peer", true).unwrap_err();
         assert_eq!(e.status(), Status::ProtocolError, "{e}");
         t.join().unwrap();
     }
@@ -436,12 +544,13 @@ mod tests {
         let (mut c, mut s) = pipes();
         let k2 = key.clone();
         let t = std::thread::spawn(move || {
-            let (_, n) = s.recv_frame().unwrap();
-            let mut body = n.clone();
-            body.extend_from_slice(&k2.tag(CLIENT_LABEL, &n, &n));
+            let (_, challenge) = s.recv_frame().unwrap();
+            let n = &challenge[..NONCE_LEN];
+            let mut body = challenge.clone();
+            body.extend_from_slice(&k2.tag(CLIENT_LABEL, &[n, n].concat(), &[0, 0]));
             s.send_frame(MsgKind::AuthResponse, &body).unwrap();
         });
-        assert_eq!(connect(&mut c, &key, "peer").unwrap_err().status(), Status::PermissionDenied);
+        assert_eq!(connect(&mut c, &key, "peer", true).unwrap_err().status(), Status::PermissionDenied);
         t.join().unwrap();
     }
 

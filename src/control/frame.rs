@@ -75,6 +75,13 @@ pub enum MsgKind {
     CloseReceipt = 26,
     /// IPC: acknowledgement of a receipt.
     Ack = 27,
+    /// IPC (MNNVL): ask the source for its probe allocation's handle. Sent
+    /// only to a source whose Describe carries the probe capability (an
+    /// older one would end the channel on an unknown kind).
+    MnnvlProbe = 28,
+    /// IPC (MNNVL): the source's fabric place and its probe handle (an fd
+    /// travels with a POSIX-fd one).
+    MnnvlProbeAnswer = 29,
 }
 
 impl MsgKind {
@@ -108,6 +115,8 @@ impl MsgKind {
             25 => MsgKind::OpComplete,
             26 => MsgKind::CloseReceipt,
             27 => MsgKind::Ack,
+            28 => MsgKind::MnnvlProbe,
+            29 => MsgKind::MnnvlProbeAnswer,
             _ => return None,
         })
     }

@@ -53,11 +53,27 @@ fn stat_fields(pid: u32) -> Option<String> {
     stat.rfind(')').map(|i| stat[i + 1..].to_string())
 }
 
-/// Whether process `pid` has exited and waits to be reaped (a zombie, or
-/// dead): the kernel released its memory, and with it every mapping it
-/// held, before it became one.
+/// Whether the thread-group leader of process `pid` has exited (a zombie,
+/// or dead). Alone that does not prove the process gone: its other threads
+/// may still run ([`all_threads_exited`]).
 pub fn is_zombie(pid: u32) -> bool {
     stat_fields(pid).is_some_and(|rest| matches!(rest.split_whitespace().next(), Some("Z" | "X")))
+}
+
+/// Whether every thread of process `pid` has exited (or the process is
+/// gone): a zombie leader alone is not enough, since a leader that called
+/// `pthread_exit` stays a zombie while the process's other threads run
+/// (and keep its memory). Threads are read from `/proc/PID/task`.
+pub fn all_threads_exited(pid: u32) -> bool {
+    if !is_zombie(pid) {
+        return stat_fields(pid).is_none();
+    }
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return true };
+    tasks.flatten().all(|t| {
+        let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+        let state = stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next().map(str::to_string));
+        state.is_none_or(|s| s == "Z" || s == "X")
+    })
 }
 
 /// Whether process `pid` of this PID namespace may still run: `/proc`

@@ -68,6 +68,7 @@ pub const FABRIC: &[&str] = &[
     "cuMemGetAddressRange_v2",
     "cuDeviceGetAttribute",
     "cuDeviceCanAccessPeer",
+    "cuMemsetD8Async",
 ];
 
 static DRIVER: OnceCell<std::result::Result<Driver, Error>> = OnceCell::new();
@@ -292,4 +293,21 @@ pub fn device_with_uuid(uuid: &[u8; 16]) -> Option<i32> {
         return None;
     }
     uuids().iter().position(|u| u.as_ref() == Some(uuid)).map(|i| i as i32)
+}
+
+/// The name the driver gives visible device `device` (`cuDeviceGetName`,
+/// when the driver exports it).
+pub fn device_name(device: i32) -> Option<String> {
+    check_device(device).ok()?;
+    if !has_symbol("cuDeviceGetName") {
+        return None;
+    }
+    let mut d = 0;
+    // SAFETY: the driver was probed; writes one device handle.
+    check(unsafe { sys::cuDeviceGet(&mut d, device) }, "cuDeviceGet").ok()?;
+    let mut name = [0 as std::ffi::c_char; 256];
+    // SAFETY: symbol probed; writes at most name.len() bytes, NUL-terminated.
+    check(unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, d) }, "cuDeviceGetName").ok()?;
+    // SAFETY: the driver NUL-terminated it within the buffer.
+    Some(unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned())
 }

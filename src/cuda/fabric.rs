@@ -389,10 +389,14 @@ pub fn export(base: u64, ty: HandleType) -> Result<Exported> {
     let handle = match ty {
         HandleType::Fabric => {
             if e.ops.handles.0 & FABRIC.0 == 0 {
-                return Err(Error::NotSupported(
-                    "fabric handles do not work on this machine (no IMEX channel?); configure handle_type posix_fd for same-host peers"
-                        .into(),
-                ));
+                let cause = super::fabric_cause::Cause::AllocationNotFabric;
+                return Err(Error::NotSupported(format!(
+                    "{}: the allocation at 0x{base:x} was created without fabric handles (its requested handle \
+                     types lack CU_MEM_HANDLE_TYPE_FABRIC: a caller's VMM memory wrapped without them, or memory \
+                     allocated while a fabric export did not work here), so it cannot be exported to a peer; {}",
+                    cause.name(),
+                    cause.remedy()
+                )));
             }
             let mut fh = sys::CUmemFabricHandle { data: [0; FABRIC_HANDLE_BYTES] };
             // SAFETY: exports the allocation's handle into 64 bytes.
@@ -559,4 +563,214 @@ pub fn handle_placement(handle: u64) -> Result<Placement> {
         sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_HOST_NUMA => Ok(Placement::HostNuma(pr.location.id)),
         other => Err(Error::NotSupported(format!("VMM memory placed at {other:?} cannot be exported over MNNVL"))),
     }
+}
+
+/// Whether GPU `device` says it supports fabric handles
+/// (`CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED`). It can say yes
+/// while no IMEX channel lets this process use them: only a real export
+/// proves that ([`ProbeAllocation`]).
+pub fn fabric_attribute(device: i32) -> Result<bool> {
+    check_device(device)?;
+    fabric_ready()?;
+    let mut dev = 0;
+    // SAFETY: the driver was probed; writes one device handle.
+    check(unsafe { sys::cuDeviceGet(&mut dev, device) }, "cuDeviceGet")?;
+    let mut v = 0;
+    let attr = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED;
+    // SAFETY: the symbol is among the fabric ones probed; writes one int.
+    check(unsafe { sys::cuDeviceGetAttribute(&mut v, attr, dev) }, "cuDeviceGetAttribute (fabric handles)")?;
+    Ok(v != 0)
+}
+
+/// A failed step of a probe: which driver call, its result (`None` when
+/// the failure was not the driver's answer) and the error in words.
+#[derive(Debug, Clone)]
+pub struct ProbeFailure {
+    /// The driver call that failed.
+    pub step: &'static str,
+    /// Its `CUresult`, when the driver answered.
+    pub code: Option<i32>,
+    /// The error.
+    pub error: Error,
+}
+
+impl ProbeFailure {
+    fn of(step: &'static str, error: Error) -> ProbeFailure {
+        ProbeFailure { step, code: None, error }
+    }
+
+    fn driver(step: &'static str, r: sys::CUresult) -> ProbeFailure {
+        let error = check(r, step).expect_err("a failed result");
+        ProbeFailure { step, code: Some(r as i32), error }
+    }
+}
+
+fn probe_step(r: sys::CUresult, step: &'static str) -> std::result::Result<(), ProbeFailure> {
+    if r == sys::CUresult::CUDA_SUCCESS {
+        Ok(())
+    } else {
+        Err(ProbeFailure::driver(step, r))
+    }
+}
+
+/// A small VMM allocation made, zeroed and exported with an engine's MNNVL
+/// handle type at its start, before MNNVL is advertised: the attribute can
+/// say yes while the process may not create or export such memory (no IMEX
+/// channel), so only a real export proves it. It stays, exported, for the
+/// probe imports of peers (its bytes are zero: a peer learns nothing from
+/// them), and is freed when dropped.
+pub struct ProbeAllocation {
+    alloc: VmmAllocation,
+    ops: CudaVmm,
+    granularity: u64,
+    fabric: Option<[u8; FABRIC_HANDLE_BYTES]>,
+    fd: Option<OwnedFd>,
+}
+
+/// The probe's shareable handle, for one peer.
+pub enum ProbeHandle {
+    /// Its fabric handle.
+    Fabric([u8; FABRIC_HANDLE_BYTES]),
+    /// A descriptor of its POSIX-fd export, made for this peer.
+    PosixFd(OwnedFd),
+}
+
+impl ProbeAllocation {
+    /// Creates, maps, zeroes and exports one granule on GPU `device` with
+    /// handle type `ty`.
+    pub fn new(device: i32, ty: HandleType) -> std::result::Result<ProbeAllocation, ProbeFailure> {
+        check_device(device).map_err(|e| ProbeFailure::of("device", e))?;
+        fabric_ready().map_err(|e| ProbeFailure::of("fabric symbols", e))?;
+        let ctx = primary_context(device).map_err(|e| ProbeFailure::of("cuDevicePrimaryCtxRetain", e))?;
+        let handles = match ty {
+            HandleType::Fabric => FABRIC,
+            HandleType::PosixFd => POSIX_FD,
+        };
+        let ops = CudaVmm { placement: Placement::Device(device), handles, ctx };
+        let granularity = ops.granularity().map_err(|e| ProbeFailure::of("cuMemGetAllocationGranularity", e))?;
+        let g = ContextGuard::bind(ctx).map_err(|e| ProbeFailure::of("cuCtxSetCurrent", e))?;
+        let pr = prop(Placement::Device(device), handles);
+        let mut h: sys::CUmemGenericAllocationHandle = 0;
+        // SAFETY: writes one handle; pr is a valid property block.
+        probe_step(unsafe { sys::cuMemCreate(&mut h, granularity as usize, &pr, 0) }, "cuMemCreate")?;
+        let release = |h| {
+            // SAFETY: our fresh handle, not mapped.
+            let _ = unsafe { sys::cuMemRelease(h) };
+        };
+        let va = match ops.reserve(granularity) {
+            Ok(va) => va,
+            Err(e) => {
+                release(h);
+                return Err(ProbeFailure::of("cuMemAddressReserve", e));
+            }
+        };
+        if let Err(e) = ops.map(va, granularity, h) {
+            release(h);
+            let _ = ops.address_free(va, granularity);
+            return Err(ProbeFailure::of("cuMemMap", e));
+        }
+        // Mapped: from here on a failure drops the probe, which unmaps,
+        // releases and frees the range.
+        let alloc =
+            VmmAllocation { va, physical: granularity, handle: h, state: VmmState::Mapped, exports: 0, owned: true };
+        let mut probe = ProbeAllocation { alloc, ops, granularity, fabric: None, fd: None };
+        probe.ops.set_access(va, granularity).map_err(|e| ProbeFailure::of("cuMemSetAccess", e))?;
+        // Zeroed on a stream of its own that waits for nobody (a context
+        // or legacy-stream synchronisation would wait for the
+        // application's work).
+        let mut stream: sys::CUstream = std::ptr::null_mut();
+        let non_blocking = sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32;
+        // SAFETY: writes one stream handle in the bound context.
+        probe_step(unsafe { sys::cuStreamCreate(&mut stream, non_blocking) }, "cuStreamCreate")?;
+        // SAFETY: the mapping made above, on that stream.
+        let set = unsafe { sys::cuMemsetD8Async(va, 0, granularity as usize, stream) };
+        // SAFETY: our stream, waited for and destroyed here.
+        let synced = unsafe { sys::cuStreamSynchronize(stream) };
+        // SAFETY: as above; its work is done (or failed).
+        let _ = unsafe { sys::cuStreamDestroy_v2(stream) };
+        probe_step(set, "cuMemsetD8Async")?;
+        probe_step(synced, "cuStreamSynchronize")?;
+        match ty {
+            HandleType::Fabric => {
+                let mut fh = sys::CUmemFabricHandle { data: [0; FABRIC_HANDLE_BYTES] };
+                // SAFETY: exports our handle into a 64-byte buffer.
+                let r = unsafe {
+                    sys::cuMemExportToShareableHandle((&mut fh as *mut sys::CUmemFabricHandle).cast(), h, FABRIC, 0)
+                };
+                probe_step(r, "cuMemExportToShareableHandle (fabric)")?;
+                probe.fabric = Some(fh.data);
+            }
+            HandleType::PosixFd => {
+                let mut fd: libc::c_int = -1;
+                // SAFETY: exports into one int fd that we then own.
+                let r =
+                    unsafe { sys::cuMemExportToShareableHandle((&mut fd as *mut libc::c_int).cast(), h, POSIX_FD, 0) };
+                probe_step(r, "cuMemExportToShareableHandle (posix fd)")?;
+                // SAFETY: a fresh fd from the driver, owned here.
+                probe.fd = Some(unsafe { OwnedFd::from_raw_fd(fd) });
+            }
+        }
+        g.restore().map_err(|e| ProbeFailure::of("cuCtxSetCurrent", e))?;
+        Ok(probe)
+    }
+
+    /// Physical bytes (one granule).
+    pub fn physical(&self) -> u64 {
+        self.alloc.physical
+    }
+
+    /// The granularity it was made with.
+    pub fn granularity(&self) -> u64 {
+        self.granularity
+    }
+
+    /// Its handle for one peer (a POSIX-fd export hands each peer a
+    /// descriptor of its own).
+    pub fn handle(&self) -> Result<ProbeHandle> {
+        match (&self.fabric, &self.fd) {
+            (Some(f), _) => Ok(ProbeHandle::Fabric(*f)),
+            (None, Some(fd)) => fd
+                .try_clone()
+                .map(ProbeHandle::PosixFd)
+                .map_err(|e| Error::io("duplicating the probe's descriptor", &e)),
+            (None, None) => Err(Error::Unavailable("the probe allocation has no export".into())),
+        }
+    }
+}
+
+impl Drop for ProbeAllocation {
+    fn drop(&mut self) {
+        // Imports of it elsewhere hold their own references to the memory.
+        let _ = self.alloc.free(&self.ops);
+    }
+}
+
+/// Imports a peer's probe handle in GPU `device`'s context and releases it
+/// again: what decides whether MNNVL is used toward that peer (the IMEX
+/// domain's refusals happen at the import; a GPU without a path to the
+/// memory is refused later, per group, naming it). The driver's refusal is
+/// opaque (every IMEX-domain reason reads "invalid resource handle"): its
+/// result is kept for the caller to explain.
+pub fn probe_import(received: Received<'_>, device: i32) -> std::result::Result<(), ProbeFailure> {
+    let ctx = primary_context(device).map_err(|e| ProbeFailure::of("cuDevicePrimaryCtxRetain", e))?;
+    let g = ContextGuard::bind(ctx).map_err(|e| ProbeFailure::of("cuCtxSetCurrent", e))?;
+    let mut h: sys::CUmemGenericAllocationHandle = 0;
+    let r = match received {
+        Received::Fabric(data) => {
+            let mut fh = sys::CUmemFabricHandle { data: *data };
+            // SAFETY: imports from a 64-byte fabric handle; the driver checks it.
+            unsafe {
+                sys::cuMemImportFromShareableHandle(&mut h, (&mut fh as *mut sys::CUmemFabricHandle).cast(), FABRIC)
+            }
+        }
+        // SAFETY: the driver takes the fd value as the OS handle.
+        Received::PosixFd(fd) => unsafe {
+            sys::cuMemImportFromShareableHandle(&mut h, fd.as_raw_fd() as usize as *mut _, POSIX_FD)
+        },
+    };
+    probe_step(r, "cuMemImportFromShareableHandle")?;
+    // SAFETY: the handle just imported, not mapped.
+    let released = probe_step(unsafe { sys::cuMemRelease(h) }, "cuMemRelease");
+    g.restore().map_err(|e| ProbeFailure::of("cuCtxSetCurrent", e))?;
+    released
 }

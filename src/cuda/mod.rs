@@ -14,6 +14,7 @@
 
 use crate::error::Result;
 
+pub mod fabric_cause;
 pub mod stream_pool;
 pub mod vmm;
 
@@ -23,6 +24,10 @@ pub mod driver;
 pub mod fabric;
 #[cfg(feature = "cuda")]
 pub mod host_pin;
+#[cfg(feature = "cuda")]
+pub mod imex;
+#[cfg(feature = "cuda")]
+pub mod nvml;
 #[cfg(feature = "cuda")]
 pub mod raw;
 #[cfg(feature = "cuda")]

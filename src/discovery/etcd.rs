@@ -266,7 +266,7 @@ async fn connect_and_claim(cfg: &DiscoveryConfig, me: &Me, period: Duration) -> 
 async fn claim(client: &mut etcd_client::Client, cfg: &DiscoveryConfig, me: &Me) -> Result<i64> {
     let lease = client.lease_grant(cfg.ttl_s as i64, None).await.map_err(|e| unreachable(cfg, &e.to_string()))?.id();
     let key = cfg.key(&me.record.name);
-    let value = me.record.stored(me.key.as_ref());
+    let value = cfg.store(&me.record, me.key.as_ref());
     let txn = Txn::new()
         .when(vec![Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
         .and_then(vec![TxnOp::put(key.clone(), value.clone(), Some(PutOptions::new().with_lease(lease)))])
@@ -277,7 +277,7 @@ async fn claim(client: &mut etcd_client::Client, cfg: &DiscoveryConfig, me: &Me)
     }
     let held = resp.op_responses().into_iter().find_map(|r| match r {
         TxnOpResponse::Get(g) => {
-            g.kvs().first().map(|kv| (kv.mod_revision(), Record::read(kv.value(), me.key.as_ref())))
+            g.kvs().first().map(|kv| (kv.mod_revision(), cfg.read(&me.record.name, kv.value(), me.key.as_ref())))
         }
         _ => None,
     });
@@ -325,13 +325,15 @@ impl State {
         let r = self.client.get(self.cfg.key(name), None).await.map_err(|e| unreachable(&self.cfg, &e.to_string()))?;
         Ok(match r.kvs().first() {
             None => Found::Absent,
-            Some(kv) => self.read(kv.value()),
+            Some(kv) => self.read(name, kv.value()),
         })
     }
 
-    /// A stored value, read with this engine's key (an invalid one counted).
-    fn read(&self, value: &[u8]) -> Found {
-        match Record::read(value, self.me.key.as_ref()) {
+    /// The value stored under `name`, read with this engine's key (an
+    /// invalid one counted: also a record of another name, or one signed
+    /// for another key of etcd).
+    fn read(&self, name: &str, value: &[u8]) -> Found {
+        match self.cfg.read(name, value, self.me.key.as_ref()) {
             Ok(r) => Found::Valid(r),
             Err(_) => {
                 self.stats.lock().invalid_records += 1;
@@ -355,14 +357,17 @@ impl State {
             None => Compare::create_revision(key.clone(), CompareOp::Equal, 0),
             Some(kv) => {
                 let ours = kv.lease() == lease
-                    && Record::read(kv.value(), self.me.key.as_ref()).is_ok_and(|h| h.epoch == epoch);
+                    && self
+                        .cfg
+                        .read(&self.me.record.name, kv.value(), self.me.key.as_ref())
+                        .is_ok_and(|h| h.epoch == epoch);
                 if ours {
                     return;
                 }
                 Compare::mod_revision(key.clone(), CompareOp::Equal, kv.mod_revision())
             }
         };
-        let value = self.me.record.stored(self.me.key.as_ref());
+        let value = self.cfg.store(&self.me.record, self.me.key.as_ref());
         let txn = Txn::new().when(vec![unchanged]).and_then(vec![TxnOp::put(
             key,
             value,
@@ -435,7 +440,7 @@ impl State {
             let name = String::from_utf8_lossy(name).into_owned();
             let found = match ev.event_type() {
                 EventType::Delete => Found::Absent,
-                EventType::Put => self.read(kv.value()),
+                EventType::Put => self.read(&name, kv.value()),
             };
             self.check_found(&name, found);
         }

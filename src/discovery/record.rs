@@ -52,30 +52,45 @@ pub struct Record {
     pub sig: Option<String>,
 }
 
-/// The label of a record's signature.
-const SIG_LABEL: &[u8] = b"orbite-discovery-v1 record";
+/// The label of a record's signature. (v2: the signature covers the key
+/// the record is stored under.)
+const SIG_LABEL: &[u8] = b"orbite-discovery-v2 record";
 
 impl Record {
-    /// The bytes a signature covers: the record without its signature.
-    fn signed_bytes(&self) -> Vec<u8> {
-        serde_json::to_vec(&Record { sig: None, ..self.clone() }).expect("a record serialises")
+    /// The bytes a signature covers: the etcd key `at` the record is
+    /// stored under, then the record without its signature. A record
+    /// copied under another name (or prefix) fails its signature.
+    fn signed_bytes(&self, at: &str) -> Vec<u8> {
+        let mut b = (at.len() as u64).to_le_bytes().to_vec();
+        b.extend_from_slice(at.as_bytes());
+        b.extend(serde_json::to_vec(&Record { sig: None, ..self.clone() }).expect("a record serialises"));
+        b
+    }
+}
+
+impl DiscoveryConfig {
+    /// `r` as stored under its name's key: signed with `key`, when there
+    /// is one, over that key and the record.
+    pub fn store(&self, r: &Record, key: Option<&AuthKey>) -> String {
+        let at = self.key(&r.name);
+        let sig = key.map(|k| k.sign(SIG_LABEL, &r.signed_bytes(&at)).iter().map(|b| format!("{b:02x}")).collect());
+        serde_json::to_string(&Record { sig, ..r.clone() }).expect("a record serialises")
     }
 
-    /// The record as stored: signed with `key` when there is one.
-    pub fn stored(&self, key: Option<&AuthKey>) -> String {
-        let sig = key.map(|k| k.sign(SIG_LABEL, &self.signed_bytes()).iter().map(|b| format!("{b:02x}")).collect());
-        serde_json::to_string(&Record { sig, ..self.clone() }).expect("a record serialises")
-    }
-
-    /// Reads a stored value: the record, or why it is not a valid one (not
-    /// a record; with `key`, unsigned or signed by another key).
-    pub fn read(value: &[u8], key: Option<&AuthKey>) -> std::result::Result<Record, String> {
+    /// Reads the value stored under engine `name`'s key: the record, or
+    /// why it is not a valid one there (not a record; a record of another
+    /// name; with `key`, unsigned, signed by another key, or signed for
+    /// another key of etcd).
+    pub fn read(&self, name: &str, value: &[u8], key: Option<&AuthKey>) -> std::result::Result<Record, String> {
         let r: Record = serde_json::from_slice(value).map_err(|e| format!("not an engine record ({e})"))?;
+        if r.name != name {
+            return Err(format!("a record of engine {:?} stored under the name {name:?}", r.name));
+        }
         let Some(key) = key else { return Ok(r) };
         let sig = r.sig.as_deref().ok_or("a record without the signature this engine's auth key requires")?;
         let tag = hex(sig).ok_or("a record whose signature is not hex")?;
-        if !key.check(SIG_LABEL, &r.signed_bytes(), &tag) {
-            return Err("a record not signed with this engine's auth key".into());
+        if !key.check(SIG_LABEL, &r.signed_bytes(&self.key(name)), &tag) {
+            return Err("a record not signed with this engine's auth key for this key of etcd".into());
         }
         Ok(r)
     }
@@ -152,6 +167,10 @@ mod tests {
         }
     }
 
+    fn cfg(prefix: &str) -> DiscoveryConfig {
+        DiscoveryConfig { etcd: vec![], prefix: prefix.into(), ttl_s: 10 }
+    }
+
     #[test]
     fn urls_keys_and_records() {
         assert!(check_url("http://127.0.0.1:2379").is_ok());
@@ -159,35 +178,54 @@ mod tests {
         for bad in ["127.0.0.1:2379", "https://h:1", "http://h", "http://h:0", "http://:1", "http://h:1/x"] {
             assert!(check_url(bad).is_err(), "{bad}");
         }
-        let c = DiscoveryConfig { etcd: vec![], prefix: "/orbite/".into(), ttl_s: 10 };
+        let c = cfg("/orbite/");
         assert_eq!(c.key("a"), "/orbite/engines/a");
         assert_eq!(c.engines_prefix(), "/orbite/engines/");
         let r = sample();
-        assert_eq!(Record::read(r.stored(None).as_bytes(), None), Ok(r.clone()));
-        assert!(Record::read(b"{", None).unwrap_err().contains("not an engine record"));
+        assert_eq!(c.read("a", c.store(&r, None).as_bytes(), None), Ok(r.clone()));
+        assert!(c.read("a", b"{", None).unwrap_err().contains("not an engine record"));
         // A record of an engine from before pid_ns reads with 0.
         let old = br#"{"name":"a","endpoint":"1.2.3.4:5","epoch":7,"capabilities":3,"boot_id":"ab","pid":9}"#;
-        assert_eq!(Record::read(old, None).unwrap().pid_ns, 0);
+        assert_eq!(c.read("a", old, None).unwrap().pid_ns, 0);
     }
 
     #[test]
     fn with_a_key_only_records_it_signed_are_read() {
+        let c = cfg("/orbite");
         let key = AuthKey::from_bytes(&[7u8; 32]).unwrap();
         let other = AuthKey::from_bytes(&[8u8; 32]).unwrap();
         let r = sample();
-        let signed = r.stored(Some(&key));
-        let read = Record::read(signed.as_bytes(), Some(&key)).unwrap();
+        let signed = c.store(&r, Some(&key));
+        let read = c.read("a", signed.as_bytes(), Some(&key)).unwrap();
         assert_eq!(Record { sig: None, ..read }, r);
         // Without a key the signature is not needed, and not in the way.
-        assert_eq!(Record { sig: None, ..Record::read(signed.as_bytes(), None).unwrap() }, r);
-        let unsigned = r.stored(None);
-        assert!(Record::read(unsigned.as_bytes(), Some(&key)).unwrap_err().contains("without the signature"));
-        let by_other = r.stored(Some(&other));
-        assert!(Record::read(by_other.as_bytes(), Some(&key)).unwrap_err().contains("not signed with"));
+        assert_eq!(Record { sig: None, ..c.read("a", signed.as_bytes(), None).unwrap() }, r);
+        let unsigned = c.store(&r, None);
+        assert!(c.read("a", unsigned.as_bytes(), Some(&key)).unwrap_err().contains("without the signature"));
+        let by_other = c.store(&r, Some(&other));
+        assert!(c.read("a", by_other.as_bytes(), Some(&key)).unwrap_err().contains("not signed with"));
         // Any field changed after signing breaks the signature.
         let moved = signed.replace("1.2.3.4:5", "6.6.6.6:6");
-        assert!(Record::read(moved.as_bytes(), Some(&key)).unwrap_err().contains("not signed with"));
+        assert!(c.read("a", moved.as_bytes(), Some(&key)).unwrap_err().contains("not signed with"));
         let garbled = signed.replace("\"sig\":\"", "\"sig\":\"zz");
-        assert!(Record::read(garbled.as_bytes(), Some(&key)).unwrap_err().contains("not hex"));
+        assert!(c.read("a", garbled.as_bytes(), Some(&key)).unwrap_err().contains("not hex"));
+    }
+
+    /// A record is bound to the name and the key of etcd it is stored
+    /// under: read under another name it is refused (with or without a
+    /// key), and its signature does not hold under another prefix.
+    /// Guards the name check of `DiscoveryConfig::read` and the key of
+    /// etcd in `signed_bytes`.
+    #[test]
+    fn a_record_read_under_another_name_or_prefix_is_refused() {
+        let c = cfg("/orbite");
+        let key = AuthKey::from_bytes(&[7u8; 32]).unwrap();
+        let signed = c.store(&sample(), Some(&key));
+        for k in [None, Some(&key)] {
+            let e = c.read("b", signed.as_bytes(), k).unwrap_err();
+            assert!(e.contains("a record of engine \"a\" stored under the name \"b\""), "{e}");
+        }
+        let e = cfg("/elsewhere").read("a", signed.as_bytes(), Some(&key)).unwrap_err();
+        assert!(e.contains("not signed with"), "{e}");
     }
 }

@@ -11,6 +11,7 @@ use crate::control::message;
 use crate::counters::Counters;
 use crate::engine::config::EngineConfig;
 use crate::error::{Error, Result, Status};
+use crate::log::{Level, Logger};
 use crate::sync::admission::Gate;
 use crate::sync::deadline::Deadline;
 use crate::transport::ipc::channel::{Channel, Frame};
@@ -18,9 +19,9 @@ use crate::transport::ipc::source::IpcSourceContext;
 use crate::transport::reactor::{Reactor, Served};
 use crate::transport::tcp::handshake;
 use crate::transport::tcp::{self, SourceContext};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::net::{IpAddr, Shutdown, TcpListener, TcpStream};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -35,6 +36,10 @@ pub(crate) struct Listeners {
     incoming: Mutex<HashMap<u64, Incoming>>,
     next_incoming: AtomicU64,
     accept_threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Threads of handshakes that ended unfinished and dropped their
+    /// record, not joined yet (an IPC channel's: `true`): still threads
+    /// until they have returned.
+    ending: Mutex<Vec<(bool, JoinHandle<()>)>>,
     /// Most incoming control connections (and fabric channels) served at once.
     limit: usize,
     /// Most incoming IPC channels (Unix) served at once.
@@ -54,6 +59,9 @@ pub(crate) struct Listeners {
     counters: Arc<Counters>,
     /// The I/O threads that serve handshaken control connections.
     reactor: Arc<Reactor>,
+    /// The engine's logger: each handshaken connection is logged at
+    /// `info` when it starts and when it ends.
+    log: Arc<Logger>,
 }
 
 impl Listeners {
@@ -65,7 +73,7 @@ impl Listeners {
         auth: Option<AuthKey>,
         stopping: Arc<AtomicBool>,
         source_gate: Arc<Gate>,
-        counters: Arc<Counters>,
+        (counters, log): (Arc<Counters>, Arc<Logger>),
         reactor: Arc<Reactor>,
     ) -> Arc<Listeners> {
         Arc::new(Listeners {
@@ -74,6 +82,7 @@ impl Listeners {
             incoming: Mutex::new(HashMap::new()),
             next_incoming: AtomicU64::new(1),
             accept_threads: Mutex::new(Vec::new()),
+            ending: Mutex::new(Vec::new()),
             limit: config.max_incoming_connections as usize,
             ipc_limit: config.max_ipc_channels as usize,
             pending_max: config.max_pending_handshakes as usize,
@@ -84,6 +93,7 @@ impl Listeners {
             source_gate,
             counters,
             reactor,
+            log,
         })
     }
 
@@ -116,6 +126,10 @@ impl Listeners {
         for mut inc in all {
             inc.stop();
         }
+        let ending: Vec<_> = self.ending.lock().drain(..).collect();
+        for (_, t) in ending {
+            let _ = t.join();
+        }
     }
 
     /// Wakes the accept threads (the engine's `stopping` is set) and waits
@@ -141,6 +155,30 @@ enum ConnHandle {
     Unix(UnixStream),
 }
 
+/// Where a connection in its handshake comes from, as the kernel says:
+/// the pending handshakes are shared fairly among origins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Origin {
+    /// A TCP connection's source address (an IPv6 one's /64, which one
+    /// host commonly holds whole).
+    Addr(IpAddr),
+    /// An IPC channel's peer process (`SO_PEERCRED`).
+    Process(u32),
+}
+
+impl Origin {
+    /// The origin of a TCP connection from `ip`.
+    fn of(ip: IpAddr) -> Origin {
+        match ip {
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => Origin::Addr(IpAddr::V4(v4)),
+                None => Origin::Addr(IpAddr::V6((u128::from(v6) & !((1u128 << 64) - 1)).into())),
+            },
+            v4 => Origin::Addr(v4),
+        }
+    }
+}
+
 /// A served connection: its socket, the thread that serves it (IPC
 /// channels) or answered its handshake (control connections), and, once
 /// handshaken, the control connection its I/O thread serves.
@@ -148,23 +186,47 @@ struct Incoming {
     conn: ConnHandle,
     thread: Option<JoinHandle<()>>,
     served: Option<Arc<dyn Served>>,
-    /// Where a TCP connection comes from.
-    from: Option<IpAddr>,
+    /// Where it comes from.
+    from: Option<Origin>,
+    /// A TCP connection's peer address and port.
+    addr: Option<SocketAddr>,
     /// Its handshake completed and it took a connection slot.
     handshaken: bool,
     /// Closed in its handshake for a newer one (no longer pending).
     evicted: bool,
+    /// Where its end is logged: set once it was logged accepted.
+    logged: Option<Arc<Logger>>,
 }
 
 impl Incoming {
-    fn new(conn: ConnHandle, from: Option<IpAddr>, thread: Option<JoinHandle<()>>) -> Incoming {
-        Incoming { conn, thread, served: None, from, handshaken: false, evicted: false }
+    fn new(conn: ConnHandle, from: Option<Origin>, thread: Option<JoinHandle<()>>) -> Incoming {
+        let addr = match &conn {
+            ConnHandle::Tcp(s) => s.peer_addr().ok(),
+            ConnHandle::Unix(_) => None,
+        };
+        Incoming { conn, thread, served: None, from, addr, handshaken: false, evicted: false, logged: None }
+    }
+
+    /// What it is and whom it comes from, for the log: "TCP connection
+    /// from 10.0.0.7:41234", "IPC channel from process 4242".
+    fn describe(&self) -> String {
+        match (&self.conn, self.addr, self.from) {
+            (ConnHandle::Tcp(_), Some(a), _) => format!("TCP connection from {a}"),
+            (ConnHandle::Tcp(_), None, _) => "TCP connection from an unknown address".into(),
+            (ConnHandle::Unix(_), _, Some(Origin::Process(pid))) => format!("IPC channel from process {pid}"),
+            (ConnHandle::Unix(_), _, _) => "IPC channel".into(),
+        }
+    }
+
+    /// An IPC channel (else a TCP connection).
+    fn is_unix(&self) -> bool {
+        matches!(self.conn, ConnHandle::Unix(_))
     }
 
     /// A connection still in its handshake (a TCP connection, or with
     /// `unix` an IPC channel).
     fn pending(&self, unix: bool) -> bool {
-        matches!(self.conn, ConnHandle::Unix(_)) == unix && !self.handshaken && !self.evicted
+        self.is_unix() == unix && !self.handshaken && !self.evicted
     }
 
     /// Closes its socket: the handshake thread's next read or write fails
@@ -177,6 +239,16 @@ impl Incoming {
             ConnHandle::Unix(s) => {
                 let _ = s.shutdown(Shutdown::Both);
             }
+        }
+    }
+}
+
+impl Drop for Incoming {
+    /// A connection logged accepted is logged ended when its record goes,
+    /// whichever way (its I/O thread's end, a refusal, the engine's stop).
+    fn drop(&mut self) {
+        if let Some(log) = self.logged.take() {
+            log.info(format_args!("incoming {} ended", self.describe()));
         }
     }
 }
@@ -207,21 +279,41 @@ fn handshaken_count(inc: &HashMap<u64, Incoming>, unix: bool) -> usize {
     inc.values().filter(|c| c.handshaken && matches!(c.conn, ConnHandle::Unix(_)) == unix).count()
 }
 
-/// Makes room for one more pending handshake from `from` (TCP) or of an
-/// IPC channel (`unix`): closes the oldest pending one of that address at
-/// its bound, then the oldest of all at the overall bound (ids grow with
-/// time); each is counted in `handshakes_abandoned` when its thread ends.
-fn make_room(inc: &mut HashMap<u64, Incoming>, unix: bool, from: Option<IpAddr>, per_address: usize, max: usize) {
-    let oldest = |inc: &HashMap<u64, Incoming>, same: bool| {
-        inc.iter().filter(|(_, c)| c.pending(unix) && (!same || c.from == from)).map(|(id, _)| *id).min()
+/// Makes room for one more pending handshake from `from`, a TCP
+/// connection or (`unix`) an IPC channel: at the origin's own bound its
+/// oldest pending one is closed; at the overall bound, the oldest pending
+/// one of the origin that holds the most (of those, the one waiting
+/// longest; ids grow with time). So however many origins churn, an origin
+/// with fewer pending handshakes than the others loses none of them to
+/// their churn, and when every origin holds one, a handshake is closed
+/// only once all older ones were. Each closed one is counted in
+/// `handshakes_abandoned` when its thread ends.
+fn make_room(inc: &mut HashMap<u64, Incoming>, unix: bool, from: Option<Origin>, per_origin: usize, max: usize) {
+    let evict = |inc: &mut HashMap<u64, Incoming>, id: u64| {
+        let rec = inc.get_mut(&id).expect("present");
+        rec.evicted = true;
+        rec.shut();
     };
-    for (same, bound) in [(true, per_address), (false, max)] {
-        while inc.values().filter(|c| c.pending(unix) && (!same || c.from == from)).count() >= bound {
-            let Some(id) = oldest(inc, same) else { break };
-            let rec = inc.get_mut(&id).expect("present");
-            rec.evicted = true;
-            rec.shut();
+    loop {
+        let mine = inc.iter().filter(|(_, c)| c.pending(unix) && c.from == from).map(|(id, _)| *id);
+        let (count, oldest) = mine.fold((0, u64::MAX), |(n, o), id| (n + 1, o.min(id)));
+        if count < per_origin {
+            break;
         }
+        evict(inc, oldest);
+    }
+    loop {
+        // Per origin: how many are pending, and the oldest of them.
+        let mut by: HashMap<Option<Origin>, (usize, u64)> = HashMap::new();
+        for (id, c) in inc.iter().filter(|(_, c)| c.pending(unix)) {
+            let e = by.entry(c.from).or_insert((0, u64::MAX));
+            *e = (e.0 + 1, e.1.min(*id));
+        }
+        if by.values().map(|(n, _)| n).sum::<usize>() < max {
+            break;
+        }
+        let Some(&(_, oldest)) = by.values().max_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1))) else { break };
+        evict(inc, oldest);
     }
 }
 
@@ -237,6 +329,54 @@ fn reap(inc: &mut HashMap<u64, Incoming>) {
 }
 
 impl Listeners {
+    /// Makes room for one more pending handshake (`make_room`), then, while
+    /// the handshake threads of that kind that have not ended unfinished
+    /// — pending, closed for a newer one, or ended and not joined — are
+    /// `max_pending_handshakes` or more, joins the one that ended first
+    /// (or the oldest closed one): a churn runs at most
+    /// `max_pending_handshakes` handshake threads of a kind, and the
+    /// accept loop goes no faster than they end. Returns the table's lock.
+    fn admit_pending<'a>(
+        &'a self,
+        mut inc: MutexGuard<'a, HashMap<u64, Incoming>>,
+        unix: bool,
+        from: Option<Origin>,
+    ) -> MutexGuard<'a, HashMap<u64, Incoming>> {
+        make_room(&mut inc, unix, from, self.pending_per_address, self.pending_max);
+        loop {
+            let running = |c: &&Incoming| c.is_unix() == unix && !c.handshaken && c.is_live();
+            let (mut threads, oldest_closed) =
+                inc.iter().filter(|(_, c)| running(c)).fold((0, None), |(n, o): (usize, Option<u64>), (id, c)| {
+                    (n + 1, if c.evicted { Some(o.map_or(*id, |o| o.min(*id))) } else { o })
+                });
+            let mut ending = self.ending.lock();
+            // Those that have returned are joined first (at once: they
+            // are gone but for their exit).
+            let (done, left): (Vec<_>, Vec<_>) = ending.drain(..).partition(|(_, t)| t.is_finished());
+            *ending = left;
+            if !done.is_empty() {
+                drop((ending, inc));
+                done.into_iter().for_each(|(_, t)| drop(t.join()));
+                inc = self.incoming.lock();
+                continue;
+            }
+            threads += ending.iter().filter(|(u, _)| *u == unix).count();
+            if threads < self.pending_max {
+                return inc;
+            }
+            let thread = match ending.iter().position(|(u, _)| *u == unix) {
+                Some(i) => Some(ending.remove(i).1),
+                // Its socket is shut: it ends as soon as it runs.
+                None => oldest_closed.and_then(|id| inc.get_mut(&id).and_then(|c| c.thread.take())),
+            };
+            drop(ending);
+            let Some(thread) = thread else { return inc };
+            drop(inc);
+            let _ = thread.join();
+            inc = self.incoming.lock();
+        }
+    }
+
     /// Connection `id` completed its handshake: it takes a connection slot,
     /// or is refused `RESOURCE_EXHAUSTED` when all are taken (or it was
     /// closed for a newer one meanwhile).
@@ -251,6 +391,11 @@ impl Listeners {
         match inc.get_mut(&id) {
             Some(rec) if !rec.evicted && taken < limit => {
                 rec.handshaken = true;
+                if self.log.enabled(Level::Info) {
+                    let how = if self.auth.is_some() { ", authenticated" } else { "" };
+                    self.log.info(format_args!("incoming {} accepted{how}", rec.describe()));
+                    rec.logged = Some(self.log.clone());
+                }
                 Ok(())
             }
             Some(rec) if !rec.evicted => {
@@ -286,7 +431,7 @@ impl Listeners {
         self: &Arc<Self>,
         inc: &mut HashMap<u64, Incoming>,
         conn: ConnHandle,
-        from: Option<IpAddr>,
+        from: Option<Origin>,
         name: &str,
         serve: impl FnOnce(u64, Box<dyn FnOnce() + Send>) -> Option<Arc<dyn Served>> + Send + 'static,
     ) {
@@ -308,11 +453,18 @@ impl Listeners {
                 l.counters.events.handshakes_abandoned.fetch_add(1, Ordering::Relaxed);
             }
             // The record (inserted under the lock the spawner holds) keeps
-            // the connection its I/O thread serves, or goes; dropping it
-            // detaches this thread's handle.
+            // the connection its I/O thread serves, or goes (its socket
+            // closes at once); an unfinished handshake's thread is joined
+            // by the accept loop, which counts it until then.
             match (served, inc.get_mut(&id)) {
                 (Some(c), Some(rec)) if !c.is_finished() => rec.served = Some(c),
-                _ => drop(inc.remove(&id)),
+                _ => {
+                    if let Some(mut rec) = inc.remove(&id) {
+                        if let Some(t) = rec.thread.take().filter(|_| !rec.handshaken) {
+                            l.ending.lock().push((rec.is_unix(), t));
+                        }
+                    }
+                }
             }
         };
         match std::thread::Builder::new().name(name.into()).spawn(run) {
@@ -329,7 +481,7 @@ impl Listeners {
             let mut inc = self.incoming.lock();
             reap(&mut inc);
             let limit = self.limit;
-            let from = stream.peer_addr().ok().map(|a| a.ip());
+            let from = stream.peer_addr().ok().map(|a| Origin::of(a.ip()));
             if handshaken_count(&inc, false) >= limit || !self.source_gate.is_open() {
                 drop(inc);
                 self.counters.events.connections_refused.fetch_add(1, Ordering::Relaxed);
@@ -347,7 +499,7 @@ impl Listeners {
             }
             // Connections in their handshake take no slot: they have their
             // own bounds, and the oldest makes room for the newest.
-            make_room(&mut inc, false, from, self.pending_per_address, self.pending_max);
+            let mut inc = self.admit_pending(inc, false, from);
             let Ok(handle) = stream.try_clone() else { continue };
             let (c, fabric, reactor) = (ctx.clone(), ipc.clone(), self.reactor.clone());
             let me = Arc::downgrade(&self);
@@ -363,14 +515,29 @@ impl Listeners {
                     false => Ok(()),
                 };
                 // The first frame (after the authentication, when a key is
-                // configured) says what the connection is.
-                let opened = handshake::open(&mut stream, key.as_ref(), timeout, &stop, &counters.events.auth_failures)
-                    .and_then(|first| match (first, me.upgrade()) {
-                        (Some(f), Some(l)) => l.take_slot(id).map(|_| Some(f)),
-                        _ => Ok(None),
-                    });
-                match opened {
-                    Ok(Some(first)) if first.header.kind == MsgKind::IpcHello => {
+                // configured) says what the connection is; `open` told the
+                // peer why it failed, if it did.
+                let opened = handshake::open(&mut stream, key.as_ref(), timeout, &stop, &counters.events.auth_failures);
+                let mut first = match opened {
+                    Ok(Some(first)) => first,
+                    Ok(None) => return None,
+                    Err(e) => {
+                        if e.status() == Status::ProtocolError {
+                            counters.events.protocol_errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let _ = stream.shutdown(Shutdown::Both);
+                        return None;
+                    }
+                };
+                // Handshaken: it takes a slot, or is told (sealed, when the
+                // connection is) why not.
+                if let Err(e) = me.upgrade()?.take_slot(id) {
+                    first.refuse(&mut stream, &e);
+                    let _ = stream.shutdown(Shutdown::Both);
+                    return None;
+                }
+                match first.header.kind {
+                    MsgKind::IpcHello => {
                         let mut tick = Deadline::after(timeout, &stop)
                             .ticker(|| Error::Protocol("IpcHello not completed in time".into()));
                         let body = match first.body {
@@ -385,18 +552,7 @@ impl Listeners {
                         // Its TCP connection took its slot already.
                         crate::transport::ipc::source::serve(fabric, ch, id, Some(hello), &|| Ok(()), &reactor, forget)
                     }
-                    Ok(Some(first)) => tcp::serve(c, stream, first, &reactor, forget).map(|c| c as Arc<dyn Served>),
-                    Ok(None) => None,
-                    Err(e) => {
-                        if e.status() == Status::ProtocolError {
-                            counters.events.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                        }
-                        if matches!(e.status(), Status::ProtocolError | Status::ResourceExhausted) {
-                            handshake::send_error(&mut stream, &e);
-                        }
-                        let _ = stream.shutdown(Shutdown::Both);
-                        None
-                    }
+                    _ => tcp::serve(c, stream, first, &reactor, forget).map(|c| c as Arc<dyn Served>),
                 }
             });
         }
@@ -406,26 +562,80 @@ impl Listeners {
     fn ipc_accept_loop(self: Arc<Self>, ctx: Arc<IpcSourceContext>) {
         let Some(listener) = self.ipc.as_ref() else { return };
         while let Some(stream) = self.next_conn(|| listener.accept().map(|(s, _)| s)) {
+            let Ok(handle) = stream.try_clone() else { continue };
+            let Ok(mut ch) = Channel::from_stream(stream) else { continue };
+            // A process of a user who may not open a channel is refused
+            // here, before it waits for a handshake or makes room: it
+            // costs no thread and closes no one else's handshake.
+            let Some(pid) = crate::transport::ipc::source::admit_unix(&ctx, &mut ch) else { continue };
             let mut inc = self.incoming.lock();
             reap(&mut inc);
             // Channels in their handshake take no slot: they have their
-            // own bound (the oldest makes room for the newest); a slot is
+            // own bounds (shared fairly among peer processes); a slot is
             // taken once the channel proved what it is.
-            make_room(&mut inc, true, None, self.pending_max, self.pending_max);
-            let Ok(handle) = stream.try_clone() else { continue };
+            let from = Some(Origin::Process(pid));
+            let mut inc = self.admit_pending(inc, true, from);
             let (c, reactor) = (ctx.clone(), self.reactor.clone());
             let me = Arc::downgrade(&self);
             self.serve_in_thread(
                 &mut inc,
                 ConnHandle::Unix(handle),
-                None,
+                from,
                 "orbite-ipc-handshake",
                 move |id, forget| {
-                    let ch = Channel::from_stream(stream).ok()?;
                     let admit = move || me.upgrade().map_or(Ok(()), |l| l.take_slot(id));
                     crate::transport::ipc::source::serve(c, ch, id, None, &admit, &reactor, forget)
                 },
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(from: Origin) -> Incoming {
+        let (a, _b) = UnixStream::pair().unwrap();
+        Incoming::new(ConnHandle::Unix(a), Some(from), None)
+    }
+
+    fn addr(s: &str) -> Origin {
+        Origin::of(s.parse().unwrap())
+    }
+
+    /// An IPv6 /64 is one origin, an IPv4-mapped address its IPv4 one.
+    #[test]
+    fn origins_group_an_ipv6_64_and_unmap_ipv4() {
+        assert_eq!(addr("2001:db8:1:2::5"), addr("2001:db8:1:2:ffff::9"));
+        assert_ne!(addr("2001:db8:1:2::5"), addr("2001:db8:1:3::5"));
+        assert_eq!(addr("::ffff:10.0.0.7"), addr("10.0.0.7"));
+        assert_ne!(addr("10.0.0.7"), addr("10.0.0.8"));
+    }
+
+    /// At the overall bound the oldest pending handshake of the origin
+    /// holding the most is closed: never the lone, oldest one of an
+    /// origin that holds fewer, however many times the others churn; at
+    /// an origin's own bound its own oldest goes.
+    #[test]
+    fn the_origin_holding_the_most_makes_room() {
+        let (honest, x, y) = (addr("127.0.0.1"), addr("127.0.1.1"), addr("127.0.1.2"));
+        let mut inc = HashMap::new();
+        inc.insert(1, pending(honest));
+        for id in 2..9 {
+            inc.insert(id, pending(if id % 2 == 0 { x } else { y }));
+        }
+        for id in 9..100 {
+            let from = if id % 2 == 0 { x } else { y };
+            make_room(&mut inc, true, Some(from), 16, 8);
+            inc.insert(id, pending(from));
+            let live: Vec<u64> = inc.iter().filter(|(_, c)| c.pending(true)).map(|(id, _)| *id).collect();
+            assert_eq!(live.len(), 8, "{live:?}");
+            assert!(live.contains(&1), "the honest handshake was closed for {id}");
+        }
+        // At its own bound an origin loses its own oldest, not another's.
+        make_room(&mut inc, true, Some(x), 4, 64);
+        let of = |o: Origin| inc.values().filter(|c| c.pending(true) && c.from == Some(o)).count();
+        assert_eq!((of(honest), of(x), of(y)), (1, 3, 4));
     }
 }

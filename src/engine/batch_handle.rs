@@ -4,6 +4,7 @@ use crate::error::{Error, Result, Status};
 use crate::kinds::{Transport, TransportKind};
 use crate::transfer::{BatchShared, RequestResult};
 use crate::transport::cpu_copy;
+use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -119,6 +120,30 @@ impl Batch {
         self.shared.notes()
     }
 
+    /// Calls `f` once every request has ended: at once, on this thread,
+    /// when they all have already; else on the thread that ends the last
+    /// one (an I/O thread, a copy thread, a submitter or a canceller), with
+    /// no lock of the batch held. Every request ends, by the batch's
+    /// deadline at the latest, so `f` runs exactly once; a batch handle
+    /// dropped meanwhile does not stop it.
+    pub fn on_end(&self, f: impl FnOnce() + Send + 'static) {
+        let slot = Arc::new(Mutex::new(Some(f)));
+        let hooked = Arc::clone(&slot);
+        let registered = self.shared.on_end(Box::new(move || {
+            let f = hooked.lock().take();
+            if let Some(f) = f {
+                f()
+            }
+        }));
+        if !registered {
+            // Every request had ended: the hook was dropped uncalled.
+            let f = slot.lock().take();
+            if let Some(f) = f {
+                f()
+            }
+        }
+    }
+
     /// Requests not yet started end `Cancelled` with remote effect None;
     /// started ones run to their outcome.
     pub fn cancel(&self) {
@@ -147,6 +172,31 @@ mod tests {
     use crate::transfer::{Op, Request};
     use crate::transport::ipc::backend::CopyOp;
     use std::time::Instant;
+
+    /// The end callback runs once, when the last request ends (not
+    /// before), and at once on a batch that had ended.
+    #[test]
+    fn the_end_callback_runs_once_when_the_last_request_ends() {
+        use crate::transfer::ChunkOutcome;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let req = Request { op: Op::Read, local_addr: 0x1000, remote_addr: 0x2000, len: 8 };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let batch = Batch::new(BatchShared::routed(&[req, req], Some(TransportKind::Tcp), Arc::default(), deadline));
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c = Arc::clone(&calls);
+        batch.on_end(move || {
+            c.fetch_add(1, Ordering::SeqCst);
+        });
+        batch.shared.complete_chunk(0, ChunkOutcome::ok(Op::Read));
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "one request is still pending");
+        batch.shared.complete_chunk(1, ChunkOutcome::ok(Op::Read));
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "the last request ended");
+        let c = Arc::clone(&calls);
+        batch.on_end(move || {
+            c.fetch_add(1, Ordering::SeqCst);
+        });
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "on an ended batch it runs at once");
+    }
 
     /// A pending batch's poll and result lend the caller to a started SHM
     /// group no copy thread takes: it completes only through them.

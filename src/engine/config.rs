@@ -10,6 +10,7 @@ use crate::discovery::{check_url, DiscoveryConfig};
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::log::{Level, LEVEL_NAMES};
+pub use crate::transport::ipc::backends::cma::PtracerPolicy;
 pub use crate::transport::ipc::backends::mnnvl::MnnvlHandleType;
 use serde_json::{Map, Value};
 use std::net::SocketAddr;
@@ -27,9 +28,9 @@ pub const GIB: u64 = 1024 * MIB;
 pub struct MnnvlConfig {
     /// Handle type of exports (default [`MnnvlHandleType::Fabric`]).
     pub handle_type: MnnvlHandleType,
-    /// `None`: peers must share this boot. Otherwise a nonzero 16-byte
-    /// domain shared by the peers of one NVLink partition.
-    pub fabric_domain: Option<[u8; 16]>,
+    /// The fabric domain advertised to peers (default
+    /// [`FabricDomain::Auto`]: from the GPUs' NVLink clique, through NVML).
+    pub fabric_domain: FabricDomain,
     /// Register ordinary local host backing with CUDA (default true).
     pub host_register: bool,
     /// Enable HOST_NUMA (EGM) allocation and remote host grants (default false).
@@ -38,7 +39,40 @@ pub struct MnnvlConfig {
 
 impl Default for MnnvlConfig {
     fn default() -> Self {
-        MnnvlConfig { handle_type: MnnvlHandleType::Fabric, fabric_domain: None, host_register: true, egm: false }
+        MnnvlConfig {
+            handle_type: MnnvlHandleType::Fabric,
+            fabric_domain: FabricDomain::Auto,
+            host_register: true,
+            egm: false,
+        }
+    }
+}
+
+/// Which peers MNNVL with fabric handles reaches: those advertising the
+/// same fabric domain (over a TCP channel, any host of the NVLink
+/// partition), or only those of this boot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FabricDomain {
+    /// Derived at engine start from the local GPUs' NVLink cluster and
+    /// clique (NVML's fabric information), as NCCL derives its MNNVL
+    /// domain; this boot only where NVML gives none (no NVML, no fabric, a
+    /// registration not completed, GPUs of different cliques), said in the
+    /// stats' notes. The engine's [`crate::Engine::config`] holds the
+    /// resolved value.
+    Auto,
+    /// Peers of this boot only (config `null`).
+    ThisBoot,
+    /// A nonzero domain shared by the peers of one NVLink partition.
+    Fixed([u8; 16]),
+}
+
+impl FabricDomain {
+    /// The domain, when one is set.
+    pub fn fixed(self) -> Option<[u8; 16]> {
+        match self {
+            FabricDomain::Fixed(d) => Some(d),
+            _ => None,
+        }
     }
 }
 
@@ -156,6 +190,14 @@ config_keys! {
     /// charge, and later submissions through it take no round trip; one
     /// entry per remote region, and KV pools register about a hundred).
     shm_cache_entries: u32 = 256 => integer(0, 4096);
+    /// Offer CMA (cross-memory attach of registered host memory the library
+    /// did not allocate, between processes of one host and user).
+    cma: bool = true => key("bool", get_bool, |b: &bool| (*b).into());
+    /// Under Yama `ptrace_scope` 1: whom a source names as its ptracer so
+    /// that its CMA requesters may copy (`peer`: the first requester while
+    /// it lives; `any`: every process of its user; `none`: nobody).
+    cma_ptracer: PtracerPolicy = PtracerPolicy::Peer
+        => key("string", parse_ptracer, |p: &PtracerPolicy| p.name().into());
     /// Consecutive requests of one direction contiguous on both sides (in
     /// one local and one remote region, never across a dependency) move as
     /// one copy on SHM, NVLink and MNNVL; each keeps its own outcome
@@ -211,6 +253,16 @@ config_keys! {
     /// An export offer the requester does not answer within this many
     /// milliseconds expires and releases its loan and charge.
     offer_timeout_ms: u32 = 5_000 => integer(1, 600_000);
+    /// Exports one requester (a kernel-verified process, or an unverified
+    /// channel) may hold of this engine at once, per IPC transport, in any
+    /// state (offered, in use, retained after its channel was lost); the
+    /// next request is refused `RESOURCE_EXHAUSTED`.
+    ipc_max_exports_per_requester: u32 = 512 => integer(1, 1 << 20);
+    /// The part of `max_inflight_bytes`, in percent, that the allocations
+    /// one requester alone keeps exported may charge, once it holds one
+    /// such allocation (a first one is always allowed, whatever its size):
+    /// one requester cannot take the whole mapping budget from the others.
+    ipc_requester_budget_percent: u32 = 50 => integer(1, 100);
     /// This engine's name, which its peers see (notifications name their
     /// sender by it): 1 to 64 bytes of `[A-Za-z0-9._-]`. `None`: peers see
     /// its endpoint.
@@ -348,6 +400,12 @@ fn parse_wire_security(key: &str, v: &Value) -> Result<WireSecurity> {
         .ok_or_else(|| bad(key, format!("unknown value {name:?} (expected \"integrity\" or \"encrypt\")")))
 }
 
+fn parse_ptracer(key: &str, v: &Value) -> Result<PtracerPolicy> {
+    let name = get_str(key, v)?;
+    PtracerPolicy::from_name(name)
+        .ok_or_else(|| bad(key, format!("unknown value {name:?} (expected \"peer\", \"any\" or \"none\")")))
+}
+
 fn parse_level(key: &str, v: &Value) -> Result<Level> {
     let name = get_str(key, v)?;
     Level::from_name(name).ok_or_else(|| bad(key, format!("unknown level {name:?} (expected {LEVEL_NAMES})")))
@@ -393,8 +451,9 @@ impl MnnvlConfig {
                 }
                 "fabric_domain" => {
                     c.fabric_domain = match v {
-                        Value::Null => None,
-                        _ => Some(parse_fabric_domain(get_str(&key, v)?).map_err(|e| bad(&key, e))?),
+                        Value::Null => FabricDomain::ThisBoot,
+                        Value::String(a) if a == "auto" => FabricDomain::Auto,
+                        _ => FabricDomain::Fixed(parse_fabric_domain(get_str(&key, v)?).map_err(|e| bad(&key, e))?),
                     }
                 }
                 "host_register" => c.host_register = get_bool(&key, v)?,
@@ -414,7 +473,11 @@ impl MnnvlConfig {
     fn to_value(&self) -> Value {
         serde_json::json!({
             "handle_type": self.handle_type.as_str(),
-            "fabric_domain": self.fabric_domain.as_ref().map(hex16),
+            "fabric_domain": match self.fabric_domain {
+                FabricDomain::Auto => Value::from("auto"),
+                FabricDomain::ThisBoot => Value::Null,
+                FabricDomain::Fixed(d) => Value::from(hex16(&d)),
+            },
             "host_register": self.host_register,
             "egm": self.egm,
         })
@@ -519,7 +582,7 @@ fn parse_policy(key: &str, v: &Value) -> Result<Vec<TransportKind>> {
     for item in arr {
         let name = get_str(key, item)?;
         let t = TransportKind::from_name(name)
-            .ok_or_else(|| bad(key, format!("unknown transport {name:?} (expected mnnvl, nvlink, shm or tcp)")))?;
+            .ok_or_else(|| bad(key, format!("unknown transport {name:?} (expected mnnvl, nvlink, shm, cma or tcp)")))?;
         if out.contains(&t) {
             return Err(bad(key, format!("transport {name:?} is listed twice")));
         }
@@ -553,7 +616,7 @@ mod tests {
         let c = EngineConfig {
             mnnvl: Some(MnnvlConfig {
                 handle_type: MnnvlHandleType::PosixFd,
-                fabric_domain: Some([7u8; 16]),
+                fabric_domain: FabricDomain::Fixed([7u8; 16]),
                 host_register: false,
                 egm: true,
             }),
@@ -561,6 +624,8 @@ mod tests {
             transport_policy: vec![TransportKind::Tcp, TransportKind::Shm],
             auth_key_file: Some("/etc/orbite/key".into()),
             ipc_allowed_uids: vec![0, 1000],
+            cma: false,
+            cma_ptracer: PtracerPolicy::Any,
             offer_timeout_ms: 250,
             min_payload_rate_kib: 0,
             max_ipc_channels: 3,
@@ -633,9 +698,17 @@ mod tests {
     #[test]
     fn fabric_domain_parsing() {
         let c = EngineConfig::from_json(r#"{"mnnvl": {"fabric_domain": "000102030405060708090a0b0c0d0e0f"}}"#).unwrap();
-        let d = c.mnnvl.unwrap().fabric_domain.unwrap();
+        let d = c.mnnvl.unwrap().fabric_domain.fixed().unwrap();
         assert_eq!(d[0], 0);
         assert_eq!(d[15], 15);
+        let auto = EngineConfig::from_json(r#"{"mnnvl": {"fabric_domain": "auto"}}"#).unwrap();
+        assert_eq!(auto.mnnvl.unwrap().fabric_domain, FabricDomain::Auto);
+        let boot = EngineConfig::from_json(r#"{"mnnvl": {"fabric_domain": null}}"#).unwrap().mnnvl.unwrap();
+        assert_eq!(boot.fabric_domain, FabricDomain::ThisBoot);
+        assert_eq!(
+            EngineConfig::from_json(r#"{"mnnvl": {}}"#).unwrap().mnnvl.unwrap().fabric_domain,
+            FabricDomain::Auto
+        );
         assert!(err(r#"{"mnnvl": {"fabric_domain": "00"}}"#).contains("32 hexadecimal"));
         assert!(err(r#"{"mnnvl": {"fabric_domain": "00000000000000000000000000000000"}}"#).contains("all-zero"));
         assert!(err(r#"{"mnnvl": {"fabric_domain": "zz0102030405060708090a0b0c0d0e0f"}}"#).contains("32 hexadecimal"));
@@ -658,6 +731,8 @@ mod tests {
         assert!(err(r#"{"auth_key_file": ""}"#).contains("`auth_key_file`: is empty"));
         assert!(err(r#"{"ipc_allowed_uids": [1, -2]}"#).contains("`ipc_allowed_uids`"));
         assert!(err(r#"{"ipc_allowed_uids": 5}"#).contains("expected an array of user ids"));
+        assert!(err(r#"{"cma_ptracer": "all"}"#).contains("expected \"peer\", \"any\" or \"none\""));
+        assert!(err(r#"{"cma": 1}"#).contains("`cma`"));
         assert!(err(r#"{"offer_timeout_ms": 0}"#).contains("`offer_timeout_ms`"));
         assert!(err(r#"{"max_ipc_channels": 0}"#).contains("`max_ipc_channels`"));
         assert!(err(r#"{"io_threads": 0}"#).contains("`io_threads`"));

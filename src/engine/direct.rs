@@ -122,6 +122,10 @@ impl Engine {
                 why.push(format!("{}: cannot carry the peer's {} memory", kind.name(), region.kind.name()));
                 continue;
             }
+            if let Some(refused) = ipc.requester.refused(&link) {
+                why.push(format!("{}: {refused}", kind.name()));
+                continue;
+            }
             return Ok(DirectRoute {
                 engine: self.inner.identity.engine_epoch,
                 peer,

@@ -1,6 +1,7 @@
-//! The engine's cooperative IPC transports (SHM always; NVLink when enabled
-//! and a CUDA driver is present): each pairs a source-side export table with
-//! a requester-side importer over one backend.
+//! The engine's cooperative IPC transports (SHM always; CMA unless disabled
+//! or refused by a seccomp filter; NVLink when enabled and a CUDA driver is
+//! present): each pairs a source-side export table with a requester-side
+//! importer over one backend.
 
 use super::config::{EngineConfig, MnnvlHandleType};
 use crate::control::Identity;
@@ -12,6 +13,7 @@ use crate::sync::admission::{Budget, Gate};
 use crate::transport::ipc::backend::IpcBackend;
 use crate::transport::ipc::export::ExportTable;
 use crate::transport::ipc::faults::{Faults, FaultyBackend};
+use crate::transport::ipc::proto::exports::Limits;
 use crate::transport::ipc::requester::IpcRequester;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -54,6 +56,15 @@ pub(crate) struct IpcParts<'a> {
 }
 
 impl IpcParts<'_> {
+    /// The per-requester bounds of every export table.
+    fn limits(&self) -> Limits {
+        let c = self.config;
+        Limits {
+            exports: c.ipc_max_exports_per_requester as usize,
+            sole_bytes: (c.max_inflight_bytes as u128 * c.ipc_requester_budget_percent as u128 / 100) as u64,
+        }
+    }
+
     fn transport(
         &self,
         kind: TransportKind,
@@ -70,6 +81,7 @@ impl IpcParts<'_> {
             self.stats.clone(),
             self.source_gate.clone(),
             std::time::Duration::from_millis(self.config.offer_timeout_ms as u64),
+            self.limits(),
             self.log.clone(),
         ));
         exports.set_exit_watch(crate::transport::ipc::exit_watch::watcher(Arc::downgrade(self.reactor)));
@@ -97,6 +109,22 @@ impl IpcParts<'_> {
             Arc::new(crate::transport::ipc::backends::shm::ShmBackend),
             self.config.shm_cache_entries as usize,
         )
+    }
+
+    /// The CMA transport (cross-memory attach of any registered host
+    /// memory), or why it cannot be offered: disabled, or this process may
+    /// not make the calls (a seccomp filter).
+    pub(crate) fn cma(&self) -> std::result::Result<IpcTransport, String> {
+        if !self.config.cma {
+            return Err("not enabled (config `cma: false`)".into());
+        }
+        let backend = crate::transport::ipc::backends::cma::CmaBackend::new(self.config.cma_ptracer, self.log.clone())?;
+        Ok(self.transport(
+            TransportKind::Cma,
+            vec![MemoryKind::Host],
+            Arc::new(backend),
+            self.config.shm_cache_entries as usize,
+        ))
     }
 
     /// The NVLink transport, or why it cannot be offered.
@@ -186,6 +214,9 @@ pub(crate) fn kinds_allow(kind: TransportKind, local: MemoryKind, remote: Memory
     match kind {
         TransportKind::Tcp => local.cpu_accessible() && remote.cpu_accessible(),
         TransportKind::Shm => local.cpu_accessible() && remote == MemoryKind::SharedHost,
+        // Memory the peer registered that the library did not allocate:
+        // its own buffers (malloc, new, numpy, torch), copied by the kernel.
+        TransportKind::Cma => local.cpu_accessible() && remote == MemoryKind::Host,
         // Local pinned host or device memory only: pageable host memory is
         // never registered or staged implicitly.
         TransportKind::Nvlink => {
@@ -268,7 +299,7 @@ pub(crate) const FABRIC_CHANNEL_CAPABILITY: u32 = 1 << 9;
 /// MNNVL configured, fabric handles, a nonzero domain.
 pub(crate) fn fabric_channel_domain(config: &EngineConfig) -> Option<[u8; 16]> {
     let m = config.mnnvl.as_ref()?;
-    let d = m.fabric_domain?;
+    let d = m.fabric_domain.fixed()?;
     (m.handle_type == MnnvlHandleType::Fabric && d != [0; 16]).then_some(d)
 }
 

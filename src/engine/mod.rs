@@ -11,8 +11,11 @@ pub mod batch_handle;
 pub mod config;
 mod connected_peer;
 pub mod direct;
+pub mod doctor;
 mod ipc_transports;
 mod json_keys;
+mod mnnvl_fabric;
+mod mnnvl_peer;
 mod notify;
 mod peers;
 mod regions;
@@ -21,7 +24,7 @@ pub mod stats;
 mod submit;
 
 pub use batch_handle::{Batch, SubmitOptions};
-pub use config::{EngineConfig, MnnvlConfig, MnnvlHandleType};
+pub use config::{EngineConfig, FabricDomain, MnnvlConfig, MnnvlHandleType};
 
 use crate::control::auth::AuthKey;
 use crate::control::message::{Describe, RegionInfo};
@@ -76,6 +79,8 @@ pub(crate) struct Inner {
     fell_through: parking_lot::Mutex<std::collections::HashSet<(TransportKind, crate::error::Status)>>,
     ipc: Vec<ipc_transports::IpcTransport>,
     ipc_unavailable: Vec<(TransportKind, String)>,
+    /// What MNNVL found at start: the fabric place, the probe.
+    fabric: mnnvl_fabric::FabricSetup,
     /// Notifications received, waiting to be taken.
     inbox: Arc<Inbox>,
     /// Discovery on etcd, when configured (set once, at start).
@@ -99,8 +104,11 @@ pub struct Engine {
 impl Engine {
     /// Starts an engine: binds the control socket (and the IPC channel) and
     /// starts serving.
-    pub fn new(config: EngineConfig) -> Result<Engine> {
+    pub fn new(mut config: EngineConfig) -> Result<Engine> {
         config.validate()?;
+        // Before anything reads it: the fabric domain resolved, and whether
+        // MNNVL can work here at all.
+        let fabric = mnnvl_fabric::FabricSetup::start(&mut config);
         let from_env = crate::log::env_level()
             .map_err(|e| Error::InvalidConfig(format!("environment variable {}: {e}", crate::log::ENV)))?;
         let level = from_env.unwrap_or(config.log_level);
@@ -140,7 +148,7 @@ impl Engine {
             auth.clone(),
             stopping.clone(),
             source_gate.clone(),
-            stats.clone(),
+            (stats.clone(), log.clone()),
             reactor.clone(),
         );
         let faults = Arc::new(Faults::default());
@@ -160,12 +168,17 @@ impl Engine {
             Ok(_) => ipc_transports.push(parts.shm()),
             Err(e) => ipc_unavailable.push((TransportKind::Shm, format!("no IPC channel: {e}"))),
         }
+        match parts.cma() {
+            Ok(t) if ipc_name.is_ok() => ipc_transports.push(t),
+            Ok(_) => ipc_unavailable.push((TransportKind::Cma, "no IPC channel".into())),
+            Err(e) => ipc_unavailable.push((TransportKind::Cma, e)),
+        }
         match parts.nvlink() {
             Ok(t) if ipc_name.is_ok() => ipc_transports.push(t),
             Ok(_) => ipc_unavailable.push((TransportKind::Nvlink, "no IPC channel".into())),
             Err(e) => ipc_unavailable.push((TransportKind::Nvlink, e)),
         }
-        match parts.mnnvl() {
+        match fabric.refusal.clone().map_or_else(|| parts.mnnvl(), Err) {
             Ok(t) if ipc_name.is_ok() => ipc_transports.push(t),
             Ok(_) => ipc_unavailable.push((TransportKind::Mnnvl, "no IPC channel".into())),
             Err(e) => ipc_unavailable.push((TransportKind::Mnnvl, e)),
@@ -191,6 +204,7 @@ impl Engine {
             fell_through: parking_lot::Mutex::new(std::collections::HashSet::new()),
             ipc: ipc_transports,
             ipc_unavailable,
+            fabric,
             discovery: once_cell::sync::OnceCell::new(),
             reactor,
             log,
@@ -214,6 +228,8 @@ impl Engine {
             min_payload_rate: inner.config.min_payload_rate_kib as u64 * 1024,
             revoker: inner.revoker.clone(),
             inbox: inner.inbox.clone(),
+            log: inner.log.clone(),
+            torn: Default::default(),
         });
         let ipc_ctx = Arc::new(IpcSourceContext {
             tables: inner.ipc.iter().map(|t| (t.kind, t.exports.clone())).collect(),
@@ -224,6 +240,7 @@ impl Engine {
             handshake_timeout: Duration::from_millis(inner.config.handshake_timeout_ms as u64),
             auth: inner.auth.clone(),
             allowed_uids: inner.config.ipc_allowed_uids.clone(),
+            probe: inner.fabric.probe.clone(),
         });
         // Published under its name before it serves: a peer that finds it
         // connects into the listen backlog meanwhile.
@@ -247,6 +264,14 @@ impl Engine {
                  so ORBITE_TRANSPORT_AUTO prefers TCP where TCP can carry a submission (a forced SHM still runs)"
                     .into(),
             );
+        }
+        for n in &inner.fabric.notes {
+            inner.note(n.clone());
+        }
+        if let Some(from) =
+            inner.fabric.domain_from.as_ref().filter(|_| inner.ipc_transport(TransportKind::Mnnvl).is_some())
+        {
+            inner.log.info(format_args!("mnnvl: {from}"));
         }
         inner.listeners.start(tcp_ctx, ipc_ctx)?;
         registry::add(Arc::downgrade(&inner) as std::sync::Weak<dyn registry::Reporting>);
@@ -285,6 +310,7 @@ impl Engine {
             let asked = match kind {
                 TransportKind::Nvlink => c.nvlink,
                 TransportKind::Mnnvl => c.mnnvl.is_some(),
+                TransportKind::Cma => c.cma,
                 _ => true,
             };
             let level = if asked { Level::Warn } else { Level::Debug };
@@ -483,11 +509,14 @@ impl Inner {
         {
             c |= ipc_transports::FABRIC_CHANNEL_CAPABILITY;
         }
+        if self.fabric.probe.is_some() && self.ipc_transport(TransportKind::Mnnvl).is_some() {
+            c |= mnnvl_fabric::PROBE_CAPABILITY;
+        }
         c
     }
 
     fn fabric_domain(&self) -> [u8; 16] {
-        self.config.mnnvl.as_ref().and_then(|m| m.fabric_domain).unwrap_or([0; 16])
+        self.config.mnnvl.as_ref().and_then(|m| m.fabric_domain.fixed()).unwrap_or([0; 16])
     }
 
     pub(super) fn describe(&self) -> Describe {

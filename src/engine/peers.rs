@@ -27,11 +27,13 @@ impl Engine {
         if !self.inner.requester_gate.is_open() {
             return Err(Error::Unavailable("the requester side is closed".into()));
         }
+        let deadline = Instant::now() + self.timeout(timeout);
         let (s, peer, seal) =
             handshake::connect(endpoint, self.timeout(timeout), self.inner.auth.as_ref(), &self.inner.describe())?;
         let id = self.inner.next_peer.fetch_add(1, Ordering::Relaxed);
         let label = format!("peer {id} ({endpoint})");
-        let links = self.inner.ipc_links(&peer, endpoint, &label);
+        let mut links = self.inner.ipc_links(&peer, endpoint, &label);
+        self.inner.check_mnnvl_peer(&peer, &label, &mut links, deadline);
         // A published region larger than this engine's mapping budget can
         // never be imported: say so at connect, not at the first grant.
         let budget = self.inner.config.max_inflight_bytes;
@@ -198,7 +200,7 @@ impl Engine {
         }
         let mut out = vec![TransportKind::Tcp];
         for k in TransportKind::ALL {
-            if p.link(k).is_ok_and(|l| l.dead_reason().is_none()) {
+            if p.link(k).is_ok_and(|l| l.dead_reason().is_none()) && self.ipc_why_not(&p, k).is_none() {
                 out.push(k);
             }
         }

@@ -255,6 +255,14 @@ impl Engine {
         for (k, why) in &i.ipc_unavailable {
             avail.insert(k.name().to_string(), format!("not available: {why}"));
         }
+        let refused: Vec<String> = peers
+            .values()
+            .flat_map(|p| p.links.iter())
+            .filter_map(|(k, l)| {
+                let l = l.as_ref().ok()?;
+                l.refused().map(|why| format!("{}: {} cannot be used: {why}", l.label, k.name()))
+            })
+            .collect();
         EngineStats::collect(
             &i.stats,
             Live {
@@ -293,7 +301,9 @@ impl Engine {
                     .collect(),
                 nvlink_pool: i.ipc.iter().find_map(|t| t.pool.as_ref().map(|f| (f(), t.requester.progress_counts()))),
                 transports_available: avail,
-                notes: i.notes.lock().iter().cloned().collect(),
+                // The notes, then each peer's transport found unable to
+                // reach it for good (CMA refused by the kernel, ...).
+                notes: i.notes.lock().iter().cloned().chain(refused).collect(),
                 log_lines_dropped: i.log.dropped(),
             },
         )

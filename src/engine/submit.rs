@@ -305,7 +305,8 @@ const WINDOW_REQUESTS: usize = 4096;
 fn windows(kind: TransportKind, items: Vec<(usize, Request)>) -> Vec<Vec<(usize, Request)>> {
     // A CPU copy needs enough bytes to be worth handing to the pool; a
     // native batch is worth posting from its count of copies alone.
-    let min_bytes = if kind == TransportKind::Shm { cpu_copy::ASYNC_MIN_BYTES } else { 0 };
+    let cpu = matches!(kind, TransportKind::Shm | TransportKind::Cma);
+    let min_bytes = if cpu { cpu_copy::ASYNC_MIN_BYTES } else { 0 };
     let mut out: Vec<Vec<(usize, Request)>> = Vec::new();
     let mut cur: Vec<(usize, Request)> = Vec::new();
     let mut bytes = 0u64;
@@ -340,7 +341,7 @@ fn fail_unposted(batch: &BatchShared, indices: impl Iterator<Item = usize>, e: &
 /// window would wait for the first's fence); independent requests
 /// (`known_independent`: the whole submission was shown so already).
 fn windowed(kind: TransportKind, caches: bool, g: &Group<'_>, known_independent: bool) -> bool {
-    matches!(kind, TransportKind::Shm | TransportKind::Nvlink | TransportKind::Mnnvl)
+    matches!(kind, TransportKind::Shm | TransportKind::Cma | TransportKind::Nvlink | TransportKind::Mnnvl)
         && caches
         && g.items.len() >= 2 * WINDOW_REQUESTS
         && !g.pinned
@@ -684,7 +685,7 @@ impl Engine {
         let why_not = |k: TransportKind| -> Option<String> {
             match k {
                 TransportKind::Tcp => None,
-                _ => p.link(k).err(),
+                _ => self.ipc_why_not(p, k),
             }
         };
         match t {
@@ -732,6 +733,12 @@ impl Engine {
                              request's local memory is {} memory and the peer's is {remote} memory",
                             local.name()
                         ),
+                        TransportKind::Cma => format!(
+                            "cma moves host memory the peer registered that the library did not allocate (its \
+                             malloc, numpy or torch buffers) with the CPU; this request's local memory is {} memory \
+                             and the peer's is {remote} memory",
+                            local.name()
+                        ),
                     };
                     return Err(Error::NotSupported(format!(
                         "request {} cannot go over the forced transport {}: {what}{placement}",
@@ -754,7 +761,9 @@ impl Engine {
                 };
                 let policy = &self.inner.config.transport_policy;
                 for (rank, k) in policy.iter().enumerate() {
-                    if *k == TransportKind::Shm && shm_uncached && tcp_fits() {
+                    // CMA shares SHM's cache (`shm_cache_entries`): uncached,
+                    // each subbatch takes two round trips.
+                    if matches!(*k, TransportKind::Shm | TransportKind::Cma) && shm_uncached && tcp_fits() {
                         continue;
                     }
                     // Before settling on TCP for all: an IPC transport ranked
@@ -800,7 +809,7 @@ impl Engine {
         fits: &dyn Fn(TransportKind, &Checked<'_>) -> bool,
         shm_uncached: bool,
     ) -> Option<Selection> {
-        if k == TransportKind::Tcp || (k == TransportKind::Shm && shm_uncached) {
+        if k == TransportKind::Tcp || (matches!(k, TransportKind::Shm | TransportKind::Cma) && shm_uncached) {
             return None;
         }
         let mut any_known = false;
@@ -814,8 +823,23 @@ impl Engine {
                 return None;
             }
         }
-        let usable = any_known && !tcp.is_empty() && self.inner.ipc_transport(k).is_some() && p.link(k).is_ok();
+        let usable = any_known && !tcp.is_empty() && self.ipc_why_not(p, k).is_none();
         (usable && independent(reqs.iter().map(|c| &c.req))).then_some(Selection { kind: k, tcp })
+    }
+
+    /// Why the IPC transport `k` cannot reach peer `p` (`None`: it may): no
+    /// link (not offered, another host, ...), or a refusal its backend
+    /// found for good (CMA: another user, another PID namespace, the
+    /// kernel's refusal), said once in the log.
+    pub(super) fn ipc_why_not(&self, p: &Peer, k: TransportKind) -> Option<String> {
+        let link = match p.link(k) {
+            Ok(l) => l,
+            Err(why) => return Some(why),
+        };
+        let Some(t) = self.inner.ipc_transport(k) else {
+            return Some(format!("this engine does not offer {}", k.name()));
+        };
+        t.requester.refused(&link)
     }
 
     /// Runs the subbatches of an IPC transport in order. Returns the

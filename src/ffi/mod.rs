@@ -19,6 +19,7 @@
 pub(crate) mod boundary;
 pub mod cuda;
 pub mod direct;
+pub mod doctor;
 pub mod engine;
 pub(crate) mod handles;
 pub mod log;

@@ -4,7 +4,7 @@ use super::boundary::*;
 use super::handles::{give_out, live, take_back};
 use super::types::*;
 use crate::{Error, Op, Request, RequestResult, Result, Status, SubmitOptions, Transport, TransportKind, MAX_REQUESTS};
-use std::ffi::c_char;
+use std::ffi::{c_char, c_void};
 use std::time::Duration;
 
 pub(crate) fn transport_from(v: u32) -> Option<Transport> {
@@ -157,7 +157,7 @@ pub extern "C" fn orbite_batch_result(
 }
 
 /// Writes which transport carried request `index` (ORBITE_TRANSPORT_TCP,
-/// SHM, NVLINK or MNNVL; ORBITE_TRANSPORT_AUTO while not yet decided);
+/// SHM, NVLINK, MNNVL or CMA; ORBITE_TRANSPORT_AUTO while not yet decided);
 /// OUT_OF_RANGE past the request count.
 #[no_mangle]
 pub extern "C" fn orbite_batch_transport(
@@ -217,6 +217,50 @@ pub extern "C" fn orbite_batch_cancel_request(batch: *mut orbite_batch, index: u
     guard(|| live(batch, "batch")?.batch.cancel_request(index))
 }
 
+/// An end callback (`orbite_batch_on_end`): `user_data` is the pointer
+/// given with it.
+pub type orbite_batch_end_fn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
+
+/// The end callback's `user_data`, carried to whichever thread ends the
+/// batch.
+struct EndData(*mut c_void);
+
+// SAFETY: the pointer is only handed back to the caller's callback, which
+// the contract of orbite_batch_on_end requires to accept a call from any
+// thread; the library never dereferences it.
+unsafe impl Send for EndData {}
+
+/// Calls `cb(user_data)` once every request of the batch has ended: within
+/// this call when they all have already, else on the library thread that
+/// ends the last one (an I/O thread, a copy thread, a submitting or
+/// cancelling caller). Every request ends, by the batch's deadline at the
+/// latest, so `cb` runs exactly once, also when the batch handle was freed
+/// meanwhile (a detached batch still ends). A notification submitted with
+/// the batch may still be on its way then. `cb` must accept a call from
+/// any thread, return promptly (it runs on the transfer path), never
+/// unwind, and call no liborbite function but orbite_status_name,
+/// orbite_version and orbite_abi_version. Several callbacks may be set on
+/// one batch; each runs once. NULL_ARGUMENT: `cb` is NULL.
+#[no_mangle]
+pub extern "C" fn orbite_batch_on_end(
+    batch: *mut orbite_batch,
+    cb: orbite_batch_end_fn,
+    user_data: *mut c_void,
+) -> orbite_status {
+    guard(|| {
+        let b = live(batch, "batch")?;
+        let f = cb.ok_or_else(|| Error::NullArgument("cb is NULL".into()))?;
+        let data = EndData(user_data);
+        b.batch.on_end(move || {
+            let data = data;
+            // SAFETY: `f` is the caller's callback, which accepts this call
+            // from any thread (the contract above), with its own pointer.
+            unsafe { f(data.0) }
+        });
+        Ok(())
+    })
+}
+
 /// Frees a batch handle; a pending batch is detached, never cancelled
 /// mid-copy. NULL is a no-op.
 #[no_mangle]
@@ -240,12 +284,13 @@ mod tests {
             (ORBITE_TRANSPORT_SHM, TransportKind::Shm),
             (ORBITE_TRANSPORT_NVLINK, TransportKind::Nvlink),
             (ORBITE_TRANSPORT_MNNVL, TransportKind::Mnnvl),
+            (ORBITE_TRANSPORT_CMA, TransportKind::Cma),
         ];
         for (c, k) in pairs {
             assert_eq!(k.c_code(), c);
             assert_eq!(transport_from(c), Some(Transport::Only(k)));
         }
         assert_eq!(transport_from(ORBITE_TRANSPORT_AUTO), Some(Transport::Auto));
-        assert_eq!(transport_from(5), None);
+        assert_eq!(transport_from(6), None);
     }
 }

@@ -46,6 +46,8 @@ pub const ORBITE_TRANSPORT_SHM: u32 = 2;
 pub const ORBITE_TRANSPORT_NVLINK: u32 = 3;
 /// CUDA fabric handles across an NVLink fabric.
 pub const ORBITE_TRANSPORT_MNNVL: u32 = 4;
+/// Cross-memory attach (same host, same user): any registered host memory.
+pub const ORBITE_TRANSPORT_CMA: u32 = 5;
 /// `orbite_cuda_adopt` flag: the caller consents that a peer importing the
 /// adopted memory can reach the whole underlying allocation.
 pub const ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION: u32 = 1;
@@ -67,6 +69,7 @@ const _: () = {
     assert!(ORBITE_TRANSPORT_SHM == TransportKind::Shm.c_code());
     assert!(ORBITE_TRANSPORT_NVLINK == TransportKind::Nvlink.c_code());
     assert!(ORBITE_TRANSPORT_MNNVL == TransportKind::Mnnvl.c_code());
+    assert!(ORBITE_TRANSPORT_CMA == TransportKind::Cma.c_code());
     assert!(ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION == crate::ADOPT_SHARE_WHOLE_ALLOCATION);
     assert!(ORBITE_REMOTE_EFFECT_NONE == RemoteEffect::None as u32);
     assert!(ORBITE_REMOTE_EFFECT_APPLIED == RemoteEffect::Applied as u32);

@@ -5,6 +5,7 @@
 //! [`admission`] holds the byte budgets and gates of the engine;
 //! [`single_runner`] runs a job on at most one short-lived thread at a time;
 //! [`deadline`] bounds a blocking exchange (when, and what stops it first);
+//! [`spin`] says whether spinning pays (a yield that came back late: no);
 //! [`fork`] tells a forked child without a system call; [`take_armed`]
 //! counts a fault switch down; [`fast_hash`] hashes the hot maps' keys.
 
@@ -13,6 +14,7 @@ pub mod deadline;
 pub mod fast_hash;
 pub mod fork;
 pub mod single_runner;
+pub mod spin;
 
 #[cfg(not(feature = "model-check"))]
 pub use parking_lot::{Condvar, Mutex, MutexGuard};

@@ -5,8 +5,11 @@
 //! too and returns when every piece is done; [`start`]: the pool copies
 //! them and the caller goes on (the submission returns at admission),
 //! learning the end from the returned [`Pending`]. Dependent groups (and
-//! small ones) run in input order on the caller.
+//! small ones) run in input order on the caller. [`copy_with`] moves the
+//! pieces with a [`Mover`] of the caller's instead of memcpy (CMA: the
+//! kernel's cross-memory calls), the first failure failing the group.
 
+use crate::error::{Error, Result};
 use crate::transport::ipc::backend::{CopyOp, CopyPlan};
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -47,12 +50,24 @@ const MAX_PIECES: usize = 256;
 /// what no thread takes.
 const QUEUED_JOBS: usize = 256;
 
+/// Moves the bytes of copies that are not two ranges of this process's
+/// memory (CMA: one range lies in another process), in place of memcpy.
+pub trait Mover: Send + Sync {
+    /// Moves `ops` in input order; an error says what failed (the pieces
+    /// before it may have moved).
+    fn run(&self, ops: &[CopyOp]) -> Result<()>;
+}
+
 /// A group's copies, cut into pieces that copiers claim in turn, and how
 /// many pieces are done.
 struct Job {
     pieces: Pieces,
     /// Whether its copies stream ([`STREAM_MIN_BYTES`]).
     stream: bool,
+    /// What moves its pieces (`None`: memcpy).
+    mover: Option<Arc<dyn Mover>>,
+    /// The first failure of a piece (a [`Mover`]'s; memcpy cannot fail).
+    failed: Mutex<Option<Error>>,
     next: AtomicUsize,
     done: AtomicUsize,
     /// Taken by the copier that finishes the last piece before it wakes
@@ -62,10 +77,17 @@ struct Job {
 }
 
 impl Job {
-    fn new(ops: impl Iterator<Item = CopyOp> + Clone, pieces: usize, stream: bool) -> Arc<Job> {
+    fn new(
+        ops: impl Iterator<Item = CopyOp> + Clone,
+        pieces: usize,
+        stream: bool,
+        mover: Option<Arc<dyn Mover>>,
+    ) -> Arc<Job> {
         Arc::new(Job {
             pieces: shares(ops, pieces),
             stream,
+            mover,
+            failed: Mutex::new(None),
             next: AtomicUsize::new(0),
             done: AtomicUsize::new(0),
             sleep: Mutex::new(()),
@@ -91,7 +113,9 @@ impl Job {
             ops.clear();
             ops.extend_from_slice(piece);
             ops.sort_unstable_by_key(|o| o.src);
-            run(&ops, self.stream);
+            if let Err(e) = run_by(self.mover.as_ref(), &ops, self.stream) {
+                self.failed.lock().get_or_insert(e);
+            }
         });
         if self.done.fetch_add(1, Ordering::AcqRel) + 1 == self.pieces.len() {
             let _sleepers = self.sleep.lock();
@@ -102,6 +126,11 @@ impl Job {
 
     fn is_done(&self) -> bool {
         self.done.load(Ordering::Acquire) == self.pieces.len()
+    }
+
+    /// The first failure of a piece, once every piece is done.
+    fn result(&self) -> Result<()> {
+        self.failed.lock().take().map_or(Ok(()), Err)
     }
 
     /// Whether some piece is still unclaimed.
@@ -213,6 +242,17 @@ fn work(rx: Receiver<Arc<Job>>, queued: &AtomicUsize) {
     for job in rx {
         job.help();
         queued.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Moves `ops` in input order with `mover`, or with memcpy ([`run`]).
+fn run_by(mover: Option<&Arc<dyn Mover>>, ops: &[CopyOp], stream: bool) -> Result<()> {
+    match mover {
+        Some(m) => m.run(ops),
+        None => {
+            run(ops, stream);
+            Ok(())
+        }
     }
 }
 
@@ -390,7 +430,7 @@ fn pooled_bytes(total: u64, plan: CopyPlan, min: u64) -> bool {
 pub fn start(ops: &[CopyOp]) -> Pending {
     let pool = pool();
     let total = ops.iter().map(|o| o.len).sum();
-    let job = Job::new(ops.iter().copied(), piece_count(total, pool.workers.len()), streams(total));
+    let job = Job::new(ops.iter().copied(), piece_count(total, pool.workers.len()), streams(total), None);
     if assistable(&job) {
         started().offer(&job);
     }
@@ -469,7 +509,7 @@ pub fn assist() -> bool {
 /// the callers that lend their thread).
 #[cfg(test)]
 pub(crate) fn start_unattended(ops: &[CopyOp]) -> Pending {
-    let job = Job::new(ops.iter().copied(), piece_count(ops.iter().map(|o| o.len).sum(), 2), false);
+    let job = Job::new(ops.iter().copied(), piece_count(ops.iter().map(|o| o.len).sum(), 2), false, None);
     started().offer(&job);
     Pending { job }
 }
@@ -492,28 +532,38 @@ fn helpers(workers: usize) -> usize {
 /// start, so a helper that wakes late costs at most the piece it is
 /// copying. Returns when every copy is done.
 pub fn copy(ops: &[CopyOp], plan: CopyPlan) {
+    // memcpy cannot fail.
+    let _ = copy_by(None, ops, plan);
+}
+
+/// [`copy`] with `mover` moving the bytes: the same pieces on the caller
+/// and idle pool threads, no streaming stores (the mover decides how bytes
+/// land). Returns when every piece is done: the first failure, if any.
+pub fn copy_with(mover: &Arc<dyn Mover>, ops: &[CopyOp], plan: CopyPlan) -> Result<()> {
+    copy_by(Some(mover), ops, plan)
+}
+
+fn copy_by(mover: Option<&Arc<dyn Mover>>, ops: &[CopyOp], plan: CopyPlan) -> Result<()> {
     let pool = pool();
     let total: u64 = ops.iter().map(|o| o.len).sum();
     if !pooled_bytes(total, plan, PARALLEL_MIN_BYTES) {
-        run(ops, false);
-        return;
+        return run_by(mover, ops, false);
     }
-    let stream = streams(total);
+    let stream = mover.is_none() && streams(total);
     let idle: Vec<&Worker> = pool.workers.iter().filter(|w| w.idle()).take(helpers(pool.workers.len())).collect();
     if idle.is_empty() {
-        run(ops, stream);
-        return;
+        return run_by(mover, ops, stream);
     }
     // The caller copies the first piece straight from `ops`, timed: a
     // group fast enough for it alone (cache-resident data) then costs no
     // pieces, no job and no wake-up.
     let first = std::time::Instant::now();
-    let rest = copy_prefix(ops, PIECE_BYTES, stream);
+    let rest = copy_prefix(mover, ops, PIECE_BYTES, stream)?;
     let took = first.elapsed();
     // The prefix copied PIECE_BYTES (a pooled group is larger).
     let rest_bytes = total.saturating_sub(PIECE_BYTES);
     let helpers = if worth_helpers(took, rest_bytes.div_ceil(PIECE_BYTES) as u32) { &idle[..] } else { &[] };
-    copy_rest(&rest, rest_bytes, helpers, stream || from_memory(took));
+    copy_rest(mover, &rest, rest_bytes, helpers, stream || (mover.is_none() && from_memory(took)))
 }
 
 /// A first piece (64 KiB) slower than this, under 16 GB/s, came from
@@ -533,18 +583,24 @@ fn from_memory(first: std::time::Duration) -> bool {
 /// Copies what [`copy_prefix`] left (`rest_bytes` bytes): on the caller
 /// alone, in input order, without `helpers`; with them, as a job of pieces
 /// they and the caller claim (streaming with `stream`).
-fn copy_rest(rest: &Rest<'_>, rest_bytes: u64, helpers: &[&Worker], stream: bool) {
+fn copy_rest(
+    mover: Option<&Arc<dyn Mover>>,
+    rest: &Rest<'_>,
+    rest_bytes: u64,
+    helpers: &[&Worker],
+    stream: bool,
+) -> Result<()> {
     if helpers.is_empty() {
-        run(rest.cut.as_slice(), stream);
-        run(rest.tail, stream);
-        return;
+        run_by(mover, rest.cut.as_slice(), stream)?;
+        return run_by(mover, rest.tail, stream);
     }
-    let job = Job::new(rest.ops(), piece_count(rest_bytes, helpers.len() + 1), stream);
+    let job = Job::new(rest.ops(), piece_count(rest_bytes, helpers.len() + 1), stream, mover.cloned());
     for worker in helpers {
         worker.give(&job);
     }
     job.help();
     job.finish();
+    job.result()
 }
 
 /// What is left of a group once its first bytes are copied: the rest of an
@@ -562,19 +618,21 @@ impl Rest<'_> {
 
 /// Copies the first `bytes` of `ops` in input order (cutting the op that
 /// crosses that mark) and returns what is left.
-fn copy_prefix(ops: &[CopyOp], bytes: u64, stream: bool) -> Rest<'_> {
+fn copy_prefix<'a>(mover: Option<&Arc<dyn Mover>>, ops: &'a [CopyOp], bytes: u64, stream: bool) -> Result<Rest<'a>> {
     let mut left = bytes;
     for (i, o) in ops.iter().enumerate() {
         if o.len > left {
-            run(&ops[..i], stream);
-            run(&[CopyOp { dst: o.dst, src: o.src, len: left }], stream);
+            // The ops before it and its first `left` bytes, in one call.
+            let mut head = ops[..i].to_vec();
+            head.push(CopyOp { dst: o.dst, src: o.src, len: left });
+            run_by(mover, &head, stream)?;
             let cut = CopyOp { dst: o.dst + left, src: o.src + left, len: o.len - left };
-            return Rest { cut: Some(cut), tail: &ops[i + 1..] };
+            return Ok(Rest { cut: Some(cut), tail: &ops[i + 1..] });
         }
         left -= o.len;
     }
-    run(ops, stream);
-    Rest { cut: None, tail: &[] }
+    run_by(mover, ops, stream)?;
+    Ok(Rest { cut: None, tail: &[] })
 }
 
 #[cfg(test)]
@@ -618,7 +676,7 @@ mod tests {
     fn a_group_whose_helpers_never_come_is_copied_by_its_caller() {
         let src: Vec<u8> = (0..64 * 4096).map(|i| (i % 251) as u8).collect();
         let mut dst = vec![0u8; src.len()];
-        let job = Job::new(blocks(&src, &mut dst).into_iter(), 8, false);
+        let job = Job::new(blocks(&src, &mut dst).into_iter(), 8, false, None);
         assert_eq!(job.pieces.len(), 8);
         // No copy thread took the job: the caller claims every piece and
         // does not wait for anyone.
@@ -651,15 +709,15 @@ mod tests {
             CopyOp { dst: d + 8, src: s + 8, len: 4 },
         ];
         // 6 bytes: the first op whole, the second cut after 3 of its 5.
-        let rest = copy_prefix(&ops, 6, false);
+        let rest = copy_prefix(None, &ops, 6, false).unwrap();
         assert_eq!(dst, [0, 1, 2, 3, 4, 5, 0, 0, 0, 0, 0, 0]);
         let left: Vec<_> = rest.ops().map(|o| (o.dst - d, o.src - s, o.len)).collect();
         assert_eq!(left, [(6, 6, 2), (8, 8, 4)]);
-        copy_rest(&rest, 6, &[], false);
+        copy_rest(None, &rest, 6, &[], false).unwrap();
         assert!(dst == src);
         // A mark at an op's end cuts nothing; past the group, nothing is left.
-        assert_eq!(copy_prefix(&ops, 3, false).ops().map(|o| o.len).collect::<Vec<_>>(), [5, 4]);
-        assert_eq!(copy_prefix(&ops, 100, false).ops().count(), 0);
+        assert_eq!(copy_prefix(None, &ops, 3, false).unwrap().ops().map(|o| o.len).collect::<Vec<_>>(), [5, 4]);
+        assert_eq!(copy_prefix(None, &ops, 100, false).unwrap().ops().count(), 0);
     }
 
     #[test]
@@ -669,8 +727,8 @@ mod tests {
         for (with, stream) in [(&helpers[..], false), (&[], false), (&helpers[..], true), (&[], true)] {
             let mut dst = vec![0u8; src.len()];
             let ops = blocks(&src, &mut dst);
-            let rest = copy_prefix(&ops, PIECE_BYTES, stream);
-            copy_rest(&rest, (256 - 16) * 4096, with, stream);
+            let rest = copy_prefix(None, &ops, PIECE_BYTES, stream).unwrap();
+            copy_rest(None, &rest, (256 - 16) * 4096, with, stream).unwrap();
             assert!(dst == src, "with {} helpers, streaming {stream}", with.len());
         }
     }
@@ -725,7 +783,8 @@ mod tests {
     #[test]
     fn polls_copy_pieces_of_groups_up_to_256_mib_only() {
         // Shares only: nothing is copied.
-        let group = |len: u64| Job::new(std::iter::once(CopyOp { dst: 0, src: 0, len }), piece_count(len, 2), false);
+        let group =
+            |len: u64| Job::new(std::iter::once(CopyOp { dst: 0, src: 0, len }), piece_count(len, 2), false, None);
         assert!(assistable(&group(16 << 20)));
         assert!(assistable(&group(256 << 20)), "pieces of 1 MiB");
         assert!(!assistable(&group((256 << 20) + 256)), "pieces over 1 MiB");
@@ -780,6 +839,50 @@ mod tests {
         copy(&[op], CopyPlan::Independent);
         assert_eq!(dst[0], 0);
         assert!(dst[1..] == src[..n - 1]);
+    }
+
+    /// A mover that copies with memcpy and counts its calls, failing any
+    /// op whose source is `poison`.
+    struct Counting {
+        calls: AtomicUsize,
+        poison: u64,
+    }
+
+    impl Mover for Counting {
+        fn run(&self, ops: &[CopyOp]) -> Result<()> {
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            if ops.iter().any(|o| o.src <= self.poison && self.poison < o.src + o.len) {
+                return Err(Error::Io(format!("poisoned 0x{:x}", self.poison)));
+            }
+            run(ops, false);
+            Ok(())
+        }
+    }
+
+    /// Guards `copy_with`: a mover's group moves every byte through the
+    /// mover (small: one call; large: its pieces, on the caller and the
+    /// pool), and a piece that fails fails the group with its error, the
+    /// other pieces still done.
+    #[test]
+    fn a_movers_group_moves_every_byte_and_reports_its_first_failure() {
+        let n = 4 * PARALLEL_MIN_BYTES as usize;
+        let src: Vec<u8> = (0..n).map(|i| (i * 17 % 251) as u8).collect();
+        let mut dst = vec![0u8; n];
+        let ops = blocks(&src, &mut dst);
+        let counting = Arc::new(Counting { calls: AtomicUsize::new(0), poison: 0 });
+        let mover: Arc<dyn Mover> = counting.clone();
+        copy_with(&mover, &ops[..1], CopyPlan::Independent).unwrap();
+        assert_eq!(counting.calls.load(Ordering::Relaxed), 1);
+        copy_with(&mover, &ops, CopyPlan::Independent).unwrap();
+        assert!(dst == src);
+        assert!(counting.calls.load(Ordering::Relaxed) > 2, "cut into pieces");
+        let poison = src.as_ptr() as u64 + n as u64 / 2 + 5;
+        let failing: Arc<dyn Mover> = Arc::new(Counting { calls: AtomicUsize::new(0), poison });
+        dst.fill(0);
+        let e = copy_with(&failing, &ops, CopyPlan::Independent).unwrap_err();
+        assert_eq!(e.message(), format!("poisoned 0x{poison:x}"));
+        let e = copy_with(&failing, &ops, CopyPlan::Ordered).unwrap_err();
+        assert_eq!(e.status(), crate::error::Status::IoError);
     }
 
     #[test]

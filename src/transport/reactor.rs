@@ -25,6 +25,7 @@
 
 use crate::control::io::TICK;
 use crate::error::{Error, Result};
+use crate::sync::spin;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
@@ -366,12 +367,18 @@ impl Worker {
             }
             let quiet = events.is_empty() && again.is_empty();
             if quiet && polling && Instant::now() < next_tick {
-                std::thread::yield_now();
+                if !spin::yield_now() {
+                    // The core is shared (the yield came back late): sleep
+                    // until the next event, as a sleeper is woken first.
+                    poll_until = Instant::now();
+                }
                 continue;
             }
             // Poll after this turn if its events came within the bound of
-            // the last turn.
-            let close = !events.is_empty() && Instant::now().saturating_duration_since(idle_since) <= poll_max;
+            // the last turn, and spinning pays on this host now.
+            let close = !events.is_empty()
+                && Instant::now().saturating_duration_since(idle_since) <= poll_max
+                && spin::allowed();
             if polling && !events.is_empty() {
                 counts.polled.fetch_add(1, Ordering::Relaxed);
             }

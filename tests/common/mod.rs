@@ -115,12 +115,27 @@ impl PeerProc {
     pub fn spawn_requester(endpoint: &str, spec: &str, config: &str) -> PeerProc {
         let (child, stdin, stdout, line) = launch(&["--connect", endpoint, "--read", spec, "--config", config]);
         assert!(line.starts_with("ok "), "the requester's first read failed: {line:?}");
-        let pid = child.id();
+        PeerProc::of_requester(child, stdin, stdout, endpoint)
+    }
+
+    /// Starts `orbite-peer --import` (a hostile importer, see
+    /// `src/bin/common/importer.rs`) on the SHM channel of the engine at
+    /// `endpoint`, asking for `count` exports of `[addr, addr+len)`
+    /// (writable with `w`); returns it and its first line ("held ...").
+    pub fn spawn_importer(endpoint: &str, addr: u64, len: u64, w: bool, count: u64) -> (PeerProc, String) {
+        let grant = format!("{addr}:{len}{}", if w { ":w" } else { "" });
+        let (child, stdin, stdout, line) =
+            launch(&["--import", endpoint, "--grant", &grant, "--count", &count.to_string()]);
+        (PeerProc::of_requester(child, stdin, stdout, endpoint), line.trim().to_string())
+    }
+
+    /// A requester-side peer (no buffers of its own) of `endpoint`.
+    fn of_requester(child: Child, stdin: ChildStdin, stdout: BufReader<ChildStdout>, endpoint: &str) -> PeerProc {
         PeerProc {
             endpoint: endpoint.to_string(),
             addr: 0,
             len: 0,
-            pid,
+            pid: child.id(),
             extra_addr: 0,
             extra_len: 0,
             addrs: Vec::new(),
@@ -277,6 +292,18 @@ pub fn ipc_export_request(
     }
 }
 
+/// A private key file (48 bytes of `fill`, mode 0600) in a fresh
+/// directory named after this process and `tag`; its path.
+pub fn key_file(tag: &str, fill: u8) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = std::env::temp_dir().join(format!("orbite-key-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join("key");
+    std::fs::write(&p, [fill; 48]).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
 /// Threads of this process now.
 pub fn threads() -> usize {
     std::fs::read_dir("/proc/self/task").expect("/proc/self/task").count()
@@ -328,6 +355,21 @@ pub fn raw_control(endpoint: &str) -> (std::net::TcpStream, orbite::control::mes
     let mut body = vec![0u8; h.body_len as usize];
     s.read_exact(&mut body).unwrap();
     (s, Describe::decode(&body).unwrap())
+}
+
+/// Frees `a`, retrying while the exports that hold it end (up to `LONG`).
+pub fn free_eventually(mut a: orbite::Allocation) {
+    let t0 = std::time::Instant::now();
+    loop {
+        match a.free() {
+            Ok(()) => return,
+            Err((back, e)) => {
+                assert!(t0.elapsed() < LONG, "the allocation stays exported: {e}");
+                a = back;
+                std::thread::yield_now();
+            }
+        }
+    }
 }
 
 /// Waits (polling, up to `LONG`) until `f` holds; `what` names it.

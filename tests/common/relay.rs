@@ -26,6 +26,9 @@ pub struct Leg {
     pub flip_up: AtomicU64,
     /// Every byte the client sent, as the relay saw it.
     pub seen_up: Mutex<Vec<u8>>,
+    /// Bytes of the relay's own to put into what goes down once the
+    /// target sent this many (then none).
+    pub inject_down: Mutex<Option<Injection>>,
 }
 
 impl Leg {
@@ -42,6 +45,9 @@ impl Leg {
     }
 }
 
+/// Bytes a relay puts in of its own, and after how many passed.
+pub type Injection = (u64, Vec<u8>);
+
 /// The relay: its port and its connections in the order they came.
 pub struct Relay {
     port: u16,
@@ -51,6 +57,23 @@ pub struct Relay {
 impl Relay {
     /// A relay to `target` on a free loopback port.
     pub fn to(target: &str) -> Relay {
+        Relay::injecting(target, None)
+    }
+
+    /// A relay to `target` that, on every connection, puts `inject.1`
+    /// into what goes down to the client once the target sent `inject.0`
+    /// bytes: words of its own, as any relay without the key could say.
+    pub fn injecting(target: &str, inject: Option<Injection>) -> Relay {
+        Relay::start(target, inject, Duration::ZERO)
+    }
+
+    /// A relay to `target` that holds whatever it reads for `delay`
+    /// before passing it on, both ways: a peer across a slow network.
+    pub fn delaying(target: &str, delay: Duration) -> Relay {
+        Relay::start(target, None, delay)
+    }
+
+    fn start(target: &str, inject: Option<Injection>, delay: Duration) -> Relay {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let legs: Arc<(Mutex<Vec<Arc<Leg>>>, Condvar)> = Arc::default();
         let r = Relay { port: l.local_addr().unwrap().port(), legs: legs.clone() };
@@ -62,6 +85,7 @@ impl Relay {
                 let leg = Arc::new(Leg {
                     flip_down: AtomicU64::new(u64::MAX),
                     flip_up: AtomicU64::new(u64::MAX),
+                    inject_down: Mutex::new(inject.clone()),
                     ..Leg::default()
                 });
                 {
@@ -71,8 +95,12 @@ impl Relay {
                 }
                 let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 let down = leg.clone();
-                std::thread::spawn(move || pump(s2, c2, &down.down, &down.flip_down, None));
-                std::thread::spawn(move || pump(client, server, &leg.up, &leg.flip_up, Some(&leg.seen_up)));
+                std::thread::spawn(move || {
+                    pump(s2, c2, &down.down, &down.flip_down, None, Some(&down.inject_down), delay)
+                });
+                std::thread::spawn(move || {
+                    pump(client, server, &leg.up, &leg.flip_up, Some(&leg.seen_up), None, delay)
+                });
             }
         });
         r
@@ -97,8 +125,17 @@ impl Relay {
 }
 
 /// Copies `from` to `to`, flipping the low bit of byte number `flip_at`,
-/// keeping a copy in `seen` if given.
-fn pump(mut from: TcpStream, mut to: TcpStream, count: &AtomicU64, flip_at: &AtomicU64, seen: Option<&Mutex<Vec<u8>>>) {
+/// keeping a copy in `seen` if given, putting the bytes of `inject` in at
+/// the byte it names, each read passed on `delay` after it came.
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    count: &AtomicU64,
+    flip_at: &AtomicU64,
+    seen: Option<&Mutex<Vec<u8>>>,
+    inject: Option<&Mutex<Option<Injection>>>,
+    delay: Duration,
+) {
     let mut buf = vec![0u8; 64 << 10];
     loop {
         let n = match from.read(&mut buf) {
@@ -112,7 +149,17 @@ fn pump(mut from: TcpStream, mut to: TcpStream, count: &AtomicU64, flip_at: &Ato
         if let Some(seen) = seen {
             seen.lock().unwrap().extend_from_slice(&buf[..n]);
         }
-        if to.write_all(&buf[..n]).is_err() {
+        let mut out = buf[..n].to_vec();
+        if let Some(slot) = inject {
+            let mut slot = slot.lock().unwrap();
+            if slot.as_ref().is_some_and(|(i, _)| *i >= at && *i <= at + n as u64) {
+                let (i, bytes) = slot.take().unwrap();
+                out.splice((i - at) as usize..(i - at) as usize, bytes);
+            }
+        }
+        // The network's latency, not synchronisation.
+        std::thread::sleep(delay);
+        if to.write_all(&out).is_err() {
             break;
         }
         count.fetch_add(n as u64, SeqCst);

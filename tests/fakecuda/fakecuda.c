@@ -88,9 +88,32 @@
  *   FAKECUDA_TRACE=path           at exit, appends "pid name calls" lines
  *                                 for every function called, copies per
  *                                 device and the live-resource report
+ *   FAKECUDA_IMEX_DIR=path        the directory standing for
+ *                                 /dev/nvidia-caps-imex-channels: fabric
+ *                                 handles then need an IMEX channel file
+ *                                 there that this process may open read-write
+ *                                 (the lowest-numbered one is used); without
+ *                                 one cuMemCreate, export and import of
+ *                                 fabric handles are NOT_PERMITTED; a fabric
+ *                                 handle of another channel does not import
+ *                                 (INVALID_HANDLE). Unset: channels are not
+ *                                 modelled (fabric handles just work)
+ *   FAKENVML_CLUSTER, FAKENVML_CLIQUE, FAKENVML_STATE  the simulated fabric
+ *                                 the NVML stand-in (fakenvml.c) reports:
+ *                                 a fabric handle carries its exporter's
+ *                                 cluster, clique and state; an import
+ *                                 across clusters or cliques, or with either
+ *                                 side's registration not completed, is
+ *                                 refused with the driver's opaque
+ *                                 INVALID_HANDLE ("invalid resource
+ *                                 handle"); state not_supported (a GPU with
+ *                                 no NVLink fabric) makes the fabric
+ *                                 attribute 0 and cuMemCreate with fabric
+ *                                 handles NOT_SUPPORTED
  * Compile with -DFAKECUDA_OMIT_BATCH to leave cuMemcpyBatchAsync_v2 out.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -166,7 +189,7 @@ typedef struct { int srcAccessOrder; CUmemLocation srcLocHint; CUmemLocation dst
     X(cuInit) X(cuDriverGetVersion) X(cuDeviceGetCount) X(cuDeviceGet) X(cuDeviceGetAttribute)      \
     X(cuDeviceGetName) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) X(cuCtxSetCurrent) \
     X(cuCtxGetCurrent) X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice)                \
-    X(cuCtxSynchronize) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemsetD8_v2) X(cuMemHostAlloc)          \
+    X(cuCtxSynchronize) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemsetD8_v2) X(cuMemsetD8Async) X(cuMemHostAlloc) \
     X(cuMemFreeHost) X(cuMemHostRegister_v2) X(cuMemHostUnregister) X(cuPointerGetAttribute)         \
     X(cuMemGetAddressRange_v2) X(cuIpcGetMemHandle) X(cuIpcOpenMemHandle_v2) X(cuIpcCloseMemHandle)  \
     X(cuMemCreate) X(cuMemRelease) X(cuMemMap) X(cuMemUnmap) X(cuMemAddressReserve)                 \
@@ -204,6 +227,11 @@ static int physical_of[8] = {0, 1, 2, 3, 4, 5, 6, 7}; /* FAKECUDA_VISIBLE_DEVICE
 static unsigned long cross_device_refused;
 static unsigned copy_delay_us;
 static int dead_exporter_stale; /* FAKECUDA_DEAD_EXPORTER=stale: no fault, the stale bytes move */
+/* The simulated fabric (FAKECUDA_IMEX_DIR; FAKENVML_CLUSTER, _CLIQUE, _STATE). */
+static char imex_dir[512];
+static uint32_t fabric_cluster = 0x5eed; /* a hash of FAKENVML_CLUSTER */
+static uint32_t fabric_clique[8] = {1, 1, 1, 1, 1, 1, 1, 1}; /* by physical device */
+static int fabric_state = 3;             /* NVML's: 0 not supported, 1 not started, 2 in progress, 3 completed */
 static char trace_path[512];
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t calls_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -240,6 +268,8 @@ static void write_trace(void) {
     fclose(f);
 }
 
+static uint64_t checksum(const void *p, size_t n);
+
 static void parse_env(void) {
     const char *v;
     if ((v = getenv("FAKECUDA_DEVICES"))) n_devices = atoi(v);
@@ -273,6 +303,28 @@ static void parse_env(void) {
     if ((v = getenv("FAKECUDA_TRACE")) && strlen(v) < sizeof trace_path) {
         strcpy(trace_path, v);
         atexit(write_trace);
+    }
+    if ((v = getenv("FAKECUDA_IMEX_DIR")) && strlen(v) < sizeof imex_dir) strcpy(imex_dir, v);
+    if ((v = getenv("FAKENVML_CLUSTER"))) fabric_cluster = (uint32_t)checksum(v, strlen(v));
+    if ((v = getenv("FAKENVML_CLIQUE"))) {
+        uint32_t last = 1;
+        for (int i = 0; i < 8; i++) {
+            if (*v) {
+                last = (uint32_t)strtoul(v, (char **)&v, 10);
+                if (*v == ',') v++;
+            }
+            fabric_clique[i] = last;
+        }
+    }
+    if ((v = getenv("FAKENVML_STATE"))) {
+        static const char *const names[] = {"not_supported", "not_started", "in_progress", "completed"};
+        fabric_state = -1;
+        for (int i = 0; i < 4; i++)
+            if (strcmp(v, names[i]) == 0) fabric_state = i;
+        if (fabric_state < 0) {
+            fprintf(stderr, "fakecuda: FAKENVML_STATE is not one of not_supported, not_started, in_progress, completed\n");
+            abort();
+        }
     }
     if ((v = getenv("FAKECUDA_FAIL"))) {
         char *s = strdup(v), *save = NULL;
@@ -922,7 +974,7 @@ EXPORT CUresult cuDeviceGetAttribute(int *pi, int attrib, CUdevice dev) {
     case 76: *pi = 0; break;                        /* COMPUTE_CAPABILITY_MINOR */
     case 102: *pi = 1; break;                       /* VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED */
     case 103: *pi = 1; break;                       /* HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED */
-    case 128: *pi = no_fabric ? 0 : 1; break;       /* HANDLE_TYPE_FABRIC_SUPPORTED */
+    case 128: *pi = no_fabric || !fabric_state ? 0 : 1; break; /* HANDLE_TYPE_FABRIC_SUPPORTED */
     case 134: *pi = dev; break;                     /* HOST_NUMA_ID: device d sits on node d */
     default: return CUDA_ERROR_INVALID_VALUE;
     }
@@ -1149,14 +1201,14 @@ EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     return CUDA_SUCCESS;
 }
 
-EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dptr, unsigned char value, size_t n) {
-    ENTER(cuMemsetD8_v2);
-    NEED_INIT();
+/* A memset of device memory queued on stream `h` (NULL: the legacy one),
+ * asynchronous like the driver's. */
+static CUresult memset_on(CUstream h, CUdeviceptr dptr, unsigned char value, size_t n) {
     pthread_mutex_lock(&mu);
     struct fc_stream *s;
     char *d;
     int dev_side;
-    CUresult r = pick_stream(NULL, &s);
+    CUresult r = pick_stream(h, &s);
     if (!r) r = resolve(dptr, n, s->ctx->device, &d, &dev_side);
     if (!r && n) {
         struct op *o = calloc(1, sizeof *o);
@@ -1164,11 +1216,23 @@ EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dptr, unsigned char value, size_t n) {
             r = CUDA_ERROR_OUT_OF_MEMORY;
         } else {
             *o = (struct op){.kind = OP_SET, .dst = d, .n = n, .value = value};
-            push(s, o); /* asynchronous, like the driver's memset of device memory */
+            push(s, o);
         }
     }
     pthread_mutex_unlock(&mu);
     return r;
+}
+
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dptr, unsigned char value, size_t n) {
+    ENTER(cuMemsetD8_v2);
+    NEED_INIT();
+    return memset_on(NULL, dptr, value, n);
+}
+
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr dptr, unsigned char value, size_t n, CUstream h) {
+    ENTER(cuMemsetD8Async);
+    NEED_INIT();
+    return memset_on(h, dptr, value, n);
 }
 
 static CUresult add_host_range(enum kind kind, void *p, size_t len, int portable) {
@@ -1454,6 +1518,28 @@ EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
 /* ------------------------------------------------------------------ */
 /* Virtual memory management                                           */
 
+/* The IMEX channel this process uses: the lowest-numbered channelN file
+ * of FAKECUDA_IMEX_DIR it may open read-write (the kernel decides, so a
+ * channel another user owns is refused to this one); -1 without one. When
+ * channels are not modelled every process uses channel 0. */
+static int imex_channel(void) {
+    if (!imex_dir[0]) return 0;
+    DIR *d = opendir(imex_dir);
+    if (!d) return -1;
+    int best = -1;
+    for (struct dirent *e; (e = readdir(d));) {
+        int n, used = 0;
+        if (sscanf(e->d_name, "channel%d%n", &n, &used) != 1 || e->d_name[used] || n < 0) continue;
+        if (best >= 0 && n >= best) continue;
+        int f = openat(dirfd(d), e->d_name, O_RDWR | O_CLOEXEC);
+        if (f < 0) continue;
+        close(f);
+        best = n;
+    }
+    closedir(d);
+    return best;
+}
+
 static CUresult check_prop(const CUmemAllocationProp *p) {
     if (!p || p->type != 1 /* PINNED */) return CUDA_ERROR_INVALID_VALUE;
     if (p->location.type == LOC_DEVICE) {
@@ -1485,7 +1571,9 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, c
     if (!handle || !size || size % GRANULARITY || flags) return CUDA_ERROR_INVALID_VALUE;
     CUresult r = check_prop(prop);
     if (r) return r;
-    if ((prop->requestedHandleTypes & HANDLE_FABRIC) && no_fabric == 1) return CUDA_ERROR_NOT_PERMITTED;
+    if ((prop->requestedHandleTypes & HANDLE_FABRIC) && !fabric_state) return CUDA_ERROR_NOT_SUPPORTED; /* no fabric */
+    if ((prop->requestedHandleTypes & HANDLE_FABRIC) && (no_fabric == 1 || imex_channel() < 0))
+        return CUDA_ERROR_NOT_PERMITTED; /* no IMEX channel this process may use */
     struct vmm *v = calloc(1, sizeof *v);
     if (!v) return CUDA_ERROR_OUT_OF_MEMORY;
     pthread_mutex_lock(&mu);
@@ -1740,15 +1828,18 @@ struct fabric_wire {
     uint32_t magic;
     uint32_t pid;
     int32_t fd;
-    int32_t loc_type;
+    int8_t loc_type, loc_id;
+    int8_t phys; /* the allocation's physical device; -1: host memory */
+    uint8_t handle_types;
     uint64_t size;
     uint64_t id;
     uint64_t token;
-    int32_t loc_id;
-    int32_t handle_types;
+    /* The exporter's place in the simulated fabric. */
+    uint32_t cluster, clique;
+    int32_t channel;
+    uint8_t state;
+    char pad[3];
     uint64_t check;
-    int32_t phys; /* the allocation's physical device; -1: host memory */
-    char pad[4];
 };
 _Static_assert(sizeof(struct fabric_wire) == 64, "a fabric handle has 64 bytes");
 
@@ -1764,7 +1855,7 @@ EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHa
         res = CUDA_ERROR_INVALID_VALUE;
     else if ((type != HANDLE_POSIX_FD && type != HANDLE_FABRIC) || !(v->handle_types & type))
         res = CUDA_ERROR_INVALID_VALUE; /* not requested at cuMemCreate */
-    else if (type == HANDLE_FABRIC && no_fabric)
+    else if (type == HANDLE_FABRIC && (no_fabric || imex_channel() < 0))
         res = CUDA_ERROR_NOT_PERMITTED; /* no IMEX channel */
     if (!res && type == HANDLE_POSIX_FD) {
         int fd = fcntl(v->fd, F_DUPFD_CLOEXEC, 0);
@@ -1773,8 +1864,22 @@ EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHa
         else
             *(int *)out = fd;
     } else if (!res) {
-        struct fabric_wire w = {FABRIC_MAGIC, (uint32_t)getpid(), v->fd, v->loc.type, v->size, v->id, token,
-                                v->loc.id,    v->handle_types,    0,     v->phys, {0}};
+        struct fabric_wire w = {FABRIC_MAGIC,
+                                (uint32_t)getpid(),
+                                v->fd,
+                                (int8_t)v->loc.type,
+                                (int8_t)v->loc.id,
+                                (int8_t)v->phys,
+                                (uint8_t)v->handle_types,
+                                v->size,
+                                v->id,
+                                token,
+                                fabric_cluster,
+                                fabric_clique[(v->phys >= 0 ? v->phys : v->loc.id) & 7],
+                                imex_channel(),
+                                (uint8_t)fabric_state,
+                                {0},
+                                0};
         w.check = checksum(&w, offsetof(struct fabric_wire, check));
         memcpy(out, &w, sizeof w);
     }
@@ -1809,11 +1914,19 @@ EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *han
             if (physical_of[o] == phys) loc.id = o; /* the exporter's true location, as seen here */
     } else if (type == HANDLE_FABRIC) {
         if (!os_handle) return CUDA_ERROR_INVALID_VALUE;
-        if (no_fabric) return CUDA_ERROR_NOT_PERMITTED;
+        int channel = imex_channel();
+        if (no_fabric || channel < 0) return CUDA_ERROR_NOT_PERMITTED;
         struct fabric_wire w;
         memcpy(&w, os_handle, sizeof w);
         if (w.magic != FABRIC_MAGIC || w.check != checksum(&w, offsetof(struct fabric_wire, check)))
             return CUDA_ERROR_INVALID_VALUE;
+        /* The IMEX domain's refusals, all with one opaque status: another
+         * channel, another cluster or clique, a side not registered. */
+        struct fc_ctx *c = current();
+        int here = physical_of[c ? c->device : 0] & 7;
+        if (w.channel != channel || w.cluster != fabric_cluster || w.clique != fabric_clique[here] ||
+            w.state != 3 || fabric_state != 3)
+            return CUDA_ERROR_INVALID_HANDLE;
         fd = open_peer_memfd(w.pid, w.fd, w.token, w.id, w.size);
         if (fd < 0) return CUDA_ERROR_INVALID_VALUE; /* the exporter released it or exited */
         loc = (CUmemLocation){w.loc_type, w.loc_id};

@@ -1,7 +1,10 @@
 //! Builds the CPU stand-in for the CUDA driver (`tests/fakecuda/fakecuda.c`)
 //! as `libcuda.so.1` under the cargo target directory, once per variant and
 //! test binary (concurrent test binaries each write a temporary file and
-//! rename it into place). Test processes find it through `LD_LIBRARY_PATH`.
+//! rename it into place), and the NVML stand-in (`fakenvml.c`) as
+//! `libnvidia-ml.so.1` in a directory of its own. Test processes find them
+//! through `LD_LIBRARY_PATH` (NVML only where a test puts its directory
+//! there: [`with_nvml`]).
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -18,33 +21,44 @@ pub enum Variant {
     NoBatch,
 }
 
-fn source() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakecuda/fakecuda.c")
-}
-
 /// The directory holding `libcuda.so.1` of `variant` (built on first use).
 pub fn libdir(variant: Variant) -> PathBuf {
-    static BUILT: OnceLock<Mutex<Vec<(Variant, PathBuf)>>> = OnceLock::new();
+    let (name, flags): (&str, &[&str]) = match variant {
+        Variant::Full => ("full", &[]),
+        Variant::NoBatch => ("nobatch", &["-DFAKECUDA_OMIT_BATCH"]),
+    };
+    build(name, "fakecuda.c", "libcuda.so.1", flags)
+}
+
+/// The directory holding the NVML stand-in, `libnvidia-ml.so.1` (built on
+/// first use).
+pub fn nvml_libdir() -> PathBuf {
+    build("nvml", "fakenvml.c", "libnvidia-ml.so.1", &[])
+}
+
+/// A loader path with the CUDA stand-in of `variant` and the NVML one.
+pub fn with_nvml(variant: Variant) -> String {
+    format!("{}:{}", libdir(variant).display(), nvml_libdir().display())
+}
+
+/// Compiles `tests/fakecuda/{source}` as `{lib}` into a directory `name`
+/// under the cargo target directory, once per test binary.
+fn build(name: &str, source: &str, lib: &str, flags: &[&str]) -> PathBuf {
+    static BUILT: OnceLock<Mutex<Vec<(String, PathBuf)>>> = OnceLock::new();
     let mut built = BUILT.get_or_init(|| Mutex::new(Vec::new())).lock().unwrap();
-    if let Some((_, d)) = built.iter().find(|(v, _)| *v == variant) {
+    if let Some((_, d)) = built.iter().find(|(n, _)| n == name) {
         return d.clone();
     }
-    let name = match variant {
-        Variant::Full => "full",
-        Variant::NoBatch => "nobatch",
-    };
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fakecuda").join(name);
     std::fs::create_dir_all(&dir).unwrap();
-    let tmp = dir.join(format!("libcuda.so.1.{}.tmp", std::process::id()));
+    let tmp = dir.join(format!("{lib}.{}.tmp", std::process::id()));
     let mut cc = Command::new("cc");
     cc.args(["-shared", "-fPIC", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-pthread", "-fvisibility=hidden"]);
-    if variant == Variant::NoBatch {
-        cc.arg("-DFAKECUDA_OMIT_BATCH");
-    }
-    let out = cc.arg("-o").arg(&tmp).arg(source()).output().expect("a C compiler (cc)");
-    assert!(out.status.success(), "building the CUDA stand-in: {}", String::from_utf8_lossy(&out.stderr));
-    std::fs::rename(&tmp, dir.join("libcuda.so.1")).unwrap();
-    built.push((variant, dir.clone()));
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fakecuda").join(source);
+    let out = cc.args(flags).arg("-o").arg(&tmp).arg(src).output().expect("a C compiler (cc)");
+    assert!(out.status.success(), "building the {name} stand-in: {}", String::from_utf8_lossy(&out.stderr));
+    std::fs::rename(&tmp, dir.join(lib)).unwrap();
+    built.push((name.to_string(), dir.clone()));
     dir
 }
 
@@ -61,6 +75,13 @@ pub const ENV: &[&str] = &[
     "FAKECUDA_VISIBLE_DEVICES",
     "FAKECUDA_TRACE",
     "FAKECUDA_DEVICE_NAME",
+    "FAKECUDA_IMEX_DIR",
+    "FAKENVML_GPUS",
+    "FAKENVML_CLUSTER",
+    "FAKENVML_CLIQUE",
+    "FAKENVML_STATE",
+    "FAKENVML_STATUS",
+    "FAKENVML_INIT",
 ];
 
 /// A command with the stand-in first on the loader path and no inherited

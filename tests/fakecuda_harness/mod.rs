@@ -238,3 +238,37 @@ impl std::ops::DerefMut for Pinned {
         unsafe { std::slice::from_raw_parts_mut(self.0.addr() as *mut u8, self.0.len() as usize) }
     }
 }
+
+/// The caller's own VMM storage, created with the driver directly.
+pub struct CallerVmm {
+    pub va: u64,
+    pub size: u64,
+    pub handle: u64,
+}
+
+pub fn caller_vmm(handle_types: u32, size: u64) -> CallerVmm {
+    use cudarc::driver::sys::{self, CUresult};
+    use orbite::cuda::driver::{primary_context, ContextGuard};
+    let g = ContextGuard::bind(primary_context(0).unwrap()).unwrap();
+    // SAFETY: zeroed property block, the fields that matter set below.
+    let mut pr: sys::CUmemAllocationProp = unsafe { std::mem::zeroed() };
+    pr.type_ = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+    pr.requestedHandleTypes = sys::CUmemAllocationHandleType_enum(handle_types);
+    pr.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+    pr.location.id = 0;
+    let (mut handle, mut va) = (0u64, 0u64);
+    // SAFETY: plain driver calls on out-parameters we own; the access
+    // descriptor names device 0 read/write.
+    unsafe {
+        assert_eq!(sys::cuMemCreate(&mut handle, size as usize, &pr, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(sys::cuMemAddressReserve(&mut va, size as usize, 0, 0, 0), CUresult::CUDA_SUCCESS);
+        assert_eq!(sys::cuMemMap(va, size as usize, 0, handle, 0), CUresult::CUDA_SUCCESS);
+        let d = sys::CUmemAccessDesc {
+            location: pr.location,
+            flags: sys::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        };
+        assert_eq!(sys::cuMemSetAccess(va, size as usize, &d, 1), CUresult::CUDA_SUCCESS);
+    }
+    g.restore().unwrap();
+    CallerVmm { va, size, handle }
+}

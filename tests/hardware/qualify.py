@@ -59,6 +59,16 @@ Not run unless named in --modes (it needs a pair of GPUs without P2P):
                   memory on A moves every byte. A pair with a path, or one
                   device, SKIPs: a SKIP is not a PASS
 
+  doctor          (MNNVL rows but EGM) orbite-doctor --transport mnnvl with
+                  the row's handle type on the source's GPU, against what
+                  the helpers find: POSIX fd must be usable; fabric: the
+                  doctor's verdict must agree with a real fabric export
+                  (a source with fabric handles starting or not), a "no"
+                  naming the broken layer on each failed line (a single
+                  H100/H200 has no fabric: fabric_not_supported); fabric
+                  domain: a probe import against a source of that domain
+                  must pass (SKIP where fabric handles do not work)
+
 and, with --nixl-venv (a venv holding the pinned nixl wheels:
 integrations/nixl/tests/venv.sh) and --nixl-plugin-dir (the folder of a
 built libplugin_ORBITE.so), the VRAM path through NIXL itself:
@@ -82,12 +92,13 @@ partition), and EGM (host NUMA memory from allocate_egm, both peers opted
 in; SKIP where the platform has none).
 
 Usage:
-  python3 tests/hardware/qualify.py [--binary PATH] [--devices A,B] [--memory device,host,mixed]
+  python3 tests/hardware/qualify.py [--binary PATH] [--doctor PATH] [--devices A,B] [--memory device,host,mixed]
                                     [--modes LIST] [--mnnvl LIST] [--size BYTES] [--timeout S]
                                     [--min-ratio R] [--baseline-gbps G] [--json FILE] [--out DIR]
 
 --binary is a prebuilt `orbite-gpu-qual` (cargo build --release --features cuda
---bin orbite-gpu-qual); without it the script builds one with cargo. Every
+--bin orbite-gpu-qual --bin orbite-doctor); without it the script builds both
+with cargo. --doctor is `orbite-doctor` (default: beside the binary). Every
 helper call is bounded by --timeout seconds: a helper that does not answer
 fails its row and is killed. A SKIP is not a PASS: a requested mode with no
 PASS row fails the run. It prints a line per row while it runs, then a table
@@ -104,7 +115,7 @@ import threading
 import time
 
 MODES = "topology,healthy,batch,cache,readers,source-close,requester-exit,stale,bandwidth,kv,producer"
-MNNVL_MODES = ("healthy", "batch", "cache", "readers", "bandwidth", "kv", "producer", "no-p2p")
+MNNVL_MODES = ("healthy", "batch", "cache", "readers", "bandwidth", "kv", "producer", "no-p2p", "doctor")
 # Modes for MNNVL memory on a GPU only (EGM memory is host memory).
 DEVICE_ONLY_MODES = ("producer", "no-p2p")
 # How long the producer mode holds its gate closed once the wait began.
@@ -181,7 +192,8 @@ def find_binary(args):
     if args.binary:
         return args.binary
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    subprocess.check_call(["cargo", "build", "--release", "--features", "cuda", "--bin", "orbite-gpu-qual"], cwd=root)
+    subprocess.check_call(["cargo", "build", "--release", "--features", "cuda", "--bin", "orbite-gpu-qual", "--bin",
+                           "orbite-doctor"], cwd=root)
     return os.path.join(root, "target", "release", "orbite-gpu-qual")
 
 
@@ -388,8 +400,59 @@ class Run:
             return "SKIP", "GPU %d has a peer path to GPU %d (%s): no refusal to qualify" % (b, a, detail), ""
         return self.plain(mode="no-p2p", memory=memory, transport=transport)
 
+    def doctor(self, transport):
+        """The doctor mode: orbite-doctor's verdict against what the helpers
+        find on this host. Returns (result, detail, extra)."""
+        argv = [self.args.doctor, "--transport", "mnnvl", "--handle-type", handle_of(transport), "--device",
+                str(self.src_dev), "--json"]
+        src = None
+        try:
+            works, why = True, ""
+            if transport != "mnnvl-posix_fd":
+                # The truth the doctor must agree with: a source with fabric
+                # handles starts only where a real fabric export works.
+                try:
+                    src, info = self.start_source(transport)
+                except RuntimeError as e:
+                    if "no usable CUDA" in str(e):
+                        raise
+                    works, why = False, str(e)
+            if transport == "mnnvl-fabric_domain":
+                if not works:
+                    return "SKIP", "fabric handles do not work here: %s" % why, ""
+                argv += ["--peer", info["endpoint"], "--config",
+                         json.dumps({"mnnvl": {"fabric_domain": FABRIC_DOMAIN}})]
+            try:
+                p = subprocess.run(argv, capture_output=True, text=True, timeout=self.args.timeout)
+            except subprocess.TimeoutExpired:
+                raise HelperTimeout("orbite-doctor gave no answer within %d s" % self.args.timeout)
+            try:
+                d = json.loads(p.stdout)
+            except ValueError:
+                return "FAIL", "orbite-doctor exited %d saying %r %r" % (p.returncode, p.stdout, p.stderr), ""
+            failed = [c for c in d["checks"] if c["status"] == "fail"]
+            said = "; ".join("%s: %s" % (c["layer"], c["text"]) for c in failed)
+            if any(c["cause"] == "no_driver" for c in failed):
+                raise RuntimeError("no usable CUDA: " + said)
+            if (p.returncode == 0) != (d["usable"] is True):
+                return "FAIL", "orbite-doctor exited %d with usable %s" % (p.returncode, d["usable"]), ""
+            if not all(c["cause"] for c in failed):
+                return "FAIL", "a failed line names no layer: " + said, ""
+            if d["usable"] and works:
+                peer = [c["text"] for c in d["checks"] if c["layer"] == "peer"]
+                return "PASS", "usable" + ("; peer: " + peer[0] if peer else ""), ""
+            if not d["usable"] and not works and transport == "mnnvl-fabric":
+                return "PASS", "no fabric here, as a real fabric export shows: " + said, ""
+            return "FAIL", "orbite-doctor says usable %s, a real %s export %s: %s" % (
+                d["usable"], handle_of(transport), "works" if works else "fails (%s)" % why, said), ""
+        finally:
+            if src:
+                src.stop()
+
     def mode(self, mode, memory, transport):
         """Returns (result, detail, extra)."""
+        if mode == "doctor":
+            return self.doctor(transport)
         if mode == "readers":
             return self.readers(memory, transport)
         if mode == "producer":
@@ -477,6 +540,7 @@ def nixl_vram(args):
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--binary")
+    ap.add_argument("--doctor", help="orbite-doctor (default: beside --binary)")
     ap.add_argument("--devices", default="0,0", help="A,B: the source's device and the requester's (default 0,0)")
     ap.add_argument("--memory", default="device,host,mixed",
                     help="the requester's memory for the NVLink rows ('' for no NVLink rows)")
@@ -528,12 +592,14 @@ def main():
     for t in args.mnnvl.split(","):
         if t:
             plan += [("mnnvl-" + t, "device", mode) for mode in MNNVL_MODES if mode in modes
-                     if not (t == "egm" and mode in DEVICE_ONLY_MODES)
+                     if not (t == "egm" and mode in DEVICE_ONLY_MODES + ("doctor",))
                      and not (mode == "no-p2p" and t != "posix_fd")]
     if args.nixl_venv:
         plan.append(("nixl", "device", "nixl-vram"))
     # The nixl-vram row needs no helper binary (a run of it alone builds none).
     binary = find_binary(args) if any(t != "nixl" for t, _, _ in plan) else None
+    default_doctor = os.path.join(os.path.dirname(os.path.abspath(binary)), "orbite-doctor") if binary else None
+    args.doctor = args.doctor or default_doctor
     run = Run(args, binary, log)
     rows, topo = [], None
     started = time.time()

@@ -31,6 +31,8 @@ constexpr Param kParams[] = {
     {"transport_policy", Kind::names, ""},
     {"nvlink", Kind::boolean, ""},  // default: true where a CUDA driver is on the loader path
     {"mnnvl", Kind::json, ""},
+    {"cma", Kind::boolean, ""},
+    {"cma_ptracer", Kind::text, ""},
     {"coalesce", Kind::boolean, ""},
     {"max_inflight_bytes", Kind::integer, ""},
     {"max_transfer_bytes", Kind::integer, ""},
@@ -206,11 +208,11 @@ bool buildOptions(const nixl_b_params_t &params, Options &out, std::string &why)
                     static const std::map<std::string, uint32_t> names = {
                         {"auto", ORBITE_TRANSPORT_AUTO}, {"tcp", ORBITE_TRANSPORT_TCP},
                         {"shm", ORBITE_TRANSPORT_SHM},   {"nvlink", ORBITE_TRANSPORT_NVLINK},
-                        {"mnnvl", ORBITE_TRANSPORT_MNNVL}};
+                        {"mnnvl", ORBITE_TRANSPORT_MNNVL}, {"cma", ORBITE_TRANSPORT_CMA}};
                     auto it = names.find(*v);
                     if (it == names.end()) {
                         why = "ORBITE backend parameter transport = \"" + *v +
-                              "\" is none of auto, tcp, shm, nvlink, mnnvl";
+                              "\" is none of auto, tcp, shm, cma, nvlink, mnnvl";
                         return false;
                     }
                     out.transport = it->second;

@@ -1,6 +1,9 @@
 // The shim's implementation (see include/tent/common/status.h): what the
 // adapter's tests need of TENT's status, config, segment manager and
 // control service, written for the tests. None of it is TENT's code.
+#include <glog/logging.h>
+
+#include <atomic>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +13,34 @@
 #include "tent/common/config.h"
 #include "tent/runtime/control_plane.h"
 #include "tent/runtime/segment_manager.h"
+
+namespace mooncake {
+namespace tent {
+
+}  // namespace tent
+}  // namespace mooncake
+
+// ---- glog: lines to stderr, kept for the tests -----------------------------
+
+namespace orbite_tent_shim {
+
+namespace {
+std::mutex log_lock;
+std::vector<std::string> log_lines;
+}  // namespace
+
+void log_line(const char* severity, const std::string& text) {
+    std::fprintf(stderr, "%s %s\n", severity, text.c_str());
+    std::lock_guard<std::mutex> g(log_lock);
+    log_lines.push_back(std::string(severity) + " " + text);
+}
+
+std::vector<std::string> logged() {
+    std::lock_guard<std::mutex> g(log_lock);
+    return log_lines;
+}
+
+}  // namespace orbite_tent_shim
 
 namespace mooncake {
 namespace tent {
@@ -193,8 +224,26 @@ bool Config::convert(const std::string& text, long long& out) {
 
 // ---- SegmentManager: segments in a shared directory -----------------------
 
+namespace {
+
+/// TENT keeps each thread's copies of remote segments apart (a
+/// thread-local cache, emptied everywhere when a version is bumped); so
+/// does the shim: per thread, per manager.
+struct ThreadCache {
+    uint64_t version = 0;
+    std::map<SegmentID, SegmentDescRef> descs;
+};
+std::atomic<uint64_t> next_manager{1};
+
+ThreadCache& threadCache(uint64_t manager) {
+    thread_local std::map<uint64_t, ThreadCache> caches;
+    return caches[manager];
+}
+
+}  // namespace
+
 SegmentManager::SegmentManager(std::string dir, std::string local_name, std::string rpc_server_addr)
-    : dir_(std::move(dir)), local_(std::make_shared<SegmentDesc>()) {
+    : dir_(std::move(dir)), local_(std::make_shared<SegmentDesc>()), id_(next_manager.fetch_add(1)) {
     local_->name = std::move(local_name);
     local_->type = SegmentType::Memory;
     local_->rpc_server_addr = std::move(rpc_server_addr);
@@ -216,7 +265,6 @@ Status SegmentManager::openRemote(SegmentID& handle, const std::string& segment_
 Status SegmentManager::closeRemote(SegmentID handle) {
     std::lock_guard<std::mutex> g(lock_);
     names_.erase(handle);
-    cache_.erase(handle);
     return Status::OK();
 }
 
@@ -225,16 +273,26 @@ Status SegmentManager::getRemoteCached(SegmentDescRef& desc, SegmentID handle) {
         desc = getLocal();
         return Status::OK();
     }
-    std::lock_guard<std::mutex> g(lock_);
-    auto name = names_.find(handle);
-    if (name == names_.end()) return Status::InvalidArgument("no segment id " + std::to_string(handle) + LOC_MARK);
-    auto cached = cache_.find(handle);
-    if (cached != cache_.end()) {
+    ThreadCache& cache = threadCache(id_);
+    uint64_t version = version_.load();
+    if (cache.version != version) {
+        cache.descs.clear();
+        cache.version = version;
+    }
+    auto cached = cache.descs.find(handle);
+    if (cached != cache.descs.end()) {
         desc = cached->second;
         return Status::OK();
     }
-    std::ifstream in(dir_ + "/" + name->second + ".segment");
-    if (!in) return Status::MetadataError("segment " + name->second + " is not published" LOC_MARK);
+    std::string segment;
+    {
+        std::lock_guard<std::mutex> g(lock_);
+        auto name = names_.find(handle);
+        if (name == names_.end()) return Status::InvalidArgument("no segment id " + std::to_string(handle) + LOC_MARK);
+        segment = name->second;
+    }
+    std::ifstream in(dir_ + "/" + segment + ".segment");
+    if (!in) return Status::MetadataError("segment " + segment + " is not published" LOC_MARK);
     auto seg = std::make_shared<SegmentDesc>();
     seg->type = SegmentType::Memory;
     MemorySegmentDesc mem;
@@ -260,14 +318,18 @@ Status SegmentManager::getRemoteCached(SegmentDescRef& desc, SegmentID handle) {
         }
     }
     seg->detail = std::move(mem);
-    cache_[handle] = seg;
+    cache.descs[handle] = seg;
     desc = seg;
     return Status::OK();
 }
 
 Status SegmentManager::invalidateRemote(SegmentID handle) {
-    std::lock_guard<std::mutex> g(lock_);
-    cache_.erase(handle);
+    threadCache(id_).descs.erase(handle);
+    return Status::OK();
+}
+
+Status SegmentManager::invalidateAllCacheForRemote(const std::string&) {
+    version_.fetch_add(1);
     return Status::OK();
 }
 

@@ -38,12 +38,18 @@ usage: orbite-bench [options]
   --name NAME --etcd URL          target: publish under NAME in etcd (discovery); initiator:
                                  find the target by NAME instead of --endpoint
   --listen IP:PORT               where a target listens (default 127.0.0.1:0)
-  --transport LIST               tcp, shm, nvlink, mnnvl, auto (repeatable or comma list;
+  --transport LIST               tcp, shm, cma, nvlink, mnnvl, auto (repeatable or comma list;
                                  default: every transport available here). nvlink and mnnvl
                                  move device memory and need a build with the cuda feature
-  --memory device|host|mixed     NVLink/MNNVL: the initiator's memory (device memory, pinned
+  --memory device|host|mixed|foreign
+                                 NVLink/MNNVL: the initiator's memory (device memory, pinned
                                  host memory, or both alternately; default device); the
-                                 target always serves device memory
+                                 target always serves device memory. foreign: both sides
+                                 register memory from malloc, which tcp, cma and auto move
+                                 (default transports then tcp, shm, cma; shm moves its own
+                                 shared memory beside them, for comparison). Each cma point
+                                 is followed by cma_raw: process_vm_readv/writev alone, one
+                                 thread, the same blocks (what the kernel gives one caller)
   --devices A,B                  NVLink/MNNVL: the target's device and the initiator's (default 0,0)
   --op LIST                      read, write (default both)
   --block-size LIST              sizes with B/KiB/MiB/GiB suffixes (default 4KiB,64KiB,1MiB,8MiB)
@@ -78,8 +84,9 @@ usage: orbite-bench [options]
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Point {
     pub transport: String,
-    /// The initiator's memory: `shared_host` (TCP, SHM), or `device`,
-    /// `host`, `mixed` (NVLink, MNNVL: the target serves device memory).
+    /// The initiator's memory: `shared_host` (TCP, SHM), `foreign` (memory
+    /// from malloc on both sides: TCP, CMA), or `device`, `host`, `mixed`
+    /// (NVLink, MNNVL: the target serves device memory).
     pub memory: String,
     pub op: String,
     pub block_size: u64,
@@ -267,12 +274,12 @@ fn parse_opts() -> Opts {
         }
     }
     for t in &o.transports {
-        if !["tcp", "shm", "nvlink", "mnnvl", "auto"].contains(&t.as_str()) {
-            die(&format!("unknown transport {t:?} (tcp, shm, nvlink, mnnvl, auto)"));
+        if !["tcp", "shm", "cma", "nvlink", "mnnvl", "auto"].contains(&t.as_str()) {
+            die(&format!("unknown transport {t:?} (tcp, shm, cma, nvlink, mnnvl, auto)"));
         }
     }
-    if !["device", "host", "mixed"].contains(&o.memory.as_str()) {
-        die(&format!("unknown memory {:?} (device, host, mixed)", o.memory));
+    if !["device", "host", "mixed", "foreign"].contains(&o.memory.as_str()) {
+        die(&format!("unknown memory {:?} (device, host, mixed, foreign)", o.memory));
     }
     if o.ops.is_empty() {
         o.ops = vec![Op::Read, Op::Write];
@@ -310,27 +317,80 @@ fn is_cuda_transport(t: &str) -> bool {
     t == "nvlink" || t == "mnnvl"
 }
 
-/// The target's engine and the memory it serves: shared host memory, or
-/// (`--target-kind nvlink|mnnvl`) device memory on the first of `--devices`.
-fn target_memory(o: &Opts) -> (Engine, orbite::Allocation) {
+/// Memory from the C library's `malloc`, as an application allocates its
+/// own buffers (`--memory foreign`), touched once; freed when dropped.
+struct Foreign {
+    addr: u64,
+}
+
+impl Foreign {
+    fn new(len: u64) -> Foreign {
+        // SAFETY: malloc of `len` bytes; checked below.
+        let p = unsafe { libc::malloc(len as usize) };
+        if p.is_null() {
+            die(&format!("malloc of {len} bytes failed"));
+        }
+        touch(p.cast(), len as usize);
+        Foreign { addr: p as u64 }
+    }
+}
+
+impl Drop for Foreign {
+    fn drop(&mut self) {
+        // SAFETY: the pointer malloc returned in `new`, freed once; its
+        // registration ended with its engine, before this drop.
+        unsafe { libc::free(self.addr as *mut libc::c_void) };
+    }
+}
+
+/// What keeps a target's memory alive.
+enum Served {
+    Allocation(orbite::Allocation),
+    Foreign(Foreign),
+}
+
+impl Served {
+    fn addr(&self) -> u64 {
+        match self {
+            Served::Allocation(a) => a.addr(),
+            Served::Foreign(f) => f.addr,
+        }
+    }
+}
+
+/// The target's engine and the memory it serves: shared host memory, memory
+/// from malloc (`--target-kind foreign`), or (`--target-kind nvlink|mnnvl`)
+/// device memory on the first of `--devices`.
+fn target_memory(o: &Opts) -> (Engine, Served) {
     if is_cuda_transport(&o.target_kind) {
         #[cfg(feature = "cuda")]
         return cuda::target(&o.target_kind, &o.listen, o.devices.0, o.buffer_size, &engine_keys(o, None))
+            .map(|(e, a)| (e, Served::Allocation(a)))
             .unwrap_or_else(|e| die(&e));
         #[cfg(not(feature = "cuda"))]
         die(NO_CUDA_BUILD);
     }
     let engine = Engine::from_json(&format!(r#"{{"listen": "{}"{}}}"#, o.listen, engine_keys(o, None)))
         .unwrap_or_else(|e| die(&e.to_string()));
-    let alloc = allocate_shared_host(o.buffer_size).unwrap_or_else(|e| die(&e.to_string()));
-    touch(alloc.addr() as *mut u8, o.buffer_size as usize);
-    engine.register_memory(alloc.addr(), o.buffer_size, Access::READ_WRITE).unwrap_or_else(|e| die(&e.to_string()));
-    (engine, alloc)
+    let served = match o.target_kind.as_str() {
+        "foreign" => Served::Foreign(Foreign::new(o.buffer_size)),
+        _ => {
+            let alloc = allocate_shared_host(o.buffer_size).unwrap_or_else(|e| die(&e.to_string()));
+            touch(alloc.addr() as *mut u8, o.buffer_size as usize);
+            Served::Allocation(alloc)
+        }
+    };
+    engine.register_memory(served.addr(), o.buffer_size, Access::READ_WRITE).unwrap_or_else(|e| die(&e.to_string()));
+    (engine, served)
 }
 
 fn run_target(o: &Opts) {
     let (engine, alloc) = target_memory(o);
-    println!("{}", serde_json::json!({"endpoint": engine.endpoint(), "addr": alloc.addr(), "len": o.buffer_size}));
+    println!(
+        "{}",
+        serde_json::json!({"endpoint": engine.endpoint(), "addr": alloc.addr(), "len": o.buffer_size,
+            "pid": std::process::id()})
+    );
     std::io::stdout().flush().ok();
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
@@ -511,6 +571,8 @@ fn memcpy_baseline(o: &Opts, bs: u64) -> f64 {
 struct Target {
     child: std::process::Child,
     endpoint: String,
+    /// The target process's pid (the raw cross-memory calls of `cma_raw`).
+    pid: u32,
 }
 
 fn spawn_target(o: &Opts, kind: &str) -> Target {
@@ -527,7 +589,8 @@ fn spawn_target(o: &Opts, kind: &str) -> Target {
     let mut line = String::new();
     std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("target line");
     let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| die(&format!("target said {line:?}")));
-    Target { endpoint: v["endpoint"].as_str().expect("endpoint").to_string(), child }
+    let pid = v["pid"].as_u64().unwrap_or(0) as u32;
+    Target { endpoint: v["endpoint"].as_str().expect("endpoint").to_string(), child, pid }
 }
 
 impl Drop for Target {
@@ -543,6 +606,7 @@ fn transport_of(name: &str) -> Transport {
         "shm" => Transport::Only(TransportKind::Shm),
         "nvlink" => Transport::Only(TransportKind::Nvlink),
         "mnnvl" => Transport::Only(TransportKind::Mnnvl),
+        "cma" => Transport::Only(TransportKind::Cma),
         _ => Transport::Auto,
     }
 }
@@ -567,6 +631,8 @@ struct Setup {
     locals: Vec<u64>,
     memory: String,
     _allocs: Vec<orbite::Allocation>,
+    /// Local memory from malloc (`--memory foreign`).
+    _foreign: Option<Foreign>,
     _target: Option<Target>,
     /// More targets (`--peers`): (peer, remote region address, length).
     others: Vec<(u64, u64, u64)>,
@@ -594,6 +660,7 @@ impl Setup {
             locals: allocs.iter().map(|a| a.addr()).collect(),
             memory: memory.to_string(),
             _allocs: allocs,
+            _foreign: None,
             _target: target,
             others: Vec::new(),
             _others: Vec::new(),
@@ -716,6 +783,51 @@ fn measure(c: &Setup, o: &Opts, transport: &str, op: Op, bs: u64, notify: bool) 
     (done, secs, lat, failed)
 }
 
+/// The cross-memory calls alone, as the kernel gives them to one thread:
+/// `--batch-size` blocks of `bs` bytes per `process_vm_readv` (READ) or
+/// `process_vm_writev` (WRITE) between the setup's local buffer and the
+/// target's, rotating over both as [`measure`] does, for `--duration`. What
+/// a CMA point (one thread, without its copy pool) can approach: GB/s and
+/// calls per second. `None` without a target process of this run.
+fn cma_raw(c: &Setup, o: &Opts, op: Op, bs: u64) -> Option<(f64, f64)> {
+    let pid = c._target.as_ref()?.pid as libc::pid_t;
+    let blocks = (c.remote_len / bs).max(1);
+    let per_local = (o.buffer_size / bs).max(1);
+    let n = o.batch.min(1024);
+    let (mut local, mut remote) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    let (mut k, mut bytes, mut calls) = (0u64, 0u64, 0u64);
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs_f64(o.duration);
+    while Instant::now() < end {
+        local.clear();
+        remote.clear();
+        for _ in 0..n {
+            let l = c.locals[0] + (k % per_local) * bs;
+            let r = c.remote + (k % blocks) * bs;
+            local.push(libc::iovec { iov_base: l as *mut libc::c_void, iov_len: bs as usize });
+            remote.push(libc::iovec { iov_base: r as *mut libc::c_void, iov_len: bs as usize });
+            k += 1;
+        }
+        // SAFETY: the local ranges lie in this setup's registered buffer of
+        // `buffer_size` bytes, alive across the call; the kernel checks the
+        // target's ranges.
+        let moved = unsafe {
+            match op {
+                Op::Read => libc::process_vm_readv(pid, local.as_ptr(), n as _, remote.as_ptr(), n as _, 0),
+                Op::Write => libc::process_vm_writev(pid, local.as_ptr(), n as _, remote.as_ptr(), n as _, 0),
+            }
+        };
+        if moved < 0 {
+            eprintln!("\ncma_raw: {}", std::io::Error::last_os_error());
+            return None;
+        }
+        bytes += moved as u64;
+        calls += 1;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    Some((bytes as f64 / secs / 1e9, calls as f64 / secs))
+}
+
 fn fmt_size(b: u64) -> String {
     if b >= 1 << 20 && b % (1 << 20) == 0 {
         format!("{}MiB", b >> 20)
@@ -783,9 +895,18 @@ fn connect(
     Ok((peer, region, endpoint))
 }
 
-/// TCP, SHM and auto: shared host memory on both sides.
-fn host_setup(o: &Opts, endpoint: Option<&str>) -> Result<Setup, String> {
-    let target = (endpoint.is_none() && o.name.is_none()).then(|| spawn_target(o, "host"));
+/// Whether transport `t` is measured on memory from malloc: CMA always
+/// (it moves nothing else), TCP and auto with `--memory foreign`; SHM never
+/// (it moves only the library's shared memory).
+fn foreign_for(o: &Opts, t: &str) -> bool {
+    t == "cma" || (t != "shm" && o.memory == "foreign")
+}
+
+/// TCP, SHM, CMA and auto: shared host memory on both sides, or memory
+/// from malloc (`foreign`).
+fn host_setup(o: &Opts, endpoint: Option<&str>, foreign: bool) -> Result<Setup, String> {
+    let kind = if foreign { "foreign" } else { "host" };
+    let target = (endpoint.is_none() && o.name.is_none()).then(|| spawn_target(o, kind));
     let endpoint =
         endpoint.map(str::to_string).or_else(|| target.as_ref().map(|t| t.endpoint.clone())).unwrap_or_default();
     let cfg = format!(
@@ -796,13 +917,20 @@ fn host_setup(o: &Opts, endpoint: Option<&str>) -> Result<Setup, String> {
     let (peer, region, endpoint) = connect(&engine, o, &endpoint)?;
     // `--peers N`: N-1 more targets, all connected to this engine.
     let _others: Vec<Target> = match (target.is_some(), o.peers > 1) {
-        (true, true) => (1..o.peers).map(|_| spawn_target(o, "host")).collect(),
+        (true, true) => (1..o.peers).map(|_| spawn_target(o, kind)).collect(),
         _ => Vec::new(),
     };
     let mut others = Vec::new();
     for t in &_others {
         let (p, r, _) = connect(&engine, &Opts { name: None, ..o.clone() }, &t.endpoint)?;
         others.push((p, r.addr, r.len));
+    }
+    if foreign {
+        let local = Foreign::new(o.buffer_size);
+        engine.register_memory(local.addr, o.buffer_size, Access::NONE).map_err(|e| e.to_string())?;
+        let mut s = Setup::new(engine, endpoint, peer, &region, Vec::new(), "foreign", target);
+        s.locals = vec![local.addr];
+        return Ok(Setup { others, _others, _foreign: Some(local), ..s });
     }
     let local = allocate_shared_host(o.buffer_size).map_err(|e| e.to_string())?;
     touch(local.addr() as *mut u8, o.buffer_size as usize);
@@ -874,22 +1002,24 @@ fn cuda_baseline(_: &Opts, _: Op, _: u64) -> (String, f64) {
 }
 
 fn run_initiator(o: &Opts, endpoint: Option<&str>) -> Vec<Point> {
-    let wanted: Vec<String> = if o.transports.is_empty() {
+    let wanted: Vec<String> = if o.transports.is_empty() && o.memory == "foreign" {
+        vec!["tcp".into(), "shm".into(), "cma".into()]
+    } else if o.transports.is_empty() {
         vec!["tcp".into(), "shm".into(), "nvlink".into(), "mnnvl".into()]
     } else {
         o.transports.clone()
     };
     // One setup for the host transports, one per CUDA transport; each
     // transport is probed with one small request first.
-    let mut host: Option<Setup> = None;
+    let mut host: Option<(bool, Setup)> = None;
     let mut runs: Vec<(String, Setup)> = Vec::new();
     for t in wanted {
         let setup = if is_cuda_transport(&t) {
             cuda_setup(o, &t, endpoint)
         } else {
             match host.take() {
-                Some(h) => Ok(h),
-                None => host_setup(o, endpoint),
+                Some((foreign, h)) if foreign == foreign_for(o, &t) => Ok(h),
+                _ => host_setup(o, endpoint, foreign_for(o, &t)),
             }
         };
         let setup = match setup {
@@ -907,7 +1037,7 @@ fn run_initiator(o: &Opts, endpoint: Option<&str>) -> Vec<Point> {
         if let Err(e) = probe {
             eprintln!("skipping {t}: {e}");
             if !is_cuda_transport(&t) {
-                host = Some(setup);
+                host = Some((foreign_for(o, &t), setup));
             }
             continue;
         }
@@ -930,6 +1060,7 @@ fn run_initiator(o: &Opts, endpoint: Option<&str>) -> Vec<Point> {
                     if o.latency { ("none".to_string(), 0.0) } else { baseline_for(o, t, op, bs, &mut memo) };
                 let bytes = done * bs;
                 let gbps = if secs > 0.0 { bytes as f64 / secs / 1e9 } else { 0.0 };
+                let at = points.len();
                 points.push(Point {
                     transport: t.clone(),
                     memory: setup.memory.clone(),
@@ -992,6 +1123,21 @@ fn run_initiator(o: &Opts, endpoint: Option<&str>) -> Vec<Point> {
                     p.baseline_gbps = base;
                     p.ratio_to_baseline = if base > 0.0 { p.gbps / base } else { 0.0 };
                     points.push(p);
+                }
+                if t == "cma" && o.baselines && !o.latency {
+                    if let Some((raw, calls)) = cma_raw(setup, o, op, bs) {
+                        let plain = points[at].clone();
+                        points.push(Point {
+                            transport: "cma_raw".into(),
+                            gbps: raw,
+                            ops_per_sec: calls * o.batch.min(1024) as f64,
+                            p50_us: 0.0,
+                            p99_us: 0.0,
+                            ratio_to_baseline: if base > 0.0 { raw / base } else { 0.0 },
+                            requests_failed: 0,
+                            ..plain
+                        });
+                    }
                 }
             }
         }
@@ -1081,8 +1227,12 @@ fn notify_point(o: &Opts, t: &str, c: &Setup) -> Point {
 fn run_reader(o: &Opts) {
     let endpoint = o.endpoint.clone().unwrap_or_else(|| die("--mode reader needs --endpoint"));
     let t = o.transports.first().cloned().unwrap_or_else(|| "auto".into());
-    let setup = if is_cuda_transport(&t) { cuda_setup(o, &t, Some(&endpoint)) } else { host_setup(o, Some(&endpoint)) }
-        .unwrap_or_else(|e| die(&e));
+    let setup = if is_cuda_transport(&t) {
+        cuda_setup(o, &t, Some(&endpoint))
+    } else {
+        host_setup(o, Some(&endpoint), foreign_for(o, &t))
+    }
+    .unwrap_or_else(|e| die(&e));
     println!("ready");
     std::io::stdout().flush().ok();
     let mut go = String::new();

@@ -3,7 +3,8 @@
 //! loans, charges, caches) is written once against this; SHM plugs in host
 //! memfd memory, the CUDA backends plug in driver calls.
 
-use crate::error::Result;
+use crate::control::identity::ProcessIdentity;
+use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use std::os::fd::{OwnedFd, RawFd};
 
@@ -16,6 +17,9 @@ pub struct ExportedHandle {
     pub fd: Option<RawFd>,
     /// A descriptor made for this export alone, closed once sent.
     pub owned_fd: Option<OwnedFd>,
+    /// How [`IpcBackend::handle_held`] later tells whether what was sent is
+    /// still held anywhere (`None`: the backend cannot tell).
+    pub mark: Option<u64>,
 }
 
 /// A handle as received by the requester.
@@ -24,6 +28,9 @@ pub struct ReceivedHandle {
     pub bytes: Vec<u8>,
     /// Descriptor received with the handle, if any.
     pub fd: Option<OwnedFd>,
+    /// The exporting process, as the kernel named the other end of the
+    /// Unix channel the handle came on (`None` over a fabric channel).
+    pub source: Option<ProcessIdentity>,
 }
 
 /// One copy between a local address and an address inside an imported
@@ -118,6 +125,47 @@ pub trait IpcBackend: Send + Sync {
     /// Source side: an export of `base` ended (its close receipt arrived or
     /// its importer provably exited). Backends that count exports use it.
     fn unexport(&self, _base: u64) {}
+    /// Source side: whether an export covers the registration it was asked
+    /// for (memory the library did not allocate: CMA) rather than the
+    /// library allocation holding it, which it then holds against a free.
+    fn exports_registrations(&self) -> bool {
+        false
+    }
+    /// Whether an import maps the remote memory into this process, and
+    /// so charges the mapping budget (CMA copies through the kernel and
+    /// maps nothing).
+    fn maps(&self) -> bool {
+        true
+    }
+    /// Source side: whether the requester process `requester`, running
+    /// as `uid` (the kernel's credentials of its Unix channel), may use
+    /// this transport; an error refuses the channel with its status. CMA
+    /// admits only its own user's processes, and names the requester as
+    /// this process's ptracer where Yama asks for it.
+    fn admit(&self, _uid: u32, _requester: &ProcessIdentity) -> Result<()> {
+        Ok(())
+    }
+    /// Requester side: why this backend can never reach the source process
+    /// `source` (`None`: it may), asked before the first channel to it.
+    fn refusal(&self, _source: &ProcessIdentity) -> Option<String> {
+        None
+    }
+    /// Requester side: whether `e`, from an import or a copy, means that
+    /// this backend can never reach that source (CMA: the kernel refused
+    /// the access), so that its requests take another transport from then on.
+    fn refuses_for_good(&self, _e: &Error) -> bool {
+        false
+    }
+    /// Source side: whether the handle of `base` exported with `mark` may
+    /// still be held — open or mapped — by any process, the importer's
+    /// exit notwithstanding (SHM: a forked child keeps its mappings, a
+    /// descriptor may have been passed on; `held_file`). Backends whose
+    /// handles live in the importing process alone answer `false`: a CUDA
+    /// mapping and its context do not survive into a forked child, so the
+    /// process's exit is the proof.
+    fn handle_held(&self, _base: u64, _mark: u64) -> bool {
+        false
+    }
     /// Requester side: maps a received handle of `physical` bytes,
     /// read-write only when the grant allows WRITE, for copies with local
     /// memory on `local_device` (`None`: host memory; the backend's rule

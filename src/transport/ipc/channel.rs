@@ -484,10 +484,11 @@ impl Channel {
             return Err(Error::Protocol(format!("IPC frame of {} bytes is too large", header.body_len)));
         }
         let body = io::read_body(&mut self.stream, header.body_len, &mut tick)?;
-        // Descriptors come only with an export's handle (one) and with the
-        // Welcome (the source's grant board and liveness page).
+        // Descriptors come only with an export's handle or a POSIX-fd MNNVL
+        // probe (one) and with the Welcome (the source's grant board and
+        // liveness page).
         let allowed = match header.kind {
-            MsgKind::ExportHandle => 1,
+            MsgKind::ExportHandle | MsgKind::MnnvlProbeAnswer => 1,
             MsgKind::IpcWelcome => MAX_FDS,
             _ => 0,
         };
@@ -713,6 +714,8 @@ mod tests {
             (MsgKind::IpcWelcome, 3, true),
             (MsgKind::ExportHandle, 1, false),
             (MsgKind::ExportHandle, 2, true),
+            (MsgKind::MnnvlProbeAnswer, 1, false),
+            (MsgKind::MnnvlProbeAnswer, 2, true),
             (MsgKind::Ack, 1, true),
         ] {
             let (a, b) = UnixStream::pair().unwrap();

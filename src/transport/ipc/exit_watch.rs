@@ -1,48 +1,76 @@
 //! Watching an importing process for its exit: a process descriptor
 //! (`pidfd_open(2)`) served by the engine's I/O threads. The kernel makes
-//! it readable when the process exits, after its memory (and every mapping
-//! it held) was released; the watch then runs its callback once, so that a
-//! source reclaims the exports of an importer that died while the source
-//! runs, without waiting for its close.
+//! it readable once every thread of the process has exited (a leader that
+//! exited alone leaves it unreadable), after the process's memory (and
+//! every mapping it held) was released. The watch runs its callback at
+//! once then, and every [`RECHECK`] before and after, until the callback
+//! says nothing of the process is left to wait for: so a source reclaims
+//! the exports of an importer that died while the source runs, without
+//! waiting for its close, and those whose handle something else still
+//! held (a child it forked) once that lets go. A process that cannot be
+//! given a descriptor (gone already, or a kernel without `pidfd_open`) is
+//! watched at the I/O threads' ticks through `/proc`, registered with a
+//! descriptor that never fires.
 
-use super::export::{process_exited, ExitWatchFn};
+use super::export::{process_exited, ExitWatchFn, OnExit};
 use crate::control::identity::{process_start_time, ProcessIdentity};
 use crate::transport::reactor::{Flow, Handler, Reactor};
 use parking_lot::Mutex;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How often the callback runs while something of the process is left.
+pub const RECHECK: Duration = Duration::from_secs(1);
 
 /// One watched process.
 struct ExitWatch {
-    /// Kept open while registered (the reactor polls it).
-    _fd: OwnedFd,
+    /// Kept open while registered (the reactor polls it): the process's
+    /// descriptor, or (`pidfd` false) one that never becomes ready.
+    fd: OwnedFd,
+    pidfd: bool,
     who: ProcessIdentity,
-    /// Taken when it runs (once).
-    on_exit: Mutex<Option<Box<dyn Fn() + Send + Sync>>>,
+    on_exit: OnExit,
+    /// `None` once the callback said the watch may end; otherwise when it
+    /// runs next, and whether the process was seen exited.
+    next: Mutex<Option<(Instant, bool)>>,
 }
 
 impl ExitWatch {
-    /// Runs the callback if the process exited; `Done` then.
-    fn check(&self) -> Flow {
-        if !process_exited(&self.who) {
+    fn exited(&self) -> bool {
+        if self.pidfd {
+            pidfd_exited(&self.fd)
+        } else {
+            process_exited(&self.who)
+        }
+    }
+
+    /// Runs the callback when the process has just exited, or when it is
+    /// time; `Done` once the callback says nothing is left.
+    fn check(&self, now: Instant) -> Flow {
+        let mut next = self.next.lock();
+        let Some((at, seen)) = *next else { return Flow::Done };
+        let exited = seen || self.exited();
+        if now < at && exited == seen {
             return Flow::Idle;
         }
-        if let Some(f) = self.on_exit.lock().take() {
-            f();
+        if (self.on_exit)(exited) {
+            *next = None;
+            return Flow::Done;
         }
-        Flow::Done
+        *next = Some((now + RECHECK, exited));
+        Flow::Idle
     }
 }
 
 impl Handler for ExitWatch {
     fn ready(&self, _scratch: &mut [u8]) -> Flow {
-        self.check()
+        self.check(Instant::now())
     }
 
-    fn tick(&self, _now: Instant) -> Flow {
+    fn tick(&self, now: Instant) -> Flow {
         // Also covers a readable edge that came before registration.
-        self.check()
+        self.check(now)
     }
 }
 
@@ -64,28 +92,39 @@ pub(super) fn open_pidfd(who: &ProcessIdentity) -> Option<OwnedFd> {
 }
 
 /// Whether the process behind `fd` (from [`open_pidfd`]) has exited: the
-/// kernel makes the descriptor readable then. One poll, no wait.
+/// kernel makes the descriptor readable once all its threads have. One
+/// poll, no wait.
 pub(super) fn pidfd_exited(fd: &OwnedFd) -> bool {
     let mut p = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
     // SAFETY: one valid pollfd for the duration of the call; timeout 0.
     unsafe { libc::poll(&mut p, 1, 0) > 0 }
 }
 
-/// The exit watch of an engine whose I/O threads are `reactor`: a watched
-/// process that already exited runs its callback at once; one that cannot
-/// be watched (no pidfd) answers `false`.
+/// A descriptor that never becomes ready (an eventfd nobody writes): what
+/// a watch without a process descriptor registers to get its ticks.
+fn never_ready() -> Option<OwnedFd> {
+    // SAFETY: eventfd takes an initial value and flags, returns a new
+    // descriptor or -1.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    // SAFETY: a fresh descriptor owned here alone.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The exit watch of an engine whose I/O threads are `reactor`. `false`
+/// when no watch could be registered (the engine is stopping).
 pub fn watcher(reactor: Weak<Reactor>) -> ExitWatchFn {
-    Box::new(move |who: ProcessIdentity, on_exit: Box<dyn Fn() + Send + Sync>| {
-        let Some(fd) = open_pidfd(&who) else {
-            if process_exited(&who) {
-                on_exit();
-                return true;
-            }
-            return false;
+    Box::new(move |who: ProcessIdentity, on_exit: OnExit| {
+        let (fd, pidfd) = match open_pidfd(&who) {
+            Some(fd) => (fd, true),
+            None => match never_ready() {
+                Some(fd) => (fd, false),
+                None => return false,
+            },
         };
         let Some(reactor) = reactor.upgrade() else { return false };
         let raw = fd.as_raw_fd();
-        let w = Arc::new(ExitWatch { _fd: fd, who, on_exit: Mutex::new(Some(on_exit)) });
+        let first = (Instant::now() + RECHECK, false);
+        let w = Arc::new(ExitWatch { fd, pidfd, who, on_exit, next: Mutex::new(Some(first)) });
         // The handler owns the descriptor: it stays open until `Done`.
         reactor.register(raw, w).is_ok()
     })
@@ -95,17 +134,34 @@ pub fn watcher(reactor: Weak<Reactor>) -> ExitWatchFn {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::time::Duration;
 
-    /// Watches `who` with a callback that counts its runs; the count.
-    fn watch_counting(watch: &ExitWatchFn, who: ProcessIdentity) -> Arc<AtomicU64> {
-        let fired = Arc::new(AtomicU64::new(0));
-        let f = fired.clone();
-        let on_exit = Box::new(move || {
-            f.fetch_add(1, Ordering::SeqCst);
+    /// Watches `who` with a callback that counts its runs after the exit
+    /// and answers `true` (nothing left) from its `done_at`-th on; the
+    /// count. A run before the exit answers `false` and counts apart.
+    fn watch_counting(watch: &ExitWatchFn, who: ProcessIdentity, done_at: u64) -> (Arc<AtomicU64>, Arc<AtomicU64>) {
+        let (fired, early) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let (f, e) = (fired.clone(), early.clone());
+        let on_exit = Box::new(move |exited| match exited {
+            true => f.fetch_add(1, Ordering::SeqCst) + 1 >= done_at,
+            false => {
+                e.fetch_add(1, Ordering::SeqCst);
+                false
+            }
         });
         assert!(watch(who, on_exit), "the watch was refused");
-        fired
+        (fired, early)
+    }
+
+    fn until(what: &str, f: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !f() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn identity(child: &std::process::Child) -> ProcessIdentity {
+        ProcessIdentity { pid: child.id(), start_time: process_start_time(child.id()) }
     }
 
     #[test]
@@ -113,29 +169,43 @@ mod tests {
         let reactor = Arc::new(Reactor::new(1, Duration::ZERO));
         let watch = watcher(Arc::downgrade(&reactor));
         let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
-        let who = ProcessIdentity { pid: child.id(), start_time: process_start_time(child.id()) };
-        let fired = watch_counting(&watch, who);
+        let (fired, early) = watch_counting(&watch, identity(&child), 1);
+        // Asked again while it lives (a lingering export may end then).
+        until("the callback ran before the exit", || early.load(Ordering::SeqCst) >= 1);
         assert_eq!(fired.load(Ordering::SeqCst), 0, "fired while the child lives");
         child.kill().unwrap();
-        // Not reaped yet: a zombie counts as exited.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while fired.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        assert_eq!(fired.load(Ordering::SeqCst), 1);
+        // Not reaped yet: a zombie whose every thread exited counts.
+        until("the callback ran", || fired.load(Ordering::SeqCst) == 1);
         child.wait().unwrap();
         reactor.stop();
         assert_eq!(fired.load(Ordering::SeqCst), 1);
     }
 
     #[test]
-    fn a_process_gone_already_runs_the_callback_at_once() {
+    fn a_process_gone_already_runs_the_callback_at_the_next_tick() {
         let reactor = Arc::new(Reactor::new(1, Duration::ZERO));
         let watch = watcher(Arc::downgrade(&reactor));
         let mut child = std::process::Command::new("true").spawn().unwrap();
-        let who = ProcessIdentity { pid: child.id(), start_time: process_start_time(child.id()) };
+        let who = identity(&child);
         child.wait().unwrap();
-        let fired = watch_counting(&watch, who);
+        let (fired, _) = watch_counting(&watch, who, 1);
+        until("the callback ran", || fired.load(Ordering::SeqCst) == 1);
+        reactor.stop();
         assert_eq!(fired.load(Ordering::SeqCst), 1);
+    }
+
+    /// A callback that says something still holds what the process was
+    /// sent is asked again, until it says nothing is left.
+    #[test]
+    fn the_callback_runs_again_until_nothing_is_left() {
+        let reactor = Arc::new(Reactor::new(1, Duration::ZERO));
+        let watch = watcher(Arc::downgrade(&reactor));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let who = identity(&child);
+        child.wait().unwrap();
+        let (fired, _) = watch_counting(&watch, who, 3);
+        until("the callback ran three times", || fired.load(Ordering::SeqCst) == 3);
+        reactor.stop();
+        assert_eq!(fired.load(Ordering::SeqCst), 3);
     }
 }

@@ -5,6 +5,7 @@
 //! operation) until armed; tests arm it through `Engine::faults()`.
 
 use super::backend::{CopyOp, CopyPlan, ExportedHandle, IpcBackend, Mapping, Posting, ReceivedHandle};
+use crate::control::identity::ProcessIdentity;
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use std::sync::atomic::AtomicU32;
@@ -81,6 +82,24 @@ impl IpcBackend for FaultyBackend {
     }
     fn unexport(&self, base: u64) {
         self.inner.unexport(base)
+    }
+    fn exports_registrations(&self) -> bool {
+        self.inner.exports_registrations()
+    }
+    fn maps(&self) -> bool {
+        self.inner.maps()
+    }
+    fn admit(&self, uid: u32, requester: &ProcessIdentity) -> Result<()> {
+        self.inner.admit(uid, requester)
+    }
+    fn refusal(&self, source: &ProcessIdentity) -> Option<String> {
+        self.inner.refusal(source)
+    }
+    fn refuses_for_good(&self, e: &Error) -> bool {
+        self.inner.refuses_for_good(e)
+    }
+    fn handle_held(&self, base: u64, mark: u64) -> bool {
+        self.inner.handle_held(base, mark)
     }
     fn import(
         &self,

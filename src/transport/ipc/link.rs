@@ -79,6 +79,12 @@ pub struct IpcLink {
     /// A process descriptor of the source (Unix routes on this boot),
     /// opened on the first [`IpcLink::source_exited`].
     source_pidfd: once_cell::sync::OnceCell<Option<std::os::fd::OwnedFd>>,
+    /// Why this link's transport can never reach its source (its backend
+    /// found so: CMA across users or PID namespaces, or refused by the
+    /// kernel); set once.
+    refused: once_cell::sync::OnceCell<String>,
+    /// The backend's checks before a first channel passed.
+    checked: std::sync::atomic::AtomicBool,
 }
 
 /// What the link's lock guards; held only to look or change, never
@@ -135,7 +141,30 @@ impl IpcLink {
             next_tag: AtomicU64::new(1),
             generation: AtomicU64::new(0),
             source_pidfd: once_cell::sync::OnceCell::new(),
+            refused: once_cell::sync::OnceCell::new(),
+            checked: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Why this link's transport can never reach its source, once found.
+    pub fn refused(&self) -> Option<&str> {
+        self.refused.get().map(String::as_str)
+    }
+
+    /// Records that this link's transport can never reach its source:
+    /// `true` the first time (the caller says so once).
+    pub fn refuse(&self, why: String) -> bool {
+        self.refused.set(why).is_ok()
+    }
+
+    /// Whether the backend's checks before a first channel passed.
+    pub fn checked(&self) -> bool {
+        self.checked.load(Ordering::Acquire)
+    }
+
+    /// Records that the backend's checks before a first channel passed.
+    pub fn mark_checked(&self) {
+        self.checked.store(true, Ordering::Release);
     }
 
     /// The grant board of channel generation `generation`, if the source
@@ -269,7 +298,9 @@ impl IpcLink {
         }
         if let Some(key) = &self.local.auth {
             let mut io = ChannelIo { ch: &mut c, bound: Deadline { at: deadline, stop: &never_stop } };
-            let keys = auth::connect(&mut io, key, &self.label)?;
+            // A fabric channel is sealed: both ends must seal alike.
+            let sealed = io.ch.is_tcp();
+            let keys = auth::connect(&mut io, key, &self.label, sealed)?;
             // A fabric channel crosses a network: from here on its frames
             // travel sealed under this session's keys (a Unix channel's
             // ends are joined by the kernel and stay as they are).
@@ -384,6 +415,12 @@ impl IpcLink {
     /// The channel is gone: dead for good, or re-established in the
     /// background.
     fn lost(self: &Arc<Self>, st: &mut LinkState, e: Error) {
+        if self.refused().is_some() {
+            // Nothing to re-establish: no channel of this link can reach
+            // the source (nothing was exported through it either).
+            st.chan = ChanState::Dead { err: e, source_left: false };
+            return;
+        }
         if self.permanent(&e) {
             self.local.log.warn(format_args!("{}: {} link dead for good: {}", self.label, self.transport.name(), e));
             st.chan = ChanState::Dead { err: e, source_left: true };
@@ -427,6 +464,11 @@ impl IpcLink {
                         self.label,
                         self.transport.name()
                     ));
+                    return;
+                }
+                Err(e) if self.refused().is_some() => {
+                    st.chan = ChanState::Dead { err: e, source_left: false };
+                    self.changed.notify_all();
                     return;
                 }
                 Err(e) if self.permanent(&e) => {

@@ -95,6 +95,65 @@ impl Welcome {
     }
 }
 
+/// Where a GPU sits in the NVLink fabric, as one engine tells another in
+/// its MNNVL probe answer: what explains an import the driver refused with
+/// an opaque status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FabricPlace {
+    /// The NVLink cluster's UUID (NVML; zero when unknown).
+    pub cluster_uuid: [u8; 16],
+    /// The clique within it.
+    pub clique_id: u32,
+    /// NVML's fabric registration state (`NVML_GPU_FABRIC_STATE_*`, 3:
+    /// completed), or [`FabricPlace::UNKNOWN`] without NVML.
+    pub state: u8,
+    /// The IMEX channel the process may use (the lowest-numbered one it
+    /// may open), -1 when none or unknown.
+    pub imex_channel: i32,
+}
+
+impl FabricPlace {
+    /// `state` when NVML gave none.
+    pub const UNKNOWN: u8 = 0xff;
+    /// Nothing known.
+    pub const NONE: FabricPlace =
+        FabricPlace { cluster_uuid: [0; 16], clique_id: 0, state: Self::UNKNOWN, imex_channel: -1 };
+}
+
+/// Source -> requester: the answer to `MnnvlProbe`: the source's fabric
+/// place and its probe allocation's MNNVL handle (its wire form).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeAnswer {
+    /// The source's place in the fabric.
+    pub place: FabricPlace,
+    /// The probe allocation's handle (`backends::mnnvl::WireHandle` bytes).
+    pub handle: Vec<u8>,
+}
+
+impl ProbeAnswer {
+    /// Encodes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer::default();
+        let p = &self.place;
+        w.bytes(&p.cluster_uuid).u32(p.clique_id).bytes(&[p.state]).u32(p.imex_channel as u32);
+        w.bytes(&self.handle);
+        w.0
+    }
+
+    /// Decodes (the handle is checked where it is used).
+    pub fn decode(b: &[u8]) -> Result<ProbeAnswer> {
+        let mut r = Reader::new(b, "MnnvlProbeAnswer");
+        let place = FabricPlace {
+            cluster_uuid: r.array::<16>()?,
+            clique_id: r.u32()?,
+            state: r.array::<1>()?[0],
+            imex_channel: r.u32()? as i32,
+        };
+        const HEAD: usize = 16 + 4 + 1 + 4;
+        Ok(ProbeAnswer { place, handle: b[HEAD..].to_vec() })
+    }
+}
+
 /// Requester -> source: export the allocation behind `[addr, addr+len)`
 /// (the group's envelope) for `ops`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -355,5 +414,14 @@ mod tests {
         for cut in [0, 3, 10] {
             assert!(ExportOffer::decode(&o.encode()[..cut]).is_err());
         }
+    }
+
+    #[test]
+    fn a_probe_answer_round_trips_and_a_short_one_is_refused() {
+        let place = FabricPlace { cluster_uuid: [3; 16], clique_id: 7, state: 3, imex_channel: -1 };
+        let a = ProbeAnswer { place, handle: vec![1, 2, 3] };
+        assert_eq!(ProbeAnswer::decode(&a.encode()).unwrap(), a);
+        assert_eq!(ProbeAnswer::decode(&a.encode()[..25]).unwrap().handle, Vec::<u8>::new());
+        assert!(ProbeAnswer::decode(&a.encode()[..24]).unwrap_err().message().contains("MnnvlProbeAnswer"));
     }
 }

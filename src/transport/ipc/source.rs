@@ -14,6 +14,7 @@ use crate::control::identity::process_start_time;
 use crate::control::message;
 use crate::control::Identity;
 use crate::error::{Error, Result};
+use crate::kinds::TransportKind;
 use crate::sync::deadline::Deadline;
 use crate::transport::reactor::{Ended, Flow, Got, Handler, Reactor, Registration, Served, SCRATCH};
 use crate::transport::tcp::wire::Wire;
@@ -42,13 +43,42 @@ pub struct IpcSourceContext {
     pub auth: Option<AuthKey>,
     /// Users besides this process's own who may open a Unix channel.
     pub allowed_uids: Vec<u32>,
+    /// The answer to an MNNVL channel's `MnnvlProbe` (where this engine
+    /// made its probe allocation).
+    pub probe: Option<ProbeSource>,
 }
+
+/// Makes the body of an `MnnvlProbeAnswer` and the descriptor that goes
+/// with it (a POSIX-fd probe hands each peer a descriptor of its own).
+pub type ProbeSource = Arc<dyn Fn() -> Result<(Vec<u8>, Option<OwnedFd>)> + Send + Sync>;
 
 impl IpcSourceContext {
     /// Whether processes of `uid` may open a Unix IPC channel here.
     fn admits(&self, uid: u32) -> bool {
         super::channel::admits_uid(uid, &self.allowed_uids)
     }
+}
+
+/// The first check of an accepted Unix channel, made by the accept loop
+/// before the channel may wait for a handshake (or make another wait
+/// less): only this user's processes (and the allowed uids) may open one.
+/// Returns the peer's kernel-verified pid; a process of another user is
+/// refused `PERMISSION_DENIED` at once (counted in `ipc_uid_refusals`;
+/// the refusal is written only if the socket takes it now) and learns
+/// nothing more: `None`.
+pub fn admit_unix(ctx: &IpcSourceContext, ch: &mut Channel) -> Option<u32> {
+    let (pid, uid) = ch.peer_cred().ok()?;
+    if ctx.admits(uid) {
+        return Some(pid);
+    }
+    ctx.stats.events.ipc_uid_refusals.fetch_add(1, Ordering::Relaxed);
+    let e = Error::PermissionDenied(format!(
+        "processes of user {uid} may not open an IPC channel to this engine (ipc_allowed_uids)"
+    ));
+    let body = message::encode_error(e.status(), e.message());
+    let _ = ch.send(MsgKind::Error, &body, &[], &mut || Err(Error::TimedOut("refusal".into())));
+    ch.shutdown();
+    None
 }
 
 /// The tick of one answer: the requester must read it within the stall
@@ -59,7 +89,7 @@ fn answer_tick<'a>(stall: Duration, stop: &'a dyn Fn() -> Result<()>) -> impl Fn
 }
 
 /// Serves one accepted IPC connection: a Unix channel (`hello: None`: its
-/// uid is checked and, with a key, it authenticates first), or a TCP fabric
+/// user admitted by [`admit_unix`]; with a key, it authenticates first), or a TCP fabric
 /// channel whose listener already authenticated it and read its
 /// `IpcHello`. The handshake runs on the calling thread; once the
 /// requester proved who it is, `admit` gives it a channel slot (or refuses
@@ -129,25 +159,14 @@ fn handshake(
     let f = match hello {
         Some(f) => f,
         None => {
-            // A Unix channel: only this user's processes (and the allowed
-            // uids) may open one; others learn nothing more.
-            let (_, uid) = ch.peer_cred()?;
-            if !ctx.admits(uid) {
-                ctx.stats.events.ipc_uid_refusals.fetch_add(1, Ordering::Relaxed);
-                let e = Error::PermissionDenied(format!(
-                    "processes of user {uid} may not open an IPC channel to this engine (ipc_allowed_uids)"
-                ));
-                let deadline = Instant::now() + Duration::from_secs(1);
-                let body = message::encode_error(e.status(), e.message());
-                let _ = ch.send(MsgKind::Error, &body, &[], &mut || deadline_tick(deadline, "refusal"));
-                return Ok(None);
-            }
+            // A Unix channel, whose user the accept loop admitted
+            // (`admit_unix`).
             let f = ch.recv(&mut hs_tick)?;
             if ctx.auth.is_none() && f.kind != MsgKind::AuthChallenge {
                 f
             } else {
                 let mut io = ChannelIo { ch: &mut *ch, bound: Deadline { at: hs_deadline, stop: &stop } };
-                if let Err(e) = auth::accept(&mut io, ctx.auth.as_ref(), (f.kind, &f.body)) {
+                if let Err(e) = auth::accept(&mut io, ctx.auth.as_ref(), (f.kind, &f.body), false) {
                     ctx.stats.events.auth_failures.fetch_add(1, Ordering::Relaxed);
                     let _ = io.send_frame(MsgKind::Error, &auth::refusal(&e));
                     return Ok(None);
@@ -220,6 +239,13 @@ fn handshake(
             Error::NotSupported(format!("this engine offers no IPC transport with code {}", hello.transport)),
         );
     };
+    if !ch.is_tcp() {
+        // What the transport itself asks of the requester (CMA: its user).
+        let (_, uid) = ch.peer_cred()?;
+        if let Err(e) = table.admit_requester(uid, &requester.process) {
+            return refuse_with(ch, e);
+        }
+    }
     if let Err(e) = admit() {
         return refuse_with(ch, e);
     }
@@ -412,7 +438,16 @@ impl IpcServed {
                 }
             };
             match sent {
-                Ok(n) => done.extend(proto.sent(n, Instant::now())),
+                Ok(n) => {
+                    if let Some(mut a) = proto.sent(n, Instant::now()) {
+                        // Its descriptor left with its first byte: this
+                        // copy goes now, so that only the requester holds
+                        // the description (whether anything still holds it
+                        // decides when the export may end).
+                        a.extra.fd = None;
+                        done.push(a);
+                    }
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
                 Err(e) => return Err(lost(e)),
             }
@@ -522,8 +557,31 @@ impl IpcServed {
                 a.extra._ack = Some(acking);
                 a
             }
+            MsgKind::MnnvlProbe => self.probe_answer()?,
             other => return Err(Error::Protocol(format!("unexpected {other:?} on the IPC channel"))),
         }))
+    }
+
+    /// The answer to `MnnvlProbe`: this engine's fabric place and its probe
+    /// allocation's handle, on an MNNVL channel of an engine that made one;
+    /// a refusal otherwise (the channel goes on).
+    fn probe_answer(&self) -> Result<Answer> {
+        let mnnvl = self.ctx.tables.iter().any(|(k, t)| *k == TransportKind::Mnnvl && Arc::ptr_eq(t, &self.table));
+        let made = match &self.ctx.probe {
+            Some(probe) if mnnvl => probe(),
+            _ => Err(Error::NotSupported("this engine answers MNNVL probes only on an MNNVL channel".into())),
+        };
+        Ok(match made {
+            Ok((_, Some(_))) if self.ch.is_tcp() => {
+                reject(0, &Error::NotSupported("a POSIX-fd probe handle cannot cross a TCP (fabric) channel".into()))
+            }
+            Ok((body, fd)) => {
+                let mut a = plain(MsgKind::MnnvlProbeAnswer, &body);
+                a.extra.fd = fd;
+                a
+            }
+            Err(e) => reject(0, &e),
+        })
     }
 
     /// Answers offer `r` on a thread of its own, which waits for the

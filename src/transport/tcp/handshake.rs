@@ -3,7 +3,9 @@
 //! first with its Describe; the source answers with its own. Each side is
 //! bounded by its deadline; a source that refuses answers with an Error
 //! frame, which the requester returns as the status it names. With a key,
-//! both Describes and everything after them travel sealed (`wire`); the
+//! both Describes and everything after them travel sealed (`wire`), a
+//! refusal after the key's proof too: a plain frame after the proof is
+//! never believed (something on the path without the key sent it). The
 //! halves of the seal go on to the connection's driver.
 
 use crate::control::auth::{self, AuthKey};
@@ -12,7 +14,7 @@ use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
 use crate::control::io::{self, HeaderRead, TICK};
 use crate::control::message::{self, Describe};
 use crate::control::seal::{Opener, Sealer};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Status};
 use crate::sync::deadline::{never_stop, Deadline};
 use std::io::Read;
 use std::net::TcpStream;
@@ -49,6 +51,7 @@ pub fn connect(
                 &mut auth::Bounded { stream: &mut s, bound: Deadline { at: deadline, stop: &never_stop } },
                 key,
                 endpoint,
+                true,
             )?
             .split(),
         ),
@@ -63,22 +66,20 @@ pub fn connect(
     let (h, body) = match &mut seal {
         Some((tx, rx)) => {
             super::wire::write_frame(&mut s, tx, MsgKind::Describe, &ours.encode(), &mut tick)?;
-            // A source that refuses the connection after the
-            // authentication (no slot left) says why in a plain Error
-            // frame, whose magic no record length can equal.
+            // The source answers sealed, a refusal (no slot left) too: a
+            // plain frame here — its magic no record length can equal —
+            // was sent by something on the path without the key, and
+            // nothing it says (an Error's status or text) is believed.
             let mut start = [0u8; 4];
             io::read_full(&mut s, &mut start, &mut tick, false)?;
             if let Some(h) = plain_header(&mut s, start, &mut tick)? {
-                if h.kind != MsgKind::Error {
-                    return Err(Error::PermissionDenied(format!(
-                        "{endpoint} answered a sealed handshake with a plain {:?}",
-                        h.kind
-                    )));
-                }
-                (h, io::read_body(&mut s, h.body_len, &mut tick)?)
-            } else {
-                super::wire::read_frame(&mut s, rx, &start, &mut tick)?
+                return Err(Error::PermissionDenied(format!(
+                    "{endpoint} answered the sealed handshake with a plain {:?} frame after the key's proof: \
+                     something on the path without the key sent it; the connection is refused",
+                    h.kind
+                )));
             }
+            super::wire::read_frame(&mut s, rx, &start, &mut tick)?
         }
         None => {
             io::write_frame(&mut s, MsgKind::Describe, &ours.encode(), &mut tick)?;
@@ -114,6 +115,15 @@ pub struct Opened {
     pub seal: Option<Seal>,
 }
 
+impl Opened {
+    /// Tells the peer why its connection ends ([`send_error`]): sealed
+    /// when the connection is, since a keyed peer believes nothing plain
+    /// after the key's proof.
+    pub fn refuse(&mut self, stream: &mut TcpStream, e: &Error) {
+        send_error_on(stream, self.seal.as_mut().map(|(tx, _)| tx), e);
+    }
+}
+
 /// Source side, first step of every incoming TCP connection: reads the
 /// first frame header within `timeout`. With `key` — or when the peer
 /// starts authenticating — the authentication runs first, and the frame
@@ -122,8 +132,9 @@ pub struct Opened {
 /// next frame is plain is refused: a relay could have passed the proof
 /// through and spoken in its own name). `Ok(None)`: the peer left
 /// before speaking. A failed authentication is counted in
-/// `auth_failures` and answered with an `Error` frame before `Err`
-/// returns.
+/// `auth_failures`; it and every protocol error, or (after the proof) a
+/// record that failed its check, are told to the peer in an `Error` frame
+/// — sealed after the proof — before `Err` returns.
 pub fn open(
     stream: &mut TcpStream,
     key: Option<&AuthKey>,
@@ -134,9 +145,15 @@ pub fn open(
     let bound = Deadline::after(timeout, stop);
     let deadline = bound.at;
     let mut tick = bound.ticker(|| Error::Protocol("no complete first frame within the handshake timeout".into()));
-    let first = match io::read_header(&mut *stream, &mut tick)? {
-        HeaderRead::Eof => return Ok(None),
-        HeaderRead::Frame(h) => h,
+    let first = match io::read_header(&mut *stream, &mut tick) {
+        Ok(HeaderRead::Eof) => return Ok(None),
+        Ok(HeaderRead::Frame(h)) => h,
+        Err(e) => {
+            if e.status() == Status::ProtocolError {
+                send_error(stream, &e);
+            }
+            return Err(e);
+        }
     };
     if key.is_none() && first.kind != MsgKind::AuthChallenge {
         return Ok(Some(Opened { header: first, body: None, seal: None }));
@@ -149,7 +166,7 @@ pub fn open(
     } else {
         let body = io::read_body(&mut *stream, first.body_len, &mut tick)?;
         let mut io = auth::Bounded { stream: &mut *stream, bound: Deadline { at: deadline, stop } };
-        auth::accept(&mut io, key, (first.kind, &body))
+        auth::accept(&mut io, key, (first.kind, &body), true)
     };
     let keys = match authenticated {
         Ok(k) => k.expect("a key was configured: the exchange ran"),
@@ -166,21 +183,36 @@ pub fn open(
             return Err(e);
         }
     };
+    let (mut tx, mut rx) = keys.split();
+    let first = sealed_first(&mut *stream, &mut rx, &mut tick);
+    match first {
+        Ok(Some((header, body))) => Ok(Some(Opened { header, body: Some(body), seal: Some((tx, rx)) })),
+        Ok(None) => Ok(None),
+        Err(e) => {
+            if matches!(e.status(), Status::ProtocolError | Status::PermissionDenied) {
+                send_error_on(stream, Some(&mut tx), &e);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// After the key's proof, the connection's first frame, sealed; `None`:
+/// the peer left first. A plain frame is refused.
+fn sealed_first(stream: &mut TcpStream, rx: &mut Opener, tick: io::Tick<'_>) -> Result<Option<(FrameHeader, Vec<u8>)>> {
     // A plain frame header starts with the magic, which no record length
     // can equal (records are at most RECORD_MAX bytes).
     let mut start = [0u8; 4];
-    if !io::read_full(&mut *stream, &mut start, &mut tick, true)? {
+    if !io::read_full(&mut *stream, &mut start, tick, true)? {
         return Ok(None);
     }
-    if let Some(header) = plain_header(&mut *stream, start, &mut tick)? {
+    if let Some(header) = plain_header(&mut *stream, start, tick)? {
         return Err(Error::PermissionDenied(format!(
             "a connection to an engine with auth_key_file must be sealed after the key's proof, not a plain {:?}",
             header.kind
         )));
     }
-    let (tx, mut rx) = keys.split();
-    let (header, body) = super::wire::read_frame(&mut *stream, &mut rx, &start, &mut tick)?;
-    Ok(Some(Opened { header, body: Some(body), seal: Some((tx, rx)) }))
+    super::wire::read_frame(stream, rx, &start, tick).map(Some)
 }
 
 /// After the authentication, whether the 4 bytes read (`start`) begin a
@@ -229,6 +261,11 @@ pub fn answer(
 /// Tells the peer why its connection ends (an `Error` frame, within one
 /// second; a peer that does not read it is not waited for).
 pub fn send_error(stream: &mut TcpStream, e: &Error) {
+    send_error_on(stream, None, e);
+}
+
+/// [`send_error`], sealed with `tx` when given.
+fn send_error_on(stream: &mut TcpStream, tx: Option<&mut Sealer>, e: &Error) {
     let deadline = Instant::now() + Duration::from_secs(1);
     let mut tick = || {
         if Instant::now() >= deadline {
@@ -236,7 +273,11 @@ pub fn send_error(stream: &mut TcpStream, e: &Error) {
         }
         Ok(())
     };
-    let _ = io::write_frame(stream, MsgKind::Error, &message::encode_error(e.status(), e.message()), &mut tick);
+    let body = message::encode_error(e.status(), e.message());
+    let _ = match tx {
+        Some(tx) => super::wire::write_frame(stream, tx, MsgKind::Error, &body, &mut tick),
+        None => io::write_frame(stream, MsgKind::Error, &body, &mut tick),
+    };
 }
 
 #[cfg(test)]
@@ -246,40 +287,53 @@ mod tests {
     use std::net::TcpListener;
 
     /// A keyed source that authenticates the requester, then refuses it
-    /// (no slot left) in a plain Error frame: the requester reports the
-    /// status named, not a broken seal.
+    /// (no slot left) in an Error frame: sealed, the requester reports the
+    /// status named; plain — what a relay without the key could say in
+    /// the source's place — it is refused `PERMISSION_DENIED`, and
+    /// nothing of it is believed.
     #[test]
-    fn a_plain_refusal_after_the_authentication_names_its_status() {
-        let key = AuthKey::from_bytes(&[6u8; 32]).unwrap();
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let endpoint = l.local_addr().unwrap().to_string();
-        let k = key.clone();
-        let source = std::thread::spawn(move || {
-            let (mut s, _) = l.accept().unwrap();
-            s.set_read_timeout(Some(TICK)).unwrap();
-            let deadline = Instant::now() + Duration::from_secs(60);
-            let mut tick = || Ok(());
-            let h = match io::read_header(&mut s, &mut tick).unwrap() {
-                HeaderRead::Frame(h) => h,
-                HeaderRead::Eof => panic!("no challenge"),
-            };
-            let body = io::read_body(&mut s, h.body_len, &mut tick).unwrap();
-            auth::accept(
-                &mut auth::Bounded { stream: &mut s, bound: Deadline { at: deadline, stop: &never_stop } },
-                Some(&k),
-                (h.kind, &body),
-            )
-            .unwrap();
-            send_error(&mut s, &Error::ResourceExhausted("no slot left".into()));
-            // Keep the socket until the requester read the refusal.
-            let _ = s.read(&mut [0u8; 1 << 16]);
-        });
-        let e = connect(&endpoint, Duration::from_secs(60), Some(&key), &Describe::bare(Identity::fresh().unwrap()))
-            .map(|_| ())
-            .unwrap_err();
-        assert_eq!(e.status(), crate::error::Status::ResourceExhausted, "{e}");
-        assert!(e.message().contains("no slot left"), "{e}");
-        source.join().unwrap();
+    fn a_refusal_after_the_authentication_is_believed_only_sealed() {
+        for sealed in [true, false] {
+            let key = AuthKey::from_bytes(&[6u8; 32]).unwrap();
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let endpoint = l.local_addr().unwrap().to_string();
+            let k = key.clone();
+            let source = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap();
+                s.set_read_timeout(Some(TICK)).unwrap();
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let mut tick = || Ok(());
+                let h = match io::read_header(&mut s, &mut tick).unwrap() {
+                    HeaderRead::Frame(h) => h,
+                    HeaderRead::Eof => panic!("no challenge"),
+                };
+                let body = io::read_body(&mut s, h.body_len, &mut tick).unwrap();
+                let keys = auth::accept(
+                    &mut auth::Bounded { stream: &mut s, bound: Deadline { at: deadline, stop: &never_stop } },
+                    Some(&k),
+                    (h.kind, &body),
+                    true,
+                )
+                .unwrap()
+                .unwrap();
+                let (mut tx, _) = keys.split();
+                let no_slot = Error::ResourceExhausted("no slot left".into());
+                send_error_on(&mut s, sealed.then_some(&mut tx), &no_slot);
+                // Keep the socket until the requester read the refusal.
+                let _ = s.read(&mut [0u8; 1 << 16]);
+            });
+            let ours = Describe::bare(Identity::fresh().unwrap());
+            let e = connect(&endpoint, Duration::from_secs(60), Some(&key), &ours).map(|_| ()).unwrap_err();
+            if sealed {
+                assert_eq!(e.status(), crate::error::Status::ResourceExhausted, "{e}");
+                assert!(e.message().contains("no slot left"), "{e}");
+            } else {
+                assert_eq!(e.status(), crate::error::Status::PermissionDenied, "{e}");
+                assert!(e.message().contains("plain Error frame after the key's proof"), "{e}");
+                assert!(!e.message().contains("no slot left"), "{e}");
+            }
+            source.join().unwrap();
+        }
     }
 
     /// A peer that completes the key's proof and then speaks plain — what
@@ -299,7 +353,7 @@ mod tests {
                 s.set_read_timeout(Some(TICK)).unwrap();
                 let deadline = Instant::now() + Duration::from_secs(60);
                 let bound = Deadline { at: deadline, stop: &never_stop };
-                auth::connect(&mut auth::Bounded { stream: &mut s, bound }, &k, "test").unwrap();
+                auth::connect(&mut auth::Bounded { stream: &mut s, bound }, &k, "test", true).unwrap();
                 io::write_frame(&mut s, kind, &[0u8; 8], &mut || Ok(())).unwrap();
                 // Keep the socket until the source decided.
                 let _ = s.read(&mut [0u8; 1 << 16]);

@@ -12,6 +12,7 @@ pub mod handshake;
 pub mod proto;
 pub mod requester;
 pub mod source;
+pub mod torn;
 pub mod wire;
 
 pub use requester::{Chunk, Record, TcpConnection};

@@ -11,6 +11,7 @@
 
 use super::handshake::Opened;
 use super::proto::source::{AfterSend, Limits, Recv, SourceCore, SourceHost};
+use super::torn::{Torn, TornReports};
 use super::wire::Wire;
 use crate::control::frame::MsgKind;
 use crate::control::io;
@@ -19,6 +20,7 @@ use crate::control::notify_frame::Notify;
 use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
+use crate::log::Logger;
 use crate::memory::{Access, RegionLease, RegionTable};
 use crate::sync::admission::{Gate, GateGuard};
 use crate::transport::inbox::{Admitted, Inbox, Notification};
@@ -54,6 +56,10 @@ pub struct SourceContext {
     pub revoker: Arc<Revoker>,
     /// Where notifications from requesters wait to be taken.
     pub inbox: Arc<Inbox>,
+    /// The engine's logger.
+    pub log: Arc<Logger>,
+    /// Reports of WRITEs cut mid-payload (their log lines, rate-limited).
+    pub torn: TornReports,
 }
 
 /// The live control connections of an engine, so that a closing source can
@@ -95,6 +101,8 @@ struct EngineHost {
     ctx: Arc<SourceContext>,
     /// The requester's endpoint (a notification's sender when it names none).
     endpoint: String,
+    /// The socket's peer address.
+    peer: String,
 }
 
 impl SourceHost for EngineHost {
@@ -132,6 +140,13 @@ impl SourceHost for EngineHost {
 
     fn notify_rejected(&mut self) {
         self.ctx.stats.notifications.rejected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn torn(&mut self, req: &DataRequest, landed: u64, held: Self::Held, why: &str) {
+        let region = held.0.region().id;
+        drop(held);
+        let t = Torn { peer: &self.peer, endpoint: &self.endpoint, region, req, landed, why };
+        self.ctx.torn.report(&self.ctx.log, &self.ctx.stats, &t);
     }
 }
 
@@ -180,7 +195,7 @@ pub fn serve(
         Err(e) => {
             if let Error::Protocol(_) = e {
                 ctx.stats.events.protocol_errors.fetch_add(1, Ordering::Relaxed);
-                super::handshake::send_error(&mut stream, &e);
+                first.refuse(&mut stream, &e);
             }
             let _ = stream.shutdown(Shutdown::Both);
             return None;
@@ -201,11 +216,12 @@ impl SourceConn {
         stream.set_nonblocking(true).map_err(|e| Error::io("set_nonblocking", &e))?;
         let _ = stream.set_nodelay(true);
         let limits = Limits { stall: ctx.handshake_timeout, min_rate: ctx.min_payload_rate };
+        let peer = stream.peer_addr().map_or_else(|_| "(address unknown)".to_string(), |a| a.to_string());
         let c = Arc::new(SourceConn {
             stream,
             state: Mutex::new(State {
                 core: SourceCore::new(limits),
-                host: EngineHost { ctx, endpoint },
+                host: EngineHost { ctx, endpoint, peer },
                 wire,
                 lowat: 1,
             }),
@@ -246,7 +262,7 @@ impl SourceConn {
     /// listeners told.
     fn end(&self, st: &mut State) {
         let _ = self.stream.shutdown(Shutdown::Both);
-        st.core.end();
+        st.core.end(&mut st.host);
         st.host.ctx.revoker.remove(self.revoker_id.load(Ordering::Relaxed));
         self.finished.set();
         if let Some(f) = self.on_done.lock().take() {
@@ -260,15 +276,16 @@ impl SourceConn {
         if let Error::Protocol(_) = e {
             st.host.ctx.stats.events.protocol_errors.fetch_add(1, Ordering::Relaxed);
         }
-        if let Some(told) = st.core.fail(e) {
+        if let Some(told) = st.core.fail(e, &mut st.host) {
             let _ = st.wire.send(&self.stream, &[&told], 0, usize::MAX);
         }
         self.end(st);
     }
 
     /// Writes what waits, as far as the socket takes it and within the
-    /// turn's share. `Ok(None)` when the connection is to end (everything
-    /// before its close has left).
+    /// turn's share: `Flow::Again` when that share is used or a Describe
+    /// waits for the next turn to be built. `Ok(None)` when the connection
+    /// is to end (everything before its close has left).
     fn flush(&self, st: &mut State, now: Instant) -> Result<Option<Flow>> {
         let mut budget = TURN_BYTES;
         let mut ramp = io::SendRamp::default();
@@ -285,6 +302,8 @@ impl SourceConn {
             if segs.is_empty() {
                 match core.after_send(host) {
                     AfterSend::Close => return Ok(None),
+                    // A Describe left for the next turn: it comes at once.
+                    AfterSend::Idle if core.describe_deferred() => return Ok(Some(Flow::Again)),
                     AfterSend::Idle => return Ok(Some(Flow::Idle)),
                     AfterSend::More => continue,
                 }
@@ -378,7 +397,8 @@ impl Served for SourceConn {
 }
 
 impl SourceConn {
-    /// One turn under the lock: answers first (they free room to read
+    /// One turn under the lock, its share bounded by the core
+    /// ([`SourceCore::begin_turn`]): answers first (they free room to read
     /// more), then what was read and not handled yet, then requests, then
     /// the answers those produced.
     fn turn(&self, st: &mut State, scratch: &mut [u8]) -> Flow {
@@ -387,6 +407,8 @@ impl SourceConn {
             self.fail(&Error::Unavailable("engine is shutting down".into()), st);
             return Flow::Done;
         }
+        let State { core, host, .. } = &mut *st;
+        core.begin_turn(host);
         let mut sent = Flow::Idle;
         let mut read_more = false;
         for pass in 0..2 {

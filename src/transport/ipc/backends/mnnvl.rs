@@ -185,7 +185,7 @@ mod backend {
                 Shareable::PosixFd(fd) => (HandleBody::PosixFd { pid: std::process::id() }, Some(fd)),
             };
             let w = WireHandle { physical: e.physical, granularity: e.granularity, body };
-            Ok(ExportedHandle { bytes: w.encode(), fd: None, owned_fd })
+            Ok(ExportedHandle { bytes: w.encode(), fd: None, owned_fd, mark: None })
         }
 
         fn unexport(&self, base: u64) {

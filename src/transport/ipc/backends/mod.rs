@@ -1,11 +1,16 @@
 //! The memory backends of the IPC protocol (`super::backend::IpcBackend`):
-//! `shm` for host memfd memory; `nvlink` (legacy CUDA IPC handles) and
+//! `shm` for host memfd memory; `cma` for any other registered host memory
+//! (cross-memory attach); `nvlink` (legacy CUDA IPC handles) and
 //! `mnnvl` (CUDA VMM fabric or POSIX-fd handles) for device memory, both
 //! copying through one `cuda_mapping`, whose copies `copy_batch` builds.
+//! `held_file` tells whether a memory file's descriptor handed to an
+//! importer is still open or mapped anywhere (SHM exports).
 
+pub mod cma;
 pub mod copy_batch;
 #[cfg(feature = "cuda")]
 pub mod cuda_mapping;
+pub mod held_file;
 pub mod mnnvl;
 #[cfg(feature = "cuda")]
 pub mod nvlink;

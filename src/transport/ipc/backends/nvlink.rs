@@ -103,7 +103,7 @@ impl IpcBackend for NvlinkBackend {
             })?;
         consume_producer(base)?;
         if let Some(bytes) = self.handles.lock().get(&o.id) {
-            return Ok(ExportedHandle { bytes: bytes.clone(), fd: None, owned_fd: None });
+            return Ok(ExportedHandle { bytes: bytes.clone(), fd: None, owned_fd: None, mark: None });
         }
         let device = o.device.unwrap_or(0);
         let mut bytes = ipc_handle(device, base)?.to_vec();
@@ -112,7 +112,7 @@ impl IpcBackend for NvlinkBackend {
         // Handles of allocations gone since are dropped here.
         handles.retain(|id, _| owners::owner_of_id(*id));
         handles.insert(o.id, bytes.clone());
-        Ok(ExportedHandle { bytes, fd: None, owned_fd: None })
+        Ok(ExportedHandle { bytes, fd: None, owned_fd: None, mark: None })
     }
 
     fn import(

@@ -9,22 +9,24 @@ use crate::kinds::TransportKind;
 use crate::memory::owners;
 use crate::transport::cpu_copy;
 use crate::transport::ipc::backend::{CopyOp, CopyPlan, ExportedHandle, IpcBackend, Mapping, Posting, ReceivedHandle};
+use crate::transport::ipc::backends::held_file;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-/// A read-only descriptor of the same memory file (`/proc/self/fd/N`
-/// reopened `O_RDONLY`).
-fn reopen_read_only(fd: RawFd) -> Result<OwnedFd> {
+/// A description of its own of the same memory file (`/proc/self/fd/N`
+/// reopened), read-only or read-write.
+fn reopen(fd: RawFd, writable: bool) -> Result<OwnedFd> {
     let path = std::ffi::CString::new(format!("/proc/self/fd/{fd}")).expect("no NUL");
+    let mode = if writable { libc::O_RDWR } else { libc::O_RDONLY };
     // SAFETY: open with a NUL-terminated path; the result is checked.
-    let ro = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
-    if ro < 0 {
-        return Err(Error::io("reopening shared memory read-only", &std::io::Error::last_os_error()));
+    let own = unsafe { libc::open(path.as_ptr(), mode | libc::O_CLOEXEC) };
+    if own < 0 {
+        return Err(Error::io("reopening shared memory for an export", &std::io::Error::last_os_error()));
     }
     // SAFETY: a fresh descriptor we own.
-    Ok(unsafe { OwnedFd::from_raw_fd(ro) })
+    Ok(unsafe { OwnedFd::from_raw_fd(own) })
 }
 
 /// The SHM backend.
@@ -51,12 +53,21 @@ impl IpcBackend for ShmBackend {
             .filter(|o| o.base == base)
             .and_then(|o| o.fd)
             .ok_or_else(|| Error::NotFound(format!("no shared allocation starts at 0x{base:x}")))?;
-        if writable {
-            return Ok(ExportedHandle { bytes: Vec::new(), fd: Some(fd), owned_fd: None });
-        }
-        // A READ grant passes a descriptor opened read-only: the importer
-        // can map the allocation but never write it.
-        Ok(ExportedHandle { bytes: Vec::new(), fd: None, owned_fd: Some(reopen_read_only(fd)?) })
+        // Every grant passes a description of the file of its own (a READ
+        // grant's read-only: the importer can map the allocation but never
+        // write it), marked so that the source can tell, after the
+        // importer's exit, whether anything still holds it.
+        let own = reopen(fd, writable)?;
+        let mark = held_file::mark(&own)?;
+        Ok(ExportedHandle { bytes: Vec::new(), fd: None, owned_fd: Some(own), mark: Some(mark) })
+    }
+
+    fn handle_held(&self, base: u64, mark: u64) -> bool {
+        // The allocation's own description never leaves this process; the
+        // export holds the allocation, so its descriptor is open. Without
+        // it nothing can be told: held.
+        let probe = owners::owner_of(base).filter(|o| o.base == base).and_then(|o| o.fd);
+        probe.is_none_or(|fd| held_file::held(fd, mark))
     }
 
     fn import(
@@ -168,7 +179,7 @@ mod tests {
     use crate::memory::owners::allocate_shared_host;
 
     fn received(fd: OwnedFd) -> ReceivedHandle {
-        ReceivedHandle { bytes: Vec::new(), fd: Some(fd) }
+        ReceivedHandle { bytes: Vec::new(), fd: Some(fd), source: None }
     }
 
     fn dup(fd: RawFd) -> OwnedFd {
@@ -198,7 +209,13 @@ mod tests {
         assert_eq!(unsafe { *(m.base() as *const u8) }, 42);
         m.close().unwrap();
         let w = ShmBackend.export(a.addr(), true).unwrap();
-        assert_eq!(w.fd, a.memfd(), "a WRITE grant passes the allocation's own descriptor");
+        let rw = w.owned_fd.expect("a description made for this export");
+        // SAFETY: fcntl reads the access mode.
+        assert_eq!(unsafe { libc::fcntl(rw.as_raw_fd(), libc::F_GETFL) } & libc::O_ACCMODE, libc::O_RDWR);
+        assert_ne!(Some(rw.as_raw_fd()), a.memfd(), "never the allocation's own description");
+        assert!(ShmBackend.handle_held(a.addr(), w.mark.expect("marked")));
+        drop(rw);
+        assert!(!ShmBackend.handle_held(a.addr(), w.mark.unwrap()), "its one descriptor closed, nothing holds it");
         a.free().unwrap();
     }
 

@@ -1,11 +1,24 @@
 //! How exports end besides their close receipts: offers expired or
 //! withdrawn, a lost channel (offers released, exposed exports retained
-//! and their importer watched), an importing process proven gone
-//! (reclaimed), the source's close waiting for the table to empty, and the
-//! retained exports reported. The decisions are the core's
-//! ([`ExportsCore`]); this is what the driver does with them.
+//! and their importer watched), an importer proven gone (reclaimed), the
+//! source's close waiting for the table to empty, and the retained exports
+//! reported. The decisions are the core's ([`ExportsCore`]); this is what
+//! the driver does with them.
+//!
+//! An importer is gone when every thread of its process has exited *and*
+//! nothing else still holds the handle it was sent (a child it forked
+//! keeps its mappings; `IpcBackend::handle_held`). Until both are proven
+//! its exports stay, and its watch keeps asking.
 
 use super::*;
+
+impl ExportTable {
+    /// Whether nothing still holds the handle export `held` was sent (open
+    /// or mapped, in any process), as far as the backend can tell.
+    pub(super) fn let_go(&self, held: &Held) -> bool {
+        !held.mark.is_some_and(|m| self.backend.handle_held(held.base, m))
+    }
+}
 
 impl ExportTable {
     /// Releases the offers of channel `conn` that were not answered within
@@ -43,7 +56,7 @@ impl ExportTable {
         let mut t = self.table.lock();
         // Retained exports keep the board alive through their slots.
         t.boards.remove(&conn);
-        let lost = t.core.connection_lost(conn, process_exited);
+        let lost = t.core.connection_lost(conn, process_exited, |h| self.let_go(h));
         self.settle(t, lost.released);
         let what = self.backend.transport().name();
         if lost.reclaimed > 0 {
@@ -62,35 +75,53 @@ impl ExportTable {
         }
     }
 
-    /// Has the engine's exit watch call [`ExportTable::reclaim_exited`] once
-    /// process `p` exited. Without a watch (none set, or the process
-    /// descriptor refused) the retained exports are reclaimed at the next
-    /// [`ExportTable::reclaim_exited`] (every export request, and the close).
+    /// Has the engine's exit watch call [`ExportTable::reclaim_of`] for
+    /// process `p` (at once when it exits, and every so often), until no
+    /// export of `p` is left to wait for. Without a watch (none set, or
+    /// the engine stopping) kept exports are reclaimed at the next
+    /// [`ExportTable::reclaim_exited`] (the close).
     pub(super) fn watch_exit(&self, p: ProcessIdentity) {
         let (Some(watch), Some(me)) = (self.exit_watch.get(), self.me.get().cloned()) else {
             return;
         };
-        let on_exit = Box::new(move || {
-            if let Some(t) = me.upgrade() {
-                t.table.lock().core.unwatch(&p);
-                t.reclaim_exited();
-            }
-        });
+        let on_exit = Box::new(move |exited| me.upgrade().is_none_or(|t| t.reclaim_of(&p, exited)));
         if !watch(p, on_exit) {
             self.table.lock().core.unwatch(&p);
         }
     }
 
-    /// Releases retained exports whose importing process has exited (its
-    /// mappings went with it). Returns how many were released.
+    /// Releases process `p`'s kept exports whose import is provably closed
+    /// (retained ones once it `exited`). `true` once none is left to wait
+    /// for (its watch ends).
+    fn reclaim_of(&self, p: &ProcessIdentity, exited: bool) -> bool {
+        let mut t = self.table.lock();
+        let (gone, left) = t.core.reclaim_process(p, exited, |h| self.let_go(h));
+        if left == 0 {
+            t.core.unwatch(p);
+        }
+        self.reclaimed(t, gone);
+        left == 0
+    }
+
+    /// Releases kept exports whose import is provably closed: retained ones
+    /// whose process exited, lingering ones, once nothing else holds their
+    /// handles. Returns how many were released.
     pub fn reclaim_exited(&self) -> usize {
         let mut t = self.table.lock();
-        let gone = t.core.reclaim_exited(process_exited);
+        let gone = t.core.reclaim_exited(process_exited, |h| self.let_go(h));
+        self.reclaimed(t, gone)
+    }
+
+    /// Settles reclaimed exports and says so; how many.
+    fn reclaimed(&self, t: MutexGuard<'_, Table>, gone: Vec<Released<Held>>) -> usize {
         let n = gone.len();
         self.settle(t, gone);
         if n > 0 {
             let what = self.backend.transport().name();
-            self.log.info(format_args!("{what}: {n} retained exports reclaimed: their importing process exited"));
+            self.log.info(format_args!(
+                "{what}: {n} kept exports reclaimed: their importing process exited or let go, and nothing else \
+                 holds their handles"
+            ));
         }
         n
     }

@@ -5,7 +5,9 @@
 //! the allocation's physical-extent charge (charged once however many
 //! exports of it are open), and is released only by a close receipt (or
 //! proof that the importing process has exited, which a watch on the
-//! process notices while the source runs). Exports of one allocation
+//! process notices while the source runs), and only once nothing holds
+//! the handle it was sent. Each requester is bounded in exports and in
+//! the budget it alone keeps charged. Exports of one allocation
 //! coexist, READ and WRITE alike: nothing waits for another importer. The
 //! handle itself is exposed only after the requester answers the offer.
 
@@ -14,7 +16,7 @@ mod ending;
 use super::backend::IpcBackend;
 use super::board::{self, Board, SlotFree, Words};
 use super::messages::{access_of, ExportOffer, ExportRef, ExportRequest, Revalidate};
-use super::proto::exports::{Answering, ExportsCore, Finished, Grant, Released};
+use super::proto::exports::{Answering, ExportsCore, Finished, Grant, Limits, Released};
 use crate::control::identity::{process_start_time, Identity, ProcessIdentity};
 use crate::counters::Counters;
 use crate::error::{Error, Result};
@@ -33,6 +35,9 @@ pub use super::proto::exports::ExportState;
 /// when the export ends.
 struct Held {
     base: u64,
+    /// How the backend tells whether the handle sent is still held
+    /// anywhere (set once the handle is made).
+    mark: Option<u64>,
     /// Its slot on the channel's grant board (round trips otherwise).
     slot: Option<SlotHold>,
     /// Its share of the allocation's charge (by owner id), which every
@@ -40,11 +45,25 @@ struct Held {
     /// ([`ExportTable::settle`]), so that stats never see an export gone
     /// and its charge still held.
     charge: Option<SharedCharge<u64>>,
-    _hold: ExportHold,
+    /// The hold on a library allocation (none for a registration of
+    /// memory the library did not allocate: CMA).
+    _hold: Option<ExportHold>,
     /// The region's registration, let go last (fields drop in order): an
     /// unregistration woken by it finds the allocation's hold gone, so a
     /// free right after it succeeds.
     lease: RegionLease,
+}
+
+/// What one export covers: its base and length (an allocation, or the
+/// registration itself), the length an importer may address from the base,
+/// and its charge (key and bytes) against the mapping budget.
+struct Extent {
+    base: u64,
+    logical: u64,
+    physical: u64,
+    charge_key: u64,
+    charge_bytes: u64,
+    hold: Option<ExportHold>,
 }
 
 /// One channel's grant board and its free slots.
@@ -124,15 +143,18 @@ pub struct ExportCounts {
     /// Exports offered or exposed to live requesters.
     #[serde(rename = "exports_open")]
     pub open: u64,
-    /// Exports without a close receipt after their channel was lost.
+    /// Exports kept without proof that their import was closed: no close
+    /// receipt after their channel was lost, or a receipt while their
+    /// handle is still open or mapped somewhere (lingering).
     #[serde(rename = "exports_retained")]
     pub retained: u64,
     /// Physical bytes charged by exports: each exported allocation once
     /// (reported with the imports' in `mapping_bytes_charged`).
     #[serde(skip)]
     pub charged_bytes: u64,
-    /// Exports released because their importing process exited (its
-    /// mappings went with it), since the engine started.
+    /// Exports released because their import's last holder went (the
+    /// importing process exited, every thread, and nothing else held its
+    /// handle), since the engine started.
     #[serde(rename = "exports_reclaimed_after_exit")]
     pub reclaimed_after_exit: u64,
     /// Accepted offers answered on a thread of their own after waiting for
@@ -183,16 +205,24 @@ pub struct ExportTable {
     log: Arc<crate::log::Logger>,
 }
 
-/// Starts watching a process (its identity) for its exit, calling the
-/// given function once it exited. `false`: no watch could be set up (the
-/// caller falls back on checking at its own ticks).
-pub type ExitWatchFn = Box<dyn Fn(ProcessIdentity, Box<dyn Fn() + Send + Sync>) -> bool + Send + Sync>;
+/// What an exit watch calls, with whether its process exited (every
+/// thread): `true` when the watch may end (nothing of the process is left
+/// to wait for); `false` has it call again later.
+pub type OnExit = Box<dyn Fn(bool) -> bool + Send + Sync>;
+
+/// Starts watching a process (its identity), calling the given function
+/// as soon as it exited and every so often before and after, until it
+/// answers `true`. `false`: no watch could be set up (the caller falls
+/// back on checking at its own ticks).
+pub type ExitWatchFn = Box<dyn Fn(ProcessIdentity, OnExit) -> bool + Send + Sync>;
 
 /// Whether the process is provably gone: no such pid, the pid was reused,
-/// or it is a zombie (its memory, and with it every mapping it held, was
-/// released before it became one).
+/// or every thread of it has exited (a zombie waiting to be reaped: its
+/// memory, and with it every mapping it held, was released before). A
+/// thread-group leader that exited alone (`pthread_exit` in `main`) shows
+/// as a zombie while the process's other threads run: that process lives.
 pub fn process_exited(p: &ProcessIdentity) -> bool {
-    process_start_time(p.pid) != p.start_time || crate::control::identity::is_zombie(p.pid)
+    process_start_time(p.pid) != p.start_time || crate::control::identity::all_threads_exited(p.pid)
 }
 
 impl Drop for ExportTable {
@@ -217,6 +247,7 @@ impl ExportTable {
         stats: Arc<Counters>,
         gate: Arc<Gate>,
         offer_timeout: Duration,
+        limits: Limits,
         log: Arc<crate::log::Logger>,
     ) -> ExportTable {
         ExportTable {
@@ -225,7 +256,7 @@ impl ExportTable {
             charges: SharedCharges::new(budget),
             stats,
             gate,
-            table: Mutex::new(Table { core: ExportsCore::new(offer_timeout), boards: HashMap::new() }),
+            table: Mutex::new(Table { core: ExportsCore::bounded(offer_timeout, limits), boards: HashMap::new() }),
             changed: Condvar::new(),
             kinds,
             answered_after_wait: AtomicU64::new(0),
@@ -259,6 +290,28 @@ impl ExportTable {
         Ok(lease)
     }
 
+    /// What an export of `req` covers: the library allocation holding it
+    /// (held against a free, its physical extent charged), or, for a
+    /// backend that exports registrations (CMA), the leased region itself
+    /// (nothing to hold: the memory is the application's; nothing mapped,
+    /// nothing charged).
+    fn extent(&self, lease: &RegionLease, req: &ExportRequest) -> Result<Extent> {
+        if self.backend.exports_registrations() {
+            let r = lease.region();
+            let charge_bytes = if self.backend.maps() { r.len } else { 0 };
+            let (base, logical) = (r.addr, r.len);
+            return Ok(Extent { base, logical, physical: logical, charge_key: r.id, charge_bytes, hold: None });
+        }
+        let o = owners::owner_of(req.addr)
+            .ok_or_else(|| Error::NotSupported(format!("0x{:x} is not in a library allocation", req.addr)))?;
+        let (base, logical, physical) = (o.base, o.len, o.physical);
+        if req.addr + req.len > base + logical {
+            return Err(Error::OutOfRange(format!("range 0x{:x}+{} leaves its allocation", req.addr, req.len)));
+        }
+        let hold = Some(owners::hold_for_export(base)?);
+        Ok(Extent { base, logical, physical, charge_key: o.id, charge_bytes: physical, hold })
+    }
+
     /// Validates an export request and retains the allocation (hold +
     /// the allocation's charge, shared with its other exports +
     /// registration). Never waits: exports of one allocation coexist.
@@ -266,17 +319,28 @@ impl ExportTable {
     pub fn offer(&self, conn: u64, requester: Option<Identity>, req: &ExportRequest) -> Result<ExportOffer> {
         self.backend.usable()?;
         let lease = self.validate(req.region_epoch, req.addr, req.len, req.ops)?;
-        let o = owners::owner_of(req.addr)
-            .ok_or_else(|| Error::NotSupported(format!("0x{:x} is not in a library allocation", req.addr)))?;
-        let (base, logical, physical) = (o.base, o.len, o.physical);
-        if req.addr + req.len > base + logical {
-            return Err(Error::OutOfRange(format!("range 0x{:x}+{} leaves its allocation", req.addr, req.len)));
-        }
-        let charge = self.charge(o.id, physical)?;
-        let hold = owners::hold_for_export(base)?;
+        let Extent { base, logical, physical, charge_key, charge_bytes, hold } = self.extent(&lease, req)?;
         // An unpredictable token, or no offer (never a guessable one).
         let token = crate::random::nonzero_u64()?;
         let mut t = self.table.lock();
+        let mut grant = Grant {
+            conn,
+            requester,
+            token,
+            base,
+            logical,
+            // What its charge counts (nothing for a backend that maps nothing).
+            physical: charge_bytes,
+            region: lease.region().id,
+            region_epoch: req.region_epoch,
+            ops: req.ops,
+            len: req.len,
+            has_slot: false,
+        };
+        // The requester's bounds, then the charge, under the lock the offer
+        // is recorded with: two requests of one requester cannot both pass.
+        t.core.admit(&grant)?;
+        let charge = self.charge(charge_key, charge_bytes)?;
         // A slot on the channel's board, the grant published in it.
         let slot = t.boards.get(&conn).cloned().and_then(|on| {
             let (index, generation) = on.free.lock().take(&on.board)?;
@@ -285,19 +349,8 @@ impl ExportTable {
             Some((hold, generation))
         });
         let (slot_index, slot_generation) = slot.as_ref().map_or((super::messages::NO_SLOT, 0), |(h, g)| (h.index, *g));
-        let grant = Grant {
-            conn,
-            requester,
-            token,
-            base,
-            logical,
-            region: lease.region().id,
-            region_epoch: req.region_epoch,
-            ops: req.ops,
-            len: req.len,
-            has_slot: slot.is_some(),
-        };
-        let held = Held { base, slot: slot.map(|(h, _)| h), lease, charge: Some(charge), _hold: hold };
+        grant.has_slot = slot.is_some();
+        let held = Held { base, mark: None, slot: slot.map(|(h, _)| h), charge: Some(charge), _hold: hold, lease };
         let export_id = t.core.offer(grant, Instant::now(), held);
         drop(t);
         Ok(ExportOffer {
@@ -370,7 +423,15 @@ impl ExportTable {
         let made = exported.and_then(owned);
         let mut t = self.table.lock();
         match t.core.finish_answer(conn, r, made.is_ok()) {
-            Finished::Exposed => made.map(Some),
+            Finished::Exposed => {
+                // What tells, after its importer's exit, whether the handle
+                // is still held, recorded before any reclaim can ask.
+                let mark = made.as_ref().ok().and_then(|h| h.mark);
+                if let Some(h) = t.core.held_mut(r.export_id) {
+                    h.mark = mark;
+                }
+                made.map(Some)
+            }
             ended => {
                 if let Finished::Ended(g) = ended {
                     self.settle(t, vec![g]);
@@ -413,12 +474,19 @@ impl ExportTable {
         let base = base.ok_or_else(|| Error::NotFound(format!("no offer {} waits on this channel", r.export_id)))?;
         if let Err(e) = self.backend.before_export(base) {
             let mut t = self.table.lock();
-            if let Ok(Some(g)) = t.core.close_receipt(conn, None, &ExportRef { value: 0, ..*r }) {
+            if let Ok(Some(g)) = t.core.close_receipt(conn, None, &ExportRef { value: 0, ..*r }, |_| false) {
                 self.settle(t, vec![g]);
             }
             return Err(e.context("the producer stream handed over for this memory"));
         }
         self.answer(conn, r)
+    }
+
+    /// Whether the requester process `requester`, running as `uid` (the
+    /// kernel's credentials of its Unix channel), may open a channel for
+    /// this table's transport ([`IpcBackend::admit`]).
+    pub fn admit_requester(&self, uid: u32, requester: &ProcessIdentity) -> Result<()> {
+        self.backend.admit(uid, requester)
     }
 
     /// Channel `conn` gets a grant board: its exports get slots on it.
@@ -516,11 +584,28 @@ impl ExportTable {
     /// requester engine, after the channel the export was granted on was
     /// lost: that is how a requester whose source froze and resumed
     /// releases what it held.
+    ///
+    /// The receipt is the importer's word: when the backend sees its handle
+    /// still open or mapped somewhere (a child it forked), the export
+    /// lingers, keeping all it holds but its board slot, until nothing
+    /// holds the handle (the importer's watch asks).
     pub fn close_receipt(&self, conn: u64, requester: Option<Identity>, r: &ExportRef) -> Result<()> {
         let mut t = self.table.lock();
-        if let Some(g) = t.core.close_receipt(conn, requester, r)? {
+        if let Some(g) = t.core.close_receipt(conn, requester, r, |h| !self.let_go(h))? {
             self.settle(t, vec![g]);
+            return Ok(());
         }
+        let Some(p) = t.core.lingering(r.export_id) else { return Ok(()) };
+        let slot = t.core.held_mut(r.export_id).and_then(|h| h.slot.take());
+        drop(t);
+        drop(slot);
+        let what = self.backend.transport().name();
+        self.log.warn(format_args!(
+            "{what}: export {} lingers: process {} sent its close receipt, but its handle is still open or mapped \
+             (a child it forked?); it ends once nothing holds it",
+            r.export_id, p.pid
+        ));
+        self.watch_exit(p);
         Ok(())
     }
 

@@ -13,12 +13,21 @@
 //! was lost without a close receipt). A channel lost while an export is
 //! `Exposing` marks it `Abandoned`: the driver still holds a borrowed view
 //! of what it is exporting, so the export keeps its resources until
-//! [`ExportsCore::finish_answer`] ends it (never exposed to anyone).
+//! [`ExportsCore::finish_answer`] ends it (never exposed to anyone). A
+//! close receipt for a handle that is still open or mapped somewhere (the
+//! driver asks its backend) leaves the export `Lingering` until it is not.
+//!
+//! An importer is proven gone only when its process exited (every thread)
+//! *and* nothing still holds the handle it was sent: the driver answers
+//! both (`exited`, `let_go`), and the core asks the first once per process.
 
 use super::super::messages::{ExportRef, Revalidate, OP_WRITE};
+use super::holders::Holders;
+pub use super::holders::{Holder, Limits};
 use crate::control::identity::{Identity, ProcessIdentity};
 use crate::error::{Error, Result};
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use entries::Entries;
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 /// How many closed exports are remembered, so that a receipt repeated
@@ -40,13 +49,23 @@ pub enum ExportState {
     /// The requester's channel was lost without a close receipt: nothing
     /// proves the import was closed, so everything stays retained.
     Retained,
+    /// Its close receipt came, but the handle it was sent is still open or
+    /// mapped somewhere (a child its importer forked, or an importer that
+    /// kept it): nothing proves the memory unused, so everything stays
+    /// until the handle lets go (its board slot is given back).
+    Lingering,
 }
 
 impl ExportState {
     /// Whether a handle was made for an export in this state (its end
     /// unexports it).
     fn exported(self) -> bool {
-        matches!(self, ExportState::Exposed | ExportState::Retained)
+        matches!(self, ExportState::Exposed | ExportState::Retained | ExportState::Lingering)
+    }
+
+    /// Kept without proof that its import was closed.
+    fn kept(self) -> bool {
+        matches!(self, ExportState::Retained | ExportState::Lingering)
     }
 }
 
@@ -63,6 +82,8 @@ pub struct Grant {
     pub base: u64,
     /// See `base`.
     pub logical: u64,
+    /// The allocation's physical extent (what its charge counts).
+    pub physical: u64,
     /// The registered region it lies in, and that region's epoch.
     pub region: u64,
     /// See `region`.
@@ -73,6 +94,16 @@ pub struct Grant {
     pub len: u64,
     /// Whether it has a slot on its channel's grant board.
     pub has_slot: bool,
+}
+
+impl Grant {
+    /// Whom the export counts against: its verified process, or its channel.
+    fn holder(&self) -> Holder {
+        match self.requester {
+            Some(r) => Holder::Process(r.process.pid, r.process.start_time),
+            None => Holder::Channel(self.conn),
+        }
+    }
 }
 
 struct Entry<R> {
@@ -159,11 +190,72 @@ pub struct Mutations {
     pub reclaim_live_importers: bool,
 }
 
-/// Every export of one table.
+/// The table's entries by id. Walks over all of them are counted, so that
+/// tests hold the table to its promise: a request or a tick looks at its
+/// own exports (through the indexes), never at everyone's.
+mod entries {
+    use super::Entry;
+    use std::cell::Cell;
+    use std::collections::BTreeMap;
+
+    pub(super) struct Entries<R> {
+        map: BTreeMap<u64, Entry<R>>,
+        walked: Cell<u64>,
+    }
+
+    impl<R> Entries<R> {
+        pub(super) fn new() -> Entries<R> {
+            Entries { map: BTreeMap::new(), walked: Cell::new(0) }
+        }
+        pub(super) fn get(&self, id: &u64) -> Option<&Entry<R>> {
+            self.map.get(id)
+        }
+        pub(super) fn get_mut(&mut self, id: &u64) -> Option<&mut Entry<R>> {
+            self.map.get_mut(id)
+        }
+        pub(super) fn insert(&mut self, id: u64, e: Entry<R>) {
+            self.map.insert(id, e);
+        }
+        pub(super) fn remove(&mut self, id: &u64) -> Option<Entry<R>> {
+            self.map.remove(id)
+        }
+        pub(super) fn len(&self) -> usize {
+            self.map.len()
+        }
+        /// Every entry, in id order (counted).
+        pub(super) fn walk(&self) -> impl Iterator<Item = (&u64, &Entry<R>)> {
+            self.map.iter().inspect(|_| self.walked.set(self.walked.get() + 1))
+        }
+        /// Every entry, mutably, in id order (counted).
+        pub(super) fn walk_mut(&mut self) -> impl Iterator<Item = (&u64, &mut Entry<R>)> {
+            let walked = &self.walked;
+            self.map.iter_mut().inspect(move |_| walked.set(walked.get() + 1))
+        }
+        pub(super) fn walked(&self) -> u64 {
+            self.walked.get()
+        }
+    }
+}
+
+/// Every export of one table, and the indexes that let each request, tick
+/// or lost channel reach its own exports in O(1) (or O(log n)) whatever
+/// the table holds.
 pub struct ExportsCore<R> {
-    exports: BTreeMap<u64, Entry<R>>,
-    /// (id, token) of recently closed exports.
+    exports: Entries<R>,
+    /// Every export granted on a channel, by channel.
+    by_conn: HashMap<u64, BTreeSet<u64>>,
+    /// Offers waiting for their answer, by channel, oldest first.
+    offers: HashMap<u64, BTreeSet<(Instant, u64)>>,
+    /// Exports of each kernel-verified importing process (pid, start time).
+    by_process: HashMap<(u32, u64), BTreeSet<u64>>,
+    /// Exports in the `Retained` or `Lingering` state.
+    retained: usize,
+    /// Each requester's count and bytes held alone, bounded.
+    holders: Holders,
+    /// (id, token) of recently closed exports, oldest first, and the same
+    /// as a set.
     recently_closed: VecDeque<(u64, u64)>,
+    closed_set: HashSet<(u64, u64)>,
     /// Releases whose acknowledgement is still being sent.
     acks_pending: usize,
     /// Importing processes watched for their exit (pid, start time).
@@ -180,12 +272,28 @@ fn not_found(id: u64) -> Error {
     Error::NotFound(format!("no export {id} with that token on this channel"))
 }
 
+fn process_key(p: &ProcessIdentity) -> (u32, u64) {
+    (p.pid, p.start_time)
+}
+
 impl<R> ExportsCore<R> {
-    /// An empty table whose offers expire unanswered after `offer_timeout`.
+    /// An empty table whose offers expire unanswered after `offer_timeout`,
+    /// with no bound per requester.
     pub fn new(offer_timeout: Duration) -> ExportsCore<R> {
+        ExportsCore::bounded(offer_timeout, Limits::NONE)
+    }
+
+    /// An empty table whose requesters are bounded by `limits`.
+    pub fn bounded(offer_timeout: Duration, limits: Limits) -> ExportsCore<R> {
         ExportsCore {
-            exports: BTreeMap::new(),
+            exports: Entries::new(),
+            by_conn: HashMap::new(),
+            offers: HashMap::new(),
+            by_process: HashMap::new(),
+            retained: 0,
+            holders: Holders::new(limits),
             recently_closed: VecDeque::new(),
+            closed_set: HashSet::new(),
             acks_pending: 0,
             watched: BTreeSet::new(),
             next_id: 1,
@@ -193,6 +301,14 @@ impl<R> ExportsCore<R> {
             reclaimed: 0,
             mutations: Mutations::default(),
         }
+    }
+
+    /// Whether `grant`'s requester may take one more export: within its
+    /// count, and within its share of the budget when the allocation is
+    /// exported to nobody yet (see [`Holders::admit`]). The driver asks
+    /// before charging, under the same lock as [`ExportsCore::offer`].
+    pub fn admit(&self, grant: &Grant) -> Result<()> {
+        self.holders.admit(grant.holder(), grant.base, grant.physical)
     }
 
     /// Records an offer made at `now`; returns its export id.
@@ -209,7 +325,28 @@ impl<R> ExportsCore<R> {
             res,
         };
         self.exports.insert(id, e);
+        self.by_conn.entry(grant.conn).or_default().insert(id);
+        self.offers.entry(grant.conn).or_default().insert((now, id));
+        if let Some(r) = grant.requester {
+            self.by_process.entry(process_key(&r.process)).or_default().insert(id);
+        }
+        self.holders.add(grant.holder(), grant.base, grant.physical);
         id
+    }
+
+    /// Moves export `id` to `state`, keeping the indexes.
+    fn set_state(&mut self, id: u64, state: ExportState) {
+        let e = self.exports.get_mut(&id).expect("present");
+        let (was, conn, at) = (e.state, e.grant.conn, e.offered_at);
+        e.state = state;
+        if was == ExportState::Offered && state != ExportState::Offered {
+            remove_from(&mut self.offers, conn, &(at, id));
+        }
+        match (was.kept(), state.kept()) {
+            (false, true) => self.retained += 1,
+            (true, false) => self.retained -= 1,
+            _ => {}
+        }
     }
 
     fn entry(&mut self, conn: u64, r: &ExportRef) -> Result<&mut Entry<R>> {
@@ -221,6 +358,18 @@ impl<R> ExportsCore<R> {
 
     fn take(&mut self, id: u64) -> Option<Released<R>> {
         let e = self.exports.remove(&id)?;
+        let g = e.grant;
+        remove_from(&mut self.by_conn, g.conn, &id);
+        if e.state == ExportState::Offered {
+            remove_from(&mut self.offers, g.conn, &(e.offered_at, id));
+        }
+        if e.state.kept() {
+            self.retained -= 1;
+        }
+        if let Some(r) = g.requester {
+            remove_from(&mut self.by_process, process_key(&r.process), &id);
+        }
+        self.holders.remove(g.holder(), g.base);
         Some(Released { exported: e.state.exported(), res: e.res })
     }
 
@@ -230,7 +379,7 @@ impl<R> ExportsCore<R> {
         if r.value == 0 {
             // Its own channel, so never `None`.
             return self
-                .release(conn, None, r)
+                .release(conn, None, r, |_| false)
                 .and_then(|g| g.ok_or_else(|| not_found(r.export_id)))
                 .map(Answering::Declined);
         }
@@ -238,8 +387,9 @@ impl<R> ExportsCore<R> {
         if e.state != ExportState::Offered {
             return Err(Error::Protocol(format!("export {} was already answered", r.export_id)));
         }
-        e.state = ExportState::Exposing;
-        Ok(Answering::Expose { base: e.grant.base, writable: e.grant.ops & OP_WRITE != 0 })
+        let answer = Answering::Expose { base: e.grant.base, writable: e.grant.ops & OP_WRITE != 0 };
+        self.set_state(r.export_id, ExportState::Exposing);
+        Ok(answer)
     }
 
     /// The handle of an accepted offer was made (`made`) or could not be.
@@ -259,6 +409,12 @@ impl<R> ExportsCore<R> {
         gone.exported = false;
         self.remember(r);
         Finished::Ended(gone)
+    }
+
+    /// What exposed export `id` holds, to record what its handle became
+    /// (the driver keeps how to tell whether the handle is still held).
+    pub fn held_mut(&mut self, id: u64) -> Option<&mut R> {
+        self.exports.get_mut(&id).map(|e| &mut e.res)
     }
 
     /// The answer carrying export `r`'s handle was dropped before its
@@ -349,24 +505,34 @@ impl<R> ExportsCore<R> {
 
     /// Close receipt: the importer unmapped. A repeated receipt (after a
     /// lost ACK) is acknowledged (`None`). It may come on a later channel
-    /// of the same kernel-verified requester.
+    /// of the same kernel-verified requester. An export whose handle is
+    /// still open or mapped somewhere (`held`) is not released but left
+    /// `Lingering` (`None`; see [`ExportsCore::lingering`]).
     pub fn close_receipt(
         &mut self,
         conn: u64,
         requester: Option<Identity>,
         r: &ExportRef,
+        held: impl FnOnce(&R) -> bool,
     ) -> Result<Option<Released<R>>> {
-        if self.recently_closed.contains(&(r.export_id, r.token)) {
+        if self.closed_set.contains(&(r.export_id, r.token)) {
             return Ok(None);
         }
-        self.release(conn, requester, r)
+        self.release(conn, requester, r, held)
     }
 
     /// Ends export `r` for its channel `conn` (or for `requester` on a
     /// later channel of its). `None`: nothing to end now — a grant whose
     /// handle went with its lost channel, released from a later channel
-    /// while the handle is still being made, ends unexposed once made.
-    fn release(&mut self, conn: u64, requester: Option<Identity>, r: &ExportRef) -> Result<Option<Released<R>>> {
+    /// while the handle is still being made, ends unexposed once made; an
+    /// exposed export whose handle is still `held` lingers.
+    fn release(
+        &mut self,
+        conn: u64,
+        requester: Option<Identity>,
+        r: &ExportRef,
+        held: impl FnOnce(&R) -> bool,
+    ) -> Result<Option<Released<R>>> {
         let same_requester = |e: &Entry<R>| requester.is_some() && e.grant.requester == requester;
         let (state, elsewhere) = match self.exports.get(&r.export_id) {
             Some(e) if e.grant.token == r.token && (e.grant.conn == conn || same_requester(e)) => {
@@ -386,70 +552,99 @@ impl<R> ExportsCore<R> {
             ExportState::Exposing | ExportState::Abandoned => {
                 return Err(Error::Protocol(format!("export {} is still being answered", r.export_id)))
             }
+            ExportState::Lingering => return Ok(None),
             _ => {}
+        }
+        let exposed = state.exported();
+        if exposed && held(&self.exports.get(&r.export_id).expect("present").res) {
+            self.set_state(r.export_id, ExportState::Lingering);
+            self.remember(r);
+            return Ok(None);
         }
         let gone = self.take(r.export_id).expect("present");
         self.remember(r);
         Ok(Some(gone))
     }
 
+    /// The process to watch for lingering export `id` (so that it ends once
+    /// its handle lets go), unless watched already.
+    pub fn lingering(&mut self, id: u64) -> Option<ProcessIdentity> {
+        let e = self.exports.get(&id).filter(|e| e.state == ExportState::Lingering)?;
+        let p = e.grant.requester?.process;
+        self.watched.insert(process_key(&p)).then_some(p)
+    }
+
     fn remember(&mut self, r: &ExportRef) {
+        if !self.closed_set.insert((r.export_id, r.token)) {
+            return;
+        }
         self.recently_closed.push_back((r.export_id, r.token));
         if self.recently_closed.len() > RECENTLY_CLOSED {
-            self.recently_closed.pop_front();
+            let old = self.recently_closed.pop_front().expect("not empty");
+            self.closed_set.remove(&old);
         }
     }
 
-    fn take_where(&mut self, pick: impl Fn(&Entry<R>) -> bool) -> Vec<Released<R>> {
-        let ids: Vec<u64> = self.exports.iter().filter(|(_, e)| pick(e)).map(|(k, _)| *k).collect();
+    fn take_all(&mut self, ids: Vec<u64>) -> Vec<Released<R>> {
         ids.into_iter().filter_map(|id| self.take(id)).collect()
     }
 
     /// Ends the offers of channel `conn` unanswered at `now` after the
-    /// offer timeout (a late answer finds no export).
+    /// offer timeout (a late answer finds no export). Looks at the
+    /// channel's oldest offers only.
     pub fn expire_offers(&mut self, conn: u64, now: Instant) -> Vec<Released<R>> {
         let timeout = self.offer_timeout;
-        self.take_where(|e| {
-            e.grant.conn == conn
-                && e.state == ExportState::Offered
-                && now.saturating_duration_since(e.offered_at) >= timeout
-        })
+        let Some(waiting) = self.offers.get(&conn) else { return Vec::new() };
+        let due: Vec<u64> = waiting
+            .iter()
+            .take_while(|(at, _)| now.saturating_duration_since(*at) >= timeout)
+            .map(|(_, id)| *id)
+            .collect();
+        self.take_all(due)
     }
 
     /// The source closes: every offer not answered yet is withdrawn.
     pub fn withdraw_offers(&mut self) -> Vec<Released<R>> {
-        self.take_where(|e| e.state == ExportState::Offered)
+        let ids = self.offers.values().flat_map(|s| s.iter().map(|(_, id)| *id)).collect();
+        self.take_all(ids)
     }
 
     /// Channel `conn` was lost. Offers end; an export being answered is
     /// abandoned (ended when its answer finishes); exposed exports stay
-    /// retained unless their importer provably exited (`exited`), and the
+    /// retained unless their importer is provably gone (its process
+    /// `exited`, and nothing else holds its handle: `let_go`), and the
     /// importing processes not watched yet are returned to be watched.
-    pub fn connection_lost(&mut self, conn: u64, exited: impl Fn(&ProcessIdentity) -> bool) -> Lost<R> {
+    pub fn connection_lost(
+        &mut self,
+        conn: u64,
+        exited: impl FnMut(&ProcessIdentity) -> bool,
+        mut let_go: impl FnMut(&R) -> bool,
+    ) -> Lost<R> {
         let mut lost =
             Lost { released: Vec::new(), reclaimed: 0, retained: 0, pids: BTreeSet::new(), watch: Vec::new() };
-        let ids: Vec<u64> = self.exports.iter().filter(|(_, e)| e.grant.conn == conn).map(|(k, _)| *k).collect();
+        let mut exited = once_per_process(exited);
+        let ids: Vec<u64> = self.by_conn.get(&conn).map(|s| s.iter().copied().collect()).unwrap_or_default();
         for id in ids {
-            let e = self.exports.get_mut(&id).expect("present");
-            let gone = e.grant.requester.as_ref().is_some_and(|r| exited(&r.process));
-            match e.state {
+            let e = self.exports.get(&id).expect("indexed");
+            let (state, requester) = (e.state, e.grant.requester);
+            match state {
                 ExportState::Exposing if self.mutations.release_exports_being_made => {
                     lost.released.extend(self.take(id))
                 }
-                ExportState::Exposing => e.state = ExportState::Abandoned,
-                ExportState::Abandoned | ExportState::Retained => {}
+                ExportState::Exposing => self.set_state(id, ExportState::Abandoned),
+                ExportState::Abandoned | ExportState::Retained | ExportState::Lingering => {}
                 ExportState::Offered if self.mutations.keep_offers_of_lost_channels => {}
                 ExportState::Offered => lost.released.extend(self.take(id)),
-                ExportState::Exposed if gone => {
+                ExportState::Exposed if requester.is_some_and(|r| exited(&r.process) && let_go(&e.res)) => {
                     lost.reclaimed += 1;
                     lost.released.extend(self.take(id));
                 }
                 ExportState::Exposed => {
-                    e.state = ExportState::Retained;
+                    self.set_state(id, ExportState::Retained);
                     lost.retained += 1;
-                    if let Some(r) = e.grant.requester {
+                    if let Some(r) = requester {
                         lost.pids.insert(r.process.pid);
-                        if self.watched.insert((r.process.pid, r.process.start_time)) {
+                        if self.watched.insert(process_key(&r.process)) {
                             lost.watch.push(r.process);
                         }
                     }
@@ -460,29 +655,66 @@ impl<R> ExportsCore<R> {
         lost
     }
 
-    /// Process `p` is no longer watched (its watch fired or could not be
+    /// Process `p` is no longer watched (its watch ended or could not be
     /// set up).
     pub fn unwatch(&mut self, p: &ProcessIdentity) {
-        self.watched.remove(&(p.pid, p.start_time));
+        self.watched.remove(&process_key(p));
     }
 
-    /// Ends retained exports whose importing process exited.
-    pub fn reclaim_exited(&mut self, exited: impl Fn(&ProcessIdentity) -> bool) -> Vec<Released<R>> {
+    /// Ends kept exports whose import is provably closed (see
+    /// [`ExportsCore::reclaim_process`]), over every importing process.
+    pub fn reclaim_exited(
+        &mut self,
+        exited: impl FnMut(&ProcessIdentity) -> bool,
+        mut let_go: impl FnMut(&R) -> bool,
+    ) -> Vec<Released<R>> {
+        let mut exited = once_per_process(exited);
+        let procs: Vec<ProcessIdentity> =
+            self.by_process.keys().map(|&(pid, start_time)| ProcessIdentity { pid, start_time }).collect();
+        procs.iter().flat_map(|p| self.reclaim_process(p, exited(p), &mut let_go).0).collect()
+    }
+
+    /// Ends process `p`'s kept exports whose import is provably closed: a
+    /// retained one once `p` `exited` and nothing else holds its handle
+    /// (`let_go`), a lingering one once nothing holds it. Returns them and
+    /// how many exports of `p` are still to be watched for (every one once
+    /// it exited; otherwise the kept ones).
+    pub fn reclaim_process(
+        &mut self,
+        p: &ProcessIdentity,
+        exited: bool,
+        mut let_go: impl FnMut(&R) -> bool,
+    ) -> (Vec<Released<R>>, usize) {
         let any = self.mutations.reclaim_live_importers;
-        let gone = self.take_where(|e| {
-            e.state == ExportState::Retained && e.grant.requester.as_ref().is_some_and(|r| any || exited(&r.process))
+        let ids: Vec<u64> =
+            self.by_process.get(&process_key(p)).map(|s| s.iter().copied().collect()).unwrap_or_default();
+        let due: Vec<u64> = ids
+            .iter()
+            .copied()
+            .filter(|id| {
+                let e = self.exports.get(id).expect("indexed");
+                match e.state {
+                    ExportState::Retained => any || (exited && let_go(&e.res)),
+                    ExportState::Lingering => any || let_go(&e.res),
+                    _ => false,
+                }
+            })
+            .collect();
+        let released = self.take_all(due);
+        self.reclaimed += released.len() as u64;
+        let left = self.by_process.get(&process_key(p)).map_or(0, |s| {
+            s.iter().filter(|id| exited || self.exports.get(id).is_some_and(|e| e.state.kept())).count()
         });
-        self.reclaimed += gone.len() as u64;
-        gone
+        (released, left)
     }
 
     /// Revokes the board slots of region `region`'s exports (`None`: every
     /// export): returns the ids newly suspended, whose slots the driver
-    /// revokes.
+    /// revokes. Walks the table (an unregistration, the close).
     pub fn suspend(&mut self, region: Option<u64>) -> Vec<u64> {
         let again = self.mutations.suspend_again;
         self.exports
-            .iter_mut()
+            .walk_mut()
             .filter(|(_, e)| region.is_none_or(|id| e.grant.region == id) && e.grant.has_slot)
             .filter(|(_, e)| again || !e.suspended)
             .map(|(id, e)| {
@@ -496,7 +728,7 @@ impl<R> ExportsCore<R> {
     /// region `region`: returns the ids whose slots the driver publishes.
     pub fn resume(&mut self, region: u64) -> Vec<u64> {
         self.exports
-            .iter_mut()
+            .walk_mut()
             .filter(|(_, e)| e.suspended && e.grant.region == region)
             .map(|(id, e)| {
                 e.suspended = false;
@@ -517,7 +749,7 @@ impl<R> ExportsCore<R> {
 
     /// Every export: (id, channel, state, importing process).
     pub fn list(&self) -> Vec<(u64, u64, ExportState, Option<ProcessIdentity>)> {
-        self.exports.iter().map(|(id, e)| (*id, e.grant.conn, e.state, e.grant.requester.map(|r| r.process))).collect()
+        self.exports.walk().map(|(id, e)| (*id, e.grant.conn, e.state, e.grant.requester.map(|r| r.process))).collect()
     }
 
     /// An acknowledgement of a release is being sent: the source's close
@@ -533,12 +765,13 @@ impl<R> ExportsCore<R> {
 
     /// Ends every export (the table itself goes).
     pub fn drain(&mut self) -> Vec<Released<R>> {
-        self.take_where(|_| true)
+        let ids = self.exports.walk().map(|(id, _)| *id).collect();
+        self.take_all(ids)
     }
 
     /// No export left and no acknowledgement being sent.
     pub fn is_empty(&self) -> bool {
-        self.exports.is_empty() && self.acks_pending == 0
+        self.exports.len() == 0 && self.acks_pending == 0
     }
 
     /// Exports left.
@@ -548,7 +781,7 @@ impl<R> ExportsCore<R> {
 
     /// (open, retained) exports: open ones on a live channel.
     pub fn counts(&self) -> (u64, u64) {
-        let retained = self.exports.values().filter(|e| e.state == ExportState::Retained).count() as u64;
+        let retained = self.retained as u64;
         (self.exports.len() as u64 - retained, retained)
     }
 
@@ -559,16 +792,50 @@ impl<R> ExportsCore<R> {
 
     /// Offers on channel `conn` not answered yet.
     pub fn unanswered(&self, conn: u64) -> usize {
-        self.exports.values().filter(|e| e.grant.conn == conn && e.state == ExportState::Offered).count()
+        self.offers.get(&conn).map_or(0, |s| s.len())
     }
 
-    /// Retained exports: (id, allocation base, importing pid).
+    /// (exports, bytes of allocations held alone) of requester `who`.
+    pub fn holding(&self, who: Holder) -> (usize, u64) {
+        self.holders.of(who)
+    }
+
+    /// The per-requester bounds.
+    pub fn limits(&self) -> Limits {
+        self.holders.limits()
+    }
+
+    /// Entries visited by walks over the whole table so far (an
+    /// unregistration, the close, diagnostics): requests, ticks, lost
+    /// channels and reclaims add nothing, whatever the table holds.
+    pub fn walked(&self) -> u64 {
+        self.exports.walked()
+    }
+
+    /// Kept exports (retained or lingering): (id, allocation base,
+    /// importing pid).
     pub fn retained(&self) -> Vec<(u64, u64, Option<u32>)> {
         self.exports
-            .iter()
-            .filter(|(_, e)| e.state == ExportState::Retained)
+            .walk()
+            .filter(|(_, e)| e.state.kept())
             .map(|(id, e)| (*id, e.grant.base, e.grant.requester.map(|r| r.process.pid)))
             .collect()
+    }
+}
+
+/// `exited`, asked at most once per process.
+fn once_per_process(mut exited: impl FnMut(&ProcessIdentity) -> bool) -> impl FnMut(&ProcessIdentity) -> bool {
+    let mut seen: HashMap<(u32, u64), bool> = HashMap::new();
+    move |p| *seen.entry(process_key(p)).or_insert_with(|| exited(p))
+}
+
+/// Removes `item` from the set of `key` in `index`, and the set once empty.
+fn remove_from<K: std::hash::Hash + Eq, T: Ord>(index: &mut HashMap<K, BTreeSet<T>>, key: K, item: &T) {
+    if let Some(s) = index.get_mut(&key) {
+        s.remove(item);
+        if s.is_empty() {
+            index.remove(&key);
+        }
     }
 }
 

@@ -4,7 +4,9 @@
 //! on the reactor with one lock per channel and runs what it returns
 //! after releasing it. The export table's lifecycle (offers, answers,
 //! receipts, revocations, lost channels, exited importers) is
-//! `exports.rs`, driven by `ipc/export/` under one lock. The requester's
+//! `exports.rs`, driven by `ipc/export/` under one lock; `holders.rs` is
+//! what each requester holds of it (its count of exports and the bytes it
+//! alone keeps charged), bounded. The requester's
 //! decisions are `requester.rs`: an import's opening exchange (the offer
 //! checked against the request, the answers, the handle), a revalidation's
 //! answer and how a posted group ends; `ipc/requester/` makes the calls
@@ -15,5 +17,6 @@
 
 pub mod calls;
 pub mod exports;
+pub mod holders;
 pub mod requester;
 pub mod source;

@@ -52,10 +52,10 @@ impl Import {
 impl IpcRequester {
     /// The import the cache holds now for `region` of `link`'s source in
     /// host memory (the writable one first), current and of the region's
-    /// epoch; an empty reference when there is none. Only CPU copies (SHM)
-    /// are held: the others complete through their device's streams.
+    /// epoch; an empty reference when there is none. Only CPU copies (SHM,
+    /// CMA) are held: the others complete through their device's streams.
     pub fn held(&self, link: &Arc<IpcLink>, region: &RegionInfo) -> HeldImport {
-        if self.backend.transport() != TransportKind::Shm || self.capacity == 0 {
+        if !matches!(self.backend.transport(), TransportKind::Shm | TransportKind::Cma) || self.capacity == 0 {
             return HeldImport::default();
         }
         let keys = [cache_key(link, region, None, true), cache_key(link, region, None, false)];

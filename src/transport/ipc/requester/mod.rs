@@ -436,8 +436,10 @@ impl IpcRequester {
         let charge_key = (link.endpoint.clone(), link.source.engine_epoch, offer.base);
         // Idle cached imports give their charge back for a new one.
         let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
+        // What an import maps counts against the budget (CMA maps nothing).
+        let charged = if self.backend.maps() { offer.physical } else { 0 };
         let charge = loop {
-            match self.charges.try_acquire(charge_key.clone(), offer.physical) {
+            match self.charges.try_acquire(charge_key.clone(), charged) {
                 Some(c) => break Some(c),
                 None if self.cache.evict_lru_idle(&close) => continue,
                 None => break None,
@@ -469,7 +471,10 @@ impl IpcRequester {
             }
         };
         drop(place);
-        let handle = ReceivedHandle { bytes: opening.handle(f.kind, &f.body)?, fd: f.fd };
+        // The source as the kernel named the other end of a Unix channel
+        // (the link checked it when the channel opened).
+        let source = matches!(link.route, super::link::Route::Unix(_)).then_some(link.source.process);
+        let handle = ReceivedHandle { bytes: opening.handle(f.kind, &f.body)?, fd: f.fd, source };
         match self.backend.import(handle, offer.physical, offer.ops & OP_WRITE != 0, local_device) {
             Ok(mapping) => {
                 self.events.opened.fetch_add(1, Ordering::Relaxed);
@@ -495,6 +500,9 @@ impl IpcRequester {
             Err(e) => {
                 // Nothing was mapped: tell the source it may release.
                 let _ = link.receipt(MsgKind::CloseReceipt, &opening.answer(false), deadline);
+                if self.backend.refuses_for_good(&e) {
+                    self.refuse(link, e.message().to_string());
+                }
                 Err(e)
             }
         }
@@ -726,6 +734,9 @@ impl IpcRequester {
             drop(fences);
         }
         if let Err(e) = drained.and(copied.map(|_| ())) {
+            if self.backend.refuses_for_good(&e) {
+                self.refuse(&imp.link, e.message().to_string());
+            }
             fail_all(&mut out, &items, &e);
         }
         if !uncertain && !self.backend.import_outlives_exporter() && imp.link.source_exited() {
@@ -782,6 +793,35 @@ impl IpcRequester {
             Ending::Release(key) => self.release(&key),
         }
         Finished { items, outcomes: out }
+    }
+
+    /// Why this transport can never reach `link`'s source (`None`: it may):
+    /// the backend's checks, asked once per link before its first channel,
+    /// or a refusal found since (an import or a copy the kernel refused).
+    /// Submissions under AUTO then take the next transport.
+    pub fn refused(&self, link: &Arc<IpcLink>) -> Option<String> {
+        if let Some(why) = link.refused() {
+            return Some(why.to_string());
+        }
+        if link.checked() {
+            return None;
+        }
+        if let Some(why) = self.backend.refusal(&link.source.process) {
+            self.refuse(link, why.clone());
+            return Some(why);
+        }
+        link.mark_checked();
+        None
+    }
+
+    /// Records that this transport can never reach `link`'s source, and
+    /// says so once (WARN).
+    fn refuse(&self, link: &IpcLink, why: String) {
+        let kind = self.backend.transport().name();
+        let text = format!("{}: {kind} cannot be used: {why}; its requests take the next transport", link.label);
+        if link.refuse(why) {
+            self.log.warn(format_args!("{text}"));
+        }
     }
 
     /// Whether imports are kept in a relocation cache (and so shared by

@@ -1,21 +1,41 @@
+// Copyright 2026 The OrbiTE Authors
+//
+// Licensed under the Apache License, Version 2.0 (the "License");
+// you may not use this file except in compliance with the License.
+// You may obtain a copy of the License at
+//
+//     http://www.apache.org/licenses/LICENSE-2.0
+//
+// Unless required by applicable law or agreed to in writing, software
+// distributed under the License is distributed on an "AS IS" BASIS,
+// WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+// See the License for the specific language governing permissions and
+// limitations under the License.
+
 // OrbiteTransport: see tent/transport/orbite/orbite_transport.h.
 #include "tent/transport/orbite/orbite_transport.h"
 
 #include <arpa/inet.h>
+#include <glog/logging.h>
 #include <netdb.h>
 #include <sys/socket.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <set>
+#include <shared_mutex>
 #include <sstream>
+
+#include "orbite_workers.h"
 
 namespace mooncake {
 namespace tent {
 
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 /// The attributes OrbiTE publishes for a buffer:
 /// "endpoint=IP:port region=N".
@@ -63,29 +83,64 @@ std::string withKey(const std::string& json, const std::string& key,
            (empty ? "" : ", ") + json.substr(open + 1);
 }
 
+/// The keys of the JSON object `json` (its first level only); empty when
+/// it is no object.
+std::vector<std::string> topLevelKeys(const std::string& json) {
+    std::vector<std::string> keys;
+    size_t at = json.find_first_not_of(" \t\r\n");
+    if (at == std::string::npos || json[at] != '{') return keys;
+    int depth = 0;
+    bool expect_key = false;
+    for (size_t i = at; i < json.size(); ++i) {
+        char c = json[i];
+        if (c == '"') {
+            size_t end = i + 1;
+            std::string text;
+            for (; end < json.size() && json[end] != '"'; ++end) {
+                if (json[end] == '\\' && end + 1 < json.size()) ++end;
+                text += json[end];
+            }
+            if (depth == 1 && expect_key) keys.push_back(text);
+            expect_key = false;
+            i = end;
+        } else if (c == '{' || c == '[') {
+            ++depth;
+            expect_key = c == '{' && depth == 1;
+        } else if (c == '}' || c == ']') {
+            --depth;
+        } else if (c == ',' && depth == 1) {
+            expect_key = true;
+        }
+    }
+    return keys;
+}
+
 /// Whether `name` is a valid OrbiTE engine name (1-64 of A-Z a-z 0-9 . _ -).
 bool validName(const std::string& name) {
     return !name.empty() && name.size() <= 64 &&
            name.find_first_not_of(
-               "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") ==
-               std::string::npos;
+               "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+               "abcdefghijklmnopqrstuvwxyz0123456789._-") == std::string::npos;
 }
 
 /// The IPv4 address of the host part of "host:port" (a name is resolved),
 /// or "" when there is none.
 std::string hostAddress(const std::string& addr) {
     size_t colon = addr.rfind(':');
-    std::string host = colon == std::string::npos ? addr : addr.substr(0, colon);
+    std::string host =
+        colon == std::string::npos ? addr : addr.substr(0, colon);
     if (host.empty() || host.front() == '[') return "";
     in_addr a{};
     if (inet_pton(AF_INET, host.c_str(), &a) == 1) return host;
     addrinfo hints{};
     hints.ai_family = AF_INET;
     addrinfo* found = nullptr;
-    if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || !found) return "";
+    if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 || !found)
+        return "";
     char text[INET_ADDRSTRLEN] = {0};
     auto* sin = reinterpret_cast<sockaddr_in*>(found->ai_addr);
-    std::string out = inet_ntop(AF_INET, &sin->sin_addr, text, sizeof text) ? text : "";
+    std::string out =
+        inet_ntop(AF_INET, &sin->sin_addr, text, sizeof text) ? text : "";
     freeaddrinfo(found);
     return out;
 }
@@ -104,7 +159,8 @@ bool refusedAsInvalid(orbite::Status s) {
 }
 
 /// The region of `in` that holds all of `r`, or null.
-const orbite::Region* regionOf(const std::vector<orbite::Region>& in, const orbite::Request& r) {
+const orbite::Region* regionOf(const std::vector<orbite::Region>& in,
+                               const orbite::Request& r) {
     const orbite::Region* found = nullptr;
     for (const orbite::Region& g : in)
         if (g.contains(r.remote_addr, r.length)) found = &g;
@@ -119,11 +175,96 @@ bool permits(const orbite::Region& region, const orbite::Request& r) {
 /// Whether an IPC transport maps a peer's memory of kind `k` (a direct
 /// route can reach it); plain host memory moves over TCP only.
 bool mapsDirectly(orbite::MemoryKind k) {
-    return k == orbite::MemoryKind::shared_host || k == orbite::MemoryKind::cuda_ipc ||
+    return k == orbite::MemoryKind::shared_host ||
+           k == orbite::MemoryKind::cuda_ipc ||
            k == orbite::MemoryKind::mnnvl || k == orbite::MemoryKind::egm;
 }
 
+/// TENT's Notification as one OrbiTE message: its name travels in front
+/// of its text ("tent-notification/1:LEN:" NAME MSG). A message from a
+/// sender that does not frame it is taken whole, named by its sender.
+constexpr char kNamed[] = "tent-notification/1:";
+
+std::string frame(const Notification& n) {
+    return kNamed + std::to_string(n.name.size()) + ":" + n.name + n.msg;
+}
+
+Notification unframe(std::string sender, std::string message) {
+    const size_t prefix = sizeof(kNamed) - 1;
+    if (message.compare(0, prefix, kNamed) == 0) {
+        size_t colon = message.find(':', prefix);
+        char* end = nullptr;
+        unsigned long long len =
+            colon == std::string::npos
+                ? 0
+                : std::strtoull(message.c_str() + prefix, &end, 10);
+        if (colon != std::string::npos && end == message.c_str() + colon &&
+            len <= message.size() - colon - 1)
+            return Notification{message.substr(colon + 1, len),
+                                message.substr(colon + 1 + len)};
+    }
+    return Notification{std::move(sender), std::move(message)};
+}
+
+/// OrbiTE's log lines go to glog, as TENT's own do.
+void toGlog(uint32_t level, const char* message, void*) {
+    switch (level) {
+        case ORBITE_LOG_ERROR:
+            LOG(ERROR) << "orbite: " << message;
+            break;
+        case ORBITE_LOG_WARN:
+            LOG(WARNING) << "orbite: " << message;
+            break;
+        case ORBITE_LOG_INFO:
+            LOG(INFO) << "orbite: " << message;
+            break;
+        default:
+            VLOG(1) << "orbite: " << message;
+            break;
+    }
+}
+
+/// The time left until `deadline`, at least 1 ms (0 would mean the
+/// engine's default to OrbiTE).
+std::chrono::milliseconds left(Clock::time_point deadline) {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - Clock::now());
+    return std::max(ms, std::chrono::milliseconds(1));
+}
+
 }  // namespace
+
+/// Closed at uninstall: a progress hook called later (from an OrbiTE
+/// thread ending a batch) no longer reaches TENT.
+struct OrbiteTransport::ProgressGate {
+    std::shared_mutex lock;
+    bool open = true;
+};
+
+/// TENT's progress hook of one sub-batch, shared with the hooks of its
+/// OrbiTE batches (which own nothing else of the sub-batch).
+struct OrbiteProgress {
+    explicit OrbiteProgress(std::shared_ptr<OrbiteTransport::ProgressGate> g)
+        : gate(std::move(g)) {}
+    std::shared_ptr<OrbiteTransport::ProgressGate> gate;
+    std::mutex lock;
+    std::function<void(BatchID)> notify;
+    BatchID id = 0;
+
+    /// Calls TENT's hook (if set, and the transport is installed).
+    void call() {
+        std::function<void(BatchID)> f;
+        BatchID batch;
+        {
+            std::lock_guard<std::mutex> g(lock);
+            f = notify;
+            batch = id;
+        }
+        if (!f) return;
+        std::shared_lock<std::shared_mutex> open(gate->lock);
+        if (gate->open) f(batch);
+    }
+};
 
 /// A registered buffer: its registration, and the adoption record when the
 /// memory is CUDA memory the stack allocated.
@@ -137,42 +278,48 @@ struct OrbiteTransport::Buffer {
 };
 
 /// One task: its fixed status while it is not in an OrbiTE batch (waiting
-/// for a connect, copied locally, refused), or where its outcome lives.
+/// for the pool, copied locally or directly, refused), or where its
+/// outcome lives.
 struct OrbiteTransport::Task {
     size_t length = 0;
     TransferStatusEnum fixed = PENDING;
     int batch = -1;  ///< index into Tasks::batches, -1: not submitted
     size_t index = 0;
+    /// In a submission to OrbiTE right now: its deadline is OrbiTE's.
+    bool sending = false;
+    /// Not handed to OrbiTE by then, it ends FAILED (never sent).
+    Clock::time_point deadline{};
+
+    /// Ends FAILED if it still waits for the pool at `now`, past its
+    /// deadline; true if it did.
+    bool expire(Clock::time_point now) {
+        if (fixed != PENDING || batch >= 0 || sending || now < deadline)
+            return false;
+        fixed = FAILED;
+        return true;
+    }
 };
 
-/// A sub-batch's tasks, shared with the connector threads.
+/// A sub-batch's tasks, shared with the pool's jobs and the timer.
 struct OrbiteTransport::Tasks {
+    explicit Tasks(std::shared_ptr<ProgressGate> gate)
+        : notifier(std::make_shared<OrbiteProgress>(std::move(gate))) {}
     std::mutex lock;
     std::vector<Task> tasks;
     std::vector<orbite::Batch> batches;
     /// Per batch: the target it went to, and that target's connection
     /// generation then.
     std::vector<std::pair<std::shared_ptr<Target>, uint64_t>> sent_to;
-    /// TENT's progress hook, copied from the sub-batch (null once freed).
-    std::function<void(BatchID)> notify;
-    BatchID notify_id = 0;
+    std::shared_ptr<OrbiteProgress> notifier;
 
-    /// Calls TENT's progress hook (outside `lock`).
-    void progress() {
-        std::function<void(BatchID)> f;
-        BatchID id;
-        {
-            std::lock_guard<std::mutex> g(lock);
-            f = notify;
-            id = notify_id;
-        }
-        if (f) f(id);
-    }
+    void progress() { notifier->call(); }
 };
 
 struct OrbiteSubBatch final : Transport::SubBatch {
-    explicit OrbiteSubBatch(size_t max)
-        : max_size(max), tasks(std::make_shared<OrbiteTransport::Tasks>()) {
+    OrbiteSubBatch(size_t max,
+                   std::shared_ptr<OrbiteTransport::ProgressGate> gate)
+        : max_size(max),
+          tasks(std::make_shared<OrbiteTransport::Tasks>(std::move(gate))) {
         // Room for a sub-batch of TENT's usual size, made once.
         size_t room = std::min<size_t>(max, 64);
         tasks->tasks.reserve(room);
@@ -187,10 +334,21 @@ struct OrbiteSubBatch final : Transport::SubBatch {
     std::shared_ptr<OrbiteTransport::Tasks> tasks;
 };
 
+/// A segment lookup through TENT's metadata service, run on the lookup
+/// pool and waited for by connects until their deadline.
+struct OrbiteTransport::Lookup {
+    std::mutex lock;
+    std::condition_variable finished;
+    bool done = false;
+    std::string endpoint;  ///< "" when none was found (see why)
+    std::string why;
+    std::string name;  ///< the segment's name
+};
+
 /// A target segment: its connection, and the tasks waiting for it.
 struct OrbiteTransport::Target {
-    /// Busy: a connector thread is connecting, or submitting what needs a
-    /// round trip with the peer; later submissions queue behind it.
+    /// Busy: a pool job is connecting, or submitting what needs a round
+    /// trip with the peer; later submissions queue behind it.
     enum State { Idle, Busy, Ready };
     explicit Target(SegmentID segment) : id(segment) {}
     const SegmentID id;
@@ -208,22 +366,24 @@ struct OrbiteTransport::Target {
     /// on the caller's thread without a round trip to the peer.
     std::set<uint64_t> warm;
     /// Direct routes (orbite_direct_open) to the regions reached on this
-    /// connection whose memory an IPC transport maps (null: none does):
-    /// their tasks are copied on the caller's thread, each ending before
-    /// submitTransferTasks returns, with no OrbiTE batch.
+    /// connection whose memory an IPC transport maps (null: none does).
     std::map<uint64_t, std::shared_ptr<orbite::Direct>> routes;
     /// Bumped at every connect: a failure seen on an older connection does
     /// not reset a newer one.
     uint64_t generation = 0;
+    /// A connection was dropped since the last connect: the next one
+    /// refreshes TENT's cached copies of the segment.
+    bool dropped = false;
     /// Why the last connect failed ("" after a success).
     std::string why;
+    /// The segment lookup in flight, if any.
+    std::shared_ptr<Lookup> lookup;
     struct Waiting {
         std::shared_ptr<Tasks> tasks;
         std::vector<size_t> ids;
         std::vector<orbite::Request> reqs;
     };
-    std::vector<Waiting> waiting;
-    std::thread connector;
+    std::deque<Waiting> waiting;
 
     /// Whether every request of `reqs` names a region this connection has
     /// reached and may be asked of it: then submitting them needs no round
@@ -236,13 +396,21 @@ struct OrbiteTransport::Target {
         return true;
     }
 
-    /// Forgets the connection of `gen` (its peer left): the next use
-    /// reconnects. `lock` held.
+    /// Forgets the connection (its peer left): the next connect looks the
+    /// segment up again. `lock` held.
+    void forgetLocked() {
+        peer.reset();
+        routes.clear();
+        warm.clear();
+        dropped = true;
+    }
+
+    /// Forgets the connection of `gen` if it is the current one and ready:
+    /// the next use reconnects. `lock` held.
     void dropLocked(uint64_t gen) {
         if (state == Ready && generation == gen) {
             state = Idle;
-            peer.reset();
-            routes.clear();
+            forgetLocked();
         }
     }
 };
@@ -251,64 +419,136 @@ OrbiteTransport::OrbiteTransport() = default;
 
 OrbiteTransport::~OrbiteTransport() { (void)uninstall(); }
 
+Status OrbiteTransport::readConfig(const Config& conf, std::string& engine) {
+    static const std::set<std::string> known = {
+        "enable", "engine", "connect_timeout_ms", "unregister_timeout_ms",
+        "threads"};
+    std::string subtree;
+    if (conf.dumpSubtree("transports/orbite", &subtree)) {
+        for (const std::string& key : topLevelKeys(subtree)) {
+            if (known.count(key)) continue;
+            if (key == "config")
+                LOG(WARNING) << "orbite_transport: transports/orbite/config "
+                                "is not read; the engine's configuration is "
+                                "transports/orbite/engine";
+            else
+                LOG(WARNING) << "orbite_transport: unknown key transports/"
+                                "orbite/"
+                             << key << " ignored (known: enable, engine, "
+                             << "connect_timeout_ms, unregister_timeout_ms, "
+                                "threads)";
+        }
+    }
+    std::string sub;
+    if (conf.dumpSubtree("transports/orbite/engine", &sub) && sub != "null") {
+        engine = sub;
+        // A string holds the object (tent_set_config stores strings).
+        if (!sub.empty() && sub.front() == '"')
+            engine = conf.get<std::string>("transports/orbite/engine", "{}");
+    }
+    connect_timeout_ = std::chrono::milliseconds(
+        conf.get<int64_t>("transports/orbite/connect_timeout_ms", 5000));
+    unregister_timeout_ = std::chrono::milliseconds(
+        conf.get<int64_t>("transports/orbite/unregister_timeout_ms", 1000));
+    int64_t threads = conf.get<int64_t>("transports/orbite/threads", 8);
+    if (connect_timeout_.count() <= 0)
+        return Status::InvalidArgument(
+            "transports/orbite/connect_timeout_ms must be positive" LOC_MARK);
+    if (unregister_timeout_.count() <= 0)
+        return Status::InvalidArgument(
+            "transports/orbite/unregister_timeout_ms must be "
+            "positive" LOC_MARK);
+    if (threads < 1 || threads > 1024)
+        return Status::InvalidArgument(
+            "transports/orbite/threads must be 1 to 1024" LOC_MARK);
+    max_threads_ = static_cast<size_t>(threads);
+    return Status::OK();
+}
+
 Status OrbiteTransport::install(std::string& local_segment_name,
                                 std::shared_ptr<ControlService> metadata,
                                 std::shared_ptr<Topology> local_topology,
                                 std::shared_ptr<Config> conf) {
-    if (engine_) return Status::InvalidArgument("OrbiTE transport is installed already" LOC_MARK);
-    if (!metadata) return Status::InvalidArgument("install needs the metadata service" LOC_MARK);
+    if (engine_)
+        return Status::InvalidArgument(
+            "OrbiTE transport is installed already" LOC_MARK);
+    if (!metadata)
+        return Status::InvalidArgument(
+            "install needs the metadata service" LOC_MARK);
     std::string config = "{}";
-    if (conf) {
-        std::string sub;
-        if (conf->dumpSubtree("transports/orbite/engine", &sub) && sub != "null") config = sub;
-        connect_timeout_ = std::chrono::milliseconds(
-            conf->get<int64_t>("transports/orbite/connect_timeout_ms", 5000));
-        if (connect_timeout_.count() <= 0)
-            return Status::InvalidArgument(
-                "transports/orbite/connect_timeout_ms must be positive" LOC_MARK);
-    }
+    if (conf) CHECK_STATUS(readConfig(*conf, config));
     // Peers' notifications name this engine by the segment's name; its
-    // listener binds where the segment's RPC server is reachable.
+    // listener binds where the segment's RPC server is reachable; a
+    // notification carries TENT's name and message (TENT's C API allows
+    // 256 and 4096 bytes).
     if (validName(local_segment_name))
         config = withKey(config, "name", "\"" + local_segment_name + "\"");
     auto local = metadata->segmentManager().getLocal();
     std::string host = local ? hostAddress(local->rpc_server_addr) : "";
     if (!host.empty()) config = withKey(config, "listen", "\"" + host + ":0\"");
+    config = withKey(config, "notification_max_bytes", "8192");
+    // OrbiTE's own log lines go to glog, for the whole process.
+    static std::once_flag logging;
+    std::call_once(logging,
+                   [] { (void)orbite_set_log_callback(&toGlog, nullptr); });
     auto e = orbite::Engine::try_create(config);
-    if (!e.ok()) return Status::InvalidArgument(e.error().describe() + LOC_MARK);
+    if (!e.ok())
+        return Status::InvalidArgument(e.error().describe() + LOC_MARK);
     engine_.emplace(std::move(e).value());
     metadata_ = std::move(metadata);
     conf_ = std::move(conf);
     local_name_ = local_segment_name;
     (void)local_topology;
+    gate_ = std::make_shared<ProgressGate>();
+    jobs_ = std::make_unique<OrbiteWorkers>(max_threads_);
+    lookups_ = std::make_unique<OrbiteWorkers>(max_threads_);
+    timer_ = std::make_unique<OrbiteTimer>();
     // Host memory over SHM or TCP; GPU memory (and pinned host memory to or
     // from it) over NVLink or MNNVL.
-    orbite::TransportSet t = engine_->try_transports().ok() ? engine_->transports()
-                                                           : orbite::TransportSet();
+    orbite::TransportSet t = engine_->try_transports().ok()
+                                 ? engine_->transports()
+                                 : orbite::TransportSet();
     caps = Capabilities{};
-    caps.dram_to_dram = t.contains(orbite::Transport::tcp) || t.contains(orbite::Transport::shm);
-    bool gpu = t.contains(orbite::Transport::nvlink) || t.contains(orbite::Transport::mnnvl);
+    caps.dram_to_dram = t.contains(orbite::Transport::tcp) ||
+                        t.contains(orbite::Transport::shm);
+    bool gpu = t.contains(orbite::Transport::nvlink) ||
+               t.contains(orbite::Transport::mnnvl);
     caps.gpu_to_gpu = caps.dram_to_gpu = caps.gpu_to_dram = gpu;
     return Status::OK();
 }
 
 Status OrbiteTransport::uninstall() {
     if (!engine_) return Status::OK();
+    {
+        // No progress hook reaches TENT from now on (a batch ending while
+        // the engine closes calls them).
+        std::unique_lock<std::shared_mutex> g(gate_->lock);
+        gate_->open = false;
+    }
+    // Calls the pool's jobs are in end with the engine's close (submissions
+    // fenced, peers gone); a job then fails what waits.
+    auto closed = engine_->close();
+    // Jobs end within the connect timeout (a segment lookup is waited for
+    // until then); lookups stuck in TENT's RPC are left to end on their own
+    // (they hold only the metadata service and their own record).
+    size_t stuck = jobs_->stop(connect_timeout_ + std::chrono::seconds(5));
+    if (stuck)
+        LOG(ERROR) << "orbite_transport: " << stuck
+                   << " jobs did not end at uninstall";
+    size_t lookups = lookups_->stop(std::chrono::milliseconds(100));
+    if (lookups)
+        LOG(WARNING) << "orbite_transport: " << lookups
+                     << " segment lookups still wait for TENT's metadata "
+                        "service; left to end on their own";
+    timer_->stop();
     std::map<SegmentID, std::shared_ptr<Target>> targets;
     {
         std::lock_guard<std::mutex> g(targets_lock_);
         targets.swap(targets_);
     }
-    // Connects end within their timeout; what waits for them fails.
     for (auto& [id, t] : targets) {
-        std::thread th;
-        {
-            std::lock_guard<std::mutex> g(t->lock);
-            th = std::move(t->connector);
-        }
-        if (th.joinable()) th.join();
         std::lock_guard<std::mutex> g(t->lock);
-        t->peer.reset();
+        t->forgetLocked();
         t->state = Target::Idle;
     }
     {
@@ -317,15 +557,22 @@ Status OrbiteTransport::uninstall() {
         buffers_.clear();
         retiring_.clear();
     }
-    auto closed = engine_->close();
     allocations_.clear();
     engine_.reset();
     if (!closed.ok()) return failed(closed.error());
     return Status::OK();
 }
 
+size_t OrbiteTransport::threads() const {
+    return (jobs_ ? jobs_->threads() : 0) +
+           (lookups_ ? lookups_->threads() : 0);
+}
+
 Status OrbiteTransport::allocateSubBatch(SubBatchRef& batch, size_t max_size) {
-    batch = new OrbiteSubBatch(max_size);
+    if (!engine_)
+        return Status::InvalidArgument(
+            "OrbiTE transport is not installed" LOC_MARK);
+    batch = new OrbiteSubBatch(max_size, gate_);
     return Status::OK();
 }
 
@@ -333,10 +580,13 @@ Status OrbiteTransport::freeSubBatch(SubBatchRef& batch) {
     auto* b = dynamic_cast<OrbiteSubBatch*>(batch);
     if (!b) return Status::InvalidArgument("not an OrbiTE sub-batch" LOC_MARK);
     {
-        // Tasks still waiting for a connect are dropped with it; submitted
+        std::lock_guard<std::mutex> g(b->tasks->notifier->lock);
+        b->tasks->notifier->notify = nullptr;
+    }
+    {
+        // Tasks still waiting for the pool are dropped with it; submitted
         // ones are detached (OrbiTE never cancels them mid-copy).
         std::lock_guard<std::mutex> g(b->tasks->lock);
-        b->tasks->notify = nullptr;
         for (Task& t : b->tasks->tasks)
             if (t.batch < 0 && t.fixed == PENDING) t.fixed = CANCELED;
     }
@@ -361,23 +611,36 @@ bool OrbiteTransport::copyLocally(const Request& r) {
         if (it == buffers_.begin()) return nullptr;
         --it;
         const Buffer& b = *it->second;
-        if (addr < b.addr || r.length > b.length || addr - b.addr > b.length - r.length) return nullptr;
+        if (addr < b.addr || r.length > b.length ||
+            addr - b.addr > b.length - r.length)
+            return nullptr;
         return &b;
     };
     const Buffer* a = within(src);
     const Buffer* b = within(dst);
     if (!a || !b || !a->host || !b->host) return false;
-    void* to = r.opcode == Request::READ ? r.source : reinterpret_cast<void*>(dst);
-    const void* from = r.opcode == Request::READ ? reinterpret_cast<void*>(dst) : r.source;
+    void* to =
+        r.opcode == Request::READ ? r.source : reinterpret_cast<void*>(dst);
+    const void* from =
+        r.opcode == Request::READ ? reinterpret_cast<void*>(dst) : r.source;
     std::memmove(to, from, r.length);
     return true;
 }
 
-Status OrbiteTransport::submitTransferTasks(SubBatchRef ref, const std::vector<Request>& requests) {
-    if (!engine_) return Status::InvalidArgument("OrbiTE transport is not installed" LOC_MARK);
+Status OrbiteTransport::submitTransferTasks(
+    SubBatchRef ref, const std::vector<Request>& requests) {
+    if (!engine_)
+        return Status::InvalidArgument(
+            "OrbiTE transport is not installed" LOC_MARK);
     auto* batch = dynamic_cast<OrbiteSubBatch*>(ref);
-    if (!batch) return Status::InvalidArgument("not an OrbiTE sub-batch" LOC_MARK);
+    if (!batch)
+        return Status::InvalidArgument("not an OrbiTE sub-batch" LOC_MARK);
     std::shared_ptr<Tasks> tasks = batch->tasks;
+    {
+        std::lock_guard<std::mutex> g(tasks->notifier->lock);
+        tasks->notifier->notify = batch->notify_progress;
+        tasks->notifier->id = batch->progress_batch_id;
+    }
     // Per target, in order of first use (mostly one).
     struct Work {
         SegmentID target;
@@ -390,12 +653,15 @@ Status OrbiteTransport::submitTransferTasks(SubBatchRef ref, const std::vector<R
         std::lock_guard<std::mutex> g(tasks->lock);
         if (tasks->tasks.size() + requests.size() > batch->max_size)
             return Status::TooManyRequests("the sub-batch holds at most " +
-                                           std::to_string(batch->max_size) + " tasks" LOC_MARK);
-        tasks->notify = batch->notify_progress;
-        tasks->notify_id = batch->progress_batch_id;
+                                           std::to_string(batch->max_size) +
+                                           " tasks" LOC_MARK);
+        // A task that must wait for the pool is not handed to OrbiTE later
+        // than this (else it ends FAILED, never sent).
+        Clock::time_point deadline = Clock::now() + connect_timeout_;
         for (const Request& r : requests) {
             size_t id = tasks->tasks.size();
             tasks->tasks.push_back(Task{r.length});
+            tasks->tasks.back().deadline = deadline;
             if (r.target_id == LOCAL_SEGMENT_ID && copyLocally(r)) {
                 tasks->tasks[id].fixed = COMPLETED;
                 progressed = true;
@@ -403,8 +669,9 @@ Status OrbiteTransport::submitTransferTasks(SubBatchRef ref, const std::vector<R
             }
             // Local device memory (or memory no local buffer holds: OrbiTE
             // says which) goes through the engine, to itself.
-            auto w = std::find_if(per_target.begin(), per_target.end(),
-                                  [&](const Work& w) { return w.target == r.target_id; });
+            auto w = std::find_if(
+                per_target.begin(), per_target.end(),
+                [&](const Work& w) { return w.target == r.target_id; });
             if (w == per_target.end()) {
                 per_target.push_back(Work{r.target_id, {}, {}});
                 w = per_target.end() - 1;
@@ -412,124 +679,78 @@ Status OrbiteTransport::submitTransferTasks(SubBatchRef ref, const std::vector<R
                 w->reqs.reserve(requests.size());
             }
             w->ids.push_back(id);
-            w->reqs.push_back(r.opcode == Request::READ
-                               ? orbite::read_request(r.source, r.target_offset, r.length)
-                               : orbite::write_request(r.source, r.target_offset, r.length));
+            w->reqs.push_back(
+                r.opcode == Request::READ
+                    ? orbite::read_request(r.source, r.target_offset, r.length)
+                    : orbite::write_request(r.source, r.target_offset,
+                                            r.length));
         }
     }
-    for (Work& w : per_target) dispatch(target(w.target), tasks, std::move(w.ids), std::move(w.reqs));
+    for (Work& w : per_target)
+        dispatch(target(w.target), tasks, std::move(w.ids), std::move(w.reqs));
     if (progressed) tasks->progress();
     return Status::OK();
 }
 
-OrbiteTransport::Sent OrbiteTransport::send(std::vector<size_t>& ids, std::vector<orbite::Request>& reqs,
-                                            orbite::Peer& peer,
-                                            std::shared_ptr<const std::vector<orbite::Region>> regions,
-                                            const std::shared_ptr<Target>& t, uint64_t gen, bool may_ask) {
-    // One OrbiTE batch. Under AUTO the engine moves what SHM (or NVLink,
-    // MNNVL) can reach over it and the rest (plain host memory of the peer)
-    // over TCP, when the two parts do not depend on each other.
-    Sent out;
-    if (!may_ask) {
-        // On the caller's thread every request names a region reached
-        // before, which permits it (Target::warmFor): sent as they are,
-        // nothing asked.
-        out.submitted.emplace(peer.try_submit(reqs));
-        out.ids = std::move(ids);
-        return out;
-    }
-    // `regions` is what the peer published when last asked: a region it
-    // registered since is not in it, and one it registered again may have
-    // other rights. The peer is asked again before a request is refused or
-    // sent to an address no known region holds (the engine would ask
-    // within the submission); the answer serves later submissions too.
-    bool stale = false;
-    for (const orbite::Request& r : reqs) {
-        const orbite::Region* g = regionOf(*regions, r);
-        stale |= !g || !permits(*g, r);
-    }
-    if (stale) {
-        auto now = peer.try_regions();
-        if (now.ok()) {
-            regions = std::make_shared<const std::vector<orbite::Region>>(std::move(now).value());
-            std::lock_guard<std::mutex> g(t->lock);
-            if (t->generation == gen) t->regions = regions;
-        }
-    }
-    std::vector<orbite::Request> sent_reqs;
-    std::vector<uint64_t> reached;
+void OrbiteTransport::recordBatch(const std::shared_ptr<Tasks>& tasks,
+                                  orbite::Batch batch,
+                                  const std::vector<size_t>& ids,
+                                  const std::shared_ptr<Target>& t,
+                                  uint64_t gen) {
+    // Its end wakes TENT's progress worker (hooked submissions fire then,
+    // without the application polling). The hook holds only the notifier:
+    // it may run on an OrbiTE thread, at once if the batch ended already.
+    std::shared_ptr<OrbiteProgress> notifier = tasks->notifier;
+    auto hooked = batch.try_on_end([notifier] { notifier->call(); });
+    if (!hooked.ok())
+        LOG(WARNING) << "orbite_transport: no progress hook on a batch: "
+                     << hooked.error().describe();
+    int index = static_cast<int>(tasks->batches.size());
+    tasks->batches.push_back(std::move(batch));
+    tasks->sent_to.emplace_back(t, gen);
     for (size_t k = 0; k < ids.size(); ++k) {
-        const orbite::Request& r = reqs[k];
-        const orbite::Region* region = regionOf(*regions, r);
-        if (region && !permits(*region, r)) {
-            // Never sent: the peer published this region without that right.
-            out.refused.push_back(ids[k]);
-            continue;
-        }
-        if (region) reached.push_back(region->id);
-        out.ids.push_back(ids[k]);
-        sent_reqs.push_back(r);
-    }
-    if (out.ids.empty()) return out;
-    out.submitted.emplace(peer.try_submit(sent_reqs));
-    if (out.submitted->ok() && !reached.empty()) {
-        std::set<uint64_t> unrouted;
-        {
-            std::lock_guard<std::mutex> g(t->lock);
-            if (t->generation != gen) return out;
-            t->warm.insert(reached.begin(), reached.end());
-            for (uint64_t id : reached)
-                if (!t->routes.count(id)) unrouted.insert(id);
-        }
-        // A direct route to each region reached for the first time whose
-        // memory an IPC transport maps (a round trip each, on this
-        // connector thread): later tasks naming it skip the batch.
-        std::map<uint64_t, std::shared_ptr<orbite::Direct>> opened;
-        for (uint64_t id : unrouted) {
-            auto g = std::find_if(regions->begin(), regions->end(),
-                                  [id](const orbite::Region& r) { return r.id == id; });
-            std::shared_ptr<orbite::Direct>& route = opened[id];
-            if (g == regions->end() || !mapsDirectly(g->kind)) continue;
-            auto d = peer.try_direct(g->addr, g->length);
-            if (d.ok()) route = std::make_shared<orbite::Direct>(std::move(d).value());
-        }
-        std::lock_guard<std::mutex> g(t->lock);
-        if (t->generation == gen) t->routes.insert(opened.begin(), opened.end());
-    }
-    return out;
-}
-
-bool OrbiteTransport::record(Tasks& tasks, Sent& sent, const std::shared_ptr<Target>& t, uint64_t gen) {
-    for (size_t id : sent.refused) tasks.tasks[id].fixed = INVALID;
-    if (!sent.submitted) return true;
-    orbite::Result<orbite::Batch>& submitted = *sent.submitted;
-    if (!submitted.ok()) {
-        // Nothing was sent: the caller reconnects and submits again.
-        if (peerGone(submitted.status())) return false;
-        // Requests OrbiTE refuses before sending anything (unregistered
-        // local memory, an address no region holds, a region not writable)
-        // are INVALID; an unreachable target fails them.
-        std::fprintf(stderr, "orbite_transport: segment %llu: %s\n",
-                     static_cast<unsigned long long>(t->id), submitted.error().describe().c_str());
-        auto why = refusedAsInvalid(submitted.status()) ? INVALID : FAILED;
-        for (size_t id : sent.ids) tasks.tasks[id].fixed = why;
-        return true;
-    }
-    int index = static_cast<int>(tasks.batches.size());
-    tasks.batches.push_back(std::move(submitted).value());
-    tasks.sent_to.emplace_back(t, gen);
-    for (size_t k = 0; k < sent.ids.size(); ++k) {
-        Task& task = tasks.tasks[sent.ids[k]];
+        Task& task = tasks->tasks[ids[k]];
         task.batch = index;
         task.index = k;
         // Cancelled while its submission was under way: cancelled in
         // OrbiTE now (unless it started, as any cancel).
-        if (task.fixed == CANCELED) (void)tasks.batches.back().cancel_request(k);
+        if (task.fixed == CANCELED)
+            (void)tasks->batches.back().cancel_request(k);
     }
-    return true;
 }
 
-bool OrbiteTransport::copyDirect(const std::shared_ptr<Target>& t, Tasks& tasks, std::vector<size_t>& ids,
+void OrbiteTransport::openRoutes(const std::shared_ptr<Target>& t,
+                                 orbite::Peer& peer,
+                                 const std::vector<orbite::Region>& regions,
+                                 const std::vector<uint64_t>& reached,
+                                 uint64_t gen) {
+    std::set<uint64_t> unrouted;
+    {
+        std::lock_guard<std::mutex> g(t->lock);
+        if (t->generation != gen) return;
+        t->warm.insert(reached.begin(), reached.end());
+        for (uint64_t id : reached)
+            if (!t->routes.count(id)) unrouted.insert(id);
+    }
+    // A direct route to each region reached for the first time whose
+    // memory an IPC transport maps: later tasks naming it skip the batch.
+    std::map<uint64_t, std::shared_ptr<orbite::Direct>> opened;
+    for (uint64_t id : unrouted) {
+        auto g =
+            std::find_if(regions.begin(), regions.end(),
+                         [id](const orbite::Region& r) { return r.id == id; });
+        std::shared_ptr<orbite::Direct>& route = opened[id];
+        if (g == regions.end() || !mapsDirectly(g->kind)) continue;
+        auto d = peer.try_direct(g->addr, g->length);
+        if (d.ok())
+            route = std::make_shared<orbite::Direct>(std::move(d).value());
+    }
+    std::lock_guard<std::mutex> g(t->lock);
+    if (t->generation == gen) t->routes.insert(opened.begin(), opened.end());
+}
+
+bool OrbiteTransport::copyDirect(const std::shared_ptr<Target>& t, Tasks& tasks,
+                                 std::vector<size_t>& ids,
                                  std::vector<orbite::Request>& reqs) {
     std::vector<std::shared_ptr<orbite::Direct>> routes(reqs.size());
     std::vector<uint64_t> region_ids(reqs.size(), 0);
@@ -563,13 +784,16 @@ bool OrbiteTransport::copyDirect(const std::shared_ptr<Target>& t, Tasks& tasks,
             }
             // Refused or failed (the region unregistered, the peer gone,
             // local memory OrbiTE does not hold): the task goes the way of
-            // a region not reached yet, through a connector thread, which
-            // submits it and reports OrbiTE's outcome; the route is opened
-            // again once a submission reaches the region.
+            // a region not reached yet, through the pool, which submits it
+            // and reports OrbiTE's outcome; the route is opened again once
+            // a submission reaches the region. A peer that left is dropped:
+            // the pool looks its segment up again.
+            orbite::Status why = r.ok() ? r->status : r.status();
             std::lock_guard<std::mutex> g(t->lock);
             if (t->generation == gen) {
                 t->routes.erase(region_ids[k]);
                 t->warm.erase(region_ids[k]);
+                if (peerGone(why)) t->dropLocked(gen);
             }
         }
         ids[kept] = ids[k];
@@ -585,160 +809,376 @@ bool OrbiteTransport::copyDirect(const std::shared_ptr<Target>& t, Tasks& tasks,
     return true;
 }
 
-void OrbiteTransport::dispatch(const std::shared_ptr<Target>& t, const std::shared_ptr<Tasks>& tasks,
-                               std::vector<size_t> ids, std::vector<orbite::Request> reqs) {
+void OrbiteTransport::dispatch(const std::shared_ptr<Target>& t,
+                               const std::shared_ptr<Tasks>& tasks,
+                               std::vector<size_t> ids,
+                               std::vector<orbite::Request> reqs) {
     if (copyDirect(t, *tasks, ids, reqs)) tasks->progress();
     if (ids.empty()) return;
-    std::thread finished;
-    {
-        std::unique_lock<std::mutex> g(t->lock);
-        if (t->state == Target::Ready && t->warmFor(reqs)) {
-            std::shared_ptr<orbite::Peer> peer = t->peer;
-            std::shared_ptr<const std::vector<orbite::Region>> regions = t->regions;
-            uint64_t gen = t->generation;
-            g.unlock();
-            Sent sent = send(ids, reqs, *peer, regions, t, gen, false);
+    std::unique_lock<std::mutex> g(t->lock);
+    if (t->state == Target::Ready && t->warmFor(reqs)) {
+        // Every request names a region reached before, which permits it:
+        // submitted on this thread, nothing asked of the peer.
+        std::shared_ptr<orbite::Peer> peer = t->peer;
+        uint64_t gen = t->generation;
+        g.unlock();
+        auto submitted = peer->try_submit(reqs);
+        if (submitted.ok() || !peerGone(submitted.status())) {
             {
                 std::lock_guard<std::mutex> tg(tasks->lock);
-                if (record(*tasks, sent, t, gen)) return;
+                if (submitted.ok()) {
+                    recordBatch(tasks, std::move(submitted).value(), ids, t,
+                                gen);
+                    return;
+                }
+                auto why =
+                    refusedAsInvalid(submitted.status()) ? INVALID : FAILED;
+                for (size_t id : ids)
+                    if (tasks->tasks[id].fixed == PENDING)
+                        tasks->tasks[id].fixed = why;
             }
-            // The peer left since the last use: reconnect (reading its
-            // segment again) and submit then.
-            ids = std::move(sent.ids);
-            g.lock();
-            t->dropLocked(gen);
+            LOG(WARNING) << "orbite_transport: segment " << t->id << ": "
+                         << submitted.error().describe();
+            tasks->progress();
+            return;
         }
-        t->waiting.push_back(Target::Waiting{tasks, std::move(ids), std::move(reqs)});
-        if (t->state == Target::Busy) return;
-        // Not connected: a connector thread connects, then submits. Connected,
-        // but a request names a region not reached yet (its import is opened
-        // with the peer) or not known (the peer is asked for its regions): a
-        // connector thread submits, so that this call never waits for the
-        // peer; later submissions queue behind it, in order.
-        bool reconnect = t->state == Target::Idle;
-        t->state = Target::Busy;
-        finished = std::move(t->connector);
-        t->connector = std::thread([this, t, reconnect] { connect(t, reconnect); });
+        // The peer left since the last use: the pool looks its segment up
+        // again, connects to what serves it now and submits there.
+        g.lock();
+        t->dropLocked(gen);
     }
-    if (finished.joinable()) finished.join();
+    t->waiting.push_back(Target::Waiting{tasks, ids, std::move(reqs)});
+    // Failed at their deadline if still waiting then (whatever holds the
+    // pool up): the timer's job holds nothing of the sub-batch alive.
+    Clock::time_point deadline = Clock::now() + connect_timeout_;
+    std::weak_ptr<Tasks> weak = tasks;
+    timer_->at(deadline, [weak, ids] {
+        std::shared_ptr<Tasks> tasks = weak.lock();
+        if (!tasks) return;
+        bool expired = false;
+        {
+            std::lock_guard<std::mutex> g(tasks->lock);
+            Clock::time_point now = Clock::now();
+            for (size_t id : ids) expired |= tasks->tasks[id].expire(now);
+        }
+        if (expired) tasks->progress();
+    });
+    if (t->state == Target::Busy) return;
+    // Not connected: a pool job connects, then submits. Connected, but a
+    // request names a region not reached yet (its import is opened with
+    // the peer) or not known (the peer is asked for its regions): a pool
+    // job submits, so that this call never waits for the peer.
+    startJob(t, t->state == Target::Idle);
 }
 
-void OrbiteTransport::connect(std::shared_ptr<Target> t, bool reconnect) {
-    std::shared_ptr<orbite::Peer> peer;
-    uint64_t gen;
-    if (!reconnect) {
-        // Connected: submit what waits (see dispatch).
+void OrbiteTransport::startJob(const std::shared_ptr<Target>& t,
+                               bool reconnect) {
+    t->state = Target::Busy;
+    if (!jobs_->post([this, t, reconnect] { runJob(t, reconnect); })) {
+        // Uninstalling: what waits ends at its deadline.
+        t->state = Target::Idle;
+        t->changed.notify_all();
+    }
+}
+
+void OrbiteTransport::runJob(std::shared_ptr<Target> t, bool reconnect) {
+    for (int round = 0;; ++round) {
+        if (reconnect) connectTarget(t, Clock::now() + connect_timeout_);
+        std::shared_ptr<orbite::Peer> peer;
+        uint64_t gen;
         {
             std::lock_guard<std::mutex> g(t->lock);
             peer = t->peer;
             gen = t->generation;
         }
-        drain(t, peer, gen);
+        if (drain(t, peer, gen) == Drained::Done) return;
+        // The peer left before a submission was sent: look the segment up
+        // again and submit to what serves it now, once; a peer that left
+        // again at once fails what waits.
+        reconnect = true;
+        if (round == 0) continue;
+        {
+            std::lock_guard<std::mutex> g(t->lock);
+            t->why = "the peer left again right after a reconnect";
+        }
+        (void)drain(t, nullptr, gen);
         return;
     }
-    std::string endpoint;
-    std::string why;
-    if (t->id == LOCAL_SEGMENT_ID) {
-        endpoint = engine_->endpoint();
-    } else {
-        // A connector is a fresh thread: TENT's per-thread segment cache
-        // reads the segment from the metadata service again.
-        auto& segments = metadata_->segmentManager();
-        (void)segments.invalidateRemote(t->id);
-        SegmentDescRef seg;
-        Status s = segments.getRemoteCached(seg, t->id);
-        if (!s.ok()) {
-            why = "segment " + std::to_string(t->id) + ": " + std::string(s.message());
-        } else if (seg->name == local_name_) {
-            endpoint = engine_->endpoint();
-        } else {
-            Attrs attrs;
-            for (const BufferDesc& b : seg->getMemory().buffers) {
-                auto it = b.transport_attrs.find(ORBITE);
-                if (it != b.transport_attrs.end() && Attrs::decode(it->second, attrs)) break;
-            }
-            endpoint = attrs.endpoint;
-            if (endpoint.empty()) why = "segment " + seg->name + " has no OrbiTE buffer";
+}
+
+std::string OrbiteTransport::lookUp(const std::shared_ptr<Target>& t,
+                                    Clock::time_point deadline,
+                                    std::string& why, std::string& name) {
+    std::shared_ptr<Lookup> lookup;
+    bool start = false;
+    {
+        std::lock_guard<std::mutex> g(t->lock);
+        if (!t->lookup) {
+            t->lookup = std::make_shared<Lookup>();
+            start = true;
+        }
+        lookup = t->lookup;
+    }
+    if (start) {
+        // On the lookup pool: TENT's metadata RPC waits TENT's RPC timeout
+        // for a target that does not answer; this connect waits only until
+        // its own deadline (a later connect waits for the same lookup).
+        std::shared_ptr<ControlService> metadata = metadata_;
+        SegmentID id = t->id;
+        std::string local = local_name_, own = engine_->endpoint();
+        std::weak_ptr<Target> weak = t;
+        bool posted = lookups_->post(
+            [lookup, metadata, id, local, own, weak] {
+                std::string endpoint, why, name;
+                // TENT's segment cache is per thread: this one's copy is
+                // dropped, the segment read again.
+                auto& segments = metadata->segmentManager();
+                (void)segments.invalidateRemote(id);
+                SegmentDescRef seg;
+                Status s = segments.getRemoteCached(seg, id);
+                if (!s.ok()) {
+                    why = "segment " + std::to_string(id) + ": " +
+                          std::string(s.message());
+                } else if (seg->name == local) {
+                    name = seg->name;
+                    endpoint = own;
+                } else if (seg->type != SegmentType::Memory) {
+                    why = "segment " + seg->name + " is not a memory segment";
+                } else {
+                    name = seg->name;
+                    Attrs attrs;
+                    for (const BufferDesc& b : seg->getMemory().buffers) {
+                        auto it = b.transport_attrs.find(ORBITE);
+                        if (it != b.transport_attrs.end() &&
+                            Attrs::decode(it->second, attrs))
+                            break;
+                    }
+                    endpoint = attrs.endpoint;
+                    if (endpoint.empty())
+                        why = "segment " + seg->name + " has no OrbiTE buffer";
+                }
+                {
+                    std::lock_guard<std::mutex> g(lookup->lock);
+                    lookup->endpoint = endpoint;
+                    lookup->why = why;
+                    lookup->name = name;
+                    lookup->done = true;
+                }
+                lookup->finished.notify_all();
+                if (auto t = weak.lock()) {
+                    std::lock_guard<std::mutex> g(t->lock);
+                    if (t->lookup == lookup) t->lookup.reset();
+                }
+            },
+            true);
+        if (!posted) {
+            std::lock_guard<std::mutex> g(t->lock);
+            t->lookup.reset();
+            why = "the transport is being uninstalled";
+            return "";
         }
     }
+    std::unique_lock<std::mutex> g(lookup->lock);
+    if (!lookup->finished.wait_until(g, deadline,
+                                     [&] { return lookup->done; })) {
+        why = "segment " + std::to_string(t->id) +
+              ": TENT's metadata service did not answer within "
+              "transports/orbite/connect_timeout_ms (" +
+              std::to_string(connect_timeout_.count()) + " ms)";
+        return "";
+    }
+    why = lookup->why;
+    name = lookup->name;
+    return lookup->endpoint;
+}
+
+void OrbiteTransport::connectTarget(const std::shared_ptr<Target>& t,
+                                    Clock::time_point deadline) {
+    std::string why, name, endpoint;
+    if (t->id == LOCAL_SEGMENT_ID)
+        endpoint = engine_->endpoint();
+    else
+        endpoint = lookUp(t, deadline, why, name);
+    std::shared_ptr<orbite::Peer> peer;
     if (!endpoint.empty()) {
-        auto p = engine_->try_connect(endpoint, connect_timeout_);
+        auto p = engine_->try_connect(endpoint, left(deadline));
         if (p.ok())
             peer = std::make_shared<orbite::Peer>(std::move(p).value());
         else
-            why = p.error().describe();
+            why = "segment " + std::to_string(t->id) + " at " + endpoint +
+                  ": " + p.error().describe();
     }
     auto regions = std::make_shared<std::vector<orbite::Region>>();
     if (peer) {
         auto r = peer->try_regions();
         if (r.ok()) *regions = std::move(r).value();
     }
+    bool refresh;
     {
         std::lock_guard<std::mutex> g(t->lock);
-        gen = ++t->generation;
+        ++t->generation;
         t->peer = peer;
         t->regions = regions;
         t->warm.clear();
         t->routes.clear();
         t->why = why;
+        refresh = peer && t->dropped;
+        if (peer) t->dropped = false;
     }
-    drain(t, peer, gen);
+    if (peer) {
+        ++connects_;
+        // A target that left and came back may serve other buffers now:
+        // every thread's cached copy of the segment is read again.
+        if (refresh && !name.empty())
+            (void)metadata_->segmentManager().invalidateAllCacheForRemote(name);
+    } else {
+        LOG(WARNING) << "orbite_transport: " << why;
+    }
 }
 
-void OrbiteTransport::drain(const std::shared_ptr<Target>& t, const std::shared_ptr<orbite::Peer>& peer,
-                            uint64_t gen) {
+OrbiteTransport::Drained OrbiteTransport::drain(
+    const std::shared_ptr<Target>& t, const std::shared_ptr<orbite::Peer>& peer,
+    uint64_t gen) {
     // Submit (or fail) what waits, in order, before anything submitted
     // after it: the state stays Busy until none is left.
     for (;;) {
-        std::vector<Target::Waiting> waiting;
+        Target::Waiting w;
+        std::shared_ptr<const std::vector<orbite::Region>> regions;
+        std::string why;
         {
             std::lock_guard<std::mutex> g(t->lock);
             if (t->waiting.empty()) {
                 t->state = peer ? Target::Ready : Target::Idle;
                 t->changed.notify_all();
-                return;
+                return Drained::Done;
             }
-            waiting.swap(t->waiting);
+            w = std::move(t->waiting.front());
+            t->waiting.pop_front();
+            regions = t->regions;
+            why = t->why;
         }
-        for (Target::Waiting& w : waiting) {
-            std::shared_ptr<const std::vector<orbite::Region>> regions;
-            std::string why;
+        Tasks& tasks = *w.tasks;
+        bool progressed = false;
+        // Tasks cancelled, expired (or whose sub-batch was freed) while they
+        // waited are not sent; without a peer none is.
+        std::vector<size_t> ids;
+        std::vector<orbite::Request> reqs;
+        {
+            std::lock_guard<std::mutex> g(tasks.lock);
+            Clock::time_point now = Clock::now();
+            for (size_t k = 0; k < w.ids.size(); ++k) {
+                Task& task = tasks.tasks[w.ids[k]];
+                if (task.expire(now)) progressed = true;
+                if (task.fixed != PENDING) continue;
+                if (!peer) {
+                    task.fixed = FAILED;
+                    progressed = true;
+                    continue;
+                }
+                ids.push_back(w.ids[k]);
+                reqs.push_back(w.reqs[k]);
+            }
+        }
+        if (!peer && progressed)
+            LOG(WARNING) << "orbite_transport: segment " << t->id
+                         << ": tasks FAILED: " << why;
+        if (ids.empty()) {
+            if (progressed) tasks.progress();
+            continue;
+        }
+        // `regions` is what the peer published when last asked: a region it
+        // registered since is not in it, and one it registered again may
+        // have other rights. The peer is asked again before a request is
+        // refused or sent to an address no known region holds (the engine
+        // would ask within the submission).
+        bool stale = false;
+        for (const orbite::Request& r : reqs) {
+            const orbite::Region* g = regionOf(*regions, r);
+            stale |= !g || !permits(*g, r);
+        }
+        if (stale) {
+            auto now = peer->try_regions();
+            if (now.ok()) {
+                regions = std::make_shared<const std::vector<orbite::Region>>(
+                    std::move(now).value());
+                std::lock_guard<std::mutex> g(t->lock);
+                if (t->generation == gen) t->regions = regions;
+            }
+        }
+        // What is still PENDING (and in time) goes to OrbiTE now; requests
+        // the peer's regions forbid never do.
+        std::vector<size_t> sent;
+        std::vector<orbite::Request> sent_reqs;
+        std::vector<uint64_t> reached;
+        {
+            std::lock_guard<std::mutex> g(tasks.lock);
+            Clock::time_point now = Clock::now();
+            for (size_t k = 0; k < ids.size(); ++k) {
+                Task& task = tasks.tasks[ids[k]];
+                if (task.expire(now)) progressed = true;
+                if (task.fixed != PENDING) continue;
+                const orbite::Region* region = regionOf(*regions, reqs[k]);
+                if (region && !permits(*region, reqs[k])) {
+                    task.fixed = INVALID;
+                    progressed = true;
+                    continue;
+                }
+                if (region) reached.push_back(region->id);
+                task.sending = true;
+                sent.push_back(ids[k]);
+                sent_reqs.push_back(reqs[k]);
+            }
+        }
+        if (sent.empty()) {
+            if (progressed) tasks.progress();
+            continue;
+        }
+        // Without the sub-batch's lock: the peer may take its time to
+        // answer while TENT polls (or cancels) these tasks.
+        auto submitted = peer->try_submit(sent_reqs);
+        if (!submitted.ok() && peerGone(submitted.status())) {
+            // Nothing was sent: these go first once the target is reached
+            // again (the caller reconnects).
+            {
+                std::lock_guard<std::mutex> g(tasks.lock);
+                for (size_t id : sent) tasks.tasks[id].sending = false;
+            }
             {
                 std::lock_guard<std::mutex> g(t->lock);
-                regions = t->regions;
-                why = t->why;
+                t->waiting.push_front(Target::Waiting{w.tasks, std::move(sent),
+                                                      std::move(sent_reqs)});
+                t->forgetLocked();
             }
-            // Tasks cancelled (or whose sub-batch was freed) while they
-            // waited are not sent.
-            std::vector<size_t> ids;
-            std::vector<orbite::Request> reqs;
-            {
-                std::lock_guard<std::mutex> g(w.tasks->lock);
-                for (size_t k = 0; k < w.ids.size(); ++k) {
-                    if (w.tasks->tasks[w.ids[k]].fixed != PENDING) continue;
-                    ids.push_back(w.ids[k]);
-                    reqs.push_back(w.reqs[k]);
-                }
-                if (!peer) {
-                    std::fprintf(stderr, "orbite_transport: segment %llu: %s\n",
-                                 static_cast<unsigned long long>(t->id), why.c_str());
-                    for (size_t id : ids) w.tasks->tasks[id].fixed = FAILED;
-                    ids.clear();
-                }
-            }
-            if (!ids.empty()) {
-                // Sent without the sub-batch's lock: the peer may take its
-                // time to answer while TENT polls (or cancels) these tasks.
-                Sent sent = send(ids, reqs, *peer, regions, t, gen, true);
-                std::lock_guard<std::mutex> g(w.tasks->lock);
-                if (!record(*w.tasks, sent, t, gen)) {
-                    for (size_t id : sent.ids)
-                        if (w.tasks->tasks[id].fixed == PENDING && w.tasks->tasks[id].batch < 0)
-                            w.tasks->tasks[id].fixed = FAILED;
-                }
-            }
-            w.tasks->progress();
+            if (progressed) tasks.progress();
+            return Drained::PeerLeft;
         }
+        // Routes first, then the batch: once TENT sees these tasks end, a
+        // task naming a region they reached goes direct (a round trip per
+        // region mapped for the first time; the tasks stay PENDING, in
+        // their submission, meanwhile).
+        if (submitted.ok() && !reached.empty())
+            openRoutes(t, *peer, *regions, reached, gen);
+        {
+            std::lock_guard<std::mutex> g(tasks.lock);
+            for (size_t id : sent) tasks.tasks[id].sending = false;
+            if (submitted.ok()) {
+                recordBatch(w.tasks, std::move(submitted).value(), sent, t,
+                            gen);
+            } else {
+                // Refused before anything was sent (unregistered local
+                // memory, an address no region holds, a region not
+                // writable): INVALID; anything else FAILED.
+                auto status =
+                    refusedAsInvalid(submitted.status()) ? INVALID : FAILED;
+                for (size_t id : sent)
+                    if (tasks.tasks[id].fixed == PENDING)
+                        tasks.tasks[id].fixed = status;
+            }
+        }
+        if (!submitted.ok())
+            LOG(WARNING) << "orbite_transport: segment " << t->id << ": "
+                         << submitted.error().describe();
+        tasks.progress();
     }
 }
 
@@ -754,39 +1194,52 @@ struct LockedTask {
 /// Locks `ref`'s tasks and finds task `id`, or says why not.
 Status lockTask(Transport::SubBatchRef ref, int id, LockedTask& out) {
     auto* batch = dynamic_cast<OrbiteSubBatch*>(ref);
-    if (!batch) return Status::InvalidArgument("not an OrbiTE sub-batch" LOC_MARK);
+    if (!batch)
+        return Status::InvalidArgument("not an OrbiTE sub-batch" LOC_MARK);
     out.tasks = batch->tasks.get();
     out.guard = std::unique_lock<std::mutex>(out.tasks->lock);
     if (id < 0 || static_cast<size_t>(id) >= out.tasks->tasks.size())
-        return Status::InvalidArgument("no task " + std::to_string(id) + " in this sub-batch" LOC_MARK);
+        return Status::InvalidArgument("no task " + std::to_string(id) +
+                                       " in this sub-batch" LOC_MARK);
     out.task = &out.tasks->tasks[id];
     return Status::OK();
 }
 
 }  // namespace
 
-Status OrbiteTransport::getTransferStatus(SubBatchRef ref, int task_id, TransferStatus& status) {
+Status OrbiteTransport::getTransferStatus(SubBatchRef ref, int task_id,
+                                          TransferStatus& status) {
     LockedTask locked;
     CHECK_STATUS(lockTask(ref, task_id, locked));
     Tasks& tasks = *locked.tasks;
-    const Task& t = *locked.task;
+    Task& t = *locked.task;
+    // Still waiting for the pool past its deadline: FAILED now, whatever
+    // holds the pool up (the timer says so too, to TENT's progress hook).
+    if (t.fixed == PENDING && t.batch < 0) (void)t.expire(Clock::now());
     status = TransferStatus{t.fixed, t.fixed == COMPLETED ? t.length : 0};
     if (t.batch < 0) return Status::OK();
     auto r = tasks.batches[t.batch].try_result(t.index);
     if (!r.ok()) return failed(r.error());
     switch (r->status) {
-        case orbite::Status::pending: status.s = PENDING; break;
+        case orbite::Status::pending:
+            status.s = PENDING;
+            break;
         case orbite::Status::ok:
             status.s = COMPLETED;
             status.transferred_bytes = t.length;
             break;
-        case orbite::Status::cancelled: status.s = CANCELED; break;
-        case orbite::Status::timed_out: status.s = TIMEOUT; break;
+        case orbite::Status::cancelled:
+            status.s = CANCELED;
+            break;
+        case orbite::Status::timed_out:
+            status.s = TIMEOUT;
+            break;
         default:
             // Refused for what it asked (a READ-only region written, an
             // address outside the region), nothing moved: INVALID, as at
             // submit.
-            status.s = refusedAsInvalid(r->status) && r->remote_effect == orbite::RemoteEffect::none
+            status.s = refusedAsInvalid(r->status) &&
+                               r->remote_effect == orbite::RemoteEffect::none
                            ? INVALID
                            : FAILED;
             if (peerGone(r->status)) {
@@ -806,7 +1259,9 @@ Status OrbiteTransport::cancelTransferTask(SubBatchRef ref, int task_id) {
     Tasks& tasks = *locked.tasks;
     Task& t = *locked.task;
     if (t.batch < 0) {
-        if (t.fixed == PENDING) t.fixed = CANCELED;  // still waiting for a connect
+        // Still waiting for the pool (or in a submission under way, which
+        // cancels it in OrbiTE when it records the batch).
+        if (t.fixed == PENDING) t.fixed = CANCELED;
         return Status::OK();
     }
     // This task only; one that started runs to its outcome.
@@ -814,14 +1269,18 @@ Status OrbiteTransport::cancelTransferTask(SubBatchRef ref, int task_id) {
     return r.ok() ? Status::OK() : failed(r.error());
 }
 
-Status OrbiteTransport::allocateLocalMemory(void** addr, size_t size, MemoryOptions& options) {
-    if (!engine_) return Status::InvalidArgument("OrbiTE transport is not installed" LOC_MARK);
+Status OrbiteTransport::allocateLocalMemory(void** addr, size_t size,
+                                            MemoryOptions& options) {
+    if (!engine_)
+        return Status::InvalidArgument(
+            "OrbiTE transport is not installed" LOC_MARK);
     int device = cudaDevice(options.location);
     orbite::TransportSet t = engine_->transports();
     // GPU memory a peer can import: CUDA IPC memory where NVLink runs, MNNVL
     // memory otherwise; host memory a peer on this host can map (SHM).
     auto a = device < 0 ? orbite::Allocation::try_shared_host(size)
-             : t.contains(orbite::Transport::nvlink) || !t.contains(orbite::Transport::mnnvl)
+             : t.contains(orbite::Transport::nvlink) ||
+                     !t.contains(orbite::Transport::mnnvl)
                  ? orbite::Allocation::try_cuda_ipc(device, size)
                  : orbite::Allocation::try_mnnvl(device, size);
     if (!a.ok()) return failed(a.error());
@@ -835,22 +1294,28 @@ Status OrbiteTransport::freeLocalMemory(void* addr, size_t) {
     std::lock_guard<std::mutex> g(buffers_lock_);
     auto it = allocations_.find(reinterpret_cast<uintptr_t>(addr));
     if (it == allocations_.end())
-        return Status::InvalidArgument("not memory this transport allocated" LOC_MARK);
+        return Status::InvalidArgument(
+            "not memory this transport allocated" LOC_MARK);
     auto r = it->second.free();
-    if (!r.ok()) return failed(r.error());  // still registered or exported: kept
+    if (!r.ok()) return failed(r.error());  // still registered or exported
     allocations_.erase(it);
     return Status::OK();
 }
 
-Status OrbiteTransport::addMemoryBuffer(BufferDesc& desc, const MemoryOptions& options) {
-    if (!engine_) return Status::InvalidArgument("OrbiTE transport is not installed" LOC_MARK);
+Status OrbiteTransport::addMemoryBuffer(BufferDesc& desc,
+                                        const MemoryOptions& options) {
+    if (!engine_)
+        return Status::InvalidArgument(
+            "OrbiTE transport is not installed" LOC_MARK);
     auto buffer = std::make_unique<Buffer>();
     void* addr = reinterpret_cast<void*>(static_cast<uintptr_t>(desc.addr));
     std::lock_guard<std::mutex> g(buffers_lock_);
     retireLocked();
     if (buffers_.count(desc.addr)) return Status::OK();  // registered already
     const std::string& location =
-        desc.location.empty() || desc.location == kWildcardLocation ? options.location : desc.location;
+        desc.location.empty() || desc.location == kWildcardLocation
+            ? options.location
+            : desc.location;
     int device = cudaDevice(location);
     if (device >= 0 && !allocations_.count(desc.addr)) {
         // GPU memory the stack allocated (a caching allocator's segment):
@@ -861,20 +1326,23 @@ Status OrbiteTransport::addMemoryBuffer(BufferDesc& desc, const MemoryOptions& o
         buffer->adopted.emplace(std::move(a).value());
     }
     // What peers may do: kGlobalReadOnly read it, kLocalReadWrite nothing.
-    orbite::Access access = options.perm == kGlobalReadWrite ? orbite::Access::read_write
-                            : options.perm == kGlobalReadOnly ? orbite::Access::read
-                                                              : orbite::Access::none;
+    orbite::Access access =
+        options.perm == kGlobalReadWrite  ? orbite::Access::read_write
+        : options.perm == kGlobalReadOnly ? orbite::Access::read
+                                          : orbite::Access::none;
     auto reg = engine_->try_register_memory(addr, desc.length, access);
     if (!reg.ok())
         return reg.status() == orbite::Status::invalid_argument
-                   ? Status::AddressNotRegistered(reg.error().describe() + LOC_MARK)
+                   ? Status::AddressNotRegistered(reg.error().describe() +
+                                                  LOC_MARK)
                    : failed(reg.error());
     buffer->registration = std::move(reg).value();
     buffer->addr = desc.addr;
     buffer->length = desc.length;
     buffer->host = device < 0;
     desc.transports.push_back(ORBITE);
-    desc.transport_attrs[ORBITE] = Attrs{engine_->endpoint(), buffer->registration.id()}.encode();
+    desc.transport_attrs[ORBITE] =
+        Attrs{engine_->endpoint(), buffer->registration.id()}.encode();
     buffers_.emplace(desc.addr, std::move(buffer));
     return Status::OK();
 }
@@ -883,10 +1351,14 @@ void OrbiteTransport::retireLocked() {
     for (auto it = retiring_.begin(); it != retiring_.end();) {
         Buffer& b = **it;
         if (b.registration.unregister(std::chrono::milliseconds(1)).ok() &&
-            (!b.adopted || b.adopted->free().ok()))
+            (!b.adopted || b.adopted->free().ok())) {
+            LOG(INFO) << "orbite_transport: buffer 0x" << std::hex << b.addr
+                      << std::dec << " (" << b.length
+                      << " bytes) unregistered at last";
             it = retiring_.erase(it);
-        else
+        } else {
             ++it;
+        }
     }
 }
 
@@ -897,54 +1369,72 @@ Status OrbiteTransport::removeMemoryBuffer(BufferDesc& desc) {
     if (it == buffers_.end()) return Status::OK();
     std::unique_ptr<Buffer> b = std::move(it->second);
     buffers_.erase(it);
-    // TENT forgets the buffer whatever this returns: one that copies still
-    // use stays registered only until they end (retried later), and is
-    // never published or used for local copies again.
-    auto r = b->registration.unregister();
+    // TENT forgets the buffer whatever this returns, on its own thread and
+    // without a deadline: copies that still use it are waited for at most
+    // unregister_timeout_ms; then it stays registered (never published or
+    // used for local copies again) until they end, retried later.
+    auto r = b->registration.unregister(unregister_timeout_);
     if (r.ok() && (!b->adopted || b->adopted->free().ok())) return Status::OK();
-    std::string why = r.ok() ? "freeing the adopted allocation failed" : r.error().describe();
+    std::string why =
+        r.ok() ? "freeing the adopted allocation failed" : r.error().describe();
+    LOG(WARNING) << "orbite_transport: buffer 0x" << std::hex << b->addr
+                 << std::dec << " (" << b->length
+                 << " bytes) stays registered with OrbiTE after "
+                 << unregister_timeout_.count() << " ms: " << why
+                 << "; retried at every registration change and at uninstall";
     retiring_.push_back(std::move(b));
     return Status::InternalError("unregister deferred: " + why + LOC_MARK);
 }
 
-Status OrbiteTransport::sendNotification(SegmentID target_id, const Notification& notify) {
-    if (!engine_) return Status::InvalidArgument("OrbiTE transport is not installed" LOC_MARK);
+Status OrbiteTransport::sendNotification(SegmentID target_id,
+                                         const Notification& notify) {
+    if (!engine_)
+        return Status::InvalidArgument(
+            "OrbiTE transport is not installed" LOC_MARK);
     std::shared_ptr<Target> t = target(target_id);
     std::shared_ptr<orbite::Peer> peer;
-    std::thread finished;
+    uint64_t gen;
     {
         // After every transfer submitted before it: wait for a connect in
         // progress (or start one) and for its queue to drain.
         std::unique_lock<std::mutex> g(t->lock);
-        if (t->state == Target::Idle) {
-            t->state = Target::Busy;
-            finished = std::move(t->connector);
-            t->connector = std::thread([this, t] { connect(t, true); });
-        }
-        auto until = std::chrono::steady_clock::now() + connect_timeout_ + std::chrono::seconds(5);
-        t->changed.wait_until(g, until, [&] { return t->state != Target::Busy; });
+        if (t->state == Target::Idle) startJob(t, true);
+        auto until = Clock::now() + connect_timeout_ + std::chrono::seconds(5);
+        t->changed.wait_until(g, until,
+                              [&] { return t->state != Target::Busy; });
         if (t->state != Target::Ready)
-            return Status::InternalError("segment " + std::to_string(target_id) +
+            return Status::InternalError("segment " +
+                                         std::to_string(target_id) +
                                          " unreachable: " + t->why + LOC_MARK);
         peer = t->peer;
+        gen = t->generation;
     }
-    if (finished.joinable()) finished.join();
-    // The sender's name is the engine's (the local segment's); TENT's name
-    // field travels only if the caller put it in the message.
-    orbite::Result<void> r = peer->try_notify(notify.msg);
-    if (!r.ok()) return failed(r.error());
+    // TENT's name travels in the message (the engine's own name is the
+    // segment's only when that is a valid engine name).
+    orbite::Result<void> r = peer->try_notify(frame(notify));
+    if (!r.ok()) {
+        if (peerGone(r.status())) {
+            std::lock_guard<std::mutex> g(t->lock);
+            t->dropLocked(gen);
+        }
+        return failed(r.error());
+    }
     return Status::OK();
 }
 
-Status OrbiteTransport::receiveNotification(std::vector<Notification>& notify_list) {
-    if (!engine_) return Status::InvalidArgument("OrbiTE transport is not installed" LOC_MARK);
+Status OrbiteTransport::receiveNotification(
+    std::vector<Notification>& notify_list) {
+    if (!engine_)
+        return Status::InvalidArgument(
+            "OrbiTE transport is not installed" LOC_MARK);
     for (;;) {
         auto n = engine_->try_take_notification(std::chrono::milliseconds(0));
         if (!n.ok()) {
             if (n.status() == orbite::Status::timed_out) return Status::OK();
             return failed(n.error());
         }
-        notify_list.push_back(Notification{std::move(n.value().sender), std::move(n.value().msg)});
+        notify_list.push_back(
+            unframe(std::move(n.value().sender), std::move(n.value().msg)));
     }
 }
 

@@ -12,7 +12,24 @@
 //! waiting are checked against their bound (4 MiB, 1024 items, a Describe
 //! counted by its bytes), and at most one Describe waits at a time (a
 //! second DescribeRequest is handled once the first has left): a peer
-//! cannot make one read of a few KiB queue megabytes of answers.
+//! cannot make one read of a few KiB queue megabytes of answers. While a
+//! Describe waits with another asked for, nothing more is read from the
+//! peer: one that streams DescribeRequests without reading its Describes
+//! is held back by its own socket (and cut at the stall bound), as one
+//! that does not read its answers is, instead of being parsed for ever.
+//!
+//! Bounds per turn: the driver opens each turn of its I/O thread with
+//! [`SourceCore::begin_turn`]; at most [`TURN_FRAMES`] frames are handled
+//! in it (the rest waits, read and not handled, for the next turn) and at
+//! most one Describe is built (each costs a table of up to 16 384
+//! regions). A peer streaming cheap frames, or DescribeRequests it reads
+//! the answers of, gets a bounded slice of the I/O thread while its other
+//! connections wait.
+//!
+//! A WRITE whose payload is cut (the connection ends, for whatever reason,
+//! after its request was accepted and before its last byte landed) is told
+//! to the host ([`SourceHost::torn`] when some of it landed): its range
+//! holds part new, part old bytes.
 
 use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
 use crate::control::message::{self, DataRequest, DataResponse, DATA_REQUEST_LEN};
@@ -44,6 +61,12 @@ pub trait SourceHost {
     fn served(&mut self, ok: bool, bytes: u64);
     /// A notification was refused for its size.
     fn notify_rejected(&mut self);
+    /// The payload of an accepted WRITE was cut after `landed` of its
+    /// `req.len` bytes (at least one, fewer than all) reached memory from
+    /// `req.addr` on; the connection ended for `why`. `held` is the
+    /// request's hold, released when dropped. The WRITE itself is also
+    /// counted failed ([`SourceHost::served`]).
+    fn torn(&mut self, req: &DataRequest, landed: u64, held: Self::Held, why: &str);
 }
 
 /// The stall bounds of a connection.
@@ -61,6 +84,8 @@ pub struct Limits {
 pub const OUT_BYTES_MAX: u64 = 4 << 20;
 /// Answers (items) waiting to leave beyond which no more requests are handled.
 pub const OUT_ITEMS_MAX: usize = 1024;
+/// Frames handled in one turn of the driver at most (see the module).
+pub const TURN_FRAMES: u32 = 256;
 const MIB: u64 = 1 << 20;
 /// Items offered to one send.
 const SEND_ITEMS: usize = 64;
@@ -236,9 +261,15 @@ pub struct SourceCore<H: SourceHost> {
     deadline: Option<Instant>,
     /// Reading stopped because too many answers wait.
     paused: bool,
-    /// Bytes read and not yet handled: handling stops at a frame boundary
-    /// while the answers are at their bound.
+    /// Bytes read and not yet handled (from `stash_at` on): handling
+    /// stops at a frame boundary while the answers are at their bound, or
+    /// once the turn's frames are used.
     stash: Vec<u8>,
+    stash_at: usize,
+    /// Frames handled since the driver's turn began.
+    turn_frames: u32,
+    /// A Describe was built in this turn (the next waits for the next turn).
+    turn_described: bool,
     items: VecDeque<Item<H::Held, H::Admitted>>,
     /// Bytes of the first item already sent.
     at: usize,
@@ -248,8 +279,9 @@ pub struct SourceCore<H: SourceHost> {
     out_pace: Option<Pace>,
     /// A Describe waits to leave.
     describing: bool,
-    /// A DescribeRequest came while one waited: answered once it has left
-    /// (however many came meanwhile).
+    /// A DescribeRequest came while one waited, or after one was built in
+    /// this turn: answered once it has left, in a later turn (however
+    /// many came meanwhile).
     describe_due: bool,
     /// Notifications whose acknowledgement has left, for the driver.
     published: Vec<H::Admitted>,
@@ -269,6 +301,9 @@ impl<H: SourceHost> SourceCore<H> {
             deadline: None,
             paused: false,
             stash: Vec::new(),
+            stash_at: 0,
+            turn_frames: 0,
+            turn_described: false,
             items: VecDeque::new(),
             at: 0,
             bytes: 0,
@@ -284,6 +319,28 @@ impl<H: SourceHost> SourceCore<H> {
         self.bytes >= OUT_BYTES_MAX || self.items.len() >= OUT_ITEMS_MAX
     }
 
+    /// A turn of the driver begins: [`TURN_FRAMES`] more frames may be
+    /// handled, and one Describe built (a due one first).
+    pub fn begin_turn(&mut self, host: &mut H) {
+        self.turn_frames = 0;
+        self.turn_described = false;
+        if self.describe_due && !self.describing {
+            self.describe_due = false;
+            self.queue_describe(host);
+        }
+    }
+
+    /// Whether a Describe is due and waits for the next turn to be built
+    /// (the driver runs one at once).
+    pub fn describe_deferred(&self) -> bool {
+        self.describe_due && !self.describing
+    }
+
+    /// Whether this turn's frames are used.
+    fn turn_used(&self) -> bool {
+        self.turn_frames >= TURN_FRAMES
+    }
+
     /// Whether reading has ended.
     pub fn ended(&self) -> bool {
         matches!(self.want, Want::Ended)
@@ -296,7 +353,7 @@ impl<H: SourceHost> SourceCore<H> {
         if self.ended() {
             return Recv::Ended;
         }
-        if self.full() || !self.stash.is_empty() {
+        if self.answers_full() || self.stashed() || self.turn_used() {
             self.paused = true;
             return Recv::Paused;
         }
@@ -391,7 +448,8 @@ impl<H: SourceHost> SourceCore<H> {
                 Some(Item::DescribeSent) => {
                     self.items.pop_front();
                     self.describing = false;
-                    if std::mem::take(&mut self.describe_due) {
+                    if self.describe_due && !self.turn_described {
+                        self.describe_due = false;
                         self.queue_describe(host);
                     }
                 }
@@ -412,12 +470,14 @@ impl<H: SourceHost> SourceCore<H> {
     /// Whether bytes read wait to be handled (the driver calls
     /// [`SourceCore::resume`] once answers have room).
     pub fn stashed(&self) -> bool {
-        !self.stash.is_empty()
+        self.stash_at < self.stash.len()
     }
 
-    /// Whether the answers waiting are at their bound.
+    /// Whether the answers waiting are at their bound, or a Describe waits
+    /// with another asked for: nothing more is read from the peer until
+    /// they leave (what was read is still handled, within the bound).
     pub fn answers_full(&self) -> bool {
-        self.full()
+        self.full() || self.describe_due
     }
 
     /// The answers waiting now: bytes and items.
@@ -484,12 +544,15 @@ impl<H: SourceHost> SourceCore<H> {
     }
 
     /// The connection fails for `e`: nothing more is read, and the answers
-    /// waiting (their memory holds, unpublished notifications) are dropped.
-    /// Returns the Error frame to tell the peer of a protocol error, when
-    /// no answer was half sent.
-    pub fn fail(&mut self, e: &Error) -> Option<Vec<u8>> {
+    /// waiting (their memory holds, unpublished notifications) are dropped;
+    /// a WRITE whose payload was landing is cut (told to `host`). Returns
+    /// the Error frame to tell the peer of a protocol error, or of a sealed
+    /// record that failed its check (`PermissionDenied`: the answer leaves
+    /// sealed, so the requester can believe it), when no answer was half
+    /// sent.
+    pub fn fail(&mut self, e: &Error, host: &mut H) -> Option<Vec<u8>> {
         let told = match e {
-            Error::Protocol(_) if self.at == 0 => {
+            Error::Protocol(_) | Error::PermissionDenied(_) if self.at == 0 => {
                 let body = message::encode_error(e.status(), e.message());
                 let mut f = FrameHeader::encode(MsgKind::Error, body.len() as u32).to_vec();
                 f.extend_from_slice(&body);
@@ -497,15 +560,26 @@ impl<H: SourceHost> SourceCore<H> {
             }
             _ => None,
         };
-        self.end();
+        self.close(host, &e.to_string());
         told
     }
 
-    /// The connection is over: everything held is released.
-    pub fn end(&mut self) {
-        self.want = Want::Ended;
+    /// The connection is over: everything held is released (a WRITE whose
+    /// payload was landing is cut, told to `host`).
+    pub fn end(&mut self, host: &mut H) {
+        self.close(host, "the connection ended");
+    }
+
+    fn close(&mut self, host: &mut H, why: &str) {
+        if let Want::Landing { req, held, pace } = std::mem::replace(&mut self.want, Want::Ended) {
+            host.served(false, 0);
+            if pace.done > 0 {
+                host.torn(&req, pace.done, held, why);
+            }
+        }
         self.items.clear();
-        self.stash.clear();
+        self.stash = Vec::new();
+        self.stash_at = 0;
         self.bytes = 0;
         self.at = 0;
     }

@@ -13,34 +13,42 @@ impl<H: SourceHost> SourceCore<H> {
     /// [`SourceCore::resume`]. `Err`: the connection must end (a protocol
     /// error is told to the peer by [`SourceCore::fail`]).
     pub fn received(&mut self, data: &[u8], now: Instant, host: &mut H) -> Result<()> {
-        if !self.stash.is_empty() {
+        if self.stashed() {
             self.stash.extend_from_slice(data);
             return self.resume(now, host);
         }
         let used = self.feed(data, now, host)?;
-        self.stash.extend_from_slice(&data[used..]);
+        if used < data.len() {
+            self.stash = data[used..].to_vec();
+            self.stash_at = 0;
+        }
         Ok(())
     }
 
     /// Handles what was read and not handled yet, as far as the bounds
-    /// allow (after a send freed room).
+    /// allow (after a send freed room, or in a new turn).
     pub fn resume(&mut self, now: Instant, host: &mut H) -> Result<()> {
         let data = std::mem::take(&mut self.stash);
-        let used = self.feed(&data, now, host)?;
-        if used < data.len() {
-            self.stash = data[used..].to_vec();
+        let used = self.feed(&data[self.stash_at..], now, host)?;
+        self.stash_at += used;
+        // Kept until it is all handled (an idle connection holds none).
+        if self.stash_at < data.len() && !self.ended() {
+            self.stash = data;
+        } else {
+            self.stash_at = 0;
         }
         Ok(())
     }
 
     /// Consumes bytes; stops (returning how many it used) at a frame
-    /// boundary while the answers waiting are at their bound.
+    /// boundary while the answers waiting are at their bound, or once
+    /// this turn's frames are used.
     fn feed(&mut self, data: &[u8], now: Instant, host: &mut H) -> Result<usize> {
         let mut at = 0;
         while at < data.len() {
-            // A frame boundary with the answers at their bound: the rest
-            // waits until they have room.
-            if matches!(self.want, Want::Header) && self.partial.is_empty() && self.full() {
+            // A frame boundary with the answers at their bound, or the
+            // turn's share used: the rest waits.
+            if matches!(self.want, Want::Header) && self.partial.is_empty() && (self.full() || self.turn_used()) {
                 return Ok(at);
             }
             match &mut self.want {
@@ -153,6 +161,7 @@ impl<H: SourceHost> SourceCore<H> {
         self.deadline = None;
         match std::mem::replace(&mut self.want, Want::Header) {
             Want::Header => {
+                self.turn_frames += 1;
                 let h = FrameHeader::decode(bytes[..].try_into().expect("a whole header"))?;
                 self.header(h, host)?;
             }
@@ -186,6 +195,7 @@ impl<H: SourceHost> SourceCore<H> {
         self.push_frame(MsgKind::Describe, &mine);
         self.items.push_back(Item::DescribeSent);
         self.describing = true;
+        self.turn_described = true;
     }
 
     fn header(&mut self, h: FrameHeader, host: &mut H) -> Result<()> {
@@ -198,7 +208,7 @@ impl<H: SourceHost> SourceCore<H> {
                 Ok(())
             }
             MsgKind::DescribeRequest if h.body_len != 0 => Err(Error::Protocol("DescribeRequest with a body".into())),
-            MsgKind::DescribeRequest if self.describing => {
+            MsgKind::DescribeRequest if self.describing || self.turn_described => {
                 self.describe_due = true;
                 Ok(())
             }

@@ -14,14 +14,18 @@ struct Host {
     mem: Vec<u8>,
     held: std::rc::Rc<()>,
     served: (u64, u64),
+    failed: u64,
     describes: u64,
     refuse_notify: bool,
+    /// Torn WRITEs told: tag, bytes landed, why.
+    torn: Vec<(u64, u64, String)>,
 }
 
 impl Host {
     fn new() -> Host {
         let mem = (0..LEN).map(|i| (i * 7 + 1) as u8).collect();
-        Host { mem, held: std::rc::Rc::new(()), served: (0, 0), describes: 0, refuse_notify: false }
+        let held = std::rc::Rc::new(());
+        Host { mem, held, served: (0, 0), failed: 0, describes: 0, refuse_notify: false, torn: Vec::new() }
     }
     /// Leases of requests still held by the core.
     fn holds(&self) -> usize {
@@ -65,9 +69,15 @@ impl SourceHost for Host {
         if ok {
             self.served.0 += 1;
             self.served.1 += bytes;
+        } else {
+            self.failed += 1;
         }
     }
     fn notify_rejected(&mut self) {}
+    fn torn(&mut self, req: &DataRequest, landed: u64, held: Self::Held, why: &str) {
+        drop(held);
+        self.torn.push((req.tag, landed, why.to_string()));
+    }
 }
 
 fn limits() -> Limits {
@@ -190,18 +200,59 @@ fn a_write_payload_read_straight_into_memory_lands_without_the_buffer() {
 
 /// Issue 31: a read of many DescribeRequests queued a whole Describe for
 /// each (16 bytes in, kilobytes out). One waits at a time; those that come
-/// meanwhile are answered by one more, once it has left.
+/// meanwhile are answered by one more, once it has left. Issue 58: and one
+/// is built per turn at most (a peer reading its Describes as fast as it
+/// asks for them kept the I/O thread building tables of thousands of
+/// regions): the one due is built in the next turn, which the driver runs
+/// at once. Guards `after_send`'s `!self.turn_described` (without it the
+/// first drain builds both).
 #[test]
 fn describe_requests_queue_one_describe_at_a_time() {
     let now = Instant::now();
     let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
     let wire: Vec<u8> = (0..4096).flat_map(|_| frame(MsgKind::DescribeRequest, &[])).collect();
     c.received(&wire, now, &mut h).unwrap();
-    assert_eq!(h.describes, 1, "one Describe queued for 4096 requests");
-    assert!(!c.answers_full());
+    assert_eq!(h.describes, 1, "one Describe queued for the requests of a turn");
     let (out, _) = drain(&mut c, &mut h, now);
+    assert_eq!(frames(&out).len(), 1);
+    assert_eq!(h.describes, 1, "one Describe a turn");
+    assert!(c.describe_deferred());
+    c.begin_turn(&mut h);
     assert_eq!(h.describes, 2, "the ones that came meanwhile get one more, once the first left");
-    assert_eq!(frames(&out).len(), 2);
+    assert!(!c.describe_deferred());
+    let (out, _) = drain(&mut c, &mut h, now);
+    assert_eq!(frames(&out).len(), 1);
+    assert_eq!(h.served, (0, 0));
+}
+
+/// Issue 58: a peer streaming DescribeRequests without reading its
+/// Describes kept the I/O thread reading and parsing them for ever (each
+/// folded into the one Describe due, nothing ever held reading back).
+/// While a Describe waits with another asked for, the peer is not read
+/// (what was read is still handled); reading resumes once the Describe
+/// has left. Guards `answers_full`'s `describe_due` (without it `recv`
+/// answers `Buffer` below).
+#[test]
+fn reading_pauses_while_a_describe_waits_with_another_asked_for() {
+    let now = Instant::now();
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    c.received(&frame(MsgKind::DescribeRequest, &[]), now, &mut h).unwrap();
+    assert_eq!(c.recv(now), Recv::Buffer, "one Describe waits: reading goes on");
+    let mut wire = frame(MsgKind::DescribeRequest, &[]);
+    wire.extend(write_req(1, BASE + 8, b"later"));
+    c.received(&wire, now, &mut h).unwrap();
+    assert_eq!(h.served.0, 1, "what was read is handled");
+    assert!(c.answers_full());
+    assert_eq!(c.recv(now), Recv::Paused, "nothing more is read while the Describe waits");
+    let (out, _) = drain(&mut c, &mut h, now);
+    let kinds = |out: &[u8]| frames(out).iter().map(|(k, _)| *k).collect::<Vec<_>>();
+    assert_eq!(kinds(&out), [MsgKind::Describe, MsgKind::WriteResponse]);
+    assert_eq!(c.recv(now), Recv::Paused, "the one due is not built yet");
+    c.begin_turn(&mut h);
+    assert!(!c.answers_full());
+    assert_eq!(c.recv(now), Recv::Buffer, "reading resumes once the first left");
+    let (out, _) = drain(&mut c, &mut h, now);
+    assert_eq!(kinds(&out), [MsgKind::Describe]);
 }
 
 /// The answers' bound holds per frame, not per read: one read holding 2000
@@ -213,13 +264,19 @@ fn the_answer_bound_holds_before_each_frame() {
     let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
     let wire: Vec<u8> = (0..2000).flat_map(|t| read_req(t, BASE, 4096)).collect();
     c.received(&wire, now, &mut h).unwrap();
+    // Turns go by without the peer reading its answers.
+    while !c.answers_full() {
+        c.begin_turn(&mut h);
+        c.resume(now, &mut h).unwrap();
+    }
     assert!(c.answers_full() && c.stashed());
     assert_eq!(c.recv(now), Recv::Paused);
     assert_eq!(h.served.0, 512, "1024 items: a header item and a payload item per READ");
     let mut tags = Vec::new();
-    for _ in 0..10 {
+    for _ in 0..20 {
         let (out, _) = drain(&mut c, &mut h, now);
         tags.extend(frames(&out).iter().map(|(_, b)| response(b).tag));
+        c.begin_turn(&mut h);
         c.resume(now, &mut h).unwrap();
         if !c.stashed() && !c.answers_full() {
             let (out, _) = drain(&mut c, &mut h, now);
@@ -334,7 +391,7 @@ fn a_protocol_error_is_told_unless_an_answer_is_half_sent_and_releases_what_is_h
     let mut bad = FrameHeader::encode(MsgKind::ReadRequest, 32);
     bad[0] = 0;
     let e = c.received(&bad, now, &mut h).unwrap_err();
-    let told = c.fail(&e).expect("nothing half sent: the peer is told");
+    let told = c.fail(&e, &mut h).expect("nothing half sent: the peer is told");
     assert_eq!(frames(&told)[0].0, MsgKind::Error);
     assert_eq!(h.holds(), 0, "the READ's hold went with the connection");
     assert_eq!(c.recv(now), Recv::Ended);
@@ -343,5 +400,89 @@ fn a_protocol_error_is_told_unless_an_answer_is_half_sent_and_releases_what_is_h
     c.received(&read_req(1, BASE, 4096), now, &mut h).unwrap();
     c.transmit(now);
     c.sent(10, now);
-    assert!(c.fail(&Error::Protocol("bad".into())).is_none());
+    assert!(c.fail(&Error::Protocol("bad".into()), &mut h).is_none());
+}
+
+/// Issue 58, the Describe flood: a read of many cheap frames (16-byte
+/// DescribeRequests, or small WRITEs) kept the I/O thread parsing 4 MiB of
+/// them in one turn while its other connections waited. A turn handles
+/// `TURN_FRAMES` frames at most; the rest waits, read, for the next turn
+/// (reading paused meanwhile). Guards `feed`'s `self.turn_used()` check
+/// (without it the first turn handles all 1000) and `recv`'s (without it
+/// a turn that used its frames at a read's end reads on).
+#[test]
+fn a_turn_handles_at_most_turn_frames_frames() {
+    let now = Instant::now();
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    let wire: Vec<u8> = (0..1000).flat_map(|t| write_req(t, BASE + 64 + t * 8, &t.to_le_bytes())).collect();
+    c.begin_turn(&mut h);
+    c.received(&wire, now, &mut h).unwrap();
+    assert_eq!(h.served.0, TURN_FRAMES as u64, "one turn's frames handled");
+    assert!(c.stashed() && !c.answers_full());
+    assert_eq!(c.recv(now), Recv::Paused, "nothing more is read in this turn");
+    let mut turns = 1;
+    while c.stashed() {
+        c.begin_turn(&mut h);
+        c.resume(now, &mut h).unwrap();
+        turns += 1;
+        assert_eq!(h.served.0, 1000.min(turns * TURN_FRAMES as u64), "turn {turns}");
+    }
+    assert_eq!(c.recv(now), Recv::Buffer);
+    for t in 0..1000u64 {
+        let at = (64 + t * 8) as usize;
+        assert_eq!(h.mem[at..at + 8], t.to_le_bytes(), "WRITE {t}");
+    }
+    let (out, _) = drain(&mut c, &mut h, now);
+    let tags: Vec<u64> = frames(&out).iter().map(|(_, b)| response(b).tag).collect();
+    assert_eq!(tags, (0..1000).collect::<Vec<u64>>());
+    // A turn that used its frames exactly at the end of what was read
+    // reads nothing more until the next.
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    let wire: Vec<u8> = (0..TURN_FRAMES as u64).flat_map(|t| read_req(t, BASE, 8)).collect();
+    c.received(&wire, now, &mut h).unwrap();
+    assert!(!c.stashed() && !c.answers_full());
+    assert_eq!(c.recv(now), Recv::Paused);
+    c.begin_turn(&mut h);
+    assert_eq!(c.recv(now), Recv::Buffer);
+    assert_eq!(h.served.0, TURN_FRAMES as u64);
+}
+
+/// Issue 58, the torn WRITE: a connection that ends while a WRITE's
+/// payload lands leaves its range part new, part old. The host hears of
+/// it with the bytes that landed (whatever ended the connection), and the
+/// WRITE counts as failed; one cut before any of its payload landed only
+/// fails, and one that landed whole is no loss. Guards `close`'s
+/// `Want::Landing` arm.
+#[test]
+fn a_write_cut_mid_payload_is_told_torn_with_what_landed() {
+    let now = Instant::now();
+    let payload = vec![0xabu8; 100_000];
+    let wire = write_req(9, BASE + 4096, &payload);
+    let head = FRAME_HEADER_LEN + DATA_REQUEST_LEN;
+    // Cut after 1000 bytes, by a failure.
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    c.received(&wire[..head + 1000], now, &mut h).unwrap();
+    let e = c.eof().unwrap_err();
+    assert!(c.fail(&e, &mut h).is_none(), "not a protocol error: nothing told");
+    assert_eq!(h.torn, vec![(9, 1000, e.to_string())]);
+    assert_eq!((h.failed, h.served.0, h.holds()), (1, 0, 0));
+    c.end(&mut h);
+    assert_eq!(h.torn.len(), 1, "told once");
+    // Cut after 60 000 bytes read straight into memory, by the end alone.
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    c.received(&wire[..head], now, &mut h).unwrap();
+    c.landed(60_000, now, &mut h);
+    c.end(&mut h);
+    assert_eq!(h.torn, vec![(9, 60_000, "the connection ended".to_string())]);
+    assert_eq!((h.failed, h.holds()), (1, 0));
+    // Cut before any payload: failed, not torn.
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    c.received(&wire[..head], now, &mut h).unwrap();
+    c.end(&mut h);
+    assert_eq!((h.torn.len(), h.failed, h.holds()), (0, 1, 0));
+    // Landed whole, its answer not sent yet: served, not torn.
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    c.received(&wire, now, &mut h).unwrap();
+    c.end(&mut h);
+    assert_eq!((h.torn.len(), h.failed, h.served.0, h.holds()), (0, 0, 1, 0));
 }

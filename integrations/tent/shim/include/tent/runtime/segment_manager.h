@@ -2,11 +2,13 @@
 // TENT keeps segments in a metadata service (etcd, redis, HTTP or P2P);
 // the shim keeps them in a directory that the processes of a test share:
 // synchronizeLocal writes DIR/NAME.segment (a temporary file renamed into
-// place), getRemoteCached reads a remote one once and keeps it until
-// invalidateRemote.
+// place), getRemoteCached reads a remote one once per thread and keeps it
+// until invalidateRemote (that thread's copy) or invalidateAllCacheForRemote
+// (every thread's), as TENT's thread-local cache does.
 #ifndef ORBITE_TENT_SHIM_SEGMENT_MANAGER_H
 #define ORBITE_TENT_SHIM_SEGMENT_MANAGER_H
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -30,6 +32,7 @@ class SegmentManager {
     Status closeRemote(SegmentID handle);
     Status getRemoteCached(SegmentDescRef& desc, SegmentID handle);
     Status invalidateRemote(SegmentID handle);
+    Status invalidateAllCacheForRemote(const std::string& segment_name);
     SegmentDescRef getLocal();
     Status updateLocal(const std::function<Status(SegmentDesc&)>& mutator);
     Status synchronizeLocal();
@@ -39,8 +42,9 @@ class SegmentManager {
     std::mutex lock_;
     SegmentDescRef local_;
     std::map<SegmentID, std::string> names_;
-    std::map<SegmentID, SegmentDescRef> cache_;
     SegmentID next_id_ = 1;
+    const uint64_t id_;  ///< tells this manager's per-thread copies apart
+    std::atomic<uint64_t> version_{0};
 };
 
 }  // namespace tent
