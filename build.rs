@@ -3,8 +3,14 @@
 
 use std::path::PathBuf;
 
-/// Must equal `ORBITE_ABI_VERSION` in src/ffi/types.rs (a test checks it).
-const ABI_VERSION: u32 = 1;
+/// The C ABI's version, `abi-version` of `[package.metadata.orbite]` in
+/// Cargo.toml: the one place it is written (docs/versioning.md).
+fn abi_version(manifest: &str) -> u32 {
+    let section = manifest.split("[package.metadata.orbite]").nth(1).expect("Cargo.toml has [package.metadata.orbite]");
+    let line = section.lines().find(|l| l.trim_start().starts_with("abi-version")).expect("abi-version in Cargo.toml");
+    let value = line.split('=').nth(1).expect("abi-version = N").trim();
+    value.parse().unwrap_or_else(|_| panic!("abi-version must be a whole number, not {value:?}"))
+}
 
 /// Reads the status table (`src/status_table.rs`) as (value, C name, doc).
 macro_rules! status_table {
@@ -25,12 +31,18 @@ fn main() {
     println!("cargo:rerun-if-changed=src/ffi");
     println!("cargo:rerun-if-changed=cbindgen.toml");
     println!("cargo:rerun-if-changed=src/status_table.rs");
+    println!("cargo:rerun-if-changed=Cargo.toml");
     println!("cargo:rerun-if-env-changed=ORBITE_WRITE_HEADER");
-    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,liborbite.so.{ABI_VERSION}");
+    let manifest = std::fs::read_to_string(crate_dir.join("Cargo.toml")).expect("read Cargo.toml");
+    let abi = abi_version(&manifest);
+    println!("cargo:rustc-env=ORBITE_ABI_VERSION={abi}");
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,liborbite.so.{abi}");
 
     let mut config = cbindgen::Config::from_file(crate_dir.join("cbindgen.toml")).expect("read cbindgen.toml");
     let version = std::env::var("CARGO_PKG_VERSION").expect("version");
-    config.after_includes = config.after_includes.map(|s| s.replace("@VERSION@", &version) + &status_constants());
+    config.after_includes = config
+        .after_includes
+        .map(|s| s.replace("@VERSION@", &version).replace("@ABI_VERSION@", &abi.to_string()) + &status_constants());
     let header = out_dir.join("orbite.h");
     match cbindgen::Builder::new()
         .with_config(config)

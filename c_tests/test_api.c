@@ -161,6 +161,12 @@ static void allocations(orbite_engine *e) {
   CHECK_STATUS(orbite_allocate_mnnvl(0, 0, &a), ORBITE_STATUS_INVALID_ARGUMENT);
   CHECK_STATUS(orbite_allocate_egm(0, 4096, NULL), ORBITE_STATUS_NULL_ARGUMENT);
   CHECK_STATUS(orbite_allocate_egm(0, 0, &a), ORBITE_STATUS_INVALID_ARGUMENT);
+  /* Adoption: a NULL pointer is NULL_ARGUMENT (C-API.md), whatever else. */
+  CHECK_STATUS(orbite_cuda_adopt(NULL, 4096, ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION, &a), ORBITE_STATUS_NULL_ARGUMENT);
+  CHECK_ERROR_MENTIONS("ptr is NULL");
+  CHECK(a == (orbite_allocation *)SENTINEL_PTR);
+  CHECK_STATUS(orbite_cuda_adopt((void *)SENTINEL_PTR, 4096, ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION, NULL),
+               ORBITE_STATUS_NULL_ARGUMENT);
   orbite_status s = orbite_cuda_allocate(0, 4096, &a);
   if (s == ORBITE_STATUS_OK) {
     printf("CUDA present: skipping the no-CUDA status checks\n");

@@ -8,7 +8,8 @@
  * which transport and how fast. Copy from here: every call below is the
  * whole pattern.
  *
- * Usage: transfer_demo [MiB]   (default 64)
+ * Usage: transfer_demo [MiB] [--stats]   (default 64 MiB; --stats also
+ *        prints the requester's whole stats JSON)
  */
 #include <orbite.h>
 #include <stdint.h>
@@ -107,7 +108,12 @@ static double move(orbite_engine *e, uint64_t peer, uint32_t transport, uint32_t
 }
 
 int main(int argc, char **argv) {
-  size_t mib = argc > 1 ? (size_t)atoi(argv[1]) : 64;
+  size_t mib = 64;
+  int print_stats = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--stats") == 0) print_stats = 1;
+    else mib = (size_t)atoi(argv[i]);
+  }
   if (mib == 0) mib = 1;
   size_t bytes = mib * BLOCK;
   int up[2], down[2];
@@ -157,10 +163,29 @@ int main(int argc, char **argv) {
            (double)bytes / t_write / 1e9);
   }
 
-  char stats[8192];
-  size_t len = 0;
-  TRY(orbite_engine_stats_json(engine, stats, sizeof stats, &len));
-  printf("requester stats: %s\n", stats);
+  /* What the engine counted, read by name from a stats snapshot. */
+  orbite_stats *snapshot = NULL;
+  TRY(orbite_engine_stats(engine, &snapshot));
+  for (int k = 0; k < 2; k++) {
+    char path[64];
+    uint64_t done = 0, moved = 0, failed = 0;
+    const char *t = k == 0 ? "tcp" : "shm";
+    snprintf(path, sizeof path, "transports.%s.requests_completed", t);
+    TRY(orbite_stats_number(snapshot, path, &done));
+    snprintf(path, sizeof path, "transports.%s.bytes_completed", t);
+    TRY(orbite_stats_number(snapshot, path, &moved));
+    snprintf(path, sizeof path, "transports.%s.requests_failed", t);
+    TRY(orbite_stats_number(snapshot, path, &failed));
+    printf("requester counted over %s: %llu requests completed (%llu MiB), %llu failed\n", runs[k].name,
+           (unsigned long long)done, (unsigned long long)(moved >> 20), (unsigned long long)failed);
+  }
+  orbite_stats_free(snapshot);
+  if (print_stats) {
+    char stats[16384];
+    size_t len = 0;
+    TRY(orbite_engine_stats_json(engine, stats, sizeof stats, &len));
+    printf("requester stats: %s\n", stats);
+  }
 
   if (write(down[1], "x", 1) != 1) return 1;
   size_t remote_wrong = 1;

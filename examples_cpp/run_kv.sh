@@ -12,9 +12,10 @@
 #                   SHM: the decode's next round fails with a typed status
 #                   (UNAVAILABLE or STALE_PEER, no hang), the decode connects to a new
 #                   prefill and runs the round again; bytes checked there.
-#                   The decode's close is UNQUIESCED: its cached import of
-#                   the dead prefill's pool (unmapped) never gets its close
-#                   receipt acknowledged, and stays counted as retained.
+#                   The decode's close is OK with nothing retained: its
+#                   cached import of the dead prefill's pool is unmapped and
+#                   let go with the lost peer (counted in "peers lost: 1"),
+#                   since no process is left to owe a close receipt to.
 #   killed-decode   the decode is killed while it holds a cached SHM import
 #                   of the pool: the prefill's close still ends OK (the dead
 #                   importer's export is reclaimed) and frees the pool.

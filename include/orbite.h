@@ -13,7 +13,11 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#define ORBITE_VERSION_STRING "0.1.0"
+#define ORBITE_VERSION_STRING "0.2.0"
+
+// ABI version of liborbite; equals `orbite_abi_version()` and the SONAME
+// suffix (`liborbite.so.N`). Bumped on any incompatible change of this header.
+#define ORBITE_ABI_VERSION 1
 
 // Success.
 #define ORBITE_STATUS_OK 0
@@ -78,10 +82,6 @@
 // A panic was caught inside the library (a bug; please report it).
 #define ORBITE_STATUS_PANIC 20
 
-
-// ABI version of liborbite; equals `orbite_abi_version()` and the SONAME
-// suffix (`liborbite.so.1`). Bumped on any incompatible change.
-#define ORBITE_ABI_VERSION 1
 
 // READ: copy from the remote region into local memory.
 #define ORBITE_OP_READ 1

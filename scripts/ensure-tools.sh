@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian machine lacks for building and testing OrbiTE:
-# cmake, pkg-config, a C/C++ compiler, valgrind (memcheck stage), protoc
-# (the etcd client's build) and etcd (the discovery tests start their own).
+# cmake, pkg-config, a C/C++ compiler, valgrind (memcheck stage), abigail-tools
+# (the ABI check), protoc (the etcd client's build) and etcd (the discovery
+# tests start their own).
 set -euo pipefail
 missing=()
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
@@ -9,6 +10,8 @@ command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v cc >/dev/null 2>&1 || missing+=(gcc)
 command -v c++ >/dev/null 2>&1 || missing+=(g++)
 command -v valgrind >/dev/null 2>&1 || missing+=(valgrind)
+# The ABI and API check (scripts/abi_check.py): libabigail's abidw/abidiff.
+command -v abidiff >/dev/null 2>&1 || missing+=(abigail-tools)
 # Discovery: protoc builds the etcd client; the tests run a real etcd.
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 [ -x /usr/bin/etcd ] || command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)

@@ -5,6 +5,8 @@
 # any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/progress.sh
+step "checking the tools (installs what is missing with apt-get)"
 scripts/ensure-tools.sh
 unset CUDARC_CUDA_VERSION
 # What the tests (and the processes they start) leave in the temporary
@@ -13,11 +15,11 @@ scratch="$(mktemp -d "${TMPDIR:-/tmp}/orbite-test.XXXXXX")"
 trap 'rm -rf "$scratch"' EXIT
 export TMPDIR="$scratch"
 jobs="$(nproc)"
-echo "== cargo test (release) =="
+step "cargo test (release): builds the library and every test program, then runs them"
 cargo test --release --locked
-echo "== concurrency models (shuttle) =="
+step "concurrency models (shuttle)"
 cargo test --release --locked --features model-check --test models
-echo "== cargo test (release, cuda feature: every unit test, including the cuda-gated ones) =="
+step "cargo test (release, cuda feature: every unit test, including the cuda-gated ones)"
 cargo test --release --locked --features cuda --lib
 # Every integration test compiled only with the cuda feature (driver probing,
 # and NVLink/MNNVL through the CPU stand-in for the driver), found by its
@@ -26,13 +28,13 @@ cuda_tests=()
 for f in tests/*.rs; do
   if grep -q '^#!\[cfg(feature = "cuda")\]' "$f"; then cuda_tests+=(--test "$(basename "$f" .rs)"); fi
 done
-echo "== cargo test (release, cuda feature: ${cuda_tests[*]}) =="
+step "cargo test (release, cuda feature: ${cuda_tests[*]})"
 cargo test --release --locked --features cuda "${cuda_tests[@]}"
-echo "== cargo test (release, etcd feature: discovery against a real etcd the tests start) =="
+step "cargo test (release, etcd feature: discovery against a real etcd the tests start)"
 cargo test --release --locked --features etcd --test discovery
-echo "== NIXL test venv (the pinned nixl wheels; reused when its pins match) =="
+step "NIXL test venv (the pinned nixl wheels; reused when its pins match)"
 integrations/nixl/tests/venv.sh "$PWD/build-test/nixl-venv"
-echo "== C tests (ctest) =="
+step "C tests (ctest): configures and builds build-test/, then runs the C, C++, example, package, NIXL and docs tests"
 cmake -S . -B build-test -DORBITE_CARGO_TARGET_DIR="$PWD/target" \
   -DORBITE_NIXL=ON -DORBITE_NIXL_VENV="$PWD/build-test/nixl-venv" >/dev/null
 cmake --build build-test -j"$jobs"

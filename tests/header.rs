@@ -22,10 +22,29 @@ fn abi_version_agrees_everywhere() {
     // SAFETY: a C function of no arguments that returns a constant.
     assert_eq!(unsafe { orbite_abi_version() }, v);
     assert!(COMMITTED.contains(&format!("#define ORBITE_ABI_VERSION {v}\n")));
-    let build_rs = include_str!("../build.rs");
-    assert!(build_rs.contains(&format!("const ABI_VERSION: u32 = {v};")), "build.rs sets the SONAME from ABI_VERSION");
+    // Written once, in Cargo.toml; build.rs (the SONAME, the header) and
+    // CMakeLists.txt (the installed names) read it from there.
+    let manifest = include_str!("../Cargo.toml");
+    assert!(manifest.contains(&format!("\n[package.metadata.orbite]\nabi-version = {v}\n")));
     let cmake = include_str!("../CMakeLists.txt");
-    assert!(cmake.contains(&format!("set(ORBITE_ABI_VERSION {v})")), "CMakeLists.txt names liborbite.so.{v}");
+    assert!(cmake.contains("REGEX \"^abi-version = [0-9]+$\""), "CMakeLists.txt reads abi-version from Cargo.toml");
+    assert!(!cmake.contains("set(ORBITE_ABI_VERSION"), "CMakeLists.txt must not write the ABI version itself");
+}
+
+#[test]
+fn package_version_agrees_everywhere() {
+    let v = env!("CARGO_PKG_VERSION");
+    extern "C" {
+        fn orbite_version() -> *const std::ffi::c_char;
+    }
+    // SAFETY: returns a pointer to a static NUL-terminated string.
+    let got = unsafe { std::ffi::CStr::from_ptr(orbite_version()) };
+    assert_eq!(got.to_str().unwrap(), v);
+    assert!(COMMITTED.contains(&format!("#define ORBITE_VERSION_STRING \"{v}\"\n")));
+    let cmake = include_str!("../CMakeLists.txt");
+    assert!(cmake.contains("project(orbite VERSION ${ORBITE_VERSION}"), "CMake takes the version from Cargo.toml");
+    let changelog = include_str!("../CHANGELOG.md");
+    assert!(changelog.contains(&format!("\n## [{v}] - ")), "CHANGELOG.md has a section for {v}");
 }
 
 #[test]

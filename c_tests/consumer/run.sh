@@ -33,6 +33,21 @@ test -f "$prefix/bin/.debug/orbite-doctor.debug"
 readelf -p .gnu_debuglink "$prefix/lib/liborbite.so.1" | grep -q 'liborbite.so.1.debug'
 readelf -p .gnu_debuglink "$prefix/bin/orbite-bench" | grep -q 'orbite-bench.debug'
 readelf -p .gnu_debuglink "$prefix/bin/orbite-doctor" | grep -q 'orbite-doctor.debug'
+# The package's version rule (docs/versioning.md): before 1.0 a consumer
+# asking for the previous minor release is refused, one asking for this
+# minor release is served.
+version="$(sed -n 's/^version = "\([0-9.]*\)"$/\1/p' "$src/Cargo.toml" | head -n 1)"
+major="${version%%.*}"; rest="${version#*.}"; minor="${rest%%.*}"
+if [ "$major" -eq 0 ] && [ "$minor" -gt 0 ]; then
+  mkdir -p "$work/old-consumer"
+  printf 'cmake_minimum_required(VERSION 3.16)\nproject(old NONE)\nfind_package(orbite 0.%s REQUIRED)\n' \
+    "$((minor - 1))" >"$work/old-consumer/CMakeLists.txt"
+  if cmake -S "$work/old-consumer" -B "$work/old-consumer/build" -DCMAKE_PREFIX_PATH="$prefix" \
+       >"$work/old-consumer.log" 2>&1; then
+    echo "find_package(orbite 0.$((minor - 1))) accepted $version"; exit 1
+  fi
+  grep -q "$version" "$work/old-consumer.log" || { cat "$work/old-consumer.log"; exit 1; }
+fi
 # Relocatable: move the whole prefix, then consume it from the new place.
 mv "$prefix" "$work/moved"; prefix="$work/moved"
 cmake -S "$src/c_tests/consumer" -B "$work/cmake-build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null

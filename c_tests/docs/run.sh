@@ -42,6 +42,30 @@ export PKG_CONFIG_PATH="$prefix/lib/pkgconfig"
 cflags="-I$prefix/include"
 libs="-L$prefix/lib -lorbite -Wl,-rpath,$prefix/lib"
 
+# The installed sizes README.md states come from this build: for each
+# installed file its bullet names, the first "N MB" of the bullet (the
+# default build's) must be within 10 % of the file's size here.
+size_check() {
+  file="$1"
+  stated="$(awk -v f="- \`$file\`" '
+    index($0, f) == 1 { on = 1 }
+    on && /^- / && index($0, f) != 1 { exit }
+    on { text = text " " $0 }
+    END { if (match(text, /[0-9]+(\.[0-9]+)? MB/)) print substr(text, RSTART, RLENGTH - 3) }
+  ' "$src/README.md")"
+  [ -n "$stated" ] || { echo "FAIL README.md: no size stated for $file"; return 1; }
+  actual="$(stat -c %s "$prefix/$file")"
+  python3 - "$file" "$stated" "$actual" <<'PY' || return 1
+import sys
+name, stated, actual = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]) / 1e6
+if abs(actual - stated) > 0.1 * actual:
+    sys.exit(f"FAIL README.md: {name} is {actual:.1f} MB installed, README.md says {stated:g} MB")
+print(f"ok   README.md: {name} {actual:.1f} MB installed, {stated:g} MB stated")
+PY
+}
+sizes_ok=0
+for f in lib/liborbite.so.1 lib/liborbite.a bin/orbite-bench bin/orbite-doctor; do size_check "$f" || sizes_ok=1; done
+
 # Extract: blocks/N.LANG and one manifest line per block:
 # N|FILE|LINE|LANG|FLAGS|SKIP-REASON
 for doc in README.md docs/getting-started.md; do
@@ -273,4 +297,5 @@ else
 fi
 
 echo "docs test: $checked blocks checked, $skipped skipped, $failed failed"
-[ "$failed" -eq 0 ]
+[ "$sizes_ok" -eq 0 ] || echo "docs test: README.md states installed sizes this build does not have"
+[ "$failed" -eq 0 ] && [ "$sizes_ok" -eq 0 ]

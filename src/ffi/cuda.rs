@@ -62,9 +62,10 @@ pub extern "C" fn orbite_allocate_egm(
 /// ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION (a peer that imports it can reach the
 /// whole underlying allocation). `[ptr, ptr+length)` must lie in one
 /// allocation; adoptions inside one allocation share one export. Managed and
-/// host memory: INVALID_ARGUMENT. The memory stays the caller's:
-/// orbite_allocation_free releases only the library's record (UNAVAILABLE
-/// while registered or exported); free the memory after that.
+/// host memory: INVALID_ARGUMENT; `ptr` NULL: NULL_ARGUMENT. The memory
+/// stays the caller's: orbite_allocation_free releases only the library's
+/// record (UNAVAILABLE while registered or exported); free the memory after
+/// that.
 #[no_mangle]
 pub extern "C" fn orbite_cuda_adopt(
     ptr: *mut c_void,
@@ -72,7 +73,12 @@ pub extern "C" fn orbite_cuda_adopt(
     flags: u32,
     out_alloc: *mut *mut orbite_allocation,
 ) -> orbite_status {
-    guard(|| allocate_into(out_alloc, length, |len| cuda_adopt(ptr as u64, len, flags)))
+    guard(|| {
+        if ptr.is_null() {
+            return Err(Error::NullArgument("ptr is NULL".into()));
+        }
+        allocate_into(out_alloc, length, |len| cuda_adopt(ptr as u64, len, flags))
+    })
 }
 
 /// Writes, as JSON, the CUDA driver as probed (`cuda_available`, and the
