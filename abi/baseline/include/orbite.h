@@ -13,7 +13,11 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#define ORBITE_VERSION_STRING "0.1.0"
+#define ORBITE_VERSION_STRING "0.2.0"
+
+// ABI version of liborbite; equals `orbite_abi_version()` and the SONAME
+// suffix (`liborbite.so.N`). Bumped on any incompatible change of this header.
+#define ORBITE_ABI_VERSION 1
 
 // Success.
 #define ORBITE_STATUS_OK 0
@@ -79,10 +83,6 @@
 #define ORBITE_STATUS_PANIC 20
 
 
-// ABI version of liborbite; equals `orbite_abi_version()` and the SONAME
-// suffix (`liborbite.so.1`). Bumped on any incompatible change.
-#define ORBITE_ABI_VERSION 1
-
 // READ: copy from the remote region into local memory.
 #define ORBITE_OP_READ 1
 
@@ -109,6 +109,9 @@
 
 // CUDA fabric handles across an NVLink fabric.
 #define ORBITE_TRANSPORT_MNNVL 4
+
+// Cross-memory attach (same host, same user): any registered host memory.
+#define ORBITE_TRANSPORT_CMA 5
 
 // `orbite_cuda_adopt` flag: the caller consents that a peer importing the
 // adopted memory can reach the whole underlying allocation.
@@ -148,11 +151,36 @@ typedef struct orbite_allocation orbite_allocation;
 // A submitted batch (opaque). Use from one thread at a time.
 typedef struct orbite_batch orbite_batch;
 
+// A direct route to one region of a same-host peer (opaque):
+// `orbite_direct_open`. Usable from several threads at once.
+typedef struct orbite_direct orbite_direct;
+
 // An engine (opaque).
 typedef struct orbite_engine orbite_engine;
 
+// A snapshot of an engine's counters (opaque): each value of the stats
+// JSON by its dotted path, read without JSON (`orbite_engine_stats`).
+typedef struct orbite_stats orbite_stats;
+
 // A status code (`ORBITE_STATUS_*`, from `src/status_table.rs`).
 typedef uint32_t orbite_status;
+
+// One region a peer publishes (`orbite_peer_regions`).
+typedef struct orbite_region_info {
+  // The peer's region id.
+  uint64_t id;
+  // Registration epoch (a new one when the peer registers the memory again).
+  uint64_t epoch;
+  // First byte, in the peer's address space.
+  uint64_t addr;
+  // Bytes.
+  uint64_t length;
+  // ORBITE_ACCESS_* bits: what this engine may do to it.
+  uint32_t access;
+  // Kind of memory: "host", "shared_host", "cuda", "cuda_ipc",
+  // "pinned_host", "mnnvl" or "egm" (static storage).
+  const char *kind;
+} orbite_region_info;
 
 // One transfer request.
 typedef struct orbite_request {
@@ -181,6 +209,10 @@ typedef struct orbite_request_result {
   // ORBITE_REMOTE_EFFECT_*; UNKNOWN only for WRITE.
   uint32_t remote_effect;
 } orbite_request_result;
+
+// An end callback (`orbite_batch_on_end`): `user_data` is the pointer
+// given with it.
+typedef void (*orbite_batch_end_fn)(void *user_data);
 
 // A log callback. `level` is ORBITE_LOG_ERROR to ORBITE_LOG_TRACE;
 // `message` is one line, NUL-terminated, without a newline, starting with
@@ -262,6 +294,12 @@ orbite_status orbite_connect_name(struct orbite_engine *engine, const char *name
 // Writes the regions the peer publishes, as a JSON array.
 orbite_status orbite_peer_regions_json(struct orbite_engine *engine, uint64_t peer, char *buf, size_t cap, size_t *out_len);
 
+// Writes the regions the peer publishes (asked of the peer now) into
+// out[0..count) and their count to *out_count. A cap below the count is
+// BUFFER_TOO_SMALL with only *out_count written; out may be NULL when cap
+// is 0.
+orbite_status orbite_peer_regions(struct orbite_engine *engine, uint64_t peer, struct orbite_region_info *out, size_t cap, size_t *out_count);
+
 // Disconnects a peer after its outstanding requests end (up to timeout_ms).
 orbite_status orbite_disconnect(struct orbite_engine *engine, uint64_t peer, uint32_t timeout_ms);
 
@@ -279,6 +317,30 @@ orbite_status orbite_close_source(struct orbite_engine *engine, uint32_t timeout
 
 // Closes the requester side, then the source side, then the engine.
 orbite_status orbite_close(struct orbite_engine *engine, uint32_t timeout_ms);
+
+// Takes a snapshot of the engine's counters: every value
+// orbite_engine_stats_json reports, by its dotted path
+// ("transports.tcp.requests_completed", "ipc.shm.groups_without_round_trip",
+// "io.connections_per_thread.0"), numbers as they are, booleans as 0 or 1,
+// texts ("transports_available.nvlink", "notes.0") as texts. The snapshot
+// never changes; free it with orbite_stats_free.
+orbite_status orbite_engine_stats(const struct orbite_engine *engine, struct orbite_stats **out_stats);
+
+// How many values a snapshot holds; 0 for NULL.
+size_t orbite_stats_count(const struct orbite_stats *stats);
+
+// Value `index` of a snapshot, in path order: its path, and its number
+// (*out_text NULL) or its text (*out_value 0). The strings stay valid until
+// orbite_stats_free. index >= orbite_stats_count: OUT_OF_RANGE.
+orbite_status orbite_stats_entry(const struct orbite_stats *stats, size_t index, const char **out_path, uint64_t *out_value, const char **out_text);
+
+// The number at `path` in a snapshot. NOT_FOUND: the snapshot has no value
+// there (a transport not running, a key of another version);
+// INVALID_ARGUMENT: the value there is a text.
+orbite_status orbite_stats_number(const struct orbite_stats *stats, const char *path, uint64_t *out_value);
+
+// Frees a snapshot (its strings with it). NULL is a no-op.
+void orbite_stats_free(struct orbite_stats *stats);
 
 // Allocates zeroed shared host memory (memfd, physically rounded to 2 MiB)
 // that can be exported to peers on the same host.
@@ -326,12 +388,44 @@ orbite_status orbite_cuda_adopt(void *ptr, size_t length, uint32_t flags, struct
 // imports whose close was not confirmed, quarantined streams).
 orbite_status orbite_cuda_retained_resources_json(char *buf, size_t cap, size_t *out_len);
 
+// Diagnoses this machine for a CUDA transport and writes the diagnosis as
+// JSON: `{"transport", "handle_type", "usable", "checks": [{"layer",
+// "status", "cause", "text"}]}`. Layers, in order: `driver` (present, API
+// version), `devices`, `p2p` (the peer matrix), `fabric_attribute`,
+// `imex` (the channel files, their owner and mode, whether this process
+// may open one), `nvml` (each GPU's fabric state, cluster and clique),
+// `probe` (a real allocation and export with the handle type),
+// `fabric_domain` (what "auto" gives), and `peer` (a probe import against
+// a peer engine, when asked). `status` is "ok", "fail" (then `cause` names
+// the broken layer as the engine's stats and errors do: "no_driver",
+// "fabric_not_supported", "no_imex_channel", "imex_channel_denied",
+// "channel_not_shared", "different_clique", "daemon_not_ready",
+// "allocation_not_fabric", "driver_error", and `text` says what to do) or
+// "info" (a fact the transport does not need). `usable` is false when a
+// layer the requested transport needs failed (null without a transport).
+// Without a driver the walk stops at its `driver` line; useful on a
+// machine without a GPU all the same.
+//
+// `options_json` may be NULL or "" (every layer, fabric handles, GPU 0, no
+// verdict); its keys: "transport" ("nvlink" or "mnnvl"), "handle_type"
+// ("fabric" or "posix_fd"), "device", "imex_channel_dir" (default
+// "/dev/nvidia-caps-imex-channels"), "peer" (an endpoint to probe),
+// "engine_config" (an object: the config of the engine that probes the
+// peer, e.g. its auth_key_file), "timeout_ms". An unknown key or a wrong
+// value is ORBITE_STATUS_INVALID_ARGUMENT naming it. Each call runs the
+// checks again (a probe allocation; with "peer", a connection): after
+// BUFFER_TOO_SMALL, call again with a larger buffer.
+orbite_status orbite_diagnose_json(const char *options_json, char *buf, size_t cap, size_t *out_len);
+
 // Submits `count` requests to `peer`. Local checks fail the call; remote
 // outcomes are per request. opts may be NULL (defaults). Returns once the
 // requests are admitted; data moves asynchronously.
 orbite_status orbite_submit(struct orbite_engine *engine, uint64_t peer, const struct orbite_request *requests, size_t count, const struct orbite_submit_options *opts, struct orbite_batch **out_batch);
 
-// OK, PENDING or TRANSFER_FAILED, without waiting.
+// OK, PENDING or TRANSFER_FAILED, without waiting. While the batch is
+// pending, the call may first copy one piece (64 KiB to 1 MiB) of a large
+// SHM copy the engine started, so that a caller polling in a loop lends
+// its thread to the copy instead of taking a core from it.
 orbite_status orbite_batch_poll(struct orbite_batch *batch);
 
 // Waits up to timeout_ms: OK, TRANSFER_FAILED, or TIMED_OUT (still pending).
@@ -340,11 +434,13 @@ orbite_status orbite_batch_wait(struct orbite_batch *batch, uint32_t timeout_ms)
 // Copies the per-request outcomes; count must equal the request count.
 orbite_status orbite_batch_results(const struct orbite_batch *batch, struct orbite_request_result *out, size_t count);
 
-// Writes the outcome of request `index`; OUT_OF_RANGE past the request count.
+// Writes the outcome of request `index`; OUT_OF_RANGE past the request
+// count. While the request is pending, the call may first copy one piece
+// of a started SHM copy, as orbite_batch_poll.
 orbite_status orbite_batch_result(const struct orbite_batch *batch, size_t index, struct orbite_request_result *out);
 
 // Writes which transport carried request `index` (ORBITE_TRANSPORT_TCP,
-// SHM, NVLINK or MNNVL; ORBITE_TRANSPORT_AUTO while not yet decided);
+// SHM, NVLINK, MNNVL or CMA; ORBITE_TRANSPORT_AUTO while not yet decided);
 // OUT_OF_RANGE past the request count.
 orbite_status orbite_batch_transport(const struct orbite_batch *batch, size_t index, uint32_t *out_transport);
 
@@ -360,9 +456,62 @@ orbite_status orbite_batch_notes(const struct orbite_batch *batch, char *buf, si
 // run to their outcome.
 orbite_status orbite_batch_cancel(struct orbite_batch *batch);
 
+// Asks request `index` of the batch to end CANCELLED (remote effect NONE)
+// if it has not started; its siblings are not affected. A request started
+// already (the IPC transports start theirs within the submission), or one
+// that moves as one copy with siblings not asked to cancel (coalesced TCP
+// READs), runs to its outcome. OUT_OF_RANGE: the batch holds no request
+// `index`.
+orbite_status orbite_batch_cancel_request(struct orbite_batch *batch, size_t index);
+
+// Calls `cb(user_data)` once every request of the batch has ended: within
+// this call when they all have already, else on the library thread that
+// ends the last one (an I/O thread, a copy thread, a submitting or
+// cancelling caller). Every request ends, by the batch's deadline at the
+// latest, so `cb` runs exactly once, also when the batch handle was freed
+// meanwhile (a detached batch still ends). A notification submitted with
+// the batch may still be on its way then. `cb` must accept a call from
+// any thread, return promptly (it runs on the transfer path), never
+// unwind, and call no liborbite function but orbite_status_name,
+// orbite_version and orbite_abi_version. Several callbacks may be set on
+// one batch; each runs once. NULL_ARGUMENT: `cb` is NULL.
+orbite_status orbite_batch_on_end(struct orbite_batch *batch, orbite_batch_end_fn cb, void *user_data);
+
 // Frees a batch handle; a pending batch is detached, never cancelled
 // mid-copy. NULL is a no-op.
 void orbite_batch_free(struct orbite_batch *batch);
+
+// Opens a direct route to the region of `peer` that holds
+// [remote_addr, remote_addr+length), over `transport` (ORBITE_TRANSPORT_AUTO:
+// the first IPC transport of transport_policy that reaches the peer and
+// carries the region's memory). The peer is asked for its published regions
+// (one round trip, within timeout_ms; 0: the engine's default). The route
+// holds no mapping by itself: each orbite_direct_copy goes through the
+// engine's relocation cache and the peer's grants, as a submission does.
+// NOT_FOUND: no region of the peer holds the range; NOT_SUPPORTED:
+// ORBITE_TRANSPORT_TCP (it maps nothing), or a forced transport that cannot
+// carry the region's memory; UNAVAILABLE: no IPC transport reaches the peer
+// (another host) or carries that memory (orbite_last_error says which, per
+// transport). Free with orbite_direct_free; a route outliving its engine
+// only refuses copies.
+orbite_status orbite_direct_open(struct orbite_engine *engine, uint64_t peer, uint64_t remote_addr, uint64_t length, uint32_t transport, uint32_t timeout_ms, struct orbite_direct **out_direct);
+
+// Copies one request through `direct` on the calling thread, and returns
+// once it has ended: OK with *out_result holding the request's outcome, as
+// orbite_batch_result gives it (never PENDING; when its status is not OK,
+// orbite_last_error names why). A copy that finds the peer's grant
+// revoked (the region unregistered) or the peer gone ends with that
+// failure; open a new route then, or submit. The call itself fails,
+// nothing moved and *out_result untouched, when `direct` belongs to
+// another engine, request->length is 0, the local range lies in no
+// registered region (NOT_FOUND), the route's transport cannot copy that
+// local memory (NOT_SUPPORTED), or the engine or its requester side is
+// closed (UNAVAILABLE). timeout_ms bounds what the copy may wait for
+// (0: the engine's default).
+orbite_status orbite_direct_copy(struct orbite_engine *engine, const struct orbite_direct *direct, const struct orbite_request *request, uint32_t timeout_ms, struct orbite_request_result *out_result);
+
+// Frees a direct route. NULL is a no-op.
+void orbite_direct_free(struct orbite_direct *direct);
 
 // Sends `len` bytes at `msg` to `peer` once every request this engine
 // submitted to that peer before the call has ended there; waits up to
