@@ -75,7 +75,7 @@ pub extern "C" fn orbite_cuda_adopt(
 ) -> orbite_status {
     guard(|| {
         if ptr.is_null() {
-            return Err(Error::NullArgument("ptr is NULL".into()));
+            return Err(crate::Error::NullArgument("ptr is NULL".into()));
         }
         allocate_into(out_alloc, length, |len| cuda_adopt(ptr as u64, len, flags))
     })
