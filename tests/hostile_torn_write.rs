@@ -133,7 +133,9 @@ fn a_requester_killed_mid_write_leaves_one_torn_write_counted_and_logged() {
     for attempt in 0.. {
         let t = src.stats().transports["tcp"].clone();
         assert!(attempt < 5, "no torn WRITE counted in 5 kills mid-WRITE: {t:?}");
-        let mut req = PeerProc::spawn_requester(&src.endpoint(), &format!("{base}:4096"), "{}");
+        // Over TCP: on one host AUTO would copy this heap memory over CMA.
+        let policy = r#"{"transport_policy": ["tcp"]}"#;
+        let mut req = PeerProc::spawn_requester(&src.endpoint(), &format!("{base}:4096"), policy);
         req.send(&format!("write {base} {LEN} 9"));
         // The first byte changes as the payload starts landing.
         // SAFETY: `mem` lives to the end of the test; the source's I/O
