@@ -377,9 +377,10 @@ orbite_status orbite_allocate_egm(int32_t numa_node, size_t length, struct orbit
 // ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION (a peer that imports it can reach the
 // whole underlying allocation). `[ptr, ptr+length)` must lie in one
 // allocation; adoptions inside one allocation share one export. Managed and
-// host memory: INVALID_ARGUMENT. The memory stays the caller's:
-// orbite_allocation_free releases only the library's record (UNAVAILABLE
-// while registered or exported); free the memory after that.
+// host memory: INVALID_ARGUMENT; `ptr` NULL: NULL_ARGUMENT. The memory
+// stays the caller's: orbite_allocation_free releases only the library's
+// record (UNAVAILABLE while registered or exported); free the memory after
+// that.
 orbite_status orbite_cuda_adopt(void *ptr, size_t length, uint32_t flags, struct orbite_allocation **out_alloc);
 
 // Writes, as JSON, the CUDA driver as probed (`cuda_available`, and the
