@@ -29,7 +29,13 @@ const EGM_AUTO: &str = r#"{"mnnvl": {"egm": true}}"#;
 /// A directory standing for /dev/nvidia-caps-imex-channels with the
 /// channels `(number, mode)`.
 fn imex_dir(name: &str, channels: &[(u32, u32)]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("orbite-imex-{name}-{}", std::process::id()));
+    // As root a doctor may run as nobody, who must reach the directory:
+    // the test's TMPDIR (scripts/test.sh makes it with mktemp, mode 0700)
+    // would refuse it at the parent, not at the channel. /tmp lets anyone
+    // through.
+    // SAFETY: geteuid cannot fail.
+    let base = if unsafe { libc::geteuid() } == 0 { PathBuf::from("/tmp") } else { std::env::temp_dir() };
+    let dir = base.join(format!("orbite-imex-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
