@@ -4,7 +4,9 @@
 //! relay says after the key's proof is never believed; peers that seal
 //! differently are refused `PERMISSION_DENIED` naming the mismatch; a
 //! changed record the source finds is told to the requester, sealed, as
-//! `PERMISSION_DENIED`.
+//! `PERMISSION_DENIED`. A relay that read the handshake's nonces in
+//! passing (they travel in the clear) can neither seal a record the
+//! requester takes nor open one: the session keys need the shared key.
 
 mod common;
 
@@ -13,7 +15,9 @@ use common::*;
 use orbite::control::auth::{NONCE_LEN, TAG_LEN};
 use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
 use orbite::control::message;
+use orbite::control::seal::{Opener, SessionKeys, WireSecurity};
 use orbite::*;
+use std::sync::{Arc, Mutex};
 
 const MIB: u64 = 1 << 20;
 
@@ -105,6 +109,122 @@ fn a_tamper_the_source_finds_reaches_the_requester_as_permission_denied() {
     let e = b.wait(LONG).unwrap_err();
     assert_eq!(b.results()[0].status, Status::PermissionDenied, "{e}");
     assert!(e.message().contains("failed its check"), "{e}");
+    req.close(Some(LONG)).unwrap();
+    src.close();
+}
+
+/// Bytes the source sends before its first sealed record: AuthResponse
+/// (nonce, mode, tag), then AuthOk.
+const AFTER_PROOF: u64 = (2 * FRAME_HEADER_LEN + NONCE_LEN + 1 + TAG_LEN) as u64;
+
+/// The frames at the start of `bytes` (`n` of them): each kind and body,
+/// and where the next byte is.
+fn frames(bytes: &[u8], n: usize) -> (Vec<(MsgKind, &[u8])>, usize) {
+    let (mut out, mut at) = (Vec::new(), 0);
+    for _ in 0..n {
+        let h = FrameHeader::decode(bytes[at..at + FRAME_HEADER_LEN].try_into().unwrap()).unwrap();
+        let body = &bytes[at + FRAME_HEADER_LEN..at + FRAME_HEADER_LEN + h.body_len as usize];
+        out.push((h.kind, body));
+        at += FRAME_HEADER_LEN + h.body_len as usize;
+    }
+    (out, at)
+}
+
+/// The session keys of the connection whose first bytes up (`up`) and
+/// down (`down`) a relay saw, as it derives them from the nonces it read
+/// there under `key` (its guess of the shared key), for the side
+/// `connector` says.
+fn keys_seen(up: &[u8], down: &[u8], key: &[u8], connector: bool, wire: WireSecurity) -> SessionKeys {
+    let ((challenge, _), (response, _)) = (frames(up, 1), frames(down, 1));
+    assert_eq!((challenge[0].0, response[0].0), (MsgKind::AuthChallenge, MsgKind::AuthResponse));
+    SessionKeys::derive(key, &challenge[0].1[..NONCE_LEN], &response[0].1[..NONCE_LEN], connector, wire)
+}
+
+/// The plaintext of the first record of `bytes`, opened by `rx`.
+fn open_first(mut rx: Opener, bytes: &[u8]) -> Result<Vec<u8>> {
+    rx.received(&bytes[..4])?;
+    let rest = rx.wanted();
+    rx.received(&bytes[4..4 + rest])?;
+    let mut plain = vec![0u8; 1 << 16];
+    let n = rx.take(&mut plain)?;
+    plain.truncate(n);
+    Ok(plain)
+}
+
+/// An Error frame (RESOURCE_EXHAUSTED, the relay's words), sealed as the
+/// source's first record under the keys a relay derives from the nonces
+/// it saw and `key`.
+fn forged_error(up: &[u8], down: &[u8], key: &[u8]) -> Vec<u8> {
+    let (mut tx, _) = keys_seen(up, down, key, false, WireSecurity::Integrity).split();
+    let body = message::encode_error(Status::ResourceExhausted, "forged by the relay");
+    let mut frame = FrameHeader::encode(MsgKind::Error, body.len() as u32).to_vec();
+    frame.extend(body);
+    tx.seal_all(&frame);
+    tx.pending().to_vec()
+}
+
+/// A relay that read the handshake's nonces in passing but does not know
+/// the key derives session keys from them (under a key of its own) and
+/// seals an Error frame of its own (RESOURCE_EXHAUSTED, its words) where
+/// the source's sealed Describe is due: the requester finds that record's
+/// check failed and refuses the connection `PERMISSION_DENIED`, believing
+/// nothing of it. The same forgery sealed under the shared key is
+/// believed (the relay reads and seals right: only the key is missing).
+/// Guards `control/seal.rs` `SessionKeys::derive`: `for part in [key,
+/// nonce_c, nonce_s]` (the shared key bound into the session keys;
+/// without it, whoever saw the handshake seals as either engine).
+#[test]
+fn session_keys_need_the_shared_key_to_seal() {
+    let key = key_file("sealed-nonces", 0x3c);
+    let src = source(&keyed(&key, "integrity"));
+    let req = Engine::from_json(&keyed(&key, "integrity")).unwrap();
+    let relay = Relay::forging(&src.endpoint, AFTER_PROOF, |up, down| forged_error(up, down, &[0x77; 48]));
+    let e = req.connect(&relay.endpoint(), Some(LONG)).map(|_| ()).unwrap_err();
+    assert_eq!(e.status(), Status::PermissionDenied, "{e}");
+    assert!(e.message().contains("sealed record 0 failed its check"), "{e}");
+    assert!(!e.message().contains("forged by the relay"), "the relay's words were believed: {e}");
+    let shared = std::fs::read(&key).unwrap();
+    let knowing = Relay::forging(&src.endpoint, AFTER_PROOF, move |up, down| forged_error(up, down, &shared));
+    let e = req.connect(&knowing.endpoint(), Some(LONG)).map(|_| ()).unwrap_err();
+    assert_eq!(e.status(), Status::ResourceExhausted, "{e}");
+    assert!(e.message().contains("forged by the relay"), "{e}");
+    // Without a forgery the same pair connects.
+    req.connect(&Relay::to(&src.endpoint).endpoint(), Some(LONG)).unwrap();
+    req.close(Some(LONG)).unwrap();
+    src.close();
+}
+
+/// With `wire_security: "encrypt"`, a relay that read the handshake's
+/// nonces in passing cannot open the requester's first sealed record (its
+/// Describe): keys derived from the nonces under any key but the shared
+/// one fail the record's check; under the shared key the same bytes open
+/// as a Describe (the relay looks at the right bytes). Guards the same
+/// line as `session_keys_need_the_shared_key_to_seal`.
+#[test]
+fn session_keys_need_the_shared_key_to_open() {
+    let key = key_file("sealed-nonces-read", 0x5a);
+    let src = source(&keyed(&key, "encrypt"));
+    let req = Engine::from_json(&keyed(&key, "encrypt")).unwrap();
+    // The relay keeps the handshake it saw when the first record is due
+    // down, and says nothing of its own.
+    let seen: Arc<Mutex<Option<(Vec<u8>, Vec<u8>)>>> = Arc::default();
+    let keep = seen.clone();
+    let relay = Relay::forging(&src.endpoint, AFTER_PROOF, move |up, down| {
+        *keep.lock().unwrap() = Some((up.to_vec(), down.to_vec()));
+        Vec::new()
+    });
+    req.connect(&relay.endpoint(), Some(LONG)).unwrap();
+    let (_, down) = seen.lock().unwrap().clone().expect("the relay saw the handshake");
+    let up = relay.leg(0).seen_up.lock().unwrap().clone();
+    // Up: AuthChallenge, AuthProof, then the requester's sealed Describe.
+    let (shake, at) = frames(&up, 2);
+    assert_eq!((shake[0].0, shake[1].0), (MsgKind::AuthChallenge, MsgKind::AuthProof));
+    let opener = |k: &[u8]| keys_seen(&up, &down, k, false, WireSecurity::Encrypt).split().1;
+    let e = open_first(opener(&[0x77; 48]), &up[at..]).unwrap_err();
+    assert_eq!(e.status(), Status::PermissionDenied, "{e}");
+    assert!(e.message().contains("sealed record 0 failed its check"), "{e}");
+    let plain = open_first(opener(&std::fs::read(&key).unwrap()), &up[at..]).unwrap();
+    assert_eq!(frames(&plain, 1).0[0].0, MsgKind::Describe, "under the shared key the record opens");
     req.close(Some(LONG)).unwrap();
     src.close();
 }

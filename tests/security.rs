@@ -6,7 +6,9 @@ use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
 use orbite::control::message::{self, DataRequest};
 use orbite::control::Identity;
 use orbite::transport::ipc::channel::Channel;
-use orbite::transport::ipc::messages::{decode_reject, ExportOffer, ExportRef, ExportRequest, Hello, OP_READ};
+use orbite::transport::ipc::messages::{
+    decode_reject, ExportOffer, ExportRef, ExportRequest, Hello, Revalidate, OP_READ, OP_WRITE,
+};
 use orbite::*;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -807,6 +809,292 @@ fn board_counts_a_requester_writes_are_claims_never_served() {
     let after = src.stats().transports["shm"].clone();
     assert_eq!((after.served_requests, after.served_bytes), (before.served_requests, before.served_bytes));
     assert_eq!((after.claimed_requests, after.claimed_bytes), (1 << 63, u64::MAX));
+    drop(ch);
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
+}
+
+/// Peers without the key open with frames announcing large bodies to a
+/// keyed engine — a gigabyte (a WRITE's largest) and a mebibyte (a
+/// Describe's largest): the engine answers `PERMISSION_DENIED` ("requires
+/// authentication") from the header alone, before the peer sent a byte
+/// of the body, and closes: of the gigabyte, the peer writes no more than
+/// the sockets' buffers take (< 64 MiB) before its writes fail. The
+/// engine counts each as a failed authentication and goes on serving a
+/// keyed requester. (With the bound gone, or widened to a frame's own
+/// largest body, the engine reads, and holds, the whole body before it
+/// answers: up to a gigabyte per pending handshake.) Guards
+/// `transport/tcp/handshake.rs` `open`: `first.body_len >
+/// auth::MAX_AUTH_BODY`.
+#[test]
+fn a_keyless_peers_large_first_frame_is_refused_from_its_header() {
+    let k = key_file("large-first", 6);
+    let src = Engine::from_json(&with_key(&k)).unwrap();
+    let control_max = orbite::control::frame::MAX_CONTROL_BODY;
+    for (n, (kind, announced)) in
+        [(MsgKind::WriteRequest, 1u32 << 30), (MsgKind::Describe, control_max)].into_iter().enumerate()
+    {
+        let mut s = TcpStream::connect(src.endpoint()).unwrap();
+        s.write_all(&FrameHeader::encode(kind, announced)).unwrap();
+        s.set_read_timeout(Some(LONG)).unwrap();
+        s.set_write_timeout(Some(LONG)).unwrap();
+        let mut h = [0u8; FRAME_HEADER_LEN];
+        s.read_exact(&mut h).unwrap_or_else(|e| panic!("{kind:?}: no answer before the body: {e}"));
+        let h = FrameHeader::decode(&h).unwrap();
+        assert_eq!(h.kind, MsgKind::Error);
+        let mut body = vec![0u8; h.body_len as usize];
+        s.read_exact(&mut body).unwrap();
+        let (st, text) = message::decode_error(&body).unwrap();
+        assert_eq!(st, Status::PermissionDenied, "{text}");
+        assert!(text.contains("requires authentication") && text.contains(&format!("{kind:?}")), "{text}");
+        assert_eq!(src.stats().events.auth_failures, n as u64 + 1);
+        if kind != MsgKind::WriteRequest {
+            continue;
+        }
+        // The body the engine never reads.
+        let chunk = vec![0x5au8; 1 << 20];
+        let mut sent = 0u64;
+        while sent < announced as u64 {
+            match s.write(&chunk) {
+                Ok(n) => sent += n as u64,
+                Err(_) => break,
+            }
+        }
+        assert!(sent < 64 << 20, "the peer wrote {sent} bytes of the body");
+    }
+    let remote = vec![7u8; 4096];
+    src.register_memory(remote.as_ptr() as u64, 4096, Access::READ).unwrap();
+    let req = Engine::from_json(&with_key(&k)).unwrap();
+    let mut local = vec![0u8; 4096];
+    req.register_memory(local.as_mut_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), Some(LONG)).unwrap();
+    let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: remote.as_ptr() as u64, len: 4096 };
+    req.submit(peer, &[r], tcp_only()).unwrap().wait(LONG).unwrap();
+    assert_eq!(local, remote);
+    assert_eq!(src.stats().events.auth_failures, 2);
+}
+
+/// Asks `src`'s export of `[addr, addr+len)` for `ops` in the region of
+/// `epoch` over the raw channel: the offer, or the refusal.
+fn ask(ch: &mut Channel, epoch: u64, addr: u64, len: u64, ops: u32) -> std::result::Result<ExportOffer, Error> {
+    let req = ExportRequest { tag: 1, region_epoch: epoch, addr, len, ops, wait_ms: 1000 };
+    let f = ch.call(MsgKind::ExportRequest, &req.encode(), Instant::now() + LONG, "export request").unwrap();
+    match f.kind {
+        MsgKind::ExportOffer => Ok(ExportOffer::decode(&f.body).unwrap()),
+        MsgKind::ExportReject => Err(decode_reject(&f.body).unwrap().1),
+        other => panic!("an export request answered with {other:?}"),
+    }
+}
+
+/// Sends `r` as `kind` over the raw channel: the answer's kind, or the
+/// refusal.
+fn call_ref(ch: &mut Channel, kind: MsgKind, r: ExportRef) -> std::result::Result<MsgKind, Error> {
+    let f = ch.call(kind, &r.encode(), Instant::now() + LONG, "export call").unwrap();
+    match f.kind {
+        MsgKind::ExportReject => Err(decode_reject(&f.body).unwrap().1),
+        k => Ok(k),
+    }
+}
+
+/// Accepts export `id` named by `token`.
+fn accept(ch: &mut Channel, id: u64, token: u64) -> std::result::Result<MsgKind, Error> {
+    call_ref(ch, MsgKind::ExportAnswer, ExportRef { export_id: id, token, value: 1, extra: 0 })
+}
+
+/// The close receipt of the accepted offer `o` (its handle, never mapped,
+/// was dropped): acknowledged.
+fn close_export(ch: &mut Channel, o: &ExportOffer) {
+    let r = ExportRef { export_id: o.export_id, token: o.token, value: 0, extra: 0 };
+    assert_eq!(call_ref(ch, MsgKind::CloseReceipt, r).unwrap(), MsgKind::Ack);
+}
+
+/// A source with one shared allocation of 4096 bytes registered READ, a
+/// raw channel to it, and two offers of it on that channel.
+fn two_offers() -> (Engine, Allocation, Channel, ExportOffer, ExportOffer) {
+    let src = Engine::from_json("").unwrap();
+    let a = allocate_shared_host(4096).unwrap();
+    src.register_memory(a.addr(), 4096, Access::READ).unwrap();
+    let r = src.regions()[0];
+    let mut ch = raw_channel(&src);
+    let (first, second) = (offer(&mut ch, &r), offer(&mut ch, &r));
+    assert_ne!(first.token, second.token);
+    (src, a, ch, first, second)
+}
+
+/// Both offers, named rightly, are accepted; then closed, and the source
+/// closes with nothing left.
+fn accept_both_and_close(src: Engine, a: Allocation, mut ch: Channel, first: ExportOffer, second: ExportOffer) {
+    assert_eq!(src.stats().ipc["shm"].exports.open, 2);
+    for o in [&first, &second] {
+        assert_eq!(accept(&mut ch, o.export_id, o.token).unwrap(), MsgKind::ExportHandle);
+        close_export(&mut ch, o);
+    }
+    drop(ch);
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
+}
+
+/// A requester that names its second offer by that offer's id and its
+/// first offer's token is refused `NOT_FOUND`, and no handle is made.
+/// Guards `ExportsCore::entry` (src/transport/ipc/proto/exports.rs): its
+/// `e.grant.token == r.token` (without it, an export is found by its
+/// channel alone).
+#[test]
+fn an_export_named_by_another_exports_token_is_refused() {
+    let (src, a, mut ch, first, second) = two_offers();
+    let e = accept(&mut ch, second.export_id, first.token).unwrap_err();
+    assert_eq!(e.status(), Status::NotFound, "another export's token: {e}");
+    assert!(e.message().contains(&format!("no export {} with that token on this channel", second.export_id)), "{e}");
+    accept_both_and_close(src, a, ch, first, second);
+}
+
+/// Another channel of the requester's process that names an export by its
+/// id and token is refused `NOT_FOUND`, and no handle is made. Guards
+/// `ExportsCore::entry` (src/transport/ipc/proto/exports.rs): its
+/// `e.grant.conn == conn`.
+#[test]
+fn an_export_named_on_another_channel_is_refused() {
+    let (src, a, ch, first, second) = two_offers();
+    let mut other = raw_channel(&src);
+    let e = accept(&mut other, first.export_id, first.token).unwrap_err();
+    assert_eq!(e.status(), Status::NotFound, "another channel: {e}");
+    drop(other);
+    accept_both_and_close(src, a, ch, first, second);
+}
+
+/// A source with a shared allocation of 8192 bytes registered as two
+/// READ|WRITE regions of 4096 (their infos), a raw channel to it, and an
+/// export of the first region for READ, accepted.
+fn a_read_grant() -> (Engine, Allocation, Channel, RegionInfo, RegionInfo, ExportOffer) {
+    let src = Engine::from_json("").unwrap();
+    let a = allocate_shared_host(8192).unwrap();
+    src.register_memory(a.addr(), 4096, Access::READ_WRITE).unwrap();
+    src.register_memory(a.addr() + 4096, 4096, Access::READ_WRITE).unwrap();
+    let (r1, r2) = (src.regions()[0], src.regions()[1]);
+    assert_eq!((r1.addr, r2.addr), (a.addr(), a.addr() + 4096));
+    let mut ch = raw_channel(&src);
+    let o = offer(&mut ch, &r1);
+    assert_eq!(accept(&mut ch, o.export_id, o.token).unwrap(), MsgKind::ExportHandle);
+    (src, a, ch, r1, r2, o)
+}
+
+/// Revalidates export `o` for `ops` on the 64 bytes at `addr` of the
+/// region of `epoch`.
+fn revalidate(ch: &mut Channel, o: &ExportOffer, epoch: u64, addr: u64, ops: u32) -> std::result::Result<(), Error> {
+    let v = Revalidate { tag: 9, export_id: o.export_id, token: o.token, region_epoch: epoch, addr, len: 64, ops };
+    let f = ch.call(MsgKind::Revalidate, &v.encode(), Instant::now() + LONG, "revalidate").unwrap();
+    match f.kind {
+        MsgKind::RevalidateOk => Ok(()),
+        MsgKind::ExportReject => Err(decode_reject(&f.body).unwrap().1),
+        other => panic!("a revalidation answered with {other:?}"),
+    }
+}
+
+/// The grant of `a_read_grant` still revalidates for what it was granted;
+/// then it is closed and the source closes with nothing left.
+fn still_valid_and_close(src: Engine, a: Allocation, mut ch: Channel, r1: RegionInfo, o: ExportOffer) {
+    revalidate(&mut ch, &o, r1.epoch, r1.addr, OP_READ).unwrap();
+    close_export(&mut ch, &o);
+    drop(ch);
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
+}
+
+/// A revalidation asking WRITE of a READ grant is refused `OUT_OF_RANGE`
+/// naming both operations, though its region allows WRITE (only the
+/// grant refuses); the grant stays usable for READ. Guards
+/// `ExportsCore::check_revalidate` (src/transport/ipc/proto/exports.rs):
+/// `v.ops & !g.ops != 0`.
+#[test]
+fn a_revalidation_for_write_on_a_read_grant_is_refused() {
+    let (src, a, mut ch, r1, _, o) = a_read_grant();
+    revalidate(&mut ch, &o, r1.epoch, r1.addr, OP_READ).unwrap();
+    let e = revalidate(&mut ch, &o, r1.epoch, r1.addr, OP_WRITE).unwrap_err();
+    assert_eq!(e.status(), Status::OutOfRange, "WRITE on a READ grant: {e}");
+    assert!(e.message().contains("(ops 2) is outside export") && e.message().contains("ops 1)"), "{e}");
+    still_valid_and_close(src, a, ch, r1, o);
+}
+
+/// A revalidation naming a range of another region of the same
+/// allocation under that region's epoch (current, READ allowed: only the
+/// grant's epoch refuses) is refused `STALE_PEER`; the grant stays usable.
+/// Guards `ExportsCore::check_revalidate`
+/// (src/transport/ipc/proto/exports.rs): `v.region_epoch !=
+/// g.region_epoch`.
+#[test]
+fn a_revalidation_under_another_regions_epoch_is_refused() {
+    let (src, a, mut ch, r1, r2, o) = a_read_grant();
+    let e = revalidate(&mut ch, &o, r2.epoch, r2.addr, OP_READ).unwrap_err();
+    assert_eq!(e.status(), Status::StalePeer, "another region's epoch: {e}");
+    assert!(e.message().contains("was granted for another region epoch"), "{e}");
+    still_valid_and_close(src, a, ch, r1, o);
+}
+
+/// A revalidation of an export offered but never accepted (no handle
+/// made) is refused `PROTOCOL_ERROR`. Guards
+/// `ExportsCore::check_revalidate` (src/transport/ipc/proto/exports.rs):
+/// `e.state != ExportState::Exposed`.
+#[test]
+fn a_revalidation_of_an_export_not_exposed_is_refused() {
+    let (src, a, mut ch, r1, _, o) = a_read_grant();
+    close_export(&mut ch, &o);
+    let unanswered = offer(&mut ch, &r1);
+    let e = revalidate(&mut ch, &unanswered, r1.epoch, r1.addr, OP_READ).unwrap_err();
+    assert_eq!(e.status(), Status::ProtocolError, "an export not exposed: {e}");
+    assert!(e.message().contains(&format!("export {} is not exposed", unanswered.export_id)), "{e}");
+    drop(ch);
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
+}
+
+/// A region may not pass its library allocation's logical length into
+/// the pages mapped after it: registering one is refused
+/// `INVALID_ARGUMENT`. With the next check, this is why
+/// `ExportTable::extent` (src/transport/ipc/export/mod.rs) never finds a
+/// request's end past the allocation's logical length: its own bound is
+/// defence in depth. Guards `owners::kind_of` (src/memory/owners.rs):
+/// `addr + len > o.addr + o.len`.
+#[test]
+fn a_region_past_its_allocations_logical_length_is_refused() {
+    let src = Engine::from_json("").unwrap();
+    let logical = 4096 + 100;
+    let a = allocate_shared_host(logical).unwrap();
+    assert!(a.physical_len() >= logical + 4096, "pages are mapped past the logical length");
+    src.register_memory(a.addr(), 4096, Access::READ).unwrap();
+    let e = src.register_memory(a.addr() + 4096, 4096, Access::READ).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+    assert!(e.message().contains("crosses the end of the library allocation"), "{e}");
+    src.register_memory(a.addr() + 4096, 100, Access::READ).unwrap();
+    assert_eq!(src.regions().len(), 2);
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
+}
+
+/// An export request is bounded by its region: a range past its region's
+/// end is refused `OUT_OF_RANGE`, whether it stays inside the allocation
+/// (another region follows) or passes the allocation's logical length
+/// into the pages mapped after it; the range up to the logical length is
+/// offered. With the previous check, this is why `ExportTable::extent`
+/// (src/transport/ipc/export/mod.rs) never finds a request's end past the
+/// allocation's logical length. Guards `RegionTable::lease`
+/// (src/memory/region.rs): `!r.contains(addr, len)`.
+#[test]
+fn an_export_request_past_its_region_is_refused() {
+    let src = Engine::from_json("").unwrap();
+    let logical = 4096 + 100;
+    let a = allocate_shared_host(logical).unwrap();
+    src.register_memory(a.addr(), 4096, Access::READ).unwrap();
+    src.register_memory(a.addr() + 4096, 100, Access::READ).unwrap();
+    let (r1, r2) = (src.regions()[0], src.regions()[1]);
+    let mut ch = raw_channel(&src);
+    let e = ask(&mut ch, r1.epoch, a.addr() + 4000, 150, OP_READ).unwrap_err();
+    assert_eq!(e.status(), Status::OutOfRange, "past the region, inside the allocation: {e}");
+    assert!(e.message().contains("crosses the end of region"), "{e}");
+    let e = ask(&mut ch, r2.epoch, a.addr() + 4096 + 50, 100, OP_READ).unwrap_err();
+    assert_eq!(e.status(), Status::OutOfRange, "past the logical length, inside the mapping: {e}");
+    let o = ask(&mut ch, r2.epoch, a.addr() + 4096, 100, OP_READ).unwrap();
+    let decline = ExportRef { export_id: o.export_id, token: o.token, value: 0, extra: 0 };
+    assert_eq!(call_ref(&mut ch, MsgKind::ExportAnswer, decline).unwrap(), MsgKind::Ack);
     drop(ch);
     src.close(Some(LONG)).unwrap();
     a.free().unwrap();

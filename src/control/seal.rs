@@ -566,6 +566,24 @@ mod tests {
         assert_eq!(format!("{k:?}"), "SessionKeys(..)");
     }
 
+    /// The session keys bind the shared key, not only the nonces (which
+    /// travel in the clear): the same handshake under another key gives
+    /// other keys, in both modes and both directions, and a record sealed
+    /// under one is refused by the other's opener.
+    #[test]
+    fn session_keys_bind_the_shared_key() {
+        for wire in [WireSecurity::Integrity, WireSecurity::Encrypt] {
+            let ours = SessionKeys::derive(b"a shared key of enough bytes....", &[1; 32], &[2; 32], true, wire);
+            let guess = SessionKeys::derive(b"another key, as long as the first", &[1; 32], &[2; 32], false, wire);
+            assert_ne!((ours.send, ours.recv), (guess.recv, guess.send), "{wire:?}");
+            let (mut s, _) = ours.split();
+            s.seal_all(b"a record of ours");
+            let mut o = guess.split().1;
+            let e = open_all(&mut o, s.pending(), 7).unwrap_err();
+            assert_eq!(e.status(), crate::error::Status::PermissionDenied, "{wire:?}: {e}");
+        }
+    }
+
     /// A skip past whole parts lands in the right part at the right byte,
     /// and a record takes no more than `max` from the parts after it.
     #[test]

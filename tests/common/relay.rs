@@ -2,7 +2,8 @@
 //! made to it to `target`, both ways, and can flip one bit of byte number
 //! `flip_down` (target to client) or `flip_up` (client to target) of a
 //! connection, counted from that connection's start, once it passes. It
-//! knows no key.
+//! knows no key, but sees everything said in the clear (the handshake's
+//! nonces) and can say words of its own made from it.
 // Each test binary includes this file and uses a part of it.
 #![allow(dead_code)]
 
@@ -29,6 +30,9 @@ pub struct Leg {
     /// Bytes of the relay's own to put into what goes down once the
     /// target sent this many (then none).
     pub inject_down: Mutex<Option<Injection>>,
+    /// Every byte the target sent, as the relay saw it, while words of
+    /// the relay's own are still due (kept only for making them).
+    pub seen_down: Mutex<Vec<u8>>,
 }
 
 impl Leg {
@@ -46,7 +50,17 @@ impl Leg {
 }
 
 /// Bytes a relay puts in of its own, and after how many passed.
-pub type Injection = (u64, Vec<u8>);
+pub type Injection = (u64, Words);
+
+/// What a relay says of its own.
+#[derive(Clone)]
+pub enum Words {
+    /// These bytes.
+    Fixed(Vec<u8>),
+    /// The bytes this makes, when they are due, of what the relay saw of
+    /// the connection so far: every byte up, then every byte down.
+    Made(Arc<dyn Fn(&[u8], &[u8]) -> Vec<u8> + Send + Sync>),
+}
 
 /// The relay: its port and its connections in the order they came.
 pub struct Relay {
@@ -63,8 +77,16 @@ impl Relay {
     /// A relay to `target` that, on every connection, puts `inject.1`
     /// into what goes down to the client once the target sent `inject.0`
     /// bytes: words of its own, as any relay without the key could say.
-    pub fn injecting(target: &str, inject: Option<Injection>) -> Relay {
-        Relay::start(target, inject, Duration::ZERO)
+    pub fn injecting(target: &str, inject: Option<(u64, Vec<u8>)>) -> Relay {
+        Relay::start(target, inject.map(|(at, b)| (at, Words::Fixed(b))), Duration::ZERO)
+    }
+
+    /// A relay to `target` that, on every connection, puts what `words`
+    /// makes of the bytes it saw (up, then down) into what goes down to
+    /// the client once the target sent `at` bytes: a relay that read the
+    /// handshake's nonces in passing and speaks with what they give it.
+    pub fn forging(target: &str, at: u64, words: impl Fn(&[u8], &[u8]) -> Vec<u8> + Send + Sync + 'static) -> Relay {
+        Relay::start(target, Some((at, Words::Made(Arc::new(words)))), Duration::ZERO)
     }
 
     /// A relay to `target` that holds whatever it reads for `delay`
@@ -95,12 +117,8 @@ impl Relay {
                 }
                 let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
                 let down = leg.clone();
-                std::thread::spawn(move || {
-                    pump(s2, c2, &down.down, &down.flip_down, None, Some(&down.inject_down), delay)
-                });
-                std::thread::spawn(move || {
-                    pump(client, server, &leg.up, &leg.flip_up, Some(&leg.seen_up), None, delay)
-                });
+                std::thread::spawn(move || pump(s2, c2, &down, false, delay));
+                std::thread::spawn(move || pump(client, server, &leg, true, delay));
             }
         });
         r
@@ -124,18 +142,15 @@ impl Relay {
     }
 }
 
-/// Copies `from` to `to`, flipping the low bit of byte number `flip_at`,
-/// keeping a copy in `seen` if given, putting the bytes of `inject` in at
-/// the byte it names, each read passed on `delay` after it came.
-fn pump(
-    mut from: TcpStream,
-    mut to: TcpStream,
-    count: &AtomicU64,
-    flip_at: &AtomicU64,
-    seen: Option<&Mutex<Vec<u8>>>,
-    inject: Option<&Mutex<Option<Injection>>>,
-    delay: Duration,
-) {
+/// Copies `from` to `to` (client to target when `up`), flipping the low
+/// bit of the byte the leg names, keeping what went up (and what came
+/// down while words of the relay's own are due), putting those words in
+/// at the byte they name, each read passed on `delay` after it came.
+fn pump(mut from: TcpStream, mut to: TcpStream, leg: &Leg, up: bool, delay: Duration) {
+    let (count, flip_at) = match up {
+        true => (&leg.up, &leg.flip_up),
+        false => (&leg.down, &leg.flip_down),
+    };
     let mut buf = vec![0u8; 64 << 10];
     loop {
         let n = match from.read(&mut buf) {
@@ -146,14 +161,23 @@ fn pump(
         if flip >= at && flip < at + n as u64 {
             buf[(flip - at) as usize] ^= 1;
         }
-        if let Some(seen) = seen {
-            seen.lock().unwrap().extend_from_slice(&buf[..n]);
-        }
         let mut out = buf[..n].to_vec();
-        if let Some(slot) = inject {
-            let mut slot = slot.lock().unwrap();
+        if up {
+            leg.seen_up.lock().unwrap().extend_from_slice(&out);
+        } else {
+            let mut slot = leg.inject_down.lock().unwrap();
+            if slot.is_some() {
+                leg.seen_down.lock().unwrap().extend_from_slice(&out);
+            }
             if slot.as_ref().is_some_and(|(i, _)| *i >= at && *i <= at + n as u64) {
-                let (i, bytes) = slot.take().unwrap();
+                let (i, words) = slot.take().unwrap();
+                let bytes = match words {
+                    Words::Fixed(b) => b,
+                    Words::Made(make) => {
+                        let down = leg.seen_down.lock().unwrap();
+                        make(&leg.seen_up.lock().unwrap(), &down[..down.len() - n + (i - at) as usize])
+                    }
+                };
                 out.splice((i - at) as usize..(i - at) as usize, bytes);
             }
         }

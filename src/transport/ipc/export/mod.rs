@@ -305,6 +305,11 @@ impl ExportTable {
         let o = owners::owner_of(req.addr)
             .ok_or_else(|| Error::NotSupported(format!("0x{:x} is not in a library allocation", req.addr)))?;
         let (base, logical, physical) = (o.base, o.len, o.physical);
+        // Defence in depth, unreachable by a peer: `validate` leased the
+        // request inside its region (`RegionTable::lease`), and no region
+        // passes its allocation's logical length (`owners::kind_of`
+        // refuses the registration); tests/security.rs
+        // `an_export_request_past_its_region_is_refused` tests those two.
         if req.addr + req.len > base + logical {
             return Err(Error::OutOfRange(format!("range 0x{:x}+{} leaves its allocation", req.addr, req.len)));
         }

@@ -457,6 +457,12 @@ impl<R> ExportsCore<R> {
         if v.region_epoch != g.region_epoch {
             return Err(Error::StalePeer(format!("export {} was granted for another region epoch", v.export_id)));
         }
+        // The range clauses are defence in depth, unreachable by a peer:
+        // the epoch above names the grant's region, which lies inside the
+        // allocation (`owners::kind_of` refuses a region past it), and the
+        // driver leases the range inside that region (`RegionTable::lease`).
+        // The operations clause is the only check of a WRITE asked on a
+        // READ grant of a READ|WRITE region.
         if v.addr < g.base || v.addr + v.len > g.base + g.logical || v.ops & !g.ops != 0 {
             return Err(Error::OutOfRange(format!(
                 "0x{:x}+{} (ops {}) is outside export {} (0x{:x}+{}, ops {})",
