@@ -59,8 +59,11 @@ pub enum Words {
     Fixed(Vec<u8>),
     /// The bytes this makes, when they are due, of what the relay saw of
     /// the connection so far: every byte up, then every byte down.
-    Made(Arc<dyn Fn(&[u8], &[u8]) -> Vec<u8> + Send + Sync>),
+    Made(Arc<MakeWords>),
 }
+
+/// Makes a relay's words of what it saw: every byte up, every byte down.
+pub type MakeWords = dyn Fn(&[u8], &[u8]) -> Vec<u8> + Send + Sync;
 
 /// The relay: its port and its connections in the order they came.
 pub struct Relay {
