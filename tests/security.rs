@@ -860,6 +860,8 @@ fn a_keyless_peers_large_first_frame_is_refused_from_its_header() {
                 Err(_) => break,
             }
         }
+        // The figure itself is reported, not asserted (socket buffers vary).
+        eprintln!("a peer without the key wrote {sent} of the {announced} bytes its first frame announced");
         assert!(sent < 64 << 20, "the peer wrote {sent} bytes of the body");
     }
     let remote = vec![7u8; 4096];
