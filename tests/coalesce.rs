@@ -21,8 +21,13 @@ struct Pair {
 /// A source publishing two adjacent regions of one allocation (each word
 /// holds its offset), a requester with two adjacent local regions.
 fn pair(coalesce: bool) -> Pair {
+    pair_with(&format!(r#"{{"coalesce": {coalesce}}}"#))
+}
+
+/// [`pair`] with the requester's configuration `cfg`.
+fn pair_with(cfg: &str) -> Pair {
     let src = Engine::from_json("{}").unwrap();
-    let req = Engine::from_json(&format!(r#"{{"coalesce": {coalesce}}}"#)).unwrap();
+    let req = Engine::from_json(cfg).unwrap();
     let len = 2 * BLOCKS * BLOCK;
     let remote = allocate_shared_host(len).unwrap();
     let local = allocate_shared_host(len).unwrap();
@@ -62,6 +67,16 @@ impl Pair {
     /// Requests that moved in the TCP frame of the one before them.
     fn tcp_coalesced(&self) -> u64 {
         self.req.stats().transports["tcp"].requests_coalesced
+    }
+
+    /// TCP requests the source served (one per frame it read).
+    fn tcp_served(&self) -> u64 {
+        self.src.stats().transports["tcp"].served_requests
+    }
+
+    /// Bytes the source served over TCP.
+    fn tcp_served_bytes(&self) -> u64 {
+        self.src.stats().transports["tcp"].served_bytes
     }
 
     fn local_word(&self, off: u64) -> u64 {
@@ -266,4 +281,158 @@ fn tcp_coalescing_off_sends_a_frame_per_request() {
     assert_eq!(p.tcp_coalesced(), 0);
     assert_eq!(p.local_word(13 * BLOCK), 43 * BLOCK);
     p.close();
+}
+
+/// Requests (local block, remote block) in order, `op` each, of `blocks`
+/// blocks each.
+fn sized(p: &Pair, op: Op, blocks: u64, pairs: &[(u64, u64)]) -> Vec<Request> {
+    pairs
+        .iter()
+        .map(|&(l, r)| Request {
+            op,
+            local_addr: p.local.addr() + l * BLOCK,
+            remote_addr: p.remote.addr() + r * BLOCK,
+            len: blocks * BLOCK,
+        })
+        .collect()
+}
+
+/// TCP: two requests that follow each other on one side only never join
+/// a run: local blocks that follow each other over remote blocks that do
+/// not (a gap, or the same block again), and the reverse, READ and
+/// WRITE. Each moves in its own frame and every block holds exactly its
+/// bytes. Guards the `==` of the local and the remote condition of the
+/// TCP unit loop (`engine/submit.rs` `tcp_units`: with `>=` either way,
+/// the run moves the blocks in between; with `<=`, the overlapping ones).
+#[test]
+fn a_tcp_run_needs_both_sides_to_follow_on() {
+    let p = pair(true);
+    let tcp = Transport::Only(TransportKind::Tcp);
+    let go = |reqs: &[Request]| {
+        let (k0, s0) = (p.tcp_coalesced(), p.tcp_served());
+        let b = p.req.submit(p.peer, reqs, SubmitOptions { transport: tcp, timeout: None }).unwrap();
+        b.wait(T).unwrap();
+        let effect = if reqs[0].op == Op::Write { RemoteEffect::Applied } else { RemoteEffect::None };
+        assert_eq!(b.results(), vec![RequestResult { status: Status::Ok, remote_effect: effect }; reqs.len()]);
+        assert_eq!((p.tcp_coalesced() - k0, p.tcp_served() - s0), (0, 2), "one frame each: {reqs:?}");
+    };
+    // READs: (local, remote) blocks; the local block that the later
+    // request names holds its remote block.
+    let reads = [
+        [(10, 40), (11, 45)], // local follows on, remote skips four blocks
+        [(20, 50), (25, 51)], // remote follows on, local skips four blocks
+        [(30, 55), (31, 55)], // local follows on, remote reads its block again
+        [(36, 57), (36, 58)], // remote follows on, local is read into again
+    ];
+    for pairs in reads {
+        go(&blocks(&p, Op::Read, &pairs));
+        for (l, r) in pairs {
+            if (l, r) == (36, 57) {
+                continue; // read over by the next request
+            }
+            for w in [0, BLOCK - 8] {
+                assert_eq!(p.local_word(l * BLOCK + w), r * BLOCK + w, "{pairs:?}: local block {l} from {r}");
+            }
+        }
+    }
+    // WRITEs from those blocks (local 10, 11, 20 and 25 hold remote 40,
+    // 45, 50 and 51) to the second remote region.
+    let writes = [
+        [(10, 104), (11, 110)], // local follows on, remote skips
+        [(20, 100), (25, 101)], // remote follows on, local skips
+        [(10, 112), (11, 112)], // local follows on, remote written again
+        [(20, 116), (20, 117)], // remote follows on, local sent again
+    ];
+    for pairs in writes {
+        go(&blocks(&p, Op::Write, &pairs));
+    }
+    for (to, from) in [(104, 40), (110, 45), (100, 50), (101, 51), (112, 45), (116, 50), (117, 50)] {
+        for w in [0, BLOCK - 8] {
+            assert_eq!(p.remote_word(to * BLOCK + w), from * BLOCK + w, "remote block {to} holds block {from}'s words");
+        }
+    }
+    // The blocks skipped stayed as they were.
+    assert_eq!(p.remote_word(105 * BLOCK), 105 * BLOCK);
+    assert_eq!(p.local_word(21 * BLOCK), 0);
+    p.close();
+}
+
+/// TCP: a run of contiguous requests is bounded by `max_transfer_bytes`
+/// (a request that would take the run past it starts the next), and a
+/// request larger than it moves in pieces of it. With a bound of three
+/// blocks, four contiguous READs of two blocks move in four frames (none
+/// coalesced), a READ of eight blocks in three; the same for WRITEs; every
+/// block exact. Guards the run's bound in `engine/submit.rs` `tcp_units`
+/// (`len + n.req.len <= max_chunk`: without it, two pairs of requests
+/// join, 2 coalesced) and each piece's bound (`.min(max_chunk)`).
+#[test]
+fn a_tcp_run_stops_at_the_chunk_bound() {
+    let p = pair_with(&format!(r#"{{"coalesce": true, "max_transfer_bytes": {}}}"#, 3 * BLOCK));
+    let tcp = Transport::Only(TransportKind::Tcp);
+    for op in [Op::Read, Op::Write] {
+        // Four contiguous requests of two blocks, then one of eight.
+        let (l0, r0) = if op == Op::Read { (0, 10) } else { (0, 80) };
+        let mut reqs = sized(&p, op, 2, &[(l0, r0), (l0 + 2, r0 + 2), (l0 + 4, r0 + 4), (l0 + 6, r0 + 6)]);
+        reqs.extend(sized(&p, op, 8, &[(l0 + 20, r0 + 20)]));
+        let (k0, s0, b0) = (p.tcp_coalesced(), p.tcp_served(), p.tcp_served_bytes());
+        let b = p.req.submit(p.peer, &reqs, SubmitOptions { transport: tcp, timeout: None }).unwrap();
+        b.wait(T).unwrap();
+        assert!(b.results().iter().all(|r| r.status == Status::Ok), "{op:?}: {:?}", b.results());
+        assert_eq!((p.tcp_coalesced() - k0, p.tcp_served() - s0), (0, 4 + 3), "{op:?}: frames of at most 3 blocks");
+        assert_eq!(p.tcp_served_bytes() - b0, 16 * BLOCK, "{op:?}: each byte once");
+        let st = p.req.stats().transports["tcp"].clone();
+        assert_eq!(st.bytes_failed, 0);
+        for k in (0..8).chain(20..28) {
+            let (l, r) = (l0 + k, r0 + k);
+            for w in [0, BLOCK - 8] {
+                let (got, want) = match op {
+                    Op::Read => (p.local_word(l * BLOCK + w), r * BLOCK + w),
+                    Op::Write => (p.remote_word(r * BLOCK + w), (10 + k) * BLOCK + w),
+                };
+                assert_eq!(got, want, "{op:?} block {k}");
+            }
+        }
+    }
+    p.close();
+}
+
+/// AUTO splits a submission between SHM and TCP: requests 0 and 2 (the
+/// source's plain host memory, which SHM cannot map) go over TCP, request
+/// 1 over SHM. Requests 0 and 2 follow each other on both sides, but not
+/// in the submission: they move in two frames, and each request ends once,
+/// with its own bytes and its own transport. Guards the order condition of
+/// the TCP unit loop (`engine/submit.rs` `tcp_units`, `n.at() == i +
+/// count`: with `>=`, the run of 0 and 2 ends requests 0 and 1, and
+/// request 2 never ends).
+#[test]
+fn a_tcp_run_never_joins_a_request_another_transport_carries() {
+    let p = pair_with(r#"{"coalesce": true, "transport_policy": ["shm", "tcp"]}"#);
+    // The source's plain host memory: each word holds 2^40 + its offset.
+    let mut host: Vec<u64> = (0..2 * BLOCK / 8).map(|i| (1 << 40) + i * 8).collect();
+    let h = host.as_mut_ptr() as u64;
+    p.src.register_memory(h, 2 * BLOCK, Access::READ_WRITE).unwrap();
+    let l = |k: u64| p.local.addr() + k * BLOCK;
+    let reqs = [
+        Request { op: Op::Read, local_addr: l(10), remote_addr: h, len: BLOCK },
+        Request { op: Op::Read, local_addr: l(5), remote_addr: p.remote.addr() + 3 * BLOCK, len: BLOCK },
+        Request { op: Op::Read, local_addr: l(11), remote_addr: h + BLOCK, len: BLOCK },
+    ];
+    let (k0, s0) = (p.tcp_coalesced(), p.tcp_served());
+    let b = p.req.submit(p.peer, &reqs, SubmitOptions { transport: Transport::Auto, timeout: Some(T) }).unwrap();
+    b.wait(T).unwrap();
+    assert_eq!(b.results(), vec![RequestResult { status: Status::Ok, remote_effect: RemoteEffect::None }; 3]);
+    let kinds: Vec<_> = (0..3).map(|i| b.transport(i).unwrap()).collect();
+    assert_eq!(kinds, [Some(TransportKind::Tcp), Some(TransportKind::Shm), Some(TransportKind::Tcp)]);
+    assert_eq!((p.tcp_coalesced() - k0, p.tcp_served() - s0), (0, 2), "two frames");
+    let st = p.req.stats();
+    let (tcp, shm) = (&st.transports["tcp"], &st.transports["shm"]);
+    assert_eq!((tcp.requests_completed, shm.requests_completed), (2, 1));
+    for (k, off) in [(10, 0), (11, BLOCK)] {
+        for w in [0, BLOCK - 8] {
+            assert_eq!(p.local_word(k * BLOCK + w), (1 << 40) + off + w, "local block {k}");
+        }
+    }
+    assert_eq!(p.local_word(5 * BLOCK), 3 * BLOCK);
+    p.close();
+    drop(host);
 }

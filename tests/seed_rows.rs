@@ -231,6 +231,45 @@ fn m12_an_uncertain_write_never_falls_through_to_tcp() {
     assert_eq!(src_shm(&mut src, "exports_open"), 1, "the export stays retained");
 }
 
+/// M12 over a whole AUTO submission of two groups (two regions): the
+/// first group's two WRITEs fail after posting (their completion
+/// unconfirmed: UNQUIESCED, effect UNKNOWN), the second's READ and WRITE
+/// complete. Every request went over SHM and ends there; none over TCP on
+/// either side (a WRITE sent again would be written twice), none counted
+/// as fallen through, and the failed group does not stop the next one.
+/// Guards `engine/submit.rs` `run_ipc` (only `GroupError::NotPosted`
+/// reaches `fall_through`) and `transport/ipc/requester/mod.rs`
+/// `run_group` (a group whose completion failed after posting is `Done`,
+/// never handed back as `NotPosted`).
+#[test]
+fn m12_posted_groups_that_failed_are_never_sent_again_over_tcp() {
+    let mut src = shm_source(MIB, 2);
+    let (a, b) = (src.addrs[0], src.addrs[1]);
+    let l = Local::new("{}", &src.endpoint, MIB, 0x42);
+    l.e.faults().fail_completion.store(1, Ordering::SeqCst);
+    let reqs = [
+        wr(l.at(0), a, 4 * KIB),
+        wr(l.at(64 * KIB), a + 64 * KIB, 4 * KIB),
+        rd(l.at(128 * KIB), b, 4 * KIB),
+        wr(l.at(192 * KIB), b + 64 * KIB, 4 * KIB),
+    ];
+    let batch = l.e.submit(l.peer, &reqs, SubmitOptions { transport: Transport::Auto, timeout: Some(LONG) }).unwrap();
+    let _ = batch.wait(LONG);
+    let uncertain = res(Status::Unquiesced, RemoteEffect::Unknown);
+    assert_eq!(
+        batch.results(),
+        vec![uncertain, uncertain, res(Status::Ok, RemoteEffect::None), res(Status::Ok, RemoteEffect::Applied)]
+    );
+    let kinds: Vec<_> = (0..reqs.len()).map(|i| batch.transport(i).unwrap()).collect();
+    assert_eq!(kinds, vec![Some(TransportKind::Shm); 4]);
+    assert!(l.bytes(128 * KIB, 4 * KIB).iter().enumerate().all(|(i, x)| *x == pattern(2, i as u64)), "the READ");
+    let st = l.e.stats();
+    let (tcp, shm) = (&st.transports["tcp"], &st.transports["shm"]);
+    assert_eq!((tcp.requests_completed, tcp.requests_failed, tcp.requests_fell_through), (0, 0, 0), "{st:?}");
+    assert_eq!((shm.requests_completed, shm.requests_failed, shm.requests_fell_through), (2, 2, 0), "{st:?}");
+    assert_eq!(src.stats()["transports"]["tcp"]["served_requests"], 0);
+}
+
 /// X5: the per-request account. A submission of two groups (two regions):
 /// the first group's completion fails, so each of its requests fails with
 /// its own effect (READ None, WRITE Unknown), and the second group's

@@ -54,9 +54,11 @@
 //! grant whose handle is being made and a handle dropped unsent leaving its
 //! export exposed to nobody (the grant completed after its channel ended),
 //! a lost channel's offers kept (the grant that waited on a closed
-//! channel), and an unregistration revoking every slot again (the revoke
-//! flood), and a reclaim of a live importer's exports (a timeout taken
-//! for proof). Found by the simulator, not by a review: a requester that
+//! channel), an unregistration revoking every slot again (the revoke
+//! flood), a reclaim of a live importer's exports (a timeout taken for
+//! proof), and operation receipts counted with no validated subbatch due
+//! (found by the receipts invariant alone). Found by the simulator, not
+//! by a review: a requester that
 //! lost a handle with its channel held the source's close up (the switch
 //! `Plan::release_lost_grants`; the engine now releases such grants at its
 //! next flush).
@@ -1303,6 +1305,7 @@ const NO_MUTATION: exports::Mutations = exports::Mutations {
     suspend_again: false,
     keep_offers_of_lost_channels: false,
     reclaim_live_importers: false,
+    count_undue_receipts: false,
 };
 
 /// The fixed seed set CI runs: faults everywhere, every invariant.
@@ -1414,4 +1417,14 @@ fn the_simulator_finds_a_live_importers_export_reclaimed() {
 fn the_simulator_finds_a_slot_revoked_again() {
     let e = found(exports::Mutations { suspend_again: true, ..NO_MUTATION }).expect("not found");
     assert!(e.contains("already revoked"), "{e}");
+}
+
+/// Operation receipts counted with no validated subbatch due (a
+/// requester's repeated or unrevalidated receipts taken as traffic):
+/// the simulator finds it, by its receipts invariant alone (the count is
+/// nothing else's).
+#[test]
+fn the_simulator_finds_receipts_counted_without_a_validated_subbatch() {
+    let e = found(exports::Mutations { count_undue_receipts: true, ..NO_MUTATION }).expect("not found");
+    assert!(e.contains("receipts counted for fewer validated subbatches"), "{e}");
 }

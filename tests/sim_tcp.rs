@@ -37,9 +37,14 @@
 //! (`Mutations::complete_early_writes`), a request queued behind a full
 //! socket failed only when the queue reached it, past its deadline
 //! (`Mutations::keep_queued_past_deadline`, found by this simulator's
-//! deadline invariant), and a driver that does not resume
+//! deadline invariant), a driver that does not resume
 //! reading once the answers it paused for have left (the lost readable
-//! edge: the honest peer's requests hang until their deadline).
+//! edge: the honest peer's requests hang until their deadline), a driver
+//! that delivers what a connection's end failed only at its next event
+//! (`Plan::deliver_at_end`: found by the end invariant alone), and a
+//! WRITE past its deadline mid-payload letting its memory go
+//! (`Mutations::release_expired_writes_mid_payload`: found by the memory
+//! invariant alone).
 
 mod common;
 
@@ -169,6 +174,10 @@ struct Plan {
     /// The requester reads its answers rarely: the source's answers pile up
     /// to their bound and it pauses reading.
     slow_reader: bool,
+    /// The driver model delivers what a connection's end failed as it
+    /// ends (the engine's `TcpConnection::kill` and `close` deliver it
+    /// through `unlock`), not at the connection's next event.
+    deliver_at_end: bool,
     mutations: requester::Mutations,
 }
 
@@ -476,7 +485,9 @@ impl Sim {
         self.s2r.clear();
         // A connection's end (a cut, a Goodbye, the engine's close) ends
         // every request on it at once: none waits for a deadline.
-        self.settle();
+        if self.plan.deliver_at_end {
+            self.settle();
+        }
         if let Some((id, r)) = self.reqs.iter().find(|(_, r)| r.outcome.is_none()) {
             panic!("request {id} ({:?}) is still pending after its connection ended: {e}", r.op);
         }
@@ -757,14 +768,18 @@ fn run(seed: u64, plan: Plan) -> BTreeMap<String, u64> {
     counts
 }
 
-const NO_MUTATION: requester::Mutations =
-    requester::Mutations { complete_early_writes: false, keep_queued_past_deadline: false };
+const NO_MUTATION: requester::Mutations = requester::Mutations {
+    complete_early_writes: false,
+    keep_queued_past_deadline: false,
+    release_expired_writes_mid_payload: false,
+};
 const FAULTS: Plan = Plan {
     steps: 20_000,
     faults: true,
     resume_after_pause: true,
     stall: Duration::from_secs(5),
     slow_reader: false,
+    deliver_at_end: true,
     mutations: NO_MUTATION,
 };
 /// No faults; the simulated network may be slow (a few hundred KB per
@@ -775,6 +790,7 @@ const CLEAN: Plan = Plan {
     resume_after_pause: true,
     stall: Duration::from_secs(600),
     slow_reader: false,
+    deliver_at_end: true,
     mutations: NO_MUTATION,
 };
 
@@ -957,4 +973,32 @@ fn the_simulator_finds_a_queued_request_outliving_its_deadline() {
     let bug = Plan { mutations: requester::Mutations { keep_queued_past_deadline: true, ..NO_MUTATION }, ..FAULTS };
     let found = (1..=20u64).any(|seed| std::panic::catch_unwind(|| run(seed, bug)).is_err());
     assert!(found, "no seed caught a queued request past its deadline");
+}
+
+/// A driver that takes what a connection's end failed only at the
+/// connection's next event (the engine's `kill` releasing its lock
+/// without `unlock`'s delivery): every request still ends, and in time
+/// for its deadline, but not with its connection. The end invariant alone
+/// finds it (`cut_with`: none pending once the connection ended).
+#[test]
+fn the_simulator_finds_a_connections_end_delivered_late() {
+    let bug = Plan { deliver_at_end: false, ..FAULTS };
+    let found = (1..=20u64).find_map(|seed| std::panic::catch_unwind(|| run(seed, bug)).err());
+    let msg = found.expect("no seed caught a late delivery at the end");
+    let text = msg.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(text.contains("still pending after its connection ended"), "{text}");
+}
+
+/// A WRITE whose deadline passes while its payload is being sent lets its
+/// local memory go at once (the rest of its payload then read from memory
+/// the application may reuse): the memory invariant alone finds it (the
+/// request's outcome, UNKNOWN, allows any bytes at the source).
+#[test]
+fn the_simulator_finds_a_write_let_go_mid_payload() {
+    let bug =
+        Plan { mutations: requester::Mutations { release_expired_writes_mid_payload: true, ..NO_MUTATION }, ..FAULTS };
+    let found = (1..=40u64).find_map(|seed| std::panic::catch_unwind(|| run(seed, bug)).err());
+    let msg = found.expect("no seed caught a WRITE let go mid-payload");
+    let text = msg.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(text.contains("its memory was released with"), "{text}");
 }

@@ -188,6 +188,10 @@ pub struct Mutations {
     /// silent importer taken for an exited one: the close's timeout
     /// treated as proof that the import was closed).
     pub reclaim_live_importers: bool,
+    /// An operation receipt is counted whether or not a validated
+    /// subbatch is due one (a requester's receipts, repeated or never
+    /// revalidated, inflate what its grant moved).
+    pub count_undue_receipts: bool,
 }
 
 /// The table's entries by id. Walks over all of them are counted, so that
@@ -490,6 +494,7 @@ impl<R> ExportsCore<R> {
     /// at most the largest validated envelope — or it is a protocol error;
     /// it counts at most once per validated subbatch.
     pub fn op_complete(&mut self, conn: u64, r: &ExportRef) -> Result<bool> {
+        let undue = self.mutations.count_undue_receipts;
         let e = self.entry(conn, r)?;
         if e.state != ExportState::Exposed {
             return Err(Error::Protocol(format!("operation receipt for unexposed export {}", r.export_id)));
@@ -504,7 +509,7 @@ impl<R> ExportsCore<R> {
                 "operation receipt claims {n} requests of {bytes} bytes within an envelope of {envelope} bytes"
             )));
         }
-        let due = e.receipts_due > 0;
+        let due = e.receipts_due > 0 || undue;
         e.receipts_due = e.receipts_due.saturating_sub(1);
         Ok(due)
     }

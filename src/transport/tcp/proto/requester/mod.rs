@@ -250,6 +250,10 @@ pub struct Mutations {
     /// failed only once they are taken from the queue, however long after
     /// their deadline.
     pub keep_queued_past_deadline: bool,
+    /// A WRITE whose deadline passed while its payload was being sent lets
+    /// its local memory go at once, although the rest of its payload is
+    /// still to be read from it.
+    pub release_expired_writes_mid_payload: bool,
 }
 
 impl<T: Startable, H, N> RequesterCore<T, H, N> {
