@@ -644,36 +644,39 @@ mod tests {
         }
     }
 
+    /// In both modes a record opens only as the next of its direction:
+    /// guards the sequence number in `tag` (integrity) and in `nonce`
+    /// (encrypt).
     #[test]
     fn replayed_reordered_and_dropped_records_are_refused() {
-        let (mut s, _) = pair();
-        let mut records = Vec::new();
-        for i in 0..3 {
-            let before = s.pending().len();
-            s.seal_all(&message(10 + i));
-            records.push(s.pending()[before..].to_vec());
+        for mode in [WireSecurity::Integrity, WireSecurity::Encrypt] {
+            let (mut s, _) = pair_in(mode);
+            let mut records = Vec::new();
+            for i in 0..3 {
+                let before = s.pending().len();
+                s.seal_all(&message(10 + i));
+                records.push(s.pending()[before..].to_vec());
+            }
+            let cases: [(&str, Vec<usize>, &str); 3] = [
+                ("replay", vec![0, 0], "record 1 "),
+                ("reorder", vec![1, 0], "record 0 "),
+                ("drop", vec![0, 2], "record 1 "),
+            ];
+            for (what, order, failing) in cases {
+                let (_, mut o) = pair_in(mode);
+                let wire: Vec<u8> = order.iter().flat_map(|&i| records[i].clone()).collect();
+                let e = open_all(&mut o, &wire, wire.len()).unwrap_err();
+                assert!(
+                    e.message().contains(&format!("sealed {failing}failed its check")),
+                    "{}: {what}: {e}",
+                    mode.name()
+                );
+            }
+            // A record of another connection (other nonces) fails as well.
+            let other = SessionKeys::derive(b"a shared key of enough bytes....", &[1; 32], &[3; 32], false, mode);
+            let mut o = other.split().1;
+            assert!(open_all(&mut o, &records[0], 64).is_err());
         }
-        let cases: [(&str, Vec<usize>, &str); 3] = [
-            ("replay", vec![0, 0], "record 1 "),
-            ("reorder", vec![1, 0], "record 0 "),
-            ("drop", vec![0, 2], "record 1 "),
-        ];
-        for (what, order, failing) in cases {
-            let (_, mut o) = pair();
-            let wire: Vec<u8> = order.iter().flat_map(|&i| records[i].clone()).collect();
-            let e = open_all(&mut o, &wire, wire.len()).unwrap_err();
-            assert!(e.message().contains(&format!("sealed {failing}failed its check")), "{what}: {e}");
-        }
-        // A record of another connection (other nonces) fails as well.
-        let other = SessionKeys::derive(
-            b"a shared key of enough bytes....",
-            &[1; 32],
-            &[3; 32],
-            false,
-            WireSecurity::Integrity,
-        );
-        let mut o = other.split().1;
-        assert!(open_all(&mut o, &records[0], 64).is_err());
     }
 
     #[test]

@@ -207,6 +207,10 @@ mod tests {
         // Any field changed after signing breaks the signature.
         let moved = signed.replace("1.2.3.4:5", "6.6.6.6:6");
         assert!(c.read("a", moved.as_bytes(), Some(&key)).unwrap_err().contains("not signed with"));
+        // A signature cut to its first half is refused: the whole tag is compared.
+        let at = signed.find("\"sig\":\"").unwrap() + 7;
+        let cut = format!("{}{}", &signed[..at + 32], &signed[at + 64..]);
+        assert!(c.read("a", cut.as_bytes(), Some(&key)).unwrap_err().contains("not signed with"));
         let garbled = signed.replace("\"sig\":\"", "\"sig\":\"zz");
         assert!(c.read("a", garbled.as_bytes(), Some(&key)).unwrap_err().contains("not hex"));
     }

@@ -59,6 +59,10 @@ fn a_wrong_token_or_channel_finds_no_export() {
     assert_eq!(c.close_receipt(1, None, &bad, |_| false).err().unwrap().status(), Status::NotFound);
     assert_eq!(c.close_receipt(2, None, &r(id, 0, 0), |_| false).err().unwrap().status(), Status::NotFound);
     assert_eq!(c.op_complete(2, &r(id, 10, 1)).err().unwrap().status(), Status::NotFound);
+    // The channel's own export under another token (`entry`'s token check).
+    let v = Revalidate { tag: 1, export_id: id, token: 1, region_epoch: 9, addr: 0x10000, len: 16, ops: OP_READ };
+    assert_eq!(c.check_revalidate(1, &v).err().unwrap().status(), Status::NotFound);
+    c.check_revalidate(1, &Revalidate { token: 0xABCD, ..v }).unwrap();
     assert_eq!(c.len(), 1);
 }
 
