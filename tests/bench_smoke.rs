@@ -177,3 +177,32 @@ fn bench_measures_the_kv_pattern_with_and_without_coalescing() {
         assert_eq!(p["copies_issued"].as_u64(), Some(want), "{p}");
     }
 }
+
+/// Guards the rows after a cma point (`--memory foreign`): `cma_raw`, the
+/// kernel's calls on one thread, then on more than one core `cma_raw_par`,
+/// the same calls over as many threads as the copy pool copies with (one
+/// per core, at most 8), each for the point's op and block, having moved
+/// bytes.
+#[test]
+fn bench_follows_a_cma_point_with_the_kernels_calls_on_one_thread_and_the_pools() {
+    let (_, points) = bench_points(
+        "cma-raw",
+        "--memory foreign --transport cma --op write --block-size 4KiB --batch-size 4 --duration 0.2 --buffer-size 1MiB",
+    );
+    let copiers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8) as u64;
+    let rows: Vec<(&str, u64)> =
+        points.iter().map(|p| (p["transport"].as_str().unwrap(), p["threads"].as_u64().unwrap())).collect();
+    let mut want = vec![("cma", 1), ("cma_raw", 1)];
+    if copiers > 1 {
+        want.push(("cma_raw_par", copiers));
+    }
+    assert_eq!(rows, want);
+    for p in &points {
+        assert_eq!(
+            (p["op"].as_str(), p["block_size"].as_u64(), p["memory"].as_str()),
+            (Some("write"), Some(4096), Some("foreign"))
+        );
+        assert!(p["gbps"].as_f64().unwrap() > 0.0, "{p}");
+        assert_eq!(p["requests_failed"], 0, "{p}");
+    }
+}

@@ -49,7 +49,10 @@ usage: orbite-bench [options]
                                  (default transports then tcp, shm, cma; shm moves its own
                                  shared memory beside them, for comparison). Each cma point
                                  is followed by cma_raw: process_vm_readv/writev alone, one
-                                 thread, the same blocks (what the kernel gives one caller)
+                                 thread, the same blocks (what the kernel gives one caller),
+                                 and cma_raw_par: the same calls, each batch split over as
+                                 many threads as the copy pool copies with (the kernel's
+                                 limit for the pool; absent on one core)
   --devices A,B                  NVLink/MNNVL: the target's device and the initiator's (default 0,0)
   --op LIST                      read, write (default both)
   --block-size LIST              sizes with B/KiB/MiB/GiB suffixes (default 4KiB,64KiB,1MiB,8MiB)
@@ -783,49 +786,83 @@ fn measure(c: &Setup, o: &Opts, transport: &str, op: Op, bs: u64, notify: bool) 
     (done, secs, lat, failed)
 }
 
-/// The cross-memory calls alone, as the kernel gives them to one thread:
-/// `--batch-size` blocks of `bs` bytes per `process_vm_readv` (READ) or
-/// `process_vm_writev` (WRITE) between the setup's local buffer and the
-/// target's, rotating over both as [`measure`] does, for `--duration`. What
-/// a CMA point (one thread, without its copy pool) can approach: GB/s and
-/// calls per second. `None` without a target process of this run.
-fn cma_raw(c: &Setup, o: &Opts, op: Op, bs: u64) -> Option<(f64, f64)> {
+/// The cross-memory calls alone, by `threads` threads at once: each
+/// `--batch-size` batch of `bs`-byte blocks is split into `threads` shares
+/// of consecutive blocks (as even as whole blocks allow), thread `t` moving
+/// share `t` of every batch with one `process_vm_readv` (READ) or
+/// `process_vm_writev` (WRITE) per batch, between the setup's local buffer
+/// and the target's, rotating over both as [`measure`] does, for
+/// `--duration`. The threads never wait for one another, so this is what
+/// the kernel's calls give that many callers on this machine: one thread
+/// (`cma_raw`) is what a CMA point without its copy pool can approach; as
+/// many threads as the copy pool has copiers (`cma_raw_par`, see
+/// [`copiers`]) is what it can approach with them. GB/s and calls per
+/// second; `None` without a target process of this run.
+fn cma_raw(c: &Setup, o: &Opts, op: Op, bs: u64, threads: usize) -> Option<(f64, f64)> {
     let pid = c._target.as_ref()?.pid as libc::pid_t;
     let blocks = (c.remote_len / bs).max(1);
     let per_local = (o.buffer_size / bs).max(1);
-    let n = o.batch.min(1024);
-    let (mut local, mut remote) = (Vec::with_capacity(n), Vec::with_capacity(n));
-    let (mut k, mut bytes, mut calls) = (0u64, 0u64, 0u64);
-    let t0 = Instant::now();
-    let end = t0 + Duration::from_secs_f64(o.duration);
-    while Instant::now() < end {
-        local.clear();
-        remote.clear();
-        for _ in 0..n {
-            let l = c.locals[0] + (k % per_local) * bs;
-            let r = c.remote + (k % blocks) * bs;
-            local.push(libc::iovec { iov_base: l as *mut libc::c_void, iov_len: bs as usize });
-            remote.push(libc::iovec { iov_base: r as *mut libc::c_void, iov_len: bs as usize });
-            k += 1;
-        }
-        // SAFETY: the local ranges lie in this setup's registered buffer of
-        // `buffer_size` bytes, alive across the call; the kernel checks the
-        // target's ranges.
-        let moved = unsafe {
-            match op {
-                Op::Read => libc::process_vm_readv(pid, local.as_ptr(), n as _, remote.as_ptr(), n as _, 0),
-                Op::Write => libc::process_vm_writev(pid, local.as_ptr(), n as _, remote.as_ptr(), n as _, 0),
-            }
-        };
-        if moved < 0 {
-            eprintln!("\ncma_raw: {}", std::io::Error::last_os_error());
-            return None;
-        }
-        bytes += moved as u64;
-        calls += 1;
-    }
-    let secs = t0.elapsed().as_secs_f64();
+    let n = o.batch.min(1024) as u64;
+    let threads = (threads as u64).clamp(1, n);
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(o.duration);
+    let results: Vec<Option<(u64, u64)>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                // This thread's share of each batch: blocks [from, to).
+                let (from, to) = (n * t / threads, n * (t + 1) / threads);
+                s.spawn(move || {
+                    let m = (to - from) as usize;
+                    let (mut local, mut remote) = (Vec::with_capacity(m), Vec::with_capacity(m));
+                    let (mut batch, mut bytes, mut calls) = (0u64, 0u64, 0u64);
+                    while Instant::now() < end {
+                        local.clear();
+                        remote.clear();
+                        for j in from..to {
+                            let k = batch * n + j;
+                            let l = c.locals[0] + (k % per_local) * bs;
+                            let r = c.remote + (k % blocks) * bs;
+                            local.push(libc::iovec { iov_base: l as *mut libc::c_void, iov_len: bs as usize });
+                            remote.push(libc::iovec { iov_base: r as *mut libc::c_void, iov_len: bs as usize });
+                        }
+                        batch += 1;
+                        // SAFETY: the local ranges lie in this setup's
+                        // registered buffer of `buffer_size` bytes, alive
+                        // across the call (the scope outlives no borrow of
+                        // the setup); the kernel checks the target's ranges.
+                        let moved = unsafe {
+                            match op {
+                                Op::Read => {
+                                    libc::process_vm_readv(pid, local.as_ptr(), m as _, remote.as_ptr(), m as _, 0)
+                                }
+                                Op::Write => {
+                                    libc::process_vm_writev(pid, local.as_ptr(), m as _, remote.as_ptr(), m as _, 0)
+                                }
+                            }
+                        };
+                        if moved < 0 {
+                            eprintln!("\ncma_raw ({threads} threads): {}", std::io::Error::last_os_error());
+                            return None;
+                        }
+                        bytes += moved as u64;
+                        calls += 1;
+                    }
+                    Some((bytes, calls))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("cma_raw thread")).collect()
+    });
+    let secs = start.elapsed().as_secs_f64();
+    let (bytes, calls) = results.into_iter().try_fold((0, 0), |(b, k), r| r.map(|(rb, rk)| (b + rb, k + rk)))?;
     Some((bytes as f64 / secs / 1e9, calls as f64 / secs))
+}
+
+/// How many threads copy one large group in the library's copy pool: the
+/// caller and a pool thread per further core, one pool thread per core up
+/// to 8 (`transport::cpu_copy`'s pool and its `helpers`).
+fn copiers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(8)
 }
 
 fn fmt_size(b: u64) -> String {
@@ -1125,12 +1162,17 @@ fn run_initiator(o: &Opts, endpoint: Option<&str>) -> Vec<Point> {
                     points.push(p);
                 }
                 if t == "cma" && o.baselines && !o.latency {
-                    if let Some((raw, calls)) = cma_raw(setup, o, op, bs) {
+                    // One thread, then the copy pool's copiers (when more).
+                    let par = copiers();
+                    let runs = std::iter::once(("cma_raw", 1)).chain((par > 1).then_some(("cma_raw_par", par)));
+                    for (name, threads) in runs {
+                        let Some((raw, _calls)) = cma_raw(setup, o, op, bs, threads) else { continue };
                         let plain = points[at].clone();
                         points.push(Point {
-                            transport: "cma_raw".into(),
+                            transport: name.into(),
+                            threads,
                             gbps: raw,
-                            ops_per_sec: calls * o.batch.min(1024) as f64,
+                            ops_per_sec: raw * 1e9 / bs as f64,
                             p50_us: 0.0,
                             p99_us: 0.0,
                             ratio_to_baseline: if base > 0.0 { raw / base } else { 0.0 },

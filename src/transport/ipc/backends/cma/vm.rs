@@ -80,45 +80,81 @@ impl Remote {
     }
 }
 
-thread_local! {
-    /// A call's local and remote ranges (reused from call to call).
-    static IOVECS: RefCell<(Vec<libc::iovec>, Vec<libc::iovec>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+/// One call's ranges: this process's and the other process's, each list
+/// merging a range into the one before it where the two abut. The kernel
+/// moves the bytes of the remote list into the local list in order,
+/// whatever the cuts of either, so the merged lists move exactly the bytes
+/// of the ops; the kernel pins and locks the other process's memory once
+/// per remote range, so a run contiguous on one side costs one range there
+/// even when the other side is scattered (a READ of 16 abutting 4 KiB
+/// remote blocks in one range ran at 0.99 GB/s against 0.77 as 16 ranges
+/// here, loaded), and more ops fit in a call of [`MAX_IOVECS`] ranges.
+#[derive(Default)]
+struct Iovecs {
+    local: Vec<libc::iovec>,
+    remote: Vec<libc::iovec>,
 }
 
-/// One call over `ops` (all going `way`, at most [`MAX_IOVECS`]): the
-/// bytes it moved, or the call's error.
-fn call(r: &Remote, way: Way, ops: &[CopyOp]) -> std::io::Result<usize> {
-    IOVECS.with(|v| {
-        let (local, remote) = &mut *v.borrow_mut();
-        local.clear();
-        remote.clear();
-        for o in ops {
-            let (mine, theirs) = match way {
-                Way::Read => (o.dst, r.remote(o.src)),
-                Way::Write => (o.src, r.remote(o.dst)),
-            };
-            local.push(libc::iovec { iov_base: mine as *mut libc::c_void, iov_len: o.len as usize });
-            remote.push(libc::iovec { iov_base: theirs as *mut libc::c_void, iov_len: o.len as usize });
+impl Iovecs {
+    fn clear(&mut self) {
+        self.local.clear();
+        self.remote.clear();
+    }
+
+    /// Appends `len` bytes at `mine` (this process) and `theirs` (the
+    /// other) unless that would take either list past `max` ranges:
+    /// whether it did.
+    fn push(&mut self, mine: u64, theirs: u64, len: u64, max: usize) -> bool {
+        let (l, r) = (abuts(&self.local, mine), abuts(&self.remote, theirs));
+        if (!l && self.local.len() >= max) || (!r && self.remote.len() >= max) {
+            return false;
         }
-        let (pid, n) = (r.pid as libc::pid_t, ops.len() as libc::c_ulong);
-        // SAFETY: every local range lies in a region of this process the
-        // caller leased for the copy (checked against its registration
-        // before the group was posted), alive until the call returns; the
-        // kernel checks the remote ranges against the other process's
-        // mappings and answers EFAULT (or a short count) for any that is
-        // not mapped, touching nothing of this process outside the local
-        // ranges.
-        let moved = unsafe {
-            match way {
-                Way::Read => libc::process_vm_readv(pid, local.as_ptr(), n, remote.as_ptr(), n, 0),
-                Way::Write => libc::process_vm_writev(pid, local.as_ptr(), n, remote.as_ptr(), n, 0),
-            }
-        };
-        if moved < 0 {
-            return Err(std::io::Error::last_os_error());
+        extend(&mut self.local, l, mine, len);
+        extend(&mut self.remote, r, theirs, len);
+        true
+    }
+}
+
+/// Whether a range starting at `at` continues the last one of `list`.
+fn abuts(list: &[libc::iovec], at: u64) -> bool {
+    list.last().is_some_and(|p| p.iov_base as u64 + p.iov_len as u64 == at)
+}
+
+/// Appends `[at, at + len)` to `list`, into its last range when `merge`.
+fn extend(list: &mut Vec<libc::iovec>, merge: bool, at: u64, len: u64) {
+    match list.last_mut() {
+        Some(last) if merge => last.iov_len += len as usize,
+        _ => list.push(libc::iovec { iov_base: at as *mut libc::c_void, iov_len: len as usize }),
+    }
+}
+
+thread_local! {
+    /// A call's ranges (reused from call to call).
+    static IOVECS: RefCell<Iovecs> = RefCell::new(Iovecs::default());
+}
+
+/// One call over `iov` (going `way`): the bytes it moved, or the call's
+/// error.
+fn call(r: &Remote, way: Way, iov: &Iovecs) -> std::io::Result<usize> {
+    let (pid, nl, nr) = (r.pid as libc::pid_t, iov.local.len() as libc::c_ulong, iov.remote.len() as libc::c_ulong);
+    let (local, remote) = (iov.local.as_ptr(), iov.remote.as_ptr());
+    // SAFETY: every local range lies in a region of this process the
+    // caller leased for the copy (checked against its registration before
+    // the group was posted), alive until the call returns (merged ranges
+    // cover exactly the ops' ranges); the kernel checks the remote ranges
+    // against the other process's mappings and answers EFAULT (or a short
+    // count) for any that is not mapped, touching nothing of this process
+    // outside the local ranges.
+    let moved = unsafe {
+        match way {
+            Way::Read => libc::process_vm_readv(pid, local, nl, remote, nr, 0),
+            Way::Write => libc::process_vm_writev(pid, local, nl, remote, nr, 0),
         }
-        Ok(moved as usize)
-    })
+    };
+    if moved < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(moved as usize)
 }
 
 /// What a call that moved `moved` of its bytes (`Ok`) or failed (`Err`)
@@ -163,55 +199,89 @@ fn failure(r: &Remote, way: Way, ops: &[CopyOp], got: std::io::Result<usize>) ->
     }
 }
 
+/// What [`Remote::run_bounded`] did: its calls, and the ranges they
+/// passed on each side (after merging).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Calls {
+    calls: u32,
+    local: u32,
+    remote: u32,
+}
+
 impl Remote {
-    /// One call over `batch` (all going `way`), which must move every byte.
-    fn whole(&self, way: Way, batch: &[CopyOp]) -> Result<()> {
+    /// This process's and the other process's address of `op`, going `way`.
+    fn ends(&self, way: Way, op: &CopyOp) -> (u64, u64) {
+        match way {
+            Way::Read => (op.dst, self.remote(op.src)),
+            Way::Write => (op.src, self.remote(op.dst)),
+        }
+    }
+
+    /// One call over `iov`, the ranges of `batch` (all going `way`), which
+    /// must move every byte.
+    fn whole(&self, way: Way, batch: &[CopyOp], iov: &Iovecs, done: &mut Calls) -> Result<()> {
         let want: u64 = batch.iter().map(|o| o.len).sum();
-        match call(self, way, batch) {
+        done.calls += 1;
+        done.local += iov.local.len() as u32;
+        done.remote += iov.remote.len() as u32;
+        match call(self, way, iov) {
             Ok(m) if m as u64 == want => Ok(()),
             got => Err(failure(self, way, batch, got)),
         }
     }
 
-    /// [`Mover::run`] with calls of at most `max_bytes` bytes: how many
-    /// calls it made.
-    fn run_bounded(&self, ops: &[CopyOp], max_bytes: u64) -> Result<u32> {
-        let (mut i, mut calls) = (0, 0);
-        while i < ops.len() {
-            let way = self.way(&ops[i])?;
-            if ops[i].len > max_bytes {
-                // One op larger than a call moves: in calls of its pieces.
-                let o = ops[i];
-                let mut off = 0;
-                while off < o.len {
-                    let len = (o.len - off).min(max_bytes);
-                    self.whole(way, &[CopyOp { dst: o.dst + off, src: o.src + off, len }])?;
-                    off += len;
-                    calls += 1;
+    /// [`Mover::run`] with calls of at most `max_bytes` bytes and
+    /// `max_iovecs` ranges a side: what calls it made.
+    fn run_bounded(&self, ops: &[CopyOp], max_bytes: u64, max_iovecs: usize) -> Result<Calls> {
+        IOVECS.with(|v| {
+            let iov = &mut *v.borrow_mut();
+            let (mut i, mut done) = (0, Calls::default());
+            while i < ops.len() {
+                let way = self.way(&ops[i])?;
+                iov.clear();
+                if ops[i].len > max_bytes {
+                    // One op larger than a call moves: in calls of its pieces.
+                    let o = ops[i];
+                    let mut off = 0;
+                    while off < o.len {
+                        let len = (o.len - off).min(max_bytes);
+                        let piece = CopyOp { dst: o.dst + off, src: o.src + off, len };
+                        let (mine, theirs) = self.ends(way, &piece);
+                        iov.clear();
+                        iov.push(mine, theirs, len, max_iovecs);
+                        self.whole(way, &[piece], iov, &mut done)?;
+                        off += len;
+                    }
+                    i += 1;
+                    continue;
                 }
-                i += 1;
-                continue;
+                let (mine, theirs) = self.ends(way, &ops[i]);
+                iov.push(mine, theirs, ops[i].len, max_iovecs);
+                let (mut j, mut bytes) = (i + 1, ops[i].len);
+                while j < ops.len() && bytes + ops[j].len <= max_bytes && self.way(&ops[j])? == way {
+                    let (mine, theirs) = self.ends(way, &ops[j]);
+                    if !iov.push(mine, theirs, ops[j].len, max_iovecs) {
+                        break;
+                    }
+                    bytes += ops[j].len;
+                    j += 1;
+                }
+                self.whole(way, &ops[i..j], iov, &mut done)?;
+                i = j;
             }
-            let (mut j, mut bytes) = (i + 1, ops[i].len);
-            while j < ops.len() && j - i < MAX_IOVECS && bytes + ops[j].len <= max_bytes && self.way(&ops[j])? == way {
-                bytes += ops[j].len;
-                j += 1;
-            }
-            self.whole(way, &ops[i..j])?;
-            calls += 1;
-            i = j;
-        }
-        Ok(calls)
+            Ok(done)
+        })
     }
 }
 
 impl Mover for Remote {
     /// Moves `ops` in input order: each run of consecutive ops going one
-    /// way in calls of up to [`MAX_IOVECS`] ranges and [`MAX_CALL_BYTES`]
-    /// bytes (a call copies its ranges in order, so dependent ops keep
-    /// theirs). The first failure ends the group.
+    /// way in calls of up to [`MAX_IOVECS`] ranges a side (abutting ranges
+    /// merged, see [`Iovecs`]) and [`MAX_CALL_BYTES`] bytes (a call copies
+    /// its ranges in order, so dependent ops keep theirs). The first
+    /// failure ends the group.
     fn run(&self, ops: &[CopyOp]) -> Result<()> {
-        self.run_bounded(ops, MAX_CALL_BYTES).map(|_| ())
+        self.run_bounded(ops, MAX_CALL_BYTES, MAX_IOVECS).map(|_| ())
     }
 }
 
@@ -275,10 +345,57 @@ mod tests {
         ops.push(CopyOp { dst: l + 50_000, src: WINDOW + 5, len: 3 });
         // 3 calls for the first op; then 7 of 4 ops (4000 bytes) and one of
         // the last two 1000-byte ops with the 3-byte one.
-        assert_eq!(r.run_bounded(&ops, 4096).unwrap(), 11);
+        assert_eq!(r.run_bounded(&ops, 4096, MAX_IOVECS).unwrap().calls, 11);
         assert_eq!(&local[..40_000], &remote[..40_000]);
         assert_eq!(&local[50_000..50_003], &remote[5..8]);
         assert!(local[40_000..50_000].iter().all(|&b| b == 0));
+    }
+
+    /// Guards `Iovecs::push`'s merging: ranges that abut on one side share
+    /// one range there whatever the other side does, so a call holds more
+    /// ops than it has ranges (exact calls and ranges), and every byte
+    /// lands where its op says, READ and WRITE.
+    #[test]
+    fn abutting_ranges_merge_on_each_side_into_fewer_ranges_and_calls() {
+        let other: Vec<u8> = (0..64 * 1024).map(|i| (i * 13 % 251) as u8 + 1).collect();
+        let r = me(&other, false);
+        let mut local = vec![0u8; 64 * 1024];
+        let l = local.as_mut_ptr() as u64;
+        // Six 1000-byte blocks contiguous in the other process, landing in
+        // two runs of three here (at 0 and at 20 000).
+        let ops: Vec<CopyOp> = (0..6u64)
+            .map(|k| CopyOp { dst: l + (k / 3) * 20_000 + (k % 3) * 1000, src: WINDOW + k * 1000, len: 1000 })
+            .collect();
+        // Two ranges a side at most: one call of 2 local and 1 remote range
+        // (six calls' worth of unmerged ranges).
+        assert_eq!(r.run_bounded(&ops, MAX_CALL_BYTES, 2).unwrap(), Calls { calls: 1, local: 2, remote: 1 });
+        assert_eq!(&local[..3000], &other[..3000]);
+        assert_eq!(&local[20_000..23_000], &other[3000..6000]);
+        assert!(local[3000..20_000].iter().all(|&b| b == 0) && local[23_000..].iter().all(|&b| b == 0));
+        // Scattered on both sides (every other block): no merging, one
+        // range per op, calls of at most 2.
+        local.fill(0);
+        let sparse: Vec<CopyOp> =
+            (0..5u64).map(|k| CopyOp { dst: l + k * 2000, src: WINDOW + k * 2000, len: 1000 }).collect();
+        assert_eq!(r.run_bounded(&sparse, MAX_CALL_BYTES, 2).unwrap(), Calls { calls: 3, local: 5, remote: 5 });
+        for k in 0..5 {
+            assert_eq!(&local[k * 2000..k * 2000 + 1000], &other[k * 2000..k * 2000 + 1000]);
+            assert!(local[k * 2000 + 1000..k * 2000 + 2000].iter().all(|&b| b == 0));
+        }
+        // WRITE: contiguous here, scattered there (three runs of two).
+        let mut target = vec![0u8; 16 * 1024];
+        let w = me(&target, true);
+        let src: Vec<u8> = (0..6000).map(|i| (i % 199) as u8 + 1).collect();
+        let s0 = src.as_ptr() as u64;
+        let writes: Vec<CopyOp> = (0..6u64)
+            .map(|k| CopyOp { dst: WINDOW + (k / 2) * 5000 + (k % 2) * 1000, src: s0 + k * 1000, len: 1000 })
+            .collect();
+        assert_eq!(w.run_bounded(&writes, MAX_CALL_BYTES, 2).unwrap(), Calls { calls: 2, local: 2, remote: 3 });
+        for run in 0..3 {
+            assert_eq!(&target[run * 5000..run * 5000 + 2000], &src[run * 2000..run * 2000 + 2000]);
+            assert!(target[run * 5000 + 2000..(run * 5000 + 5000).min(target.len())].iter().all(|&b| b == 0));
+        }
+        target[0] = 0;
     }
 
     /// Guards the ordered runs: dependent ops (a READ into a block, then a
