@@ -612,3 +612,123 @@ fn the_doc_check_matches_names_on_folder_boundaries() {
     assert_eq!(row_and_name(Path::new("sync/fork.rs")), ("ground".into(), "sync/fork.rs".into()));
     assert_eq!(row_and_name(Path::new("ffi/types.rs")), ("ffi".into(), "types.rs".into()));
 }
+
+/// The attribute that keeps a simulator's bug switch out of the library
+/// as shipped: compiled for the unit tests and with the `sim` feature.
+const SIM_ONLY: &str = "#[cfg(any(test, feature = \"sim\"))]";
+
+/// Whether `name` is a bug switch's: a `mutations` field or a
+/// `...Mutations` type.
+fn is_switch(name: &str) -> bool {
+    name == "mutations" || name.ends_with("Mutations")
+}
+
+/// Where `text` (a file of `src/`) names a simulator's bug switch outside
+/// the test builds and the `sim` feature: a `mutations` or `...Mutations`
+/// neither read through `mutated!(..)` (false unless the switches are
+/// compiled) nor declared under [`SIM_ONLY`] (among the attributes and
+/// doc comments right above it). Unit-test modules are not read.
+fn unguarded_switches(text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        let t = line.trim();
+        if t == "#[cfg(test)]" && lines.get(n + 1).is_some_and(|l| l.trim_start().starts_with("mod ")) {
+            break;
+        }
+        let code = if t.starts_with("//") { "" } else { line.split(" //").next().unwrap_or("") };
+        let c: Vec<char> = code.chars().collect();
+        let mut i = 0;
+        while i < c.len() {
+            if !(c[i].is_alphanumeric() || c[i] == '_') {
+                i += 1;
+                continue;
+            }
+            let s = i;
+            while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
+                i += 1;
+            }
+            let word: String = c[s..i].iter().collect();
+            if !is_switch(&word) {
+                continue;
+            }
+            // Read through the macro: inside an unclosed `mutated!(`.
+            let before: String = c[..s].iter().collect();
+            let read = before.rfind("mutated!(").is_some_and(|at| {
+                let inside = &before[at..];
+                inside.matches('(').count() > inside.matches(')').count()
+            });
+            let declared = lines[..n]
+                .iter()
+                .rev()
+                .map(|l| l.trim())
+                .take_while(|l| l.starts_with("#[") || l.starts_with("//"))
+                .any(|l| l == SIM_ONLY);
+            if !read && !declared {
+                out.push(format!("line {}: `{word}` in `{}`", n + 1, t));
+            }
+        }
+    }
+    out
+}
+
+/// The simulators' bug switches (the cores' `mutations`) compile only for
+/// tests and with the `sim` feature: every declaration is under
+/// `#[cfg(any(test, feature = "sim"))]` and every read goes through
+/// `mutated!`, which is `false` in the library as shipped (ctest
+/// `no_test_switches` checks liborbite.so's symbols).
+#[test]
+fn bug_switches_compile_only_for_tests_and_the_sim_feature() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&src, &src, &mut files);
+    let mut found = Vec::new();
+    let mut switches = 0;
+    for f in &files {
+        let rel = f.strip_prefix(&src).expect("below src").to_string_lossy().into_owned();
+        let name = f.file_name().expect("a file").to_string_lossy();
+        if rel == "lib.rs" || name == "tests.rs" || name.ends_with("_tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).expect("read a source file");
+        switches += text.matches("mutations").count();
+        found.extend(unguarded_switches(&text).into_iter().map(|w| format!("src/{rel} {w}")));
+    }
+    assert!(switches >= 10, "only {switches} mentions of `mutations` read: the check is not reading the cores");
+    assert!(found.is_empty(), "bug switches compiled into the library as shipped:\n{}", found.join("\n"));
+}
+
+/// The switch check itself: a declaration without the attribute, and a
+/// read outside the macro, are found; guarded ones and test modules not.
+#[test]
+fn the_switch_check_finds_unguarded_switches() {
+    let text = r#"
+/// Doc.
+#[cfg(any(test, feature = "sim"))]
+#[derive(Default)]
+pub struct Mutations {
+    pub a: bool,
+}
+pub struct Core {
+    /// Switches.
+    #[cfg(any(test, feature = "sim"))]
+    pub mutations: Mutations,
+    /// Unguarded.
+    pub more: LoudMutations,
+}
+fn f(c: &Core) -> bool {
+    mutated!(c.mutations.a) || c.mutations.a
+}
+#[cfg(test)]
+mod tests {
+    fn g(c: &mut Core) { c.mutations.a = true; }
+}
+"#;
+    assert_eq!(
+        unguarded_switches(text),
+        [
+            "line 13: `LoudMutations` in `pub more: LoudMutations,`",
+            "line 16: `mutations` in `mutated!(c.mutations.a) || c.mutations.a`",
+        ]
+    );
+}

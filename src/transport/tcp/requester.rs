@@ -13,7 +13,7 @@
 
 pub use super::chunk::{Chunk, Record};
 use super::proto::requester::{Event, RequesterCore};
-use super::wire::Wire;
+use super::wire::{segment_bytes, Wire};
 use crate::control::io;
 use crate::control::message::Describe;
 use crate::counters::Counters;
@@ -352,7 +352,7 @@ impl TcpConnection {
             // on the local region holding [addr, addr+len) (the submission
             // checked the range) until these bytes have left; `parts` is
             // dropped before the core hears what was sent.
-            let parts: Vec<&[u8]> = segs.iter().map(|s| unsafe { s.bytes() }).collect();
+            let parts: Vec<&[u8]> = segs.iter().map(|s| unsafe { segment_bytes(s) }).collect();
             let r = c.wire.send(&self.stream, &parts, skip, ramp.cap());
             drop(parts);
             match r {

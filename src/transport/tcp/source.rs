@@ -12,7 +12,7 @@
 use super::handshake::Opened;
 use super::proto::source::{AfterSend, Limits, Recv, SourceCore, SourceHost};
 use super::torn::{Torn, TornReports};
-use super::wire::Wire;
+use super::wire::{segment_bytes, Wire};
 use crate::control::frame::MsgKind;
 use crate::control::io;
 use crate::control::message::{DataRequest, Describe};
@@ -327,7 +327,7 @@ impl SourceConn {
             // [addr, addr+len), bounds-checked by `validate`) until these
             // bytes have been sent; `parts` is dropped before the core hears
             // what was sent.
-            let parts: Vec<&[u8]> = segs.iter().map(|s| unsafe { s.bytes() }).collect();
+            let parts: Vec<&[u8]> = segs.iter().map(|s| unsafe { segment_bytes(s) }).collect();
             let r = wire.send(&self.stream, &parts, skip as u64, ramp.cap());
             drop(parts);
             let n = match r {
