@@ -200,10 +200,16 @@ impl TcpConnection {
         if chunks.is_empty() {
             return;
         }
+        // The I/O thread ticks the connection by their deadline (it may
+        // not be woken for them).
+        let due = chunks.iter().map(|r| r.deadline).min();
         let mut c = self.state.lock();
         let at_once = c.core.submit(chunks);
         let sent = if at_once { self.write_out(&mut c, u64::MAX, Instant::now()) } else { Sent::Blocked };
         self.unlock(c);
+        if let (Some(at), Some(r)) = (due, self.reg.get()) {
+            r.schedule(at);
+        }
         if sent != Sent::Complete {
             self.wake();
         }
@@ -528,10 +534,10 @@ impl Handler for TcpConnection {
         flow
     }
 
-    fn tick(&self, now: Instant) -> Flow {
+    fn tick(&self, now: Instant) -> (Flow, Option<Instant>) {
         let mut c = self.state.lock();
         if self.finished.is_set() {
-            return Flow::Done;
+            return (Flow::Done, None);
         }
         let flow = match c.core.expire(now) {
             Err(e) => {
@@ -553,11 +559,12 @@ impl Handler for TcpConnection {
             }
             Ok(()) => Flow::Idle,
         };
+        let next = c.core.next_deadline();
         self.unlock(c);
         if flow == Flow::Done {
             self.finished.set();
         }
-        flow
+        (flow, next)
     }
 }
 

@@ -472,11 +472,11 @@ impl Handler for SourceConn {
         self.unlocked(flow, published)
     }
 
-    fn tick(&self, now: Instant) -> Flow {
-        let (flow, published) = {
+    fn tick(&self, now: Instant) -> (Flow, Option<Instant>) {
+        let (flow, published, next) = {
             let mut st = self.state.lock();
             if self.is_finished() {
-                return Flow::Done;
+                return (Flow::Done, None);
             }
             let stopping = st.host.ctx.stopping.load(Ordering::Acquire);
             let check =
@@ -494,9 +494,9 @@ impl Handler for SourceConn {
                     Flow::Done
                 }
             };
-            (flow, st.core.take_published())
+            (flow, st.core.take_published(), st.core.next_deadline())
         };
-        self.unlocked(flow, published)
+        (self.unlocked(flow, published), next)
     }
 }
 

@@ -608,6 +608,12 @@ impl<R> ExportsCore<R> {
         self.take_all(due)
     }
 
+    /// When the earliest offer of channel `conn` not answered yet expires
+    /// ([`ExportsCore::expire_offers`] releases it then).
+    pub fn next_offer_expiry(&self, conn: u64) -> Option<Instant> {
+        self.offers.get(&conn).and_then(|s| s.first()).map(|(at, _)| *at + self.offer_timeout)
+    }
+
     /// The source closes: every offer not answered yet is withdrawn.
     pub fn withdraw_offers(&mut self) -> Vec<Released<R>> {
         let ids = self.offers.values().flat_map(|s| s.iter().map(|(_, id)| *id)).collect();
