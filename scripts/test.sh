@@ -17,6 +17,13 @@ export TMPDIR="$scratch"
 jobs="$(nproc)"
 step "cargo test (release): builds the library and every test program, then runs them"
 cargo test --release --locked
+# The simulators set the cores' bug switches, compiled only with the sim
+# feature (never in liborbite.so): every tests/sim_*.rs, so that a new one
+# cannot be left out.
+sim_tests=()
+for f in tests/sim_*.rs; do sim_tests+=(--test "$(basename "$f" .rs)"); done
+step "protocol simulators (release, sim feature: ${sim_tests[*]})"
+cargo test --release --locked --features sim "${sim_tests[@]}"
 step "concurrency models (shuttle)"
 cargo test --release --locked --features model-check --test models
 step "cargo test (release, cuda feature: every unit test, including the cuda-gated ones)"

@@ -24,6 +24,20 @@
 
 #![deny(unsafe_op_in_unsafe_fn)]
 
+/// The value of a simulator's bug switch (`mutated!(self.mutations.x)`)
+/// in test builds and with the `sim` feature; `false` in the library as
+/// shipped, where the switches are not compiled at all (`liborbite.so`
+/// carries none: ctest `no_test_switches` checks it).
+macro_rules! mutated {
+    ($switch:expr) => {{
+        #[cfg(any(test, feature = "sim"))]
+        let on: bool = $switch;
+        #[cfg(not(any(test, feature = "sim")))]
+        let on = false;
+        on
+    }};
+}
+
 // Layers, from the ground up (a file imports only layers below it;
 // `tests/layers.rs` checks it, docs/architecture.md draws it):
 // ground (error, log, random, kinds, sync, counters, transfer) < cuda < memory < control

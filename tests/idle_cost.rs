@@ -94,3 +94,41 @@ fn io_threads_poll_only_while_events_come_close_together() {
     assert_eq!(req.stats().peers_alive, 1);
     drop(src);
 }
+
+/// Timers come from the cores: two engines connected over TCP, their READ
+/// done, wake no I/O thread while nothing is due (the reactor used to tick
+/// every connection every 50 ms under its lock whatever was due: about 20
+/// wake-ups a second per thread). A turn is checked once more, a tick
+/// later; then nothing is due, so windows of a second are watched until
+/// one passes without a wake-up (the first may hold that check, late on a
+/// loaded machine).
+#[test]
+fn an_idle_connected_pair_wakes_no_io_thread() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let cfg = r#"{"io_threads": 1}"#;
+    let src = Engine::from_json(cfg).unwrap();
+    let remote = vec![9u8; 4096];
+    src.register_memory(remote.as_ptr() as u64, 4096, Access::READ).unwrap();
+    let req = Engine::from_json(cfg).unwrap();
+    let local = vec![0u8; 4096];
+    req.register_memory(local.as_ptr() as u64, 4096, Access::WRITE).unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: remote.as_ptr() as u64, len: 4096 };
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(common::LONG) };
+    req.submit(peer, &[r], opts).unwrap().wait(common::LONG).unwrap();
+    assert!(local.iter().all(|b| *b == 9));
+    let wakeups = || src.stats().io.wakeups + req.stats().io.wakeups;
+    let mut seen = Vec::new();
+    let mut cpu = Vec::new();
+    for _ in 0..5 {
+        let before = wakeups();
+        cpu.push(cpu_share_over(std::time::Duration::from_secs(1)));
+        seen.push(wakeups() - before);
+        if seen.last() == Some(&0) {
+            break;
+        }
+    }
+    eprintln!("idle pair: I/O wake-ups per 1 s window {seen:?}, CPU share {cpu:.4?}");
+    assert_eq!(seen.last(), Some(&0), "idle engines woke their I/O threads in every 1 s window: {seen:?}");
+    assert_eq!(req.stats().peers_alive, 1);
+}

@@ -612,3 +612,357 @@ fn the_doc_check_matches_names_on_folder_boundaries() {
     assert_eq!(row_and_name(Path::new("sync/fork.rs")), ("ground".into(), "sync/fork.rs".into()));
     assert_eq!(row_and_name(Path::new("ffi/types.rs")), ("ffi".into(), "types.rs".into()));
 }
+
+/// The attribute that keeps a simulator's bug switch out of the library
+/// as shipped: compiled for the unit tests and with the `sim` feature.
+const SIM_ONLY: &str = "#[cfg(any(test, feature = \"sim\"))]";
+
+/// Whether `name` is a bug switch's: a `mutations` field or a
+/// `...Mutations` type.
+fn is_switch(name: &str) -> bool {
+    name == "mutations" || name.ends_with("Mutations")
+}
+
+/// Where `text` (a file of `src/`) names a simulator's bug switch outside
+/// the test builds and the `sim` feature: a `mutations` or `...Mutations`
+/// neither read through `mutated!(..)` (false unless the switches are
+/// compiled) nor declared under [`SIM_ONLY`] (among the attributes and
+/// doc comments right above it). Unit-test modules are not read.
+fn unguarded_switches(text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (n, line) in lines.iter().enumerate() {
+        let t = line.trim();
+        if t == "#[cfg(test)]" && lines.get(n + 1).is_some_and(|l| l.trim_start().starts_with("mod ")) {
+            break;
+        }
+        let code = if t.starts_with("//") { "" } else { line.split(" //").next().unwrap_or("") };
+        let c: Vec<char> = code.chars().collect();
+        let mut i = 0;
+        while i < c.len() {
+            if !(c[i].is_alphanumeric() || c[i] == '_') {
+                i += 1;
+                continue;
+            }
+            let s = i;
+            while i < c.len() && (c[i].is_alphanumeric() || c[i] == '_') {
+                i += 1;
+            }
+            let word: String = c[s..i].iter().collect();
+            if !is_switch(&word) {
+                continue;
+            }
+            // Read through the macro: inside an unclosed `mutated!(`.
+            let before: String = c[..s].iter().collect();
+            let read = before.rfind("mutated!(").is_some_and(|at| {
+                let inside = &before[at..];
+                inside.matches('(').count() > inside.matches(')').count()
+            });
+            let declared = lines[..n]
+                .iter()
+                .rev()
+                .map(|l| l.trim())
+                .take_while(|l| l.starts_with("#[") || l.starts_with("//"))
+                .any(|l| l == SIM_ONLY);
+            if !read && !declared {
+                out.push(format!("line {}: `{word}` in `{}`", n + 1, t));
+            }
+        }
+    }
+    out
+}
+
+/// The simulators' bug switches (the cores' `mutations`) compile only for
+/// tests and with the `sim` feature: every declaration is under
+/// `#[cfg(any(test, feature = "sim"))]` and every read goes through
+/// `mutated!`, which is `false` in the library as shipped (ctest
+/// `no_test_switches` checks liborbite.so's symbols).
+#[test]
+fn bug_switches_compile_only_for_tests_and_the_sim_feature() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&src, &src, &mut files);
+    let mut found = Vec::new();
+    let mut switches = 0;
+    for f in &files {
+        let rel = f.strip_prefix(&src).expect("below src").to_string_lossy().into_owned();
+        let name = f.file_name().expect("a file").to_string_lossy();
+        if rel == "lib.rs" || name == "tests.rs" || name.ends_with("_tests.rs") {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).expect("read a source file");
+        switches += text.matches("mutations").count();
+        found.extend(unguarded_switches(&text).into_iter().map(|w| format!("src/{rel} {w}")));
+    }
+    assert!(switches >= 10, "only {switches} mentions of `mutations` read: the check is not reading the cores");
+    assert!(found.is_empty(), "bug switches compiled into the library as shipped:\n{}", found.join("\n"));
+}
+
+/// The switch check itself: a declaration without the attribute, and a
+/// read outside the macro, are found; guarded ones and test modules not.
+#[test]
+fn the_switch_check_finds_unguarded_switches() {
+    let text = r#"
+/// Doc.
+#[cfg(any(test, feature = "sim"))]
+#[derive(Default)]
+pub struct Mutations {
+    pub a: bool,
+}
+pub struct Core {
+    /// Switches.
+    #[cfg(any(test, feature = "sim"))]
+    pub mutations: Mutations,
+    /// Unguarded.
+    pub more: LoudMutations,
+}
+fn f(c: &Core) -> bool {
+    mutated!(c.mutations.a) || c.mutations.a
+}
+#[cfg(test)]
+mod tests {
+    fn g(c: &mut Core) { c.mutations.a = true; }
+}
+"#;
+    assert_eq!(
+        unguarded_switches(text),
+        [
+            "line 13: `LoudMutations` in `pub more: LoudMutations,`",
+            "line 16: `mutations` in `mutated!(c.mutations.a) || c.mutations.a`",
+        ]
+    );
+}
+
+/// What a protocol core (a file under a `proto/` folder of `src/`) may
+/// import besides its own `proto/` folder: the control frames it parses
+/// and builds (the IPC protocol's included), the error and transfer types
+/// it reports in.
+const PROTO_MAY_IMPORT: &[&str] = &[
+    "control::frame",
+    "control::message",
+    "control::notify_frame",
+    "control::identity",
+    "transport::ipc::messages",
+    "error",
+    "transfer",
+];
+
+/// Of std, a core may use the collections and time, and the language's
+/// types and helpers that do no I/O and take no lock.
+const PROTO_STD: &[&str] =
+    &["collections", "time", "mem", "cmp", "fmt", "hash", "iter", "ops", "cell", "convert", "num", "result", "option"];
+
+/// Exceptions to the core rules: (file below `src/`, what it uses, why).
+const PROTO_EXCEPTIONS: &[(&str, &str, &str)] = &[(
+    "transport/tcp/proto/requester/mod.rs",
+    "std::sync::Arc",
+    "the peer's Describe, handed to submitters as an immutable snapshot: a reference count, no lock and no I/O",
+)];
+
+/// The crates a core must not reach (I/O, locks, the event loop).
+const OUTSIDE_CRATES: &[&str] = &[
+    "libc",
+    "parking_lot",
+    "mio",
+    "once_cell",
+    "serde",
+    "serde_json",
+    "thiserror",
+    "blake3",
+    "aes_gcm",
+    "hmac",
+    "sha2",
+    "cudarc",
+    "shuttle",
+    "tokio",
+    "etcd_client",
+];
+
+/// Names of locks.
+const LOCKS: &[&str] = &["Mutex", "RwLock", "Condvar", "MutexGuard", "RwLockReadGuard", "RwLockWriteGuard"];
+
+/// `toks` without the unit-test modules (`#[cfg(test)] mod x { .. }`).
+fn without_test_modules(toks: &[Tok]) -> Vec<Tok> {
+    let head = [
+        Tok::Other('#'),
+        Tok::Other('['),
+        Tok::Ident("cfg".into()),
+        Tok::Other('('),
+        Tok::Ident("test".into()),
+        Tok::Other(')'),
+        Tok::Other(']'),
+        Tok::Ident("mod".into()),
+    ];
+    let mut out = Vec::with_capacity(toks.len());
+    let mut i = 0;
+    while i < toks.len() {
+        let is_test_mod = toks[i..].starts_with(&head)
+            && matches!(toks.get(i + head.len()), Some(Tok::Ident(_)))
+            && toks.get(i + head.len() + 1) == Some(&Tok::Open);
+        if !is_test_mod {
+            out.push(toks[i].clone());
+            i += 1;
+            continue;
+        }
+        i += head.len() + 2;
+        let mut depth = 1;
+        while i < toks.len() && depth > 0 {
+            match toks[i] {
+                Tok::Open => depth += 1,
+                Tok::Close => depth -= 1,
+                _ => {}
+            }
+            i += 1;
+        }
+    }
+    out
+}
+
+/// What breaks the core rules in `text`, the file `rel` (below `src/`) of
+/// a protocol core: an import from outside its `proto/` folder and
+/// [`PROTO_MAY_IMPORT`], of std beyond [`PROTO_STD`], of an outside crate;
+/// a clock call; a lock; `unsafe`. Unit-test modules are not read;
+/// [`PROTO_EXCEPTIONS`] are left out.
+fn core_rule_findings(rel: &str, text: &str) -> Vec<String> {
+    let module = module_of(Path::new(rel));
+    let Some(at) = module.iter().position(|m| m == "proto") else { return vec![format!("{rel} is no core")] };
+    let root = &module[..=at];
+    let toks = without_test_modules(&tokens(&clean(text)));
+    let excepted = |what: &str| PROTO_EXCEPTIONS.iter().any(|(f, w, _)| *f == rel && what.starts_with(w));
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < toks.len() {
+        let Tok::Ident(w) = &toks[i] else {
+            i += 1;
+            continue;
+        };
+        let starts_path = (i == 0 || toks[i - 1] != Tok::Path) && toks.get(i + 1) == Some(&Tok::Path);
+        if w == "unsafe" {
+            out.push(format!("{rel}: `unsafe`"));
+        } else if LOCKS.contains(&w.as_str()) {
+            out.push(format!("{rel}: a lock, `{w}`"));
+        } else if (w == "Instant" || w == "SystemTime") && toks.get(i + 2) == Some(&Tok::Ident("now".into())) {
+            out.push(format!("{rel}: a clock call, `{w}::now`"));
+        }
+        if !starts_path {
+            i += 1;
+            continue;
+        }
+        // Where the path starts resolving (crate-relative), and its first
+        // segment's token; std and outside crates by name.
+        let (base, first): (Option<Vec<String>>, usize) = match w.as_str() {
+            "crate" => (Some(Vec::new()), i + 2),
+            "self" => (Some(module.clone()), i + 2),
+            "super" => {
+                let mut b = module.clone();
+                let mut j = i;
+                while toks.get(j) == Some(&Tok::Ident("super".into())) && toks.get(j + 1) == Some(&Tok::Path) {
+                    b.pop();
+                    j += 2;
+                }
+                (Some(b), j)
+            }
+            _ => (None, i),
+        };
+        let mut j = first;
+        let mut found = Vec::new();
+        use_tree(&toks, &mut j, base.clone().unwrap_or_default(), &mut found);
+        // Each token is read again: a clock call or a lock inside the path.
+        i += 1;
+        for p in found {
+            let what = p.join("::");
+            if base.is_some() {
+                let allowed = p.starts_with(root)
+                    || PROTO_MAY_IMPORT.iter().any(|m| {
+                        let m: Vec<&str> = m.split("::").collect();
+                        p.len() >= m.len() && p.iter().zip(&m).all(|(a, b)| a == b)
+                    });
+                if !allowed && !excepted(&format!("crate::{what}")) {
+                    out.push(format!("{rel}: imports `crate::{what}`"));
+                }
+            } else if matches!(p[0].as_str(), "std" | "core" | "alloc") {
+                if !p.get(1).is_some_and(|m| PROTO_STD.contains(&m.as_str())) && !excepted(&what) {
+                    out.push(format!("{rel}: imports `{what}`"));
+                }
+            } else if OUTSIDE_CRATES.contains(&p[0].as_str()) {
+                out.push(format!("{rel}: imports `{what}`"));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The protocol cores stay pure: a file under a `proto/` folder imports
+/// only its own folder, the control frames, error, transfer and std's
+/// collections and time; it reads no clock, takes no lock and holds no
+/// `unsafe` (its tests may read the clock: they are not read).
+#[test]
+fn the_protocol_cores_import_only_frames_errors_and_std_and_hold_no_clock_lock_or_unsafe() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    walk(&src, &src, &mut files);
+    let mut found = Vec::new();
+    let mut cores = 0;
+    for f in &files {
+        let rel = f.strip_prefix(&src).expect("below src").to_string_lossy().into_owned();
+        let name = f.file_name().expect("a file").to_string_lossy();
+        if !rel.contains("/proto/") || name == "tests.rs" || name.ends_with("_tests.rs") {
+            continue;
+        }
+        cores += 1;
+        found.extend(core_rule_findings(&rel, &std::fs::read_to_string(f).expect("read a core")));
+    }
+    assert!(cores >= 10, "only {cores} files of the cores read");
+    for (f, _, _) in PROTO_EXCEPTIONS {
+        assert!(src.join(f).exists(), "an exception names {f}, which is gone: drop it");
+    }
+    assert!(found.is_empty(), "the protocol cores break their rules:\n{}", found.join("\n"));
+}
+
+/// The core check itself: each kind of breach is found, in `use` lines
+/// and in code; its own folder, frames, std collections and test modules
+/// pass.
+#[test]
+fn the_core_check_finds_imports_clocks_locks_and_unsafe() {
+    let text = r#"
+use super::super::messages::Offer;
+use super::holders::Holders;
+use crate::control::frame::{FrameHeader, MsgKind};
+use crate::error::Result;
+use crate::memory::RegionTable;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+fn f() -> u64 {
+    let t = std::time::Instant::now();
+    let _ = crate::transport::reactor::SCRATCH;
+    let _ = std::fs::read("x");
+    let g: parking_lot::RwLock<u8> = todo!();
+    unsafe { 0 }
+}
+#[cfg(test)]
+mod tests {
+    use crate::engine::Engine;
+    fn t() { let _ = Instant::now(); }
+}
+"#;
+    assert_eq!(
+        core_rule_findings("transport/ipc/proto/exports.rs", text),
+        [
+            "transport/ipc/proto/exports.rs: `unsafe`",
+            "transport/ipc/proto/exports.rs: a clock call, `Instant::now`",
+            "transport/ipc/proto/exports.rs: a lock, `Mutex`",
+            "transport/ipc/proto/exports.rs: a lock, `RwLock`",
+            "transport/ipc/proto/exports.rs: imports `crate::memory::RegionTable`",
+            "transport/ipc/proto/exports.rs: imports `crate::transport::reactor::SCRATCH`",
+            "transport/ipc/proto/exports.rs: imports `parking_lot::RwLock`",
+            "transport/ipc/proto/exports.rs: imports `std::fs::read`",
+            "transport/ipc/proto/exports.rs: imports `std::sync::Arc`",
+            "transport/ipc/proto/exports.rs: imports `std::sync::Mutex`",
+        ]
+    );
+    // The same Arc, in the file excepted for it, passes.
+    let arc = "use std::sync::Arc;\n";
+    assert!(core_rule_findings("transport/tcp/proto/requester/mod.rs", arc).is_empty());
+}

@@ -1316,7 +1316,7 @@ fn seeded_runs_with_faults_keep_every_invariant() {
         match run_seed(seed, FAULTS) {
             Ok(c) => total.add(&c),
             Err(e) => panic!(
-                "IPC simulation seed {seed} failed: {e}\nreplay: SIM_SEEDS={seed} cargo test --release --test sim_ipc \
+                "IPC simulation seed {seed} failed: {e}\nreplay: SIM_SEEDS={seed} cargo test --release --features sim --test sim_ipc \
                  seeded_runs_with_faults -- --nocapture"
             ),
         }
@@ -1337,7 +1337,7 @@ fn seeded_source_closes_end_within_their_bound() {
         match run_seed(seed, Plan { steps: 3000, close_source: true, ..FAULTS }) {
             Ok(c) => total.add(&c),
             Err(e) => panic!(
-                "IPC simulation seed {seed} failed: {e}\nreplay: SIM_SEEDS={seed} cargo test --release --test sim_ipc \
+                "IPC simulation seed {seed} failed: {e}\nreplay: SIM_SEEDS={seed} cargo test --release --features sim --test sim_ipc \
                  seeded_source_closes -- --nocapture"
             ),
         }

@@ -28,7 +28,7 @@
 //! it ended) is the driver's, proven by `tests/notify.rs`.
 //!
 //! CI runs a fixed set of seeds; a failure prints the seed and the command
-//! that replays it (`SIM_SEEDS=N cargo test --release --test sim_tcp
+//! that replays it (`SIM_SEEDS=N cargo test --release --features sim --test sim_tcp
 //! seeded_runs_with_faults -- --nocapture`). `scripts/sim.sh` runs many
 //! more (`SIM_SEEDS=A-B`).
 //!
@@ -750,9 +750,9 @@ fn run(seed: u64, plan: Plan) -> BTreeMap<String, u64> {
             msg.unwrap_or_default(),
             match plan.faults {
                 true => format!(
-                    "SIM_SEEDS={seed} cargo test --release --test sim_tcp seeded_runs_with_faults -- --nocapture"
+                    "SIM_SEEDS={seed} cargo test --release --features sim --test sim_tcp seeded_runs_with_faults -- --nocapture"
                 ),
-                false => "cargo test --release --test sim_tcp seeded_runs_without_faults -- --nocapture".to_string(),
+                false => "cargo test --release --features sim --test sim_tcp seeded_runs_without_faults -- --nocapture".to_string(),
             }
         );
     }

@@ -307,11 +307,15 @@ pub struct SubbatchAdmission {
     /// Entered once a subbatch has another after it; held to the end.
     hold: Option<GateGuard>,
     /// Bug switches for the concurrency model (`tests/models.rs`), off
-    /// unless a test turns one on to show the model finds that class.
+    /// unless a test turns one on to show the model finds that class
+    /// (compiled only for tests and with the `sim` feature, which
+    /// `model-check` turns on).
+    #[cfg(any(test, feature = "sim"))]
     pub mutations: AdmissionMutations,
 }
 
 /// Bugs of the past the model must find, re-introduced on demand.
+#[cfg(any(test, feature = "sim"))]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct AdmissionMutations {
     /// The submission is not held entered between its subbatches; with
@@ -327,7 +331,12 @@ pub struct AdmissionMutations {
 impl SubbatchAdmission {
     /// The admission of one submission's subbatches into `gate`.
     pub fn new(gate: &Arc<Gate>) -> SubbatchAdmission {
-        SubbatchAdmission { gate: gate.clone(), hold: None, mutations: AdmissionMutations::default() }
+        SubbatchAdmission {
+            gate: gate.clone(),
+            hold: None,
+            #[cfg(any(test, feature = "sim"))]
+            mutations: AdmissionMutations::default(),
+        }
     }
 
     /// Admits the next subbatch; `more` says another follows it. `Ok`:
@@ -337,12 +346,12 @@ impl SubbatchAdmission {
     /// submission holds nothing: this subbatch and those after it fail
     /// unposted.
     pub fn admit(&mut self, more: bool) -> Result<Option<GateGuard>> {
-        if more && self.hold.is_none() && !self.mutations.no_hold {
+        if more && self.hold.is_none() && !mutated!(self.mutations.no_hold) {
             self.hold = Some(self.gate.enter()?);
         }
         match self.gate.enter() {
             Ok(own) => Ok(Some(own)),
-            Err(_) if self.hold.is_some() || self.mutations.run_unentered => Ok(None),
+            Err(_) if self.hold.is_some() || mutated!(self.mutations.run_unentered) => Ok(None),
             Err(e) => Err(e),
         }
     }

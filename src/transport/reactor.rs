@@ -2,8 +2,17 @@
 //! `io_threads`) serve every connection of an engine, whatever the number
 //! of peers. Each thread owns an epoll instance (mio, edge-triggered) and
 //! the connections assigned to it; a connection is a [`Handler`] that does,
-//! without blocking, whatever its socket allows when it is ready, woken, or
-//! at each tick (deadlines and stall bounds are checked at ticks).
+//! without blocking, whatever its socket allows when it is ready or woken,
+//! and checks its deadlines and stall bounds when it is ticked.
+//!
+//! Timers come from the cores: a tick returns the handler's next deadline
+//! (its core's `next_deadline()`), and each thread keeps a heap of them
+//! and sleeps until the earliest; only handlers that are due are ticked.
+//! A handler is also ticked [`TICK`] after each of its turns (a deadline
+//! the turn set, a wake-up lost before its registration), and another
+//! thread that gives it an earlier deadline says so
+//! ([`Registration::schedule`]). An idle engine (no deadline anywhere)
+//! takes no lock and wakes no thread.
 //!
 //! Threads start lazily (an engine without connections runs none) and stop
 //! with the engine. A thread whose events come close together (within
@@ -29,7 +38,8 @@ use crate::sync::spin;
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -53,9 +63,12 @@ pub trait Handler: Send + Sync {
     /// Its socket is ready or it was woken: read and write what can be
     /// done without blocking. `scratch` is the thread's receive buffer.
     fn ready(&self, scratch: &mut [u8]) -> Flow;
-    /// Called at least every [`TICK`]: deadlines and stall bounds (and
-    /// anything queued whose wake-up was lost).
-    fn tick(&self, now: Instant) -> Flow;
+    /// Its deadline came (or [`TICK`] passed since its last turn):
+    /// deadlines and stall bounds (and anything queued whose wake-up was
+    /// lost). Returns what it wants and when it must be ticked next: its
+    /// earliest deadline (`None`: none until its next turn or
+    /// [`Registration::schedule`]).
+    fn tick(&self, now: Instant) -> (Flow, Option<Instant>);
 }
 
 /// A connection an I/O thread serves, as its owner sees it.
@@ -157,8 +170,17 @@ pub const SCRATCH: usize = 64 * 1024;
 
 const WAKER: Token = Token(usize::MAX);
 
-/// A served connection: its fd (to deregister) and its handler.
-type Entry = (RawFd, Arc<dyn Handler>);
+/// A served connection: its fd (to deregister), its handler, and when it
+/// is due (see [`Due`]).
+type Entry = (RawFd, Arc<dyn Handler>, Arc<Due>);
+
+/// When a handler must be ticked next: nanoseconds since its thread's
+/// `base` (`u64::MAX`: no deadline). Brought forward by any thread
+/// ([`Registration::schedule`]); reset by its I/O thread when it ticks it.
+pub struct Due(AtomicU64);
+
+/// No deadline.
+const NEVER: u64 = u64::MAX;
 
 /// Live counts, for stats.
 #[derive(Default)]
@@ -168,6 +190,8 @@ pub struct ReactorCounts {
     /// Of them, turns whose events came while the thread polled (no sleep,
     /// no wake-up).
     pub polled: AtomicU64,
+    /// Handler ticks (a deadline due, or [`TICK`] after a turn).
+    pub ticks: AtomicU64,
 }
 
 /// An engine's I/O threads.
@@ -188,6 +212,15 @@ struct Worker {
     added: Mutex<Vec<(Token, Entry)>>,
     /// Connections woken by other threads.
     woken: Mutex<Vec<Token>>,
+    /// Connections whose deadline other threads brought forward, and
+    /// whether any wait (so that a turn looks only then).
+    moved: Mutex<Vec<Token>>,
+    any_moved: AtomicBool,
+    /// When the thread's sleep ends ([`Due`]'s clock; 0 while it runs):
+    /// a deadline brought before it wakes the thread.
+    armed: AtomicU64,
+    /// The origin of the thread's timers.
+    base: Instant,
     stop: AtomicBool,
     conns: AtomicUsize,
     next_token: AtomicUsize,
@@ -199,6 +232,7 @@ struct Worker {
 pub struct Registration {
     worker: Arc<Worker>,
     token: Token,
+    due: Arc<Due>,
 }
 
 impl Registration {
@@ -206,6 +240,24 @@ impl Registration {
     pub fn wake(&self) {
         self.worker.woken.lock().push(self.token);
         let _ = self.worker.waker.wake();
+    }
+
+    /// Ticks the handler at `at` at the latest: from a thread other than
+    /// its I/O thread that gave it a deadline (a request written by its
+    /// submitter). Costs one atomic operation unless `at` is earlier than
+    /// what the handler was due at; wakes the I/O thread only if `at`
+    /// comes before the end of its sleep.
+    pub fn schedule(&self, at: Instant) {
+        let w = &self.worker;
+        let t = w.clock(at);
+        if self.due.0.fetch_min(t, Ordering::SeqCst) <= t {
+            return;
+        }
+        w.moved.lock().push(self.token);
+        w.any_moved.store(true, Ordering::SeqCst);
+        if t < w.armed.load(Ordering::SeqCst) {
+            let _ = w.waker.wake();
+        }
     }
 }
 
@@ -243,6 +295,11 @@ impl Reactor {
         self.counts.polled.load(Ordering::Relaxed)
     }
 
+    /// Handler ticks so far.
+    pub fn ticks(&self) -> u64 {
+        self.counts.ticks.load(Ordering::Relaxed)
+    }
+
     /// Serves `fd` with `handler` from now on: readable and writable
     /// readiness (edge-triggered) run it. `fd` must stay open until the
     /// handler says `Done`. The least loaded thread takes it (a new one is
@@ -253,6 +310,7 @@ impl Reactor {
         }
         let worker = self.pick()?;
         let token = Token(worker.next_token.fetch_add(1, Ordering::Relaxed));
+        let due = Arc::new(Due(AtomicU64::new(NEVER)));
         worker
             .registry
             .register(&mut SourceFd(&fd), token, Interest::READABLE | Interest::WRITABLE)
@@ -267,10 +325,10 @@ impl Reactor {
                 return Err(Error::Unavailable("the engine is shutting down".into()));
             }
             worker.conns.fetch_add(1, Ordering::Relaxed);
-            added.push((token, (fd, handler)));
+            added.push((token, (fd, handler, due.clone())));
         }
         let _ = worker.waker.wake();
-        Ok(Registration { worker, token })
+        Ok(Registration { worker, token, due })
     }
 
     fn pick(&self) -> Result<Arc<Worker>> {
@@ -310,6 +368,7 @@ impl Reactor {
             // engine). Dropped here, outside the lock.
             let unserved = std::mem::take(&mut *w.added.lock());
             w.woken.lock().clear();
+            w.moved.lock().clear();
             drop(unserved);
         }
     }
@@ -331,6 +390,10 @@ impl Worker {
             waker,
             added: Mutex::new(Vec::new()),
             woken: Mutex::new(Vec::new()),
+            moved: Mutex::new(Vec::new()),
+            any_moved: AtomicBool::new(false),
+            armed: AtomicU64::new(NEVER),
+            base: Instant::now(),
             stop: AtomicBool::new(false),
             conns: AtomicUsize::new(0),
             next_token: AtomicUsize::new(0),
@@ -345,28 +408,52 @@ impl Worker {
         Ok(w)
     }
 
+    /// `at` on the thread's timer clock (nanoseconds since `base`).
+    fn clock(&self, at: Instant) -> u64 {
+        (at.saturating_duration_since(self.base).as_nanos() as u64).min(NEVER - 1)
+    }
+
     fn run(&self, mut poll: Poll, counts: Arc<ReactorCounts>, poll_max: Duration) {
-        let mut table: HashMap<Token, Entry> = HashMap::new();
+        let mut table: HashMap<Token, Slot> = HashMap::new();
+        let mut timers = Timers::default();
         let mut events = Events::with_capacity(256);
         let mut scratch = vec![0u8; SCRATCH];
         let mut again: Vec<Token> = Vec::new();
-        let mut next_tick = Instant::now() + TICK;
         // When the last turn ended, and until when to poll after it.
         let mut idle_since = Instant::now();
         let mut poll_until = idle_since;
         while !self.stop.load(Ordering::Acquire) {
+            // The end of the sleep is published before the deadlines other
+            // threads brought forward are taken: one brought after this
+            // look wakes the thread if it comes before that end.
+            let next = timers.next();
+            self.armed.store(next, Ordering::SeqCst);
+            if self.any_moved.swap(false, Ordering::SeqCst) {
+                let moved = std::mem::take(&mut *self.moved.lock());
+                for t in moved {
+                    if let Some(slot) = table.get_mut(&t) {
+                        timers.follow(t, slot);
+                    }
+                }
+                continue;
+            }
             let now = Instant::now();
             let polling = now < poll_until;
-            let timeout =
-                if again.is_empty() && !polling { next_tick.saturating_duration_since(now) } else { Duration::ZERO };
-            if let Err(e) = poll.poll(&mut events, Some(timeout)) {
+            let timeout = if !again.is_empty() || polling {
+                Some(Duration::ZERO)
+            } else {
+                (next != NEVER).then(|| self.instant(next).saturating_duration_since(now))
+            };
+            let r = poll.poll(&mut events, timeout);
+            self.armed.store(0, Ordering::SeqCst);
+            if let Err(e) = r {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     std::thread::sleep(TICK);
                 }
                 continue;
             }
             let quiet = events.is_empty() && again.is_empty();
-            if quiet && polling && Instant::now() < next_tick {
+            if quiet && polling && timers.next() > self.clock(Instant::now()) {
                 if !spin::yield_now() {
                     // The core is shared (the yield came back late): sleep
                     // until the next event, as a sleeper is woken first.
@@ -383,8 +470,8 @@ impl Worker {
                 counts.polled.fetch_add(1, Ordering::Relaxed);
             }
             counts.wakeups.fetch_add(1, Ordering::Relaxed);
-            for (t, entry) in self.added.lock().drain(..) {
-                table.insert(t, entry);
+            for (t, (fd, h, due)) in self.added.lock().drain(..) {
+                table.insert(t, Slot { fd, h, due, queued: NEVER });
                 // Anything that arrived before it was in the table.
                 again.push(t);
             }
@@ -398,41 +485,117 @@ impl Worker {
             }
             run.sort_unstable();
             run.dedup();
+            let check = self.clock(Instant::now() + TICK);
             for t in run {
-                let Some((_, h)) = table.get(&t) else { continue };
-                match h.ready(&mut scratch) {
+                let Some(slot) = table.get_mut(&t) else { continue };
+                match slot.h.ready(&mut scratch) {
                     Flow::Idle => {}
                     Flow::Again => again.push(t),
-                    Flow::Done => self.remove(&mut table, t),
+                    Flow::Done => {
+                        self.remove(&mut table, t);
+                        continue;
+                    }
                 }
+                // Ticked a while after its turn: a deadline the turn set.
+                slot.due.0.fetch_min(check, Ordering::SeqCst);
+                timers.follow(t, slot);
             }
             let now = Instant::now();
             if !events.is_empty() {
                 idle_since = now;
                 poll_until = if close { now + poll_max } else { now };
             }
-            if now >= next_tick {
-                next_tick = now + TICK;
-                let tokens: Vec<Token> = table.keys().copied().collect();
-                for t in tokens {
-                    match table[&t].1.tick(now) {
-                        Flow::Done => self.remove(&mut table, t),
-                        Flow::Again => again.push(t),
-                        Flow::Idle => {}
+            let at = self.clock(now);
+            while let Some((t, slot)) = timers.due(at, &mut table) {
+                // Reset before the tick: a deadline brought forward from
+                // now on is seen (and one before, the tick sees).
+                slot.due.0.store(NEVER, Ordering::SeqCst);
+                counts.ticks.fetch_add(1, Ordering::Relaxed);
+                let (flow, next) = slot.h.tick(now);
+                match flow {
+                    Flow::Done => {
+                        self.remove(&mut table, t);
+                        continue;
                     }
+                    Flow::Again => again.push(t),
+                    Flow::Idle => {}
                 }
+                if let Some(n) = next {
+                    slot.due.0.fetch_min(self.clock(n), Ordering::SeqCst);
+                }
+                timers.follow(t, slot);
             }
         }
+    }
+
+    /// The instant `t` of the thread's timer clock.
+    fn instant(&self, t: u64) -> Instant {
+        self.base + Duration::from_nanos(t)
     }
 
     /// Forgets a finished connection and takes its fd out of the epoll
     /// set (the fd is still open: the handler, which owns it, is alive
     /// until the table's reference goes here).
-    fn remove(&self, table: &mut HashMap<Token, Entry>, t: Token) {
-        if let Some((fd, h)) = table.remove(&t) {
-            let _ = self.registry.deregister(&mut SourceFd(&fd));
+    fn remove(&self, table: &mut HashMap<Token, Slot>, t: Token) {
+        if let Some(slot) = table.remove(&t) {
+            let _ = self.registry.deregister(&mut SourceFd(&slot.fd));
             self.conns.fetch_sub(1, Ordering::Relaxed);
-            drop(h);
+            drop(slot);
+        }
+    }
+}
+
+/// A connection in its I/O thread's table.
+struct Slot {
+    fd: RawFd,
+    h: Arc<dyn Handler>,
+    due: Arc<Due>,
+    /// The time of its entry in the heap ([`NEVER`]: none).
+    queued: u64,
+}
+
+/// An I/O thread's timers: a heap of (when, connection), at most one live
+/// entry per connection (the earliest; an entry whose connection was
+/// queued again earlier, or has gone, is skipped when it comes).
+#[derive(Default)]
+struct Timers(BinaryHeap<Reverse<(u64, Token)>>);
+
+impl Timers {
+    /// When the earliest entry comes ([`NEVER`]: none).
+    fn next(&self) -> u64 {
+        self.0.peek().map_or(NEVER, |Reverse((t, _))| *t)
+    }
+
+    /// Queues connection `t` for when it is due, if that is earlier than
+    /// its entry.
+    fn follow(&mut self, t: Token, slot: &mut Slot) {
+        let due = slot.due.0.load(Ordering::SeqCst);
+        if due < slot.queued {
+            self.0.push(Reverse((due, t)));
+            slot.queued = due;
+        }
+    }
+
+    /// The next connection due at `now`: its entry taken; one whose
+    /// deadline moved later is queued again for it (no tick, no lock).
+    fn due<'a>(&mut self, now: u64, table: &'a mut HashMap<Token, Slot>) -> Option<(Token, &'a mut Slot)> {
+        loop {
+            let &Reverse((at, t)) = self.0.peek()?;
+            if at > now {
+                return None;
+            }
+            self.0.pop();
+            let Some(slot) = table.get_mut(&t) else { continue };
+            if slot.queued != at {
+                continue;
+            }
+            slot.queued = NEVER;
+            if slot.due.0.load(Ordering::SeqCst) > now {
+                self.follow(t, slot);
+                continue;
+            }
+            // The borrow checker wants the slot looked up once more.
+            return table.get_mut(&t).map(|s| (t, s));
         }
     }
 }
@@ -450,8 +613,8 @@ mod tests {
         fn ready(&self, _: &mut [u8]) -> Flow {
             Flow::Idle
         }
-        fn tick(&self, _: Instant) -> Flow {
-            Flow::Idle
+        fn tick(&self, _: Instant) -> (Flow, Option<Instant>) {
+            (Flow::Idle, None)
         }
     }
 
@@ -476,11 +639,57 @@ mod tests {
         t.join().unwrap();
         // A late hand-over: the entry lands in `added` with no thread left.
         let (c, _d) = UnixStream::pair().unwrap();
-        let late = Arc::new(Holder(Mutex::new(Some(Registration { worker: w.clone(), token: Token(99) }))));
-        w.added.lock().push((Token(99), (c.as_raw_fd(), late.clone() as Arc<dyn Handler>)));
+        let due = Arc::new(Due(AtomicU64::new(NEVER)));
+        let reg = Registration { worker: w.clone(), token: Token(99), due: due.clone() };
+        let late = Arc::new(Holder(Mutex::new(Some(reg))));
+        w.added.lock().push((Token(99), (c.as_raw_fd(), late.clone() as Arc<dyn Handler>, due)));
         drop(w);
         r.stop();
         assert_eq!(Arc::strong_count(&late), 1, "the unserved handler outlived the reactor");
         drop(first.0.lock().take());
+    }
+
+    /// A handler that counts its ticks, each reported on `tx`, and asks
+    /// (once) to be ticked next at `next`.
+    struct Ticker {
+        ticks: AtomicU64,
+        next: Mutex<Option<Instant>>,
+        tx: Mutex<std::sync::mpsc::Sender<u64>>,
+    }
+
+    impl Handler for Ticker {
+        fn ready(&self, _: &mut [u8]) -> Flow {
+            Flow::Idle
+        }
+        fn tick(&self, _: Instant) -> (Flow, Option<Instant>) {
+            let n = self.ticks.fetch_add(1, Ordering::Relaxed) + 1;
+            let _ = self.tx.lock().send(n);
+            (Flow::Idle, self.next.lock().take())
+        }
+    }
+
+    /// Only due handlers are ticked: after its first turn's check, a
+    /// handler with no deadline is not ticked again (it was every 50 ms);
+    /// another thread's deadline wakes the sleeping thread for it
+    /// (guards `schedule`'s wake: without it the thread sleeps on); the
+    /// deadline a tick returns brings the next tick, and nothing after.
+    #[test]
+    fn only_due_handlers_are_ticked() {
+        use std::sync::mpsc::RecvTimeoutError::Timeout;
+        let r = Reactor::new(1, Duration::ZERO);
+        let (a, _b) = UnixStream::pair().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = Arc::new(Ticker { ticks: AtomicU64::new(0), next: Mutex::new(None), tx: Mutex::new(tx) });
+        let reg = r.register(a.as_raw_fd(), h.clone()).unwrap();
+        let long = Duration::from_secs(30);
+        assert_eq!(rx.recv_timeout(long), Ok(1), "the check after its first turn");
+        assert_eq!(rx.recv_timeout(Duration::from_millis(300)), Err(Timeout), "ticked with nothing due");
+        *h.next.lock() = Some(Instant::now() + Duration::from_millis(20));
+        reg.schedule(Instant::now());
+        assert_eq!(rx.recv_timeout(long), Ok(2), "the deadline another thread gave");
+        assert_eq!(rx.recv_timeout(long), Ok(3), "the deadline its tick returned");
+        assert_eq!(rx.recv_timeout(Duration::from_millis(300)), Err(Timeout), "ticked with nothing due");
+        assert_eq!(r.ticks(), 3);
+        r.stop();
     }
 }

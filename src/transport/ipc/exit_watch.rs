@@ -14,6 +14,7 @@
 
 use super::export::{process_exited, ExitWatchFn, OnExit};
 use crate::control::identity::{process_start_time, ProcessIdentity};
+use crate::control::io::TICK;
 use crate::transport::reactor::{Flow, Handler, Reactor};
 use parking_lot::Mutex;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -68,9 +69,13 @@ impl Handler for ExitWatch {
         self.check(Instant::now())
     }
 
-    fn tick(&self, now: Instant) -> Flow {
+    fn tick(&self, now: Instant) -> (Flow, Option<Instant>) {
         // Also covers a readable edge that came before registration.
-        self.check(now)
+        let flow = self.check(now);
+        let next = (*self.next.lock()).map(|(at, _)| at);
+        // Without a process descriptor the exit is seen only by looking:
+        // at every tick until then.
+        (flow, next.map(|at| if self.pidfd { at } else { at.min(now + TICK) }))
     }
 }
 

@@ -700,21 +700,23 @@ impl Handler for IpcServed {
         }
     }
 
-    fn tick(&self, now: Instant) -> Flow {
+    fn tick(&self, now: Instant) -> (Flow, Option<Instant>) {
         let mut core = self.core.lock();
         if core.is_ended() {
-            return Flow::Done;
+            return (Flow::Done, None);
         }
         let mut done = Vec::new();
         match self.check(&mut core, now, &mut done) {
             Ok(()) => {
+                let stall = core.next_deadline();
                 drop(core);
                 drop(done);
-                Flow::Idle
+                let offers = self.table.next_offer_expiry(self.conn);
+                (Flow::Idle, stall.into_iter().chain(offers).min())
             }
             Err(e) => {
                 self.fail(&e, core);
-                Flow::Done
+                (Flow::Done, None)
             }
         }
     }

@@ -13,7 +13,7 @@
 
 pub use super::chunk::{Chunk, Record};
 use super::proto::requester::{Event, RequesterCore};
-use super::wire::Wire;
+use super::wire::{segment_bytes, Wire};
 use crate::control::io;
 use crate::control::message::Describe;
 use crate::counters::Counters;
@@ -200,10 +200,16 @@ impl TcpConnection {
         if chunks.is_empty() {
             return;
         }
+        // The I/O thread ticks the connection by their deadline (it may
+        // not be woken for them).
+        let due = chunks.iter().map(|r| r.deadline).min();
         let mut c = self.state.lock();
         let at_once = c.core.submit(chunks);
         let sent = if at_once { self.write_out(&mut c, u64::MAX, Instant::now()) } else { Sent::Blocked };
         self.unlock(c);
+        if let (Some(at), Some(r)) = (due, self.reg.get()) {
+            r.schedule(at);
+        }
         if sent != Sent::Complete {
             self.wake();
         }
@@ -352,7 +358,7 @@ impl TcpConnection {
             // on the local region holding [addr, addr+len) (the submission
             // checked the range) until these bytes have left; `parts` is
             // dropped before the core hears what was sent.
-            let parts: Vec<&[u8]> = segs.iter().map(|s| unsafe { s.bytes() }).collect();
+            let parts: Vec<&[u8]> = segs.iter().map(|s| unsafe { segment_bytes(s) }).collect();
             let r = c.wire.send(&self.stream, &parts, skip, ramp.cap());
             drop(parts);
             match r {
@@ -528,10 +534,10 @@ impl Handler for TcpConnection {
         flow
     }
 
-    fn tick(&self, now: Instant) -> Flow {
+    fn tick(&self, now: Instant) -> (Flow, Option<Instant>) {
         let mut c = self.state.lock();
         if self.finished.is_set() {
-            return Flow::Done;
+            return (Flow::Done, None);
         }
         let flow = match c.core.expire(now) {
             Err(e) => {
@@ -553,11 +559,12 @@ impl Handler for TcpConnection {
             }
             Ok(()) => Flow::Idle,
         };
+        let next = c.core.next_deadline();
         self.unlock(c);
         if flow == Flow::Done {
             self.finished.set();
         }
-        flow
+        (flow, next)
     }
 }
 

@@ -12,7 +12,7 @@
 use super::handshake::Opened;
 use super::proto::source::{AfterSend, Limits, Recv, SourceCore, SourceHost};
 use super::torn::{Torn, TornReports};
-use super::wire::Wire;
+use super::wire::{segment_bytes, Wire};
 use crate::control::frame::MsgKind;
 use crate::control::io;
 use crate::control::message::{DataRequest, Describe};
@@ -169,6 +169,9 @@ pub struct SourceConn {
     reg: once_cell::sync::OnceCell<Registration>,
     revoker_id: AtomicU64,
     finished: Ended,
+    /// The engine's live connections, this one among them until it ends.
+    revoker: Arc<Revoker>,
+    /// Run once, when the connection ends (taken, then run unlocked).
     on_done: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
@@ -217,6 +220,7 @@ impl SourceConn {
         let _ = stream.set_nodelay(true);
         let limits = Limits { stall: ctx.handshake_timeout, min_rate: ctx.min_payload_rate };
         let peer = stream.peer_addr().map_or_else(|_| "(address unknown)".to_string(), |a| a.to_string());
+        let revoker = ctx.revoker.clone();
         let c = Arc::new(SourceConn {
             stream,
             state: Mutex::new(State {
@@ -228,18 +232,18 @@ impl SourceConn {
             reg: once_cell::sync::OnceCell::new(),
             revoker_id: AtomicU64::new(u64::MAX),
             finished: Ended::default(),
+            revoker,
             on_done: Mutex::new(Some(on_done)),
         });
-        let revoker = c.state.lock().host.ctx.revoker.clone();
-        c.revoker_id.store(revoker.add(Arc::downgrade(&c)), Ordering::Relaxed);
+        c.revoker_id.store(c.revoker.add(Arc::downgrade(&c)), Ordering::Relaxed);
         match reactor.register(c.stream.as_raw_fd(), c.clone()) {
             Ok(r) => {
                 let _ = c.reg.set(r);
                 Ok(c)
             }
             Err(e) => {
-                let mut st = c.state.lock();
-                c.end(&mut st);
+                c.end(&mut c.state.lock());
+                c.ended();
                 Err(e)
             }
         }
@@ -258,14 +262,22 @@ impl SourceConn {
     }
 
     /// The connection is over: the core releases what it held (leases,
-    /// gate guards, unpublished notifications), the socket is shut and the
-    /// listeners told.
+    /// gate guards, unpublished notifications) and the socket is shut.
+    /// Runs under the connection's lock; whoever holds it calls
+    /// [`SourceConn::ended`] once the lock is released.
     fn end(&self, st: &mut State) {
         let _ = self.stream.shutdown(Shutdown::Both);
         st.core.end(&mut st.host);
-        st.host.ctx.revoker.remove(self.revoker_id.load(Ordering::Relaxed));
+    }
+
+    /// After [`SourceConn::end`], with the connection's lock released (no
+    /// callback runs under it): the connection leaves the revoker, its
+    /// waiters and its listener are told. Runs `on_done` once.
+    fn ended(&self) {
+        self.revoker.remove(self.revoker_id.load(Ordering::Relaxed));
         self.finished.set();
-        if let Some(f) = self.on_done.lock().take() {
+        let done = self.on_done.lock().take();
+        if let Some(f) = done {
             f();
         }
     }
@@ -315,7 +327,7 @@ impl SourceConn {
             // [addr, addr+len), bounds-checked by `validate`) until these
             // bytes have been sent; `parts` is dropped before the core hears
             // what was sent.
-            let parts: Vec<&[u8]> = segs.iter().map(|s| unsafe { s.bytes() }).collect();
+            let parts: Vec<&[u8]> = segs.iter().map(|s| unsafe { segment_bytes(s) }).collect();
             let r = wire.send(&self.stream, &parts, skip as u64, ramp.cap());
             drop(parts);
             let n = match r {
@@ -457,29 +469,21 @@ impl Handler for SourceConn {
             let flow = self.turn(&mut st, scratch);
             (flow, st.core.take_published())
         };
-        // Visible once the lock is released: nothing runs under it.
-        for a in published {
-            a.publish();
-        }
-        flow
+        self.unlocked(flow, published)
     }
 
-    fn tick(&self, now: Instant) -> Flow {
-        let (flow, published) = {
+    fn tick(&self, now: Instant) -> (Flow, Option<Instant>) {
+        let (flow, published, next) = {
             let mut st = self.state.lock();
             if self.is_finished() {
-                return Flow::Done;
+                return (Flow::Done, None);
             }
             let stopping = st.host.ctx.stopping.load(Ordering::Acquire);
             let check =
                 if stopping { Err(Error::Unavailable("engine is shutting down".into())) } else { st.core.check(now) };
-            if let Err(e) = check {
-                self.fail(&e, &mut st);
-                return Flow::Done;
-            }
             // A frame queued (a `Revoke`) whose wake-up came before this
             // connection's registration was set still leaves.
-            let flow = match self.flush(&mut st, now) {
+            let flow = match check.and_then(|_| self.flush(&mut st, now)) {
                 Ok(Some(f)) => f,
                 Ok(None) => {
                     self.end(&mut st);
@@ -490,10 +494,22 @@ impl Handler for SourceConn {
                     Flow::Done
                 }
             };
-            (flow, st.core.take_published())
+            (flow, st.core.take_published(), st.core.next_deadline())
         };
+        (self.unlocked(flow, published), next)
+    }
+}
+
+impl SourceConn {
+    /// What a turn leaves for after the lock: notifications made visible
+    /// and, when the connection ended, [`SourceConn::ended`] (nothing runs
+    /// under the lock).
+    fn unlocked(&self, flow: Flow, published: Vec<Admitted>) -> Flow {
         for a in published {
             a.publish();
+        }
+        if flow == Flow::Done {
+            self.ended();
         }
         flow
     }
@@ -516,4 +532,67 @@ fn validate(ctx: &SourceContext, req: &DataRequest, write: bool) -> Result<(Regi
         )));
     }
     Ok((lease, guard))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::Level;
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+
+    fn context() -> Arc<SourceContext> {
+        let stats = Arc::new(Counters::default());
+        Arc::new(SourceContext {
+            regions: Arc::new(RegionTable::default()),
+            stats: stats.clone(),
+            gate: Gate::new("test source"),
+            stopping: Arc::new(AtomicBool::new(false)),
+            describe: Arc::new(|| Describe::bare(crate::control::identity::Identity::gone())),
+            handshake_timeout: Duration::from_secs(30),
+            min_payload_rate: 0,
+            revoker: Arc::new(Revoker::default()),
+            inbox: Arc::new(Inbox::new(4, 1024, stats)),
+            log: Arc::new(Logger::new(Level::Off, "test")),
+            torn: Default::default(),
+        })
+    }
+
+    /// A connection's `on_done` (the engine's: it takes the accept loop's
+    /// lock and drops the connection's record) runs with the connection's
+    /// lock released, and after the connection left the revoker. Guards
+    /// `ended` being called by `unlocked` once the lock is gone (with the
+    /// callback run from `end`, under the lock, the callback sees the lock
+    /// held and the revoker still listing the connection).
+    #[test]
+    fn on_done_runs_with_the_connection_lock_released() {
+        let ctx = context();
+        let reactor = Reactor::new(1, Duration::ZERO);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (server, _) = listener.accept().unwrap();
+        let me: Arc<once_cell::sync::OnceCell<Weak<SourceConn>>> = Default::default();
+        let (tx, rx) = mpsc::channel();
+        let on_done = {
+            let me = me.clone();
+            let revoker = ctx.revoker.clone();
+            Box::new(move || {
+                let c = me.get().and_then(Weak::upgrade).expect("the connection is alive while it ends");
+                let unlocked = c.state.try_lock().is_some();
+                let listed = revoker.conns.lock().len();
+                tx.send((unlocked, listed)).unwrap();
+            })
+        };
+        let c = SourceConn::start(ctx.clone(), server, Wire::Plain, "peer".into(), &reactor, on_done).unwrap();
+        me.set(Arc::downgrade(&c)).unwrap();
+        assert_eq!(ctx.revoker.conns.lock().len(), 1);
+        // The peer goes: the I/O thread ends the connection.
+        drop(client);
+        let (unlocked, listed) = rx.recv_timeout(Duration::from_secs(30)).expect("the connection ended");
+        assert!(unlocked, "on_done ran under the connection's lock");
+        assert_eq!(listed, 0, "on_done ran before the connection left the revoker");
+        assert!(c.is_finished());
+        drop(c);
+        reactor.stop();
+    }
 }

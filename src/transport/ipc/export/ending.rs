@@ -38,6 +38,11 @@ impl ExportTable {
         n
     }
 
+    /// When the earliest unanswered offer of channel `conn` expires.
+    pub fn next_offer_expiry(&self, conn: u64) -> Option<Instant> {
+        self.table.lock().core.next_offer_expiry(conn)
+    }
+
     /// The source closes: offers not answered yet are withdrawn (nothing
     /// was exposed; a late answer finds no export). Returns how many.
     pub fn withdraw_offers(&self) -> usize {

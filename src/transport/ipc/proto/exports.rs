@@ -169,7 +169,9 @@ pub struct Lost<R> {
 }
 
 /// Bugs of the past, switched back on to show that the simulator finds
-/// them (tests only; all `false` in the engine).
+/// them (tests only: compiled only for tests and with the `sim`
+/// feature).
+#[cfg(any(test, feature = "sim"))]
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Mutations {
     /// A lost channel releases an export whose handle is being made (what
@@ -268,7 +270,9 @@ pub struct ExportsCore<R> {
     offer_timeout: Duration,
     /// Exposed exports released because their importer exited.
     reclaimed: u64,
-    /// Test-only switches; see [`Mutations`].
+    /// Test-only switches; see [`Mutations`] (compiled only for tests and
+    /// with the `sim` feature).
+    #[cfg(any(test, feature = "sim"))]
     pub mutations: Mutations,
 }
 
@@ -303,6 +307,7 @@ impl<R> ExportsCore<R> {
             next_id: 1,
             offer_timeout,
             reclaimed: 0,
+            #[cfg(any(test, feature = "sim"))]
             mutations: Mutations::default(),
         }
     }
@@ -425,7 +430,7 @@ impl<R> ExportsCore<R> {
     /// first byte (and the descriptor riding on it) left: nobody can hold
     /// the export, which ends (the driver unexports the handle).
     pub fn handle_not_sent(&mut self, conn: u64, r: &ExportRef) -> Option<Released<R>> {
-        if self.mutations.forget_unsent_handles {
+        if mutated!(self.mutations.forget_unsent_handles) {
             return None;
         }
         let e = self.entry(conn, r).ok()?;
@@ -614,6 +619,12 @@ impl<R> ExportsCore<R> {
         self.take_all(due)
     }
 
+    /// When the earliest offer of channel `conn` not answered yet expires
+    /// ([`ExportsCore::expire_offers`] releases it then).
+    pub fn next_offer_expiry(&self, conn: u64) -> Option<Instant> {
+        self.offers.get(&conn).and_then(|s| s.first()).map(|(at, _)| *at + self.offer_timeout)
+    }
+
     /// The source closes: every offer not answered yet is withdrawn.
     pub fn withdraw_offers(&mut self) -> Vec<Released<R>> {
         let ids = self.offers.values().flat_map(|s| s.iter().map(|(_, id)| *id)).collect();
@@ -639,12 +650,12 @@ impl<R> ExportsCore<R> {
             let e = self.exports.get(&id).expect("indexed");
             let (state, requester) = (e.state, e.grant.requester);
             match state {
-                ExportState::Exposing if self.mutations.release_exports_being_made => {
+                ExportState::Exposing if mutated!(self.mutations.release_exports_being_made) => {
                     lost.released.extend(self.take(id))
                 }
                 ExportState::Exposing => self.set_state(id, ExportState::Abandoned),
                 ExportState::Abandoned | ExportState::Retained | ExportState::Lingering => {}
-                ExportState::Offered if self.mutations.keep_offers_of_lost_channels => {}
+                ExportState::Offered if mutated!(self.mutations.keep_offers_of_lost_channels) => {}
                 ExportState::Offered => lost.released.extend(self.take(id)),
                 ExportState::Exposed if requester.is_some_and(|r| exited(&r.process) && let_go(&e.res)) => {
                     lost.reclaimed += 1;
@@ -696,7 +707,7 @@ impl<R> ExportsCore<R> {
         exited: bool,
         mut let_go: impl FnMut(&R) -> bool,
     ) -> (Vec<Released<R>>, usize) {
-        let any = self.mutations.reclaim_live_importers;
+        let any = mutated!(self.mutations.reclaim_live_importers);
         let ids: Vec<u64> =
             self.by_process.get(&process_key(p)).map(|s| s.iter().copied().collect()).unwrap_or_default();
         let due: Vec<u64> = ids
@@ -723,7 +734,7 @@ impl<R> ExportsCore<R> {
     /// export): returns the ids newly suspended, whose slots the driver
     /// revokes. Walks the table (an unregistration, the close).
     pub fn suspend(&mut self, region: Option<u64>) -> Vec<u64> {
-        let again = self.mutations.suspend_again;
+        let again = mutated!(self.mutations.suspend_again);
         self.exports
             .walk_mut()
             .filter(|(_, e)| region.is_none_or(|id| e.grant.region == id) && e.grant.has_slot)

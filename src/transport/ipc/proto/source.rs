@@ -254,6 +254,11 @@ impl<X> IpcSourceCore<X> {
         (self.items.len() - making, making)
     }
 
+    /// The earliest time [`IpcSourceCore::check`] can fail.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.frame_deadline.into_iter().chain(self.out_deadline).min()
+    }
+
     /// The stall bounds at `now`.
     pub fn check(&self, now: Instant) -> Result<()> {
         if self.frame_deadline.is_some_and(|d| now >= d) {

@@ -41,7 +41,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
             }
             _ => {}
         }
-        if self.queued_due.is_some_and(|d| now >= d) && !self.mutations.keep_queued_past_deadline {
+        if self.queued_due.is_some_and(|d| now >= d) && !mutated!(self.mutations.keep_queued_past_deadline) {
             self.expire_queued(now);
         }
         let tags: Vec<u64> =

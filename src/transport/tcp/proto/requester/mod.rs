@@ -236,11 +236,14 @@ pub struct RequesterCore<T, H, N> {
     /// count.
     pub notes_sent: u64,
     /// Bug switches for the simulator (`tests/sim_tcp.rs`), off unless a
-    /// test turns one on to show the simulator finds that class of bug.
+    /// test turns one on to show the simulator finds that class of bug
+    /// (compiled only for tests and with the `sim` feature).
+    #[cfg(any(test, feature = "sim"))]
     pub mutations: Mutations,
 }
 
 /// Bugs of the past the simulator must find, re-introduced on demand.
+#[cfg(any(test, feature = "sim"))]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Mutations {
     /// A WRITE answered while its payload is still being sent completes at
@@ -279,6 +282,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
             events: Vec::new(),
             dropped: 0,
             notes_sent: 0,
+            #[cfg(any(test, feature = "sim"))]
             mutations: Mutations::default(),
         }
     }

@@ -279,7 +279,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
     /// payload is still being sent (its memory in use), at once otherwise.
     fn answered_early(&mut self, tag: u64, outcome: ChunkOutcome) {
         let Some(e) = self.pending.get_mut(&tag) else { return };
-        if e.sending && !self.mutations.complete_early_writes {
+        if e.sending && !mutated!(self.mutations.complete_early_writes) {
             e.early = Some(outcome);
             return;
         }

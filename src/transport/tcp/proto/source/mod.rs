@@ -203,24 +203,6 @@ pub enum Segment<'a> {
     },
 }
 
-impl Segment<'_> {
-    /// The bytes this segment sends.
-    ///
-    /// # Safety
-    /// For [`Segment::Memory`], `[addr, addr+len)` must be readable memory
-    /// that stays mapped while the slice lives: the core that yielded the
-    /// segment keeps its request's lease on the region until the bytes
-    /// have left, so a driver that drops the slices before telling the
-    /// core what it sent holds this.
-    pub unsafe fn bytes(&self) -> &[u8] {
-        match self {
-            Segment::Bytes(b) => b,
-            // SAFETY: the caller's contract above.
-            Segment::Memory { addr, len } => unsafe { std::slice::from_raw_parts(*addr as *const u8, *len as usize) },
-        }
-    }
-}
-
 /// Where the driver puts the next bytes it reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recv {
