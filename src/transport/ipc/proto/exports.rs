@@ -499,7 +499,7 @@ impl<R> ExportsCore<R> {
     /// at most the largest validated envelope — or it is a protocol error;
     /// it counts at most once per validated subbatch.
     pub fn op_complete(&mut self, conn: u64, r: &ExportRef) -> Result<bool> {
-        let undue = self.mutations.count_undue_receipts;
+        let undue = mutated!(self.mutations.count_undue_receipts);
         let e = self.entry(conn, r)?;
         if e.state != ExportState::Exposed {
             return Err(Error::Protocol(format!("operation receipt for unexposed export {}", r.export_id)));

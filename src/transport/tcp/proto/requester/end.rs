@@ -69,7 +69,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
             }
             let mut e = self.pending.remove(&w.tag).expect("present");
             w.hold = e.hold.take();
-            if self.mutations.release_expired_writes_mid_payload {
+            if mutated!(self.mutations.release_expired_writes_mid_payload) {
                 drop(w.hold.take());
             }
             self.abandoned.insert(w.tag, (Op::Write, e.len));
