@@ -44,7 +44,7 @@ CURATED=(
   'src/transfer.rs:.*replace BatchShared::requests_ended -> bool with true$'         # a notification's wait for its batches
   'src/memory/owners.rs:.*replace fence_pinned_at -> Result<Vec<Fence>> with Ok\(vec!\[\]\)$' # pinned fences, GPU groups vs TCP
   'src/sync/admission.rs:.*replace match guard self.hold.is_some\(\) \|\| self.mutations.run_unentered with true in SubbatchAdmission::admit$' # a subbatch after the close
-  'src/engine/submit.rs:.*replace may_fall_through -> bool with (true|false)$'      # which unposted refusals move to TCP under AUTO
+  'src/transport/ipc/executor.rs:.*replace may_fall_through -> bool with (true|false)$'      # which unposted refusals move to TCP under AUTO
   'src/cuda/vmm.rs:.* devices_reaching( |$)'                                        # VMM access only for GPUs with a path (P2P)
 )
 
