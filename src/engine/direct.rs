@@ -34,6 +34,8 @@ pub struct DirectRoute {
     link: Arc<IpcLink>,
     requester: Arc<IpcRequester>,
     region: RegionInfo,
+    /// Both engines opted in to EGM remote host grants.
+    egm: bool,
     /// The cached import the last copy went through (SHM): the next one
     /// copies through it without the cache's lock while it holds.
     held: RwLock<HeldImport>,
@@ -49,15 +51,6 @@ impl DirectRoute {
     pub fn region(&self) -> &RegionInfo {
         &self.region
     }
-}
-
-/// Whether `kind` can carry some local memory to or from the peer's memory
-/// of kind `remote` (`egm`: both engines opted in to EGM).
-fn carries(kind: TransportKind, remote: MemoryKind, egm: bool) -> bool {
-    if remote == MemoryKind::Egm && kind == TransportKind::Mnnvl && !egm {
-        return false;
-    }
-    MemoryKind::ALL.iter().any(|&local| super::ipc_transports::kinds_allow(kind, local, remote))
 }
 
 impl Engine {
@@ -118,7 +111,7 @@ impl Engine {
                     continue;
                 }
             };
-            if !carries(kind, region.kind, egm) {
+            if !super::plan::carries(kind, region.kind, egm) {
                 why.push(format!("{}: cannot carry the peer's {} memory", kind.name(), region.kind.name()));
                 continue;
             }
@@ -133,6 +126,7 @@ impl Engine {
                 link,
                 requester: ipc.requester.clone(),
                 region,
+                egm,
                 held: RwLock::new(HeldImport::default()),
             });
         }
@@ -165,19 +159,12 @@ impl Engine {
         if route.engine != self.inner.identity.engine_epoch {
             return Err(Error::InvalidArgument("the direct route was opened by another engine".into()));
         }
-        if req.len == 0 {
-            return Err(Error::InvalidArgument("the request's length is 0".into()));
-        }
-        let lease = self
-            .inner
-            .regions
-            .lease(req.local_addr, req.len)
-            .map_err(|e| Error::from_status(e.status(), format!("local {}", e.message())))?;
+        super::check::nonzero(req, None)?;
+        let lease = self.lease_local(req, None)?;
         let local = lease.region();
         let kind = route.kind;
-        if !super::ipc_transports::kinds_allow(kind, local.kind, route.region.kind)
-            || !super::ipc_transports::local_placement_ok(kind, local.kind, req.local_addr)
-        {
+        // The check a submission's plan makes of each request.
+        if !super::plan::fits(kind, local.kind, req.local_addr, Some(&route.region), route.egm) {
             return Err(Error::NotSupported(format!(
                 "the route's transport {} cannot copy between local {} memory and the peer's {} memory",
                 kind.name(),
@@ -277,20 +264,5 @@ impl Engine {
                 Err(none(e))
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_ipc_transport_carries_only_the_memory_it_maps() {
-        assert!(carries(TransportKind::Shm, MemoryKind::SharedHost, false));
-        assert!(!carries(TransportKind::Shm, MemoryKind::Host, false));
-        assert!(!carries(TransportKind::Shm, MemoryKind::CudaIpc, false));
-        assert!(carries(TransportKind::Nvlink, MemoryKind::CudaIpc, false));
-        assert!(!carries(TransportKind::Nvlink, MemoryKind::SharedHost, false));
-        assert!(!carries(TransportKind::Mnnvl, MemoryKind::Egm, false), "EGM needs both engines' opt-in");
     }
 }

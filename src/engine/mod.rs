@@ -8,16 +8,20 @@
 
 mod accept;
 pub mod batch_handle;
+mod check;
 pub mod config;
 mod connected_peer;
 pub mod direct;
 pub mod doctor;
 mod ipc_transports;
 mod json_keys;
+mod misfit;
 mod mnnvl_fabric;
 mod mnnvl_peer;
 mod notify;
 mod peers;
+mod plan;
+mod region_index;
 mod regions;
 pub mod registry;
 pub mod stats;

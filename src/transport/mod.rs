@@ -12,5 +12,6 @@ pub mod cpu_copy;
 pub mod inbox;
 pub mod ipc;
 pub mod outbox;
+pub mod planned;
 pub mod reactor;
 pub mod tcp;

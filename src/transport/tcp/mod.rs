@@ -8,6 +8,7 @@
 //! streams payload straight from or into them.
 
 mod chunk;
+pub mod executor;
 pub mod handshake;
 pub mod proto;
 pub mod requester;

@@ -23,7 +23,7 @@ use crate::memory::RegionLease;
 use crate::sync::admission::Gate;
 use crate::transfer::{Assist, ChunkOutcome};
 use crate::transport::reactor::{set_rcvlowat, Ended, Flow, Got, Handler, Reactor, Registration, SCRATCH};
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 use std::io::ErrorKind;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
@@ -50,6 +50,9 @@ struct Conn {
     /// The peer is gone for good (discovery): this reason replaces a lost
     /// connection's.
     retired: Option<Error>,
+    /// The Describe generation, the end and the retirement last published
+    /// ([`TcpConnection::publish`]).
+    published: (u64, bool, bool),
 }
 
 impl Conn {
@@ -88,6 +91,11 @@ pub struct TcpConnection {
     state: Mutex<Conn>,
     /// Waiters for a fresh Describe wait on the state's lock.
     describe_cv: Condvar,
+    /// The peer's latest Describe while the connection lives, else why it
+    /// ended: swapped under the state's lock whenever either changes, read
+    /// without it (a submission plans from it while an I/O turn holds the
+    /// connection).
+    snapshot: RwLock<Result<Arc<Describe>>>,
     reg: once_cell::sync::OnceCell<Registration>,
     /// Set once the connection has ended and everything left was failed.
     finished: Ended,
@@ -127,10 +135,13 @@ impl TcpConnection {
     ) -> Result<Arc<TcpConnection>> {
         stream.set_nonblocking(true).map_err(|x| Error::io("set_nonblocking", &x))?;
         let _ = stream.set_nodelay(true);
+        let core = RequesterCore::new(label.clone(), peer);
+        let (describe, generation) = core.describe();
         let conn = Arc::new(TcpConnection {
             stream,
-            state: Mutex::new(Conn { core: RequesterCore::new(label.clone(), peer), wire, lowat: 1, retired: None }),
+            state: Mutex::new(Conn { core, wire, lowat: 1, retired: None, published: (generation, false, false) }),
             describe_cv: Condvar::new(),
+            snapshot: RwLock::new(Ok(describe)),
             reg: once_cell::sync::OnceCell::new(),
             finished: Ended::default(),
             stats,
@@ -158,14 +169,11 @@ impl TcpConnection {
     }
 
     /// The peer's latest Describe while the connection lives, else why it
-    /// ended (as [`dead_reason`](Self::dead_reason)): both under one lock,
-    /// what every submission asks first.
+    /// ended (as [`dead_reason`](Self::dead_reason)): what every submission
+    /// asks first, read from the published snapshot without the
+    /// connection's lock.
     pub fn describe_live(&self) -> Result<Arc<Describe>> {
-        let c = self.state.lock();
-        match c.ended() {
-            Some(e) => Err(e),
-            None => Ok(c.core.describe().0),
-        }
+        self.snapshot.read().clone()
     }
 
     /// Asks the peer for a fresh Describe and waits for it until `deadline`.
@@ -255,8 +263,14 @@ impl TcpConnection {
     /// another epoch): `e` becomes the reason, replacing a lost
     /// connection's, and the connection is killed if it was not already.
     pub fn retire(&self, e: Error) {
-        self.state.lock().retired = Some(e.clone());
-        self.kill(e);
+        // Under one lock with the end, so that the published end is this
+        // reason from the first.
+        let mut c = self.state.lock();
+        c.retired = Some(e.clone());
+        self.end(&mut c, e);
+        self.unlock(c);
+        self.finished.set();
+        self.wake();
     }
 
     /// Orderly close: Goodbye (when nothing is half written), then the
@@ -295,6 +309,7 @@ impl TcpConnection {
     /// a notification's verdict or a `Revoke` hook never runs under the
     /// lock, so it may use this connection.
     fn unlock(&self, mut c: MutexGuard<'_, Conn>) {
+        self.publish(&mut c);
         let out = self.outputs(&mut c);
         #[cfg(test)]
         if self.deliver_under_lock.load(Ordering::Relaxed) {
@@ -304,6 +319,23 @@ impl TcpConnection {
         }
         drop(c);
         self.deliver(out);
+    }
+
+    /// Publishes the peer's Describe, or why the connection ended, when
+    /// either changed since last published; under the state's lock, before
+    /// it is released, so a submission that reads the snapshot after any
+    /// call that changed them sees the change.
+    fn publish(&self, c: &mut Conn) {
+        let (describe, generation) = c.core.describe();
+        let now = (generation, c.core.dead().is_some(), c.retired.is_some());
+        if c.published == now {
+            return;
+        }
+        c.published = now;
+        *self.snapshot.write() = match c.ended() {
+            Some(e) => Err(e),
+            None => Ok(describe),
+        };
     }
 
     /// Takes what the core reported (and folds its counts into the stats).
@@ -610,6 +642,32 @@ mod tests {
         .unwrap();
         reactor.stop();
         (conn, peer)
+    }
+
+    /// A submission reads the peer's Describe while another thread holds
+    /// the connection's lock (as an I/O turn does): from the published
+    /// snapshot. Once the connection is killed the snapshot gives the
+    /// end's reason, and once the peer is retired the retirement's (it
+    /// replaces the loss's). Guards `describe_live` reading the snapshot
+    /// and `publish` in `unlock`.
+    #[test]
+    fn the_describe_is_read_without_the_connections_lock_and_ends_with_it() {
+        let (conn, _peer) = connected(&Arc::new(Counters::default()));
+        let epoch = conn.describe().identity.engine_epoch;
+        let held = conn.state.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let reader = conn.clone();
+        let t = std::thread::spawn(move || tx.send(reader.describe_live().map(|d| d.identity.engine_epoch)).unwrap());
+        let got = rx.recv_timeout(Duration::from_secs(20));
+        drop(held);
+        t.join().unwrap();
+        assert_eq!(got.expect("read while the lock is held").unwrap(), epoch);
+        conn.kill(Error::Unavailable("lost".into()));
+        let e = conn.describe_live().unwrap_err();
+        assert_eq!((e.status(), e.message()), (Status::Unavailable, "lost"));
+        conn.retire(Error::from_status(Status::StalePeer, "retired"));
+        let e = conn.describe_live().unwrap_err();
+        assert_eq!((e.status(), e.message()), (Status::StalePeer, "retired"));
     }
 
     /// A thread waiting for a fresh Describe learns at once that the

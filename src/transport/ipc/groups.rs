@@ -1,0 +1,252 @@
+//! The groups of an IPC part: requests naming one remote region whose
+//! local memory one GPU copies, gathered (independent requests) or kept in
+//! runs (dependent ones), and a large independent group's windows.
+
+use super::plan::independent;
+use crate::control::message::RegionInfo;
+use crate::kinds::TransportKind;
+use crate::memory::MemoryKind;
+use crate::transfer::Request;
+use crate::transport::cpu_copy;
+use crate::transport::planned::Item;
+use std::collections::VecDeque;
+
+/// Subbatches of an IPC submission, in linear time: requests naming one
+/// remote region whose local memory one GPU copies. An import maps the
+/// whole remote allocation, so how far apart the blocks lie is no reason to
+/// split. When the submission's requests are independent (no local or
+/// remote range that one writes overlaps another's), every request of a
+/// (region, GPU) joins one group, groups in order of first appearance;
+/// otherwise groups are consecutive runs, so that dependent requests keep
+/// their input order. Also says whether the groups may end in any order
+/// (several groups of independent requests). Every request of `live`
+/// names a region.
+pub fn group<'a>(live: Vec<Item<'a>>) -> (VecDeque<Group<'a>>, bool) {
+    let key = |c: &Item<'_>| (c.slot, c.lease.region().device);
+    let mut groups: VecDeque<Group<'a>> = VecDeque::new();
+    // One (region, GPU) for all, the common case: one group either way.
+    if live.first().is_some_and(|first| live.iter().all(|c| key(c) == key(first))) {
+        let mut g = Group::of(&live[0], live.len());
+        g.extend(&live);
+        groups.push_back(g);
+        return (groups, false);
+    }
+    if independent(live.iter().map(|c| &c.req)) {
+        // The group of each region slot on the first request's GPU (the
+        // common case: a dense table, no hashing), and of any other key.
+        let device = live[0].lease.region().device;
+        let mut by_slot: Vec<u32> = Vec::new();
+        let mut others: std::collections::HashMap<(u32, Option<i32>), u32> = std::collections::HashMap::new();
+        // Neighbours mostly share their group: looked up once per run.
+        let mut last: Option<((u32, Option<i32>), u32)> = None;
+        // Each request's group, and each group's size and first request:
+        // the groups are then filled at their final size, with no growing
+        // copies.
+        let mut sizes: Vec<(usize, u32)> = Vec::new();
+        let add = |sizes: &mut Vec<(usize, u32)>, first: u32| {
+            sizes.push((0, first));
+            (sizes.len() - 1) as u32
+        };
+        let of: Vec<u32> = live
+            .iter()
+            .zip(0u32..)
+            .map(|(c, i)| {
+                let k = key(c);
+                let at = match last {
+                    Some((lk, at)) if lk == k => at,
+                    // Slots are positions in the peer's table: the vector
+                    // grows to the table's length at most.
+                    _ if k.1 == device && c.slot != u32::MAX => {
+                        let s = c.slot as usize;
+                        if s >= by_slot.len() {
+                            by_slot.resize(s + 1, u32::MAX);
+                        }
+                        if by_slot[s] == u32::MAX {
+                            by_slot[s] = add(&mut sizes, i);
+                        }
+                        by_slot[s]
+                    }
+                    _ => *others.entry(k).or_insert_with(|| add(&mut sizes, i)),
+                };
+                last = Some((k, at));
+                sizes[at as usize].0 += 1;
+                at
+            })
+            .collect();
+        groups.extend(sizes.into_iter().map(|(n, first)| Group::of(&live[first as usize], n)));
+        for (c, at) in live.iter().zip(of) {
+            groups[at as usize].push(c);
+        }
+        return (groups, true);
+    }
+    for c in &live {
+        match groups.back_mut() {
+            Some(g) if (g.slot, g.device) == key(c) => g.push(c),
+            _ => {
+                let mut g = Group::of(c, 1);
+                g.push(c);
+                groups.push_back(g);
+            }
+        }
+    }
+    (groups, false)
+}
+
+/// One subbatch to run: its requests (index in the submission, request),
+/// the remote region they name and the GPU of their local memory (None:
+/// host), whether any local memory is library-pinned host memory, whether
+/// it is the single-request retry of a rejected group, and, for a window of
+/// a larger independent group (completing in any order), the operations of
+/// that whole group.
+pub struct Group<'a> {
+    pub items: Vec<(usize, Request)>,
+    pub region: &'a RegionInfo,
+    pub slot: u32,
+    pub device: Option<i32>,
+    pub pinned: bool,
+    pub retried: bool,
+    pub window: Option<u32>,
+}
+
+impl<'a> Group<'a> {
+    /// An empty group of `first`'s region and GPU, with room for `n`.
+    pub fn of(first: &Item<'a>, n: usize) -> Group<'a> {
+        Group {
+            items: Vec::with_capacity(n),
+            region: first.region.expect("a grouped request names a region"),
+            slot: first.slot,
+            device: first.lease.region().device,
+            pinned: false,
+            retried: false,
+            window: None,
+        }
+    }
+
+    /// The same region and GPU, with `items`.
+    pub fn with(&self, items: Vec<(usize, Request)>) -> Group<'a> {
+        Group { items, ..*self }
+    }
+
+    pub fn push(&mut self, c: &Item<'_>) {
+        self.items.push((c.at(), c.req));
+        self.pinned |= c.lease.region().kind == MemoryKind::PinnedHost;
+    }
+
+    pub fn extend(&mut self, cs: &[Item<'_>]) {
+        for c in cs {
+            self.push(c);
+        }
+    }
+}
+
+/// A large independent group moves in windows of at least this many
+/// requests (for SHM also at least [`cpu_copy::ASYNC_MIN_BYTES`]): the
+/// copy pool (SHM) or a stream of the pool (NVLink, MNNVL: one native
+/// batch per window) starts on the first window while the caller builds
+/// the next, so posting hides behind the copies, and each window's
+/// bookkeeping stays in a core's cache (about 250 bytes per request over
+/// its passes: 1 MB here) instead of going to memory between passes over
+/// the whole group.
+pub const WINDOW_REQUESTS: usize = 4096;
+
+/// Cuts an independent group into windows (see [`WINDOW_REQUESTS`]); a
+/// group too small for two windows stays whole. The windows keep the
+/// group's order.
+pub fn windows(kind: TransportKind, items: Vec<(usize, Request)>) -> Vec<Vec<(usize, Request)>> {
+    // A CPU copy needs enough bytes to be worth handing to the pool; a
+    // native batch is worth posting from its count of copies alone.
+    let cpu = matches!(kind, TransportKind::Shm | TransportKind::Cma);
+    let min_bytes = if cpu { cpu_copy::ASYNC_MIN_BYTES } else { 0 };
+    let mut out: Vec<Vec<(usize, Request)>> = Vec::new();
+    let mut cur: Vec<(usize, Request)> = Vec::new();
+    let mut bytes = 0u64;
+    let mut rest = items.len();
+    for c in items {
+        bytes += c.1.len;
+        cur.push(c);
+        rest -= 1;
+        // A window closes once it is large enough, unless what is left
+        // would make too small a last one.
+        let full = cur.len() >= WINDOW_REQUESTS && bytes >= min_bytes;
+        if full && rest >= WINDOW_REQUESTS {
+            out.push(std::mem::take(&mut cur));
+            bytes = 0;
+        }
+    }
+    out.push(cur);
+    out
+}
+
+/// Whether the last group of an IPC submission moves in windows (see
+/// [`windows`]): any IPC transport with a relocation cache, so that the
+/// windows share one cached import (without a cache each would open its
+/// own, each charged for the whole allocation); large enough for two
+/// windows; no library pinned local memory (fenced per subbatch: a second
+/// window would wait for the first's fence); independent requests
+/// (`known_independent`: the whole submission was shown so already).
+pub fn windowed(kind: TransportKind, caches: bool, g: &Group<'_>, known_independent: bool) -> bool {
+    matches!(kind, TransportKind::Shm | TransportKind::Cma | TransportKind::Nvlink | TransportKind::Mnnvl)
+        && caches
+        && g.items.len() >= 2 * WINDOW_REQUESTS
+        && !g.pinned
+        && (known_independent || independent(g.items.iter().map(|(_, r)| r)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::identity::Identity;
+    use crate::control::message::Describe;
+    use crate::memory::Access;
+    use std::sync::Arc;
+
+    fn region(id: u64, addr: u64, len: u64) -> RegionInfo {
+        RegionInfo { id, epoch: 1, addr, len, access: Access::READ_WRITE, kind: MemoryKind::SharedHost }
+    }
+
+    /// Guards `group`: independent requests over three remote regions,
+    /// interleaved, make one group per region in order of first appearance,
+    /// each holding its requests in input order (a region's slot found
+    /// again however far apart its requests lie); once two READs land on
+    /// the same local bytes the requests are dependent, and the groups are
+    /// the consecutive runs in input order.
+    #[test]
+    fn group_gathers_each_region_or_keeps_runs_in_order() {
+        use crate::memory::region::RegionTable;
+        use crate::transfer::Op;
+        let table = RegionTable::default();
+        table.register(0x10_0000, 0x10_0000, Access::READ_WRITE).unwrap();
+        let lease = Arc::new(table.lease(0x10_0000, 0x1000).unwrap());
+        let mut d = Describe::bare(Identity::gone());
+        d.regions =
+            vec![region(11, 0x100_0000, 0x1_0000), region(12, 0x200_0000, 0x1_0000), region(13, 0x300_0000, 0x1_0000)];
+        // (remote region position, local block): requests 0..6.
+        let shape = |blocks: &[(usize, u64)]| -> Vec<Item<'_>> {
+            blocks
+                .iter()
+                .zip(0u32..)
+                .map(|(&(at, block), i)| {
+                    let remote_addr = d.regions[at].addr + 0x100 * i as u64;
+                    let (region, slot) = (&d.regions[at], at as u32);
+                    let req = Request { op: Op::Read, local_addr: 0x10_0000 + block * 0x100, remote_addr, len: 0x100 };
+                    Item { index: i, slot, req, lease: &lease, region: Some(region) }
+                })
+                .collect()
+        };
+        let summary = |groups: &VecDeque<Group<'_>>| -> Vec<(u64, Vec<usize>)> {
+            groups.iter().map(|g| (g.region.id, g.items.iter().map(|&(i, _)| i).collect())).collect()
+        };
+        let (groups, any_order) = group(shape(&[(1, 0), (0, 1), (1, 2), (2, 3), (0, 4), (1, 5)]));
+        assert!(any_order);
+        assert_eq!(summary(&groups), vec![(12, vec![0, 2, 5]), (11, vec![1, 4]), (13, vec![3])]);
+        assert!(groups.iter().all(|g| !g.pinned && g.device.is_none()));
+        // Requests 2 and 4 read into the same local block: dependent.
+        let (groups, any_order) = group(shape(&[(1, 0), (0, 1), (1, 2), (1, 3), (0, 2), (0, 5)]));
+        assert!(!any_order);
+        assert_eq!(summary(&groups), vec![(12, vec![0]), (11, vec![1]), (12, vec![2, 3]), (11, vec![4, 5])]);
+        // One region for all: one group, in order.
+        let (groups, any_order) = group(shape(&[(2, 0), (2, 1), (2, 2)]));
+        assert!(!any_order);
+        assert_eq!(summary(&groups), vec![(13, vec![0, 1, 2])]);
+    }
+}

@@ -1,0 +1,37 @@
+//! A request of a submission as the planner hands it to an executor: its
+//! index, the request, its local lease and the peer's region it names.
+
+use crate::control::message::RegionInfo;
+use crate::memory::RegionLease;
+use crate::transfer::Request;
+use std::sync::Arc;
+
+/// A request after local checks: its index, the request, its local lease
+/// (shared with the submission's other requests in that region: no
+/// reference count per request) and the remote region it names (None: not
+/// published by the peer) with that region's position in the peer's table
+/// (`slot`: a dense key for grouping; `u32::MAX` with no region).
+pub struct Item<'a> {
+    /// Its index in the submission.
+    pub index: u32,
+    /// The region's position in the peer's table (`u32::MAX`: none).
+    pub slot: u32,
+    /// The request.
+    pub req: Request,
+    /// The lease of the local region holding it.
+    pub lease: &'a Arc<RegionLease>,
+    /// The peer's region it names, if the peer publishes one.
+    pub region: Option<&'a RegionInfo>,
+}
+
+impl Item<'_> {
+    /// The request's index in the submission.
+    pub fn at(&self) -> usize {
+        self.index as usize
+    }
+
+    /// Whether its whole remote range lies in the region it names.
+    pub fn in_region(&self) -> bool {
+        self.region.is_some_and(|g| g.contains(self.req.remote_addr, self.req.len))
+    }
+}
