@@ -332,3 +332,34 @@ fn a_held_import_of_a_lost_channel_is_not_used_once_the_link_has_a_new_one() {
     orbite::log::set_sink(None).unwrap();
     p.close();
 }
+
+/// A route holding its region's import (no flush) while the peer
+/// unregisters the region and registers the same memory again, under a
+/// new epoch: the old route's next READ moves nothing and fails with the
+/// peer's typed refusal of the old epoch (the unregistration revoked the
+/// grant, and the requester gave the withdrawn import back, so nothing is
+/// left to copy through); a new route reaches the region again. The
+/// held import's own epoch test in `held()` cannot be reached (see its
+/// comment): this is what a re-registration meets instead.
+#[test]
+fn a_route_held_across_a_re_registration_copies_nothing_through_the_old_import() {
+    let mut p = Pair::new(Access::READ_WRITE);
+    let route = p.route().unwrap();
+    assert_eq!(p.copy(&route, p.req(Op::Read, 0, 0, 4096)).0.status, Status::Ok);
+    assert_eq!(p.copy(&route, p.req(Op::Read, 0, 4096, 4096)).0.status, Status::Ok);
+    assert_eq!(p.req.stats().ipc["shm"].imports.direct_copies, 1, "the route holds its import");
+    p.src.unregister_memory(p.rid, Some(T)).unwrap();
+    let again = p.src.register_memory(p.a.addr(), LEN, Access::READ_WRITE).unwrap();
+    assert_ne!(again, p.rid);
+    p.local[..4096].iter_mut().for_each(|b| *b = 0xEE);
+    let (r, e) = p.copy(&route, p.req(Op::Read, 0, 0, 4096));
+    assert_eq!((r.status, r.remote_effect), (Status::StalePeer, RemoteEffect::None), "{e:?}");
+    assert!(p.local[..4096].iter().all(|&b| b == 0xEE), "bytes moved through the old route");
+    assert_eq!(p.req.stats().ipc["shm"].imports.direct_copies, 1, "a copy went through the old import");
+    p.rid = again;
+    let fresh = p.route().unwrap();
+    let (r, e) = p.copy(&fresh, p.req(Op::Read, 0, 100, 4096));
+    assert_eq!(r.status, Status::Ok, "{e:?}");
+    assert!((0..4096).all(|i| p.local[i] == ((100 + i) % 251) as u8));
+    p.close();
+}
