@@ -21,15 +21,30 @@ struct Pair {
 
 impl Pair {
     fn new(access: Access) -> Pair {
+        Pair::publishing(access, &[LEN], "{}")
+    }
+
+    /// The allocation published as consecutive regions of `lens` bytes
+    /// from its start (the first one's id in `rid`), to a requester of
+    /// configuration `req_cfg`.
+    fn publishing(access: Access, lens: &[u64], req_cfg: &str) -> Pair {
         let src = Engine::new(EngineConfig::default()).unwrap();
-        let req = Engine::new(EngineConfig::default()).unwrap();
+        let req = Engine::from_json(req_cfg).unwrap();
         let a = allocate_shared_host(LEN).unwrap();
         // SAFETY: the allocation maps LEN bytes.
         let remote = unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u8, LEN as usize) };
         for (i, b) in remote.iter_mut().enumerate() {
             *b = (i % 251) as u8;
         }
-        let rid = src.register_memory(a.addr(), LEN, access).unwrap();
+        let mut at = a.addr();
+        let rids: Vec<u64> = lens
+            .iter()
+            .map(|&len| {
+                at += len;
+                src.register_memory(at - len, len, access).unwrap()
+            })
+            .collect();
+        let rid = rids[0];
         let mut local = vec![0u8; 1 << 16];
         req.register_memory(local.as_mut_ptr() as u64, local.len() as u64, Access::NONE).unwrap();
         let peer = req.connect(&src.endpoint(), None).unwrap();
@@ -221,5 +236,130 @@ fn direct_copies_through_a_held_import_survive_flushes_that_unmap_it() {
     assert!(imports.direct_copies > 0, "no copy went through a held import: {imports:?}");
     assert!(imports.opened > 1, "no flush closed the held import: {imports:?}");
     p.local[0] = 0;
+    p.close();
+}
+
+/// A route to a region covering half of its allocation: the import its
+/// copies hold maps the whole allocation, so a copy past the route's
+/// region would reach bytes the peer never published (the held import
+/// asks no source). A READ and a WRITE running past the region's end, and
+/// a READ wholly beyond it, are refused OUT_OF_RANGE with no remote
+/// effect, nothing moved either way; copies inside it still go through
+/// the held import. Guards the `contains` check of `direct_outcome`
+/// (`engine/direct.rs`): without it the three copies move through the
+/// held import and end OK.
+#[test]
+fn a_direct_copy_past_the_routes_region_is_refused_though_its_import_maps_it() {
+    const HALF: u64 = LEN / 2;
+    let mut p = Pair::publishing(Access::READ_WRITE, &[HALF], "{}");
+    let route = p.req.open_direct(p.peer, p.a.addr(), HALF, Transport::Auto, None).unwrap();
+    assert_eq!((route.region().id, route.region().len), (p.rid, HALF));
+    // A WRITE first: the route holds the writable import, which serves
+    // READs and WRITEs alike.
+    p.local[..8192].iter_mut().for_each(|b| *b = 0x5A);
+    let (r, e) = p.copy(&route, p.req(Op::Write, 0, 0, 4096));
+    assert_eq!(r.status, Status::Ok, "{e:?}");
+    let (r, e) = p.copy(&route, p.req(Op::Read, 4096, 8192, 4096));
+    assert_eq!(r.status, Status::Ok, "{e:?}");
+    assert!((0..4096).all(|i| p.local[4096 + i] == ((8192 + i) % 251) as u8));
+    assert_eq!(p.req.stats().ipc["shm"].imports.direct_copies, 1, "the READ went through the held import");
+    p.local.iter_mut().for_each(|b| *b = 0xEE);
+    let past = [
+        ("a READ across the region's end", p.req(Op::Read, 0, HALF - 4096, 8192)),
+        ("a READ beyond the region", p.req(Op::Read, 0, HALF + 4096, 4096)),
+        ("a WRITE across the region's end", p.req(Op::Write, 0, HALF - 4096, 8192)),
+    ];
+    for (what, q) in past {
+        let (r, e) = p.copy(&route, q);
+        assert_eq!((r.status, r.remote_effect), (Status::OutOfRange, RemoteEffect::None), "{what}: {e:?}");
+        assert!(e.unwrap().message().contains("outside region"), "{what}");
+        assert!(p.local.iter().all(|&b| b == 0xEE), "{what}: local bytes changed");
+    }
+    let changed = (HALF - 4096..LEN).filter(|&i| p.remote()[i as usize] != (i % 251) as u8).count();
+    assert_eq!(changed, 0, "remote bytes changed at or past the region's end");
+    assert_eq!(p.req.stats().ipc["shm"].imports.direct_copies, 1, "a copy past the region went through");
+    p.close();
+}
+
+/// A held import whose IPC channel ended is never used again by its
+/// route, though its source still lives and its board slot still grants
+/// (the source keeps the export, whose close receipt the lost channel
+/// took with it, published): once the link is on its new channel (it logs
+/// so), the route's next READ takes the full path, which closes the old
+/// import and opens a new one, with exact bytes. Guards `!imp.current()`
+/// in `copy_held` (`transport/ipc/requester/held.rs`): without it the
+/// READ goes through the old channel's import (counted as a direct copy,
+/// no import opened).
+#[test]
+fn a_held_import_of_a_lost_channel_is_not_used_once_the_link_has_a_new_one() {
+    use std::sync::atomic::Ordering::SeqCst;
+    use std::sync::{Arc, Condvar, Mutex};
+    const HALF: u64 = LEN / 2;
+    let up = Arc::new((Mutex::new(false), Condvar::new()));
+    let seen = up.clone();
+    orbite::log::set_sink(Some(Box::new(move |_, m| {
+        if m.contains("shm channel re-established") {
+            *seen.0.lock().unwrap() = true;
+            seen.1.notify_all();
+        }
+    })))
+    .unwrap();
+    let mut p = Pair::publishing(Access::READ, &[HALF, HALF], r#"{"log_level": "info"}"#);
+    let route = p.req.open_direct(p.peer, p.a.addr(), HALF, Transport::Auto, None).unwrap();
+    assert_eq!(p.copy(&route, p.req(Op::Read, 0, 0, 4096)).0.status, Status::Ok);
+    assert_eq!(p.copy(&route, p.req(Op::Read, 0, 4096, 4096)).0.status, Status::Ok);
+    let imports = p.req.stats().ipc["shm"].imports.clone();
+    assert_eq!((imports.opened, imports.direct_copies), (1, 1), "{imports:?}");
+    // The first import of the other region loses its handle with the
+    // channel: the link re-establishes it in the background.
+    p.req.faults().lose_handle.store(1, SeqCst);
+    let shm = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
+    let b = p.req.submit(p.peer, &[p.req(Op::Read, 8192, HALF, 4096)], shm).unwrap();
+    let _ = b.wait(T);
+    assert_eq!(b.results()[0].status, Status::Unavailable, "{:?}", b.error(0));
+    assert_eq!(p.req.faults().lose_handle.load(SeqCst), 0, "the handle was not lost");
+    let (done, cv) = &*up;
+    let (re, wait) = cv.wait_timeout_while(done.lock().unwrap(), T, |up| !*up).unwrap();
+    assert!(*re && !wait.timed_out(), "the channel was not re-established");
+    drop(re);
+    p.local[..4096].iter_mut().for_each(|b| *b = 0xEE);
+    let (r, e) = p.copy(&route, p.req(Op::Read, 0, 300, 4096));
+    assert_eq!((r.status, r.remote_effect), (Status::Ok, RemoteEffect::None), "{e:?}");
+    assert!((0..4096).all(|i| p.local[i] == ((300 + i) % 251) as u8), "the READ's bytes");
+    let imports = p.req.stats().ipc["shm"].imports.clone();
+    assert_eq!(imports.direct_copies, 1, "the READ went through the lost channel's import: {imports:?}");
+    assert_eq!(imports.opened, 2, "{imports:?}");
+    orbite::log::set_sink(None).unwrap();
+    p.close();
+}
+
+/// A route holding its region's import (no flush) while the peer
+/// unregisters the region and registers the same memory again, under a
+/// new epoch: the old route's next READ moves nothing and fails with the
+/// peer's typed refusal of the old epoch (the unregistration revoked the
+/// grant, and the requester gave the withdrawn import back, so nothing is
+/// left to copy through); a new route reaches the region again. The
+/// held import's own epoch test in `held()` cannot be reached (see its
+/// comment): this is what a re-registration meets instead.
+#[test]
+fn a_route_held_across_a_re_registration_copies_nothing_through_the_old_import() {
+    let mut p = Pair::new(Access::READ_WRITE);
+    let route = p.route().unwrap();
+    assert_eq!(p.copy(&route, p.req(Op::Read, 0, 0, 4096)).0.status, Status::Ok);
+    assert_eq!(p.copy(&route, p.req(Op::Read, 0, 4096, 4096)).0.status, Status::Ok);
+    assert_eq!(p.req.stats().ipc["shm"].imports.direct_copies, 1, "the route holds its import");
+    p.src.unregister_memory(p.rid, Some(T)).unwrap();
+    let again = p.src.register_memory(p.a.addr(), LEN, Access::READ_WRITE).unwrap();
+    assert_ne!(again, p.rid);
+    p.local[..4096].iter_mut().for_each(|b| *b = 0xEE);
+    let (r, e) = p.copy(&route, p.req(Op::Read, 0, 0, 4096));
+    assert_eq!((r.status, r.remote_effect), (Status::StalePeer, RemoteEffect::None), "{e:?}");
+    assert!(p.local[..4096].iter().all(|&b| b == 0xEE), "bytes moved through the old route");
+    assert_eq!(p.req.stats().ipc["shm"].imports.direct_copies, 1, "a copy went through the old import");
+    p.rid = again;
+    let fresh = p.route().unwrap();
+    let (r, e) = p.copy(&fresh, p.req(Op::Read, 0, 100, 4096));
+    assert_eq!(r.status, Status::Ok, "{e:?}");
+    assert!((0..4096).all(|i| p.local[i] == ((100 + i) % 251) as u8));
     p.close();
 }

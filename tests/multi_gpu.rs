@@ -211,6 +211,35 @@ fn adopted_subranges(trace: &str) {
     src.exit();
 }
 
+/// MNNVL memory the library allocates on GPU 0, touched by the caller's
+/// own work on GPU 1 (copies run by GPU 1's context into it and out of
+/// it, as a tensor-parallel peer GPU's kernels would): both land, byte for
+/// byte, and GPU 0 sees what GPU 1 wrote, because the allocation's access
+/// is granted to every visible GPU that reaches it, not only its own (the
+/// stand-in faults a copy through a VMM mapping without a grant for the
+/// copying GPU: ILLEGAL_ADDRESS, the process poisoned). Guards
+/// `CudaVmm::set_access`'s `devices_reaching(p, all, can_access_peer)` in
+/// `cuda/fabric.rs`: granting `vec![p]` alone, GPU 1's first copy fails.
+fn vmm_memory_reached_by_a_second_gpu() {
+    let a = allocate_mnnvl(0, SIZE).unwrap();
+    let want = pattern_vec(4, MIB as usize);
+    let mut back = vec![0u8; MIB as usize];
+    let g = ContextGuard::bind(primary_context(1).unwrap()).unwrap();
+    // SAFETY: GPU 1's context is current; `want` and `back` hold MIB bytes
+    // each, and the allocation SIZE bytes from its address.
+    let wrote =
+        unsafe { raw::copy(a.addr() + MIB, want.as_ptr() as u64, MIB) }.and_then(|_| raw::synchronize_context());
+    // SAFETY: as above, in the other direction.
+    let read =
+        unsafe { raw::copy(back.as_mut_ptr() as u64, a.addr() + MIB, MIB) }.and_then(|_| raw::synchronize_context());
+    g.restore().unwrap();
+    wrote.expect("GPU 1 writing GPU 0's allocation");
+    read.expect("GPU 1 reading GPU 0's allocation");
+    assert!(back == want, "GPU 1 read other bytes than it wrote");
+    assert!(bytes_at(a.addr() + MIB, MIB) == want, "GPU 0 does not see what GPU 1 wrote");
+    free_mnnvl(a).map_err(|(_, e)| e).unwrap();
+}
+
 /// Runs in a child process; does nothing when run directly.
 #[test]
 fn child_case() {
@@ -240,6 +269,7 @@ fn child_case() {
         "no-path-nvlink" => {
             no_path_between_two_gpus(NVLINK_CACHED, "ipc", TransportKind::Nvlink, "has no path to the exporter's GPU")
         }
+        "vmm-second-gpu" => vmm_memory_reached_by_a_second_gpu(),
         "adopted" => adopted_subranges(&std::env::var("ADOPTED_SOURCE_TRACE").unwrap()),
         other => panic!("unknown case {other}"),
     }
@@ -279,6 +309,12 @@ fn a_gpu_without_a_path_to_a_fabric_export_is_refused_before_posting() {
 fn a_gpu_without_a_path_to_an_nvlink_export_is_refused_before_posting() {
     let t = run_traced("no-path-nvlink", &NO_PATH_0_2);
     assert_eq!(fakecuda::calls(&t, "copies@device2"), 0, "{t:?}");
+}
+
+#[test]
+fn vmm_memory_the_library_allocates_is_reached_by_every_visible_gpu() {
+    let t = run_traced("vmm-second-gpu", &[TWO]);
+    assert_eq!(fakecuda::calls(&t, "access_refused"), 0, "{t:?}");
 }
 
 #[test]

@@ -981,3 +981,90 @@ fn a_handle_lost_with_its_channel_is_released_at_the_next_flush() {
     p.src.close_source(Some(Duration::from_millis(200))).unwrap();
     p.close();
 }
+
+/// Two regions of one shared allocation read through one peer: each gets
+/// its own cached import (their cache keys differ by region), and each
+/// maps the whole allocation, which this engine's mapping budget counts
+/// once: `mapping_bytes_charged` is the allocation's 2 MiB, not 4. Guards
+/// the charge key of `open` (`transport/ipc/requester/mod.rs`: source,
+/// engine epoch and the allocation's base): keyed by export, the two
+/// imports charge 4 MiB.
+#[test]
+fn two_imports_of_one_allocation_are_charged_once() {
+    const LEN: u64 = 2 << 20;
+    let src = Engine::new(EngineConfig::default()).unwrap();
+    let req = Engine::new(EngineConfig::default()).unwrap();
+    let a = allocate_shared_host(LEN).unwrap();
+    // SAFETY: the allocation maps LEN bytes, written only here.
+    let remote = unsafe { std::slice::from_raw_parts_mut(a.addr() as *mut u8, LEN as usize) };
+    remote.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8);
+    src.register_memory(a.addr(), LEN / 2, Access::READ).unwrap();
+    src.register_memory(a.addr() + LEN / 2, LEN / 2, Access::READ).unwrap();
+    let local = vec![0u8; 8192];
+    req.register_memory(local.as_ptr() as u64, 8192, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(T) };
+    let read = |local_off: u64, remote_off: u64| Request {
+        op: Op::Read,
+        local_addr: local.as_ptr() as u64 + local_off,
+        remote_addr: a.addr() + remote_off,
+        len: 4096,
+    };
+    req.submit(peer, &[read(0, 100), read(4096, LEN / 2 + 100)], opts).unwrap().wait(T).unwrap();
+    assert!((0..4096).all(|i| local[i] == ((100 + i) % 251) as u8));
+    assert!((0..4096).all(|i| local[4096 + i] == ((LEN as usize / 2 + 100 + i) % 251) as u8));
+    let shm = req.stats().ipc["shm"].clone();
+    assert_eq!((shm.imports.opened, shm.imports.cached), (2, 2), "one import per region: {shm:?}");
+    assert_eq!(shm.mapping_bytes_charged, LEN, "the allocation charged once: {shm:?}");
+    req.flush_nvlink_cache(Some(T)).unwrap();
+    assert_eq!(req.stats().ipc["shm"].mapping_bytes_charged, 0, "the charge went with the imports");
+    drop((req, src));
+    a.free().unwrap();
+}
+
+/// A group that ran inside its cached import's board slot and was
+/// reported UNQUIESCED at its deadline (its completion held back by the
+/// fault switch) leaves the slot when its completion comes late: the
+/// source's unregistration of the region then drains the slot and
+/// succeeds at once. Guards `settle`'s `imp.leave(0, 0)` for an entered
+/// group (`transport/ipc/requester/progress.rs`): without it the slot
+/// stays entered for good and the unregistration times out.
+#[test]
+fn a_late_completion_leaves_its_board_slot_and_an_unregistration_goes_through() {
+    use std::sync::atomic::Ordering;
+    let src = Engine::new(EngineConfig::default()).unwrap();
+    let req = Engine::new(EngineConfig::default()).unwrap();
+    let a = allocate_shared_host(2 << 20).unwrap();
+    let rid = src.register_memory(a.addr(), 2 << 20, Access::READ_WRITE).unwrap();
+    let local = vec![0u8; 4096];
+    req.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), None).unwrap();
+    let opts = |t| SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(t) };
+    let read = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: a.addr(), len: 4096 };
+    // The first group opens and caches the import; the second enters its
+    // board slot, is reported at its deadline, and completes late.
+    req.submit(peer, &[read], opts(T)).unwrap().wait(T).unwrap();
+    let in_slot = req.stats().ipc["shm"].imports.groups_without_round_trip;
+    req.faults().pending_polls.store(u32::MAX, Ordering::SeqCst);
+    let late = req.submit(peer, &[read], opts(Duration::from_millis(500))).unwrap();
+    assert!(late.wait(T).is_err());
+    assert_eq!(late.results()[0].status, Status::Unquiesced, "{:?}", late.error(0));
+    let imports = req.stats().ipc["shm"].imports.clone();
+    assert_eq!(imports.groups_without_round_trip, in_slot + 1, "the group did not enter the slot: {imports:?}");
+    assert_eq!(imports.late_groups, 1, "{imports:?}");
+    req.faults().pending_polls.store(0, Ordering::SeqCst);
+    let deadline = std::time::Instant::now() + T;
+    while req.stats().ipc["shm"].imports.late_completions == 0 {
+        assert!(std::time::Instant::now() < deadline, "the late completion never came");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // Well under the 10 s bound: the slot is drained, and the idle cached
+    // import is given back at once.
+    let t0 = std::time::Instant::now();
+    src.unregister_memory(rid, Some(Duration::from_secs(10))).unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(5), "the unregistration took {:?}", t0.elapsed());
+    let imports = req.stats().ipc["shm"].imports.clone();
+    assert_eq!((imports.late_groups, imports.late_completions), (0, 1), "{imports:?}");
+    drop((req, src));
+    a.free().unwrap();
+}

@@ -62,6 +62,14 @@ impl IpcRequester {
         match self.cache.share_first(keys.iter(), &Import::current) {
             Some((at, imp)) => {
                 self.release(&keys[at]);
+                // Defence in depth, unreachable as the requester stands: the
+                // keys name `region.epoch`, and the import under them was
+                // opened for that epoch, whose offer `Opening::offered`
+                // checked (`o.region_epoch == r.region_epoch` in
+                // `proto/requester.rs`, killed by `tests/seed_rows.rs`
+                // x2's "another region epoch"). What stops a route whose
+                // region was re-registered is the source revoking its grant
+                // (`tests/direct.rs`, a route to an unregistered region).
                 match imp.offer.region_epoch == region.epoch {
                     true => HeldImport(Arc::downgrade(&imp)),
                     false => HeldImport::default(),
