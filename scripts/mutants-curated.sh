@@ -64,10 +64,22 @@ assert text.count(old) == 1
 open(path, "w", encoding="utf-8").write(text.replace(old, new, 1))' "$1" "$2" "$3"
 }
 
+# Splits TEST ($1) into its leading VAR=value words (envs: the
+# environment of its runs, e.g. SIM_SEEDS=1-40 for a simulator's seeded
+# run) and cargo's words (words).
+split_test() {
+  local all w
+  read -ra all <<<"$1"
+  envs=() words=()
+  for w in "${all[@]}"; do
+    if [ "${#words[@]}" -eq 0 ] && [[ "$w" =~ ^[A-Z_][A-Z0-9_]*= ]]; then envs+=("$w"); else words+=("$w"); fi
+  done
+}
+
 # Runs `cargo test` with TEST's words ($@) in a process group of its own,
 # output to $log; kills the group past $timeout_s. Sets rc (124: timeout).
 run_test() {
-  setsid cargo test "${profile[@]}" "$@" >"$log" 2>&1 &
+  setsid env "${envs[@]}" cargo test "${profile[@]}" "$@" >"$log" 2>&1 &
   local pid=$! t=0
   while kill -0 "$pid" 2>/dev/null && [ "$t" -lt "$timeout_s" ]; do
     sleep 1
@@ -137,15 +149,15 @@ for ((i = 0; i < total; i++)); do
   seen[$t]=1
   log="$out/baseline-${nums[$i]}.log"
   start=$SECONDS
-  read -ra words <<<"$t"
-  if ! cargo test "${profile[@]}" --no-run "${words[@]}" >"$log.build" 2>&1; then
+  split_test "$t"
+  if ! env "${envs[@]}" cargo test "${profile[@]}" --no-run "${words[@]}" >"$log.build" 2>&1; then
     echo "mutants: '$t' (line ${nums[$i]}) does not build unmutated: $log.build"
     tail -n 30 "$log.build"
     bad=1
     continue
   fi
   run_test "${words[@]}"
-  ran=$(grep -Eo 'test result: ok\. [0-9]+ passed' "$log" | awk '{ s += $4 } END { print s + 0 }')
+  ran=$({ grep -Eo 'test result: ok\. [0-9]+ passed' "$log" || true; } | awk '{ s += $4 } END { print s + 0 }')
   if [ "$rc" -ne 0 ] || [ "$ran" -eq 0 ]; then
     echo "mutants: baseline of '$t' (line ${nums[$i]}) fails or runs no test (rc $rc, $ran passed): $log"
     tail -n 30 "$log"
@@ -164,11 +176,11 @@ for ((i = 0; i < total; i++)); do
   cp "$f" "$out/orig/current"
   cur_file="$f"
   apply "$f" "${origs[$i]}" "${repls[$i]}"
-  read -ra words <<<"$t"
+  split_test "$t"
   log="$out/mutant-${nums[$i]}.log"
   start=$SECONDS
   set +e
-  cargo test "${profile[@]}" --no-run "${words[@]}" >"$log.build" 2>&1
+  env "${envs[@]}" cargo test "${profile[@]}" --no-run "${words[@]}" >"$log.build" 2>&1
   built=$?
   set -e
   build_s=$((SECONDS - start))
