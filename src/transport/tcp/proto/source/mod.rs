@@ -522,7 +522,12 @@ impl<H: SourceHost> SourceCore<H> {
             _ => self.deadline,
         };
         let tx = self.out_pace.filter(|_| !self.items.is_empty()).map(|p| p.next());
-        rx.into_iter().chain(tx).min()
+        // While a bound runs, checks come at least every quarter of a stall
+        // bound: `check` reads a longer gap as this process not running and
+        // restarts the bounds, so a check only at the bound itself would
+        // restart them for ever and never cut a peer.
+        let cadence = self.last_check.map(|t| t + self.limits.stall / 4).filter(|_| rx.is_some() || tx.is_some());
+        rx.into_iter().chain(tx).chain(cadence).min()
     }
 
     /// The connection fails for `e`: nothing more is read, and the answers

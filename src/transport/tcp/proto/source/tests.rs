@@ -288,6 +288,32 @@ fn the_answer_bound_holds_before_each_frame() {
     assert_eq!(c.recv(now), Recv::Buffer);
 }
 
+/// Checked only when its next deadline comes (the I/O thread's timers
+/// tick a handler only when it is due), after a check at the end of a
+/// turn, a frame left unfinished still fails at the stall bound: the
+/// deadline includes a check every quarter bound, without which `check`
+/// takes each gap for this process not running and restarts the bound
+/// for ever (the Describe flooder of tests/hostile_describe_stream.rs was
+/// never cut).
+#[test]
+fn checked_only_at_its_deadlines_a_stalled_frame_still_fails_at_the_bound() {
+    let t0 = Instant::now();
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    c.received(&read_req(1, BASE, 16)[..10], t0, &mut h).unwrap();
+    assert!(c.check(t0).is_ok());
+    let mut checks = 0;
+    let failed_at = loop {
+        let at = c.next_deadline().expect("a bound runs");
+        checks += 1;
+        assert!(checks <= 10, "no failure in 10 checks at the deadlines the core gave");
+        if let Err(e) = c.check(at) {
+            assert_eq!(e.status(), Status::ProtocolError, "{e}");
+            break at;
+        }
+    };
+    assert_eq!((failed_at, checks), (t0 + Duration::from_secs(5), 4));
+}
+
 #[test]
 fn a_frame_left_unfinished_fails_at_the_stall_bound_but_not_while_paused() {
     let t0 = Instant::now();
