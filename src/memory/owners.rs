@@ -761,6 +761,23 @@ pub fn fenced(addr: u64) -> bool {
 mod tests {
     use super::*;
 
+    /// A memory file counts as sealed only with every seal asked for, and
+    /// only at the size asked for: a peer's board or liveness page sealed
+    /// against growing alone could still be shrunk under its mapping
+    /// (SIGBUS). Guards `is_sealed_memfd`'s `have & seals == seals`.
+    #[test]
+    fn a_memfd_with_only_some_of_the_seals_is_not_sealed() {
+        let grow_only = sealable_memfd(c"grow-only", 4096, "test").unwrap();
+        add_seals(&grow_only, libc::F_SEAL_GROW, "test").unwrap();
+        assert!(!is_sealed_memfd(&grow_only, SIZE_SEALS, 4096), "GROW alone is not SIZE_SEALS");
+        let unsealed = sealable_memfd(c"unsealed", 4096, "test").unwrap();
+        assert!(!is_sealed_memfd(&unsealed, SIZE_SEALS, 4096));
+        let sealed = sealable_memfd(c"sealed", 4096, "test").unwrap();
+        add_seals(&sealed, SIZE_SEALS | libc::F_SEAL_SEAL, "test").unwrap();
+        assert!(is_sealed_memfd(&sealed, SIZE_SEALS, 4096));
+        assert!(!is_sealed_memfd(&sealed, SIZE_SEALS, 8192), "another size");
+    }
+
     #[test]
     fn shared_host_is_rounded_zeroed_and_recognised() {
         let a = allocate_shared_host(17).unwrap();
