@@ -223,6 +223,28 @@ fn a_late_request_fails_alone_and_the_stream_stays_in_step() {
     assert_eq!(c.received(&stray, &mut land).unwrap_err().status(), Status::ProtocolError);
 }
 
+/// A READ answered with fewer bytes than it asked for (or more) is a
+/// protocol error naming both counts, and no byte of it lands: the
+/// request must not end OK with the rest of its range left stale. Guards
+/// `receive.rs`'s `Op::Read if rest != e.len`.
+#[test]
+fn a_read_answered_short_or_long_is_a_protocol_error_and_lands_nothing() {
+    for got in [4000usize, 4097] {
+        let t0 = Instant::now();
+        let (mut c, hold) = (core(), Rc::new(()));
+        c.submit(vec![send(1, Op::Read, 0, 0x1000, 4096, t0 + Duration::from_secs(60), &hold)]);
+        let sent = requests(&drain(&mut c, &[], t0));
+        let wire = answer(MsgKind::ReadResponse, sent[0].1.tag, Status::Ok, &vec![9u8; got]);
+        let mut landed = 0usize;
+        let mut land = |_: u64, b: &[u8]| landed += b.len();
+        let e = c.received(&wire, &mut land).unwrap_err();
+        assert_eq!(e.status(), Status::ProtocolError, "{e}");
+        assert!(e.message().contains(&format!("carries {got} bytes, asked for 4096")), "{e}");
+        assert_eq!(landed, 0, "{got} bytes: nothing lands");
+        assert_eq!(outcomes(&mut c), [(1, Status::ProtocolError, RemoteEffect::None)]);
+    }
+}
+
 #[test]
 fn a_read_late_mid_payload_has_the_rest_dropped() {
     let t0 = Instant::now();
