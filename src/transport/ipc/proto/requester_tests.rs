@@ -82,6 +82,22 @@ fn each_wrong_offer_field_is_declined_with_a_protocol_error() {
     }
 }
 
+/// A request for READ and WRITE offered READ alone is declined: an offer
+/// must grant every operation asked, not some of them (a WRITE through a
+/// read-only mapping would fault this process). Guards `matches`'s
+/// `o.ops & r.ops == r.ops` (with `!= 0` a partial grant passes).
+#[test]
+fn an_offer_granting_only_some_of_the_operations_asked_is_declined() {
+    let mut o = Opening::new(TAG, EPOCH, ENV, OP_READ | OP_WRITE, 250);
+    let offer = ExportOffer { ops: OP_READ, ..honest() };
+    let got = o.offered(MsgKind::ExportOffer, &offer.encode(), "src");
+    let Ok(Offered::Declined { decline, error }) = got else { panic!("{got:?}") };
+    assert_eq!(decline, ExportRef { export_id: 42, token: offer.token, value: 0, extra: 0 });
+    assert_eq!(error.status(), Status::ProtocolError);
+    let mut o = Opening::new(TAG, EPOCH, ENV, OP_READ | OP_WRITE, 250);
+    assert_eq!(o.offered(MsgKind::ExportOffer, &honest().encode(), "src"), Ok(Offered::Checked(honest())));
+}
+
 #[test]
 fn a_reject_of_this_tag_gives_its_own_error_and_of_another_a_protocol_error() {
     let mut o = opening();
