@@ -137,6 +137,38 @@ fn a_source_answering_an_unknown_tag_ends_its_connection_with_protocol_error() {
     assert_eq!(h.req.stats().peers_alive, 1);
 }
 
+/// A source answering a 4096-byte READ with 4000 bytes (then, on another
+/// connection, 4100): the READ fails PROTOCOL_ERROR naming both lengths,
+/// none of the answer's bytes land in the local memory, and the lying
+/// connection alone ends (before a short answer could end OK, the rest of
+/// the local range keeping its old bytes). Guards
+/// `transport/tcp/proto/requester/receive.rs` `Op::Read if rest != e.len`.
+#[test]
+fn a_read_answered_short_or_long_fails_and_lands_nothing() {
+    let mut h = Honest::new();
+    for got in [4000usize, 4100] {
+        h.local[..4096].fill(0xee);
+        let fake = h.connect_fake(move |mut s| {
+            let tag = read_request(&mut s);
+            let fixed = DataResponse { tag, status: Status::Ok }.encode();
+            s.write_all(&FrameHeader::encode(MsgKind::ReadResponse, (fixed.len() + got) as u32)).unwrap();
+            s.write_all(&fixed).unwrap();
+            let _ = s.write_all(&vec![0x5a; got]);
+            let _ = s.read_to_end(&mut Vec::new());
+        });
+        let b = h.submit(fake, Op::Read, 4096, Duration::from_secs(60));
+        let e = b.wait(Duration::from_secs(60)).unwrap_err();
+        assert_eq!(e.status(), Status::TransferFailed);
+        let r = &b.results()[0];
+        assert_eq!((r.status, r.remote_effect), (Status::ProtocolError, RemoteEffect::None), "{:?}", b.error(0));
+        let m = b.error(0).unwrap().message().to_string();
+        assert!(m.contains(&format!("READ answer carries {got} bytes, asked for 4096")), "{m}");
+        assert!(h.local[..4096].iter().all(|b| *b == 0xee), "{got} bytes: some landed");
+        h.fifty_reads();
+    }
+    assert_eq!(h.req.stats().peers_alive, 1);
+}
+
 #[test]
 fn a_source_flooding_describes_does_not_starve_the_thread_it_shares() {
     let mut h = Honest::new();

@@ -145,6 +145,97 @@ fn x2_the_requester_refuses_every_bad_grant_and_declines_it() {
     assert_eq!(h.frames(MsgKind::CloseReceipt).len(), 1);
 }
 
+/// The hostile source's bytes at `off` (its region is this process's memory).
+fn source_bytes(h: &Hostile, off: u64, len: u64) -> &[u8] {
+    // SAFETY: the hostile source keeps its LEN-byte region mapped for the
+    // process's life; callers stay inside it.
+    unsafe { std::slice::from_raw_parts((h.addr + off) as *const u8, len as usize) }
+}
+
+/// One submission of a READ (to local 0) and a WRITE (from local 16 KiB to
+/// the source's `write_at`) of 4 KiB, in one region: one group needing
+/// READ and WRITE.
+fn read_and_write(l: &Local, h: &Hostile, write_at: u64) -> Vec<RequestResult> {
+    let reqs = [rd(l.at(0), h.addr + 8 * KIB, 4 * KIB), wr(l.at(16 * KIB), h.addr + write_at, 4 * KIB)];
+    go(&l.e, l.peer, &reqs, only(TransportKind::Shm))
+}
+
+/// A source offering READ for a group that asked READ and WRITE: the
+/// offer is declined and both requests fail PROTOCOL_ERROR, no byte moved
+/// either way (before the check asked only for some operation in common,
+/// the requester mapped a READ grant read-only and wrote into it). Guards
+/// `transport/ipc/proto/requester.rs` `o.ops & r.ops == r.ops`.
+#[test]
+fn x2_an_offer_granting_read_to_a_read_and_write_group_is_declined() {
+    let h = Hostile::start(Script::answering(Answer::Offer(|o, _| o.ops = OP_READ)), HOSTILE_FILL);
+    let l = Local::new(UNCACHED, &h.endpoint, 64 * KIB, 0xee);
+    let out = read_and_write(&l, &h, 64 * KIB);
+    let refused = res(Status::ProtocolError, RemoteEffect::None);
+    assert_eq!(out, vec![refused, refused]);
+    assert_eq!(h.requests().iter().map(|r| r.ops).collect::<Vec<_>>(), vec![OP_READ | OP_WRITE]);
+    assert_eq!(h.answers(), vec![(101, false)], "the offer must be declined, never accepted");
+    assert!(l.bytes(0, 4 * KIB).iter().all(|b| *b == 0xee), "the READ landed");
+    assert!(source_bytes(&h, 64 * KIB, 4 * KIB).iter().enumerate().all(|(i, b)| *b == pattern(5, 64 * KIB + i as u64)));
+    assert_eq!(l.shm().imports.opened, 0);
+}
+
+/// A source whose board slot for a READ|WRITE grant says READ only (it
+/// withdrew WRITE) and that refuses revalidation: a cached import's next
+/// group needing READ and WRITE does not enter the slot; it revalidates
+/// and both requests fail with the source's PERMISSION_DENIED, the WRITE's
+/// bytes not landed, the READ's not copied. Guards
+/// `transport/ipc/board.rs` `enter`'s `w.ops() & need == need`.
+#[test]
+fn x2_a_board_slot_allowing_only_some_of_a_groups_operations_is_not_entered() {
+    let script = Script {
+        board: Some(|granted| granted & OP_READ),
+        revalidate: Some(Status::PermissionDenied),
+        ..Script::honest()
+    };
+    let h = Hostile::start(script, HOSTILE_FILL);
+    let l = Local::new("", &h.endpoint, 64 * KIB, 0xee);
+    // The first group is served on its fresh offer (no slot needed).
+    assert_eq!(
+        read_and_write(&l, &h, 64 * KIB),
+        vec![res(Status::Ok, RemoteEffect::None), res(Status::Ok, RemoteEffect::Applied)]
+    );
+    assert!(source_bytes(&h, 64 * KIB, 4 * KIB).iter().all(|b| *b == 0xee), "the first WRITE's bytes");
+    assert!(h.frames(MsgKind::Revalidate).is_empty());
+    // The next one, on the cached import whose slot allows READ alone.
+    // SAFETY: the allocation maps 64 KiB, none of it in use now.
+    unsafe { std::ptr::write_bytes(l.at(0) as *mut u8, 0xee, 4 * KIB as usize) };
+    let out = read_and_write(&l, &h, 128 * KIB);
+    let refused = res(Status::PermissionDenied, RemoteEffect::None);
+    assert_eq!(out, vec![refused, refused]);
+    assert_eq!(h.frames(MsgKind::Revalidate).len(), 1, "one revalidation");
+    assert!(l.bytes(0, 4 * KIB).iter().all(|b| *b == 0xee), "the refused READ landed");
+    let kept = source_bytes(&h, 128 * KIB, 4 * KIB);
+    assert!(kept.iter().enumerate().all(|(i, b)| *b == pattern(5, 128 * KIB + i as u64)), "the refused WRITE landed");
+    assert_eq!(l.shm().imports.opened, 1);
+}
+
+/// A source whose grant board is sealed against growing only, which it
+/// shrinks to nothing once the requester has it and names in its offer:
+/// the requester never maps it (a board it mapped would fault its next
+/// access: SIGBUS, the requester process gone), so each use of its cached
+/// import revalidates, and every READ lands. Guards
+/// `memory/owners.rs` `is_sealed_memfd`'s `have & seals == seals`.
+#[test]
+fn x2_a_board_sealed_against_growing_only_is_never_used() {
+    let h = Hostile::start(Script { shrinkable_board: true, ..Script::honest() }, HOSTILE_FILL);
+    let l = Local::new("", &h.endpoint, 64 * KIB, 0xee);
+    for _ in 0..2 {
+        let (lo, remote) = (l.at(0), h.addr + 8 * KIB);
+        assert_eq!(
+            go(&l.e, l.peer, &[rd(lo, remote, 4 * KIB)], only(TransportKind::Shm)),
+            vec![res(Status::Ok, RemoteEffect::None)]
+        );
+        assert!(l.bytes(0, 4 * KIB).iter().enumerate().all(|(i, b)| *b == pattern(5, 8 * KIB + i as u64)));
+    }
+    assert_eq!(h.frames(MsgKind::Revalidate).len(), 1, "the cached import's use was revalidated");
+    assert_eq!(l.shm().imports.opened, 1);
+}
+
 // ---------------------------------------------------------------------------
 // X8: identities and epochs detect stale peers, on both sides.
 

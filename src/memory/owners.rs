@@ -796,6 +796,29 @@ mod tests {
         a.free().unwrap();
     }
 
+    /// An allocation no engine has registered but an export still holds
+    /// (an importer may map it) is not freed: UNAVAILABLE naming the
+    /// export, its bytes intact; once the export lets go it is freed. An
+    /// engine's regions go before its exports (`RegionTable::clear` at its
+    /// shutdown, then the export table with the engine), so a free racing
+    /// an engine's drop meets exactly this state. Guards `release`'s
+    /// `|| e.counts.exported > 0`.
+    #[test]
+    fn an_exported_allocation_no_engine_registers_is_not_freed() {
+        let a = allocate_shared_host(4096).unwrap();
+        // SAFETY: the allocation maps at least 4096 writable bytes.
+        unsafe { std::ptr::write_bytes(a.addr() as *mut u8, 0x5a, 4096) };
+        let hold = hold_for_export(a.addr()).unwrap();
+        let (a, e) = a.free().unwrap_err();
+        assert!(matches!(e, Error::Unavailable(_)), "{e}");
+        assert!(e.message().contains("registered 0 time(s) and exported 1 time(s)"), "{e}");
+        // SAFETY: the refused free left the mapping in place.
+        assert!(unsafe { std::slice::from_raw_parts(a.addr() as *const u8, 4096) }.iter().all(|b| *b == 0x5a));
+        drop(hold);
+        assert_eq!(exports_of(a.addr()), 0);
+        a.free().unwrap();
+    }
+
     /// What keeps two GPU groups (and TCP) off one pinned allocation at
     /// once: `fence_pinned_at` fences each pinned owner its addresses touch,
     /// once, in address order, refuses one another group holds (at its

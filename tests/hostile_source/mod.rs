@@ -52,6 +52,13 @@ pub struct Script {
     /// allows, given the operations granted (identity: honest). `None`:
     /// no board (every use is revalidated).
     pub board: Option<fn(u32) -> u32>,
+    /// Refuses every revalidation with this status (`None`: honest, OK).
+    pub revalidate: Option<Status>,
+    /// Sends, with its IpcWelcome, a board of the right size sealed
+    /// against growing only, names its slot 0 in every offer, and shrinks
+    /// it to nothing at the first export request (the requester has it by
+    /// then): a board the requester must never take for a sealed one.
+    pub shrinkable_board: bool,
 }
 
 fn same(_: &mut Identity) {}
@@ -60,7 +67,14 @@ fn honest(_: &mut ExportOffer, _: &ExportRequest) {}
 impl Script {
     /// Honest in every respect.
     pub fn honest() -> Script {
-        Script { answer: Answer::Offer(honest), describe: same, welcome: same, board: None }
+        Script {
+            answer: Answer::Offer(honest),
+            describe: same,
+            welcome: same,
+            board: None,
+            revalidate: None,
+            shrinkable_board: false,
+        }
     }
     /// Honest but for the answer.
     pub fn answering(answer: Answer) -> Script {
@@ -188,6 +202,7 @@ fn serve(mut ch: Channel, script: Script, identity: Identity, addr: u64, log: Se
     let mut offered: Option<ExportOffer> = None;
     let mut tick = || Ok(());
     let board = script.board.map(|says| (Board::create().expect("a grant board"), says));
+    let shrinkable = script.shrinkable_board.then(shrinkable_board);
     while let Ok(f) = ch.recv(&mut tick) {
         log.lock().unwrap().push((f.kind, f.body.clone()));
         let (kind, body, fd): (MsgKind, Vec<u8>, Option<i32>) = match f.kind {
@@ -195,7 +210,8 @@ fn serve(mut ch: Channel, script: Script, identity: Identity, addr: u64, log: Se
                 Hello::decode(&f.body).unwrap();
                 let mut w = identity;
                 (script.welcome)(&mut w);
-                (MsgKind::IpcWelcome, Welcome { identity: w }.encode(), board.as_ref().map(|(b, _)| b.fd().as_raw_fd()))
+                let fd = board.as_ref().map(|(b, _)| b.fd().as_raw_fd()).or(shrinkable.as_ref().map(|f| f.as_raw_fd()));
+                (MsgKind::IpcWelcome, Welcome { identity: w }.encode(), fd)
             }
             MsgKind::ExportRequest => {
                 let req = ExportRequest::decode(&f.body).unwrap();
@@ -213,6 +229,13 @@ fn serve(mut ch: Channel, script: Script, identity: Identity, addr: u64, log: Se
                     slot: orbite::transport::ipc::messages::NO_SLOT,
                     slot_generation: 0,
                 };
+                // The shrinkable board, shrunk now under the requester's
+                // mapping (if it took it), named in the offer.
+                if let Some(f) = &shrinkable {
+                    // SAFETY: truncating our own memfd (not sealed against shrinking).
+                    assert_eq!(unsafe { libc::ftruncate(f.as_raw_fd(), 0) }, 0);
+                    (o.slot, o.slot_generation) = (0, 1);
+                }
                 // Slot i for the i-th export of the channel, generation 1,
                 // saying what the script says.
                 if let Some((b, says)) = &board {
@@ -256,11 +279,33 @@ fn serve(mut ch: Channel, script: Script, identity: Identity, addr: u64, log: Se
                 let r = ExportRef::decode(&f.body, "receipt").unwrap();
                 (MsgKind::Ack, ExportRef { value: 0, extra: f.kind as u32, ..r }.encode(), None)
             }
-            MsgKind::Revalidate => (MsgKind::RevalidateOk, f.body[..8].to_vec(), None),
+            MsgKind::Revalidate => match script.revalidate {
+                None => (MsgKind::RevalidateOk, f.body[..8].to_vec(), None),
+                Some(st) => {
+                    let tag = u64::from_le_bytes(f.body[..8].try_into().unwrap());
+                    (MsgKind::ExportReject, encode_reject(tag, st, "scripted revalidation refusal"), None)
+                }
+            },
             _ => return,
         };
         if ch.send(kind, &body, fd.as_slice(), &mut tick).is_err() {
             return;
         }
     }
+}
+
+/// A memory file of a grant board's size, sealed against growing only.
+fn shrinkable_board() -> std::os::fd::OwnedFd {
+    let board = std::fs::File::from(Board::create().unwrap().fd().try_clone().unwrap());
+    let len = board.metadata().unwrap().len();
+    // SAFETY: memfd_create with a static name; the fd is owned below.
+    let raw = unsafe { libc::memfd_create(c"orbite-lax-board".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    assert!(raw >= 0, "memfd_create");
+    // SAFETY: `raw` is a fresh descriptor nobody else owns.
+    let fd: std::os::fd::OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(raw) };
+    // SAFETY: sizing and sealing our own memfd.
+    assert_eq!(unsafe { libc::ftruncate(raw, len as i64) }, 0);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_GROW) }, 0);
+    fd
 }
