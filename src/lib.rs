@@ -84,5 +84,21 @@ pub use transport::inbox::Notification;
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The C ABI's version: `ORBITE_ABI_VERSION` of `include/orbite.h`, which
-/// `orbite_abi_version()` returns and the SONAME carries.
-pub const ABI_VERSION: u32 = ffi::ORBITE_ABI_VERSION;
+/// `orbite_abi_version()` returns and the SONAME suffix carries
+/// (`liborbite.so.1`). Bumped on any incompatible change. Written once, as
+/// `abi-version` in Cargo.toml; build.rs hands it over.
+pub const ABI_VERSION: u32 = parse_abi_version(env!("ORBITE_ABI_VERSION"));
+
+/// `ORBITE_ABI_VERSION` from the decimal text build.rs sets.
+const fn parse_abi_version(text: &str) -> u32 {
+    let bytes = text.as_bytes();
+    assert!(!bytes.is_empty(), "ORBITE_ABI_VERSION is empty");
+    let mut value = 0u32;
+    let mut i = 0;
+    while i < bytes.len() {
+        assert!(bytes[i].is_ascii_digit(), "ORBITE_ABI_VERSION is not a whole number");
+        value = value * 10 + (bytes[i] - b'0') as u32;
+        i += 1;
+    }
+    value
+}

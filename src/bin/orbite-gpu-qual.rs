@@ -29,8 +29,12 @@
 //! Topology: `orbite-gpu-qual topology --devices A,B` prints one JSON line: the visible devices
 //! and, for A != B, `cuDeviceCanAccessPeer` and the P2P attributes in both directions.
 
+#[path = "orbite-gpu-qual/bandwidth.rs"]
+mod bandwidth;
 #[path = "common/commands.rs"]
 mod commands;
+#[path = "orbite-gpu-qual/source.rs"]
+mod source;
 
 use cudarc::driver::sys;
 use orbite::cuda::driver::{check, primary_context, ContextGuard};
@@ -41,6 +45,9 @@ use orbite::{
 };
 use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
+
+use bandwidth::bandwidth;
+use source::source;
 
 fn pattern(seed: u64, i: u64) -> u8 {
     (i.wrapping_mul(131).wrapping_add(seed.wrapping_mul(7)).wrapping_add(i >> 12)) as u8
@@ -66,151 +73,6 @@ fn arg(args: &[String], k: &str) -> Option<String> {
 
 fn num<T: std::str::FromStr>(args: &[String], k: &str, default: T) -> T {
     arg(args, k).and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn source(args: &[String]) {
-    let allocs: usize = num(args, "--allocs", 1);
-    let size: u64 = num(args, "--size", 8 << 20);
-    let seed: u64 = num(args, "--seed", 1);
-    let device: i32 = num(args, "--device", 0);
-    let numa: i32 = num(args, "--numa", 0);
-    let cfg = arg(args, "--config").unwrap_or_else(|| r#"{"nvlink": true}"#.into());
-    let kind = arg(args, "--kind").unwrap_or_else(|| "ipc".into());
-    let e = Engine::from_json(&cfg).unwrap_or_else(|e| die(&e.to_string()));
-    if kind == "mnnvl"
-        && cfg.contains("\"fabric\"")
-        && !orbite::cuda::fabric::fabric_export_works(device).unwrap_or(false)
-    {
-        die("fabric handles are not supported here: a real fabric export fails (no IMEX channel?)");
-    }
-    // `adopted`: one cudaMalloc-style allocation of the caller's holds every
-    // buffer (1 MiB in, one after the other), each adopted as a sub-range.
-    let foreign = (kind == "adopted").then(|| {
-        let total = (allocs as u64 * size).div_ceil(1 << 20) * (1 << 20) + (2 << 20);
-        raw::alloc_device(device, total, false).unwrap_or_else(|e| die(&e.to_string()))
-    });
-    let mut regions = Vec::new();
-    let bufs: Vec<Allocation> = (0..allocs)
-        .map(|n| {
-            let a = match (kind.as_str(), foreign) {
-                ("mnnvl", _) => allocate_mnnvl(device, size),
-                ("egm", _) => allocate_egm(numa, size),
-                (_, Some(base)) => {
-                    cuda_adopt(base + (1 << 20) + n as u64 * size, size, orbite::ADOPT_SHARE_WHOLE_ALLOCATION)
-                }
-                _ => CudaMemory::allocate_ipc(device, size),
-            }
-            .unwrap_or_else(|e| die(&e.to_string()));
-            host_to_device(a.addr(), &pattern_vec(seed + n as u64, a.len())).unwrap_or_else(|e| die(&e.to_string()));
-            regions.push(e.register_memory(a.addr(), size, Access::READ_WRITE).unwrap_or_else(|e| die(&e.to_string())));
-            a
-        })
-        .collect();
-    // `produce`: producers held at their gates until `open`.
-    let mut producers: Vec<Producer> = Vec::new();
-    say(&serde_json::json!({"endpoint": e.endpoint(), "addrs": bufs.iter().map(|b| b.addr()).collect::<Vec<_>>(),
-        "len": size, "pid": std::process::id()})
-    .to_string());
-    for line in std::io::stdin().lock().lines() {
-        let Ok(line) = line else { break };
-        let (line, from) = match commands::command(&e, line) {
-            Ok(c) => c,
-            Err(answer) => {
-                say(&answer);
-                continue;
-            }
-        };
-        let w: Vec<&str> = line.split_whitespace().collect();
-        let n = |i: usize| -> u64 { w.get(i).and_then(|x| x.parse().ok()).unwrap_or(0) };
-        let out = match w.first().copied().unwrap_or("") {
-            "verify" => match bufs.get(n(1) as usize) {
-                None => "bad allocation index".to_string(),
-                Some(b) => {
-                    let mut host = vec![0u8; n(4) as usize];
-                    match device_to_host(&mut host, b.addr() + n(3)) {
-                        Ok(()) => match (0..host.len()).find(|&i| host[i] != pattern(n(2), i as u64)) {
-                            None => "ok".to_string(),
-                            Some(at) => format!("bad {at}"),
-                        },
-                        Err(e) => format!("err {e}"),
-                    }
-                }
-            },
-            "produce" => match (bufs.get(n(1) as usize), regions.get(n(1) as usize)) {
-                (Some(b), Some(&region)) => match Producer::start(&e, b, region, n(2), device) {
-                    Ok(p) => {
-                        producers.push(p);
-                        "ok".to_string()
-                    }
-                    Err(x) => format!("err {x}"),
-                },
-                _ => "bad allocation index".to_string(),
-            },
-            "open" => {
-                let opened: Result<Vec<()>, String> = producers.iter().map(Producer::open).collect();
-                match opened {
-                    Ok(v) => format!("opened {}", v.len()),
-                    Err(x) => format!("err {x}"),
-                }
-            }
-            "close_source" => match e.close_source(Some(Duration::from_millis(n(1)))) {
-                Ok(()) => "ok".into(),
-                Err(x) => format!("err {} {}", x.status(), x.message()),
-            },
-            "stats" => e.stats().to_json(),
-            "close" => {
-                let r = e.close(Some(Duration::from_secs(30)));
-                say(if r.is_ok() { "closed" } else { "close failed" });
-                std::process::exit(if r.is_ok() { 0 } else { 1 })
-            }
-            "exit" => std::process::exit(0),
-            _ => format!("unknown {line:?}"),
-        };
-        say(&format!("{from}{out}"));
-    }
-}
-
-/// A producer the source's stack would run: a stream of the allocation's
-/// GPU held at a gate (a device word that must reach 1:
-/// `cuStreamWaitValue32_v2`), then writing pattern `seed` over the whole
-/// allocation from pinned host memory; handed to the engine with
-/// `record_producer_stream`, so a peer's transfer of the region must start
-/// after it. `open` lets it run.
-struct Producer {
-    gate: Allocation,
-    _fresh: Allocation,
-}
-
-impl Producer {
-    fn start(e: &Engine, buf: &Allocation, region: u64, seed: u64, device: i32) -> Result<Producer, String> {
-        let s = |x: orbite::Error| x.to_string();
-        let gate = CudaMemory::allocate(device, 4096).map_err(s)?;
-        host_to_device(gate.addr(), &[0u8; 4]).map_err(s)?;
-        let fresh = allocate_pinned_host(buf.len()).map_err(s)?;
-        // SAFETY: pinned host memory of buf.len() bytes, CPU-accessible and
-        // ours alone until the stream below reads it.
-        let host = unsafe { std::slice::from_raw_parts_mut(fresh.addr() as *mut u8, buf.len() as usize) };
-        host.copy_from_slice(&pattern_vec(seed, buf.len()));
-        let g = ContextGuard::bind(primary_context(device).map_err(s)?).map_err(s)?;
-        let mut stream: sys::CUstream = std::ptr::null_mut();
-        // SAFETY: a context is current; creates one non-blocking stream
-        // (flag 1), which the process keeps to its end.
-        check(unsafe { sys::cuStreamCreate(&mut stream, 1) }, "cuStreamCreate").map_err(s)?;
-        // SAFETY: `gate` is 4 aligned bytes of device memory of this GPU,
-        // kept (in the Producer) until the process ends.
-        check(unsafe { sys::cuStreamWaitValue32_v2(stream, gate.addr(), 1, 0) }, "cuStreamWaitValue32").map_err(s)?;
-        // SAFETY: buf holds buf.len() bytes of device memory; the pinned
-        // source outlives the copy (the Producer keeps it).
-        check(unsafe { sys::cuMemcpyAsync(buf.addr(), fresh.addr(), buf.len() as usize, stream) }, "cuMemcpyAsync")
-            .map_err(s)?;
-        g.restore().map_err(s)?;
-        e.record_producer_stream(region, stream as u64).map_err(s)?;
-        Ok(Producer { gate, _fresh: fresh })
-    }
-
-    fn open(&self) -> Result<(), String> {
-        host_to_device(self.gate.addr(), &1u32.to_le_bytes()).map_err(|x| x.to_string())
-    }
 }
 
 /// `cuDeviceCanAccessPeer` and the P2P attributes from `a` to `b`.
@@ -547,151 +409,6 @@ fn wait_continue() -> String {
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line).ok();
     line.trim().to_string()
-}
-
-/// The same-run baseline of the bandwidth mode: plain copies between a
-/// buffer where the source's memory sits (device `src_device`, or pinned
-/// host memory) and the requester's local buffer, outside OrbiTE.
-struct Baseline {
-    other: u64,
-    other_host: bool,
-    other_device: i32,
-    local: u64,
-    ctx: orbite::cuda::driver::Ctx,
-    what: String,
-}
-
-impl Baseline {
-    fn new(r: &Req, src_device: i32, src_host: bool, local_host: bool) -> Result<Baseline, String> {
-        let other = if src_host { raw::alloc_pinned_host(r.len) } else { raw::alloc_device(src_device, r.len, false) }
-            .map_err(|e| e.to_string())?;
-        let ctx = primary_context(if local_host { src_device } else { r.device }).map_err(|e| e.to_string())?;
-        if !src_host && !local_host && src_device != r.device {
-            // Peer access as the IPC import has it (lazily enabled there).
-            let g = ContextGuard::bind(ctx).map_err(|e| e.to_string())?;
-            let peer = primary_context(src_device).map_err(|e| e.to_string())?;
-            // SAFETY: both contexts are retained primary contexts; no memory is touched.
-            let q = unsafe { sys::cuCtxEnablePeerAccess(peer as sys::CUcontext, 0) };
-            if q != sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
-                check(q, "cuCtxEnablePeerAccess").map_err(|e| e.to_string())?;
-            }
-            g.restore().map_err(|e| e.to_string())?;
-        }
-        let side = |host: bool, d: i32| if host { "pinned host".to_string() } else { format!("device {d}") };
-        let what = format!("{} <-> {}", side(src_host, src_device), side(local_host, r.device));
-        Ok(Baseline { other, other_host: src_host, other_device: src_device, local: r.local[0].addr(), ctx, what })
-    }
-
-    /// Seconds for `n` copies of `len` bytes in the direction of `op`.
-    fn time(&self, op: Op, n: u32, len: u64) -> Result<f64, String> {
-        let (dst, src) = if op == Op::Read { (self.local, self.other) } else { (self.other, self.local) };
-        let g = ContextGuard::bind(self.ctx).map_err(|e| e.to_string())?;
-        let t0 = Instant::now();
-        for _ in 0..n {
-            // SAFETY: both buffers hold `len` bytes and outlive the copies,
-            // which are drained below.
-            let q = unsafe { sys::cuMemcpyAsync(dst, src, len as usize, std::ptr::null_mut()) };
-            check(q, "cuMemcpyAsync (baseline)").map_err(|e| e.to_string())?;
-        }
-        raw::synchronize_context().map_err(|e| e.to_string())?;
-        let secs = t0.elapsed().as_secs_f64();
-        g.restore().map_err(|e| e.to_string())?;
-        Ok(secs)
-    }
-}
-
-impl Drop for Baseline {
-    fn drop(&mut self) {
-        let _ = if self.other_host {
-            raw::free_pinned_host(self.other)
-        } else {
-            raw::free_device(self.other_device, self.other)
-        };
-    }
-}
-
-/// The name the driver gives device `ordinal` (`cuDeviceGetName`).
-fn device_name(ordinal: i32) -> Result<String, String> {
-    let mut d = 0;
-    // SAFETY: the driver was probed (main); writes one device handle.
-    check(unsafe { sys::cuDeviceGet(&mut d, ordinal) }, "cuDeviceGet").map_err(|e| e.to_string())?;
-    let mut name = [0 as std::ffi::c_char; 256];
-    // SAFETY: writes at most name.len() bytes, NUL-terminated, into `name`.
-    check(unsafe { sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as i32, d) }, "cuDeviceGetName")
-        .map_err(|e| e.to_string())?;
-    // SAFETY: the driver NUL-terminated it within the buffer.
-    Ok(unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned())
-}
-
-/// What `--baseline-gbps` asks for: `Ok(None)` without it; the fixed
-/// baseline with the CPU stand-in for the driver (tests/fakecuda names its
-/// devices "fakecuda device N"); an error with a real driver, where the
-/// baseline is always measured.
-fn fixed_baseline(args: &[String], device: i32) -> Result<Option<f64>, String> {
-    let Some(v) = arg(args, "--baseline-gbps") else { return Ok(None) };
-    let gbps: f64 = v.parse().ok().filter(|g: &f64| g.is_finite() && *g > 0.0).ok_or("--baseline-gbps G: G > 0")?;
-    let name = device_name(device)?;
-    if !name.starts_with("fakecuda device") {
-        return Err(format!(
-            "--baseline-gbps is for the CPU stand-in for the driver only; device {device} is {name:?}: on a GPU the \
-             baseline is measured"
-        ));
-    }
-    Ok(Some(gbps))
-}
-
-/// The median of `v` (not empty).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-/// The bandwidth mode: for READ and WRITE, `batch` whole-buffer requests per
-/// submission through the (cached) import, against the same copies done
-/// plainly, the two interleaved rep by rep so that whatever else the
-/// machine does falls on both alike. The ratio is the median of the reps'
-/// ratios; GB/s are from the median times. Prints the figures; qualify.py
-/// applies the threshold. With `--baseline-gbps` (the stand-in only) the
-/// plain copies are not run: each rep's baseline time is what G GB/s would
-/// take.
-fn bandwidth(r: &Req, args: &[String], memory: &str) -> Result<String, String> {
-    let reps: u32 = num(args, "--bw-reps", 11);
-    let batch: u32 = num(args, "--bw-batch", 16);
-    let src_device: i32 = num(args, "--source-device", 0);
-    let src_host = arg(args, "--source-memory").as_deref() == Some("host");
-    let fixed = fixed_baseline(args, r.device)?;
-    let base = Baseline::new(r, src_device, src_host, memory == "host")?;
-    let plain_time = |op: Op, n: u32, len: u64| match fixed {
-        Some(gbps) => Ok(len as f64 * n as f64 / (gbps * 1e9)),
-        None => base.time(op, n, len),
-    };
-    let (a, len, l0) = (r.remote[0], r.len, r.local[0].addr());
-    let mut line = Vec::new();
-    for op in [Op::Read, Op::Write] {
-        let reqs: Vec<Request> = (0..batch).map(|_| Request { op, local_addr: l0, remote_addr: a, len }).collect();
-        r.run(&reqs)?; // warm: opens (and caches) the import
-        plain_time(op, batch, len)?;
-        let (mut ipc, mut plain, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
-        for _ in 0..reps.max(1) {
-            let t0 = Instant::now();
-            r.run(&reqs)?;
-            let t = t0.elapsed().as_secs_f64();
-            let b = plain_time(op, batch, len)?;
-            ipc.push(t);
-            plain.push(b);
-            ratio.push(b / t);
-        }
-        let bytes = len as f64 * batch as f64;
-        let (g, b) = (bytes / median(ipc) / 1e9, bytes / median(plain) / 1e9);
-        let name = if op == Op::Read { "read" } else { "write" };
-        line.push(format!("{name}_gbps={g:.3} {name}_base_gbps={b:.3} {name}_ratio={:.3}", median(ratio)));
-    }
-    let what = match fixed {
-        Some(g) => format!("fixed {g} GB/s (CPU stand-in; {} not timed)", base.what),
-        None => base.what.clone(),
-    };
-    say(&format!("BANDWIDTH {} baseline=\"{what}\"", line.join(" ")));
-    Ok(format!("{len} bytes x {batch} per submission, median of {reps}"))
 }
 
 fn requester(args: &[String]) {

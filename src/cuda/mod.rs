@@ -32,6 +32,8 @@ pub mod nvml;
 pub mod raw;
 #[cfg(feature = "cuda")]
 pub mod streams;
+#[cfg(feature = "cuda")]
+pub mod vmm_driver;
 
 /// Why a build without the `cuda` feature has no CUDA.
 pub const NO_CUDA: &str =

@@ -28,5 +28,3 @@ pub mod notify;
 pub mod stats;
 pub mod transfer;
 pub mod types;
-
-pub use types::*;

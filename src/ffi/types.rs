@@ -2,26 +2,11 @@
 
 use crate::{Allocation, Batch, DirectRoute, Engine};
 
-/// ABI version of liborbite; equals `orbite_abi_version()` and the SONAME
-/// suffix (`liborbite.so.1`). Bumped on any incompatible change. Written
-/// once, as `abi-version` in Cargo.toml; build.rs hands it over and puts
-/// the header's `#define` beside `ORBITE_VERSION_STRING`.
+/// ABI version of liborbite: [`crate::ABI_VERSION`], defined at the crate
+/// root; equals `orbite_abi_version()` and the SONAME suffix. build.rs
+/// puts the header's `#define` beside `ORBITE_VERSION_STRING`.
 /// cbindgen:ignore
-pub const ORBITE_ABI_VERSION: u32 = parse_abi_version(env!("ORBITE_ABI_VERSION"));
-
-/// `ORBITE_ABI_VERSION` from the decimal text build.rs sets.
-const fn parse_abi_version(text: &str) -> u32 {
-    let bytes = text.as_bytes();
-    assert!(!bytes.is_empty(), "ORBITE_ABI_VERSION is empty");
-    let mut value = 0u32;
-    let mut i = 0;
-    while i < bytes.len() {
-        assert!(bytes[i].is_ascii_digit(), "ORBITE_ABI_VERSION is not a whole number");
-        value = value * 10 + (bytes[i] - b'0') as u32;
-        i += 1;
-    }
-    value
-}
+pub const ORBITE_ABI_VERSION: u32 = crate::ABI_VERSION;
 
 /// A status code (`ORBITE_STATUS_*`, from `src/status_table.rs`).
 pub type orbite_status = u32;

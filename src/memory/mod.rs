@@ -4,6 +4,7 @@
 //! memory, and leases that keep a region alive while a copy uses it.
 
 pub mod cuda;
+pub mod memfd;
 pub mod owners;
 pub mod rank;
 pub mod region;

@@ -29,6 +29,12 @@ use std::io::{BufRead, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod baselines;
+mod target;
+
+use baselines::{device_copy_gbps, median, memcpy_gbps, runs_memcpy_gbps};
+use target::{spawn_target, target, Mem, Target};
+
 pub const HELP: &str = "orbite-bench --pattern kv: one descriptor-heavy KV transfer
 
 usage: orbite-bench --pattern kv [options]
@@ -276,94 +282,6 @@ fn plan(o: &KvOpts) -> Vec<Run> {
     runs
 }
 
-/// The words of `len` bytes of the target's memory from `at`: each 8-byte
-/// word holds its own offset in the whole allocation.
-#[cfg(feature = "cuda")]
-fn offset_words(at: u64, len: u64) -> Vec<u8> {
-    (at / 8..(at + len) / 8).flat_map(|w| (w * 8).to_le_bytes()).collect()
-}
-
-/// Where a side's blocks live: memory this process touches (shared host
-/// memory), or device memory reached through the driver.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Mem {
-    Host,
-    Device,
-}
-
-fn target(o: &KvOpts) {
-    let total = o.region_bytes * o.regions;
-    let (cfg, alloc, mem) = match o.target_memory.as_str() {
-        "shm" => ("{}".to_string(), allocate_shared_host(total).map_err(|e| e.to_string()), Mem::Host),
-        #[cfg(feature = "cuda")]
-        kind => match super::cuda::kv_target(kind, total) {
-            Ok((cfg, a)) => (cfg, Ok(a), Mem::Device),
-            Err(e) => (String::new(), Err(e), Mem::Device),
-        },
-        #[cfg(not(feature = "cuda"))]
-        other => super::die(&format!("--target-memory {other:?} needs the cuda feature")),
-    };
-    let alloc = alloc.unwrap_or_else(|e| super::die(&e));
-    let engine = Engine::from_json(&cfg).unwrap_or_else(|e| super::die(&e.to_string()));
-    match mem {
-        Mem::Host => {
-            // SAFETY: the allocation is `total` bytes, owned here, 8-byte aligned.
-            let words = unsafe { std::slice::from_raw_parts_mut(alloc.addr() as *mut u64, (total / 8) as usize) };
-            for (i, w) in words.iter_mut().enumerate() {
-                *w = i as u64 * 8;
-            }
-        }
-        Mem::Device => {
-            #[cfg(feature = "cuda")]
-            super::cuda::write(alloc.addr(), &offset_words(0, total)).unwrap_or_else(|e| super::die(&e));
-        }
-    }
-    for r in 0..o.regions {
-        engine
-            .register_memory(alloc.addr() + r * o.region_bytes, o.region_bytes, Access::READ_WRITE)
-            .unwrap_or_else(|e| super::die(&e.to_string()));
-    }
-    println!("{}", serde_json::json!({"endpoint": engine.endpoint(), "addr": alloc.addr()}));
-    std::io::stdout().flush().ok();
-    let _ = std::io::stdin().read_to_end(&mut Vec::new());
-    let _ = engine.close(Some(Duration::from_secs(10)));
-}
-
-/// The target process; it exits when its stdin closes.
-struct Target {
-    child: Child,
-    endpoint: String,
-    addr: u64,
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.wait();
-    }
-}
-
-fn spawn_target(o: &KvOpts, memory: &str) -> Target {
-    let exe = std::env::current_exe().expect("current_exe");
-    let region_bytes = blocks_per_region(o) * o.spread * o.block_size;
-    let mut child = Command::new(exe)
-        .args(["--role", "kv-target", "--regions", &o.regions.to_string(), "--target-memory", memory])
-        .args(["--region-bytes", &region_bytes.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| super::die(&format!("spawn target: {e}")));
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("target line");
-    let v: serde_json::Value =
-        serde_json::from_str(&line).unwrap_or_else(|_| super::die(&format!("target said {line:?}")));
-    Target {
-        endpoint: v["endpoint"].as_str().expect("endpoint").to_string(),
-        addr: v["addr"].as_u64().expect("addr"),
-        child,
-    }
-}
-
 /// One measured point.
 #[derive(Debug, Clone, serde::Serialize)]
 struct KvPoint {
@@ -408,64 +326,6 @@ fn thread_cpu_seconds() -> f64 {
         return 0.0;
     }
     ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
-}
-
-/// One 2-thread memcpy of `bytes` between two fresh buffers (faulted in
-/// first): the best of 3, GB/s.
-fn memcpy_gbps(bytes: u64) -> f64 {
-    let n = bytes as usize;
-    let src = vec![7u8; n];
-    let mut dst = vec![0u8; n];
-    let at = dst.as_mut_ptr() as usize;
-    let gbps = best_of_3_gbps(bytes, |half| {
-        let (from, len) = if half == 0 { (0, n / 2) } else { (n / 2, n - n / 2) };
-        // SAFETY: each half writes its own disjoint part of `dst`, which
-        // outlives the threads; nothing reads it meanwhile.
-        let d = unsafe { std::slice::from_raw_parts_mut((at + from) as *mut u8, len) };
-        d.copy_from_slice(&src[from..from + len]);
-    });
-    std::hint::black_box(&mut dst);
-    gbps
-}
-
-/// Runs `copy(0)` and `copy(1)` (the two halves of a copy of `bytes`) on
-/// two threads at once, three times: the best rate, GB/s.
-fn best_of_3_gbps(bytes: u64, copy: impl Fn(usize) + Sync) -> f64 {
-    let mut best = 0f64;
-    for _ in 0..3 {
-        let t0 = Instant::now();
-        std::thread::scope(|s| {
-            s.spawn(|| copy(0));
-            copy(1);
-        });
-        best = best.max(bytes as f64 / t0.elapsed().as_secs_f64() / 1e9);
-    }
-    best
-}
-
-/// The same runs copied by hand with 2 threads, from a private buffer of
-/// the remote layout into the local allocation: what the memory system
-/// gives this scattered pattern (the ceiling an engine could reach),
-/// best of 3, GB/s.
-fn runs_memcpy_gbps(runs: &[Run], bs: u64, local: u64, remote_len: u64) -> f64 {
-    let src = vec![3u8; remote_len as usize];
-    let half = runs.len() / 2;
-    let copy = |part: &[Run]| {
-        for r in part {
-            let (from, len) = ((r.remote * bs) as usize, (r.len * bs) as usize);
-            // SAFETY: the local allocation holds every run's local range
-            // (the plan packs them into its regions); nothing else uses it now.
-            let dst = unsafe { std::slice::from_raw_parts_mut((local + r.local * bs) as *mut u8, len) };
-            dst.copy_from_slice(&src[from..from + len]);
-        }
-    };
-    let bytes: u64 = runs.iter().map(|r| r.len * bs).sum();
-    best_of_3_gbps(bytes, |part| copy(if part == 0 { &runs[..half] } else { &runs[half..] }))
 }
 
 fn initiator(o: &KvOpts) {
@@ -580,14 +440,6 @@ fn initiator(o: &KvOpts) {
     if points.iter().any(|p| p.requests_failed > 0 || p.wrong_bytes > 0) {
         std::process::exit(1);
     }
-}
-
-/// One contiguous device copy of `bytes` (the CUDA paths' baseline).
-fn device_copy_gbps(bytes: u64) -> f64 {
-    #[cfg(feature = "cuda")]
-    return super::cuda::contiguous_copy_gbps(bytes).unwrap_or_else(|e| super::die(&e));
-    #[cfg(not(feature = "cuda"))]
-    super::die(&format!("a device copy of {bytes} bytes needs the cuda feature"))
 }
 
 /// The memory a point's requests name: where the local blocks live (and

@@ -30,6 +30,9 @@ use entries::Entries;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
+mod ending;
+mod readout;
+
 /// How many closed exports are remembered, so that a receipt repeated
 /// after a lost ACK is acknowledged again instead of refused.
 pub const RECENTLY_CLOSED: usize = 4096;
@@ -605,131 +608,6 @@ impl<R> ExportsCore<R> {
         ids.into_iter().filter_map(|id| self.take(id)).collect()
     }
 
-    /// Ends the offers of channel `conn` unanswered at `now` after the
-    /// offer timeout (a late answer finds no export). Looks at the
-    /// channel's oldest offers only.
-    pub fn expire_offers(&mut self, conn: u64, now: Instant) -> Vec<Released<R>> {
-        let timeout = self.offer_timeout;
-        let Some(waiting) = self.offers.get(&conn) else { return Vec::new() };
-        let due: Vec<u64> = waiting
-            .iter()
-            .take_while(|(at, _)| now.saturating_duration_since(*at) >= timeout)
-            .map(|(_, id)| *id)
-            .collect();
-        self.take_all(due)
-    }
-
-    /// When the earliest offer of channel `conn` not answered yet expires
-    /// ([`ExportsCore::expire_offers`] releases it then).
-    pub fn next_offer_expiry(&self, conn: u64) -> Option<Instant> {
-        self.offers.get(&conn).and_then(|s| s.first()).map(|(at, _)| *at + self.offer_timeout)
-    }
-
-    /// The source closes: every offer not answered yet is withdrawn.
-    pub fn withdraw_offers(&mut self) -> Vec<Released<R>> {
-        let ids = self.offers.values().flat_map(|s| s.iter().map(|(_, id)| *id)).collect();
-        self.take_all(ids)
-    }
-
-    /// Channel `conn` was lost. Offers end; an export being answered is
-    /// abandoned (ended when its answer finishes); exposed exports stay
-    /// retained unless their importer is provably gone (its process
-    /// `exited`, and nothing else holds its handle: `let_go`), and the
-    /// importing processes not watched yet are returned to be watched.
-    pub fn connection_lost(
-        &mut self,
-        conn: u64,
-        exited: impl FnMut(&ProcessIdentity) -> bool,
-        mut let_go: impl FnMut(&R) -> bool,
-    ) -> Lost<R> {
-        let mut lost =
-            Lost { released: Vec::new(), reclaimed: 0, retained: 0, pids: BTreeSet::new(), watch: Vec::new() };
-        let mut exited = once_per_process(exited);
-        let ids: Vec<u64> = self.by_conn.get(&conn).map(|s| s.iter().copied().collect()).unwrap_or_default();
-        for id in ids {
-            let e = self.exports.get(&id).expect("indexed");
-            let (state, requester) = (e.state, e.grant.requester);
-            match state {
-                ExportState::Exposing if mutated!(self.mutations.release_exports_being_made) => {
-                    lost.released.extend(self.take(id))
-                }
-                ExportState::Exposing => self.set_state(id, ExportState::Abandoned),
-                ExportState::Abandoned | ExportState::Retained | ExportState::Lingering => {}
-                ExportState::Offered if mutated!(self.mutations.keep_offers_of_lost_channels) => {}
-                ExportState::Offered => lost.released.extend(self.take(id)),
-                ExportState::Exposed if requester.is_some_and(|r| exited(&r.process) && let_go(&e.res)) => {
-                    lost.reclaimed += 1;
-                    lost.released.extend(self.take(id));
-                }
-                ExportState::Exposed => {
-                    self.set_state(id, ExportState::Retained);
-                    lost.retained += 1;
-                    if let Some(r) = requester {
-                        lost.pids.insert(r.process.pid);
-                        if self.watched.insert(process_key(&r.process)) {
-                            lost.watch.push(r.process);
-                        }
-                    }
-                }
-            }
-        }
-        self.reclaimed += lost.reclaimed;
-        lost
-    }
-
-    /// Process `p` is no longer watched (its watch ended or could not be
-    /// set up).
-    pub fn unwatch(&mut self, p: &ProcessIdentity) {
-        self.watched.remove(&process_key(p));
-    }
-
-    /// Ends kept exports whose import is provably closed (see
-    /// [`ExportsCore::reclaim_process`]), over every importing process.
-    pub fn reclaim_exited(
-        &mut self,
-        exited: impl FnMut(&ProcessIdentity) -> bool,
-        mut let_go: impl FnMut(&R) -> bool,
-    ) -> Vec<Released<R>> {
-        let mut exited = once_per_process(exited);
-        let procs: Vec<ProcessIdentity> =
-            self.by_process.keys().map(|&(pid, start_time)| ProcessIdentity { pid, start_time }).collect();
-        procs.iter().flat_map(|p| self.reclaim_process(p, exited(p), &mut let_go).0).collect()
-    }
-
-    /// Ends process `p`'s kept exports whose import is provably closed: a
-    /// retained one once `p` `exited` and nothing else holds its handle
-    /// (`let_go`), a lingering one once nothing holds it. Returns them and
-    /// how many exports of `p` are still to be watched for (every one once
-    /// it exited; otherwise the kept ones).
-    pub fn reclaim_process(
-        &mut self,
-        p: &ProcessIdentity,
-        exited: bool,
-        mut let_go: impl FnMut(&R) -> bool,
-    ) -> (Vec<Released<R>>, usize) {
-        let any = mutated!(self.mutations.reclaim_live_importers);
-        let ids: Vec<u64> =
-            self.by_process.get(&process_key(p)).map(|s| s.iter().copied().collect()).unwrap_or_default();
-        let due: Vec<u64> = ids
-            .iter()
-            .copied()
-            .filter(|id| {
-                let e = self.exports.get(id).expect("indexed");
-                match e.state {
-                    ExportState::Retained => any || (exited && let_go(&e.res)),
-                    ExportState::Lingering => any || let_go(&e.res),
-                    _ => false,
-                }
-            })
-            .collect();
-        let released = self.take_all(due);
-        self.reclaimed += released.len() as u64;
-        let left = self.by_process.get(&process_key(p)).map_or(0, |s| {
-            s.iter().filter(|id| exited || self.exports.get(id).is_some_and(|e| e.state.kept())).count()
-        });
-        (released, left)
-    }
-
     /// Revokes the board slots of region `region`'s exports (`None`: every
     /// export): returns the ids newly suspended, whose slots the driver
     /// revokes. Walks the table (an unregistration, the close).
@@ -759,21 +637,6 @@ impl<R> ExportsCore<R> {
             .collect()
     }
 
-    /// What export `id` holds, and its OP bits.
-    pub fn held(&self, id: u64) -> Option<(&R, u32)> {
-        self.exports.get(&id).map(|e| (&e.res, e.grant.ops))
-    }
-
-    /// Where export `id` stands.
-    pub fn state(&self, id: u64) -> Option<ExportState> {
-        self.exports.get(&id).map(|e| e.state)
-    }
-
-    /// Every export: (id, channel, state, importing process).
-    pub fn list(&self) -> Vec<(u64, u64, ExportState, Option<ProcessIdentity>)> {
-        self.exports.walk().map(|(id, e)| (*id, e.grant.conn, e.state, e.grant.requester.map(|r| r.process))).collect()
-    }
-
     /// An acknowledgement of a release is being sent: the source's close
     /// waits for it ([`ExportsCore::is_empty`]).
     pub fn ack_begin(&mut self) {
@@ -784,71 +647,6 @@ impl<R> ExportsCore<R> {
     pub fn ack_end(&mut self) {
         self.acks_pending -= 1;
     }
-
-    /// Ends every export (the table itself goes).
-    pub fn drain(&mut self) -> Vec<Released<R>> {
-        let ids = self.exports.walk().map(|(id, _)| *id).collect();
-        self.take_all(ids)
-    }
-
-    /// No export left and no acknowledgement being sent.
-    pub fn is_empty(&self) -> bool {
-        self.exports.len() == 0 && self.acks_pending == 0
-    }
-
-    /// Exports left.
-    pub fn len(&self) -> usize {
-        self.exports.len()
-    }
-
-    /// (open, retained) exports: open ones on a live channel.
-    pub fn counts(&self) -> (u64, u64) {
-        let retained = self.retained as u64;
-        (self.exports.len() as u64 - retained, retained)
-    }
-
-    /// Exposed exports released because their importer exited, so far.
-    pub fn reclaimed(&self) -> u64 {
-        self.reclaimed
-    }
-
-    /// Offers on channel `conn` not answered yet.
-    pub fn unanswered(&self, conn: u64) -> usize {
-        self.offers.get(&conn).map_or(0, |s| s.len())
-    }
-
-    /// (exports, bytes of allocations held alone) of requester `who`.
-    pub fn holding(&self, who: Holder) -> (usize, u64) {
-        self.holders.of(who)
-    }
-
-    /// The per-requester bounds.
-    pub fn limits(&self) -> Limits {
-        self.holders.limits()
-    }
-
-    /// Entries visited by walks over the whole table so far (an
-    /// unregistration, the close, diagnostics): requests, ticks, lost
-    /// channels and reclaims add nothing, whatever the table holds.
-    pub fn walked(&self) -> u64 {
-        self.exports.walked()
-    }
-
-    /// Kept exports (retained or lingering): (id, allocation base,
-    /// importing pid).
-    pub fn retained(&self) -> Vec<(u64, u64, Option<u32>)> {
-        self.exports
-            .walk()
-            .filter(|(_, e)| e.state.kept())
-            .map(|(id, e)| (*id, e.grant.base, e.grant.requester.map(|r| r.process.pid)))
-            .collect()
-    }
-}
-
-/// `exited`, asked at most once per process.
-fn once_per_process(mut exited: impl FnMut(&ProcessIdentity) -> bool) -> impl FnMut(&ProcessIdentity) -> bool {
-    let mut seen: HashMap<(u32, u64), bool> = HashMap::new();
-    move |p| *seen.entry(process_key(p)).or_insert_with(|| exited(p))
 }
 
 /// Removes `item` from the set of `key` in `index`, and the set once empty.

@@ -1,7 +1,10 @@
-//! Requester side of the IPC protocol: opening imports (request, offer,
-//! answer, handle), subbatch copies and receipts; the relocation cache at
-//! work in `cached.rs`, closing imports in `closing.rs`, the progress
-//! worker in `progress.rs`. What the protocol decides (whether an offer
+//! Requester side of the IPC protocol: running a subbatch's group (its
+//! admission, an import ready, revalidated or taken from the cache), and
+//! the requester's state and counts; opening imports (request, offer,
+//! answer, handle) in `opening.rs`, posting a group's copies and ending it
+//! (receipts) in `posting.rs`, the relocation cache at work in
+//! `cached.rs`, closing imports in `closing.rs`, the progress worker in
+//! `progress.rs`. What the protocol decides (whether an offer
 //! matches, what answers it, what a handle or a revalidation's answer
 //! says, how a group ends) is `ipc/proto/requester.rs`; this driver makes
 //! the calls over its link and carries it out.
@@ -9,6 +12,8 @@
 mod cached;
 mod closing;
 pub mod held;
+mod opening;
+mod posting;
 mod progress;
 
 use super::backend::{CopyOp, CopyPlan, IpcBackend, Mapping, Posting, ReceivedHandle};
@@ -410,104 +415,6 @@ impl IpcRequester {
         }
     }
 
-    /// Opens an import: ExportRequest -> Offer (checked by [`Opening`]) ->
-    /// charge -> Answer -> Handle -> map. Any failure is before a copy was posted.
-    fn open(&self, want: Want) -> Result<Import> {
-        let Want { link, region, env, ops, local_device, deadline } = want;
-        let wait_ms = deadline.saturating_duration_since(Instant::now()).as_millis().min(u32::MAX as u128) as u32;
-        let mut opening = Opening::new(link.tag(), region.epoch, env, ops, wait_ms);
-        // Held from the request until its offer is answered.
-        let place = link.offer_place(deadline)?;
-        let f = link.call(MsgKind::ExportRequest, &opening.request().encode(), deadline, "export request")?;
-        let offer = match opening.offered(f.kind, &f.body, &link.label)? {
-            Offered::Checked(offer) => offer,
-            Offered::Declined { decline, error } => {
-                let _ = link.call(MsgKind::ExportAnswer, &decline.encode(), deadline, "decline");
-                return Err(error);
-            }
-        };
-        let offer = match Faults::take(&self.faults.narrow_offer) {
-            true => {
-                let physical = (offer.grant_addr + offer.grant_len - offer.base).next_multiple_of(4096);
-                ExportOffer { physical: physical.min(offer.physical), ..offer }
-            }
-            false => offer,
-        };
-        let charge_key = (link.endpoint.clone(), link.source.engine_epoch, offer.base);
-        // Idle cached imports give their charge back for a new one.
-        let close = |imp: &Import, nc: bool| self.close_import(imp, nc, deadline);
-        // What an import maps counts against the budget (CMA maps nothing).
-        let charged = if self.backend.maps() { offer.physical } else { 0 };
-        let charge = loop {
-            match self.charges.try_acquire(charge_key.clone(), charged) {
-                Some(c) => break Some(c),
-                None if self.cache.evict_lru_idle(&close) => continue,
-                None => break None,
-            }
-        };
-        let charge = match charge {
-            Some(c) => c,
-            None => {
-                link.call(MsgKind::ExportAnswer, &opening.answer(false).encode(), deadline, "decline")?;
-                return Err(Error::ResourceExhausted(format!(
-                    "this engine's mapping budget (max_inflight_bytes = {}, {} in use) cannot hold an import of \
-                     {} physical bytes (the whole remote allocation, charged once however many imports of it this \
-                     engine holds); raise max_inflight_bytes on the requester above the sum of the remote \
-                     allocations it imports at once",
-                    self.charges.budget().limit(),
-                    self.charges.budget().used(),
-                    offer.physical
-                )));
-            }
-        };
-        let f = match link.call(MsgKind::ExportAnswer, &opening.answer(true).encode(), deadline, "export answer") {
-            Ok(f) => f,
-            Err(e) => {
-                // The channel ended with the acceptance sent: the source may
-                // have made the handle and sent it, and it went with the
-                // channel. The export is released at the next flush.
-                self.retained.lock().grants.push(LostGrant { link: link.clone(), r: opening.answer(false) });
-                return Err(e);
-            }
-        };
-        drop(place);
-        // The source as the kernel named the other end of a Unix channel
-        // (the link checked it when the channel opened).
-        let source = matches!(link.route, super::link::Route::Unix(_)).then_some(link.source.process);
-        let handle = ReceivedHandle { bytes: opening.handle(f.kind, &f.body)?, fd: f.fd, source };
-        match self.backend.import(handle, offer.physical, offer.ops & OP_WRITE != 0, local_device) {
-            Ok(mapping) => {
-                self.events.opened.fetch_add(1, Ordering::Relaxed);
-                let gen = link.generation();
-                let board = match offer.slot {
-                    super::messages::NO_SLOT => None,
-                    i => link.board(gen).filter(|b| b.slot(i).is_some()).map(|b| (b, i)),
-                };
-                let slot_generation = AtomicU64::new(offer.slot_generation);
-                Ok(Import {
-                    link: link.clone(),
-                    local_device,
-                    gen,
-                    offer,
-                    mapping,
-                    board,
-                    slot_generation,
-                    _charge: charge,
-                    direct_users: Default::default(),
-                    unmapping: Default::default(),
-                })
-            }
-            Err(e) => {
-                // Nothing was mapped: tell the source it may release.
-                let _ = link.receipt(MsgKind::CloseReceipt, &opening.answer(false), deadline);
-                if self.backend.refuses_for_good(&e) {
-                    self.refuse(link, e.message().to_string());
-                }
-                Err(e)
-            }
-        }
-    }
-
     /// Runs one subbatch: requests naming one remote region, whose local
     /// memory lives on `local.device` (`None`: host memory).
     /// Setup, mapping and copies run on the caller; the trailing completion
@@ -665,134 +572,6 @@ impl IpcRequester {
         };
         let f = link.call(MsgKind::Revalidate, &v.encode(), deadline, "revalidate")?;
         revalidated(f.kind, &f.body)
-    }
-
-    /// Enqueues (or performs) every copy of the group through the import:
-    /// independent requests contiguous on both sides as one copy (when
-    /// coalescing), each request's outcome kept with it.
-    fn post(
-        &self,
-        imp: Arc<Import>,
-        key: Option<(Key, bool)>,
-        items: Vec<(usize, Request)>,
-        local: &GroupLocal,
-        deadline: Instant,
-        fences: Vec<owners::Fence>,
-    ) -> Posted {
-        let GroupLocal { spans, independent, .. } = local;
-        let base = imp.mapping.base();
-        let ops: Vec<CopyOp> = items
-            .iter()
-            .map(|(_, r)| {
-                let remote = base + (r.remote_addr - imp.offer.base);
-                match r.op {
-                    Op::Read => CopyOp { dst: r.local_addr, src: remote, len: r.len },
-                    Op::Write => CopyOp { dst: remote, src: r.local_addr, len: r.len },
-                }
-            })
-            .collect();
-        // Requests shown independent make independent copies while the
-        // import's mapping lies apart from every local region (it is a
-        // mapping of its own unless a caller registered it as local memory).
-        let apart = || !spans.overlaps(base, base.saturating_add(imp.offer.physical));
-        let plan = match *independent && apart() {
-            true => {
-                debug_assert_eq!(classify(&ops), CopyPlan::Independent);
-                CopyPlan::Independent
-            }
-            false => classify(&ops),
-        };
-        let ops = match plan {
-            CopyPlan::Independent if self.coalesce && ops.len() > 1 => coalesce::runs(&ops, |i| items[i].1.op, spans),
-            _ => ops,
-        };
-        self.events.copies_issued.fetch_add(ops.len() as u64, Ordering::Relaxed);
-        self.events.requests_coalesced.fetch_add((items.len() - ops.len()) as u64, Ordering::Relaxed);
-        let copied = imp.mapping.copy(&ops, plan);
-        let (key, entered) = match key {
-            Some((k, e)) => (Some(k), e),
-            None => (None, false),
-        };
-        Posted { imp, key, items, copied, deadline, entered, fences }
-    }
-
-    /// Ends a posted group once its completion is known (`drained`). On a
-    /// copy failure every item of the group is affected. An unconfirmed
-    /// completion keeps the import, its charge and the source's export
-    /// (no close, no receipt). Otherwise the import is closed with its
-    /// receipt (no cache), or an operation-complete receipt is sent (cache):
-    /// [`Ending::of`] decides which.
-    fn finish(&self, p: Posted, drained: Result<()>) -> Finished {
-        let Posted { imp, key, items, copied, deadline, entered, fences } = p;
-        let mut out: Vec<ChunkOutcome> = items.iter().map(|(_, r)| ChunkOutcome::ok(r.op)).collect();
-        let uncertain = drained.is_err();
-        if uncertain {
-            // The copies may still touch the local pinned owners: they stay
-            // loaned (fenced) with the retained import.
-            self.fenced.lock().extend(fences);
-        } else {
-            drop(fences);
-        }
-        if let Err(e) = drained.and(copied.map(|_| ())) {
-            if self.backend.refuses_for_good(&e) {
-                self.refuse(&imp.link, e.message().to_string());
-            }
-            fail_all(&mut out, &items, &e);
-        }
-        if !uncertain && !self.backend.import_outlives_exporter() && imp.link.source_exited() {
-            // The exporter's exit may have overtaken the copy and freed the
-            // memory under it: whatever the driver reported, what moved is
-            // undefined. Never Ok (a READ's remote effect stays None).
-            let e = Error::Unavailable(format!(
-                "{}: the source process exited while the copy ran, freeing the imported memory under it",
-                imp.describe()
-            ));
-            fail_all(&mut out, &items, &e);
-        }
-        if uncertain {
-            let why = out.iter().find_map(|o| o.result.as_ref().err()).map_or("", |e| e.message());
-            self.log.warn(format_args!(
-                "{}: import retained for good: its completion is uncertain ({why})",
-                imp.describe()
-            ));
-        }
-        let end = GroupEnd {
-            entered,
-            uncertain,
-            all_ok: out.iter().all(|o| o.result.is_ok()),
-            requests: items.len(),
-            bytes: items.iter().map(|(_, r)| r.len).sum(),
-        };
-        match Ending::of(key, end) {
-            Ending::Retain => self.retained.lock().imports.push(Retained { import: imp, native_closed: false }),
-            Ending::Close => {
-                // Posted copies (even failed ones) end with the import closed.
-                if let Err((e, native_closed)) = self.close_import(&imp, false, deadline) {
-                    self.retained.lock().imports.push(Retained { import: imp.clone(), native_closed });
-                    fail_all(&mut out, &items, &e);
-                }
-            }
-            Ending::MarkUncertain(key) => {
-                let why = out.iter().find_map(|o| o.result.as_ref().err()).map(|e| e.message().to_string());
-                self.cache.mark_uncertain(&key, imp, &why.unwrap_or_else(|| "completion not confirmed".into()))
-            }
-            Ending::Leave { key, requests, bytes } => {
-                // The group ran inside the grant the source published (it
-                // could not have revoked it meanwhile): its outcome is known
-                // without a receipt; what it moved is counted in the slot.
-                imp.leave(requests, bytes);
-                self.release(&key);
-            }
-            Ending::Receipt { key, bytes, requests } => {
-                let r = imp.export_ref(bytes, requests);
-                if let Err(e) = imp.link.receipt(MsgKind::OpComplete, &r, deadline) {
-                    fail_all(&mut out, &items, &e);
-                }
-                self.release(&key);
-            }
-            Ending::Release(key) => self.release(&key),
-        }
-        Finished { items, outcomes: out }
     }
 
     /// Why this transport can never reach `link`'s source (`None`: it may):

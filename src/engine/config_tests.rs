@@ -1,0 +1,181 @@
+use super::*;
+
+fn err(text: &str) -> String {
+    match EngineConfig::from_json(text) {
+        Err(Error::InvalidConfig(m)) => m,
+        other => panic!("expected InvalidConfig for {text}, got {other:?}"),
+    }
+}
+
+#[test]
+fn empty_and_braces_give_defaults() {
+    assert_eq!(EngineConfig::from_json("").unwrap(), EngineConfig::default());
+    assert_eq!(EngineConfig::from_json(" {} ").unwrap(), EngineConfig::default());
+}
+
+#[test]
+fn round_trips_through_json() {
+    let c = EngineConfig {
+        mnnvl: Some(MnnvlConfig {
+            handle_type: MnnvlHandleType::PosixFd,
+            fabric_domain: FabricDomain::Fixed([7u8; 16]),
+            host_register: false,
+            egm: true,
+        }),
+        max_transfer_bytes: 8 * MIB,
+        transport_policy: vec![TransportKind::Tcp, TransportKind::Shm],
+        auth_key_file: Some("/etc/orbite/key".into()),
+        ipc_allowed_uids: vec![0, 1000],
+        cma: false,
+        cma_ptracer: PtracerPolicy::Any,
+        offer_timeout_ms: 250,
+        min_payload_rate_kib: 0,
+        max_ipc_channels: 3,
+        io_threads: 7,
+        io_poll_us: 0,
+        name: Some("prefill-0".into()),
+        notification_max_bytes: 100,
+        notification_queue: 7,
+        discovery: Some(DiscoveryConfig {
+            etcd: vec!["http://127.0.0.1:2379".into(), "http://etcd-1:2379".into()],
+            prefix: "/cluster-a".into(),
+            ttl_s: 4,
+        }),
+        ..EngineConfig::default()
+    };
+    assert_eq!(EngineConfig::from_json(&c.to_json()).unwrap(), c);
+    let d = EngineConfig::default();
+    assert_eq!(EngineConfig::from_json(&d.to_json()).unwrap(), d);
+}
+
+#[test]
+fn unknown_keys_are_named() {
+    assert!(err(r#"{"max_inflite_bytes": 5}"#).contains("`max_inflite_bytes`"));
+    assert!(err(r#"{"mnnvl": {"egmm": true}}"#).contains("`mnnvl.egmm`"));
+    assert!(err(r#"{"name": "a", "discovery": {"etcd": ["http://h:1"], "ttl": 3}}"#).contains("`discovery.ttl`"));
+}
+
+/// serde_json keeps the last of two equal keys; the config refuses
+/// them instead, naming the key (nested ones by their path).
+#[test]
+fn duplicate_keys_are_refused_and_named() {
+    let e = EngineConfig::from_json(r#"{"io_threads": 1, "io_threads": 8}"#).unwrap_err();
+    assert!(matches!(&e, Error::InvalidConfig(m) if m.contains("key `io_threads` appears twice")), "{e}");
+    let nested = r#"{"name": "a", "discovery": {"etcd": ["http://h:1"], "prefix": "/x", "prefix": "/y"}}"#;
+    assert!(err(nested).contains("key `discovery.prefix` appears twice"));
+}
+
+#[test]
+fn wrong_types_are_named() {
+    assert!(err(r#"{"nvlink": 1}"#).contains("`nvlink`: expected a boolean"));
+    assert!(err(r#"{"max_inflight_bytes": "1"}"#).contains("`max_inflight_bytes`"));
+    assert!(err(r#"{"nvlink_stream_count": -1}"#).contains("negative"));
+    assert!(err(r#"{"mnnvl": 5}"#).contains("`mnnvl`: expected an object or null"));
+    assert!(err(r#"[1]"#).contains("expected a JSON object"));
+    assert!(err(r#"{"#).contains("not valid JSON"));
+}
+
+#[test]
+fn ranges_are_enforced() {
+    assert!(err(r#"{"nvlink_cache_entries": 4097}"#).contains("0..=4096"));
+    assert!(EngineConfig::from_json(r#"{"nvlink_cache_entries": 4096}"#).is_ok());
+    assert!(err(r#"{"nvlink_stream_count": 0}"#).contains("1..=4096"));
+    assert!(err(r#"{"shm_cache_entries": 5000}"#).contains("`shm_cache_entries`"));
+    assert!(err(r#"{"default_timeout_ms": 0}"#).contains("`default_timeout_ms`"));
+    assert!(err(r#"{"max_inflight_bytes": 1024}"#).contains("`max_inflight_bytes`"));
+    assert!(
+        err(r#"{"max_inflight_bytes": 2097152, "max_transfer_bytes": 4194304}"#).contains("exceeds max_inflight_bytes")
+    );
+    assert!(err(r#"{"mnnvl": {"async_memcpy_threshold": 70000}}"#).contains("`mnnvl.async_memcpy_threshold`"));
+}
+
+#[test]
+fn nvlink_and_mnnvl_are_exclusive() {
+    assert!(err(r#"{"nvlink": true, "mnnvl": {}}"#).contains("mutually exclusive"));
+    let c = EngineConfig::from_json(r#"{"nvlink": true, "mnnvl": null}"#).unwrap();
+    assert!(c.nvlink && c.mnnvl.is_none());
+    let c = EngineConfig::from_json(r#"{"mnnvl": {}}"#).unwrap();
+    assert_eq!(c.mnnvl, Some(MnnvlConfig::default()));
+}
+
+#[test]
+fn fabric_domain_parsing() {
+    let c = EngineConfig::from_json(r#"{"mnnvl": {"fabric_domain": "000102030405060708090a0b0c0d0e0f"}}"#).unwrap();
+    let d = c.mnnvl.unwrap().fabric_domain.fixed().unwrap();
+    assert_eq!(d[0], 0);
+    assert_eq!(d[15], 15);
+    let auto = EngineConfig::from_json(r#"{"mnnvl": {"fabric_domain": "auto"}}"#).unwrap();
+    assert_eq!(auto.mnnvl.unwrap().fabric_domain, FabricDomain::Auto);
+    let boot = EngineConfig::from_json(r#"{"mnnvl": {"fabric_domain": null}}"#).unwrap().mnnvl.unwrap();
+    assert_eq!(boot.fabric_domain, FabricDomain::ThisBoot);
+    assert_eq!(EngineConfig::from_json(r#"{"mnnvl": {}}"#).unwrap().mnnvl.unwrap().fabric_domain, FabricDomain::Auto);
+    assert!(err(r#"{"mnnvl": {"fabric_domain": "00"}}"#).contains("32 hexadecimal"));
+    assert!(err(r#"{"mnnvl": {"fabric_domain": "00000000000000000000000000000000"}}"#).contains("all-zero"));
+    assert!(err(r#"{"mnnvl": {"fabric_domain": "zz0102030405060708090a0b0c0d0e0f"}}"#).contains("32 hexadecimal"));
+    assert!(err(r#"{"mnnvl": {"handle_type": "dmabuf"}}"#).contains("unknown handle type"));
+}
+
+#[test]
+fn policy_and_listen() {
+    assert!(err(r#"{"transport_policy": []}"#).contains("at least one"));
+    assert!(err(r#"{"transport_policy": ["tcp", "tcp"]}"#).contains("twice"));
+    assert!(err(r#"{"transport_policy": ["rdma"]}"#).contains("unknown transport"));
+    assert!(err(r#"{"listen": "localhost"}"#).contains("`listen`"));
+    let c = EngineConfig::from_json(r#"{"transport_policy": ["shm", "tcp"]}"#).unwrap();
+    assert_eq!(c.transport_policy, vec![TransportKind::Shm, TransportKind::Tcp]);
+}
+
+#[test]
+fn security_keys() {
+    assert!(err(r#"{"auth_key_file": 7}"#).contains("`auth_key_file`: expected a string"));
+    assert!(err(r#"{"auth_key_file": ""}"#).contains("`auth_key_file`: is empty"));
+    assert!(err(r#"{"ipc_allowed_uids": [1, -2]}"#).contains("`ipc_allowed_uids`"));
+    assert!(err(r#"{"ipc_allowed_uids": 5}"#).contains("expected an array of user ids"));
+    assert!(err(r#"{"cma_ptracer": "all"}"#).contains("expected \"peer\", \"any\" or \"none\""));
+    assert!(err(r#"{"cma": 1}"#).contains("`cma`"));
+    assert!(err(r#"{"offer_timeout_ms": 0}"#).contains("`offer_timeout_ms`"));
+    assert!(err(r#"{"max_ipc_channels": 0}"#).contains("`max_ipc_channels`"));
+    assert!(err(r#"{"io_threads": 0}"#).contains("`io_threads`"));
+    assert!(err(r#"{"io_threads": 65}"#).contains("`io_threads`"));
+    assert!(err(r#"{"io_poll_us": 10001}"#).contains("`io_poll_us`"));
+    assert!(err(r#"{"wire_security": "encrypt"}"#).contains("`wire_security`: \"encrypt\" needs auth_key_file"));
+    assert!(err(r#"{"wire_security": "secret"}"#).contains("`wire_security`: unknown value \"secret\""));
+    let c = EngineConfig::from_json(r#"{"auth_key_file": "/k", "wire_security": "encrypt"}"#).unwrap();
+    assert_eq!(c.wire_security, crate::control::seal::WireSecurity::Encrypt);
+    assert_eq!(EngineConfig::default().wire_security, crate::control::seal::WireSecurity::Integrity);
+    let c = EngineConfig::from_json(r#"{"auth_key_file": null, "ipc_allowed_uids": [33]}"#).unwrap();
+    assert_eq!((c.auth_key_file, c.ipc_allowed_uids), (None, vec![33]));
+}
+
+#[test]
+fn names_notifications_and_discovery_are_checked() {
+    assert!(err(r#"{"name": ""}"#).contains("`name`"));
+    assert!(err(r#"{"name": "a/b"}"#).contains("`name`"));
+    assert!(err(r#"{"notification_max_bytes": 0}"#).contains("`notification_max_bytes`"));
+    assert!(err(r#"{"notification_max_bytes": 262145}"#).contains("`notification_max_bytes`"));
+    assert!(err(r#"{"notification_queue": 65536, "notification_max_bytes": 262144}"#).contains("more than 1 GiB"));
+    assert!(err(r#"{"discovery": {"etcd": ["http://h:1"]}}"#).contains("needs `name`"));
+    let named = |d: &str| format!(r#"{{"name": "x", "discovery": {d}}}"#);
+    assert!(err(&named(r#"{"etcd": []}"#)).contains("`discovery.etcd`"));
+    assert!(err(&named(r#"{"etcd": ["h:1"]}"#)).contains("not an http:// URL"));
+    assert!(err(&named(r#"{"etcd": "http://h:1"}"#)).contains("expected an array"));
+    assert!(err(&named(r#"{"etcd": ["http://h:1"], "prefix": "x"}"#)).contains("`discovery.prefix`"));
+    assert!(err(&named(r#"{"etcd": ["http://h:1"], "ttl_s": 0}"#)).contains("`discovery.ttl_s`"));
+    let c = EngineConfig::from_json(&named(r#"{"etcd": ["http://h:1"]}"#)).unwrap();
+    let d = c.discovery.unwrap();
+    assert_eq!((d.prefix.as_str(), d.ttl_s), ("/orbite", 10));
+    assert_eq!(EngineConfig::from_json(r#"{"discovery": null}"#).unwrap().discovery, None);
+}
+
+#[test]
+fn log_level_is_one_of_the_level_names() {
+    assert_eq!(EngineConfig::default().log_level, Level::Warn);
+    for l in Level::ALL {
+        let c = EngineConfig::from_json(&format!(r#"{{"log_level": "{}"}}"#, l.name())).unwrap();
+        assert_eq!(c.log_level, l);
+        assert_eq!(EngineConfig::from_json(&c.to_json()).unwrap(), c);
+    }
+    assert!(err(r#"{"log_level": "verbose"}"#).contains("key `log_level`: unknown level \"verbose\""));
+    assert!(err(r#"{"log_level": "INFO"}"#).contains("`log_level`"));
+    assert!(err(r#"{"log_level": 3}"#).contains("`log_level`: expected a string"));
+}

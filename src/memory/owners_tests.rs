@@ -1,0 +1,141 @@
+use super::*;
+
+/// A memory file counts as sealed only with every seal asked for, and
+/// only at the size asked for: a peer's board or liveness page sealed
+/// against growing alone could still be shrunk under its mapping
+/// (SIGBUS). Guards `is_sealed_memfd`'s `have & seals == seals`.
+#[test]
+fn a_memfd_with_only_some_of_the_seals_is_not_sealed() {
+    let grow_only = sealable_memfd(c"grow-only", 4096, "test").unwrap();
+    add_seals(&grow_only, libc::F_SEAL_GROW, "test").unwrap();
+    assert!(!is_sealed_memfd(&grow_only, SIZE_SEALS, 4096), "GROW alone is not SIZE_SEALS");
+    let unsealed = sealable_memfd(c"unsealed", 4096, "test").unwrap();
+    assert!(!is_sealed_memfd(&unsealed, SIZE_SEALS, 4096));
+    let sealed = sealable_memfd(c"sealed", 4096, "test").unwrap();
+    add_seals(&sealed, SIZE_SEALS | libc::F_SEAL_SEAL, "test").unwrap();
+    assert!(is_sealed_memfd(&sealed, SIZE_SEALS, 4096));
+    assert!(!is_sealed_memfd(&sealed, SIZE_SEALS, 8192), "another size");
+}
+
+#[test]
+fn shared_host_is_rounded_zeroed_and_recognised() {
+    let a = allocate_shared_host(17).unwrap();
+    assert_eq!(a.len(), 17);
+    assert_eq!(a.physical_len(), SHARED_ROUNDING);
+    // SAFETY: the allocation maps `physical_len` bytes.
+    let s = unsafe { std::slice::from_raw_parts(a.addr() as *const u8, a.physical_len() as usize) };
+    assert!(s.iter().all(|b| *b == 0));
+    assert_eq!(kind_of(a.addr(), 17).unwrap(), MemoryKind::SharedHost);
+    assert!(kind_of(a.addr(), 18).is_err());
+    assert!(matches!(allocate_shared_host(0), Err(Error::InvalidArgument(_))));
+    note_registered(a.addr(), 1);
+    let (a, e) = a.free().unwrap_err();
+    assert!(matches!(e, Error::Unavailable(_)));
+    note_registered(a.addr(), -1);
+    a.free().unwrap();
+}
+
+/// An allocation no engine has registered but an export still holds
+/// (an importer may map it) is not freed: UNAVAILABLE naming the
+/// export, its bytes intact; once the export lets go it is freed. An
+/// engine's regions go before its exports (`RegionTable::clear` at its
+/// shutdown, then the export table with the engine), so a free racing
+/// an engine's drop meets exactly this state. Guards `release`'s
+/// `|| e.counts.exported > 0`.
+#[test]
+fn an_exported_allocation_no_engine_registers_is_not_freed() {
+    let a = allocate_shared_host(4096).unwrap();
+    // SAFETY: the allocation maps at least 4096 writable bytes.
+    unsafe { std::ptr::write_bytes(a.addr() as *mut u8, 0x5a, 4096) };
+    let hold = hold_for_export(a.addr()).unwrap();
+    let (a, e) = a.free().unwrap_err();
+    assert!(matches!(e, Error::Unavailable(_)), "{e}");
+    assert!(e.message().contains("registered 0 time(s) and exported 1 time(s)"), "{e}");
+    // SAFETY: the refused free left the mapping in place.
+    assert!(unsafe { std::slice::from_raw_parts(a.addr() as *const u8, 4096) }.iter().all(|b| *b == 0x5a));
+    drop(hold);
+    assert_eq!(exports_of(a.addr()), 0);
+    a.free().unwrap();
+}
+
+/// What keeps two GPU groups (and TCP) off one pinned allocation at
+/// once: `fence_pinned_at` fences each pinned owner its addresses touch,
+/// once, in address order, refuses one another group holds (at its
+/// deadline), and ignores memory that is not pinned. Two pinned records
+/// over heap memory stand in for cuMemHostAlloc's. Guards
+/// `fence_pinned_at` and `fence`.
+#[test]
+fn pinned_fences_are_exclusive_once_per_allocation_in_address_order() {
+    let heap = vec![0u8; 3 << 16];
+    let base = heap.as_ptr() as u64;
+    let pin = |at: u64| {
+        let release: Release = Box::new(|_| Ok(()));
+        adopt(MemoryKind::PinnedHost, at, 1 << 16, 1 << 16, Backing::Native { device: None, release })
+    };
+    let (lo, hi) = (pin(base), pin(base + (2 << 16)));
+    let soon = || std::time::Instant::now() + std::time::Duration::from_millis(20);
+    // Addresses out of order, twice in one allocation, and one plain.
+    let addrs = [base + (2 << 16) + 5, base + 1, base + (1 << 16), base + 9];
+    let fences = fence_pinned_at(addrs.into_iter(), soon()).unwrap();
+    assert_eq!(fences.iter().map(|f| f.base).collect::<Vec<_>>(), vec![lo.addr(), hi.addr()]);
+    assert!(fenced(base + 1) && fenced(base + (2 << 16)) && !fenced(base + (1 << 16)));
+    let e = fence_pinned_at([base + (2 << 16)].into_iter(), soon()).unwrap_err();
+    assert_eq!(e.status(), crate::error::Status::Unavailable);
+    assert!(fence_pinned_at([base + (1 << 16)].into_iter(), soon()).unwrap().is_empty(), "not pinned");
+    drop(fences);
+    assert!(!fenced(base + 1) && !fenced(base + (2 << 16)));
+    lo.free().unwrap();
+    hi.free().unwrap();
+}
+
+/// The VmFlags of the mapping starting at `addr` (from /proc/self/smaps).
+fn vm_flags(addr: u64) -> String {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let head = format!("{addr:x}-");
+    let mut lines = smaps.lines().skip_while(|l| !l.starts_with(&head));
+    assert!(lines.next().is_some(), "no mapping starts at 0x{addr:x}");
+    lines.find_map(|l| l.strip_prefix("VmFlags:")).unwrap().to_string()
+}
+
+/// An allocation and a second mapping of its file (as an SHM import
+/// makes) lie at 2 MiB-aligned addresses, are advised for huge pages
+/// (`hg` in VmFlags, where the kernel has transparent huge pages) and
+/// show the same bytes. Guards `map_shared_memory`'s alignment, its
+/// MADV_HUGEPAGE and `allocate_shared_host`'s use of it.
+#[test]
+fn shared_memory_is_mapped_aligned_and_advised_for_huge_pages() {
+    let a = allocate_shared_host(3 << 20).unwrap();
+    assert_eq!(a.physical_len(), 4 << 20);
+    let fd = a.memfd().unwrap();
+    let b = map_shared_memory(&fd, 4 << 20, false, "a test mapping").unwrap();
+    assert_eq!((a.addr() % SHARED_ROUNDING, b % SHARED_ROUNDING), (0, 0));
+    let thp = std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists();
+    for at in [a.addr(), b] {
+        assert_eq!(vm_flags(at).split_whitespace().any(|f| f == "hg"), thp, "VmFlags of 0x{at:x}");
+    }
+    // SAFETY: inside the allocation (4 MiB mapped) and the second mapping of its file.
+    unsafe {
+        ((a.addr() + (3 << 20) + 5) as *mut u8).write(0x5a);
+        assert_eq!(((b + (3 << 20) + 5) as *const u8).read(), 0x5a);
+        libc::munmap(b as *mut libc::c_void, 4 << 20);
+    }
+    a.free().unwrap();
+}
+
+#[test]
+fn shared_memory_files_cannot_change_size_or_take_new_seals() {
+    let a = allocate_shared_host(4096).unwrap();
+    let fd = a.memfd().unwrap();
+    for size in [0, 4096, 4 << 20] {
+        // SAFETY: ftruncate on the allocation's own fd; it must fail.
+        assert_ne!(unsafe { libc::ftruncate(fd, size) }, 0, "resized to {size}");
+    }
+    // SAFETY: fcntl on the allocation's own fd; it must fail.
+    assert_ne!(unsafe { libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_WRITE) }, 0);
+    // SAFETY: fstat into a zeroed buffer.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::fstat(fd, &mut st) }, 0);
+    assert_eq!(st.st_size as u64, SHARED_ROUNDING);
+    a.free().unwrap();
+}
