@@ -332,6 +332,11 @@ pub fn raise_fd_limit(need: u64) {
 /// A raw control connection to `endpoint` after its handshake (this
 /// process's fresh identity, TCP only), and the source's Describe.
 pub fn raw_control(endpoint: &str) -> (std::net::TcpStream, orbite::control::message::Describe) {
+    raw_control_over(std::net::TcpStream::connect(endpoint).unwrap())
+}
+
+/// [`raw_control`] over a stream already connected.
+pub fn raw_control_over(mut s: std::net::TcpStream) -> (std::net::TcpStream, orbite::control::message::Describe) {
     use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
     use orbite::control::message::Describe;
     use std::io::Read;
@@ -343,7 +348,6 @@ pub fn raw_control(endpoint: &str) -> (std::net::TcpStream, orbite::control::mes
         ipc_name: String::new(),
         regions: vec![],
     };
-    let mut s = std::net::TcpStream::connect(endpoint).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let body = mine.encode();
     s.write_all(&FrameHeader::encode(MsgKind::Describe, body.len() as u32)).unwrap();

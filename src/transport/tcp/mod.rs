@@ -10,6 +10,7 @@
 mod chunk;
 pub mod executor;
 pub mod handshake;
+pub mod linger;
 pub mod proto;
 pub mod requester;
 pub mod source;

@@ -53,6 +53,10 @@ struct Conn {
     /// The Describe generation, the end and the retirement last published
     /// ([`TcpConnection::publish`]).
     published: (u64, bool, bool),
+    /// A send failed: the connection ends with this once what the socket
+    /// already holds was read (the peer may have said why, in an Error
+    /// frame that would be lost if the send's error ended it first).
+    lost: Option<Error>,
 }
 
 impl Conn {
@@ -83,6 +87,8 @@ enum Sent {
     Blocked,
     /// This turn's share is used: more is possible at once.
     Budget,
+    /// The send failed: the connection ends once what was received is read.
+    Lost,
 }
 
 /// A requester's connection to one peer.
@@ -139,7 +145,14 @@ impl TcpConnection {
         let (describe, generation) = core.describe();
         let conn = Arc::new(TcpConnection {
             stream,
-            state: Mutex::new(Conn { core, wire, lowat: 1, retired: None, published: (generation, false, false) }),
+            state: Mutex::new(Conn {
+                core,
+                wire,
+                lowat: 1,
+                retired: None,
+                published: (generation, false, false),
+                lost: None,
+            }),
             describe_cv: Condvar::new(),
             snapshot: RwLock::new(Ok(describe)),
             reg: once_cell::sync::OnceCell::new(),
@@ -370,6 +383,9 @@ impl TcpConnection {
         let mut ramp = io::SendRamp::default();
         let mut done = 0u64;
         loop {
+            if c.lost.is_some() {
+                return Sent::Lost;
+            }
             if done >= budget {
                 return Sent::Budget;
             }
@@ -377,10 +393,7 @@ impl TcpConnection {
             match c.wire.flush(&self.stream) {
                 Ok(true) => {}
                 Ok(false) => return Sent::Blocked,
-                Err(e) => {
-                    c.core.send_failed(Error::Unavailable(format!("connection lost: {e}")), now);
-                    return Sent::Blocked;
-                }
+                Err(e) => return Self::lost(c, Error::Unavailable(format!("connection lost: {e}"))),
             }
             let (segs, skip) = c.core.transmit(now);
             if segs.is_empty() {
@@ -394,10 +407,7 @@ impl TcpConnection {
             let r = c.wire.send(&self.stream, &parts, skip, ramp.cap());
             drop(parts);
             match r {
-                Ok(0) => {
-                    c.core.send_failed(Error::Unavailable("connection closed while sending".into()), now);
-                    return Sent::Blocked;
-                }
+                Ok(0) => return Self::lost(c, Error::Unavailable("connection closed while sending".into())),
                 Ok(n) => {
                     self.stats.record_wire_sent(TransportKind::Tcp, n as u64);
                     done += n as u64;
@@ -405,12 +415,16 @@ impl TcpConnection {
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => return Sent::Blocked,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => {
-                    c.core.send_failed(Error::Unavailable(format!("connection lost: {e}")), now);
-                    return Sent::Blocked;
-                }
+                Err(e) => return Self::lost(c, Error::Unavailable(format!("connection lost: {e}"))),
             }
         }
+    }
+
+    /// A send failed with `e`: nothing more is sent, and the I/O thread's
+    /// next turn reads what the socket holds before the connection ends.
+    fn lost(c: &mut Conn, e: Error) -> Sent {
+        c.lost.get_or_insert(e);
+        Sent::Lost
     }
 
     /// The receive turn: reads what the socket holds (READ payloads that
@@ -494,6 +508,11 @@ impl TcpConnection {
                 return Flow::Done;
             }
         };
+        // What was received was read: a failed send ends the connection
+        // now (unless what was read ended it first, with its own reason).
+        if let Some(e) = c.lost.take() {
+            c.core.send_failed(e, Instant::now());
+        }
         if let Some(e) = c.core.dead().cloned() {
             self.end(c, e);
             return Flow::Done;
@@ -585,7 +604,8 @@ impl Handler for TcpConnection {
                         self.end(&mut c, e);
                         Flow::Done
                     }
-                    None if sent == Sent::Budget => Flow::Again,
+                    // A failed send ends it in a turn, after its reads.
+                    None if matches!(sent, Sent::Budget | Sent::Lost) => Flow::Again,
                     None => Flow::Idle,
                 }
             }

@@ -10,6 +10,7 @@
 //! bound, stall bounds — is the core's.
 
 use super::handshake::Opened;
+use super::linger::{Closing, Linger};
 use super::proto::source::{AfterSend, Limits, Recv, SourceCore, SourceHost};
 use super::torn::{Torn, TornReports};
 use super::wire::{segment_bytes, Wire};
@@ -173,6 +174,9 @@ pub struct SourceConn {
     revoker: Arc<Revoker>,
     /// Run once, when the connection ends (taken, then run unlocked).
     on_done: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Once the protocol ended: the socket's graceful close, driven by the
+    /// I/O thread without the state's lock (taken after it, never before).
+    closing: Mutex<Option<Linger>>,
 }
 
 /// Answers the handshake of `stream`, whose first frame (after any
@@ -234,6 +238,7 @@ impl SourceConn {
             finished: Ended::default(),
             revoker,
             on_done: Mutex::new(Some(on_done)),
+            closing: Mutex::new(None),
         });
         c.revoker_id.store(c.revoker.add(Arc::downgrade(&c)), Ordering::Relaxed);
         match reactor.register(c.stream.as_raw_fd(), c.clone()) {
@@ -242,7 +247,9 @@ impl SourceConn {
                 Ok(c)
             }
             Err(e) => {
-                c.end(&mut c.state.lock());
+                c.end(&mut c.state.lock(), None);
+                // No I/O thread closes it gracefully.
+                let _ = c.stream.shutdown(Shutdown::Both);
                 c.ended();
                 Err(e)
             }
@@ -262,12 +269,31 @@ impl SourceConn {
     }
 
     /// The connection is over: the core releases what it held (leases,
-    /// gate guards, unpublished notifications) and the socket is shut.
+    /// gate guards, unpublished notifications) and the socket's graceful
+    /// close begins, owing the peer what the wire still holds, then `last`
+    /// ([`Linger`]: the I/O thread drives it once the lock is released).
     /// Runs under the connection's lock; whoever holds it calls
     /// [`SourceConn::ended`] once the lock is released.
-    fn end(&self, st: &mut State) {
-        let _ = self.stream.shutdown(Shutdown::Both);
+    fn end(&self, st: &mut State, last: Option<&[u8]>) {
         st.core.end(&mut st.host);
+        let owed = st.wire.owed(last);
+        *self.closing.lock() = Some(Linger::new(owed, Instant::now()));
+    }
+
+    /// A turn of the graceful close, if the connection is closing
+    /// (without the state's lock): `Flow::Done` once it is over, the
+    /// socket shut.
+    fn linger(&self, scratch: &mut [u8], now: Instant) -> Option<Flow> {
+        let mut closing = self.closing.lock();
+        let flow = match closing.as_mut()?.turn(&self.stream, scratch, now) {
+            Closing::Waiting => Flow::Idle,
+            Closing::Again => Flow::Again,
+            Closing::Done => {
+                let _ = self.stream.shutdown(Shutdown::Both);
+                Flow::Done
+            }
+        };
+        Some(flow)
     }
 
     /// After [`SourceConn::end`], with the connection's lock released (no
@@ -288,10 +314,8 @@ impl SourceConn {
         if let Error::Protocol(_) = e {
             st.host.ctx.stats.events.protocol_errors.fetch_add(1, Ordering::Relaxed);
         }
-        if let Some(told) = st.core.fail(e, &mut st.host) {
-            let _ = st.wire.send(&self.stream, &[&told], 0, usize::MAX);
-        }
-        self.end(st);
+        let told = st.core.fail(e, &mut st.host);
+        self.end(st, told.as_deref());
     }
 
     /// Writes what waits, as far as the socket takes it and within the
@@ -427,7 +451,7 @@ impl SourceConn {
             match self.flush(st, now) {
                 Ok(Some(f)) => sent = f,
                 Ok(None) => {
-                    self.end(st);
+                    self.end(st, None);
                     return Flow::Done;
                 }
                 Err(e) => {
@@ -461,6 +485,9 @@ impl SourceConn {
 
 impl Handler for SourceConn {
     fn ready(&self, scratch: &mut [u8]) -> Flow {
+        if let Some(f) = self.linger(scratch, Instant::now()) {
+            return f;
+        }
         let (flow, published) = {
             let mut st = self.state.lock();
             if self.is_finished() {
@@ -469,10 +496,20 @@ impl Handler for SourceConn {
             let flow = self.turn(&mut st, scratch);
             (flow, st.core.take_published())
         };
-        self.unlocked(flow, published)
+        match self.unlocked(flow, published) {
+            Flow::Done => self.linger(scratch, Instant::now()).unwrap_or(Flow::Done),
+            f => f,
+        }
     }
 
     fn tick(&self, now: Instant) -> (Flow, Option<Instant>) {
+        if let Some(deadline) = self.closing.lock().as_ref().map(Linger::deadline) {
+            if now < deadline {
+                return (Flow::Idle, Some(deadline));
+            }
+            let _ = self.stream.shutdown(Shutdown::Both);
+            return (Flow::Done, None);
+        }
         let (flow, published, next) = {
             let mut st = self.state.lock();
             if self.is_finished() {
@@ -486,7 +523,7 @@ impl Handler for SourceConn {
             let flow = match check.and_then(|_| self.flush(&mut st, now)) {
                 Ok(Some(f)) => f,
                 Ok(None) => {
-                    self.end(&mut st);
+                    self.end(&mut st, None);
                     Flow::Done
                 }
                 Err(e) => {
@@ -496,7 +533,12 @@ impl Handler for SourceConn {
             };
             (flow, st.core.take_published(), st.core.next_deadline())
         };
-        (self.unlocked(flow, published), next)
+        match self.unlocked(flow, published) {
+            // The close's first turn needs the thread's buffer: a turn
+            // at once runs it; its deadline ticks it at the latest.
+            Flow::Done => (Flow::Again, self.closing.lock().as_ref().map(Linger::deadline)),
+            f => (f, next),
+        }
     }
 }
 

@@ -109,6 +109,23 @@ impl Wire {
         }
     }
 
+    /// The bytes the connection still owes its peer as it closes: what
+    /// earlier records left, then `last` (sealed as a record when the
+    /// connection is). The wire sends nothing more.
+    pub fn owed(&mut self, last: Option<&[u8]>) -> Vec<u8> {
+        match self {
+            Wire::Plain => last.map_or_else(Vec::new, <[u8]>::to_vec),
+            Wire::Sealed(x) => {
+                if let Some(b) = last {
+                    x.tx.seal_all(b);
+                }
+                let owed = x.tx.pending().to_vec();
+                x.tx.sent(owed.len());
+                owed
+            }
+        }
+    }
+
     /// Sends what earlier records left, without blocking: whether nothing
     /// is left (always, unsealed).
     pub fn flush(&mut self, s: &TcpStream) -> std::io::Result<bool> {
