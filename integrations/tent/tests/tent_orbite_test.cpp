@@ -794,7 +794,7 @@ int run(const Options &o, const char *self) {
       if (!t.getTransferStatus(batch, id, st).ok() || st.s != PENDING)
         rc = fail(std::string("right after submit the task was ") + name_of(st.s) + ", not PENDING");
       if (!ends(t, batch, id, TIMEOUT, 0, "a task whose segment lookup never returns")) rc = 1;
-      std::printf("tent_orbite_test: lookup %d: TIMEOUT %.1f ms after submit (connect deadline 1500 ms)\n", id,
+      std::printf("tent_orbite_test: lookup %d: ended %.1f ms after submit (connect deadline 1500 ms)\n", id,
                   ms_since(t0));
       // The timer failed the task; the job's own wait for the lookup ends
       // just after, and says so: the next task starts a job of its own.
