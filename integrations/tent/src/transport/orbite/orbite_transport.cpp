@@ -158,6 +158,15 @@ bool refusedAsInvalid(orbite::Status s) {
            s == orbite::Status::permission_denied;
 }
 
+/// How a task OrbiTE refused or failed before it was sent ends: INVALID
+/// when it was refused for what it asked, TIMEOUT when a deadline passed
+/// (TENT treats it as final, as its own transports' timeouts), FAILED
+/// otherwise (TENT may fail it over to another transport).
+TransferStatusEnum endedAs(orbite::Status s) {
+    if (refusedAsInvalid(s)) return INVALID;
+    return s == orbite::Status::timed_out ? TIMEOUT : FAILED;
+}
+
 /// The region of `in` that holds all of `r`, or null.
 const orbite::Region* regionOf(const std::vector<orbite::Region>& in,
                                const orbite::Request& r) {
@@ -287,15 +296,18 @@ struct OrbiteTransport::Task {
     size_t index = 0;
     /// In a submission to OrbiTE right now: its deadline is OrbiTE's.
     bool sending = false;
-    /// Not handed to OrbiTE by then, it ends FAILED (never sent).
+    /// Not handed to OrbiTE by then, it ends TIMEOUT (never sent).
     Clock::time_point deadline{};
 
-    /// Ends FAILED if it still waits for the pool at `now`, past its
-    /// deadline; true if it did.
+    /// Ends TIMEOUT if it still waits for the pool at `now`, past its
+    /// deadline; true if it did. TIMEOUT, not FAILED: TENT fails a FAILED
+    /// task over to its next transport, which (like TENT's own retry of
+    /// the segment) waits TENT's RPC timeout for a target that does not
+    /// answer; TIMEOUT is final in TENT, as its RDMA transport's.
     bool expire(Clock::time_point now) {
         if (fixed != PENDING || batch >= 0 || sending || now < deadline)
             return false;
-        fixed = FAILED;
+        fixed = TIMEOUT;
         return true;
     }
 };
@@ -376,6 +388,10 @@ struct OrbiteTransport::Target {
     bool dropped = false;
     /// Why the last connect failed ("" after a success).
     std::string why;
+    /// How the tasks it could not send end: TIMEOUT when the last connect
+    /// ran out of time (the lookup or the peer did not answer), else
+    /// FAILED.
+    TransferStatusEnum unsent = FAILED;
     /// The segment lookup in flight, if any.
     std::shared_ptr<Lookup> lookup;
     struct Waiting {
@@ -831,8 +847,7 @@ void OrbiteTransport::dispatch(const std::shared_ptr<Target>& t,
                                 gen);
                     return;
                 }
-                auto why =
-                    refusedAsInvalid(submitted.status()) ? INVALID : FAILED;
+                auto why = endedAs(submitted.status());
                 for (size_t id : ids)
                     if (tasks->tasks[id].fixed == PENDING)
                         tasks->tasks[id].fixed = why;
@@ -900,6 +915,7 @@ void OrbiteTransport::runJob(std::shared_ptr<Target> t, bool reconnect) {
         {
             std::lock_guard<std::mutex> g(t->lock);
             t->why = "the peer left again right after a reconnect";
+            t->unsent = FAILED;
         }
         (void)drain(t, nullptr, gen);
         return;
@@ -908,7 +924,8 @@ void OrbiteTransport::runJob(std::shared_ptr<Target> t, bool reconnect) {
 
 std::string OrbiteTransport::lookUp(const std::shared_ptr<Target>& t,
                                     Clock::time_point deadline,
-                                    std::string& why, std::string& name) {
+                                    std::string& why, std::string& name,
+                                    bool& late) {
     std::shared_ptr<Lookup> lookup;
     bool start = false;
     {
@@ -981,6 +998,7 @@ std::string OrbiteTransport::lookUp(const std::shared_ptr<Target>& t,
     std::unique_lock<std::mutex> g(lookup->lock);
     if (!lookup->finished.wait_until(g, deadline,
                                      [&] { return lookup->done; })) {
+        late = true;
         why = "segment " + std::to_string(t->id) +
               ": TENT's metadata service did not answer within "
               "transports/orbite/connect_timeout_ms (" +
@@ -995,18 +1013,22 @@ std::string OrbiteTransport::lookUp(const std::shared_ptr<Target>& t,
 void OrbiteTransport::connectTarget(const std::shared_ptr<Target>& t,
                                     Clock::time_point deadline) {
     std::string why, name, endpoint;
+    // Out of time (the lookup or the peer did not answer by `deadline`).
+    bool late = false;
     if (t->id == LOCAL_SEGMENT_ID)
         endpoint = engine_->endpoint();
     else
-        endpoint = lookUp(t, deadline, why, name);
+        endpoint = lookUp(t, deadline, why, name, late);
     std::shared_ptr<orbite::Peer> peer;
     if (!endpoint.empty()) {
         auto p = engine_->try_connect(endpoint, left(deadline));
-        if (p.ok())
+        if (p.ok()) {
             peer = std::make_shared<orbite::Peer>(std::move(p).value());
-        else
+        } else {
+            late = p.status() == orbite::Status::timed_out;
             why = "segment " + std::to_string(t->id) + " at " + endpoint +
                   ": " + p.error().describe();
+        }
     }
     auto regions = std::make_shared<std::vector<orbite::Region>>();
     if (peer) {
@@ -1022,6 +1044,7 @@ void OrbiteTransport::connectTarget(const std::shared_ptr<Target>& t,
         t->warm.clear();
         t->routes.clear();
         t->why = why;
+        t->unsent = late ? TIMEOUT : FAILED;
         refresh = peer && t->dropped;
         if (peer) t->dropped = false;
     }
@@ -1045,6 +1068,7 @@ OrbiteTransport::Drained OrbiteTransport::drain(
         Target::Waiting w;
         std::shared_ptr<const std::vector<orbite::Region>> regions;
         std::string why;
+        TransferStatusEnum unsent;
         {
             std::lock_guard<std::mutex> g(t->lock);
             if (t->waiting.empty()) {
@@ -1056,6 +1080,7 @@ OrbiteTransport::Drained OrbiteTransport::drain(
             t->waiting.pop_front();
             regions = t->regions;
             why = t->why;
+            unsent = t->unsent;
         }
         Tasks& tasks = *w.tasks;
         bool progressed = false;
@@ -1071,7 +1096,7 @@ OrbiteTransport::Drained OrbiteTransport::drain(
                 if (task.expire(now)) progressed = true;
                 if (task.fixed != PENDING) continue;
                 if (!peer) {
-                    task.fixed = FAILED;
+                    task.fixed = unsent;
                     progressed = true;
                     continue;
                 }
@@ -1080,8 +1105,9 @@ OrbiteTransport::Drained OrbiteTransport::drain(
             }
         }
         if (!peer && progressed)
-            LOG(WARNING) << "orbite_transport: segment " << t->id
-                         << ": tasks FAILED: " << why;
+            LOG(WARNING) << "orbite_transport: segment " << t->id << ": tasks "
+                         << (unsent == TIMEOUT ? "TIMEOUT" : "FAILED") << ": "
+                         << why;
         if (ids.empty()) {
             if (progressed) tasks.progress();
             continue;
@@ -1167,9 +1193,9 @@ OrbiteTransport::Drained OrbiteTransport::drain(
             } else {
                 // Refused before anything was sent (unregistered local
                 // memory, an address no region holds, a region not
-                // writable): INVALID; anything else FAILED.
-                auto status =
-                    refusedAsInvalid(submitted.status()) ? INVALID : FAILED;
+                // writable): INVALID; out of time: TIMEOUT; anything else
+                // FAILED.
+                auto status = endedAs(submitted.status());
                 for (size_t id : sent)
                     if (tasks.tasks[id].fixed == PENDING)
                         tasks.tasks[id].fixed = status;

@@ -33,11 +33,15 @@
 //   (a pool of at most "threads"), the tasks PENDING meanwhile, later
 //   submissions to that target queued behind in order.
 // - Deadlines: a task not handed to OrbiTE within connect_timeout_ms of its
-//   submission (the target's segment not found, not answering, not
-//   reachable) ends FAILED then, never sent, so TENT may fail it over; the
-//   segment lookup through TENT's metadata service is bounded by the same
-//   deadline. Once handed to OrbiTE, the engine's default_timeout_ms bounds
-//   it. No task stays PENDING past its deadline.
+//   submission (the target's segment lookup or the target not answering)
+//   ends TIMEOUT then, never sent: final in TENT, as its own transports'
+//   timeouts (a FAILED task is failed over, and TENT's retry waits its RPC
+//   timeout for such a target). One whose connect failed otherwise
+//   (refused, the segment gone or without an ORBITE buffer) ends FAILED,
+//   so TENT may fail it over. The segment lookup through TENT's metadata
+//   service is bounded by the same deadline. Once handed to OrbiTE, the
+//   engine's default_timeout_ms bounds it. No task stays PENDING past its
+//   deadline.
 // - A target that left (killed, restarted) is dropped: the next task to it
 //   looks the segment up again and connects to whatever serves it now
 //   (TENT's cached copies of the segment are refreshed then); tasks whose
@@ -157,10 +161,11 @@ class OrbiteTransport : public Transport {
     void connectTarget(const std::shared_ptr<Target>& t,
                        std::chrono::steady_clock::time_point deadline);
     /// The endpoint serving `t`'s segment, asked of TENT's metadata service
-    /// on the lookup pool, waited for until `deadline`; "" with `why`.
+    /// on the lookup pool, waited for until `deadline`; "" with `why` (and
+    /// `late` set when the deadline passed first).
     std::string lookUp(const std::shared_ptr<Target>& t,
                        std::chrono::steady_clock::time_point deadline,
-                       std::string& why, std::string& segment_name);
+                       std::string& why, std::string& segment_name, bool& late);
     /// What drain() came to.
     enum class Drained { Done, PeerLeft };
     /// Submits (or, without `peer`, fails) what waits for `t`, in order,
