@@ -109,6 +109,13 @@ fi
 # ---- builds (each reused by a rerun) -----------------------------------------
 say "OrbiTE installed into $prefix"
 orbite_cargo="${ORBITE_CARGO_TARGET_DIR:-$work/orbite/cargo}"
+# OrbiTE's build folder is reused between runs; one configured from another
+# checkout (a moved or deleted clone) would make CMake refuse it, so it is
+# configured afresh when its cache names another source folder.
+if [ -f "$work/orbite/CMakeCache.txt" ] &&
+  ! grep -qxF "CMAKE_HOME_DIRECTORY:INTERNAL=$here" "$work/orbite/CMakeCache.txt"; then
+  rm -rf "$work/orbite/CMakeCache.txt" "$work/orbite/CMakeFiles"
+fi
 cmake -S "$here" -B "$work/orbite" -DCMAKE_BUILD_TYPE=Release -DORBITE_BUILD_TESTS=OFF -DORBITE_BUILD_EXAMPLES=OFF \
   -DORBITE_ETCD=OFF -DORBITE_CARGO_TARGET_DIR="$orbite_cargo" > "$work/orbite-configure.log"
 cmake --build "$work/orbite" -j"$jobs" > "$work/orbite-build.log"
