@@ -83,8 +83,13 @@ impl Job {
         stream: bool,
         mover: Option<Arc<dyn Mover>>,
     ) -> Arc<Job> {
+        Job::of(shares(ops, pieces), stream, mover)
+    }
+
+    /// A job of `pieces` already cut.
+    fn of(pieces: Pieces, stream: bool, mover: Option<Arc<dyn Mover>>) -> Arc<Job> {
         Arc::new(Job {
-            pieces: shares(ops, pieces),
+            pieces,
             stream,
             mover,
             failed: Mutex::new(None),
@@ -239,9 +244,30 @@ fn pool() -> &'static Pool {
 }
 
 fn work(rx: Receiver<Arc<Job>>, queued: &AtomicUsize) {
-    for job in rx {
+    while let Some(job) = next_job(&rx) {
         job.help();
         queued.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// How long a copy thread that finished a group looks for the next one,
+/// spinning, before it sleeps: a caller that copies group after group
+/// (a batch waited for, then the next submitted, some microseconds apart)
+/// then finds it awake, and its group pays no wake-up (tens of
+/// microseconds on a VM, more than a 64 KiB group takes to copy).
+const IDLE_SPIN: std::time::Duration = std::time::Duration::from_micros(50);
+
+/// The next group for a copy thread: spinning for [`IDLE_SPIN`], then
+/// sleeping until one comes; `None` once the pool is gone.
+fn next_job(rx: &Receiver<Arc<Job>>) -> Option<Arc<Job>> {
+    let spun = std::time::Instant::now();
+    loop {
+        match rx.try_recv() {
+            Ok(job) => return Some(job),
+            Err(std::sync::mpsc::TryRecvError::Disconnected) => return None,
+            Err(std::sync::mpsc::TryRecvError::Empty) if spun.elapsed() > IDLE_SPIN => return rx.recv().ok(),
+            Err(std::sync::mpsc::TryRecvError::Empty) => (0..64).for_each(|_| std::hint::spin_loop()),
+        }
     }
 }
 
@@ -363,14 +389,43 @@ impl Pieces {
 fn shares(ops: impl Iterator<Item = CopyOp> + Clone, n: usize) -> Pieces {
     let total: u64 = ops.clone().map(|o| o.len).sum();
     let each = total.div_ceil(n as u64).max(1);
-    let mut out = Pieces { each, ops: Vec::with_capacity(ops.size_hint().0 + n), starts: Vec::with_capacity(n + 1) };
-    out.starts.push(0);
-    let mut room = each;
+    let mut sizes = vec![each; (total / each) as usize];
+    sizes.extend((total % each > 0).then_some(total % each));
+    cut(ops, &sizes)
+}
+
+/// Cuts `ops` (`total` bytes) for `copiers` claiming pieces in turn,
+/// largest first: each piece holds a `copiers`-th of the bytes the pieces
+/// before it left, in whole pages, at least `min` bytes (the last holds
+/// what is left). The first claims move most bytes in few calls (a
+/// [`Mover`] pays a kernel call a piece), and the last ones are small, so
+/// copiers finish together however late one started (guided
+/// self-scheduling): a 1 MiB group for two copiers is 512, 256, 128, 64,
+/// 32 and 32 KiB.
+fn guided(ops: &[CopyOp], total: u64, copiers: usize, min: u64) -> Pieces {
+    const PAGE: u64 = 4096;
+    let mut sizes = Vec::new();
+    let mut left = total;
+    while left > 0 {
+        let take = (left / copiers.max(1) as u64).next_multiple_of(PAGE).max(min).min(left);
+        sizes.push(take);
+        left -= take;
+    }
+    cut(ops.iter().copied(), &sizes)
+}
+
+/// Cuts `ops` into pieces of `sizes` bytes in turn (an op may be cut);
+/// the sizes add up to the ops' bytes.
+fn cut(ops: impl Iterator<Item = CopyOp>, sizes: &[u64]) -> Pieces {
+    let each = sizes.iter().copied().max().unwrap_or(1);
+    let mut out = Pieces { each, ops: Vec::with_capacity(ops.size_hint().0 + sizes.len()), starts: vec![0] };
+    let mut size = sizes.iter().copied();
+    let mut room = size.next().unwrap_or(u64::MAX);
     for mut o in ops {
         while o.len > 0 {
             if room == 0 {
                 out.starts.push(out.ops.len());
-                room = each;
+                room = size.next().unwrap_or(u64::MAX);
             }
             let take = o.len.min(room);
             out.ops.push(CopyOp { dst: o.dst, src: o.src, len: take });
@@ -532,38 +587,61 @@ fn helpers(workers: usize) -> usize {
 /// start, so a helper that wakes late costs at most the piece it is
 /// copying. Returns when every copy is done.
 pub fn copy(ops: &[CopyOp], plan: CopyPlan) {
-    // memcpy cannot fail.
-    let _ = copy_by(None, ops, plan);
-}
-
-/// [`copy`] with `mover` moving the bytes: the same pieces on the caller
-/// and idle pool threads, no streaming stores (the mover decides how bytes
-/// land). Returns when every piece is done: the first failure, if any.
-pub fn copy_with(mover: &Arc<dyn Mover>, ops: &[CopyOp], plan: CopyPlan) -> Result<()> {
-    copy_by(Some(mover), ops, plan)
-}
-
-fn copy_by(mover: Option<&Arc<dyn Mover>>, ops: &[CopyOp], plan: CopyPlan) -> Result<()> {
     let pool = pool();
     let total: u64 = ops.iter().map(|o| o.len).sum();
     if !pooled_bytes(total, plan, PARALLEL_MIN_BYTES) {
-        return run_by(mover, ops, false);
+        return run(ops, false);
     }
-    let stream = mover.is_none() && streams(total);
+    let stream = streams(total);
     let idle: Vec<&Worker> = pool.workers.iter().filter(|w| w.idle()).take(helpers(pool.workers.len())).collect();
     if idle.is_empty() {
-        return run_by(mover, ops, stream);
+        return run(ops, stream);
     }
     // The caller copies the first piece straight from `ops`, timed: a
     // group fast enough for it alone (cache-resident data) then costs no
     // pieces, no job and no wake-up.
     let first = std::time::Instant::now();
-    let rest = copy_prefix(mover, ops, PIECE_BYTES, stream)?;
+    let rest = copy_prefix(ops, PIECE_BYTES, stream);
     let took = first.elapsed();
     // The prefix copied PIECE_BYTES (a pooled group is larger).
     let rest_bytes = total.saturating_sub(PIECE_BYTES);
     let helpers = if worth_helpers(took, rest_bytes.div_ceil(PIECE_BYTES) as u32) { &idle[..] } else { &[] };
-    copy_rest(mover, &rest, rest_bytes, helpers, stream || (mover.is_none() && from_memory(took)))
+    copy_rest(&rest, rest_bytes, helpers, stream || from_memory(took))
+}
+
+/// From this many bytes a [`Mover`]'s independent group is split over the
+/// caller and an idle pool thread. A kernel call costs the same from a
+/// cache or from memory (it pins every page it moves), so the split does
+/// not wait for a timed first piece; a pool thread awake from the group
+/// before ([`IDLE_SPIN`]) takes its share within a microsecond or so.
+const MOVER_MIN_BYTES: u64 = 64 * 1024;
+
+/// The smallest piece of a [`Mover`]'s group ([`guided`]): one call each.
+const MOVER_MIN_PIECE: u64 = 32 * 1024;
+
+/// [`copy`] with `mover` moving the bytes: a group of at least
+/// [`MOVER_MIN_BYTES`] independent copies cut [`guided`] for the caller
+/// and the idle pool threads, who claim its pieces from the largest; else
+/// on the caller, in input order. No streaming stores (the mover decides
+/// how bytes land). Returns when every piece is done: the first failure,
+/// if any.
+pub fn copy_with(mover: &Arc<dyn Mover>, ops: &[CopyOp], plan: CopyPlan) -> Result<()> {
+    let total: u64 = ops.iter().map(|o| o.len).sum();
+    if !pooled_bytes(total, plan, MOVER_MIN_BYTES) {
+        return mover.run(ops);
+    }
+    let pool = pool();
+    let idle: Vec<&Worker> = pool.workers.iter().filter(|w| w.idle()).take(helpers(pool.workers.len())).collect();
+    if idle.is_empty() {
+        return mover.run(ops);
+    }
+    let job = Job::of(guided(ops, total, idle.len() + 1, MOVER_MIN_PIECE), false, Some(mover.clone()));
+    for worker in &idle {
+        worker.give(&job);
+    }
+    job.help();
+    job.finish();
+    job.result()
 }
 
 /// A first piece (64 KiB) slower than this, under 16 GB/s, came from
@@ -583,24 +661,17 @@ fn from_memory(first: std::time::Duration) -> bool {
 /// Copies what [`copy_prefix`] left (`rest_bytes` bytes): on the caller
 /// alone, in input order, without `helpers`; with them, as a job of pieces
 /// they and the caller claim (streaming with `stream`).
-fn copy_rest(
-    mover: Option<&Arc<dyn Mover>>,
-    rest: &Rest<'_>,
-    rest_bytes: u64,
-    helpers: &[&Worker],
-    stream: bool,
-) -> Result<()> {
+fn copy_rest(rest: &Rest<'_>, rest_bytes: u64, helpers: &[&Worker], stream: bool) {
     if helpers.is_empty() {
-        run_by(mover, rest.cut.as_slice(), stream)?;
-        return run_by(mover, rest.tail, stream);
+        run(rest.cut.as_slice(), stream);
+        return run(rest.tail, stream);
     }
-    let job = Job::new(rest.ops(), piece_count(rest_bytes, helpers.len() + 1), stream, mover.cloned());
+    let job = Job::new(rest.ops(), piece_count(rest_bytes, helpers.len() + 1), stream, None);
     for worker in helpers {
         worker.give(&job);
     }
     job.help();
     job.finish();
-    job.result()
 }
 
 /// What is left of a group once its first bytes are copied: the rest of an
@@ -618,21 +689,21 @@ impl Rest<'_> {
 
 /// Copies the first `bytes` of `ops` in input order (cutting the op that
 /// crosses that mark) and returns what is left.
-fn copy_prefix<'a>(mover: Option<&Arc<dyn Mover>>, ops: &'a [CopyOp], bytes: u64, stream: bool) -> Result<Rest<'a>> {
+fn copy_prefix(ops: &[CopyOp], bytes: u64, stream: bool) -> Rest<'_> {
     let mut left = bytes;
     for (i, o) in ops.iter().enumerate() {
         if o.len > left {
             // The ops before it and its first `left` bytes, in one call.
             let mut head = ops[..i].to_vec();
             head.push(CopyOp { dst: o.dst, src: o.src, len: left });
-            run_by(mover, &head, stream)?;
+            run(&head, stream);
             let cut = CopyOp { dst: o.dst + left, src: o.src + left, len: o.len - left };
-            return Ok(Rest { cut: Some(cut), tail: &ops[i + 1..] });
+            return Rest { cut: Some(cut), tail: &ops[i + 1..] };
         }
         left -= o.len;
     }
-    run_by(mover, ops, stream)?;
-    Ok(Rest { cut: None, tail: &[] })
+    run(ops, stream);
+    Rest { cut: None, tail: &[] }
 }
 
 #[cfg(test)]
@@ -649,6 +720,50 @@ mod tests {
         assert_eq!(piece(1), vec![(6, 1006, 4), (100, 2000, 2)]);
         assert_eq!(piece(2), vec![(102, 2002, 5)]);
         assert!(s.get(3).is_none());
+    }
+
+    /// The pieces of `p` as (dst, src, len) lists.
+    fn listed(p: &Pieces) -> Vec<Vec<(u64, u64, u64)>> {
+        (0..p.len()).map(|i| p.get(i).unwrap().iter().map(|o| (o.dst, o.src, o.len)).collect()).collect()
+    }
+
+    /// Guards `guided`: each piece a copier's share of what the pieces
+    /// before it left, rounded up to whole pages, at least the minimum, the
+    /// last what is left; ops cut exactly at the piece boundaries.
+    #[test]
+    fn guided_pieces_halve_what_is_left_in_whole_pages_down_to_the_minimum() {
+        const K: u64 = 1024;
+        // A batch of 16 x 64 KiB blocks, two copiers: 512, 256, 128, 64,
+        // 32 and 32 KiB, each block whole in one piece.
+        let ops: Vec<CopyOp> =
+            (0..16).map(|b| CopyOp { dst: b * 100 * K, src: (1 << 40) + b * 64 * K, len: 64 * K }).collect();
+        let p = guided(&ops, 16 * 64 * K, 2, 32 * K);
+        let sizes: Vec<u64> = (0..p.len()).map(|i| p.get(i).unwrap().iter().map(|o| o.len).sum()).collect();
+        assert_eq!(sizes, [512 * K, 256 * K, 128 * K, 64 * K, 32 * K, 32 * K]);
+        assert_eq!(p.each, 512 * K);
+        let pieces = listed(&p);
+        let block = |b: u64| (b * 100 * K, (1 << 40) + b * 64 * K, 64 * K);
+        assert_eq!(pieces[0], (0..8).map(block).collect::<Vec<_>>());
+        assert_eq!(pieces[1], (8..12).map(block).collect::<Vec<_>>());
+        assert_eq!(pieces[3], [block(14)]);
+        // The last block cut in two halves of 32 KiB.
+        assert_eq!(pieces[4], [(15 * 100 * K, (1 << 40) + 15 * 64 * K, 32 * K)]);
+        assert_eq!(pieces[5], [(15 * 100 * K + 32 * K, (1 << 40) + 15 * 64 * K + 32 * K, 32 * K)]);
+        // 100 000 bytes in one op: halves rounded up to pages (50 000 ->
+        // 53 248), a page at least, the rest last; cut where they end.
+        let one = [CopyOp { dst: 0, src: 1 << 40, len: 100_000 }];
+        let p = guided(&one, 100_000, 2, 4096);
+        let at = |d: u64, len: u64| (d, (1 << 40) + d, len);
+        assert_eq!(
+            listed(&p),
+            [[at(0, 53_248)], [at(53_248, 24_576)], [at(77_824, 12_288)], [at(90_112, 8192)], [at(98_304, 1696)]]
+        );
+        // Three copiers take a third each time; a 64 KiB group for two is
+        // two pieces of 32 KiB.
+        let p = guided(&one, 100_000, 3, 4096);
+        assert_eq!(listed(&p)[..2], [[at(0, 36_864)], [at(36_864, 24_576)]]);
+        let small = [CopyOp { dst: 0, src: 1 << 40, len: 64 * K }];
+        assert_eq!(listed(&guided(&small, 64 * K, 2, 32 * K)), [[at(0, 32 * K)], [at(32 * K, 32 * K)]]);
     }
 
     #[test]
@@ -709,15 +824,15 @@ mod tests {
             CopyOp { dst: d + 8, src: s + 8, len: 4 },
         ];
         // 6 bytes: the first op whole, the second cut after 3 of its 5.
-        let rest = copy_prefix(None, &ops, 6, false).unwrap();
+        let rest = copy_prefix(&ops, 6, false);
         assert_eq!(dst, [0, 1, 2, 3, 4, 5, 0, 0, 0, 0, 0, 0]);
         let left: Vec<_> = rest.ops().map(|o| (o.dst - d, o.src - s, o.len)).collect();
         assert_eq!(left, [(6, 6, 2), (8, 8, 4)]);
-        copy_rest(None, &rest, 6, &[], false).unwrap();
+        copy_rest(&rest, 6, &[], false);
         assert!(dst == src);
         // A mark at an op's end cuts nothing; past the group, nothing is left.
-        assert_eq!(copy_prefix(None, &ops, 3, false).unwrap().ops().map(|o| o.len).collect::<Vec<_>>(), [5, 4]);
-        assert_eq!(copy_prefix(None, &ops, 100, false).unwrap().ops().count(), 0);
+        assert_eq!(copy_prefix(&ops, 3, false).ops().map(|o| o.len).collect::<Vec<_>>(), [5, 4]);
+        assert_eq!(copy_prefix(&ops, 100, false).ops().count(), 0);
     }
 
     #[test]
@@ -727,8 +842,8 @@ mod tests {
         for (with, stream) in [(&helpers[..], false), (&[], false), (&helpers[..], true), (&[], true)] {
             let mut dst = vec![0u8; src.len()];
             let ops = blocks(&src, &mut dst);
-            let rest = copy_prefix(None, &ops, PIECE_BYTES, stream).unwrap();
-            copy_rest(None, &rest, (256 - 16) * 4096, with, stream).unwrap();
+            let rest = copy_prefix(&ops, PIECE_BYTES, stream);
+            copy_rest(&rest, (256 - 16) * 4096, with, stream);
             assert!(dst == src, "with {} helpers, streaming {stream}", with.len());
         }
     }
