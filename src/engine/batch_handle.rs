@@ -3,7 +3,7 @@
 use crate::error::{Error, Result, Status};
 use crate::kinds::{Transport, TransportKind};
 use crate::transfer::{BatchShared, RequestResult};
-use crate::transport::cpu_copy;
+use crate::transport::ipc::backends::cpu_copy;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,13 +2,12 @@
 //! `ipc` is the cooperative IPC protocol, written once, whose memory
 //! backends live in `ipc::backends`: `shm` (host memfd memory), `nvlink`
 //! (CUDA IPC) and `mnnvl` (CUDA VMM fabric/POSIX-fd handles), the CUDA ones
-//! copying through one `cuda_mapping`; `cpu_copy` is the copy pool of CPU
-//! copies, `coalesce` merges contiguous runs into one copy; `inbox` and
-//! `outbox` queue notifications, received and to send. Nothing here
-//! reaches up into the engine.
+//! copying through one `cuda_mapping`, and `cpu_copy`, the copy pool of
+//! SHM's and CMA's CPU copies; `coalesce` merges contiguous runs into one
+//! copy; `inbox` and `outbox` queue notifications, received and to send.
+//! Nothing here reaches up into the engine.
 
 pub mod coalesce;
-pub mod cpu_copy;
 pub mod inbox;
 pub mod ipc;
 pub mod outbox;

@@ -219,7 +219,7 @@ pub(super) fn cma_raw(c: &Setup, o: &Opts, op: Op, bs: u64, threads: usize) -> O
 
 /// How many threads copy one large group in the library's copy pool: the
 /// caller and a pool thread per further core, one pool thread per core up
-/// to 8 (`transport::cpu_copy`'s pool and its `helpers`).
+/// to 8 (`transport::ipc::backends::cpu_copy`'s pool and its `helpers`).
 pub(super) fn copiers() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get()).min(8)
 }

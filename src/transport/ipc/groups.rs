@@ -7,7 +7,7 @@ use crate::control::message::RegionInfo;
 use crate::kinds::TransportKind;
 use crate::memory::MemoryKind;
 use crate::transfer::Request;
-use crate::transport::cpu_copy;
+use crate::transport::ipc::backends::cpu_copy;
 use crate::transport::planned::Item;
 use std::collections::VecDeque;
 

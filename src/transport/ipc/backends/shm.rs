@@ -7,8 +7,8 @@
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::memory::owners;
-use crate::transport::cpu_copy;
 use crate::transport::ipc::backend::{CopyOp, CopyPlan, ExportedHandle, IpcBackend, Mapping, Posting, ReceivedHandle};
+use crate::transport::ipc::backends::cpu_copy;
 use crate::transport::ipc::backends::held_file;
 use parking_lot::Mutex;
 use std::collections::HashMap;

@@ -11,8 +11,8 @@
 //! memory.
 
 use crate::error::{Error, Result};
-use crate::transport::cpu_copy::Mover;
 use crate::transport::ipc::backend::CopyOp;
+use crate::transport::ipc::backends::cpu_copy::Mover;
 use std::cell::RefCell;
 
 /// Where a CMA import's window starts: a non-canonical address (bit 62),
