@@ -226,7 +226,7 @@ fn coalescing_off_issues_a_copy_per_request() {
 
 /// TCP: READs and WRITEs in runs move as one frame each (three frames for
 /// eight requests), every block exact. Guards the unit loop of
-/// `engine/submit.rs` `enqueue_tcp` and `transport/tcp/chunk.rs`
+/// `transport/tcp/executor.rs` `TcpExecutor::run` and `transport/tcp/chunk.rs`
 /// `Record::finish` giving each member the unit's outcome (without it,
 /// seven requests never end).
 #[test]
@@ -256,7 +256,7 @@ fn tcp_reads_and_writes_in_runs_move_as_one_frame_each() {
 
 /// TCP: a run crossing from one remote region into the next, or from one
 /// local region into the next, is cut there (two frames for four READs,
-/// each time). Guards the region and lease conditions of `enqueue_tcp`'s
+/// each time). Guards the region and lease conditions of `TcpExecutor::run`'s
 /// unit loop (without them: one frame, and a source refuses a range
 /// outside one region).
 #[test]
@@ -302,7 +302,7 @@ fn sized(p: &Pair, op: Op, blocks: u64, pairs: &[(u64, u64)]) -> Vec<Request> {
 /// not (a gap, or the same block again), and the reverse, READ and
 /// WRITE. Each moves in its own frame and every block holds exactly its
 /// bytes. Guards the `==` of the local and the remote condition of the
-/// TCP unit loop (`engine/submit.rs` `tcp_units`: with `>=` either way,
+/// TCP unit loop (`transport/tcp/executor.rs` `units`: with `>=` either way,
 /// the run moves the blocks in between; with `<=`, the overlapping ones).
 #[test]
 fn a_tcp_run_needs_both_sides_to_follow_on() {
@@ -362,7 +362,7 @@ fn a_tcp_run_needs_both_sides_to_follow_on() {
 /// request larger than it moves in pieces of it. With a bound of three
 /// blocks, four contiguous READs of two blocks move in four frames (none
 /// coalesced), a READ of eight blocks in three; the same for WRITEs; every
-/// block exact. Guards the run's bound in `engine/submit.rs` `tcp_units`
+/// block exact. Guards the run's bound in `transport/tcp/executor.rs` `units`
 /// (`len + n.req.len <= max_chunk`: without it, two pairs of requests
 /// join, 2 coalesced) and each piece's bound (`.min(max_chunk)`).
 #[test]
@@ -401,7 +401,7 @@ fn a_tcp_run_stops_at_the_chunk_bound() {
 /// 1 over SHM. Requests 0 and 2 follow each other on both sides, but not
 /// in the submission: they move in two frames, and each request ends once,
 /// with its own bytes and its own transport. Guards the order condition of
-/// the TCP unit loop (`engine/submit.rs` `tcp_units`, `n.at() == i +
+/// the TCP unit loop (`transport/tcp/executor.rs` `units`, `n.at() == i +
 /// count`: with `>=`, the run of 0 and 2 ends requests 0 and 1, and
 /// request 2 never ends).
 #[test]

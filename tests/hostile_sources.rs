@@ -506,7 +506,7 @@ fn cancelling_one_queued_request_ends_it_alone() {
 /// the source read, and those the kernel's buffers took, UNKNOWN; every
 /// later one NONE (nothing of it left), never an UNKNOWN after a NONE.
 /// Guards `BatchShared::complete_run` splitting the unit's outcome by the
-/// bytes that left (without it: 64 UNKNOWN) and `enqueue_tcp` coalescing
+/// bytes that left (without it: 64 UNKNOWN) and `TcpExecutor::run` coalescing
 /// WRITEs (63 coalesced).
 #[test]
 fn a_source_dying_mid_write_run_leaves_the_rest_of_the_run_none() {

@@ -318,7 +318,7 @@ mod close_model {
 
     impl World {
         /// One submission of `subbatches` subbatches through region `key`'s
-        /// import, as `run_ipc` posts them; a refused one fails the rest.
+        /// import, as `IpcExecutor::run` posts them; a refused one fails the rest.
         fn submit(&self, key: u8, subbatches: usize) {
             let mut admission = SubbatchAdmission::new(&self.gate);
             admission.mutations = self.mutations;

@@ -40,7 +40,7 @@ fn bytes_at(addr: u64, len: u64) -> Vec<u8> {
 /// import in device 0's context could not touch device 1's memory: the
 /// stand-in refuses it). READ and WRITE, bytes checked on both sides;
 /// `copies_by_device` says device 1. Guards the requester's `local_device`
-/// (`engine/submit.rs` passes the region's device to `run_group`, which
+/// (`transport/ipc/executor.rs` passes the region's device to `run_group`, which
 /// passes it to the backend's import).
 fn local_memory_on_device_one(cfg: &str, kind: &str, transport: TransportKind) {
     let mut src = Source::start_with(cfg, kind, 1, &[TWO], &[]);

@@ -303,7 +303,7 @@ fn s2_the_source_refuses_a_requester_of_another_boot() {
 
 /// M12: a posted WRITE whose completion is uncertain is terminal under Auto:
 /// Unquiesced with an Unknown effect, on SHM, never re-run over TCP (which
-/// the policy would allow). Guards `engine/submit.rs` `run_ipc`: only an
+/// the policy would allow). Guards `transport/ipc/executor.rs` `IpcExecutor::run`: only an
 /// unposted group (`GroupError::NotPosted`) may fall through.
 #[test]
 fn m12_an_uncertain_write_never_falls_through_to_tcp() {
@@ -328,7 +328,7 @@ fn m12_an_uncertain_write_never_falls_through_to_tcp() {
 /// complete. Every request went over SHM and ends there; none over TCP on
 /// either side (a WRITE sent again would be written twice), none counted
 /// as fallen through, and the failed group does not stop the next one.
-/// Guards `engine/submit.rs` `run_ipc` (only `GroupError::NotPosted`
+/// Guards `transport/ipc/executor.rs` `IpcExecutor::run` (only `GroupError::NotPosted`
 /// reaches `fall_through`) and `transport/ipc/requester/mod.rs`
 /// `run_group` (a group whose completion failed after posting is `Done`,
 /// never handed back as `NotPosted`).
@@ -451,7 +451,7 @@ fn b3_the_grant_is_the_envelope_and_only_requested_bytes_count() {
 /// import maps the whole allocation); independent requests of one region
 /// join one group across the submission, dependent ones keep consecutive
 /// runs; B1: requests naming one region share an import across local
-/// allocations. Guards `engine/submit.rs` `group`.
+/// allocations. Guards `transport/ipc/groups.rs` `group`.
 #[test]
 fn b4_groups_are_regions_regrouped_only_when_independent() {
     let src = shm_source(4 * MIB, 2);
@@ -475,7 +475,7 @@ fn b4_groups_are_regions_regrouped_only_when_independent() {
 
 /// B5: an explicit ResourceExhausted before any grant permits one retry as
 /// a single request, for each request of the group; any other refusal is
-/// not retried. Guards `engine/submit.rs` `run_ipc`'s
+/// not retried. Guards `transport/ipc/executor.rs` `IpcExecutor::run`'s
 /// `e.status() == Status::ResourceExhausted && !retried`.
 #[test]
 fn b5_only_resource_exhausted_is_retried_once_per_request() {
@@ -586,7 +586,7 @@ fn c10_close_requester_waits_for_work_in_flight_then_fences() {
 
 /// C10: when `close_requester` returns, the batch it waited for reads
 /// complete (once a bug: the deferred completion dropped its requester-gate
-/// guard before recording the outcomes). Guards `engine/submit.rs`
+/// guard before recording the outcomes). Guards `transport/ipc/executor.rs`
 /// `deferred_completion`'s order: outcomes first, then the guard.
 #[test]
 fn c10_close_requester_returns_with_the_waited_for_batch_complete() {

@@ -369,7 +369,7 @@ fn a_failed_coalesced_batch() {
 /// subbatches) returns with both still copying: the first is not waited
 /// for before the second is posted. The stand-in delays each copy by a
 /// second, so both are pending when `submit` returns, then both end Ok.
-/// Guards `engine/submit.rs` `run_ipc`'s `any_order` (without it the
+/// Guards `transport/ipc/executor.rs` `IpcExecutor::run`'s `any_order` (without it the
 /// first subbatch is complete, Ok, when `submit` returns).
 fn independent_subbatches_post_ahead() {
     let src = Source::start(NVLINK, "ipc", 2, None);
@@ -527,7 +527,7 @@ fn pinned_producer() {
 
 /// M4: EGM needs the opt-in of both peers. A source whose engine did not
 /// opt in serves nothing of its EGM memory: the requester (opted in) is
-/// refused before anything is posted (guards `engine/submit.rs` `select`'s
+/// refused before anything is posted (guards `engine/plan.rs` `select`'s
 /// `egm_both`, the peer's capability), and a hand-made MNNVL export request
 /// for that memory is refused by the source itself (guards
 /// `engine/ipc_transports.rs` `IpcParts::mnnvl`'s `if m.egm { kinds.push(Egm) }`).
@@ -567,7 +567,7 @@ fn free_vmm_fails() {
 /// forced) chooses NVLink for a `cuda_ipc` region and MNNVL for an
 /// `mnnvl` one, says so per request, and moves the source's bytes; with
 /// the requester offering neither, AUTO refuses the submission typed (no
-/// transport reaches GPU memory on both sides), as documented. Guards `engine/submit.rs` `select`'s IPC arm under
+/// transport reaches GPU memory on both sides), as documented. Guards `engine/plan.rs` `select`'s IPC arm under
 /// `Transport::Auto` (every other CUDA test forces the transport).
 fn auto_picks_the_cuda_transports() {
     let auto = SubmitOptions { transport: Transport::Auto, timeout: Some(Duration::from_secs(60)) };
@@ -786,7 +786,7 @@ fn application_streams() {
 /// first still copies (every copy held 200 us, so a window takes about
 /// 0.8 s), and the submission returns with both in flight. Every byte is
 /// checked. The parent counts two batch calls and two streams. Guards
-/// `engine/submit.rs` `windowed` admitting the CUDA transports and
+/// `transport/ipc/groups.rs` `windowed` admitting the CUDA transports and
 /// `windows` cutting them by count alone.
 fn cuda_windows() {
     let src = Source::start(NVLINK_CACHED, "ipc", 1, None);

@@ -233,7 +233,7 @@ fn large_groups_copied_after_submit_returns_move_every_byte() {
 /// groups, then as many WRITEs to distinct remote blocks three more, every
 /// byte checked; a submission as large whose first and last READ land in
 /// one local block stays one group, run in order (the last READ's bytes
-/// win). Guards `engine/submit.rs` `run_ipc`'s windows (and their
+/// win). Guards `transport/ipc/executor.rs` `IpcExecutor::run`'s windows (and their
 /// independence check) and `plan.rs`'s runs.
 #[test]
 fn a_large_independent_submission_moves_in_windows() {
@@ -394,7 +394,7 @@ fn two_windows(cfg: &str, remote_len: u64, transport: Transport, mixed: bool) ->
 /// of READs, and both of a group mixing READs and WRITEs, go through one
 /// import, even with a single cache entry. Found by a hostile review of
 /// the first windows, which failed or fell through to TCP in each case.
-/// Guards `run_ipc`'s `caches()` condition and `GroupLocal::group_ops`.
+/// Guards `IpcExecutor::run`'s `caches()` condition and `GroupLocal::group_ops`.
 #[test]
 fn windows_share_one_cached_import() {
     const MIB: u64 = 1 << 20;
@@ -548,7 +548,7 @@ fn concurrent_windowed_submissions_and_close() {
 /// bytes. Before the submission held the requester side open, close could
 /// flush the cache between two windows and the next window opened an
 /// import after it (a hostile review saw it 9 rounds in 12; the source's
-/// close was then Unquiesced). Guards `run_ipc`'s `requester_gate` guard.
+/// close was then Unquiesced). Guards `IpcExecutor::run`'s `requester_gate` guard.
 #[test]
 fn close_racing_a_windowed_submit_leaves_nothing_open() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -708,7 +708,7 @@ fn unregister_returns_within_its_timeout_with_a_pinned_board_slot() {
 /// holds its entry), and one refused for want of an idle entry waits for
 /// an earlier one of its own to end instead of failing. Eight 8 MiB
 /// regions, one cache entry: every request Ok, every byte exact. Guards
-/// `engine/submit.rs` `run_ipc`'s `in_flight.wait_for_one` (without it the
+/// `transport/ipc/executor.rs` `IpcExecutor::run`'s `in_flight.wait_for_one` (without it the
 /// later subbatches fail `RESOURCE_EXHAUSTED`, relocation cache full).
 #[test]
 fn subbatches_posted_ahead_wait_for_cache_room_they_hold() {

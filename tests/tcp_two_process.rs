@@ -104,7 +104,7 @@ fn round_trips_byte_for_byte() {
 /// several steps (as many chunks at a time as the budget holds, the
 /// staged ones sent before waiting for room), a request split into chunks
 /// across two steps, every byte exact, every request OK, the budget given
-/// back in full. Guards `enqueue_tcp`'s admission (src/engine/submit.rs):
+/// back in full. Guards the TCP executor's admission (src/transport/tcp/executor.rs):
 /// without the staged chunks sent before the wait for room, every request
 /// past the first step's fails TIMED_OUT; a step that took more than it
 /// handed out, or handed out more than it took, leaves `inflight_bytes`
