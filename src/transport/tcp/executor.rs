@@ -52,7 +52,7 @@ impl TcpExecutor<'_> {
         // Every unit planned at one lock (a fenced one as the one chunk it
         // fails), before any chunk can complete.
         batch.plan_runs(
-            units.iter().map(|u| (items[u.first].at(), u.count, u.chunks(max_chunk).max(u.fenced as u32))),
+            units.iter().map(|u| (u.at as usize, u.count, u.chunks(max_chunk).max(u.fenced as u32))),
             TransportKind::Tcp,
         );
         let mut staged: Vec<Chunk> = Vec::with_capacity(units.len());
@@ -65,7 +65,7 @@ impl TcpExecutor<'_> {
             }
         };
         for (at, u) in units.iter().enumerate() {
-            let c = &items[u.first];
+            let c = &items[u.first as usize];
             let (i, r, count) = (c.at(), c.req, u.count);
             if let Some(e) = &failed {
                 fail_unit(i, count, e, RemoteEffect::None);
@@ -173,7 +173,10 @@ struct Admitted {
 /// at most a chunk), or a request refused because its local pinned
 /// allocation is fenced.
 struct Unit {
-    first: usize,
+    first: u32,
+    /// The first request's index in the submission (read without going
+    /// back to its item, which is far behind in memory by then).
+    at: u32,
     count: u32,
     len: u64,
     fenced: bool,
@@ -202,18 +205,19 @@ impl Unit {
 /// most `max_chunk`) join one unit.
 fn units(items: &[Item<'_>], coalesce: bool, max_chunk: u64) -> Vec<Unit> {
     let mut units = Vec::with_capacity(items.len());
-    let mut next = items.iter().enumerate().peekable();
-    while let Some((first, c)) = next.next() {
+    let mut next = items.iter().zip(0u32..).peekable();
+    while let Some((c, first)) = next.next() {
+        let at = c.index;
         let r = c.req;
         let pinned = c.lease.region().kind == MemoryKind::PinnedHost;
         if pinned && owners::fenced(r.local_addr) {
-            units.push(Unit { first, count: 1, len: r.len, fenced: true });
+            units.push(Unit { first, at, count: 1, len: r.len, fenced: true });
             continue;
         }
         let region = c.region.expect("resolved");
         let (i, mut count, mut len) = (c.at(), 1u32, r.len);
         while coalesce && len < max_chunk {
-            let Some(&(_, n)) = next.peek() else { break };
+            let Some(&(n, _)) = next.peek() else { break };
             let joins = n.at() == i + count as usize
                 && n.req.op == r.op
                 && Arc::ptr_eq(n.lease, c.lease)
@@ -229,7 +233,7 @@ fn units(items: &[Item<'_>], coalesce: bool, max_chunk: u64) -> Vec<Unit> {
             count += 1;
             next.next();
         }
-        units.push(Unit { first, count, len, fenced: false });
+        units.push(Unit { first, at, count, len, fenced: false });
     }
     units
 }
