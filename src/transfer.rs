@@ -6,6 +6,7 @@ use crate::error::{Error, Status};
 use crate::kinds::TransportKind;
 use crate::sync::spin;
 use parking_lot::{Condvar, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -13,17 +14,22 @@ use std::time::{Duration, Instant};
 /// `InvalidArgument` before anything is allocated).
 pub const MAX_REQUESTS: usize = 1 << 24;
 
-/// Direction of a request.
+/// Direction of a request. Its values are the C ABI's opcodes
+/// (`ORBITE_OP_READ`, `ORBITE_OP_WRITE`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
 pub enum Op {
     /// Remote -> local.
-    Read,
+    Read = 1,
     /// Local -> remote.
-    Write,
+    Write = 2,
 }
 
-/// One transfer: absolute addresses in registered regions.
+/// One transfer: absolute addresses in registered regions. Laid out as
+/// the C ABI's `orbite_request`, so that a C submission whose opcodes are
+/// checked is read in place, never copied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(C)]
 pub struct Request {
     /// Direction.
     pub op: Op,
@@ -176,6 +182,9 @@ pub struct BatchShared {
     spin: Duration,
     /// What the waiter drives while it spins (see [`Assist`]).
     assist: once_cell::sync::OnceCell<Weak<dyn Assist>>,
+    /// Set (under `state`) once every request has ended: read without
+    /// the lock by [`BatchShared::requests_ended`].
+    requests_ended: AtomicBool,
     stats: Arc<Counters>,
     /// The submission deadline.
     pub deadline: Instant,
@@ -229,6 +238,7 @@ impl BatchShared {
             cv: Condvar::new(),
             spin: if bytes <= SPIN_BYTES { SPIN } else { Duration::ZERO },
             assist: once_cell::sync::OnceCell::new(),
+            requests_ended: AtomicBool::new(false),
             stats,
             deadline,
         })
@@ -402,6 +412,7 @@ impl BatchShared {
             s.failed += 1;
         }
         if s.pending == 0 {
+            self.requests_ended.store(true, AtomicOrdering::Release);
             self.cv.notify_all();
             return std::mem::take(&mut s.on_end);
         }
@@ -409,9 +420,10 @@ impl BatchShared {
     }
 
     /// Whether every request has ended (a notification travelling with
-    /// the batch may still be on its way).
+    /// the batch may still be on its way). Takes no lock: the outbox asks
+    /// it of every batch submitted to a peer.
     pub fn requests_ended(&self) -> bool {
-        self.state.lock().pending == 0
+        self.requests_ended.load(AtomicOrdering::Acquire)
     }
 
     /// Calls `hook` once every request has ended. False (and `hook`

@@ -129,8 +129,9 @@ impl Engine {
             }
         }
         // A notification submitted after this returns follows this batch's
-        // requests (listed only if still running).
-        if note.is_none() {
+        // requests: the outbox lists it only while they run (a small SHM
+        // copy ended here: the outbox never sees it).
+        if note.is_none() && !batch.requests_ended() {
             p.outbox.track(&batch);
         }
         Ok(Batch::new(batch))

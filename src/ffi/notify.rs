@@ -63,7 +63,7 @@ pub extern "C" fn orbite_submit_notify(
         let out_batch = need_mut(out_batch, "out_batch")?;
         let m = message(msg, len)?;
         let (reqs, o) = submission(requests, count, opts)?;
-        let batch = e.engine.submit_with_notification(peer, &reqs, o, m)?;
+        let batch = e.engine.submit_with_notification(peer, reqs, o, m)?;
         *out_batch = give_out(orbite_batch { batch });
         Ok(())
     })

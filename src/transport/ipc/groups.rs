@@ -149,31 +149,44 @@ impl<'a> Group<'a> {
 /// the whole group.
 pub const WINDOW_REQUESTS: usize = 4096;
 
-/// Cuts an independent group into windows (see [`WINDOW_REQUESTS`]); a
-/// group too small for two windows stays whole. The windows keep the
-/// group's order.
-pub fn windows(kind: TransportKind, items: Vec<(usize, Request)>) -> Vec<Vec<(usize, Request)>> {
+/// The most requests a window holds before it closes whatever its bytes:
+/// a group of tiny requests (never [`cpu_copy::ASYNC_MIN_BYTES`]) still
+/// moves in windows whose bookkeeping stays in cache, each one as a
+/// submission of this many requests would (copied by the caller when too
+/// small for the pool), so posting time stays linear in the count.
+pub const WINDOW_MAX_REQUESTS: usize = 2 * WINDOW_REQUESTS;
+
+/// Cuts an independent group into windows (see [`WINDOW_REQUESTS`] and
+/// [`WINDOW_MAX_REQUESTS`]); a group too small for two windows stays
+/// whole. The windows keep the group's order. The cuts are found first,
+/// then each window but the first is split off the group's vector at its
+/// final size: every request is copied at most once, with no growing
+/// vector.
+pub fn windows(kind: TransportKind, mut items: Vec<(usize, Request)>) -> Vec<Vec<(usize, Request)>> {
     // A CPU copy needs enough bytes to be worth handing to the pool; a
     // native batch is worth posting from its count of copies alone.
     let cpu = matches!(kind, TransportKind::Shm | TransportKind::Cma);
     let min_bytes = if cpu { cpu_copy::ASYNC_MIN_BYTES } else { 0 };
-    let mut out: Vec<Vec<(usize, Request)>> = Vec::new();
-    let mut cur: Vec<(usize, Request)> = Vec::new();
-    let mut bytes = 0u64;
-    let mut rest = items.len();
-    for c in items {
+    let mut cuts = Vec::new();
+    let (mut start, mut bytes) = (0usize, 0u64);
+    for (at, c) in items.iter().enumerate() {
         bytes += c.1.len;
-        cur.push(c);
-        rest -= 1;
+        let (len, rest) = (at + 1 - start, items.len() - at - 1);
         // A window closes once it is large enough, unless what is left
         // would make too small a last one.
-        let full = cur.len() >= WINDOW_REQUESTS && bytes >= min_bytes;
+        let full = len >= WINDOW_REQUESTS && (bytes >= min_bytes || len >= WINDOW_MAX_REQUESTS);
         if full && rest >= WINDOW_REQUESTS {
-            out.push(std::mem::take(&mut cur));
+            start = at + 1;
+            cuts.push(start);
             bytes = 0;
         }
     }
-    out.push(cur);
+    let mut out = Vec::with_capacity(cuts.len() + 1);
+    for &cut in cuts.iter().rev() {
+        out.push(items.split_off(cut));
+    }
+    out.push(items);
+    out.reverse();
     out
 }
 
@@ -248,5 +261,27 @@ mod tests {
         let (groups, any_order) = group(shape(&[(2, 0), (2, 1), (2, 2)]));
         assert!(!any_order);
         assert_eq!(summary(&groups), vec![(13, vec![0, 1, 2])]);
+    }
+
+    /// Guards `windows`: tiny requests (never 8 MiB) close a window at
+    /// [`WINDOW_MAX_REQUESTS`], large ones at [`WINDOW_REQUESTS`] once
+    /// 8 MiB; a remainder too small for a window joins the last one; order
+    /// is kept, and every window but the first is built at its final size.
+    #[test]
+    fn windows_cut_tiny_requests_by_count_and_large_ones_by_bytes() {
+        use crate::transfer::Op;
+        let of = |n: usize, len: u64| -> Vec<(usize, Request)> {
+            (0..n).map(|i| (i, Request { op: Op::Read, local_addr: 0, remote_addr: 0, len })).collect()
+        };
+        let shape = |w: &Vec<Vec<(usize, Request)>>| w.iter().map(Vec::len).collect::<Vec<_>>();
+        let w = windows(TransportKind::Shm, of(100_000, 64));
+        assert_eq!(shape(&w), [vec![8192; 11], vec![100_000 - 11 * 8192]].concat());
+        assert!(w.concat().iter().enumerate().all(|(k, &(i, _))| i == k), "order kept");
+        assert!(w[1..].iter().all(|v| v.capacity() == v.len()), "built at their final size");
+        // 4 KiB requests reach 8 MiB at 2048: windows of 4096.
+        assert_eq!(shape(&windows(TransportKind::Shm, of(10_000, 4096))), vec![4096, 5904]);
+        // Too small for two windows: whole.
+        assert_eq!(shape(&windows(TransportKind::Shm, of(8192, 64))), vec![8192]);
+        assert_eq!(shape(&windows(TransportKind::Nvlink, of(8192, 64))), vec![4096, 4096]);
     }
 }

@@ -47,12 +47,12 @@ impl TcpExecutor<'_> {
         let (max_chunk, deadline, conn) = (self.max_chunk, self.deadline, self.conn);
         // A small batch's waiter reads the answers itself while it spins.
         batch.assisted_by(Arc::downgrade(conn) as Weak<dyn Assist>);
-        let units = units(items, self.coalesce, max_chunk);
+        let units = units(&items, self.coalesce, max_chunk);
         let coalesced = units.iter().map(|u| u.count as u64 - 1).sum::<u64>();
         // Every unit planned at one lock (a fenced one as the one chunk it
         // fails), before any chunk can complete.
         batch.plan_runs(
-            units.iter().map(|u| (u.c.at(), u.count, u.chunks(max_chunk).max(u.fenced as u32))),
+            units.iter().map(|u| (u.at as usize, u.count, u.chunks(max_chunk).max(u.fenced as u32))),
             TransportKind::Tcp,
         );
         let mut staged: Vec<Chunk> = Vec::with_capacity(units.len());
@@ -65,7 +65,8 @@ impl TcpExecutor<'_> {
             }
         };
         for (at, u) in units.iter().enumerate() {
-            let (i, r, count) = (u.c.at(), u.c.req, u.count);
+            let c = &items[u.first as usize];
+            let (i, r, count) = (c.at(), c.req, u.count);
             if let Some(e) = &failed {
                 fail_unit(i, count, e, RemoteEffect::None);
                 continue;
@@ -80,7 +81,7 @@ impl TcpExecutor<'_> {
                 batch.fail_request(i, e, RemoteEffect::None);
                 continue;
             }
-            let region = u.c.region.expect("resolved");
+            let region = c.region.expect("resolved");
             for k in 0..u.chunks(max_chunk) as u64 {
                 let off = k * max_chunk;
                 let piece = (u.len - off).min(max_chunk);
@@ -123,7 +124,7 @@ impl TcpExecutor<'_> {
                     region_epoch: region.epoch,
                     deadline,
                     done,
-                    hold: u.c.lease.clone(),
+                    hold: c.lease.clone(),
                 });
             }
         }
@@ -165,18 +166,23 @@ struct Admitted {
     left: usize,
 }
 
-/// A unit of a TCP submission: a request and those after it that continue
-/// it (coalesced: one local lease, one remote region and epoch, ranges
-/// that follow each other on both sides, together at most a chunk), or a
-/// request refused because its local pinned allocation is fenced.
-struct Unit<'a> {
-    c: Item<'a>,
+/// A unit of a TCP submission: a request (`first`: its position among the
+/// part's items, which stay where they are: a unit copies none) and those
+/// after it that continue it (coalesced: one local lease, one remote
+/// region and epoch, ranges that follow each other on both sides, together
+/// at most a chunk), or a request refused because its local pinned
+/// allocation is fenced.
+struct Unit {
+    first: u32,
+    /// The first request's index in the submission (read without going
+    /// back to its item, which is far behind in memory by then).
+    at: u32,
     count: u32,
     len: u64,
     fenced: bool,
 }
 
-impl Unit<'_> {
+impl Unit {
     /// Chunks it moves in (none when fenced).
     fn chunks(&self, max_chunk: u64) -> u32 {
         if self.fenced {
@@ -197,20 +203,21 @@ impl Unit<'_> {
 /// consecutive requests of one direction whose ranges follow each other on
 /// both sides (one local lease, one remote region and epoch, together at
 /// most `max_chunk`) join one unit.
-fn units(items: Vec<Item<'_>>, coalesce: bool, max_chunk: u64) -> Vec<Unit<'_>> {
+fn units(items: &[Item<'_>], coalesce: bool, max_chunk: u64) -> Vec<Unit> {
     let mut units = Vec::with_capacity(items.len());
-    let mut items = items.into_iter().peekable();
-    while let Some(c) = items.next() {
+    let mut next = items.iter().zip(0u32..).peekable();
+    while let Some((c, first)) = next.next() {
+        let at = c.index;
         let r = c.req;
         let pinned = c.lease.region().kind == MemoryKind::PinnedHost;
         if pinned && owners::fenced(r.local_addr) {
-            units.push(Unit { c, count: 1, len: r.len, fenced: true });
+            units.push(Unit { first, at, count: 1, len: r.len, fenced: true });
             continue;
         }
         let region = c.region.expect("resolved");
         let (i, mut count, mut len) = (c.at(), 1u32, r.len);
         while coalesce && len < max_chunk {
-            let Some(n) = items.peek() else { break };
+            let Some(&(n, _)) = next.peek() else { break };
             let joins = n.at() == i + count as usize
                 && n.req.op == r.op
                 && Arc::ptr_eq(n.lease, c.lease)
@@ -224,9 +231,9 @@ fn units(items: Vec<Item<'_>>, coalesce: bool, max_chunk: u64) -> Vec<Unit<'_>> 
             }
             len += n.req.len;
             count += 1;
-            items.next();
+            next.next();
         }
-        units.push(Unit { c, count, len, fenced: false });
+        units.push(Unit { first, at, count, len, fenced: false });
     }
     units
 }
