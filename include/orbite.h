@@ -420,7 +420,9 @@ orbite_status orbite_diagnose_json(const char *options_json, char *buf, size_t c
 
 // Submits `count` requests to `peer`. Local checks fail the call; remote
 // outcomes are per request. opts may be NULL (defaults). Returns once the
-// requests are admitted; data moves asynchronously.
+// requests are admitted; data moves asynchronously. `requests` is read
+// during the call only, in place: it must not change until the call
+// returns (the engine keeps no pointer to it).
 orbite_status orbite_submit(struct orbite_engine *engine, uint64_t peer, const struct orbite_request *requests, size_t count, const struct orbite_submit_options *opts, struct orbite_batch **out_batch);
 
 // OK, PENDING or TRANSFER_FAILED, without waiting. While the batch is

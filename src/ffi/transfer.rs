@@ -16,7 +16,9 @@ pub(crate) fn transport_from(v: u32) -> Option<Transport> {
 
 /// Submits `count` requests to `peer`. Local checks fail the call; remote
 /// outcomes are per request. opts may be NULL (defaults). Returns once the
-/// requests are admitted; data moves asynchronously.
+/// requests are admitted; data moves asynchronously. `requests` is read
+/// during the call only, in place: it must not change until the call
+/// returns (the engine keeps no pointer to it).
 #[no_mangle]
 pub extern "C" fn orbite_submit(
     engine: *mut orbite_engine,
