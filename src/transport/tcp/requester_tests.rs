@@ -1,0 +1,217 @@
+use super::*;
+use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
+use crate::control::identity::Identity;
+use crate::control::message::DATA_REQUEST_LEN;
+use crate::control::message::{DataRequest, DataResponse, DATA_RESPONSE_LEN};
+use crate::error::Status;
+use crate::memory::{Access, RegionTable};
+use crate::transfer::{BatchShared, Op, Request};
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::time::Duration;
+
+/// A connection to a listener on loopback whose only I/O thread is
+/// stopped: whatever moves, the calling thread moved. Returns the
+/// source's end of the socket too.
+fn connected(stats: &Arc<Counters>) -> (Arc<TcpConnection>, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let (peer, _) = listener.accept().unwrap();
+    let reactor = Reactor::new(1, Duration::ZERO);
+    let log = Arc::new(crate::log::Logger::new(crate::log::Level::Off, "test"));
+    let describe = Describe::bare(Identity::fresh().unwrap());
+    let conn = TcpConnection::start(
+        (client, Wire::Plain),
+        describe,
+        "test peer".into(),
+        stats.clone(),
+        Box::new(|| {}),
+        &reactor,
+        log,
+    )
+    .unwrap();
+    reactor.stop();
+    (conn, peer)
+}
+
+/// A submission reads the peer's Describe while another thread holds
+/// the connection's lock (as an I/O turn does): from the published
+/// snapshot. Once the connection is killed the snapshot gives the
+/// end's reason, and once the peer is retired the retirement's (it
+/// replaces the loss's). Guards `describe_live` reading the snapshot
+/// and `publish` in `unlock`.
+#[test]
+fn the_describe_is_read_without_the_connections_lock_and_ends_with_it() {
+    let (conn, _peer) = connected(&Arc::new(Counters::default()));
+    let epoch = conn.describe().identity.engine_epoch;
+    let held = conn.state.lock();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = conn.clone();
+    let t = std::thread::spawn(move || tx.send(reader.describe_live().map(|d| d.identity.engine_epoch)).unwrap());
+    let got = rx.recv_timeout(Duration::from_secs(20));
+    drop(held);
+    t.join().unwrap();
+    assert_eq!(got.expect("read while the lock is held").unwrap(), epoch);
+    conn.kill(Error::Unavailable("lost".into()));
+    let e = conn.describe_live().unwrap_err();
+    assert_eq!((e.status(), e.message()), (Status::Unavailable, "lost"));
+    conn.retire(Error::from_status(Status::StalePeer, "retired"));
+    let e = conn.describe_live().unwrap_err();
+    assert_eq!((e.status(), e.message()), (Status::StalePeer, "retired"));
+}
+
+/// A thread waiting for a fresh Describe learns at once that the
+/// connection ended (here killed, as the I/O thread does when it reads
+/// the peer's end), not at its deadline a minute later. Guards the wake
+/// of `deliver` on `Event::DescribeLost`.
+#[test]
+fn a_describe_waiter_learns_the_end_at_once() {
+    let stats = Arc::new(Counters::default());
+    let (conn, _peer) = connected(&stats);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let c = conn.clone();
+    std::thread::spawn(move || {
+        let r = c.refresh_describe(Instant::now() + Duration::from_secs(60));
+        let _ = tx.send(r.map(|_| ()).map_err(|e| e.status()));
+    });
+    // The request is queued, and the waiter released the lock only to
+    // wait: it waits now.
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while conn.outstanding() == 0 {
+        assert!(Instant::now() < give_up, "the Describe request was never queued");
+        std::thread::yield_now();
+    }
+    let t0 = Instant::now();
+    conn.kill(Error::Unavailable("test peer closed the connection".into()));
+    let got = rx.recv_timeout(Duration::from_secs(20)).expect("the waiter slept on after the end");
+    assert_eq!(got, Err(Status::Unavailable));
+    assert!(t0.elapsed() < Duration::from_secs(10));
+}
+
+/// A batch of one 4096-byte READ of remote 0x7000 into `local`
+/// (registered in `regions`), planned on TCP.
+struct OneRead {
+    local: Vec<u8>,
+    regions: RegionTable,
+    deadline: Instant,
+    batch: Arc<BatchShared>,
+}
+
+impl OneRead {
+    fn new(stats: Arc<Counters>) -> OneRead {
+        let mut local = vec![0u8; 4096];
+        let addr = local.as_mut_ptr() as u64;
+        let regions = RegionTable::default();
+        regions.register(addr, 4096, Access::READ | Access::WRITE).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let req = Request { op: Op::Read, local_addr: addr, remote_addr: 0x7000, len: 4096 };
+        let batch = BatchShared::new(&[req], stats, deadline);
+        batch.plan(0, 1, TransportKind::Tcp);
+        OneRead { local, regions, deadline, batch }
+    }
+}
+
+/// The chunk of that READ into `addr`.
+fn read_chunk(batch: &Arc<BatchShared>, regions: &RegionTable, addr: u64, deadline: Instant) -> Chunk {
+    let epoch = regions.lease(addr, 4096).unwrap().region().epoch;
+    Chunk {
+        op: Op::Read,
+        local_addr: addr,
+        remote_addr: 0x7000,
+        len: 4096,
+        region_epoch: epoch,
+        deadline,
+        done: Record { batch: batch.clone(), index: 0, count: 1, permit: None, guard: None, peer_guard: None },
+        hold: Arc::new(regions.lease(addr, 4096).unwrap()),
+    }
+}
+
+/// A batch's waiter reads its answer itself: the connection's only I/O
+/// thread is stopped before the request leaves, so nothing else could
+/// (without `assist` the batch stays pending).
+#[test]
+fn a_spinning_waiter_reads_its_answer_itself() {
+    let stats = Arc::new(Counters::default());
+    let (conn, mut peer) = connected(&stats);
+    let OneRead { mut local, regions, deadline, batch } = OneRead::new(stats);
+    batch.assisted_by(Arc::downgrade(&conn) as std::sync::Weak<dyn Assist>);
+    conn.enqueue(vec![read_chunk(&batch, &regions, local.as_mut_ptr() as u64, deadline)]);
+
+    // The request left from this thread; answer it.
+    let mut frame = [0u8; FRAME_HEADER_LEN + DATA_REQUEST_LEN];
+    peer.read_exact(&mut frame).unwrap();
+    let h = FrameHeader::decode(frame[..FRAME_HEADER_LEN].try_into().unwrap()).unwrap();
+    assert_eq!(h.kind, MsgKind::ReadRequest);
+    let r = DataRequest::decode(frame[FRAME_HEADER_LEN..].try_into().unwrap()).unwrap();
+    assert_eq!((r.addr, r.len), (0x7000, 4096));
+    let payload: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    peer.write_all(&FrameHeader::encode(MsgKind::ReadResponse, (DATA_RESPONSE_LEN + 4096) as u32)).unwrap();
+    peer.write_all(&DataResponse { tag: r.tag, status: Status::Ok }.encode()).unwrap();
+    peer.write_all(&payload).unwrap();
+
+    // Each wait spins (and assists) before it sleeps for the rest of
+    // its millisecond; a loaded machine may take several.
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while batch.wait(Duration::from_millis(1)) == Status::Pending {
+        assert!(Instant::now() < give_up, "the waiter never read its answer");
+    }
+    assert_eq!(batch.poll(), Status::Ok);
+    assert_eq!(local, payload);
+    drop(batch);
+    conn.kill(Error::Unavailable("test over".into()));
+}
+
+/// A READ of a cancelled batch fails inside the send path, on the
+/// thread that enqueues it, and its batch's end hook queues a
+/// notification on the same connection, as an outbox does. Returns
+/// whether the hook ran within `patience`, the connection and batch
+/// (the caller ends them if it did) and where the notification's
+/// verdict arrives.
+fn end_hook_on_failed_send(under_lock: bool, patience: Duration) -> (bool, Arc<TcpConnection>, OneRead, Verdicts) {
+    let stats = Arc::new(Counters::default());
+    let (conn, _peer) = connected(&stats);
+    conn.deliver_under_lock.store(under_lock, Ordering::Relaxed);
+    let mut one = OneRead::new(stats);
+    one.batch.cancel();
+    let (hook_ran, ran) = std::sync::mpsc::channel();
+    let (answered, answer) = std::sync::mpsc::channel();
+    let weak = Arc::downgrade(&conn);
+    let deadline = one.deadline;
+    assert!(one.batch.on_end(Box::new(move || {
+        let c = weak.upgrade().expect("the connection lives");
+        let tell = move |r: Result<()>, written: bool| answered.send((r.map_err(|e| e.status()), written)).unwrap();
+        c.send_notify(|_tag| vec![0u8; 8], deadline, Box::new(tell));
+        hook_ran.send(()).unwrap();
+    })));
+    let (c, chunk) = (conn.clone(), read_chunk(&one.batch, &one.regions, one.local.as_mut_ptr() as u64, deadline));
+    std::thread::spawn(move || c.enqueue(vec![chunk]));
+    (ran.recv_timeout(patience).is_ok(), conn, one, answer)
+}
+
+/// A notification's verdict: its status and whether it may have left.
+type Verdicts = std::sync::mpsc::Receiver<(std::result::Result<(), Status>, bool)>;
+
+/// A batch's end hook may use the connection its request failed on.
+/// Guards `unlock` delivering only after the lock is dropped (the past
+/// race: delivered under the connection's lock, the hook waits for
+/// that lock on the thread that holds it).
+#[test]
+fn a_batch_end_hook_may_use_the_connection_its_request_failed_on() {
+    let (ran, conn, one, answer) = end_hook_on_failed_send(false, Duration::from_secs(60));
+    assert!(ran, "the end hook waited for the connection's lock for good");
+    assert_eq!(one.batch.poll(), Status::TransferFailed);
+    assert_eq!(one.batch.error(0).map(|e| e.status()), Some(Status::Cancelled));
+    // The notification was queued there: the end answers it unsent.
+    conn.kill(Error::Unavailable("test over".into()));
+    assert_eq!(answer.recv_timeout(Duration::from_secs(60)).unwrap(), (Err(Status::Unavailable), false));
+}
+
+/// The same with the race switched back on: the hook never runs (its
+/// thread waits for the lock it holds). The connection and its thread
+/// are left behind, deadlocked; nothing else uses them.
+#[test]
+fn the_end_hook_deadlocks_when_delivered_under_the_lock() {
+    let (ran, conn, one, answer) = end_hook_on_failed_send(true, Duration::from_secs(3));
+    assert!(!ran, "an end hook delivered under the lock ran: the switch does not put the race back");
+    std::mem::forget((conn, one, answer));
+}
