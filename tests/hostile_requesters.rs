@@ -171,3 +171,30 @@ fn oversize_notify_split_weirdly() {
     assert_eq!(&b[16..], &remote[8..16]);
     assert_eq!(src.stats().notifications.rejected, 1);
 }
+
+/// A ReadRequest whose header names a body shorter than the request's
+/// 32-byte fixed part, then a valid READ: the source answers the short
+/// frame at once with PROTOCOL_ERROR naming it and closes, serving
+/// nothing (it never borrows the next frame's bytes to fill the short
+/// one). Guards `h.body_len as usize != DATA_REQUEST_LEN` in
+/// `tcp/proto/source/receive.rs` (with `>` the short request took 16 bytes
+/// of the READ behind it: the stream misframed).
+#[test]
+fn a_read_request_shorter_than_its_fixed_part_is_refused_at_once() {
+    let (src, _remote) = engine("");
+    let (mut s, d) = raw_control(&src.endpoint());
+    let mut frames = FrameHeader::encode(MsgKind::ReadRequest, 16).to_vec();
+    frames.extend_from_slice(&read_req(1, &d, 0, 64)[FRAME_HEADER_LEN..FRAME_HEADER_LEN + 16]);
+    frames.extend(read_req(2, &d, 0, 64));
+    s.write_all(&frames).unwrap();
+    let (h, b) = read_frame(&mut s).unwrap();
+    assert_eq!(h.kind, MsgKind::Error, "{}", String::from_utf8_lossy(&b));
+    let (status, why) = orbite::control::message::decode_error(&b).unwrap();
+    assert_eq!(status, Status::ProtocolError, "{why}");
+    assert!(why.contains("ReadRequest body of 16 bytes"), "{why}");
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "the source sent more after its Error frame: {} bytes", rest.len());
+    assert_eq!(src.stats().events.protocol_errors, 1);
+    src.close(Some(Duration::from_secs(10))).unwrap();
+}

@@ -541,3 +541,53 @@ fn a_source_dying_mid_write_run_leaves_the_rest_of_the_run_none() {
     assert!((2..=32).contains(&unknown), "{unknown} UNKNOWN: {r:?}");
     assert_eq!(req.stats().transports["tcp"].requests_coalesced, 63);
 }
+
+/// A TCP WRITE that times out waiting for the in-flight budget before
+/// any of its bytes were queued certainly did not happen: TIMED_OUT with
+/// remote effect NONE, so a caller may retry it. One whose FIRST piece
+/// was queued and whose second timed out waiting may have moved bytes:
+/// UNKNOWN. `max_inflight_bytes` 2 MiB, pieces of 1 MiB; a fake source
+/// that reads one request and never answers holds the WRITEs' budget. Guards `let uncertain = budget && k > 0;` in
+/// `tcp/executor.rs` (with `budget` alone the never-sent WRITE is UNKNOWN).
+#[test]
+fn a_write_that_timed_out_waiting_for_the_budget_before_leaving_is_none() {
+    const MIB: u64 = 1 << 20;
+    let src = Engine::from_json("").unwrap();
+    let remote = vec![0u8; 4 << 20];
+    src.register_memory(remote.as_ptr() as u64, remote.len() as u64, Access::READ_WRITE).unwrap();
+    let req = Engine::from_json(r#"{"max_inflight_bytes": 2097152, "max_transfer_bytes": 1048576}"#).unwrap();
+    let local = pattern_vec(4, 4 << 20);
+    req.register_memory(local.as_ptr() as u64, local.len() as u64, Access::READ_WRITE).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let fake = common::connect_fake_source(&req, &src.endpoint(), move |mut s| {
+        read_request(&mut s);
+        let _ = rx.recv();
+    });
+    let write = |len: u64, timeout: Duration| {
+        let r = Request { op: Op::Write, local_addr: local.as_ptr() as u64, remote_addr: remote.as_ptr() as u64, len };
+        let opts = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(timeout) };
+        req.submit(fake, &[r], opts).unwrap()
+    };
+    let outcome = |b: &Batch| {
+        assert_eq!(b.wait(Duration::from_secs(60)).unwrap_err().status(), Status::TransferFailed);
+        (b.results()[0].status, b.results()[0].remote_effect, b.error(0).map(|e| e.to_string()))
+    };
+    // Holds 1 MiB of the 2 until the source answers (never).
+    let first = write(MIB, Duration::from_secs(60));
+    // 2 pieces: the first fits and is queued, the second waits and times out.
+    let split = write(2 * MIB, Duration::from_millis(300));
+    let (status, effect, why) = outcome(&split);
+    assert_eq!((status, effect), (Status::TimedOut, RemoteEffect::Unknown), "{why:?}");
+    // Another 1 MiB WRITE fills the budget (the split one's piece went
+    // with it): the next WRITE's first (only) piece waits, times out, and
+    // never left.
+    let filler = write(MIB, Duration::from_secs(60));
+    let never = write(MIB, Duration::from_millis(300));
+    let (status, effect, why) = outcome(&never);
+    assert_eq!((status, effect), (Status::TimedOut, RemoteEffect::None), "{why:?}");
+    assert!(why.as_deref().is_some_and(|w| w.contains("no admission")), "{why:?}");
+    assert_eq!((first.poll(), filler.poll()), (Status::Pending, Status::Pending));
+    drop(tx);
+    let _ = (first.wait(Duration::from_secs(60)), filler.wait(Duration::from_secs(60)));
+    req.close(Some(Duration::from_secs(60))).unwrap();
+}

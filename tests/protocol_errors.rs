@@ -83,3 +83,49 @@ fn malformed_frames_close_only_their_connection() {
     req.close(None).unwrap();
     src.close(None).unwrap();
 }
+
+/// A peer whose Describe publishes a region that wraps the address space
+/// (0xffff_ffff_ffff_f000 + 0x2000: `addr + len` overflows wherever the
+/// region is checked) is refused at the handshake with PROTOCOL_ERROR
+/// naming the region malformed, before the engine answers with its own
+/// Describe; an honest peer connects after it. Guards
+/// `addr.checked_add(len).is_none()` in `control/message.rs`'s
+/// `Describe::decode` (without it the lying Describe is accepted).
+#[test]
+fn a_describe_region_that_wraps_the_address_space_is_refused_at_the_handshake() {
+    let src = Engine::new(EngineConfig::default()).unwrap();
+    let region = RegionInfo {
+        id: 1,
+        epoch: 1,
+        addr: 0xffff_ffff_ffff_f000,
+        len: 0x2000,
+        access: Access::READ_WRITE,
+        kind: MemoryKind::SharedHost,
+    };
+    let d = message::Describe {
+        identity: orbite::control::Identity::fresh().unwrap(),
+        capabilities: TransportKind::Tcp.capability_bit(),
+        fabric_domain: [0; 16],
+        endpoint: "127.0.0.1:1".into(),
+        ipc_name: String::new(),
+        regions: vec![region],
+    };
+    let body = d.encode();
+    let mut s = TcpStream::connect(src.endpoint()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(&FrameHeader::encode(MsgKind::Describe, body.len() as u32)).unwrap();
+    s.write_all(&body).unwrap();
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    s.read_exact(&mut h).unwrap();
+    let h = FrameHeader::decode(&h).unwrap();
+    let mut b = vec![0u8; h.body_len as usize];
+    s.read_exact(&mut b).unwrap();
+    assert_eq!(h.kind, MsgKind::Error, "the lying Describe was answered");
+    let (st, text) = message::decode_error(&b).unwrap();
+    assert_eq!(st, Status::ProtocolError, "{text}");
+    assert!(text.contains("malformed") && text.contains("0xfffffffffffff000+8192"), "{text}");
+    let req = Engine::new(EngineConfig::default()).unwrap();
+    req.connect(&src.endpoint(), None).unwrap();
+    req.close(None).unwrap();
+    src.close(None).unwrap();
+}

@@ -434,6 +434,26 @@ mod tests {
         }
     }
 
+    /// A region's end must fit the address space: one that wraps
+    /// (0xffff_ffff_ffff_f000 + 0x2000) is refused as malformed, since
+    /// `RegionInfo::contains` adds `addr + len`. Guards `decode`'s
+    /// `addr.checked_add(len).is_none()`; the region ending at the very
+    /// top (2^64 - 1) still loads.
+    #[test]
+    fn a_describe_region_that_wraps_the_address_space_is_malformed() {
+        let region = |addr: u64, len: u64| Describe {
+            regions: vec![RegionInfo { addr, len, ..sample().regions[0] }],
+            ..sample()
+        };
+        let e = Describe::decode(&region(0xffff_ffff_ffff_f000, 0x2000).encode()).unwrap_err();
+        assert!(
+            matches!(&e, Error::Protocol(m) if m.contains("malformed") && m.contains("0xfffffffffffff000+8192")),
+            "{e}"
+        );
+        let top = region(0xffff_ffff_ffff_f000, 0xfff);
+        assert_eq!(Describe::decode(&top.encode()).unwrap(), top);
+    }
+
     #[test]
     fn data_messages_round_trip() {
         let q = DataRequest { tag: 9, region_epoch: 2, addr: 3, len: 4 };

@@ -179,3 +179,15 @@ fn log_level_is_one_of_the_level_names() {
     assert!(err(r#"{"log_level": "INFO"}"#).contains("`log_level`"));
     assert!(err(r#"{"log_level": 3}"#).contains("`log_level`: expected a string"));
 }
+
+/// 4294967295 is `(uid_t)-1`, no user's id (an unmapped peer shows as
+/// the overflow uid): listing it is a config mistake, refused naming the
+/// key, while 4294967294 still loads. Guards `parse_uids`'s bound
+/// `u32::MAX - 1`.
+#[test]
+fn ipc_allowed_uids_refuse_the_no_uid_value() {
+    let m = err(r#"{"ipc_allowed_uids": [1000, 4294967295]}"#);
+    assert!(m.contains("`ipc_allowed_uids`") && m.contains("4294967295"), "{m}");
+    let c = EngineConfig::from_json(r#"{"ipc_allowed_uids": [4294967294]}"#).unwrap();
+    assert_eq!(c.ipc_allowed_uids, vec![u32::MAX - 1]);
+}

@@ -512,3 +512,27 @@ fn a_write_cut_mid_payload_is_told_torn_with_what_landed() {
     c.end(&mut h);
     assert_eq!((h.torn.len(), h.failed, h.served.0, h.holds()), (0, 0, 1, 0));
 }
+
+/// A ReadRequest's body is exactly its 32-byte fixed part: a SHORTER one
+/// fails at its header, before its bytes are read, and validates nothing.
+/// Guards `header`'s `h.body_len as usize != DATA_REQUEST_LEN` (with `>`
+/// the core read 32 bytes whatever the header said, taking 16 from the
+/// next frame: misframed, and the short request validated as a READ).
+#[test]
+fn a_read_request_shorter_than_its_fixed_part_is_a_protocol_error_at_once() {
+    let now = Instant::now();
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    let mut wire = FrameHeader::encode(MsgKind::ReadRequest, 16).to_vec();
+    wire.extend_from_slice(&[0u8; 16]);
+    wire.extend(read_req(2, BASE, 64));
+    let e = c.received(&wire, now, &mut h).unwrap_err();
+    assert_eq!(e.status(), Status::ProtocolError, "{e}");
+    assert!(e.to_string().contains("ReadRequest body of 16 bytes"), "{e}");
+    assert_eq!((h.holds(), h.served, h.failed), (0, (0, 0), 0), "nothing validated or served");
+    // Alone (no next frame to borrow from) it fails at once as well,
+    // not at the stall bound.
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    let short = FrameHeader::encode(MsgKind::ReadRequest, 31);
+    let e = c.received(&short, now, &mut h).unwrap_err();
+    assert!(e.to_string().contains("ReadRequest body of 31 bytes"), "{e}");
+}
