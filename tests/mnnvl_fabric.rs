@@ -58,15 +58,44 @@ fn run_nvml(case: &str, env: &[(&str, &str)]) {
 /// `orbite-doctor ARGS` with both stand-ins and `env`: (exit code, stdout).
 fn doctor(env: &[(&str, &str)], args: &[&str], uid: Option<u32>) -> (i32, String) {
     use std::os::unix::process::CommandExt;
-    let mut c = fakecuda::command(env!("CARGO_BIN_EXE_orbite-doctor"), Variant::Full);
-    c.env("LD_LIBRARY_PATH", fakecuda::with_nvml(Variant::Full)).envs(env.iter().copied()).args(args);
+    let (program, loader) = match uid {
+        Some(_) => staged_for_another_user(),
+        None => (PathBuf::from(env!("CARGO_BIN_EXE_orbite-doctor")), fakecuda::with_nvml(Variant::Full)),
+    };
+    let mut c = fakecuda::command(&program, Variant::Full);
+    c.env("LD_LIBRARY_PATH", loader).envs(env.iter().copied()).args(args);
     if let Some(u) = uid {
         c.uid(u).gid(u);
     }
     let out = c.output().unwrap();
+    if uid.is_some() {
+        let _ = std::fs::remove_dir_all(program.parent().unwrap());
+    }
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
     (out.status.code().unwrap(), text)
+}
+
+/// `orbite-doctor` and both stand-ins copied into a directory of /tmp that
+/// another user may enter: a checkout (or the cargo target directory)
+/// under a private directory, a home of mode 0700 or a `mktemp -d`, would
+/// refuse that user the binary itself. (program, loader path).
+fn staged_for_another_user() -> (PathBuf, String) {
+    let dir = PathBuf::from(format!("/tmp/orbite-doctor-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let program = dir.join("orbite-doctor");
+    std::fs::copy(env!("CARGO_BIN_EXE_orbite-doctor"), &program).unwrap();
+    let libs =
+        [fakecuda::libdir(Variant::Full).join("libcuda.so.1"), fakecuda::nvml_libdir().join("libnvidia-ml.so.1")];
+    for lib in libs {
+        let to = dir.join(lib.file_name().unwrap());
+        std::fs::copy(&lib, &to).unwrap();
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    (program, dir.display().to_string())
 }
 
 /// The one line of `text` for `layer` with `status`.
