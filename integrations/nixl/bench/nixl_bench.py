@@ -83,7 +83,8 @@ def run_backend(args, backend):
     rbase, meta = int(ready[1]), ready[2]
     rows = []
     try:
-        a = agent("bench-initiator", backend, {})
+        params = {"transport": args.orbite_transport} if backend == "ORBITE" and args.orbite_transport else {}
+        a = agent("bench-initiator", backend, params)
         buf = np.zeros(nbytes, dtype=np.uint8)
         a.register_memory([(buf.ctypes.data, nbytes, 0, "")], "DRAM")
         with open(meta, "rb") as f:
@@ -162,6 +163,8 @@ def main():
     ap.add_argument("--seconds", type=float, default=1.0, help="time per point")
     ap.add_argument("--post-count", type=int, default=100000)
     ap.add_argument("--post-reps", type=int, default=5)
+    ap.add_argument("--orbite-transport", default="", help="the initiator's ORBITE transport parameter (tcp, shm, cma, ...); "
+                    "AUTO when empty")
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.role == "target":
