@@ -442,8 +442,10 @@ mod tests {
         assert_ne!(p, libc::MAP_FAILED);
         // SAFETY: writing the mapping just made.
         unsafe { std::ptr::write_bytes(p.cast::<u8>(), 7, len) };
-        // SAFETY: unmapping its last page (as a source freeing memory would).
-        assert_eq!(unsafe { libc::munmap(p.cast::<u8>().add(2 * 4096).cast(), 4096) }, 0);
+        // SAFETY: taking every access to its last page away, as a source
+        // freeing memory would. Not munmap: another test thread of this
+        // binary could map the freed page again before the copy runs.
+        assert_eq!(unsafe { libc::mprotect(p.cast::<u8>().add(2 * 4096).cast(), 4096, libc::PROT_NONE) }, 0);
         let r = Remote { pid: std::process::id(), base: p as u64, len: len as u64, writable: true };
         let mut local = vec![0u8; len];
         let ops = [
@@ -460,7 +462,7 @@ mod tests {
         r.run(&ops[..1]).unwrap();
         let gone = Remote { pid: i32::MAX as u32, ..r };
         assert_eq!(gone.run(&ops[..1]).unwrap_err().status(), crate::error::Status::Unavailable);
-        // SAFETY: unmapping the rest of the mapping made above.
-        assert_eq!(unsafe { libc::munmap(p, 2 * 4096) }, 0);
+        // SAFETY: unmapping the whole mapping made above.
+        assert_eq!(unsafe { libc::munmap(p, len) }, 0);
     }
 }
