@@ -119,6 +119,9 @@ fn fabric_domain_parsing() {
 fn policy_and_listen() {
     assert!(err(r#"{"transport_policy": []}"#).contains("at least one"));
     assert!(err(r#"{"transport_policy": ["tcp", "tcp"]}"#).contains("twice"));
+    // Twice anywhere, not only twice in a row (C19 of the third mutant round).
+    let m = err(r#"{"transport_policy": ["tcp", "shm", "tcp"]}"#);
+    assert!(m.contains("`transport_policy`") && m.contains("\"tcp\" is listed twice"), "{m}");
     assert!(err(r#"{"transport_policy": ["rdma"]}"#).contains("unknown transport"));
     assert!(err(r#"{"listen": "localhost"}"#).contains("`listen`"));
     let c = EngineConfig::from_json(r#"{"transport_policy": ["shm", "tcp"]}"#).unwrap();

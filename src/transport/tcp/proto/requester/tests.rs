@@ -245,6 +245,30 @@ fn a_read_answered_short_or_long_is_a_protocol_error_and_lands_nothing() {
     }
 }
 
+/// A READ answered by a WriteResponse (OK, no payload) for its tag is a
+/// protocol error and lands nothing: taken as the READ's answer it would
+/// complete the READ OK with none of its bytes (C9 of the third mutant
+/// round). Guards `answer`'s `e.op == want`.
+#[test]
+fn a_read_answered_as_a_write_is_a_protocol_error_and_lands_nothing() {
+    let t0 = Instant::now();
+    let (mut c, hold) = (core(), Rc::new(()));
+    c.submit(vec![send(1, Op::Read, 0, 0x1000, 4096, t0 + Duration::from_secs(60), &hold)]);
+    let sent = requests(&drain(&mut c, &[], t0));
+    let wire = answer(MsgKind::WriteResponse, sent[0].1.tag, Status::Ok, &[]);
+    let mut landed = 0usize;
+    let mut land = |_: u64, b: &[u8]| landed += b.len();
+    let e = c.received(&wire, &mut land).unwrap_err();
+    assert_eq!(e.status(), Status::ProtocolError, "{e}");
+    assert!(e.message().contains("of the other direction"), "{e}");
+    assert_eq!(landed, 0);
+    // The driver ends the connection with that error: the READ fails with
+    // it, none of its bytes having come.
+    c.kill(e, t0);
+    assert_eq!(outcomes(&mut c), [(1, Status::ProtocolError, RemoteEffect::None)]);
+    assert_eq!(Rc::strong_count(&hold), 1, "its memory let go");
+}
+
 #[test]
 fn a_read_late_mid_payload_has_the_rest_dropped() {
     let t0 = Instant::now();
