@@ -326,6 +326,13 @@ mod tests {
         assert_eq!(r.run(&[neither]).unwrap_err().status(), crate::error::Status::ProtocolError);
         let past = CopyOp { dst: local.as_mut_ptr() as u64, src: WINDOW + remote.len() as u64 - 4, len: 8 };
         assert_eq!(r.run(&[past]).unwrap_err().status(), crate::error::Status::ProtocolError);
+        // One byte past the window is past it (C17 of the third mutant
+        // round: `in_window`'s `e <= self.len`); its last byte is inside.
+        let one_past = CopyOp { dst: local.as_mut_ptr() as u64, src: WINDOW + remote.len() as u64 - 7, len: 8 };
+        let e = r.run(&[one_past]).unwrap_err();
+        assert_eq!(e.status(), crate::error::Status::ProtocolError, "{e}");
+        let last = CopyOp { dst: local.as_mut_ptr() as u64, src: WINDOW + remote.len() as u64 - 8, len: 8 };
+        r.run(&[last]).unwrap();
         target[0] = 0;
     }
 
