@@ -131,6 +131,8 @@ int main(int argc, char **argv) {
   orbite_close(src, 10000);
   orbite_engine_free(dst);
   orbite_engine_free(src);
+  free(small);
+  free(large);
   free(reqs);
   free(local);
   return 0;
