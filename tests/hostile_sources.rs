@@ -169,6 +169,35 @@ fn a_read_answered_short_or_long_fails_and_lands_nothing() {
     assert_eq!(h.req.stats().peers_alive, 1);
 }
 
+/// A lying source answers a READ's tag with a WriteResponse OK (no
+/// payload): the READ fails PROTOCOL_ERROR naming the other direction,
+/// none of its local bytes change, and the lying connection alone ends
+/// (taken as the READ's answer, it would complete OK with none of its
+/// bytes read). Guards `transport/tcp/proto/requester/receive.rs`
+/// `Some(e) if e.op == want => {}`.
+#[test]
+fn a_read_answered_with_a_write_response_fails_and_lands_nothing() {
+    let mut h = Honest::new();
+    h.local[..4096].fill(0xee);
+    let fake = h.connect_fake(move |mut s| {
+        let tag = read_request(&mut s);
+        let fixed = DataResponse { tag, status: Status::Ok }.encode();
+        s.write_all(&FrameHeader::encode(MsgKind::WriteResponse, fixed.len() as u32)).unwrap();
+        s.write_all(&fixed).unwrap();
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    let b = h.submit(fake, Op::Read, 4096, Duration::from_secs(60));
+    let e = b.wait(Duration::from_secs(60)).unwrap_err();
+    assert_eq!(e.status(), Status::TransferFailed);
+    let r = &b.results()[0];
+    assert_eq!((r.status, r.remote_effect), (Status::ProtocolError, RemoteEffect::None), "{:?}", b.error(0));
+    let m = b.error(0).unwrap().message().to_string();
+    assert!(m.contains("of the other direction"), "{m}");
+    assert!(h.local[..4096].iter().all(|b| *b == 0xee), "some bytes landed");
+    h.fifty_reads();
+    assert_eq!(h.req.stats().peers_alive, 1);
+}
+
 #[test]
 fn a_source_flooding_describes_does_not_starve_the_thread_it_shares() {
     let mut h = Honest::new();
