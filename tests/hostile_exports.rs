@@ -177,6 +177,29 @@ fn an_importer_whose_main_thread_exited_keeps_its_export() {
     src.close(Some(LONG)).unwrap();
 }
 
+/// A process that exited and was not reaped yet (a zombie: every thread
+/// gone, its memory and mappings released) has exited for the source,
+/// before its parent reaps it as after. Guards `all_threads_exited` in
+/// `process_exited` (src/transport/ipc/export/mod.rs) from the other
+/// side: without it, a zombie importer (a parent that does not reap)
+/// counts as alive where `process_exited` decides: a lost channel's
+/// exports (`connection_lost`: retained, not reclaimed), the close
+/// (`reclaim_exited`) and watches without a process descriptor. Where a
+/// pidfd watch runs, it sees the exit by itself and reclaims them a
+/// moment later, so no engine-level outcome tells the two apart reliably:
+/// the decision is checked here, on a real zombie.
+#[test]
+fn a_zombie_process_has_exited() {
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    let pid = child.id();
+    let who = ProcessIdentity { pid, start_time: process_start_time(pid) };
+    assert_ne!(who.start_time, 0, "the zombie's start time is readable until it is reaped");
+    eventually("the child is a zombie", || state_of(pid).as_deref() == Some("Z"));
+    assert!(process_exited(&who), "a zombie was taken for a live process");
+    child.wait().unwrap();
+    assert!(process_exited(&who));
+}
+
 /// An importer forks (the child inherits its mapping and its channel) and
 /// exits; the child hangs the channel up. The importing process is gone,
 /// but its child still maps the export: retained until the child exits.

@@ -172,6 +172,23 @@ fn oversize_notify_split_weirdly() {
     assert_eq!(src.stats().notifications.rejected, 1);
 }
 
+/// Writes `frames` to the source `src` on the raw connection `s`: the
+/// source answers one Error frame, PROTOCOL_ERROR naming `why`, sends
+/// nothing after it and counts one protocol error; then `src` closes.
+fn refused_at_once(src: Engine, mut s: TcpStream, frames: &[u8], why: &str) {
+    s.write_all(frames).unwrap();
+    let (h, b) = read_frame(&mut s).unwrap();
+    assert_eq!(h.kind, MsgKind::Error, "{:?}: {}", h.kind, String::from_utf8_lossy(&b));
+    let (status, said) = orbite::control::message::decode_error(&b).unwrap();
+    assert_eq!(status, Status::ProtocolError, "{said}");
+    assert!(said.contains(why), "{said}");
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "the source sent more after its Error frame: {} bytes", rest.len());
+    assert_eq!(src.stats().events.protocol_errors, 1);
+    src.close(Some(Duration::from_secs(10))).unwrap();
+}
+
 /// A ReadRequest whose header names a body shorter than the request's
 /// 32-byte fixed part, then a valid READ: the source answers the short
 /// frame at once with PROTOCOL_ERROR naming it and closes, serving
@@ -182,19 +199,28 @@ fn oversize_notify_split_weirdly() {
 #[test]
 fn a_read_request_shorter_than_its_fixed_part_is_refused_at_once() {
     let (src, _remote) = engine("");
-    let (mut s, d) = raw_control(&src.endpoint());
+    let (s, d) = raw_control(&src.endpoint());
     let mut frames = FrameHeader::encode(MsgKind::ReadRequest, 16).to_vec();
     frames.extend_from_slice(&read_req(1, &d, 0, 64)[FRAME_HEADER_LEN..FRAME_HEADER_LEN + 16]);
     frames.extend(read_req(2, &d, 0, 64));
-    s.write_all(&frames).unwrap();
-    let (h, b) = read_frame(&mut s).unwrap();
-    assert_eq!(h.kind, MsgKind::Error, "{}", String::from_utf8_lossy(&b));
-    let (status, why) = orbite::control::message::decode_error(&b).unwrap();
-    assert_eq!(status, Status::ProtocolError, "{why}");
-    assert!(why.contains("ReadRequest body of 16 bytes"), "{why}");
-    let mut rest = Vec::new();
-    let _ = s.read_to_end(&mut rest);
-    assert!(rest.is_empty(), "the source sent more after its Error frame: {} bytes", rest.len());
-    assert_eq!(src.stats().events.protocol_errors, 1);
-    src.close(Some(Duration::from_secs(10))).unwrap();
+    refused_at_once(src, s, &frames, "ReadRequest body of 16 bytes");
+}
+
+/// A WriteRequest whose body is shorter than its fixed part and its length
+/// (32 + 32 bytes for a WRITE of 64), followed by a READ: PROTOCOL_ERROR
+/// naming the mismatch, and not one byte of the region changes (taken at
+/// its length, the WRITE would land the next frame's bytes in registered
+/// memory and answer OK). Guards `transport/tcp/proto/source/receive.rs`
+/// `if h.body_len as u64 != DATA_REQUEST_LEN as u64 + req.len`.
+#[test]
+fn a_write_request_shorter_than_its_length_is_refused_and_lands_nothing() {
+    let (src, remote) = engine("");
+    let (s, d) = raw_control(&src.endpoint());
+    let r = d.regions[0];
+    let mut frames = FrameHeader::encode(MsgKind::WriteRequest, 32 + 32).to_vec();
+    frames.extend_from_slice(&DataRequest { tag: 1, region_epoch: r.epoch, addr: r.addr + 200, len: 64 }.encode());
+    frames.extend_from_slice(&[0xab; 32]);
+    frames.extend(read_req(2, &d, 0, 64));
+    refused_at_once(src, s, &frames, "WriteRequest body of 64 bytes does not match its length 64");
+    assert!(remote == pattern_vec(3, 1 << 20), "the region's bytes changed");
 }

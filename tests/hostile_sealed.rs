@@ -113,6 +113,36 @@ fn a_tamper_the_source_finds_reaches_the_requester_as_permission_denied() {
     src.close();
 }
 
+/// A relay flips one bit inside the requester's first sealed record (its
+/// Describe, right after the key's proof): the source refuses the
+/// connection and says why in a sealed Error frame, which the requester
+/// believes and reports: `PERMISSION_DENIED` naming the record that
+/// failed its check (a plain Error there would be taken for words of a
+/// relay without the key, the source's reason lost). Guards
+/// `transport/tcp/handshake.rs` `open`: `send_error_on(stream, Some(&mut
+/// tx), &e)` (the refusal of the first sealed frame is sealed).
+#[test]
+fn a_first_sealed_record_damaged_on_its_way_is_refused_in_a_sealed_error() {
+    let key = key_file("sealed-first", 0x3c);
+    let src = source(&keyed(&key, "integrity"));
+    let req = Engine::from_json(&keyed(&key, "integrity")).unwrap();
+    // Where the first sealed record starts on the way up: past
+    // AuthChallenge and AuthProof, as a clean connection shows.
+    let clean = Relay::to(&src.endpoint);
+    req.connect(&clean.endpoint(), Some(LONG)).unwrap();
+    let up = clean.leg(0).seen_up.lock().unwrap().clone();
+    let (sent, at) = frames(&up, 2);
+    assert_eq!((sent[0].0, sent[1].0), (MsgKind::AuthChallenge, MsgKind::AuthProof));
+    // A byte of the record's body, past its 4-byte length.
+    let relay = Relay::flipping_up(&src.endpoint, at as u64 + 8);
+    let e = req.connect(&relay.endpoint(), Some(LONG)).map(|_| ()).unwrap_err();
+    assert_eq!(e.status(), Status::PermissionDenied, "{e}");
+    assert!(e.message().contains("sealed record 0 failed its check"), "{e}");
+    assert!(!e.message().contains("plain"), "the source's refusal came plain: {e}");
+    req.close(Some(LONG)).unwrap();
+    src.close();
+}
+
 /// Bytes the source sends before its first sealed record: AuthResponse
 /// (nonce, mode, tag), then AuthOk.
 const AFTER_PROOF: u64 = (2 * FRAME_HEADER_LEN + NONCE_LEN + 1 + TAG_LEN) as u64;

@@ -64,6 +64,21 @@ impl Honest {
         common::connect_fake_source(&self.req, &self.src.endpoint(), behave)
     }
 
+    /// A 4096-byte READ (its local bytes 0xee) from the lying source
+    /// `fake`: it fails PROTOCOL_ERROR with effect NONE, its message naming
+    /// `why`, none of its bytes landed; the honest source still serves.
+    fn read_fails_landing_nothing(&mut self, fake: u64, why: &str) {
+        let b = self.submit(fake, Op::Read, 4096, Duration::from_secs(60));
+        let e = b.wait(Duration::from_secs(60)).unwrap_err();
+        assert_eq!(e.status(), Status::TransferFailed);
+        let r = &b.results()[0];
+        assert_eq!((r.status, r.remote_effect), (Status::ProtocolError, RemoteEffect::None), "{:?}", b.error(0));
+        let m = b.error(0).unwrap().message().to_string();
+        assert!(m.contains(why), "{m}");
+        assert!(self.local[..4096].iter().all(|b| *b == 0xee), "{why}: some bytes landed");
+        self.fifty_reads();
+    }
+
     fn submit(&self, peer: u64, op: Op, len: u64, timeout: Duration) -> Batch {
         let r = Request { op, local_addr: self.local.as_ptr() as u64, remote_addr: self.remote.as_ptr() as u64, len };
         let opts = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(timeout) };
@@ -156,16 +171,29 @@ fn a_read_answered_short_or_long_fails_and_lands_nothing() {
             let _ = s.write_all(&vec![0x5a; got]);
             let _ = s.read_to_end(&mut Vec::new());
         });
-        let b = h.submit(fake, Op::Read, 4096, Duration::from_secs(60));
-        let e = b.wait(Duration::from_secs(60)).unwrap_err();
-        assert_eq!(e.status(), Status::TransferFailed);
-        let r = &b.results()[0];
-        assert_eq!((r.status, r.remote_effect), (Status::ProtocolError, RemoteEffect::None), "{:?}", b.error(0));
-        let m = b.error(0).unwrap().message().to_string();
-        assert!(m.contains(&format!("READ answer carries {got} bytes, asked for 4096")), "{m}");
-        assert!(h.local[..4096].iter().all(|b| *b == 0xee), "{got} bytes: some landed");
-        h.fifty_reads();
+        h.read_fails_landing_nothing(fake, &format!("READ answer carries {got} bytes, asked for 4096"));
     }
+    assert_eq!(h.req.stats().peers_alive, 1);
+}
+
+/// A lying source answers a READ's tag with a WriteResponse OK (no
+/// payload): the READ fails PROTOCOL_ERROR naming the other direction,
+/// none of its local bytes change, and the lying connection alone ends
+/// (taken as the READ's answer, it would complete OK with none of its
+/// bytes read). Guards `transport/tcp/proto/requester/receive.rs`
+/// `Some(e) if e.op == want => {}`.
+#[test]
+fn a_read_answered_with_a_write_response_fails_and_lands_nothing() {
+    let mut h = Honest::new();
+    h.local[..4096].fill(0xee);
+    let fake = h.connect_fake(move |mut s| {
+        let tag = read_request(&mut s);
+        let fixed = DataResponse { tag, status: Status::Ok }.encode();
+        s.write_all(&FrameHeader::encode(MsgKind::WriteResponse, fixed.len() as u32)).unwrap();
+        s.write_all(&fixed).unwrap();
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    h.read_fails_landing_nothing(fake, "of the other direction");
     assert_eq!(h.req.stats().peers_alive, 1);
 }
 

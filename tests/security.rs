@@ -1087,6 +1087,54 @@ fn a_region_past_its_allocations_logical_length_is_refused() {
     a.free().unwrap();
 }
 
+/// A host registration that starts in memory of the caller's own, just
+/// below a library allocation, and covers the allocation's start is
+/// refused `INVALID_ARGUMENT` naming the allocation (taken as host memory,
+/// it would not be noted against the allocation, which could then be
+/// freed while peers may still write the range); the same page alone, up
+/// to the allocation's start, registers. Guards `owners::kind_of`
+/// (src/memory/owners.rs): `map.range(addr..addr.saturating_add(len))`.
+#[test]
+fn a_host_registration_covering_a_library_allocations_start_is_refused() {
+    let src = Engine::from_json("").unwrap();
+    // A page of the test's own right below the allocation
+    // (MAP_FIXED_NOREPLACE maps nothing over a mapping: when the spot is
+    // taken, by another test's allocation say, try another allocation).
+    let mut taken = Vec::new();
+    let (a, below) = loop {
+        let a = allocate_shared_host(4096).unwrap();
+        let at = a.addr() - 4096;
+        let (rw, flags) = (libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS);
+        // SAFETY: a fresh anonymous page; MAP_FIXED_NOREPLACE never
+        // replaces an existing mapping.
+        let p = unsafe { libc::mmap(at as *mut libc::c_void, 4096, rw, flags | libc::MAP_FIXED_NOREPLACE, -1, 0) };
+        if p as u64 == at {
+            break (a, at);
+        }
+        if p != libc::MAP_FAILED {
+            // SAFETY: the page just mapped elsewhere (a kernel that took
+            // the address as a hint), used by nothing.
+            unsafe { libc::munmap(p, 4096) };
+        }
+        taken.push(a);
+        assert!(taken.len() < 16, "no free page below {} allocations", taken.len());
+    };
+    let e = src.register_memory(below, 8192, Access::READ_WRITE).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+    let names = format!("covers part of the library allocation at 0x{:x}; register inside it", a.addr());
+    assert!(e.message().contains(&names), "{e}");
+    assert!(src.regions().is_empty());
+    src.register_memory(below, 4096, Access::READ_WRITE).unwrap();
+    assert_eq!(src.regions().len(), 1);
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
+    // SAFETY: the page mapped above; the engine that registered it is closed.
+    assert_eq!(unsafe { libc::munmap(below as *mut libc::c_void, 4096) }, 0);
+    for a in taken {
+        a.free().unwrap();
+    }
+}
+
 /// An export request is bounded by its region: a range past its region's
 /// end is refused `OUT_OF_RANGE`, whether it stays inside the allocation
 /// (another region follows) or passes the allocation's logical length

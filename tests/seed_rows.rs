@@ -160,6 +160,21 @@ fn read_and_write(l: &Local, h: &Hostile, write_at: u64) -> Vec<RequestResult> {
     go(&l.e, l.peer, &reqs, only(TransportKind::Shm))
 }
 
+/// `read_and_write` on the cached import (its local READ range filled
+/// with 0xee), against a source that refuses revalidation: one
+/// revalidation, both requests `PERMISSION_DENIED`, no byte moved either
+/// way, still the one import.
+fn a_mixed_group_is_revalidated_and_refused(l: &Local, h: &Hostile) {
+    let out = read_and_write(l, h, 128 * KIB);
+    let refused = res(Status::PermissionDenied, RemoteEffect::None);
+    assert_eq!(out, vec![refused, refused]);
+    assert_eq!(h.frames(MsgKind::Revalidate).len(), 1, "one revalidation");
+    assert!(l.bytes(0, 4 * KIB).iter().all(|b| *b == 0xee), "the refused READ landed");
+    let kept = source_bytes(h, 128 * KIB, 4 * KIB);
+    assert!(kept.iter().enumerate().all(|(i, b)| *b == pattern(5, 128 * KIB + i as u64)), "the refused WRITE landed");
+    assert_eq!(l.shm().imports.opened, 1);
+}
+
 /// A source offering READ for a group that asked READ and WRITE: the
 /// offer is declined and both requests fail PROTOCOL_ERROR, no byte moved
 /// either way (before the check asked only for some operation in common,
@@ -204,14 +219,39 @@ fn x2_a_board_slot_allowing_only_some_of_a_groups_operations_is_not_entered() {
     // The next one, on the cached import whose slot allows READ alone.
     // SAFETY: the allocation maps 64 KiB, none of it in use now.
     unsafe { std::ptr::write_bytes(l.at(0) as *mut u8, 0xee, 4 * KIB as usize) };
-    let out = read_and_write(&l, &h, 128 * KIB);
-    let refused = res(Status::PermissionDenied, RemoteEffect::None);
-    assert_eq!(out, vec![refused, refused]);
-    assert_eq!(h.frames(MsgKind::Revalidate).len(), 1, "one revalidation");
-    assert!(l.bytes(0, 4 * KIB).iter().all(|b| *b == 0xee), "the refused READ landed");
-    let kept = source_bytes(&h, 128 * KIB, 4 * KIB);
-    assert!(kept.iter().enumerate().all(|(i, b)| *b == pattern(5, 128 * KIB + i as u64)), "the refused WRITE landed");
-    assert_eq!(l.shm().imports.opened, 1);
+    a_mixed_group_is_revalidated_and_refused(&l, &h);
+}
+
+/// A source publishing its region WRITE-only, whose board slot for the
+/// WRITE grant claims READ too, and that refuses revalidation: the cached
+/// import's next group, needing READ and WRITE, does not enter the slot
+/// on the board's word (its grant did not name READ); it revalidates and
+/// both requests fail with the source's PERMISSION_DENIED, the READ's
+/// bytes not copied, the WRITE's not landed. (The cache keys every
+/// READ-only import apart, so a group needing more than its import's
+/// grant is always a mixed one like this.) Guards
+/// `transport/ipc/requester/mod.rs` `Import::enter`'s `ops &
+/// !self.offer.ops != 0` (all of the group's operations in the grant, not
+/// one).
+#[test]
+fn x2_a_board_slot_wider_than_its_grant_is_not_entered_for_a_mixed_group() {
+    let script = Script {
+        access: Access::WRITE,
+        board: Some(|granted| granted | OP_READ),
+        revalidate: Some(Status::PermissionDenied),
+        ..Script::honest()
+    };
+    let h = Hostile::start(script, HOSTILE_FILL);
+    let l = Local::new("", &h.endpoint, 64 * KIB, 0xee);
+    // A WRITE alone: an import for WRITE (all the region allows), served
+    // on its fresh offer.
+    let w = [wr(l.at(16 * KIB), h.addr + 64 * KIB, 4 * KIB)];
+    assert_eq!(go(&l.e, l.peer, &w, only(TransportKind::Shm)), vec![res(Status::Ok, RemoteEffect::Applied)]);
+    assert_eq!(h.requests().iter().map(|r| r.ops).collect::<Vec<_>>(), vec![OP_WRITE]);
+    assert!(source_bytes(&h, 64 * KIB, 4 * KIB).iter().all(|b| *b == 0xee), "the first WRITE's bytes");
+    // A READ and a WRITE in one group, on the cached WRITE import whose
+    // slot claims READ and WRITE.
+    a_mixed_group_is_revalidated_and_refused(&l, &h);
 }
 
 /// A source whose grant board is sealed against growing only, which it

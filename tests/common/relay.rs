@@ -84,6 +84,13 @@ impl Relay {
         Relay::start(target, inject.map(|(at, b)| (at, Words::Fixed(b))), Duration::ZERO)
     }
 
+    /// A relay to `target` that, on every connection, flips the low bit
+    /// of byte `at` (from the connection's start) on its way up: damage
+    /// set before the connection's first byte passes.
+    pub fn flipping_up(target: &str, at: u64) -> Relay {
+        Relay::start_flipping(target, None, Duration::ZERO, at)
+    }
+
     /// A relay to `target` that, on every connection, puts what `words`
     /// makes of the bytes it saw (up, then down) into what goes down to
     /// the client once the target sent `at` bytes: a relay that read the
@@ -99,6 +106,10 @@ impl Relay {
     }
 
     fn start(target: &str, inject: Option<Injection>, delay: Duration) -> Relay {
+        Relay::start_flipping(target, inject, delay, u64::MAX)
+    }
+
+    fn start_flipping(target: &str, inject: Option<Injection>, delay: Duration, flip_up: u64) -> Relay {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let legs: Arc<(Mutex<Vec<Arc<Leg>>>, Condvar)> = Arc::default();
         let r = Relay { port: l.local_addr().unwrap().port(), legs: legs.clone() };
@@ -109,7 +120,7 @@ impl Relay {
                 let Ok(server) = TcpStream::connect(&target) else { return };
                 let leg = Arc::new(Leg {
                     flip_down: AtomicU64::new(u64::MAX),
-                    flip_up: AtomicU64::new(u64::MAX),
+                    flip_up: AtomicU64::new(flip_up),
                     inject_down: Mutex::new(inject.clone()),
                     ..Leg::default()
                 });

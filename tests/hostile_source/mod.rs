@@ -59,6 +59,8 @@ pub struct Script {
     /// it to nothing at the first export request (the requester has it by
     /// then): a board the requester must never take for a sealed one.
     pub shrinkable_board: bool,
+    /// The published region's access (honest: `READ_WRITE`).
+    pub access: Access,
 }
 
 fn same(_: &mut Identity) {}
@@ -74,6 +76,7 @@ impl Script {
             board: None,
             revalidate: None,
             shrinkable_board: false,
+            access: Access::READ_WRITE,
         }
     }
     /// Honest but for the answer.
@@ -137,7 +140,7 @@ impl Hostile {
                 epoch: EPOCH,
                 addr,
                 len: LEN,
-                access: Access::READ_WRITE,
+                access: script.access,
                 kind: MemoryKind::SharedHost,
             }],
         };
