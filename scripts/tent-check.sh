@@ -15,6 +15,11 @@
 #     --hogs N         run N `yes > /dev/null` during tebench (default 0)
 #     --duration S     seconds per tebench point (default 2)
 #     --rounds R       tebench rounds, alternated, medians printed (default 1)
+#     --sizes "S ..."  tebench only at these sizes in bytes (default 4096 65536 1048576 8388608)
+#     --ops "OP ..."   tebench only these operations, of read write (default both)
+#     --xports "X ..." tebench only these transports, of tcp shm orbite orbite-tcp
+#                      (default all four)
+#     --no-check       no checked (mix) tebench runs before the timed ones
 #     --skip-tests | --skip-bench | --skip-format
 #
 # MOONCAKE_DIR is a Mooncake source tree (a clone or an export) at commit
@@ -36,6 +41,7 @@ here="$(cd "$(dirname "$0")/.." && pwd)"
 mooncake="$(cd "${1:?usage: scripts/tent-check.sh MOONCAKE_DIR [options]}" && pwd)"
 shift
 work=/tmp/tent-check hogs=0 duration=2 rounds=1 tests=1 bench=1 format=1 prefix="" tent_build=""
+bench_env=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --work) work="$2"; shift ;;
@@ -44,6 +50,10 @@ while [ $# -gt 0 ]; do
     --hogs) hogs="$2"; shift ;;
     --duration) duration="$2"; shift ;;
     --rounds) rounds="$2"; shift ;;
+    --sizes) bench_env+=("TENT_BENCH_SIZES=$2"); shift ;;
+    --ops) bench_env+=("TENT_BENCH_OPS=$2"); shift ;;
+    --xports) bench_env+=("TENT_BENCH_XPORTS=$2"); shift ;;
+    --no-check) bench_env+=(TENT_BENCH_CHECK=0) ;;
     --skip-tests) tests=0 ;;
     --skip-bench) bench=0 ;;
     --skip-format) format=0 ;;
@@ -173,7 +183,8 @@ if [ "$bench" = 1 ]; then
   done
   say "tebench, $hogs CPU hogs, $rounds round(s) of ${duration} s points (load average $(load))"
   tebench="$(find "$tent_build" -name tebench -type f -perm -u+x | head -n 1)"
-  TENT_BENCH_LOG="$work/tebench.log" TENT_BENCH_ROUNDS="$rounds" "$here/scripts/tent-bench.sh" "$tebench" "$duration" \
+  env "${bench_env[@]}" TENT_BENCH_LOG="$work/tebench.log" TENT_BENCH_ROUNDS="$rounds" \
+    "$here/scripts/tent-bench.sh" "$tebench" "$duration" \
     | tee -a "$summary" || status=1
   echo "load average after: $(load)" | tee -a "$summary"
   stop_hogs
