@@ -19,6 +19,16 @@ pub mod spin;
 #[cfg(not(feature = "model-check"))]
 pub use parking_lot::{Condvar, Mutex, MutexGuard};
 
+/// The atomics of the model-checked structures (the gate): std's in every
+/// real build, shuttle's under `model-check`, so that the models explore
+/// interleavings at each atomic step too.
+pub mod atomic {
+    #[cfg(feature = "model-check")]
+    pub use shuttle::sync::atomic::{AtomicU64, Ordering};
+    #[cfg(not(feature = "model-check"))]
+    pub use std::sync::atomic::{AtomicU64, Ordering};
+}
+
 /// Takes one of the `n` armed failures a "fail the next N" switch holds:
 /// true (and one fewer armed) when any was left. What every fault switch
 /// of the library and its test fakes counts down with.
