@@ -3,6 +3,7 @@
 //! every real build; shuttle's, behind a parking_lot-shaped API, when the
 //! `model-check` feature builds the concurrency models (`tests/models.rs`).
 //! [`admission`] holds the byte budgets and gates of the engine;
+//! [`snapshot`] is a value read without a lock and replaced whole;
 //! [`single_runner`] runs a job on at most one short-lived thread at a time;
 //! [`deadline`] bounds a blocking exchange (when, and what stops it first);
 //! [`spin`] says whether spinning pays (a yield that came back late: no);
@@ -14,6 +15,7 @@ pub mod deadline;
 pub mod fast_hash;
 pub mod fork;
 pub mod single_runner;
+pub mod snapshot;
 pub mod spin;
 
 #[cfg(not(feature = "model-check"))]
