@@ -4,6 +4,7 @@
 //! `model-check` feature builds the concurrency models (`tests/models.rs`).
 //! [`admission`] holds the byte budgets and gates of the engine;
 //! [`snapshot`] is a value read without a lock and replaced whole;
+//! [`spare`] keeps one emptied vector between submissions;
 //! [`single_runner`] runs a job on at most one short-lived thread at a time;
 //! [`deadline`] bounds a blocking exchange (when, and what stops it first);
 //! [`spin`] says whether spinning pays (a yield that came back late: no);
@@ -16,6 +17,7 @@ pub mod fast_hash;
 pub mod fork;
 pub mod single_runner;
 pub mod snapshot;
+pub mod spare;
 pub mod spin;
 
 #[cfg(not(feature = "model-check"))]
