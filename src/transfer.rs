@@ -172,6 +172,16 @@ pub trait Assist: Send + Sync {
     fn assist(&self, until: Instant) -> bool;
 }
 
+/// The records' vector kept between batches (no lock): a submission of
+/// 10^5 requests otherwise faults its pages in afresh.
+static RECORDS: crate::sync::spare::Spare<ReqState> = crate::sync::spare::Spare::new();
+
+impl Drop for BatchShared {
+    fn drop(&mut self) {
+        RECORDS.give(std::mem::take(&mut self.state.get_mut().reqs));
+    }
+}
+
 /// The completion record of one submission.
 pub struct BatchShared {
     state: Mutex<State>,
@@ -206,24 +216,22 @@ impl BatchShared {
         deadline: Instant,
     ) -> Arc<BatchShared> {
         let mut bytes = 0u64;
-        let reqs = requests
-            .iter()
-            .map(|r| {
-                bytes = bytes.saturating_add(r.len);
-                ReqState {
-                    op: r.op,
-                    len: r.len,
-                    transport: route,
-                    chunks_left: route.is_some() as u32,
-                    started: false,
-                    cancel_asked: false,
-                    error: None,
-                    any_applied: false,
-                    any_unknown: false,
-                    done: false,
-                }
-            })
-            .collect();
+        let mut reqs = RECORDS.take(requests.len());
+        reqs.extend(requests.iter().map(|r| {
+            bytes = bytes.saturating_add(r.len);
+            ReqState {
+                op: r.op,
+                len: r.len,
+                transport: route,
+                chunks_left: route.is_some() as u32,
+                started: false,
+                cancel_asked: false,
+                error: None,
+                any_applied: false,
+                any_unknown: false,
+                done: false,
+            }
+        }));
         Arc::new(BatchShared {
             state: Mutex::new(State {
                 reqs,

@@ -41,6 +41,7 @@ use crate::log::{Level, Logger};
 use crate::memory::RegionTable;
 use crate::sync::admission::{Budget, Gate};
 use crate::sync::fast_hash::FastMap;
+use crate::sync::snapshot::Snapshot;
 use crate::transport::inbox::Inbox;
 use crate::transport::ipc::faults::Faults;
 use crate::transport::ipc::source::IpcSourceContext;
@@ -49,7 +50,6 @@ use crate::transport::tcp::source::Revoker;
 use crate::transport::tcp::SourceContext;
 use accept::Listeners;
 use connected_peer::Peer;
-use parking_lot::RwLock;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -68,7 +68,9 @@ pub(crate) struct Inner {
     endpoint: SocketAddr,
     ipc_name: std::result::Result<String, String>,
     listeners: Arc<Listeners>,
-    peers: RwLock<FastMap<u64, Arc<Peer>>>,
+    /// The connected peers: read by every submission without a lock,
+    /// replaced whole on connect and disconnect.
+    peers: Snapshot<FastMap<u64, Arc<Peer>>>,
     next_peer: AtomicU64,
     faults: Arc<Faults>,
     /// The shared key of `auth_key_file`, if configured.
@@ -199,7 +201,7 @@ impl Engine {
             endpoint,
             ipc_name,
             listeners,
-            peers: RwLock::new(FastMap::default()),
+            peers: Snapshot::default(),
             next_peer: AtomicU64::new(1),
             faults,
             auth,
@@ -421,7 +423,7 @@ impl Engine {
             )));
         }
         let unclosed: Vec<String> = self.inner.ipc.iter().flat_map(|t| t.requester.flush(deadline)).collect();
-        let peers: Vec<_> = self.inner.peers.write().drain().map(|(_, p)| p).collect();
+        let peers: Vec<_> = self.inner.peers.update(std::mem::take).into_values().collect();
         let n = peers.len();
         for p in peers {
             p.conn.close();
@@ -573,7 +575,7 @@ impl Inner {
         }
         self.stopping.store(true, Ordering::Release);
         self.listeners.stop_accepting();
-        let peers: Vec<_> = self.peers.write().drain().map(|(_, p)| p).collect();
+        let peers: Vec<_> = self.peers.update(std::mem::take).into_values().collect();
         for p in peers {
             p.conn.close();
             p.close_links();

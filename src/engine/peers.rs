@@ -77,7 +77,8 @@ impl Engine {
                 }
             }
         }
-        self.inner.peers.write().insert(id, Arc::new(Peer { endpoint: endpoint.to_string(), conn, links, outbox }));
+        let peer = Arc::new(Peer { endpoint: endpoint.to_string(), conn, links, outbox });
+        self.inner.peers.update(|m| m.insert(id, peer));
         Ok(id)
     }
 
@@ -118,7 +119,7 @@ impl Engine {
     }
 
     pub(super) fn peer(&self, id: u64) -> Result<Arc<Peer>> {
-        self.inner.peers.read().get(&id).cloned().ok_or_else(|| Error::NotFound(format!("no peer with id {id}")))
+        self.inner.peers.load().get(&id).cloned().ok_or_else(|| Error::NotFound(format!("no peer with id {id}")))
     }
 
     /// The regions peer `id` publishes (asks the peer for a fresh list).
@@ -215,7 +216,7 @@ impl Engine {
         if !p.conn.drain(deadline) {
             return Err(Error::TimedOut(format!("peer {id} still has {} requests in flight", p.conn.outstanding())));
         }
-        self.inner.peers.write().remove(&id);
+        self.inner.peers.update(|m| m.remove(&id));
         // Its imports go back through their close receipts while the
         // channels are up, so that the source keeps no export for this
         // engine; what cannot be confirmed now stays owed and goes out on

@@ -114,20 +114,16 @@ pub(super) fn resolve<'a>(
     let regions = RegionIndex::new(d);
     let mut missing = false;
     let mut last: Option<(&RegionInfo, u32)> = None;
-    let items = requests
-        .iter()
-        .zip(lease_of.iter().copied())
-        .zip(0u32..)
-        .map(|((r, l), index)| {
-            // Neighbours mostly name the region before them.
-            let found = last.filter(|(g, _)| g.contains(r.remote_addr, 1)).or_else(|| regions.find_slot(r.remote_addr));
-            last = found;
-            let (region, slot) = found.map_or((None, u32::MAX), |(g, s)| (Some(g), s));
-            let c = Item { index, slot, req: *r, lease: &leases[l as usize], region };
-            missing |= !c.in_region();
-            c
-        })
-        .collect();
+    let mut items = crate::transport::planned::take_items(requests.len());
+    items.extend(requests.iter().zip(lease_of.iter().copied()).zip(0u32..).map(|((r, l), index)| {
+        // Neighbours mostly name the region before them.
+        let found = last.filter(|(g, _)| g.contains(r.remote_addr, 1)).or_else(|| regions.find_slot(r.remote_addr));
+        last = found;
+        let (region, slot) = found.map_or((None, u32::MAX), |(g, s)| (Some(g), s));
+        let c = Item { index, slot, req: *r, lease: &leases[l as usize], region };
+        missing |= !c.in_region();
+        c
+    }));
     (items, missing)
 }
 

@@ -242,7 +242,7 @@ impl Engine {
     /// A snapshot of the counters.
     pub fn stats(&self) -> EngineStats {
         let i = &self.inner;
-        let peers = i.peers.read();
+        let peers = i.peers.load();
         let mut avail = std::collections::BTreeMap::new();
         avail.insert("tcp".to_string(), "available".to_string());
         for t in &i.ipc {

@@ -5,6 +5,7 @@
 //! (`tests/models.rs`).
 
 use crate::error::{Error, Result};
+use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -190,11 +191,20 @@ impl<K: Eq + Hash + Clone> Drop for SharedCharge<K> {
 }
 
 /// A gate: work enters while it is open; closing waits for work inside.
+/// Entering, leaving and asking whether it is open take no lock: one word
+/// holds the closed bit and the units inside.
 pub struct Gate {
-    state: Mutex<(bool, u64)>,
+    /// [`GATE_CLOSED`] | the units of work inside.
+    word: AtomicU64,
+    /// Held by a close while it looks at the units inside and waits, and
+    /// by the last unit leaving a closed gate to wake it (no lost wakeup).
+    waiting: Mutex<()>,
     cv: Condvar,
     name: &'static str,
 }
+
+/// [`Gate::word`]'s closed bit.
+const GATE_CLOSED: u64 = 1 << 63;
 
 /// One unit of work inside a [`Gate`].
 pub struct GateGuard {
@@ -237,7 +247,7 @@ impl Drop for GateGuards {
 impl Gate {
     /// An open gate named for messages.
     pub fn new(name: &'static str) -> Arc<Gate> {
-        Arc::new(Gate { state: Mutex::new((true, 0)), cv: Condvar::new(), name })
+        Arc::new(Gate { word: AtomicU64::new(0), waiting: Mutex::new(()), cv: Condvar::new(), name })
     }
 
     /// Enters if open.
@@ -246,8 +256,8 @@ impl Gate {
         Ok(GateGuard { gate: self.clone() })
     }
 
-    /// Enters `n` units at once if open (one lock): [`Gate::enter`] `n`
-    /// times while the gate stays open.
+    /// Enters `n` units at once if open (one atomic step): [`Gate::enter`]
+    /// `n` times while the gate stays open.
     pub fn enter_many(self: &Arc<Self>, n: u64) -> Result<GateGuards> {
         self.admit(n)?;
         Ok(GateGuards { gate: self.clone(), left: n })
@@ -255,44 +265,43 @@ impl Gate {
 
     /// Counts `n` units in if open.
     fn admit(&self, n: u64) -> Result<()> {
-        let mut s = self.state.lock();
-        if !s.0 {
-            return Err(Error::Unavailable(format!("the {} is closed", self.name)));
-        }
-        s.1 += n;
-        Ok(())
+        let entered = self.word.fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+            (w & GATE_CLOSED == 0).then(|| w.checked_add(n).filter(|v| v & GATE_CLOSED == 0)).flatten()
+        });
+        entered.map(|_| ()).map_err(|_| Error::Unavailable(format!("the {} is closed", self.name)))
     }
 
-    /// `n` units of work leave; the last wakes a close waiting for them.
+    /// `n` units of work leave; the last to leave a closed gate wakes the
+    /// close waiting for them.
     fn leave(&self, n: u64) {
-        let mut s = self.state.lock();
-        s.1 -= n;
-        if s.1 == 0 {
+        let was = self.word.fetch_sub(n, Ordering::AcqRel);
+        if was & GATE_CLOSED != 0 && was & !GATE_CLOSED == n {
+            let _w = self.waiting.lock();
             self.cv.notify_all();
         }
     }
 
     /// Whether the gate is open.
     pub fn is_open(&self) -> bool {
-        self.state.lock().0
+        self.word.load(Ordering::Acquire) & GATE_CLOSED == 0
     }
 
     /// Work inside now.
     pub fn active(&self) -> u64 {
-        self.state.lock().1
+        self.word.load(Ordering::Acquire) & !GATE_CLOSED
     }
 
     /// Closes the gate and waits until `deadline` for the work inside;
     /// returns how many units are still inside (0 = drained).
     pub fn close_and_wait(&self, deadline: Instant) -> u64 {
-        let mut s = self.state.lock();
-        s.0 = false;
-        while s.1 > 0 {
-            if self.cv.wait_until(&mut s, deadline).timed_out() {
+        let mut w = self.waiting.lock();
+        self.word.fetch_or(GATE_CLOSED, Ordering::AcqRel);
+        while self.active() > 0 {
+            if self.cv.wait_until(&mut w, deadline).timed_out() {
                 break;
             }
         }
-        s.1
+        self.active()
     }
 }
 

@@ -3,6 +3,8 @@
 //! every real build; shuttle's, behind a parking_lot-shaped API, when the
 //! `model-check` feature builds the concurrency models (`tests/models.rs`).
 //! [`admission`] holds the byte budgets and gates of the engine;
+//! [`snapshot`] is a value read without a lock and replaced whole;
+//! [`spare`] keeps one emptied vector between submissions;
 //! [`single_runner`] runs a job on at most one short-lived thread at a time;
 //! [`deadline`] bounds a blocking exchange (when, and what stops it first);
 //! [`spin`] says whether spinning pays (a yield that came back late: no);
@@ -14,10 +16,22 @@ pub mod deadline;
 pub mod fast_hash;
 pub mod fork;
 pub mod single_runner;
+pub mod snapshot;
+pub mod spare;
 pub mod spin;
 
 #[cfg(not(feature = "model-check"))]
 pub use parking_lot::{Condvar, Mutex, MutexGuard};
+
+/// The atomics of the model-checked structures (the gate): std's in every
+/// real build, shuttle's under `model-check`, so that the models explore
+/// interleavings at each atomic step too.
+pub mod atomic {
+    #[cfg(feature = "model-check")]
+    pub use shuttle::sync::atomic::{AtomicU64, Ordering};
+    #[cfg(not(feature = "model-check"))]
+    pub use std::sync::atomic::{AtomicU64, Ordering};
+}
 
 /// Takes one of the `n` armed failures a "fail the next N" switch holds:
 /// true (and one fewer armed) when any was left. What every fault switch

@@ -3,8 +3,30 @@
 
 use crate::control::message::RegionInfo;
 use crate::memory::RegionLease;
+use crate::sync::spare::Spare;
 use crate::transfer::Request;
 use std::sync::Arc;
+
+/// The planned items' vector kept between submissions (no lock): taken by
+/// the planner, given back by the IPC executor once grouped.
+static SPARE_ITEMS: Spare<Item<'static>> = Spare::new();
+
+/// An empty vector for `n` planned items (the kept one when there is one).
+pub fn take_items<'a>(n: usize) -> Vec<Item<'a>> {
+    SPARE_ITEMS.take(n)
+}
+
+/// Gives a vector of planned items back to be kept, emptied.
+pub fn give_back(items: Vec<Item<'_>>) {
+    let mut items = std::mem::ManuallyDrop::new(items);
+    items.clear();
+    // SAFETY: the allocation of a `Vec<Item<'_>>`, handed over whole (the
+    // original is never dropped); `Item<'_>` and `Item<'static>` are one
+    // type but for the lifetime of the references an item holds, and the
+    // vector is empty: it keeps no reference.
+    let v = unsafe { Vec::from_raw_parts(items.as_mut_ptr().cast::<Item<'static>>(), 0, items.capacity()) };
+    SPARE_ITEMS.give(v);
+}
 
 /// A request after local checks: its index, the request, its local lease
 /// (shared with the submission's other requests in that region: no

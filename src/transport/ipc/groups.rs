@@ -22,12 +22,19 @@ use std::collections::VecDeque;
 /// (several groups of independent requests). Every request of `live`
 /// names a region.
 pub fn group<'a>(live: Vec<Item<'a>>) -> (VecDeque<Group<'a>>, bool) {
+    let out = group_in(&live);
+    crate::transport::planned::give_back(live);
+    out
+}
+
+/// [`group`] of borrowed items (the groups copy them).
+fn group_in<'a>(live: &[Item<'a>]) -> (VecDeque<Group<'a>>, bool) {
     let key = |c: &Item<'_>| (c.slot, c.lease.region().device);
     let mut groups: VecDeque<Group<'a>> = VecDeque::new();
     // One (region, GPU) for all, the common case: one group either way.
     if live.first().is_some_and(|first| live.iter().all(|c| key(c) == key(first))) {
         let mut g = Group::of(&live[0], live.len());
-        g.extend(&live);
+        g.extend(live);
         groups.push_back(g);
         return (groups, false);
     }
@@ -79,7 +86,7 @@ pub fn group<'a>(live: Vec<Item<'a>>) -> (VecDeque<Group<'a>>, bool) {
         }
         return (groups, true);
     }
-    for c in &live {
+    for c in live {
         match groups.back_mut() {
             Some(g) if (g.slot, g.device) == key(c) => g.push(c),
             _ => {

@@ -23,7 +23,7 @@ use crate::control::Identity;
 use crate::error::{Error, Result};
 use crate::sync::deadline::{never_stop, Deadline};
 use parking_lot::{Condvar, Mutex, MutexGuard};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -69,6 +69,10 @@ pub struct IpcLink {
     local: LocalEnd,
     /// The link's one lock: its channel's state, offer places and board.
     state: Mutex<LinkState>,
+    /// The kind of `state.chan` ([`HEALTHY`], [`RECONNECTING`] or
+    /// [`DEAD`]), written with it under the lock: a submission asks whether
+    /// the link can be used without taking the lock.
+    health: AtomicU8,
     /// Signalled when the channel leaves `Connecting`.
     changed: Condvar,
     /// Signalled when an offer place is given back.
@@ -98,6 +102,13 @@ struct LinkState {
     /// channel's generation (Unix channels of sources that offer one).
     board: Option<(u64, Arc<Board>)>,
 }
+
+/// [`IpcLink::health`]: not connected, connecting or up.
+const HEALTHY: u8 = 0;
+/// [`IpcLink::health`]: re-establishing its channel in the background.
+const RECONNECTING: u8 = 1;
+/// [`IpcLink::health`]: dead for good (final).
+const DEAD: u8 = 2;
 
 enum ChanState {
     NotConnected,
@@ -136,6 +147,7 @@ impl IpcLink {
             transport,
             local,
             state: Mutex::new(LinkState { chan: ChanState::NotConnected, offers: 0, board: None }),
+            health: AtomicU8::new(HEALTHY),
             changed: Condvar::new(),
             offer_freed: Condvar::new(),
             next_tag: AtomicU64::new(1),
@@ -175,7 +187,7 @@ impl IpcLink {
 
     /// A new channel is up: its generation, and the board that came with it.
     fn up(&self, st: &mut LinkState, p: Pipeline, board: Option<Board>) {
-        st.chan = ChanState::Up(Arc::new(p));
+        self.set(st, ChanState::Up(Arc::new(p)));
         let g = self.generation.fetch_add(1, Ordering::AcqRel) + 1;
         st.board = board.map(|b| (g, Arc::new(b)));
         self.changed.notify_all();
@@ -209,9 +221,23 @@ impl IpcLink {
         self.generation.load(Ordering::Acquire)
     }
 
+    /// Sets the channel's state and its kind in [`IpcLink::health`].
+    fn set(&self, st: &mut LinkState, chan: ChanState) {
+        let health = match chan {
+            ChanState::Reconnecting { .. } => RECONNECTING,
+            ChanState::Dead { .. } => DEAD,
+            _ => HEALTHY,
+        };
+        st.chan = chan;
+        self.health.store(health, Ordering::Release);
+    }
+
     /// Why the link cannot be used now: dead for good, or re-establishing
-    /// its channel.
+    /// its channel. A healthy link answers without its lock.
     pub fn dead_reason(&self) -> Option<Error> {
+        if self.health.load(Ordering::Acquire) == HEALTHY {
+            return None;
+        }
         match &self.state.lock().chan {
             ChanState::Dead { err, .. } => Some(err.clone()),
             ChanState::Reconnecting { why } => Some(self.reconnecting(why)),
@@ -221,7 +247,7 @@ impl IpcLink {
 
     /// Whether the link is dead for good (not merely re-establishing).
     pub fn is_dead(&self) -> bool {
-        matches!(&self.state.lock().chan, ChanState::Dead { .. })
+        self.health.load(Ordering::Acquire) == DEAD
     }
 
     /// Whether this engine closed the link (`orbite_disconnect`) while the
@@ -392,7 +418,7 @@ impl IpcLink {
                     }
                 }
                 ChanState::NotConnected => {
-                    st.chan = ChanState::Connecting;
+                    self.set(&mut st, ChanState::Connecting);
                     let attempt = MutexGuard::unlocked(&mut st, || self.connect(deadline));
                     let still_ours = matches!(st.chan, ChanState::Connecting);
                     match attempt {
@@ -418,12 +444,12 @@ impl IpcLink {
         if self.refused().is_some() {
             // Nothing to re-establish: no channel of this link can reach
             // the source (nothing was exported through it either).
-            st.chan = ChanState::Dead { err: e, source_left: false };
+            self.set(st, ChanState::Dead { err: e, source_left: false });
             return;
         }
         if self.permanent(&e) {
             self.local.log.warn(format_args!("{}: {} link dead for good: {}", self.label, self.transport.name(), e));
-            st.chan = ChanState::Dead { err: e, source_left: true };
+            self.set(st, ChanState::Dead { err: e, source_left: true });
             return;
         }
         self.local.log.warn(format_args!(
@@ -432,12 +458,12 @@ impl IpcLink {
             self.transport.name(),
             e
         ));
-        st.chan = ChanState::Reconnecting { why: e };
+        self.set(st, ChanState::Reconnecting { why: e });
         let me = self.clone();
         let spawned = std::thread::Builder::new().name("orbite-ipc-reconnect".into()).spawn(move || me.reconnect());
         if let Err(e) = spawned {
             let err = Error::Unavailable(format!("{}: cannot start reconnecting: {e}", self.label));
-            st.chan = ChanState::Dead { err, source_left: false };
+            self.set(st, ChanState::Dead { err, source_left: false });
         }
     }
 
@@ -467,7 +493,7 @@ impl IpcLink {
                     return;
                 }
                 Err(e) if self.refused().is_some() => {
-                    st.chan = ChanState::Dead { err: e, source_left: false };
+                    self.set(&mut st, ChanState::Dead { err: e, source_left: false });
                     self.changed.notify_all();
                     return;
                 }
@@ -479,7 +505,7 @@ impl IpcLink {
                         e
                     ));
                     let err = if self.source_gone() { self.gone() } else { e };
-                    st.chan = ChanState::Dead { err, source_left: true };
+                    self.set(&mut st, ChanState::Dead { err, source_left: true });
                     self.changed.notify_all();
                     return;
                 }
@@ -491,7 +517,7 @@ impl IpcLink {
                     if e.status() == crate::error::Status::TimedOut {
                         pause = Duration::from_millis(20);
                     }
-                    st.chan = ChanState::Reconnecting { why: e }
+                    self.set(&mut st, ChanState::Reconnecting { why: e })
                 }
             }
             drop(st);
@@ -548,7 +574,7 @@ impl IpcLink {
             p.shutdown();
         }
         let err = Error::Unavailable(format!("{}: IPC link closed by this engine", self.label));
-        st.chan = ChanState::Dead { err, source_left: false };
+        self.set(&mut st, ChanState::Dead { err, source_left: false });
         self.changed.notify_all();
     }
 }

@@ -165,3 +165,30 @@ fn a_link_keeps_its_threads_within_the_offers_a_source_allows() {
     });
     assert_eq!(link.state.lock().offers, 0);
 }
+
+/// Whether a link can be used is read without its lock (what every
+/// submission asks) and follows its channel: healthy before the first
+/// channel, dead for good once its source is found gone, and once
+/// closed. Guards `IpcLink::set` keeping `health` beside the state.
+#[test]
+fn a_links_health_is_read_without_its_lock_and_follows_its_channel() {
+    let name = format!("orbite-link-test-{}-{}", std::process::id(), line!());
+    let (link, _) = link_to(&name);
+    let held = link.state.lock();
+    let l2 = link.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send((l2.dead_reason().is_none(), l2.is_dead())).unwrap());
+    let asked = rx.recv_timeout(Duration::from_secs(30)).expect("dead_reason waited for the link's lock");
+    assert_eq!(asked, (true, false));
+    drop(held);
+    // No source listens under the name: the source is gone, and the link
+    // is dead for good with the reason its first channel failed.
+    let e = link.call(MsgKind::Ack, b"x", deadline(), "test call").err().expect("a call with no source");
+    assert_eq!(e.status(), crate::error::Status::StalePeer, "{e}");
+    assert!(link.is_dead());
+    assert_eq!(link.dead_reason().expect("a dead link is not usable").to_string(), e.to_string());
+    link.close();
+    assert!(link.is_dead());
+    let why = link.dead_reason().expect("a closed link is not usable");
+    assert!(why.message().contains("IPC link closed by this engine"), "{why}");
+}
