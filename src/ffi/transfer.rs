@@ -404,7 +404,7 @@ mod tests {
     fn batch_results_into_a_misaligned_buffer_are_refused() {
         let e = crate::Engine::from_json("{}").unwrap();
         let mut local = vec![0u8; 64];
-        let remote = vec![9u8; 64];
+        let remote = [9u8; 64];
         e.register_memory(local.as_mut_ptr() as u64, 64, crate::Access::READ_WRITE).unwrap();
         e.register_memory(remote.as_ptr() as u64, 64, crate::Access::READ).unwrap();
         let peer = e.connect(&e.endpoint(), None).unwrap();
