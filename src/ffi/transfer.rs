@@ -67,6 +67,21 @@ const _: () = {
     assert!(Op::Read as u32 == ORBITE_OP_READ && Op::Write as u32 == ORBITE_OP_WRITE);
 };
 
+/// Refuses an array argument `p` (named `name`) not aligned as its
+/// element type: Rust reads it as a slice, which must be aligned (C
+/// callers that pack requests into a byte buffer get a status, not
+/// undefined behaviour).
+fn aligned<T>(p: *const T, name: &str) -> Result<()> {
+    if p.is_aligned() {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "{name} (0x{:x}) is not aligned to {} bytes, as its element type must be",
+        p as usize,
+        std::mem::align_of::<T>()
+    )))
+}
+
 /// The requests and options of a C submission, checked. The requests are
 /// the caller's array itself, read in place once every opcode is checked
 /// (one pass, no copy of 10^5 requests).
@@ -87,8 +102,9 @@ pub(crate) fn submission<'a>(
                 "count is {count}; one submission carries at most {MAX_REQUESTS} requests"
             )));
         }
-        // SAFETY: non-NULL and the caller promises `count` elements, left
-        // unchanged during the call.
+        aligned(requests, "requests")?;
+        // SAFETY: non-NULL, aligned (checked just now), and the caller
+        // promises `count` elements, left unchanged during the call.
         let raw = unsafe { std::slice::from_raw_parts(requests, count) };
         if let Some(i) = raw.iter().position(|r| !matches!(r.opcode, ORBITE_OP_READ | ORBITE_OP_WRITE)) {
             request_of(&raw[i], || format!("requests[{i}]"))?;
@@ -150,6 +166,7 @@ pub extern "C" fn orbite_batch_results(
         if out.is_null() {
             return Err(Error::NullArgument("out is NULL".into()));
         }
+        aligned(out.cast_const(), "out")?;
         let results = b.batch.results();
         if count != results.len() {
             return Err(Error::InvalidArgument(format!(
@@ -347,5 +364,64 @@ mod tests {
         assert!(e.message().contains("requests[517].opcode is 3"), "{}", e.message());
         bad[517].opcode = 0;
         assert!(submission(bad.as_ptr(), bad.len(), std::ptr::null()).is_err());
+    }
+
+    /// Guards `aligned(requests, "requests")` in `submission` (read by
+    /// orbite_submit and orbite_submit_notify): an array a C caller
+    /// packed at an odd address (requests laid into a byte buffer at
+    /// offset 4) is refused INVALID_ARGUMENT naming it, instead of
+    /// being read as a misaligned Rust slice (undefined behaviour; a debug
+    /// build aborts the process). NULL with count 0 is NULL_ARGUMENT, a
+    /// count past MAX_REQUESTS is refused before anything is read.
+    #[test]
+    fn a_c_submission_at_a_misaligned_address_is_refused() {
+        let one = orbite_request { opcode: ORBITE_OP_READ, local_addr: 0x1000, remote_addr: 0x2000, length: 8 };
+        let size = std::mem::size_of::<orbite_request>();
+        let mut buf = vec![0u64; 2 * size / 8 + 1];
+        // SAFETY: the byte buffer holds 4 + 2 requests' bytes; unaligned writes.
+        let odd = unsafe { (buf.as_mut_ptr() as *mut u8).add(4) } as *mut orbite_request;
+        // SAFETY: within `buf` (see above), written unaligned.
+        unsafe {
+            odd.write_unaligned(one);
+            odd.add(1).write_unaligned(one);
+        }
+        let e = submission(odd, 2, std::ptr::null()).unwrap_err();
+        assert_eq!(e.status(), Status::InvalidArgument);
+        assert!(e.message().starts_with("requests (0x"), "{}", e.message());
+        assert!(e.message().contains("not aligned to 8 bytes"), "{}", e.message());
+        assert!(submission(&one, 1, std::ptr::null()).is_ok());
+        let e = submission(std::ptr::null(), 0, std::ptr::null()).unwrap_err();
+        assert_eq!(e.status(), Status::NullArgument);
+        let e = submission(buf.as_ptr() as *const orbite_request, MAX_REQUESTS + 1, std::ptr::null()).unwrap_err();
+        assert!(e.message().contains("at most"), "{}", e.message());
+    }
+
+    /// Guards `aligned(out, "out")` in `orbite_batch_results`: results
+    /// asked into an odd address of a byte buffer are refused
+    /// INVALID_ARGUMENT naming `out`, and nothing is written; the aligned
+    /// buffer then gets the outcome.
+    #[test]
+    fn batch_results_into_a_misaligned_buffer_are_refused() {
+        let e = crate::Engine::from_json("{}").unwrap();
+        let mut local = vec![0u8; 64];
+        let remote = [9u8; 64];
+        e.register_memory(local.as_mut_ptr() as u64, 64, crate::Access::READ_WRITE).unwrap();
+        e.register_memory(remote.as_ptr() as u64, 64, crate::Access::READ).unwrap();
+        let peer = e.connect(&e.endpoint(), None).unwrap();
+        let r =
+            Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: remote.as_ptr() as u64, len: 64 };
+        let batch = e.submit(peer, &[r], SubmitOptions::default()).unwrap();
+        batch.wait(Duration::from_secs(60)).unwrap();
+        let handle = give_out(orbite_batch { batch });
+        let mut buf = [0xffu8; 16];
+        // SAFETY: 2 bytes into a 16-byte buffer (room for one result).
+        let odd = unsafe { buf.as_mut_ptr().add(2) } as *mut orbite_request_result;
+        assert_eq!(orbite_batch_results(handle, odd, 1), Status::InvalidArgument as u32);
+        assert!(buf.iter().all(|&b| b == 0xff), "written before the refusal");
+        let mut out = [orbite_request_result { status: 99, remote_effect: 99 }];
+        assert_eq!(orbite_batch_results(handle, out.as_mut_ptr(), 1), Status::Ok as u32);
+        assert_eq!((out[0].status, out[0].remote_effect), (Status::Ok as u32, 0));
+        orbite_batch_free(handle);
+        e.close(Some(Duration::from_secs(30))).unwrap();
     }
 }

@@ -425,6 +425,25 @@ pub fn connect_fake_source_as(
     req.connect(&ep, None).unwrap()
 }
 
+/// Closes `s` with a reset: SO_LINGER {on, 0} makes close() send RST
+/// (a peer that dies, or resets on purpose).
+pub fn reset(s: std::net::TcpStream) {
+    use std::os::fd::AsRawFd;
+    let l = libc::linger { l_onoff: 1, l_linger: 0 };
+    // SAFETY: setsockopt on a socket this function owns, with a valid linger.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "SO_LINGER: {}", std::io::Error::last_os_error());
+    drop(s);
+}
+
 /// Reads one request frame (header and fixed part; a WRITE's payload is
 /// left in the socket) and returns its tag.
 pub fn read_request(s: &mut std::net::TcpStream) -> u64 {
