@@ -422,7 +422,8 @@ orbite_status orbite_diagnose_json(const char *options_json, char *buf, size_t c
 // outcomes are per request. opts may be NULL (defaults). Returns once the
 // requests are admitted; data moves asynchronously. `requests` is read
 // during the call only, in place: it must not change until the call
-// returns (the engine keeps no pointer to it).
+// returns (the engine keeps no pointer to it). An array not aligned as
+// `orbite_request` is refused INVALID_ARGUMENT.
 orbite_status orbite_submit(struct orbite_engine *engine, uint64_t peer, const struct orbite_request *requests, size_t count, const struct orbite_submit_options *opts, struct orbite_batch **out_batch);
 
 // OK, PENDING or TRANSFER_FAILED, without waiting. While the batch is
@@ -434,7 +435,8 @@ orbite_status orbite_batch_poll(struct orbite_batch *batch);
 // Waits up to timeout_ms: OK, TRANSFER_FAILED, or TIMED_OUT (still pending).
 orbite_status orbite_batch_wait(struct orbite_batch *batch, uint32_t timeout_ms);
 
-// Copies the per-request outcomes; count must equal the request count.
+// Copies the per-request outcomes; count must equal the request count and
+// `out` be aligned as `orbite_request_result` (INVALID_ARGUMENT otherwise).
 orbite_status orbite_batch_results(const struct orbite_batch *batch, struct orbite_request_result *out, size_t count);
 
 // Writes the outcome of request `index`; OUT_OF_RANGE past the request

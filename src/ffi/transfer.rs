@@ -18,7 +18,8 @@ pub(crate) fn transport_from(v: u32) -> Option<Transport> {
 /// outcomes are per request. opts may be NULL (defaults). Returns once the
 /// requests are admitted; data moves asynchronously. `requests` is read
 /// during the call only, in place: it must not change until the call
-/// returns (the engine keeps no pointer to it).
+/// returns (the engine keeps no pointer to it). An array not aligned as
+/// `orbite_request` is refused INVALID_ARGUMENT.
 #[no_mangle]
 pub extern "C" fn orbite_submit(
     engine: *mut orbite_engine,
@@ -154,7 +155,8 @@ pub extern "C" fn orbite_batch_wait(batch: *mut orbite_batch, timeout_ms: u32) -
     })
 }
 
-/// Copies the per-request outcomes; count must equal the request count.
+/// Copies the per-request outcomes; count must equal the request count and
+/// `out` be aligned as `orbite_request_result` (INVALID_ARGUMENT otherwise).
 #[no_mangle]
 pub extern "C" fn orbite_batch_results(
     batch: *const orbite_batch,
