@@ -70,15 +70,37 @@ fn fail(e: Error) -> orbite_status {
     e.status() as u32
 }
 
+/// Refuses a pointer argument `p` (named `name`) not aligned as its
+/// type: Rust reads it as a reference or a slice, which must be aligned
+/// (C callers that pack structs into a byte buffer get a status, not
+/// undefined behaviour).
+pub(crate) fn aligned<T>(p: *const T, name: &str) -> Result<()> {
+    if p.is_aligned() {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "{name} (0x{:x}) is not aligned to {} bytes, as its element type must be",
+        p as usize,
+        std::mem::align_of::<T>()
+    )))
+}
+
 /// A required pointer argument.
 pub(crate) fn need<'a, T>(p: *const T, name: &str) -> Result<&'a T> {
-    // SAFETY: the caller passes a pointer from C; NULL is checked here and a
-    // non-NULL pointer must point to a valid T per the C contract.
+    if !p.is_null() {
+        aligned(p, name)?;
+    }
+    // SAFETY: the caller passes a pointer from C; NULL and alignment are
+    // checked here and a non-NULL pointer must point to a valid T per the
+    // C contract.
     unsafe { p.as_ref() }.ok_or_else(|| Error::NullArgument(format!("{name} is NULL")))
 }
 
 /// A required mutable pointer argument.
 pub(crate) fn need_mut<'a, T>(p: *mut T, name: &str) -> Result<&'a mut T> {
+    if !p.is_null() {
+        aligned(p.cast_const(), name)?;
+    }
     // SAFETY: as in `need`; the C contract gives exclusive use of *p for the call.
     unsafe { p.as_mut() }.ok_or_else(|| Error::NullArgument(format!("{name} is NULL")))
 }
@@ -118,4 +140,33 @@ pub(crate) fn write_text(text: &str, buf: *mut c_char, cap: usize, out_len: *mut
     }
     *out_len = n;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Guards the alignment checks of `need` and `need_mut`: a C caller's
+    /// out-parameter or options struct at an address not aligned as its
+    /// type is INVALID_ARGUMENT naming it (never read or written through a
+    /// misaligned reference); NULL stays NULL_ARGUMENT and an aligned one
+    /// is used.
+    #[test]
+    fn misaligned_pointer_arguments_are_refused_naming_them() {
+        let mut buf = [0u64; 2];
+        // SAFETY: 4 bytes into a 16-byte buffer: in bounds, never dereferenced.
+        let odd = unsafe { buf.as_mut_ptr().cast::<u8>().add(4) }.cast::<u64>();
+        let e = need(odd.cast_const(), "out_count").unwrap_err();
+        assert_eq!(e.status(), Status::InvalidArgument);
+        assert!(e.message().starts_with("out_count (0x"), "{}", e.message());
+        assert!(e.message().contains("not aligned to 8 bytes"), "{}", e.message());
+        let e = need_mut(odd, "out_batch").unwrap_err();
+        assert_eq!(e.status(), Status::InvalidArgument);
+        assert!(e.message().starts_with("out_batch (0x"), "{}", e.message());
+        assert_eq!(buf, [0, 0], "nothing written through the misaligned pointer");
+        let e = need_mut(std::ptr::null_mut::<u64>(), "out_batch").unwrap_err();
+        assert_eq!(e.status(), Status::NullArgument);
+        *need_mut(buf.as_mut_ptr(), "out").unwrap() = 7;
+        assert_eq!(*need(buf.as_ptr(), "in").unwrap(), 7);
+    }
 }

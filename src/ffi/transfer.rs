@@ -68,21 +68,6 @@ const _: () = {
     assert!(Op::Read as u32 == ORBITE_OP_READ && Op::Write as u32 == ORBITE_OP_WRITE);
 };
 
-/// Refuses an array argument `p` (named `name`) not aligned as its
-/// element type: Rust reads it as a slice, which must be aligned (C
-/// callers that pack requests into a byte buffer get a status, not
-/// undefined behaviour).
-fn aligned<T>(p: *const T, name: &str) -> Result<()> {
-    if p.is_aligned() {
-        return Ok(());
-    }
-    Err(Error::InvalidArgument(format!(
-        "{name} (0x{:x}) is not aligned to {} bytes, as its element type must be",
-        p as usize,
-        std::mem::align_of::<T>()
-    )))
-}
-
 /// The requests and options of a C submission, checked. The requests are
 /// the caller's array itself, read in place once every opcode is checked
 /// (one pass, no copy of 10^5 requests).
