@@ -398,7 +398,7 @@ struct SrcIn<'a> {
 impl Incoming for SrcIn<'_> {
     fn next(&mut self) -> Next<'_> {
         match self.core.recv(self.at) {
-            Recv::Ended => Next::Stop(Received::Drained),
+            Recv::Ended => Next::Stop(Received::Closed),
             Recv::Paused => Next::Stop(Received::More),
             Recv::Direct { addr, len } if len >= self.direct_min => {
                 let off = (addr - BASE) as usize;
@@ -442,6 +442,8 @@ struct Sim {
     /// stopped with bytes maybe left: it runs again without an edge.
     req_more: bool,
     src_more: bool,
+    /// The source's core reads no more on this connection.
+    src_read_over: bool,
     local: Vec<u8>,
     reqs: BTreeMap<u64, Info>,
     /// Local buffers of 128 KiB not used by a live request.
@@ -492,6 +494,7 @@ impl Sim {
             sealed,
             req_more: false,
             src_more: false,
+            src_read_over: false,
             local: vec![0u8; (512 * SLOT) as usize],
             reqs: BTreeMap::new(),
             free_slots: (0..512).rev().collect(),
@@ -636,6 +639,7 @@ impl Sim {
         let mut inc = SrcIn { core: src, host, at, direct_min };
         let r = pump::receive(&mut pipe, src_wire, &mut inc, &mut scratch, &mut budget, None);
         self.src_more = r.as_ref().is_ok_and(|r| *r == Received::More);
+        self.src_read_over |= r.as_ref().is_ok_and(|r| *r == Received::Closed);
         r.map(drop)
     }
 
@@ -682,6 +686,21 @@ impl Sim {
         let r = pump::receive(&mut pipe, req_wire, &mut inc, &mut scratch, &mut budget, None);
         self.req_more = r.as_ref().is_ok_and(|r| *r == Received::More);
         r.map(|r| r != Received::Closed)
+    }
+
+    /// Bytes in a pipe whose reader still reads always have a way to be
+    /// read: a readable edge waits, or the reader's last turn stopped early
+    /// and it runs again. A pump that stops reading before the pipe is
+    /// drained, and says it drained it, strands them: no edge comes for
+    /// bytes behind bytes not read, and the scenario would hang.
+    fn no_bytes_stranded(&self) {
+        if self.cut {
+            return;
+        }
+        let src = !self.src_closed && !self.src_read_over && !self.r2s.bytes.is_empty();
+        assert!(!src || self.r2s.edge || self.src_more, "{} bytes stranded before the source", self.r2s.bytes.len());
+        let req = !self.s2r.bytes.is_empty();
+        assert!(!req || self.s2r.edge || self.req_more, "{} bytes stranded before the requester", self.s2r.bytes.len());
     }
 
     /// A read failed: nothing in this simulation garbles or forges bytes,
@@ -731,6 +750,7 @@ impl Sim {
         self.req = req;
         self.src = SourceCore::new(Limits { stall: self.plan.stall, min_rate: 0 });
         (self.req_wire, self.src_wire) = wires(self.sealed);
+        self.src_read_over = false;
         self.r2s = Chan::default();
         self.s2r = Chan::default();
         (self.req_more, self.src_more) = (false, false);
@@ -973,6 +993,7 @@ fn run(seed: u64, plan: Plan) -> BTreeMap<String, u64> {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         for _ in 0..plan.steps {
             sim.step();
+            sim.no_bytes_stranded();
             // The answers waiting stay within their bound (one frame's
             // answer beyond it at most: it is checked before each frame).
             let (bytes, items) = sim.src.queued();

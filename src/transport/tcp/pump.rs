@@ -134,7 +134,7 @@ pub enum Received {
     /// past `until`, or the core paused): no readable edge may come for
     /// them, run it again.
     More,
-    /// The peer ended the connection in order.
+    /// The peer ended the connection in order, or the core reads no more.
     Closed,
 }
 

@@ -400,7 +400,7 @@ struct In<'a> {
 impl pump::Incoming for In<'_> {
     fn next(&mut self) -> Next<'_> {
         match self.core.recv(self.now) {
-            Recv::Ended => Next::Stop(Received::Drained),
+            Recv::Ended => Next::Stop(Received::Closed),
             Recv::Paused => Next::Stop(Received::More),
             // SAFETY: the core names the rest of a WRITE's payload, inside
             // the range its held lease keeps registered (remote WRITE
