@@ -3,7 +3,12 @@
 //! a simulated clock, and a seeded scheduler that delivers bytes in
 //! arbitrary splits, delays them, freezes either side, races submissions,
 //! cancellations, deadlines, notifications, Describe requests and Revokes,
-//! and cuts the connection. After every step it checks the invariants:
+//! and cuts the connection. The bytes move through the drivers' own I/O
+//! pump (`transport::tcp::pump`, over a wire sealed in half the runs), its
+//! budget often a single send or read; the pipes split what they take at
+//! random and raise a readable edge only when bytes reach an empty pipe, so
+//! a pump that stops reading before the pipe is drained leaves bytes no
+//! edge will bring back. After every step it checks the invariants:
 //!
 //! - every accepted request ends exactly once, and every one ends once the
 //!   run is drained (nothing hangs);
@@ -21,7 +26,11 @@
 //! - the source's answers waiting stay within their bound;
 //! - every notification is answered exactly once, OK only when the
 //!   source's engine queued it, and none is queued twice or answered as
-//!   never sent once it reached the source.
+//!   never sent once it reached the source;
+//! - the wire never breaks (no record that fails to open, no malformed
+//!   frame: nothing here garbles bytes);
+//! - once faults stop and both ends run, no frame stalls and everything
+//!   ends by itself (progress).
 //!
 //! The notifications here go to the core as the outbox releases them; the
 //! outbox's own rule (a notification leaves only once the batches before
@@ -53,10 +62,14 @@ use orbite::control::frame::MsgKind;
 use orbite::control::identity::Identity;
 use orbite::control::message::{DataRequest, Describe};
 use orbite::control::notify_frame::Notify;
+use orbite::control::seal::{SessionKeys, WireSecurity};
 use orbite::error::{Error, Result, Status};
 use orbite::transfer::{Op, RemoteEffect};
+use orbite::transport::reactor::Got;
 use orbite::transport::tcp::proto::requester::{self, Event, RequesterCore, Startable};
 use orbite::transport::tcp::proto::source::{self, AfterSend, Limits, Recv, Segment, SourceCore, SourceHost};
+use orbite::transport::tcp::pump::{self, Incoming, Next, Outgoing, Pipe, Received, Sent};
+use orbite::transport::tcp::wire::Wire;
 use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
@@ -181,6 +194,233 @@ struct Plan {
     mutations: requester::Mutations,
 }
 
+/// One direction of the simulated connection.
+#[derive(Default)]
+struct Chan {
+    bytes: VecDeque<u8>,
+    /// A readable edge waits for the reader: bytes arrived in the empty
+    /// pipe, or its end (edge-triggered, as the reactor's sockets: bytes
+    /// arriving behind bytes not read bring none).
+    edge: bool,
+    /// The writer ended the stream.
+    closed: bool,
+}
+
+impl Chan {
+    fn close(&mut self) {
+        self.closed = true;
+        self.edge = true;
+    }
+}
+
+/// One end of the simulated connection, as the drivers' pump sees it:
+/// reads and sends take a random share of what they could.
+struct End<'a> {
+    rx: &'a mut Chan,
+    tx: &'a mut Chan,
+    cap: usize,
+    rng: &'a mut Rng,
+}
+
+impl Pipe for End<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> Result<Got> {
+        if self.rx.bytes.is_empty() {
+            return Ok(if self.rx.closed { Got::Eof } else { Got::Drained });
+        }
+        let k = 1 + self.rng.below(self.rx.bytes.len().min(buf.len()) as u64) as usize;
+        for (d, b) in buf.iter_mut().zip(self.rx.bytes.drain(..k)) {
+            *d = b;
+        }
+        Ok(Got::Bytes(k))
+    }
+
+    fn send(&mut self, parts: &[&[u8]], skip: u64, max: usize) -> std::io::Result<usize> {
+        let room = self.cap.saturating_sub(self.tx.bytes.len());
+        let avail = (parts.iter().map(|p| p.len() as u64).sum::<u64>() - skip) as usize;
+        if room == 0 {
+            return Err(std::io::ErrorKind::WouldBlock.into());
+        }
+        let n = 1 + self.rng.below(avail.min(room).min(max) as u64) as usize;
+        if self.tx.bytes.is_empty() {
+            self.tx.edge = true;
+        }
+        let (mut skip, mut left) = (skip as usize, n);
+        for p in parts {
+            if skip >= p.len() {
+                skip -= p.len();
+                continue;
+            }
+            let take = (p.len() - skip).min(left);
+            self.tx.bytes.extend(&p[skip..skip + take]);
+            (skip, left) = (0, left - take);
+            if left == 0 {
+                break;
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// The requester's and the source's wires of a fresh connection.
+fn wires(sealed: bool) -> (Wire, Wire) {
+    if !sealed {
+        return (Wire::Plain, Wire::Plain);
+    }
+    let key = b"the simulation's shared key here";
+    let (c, s) = ([4u8; 32], [5u8; 32]);
+    let halves = |connector| SessionKeys::derive(key, &c, &s, connector, WireSecurity::default()).split();
+    (Wire::sealed(halves(true)), Wire::sealed(halves(false)))
+}
+
+/// The requester core's sending side for the pump; it counts the WRITE
+/// payload bytes that left.
+struct ReqOut<'a> {
+    core: &'a mut RequesterCore<Rec, Rc<()>, u64>,
+    local: &'a [u8],
+    reqs: &'a mut BTreeMap<u64, Info>,
+    at: Instant,
+    /// The WRITE payloads among the parts last offered: where each starts
+    /// in them, its length and its local address.
+    owners: Vec<(u64, u64, u64)>,
+    skip: u64,
+}
+
+impl Outgoing for ReqOut<'_> {
+    fn parts(&mut self) -> (Vec<&[u8]>, u64) {
+        let (segs, skip) = self.core.transmit(self.at);
+        let (mut parts, mut at) = (Vec::new(), 0u64);
+        self.owners.clear();
+        self.skip = skip;
+        for s in segs {
+            let b = match s {
+                Segment::Bytes(b) => b,
+                Segment::Memory { addr, len } => {
+                    self.owners.push((at, len, addr));
+                    &self.local[addr as usize..(addr + len) as usize]
+                }
+            };
+            at += b.len() as u64;
+            parts.push(b);
+        }
+        (parts, skip)
+    }
+
+    fn sent(&mut self, n: usize) {
+        let (from, to) = (self.skip, self.skip + n as u64);
+        for &(start, len, addr) in &self.owners {
+            let (lo, hi) = (start.max(from), (start + len).min(to));
+            if hi > lo {
+                let live = |r: &&mut Info| r.op == Op::Write && r.local == addr && Rc::strong_count(&r.hold) > 1;
+                if let Some(r) = self.reqs.values_mut().find(live) {
+                    r.sent += hi - lo;
+                }
+            }
+        }
+        self.core.sent(n as u64);
+    }
+}
+
+/// The requester core's receiving side for the pump.
+struct ReqIn<'a> {
+    core: &'a mut RequesterCore<Rec, Rc<()>, u64>,
+    local: &'a mut [u8],
+    direct_min: u64,
+}
+
+impl Incoming for ReqIn<'_> {
+    fn next(&mut self) -> Next<'_> {
+        match self.core.recv() {
+            requester::Recv::Direct { addr, len } if len >= self.direct_min => {
+                Next::Direct(&mut self.local[addr as usize..(addr + len) as usize])
+            }
+            _ => Next::Buffer,
+        }
+    }
+    fn landed(&mut self, n: usize) {
+        self.core.landed(n as u64);
+    }
+    fn received(&mut self, bytes: &[u8]) -> Result<bool> {
+        let local = &mut *self.local;
+        let mut land = |addr: u64, b: &[u8]| local[addr as usize..addr as usize + b.len()].copy_from_slice(b);
+        self.core.received(bytes, &mut land)
+    }
+    fn eof(&mut self) -> Result<()> {
+        self.core.eof()
+    }
+    fn payload_left(&self) -> Option<u64> {
+        self.core.payload_left()
+    }
+}
+
+/// The source core's sending side for the pump.
+struct SrcOut<'a> {
+    core: &'a mut SourceCore<Host>,
+    host: &'a mut Host,
+    at: Instant,
+}
+
+impl Outgoing for SrcOut<'_> {
+    fn parts(&mut self) -> (Vec<&[u8]>, u64) {
+        let (segs, skip) = self.core.transmit(self.at);
+        let mem = &self.host.mem;
+        let parts = segs
+            .into_iter()
+            .map(|s| match s {
+                Segment::Bytes(b) => b,
+                Segment::Memory { addr, len } => &mem[(addr - BASE) as usize..(addr - BASE + len) as usize],
+            })
+            .collect();
+        (parts, skip as u64)
+    }
+    fn sent(&mut self, n: usize) {
+        self.core.sent(n, self.at);
+    }
+    fn nothing(&mut self) -> Option<Sent> {
+        match self.core.after_send(self.host) {
+            AfterSend::Close => Some(Sent::Closed),
+            AfterSend::Idle => Some(Sent::Complete),
+            AfterSend::More => None,
+        }
+    }
+    fn closes(&mut self) -> bool {
+        self.core.after_send(self.host) == AfterSend::Close
+    }
+}
+
+/// The source core's receiving side for the pump.
+struct SrcIn<'a> {
+    core: &'a mut SourceCore<Host>,
+    host: &'a mut Host,
+    at: Instant,
+    direct_min: u64,
+}
+
+impl Incoming for SrcIn<'_> {
+    fn next(&mut self) -> Next<'_> {
+        match self.core.recv(self.at) {
+            Recv::Ended => Next::Stop(Received::Closed),
+            Recv::Paused => Next::Stop(Received::More),
+            Recv::Direct { addr, len } if len >= self.direct_min => {
+                let off = (addr - BASE) as usize;
+                Next::Direct(&mut self.host.mem[off..off + len as usize])
+            }
+            Recv::Direct { .. } | Recv::Buffer => Next::Buffer,
+        }
+    }
+    fn landed(&mut self, n: usize) {
+        self.core.landed(n as u64, self.at, self.host);
+    }
+    fn received(&mut self, bytes: &[u8]) -> Result<bool> {
+        self.core.received(bytes, self.at, self.host).map(|_| true)
+    }
+    fn eof(&mut self) -> Result<()> {
+        self.core.eof()
+    }
+    fn payload_left(&self) -> Option<u64> {
+        self.core.payload_left()
+    }
+}
+
 struct Sim {
     rng: Rng,
     plan: Plan,
@@ -190,9 +430,20 @@ struct Sim {
     src: SourceCore<Host>,
     host: Host,
     /// Requester to source, and back; `cap` bytes each.
-    r2s: VecDeque<u8>,
-    s2r: VecDeque<u8>,
+    r2s: Chan,
+    s2r: Chan,
     cap: usize,
+    /// How each side's bytes travel: sealed in some runs.
+    req_wire: Wire,
+    src_wire: Wire,
+    /// The runs' wires are sealed.
+    sealed: bool,
+    /// The last receive turn of the requester's, or the source's, driver
+    /// stopped with bytes maybe left: it runs again without an edge.
+    req_more: bool,
+    src_more: bool,
+    /// The source's core reads no more on this connection.
+    src_read_over: bool,
     local: Vec<u8>,
     reqs: BTreeMap<u64, Info>,
     /// Local buffers of 128 KiB not used by a live request.
@@ -225,6 +476,8 @@ impl Sim {
         let mut req = RequesterCore::new("peer 1".into(), describe.clone());
         req.mutations = plan.mutations;
         let stall = plan.stall;
+        let sealed = rng.chance(50);
+        let (req_wire, src_wire) = wires(sealed);
         Sim {
             rng,
             plan,
@@ -233,9 +486,15 @@ impl Sim {
             req,
             src: SourceCore::new(Limits { stall, min_rate: 0 }),
             host: Host { mem, hold: Rc::new(()), describe, admitted: Vec::new() },
-            r2s: VecDeque::new(),
-            s2r: VecDeque::new(),
+            r2s: Chan::default(),
+            s2r: Chan::default(),
             cap,
+            req_wire,
+            src_wire,
+            sealed,
+            req_more: false,
+            src_more: false,
+            src_read_over: false,
             local: vec![0u8; (512 * SLOT) as usize],
             reqs: BTreeMap::new(),
             free_slots: (0..512).rev().collect(),
@@ -332,108 +591,76 @@ impl Sim {
         self.req.notify(body, self.at() + slack, id);
     }
 
-    /// The requester's driver sends what the socket takes.
-    fn req_send(&mut self) {
-        let room = self.cap.saturating_sub(self.r2s.len());
-        if room == 0 || self.cut {
-            return;
+    /// A budget for one pump call: often a single send or read (the
+    /// stepping that finds a pump stopping early), else a share or no bound.
+    fn budget(&mut self) -> u64 {
+        match self.rng.below(4) {
+            0 | 1 => 1,
+            2 => 1 + self.rng.below(self.cap as u64),
+            _ => u64::MAX,
         }
-        let at = self.at();
-        let (segs, skip) = self.req.transmit(at);
-        let mut bytes: Vec<u8> = Vec::new();
-        let mut owners: Vec<(usize, usize, u64)> = Vec::new();
-        for s in &segs {
-            match s {
-                Segment::Bytes(b) => bytes.extend_from_slice(b),
-                Segment::Memory { addr, len } => {
-                    owners.push((bytes.len(), *len as usize, *addr));
-                    bytes.extend_from_slice(&self.local[*addr as usize..(*addr + *len) as usize]);
-                }
-            }
-        }
-        drop(segs);
-        let avail = bytes.len() - skip as usize;
-        if avail == 0 {
-            return;
-        }
-        let n = 1 + self.rng.below(avail.min(room) as u64) as usize;
-        let (from, to) = (skip as usize, skip as usize + n);
-        self.r2s.extend(&bytes[from..to]);
-        // Which WRITE payloads these bytes were.
-        for (start, len, addr) in owners {
-            let lo = start.max(from);
-            let hi = (start + len).min(to);
-            if hi > lo {
-                let live = |r: &&mut Info| r.op == Op::Write && r.local == addr && Rc::strong_count(&r.hold) > 1;
-                if let Some(r) = self.reqs.values_mut().find(live) {
-                    r.sent += (hi - lo) as u64;
-                }
-            }
-        }
-        self.req.sent(n as u64);
     }
 
-    /// The source's driver reads what the socket holds.
+    /// A buffer size and the least payload read straight into memory, for
+    /// one receive turn.
+    fn buffers(&mut self) -> (Vec<u8>, u64) {
+        let scratch = vec![0u8; 1 + self.rng.below(8192) as usize];
+        (scratch, [1, 4096, u64::MAX][self.rng.below(3) as usize])
+    }
+
+    /// The requester's driver sends what the socket takes (the pump's
+    /// write loop).
+    fn req_send(&mut self) {
+        if self.cut {
+            return;
+        }
+        let (at, budget) = (self.at(), self.budget());
+        let Sim { req, r2s, s2r, cap, rng, local, reqs, req_wire, .. } = self;
+        let mut pipe = End { rx: s2r, tx: r2s, cap: *cap, rng };
+        let mut out = ReqOut { core: req, local, reqs, at, owners: Vec::new(), skip: 0 };
+        if let Err(e) = pump::write_out(&mut pipe, req_wire, &mut out, budget) {
+            self.cut_with(Error::Unavailable(format!("the requester's send failed: {e}")));
+        }
+    }
+
+    /// The source's driver reads what the socket holds (the pump's read
+    /// loop), on a readable edge or when its last turn stopped early.
     fn src_recv(&mut self) -> std::result::Result<(), Error> {
-        if self.src_frozen() || self.r2s.is_empty() || self.src_closed {
+        if self.cut || self.src_frozen() || self.src_closed || !(self.r2s.edge || self.src_more) {
             return Ok(());
         }
+        self.r2s.edge = false;
         // Each of the driver's steps is a turn of its I/O thread.
         self.src.begin_turn(&mut self.host);
-        let at = self.at();
-        let k = 1 + self.rng.below(self.r2s.len() as u64) as usize;
-        match self.src.recv(at) {
-            Recv::Ended | Recv::Paused => Ok(()),
-            Recv::Direct { addr, len } => {
-                let k = k.min(len as usize);
-                let bytes: Vec<u8> = self.r2s.drain(..k).collect();
-                let off = (addr - BASE) as usize;
-                self.host.mem[off..off + k].copy_from_slice(&bytes);
-                self.src.landed(k as u64, at, &mut self.host);
-                Ok(())
-            }
-            Recv::Buffer => {
-                let bytes: Vec<u8> = self.r2s.drain(..k).collect();
-                self.src.received(&bytes, at, &mut self.host)
-            }
-        }
+        let (at, mut budget) = (self.at(), self.budget());
+        let (mut scratch, direct_min) = self.buffers();
+        let Sim { src, host, r2s, s2r, cap, rng, src_wire, .. } = self;
+        let mut pipe = End { rx: r2s, tx: s2r, cap: *cap, rng };
+        let mut inc = SrcIn { core: src, host, at, direct_min };
+        let r = pump::receive(&mut pipe, src_wire, &mut inc, &mut scratch, &mut budget, None);
+        self.src_more = r.as_ref().is_ok_and(|r| *r == Received::More);
+        self.src_read_over |= r.as_ref().is_ok_and(|r| *r == Received::Closed);
+        r.map(drop)
     }
 
-    /// The source's driver sends what the socket takes.
+    /// The source's driver sends what the socket takes (the pump's write
+    /// loop), then resumes reading once its answers have room.
     fn src_send(&mut self) {
-        if self.src_frozen() || self.src_closed {
+        if self.cut || self.src_frozen() || self.src_closed {
             return;
         }
         self.src.begin_turn(&mut self.host);
-        let at = self.at();
-        loop {
-            let room = self.cap.saturating_sub(self.s2r.len());
-            let (segs, skip) = self.src.transmit(at);
-            let mut bytes: Vec<u8> = Vec::new();
-            for s in &segs {
-                match s {
-                    Segment::Bytes(b) => bytes.extend_from_slice(b),
-                    Segment::Memory { addr, len } => {
-                        let off = (*addr - BASE) as usize;
-                        bytes.extend_from_slice(&self.host.mem[off..off + *len as usize]);
-                    }
-                }
+        let (at, budget) = (self.at(), self.budget());
+        let Sim { src, host, r2s, s2r, cap, rng, src_wire, .. } = self;
+        let mut pipe = End { rx: r2s, tx: s2r, cap: *cap, rng };
+        match pump::write_out(&mut pipe, src_wire, &mut SrcOut { core: src, host, at }, budget) {
+            Ok(Sent::Closed) => {
+                self.src_closed = true;
+                self.s2r.close();
+                return;
             }
-            drop(segs);
-            let avail = bytes.len() - skip;
-            if avail > 0 && room > 0 {
-                let n = 1 + self.rng.below(avail.min(room) as u64) as usize;
-                self.s2r.extend(&bytes[skip..skip + n]);
-                self.src.sent(n, at);
-            }
-            match self.src.after_send(&mut self.host) {
-                AfterSend::Close => {
-                    self.src_closed = true;
-                    return;
-                }
-                AfterSend::More if room > avail => continue,
-                _ => break,
-            }
+            Ok(_) => {}
+            Err(e) => return self.cut_with(Error::Unavailable(format!("the source's send failed: {e}"))),
         }
         self.src.take_published();
         if self.plan.resume_after_pause && self.src.stashed() && !self.src.answers_full() {
@@ -443,27 +670,47 @@ impl Sim {
         }
     }
 
-    /// The requester's driver reads what the socket holds.
+    /// The requester's driver reads what the socket holds (the pump's
+    /// read loop), on a readable edge or when its last turn stopped early:
+    /// false once the source ended the connection in order.
     fn req_recv(&mut self) -> std::result::Result<bool, Error> {
-        if self.s2r.is_empty() {
+        if self.cut || !(self.s2r.edge || self.req_more) {
             return Ok(true);
         }
-        let k = 1 + self.rng.below(self.s2r.len() as u64) as usize;
-        match self.req.recv() {
-            requester::Recv::Direct { addr, len } => {
-                let k = k.min(len as usize);
-                let bytes: Vec<u8> = self.s2r.drain(..k).collect();
-                self.local[addr as usize..addr as usize + k].copy_from_slice(&bytes);
-                self.req.landed(k as u64);
-                Ok(true)
-            }
-            requester::Recv::Buffer => {
-                let bytes: Vec<u8> = self.s2r.drain(..k).collect();
-                let local = &mut self.local;
-                let mut land = |addr: u64, b: &[u8]| local[addr as usize..addr as usize + b.len()].copy_from_slice(b);
-                self.req.received(&bytes, &mut land)
-            }
+        self.s2r.edge = false;
+        let mut budget = self.budget();
+        let (mut scratch, direct_min) = self.buffers();
+        let Sim { req, r2s, s2r, cap, rng, local, req_wire, .. } = self;
+        let mut pipe = End { rx: s2r, tx: r2s, cap: *cap, rng };
+        let mut inc = ReqIn { core: req, local, direct_min };
+        let r = pump::receive(&mut pipe, req_wire, &mut inc, &mut scratch, &mut budget, None);
+        self.req_more = r.as_ref().is_ok_and(|r| *r == Received::More);
+        r.map(|r| r != Received::Closed)
+    }
+
+    /// Bytes in a pipe whose reader still reads always have a way to be
+    /// read: a readable edge waits, or the reader's last turn stopped early
+    /// and it runs again. A pump that stops reading before the pipe is
+    /// drained, and says it drained it, strands them: no edge comes for
+    /// bytes behind bytes not read, and the scenario would hang.
+    fn no_bytes_stranded(&self) {
+        if self.cut {
+            return;
         }
+        let src = !self.src_closed && !self.src_read_over && !self.r2s.bytes.is_empty();
+        assert!(!src || self.r2s.edge || self.src_more, "{} bytes stranded before the source", self.r2s.bytes.len());
+        let req = !self.s2r.bytes.is_empty();
+        assert!(!req || self.s2r.edge || self.req_more, "{} bytes stranded before the requester", self.s2r.bytes.len());
+    }
+
+    /// A read failed: nothing in this simulation garbles or forges bytes,
+    /// so a record that does not open or a malformed frame is the pump's
+    /// (or a core's) bug; anything else ends the connection.
+    fn read_failed(&mut self, e: Error) {
+        if let Error::Protocol(_) | Error::PermissionDenied(_) = e {
+            panic!("the wire broke: {e}");
+        }
+        self.cut_with(e);
     }
 
     fn cut_with(&mut self, e: Error) {
@@ -481,8 +728,9 @@ impl Sim {
         let at = self.at();
         self.req.kill(e.clone(), at);
         self.src.fail(&e, &mut self.host);
-        self.r2s.clear();
-        self.s2r.clear();
+        self.r2s = Chan::default();
+        self.s2r = Chan::default();
+        (self.req_more, self.src_more) = (false, false);
         // A connection's end (a cut, a Goodbye, the engine's close) ends
         // every request on it at once: none waits for a deadline.
         if self.plan.deliver_at_end {
@@ -501,8 +749,11 @@ impl Sim {
         req.mutations = self.plan.mutations;
         self.req = req;
         self.src = SourceCore::new(Limits { stall: self.plan.stall, min_rate: 0 });
-        self.r2s.clear();
-        self.s2r.clear();
+        (self.req_wire, self.src_wire) = wires(self.sealed);
+        self.src_read_over = false;
+        self.r2s = Chan::default();
+        self.s2r = Chan::default();
+        (self.req_more, self.src_more) = (false, false);
         self.cut = false;
         self.src_closed = false;
     }
@@ -518,14 +769,14 @@ impl Sim {
             15..=34 => self.req_send(),
             35..=54 => {
                 if let Err(e) = self.src_recv() {
-                    self.cut_with(e);
+                    self.read_failed(e);
                 }
             }
             55..=74 => self.src_send(),
             75..=89 if !self.plan.slow_reader || self.rng.chance(10) => match self.req_recv() {
                 Ok(true) => {}
                 Ok(false) => self.cut_with(Error::Unavailable("goodbye".into())),
-                Err(e) => self.cut_with(e),
+                Err(e) => self.read_failed(e),
             },
             90..=93 => {
                 self.now += Duration::from_millis(self.rng.below(60));
@@ -682,23 +933,26 @@ impl Sim {
     /// hold is released.
     fn drain(&mut self) {
         self.src_frozen_until = Duration::ZERO;
+        let start = self.now;
+        let mut settled = false;
         for _ in 0..200_000 {
             if self.reqs.values().all(|r| r.outcome.is_some())
                 && self.notes.values().all(Option::is_some)
-                && self.r2s.is_empty()
-                && self.s2r.is_empty()
+                && self.r2s.bytes.is_empty()
+                && self.s2r.bytes.is_empty()
             {
+                settled = true;
                 break;
             }
             self.req_send();
             if let Err(e) = self.src_recv() {
-                self.cut_with(e);
+                self.read_failed(e);
             }
             self.src_send();
             match self.req_recv() {
                 Ok(true) => {}
                 Ok(false) => self.cut_with(Error::Unavailable("goodbye".into())),
-                Err(e) => self.cut_with(e),
+                Err(e) => self.read_failed(e),
             }
             self.now += Duration::from_millis(1);
             let at = self.at();
@@ -706,10 +960,15 @@ impl Sim {
                 self.cut_with(e);
             }
             if let Err(e) = self.src.check(at) {
+                // Both ends run every millisecond now: bytes the pump left
+                // in a pipe (a readable edge lost) stall a frame.
+                assert!(self.now - start <= self.plan.stall, "a frame stalled while both ends run: {e}");
                 self.cut_with(e);
             }
             self.settle();
         }
+        // Progress: with both ends running, everything ends by itself.
+        assert!(settled, "the drain made no progress in {:?}", self.now - start);
         // The end of the connection fails whatever is left.
         self.cut_with(Error::Unavailable("the simulation ends".into()));
         self.settle();
@@ -734,6 +993,7 @@ fn run(seed: u64, plan: Plan) -> BTreeMap<String, u64> {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         for _ in 0..plan.steps {
             sim.step();
+            sim.no_bytes_stranded();
             // The answers waiting stay within their bound (one frame's
             // answer beyond it at most: it is checked before each frame).
             let (bytes, items) = sim.src.queued();

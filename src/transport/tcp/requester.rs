@@ -12,7 +12,8 @@
 //! hook may queue more on this very connection.
 
 pub use super::chunk::{Chunk, Record};
-use super::proto::requester::{Event, RequesterCore};
+use super::proto::requester::{Event, Recv, RequesterCore};
+use super::pump::{self, Next, Received, Socket};
 use super::wire::{segment_bytes, Wire};
 use crate::control::io;
 use crate::control::message::Describe;
@@ -22,7 +23,7 @@ use crate::kinds::TransportKind;
 use crate::memory::RegionLease;
 use crate::sync::admission::Gate;
 use crate::transfer::{Assist, ChunkOutcome};
-use crate::transport::reactor::{set_rcvlowat, Ended, Flow, Got, Handler, Reactor, Registration, SCRATCH};
+use crate::transport::reactor::{Ended, Flow, Handler, Reactor, Registration, SCRATCH};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 use std::io::ErrorKind;
 use std::net::{Shutdown, TcpStream};
@@ -377,46 +378,22 @@ impl TcpConnection {
     }
 
     /// Writes what the core offers, as far as the socket takes it and at
-    /// most `budget` bytes, each send capped by a ramp (one per run of
-    /// sends). A failed send ends the connection.
+    /// most `budget` bytes ([`pump::write_out`]). A failed send ends the
+    /// connection.
     fn write_out(&self, c: &mut Conn, budget: u64, now: Instant) -> Sent {
-        let mut ramp = io::SendRamp::default();
-        let mut done = 0u64;
-        loop {
-            if c.lost.is_some() {
-                return Sent::Lost;
+        if c.lost.is_some() {
+            return Sent::Lost;
+        }
+        let Conn { core, wire, lowat, .. } = c;
+        let mut pipe = Socket { stream: &self.stream, lowat };
+        match pump::write_out(&mut pipe, wire, &mut Out { core, stats: &self.stats, now }, budget) {
+            Ok(pump::Sent::Complete | pump::Sent::Closed) => Sent::Complete,
+            Ok(pump::Sent::Blocked) => Sent::Blocked,
+            Ok(pump::Sent::Budget) => Sent::Budget,
+            Err(e) if e.kind() == ErrorKind::WriteZero => {
+                Self::lost(c, Error::Unavailable("connection closed while sending".into()))
             }
-            if done >= budget {
-                return Sent::Budget;
-            }
-            // Sealed records made earlier leave before anything new.
-            match c.wire.flush(&self.stream) {
-                Ok(true) => {}
-                Ok(false) => return Sent::Blocked,
-                Err(e) => return Self::lost(c, Error::Unavailable(format!("connection lost: {e}"))),
-            }
-            let (segs, skip) = c.core.transmit(now);
-            if segs.is_empty() {
-                return Sent::Complete;
-            }
-            // SAFETY: a WRITE's payload: the core keeps its request's lease
-            // on the local region holding [addr, addr+len) (the submission
-            // checked the range) until these bytes have left; `parts` is
-            // dropped before the core hears what was sent.
-            let parts: Vec<&[u8]> = segs.iter().map(|s| unsafe { segment_bytes(s) }).collect();
-            let r = c.wire.send(&self.stream, &parts, skip, ramp.cap());
-            drop(parts);
-            match r {
-                Ok(0) => return Self::lost(c, Error::Unavailable("connection closed while sending".into())),
-                Ok(n) => {
-                    self.stats.record_wire_sent(TransportKind::Tcp, n as u64);
-                    done += n as u64;
-                    c.core.sent(n as u64);
-                }
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Sent::Blocked,
-                Err(e) if e.kind() == ErrorKind::Interrupted => {}
-                Err(e) => return Self::lost(c, Error::Unavailable(format!("connection lost: {e}"))),
-            }
+            Err(e) => Self::lost(c, Error::Unavailable(format!("connection lost: {e}"))),
         }
     }
 
@@ -427,11 +404,11 @@ impl TcpConnection {
         Sent::Lost
     }
 
-    /// The receive turn: reads what the socket holds (READ payloads that
-    /// are still large go straight into local memory; the rest through the
-    /// thread's buffer), at most `budget` bytes (what it read is taken off)
-    /// and no more after `until` (`Flow::Again` then). `Ok(None)` when the
-    /// peer ended the connection in order.
+    /// The receive turn ([`pump::receive`]): reads what the socket holds
+    /// (READ payloads that are still large go straight into local memory;
+    /// the rest through the thread's buffer), at most `budget` bytes (what
+    /// it read is taken off) and no more after `until` (`Flow::Again`
+    /// then). `Ok(None)` when the peer ended the connection in order.
     fn receive(
         &self,
         c: &mut Conn,
@@ -439,49 +416,13 @@ impl TcpConnection {
         budget: &mut u64,
         until: Option<Instant>,
     ) -> Result<Option<Flow>> {
-        loop {
-            if *budget == 0 || until.is_some_and(|u| Instant::now() >= u) {
-                return Ok(Some(Flow::Again));
-            }
-            let direct = match c.core.recv() {
-                // SAFETY: a READ's payload: the core keeps its request's
-                // lease on the local region holding [addr, addr+len) until
-                // it completes; only the holder of this lock writes it.
-                // Sealed, only bytes of records that checked are copied there.
-                super::proto::requester::Recv::Direct { addr, len } if len >= (SCRATCH / 2) as u64 => {
-                    Some(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) })
-                }
-                _ => None,
-            };
-            let to_scratch = direct.is_none();
-            let n = match c.wire.read(&self.stream, direct.unwrap_or(&mut *scratch))? {
-                Got::Bytes(n) => n,
-                Got::Drained => {
-                    // Sealed, the bytes still to come are more than the
-                    // payload left: no low-water mark.
-                    let left = c.core.payload_left().filter(|_| !c.wire.is_sealed());
-                    set_rcvlowat(self.stream.as_raw_fd(), &mut c.lowat, left);
-                    return Ok(Some(Flow::Idle));
-                }
-                Got::Eof => {
-                    c.core.eof()?;
-                    return Ok(None);
-                }
-            };
-            *budget = budget.saturating_sub(n as u64);
-            if !to_scratch {
-                c.core.landed(n as u64);
-                continue;
-            }
-            // SAFETY: the core lands READ payload only inside the range its
-            // request's lease keeps registered; only the holder of this
-            // lock writes it.
-            let mut land =
-                |addr: u64, b: &[u8]| unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), addr as *mut u8, b.len()) };
-            if !c.core.received(&scratch[..n], &mut land)? {
-                return Ok(None);
-            }
-        }
+        let Conn { core, wire, lowat, .. } = c;
+        let mut pipe = Socket { stream: &self.stream, lowat };
+        Ok(match pump::receive(&mut pipe, wire, &mut In { core }, scratch, budget, until)? {
+            Received::Drained => Some(Flow::Idle),
+            Received::More => Some(Flow::Again),
+            Received::Closed => None,
+        })
     }
 
     /// The peer ended the connection in order.
@@ -522,6 +463,71 @@ impl TcpConnection {
         } else {
             Flow::Idle
         }
+    }
+}
+
+/// The core's sending side, for the pump.
+struct Out<'a> {
+    core: &'a mut Core,
+    stats: &'a Counters,
+    now: Instant,
+}
+
+impl pump::Outgoing for Out<'_> {
+    fn parts(&mut self) -> (Vec<&[u8]>, u64) {
+        let (segs, skip) = self.core.transmit(self.now);
+        // SAFETY: a WRITE's payload: the core keeps its request's lease on
+        // the local region holding [addr, addr+len) (the submission checked
+        // the range) until these bytes have left; the pump drops the parts
+        // before the core hears what was sent.
+        (segs.into_iter().map(|s| unsafe { segment_bytes(s) }).collect(), skip)
+    }
+
+    fn sent(&mut self, n: usize) {
+        self.stats.record_wire_sent(TransportKind::Tcp, n as u64);
+        self.core.sent(n as u64);
+    }
+}
+
+/// The core's receiving side, for the pump.
+struct In<'a> {
+    core: &'a mut Core,
+}
+
+impl pump::Incoming for In<'_> {
+    fn next(&mut self) -> Next<'_> {
+        match self.core.recv() {
+            // SAFETY: a READ's payload: the core keeps its request's lease
+            // on the local region holding [addr, addr+len) until it
+            // completes; only the holder of the connection's lock writes
+            // it. Sealed, only bytes of records that checked are copied
+            // there.
+            Recv::Direct { addr, len } if len >= (SCRATCH / 2) as u64 => {
+                Next::Direct(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) })
+            }
+            _ => Next::Buffer,
+        }
+    }
+
+    fn landed(&mut self, n: usize) {
+        self.core.landed(n as u64);
+    }
+
+    fn received(&mut self, bytes: &[u8]) -> Result<bool> {
+        // SAFETY: the core lands READ payload only inside the range its
+        // request's lease keeps registered; only the holder of the
+        // connection's lock writes it.
+        let mut land =
+            |addr: u64, b: &[u8]| unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), addr as *mut u8, b.len()) };
+        self.core.received(bytes, &mut land)
+    }
+
+    fn eof(&mut self) -> Result<()> {
+        self.core.eof()
+    }
+
+    fn payload_left(&self) -> Option<u64> {
+        self.core.payload_left()
     }
 }
 

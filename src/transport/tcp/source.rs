@@ -12,10 +12,10 @@
 use super::handshake::Opened;
 use super::linger::{Closing, Linger};
 use super::proto::source::{AfterSend, Limits, Recv, SourceCore, SourceHost};
+use super::pump::{self, Next, Received, Sent, Socket};
 use super::torn::{Torn, TornReports};
 use super::wire::{segment_bytes, Wire};
 use crate::control::frame::MsgKind;
-use crate::control::io;
 use crate::control::message::{DataRequest, Describe};
 use crate::control::notify_frame::Notify;
 use crate::counters::Counters;
@@ -25,7 +25,7 @@ use crate::log::Logger;
 use crate::memory::{Access, RegionLease, RegionTable};
 use crate::sync::admission::{Gate, GateGuard};
 use crate::transport::inbox::{Admitted, Inbox, Notification};
-use crate::transport::reactor::{set_rcvlowat, Ended, Flow, Got, Handler, Reactor, Registration, Served, SCRATCH};
+use crate::transport::reactor::{Ended, Flow, Handler, Reactor, Registration, Served, SCRATCH};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io::ErrorKind;
@@ -319,102 +319,114 @@ impl SourceConn {
     }
 
     /// Writes what waits, as far as the socket takes it and within the
-    /// turn's share: `Flow::Again` when that share is used or a Describe
-    /// waits for the next turn to be built. `Ok(None)` when the connection
-    /// is to end (everything before its close has left).
+    /// turn's share ([`pump::write_out`]): `Flow::Again` when that share is
+    /// used or a Describe waits for the next turn to be built. `Ok(None)`
+    /// when the connection is to end (everything before its close has
+    /// left).
     fn flush(&self, st: &mut State, now: Instant) -> Result<Option<Flow>> {
-        let mut budget = TURN_BYTES;
-        let mut ramp = io::SendRamp::default();
-        loop {
-            // Sealed records made earlier leave before anything new (and
-            // before the connection closes).
-            match st.wire.flush(&self.stream) {
-                Ok(true) => {}
-                Ok(false) => return Ok(Some(Flow::Idle)),
-                Err(e) => return Err(Error::Unavailable(format!("connection lost: {e}"))),
+        let State { core, host, wire, lowat } = st;
+        let mut pipe = Socket { stream: &self.stream, lowat };
+        match pump::write_out(&mut pipe, wire, &mut Out { core, host, now }, TURN_BYTES) {
+            Ok(Sent::Complete | Sent::Blocked) => Ok(Some(Flow::Idle)),
+            Ok(Sent::Budget) => Ok(Some(Flow::Again)),
+            Ok(Sent::Closed) => Ok(None),
+            Err(e) if e.kind() == ErrorKind::WriteZero => {
+                Err(Error::Unavailable("connection closed while answering".into()))
             }
-            let State { core, host, wire, .. } = st;
-            let (segs, skip) = core.transmit(now);
-            if segs.is_empty() {
-                match core.after_send(host) {
-                    AfterSend::Close => return Ok(None),
-                    // A Describe left for the next turn: it comes at once.
-                    AfterSend::Idle if core.describe_deferred() => return Ok(Some(Flow::Again)),
-                    AfterSend::Idle => return Ok(Some(Flow::Idle)),
-                    AfterSend::More => continue,
-                }
-            }
-            if budget == 0 {
-                return Ok(Some(Flow::Again));
-            }
-            // SAFETY: the core keeps the request's lease (the region holding
-            // [addr, addr+len), bounds-checked by `validate`) until these
-            // bytes have been sent; `parts` is dropped before the core hears
-            // what was sent.
-            let parts: Vec<&[u8]> = segs.iter().map(|s| unsafe { segment_bytes(s) }).collect();
-            let r = wire.send(&self.stream, &parts, skip as u64, ramp.cap());
-            drop(parts);
-            let n = match r {
-                Ok(0) => return Err(Error::Unavailable("connection closed while answering".into())),
-                Ok(n) => n,
-                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(Some(Flow::Idle)),
-                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-                Err(e) => return Err(Error::Unavailable(format!("connection lost: {e}"))),
-            };
-            budget = budget.saturating_sub(n as u64);
-            core.sent(n, now);
-            if core.after_send(host) == AfterSend::Close && wire.flush(&self.stream).unwrap_or(true) {
-                return Ok(None);
-            }
+            Err(e) => Err(Error::Unavailable(format!("connection lost: {e}"))),
         }
     }
 
-    /// The receive turn: reads what the socket holds while the answers
-    /// waiting have room, WRITE payload straight into registered memory.
-    /// `Flow::Again` when it stopped with bytes possibly left in the socket
-    /// (its share of the turn used, or too many answers waiting: the next
-    /// readable edge may never come for those bytes, so the caller runs it
-    /// again once the answers have room).
+    /// The receive turn ([`pump::receive`]): reads what the socket holds
+    /// while the answers waiting have room, WRITE payload straight into
+    /// registered memory. `Flow::Again` when it stopped with bytes possibly
+    /// left in the socket (its share of the turn used, or too many answers
+    /// waiting: the next readable edge may never come for those bytes, so
+    /// the caller runs it again once the answers have room).
     fn receive(&self, st: &mut State, scratch: &mut [u8], now: Instant) -> Result<Flow> {
+        let State { core, host, wire, lowat } = st;
+        let mut pipe = Socket { stream: &self.stream, lowat };
         let mut budget = TURN_BYTES;
-        loop {
-            if budget == 0 {
-                return Ok(Flow::Again);
-            }
-            let direct = match st.core.recv(now) {
-                Recv::Ended => return Ok(Flow::Idle),
-                Recv::Paused => return Ok(Flow::Again),
-                // SAFETY: the core names the rest of a WRITE's payload,
-                // inside the range its held lease keeps registered (remote
-                // WRITE allowed); only this thread writes it for this
-                // request.
-                // Sealed, only bytes of records that checked are copied there.
-                Recv::Direct { addr, len } if len >= (SCRATCH / 2) as u64 => {
-                    Some(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) })
-                }
-                Recv::Direct { .. } | Recv::Buffer => None,
-            };
-            let to_scratch = direct.is_none();
-            let n = match st.wire.read(&self.stream, direct.unwrap_or(&mut *scratch))? {
-                Got::Bytes(n) => n,
-                Got::Drained => {
-                    let left = st.core.payload_left().filter(|_| !st.wire.is_sealed());
-                    set_rcvlowat(self.stream.as_raw_fd(), &mut st.lowat, left);
-                    return Ok(Flow::Idle);
-                }
-                Got::Eof => {
-                    st.core.eof()?;
-                    return Ok(Flow::Idle);
-                }
-            };
-            budget = budget.saturating_sub(n as u64);
-            let State { core, host, .. } = st;
-            if to_scratch {
-                core.received(&scratch[..n], now, host)?;
-            } else {
-                core.landed(n as u64, now, host);
-            }
+        Ok(match pump::receive(&mut pipe, wire, &mut In { core, host, now }, scratch, &mut budget, None)? {
+            Received::More => Flow::Again,
+            Received::Drained | Received::Closed => Flow::Idle,
+        })
+    }
+}
+
+/// The core's sending side, for the pump.
+struct Out<'a> {
+    core: &'a mut SourceCore<EngineHost>,
+    host: &'a mut EngineHost,
+    now: Instant,
+}
+
+impl pump::Outgoing for Out<'_> {
+    fn parts(&mut self) -> (Vec<&[u8]>, u64) {
+        let (segs, skip) = self.core.transmit(self.now);
+        // SAFETY: the core keeps the request's lease (the region holding
+        // [addr, addr+len), bounds-checked by `validate`) until these bytes
+        // have been sent; the pump drops the parts before the core hears
+        // what was sent.
+        (segs.into_iter().map(|s| unsafe { segment_bytes(s) }).collect(), skip as u64)
+    }
+
+    fn sent(&mut self, n: usize) {
+        self.core.sent(n, self.now);
+    }
+
+    fn nothing(&mut self) -> Option<Sent> {
+        match self.core.after_send(self.host) {
+            AfterSend::Close => Some(Sent::Closed),
+            // A Describe left for the next turn: it comes at once.
+            AfterSend::Idle if self.core.describe_deferred() => Some(Sent::Budget),
+            AfterSend::Idle => Some(Sent::Complete),
+            AfterSend::More => None,
         }
+    }
+
+    fn closes(&mut self) -> bool {
+        self.core.after_send(self.host) == AfterSend::Close
+    }
+}
+
+/// The core's receiving side, for the pump.
+struct In<'a> {
+    core: &'a mut SourceCore<EngineHost>,
+    host: &'a mut EngineHost,
+    now: Instant,
+}
+
+impl pump::Incoming for In<'_> {
+    fn next(&mut self) -> Next<'_> {
+        match self.core.recv(self.now) {
+            Recv::Ended => Next::Stop(Received::Closed),
+            Recv::Paused => Next::Stop(Received::More),
+            // SAFETY: the core names the rest of a WRITE's payload, inside
+            // the range its held lease keeps registered (remote WRITE
+            // allowed); only this thread writes it for this request.
+            // Sealed, only bytes of records that checked are copied there.
+            Recv::Direct { addr, len } if len >= (SCRATCH / 2) as u64 => {
+                Next::Direct(unsafe { std::slice::from_raw_parts_mut(addr as *mut u8, len as usize) })
+            }
+            Recv::Direct { .. } | Recv::Buffer => Next::Buffer,
+        }
+    }
+
+    fn landed(&mut self, n: usize) {
+        self.core.landed(n as u64, self.now, self.host);
+    }
+
+    fn received(&mut self, bytes: &[u8]) -> Result<bool> {
+        self.core.received(bytes, self.now, self.host).map(|_| true)
+    }
+
+    fn eof(&mut self) -> Result<()> {
+        self.core.eof()
+    }
+
+    fn payload_left(&self) -> Option<u64> {
+        self.core.payload_left()
     }
 }
 

@@ -7,12 +7,13 @@
 //! first and tagged from the copy (the core may let its memory go at once).
 //! The blocking helpers carry the handshake's Describe frames.
 
+use super::pipe::Pipe;
 use super::proto::source::Segment;
 use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN, MAX_CONTROL_BODY};
 use crate::control::io::{self, Tick};
 use crate::control::seal::{Opener, Sealer, RECORD_MAX};
 use crate::error::{Error, Result};
-use crate::transport::reactor::{read_once, Got};
+use crate::transport::reactor::Got;
 use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
 
@@ -25,11 +26,11 @@ use std::net::TcpStream;
 /// segment keeps its request's lease on the region until the bytes have
 /// left, so a driver that drops the slices before telling the core what
 /// it sent holds this.
-pub unsafe fn segment_bytes<'s>(s: &'s Segment<'_>) -> &'s [u8] {
+pub unsafe fn segment_bytes(s: Segment<'_>) -> &[u8] {
     match s {
         Segment::Bytes(b) => b,
         // SAFETY: the caller's contract above.
-        Segment::Memory { addr, len } => unsafe { std::slice::from_raw_parts(*addr as *const u8, *len as usize) },
+        Segment::Memory { addr, len } => unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) },
     }
 }
 
@@ -67,9 +68,9 @@ impl Wire {
     /// One non-blocking read: bytes for the core into `buf`. Sealed, only
     /// bytes of records that checked; a record that does not check is
     /// `PermissionDenied`, an end of stream inside a record `Unavailable`.
-    pub fn read(&mut self, s: &TcpStream, buf: &mut [u8]) -> Result<Got> {
+    pub fn read(&mut self, mut s: impl Pipe, buf: &mut [u8]) -> Result<Got> {
         let x = match self {
-            Wire::Plain => return read_once(s, buf),
+            Wire::Plain => return s.read(buf),
             Wire::Sealed(x) => x,
         };
         loop {
@@ -78,7 +79,7 @@ impl Wire {
                 return Ok(Got::Bytes(n));
             }
             // Record bytes go straight into the opener's buffer.
-            match read_once(s, x.rx.room())? {
+            match s.read(x.rx.room())? {
                 Got::Bytes(n) => x.rx.filled(n)?,
                 Got::Drained => return Ok(Got::Drained),
                 Got::Eof if x.rx.mid_record() => {
@@ -93,16 +94,16 @@ impl Wire {
     /// blocking: how many the core may count as sent. Sealed, earlier
     /// records leave first (`WouldBlock` while they cannot), then one
     /// record is made and as much of it sent as the socket takes.
-    pub fn send(&mut self, s: &TcpStream, parts: &[&[u8]], skip: u64, max: usize) -> std::io::Result<usize> {
+    pub fn send(&mut self, mut s: impl Pipe, parts: &[&[u8]], skip: u64, max: usize) -> std::io::Result<usize> {
         let x = match self {
-            Wire::Plain => return io::send_parts_upto(s, parts, skip, max),
+            Wire::Plain => return s.send(parts, skip, max),
             Wire::Sealed(x) => x,
         };
-        if !x.flush(s)? {
+        if !x.flush(&mut s)? {
             return Err(ErrorKind::WouldBlock.into());
         }
         let n = x.tx.seal(parts, skip as usize, max);
-        match x.flush(s) {
+        match x.flush(&mut s) {
             Ok(_) => Ok(n),
             Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(n),
             Err(e) => Err(e),
@@ -128,10 +129,10 @@ impl Wire {
 
     /// Sends what earlier records left, without blocking: whether nothing
     /// is left (always, unsealed).
-    pub fn flush(&mut self, s: &TcpStream) -> std::io::Result<bool> {
+    pub fn flush(&mut self, mut s: impl Pipe) -> std::io::Result<bool> {
         match self {
             Wire::Plain => Ok(true),
-            Wire::Sealed(x) => match x.flush(s) {
+            Wire::Sealed(x) => match x.flush(&mut s) {
                 Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(false),
                 other => other,
             },
@@ -142,9 +143,9 @@ impl Wire {
 impl Sealed {
     /// Sends pending record bytes: true once none is left; `WouldBlock`
     /// when the socket is full.
-    fn flush(&mut self, s: &TcpStream) -> std::io::Result<bool> {
+    fn flush(&mut self, s: &mut impl Pipe) -> std::io::Result<bool> {
         while !self.tx.pending().is_empty() {
-            match io::send_parts_from(s, &[self.tx.pending()], 0) {
+            match s.send(&[self.tx.pending()], 0, usize::MAX) {
                 Ok(0) => return Err(ErrorKind::WriteZero.into()),
                 Ok(n) => self.tx.sent(n),
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
