@@ -221,11 +221,12 @@ impl TcpConnection {
         if chunks.is_empty() {
             return;
         }
-        // The I/O thread ticks the connection by their deadline (it may
-        // not be woken for them).
-        let due = chunks.iter().map(|r| r.deadline).min();
         let mut c = self.state.lock();
         let at_once = c.core.submit(chunks);
+        // The I/O thread ticks the connection by the earliest deadline
+        // queued, theirs or before (it may not be woken for them): the
+        // core's, which took them in one pass.
+        let due = c.core.queued_due();
         let sent = if at_once { self.write_out(&mut c, u64::MAX, Instant::now()) } else { Sent::Blocked };
         self.unlock(c);
         if let (Some(at), Some(r)) = (due, self.reg.get()) {

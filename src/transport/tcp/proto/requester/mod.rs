@@ -122,10 +122,26 @@ impl<H> Outbuf<H> {
     }
 }
 
+/// What waits to be sent, in order.
 enum Outgoing<T, H> {
-    Req(Send<T, H>),
-    Notify { tag: u64, body: Vec<u8> },
+    /// A submission's requests, as it handed them over (never empty): the
+    /// queue takes them in one step, without moving each.
+    Reqs(std::vec::IntoIter<Send<T, H>>),
+    Notify {
+        tag: u64,
+        body: Vec<u8>,
+    },
     Frame(Vec<u8>),
+}
+
+impl<T, H> Outgoing<T, H> {
+    /// The requests, notifications and frames it holds.
+    fn len(&self) -> usize {
+        match self {
+            Outgoing::Reqs(reqs) => reqs.len(),
+            _ => 1,
+        }
+    }
 }
 
 struct NotePending<N> {
@@ -310,7 +326,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
 
     /// Requests, notifications and frames queued or awaiting an answer.
     pub fn outstanding(&self) -> usize {
-        self.queue.len() + self.pending.len() + self.notes.len()
+        self.queue.iter().map(Outgoing::len).sum::<usize>() + self.pending.len() + self.notes.len()
     }
 
     /// Queues requests behind what waits (failed at once when the
@@ -331,8 +347,16 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
             && reqs.iter().all(|r| r.op == Op::Read || r.len <= SMALL_WRITE)
             && reqs.iter().filter(|r| r.op == Op::Write).map(|r| r.len).sum::<u64>() <= 256 * 1024;
         self.queued_due = reqs.iter().map(|r| r.deadline).chain(self.queued_due).min();
-        self.queue.extend(reqs.into_iter().map(Outgoing::Req));
+        if !reqs.is_empty() {
+            self.queue.push_back(Outgoing::Reqs(reqs.into_iter()));
+        }
         at_once
+    }
+
+    /// No queued request has a deadline before this (`None`: none is
+    /// queued, or the connection is over).
+    pub fn queued_due(&self) -> Option<Instant> {
+        self.queued_due
     }
 
     /// Queues a notification's frame (built by `body` from its tag).
@@ -387,7 +411,15 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
     fn fill(&mut self, now: Instant) {
         while let Some(item) = self.queue.pop_front() {
             match item {
-                Outgoing::Req(r) => self.add(r, now),
+                Outgoing::Reqs(mut reqs) => {
+                    while !self.out.full() {
+                        let Some(r) = reqs.next() else { break };
+                        self.add(r, now);
+                    }
+                    if reqs.len() > 0 {
+                        self.queue.push_front(Outgoing::Reqs(reqs));
+                    }
+                }
                 Outgoing::Notify { tag, body } => {
                     if let Some(p) = self.notes.get_mut(&tag) {
                         p.written = true;
