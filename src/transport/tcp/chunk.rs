@@ -4,7 +4,7 @@
 //! comes ([`Record`]), handed out by the admission step that admitted it
 //! ([`Step`]).
 
-use super::proto::requester::{Send, Startable};
+use super::proto::requester::{Send, Sends, Startable};
 use crate::memory::RegionLease;
 use crate::sync::admission::{Budget, Gate, GateGuards, Permit};
 use crate::transfer::{BatchShared, ChunkOutcome};
@@ -15,6 +15,9 @@ use std::sync::Arc;
 /// chunk's [`Record`] and the lease that keeps its local region
 /// registered.
 pub type Chunk = Send<Record, Arc<RegionLease>>;
+
+/// A submission's chunks as they are queued, with their earliest deadline.
+pub type Chunks = Sends<Record, Arc<RegionLease>>;
 
 /// What the chunks of one admission step share (one allocation per step,
 /// one reference count per chunk): the batch they complete and where each
@@ -117,5 +120,41 @@ impl Drop for Record {
     fn drop(&mut self) {
         self.release();
         self.shared.peer_gate.leave_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::counters::Counters;
+    use crate::error::Status;
+    use crate::kinds::TransportKind;
+    use crate::transfer::{Op, Request};
+    use std::time::{Duration, Instant};
+
+    /// Guards the give-backs of `Record::finish`, `Drop for Record` and a
+    /// step's own drop: a chunk's bytes and units leave as it completes or
+    /// drops, unhanded ones as the step drops, and nothing twice.
+    #[test]
+    fn a_step_gives_back_each_chunks_share_as_it_completes_or_drops() {
+        let req = Request { op: Op::Read, local_addr: 0x1000, remote_addr: 0x9000, len: 100 };
+        let batch =
+            BatchShared::new(&[req; 3], Arc::new(Counters::default()), Instant::now() + Duration::from_secs(60));
+        batch.plan_each(0..3, 1, TransportKind::Tcp);
+        let budget = Budget::new(1 << 20);
+        let (gate, peer) = (Gate::new("requester gate"), Gate::new("connection gate"));
+        let (permit, n) = budget.try_acquire_prefix([100u64, 200, 300].into_iter()).unwrap();
+        assert_eq!(n, 3);
+        let mut step = Step::new(&batch, permit, gate.enter_many(3).unwrap(), peer.enter_many(3).unwrap());
+        let (a, b) = (step.record(0, 1, 100), step.record(1, 1, 200));
+        let held = || (budget.used(), gate.active(), peer.active());
+        assert_eq!(held(), (600, 3, 3));
+        a.finish(ChunkOutcome::ok(Op::Read));
+        assert_eq!(held(), (500, 2, 2));
+        assert_eq!(batch.result(0).map(|r| r.status), Some(Status::Ok));
+        drop(b);
+        assert_eq!(held(), (300, 1, 1));
+        drop(step);
+        assert_eq!(held(), (0, 0, 0));
     }
 }

@@ -3,7 +3,7 @@
 //! against the in-flight budget and the gates, and queued on the peer's
 //! connection with the records that complete them.
 
-use super::chunk::Step;
+use super::chunk::{Chunks, Step};
 use super::{Chunk, TcpConnection};
 use crate::counters::Counters;
 use crate::error::Error;
@@ -66,7 +66,7 @@ impl TcpExecutor<'_> {
             }),
             TransportKind::Tcp,
         );
-        let mut staged: Vec<Chunk> = Vec::with_capacity(chunks);
+        let mut staged = Chunks::with_capacity(chunks);
         let mut failed: Option<Error> = None;
         // The whole part's admission, tried first in one step.
         let mut whole = Some((bytes, chunks));
@@ -148,7 +148,7 @@ impl TcpExecutor<'_> {
         whole: Option<(u64, usize)>,
         rest: impl Iterator<Item = u64> + Clone,
         piece: u64,
-        staged: &mut Vec<Chunk>,
+        staged: &mut Chunks,
     ) -> Result<(Step, usize), (Error, bool)> {
         let all = whole.and_then(|(bytes, n)| Some((self.budget.try_acquire(bytes)?, n)));
         let (permit, n) = match all.or_else(|| self.budget.try_acquire_prefix(rest)) {

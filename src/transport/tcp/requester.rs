@@ -11,7 +11,7 @@
 //! Describe — is acted on only once the lock is released, so a batch's end
 //! hook may queue more on this very connection.
 
-pub use super::chunk::{Chunk, Record};
+pub use super::chunk::{Chunk, Chunks, Record};
 use super::proto::requester::{Event, RequesterCore};
 use super::wire::{segment_bytes, Wire};
 use crate::control::io;
@@ -217,7 +217,8 @@ impl TcpConnection {
     /// the calling thread writes them itself (no wake-up of another
     /// thread); what the socket does not take, the I/O thread writes when
     /// it drains.
-    pub fn enqueue(&self, chunks: Vec<Chunk>) {
+    pub fn enqueue(&self, chunks: impl Into<Chunks>) {
+        let chunks = chunks.into();
         if chunks.is_empty() {
             return;
         }

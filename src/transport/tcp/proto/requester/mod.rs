@@ -67,6 +67,45 @@ pub struct Send<T, H> {
     pub hold: H,
 }
 
+/// A submission's requests, in order, with the earliest of their
+/// deadlines, kept as they are pushed (while each is at hand), so that
+/// queueing them takes no pass over them.
+pub struct Sends<T, H> {
+    reqs: Vec<Send<T, H>>,
+    due: Option<Instant>,
+}
+
+impl<T, H> Sends<T, H> {
+    /// Room for `n` requests.
+    pub fn with_capacity(n: usize) -> Sends<T, H> {
+        Sends { reqs: Vec::with_capacity(n), due: None }
+    }
+
+    /// Appends a request.
+    pub fn push(&mut self, r: Send<T, H>) {
+        self.due = Some(self.due.map_or(r.deadline, |d| d.min(r.deadline)));
+        self.reqs.push(r);
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.reqs.is_empty()
+    }
+}
+
+impl<T, H> Default for Sends<T, H> {
+    fn default() -> Self {
+        Sends::with_capacity(0)
+    }
+}
+
+impl<T, H> From<Vec<Send<T, H>>> for Sends<T, H> {
+    fn from(reqs: Vec<Send<T, H>>) -> Self {
+        let due = reqs.iter().map(|r| r.deadline).min();
+        Sends { reqs, due }
+    }
+}
+
 struct Entry<T, H> {
     op: Op,
     len: u64,
@@ -333,7 +372,8 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
     /// connection is over). Returns whether they may be sent at once by
     /// the submitting thread: nothing else waits and they are READs and
     /// small WRITEs (at most 256 of them and 256 KiB of payload).
-    pub fn submit(&mut self, reqs: Vec<Send<T, H>>) -> bool {
+    pub fn submit(&mut self, reqs: impl Into<Sends<T, H>>) -> bool {
+        let Sends { reqs, due } = reqs.into();
         if self.dead.is_some() {
             let e = self.closed_reason();
             for r in reqs {
@@ -346,7 +386,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
             && reqs.len() <= 256
             && reqs.iter().all(|r| r.op == Op::Read || r.len <= SMALL_WRITE)
             && reqs.iter().filter(|r| r.op == Op::Write).map(|r| r.len).sum::<u64>() <= 256 * 1024;
-        self.queued_due = reqs.iter().map(|r| r.deadline).chain(self.queued_due).min();
+        self.queued_due = due.into_iter().chain(self.queued_due).min();
         if !reqs.is_empty() {
             self.queue.push_back(Outgoing::Reqs(reqs.into_iter()));
         }
