@@ -111,7 +111,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
                         }
                     }
                     if !live.is_empty() {
-                        kept.push_back(Outgoing::Reqs(live.into_iter()));
+                        kept.push_back(Outgoing::Reqs(VecDeque::from(live)));
                     }
                 }
                 other => kept.push_back(other),

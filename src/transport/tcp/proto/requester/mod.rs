@@ -164,8 +164,9 @@ impl<H> Outbuf<H> {
 /// What waits to be sent, in order.
 enum Outgoing<T, H> {
     /// A submission's requests, as it handed them over (never empty): the
-    /// queue takes them in one step, without moving each.
-    Reqs(std::vec::IntoIter<Send<T, H>>),
+    /// queue takes them in one step, without moving each (a `VecDeque`
+    /// made from a `Vec` keeps its buffer).
+    Reqs(VecDeque<Send<T, H>>),
     Notify {
         tag: u64,
         body: Vec<u8>,
@@ -388,7 +389,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
             && reqs.iter().filter(|r| r.op == Op::Write).map(|r| r.len).sum::<u64>() <= 256 * 1024;
         self.queued_due = due.into_iter().chain(self.queued_due).min();
         if !reqs.is_empty() {
-            self.queue.push_back(Outgoing::Reqs(reqs.into_iter()));
+            self.queue.push_back(Outgoing::Reqs(VecDeque::from(reqs)));
         }
         at_once
     }
@@ -453,7 +454,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
             match item {
                 Outgoing::Reqs(mut reqs) => {
                     while !self.out.full() {
-                        let Some(r) = reqs.next() else { break };
+                        let Some(r) = reqs.pop_front() else { break };
                         self.add(r, now);
                     }
                     if reqs.len() > 0 {
