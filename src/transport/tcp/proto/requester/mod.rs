@@ -457,7 +457,7 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
                         let Some(r) = reqs.pop_front() else { break };
                         self.add(r, now);
                     }
-                    if reqs.len() > 0 {
+                    if !reqs.is_empty() {
                         self.queue.push_front(Outgoing::Reqs(reqs));
                     }
                 }
