@@ -1105,7 +1105,7 @@ fn early_answers(seed: u64, mutations: requester::Mutations) {
     let local: Vec<u8> = (0..(8 * BLOCK) as usize).map(|i| pattern(5, i as u64)).collect();
     let n = 1 + rng.below(8);
     let holds: Vec<Rc<()>> = (0..n).map(|_| Rc::new(())).collect();
-    let sends = (0..n)
+    let sends: Vec<_> = (0..n)
         .map(|k| requester::Send {
             op: Op::Write,
             local_addr: k * BLOCK,

@@ -39,18 +39,26 @@ impl Permit {
         self.bytes -= bytes;
         Permit { budget: self.budget.clone(), bytes }
     }
+
+    /// The budget its bytes are held from.
+    pub fn budget(&self) -> &Arc<Budget> {
+        &self.budget
+    }
+
+    /// Takes `bytes` off this permit without giving them back: whoever
+    /// took them gives them back once, with [`Budget::give_back`] (what a
+    /// submission admitted in one step does for each chunk, whose record
+    /// shares one handle on the budget with the step's other chunks: no
+    /// reference count per chunk). Panics past its bytes.
+    pub fn detach(&mut self, bytes: u64) {
+        assert!(bytes <= self.bytes, "detaching {bytes} bytes off a permit of {}", self.bytes);
+        self.bytes -= bytes;
+    }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        if self.bytes == 0 {
-            // Wholly split off: nothing to give back.
-            return;
-        }
-        let mut u = self.budget.used.lock();
-        *u -= self.bytes;
-        drop(u);
-        self.budget.cv.notify_all();
+        self.budget.give_back(self.bytes);
     }
 }
 
@@ -68,6 +76,19 @@ impl Budget {
     /// The limit.
     pub fn limit(&self) -> u64 {
         self.limit
+    }
+
+    /// Gives back `bytes` detached from a permit ([`Permit::detach`]),
+    /// waking whoever waits for room.
+    pub fn give_back(&self, bytes: u64) {
+        if bytes == 0 {
+            // Wholly split off or detached: nothing to give back.
+            return;
+        }
+        let mut u = self.used.lock();
+        *u -= bytes;
+        drop(u);
+        self.cv.notify_all();
     }
 
     /// Takes `bytes` without waiting, if free.
@@ -234,6 +255,21 @@ impl GateGuards {
             GateGuard { gate: self.gate.clone() }
         })
     }
+
+    /// The gate its units are inside.
+    pub fn gate(&self) -> &Arc<Gate> {
+        &self.gate
+    }
+
+    /// Takes one of the units off without a guard of its own: whoever took
+    /// it leaves the gate once, with [`Gate::leave_one`] (what a chunk does
+    /// whose record shares one handle on the gate with the other chunks of
+    /// its admission step). False when all were handed out.
+    pub fn detach(&mut self) -> bool {
+        let some = self.left > 0;
+        self.left -= u64::from(some);
+        some
+    }
 }
 
 impl Drop for GateGuards {
@@ -269,6 +305,12 @@ impl Gate {
             (w & GATE_CLOSED == 0).then(|| w.checked_add(n).filter(|v| v & GATE_CLOSED == 0)).flatten()
         });
         entered.map(|_| ()).map_err(|_| Error::Unavailable(format!("the {} is closed", self.name)))
+    }
+
+    /// A unit detached from a [`GateGuards`] ([`GateGuards::detach`])
+    /// leaves; the last to leave a closed gate wakes the close waiting.
+    pub fn leave_one(&self) {
+        self.leave(1);
     }
 
     /// `n` units of work leave; the last to leave a closed gate wakes the

@@ -3,14 +3,16 @@
 //! against the in-flight budget and the gates, and queued on the peer's
 //! connection with the records that complete them.
 
-use super::{Chunk, Record, TcpConnection};
+use super::chunk::{Chunks, Step};
+use super::{Chunk, TcpConnection};
 use crate::counters::Counters;
 use crate::error::Error;
 use crate::kinds::TransportKind;
-use crate::memory::{owners, MemoryKind};
-use crate::sync::admission::{Budget, Gate, GateGuards, Permit};
-use crate::transfer::{Assist, BatchShared, RemoteEffect};
+use crate::memory::{owners, MemoryKind, RegionLease};
+use crate::sync::admission::{Budget, Gate};
+use crate::transfer::{Assist, BatchShared, Op, RemoteEffect};
 use crate::transport::planned::Item;
+use std::iter::Peekable;
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
@@ -47,26 +49,37 @@ impl TcpExecutor<'_> {
         let (max_chunk, deadline, conn) = (self.max_chunk, self.deadline, self.conn);
         // A small batch's waiter reads the answers itself while it spins.
         batch.assisted_by(Arc::downgrade(conn) as Weak<dyn Assist>);
-        let units = units(&items, self.coalesce, max_chunk);
-        let coalesced = units.iter().map(|u| u.count as u64 - 1).sum::<u64>();
+        let units = Units { next: items.iter().peekable(), coalesce: self.coalesce, max_chunk };
         // Every unit planned at one lock (a fenced one as the one chunk it
-        // fails), before any chunk can complete.
+        // fails), before any chunk can complete; the part's bytes, chunks
+        // and coalesced requests counted on the way. The units are worked
+        // out again as they are queued rather than kept (a submission's
+        // worth of them, read back from memory, costs more than the second
+        // pass over the items).
+        let (mut bytes, mut chunks, mut coalesced) = (0u64, 0usize, 0u64);
         batch.plan_runs(
-            units.iter().map(|u| (u.at as usize, u.count, u.chunks(max_chunk).max(u.fenced as u32))),
+            units.clone().map(|u| {
+                let n = u.chunks(max_chunk);
+                (bytes, chunks, coalesced) =
+                    (bytes + u.len * u64::from(n > 0), chunks + n as usize, coalesced + u.count as u64 - 1);
+                (u.at as usize, u.count, n.max(u.fenced as u32))
+            }),
             TransportKind::Tcp,
         );
-        let mut staged: Vec<Chunk> = Vec::with_capacity(units.len());
+        let mut staged = Chunks::with_capacity(chunks);
         let mut failed: Option<Error> = None;
+        // The whole part's admission, tried first in one step.
+        let mut whole = Some((bytes, chunks));
         // What the last admission step took and has not handed out yet.
-        let mut admitted: Option<Admitted> = None;
+        let mut step: Option<(Step, usize)> = None;
         let fail_unit = |i: usize, n: u32, e: &Error, effect: RemoteEffect| {
             for m in i..i + n as usize {
                 batch.fail_request(m, e.clone(), effect);
             }
         };
-        for (at, u) in units.iter().enumerate() {
-            let c = &items[u.first as usize];
-            let (i, r, count) = (c.at(), c.req, u.count);
+        let mut units = units;
+        while let Some(u) = units.next() {
+            let (i, count) = (u.at as usize, u.count);
             if let Some(e) = &failed {
                 fail_unit(i, count, e, RemoteEffect::None);
                 continue;
@@ -81,50 +94,41 @@ impl TcpExecutor<'_> {
                 batch.fail_request(i, e, RemoteEffect::None);
                 continue;
             }
-            let region = c.region.expect("resolved");
             for k in 0..u.chunks(max_chunk) as u64 {
                 let off = k * max_chunk;
                 let piece = (u.len - off).min(max_chunk);
-                if admitted.as_ref().is_none_or(|a| a.left == 0) {
+                if step.as_ref().is_none_or(|s| s.1 == 0) {
                     // One step for as many of the chunks left as the budget
                     // holds now; when not even this one fits, what is staged
                     // goes out and this one waits for room.
-                    let rest = units[at..].iter().enumerate().flat_map(|(d, v)| {
-                        let skip = if d == 0 { k } else { 0 };
-                        v.pieces(max_chunk).skip(skip as usize)
-                    });
-                    match self.admit(rest, piece, &mut staged) {
-                        Ok(a) => admitted = Some(a),
+                    let rest = u
+                        .pieces(max_chunk)
+                        .skip(k as usize)
+                        .chain(units.clone().flat_map(move |v| v.pieces(max_chunk)));
+                    match self.admit(batch, whole.take(), rest, piece, &mut staged) {
+                        Ok(s) => step = Some(s),
                         Err((e, budget)) => {
                             // A piece of a split request already queued
                             // may have moved its bytes.
                             let uncertain = budget && k > 0;
-                            let effect = if uncertain { RemoteEffect::of_uncertain(r.op) } else { RemoteEffect::None };
+                            let effect = if uncertain { RemoteEffect::of_uncertain(u.op) } else { RemoteEffect::None };
                             fail_unit(i, count, &e, effect);
                             failed = Some(e);
                             break;
                         }
                     }
                 }
-                let a = admitted.as_mut().expect("admitted above");
-                a.left -= 1;
-                let done = Record {
-                    batch: batch.clone(),
-                    index: i,
-                    count,
-                    permit: Some(a.permit.split(piece)),
-                    guard: a.guards.take(),
-                    peer_guard: a.peer_guards.take(),
-                };
+                let (s, left) = step.as_mut().expect("admitted above");
+                *left -= 1;
                 staged.push(Chunk {
-                    op: r.op,
-                    local_addr: r.local_addr + off,
-                    remote_addr: r.remote_addr + off,
+                    op: u.op,
+                    local_addr: u.local_addr + off,
+                    remote_addr: u.remote_addr + off,
                     len: piece,
-                    region_epoch: region.epoch,
+                    region_epoch: u.epoch,
                     deadline,
-                    done,
-                    hold: c.lease.clone(),
+                    done: s.record(i, count, piece),
+                    hold: u.lease.clone(),
                 });
             }
         }
@@ -133,17 +137,21 @@ impl TcpExecutor<'_> {
     }
 
     /// One admission step: as many of the chunks `rest` (their bytes) as
-    /// the budget holds now, with a guard of each gate per chunk; when not
-    /// even the first fits, `staged` goes out and the first waits for room
-    /// (`piece` bytes) until the deadline. A failure says whether the
-    /// budget refused (else a gate).
+    /// the budget holds now, with a unit of each gate per chunk, and how
+    /// many (all of them at one lock when `whole`, their bytes and count,
+    /// fits); when not even the first fits, `staged` goes out and the first
+    /// waits for room (`piece` bytes) until the deadline. A failure says
+    /// whether the budget refused (else a gate).
     fn admit(
         &self,
+        batch: &Arc<BatchShared>,
+        whole: Option<(u64, usize)>,
         rest: impl Iterator<Item = u64> + Clone,
         piece: u64,
-        staged: &mut Vec<Chunk>,
-    ) -> Result<Admitted, (Error, bool)> {
-        let (permit, n) = match self.budget.try_acquire_prefix(rest) {
+        staged: &mut Chunks,
+    ) -> Result<(Step, usize), (Error, bool)> {
+        let all = whole.and_then(|(bytes, n)| Some((self.budget.try_acquire(bytes)?, n)));
+        let (permit, n) = match all.or_else(|| self.budget.try_acquire_prefix(rest)) {
             Some(x) => x,
             None => {
                 self.conn.enqueue(std::mem::take(staged));
@@ -152,39 +160,35 @@ impl TcpExecutor<'_> {
         };
         let gates = self.gate.enter_many(n as u64).and_then(|g| Ok((g, self.conn.gate().enter_many(n as u64)?)));
         let (guards, peer_guards) = gates.map_err(|e| (e, false))?;
-        Ok(Admitted { permit, guards, peer_guards, left: n })
+        Ok((Step::new(batch, permit, guards, peer_guards), n))
     }
 }
 
-/// Chunks a TCP submission admitted in one step (`Budget::try_acquire_prefix`,
-/// `Gate::enter_many`) and has not handed out yet: each chunk takes its
-/// share as a permit and two guards of its own, released as it completes.
-struct Admitted {
-    permit: Permit,
-    guards: GateGuards,
-    peer_guards: GateGuards,
-    left: usize,
-}
-
-/// A unit of a TCP submission: a request (`first`: its position among the
-/// part's items, which stay where they are: a unit copies none) and those
-/// after it that continue it (coalesced: one local lease, one remote
-/// region and epoch, ranges that follow each other on both sides, together
-/// at most a chunk), or a request refused because its local pinned
-/// allocation is fenced.
-struct Unit {
-    first: u32,
-    /// The first request's index in the submission (read without going
-    /// back to its item, which is far behind in memory by then).
+/// A unit of a TCP submission ([`Units`]): a request and those after it that continue
+/// it (coalesced: one local lease, one remote region and epoch, ranges
+/// that follow each other on both sides, together at most a chunk), or a
+/// request refused because its local pinned allocation is fenced. It
+/// carries what its chunks are built from, so that they are built without
+/// going back to its first item (far behind in memory by then); it
+/// copies no item.
+#[derive(Clone, Copy)]
+struct Unit<'a> {
+    /// The first request's index in the submission.
     at: u32,
     count: u32,
     len: u64,
+    op: Op,
     fenced: bool,
+    local_addr: u64,
+    remote_addr: u64,
+    /// The remote region's epoch.
+    epoch: u64,
+    lease: &'a Arc<RegionLease>,
 }
 
-impl Unit {
+impl Unit<'_> {
     /// Chunks it moves in (none when fenced).
-    fn chunks(&self, max_chunk: u64) -> u32 {
+    fn chunks(self, max_chunk: u64) -> u32 {
         if self.fenced {
             0
         } else {
@@ -193,47 +197,63 @@ impl Unit {
     }
 
     /// The bytes of each of its chunks, in order.
-    fn pieces(&self, max_chunk: u64) -> impl Iterator<Item = u64> + Clone {
+    fn pieces(self, max_chunk: u64) -> impl Iterator<Item = u64> + Clone {
         let len = self.len;
         (0..self.chunks(max_chunk) as u64).map(move |k| (len - k * max_chunk).min(max_chunk))
     }
 }
 
-/// Groups a TCP part's items into units, in order: with `coalesce`,
+/// A TCP part's items grouped into units, in order: with `coalesce`,
 /// consecutive requests of one direction whose ranges follow each other on
 /// both sides (one local lease, one remote region and epoch, together at
-/// most `max_chunk`) join one unit.
-fn units(items: &[Item<'_>], coalesce: bool, max_chunk: u64) -> Vec<Unit> {
-    let mut units = Vec::with_capacity(items.len());
-    let mut next = items.iter().zip(0u32..).peekable();
-    while let Some((c, first)) = next.next() {
-        let at = c.index;
+/// most `max_chunk`) join one unit. A clone goes on from where it was.
+#[derive(Clone)]
+struct Units<'i, 'a> {
+    next: Peekable<std::slice::Iter<'i, Item<'a>>>,
+    coalesce: bool,
+    max_chunk: u64,
+}
+
+impl<'a> Iterator for Units<'_, 'a> {
+    type Item = Unit<'a>;
+
+    fn next(&mut self) -> Option<Unit<'a>> {
+        let c = self.next.next()?;
         let r = c.req;
         let pinned = c.lease.region().kind == MemoryKind::PinnedHost;
+        let unit = |count, len, fenced, epoch| Unit {
+            at: c.index,
+            count,
+            len,
+            op: r.op,
+            fenced,
+            local_addr: r.local_addr,
+            remote_addr: r.remote_addr,
+            epoch,
+            lease: c.lease,
+        };
         if pinned && owners::fenced(r.local_addr) {
-            units.push(Unit { first, at, count: 1, len: r.len, fenced: true });
-            continue;
+            return Some(unit(1, r.len, true, 0));
         }
         let region = c.region.expect("resolved");
         let (i, mut count, mut len) = (c.at(), 1u32, r.len);
-        while coalesce && len < max_chunk {
-            let Some(&(n, _)) = next.peek() else { break };
+        while self.coalesce && len < self.max_chunk {
+            let Some(&n) = self.next.peek() else { break };
             let joins = n.at() == i + count as usize
                 && n.req.op == r.op
                 && Arc::ptr_eq(n.lease, c.lease)
                 && n.region.is_some_and(|g| g.id == region.id && g.epoch == region.epoch)
                 && n.req.local_addr == r.local_addr + len
                 && n.req.remote_addr == r.remote_addr + len
-                && len + n.req.len <= max_chunk
+                && len + n.req.len <= self.max_chunk
                 && !(pinned && owners::fenced(n.req.local_addr));
             if !joins {
                 break;
             }
             len += n.req.len;
             count += 1;
-            next.next();
+            self.next.next();
         }
-        units.push(Unit { first, at, count, len, fenced: false });
+        Some(unit(count, len, false, region.epoch))
     }
-    units
 }

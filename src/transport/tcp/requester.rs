@@ -11,7 +11,7 @@
 //! Describe — is acted on only once the lock is released, so a batch's end
 //! hook may queue more on this very connection.
 
-pub use super::chunk::{Chunk, Record};
+pub use super::chunk::{Chunk, Chunks, Record};
 use super::proto::requester::{Event, Recv, RequesterCore};
 use super::pump::{self, Next, Received, Socket};
 use super::wire::{segment_bytes, Wire};
@@ -218,15 +218,17 @@ impl TcpConnection {
     /// the calling thread writes them itself (no wake-up of another
     /// thread); what the socket does not take, the I/O thread writes when
     /// it drains.
-    pub fn enqueue(&self, chunks: Vec<Chunk>) {
+    pub fn enqueue(&self, chunks: impl Into<Chunks>) {
+        let chunks = chunks.into();
         if chunks.is_empty() {
             return;
         }
-        // The I/O thread ticks the connection by their deadline (it may
-        // not be woken for them).
-        let due = chunks.iter().map(|r| r.deadline).min();
         let mut c = self.state.lock();
         let at_once = c.core.submit(chunks);
+        // The I/O thread ticks the connection by the earliest deadline
+        // queued, theirs or before (it may not be woken for them): the
+        // core's, which took them in one pass.
+        let due = c.core.queued_due();
         let sent = if at_once { self.write_out(&mut c, u64::MAX, Instant::now()) } else { Sent::Blocked };
         self.unlock(c);
         if let (Some(at), Some(r)) = (due, self.reg.get()) {

@@ -5,7 +5,9 @@ use crate::control::message::DATA_REQUEST_LEN;
 use crate::control::message::{DataRequest, DataResponse, DATA_RESPONSE_LEN};
 use crate::error::Status;
 use crate::memory::{Access, RegionTable};
+use crate::sync::admission::Budget;
 use crate::transfer::{BatchShared, Op, Request};
+use crate::transport::tcp::chunk::Step;
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::time::Duration;
@@ -111,6 +113,14 @@ impl OneRead {
     }
 }
 
+/// An admission step of one 4 KiB chunk of `batch`, on a budget and gates
+/// of its own.
+fn one_step(batch: &Arc<BatchShared>) -> Step {
+    let permit = Budget::new(4096).try_acquire(4096).unwrap();
+    let guards = Gate::new("requester gate").enter_many(1).unwrap();
+    Step::new(batch, permit, guards, Gate::new("connection gate").enter_many(1).unwrap())
+}
+
 /// The chunk of that READ into `addr`.
 fn read_chunk(batch: &Arc<BatchShared>, regions: &RegionTable, addr: u64, deadline: Instant) -> Chunk {
     let epoch = regions.lease(addr, 4096).unwrap().region().epoch;
@@ -121,7 +131,7 @@ fn read_chunk(batch: &Arc<BatchShared>, regions: &RegionTable, addr: u64, deadli
         len: 4096,
         region_epoch: epoch,
         deadline,
-        done: Record { batch: batch.clone(), index: 0, count: 1, permit: None, guard: None, peer_guard: None },
+        done: one_step(batch).record(0, 1, 4096),
         hold: Arc::new(regions.lease(addr, 4096).unwrap()),
     }
 }

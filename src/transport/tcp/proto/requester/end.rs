@@ -96,13 +96,23 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
         let mut kept = VecDeque::with_capacity(self.queue.len());
         for item in self.queue.drain(..) {
             match item {
-                Outgoing::Req(r) if now >= r.deadline => {
-                    let e = Error::TimedOut(format!("deadline passed before the request was sent to {}", self.label));
-                    self.done.push((r.done, ChunkOutcome::failed(e, RemoteEffect::None)));
-                }
-                Outgoing::Req(r) => {
-                    due = due.into_iter().chain(Some(r.deadline)).min();
-                    kept.push_back(Outgoing::Req(r));
+                Outgoing::Reqs(reqs) => {
+                    let mut live = Vec::new();
+                    for r in reqs {
+                        if now >= r.deadline {
+                            let e = Error::TimedOut(format!(
+                                "deadline passed before the request was sent to {}",
+                                self.label
+                            ));
+                            self.done.push((r.done, ChunkOutcome::failed(e, RemoteEffect::None)));
+                        } else {
+                            due = due.into_iter().chain(Some(r.deadline)).min();
+                            live.push(r);
+                        }
+                    }
+                    if !live.is_empty() {
+                        kept.push_back(Outgoing::Reqs(VecDeque::from(live)));
+                    }
                 }
                 other => kept.push_back(other),
             }
@@ -172,8 +182,10 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
             self.done.push((e.done, ChunkOutcome::failed(reason.clone(), RemoteEffect::Unknown)));
         }
         for item in self.queue.drain(..).collect::<Vec<_>>() {
-            if let Outgoing::Req(r) = item {
-                self.done.push((r.done, ChunkOutcome::failed(reason.clone(), RemoteEffect::None)));
+            if let Outgoing::Reqs(reqs) = item {
+                for r in reqs {
+                    self.done.push((r.done, ChunkOutcome::failed(reason.clone(), RemoteEffect::None)));
+                }
             }
         }
         for (_, p) in std::mem::take(&mut self.notes) {

@@ -67,6 +67,45 @@ pub struct Send<T, H> {
     pub hold: H,
 }
 
+/// A submission's requests, in order, with the earliest of their
+/// deadlines, kept as they are pushed (while each is at hand), so that
+/// queueing them takes no pass over them.
+pub struct Sends<T, H> {
+    reqs: Vec<Send<T, H>>,
+    due: Option<Instant>,
+}
+
+impl<T, H> Sends<T, H> {
+    /// Room for `n` requests.
+    pub fn with_capacity(n: usize) -> Sends<T, H> {
+        Sends { reqs: Vec::with_capacity(n), due: None }
+    }
+
+    /// Appends a request.
+    pub fn push(&mut self, r: Send<T, H>) {
+        self.due = Some(self.due.map_or(r.deadline, |d| d.min(r.deadline)));
+        self.reqs.push(r);
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.reqs.is_empty()
+    }
+}
+
+impl<T, H> Default for Sends<T, H> {
+    fn default() -> Self {
+        Sends::with_capacity(0)
+    }
+}
+
+impl<T, H> From<Vec<Send<T, H>>> for Sends<T, H> {
+    fn from(reqs: Vec<Send<T, H>>) -> Self {
+        let due = reqs.iter().map(|r| r.deadline).min();
+        Sends { reqs, due }
+    }
+}
+
 struct Entry<T, H> {
     op: Op,
     len: u64,
@@ -122,10 +161,27 @@ impl<H> Outbuf<H> {
     }
 }
 
+/// What waits to be sent, in order.
 enum Outgoing<T, H> {
-    Req(Send<T, H>),
-    Notify { tag: u64, body: Vec<u8> },
+    /// A submission's requests, as it handed them over (never empty): the
+    /// queue takes them in one step, without moving each (a `VecDeque`
+    /// made from a `Vec` keeps its buffer).
+    Reqs(VecDeque<Send<T, H>>),
+    Notify {
+        tag: u64,
+        body: Vec<u8>,
+    },
     Frame(Vec<u8>),
+}
+
+impl<T, H> Outgoing<T, H> {
+    /// The requests, notifications and frames it holds.
+    fn len(&self) -> usize {
+        match self {
+            Outgoing::Reqs(reqs) => reqs.len(),
+            _ => 1,
+        }
+    }
 }
 
 struct NotePending<N> {
@@ -310,14 +366,15 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
 
     /// Requests, notifications and frames queued or awaiting an answer.
     pub fn outstanding(&self) -> usize {
-        self.queue.len() + self.pending.len() + self.notes.len()
+        self.queue.iter().map(Outgoing::len).sum::<usize>() + self.pending.len() + self.notes.len()
     }
 
     /// Queues requests behind what waits (failed at once when the
     /// connection is over). Returns whether they may be sent at once by
     /// the submitting thread: nothing else waits and they are READs and
     /// small WRITEs (at most 256 of them and 256 KiB of payload).
-    pub fn submit(&mut self, reqs: Vec<Send<T, H>>) -> bool {
+    pub fn submit(&mut self, reqs: impl Into<Sends<T, H>>) -> bool {
+        let Sends { reqs, due } = reqs.into();
         if self.dead.is_some() {
             let e = self.closed_reason();
             for r in reqs {
@@ -330,9 +387,17 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
             && reqs.len() <= 256
             && reqs.iter().all(|r| r.op == Op::Read || r.len <= SMALL_WRITE)
             && reqs.iter().filter(|r| r.op == Op::Write).map(|r| r.len).sum::<u64>() <= 256 * 1024;
-        self.queued_due = reqs.iter().map(|r| r.deadline).chain(self.queued_due).min();
-        self.queue.extend(reqs.into_iter().map(Outgoing::Req));
+        self.queued_due = due.into_iter().chain(self.queued_due).min();
+        if !reqs.is_empty() {
+            self.queue.push_back(Outgoing::Reqs(VecDeque::from(reqs)));
+        }
         at_once
+    }
+
+    /// No queued request has a deadline before this (`None`: none is
+    /// queued, or the connection is over).
+    pub fn queued_due(&self) -> Option<Instant> {
+        self.queued_due
     }
 
     /// Queues a notification's frame (built by `body` from its tag).
@@ -387,7 +452,15 @@ impl<T: Startable, H, N> RequesterCore<T, H, N> {
     fn fill(&mut self, now: Instant) {
         while let Some(item) = self.queue.pop_front() {
             match item {
-                Outgoing::Req(r) => self.add(r, now),
+                Outgoing::Reqs(mut reqs) => {
+                    while !self.out.full() {
+                        let Some(r) = reqs.pop_front() else { break };
+                        self.add(r, now);
+                    }
+                    if !reqs.is_empty() {
+                        self.queue.push_front(Outgoing::Reqs(reqs));
+                    }
+                }
                 Outgoing::Notify { tag, body } => {
                     if let Some(p) = self.notes.get_mut(&tag) {
                         p.written = true;

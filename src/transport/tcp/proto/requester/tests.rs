@@ -457,6 +457,38 @@ fn a_queued_request_fails_at_its_deadline_behind_a_stuck_buffer() {
     assert_eq!(c.outstanding(), 1, "only the WRITE is left");
 }
 
+/// One submission's requests queued together behind a stuck buffer: at
+/// a deadline, those due fail and the one not due stays queued, to be sent
+/// alone once the buffer left. Guards `expire_queued`'s walk through a
+/// submission (failing it whole, or keeping it whole, fails this).
+#[test]
+fn a_submission_queued_whole_expires_request_by_request() {
+    let t0 = Instant::now();
+    let mut c = core();
+    let (hw, hr) = (Rc::new(()), Rc::new(()));
+    let (soon, far) = (t0 + Duration::from_secs(1), t0 + Duration::from_secs(3600));
+    c.submit(vec![send(1, Op::Write, 0, 0x1000, 1 << 20, far, &hw)]);
+    drop(c.transmit(t0));
+    c.sent(100);
+    c.submit(vec![
+        send(2, Op::Read, 0, 0x2000, 64, soon, &hr),
+        send(3, Op::Read, 0, 0x3000, 64, far, &hr),
+        send(4, Op::Read, 0, 0x4000, 64, soon, &hr),
+    ]);
+    c.expire(soon).unwrap();
+    let done: Vec<(u32, Status)> =
+        c.take_done().into_iter().map(|(r, o)| (r.0, o.result.unwrap_err().status())).collect();
+    assert_eq!(done, [(2, Status::TimedOut), (4, Status::TimedOut)]);
+    assert_eq!((c.outstanding(), Rc::strong_count(&hr)), (2, 2), "the WRITE and READ 3 are left");
+    assert_eq!(c.next_deadline(), Some(far));
+    let head = (FRAME_HEADER_LEN + DATA_REQUEST_LEN) as u64;
+    assert!(c.sent(head + (1 << 20) - 100));
+    let out = drain(&mut c, &[], soon);
+    assert_eq!(out.len(), FRAME_HEADER_LEN + DATA_REQUEST_LEN, "one READ frame");
+    let r = DataRequest::decode(out[FRAME_HEADER_LEN..].try_into().unwrap()).unwrap();
+    assert_eq!(r.addr, 0x3000);
+}
+
 /// A connection lost while WRITE payload is leaving: each WRITE says how
 /// much of its payload left (the first wholly, the second 100 of 300
 /// bytes, the third none: its header had not left, effect none). Guards
