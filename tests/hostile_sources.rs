@@ -713,7 +713,7 @@ fn connecting_to_a_source_that_never_answers_times_out() {
     });
     let (s, _) = l.accept().unwrap();
     let got = rx.recv_timeout(Duration::from_secs(60)).expect("connect never returned");
-    let e = got.err().expect("a connect to a silent source");
+    let e = got.expect_err("a connect to a silent source");
     assert_eq!(e.status(), Status::TimedOut, "{e}");
     assert!(e.message().contains("did not complete the handshake"), "{e}");
     assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}", t0.elapsed());
