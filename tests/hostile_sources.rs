@@ -619,3 +619,103 @@ fn a_write_that_timed_out_waiting_for_the_budget_before_leaving_is_none() {
     let _ = (first.wait(Duration::from_secs(60)), filler.wait(Duration::from_secs(60)));
     req.close(Some(Duration::from_secs(60))).unwrap();
 }
+
+/// A source answering a READ with a ReadResponse of 15 bytes, one short of
+/// its fixed part (then more bytes, as the next frame would be): the READ
+/// fails PROTOCOL_ERROR naming the short frame, nothing lands, no thread
+/// panics and the honest peer still serves (read as a fixed part, the
+/// answer took a byte of the next frame and its payload length
+/// underflowed). Guards `transport/tcp/proto/requester/receive.rs`
+/// `if (h.body_len as usize) < DATA_RESPONSE_LEN {`.
+#[test]
+fn a_data_answer_shorter_than_its_fixed_part_is_refused() {
+    let mut h = Honest::new();
+    h.local[..4096].fill(0xee);
+    let fake = h.connect_fake(move |mut s| {
+        let tag = read_request(&mut s);
+        let fixed = DataResponse { tag, status: Status::Ok }.encode();
+        s.write_all(&FrameHeader::encode(MsgKind::ReadResponse, (fixed.len() - 1) as u32)).unwrap();
+        s.write_all(&fixed[..fixed.len() - 1]).unwrap();
+        let _ = s.write_all(&[0x5a; 4096 + 64]);
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    h.read_fails_landing_nothing(fake, "ReadResponse of 15 bytes is too short");
+    assert_eq!(h.req.stats().peers_alive, 1);
+}
+
+/// A source answering a READ with status PENDING (not an outcome): the
+/// READ fails PROTOCOL_ERROR naming the status and the lying connection
+/// ends (decoded, PENDING became the caller's INVALID_ARGUMENT on a
+/// connection kept open). Guards `control/message.rs` DataResponse::decode
+/// `.filter(|s| *s != Status::Pending)`.
+#[test]
+fn a_data_answer_with_status_pending_ends_its_connection() {
+    let mut h = Honest::new();
+    h.local[..4096].fill(0xee);
+    let fake = h.connect_fake(move |mut s| {
+        let tag = read_request(&mut s);
+        let fixed = DataResponse { tag, status: Status::Pending }.encode();
+        s.write_all(&FrameHeader::encode(MsgKind::ReadResponse, fixed.len() as u32)).unwrap();
+        s.write_all(&fixed).unwrap();
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    h.read_fails_landing_nothing(fake, "response carries unknown status 1");
+    assert_eq!(h.req.stats().peers_alive, 1, "the lying connection ended");
+}
+
+/// A source that, with a READ pending, sends a Describe naming the next
+/// engine epoch (another incarnation on the same connection), then answers
+/// the READ honestly: the READ fails PROTOCOL_ERROR naming the epoch,
+/// nothing lands and the connection ends (taken as the peer's Describe,
+/// the requester would hold another engine's identity on this
+/// connection). Guards `transport/tcp/proto/requester/receive.rs`
+/// `if d.identity.engine_epoch != self.describe.identity.engine_epoch {`.
+#[test]
+fn a_describe_naming_a_later_engine_epoch_ends_the_connection() {
+    let mut h = Honest::new();
+    h.local[..4096].fill(0xee);
+    let mut d = describe_of(&h.src.endpoint());
+    d.capabilities = TransportKind::Tcp.capability_bit();
+    d.ipc_name = String::new();
+    let mut later = d.clone();
+    later.identity.engine_epoch += 1;
+    let fake = common::connect_fake_source_as(&h.req, &d, move |mut s| {
+        let tag = read_request(&mut s);
+        let body = later.encode();
+        s.write_all(&FrameHeader::encode(MsgKind::Describe, body.len() as u32)).unwrap();
+        s.write_all(&body).unwrap();
+        let fixed = DataResponse { tag, status: Status::Ok }.encode();
+        let _ = s.write_all(&FrameHeader::encode(MsgKind::ReadResponse, (fixed.len() + 4096) as u32));
+        let _ = s.write_all(&fixed);
+        let _ = s.write_all(&[0x5a; 4096]);
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    h.read_fails_landing_nothing(fake, "changed its engine epoch");
+    assert_eq!(h.req.stats().peers_alive, 1, "the lying connection ended");
+}
+
+/// `connect` to a listener whose kernel accepts the connection but whose
+/// process never answers (a frozen source: the backlog completes the TCP
+/// handshake) ends TIMED_OUT at its timeout, naming the handshake, well
+/// under the 60 s the test waits for it (before, it blocked the caller
+/// for ever). Guards `transport/tcp/handshake.rs` connect's tick
+/// `return Err(Error::TimedOut(format!("{endpoint} did not complete the
+/// handshake in time")));`.
+#[test]
+fn connecting_to_a_source_that_never_answers_times_out() {
+    let req = Engine::from_json("").unwrap();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let ep = l.local_addr().unwrap().to_string();
+    let (done, rx) = std::sync::mpsc::channel();
+    let t0 = Instant::now();
+    std::thread::spawn(move || {
+        let _ = done.send(req.connect(&ep, Some(Duration::from_secs(1))));
+    });
+    let (s, _) = l.accept().unwrap();
+    let got = rx.recv_timeout(Duration::from_secs(60)).expect("connect never returned");
+    let e = got.expect_err("a connect to a silent source");
+    assert_eq!(e.status(), Status::TimedOut, "{e}");
+    assert!(e.message().contains("did not complete the handshake"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}", t0.elapsed());
+    drop(s);
+}

@@ -1064,6 +1064,42 @@ fn a_revalidation_of_an_export_not_exposed_is_refused() {
     a.free().unwrap();
 }
 
+/// A revalidation of a cached export while its region's unregistration
+/// waits for that export (the importer holds it through the revoke) is
+/// refused `UNAVAILABLE` naming the region being unregistered: the grant
+/// alone (epoch, range, operations) would pass it, and the copy would run
+/// through the mapping into a region going away. Once the importer gives
+/// the export back, the unregistration ends OK. Guards
+/// `ExportTable::revalidate` (src/transport/ipc/export/mod.rs): its
+/// `self.validate(..)?` against the region table.
+#[test]
+fn a_revalidation_during_its_regions_unregistration_is_refused() {
+    let (src, a, mut ch, r1, _, o) = a_read_grant();
+    revalidate(&mut ch, &o, r1.epoch, r1.addr, OP_READ).unwrap();
+    let id = src.regions()[0].id;
+    std::thread::scope(|s| {
+        let unreg = s.spawn(|| src.unregister_memory(id, Some(LONG)));
+        // The unregistration starts at some point after the spawn: until
+        // then the grant revalidates; from then on it must be refused.
+        let until = Instant::now() + LONG / 2;
+        let e = loop {
+            match revalidate(&mut ch, &o, r1.epoch, r1.addr, OP_READ) {
+                Ok(()) => assert!(Instant::now() < until, "a revalidation was never refused while unregistering"),
+                Err(e) => break e,
+            }
+            std::thread::yield_now();
+        };
+        assert_eq!(e.status(), Status::Unavailable, "{e}");
+        assert!(e.message().contains(&format!("region {id} is being unregistered")), "{e}");
+        close_export(&mut ch, &o);
+        unreg.join().unwrap().unwrap();
+    });
+    assert!(src.regions().iter().all(|r| r.id != id), "unregistered");
+    drop(ch);
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
+}
+
 /// A region may not pass its library allocation's logical length into
 /// the pages mapped after it: registering one is refused
 /// `INVALID_ARGUMENT`. With the next check, this is why

@@ -162,4 +162,75 @@ mod tests {
         }
         assert_eq!(by.find(999, holds(999)), None);
     }
+
+    /// A Rust submission of MAX_REQUESTS requests passes the count check
+    /// and one of MAX_REQUESTS + 1 is INVALID_ARGUMENT naming the bound (the
+    /// C ABI checks its count itself; only Rust callers reach this one).
+    /// The 512 MiB of requests are one 1 MiB memfd of valid requests
+    /// mapped 513 times over one reservation: address space, not memory
+    /// (the check reads only the length). Guards `requests.len() >
+    /// MAX_REQUESTS`.
+    #[test]
+    fn a_submission_carries_at_most_max_requests() {
+        use crate::transfer::Op;
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        const CHUNK: usize = 1 << 20;
+        let per_chunk = CHUNK / std::mem::size_of::<Request>();
+        let chunks = (MAX_REQUESTS + 1).div_ceil(per_chunk);
+        // SAFETY: memfd_create with a NUL-terminated name.
+        let raw = unsafe { libc::memfd_create(c"requests".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0, "memfd_create: {}", std::io::Error::last_os_error());
+        // SAFETY: a fresh descriptor, owned from here on.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let req = Request { op: Op::Read, local_addr: 0x1000, remote_addr: 0x2000, len: 8 };
+        // One request's bytes, field by field (no padding read).
+        let mut one = [0u8; std::mem::size_of::<Request>()];
+        let mut put = |at: usize, v: &[u8]| one[at..at + v.len()].copy_from_slice(v);
+        put(std::mem::offset_of!(Request, op), &(Op::Read as u32).to_ne_bytes());
+        put(std::mem::offset_of!(Request, local_addr), &req.local_addr.to_ne_bytes());
+        put(std::mem::offset_of!(Request, remote_addr), &req.remote_addr.to_ne_bytes());
+        put(std::mem::offset_of!(Request, len), &req.len.to_ne_bytes());
+        let bytes = one.repeat(per_chunk);
+        assert_eq!(bytes.len(), CHUNK);
+        let mut f = std::fs::File::from(fd);
+        std::io::Write::write_all(&mut f, &bytes).unwrap();
+        let total = chunks * CHUNK;
+        // SAFETY: a fresh reservation of `total` bytes of address space.
+        let base = unsafe {
+            libc::mmap(std::ptr::null_mut(), total, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        for c in 0..chunks {
+            // SAFETY: MAP_FIXED inside the reservation made above, which
+            // nothing else uses; the memfd holds CHUNK bytes.
+            let p = unsafe {
+                libc::mmap(
+                    (base as *mut u8).add(c * CHUNK) as *mut libc::c_void,
+                    CHUNK,
+                    libc::PROT_READ,
+                    libc::MAP_SHARED | libc::MAP_FIXED,
+                    f.as_raw_fd(),
+                    0,
+                )
+            };
+            assert_ne!(p, libc::MAP_FAILED, "chunk {c}");
+        }
+        let e = Engine::from_json("").unwrap();
+        {
+            // SAFETY: every byte of the reservation is mapped to the memfd,
+            // whose bytes are valid Requests (32 bytes each, 8-aligned); the
+            // mapping outlives the slices (unmapped below).
+            let all = unsafe { std::slice::from_raw_parts(base as *const Request, MAX_REQUESTS + 1) };
+            assert_eq!(all[MAX_REQUESTS], req);
+            assert!(e.check_submission(&all[..MAX_REQUESTS]).is_ok());
+            let err = e.check_submission(all).unwrap_err();
+            assert_eq!(err.status(), crate::Status::InvalidArgument);
+            assert!(
+                err.message().contains(&format!("{} requests; one submission carries at most", MAX_REQUESTS + 1)),
+                "{err}"
+            );
+        }
+        // SAFETY: the reservation made above, no slice of it left.
+        assert_eq!(unsafe { libc::munmap(base, total) }, 0);
+    }
 }

@@ -110,6 +110,10 @@ fn fabric_domain_parsing() {
     assert_eq!(boot.fabric_domain, FabricDomain::ThisBoot);
     assert_eq!(EngineConfig::from_json(r#"{"mnnvl": {}}"#).unwrap().mnnvl.unwrap().fabric_domain, FabricDomain::Auto);
     assert!(err(r#"{"mnnvl": {"fabric_domain": "00"}}"#).contains("32 hexadecimal"));
+    // 34 digits: refused naming the key, not cut to their first 32 (which
+    // may name another, existing domain).
+    let long = err(r#"{"mnnvl": {"fabric_domain": "000102030405060708090a0b0c0d0e0f10"}}"#);
+    assert!(long.contains("fabric_domain") && long.contains("32 hexadecimal"), "{long}");
     assert!(err(r#"{"mnnvl": {"fabric_domain": "00000000000000000000000000000000"}}"#).contains("all-zero"));
     assert!(err(r#"{"mnnvl": {"fabric_domain": "zz0102030405060708090a0b0c0d0e0f"}}"#).contains("32 hexadecimal"));
     assert!(err(r#"{"mnnvl": {"handle_type": "dmabuf"}}"#).contains("unknown handle type"));

@@ -411,4 +411,33 @@ mod tests {
         orbite_batch_free(handle);
         e.close(Some(Duration::from_secs(30))).unwrap();
     }
+
+    /// orbite_batch_results with a count other than the batch's requests
+    /// (smaller as larger) is INVALID_ARGUMENT and writes
+    /// nothing: a caller's array of `count` elements is never written past
+    /// its end. Guards its check `count != results.len()`.
+    #[test]
+    fn batch_results_write_exactly_count_results_or_none() {
+        use crate::transfer::{BatchShared, ChunkOutcome};
+        let req = Request { op: Op::Read, local_addr: 0x1000, remote_addr: 0x2000, len: 8 };
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let shared = BatchShared::routed(&[req; 3], Some(TransportKind::Tcp), Default::default(), deadline);
+        for i in 0..3 {
+            shared.complete_chunk(i, ChunkOutcome::ok(Op::Read));
+        }
+        let b = give_out(orbite_batch { batch: crate::engine::Batch::new(shared) });
+        let sentinel = orbite_request_result { status: 77, remote_effect: 77 };
+        for count in [1usize, 2, 4] {
+            let mut out = [sentinel; 4];
+            assert_eq!(orbite_batch_results(b, out.as_mut_ptr(), count), Status::InvalidArgument as orbite_status);
+            assert!(out.iter().all(|r| r.status == 77 && r.remote_effect == 77), "count {count} wrote results");
+        }
+        let mut out = [sentinel; 4];
+        assert_eq!(orbite_batch_results(b, out.as_mut_ptr(), 3), Status::Ok as orbite_status);
+        for r in &out[..3] {
+            assert_eq!((r.status, r.remote_effect), (Status::Ok as u32, crate::RemoteEffect::None as u32));
+        }
+        assert_eq!((out[3].status, out[3].remote_effect), (77, 77));
+        orbite_batch_free(b);
+    }
 }

@@ -139,3 +139,37 @@ fn shared_memory_files_cannot_change_size_or_take_new_seals() {
     assert_eq!(st.st_size as u64, SHARED_ROUNDING);
     a.free().unwrap();
 }
+
+/// A handle released once cannot release the allocation made at the same
+/// address after it (two racing `orbite_allocation_free` of one handle
+/// reach `release` twice): "already freed", the new allocation intact.
+/// mmap gives a freed range back to the next mapping of its size; a try
+/// where another thread took it first is made again. Guards `release`'s
+/// identity check `Arc::ptr_eq(&e.owned, &self.owned)` (by address alone,
+/// the stale handle frees the new allocation).
+#[test]
+fn a_released_handle_cannot_free_the_next_allocation_at_its_address() {
+    let mut kept = Vec::new();
+    for _ in 0..50 {
+        let old = allocate_shared_host(4096).unwrap();
+        old.release().unwrap();
+        let new = allocate_shared_host(4096).unwrap();
+        if new.addr() != old.addr() {
+            kept.push(new);
+            continue;
+        }
+        let e = old.release().unwrap_err();
+        assert_eq!(e.status(), crate::Status::InvalidArgument);
+        assert!(e.message().contains("already freed"), "{e}");
+        assert_eq!(owner_of(new.addr()).map(|o| o.base), Some(new.addr()), "the new allocation is still known");
+        // SAFETY: `new` is mapped (its release above was refused), 4096 bytes.
+        unsafe { (new.addr() as *mut u8).write(7) };
+        drop(old);
+        new.free().map_err(|(_, e)| e).unwrap();
+        for k in kept {
+            k.free().map_err(|(_, e)| e).unwrap();
+        }
+        return;
+    }
+    panic!("no allocation reused a freed address in 50 tries");
+}

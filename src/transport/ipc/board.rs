@@ -336,6 +336,28 @@ mod tests {
         assert!(Board::map(plain).is_err());
     }
 
+    /// A slot given back while its requester still counts in it (a group
+    /// entered and never left, requests and bytes never taken) starts its
+    /// next export with no operation, nobody in flight and no counts: the
+    /// next export's revocation does not wait for the old entry, and its
+    /// counts are its own. Guards `SlotFree::take`'s `.reset()`.
+    #[test]
+    fn a_reused_slot_starts_empty() {
+        let b = Board::create().unwrap();
+        let mut free = SlotFree::default();
+        let (i, g) = free.take(&b).unwrap();
+        let s = b.slot(i).unwrap();
+        publish(s, g, 3);
+        assert!(enter(s, g, 2));
+        s.count(5, 5000);
+        free.give_back(i);
+        let (again, g2) = free.take(&b).unwrap();
+        assert_eq!(again, i, "the first free slot");
+        assert_ne!(g2, g);
+        assert_eq!((s.ops(), s.in_flight(), s.take_counts()), (0, 0, (0, 0)));
+        assert!(revoke(s, free.generation(), || false), "nobody in flight");
+    }
+
     /// A board watching a liveness page refuses entry once the source is
     /// reaped, with no channel to poll (the load alone decides).
     #[test]

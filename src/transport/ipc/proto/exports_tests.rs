@@ -467,3 +467,27 @@ fn a_close_receipt_for_a_handle_still_held_leaves_the_export_lingering() {
     assert!(gone[0].exported);
     assert_eq!(c.counts(), (0, 0));
 }
+
+/// An accept answered again while its handle is being made, or for a
+/// lingering export (close receipt in, handle still held), is
+/// PROTOCOL_ERROR naming the export and changes nothing: no second handle
+/// is asked for, the first is still finished, and a lingering export is
+/// not revived. Guards `begin_answer`'s `if e.state != ExportState::Offered {`.
+#[test]
+fn an_offer_is_answered_once_while_exposing_or_lingering() {
+    let now = Instant::now();
+    let mut c = ExportsCore::new(Duration::from_secs(5));
+    let id = c.offer(grant(1, Some(who(40)), OP_READ), now, "held");
+    assert!(matches!(c.begin_answer(1, &r(id, 1, 0)), Ok(Answering::Expose { base: 0x10000, writable: false })));
+    let again = c.begin_answer(1, &r(id, 1, 0)).err().expect("a second accept while exposing");
+    assert_eq!(again.status(), Status::ProtocolError);
+    assert!(again.message().contains(&format!("export {id} was already answered")), "{again}");
+    assert_eq!(c.state(id), Some(ExportState::Exposing));
+    assert!(matches!(c.finish_answer(1, &r(id, 1, 0), true), Finished::Exposed));
+    assert!(c.close_receipt(1, Some(who(40)), &r(id, 0, 0), |_| true).unwrap().is_none());
+    assert_eq!(c.state(id), Some(ExportState::Lingering));
+    let late = c.begin_answer(1, &r(id, 1, 0)).err().expect("an accept of a lingering export");
+    assert_eq!(late.status(), Status::ProtocolError);
+    assert_eq!(c.state(id), Some(ExportState::Lingering), "not revived");
+    assert_eq!(c.counts(), (0, 1));
+}
