@@ -69,7 +69,7 @@ use orbite::transport::reactor::Got;
 use orbite::transport::tcp::proto::requester::{self, Event, RequesterCore, Startable};
 use orbite::transport::tcp::proto::source::{self, AfterSend, Limits, Recv, Segment, SourceCore, SourceHost};
 use orbite::transport::tcp::pump::{self, Incoming, Next, Outgoing, Pipe, Received, Sent};
-use orbite::transport::tcp::wire::Wire;
+use orbite::transport::wire::Wire;
 use std::cell::Cell;
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;

@@ -3,7 +3,7 @@
 
 use crate::kinds::TransportKind;
 use crate::transport::ipc::link::IpcLink;
-use crate::transport::outbox::Outbox;
+use crate::transport::tcp::outbox::Outbox;
 use crate::transport::tcp::TcpConnection;
 use std::sync::Arc;
 

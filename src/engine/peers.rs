@@ -11,7 +11,7 @@ use crate::kinds::TransportKind;
 use crate::memory::MemoryKind;
 use crate::sync::single_runner::SingleRunner;
 use crate::transport::ipc::link::{IpcLink, LocalEnd, Route};
-use crate::transport::outbox::Outbox;
+use crate::transport::tcp::outbox::Outbox;
 use crate::transport::tcp::requester::RevokeHook;
 use crate::transport::tcp::{handshake, TcpConnection};
 use std::sync::atomic::Ordering;
@@ -48,7 +48,7 @@ impl Engine {
         }
         let on_revoke = self.revoke_hook(&links, &label);
         let conn = TcpConnection::start(
-            (s, crate::transport::tcp::wire::Wire::from(seal)),
+            (s, crate::transport::wire::Wire::from(seal)),
             peer,
             label,
             self.inner.stats.clone(),

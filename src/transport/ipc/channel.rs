@@ -9,7 +9,7 @@
 //! descriptor can cross it, and the source checks the fabric domain and
 //! epochs instead of the kernel's word. With a shared key such a fabric
 //! channel is sealed after its authentication, as a control connection is
-//! (`control::seal`, `tcp::wire`): every frame travels in records checked
+//! (`control::seal`, `transport::wire`): every frame travels in records checked
 //! before anything in them is acted on.
 
 use crate::control::auth::FrameIo;
@@ -18,7 +18,7 @@ use crate::control::io::{self, Tick, TICK};
 use crate::control::seal::{Opener, Sealer};
 use crate::error::{Error, Result};
 use crate::sync::deadline::{never_stop, Deadline};
-use crate::transport::tcp::wire::{self, Wire};
+use crate::transport::wire::{self, Wire};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::sync::deadline::Deadline;
 use crate::transport::reactor::{Ended, Flow, Got, Handler, Reactor, Registration, Served, SCRATCH};
-use crate::transport::tcp::wire::Wire;
+use crate::transport::wire::Wire;
 use parking_lot::Mutex;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -14,10 +14,10 @@
 //! readable edge that may never come for those bytes.
 
 pub use super::pipe::{Pipe, Socket};
-use super::wire::Wire;
 use crate::control::io;
 use crate::error::Result;
 use crate::transport::reactor::Got;
+use crate::transport::wire::Wire;
 use std::io::ErrorKind;
 use std::time::Instant;
 

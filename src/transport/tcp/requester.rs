@@ -14,7 +14,6 @@
 pub use super::chunk::{Chunk, Chunks, Record};
 use super::proto::requester::{Event, Recv, RequesterCore};
 use super::pump::{self, Next, Received, Socket};
-use super::wire::{segment_bytes, Wire};
 use crate::control::io;
 use crate::control::message::Describe;
 use crate::counters::Counters;
@@ -24,6 +23,7 @@ use crate::memory::RegionLease;
 use crate::sync::admission::Gate;
 use crate::transfer::{Assist, ChunkOutcome};
 use crate::transport::reactor::{Ended, Flow, Handler, Reactor, Registration, SCRATCH};
+use crate::transport::wire::{segment_bytes, Wire};
 use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 use std::io::ErrorKind;
 use std::net::{Shutdown, TcpStream};

@@ -7,13 +7,13 @@
 //! first and tagged from the copy (the core may let its memory go at once).
 //! The blocking helpers carry the handshake's Describe frames.
 
-use super::pipe::Pipe;
-use super::proto::source::Segment;
 use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN, MAX_CONTROL_BODY};
 use crate::control::io::{self, Tick};
 use crate::control::seal::{Opener, Sealer, RECORD_MAX};
 use crate::error::{Error, Result};
 use crate::transport::reactor::Got;
+use crate::transport::tcp::pipe::Pipe;
+use crate::transport::tcp::proto::source::Segment;
 use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
 
