@@ -4,10 +4,11 @@
 //! answer, handle) in `opening.rs`, posting a group's copies and ending it
 //! (receipts) in `posting.rs`, the relocation cache at work in
 //! `cached.rs`, closing imports in `closing.rs`, the progress worker in
-//! `progress.rs`. What the protocol decides (whether an offer
-//! matches, what answers it, what a handle or a revalidation's answer
-//! says, how a group ends) is `ipc/proto/requester.rs`; this driver makes
-//! the calls over its link and carries it out.
+//! `progress.rs`; `tests.rs` tests it against a scripted source. What the
+//! protocol decides (whether an offer matches, what answers it, what a
+//! handle or a revalidation's answer says, how a group ends) is
+//! `ipc/proto/requester.rs`; this driver makes the calls over its link and
+//! carries it out.
 
 mod cached;
 mod closing;
@@ -653,3 +654,6 @@ pub(super) struct Want<'a> {
     local_device: Option<i32>,
     deadline: Instant,
 }
+
+#[cfg(test)]
+mod tests;
