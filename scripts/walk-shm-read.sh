@@ -8,7 +8,13 @@
 # instruction at a time. Each executed instruction of the driver (linked
 # with liborbite.a, not position-independent, so addresses are the file's)
 # is mapped with `addr2line -i` to its inlined frames:
-# - a room is a file of src/ named by any frame of any executed instruction;
+# - a room is a file of this crate's src/ named by any frame of any executed
+#   instruction, inlined helpers included (a frame without a line number,
+#   which the compiler gives to glue it made, names no room; nor does a
+#   dependency's own src/, such as hashbrown's src/lib.rs);
+# - an entered room (`--entered`, the issue's coarser count) is a file of
+#   src/ holding a function that ran as a function of its own: the file of
+#   the outermost frame, by the majority of that function's instructions;
 # - an atomic is an executed `lock`-prefixed instruction or an `xchg` with
 #   memory (each execution counted);
 # - a lock acquisition is an atomic executed inside the acquiring function
@@ -16,14 +22,19 @@
 #   `lock_upgradable` (and their `try_` forms) or std's futex mutex and
 #   rwlock `lock`/`read`/`write`; it is named by its innermost frame in src/.
 #
-# usage: scripts/walk-shm-read.sh [shm|cma|auto] (default shm)
+# usage: scripts/walk-shm-read.sh [--entered] [shm|cma|auto] (default shm)
+#        --entered: list the entered rooms instead of all rooms (both counts
+#        are printed either way)
 # env:   ORBITE_LIB  liborbite.a to link (default target/release/liborbite.a;
 #                    build it first: cargo build --release --locked --lib)
 #        WALK_DIR    where the driver and callgrind's file go (default a temp dir)
 #        WALK_LIST=0 print the counts only
-# Prints "locks N rooms M atomics K", then the acquisitions and the rooms.
+# Prints "locks N rooms M entered E atomics K", then the acquisitions and
+# the rooms (each with the functions of it that ran; `=` entered, `-` inlined only).
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
+mode=all
+if [ "${1:-}" = "--entered" ]; then mode=entered; shift; fi
 transport=${1:-shm}
 lib=${ORBITE_LIB:-$root/target/release/liborbite.a}
 dir=${WALK_DIR:-$(mktemp -d)}
@@ -34,10 +45,11 @@ cc -O2 -g -no-pie -I"$root/include" "$root/c_tests/lock_walk.c" "$lib" \
 valgrind --tool=callgrind --toggle-collect=measured_submit --dump-instr=yes \
   --compress-strings=no --compress-pos=no --callgrind-out-file="$dir/cg.out" \
   "$dir/lock_walk" "$transport" >"$dir/run.log" 2>&1 || { cat "$dir/run.log" >&2; exit 1; }
-exec python3 - "$dir/lock_walk" "$dir/cg.out" "$root" "${WALK_LIST:-1}" <<'PY'
+exec python3 - "$dir/lock_walk" "$dir/cg.out" "$root" "${WALK_LIST:-1}" "$mode" <<'PY'
 import collections, os, re, struct, subprocess, sys
 
 exe, out, root, show = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] != "0"
+entered_only = sys.argv[5] == "entered"
 
 # Executed instructions of the driver and how often each ran.
 counts = collections.Counter()
@@ -119,10 +131,10 @@ while k < len(res):
     frames[cur].append((res[k], res[k + 1] if k + 1 < len(res) else "??:0"))
     k += 2
 
-def room(path):
-    """The file of src/ that `path` names, or None."""
-    path = path.split(" ")[0].rsplit(":", 1)[0]
-    if "/.cargo/" in path or path.startswith("/rustc/"):
+def room(loc):
+    """The file of this crate's src/ that `loc` (file:line) names, or None."""
+    path, _, line = loc.split(" ")[0].rpartition(":")
+    if line in ("?", "0") or "/.cargo/" in path or path.startswith("/rustc/") or path.startswith("/rust/deps/"):
         return None
     parts = path.split("/")
     for j in range(len(parts) - 1, -1, -1):
@@ -132,17 +144,25 @@ def room(path):
                 return rel
     return None
 
+def short(fn):
+    """`Type::method` for `<a::Type as b::Trait>::method`, else the path without the crate."""
+    m = re.match(r"<(?:[\w:]*::)?(\w+)(?:<[^ ]*>)? as [^>]*>::(.*)$", fn)
+    return "%s::%s" % m.groups() if m else fn.replace("orbite::", "")
+
 ACQ = re.compile(r"(parking_lot|lock_api).*::(try_)?lock(_shared|_exclusive|_upgradable)?(_fast|_slow)?(<.*>)?$"
                  r"|std::sys::.*(mutex|rwlock).*::(lock|read|write|try_lock|try_read|try_write)(_contended)?$")
-rooms = set()
+rooms = collections.defaultdict(set)  # room -> "=fn" (entered) / "-fn" (inlined)
+outer = collections.defaultdict(collections.Counter)  # entered fn -> rooms of its instructions
 acqs = collections.Counter()
 atomics = 0
 for a in addrs:
     fr = frames.get(a, [])
-    for fn, loc in fr:
+    for k, (fn, loc) in enumerate(fr):
         r = room(loc)
         if r:
-            rooms.add(r)
+            rooms[r].add(fn)
+        if k == len(fr) - 1 and r:
+            outer[fn][r] += 1
     if not atomic(a):
         continue
     atomics += counts[a]
@@ -150,12 +170,20 @@ for a in addrs:
         site = next(("%s:%s %s" % (room(loc), loc.rsplit(":", 1)[1].split(" ")[0], fn[:90])
                      for fn, loc in fr if room(loc)), "?")
         acqs[site] += counts[a]
-print("locks %d rooms %d atomics %d" % (sum(acqs.values()), len(rooms), atomics))
+home = {fn: c.most_common(1)[0][0] for fn, c in outer.items()}
+entered = collections.defaultdict(set)
+for fn, r in home.items():
+    entered[r].add(fn)
+print("locks %d rooms %d entered %d atomics %d" % (sum(acqs.values()), len(rooms), len(entered), atomics))
 if show:
     print("lock acquisitions (innermost frame in src/):")
     for s, n in sorted(acqs.items()):
         print("  %dx %s" % (n, s))
-    print("rooms:")
-    for r in sorted(rooms):
-        print("  " + r)
+    listed = entered if entered_only else rooms
+    print("entered rooms:" if entered_only else "rooms (= entered, - inlined only):")
+    for r in sorted(listed):
+        mark = "=" if r in entered else "-"
+        fns = sorted(entered[r]) if entered_only else sorted(entered[r]) + sorted(rooms[r] - entered[r])
+        print("  %s %s: %s" % (mark, r, ", ".join(short(f)[:70] for f in fns[:4])
+                                 + (" (+%d)" % (len(fns) - 4) if len(fns) > 4 else "")))
 PY

@@ -1,7 +1,6 @@
 //! The Rust API: [`Engine`] and its life cycle (start, what it tells
 //! peers, closes, shutdown). Below this file: `config`, `batch`, `ipc` (the
-//! IPC transports and route policy), `peer` (one connected peer),
-//! `accept` (the listeners) and `registry` (the process-wide engine list).
+//! IPC transports and route policy), `accept` (the listeners) and `registry` (the process-wide engine list).
 //! Above it, each adding methods to [`Engine`]: `peers` (connect,
 //! disconnect), `regions` (registration), `submit` (submissions and
 //! transport selection) and `stats` (the snapshot).
@@ -10,7 +9,6 @@ mod accept;
 pub mod batch_handle;
 mod check;
 pub mod config;
-mod connected_peer;
 pub mod direct;
 pub mod doctor;
 mod ipc_transports;
@@ -44,12 +42,14 @@ use crate::sync::fast_hash::FastMap;
 use crate::sync::snapshot::Snapshot;
 use crate::transport::inbox::Inbox;
 use crate::transport::ipc::faults::Faults;
+use crate::transport::ipc::link::IpcLink;
 use crate::transport::ipc::source::IpcSourceContext;
+use crate::transport::tcp::outbox::Outbox;
 use crate::transport::reactor::Reactor;
 use crate::transport::tcp::source::Revoker;
 use crate::transport::tcp::SourceContext;
+use crate::transport::tcp::TcpConnection;
 use accept::Listeners;
-use connected_peer::Peer;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -96,6 +96,37 @@ pub(crate) struct Inner {
     /// This engine's log lines: its level (`ORBITE_LOG`, else the config's
     /// `log_level`) and its label (name and endpoint).
     log: Arc<Logger>,
+}
+
+/// A connected peer: the value of the peer table ([`Engine::peer`]).
+pub(crate) struct Peer {
+    /// The endpoint it was connected with.
+    endpoint: String,
+    /// The control connection (and the TCP transport).
+    conn: Arc<TcpConnection>,
+    /// One IPC link per IPC transport, or why it cannot be used with this peer.
+    links: Vec<(TransportKind, std::result::Result<Arc<IpcLink>, String>)>,
+    /// Notifications for the peer, sent once the requests before them ended.
+    outbox: Arc<Outbox>,
+}
+
+impl Peer {
+    /// Its IPC link on transport `kind`, or why there is none.
+    fn link(&self, kind: TransportKind) -> std::result::Result<Arc<IpcLink>, String> {
+        self.links
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map(|(_, l)| l.clone())
+            .unwrap_or_else(|| Err(format!("{} is not an IPC transport", kind.name())))
+    }
+
+    fn close_links(&self) {
+        for (_, l) in &self.links {
+            if let Ok(l) = l {
+                l.close();
+            }
+        }
+    }
 }
 
 /// How long an engine's close waits for its log lines to reach stderr.
@@ -367,6 +398,11 @@ impl Engine {
     /// qualification). Inert unless a counter is set.
     pub fn faults(&self) -> &Faults {
         &self.inner.faults
+    }
+
+    /// Peer `id` from the peer table (read without a lock).
+    fn peer(&self, id: u64) -> Result<Arc<Peer>> {
+        self.inner.peers.load().get(&id).cloned().ok_or_else(|| Error::NotFound(format!("no peer with id {id}")))
     }
 
     pub(super) fn timeout(&self, t: Option<Duration>) -> Duration {

@@ -1,9 +1,9 @@
 //! Peers: connecting (the handshake, then one IPC link per IPC transport
-//! the two engines share), the peer table, the regions a peer publishes,
-//! and disconnecting.
+//! the two engines share), the regions a peer publishes, and
+//! disconnecting. The table itself and its lookup ([`Engine::peer`]) are
+//! in `mod.rs`, beside [`Peer`].
 
-use super::connected_peer::Peer;
-use super::{ipc_transports, Engine, Inner};
+use super::{ipc_transports, Engine, Inner, Peer};
 use crate::control::message::{Describe, RegionInfo};
 use crate::control::{endpoint, identity};
 use crate::error::{Error, Result};
@@ -116,10 +116,6 @@ impl Engine {
         let conn = p.conn.clone();
         d.watch(name, rec.epoch, Box::new(move |why| conn.retire(Error::StalePeer(why))));
         Ok(id)
-    }
-
-    pub(super) fn peer(&self, id: u64) -> Result<Arc<Peer>> {
-        self.inner.peers.load().get(&id).cloned().ok_or_else(|| Error::NotFound(format!("no peer with id {id}")))
     }
 
     /// The regions peer `id` publishes (asks the peer for a fresh list).

@@ -5,9 +5,8 @@
 //! order), the TCP executor queues chunks on the peer's connection.
 
 use super::batch_handle::{Batch, SubmitOptions};
-use super::connected_peer::Peer;
 use super::plan::{self, Policy};
-use super::Engine;
+use super::{Engine, Peer};
 use crate::error::{Error, Result, Status};
 use crate::kinds::{Transport, TransportKind};
 use crate::transfer::{BatchShared, RemoteEffect, Request};

@@ -44,11 +44,12 @@ use std::sync::Arc;
 /// start, so a helper that wakes late costs at most the piece it is
 /// copying. Returns when every copy is done.
 pub fn copy(ops: &[CopyOp], plan: CopyPlan) {
-    let pool = pool();
     let total: u64 = ops.iter().map(|o| o.len).sum();
+    // A small group goes straight to the kernel: the pool is not asked.
     if !pooled_bytes(total, plan, PARALLEL_MIN_BYTES) {
         return run(ops, false);
     }
+    let pool = pool();
     let stream = streams(total);
     let idle: Vec<&Worker> = pool.workers.iter().filter(|w| w.idle()).take(helpers(pool.workers.len())).collect();
     if idle.is_empty() {
