@@ -669,3 +669,44 @@ fn lying_control_frames_end_the_connection_naming_why() {
     assert_eq!((e.status(), e.message()), (Status::Unavailable, "peer closed the connection mid-frame"));
     assert!(!c.closed_by_peer());
 }
+
+/// A Describe request the source answered is not reported lost when the
+/// connection ends later (its waiter has its answer; a stale count would
+/// fail the next one's at once). Guards `control_frame`'s
+/// `self.describes_awaited = self.describes_awaited.saturating_sub(1);`.
+#[test]
+fn an_answered_describe_request_is_not_reported_lost_at_the_end() {
+    let t0 = Instant::now();
+    let mut c = core();
+    c.request_describe().unwrap();
+    drain(&mut c, &[], t0);
+    let body = (*c.describe().0).encode();
+    let mut wire = FrameHeader::encode(MsgKind::Describe, body.len() as u32).to_vec();
+    wire.extend(body);
+    feed(&mut c, &wire, 1 << 20, &mut []);
+    assert!(matches!(c.take_events().as_slice(), [Event::Described]));
+    c.kill(Error::Unavailable("peer 1 closed the connection".into()), t0);
+    assert!(c.take_events().is_empty(), "an answered Describe request reported lost");
+}
+
+/// A NotifyAck whose refusal text is one byte past MAX_REASON ends the
+/// connection naming it (a source may not hand the caller unbounded
+/// text). Guards `control/notify_frame.rs` `decode_ack`'s
+/// `if text.len() > MAX_REASON {`.
+#[test]
+fn a_notify_ack_with_an_overlong_reason_is_a_protocol_error() {
+    let t0 = Instant::now();
+    let mut c = core();
+    c.notify(|t| t.to_le_bytes().to_vec(), t0 + Duration::from_secs(9), 5);
+    let sent = drain(&mut c, &[], t0);
+    let tag = u64::from_le_bytes(sent[FRAME_HEADER_LEN..FRAME_HEADER_LEN + 8].try_into().unwrap());
+    let mut ack = tag.to_le_bytes().to_vec();
+    ack.extend((Status::PermissionDenied as u32).to_le_bytes());
+    ack.extend(((MAX_REASON + 1) as u16).to_le_bytes());
+    ack.extend(vec![b'r'; MAX_REASON + 1]);
+    let mut wire = FrameHeader::encode(MsgKind::NotifyAck, ack.len() as u32).to_vec();
+    wire.extend(ack);
+    let e = refused(&mut c, &wire);
+    assert_eq!(e.status(), Status::ProtocolError, "{e}");
+    assert_eq!(e.message(), format!("NotifyAck reason of {} bytes is too long", MAX_REASON + 1));
+}
