@@ -224,3 +224,17 @@ fn a_write_request_shorter_than_its_length_is_refused_and_lands_nothing() {
     refused_at_once(src, s, &frames, "WriteRequest body of 64 bytes does not match its length 64");
     assert!(remote == pattern_vec(3, 1 << 20), "the region's bytes changed");
 }
+
+/// A DescribeRequest carrying an 8-byte body: the source answers at once
+/// with PROTOCOL_ERROR naming it and closes, sending no Describe (taken
+/// as a request, its body would be read as the next frame). Guards
+/// `transport/tcp/proto/source/receive.rs`
+/// `MsgKind::DescribeRequest if h.body_len != 0 => Err(`.
+#[test]
+fn a_describe_request_with_a_body_is_refused_at_once() {
+    let (src, _remote) = engine("");
+    let (s, d) = raw_control(&src.endpoint());
+    let mut frames = FrameHeader::encode(MsgKind::DescribeRequest, 8).to_vec();
+    frames.extend_from_slice(&read_req(1, &d, 0, 64)[..8]);
+    refused_at_once(src, s, &frames, "DescribeRequest with a body");
+}

@@ -719,3 +719,228 @@ fn connecting_to_a_source_that_never_answers_times_out() {
     assert!(t0.elapsed() < Duration::from_secs(30), "took {:?}", t0.elapsed());
     drop(s);
 }
+
+/// `connect` to a listener that reads the requester's Describe and then
+/// answers `answer` (raw bytes) and ends its side: the error.
+fn handshake_answered(answer: Vec<u8>) -> Error {
+    let req = Engine::from_json("").unwrap();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let ep = l.local_addr().unwrap().to_string();
+    let fake = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut h = [0u8; 16];
+        s.read_exact(&mut h).unwrap();
+        let h = FrameHeader::decode(&h).unwrap();
+        assert_eq!(h.kind, MsgKind::Describe);
+        s.read_exact(&mut vec![0u8; h.body_len as usize]).unwrap();
+        s.write_all(&answer).unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    let e = req.connect(&ep, Some(Duration::from_secs(60))).map(|_| ()).expect_err("a connect the source refused");
+    drop(req);
+    fake.join().unwrap();
+    e
+}
+
+/// A source that answers the handshake's Describe with another frame
+/// (a Revoke), with an Error frame, or by closing: `connect` fails with
+/// PROTOCOL_ERROR naming the frame, with the source's own status and text
+/// (RESOURCE_EXHAUSTED: try later, not a broken peer), UNAVAILABLE
+/// naming the handshake, or (half a header, then the end) UNAVAILABLE
+/// naming the cut frame. Guards `transport/tcp/handshake.rs` `connect`:
+/// `other => return Err(Error::Protocol(format!("{endpoint} answered the
+/// handshake with {other:?}")))`, the Error arm's
+/// `Error::from_status(st, ...)` and the `HeaderRead::Eof` arm, and
+/// `control/io.rs` `read_full`'s `Ok(0) if done == 0 && eof_ok`.
+#[test]
+fn a_source_answering_the_handshake_with_no_describe_is_refused_naming_why() {
+    let e = handshake_answered(FrameHeader::encode(MsgKind::Revoke, 0).to_vec());
+    assert_eq!(e.status(), Status::ProtocolError, "{e}");
+    assert!(e.message().ends_with("answered the handshake with Revoke"), "{e}");
+
+    let body = orbite::control::message::encode_error(Status::ResourceExhausted, "no slot left");
+    let mut refusal = FrameHeader::encode(MsgKind::Error, body.len() as u32).to_vec();
+    refusal.extend(body);
+    let e = handshake_answered(refusal);
+    assert_eq!(e.status(), Status::ResourceExhausted, "{e}");
+    assert!(e.message().ends_with("refused the connection: no slot left"), "{e}");
+
+    let e = handshake_answered(Vec::new());
+    assert_eq!(e.status(), Status::Unavailable, "{e}");
+    assert!(e.message().ends_with("closed the connection during the handshake"), "{e}");
+
+    // Half a header, then the end: cut mid-frame, not an orderly close.
+    let e = handshake_answered(FrameHeader::encode(MsgKind::Describe, 64)[..8].to_vec());
+    assert_eq!(e.status(), Status::Unavailable, "{e}");
+    assert!(e.message().ends_with("peer closed the connection mid-frame"), "{e}");
+}
+
+/// A source that answers a READ after its deadline, and then lies in that
+/// late answer (4000 bytes for 4096, on one connection) or answers it a
+/// second time (on another): the READ already failed TIMED_OUT, nothing
+/// lands, and the lie ends the connection naming it (dropped unchecked,
+/// the late answer's bytes would be read as the next frames, and a second
+/// answer would be taken for nobody's). Guards
+/// `transport/tcp/proto/requester/receive.rs` `abandoned_answer`:
+/// `(true, true, Op::Read) => rest == len` and the late tag's
+/// `self.abandoned.remove(&resp.tag)`.
+#[test]
+fn a_late_answer_that_lies_ends_its_connection() {
+    let mut h = Honest::new();
+    for (got, twice, why) in [(4000usize, false, "does not match its request"), (4096, true, "for unknown tag")] {
+        h.local[..4096].fill(0xee);
+        let (late, go) = std::sync::mpsc::channel::<()>();
+        let fake = h.connect_fake(move |mut s| {
+            let tag = read_request(&mut s);
+            let _ = go.recv();
+            let fixed = DataResponse { tag, status: Status::Ok }.encode();
+            for _ in 0..if twice { 2 } else { 1 } {
+                let _ = s.write_all(&FrameHeader::encode(MsgKind::ReadResponse, (fixed.len() + got) as u32));
+                let _ = s.write_all(&fixed);
+                let _ = s.write_all(&vec![0x5a; got]);
+            }
+            let _ = s.read_to_end(&mut Vec::new());
+        });
+        let b = h.submit(fake, Op::Read, 4096, Duration::from_secs(1));
+        assert_eq!(b.wait(Duration::from_secs(60)).unwrap_err().status(), Status::TransferFailed);
+        assert_eq!(b.results()[0].status, Status::TimedOut, "{:?}", b.error(0));
+        late.send(()).unwrap();
+        let r = Request {
+            op: Op::Read,
+            local_addr: h.local.as_ptr() as u64,
+            remote_addr: h.remote.as_ptr() as u64,
+            len: 1,
+        };
+        // A READ after the lie: refused at submit, or failed with the
+        // connection's end (kept, it would wait for its deadline).
+        let (st, m) = match h.req.submit(fake, &[r], SubmitOptions { timeout: Some(Duration::from_secs(30)), ..tcp() })
+        {
+            Err(e) => (e.status(), e.message().to_string()),
+            Ok(b) => {
+                let _ = b.wait(Duration::from_secs(60));
+                (b.results()[0].status, b.error(0).map(|e| e.message().to_string()).unwrap_or_default())
+            }
+        };
+        assert!(matches!(st, Status::Unavailable | Status::ProtocolError), "{st:?}: {m}");
+        assert!(m.contains(why), "{st:?}: {m}");
+        assert!(h.local[..4096].iter().all(|b| *b == 0xee), "the late answer landed");
+    }
+    h.fifty_reads();
+    assert_eq!(h.req.stats().peers_alive, 1);
+}
+
+fn tcp() -> SubmitOptions {
+    SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: None }
+}
+
+/// A Describe frame of `d`.
+fn describe_frame(d: &orbite::control::message::Describe) -> Vec<u8> {
+    let body = d.encode();
+    let mut f = FrameHeader::encode(MsgKind::Describe, body.len() as u32).to_vec();
+    f.extend(body);
+    f
+}
+
+/// A source whose handshake Describe breaks one of its bounds: more than
+/// MAX_REGIONS regions, engine epoch 0, an endpoint past MAX_ENDPOINT
+/// bytes (a valid IP:port, its port zero-padded) or an IPC name past
+/// MAX_IPC_NAME bytes: `connect` fails PROTOCOL_ERROR naming the bound,
+/// and the requester keeps no such peer. Guards `control/message.rs`
+/// `Describe::decode`'s `if n > MAX_REGIONS {` and `if engine_epoch == 0
+/// {`, and the length clauses of `check_endpoint` and `check_ipc_name`.
+#[test]
+fn a_describe_past_its_bounds_is_refused_at_the_handshake() {
+    use orbite::control::message::{MAX_ENDPOINT, MAX_IPC_NAME, MAX_REGIONS};
+    let honest = orbite::control::message::Describe {
+        identity: orbite::control::Identity::fresh().unwrap(),
+        capabilities: TransportKind::Tcp.capability_bit(),
+        fabric_domain: [0; 16],
+        endpoint: "127.0.0.1:9".into(),
+        ipc_name: String::new(),
+        regions: vec![],
+    };
+    let region = orbite::control::message::RegionInfo {
+        id: 1,
+        epoch: 1,
+        addr: 1 << 30,
+        len: 4096,
+        access: Access::READ,
+        kind: MemoryKind::Host,
+    };
+    let mut many = honest.clone();
+    many.regions =
+        (1..=MAX_REGIONS as u64 + 1).map(|id| orbite::control::message::RegionInfo { id, ..region }).collect();
+    let mut epoch0 = honest.clone();
+    epoch0.identity.engine_epoch = 0;
+    let mut long_endpoint = honest.clone();
+    long_endpoint.endpoint = format!("127.0.0.1:{:0>width$}", 9, width = MAX_ENDPOINT - 9);
+    assert!(long_endpoint.endpoint.parse::<std::net::SocketAddr>().is_ok());
+    let mut long_name = honest.clone();
+    long_name.ipc_name = "n".repeat(MAX_IPC_NAME + 1);
+    for (d, why) in [
+        (many, format!("Describe publishes {} regions (limit {MAX_REGIONS})", MAX_REGIONS + 1)),
+        (epoch0, "Describe carries engine epoch 0".to_string()),
+        (long_endpoint, format!("is not IP:port of at most {MAX_ENDPOINT} bytes")),
+        (long_name, "IPC name".to_string()),
+    ] {
+        let e = handshake_answered(describe_frame(&d));
+        assert_eq!(e.status(), Status::ProtocolError, "{why}: {e}");
+        assert!(e.message().contains(&why), "{why}: {e}");
+    }
+}
+
+/// A source answering a READ with a nonzero reserved field in the
+/// answer's fixed part: the READ fails PROTOCOL_ERROR naming the field,
+/// nothing lands, and the lying connection alone ends. Guards
+/// `control/message.rs` `DataResponse::decode`'s
+/// `if b[12..16] != [0, 0, 0, 0] {`.
+#[test]
+fn a_data_answer_with_a_reserved_field_set_is_refused() {
+    let mut h = Honest::new();
+    h.local[..4096].fill(0xee);
+    let fake = h.connect_fake(move |mut s| {
+        let tag = read_request(&mut s);
+        let mut fixed = DataResponse { tag, status: Status::Ok }.encode();
+        fixed[15] = 1;
+        s.write_all(&FrameHeader::encode(MsgKind::ReadResponse, (fixed.len() + 4096) as u32)).unwrap();
+        s.write_all(&fixed).unwrap();
+        let _ = s.write_all(&[0x5a; 4096]);
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    h.read_fails_landing_nothing(fake, "response reserved field is not 0");
+    assert_eq!(h.req.stats().peers_alive, 1);
+}
+
+/// A source that, with a READ pending, announces a control frame (a
+/// Describe) or a WRITE's answer one byte past MAX_CONTROL_BODY: the
+/// request fails PROTOCOL_ERROR from the header alone, naming the limit,
+/// nothing lands, and the requester never gathers (or waits for) the
+/// announced body. Guards `control/frame.rs` `MsgKind::max_body`'s
+/// `_ => MAX_CONTROL_BODY as u64` and its `WriteRequest | ReadResponse`
+/// arm (a WriteResponse is bounded as a control frame).
+#[test]
+fn an_oversize_control_frame_from_a_source_is_refused_from_its_header() {
+    let mut h = Honest::new();
+    let over = orbite::control::frame::MAX_CONTROL_BODY + 1;
+    for (op, kind) in [(Op::Read, MsgKind::Describe), (Op::Write, MsgKind::WriteResponse)] {
+        h.local[..4096].fill(0xee);
+        let fake = h.connect_fake(move |mut s| {
+            let tag = read_request(&mut s);
+            if op == Op::Write {
+                s.read_exact(&mut [0u8; 4096]).unwrap();
+            }
+            let _ = s.write_all(&FrameHeader::encode(kind, over));
+            let _ = s.write_all(&DataResponse { tag, status: Status::PermissionDenied }.encode());
+            let _ = s.read_to_end(&mut Vec::new());
+        });
+        let b = h.submit(fake, op, 4096, Duration::from_secs(30));
+        assert_eq!(b.wait(Duration::from_secs(60)).unwrap_err().status(), Status::TransferFailed);
+        assert_eq!(b.results()[0].status, Status::ProtocolError, "{kind:?}: {:?}", b.error(0));
+        let m = b.error(0).unwrap().message().to_string();
+        assert!(m.contains(&format!("{kind:?} frame of {over} bytes exceeds the limit of {} bytes", over - 1)), "{m}");
+        assert!(h.local[..4096].iter().all(|b| *b == 0xee));
+    }
+    h.fifty_reads();
+    assert_eq!(h.req.stats().peers_alive, 1);
+}

@@ -1200,3 +1200,69 @@ fn an_export_request_past_its_region_is_refused() {
     src.close(Some(LONG)).unwrap();
     a.free().unwrap();
 }
+
+/// A connector that answers a keyed engine's AuthResponse with a Goodbye
+/// (no proof) is refused PERMISSION_DENIED naming the frame it sent, in a
+/// plain Error frame, and counted as an authentication failure: whatever
+/// broke the exchange, the refusal is PERMISSION_DENIED (a connector must
+/// not read "protocol error" as "try again without the key"). Guards
+/// `transport/tcp/handshake.rs` `open`'s `other =>
+/// Error::PermissionDenied(format!("authentication not completed: ..."))`
+/// and `control/auth.rs` `accept`'s `if kind != MsgKind::AuthProof {`.
+#[test]
+fn an_authentication_ended_without_a_proof_is_permission_denied() {
+    let k = key_file("no-proof", 8);
+    let src = Engine::from_json(&with_key(&k)).unwrap();
+    let mut s = TcpStream::connect(src.endpoint()).unwrap();
+    s.set_read_timeout(Some(LONG)).unwrap();
+    let mut challenge = vec![3u8; orbite::control::auth::NONCE_LEN];
+    challenge.push(0);
+    s.write_all(&FrameHeader::encode(MsgKind::AuthChallenge, challenge.len() as u32)).unwrap();
+    s.write_all(&challenge).unwrap();
+    let mut frames = Vec::new();
+    for _ in 0..2 {
+        let mut h = [0u8; FRAME_HEADER_LEN];
+        s.read_exact(&mut h).unwrap();
+        let h = FrameHeader::decode(&h).unwrap();
+        let mut body = vec![0u8; h.body_len as usize];
+        s.read_exact(&mut body).unwrap();
+        frames.push((h.kind, body));
+        if frames.len() == 1 {
+            assert_eq!(h.kind, MsgKind::AuthResponse);
+            s.write_all(&FrameHeader::encode(MsgKind::Goodbye, 0)).unwrap();
+        }
+    }
+    assert_eq!(frames[1].0, MsgKind::Error);
+    let (st, text) = message::decode_error(&frames[1].1).unwrap();
+    assert_eq!(st, Status::PermissionDenied, "{text}");
+    assert_eq!(text, "authentication not completed: expected AuthProof, got Goodbye");
+    assert_eq!(src.stats().events.auth_failures, 1);
+}
+
+/// A connector whose AuthChallenge names a `wire_security` byte no engine
+/// knows (7) is refused at once, PERMISSION_DENIED naming the byte, in a
+/// plain Error frame and counted (taken for "encrypt", the exchange would
+/// go on under a mode the connector never chose). Guards
+/// `control/auth.rs` `wire_of`'s `other => Err(Error::Protocol(format!(
+/// "unknown wire_security {other} in the authentication")))`.
+#[test]
+fn an_authentication_naming_an_unknown_wire_security_is_refused() {
+    let k = key_file("unknown-wire", 9);
+    let src = Engine::from_json(&with_key(&k)).unwrap();
+    let mut s = TcpStream::connect(src.endpoint()).unwrap();
+    s.set_read_timeout(Some(LONG)).unwrap();
+    let mut challenge = vec![3u8; orbite::control::auth::NONCE_LEN];
+    challenge.push(7);
+    s.write_all(&FrameHeader::encode(MsgKind::AuthChallenge, challenge.len() as u32)).unwrap();
+    s.write_all(&challenge).unwrap();
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    s.read_exact(&mut h).unwrap();
+    let h = FrameHeader::decode(&h).unwrap();
+    let mut body = vec![0u8; h.body_len as usize];
+    s.read_exact(&mut body).unwrap();
+    assert_eq!(h.kind, MsgKind::Error);
+    let (st, text) = message::decode_error(&body).unwrap();
+    assert_eq!(st, Status::PermissionDenied, "{text}");
+    assert_eq!(text, "authentication not completed: unknown wire_security 7 in the authentication");
+    assert_eq!(src.stats().events.auth_failures, 1);
+}

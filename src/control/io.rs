@@ -52,33 +52,6 @@ pub fn read_header(s: &mut impl Read, tick: Tick<'_>) -> Result<HeaderRead> {
     Ok(HeaderRead::Frame(FrameHeader::decode(&h)?))
 }
 
-/// Reads a frame header from a peer that is not trusted to keep pace: the
-/// wait for the first byte is unbounded (an idle connection is fine), but
-/// once a frame has started its 16 header bytes must arrive within
-/// `frame_timeout` (a slow-loris is cut off with a protocol error).
-pub fn read_header_bounded(
-    s: &mut impl Read,
-    tick: Tick<'_>,
-    frame_timeout: std::time::Duration,
-) -> Result<HeaderRead> {
-    let mut h = [0u8; FRAME_HEADER_LEN];
-    if !read_full(s, &mut h[..1], tick, true)? {
-        return Ok(HeaderRead::Eof);
-    }
-    let deadline = std::time::Instant::now() + frame_timeout;
-    let mut bounded = || {
-        tick()?;
-        if std::time::Instant::now() >= deadline {
-            return Err(Error::Protocol(format!(
-                "frame header not completed within {frame_timeout:?} (peer too slow)"
-            )));
-        }
-        Ok(())
-    };
-    read_full(s, &mut h[1..], &mut bounded, false)?;
-    Ok(HeaderRead::Frame(FrameHeader::decode(&h)?))
-}
-
 /// Reads a whole (control) body.
 pub fn read_body(s: &mut impl Read, len: u32, tick: Tick<'_>) -> Result<Vec<u8>> {
     let mut b = vec![0u8; len as usize];
