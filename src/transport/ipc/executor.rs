@@ -7,7 +7,6 @@
 
 use super::groups::{group, windowed, windows, Group, Grouped};
 use super::link::IpcLink;
-use super::messages::op_bit;
 use super::requester::{Finished, GroupError, GroupLocal, GroupRun, IpcRequester, OnDone};
 use crate::error::{Error, Status};
 use crate::kinds::TransportKind;
@@ -122,8 +121,7 @@ impl IpcExecutor<'_> {
                 && !g.retried
                 && windowed(kind, self.requester.caches(), &g, part, any_order)
             {
-                let ops = part.iter().fold(0, |ops, c| ops | op_bit(c.req.op));
-                let cuts = windows(kind, part.iter().map(|c| &c.req));
+                let (cuts, ops) = windows(kind, part.iter().map(|c| &c.req));
                 let at = g.from;
                 groups
                     .extend(cuts.into_iter().map(|w| Group { window: Some(ops), ..g.over(at + w.start..at + w.end) }));

@@ -2,6 +2,7 @@
 //! local memory one GPU copies, gathered (independent requests) or kept in
 //! runs (dependent ones), and a large independent group's windows.
 
+use super::messages::op_bit;
 use super::plan::independent;
 use crate::control::message::RegionInfo;
 use crate::kinds::TransportKind;
@@ -216,17 +217,19 @@ pub const WINDOW_MAX_REQUESTS: usize = 2 * WINDOW_REQUESTS;
 /// Cuts an independent group into windows (see [`WINDOW_REQUESTS`] and
 /// [`WINDOW_MAX_REQUESTS`]); a group too small for two windows stays
 /// whole. The windows keep the group's order: each is a range of it (of
-/// positions in `reqs`), found in one pass, with nothing copied.
-pub fn windows<'r>(kind: TransportKind, reqs: impl ExactSizeIterator<Item = &'r Request>) -> Vec<Range<usize>> {
+/// positions in `reqs`), found in one pass, with nothing copied; the same
+/// pass gathers the group's operations (each window carries them).
+pub fn windows<'r>(kind: TransportKind, reqs: impl ExactSizeIterator<Item = &'r Request>) -> (Vec<Range<usize>>, u32) {
     // A CPU copy needs enough bytes to be worth handing to the pool; a
     // native batch is worth posting from its count of copies alone.
     let cpu = matches!(kind, TransportKind::Shm | TransportKind::Cma);
     let min_bytes = if cpu { cpu_copy::ASYNC_MIN_BYTES } else { 0 };
     let n = reqs.len();
     let mut out = Vec::new();
-    let (mut start, mut bytes) = (0usize, 0u64);
+    let (mut start, mut bytes, mut ops) = (0usize, 0u64, 0u32);
     for (at, r) in reqs.enumerate() {
         bytes += r.len;
+        ops |= op_bit(r.op);
         let (len, rest) = (at + 1 - start, n - at - 1);
         // A window closes once it is large enough, unless what is left
         // would make too small a last one.
@@ -238,7 +241,7 @@ pub fn windows<'r>(kind: TransportKind, reqs: impl ExactSizeIterator<Item = &'r 
         }
     }
     out.push(start..n);
-    out
+    (out, ops)
 }
 
 /// Whether the last group of an IPC submission moves in windows (see
@@ -334,7 +337,8 @@ mod tests {
             (0..n).map(|_| Request { op: Op::Read, local_addr: 0, remote_addr: 0, len }).collect()
         };
         let cut = |kind: TransportKind, reqs: Vec<Request>| -> Vec<usize> {
-            let w = windows(kind, reqs.iter());
+            let (w, ops) = windows(kind, reqs.iter());
+            assert_eq!(ops, op_bit(Op::Read));
             let starts: Vec<usize> = w.iter().map(|r| r.start).collect();
             let ends: Vec<usize> = [&[0][..], &w.iter().map(|r| r.end).collect::<Vec<_>>()].concat();
             assert_eq!((starts, w.last().map(|r| r.end)), (ends[..w.len()].to_vec(), Some(reqs.len())), "{w:?}");
@@ -346,5 +350,9 @@ mod tests {
         // Too small for two windows: whole.
         assert_eq!(cut(TransportKind::Shm, of(8192, 64)), vec![8192]);
         assert_eq!(cut(TransportKind::Nvlink, of(8192, 64)), vec![4096, 4096]);
+        // The windows carry the operations of the whole group.
+        let mut mixed = of(3, 64);
+        mixed[1].op = Op::Write;
+        assert_eq!(windows(TransportKind::Shm, mixed.iter()).1, op_bit(Op::Read) | op_bit(Op::Write));
     }
 }
