@@ -119,7 +119,7 @@ impl Engine {
         match kind {
             TransportKind::Tcp => self.run_tcp(&p, &batch, planned.main, deadline),
             ipc_kind => {
-                let leases = Leases { all: &leases, of: &lease_of };
+                let leases = Leases { all: &leases };
                 let auto = opts.transport == Transport::Auto;
                 let rest = self.run_ipc(ipc_kind, &p, &batch, planned.main, &leases, deadline, auto);
                 if !rest.is_empty() {

@@ -57,13 +57,13 @@ impl LocalSpans {
         self.0.spans.get(i).is_some_and(|s| s.0 < end)
     }
 
-    /// The end of the span that holds `addr` (`None`: no span does).
-    fn end_of(&self, addr: u64) -> Option<u64> {
+    /// The span (start, end) that holds `addr` (`None`: no span does).
+    fn span_of(&self, addr: u64) -> Option<(u64, u64)> {
         // Regions do not overlap; the last one starting at or before
         // `addr` is the only candidate.
         let spans = &self.0.spans;
         let i = self.0.ranks.rank(spans.len(), addr, |i| spans[i].0).checked_sub(1)?;
-        Some(spans[i].1).filter(|&e| e > addr)
+        Some(spans[i]).filter(|&(_, e)| e > addr)
     }
 }
 
@@ -84,6 +84,9 @@ pub fn runs(ops: &[CopyOp], dirs: impl Fn(usize) -> Op, spans: &LocalSpans) -> V
     let mut out: Vec<CopyOp> = Vec::with_capacity(ops.len());
     // The current run's direction and the end of its local span.
     let mut run: Option<(Op, u64)> = None;
+    // The span last found: copies that do not join (blocks with gaps)
+    // mostly start in it, and skip the lookup.
+    let mut span: Option<(u64, u64)> = None;
     for (i, o) in ops.iter().enumerate() {
         let op = dirs(i);
         if let (Some((run_op, limit)), Some(last)) = (run, out.last_mut()) {
@@ -99,8 +102,11 @@ pub fn runs(ops: &[CopyOp], dirs: impl Fn(usize) -> Op, spans: &LocalSpans) -> V
         }
         out.push(*o);
         let local = local_of(op, o);
+        if !span.is_some_and(|(start, end)| start <= local && local < end) {
+            span = spans.span_of(local);
+        }
         // A copy outside every span (never, from the engine) stays alone.
-        run = spans.end_of(local).map(|end| (op, end));
+        run = span.map(|(_, end)| (op, end));
     }
     out
 }

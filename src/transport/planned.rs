@@ -33,6 +33,7 @@ pub fn give_back(items: Vec<Item<'_>>) {
 /// reference count per request) and the remote region it names (None: not
 /// published by the peer) with that region's position in the peer's table
 /// (`slot`: a dense key for grouping; `u32::MAX` with no region).
+#[derive(Clone, Copy)]
 pub struct Item<'a> {
     /// Its index in the submission.
     pub index: u32,

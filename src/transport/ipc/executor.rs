@@ -5,9 +5,8 @@
 //! own groups in flight or retries as one request; what was never posted
 //! is handed back for TCP when the caller allows it.
 
-use super::groups::{group, windowed, windows, Group};
+use super::groups::{group, windowed, windows, Group, Grouped};
 use super::link::IpcLink;
-use super::messages::op_bit;
 use super::requester::{Finished, GroupError, GroupLocal, GroupRun, IpcRequester, OnDone};
 use crate::error::{Error, Status};
 use crate::kinds::TransportKind;
@@ -39,28 +38,13 @@ pub struct IpcExecutor<'e> {
 /// The local leases of a submission: all of them (each group completed on
 /// the progress worker holds them all: one reference count per group, not
 /// one per region a group touches, so none is free before the
-/// submission's last such group has ended), and each request's among them
-/// (by index in the submission).
+/// submission's last such group has ended).
 pub struct Leases<'a> {
     /// Every lease of the submission.
     pub all: &'a Arc<Vec<Arc<RegionLease>>>,
-    /// Each request's lease (a position in `all`).
-    pub of: &'a [u32],
 }
 
-impl<'a> Leases<'a> {
-    /// A group's requests as items again (for TCP).
-    fn items(&self, g: Group<'a>) -> impl Iterator<Item = Item<'a>> + '_ {
-        let Group { items, region, slot, .. } = g;
-        items.into_iter().map(move |(i, req)| Item {
-            index: i as u32,
-            slot,
-            req,
-            lease: &self.all[self.of[i] as usize],
-            region: Some(region),
-        })
-    }
-
+impl Leases<'_> {
     /// The local regions of `requests` of them: every group's coalesced
     /// copies stay inside one of them. None for a single request, which
     /// has nothing to coalesce.
@@ -98,9 +82,27 @@ impl IpcExecutor<'_> {
         leases: &Leases<'a>,
         source_left: &dyn Fn(&Error),
     ) -> Option<Unposted<'a>> {
-        let (kind, link, deadline) = (self.kind, self.link, self.deadline);
         let spans = leases.spans(items.len());
-        let (mut groups, any_order) = group(items);
+        let mut grouped = group(items);
+        let unposted = self.run_groups(batch, &mut grouped, leases, &spans, source_left);
+        grouped.give_back();
+        unposted
+    }
+
+    /// Runs the groups of `grouped` (see [`IpcExecutor::run`]); each
+    /// group's or window's requests are copied out of the part's items
+    /// only when it is handed to the transport.
+    fn run_groups<'a>(
+        &self,
+        batch: &Arc<BatchShared>,
+        grouped: &mut Grouped<'a>,
+        leases: &Leases<'a>,
+        spans: &LocalSpans,
+        source_left: &dyn Fn(&Error),
+    ) -> Option<Unposted<'a>> {
+        let (kind, link, deadline) = (self.kind, self.link, self.deadline);
+        let (mut groups, any_order) = (std::mem::take(&mut grouped.groups), grouped.any_order);
+        let items = &grouped.items;
         // Counted only once a group defers (a one-group batch that ends
         // here allocates nothing for it).
         let mut in_flight: Option<Arc<InFlight>> = None;
@@ -113,21 +115,23 @@ impl IpcExecutor<'_> {
         let mut admission = SubbatchAdmission::new(self.gate);
         while let Some(mut g) = groups.pop_front() {
             // A large independent last group moves in windows.
+            let part = &items[g.range()];
             if groups.is_empty()
                 && g.window.is_none()
                 && !g.retried
-                && windowed(kind, self.requester.caches(), &g, any_order)
+                && windowed(kind, self.requester.caches(), &g, part, any_order)
             {
-                let ops = g.items.iter().fold(0, |ops, (_, r)| ops | op_bit(r.op));
-                let all = std::mem::take(&mut g.items);
-                groups.extend(windows(kind, all).into_iter().map(|items| Group { window: Some(ops), ..g.with(items) }));
+                let (cuts, ops) = windows(kind, part.iter().map(|c| &c.req));
+                let at = g.from;
+                groups
+                    .extend(cuts.into_iter().map(|w| Group { window: Some(ops), ..g.over(at + w.start..at + w.end) }));
                 continue;
             }
             let mut entry = match admission.admit(!groups.is_empty()) {
                 Ok(entry) => entry,
                 Err(e) => {
-                    let unposted = g.items.iter().chain(groups.iter().flat_map(|g| &g.items));
-                    fail_unposted(batch, unposted.map(|&(i, _)| i), &e);
+                    let unposted = std::iter::once(g).chain(groups).flat_map(|g| &items[g.range()]);
+                    fail_unposted(batch, unposted.map(Item::at), &e);
                     return None;
                 }
             };
@@ -155,18 +159,18 @@ impl IpcExecutor<'_> {
                 spans: spans.clone(),
                 independent: any_order || window.is_some(),
             };
-            // The items go to the transport, which gives them back when it
-            // refuses the group unposted.
-            let items = std::mem::take(&mut g.items);
-            let run = self.requester.run_group(link, g.region, items, local, deadline, defer);
+            // The transport takes the group's requests (by index in the
+            // submission); a refusal hands them back, and the group still
+            // names them in the part's items.
+            let requests = part.iter().map(|c| (c.at(), c.req)).collect();
+            let run = self.requester.run_group(link, g.region, requests, local, deadline, defer);
             // Not deferred: the group leaves the gate now, as its unbuilt
             // completion would have.
             drop(entry);
             match run {
                 Ok(GroupRun::Done(finished)) => batch.complete_chunks(finished.into_pairs()),
                 Ok(GroupRun::Deferred) => {}
-                Err(GroupError::NotPosted(e, items)) => {
-                    g.items = items;
+                Err(GroupError::NotPosted(e, _)) => {
                     if link.source_left() {
                         // The source process exited (or its engine is gone):
                         // the peer is gone, as TCP would report it.
@@ -183,19 +187,19 @@ impl IpcExecutor<'_> {
                     if e.status() == Status::ResourceExhausted && !g.retried {
                         // One retry, as a single request; the rest of the
                         // group becomes a new group after it.
-                        let rest = g.items.split_off(1);
-                        if !rest.is_empty() {
-                            groups.push_front(g.with(rest));
+                        if g.len() > 1 {
+                            groups.push_front(g.over(g.from + 1..g.to));
                         }
+                        g = g.over(g.from..g.from + 1);
                         g.retried = true;
                         groups.push_front(g);
                         continue;
                     }
                     if self.fall_through && may_fall_through(&e) {
-                        let items = std::iter::once(g).chain(groups).flat_map(|g| leases.items(g)).collect();
-                        return Some(Unposted { items, error: e });
+                        let rest = std::iter::once(g).chain(groups).flat_map(|g| &items[g.range()]);
+                        return Some(Unposted { items: rest.copied().collect(), error: e });
                     }
-                    fail_unposted(batch, g.items.iter().map(|&(i, _)| i), &e);
+                    fail_unposted(batch, part.iter().map(Item::at), &e);
                 }
             }
         }

@@ -2,14 +2,36 @@
 //! local memory one GPU copies, gathered (independent requests) or kept in
 //! runs (dependent ones), and a large independent group's windows.
 
+use super::messages::op_bit;
 use super::plan::independent;
 use crate::control::message::RegionInfo;
 use crate::kinds::TransportKind;
 use crate::memory::MemoryKind;
 use crate::transfer::Request;
 use crate::transport::ipc::backends::cpu_copy;
-use crate::transport::planned::Item;
+use crate::transport::planned::{self, Item};
 use std::collections::VecDeque;
+use std::ops::Range;
+
+/// An IPC part grouped: its items in group order (each group a range of
+/// them, so that no group copies its requests), the groups in the order
+/// they run, and whether they may end in any order.
+pub struct Grouped<'a> {
+    /// The part's items, each group's together, in order.
+    pub items: Vec<Item<'a>>,
+    /// The groups, as ranges of `items`.
+    pub groups: VecDeque<Group<'a>>,
+    /// The groups may end in any order (several groups of independent
+    /// requests).
+    pub any_order: bool,
+}
+
+impl Grouped<'_> {
+    /// Gives the items' vector back to be kept for the next submission.
+    pub fn give_back(self) {
+        planned::give_back(self.items);
+    }
+}
 
 /// Subbatches of an IPC submission, in linear time: requests naming one
 /// remote region whose local memory one GPU copies. An import maps the
@@ -20,93 +42,117 @@ use std::collections::VecDeque;
 /// otherwise groups are consecutive runs, so that dependent requests keep
 /// their input order. Also says whether the groups may end in any order
 /// (several groups of independent requests). Every request of `live`
-/// names a region.
-pub fn group<'a>(live: Vec<Item<'a>>) -> (VecDeque<Group<'a>>, bool) {
-    let out = group_in(&live);
-    crate::transport::planned::give_back(live);
-    out
-}
-
-/// [`group`] of borrowed items (the groups copy them).
-fn group_in<'a>(live: &[Item<'a>]) -> (VecDeque<Group<'a>>, bool) {
+/// names a region. One (region, GPU) for all (the common case) and runs
+/// keep `live` as it is; only gathered groups reorder it (once, each item
+/// moved to its final place).
+pub fn group(live: Vec<Item<'_>>) -> Grouped<'_> {
     let key = |c: &Item<'_>| (c.slot, c.lease.region().device);
-    let mut groups: VecDeque<Group<'a>> = VecDeque::new();
+    let pinned = |c: &Item<'_>| c.lease.region().kind == MemoryKind::PinnedHost;
+    let mut groups = VecDeque::new();
+    let Some(first) = live.first() else {
+        return Grouped { items: live, groups, any_order: false };
+    };
     // One (region, GPU) for all, the common case: one group either way.
-    if live.first().is_some_and(|first| live.iter().all(|c| key(c) == key(first))) {
-        let mut g = Group::of(&live[0], live.len());
-        g.extend(live);
-        groups.push_back(g);
-        return (groups, false);
+    let (k0, mut any_pinned) = (key(first), false);
+    if live.iter().all(|c| {
+        any_pinned |= pinned(c);
+        key(c) == k0
+    }) {
+        groups.push_back(Group::of(first, 0..live.len(), any_pinned));
+        return Grouped { items: live, groups, any_order: false };
     }
     if independent(live.iter().map(|c| &c.req)) {
-        // The group of each region slot on the first request's GPU (the
-        // common case: a dense table, no hashing), and of any other key.
-        let device = live[0].lease.region().device;
-        let mut by_slot: Vec<u32> = Vec::new();
-        let mut others: std::collections::HashMap<(u32, Option<i32>), u32> = std::collections::HashMap::new();
-        // Neighbours mostly share their group: looked up once per run.
-        let mut last: Option<((u32, Option<i32>), u32)> = None;
-        // Each request's group, and each group's size and first request:
-        // the groups are then filled at their final size, with no growing
-        // copies.
-        let mut sizes: Vec<(usize, u32)> = Vec::new();
-        let add = |sizes: &mut Vec<(usize, u32)>, first: u32| {
-            sizes.push((0, first));
-            (sizes.len() - 1) as u32
-        };
-        let of: Vec<u32> = live
-            .iter()
-            .zip(0u32..)
-            .map(|(c, i)| {
-                let k = key(c);
-                let at = match last {
-                    Some((lk, at)) if lk == k => at,
-                    // Slots are positions in the peer's table: the vector
-                    // grows to the table's length at most.
-                    _ if k.1 == device && c.slot != u32::MAX => {
-                        let s = c.slot as usize;
-                        if s >= by_slot.len() {
-                            by_slot.resize(s + 1, u32::MAX);
-                        }
-                        if by_slot[s] == u32::MAX {
-                            by_slot[s] = add(&mut sizes, i);
-                        }
-                        by_slot[s]
-                    }
-                    _ => *others.entry(k).or_insert_with(|| add(&mut sizes, i)),
-                };
-                last = Some((k, at));
-                sizes[at as usize].0 += 1;
-                at
-            })
-            .collect();
-        groups.extend(sizes.into_iter().map(|(n, first)| Group::of(&live[first as usize], n)));
-        for (c, at) in live.iter().zip(of) {
-            groups[at as usize].push(c);
-        }
-        return (groups, true);
+        return gather(live);
     }
-    for c in live {
+    for (at, c) in live.iter().enumerate() {
         match groups.back_mut() {
-            Some(g) if (g.slot, g.device) == key(c) => g.push(c),
-            _ => {
-                let mut g = Group::of(c, 1);
-                g.push(c);
-                groups.push_back(g);
+            Some(g) if (g.slot, g.device) == key(c) => {
+                g.to = at + 1;
+                g.pinned |= pinned(c);
             }
+            _ => groups.push_back(Group::of(c, at..at + 1, pinned(c))),
         }
     }
-    (groups, false)
+    Grouped { items: live, groups, any_order: false }
 }
 
-/// One subbatch to run: its requests (index in the submission, request),
-/// the remote region they name and the GPU of their local memory (None:
+/// The groups of independent requests over several (region, GPU) keys:
+/// one per key, in order of first appearance, each holding its requests
+/// in input order.
+fn gather(live: Vec<Item<'_>>) -> Grouped<'_> {
+    let key = |c: &Item<'_>| (c.slot, c.lease.region().device);
+    // The group of each region slot on the first request's GPU (the
+    // common case: a dense table, no hashing), and of any other key.
+    let device = live[0].lease.region().device;
+    let mut by_slot: Vec<u32> = Vec::new();
+    let mut others: std::collections::HashMap<(u32, Option<i32>), u32> = std::collections::HashMap::new();
+    // Neighbours mostly share their group: looked up once per run.
+    let mut last: Option<((u32, Option<i32>), u32)> = None;
+    // Each request's group, and each group's size and first request.
+    let mut sizes: Vec<(usize, u32)> = Vec::new();
+    let add = |sizes: &mut Vec<(usize, u32)>, first: u32| {
+        sizes.push((0, first));
+        (sizes.len() - 1) as u32
+    };
+    let of: Vec<u32> = live
+        .iter()
+        .zip(0u32..)
+        .map(|(c, i)| {
+            let k = key(c);
+            let at = match last {
+                Some((lk, at)) if lk == k => at,
+                // Slots are positions in the peer's table: the vector
+                // grows to the table's length at most.
+                _ if k.1 == device && c.slot != u32::MAX => {
+                    let s = c.slot as usize;
+                    if s >= by_slot.len() {
+                        by_slot.resize(s + 1, u32::MAX);
+                    }
+                    if by_slot[s] == u32::MAX {
+                        by_slot[s] = add(&mut sizes, i);
+                    }
+                    by_slot[s]
+                }
+                _ => *others.entry(k).or_insert_with(|| add(&mut sizes, i)),
+            };
+            last = Some((k, at));
+            sizes[at as usize].0 += 1;
+            at
+        })
+        .collect();
+    // Each group's range, then each item moved to the next place of its
+    // group's range.
+    let mut groups: VecDeque<Group<'_>> = VecDeque::with_capacity(sizes.len());
+    let mut next: Vec<usize> = Vec::with_capacity(sizes.len());
+    for &(n, first) in &sizes {
+        let from = groups.back().map_or(0, |g: &Group<'_>| g.to);
+        next.push(from);
+        groups.push_back(Group::of(&live[first as usize], from..from + n, false));
+    }
+    let mut items = planned::take_items(live.len());
+    items.resize(live.len(), live[0]);
+    for (c, at) in live.iter().zip(of) {
+        let g = &mut groups[at as usize];
+        g.pinned |= c.lease.region().kind == MemoryKind::PinnedHost;
+        items[next[at as usize]] = *c;
+        next[at as usize] += 1;
+    }
+    planned::give_back(live);
+    Grouped { items, groups, any_order: true }
+}
+
+/// One subbatch to run: its requests (a range of the part's items), the
+/// remote region they name and the GPU of their local memory (None:
 /// host), whether any local memory is library-pinned host memory, whether
 /// it is the single-request retry of a rejected group, and, for a window of
 /// a larger independent group (completing in any order), the operations of
 /// that whole group.
+#[derive(Clone, Copy)]
 pub struct Group<'a> {
-    pub items: Vec<(usize, Request)>,
+    /// Its first item's position in the part's items.
+    pub from: usize,
+    /// The position after its last item.
+    pub to: usize,
     pub region: &'a RegionInfo,
     pub slot: u32,
     pub device: Option<i32>,
@@ -116,33 +162,38 @@ pub struct Group<'a> {
 }
 
 impl<'a> Group<'a> {
-    /// An empty group of `first`'s region and GPU, with room for `n`.
-    pub fn of(first: &Item<'a>, n: usize) -> Group<'a> {
+    /// The group of the items at `range`, of `first`'s region and GPU.
+    pub fn of(first: &Item<'a>, range: Range<usize>, pinned: bool) -> Group<'a> {
         Group {
-            items: Vec::with_capacity(n),
+            from: range.start,
+            to: range.end,
             region: first.region.expect("a grouped request names a region"),
             slot: first.slot,
             device: first.lease.region().device,
-            pinned: false,
+            pinned,
             retried: false,
             window: None,
         }
     }
 
-    /// The same region and GPU, with `items`.
-    pub fn with(&self, items: Vec<(usize, Request)>) -> Group<'a> {
-        Group { items, ..*self }
+    /// Its positions in the part's items.
+    pub fn range(&self) -> Range<usize> {
+        self.from..self.to
     }
 
-    pub fn push(&mut self, c: &Item<'_>) {
-        self.items.push((c.at(), c.req));
-        self.pinned |= c.lease.region().kind == MemoryKind::PinnedHost;
+    /// The same group over the items at `range`.
+    pub fn over(&self, range: Range<usize>) -> Group<'a> {
+        Group { from: range.start, to: range.end, ..*self }
     }
 
-    pub fn extend(&mut self, cs: &[Item<'_>]) {
-        for c in cs {
-            self.push(c);
-        }
+    /// Its number of requests.
+    pub fn len(&self) -> usize {
+        self.to - self.from
+    }
+
+    /// Whether it holds no request.
+    pub fn is_empty(&self) -> bool {
+        self.to == self.from
     }
 }
 
@@ -165,36 +216,32 @@ pub const WINDOW_MAX_REQUESTS: usize = 2 * WINDOW_REQUESTS;
 
 /// Cuts an independent group into windows (see [`WINDOW_REQUESTS`] and
 /// [`WINDOW_MAX_REQUESTS`]); a group too small for two windows stays
-/// whole. The windows keep the group's order. The cuts are found first,
-/// then each window but the first is split off the group's vector at its
-/// final size: every request is copied at most once, with no growing
-/// vector.
-pub fn windows(kind: TransportKind, mut items: Vec<(usize, Request)>) -> Vec<Vec<(usize, Request)>> {
+/// whole. The windows keep the group's order: each is a range of it (of
+/// positions in `reqs`), found in one pass, with nothing copied; the same
+/// pass gathers the group's operations (each window carries them).
+pub fn windows<'r>(kind: TransportKind, reqs: impl ExactSizeIterator<Item = &'r Request>) -> (Vec<Range<usize>>, u32) {
     // A CPU copy needs enough bytes to be worth handing to the pool; a
     // native batch is worth posting from its count of copies alone.
     let cpu = matches!(kind, TransportKind::Shm | TransportKind::Cma);
     let min_bytes = if cpu { cpu_copy::ASYNC_MIN_BYTES } else { 0 };
-    let mut cuts = Vec::new();
-    let (mut start, mut bytes) = (0usize, 0u64);
-    for (at, c) in items.iter().enumerate() {
-        bytes += c.1.len;
-        let (len, rest) = (at + 1 - start, items.len() - at - 1);
+    let n = reqs.len();
+    let mut out = Vec::new();
+    let (mut start, mut bytes, mut ops) = (0usize, 0u64, 0u32);
+    for (at, r) in reqs.enumerate() {
+        bytes += r.len;
+        ops |= op_bit(r.op);
+        let (len, rest) = (at + 1 - start, n - at - 1);
         // A window closes once it is large enough, unless what is left
         // would make too small a last one.
         let full = len >= WINDOW_REQUESTS && (bytes >= min_bytes || len >= WINDOW_MAX_REQUESTS);
         if full && rest >= WINDOW_REQUESTS {
+            out.push(start..at + 1);
             start = at + 1;
-            cuts.push(start);
             bytes = 0;
         }
     }
-    let mut out = Vec::with_capacity(cuts.len() + 1);
-    for &cut in cuts.iter().rev() {
-        out.push(items.split_off(cut));
-    }
-    out.push(items);
-    out.reverse();
-    out
+    out.push(start..n);
+    (out, ops)
 }
 
 /// Whether the last group of an IPC submission moves in windows (see
@@ -204,12 +251,13 @@ pub fn windows(kind: TransportKind, mut items: Vec<(usize, Request)>) -> Vec<Vec
 /// windows; no library pinned local memory (fenced per subbatch: a second
 /// window would wait for the first's fence); independent requests
 /// (`known_independent`: the whole submission was shown so already).
-pub fn windowed(kind: TransportKind, caches: bool, g: &Group<'_>, known_independent: bool) -> bool {
+/// `items` are the group's.
+pub fn windowed(kind: TransportKind, caches: bool, g: &Group<'_>, items: &[Item<'_>], known_independent: bool) -> bool {
     matches!(kind, TransportKind::Shm | TransportKind::Cma | TransportKind::Nvlink | TransportKind::Mnnvl)
         && caches
-        && g.items.len() >= 2 * WINDOW_REQUESTS
+        && g.len() >= 2 * WINDOW_REQUESTS
         && !g.pinned
-        && (known_independent || independent(g.items.iter().map(|(_, r)| r)))
+        && (known_independent || independent(items.iter().map(|c| &c.req)))
 }
 
 #[cfg(test)]
@@ -253,42 +301,58 @@ mod tests {
                 })
                 .collect()
         };
-        let summary = |groups: &VecDeque<Group<'_>>| -> Vec<(u64, Vec<usize>)> {
-            groups.iter().map(|g| (g.region.id, g.items.iter().map(|&(i, _)| i).collect())).collect()
+        let summary = |g: &Grouped<'_>| -> Vec<(u64, Vec<usize>)> {
+            g.groups.iter().map(|r| (r.region.id, g.items[r.range()].iter().map(Item::at).collect())).collect()
         };
-        let (groups, any_order) = group(shape(&[(1, 0), (0, 1), (1, 2), (2, 3), (0, 4), (1, 5)]));
-        assert!(any_order);
-        assert_eq!(summary(&groups), vec![(12, vec![0, 2, 5]), (11, vec![1, 4]), (13, vec![3])]);
-        assert!(groups.iter().all(|g| !g.pinned && g.device.is_none()));
-        // Requests 2 and 4 read into the same local block: dependent.
-        let (groups, any_order) = group(shape(&[(1, 0), (0, 1), (1, 2), (1, 3), (0, 2), (0, 5)]));
-        assert!(!any_order);
-        assert_eq!(summary(&groups), vec![(12, vec![0]), (11, vec![1]), (12, vec![2, 3]), (11, vec![4, 5])]);
-        // One region for all: one group, in order.
-        let (groups, any_order) = group(shape(&[(2, 0), (2, 1), (2, 2)]));
-        assert!(!any_order);
-        assert_eq!(summary(&groups), vec![(13, vec![0, 1, 2])]);
+        let g = group(shape(&[(1, 0), (0, 1), (1, 2), (2, 3), (0, 4), (1, 5)]));
+        assert!(g.any_order);
+        assert_eq!(summary(&g), vec![(12, vec![0, 2, 5]), (11, vec![1, 4]), (13, vec![3])]);
+        assert!(g.groups.iter().all(|g| !g.pinned && g.device.is_none()));
+        // Requests 2 and 4 read into the same local block: dependent; the
+        // runs are ranges of the items as they came (not copied).
+        let live = shape(&[(1, 0), (0, 1), (1, 2), (1, 3), (0, 2), (0, 5)]);
+        let at = live.as_ptr();
+        let g = group(live);
+        assert!(!g.any_order);
+        assert_eq!(summary(&g), vec![(12, vec![0]), (11, vec![1]), (12, vec![2, 3]), (11, vec![4, 5])]);
+        assert_eq!(g.items.as_ptr(), at, "the runs' items were copied");
+        // One region for all: one group, in order, over the items as they
+        // came.
+        let live = shape(&[(2, 0), (2, 1), (2, 2)]);
+        let at = live.as_ptr();
+        let g = group(live);
+        assert!(!g.any_order);
+        assert_eq!(summary(&g), vec![(13, vec![0, 1, 2])]);
+        assert_eq!(g.items.as_ptr(), at, "the one group's items were copied");
     }
 
     /// Guards `windows`: tiny requests (never 8 MiB) close a window at
     /// [`WINDOW_MAX_REQUESTS`], large ones at [`WINDOW_REQUESTS`] once
-    /// 8 MiB; a remainder too small for a window joins the last one; order
-    /// is kept, and every window but the first is built at its final size.
+    /// 8 MiB; a remainder too small for a window joins the last one; the
+    /// windows are consecutive ranges covering the group in order.
     #[test]
     fn windows_cut_tiny_requests_by_count_and_large_ones_by_bytes() {
         use crate::transfer::Op;
-        let of = |n: usize, len: u64| -> Vec<(usize, Request)> {
-            (0..n).map(|i| (i, Request { op: Op::Read, local_addr: 0, remote_addr: 0, len })).collect()
+        let of = |n: usize, len: u64| -> Vec<Request> {
+            (0..n).map(|_| Request { op: Op::Read, local_addr: 0, remote_addr: 0, len }).collect()
         };
-        let shape = |w: &Vec<Vec<(usize, Request)>>| w.iter().map(Vec::len).collect::<Vec<_>>();
-        let w = windows(TransportKind::Shm, of(100_000, 64));
-        assert_eq!(shape(&w), [vec![8192; 11], vec![100_000 - 11 * 8192]].concat());
-        assert!(w.concat().iter().enumerate().all(|(k, &(i, _))| i == k), "order kept");
-        assert!(w[1..].iter().all(|v| v.capacity() == v.len()), "built at their final size");
+        let cut = |kind: TransportKind, reqs: Vec<Request>| -> Vec<usize> {
+            let (w, ops) = windows(kind, reqs.iter());
+            assert_eq!(ops, op_bit(Op::Read));
+            let starts: Vec<usize> = w.iter().map(|r| r.start).collect();
+            let ends: Vec<usize> = [&[0][..], &w.iter().map(|r| r.end).collect::<Vec<_>>()].concat();
+            assert_eq!((starts, w.last().map(|r| r.end)), (ends[..w.len()].to_vec(), Some(reqs.len())), "{w:?}");
+            w.iter().map(ExactSizeIterator::len).collect()
+        };
+        assert_eq!(cut(TransportKind::Shm, of(100_000, 64)), [vec![8192; 11], vec![100_000 - 11 * 8192]].concat());
         // 4 KiB requests reach 8 MiB at 2048: windows of 4096.
-        assert_eq!(shape(&windows(TransportKind::Shm, of(10_000, 4096))), vec![4096, 5904]);
+        assert_eq!(cut(TransportKind::Shm, of(10_000, 4096)), vec![4096, 5904]);
         // Too small for two windows: whole.
-        assert_eq!(shape(&windows(TransportKind::Shm, of(8192, 64))), vec![8192]);
-        assert_eq!(shape(&windows(TransportKind::Nvlink, of(8192, 64))), vec![4096, 4096]);
+        assert_eq!(cut(TransportKind::Shm, of(8192, 64)), vec![8192]);
+        assert_eq!(cut(TransportKind::Nvlink, of(8192, 64)), vec![4096, 4096]);
+        // The windows carry the operations of the whole group.
+        let mut mixed = of(3, 64);
+        mixed[1].op = Op::Write;
+        assert_eq!(windows(TransportKind::Shm, mixed.iter()).1, op_bit(Op::Read) | op_bit(Op::Write));
     }
 }

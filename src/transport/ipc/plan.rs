@@ -102,24 +102,29 @@ pub fn independent<'a>(reqs: impl Iterator<Item = &'a Request> + Clone) -> bool 
         // One direction: only one space is written (a READ's local range,
         // a WRITE's remote one), and every range in it is written; the
         // other space holds no conflict. One pass follows the written
-        // ranges as ascending runs and keeps them joined where one
-        // continues the one before, for the sort when the runs do not
-        // decide.
-        let mut runs = Runs::new();
-        let mut joined: Vec<(u64, u64)> = Vec::new();
-        let one_way = reqs.clone().all(|r| {
+        // ranges as ascending runs; only when the runs do not decide, a
+        // second keeps them joined where one continues the one before,
+        // for the sort (the common shape allocates nothing per request).
+        let written = |r: &Request| {
             let start = if first.op == Op::Read { r.local_addr } else { r.remote_addr };
-            let end = start.saturating_add(r.len);
+            (start, start.saturating_add(r.len))
+        };
+        let mut runs = Runs::new();
+        let one_way = reqs.clone().all(|r| {
+            let (start, end) = written(r);
             runs.push(start, end);
-            match joined.last_mut() {
-                Some(last) if last.1 == start => last.1 = end,
-                _ => joined.push((start, end)),
-            }
             r.op == first.op
         });
         if one_way {
             if runs.shown_disjoint() {
                 return true;
+            }
+            let mut joined: Vec<(u64, u64)> = Vec::new();
+            for (start, end) in reqs.clone().map(written) {
+                match joined.last_mut() {
+                    Some(last) if last.1 == start => last.1 = end,
+                    _ => joined.push((start, end)),
+                }
             }
             sort_by_start(&mut joined);
             return joined.windows(2).all(|w| w[0].1 <= w[1].0);
