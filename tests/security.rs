@@ -1200,3 +1200,62 @@ fn an_export_request_past_its_region_is_refused() {
     src.close(Some(LONG)).unwrap();
     a.free().unwrap();
 }
+
+/// A source whose close is waiting on an export without a close receipt
+/// (its `close_source` returned `UNQUIESCED`, the raw channel still open)
+/// grants no new export on that channel: refused `UNAVAILABLE` naming the
+/// close, and the export count stays one. (Without the gate check, the
+/// closing source offered the export, and its close waited on it too.)
+/// Guards `ExportTable::validate` (src/transport/ipc/export/mod.rs): its
+/// `!self.gate.is_open()`.
+#[test]
+fn a_closing_source_grants_no_new_export() {
+    let src = Engine::from_json("").unwrap();
+    let a = allocate_shared_host(4096).unwrap();
+    src.register_memory(a.addr(), 4096, Access::READ).unwrap();
+    let r = src.regions()[0];
+    let mut ch = raw_channel(&src);
+    let held = offer(&mut ch, &r);
+    assert_eq!(accept(&mut ch, held.export_id, held.token).unwrap(), MsgKind::ExportHandle);
+    let waited = src.close_source(Some(std::time::Duration::from_millis(300))).unwrap_err();
+    assert_eq!(waited.status(), Status::Unquiesced, "{waited}");
+    let e = ask(&mut ch, r.epoch, r.addr, 64, OP_READ).unwrap_err();
+    assert_eq!(e.status(), Status::Unavailable, "a new export of a closing source: {e}");
+    assert!(e.message().contains("the source is closing and grants no new exports"), "{e}");
+    assert_eq!(src.stats().ipc["shm"].exports.open, 1, "no offer was made");
+    close_export(&mut ch, &held);
+    drop(ch);
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
+}
+
+/// A receipt may claim at most `MAX_REQUESTS` requests: one claiming
+/// exactly that many (one byte each, within the 64-byte envelope) is
+/// acknowledged and counted; one claiming a request more is refused
+/// `PROTOCOL_ERROR` naming the claim, and counts nothing. (With the bound
+/// one request wider, the second was counted too.) Guards
+/// `ExportsCore::op_complete` (src/transport/ipc/proto/exports.rs): its
+/// `n <= MAX_REQUESTS`.
+#[test]
+fn a_receipt_claims_at_most_max_requests() {
+    let src = Engine::from_json("").unwrap();
+    let a = allocate_shared_host(4096).unwrap();
+    src.register_memory(a.addr(), 4096, Access::READ).unwrap();
+    let r = src.regions()[0];
+    let mut ch = raw_channel(&src);
+    let o = offer(&mut ch, &r);
+    assert_eq!(accept(&mut ch, o.export_id, o.token).unwrap(), MsgKind::ExportHandle);
+    let most = orbite::transfer::MAX_REQUESTS as u32;
+    let receipt = |n: u32| ExportRef { export_id: o.export_id, token: o.token, value: n as u64, extra: n };
+    assert_eq!(call_ref(&mut ch, MsgKind::OpComplete, receipt(most)).unwrap(), MsgKind::Ack);
+    let served = src.stats().transports["shm"].clone();
+    assert_eq!((served.served_requests, served.served_bytes), (most as u64, most as u64));
+    let e = call_ref(&mut ch, MsgKind::OpComplete, receipt(most + 1)).unwrap_err();
+    assert_eq!(e.status(), Status::ProtocolError, "{e}");
+    assert!(e.message().contains(&format!("claims {} requests of {} bytes", most + 1, most + 1)), "{e}");
+    assert_eq!(src.stats().transports["shm"], served, "no counter moved");
+    drop(ch);
+    // The channel is gone with the export exposed and no receipt: the
+    // export stays retained (as in a_receipt_cannot_claim_more_than_it_could_have_moved).
+    assert_eq!(src.close_source(Some(std::time::Duration::from_millis(300))).unwrap_err().status(), Status::Unquiesced);
+}
