@@ -1259,3 +1259,29 @@ fn a_receipt_claims_at_most_max_requests() {
     // export stays retained (as in a_receipt_cannot_claim_more_than_it_could_have_moved).
     assert_eq!(src.close_source(Some(std::time::Duration::from_millis(300))).unwrap_err().status(), Status::Unquiesced);
 }
+
+/// A repeated close receipt (after a lost ACK) is acknowledged only when
+/// it names the closed export by its id and its token: the same id with
+/// another token is refused `NOT_FOUND`, as for any export the channel
+/// does not hold. (Known by its id alone, any token was acknowledged.)
+/// Guards `ExportsCore::close_receipt` (src/transport/ipc/proto/exports.rs):
+/// its `closed_set.contains(&(r.export_id, r.token))`.
+#[test]
+fn a_repeated_close_receipt_must_name_the_closed_exports_token() {
+    let src = Engine::from_json("").unwrap();
+    let a = allocate_shared_host(4096).unwrap();
+    src.register_memory(a.addr(), 4096, Access::READ).unwrap();
+    let r = src.regions()[0];
+    let mut ch = raw_channel(&src);
+    let o = offer(&mut ch, &r);
+    assert_eq!(accept(&mut ch, o.export_id, o.token).unwrap(), MsgKind::ExportHandle);
+    close_export(&mut ch, &o);
+    let forged = ExportRef { export_id: o.export_id, token: o.token.wrapping_add(1), value: 0, extra: 0 };
+    let e = call_ref(&mut ch, MsgKind::CloseReceipt, forged).unwrap_err();
+    assert_eq!(e.status(), Status::NotFound, "another token: {e}");
+    assert!(e.message().contains(&format!("no export {} with that token on this channel", o.export_id)), "{e}");
+    close_export(&mut ch, &o);
+    drop(ch);
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
+}

@@ -229,3 +229,21 @@ fn an_address_in_an_allocations_rounding_has_no_owner() {
     assert!(owner_of(a.addr() + (2 << 20) - 1).is_none(), "in the rounding");
     a.free().map_err(|(_, e)| e).unwrap();
 }
+
+/// A second adoption inside an adopted allocation must name it as it was
+/// first adopted: the same extent and the same kind. One naming another
+/// kind is `InvalidArgument`, and the allocation keeps its one adoption.
+/// Guards `adopt_range`'s `o.kind != f.kind`.
+#[test]
+fn a_second_adoption_of_another_kind_is_refused() {
+    let f = foreign(1 << 16);
+    let (base, size) = (f.base, f.size);
+    let (a, _) = adopt_range(f, base, 4096).unwrap();
+    let other = Foreign { kind: MemoryKind::PinnedHost, base, size, device: None, forget: Box::new(|_| Ok(())) };
+    let e = adopt_range(other, base + 4096, 4096).err().expect("another kind refused");
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(e.message().contains("lies in a library allocation"), "{e}");
+    assert_eq!(kind_of(base, 4096).unwrap(), MemoryKind::Cuda);
+    a.free().map_err(|(_, e)| e).unwrap();
+    assert!(owner_of(base).is_none(), "its one adoption freed, the record is gone");
+}
