@@ -1266,3 +1266,88 @@ fn an_authentication_naming_an_unknown_wire_security_is_refused() {
     assert_eq!(text, "authentication not completed: unknown wire_security 7 in the authentication");
     assert_eq!(src.stats().events.auth_failures, 1);
 }
+
+/// A source whose close is waiting on an export without a close receipt
+/// (its `close_source` returned `UNQUIESCED`, the raw channel still open)
+/// grants no new export on that channel: refused `UNAVAILABLE` naming the
+/// close, and the export count stays one. (Without the gate check, the
+/// closing source offered the export, and its close waited on it too.)
+/// Guards `ExportTable::validate` (src/transport/ipc/export/mod.rs): its
+/// `!self.gate.is_open()`.
+#[test]
+fn a_closing_source_grants_no_new_export() {
+    let src = Engine::from_json("").unwrap();
+    let a = allocate_shared_host(4096).unwrap();
+    src.register_memory(a.addr(), 4096, Access::READ).unwrap();
+    let r = src.regions()[0];
+    let mut ch = raw_channel(&src);
+    let held = offer(&mut ch, &r);
+    assert_eq!(accept(&mut ch, held.export_id, held.token).unwrap(), MsgKind::ExportHandle);
+    let waited = src.close_source(Some(std::time::Duration::from_millis(300))).unwrap_err();
+    assert_eq!(waited.status(), Status::Unquiesced, "{waited}");
+    let e = ask(&mut ch, r.epoch, r.addr, 64, OP_READ).unwrap_err();
+    assert_eq!(e.status(), Status::Unavailable, "a new export of a closing source: {e}");
+    assert!(e.message().contains("the source is closing and grants no new exports"), "{e}");
+    assert_eq!(src.stats().ipc["shm"].exports.open, 1, "no offer was made");
+    close_export(&mut ch, &held);
+    drop(ch);
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
+}
+
+/// A receipt may claim at most `MAX_REQUESTS` requests: one claiming
+/// exactly that many (one byte each, within the 64-byte envelope) is
+/// acknowledged and counted; one claiming a request more is refused
+/// `PROTOCOL_ERROR` naming the claim, and counts nothing. (With the bound
+/// one request wider, the second was counted too.) Guards
+/// `ExportsCore::op_complete` (src/transport/ipc/proto/exports.rs): its
+/// `n <= MAX_REQUESTS`.
+#[test]
+fn a_receipt_claims_at_most_max_requests() {
+    let src = Engine::from_json("").unwrap();
+    let a = allocate_shared_host(4096).unwrap();
+    src.register_memory(a.addr(), 4096, Access::READ).unwrap();
+    let r = src.regions()[0];
+    let mut ch = raw_channel(&src);
+    let o = offer(&mut ch, &r);
+    assert_eq!(accept(&mut ch, o.export_id, o.token).unwrap(), MsgKind::ExportHandle);
+    let most = orbite::transfer::MAX_REQUESTS as u32;
+    let receipt = |n: u32| ExportRef { export_id: o.export_id, token: o.token, value: n as u64, extra: n };
+    assert_eq!(call_ref(&mut ch, MsgKind::OpComplete, receipt(most)).unwrap(), MsgKind::Ack);
+    let served = src.stats().transports["shm"].clone();
+    assert_eq!((served.served_requests, served.served_bytes), (most as u64, most as u64));
+    let e = call_ref(&mut ch, MsgKind::OpComplete, receipt(most + 1)).unwrap_err();
+    assert_eq!(e.status(), Status::ProtocolError, "{e}");
+    assert!(e.message().contains(&format!("claims {} requests of {} bytes", most + 1, most + 1)), "{e}");
+    assert_eq!(src.stats().transports["shm"], served, "no counter moved");
+    drop(ch);
+    // The channel is gone with the export exposed and no receipt: the
+    // export stays retained (as in a_receipt_cannot_claim_more_than_it_could_have_moved).
+    assert_eq!(src.close_source(Some(std::time::Duration::from_millis(300))).unwrap_err().status(), Status::Unquiesced);
+}
+
+/// A repeated close receipt (after a lost ACK) is acknowledged only when
+/// it names the closed export by its id and its token: the same id with
+/// another token is refused `NOT_FOUND`, as for any export the channel
+/// does not hold. (Known by its id alone, any token was acknowledged.)
+/// Guards `ExportsCore::close_receipt` (src/transport/ipc/proto/exports.rs):
+/// its `closed_set.contains(&(r.export_id, r.token))`.
+#[test]
+fn a_repeated_close_receipt_must_name_the_closed_exports_token() {
+    let src = Engine::from_json("").unwrap();
+    let a = allocate_shared_host(4096).unwrap();
+    src.register_memory(a.addr(), 4096, Access::READ).unwrap();
+    let r = src.regions()[0];
+    let mut ch = raw_channel(&src);
+    let o = offer(&mut ch, &r);
+    assert_eq!(accept(&mut ch, o.export_id, o.token).unwrap(), MsgKind::ExportHandle);
+    close_export(&mut ch, &o);
+    let forged = ExportRef { export_id: o.export_id, token: o.token.wrapping_add(1), value: 0, extra: 0 };
+    let e = call_ref(&mut ch, MsgKind::CloseReceipt, forged).unwrap_err();
+    assert_eq!(e.status(), Status::NotFound, "another token: {e}");
+    assert!(e.message().contains(&format!("no export {} with that token on this channel", o.export_id)), "{e}");
+    close_export(&mut ch, &o);
+    drop(ch);
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
+}

@@ -650,3 +650,20 @@ fn the_hostile_harness_serves_an_honest_write() {
     assert_eq!(out, vec![res(Status::Ok, RemoteEffect::Applied)]);
     assert_eq!(h.requests()[0].ops, OP_WRITE);
 }
+
+/// A source whose offer claims a physical extent of twice its memory
+/// file (the grant inside it, so the offer itself passes): the requester
+/// accepts, then refuses the handle (a memory file shorter than the
+/// extent it would map), the READ fails `PROTOCOL_ERROR` and lands
+/// nothing, and no import opens. (Mapped past the file's end, a use of
+/// the extent past it would fault this process.) Guards `ShmBackend::import`
+/// (src/transport/ipc/backends/shm.rs): its `(st.st_size as u64) < physical`.
+#[test]
+fn x2_a_handle_shorter_than_the_offered_extent_is_refused() {
+    let h = Hostile::start(Script::answering(Answer::Offer(|o, _| o.physical = 2 * LEN)), HOSTILE_FILL);
+    let (l, out) = read_from(&h);
+    assert_eq!(out, vec![res(Status::ProtocolError, RemoteEffect::None)]);
+    assert_eq!(h.answers(), vec![(101, true)], "the offer itself is sound: accepted");
+    assert!(l.bytes(0, 4 * KIB).iter().all(|b| *b == 0xee), "bytes moved");
+    assert_eq!(l.shm().imports.opened, 0);
+}

@@ -173,3 +173,77 @@ fn a_released_handle_cannot_free_the_next_allocation_at_its_address() {
     }
     panic!("no allocation reused a freed address in 50 tries");
 }
+
+/// `len` bytes of heap memory standing in for a caller's allocation to
+/// adopt (leaked: a record of it may outlive the test's assertions).
+fn foreign(len: usize) -> Foreign {
+    let base = Box::leak(vec![0u8; len].into_boxed_slice()).as_ptr() as u64;
+    Foreign { kind: MemoryKind::Cuda, base, size: len as u64, device: Some(0), forget: Box::new(|_| Ok(())) }
+}
+
+/// Inside an adopted allocation, only ranges that lie wholly in one of its
+/// adopted ranges are its memory: one starting in the adoption and
+/// crossing its end is `InvalidArgument` naming the adoption, though it
+/// stays inside the allocation. Guards `kind_of`'s `adopted`:
+/// `addr + len <= a.addr + a.len`.
+#[test]
+fn a_range_crossing_the_end_of_its_adoption_is_refused() {
+    let f = foreign(1 << 16);
+    let base = f.base;
+    let (a, _) = adopt_range(f, base + 4096, 8192).unwrap();
+    assert_eq!(kind_of(base + 4096, 8192).unwrap(), MemoryKind::Cuda);
+    let e = kind_of(base + 8192, 8192).unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(e.message().contains("but in none of its adopted ranges"), "{e}");
+    a.free().map_err(|(_, e)| e).unwrap();
+}
+
+/// An adoption whose allocation a peer holds exported is not freed
+/// (`UNAVAILABLE`, naming the exports); once the export lets go it is.
+/// Guards `release_adoption`'s `e.counts.exported > 0`.
+#[test]
+fn an_exported_adoption_is_not_freed() {
+    let f = foreign(1 << 16);
+    let base = f.base;
+    let (a, _) = adopt_range(f, base, 4096).unwrap();
+    let hold = hold_for_export(base).unwrap();
+    let (a, e) = a.free().unwrap_err();
+    assert!(matches!(e, Error::Unavailable(_)), "{e}");
+    assert!(e.message().contains("is exported 1 time(s)"), "{e}");
+    drop(hold);
+    a.free().map_err(|(_, e)| e).unwrap();
+    assert!(owner_of(base).is_none());
+}
+
+/// `owner_of` names the allocation holding an address only inside its
+/// logical length: the rounding up to its physical extent is nobody's
+/// (an export's extent and a region's checks start from it). Guards
+/// `owner_of`'s `addr < o.addr + o.len`.
+#[test]
+fn an_address_in_an_allocations_rounding_has_no_owner() {
+    let a = allocate_shared_host(4096).unwrap();
+    assert_eq!(a.physical_len(), 2 << 20);
+    let o = owner_of(a.addr() + 4095).expect("inside its logical length");
+    assert_eq!((o.base, o.len, o.physical), (a.addr(), 4096, 2 << 20));
+    assert!(owner_of(a.addr() + 4096).is_none(), "in the rounding");
+    assert!(owner_of(a.addr() + (2 << 20) - 1).is_none(), "in the rounding");
+    a.free().map_err(|(_, e)| e).unwrap();
+}
+
+/// A second adoption inside an adopted allocation must name it as it was
+/// first adopted: the same extent and the same kind. One naming another
+/// kind is `InvalidArgument`, and the allocation keeps its one adoption.
+/// Guards `adopt_range`'s `o.kind != f.kind`.
+#[test]
+fn a_second_adoption_of_another_kind_is_refused() {
+    let f = foreign(1 << 16);
+    let (base, size) = (f.base, f.size);
+    let (a, _) = adopt_range(f, base, 4096).unwrap();
+    let other = Foreign { kind: MemoryKind::PinnedHost, base, size, device: None, forget: Box::new(|_| Ok(())) };
+    let e = adopt_range(other, base + 4096, 4096).err().expect("another kind refused");
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    assert!(e.message().contains("lies in a library allocation"), "{e}");
+    assert_eq!(kind_of(base, 4096).unwrap(), MemoryKind::Cuda);
+    a.free().map_err(|(_, e)| e).unwrap();
+    assert!(owner_of(base).is_none(), "its one adoption freed, the record is gone");
+}

@@ -298,6 +298,10 @@ impl ExportTable {
     fn extent(&self, lease: &RegionLease, req: &ExportRequest) -> Result<Extent> {
         if self.backend.exports_registrations() {
             let r = lease.region();
+            // Unreachable with the backends built today: CMA, the only one
+            // exporting registrations, maps nothing (`maps()` false, and
+            // `an_import_copies_through_its_window_into_the_exported_range`
+            // tests its window); kept for one that would map them.
             let charge_bytes = if self.backend.maps() { r.len } else { 0 };
             let (base, logical) = (r.addr, r.len);
             return Ok(Extent { base, logical, physical: logical, charge_key: r.id, charge_bytes, hold: None });

@@ -211,6 +211,21 @@ mod tests {
         assert!(b.refuses_for_good(&e), "{e}");
     }
 
+    /// A handle naming a base whose grant would wrap the address space
+    /// (`u64::MAX - 8191` with a physical extent of 8192) is a protocol
+    /// error naming the wrap, before anything is asked of the kernel.
+    /// Guards `import`'s `base.checked_add(physical)`.
+    #[test]
+    fn a_handle_whose_grant_wraps_the_address_space_is_refused() {
+        let b = backend();
+        let base = u64::MAX - 8191;
+        let bytes = [&MAGIC[..], &base.to_le_bytes()].concat();
+        let handle = ReceivedHandle { bytes, fd: None, source: Some(this_process()) };
+        let e = b.import(handle, 8192, false, None).err().unwrap();
+        assert_eq!(e.status(), Status::ProtocolError, "{e}");
+        assert!(e.message().contains(&format!("a cma grant of 0x{base:x}+8192 wraps the address space")), "{e}");
+    }
+
     /// Guards `admit`: another user's process is refused the channel.
     #[test]
     fn another_user_is_refused_at_admission() {
