@@ -116,11 +116,16 @@ pub(super) fn resolve<'a>(
     let mut last: Option<(&RegionInfo, u32)> = None;
     let mut items = crate::transport::planned::take_items(requests.len());
     items.extend(requests.iter().zip(lease_of.iter().copied()).zip(0u32..).map(|((r, l), index)| {
-        // Neighbours mostly name the region before them.
+        let lease = &leases[l as usize];
+        // Neighbours mostly name the region before them, their whole range
+        // in it: one bounds check finds the region and says the range fits.
+        if let Some((g, slot)) = last.filter(|(g, _)| g.contains(r.remote_addr, r.len.max(1))) {
+            return Item { index, slot, req: *r, lease, region: Some(g) };
+        }
         let found = last.filter(|(g, _)| g.contains(r.remote_addr, 1)).or_else(|| regions.find_slot(r.remote_addr));
         last = found;
         let (region, slot) = found.map_or((None, u32::MAX), |(g, s)| (Some(g), s));
-        let c = Item { index, slot, req: *r, lease: &leases[l as usize], region };
+        let c = Item { index, slot, req: *r, lease, region };
         missing |= !c.in_region();
         c
     }));
@@ -158,15 +163,19 @@ fn fits_item(k: TransportKind, c: &Item<'_>, egm_both: bool) -> bool {
 
 /// The first request `k` cannot carry. Neighbours with one local lease and
 /// one remote region are judged once (the previous one fitted), except
-/// local EGM memory, placed per address.
+/// local EGM memory, placed per address (the lease's kind is read once
+/// per lease and region, with its judgement).
 fn first_misfit<'i, 'a>(k: TransportKind, items: &'i [Item<'a>], egm_both: bool) -> Option<&'i Item<'a>> {
-    let mut prev = None;
+    // The last judged lease and region, and whether its local memory is
+    // EGM (true before the first: nothing to skip).
+    let mut judged = (std::ptr::null(), std::ptr::null());
+    let mut egm = true;
     items.iter().find(|c| {
-        let key = (Arc::as_ptr(c.lease), c.region.map(|r| r as *const RegionInfo));
-        if prev == Some(key) && c.lease.region().kind != MemoryKind::Egm {
+        let key = (Arc::as_ptr(c.lease), c.region.map_or(std::ptr::null(), |r| r as *const RegionInfo));
+        if key == judged && !egm {
             return false;
         }
-        prev = Some(key);
+        (judged, egm) = (key, c.lease.region().kind == MemoryKind::Egm);
         !fits_item(k, c, egm_both)
     })
 }

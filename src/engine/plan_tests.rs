@@ -110,7 +110,11 @@ fn a_forced_transport_refuses_what_it_cannot_carry() {
 
 /// Guards `Plan::take_refused`: a request naming no region is NOT_FOUND
 /// and one crossing the end of its region OUT_OF_RANGE, both out of
-/// the part; the others stay on it, in order.
+/// the part; the others stay on it, in order. Also `resolve`'s shortcut
+/// through the region the previous request named (`g.contains(
+/// r.remote_addr, r.len.max(1))`): when the crossing request is the
+/// submission's only bad one, it is still found out (were the shortcut
+/// to check its start alone, nothing would say there is one to refuse).
 #[test]
 fn requests_outside_every_region_are_refused_one_by_one() {
     let (d, table) = peer();
@@ -120,6 +124,10 @@ fn requests_outside_every_region_are_refused_one_by_one() {
     let s = planned(&reqs, &d, &table, &auto(SHM_TCP, &reach)).unwrap();
     let refused = vec![(1, Status::NotFound), (3, Status::OutOfRange)];
     assert_eq!(s, Summary { kind: TransportKind::Shm, main: vec![0, 2], tcp: vec![], refused });
+    reqs.remove(1);
+    let s = planned(&reqs, &d, &table, &auto(SHM_TCP, &reach)).unwrap();
+    let refused = vec![(2, Status::OutOfRange)];
+    assert_eq!(s, Summary { kind: TransportKind::Shm, main: vec![0, 1], tcp: vec![], refused });
 }
 
 /// Guards `carries` (a direct route's check when opened).

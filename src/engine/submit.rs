@@ -80,10 +80,9 @@ impl Engine {
         let total = items.len();
         let mut planned = plan::plan(peer, items, missing, &policy)?;
         let kind = planned.kind;
-        // An IPC submission routes every request as one chunk on its
-        // transport (TCP plans each request's chunks as it queues them).
-        let route = (kind != TransportKind::Tcp).then_some(kind);
-        let batch = BatchShared::routed(requests, route, self.inner.stats.clone(), deadline);
+        // Every request routed as one chunk on the submission's transport
+        // (the TCP executor plans again a request it splits).
+        let batch = BatchShared::routed(requests, Some(kind), self.inner.stats.clone(), deadline);
         // Later notifications to the peer follow this batch; its own waits
         // for it. Without one, the batch is listed when the submission
         // returns (below).

@@ -49,23 +49,18 @@ impl TcpExecutor<'_> {
         let (max_chunk, deadline, conn) = (self.max_chunk, self.deadline, self.conn);
         // A small batch's waiter reads the answers itself while it spins.
         batch.assisted_by(Arc::downgrade(conn) as Weak<dyn Assist>);
-        let units = Units { next: items.iter().peekable(), coalesce: self.coalesce, max_chunk };
-        // Every unit planned at one lock (a fenced one as the one chunk it
-        // fails), before any chunk can complete; the part's bytes, chunks
-        // and coalesced requests counted on the way. The units are worked
-        // out again as they are queued rather than kept (a submission's
-        // worth of them, read back from memory, costs more than the second
-        // pass over the items).
-        let (mut bytes, mut chunks, mut coalesced) = (0u64, 0usize, 0u64);
-        batch.plan_runs(
-            units.clone().map(|u| {
-                let n = u.chunks(max_chunk);
-                (bytes, chunks, coalesced) =
-                    (bytes + u.len * u64::from(n > 0), chunks + n as usize, coalesced + u.count as u64 - 1);
-                (u.at as usize, u.count, n.max(u.fenced as u32))
-            }),
-            TransportKind::Tcp,
-        );
+        // Every item is routed on TCP as one chunk already
+        // (BatchShared::routed, plan_each): only a request split into
+        // several chunks is planned again below, before any of its chunks
+        // is queued. The whole part's admission takes the bytes of every
+        // item and a chunk per piece of each (coalescing needs fewer: the
+        // step gives back what it never hands out).
+        let (mut bytes, mut chunks) = (0u64, 0usize);
+        for c in &items {
+            bytes = bytes.saturating_add(c.req.len);
+            chunks += chunks_of(c.req.len, max_chunk) as usize;
+        }
+        let mut coalesced = 0u64;
         let mut staged = Chunks::with_capacity(chunks);
         let mut failed: Option<Error> = None;
         // The whole part's admission, tried first in one step.
@@ -77,9 +72,10 @@ impl TcpExecutor<'_> {
                 batch.fail_request(m, e.clone(), effect);
             }
         };
-        let mut units = units;
+        let mut units = Units { next: items.iter().peekable(), coalesce: self.coalesce, max_chunk };
         while let Some(u) = units.next() {
             let (i, count) = (u.at as usize, u.count);
+            coalesced += u64::from(count - 1);
             if let Some(e) = &failed {
                 fail_unit(i, count, e, RemoteEffect::None);
                 continue;
@@ -94,7 +90,11 @@ impl TcpExecutor<'_> {
                 batch.fail_request(i, e, RemoteEffect::None);
                 continue;
             }
-            for k in 0..u.chunks(max_chunk) as u64 {
+            let n = u.chunks(max_chunk);
+            if n > 1 {
+                batch.plan(i, n, TransportKind::Tcp);
+            }
+            for k in 0..u64::from(n) {
                 let off = k * max_chunk;
                 let piece = (u.len - off).min(max_chunk);
                 if step.as_ref().is_none_or(|s| s.1 == 0) {
@@ -192,7 +192,7 @@ impl Unit<'_> {
         if self.fenced {
             0
         } else {
-            self.len.div_ceil(max_chunk) as u32
+            chunks_of(self.len, max_chunk)
         }
     }
 
@@ -200,6 +200,16 @@ impl Unit<'_> {
     fn pieces(self, max_chunk: u64) -> impl Iterator<Item = u64> + Clone {
         let len = self.len;
         (0..self.chunks(max_chunk) as u64).map(move |k| (len - k * max_chunk).min(max_chunk))
+    }
+}
+
+/// The chunks of at most `max_chunk` bytes that `len` bytes move in (one
+/// without a division when they fit one).
+fn chunks_of(len: u64, max_chunk: u64) -> u32 {
+    if len <= max_chunk {
+        1
+    } else {
+        len.div_ceil(max_chunk) as u32
     }
 }
 
@@ -217,6 +227,7 @@ struct Units<'i, 'a> {
 impl<'a> Iterator for Units<'_, 'a> {
     type Item = Unit<'a>;
 
+    #[inline]
     fn next(&mut self) -> Option<Unit<'a>> {
         let c = self.next.next()?;
         let r = c.req;
@@ -239,12 +250,13 @@ impl<'a> Iterator for Units<'_, 'a> {
         let (i, mut count, mut len) = (c.at(), 1u32, r.len);
         while self.coalesce && len < self.max_chunk {
             let Some(&n) = self.next.peek() else { break };
-            let joins = n.at() == i + count as usize
+            // The ranges first: gapped neighbours part there.
+            let joins = n.req.local_addr == r.local_addr + len
+                && n.req.remote_addr == r.remote_addr + len
+                && n.at() == i + count as usize
                 && n.req.op == r.op
                 && Arc::ptr_eq(n.lease, c.lease)
                 && n.region.is_some_and(|g| g.id == region.id && g.epoch == region.epoch)
-                && n.req.local_addr == r.local_addr + len
-                && n.req.remote_addr == r.remote_addr + len
                 && len + n.req.len <= self.max_chunk
                 && !(pinned && owners::fenced(n.req.local_addr));
             if !joins {
