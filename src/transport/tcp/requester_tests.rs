@@ -161,6 +161,28 @@ fn a_spinning_waiter_reads_its_answer_itself() {
     conn.kill(Error::Unavailable("test over".into()));
 }
 
+/// A waiter that does not spin (here a zero timeout; on a busy host,
+/// `spin::allowed` off) still reads an answer already waiting, once,
+/// before it sleeps. Guards the one `assist` try in `BatchShared::wait`
+/// (without it the batch stays pending: the I/O thread is stopped).
+#[test]
+fn a_waiter_that_does_not_spin_reads_a_waiting_answer() {
+    let stats = Arc::new(Counters::default());
+    let (conn, mut peer) = connected(&stats);
+    let OneRead { mut local, regions, deadline, batch } = OneRead::new(stats);
+    batch.assisted_by(Arc::downgrade(&conn) as std::sync::Weak<dyn Assist>);
+    conn.enqueue(vec![read_chunk(&batch, &regions, local.as_mut_ptr() as u64, deadline)]);
+    let payload = answer_one_read(&mut peer);
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while batch.wait(Duration::ZERO) == Status::Pending {
+        assert!(Instant::now() < give_up, "the waiter never read its answer");
+        std::thread::yield_now();
+    }
+    assert_eq!(local, payload);
+    drop(batch);
+    conn.kill(Error::Unavailable("test over".into()));
+}
+
 /// Reads the one READ request the connection sent (it left from the
 /// calling thread) and answers it; returns the payload sent.
 fn answer_one_read(peer: &mut TcpStream) -> Vec<u8> {
