@@ -161,6 +161,9 @@ pub type EndHook = Box<dyn FnOnce() + Send>;
 const SPIN_BYTES: u64 = 256 * 1024;
 /// How long a small batch's waiter spins before it sleeps.
 const SPIN: Duration = Duration::from_micros(150);
+/// How long one try of a poller, or of a waiter that does not spin, may
+/// read answers ([`BatchShared::assist_once`]).
+const ASSIST_SLICE: Duration = Duration::from_micros(50);
 
 /// Work a batch's waiter may do itself while it spins: the receive side of
 /// the connection carrying the batch, read by the waiting thread when the
@@ -258,6 +261,14 @@ impl BatchShared {
         if self.spin > Duration::ZERO {
             let _ = self.assist.set(a);
         }
+    }
+
+    /// One non-blocking try at what a waiter drives ([`Assist`]), for a
+    /// thread that polls the batch: answers already waiting land without
+    /// the connection's I/O thread's wake-up. True when anything was
+    /// received.
+    pub fn assist_once(&self) -> bool {
+        self.assist.get().and_then(Weak::upgrade).is_some_and(|a| a.assist(Instant::now() + ASSIST_SLICE))
     }
 
     /// Number of requests.
@@ -504,7 +515,13 @@ impl BatchShared {
                 break;
             }
         }
+        // Not spinning (a busy host): answers already waiting are still
+        // read here once, rather than after the I/O thread's wake-up.
+        let read = spin.is_zero() && assist.as_ref().is_some_and(|a| a.assist(Instant::now() + ASSIST_SLICE));
         drop(assist);
+        if let Some(done) = self.ended_status().filter(|_| read) {
+            return done;
+        }
         let mut s = self.state.lock();
         while s.pending > 0 || s.notification_pending {
             match deadline {

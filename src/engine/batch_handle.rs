@@ -39,11 +39,12 @@ impl Batch {
     }
 
     /// `Ok`, `Pending` or `TransferFailed`, without waiting (while pending,
-    /// the caller first copies a piece of a started SHM group, see
-    /// [`cpu_copy::assist`]).
+    /// the caller first reads the TCP answers already waiting, see
+    /// [`BatchShared::assist_once`], or else copies a piece of a started
+    /// SHM group, see [`cpu_copy::assist`]).
     pub fn poll(&self) -> Status {
         match self.shared.poll() {
-            Status::Pending if cpu_copy::assist() => self.shared.poll(),
+            Status::Pending if self.shared.assist_once() || cpu_copy::assist() => self.shared.poll(),
             s => s,
         }
     }
@@ -91,7 +92,7 @@ impl Batch {
     /// a started SHM group, as [`Batch::poll`]).
     pub fn result(&self, i: usize) -> Result<RequestResult> {
         let r = self.shared.result(i).ok_or_else(|| self.out_of_range(i))?;
-        if r.status == Status::Pending && cpu_copy::assist() {
+        if r.status == Status::Pending && (self.shared.assist_once() || cpu_copy::assist()) {
             return self.shared.result(i).ok_or_else(|| self.out_of_range(i));
         }
         Ok(r)

@@ -3,10 +3,12 @@
 //! threads ([`crate::transport::reactor`]), with no thread of its own. One
 //! lock guards the core; under it the driver does only non-blocking socket
 //! I/O — frames leave from the submitting thread when nothing waits before
-//! them (one wake-up less) and otherwise from the I/O thread as the socket
+//! them (one wake-up less; a submitter never waits for the lock: while
+//! another thread holds it, that thread takes the chunks over and writes
+//! them before it lets go) and otherwise from the I/O thread as the socket
 //! takes them; answers are read as they arrive, READ payload straight into
 //! local registered memory, by the I/O thread or by a small batch's waiter
-//! that reads them itself while it spins ([`Assist`]). What the core
+//! or poller that reads them itself ([`Assist`]). What the core
 //! reports — completions, notification verdicts, a `Revoke`, a fresh
 //! Describe — is acted on only once the lock is released, so a batch's end
 //! hook may queue more on this very connection.
@@ -28,7 +30,7 @@ use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 use std::io::ErrorKind;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -115,6 +117,12 @@ pub struct TcpConnection {
     log: Arc<crate::log::Logger>,
     /// This engine is closing the connection (not a loss to log).
     closing: AtomicBool,
+    /// Chunks a submitter handed over because another thread held the
+    /// state's lock (a submitter never waits for an I/O turn): whoever
+    /// holds the lock queues them before it lets go ([`Self::unlock`]).
+    handoff: Mutex<Vec<Chunks>>,
+    /// `handoff` may hold chunks: looked at after each release of the lock.
+    handed: AtomicBool,
     /// Peer label for messages.
     pub label: String,
     /// Test-only switch: the past race back on (what the core reported is
@@ -163,6 +171,8 @@ impl TcpConnection {
             on_revoke,
             log,
             closing: AtomicBool::new(false),
+            handoff: Mutex::new(Vec::new()),
+            handed: AtomicBool::new(false),
             label,
             #[cfg(test)]
             deliver_under_lock: AtomicBool::new(false),
@@ -174,12 +184,18 @@ impl TcpConnection {
 
     /// The error that killed the connection, if it is dead.
     pub fn dead_reason(&self) -> Option<Error> {
-        self.state.lock().ended()
+        let c = self.state.lock();
+        let e = c.ended();
+        self.unlock(c);
+        e
     }
 
     /// The peer's latest Describe.
     pub fn describe(&self) -> Arc<Describe> {
-        self.state.lock().core.describe().0
+        let c = self.state.lock();
+        let d = c.core.describe().0;
+        self.unlock(c);
+        d
     }
 
     /// The peer's latest Describe while the connection lives, else why it
@@ -193,6 +209,15 @@ impl TcpConnection {
     /// Asks the peer for a fresh Describe and waits for it until `deadline`.
     pub fn refresh_describe(&self, deadline: Instant) -> Result<Arc<Describe>> {
         let mut c = self.state.lock();
+        let r = self.await_describe(&mut c, deadline);
+        self.unlock(c);
+        r
+    }
+
+    /// [`Self::refresh_describe`] under the lock (released while it
+    /// waits; chunks handed over meanwhile go out on the I/O thread's
+    /// turn, which their submitter woke).
+    fn await_describe(&self, c: &mut MutexGuard<'_, Conn>, deadline: Instant) -> Result<Arc<Describe>> {
         let gen = c.core.describe().1;
         c.core.request_describe()?;
         self.wake();
@@ -200,7 +225,7 @@ impl TcpConnection {
             if let Some(e) = c.retired.clone().or_else(|| c.core.dead().cloned()) {
                 return Err(e);
             }
-            if self.describe_cv.wait_until(&mut c, deadline).timed_out() && c.core.describe().1 == gen {
+            if self.describe_cv.wait_until(c, deadline).timed_out() && c.core.describe().1 == gen {
                 return Err(Error::TimedOut(format!("{} did not answer a Describe request", self.label)));
             }
         }
@@ -217,26 +242,53 @@ impl TcpConnection {
     /// dead). When nothing waits before them and they are a small batch,
     /// the calling thread writes them itself (no wake-up of another
     /// thread); what the socket does not take, the I/O thread writes when
-    /// it drains.
+    /// it drains. Never waits for the connection's lock: while another
+    /// thread holds it (an I/O turn, a poller reading answers), the chunks
+    /// are handed over to that thread, which queues and writes them before
+    /// it lets go.
     pub fn enqueue(&self, chunks: impl Into<Chunks>) {
         let chunks = chunks.into();
         if chunks.is_empty() {
             return;
         }
-        let mut c = self.state.lock();
-        let at_once = c.core.submit(chunks);
-        // The I/O thread ticks the connection by the earliest deadline
-        // queued, theirs or before (it may not be woken for them): the
-        // core's, which took them in one pass.
-        let due = c.core.queued_due();
-        let sent = if at_once { self.write_out(&mut c, u64::MAX, Instant::now()) } else { Sent::Blocked };
-        self.unlock(c);
-        if let (Some(at), Some(r)) = (due, self.reg.get()) {
-            r.schedule(at);
+        let (mut c, own) = match self.state.try_lock() {
+            Some(c) => (c, Some(chunks)),
+            None => {
+                self.handoff.lock().push(chunks);
+                self.handed.store(true, Ordering::SeqCst);
+                // Either the holder sees `handed` once it let go, or this
+                // sees the lock free (both sides fence).
+                fence(Ordering::SeqCst);
+                match self.state.try_lock() {
+                    Some(c) => (c, None),
+                    None => {
+                        // A holder that waits on a condition (a Describe)
+                        // lets go without looking: its I/O turn takes them.
+                        self.wake();
+                        return;
+                    }
+                }
+            }
+        };
+        // Anything handed over goes first (one thread's chunks leave in
+        // its order), then these.
+        let handed = self.take_handed(&mut c);
+        let at_once = own.is_none_or(|chunks| c.core.submit(chunks)) && handed != Some(false);
+        self.release(c, Some(at_once));
+    }
+
+    /// Moves the chunks handed over into the core, in their order; `None`
+    /// when there were none, else whether they may be written at once.
+    fn take_handed(&self, c: &mut Conn) -> Option<bool> {
+        if !self.handed.swap(false, Ordering::SeqCst) {
+            return None;
         }
-        if sent != Sent::Complete {
-            self.wake();
+        let handed = std::mem::take(&mut *self.handoff.lock());
+        let mut at_once = true;
+        for chunks in handed {
+            at_once &= c.core.submit(chunks);
         }
+        Some(at_once)
     }
 
     /// Queues a notification's frame (built by `body` from its tag) behind
@@ -244,6 +296,8 @@ impl TcpConnection {
     /// connection's error. Never blocks.
     pub fn send_notify(&self, body: impl FnOnce(u64) -> Vec<u8>, deadline: Instant, answer: NotifyAnswer) {
         let mut c = self.state.lock();
+        // Behind the chunks handed over before it.
+        self.take_handed(&mut c);
         c.core.notify(body, deadline, answer);
         self.unlock(c);
         self.wake();
@@ -262,7 +316,11 @@ impl TcpConnection {
 
     /// Chunks queued or awaiting a response.
     pub fn outstanding(&self) -> usize {
-        self.state.lock().core.outstanding()
+        let mut c = self.state.lock();
+        self.take_handed(&mut c);
+        let n = c.core.outstanding();
+        self.unlock(c);
+        n
     }
 
     /// Kills the connection with `e` (the first reason stays): everything
@@ -324,17 +382,58 @@ impl TcpConnection {
     /// reported. The only way anything reported is delivered: an end hook,
     /// a notification's verdict or a `Revoke` hook never runs under the
     /// lock, so it may use this connection.
-    fn unlock(&self, mut c: MutexGuard<'_, Conn>) {
-        self.publish(&mut c);
-        let out = self.outputs(&mut c);
-        #[cfg(test)]
-        if self.deliver_under_lock.load(Ordering::Relaxed) {
-            self.deliver(out);
+    ///
+    /// Chunks handed over while the lock was held are queued first, and
+    /// once it is released, chunks handed over meanwhile are taken (the
+    /// lock again, if free) and written as [`Self::enqueue`] would.
+    fn unlock(&self, c: MutexGuard<'_, Conn>) {
+        self.release(c, None);
+    }
+
+    /// [`Self::unlock`], `queued` saying whether chunks were just queued
+    /// and may be written at once (a small batch with nothing before it):
+    /// those, and any handed over, are written first as far as the socket
+    /// takes them; the rest is left to the I/O thread (woken, and ticked by
+    /// the earliest deadline queued: it may not be woken for them).
+    fn release<'a>(&'a self, mut c: MutexGuard<'a, Conn>, mut queued: Option<bool>) {
+        loop {
+            if let Some(handed) = self.take_handed(&mut c) {
+                queued = Some(handed && queued != Some(false));
+            }
+            let (due, sent) = match queued.take() {
+                None => (None, Sent::Complete),
+                Some(at_once) => (
+                    c.core.queued_due(),
+                    if at_once { self.write_out(&mut c, u64::MAX, Instant::now()) } else { Sent::Blocked },
+                ),
+            };
+            self.publish(&mut c);
+            let out = self.outputs(&mut c);
+            #[cfg(test)]
+            if self.deliver_under_lock.load(Ordering::Relaxed) {
+                self.deliver(out);
+                drop(c);
+                return;
+            }
             drop(c);
-            return;
+            self.deliver(out);
+            if let (Some(at), Some(r)) = (due, self.reg.get()) {
+                r.schedule(at);
+            }
+            if sent != Sent::Complete {
+                self.wake();
+            }
+            // Chunks handed over while this thread held the lock: taken
+            // now, unless another thread holds it again (it looks then).
+            fence(Ordering::SeqCst);
+            if !self.handed.load(Ordering::SeqCst) {
+                return;
+            }
+            match self.state.try_lock() {
+                Some(again) => c = again,
+                None => return,
+            }
         }
-        drop(c);
-        self.deliver(out);
     }
 
     /// Publishes the peer's Describe, or why the connection ended, when
@@ -542,6 +641,7 @@ impl Assist for TcpConnection {
     fn assist(&self, until: Instant) -> bool {
         let Some(mut c) = self.state.try_lock() else { return false };
         if self.finished.is_set() || c.core.dead().is_some() {
+            self.unlock(c);
             return false;
         }
         // No buffer (the thread is ending and its locals are gone, or it is
@@ -555,6 +655,7 @@ impl Assist for TcpConnection {
             let got = self.receive(&mut c, &mut scratch, &mut budget, Some(until));
             Some((got, budget < ASSIST_BYTES))
         }) else {
+            self.unlock(c);
             return false;
         };
         let end = match got {
@@ -581,10 +682,12 @@ impl Assist for TcpConnection {
 
 impl Handler for TcpConnection {
     fn ready(&self, scratch: &mut [u8]) -> Flow {
-        let mut c: MutexGuard<'_, Conn> = self.state.lock();
+        let c: MutexGuard<'_, Conn> = self.state.lock();
         if self.finished.is_set() {
+            self.unlock(c);
             return Flow::Done;
         }
+        let mut c = c;
         let flow = self.turn(&mut c, scratch);
         self.unlock(c);
         if flow == Flow::Done {
@@ -596,6 +699,7 @@ impl Handler for TcpConnection {
     fn tick(&self, now: Instant) -> (Flow, Option<Instant>) {
         let mut c = self.state.lock();
         if self.finished.is_set() {
+            self.unlock(c);
             return (Flow::Done, None);
         }
         let flow = match c.core.expire(now) {

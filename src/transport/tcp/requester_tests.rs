@@ -147,17 +147,7 @@ fn a_spinning_waiter_reads_its_answer_itself() {
     batch.assisted_by(Arc::downgrade(&conn) as std::sync::Weak<dyn Assist>);
     conn.enqueue(vec![read_chunk(&batch, &regions, local.as_mut_ptr() as u64, deadline)]);
 
-    // The request left from this thread; answer it.
-    let mut frame = [0u8; FRAME_HEADER_LEN + DATA_REQUEST_LEN];
-    peer.read_exact(&mut frame).unwrap();
-    let h = FrameHeader::decode(frame[..FRAME_HEADER_LEN].try_into().unwrap()).unwrap();
-    assert_eq!(h.kind, MsgKind::ReadRequest);
-    let r = DataRequest::decode(frame[FRAME_HEADER_LEN..].try_into().unwrap()).unwrap();
-    assert_eq!((r.addr, r.len), (0x7000, 4096));
-    let payload: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
-    peer.write_all(&FrameHeader::encode(MsgKind::ReadResponse, (DATA_RESPONSE_LEN + 4096) as u32)).unwrap();
-    peer.write_all(&DataResponse { tag: r.tag, status: Status::Ok }.encode()).unwrap();
-    peer.write_all(&payload).unwrap();
+    let payload = answer_one_read(&mut peer);
 
     // Each wait spins (and assists) before it sleeps for the rest of
     // its millisecond; a loaded machine may take several.
@@ -168,6 +158,111 @@ fn a_spinning_waiter_reads_its_answer_itself() {
     assert_eq!(batch.poll(), Status::Ok);
     assert_eq!(local, payload);
     drop(batch);
+    conn.kill(Error::Unavailable("test over".into()));
+}
+
+/// A waiter that does not spin (here a zero timeout; on a busy host,
+/// `spin::allowed` off) still reads an answer already waiting, once,
+/// before it sleeps. Guards the one `assist` try in `BatchShared::wait`
+/// (without it the batch stays pending: the I/O thread is stopped).
+#[test]
+fn a_waiter_that_does_not_spin_reads_a_waiting_answer() {
+    let stats = Arc::new(Counters::default());
+    let (conn, mut peer) = connected(&stats);
+    let OneRead { mut local, regions, deadline, batch } = OneRead::new(stats);
+    batch.assisted_by(Arc::downgrade(&conn) as std::sync::Weak<dyn Assist>);
+    conn.enqueue(vec![read_chunk(&batch, &regions, local.as_mut_ptr() as u64, deadline)]);
+    let payload = answer_one_read(&mut peer);
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while batch.wait(Duration::ZERO) == Status::Pending {
+        assert!(Instant::now() < give_up, "the waiter never read its answer");
+        std::thread::yield_now();
+    }
+    assert_eq!(local, payload);
+    drop(batch);
+    conn.kill(Error::Unavailable("test over".into()));
+}
+
+/// Reads the one READ request the connection sent (it left from the
+/// calling thread) and answers it; returns the payload sent.
+fn answer_one_read(peer: &mut TcpStream) -> Vec<u8> {
+    let mut frame = [0u8; FRAME_HEADER_LEN + DATA_REQUEST_LEN];
+    peer.read_exact(&mut frame).unwrap();
+    let h = FrameHeader::decode(frame[..FRAME_HEADER_LEN].try_into().unwrap()).unwrap();
+    assert_eq!(h.kind, MsgKind::ReadRequest);
+    let r = DataRequest::decode(frame[FRAME_HEADER_LEN..].try_into().unwrap()).unwrap();
+    assert_eq!((r.addr, r.len), (0x7000, 4096));
+    let payload: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 3) as u8).collect();
+    peer.write_all(&FrameHeader::encode(MsgKind::ReadResponse, (DATA_RESPONSE_LEN + 4096) as u32)).unwrap();
+    peer.write_all(&DataResponse { tag: r.tag, status: Status::Ok }.encode()).unwrap();
+    peer.write_all(&payload).unwrap();
+    payload
+}
+
+/// A thread polling a batch (`orbite_batch_status`, `orbite_batch_result`:
+/// what TENT's getTransferStatus calls) reads the answer waiting on the
+/// socket itself: the connection's only I/O thread is stopped, so nothing
+/// else could. Guards `Batch::poll` calling `BatchShared::assist_once`
+/// (without it the request stays pending).
+#[test]
+fn a_polling_thread_reads_its_answer_itself() {
+    let stats = Arc::new(Counters::default());
+    let (conn, mut peer) = connected(&stats);
+    let OneRead { mut local, regions, deadline, batch } = OneRead::new(stats);
+    batch.assisted_by(Arc::downgrade(&conn) as std::sync::Weak<dyn Assist>);
+    conn.enqueue(vec![read_chunk(&batch, &regions, local.as_mut_ptr() as u64, deadline)]);
+    let payload = answer_one_read(&mut peer);
+
+    // The answer's bytes may reach the socket in pieces: poll until it
+    // is read, each poll one non-blocking try.
+    let polled = crate::engine::Batch::new(batch.clone());
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while polled.poll() == Status::Pending {
+        assert!(Instant::now() < give_up, "the poller never read its answer");
+        std::thread::yield_now();
+    }
+    assert_eq!(polled.poll(), Status::Ok);
+    assert_eq!(polled.result(0).unwrap().status, Status::Ok);
+    assert_eq!(local, payload);
+    drop((polled, batch));
+    conn.kill(Error::Unavailable("test over".into()));
+}
+
+/// A submitter never waits for the connection's lock: while another
+/// thread holds it (as an I/O turn or a poller does), `enqueue` hands its
+/// chunk over and returns, and the holder writes it when it lets go (the
+/// connection's only I/O thread is stopped: nobody else could). Guards the
+/// `try_lock` in `enqueue` (with a waiting lock the submitter is still
+/// stuck when the holder gives up) and `take_handed` in `release` (without
+/// it the request never reaches the peer).
+#[test]
+fn a_submitter_hands_its_chunks_to_the_lock_holder() {
+    let stats = Arc::new(Counters::default());
+    let (conn, mut peer) = connected(&stats);
+    let OneRead { mut local, regions, deadline, batch } = OneRead::new(stats);
+    let held = conn.state.lock();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (c, chunk) = (conn.clone(), read_chunk(&batch, &regions, local.as_mut_ptr() as u64, deadline));
+    let t = std::thread::spawn(move || {
+        c.enqueue(vec![chunk]);
+        tx.send(()).unwrap();
+    });
+    let returned = rx.recv_timeout(Duration::from_secs(20));
+    conn.unlock(held);
+    t.join().unwrap();
+    assert!(returned.is_ok(), "the submitter waited for the lock");
+    peer.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let payload = answer_one_read(&mut peer);
+    batch.assisted_by(Arc::downgrade(&conn) as std::sync::Weak<dyn Assist>);
+    let polled = crate::engine::Batch::new(batch.clone());
+    let give_up = Instant::now() + Duration::from_secs(20);
+    while polled.poll() == Status::Pending {
+        assert!(Instant::now() < give_up, "the answer was never read");
+        std::thread::yield_now();
+    }
+    assert_eq!(polled.poll(), Status::Ok);
+    assert_eq!(local, payload);
+    drop((polled, batch));
     conn.kill(Error::Unavailable("test over".into()));
 }
 
