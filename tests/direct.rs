@@ -209,6 +209,7 @@ fn direct_copies_through_a_held_import_survive_flushes_that_unmap_it() {
     let route = p.route().unwrap();
     let local = p.local.as_mut_ptr() as u64;
     let stop = std::sync::atomic::AtomicBool::new(false);
+    let done = std::sync::atomic::AtomicU64::new(0);
     let (req, a) = (&p.req, p.a.addr());
     let flushes = std::thread::scope(|s| {
         let flusher = s.spawn(|| {
@@ -216,6 +217,16 @@ fn direct_copies_through_a_held_import_survive_flushes_that_unmap_it() {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 req.flush_nvlink_cache(Some(T)).unwrap();
                 n += 1;
+                // Three more copies before the next flush: the one a flush
+                // may have overlapped, one that opens the import again,
+                // and one that finds it held (else a flusher that always
+                // wins the race leaves no copy to go through a held import).
+                let seen = done.load(std::sync::atomic::Ordering::Acquire);
+                while done.load(std::sync::atomic::Ordering::Acquire) < seen + 3
+                    && !stop.load(std::sync::atomic::Ordering::Relaxed)
+                {
+                    std::thread::yield_now();
+                }
             }
             n
         });
@@ -227,6 +238,7 @@ fn direct_copies_through_a_held_import_survive_flushes_that_unmap_it() {
             // SAFETY: the local buffer holds 64 KiB and no one else writes it now.
             let got = unsafe { std::slice::from_raw_parts(local as *const u8, 65536) };
             assert!(got.iter().enumerate().all(|(i, &b)| b == ((off as usize + i) % 251) as u8), "copy {k} bytes");
+            done.fetch_add(1, std::sync::atomic::Ordering::Release);
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         flusher.join().unwrap()
