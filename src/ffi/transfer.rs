@@ -118,7 +118,9 @@ pub(crate) fn submission<'a>(
 /// OK, PENDING or TRANSFER_FAILED, without waiting. While the batch is
 /// pending, the call may first copy one piece (64 KiB to 1 MiB) of a large
 /// SHM copy the engine started, so that a caller polling in a loop lends
-/// its thread to the copy instead of taking a core from it.
+/// its thread to the copy instead of taking a core from it; or read, without
+/// blocking, up to 256 KiB of answers waiting on the batch's TCP connection
+/// (which may end requests of another batch of the same peer).
 #[no_mangle]
 pub extern "C" fn orbite_batch_poll(batch: *mut orbite_batch) -> orbite_status {
     guard_status(|| {
@@ -171,7 +173,8 @@ pub extern "C" fn orbite_batch_results(
 
 /// Writes the outcome of request `index`; OUT_OF_RANGE past the request
 /// count. While the request is pending, the call may first copy one piece
-/// of a started SHM copy, as orbite_batch_poll.
+/// of a started SHM copy or read the answers waiting on its TCP connection,
+/// as orbite_batch_poll.
 #[no_mangle]
 pub extern "C" fn orbite_batch_result(
     batch: *const orbite_batch,
@@ -262,8 +265,10 @@ unsafe impl Send for EndData {}
 
 /// Calls `cb(user_data)` once every request of the batch has ended: within
 /// this call when they all have already, else on the library thread that
-/// ends the last one (an I/O thread, a copy thread, a submitting or
-/// cancelling caller). Every request ends, by the batch's deadline at the
+/// ends the last one: an I/O thread, a copy thread, or a caller that
+/// submits, cancels, polls or waits (orbite_batch_result, orbite_batch_poll,
+/// orbite_batch_wait read answers waiting on a connection, which may end
+/// another batch of the same peer). Every request ends, by the batch's deadline at the
 /// latest, so `cb` runs exactly once, also when the batch handle was freed
 /// meanwhile (a detached batch still ends). A notification submitted with
 /// the batch may still be on its way then. `cb` must accept a call from
