@@ -125,6 +125,26 @@ fn key_files_must_be_private() {
     assert!(e.message().contains("auth_key_file") && e.message().contains("chmod 600"), "{e}");
 }
 
+/// A key file claiming more than a key's bytes is refused on its size,
+/// before any of it is read: a sparse file of 1 TiB (larger than this
+/// host's memory; nothing is read or allocated) is refused
+/// `INVALID_CONFIG` naming its size, as one byte past the bound is.
+/// Guards `AuthKey::load` (src/control/auth.rs): `meta.len() >
+/// MAX_KEY_LEN` (without it the whole file is read first: an allocation
+/// of 1 TiB that fails, or a read past memory).
+#[test]
+fn a_key_file_larger_than_a_key_is_refused_before_it_is_read() {
+    for len in [4097u64, 1 << 40] {
+        let k = key_file(&format!("huge-{len}"), 1);
+        std::fs::OpenOptions::new().write(true).open(&k).unwrap().set_len(len).unwrap();
+        let e = Engine::from_json(&with_key(&k)).err().unwrap();
+        assert_eq!(e.status(), Status::InvalidConfig, "{e}");
+        let why = format!("key `auth_key_file`: {k}: {len} bytes; a key has 32 to 4096 bytes");
+        assert!(e.message().contains(&why), "{e}");
+        std::fs::remove_file(&k).unwrap();
+    }
+}
+
 fn channel_name(e: &Engine) -> String {
     let id = e.identity();
     format!("orbite-{}-{:016x}", id.process.pid, id.engine_epoch)
