@@ -1371,3 +1371,34 @@ fn a_repeated_close_receipt_must_name_the_closed_exports_token() {
     src.close(Some(LONG)).unwrap();
     a.free().unwrap();
 }
+
+/// A requester asking the SHM source for a region of ordinary process
+/// memory (TCP only) is refused `NOT_SUPPORTED` naming the kinds SHM
+/// exports, and nothing is exported; the same request for a shared
+/// allocation's region is offered. Guards `ExportTable::validate`
+/// (src/transport/ipc/export/mod.rs): `!self.kinds.contains(&r.kind)`.
+#[test]
+fn an_export_of_memory_the_backend_does_not_move_is_refused() {
+    let src = Engine::from_json("").unwrap();
+    let host = vec![7u8; 4096];
+    src.register_memory(host.as_ptr() as u64, 4096, Access::READ).unwrap();
+    let a = allocate_shared_host(4096).unwrap();
+    src.register_memory(a.addr(), 4096, Access::READ).unwrap();
+    let regions = src.regions();
+    let of = |kind| *regions.iter().find(|r| r.kind == kind).expect("a region of each kind");
+    let (h, s) = (of(MemoryKind::Host), of(MemoryKind::SharedHost));
+    assert_eq!((h.addr, s.addr), (host.as_ptr() as u64, a.addr()));
+    let mut ch = raw_channel(&src);
+    let e = ask(&mut ch, h.epoch, h.addr, 64, OP_READ).unwrap_err();
+    assert_eq!(e.status(), Status::NotSupported, "{e}");
+    let why = format!("region {} holds host memory; shm exports only shared_host memory", h.id);
+    assert!(e.message().contains(&why), "{e}");
+    assert_eq!(src.stats().ipc["shm"].exports.open, 0);
+    let o = ask(&mut ch, s.epoch, s.addr, 64, OP_READ).unwrap();
+    assert_eq!(src.stats().ipc["shm"].exports.open, 1);
+    assert_eq!(accept(&mut ch, o.export_id, o.token).unwrap(), MsgKind::ExportHandle);
+    close_export(&mut ch, &o);
+    drop(ch);
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
+}
