@@ -125,6 +125,26 @@ fn key_files_must_be_private() {
     assert!(e.message().contains("auth_key_file") && e.message().contains("chmod 600"), "{e}");
 }
 
+/// A key file claiming more than a key's bytes is refused on its size,
+/// before any of it is read: a sparse file of 1 TiB (larger than this
+/// host's memory; nothing is read or allocated) is refused
+/// `INVALID_CONFIG` naming its size, as one byte past the bound is.
+/// Guards `AuthKey::load` (src/control/auth.rs): `meta.len() >
+/// MAX_KEY_LEN` (without it the whole file is read first: an allocation
+/// of 1 TiB that fails, or a read past memory).
+#[test]
+fn a_key_file_larger_than_a_key_is_refused_before_it_is_read() {
+    for len in [4097u64, 1 << 40] {
+        let k = key_file(&format!("huge-{len}"), 1);
+        std::fs::OpenOptions::new().write(true).open(&k).unwrap().set_len(len).unwrap();
+        let e = Engine::from_json(&with_key(&k)).err().unwrap();
+        assert_eq!(e.status(), Status::InvalidConfig, "{e}");
+        let why = format!("key `auth_key_file`: {k}: {len} bytes; a key has 32 to 4096 bytes");
+        assert!(e.message().contains(&why), "{e}");
+        std::fs::remove_file(&k).unwrap();
+    }
+}
+
 fn channel_name(e: &Engine) -> String {
     let id = e.identity();
     format!("orbite-{}-{:016x}", id.process.pid, id.engine_epoch)
@@ -1346,6 +1366,37 @@ fn a_repeated_close_receipt_must_name_the_closed_exports_token() {
     let e = call_ref(&mut ch, MsgKind::CloseReceipt, forged).unwrap_err();
     assert_eq!(e.status(), Status::NotFound, "another token: {e}");
     assert!(e.message().contains(&format!("no export {} with that token on this channel", o.export_id)), "{e}");
+    close_export(&mut ch, &o);
+    drop(ch);
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
+}
+
+/// A requester asking the SHM source for a region of ordinary process
+/// memory (TCP only) is refused `NOT_SUPPORTED` naming the kinds SHM
+/// exports, and nothing is exported; the same request for a shared
+/// allocation's region is offered. Guards `ExportTable::validate`
+/// (src/transport/ipc/export/mod.rs): `!self.kinds.contains(&r.kind)`.
+#[test]
+fn an_export_of_memory_the_backend_does_not_move_is_refused() {
+    let src = Engine::from_json("").unwrap();
+    let host = vec![7u8; 4096];
+    src.register_memory(host.as_ptr() as u64, 4096, Access::READ).unwrap();
+    let a = allocate_shared_host(4096).unwrap();
+    src.register_memory(a.addr(), 4096, Access::READ).unwrap();
+    let regions = src.regions();
+    let of = |kind| *regions.iter().find(|r| r.kind == kind).expect("a region of each kind");
+    let (h, s) = (of(MemoryKind::Host), of(MemoryKind::SharedHost));
+    assert_eq!((h.addr, s.addr), (host.as_ptr() as u64, a.addr()));
+    let mut ch = raw_channel(&src);
+    let e = ask(&mut ch, h.epoch, h.addr, 64, OP_READ).unwrap_err();
+    assert_eq!(e.status(), Status::NotSupported, "{e}");
+    let why = format!("region {} holds host memory; shm exports only shared_host memory", h.id);
+    assert!(e.message().contains(&why), "{e}");
+    assert_eq!(src.stats().ipc["shm"].exports.open, 0);
+    let o = ask(&mut ch, s.epoch, s.addr, 64, OP_READ).unwrap();
+    assert_eq!(src.stats().ipc["shm"].exports.open, 1);
+    assert_eq!(accept(&mut ch, o.export_id, o.token).unwrap(), MsgKind::ExportHandle);
     close_export(&mut ch, &o);
     drop(ch);
     src.close(Some(LONG)).unwrap();

@@ -309,6 +309,23 @@ fn x8_the_requester_refuses_a_channel_of_another_engine() {
     assert!(l.e.peer_transports(l.peer).unwrap().iter().all(|t| *t != TransportKind::Shm), "the link is dead");
 }
 
+/// The Welcome's whole identity must be the Describe's, not its engine
+/// epoch alone: one naming the same epoch with another process start time
+/// or another boot is another engine's channel. Guards
+/// `transport/ipc/link.rs` `connect`'s `w.identity != self.source`
+/// (compared by epoch only, both are taken and the READ lands).
+#[test]
+fn x8_the_requester_refuses_a_welcome_of_the_same_epoch_from_another_process() {
+    let edits: [fn(&mut Identity); 2] = [|i| i.process.start_time ^= 1, |i| i.boot_id[0] ^= 0xff];
+    for welcome in edits {
+        let h = Hostile::start(Script { welcome, ..Script::honest() }, HOSTILE_FILL);
+        let (l, out) = read_from(&h);
+        assert_eq!(out, vec![res(Status::StalePeer, RemoteEffect::None)]);
+        assert!(h.requests().is_empty(), "nothing may be asked of another engine");
+        assert!(l.e.peer_transports(l.peer).unwrap().iter().all(|t| *t != TransportKind::Shm), "the link is dead");
+    }
+}
+
 // ---------------------------------------------------------------------------
 // S2: IPC transports need the same boot; both sides check it.
 

@@ -275,4 +275,82 @@ mod tests {
         };
         assert_eq!(e.status(), crate::error::Status::PermissionDenied, "{e}");
     }
+
+    /// `frame`, sealed by a key holder (records of at most `RECORD_MAX`),
+    /// read back as a handshake's first frame.
+    fn read_sealed(frame: &[u8]) -> Result<(FrameHeader, Vec<u8>)> {
+        let ((mut atx, _), (_, mut brx)) = halves();
+        atx.seal_all(frame);
+        read_frame(&mut std::io::Cursor::new(atx.pending().to_vec()), &mut brx, &[], &mut || Ok(()))
+    }
+
+    /// A key holder's sealed first frame is a control frame: a data frame
+    /// (whose header bound is a payload's) of one byte more than a control
+    /// body is refused on its header, one of exactly the bound is read.
+    /// Guards `read_frame`'s `h.body_len > MAX_CONTROL_BODY`.
+    #[test]
+    fn a_sealed_first_frame_larger_than_a_control_body_is_refused() {
+        for len in [MAX_CONTROL_BODY, MAX_CONTROL_BODY + 1] {
+            let mut frame = FrameHeader::encode(MsgKind::WriteRequest, len).to_vec();
+            frame.resize(FRAME_HEADER_LEN + len as usize, 0x3c);
+            let got = read_sealed(&frame);
+            if len == MAX_CONTROL_BODY {
+                let (h, body) = got.unwrap();
+                assert_eq!((h.kind, body.len()), (MsgKind::WriteRequest, len as usize));
+            } else {
+                let Err(e) = got else { panic!("a sealed frame of {len} bytes taken") };
+                assert_eq!(e, Error::Protocol(format!("a sealed WriteRequest of {len} bytes is too large")));
+            }
+        }
+    }
+
+    /// The sealed first frame must end with its record: bytes after it in
+    /// the same record are refused (a peer may not slip a second frame
+    /// past the handshake's reader). Guards `read_frame`'s
+    /// `plain.len() > whole`.
+    #[test]
+    fn bytes_after_the_sealed_first_frame_in_its_record_are_refused() {
+        let mut frame = FrameHeader::encode(MsgKind::Describe, 3).to_vec();
+        frame.extend_from_slice(b"abc");
+        let (h, body) = read_sealed(&frame).unwrap();
+        assert_eq!((h.kind, body), (MsgKind::Describe, b"abc".to_vec()));
+        frame.extend_from_slice(&FrameHeader::encode(MsgKind::Goodbye, 0));
+        let e = read_sealed(&frame).unwrap_err();
+        assert_eq!(e, Error::Protocol("bytes followed the sealed Describe in its record".into()));
+    }
+
+    /// A peer closing inside a sealed record ends the connection
+    /// `UNAVAILABLE` naming it, not as an orderly close (the record's bytes
+    /// never checked); closing after a whole record is orderly. Guards
+    /// `Wire::read`'s `Got::Eof if x.rx.mid_record()`.
+    #[test]
+    fn a_close_inside_a_sealed_record_is_not_an_orderly_close() {
+        for cut in [false, true] {
+            let (mut a, b) = sockets();
+            let ((mut atx, _), (_, brx)) = halves();
+            atx.seal_all(b"READ answer bytes");
+            let whole = atx.pending().to_vec();
+            let sent = if cut { &whole[..whole.len() - 1] } else { &whole[..] };
+            std::io::Write::write_all(&mut a, sent).unwrap();
+            drop(a);
+            let mut wb = Wire::sealed((halves().1 .0, brx));
+            let mut buf = [0u8; 64];
+            let mut got = Vec::new();
+            let end = loop {
+                match wb.read(&b, &mut buf) {
+                    Ok(Got::Bytes(n)) => got.extend_from_slice(&buf[..n]),
+                    Ok(Got::Drained) => continue,
+                    other => break other,
+                }
+            };
+            if cut {
+                assert!(got.is_empty(), "{} bytes of an unchecked record handed out", got.len());
+                let why = Error::Unavailable("the peer closed the connection inside a sealed record".into());
+                assert!(matches!(end, Err(e) if e == why), "not refused naming the cut record");
+            } else {
+                assert_eq!(got, b"READ answer bytes");
+                assert!(matches!(end, Ok(Got::Eof)), "an orderly close");
+            }
+        }
+    }
 }

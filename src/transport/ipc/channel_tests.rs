@@ -176,3 +176,39 @@ fn a_frame_with_too_many_descriptors_is_refused() {
         }
     }
 }
+
+/// No IPC frame is larger than a control body, whatever its kind: a peer
+/// announcing a data frame (whose header bound is a payload's, 1 GiB) of
+/// one byte more is refused on its header, its body left unread (a frame
+/// of exactly the bound is taken). Guards `recv_bounded`'s
+/// `header.body_len > MAX_CONTROL_BODY` (widened, the body is read and the
+/// frame handed on).
+#[test]
+fn an_ipc_frame_larger_than_a_control_body_is_refused() {
+    use crate::control::frame::MAX_CONTROL_BODY;
+    for (len, refused) in [(MAX_CONTROL_BODY, false), (MAX_CONTROL_BODY + 1, true)] {
+        let (a, b) = UnixStream::pair().unwrap();
+        let mut rx = Channel::from_stream(b).unwrap();
+        // The whole frame is written (the reader may stop after its header).
+        let writer = std::thread::spawn(move || {
+            let mut a = a;
+            let _ = a.write_all(&FrameHeader::encode(MsgKind::WriteRequest, len));
+            let _ = a.write_all(&vec![0x5a; len as usize]);
+        });
+        match rx.recv(&mut io::no_abort) {
+            Ok(f) => {
+                assert!(!refused, "a frame of {len} bytes taken");
+                assert_eq!((f.kind, f.body.len()), (MsgKind::WriteRequest, len as usize));
+            }
+            Err(e) => {
+                assert!(refused, "a frame of {len} bytes refused: {e}");
+                assert!(
+                    matches!(&e, Error::Protocol(m) if m == &format!("IPC frame of {len} bytes is too large")),
+                    "{e}"
+                );
+            }
+        }
+        drop(rx);
+        writer.join().unwrap();
+    }
+}

@@ -345,9 +345,18 @@ impl IpcLink {
             MsgKind::IpcWelcome => {
                 let w = Welcome::decode(&f.body)?;
                 if w.identity != self.source {
+                    let (got, want) = (&w.identity, &self.source);
                     return Err(Error::StalePeer(format!(
-                        "{}: the IPC channel belongs to another engine (epoch {:x}, expected {:x})",
-                        self.label, w.identity.engine_epoch, self.source.engine_epoch
+                        "{}: the IPC channel belongs to another engine (epoch {:x} of pid {} started at {}{}, \
+                         expected epoch {:x} of pid {} started at {})",
+                        self.label,
+                        got.engine_epoch,
+                        got.process.pid,
+                        got.process.start_time,
+                        if got.boot_id != want.boot_id { " in another boot" } else { "" },
+                        want.engine_epoch,
+                        want.process.pid,
+                        want.process.start_time
                     )));
                 }
                 // A board the source offers with its Welcome: used when it is

@@ -265,6 +265,15 @@ fn a_handle_never_sent_ends_its_export_exported_even_once_retained() {
     assert_eq!(c.len(), 0);
     let offered = c.offer(grant(1, None, OP_READ), now, "x");
     assert!(c.handle_not_sent(1, &r(offered, 0, 0)).is_none(), "an offer has no handle");
+    // Accepted, its handle still being made: no answer carrying it was
+    // dropped yet, so it stays (guards `handle_not_sent`'s `Exposed |
+    // Retained`: with `Exposing` too, the export ends under the driver
+    // making its handle).
+    assert!(matches!(c.begin_answer(1, &r(offered, 1, 0)), Ok(Answering::Expose { .. })));
+    assert!(c.handle_not_sent(1, &r(offered, 0, 0)).is_none(), "a handle being made was not dropped");
+    assert_eq!(c.state(offered), Some(ExportState::Exposing));
+    assert!(matches!(c.finish_answer(1, &r(offered, 1, 0), true), Finished::Exposed));
+    assert_eq!(c.len(), 1);
 }
 
 /// A hostile channel holds 10 000 exports and offers; another channel's

@@ -103,9 +103,14 @@ fn a_reject_of_this_tag_gives_its_own_error_and_of_another_a_protocol_error() {
     let mut o = opening();
     let mine = encode_reject(TAG, Status::OutOfRange, "outside");
     assert_eq!(o.offered(MsgKind::ExportReject, &mine, "src"), Err(Error::OutOfRange("outside".into())));
-    let other = encode_reject(TAG + 1, Status::OutOfRange, "outside");
-    let e = o.offered(MsgKind::ExportReject, &other, "src").unwrap_err();
-    assert_eq!(e, Error::Protocol(format!("reject for tag {}, expected {TAG}", TAG + 1)));
+    // Another tag, tag 0 included (no request has it: a reject of tag 0
+    // is no answer to this one; guards `offered`'s `t != tag` against an
+    // exemption for it).
+    for t in [TAG + 1, 0] {
+        let other = encode_reject(t, Status::OutOfRange, "outside");
+        let e = o.offered(MsgKind::ExportReject, &other, "src").unwrap_err();
+        assert_eq!(e, Error::Protocol(format!("reject for tag {t}, expected {TAG}")));
+    }
 }
 
 #[test]

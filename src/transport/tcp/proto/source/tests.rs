@@ -225,6 +225,31 @@ fn describe_requests_queue_one_describe_at_a_time() {
     assert_eq!(h.served, (0, 0));
 }
 
+/// Issue 58: a Describe built in this turn that has already left does not
+/// let another DescribeRequest of the same turn build a second one (the
+/// peer reading as fast as it asks would get one per request): it is due,
+/// built once the next turn begins. Guards `header`'s
+/// `|| self.turn_described` (without it the second read builds a second
+/// Describe in the turn).
+#[test]
+fn a_describe_that_left_does_not_free_the_turns_next() {
+    let now = Instant::now();
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    c.received(&frame(MsgKind::DescribeRequest, &[]), now, &mut h).unwrap();
+    let (out, _) = drain(&mut c, &mut h, now);
+    assert_eq!(frames(&out).len(), 1);
+    assert_eq!(h.describes, 1);
+    c.received(&frame(MsgKind::DescribeRequest, &[]), now, &mut h).unwrap();
+    assert_eq!(h.describes, 1, "one Describe a turn, even once the first left");
+    assert!(c.describe_deferred());
+    let (out, _) = drain(&mut c, &mut h, now);
+    assert!(out.is_empty(), "nothing more leaves in this turn");
+    c.begin_turn(&mut h);
+    assert_eq!(h.describes, 2, "the due one is built when the next turn begins");
+    let (out, _) = drain(&mut c, &mut h, now);
+    assert_eq!(frames(&out).iter().map(|(k, _)| *k).collect::<Vec<_>>(), [MsgKind::Describe]);
+}
+
 /// Issue 58: a peer streaming DescribeRequests without reading its
 /// Describes kept the I/O thread reading and parsing them for ever (each
 /// folded into the one Describe due, nothing ever held reading back).
@@ -406,6 +431,15 @@ fn goodbye_and_eof_close_after_the_answers_and_a_cut_frame_is_an_error() {
     let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
     c.received(&read_req(1, BASE, 64)[..20], now, &mut h).unwrap();
     assert_eq!(c.eof().unwrap_err().status(), Status::Unavailable);
+    // Cut inside a header (its bytes gathered while a header is still
+    // wanted): not an orderly close either; a close between frames is.
+    // Guards `eof`'s `|| !self.partial.is_empty()`.
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    c.received(&read_req(1, BASE, 64)[..5], now, &mut h).unwrap();
+    assert_eq!(c.eof(), Err(Error::Unavailable("peer closed the connection mid-frame".into())));
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    c.received(&read_req(1, BASE, 64), now, &mut h).unwrap();
+    assert_eq!(c.eof(), Ok(()));
 }
 
 #[test]
