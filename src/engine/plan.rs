@@ -3,7 +3,7 @@
 //! transport, the requests on it, those split off to TCP, and per-request
 //! refusals), with no lock and no I/O: unit-tested alone.
 
-use super::ipc_transports::{kinds_allow, local_placement_ok};
+use super::ipc_transports::local_placement_ok;
 use super::region_index::RegionIndex;
 use crate::control::message::{Describe, RegionInfo};
 use crate::error::{Error, Result};
@@ -89,6 +89,39 @@ pub(super) fn fits(
         Some(r) if r.kind == MemoryKind::Egm && k == TransportKind::Mnnvl && !egm_both => false,
         Some(r) => kinds_allow(k, local, r.kind) && local_placement_ok(k, local, local_addr),
         None => k != TransportKind::Tcp || local.cpu_accessible(),
+    }
+}
+
+/// Whether a request may use `kind`, given the local and remote memory kinds.
+pub(super) fn kinds_allow(kind: TransportKind, local: MemoryKind, remote: MemoryKind) -> bool {
+    match kind {
+        TransportKind::Tcp => local.cpu_accessible() && remote.cpu_accessible(),
+        TransportKind::Shm => local.cpu_accessible() && remote == MemoryKind::SharedHost,
+        // Memory the peer registered that the library did not allocate:
+        // its own buffers (malloc, new, numpy, torch), copied by the kernel.
+        TransportKind::Cma => local.cpu_accessible() && remote == MemoryKind::Host,
+        // Local pinned host or device memory only: pageable host memory is
+        // never registered or staged implicitly.
+        TransportKind::Nvlink => {
+            matches!(local, MemoryKind::Cuda | MemoryKind::CudaIpc | MemoryKind::PinnedHost)
+                && remote == MemoryKind::CudaIpc
+        }
+        // Remote device (MNNVL) or host (EGM) fabric memory; EGM also needs
+        // both peers' opt-in, checked at selection. Ordinary local host
+        // memory is pinned first (`host_register`) or, with host_register
+        // false, handed to the driver as it is.
+        TransportKind::Mnnvl => {
+            matches!(
+                local,
+                MemoryKind::Cuda
+                    | MemoryKind::CudaIpc
+                    | MemoryKind::PinnedHost
+                    | MemoryKind::Mnnvl
+                    | MemoryKind::Egm
+                    | MemoryKind::Host
+                    | MemoryKind::SharedHost
+            ) && matches!(remote, MemoryKind::Mnnvl | MemoryKind::Egm)
+        }
     }
 }
 

@@ -178,11 +178,7 @@ impl Engine {
         let fall_through = auto
             && self.inner.config.transport_policy.contains(&TransportKind::Tcp)
             && items.iter().all(|c| {
-                super::ipc_transports::kinds_allow(
-                    TransportKind::Tcp,
-                    c.lease.region().kind,
-                    c.region.expect("resolved").kind,
-                )
+                plan::kinds_allow(TransportKind::Tcp, c.lease.region().kind, c.region.expect("resolved").kind)
             });
         if let Err(e) =
             super::ipc_transports::prepare_local(kind, &self.inner.config, items.iter().map(|c| c.lease.region()))
