@@ -4,8 +4,8 @@
 //! refusals), with no lock and no I/O: unit-tested alone.
 
 use super::ipc_transports::local_placement_ok;
-use super::region_index::RegionIndex;
-use crate::control::message::{Describe, RegionInfo};
+use crate::control::message::RegionInfo;
+use crate::control::region_index::RegionIndex;
 use crate::error::{Error, Result};
 use crate::kinds::{Transport, TransportKind};
 use crate::memory::{MemoryKind, RegionLease};
@@ -136,15 +136,15 @@ pub(super) fn carries(kind: TransportKind, remote: MemoryKind, egm: bool) -> boo
 }
 
 /// The checked requests of a submission (`lease_of`: each one's lease in
-/// `leases`), each with the region of `d` it names; and whether any names
-/// no region, or a range past the end of its region.
+/// `leases`), each with the region of the peer's Describe it names (found
+/// in `regions`, the index published with it); and whether any names no
+/// region, or a range past the end of its region.
 pub(super) fn resolve<'a>(
     requests: &[Request],
     leases: &'a [Arc<RegionLease>],
     lease_of: &[u32],
-    d: &'a Describe,
+    regions: &'a RegionIndex,
 ) -> (Vec<Item<'a>>, bool) {
-    let regions = RegionIndex::new(d);
     let mut missing = false;
     let mut last: Option<(&RegionInfo, u32)> = None;
     let mut items = crate::transport::planned::take_items(requests.len());
@@ -165,10 +165,9 @@ pub(super) fn resolve<'a>(
     (items, missing)
 }
 
-/// Resolves `items` again against a newer Describe `d`; whether any still
-/// names no region, or a range past the end of its region.
-pub(super) fn resolve_again<'a>(items: &mut [Item<'a>], d: &'a Describe) -> bool {
-    let index = RegionIndex::new(d);
+/// Resolves `items` again against a newer Describe (its `index`); whether
+/// any still names no region, or a range past the end of its region.
+pub(super) fn resolve_again<'a>(items: &mut [Item<'a>], index: &'a RegionIndex) -> bool {
     let mut missing = false;
     for c in items {
         (c.region, c.slot) = index.find_slot(c.req.remote_addr).map_or((None, u32::MAX), |(g, s)| (Some(g), s));
