@@ -8,6 +8,7 @@ pub mod identity;
 pub mod io;
 pub mod message;
 pub mod notify_frame;
+pub mod region_index;
 pub mod seal;
 
 pub use frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN, PROTOCOL_VERSION};

@@ -209,39 +209,6 @@ fn mnnvl_backend(config: &EngineConfig) -> Result<(Arc<dyn IpcBackend>, CudaCoun
     nvlink_backend(config)
 }
 
-/// Whether a request may use `kind`, given the local and remote memory kinds.
-pub(crate) fn kinds_allow(kind: TransportKind, local: MemoryKind, remote: MemoryKind) -> bool {
-    match kind {
-        TransportKind::Tcp => local.cpu_accessible() && remote.cpu_accessible(),
-        TransportKind::Shm => local.cpu_accessible() && remote == MemoryKind::SharedHost,
-        // Memory the peer registered that the library did not allocate:
-        // its own buffers (malloc, new, numpy, torch), copied by the kernel.
-        TransportKind::Cma => local.cpu_accessible() && remote == MemoryKind::Host,
-        // Local pinned host or device memory only: pageable host memory is
-        // never registered or staged implicitly.
-        TransportKind::Nvlink => {
-            matches!(local, MemoryKind::Cuda | MemoryKind::CudaIpc | MemoryKind::PinnedHost)
-                && remote == MemoryKind::CudaIpc
-        }
-        // Remote device (MNNVL) or host (EGM) fabric memory; EGM also needs
-        // both peers' opt-in, checked at selection. Ordinary local host
-        // memory is pinned first (`host_register`) or, with host_register
-        // false, handed to the driver as it is.
-        TransportKind::Mnnvl => {
-            matches!(
-                local,
-                MemoryKind::Cuda
-                    | MemoryKind::CudaIpc
-                    | MemoryKind::PinnedHost
-                    | MemoryKind::Mnnvl
-                    | MemoryKind::Egm
-                    | MemoryKind::Host
-                    | MemoryKind::SharedHost
-            ) && matches!(remote, MemoryKind::Mnnvl | MemoryKind::Egm)
-        }
-    }
-}
-
 /// Whether the local memory at `addr` can be the local side of a `kind`
 /// copy: a local EGM owner needs a visible GPU attached to its NUMA node
 /// (an unknown or incompatible placement cannot select that owner).

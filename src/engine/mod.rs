@@ -19,7 +19,6 @@ mod mnnvl_peer;
 mod notify;
 mod peers;
 mod plan;
-mod region_index;
 mod regions;
 pub mod registry;
 pub mod stats;

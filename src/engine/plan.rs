@@ -3,9 +3,9 @@
 //! transport, the requests on it, those split off to TCP, and per-request
 //! refusals), with no lock and no I/O: unit-tested alone.
 
-use super::ipc_transports::{kinds_allow, local_placement_ok};
-use super::region_index::RegionIndex;
-use crate::control::message::{Describe, RegionInfo};
+use super::ipc_transports::local_placement_ok;
+use crate::control::message::RegionInfo;
+use crate::control::region_index::RegionIndex;
 use crate::error::{Error, Result};
 use crate::kinds::{Transport, TransportKind};
 use crate::memory::{MemoryKind, RegionLease};
@@ -92,6 +92,39 @@ pub(super) fn fits(
     }
 }
 
+/// Whether a request may use `kind`, given the local and remote memory kinds.
+pub(super) fn kinds_allow(kind: TransportKind, local: MemoryKind, remote: MemoryKind) -> bool {
+    match kind {
+        TransportKind::Tcp => local.cpu_accessible() && remote.cpu_accessible(),
+        TransportKind::Shm => local.cpu_accessible() && remote == MemoryKind::SharedHost,
+        // Memory the peer registered that the library did not allocate:
+        // its own buffers (malloc, new, numpy, torch), copied by the kernel.
+        TransportKind::Cma => local.cpu_accessible() && remote == MemoryKind::Host,
+        // Local pinned host or device memory only: pageable host memory is
+        // never registered or staged implicitly.
+        TransportKind::Nvlink => {
+            matches!(local, MemoryKind::Cuda | MemoryKind::CudaIpc | MemoryKind::PinnedHost)
+                && remote == MemoryKind::CudaIpc
+        }
+        // Remote device (MNNVL) or host (EGM) fabric memory; EGM also needs
+        // both peers' opt-in, checked at selection. Ordinary local host
+        // memory is pinned first (`host_register`) or, with host_register
+        // false, handed to the driver as it is.
+        TransportKind::Mnnvl => {
+            matches!(
+                local,
+                MemoryKind::Cuda
+                    | MemoryKind::CudaIpc
+                    | MemoryKind::PinnedHost
+                    | MemoryKind::Mnnvl
+                    | MemoryKind::Egm
+                    | MemoryKind::Host
+                    | MemoryKind::SharedHost
+            ) && matches!(remote, MemoryKind::Mnnvl | MemoryKind::Egm)
+        }
+    }
+}
+
 /// Whether `kind` can carry some local memory to or from the peer's memory
 /// of kind `remote` (`egm`: both engines opted in to EGM): what a direct
 /// route needs when it is opened.
@@ -103,15 +136,15 @@ pub(super) fn carries(kind: TransportKind, remote: MemoryKind, egm: bool) -> boo
 }
 
 /// The checked requests of a submission (`lease_of`: each one's lease in
-/// `leases`), each with the region of `d` it names; and whether any names
-/// no region, or a range past the end of its region.
+/// `leases`), each with the region of the peer's Describe it names (found
+/// in `regions`, the index published with it); and whether any names no
+/// region, or a range past the end of its region.
 pub(super) fn resolve<'a>(
     requests: &[Request],
     leases: &'a [Arc<RegionLease>],
     lease_of: &[u32],
-    d: &'a Describe,
+    regions: &'a RegionIndex,
 ) -> (Vec<Item<'a>>, bool) {
-    let regions = RegionIndex::new(d);
     let mut missing = false;
     let mut last: Option<(&RegionInfo, u32)> = None;
     let mut items = crate::transport::planned::take_items(requests.len());
@@ -132,10 +165,9 @@ pub(super) fn resolve<'a>(
     (items, missing)
 }
 
-/// Resolves `items` again against a newer Describe `d`; whether any still
-/// names no region, or a range past the end of its region.
-pub(super) fn resolve_again<'a>(items: &mut [Item<'a>], d: &'a Describe) -> bool {
-    let index = RegionIndex::new(d);
+/// Resolves `items` again against a newer Describe (its `index`); whether
+/// any still names no region, or a range past the end of its region.
+pub(super) fn resolve_again<'a>(items: &mut [Item<'a>], index: &'a RegionIndex) -> bool {
     let mut missing = false;
     for c in items {
         (c.region, c.slot) = index.find_slot(c.req.remote_addr).map_or((None, u32::MAX), |(g, s)| (Some(g), s));

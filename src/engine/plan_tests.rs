@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::control::identity::Identity;
+use crate::control::message::Describe;
 use crate::error::Status;
 use crate::memory::region::RegionTable;
 use crate::memory::Access;
@@ -38,7 +39,8 @@ fn reads(shape: &[(u64, u64)]) -> Vec<Request> {
 /// The plan's transport, the indices on it and those split to TCP.
 fn planned(reqs: &[Request], d: &Describe, table: &RegionTable, policy: &Policy<'_>) -> Result<Summary> {
     let leases = vec![Arc::new(table.lease(0x10_0000, 0x1_0000).unwrap())];
-    let (items, missing) = resolve(reqs, &leases, &vec![0; reqs.len()], d);
+    let index = RegionIndex::new(Arc::new(d.clone()));
+    let (items, missing) = resolve(reqs, &leases, &vec![0; reqs.len()], &index);
     let mut p = plan(7, items, missing, policy)?;
     let refused = p.take_refused(7).into_iter().map(|(i, e)| (i, e.status())).collect();
     let at = |v: &[Item<'_>]| v.iter().map(Item::at).collect();

@@ -7,6 +7,7 @@
 use super::batch_handle::{Batch, SubmitOptions};
 use super::plan::{self, Policy};
 use super::{Engine, Peer};
+use crate::control::region_index::RegionIndex;
 use crate::error::{Error, Result, Status};
 use crate::kinds::{Transport, TransportKind};
 use crate::transfer::{BatchShared, RemoteEffect, Request};
@@ -46,7 +47,10 @@ impl Engine {
     fn submit_inner(&self, peer: u64, requests: &[Request], opts: SubmitOptions, note: Option<&[u8]>) -> Result<Batch> {
         self.check_submission(requests)?;
         let p = self.peer(peer)?;
-        let known = p.conn.describe_live().map_err(|e| {
+        // The peer's Describe and its region index, published by the
+        // connection when they arrived (no lock).
+        let live = p.conn.describe_live();
+        let known = (*live).as_ref().map_err(|e| {
             // A peer that discovery saw replaced or gone stays STALE_PEER.
             let status = if e.status() == Status::StalePeer { Status::StalePeer } else { Status::Unavailable };
             Error::from_status(status, format!("peer {peer} is gone: {}", e.message()))
@@ -60,12 +64,12 @@ impl Engine {
         // Resolve remote regions (one refresh of the peer's table if a
         // request names no region, or a range past the end of its region).
         let refreshed;
-        let mut peer_caps = known.capabilities;
-        let (mut items, mut missing) = plan::resolve(requests, &leases, &lease_of, &known);
+        let mut peer_caps = known.describe().capabilities;
+        let (mut items, mut missing) = plan::resolve(requests, &leases, &lease_of, known);
         if missing {
             if let Ok(d) = p.conn.refresh_describe(deadline) {
                 peer_caps = d.capabilities;
-                refreshed = d;
+                refreshed = RegionIndex::new(d);
                 missing = plan::resolve_again(&mut items, &refreshed);
             }
         }
@@ -178,11 +182,7 @@ impl Engine {
         let fall_through = auto
             && self.inner.config.transport_policy.contains(&TransportKind::Tcp)
             && items.iter().all(|c| {
-                super::ipc_transports::kinds_allow(
-                    TransportKind::Tcp,
-                    c.lease.region().kind,
-                    c.region.expect("resolved").kind,
-                )
+                plan::kinds_allow(TransportKind::Tcp, c.lease.region().kind, c.region.expect("resolved").kind)
             });
         if let Err(e) =
             super::ipc_transports::prepare_local(kind, &self.inner.config, items.iter().map(|c| c.lease.region()))
@@ -247,3 +247,7 @@ impl Engine {
         executor.run(batch, items);
     }
 }
+
+#[cfg(test)]
+#[path = "submit_tests.rs"]
+mod tests;

@@ -63,6 +63,20 @@ impl<T> Snapshot<T> {
         let _turn = self.writer.lock();
         let mut next = T::clone(&self.load());
         let out = change(&mut next);
+        self.swap_in(next);
+        out
+    }
+
+    /// Replaces the value by `value` (no copy of the old one). Writers
+    /// take turns; readers meanwhile see the old version or the new one.
+    pub fn set(&self, value: T) {
+        let _turn = self.writer.lock();
+        self.swap_in(value);
+    }
+
+    /// Publishes `next` and lets go of the cell's reference to the version
+    /// it replaces; the caller holds the writer's turn.
+    fn swap_in(&self, next: T) {
         let old = self.current.swap(Arc::into_raw(Arc::new(next)).cast_mut(), SeqCst);
         // A reader that loaded `old` is still announced; one announced from
         // now on loads the new version.
@@ -79,7 +93,6 @@ impl<T> Snapshot<T> {
         // the replaced version); it is no longer published and no reader
         // is between loading it and counting a reference of its own.
         drop(unsafe { Arc::from_raw(old) });
-        out
     }
 }
 

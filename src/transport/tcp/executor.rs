@@ -61,7 +61,7 @@ impl TcpExecutor<'_> {
             chunks += chunks_of(c.req.len, max_chunk) as usize;
         }
         let mut coalesced = 0u64;
-        let mut staged = Chunks::with_capacity(chunks);
+        let mut staged = Chunks::due_at(chunks, deadline);
         let mut failed: Option<Error> = None;
         // The whole part's admission, tried first in one step.
         let mut whole = Some((bytes, chunks));

@@ -18,15 +18,17 @@ use super::proto::requester::{Event, Recv, RequesterCore};
 use super::pump::{self, Next, Received, Socket};
 use crate::control::io;
 use crate::control::message::Describe;
+use crate::control::region_index::RegionIndex;
 use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::kinds::TransportKind;
 use crate::memory::RegionLease;
 use crate::sync::admission::Gate;
+use crate::sync::snapshot::Snapshot;
 use crate::transfer::{Assist, ChunkOutcome};
 use crate::transport::reactor::{Ended, Flow, Handler, Reactor, Registration, SCRATCH};
 use crate::transport::wire::{segment_bytes, Wire};
-use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::io::ErrorKind;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
@@ -100,11 +102,11 @@ pub struct TcpConnection {
     state: Mutex<Conn>,
     /// Waiters for a fresh Describe wait on the state's lock.
     describe_cv: Condvar,
-    /// The peer's latest Describe while the connection lives, else why it
-    /// ended: swapped under the state's lock whenever either changes, read
-    /// without it (a submission plans from it while an I/O turn holds the
-    /// connection).
-    snapshot: RwLock<Result<Arc<Describe>>>,
+    /// The peer's latest Describe with its region index (built once per
+    /// Describe) while the connection lives, else why it ended: swapped
+    /// under the state's lock whenever either changes, read with no lock
+    /// (a submission plans from it while an I/O turn holds the connection).
+    snapshot: Snapshot<Result<RegionIndex>>,
     reg: once_cell::sync::OnceCell<Registration>,
     /// Set once the connection has ended and everything left was failed.
     finished: Ended,
@@ -163,7 +165,7 @@ impl TcpConnection {
                 lost: None,
             }),
             describe_cv: Condvar::new(),
-            snapshot: RwLock::new(Ok(describe)),
+            snapshot: Snapshot::new(Ok(RegionIndex::new(describe))),
             reg: once_cell::sync::OnceCell::new(),
             finished: Ended::default(),
             stats,
@@ -198,12 +200,14 @@ impl TcpConnection {
         d
     }
 
-    /// The peer's latest Describe while the connection lives, else why it
-    /// ended (as [`dead_reason`](Self::dead_reason)): what every submission
-    /// asks first, read from the published snapshot without the
-    /// connection's lock.
-    pub fn describe_live(&self) -> Result<Arc<Describe>> {
-        self.snapshot.read().clone()
+    /// The peer's latest Describe with its region index while the
+    /// connection lives, else why it ended (as
+    /// [`dead_reason`](Self::dead_reason)): what every submission asks
+    /// first, read from the published snapshot with no lock. The same
+    /// version (one `Arc`) until the peer sends a new Describe or the
+    /// connection ends.
+    pub fn describe_live(&self) -> Arc<Result<RegionIndex>> {
+        self.snapshot.load()
     }
 
     /// Asks the peer for a fresh Describe and waits for it until `deadline`.
@@ -436,10 +440,10 @@ impl TcpConnection {
         }
     }
 
-    /// Publishes the peer's Describe, or why the connection ended, when
-    /// either changed since last published; under the state's lock, before
-    /// it is released, so a submission that reads the snapshot after any
-    /// call that changed them sees the change.
+    /// Publishes the peer's Describe with its region index, or why the
+    /// connection ended, when either changed since last published; under
+    /// the state's lock, before it is released, so a submission that reads
+    /// the snapshot after any call that changed them sees the change.
     fn publish(&self, c: &mut Conn) {
         let (describe, generation) = c.core.describe();
         let now = (generation, c.core.dead().is_some(), c.retired.is_some());
@@ -447,10 +451,10 @@ impl TcpConnection {
             return;
         }
         c.published = now;
-        *self.snapshot.write() = match c.ended() {
+        self.snapshot.set(match c.ended() {
             Some(e) => Err(e),
-            None => Ok(describe),
-        };
+            None => Ok(RegionIndex::new(describe)),
+        });
     }
 
     /// Takes what the core reported (and folds its counts into the stats).

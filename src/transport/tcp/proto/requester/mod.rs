@@ -68,22 +68,24 @@ pub struct Send<T, H> {
 }
 
 /// A submission's requests, in order, with the earliest of their
-/// deadlines, kept as they are pushed (while each is at hand), so that
-/// queueing them takes no pass over them.
+/// deadlines, known before they are pushed (a submission has one
+/// deadline), so that neither pushing nor queueing them takes a look at
+/// each one's.
 pub struct Sends<T, H> {
     reqs: Vec<Send<T, H>>,
     due: Option<Instant>,
 }
 
 impl<T, H> Sends<T, H> {
-    /// Room for `n` requests.
-    pub fn with_capacity(n: usize) -> Sends<T, H> {
-        Sends { reqs: Vec::with_capacity(n), due: None }
+    /// Room for `n` requests of one submission, each due at `deadline`.
+    pub fn due_at(n: usize, deadline: Instant) -> Sends<T, H> {
+        Sends { reqs: Vec::with_capacity(n), due: Some(deadline) }
     }
 
-    /// Appends a request.
+    /// Appends a request, due no sooner than the deadline given to
+    /// [`Sends::due_at`].
     pub fn push(&mut self, r: Send<T, H>) {
-        self.due = Some(self.due.map_or(r.deadline, |d| d.min(r.deadline)));
+        debug_assert!(self.due.is_some_and(|d| d <= r.deadline), "a request due before its submission");
         self.reqs.push(r);
     }
 
@@ -95,7 +97,7 @@ impl<T, H> Sends<T, H> {
 
 impl<T, H> Default for Sends<T, H> {
     fn default() -> Self {
-        Sends::with_capacity(0)
+        Sends { reqs: Vec::new(), due: None }
     }
 }
 

@@ -427,23 +427,39 @@ fn the_end_reports_a_describe_request_left_unanswered() {
     assert!(c.take_events().is_empty());
 }
 
+/// One submission's requests as the TCP executor stages them: their
+/// deadline given once, before they are pushed.
+fn staged(deadline: Instant, reqs: Vec<Send<Rec, Rc<()>>>) -> Sends<Rec, Rc<()>> {
+    let mut s = Sends::due_at(reqs.len(), deadline);
+    reqs.into_iter().for_each(|r| s.push(r));
+    s
+}
+
 /// A request still queued behind a buffer the socket has not taken fails
 /// at its deadline, TIMED_OUT with effect none and its hold let go, while
 /// the WRITE in the buffer keeps its own deadline; without a deadline due
-/// nothing queued is touched.
+/// nothing queued is touched. The submissions are staged as the executor
+/// stages them (`Sends::due_at`), with deadlines far, soon, far again:
+/// the earliest is the one due. Guards `due: Some(deadline)` in `due_at`
+/// (None: nothing is ever due) and the earliest kept in `submit`.
 #[test]
 fn a_queued_request_fails_at_its_deadline_behind_a_stuck_buffer() {
     let t0 = Instant::now();
     let mut c = core();
     let (hw, hr) = (Rc::new(()), Rc::new(()));
     let far = t0 + Duration::from_secs(3600);
-    c.submit(vec![send(1, Op::Write, 0, 0x1000, 1 << 20, far, &hw)]);
+    c.submit(staged(far, vec![send(1, Op::Write, 0, 0x1000, 1 << 20, far, &hw)]));
+    assert_eq!(c.next_deadline(), Some(far));
     let (segs, _) = c.transmit(t0);
     assert!(!segs.is_empty(), "the WRITE is in the buffer");
     drop(segs);
     c.sent(100);
-    c.submit(vec![send(2, Op::Read, 0, 0x2000, 64, t0 + Duration::from_secs(1), &hr)]);
-    assert_eq!(c.next_deadline(), Some(t0 + Duration::from_secs(1)));
+    let soon = t0 + Duration::from_secs(1);
+    c.submit(staged(soon, vec![send(2, Op::Read, 0, 0x2000, 64, soon, &hr)]));
+    assert_eq!(c.next_deadline(), Some(soon));
+    let later = t0 + Duration::from_secs(1800);
+    c.submit(staged(later, vec![send(3, Op::Read, 0, 0x3000, 64, later, &hr)]));
+    assert_eq!(c.next_deadline(), Some(soon), "a later submission hid the earliest deadline");
     c.expire(t0 + Duration::from_millis(999)).unwrap();
     assert!(c.take_done().is_empty(), "expired before its deadline");
     c.expire(t0 + Duration::from_secs(1)).unwrap();
@@ -452,9 +468,10 @@ fn a_queued_request_fails_at_its_deadline_behind_a_stuck_buffer() {
     let (rec, out) = &done[0];
     assert_eq!((rec.0, out.effect), (2, RemoteEffect::None));
     assert_eq!(out.result.as_ref().unwrap_err().status(), Status::TimedOut);
-    assert_eq!(Rc::strong_count(&hr), 1, "the queued READ's memory is let go");
+    assert_eq!(Rc::strong_count(&hr), 2, "the expired READ's memory is let go");
     assert_eq!(Rc::strong_count(&hw), 2, "the WRITE still holds its memory");
-    assert_eq!(c.outstanding(), 1, "only the WRITE is left");
+    assert_eq!(c.outstanding(), 2, "only the WRITE and the later READ are left");
+    assert_eq!(c.next_deadline(), Some(later));
 }
 
 /// One submission's requests queued together behind a stuck buffer: at

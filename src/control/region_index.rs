@@ -1,16 +1,18 @@
 //! A peer's published regions ordered by address: the region holding an
-//! address in O(log n).
+//! address in O(log n). Built once per Describe the peer sends (the TCP
+//! connection publishes the two together), read by every submission.
 
 use crate::control::message::{Describe, RegionInfo};
 use crate::memory::rank::Ranks;
+use std::sync::Arc;
 
 /// A peer's published regions ordered by address: the region holding an
 /// address in O(log n) (a KV pool publishes a hundred regions or more, and
 /// a scattered submission looks one up per run of requests). Where the
 /// table's regions overlap (a peer's table never should), the first in
 /// the table's order, as a linear search gives.
-pub(super) struct RegionIndex<'a> {
-    d: &'a Describe,
+pub struct RegionIndex {
+    d: Arc<Describe>,
     /// Each region's start and position in the table, by start (searched
     /// without touching the regions themselves), and the buckets over the
     /// starts.
@@ -19,8 +21,9 @@ pub(super) struct RegionIndex<'a> {
     disjoint: bool,
 }
 
-impl<'a> RegionIndex<'a> {
-    pub(super) fn new(d: &'a Describe) -> RegionIndex<'a> {
+impl RegionIndex {
+    /// The index of `d`'s regions (holding `d`).
+    pub fn new(d: Arc<Describe>) -> RegionIndex {
         let mut sorted: Vec<(u64, u32)> = d.regions.iter().zip(0u32..).map(|(r, at)| (r.addr, at)).collect();
         sorted.sort_unstable_by_key(|&(start, _)| start);
         let end = |at: u32| d.regions[at as usize].addr.saturating_add(d.regions[at as usize].len);
@@ -29,14 +32,19 @@ impl<'a> RegionIndex<'a> {
         RegionIndex { d, sorted, ranks, disjoint }
     }
 
+    /// The Describe indexed.
+    pub fn describe(&self) -> &Arc<Describe> {
+        &self.d
+    }
+
     /// The region holding `addr`.
     #[cfg(test)]
-    fn find(&self, addr: u64) -> Option<&'a RegionInfo> {
+    fn find(&self, addr: u64) -> Option<&RegionInfo> {
         self.find_slot(addr).map(|(r, _)| r)
     }
 
     /// The region holding `addr`, and its position in the table.
-    pub(super) fn find_slot(&self, addr: u64) -> Option<(&'a RegionInfo, u32)> {
+    pub fn find_slot(&self, addr: u64) -> Option<(&RegionInfo, u32)> {
         if !self.disjoint {
             return self.d.regions.iter().zip(0u32..).find(|(r, _)| r.contains(addr, 1));
         }
@@ -70,7 +78,7 @@ mod tests {
         // listed out of order.
         d.regions = vec![region(4, 1000, 100), region(1, 0, 100), region(5, 1150, 50), region(3, 300, 100)];
         d.regions.push(region(2, 100, 100));
-        let index = RegionIndex::new(&d);
+        let index = RegionIndex::new(Arc::new(d.clone()));
         assert!(index.disjoint);
         let mut found = 0;
         for a in 0..1300 {
@@ -81,7 +89,7 @@ mod tests {
         assert_eq!(index.find(u64::MAX), None);
         // Overlapping regions: the table's first, as before.
         d.regions = vec![region(7, 50, 100), region(6, 0, 100)];
-        let index = RegionIndex::new(&d);
+        let index = RegionIndex::new(Arc::new(d));
         assert!(!index.disjoint);
         assert_eq!(index.find(60).map(|r| r.id), Some(7));
         assert_eq!(index.find(10).map(|r| r.id), Some(6));
