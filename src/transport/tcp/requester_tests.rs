@@ -4,6 +4,7 @@ use crate::control::identity::Identity;
 use crate::control::message::DATA_REQUEST_LEN;
 use crate::control::message::{DataRequest, DataResponse, DATA_RESPONSE_LEN};
 use crate::error::Status;
+use crate::kinds::TransportKind;
 use crate::memory::{Access, RegionTable};
 use crate::sync::admission::Budget;
 use crate::transfer::{BatchShared, Op, Request};
