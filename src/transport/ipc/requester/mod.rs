@@ -2,7 +2,8 @@
 //! admission, an import ready, revalidated or taken from the cache), and
 //! the requester's state and counts; opening imports (request, offer,
 //! answer, handle) in `opening.rs`, posting a group's copies and ending it
-//! (receipts) in `posting.rs`, the relocation cache at work in
+//! (receipts) in `posting.rs`, a finished group's requests and verdict in
+//! `finished.rs`, the relocation cache at work in
 //! `cached.rs`, closing imports in `closing.rs`, the progress worker in
 //! `progress.rs`; `tests.rs` tests it against a scripted source. What the
 //! protocol decides (whether an offer matches, what answers it, what a
