@@ -75,40 +75,45 @@ fn local_of(op: Op, c: &CopyOp) -> u64 {
     }
 }
 
-/// Merges `ops` (one per request, going `dirs(i)`) into runs: a copy joins
-/// the run before it when it goes the same way, starts where the run ends
-/// on both sides, keeps its local side inside the span where the run
-/// began, and keeps the run within [`MAX_RUN_BYTES`]. The caller passes
-/// independent copies only.
-pub fn runs(ops: &[CopyOp], dirs: impl Fn(usize) -> Op, spans: &LocalSpans) -> Vec<CopyOp> {
-    let mut out: Vec<CopyOp> = Vec::with_capacity(ops.len());
+/// Merges `ops` (one per request, going `dirs(i)`) into runs, in place
+/// (no second vector: a window's copies stay where they were built): a
+/// copy joins the run before it when it goes the same way, starts where
+/// the run ends on both sides, keeps its local side inside the span where
+/// the run began, and keeps the run within [`MAX_RUN_BYTES`]. The caller
+/// passes independent copies only.
+pub fn runs_in_place(ops: &mut Vec<CopyOp>, dirs: impl Fn(usize) -> Op, spans: &LocalSpans) {
+    // The runs so far are `ops[..kept]`; the copy read next lies at or
+    // after `kept`.
+    let mut kept = 0usize;
     // The current run's direction and the end of its local span.
     let mut run: Option<(Op, u64)> = None;
     // The span last found: copies that do not join (blocks with gaps)
     // mostly start in it, and skip the lookup.
     let mut span: Option<(u64, u64)> = None;
-    for (i, o) in ops.iter().enumerate() {
-        let op = dirs(i);
-        if let (Some((run_op, limit)), Some(last)) = (run, out.last_mut()) {
+    for i in 0..ops.len() {
+        let (o, op) = (ops[i], dirs(i));
+        if let Some((run_op, limit)) = run {
+            let last = &mut ops[kept - 1];
             let joins = run_op == op
                 && last.dst + last.len == o.dst
                 && last.src + last.len == o.src
                 && last.len + o.len <= MAX_RUN_BYTES
-                && local_of(op, o) + o.len <= limit;
+                && local_of(op, &o) + o.len <= limit;
             if joins {
                 last.len += o.len;
                 continue;
             }
         }
-        out.push(*o);
-        let local = local_of(op, o);
+        ops[kept] = o;
+        kept += 1;
+        let local = local_of(op, &o);
         if !span.is_some_and(|(start, end)| start <= local && local < end) {
             span = spans.span_of(local);
         }
         // A copy outside every span (never, from the engine) stays alone.
         run = span.map(|(_, end)| (op, end));
     }
-    out
+    ops.truncate(kept);
 }
 
 #[cfg(test)]
@@ -121,6 +126,13 @@ mod tests {
 
     fn spans(r: &[(u64, u64)]) -> LocalSpans {
         LocalSpans::new(r.to_vec())
+    }
+
+    /// The runs of `ops` (merged in a copy of them).
+    fn runs(ops: &[CopyOp], dirs: impl Fn(usize) -> Op, spans: &LocalSpans) -> Vec<CopyOp> {
+        let mut out = ops.to_vec();
+        runs_in_place(&mut out, dirs, spans);
+        out
     }
 
     /// Guards `LocalSpans::overlaps`: touching is not overlapping; a range

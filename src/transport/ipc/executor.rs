@@ -7,7 +7,7 @@
 
 use super::groups::{group, windowed, windows, Group, Grouped};
 use super::link::IpcLink;
-use super::requester::{Finished, GroupError, GroupLocal, GroupRun, IpcRequester, OnDone};
+use super::requester::{take_group_items, Finished, GroupError, GroupLocal, GroupRun, IpcRequester, OnDone};
 use crate::error::{Error, Status};
 use crate::kinds::TransportKind;
 use crate::memory::RegionLease;
@@ -162,13 +162,14 @@ impl IpcExecutor<'_> {
             // The transport takes the group's requests (by index in the
             // submission); a refusal hands them back, and the group still
             // names them in the part's items.
-            let requests = part.iter().map(|c| (c.at(), c.req)).collect();
+            let mut requests = take_group_items(part.len());
+            requests.extend(part.iter().map(|c| (c.at(), c.req)));
             let run = self.requester.run_group(link, g.region, requests, local, deadline, defer);
             // Not deferred: the group leaves the gate now, as its unbuilt
             // completion would have.
             drop(entry);
             match run {
-                Ok(GroupRun::Done(finished)) => batch.complete_chunks(finished.into_pairs()),
+                Ok(GroupRun::Done(finished)) => finished.complete(batch),
                 Ok(GroupRun::Deferred) => {}
                 Err(GroupError::NotPosted(e, _)) => {
                     if link.source_left() {
@@ -224,7 +225,7 @@ fn deferred_completion(
         // has (close_requester then returns only with every batch it
         // waited for complete).
         drop(held);
-        batch.complete_chunks(finished.into_pairs());
+        finished.complete(&batch);
         drop(guard);
         // Its import is back in the cache (idle) by now.
         drop(counted);

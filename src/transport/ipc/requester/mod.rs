@@ -2,7 +2,8 @@
 //! admission, an import ready, revalidated or taken from the cache), and
 //! the requester's state and counts; opening imports (request, offer,
 //! answer, handle) in `opening.rs`, posting a group's copies and ending it
-//! (receipts) in `posting.rs`, the relocation cache at work in
+//! (receipts) in `posting.rs`, a finished group's requests and verdict in
+//! `finished.rs`, the relocation cache at work in
 //! `cached.rs`, closing imports in `closing.rs`, the progress worker in
 //! `progress.rs`; `tests.rs` tests it against a scripted source. What the
 //! protocol decides (whether an offer matches, what answers it, what a
@@ -12,6 +13,7 @@
 
 mod cached;
 mod closing;
+mod finished;
 pub mod held;
 mod opening;
 mod posting;
@@ -30,12 +32,14 @@ use crate::control::message::RegionInfo;
 use crate::error::{Error, Result};
 use crate::memory::owners;
 use crate::sync::admission::{Budget, SharedCharge, SharedCharges};
-use crate::transfer::{ChunkOutcome, Op, RemoteEffect, Request};
+use crate::transfer::{Op, Request};
 use crate::transport::coalesce::{self, LocalSpans};
 use parking_lot::{Condvar, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+
+pub use finished::{take_group_items, Finished, GroupItems};
 
 /// An open import: the mapping of a whole remote allocation and its charge.
 pub struct Import {
@@ -182,19 +186,6 @@ const LATE_CLOSE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Called with a deferred group's outcomes once its completion is known.
 pub type OnDone = Box<dyn FnOnce(Finished) + Send>;
-
-/// A finished group: its items and, in the same order, their outcomes.
-pub struct Finished {
-    items: Vec<(usize, Request)>,
-    outcomes: Vec<ChunkOutcome>,
-}
-
-impl Finished {
-    /// Each item's index in its submission, with its outcome.
-    pub fn into_pairs(self) -> impl Iterator<Item = (usize, ChunkOutcome)> {
-        self.items.into_iter().map(|(i, _)| i).zip(self.outcomes)
-    }
-}
 
 /// How a subbatch ended on the caller.
 pub enum GroupRun {
@@ -632,13 +623,6 @@ impl IpcRequester {
         n.late_groups = self.late_groups();
         n.fenced_local = self.fenced.lock().len() as u64;
         n
-    }
-}
-
-fn fail_all(out: &mut [ChunkOutcome], items: &[(usize, Request)], e: &Error) {
-    for (o, (_, r)) in out.iter_mut().zip(items) {
-        let effect = RemoteEffect::of_uncertain(r.op);
-        *o = ChunkOutcome::failed(e.clone(), effect);
     }
 }
 

@@ -4,6 +4,11 @@
 //! each request's outcome.
 
 use super::*;
+use crate::sync::spare::Spare;
+
+/// A group's copies' vector kept between groups (no lock): built by
+/// [`IpcRequester::post`], lent to the mapping, given back once it returns.
+static SPARE_OPS: Spare<CopyOp> = Spare::new();
 
 impl IpcRequester {
     /// Enqueues (or performs) every copy of the group through the import:
@@ -20,16 +25,14 @@ impl IpcRequester {
     ) -> Posted {
         let GroupLocal { spans, independent, .. } = local;
         let base = imp.mapping.base();
-        let ops: Vec<CopyOp> = items
-            .iter()
-            .map(|(_, r)| {
-                let remote = base + (r.remote_addr - imp.offer.base);
-                match r.op {
-                    Op::Read => CopyOp { dst: r.local_addr, src: remote, len: r.len },
-                    Op::Write => CopyOp { dst: remote, src: r.local_addr, len: r.len },
-                }
-            })
-            .collect();
+        let mut ops = SPARE_OPS.take(items.len());
+        ops.extend(items.iter().map(|(_, r)| {
+            let remote = base + (r.remote_addr - imp.offer.base);
+            match r.op {
+                Op::Read => CopyOp { dst: r.local_addr, src: remote, len: r.len },
+                Op::Write => CopyOp { dst: remote, src: r.local_addr, len: r.len },
+            }
+        }));
         // Requests shown independent make independent copies while the
         // import's mapping lies apart from every local region (it is a
         // mapping of its own unless a caller registered it as local memory).
@@ -41,13 +44,14 @@ impl IpcRequester {
             }
             false => classify(&ops),
         };
-        let ops = match plan {
-            CopyPlan::Independent if self.coalesce && ops.len() > 1 => coalesce::runs(&ops, |i| items[i].1.op, spans),
-            _ => ops,
-        };
+        if plan == CopyPlan::Independent && self.coalesce && ops.len() > 1 {
+            coalesce::runs_in_place(&mut ops, |i| items[i].1.op, spans);
+        }
         self.events.copies_issued.fetch_add(ops.len() as u64, Ordering::Relaxed);
         self.events.requests_coalesced.fetch_add((items.len() - ops.len()) as u64, Ordering::Relaxed);
         let copied = imp.mapping.copy(&ops, plan);
+        // The mapping only borrowed them.
+        SPARE_OPS.give(ops);
         let (key, entered) = match key {
             Some((k, e)) => (Some(k), e),
             None => (None, false),
@@ -63,7 +67,9 @@ impl IpcRequester {
     /// [`Ending::of`] decides which.
     pub(super) fn finish(&self, p: Posted, drained: Result<()>) -> Finished {
         let Posted { imp, key, items, copied, deadline, entered, fences } = p;
-        let mut out: Vec<ChunkOutcome> = items.iter().map(|(_, r)| ChunkOutcome::ok(r.op)).collect();
+        // Every item of the group ends alike: Ok, or failed by the last
+        // error found below.
+        let mut failed: Option<Error> = None;
         let uncertain = drained.is_err();
         if uncertain {
             // The copies may still touch the local pinned owners: they stay
@@ -76,7 +82,7 @@ impl IpcRequester {
             if self.backend.refuses_for_good(&e) {
                 self.refuse(&imp.link, e.message().to_string());
             }
-            fail_all(&mut out, &items, &e);
+            failed = Some(e);
         }
         if !uncertain && !self.backend.import_outlives_exporter() && imp.link.source_exited() {
             // The exporter's exit may have overtaken the copy and freed the
@@ -86,10 +92,10 @@ impl IpcRequester {
                 "{}: the source process exited while the copy ran, freeing the imported memory under it",
                 imp.describe()
             ));
-            fail_all(&mut out, &items, &e);
+            failed = Some(e);
         }
         if uncertain {
-            let why = out.iter().find_map(|o| o.result.as_ref().err()).map_or("", |e| e.message());
+            let why = failed.as_ref().map_or("", |e| e.message());
             self.log.warn(format_args!(
                 "{}: import retained for good: its completion is uncertain ({why})",
                 imp.describe()
@@ -98,7 +104,7 @@ impl IpcRequester {
         let end = GroupEnd {
             entered,
             uncertain,
-            all_ok: out.iter().all(|o| o.result.is_ok()),
+            all_ok: failed.is_none(),
             requests: items.len(),
             bytes: items.iter().map(|(_, r)| r.len).sum(),
         };
@@ -108,11 +114,11 @@ impl IpcRequester {
                 // Posted copies (even failed ones) end with the import closed.
                 if let Err((e, native_closed)) = self.close_import(&imp, false, deadline) {
                     self.retained.lock().imports.push(Retained { import: imp.clone(), native_closed });
-                    fail_all(&mut out, &items, &e);
+                    failed = Some(e);
                 }
             }
             Ending::MarkUncertain(key) => {
-                let why = out.iter().find_map(|o| o.result.as_ref().err()).map(|e| e.message().to_string());
+                let why = failed.as_ref().map(|e| e.message().to_string());
                 self.cache.mark_uncertain(&key, imp, &why.unwrap_or_else(|| "completion not confirmed".into()))
             }
             Ending::Leave { key, requests, bytes } => {
@@ -125,12 +131,12 @@ impl IpcRequester {
             Ending::Receipt { key, bytes, requests } => {
                 let r = imp.export_ref(bytes, requests);
                 if let Err(e) = imp.link.receipt(MsgKind::OpComplete, &r, deadline) {
-                    fail_all(&mut out, &items, &e);
+                    failed = Some(e);
                 }
                 self.release(&key);
             }
             Ending::Release(key) => self.release(&key),
         }
-        Finished { items, outcomes: out }
+        Finished { items, failed }
     }
 }

@@ -69,11 +69,8 @@ impl IpcRequester {
                             // Reported now; polled on, so that a completion
                             // that comes late still closes the import.
                             self.progress.lock().late += 1;
-                            let mut out: Vec<ChunkOutcome> =
-                                d.posted.items.iter().map(|(_, r)| ChunkOutcome::ok(r.op)).collect();
                             let e = Error::Unquiesced("the deadline passed with the completion event pending".into());
-                            fail_all(&mut out, &d.posted.items, &e);
-                            done(Finished { items: d.posted.items.clone(), outcomes: out });
+                            done(Finished { items: d.posted.items.clone(), failed: Some(e) });
                         }
                         None
                     }

@@ -127,10 +127,10 @@ fn copy_prefix(ops: &[CopyOp], bytes: u64, stream: bool) -> Rest<'_> {
     let mut left = bytes;
     for (i, o) in ops.iter().enumerate() {
         if o.len > left {
-            // The ops before it and its first `left` bytes, in one call.
-            let mut head = ops[..i].to_vec();
-            head.push(CopyOp { dst: o.dst, src: o.src, len: left });
-            run(&head, stream);
+            // The ops before it, then its first `left` bytes (nothing
+            // copied into a list of its own).
+            run(&ops[..i], stream);
+            run(&[CopyOp { dst: o.dst, src: o.src, len: left }], stream);
             let cut = CopyOp { dst: o.dst + left, src: o.src + left, len: o.len - left };
             return Rest { cut: Some(cut), tail: &ops[i + 1..] };
         }

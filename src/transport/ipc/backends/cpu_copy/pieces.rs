@@ -2,7 +2,13 @@
 //! shares ([`shares`], memcpy) or largest first ([`guided`], a mover's
 //! kernel calls).
 
+use crate::sync::spare::Spare;
 use crate::transport::ipc::backend::CopyOp;
+
+/// The pieces' lists kept between groups (no lock): the windows of a
+/// group of 10^5 tiny copies are cut in turn, several copying at once,
+/// each list given back by whichever copier drops its group last.
+static SPARE_OPS: Spare<CopyOp, 8> = Spare::new();
 
 /// A group's copies in one list, and where each piece of it starts: the
 /// pieces of a large group cost two allocations, not one each.
@@ -12,6 +18,12 @@ pub(super) struct Pieces {
     pub(super) ops: Vec<CopyOp>,
     /// Piece `i` is `ops[starts[i]..starts[i + 1]]`.
     pub(super) starts: Vec<usize>,
+}
+
+impl Drop for Pieces {
+    fn drop(&mut self) {
+        SPARE_OPS.give(std::mem::take(&mut self.ops));
+    }
 }
 
 impl Pieces {
@@ -57,7 +69,7 @@ pub(super) fn guided(ops: &[CopyOp], total: u64, copiers: usize, min: u64) -> Pi
 /// the sizes add up to the ops' bytes.
 pub(super) fn cut(ops: impl Iterator<Item = CopyOp>, sizes: &[u64]) -> Pieces {
     let each = sizes.iter().copied().max().unwrap_or(1);
-    let mut out = Pieces { each, ops: Vec::with_capacity(ops.size_hint().0 + sizes.len()), starts: vec![0] };
+    let mut out = Pieces { each, ops: SPARE_OPS.take(ops.size_hint().0 + sizes.len()), starts: vec![0] };
     let mut size = sizes.iter().copied();
     let mut room = size.next().unwrap_or(u64::MAX);
     for mut o in ops {
