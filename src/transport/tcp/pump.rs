@@ -139,8 +139,9 @@ pub enum Received {
 }
 
 /// Reads what `pipe` holds through `wire` into `inc`, at most `budget`
-/// bytes (what it read is taken off) and no more after `until`. Sealed,
-/// only bytes of records that checked reach the core (or its memory).
+/// bytes (what it read is taken off; no read asks for more than is left)
+/// and no more after `until`. Sealed, only bytes of records that checked
+/// reach the core (or its memory).
 pub fn receive<P: Pipe, I: Incoming>(
     pipe: &mut P,
     wire: &mut Wire,
@@ -153,10 +154,19 @@ pub fn receive<P: Pipe, I: Incoming>(
         if *budget == 0 || until.is_some_and(|u| Instant::now() >= u) {
             return Ok(Received::More);
         }
+        // No read past the budget: one straight into memory could
+        // otherwise take all the socket holds (megabytes of a payload).
+        let most = usize::try_from(*budget).unwrap_or(usize::MAX);
         let (got, to_scratch) = match inc.next() {
             Next::Stop(r) => return Ok(r),
-            Next::Direct(mem) => (wire.read(&mut *pipe, mem)?, false),
-            Next::Buffer => (wire.read(&mut *pipe, scratch)?, true),
+            Next::Direct(mem) => {
+                let n = mem.len().min(most);
+                (wire.read(&mut *pipe, &mut mem[..n])?, false)
+            }
+            Next::Buffer => {
+                let n = scratch.len().min(most);
+                (wire.read(&mut *pipe, &mut scratch[..n])?, true)
+            }
         };
         let n = match got {
             Got::Bytes(n) => n,

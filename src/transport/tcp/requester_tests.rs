@@ -125,26 +125,37 @@ impl OneRead {
     }
 }
 
-/// An admission step of one 4 KiB chunk of `batch`, on a budget and gates
-/// of its own.
-fn one_step(batch: &Arc<BatchShared>) -> Step {
-    let permit = Budget::new(4096).try_acquire(4096).unwrap();
+/// An admission step of one chunk of `bytes` of `batch`, on a budget and
+/// gates of its own.
+fn one_step(batch: &Arc<BatchShared>, bytes: u64) -> Step {
+    let permit = Budget::new(bytes).try_acquire(bytes).unwrap();
     let guards = Gate::new("requester gate").enter_many(1).unwrap();
     Step::new(batch, permit, guards, Gate::new("connection gate").enter_many(1).unwrap())
 }
 
 /// The chunk of that READ into `addr`.
 fn read_chunk(batch: &Arc<BatchShared>, regions: &RegionTable, addr: u64, deadline: Instant) -> Chunk {
-    let epoch = regions.lease(addr, 4096).unwrap().region().epoch;
+    read_chunk_of(batch, regions, (0, addr, 4096), deadline)
+}
+
+/// The chunk of request `index` of `batch`: a READ of `len` bytes of
+/// remote 0x7000 into `addr` (registered in `regions`).
+fn read_chunk_of(
+    batch: &Arc<BatchShared>,
+    regions: &RegionTable,
+    (index, addr, len): (usize, u64, u64),
+    deadline: Instant,
+) -> Chunk {
+    let epoch = regions.lease(addr, len).unwrap().region().epoch;
     Chunk {
         op: Op::Read,
         local_addr: addr,
         remote_addr: 0x7000,
-        len: 4096,
+        len,
         region_epoch: epoch,
         deadline,
-        done: one_step(batch).record(0, 1, 4096),
-        hold: Arc::new(regions.lease(addr, 4096).unwrap()),
+        done: one_step(batch, len).record(index, 1, len),
+        hold: Arc::new(regions.lease(addr, len).unwrap()),
     }
 }
 
@@ -209,6 +220,110 @@ fn answer_one_read(peer: &mut TcpStream) -> Vec<u8> {
     peer.write_all(&DataResponse { tag: r.tag, status: Status::Ok }.encode()).unwrap();
     peer.write_all(&payload).unwrap();
     payload
+}
+
+/// Bytes waiting in `s`'s receive queue (`FIONREAD`).
+fn waiting(s: &TcpStream) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD on an open socket, into a valid int.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::FIONREAD, &mut n) };
+    assert_eq!(r, 0, "FIONREAD: {}", std::io::Error::last_os_error());
+    n as usize
+}
+
+/// Lets `s` queue `bytes` received (`SO_RCVBUFFORCE` where allowed, else
+/// up to the host's `rmem_max`); asserts it may queue at least 4 MiB.
+fn receive_buffer(s: &TcpStream, bytes: libc::c_int) {
+    let set = |opt| {
+        // SAFETY: setsockopt on an open socket, with a valid int.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&bytes as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        }
+    };
+    if set(libc::SO_RCVBUFFORCE) != 0 {
+        assert_eq!(set(libc::SO_RCVBUF), 0, "SO_RCVBUF: {}", std::io::Error::last_os_error());
+    }
+    let (mut got, mut len): (libc::c_int, libc::socklen_t) = (0, std::mem::size_of::<libc::c_int>() as _);
+    // SAFETY: getsockopt on an open socket, into a valid int and its length.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&mut got as *mut libc::c_int).cast(),
+            &mut len,
+        )
+    };
+    assert_eq!(r, 0, "getsockopt SO_RCVBUF: {}", std::io::Error::last_os_error());
+    assert!(got >= 4 << 20, "the receive buffer is {got} bytes: this test needs 4 MiB (root, or net.core.rmem_max)");
+}
+
+/// A source floods answers: megabytes of READ payload (1 MiB answers,
+/// which land straight in local memory) wait on the socket, and one
+/// assist, given all the time it wants, takes at most its 256 KiB off
+/// it: a poller or waiter reading for another batch is not held
+/// copying a large batch's megabytes (the I/O thread takes over). Guards
+/// the budget in `assist` (`ASSIST_BYTES`) and `pump::receive` capping
+/// each read at the budget left (without it one read into memory takes
+/// all the socket holds, about 1 MiB here).
+#[test]
+fn one_assist_takes_at_most_its_budget_off_a_flooded_socket() {
+    const N: usize = 8;
+    const LEN: usize = 1 << 20;
+    let stats = Arc::new(Counters::default());
+    let (conn, mut peer) = connected(&stats);
+    receive_buffer(&conn.stream, 8 << 20);
+    let mut local = vec![0u8; N * LEN];
+    let base = local.as_mut_ptr() as u64;
+    let regions = RegionTable::default();
+    regions.register(base, (N * LEN) as u64, Access::READ | Access::WRITE).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let at = |i: usize| base + (i * LEN) as u64;
+    let reqs: Vec<_> =
+        (0..N).map(|i| Request { op: Op::Read, local_addr: at(i), remote_addr: 0x7000, len: LEN as u64 }).collect();
+    let batch = BatchShared::new(&reqs, stats, deadline);
+    batch.plan_each(0..N, 1, TransportKind::Tcp);
+    conn.enqueue((0..N).map(|i| read_chunk_of(&batch, &regions, (i, at(i), LEN as u64), deadline)).collect::<Vec<_>>());
+    // The READs left from this thread (the I/O thread is stopped); the
+    // source answers them all from a thread of its own.
+    let mut frame = [0u8; FRAME_HEADER_LEN + DATA_REQUEST_LEN];
+    let tags: Vec<u64> = (0..N)
+        .map(|_| {
+            peer.read_exact(&mut frame).unwrap();
+            DataRequest::decode(frame[FRAME_HEADER_LEN..].try_into().unwrap()).unwrap().tag
+        })
+        .collect();
+    std::thread::spawn(move || {
+        let payload = vec![0x5au8; LEN];
+        for tag in tags {
+            let head = FrameHeader::encode(MsgKind::ReadResponse, (DATA_RESPONSE_LEN + LEN) as u32);
+            let fixed = DataResponse { tag, status: Status::Ok }.encode();
+            // The connection is killed before the last are taken.
+            if peer.write_all(&head).and(peer.write_all(&fixed)).and(peer.write_all(&payload)).is_err() {
+                return;
+            }
+        }
+    });
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while waiting(&conn.stream) < 3 << 20 {
+        assert!(Instant::now() < give_up, "the answers never filled the socket: {} bytes", waiting(&conn.stream));
+        std::thread::yield_now();
+    }
+    assert!(conn.assist(Instant::now() + Duration::from_secs(60)), "the assist read nothing");
+    let landed = local.iter().filter(|&&b| b == 0x5a).count();
+    assert!(
+        landed > 0 && landed <= 256 * 1024,
+        "one assist landed {landed} payload bytes (its budget is 256 KiB), with {} bytes still waiting",
+        waiting(&conn.stream)
+    );
+    drop(batch);
+    conn.kill(Error::Unavailable("test over".into()));
 }
 
 /// A thread polling a batch (`orbite_batch_status`, `orbite_batch_result`:
