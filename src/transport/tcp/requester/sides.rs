@@ -3,24 +3,23 @@
 //! lands (a READ's payload straight into local memory, or the core's
 //! buffer).
 
-use super::Core;
 use crate::counters::Counters;
 use crate::error::Result;
 use crate::kinds::TransportKind;
 use crate::transport::reactor::SCRATCH;
-use crate::transport::tcp::proto::requester::Recv;
+use crate::transport::tcp::proto::requester::{Recv, RequesterCore, Startable};
 use crate::transport::tcp::pump::{self, Next};
 use crate::transport::wire::segment_bytes;
 use std::time::Instant;
 
 /// The core's sending side, for the pump.
-pub(super) struct Out<'a> {
-    pub(super) core: &'a mut Core,
+pub(super) struct Out<'a, T, H, N> {
+    pub(super) core: &'a mut RequesterCore<T, H, N>,
     pub(super) stats: &'a Counters,
     pub(super) now: Instant,
 }
 
-impl pump::Outgoing for Out<'_> {
+impl<T: Startable, H, N> pump::Outgoing for Out<'_, T, H, N> {
     fn parts(&mut self) -> (Vec<&[u8]>, u64) {
         let (segs, skip) = self.core.transmit(self.now);
         // SAFETY: a WRITE's payload: the core keeps its request's lease on
@@ -37,11 +36,11 @@ impl pump::Outgoing for Out<'_> {
 }
 
 /// The core's receiving side, for the pump.
-pub(super) struct In<'a> {
-    pub(super) core: &'a mut Core,
+pub(super) struct In<'a, T, H, N> {
+    pub(super) core: &'a mut RequesterCore<T, H, N>,
 }
 
-impl pump::Incoming for In<'_> {
+impl<T: Startable, H, N> pump::Incoming for In<'_, T, H, N> {
     fn next(&mut self) -> Next<'_> {
         match self.core.recv() {
             // SAFETY: a READ's payload: the core keeps its request's lease
