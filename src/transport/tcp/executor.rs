@@ -154,7 +154,8 @@ impl TcpExecutor<'_> {
         let (permit, n) = match all.or_else(|| self.budget.try_acquire_prefix(rest)) {
             Some(x) => x,
             None => {
-                self.conn.enqueue(std::mem::take(staged));
+                // What follows is due at the submission's deadline too.
+                self.conn.enqueue(std::mem::replace(staged, Chunks::due_at(0, self.deadline)));
                 (self.budget.acquire(piece, self.deadline, "submission").map_err(|e| (e, true))?, 1)
             }
         };

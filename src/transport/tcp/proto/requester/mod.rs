@@ -82,10 +82,14 @@ impl<T, H> Sends<T, H> {
         Sends { reqs: Vec::with_capacity(n), due: Some(deadline) }
     }
 
-    /// Appends a request, due no sooner than the deadline given to
-    /// [`Sends::due_at`].
+    /// Appends a request. Its deadline counts towards the earliest one
+    /// (one comparison: it is usually the submission's, given to
+    /// [`Sends::due_at`]), so that no request is queued without its
+    /// deadline being watched, whoever made the `Sends`.
     pub fn push(&mut self, r: Send<T, H>) {
-        debug_assert!(self.due.is_some_and(|d| d <= r.deadline), "a request due before its submission");
+        if self.due.is_none_or(|d| r.deadline < d) {
+            self.due = Some(r.deadline);
+        }
         self.reqs.push(r);
     }
 

@@ -474,6 +474,30 @@ fn a_queued_request_fails_at_its_deadline_behind_a_stuck_buffer() {
     assert_eq!(c.next_deadline(), Some(later));
 }
 
+/// Requests pushed into a `Sends` that was not given their submission's
+/// deadline (the TCP executor's staged chunks, emptied when a budget wait
+/// sends them ahead) still have their deadline watched. Guards the
+/// comparison in `Sends::push` (without it the READ below waits an hour).
+#[test]
+fn requests_pushed_into_an_emptied_sends_keep_their_deadline() {
+    let t0 = Instant::now();
+    let mut c = core();
+    let (hw, hr) = (Rc::new(()), Rc::new(()));
+    let far = t0 + Duration::from_secs(3600);
+    c.submit(staged(far, vec![send(1, Op::Write, 0, 0x1000, 1 << 20, far, &hw)]));
+    drop(c.transmit(t0));
+    c.sent(100);
+    let soon = t0 + Duration::from_secs(1);
+    let mut rest = Sends::default();
+    rest.push(send(2, Op::Read, 0, 0x2000, 64, soon, &hr));
+    c.submit(rest);
+    assert_eq!(c.next_deadline(), Some(soon));
+    c.expire(soon).unwrap();
+    let done: Vec<(u32, Status)> =
+        c.take_done().into_iter().map(|(r, o)| (r.0, o.result.unwrap_err().status())).collect();
+    assert_eq!(done, [(2, Status::TimedOut)]);
+}
+
 /// One submission's requests queued together behind a stuck buffer: at
 /// a deadline, those due fail and the one not due stays queued, to be sent
 /// alone once the buffer left. Guards `expire_queued`'s walk through a
