@@ -419,6 +419,35 @@ fn a_channel_lost_with_the_accept_gives_the_requests_back_and_owes_the_grant() {
     assert_eq!(kinds(&w.end(src)), [MsgKind::ExportRequest, MsgKind::ExportAnswer]);
 }
 
+/// Guards `!imp.maps_range((req.remote_addr, req.len))` in `copy_held`:
+/// a direct copy whose first byte lies in the held import's mapping but
+/// which runs 8 bytes past its end is not tried there (None, nothing
+/// copied); the same copy 8 bytes earlier goes through.
+#[test]
+fn a_held_copy_running_past_the_imports_mapping_is_not_tried() {
+    let w = world(4, line!());
+    let board = Board::create().unwrap();
+    let alive = AlivePage::create().unwrap();
+    let fds = vec![board.fd().as_raw_fd(), alive.fd().as_raw_fd()];
+    let src = source(&w.name, w.me, fds, vec![vec![offer(0), handle()]]);
+    board::publish(board.slot(0).unwrap(), 1, OP_READ);
+    let mut local = vec![0u8; 64];
+    let f = w.run(reads(&mut local, &[0], 64)).unwrap_or_else(|(e, _)| panic!("{e}"));
+    assert_eq!(statuses(f), [(0, Status::Ok)]);
+    let held = w.req.held(&w.link, &w.region);
+    let mut direct = vec![0u8; 16];
+    let dst = direct.as_mut_ptr() as u64;
+    let at = |remote_addr: u64| Request { op: Op::Read, local_addr: dst, remote_addr, len: 16 };
+    let copies = w.heap.copies.load(Ordering::SeqCst);
+    assert!(w.req.copy_held(&held, &at(REMOTE + LEN - 8)).is_none(), "a copy ran past the mapping");
+    assert_eq!(w.heap.copies.load(Ordering::SeqCst), copies);
+    assert!(matches!(w.req.copy_held(&held, &at(REMOTE + LEN - 16)), Some(Ok(()))));
+    assert_eq!(direct, w.remote[LEN as usize - 16..]);
+    assert_eq!(w.req.counts().direct_copies, 1);
+    w.end(src);
+    drop((board, alive));
+}
+
 #[test]
 fn a_held_import_of_a_replaced_channel_copies_nothing() {
     let w = world(4, line!());
