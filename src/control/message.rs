@@ -454,6 +454,17 @@ mod tests {
         assert_eq!(Describe::decode(&top.encode()).unwrap(), top);
     }
 
+    /// Guards `id == 0 ||` in `Describe::decode`: a lying peer's region
+    /// of id 0 (an id the library never gives) is malformed; id 1 loads.
+    #[test]
+    fn a_describe_region_of_id_zero_is_malformed() {
+        let region = |id: u64| Describe { regions: vec![RegionInfo { id, ..sample().regions[0] }], ..sample() };
+        let e = Describe::decode(&region(0).encode()).unwrap_err();
+        assert!(matches!(&e, Error::Protocol(m) if m.contains("region id 0 at 0x1000+10 is malformed")), "{e}");
+        let one = region(1);
+        assert_eq!(Describe::decode(&one.encode()).unwrap(), one);
+    }
+
     #[test]
     fn data_messages_round_trip() {
         let q = DataRequest { tag: 9, region_epoch: 2, addr: 3, len: 4 };

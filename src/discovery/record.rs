@@ -232,4 +232,16 @@ mod tests {
         let e = cfg("/elsewhere").read("a", signed.as_bytes(), Some(&key)).unwrap_err();
         assert!(e.contains("not signed with"), "{e}");
     }
+
+    /// Guards `b.extend_from_slice(at.as_bytes())` in `signed_bytes`: a
+    /// signed record copied under a prefix of the same length ("/orbitx")
+    /// fails its signature (the key's length alone would still match).
+    #[test]
+    fn a_record_copied_under_a_prefix_of_the_same_length_is_refused() {
+        let key = AuthKey::from_bytes(&[7u8; 32]).unwrap();
+        let signed = cfg("/orbite").store(&sample(), Some(&key));
+        let e = cfg("/orbitx").read("a", signed.as_bytes(), Some(&key)).unwrap_err();
+        assert!(e.contains("not signed with"), "{e}");
+        assert!(cfg("/orbite").read("a", signed.as_bytes(), Some(&key)).is_ok());
+    }
 }

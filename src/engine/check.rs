@@ -163,6 +163,28 @@ mod tests {
         assert_eq!(by.find(999, holds(999)), None);
     }
 
+    /// Guards `contains(r.local_addr, r.len)` in `check_local`'s `holds`: a
+    /// request starting in the region the request before it leased and
+    /// running 8 bytes past that region's end is refused, naming request
+    /// 1, not passed on the neighbour's lease.
+    #[test]
+    fn a_request_running_past_its_neighbours_leased_region_is_refused() {
+        use crate::transfer::Op;
+        let e = Engine::from_json("").unwrap();
+        let buf = vec![0u8; 128];
+        let base = buf.as_ptr() as u64;
+        e.register_memory(base, 64, crate::Access::NONE).unwrap();
+        let r = |local_addr: u64, len: u64| Request { op: Op::Read, local_addr, remote_addr: 0x2000, len };
+        let deadline = Instant::now() + std::time::Duration::from_secs(60);
+        let (leases, at) = e.check_local(&[r(base, 8), r(base + 48, 16)], deadline).unwrap();
+        assert_eq!((leases.len(), at), (1, vec![0, 0]));
+        let Err(err) = e.check_local(&[r(base, 8), r(base + 56, 16)], deadline) else {
+            panic!("a request past its neighbour's region was passed")
+        };
+        assert!(err.message().starts_with("request 1: local"), "{err}");
+        drop(buf);
+    }
+
     /// A Rust submission of MAX_REQUESTS requests passes the count check
     /// and one of MAX_REQUESTS + 1 is INVALID_ARGUMENT naming the bound (the
     /// C ABI checks its count itself; only Rust callers reach this one).

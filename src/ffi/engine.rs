@@ -326,4 +326,35 @@ mod tests {
         let u = unsafe { CStr::from_ptr(orbite_status_name(99)) };
         assert_eq!(u.to_str().unwrap(), "ORBITE_STATUS_UNKNOWN");
     }
+
+    /// Guards `out.is_null() && !regions.is_empty()` in
+    /// `orbite_peer_regions`: a peer publishing exactly one region, asked
+    /// with out NULL and cap 1, is NULL_ARGUMENT (not a write to NULL);
+    /// with a real array it is OK and names that one region.
+    #[test]
+    fn peer_regions_into_null_with_room_for_one_is_a_null_argument() {
+        let mut src: *mut orbite_engine = std::ptr::null_mut();
+        let mut req: *mut orbite_engine = std::ptr::null_mut();
+        assert_eq!(orbite_engine_new(std::ptr::null(), &mut src), Status::Ok as u32);
+        assert_eq!(orbite_engine_new(std::ptr::null(), &mut req), Status::Ok as u32);
+        let mut buf = vec![0u8; 4096];
+        let mut region = 0u64;
+        let access = ORBITE_ACCESS_READ;
+        let st = orbite_register_memory(src, buf.as_mut_ptr().cast(), buf.len(), access, &mut region);
+        assert_eq!(st, Status::Ok as u32);
+        // SAFETY: src is the live engine orbite_engine_new gave above.
+        let ep = std::ffi::CString::new(unsafe { &*src }.engine.endpoint()).unwrap();
+        let mut peer = 0u64;
+        assert_eq!(orbite_connect(req, ep.as_ptr(), 30_000, &mut peer), Status::Ok as u32);
+        let mut n = 99usize;
+        assert_eq!(orbite_peer_regions(req, peer, std::ptr::null_mut(), 1, &mut n), Status::NullArgument as u32);
+        let mut out: Vec<orbite_region_info> = Vec::with_capacity(1);
+        assert_eq!(orbite_peer_regions(req, peer, out.as_mut_ptr(), 1, &mut n), Status::Ok as u32);
+        assert_eq!(n, 1);
+        // SAFETY: orbite_peer_regions wrote n = 1 element.
+        unsafe { out.set_len(n) };
+        assert_eq!((out[0].id, out[0].addr, out[0].length), (region, buf.as_ptr() as u64, 4096));
+        orbite_engine_free(req);
+        orbite_engine_free(src);
+    }
 }

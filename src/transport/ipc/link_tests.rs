@@ -192,3 +192,36 @@ fn a_links_health_is_read_without_its_lock_and_follows_its_channel() {
     let why = link.dead_reason().expect("a closed link is not usable");
     assert!(why.message().contains("IPC link closed by this engine"), "{why}");
 }
+
+/// Guards `|| a.extra != kind as u32` in `receipt`: a source answering a
+/// CloseReceipt with the ACK of an OpComplete (same export id and token)
+/// is a protocol error, not a recorded close; the ACK naming the
+/// CloseReceipt is taken.
+#[test]
+fn a_receipts_ack_naming_another_receipt_kind_is_a_protocol_error() {
+    let name = format!("orbite-link-test-{}-{}", std::process::id(), line!());
+    let (link, source) = link_to(&name);
+    let l = listen(&name).unwrap();
+    let src = std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let mut c = Channel::from_stream(s).unwrap();
+        let patient = Instant::now() + Duration::from_secs(60);
+        assert_eq!(c.recv(&mut || deadline_tick(patient, "hello")).unwrap().kind, MsgKind::IpcHello);
+        c.send(MsgKind::IpcWelcome, &Welcome { identity: source }.encode(), &[], &mut || Ok(())).unwrap();
+        for acked in [MsgKind::CloseReceipt, MsgKind::OpComplete] {
+            let f = c.recv(&mut || deadline_tick(patient, "receipt")).unwrap();
+            assert_eq!(f.kind, MsgKind::CloseReceipt);
+            let r = ExportRef::decode(&f.body, "CloseReceipt").unwrap();
+            let ack = ExportRef { value: 0, extra: acked as u32, ..r };
+            c.send(MsgKind::Ack, &ack.encode(), &[], &mut || Ok(())).unwrap();
+        }
+        let _ = c.recv(&mut || deadline_tick(patient, "end"));
+    });
+    let r = ExportRef { export_id: 7, token: 0x5eed, value: 0, extra: 0 };
+    link.receipt(MsgKind::CloseReceipt, &r, deadline()).unwrap();
+    let e = link.receipt(MsgKind::CloseReceipt, &r, deadline()).unwrap_err();
+    assert_eq!(e.status(), crate::error::Status::ProtocolError, "{e}");
+    assert!(e.message().contains("ACK for another receipt"), "{e}");
+    link.close();
+    src.join().unwrap();
+}

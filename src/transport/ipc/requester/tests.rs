@@ -419,19 +419,49 @@ fn a_channel_lost_with_the_accept_gives_the_requests_back_and_owes_the_grant() {
     assert_eq!(kinds(&w.end(src)), [MsgKind::ExportRequest, MsgKind::ExportAnswer]);
 }
 
-#[test]
-fn a_held_import_of_a_replaced_channel_copies_nothing() {
-    let w = world(4, line!());
+/// A world (test `line`) whose source runs `scripts` (the first one
+/// offering board slot 0 and its handle) and whose first group, one READ
+/// of 64 bytes, went through that import: the world, the source, and
+/// the board and alive page it exported (kept until the end).
+fn imported(line: u32, scripts: Vec<Vec<Reply>>) -> (World, std::thread::JoinHandle<Seen>, (Board, AlivePage)) {
+    let w = world(4, line);
     let board = Board::create().unwrap();
     let alive = AlivePage::create().unwrap();
     let fds = vec![board.fd().as_raw_fd(), alive.fd().as_raw_fd()];
-    // Channel 1: an import in board slot 0, then a hang-up; channel 2: up.
-    let scripts = vec![vec![offer(0), handle(), hang_up()], vec![]];
     let src = source(&w.name, w.me, fds, scripts);
     board::publish(board.slot(0).unwrap(), 1, OP_READ);
     let mut local = vec![0u8; 64];
     let f = w.run(reads(&mut local, &[0], 64)).unwrap_or_else(|(e, _)| panic!("{e}"));
     assert_eq!(statuses(f), [(0, Status::Ok)]);
+    (w, src, (board, alive))
+}
+
+/// Guards `!imp.maps_range((req.remote_addr, req.len))` in `copy_held`:
+/// a direct copy whose first byte lies in the held import's mapping but
+/// which runs 8 bytes past its end is not tried there (None, nothing
+/// copied); the same copy 8 bytes earlier goes through.
+#[test]
+fn a_held_copy_running_past_the_imports_mapping_is_not_tried() {
+    let (w, src, pages) = imported(line!(), vec![vec![offer(0), handle()]]);
+    let held = w.req.held(&w.link, &w.region);
+    let mut direct = vec![0u8; 16];
+    let dst = direct.as_mut_ptr() as u64;
+    let at = |remote_addr: u64| Request { op: Op::Read, local_addr: dst, remote_addr, len: 16 };
+    let copies = w.heap.copies.load(Ordering::SeqCst);
+    assert!(w.req.copy_held(&held, &at(REMOTE + LEN - 8)).is_none(), "a copy ran past the mapping");
+    assert_eq!(w.heap.copies.load(Ordering::SeqCst), copies);
+    assert!(matches!(w.req.copy_held(&held, &at(REMOTE + LEN - 16)), Some(Ok(()))));
+    assert_eq!(direct, w.remote[LEN as usize - 16..]);
+    assert_eq!(w.req.counts().direct_copies, 1);
+    w.end(src);
+    drop(pages);
+}
+
+#[test]
+fn a_held_import_of_a_replaced_channel_copies_nothing() {
+    // Channel 1: an import in board slot 0, then a hang-up; channel 2: up.
+    let scripts = vec![vec![offer(0), handle(), hang_up()], vec![]];
+    let (w, src, pages) = imported(line!(), scripts);
     assert_eq!(w.req.counts().groups_without_round_trip, 1);
     // A direct route holds the import and copies through it.
     let held = w.req.held(&w.link, &w.region);
@@ -452,5 +482,5 @@ fn a_held_import_of_a_replaced_channel_copies_nothing() {
     assert_eq!(w.req.counts().direct_copies, 1);
     let seen = w.end(src);
     assert_eq!(kinds(&seen), [MsgKind::ExportRequest, MsgKind::ExportAnswer, MsgKind::Ack]);
-    drop((board, alive));
+    drop(pages);
 }

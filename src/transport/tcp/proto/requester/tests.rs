@@ -751,3 +751,23 @@ fn a_notify_ack_with_an_overlong_reason_is_a_protocol_error() {
     assert_eq!(e.status(), Status::ProtocolError, "{e}");
     assert_eq!(e.message(), format!("NotifyAck reason of {} bytes is too long", MAX_REASON + 1));
 }
+
+/// Guards `self.abandoned.len() > ABANDONED_MAX` in `expire`: a source
+/// that never answers may leave ABANDONED_MAX READs abandoned at their
+/// deadline on one connection; one more ends it TIMED_OUT.
+#[test]
+fn more_than_abandoned_max_unanswered_requests_end_the_connection() {
+    let t0 = Instant::now();
+    let (mut c, hold) = (core(), Rc::new(()));
+    let late = t0 + Duration::from_secs(1);
+    c.submit((0..ABANDONED_MAX as u32).map(|i| send(i, Op::Read, 0, 0x1000, 1, late, &hold)).collect::<Vec<_>>());
+    drain(&mut c, &[], t0);
+    c.expire(late).unwrap();
+    assert_eq!(outcomes(&mut c).len(), ABANDONED_MAX);
+    let later = late + Duration::from_secs(1);
+    c.submit(vec![send(0, Op::Read, 0, 0x1000, 1, later, &hold)]);
+    drain(&mut c, &[], late);
+    let e = c.expire(later).unwrap_err();
+    assert_eq!(e.status(), Status::TimedOut, "{e}");
+    assert!(e.message().contains("more than 65536 requests to peer 1 passed their deadline unanswered"), "{e}");
+}

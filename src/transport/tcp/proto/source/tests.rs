@@ -398,6 +398,59 @@ fn a_slow_payload_fails_at_the_minimum_rate() {
     assert!(e.message().contains("min_payload_rate_kib"), "{e}");
 }
 
+/// The first tick (of 50 ms, up to `end_ms`) at which `check` fails,
+/// calling `feed(ms)` before each check.
+fn first_failure(
+    (c, h): (&mut SourceCore<Host>, &mut Host),
+    t0: Instant,
+    end_ms: u64,
+    feed: impl Fn(&mut SourceCore<Host>, &mut Host, u64, Instant),
+) -> Option<(u64, Error)> {
+    for ms in (0..=end_ms).step_by(50) {
+        let now = t0 + Duration::from_millis(ms);
+        feed(c, h, ms, now);
+        if let Err(e) = c.check(now) {
+            return Some((ms, e));
+        }
+    }
+    None
+}
+
+/// Guards `| Want::Discard { pace, .. }` in `check`: the payload of a
+/// refused WRITE (read and discarded, no frame deadline) that stops after
+/// 10 of its 64 KiB ends the connection at the stall bound, 5 s.
+#[test]
+fn a_refused_writes_frozen_payload_fails_at_the_stall_bound() {
+    let t0 = Instant::now();
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    let wire = write_req(1, BASE, &vec![1u8; 64 << 10]); // BASE: refused
+    c.received(&wire[..FRAME_HEADER_LEN + DATA_REQUEST_LEN + 10], t0, &mut h).unwrap();
+    let (ms, e) = first_failure((&mut c, &mut h), t0, 8000, |_, _, _, _| {}).expect("the stall bound fails");
+    assert_eq!(ms, 5000);
+    assert!(e.message().contains("payload made no progress"), "{e}");
+    assert_eq!((h.mem[0], h.failed), (1, 0), "nothing landed, no answer yet");
+}
+
+/// Guards `self.mark = self.done + MIB` in `Pace::advance`: with no rate
+/// bound, a WRITE payload dribbled a byte every 4 s after its first MiB
+/// ends at the stall bound (5 s after that MiB), not never.
+#[test]
+fn a_payload_dribbled_a_byte_at_a_time_fails_at_the_stall_bound() {
+    let t0 = Instant::now();
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    let wire = write_req(1, BASE + 8, &vec![1u8; 4 << 20]);
+    c.received(&wire[..FRAME_HEADER_LEN + DATA_REQUEST_LEN], t0, &mut h).unwrap();
+    c.landed(1 << 20, t0, &mut h);
+    let dribble = |c: &mut SourceCore<Host>, h: &mut Host, ms: u64, now: Instant| {
+        if ms > 0 && ms % 4000 == 0 {
+            c.landed(1, now, h);
+        }
+    };
+    let (ms, e) = first_failure((&mut c, &mut h), t0, 20_000, dribble).expect("the stall bound fails");
+    assert_eq!(ms, 5000);
+    assert!(e.message().contains("payload made no progress"), "{e}");
+}
+
 #[test]
 fn a_notification_becomes_visible_once_its_acknowledgement_has_left() {
     let now = Instant::now();
