@@ -54,9 +54,18 @@ fn a_connection_flood_is_bounded_in_its_handshakes_and_refused_at_the_limit() {
     for _ in 0..10 {
         g.transfer();
     }
-    // One handshake thread per pending connection kept, at most 16.
-    let threads = proc_status("Threads:");
-    assert!(threads <= threads0 + 16 + 2, "threads {threads0} -> {threads}");
+    // One handshake thread per pending connection kept, at most 16. The
+    // threads of the abandoned handshakes end after they are counted: on a
+    // loaded host a few may still be leaving, so wait for them (a leak
+    // never drops under the bound).
+    let bound = threads0 + 16 + 2;
+    let t1 = Instant::now();
+    let mut threads = proc_status("Threads:");
+    while threads > bound && t1.elapsed() < LONG {
+        std::thread::sleep(Duration::from_millis(5));
+        threads = proc_status("Threads:");
+    }
+    assert!(threads <= bound, "threads {threads0} -> {threads}");
     // Handshaken connections take the slots; past the limit they are
     // refused and told why.
     let mut kinds = Vec::new();
