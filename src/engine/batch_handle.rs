@@ -126,7 +126,9 @@ impl Batch {
     /// one (an I/O thread, a copy thread, a submitter or a canceller), with
     /// no lock of the batch held. Every request ends, by the batch's
     /// deadline at the latest, so `f` runs exactly once; a batch handle
-    /// dropped meanwhile does not stop it.
+    /// dropped meanwhile does not stop it. `f` must return promptly and
+    /// never wait for another batch: on an I/O thread, the completions
+    /// of the same turn still to be delivered wait for it.
     pub fn on_end(&self, f: impl FnOnce() + Send + 'static) {
         let slot = Arc::new(Mutex::new(Some(f)));
         let hooked = Arc::clone(&slot);
