@@ -26,19 +26,16 @@ step "protocol simulators (release, sim feature: ${sim_tests[*]})"
 cargo test --release --locked --features sim "${sim_tests[@]}"
 step "concurrency models (shuttle)"
 cargo test --release --locked --features model-check --test models
-step "cargo test (release, cuda feature: every unit test, including the cuda-gated ones)"
-cargo test --release --locked --features cuda --lib
 # Every integration test compiled only with the cuda feature (driver probing,
 # and NVLink/MNNVL through the CPU stand-in for the driver), found by its
-# crate-level cfg so that a new one cannot be left out.
+# crate-level cfg so that a new one cannot be left out; built in one go with
+# the etcd feature's discovery test (the crate built once for both).
 cuda_tests=()
 for f in tests/*.rs; do
   if grep -q '^#!\[cfg(feature = "cuda")\]' "$f"; then cuda_tests+=(--test "$(basename "$f" .rs)"); fi
 done
-step "cargo test (release, cuda feature: ${cuda_tests[*]})"
-cargo test --release --locked --features cuda "${cuda_tests[@]}"
-step "cargo test (release, etcd feature: discovery against a real etcd the tests start)"
-cargo test --release --locked --features etcd --test discovery
+step "cargo test (release, cuda and etcd features: every unit test, including the cuda-gated ones; ${cuda_tests[*]}; discovery against a real etcd the tests start)"
+cargo test --release --locked --features cuda,etcd --lib "${cuda_tests[@]}" --test discovery
 step "NIXL test venv (the pinned nixl wheels; reused when its pins match)"
 integrations/nixl/tests/venv.sh "$PWD/build-test/nixl-venv"
 step "C tests (ctest): configures and builds build-test/, then runs the C, C++, example, package, NIXL and docs tests"
