@@ -12,7 +12,7 @@ use crate::memory::{MemoryKind, Region, RegionTable};
 use crate::sync::admission::{Budget, Gate};
 use crate::transport::ipc::backend::IpcBackend;
 use crate::transport::ipc::export::ExportTable;
-use crate::transport::ipc::faults::{Faults, FaultyBackend};
+use crate::transport::ipc::faults::Faults;
 use crate::transport::ipc::proto::exports::Limits;
 use crate::transport::ipc::requester::IpcRequester;
 use std::collections::BTreeMap;
@@ -72,7 +72,6 @@ impl IpcParts<'_> {
         backend: Arc<dyn IpcBackend>,
         cache: usize,
     ) -> IpcTransport {
-        let backend: Arc<dyn IpcBackend> = Arc::new(FaultyBackend::new(backend, self.faults.clone()));
         let exports = Arc::new(ExportTable::new(
             backend.clone(),
             memory,

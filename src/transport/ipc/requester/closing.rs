@@ -18,7 +18,7 @@ impl IpcRequester {
     ) -> std::result::Result<(), (Error, bool)> {
         if !native_closed {
             imp.stop_direct_copies();
-            imp.mapping.close().map_err(|e| {
+            self.mapping_close(imp).map_err(|e| {
                 self.log.warn(format_args!(
                     "{}: import retained for good: its native close failed ({})",
                     imp.describe(),

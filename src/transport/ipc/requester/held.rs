@@ -100,7 +100,7 @@ impl IpcRequester {
             Op::Read => CopyOp { dst: req.local_addr, src: remote, len: req.len },
             Op::Write => CopyOp { dst: remote, src: req.local_addr, len: req.len },
         };
-        let moved = imp.mapping.copy(&[op], classify(&[op])).and_then(|p| imp.mapping.wait(p));
+        let moved = self.mapping_copy(&imp, &[op], classify(&[op])).and_then(|p| self.mapping_wait(&imp, p));
         // The copy ran inside the grant the source published: its outcome
         // is known without a receipt; what it moved is counted in the slot.
         match &moved {

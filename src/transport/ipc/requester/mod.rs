@@ -1,9 +1,10 @@
 //! Requester side of the IPC protocol: running a subbatch's group (its
-//! admission, an import ready, revalidated or taken from the cache), and
-//! the requester's state and counts; opening imports (request, offer,
-//! answer, handle) in `opening.rs`, posting a group's copies and ending it
-//! (receipts) in `posting.rs`, a finished group's requests and verdict in
-//! `finished.rs`, the relocation cache at work in
+//! admission, an import ready, revalidated or taken from the cache), the
+//! requester's state and counts, and its calls into an import's mapping,
+//! each checking its fault switch (`Faults`) first; opening imports
+//! (request, offer, answer, handle) in `opening.rs`, posting a group's
+//! copies and ending it (receipts) in `posting.rs`, a finished group's
+//! requests and verdict in `finished.rs`, the relocation cache at work in
 //! `cached.rs`, closing imports in `closing.rs`, the progress worker in
 //! `progress.rs`; `tests.rs` tests it against a scripted source. What the
 //! protocol decides (whether an offer matches, what answers it, what a
@@ -35,7 +36,7 @@ use crate::sync::admission::{Budget, SharedCharge, SharedCharges};
 use crate::transfer::{Op, Request};
 use crate::transport::coalesce::{self, LocalSpans};
 use parking_lot::{Condvar, Mutex};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -363,7 +364,8 @@ pub struct IpcRequester {
     coalesce: bool,
     progress: Mutex<Progress>,
     progress_cv: Condvar,
-    /// Fault injection switches (inert unless armed).
+    /// Fault injection switches, checked before each call into an
+    /// import's mapping and at an import's opening (inert unless armed).
     pub faults: Arc<Faults>,
     /// The engine's log lines (imports retained).
     log: Arc<crate::log::Logger>,
@@ -377,6 +379,12 @@ fn envelope_and_ops(items: &[(usize, Request)]) -> ((u64, u64), u32) {
     });
     let env = if items.is_empty() { (0, 0) } else { (start, end - start) };
     (env, ops)
+}
+
+/// Takes one fault from an armed switch of [`Faults`]; unarmed (always,
+/// outside tests) it costs one relaxed load and no read-modify-write.
+fn injected(switch: &AtomicU32) -> bool {
+    switch.load(Ordering::Relaxed) != 0 && crate::sync::take_armed(switch)
 }
 
 impl IpcRequester {
@@ -407,6 +415,53 @@ impl IpcRequester {
         }
     }
 
+    /// Enqueues (or performs) `ops` through the import's mapping, unless a
+    /// copy fault is armed (`Faults::fail_copy`).
+    fn mapping_copy(&self, imp: &Import, ops: &[CopyOp], plan: CopyPlan) -> Result<Posting> {
+        if injected(&self.faults.fail_copy) {
+            return Err(Error::TransferFailed("injected fault: copy failed".into()));
+        }
+        imp.mapping.copy(ops, plan)
+    }
+
+    /// Waits for `posting`'s copies, unless a completion fault is armed
+    /// (`Faults::fail_completion`).
+    fn mapping_wait(&self, imp: &Import, posting: Posting) -> Result<()> {
+        if injected(&self.faults.fail_completion) {
+            return Err(Error::Unquiesced("injected fault: completion could not be confirmed".into()));
+        }
+        imp.mapping.wait(posting)
+    }
+
+    /// Asks once whether `posting`'s copies are complete: "not yet" while
+    /// `Faults::pending_polls` is armed, an error while
+    /// `Faults::fail_completion` is.
+    fn mapping_query(&self, imp: &Import, posting: Posting) -> Result<bool> {
+        if injected(&self.faults.pending_polls) {
+            return Ok(false);
+        }
+        if injected(&self.faults.fail_completion) {
+            return Err(Error::Unquiesced("injected fault: completion could not be confirmed".into()));
+        }
+        imp.mapping.query(posting)
+    }
+
+    /// Whether the progress worker waits for the import's pending copies
+    /// instead of polling them: never while `Faults::pending_polls` is
+    /// armed (polled, like a GPU's).
+    fn mapping_waits(&self, imp: &Import) -> bool {
+        imp.mapping.completes_by_waiting() && self.faults.pending_polls.load(Ordering::SeqCst) == 0
+    }
+
+    /// The import's native close (unmap), unless a close fault is armed
+    /// (`Faults::fail_close`).
+    fn mapping_close(&self, imp: &Import) -> Result<()> {
+        if injected(&self.faults.fail_close) {
+            return Err(Error::Unquiesced("injected fault: native close failed".into()));
+        }
+        imp.mapping.close()
+    }
+
     /// Runs one subbatch: requests naming one remote region, whose local
     /// memory lives on `local.device` (`None`: host memory).
     /// Setup, mapping and copies run on the caller; the trailing completion
@@ -429,11 +484,11 @@ impl IpcRequester {
             Err(e) => return Err(GroupError::NotPosted(e, items)),
         };
         let posted = self.post(imp, key, items, &local, deadline, fences);
-        match (posted.imp.mapping.query(posted.posting()), defer) {
+        match (self.mapping_query(&posted.imp, posted.posting()), defer) {
             (Ok(true), _) => Ok(GroupRun::Done(self.finish(posted, Ok(())))),
             (Err(e), _) => Ok(GroupRun::Done(self.finish(posted, Err(e)))),
             (Ok(false), None) => {
-                let drained = posted.imp.mapping.wait(posted.posting());
+                let drained = self.mapping_wait(&posted.imp, posted.posting());
                 Ok(GroupRun::Done(self.finish(posted, drained)))
             }
             (Ok(false), Some(done)) => {

@@ -49,7 +49,7 @@ impl IpcRequester {
         }
         self.events.copies_issued.fetch_add(ops.len() as u64, Ordering::Relaxed);
         self.events.requests_coalesced.fetch_add((items.len() - ops.len()) as u64, Ordering::Relaxed);
-        let copied = imp.mapping.copy(&ops, plan);
+        let copied = self.mapping_copy(&imp, &ops, plan);
         // The mapping only borrowed them.
         SPARE_OPS.give(ops);
         let (key, entered) = match key {

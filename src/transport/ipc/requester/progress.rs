@@ -50,13 +50,12 @@ impl IpcRequester {
             let mut still = Vec::new();
             for mut d in batch {
                 // CPU copies always complete: waited for, not polled.
-                let m = &d.posted.imp.mapping;
-                if m.completes_by_waiting() {
-                    let r = m.wait(d.posted.posting());
+                if self.mapping_waits(&d.posted.imp) {
+                    let r = self.mapping_wait(&d.posted.imp, d.posted.posting());
                     self.settle(d, r);
                     continue;
                 }
-                let verdict = match d.posted.imp.mapping.query(d.posted.posting()) {
+                let verdict = match self.mapping_query(&d.posted.imp, d.posted.posting()) {
                     Ok(true) => Some(Ok(())),
                     Err(e) => Some(Err(e)),
                     Ok(false) if stopping => {
