@@ -366,21 +366,15 @@ baseline_lane() {
   done
   if [ "$bad" -eq 0 ]; then echo ok >"$out/baseline-lane-$k"; else echo broken >"$out/baseline-lane-$k"; fi
 }
-for ((k = 0; k < lanes; k++)); do
-  baseline_lane "$k" &
-  lane_pids+=($!)
-done
-for p in "${lane_pids[@]}"; do wait "$p" || true; done
-lane_pids=()
-for ((k = 0; k < lanes; k++)); do
-  [ "$(cat "$out/baseline-lane-$k" 2>/dev/null)" = ok ] || { echo "mutants: a baseline is broken: no mutant run"; exit 1; }
-done
-step "mutants: applying each, $lanes at a time"
-
-# Lane $1: applies its mutants one at a time in its tree; writes each
-# outcome to $out/results/N and prints its line.
+# Lane $1: its baseline, then (when that holds) its mutants one at a time
+# in its tree; writes each outcome to $out/results/N and prints its line.
+# A lane does not wait for the others' baselines: its mutants rely on its
+# own TESTs only, and any broken baseline fails the whole run below.
 lane() {
   local k=$1 i f t tag build_s test_s built
+  baseline_lane "$k"
+  [ "$(cat "$out/baseline-lane-$k" 2>/dev/null)" = ok ] || return 0
+  step "mutants: lane $k's baseline holds; applying its mutants"
   cd "${tree_of[$k]}"
   orig="$out/orig/lane-$k"
   cur_file=""
@@ -442,6 +436,10 @@ lane_rc=0
 for p in "${lane_pids[@]}"; do wait "$p" || lane_rc=$?; done
 lane_pids=()
 [ "$lane_rc" -eq 0 ] || { echo "mutants: a lane failed (exit $lane_rc)"; exit 1; }
+for ((k = 0; k < lanes; k++)); do
+  [ "$(cat "$out/baseline-lane-$k" 2>/dev/null)" = ok ] ||
+    { echo "mutants: the baseline of lane $k is broken (above): its mutants did not run"; exit 1; }
+done
 
 # The outcome of each, in the list's order.
 caught=0 failed=0
