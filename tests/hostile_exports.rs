@@ -3,15 +3,20 @@
 //! close receipt ever): one that hoards exports, one that hoards the
 //! mapping budget, one whose main thread exits while another thread goes
 //! on writing, one that forks a child holding its mapping and exits. The
-//! source keeps each bounded, and never takes a live writer for dead.
+//! source keeps each bounded, and never takes a live writer for dead. And
+//! a raw channel of this process asking READ|WRITE of a READ-only region:
+//! refused, never granted writable.
 
 mod common;
 
 use common::*;
+use orbite::control::frame::MsgKind;
 use orbite::control::identity::{process_start_time, ProcessIdentity};
+use orbite::control::Identity;
 use orbite::transport::ipc::export::process_exited;
+use orbite::transport::ipc::messages::{decode_reject, ExportOffer, ExportRef, ExportRequest, OP_READ, OP_WRITE};
 use orbite::*;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const SZ: u64 = 1 << 20;
 
@@ -257,4 +262,47 @@ fn a_close_receipt_while_a_forked_child_maps_the_export_lingers() {
     free_eventually(a);
     imp.kill();
     src.close(Some(LONG)).unwrap();
+}
+
+/// A hostile requester on a raw IPC channel asks an export of a region
+/// published READ-only for READ|WRITE: `ExportReject` PERMISSION_DENIED
+/// naming the WRITE the region does not allow, no handle sent, no export
+/// opened; the same channel asking READ alone is offered it (the refusal
+/// is the WRITE's). (Checked against READ only, the READ|WRITE export was
+/// offered and its handle would have been opened writable: the requester
+/// could write into memory published READ-only.) Honest requesters ask
+/// READ|WRITE only of regions allowing both, so only a hostile one reaches
+/// this. Guards `access_of` (src/transport/ipc/messages.rs)
+/// `let write = if ops & OP_WRITE != 0 {` against `ops == OP_WRITE`
+/// (round 6 F12).
+#[test]
+fn an_export_asking_read_and_write_of_a_read_only_region_is_refused() {
+    let a = allocate_shared_host(SZ).unwrap();
+    let src = Engine::from_json("").unwrap();
+    let id = src.register_memory(a.addr(), SZ, Access::READ).unwrap();
+    let r = src.regions()[0];
+    let (mut ch, kind, _) = ipc_hello(&src.endpoint(), TransportKind::Shm, Identity::fresh().unwrap(), None);
+    assert_eq!(kind, MsgKind::IpcWelcome);
+    let deadline = Instant::now() + LONG;
+    let ask = |ops| ExportRequest { tag: 7, region_epoch: r.epoch, addr: a.addr(), len: 4096, ops, wait_ms: 1000 };
+    let f = ch.call(MsgKind::ExportRequest, &ask(OP_READ | OP_WRITE).encode(), deadline, "export request").unwrap();
+    assert_eq!(f.kind, MsgKind::ExportReject, "READ|WRITE of a READ-only region answered {:?}", f.kind);
+    assert!(f.fd.is_none(), "a refusal carried a handle");
+    let (tag, why) = decode_reject(&f.body).unwrap();
+    assert_eq!(tag, 7);
+    assert_eq!(why.status(), Status::PermissionDenied, "{why}");
+    assert!(
+        why.message().ends_with(&format!("region {id} (0x{:x}+{SZ}) does not allow remote WRITE", a.addr())),
+        "{why}"
+    );
+    assert_eq!(shm(&src).exports.open, 0, "an export opened");
+    let f = ch.call(MsgKind::ExportRequest, &ask(OP_READ).encode(), deadline, "export request").unwrap();
+    assert_eq!(f.kind, MsgKind::ExportOffer, "READ alone answered {:?}", f.kind);
+    let o = ExportOffer::decode(&f.body).unwrap();
+    assert_eq!(o.ops, OP_READ);
+    let decline = ExportRef { export_id: o.export_id, token: o.token, value: 0, extra: 0 };
+    ch.call(MsgKind::ExportAnswer, &decline.encode(), deadline, "decline").unwrap();
+    drop(ch);
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
 }

@@ -3,7 +3,8 @@
 //! widens what an import's mapping allows (a real hostile source process),
 //! a disconnect gives the peer's imports back and a reconnect finds its
 //! regions clean, and an unregistration takes an idle importer's cached
-//! import back at once, or says which importer kept it.
+//! import back at once, or says which importer kept it; a handle sealed
+//! against growing but not shrinking is never mapped.
 
 mod common;
 mod hostile_source;
@@ -308,4 +309,47 @@ fn an_unregistration_blocked_by_a_frozen_importer_ends_at_its_timeout_naming_it(
     println!("unregister once the importer runs again: {:?}", t0.elapsed());
     assert!(r.stats()["revokes_received"].as_u64().unwrap() >= 2);
     pool.free().unwrap();
+}
+
+/// A hostile source (threads of this process) whose region's memory file,
+/// the handle of its every export, is sealed against growing but NOT
+/// against shrinking: a forced-SHM READ of 4 KiB accepts the (sound) offer,
+/// refuses the handle PROTOCOL_ERROR "not sealed against shrinking and
+/// growing", lands nothing and opens no import. Once the source shrinks the
+/// file to nothing (what the seal exists to rule out), a second READ is
+/// refused alike: this process never mapped it, so it never faults.
+/// (Taking one size seal for both, the handle was mapped and the READ
+/// answered OK; a source shrinking it then made the next copy through the
+/// cached import fault, SIGBUS.) Guards `ShmBackend::import`
+/// (src/transport/ipc/backends/shm.rs)
+/// `seals & owners::SIZE_SEALS != owners::SIZE_SEALS` against
+/// `seals & owners::SIZE_SEALS == 0` (round 6 F16).
+#[test]
+fn a_handle_sealed_against_growing_only_is_never_mapped() {
+    let script = Script { seals: libc::F_SEAL_GROW | libc::F_SEAL_SEAL, ..Script::honest() };
+    let h = Hostile::start(script, |i| pattern(HOSTILE_SEED, i));
+    let e = Engine::from_json("").unwrap();
+    let local = vec![0xeeu8; 8192];
+    e.register_memory(local.as_ptr() as u64, local.len() as u64, Access::NONE).unwrap();
+    let peer = e.connect(&h.endpoint, Some(LONG)).unwrap();
+    let read = || {
+        let b = e.submit(peer, &[req(Op::Read, local.as_ptr() as u64, h.addr + 8192, 4096)], shm()).unwrap();
+        assert_eq!(b.wait(LONG).unwrap_err().status(), Status::TransferFailed);
+        assert_eq!(
+            b.result(0).unwrap(),
+            RequestResult { status: Status::ProtocolError, remote_effect: RemoteEffect::None }
+        );
+        let why = b.error(0).expect("the READ's failure");
+        assert!(why.message().contains("not sealed against shrinking and growing"), "{why}");
+    };
+    read();
+    assert_eq!(h.answers(), vec![(101, true)], "the offer itself is sound: accepted");
+    assert!(local.iter().all(|b| *b == 0xee), "bytes moved");
+    assert_eq!(e.stats().ipc["shm"].imports.opened, 0, "an import opened");
+    h.truncate(0).unwrap();
+    read();
+    assert_eq!(h.answers(), vec![(101, true), (102, true)]);
+    assert!(local.iter().all(|b| *b == 0xee), "bytes moved");
+    assert_eq!(e.stats().ipc["shm"].imports.opened, 0, "an import opened");
+    e.close(Some(LONG)).unwrap();
 }

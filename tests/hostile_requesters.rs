@@ -225,6 +225,30 @@ fn a_write_request_shorter_than_its_length_is_refused_and_lands_nothing() {
     assert!(remote == pattern_vec(3, 1 << 20), "the region's bytes changed");
 }
 
+/// A WriteRequest whose body is LONGER than its fixed part and its length
+/// (32 + 64 + 16 bytes for a WRITE of 64: the 16 extra bytes the header of
+/// a READ), its 80 bytes, then a READ: PROTOCOL_ERROR naming the mismatch
+/// at once, and not one byte of the region changes. (Taken at its length,
+/// the WRITE landed its 64 bytes in registered memory, and the 16 extra
+/// bytes were read as the next frame's header: the READ behind them was
+/// misframed, refused as "data request length ... is invalid".) Guards
+/// `transport/tcp/proto/source/receive.rs`
+/// `if h.body_len as u64 != DATA_REQUEST_LEN as u64 + req.len` against a
+/// `<` (round 6 F3).
+#[test]
+fn a_write_request_longer_than_its_length_is_refused_and_lands_nothing() {
+    let (src, remote) = engine("");
+    let (s, d) = raw_control(&src.endpoint());
+    let r = d.regions[0];
+    let mut frames = FrameHeader::encode(MsgKind::WriteRequest, 32 + 64 + 16).to_vec();
+    frames.extend_from_slice(&DataRequest { tag: 1, region_epoch: r.epoch, addr: r.addr + 200, len: 64 }.encode());
+    frames.extend_from_slice(&[0xab; 64]);
+    frames.extend_from_slice(&FrameHeader::encode(MsgKind::ReadRequest, 32));
+    frames.extend(read_req(2, &d, 0, 64));
+    refused_at_once(src, s, &frames, "WriteRequest body of 112 bytes does not match its length 64");
+    assert!(remote == pattern_vec(3, 1 << 20), "the region's bytes changed");
+}
+
 /// A DescribeRequest carrying an 8-byte body: the source answers at once
 /// with PROTOCOL_ERROR naming it and closes, sending no Describe (taken
 /// as a request, its body would be read as the next frame). Guards

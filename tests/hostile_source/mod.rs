@@ -61,6 +61,9 @@ pub struct Script {
     pub shrinkable_board: bool,
     /// The published region's access (honest: `READ_WRITE`).
     pub access: Access,
+    /// The seals of the memory file behind the region, the handle of every
+    /// export (honest: shrink, grow and seal, as the library's own).
+    pub seals: i32,
 }
 
 fn same(_: &mut Identity) {}
@@ -77,6 +80,7 @@ impl Script {
             revalidate: None,
             shrinkable_board: false,
             access: Access::READ_WRITE,
+            seals: libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
         }
     }
     /// Honest but for the answer.
@@ -106,11 +110,10 @@ impl Hostile {
         let memfd: std::os::fd::OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(raw) };
         // SAFETY: resizing our own memfd.
         assert_eq!(unsafe { libc::ftruncate(raw, LEN as i64) }, 0);
-        // Sealed against resizing, as the library's shared memory is (an
-        // importer may insist on it).
+        // Sealed as the script says (honest: against resizing, as the
+        // library's shared memory is; an importer insists on it).
         // SAFETY: fcntl on our own memfd.
-        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-        assert_eq!(unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, seals) }, 0);
+        assert_eq!(unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, script.seals) }, 0);
         // SAFETY: a fresh shared mapping of LEN bytes of our memfd, kept for
         // the process's life (the region must stay mapped while published).
         let p = unsafe {
@@ -183,6 +186,19 @@ impl Hostile {
     /// The frames of `kind` received so far.
     pub fn frames(&self, kind: MsgKind) -> Vec<Vec<u8>> {
         self.seen.lock().unwrap().iter().filter(|(k, _)| *k == kind).map(|(_, b)| b.clone()).collect()
+    }
+
+    /// Truncates the memory file behind the region to `len` bytes (its
+    /// seals permitting): what a source that later shrinks the memory an
+    /// importer maps does. The region's own mapping must not be read past
+    /// `len` afterwards.
+    pub fn truncate(&self, len: u64) -> std::io::Result<()> {
+        // SAFETY: ftruncate on our own memfd; nothing here reads the
+        // mapping past `len` afterwards.
+        if unsafe { libc::ftruncate(self.memfd.as_raw_fd(), len as i64) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// The export requests received so far.
