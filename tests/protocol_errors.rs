@@ -1,7 +1,7 @@
 //! A connection that breaks the protocol is closed with an Error frame;
 //! the engine keeps serving well-behaved peers.
 
-use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
+use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN, PROTOCOL_VERSION};
 use orbite::control::message;
 use orbite::*;
 use std::io::{Read, Write};
@@ -124,6 +124,49 @@ fn a_describe_region_that_wraps_the_address_space_is_refused_at_the_handshake() 
     let (st, text) = message::decode_error(&b).unwrap();
     assert_eq!(st, Status::ProtocolError, "{text}");
     assert!(text.contains("malformed") && text.contains("0xfffffffffffff000+8192"), "{text}");
+    let req = Engine::new(EngineConfig::default()).unwrap();
+    req.connect(&src.endpoint(), None).unwrap();
+    req.close(None).unwrap();
+    src.close(None).unwrap();
+}
+
+/// A peer whose handshake Describe (a whole, valid body) comes under a
+/// frame header of an OLDER protocol version (0, and the one before this
+/// build's) is refused at once with PROTOCOL_ERROR naming that version,
+/// not answered with the engine's Describe as if it spoke this build's
+/// wire format; an honest peer connects after it. Guards `version !=
+/// PROTOCOL_VERSION` in `control/frame.rs`'s `FrameHeader::decode` (with
+/// `>` only newer versions are refused; round 6 F2).
+#[test]
+fn a_describe_under_an_older_protocol_version_is_refused_naming_it() {
+    let src = Engine::new(EngineConfig::default()).unwrap();
+    for version in [0, PROTOCOL_VERSION - 1] {
+        let d = message::Describe {
+            identity: orbite::control::Identity::fresh().unwrap(),
+            capabilities: TransportKind::Tcp.capability_bit(),
+            fabric_domain: [0; 16],
+            endpoint: "127.0.0.1:1".into(),
+            ipc_name: String::new(),
+            regions: vec![],
+        };
+        let body = d.encode();
+        let mut head = FrameHeader::encode(MsgKind::Describe, body.len() as u32);
+        head[4..6].copy_from_slice(&version.to_le_bytes());
+        let mut s = TcpStream::connect(src.endpoint()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        s.write_all(&head).unwrap();
+        s.write_all(&body).unwrap();
+        let mut h = [0u8; FRAME_HEADER_LEN];
+        s.read_exact(&mut h).unwrap();
+        let h = FrameHeader::decode(&h).unwrap();
+        let mut b = vec![0u8; h.body_len as usize];
+        s.read_exact(&mut b).unwrap();
+        assert_eq!(h.kind, MsgKind::Error, "version {version}: the Describe was answered");
+        let (st, text) = message::decode_error(&b).unwrap();
+        assert_eq!(st, Status::ProtocolError, "{text}");
+        let want = format!("unsupported protocol version {version} (this build speaks {PROTOCOL_VERSION})");
+        assert!(text.contains(&want), "{text}");
+    }
     let req = Engine::new(EngineConfig::default()).unwrap();
     req.connect(&src.endpoint(), None).unwrap();
     req.close(None).unwrap();

@@ -203,4 +203,22 @@ mod tests {
         bad[12] = 1;
         assert!(matches!(FrameHeader::decode(&bad), Err(Error::Protocol(m)) if m.contains("reserved")));
     }
+
+    /// A header of an older protocol version (0, and the one before this
+    /// build's) is refused as a protocol error naming it, as a newer one
+    /// is: a peer speaking another wire format is told so, not parsed as
+    /// this build's. Guards `version != PROTOCOL_VERSION` in `decode` (with
+    /// `>` an older version passes; round 6 F2).
+    #[test]
+    fn a_header_of_an_older_protocol_version_is_refused_naming_it() {
+        for version in [0, PROTOCOL_VERSION - 1] {
+            let mut h = FrameHeader::encode(MsgKind::Describe, 0);
+            h[4..6].copy_from_slice(&version.to_le_bytes());
+            let want = format!("unsupported protocol version {version} (this build speaks {PROTOCOL_VERSION})");
+            match FrameHeader::decode(&h) {
+                Err(Error::Protocol(m)) => assert_eq!(m, want),
+                other => panic!("version {version}: {other:?}"),
+            }
+        }
+    }
 }

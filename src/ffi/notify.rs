@@ -121,3 +121,50 @@ pub extern "C" fn orbite_notification_take(
         Ok(())
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::engine::{orbite_connect, orbite_engine_free, orbite_engine_new};
+    use crate::Status;
+    use std::ffi::{CStr, CString};
+
+    /// A notification whose message does not fit `msg_cap` is not taken:
+    /// BUFFER_TOO_SMALL with `*out_msg_len` its length, the caller's bytes
+    /// untouched and the notification still queued; a take with room then
+    /// gets it, exact bytes and sender, and the queue is empty after it.
+    /// The message buffer is larger than the `msg_cap` given, so that a
+    /// take that ignored the cap writes nothing out of bounds. Guards
+    /// `n.msg.len() <= msg_cap` in `engine/notify.rs`'s
+    /// `take_notification_fitting` (without it the 5-byte message is taken
+    /// into a 4-byte cap; round 6 F10).
+    #[test]
+    fn a_message_larger_than_msg_cap_is_buffer_too_small_and_stays_queued() {
+        let (mut rx, mut tx): (*mut orbite_engine, *mut orbite_engine) = (std::ptr::null_mut(), std::ptr::null_mut());
+        let rx_config = CString::new(r#"{"name": "rx"}"#).unwrap();
+        let tx_config = CString::new(r#"{"name": "tx"}"#).unwrap();
+        assert_eq!(orbite_engine_new(rx_config.as_ptr(), &mut rx), Status::Ok as u32);
+        assert_eq!(orbite_engine_new(tx_config.as_ptr(), &mut tx), Status::Ok as u32);
+        // SAFETY: rx is the live engine orbite_engine_new gave above.
+        let ep = CString::new(unsafe { &*rx }.engine.endpoint()).unwrap();
+        let mut peer = 0u64;
+        assert_eq!(orbite_connect(tx, ep.as_ptr(), 60_000, &mut peer), Status::Ok as u32);
+        assert_eq!(orbite_notify(tx, peer, b"hello".as_ptr().cast(), 5, 60_000), Status::Ok as u32);
+
+        let (mut sender, mut msg, mut msg_len) = ([0 as c_char; 128], [0u8; 16], 99usize);
+        let (s, m) = (sender.as_mut_ptr(), msg.as_mut_ptr().cast::<c_void>());
+        let st = orbite_notification_take(rx, 60_000, s, sender.len(), m, 4, &mut msg_len);
+        assert_eq!((st, msg_len), (Status::BufferTooSmall as u32, 5));
+        assert_eq!(msg, [0u8; 16], "nothing written into a buffer too small");
+        let st = orbite_notification_take(rx, 60_000, s, sender.len(), m, 5, &mut msg_len);
+        assert_eq!((st, msg_len), (Status::Ok as u32, 5), "the notification stayed queued");
+        assert_eq!(&msg[..5], b"hello");
+        assert_eq!(msg[5..], [0u8; 11]);
+        // SAFETY: the take wrote a NUL-terminated name into sender.
+        assert_eq!(unsafe { CStr::from_ptr(sender.as_ptr()) }.to_str().unwrap(), "tx");
+        let st = orbite_notification_take(rx, 0, s, sender.len(), m, msg.len(), &mut msg_len);
+        assert_eq!(st, Status::TimedOut as u32, "taken once only");
+        orbite_engine_free(tx);
+        orbite_engine_free(rx);
+    }
+}

@@ -199,13 +199,14 @@ fn failure(r: &Remote, way: Way, ops: &[CopyOp], got: std::io::Result<usize>) ->
     }
 }
 
-/// What [`Remote::run_bounded`] did: its calls, and the ranges they
-/// passed on each side (after merging).
+/// What [`Remote::run_bounded`] did: its calls, the ranges they passed on
+/// each side (after merging), and the most bytes one call moved.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct Calls {
     calls: u32,
     local: u32,
     remote: u32,
+    largest: u64,
 }
 
 impl Remote {
@@ -224,6 +225,7 @@ impl Remote {
         done.calls += 1;
         done.local += iov.local.len() as u32;
         done.remote += iov.remote.len() as u32;
+        done.largest = done.largest.max(want);
         match call(self, way, iov) {
             Ok(m) if m as u64 == want => Ok(()),
             got => Err(failure(self, way, batch, got)),
@@ -358,6 +360,40 @@ mod tests {
         assert!(local[40_000..50_000].iter().all(|&b| b == 0));
     }
 
+    /// An op larger than one call's byte bound but at most twice it is
+    /// cut too: 4097, 6000 and 8192 bytes at a bound of 4096 each go in
+    /// exactly 2 calls of at most 4096 bytes (one range a side each), 4096
+    /// in one, 8193 in three, READ and WRITE, every byte landing exactly.
+    /// Guards `ops[i].len > max_bytes` in `run_bounded` (with
+    /// `> max_bytes * 2` such an op goes whole into one call of up to twice
+    /// the bound; round 6 F11).
+    #[test]
+    fn an_op_up_to_twice_the_bound_is_cut_into_calls_of_at_most_the_bound() {
+        let other: Vec<u8> = (0..16 * 1024).map(|i| (i * 29 % 241) as u8 + 1).collect();
+        let r = me(&other, false);
+        for (len, calls, largest) in
+            [(4096u64, 1, 4096), (4097, 2, 4096), (6000, 2, 4096), (8192, 2, 4096), (8193, 3, 4096)]
+        {
+            let mut local = vec![0u8; 16 * 1024];
+            let op = CopyOp { dst: local.as_mut_ptr() as u64 + 100, src: WINDOW + 7, len };
+            let want = Calls { calls, local: calls, remote: calls, largest };
+            assert_eq!(r.run_bounded(&[op], 4096, MAX_IOVECS).unwrap(), want, "READ of {len}");
+            let n = len as usize;
+            assert_eq!(&local[100..100 + n], &other[7..7 + n], "READ of {len}");
+            assert!(local[..100].iter().all(|&b| b == 0) && local[100 + n..].iter().all(|&b| b == 0));
+        }
+        let mut target = vec![0u8; 8 * 1024];
+        let w = me(&target, true);
+        let op = CopyOp { dst: WINDOW + 50, src: other.as_ptr() as u64 + 3, len: 6000 };
+        assert_eq!(
+            w.run_bounded(&[op], 4096, MAX_IOVECS).unwrap(),
+            Calls { calls: 2, local: 2, remote: 2, largest: 4096 }
+        );
+        assert_eq!(&target[50..6050], &other[3..6003]);
+        assert!(target[..50].iter().all(|&b| b == 0) && target[6050..].iter().all(|&b| b == 0));
+        target[0] = 0;
+    }
+
     /// Guards `Iovecs::push`'s merging: ranges that abut on one side share
     /// one range there whatever the other side does, so a call holds more
     /// ops than it has ranges (exact calls and ranges), and every byte
@@ -375,7 +411,10 @@ mod tests {
             .collect();
         // Two ranges a side at most: one call of 2 local and 1 remote range
         // (six calls' worth of unmerged ranges).
-        assert_eq!(r.run_bounded(&ops, MAX_CALL_BYTES, 2).unwrap(), Calls { calls: 1, local: 2, remote: 1 });
+        assert_eq!(
+            r.run_bounded(&ops, MAX_CALL_BYTES, 2).unwrap(),
+            Calls { calls: 1, local: 2, remote: 1, largest: 6000 }
+        );
         assert_eq!(&local[..3000], &other[..3000]);
         assert_eq!(&local[20_000..23_000], &other[3000..6000]);
         assert!(local[3000..20_000].iter().all(|&b| b == 0) && local[23_000..].iter().all(|&b| b == 0));
@@ -384,7 +423,10 @@ mod tests {
         local.fill(0);
         let sparse: Vec<CopyOp> =
             (0..5u64).map(|k| CopyOp { dst: l + k * 2000, src: WINDOW + k * 2000, len: 1000 }).collect();
-        assert_eq!(r.run_bounded(&sparse, MAX_CALL_BYTES, 2).unwrap(), Calls { calls: 3, local: 5, remote: 5 });
+        assert_eq!(
+            r.run_bounded(&sparse, MAX_CALL_BYTES, 2).unwrap(),
+            Calls { calls: 3, local: 5, remote: 5, largest: 2000 }
+        );
         for k in 0..5 {
             assert_eq!(&local[k * 2000..k * 2000 + 1000], &other[k * 2000..k * 2000 + 1000]);
             assert!(local[k * 2000 + 1000..k * 2000 + 2000].iter().all(|&b| b == 0));
@@ -397,7 +439,10 @@ mod tests {
         let writes: Vec<CopyOp> = (0..6u64)
             .map(|k| CopyOp { dst: WINDOW + (k / 2) * 5000 + (k % 2) * 1000, src: s0 + k * 1000, len: 1000 })
             .collect();
-        assert_eq!(w.run_bounded(&writes, MAX_CALL_BYTES, 2).unwrap(), Calls { calls: 2, local: 2, remote: 3 });
+        assert_eq!(
+            w.run_bounded(&writes, MAX_CALL_BYTES, 2).unwrap(),
+            Calls { calls: 2, local: 2, remote: 3, largest: 4000 }
+        );
         for run in 0..3 {
             assert_eq!(&target[run * 5000..run * 5000 + 2000], &src[run * 2000..run * 2000 + 2000]);
             assert!(target[run * 5000 + 2000..(run * 5000 + 5000).min(target.len())].iter().all(|&b| b == 0));

@@ -500,6 +500,39 @@ fn requests_pushed_into_an_emptied_sends_keep_their_deadline() {
     assert_eq!(done, [(2, Status::TimedOut)]);
 }
 
+/// A `Sends` made without a deadline keeps the EARLIEST of the deadlines
+/// pushed into it, whatever their order: a READ due in an hour, then one
+/// due in 1 s, queued behind a stuck WRITE, are watched from the 1 s one,
+/// which fails TIMED_OUT at its deadline while the hour's stays queued.
+/// Guards `r.deadline < d` in `Sends::push` (with `>` the latest is kept
+/// and the 1 s READ waits an hour; round 6 F4).
+#[test]
+fn a_sends_keeps_the_earliest_deadline_pushed_into_it_in_any_order() {
+    let t0 = Instant::now();
+    let mut c = core();
+    let (hw, hr) = (Rc::new(()), Rc::new(()));
+    let far = t0 + Duration::from_secs(3600);
+    c.submit(staged(far, vec![send(1, Op::Write, 0, 0x1000, 1 << 20, far, &hw)]));
+    drop(c.transmit(t0));
+    c.sent(100);
+    let soon = t0 + Duration::from_secs(1);
+    let mut rest = Sends::default();
+    rest.push(send(2, Op::Read, 0, 0x2000, 64, far, &hr));
+    assert_eq!(rest.due, Some(far));
+    rest.push(send(3, Op::Read, 0, 0x3000, 64, soon, &hr));
+    assert_eq!(rest.due, Some(soon), "the later deadline pushed first hid the earlier");
+    c.submit(rest);
+    assert_eq!(c.next_deadline(), Some(soon));
+    c.expire(soon - Duration::from_millis(1)).unwrap();
+    assert!(c.take_done().is_empty(), "expired before its deadline");
+    c.expire(soon).unwrap();
+    let done: Vec<(u32, Status)> =
+        c.take_done().into_iter().map(|(r, o)| (r.0, o.result.unwrap_err().status())).collect();
+    assert_eq!(done, [(3, Status::TimedOut)]);
+    assert_eq!((c.outstanding(), Rc::strong_count(&hr)), (2, 2), "the WRITE and READ 2 are left");
+    assert_eq!(c.next_deadline(), Some(far));
+}
+
 /// One submission's requests queued together behind a stuck buffer: at
 /// a deadline, those due fail and the one not due stays queued, to be sent
 /// alone once the buffer left. Guards `expire_queued`'s walk through a
