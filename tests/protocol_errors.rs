@@ -84,6 +84,35 @@ fn malformed_frames_close_only_their_connection() {
     src.close(None).unwrap();
 }
 
+/// The body of a handshake Describe of a fresh identity publishing
+/// `regions`.
+fn describe_body(regions: Vec<RegionInfo>) -> Vec<u8> {
+    message::Describe {
+        identity: orbite::control::Identity::fresh().unwrap(),
+        capabilities: TransportKind::Tcp.capability_bit(),
+        fabric_domain: [0; 16],
+        endpoint: "127.0.0.1:1".into(),
+        ipc_name: String::new(),
+        regions,
+    }
+    .encode()
+}
+
+/// Sends `head` and `body` as a new connection's first frame to `src` and
+/// returns the kind and body of the first frame it answers.
+fn first_answer(src: &Engine, head: &[u8], body: &[u8]) -> (MsgKind, Vec<u8>) {
+    let mut s = TcpStream::connect(src.endpoint()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(head).unwrap();
+    s.write_all(body).unwrap();
+    let mut h = [0u8; FRAME_HEADER_LEN];
+    s.read_exact(&mut h).unwrap();
+    let h = FrameHeader::decode(&h).unwrap();
+    let mut b = vec![0u8; h.body_len as usize];
+    s.read_exact(&mut b).unwrap();
+    (h.kind, b)
+}
+
 /// A peer whose Describe publishes a region that wraps the address space
 /// (0xffff_ffff_ffff_f000 + 0x2000: `addr + len` overflows wherever the
 /// region is checked) is refused at the handshake with PROTOCOL_ERROR
@@ -102,25 +131,10 @@ fn a_describe_region_that_wraps_the_address_space_is_refused_at_the_handshake() 
         access: Access::READ_WRITE,
         kind: MemoryKind::SharedHost,
     };
-    let d = message::Describe {
-        identity: orbite::control::Identity::fresh().unwrap(),
-        capabilities: TransportKind::Tcp.capability_bit(),
-        fabric_domain: [0; 16],
-        endpoint: "127.0.0.1:1".into(),
-        ipc_name: String::new(),
-        regions: vec![region],
-    };
-    let body = d.encode();
-    let mut s = TcpStream::connect(src.endpoint()).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    s.write_all(&FrameHeader::encode(MsgKind::Describe, body.len() as u32)).unwrap();
-    s.write_all(&body).unwrap();
-    let mut h = [0u8; FRAME_HEADER_LEN];
-    s.read_exact(&mut h).unwrap();
-    let h = FrameHeader::decode(&h).unwrap();
-    let mut b = vec![0u8; h.body_len as usize];
-    s.read_exact(&mut b).unwrap();
-    assert_eq!(h.kind, MsgKind::Error, "the lying Describe was answered");
+    let body = describe_body(vec![region]);
+    let head = FrameHeader::encode(MsgKind::Describe, body.len() as u32);
+    let (kind, b) = first_answer(&src, &head, &body);
+    assert_eq!(kind, MsgKind::Error, "the lying Describe was answered");
     let (st, text) = message::decode_error(&b).unwrap();
     assert_eq!(st, Status::ProtocolError, "{text}");
     assert!(text.contains("malformed") && text.contains("0xfffffffffffff000+8192"), "{text}");
@@ -141,27 +155,11 @@ fn a_describe_region_that_wraps_the_address_space_is_refused_at_the_handshake() 
 fn a_describe_under_an_older_protocol_version_is_refused_naming_it() {
     let src = Engine::new(EngineConfig::default()).unwrap();
     for version in [0, PROTOCOL_VERSION - 1] {
-        let d = message::Describe {
-            identity: orbite::control::Identity::fresh().unwrap(),
-            capabilities: TransportKind::Tcp.capability_bit(),
-            fabric_domain: [0; 16],
-            endpoint: "127.0.0.1:1".into(),
-            ipc_name: String::new(),
-            regions: vec![],
-        };
-        let body = d.encode();
+        let body = describe_body(vec![]);
         let mut head = FrameHeader::encode(MsgKind::Describe, body.len() as u32);
         head[4..6].copy_from_slice(&version.to_le_bytes());
-        let mut s = TcpStream::connect(src.endpoint()).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        s.write_all(&head).unwrap();
-        s.write_all(&body).unwrap();
-        let mut h = [0u8; FRAME_HEADER_LEN];
-        s.read_exact(&mut h).unwrap();
-        let h = FrameHeader::decode(&h).unwrap();
-        let mut b = vec![0u8; h.body_len as usize];
-        s.read_exact(&mut b).unwrap();
-        assert_eq!(h.kind, MsgKind::Error, "version {version}: the Describe was answered");
+        let (kind, b) = first_answer(&src, &head, &body);
+        assert_eq!(kind, MsgKind::Error, "version {version}: the Describe was answered");
         let (st, text) = message::decode_error(&b).unwrap();
         assert_eq!(st, Status::ProtocolError, "{text}");
         let want = format!("unsupported protocol version {version} (this build speaks {PROTOCOL_VERSION})");

@@ -476,27 +476,38 @@ fn a_queued_request_fails_at_its_deadline_behind_a_stuck_buffer() {
     assert_eq!(c.next_deadline(), Some(later));
 }
 
+/// A core whose WRITE of 1 MiB, due in an hour, is stuck 100 bytes in
+/// (the socket takes no more); with the start and that hour.
+fn behind_a_stuck_write(hw: &Rc<()>) -> (Core, Instant, Instant) {
+    let t0 = Instant::now();
+    let mut c = core();
+    let far = t0 + Duration::from_secs(3600);
+    c.submit(staged(far, vec![send(1, Op::Write, 0, 0x1000, 1 << 20, far, hw)]));
+    drop(c.transmit(t0));
+    c.sent(100);
+    (c, t0, far)
+}
+
+/// The requests ended since the last look, with each one's failure status.
+fn failed_statuses(c: &mut Core) -> Vec<(u32, Status)> {
+    c.take_done().into_iter().map(|(r, o)| (r.0, o.result.unwrap_err().status())).collect()
+}
+
 /// Requests pushed into a `Sends` that was not given their submission's
 /// deadline (the TCP executor's staged chunks, emptied when a budget wait
 /// sends them ahead) still have their deadline watched. Guards the
 /// comparison in `Sends::push` (without it the READ below waits an hour).
 #[test]
 fn requests_pushed_into_an_emptied_sends_keep_their_deadline() {
-    let t0 = Instant::now();
-    let mut c = core();
     let (hw, hr) = (Rc::new(()), Rc::new(()));
-    let far = t0 + Duration::from_secs(3600);
-    c.submit(staged(far, vec![send(1, Op::Write, 0, 0x1000, 1 << 20, far, &hw)]));
-    drop(c.transmit(t0));
-    c.sent(100);
+    let (mut c, t0, _) = behind_a_stuck_write(&hw);
     let soon = t0 + Duration::from_secs(1);
     let mut rest = Sends::default();
     rest.push(send(2, Op::Read, 0, 0x2000, 64, soon, &hr));
     c.submit(rest);
     assert_eq!(c.next_deadline(), Some(soon));
     c.expire(soon).unwrap();
-    let done: Vec<(u32, Status)> =
-        c.take_done().into_iter().map(|(r, o)| (r.0, o.result.unwrap_err().status())).collect();
+    let done = failed_statuses(&mut c);
     assert_eq!(done, [(2, Status::TimedOut)]);
 }
 
@@ -508,13 +519,8 @@ fn requests_pushed_into_an_emptied_sends_keep_their_deadline() {
 /// and the 1 s READ waits an hour; round 6 F4).
 #[test]
 fn a_sends_keeps_the_earliest_deadline_pushed_into_it_in_any_order() {
-    let t0 = Instant::now();
-    let mut c = core();
     let (hw, hr) = (Rc::new(()), Rc::new(()));
-    let far = t0 + Duration::from_secs(3600);
-    c.submit(staged(far, vec![send(1, Op::Write, 0, 0x1000, 1 << 20, far, &hw)]));
-    drop(c.transmit(t0));
-    c.sent(100);
+    let (mut c, t0, far) = behind_a_stuck_write(&hw);
     let soon = t0 + Duration::from_secs(1);
     let mut rest = Sends::default();
     rest.push(send(2, Op::Read, 0, 0x2000, 64, far, &hr));
@@ -526,8 +532,7 @@ fn a_sends_keeps_the_earliest_deadline_pushed_into_it_in_any_order() {
     c.expire(soon - Duration::from_millis(1)).unwrap();
     assert!(c.take_done().is_empty(), "expired before its deadline");
     c.expire(soon).unwrap();
-    let done: Vec<(u32, Status)> =
-        c.take_done().into_iter().map(|(r, o)| (r.0, o.result.unwrap_err().status())).collect();
+    let done = failed_statuses(&mut c);
     assert_eq!(done, [(3, Status::TimedOut)]);
     assert_eq!((c.outstanding(), Rc::strong_count(&hr)), (2, 2), "the WRITE and READ 2 are left");
     assert_eq!(c.next_deadline(), Some(far));
@@ -552,8 +557,7 @@ fn a_submission_queued_whole_expires_request_by_request() {
         send(4, Op::Read, 0, 0x4000, 64, soon, &hr),
     ]);
     c.expire(soon).unwrap();
-    let done: Vec<(u32, Status)> =
-        c.take_done().into_iter().map(|(r, o)| (r.0, o.result.unwrap_err().status())).collect();
+    let done = failed_statuses(&mut c);
     assert_eq!(done, [(2, Status::TimedOut), (4, Status::TimedOut)]);
     assert_eq!((c.outstanding(), Rc::strong_count(&hr)), (2, 2), "the WRITE and READ 3 are left");
     assert_eq!(c.next_deadline(), Some(far));
