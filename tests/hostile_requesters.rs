@@ -206,6 +206,26 @@ fn a_read_request_shorter_than_its_fixed_part_is_refused_at_once() {
     refused_at_once(src, s, &frames, "ReadRequest body of 16 bytes");
 }
 
+/// A ReadRequest whose header names a body LONGER than its 32-byte fixed
+/// part (40 bytes: the surplus 8 the first half of a READ's header, whose
+/// second half and request follow): the source answers it at once with
+/// PROTOCOL_ERROR naming it and closes, serving nothing. Guards
+/// `h.body_len as usize != DATA_REQUEST_LEN` in
+/// `tcp/proto/source/receive.rs` against a `<` (round 7 G7: the long
+/// request was served as a READ of its fixed part, and its surplus read
+/// as the next frame's header: the READ smuggled behind it was served
+/// too).
+#[test]
+fn a_read_request_longer_than_its_fixed_part_is_refused_at_once() {
+    let (src, _remote) = engine("");
+    let (s, d) = raw_control(&src.endpoint());
+    let mut frames = FrameHeader::encode(MsgKind::ReadRequest, 32 + 8).to_vec();
+    frames.extend_from_slice(&read_req(1, &d, 0, 64)[FRAME_HEADER_LEN..]);
+    // Its body's last 8 bytes are the first 8 of this READ's header.
+    frames.extend(read_req(2, &d, 0, 64));
+    refused_at_once(src, s, &frames, "ReadRequest body of 40 bytes");
+}
+
 /// A WriteRequest whose body is shorter than its fixed part and its length
 /// (32 + 32 bytes for a WRITE of 64), followed by a READ: PROTOCOL_ERROR
 /// naming the mismatch, and not one byte of the region changes (taken at

@@ -60,3 +60,45 @@ pub(crate) fn allocate_into(
     *out = give_out(orbite_allocation { alloc });
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::engine::{
+        orbite_engine_free, orbite_engine_new, orbite_last_error, orbite_register_memory, orbite_unregister_memory,
+    };
+    use crate::Status;
+    use std::ffi::CStr;
+
+    /// A registered allocation is not freed: UNAVAILABLE naming the
+    /// registration, and the handle stays valid (its address and length
+    /// still answered, its memory still written); unregistered, it frees
+    /// OK. Guards the `?` on `orbite_allocation_free`'s `.alloc.release()`
+    /// (round 7 G13: with the release's refusal ignored, the handle was
+    /// taken back and freed while an engine still had its memory
+    /// registered).
+    #[test]
+    fn a_registered_allocation_is_unavailable_to_free_and_its_handle_stays_valid() {
+        let mut engine: *mut orbite_engine = std::ptr::null_mut();
+        assert_eq!(orbite_engine_new(std::ptr::null(), &mut engine), Status::Ok as u32);
+        let mut alloc: *mut orbite_allocation = std::ptr::null_mut();
+        assert_eq!(orbite_host_allocate_shared(4096, &mut alloc), Status::Ok as u32);
+        let addr = orbite_allocation_addr(alloc);
+        assert!(!addr.is_null());
+        let mut region = 0u64;
+        assert_eq!(orbite_register_memory(engine, addr, 4096, ORBITE_ACCESS_READ, &mut region), Status::Ok as u32);
+
+        assert_eq!(orbite_allocation_free(alloc), Status::Unavailable as u32);
+        // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
+        let said = unsafe { CStr::from_ptr(orbite_last_error()) }.to_str().unwrap().to_owned();
+        assert!(said.contains("still registered 1 time(s) and exported 0 time(s)"), "{said}");
+        assert_eq!((orbite_allocation_addr(alloc), orbite_allocation_length(alloc)), (addr, 4096));
+        // SAFETY: addr is the allocation's start, 4096 bytes, still mapped.
+        unsafe { addr.cast::<u8>().add(4095).write(7) };
+
+        assert_eq!(orbite_unregister_memory(engine, region, 60_000), Status::Ok as u32);
+        // (The handle is not used after this: its address may be another's.)
+        assert_eq!(orbite_allocation_free(alloc), Status::Ok as u32);
+        orbite_engine_free(engine);
+    }
+}

@@ -129,6 +129,22 @@ mod tests {
     use crate::Status;
     use std::ffi::{CStr, CString};
 
+    /// Engines "rx" and "tx", tx connected to rx and its notification
+    /// `msg` queued at rx: (rx, tx).
+    fn notified(msg: &[u8]) -> (*mut orbite_engine, *mut orbite_engine) {
+        let (mut rx, mut tx): (*mut orbite_engine, *mut orbite_engine) = (std::ptr::null_mut(), std::ptr::null_mut());
+        let rx_config = CString::new(r#"{"name": "rx"}"#).unwrap();
+        let tx_config = CString::new(r#"{"name": "tx"}"#).unwrap();
+        assert_eq!(orbite_engine_new(rx_config.as_ptr(), &mut rx), Status::Ok as u32);
+        assert_eq!(orbite_engine_new(tx_config.as_ptr(), &mut tx), Status::Ok as u32);
+        // SAFETY: rx is the live engine orbite_engine_new gave above.
+        let ep = CString::new(unsafe { &*rx }.engine.endpoint()).unwrap();
+        let mut peer = 0u64;
+        assert_eq!(orbite_connect(tx, ep.as_ptr(), 60_000, &mut peer), Status::Ok as u32);
+        assert_eq!(orbite_notify(tx, peer, msg.as_ptr().cast(), msg.len(), 60_000), Status::Ok as u32);
+        (rx, tx)
+    }
+
     /// A notification whose message does not fit `msg_cap` is not taken:
     /// BUFFER_TOO_SMALL with `*out_msg_len` its length, the caller's bytes
     /// untouched and the notification still queued; a take with room then
@@ -140,17 +156,7 @@ mod tests {
     /// into a 4-byte cap; round 6 F10).
     #[test]
     fn a_message_larger_than_msg_cap_is_buffer_too_small_and_stays_queued() {
-        let (mut rx, mut tx): (*mut orbite_engine, *mut orbite_engine) = (std::ptr::null_mut(), std::ptr::null_mut());
-        let rx_config = CString::new(r#"{"name": "rx"}"#).unwrap();
-        let tx_config = CString::new(r#"{"name": "tx"}"#).unwrap();
-        assert_eq!(orbite_engine_new(rx_config.as_ptr(), &mut rx), Status::Ok as u32);
-        assert_eq!(orbite_engine_new(tx_config.as_ptr(), &mut tx), Status::Ok as u32);
-        // SAFETY: rx is the live engine orbite_engine_new gave above.
-        let ep = CString::new(unsafe { &*rx }.engine.endpoint()).unwrap();
-        let mut peer = 0u64;
-        assert_eq!(orbite_connect(tx, ep.as_ptr(), 60_000, &mut peer), Status::Ok as u32);
-        assert_eq!(orbite_notify(tx, peer, b"hello".as_ptr().cast(), 5, 60_000), Status::Ok as u32);
-
+        let (rx, tx) = notified(b"hello");
         let (mut sender, mut msg, mut msg_len) = ([0 as c_char; 128], [0u8; 16], 99usize);
         let (s, m) = (sender.as_mut_ptr(), msg.as_mut_ptr().cast::<c_void>());
         let st = orbite_notification_take(rx, 60_000, s, sender.len(), m, 4, &mut msg_len);
@@ -164,6 +170,30 @@ mod tests {
         assert_eq!(unsafe { CStr::from_ptr(sender.as_ptr()) }.to_str().unwrap(), "tx");
         let st = orbite_notification_take(rx, 0, s, sender.len(), m, msg.len(), &mut msg_len);
         assert_eq!(st, Status::TimedOut as u32, "taken once only");
+        orbite_engine_free(tx);
+        orbite_engine_free(rx);
+    }
+
+    /// msg NULL with room for one byte is NULL_ARGUMENT, whatever waits:
+    /// nothing taken, `*out_msg_len` untouched, the notification still
+    /// queued for a take with a buffer. Guards `orbite_notification_take`'s
+    /// `msg.is_null() && msg_cap > 0` (round 7 G16: with `> 1` the
+    /// call went on to the take, here BUFFER_TOO_SMALL; a 1-byte message
+    /// would have been written through NULL).
+    #[test]
+    fn msg_null_with_a_msg_cap_of_one_is_a_null_argument_and_takes_nothing() {
+        let (rx, tx) = notified(b"hello");
+        let (mut sender, mut msg, mut msg_len) = ([0 as c_char; 128], [0u8; 8], 99usize);
+        let s = sender.as_mut_ptr();
+        let st = orbite_notification_take(rx, 60_000, s, sender.len(), std::ptr::null_mut(), 1, &mut msg_len);
+        assert_eq!((st, msg_len), (Status::NullArgument as u32, 99));
+        // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
+        let said = unsafe { CStr::from_ptr(crate::ffi::engine::orbite_last_error()) }.to_str().unwrap().to_owned();
+        assert!(said.contains("msg is NULL with msg_cap 1"), "{said}");
+        let st =
+            orbite_notification_take(rx, 60_000, s, sender.len(), msg.as_mut_ptr().cast(), msg.len(), &mut msg_len);
+        assert_eq!((st, msg_len), (Status::Ok as u32, 5), "the notification stayed queued");
+        assert_eq!(&msg[..5], b"hello");
         orbite_engine_free(tx);
         orbite_engine_free(rx);
     }

@@ -435,6 +435,29 @@ mod tests {
         assert!(e.message().contains("not read"), "{e}");
     }
 
+    /// An answer the requester does not read keeps its bound among the
+    /// core's wake-ups: alone, and ahead of a frame begun later,
+    /// `next_deadline` is the answer's bound; checked only then, the
+    /// channel ends there as "not read". Guards `next_deadline`'s chain of
+    /// `out_deadline` with `frame_deadline` (round 7 G19: with
+    /// `frame_deadline` alone there was no wake-up for an unread answer,
+    /// or only the later frame's).
+    #[test]
+    fn an_unread_answer_is_woken_for_at_its_bound() {
+        let t0 = Instant::now();
+        let mut c = IpcSourceCore::new(STALL);
+        let mut h = Host::default();
+        c.receive(&frame(MsgKind::OpComplete, b"x"), t0, &mut h).unwrap();
+        assert_eq!(c.waiting(), (1, 0));
+        assert_eq!(c.next_deadline(), Some(t0 + STALL), "no wake-up for the unread answer");
+        let t1 = t0 + Duration::from_secs(1);
+        c.receive(&frame(MsgKind::CloseReceipt, b"y")[..3], t1, &mut h).unwrap();
+        assert_eq!(c.next_deadline(), Some(t0 + STALL), "the later frame's bound hid the answer's");
+        c.check(t0 + STALL - Duration::from_millis(1)).unwrap();
+        let e = c.check(c.next_deadline().unwrap()).unwrap_err();
+        assert!(e.message().contains("not read"), "{e}");
+    }
+
     /// A header announcing a body beyond the control bound ends the
     /// channel with a protocol error before any of it is gathered.
     #[test]

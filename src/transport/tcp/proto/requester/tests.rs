@@ -296,6 +296,40 @@ fn a_read_late_mid_payload_has_the_rest_dropped() {
     assert_eq!(Rc::strong_count(&hold), 1);
 }
 
+/// A READ whose payload is landing keeps its deadline among the core's
+/// wake-ups. Three READs, due at 1 s, 2 s and 60 s: the first fails
+/// unanswered at 1 s (which also settles the queue's lower bound), then
+/// the second's answer header and part of its payload arrive:
+/// `next_deadline` is the second's 2 s, not the third's 60 s; checked
+/// only then, it fails there, mid-payload. Guards `next_deadline`'s
+/// chain of the landing payload's deadline in `end.rs` (round 7 G10:
+/// without it the wake-up was the third READ's, and a stalled payload
+/// failed only then).
+#[test]
+fn a_read_mid_payload_is_woken_for_at_its_own_deadline() {
+    let t0 = Instant::now();
+    let [first, second, third] = [1, 2, 60].map(|s| t0 + Duration::from_secs(s));
+    let (mut c, hold) = (core(), Rc::new(()));
+    c.submit(vec![
+        send(1, Op::Read, 0, 0x1000, 8, first, &hold),
+        send(2, Op::Read, 100, 0x2000, 10_000, second, &hold),
+        send(3, Op::Read, 20_000, 0x3000, 8, third, &hold),
+    ]);
+    let sent = requests(&drain(&mut c, &[], t0));
+    c.expire(first).unwrap();
+    assert_eq!(outcomes(&mut c), [(1, Status::TimedOut, RemoteEffect::None)]);
+    assert_eq!(c.next_deadline(), Some(second));
+    let wire = answer(MsgKind::ReadResponse, sent[1].1.tag, Status::Ok, &[4u8; 10_000]);
+    let mut mem = vec![0u8; 30_000];
+    feed(&mut c, &wire[..FRAME_HEADER_LEN + DATA_RESPONSE_LEN + 3000], 1 << 20, &mut mem);
+    assert_eq!(c.payload_left(), Some(7000));
+    assert_eq!(c.next_deadline(), Some(second), "the landing READ's deadline left out of the wake-ups");
+    c.expire(second).unwrap();
+    assert_eq!(outcomes(&mut c), [(2, Status::TimedOut, RemoteEffect::None)]);
+    assert_eq!(c.next_deadline(), Some(third));
+    assert_eq!(Rc::strong_count(&hold), 2, "the failed READs' holds let go, the third's kept");
+}
+
 #[test]
 fn a_write_late_while_leaving_is_failed_and_its_memory_held_until_it_left() {
     let t0 = Instant::now();
