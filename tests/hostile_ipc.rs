@@ -1,7 +1,7 @@
 //! IPC requesters that push a source's I/O threads to their edges: a
-//! channel that pipelines export requests and never reads its answers, and
-//! a WRITE grant still waiting for another engine's reader when its own
-//! engine closes.
+//! channel that pipelines export requests and never reads its answers, a
+//! WRITE grant still waiting for another engine's reader when its own
+//! engine closes, and a Hello naming its pid with another start time.
 
 mod common;
 
@@ -9,7 +9,7 @@ use common::*;
 use orbite::control::frame::{FrameHeader, MsgKind};
 use orbite::control::Identity;
 use orbite::transport::ipc::channel::Channel;
-use orbite::transport::ipc::messages::{ExportRequest, OP_READ, OP_WRITE};
+use orbite::transport::ipc::messages::{decode_reject, ExportRequest, OP_READ, OP_WRITE};
 use orbite::*;
 use std::time::{Duration, Instant};
 
@@ -102,6 +102,41 @@ fn pipelined_export_requests_never_read_are_bounded() {
     drop(ch);
     eventually("every offer is given back", || src.stats().ipc["shm"].exports.open == 0);
     good.close(Some(LONG)).unwrap();
+    src.close(Some(LONG)).unwrap();
+    a.free().map_err(|(_, e)| e).unwrap();
+}
+
+/// A requester that names its own pid, which the kernel verifies, with a
+/// start time that is not its process's (what a process that took over
+/// an exited one's pid would send with the old identity) is refused
+/// STALE_PEER, naming both start times, and served nothing: its channel
+/// is closed before any export request is read, and nothing is exported.
+/// Guards `transport/ipc/source.rs` `handshake`'s
+/// `process_start_time(pid) != requester.process.start_time`.
+#[test]
+fn a_hello_with_this_pid_and_another_start_time_is_refused_as_stale() {
+    let a = allocate_shared_host(SZ).unwrap();
+    let (src, epoch) = engine(r#"{"io_threads": 1}"#, &a);
+    let mut claimed = Identity::fresh().unwrap();
+    let (pid, real) = (claimed.process.pid, claimed.process.start_time);
+    claimed.process.start_time = real + 1;
+    let (mut ch, kind, body) = ipc_hello(&src.endpoint(), TransportKind::Shm, claimed, None);
+    assert_eq!(kind, MsgKind::ExportReject);
+    let e = decode_reject(&body).unwrap().1;
+    assert_eq!(e.status(), Status::StalePeer, "{e}");
+    let says = format!("requester claims pid {pid} (start {}), the kernel says pid {pid} (start {real})", real + 1);
+    assert_eq!(e.message(), says);
+    // Nothing served: a request on the channel finds it closed.
+    let _ = raw_send(&ch, &request(epoch, a.addr(), 1, OP_READ, 0));
+    let deadline = Instant::now() + LONG;
+    let mut tick = || if Instant::now() < deadline { Ok(()) } else { Err(Error::TimedOut("answer".into())) };
+    let after = ch.recv(&mut tick).map(|f| f.kind);
+    assert_eq!(after.map_err(|e| e.status()), Err(Status::Unavailable), "the refused channel stays open");
+    let st = src.stats().ipc["shm"].clone();
+    assert_eq!((st.exports.open, st.mapping_bytes_charged), (0, 0), "{st:?}");
+    // Its true start time is welcome.
+    let (_, kind, _) = ipc_hello(&src.endpoint(), TransportKind::Shm, Identity::fresh().unwrap(), None);
+    assert_eq!(kind, MsgKind::IpcWelcome);
     src.close(Some(LONG)).unwrap();
     a.free().map_err(|(_, e)| e).unwrap();
 }

@@ -2,7 +2,8 @@
 //! I/O thread (`io_threads: 1`): a stalled, silent, flooding or lying
 //! source ends only its own requests (at their deadline, or with
 //! PROTOCOL_ERROR), and the honest peer served by the same thread keeps
-//! moving bytes meanwhile.
+//! moving bytes meanwhile. A silent source also holds `close_requester`
+//! fenced: the requester side refuses submissions, the source side serves.
 
 mod common;
 
@@ -943,4 +944,46 @@ fn an_oversize_control_frame_from_a_source_is_refused_from_its_header() {
     }
     h.fifty_reads();
     assert_eq!(h.req.stats().peers_alive, 1);
+}
+
+/// `close_requester` while a silent source holds a READ: it times out and
+/// leaves the requester side fenced, its peers still known. A submission
+/// to either peer is then refused UNAVAILABLE naming the requester side
+/// (no batch), while the same engine's source side still serves a peer
+/// of its own; once the silent source goes, the close completes. Guards
+/// `engine/submit.rs` `submit_inner`'s
+/// `if !self.inner.requester_gate.is_open() {` (the source side's gate,
+/// open, would let the submission through).
+#[test]
+fn a_fenced_requester_side_refuses_submissions_while_its_source_side_serves() {
+    let mut h = Honest::new();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let silent = h.connect_fake(move |mut s| {
+        read_request(&mut s);
+        let _ = rx.recv();
+    });
+    let held = h.submit(silent, Op::Read, 4096, Duration::from_secs(120));
+    let e = h.req.close_requester(Some(Duration::from_millis(200))).unwrap_err();
+    assert_eq!(e.status(), Status::TimedOut, "{e}");
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(Duration::from_secs(60)) };
+    let r =
+        Request { op: Op::Read, local_addr: h.local.as_ptr() as u64, remote_addr: h.remote.as_ptr() as u64, len: 16 };
+    for peer in [h.peer, silent] {
+        let e = h.req.submit(peer, &[r], opts).err().expect("a submission past close_requester");
+        assert_eq!((e.status(), e.message()), (Status::Unavailable, "the requester side is closed"), "peer {peer}");
+    }
+    // Its source side still serves: another engine reads its memory.
+    h.local[..4096].copy_from_slice(&pattern_vec(5, 4096));
+    let other = Engine::from_json("").unwrap();
+    let got = vec![0u8; 4096];
+    other.register_memory(got.as_ptr() as u64, 4096, Access::READ_WRITE).unwrap();
+    let p = other.connect(&h.req.endpoint(), None).unwrap();
+    let r = Request { op: Op::Read, local_addr: got.as_ptr() as u64, remote_addr: h.local.as_ptr() as u64, len: 4096 };
+    other.submit(p, &[r], opts).unwrap().wait(Duration::from_secs(60)).unwrap();
+    assert!(got == h.local[..4096], "the source side served other bytes");
+    other.close(Some(Duration::from_secs(60))).unwrap();
+    // The silent source goes: its READ fails, and the close completes.
+    drop(tx);
+    assert_eq!(held.wait(Duration::from_secs(60)).unwrap_err().status(), Status::TransferFailed);
+    h.req.close_requester(Some(Duration::from_secs(60))).unwrap();
 }

@@ -184,6 +184,25 @@ mod tests {
         assert!(a.process.start_time > 0);
     }
 
+    /// Two identities whose boot id is unknown (all zero: this host's
+    /// `/proc/sys/kernel/random/boot_id` could not be read, or a peer sent
+    /// none) are not of the same boot, even of the same process: equal
+    /// zeros say nothing about the host, and SHM or CMA across hosts would
+    /// read the wrong memory. A known id equal on both sides is the same
+    /// boot; one known and one unknown are not. Guards `same_boot`'s
+    /// `self.boot_id != [0u8; 16]`.
+    #[test]
+    fn an_unknown_boot_id_is_never_the_same_boot() {
+        let (a, b) = (Identity::fresh().unwrap(), Identity::fresh().unwrap());
+        let unknown = |i: Identity| Identity { boot_id: [0; 16], ..i };
+        let known = |i: Identity| Identity { boot_id: [0x5a; 16], ..i };
+        assert!(!unknown(a).same_boot(&unknown(b)));
+        assert!(!unknown(a).same_boot(&unknown(a)));
+        assert!(known(a).same_boot(&known(b)));
+        assert!(!known(a).same_boot(&unknown(b)));
+        assert!(!unknown(a).same_boot(&known(b)));
+    }
+
     /// This process is here; the same pid with another start time, or a
     /// pid no process has, is not.
     #[test]

@@ -604,6 +604,59 @@ mod tests {
         Origin::of(s.parse().unwrap())
     }
 
+    /// Listeners on a fresh loopback port, no IPC listener, at most
+    /// `max_pending` handshake threads of a kind.
+    fn listeners(max_pending: u32) -> Arc<Listeners> {
+        let config = EngineConfig { max_pending_handshakes: max_pending, ..EngineConfig::default() };
+        let tcp = TcpListener::bind("127.0.0.1:0").unwrap();
+        let log = Arc::new(Logger::new(Level::Off, "accept test"));
+        let reactor = Arc::new(Reactor::new(1, Duration::from_millis(1)));
+        let parts = (Arc::new(Counters::default()), log);
+        Listeners::new((tcp, None), &config, None, Arc::default(), Gate::new("source side"), parts, reactor)
+    }
+
+    /// A handshake thread of an IPC channel (`unix`) or a TCP connection
+    /// that dropped its record and has not returned: it is put in
+    /// `ending`, and returns only once it is no longer there (taken to be
+    /// joined, or drained by the test).
+    fn still_ending(l: &Arc<Listeners>, unix: bool) {
+        let (listed, on_list) = std::sync::mpsc::channel::<()>();
+        let me = l.clone();
+        let t = std::thread::spawn(move || {
+            on_list.recv().unwrap();
+            let id = std::thread::current().id();
+            while me.ending.lock().iter().any(|(_, t)| t.thread().id() == id) {
+                std::thread::yield_now();
+            }
+        });
+        l.ending.lock().push((unix, t));
+        listed.send(()).unwrap();
+    }
+
+    /// Handshake threads closed and not yet joined count toward
+    /// `max_pending_handshakes` of their kind: with a bound of 2 and two
+    /// IPC handshake threads still ending, admitting one more IPC channel
+    /// first joins one of them (each ending thread here returns only once
+    /// taken), leaving one: with the new one, two threads, the bound. A
+    /// TCP handshake thread still ending counts toward TCP's bound only
+    /// and is left. Guards `admit_pending`'s
+    /// `threads += ending.iter().filter(|(u, _)| *u == unix).count()`
+    /// (without it a churn of closed handshakes runs threads unbounded).
+    #[test]
+    fn closed_handshake_threads_not_yet_joined_count_toward_the_bound() {
+        let l = listeners(2);
+        still_ending(&l, false);
+        still_ending(&l, true);
+        still_ending(&l, true);
+        let inc = l.admit_pending(l.incoming.lock(), true, Some(Origin::Process(1)));
+        drop(inc);
+        let kinds: Vec<bool> = l.ending.lock().iter().map(|(u, _)| *u).collect();
+        // The rest return once drained.
+        let left: Vec<_> = l.ending.lock().drain(..).collect();
+        left.into_iter().for_each(|(_, t)| t.join().unwrap());
+        assert_eq!(kinds, vec![false, true], "the handshake threads of each kind still ending");
+    }
+
     /// An IPv6 /64 is one origin, an IPv4-mapped address its IPv4 one.
     #[test]
     fn origins_group_an_ipv6_64_and_unmap_ipv4() {

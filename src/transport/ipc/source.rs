@@ -217,8 +217,10 @@ fn handshake(
             return refuse_with(
                 ch,
                 Error::StalePeer(format!(
-                    "requester claims pid {} (start {}), the kernel says pid {pid}",
-                    requester.process.pid, requester.process.start_time
+                    "requester claims pid {} (start {}), the kernel says pid {pid} (start {})",
+                    requester.process.pid,
+                    requester.process.start_time,
+                    process_start_time(pid)
                 )),
             );
         }

@@ -183,13 +183,20 @@ pub fn same_user(source: &ProcessIdentity) -> Result<(), String> {
     let me = unsafe { libc::geteuid() };
     let status = std::fs::read_to_string(format!("/proc/{}/status", source.pid))
         .map_err(|e| format!("cannot read /proc/{}/status to learn its user: {e}", source.pid))?;
+    users_agree(&status, me, source.pid)
+}
+
+/// Whether the `Uid:` line of `status` (process `pid`'s `/proc/PID/status`)
+/// names `me` as every user id of that process: real, effective, saved and
+/// filesystem. `Err`: the first that differs, or that the line is missing.
+fn users_agree(status: &str, me: u32, pid: u32) -> Result<(), String> {
     let ids: Vec<u32> = status
         .lines()
         .find_map(|l| l.strip_prefix("Uid:"))
         .map(|v| v.split_whitespace().filter_map(|x| x.parse().ok()).collect())
         .unwrap_or_default();
     match ids.iter().find(|&&id| id != me) {
-        _ if ids.is_empty() => Err(format!("/proc/{}/status names no user", source.pid)),
+        _ if ids.is_empty() => Err(format!("/proc/{pid}/status names no user")),
         None => Ok(()),
         Some(other) => {
             Err(format!("the source process runs as user {other} and this one as user {me}: cma never crosses users"))
@@ -358,6 +365,32 @@ mod tests {
         assert!(pid_names_it(&none).unwrap_err().contains("no process"));
         assert!(same_user(&none).is_err());
         assert!(may_attach(&none).is_err());
+    }
+
+    /// Guards `same_user`'s check of every user id of the source
+    /// (`users_agree`): a source whose real id is this process's user but
+    /// whose effective, saved or filesystem id is another's (a setuid
+    /// program, one that changed its effective id) is refused, naming the
+    /// other user; all four this user's: allowed; no `Uid:` line: refused.
+    #[test]
+    fn a_source_with_any_user_id_of_another_user_is_refused() {
+        let status = |ids: [u32; 4]| {
+            format!(
+                "Name:\tsource\nState:\tS (sleeping)\nUid:\t{}\t{}\t{}\t{}\nGid:\t1000\t1000\t1000\t1000\n",
+                ids[0], ids[1], ids[2], ids[3]
+            )
+        };
+        assert_eq!(users_agree(&status([1000; 4]), 1000, 7), Ok(()));
+        for (i, which) in ["real", "effective", "saved", "filesystem"].iter().enumerate() {
+            let mut ids = [1000; 4];
+            ids[i] = 0;
+            assert_eq!(
+                users_agree(&status(ids), 1000, 7),
+                Err("the source process runs as user 0 and this one as user 1000: cma never crosses users".into()),
+                "only the {which} user id differs"
+            );
+        }
+        assert_eq!(users_agree("Name:\tsource\n", 1000, 7), Err("/proc/7/status names no user".into()));
     }
 
     #[test]
