@@ -264,7 +264,19 @@ struct Findings {
     upward: Vec<String>,
     loops: Vec<Vec<String>>,
     unplaced: Vec<String>,
+    /// Files of one transport (`transport/tcp/`, `transport/ipc/`) that
+    /// reach a file of the other through imports, directly or through
+    /// files of neither: what both need lives below them.
+    across: Vec<String>,
     edges: usize,
+}
+
+/// The transport a module belongs to (`tcp` or `ipc`), if any.
+fn transport_of(module: &[String]) -> Option<&str> {
+    match module {
+        [t, k, ..] if t == "transport" && (k == "tcp" || k == "ipc") => Some(k.as_str()),
+        _ => None,
+    }
 }
 
 fn check(src: &Path) -> Findings {
@@ -412,8 +424,39 @@ fn check(src: &Path) -> Findings {
         }
     }
     findings.edges = graph.values().map(|s| s.len()).sum();
+    // Each transport's files, and what they reach (breadth first, the
+    // shortest chain named).
+    for (from, f) in files.iter().enumerate() {
+        let Some(a) = transport_of(&f.module) else { continue };
+        let mut came: HashMap<usize, usize> = HashMap::from([(from, from)]);
+        let mut queue = std::collections::VecDeque::from([from]);
+        while let Some(v) = queue.pop_front() {
+            for &w in graph.get(&v).into_iter().flatten() {
+                if came.contains_key(&w) {
+                    continue;
+                }
+                came.insert(w, v);
+                match transport_of(&files[w].module) {
+                    Some(b) if b != a => {
+                        let mut chain = vec![format!("src/{}", files[w].rel)];
+                        let mut at = v;
+                        while at != from {
+                            chain.push(format!("src/{}", files[at].rel));
+                            at = came[&at];
+                        }
+                        chain.push(format!("src/{}", f.rel));
+                        chain.reverse();
+                        findings.across.push(format!("{a} reaches {b}: {}", chain.join(" -> ")));
+                    }
+                    _ => queue.push_back(w),
+                }
+            }
+        }
+    }
     findings.upward.sort();
     findings.upward.dedup();
+    findings.across.sort();
+    findings.across.dedup();
     // Loops: strongly connected components of more than one file (Tarjan).
     struct Tarjan<'a> {
         g: &'a BTreeMap<usize, BTreeSet<usize>>,
@@ -488,6 +531,19 @@ fn every_file_imports_only_its_layer_or_below_and_nothing_loops() {
     assert!(f.loops.is_empty(), "files that import each other in a loop:\n{:#?}", f.loops);
 }
 
+/// The TCP and IPC transports share what they both need from below them
+/// (`control/wire.rs`, `control/pipe.rs`, `transport/reactor.rs`), never
+/// from each other, directly or through a shared file: a fault in one is
+/// not chased into the other's files (the IPC channel once reached the TCP
+/// driver's pipe and the TCP source core through `transport/wire.rs`).
+#[test]
+fn the_two_transports_import_nothing_of_each_other() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let f = check(&src);
+    assert!(f.edges > 100, "the check saw only {} imports in src/: it is not reading the code", f.edges);
+    assert!(f.across.is_empty(), "files of one transport that reach the other's:\n{}", f.across.join("\n"));
+}
+
 /// The check itself finds what it must: an upward import through a
 /// grouped `use`, one in code, one through a root re-export, and a loop
 /// through a child module and `super`; test modules' `super::*` is no loop.
@@ -500,7 +556,17 @@ fn the_check_finds_upward_imports_and_loops() {
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(p, text).unwrap();
     };
-    write("lib.rs", "pub mod error;\npub mod cuda;\npub mod memory;\npub mod engine;\npub use engine::Engine;\n");
+    write(
+        "lib.rs",
+        "pub mod error;\npub mod cuda;\npub mod memory;\npub mod transport;\npub mod engine;\npub use engine::Engine;\n",
+    );
+    write("transport/mod.rs", "pub mod ipc;\npub mod tcp;\npub mod reactor;\npub mod wire;\n");
+    write("transport/reactor.rs", "pub struct R;\n");
+    write("transport/wire.rs", "pub struct W;\nuse crate::transport::tcp::pipe::P;\n");
+    write("transport/tcp/mod.rs", "pub mod pipe;\npub struct T;\nuse crate::transport::reactor::R;\n");
+    write("transport/tcp/pipe.rs", "pub struct P;\n");
+    write("transport/ipc/mod.rs", "pub mod channel;\nuse crate::transport::reactor::R;\n");
+    write("transport/ipc/channel.rs", "use crate::transport::wire::W;\n");
     write(
         "error.rs",
         "// crate::engine::Engine in a comment is no import\npub struct E;\nconst S: &str = \"crate::engine\";\n",
@@ -528,6 +594,10 @@ fn the_check_finds_upward_imports_and_loops() {
     );
     assert_eq!(f.loops, [vec!["src/engine/a.rs".to_string(), "src/engine/b.rs".to_string()]]);
     assert!(f.unplaced.is_empty());
+    assert_eq!(
+        f.across,
+        ["ipc reaches tcp: src/transport/ipc/channel.rs -> src/transport/wire.rs -> src/transport/tcp/pipe.rs"]
+    );
 }
 
 /// The layer's row of docs/architecture.md a file of `src/` belongs in,

@@ -8,8 +8,10 @@ pub mod identity;
 pub mod io;
 pub mod message;
 pub mod notify_frame;
+pub mod pipe;
 pub mod region_index;
 pub mod seal;
+pub mod wire;
 
 pub use frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN, PROTOCOL_VERSION};
 pub use identity::{Identity, ProcessIdentity};

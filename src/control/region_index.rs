@@ -1,10 +1,20 @@
 //! A peer's published regions ordered by address: the region holding an
 //! address in O(log n). Built once per Describe the peer sends (the TCP
-//! connection publishes the two together), read by every submission.
+//! connection publishes the two together, [`PublishedDescribe`]), read by
+//! every submission.
 
 use crate::control::message::{Describe, RegionInfo};
+use crate::error::Result;
 use crate::memory::rank::Ranks;
+use crate::sync::snapshot::Snapshot;
 use std::sync::Arc;
+
+/// What a peer last published, as every submission reads it with no lock:
+/// its Describe with the region index, or why its connection ended. The
+/// peer's control connection replaces it whenever either changes; the
+/// engine's entry for the peer holds the same cell, so planning a
+/// submission reads it without entering the connection.
+pub type PublishedDescribe = Snapshot<Result<RegionIndex>>;
 
 /// A peer's published regions ordered by address: the region holding an
 /// address in O(log n) (a KV pool publishes a hundred regions or more, and

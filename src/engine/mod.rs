@@ -29,6 +29,7 @@ pub use config::{EngineConfig, FabricDomain, MnnvlConfig, MnnvlHandleType};
 
 use crate::control::auth::AuthKey;
 use crate::control::message::{Describe, RegionInfo};
+use crate::control::region_index::PublishedDescribe;
 use crate::control::Identity;
 use crate::counters::Counters;
 use crate::discovery::{Discovery, Record};
@@ -103,6 +104,10 @@ pub(crate) struct Peer {
     endpoint: String,
     /// The control connection (and the TCP transport).
     conn: Arc<TcpConnection>,
+    /// The peer's Describe and region index as the connection publishes
+    /// them (or why it ended): what a submission plans from, read with no
+    /// lock and without entering the connection.
+    describe: Arc<PublishedDescribe>,
     /// One IPC link per IPC transport, or why it cannot be used with this peer.
     links: Vec<(TransportKind, std::result::Result<Arc<IpcLink>, String>)>,
     /// Notifications for the peer, sent once the requests before them ended.

@@ -48,7 +48,7 @@ impl Engine {
         }
         let on_revoke = self.revoke_hook(&links, &label);
         let conn = TcpConnection::start(
-            (s, crate::transport::wire::Wire::from(seal)),
+            (s, crate::control::wire::Wire::from(seal)),
             peer,
             label,
             self.inner.stats.clone(),
@@ -77,7 +77,8 @@ impl Engine {
                 }
             }
         }
-        let peer = Arc::new(Peer { endpoint: endpoint.to_string(), conn, links, outbox });
+        let describe = conn.published();
+        let peer = Arc::new(Peer { endpoint: endpoint.to_string(), conn, describe, links, outbox });
         self.inner.peers.update(|m| m.insert(id, peer));
         Ok(id)
     }

@@ -49,7 +49,7 @@ impl Engine {
         let p = self.peer(peer)?;
         // The peer's Describe and its region index, published by the
         // connection when they arrived (no lock).
-        let live = p.conn.describe_live();
+        let live = p.describe.load();
         let known = (*live).as_ref().map_err(|e| {
             // A peer that discovery saw replaced or gone stays STALE_PEER.
             let status = if e.status() == Status::StalePeer { Status::StalePeer } else { Status::Unavailable };

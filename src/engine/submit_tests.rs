@@ -35,21 +35,21 @@ fn submissions_plan_from_the_describe_published_once_per_describe() {
         let r = Request { op: Op::Read, local_addr: l, remote_addr, len: 4096 };
         req.submit(peer, &[r], tcp).unwrap().wait(T).unwrap();
     };
-    let published = p.conn.describe_live();
+    let published = p.describe.load();
     read(a);
     read(a);
-    assert!(Arc::ptr_eq(&published, &p.conn.describe_live()), "republished by a submission");
+    assert!(Arc::ptr_eq(&published, &p.describe.load()), "republished by a submission");
     assert_eq!(local, first_region);
 
     src.register_memory(b, 4096, Access::READ_WRITE).unwrap();
     read(b);
     assert_eq!(local, later_region);
-    let fresh = p.conn.describe_live();
+    let fresh = p.describe.load();
     assert!(!Arc::ptr_eq(&published, &fresh), "the Describe naming the new region was not published");
     let index = (*fresh).as_ref().unwrap_or_else(|e| panic!("the connection ended: {e}"));
     assert_eq!(index.find_slot(b).map(|(r, _)| (r.addr, r.len)), Some((b, 4096)));
     read(b);
-    assert!(Arc::ptr_eq(&fresh, &p.conn.describe_live()), "republished by a submission");
+    assert!(Arc::ptr_eq(&fresh, &p.describe.load()), "republished by a submission");
     req.close(Some(T)).unwrap();
     src.close(Some(T)).unwrap();
 }

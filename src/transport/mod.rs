@@ -14,4 +14,3 @@ pub mod ipc;
 pub mod planned;
 pub mod reactor;
 pub mod tcp;
-pub mod wire;

@@ -111,30 +111,6 @@ impl Ended {
     }
 }
 
-/// What one non-blocking read got.
-pub enum Got {
-    /// This many bytes.
-    Bytes(usize),
-    /// The peer ended the stream.
-    Eof,
-    /// Nothing more for now (the next readable edge brings more).
-    Drained,
-}
-
-/// Reads once, without blocking, from `stream` into `buf`.
-pub fn read_once(mut stream: &std::net::TcpStream, buf: &mut [u8]) -> Result<Got> {
-    use std::io::{ErrorKind, Read};
-    loop {
-        return match stream.read(buf) {
-            Ok(0) => Ok(Got::Eof),
-            Ok(n) => Ok(Got::Bytes(n)),
-            Err(e) if e.kind() == ErrorKind::WouldBlock => Ok(Got::Drained),
-            Err(e) if e.kind() == ErrorKind::Interrupted => continue,
-            Err(e) => Err(Error::Unavailable(format!("connection lost: {e}"))),
-        };
-    }
-}
-
 /// The largest receive low-water mark a connection sets while a payload
 /// comes in.
 pub const LOWAT_MAX: usize = 256 * 1024;

@@ -9,16 +9,16 @@
 //! descriptor can cross it, and the source checks the fabric domain and
 //! epochs instead of the kernel's word. With a shared key such a fabric
 //! channel is sealed after its authentication, as a control connection is
-//! (`control::seal`, `transport::wire`): every frame travels in records checked
+//! (`control::seal`, `control::wire`): every frame travels in records checked
 //! before anything in them is acted on.
 
 use crate::control::auth::FrameIo;
 use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
 use crate::control::io::{self, Tick, TICK};
 use crate::control::seal::{Opener, Sealer};
+use crate::control::wire::{self, Wire};
 use crate::error::{Error, Result};
 use crate::sync::deadline::{never_stop, Deadline};
-use crate::transport::wire::{self, Wire};
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -333,8 +333,8 @@ impl Channel {
     /// One non-blocking receive into `buf`: the bytes, the end of the
     /// stream, or nothing for now; and whether descriptors came along
     /// (they are closed here: the caller only needs to know).
-    pub fn recv_some(&self, buf: &mut [u8]) -> Result<(crate::transport::reactor::Got, bool)> {
-        use crate::transport::reactor::Got;
+    pub fn recv_some(&self, buf: &mut [u8]) -> Result<(crate::control::pipe::Got, bool)> {
+        use crate::control::pipe::Got;
         // SAFETY: CMSG_SPACE is a pure size computation.
         let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32 * 4) } as usize;
         let mut cbuf = [0u64; 8];

@@ -65,7 +65,7 @@ pub fn connect(
     };
     let (h, body) = match &mut seal {
         Some((tx, rx)) => {
-            crate::transport::wire::write_frame(&mut s, tx, MsgKind::Describe, &ours.encode(), &mut tick)?;
+            crate::control::wire::write_frame(&mut s, tx, MsgKind::Describe, &ours.encode(), &mut tick)?;
             // The source answers sealed, a refusal (no slot left) too: a
             // plain frame here — its magic no record length can equal —
             // was sent by something on the path without the key, and
@@ -79,7 +79,7 @@ pub fn connect(
                     h.kind
                 )));
             }
-            crate::transport::wire::read_frame(&mut s, rx, &start, &mut tick)?
+            crate::control::wire::read_frame(&mut s, rx, &start, &mut tick)?
         }
         None => {
             io::write_frame(&mut s, MsgKind::Describe, &ours.encode(), &mut tick)?;
@@ -212,7 +212,7 @@ fn sealed_first(stream: &mut TcpStream, rx: &mut Opener, tick: io::Tick<'_>) -> 
             header.kind
         )));
     }
-    crate::transport::wire::read_frame(stream, rx, &start, tick).map(Some)
+    crate::control::wire::read_frame(stream, rx, &start, tick).map(Some)
 }
 
 /// After the authentication, whether the 4 bytes read (`start`) begin a
@@ -252,7 +252,7 @@ pub fn answer(
     };
     let peer = Describe::decode(&body)?;
     match &mut first.seal {
-        Some((tx, _)) => crate::transport::wire::write_frame(w, tx, MsgKind::Describe, &mine().encode(), &mut tick)?,
+        Some((tx, _)) => crate::control::wire::write_frame(w, tx, MsgKind::Describe, &mine().encode(), &mut tick)?,
         None => io::write_frame(w, MsgKind::Describe, &mine().encode(), &mut tick)?,
     }
     Ok(peer)
@@ -275,7 +275,7 @@ fn send_error_on(stream: &mut TcpStream, tx: Option<&mut Sealer>, e: &Error) {
     };
     let body = message::encode_error(e.status(), e.message());
     let _ = match tx {
-        Some(tx) => crate::transport::wire::write_frame(stream, tx, MsgKind::Error, &body, &mut tick),
+        Some(tx) => crate::control::wire::write_frame(stream, tx, MsgKind::Error, &body, &mut tick),
         None => io::write_frame(stream, MsgKind::Error, &body, &mut tick),
     };
 }

@@ -12,7 +12,7 @@
 //! socket open (it gets the reset then).
 
 use crate::control::io;
-use crate::transport::reactor::{read_once, Got};
+use crate::control::pipe::{read_once, Got};
 use std::io::ErrorKind;
 use std::net::{Shutdown, TcpStream};
 use std::time::{Duration, Instant};

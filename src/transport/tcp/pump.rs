@@ -15,11 +15,29 @@
 
 pub use super::pipe::{Pipe, Socket};
 use crate::control::io;
+use crate::control::pipe::Got;
+use crate::control::wire::Wire;
 use crate::error::Result;
-use crate::transport::reactor::Got;
-use crate::transport::wire::Wire;
+use crate::transport::tcp::proto::source::Segment;
 use std::io::ErrorKind;
 use std::time::Instant;
+
+/// The bytes segment `s` of a core sends (the core names registered
+/// memory by address; reading it is the driver's).
+///
+/// # Safety
+/// For [`Segment::Memory`], `[addr, addr+len)` must be readable memory
+/// that stays mapped while the slice lives: the core that yielded the
+/// segment keeps its request's lease on the region until the bytes have
+/// left, so a driver that drops the slices before telling the core what
+/// it sent holds this.
+pub unsafe fn segment_bytes(s: Segment<'_>) -> &[u8] {
+    match s {
+        Segment::Bytes(b) => b,
+        // SAFETY: the caller's contract above.
+        Segment::Memory { addr, len } => unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) },
+    }
+}
 
 /// How far [`write_out`] got.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

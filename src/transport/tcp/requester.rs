@@ -20,7 +20,8 @@ use super::proto::requester::{Event, RequesterCore};
 use super::pump::{self, Received, Socket};
 use crate::control::io;
 use crate::control::message::Describe;
-use crate::control::region_index::RegionIndex;
+use crate::control::region_index::{PublishedDescribe, RegionIndex};
+use crate::control::wire::Wire;
 use crate::counters::Counters;
 use crate::error::{Error, Result};
 use crate::memory::RegionLease;
@@ -28,7 +29,6 @@ use crate::sync::admission::Gate;
 use crate::sync::snapshot::Snapshot;
 use crate::transfer::{Assist, ChunkOutcome};
 use crate::transport::reactor::{Ended, Flow, Handler, Reactor, Registration, SCRATCH};
-use crate::transport::wire::Wire;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use sides::{In, Out};
 use std::io::ErrorKind;
@@ -108,7 +108,7 @@ pub struct TcpConnection {
     /// Describe) while the connection lives, else why it ended: swapped
     /// under the state's lock whenever either changes, read with no lock
     /// (a submission plans from it while an I/O turn holds the connection).
-    snapshot: Snapshot<Result<RegionIndex>>,
+    snapshot: Arc<PublishedDescribe>,
     reg: once_cell::sync::OnceCell<Registration>,
     /// Set once the connection has ended and everything left was failed.
     finished: Ended,
@@ -167,7 +167,7 @@ impl TcpConnection {
                 lost: None,
             }),
             describe_cv: Condvar::new(),
-            snapshot: Snapshot::new(Ok(RegionIndex::new(describe))),
+            snapshot: Arc::new(Snapshot::new(Ok(RegionIndex::new(describe)))),
             reg: once_cell::sync::OnceCell::new(),
             finished: Ended::default(),
             stats,
@@ -210,6 +210,12 @@ impl TcpConnection {
     /// connection ends.
     pub fn describe_live(&self) -> Arc<Result<RegionIndex>> {
         self.snapshot.load()
+    }
+
+    /// The cell [`describe_live`](Self::describe_live) reads, for whoever
+    /// plans submissions to this peer without entering the connection.
+    pub fn published(&self) -> Arc<PublishedDescribe> {
+        self.snapshot.clone()
     }
 
     /// Asks the peer for a fresh Describe and waits for it until `deadline`.

@@ -8,8 +8,8 @@ use crate::error::Result;
 use crate::kinds::TransportKind;
 use crate::transport::reactor::SCRATCH;
 use crate::transport::tcp::proto::requester::{Recv, RequesterCore, Startable};
+use crate::transport::tcp::pump::segment_bytes;
 use crate::transport::tcp::pump::{self, Next};
-use crate::transport::wire::segment_bytes;
 use std::time::Instant;
 
 /// The core's sending side, for the pump.

@@ -7,32 +7,13 @@
 //! first and tagged from the copy (the core may let its memory go at once).
 //! The blocking helpers carry the handshake's Describe frames.
 
-use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN, MAX_CONTROL_BODY};
-use crate::control::io::{self, Tick};
-use crate::control::seal::{Opener, Sealer, RECORD_MAX};
+use super::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN, MAX_CONTROL_BODY};
+use super::io::{self, Tick};
+use super::pipe::{Got, Pipe};
+use super::seal::{Opener, Sealer, RECORD_MAX};
 use crate::error::{Error, Result};
-use crate::transport::reactor::Got;
-use crate::transport::tcp::pipe::Pipe;
-use crate::transport::tcp::proto::source::Segment;
 use std::io::{ErrorKind, Read};
 use std::net::TcpStream;
-
-/// The bytes segment `s` of a core sends (the core names registered
-/// memory by address; reading it is the driver's).
-///
-/// # Safety
-/// For [`Segment::Memory`], `[addr, addr+len)` must be readable memory
-/// that stays mapped while the slice lives: the core that yielded the
-/// segment keeps its request's lease on the region until the bytes have
-/// left, so a driver that drops the slices before telling the core what
-/// it sent holds this.
-pub unsafe fn segment_bytes(s: Segment<'_>) -> &[u8] {
-    match s {
-        Segment::Bytes(b) => b,
-        // SAFETY: the caller's contract above.
-        Segment::Memory { addr, len } => unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) },
-    }
-}
 
 /// How a connection's bytes travel.
 pub enum Wire {
