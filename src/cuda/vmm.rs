@@ -263,6 +263,10 @@ mod tests {
         assert_eq!(f.log(), ["create", "reserve", "map!", "release", "free"]);
     }
 
+    /// Any export outstanding, down to the last one, refuses the free
+    /// (guards `free`'s `self.exports > 0`: with `> 1` the physical memory
+    /// was freed under the last importer's mapping; round 8 H20); a failed
+    /// step is UNQUIESCED and the retry resumes where it stopped.
     #[test]
     fn exports_block_free_and_a_failed_step_is_unquiesced_then_resumes() {
         let f = Fake::default();
@@ -272,6 +276,13 @@ mod tests {
         a.add_export().unwrap();
         assert_eq!(a.free(&f).unwrap_err().status(), crate::error::Status::Unavailable);
         a.retire_export().unwrap();
+        // One export left is still one importer mapping the memory: the
+        // free is refused, naming it, and nothing is unmapped.
+        let one_left = a.free(&f).unwrap_err();
+        assert_eq!(one_left.status(), crate::error::Status::Unavailable);
+        assert!(one_left.to_string().contains("1 exports of this allocation are outstanding"), "{one_left}");
+        assert!(f.log().is_empty(), "a step ran with an export outstanding");
+        assert_eq!(a.state, VmmState::Mapped);
         a.retire_export().unwrap();
         assert_eq!(a.retire_export().unwrap_err().status(), crate::error::Status::Unquiesced);
         f.fail_release.store(1, std::sync::atomic::Ordering::SeqCst);
