@@ -213,4 +213,36 @@ mod tests {
         reactor.stop();
         assert_eq!(fired.load(Ordering::SeqCst), 3);
     }
+
+    /// Guards `process_start_time(who.pid) == who.start_time` in
+    /// `open_pidfd`: a live process whose start time is not the
+    /// identity's (its pid reused) gets no process descriptor; the right
+    /// start time gets one.
+    #[test]
+    fn a_pidfd_is_opened_only_for_the_process_the_identity_names() {
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let who = identity(&child);
+        assert!(open_pidfd(&who).is_some(), "no descriptor for the live child");
+        let reused = ProcessIdentity { start_time: who.start_time + 1, ..who };
+        assert!(open_pidfd(&reused).is_none(), "a descriptor for another process under the pid");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// The same guard as the engine reaches it: an importer whose pid now
+    /// names another (live) process is reported exited at the watch's
+    /// first tick, not watched until that process exits.
+    #[test]
+    fn a_watched_identity_whose_pid_was_reused_runs_the_callback_as_exited_at_once() {
+        let reactor = Arc::new(Reactor::new(1, Duration::ZERO));
+        let watch = watcher(Arc::downgrade(&reactor));
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let who = identity(&child);
+        let (fired, early) = watch_counting(&watch, ProcessIdentity { start_time: who.start_time + 1, ..who }, 1);
+        until("the callback ran", || fired.load(Ordering::SeqCst) + early.load(Ordering::SeqCst) >= 1);
+        reactor.stop();
+        assert_eq!((fired.load(Ordering::SeqCst), early.load(Ordering::SeqCst)), (1, 0), "asked while it lives");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
 }

@@ -109,7 +109,11 @@ fn source(name: &str, me: Identity, fds: Vec<RawFd>, scripts: Vec<Vec<Reply>>) -
             c.send(MsgKind::IpcWelcome, &Welcome { identity: me }.encode(), &fds, &mut || Ok(())).unwrap();
             let mut hung_up = false;
             for reply in script {
-                let Ok(f) = c.recv(&mut || deadline_tick(patient, "a frame")) else { return seen };
+                // A channel the requester closed lets the next one come.
+                let Ok(f) = c.recv(&mut || deadline_tick(patient, "a frame")) else {
+                    hung_up = true;
+                    break;
+                };
                 seen.push((f.kind, f.body.clone()));
                 match reply(f.kind, &f.body) {
                     Some((kind, body)) => c.send(kind, &body, &[], &mut || Ok(())).unwrap(),
@@ -213,28 +217,34 @@ fn world(capacity: usize, test: u32) -> World {
         capacity,
         false,
         Arc::new(Faults::default()),
-        log.clone(),
+        log,
     ));
     let me = Identity::fresh().unwrap();
     let name = format!("orbite-requester-test-{}-{test}", std::process::id());
-    let local = LocalEnd {
-        identity: Identity::fresh().unwrap(),
-        auth: None,
-        faults: Arc::new(Faults::default()),
-        reconnect_timeout: Duration::from_secs(10),
-        log,
-    };
-    let link = Arc::new(IpcLink::new(
-        crate::kinds::TransportKind::Shm,
-        Route::Unix(name.clone()),
-        me,
-        "127.0.0.1:1".into(),
-        "test source".into(),
-        local,
-    ));
+    let link = link_to(&name, me, "127.0.0.1:1", Identity::fresh().unwrap());
     let region =
         RegionInfo { id: 3, epoch: 1, addr: REMOTE, len: LEN, access: Access::READ, kind: MemoryKind::SharedHost };
     World { remote, heap, req, link, region, name, me }
+}
+
+/// A link of the engine `local` to the source `me` listening on `name`
+/// (its endpoint `endpoint`).
+fn link_to(name: &str, me: Identity, endpoint: &str, local: Identity) -> Arc<IpcLink> {
+    let local = LocalEnd {
+        identity: local,
+        auth: None,
+        faults: Arc::new(Faults::default()),
+        reconnect_timeout: Duration::from_secs(10),
+        log: Arc::new(crate::log::Logger::new(crate::log::Level::Error, "test")),
+    };
+    Arc::new(IpcLink::new(
+        crate::kinds::TransportKind::Shm,
+        Route::Unix(name.to_string()),
+        me,
+        endpoint.into(),
+        "test source".into(),
+        local,
+    ))
 }
 
 fn deadline() -> Instant {
@@ -483,4 +493,60 @@ fn a_held_import_of_a_replaced_channel_copies_nothing() {
     let seen = w.end(src);
     assert_eq!(kinds(&seen), [MsgKind::ExportRequest, MsgKind::ExportAnswer, MsgKind::Ack]);
     drop(pages);
+}
+
+/// Guards `l.source == link.source` in `channel_for`: the close receipt
+/// of an import whose link this engine closed goes out on a later link to
+/// the same source only. With a link to another source open (and the
+/// import's own source not yet reached again) the receipt is not sent
+/// anywhere: the import stays retained, and the other source is sent
+/// nothing of it; once a new link to the import's source is tracked, the
+/// receipt goes out there and the import is closed.
+#[test]
+fn a_receipt_owed_through_a_closed_link_never_goes_to_another_source() {
+    let w = world(4, line!());
+    // Source A (the world's): its import, then (the link closed here) a
+    // second channel that acknowledges the receipt.
+    let src_a = source(&w.name, w.me, vec![], vec![vec![offer(NO_SLOT), handle(), ack(), hang_up()], vec![ack()]]);
+    // Source B: its own import; a receipt for A's export would be refused.
+    let (name_b, me_b) = (format!("{}-b", w.name), Identity::fresh().unwrap());
+    let script_b = vec![offer(NO_SLOT), handle(), ack(), reject(Status::NotFound, "no such export")];
+    let src_b = source(&name_b, me_b, vec![], vec![script_b]);
+    let engine = Identity::fresh().unwrap();
+    let link_b = link_to(&name_b, me_b, "127.0.0.1:2", engine);
+    w.req.track(&w.link);
+    w.req.track(&link_b);
+    let mut local = vec![0u8; 64];
+    let f = w.run(reads(&mut local, &[0], 64)).unwrap_or_else(|(e, _)| panic!("{e}"));
+    assert_eq!(statuses(f), [(0, Status::Ok)]);
+    let items = reads(&mut local, &[64], 64);
+    match w.req.run_group(&link_b, &w.region, items, host(), deadline(), None::<fn() -> OnDone>) {
+        Ok(GroupRun::Done(f)) => assert_eq!(statuses(f), [(0, Status::Ok)]),
+        _ => panic!("the group through source B did not run"),
+    }
+    assert_eq!((w.req.counts().opened, w.req.counts().cached), (2, 2));
+    // This engine disconnects from A: A's import is closed natively, its
+    // receipt owed; no link to A is left to carry it.
+    w.link.close();
+    let left = w.req.flush_link(&w.link, deadline());
+    assert_eq!(left.len(), 1, "{left:?}");
+    let n = w.req.counts();
+    assert_eq!((n.closed, n.retained, n.cached), (0, 1, 1));
+    assert_eq!(w.heap.closes.load(Ordering::SeqCst), 1);
+    // A new link to A carries it.
+    let link_a2 = link_to(&w.name, w.me, "127.0.0.1:1", engine);
+    w.req.track(&link_a2);
+    let left = w.req.flush_link(&w.link, deadline());
+    assert!(left.is_empty(), "{left:?}");
+    let n = w.req.counts();
+    assert_eq!((n.closed, n.retained, n.cached), (1, 0, 1));
+    link_a2.close();
+    link_b.close();
+    use MsgKind::*;
+    let seen_b = src_b.join().unwrap();
+    assert_eq!(kinds(&seen_b), [ExportRequest, ExportAnswer, OpComplete], "source B was sent A's receipt");
+    let seen_a = w.end(src_a);
+    assert_eq!(kinds(&seen_a), [ExportRequest, ExportAnswer, OpComplete, CloseReceipt]);
+    let receipt = ExportRef::decode(&seen_a[3].1, "receipt").unwrap();
+    assert_eq!((receipt.export_id, receipt.token), (EXPORT_ID, TOKEN));
 }
