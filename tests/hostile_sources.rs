@@ -987,3 +987,82 @@ fn a_fenced_requester_side_refuses_submissions_while_its_source_side_serves() {
     assert_eq!(held.wait(Duration::from_secs(60)).unwrap_err().status(), Status::TransferFailed);
     h.req.close_requester(Some(Duration::from_secs(60))).unwrap();
 }
+
+/// A batch of two READs to a fake source that fails the first at once
+/// (PERMISSION_DENIED) and holds the second's answer: a notification made
+/// meanwhile waits for the second too, so it times out unsent (counted
+/// `not_sent`, never on the wire); once the second READ landed its exact
+/// bytes, the next notification is the first the source reads. Guards
+/// `q.deps.iter().all(|b| b.requests_ended())` in `transport/tcp/outbox.rs`'s
+/// pump (round 8 H3: with `|| b.first_error().is_some()` the failed request
+/// released the notification while its sibling was still landing).
+#[test]
+fn a_notification_waits_for_every_request_of_a_batch_with_one_failed() {
+    use orbite::control::frame::FRAME_HEADER_LEN;
+    use orbite::control::message::{DataRequest, DATA_REQUEST_LEN, DATA_RESPONSE_LEN};
+    use orbite::control::notify_frame::{encode_ack, Notify};
+    let h = Honest::new();
+    let base = h.remote.as_ptr() as u64;
+    let (go, wait) = std::sync::mpsc::channel::<()>();
+    let (first_note, noted) = std::sync::mpsc::channel::<Vec<u8>>();
+    let fake = h.connect_fake(move |mut s| {
+        let frame = |s: &mut TcpStream| {
+            let mut hd = [0u8; FRAME_HEADER_LEN];
+            s.read_exact(&mut hd).unwrap();
+            let hd = FrameHeader::decode(&hd).unwrap();
+            let mut body = vec![0u8; hd.body_len as usize];
+            s.read_exact(&mut body).unwrap();
+            (hd.kind, body)
+        };
+        let request = |body: &[u8]| DataRequest::decode(body[..DATA_REQUEST_LEN].try_into().unwrap()).unwrap();
+        let first = request(&frame(&mut s).1);
+        let second = request(&frame(&mut s).1);
+        let refused = DataResponse { tag: first.tag, status: Status::PermissionDenied }.encode();
+        s.write_all(&FrameHeader::encode(MsgKind::ReadResponse, DATA_RESPONSE_LEN as u32)).unwrap();
+        s.write_all(&refused).unwrap();
+        let _ = wait.recv();
+        let data: Vec<u8> =
+            (second.addr - base..second.addr - base + second.len).map(|i| common::pattern(9, i)).collect();
+        s.write_all(&FrameHeader::encode(MsgKind::ReadResponse, (DATA_RESPONSE_LEN + data.len()) as u32)).unwrap();
+        s.write_all(&DataResponse { tag: second.tag, status: Status::Ok }.encode()).unwrap();
+        s.write_all(&data).unwrap();
+        // The first notification on the wire (any other frame skipped).
+        let note = loop {
+            let (kind, body) = frame(&mut s);
+            if kind == MsgKind::Notify {
+                break Notify::decode(&body).unwrap();
+            }
+        };
+        let ack = encode_ack(note.tag, &Ok(()));
+        s.write_all(&FrameHeader::encode(MsgKind::NotifyAck, ack.len() as u32)).unwrap();
+        s.write_all(&ack).unwrap();
+        first_note.send(note.msg).unwrap();
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    let local = h.local.as_ptr() as u64;
+    // Apart on both sides: two requests, never one coalesced.
+    let reqs = [
+        Request { op: Op::Read, local_addr: local, remote_addr: base, len: 4096 },
+        Request { op: Op::Read, local_addr: local + (3 << 20), remote_addr: base + (1 << 20), len: 4096 },
+    ];
+    let opts =
+        SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(Duration::from_secs(120)) };
+    let b = h.req.submit(fake, &reqs, opts).unwrap();
+    common::eventually("the first READ failed", || b.results()[0].status == Status::PermissionDenied);
+    assert_eq!(b.results()[1].status, Status::Pending);
+    let e = h.req.notify(fake, b"early", Some(Duration::from_secs(1))).unwrap_err();
+    assert_eq!(e.status(), Status::TimedOut, "{e}");
+    assert!(e.message().contains("requests submitted before it had not ended"), "{e}");
+    let n = h.req.stats().notifications;
+    assert_eq!((n.sent, n.not_sent), (0, 1));
+    go.send(()).unwrap();
+    assert_eq!(b.wait(Duration::from_secs(60)).unwrap_err().status(), Status::TransferFailed);
+    let r = b.results();
+    assert_eq!((r[0].status, r[1].status), (Status::PermissionDenied, Status::Ok), "{:?}", b.error(1));
+    let landed = (3 << 20)..(3 << 20) + 4096;
+    assert!(h.local[landed] == h.remote[1 << 20..(1 << 20) + 4096], "the second READ's bytes");
+    h.req.notify(fake, b"after", Some(Duration::from_secs(60))).unwrap();
+    assert_eq!(noted.recv_timeout(Duration::from_secs(60)).unwrap(), b"after", "the early one reached the wire");
+    let n = h.req.stats().notifications;
+    assert_eq!((n.sent, n.delivered, n.not_sent), (1, 1, 1));
+}

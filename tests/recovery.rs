@@ -234,3 +234,38 @@ fn sizing_that_rules_out_shm_is_said_not_silent() {
     src.close(Some(LONG)).unwrap();
     pool.free().unwrap();
 }
+
+/// The same refusal (the source's mapping budget cannot hold the export,
+/// RESOURCE_EXHAUSTED, nothing posted) under AUTO on a requester whose
+/// `transport_policy` leaves TCP out: the request fails with SHM's
+/// refusal, nothing falls through, no byte moves over TCP, the local bytes
+/// are untouched. Guards `&& self.inner.config.transport_policy
+/// .contains(&TransportKind::Tcp)` in `engine/submit.rs`'s `run_ipc`
+/// (round 8 H14: without it the READ moved over TCP and ended OK).
+#[test]
+fn auto_without_tcp_in_the_policy_never_falls_through_to_tcp() {
+    let src = Engine::from_json(r#"{"max_inflight_bytes": 1048576, "max_transfer_bytes": 1048576}"#).unwrap();
+    let pool = allocate_shared_host(4 * MIB).unwrap();
+    // SAFETY: the allocation is 4 MiB long, mapped, and written by nobody else.
+    unsafe { std::ptr::write_bytes(pool.addr() as *mut u8, 0x5a, (4 * MIB) as usize) };
+    src.register_memory(pool.addr(), 4 * MIB, Access::READ).unwrap();
+    let req = Engine::from_json(r#"{"transport_policy": ["shm"]}"#).unwrap();
+    let local = vec![0x11u8; 4096];
+    req.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let p = req.connect(&src.endpoint(), Some(LONG)).unwrap();
+    let b = req.submit(p, &[rd(&local, pool.addr() + MIB, 4096)], SubmitOptions::default()).unwrap();
+    assert_eq!(b.wait(LONG).unwrap_err().status(), Status::TransferFailed);
+    assert_eq!(b.transport(0).unwrap(), Some(TransportKind::Shm));
+    let why = b.error(0).unwrap();
+    assert_eq!(why.status(), Status::ResourceExhausted, "{why}");
+    assert!(why.message().contains("raise max_inflight_bytes on the source"), "{why}");
+    assert!(local.iter().all(|b| *b == 0x11), "bytes landed");
+    let st = req.stats();
+    let (shm, tcp) = (&st.transports["shm"], &st.transports["tcp"]);
+    assert_eq!((shm.requests_failed, shm.requests_fell_through), (1, 0), "{}", st.to_json());
+    assert_eq!((tcp.requests_completed, tcp.requests_failed, tcp.wire_bytes_sent), (0, 0, 0), "{}", st.to_json());
+    assert_eq!(src.stats().transports["tcp"].served_requests, 0);
+    req.close(Some(LONG)).unwrap();
+    src.close(Some(LONG)).unwrap();
+    pool.free().unwrap();
+}

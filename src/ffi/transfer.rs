@@ -445,4 +445,80 @@ mod tests {
         assert_eq!((out[3].status, out[3].remote_effect), (77, 77));
         orbite_batch_free(b);
     }
+
+    /// A peer that answers the handshake (one region, TCP only) and then
+    /// reads nothing and answers nothing, until the returned sender drops.
+    fn silent_peer(remote: u64, len: u64) -> (String, std::sync::mpsc::Sender<()>) {
+        use crate::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
+        use crate::control::message::{Describe, RegionInfo};
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ep = l.local_addr().unwrap().to_string();
+        let region = RegionInfo {
+            id: 1,
+            epoch: 1,
+            addr: remote,
+            len,
+            access: crate::Access::READ_WRITE,
+            kind: crate::MemoryKind::Host,
+        };
+        let d = Describe {
+            identity: crate::control::Identity::fresh().unwrap(),
+            capabilities: TransportKind::Tcp.capability_bit(),
+            fabric_domain: [0; 16],
+            endpoint: ep.clone(),
+            ipc_name: String::new(),
+            regions: vec![region],
+        };
+        let (hold, held) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut h = [0u8; FRAME_HEADER_LEN];
+            s.read_exact(&mut h).unwrap();
+            let h = FrameHeader::decode(&h).unwrap();
+            s.read_exact(&mut vec![0u8; h.body_len as usize]).unwrap();
+            let body = d.encode();
+            s.write_all(&FrameHeader::encode(MsgKind::Describe, body.len() as u32)).unwrap();
+            s.write_all(&body).unwrap();
+            let _ = held.recv();
+        });
+        (ep, hold)
+    }
+
+    /// orbite_submit with opts->timeout_ms 300 on an engine whose
+    /// default_timeout_ms is a day, to a peer that never answers: the READ
+    /// ends TIMED_OUT (effect NONE, nothing landed) within the 60 s the
+    /// test waits, so its deadline was the caller's. Guards the line of
+    /// `submission` that sets `o.timeout` from `raw.timeout_ms` (round 8
+    /// H16: without it the batch was still pending when the wait ended).
+    #[test]
+    fn orbite_submit_ends_at_the_callers_timeout_ms_not_the_engines_default() {
+        let config = std::ffi::CString::new(r#"{"default_timeout_ms": 86400000}"#).unwrap();
+        let mut engine: *mut orbite_engine = std::ptr::null_mut();
+        assert_eq!(crate::ffi::engine::orbite_engine_new(config.as_ptr(), &mut engine), Status::Ok as u32);
+        // SAFETY: `engine` is the live engine orbite_engine_new gave above.
+        let e = &unsafe { &*engine }.engine;
+        let local = vec![0x11u8; 4096];
+        e.register_memory(local.as_ptr() as u64, 4096, crate::Access::READ_WRITE).unwrap();
+        let remote = 0x7000_0000u64;
+        let (ep, hold) = silent_peer(remote, 4096);
+        let peer = e.connect(&ep, Some(Duration::from_secs(60))).unwrap();
+        let req = orbite_request {
+            opcode: ORBITE_OP_READ,
+            local_addr: local.as_ptr() as u64,
+            remote_addr: remote,
+            length: 4096,
+        };
+        let opts = orbite_submit_options { transport: ORBITE_TRANSPORT_TCP, timeout_ms: 300 };
+        let mut batch: *mut orbite_batch = std::ptr::null_mut();
+        assert_eq!(orbite_submit(engine, peer, &req, 1, &opts, &mut batch), Status::Ok as u32);
+        assert_eq!(orbite_batch_wait(batch, 60_000), Status::TransferFailed as u32);
+        let mut out = [orbite_request_result { status: 99, remote_effect: 99 }];
+        assert_eq!(orbite_batch_results(batch, out.as_mut_ptr(), 1), Status::Ok as u32);
+        assert_eq!((out[0].status, out[0].remote_effect), (Status::TimedOut as u32, crate::RemoteEffect::None as u32));
+        assert!(local.iter().all(|b| *b == 0x11), "bytes landed");
+        orbite_batch_free(batch);
+        drop(hold);
+        crate::ffi::engine::orbite_engine_free(engine);
+    }
 }
