@@ -487,7 +487,7 @@ mod tests {
 
     /// orbite_submit with opts->timeout_ms 300 on an engine whose
     /// default_timeout_ms is a day, to a peer that never answers: the READ
-    /// ends TIMED_OUT (effect NONE, nothing landed) within the 60 s the
+    /// ends TIMED_OUT (effect NONE, nothing landed) within the 20 s the
     /// test waits, so its deadline was the caller's. Guards the line of
     /// `submission` that sets `o.timeout` from `raw.timeout_ms` (round 8
     /// H16: without it the batch was still pending when the wait ended).
@@ -512,7 +512,7 @@ mod tests {
         let opts = orbite_submit_options { transport: ORBITE_TRANSPORT_TCP, timeout_ms: 300 };
         let mut batch: *mut orbite_batch = std::ptr::null_mut();
         assert_eq!(orbite_submit(engine, peer, &req, 1, &opts, &mut batch), Status::Ok as u32);
-        assert_eq!(orbite_batch_wait(batch, 60_000), Status::TransferFailed as u32);
+        assert_eq!(orbite_batch_wait(batch, 20_000), Status::TransferFailed as u32);
         let mut out = [orbite_request_result { status: 99, remote_effect: 99 }];
         assert_eq!(orbite_batch_results(batch, out.as_mut_ptr(), 1), Status::Ok as u32);
         assert_eq!((out[0].status, out[0].remote_effect), (Status::TimedOut as u32, crate::RemoteEffect::None as u32));
