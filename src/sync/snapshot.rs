@@ -1,29 +1,48 @@
 //! `Snapshot<T>`: a value that every reader takes without a lock (an
 //! `Arc` of the current version) and that writers replace whole, one at a
 //! time (copy, change, publish). For tables read on every submission and
-//! changed rarely: the peers of an engine, the live engines of the C ABI.
+//! changed rarely: the peers of an engine, the live engines of the C ABI,
+//! a peer's Describe.
 //!
-//! A reader announces itself in `readers` around the two steps that are
-//! not atomic together (loading the pointer, counting a reference to what
-//! it points at); a writer that replaced the pointer waits until no reader
-//! is announced before it drops its own reference to the old version, so
-//! that no reader counts a reference to a freed one. Readers are announced
+//! A reader announces itself around the two steps that are not atomic
+//! together (loading the pointer, counting a reference to what it points
+//! at); a writer that replaced the pointer waits until no reader that
+//! could have loaded the old one is still announced before it drops its
+//! own reference to it, so that no reader counts a reference to a freed
+//! version. Readers announce themselves under a phase that each writer
+//! ends once it has replaced the pointer, and a writer waits only for
+//! the readers of the phase it ended: readers arriving meanwhile count
+//! under the next phase, so a stream of readers never holds a writer (a
+//! writer may publish under a connection's lock). Readers are announced
 //! for a few instructions only: the wait is a spin, not a sleep.
 
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 
 /// A value read without a lock and replaced whole (see the module).
 pub struct Snapshot<T> {
     /// The current version, from `Arc::into_raw` (the cell's reference).
     current: AtomicPtr<T>,
-    /// Readers between loading `current` and counting their reference.
-    readers: AtomicUsize,
+    /// Readers between loading `current` and counting their reference, by
+    /// the parity of the phase they announced themselves in.
+    readers: [AtomicUsize; 2],
+    /// The phase readers announce themselves in: ended (advanced by one)
+    /// by each writer right after it replaced `current`.
+    phase: AtomicU64,
     /// Held by the one writer at a time.
     writer: parking_lot::Mutex<()>,
     /// The cell owns an `Arc<T>` (Send and Sync as that is).
     _owns: PhantomData<Arc<T>>,
+}
+
+/// A reader announced in one phase of a [`Snapshot`], until dropped.
+struct Announced<'a>(&'a AtomicUsize);
+
+impl Drop for Announced<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, SeqCst);
+    }
 }
 
 impl<T> Snapshot<T> {
@@ -31,25 +50,45 @@ impl<T> Snapshot<T> {
     pub fn new(value: T) -> Snapshot<T> {
         Snapshot {
             current: AtomicPtr::new(Arc::into_raw(Arc::new(value)).cast_mut()),
-            readers: AtomicUsize::new(0),
+            readers: [AtomicUsize::new(0), AtomicUsize::new(0)],
+            phase: AtomicU64::new(0),
             writer: parking_lot::Mutex::new(()),
             _owns: PhantomData,
         }
     }
 
+    /// Announces a reader in the phase in force: counted under the
+    /// phase's parity, and only once the phase is seen unchanged after the
+    /// count (a reader counted under a phase a writer had already ended
+    /// might be missed by that writer's wait: it counts again).
+    fn announce(&self) -> Announced<'_> {
+        loop {
+            let phase = self.phase.load(SeqCst);
+            let slot = &self.readers[(phase & 1) as usize];
+            slot.fetch_add(1, SeqCst);
+            let announced = Announced(slot);
+            if self.phase.load(SeqCst) == phase {
+                return announced;
+            }
+        }
+    }
+
     /// The current version (no lock).
     pub fn load(&self) -> Arc<T> {
-        self.readers.fetch_add(1, SeqCst);
+        let announced = self.announce();
         let p = self.current.load(SeqCst);
         // SAFETY: `p` came from `Arc::into_raw` and its version is kept
-        // alive by the cell's reference: a writer that replaced it drops
-        // that reference only once no reader is announced, and this one
-        // is, from before it loaded `p` until after the count below.
+        // alive by the cell's reference: the writer that replaced it ended
+        // the phase afterwards, so this reader, announced in a phase seen
+        // before it loaded `p`, was announced in that phase or an earlier
+        // one; each writer waits for the readers of the phase it ended
+        // (writers take turns), so none drops the version before this
+        // reader has counted its own reference below.
         let v = unsafe {
             Arc::increment_strong_count(p);
             Arc::from_raw(p)
         };
-        self.readers.fetch_sub(1, SeqCst);
+        drop(announced);
         v
     }
 
@@ -78,10 +117,13 @@ impl<T> Snapshot<T> {
     /// it replaces; the caller holds the writer's turn.
     fn swap_in(&self, next: T) {
         let old = self.current.swap(Arc::into_raw(Arc::new(next)).cast_mut(), SeqCst);
-        // A reader that loaded `old` is still announced; one announced from
-        // now on loads the new version.
+        // A reader that loaded `old` announced itself in the phase ended
+        // here (or in an earlier one, whose writer waited for it); one
+        // announced from now on loads the new version.
+        let ended = self.phase.fetch_add(1, SeqCst);
+        let slot = &self.readers[(ended & 1) as usize];
         let mut spins = 0u32;
-        while self.readers.load(SeqCst) != 0 {
+        while slot.load(SeqCst) != 0 {
             spins += 1;
             if spins < 64 {
                 std::hint::spin_loop();
@@ -153,5 +195,40 @@ mod tests {
         assert_eq!(Arc::strong_count(&marker), 2);
         drop(cell);
         assert_eq!(Arc::strong_count(&marker), 1);
+    }
+
+    /// A writer waits only for the readers announced before it ended their
+    /// phase, never for one that came after: with an early reader held
+    /// announced (between loading and counting, as a preempted reader is)
+    /// the writer waits; a reader announced while it waits does not keep
+    /// it waiting once the early one has left. Guards the phase readers
+    /// announce themselves in and the writer's wait on the ended phase
+    /// alone (with one count of readers, a stream of readers arriving
+    /// during the wait held the writer, and with it the connection lock it
+    /// may publish under, for as long as the stream lasted).
+    #[test]
+    fn a_writer_waits_for_the_readers_before_it_and_never_for_those_after() {
+        let cell = Arc::new(Snapshot::new(0u32));
+        let early = cell.announce();
+        let (done, finished) = std::sync::mpsc::channel();
+        let writer = {
+            let cell = cell.clone();
+            std::thread::spawn(move || {
+                cell.set(1);
+                done.send(()).unwrap();
+            })
+        };
+        // Published: the writer now waits for the early reader.
+        while *cell.load() != 1 {
+            std::thread::yield_now();
+        }
+        let late = cell.announce();
+        assert!(finished.try_recv().is_err(), "the writer did not wait for a reader announced before it");
+        drop(early);
+        let waited = finished.recv_timeout(std::time::Duration::from_secs(20));
+        drop(late);
+        writer.join().unwrap();
+        assert_eq!(waited, Ok(()), "the writer waited for a reader announced after it published");
+        assert_eq!(*cell.load(), 1);
     }
 }
