@@ -1,7 +1,8 @@
 //! Synchronisation. This module is the lock shim of the model-checked
-//! structures (the CUDA stream pool, the relocation cache): parking_lot in
-//! every real build; shuttle's, behind a parking_lot-shaped API, when the
-//! `model-check` feature builds the concurrency models (`tests/models.rs`).
+//! structures (the CUDA stream pool, the relocation cache, the snapshot
+//! cell): parking_lot in every real build; shuttle's, behind a
+//! parking_lot-shaped API, when the `model-check` feature builds the
+//! concurrency models (`tests/models.rs`).
 //! [`admission`] holds the byte budgets and gates of the engine;
 //! [`snapshot`] is a value read without a lock and replaced whole;
 //! [`spare`] keeps one emptied vector between submissions;
@@ -23,14 +24,25 @@ pub mod spin;
 #[cfg(not(feature = "model-check"))]
 pub use parking_lot::{Condvar, Mutex, MutexGuard};
 
-/// The atomics of the model-checked structures (the gate): std's in every
-/// real build, shuttle's under `model-check`, so that the models explore
-/// interleavings at each atomic step too.
+/// The atomics of the model-checked structures (the gate, the snapshot
+/// cell): std's in every real build, shuttle's under `model-check`, so
+/// that the models explore interleavings at each atomic step too.
 pub mod atomic {
     #[cfg(feature = "model-check")]
-    pub use shuttle::sync::atomic::{AtomicU64, Ordering};
+    pub use shuttle::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
     #[cfg(not(feature = "model-check"))]
-    pub use std::sync::atomic::{AtomicU64, Ordering};
+    pub use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+}
+
+/// The spin-wait steps of the model-checked structures (the snapshot
+/// cell's writer): std's in every real build, shuttle's under
+/// `model-check`, where a spinning thread hands the turn to the scheduler
+/// (time does not pass in a model: a spin that never yields never ends).
+pub mod hint {
+    #[cfg(feature = "model-check")]
+    pub use shuttle::{hint::spin_loop, thread::yield_now};
+    #[cfg(not(feature = "model-check"))]
+    pub use std::{hint::spin_loop, thread::yield_now};
 }
 
 /// Takes one of the `n` armed failures a "fail the next N" switch holds:

@@ -15,9 +15,15 @@
 //! under the next phase, so a stream of readers never holds a writer (a
 //! writer may publish under a connection's lock). Readers are announced
 //! for a few instructions only: the wait is a spin, not a sleep.
+//!
+//! Its atomics, lock and spin steps come from [`crate::sync`]: shuttle's
+//! under `model-check`, where `tests/models.rs` checks that no reader
+//! counts a reference to a dropped version and every replaced version is
+//! dropped exactly once.
 
+use crate::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use crate::sync::{hint, Mutex};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 
 /// A value read without a lock and replaced whole (see the module).
@@ -31,7 +37,7 @@ pub struct Snapshot<T> {
     /// by each writer right after it replaced `current`.
     phase: AtomicU64,
     /// Held by the one writer at a time.
-    writer: parking_lot::Mutex<()>,
+    writer: Mutex<()>,
     /// The cell owns an `Arc<T>` (Send and Sync as that is).
     _owns: PhantomData<Arc<T>>,
 }
@@ -52,7 +58,7 @@ impl<T> Snapshot<T> {
             current: AtomicPtr::new(Arc::into_raw(Arc::new(value)).cast_mut()),
             readers: [AtomicUsize::new(0), AtomicUsize::new(0)],
             phase: AtomicU64::new(0),
-            writer: parking_lot::Mutex::new(()),
+            writer: Mutex::new(()),
             _owns: PhantomData,
         }
     }
@@ -126,9 +132,9 @@ impl<T> Snapshot<T> {
         while slot.load(SeqCst) != 0 {
             spins += 1;
             if spins < 64 {
-                std::hint::spin_loop();
+                hint::spin_loop();
             } else {
-                std::thread::yield_now();
+                hint::yield_now();
             }
         }
         // SAFETY: `old` came from `Arc::into_raw` (the cell's reference to
