@@ -1,5 +1,5 @@
 //! A sealed session's receiving side, as a keyed connection reads its
-//! control frames after the handshake (`transport::wire::read_frame`):
+//! control frames after the handshake (`control::wire::read_frame`):
 //! - arbitrary bytes (a relay or a peer without the session key) never
 //!   yield a frame and never panic: only typed errors;
 //! - honest records whose plaintext is arbitrary (a peer with the key
@@ -13,7 +13,7 @@ use orbite::control::message::{decode_error, Describe};
 use orbite::control::notify_frame::{decode_ack, Notify};
 use orbite::control::seal::{SessionKeys, WireSecurity};
 use orbite::error::Result;
-use orbite::transport::wire::read_frame;
+use orbite::control::wire::read_frame;
 
 fn keys(connector: bool, wire: WireSecurity) -> SessionKeys {
     SessionKeys::derive(&[0x24; 32], &[3; 32], &[4; 32], connector, wire)
