@@ -512,7 +512,8 @@ int run(const Options &o, const char *self) {
   OrbiteTransport t;
   std::string name = "initiator";
   // The frozen case polls a stopped target for as long as the load makes
-  // 20 000 polls take: its tasks must not meet the connect deadline then.
+  // 20 000 polls take (at most 10 s): its tasks must not meet the connect
+  // deadline then.
   int connect_ms = o.test == "unreachable" || o.test == "deadline" || o.test == "lookup" ? 1500 : o.test == "frozen" ? 600000 : 5000;
   // The local case also names a key the adapter does not know, and the old
   // place of the engine's configuration: both warned about (glog).
@@ -864,8 +865,13 @@ int run(const Options &o, const char *self) {
     if (!t.submitTransferTasks(batch, {req(Request::READ, src, seg, in.rb, n)}).ok()) rc = fail("submit");
     if (!t.submitTransferTasks(batch, {req(Request::READ, dst, seg, re, n)}).ok()) rc = fail("submit");
     // Polled again and again while the connector thread submits them (and
-    // waits for the target): a poll never waits for that submission.
-    for (int round = 0; round < 20000 && rc == 0; ++round) {
+    // waits for the target): a poll never waits for that submission. At
+    // most 20 000 polls or 10 s, whichever ends first: on a loaded machine
+    // each yield below can give the core away for milliseconds, and the
+    // tasks' own deadline (the engine's default_timeout_ms, 30 s) must not
+    // pass while the target is stopped.
+    auto poll_until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (int round = 0; round < 20000 && rc == 0 && std::chrono::steady_clock::now() < poll_until; ++round) {
       for (int i = o.transport == "shm" ? 2 : 1; i <= 2; ++i) {
         TransferStatus st{};
         if (!t.getTransferStatus(batch, i, st).ok() || st.s != PENDING)
