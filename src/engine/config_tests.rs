@@ -89,6 +89,25 @@ fn ranges_are_enforced() {
     assert!(err(r#"{"mnnvl": {"async_memcpy_threshold": 70000}}"#).contains("`mnnvl.async_memcpy_threshold`"));
 }
 
+/// A config built in Rust (no JSON parse to check it first) is held to
+/// each key's lower bound by `validate`, as to its upper: io_threads 0,
+/// default_timeout_ms 0 and a max_inflight_bytes under its minimum are
+/// refused naming the key and its range; the defaults pass. Guards
+/// `validate`'s `v < min ||` (round 9 I18: with only `v > max` checked an
+/// engine built from such a config had no I/O thread, or timed every
+/// request out at once).
+#[test]
+fn a_config_built_in_rust_is_held_to_each_lower_bound() {
+    let refused = |c: EngineConfig| c.validate().unwrap_err().to_string();
+    assert!(EngineConfig::default().validate().is_ok());
+    let said = refused(EngineConfig { io_threads: 0, ..EngineConfig::default() });
+    assert!(said.contains("`io_threads`") && said.contains("0 is outside the range 1..="), "{said}");
+    let said = refused(EngineConfig { default_timeout_ms: 0, ..EngineConfig::default() });
+    assert!(said.contains("`default_timeout_ms`") && said.contains("0 is outside the range 1..="), "{said}");
+    let said = refused(EngineConfig { max_inflight_bytes: 1024, ..EngineConfig::default() });
+    assert!(said.contains("`max_inflight_bytes`") && said.contains("1024 is outside the range"), "{said}");
+}
+
 #[test]
 fn nvlink_and_mnnvl_are_exclusive() {
     assert!(err(r#"{"nvlink": true, "mnnvl": {}}"#).contains("mutually exclusive"));

@@ -327,6 +327,30 @@ mod tests {
         assert_eq!(u.to_str().unwrap(), "ORBITE_STATUS_UNKNOWN");
     }
 
+    /// Access bits orbite.h does not define are INVALID_ARGUMENT, named,
+    /// with nothing registered (`*out_region` untouched); READ|WRITE alone
+    /// registers. Guards `Access::from_bits(access)` in
+    /// `orbite_register_memory` (round 9 I19: masked to READ|WRITE first,
+    /// a caller's unknown bit, say a future flag it relies on, was dropped
+    /// and the memory registered without it).
+    #[test]
+    fn register_memory_refuses_access_bits_it_does_not_know() {
+        let mut engine: *mut orbite_engine = std::ptr::null_mut();
+        assert_eq!(orbite_engine_new(std::ptr::null(), &mut engine), Status::Ok as u32);
+        let mut buf = vec![0u8; 4096];
+        let mut region = 77u64;
+        let unknown = ORBITE_ACCESS_READ | 0x80;
+        let st = orbite_register_memory(engine, buf.as_mut_ptr().cast(), buf.len(), unknown, &mut region);
+        assert_eq!((st, region), (Status::InvalidArgument as u32, 77));
+        // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
+        let said = unsafe { CStr::from_ptr(orbite_last_error()) }.to_str().unwrap().to_owned();
+        assert!(said.contains("access 0x81 has unknown bits"), "{said}");
+        let both = ORBITE_ACCESS_READ | ORBITE_ACCESS_WRITE;
+        assert_eq!(orbite_register_memory(engine, buf.as_mut_ptr().cast(), buf.len(), both, &mut region), 0);
+        assert_ne!(region, 77);
+        orbite_engine_free(engine);
+    }
+
     /// Guards `out.is_null() && !regions.is_empty()` in
     /// `orbite_peer_regions`: a peer publishing exactly one region, asked
     /// with out NULL and cap 1, is NULL_ARGUMENT (not a write to NULL);
