@@ -1,12 +1,14 @@
 //! IPC requesters that push a source's I/O threads to their edges: a
 //! channel that pipelines export requests and never reads its answers, a
 //! WRITE grant still waiting for another engine's reader when its own
-//! engine closes, and a Hello naming its pid with another start time.
+//! engine closes, a Hello naming its pid with another start time, a
+//! header announcing a payload kind's body, and channels opened and lost
+//! again and again.
 
 mod common;
 
 use common::*;
-use orbite::control::frame::{FrameHeader, MsgKind};
+use orbite::control::frame::{FrameHeader, MsgKind, MAX_CONTROL_BODY};
 use orbite::control::Identity;
 use orbite::transport::ipc::channel::Channel;
 use orbite::transport::ipc::messages::{decode_reject, ExportRequest, OP_READ, OP_WRITE};
@@ -201,4 +203,81 @@ fn a_channel_that_hangs_up_with_an_offer_gives_its_charge_back_at_once() {
     e2.close(Some(LONG)).unwrap();
     e1.close(Some(LONG)).unwrap();
     a.free().map_err(|(_, e)| e).unwrap();
+}
+
+/// A requester announces a `WriteRequest`-kind frame (a payload kind, whose
+/// frames on a data connection may carry a GiB) with a body one byte
+/// beyond the control bound, and sends no body: the source refuses it from
+/// its header (PROTOCOL_ERROR naming its size, the channel closed) instead
+/// of waiting to gather it, and serves the next channel. Guards
+/// `transport/ipc/proto/source.rs` `parse`'s `h.body_len >
+/// MAX_CONTROL_BODY` (round 9 I10: bounded by the kind's `max_body`, the
+/// header passed and the source waited for the body until its stall
+/// bound, then ended the channel as "not completed").
+#[test]
+fn a_payload_kind_header_beyond_the_control_bound_is_refused_at_once() {
+    let a = allocate_shared_host(SZ).unwrap();
+    let (src, _) = engine(r#"{"io_threads": 1}"#, &a);
+    let (mut ch, k, _) = ipc_hello(&src.endpoint(), TransportKind::Shm, Identity::fresh().unwrap(), None);
+    assert_eq!(k, MsgKind::IpcWelcome);
+    let len = MAX_CONTROL_BODY + 1;
+    assert!(raw_send(&ch, &FrameHeader::encode(MsgKind::WriteRequest, len)));
+    let deadline = Instant::now() + LONG;
+    let mut tick = || if Instant::now() < deadline { Ok(()) } else { Err(Error::TimedOut("refusal".into())) };
+    let f = ch.recv(&mut tick).expect("an answer to the header");
+    assert_eq!(f.kind, MsgKind::ExportReject);
+    let e = decode_reject(&f.body).unwrap().1;
+    assert_eq!(e.status(), Status::ProtocolError, "{e}");
+    assert_eq!(e.message(), format!("IPC frame of {len} bytes is too large"));
+    let after = ch.recv(&mut tick).map(|f| f.kind);
+    assert_eq!(after.map_err(|e| e.status()), Err(Status::Unavailable), "the refused channel stays open");
+    // The source goes on serving.
+    let (_, kind, _) = ipc_hello(&src.endpoint(), TransportKind::Shm, Identity::fresh().unwrap(), None);
+    assert_eq!(kind, MsgKind::IpcWelcome);
+    src.close(Some(LONG)).unwrap();
+    a.free().map_err(|(_, e)| e).unwrap();
+}
+
+/// The grant boards process `pid` holds: its descriptors of a board's
+/// memory file (`/proc/PID/fd` links to `/memfd:orbite-board`).
+fn boards_held(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("/proc/PID/fd")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|l| l.to_string_lossy().starts_with("/memfd:orbite-board"))
+        .count()
+}
+
+/// A source process gives each Unix IPC channel a grant board (a mapped
+/// memory file) and lets it go with its channel: requesters that open 4
+/// channels, hang them up, and come back, 3 times over, find the source
+/// holding exactly 4 boards while they are open and none once every
+/// channel has ended; boards do not pile up one per channel ever opened.
+/// Guards `transport/ipc/export/ending.rs` `connection_lost`'s
+/// `t.boards.remove(&conn);` (round 9 I12: without it every lost channel's
+/// board stayed mapped in the export table).
+#[test]
+fn a_lost_channel_lets_its_grant_board_go() {
+    let mut src = PeerProc::spawn(&["--size", "4096"]);
+    let incoming = |src: &mut PeerProc| src.stats()["incoming_connections"].as_u64().expect("incoming_connections");
+    assert_eq!(boards_held(src.pid), 0);
+    for round in 0..3 {
+        let channels: Vec<Channel> = (0..4)
+            .map(|_| {
+                let (ch, k, _) = ipc_hello(&src.endpoint, TransportKind::Shm, Identity::fresh().unwrap(), None);
+                assert_eq!(k, MsgKind::IpcWelcome);
+                ch
+            })
+            .collect();
+        assert_eq!(boards_held(src.pid), 4, "round {round}: boards with 4 channels open");
+        drop(channels);
+        // Every channel (and every control connection of the hellos) ended.
+        let t0 = Instant::now();
+        while incoming(&mut src) != 0 {
+            assert!(t0.elapsed() < LONG, "round {round}: the channels never ended");
+            std::thread::yield_now();
+        }
+        assert_eq!(boards_held(src.pid), 0, "round {round}: boards of lost channels kept");
+    }
+    src.close();
 }

@@ -451,4 +451,39 @@ mod tests {
         let (again, fresh) = c.acquire(&2, soon(), &|| "t".into(), || Ok(3), &close, &|v| *v != 2).unwrap();
         assert!(fresh && *again == 3);
     }
+
+    /// An entry that stops being current while a user still copies through
+    /// it is not closed by `reclaim` (the close would unmap it under the
+    /// running copy): it stays, live and ready; once its last user leaves,
+    /// the next `reclaim` closes it, exactly once. Guards `reclaim`'s
+    /// `s.users == 0 && !current(v)` (round 9 I9: with `!current(v)` alone
+    /// the import in use was closed).
+    #[test]
+    fn reclaim_closes_a_stale_entry_only_once_its_last_user_left() {
+        use std::cell::{Cell, RefCell};
+        let c: RelocationCache<u8, u8> = RelocationCache::new(2);
+        let closed = RefCell::new(Vec::new());
+        let close = |v: &u8, receipt_only: bool| -> std::result::Result<(), (Error, bool)> {
+            closed.borrow_mut().push((*v, receipt_only));
+            Ok(())
+        };
+        let current = Cell::new(true);
+        let (v, fresh) = c.acquire(&1, soon(), &|| "t".into(), || Ok(7), &close, &|_| current.get()).unwrap();
+        assert!(fresh && *v == 7);
+        // Its source left (or its channel was replaced) while in use.
+        current.set(false);
+        assert_eq!(c.reclaim(&close, &|_| current.get(), false), 0);
+        assert!(closed.borrow().is_empty(), "closed under its user: {:?}", closed.borrow());
+        assert_eq!(c.live_entries(), 1);
+        let states: Vec<(u8, EntryState)> = c.entries().into_iter().map(|(k, _, st, _)| (k, st)).collect();
+        assert_eq!(states, vec![(1, EntryState::Ready)]);
+        // The last user leaves: the next reclaim closes it, once.
+        c.release(&1);
+        assert_eq!(c.reclaim(&close, &|_| current.get(), false), 1);
+        assert_eq!(*closed.borrow(), vec![(7, false)]);
+        assert_eq!(c.live_entries(), 0);
+        assert!(!c.contains(&1));
+        assert_eq!(c.reclaim(&close, &|_| current.get(), false), 0);
+        assert_eq!(closed.borrow().len(), 1);
+    }
 }

@@ -469,4 +469,24 @@ mod tests {
         assert!(matches!(e, Error::Protocol(_)), "{e}");
         assert!(h.asked.is_empty());
     }
+
+    /// A header naming a payload kind (`WriteRequest`, whose frames on a
+    /// data connection may carry up to a GiB) with a body just beyond the
+    /// control bound is refused from its header alone: no payload kind
+    /// travels on an IPC channel, so its frames are bounded by
+    /// `MAX_CONTROL_BODY` whatever kind they name. Guards `parse`'s
+    /// `h.body_len > MAX_CONTROL_BODY` (round 9 I10: bounded by the kind's
+    /// `max_body`, the header passed and the core waited for the body).
+    #[test]
+    fn a_payload_kind_header_beyond_the_control_bound_is_refused() {
+        let mut c: IpcSourceCore<u32> = IpcSourceCore::new(STALL);
+        let mut h = Host::default();
+        let len = MAX_CONTROL_BODY + 1;
+        assert!(u64::from(len) <= MsgKind::WriteRequest.max_body());
+        let hdr = FrameHeader::encode(MsgKind::WriteRequest, len);
+        let e = c.receive(&hdr, Instant::now(), &mut h).unwrap_err();
+        assert_eq!(e.message(), format!("IPC frame of {len} bytes is too large"));
+        assert!(matches!(e, Error::Protocol(_)), "{e}");
+        assert!(h.asked.is_empty());
+    }
 }
