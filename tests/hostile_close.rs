@@ -2,7 +2,8 @@
 //! arrives even when the peer kept sending: the source closes gracefully
 //! (what it owes leaves, then its FIN, and the peer's bytes are drained)
 //! instead of closing with bytes unread, which makes the kernel reset the
-//! connection and drop what it had not sent yet.
+//! connection and drop what it had not sent yet; and what it owes leaves
+//! before its FIN even when the socket was full as it failed.
 
 mod common;
 
@@ -116,6 +117,137 @@ fn the_error_frame_reaches_a_peer_that_sent_more_after_the_refused_frame() {
     assert_eq!(st, Status::ProtocolError, "{text}");
     assert!(text.contains("unknown message type"), "{text}");
     r.unwrap();
+    assert_eq!(src.stats().events.protocol_errors, 1);
+    src.close(Some(Duration::from_secs(30))).unwrap();
+}
+
+/// Bytes of one READ's answer here (frame header, fixed part, payload):
+/// 16 KiB, so that every sealed record the source makes (16, 32 or
+/// 64 KiB of plaintext, or all that waits) ends at an answer's end and
+/// no answer is ever half sent when the connection fails.
+const ANSWER: u64 = 16 << 10;
+
+/// Bytes the peer's socket still holds unacknowledged (`SIOCOUTQ`).
+fn unacked(s: &TcpStream) -> i32 {
+    use std::os::fd::AsRawFd;
+    let mut n: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ on our own socket writes one int into `n`.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), libc::TIOCOUTQ, &mut n) };
+    assert_eq!(r, 0, "SIOCOUTQ: {}", std::io::Error::last_os_error());
+    n
+}
+
+/// A sealed peer asks for 16 KiB READs without ever reading, as fast as
+/// the source takes its requests: the source's socket fills (the last
+/// sealed record half sent, its tail still owed), the answers reach their
+/// bound and the source stops reading, and its stall bound (1 s) fails
+/// the connection "peer not reading" with no answer half sent, so the
+/// Error frame is told, sealed behind the owed tail, which the full
+/// socket cannot take. (Sealed, an answer counts as sent once it is in a
+/// record, and 16 KiB answers end every record; plain, the kernel's cut
+/// falls inside an answer and `SourceCore::fail` tells nothing.) Only
+/// once the source's graceful close drained the requests it had left
+/// unread (its first turn ran) does the peer read: every answer, whole,
+/// then that Error frame (PROTOCOL_ERROR, "peer not reading"), then the
+/// end. Guards `tcp/linger.rs` `Linger::turn`'s `self.owed.is_empty() &&
+/// !self.shut`: shutting the write side while bytes are owed puts the
+/// FIN before them, and the peer loses the reason (verified: without
+/// `self.owed.is_empty()` the peer read 7 answers, then a reset).
+#[test]
+fn an_error_frame_owed_behind_a_full_socket_leaves_before_the_fin() {
+    use orbite::control::auth::AuthKey;
+    use orbite::control::message::{DataRequest, DataResponse, Describe, DATA_RESPONSE_LEN};
+    use orbite::control::pipe::Got;
+    use orbite::control::seal::WireSecurity;
+    use orbite::control::wire::Wire;
+    use orbite::transport::tcp::handshake;
+    use std::io::ErrorKind;
+    use std::time::Instant;
+
+    let path = common::key_file("close-owed", 0x3c);
+    let src = Engine::from_json(&format!(
+        r#"{{"io_threads": 1, "auth_key_file": "{path}", "wire_security": "integrity", "handshake_timeout_ms": 1000}}"#
+    ))
+    .unwrap();
+    let mem = common::pattern_vec(11, 1 << 20);
+    src.register_memory(mem.as_ptr() as u64, mem.len() as u64, Access::READ).unwrap();
+    let key = AuthKey::load(&path).unwrap().with_wire(WireSecurity::Integrity);
+    let ours = Describe {
+        identity: orbite::control::Identity::fresh().unwrap(),
+        capabilities: TransportKind::Tcp.capability_bit(),
+        fabric_domain: [0; 16],
+        endpoint: "127.0.0.1:1".into(),
+        ipc_name: String::new(),
+        regions: vec![],
+    };
+    let (s, d, seal) = handshake::connect(&src.endpoint(), common::LONG, Some(&key), &ours).unwrap();
+    let mut wire = Wire::sealed(seal.expect("a keyed connection is sealed"));
+    let region = d.regions[0];
+    let len = ANSWER - (FRAME_HEADER_LEN + DATA_RESPONSE_LEN) as u64;
+    let offset = |tag: u64| (tag % 60) * ANSWER;
+    // READs, 64 to a batch, written until the socket takes no more and
+    // again while the source has not failed the connection.
+    s.set_nonblocking(true).unwrap();
+    let (mut tag, mut batch, mut skip) = (0u64, Vec::new(), 0usize);
+    let t0 = Instant::now();
+    while src.stats().events.protocol_errors == 0 {
+        assert!(t0.elapsed() < common::LONG, "the source never failed a peer that does not read");
+        if skip == batch.len() {
+            batch.clear();
+            for _ in 0..64 {
+                batch.extend_from_slice(&FrameHeader::encode(MsgKind::ReadRequest, 32));
+                let r = DataRequest { tag, region_epoch: region.epoch, addr: region.addr + offset(tag), len };
+                batch.extend_from_slice(&r.encode());
+                tag += 1;
+            }
+            skip = 0;
+        }
+        match wire.send(&s, &[&batch], skip as u64, usize::MAX) {
+            Ok(n) => skip += n,
+            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::yield_now(),
+            Err(e) => panic!("writing requests: {e}"),
+        }
+    }
+    assert!(tag * 48 < 12 << 20, "{tag} requests written: past the close's drain bound");
+    assert_eq!(src.stats().events.protocol_errors, 1);
+    // The close drains what the source left unread: its first turn ran.
+    eventually("the source's close drained the requests", || {
+        unacked(&s) == 0 || s.take_error().ok().flatten().is_some()
+    });
+    s.set_nonblocking(false).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let mut plain = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let end = loop {
+        assert!(t0.elapsed() < common::LONG, "the stream never ended");
+        match wire.read(&s, &mut buf) {
+            Ok(Got::Bytes(n)) => plain.extend_from_slice(&buf[..n]),
+            Ok(Got::Drained) => {}
+            Ok(Got::Eof) => break Ok(()),
+            Err(e) => break Err(e),
+        }
+    };
+    // Our end (the source's close waits for it); a reset socket has none.
+    let _ = s.shutdown(Shutdown::Write);
+    let f = frames(&plain);
+    let answers = f.len().saturating_sub(1);
+    let kinds: Vec<MsgKind> = f.iter().map(|(k, _)| *k).collect();
+    let mut want = vec![MsgKind::ReadResponse; answers];
+    want.push(MsgKind::Error);
+    assert_eq!(kinds, want, "{} bytes, then {end:?}", plain.len());
+    assert_eq!(f.iter().map(|(_, b)| b.len() + FRAME_HEADER_LEN).sum::<usize>(), plain.len(), "a frame cut short");
+    for (t, (_, body)) in f[..answers].iter().enumerate() {
+        let r = DataResponse::decode(body[..DATA_RESPONSE_LEN].try_into().unwrap()).unwrap();
+        assert_eq!((r.tag, r.status), (t as u64, Status::Ok));
+        let at = offset(t as u64) as usize;
+        assert!(body[DATA_RESPONSE_LEN..] == mem[at..at + len as usize], "answer {t}'s bytes");
+    }
+    assert!(answers > 0 && (answers as u64) < tag, "{answers} of {tag} answers");
+    let (st, text) = message::decode_error(&f[answers].1).unwrap();
+    assert_eq!(st, Status::ProtocolError, "{text}");
+    assert!(text.contains("peer not reading"), "{text}");
+    end.unwrap();
+    eventually("the source let the connection go", || src.stats().io.connections_per_thread.iter().sum::<usize>() == 0);
     assert_eq!(src.stats().events.protocol_errors, 1);
     src.close(Some(Duration::from_secs(30))).unwrap();
 }
