@@ -398,6 +398,49 @@ fn a_slow_payload_fails_at_the_minimum_rate() {
     assert!(e.message().contains("min_payload_rate_kib"), "{e}");
 }
 
+/// Guards `*o = (*o).max(at)` in `Pace::restart`: a WRITE whose
+/// request used the turn's last frame waits, reading paused, for the
+/// next turn (1 s on); resuming restarts its stall bound from there (to
+/// 3 s) but keeps its rate deadline (6 MiB at 512 KiB/s after 2 s of
+/// allowance: 14 s), later than that. Its payload then comes at a MiB a
+/// second, twice the minimum rate, and lands whole, answered OK. Were
+/// the rate deadline cut to the restarted stall bound, the transfer
+/// would fail "slower than min_payload_rate_kib" at 3 s, a MiB in,
+/// because the source paused.
+#[test]
+fn a_paced_payload_resumed_after_a_pause_keeps_its_rate_deadline() {
+    const MIB: usize = 1 << 20;
+    let t0 = Instant::now();
+    let limits = Limits { stall: Duration::from_secs(2), min_rate: 512 << 10 };
+    let (mut c, mut h) = (SourceCore::new(limits), Host::new());
+    let payload: Vec<u8> = (0..6 * MIB).map(|i| (i % 251) as u8).collect();
+    let wire = write_req(1, BASE + 8, &payload);
+    let reads: Vec<u8> = (0..TURN_FRAMES as u64 - 1).flat_map(|t| read_req(100 + t, BASE, 8)).collect();
+    c.begin_turn(&mut h);
+    c.received(&[&reads[..], &wire[..FRAME_HEADER_LEN + DATA_REQUEST_LEN]].concat(), t0, &mut h).unwrap();
+    assert_eq!(c.recv(t0), Recv::Paused, "the turn's frames are used");
+    let (out, _) = drain(&mut c, &mut h, t0);
+    assert_eq!(frames(&out).len(), TURN_FRAMES as usize - 1, "the READs' answers left");
+    let feed = |c: &mut SourceCore<Host>, h: &mut Host, ms: u64, now: Instant| {
+        if ms == 1000 {
+            c.begin_turn(h);
+            assert_eq!(c.recv(now), Recv::Direct { addr: BASE + 8, len: 6 << 20 }, "reading resumes");
+        }
+        if ms % 1000 == 500 && (1500..=6500).contains(&ms) {
+            let i = (ms as usize - 1500) / 1000;
+            c.received(&payload[i * MIB..(i + 1) * MIB], now, h).unwrap();
+        }
+    };
+    let failed = first_failure((&mut c, &mut h), t0, 8000, feed);
+    assert!(failed.is_none(), "a payload at twice the minimum rate failed: {failed:?}");
+    assert!(h.mem[8..8 + 6 * MIB] == payload[..], "the payload landed whole");
+    assert_eq!(h.served, (TURN_FRAMES as u64, (6 * MIB) as u64 + 8 * (TURN_FRAMES as u64 - 1)));
+    let (out, _) = drain(&mut c, &mut h, t0 + Duration::from_secs(8));
+    let f = frames(&out);
+    assert_eq!(f.len(), 1);
+    assert_eq!((f[0].0, response(&f[0].1).tag, response(&f[0].1).status), (MsgKind::WriteResponse, 1, Status::Ok));
+}
+
 /// The first tick (of 50 ms, up to `end_ms`) at which `check` fails,
 /// calling `feed(ms)` before each check.
 fn first_failure(
