@@ -384,10 +384,12 @@ mod tests {
     /// A factory whose `create` of context 2 and `destroy` of context 3
     /// say they started, then wait until the test lets them go, which it
     /// does only after it took the pool's lock itself: called under that
-    /// lock, they would wait out their 60 s and fail.
+    /// lock, they would wait out their 60 s and fail. Its handle is the
+    /// context; it records every handle it destroys.
     struct Gated {
         started: std::sync::Mutex<std::sync::mpsc::Sender<()>>,
         gate: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+        destroyed: std::sync::Mutex<Vec<u64>>,
     }
 
     impl Gated {
@@ -406,10 +408,11 @@ mod tests {
             }
             Ok(ctx)
         }
-        fn destroy(&self, ctx: u64, _h: u64) -> Result<()> {
+        fn destroy(&self, ctx: u64, h: u64) -> Result<()> {
             if ctx == 3 {
                 self.hold("destroy")?;
             }
+            self.destroyed.lock().unwrap().push(h);
             Ok(())
         }
     }
@@ -417,7 +420,11 @@ mod tests {
     fn gated() -> (Arc<StreamPool<Gated>>, std::sync::mpsc::Receiver<()>, std::sync::mpsc::Sender<()>) {
         let (started_tx, started) = std::sync::mpsc::channel();
         let (let_go, gate) = std::sync::mpsc::channel();
-        let factory = Gated { started: std::sync::Mutex::new(started_tx), gate: std::sync::Mutex::new(gate) };
+        let factory = Gated {
+            started: std::sync::Mutex::new(started_tx),
+            gate: std::sync::Mutex::new(gate),
+            destroyed: std::sync::Mutex::new(Vec::new()),
+        };
         (StreamPool::new(factory, 2), started, let_go)
     }
 
@@ -436,6 +443,36 @@ mod tests {
             let_go.send(()).unwrap();
             assert_eq!(slow.join().unwrap().unwrap(), 2);
         });
+    }
+
+    /// While one caller's native create runs, its slot is `Busy` for its
+    /// context: a caller of another context never takes that index over
+    /// (only a slot a failed create vacated is reused) but grows the pool.
+    /// The two leases hold distinct indices and each created pair is
+    /// destroyed exactly once. Guards `lease`'s vacant-slot search
+    /// (`Busy` and `s.ctx == u64::MAX`).
+    #[test]
+    fn a_slot_being_created_is_never_taken_by_another_caller() {
+        let (p, started, let_go) = gated();
+        let far = || Instant::now() + Duration::from_secs(120);
+        let (slow, other) = std::thread::scope(|s| {
+            let slow = s.spawn(|| p.lease(2, far()));
+            started.recv_timeout(Duration::from_secs(60)).expect("the create of context 2 started");
+            let other = p.lease(1, far());
+            // Let the create go before any assertion, so that a failure
+            // does not leave it waiting out its 60 s.
+            let_go.send(()).unwrap();
+            (slow.join().unwrap().unwrap(), other.unwrap())
+        });
+        assert_eq!((slow.index, slow.ctx, slow.handle), (0, 2, Some(2)), "the creating caller's slot");
+        assert_eq!((other.index, other.ctx, other.handle), (1, 1, Some(1)), "took a slot still being created");
+        assert_eq!(p.counts(), PoolCounts { stream_slots: 2, active_streams: 2, retained_streams: 0 });
+        p.release(other, true);
+        p.release(slow, true);
+        assert_eq!(p.drain_idle(), 0);
+        let mut destroyed = p.factory.destroyed.lock().unwrap().clone();
+        destroyed.sort_unstable();
+        assert_eq!(destroyed, [1, 2], "each created pair destroyed exactly once");
     }
 
     /// While a replacement destroys another context's idle pair, other
