@@ -336,6 +336,46 @@ fn a_value_that_is_not_a_record_retires_nobody_and_the_live_holder_puts_its_own_
     src.close();
 }
 
+/// A stale record: a name whose record (put by hand, as a crashed engine's
+/// would stay until its lease expired) names the endpoint of a live engine
+/// of another epoch, as when a restarted engine took the port. Following
+/// it, `connect_name` reaches that engine but answers STALE_PEER naming
+/// both epochs and drops the connection (no peer stays, nothing is
+/// watched); under its own name the engine is reached and serves. Guards
+/// `engine/peers.rs` `connect_name`: the epoch compared with the record's
+/// is the one the connected engine describes
+/// (`p.conn.describe().identity.engine_epoch`).
+#[test]
+fn a_record_naming_another_epochs_endpoint_is_stale_and_dropped() {
+    let etcd = Etcd::start();
+    let src = source(&etcd, "heir", 10);
+    let cfg = discovery::DiscoveryConfig { etcd: vec![], prefix: "/orbite-test".into(), ttl_s: TTL as u32 };
+    let heir = cfg.read("heir", &etcd_read(&etcd, &cfg.key("heir")).unwrap(), None).unwrap();
+    assert_eq!(heir.endpoint, src.endpoint);
+    let stale = discovery::Record { name: "former".into(), epoch: heir.epoch ^ 1, ..heir.clone() };
+    etcd_write(&etcd, &cfg.key("former"), Some(cfg.store(&stale, None).as_bytes()));
+    let e = Engine::from_json(&etcd.config("asker")).unwrap();
+    let local = vec![0u8; 4096];
+    e.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    match e.connect_name("former", Some(LONG)) {
+        Ok(p) => panic!("connect_name(\"former\") returned peer {p} at {}", e.peer_endpoint(p).unwrap()),
+        Err(err) => {
+            assert_eq!(err.status(), Status::StalePeer, "{err}");
+            let (published, answered) = (format!("epoch {:x}", stale.epoch), format!("is epoch {:x}", heir.epoch));
+            assert!(err.message().contains(&published) && err.message().contains(&answered), "{err}");
+        }
+    }
+    let st = e.stats();
+    assert_eq!((st.peers, st.discovery.watched, st.discovery.peers_gone), (0, 0, 0));
+    let p = e.connect_name("heir", Some(LONG)).unwrap();
+    assert_eq!(e.peer_endpoint(p).unwrap(), src.endpoint);
+    assert_eq!(read(&e, p, &local, src.addr, 4096, LONG), Status::Ok);
+    assert_eq!(local, pattern_vec(10, 4096));
+    assert_eq!(e.stats().peers, 1);
+    e.close(Some(LONG)).unwrap();
+    src.close();
+}
+
 /// An engine started under a live engine's name in another PID namespace
 /// of the host (a container) cannot see the holder's pid, but must not
 /// take the name: it is refused, naming the holder, and the holder stays
