@@ -4,13 +4,15 @@
 //! a disconnect gives the peer's imports back and a reconnect finds its
 //! regions clean, and an unregistration takes an idle importer's cached
 //! import back at once, or says which importer kept it; a handle sealed
-//! against growing but not shrinking is never mapped.
+//! against growing but not shrinking is never mapped, and a liveness page
+//! its source can still write is never believed.
 
 mod common;
 mod hostile_source;
 
 use common::*;
 use hostile_source::{Hostile, Script, LEN};
+use orbite::control::frame::MsgKind;
 use orbite::transport::ipc::messages::{OP_READ, OP_WRITE};
 use orbite::*;
 use std::io::{BufRead, BufReader, Write};
@@ -351,5 +353,37 @@ fn a_handle_sealed_against_growing_only_is_never_mapped() {
     assert_eq!(h.answers(), vec![(101, true), (102, true)]);
     assert!(local.iter().all(|b| *b == 0xee), "bytes moved");
     assert_eq!(e.stats().ipc["shm"].imports.opened, 0, "an import opened");
+    e.close(Some(LONG)).unwrap();
+}
+
+/// A hostile source (threads of this process) with an honest grant board
+/// that sends, with its IpcWelcome, a liveness page sealed against resizing
+/// but not against writes, its word saying the keeper died: the requester
+/// refuses the page (and watches the channel instead, which is up), so
+/// both READs (the first on its fresh offer, the second through the cached
+/// import) run inside their board slot: two groups without a round trip,
+/// none with one, no Revalidate. (Taking a page sealed against resizing
+/// alone, the word its holders may rewrite decided whether the board
+/// grants: its forged "dead" sent both READs round trips.)
+/// Guards `AliveView::map` (`transport/ipc/alive.rs`) checking
+/// `READ_ONLY_SEALS` (the future-write seal too), not `owners::SIZE_SEALS`
+/// (round 10 J14).
+#[test]
+fn a_liveness_page_its_source_can_still_write_is_never_believed() {
+    let script = Script { board: Some(|granted| granted), writable_alive_page: true, ..Script::honest() };
+    let h = Hostile::start(script, |i| pattern(HOSTILE_SEED, i));
+    let e = Engine::from_json("").unwrap();
+    let local = vec![0u8; 8192];
+    e.register_memory(local.as_ptr() as u64, local.len() as u64, Access::NONE).unwrap();
+    let peer = e.connect(&h.endpoint, Some(LONG)).unwrap();
+    // The first READ opens the import (and caches it); the second runs through it.
+    for off in [0, 4096] {
+        let b = e.submit(peer, &[req(Op::Read, local.as_ptr() as u64 + off, h.addr + off, 4096)], shm()).unwrap();
+        b.wait(LONG).unwrap();
+    }
+    assert!(local == pattern_vec(HOSTILE_SEED, 8192), "the READs' bytes");
+    let st = e.stats().ipc["shm"].imports.clone();
+    assert_eq!((st.opened, st.groups_without_round_trip, st.groups_with_round_trips), (1, 2, 0));
+    assert_eq!(h.frames(MsgKind::Revalidate).len(), 0);
     e.close(Some(LONG)).unwrap();
 }

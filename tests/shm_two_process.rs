@@ -445,6 +445,12 @@ fn restarted_source_on_the_same_endpoint_is_stale() {
     again.close();
 }
 
+/// Injected faults over the uncached protocol: a failed native close, one
+/// and then two lost ACKs, a failed completion. Each failed group reports
+/// its WRITEs' remote effect UNKNOWN (the copy may have written the
+/// source's memory), its READs' NONE. Guards `outcome`'s
+/// `RemoteEffect::of_uncertain(op)` (`transport/ipc/requester/finished.rs`)
+/// (round 10 J9), and the retained import's accounting.
 #[test]
 fn injected_faults_failed_close_lost_ack_failed_completion() {
     let mut src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string(), "--seed", "1"]);
@@ -576,6 +582,63 @@ fn uncertain_entries_stay_retained_outside_the_cache_bound() {
     drop(e);
     src.kill();
 }
+
+/// A READ-only import whose completion was not confirmed (an injected
+/// completion failure, uncached): the READ fails UNQUIESCED and the import
+/// is retained. A flush then fails UNQUIESCED naming it: it stays retained,
+/// no close receipt goes out and the source keeps its export, since the
+/// copy may still read the source's memory. (Holding back only writable
+/// ones, the flush sent the READ-only import's close receipt without its
+/// native close and answered OK.) Guards `flush_where`'s
+/// `if !ent.native_closed` (`transport/ipc/requester/cached.rs`) (round 10
+/// J16).
+#[test]
+fn a_read_only_import_with_an_unconfirmed_completion_is_never_released_by_a_flush() {
+    let mut src = PeerProc::spawn(&["--shared", "--size", &(2 * MIB).to_string(), "--seed", "1"]);
+    let e = engine(UNCACHED);
+    let l = local(&e, 4096);
+    let p = e.connect(&src.endpoint, None).unwrap();
+    e.faults().fail_completion.store(1, Ordering::SeqCst);
+    let r = go(&e, p, &[rd(&l, 0, src.addr, 4096)], shm());
+    assert_eq!(r[0], RequestResult { status: Status::Unquiesced, remote_effect: RemoteEffect::None });
+    let err = e.flush_nvlink_cache(Some(LONG)).unwrap_err();
+    assert_eq!(err.status(), Status::Unquiesced, "{err}");
+    assert!(err.message().contains("its native close or completion was not confirmed"), "{err}");
+    let st = e.stats().ipc["shm"].clone();
+    assert_eq!((st.imports.retained, st.imports.closed), (1, 0));
+    assert_eq!(src_ipc(&mut src, "exports_open"), 1);
+    drop(e);
+    src.kill();
+}
+
+/// A requester whose mapping budget (`max_inflight_bytes` 3 MiB) holds one
+/// of the source's 2 MiB allocations mapped, not two, reading them in turn
+/// (A, B, A) through its relocation cache: each new import first evicts
+/// the idle cached one (closed with its receipt) and is then served, so
+/// every READ lands its bytes, never RESOURCE_EXHAUSTED, and the source
+/// ends with one export open. (Without the eviction, B was refused
+/// RESOURCE_EXHAUSTED while A's idle import held the budget.) Guards
+/// `open`'s `None if self.cache.evict_lru_idle(&close) => continue`
+/// (`transport/ipc/requester/opening.rs`) (round 10 J11).
+#[test]
+fn a_new_import_over_the_mapping_budget_evicts_an_idle_cached_one() {
+    let mut src = PeerProc::spawn(&["--shared", "--allocs", "2", "--size", &(2 * MIB).to_string(), "--seed", "1"]);
+    let (a, b) = (src.addrs[0], src.addrs[1]);
+    let e = engine(r#"{"max_inflight_bytes": 3145728, "max_transfer_bytes": 1048576}"#);
+    let l = local(&e, 4096);
+    let p = e.connect(&src.endpoint, None).unwrap();
+    for (addr, seed) in [(a, 1), (b, 2), (a, 1)] {
+        let r = go(&e, p, &[rd(&l, 0, addr, 4096)], shm());
+        assert_eq!(r[0], RequestResult { status: Status::Ok, remote_effect: RemoteEffect::None });
+        assert!((0..4096).all(|i| l[i] == pattern(seed, i as u64)), "the READ's bytes");
+    }
+    let st = e.stats().ipc["shm"].clone();
+    assert_eq!((st.imports.opened, st.imports.closed, st.imports.cached), (3, 2, 1));
+    assert_eq!(src_ipc(&mut src, "exports_open"), 1);
+    e.close(Some(LONG)).unwrap();
+    src.close();
+}
+
 #[test]
 fn two_peers_importing_from_each_other_close_together() {
     let cfg = r#"{"shm_cache_entries": 2}"#;

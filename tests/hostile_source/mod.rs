@@ -59,6 +59,11 @@ pub struct Script {
     /// it to nothing at the first export request (the requester has it by
     /// then): a board the requester must never take for a sealed one.
     pub shrinkable_board: bool,
+    /// Sends, with its IpcWelcome and its board, a liveness page whose
+    /// word says its keeper died, sealed against resizing but not against
+    /// writes: a page whose word any holder of it could still rewrite, which
+    /// the requester must never believe.
+    pub writable_alive_page: bool,
     /// The published region's access (honest: `READ_WRITE`).
     pub access: Access,
     /// The seals of the memory file behind the region, the handle of every
@@ -79,6 +84,7 @@ impl Script {
             board: None,
             revalidate: None,
             shrinkable_board: false,
+            writable_alive_page: false,
             access: Access::READ_WRITE,
             seals: libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL,
         }
@@ -222,15 +228,18 @@ fn serve(mut ch: Channel, script: Script, identity: Identity, addr: u64, log: Se
     let mut tick = || Ok(());
     let board = script.board.map(|says| (Board::create().expect("a grant board"), says));
     let shrinkable = script.shrinkable_board.then(shrinkable_board);
+    let alive = script.writable_alive_page.then(writable_alive_page);
     while let Ok(f) = ch.recv(&mut tick) {
         log.lock().unwrap().push((f.kind, f.body.clone()));
-        let (kind, body, fd): (MsgKind, Vec<u8>, Option<i32>) = match f.kind {
+        let (kind, body, fds): (MsgKind, Vec<u8>, Vec<i32>) = match f.kind {
             MsgKind::IpcHello => {
                 Hello::decode(&f.body).unwrap();
                 let mut w = identity;
                 (script.welcome)(&mut w);
                 let fd = board.as_ref().map(|(b, _)| b.fd().as_raw_fd()).or(shrinkable.as_ref().map(|f| f.as_raw_fd()));
-                (MsgKind::IpcWelcome, Welcome { identity: w }.encode(), fd)
+                // The liveness page rides second, after the board.
+                let fds = fd.into_iter().chain(alive.as_ref().map(|f| f.as_raw_fd())).collect();
+                (MsgKind::IpcWelcome, Welcome { identity: w }.encode(), fds)
             }
             MsgKind::ExportRequest => {
                 let req = ExportRequest::decode(&f.body).unwrap();
@@ -265,15 +274,17 @@ fn serve(mut ch: Channel, script: Script, identity: Identity, addr: u64, log: Se
                     }
                 }
                 match script.answer {
-                    Answer::Reject(st) => (MsgKind::ExportReject, encode_reject(req.tag, st, "scripted refusal"), None),
+                    Answer::Reject(st) => {
+                        (MsgKind::ExportReject, encode_reject(req.tag, st, "scripted refusal"), vec![])
+                    }
                     Answer::Offer(edit) => {
                         edit(&mut o, &req);
                         offered = Some(o);
-                        (MsgKind::ExportOffer, o.encode(), None)
+                        (MsgKind::ExportOffer, o.encode(), vec![])
                     }
                     Answer::WrongHandle => {
                         offered = Some(o);
-                        (MsgKind::ExportOffer, o.encode(), None)
+                        (MsgKind::ExportOffer, o.encode(), vec![])
                     }
                 }
             }
@@ -287,27 +298,29 @@ fn serve(mut ch: Channel, script: Script, identity: Identity, addr: u64, log: Se
                             }
                             _ => ExportRef { export_id: o.export_id, token: o.token, value: 0, extra: 0 },
                         };
-                        (MsgKind::ExportHandle, named.encode(), Some(memfd.as_raw_fd()))
+                        (MsgKind::ExportHandle, named.encode(), vec![memfd.as_raw_fd()])
                     }
-                    _ => {
-                        (MsgKind::Ack, ExportRef { value: 0, extra: MsgKind::ExportAnswer as u32, ..r }.encode(), None)
-                    }
+                    _ => (
+                        MsgKind::Ack,
+                        ExportRef { value: 0, extra: MsgKind::ExportAnswer as u32, ..r }.encode(),
+                        vec![],
+                    ),
                 }
             }
             MsgKind::CloseReceipt | MsgKind::OpComplete => {
                 let r = ExportRef::decode(&f.body, "receipt").unwrap();
-                (MsgKind::Ack, ExportRef { value: 0, extra: f.kind as u32, ..r }.encode(), None)
+                (MsgKind::Ack, ExportRef { value: 0, extra: f.kind as u32, ..r }.encode(), vec![])
             }
             MsgKind::Revalidate => match script.revalidate {
-                None => (MsgKind::RevalidateOk, f.body[..8].to_vec(), None),
+                None => (MsgKind::RevalidateOk, f.body[..8].to_vec(), vec![]),
                 Some(st) => {
                     let tag = u64::from_le_bytes(f.body[..8].try_into().unwrap());
-                    (MsgKind::ExportReject, encode_reject(tag, st, "scripted revalidation refusal"), None)
+                    (MsgKind::ExportReject, encode_reject(tag, st, "scripted revalidation refusal"), vec![])
                 }
             },
             _ => return,
         };
-        if ch.send(kind, &body, fd.as_slice(), &mut tick).is_err() {
+        if ch.send(kind, &body, &fds, &mut tick).is_err() {
             return;
         }
     }
@@ -326,5 +339,25 @@ fn shrinkable_board() -> std::os::fd::OwnedFd {
     assert_eq!(unsafe { libc::ftruncate(raw, len as i64) }, 0);
     // SAFETY: as above.
     assert_eq!(unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_GROW) }, 0);
+    fd
+}
+
+/// A liveness page of one 4 KiB page, its word 0 (a keeper that died),
+/// sealed against resizing and further seals but NOT against future
+/// writes (`F_SEAL_FUTURE_WRITE`): whoever holds it may still map it
+/// writable and rewrite the word.
+fn writable_alive_page() -> std::os::fd::OwnedFd {
+    // SAFETY: memfd_create with a static name; the fd is owned below.
+    let raw = unsafe { libc::memfd_create(c"orbite-lax-alive".as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
+    assert!(raw >= 0, "memfd_create");
+    // SAFETY: `raw` is a fresh descriptor nobody else owns.
+    let fd: std::os::fd::OwnedFd = unsafe { std::os::fd::FromRawFd::from_raw_fd(raw) };
+    // SAFETY: sizing and sealing our own memfd.
+    assert_eq!(unsafe { libc::ftruncate(raw, 4096) }, 0);
+    // SAFETY: as above.
+    assert_eq!(
+        unsafe { libc::fcntl(raw, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL) },
+        0
+    );
     fd
 }
