@@ -404,6 +404,33 @@ fn host_register() {
     assert_eq!(orbite::cuda::host_pin::pinned(), (0, 0));
 }
 
+/// MNNVL with `host_register`: shared host memory (the library's own
+/// memfd pages, `allocate_shared_host`) is ordinary host memory to the
+/// driver too: pinned at its first MNNVL use, whole pages, and unpinned
+/// when its registration goes; a READ into it moves the source's bytes.
+/// The parent counts the driver calls in the trace.
+fn host_register_shared() {
+    let src = Source::start(MNNVL_FD, "mnnvl", 1, None);
+    let a = src.addrs[0];
+    let shared = allocate_shared_host(SIZE).unwrap();
+    let e = Engine::from_json(MNNVL_FD).unwrap();
+    let region = e.register_memory(shared.addr(), SIZE, Access::NONE).unwrap();
+    let peer = e.connect(&src.endpoint, None).unwrap();
+    let opts =
+        SubmitOptions { transport: Transport::Only(TransportKind::Mnnvl), timeout: Some(Duration::from_secs(60)) };
+    let b = e.submit(peer, &[rd(shared.addr(), a, SIZE)], opts).unwrap();
+    b.wait(Duration::from_secs(60)).unwrap();
+    assert_eq!(b.results(), vec![res(Status::Ok, RemoteEffect::None)]);
+    // SAFETY: the allocation maps SIZE bytes and the READ into them ended.
+    let got = unsafe { std::slice::from_raw_parts(shared.addr() as *const u8, SIZE as usize) };
+    assert!(got.iter().enumerate().all(|(i, v)| *v == pattern(1, i as u64)), "READ into shared host memory");
+    assert_eq!(orbite::cuda::host_pin::pinned(), (1, SIZE), "the shared pages are pinned");
+    e.unregister_memory(region, None).unwrap();
+    assert_eq!(orbite::cuda::host_pin::pinned(), (0, 0), "its unregistration unpinned them");
+    e.close(None).unwrap();
+    shared.free().map_err(|(_, e)| e).unwrap();
+}
+
 /// The pin fails: nothing is posted, the request gets the driver's error
 /// and the source exports nothing.
 fn host_register_fails() {
@@ -709,6 +736,7 @@ fn child_case() {
         "producer" => producer_stream_is_consumed(),
         "wrap" => wrapped_vmm_storage(),
         "host-register" => host_register(),
+        "host-register-shared" => host_register_shared(),
         "host-register-fails" => host_register_fails(),
         "fabric-channel" => fabric_channel(),
         "fabric-channel-keyed" => fabric_channel_keyed(),
@@ -828,6 +856,17 @@ fn wrapped_vmm_storage_is_checked_then_served_over_fabric_handles() {
 #[test]
 fn mnnvl_pins_ordinary_host_memory_once_per_pages_until_the_last_registration() {
     let t = run_traced("host-register", &[]);
+    assert_eq!(fakecuda::calls(&t, "cuMemHostRegister_v2"), 1, "{t:?}");
+    assert_eq!(fakecuda::calls(&t, "cuMemHostUnregister"), 1, "{t:?}");
+}
+
+/// Guards `matches!(r.kind, MemoryKind::Host | MemoryKind::SharedHost)`
+/// in `prepare_local` (round 10 J12: with `Host` alone a copy between
+/// fabric memory and an `orbite_host_allocate_shared` region ran from
+/// unpinned pages).
+#[test]
+fn mnnvl_pins_shared_host_memory_too_until_its_registration_goes() {
+    let t = run_traced("host-register-shared", &[]);
     assert_eq!(fakecuda::calls(&t, "cuMemHostRegister_v2"), 1, "{t:?}");
     assert_eq!(fakecuda::calls(&t, "cuMemHostUnregister"), 1, "{t:?}");
 }

@@ -15,8 +15,13 @@ use std::time::Duration;
 
 const LONG: Duration = Duration::from_secs(60);
 
+/// Held by each test while it has its sink installed: the sink is
+/// process-wide and the tests of this binary run on parallel threads.
+static SINK: Mutex<()> = parking_lot::const_mutex(());
+
 #[test]
 fn exports_retained_and_reclaimed_and_a_lost_connection_are_logged() {
+    let _one = SINK.lock();
     let lines: Arc<Mutex<Vec<(Level, String)>>> = Arc::new(Mutex::new(Vec::new()));
     let sink = lines.clone();
     set_sink(Some(Box::new(move |l, m| sink.lock().push((l, m.to_string()))))).unwrap();
@@ -92,4 +97,47 @@ fn exports_retained_and_reclaimed_and_a_lost_connection_are_logged() {
     set_sink(None).unwrap();
     src.close(Some(LONG)).unwrap();
     b.free().map_err(|(_, e)| e).unwrap();
+}
+
+/// A source that ends the connection with an Error frame whose reason
+/// holds a carriage return and a newline, each followed by text made to
+/// look like a log line of its own: the requester's WARN for the lost
+/// connection is one line, the peer's reason in it with a space for each.
+/// Guards `msg.replace(['\n', '\r'], " ")` in `log::emit` (round 10 J4:
+/// with only '\n' replaced, the peer's '\r' stayed and on a terminal or
+/// in a line-based collector overwrote or forged a line).
+#[test]
+fn a_peers_error_reason_is_logged_on_one_line() {
+    use orbite::control::frame::{FrameHeader, MsgKind};
+    use orbite::control::message::encode_error;
+    use std::io::Write;
+    let _one = SINK.lock();
+    let lines: Arc<Mutex<Vec<(Level, String)>>> = Arc::new(Mutex::new(Vec::new()));
+    let sink = lines.clone();
+    set_sink(Some(Box::new(move |l, m| sink.lock().push((l, m.to_string()))))).unwrap();
+    let src = Engine::from_json("").unwrap();
+    let req = Engine::from_json(r#"{"log_level": "warn"}"#).unwrap();
+    let forged = "out of room\r2026-01-01T00:00:00.000000Z orbite INFO all is well\nERROR forged";
+    connect_fake_source(&req, &src.endpoint(), move |mut c| {
+        let body = encode_error(Status::ResourceExhausted, forged);
+        let mut f = FrameHeader::encode(MsgKind::Error, body.len() as u32).to_vec();
+        f.extend_from_slice(&body);
+        c.write_all(&f).unwrap();
+        // Held open until the requester shuts it: its end is the Error's.
+        let _ = std::io::Read::read(&mut c, &mut [0u8; 1]);
+    });
+    let lost = || -> Vec<String> {
+        let lines = lines.lock();
+        let mine = lines.iter().filter(|(l, m)| *l == Level::Warn && m.contains("connection lost"));
+        mine.filter(|(_, m)| m.contains("out of room")).map(|(_, m)| m.clone()).collect()
+    };
+    eventually("the lost connection is logged", || !lost().is_empty());
+    let lost = lost();
+    assert_eq!(lost.len(), 1, "{lost:?}");
+    let said = "out of room 2026-01-01T00:00:00.000000Z orbite INFO all is well ERROR forged";
+    assert!(lost[0].ends_with(said), "{lost:?}");
+    assert!(!lost[0].contains(['\r', '\n']), "{lost:?}");
+    set_sink(None).unwrap();
+    req.close(Some(LONG)).unwrap();
+    src.close(Some(LONG)).unwrap();
 }

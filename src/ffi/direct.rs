@@ -86,3 +86,93 @@ pub extern "C" fn orbite_direct_free(direct: *mut orbite_direct) {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ffi::engine::{
+        orbite_close, orbite_connect, orbite_engine_free, orbite_engine_new, orbite_last_error, orbite_register_memory,
+        orbite_unregister_memory,
+    };
+    use crate::ffi::memory::{orbite_allocation_addr, orbite_allocation_free, orbite_host_allocate_shared};
+    use crate::{Status, Transport};
+    use std::ffi::{CStr, CString};
+    use std::ptr::{null, null_mut};
+
+    /// This thread's orbite_last_error.
+    fn said() -> String {
+        // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
+        unsafe { CStr::from_ptr(orbite_last_error()) }.to_str().unwrap().to_owned()
+    }
+
+    /// orbite_direct_copy dereferences only a direct handle the library
+    /// gave out and has not taken back: a well-formed route at an address
+    /// it never gave out, an engine passed as the route and a freed route
+    /// are each INVALID_ARGUMENT, naming why, with nothing copied and
+    /// *out_result untouched; the live route copies. Guards
+    /// `let d = live(direct, "direct")?` in orbite_direct_copy (round 10
+    /// J3: with `need`, any non-NULL pointer was used as a route: type
+    /// confusion and use after free from a C caller's mistake).
+    #[test]
+    fn direct_copy_refuses_a_route_it_did_not_give_out_or_took_back() {
+        let mut src: *mut orbite_engine = null_mut();
+        let mut req: *mut orbite_engine = null_mut();
+        assert_eq!(orbite_engine_new(null(), &mut src), Status::Ok as u32);
+        assert_eq!(orbite_engine_new(null(), &mut req), Status::Ok as u32);
+        let mut alloc: *mut orbite_allocation = null_mut();
+        assert_eq!(orbite_host_allocate_shared(4096, &mut alloc), Status::Ok as u32);
+        let remote = orbite_allocation_addr(alloc).cast::<u8>();
+        // SAFETY: the allocation maps 4096 bytes, used by nothing else yet.
+        unsafe { std::slice::from_raw_parts_mut(remote, 4096) }.fill(0x5a);
+        let (mut rid, mut lid) = (0u64, 0u64);
+        let st = orbite_register_memory(src, remote.cast(), 4096, ORBITE_ACCESS_READ, &mut rid);
+        assert_eq!(st, Status::Ok as u32);
+        let mut local = vec![0u8; 4096];
+        assert_eq!(orbite_register_memory(req, local.as_mut_ptr().cast(), 4096, 0, &mut lid), Status::Ok as u32);
+        // SAFETY: src is the live engine orbite_engine_new gave above.
+        let ep = CString::new(unsafe { &*src }.engine.endpoint()).unwrap();
+        let mut peer = 0u64;
+        assert_eq!(orbite_connect(req, ep.as_ptr(), 30_000, &mut peer), Status::Ok as u32);
+        let mut direct: *mut orbite_direct = null_mut();
+        let st = orbite_direct_open(req, peer, remote as u64, 4096, ORBITE_TRANSPORT_AUTO, 30_000, &mut direct);
+        assert_eq!(st, Status::Ok as u32, "{}", said());
+        let r = orbite_request {
+            opcode: ORBITE_OP_READ,
+            local_addr: local.as_ptr() as u64,
+            remote_addr: remote as u64,
+            length: 4096,
+        };
+        let untouched = orbite_request_result { status: 77, remote_effect: 77 };
+
+        // SAFETY: req is the live engine orbite_engine_new gave above.
+        let route = unsafe { &*req }.engine.open_direct(peer, remote as u64, 4096, Transport::Auto, None).unwrap();
+        let stray = orbite_direct { route };
+        let mut out = untouched;
+        assert_eq!(orbite_direct_copy(req, &stray, &r, 30_000, &mut out), Status::InvalidArgument as u32);
+        assert!(said().contains("direct is not a live handle"), "{}", said());
+        assert_eq!((out.status, out.remote_effect, local[0]), (77, 77, 0), "nothing copied");
+
+        let st = orbite_direct_copy(req, req.cast_const().cast(), &r, 30_000, &mut out);
+        assert_eq!(st, Status::InvalidArgument as u32);
+        assert!(said().contains("direct is an orbite_engine, not an orbite_direct"), "{}", said());
+        assert_eq!((out.status, local[0]), (77, 0));
+
+        assert_eq!(orbite_direct_copy(req, direct, &r, 30_000, &mut out), Status::Ok as u32, "{}", said());
+        assert_eq!(out.status, Status::Ok as u32);
+        assert!(local.iter().all(|&b| b == 0x5a), "the live route copies");
+        orbite_direct_free(direct);
+        local.fill(0);
+        out = untouched;
+        assert_eq!(orbite_direct_copy(req, direct, &r, 30_000, &mut out), Status::InvalidArgument as u32);
+        assert!(said().contains("direct is not a live handle"), "{}", said());
+        assert_eq!((out.status, local[0]), (77, 0));
+
+        drop(stray);
+        assert_eq!(orbite_unregister_memory(src, rid, 30_000), Status::Ok as u32);
+        assert_eq!(orbite_close(req, 30_000), Status::Ok as u32);
+        assert_eq!(orbite_close(src, 30_000), Status::Ok as u32);
+        orbite_engine_free(req);
+        orbite_engine_free(src);
+        assert_eq!(orbite_allocation_free(alloc), Status::Ok as u32);
+    }
+}

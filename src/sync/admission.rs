@@ -488,6 +488,31 @@ mod tests {
         assert_eq!((n, all.bytes(), b.used()), (2, 10, 10));
     }
 
+    /// A prefix admission measures its run outside the lock: another
+    /// admission that takes room meanwhile (here from inside the measuring
+    /// pass itself, deterministically) makes it measure again against what
+    /// is in use now, so the two never hold more than the limit together.
+    /// Guards `if *u + sum <= self.limit` in `Budget::try_acquire_prefix`
+    /// (round 10 J15: with `sum <= self.limit` the run measured against
+    /// the stale room was taken on top of the other's 50: 130 of 100).
+    #[test]
+    fn a_prefix_admission_raced_by_another_measures_again_under_the_lock() {
+        let b = Budget::new(100);
+        let other = std::cell::RefCell::new(None);
+        let raced = std::cell::Cell::new(false);
+        let pieces = [40u64, 40].into_iter().inspect(|_| {
+            if !raced.replace(true) {
+                *other.borrow_mut() = b.try_acquire(50);
+            }
+        });
+        let (mine, n) = b.try_acquire_prefix(pieces).unwrap();
+        assert_eq!(other.borrow().as_ref().map(Permit::bytes), Some(50), "the other admission ran first");
+        assert_eq!((n, mine.bytes(), b.used()), (1, 40, 90));
+        drop(mine);
+        drop(other);
+        assert_eq!(b.used(), 0);
+    }
+
     /// Guards `Gate::enter_many` and `GateGuards`: n units count as n
     /// `enter`s, each guard handed out leaves as it drops, those never
     /// handed out leave with the `GateGuards`, and a close waits for all
