@@ -712,6 +712,51 @@ fn crashed_nvlink_sources() {
     assert_eq!(live.ipc("nvlink", "exports_open"), 0);
 }
 
+/// A hostile requester's READ and WRITE of a source's device memory (a
+/// `cuMemAlloc` allocation) and fabric memory (an MNNVL allocation) over
+/// TCP, sent by hand (an engine never plans TCP for them): each is
+/// refused NOT_SUPPORTED naming the memory's kind, and the source lives
+/// on with its bytes unchanged. The stand-in's device and fabric memory
+/// is a `PROT_NONE` reservation, as a GPU pointer is to the CPU: a CPU
+/// copy from it kills the source. Guards `transport/tcp/source.rs`
+/// `validate`'s `if !r.kind.cpu_accessible()` for READs (with
+/// `&& write` the source served the READ by a memcpy and died).
+fn tcp_refuses_device_and_fabric_memory() {
+    use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
+    use orbite::control::message::{DataRequest, DataResponse, DATA_REQUEST_LEN, DATA_RESPONSE_LEN};
+    use std::io::{Read, Write};
+    for (config, kind) in [(NVLINK, "ipc"), (MNNVL_FD, "mnnvl")] {
+        let mut src = Source::start(config, kind, 1, None);
+        let a = src.addrs[0];
+        let (mut s, d) = common::raw_control(&src.endpoint);
+        let r = *d.regions.iter().find(|r| r.addr == a).expect("the region is published");
+        assert!(!r.kind.cpu_accessible(), "{kind}: {:?}", r.kind);
+        for (tag, ask, answer, payload) in [
+            (1, MsgKind::ReadRequest, MsgKind::ReadResponse, 0),
+            (2, MsgKind::WriteRequest, MsgKind::WriteResponse, 4096),
+        ] {
+            let mut f = FrameHeader::encode(ask, (DATA_REQUEST_LEN + payload) as u32).to_vec();
+            f.extend_from_slice(&DataRequest { tag, region_epoch: r.epoch, addr: a, len: 4096 }.encode());
+            f.resize(f.len() + payload, 0x5a);
+            s.write_all(&f).unwrap();
+            let mut h = [0u8; FRAME_HEADER_LEN];
+            s.read_exact(&mut h).unwrap_or_else(|e| panic!("{kind} {ask:?}: no answer, the source died? {e}"));
+            let h = FrameHeader::decode(&h).unwrap();
+            let mut body = vec![0u8; h.body_len as usize];
+            s.read_exact(&mut body).unwrap();
+            assert_eq!(h.kind, answer, "{kind}");
+            let resp = DataResponse::decode(body[..DATA_RESPONSE_LEN].try_into().unwrap()).unwrap();
+            assert_eq!((resp.tag, resp.status), (tag, Status::NotSupported), "{kind} {ask:?}");
+            let why = String::from_utf8_lossy(&body[DATA_RESPONSE_LEN..]).to_string();
+            let says = format!("holds {} memory, which the TCP transport cannot copy", r.kind.name());
+            assert!(why.contains(&says), "{kind} {ask:?}: {why}");
+        }
+        assert_eq!(src.cmd(&format!("verify 0 1 0 {SIZE}")), "ok", "{kind}: the source's bytes");
+        drop(s);
+        src.exit();
+    }
+}
+
 /// Runs in a child process; does nothing when run directly.
 #[test]
 fn child_case() {
@@ -744,6 +789,7 @@ fn child_case() {
         "egm-placement" => egm_placement(),
         "pinned-fence" => pinned_fence(),
         "baseline" => clean_baseline(),
+        "tcp-device-memory" => tcp_refuses_device_and_fabric_memory(),
         other => panic!("unknown case {other}"),
     }
     println!("child case passed");
@@ -940,4 +986,9 @@ fn a_long_lived_nvlink_requester_outlives_six_crashed_sources() {
     // Every import opened was closed natively, once.
     assert_eq!(fakecuda::calls(&t, "cuIpcOpenMemHandle_v2"), 7, "{t:?}");
     assert_eq!(fakecuda::calls(&t, "cuIpcCloseMemHandle"), 7, "{t:?}");
+}
+
+#[test]
+fn tcp_refuses_a_hostile_requesters_read_of_device_or_fabric_memory() {
+    run("tcp-device-memory", &[]);
 }

@@ -128,3 +128,33 @@ fn a_sender_cannot_name_itself_by_an_endpoint_it_made_up() {
     let none = g.src.take_notification(Duration::from_millis(0)).unwrap_err();
     assert_eq!(none.status(), Status::TimedOut, "{none}");
 }
+
+/// A notification admitted but never published gives its place back: a
+/// sender's valid notification followed, in the same write, by a frame
+/// that ends the connection (a sender name that breaks the rules) is
+/// admitted and then dropped with the connection before its OK could
+/// leave. The receiver's queue holds one: the honest peer's notification
+/// is still accepted and is the only one taken. Guards
+/// `transport/inbox.rs` `Admitted::drop`'s `held -= 1` (without it the
+/// dropped notification kept its place for good, and every later one was
+/// refused RESOURCE_EXHAUSTED).
+#[test]
+fn a_notification_dropped_with_its_connection_gives_its_place_back() {
+    let g = Good::new(r#"{"notification_queue": 1}"#);
+    let mut s = TcpStream::connect(g.src.endpoint()).unwrap();
+    s.set_read_timeout(Some(LONG)).unwrap();
+    s.write_all(&describe_bytes()).unwrap();
+    assert_eq!(read_frame(&mut s).0, MsgKind::Describe);
+    let mut out = frame(MsgKind::Notify, &Notify { tag: 1, name: "dropped".into(), msg: b"never".to_vec() }.encode());
+    out.extend(frame(MsgKind::Notify, &Notify { tag: 2, name: "a b".into(), msg: vec![] }.encode()));
+    s.write_all(&out).unwrap();
+    let text = error_text(&mut s).expect("the connection ends with an Error frame");
+    assert!(text.contains("sender name"), "{text}");
+    g.req.notify(g.peer, b"honest", Some(LONG)).unwrap();
+    let n = g.src.take_notification(LONG).expect("the honest notification");
+    assert_eq!((n.sender.as_str(), n.msg.as_slice()), (g.req.endpoint().as_str(), &b"honest"[..]));
+    let none = g.src.take_notification(Duration::ZERO).unwrap_err();
+    assert_eq!(none.status(), Status::TimedOut, "{none}");
+    let st = g.src.stats().notifications;
+    assert_eq!((st.received, st.rejected), (1, 0));
+}

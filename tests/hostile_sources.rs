@@ -371,6 +371,53 @@ fn a_revoke_flood_runs_one_give_back_at_a_time() {
     drop(tx);
 }
 
+/// An answer that comes after its READ failed at its deadline is read and
+/// dropped: none of its bytes land, the engine's stats count it (exactly 1
+/// in `answers_dropped`, so an operator sees late answers from a slow
+/// peer), and the connection stays in step: the next READ on it is served
+/// with exactly its bytes. Guards the fold of the core's dropped count
+/// into `events.answers_dropped` in `transport/tcp/requester.rs`'s
+/// `outputs` (without it the count stayed 0).
+#[test]
+fn a_late_answer_is_dropped_counted_and_the_connection_stays_in_step() {
+    let mut h = Honest::new();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let answer = |s: &mut TcpStream, tag: u64, fill: u8| {
+        let fixed = DataResponse { tag, status: Status::Ok }.encode();
+        s.write_all(&FrameHeader::encode(MsgKind::ReadResponse, (fixed.len() + 4096) as u32)).unwrap();
+        s.write_all(&fixed).unwrap();
+        s.write_all(&[fill; 4096]).unwrap();
+    };
+    let fake = h.connect_fake(move |mut s| {
+        let tag = read_request(&mut s);
+        // Answered only once the requester has failed the READ.
+        rx.recv().unwrap();
+        answer(&mut s, tag, 0x77);
+        let tag = read_request(&mut s);
+        answer(&mut s, tag, 0x55);
+        let _ = rx.recv();
+    });
+    h.local[..4096].fill(0xee);
+    let b = h.submit(fake, Op::Read, 4096, Duration::from_secs(2));
+    assert_eq!(b.wait(Duration::from_secs(60)).unwrap_err().status(), Status::TransferFailed);
+    assert_eq!(b.results()[0].status, Status::TimedOut, "{:?}", b.error(0));
+    assert_eq!(h.req.stats().events.answers_dropped, 0);
+    tx.send(()).unwrap();
+    // The late answer comes before this one's on the same connection.
+    let r = Request {
+        op: Op::Read,
+        local_addr: h.local.as_ptr() as u64 + (1 << 20),
+        remote_addr: h.remote.as_ptr() as u64,
+        len: 4096,
+    };
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(Duration::from_secs(60)) };
+    h.req.submit(fake, &[r], opts).unwrap().wait(Duration::from_secs(60)).unwrap();
+    assert!(h.local[1 << 20..(1 << 20) + 4096].iter().all(|b| *b == 0x55), "the next READ's bytes");
+    assert!(h.local[..4096].iter().all(|b| *b == 0xee), "the late answer's bytes landed");
+    assert_eq!(h.req.stats().events.answers_dropped, 1);
+    drop(tx);
+}
+
 /// What a fake source saw of one request frame: its kind, remote range and
 /// (for a WRITE) the FNV-1a of its payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -235,6 +235,31 @@ fn sizing_that_rules_out_shm_is_said_not_silent() {
     pool.free().unwrap();
 }
 
+/// The stats' notes keep the latest 32 findings, as documented: 40
+/// regions registered in a shared host allocation larger than
+/// `max_inflight_bytes` leave 32 notes, those of the last 32 regions in
+/// the order they came, never 33. Guards `engine/mod.rs` `Inner::note`'s
+/// `if n.len() == 32` (with `> 32` the stats held 33).
+#[test]
+fn the_stats_keep_the_latest_32_notes() {
+    let e = Engine::from_json(r#"{"max_inflight_bytes": 1048576, "max_transfer_bytes": 1048576}"#).unwrap();
+    let pool = allocate_shared_host(2 * MIB).unwrap();
+    let ids: Vec<u64> =
+        (0..40).map(|k| e.register_memory(pool.addr() + k * 4096, 4096, Access::READ).unwrap()).collect();
+    let notes = e.stats().notes;
+    assert_eq!(notes.len(), 32, "{notes:?}");
+    let noted: Vec<u64> = notes
+        .iter()
+        .map(|n| {
+            assert!(n.contains("more than max_inflight_bytes (1048576)"), "{n}");
+            n.strip_prefix("region ").and_then(|r| r.split(' ').next()).and_then(|id| id.parse().ok()).unwrap()
+        })
+        .collect();
+    assert_eq!(noted, ids[8..].to_vec());
+    e.close(Some(LONG)).unwrap();
+    pool.free().unwrap();
+}
+
 /// The same refusal (the source's mapping budget cannot hold the export,
 /// RESOURCE_EXHAUSTED, nothing posted) under AUTO on a requester whose
 /// `transport_policy` leaves TCP out: the request fails with SHM's

@@ -114,3 +114,20 @@ fn batches_say_which_transport_carried_each_request() {
     src.close(Some(T)).unwrap();
     shared.free().unwrap();
 }
+
+/// A connect to port 0 is refused INVALID_ARGUMENT before any socket is
+/// opened, with the endpoint named, whether the host is an IP or
+/// `localhost`; no peer is added. Guards `control/endpoint.rs`'s
+/// `host == "localhost" && port != 0` (without the port check,
+/// "localhost:0" was connected to and failed UNAVAILABLE).
+#[test]
+fn a_connect_to_port_zero_is_an_invalid_argument() {
+    let e = Engine::new(EngineConfig::default()).unwrap();
+    for ep in ["127.0.0.1:0", "localhost:0"] {
+        let err = e.connect(ep, Some(T)).unwrap_err();
+        assert_eq!(err.status(), Status::InvalidArgument, "{ep}: {err}");
+        assert!(err.message().contains(&format!("{ep:?} is not an endpoint")), "{err}");
+    }
+    assert_eq!(e.stats().peers_alive, 0);
+    e.close(Some(T)).unwrap();
+}
