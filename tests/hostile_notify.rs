@@ -158,3 +158,29 @@ fn a_notification_dropped_with_its_connection_gives_its_place_back() {
     let st = g.src.stats().notifications;
     assert_eq!((st.received, st.rejected), (1, 0));
 }
+
+/// A sender name of multi-byte characters, long enough that the Error
+/// naming it is cut at the reason's bound: the cut falls inside a
+/// character for one of the three alignments sent, and the receiver still
+/// answers each with an Error frame (its reason cut at a character
+/// boundary, at most 1024 bytes) and keeps serving. Guards the
+/// character-boundary cut of `message::encode_error` (slicing the text at
+/// 1024 bytes panicked the receiver's I/O thread).
+#[test]
+fn a_long_multibyte_sender_name_is_refused_with_its_reason_cut_whole() {
+    let g = Good::new("");
+    for pad in 0..3 {
+        let mut s = TcpStream::connect(g.src.endpoint()).unwrap();
+        s.set_read_timeout(Some(LONG)).unwrap();
+        s.write_all(&describe_bytes()).unwrap();
+        assert_eq!(read_frame(&mut s).0, MsgKind::Describe);
+        let name = format!("{}{}", "a".repeat(pad), "\u{20ac}".repeat(400));
+        s.write_all(&frame(MsgKind::Notify, &Notify { tag: 1, name, msg: vec![] }.encode())).unwrap();
+        let text = error_text(&mut s).unwrap_or_else(|| panic!("pad {pad}: the connection ends with an Error frame"));
+        assert!(text.len() <= 1024 && text.len() > 1000, "pad {pad}: {} bytes", text.len());
+        assert!(text.contains("\u{20ac}\u{20ac}"), "pad {pad}: {text}");
+    }
+    g.req.notify(g.peer, b"honest", Some(LONG)).unwrap();
+    let n = g.src.take_notification(LONG).expect("the honest notification");
+    assert_eq!(n.msg.as_slice(), &b"honest"[..]);
+}

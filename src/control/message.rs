@@ -103,7 +103,7 @@ impl Writer {
     }
     /// Appends a u16-length-prefixed string.
     pub fn str16(&mut self, s: &str) -> &mut Self {
-        let b = &s.as_bytes()[..s.len().min(u16::MAX as usize)];
+        let b = cut_at_char(s, u16::MAX as usize).as_bytes();
         self.u16(b.len() as u16).bytes(b)
     }
 }
@@ -359,10 +359,25 @@ impl DataResponse {
     }
 }
 
+/// The longest prefix of `s` of at most `max` bytes that ends on a
+/// character boundary: how a reason or a name is cut to its wire bound
+/// (slicing a `str` inside a character panics, and a peer chooses the
+/// characters of the text it makes us quote back).
+pub fn cut_at_char(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
 /// Encodes an Error message body.
 pub fn encode_error(status: Status, text: &str) -> Vec<u8> {
     let mut w = Writer::default();
-    w.u32(status as u32).str16(&text[..text.len().min(MAX_REASON)]);
+    w.u32(status as u32).str16(cut_at_char(text, MAX_REASON));
     w.0
 }
 
@@ -378,6 +393,32 @@ pub fn decode_error(body: &[u8]) -> Result<(Status, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A text of `pad` ASCII bytes, then `n` three-byte characters: one of
+    /// pads 0, 1, 2 puts any bound inside a character.
+    fn euros(pad: usize, n: usize) -> String {
+        format!("{}{}", "a".repeat(pad), "\u{20ac}".repeat(n))
+    }
+
+    #[test]
+    fn reasons_and_strings_are_cut_at_a_character_boundary() {
+        for pad in 0..3 {
+            let t = euros(pad, 400);
+            let (st, got) = decode_error(&encode_error(Status::ProtocolError, &t)).unwrap();
+            assert_eq!(st, Status::ProtocolError);
+            assert!(t.starts_with(&got), "pad {pad}");
+            assert!(got.len() <= MAX_REASON && got.len() > MAX_REASON - 3, "pad {pad}: {} bytes", got.len());
+            let long = euros(pad, 22_000);
+            let mut w = Writer::default();
+            w.str16(&long);
+            let got = Reader::new(&w.0, "str16").str16().unwrap();
+            assert!(long.starts_with(&got), "pad {pad}");
+            assert!(got.len() > u16::MAX as usize - 3, "pad {pad}: {} bytes", got.len());
+        }
+        assert_eq!(cut_at_char("ab", 5), "ab");
+        assert_eq!(cut_at_char("a\u{20ac}", 3), "a");
+        assert_eq!(cut_at_char("\u{20ac}", 0), "");
+    }
 
     fn sample() -> Describe {
         Describe {

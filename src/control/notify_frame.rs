@@ -2,7 +2,7 @@
 //! to source side: a tag, the sender's name, the message) and `NotifyAck`
 //! (the answer: the tag and a status, with a reason when refused).
 
-use super::message::{Reader, Writer, MAX_REASON};
+use super::message::{cut_at_char, Reader, Writer, MAX_REASON};
 use crate::error::{Error, Result, Status};
 
 /// Longest engine name (config key `name`).
@@ -64,7 +64,7 @@ pub fn encode_ack(tag: u64, outcome: &Result<()>) -> Vec<u8> {
         Ok(()) => w.u64(tag).u32(Status::Ok as u32).str16(""),
         Err(e) => {
             let text = e.message();
-            w.u64(tag).u32(e.status() as u32).str16(&text[..floor(text, MAX_REASON)])
+            w.u64(tag).u32(e.status() as u32).str16(cut_at_char(text, MAX_REASON))
         }
     };
     w.0
@@ -82,11 +82,6 @@ pub fn decode_ack(body: &[u8]) -> Result<(u64, Result<()>)> {
     }
     let status = Status::from_u32(raw).ok_or_else(|| Error::Protocol(format!("NotifyAck status {raw} is unknown")))?;
     Ok((tag, if status == Status::Ok { Ok(()) } else { Err(Error::from_status(status, text)) }))
-}
-
-/// The largest char boundary at or below `max`.
-fn floor(s: &str, max: usize) -> usize {
-    (0..=max.min(s.len())).rev().find(|&i| s.is_char_boundary(i)).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! Bodies of the IPC protocol messages (see `MsgKind::IpcHello` onwards).
 
 use crate::control::identity::{Identity, ProcessIdentity};
-use crate::control::message::{Reader, Writer};
+use crate::control::message::{self, Reader, Writer};
 use crate::error::{Error, Result, Status};
 
 /// Operation bits of an export.
@@ -275,7 +275,7 @@ impl ExportOffer {
 /// A refusal: tag (or export id) + status + text.
 pub fn encode_reject(tag: u64, status: Status, text: &str) -> Vec<u8> {
     let mut w = Writer::default();
-    w.u64(tag).u32(status as u32).str16(&text[..text.len().min(1024)]);
+    w.u64(tag).u32(status as u32).str16(message::cut_at_char(text, message::MAX_REASON));
     w.0
 }
 
@@ -376,6 +376,18 @@ impl Revalidate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reject_reason_is_cut_at_a_character_boundary() {
+        for pad in 0..3 {
+            let t = format!("{}{}", "a".repeat(pad), "\u{20ac}".repeat(400));
+            let (tag, e) = decode_reject(&encode_reject(7, Status::ProtocolError, &t)).unwrap();
+            assert_eq!((tag, e.status()), (7, Status::ProtocolError));
+            let got = e.message();
+            assert!(t.starts_with(got), "pad {pad}: {got}");
+            assert!(got.len() <= message::MAX_REASON && got.len() > message::MAX_REASON - 3, "pad {pad}");
+        }
+    }
 
     #[test]
     fn messages_round_trip_and_reject_garbage() {

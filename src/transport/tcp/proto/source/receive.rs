@@ -143,7 +143,7 @@ impl<H: SourceHost> SourceCore<H> {
     fn refuse(&mut self, kind: MsgKind, tag: u64, e: &Error, host: &mut H) {
         host.served(false, 0);
         let text = e.message();
-        let text = &text.as_bytes()[..text.len().min(message::MAX_REASON)];
+        let text = message::cut_at_char(text, message::MAX_REASON).as_bytes();
         let fixed = DataResponse { tag, status: e.status() }.encode();
         self.push_bytes(&FrameHeader::encode(kind, (fixed.len() + text.len()) as u32));
         self.push_bytes(&fixed);
