@@ -108,6 +108,23 @@ fn a_config_built_in_rust_is_held_to_each_lower_bound() {
     assert!(said.contains("`max_inflight_bytes`") && said.contains("1024 is outside the range"), "{said}");
 }
 
+/// A discovery lease built in Rust is held to 1..=3600 s, as JSON's is (JSON
+/// is refused by its reader first, so only `validate` sees a Rust value):
+/// a lease of 3601 s is refused naming the key, and 3600 is taken. Guards
+/// `check_discovery`'s `d.ttl_s > 3600` (round 11 K8: a dead engine's name
+/// held for hours).
+#[test]
+fn a_discovery_lease_built_in_rust_is_held_to_its_upper_bound() {
+    let with_ttl = |ttl_s| EngineConfig {
+        name: Some("prefill-0".into()),
+        discovery: Some(DiscoveryConfig { etcd: vec!["http://127.0.0.1:2379".into()], prefix: "/o".into(), ttl_s }),
+        ..EngineConfig::default()
+    };
+    assert!(with_ttl(3600).validate().is_ok());
+    let said = with_ttl(3601).validate().unwrap_err().to_string();
+    assert!(said.contains("discovery.ttl_s") && said.contains("3601 is outside the range 1..=3600"), "{said}");
+}
+
 #[test]
 fn nvlink_and_mnnvl_are_exclusive() {
     assert!(err(r#"{"nvlink": true, "mnnvl": {}}"#).contains("mutually exclusive"));

@@ -169,4 +169,17 @@ mod tests {
         *need_mut(buf.as_mut_ptr(), "out").unwrap() = 7;
         assert_eq!(*need(buf.as_ptr(), "in").unwrap(), 7);
     }
+
+    /// An error text holding a NUL (a config key or a peer's text) is kept
+    /// as the last error with the NUL turned into a space, never emptied
+    /// (a C string ends at its first NUL). Guards set_last_error's
+    /// `msg.replace('\0', " ")` (round 11 K16).
+    #[test]
+    fn a_last_error_holding_a_nul_is_kept_whole_with_a_space() {
+        set_last_error("unknown key \"a\0b\"");
+        // SAFETY: last_error_ptr points at this thread's live C string,
+        // unchanged until the next set_last_error on this thread.
+        let got = unsafe { std::ffi::CStr::from_ptr(last_error_ptr()) };
+        assert_eq!(got.to_str().unwrap(), "unknown key \"a b\"");
+    }
 }
