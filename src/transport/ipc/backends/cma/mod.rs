@@ -127,6 +127,12 @@ impl IpcBackend for CmaBackend {
         if base.checked_add(physical).is_none() {
             return Err(Error::Protocol(format!("a cma grant of 0x{base:x}+{physical} wraps the address space")));
         }
+        // Copies name the grant's bytes at the window's addresses: a grant
+        // past the window's end (no process holds 3 << 62 bytes) would make
+        // the requester's translation wrap.
+        if vm::WINDOW.checked_add(physical).is_none() {
+            return Err(Error::Protocol(format!("a cma grant of {physical} bytes is larger than any address space")));
+        }
         // The kernel's word, once per source process: whether this process
         // may attach to it (the source named it as its ptracer, where Yama
         // asks, when it admitted the channel).
@@ -224,6 +230,25 @@ mod tests {
         let e = b.import(handle, 8192, false, None).err().unwrap();
         assert_eq!(e.status(), Status::ProtocolError, "{e}");
         assert!(e.message().contains(&format!("a cma grant of 0x{base:x}+8192 wraps the address space")), "{e}");
+    }
+
+    /// A grant reaching past the copy window's end (`3 << 62` bytes from a
+    /// base of 0: a hostile source's offer) is a protocol error naming its
+    /// size, where the requester's window translation would have wrapped
+    /// (a panic in a debug build, a wrong address in release); the largest
+    /// grant the window holds is imported. Guards `import`'s
+    /// `vm::WINDOW.checked_add(physical)`.
+    #[test]
+    fn a_grant_larger_than_the_copy_window_is_refused() {
+        let b = backend();
+        let bytes = [&MAGIC[..], &0u64.to_le_bytes()].concat();
+        let handle = || ReceivedHandle { bytes: bytes.clone(), fd: None, source: Some(this_process()) };
+        let most = u64::MAX - vm::WINDOW;
+        let e = b.import(handle(), most + 1, false, None).err().unwrap();
+        assert_eq!(e.status(), Status::ProtocolError, "{e}");
+        assert_eq!(e.message(), format!("a cma grant of {} bytes is larger than any address space", most + 1));
+        let m = b.import(handle(), most, false, None).unwrap();
+        assert_eq!(m.base(), vm::WINDOW);
     }
 
     /// Guards `admit`: another user's process is refused the channel.
