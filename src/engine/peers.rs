@@ -181,10 +181,12 @@ impl Engine {
             inner.stats.events.revoke_passes.fetch_add(1, Ordering::Relaxed);
         });
         Box::new(move || {
-            // Counted once triggered: whoever sees the count knows a pass
-            // is due (or ran) for it.
-            job.trigger();
+            // Counted before the pass is triggered: whoever sees what the
+            // pass gave back (a source's close that got its exports back)
+            // sees the count too; whoever sees the count knows a pass is
+            // due (or ran) for it.
             stats.events.revokes_received.fetch_add(1, Ordering::Relaxed);
+            job.trigger();
         })
     }
 
