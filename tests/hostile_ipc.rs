@@ -2,16 +2,21 @@
 //! channel that pipelines export requests and never reads its answers, a
 //! WRITE grant still waiting for another engine's reader when its own
 //! engine closes, a Hello naming its pid with another start time, a
-//! header announcing a payload kind's body, and channels opened and lost
-//! again and again.
+//! header announcing a payload kind's body, channels opened and lost
+//! again and again, a Hello naming another boot, a request carrying a
+//! file descriptor, and more exports over one channel than its grant
+//! board has slots.
 
 mod common;
 
 use common::*;
 use orbite::control::frame::{FrameHeader, MsgKind, MAX_CONTROL_BODY};
 use orbite::control::Identity;
+use orbite::transport::ipc::board::SLOTS;
 use orbite::transport::ipc::channel::Channel;
-use orbite::transport::ipc::messages::{decode_reject, ExportRequest, OP_READ, OP_WRITE};
+use orbite::transport::ipc::messages::{
+    decode_reject, ExportOffer, ExportRef, ExportRequest, NO_SLOT, OP_READ, OP_WRITE,
+};
 use orbite::*;
 use std::time::{Duration, Instant};
 
@@ -280,4 +285,103 @@ fn a_lost_channel_lets_its_grant_board_go() {
         assert_eq!(boards_held(src.pid), 0, "round {round}: boards of lost channels kept");
     }
     src.close();
+}
+
+/// A requester that names its own pid and start time, both of which the
+/// kernel verifies, but another boot (its boot id changed: what a hello
+/// replayed from another host would carry) is refused STALE_PEER, saying
+/// SHM needs the same host, and served nothing: its channel is closed
+/// before any export request is read, and nothing is exported. Guards
+/// `transport/ipc/source.rs` `handshake`'s
+/// `if !ctx.identity.same_boot(&requester) {` (round 11 K4).
+#[test]
+fn a_hello_naming_another_boot_is_refused_as_stale() {
+    let a = allocate_shared_host(SZ).unwrap();
+    let (src, epoch) = engine(r#"{"io_threads": 1}"#, &a);
+    let mut claimed = Identity::fresh().unwrap();
+    claimed.boot_id[0] ^= 0xff;
+    let (mut ch, kind, body) = ipc_hello(&src.endpoint(), TransportKind::Shm, claimed, None);
+    assert_eq!(kind, MsgKind::ExportReject);
+    let e = decode_reject(&body).unwrap().1;
+    assert_eq!(e.status(), Status::StalePeer, "{e}");
+    assert_eq!(e.message(), "requester runs on another boot; SHM needs the same host");
+    // Nothing served: a request on the channel finds it closed.
+    let _ = raw_send(&ch, &request(epoch, a.addr(), 1, OP_READ, 0));
+    let deadline = Instant::now() + LONG;
+    let mut tick = || if Instant::now() < deadline { Ok(()) } else { Err(Error::TimedOut("answer".into())) };
+    let after = ch.recv(&mut tick).map(|f| f.kind);
+    assert_eq!(after.map_err(|e| e.status()), Err(Status::Unavailable), "the refused channel stays open");
+    let st = src.stats().ipc["shm"].clone();
+    assert_eq!((st.exports.open, st.mapping_bytes_charged), (0, 0), "{st:?}");
+    // Its true boot is welcome.
+    let (_, kind, _) = ipc_hello(&src.endpoint(), TransportKind::Shm, Identity::fresh().unwrap(), None);
+    assert_eq!(kind, MsgKind::IpcWelcome);
+    src.close(Some(LONG)).unwrap();
+    a.free().map_err(|(_, e)| e).unwrap();
+}
+
+/// A welcomed requester sends a well-formed export request with a file
+/// descriptor attached (SCM_RIGHTS): requesters never pass descriptors to
+/// a source, so the source refuses it as PROTOCOL_ERROR naming the
+/// descriptor, offers nothing and closes the channel; the source goes on
+/// serving. Guards `transport/ipc/source.rs` `IpcServed::serve`'s
+/// `if fds {` (round 11 K5: without it the request was offered).
+#[test]
+fn a_file_descriptor_from_the_requester_is_a_protocol_error() {
+    let a = allocate_shared_host(SZ).unwrap();
+    let (src, epoch) = engine(r#"{"io_threads": 1}"#, &a);
+    let (mut ch, k, _) = ipc_hello(&src.endpoint(), TransportKind::Shm, Identity::fresh().unwrap(), None);
+    assert_eq!(k, MsgKind::IpcWelcome);
+    let passed = std::fs::File::open("/dev/null").unwrap();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&passed);
+    let deadline = Instant::now() + LONG;
+    let mut tick = || if Instant::now() < deadline { Ok(()) } else { Err(Error::TimedOut("refusal".into())) };
+    let req = ExportRequest { tag: 1, region_epoch: epoch, addr: a.addr(), len: 4096, ops: OP_READ, wait_ms: 0 };
+    ch.send(MsgKind::ExportRequest, &req.encode(), &[fd], &mut tick).unwrap();
+    let f = ch.recv(&mut tick).expect("an answer to the request");
+    assert_eq!(f.kind, MsgKind::ExportReject, "a request carrying a descriptor was served");
+    let e = decode_reject(&f.body).unwrap().1;
+    assert_eq!(e.status(), Status::ProtocolError, "{e}");
+    assert_eq!(e.message(), "a file descriptor arrived from the requester");
+    let after = ch.recv(&mut tick).map(|f| f.kind);
+    assert_eq!(after.map_err(|e| e.status()), Err(Status::Unavailable), "the refused channel stays open");
+    let st = src.stats().ipc["shm"].clone();
+    assert_eq!((st.exports.open, st.mapping_bytes_charged), (0, 0), "{st:?}");
+    // The source goes on serving.
+    let (_, kind, _) = ipc_hello(&src.endpoint(), TransportKind::Shm, Identity::fresh().unwrap(), None);
+    assert_eq!(kind, MsgKind::IpcWelcome);
+    src.close(Some(LONG)).unwrap();
+    a.free().map_err(|(_, e)| e).unwrap();
+}
+
+/// One channel asks for, and declines, one export more than its grant
+/// board has slots, one at a time: every offer carries a slot on the
+/// board (the fast path), since each declined offer gives its slot back;
+/// nothing stays exported. Guards `transport/ipc/export/mod.rs`
+/// `SlotHold::drop`'s `self.on.free.lock().give_back(self.index);`
+/// (round 11 K11: without it the channel's board filled after `SLOTS`
+/// exports, and every later offer came with `NO_SLOT`: round trips only).
+#[test]
+fn an_ended_export_gives_its_board_slot_back() {
+    let a = allocate_shared_host(SZ).unwrap();
+    let (src, epoch) = engine(r#"{"io_threads": 1}"#, &a);
+    let (mut ch, k, _) = ipc_hello(&src.endpoint(), TransportKind::Shm, Identity::fresh().unwrap(), None);
+    assert_eq!(k, MsgKind::IpcWelcome);
+    let deadline = Instant::now() + LONG;
+    for n in 0..=SLOTS as u64 {
+        let req =
+            ExportRequest { tag: n + 1, region_epoch: epoch, addr: a.addr(), len: 4096, ops: OP_READ, wait_ms: 0 };
+        let f = ch.call(MsgKind::ExportRequest, &req.encode(), deadline, "export request").unwrap();
+        assert_eq!(f.kind, MsgKind::ExportOffer, "request {n}");
+        let o = ExportOffer::decode(&f.body).unwrap();
+        assert_ne!(o.slot, NO_SLOT, "export {n} of one channel got no board slot");
+        let decline = ExportRef { export_id: o.export_id, token: o.token, value: 0, extra: 0 };
+        let f = ch.call(MsgKind::ExportAnswer, &decline.encode(), deadline, "decline").unwrap();
+        assert_eq!(f.kind, MsgKind::Ack, "decline {n}");
+    }
+    let st = src.stats().ipc["shm"].clone();
+    assert_eq!((st.exports.open, st.mapping_bytes_charged), (0, 0), "{st:?}");
+    drop(ch);
+    src.close(Some(LONG)).unwrap();
+    a.free().map_err(|(_, e)| e).unwrap();
 }

@@ -1,8 +1,9 @@
 //! The lifecycle lines operators read: a source logs the exports a lost
 //! channel leaves retained and their reclaim once the importer exited; a
 //! requester logs its connection to a killed source as lost; a source
-//! logs each incoming connection and channel accepted and ended. One process
-//! per test binary: the log sink is process-wide.
+//! logs each incoming connection and channel accepted and ended; a
+//! requester warns of its first fall-through to TCP, not of every one. One
+//! process per test binary: the log sink is process-wide.
 
 mod common;
 
@@ -140,4 +141,46 @@ fn a_peers_error_reason_is_logged_on_one_line() {
     set_sink(None).unwrap();
     req.close(Some(LONG)).unwrap();
     src.close(Some(LONG)).unwrap();
+}
+
+/// A source whose 2 MiB shared allocation is more than its mapping budget
+/// (`max_inflight_bytes` 1 MiB) refuses every SHM grant of it
+/// RESOURCE_EXHAUSTED; a requester reading it three times under AUTO moves
+/// each to TCP and logs each move, the first at WARN and the two later
+/// ones (same transport, same status) at DEBUG: a steady fall-back does
+/// not flood the log. Guards `engine/submit.rs` `fall_through`'s
+/// `let level = if first {` (round 11 K12: with every move at WARN, the
+/// log had one WARN per submission).
+#[test]
+fn a_fall_through_to_tcp_is_warned_once_then_logged_at_debug() {
+    let _one = SINK.lock();
+    let lines: Arc<Mutex<Vec<(Level, String)>>> = Arc::new(Mutex::new(Vec::new()));
+    let sink = lines.clone();
+    set_sink(Some(Box::new(move |l, m| sink.lock().push((l, m.to_string()))))).unwrap();
+    let src = Engine::from_json(r#"{"max_inflight_bytes": 1048576, "max_transfer_bytes": 1048576}"#).unwrap();
+    let a = allocate_shared_host(2 << 20).unwrap();
+    src.register_memory(a.addr(), 2 << 20, Access::READ).unwrap();
+    let req = Engine::from_json(r#"{"log_level": "debug"}"#).unwrap();
+    let local = vec![0u8; 4096];
+    req.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), Some(LONG)).unwrap();
+    let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: a.addr(), len: 4096 };
+    for n in 0..3 {
+        let b = req.submit(peer, &[r], SubmitOptions { transport: Transport::Auto, timeout: Some(LONG) }).unwrap();
+        b.wait(LONG).unwrap();
+        assert_eq!(b.transport(0).unwrap(), Some(TransportKind::Tcp), "read {n}");
+    }
+    assert_eq!(req.stats().transports["shm"].requests_fell_through, 3);
+    let ep = req.endpoint();
+    let moved: Vec<Level> = lines
+        .lock()
+        .iter()
+        .filter(|(_, m)| m.contains(&ep) && m.contains("1 requests moved from shm to tcp"))
+        .map(|(l, _)| *l)
+        .collect();
+    assert_eq!(moved, [Level::Warn, Level::Debug, Level::Debug], "{:?}", lines.lock());
+    set_sink(None).unwrap();
+    req.close(Some(LONG)).unwrap();
+    src.close(Some(LONG)).unwrap();
+    a.free().map_err(|(_, e)| e).unwrap();
 }

@@ -235,6 +235,36 @@ fn sizing_that_rules_out_shm_is_said_not_silent() {
     pool.free().unwrap();
 }
 
+/// A shared allocation larger than the mapping budget (2 MiB against
+/// `max_inflight_bytes` 1 MiB): registered for peers (READ) the engine
+/// notes, naming the region, that peers can reach it over TCP only and
+/// which key to raise; registered local-only (Access::NONE), where no peer
+/// reaches it at all, it notes nothing. Guards `engine/regions.rs`
+/// `register_memory`'s `access != Access::NONE &&` (round 11 K14: without
+/// it a local-only destination buffer got the TCP-only note too).
+#[test]
+fn the_tcp_only_note_is_for_regions_peers_may_access() {
+    let a = allocate_shared_host(2 * MIB).unwrap();
+    let budget = r#"{"max_inflight_bytes": 1048576, "max_transfer_bytes": 1048576}"#;
+    let local = Engine::from_json(budget).unwrap();
+    let before = local.stats().notes;
+    local.register_memory(a.addr(), 2 * MIB, Access::NONE).unwrap();
+    assert_eq!(local.stats().notes, before, "a local-only region was noted");
+    let shared = Engine::from_json(budget).unwrap();
+    let before = shared.stats().notes;
+    let id = shared.register_memory(a.addr(), 2 * MIB, Access::READ).unwrap();
+    let said = format!(
+        "region {id} lies in a shared_host allocation of {} bytes, more than max_inflight_bytes (1048576): peers can \
+         reach it over TCP only; raise max_inflight_bytes on this engine (and on the requesters)",
+        a.physical_len()
+    );
+    let added: Vec<String> = shared.stats().notes.into_iter().filter(|n| !before.contains(n)).collect();
+    assert_eq!(added, [said]);
+    local.close(Some(LONG)).unwrap();
+    shared.close(Some(LONG)).unwrap();
+    a.free().map_err(|(_, e)| e).unwrap();
+}
+
 /// The stats' notes keep the latest 32 findings, as documented: 40
 /// regions registered in a shared host allocation larger than
 /// `max_inflight_bytes` leave 32 notes, those of the last 32 regions in
