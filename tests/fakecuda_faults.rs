@@ -546,6 +546,34 @@ fn fabric_channel_relayed() {
     assert_eq!(got[0].status, Status::PermissionDenied, "{got:?}");
 }
 
+/// A plain fabric channel through a relay that changes one bit of the
+/// first offer: the grant's physical extent says 20 MiB where the source's
+/// allocation (and the handle that follows, unchanged) has 4 MiB. The
+/// requester refuses the handle as a protocol error before it maps
+/// anything: an import of fewer bytes than the grant would leave copies
+/// the grant allows past the end of what was mapped.
+fn fabric_handle_smaller_than_its_grant() {
+    let config = fabric_config(DOMAIN_A);
+    let src = Source::start(&config, "mnnvl", 1, None);
+    let relay = common::relay::Relay::to(&src.endpoint);
+    let r = Req::new(&config, &relay.endpoint(), TransportKind::Mnnvl);
+    // The connect opened the fabric channel and ran its probe exchange to
+    // the end; the next frame down it is the offer of the READ below: its
+    // header, then `physical` at byte 32 of the body. The low bit of its
+    // byte 3 turns 0x0040_0000 (4 MiB) into 0x0140_0000.
+    assert_eq!(relay.legs(), 2, "the control connection and the fabric channel both came through the relay");
+    const PHYSICAL_BYTE_3: u64 = 16 + 32 + 3;
+    relay.leg(1).flip_down_ahead(PHYSICAL_BYTE_3);
+    let opts =
+        SubmitOptions { transport: Transport::Only(TransportKind::Mnnvl), timeout: Some(Duration::from_secs(60)) };
+    let b = r.e.submit(r.peer, &[rd(r.l(0), src.addrs[0], 4096)], opts).unwrap();
+    let _ = b.wait(Duration::from_secs(120));
+    let err = b.error(0).expect("the READ failed");
+    assert_eq!(err.status(), Status::ProtocolError, "{err}");
+    assert!(err.message().contains(&format!("MNNVL handle says {SIZE} bytes, the grant {}", 20 * MIB)), "{err}");
+    assert_eq!(r.ipc().imports.retained, 0, "nothing mapped stays");
+}
+
 /// Local EGM memory is copied on the GPU attached to its NUMA node (the
 /// stand-in attaches node d to device d; the parent counts the copies per
 /// device); mixed nodes in one group and a node without a GPU are refused.
@@ -786,6 +814,7 @@ fn child_case() {
         "fabric-channel" => fabric_channel(),
         "fabric-channel-keyed" => fabric_channel_keyed(),
         "fabric-channel-relayed" => fabric_channel_relayed(),
+        "fabric-handle-smaller" => fabric_handle_smaller_than_its_grant(),
         "egm-placement" => egm_placement(),
         "pinned-fence" => pinned_fence(),
         "baseline" => clean_baseline(),
@@ -935,6 +964,14 @@ fn a_keyed_fabric_channel_runs_beside_a_sealed_control_connection() {
 #[test]
 fn a_relay_that_changes_a_keyed_fabric_channel_gets_permission_denied() {
     run("fabric-channel-relayed", &[]);
+}
+
+/// Guards `if w.physical != physical` in
+/// `transport/ipc/backends/mnnvl.rs`'s import (round 11 K10: with `>` a
+/// handle claiming fewer bytes than its grant was mapped).
+#[test]
+fn an_mnnvl_handle_smaller_than_its_grant_is_a_protocol_error() {
+    run("fabric-handle-smaller", &[]);
 }
 
 #[test]

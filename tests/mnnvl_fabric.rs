@@ -199,6 +199,19 @@ fn other_clique() {
     refused_with(&e, peer, src.addrs[0], "different_clique", &warned);
 }
 
+/// Two visible GPUs in different cliques of one cluster: "auto" takes no
+/// domain from NVML (neither GPU's clique speaks for both), and the
+/// engine's notes say why.
+fn gpus_of_two_cliques() {
+    let e = Engine::from_json(r#"{"mnnvl": {}}"#).unwrap();
+    let domain = e.config().mnnvl.as_ref().unwrap().fabric_domain;
+    assert_eq!(domain.fixed(), None, "auto took a clique's domain: {domain:?}");
+    let needle = "mnnvl fabric_domain \"auto\": the visible GPUs are in different NVLink cliques";
+    let notes = e.stats().notes;
+    assert_eq!(notes.iter().filter(|n| n.contains(needle)).count(), 1, "{notes:?}");
+    e.close(None).unwrap();
+}
+
 /// One clique, but the two processes use different IMEX channels: the
 /// domains agree, the probe import is refused with the driver's opaque
 /// status, and the places exchanged name `channel_not_shared`.
@@ -261,6 +274,7 @@ fn child_case() {
         "same-clique" => same_clique(),
         "posix-fd-probe" => posix_fd_probe(),
         "other-clique" => other_clique(),
+        "two-cliques" => gpus_of_two_cliques(),
         "channel-not-shared" => channel_not_shared(),
         "not-offered-daemon" => not_offered("daemon_not_ready"),
         "not-offered-imex" => not_offered("no_imex_channel"),
@@ -286,6 +300,14 @@ fn a_posix_fd_probe_passes_its_descriptor_over_the_unix_channel() {
 #[test]
 fn engines_of_different_cliques_fall_back_with_the_cause_in_stats_and_log() {
     run_nvml("other-clique", &[]);
+}
+
+/// Guards `infos.iter().all(..)` in `engine/mnnvl_fabric.rs`'s
+/// `FabricSetup::start` (round 11 K7: with `any` the first GPU's clique
+/// became the domain though the second is in another).
+#[test]
+fn gpus_of_two_cliques_give_auto_no_domain() {
+    run_nvml("two-cliques", &[("FAKECUDA_DEVICES", "2"), ("FAKENVML_CLIQUE", "1,2")]);
 }
 
 #[test]
@@ -407,6 +429,26 @@ fn the_doctor_probes_a_peer_and_names_another_clique_or_channel() {
     let (code, text) = probe(&[("FAKECUDA_IMEX_DIR", other.to_str().unwrap())]);
     assert_eq!(code, 1, "{text}");
     assert!(line(&text, "FAIL", "peer").contains("mnnvl is not used: channel_not_shared: "), "{text}");
+}
+
+/// `--device N` past the last visible GPU: the doctor says it does not
+/// exist and stops there (no layer is asked about a GPU that is not
+/// there); the last GPU is still checked. Guards `if o.device >=
+/// d.devices` in `engine/doctor.rs` (round 11 K9: with `>` the index
+/// equal to the count walked on, and the fabric attribute's layer failed
+/// instead, blaming a fabric the GPU was never asked about).
+#[test]
+fn the_doctor_says_a_gpu_past_the_last_does_not_exist() {
+    let env = [("FAKECUDA_DEVICES", "2")];
+    let (code, text) = doctor(&env, &["--transport", "mnnvl", "--device", "2"], None);
+    assert_eq!(code, 1, "{text}");
+    let failed = line(&text, "FAIL", "devices");
+    let says = "FAIL devices: driver_error: GPU 2 does not exist (2 visible): pick another with --device; ";
+    assert!(failed.starts_with(says), "{text}");
+    assert_eq!(text.lines().last(), Some(failed), "nothing after it:\n{text}");
+    let (code, text) = doctor(&env, &["--transport", "mnnvl", "--handle-type", "posix_fd", "--device", "1"], None);
+    assert_eq!(code, 0, "{text}");
+    assert!(!text.contains("FAIL"), "{text}");
 }
 
 /// This build host has no driver: the doctor's whole answer is one line

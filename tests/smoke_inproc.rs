@@ -1,5 +1,7 @@
 //! Two engines in one process over loopback TCP: the basic round trips.
 
+mod common;
+
 use orbite::*;
 use std::time::Duration;
 
@@ -130,4 +132,28 @@ fn a_connect_to_port_zero_is_an_invalid_argument() {
     }
     assert_eq!(e.stats().peers_alive, 0);
     e.close(Some(T)).unwrap();
+}
+
+/// A new connection goes to the least loaded I/O thread: six requesters
+/// connected one after another to a source with three I/O threads leave
+/// two connections on each (`io.connections_per_thread`). Guards
+/// `.min_by_key(|w| w.conns.load(..))` in `transport/reactor.rs`'s `pick`
+/// (round 11 K13: the most loaded thread took them, 4, 1 and 1).
+#[test]
+fn connections_spread_over_the_io_threads() {
+    let src = Engine::from_json(r#"{"io_threads": 3}"#).unwrap();
+    let mut reqs = Vec::new();
+    for n in 1..=6usize {
+        let req = Engine::from_json(r#"{"transport_policy": ["tcp"]}"#).unwrap();
+        req.connect(&src.endpoint(), Some(T)).unwrap();
+        reqs.push(req);
+        common::eventually("the source serves every connection so far", || {
+            src.stats().io.connections_per_thread.iter().sum::<usize>() == n
+        });
+    }
+    assert_eq!(src.stats().io.connections_per_thread, [2, 2, 2]);
+    for req in reqs {
+        req.close(Some(T)).unwrap();
+    }
+    src.close(Some(T)).unwrap();
 }

@@ -207,6 +207,36 @@ fn every_rejection_is_typed() {
     src.close();
 }
 
+/// Failed requests count their bytes: three requests to a real source
+/// process that fail (outside any region, across the region's end, a
+/// WRITE of a read-only region) and one that succeeds leave the requester's
+/// `transports.tcp` with exactly the failed requests' lengths in
+/// `bytes_failed` and the good one's in `bytes_completed`. Guards
+/// `p.bytes_failed.fetch_add(bytes, ..)` in `counters.rs`'s
+/// `record_requests` (round 11 K1: without it `bytes_failed` stays 0).
+#[test]
+fn failed_requests_count_their_bytes_in_bytes_failed() {
+    let src = PeerProc::spawn(&["--size", "65536", "--access", "r"]);
+    let e = engine("");
+    let (local, _) = local_buf(&e, 65536);
+    let peer = e.connect(&src.endpoint, None).unwrap();
+    let reqs = [
+        req(Op::Read, &local, 0, 4096, 100),                  // outside any region
+        req(Op::Read, &local, 0, src.addr + 65536 - 8, 1000), // crosses the region's end
+        req(Op::Write, &local, 0, src.addr, 10000),           // read-only region
+        req(Op::Read, &local, 0, src.addr, 7),                // fine
+    ];
+    let b = run(&e, peer, &reqs);
+    let got: Vec<Status> = b.results().iter().map(|r| r.status).collect();
+    assert_eq!(got, [Status::NotFound, Status::OutOfRange, Status::PermissionDenied, Status::Ok]);
+    let st = e.stats();
+    let tcp = &st.transports["tcp"];
+    assert_eq!((tcp.requests_failed, tcp.bytes_failed), (3, 100 + 1000 + 10000), "{}", st.to_json());
+    assert_eq!((tcp.requests_completed, tcp.bytes_completed), (1, 7), "{}", st.to_json());
+    e.close(Some(LONG)).unwrap();
+    src.close();
+}
+
 #[test]
 fn threads_and_two_requesters_share_a_source() {
     let mut src = PeerProc::spawn(&["--size", &(8u64 << 20).to_string(), "--seed", "4"]);

@@ -175,6 +175,10 @@ fn pump(mut from: TcpStream, mut to: TcpStream, leg: &Leg, up: bool, delay: Dura
         if flip >= at && flip < at + n as u64 {
             buf[(flip - at) as usize] ^= 1;
         }
+        // Counted as passed before it is written: whatever the other end
+        // has received is in the count (a flip set from it after a reply
+        // arrived lands where it was aimed).
+        count.fetch_add(n as u64, SeqCst);
         let mut out = buf[..n].to_vec();
         if up {
             leg.seen_up.lock().unwrap().extend_from_slice(&out);
@@ -200,7 +204,6 @@ fn pump(mut from: TcpStream, mut to: TcpStream, leg: &Leg, up: bool, delay: Dura
         if to.write_all(&out).is_err() {
             break;
         }
-        count.fetch_add(n as u64, SeqCst);
     }
     let _ = to.shutdown(std::net::Shutdown::Both);
     let _ = from.shutdown(std::net::Shutdown::Both);
