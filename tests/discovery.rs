@@ -487,3 +487,66 @@ fn with_a_key_a_record_copied_under_another_name_is_never_followed() {
     b.close();
     c.close();
 }
+
+/// The lease the value under `key` is held by (0: none), if any value.
+fn etcd_lease(etcd: &Etcd, key: &str) -> Option<i64> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let mut c = etcd_client::Client::connect([etcd.url()], None).await.unwrap();
+        c.get(key, None).await.unwrap().kvs().first().map(|kv| kv.lease())
+    })
+}
+
+/// A name held by an engine of another host (another boot id), in a PID
+/// namespace whose inode matches ours (init namespaces share one inode
+/// number across hosts) and under a pid that names no process here, is
+/// not taken over: that pid means nothing here. A new engine under the
+/// name is refused, naming the holder, and the holder's record stays.
+/// Guards `discovery/etcd.rs` `provably_gone`'s
+/// `h.boot_id == me.boot_id &&`.
+#[test]
+fn a_name_held_on_another_boot_is_never_taken_over() {
+    let etcd = Etcd::start();
+    let probe = Engine::from_json(&etcd.config("probe")).unwrap();
+    let cfg = discovery::DiscoveryConfig { etcd: vec![], prefix: "/orbite-test".into(), ttl_s: TTL as u32 };
+    let mine = cfg.read("probe", &etcd_read(&etcd, &cfg.key("probe")).unwrap(), None).unwrap();
+    assert_ne!(mine.pid_ns, 0, "this host does not say its PID namespace");
+    let mut gone = Command::new("true").spawn().unwrap();
+    gone.wait().unwrap();
+    let other_boot = if mine.boot_id.starts_with('0') { "1" } else { "0" }.to_string() + &mine.boot_id[1..];
+    let far = discovery::Record { name: "far".into(), boot_id: other_boot, pid: gone.id(), ..mine.clone() };
+    let value = cfg.store(&far, None);
+    etcd_write(&etcd, &cfg.key("far"), Some(value.as_bytes()));
+    match Engine::from_json(&etcd.config("far")) {
+        Ok(e) => panic!("the name held on another boot was taken over by {}", e.endpoint()),
+        Err(err) => {
+            assert_eq!(err.status(), Status::InvalidConfig, "{err}");
+            let holder = format!("is held by the live engine at {} (pid {}", far.endpoint, far.pid);
+            assert!(err.message().contains(&holder), "{err}");
+        }
+    }
+    assert_eq!(etcd_read(&etcd, &cfg.key("far")).unwrap(), value.as_bytes());
+    probe.close(Some(LONG)).unwrap();
+}
+
+/// A copy of this engine's own record put under its key without its lease
+/// (by an etcd writer) is put back under the lease at the next keep-alive
+/// (one reclaim), so that the name still goes with the engine: its close
+/// removes it. Guards `discovery/etcd.rs` `State::hold`'s
+/// `let ours = kv.lease() == lease`.
+#[test]
+fn a_lease_less_copy_of_our_own_record_is_put_back_under_the_lease() {
+    let etcd = Etcd::start();
+    let e = Engine::from_json(&etcd.config("keeper")).unwrap();
+    let key = "/orbite-test/engines/keeper";
+    let lease = etcd_lease(&etcd, key).unwrap();
+    assert_ne!(lease, 0);
+    assert_eq!(e.stats().discovery.reclaims, 0);
+    etcd_write(&etcd, key, Some(&etcd_read(&etcd, key).unwrap()));
+    // Its next keep-alive (a third of the TTL away) finds the copy.
+    eventually("the engine puts its record back", || e.stats().discovery.reclaims == 1);
+    assert_eq!(etcd_lease(&etcd, key), Some(lease));
+    assert!(names(&etcd, key, &e.endpoint()));
+    e.close(Some(LONG)).unwrap();
+    assert_eq!(etcd_read(&etcd, key), None, "the name outlived its engine");
+}

@@ -154,6 +154,26 @@ fn a_closing_source_gets_cached_imports_back_at_once() {
     }
 }
 
+/// After `close_source` the engine still listens (its requester side
+/// lives on) but serves no new connection: a requester connecting is
+/// refused UNAVAILABLE, told that the source side is closed, and the
+/// refusal is counted. Guards `engine/accept.rs` `tcp_accept_loop`'s
+/// `|| !self.source_gate.is_open()`.
+#[test]
+fn a_connection_after_close_source_is_refused_and_counted() {
+    let src = Engine::from_json("").unwrap();
+    src.close_source(Some(LONG)).unwrap();
+    let req = Engine::from_json("").unwrap();
+    let err = req.connect(&src.endpoint(), Some(LONG)).map(|_| ()).unwrap_err();
+    assert_eq!(err.status(), Status::Unavailable, "{err}");
+    assert!(err.message().contains("the source side is closed"), "{err}");
+    let st = src.stats();
+    assert_eq!((st.events.connections_refused, st.incoming_connections), (1, 0));
+    assert_eq!(req.stats().peers, 0);
+    req.close(Some(LONG)).unwrap();
+    src.close(Some(LONG)).unwrap();
+}
+
 /// A dead source's IPC channel reports the peer gone, as TCP does.
 #[test]
 fn a_dead_shm_source_is_reported_like_a_dead_tcp_peer() {

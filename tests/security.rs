@@ -491,6 +491,95 @@ fn a_forked_childs_free_leaves_the_parent_serving() {
     let _ = &mut remote;
 }
 
+/// Runs `f` in a child forked from this process (whose engines' threads
+/// the child does not have) and returns the child's exit code, `f`'s
+/// answer. A child that has not exited within [`LONG`] is killed and fails
+/// the test (a guard that let it wait on a thread it does not have).
+fn in_forked_child(f: impl FnOnce() -> i32) -> i32 {
+    // SAFETY: fork; the child runs `f` on its copy of the engines (which
+    // must refuse to touch what the parent owns) and leaves with _exit,
+    // without running the parent's destructors.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let code = f();
+        // SAFETY: _exit never returns and runs no destructors.
+        unsafe { libc::_exit(code) };
+    }
+    let until = Instant::now() + LONG;
+    let mut status = 0;
+    // SAFETY: polling our own child.
+    while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
+        if Instant::now() > until {
+            // SAFETY: killing and reaping our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            panic!("the forked child did not exit within {LONG:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(libc::WIFEXITED(status), "child status {status}");
+    libc::WEXITSTATUS(status)
+}
+
+/// A child forked from a process whose requester is connected cannot
+/// disconnect the parent's peer: refused UNAVAILABLE (it would say goodbye
+/// on, and shut, the socket it shares with the parent). The parent's peer
+/// stays and keeps reading. Guards `engine/peers.rs` `disconnect`'s
+/// `self.check_owner()?`.
+#[test]
+fn a_forked_child_cannot_disconnect_its_parents_peer() {
+    let src = Engine::from_json("").unwrap();
+    let mut remote = vec![6u8; 4096];
+    src.register_memory(remote.as_mut_ptr() as u64, 4096, Access::READ).unwrap();
+    let req = Engine::from_json("").unwrap();
+    let mut local = vec![0u8; 4096];
+    req.register_memory(local.as_mut_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), Some(LONG)).unwrap();
+    let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: remote.as_ptr() as u64, len: 4096 };
+    req.submit(peer, &[r], SubmitOptions::default()).unwrap().wait(LONG).unwrap();
+    assert_eq!(local, vec![6u8; 4096]);
+    let code = in_forked_child(|| match req.disconnect(peer, Some(std::time::Duration::from_millis(10))) {
+        Err(e) if e.status() == Status::Unavailable && e.message().contains("forked child") => 0,
+        Err(_) => 2,
+        Ok(()) => 1,
+    });
+    assert_eq!(code, 0, "the child's disconnect was not refused UNAVAILABLE (1: it disconnected, 2: another error)");
+    local.fill(0);
+    req.submit(peer, &[r], SubmitOptions::default()).unwrap().wait(LONG).unwrap();
+    assert_eq!(local, vec![6u8; 4096]);
+    assert_eq!(req.stats().peers, 1);
+    req.close(Some(LONG)).unwrap();
+    src.close(Some(LONG)).unwrap();
+    let _ = &mut remote;
+}
+
+/// A child forked from a process whose engine holds a notification cannot
+/// take it: refused UNAVAILABLE (the queue it would take from is its copy
+/// of the parent's). The parent takes it. Guards `engine/notify.rs`
+/// `take_notification_fitting`'s `self.check_owner()?`.
+#[test]
+fn a_forked_child_cannot_take_its_parents_notification() {
+    let src = Engine::from_json("").unwrap();
+    let req = Engine::from_json("").unwrap();
+    let peer = req.connect(&src.endpoint(), Some(LONG)).unwrap();
+    req.notify(peer, b"for the parent", Some(LONG)).unwrap();
+    assert_eq!(src.stats().notifications.queued, 1);
+    let code = in_forked_child(|| match src.take_notification(std::time::Duration::ZERO) {
+        Err(e) if e.status() == Status::Unavailable && e.message().contains("forked child") => 0,
+        Err(_) => 2,
+        Ok(_) => 1,
+    });
+    assert_eq!(code, 0, "the child's take was not refused UNAVAILABLE (1: it took the notification, 2: another error)");
+    let n = src.take_notification(std::time::Duration::ZERO).unwrap();
+    assert_eq!(n.msg, b"for the parent");
+    assert_eq!(src.stats().notifications.queued, 0);
+    req.close(Some(LONG)).unwrap();
+    src.close(Some(LONG)).unwrap();
+}
+
 /// Idle IPC channels have their own limit: they cannot use up the control
 /// connections, and the channel past the limit is refused.
 #[test]

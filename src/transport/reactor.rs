@@ -625,6 +625,27 @@ mod tests {
         drop(first.0.lock().take());
     }
 
+    /// A stopped reactor registers nothing: refused UNAVAILABLE, no thread
+    /// started. Without the check a fresh I/O thread no `stop` would end
+    /// serves the connection. A unit test: the engine stops its reactor
+    /// after its listeners and connections, so no caller reaches a stopped
+    /// one deterministically. Guards `register`'s
+    /// `if self.stopped.load(Ordering::Acquire)`.
+    #[test]
+    fn a_stopped_reactor_registers_nothing() {
+        let r = Reactor::new(1, Duration::ZERO);
+        let (a, _b) = UnixStream::pair().unwrap();
+        r.register(a.as_raw_fd(), Arc::new(Holder(Mutex::new(None)))).unwrap();
+        assert_eq!(r.threads(), 1);
+        r.stop();
+        assert_eq!(r.threads(), 0);
+        let (c, _d) = UnixStream::pair().unwrap();
+        let late = Arc::new(Holder(Mutex::new(None)));
+        let e = r.register(c.as_raw_fd(), late.clone()).map(|_| ()).unwrap_err();
+        assert_eq!(e.status(), crate::Status::Unavailable, "{e}");
+        assert_eq!((r.threads(), Arc::strong_count(&late)), (0, 1), "a stopped reactor took the connection");
+    }
+
     /// A handler that counts its ticks, each reported on `tx`, and asks
     /// (once) to be ticked next at `next`.
     struct Ticker {
