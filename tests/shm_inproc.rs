@@ -895,6 +895,42 @@ fn a_range_past_the_end_of_a_peers_region_fails_alone_out_of_range() {
     p.close();
 }
 
+/// A copy that fails (fault `fail_copy`) fails its whole group, each
+/// request TRANSFER_FAILED naming the cause: the READs with no remote
+/// effect and nothing written locally, the WRITEs' effect on the peer's
+/// memory unknown. The import is ended with its receipt (the source holds
+/// no export of it after), the failures are counted, and the next
+/// submission through a fresh import moves every byte. The copy path's
+/// only failure a test can arm at will.
+#[test]
+fn a_failed_copy_fails_its_group_and_the_next_one_moves() {
+    let mut p = OneAllocation::new(r#"{"shm_cache_entries": 0}"#, Access::READ_WRITE, 3 * 4096);
+    p.local.iter_mut().for_each(|b| *b = 0xEE);
+    let reads = [p.read(0, 0, 4096), p.read(4096, 4096, 4096), p.read(8192, 8192, 4096)];
+    p.req.faults().fail_copy.store(1, std::sync::atomic::Ordering::SeqCst);
+    let b = p.submit(&reads);
+    assert!(b.wait(T).is_err());
+    for (i, r) in b.results().iter().enumerate() {
+        assert_eq!((r.status, r.remote_effect), (Status::TransferFailed, RemoteEffect::None), "read {i}");
+        assert_eq!(b.error(i).unwrap().message(), "injected fault: copy failed", "read {i}");
+    }
+    assert!(p.local.iter().all(|&b| b == 0xEE), "nothing was read");
+    let write = Request { op: Op::Write, ..p.read(0, 65536, 4096) };
+    p.req.faults().fail_copy.store(1, std::sync::atomic::Ordering::SeqCst);
+    let b = p.submit(&[write]);
+    assert!(b.wait(T).is_err());
+    let r = b.results()[0];
+    assert_eq!((r.status, r.remote_effect), (Status::TransferFailed, RemoteEffect::Unknown), "{:?}", b.error(0));
+    let st = p.req.stats();
+    assert_eq!(st.transports["shm"].requests_failed, 4);
+    let imports = st.ipc["shm"].imports.clone();
+    assert_eq!((imports.opened, imports.closed, imports.retained), (2, 2, 0), "{imports:?}");
+    assert_eq!(p.src.stats().ipc["shm"].exports.open, 0, "the source took each receipt");
+    p.submit(&reads).wait(T).unwrap();
+    assert!((0..3 * 4096).all(|i| p.local[i] == (i % 251) as u8));
+    p.close();
+}
+
 /// A cached import serves later ranges of its region with no offer to
 /// check them against. A source whose published region reaches past the
 /// allocation it exports (fault `narrow_offer`: the first offer's
