@@ -17,6 +17,8 @@ struct Host {
     failed: u64,
     describes: u64,
     refuse_notify: bool,
+    /// When set, every request is refused PERMISSION_DENIED with this text.
+    refusal: Option<String>,
     /// Torn WRITEs told: tag, bytes landed, why.
     torn: Vec<(u64, u64, String)>,
 }
@@ -25,7 +27,16 @@ impl Host {
     fn new() -> Host {
         let mem = (0..LEN).map(|i| (i * 7 + 1) as u8).collect();
         let held = std::rc::Rc::new(());
-        Host { mem, held, served: (0, 0), failed: 0, describes: 0, refuse_notify: false, torn: Vec::new() }
+        Host {
+            mem,
+            held,
+            served: (0, 0),
+            failed: 0,
+            describes: 0,
+            refuse_notify: false,
+            refusal: None,
+            torn: Vec::new(),
+        }
     }
     /// Leases of requests still held by the core.
     fn holds(&self) -> usize {
@@ -37,6 +48,9 @@ impl SourceHost for Host {
     type Held = std::rc::Rc<()>;
     type Admitted = String;
     fn validate(&mut self, req: &DataRequest, write: bool) -> Result<Self::Held> {
+        if let Some(text) = &self.refusal {
+            return Err(Error::PermissionDenied(text.clone()));
+        }
         if req.region_epoch != EPOCH {
             return Err(Error::StalePeer("another epoch".into()));
         }
@@ -174,6 +188,25 @@ fn reads_and_writes_in_any_split_are_answered_in_order_with_their_bytes() {
         assert_eq!(h.holds(), 0, "nothing stays held once sent");
         assert_eq!(h.served, (3, 300 + 10_000 + 10_000));
     }
+}
+
+/// A refusal's reason longer than the bound (two ASCII bytes, then 400
+/// three-byte characters) is cut at the last character boundary within
+/// 1024 bytes (1022 here), so the requester's strict UTF-8 decode reads
+/// it. Guards `refuse`'s `cut_at_char` (cut as bytes at 1024, the answer
+/// ends inside a character).
+#[test]
+fn a_long_refusal_reason_is_cut_at_a_character_boundary() {
+    let now = Instant::now();
+    let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+    h.refusal = Some(format!("xy{}", "\u{20ac}".repeat(400)));
+    c.received(&read_req(9, BASE, 16), now, &mut h).unwrap();
+    let (out, _) = drain(&mut c, &mut h, now);
+    let f = frames(&out);
+    assert_eq!((f.len(), f[0].0), (1, MsgKind::ReadResponse));
+    assert_eq!((response(&f[0].1).tag, response(&f[0].1).status), (9, Status::PermissionDenied));
+    let text = std::str::from_utf8(&f[0].1[DATA_RESPONSE_LEN..]).expect("whole characters");
+    assert_eq!(text, format!("xy{}", "\u{20ac}".repeat(340)));
 }
 
 #[test]
