@@ -186,6 +186,33 @@ fn a_full_queue_refuses_the_sender_and_sizes_are_checked_both_ends() {
     src.close();
 }
 
+/// A notification of exactly `notification_max_bytes`, from a sender
+/// whose name has the longest length allowed (64 bytes), is sent and
+/// queued whole: its Notify body is exactly the receiver's bound (tag,
+/// name length, 64-byte name, the message). Guards the sender's check
+/// `if msg.len() > most {` in engine/notify.rs (round 12 L6) and the
+/// receiver's `if len > NOTIFY_OVERHEAD + host.notify_max() {` in
+/// tcp/proto/source/receive.rs (round 12 L10): with `>=` either refuses
+/// it INVALID_ARGUMENT.
+#[test]
+fn a_notification_of_exactly_the_bound_from_a_64_byte_name_is_queued() {
+    const MOST: usize = 100;
+    let name = "n".repeat(64);
+    let receiver = engine(&format!(r#"{{"notification_max_bytes": {MOST}}}"#));
+    let sender = engine(&format!(r#"{{"name": "{name}", "notification_max_bytes": {MOST}}}"#));
+    let peer = sender.connect(&receiver.endpoint(), None).unwrap();
+    let msg: Vec<u8> = (0..MOST as u8).collect();
+    sender.notify(peer, &msg, Some(LONG)).unwrap();
+    let got = receiver.take_notification(LONG).unwrap();
+    assert_eq!((got.sender.as_str(), got.msg.as_slice()), (name.as_str(), msg.as_slice()));
+    let n = notes(&sender);
+    assert_eq!((n.sent, n.delivered, n.refused), (1, 1, 0));
+    let theirs = notes(&receiver);
+    assert_eq!((theirs.received, theirs.rejected), (1, 0));
+    sender.close(Some(LONG)).unwrap();
+    receiver.close(Some(LONG)).unwrap();
+}
+
 /// 10 000 notifications from one sender, one in ten sent with a WRITE
 /// batch that the next ones must wait for: they arrive in order.
 #[test]

@@ -105,6 +105,66 @@ mod tests {
         unsafe { CStr::from_ptr(orbite_last_error()) }.to_str().unwrap().to_owned()
     }
 
+    /// Two engines in this process, through the C entry points: `src`
+    /// publishes a 4096-byte shared allocation filled with 0x5a with
+    /// `access`; `req` holds a registered zeroed local buffer of 4096
+    /// bytes, is connected to `src` as `peer` and has a direct route to
+    /// the whole allocation (`direct`).
+    struct Pair {
+        src: *mut orbite_engine,
+        req: *mut orbite_engine,
+        alloc: *mut orbite_allocation,
+        rid: u64,
+        remote: *mut u8,
+        local: Vec<u8>,
+        peer: u64,
+        direct: *mut orbite_direct,
+    }
+
+    impl Pair {
+        fn open(access: u32) -> Pair {
+            let mut src: *mut orbite_engine = null_mut();
+            let mut req: *mut orbite_engine = null_mut();
+            assert_eq!(orbite_engine_new(null(), &mut src), Status::Ok as u32);
+            assert_eq!(orbite_engine_new(null(), &mut req), Status::Ok as u32);
+            let mut alloc: *mut orbite_allocation = null_mut();
+            assert_eq!(orbite_host_allocate_shared(4096, &mut alloc), Status::Ok as u32);
+            let remote = orbite_allocation_addr(alloc).cast::<u8>();
+            // SAFETY: the allocation maps 4096 bytes, used by nothing else yet.
+            unsafe { std::slice::from_raw_parts_mut(remote, 4096) }.fill(0x5a);
+            let (mut rid, mut lid) = (0u64, 0u64);
+            assert_eq!(orbite_register_memory(src, remote.cast(), 4096, access, &mut rid), Status::Ok as u32);
+            let mut local = vec![0u8; 4096];
+            assert_eq!(orbite_register_memory(req, local.as_mut_ptr().cast(), 4096, 0, &mut lid), Status::Ok as u32);
+            // SAFETY: src is the live engine orbite_engine_new gave above.
+            let ep = CString::new(unsafe { &*src }.engine.endpoint()).unwrap();
+            let mut peer = 0u64;
+            assert_eq!(orbite_connect(req, ep.as_ptr(), 30_000, &mut peer), Status::Ok as u32);
+            let mut direct: *mut orbite_direct = null_mut();
+            let st = orbite_direct_open(req, peer, remote as u64, 4096, ORBITE_TRANSPORT_AUTO, 30_000, &mut direct);
+            assert_eq!(st, Status::Ok as u32, "{}", said());
+            Pair { src, req, alloc, rid, remote, local, peer, direct }
+        }
+
+        /// A request of `opcode` between the local buffer and `remote_addr`.
+        fn request(&self, opcode: u32, remote_addr: u64, length: u64) -> orbite_request {
+            orbite_request { opcode, local_addr: self.local.as_ptr() as u64, remote_addr, length }
+        }
+
+        /// Frees the route (unless the test did) and everything else.
+        fn close(self, route_freed: bool) {
+            if !route_freed {
+                orbite_direct_free(self.direct);
+            }
+            assert_eq!(orbite_unregister_memory(self.src, self.rid, 30_000), Status::Ok as u32);
+            assert_eq!(orbite_close(self.req, 30_000), Status::Ok as u32);
+            assert_eq!(orbite_close(self.src, 30_000), Status::Ok as u32);
+            orbite_engine_free(self.req);
+            orbite_engine_free(self.src);
+            assert_eq!(orbite_allocation_free(self.alloc), Status::Ok as u32);
+        }
+    }
+
     /// orbite_direct_copy dereferences only a direct handle the library
     /// gave out and has not taken back: a well-formed route at an address
     /// it never gave out, an engine passed as the route and a freed route
@@ -115,33 +175,9 @@ mod tests {
     /// confusion and use after free from a C caller's mistake).
     #[test]
     fn direct_copy_refuses_a_route_it_did_not_give_out_or_took_back() {
-        let mut src: *mut orbite_engine = null_mut();
-        let mut req: *mut orbite_engine = null_mut();
-        assert_eq!(orbite_engine_new(null(), &mut src), Status::Ok as u32);
-        assert_eq!(orbite_engine_new(null(), &mut req), Status::Ok as u32);
-        let mut alloc: *mut orbite_allocation = null_mut();
-        assert_eq!(orbite_host_allocate_shared(4096, &mut alloc), Status::Ok as u32);
-        let remote = orbite_allocation_addr(alloc).cast::<u8>();
-        // SAFETY: the allocation maps 4096 bytes, used by nothing else yet.
-        unsafe { std::slice::from_raw_parts_mut(remote, 4096) }.fill(0x5a);
-        let (mut rid, mut lid) = (0u64, 0u64);
-        let st = orbite_register_memory(src, remote.cast(), 4096, ORBITE_ACCESS_READ, &mut rid);
-        assert_eq!(st, Status::Ok as u32);
-        let mut local = vec![0u8; 4096];
-        assert_eq!(orbite_register_memory(req, local.as_mut_ptr().cast(), 4096, 0, &mut lid), Status::Ok as u32);
-        // SAFETY: src is the live engine orbite_engine_new gave above.
-        let ep = CString::new(unsafe { &*src }.engine.endpoint()).unwrap();
-        let mut peer = 0u64;
-        assert_eq!(orbite_connect(req, ep.as_ptr(), 30_000, &mut peer), Status::Ok as u32);
-        let mut direct: *mut orbite_direct = null_mut();
-        let st = orbite_direct_open(req, peer, remote as u64, 4096, ORBITE_TRANSPORT_AUTO, 30_000, &mut direct);
-        assert_eq!(st, Status::Ok as u32, "{}", said());
-        let r = orbite_request {
-            opcode: ORBITE_OP_READ,
-            local_addr: local.as_ptr() as u64,
-            remote_addr: remote as u64,
-            length: 4096,
-        };
+        let mut p = Pair::open(ORBITE_ACCESS_READ);
+        let (req, direct, remote, peer) = (p.req, p.direct, p.remote, p.peer);
+        let r = p.request(ORBITE_OP_READ, remote as u64, 4096);
         let untouched = orbite_request_result { status: 77, remote_effect: 77 };
 
         // SAFETY: req is the live engine orbite_engine_new gave above.
@@ -150,29 +186,54 @@ mod tests {
         let mut out = untouched;
         assert_eq!(orbite_direct_copy(req, &stray, &r, 30_000, &mut out), Status::InvalidArgument as u32);
         assert!(said().contains("direct is not a live handle"), "{}", said());
-        assert_eq!((out.status, out.remote_effect, local[0]), (77, 77, 0), "nothing copied");
+        assert_eq!((out.status, out.remote_effect, p.local[0]), (77, 77, 0), "nothing copied");
 
         let st = orbite_direct_copy(req, req.cast_const().cast(), &r, 30_000, &mut out);
         assert_eq!(st, Status::InvalidArgument as u32);
         assert!(said().contains("direct is an orbite_engine, not an orbite_direct"), "{}", said());
-        assert_eq!((out.status, local[0]), (77, 0));
+        assert_eq!((out.status, p.local[0]), (77, 0));
 
         assert_eq!(orbite_direct_copy(req, direct, &r, 30_000, &mut out), Status::Ok as u32, "{}", said());
         assert_eq!(out.status, Status::Ok as u32);
-        assert!(local.iter().all(|&b| b == 0x5a), "the live route copies");
+        assert!(p.local.iter().all(|&b| b == 0x5a), "the live route copies");
         orbite_direct_free(direct);
-        local.fill(0);
+        p.local.fill(0);
         out = untouched;
         assert_eq!(orbite_direct_copy(req, direct, &r, 30_000, &mut out), Status::InvalidArgument as u32);
         assert!(said().contains("direct is not a live handle"), "{}", said());
-        assert_eq!((out.status, local[0]), (77, 0));
+        assert_eq!((out.status, p.local[0]), (77, 0));
 
         drop(stray);
-        assert_eq!(orbite_unregister_memory(src, rid, 30_000), Status::Ok as u32);
-        assert_eq!(orbite_close(req, 30_000), Status::Ok as u32);
-        assert_eq!(orbite_close(src, 30_000), Status::Ok as u32);
-        orbite_engine_free(req);
-        orbite_engine_free(src);
-        assert_eq!(orbite_allocation_free(alloc), Status::Ok as u32);
+        p.close(true);
+    }
+
+    /// A copy whose request fails is an OK call with the request's status
+    /// in *out_result, and orbite_last_error names why, each time: a WRITE
+    /// to a region published READ-only (PERMISSION_DENIED), then a READ
+    /// past the region's end (OUT_OF_RANGE); neither moves a byte. Guards
+    /// `set_last_error(&f.to_string());` in orbite_direct_copy (round 12
+    /// L2: without it a C caller sees the status and no reason, or the
+    /// reason of an older failure).
+    #[test]
+    fn a_failed_direct_copy_names_why_in_the_last_error() {
+        let mut p = Pair::open(ORBITE_ACCESS_READ);
+        let remote = p.remote as u64;
+        p.local.fill(0xc3);
+        let mut out = orbite_request_result { status: 77, remote_effect: 77 };
+        let w = p.request(ORBITE_OP_WRITE, remote, 4096);
+        assert_eq!(orbite_direct_copy(p.req, p.direct, &w, 30_000, &mut out), Status::Ok as u32, "{}", said());
+        assert_eq!((out.status, out.remote_effect), (Status::PermissionDenied as u32, ORBITE_REMOTE_EFFECT_NONE));
+        let why = format!("peer {} published region {} without WRITE access", p.peer, p.rid);
+        assert!(said().contains(&why), "{}", said());
+        // SAFETY: the allocation maps 4096 bytes, alive until p.close.
+        assert!(unsafe { std::slice::from_raw_parts(p.remote, 4096) }.iter().all(|&b| b == 0x5a), "nothing written");
+
+        let r = p.request(ORBITE_OP_READ, remote + 2048, 4096);
+        assert_eq!(orbite_direct_copy(p.req, p.direct, &r, 30_000, &mut out), Status::Ok as u32, "{}", said());
+        assert_eq!((out.status, out.remote_effect), (Status::OutOfRange as u32, ORBITE_REMOTE_EFFECT_NONE));
+        let why = format!("remote range 0x{:x}+4096 is outside region {} (0x{remote:x}+4096)", remote + 2048, p.rid);
+        assert!(said().contains(&why), "{}", said());
+        assert!(p.local.iter().all(|&b| b == 0xc3), "nothing read");
+        p.close(false);
     }
 }
