@@ -959,6 +959,40 @@ fn a_cached_import_never_copies_outside_its_mapping() {
     p.close();
 }
 
+/// A region published WRITE-only: the requester's SHM READ of it is
+/// refused by the source, PERMISSION_DENIED naming the remote READ the
+/// region does not allow, nothing copied and no export left open; an SHM
+/// WRITE into the same region is offered and lands. The export request's
+/// operation bits become the access asked of the region. Guards
+/// `access_of` (src/transport/ipc/messages.rs) `let read = if ops &
+/// OP_READ != 0 {` (as `OP_WRITE`, a READ export asked no access and the
+/// READ copied the region out; a WRITE export asked READ too and was
+/// refused) (round 12 L11).
+#[test]
+fn an_shm_read_of_a_write_only_region_is_refused_and_a_write_lands() {
+    let mut p = OneAllocation::new("", Access::WRITE, 8192);
+    let region = p.src.regions()[0];
+    assert_eq!(region.access, Access::WRITE);
+    p.local.iter_mut().for_each(|b| *b = 0xEE);
+    let b = p.submit(&[p.read(0, 64, 4096)]);
+    assert_eq!(b.wait(T).unwrap_err().status(), Status::TransferFailed);
+    let r = b.results()[0];
+    assert_eq!((r.status, r.remote_effect), (Status::PermissionDenied, RemoteEffect::None), "{:?}", b.error(0));
+    let why = format!("region {} (0x{:x}+{}) does not allow remote READ", region.id, p.a.addr(), 1 << 20);
+    assert!(b.error(0).unwrap().message().ends_with(&why), "{:?}", b.error(0));
+    assert!(p.local.iter().all(|&b| b == 0xEE), "the refused READ copied bytes");
+    assert_eq!(p.src.stats().ipc["shm"].exports.open, 0);
+    let write = Request { op: Op::Write, local_addr: p.local.as_ptr() as u64, remote_addr: p.a.addr() + 64, len: 4096 };
+    let b = p.submit(&[write]);
+    b.wait(T).unwrap();
+    assert_eq!(b.results()[0].remote_effect, RemoteEffect::Applied);
+    // SAFETY: the allocation maps 1 MiB; the WRITE above has completed.
+    let remote = unsafe { std::slice::from_raw_parts(p.a.addr() as *const u8, 1 << 20) };
+    assert!(remote[64..64 + 4096].iter().all(|&b| b == 0xEE), "the WRITE did not land");
+    assert_eq!((remote[63], remote[64 + 4096]), (63, ((64 + 4096) % 251) as u8), "the WRITE spilled");
+    p.close();
+}
+
 /// A receipt whose channel broke as its acknowledgement arrived: the
 /// requester closed its mapping but cannot know the source took the
 /// receipt, so it keeps the import as owing one. A flush right after,

@@ -511,6 +511,25 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    /// A key given as bytes holds at least 32 of them, as a key file does:
+    /// 0, 1 and 31 bytes are refused INVALID_ARGUMENT naming the length,
+    /// 32 is a key that signs. No engine path reaches `from_bytes` (the
+    /// config's `auth_key_file`, from JSON, the C API and `EngineConfig`
+    /// alike, is read by `AuthKey::load`, `key_files_hold_32_to_4096_bytes`);
+    /// it is the public Rust constructor. Guards `if key.len() <
+    /// MIN_KEY_LEN {` (round 12 L15).
+    #[test]
+    fn a_key_from_bytes_holds_at_least_32_bytes() {
+        for len in [0usize, 1, 31] {
+            let e = AuthKey::from_bytes(&vec![9u8; len]).unwrap_err();
+            assert_eq!(e.status(), Status::InvalidArgument, "{e}");
+            assert_eq!(e.message(), format!("a key has at least 32 bytes, got {len}"));
+        }
+        let key = AuthKey::from_bytes(&[9u8; 32]).unwrap();
+        let tag = key.sign(b"label", b"data");
+        assert!(key.check(b"label", b"data", &tag));
+    }
+
     /// During the handshake a frame announcing MAX_AUTH_BODY bytes is read,
     /// one announcing a byte more is refused before its body is read.
     #[test]
