@@ -211,7 +211,7 @@ mod tests {
     /// in *out_result, and orbite_last_error names why, each time: a WRITE
     /// to a region published READ-only (PERMISSION_DENIED), then a READ
     /// past the region's end (OUT_OF_RANGE); neither moves a byte. Guards
-    /// `set_last_error(&f.to_string());` in orbite_direct_copy (round 12
+    /// the failure's `set_last_error` in orbite_direct_copy (round 12
     /// L2: without it a C caller sees the status and no reason, or the
     /// reason of an older failure).
     #[test]
