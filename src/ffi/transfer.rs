@@ -485,14 +485,13 @@ mod tests {
         (ep, hold)
     }
 
-    /// orbite_submit with opts->timeout_ms 300 on an engine whose
-    /// default_timeout_ms is a day, to a peer that never answers: the READ
-    /// ends TIMED_OUT (effect NONE, nothing landed) within the 20 s the
-    /// test waits, so its deadline was the caller's. Guards the line of
-    /// `submission` that sets `o.timeout` from `raw.timeout_ms` (round 8
-    /// H16: without it the batch was still pending when the wait ended).
-    #[test]
-    fn orbite_submit_ends_at_the_callers_timeout_ms_not_the_engines_default() {
+    /// An engine (default_timeout_ms a day) connected to a [`silent_peer`],
+    /// with a READ of 4096 bytes into its local buffer (filled with 0x11)
+    /// submitted through orbite_submit with opts->timeout_ms `timeout_ms`
+    /// over TCP. Free the batch, then drop the sender, then free the engine.
+    fn read_from_a_silent_peer(
+        timeout_ms: u32,
+    ) -> (*mut orbite_engine, *mut orbite_batch, Vec<u8>, std::sync::mpsc::Sender<()>) {
         let config = std::ffi::CString::new(r#"{"default_timeout_ms": 86400000}"#).unwrap();
         let mut engine: *mut orbite_engine = std::ptr::null_mut();
         assert_eq!(crate::ffi::engine::orbite_engine_new(config.as_ptr(), &mut engine), Status::Ok as u32);
@@ -509,14 +508,49 @@ mod tests {
             remote_addr: remote,
             length: 4096,
         };
-        let opts = orbite_submit_options { transport: ORBITE_TRANSPORT_TCP, timeout_ms: 300 };
+        let opts = orbite_submit_options { transport: ORBITE_TRANSPORT_TCP, timeout_ms };
         let mut batch: *mut orbite_batch = std::ptr::null_mut();
         assert_eq!(orbite_submit(engine, peer, &req, 1, &opts, &mut batch), Status::Ok as u32);
+        (engine, batch, local, hold)
+    }
+
+    /// orbite_submit with opts->timeout_ms 300 on an engine whose
+    /// default_timeout_ms is a day, to a peer that never answers: the READ
+    /// ends TIMED_OUT (effect NONE, nothing landed) within the 20 s the
+    /// test waits, so its deadline was the caller's. Guards the line of
+    /// `submission` that sets `o.timeout` from `raw.timeout_ms` (round 8
+    /// H16: without it the batch was still pending when the wait ended).
+    #[test]
+    fn orbite_submit_ends_at_the_callers_timeout_ms_not_the_engines_default() {
+        let (engine, batch, local, hold) = read_from_a_silent_peer(300);
         assert_eq!(orbite_batch_wait(batch, 20_000), Status::TransferFailed as u32);
         let mut out = [orbite_request_result { status: 99, remote_effect: 99 }];
         assert_eq!(orbite_batch_results(batch, out.as_mut_ptr(), 1), Status::Ok as u32);
         assert_eq!((out[0].status, out[0].remote_effect), (Status::TimedOut as u32, crate::RemoteEffect::None as u32));
         assert!(local.iter().all(|b| *b == 0x11), "bytes landed");
+        orbite_batch_free(batch);
+        drop(hold);
+        crate::ffi::engine::orbite_engine_free(engine);
+    }
+
+    /// Guards `if s == Status::TransferFailed` in `orbite_batch_poll`
+    /// (round 13 M2): polling a failed batch is TRANSFER_FAILED and sets
+    /// orbite_last_error to the batch's failure (its request 0 TIMED_OUT),
+    /// replacing the text an unrelated failing call left before it.
+    #[test]
+    fn batch_poll_of_a_failed_batch_names_its_failure_in_last_error() {
+        let (engine, batch, _local, hold) = read_from_a_silent_peer(300);
+        assert_eq!(orbite_batch_wait(batch, 20_000), Status::TransferFailed as u32);
+        let said = || {
+            // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
+            unsafe { std::ffi::CStr::from_ptr(crate::ffi::engine::orbite_last_error()) }.to_str().unwrap().to_owned()
+        };
+        let mut one = orbite_request_result { status: 99, remote_effect: 99 };
+        assert_eq!(orbite_batch_result(batch, 5, &mut one), Status::OutOfRange as u32);
+        assert!(said().contains("request index 5"), "{}", said());
+        assert_eq!(orbite_batch_poll(batch), Status::TransferFailed as u32);
+        let failed = Error::TransferFailed(format!("request 0 failed with {}: ", Status::TimedOut)).to_string();
+        assert!(said().starts_with(&failed), "{}", said());
         orbite_batch_free(batch);
         drop(hold);
         crate::ffi::engine::orbite_engine_free(engine);
