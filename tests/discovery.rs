@@ -550,3 +550,27 @@ fn a_lease_less_copy_of_our_own_record_is_put_back_under_the_lease() {
     e.close(Some(LONG)).unwrap();
     assert_eq!(etcd_read(&etcd, key), None, "the name outlived its engine");
 }
+
+/// A name held (on this boot, in this PID namespace) by a record naming
+/// pid 0, which is no process, is taken over at once by a new engine under
+/// the name: the holder is provably gone. `kill(0, 0)` would signal this
+/// process's own group and read as alive, refusing the name until the
+/// lease expired (this record has none: forever). Guards
+/// `control/identity.rs` `process_alive`'s `pid == 0 ||` (round 13 M15).
+#[test]
+fn a_name_held_by_a_record_naming_pid_0_is_taken_over() {
+    let etcd = Etcd::start();
+    let probe = Engine::from_json(&etcd.config("probe")).unwrap();
+    let cfg = discovery::DiscoveryConfig { etcd: vec![], prefix: "/orbite-test".into(), ttl_s: TTL as u32 };
+    let mine = cfg.read("probe", &etcd_read(&etcd, &cfg.key("probe")).unwrap(), None).unwrap();
+    assert_ne!(mine.pid_ns, 0, "this host does not say its PID namespace");
+    let zero = discovery::Record { name: "zero".into(), pid: 0, ..mine.clone() };
+    etcd_write(&etcd, &cfg.key("zero"), Some(cfg.store(&zero, None).as_bytes()));
+    let e = match Engine::from_json(&etcd.config("zero")) {
+        Ok(e) => e,
+        Err(err) => panic!("the name held by pid 0 was not taken over: {err}"),
+    };
+    assert!(names(&etcd, &cfg.key("zero"), &e.endpoint()), "the key names the new engine");
+    e.close(Some(LONG)).unwrap();
+    probe.close(Some(LONG)).unwrap();
+}

@@ -446,6 +446,29 @@ fn host_register_fails() {
     assert_eq!(src.ipc("mnnvl", "exports_open"), 0);
 }
 
+/// A driver exporting `cuMemHostRegister_v2` but not `cuMemHostUnregister`
+/// (the stand-in built without it): host memory is never pinned, since
+/// the pin could never be released; an MNNVL READ into heap memory is
+/// refused NOT_SUPPORTED naming both symbols, nothing is posted and the
+/// source exports nothing.
+fn host_register_without_unregister() {
+    let mut src = Source::start(MNNVL_FD, "mnnvl", 1, None);
+    let a = src.addrs[0];
+    let heap = vec![0u8; 4096];
+    let e = Engine::from_json(MNNVL_FD).unwrap();
+    e.register_memory(heap.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = e.connect(&src.endpoint, None).unwrap();
+    let opts =
+        SubmitOptions { transport: Transport::Only(TransportKind::Mnnvl), timeout: Some(Duration::from_secs(60)) };
+    let b = e.submit(peer, &[rd(heap.as_ptr() as u64, a, 4096)], opts).unwrap();
+    let _ = b.wait(Duration::from_secs(60));
+    assert_eq!(b.results(), vec![res(Status::NotSupported, RemoteEffect::None)]);
+    let why = b.error(0).expect("the request's error");
+    assert!(why.message().contains("does not export cuMemHostRegister_v2/cuMemHostUnregister"), "{why}");
+    assert_eq!(orbite::cuda::host_pin::pinned(), (0, 0), "nothing pinned");
+    assert_eq!(src.ipc("mnnvl", "exports_open"), 0);
+}
+
 const DOMAIN_A: &str = "0123456789abcdef0123456789abcdef";
 
 fn fabric_config(domain: &str) -> String {
@@ -811,6 +834,7 @@ fn child_case() {
         "host-register" => host_register(),
         "host-register-shared" => host_register_shared(),
         "host-register-fails" => host_register_fails(),
+        "host-register-without-unregister" => host_register_without_unregister(),
         "fabric-channel" => fabric_channel(),
         "fabric-channel-keyed" => fabric_channel_keyed(),
         "fabric-channel-relayed" => fabric_channel_relayed(),
@@ -949,6 +973,14 @@ fn mnnvl_pins_shared_host_memory_too_until_its_registration_goes() {
 #[test]
 fn a_failed_host_pin_posts_nothing() {
     run("host-register-fails", &[("FAKECUDA_FAIL", "cuMemHostRegister_v2:1:2")]);
+}
+
+/// Guards `cuda/host_pin.rs` `pin`'s `|| !has_symbol("cuMemHostUnregister")`
+/// (round 13 M20): with only `cuMemHostRegister_v2` checked, the pin is
+/// made, the READ succeeds, and the pin's release calls a missing symbol.
+#[test]
+fn a_driver_without_cu_mem_host_unregister_never_pins() {
+    run_as("host-register-without-unregister", fakecuda::Variant::NoHostUnregister, &[]);
 }
 
 #[test]

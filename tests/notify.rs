@@ -281,6 +281,26 @@ fn a_killed_receiver_fails_what_waits_for_it() {
     assert_eq!((n.sent, n.delivered, n.not_sent), (1, 1, 2));
 }
 
+/// A notification to a peer already known gone (its process killed, the
+/// connection ended) is refused at once with the connection's error and
+/// counts in `notifications.not_sent`, not in `sent`. Guards the
+/// `notifications.not_sent` count in engine/notify.rs (round 13 M7).
+#[test]
+fn a_notification_to_a_peer_known_gone_counts_not_sent() {
+    let src = PeerProc::spawn(&["--size", &MIB.to_string()]);
+    let e = engine("{}");
+    let peer = e.connect(&src.endpoint, None).unwrap();
+    e.notify(peer, b"stats", Some(LONG)).unwrap();
+    src.kill();
+    eventually("the connection to the killed peer ended", || e.stats().peers_alive == 0);
+    let err = e.notify(peer, b"late", Some(LONG)).unwrap_err();
+    assert_eq!(err.status(), Status::Unavailable, "{err}");
+    assert!(err.message().contains(&format!("peer {peer} is gone")), "{err}");
+    let n = notes(&e);
+    assert_eq!((n.sent, n.delivered, n.not_sent), (1, 1, 1));
+    e.close(Some(LONG)).unwrap();
+}
+
 /// `take_notification` answers TIMED_OUT when nothing came, and names a
 /// sender without a name by its endpoint.
 #[test]

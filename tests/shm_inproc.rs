@@ -1146,3 +1146,19 @@ fn a_late_completion_leaves_its_board_slot_and_an_unregistration_goes_through() 
     drop((req, src));
     a.free().unwrap();
 }
+
+/// A shared allocation whose length, rounded up to 2 MiB, passes
+/// `isize::MAX` (no mapping can hold it) is refused INVALID_ARGUMENT
+/// "too large" before any memory file is made; so is one whose rounding
+/// would overflow. Guards `memory/memfd.rs` `shared_physical`'s
+/// `.filter(|p| *p <= isize::MAX as u64)` (round 13 M18): without it the
+/// length reaches `ftruncate`'s `off_t` conversion instead.
+#[test]
+fn a_shared_allocation_rounding_past_isize_max_is_too_large() {
+    const ROUNDING: u64 = 2 << 20;
+    for len in [isize::MAX as u64, isize::MAX as u64 + 1, u64::MAX - (ROUNDING - 1), u64::MAX] {
+        let Err(err) = allocate_shared_host(len) else { panic!("{len} bytes were allocated") };
+        assert_eq!(err.status(), Status::InvalidArgument, "{len}: {err}");
+        assert_eq!(err.message(), format!("length {len} is too large"), "{len}");
+    }
+}

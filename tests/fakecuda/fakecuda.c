@@ -1311,6 +1311,7 @@ EXPORT CUresult cuMemHostRegister_v2(void *p, size_t size, unsigned int flags) {
     return r == CUDA_ERROR_INVALID_VALUE ? 712 /* CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED */ : r;
 }
 
+#ifndef FAKECUDA_OMIT_HOST_UNREGISTER
 EXPORT CUresult cuMemHostUnregister(void *p) {
     ENTER(cuMemHostUnregister);
     NEED_INIT();
@@ -1321,6 +1322,7 @@ EXPORT CUresult cuMemHostUnregister(void *p) {
     free(r);
     return CUDA_SUCCESS;
 }
+#endif
 
 EXPORT CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
     ENTER(cuPointerGetAttribute);

@@ -19,6 +19,9 @@ pub enum Variant {
     Full,
     /// Built with `-DFAKECUDA_OMIT_BATCH`: no native batch copy symbol.
     NoBatch,
+    /// Built with `-DFAKECUDA_OMIT_HOST_UNREGISTER`: `cuMemHostRegister_v2`
+    /// but no `cuMemHostUnregister` (a pin could never be released).
+    NoHostUnregister,
 }
 
 /// The directory holding `libcuda.so.1` of `variant` (built on first use).
@@ -26,6 +29,7 @@ pub fn libdir(variant: Variant) -> PathBuf {
     let (name, flags): (&str, &[&str]) = match variant {
         Variant::Full => ("full", &[]),
         Variant::NoBatch => ("nobatch", &["-DFAKECUDA_OMIT_BATCH"]),
+        Variant::NoHostUnregister => ("nohostunregister", &["-DFAKECUDA_OMIT_HOST_UNREGISTER"]),
     };
     build(name, "fakecuda.c", "libcuda.so.1", flags)
 }

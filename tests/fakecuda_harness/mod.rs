@@ -182,7 +182,12 @@ pub fn child_case_name() -> Option<String> {
 }
 
 pub fn run(case: &str, env: &[(&str, &str)]) {
-    let mut c = fakecuda::command(std::env::current_exe().unwrap(), Variant::Full);
+    run_as(case, Variant::Full, env);
+}
+
+/// As [`run`], with the stand-in of `variant` on the child's loader path.
+pub fn run_as(case: &str, variant: Variant, env: &[(&str, &str)]) {
+    let mut c = fakecuda::command(std::env::current_exe().unwrap(), variant);
     c.args(["--exact", "child_case", "--nocapture", "--test-threads", "1"]).env("ORBITE_FAKECUDA_CASE", case);
     for (k, v) in env {
         c.env(k, v);
