@@ -38,6 +38,22 @@ fn request(epoch: u64, addr: u64, tag: u64, ops: u32, wait_ms: u32) -> Vec<u8> {
     v
 }
 
+/// After a refusal: the refused channel is ended (its next read finds it
+/// closed, within LONG), nothing is exported or charged, and a new
+/// requester is still welcome; then the source closes and `a` is freed.
+fn the_channel_ends_and_the_source_serves_on(mut ch: Channel, src: Engine, a: Allocation) {
+    let deadline = Instant::now() + LONG;
+    let mut tick = || if Instant::now() < deadline { Ok(()) } else { Err(Error::TimedOut("the end".into())) };
+    let after = ch.recv(&mut tick).map(|f| f.kind);
+    assert_eq!(after.map_err(|e| e.status()), Err(Status::Unavailable), "the refused channel stays open");
+    let st = src.stats().ipc["shm"].clone();
+    assert_eq!((st.exports.open, st.mapping_bytes_charged), (0, 0), "{st:?}");
+    let (_, kind, _) = ipc_hello(&src.endpoint(), TransportKind::Shm, Identity::fresh().unwrap(), None);
+    assert_eq!(kind, MsgKind::IpcWelcome);
+    src.close(Some(LONG)).unwrap();
+    a.free().map_err(|(_, e)| e).unwrap();
+}
+
 /// Writes all of `b` on the channel's socket (retrying up to `LONG`);
 /// false once the source has cut it.
 fn raw_send(ch: &Channel, b: &[u8]) -> bool {
@@ -127,7 +143,7 @@ fn a_hello_with_this_pid_and_another_start_time_is_refused_as_stale() {
     let mut claimed = Identity::fresh().unwrap();
     let (pid, real) = (claimed.process.pid, claimed.process.start_time);
     claimed.process.start_time = real + 1;
-    let (mut ch, kind, body) = ipc_hello(&src.endpoint(), TransportKind::Shm, claimed, None);
+    let (ch, kind, body) = ipc_hello(&src.endpoint(), TransportKind::Shm, claimed, None);
     assert_eq!(kind, MsgKind::ExportReject);
     let e = decode_reject(&body).unwrap().1;
     assert_eq!(e.status(), Status::StalePeer, "{e}");
@@ -135,17 +151,7 @@ fn a_hello_with_this_pid_and_another_start_time_is_refused_as_stale() {
     assert_eq!(e.message(), says);
     // Nothing served: a request on the channel finds it closed.
     let _ = raw_send(&ch, &request(epoch, a.addr(), 1, OP_READ, 0));
-    let deadline = Instant::now() + LONG;
-    let mut tick = || if Instant::now() < deadline { Ok(()) } else { Err(Error::TimedOut("answer".into())) };
-    let after = ch.recv(&mut tick).map(|f| f.kind);
-    assert_eq!(after.map_err(|e| e.status()), Err(Status::Unavailable), "the refused channel stays open");
-    let st = src.stats().ipc["shm"].clone();
-    assert_eq!((st.exports.open, st.mapping_bytes_charged), (0, 0), "{st:?}");
-    // Its true start time is welcome.
-    let (_, kind, _) = ipc_hello(&src.endpoint(), TransportKind::Shm, Identity::fresh().unwrap(), None);
-    assert_eq!(kind, MsgKind::IpcWelcome);
-    src.close(Some(LONG)).unwrap();
-    a.free().map_err(|(_, e)| e).unwrap();
+    the_channel_ends_and_the_source_serves_on(ch, src, a);
 }
 
 /// One allocation served by two engines of this process; a reader process
@@ -234,13 +240,7 @@ fn a_payload_kind_header_beyond_the_control_bound_is_refused_at_once() {
     let e = decode_reject(&f.body).unwrap().1;
     assert_eq!(e.status(), Status::ProtocolError, "{e}");
     assert_eq!(e.message(), format!("IPC frame of {len} bytes is too large"));
-    let after = ch.recv(&mut tick).map(|f| f.kind);
-    assert_eq!(after.map_err(|e| e.status()), Err(Status::Unavailable), "the refused channel stays open");
-    // The source goes on serving.
-    let (_, kind, _) = ipc_hello(&src.endpoint(), TransportKind::Shm, Identity::fresh().unwrap(), None);
-    assert_eq!(kind, MsgKind::IpcWelcome);
-    src.close(Some(LONG)).unwrap();
-    a.free().map_err(|(_, e)| e).unwrap();
+    the_channel_ends_and_the_source_serves_on(ch, src, a);
 }
 
 /// The grant boards process `pid` holds: its descriptors of a board's
@@ -300,24 +300,14 @@ fn a_hello_naming_another_boot_is_refused_as_stale() {
     let (src, epoch) = engine(r#"{"io_threads": 1}"#, &a);
     let mut claimed = Identity::fresh().unwrap();
     claimed.boot_id[0] ^= 0xff;
-    let (mut ch, kind, body) = ipc_hello(&src.endpoint(), TransportKind::Shm, claimed, None);
+    let (ch, kind, body) = ipc_hello(&src.endpoint(), TransportKind::Shm, claimed, None);
     assert_eq!(kind, MsgKind::ExportReject);
     let e = decode_reject(&body).unwrap().1;
     assert_eq!(e.status(), Status::StalePeer, "{e}");
     assert_eq!(e.message(), "requester runs on another boot; SHM needs the same host");
     // Nothing served: a request on the channel finds it closed.
     let _ = raw_send(&ch, &request(epoch, a.addr(), 1, OP_READ, 0));
-    let deadline = Instant::now() + LONG;
-    let mut tick = || if Instant::now() < deadline { Ok(()) } else { Err(Error::TimedOut("answer".into())) };
-    let after = ch.recv(&mut tick).map(|f| f.kind);
-    assert_eq!(after.map_err(|e| e.status()), Err(Status::Unavailable), "the refused channel stays open");
-    let st = src.stats().ipc["shm"].clone();
-    assert_eq!((st.exports.open, st.mapping_bytes_charged), (0, 0), "{st:?}");
-    // Its true boot is welcome.
-    let (_, kind, _) = ipc_hello(&src.endpoint(), TransportKind::Shm, Identity::fresh().unwrap(), None);
-    assert_eq!(kind, MsgKind::IpcWelcome);
-    src.close(Some(LONG)).unwrap();
-    a.free().map_err(|(_, e)| e).unwrap();
+    the_channel_ends_and_the_source_serves_on(ch, src, a);
 }
 
 /// A welcomed requester sends a well-formed export request with a file
@@ -343,15 +333,7 @@ fn a_file_descriptor_from_the_requester_is_a_protocol_error() {
     let e = decode_reject(&f.body).unwrap().1;
     assert_eq!(e.status(), Status::ProtocolError, "{e}");
     assert_eq!(e.message(), "a file descriptor arrived from the requester");
-    let after = ch.recv(&mut tick).map(|f| f.kind);
-    assert_eq!(after.map_err(|e| e.status()), Err(Status::Unavailable), "the refused channel stays open");
-    let st = src.stats().ipc["shm"].clone();
-    assert_eq!((st.exports.open, st.mapping_bytes_charged), (0, 0), "{st:?}");
-    // The source goes on serving.
-    let (_, kind, _) = ipc_hello(&src.endpoint(), TransportKind::Shm, Identity::fresh().unwrap(), None);
-    assert_eq!(kind, MsgKind::IpcWelcome);
-    src.close(Some(LONG)).unwrap();
-    a.free().map_err(|(_, e)| e).unwrap();
+    the_channel_ends_and_the_source_serves_on(ch, src, a);
 }
 
 /// One channel asks for, and declines, one export more than its grant
