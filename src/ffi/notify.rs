@@ -197,4 +197,68 @@ mod tests {
         orbite_engine_free(tx);
         orbite_engine_free(rx);
     }
+
+    /// Guards `if self.inner.closed.load(Ordering::Acquire)` in
+    /// `Engine::check_open` (round 13 M5): after orbite_close, new work on
+    /// the engine (registering memory, connecting to a live engine,
+    /// notifying or submitting to the peer it had) is UNAVAILABLE "the
+    /// engine is closed", with nothing registered or connected
+    /// (*out_region, *out_peer and *out_batch untouched). Here, beside
+    /// orbite_notify, as ffi::engine's tests import no module above it.
+    #[test]
+    fn a_closed_engine_refuses_new_work_as_closed() {
+        let mut src: *mut orbite_engine = std::ptr::null_mut();
+        let mut req: *mut orbite_engine = std::ptr::null_mut();
+        assert_eq!(orbite_engine_new(std::ptr::null(), &mut src), Status::Ok as u32);
+        assert_eq!(orbite_engine_new(std::ptr::null(), &mut req), Status::Ok as u32);
+        let mut remote = vec![0u8; 4096];
+        let mut rid = 0u64;
+        let st = crate::ffi::engine::orbite_register_memory(
+            src,
+            remote.as_mut_ptr().cast(),
+            remote.len(),
+            ORBITE_ACCESS_READ,
+            &mut rid,
+        );
+        assert_eq!(st, Status::Ok as u32);
+        // SAFETY: src is the live engine orbite_engine_new gave above.
+        let ep = std::ffi::CString::new(unsafe { &*src }.engine.endpoint()).unwrap();
+        let mut peer = 0u64;
+        assert_eq!(orbite_connect(req, ep.as_ptr(), 30_000, &mut peer), Status::Ok as u32);
+        assert_eq!(crate::ffi::engine::orbite_close(req, 30_000), Status::Ok as u32);
+        let text = crate::Error::Unavailable("the engine is closed".into()).to_string();
+        let closed = |st: orbite_status, what: &str| {
+            // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
+            let said = unsafe { CStr::from_ptr(crate::ffi::engine::orbite_last_error()) }.to_str().unwrap().to_owned();
+            assert_eq!((st, said), (Status::Unavailable as u32, text.clone()), "{what}");
+        };
+        let mut local = vec![0u8; 4096];
+        let mut region = 77u64;
+        let st = crate::ffi::engine::orbite_register_memory(
+            req,
+            local.as_mut_ptr().cast(),
+            local.len(),
+            ORBITE_ACCESS_READ,
+            &mut region,
+        );
+        closed(st, "register_memory");
+        assert_eq!(region, 77);
+        let mut again = 77u64;
+        closed(orbite_connect(req, ep.as_ptr(), 30_000, &mut again), "connect");
+        assert_eq!(again, 77);
+        closed(orbite_notify(req, peer, b"hi".as_ptr().cast(), 2, 30_000), "notify");
+        let r = orbite_request {
+            opcode: ORBITE_OP_READ,
+            local_addr: local.as_ptr() as u64,
+            remote_addr: remote.as_ptr() as u64,
+            length: 16,
+        };
+        let mut batch = std::ptr::NonNull::<orbite_batch>::dangling().as_ptr();
+        let kept = batch;
+        let st = crate::ffi::transfer::orbite_submit(req, peer, &r, 1, std::ptr::null(), &mut batch);
+        closed(st, "submit");
+        assert_eq!(batch, kept);
+        orbite_engine_free(req);
+        orbite_engine_free(src);
+    }
 }
