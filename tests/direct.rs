@@ -165,6 +165,27 @@ fn a_direct_route_opens_only_where_an_ipc_transport_maps_the_region() {
     p.close();
 }
 
+/// A route of length 0 is INVALID_ARGUMENT "the route's length is 0",
+/// before any peer is asked: at the start of the peer's region, at an
+/// address no region holds and toward a peer that does not exist alike;
+/// the same range of length 1 opens. Guards `if len == 0 {` in
+/// `engine/direct.rs`'s `open_direct` (round 14 N5: without it, a route
+/// of length 0 was opened, or NOT_FOUND).
+#[test]
+fn a_route_of_length_zero_is_an_invalid_argument() {
+    let p = Pair::new(Access::READ_WRITE);
+    for (peer, addr) in [(p.peer, p.a.addr()), (p.peer, 0x1000), (p.peer + 1000, p.a.addr())] {
+        let opened = p.req.open_direct(peer, addr, 0, Transport::Auto, Some(T));
+        let e = opened.err().unwrap_or_else(|| panic!("a route of length 0 to peer {peer} at 0x{addr:x} opened"));
+        assert_eq!(e.status(), Status::InvalidArgument, "peer {peer} at 0x{addr:x}: {e}");
+        assert_eq!(e.message(), "the route's length is 0");
+    }
+    let route = p.req.open_direct(p.peer, p.a.addr(), 1, Transport::Auto, Some(T)).unwrap();
+    assert_eq!(route.region().id, p.rid);
+    drop(route);
+    p.close();
+}
+
 /// A route whose region the peer unregistered fails its next copy (the
 /// source revoked the grant: the copy takes the round trip and is
 /// refused), moving nothing; the region registered again is reached by a

@@ -117,6 +117,36 @@ fn batches_say_which_transport_carried_each_request() {
     shared.free().unwrap();
 }
 
+/// A submission of no requests to a connected peer is INVALID_ARGUMENT "a
+/// submission needs at least one request", with a notification or without
+/// (Rust callers reach this; the C ABI refuses count 0 itself), and the
+/// peer then serves a one-request batch as before. Guards `if
+/// requests.is_empty() {` in `engine/check.rs`'s `check_submission`
+/// (round 14 N4: without it, an empty batch was submitted).
+#[test]
+fn a_submission_of_no_requests_is_an_invalid_argument() {
+    let src = Engine::new(EngineConfig::default()).unwrap();
+    let req = Engine::new(EngineConfig::default()).unwrap();
+    let remote = pattern(4096, 5);
+    let mut local = vec![0u8; 4096];
+    src.register_memory(remote.as_ptr() as u64, 4096, Access::READ).unwrap();
+    req.register_memory(local.as_mut_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), Some(T)).unwrap();
+    let opts = || SubmitOptions { timeout: Some(T), ..SubmitOptions::default() };
+    let refused = [req.submit(peer, &[], opts()), req.submit_with_notification(peer, &[], opts(), b"done")];
+    for (k, r) in refused.into_iter().enumerate() {
+        let err = r.err().unwrap_or_else(|| panic!("submission {k} of no requests was accepted"));
+        assert_eq!(err.status(), Status::InvalidArgument, "{k}: {err}");
+        assert_eq!(err.message(), "a submission needs at least one request", "{k}");
+    }
+    let one =
+        Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: remote.as_ptr() as u64, len: 4096 };
+    req.submit(peer, &[one], opts()).unwrap().wait(T).unwrap();
+    assert_eq!(local, remote);
+    req.close(Some(T)).unwrap();
+    src.close(Some(T)).unwrap();
+}
+
 /// A connect to port 0 is refused INVALID_ARGUMENT before any socket is
 /// opened, with the endpoint named, whether the host is an IP or
 /// `localhost`; no peer is added. Guards `control/endpoint.rs`'s

@@ -93,3 +93,25 @@ pub extern "C" fn orbite_cuda_retained_resources_json(
 ) -> orbite_status {
     guard(|| write_text(&retained_resources_json(), buf, cap, out_len))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Status;
+    use std::ffi::CStr;
+
+    /// orbite_cuda_adopt of a NULL `ptr` (valid flags, length and out) is
+    /// NULL_ARGUMENT "ptr is NULL", writing no handle, with or without
+    /// CUDA (no driver is asked). Guards `if ptr.is_null() {` in
+    /// `orbite_cuda_adopt` (round 14 N2: without it, NULL went to the
+    /// adopt as address 0 and was INVALID_ARGUMENT "cannot adopt 0x0+4096").
+    #[test]
+    fn adopting_a_null_pointer_is_a_null_argument() {
+        let mut out: *mut orbite_allocation = std::ptr::null_mut();
+        let st = orbite_cuda_adopt(std::ptr::null_mut(), 4096, ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION, &mut out);
+        // SAFETY: last_error_ptr returns this thread's NUL-terminated message.
+        let said = unsafe { CStr::from_ptr(last_error_ptr()) }.to_str().unwrap().to_owned();
+        assert_eq!((st, said.as_str()), (Status::NullArgument as u32, "null argument: ptr is NULL"));
+        assert!(out.is_null(), "no handle written");
+    }
+}

@@ -101,4 +101,19 @@ mod tests {
         assert_eq!(orbite_allocation_free(alloc), Status::Ok as u32);
         orbite_engine_free(engine);
     }
+
+    /// orbite_allocation_free(NULL) is a no-op returning OK, as C-API.md
+    /// documents, and leaves no last error behind (the one set before
+    /// stays). Guards `if alloc.is_null() {` in `orbite_allocation_free`
+    /// (round 14 N3: without it, NULL was NULL_ARGUMENT "alloc is NULL").
+    #[test]
+    fn freeing_a_null_allocation_is_ok() {
+        let mut out: *mut orbite_allocation = std::ptr::null_mut();
+        assert_eq!(orbite_host_allocate_shared(0, &mut out), Status::InvalidArgument as u32);
+        assert_eq!(orbite_allocation_free(std::ptr::null_mut()), Status::Ok as u32);
+        // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
+        let said = unsafe { CStr::from_ptr(orbite_last_error()) }.to_str().unwrap().to_owned();
+        assert_eq!(said, "invalid argument: length is 0", "the earlier failure's message stays");
+        assert!(out.is_null());
+    }
 }
