@@ -102,7 +102,7 @@ mod tests {
 
     /// orbite_cuda_adopt of a NULL `ptr` (valid flags, length and out) is
     /// NULL_ARGUMENT "ptr is NULL", writing no handle, with or without
-    /// CUDA (no driver is asked). Guards `if ptr.is_null() {` in
+    /// CUDA (no driver is asked). Guards the NULL check of `ptr` in
     /// `orbite_cuda_adopt` (round 14 N2: without it, NULL went to the
     /// adopt as address 0 and was INVALID_ARGUMENT "cannot adopt 0x0+4096").
     #[test]

@@ -104,7 +104,7 @@ mod tests {
 
     /// orbite_allocation_free(NULL) is a no-op returning OK, as C-API.md
     /// documents, and leaves no last error behind (the one set before
-    /// stays). Guards `if alloc.is_null() {` in `orbite_allocation_free`
+    /// stays). Guards the NULL check of `alloc` in `orbite_allocation_free`
     /// (round 14 N3: without it, NULL was NULL_ARGUMENT "alloc is NULL").
     #[test]
     fn freeing_a_null_allocation_is_ok() {
