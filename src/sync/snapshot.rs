@@ -224,10 +224,14 @@ mod tests {
                 done.send(()).unwrap();
             })
         };
-        // Published: the writer now waits for the early reader.
-        while *cell.load() != 1 {
+        // Published and its phase ended: the writer now waits for the
+        // early reader. (The new value alone is not enough: a reader
+        // announced between the writer's swap and its phase's end counts
+        // under the ended phase, and the writer rightly waits for it.)
+        while cell.phase.load(SeqCst) != 1 {
             std::thread::yield_now();
         }
+        assert_eq!(*cell.load(), 1);
         let late = cell.announce();
         assert!(finished.try_recv().is_err(), "the writer did not wait for a reader announced before it");
         drop(early);
