@@ -114,4 +114,50 @@ mod tests {
         assert_eq!((st, said.as_str()), (Status::NullArgument as u32, "null argument: ptr is NULL"));
         assert!(out.is_null(), "no handle written");
     }
+
+    /// Every CUDA, MNNVL and EGM allocating entry point refuses its
+    /// arguments before any driver is asked, the same with or without
+    /// CUDA, each case named: out_alloc NULL is NULL_ARGUMENT "out_alloc
+    /// is NULL", length 0 INVALID_ARGUMENT "length is 0" (not UNAVAILABLE
+    /// for want of a driver), no handle written; orbite_cuda_adopt of a
+    /// non-NULL pointer the same. Guards `allocate_into`'s `length == 0`
+    /// check as each of them reaches it, and orbite_cuda_adopt's order
+    /// (ptr, then out_alloc and length).
+    #[test]
+    fn allocating_entry_points_refuse_null_out_and_zero_length_before_the_driver() {
+        type Alloc = fn(usize, *mut *mut orbite_allocation) -> orbite_status;
+        let cases: [(&str, Alloc); 6] = [
+            ("cuda_allocate", |len, out| orbite_cuda_allocate(0, len, out)),
+            ("cuda_allocate_ipc", |len, out| orbite_cuda_allocate_ipc(0, len, out)),
+            ("cuda_allocate_pinned_host", |len, out| orbite_cuda_allocate_pinned_host(len, out)),
+            ("allocate_mnnvl", |len, out| orbite_allocate_mnnvl(0, len, out)),
+            ("allocate_egm", |len, out| orbite_allocate_egm(0, len, out)),
+            ("cuda_adopt", |len, out| {
+                let ptr = std::ptr::NonNull::<u64>::dangling().as_ptr().cast::<c_void>();
+                orbite_cuda_adopt(ptr, len, ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION, out)
+            }),
+        ];
+        let said = || {
+            // SAFETY: last_error_ptr returns this thread's NUL-terminated message.
+            unsafe { CStr::from_ptr(last_error_ptr()) }.to_str().unwrap().to_owned()
+        };
+        for (case, f) in cases {
+            let mut out: *mut orbite_allocation = std::ptr::null_mut();
+            let st = f(0, &mut out);
+            assert_eq!(
+                (st, said().as_str()),
+                (Status::InvalidArgument as u32, "invalid argument: length is 0"),
+                "{case}"
+            );
+            assert!(out.is_null(), "{case}: a handle written");
+            let st = f(4096, std::ptr::null_mut());
+            assert_eq!(
+                (st, said().as_str()),
+                (Status::NullArgument as u32, "null argument: out_alloc is NULL"),
+                "{case}"
+            );
+        }
+        let st = orbite_cuda_retained_resources_json(std::ptr::null_mut(), 0, std::ptr::null_mut());
+        assert_eq!((st, said().as_str()), (Status::NullArgument as u32, "null argument: out_len is NULL"));
+    }
 }

@@ -236,4 +236,56 @@ mod tests {
         assert!(p.local.iter().all(|&b| b == 0xc3), "nothing read");
         p.close(false);
     }
+
+    /// The sweep of the direct-route functions' entry checks, each case
+    /// named: a NULL engine, out_direct, direct, request or out_result is
+    /// NULL_ARGUMENT naming it; a transport or opcode of no ORBITE_*
+    /// value is INVALID_ARGUMENT naming it and the value. No route is
+    /// written, nothing copied, *out_result untouched; orbite_direct_free
+    /// of NULL leaves the last error as it was. Guards the transport check
+    /// of orbite_direct_open and the `live`/`need` NULL checks as
+    /// orbite_direct_copy reaches them.
+    #[test]
+    fn direct_entry_points_refuse_null_and_unknown_arguments_naming_them() {
+        let p = Pair::open(ORBITE_ACCESS_READ);
+        let refused = |case: &str, st: orbite_status, want: Error| {
+            assert_eq!((st, said()), (want.status() as u32, want.to_string()), "{case}");
+        };
+        let null_arg = |what: &str| Error::NullArgument(format!("{what} is NULL"));
+        let (req, remote, peer) = (p.req, p.remote as u64, p.peer);
+        let dangling = std::ptr::NonNull::<orbite_direct>::dangling().as_ptr();
+        let mut d = dangling;
+        let st = orbite_direct_open(null_mut(), peer, remote, 4096, ORBITE_TRANSPORT_AUTO, 30_000, &mut d);
+        refused("open engine", st, null_arg("engine"));
+        let st = orbite_direct_open(req, peer, remote, 4096, ORBITE_TRANSPORT_AUTO, 30_000, null_mut());
+        refused("open out_direct", st, null_arg("out_direct"));
+        let st = orbite_direct_open(req, peer, remote, 4096, 6, 30_000, &mut d);
+        refused(
+            "open transport",
+            st,
+            Error::InvalidArgument("transport is 6 (use an ORBITE_TRANSPORT_* value)".into()),
+        );
+        assert_eq!(d, dangling, "a route was written");
+
+        let r = p.request(ORBITE_OP_READ, remote, 4096);
+        let mut out = orbite_request_result { status: 77, remote_effect: 77 };
+        refused("copy engine", orbite_direct_copy(null_mut(), p.direct, &r, 30_000, &mut out), null_arg("engine"));
+        refused("copy direct", orbite_direct_copy(req, null(), &r, 30_000, &mut out), null_arg("direct"));
+        refused("copy request", orbite_direct_copy(req, p.direct, null(), 30_000, &mut out), null_arg("request"));
+        let st = orbite_direct_copy(req, p.direct, &r, 30_000, null_mut());
+        refused("copy out_result", st, null_arg("out_result"));
+        let bad = orbite_request { opcode: 0, ..r };
+        let st = orbite_direct_copy(req, p.direct, &bad, 30_000, &mut out);
+        refused(
+            "copy opcode",
+            st,
+            Error::InvalidArgument("request.opcode is 0 (use ORBITE_OP_READ or ORBITE_OP_WRITE)".into()),
+        );
+        assert_eq!((out.status, out.remote_effect), (77, 77), "*out_result written");
+        assert!(p.local.iter().all(|&b| b == 0), "a refused copy moved bytes");
+
+        orbite_direct_free(null_mut());
+        assert!(said().starts_with("invalid argument: request.opcode is 0"), "{}", said());
+        p.close(false);
+    }
 }

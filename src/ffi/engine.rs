@@ -410,4 +410,139 @@ mod tests {
         assert_eq!(n, ep.len());
         orbite_engine_free(engine);
     }
+
+    /// Asserts that call `case` returned `want`'s status and left `want`'s
+    /// whole text as this thread's last error.
+    fn refused(case: &str, st: orbite_status, want: Error) {
+        assert_eq!((st, said()), (want.status() as u32, want.to_string()), "{case}");
+    }
+
+    /// The sweep of engine.rs's entry checks, each case named: every
+    /// function given a NULL engine is NULL_ARGUMENT "engine is NULL"
+    /// (not the INVALID_ARGUMENT of a dead handle); on a live engine a
+    /// NULL out-parameter or input is NULL_ARGUMENT naming it, checked
+    /// before the engine is asked (an unknown peer is not reported
+    /// instead); region id 0 is INVALID_ARGUMENT "region id 0 is never
+    /// valid" (not the engine's NOT_FOUND); a string that is not UTF-8 is
+    /// INVALID_ARGUMENT naming it. Every out-parameter keeps its sentinel
+    /// and nothing is registered. Guards `live`'s NULL check, the
+    /// `addr.is_null()` and `region == 0` checks, `need_str`'s NULL check
+    /// and the early `need_mut(out_len, ...)` of orbite_peer_regions_json.
+    #[test]
+    fn engine_entry_points_refuse_null_and_zero_arguments_naming_them() {
+        let null_arg = |what: &str| Error::NullArgument(format!("{what} is NULL"));
+        let mut engine: *mut orbite_engine = std::ptr::null_mut();
+        assert_eq!(orbite_engine_new(std::ptr::null(), &mut engine), Status::Ok as u32);
+        let no: *mut orbite_engine = std::ptr::null_mut();
+        let ep = c"127.0.0.1:1";
+        let unknown = 4242u64;
+        let mut mem = vec![0u8; 4096];
+        let addr: *mut c_void = mem.as_mut_ptr().cast();
+        let mut buf = [0x7f as c_char; 64];
+        let (b, cap) = (buf.as_mut_ptr(), buf.len());
+        let (mut n, mut mask, mut id) = (77usize, 77u32, 77u64);
+        let mut infos: Vec<orbite_region_info> = Vec::with_capacity(4);
+        let info = infos.as_mut_ptr();
+
+        // A NULL engine, for every function that takes one.
+        let e = null_arg("engine");
+        refused("endpoint", orbite_engine_endpoint(no, b, cap, &mut n), e.clone());
+        refused("stats_json", orbite_engine_stats_json(no, b, cap, &mut n), e.clone());
+        refused("engine_transports", orbite_engine_transports(no, &mut mask), e.clone());
+        refused("peer_transports", orbite_peer_transports(no, 1, &mut mask), e.clone());
+        refused("register_memory", orbite_register_memory(no, addr, 4096, 0, &mut id), e.clone());
+        refused("unregister_memory", orbite_unregister_memory(no, 1, 0), e.clone());
+        refused("record_producer_stream", orbite_record_producer_stream(no, 1, std::ptr::null_mut()), e.clone());
+        refused("connect", orbite_connect(no, ep.as_ptr(), 1, &mut id), e.clone());
+        refused("connect_name", orbite_connect_name(no, c"x".as_ptr(), 1, &mut id), e.clone());
+        refused("peer_regions_json", orbite_peer_regions_json(no, 1, b, cap, &mut n), e.clone());
+        refused("peer_regions", orbite_peer_regions(no, 1, info, 4, &mut n), e.clone());
+        refused("disconnect", orbite_disconnect(no, 1, 0), e.clone());
+        refused("flush_nvlink_cache", orbite_flush_nvlink_cache(no, 0), e.clone());
+        refused("close_requester", orbite_close_requester(no, 0), e.clone());
+        refused("close_source", orbite_close_source(no, 0), e.clone());
+        refused("close", orbite_close(no, 0), e);
+
+        // A live engine, one argument wrong at a time.
+        refused("engine_new out", orbite_engine_new(std::ptr::null(), std::ptr::null_mut()), null_arg("out_engine"));
+        let dangling = std::ptr::NonNull::<orbite_engine>::dangling().as_ptr();
+        let mut kept = dangling;
+        let not_utf8 = c"{\"name\": \"\xff\"}";
+        let st = orbite_engine_new(not_utf8.as_ptr(), &mut kept);
+        refused("engine_new utf8", st, Error::InvalidArgument("config_json is not valid UTF-8".into()));
+        assert_eq!(kept, dangling, "no engine written");
+        refused("endpoint out_len", orbite_engine_endpoint(engine, b, cap, std::ptr::null_mut()), null_arg("out_len"));
+        let st = orbite_engine_stats_json(engine, b, cap, std::ptr::null_mut());
+        refused("stats_json out_len", st, null_arg("out_len"));
+        refused("engine_transports out", orbite_engine_transports(engine, std::ptr::null_mut()), null_arg("out_mask"));
+        let st = orbite_peer_transports(engine, unknown, std::ptr::null_mut());
+        refused("peer_transports out", st, null_arg("out_mask"));
+        let st = orbite_register_memory(engine, addr, 4096, 0, std::ptr::null_mut());
+        refused("register_memory out", st, null_arg("out_region"));
+        let st = orbite_register_memory(engine, std::ptr::null_mut(), 4096, ORBITE_ACCESS_READ, &mut id);
+        refused("register_memory addr", st, null_arg("addr"));
+        let zero = || Error::InvalidArgument("region id 0 is never valid".into());
+        refused("unregister_memory 0", orbite_unregister_memory(engine, 0, 0), zero());
+        refused("record_producer_stream 0", orbite_record_producer_stream(engine, 0, std::ptr::null_mut()), zero());
+        refused("connect endpoint", orbite_connect(engine, std::ptr::null(), 1, &mut id), null_arg("endpoint"));
+        refused("connect out", orbite_connect(engine, ep.as_ptr(), 1, std::ptr::null_mut()), null_arg("out_peer"));
+        let st = orbite_connect(engine, c"127.0.0.1:\xff".as_ptr(), 1, &mut id);
+        refused("connect utf8", st, Error::InvalidArgument("endpoint is not valid UTF-8".into()));
+        refused("connect_name name", orbite_connect_name(engine, std::ptr::null(), 1, &mut id), null_arg("name"));
+        let st = orbite_connect_name(engine, c"x".as_ptr(), 1, std::ptr::null_mut());
+        refused("connect_name out", st, null_arg("out_peer"));
+        let st = orbite_peer_regions_json(engine, unknown, b, cap, std::ptr::null_mut());
+        refused("peer_regions_json out_len before the peer", st, null_arg("out_len"));
+        let st = orbite_peer_regions(engine, unknown, info, 4, std::ptr::null_mut());
+        refused("peer_regions out_count", st, null_arg("out_count"));
+
+        assert_eq!((n, mask, id), (77, 77, 77), "an out-parameter was written");
+        assert!(buf.iter().all(|&c| c == 0x7f), "buf was written");
+        // SAFETY: engine is the live engine orbite_engine_new gave above.
+        assert!(unsafe { &*engine }.engine.regions().is_empty(), "a refused registration registered");
+        orbite_engine_free(engine);
+    }
+
+    /// orbite_engine_free(NULL) does nothing (the last error a failing call
+    /// left stays); a handle of another type passed as the engine is left
+    /// alone (still live, usable and freed by its own function afterwards)
+    /// and the last error says what it is. Guards take_back's `return
+    /// Ok(None)` for NULL and orbite_engine_free's `set_last_error`.
+    #[test]
+    fn freeing_null_or_another_handle_as_an_engine_does_nothing() {
+        set_last_error("an earlier failure");
+        orbite_engine_free(std::ptr::null_mut());
+        assert_eq!(said(), "an earlier failure");
+        let stats = give_out(orbite_stats { entries: Vec::new() });
+        orbite_engine_free(stats.cast());
+        assert_eq!(said(), "invalid argument: engine is an orbite_stats, not an orbite_engine");
+        let back = take_back(stats, "stats").expect("still a live orbite_stats");
+        assert!(back.expect("not NULL").entries.is_empty());
+    }
+
+    /// The text out-parameter rule at its edge (write_text, here through
+    /// orbite_engine_endpoint): a cap of exactly the text's length (no room
+    /// for the NUL) is BUFFER_TOO_SMALL with *out_len the length and not a
+    /// byte written, even past cap; one byte more is OK. Guards `if cap <
+    /// n + 1` and the too-small branch's `*out_len = n`.
+    #[test]
+    fn a_text_out_parameter_without_room_for_the_nul_is_buffer_too_small() {
+        let mut engine: *mut orbite_engine = std::ptr::null_mut();
+        assert_eq!(orbite_engine_new(std::ptr::null(), &mut engine), Status::Ok as u32);
+        // SAFETY: engine is the live engine orbite_engine_new gave above.
+        let ep = unsafe { &*engine }.engine.endpoint();
+        let mut buf = vec![0x7f as c_char; ep.len() + 8];
+        let mut n = 99usize;
+        let st = orbite_engine_endpoint(engine, buf.as_mut_ptr(), ep.len(), &mut n);
+        assert_eq!((st, n), (Status::BufferTooSmall as u32, ep.len()));
+        let want = format!("needs {} bytes including the NUL, cap is {}", ep.len() + 1, ep.len());
+        assert_eq!(said(), Error::BufferTooSmall(want).to_string());
+        assert!(buf.iter().all(|&c| c == 0x7f), "written into a buffer too small");
+        n = 99;
+        assert_eq!(orbite_engine_endpoint(engine, buf.as_mut_ptr(), ep.len() + 1, &mut n), Status::Ok as u32);
+        // SAFETY: OK means buf holds a NUL-terminated text.
+        assert_eq!((unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap(), n), (ep.as_str(), ep.len()));
+        assert_eq!(buf[ep.len() + 1], 0x7f, "written past cap");
+        orbite_engine_free(engine);
+    }
 }

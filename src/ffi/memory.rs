@@ -116,4 +116,37 @@ mod tests {
         assert_eq!(said, "invalid argument: length is 0", "the earlier failure's message stays");
         assert!(out.is_null());
     }
+
+    /// The allocation functions given no allocation, each case named:
+    /// orbite_host_allocate_shared with out_alloc NULL is NULL_ARGUMENT
+    /// "out_alloc is NULL" (nothing allocated); orbite_allocation_addr and
+    /// orbite_allocation_length of NULL or of another handle type are NULL
+    /// and 0; orbite_allocation_free of an engine handle is
+    /// INVALID_ARGUMENT naming what it is, and the engine stays live.
+    /// Guards the `live` check of orbite_allocation_free (a handle of
+    /// another type is never released as an allocation).
+    #[test]
+    fn allocation_functions_refuse_null_and_other_handles() {
+        let said = || {
+            // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
+            unsafe { CStr::from_ptr(orbite_last_error()) }.to_str().unwrap().to_owned()
+        };
+        let st = orbite_host_allocate_shared(4096, std::ptr::null_mut());
+        assert_eq!((st, said().as_str()), (Status::NullArgument as u32, "null argument: out_alloc is NULL"));
+        let mut engine: *mut orbite_engine = std::ptr::null_mut();
+        assert_eq!(orbite_engine_new(std::ptr::null(), &mut engine), Status::Ok as u32);
+        let other: *mut orbite_allocation = engine.cast();
+        for (case, a) in [("NULL", std::ptr::null_mut()), ("an engine", other)] {
+            assert!(orbite_allocation_addr(a).is_null(), "addr of {case}");
+            assert_eq!(orbite_allocation_length(a), 0, "length of {case}");
+        }
+        let st = orbite_allocation_free(other);
+        let want = "invalid argument: alloc is an orbite_engine, not an orbite_allocation";
+        assert_eq!((st, said().as_str()), (Status::InvalidArgument as u32, want));
+        let mut region = 0u64;
+        let mut buf = vec![0u8; 4096];
+        let st = orbite_register_memory(engine, buf.as_mut_ptr().cast(), buf.len(), ORBITE_ACCESS_READ, &mut region);
+        assert_eq!(st, Status::Ok as u32, "the engine stays live");
+        orbite_engine_free(engine);
+    }
 }

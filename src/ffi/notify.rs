@@ -132,6 +132,13 @@ mod tests {
     /// Engines "rx" and "tx", tx connected to rx and its notification
     /// `msg` queued at rx: (rx, tx).
     fn notified(msg: &[u8]) -> (*mut orbite_engine, *mut orbite_engine) {
+        let (rx, tx, peer) = connected();
+        assert_eq!(orbite_notify(tx, peer, msg.as_ptr().cast(), msg.len(), 60_000), Status::Ok as u32);
+        (rx, tx)
+    }
+
+    /// Engines "rx" and "tx", tx connected to rx as `peer`: (rx, tx, peer).
+    fn connected() -> (*mut orbite_engine, *mut orbite_engine, u64) {
         let (mut rx, mut tx): (*mut orbite_engine, *mut orbite_engine) = (std::ptr::null_mut(), std::ptr::null_mut());
         let rx_config = CString::new(r#"{"name": "rx"}"#).unwrap();
         let tx_config = CString::new(r#"{"name": "tx"}"#).unwrap();
@@ -141,8 +148,7 @@ mod tests {
         let ep = CString::new(unsafe { &*rx }.engine.endpoint()).unwrap();
         let mut peer = 0u64;
         assert_eq!(orbite_connect(tx, ep.as_ptr(), 60_000, &mut peer), Status::Ok as u32);
-        assert_eq!(orbite_notify(tx, peer, msg.as_ptr().cast(), msg.len(), 60_000), Status::Ok as u32);
-        (rx, tx)
+        (rx, tx, peer)
     }
 
     /// A notification whose message does not fit `msg_cap` is not taken:
@@ -260,5 +266,66 @@ mod tests {
         assert_eq!(batch, kept);
         orbite_engine_free(req);
         orbite_engine_free(src);
+    }
+
+    /// The sweep of the notification functions' entry checks, each case
+    /// named: a NULL engine is NULL_ARGUMENT "engine is NULL"; msg NULL
+    /// with a nonzero len, a NULL out_batch, requests, sender or
+    /// out_msg_len are NULL_ARGUMENT naming them (and the len); nothing of
+    /// it is sent, written or taken. msg NULL with len 0 is an empty
+    /// notification, delivered, and taken into msg NULL with msg_cap 0.
+    /// Guards `message`'s `len == 0` and `msg.is_null()` checks and
+    /// orbite_notification_take's `sender.is_null()`.
+    #[test]
+    fn notification_entry_points_refuse_null_arguments_naming_them() {
+        let (rx, tx, peer) = connected();
+        let said = || {
+            // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
+            unsafe { CStr::from_ptr(crate::ffi::engine::orbite_last_error()) }.to_str().unwrap().to_owned()
+        };
+        let refused = |case: &str, st: orbite_status, want: Error| {
+            assert_eq!((st, said()), (want.status() as u32, want.to_string()), "{case}");
+        };
+        let null_arg = |what: &str| Error::NullArgument(format!("{what} is NULL"));
+        let no: *mut orbite_engine = std::ptr::null_mut();
+        let hi: *const c_void = b"hi".as_ptr().cast();
+        let r = orbite_request { opcode: ORBITE_OP_READ, local_addr: 0x1000, remote_addr: 0x2000, length: 8 };
+        let none = std::ptr::null();
+        let dangling = std::ptr::NonNull::<orbite_batch>::dangling().as_ptr();
+        let mut batch = dangling;
+        let (mut sender, mut msg, mut len) = ([0x7f as c_char; 128], [0x7fu8; 8], 77usize);
+        let (s, m) = (sender.as_mut_ptr(), msg.as_mut_ptr().cast::<c_void>());
+
+        refused("notify engine", orbite_notify(no, peer, hi, 2, 60_000), null_arg("engine"));
+        let st = orbite_notify(tx, peer, std::ptr::null(), 3, 60_000);
+        refused("notify msg", st, Error::NullArgument("msg is NULL with len 3".into()));
+        let st = orbite_submit_notify(no, peer, &r, 1, none, hi, 2, &mut batch);
+        refused("submit_notify engine", st, null_arg("engine"));
+        let st = orbite_submit_notify(tx, peer, &r, 1, none, hi, 2, std::ptr::null_mut());
+        refused("submit_notify out_batch", st, null_arg("out_batch"));
+        let st = orbite_submit_notify(tx, peer, &r, 1, none, std::ptr::null(), 2, &mut batch);
+        refused("submit_notify msg", st, Error::NullArgument("msg is NULL with len 2".into()));
+        let st = orbite_submit_notify(tx, peer, std::ptr::null(), 1, none, hi, 2, &mut batch);
+        refused("submit_notify requests", st, null_arg("requests"));
+        assert_eq!(batch, dangling, "a batch was written");
+        let st = orbite_notification_take(no, 0, s, 128, m, 8, &mut len);
+        refused("take engine", st, null_arg("engine"));
+
+        assert_eq!(orbite_notify(tx, peer, std::ptr::null(), 0, 60_000), Status::Ok as u32, "{}", said());
+        let st = orbite_notification_take(rx, 60_000, std::ptr::null_mut(), 128, m, 8, &mut len);
+        refused("take sender", st, null_arg("sender"));
+        let st = orbite_notification_take(rx, 60_000, s, 128, m, 8, std::ptr::null_mut());
+        refused("take out_msg_len", st, null_arg("out_msg_len"));
+        assert_eq!(len, 77, "out_msg_len written");
+        assert!(sender.iter().all(|&c| c == 0x7f) && msg == [0x7f; 8], "written by a refused take");
+
+        let st = orbite_notification_take(rx, 60_000, s, 128, std::ptr::null_mut(), 0, &mut len);
+        assert_eq!((st, len), (Status::Ok as u32, 0), "the empty notification, still queued: {}", said());
+        // SAFETY: the take wrote a NUL-terminated name into sender.
+        assert_eq!(unsafe { CStr::from_ptr(sender.as_ptr()) }.to_str().unwrap(), "tx");
+        let st = orbite_notification_take(rx, 0, s, 128, m, 8, &mut len);
+        assert_eq!(st, Status::TimedOut as u32, "a refused call sent a notification");
+        orbite_engine_free(tx);
+        orbite_engine_free(rx);
     }
 }

@@ -112,3 +112,90 @@ pub extern "C" fn orbite_stats_free(stats: *mut orbite_stats) {
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Status;
+    use std::ffi::CStr;
+
+    /// This thread's last error.
+    fn said() -> String {
+        // SAFETY: last_error_ptr returns this thread's NUL-terminated message.
+        unsafe { CStr::from_ptr(super::super::boundary::last_error_ptr()) }.to_str().unwrap().to_owned()
+    }
+
+    /// Asserts that call `case` returned `want`'s status and left `want`'s
+    /// whole text as this thread's last error.
+    fn refused(case: &str, st: u32, want: Error) {
+        assert_eq!((st, said()), (want.status() as u32, want.to_string()), "{case}");
+    }
+
+    /// The sweep of the stats functions' entry checks, each case named, on
+    /// a snapshot of a number at "a.n" (5) and a text at "b.t": a NULL
+    /// engine or snapshot is NULL_ARGUMENT naming it (orbite_stats_count
+    /// 0); a NULL out-parameter or path names itself; index 2 is
+    /// OUT_OF_RANGE "index 2 is past the snapshot's 2 values"; an absent
+    /// path NOT_FOUND and a text INVALID_ARGUMENT, each naming the path.
+    /// No out-parameter is written by a refused call. Guards the
+    /// `entries.get(index)` bound of orbite_stats_entry and the
+    /// `e.text.is_some()` check of orbite_stats_number.
+    #[test]
+    fn stats_entry_points_refuse_null_unknown_and_text_arguments_naming_them() {
+        let null_arg = |what: &str| Error::NullArgument(format!("{what} is NULL"));
+        let engine = give_out(orbite_engine { engine: crate::Engine::from_json("{}").unwrap() });
+        let mut snap: *mut orbite_stats = std::ptr::null_mut();
+        refused("engine_stats engine", orbite_engine_stats(std::ptr::null(), &mut snap), null_arg("engine"));
+        refused("engine_stats out", orbite_engine_stats(engine, std::ptr::null_mut()), null_arg("out_stats"));
+        assert!(snap.is_null(), "a snapshot was written");
+        let entry = |path: &str, value: u64, text: Option<&str>| StatEntry {
+            path: c_text(path),
+            value,
+            text: text.map(c_text),
+        };
+        let s = give_out(orbite_stats { entries: vec![entry("a.n", 5, None), entry("b.t", 0, Some("words"))] });
+        let no: *const orbite_stats = std::ptr::null();
+        let sentinel = c"sentinel".as_ptr();
+        let (mut path, mut value, mut text) = (sentinel, 77u64, sentinel);
+        let (p, v, t) = (&mut path as *mut _, &mut value as *mut u64, &mut text as *mut _);
+
+        assert_eq!((orbite_stats_count(no), orbite_stats_count(s)), (0, 2));
+        refused("entry stats", orbite_stats_entry(no, 0, p, v, t), null_arg("stats"));
+        refused("entry out_path", orbite_stats_entry(s, 0, std::ptr::null_mut(), v, t), null_arg("out_path"));
+        refused("entry out_value", orbite_stats_entry(s, 0, p, std::ptr::null_mut(), t), null_arg("out_value"));
+        refused("entry out_text", orbite_stats_entry(s, 0, p, v, std::ptr::null_mut()), null_arg("out_text"));
+        let past = Error::OutOfRange("index 2 is past the snapshot's 2 values".into());
+        refused("entry index", orbite_stats_entry(s, 2, p, v, t), past);
+        refused("number stats", orbite_stats_number(no, c"a.n".as_ptr(), v), null_arg("stats"));
+        refused("number path", orbite_stats_number(s, std::ptr::null(), v), null_arg("path"));
+        refused("number out", orbite_stats_number(s, c"a.n".as_ptr(), std::ptr::null_mut()), null_arg("out_value"));
+        let absent = Error::NotFound("the stats have no value at \"a\"".into());
+        refused("number absent", orbite_stats_number(s, c"a".as_ptr(), v), absent);
+        let words = Error::InvalidArgument("the value at \"b.t\" is a text, not a number".into());
+        refused("number text", orbite_stats_number(s, c"b.t".as_ptr(), v), words);
+        assert_eq!((path, value, text), (sentinel, 77, sentinel), "an out-parameter was written");
+
+        assert_eq!(orbite_stats_number(s, c"a.n".as_ptr(), v), Status::Ok as u32);
+        assert_eq!(orbite_stats_entry(s, 1, p, v, t), Status::Ok as u32);
+        // SAFETY: OK: path and text point at the snapshot's strings, alive until it is freed.
+        let (got_path, got_text) = unsafe { (CStr::from_ptr(path), CStr::from_ptr(text)) };
+        assert_eq!((got_path.to_str().unwrap(), value, got_text.to_str().unwrap()), ("b.t", 0, "words"));
+        orbite_stats_free(s);
+        drop(take_back(engine, "engine").unwrap());
+    }
+
+    /// orbite_stats_free(NULL) does nothing (the last error stays); a
+    /// handle of another type passed as the snapshot is left alone, still
+    /// live, and the last error says what it is. Guards orbite_stats_free's
+    /// `set_last_error`.
+    #[test]
+    fn freeing_null_or_another_handle_as_stats_does_nothing() {
+        super::super::boundary::set_last_error("an earlier failure");
+        orbite_stats_free(std::ptr::null_mut());
+        assert_eq!(said(), "an earlier failure");
+        let engine = give_out(orbite_engine { engine: crate::Engine::from_json("{}").unwrap() });
+        orbite_stats_free(engine.cast());
+        assert_eq!(said(), "invalid argument: stats is an orbite_engine, not an orbite_stats");
+        assert!(take_back(engine, "engine").unwrap().is_some(), "still a live engine");
+    }
+}

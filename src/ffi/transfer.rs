@@ -555,4 +555,138 @@ mod tests {
         drop(hold);
         crate::ffi::engine::orbite_engine_free(engine);
     }
+
+    /// Asserts that call `case` returned `want`'s status and left `want`'s
+    /// whole text as this thread's last error.
+    fn refused(case: &str, st: orbite_status, want: Error) {
+        // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
+        let said = unsafe { std::ffi::CStr::from_ptr(crate::ffi::engine::orbite_last_error()) };
+        assert_eq!((st, said.to_str().unwrap()), (want.status() as u32, want.to_string().as_str()), "{case}");
+    }
+
+    /// Counts its calls in the `AtomicUsize` at `data` (an end callback).
+    unsafe extern "C" fn count_call(data: *mut c_void) {
+        // SAFETY: the tests pass a live AtomicUsize as user_data.
+        unsafe { &*data.cast::<std::sync::atomic::AtomicUsize>() }.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The sweep of the batch functions' entry checks, each case named:
+    /// every one given a NULL batch is NULL_ARGUMENT "batch is NULL"
+    /// (nothing written, no callback set); on a live batch of 3 ended
+    /// requests a NULL out-parameter or callback is NULL_ARGUMENT naming
+    /// it, an index past the requests OUT_OF_RANGE naming it. Out-parameters
+    /// keep their sentinels. Guards `live`'s NULL check, `out.is_null()` of
+    /// orbite_batch_results and the NULL_ARGUMENT of `cb` in
+    /// orbite_batch_on_end.
+    #[test]
+    fn batch_entry_points_refuse_null_arguments_naming_them() {
+        use crate::transfer::{BatchShared, ChunkOutcome};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let null_arg = |what: &str| Error::NullArgument(format!("{what} is NULL"));
+        let req = Request { op: Op::Read, local_addr: 0x1000, remote_addr: 0x2000, len: 8 };
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let shared = BatchShared::routed(&[req; 3], Some(TransportKind::Tcp), Default::default(), deadline);
+        for i in 0..3 {
+            shared.complete_chunk(i, ChunkOutcome::ok(Op::Read));
+        }
+        let live_batch = give_out(orbite_batch { batch: crate::engine::Batch::new(shared) });
+        let no: *mut orbite_batch = std::ptr::null_mut();
+        let sentinel = orbite_request_result { status: 77, remote_effect: 77 };
+        let (mut out, mut one, mut t, mut n) = ([sentinel; 3], sentinel, 77u32, 77usize);
+        let mut text = [0x7f as c_char; 16];
+        let calls = AtomicUsize::new(0);
+        let data: *mut c_void = (&calls as *const AtomicUsize).cast_mut().cast();
+
+        let e = null_arg("batch");
+        refused("poll", orbite_batch_poll(no), e.clone());
+        refused("wait", orbite_batch_wait(no, 0), e.clone());
+        refused("results", orbite_batch_results(no, out.as_mut_ptr(), 3), e.clone());
+        refused("result", orbite_batch_result(no, 0, &mut one), e.clone());
+        refused("transport", orbite_batch_transport(no, 0, &mut t), e.clone());
+        refused("notes", orbite_batch_notes(no, text.as_mut_ptr(), text.len(), &mut n), e.clone());
+        refused("cancel", orbite_batch_cancel(no), e.clone());
+        refused("cancel_request", orbite_batch_cancel_request(no, 0), e.clone());
+        refused("on_end", orbite_batch_on_end(no, Some(count_call), data), e);
+
+        let b = live_batch;
+        refused("results out", orbite_batch_results(b, std::ptr::null_mut(), 3), null_arg("out"));
+        refused("result out", orbite_batch_result(b, 0, std::ptr::null_mut()), null_arg("out"));
+        refused("transport out", orbite_batch_transport(b, 0, std::ptr::null_mut()), null_arg("out_transport"));
+        let st = orbite_batch_notes(b, text.as_mut_ptr(), text.len(), std::ptr::null_mut());
+        refused("notes out_len", st, null_arg("out_len"));
+        refused("on_end cb", orbite_batch_on_end(b, None, data), null_arg("cb"));
+        let past = || Error::OutOfRange("request index 3: the batch holds 3 requests".into());
+        refused("result index", orbite_batch_result(b, 3, &mut one), past());
+        refused("transport index", orbite_batch_transport(b, 3, &mut t), past());
+        refused("cancel_request index", orbite_batch_cancel_request(b, 3), past());
+
+        let untouched = |r: &orbite_request_result| (r.status, r.remote_effect) == (77, 77);
+        assert!(out.iter().all(untouched) && untouched(&one), "a result was written");
+        assert_eq!((t, n), (77, 77), "an out-parameter was written");
+        assert!(text.iter().all(|&c| c == 0x7f), "notes were written");
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "a refused callback ran");
+        assert_eq!(orbite_batch_on_end(b, Some(count_call), data), Status::Ok as u32);
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "the ended batch calls back at once");
+        orbite_batch_free(b);
+    }
+
+    /// The sweep of orbite_submit's entry checks, each case named, on a
+    /// live engine and an unknown peer (so that anything not refused here
+    /// is the engine's NOT_FOUND or its own wording): a NULL engine,
+    /// out_batch or requests is NULL_ARGUMENT naming it; count 0 is
+    /// INVALID_ARGUMENT "count is 0"; an unknown opcode or
+    /// opts->transport is INVALID_ARGUMENT naming the field and the value.
+    /// *out_batch keeps its sentinel. Guards `requests.is_null()`,
+    /// `count == 0` and the opts->transport check of `submission`.
+    #[test]
+    fn submit_refuses_null_zero_and_unknown_arguments_naming_them() {
+        let null_arg = |what: &str| Error::NullArgument(format!("{what} is NULL"));
+        let mut engine: *mut orbite_engine = std::ptr::null_mut();
+        assert_eq!(crate::ffi::engine::orbite_engine_new(std::ptr::null(), &mut engine), Status::Ok as u32);
+        let peer = 4242u64;
+        let r = orbite_request { opcode: ORBITE_OP_READ, local_addr: 0x1000, remote_addr: 0x2000, length: 8 };
+        let dangling = std::ptr::NonNull::<orbite_batch>::dangling().as_ptr();
+        let mut batch = dangling;
+        let none = std::ptr::null();
+
+        let st = orbite_submit(std::ptr::null_mut(), peer, &r, 1, none, &mut batch);
+        refused("engine", st, null_arg("engine"));
+        refused("out_batch", orbite_submit(engine, peer, &r, 1, none, std::ptr::null_mut()), null_arg("out_batch"));
+        refused("requests", orbite_submit(engine, peer, std::ptr::null(), 1, none, &mut batch), null_arg("requests"));
+        let st = orbite_submit(engine, peer, &r, 0, none, &mut batch);
+        refused("count 0", st, Error::InvalidArgument("count is 0".into()));
+        let bad = orbite_request { opcode: 0, ..r };
+        let st = orbite_submit(engine, peer, &bad, 1, none, &mut batch);
+        let want = "requests[0].opcode is 0 (use ORBITE_OP_READ or ORBITE_OP_WRITE)";
+        refused("opcode", st, Error::InvalidArgument(want.into()));
+        let opts = orbite_submit_options { transport: 6, timeout_ms: 0 };
+        let st = orbite_submit(engine, peer, &r, 1, &opts, &mut batch);
+        let want = "opts->transport is 6 (use an ORBITE_TRANSPORT_* value)";
+        refused("opts->transport", st, Error::InvalidArgument(want.into()));
+        assert_eq!(batch, dangling, "a batch was written");
+        crate::ffi::engine::orbite_engine_free(engine);
+    }
+
+    /// orbite_batch_free(NULL) does nothing (the last error stays); a
+    /// handle of another type passed as the batch is left alone, still
+    /// live, and the last error says what it is. Guards
+    /// orbite_batch_free's `set_last_error`.
+    #[test]
+    fn freeing_null_or_another_handle_as_a_batch_does_nothing() {
+        super::set_last_error("an earlier failure");
+        orbite_batch_free(std::ptr::null_mut());
+        let said = || {
+            // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
+            unsafe { std::ffi::CStr::from_ptr(crate::ffi::engine::orbite_last_error()) }.to_str().unwrap().to_owned()
+        };
+        assert_eq!(said(), "an earlier failure");
+        let mut engine: *mut orbite_engine = std::ptr::null_mut();
+        assert_eq!(crate::ffi::engine::orbite_engine_new(std::ptr::null(), &mut engine), Status::Ok as u32);
+        orbite_batch_free(engine.cast());
+        assert_eq!(said(), "invalid argument: batch is an orbite_engine, not an orbite_batch");
+        let mut mask = 0u32;
+        assert_eq!(crate::ffi::engine::orbite_engine_transports(engine, &mut mask), Status::Ok as u32, "still live");
+        assert_ne!(mask, 0);
+        crate::ffi::engine::orbite_engine_free(engine);
+    }
 }
