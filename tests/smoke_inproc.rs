@@ -417,3 +417,19 @@ fn a_submissions_bad_request_or_notification_is_refused_naming_it_and_moves_noth
     drop((req, src));
     common::free_eventually(a);
 }
+
+/// A shared host allocation of 0 bytes, or of more bytes than a mapping
+/// can hold (2^63, already a multiple of the 2 MiB rounding), is
+/// INVALID_ARGUMENT naming the length, before any memory file is made (a
+/// file of 2^63 bytes is refused later with another message). Guards
+/// `.filter(|p| *p <= isize::MAX as u64)` in `memfd.rs`'s
+/// `shared_physical` and `len == 0` in `allocate_shared_host`.
+#[test]
+fn a_shared_allocation_of_no_or_too_many_bytes_is_invalid_naming_its_length() {
+    let invalid = |case, text: &str, got| (case, Status::InvalidArgument, text.to_string(), got);
+    let wrong = mismatches(vec![
+        invalid("0 bytes", "length is 0", outcome(allocate_shared_host(0))),
+        invalid("2^63 bytes", "length 9223372036854775808 is too large", outcome(allocate_shared_host(1 << 63))),
+    ]);
+    assert!(wrong.is_empty(), "allocations not refused naming the length (case, status, message, got): {wrong:#?}");
+}
