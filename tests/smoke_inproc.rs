@@ -433,3 +433,54 @@ fn a_shared_allocation_of_no_or_too_many_bytes_is_invalid_naming_its_length() {
     ]);
     assert!(wrong.is_empty(), "allocations not refused naming the length (case, status, message, got): {wrong:#?}");
 }
+
+/// Calls naming a peer that is gone (its engine closed) or a name that
+/// cannot be an engine's are refused before anything is sent: a notify
+/// and a submission to the gone peer name it ("peer N is gone: " and the
+/// cause), the notify counted `not_sent` and nothing sent; a connect_name
+/// of a malformed name is INVALID_ARGUMENT naming the rule it breaks (on
+/// an engine without discovery, which refuses a well-formed name
+/// UNAVAILABLE). Guards `p.conn.dead_reason()` in `notify`, the describe
+/// check of `submit_inner`, and `check_name(name)` in `connect_name`.
+#[test]
+fn a_call_to_a_gone_peer_or_a_malformed_name_is_refused_naming_it() {
+    let src = Engine::new(EngineConfig::default()).unwrap();
+    let req = Engine::new(EngineConfig::default()).unwrap();
+    let mut local = vec![0u8; 4096];
+    let l = local.as_mut_ptr() as u64;
+    req.register_memory(l, 4096, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), Some(T)).unwrap();
+    src.close(Some(T)).unwrap();
+    common::eventually("the closed source is seen gone", || req.peer_transports(peer).unwrap().is_empty());
+    let r = Request { op: Op::Read, local_addr: l, remote_addr: 0x10000, len: 16 };
+    let opts = SubmitOptions { timeout: Some(T), ..SubmitOptions::default() };
+    let gone = format!("peer {peer} is gone: ");
+    for (case, got) in
+        [("notify", outcome(req.notify(peer, b"late", Some(T)))), ("submit", outcome(req.submit(peer, &[r], opts)))]
+    {
+        let Err((status, text)) = got else { panic!("{case} to a gone peer was accepted") };
+        assert_eq!(status, Status::Unavailable, "{case}: {text}");
+        assert!(text.starts_with(&gone), "{case}: {text}");
+    }
+    let n = req.stats().notifications;
+    assert_eq!((n.sent, n.not_sent), (0, 1), "the notify to a gone peer was not counted unsent, or was sent");
+    let invalid = |case, text: &str, got| (case, Status::InvalidArgument, text.to_string(), got);
+    let wrong = mismatches(vec![
+        invalid("empty name", "a name is 1 to 64 bytes; \"\" has 0", outcome(req.connect_name("", Some(T)))),
+        invalid(
+            "name with a slash",
+            "a name holds only A-Z a-z 0-9 . _ -; \"a/b\" holds '/'",
+            outcome(req.connect_name("a/b", Some(T))),
+        ),
+        (
+            "well-formed name",
+            Status::Unavailable,
+            "no discovery is configured (config `discovery`)".into(),
+            outcome(req.connect_name("a.b_c-9", Some(T))),
+        ),
+    ]);
+    assert!(wrong.is_empty(), "names not refused naming the cause (case, status, message, got): {wrong:#?}");
+    assert_eq!(req.stats().peers, 1, "a connect_name added a peer");
+    req.close(Some(T)).unwrap();
+    drop(local);
+}
