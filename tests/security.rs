@@ -556,6 +556,60 @@ fn a_forked_child_cannot_disconnect_its_parents_peer() {
     let _ = &mut remote;
 }
 
+/// A child forked from a process with a connected requester and a serving
+/// source is refused UNAVAILABLE "... a forked child cannot use it" at
+/// every entry that would use or close what the parent owns: registering,
+/// unregistering, submitting, connecting, notifying, closing either side.
+/// The parent's engines are untouched: the region stays registered, the
+/// peer connected, and a READ moves the bytes again. Guards
+/// `self.check_owner()?` in `check_open`, `unregister_memory`,
+/// `close_requester` and `close_source`.
+#[test]
+fn a_forked_child_is_refused_at_every_entry_that_uses_its_parents_engines() {
+    const ENTRIES: [&str; 7] =
+        ["register_memory", "unregister_memory", "submit", "connect", "notify", "close_requester", "close_source"];
+    let src = Engine::from_json("").unwrap();
+    let mut remote = vec![4u8; 4096];
+    let rid = src.register_memory(remote.as_mut_ptr() as u64, 4096, Access::READ).unwrap();
+    let req = Engine::from_json("").unwrap();
+    let mut local = vec![0u8; 4096];
+    req.register_memory(local.as_mut_ptr() as u64, 4096, Access::NONE).unwrap();
+    let peer = req.connect(&src.endpoint(), Some(LONG)).unwrap();
+    let r = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: remote.as_ptr() as u64, len: 4096 };
+    let other = vec![0u8; 4096];
+    let code = in_forked_child(|| {
+        let short = Some(std::time::Duration::from_millis(10));
+        let opts = SubmitOptions { timeout: short, ..SubmitOptions::default() };
+        // In this order: the closes last (a close that went through would
+        // change what the entries before it find).
+        let calls = [
+            req.register_memory(other.as_ptr() as u64, 4096, Access::NONE).map(drop),
+            src.unregister_memory(rid, short),
+            req.submit(peer, &[r], opts).map(drop),
+            req.connect(&src.endpoint(), short).map(drop),
+            req.notify(peer, b"from the child", short),
+            req.close_requester(short),
+            src.close_source(short),
+        ];
+        let refused = |c: &Result<()>| {
+            c.as_ref().is_err_and(|e| {
+                e.status() == Status::Unavailable && e.message().contains("a forked child cannot use it")
+            })
+        };
+        calls.iter().enumerate().filter(|(_, c)| !refused(c)).fold(0, |code, (i, _)| code | 1 << i)
+    });
+    let not_refused: Vec<&str> = (0..ENTRIES.len()).filter(|i| code & 1 << i != 0).map(|i| ENTRIES[i]).collect();
+    assert!(not_refused.is_empty(), "the child's calls not refused UNAVAILABLE as a forked child's: {not_refused:?}");
+    assert_eq!(src.regions().iter().map(|g| g.id).collect::<Vec<_>>(), vec![rid]);
+    assert_eq!(req.regions().len(), 1);
+    assert_eq!(req.stats().peers, 1);
+    req.submit(peer, &[r], SubmitOptions::default()).unwrap().wait(LONG).unwrap();
+    assert_eq!(local, vec![4u8; 4096]);
+    req.close(Some(LONG)).unwrap();
+    src.close(Some(LONG)).unwrap();
+    let _ = &mut remote;
+}
+
 /// A child forked from a process whose engine holds a notification cannot
 /// take it: refused UNAVAILABLE (the queue it would take from is its copy
 /// of the parent's). The parent takes it. Guards `engine/notify.rs`
