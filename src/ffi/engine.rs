@@ -351,25 +351,37 @@ mod tests {
         orbite_engine_free(engine);
     }
 
+    /// A source engine publishing one READ region per buffer of `bufs`, a
+    /// requester engine connected to it, the requester's peer id for it,
+    /// and the regions' ids in registration order.
+    fn a_pair_publishing(bufs: &mut [Vec<u8>]) -> (*mut orbite_engine, *mut orbite_engine, u64, Vec<u64>) {
+        let mut src: *mut orbite_engine = std::ptr::null_mut();
+        let mut req: *mut orbite_engine = std::ptr::null_mut();
+        assert_eq!(orbite_engine_new(std::ptr::null(), &mut src), Status::Ok as u32);
+        assert_eq!(orbite_engine_new(std::ptr::null(), &mut req), Status::Ok as u32);
+        let mut ids = Vec::new();
+        for buf in bufs.iter_mut() {
+            let mut region = 0u64;
+            let access = ORBITE_ACCESS_READ;
+            let st = orbite_register_memory(src, buf.as_mut_ptr().cast(), buf.len(), access, &mut region);
+            assert_eq!(st, Status::Ok as u32);
+            ids.push(region);
+        }
+        // SAFETY: src is the live engine orbite_engine_new gave above.
+        let ep = std::ffi::CString::new(unsafe { &*src }.engine.endpoint()).unwrap();
+        let mut peer = 0u64;
+        assert_eq!(orbite_connect(req, ep.as_ptr(), 30_000, &mut peer), Status::Ok as u32);
+        (src, req, peer, ids)
+    }
+
     /// Guards `out.is_null() && !regions.is_empty()` in
     /// `orbite_peer_regions`: a peer publishing exactly one region, asked
     /// with out NULL and cap 1, is NULL_ARGUMENT (not a write to NULL);
     /// with a real array it is OK and names that one region.
     #[test]
     fn peer_regions_into_null_with_room_for_one_is_a_null_argument() {
-        let mut src: *mut orbite_engine = std::ptr::null_mut();
-        let mut req: *mut orbite_engine = std::ptr::null_mut();
-        assert_eq!(orbite_engine_new(std::ptr::null(), &mut src), Status::Ok as u32);
-        assert_eq!(orbite_engine_new(std::ptr::null(), &mut req), Status::Ok as u32);
-        let mut buf = vec![0u8; 4096];
-        let mut region = 0u64;
-        let access = ORBITE_ACCESS_READ;
-        let st = orbite_register_memory(src, buf.as_mut_ptr().cast(), buf.len(), access, &mut region);
-        assert_eq!(st, Status::Ok as u32);
-        // SAFETY: src is the live engine orbite_engine_new gave above.
-        let ep = std::ffi::CString::new(unsafe { &*src }.engine.endpoint()).unwrap();
-        let mut peer = 0u64;
-        assert_eq!(orbite_connect(req, ep.as_ptr(), 30_000, &mut peer), Status::Ok as u32);
+        let mut bufs = vec![vec![0u8; 4096]];
+        let (src, req, peer, ids) = a_pair_publishing(&mut bufs);
         let mut n = 99usize;
         assert_eq!(orbite_peer_regions(req, peer, std::ptr::null_mut(), 1, &mut n), Status::NullArgument as u32);
         let mut out: Vec<orbite_region_info> = Vec::with_capacity(1);
@@ -377,7 +389,37 @@ mod tests {
         assert_eq!(n, 1);
         // SAFETY: orbite_peer_regions wrote n = 1 element.
         unsafe { out.set_len(n) };
-        assert_eq!((out[0].id, out[0].addr, out[0].length), (region, buf.as_ptr() as u64, 4096));
+        assert_eq!((out[0].id, out[0].addr, out[0].length), (ids[0], bufs[0].as_ptr() as u64, 4096));
+        orbite_engine_free(req);
+        orbite_engine_free(src);
+    }
+
+    /// Guards the element each region is written to in
+    /// `orbite_peer_regions` (round 15 O1): a peer publishing three
+    /// regions, asked with room for four, gets each region in its own
+    /// element, in the order the peer published them (id, address,
+    /// length, access, kind), and the fourth element keeps what the caller
+    /// put there. With every region written to `out[0]`, elements 1 and 2
+    /// kept their sentinels.
+    #[test]
+    fn peer_regions_writes_each_region_in_its_own_element() {
+        let mut bufs = vec![vec![0u8; 4096], vec![0u8; 8192], vec![0u8; 12288]];
+        let (src, req, peer, ids) = a_pair_publishing(&mut bufs);
+        let sentinel =
+            orbite_region_info { id: 77, epoch: 77, addr: 77, length: 77, access: 77, kind: std::ptr::null() };
+        let mut out = vec![sentinel; 4];
+        let mut n = 99usize;
+        assert_eq!(orbite_peer_regions(req, peer, out.as_mut_ptr(), out.len(), &mut n), Status::Ok as u32);
+        assert_eq!(n, 3);
+        let got: Vec<_> = out[..3].iter().map(|r| (r.id, r.addr, r.length, r.access)).collect();
+        let want: Vec<_> =
+            bufs.iter().zip(&ids).map(|(b, id)| (*id, b.as_ptr() as u64, b.len() as u64, ORBITE_ACCESS_READ)).collect();
+        assert_eq!(got, want);
+        for r in &out[..3] {
+            // SAFETY: kind points at a static NUL-terminated name.
+            assert_eq!(unsafe { CStr::from_ptr(r.kind) }.to_str().unwrap(), "host");
+        }
+        assert_eq!((out[3].id, out[3].addr, out[3].length, out[3].kind), (77, 77, 77, std::ptr::null()));
         orbite_engine_free(req);
         orbite_engine_free(src);
     }
