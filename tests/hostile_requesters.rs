@@ -282,3 +282,48 @@ fn a_describe_request_with_a_body_is_refused_at_once() {
     frames.extend_from_slice(&read_req(1, &d, 0, 64)[..8]);
     refused_at_once(src, s, &frames, "DescribeRequest with a body");
 }
+
+/// Requests the source refuses on their merits (out of its region, of a
+/// region epoch it does not hold, a WRITE to a READ-only region) are
+/// answered with their status, one by one, between two it serves, and
+/// each is counted in the source's `served_failed` for TCP; the two
+/// served READs alone are `served_requests` (32 bytes), and the refused
+/// WRITE lands nothing. Guards `host.served(false, 0)` in the TCP
+/// source's `refuse` (round 15 O9: without it a source refusing every
+/// request showed no failure in its stats).
+#[test]
+fn requests_the_source_refuses_are_counted_served_failed() {
+    let src = Engine::from_json("").unwrap();
+    let remote = pattern_vec(3, 1 << 20);
+    src.register_memory(remote.as_ptr() as u64, remote.len() as u64, Access::READ).unwrap();
+    let (mut s, d) = raw_control(&src.endpoint());
+    let r = d.regions[0];
+    let mut frames = read_req(1, &d, 0, 16);
+    frames.extend(read_req(2, &d, (1 << 20) - 8, 16));
+    frames.extend(FrameHeader::encode(MsgKind::ReadRequest, 32));
+    frames.extend(DataRequest { tag: 3, region_epoch: r.epoch + 1, addr: r.addr, len: 16 }.encode());
+    frames.extend(FrameHeader::encode(MsgKind::WriteRequest, 32 + 8));
+    frames.extend(DataRequest { tag: 4, region_epoch: r.epoch, addr: r.addr, len: 8 }.encode());
+    frames.extend(b"ABCDEFGH");
+    frames.extend(read_req(5, &d, 16, 16));
+    s.write_all(&frames).unwrap();
+    let mut got = Vec::new();
+    for _ in 0..5 {
+        let (h, b) = read_frame(&mut s).unwrap();
+        let a = DataResponse::decode(b[..DATA_RESPONSE_LEN].try_into().unwrap()).unwrap();
+        got.push((a.tag, h.kind, a.status));
+    }
+    use MsgKind::{ReadResponse as Read, WriteResponse as Write};
+    let want = [
+        (1, Read, Status::Ok),
+        (2, Read, Status::OutOfRange),
+        (3, Read, Status::StalePeer),
+        (4, Write, Status::PermissionDenied),
+        (5, Read, Status::Ok),
+    ];
+    assert_eq!(got, want);
+    let tcp = src.stats().transports["tcp"].clone();
+    assert_eq!((tcp.served_failed, tcp.served_requests, tcp.served_bytes), (3, 2, 32));
+    assert!(remote == pattern_vec(3, 1 << 20), "the refused WRITE landed");
+    src.close(Some(Duration::from_secs(10))).unwrap();
+}
