@@ -1162,3 +1162,32 @@ fn a_shared_allocation_rounding_past_isize_max_is_too_large() {
         assert_eq!(err.message(), format!("length {len} is too large"), "{len}");
     }
 }
+
+/// A registration that starts in a shared allocation's rounding padding
+/// (past its 4096 bytes, inside the 2 MiB mapped for it) is refused
+/// INVALID_ARGUMENT "crosses the end of the library allocation", at the
+/// padding's first byte and deep inside it, and nothing is registered;
+/// the allocation's own bytes register as shared host memory. Guards
+/// `memory/owners.rs` `kind_of`'s `addr < o.addr + o.physical` (round 15
+/// O18: bounded by the logical length instead, such a range was taken for
+/// memory the library did not allocate and registered as plain host).
+#[test]
+fn a_registration_in_a_shared_allocations_padding_is_refused() {
+    let e = Engine::new(EngineConfig::default()).unwrap();
+    let a = allocate_shared_host(4096).unwrap();
+    assert_eq!(a.physical_len(), 2 << 20);
+    for off in [4096u64, 1 << 20] {
+        let at = a.addr() + off;
+        let err = e.register_memory(at, 4096, Access::READ).unwrap_err();
+        assert_eq!(err.status(), Status::InvalidArgument, "{off}: {err}");
+        let said = format!("range 0x{at:x}+4096 crosses the end of the library allocation 0x{:x}+4096", a.addr());
+        assert_eq!(err.message(), said, "{off}");
+    }
+    assert!(e.regions().is_empty(), "{:?}", e.regions());
+    let id = e.register_memory(a.addr(), 4096, Access::READ).unwrap();
+    let kinds: Vec<_> = e.regions().iter().map(|g| (g.id, g.kind)).collect();
+    assert_eq!(kinds, vec![(id, MemoryKind::SharedHost)]);
+    e.close(Some(T)).unwrap();
+    drop(e);
+    a.free().unwrap();
+}
