@@ -194,6 +194,15 @@ pub fn free(va: u64) -> Result<()> {
     if e.alloc.owned {
         e.alloc.free(&e.ops)?;
     } else if e.alloc.exports > 0 {
+        // Wrapped storage reaches here only through its allocation's release
+        // hook, which `owners` calls after refusing a free while an export
+        // holds the allocation (`release`'s and `release_adoption`'s
+        // `counts.exported > 0`; owners_tests.rs
+        // `an_exported_allocation_no_engine_registers_is_not_freed` and
+        // `an_exported_adoption_is_not_freed`); that hold is let go after the
+        // export's `retire_export` everywhere but where an answer's grant ends
+        // while its handle is made (`ExportTable::answer`: the handle is then
+        // dropped unsent). This check covers that moment; no test reaches it.
         return Err(Error::Unavailable(format!("{} exports are outstanding", e.alloc.exports)));
     }
     map.remove(&va);
