@@ -620,7 +620,13 @@ fn a_forked_child_cannot_take_its_parents_notification() {
     let req = Engine::from_json("").unwrap();
     let peer = req.connect(&src.endpoint(), Some(LONG)).unwrap();
     req.notify(peer, b"for the parent", Some(LONG)).unwrap();
-    assert_eq!(src.stats().notifications.queued, 1);
+    // The source queues it once its OK has left: the sender may hear the
+    // OK first.
+    let until = Instant::now() + LONG;
+    while src.stats().notifications.queued != 1 {
+        assert!(Instant::now() < until, "the notification was never queued");
+        std::thread::yield_now();
+    }
     let code = in_forked_child(|| match src.take_notification(std::time::Duration::ZERO) {
         Err(e) if e.status() == Status::Unavailable && e.message().contains("forked child") => 0,
         Err(_) => 2,

