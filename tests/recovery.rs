@@ -174,6 +174,36 @@ fn a_connection_after_close_source_is_refused_and_counted() {
     src.close(Some(LONG)).unwrap();
 }
 
+/// `close_source`, once nothing is served, ends the connections it
+/// served: right after it returns the source holds none, and a requester
+/// connected to it hears its peer gone (peers_alive 0) and has a new
+/// submission refused UNAVAILABLE, never one left waiting on a source
+/// that no longer serves. Guards `self.inner.listeners.stop_incoming()`
+/// in `Engine::close_source` (round 16 Q2: without it the connection
+/// stayed open, served by a closed source).
+#[test]
+fn close_source_ends_the_connections_it_served() {
+    let src = Engine::from_json("").unwrap();
+    let remote = vec![5u8; 4096];
+    let addr = remote.as_ptr() as u64;
+    src.register_memory(addr, 4096, Access::READ).unwrap();
+    let req = Engine::from_json("").unwrap();
+    let local = vec![0u8; 4096];
+    req.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let p = req.connect(&src.endpoint(), Some(LONG)).unwrap();
+    let tcp = SubmitOptions { transport: Transport::Only(TransportKind::Tcp), timeout: Some(LONG) };
+    req.submit(p, &[rd(&local, addr, 4096)], tcp).unwrap().wait(LONG).unwrap();
+    assert_eq!(local, remote);
+    assert_eq!(src.stats().incoming_connections, 1);
+    src.close_source(Some(LONG)).unwrap();
+    assert_eq!(src.stats().incoming_connections, 0);
+    eventually("the requester hears its peer gone", || req.stats().peers_alive == 0);
+    let err = req.submit(p, &[rd(&local, addr, 16)], tcp).map(drop).unwrap_err();
+    assert_eq!(err.status(), Status::Unavailable, "{err}");
+    req.close(Some(LONG)).unwrap();
+    src.close(Some(LONG)).unwrap();
+}
+
 /// A dead source's IPC channel reports the peer gone, as TCP does.
 #[test]
 fn a_dead_shm_source_is_reported_like_a_dead_tcp_peer() {
