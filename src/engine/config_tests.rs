@@ -89,6 +89,18 @@ fn ranges_are_enforced() {
     assert!(err(r#"{"mnnvl": {"async_memcpy_threshold": 70000}}"#).contains("`mnnvl.async_memcpy_threshold`"));
 }
 
+/// max_transfer_bytes may equal max_inflight_bytes (one chunk fills the
+/// budget and is admitted alone); one byte more is refused naming both.
+/// Guards `validate`'s `self.max_transfer_bytes > self.max_inflight_bytes`
+/// (round 17 R1: with `>=` the equal config was refused).
+#[test]
+fn max_transfer_bytes_may_equal_max_inflight_bytes() {
+    let c = EngineConfig::from_json(r#"{"max_inflight_bytes": 4194304, "max_transfer_bytes": 4194304}"#).unwrap();
+    assert_eq!((c.max_transfer_bytes, c.max_inflight_bytes), (4 * MIB, 4 * MIB));
+    let said = err(r#"{"max_inflight_bytes": 4194304, "max_transfer_bytes": 4194305}"#);
+    assert!(said.contains("4194305 exceeds max_inflight_bytes (4194304)"), "{said}");
+}
+
 /// A config built in Rust (no JSON parse to check it first) is held to
 /// each key's lower bound by `validate`, as to its upper: io_threads 0,
 /// default_timeout_ms 0 and a max_inflight_bytes under its minimum are
