@@ -174,6 +174,17 @@ fn foreign_device_memory() {
     assert!(refused(heap.as_ptr() as u64, 4096, ADOPT_SHARE_WHOLE_ALLOCATION).message().contains("not CUDA memory"));
     let e2 = refused(plain + len - 4096, 8192, ADOPT_SHARE_WHOLE_ALLOCATION);
     assert_eq!(e2.status(), Status::InvalidArgument, "{e2}");
+    // No bytes (round 17 R18: `adopt`'s `|| len == 0`), and a device
+    // ordinal equal to the count of the two visible (round 17 R20:
+    // `check_device`'s `device >= d.devices`): each refused by its own
+    // check, in its own words, before the driver is asked.
+    let none = refused(plain, 0, ADOPT_SHARE_WHOLE_ALLOCATION);
+    assert_eq!((none.status(), none.message()), (Status::InvalidArgument, &*format!("cannot adopt 0x{plain:x}+0")));
+    for (what, got) in [("cuda", CudaMemory::allocate(2, MIB)), ("mnnvl", allocate_mnnvl(2, MIB))] {
+        let Err(err) = got else { panic!("{what} memory was allocated on device 2 of 2") };
+        assert_eq!(err.status(), Status::InvalidArgument, "{what}: {err}");
+        assert!(err.message().ends_with("CUDA device 2 does not exist (2 visible)"), "{what}: {err}");
+    }
     // Adopted: registered as exportable device memory of device 1; the
     // record stays while registered; the memory stays the caller's.
     let adopted = cuda_adopt(plain + MIB, MIB, ADOPT_SHARE_WHOLE_ALLOCATION).unwrap();
