@@ -374,6 +374,24 @@ mod tests {
         (src, req, peer, ids)
     }
 
+    /// A timeout_ms of 0 at the C entry means the engine's default, not a
+    /// deadline already passed: orbite_connect with 0 connects, and
+    /// orbite_close with 0 closes. Guards `timeout_opt`'s `ms != 0` in
+    /// ffi/boundary.rs (round 17 R5: with every value taken as a timeout,
+    /// the connect of 0 ms failed at once).
+    #[test]
+    fn a_timeout_of_zero_is_the_engines_default() {
+        let (src, req, _, _) = a_pair_publishing(&mut []);
+        // SAFETY: src is the live engine a_pair_publishing made.
+        let ep = std::ffi::CString::new(unsafe { &*src }.engine.endpoint()).unwrap();
+        let mut peer = 0u64;
+        assert_eq!(orbite_connect(req, ep.as_ptr(), 0, &mut peer), Status::Ok as u32, "{}", said());
+        assert_ne!(peer, 0);
+        assert_eq!(orbite_close(req, 0), Status::Ok as u32, "{}", said());
+        orbite_engine_free(req);
+        orbite_engine_free(src);
+    }
+
     /// Guards `out.is_null() && !regions.is_empty()` in
     /// `orbite_peer_regions`: a peer publishing exactly one region, asked
     /// with out NULL and cap 1, is NULL_ARGUMENT (not a write to NULL);

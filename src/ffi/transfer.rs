@@ -610,6 +610,8 @@ mod tests {
 
         let b = live_batch;
         refused("results out", orbite_batch_results(b, std::ptr::null_mut(), 3), null_arg("out"));
+        // Whatever count says (round 17 R7: not the count's INVALID_ARGUMENT).
+        refused("results out, count 0", orbite_batch_results(b, std::ptr::null_mut(), 0), null_arg("out"));
         refused("result out", orbite_batch_result(b, 0, std::ptr::null_mut()), null_arg("out"));
         refused("transport out", orbite_batch_transport(b, 0, std::ptr::null_mut()), null_arg("out_transport"));
         let st = orbite_batch_notes(b, text.as_mut_ptr(), text.len(), std::ptr::null_mut());
