@@ -315,6 +315,58 @@ fn the_tcp_only_note_is_for_regions_peers_may_access() {
     a.free().map_err(|(_, e)| e).unwrap();
 }
 
+/// The TCP-only notes begin one byte past the mapping budget, on both
+/// sides: a shared allocation of exactly `max_inflight_bytes` registered
+/// for peers, or published by a source to a requester whose budget it
+/// exactly fills, is noted by no one; with a budget one byte smaller the
+/// registering engine notes it lies past its budget and the connecting
+/// requester notes the peer's region is larger than its own, each naming
+/// its budget. Guards `engine/regions.rs` `register_memory`'s
+/// `o.physical > budget` and `engine/peers.rs` `connect`'s `r.len >
+/// budget` (sweep B: with `>=` an allocation that fits the budget exactly
+/// is said to be reachable over TCP only).
+#[test]
+fn the_tcp_only_notes_begin_one_byte_past_the_mapping_budget() {
+    let a = allocate_shared_host(2 * MIB).unwrap();
+    let len = a.physical_len();
+    assert_eq!(len, 2 * MIB);
+    let with_budget = |budget: u64| {
+        Engine::from_json(&format!(r#"{{"max_inflight_bytes": {budget}, "max_transfer_bytes": 1048576}}"#)).unwrap()
+    };
+    let added = |e: &Engine, before: &[String]| -> Vec<String> {
+        e.stats().notes.into_iter().filter(|n| !before.contains(n)).collect()
+    };
+    let src = Engine::from_json("").unwrap();
+    let region = src.register_memory(a.addr(), len, Access::READ).unwrap();
+    for (budget, noted) in [(len, false), (len - 1, true)] {
+        let registering = with_budget(budget);
+        let before = registering.stats().notes;
+        let id = registering.register_memory(a.addr(), len, Access::READ).unwrap();
+        let said = added(&registering, &before);
+        let want = format!(
+            "region {id} lies in a shared_host allocation of {len} bytes, more than max_inflight_bytes ({budget}): \
+             peers can reach it over TCP only; raise max_inflight_bytes on this engine (and on the requesters)"
+        );
+        assert_eq!(said, if noted { vec![want] } else { vec![] }, "registered against a budget of {budget}");
+        registering.close(Some(LONG)).unwrap();
+
+        let requester = with_budget(budget);
+        let before = requester.stats().notes;
+        let peer = requester.connect(&src.endpoint(), Some(LONG)).unwrap();
+        let said = added(&requester, &before);
+        let want = format!(
+            "peer {peer} ({}) region {region} ({len} bytes of shared_host memory) is larger than this engine's \
+             max_inflight_bytes ({budget}): it can only be reached over TCP; raise max_inflight_bytes here (and on \
+             the source)",
+            src.endpoint()
+        );
+        assert_eq!(said, if noted { vec![want] } else { vec![] }, "published to a budget of {budget}");
+        requester.close(Some(LONG)).unwrap();
+    }
+    src.close(Some(LONG)).unwrap();
+    a.free().map_err(|(_, e)| e).unwrap();
+}
+
 /// The stats' notes keep the latest 32 findings, as documented: 40
 /// regions registered in a shared host allocation larger than
 /// `max_inflight_bytes` leave 32 notes, those of the last 32 regions in

@@ -520,4 +520,54 @@ mod tests {
         let e = encode_error(Status::ProtocolError, "bad");
         assert_eq!(decode_error(&e).unwrap(), (Status::ProtocolError, "bad".to_string()));
     }
+
+    /// An endpoint of exactly MAX_ENDPOINT bytes (a valid IP:port, its
+    /// port zero-padded) and an IPC name of exactly MAX_IPC_NAME bytes
+    /// load whole (one byte more of either is refused: above and in
+    /// `tests/hostile_sources.rs`). Guards `endpoint.len() <=
+    /// MAX_ENDPOINT` and `name.len() <= MAX_IPC_NAME` (sweep B).
+    #[test]
+    fn a_describe_endpoint_and_ipc_name_of_exactly_their_bound_load() {
+        let endpoint = format!("127.0.0.1:{:0>width$}", 5, width = MAX_ENDPOINT - 10);
+        assert_eq!(endpoint.len(), MAX_ENDPOINT);
+        let d = Describe { endpoint, ipc_name: "n".repeat(MAX_IPC_NAME), ..sample() };
+        assert_eq!(Describe::decode(&d.encode()).unwrap(), d);
+    }
+
+    /// A data request of exactly MAX_PAYLOAD bytes decodes; one byte more
+    /// is refused naming its length. Guards `DataRequest::decode`'s
+    /// `d.len > super::frame::MAX_PAYLOAD` (sweep B).
+    #[test]
+    fn a_data_request_of_exactly_max_payload_decodes_and_one_byte_more_is_refused() {
+        let most = super::super::frame::MAX_PAYLOAD;
+        let q = DataRequest { tag: 1, region_epoch: 2, addr: 0x1000, len: most };
+        assert_eq!(DataRequest::decode(&q.encode()).unwrap(), q);
+        let e = DataRequest::decode(&DataRequest { len: most + 1, ..q }.encode()).unwrap_err();
+        assert!(
+            matches!(&e, Error::Protocol(m) if *m == format!("data request length {} is invalid", most + 1)),
+            "{e}"
+        );
+    }
+
+    /// A peer's region [0x1000, 0x100a) holds its first and last byte
+    /// and the whole of itself, never a byte before or after it, and no
+    /// range whose end wraps. Guards `RegionInfo::contains`'s `addr >=
+    /// self.addr` and `e <= self.addr + self.len` (sweep B).
+    #[test]
+    fn a_peer_region_holds_exactly_its_own_bytes() {
+        let r = sample().regions[0];
+        let cases = [
+            ("the whole region", 0x1000, 10, true),
+            ("its first byte", 0x1000, 1, true),
+            ("its last byte", 0x1009, 1, true),
+            ("one byte more than the region", 0x1000, 11, false),
+            ("the byte before it", 0xfff, 1, false),
+            ("the byte before it and the region", 0xfff, 11, false),
+            ("the byte after it", 0x100a, 1, false),
+            ("a range that wraps", 0x1005, u64::MAX, false),
+        ];
+        for (case, addr, len, held) in cases {
+            assert_eq!(r.contains(addr, len), held, "{case}: 0x{addr:x}+{len}");
+        }
+    }
 }

@@ -246,3 +246,130 @@ fn ipc_allowed_uids_refuse_the_no_uid_value() {
     let c = EngineConfig::from_json(r#"{"ipc_allowed_uids": [4294967294]}"#).unwrap();
     assert_eq!(c.ipc_allowed_uids, vec![u32::MAX - 1]);
 }
+
+/// Companion keys a key's bound needs to stand alone: at its bounds
+/// `max_inflight_bytes` (1 MiB) and `max_transfer_bytes` (1 TiB) would
+/// otherwise break `max_transfer_bytes <= max_inflight_bytes`.
+fn companions(key: &str) -> &'static str {
+    match key {
+        "max_inflight_bytes" => r#", "max_transfer_bytes": 4096"#,
+        "max_transfer_bytes" => r#", "max_inflight_bytes": 1099511627776"#,
+        _ => "",
+    }
+}
+
+/// Every integer key, read from JSON, takes its minimum and its maximum
+/// (echoed back exactly) and refuses one below the minimum (where there
+/// is one) and one above the maximum, InvalidConfig naming the key, the
+/// value and the range. Table-driven over `KEYS`, so each key's range
+/// (the docs test holds it to docs/config.md) is probed at its edges,
+/// not far from them. Guards `get_u64`'s `n < min || n > max` and
+/// `validate`'s `v < min || v > max` at the bound (sweep B: with `<=` or
+/// `>=` a documented value is refused).
+#[test]
+fn every_integer_key_takes_its_bounds_and_refuses_one_past_them() {
+    let mut probed = 0;
+    for key in KEYS {
+        let Some((min, max)) = key.range else { continue };
+        let json = |v: u64| format!(r#"{{"{}": {v}{}}}"#, key.name, companions(key.name));
+        for v in [min, max] {
+            let c = EngineConfig::from_json(&json(v))
+                .unwrap_or_else(|e| panic!("`{}` refused its bound {v} ({min}..={max}): {e}", key.name));
+            assert_eq!(key.value(&c).as_u64(), Some(v), "`{}` at {v}", key.name);
+        }
+        let mut past = vec![max + 1];
+        if min > 0 {
+            past.push(min - 1);
+        }
+        for v in past {
+            let said = err(&json(v));
+            let want = format!("key `{}`: {v} is outside the range {min}..={max}", key.name);
+            assert_eq!(said, want, "`{}` one past its bound", key.name);
+        }
+        probed += 1;
+    }
+    assert_eq!(probed, KEYS.iter().filter(|k| k.range.is_some()).count());
+    assert!(probed >= 20, "only {probed} integer keys");
+}
+
+/// A config built in Rust is held to each key's upper bound by
+/// `validate` too (JSON never gets there: its reader refuses first): one
+/// past the maximum of a u64 key and of u32 keys is refused naming the
+/// key, the value and its range, and each maximum itself passes. Guards
+/// `validate`'s `|| v > max` (sweep B;
+/// `a_config_built_in_rust_is_held_to_each_lower_bound` holds `v < min`).
+#[test]
+fn a_config_built_in_rust_is_held_to_each_upper_bound() {
+    let d = EngineConfig::default;
+    let t = 1u64 << 40;
+    let cases = [
+        (
+            "max_inflight_bytes",
+            EngineConfig { max_inflight_bytes: t, ..d() },
+            EngineConfig { max_inflight_bytes: t + 1, ..d() },
+        ),
+        ("io_threads", EngineConfig { io_threads: 64, ..d() }, EngineConfig { io_threads: 65, ..d() }),
+        (
+            "notification_max_bytes",
+            EngineConfig { notification_max_bytes: 262_144, ..d() },
+            EngineConfig { notification_max_bytes: 262_145, ..d() },
+        ),
+        (
+            "ipc_requester_budget_percent",
+            EngineConfig { ipc_requester_budget_percent: 100, ..d() },
+            EngineConfig { ipc_requester_budget_percent: 101, ..d() },
+        ),
+    ];
+    for (name, at_max, over) in cases {
+        let (min, max) = KEYS.iter().find(|k| k.name == name).unwrap().range.unwrap();
+        assert!(at_max.validate().is_ok(), "`{name}` at its maximum {max} was refused");
+        let said = over.validate().unwrap_err().to_string();
+        let want = format!("key `{name}`: {} is outside the range {min}..={max}", max + 1);
+        assert!(said.contains(&want), "`{name}` one past its maximum: {said}");
+    }
+}
+
+/// The notifications a queue may hold are bounded by 1 GiB: a queue of
+/// 4096 notifications of 256 KiB (exactly 1 GiB) loads; one notification
+/// more is refused naming both keys and the bytes. Guards `validate`'s
+/// `held > GIB` (sweep B).
+#[test]
+fn a_notification_queue_may_hold_exactly_one_gib() {
+    let c = EngineConfig::from_json(r#"{"notification_queue": 4096, "notification_max_bytes": 262144}"#).unwrap();
+    assert_eq!(c.notification_queue as u64 * c.notification_max_bytes as u64, GIB);
+    let said = err(r#"{"notification_queue": 4097, "notification_max_bytes": 262144}"#);
+    assert_eq!(
+        said,
+        "key `notification_queue`: 4097 notifications of up to notification_max_bytes (262144) may hold \
+         1074003968 bytes, more than 1 GiB"
+    );
+}
+
+/// The nested keys at their edges: a discovery prefix of exactly 256
+/// bytes loads and one of 257 is refused naming the key; a lease of 3600
+/// s loads from JSON and 3601 is refused naming the range; MNNVL's
+/// `async_memcpy_threshold` takes 65536 and refuses 65537. Guards
+/// `check_discovery`'s `d.prefix.len() > 256` and the ranges given to
+/// `get_u32` for `discovery.ttl_s` and `mnnvl.async_memcpy_threshold`
+/// (sweep B).
+#[test]
+fn nested_keys_take_their_bounds_and_refuse_one_past_them() {
+    let discovery = |more: &str| format!(r#"{{"name": "x", "discovery": {{"etcd": ["http://h:1"]{more}}}}}"#);
+    let prefix = |n: usize| discovery(&format!(r#", "prefix": "/{}""#, "p".repeat(n - 1)));
+    let c = EngineConfig::from_json(&prefix(256)).unwrap();
+    assert_eq!(c.discovery.unwrap().prefix.len(), 256);
+    let said = err(&prefix(257));
+    assert!(
+        said.starts_with("key `discovery.prefix`: \"/ppp")
+            && said.ends_with("\" must start with / and hold at most 256 bytes"),
+        "{said}"
+    );
+    let c = EngineConfig::from_json(&discovery(r#", "ttl_s": 3600"#)).unwrap();
+    assert_eq!(c.discovery.unwrap().ttl_s, 3600);
+    assert_eq!(err(&discovery(r#", "ttl_s": 3601"#)), "key `discovery.ttl_s`: 3601 is outside the range 1..=3600");
+    assert!(EngineConfig::from_json(r#"{"mnnvl": {"async_memcpy_threshold": 65536}}"#).is_ok());
+    assert_eq!(
+        err(r#"{"mnnvl": {"async_memcpy_threshold": 65537}}"#),
+        "key `mnnvl.async_memcpy_threshold`: 65537 is outside the range 0..=65536"
+    );
+}

@@ -444,6 +444,36 @@ mod tests {
         orbite_engine_free(src);
     }
 
+    /// A cap one below the peer's region count (2 of 3) is BUFFER_TOO_SMALL
+    /// naming both, with *out_count the count and no element written (the
+    /// array has room past the cap, so a write past it would show); a cap
+    /// of exactly the count is OK (`peer_regions_writes_each_region_in_its_
+    /// own_element` asks with one more). Guards `orbite_peer_regions`'s
+    /// `cap < regions.len()` (sweep B).
+    #[test]
+    fn peer_regions_with_room_for_one_region_fewer_is_buffer_too_small() {
+        let mut bufs = vec![vec![0u8; 4096], vec![0u8; 8192], vec![0u8; 12288]];
+        let (src, req, peer, _) = a_pair_publishing(&mut bufs);
+        let sentinel =
+            orbite_region_info { id: 77, epoch: 77, addr: 77, length: 77, access: 77, kind: std::ptr::null() };
+        let mut out = vec![sentinel; 4];
+        let mut n = 99usize;
+        assert_eq!(orbite_peer_regions(req, peer, out.as_mut_ptr(), 2, &mut n), Status::BufferTooSmall as u32);
+        assert_eq!(
+            (n, said()),
+            (3, Error::BufferTooSmall("the peer publishes 3 regions, cap is 2".into()).to_string())
+        );
+        assert!(
+            out.iter().all(|r| (r.id, r.length, r.kind) == (77, 77, std::ptr::null())),
+            "written past a cap too small"
+        );
+        n = 99;
+        assert_eq!(orbite_peer_regions(req, peer, out.as_mut_ptr(), 3, &mut n), Status::Ok as u32);
+        assert_eq!((n, out[3].id), (3, 77));
+        orbite_engine_free(req);
+        orbite_engine_free(src);
+    }
+
     /// This thread's orbite_last_error.
     fn said() -> String {
         // SAFETY: orbite_last_error returns this thread's NUL-terminated message.

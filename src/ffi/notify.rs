@@ -180,6 +180,33 @@ mod tests {
         orbite_engine_free(rx);
     }
 
+    /// The sender's name ("tx", 2 bytes) needs sender_cap 3 (its NUL
+    /// included): with 2 the take is BUFFER_TOO_SMALL saying 3 is needed,
+    /// nothing is written (the buffer is larger than the cap given, so a
+    /// take past the cap writes nothing out of bounds) and the notification
+    /// stays queued; with 3 it is taken, the name NUL-terminated in the
+    /// third byte and the fourth untouched. Guards
+    /// `sender_cap.saturating_sub(1)` in `orbite_notification_take` and
+    /// `n.sender.len() <= sender_cap` in `take_notification_fitting`
+    /// (sweep B).
+    #[test]
+    fn a_sender_cap_of_exactly_the_name_and_its_nul_suffices() {
+        let (rx, tx) = notified(b"hi");
+        let (mut sender, mut msg, mut msg_len) = ([0x7f as c_char; 8], [0u8; 8], 99usize);
+        let (s, m) = (sender.as_mut_ptr(), msg.as_mut_ptr().cast::<c_void>());
+        let st = orbite_notification_take(rx, 60_000, s, 2, m, msg.len(), &mut msg_len);
+        assert_eq!((st, msg_len), (Status::BufferTooSmall as u32, 2));
+        // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
+        let said = unsafe { CStr::from_ptr(crate::ffi::engine::orbite_last_error()) }.to_str().unwrap().to_owned();
+        assert!(said.contains("needs sender_cap 3 and msg_cap 2; they are 2 and 8 (it stays queued)"), "{said}");
+        assert!(sender.iter().all(|&c| c == 0x7f) && msg == [0; 8], "written by a take refused");
+        let st = orbite_notification_take(rx, 60_000, s, 3, m, msg.len(), &mut msg_len);
+        assert_eq!((st, msg_len), (Status::Ok as u32, 2), "the notification stayed queued");
+        assert_eq!((&sender[..4], &msg[..2]), (&[b't' as c_char, b'x' as c_char, 0, 0x7f][..], &b"hi"[..]));
+        orbite_engine_free(tx);
+        orbite_engine_free(rx);
+    }
+
     /// msg NULL with room for one byte is NULL_ARGUMENT, whatever waits:
     /// nothing taken, `*out_msg_len` untouched, the notification still
     /// queued for a take with a buffer. Guards `orbite_notification_take`'s

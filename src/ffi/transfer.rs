@@ -388,6 +388,41 @@ mod tests {
         assert!(e.message().contains("at most"), "{}", e.message());
     }
 
+    /// A C submission of exactly MAX_REQUESTS requests passes the count
+    /// check and one more is refused by it, naming both: over 512 MiB of
+    /// zeroed address space (an untouched anonymous mapping: no memory),
+    /// MAX_REQUESTS requests get as far as the first request's opcode (0,
+    /// refused naming `requests[0]`), MAX_REQUESTS + 1 no further than
+    /// their count. Guards `submission`'s `count > MAX_REQUESTS` (sweep B;
+    /// `a_c_submission_at_a_misaligned_address_is_refused` checks only
+    /// that a count past it is refused).
+    #[test]
+    fn a_c_submission_carries_exactly_max_requests() {
+        let total = (MAX_REQUESTS + 1) * std::mem::size_of::<orbite_request>();
+        // SAFETY: a fresh private anonymous mapping (zeroed, reserved
+        // lazily), unmapped below.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        let requests = base as *const orbite_request;
+        let at_most = submission(requests, MAX_REQUESTS, std::ptr::null()).map(|_| ()).unwrap_err();
+        let opcode = "requests[0].opcode is 0 (use ORBITE_OP_READ or ORBITE_OP_WRITE)";
+        assert_eq!((at_most.status(), at_most.message()), (Status::InvalidArgument, opcode));
+        let past = submission(requests, MAX_REQUESTS + 1, std::ptr::null()).map(|_| ()).unwrap_err();
+        let count = format!("count is {}; one submission carries at most {MAX_REQUESTS} requests", MAX_REQUESTS + 1);
+        assert_eq!((past.status(), past.message()), (Status::InvalidArgument, count.as_str()));
+        // SAFETY: the mapping made above; no reference into it is left.
+        assert_eq!(unsafe { libc::munmap(base, total) }, 0);
+    }
+
     /// Guards `aligned(out, "out")` in `orbite_batch_results`: results
     /// asked into an odd address of a byte buffer are refused
     /// INVALID_ARGUMENT naming `out`, and nothing is written; the aligned

@@ -247,3 +247,47 @@ fn a_second_adoption_of_another_kind_is_refused() {
     a.free().map_err(|(_, e)| e).unwrap();
     assert!(owner_of(base).is_none(), "its one adoption freed, the record is gone");
 }
+
+/// An adoption may cover its whole allocation, from its first byte to
+/// its last, and no byte outside it: one starting a byte before the
+/// allocation, one ending a byte past it, and one of no bytes are
+/// `InvalidArgument` naming the range and the allocation, and record
+/// nothing. Guards `adopt_range`'s `addr < f.base`, `e > end` and `len ==
+/// 0` (sweep B: with `<=` or `>=` an adoption of the whole allocation, as
+/// `orbite_cuda_adopt` of a `cuMemAlloc` result makes, is refused).
+#[test]
+fn an_adoption_covers_its_whole_allocation_and_not_a_byte_more() {
+    let size = 1u64 << 16;
+    let base = foreign(size as usize).base;
+    let of = || Foreign { kind: MemoryKind::Cuda, base, size, device: Some(0), forget: Box::new(|_| Ok(())) };
+    for (case, addr, len) in [("a byte before", base - 1, size), ("a byte past", base, size + 1), ("no bytes", base, 0)]
+    {
+        let e = adopt_range(of(), addr, len).err().unwrap_or_else(|| panic!("{case}: adopted"));
+        let want = format!("0x{addr:x}+{len} does not lie in its allocation 0x{base:x}+{size}");
+        assert_eq!((matches!(e, Error::InvalidArgument(_)), e.message()), (true, want.as_str()), "{case}");
+        assert!(owner_of(base).is_none(), "{case}: recorded");
+    }
+    let (a, _) = adopt_range(of(), base, size).unwrap();
+    assert_eq!(kind_of(base, size).unwrap(), MemoryKind::Cuda);
+    a.free().map_err(|(_, e)| e).unwrap();
+}
+
+/// A range in a library allocation may end at its logical end, not a
+/// byte past it: in a shared allocation of 4096 bytes, `[addr, addr +
+/// 4096)` and its last byte alone are shared host memory, while 4097
+/// bytes, or 2 from its last byte, are `InvalidArgument` naming the
+/// range and the allocation. Guards `kind_of`'s `addr + len > o.addr +
+/// o.len` at the bound (sweep B).
+#[test]
+fn a_range_may_end_at_its_allocations_logical_end_and_not_a_byte_past() {
+    let a = allocate_shared_host(4096).unwrap();
+    let at = a.addr();
+    assert_eq!(kind_of(at, 4096).unwrap(), MemoryKind::SharedHost);
+    assert_eq!(kind_of(at + 4095, 1).unwrap(), MemoryKind::SharedHost);
+    for (addr, len) in [(at, 4097), (at + 4095, 2)] {
+        let e = kind_of(addr, len).unwrap_err();
+        let want = format!("range 0x{addr:x}+{len} crosses the end of the library allocation 0x{at:x}+4096");
+        assert_eq!((matches!(e, Error::InvalidArgument(_)), e.message()), (true, want.as_str()));
+    }
+    a.free().map_err(|(_, e)| e).unwrap();
+}
