@@ -13,6 +13,7 @@ use common::*;
 use orbite::control::frame::MsgKind;
 use orbite::control::identity::{process_start_time, ProcessIdentity};
 use orbite::control::Identity;
+use orbite::transport::ipc::channel::Channel;
 use orbite::transport::ipc::export::process_exited;
 use orbite::transport::ipc::messages::{decode_reject, ExportOffer, ExportRef, ExportRequest, OP_READ, OP_WRITE};
 use orbite::*;
@@ -303,6 +304,99 @@ fn an_export_asking_read_and_write_of_a_read_only_region_is_refused() {
     let decline = ExportRef { export_id: o.export_id, token: o.token, value: 0, extra: 0 };
     ch.call(MsgKind::ExportAnswer, &decline.encode(), deadline, "decline").unwrap();
     drop(ch);
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
+}
+
+/// Passes every frame, and the descriptors riding on it, from `from` to
+/// `to` until either end ends; then shuts both down.
+fn pass_frames(mut from: Channel, mut to: Channel) {
+    use std::os::fd::AsRawFd;
+    let mut tick = || Ok(());
+    while let Ok(f) = from.recv(&mut tick) {
+        let fds: Vec<i32> = f.fd.iter().chain(&f.second_fd).map(|fd| fd.as_raw_fd()).collect();
+        if to.send(f.kind, &f.body, &fds, &mut tick).is_err() {
+            break;
+        }
+    }
+    from.shutdown();
+    to.shutdown();
+}
+
+/// A requester connecting to a source that answers its handshake with
+/// `d`, then reads and drops everything: the connect's outcome.
+fn connect_describing(req: &Engine, d: &orbite::control::message::Describe) -> Result<u64> {
+    use orbite::control::frame::{FrameHeader, FRAME_HEADER_LEN};
+    use std::io::{Read, Write};
+    let body = d.encode();
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let ep = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut h = [0u8; FRAME_HEADER_LEN];
+        s.read_exact(&mut h).unwrap();
+        s.read_exact(&mut vec![0u8; FrameHeader::decode(&h).unwrap().body_len as usize]).unwrap();
+        s.write_all(&FrameHeader::encode(MsgKind::Describe, body.len() as u32)).unwrap();
+        s.write_all(&body).unwrap();
+        let _ = s.read_to_end(&mut Vec::new());
+    });
+    req.connect(&ep, Some(LONG))
+}
+
+/// A source whose IPC channel has an abstract name of exactly
+/// MAX_IPC_NAME bytes (a longest name, here this process passing every
+/// frame and descriptor to a real source's channel) serves a READ over
+/// SHM: its exact bytes land. A Describe naming one byte more is refused
+/// at the handshake, PROTOCOL_ERROR naming the bound. Guards
+/// `transport/ipc/channel.rs` `Channel::connect_until`'s `name.len() >
+/// crate::control::message::MAX_IPC_NAME` (round 17 R12: with `>=` the
+/// longest name a Describe may carry could not be connected to, and the
+/// READ failed).
+#[test]
+fn a_source_on_the_longest_ipc_name_is_served_over_shm() {
+    use orbite::control::message::MAX_IPC_NAME;
+    let a = allocate_shared_host(SZ).unwrap();
+    let remote = pattern_vec(5, 4096);
+    // SAFETY: the allocation maps SZ writable bytes, more than 4096.
+    unsafe { std::ptr::copy_nonoverlapping(remote.as_ptr(), a.addr() as *mut u8, 4096) };
+    let (src, _) = source("", &[&a]);
+    let real = describe_of(&src.endpoint());
+    let prefix = format!("orbite-longest-{}-", std::process::id());
+    let name = format!("{prefix}{}", "n".repeat(MAX_IPC_NAME - prefix.len()));
+    assert_eq!(name.len(), MAX_IPC_NAME);
+    let l = orbite::transport::ipc::channel::listen(&name).unwrap();
+    let source_name = real.ipc_name.clone();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(s) = s else { break };
+            let near = Channel::from_stream(s).unwrap();
+            let far = Channel::connect(&source_name).unwrap();
+            let back = (far.try_clone().unwrap(), near.try_clone().unwrap());
+            std::thread::spawn(move || pass_frames(near, far));
+            std::thread::spawn(move || pass_frames(back.0, back.1));
+        }
+    });
+    let req = Engine::from_json(r#"{"shm_cache_entries": 0}"#).unwrap();
+    let local = vec![0u8; 4096];
+    req.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let longest = orbite::control::message::Describe { ipc_name: name.clone(), ..real.clone() };
+    let p = connect_describing(&req, &longest).unwrap();
+    let read = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: a.addr(), len: 4096 };
+    let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(LONG) };
+    let b = req.submit(p, &[read], opts).unwrap();
+    b.wait(LONG).unwrap_or_else(|e| panic!("{e}: {:?}", b.error(0)));
+    assert_eq!(b.transport(0).unwrap(), Some(TransportKind::Shm));
+    assert_eq!(local, remote);
+    let longer = orbite::control::message::Describe { ipc_name: format!("{name}n"), ..real };
+    let e = connect_describing(&req, &longer).unwrap_err();
+    assert_eq!(e.status(), Status::ProtocolError, "{e}");
+    let why = format!(
+        "Describe IPC name {:?}... ({} bytes) is not printable ASCII of at most {MAX_IPC_NAME} bytes",
+        &name[..48],
+        MAX_IPC_NAME + 1
+    );
+    assert!(e.message().contains(&why), "{e}");
+    req.close(Some(LONG)).unwrap();
     src.close(Some(LONG)).unwrap();
     a.free().unwrap();
 }

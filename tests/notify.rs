@@ -319,3 +319,44 @@ fn take_waits_and_names_the_sender() {
     let got = b.take_notification(LONG).unwrap();
     assert_eq!((got.sender.as_str(), got.msg.len()), ("decode-3", 0));
 }
+
+/// A standalone notification whose deadline passes, to a receiver frozen
+/// (SIGSTOP) for the whole exchange. Sent at once (nothing before it) but
+/// never answered: TIMED_OUT saying its delivery is unknown, not counted
+/// `not_sent`. Queued behind a WRITE that cannot end: TIMED_OUT saying it
+/// was not sent, counted `not_sent`, and taken off the queue, so once the
+/// receiver runs again it never arrives (the receiver takes "0", "1" and
+/// "2", in that order, and counts three). Guards `Outbox::cancel`'s
+/// `s.queue.len() != before` in `transport/tcp/outbox.rs` (round 17 R9:
+/// inverted, the queued one is reported sent with delivery unknown and
+/// the unanswered one reported not sent).
+#[test]
+fn a_timed_out_notification_says_whether_it_left_the_queue() {
+    let mut src = PeerProc::spawn(&["--size", &MIB.to_string(), "--shared"]);
+    let e = engine("{}");
+    let data = local(&e, 3, 4096);
+    let peer = e.connect(&src.endpoint, None).unwrap();
+    e.notify(peer, b"0", Some(LONG)).unwrap();
+    src.freeze();
+    let unanswered = e.notify(peer, b"1", Some(Duration::from_secs(1))).unwrap_err();
+    assert_eq!(unanswered.status(), Status::TimedOut, "{unanswered}");
+    assert!(unanswered.message().contains("no answer before the deadline (its delivery is unknown)"), "{unanswered}");
+    assert_eq!(notes(&e).not_sent, 0, "an unanswered notification was counted unsent");
+    let b = e.submit(peer, &[wr(&data, src.addr, 4096)], opts(Transport::Only(TransportKind::Tcp))).unwrap();
+    let queued = e.notify(peer, b"queued", Some(Duration::from_secs(1))).unwrap_err();
+    assert_eq!(queued.status(), Status::TimedOut, "{queued}");
+    assert!(
+        queued.message().contains("not sent: requests submitted before it had not ended by the deadline"),
+        "{queued}"
+    );
+    assert_eq!(notes(&e).not_sent, 1);
+    src.signal(libc::SIGCONT);
+    b.wait(LONG).unwrap();
+    e.notify(peer, b"2", Some(LONG)).unwrap();
+    let n = notes(&e);
+    assert_eq!((n.sent, n.not_sent), (3, 1));
+    assert_eq!(src.cmd("notes 3 60000"), "ok", "the queued one reached the wire");
+    assert_eq!(src.stats()["notifications"]["received"].as_u64(), Some(3));
+    e.close(Some(LONG)).unwrap();
+    src.close();
+}

@@ -426,3 +426,40 @@ fn auto_without_tcp_in_the_policy_never_falls_through_to_tcp() {
     src.close(Some(LONG)).unwrap();
     pool.free().unwrap();
 }
+
+/// A source closing while its only export is retained (no close receipt;
+/// the requester's channel was lost as the export's handle arrived, so
+/// nothing was mapped) still asks the requester for its imports back: the
+/// requester gets the Revoke, releases the lost grant through its new
+/// channel, and the source's close is OK with nothing left. Without the
+/// Revoke nothing would release it and the close would end UNQUIESCED at
+/// its deadline. Guards `Engine::close_source`'s `counts().open +
+/// t.exports.counts().retained > 0` (round 17 R4: counting open exports
+/// only, no Revoke went out while every export was retained).
+#[test]
+fn a_closing_source_asks_for_a_retained_export_back() {
+    let src = Engine::from_json("").unwrap();
+    let a = allocate_shared_host(MIB).unwrap();
+    src.register_memory(a.addr(), MIB, Access::READ).unwrap();
+    let req = Engine::from_json(r#"{"shm_cache_entries": 0}"#).unwrap();
+    let local = vec![0u8; 4096];
+    req.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
+    let p = req.connect(&src.endpoint(), Some(LONG)).unwrap();
+    req.faults().lose_handle.store(1, std::sync::atomic::Ordering::SeqCst);
+    let b = req.submit(p, &[rd(&local, a.addr(), 4096)], shm()).unwrap();
+    assert!(b.wait(LONG).is_err());
+    let r = b.results()[0];
+    assert_eq!((r.status, r.remote_effect), (Status::Unavailable, RemoteEffect::None), "{:?}", b.error(0));
+    let held = || {
+        let st = src.stats().ipc["shm"].exports;
+        (st.open, st.retained)
+    };
+    eventually("the source saw the channel lost", || held() == (0, 1));
+    assert_eq!(req.stats().events.revokes_received, 0);
+    src.close_source(Some(Duration::from_secs(20))).unwrap();
+    assert_eq!(held(), (0, 0));
+    assert_eq!(req.stats().events.revokes_received, 1);
+    req.close(Some(LONG)).unwrap();
+    src.close(Some(LONG)).unwrap();
+    a.free().unwrap();
+}

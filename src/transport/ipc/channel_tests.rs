@@ -212,3 +212,30 @@ fn an_ipc_frame_larger_than_a_control_body_is_refused() {
         writer.join().unwrap();
     }
 }
+
+/// An abstract socket name of exactly `MAX_IPC_NAME` bytes (all of
+/// `sun_path` after its leading NUL) is connectable: the listener takes
+/// the connection and the frame sent on it. One byte longer is refused
+/// `INVALID_ARGUMENT` before any socket is made, naming the name. Guards
+/// `connect_until`'s `name.len() > crate::control::message::MAX_IPC_NAME`
+/// (round 17 R12: with `>=` the longest name was refused).
+#[test]
+fn the_longest_abstract_name_connects_and_one_byte_more_is_refused() {
+    use crate::control::message::MAX_IPC_NAME;
+    let prefix = format!("orbite-test-longest-{}-", std::process::id());
+    let name = format!("{prefix}{}", "n".repeat(MAX_IPC_NAME - prefix.len()));
+    assert_eq!(name.len(), MAX_IPC_NAME);
+    let l = listen(&name).unwrap();
+    let t = std::thread::spawn(move || {
+        let (s, _) = l.accept().unwrap();
+        let f = Channel::from_stream(s).unwrap().recv(&mut io::no_abort).unwrap();
+        (f.kind, f.body)
+    });
+    let mut c = Channel::connect(&name).unwrap();
+    c.send(MsgKind::IpcHello, b"longest", &[], &mut io::no_abort).unwrap();
+    assert_eq!(t.join().unwrap(), (MsgKind::IpcHello, b"longest".to_vec()));
+    let longer = format!("{name}n");
+    let e = Channel::connect(&longer).map(|_| ()).unwrap_err();
+    assert_eq!(e.status(), crate::error::Status::InvalidArgument, "{e}");
+    assert_eq!(e.message(), format!("{longer:?} is not an abstract socket name"));
+}

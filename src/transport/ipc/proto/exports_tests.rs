@@ -500,3 +500,24 @@ fn an_offer_is_answered_once_while_exposing_or_lingering() {
     assert_eq!(c.state(id), Some(ExportState::Lingering), "not revived");
     assert_eq!(c.counts(), (0, 1));
 }
+
+/// An offer waits for its answer only on the channel it was offered on:
+/// `offered_base` (whether an accept first waits for the producer stream
+/// of its allocation) finds it on that channel under its token, and not
+/// on another channel presenting the same id and token, nor under another
+/// token, nor once it was answered. Guards `offered_base`'s
+/// `e.grant.conn == conn` (round 17 R11: without it a second channel
+/// naming another channel's offer made the source wait for, and consume,
+/// that allocation's producer stream). Only the CUDA backends' accepts
+/// wait (`export_waits`), so no SHM or CMA path reaches it.
+#[test]
+fn an_offer_waits_for_its_answer_only_on_its_own_channel() {
+    let now = Instant::now();
+    let mut c = ExportsCore::new(Duration::from_secs(5));
+    let id = c.offer(grant(1, Some(who(40)), OP_READ), now, "held");
+    assert_eq!(c.offered_base(1, &r(id, 1, 0)), Some(0x10000));
+    assert_eq!(c.offered_base(2, &r(id, 1, 0)), None, "another channel found the offer");
+    assert_eq!(c.offered_base(1, &ExportRef { token: 1, ..r(id, 1, 0) }), None);
+    assert!(matches!(c.begin_answer(1, &r(id, 1, 0)), Ok(Answering::Expose { base: 0x10000, writable: false })));
+    assert_eq!(c.offered_base(1, &r(id, 1, 0)), None, "an answered offer still waits");
+}
