@@ -327,3 +327,38 @@ fn requests_the_source_refuses_are_counted_served_failed() {
     assert!(remote == pattern_vec(3, 1 << 20), "the refused WRITE landed");
     src.close(Some(Duration::from_secs(10))).unwrap();
 }
+
+/// A peer without the key opens a keyed engine with an AuthChallenge
+/// announcing exactly `MAX_AUTH_BODY` bytes, then one more: the first's
+/// body is read and checked (PERMISSION_DENIED, "authentication not
+/// completed", naming its length), the second is refused from its header
+/// alone, before any body byte is sent ("requires authentication").
+/// Each counts as one failed authentication. Guards
+/// `transport/tcp/handshake.rs` `open`'s `first.body_len >
+/// auth::MAX_AUTH_BODY` (sweep B).
+#[test]
+fn an_auth_challenge_of_the_longest_body_is_read_and_one_byte_more_refused_from_its_header() {
+    use orbite::control::auth::MAX_AUTH_BODY;
+    let key = common::key_file("auth-bound", 5);
+    let src = Engine::from_json(&format!(r#"{{"auth_key_file": "{key}"}}"#)).unwrap();
+    let cases = [
+        (MAX_AUTH_BODY, true, format!("authentication not completed: AuthChallenge body has {MAX_AUTH_BODY} bytes")),
+        (MAX_AUTH_BODY + 1, false, "requires authentication (auth_key_file) before AuthChallenge".to_string()),
+    ];
+    for (n, (announced, with_body, why)) in cases.into_iter().enumerate() {
+        let mut s = TcpStream::connect(src.endpoint()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut frame = FrameHeader::encode(MsgKind::AuthChallenge, announced).to_vec();
+        if with_body {
+            frame.extend(vec![7u8; announced as usize]);
+        }
+        s.write_all(&frame).unwrap();
+        let (h, body) = read_frame(&mut s).unwrap_or_else(|e| panic!("{announced} bytes: no answer: {e}"));
+        assert_eq!(h.kind, MsgKind::Error, "{announced} bytes");
+        let (st, text) = orbite::control::message::decode_error(&body).unwrap();
+        assert_eq!(st, Status::PermissionDenied, "{announced} bytes: {text}");
+        assert!(text.contains(&why), "{announced} bytes: {text}");
+        assert_eq!(src.stats().events.auth_failures, n as u64 + 1, "{announced} bytes");
+    }
+    src.close(Some(Duration::from_secs(10))).unwrap();
+}

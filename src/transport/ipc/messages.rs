@@ -428,6 +428,27 @@ mod tests {
         }
     }
 
+    /// A range asked for or revalidated may end exactly at the top of the
+    /// address space; one byte further wraps and is malformed (a wrapped
+    /// `addr + len` would pass the range checks after it). Guards both
+    /// decoders' `x.addr.checked_add(x.len).is_none()` (sweep B).
+    #[test]
+    fn a_range_ending_at_the_top_of_the_address_space_decodes_and_one_past_is_malformed() {
+        let top = u64::MAX - 4096;
+        for (addr, ok) in [(top, true), (top + 1, false)] {
+            let q = ExportRequest { tag: 1, region_epoch: 2, addr, len: 4096, ops: 3, wait_ms: 9 };
+            match ExportRequest::decode(&q.encode()) {
+                Ok(got) => assert!(ok && got == q, "0x{addr:x}"),
+                Err(e) => assert!(!ok && e.message() == format!("malformed ExportRequest {q:?}"), "0x{addr:x}: {e}"),
+            }
+            let v = Revalidate { tag: 1, export_id: 2, token: 3, region_epoch: 4, addr, len: 4096, ops: 2 };
+            match Revalidate::decode(&v.encode()) {
+                Ok(got) => assert!(ok && got == v, "0x{addr:x}"),
+                Err(e) => assert!(!ok && e.message() == format!("malformed Revalidate {v:?}"), "0x{addr:x}: {e}"),
+            }
+        }
+    }
+
     #[test]
     fn a_probe_answer_round_trips_and_a_short_one_is_refused() {
         let place = FabricPlace { cluster_uuid: [3; 16], clique_id: 7, state: 3, imex_channel: -1 };

@@ -192,10 +192,8 @@ fn receipts_count_once_per_validated_subbatch_within_the_envelope() {
     let now = Instant::now();
     let mut c = ExportsCore::new(Duration::from_secs(5));
     let id = exposed(&mut c, 1, None, now);
-    // 3 requests of at most 1024 bytes each: 3072 at most, 3 at least.
-    assert_eq!(c.op_complete(1, &r(id, 3073, 3)).err().unwrap().status(), Status::ProtocolError);
-    assert_eq!(c.op_complete(1, &r(id, 2, 3)).err().unwrap().status(), Status::ProtocolError);
-    assert_eq!(c.op_complete(1, &r(id, 0, 0)).err().unwrap().status(), Status::ProtocolError);
+    // 3 requests of at most 1024 bytes each (each bound of a receipt:
+    // `receipt_bounds_take_their_documented_side`).
     assert!(c.op_complete(1, &r(id, 3072, 3)).unwrap());
     assert!(!c.op_complete(1, &r(id, 3072, 3)).unwrap(), "one grant, one counted receipt");
     let v =
@@ -520,4 +518,61 @@ fn an_offer_waits_for_its_answer_only_on_its_own_channel() {
     assert_eq!(c.offered_base(1, &ExportRef { token: 1, ..r(id, 1, 0) }), None);
     assert!(matches!(c.begin_answer(1, &r(id, 1, 0)), Ok(Answering::Expose { base: 0x10000, writable: false })));
     assert_eq!(c.offered_base(1, &r(id, 1, 0)), None, "an answered offer still waits");
+}
+
+/// Each bound of an operation receipt, at the bound and one past it, on
+/// an export whose envelope is the grant's 1024 bytes: at least one
+/// request, at most `MAX_REQUESTS`; at least a byte per request, at most
+/// the envelope per request. Guards `op_complete`'s `bounded` (sweep B:
+/// `bytes >= n`, with `n >= 1`, `n <= MAX_REQUESTS` and `bytes <= most`).
+#[test]
+fn receipt_bounds_take_their_documented_side() {
+    let most = crate::transfer::MAX_REQUESTS as u32;
+    let cases: [(&str, u32, u64, bool); 8] = [
+        ("one request of one byte", 1, 1, true),
+        ("no request", 0, 0, false),
+        ("three requests of a byte each", 3, 3, true),
+        ("three requests in two bytes", 3, 2, false),
+        ("three full envelopes", 3, 3072, true),
+        ("a byte past three envelopes", 3, 3073, false),
+        ("MAX_REQUESTS full envelopes", most, most as u64 * 1024, true),
+        ("a byte past MAX_REQUESTS envelopes", most, most as u64 * 1024 + 1, false),
+    ];
+    for (name, n, bytes, taken) in cases {
+        let mut c = ExportsCore::new(Duration::from_secs(5));
+        let id = exposed(&mut c, 1, None, Instant::now());
+        match c.op_complete(1, &r(id, bytes, n)) {
+            Ok(counted) => assert!(taken && counted, "{name}: counted {counted}"),
+            Err(e) => {
+                assert!(!taken, "{name}: {e}");
+                assert_eq!(e.status(), Status::ProtocolError, "{name}: {e}");
+                let claim = format!("claims {n} requests of {bytes} bytes within an envelope of 1024 bytes");
+                assert!(e.message().contains(&claim), "{name}: {e}");
+            }
+        }
+    }
+}
+
+/// The table remembers the last `RECENTLY_CLOSED` closed exports, so a
+/// close receipt repeated after a lost ACK is acknowledged: with one
+/// more closed, exactly the oldest is forgotten (its repeat finds no
+/// export) and the next oldest is still acknowledged. Guards
+/// `remember`'s `self.recently_closed.len() > RECENTLY_CLOSED` (sweep B).
+#[test]
+fn exactly_the_last_recently_closed_exports_are_remembered() {
+    let now = Instant::now();
+    let mut c = ExportsCore::new(Duration::from_secs(5));
+    let ids: Vec<u64> = (0..=RECENTLY_CLOSED)
+        .map(|_| {
+            let id = exposed(&mut c, 1, None, now);
+            assert!(c.close_receipt(1, None, &r(id, 0, 0), |_| false).unwrap().is_some(), "export {id} released");
+            id
+        })
+        .collect();
+    assert_eq!(c.len(), 0);
+    let oldest = c.close_receipt(1, None, &r(ids[0], 0, 0), |_| false).err().expect("the oldest is forgotten");
+    assert_eq!(oldest.status(), Status::NotFound, "{oldest}");
+    assert!(c.close_receipt(1, None, &r(ids[1], 0, 0), |_| false).unwrap().is_none(), "the next is remembered");
+    let last = ids[RECENTLY_CLOSED];
+    assert!(c.close_receipt(1, None, &r(last, 0, 0), |_| false).unwrap().is_none(), "the last is remembered");
 }

@@ -201,8 +201,12 @@ mod tests {
         h.remove(P, A);
         assert_eq!(h.of(P), (0, 0));
         assert!(h.allocs.is_empty() && h.held.is_empty());
-        // Within the share, a second allocation is allowed.
+        // Within the share, a second allocation is allowed: exactly the
+        // share (40 + 60 = 100) is, one byte past it (40 + 61) is not.
         h.add(P, A, 40);
         h.admit(P, C, 60).unwrap();
+        let e = h.admit(P, C, 61).unwrap_err();
+        assert_eq!(e.status(), Status::ResourceExhausted);
+        assert!(e.message().contains("keeps 40 bytes of allocations exported; another 61"), "{e}");
     }
 }

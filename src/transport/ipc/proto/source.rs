@@ -477,6 +477,8 @@ mod tests {
     /// `MAX_CONTROL_BODY` whatever kind they name. Guards `parse`'s
     /// `h.body_len > MAX_CONTROL_BODY` (round 9 I10: bounded by the kind's
     /// `max_body`, the header passed and the core waited for the body).
+    /// A frame of exactly the bound is gathered whole and handed on
+    /// (sweep B: with `>=` it was refused).
     #[test]
     fn a_payload_kind_header_beyond_the_control_bound_is_refused() {
         let mut c: IpcSourceCore<u32> = IpcSourceCore::new(STALL);
@@ -488,5 +490,12 @@ mod tests {
         assert_eq!(e.message(), format!("IPC frame of {len} bytes is too large"));
         assert!(matches!(e, Error::Protocol(_)), "{e}");
         assert!(h.asked.is_empty());
+        // Exactly the bound: the header is taken, the body gathered.
+        let mut c: IpcSourceCore<u32> = IpcSourceCore::new(STALL);
+        let body = vec![0x5a; MAX_CONTROL_BODY as usize];
+        c.receive(&FrameHeader::encode(MsgKind::WriteRequest, MAX_CONTROL_BODY), Instant::now(), &mut h).unwrap();
+        assert!(h.asked.is_empty(), "handed on before its body");
+        c.receive(&body, Instant::now(), &mut h).unwrap();
+        assert_eq!(h.asked, [(MsgKind::WriteRequest, body)]);
     }
 }

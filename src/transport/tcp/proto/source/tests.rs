@@ -699,3 +699,23 @@ fn a_read_request_shorter_than_its_fixed_part_is_a_protocol_error_at_once() {
     let e = c.received(&short, now, &mut h).unwrap_err();
     assert!(e.to_string().contains("ReadRequest body of 31 bytes"), "{e}");
 }
+
+/// The answers' byte bound, exactly: READs whose answers (header, fixed
+/// part and payload) are 64 KiB each fill it at the 64th (`OUT_BYTES_MAX`
+/// waiting: no more is handled, the rest stashed); answers one byte
+/// shorter leave room for a 65th. Guards `full`'s `self.bytes >=
+/// OUT_BYTES_MAX` (sweep B).
+#[test]
+fn the_answers_byte_bound_is_full_at_exactly_out_bytes_max() {
+    let now = Instant::now();
+    let fixed = (crate::control::frame::FRAME_HEADER_LEN + DATA_RESPONSE_LEN) as u64;
+    for (answer, handled) in [(64 << 10, 64u64), ((64 << 10) - 1, 65)] {
+        let (mut c, mut h) = (SourceCore::new(limits()), Host::new());
+        let wire: Vec<u8> = (0..100).flat_map(|t| read_req(t, BASE, answer - fixed)).collect();
+        c.received(&wire, now, &mut h).unwrap();
+        assert_eq!(h.served.0, handled, "answers of {answer} bytes");
+        assert_eq!(c.queued(), (handled * answer, 2 * handled as usize), "answers of {answer} bytes");
+        assert!(c.answers_full() && c.stashed(), "answers of {answer} bytes");
+        assert_eq!(c.recv(now), Recv::Paused, "answers of {answer} bytes");
+    }
+}

@@ -194,3 +194,38 @@ fn a_notify_ack_with_an_overlong_reason_is_a_protocol_error() {
     assert_eq!(e.status(), Status::ProtocolError, "{e}");
     assert_eq!(e.message(), format!("NotifyAck reason of {} bytes is too long", MAX_REASON + 1));
 }
+
+/// A failure answer's text is taken up to MAX_REASON + 2 bytes (a
+/// reason and its length) and refused one byte past it, both for an
+/// answer to a request sent whole and for one to a WRITE still leaving:
+/// the longest fails its request with the source's status and text; one
+/// byte more is a protocol error naming its length. Guards `answer`'s and
+/// `early_answer`'s `rest > MAX_REASON as u64 + 2` (sweep B).
+#[test]
+fn a_failure_text_is_taken_up_to_its_bound_and_refused_one_byte_past() {
+    let t0 = Instant::now();
+    let fine = vec![b'r'; MAX_REASON + 2];
+    let long = vec![b'r'; MAX_REASON + 3];
+    let sent_read = || {
+        let (mut c, hold) = (core(), Rc::new(()));
+        c.submit(vec![send(1, Op::Read, 0, 0x1000, 64, t0 + Duration::from_secs(60), &hold)]);
+        let tag = requests(&drain(&mut c, &[0u8; 64], t0))[0].1.tag;
+        (c, tag)
+    };
+    let (mut c, tag) = sent_read();
+    feed(&mut c, &answer(MsgKind::ReadResponse, tag, Status::PermissionDenied, &fine), 1 << 20, &mut []);
+    let done = c.take_done();
+    assert_eq!(done.len(), 1);
+    let e = done[0].1.result.as_ref().expect_err("the READ failed");
+    assert_eq!(e.status(), Status::PermissionDenied, "{e}");
+    assert_eq!(e.message(), format!("peer 1: {}", String::from_utf8(fine.clone()).unwrap()));
+    let (mut c, tag) = sent_read();
+    let e = refused(&mut c, &answer(MsgKind::ReadResponse, tag, Status::PermissionDenied, &long));
+    assert_eq!(e.status(), Status::ProtocolError, "{e}");
+    assert_eq!(e.message(), format!("failure text of {} bytes is too long", MAX_REASON + 3));
+    assert_eq!(outcomes(&mut c), [(1, Status::ProtocolError, RemoteEffect::None)]);
+    // A WRITE still leaving: the longest text is taken (kept on its entry).
+    let (mut c, tag, _hold) = write_still_leaving();
+    feed(&mut c, &answer(MsgKind::WriteResponse, tag, Status::PermissionDenied, &fine), 1 << 20, &mut []);
+    assert!(c.take_done().is_empty(), "kept on its entry while its payload leaves");
+}
