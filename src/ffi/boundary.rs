@@ -142,6 +142,24 @@ pub(crate) fn write_text(text: &str, buf: *mut c_char, cap: usize, out_len: *mut
     Ok(())
 }
 
+/// What the C entry points' tests read back after a call: this thread's
+/// last error, and the check that a call was refused with exactly an
+/// error's status and whole text (one copy for every `ffi` test module).
+#[cfg(test)]
+pub(crate) mod said {
+    /// This thread's last error, as `orbite_last_error` gives it.
+    pub(crate) fn said() -> String {
+        // SAFETY: last_error_ptr points at this thread's live NUL-terminated
+        // message, unchanged until the next set_last_error on this thread.
+        unsafe { std::ffi::CStr::from_ptr(super::last_error_ptr()) }.to_str().unwrap().to_owned()
+    }
+
+    /// Asserts that call `case` returned `want`'s status and left `want`'s
+    /// whole text as this thread's last error.
+    pub(crate) fn refused(case: &str, st: u32, want: crate::Error) {
+        assert_eq!((st, said()), (want.status() as u32, want.to_string()), "{case}");
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -97,8 +97,8 @@ pub extern "C" fn orbite_cuda_retained_resources_json(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ffi::boundary::said::said;
     use crate::Status;
-    use std::ffi::CStr;
 
     /// orbite_cuda_adopt of a NULL `ptr` (valid flags, length and out) is
     /// NULL_ARGUMENT "ptr is NULL", writing no handle, with or without
@@ -109,8 +109,7 @@ mod tests {
     fn adopting_a_null_pointer_is_a_null_argument() {
         let mut out: *mut orbite_allocation = std::ptr::null_mut();
         let st = orbite_cuda_adopt(std::ptr::null_mut(), 4096, ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION, &mut out);
-        // SAFETY: last_error_ptr returns this thread's NUL-terminated message.
-        let said = unsafe { CStr::from_ptr(last_error_ptr()) }.to_str().unwrap().to_owned();
+        let said = said();
         assert_eq!((st, said.as_str()), (Status::NullArgument as u32, "null argument: ptr is NULL"));
         assert!(out.is_null(), "no handle written");
     }
@@ -137,10 +136,6 @@ mod tests {
                 orbite_cuda_adopt(ptr, len, ORBITE_ADOPT_SHARE_WHOLE_ALLOCATION, out)
             }),
         ];
-        let said = || {
-            // SAFETY: last_error_ptr returns this thread's NUL-terminated message.
-            unsafe { CStr::from_ptr(last_error_ptr()) }.to_str().unwrap().to_owned()
-        };
         for (case, f) in cases {
             let mut out: *mut orbite_allocation = std::ptr::null_mut();
             let st = f(0, &mut out);

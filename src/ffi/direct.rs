@@ -90,20 +90,15 @@ pub extern "C" fn orbite_direct_free(direct: *mut orbite_direct) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ffi::boundary::said::{refused, said};
     use crate::ffi::engine::{
-        orbite_close, orbite_connect, orbite_engine_free, orbite_engine_new, orbite_last_error, orbite_register_memory,
+        orbite_close, orbite_connect, orbite_engine_free, orbite_engine_new, orbite_register_memory,
         orbite_unregister_memory,
     };
     use crate::ffi::memory::{orbite_allocation_addr, orbite_allocation_free, orbite_host_allocate_shared};
     use crate::{Status, Transport};
-    use std::ffi::{CStr, CString};
+    use std::ffi::CString;
     use std::ptr::{null, null_mut};
-
-    /// This thread's orbite_last_error.
-    fn said() -> String {
-        // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
-        unsafe { CStr::from_ptr(orbite_last_error()) }.to_str().unwrap().to_owned()
-    }
 
     /// Two engines in this process, through the C entry points: `src`
     /// publishes a 4096-byte shared allocation filled with 0x5a with
@@ -248,9 +243,6 @@ mod tests {
     #[test]
     fn direct_entry_points_refuse_null_and_unknown_arguments_naming_them() {
         let p = Pair::open(ORBITE_ACCESS_READ);
-        let refused = |case: &str, st: orbite_status, want: Error| {
-            assert_eq!((st, said()), (want.status() as u32, want.to_string()), "{case}");
-        };
         let null_arg = |what: &str| Error::NullArgument(format!("{what} is NULL"));
         let (req, remote, peer) = (p.req, p.remote as u64, p.peer);
         let dangling = std::ptr::NonNull::<orbite_direct>::dangling().as_ptr();

@@ -51,8 +51,8 @@ pub extern "C" fn orbite_diagnose_json(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ffi::boundary::said::said;
     use crate::Status;
-    use std::ffi::CStr;
 
     /// orbite_diagnose_json checks out_len before anything else: with
     /// out_len NULL, options naming an unknown key are NULL_ARGUMENT "out_len
@@ -63,8 +63,7 @@ mod tests {
         let mut buf = [0x7f as c_char; 16];
         let st =
             orbite_diagnose_json(c"{\"transprot\": 1}".as_ptr(), buf.as_mut_ptr(), buf.len(), std::ptr::null_mut());
-        // SAFETY: last_error_ptr returns this thread's NUL-terminated message.
-        let said = unsafe { CStr::from_ptr(last_error_ptr()) }.to_str().unwrap().to_owned();
+        let said = said();
         assert_eq!((st, said.as_str()), (Status::NullArgument as u32, "null argument: out_len is NULL"));
         assert!(buf.iter().all(|&c| c == 0x7f), "buf written");
     }

@@ -313,6 +313,7 @@ pub extern "C" fn orbite_close(engine: *mut orbite_engine, timeout_ms: u32) -> o
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ffi::boundary::said::{refused, said};
     use std::ffi::CStr;
 
     #[test]
@@ -342,8 +343,7 @@ mod tests {
         let unknown = ORBITE_ACCESS_READ | 0x80;
         let st = orbite_register_memory(engine, buf.as_mut_ptr().cast(), buf.len(), unknown, &mut region);
         assert_eq!((st, region), (Status::InvalidArgument as u32, 77));
-        // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
-        let said = unsafe { CStr::from_ptr(orbite_last_error()) }.to_str().unwrap().to_owned();
+        let said = said();
         assert!(said.contains("access 0x81 has unknown bits"), "{said}");
         let both = ORBITE_ACCESS_READ | ORBITE_ACCESS_WRITE;
         assert_eq!(orbite_register_memory(engine, buf.as_mut_ptr().cast(), buf.len(), both, &mut region), 0);
@@ -474,12 +474,6 @@ mod tests {
         orbite_engine_free(src);
     }
 
-    /// This thread's orbite_last_error.
-    fn said() -> String {
-        // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
-        unsafe { CStr::from_ptr(orbite_last_error()) }.to_str().unwrap().to_owned()
-    }
-
     /// Guards `if buf.is_null()` in `write_text` (round 13 M3): a text
     /// out-parameter call (here orbite_engine_endpoint) with buf NULL and
     /// a cap that would hold the text is NULL_ARGUMENT naming buf, with
@@ -501,12 +495,6 @@ mod tests {
         assert_eq!(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap(), ep);
         assert_eq!(n, ep.len());
         orbite_engine_free(engine);
-    }
-
-    /// Asserts that call `case` returned `want`'s status and left `want`'s
-    /// whole text as this thread's last error.
-    fn refused(case: &str, st: orbite_status, want: Error) {
-        assert_eq!((st, said()), (want.status() as u32, want.to_string()), "{case}");
     }
 
     /// The sweep of engine.rs's entry checks, each case named: every

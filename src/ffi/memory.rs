@@ -64,11 +64,9 @@ pub(crate) fn allocate_into(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ffi::engine::{
-        orbite_engine_free, orbite_engine_new, orbite_last_error, orbite_register_memory, orbite_unregister_memory,
-    };
+    use crate::ffi::boundary::said::said;
+    use crate::ffi::engine::{orbite_engine_free, orbite_engine_new, orbite_register_memory, orbite_unregister_memory};
     use crate::Status;
-    use std::ffi::CStr;
 
     /// A registered allocation is not freed: UNAVAILABLE naming the
     /// registration, and the handle stays valid (its address and length
@@ -89,8 +87,7 @@ mod tests {
         assert_eq!(orbite_register_memory(engine, addr, 4096, ORBITE_ACCESS_READ, &mut region), Status::Ok as u32);
 
         assert_eq!(orbite_allocation_free(alloc), Status::Unavailable as u32);
-        // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
-        let said = unsafe { CStr::from_ptr(orbite_last_error()) }.to_str().unwrap().to_owned();
+        let said = said();
         assert!(said.contains("still registered 1 time(s) and exported 0 time(s)"), "{said}");
         assert_eq!((orbite_allocation_addr(alloc), orbite_allocation_length(alloc)), (addr, 4096));
         // SAFETY: addr is the allocation's start, 4096 bytes, still mapped.
@@ -111,8 +108,7 @@ mod tests {
         let mut out: *mut orbite_allocation = std::ptr::null_mut();
         assert_eq!(orbite_host_allocate_shared(0, &mut out), Status::InvalidArgument as u32);
         assert_eq!(orbite_allocation_free(std::ptr::null_mut()), Status::Ok as u32);
-        // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
-        let said = unsafe { CStr::from_ptr(orbite_last_error()) }.to_str().unwrap().to_owned();
+        let said = said();
         assert_eq!(said, "invalid argument: length is 0", "the earlier failure's message stays");
         assert!(out.is_null());
     }
@@ -127,10 +123,6 @@ mod tests {
     /// another type is never released as an allocation).
     #[test]
     fn allocation_functions_refuse_null_and_other_handles() {
-        let said = || {
-            // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
-            unsafe { CStr::from_ptr(orbite_last_error()) }.to_str().unwrap().to_owned()
-        };
         let st = orbite_host_allocate_shared(4096, std::ptr::null_mut());
         assert_eq!((st, said().as_str()), (Status::NullArgument as u32, "null argument: out_alloc is NULL"));
         let mut engine: *mut orbite_engine = std::ptr::null_mut();

@@ -125,6 +125,7 @@ pub extern "C" fn orbite_notification_take(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ffi::boundary::said::{refused, said};
     use crate::ffi::engine::{orbite_connect, orbite_engine_free, orbite_engine_new};
     use crate::Status;
     use std::ffi::{CStr, CString};
@@ -196,8 +197,7 @@ mod tests {
         let (s, m) = (sender.as_mut_ptr(), msg.as_mut_ptr().cast::<c_void>());
         let st = orbite_notification_take(rx, 60_000, s, 2, m, msg.len(), &mut msg_len);
         assert_eq!((st, msg_len), (Status::BufferTooSmall as u32, 2));
-        // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
-        let said = unsafe { CStr::from_ptr(crate::ffi::engine::orbite_last_error()) }.to_str().unwrap().to_owned();
+        let said = said();
         assert!(said.contains("needs sender_cap 3 and msg_cap 2; they are 2 and 8 (it stays queued)"), "{said}");
         assert!(sender.iter().all(|&c| c == 0x7f) && msg == [0; 8], "written by a take refused");
         let st = orbite_notification_take(rx, 60_000, s, 3, m, msg.len(), &mut msg_len);
@@ -220,8 +220,7 @@ mod tests {
         let s = sender.as_mut_ptr();
         let st = orbite_notification_take(rx, 60_000, s, sender.len(), std::ptr::null_mut(), 1, &mut msg_len);
         assert_eq!((st, msg_len), (Status::NullArgument as u32, 99));
-        // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
-        let said = unsafe { CStr::from_ptr(crate::ffi::engine::orbite_last_error()) }.to_str().unwrap().to_owned();
+        let said = said();
         assert!(said.contains("msg is NULL with msg_cap 1"), "{said}");
         let st =
             orbite_notification_take(rx, 60_000, s, sender.len(), msg.as_mut_ptr().cast(), msg.len(), &mut msg_len);
@@ -261,8 +260,7 @@ mod tests {
         assert_eq!(crate::ffi::engine::orbite_close(req, 30_000), Status::Ok as u32);
         let text = crate::Error::Unavailable("the engine is closed".into()).to_string();
         let closed = |st: orbite_status, what: &str| {
-            // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
-            let said = unsafe { CStr::from_ptr(crate::ffi::engine::orbite_last_error()) }.to_str().unwrap().to_owned();
+            let said = said();
             assert_eq!((st, said), (Status::Unavailable as u32, text.clone()), "{what}");
         };
         let mut local = vec![0u8; 4096];
@@ -306,13 +304,6 @@ mod tests {
     #[test]
     fn notification_entry_points_refuse_null_arguments_naming_them() {
         let (rx, tx, peer) = connected();
-        let said = || {
-            // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
-            unsafe { CStr::from_ptr(crate::ffi::engine::orbite_last_error()) }.to_str().unwrap().to_owned()
-        };
-        let refused = |case: &str, st: orbite_status, want: Error| {
-            assert_eq!((st, said()), (want.status() as u32, want.to_string()), "{case}");
-        };
         let null_arg = |what: &str| Error::NullArgument(format!("{what} is NULL"));
         let no: *mut orbite_engine = std::ptr::null_mut();
         let hi: *const c_void = b"hi".as_ptr().cast();

@@ -116,20 +116,9 @@ pub extern "C" fn orbite_stats_free(stats: *mut orbite_stats) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ffi::boundary::said::{refused, said};
     use crate::Status;
     use std::ffi::CStr;
-
-    /// This thread's last error.
-    fn said() -> String {
-        // SAFETY: last_error_ptr returns this thread's NUL-terminated message.
-        unsafe { CStr::from_ptr(super::super::boundary::last_error_ptr()) }.to_str().unwrap().to_owned()
-    }
-
-    /// Asserts that call `case` returned `want`'s status and left `want`'s
-    /// whole text as this thread's last error.
-    fn refused(case: &str, st: u32, want: Error) {
-        assert_eq!((st, said()), (want.status() as u32, want.to_string()), "{case}");
-    }
 
     /// The sweep of the stats functions' entry checks, each case named, on
     /// a snapshot of a number at "a.n" (5) and a text at "b.t": a NULL

@@ -311,6 +311,7 @@ pub extern "C" fn orbite_batch_free(batch: *mut orbite_batch) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ffi::boundary::said::{refused, said};
 
     #[test]
     fn transport_constants_are_the_kinds_c_codes() {
@@ -576,10 +577,6 @@ mod tests {
     fn batch_poll_of_a_failed_batch_names_its_failure_in_last_error() {
         let (engine, batch, _local, hold) = read_from_a_silent_peer(300);
         assert_eq!(orbite_batch_wait(batch, 20_000), Status::TransferFailed as u32);
-        let said = || {
-            // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
-            unsafe { std::ffi::CStr::from_ptr(crate::ffi::engine::orbite_last_error()) }.to_str().unwrap().to_owned()
-        };
         let mut one = orbite_request_result { status: 99, remote_effect: 99 };
         assert_eq!(orbite_batch_result(batch, 5, &mut one), Status::OutOfRange as u32);
         assert!(said().contains("request index 5"), "{}", said());
@@ -589,14 +586,6 @@ mod tests {
         orbite_batch_free(batch);
         drop(hold);
         crate::ffi::engine::orbite_engine_free(engine);
-    }
-
-    /// Asserts that call `case` returned `want`'s status and left `want`'s
-    /// whole text as this thread's last error.
-    fn refused(case: &str, st: orbite_status, want: Error) {
-        // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
-        let said = unsafe { std::ffi::CStr::from_ptr(crate::ffi::engine::orbite_last_error()) };
-        assert_eq!((st, said.to_str().unwrap()), (want.status() as u32, want.to_string().as_str()), "{case}");
     }
 
     /// Counts its calls in the `AtomicUsize` at `data` (an end callback).
@@ -712,10 +701,6 @@ mod tests {
     fn freeing_null_or_another_handle_as_a_batch_does_nothing() {
         super::set_last_error("an earlier failure");
         orbite_batch_free(std::ptr::null_mut());
-        let said = || {
-            // SAFETY: orbite_last_error returns this thread's NUL-terminated message.
-            unsafe { std::ffi::CStr::from_ptr(crate::ffi::engine::orbite_last_error()) }.to_str().unwrap().to_owned()
-        };
         assert_eq!(said(), "an earlier failure");
         let mut engine: *mut orbite_engine = std::ptr::null_mut();
         assert_eq!(crate::ffi::engine::orbite_engine_new(std::ptr::null(), &mut engine), Status::Ok as u32);
