@@ -125,6 +125,24 @@ fn key_files_must_be_private() {
     assert!(e.message().contains("auth_key_file") && e.message().contains("chmod 600"), "{e}");
 }
 
+/// A key file that is not a regular file is refused `INVALID_CONFIG`
+/// naming it, before its mode is looked at or a byte of it is read: a
+/// directory, and character devices (`/dev/null` would read as an empty
+/// key, `/dev/zero` as one that never ends). Guards `AuthKey::load`
+/// (src/control/auth.rs): `!meta.is_file()` (with `meta.is_dir()` in its
+/// place a device is judged on its mode, 666, instead).
+#[test]
+fn a_key_file_that_is_not_a_regular_file_is_refused() {
+    let dir = std::path::Path::new(&key_file("not-regular", 1)).parent().unwrap().join("a-directory");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    for path in [dir.to_str().unwrap(), "/dev/null", "/dev/zero"] {
+        let e = Engine::from_json(&with_key(path)).err().unwrap();
+        assert_eq!(e.status(), Status::InvalidConfig, "{path}: {e}");
+        assert_eq!(e.message(), format!("key `auth_key_file`: {path}: not a regular file"), "{path}");
+    }
+}
+
 /// A key file claiming more than a key's bytes is refused on its size,
 /// before any of it is read: a sparse file of 1 TiB (larger than this
 /// host's memory; nothing is read or allocated) is refused
@@ -455,6 +473,39 @@ fn published_regions_are_bounded_at_registration() {
     src.register_memory(base + (n as u64 + 1) * 64, 64, Access::READ).unwrap();
     req.close(Some(LONG)).unwrap();
     src.close(Some(LONG)).unwrap();
+}
+
+/// WRITE-only regions are published and counted like READ ones: the
+/// 16 385th is refused `RESOURCE_EXHAUSTED` naming the 16 384 registered,
+/// and unregistering one frees exactly one place. Guards
+/// `RegionTable::register` (src/memory/region.rs): the count's increment
+/// under `if access != Access::NONE` (with `access.can_read()` there,
+/// WRITE-only regions go uncounted: the bound never holds for them, and
+/// each unregistration takes the count below what is registered).
+#[test]
+fn write_only_regions_count_towards_the_published_bound() {
+    let src = Engine::from_json("").unwrap();
+    let req = Engine::from_json("").unwrap();
+    let n = orbite::control::message::MAX_REGIONS;
+    let mut remote = vec![0u8; (n + 2) * 64];
+    let base = remote.as_mut_ptr() as u64;
+    let at = |i: usize| base + i as u64 * 64;
+    let ids: Vec<u64> = (0..n).map(|i| src.register_memory(at(i), 64, Access::WRITE).unwrap()).collect();
+    let e = src.register_memory(at(n), 64, Access::WRITE).unwrap_err();
+    assert_eq!(e.status(), Status::ResourceExhausted, "{e}");
+    assert!(e.message().starts_with(&format!("{n} regions with remote access are registered")), "{e}");
+    let peer = req.connect(&src.endpoint(), Some(LONG)).unwrap();
+    let published = req.peer_regions(peer, Some(LONG)).unwrap();
+    assert_eq!(published.len(), n);
+    assert!(published.iter().all(|r| r.access == Access::WRITE));
+    src.unregister_memory(ids[0], None).unwrap();
+    src.register_memory(at(n), 64, Access::READ).unwrap();
+    let e = src.register_memory(at(n + 1), 64, Access::READ).unwrap_err();
+    assert_eq!(e.status(), Status::ResourceExhausted, "{e}");
+    assert!(e.message().starts_with(&format!("{n} regions with remote access are registered")), "{e}");
+    req.close(Some(LONG)).unwrap();
+    src.close(Some(LONG)).unwrap();
+    let _ = &mut remote;
 }
 
 /// A child forked from a process with a serving engine may free its copy
