@@ -145,12 +145,22 @@ struct Heap {
     imports: AtomicUsize,
     copies: Arc<AtomicUsize>,
     closes: Arc<AtomicUsize>,
+    stall: Arc<Stall>,
 }
 
 struct HeapMapping {
     base: u64,
     copies: Arc<AtomicUsize>,
     closes: Arc<AtomicUsize>,
+    stall: Arc<Stall>,
+}
+
+/// Holds the next copy once armed: it meets the test at `meet` (its group
+/// holds its import, the copy not done), then waits there until the test
+/// meets it again.
+struct Stall {
+    armed: std::sync::atomic::AtomicBool,
+    meet: std::sync::Barrier,
 }
 
 impl IpcBackend for Heap {
@@ -163,7 +173,12 @@ impl IpcBackend for Heap {
     fn import(&self, h: ReceivedHandle, physical: u64, _: bool, _: Option<i32>) -> Result<Box<dyn Mapping>> {
         assert_eq!((h.bytes.as_slice(), physical), (&b"handle"[..], LEN));
         self.imports.fetch_add(1, Ordering::SeqCst);
-        Ok(Box::new(HeapMapping { base: self.remote, copies: self.copies.clone(), closes: self.closes.clone() }))
+        Ok(Box::new(HeapMapping {
+            base: self.remote,
+            copies: self.copies.clone(),
+            closes: self.closes.clone(),
+            stall: self.stall.clone(),
+        }))
     }
 }
 
@@ -172,6 +187,10 @@ impl Mapping for HeapMapping {
         self.base
     }
     fn copy(&self, ops: &[CopyOp], _: CopyPlan) -> Result<Posting> {
+        if self.stall.armed.swap(false, Ordering::SeqCst) {
+            self.stall.meet.wait();
+            self.stall.meet.wait();
+        }
         for op in ops {
             // SAFETY: the tests READ only: `src` lies in the remote buffer
             // and `dst` in a local one, both alive for the whole test and
@@ -209,6 +228,7 @@ fn world(capacity: usize, test: u32) -> World {
         imports: AtomicUsize::new(0),
         copies: Default::default(),
         closes: Default::default(),
+        stall: Arc::new(Stall { armed: Default::default(), meet: std::sync::Barrier::new(2) }),
     });
     let log = Arc::new(crate::log::Logger::new(crate::log::Level::Error, "test"));
     let req = Arc::new(IpcRequester::new(
@@ -549,4 +569,65 @@ fn a_receipt_owed_through_a_closed_link_never_goes_to_another_source() {
     assert_eq!(kinds(&seen_a), [ExportRequest, ExportAnswer, OpComplete, CloseReceipt]);
     let receipt = ExportRef::decode(&seen_a[3].1, "receipt").unwrap();
     assert_eq!((receipt.export_id, receipt.token), (EXPORT_ID, TOKEN));
+}
+
+/// A cached import whose channel was replaced while a group still copies
+/// through it is not closed under that copy: a second group of the same
+/// key waits for it (here until its own short deadline: `TimedOut`, the
+/// import neither closed nor replaced), and once the copy is done and the
+/// group ended `Ok`, the stale import is closed through the new channel
+/// with its receipt. Guards `SlotState::Ready(_) if slot.users == 0` in
+/// `RelocationCache::acquire` (src/transport/ipc/cache.rs; round 18 S9:
+/// without `slot.users == 0` the second group unmapped the import under
+/// the running copy and opened another). No engine-level test can hold a
+/// group's copy still while its channel is replaced: a backend that stalls
+/// one copy does it here.
+#[test]
+fn a_stale_import_still_copied_through_is_not_closed_under_the_copy() {
+    // Channel 1: the import (board slot 0), then a hang-up; channel 2: the
+    // stale import's close receipt.
+    let scripts = vec![vec![offer(0), handle(), hang_up()], vec![ack()]];
+    let (w, src, pages) = imported(line!(), scripts);
+    let mut first = vec![0u8; 64];
+    let mut second = vec![0u8; 64];
+    let (g1, g2, closes_meanwhile) = std::thread::scope(|s| {
+        w.heap.stall.armed.store(true, Ordering::SeqCst);
+        let items = reads(&mut first, &[100], 64);
+        let g1 = s.spawn(|| w.run(items).map(statuses).map_err(|(e, _)| e));
+        // Group 1 holds the import, its copy not done.
+        w.heap.stall.meet.wait();
+        // Its channel is lost and replaced: the import is no longer current.
+        let e = w.link.call(MsgKind::Ack, b"ping", deadline(), "ping").err().expect("the source answered");
+        assert_eq!(e.status(), Status::Unavailable, "{e}");
+        w.link.settle_reconnect(deadline());
+        assert_eq!(w.link.generation(), 2);
+        // Group 2 of the same key waits for group 1, until its deadline.
+        let soon = Instant::now() + Duration::from_millis(200);
+        let items = reads(&mut second, &[200], 64);
+        let g2 = match w.req.run_group(&w.link, &w.region, items, host(), soon, None::<fn() -> OnDone>) {
+            Err(GroupError::NotPosted(e, back)) => Err((e, back.len())),
+            Ok(_) => Ok(()),
+        };
+        let closes_meanwhile = w.heap.closes.load(Ordering::SeqCst);
+        // Group 1's copy goes on.
+        w.heap.stall.meet.wait();
+        (g1.join().unwrap(), g2, closes_meanwhile)
+    });
+    assert_eq!(closes_meanwhile, 0, "the import was closed under the copy running through it");
+    let (e, back) = g2.expect_err("group 2 ran while group 1 held the stale import");
+    assert_eq!((e.status(), back), (Status::TimedOut, 1), "{e}");
+    assert_eq!(e.message(), "test source region 3: cached import still being set up or used");
+    assert_eq!(g1.unwrap_or_else(|e| panic!("{e}")), [(0, Status::Ok)]);
+    assert_eq!(first, w.remote[100..164]);
+    assert_eq!((w.heap.imports.load(Ordering::SeqCst), w.heap.closes.load(Ordering::SeqCst)), (1, 0));
+    // Group 1 ended: the stale import is closed through the new channel.
+    let left = w.req.flush(deadline());
+    assert!(left.is_empty(), "{left:?}");
+    let n = w.req.counts();
+    assert_eq!((n.opened, n.closed, n.cached, n.retained), (1, 1, 0, 0));
+    assert_eq!(w.heap.closes.load(Ordering::SeqCst), 1);
+    let seen = w.end(src);
+    use MsgKind::*;
+    assert_eq!(kinds(&seen), [ExportRequest, ExportAnswer, Ack, CloseReceipt]);
+    drop(pages);
 }
