@@ -265,6 +265,42 @@ fn a_close_receipt_while_a_forked_child_maps_the_export_lingers() {
     src.close(Some(LONG)).unwrap();
 }
 
+/// An importer holds one export of each of two regions and gives neither
+/// back: unregistering either times out naming the one export of that
+/// region (its id, its importing process, its state), not the other
+/// region's. Guards `ExportTable::holding`'s
+/// `h.lease.region().id == region` (src/transport/ipc/export/mod.rs;
+/// round 18 S10: without it every export was named as holding the region,
+/// "2 of them are exports").
+#[test]
+fn an_unregistration_that_times_out_names_only_the_exports_of_its_region() {
+    let (a, b) = (allocate_shared_host(SZ).unwrap(), allocate_shared_host(SZ).unwrap());
+    let (src, ids) = source("", &[&a, &b]);
+    let (mut hoarder, first) = PeerProc::spawn_importer(&src.endpoint(), a.addr(), 4096, false, 1);
+    assert_eq!(first, "held 1");
+    assert_eq!(hoarder.cmd(&format!("more 1 {}:4096", b.addr())), "held 1");
+    assert_eq!(shm(&src).exports.open, 2);
+    for (export, region) in [(1, ids[0]), (2, ids[1])] {
+        let e = src.unregister_memory(region, Some(Duration::from_millis(500))).unwrap_err();
+        assert_eq!(e.status(), Status::TimedOut, "{e}");
+        let named = format!(
+            "region {region} is still used by 1 in-flight copies; it stays registered; 1 of them are exports whose \
+             importers did not give them back in time: shm export {export} to process {} (Exposed)",
+            hoarder.pid
+        );
+        assert_eq!(e.message(), named);
+    }
+    assert_eq!(shm(&src).exports.open, 2, "the timed-out unregistrations ended an export");
+    hoarder.kill();
+    eventually("the hoarder's exports are reclaimed", || shm(&src).exports.reclaimed_after_exit == 2);
+    for region in ids {
+        src.unregister_memory(region, Some(LONG)).unwrap();
+    }
+    src.close(Some(LONG)).unwrap();
+    free_eventually(a);
+    free_eventually(b);
+}
+
 /// A hostile requester on a raw IPC channel asks an export of a region
 /// published READ-only for READ|WRITE: `ExportReject` PERMISSION_DENIED
 /// naming the WRITE the region does not allow, no handle sent, no export
