@@ -278,6 +278,8 @@ impl IpcLink {
     /// (without one, the source is gone already or the kernel has none:
     /// `source_gone` answers).
     pub fn source_exited(&self) -> bool {
+        // Defence in depth: engines make Unix links to sources of this boot
+        // only (`ipc_links` in engine/peers.rs); link_tests.rs checks it.
         if !matches!(self.route, Route::Unix(_)) || !self.source.same_boot(&self.local.identity) {
             return false;
         }

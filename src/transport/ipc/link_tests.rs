@@ -225,3 +225,34 @@ fn a_receipts_ack_naming_another_receipt_kind_is_a_protocol_error() {
     link.close();
     src.join().unwrap();
 }
+
+/// A pid of another boot names no process of this one: a link to a
+/// source of another boot never judges the source exited by a process
+/// descriptor of that pid here, while a link to a source of this boot
+/// naming the same (local) process sees it exit. Guards
+/// `!self.source.same_boot(&self.local.identity)` in `source_exited`
+/// (round 18 S11). A unit test: no engine makes a Unix link to a source
+/// of another boot (`engine/peers.rs` `ipc_links` refuses it, "runs on
+/// another host or boot", before any route; killed by `tests/seed_rows.rs`
+/// `s2_the_requester_refuses_shm_to_a_peer_of_another_boot`).
+#[test]
+fn a_source_of_another_boot_is_never_judged_exited_by_a_local_pid() {
+    use crate::control::identity::{process_start_time, ProcessIdentity};
+    let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let process = ProcessIdentity { pid: child.id(), start_time: process_start_time(child.id()) };
+    let here = Identity { process, ..Identity::fresh().unwrap() };
+    let mut elsewhere = here;
+    elsewhere.boot_id[0] ^= 0xff;
+    let (template, _) = link_to("orbite-test-never-connected");
+    let links = [here, elsewhere].map(|source| {
+        let route = Route::Unix("orbite-test-never-connected".into());
+        let (label, local) = ("test source".to_string(), template.local.clone());
+        IpcLink::new(crate::kinds::TransportKind::Shm, route, source, "127.0.0.1:1".into(), label, local)
+    });
+    // Asked while the process lives: a link that judges by a process
+    // descriptor opens it now.
+    assert_eq!(links.each_ref().map(|l| l.source_exited()), [false, false]);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(links.each_ref().map(|l| l.source_exited()), [true, false]);
+}
