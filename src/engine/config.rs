@@ -358,8 +358,8 @@ fn get_u64(key: &str, v: &Value, min: u64, max: u64) -> Result<u64> {
     // Below `min` is refused again, in the same words, by `validate` (which
     // `from_json` runs) for each integer key, and by `check_discovery` for
     // discovery.ttl_s, the only other caller with a minimum above 0: this
-    // first refusal is defence in depth (round 18 S2), held by
-    // `every_integer_key_takes_its_bounds_and_refuses_one_past_them`. Above
+    // first refusal is defence in depth (round 18 S2); validate's check is
+    // held by `a_config_built_in_rust_is_held_to_each_lower_bound`. Above
     // `max` must be refused here, before the caller narrows the value.
     if n < min || n > max {
         return Err(bad(key, format!("{n} is outside the range {min}..={max}")));
