@@ -359,24 +359,10 @@ fn pass_frames(mut from: Channel, mut to: Channel) {
     to.shutdown();
 }
 
-/// A requester connecting to a source that answers its handshake with
-/// `d`, then reads and drops everything: the connect's outcome.
-fn connect_describing(req: &Engine, d: &orbite::control::message::Describe) -> Result<u64> {
-    use orbite::control::frame::{FrameHeader, FRAME_HEADER_LEN};
-    use std::io::{Read, Write};
-    let body = d.encode();
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let ep = l.local_addr().unwrap().to_string();
-    std::thread::spawn(move || {
-        let (mut s, _) = l.accept().unwrap();
-        let mut h = [0u8; FRAME_HEADER_LEN];
-        s.read_exact(&mut h).unwrap();
-        s.read_exact(&mut vec![0u8; FrameHeader::decode(&h).unwrap().body_len as usize]).unwrap();
-        s.write_all(&FrameHeader::encode(MsgKind::Describe, body.len() as u32)).unwrap();
-        s.write_all(&body).unwrap();
-        let _ = s.read_to_end(&mut Vec::new());
-    });
-    req.connect(&ep, Some(LONG))
+/// Reads and drops everything a fake source's socket brings.
+fn drain(mut s: std::net::TcpStream) {
+    use std::io::Read;
+    let _ = s.read_to_end(&mut Vec::new());
 }
 
 /// A source whose IPC channel has an abstract name of exactly
@@ -416,7 +402,7 @@ fn a_source_on_the_longest_ipc_name_is_served_over_shm() {
     let local = vec![0u8; 4096];
     req.register_memory(local.as_ptr() as u64, 4096, Access::NONE).unwrap();
     let longest = orbite::control::message::Describe { ipc_name: name.clone(), ..real.clone() };
-    let p = connect_describing(&req, &longest).unwrap();
+    let p = connect_fake_source_as(&req, &longest, drain);
     let read = Request { op: Op::Read, local_addr: local.as_ptr() as u64, remote_addr: a.addr(), len: 4096 };
     let opts = SubmitOptions { transport: Transport::Only(TransportKind::Shm), timeout: Some(LONG) };
     let b = req.submit(p, &[read], opts).unwrap();
@@ -424,7 +410,7 @@ fn a_source_on_the_longest_ipc_name_is_served_over_shm() {
     assert_eq!(b.transport(0).unwrap(), Some(TransportKind::Shm));
     assert_eq!(local, remote);
     let longer = orbite::control::message::Describe { ipc_name: format!("{name}n"), ..real };
-    let e = connect_describing(&req, &longer).unwrap_err();
+    let e = try_connect_fake_source_as(&req, &longer, drain).unwrap_err();
     assert_eq!(e.status(), Status::ProtocolError, "{e}");
     let why = format!(
         "Describe IPC name {:?}... ({} bytes) is not printable ASCII of at most {MAX_IPC_NAME} bytes",

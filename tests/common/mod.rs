@@ -400,12 +400,13 @@ pub fn connect_fake_source(
 }
 
 /// Connects `req` to a fake source on loopback that answers the handshake
-/// with `d`, then `behave`s with the socket. Returns the peer id.
-pub fn connect_fake_source_as(
+/// with `d`, then `behave`s with the socket: the connect's outcome (a
+/// Describe the requester refuses is its Err).
+pub fn try_connect_fake_source_as(
     req: &orbite::Engine,
     d: &orbite::control::message::Describe,
     behave: impl FnOnce(std::net::TcpStream) + Send + 'static,
-) -> u64 {
+) -> orbite::Result<u64> {
     use orbite::control::frame::{FrameHeader, MsgKind, FRAME_HEADER_LEN};
     use std::io::Read;
     let body = d.encode();
@@ -422,7 +423,17 @@ pub fn connect_fake_source_as(
         s.write_all(&body).unwrap();
         behave(s);
     });
-    req.connect(&ep, None).unwrap()
+    req.connect(&ep, None)
+}
+
+/// Connects `req` to a fake source on loopback that answers the handshake
+/// with `d`, then `behave`s with the socket. Returns the peer id.
+pub fn connect_fake_source_as(
+    req: &orbite::Engine,
+    d: &orbite::control::message::Describe,
+    behave: impl FnOnce(std::net::TcpStream) + Send + 'static,
+) -> u64 {
+    try_connect_fake_source_as(req, d, behave).unwrap()
 }
 
 /// Closes `s` with a reset: SO_LINGER {on, 0} makes close() send RST
