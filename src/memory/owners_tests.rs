@@ -291,3 +291,49 @@ fn a_range_may_end_at_its_allocations_logical_end_and_not_a_byte_past() {
     }
     a.free().map_err(|(_, e)| e).unwrap();
 }
+
+/// A registration counts on the owned allocation holding its address, up
+/// to the allocation's last physical byte and not at the byte after it,
+/// where other memory starts: the allocation is then still registered
+/// once, not twice. Heap memory stands in for a pinned allocation and
+/// the plain memory after it. Guards `note_registered`'s `addr <
+/// e.owned.addr + e.owned.physical` (round 19 T17: with `<=` registering
+/// the memory just past an allocation kept it from being freed).
+#[test]
+fn a_registration_just_past_an_allocation_is_not_counted_on_it() {
+    let heap = vec![0u8; 2 << 16];
+    let base = heap.as_ptr() as u64;
+    let release: Release = Box::new(|_| Ok(()));
+    let a = adopt(MemoryKind::PinnedHost, base, 1 << 16, 1 << 16, Backing::Native { device: None, release });
+    let (last, past) = (base + (1 << 16) - 1, base + (1 << 16));
+    note_registered(last, 1);
+    note_registered(past, 1);
+    let (a, e) = a.free().unwrap_err();
+    assert!(e.message().contains("is still registered 1 time(s) and exported 0 time(s)"), "{e}");
+    note_registered(last, -1);
+    a.free().map_err(|(_, e)| e).unwrap();
+    note_registered(past, -1);
+}
+
+/// A registration counts on the adoption whose range holds its address,
+/// not on the adoption ending there: of two adjacent adoptions of one
+/// allocation, a registration at the second's first byte keeps only the
+/// second from being freed. Guards `adoption_at`'s `addr < a.addr +
+/// a.len` (round 19 T18: with `<=` it was counted on the first, which
+/// then could not be freed while the second stayed freeable).
+#[test]
+fn a_registration_counts_on_the_adoption_holding_it_not_the_one_ending_there() {
+    let f = foreign(1 << 16);
+    let (base, size) = (f.base, f.size);
+    let (first, _) = adopt_range(f, base, 4096).unwrap();
+    let again = Foreign { kind: MemoryKind::Cuda, base, size, device: Some(0), forget: Box::new(|_| Ok(())) };
+    let (second, _) = adopt_range(again, base + 4096, 4096).unwrap();
+    note_registered(base + 4096, 1);
+    let (second, e) = second.free().unwrap_err();
+    let want = format!("the adoption 0x{:x}+4096 is still registered 1 time(s); unregister it first", base + 4096);
+    assert_eq!(e.message(), want);
+    first.free().map_err(|(_, e)| e).unwrap();
+    note_registered(base + 4096, -1);
+    second.free().map_err(|(_, e)| e).unwrap();
+    assert!(owner_of(base).is_none());
+}
